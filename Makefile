@@ -1,0 +1,80 @@
+# llm3d: `make` builds everything this machine can build (the CPU programs
+# always, the CUDA ones when nvcc is found); `make test` runs the CPU tests and
+# ends with "N passed, N failed, N skipped"; `make run` is the quick start.
+
+CC ?= gcc
+CFLAGS ?= -O3 -march=native
+CFLAGS += -std=gnu11 -Wall -Wextra -Wno-unused-function
+LDLIBS = -lm
+
+# OpenMP when the compiler has it; the CPU trainer also builds without
+OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo yes)
+ifeq ($(OPENMP),yes)
+  CFLAGS += -fopenmp
+else
+  $(warning OpenMP not found: the CPU trainer builds single-threaded)
+endif
+
+# CUDA when nvcc is found: sm_80 (A100) and sm_90 (H100/H200)
+NVCC := $(shell command -v nvcc 2>/dev/null)
+NVCC_FLAGS = -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+NVCC_LDLIBS = -lcublas -lcublasLt
+PRECISION ?= BF16
+ifeq ($(PRECISION),FP32)
+  NVCC_FLAGS += -DENABLE_FP32
+endif
+
+CPU_PROGRAMS = train_gpt2 prepare_data dev/bench_secure
+CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer
+CUDA_PROGRAMS = train_gpt2cu test_gpt2cu
+
+ifneq ($(NVCC),)
+all: $(CPU_PROGRAMS) $(CPU_TESTS) $(CUDA_PROGRAMS)
+else
+all: $(CPU_PROGRAMS) $(CPU_TESTS)
+	@echo "nvcc not found: skipping $(CUDA_PROGRAMS)"
+endif
+
+HEADERS = $(wildcard *.h)
+
+train_gpt2: train_gpt2.c $(HEADERS)
+	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
+
+prepare_data: prepare_data.c $(HEADERS)
+	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
+
+dev/bench_secure: dev/bench_secure.c secure.h
+	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
+
+test_%: test_%.c test.h $(HEADERS)
+	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
+
+test_gpt2: train_gpt2.c
+
+train_gpt2cu: train_gpt2.cu $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LDLIBS) -o $@
+
+test_gpt2cu: test_gpt2.cu train_gpt2.cu test.h $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LDLIBS) -o $@
+
+test: $(CPU_TESTS) train_gpt2 prepare_data
+	@./dev/run_tests.sh $(addprefix ./,$(CPU_TESTS))
+
+# fuzz targets (clang with libFuzzer); `make fuzz` replays the corpora and
+# runs each target for FUZZ_SECONDS
+FUZZERS = dev/fuzz/fuzz_frame dev/fuzz/fuzz_manifest dev/fuzz/fuzz_shard dev/fuzz/fuzz_bpe
+FUZZ_SECONDS ?= 10
+dev/fuzz/fuzz_%: dev/fuzz/fuzz_%.c $(HEADERS)
+	clang -g -O1 -fsanitize=fuzzer,address -I. $< -lm -o $@
+
+fuzz: $(FUZZERS)
+	@./dev/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZERS)
+
+bench: train_gpt2 dev/bench_secure
+	./dev/bench_cpu.sh
+	./dev/bench_secure
+
+clean:
+	rm -f $(CPU_PROGRAMS) $(CPU_TESTS) $(CUDA_PROGRAMS) $(FUZZERS)
+
+.PHONY: all test fuzz bench clean run

@@ -1,0 +1,643 @@
+/*
+ * dataloader.h: token shards in, micro-batches out.
+ *
+ * A shard is llm.c's format: a header of 256 little-endian int32 ([0] magic
+ * 20240520, [1] version 1, [2] ntok) and then ntok uint16 tokens; the file
+ * is exactly 1024 + 2*ntok bytes. doc/formats.md ("Token shards") has the
+ * full description.
+ *
+ * The loader opens every file of a glob O_RDONLY, maps it PROT_READ and
+ * never writes. On open it checks every header and every token (< vocab
+ * size), so a bad byte is reported once, up front, with the file and the
+ * offset, and never surfaces as a wrong embedding lookup mid-run.
+ *
+ * The stream. Sample k of a shard is the window of B*T+1 tokens starting at
+ * token k*B*T; a shard's final partial window is dropped, and a shard too
+ * short for one window is skipped with a warning. An epoch is every sample
+ * of every shard: shards in sorted order and samples in order, or, with
+ * shuffle on, both permuted per epoch from the seed. Epochs follow one
+ * another without a seam, and that endless sequence is the global stream of
+ * micro-batches g = 0, 1, 2, ...
+ *
+ * Data parallelism. Rank r of R reads global micro-batches r, r+R, r+2R, ...
+ * across epoch boundaries too, so R ranks together read exactly what one
+ * rank reads, in the same order, for any R. The state (DataLoaderState) is
+ * the position of the next group of R micro-batches, which is the same on
+ * every rank: the checkpoint code saves one copy, and a run may even resume
+ * with a different dp_size.
+ *
+ * Shuffle PRNG: splitmix64 (Steele, Lea, Flood 2014). Epoch 0's key is the
+ * first splitmix64 output from the seed; each next epoch's key is the first
+ * output from the previous key. An epoch's shard order is a Fisher-Yates
+ * shuffle drawing from the stream that starts at the epoch key; the sample
+ * order of the shard with sorted index i draws from the stream that starts
+ * at key ^ mix(i + 1). Bounded draws use rejection, so there is no modulo
+ * bias. Nothing depends on dp_rank or dp_size.
+ *
+ * Manifest. When a shard's directory holds a file MANIFEST (secure.h's
+ * format, sealed with the all-zero key as prepare_data writes it), every
+ * file the glob matches in that directory must be listed there and match
+ * its size and SHA-256, else init fails. A file named MANIFEST is never
+ * taken for a shard, so a glob of a whole directory works. Without a MANIFEST the
+ * shards are only checked for their format.
+ *
+ * Needs POSIX glob(3) and mmap(2): include this header first, or build with
+ * gnu11 / -D_DEFAULT_SOURCE. Assumes a little-endian host for the token
+ * array (checked at init).
+ */
+#ifndef LLM3D_DATALOADER_H
+#define LLM3D_DATALOADER_H
+
+#ifndef _DEFAULT_SOURCE
+#define _DEFAULT_SOURCE
+#endif
+
+#include "secure.h" // manifest_read, manifest_verify_file
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SHARD_MAGIC 20240520
+#define SHARD_VERSION 1
+#define SHARD_HEADER_INTS 256
+#define SHARD_HEADER_BYTES (SHARD_HEADER_INTS * 4)
+
+// ----------------------------------------------------------------------------
+// shard validation, on memory (also the fuzz target's entry points)
+
+static int32_t shard_read_i32(const uint8_t *p) {
+    uint32_t v = (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+    return (int32_t)v;
+}
+
+// shard_parse_header: checks a shard's header (magic, version, ntok against
+// the file size len) and returns its token count in *ntok. buf holds the
+// file's first min(len, 1024) bytes (the whole file will do). name is only
+// used in the error message. 0 on success, -1 with err set.
+static int shard_parse_header(const uint8_t *buf, size_t len, const char *name,
+                              uint64_t *ntok, char *err, size_t errlen) {
+    *ntok = 0;
+    if (len < SHARD_HEADER_BYTES) {
+        snprintf(err, errlen, "%s: file is %zu bytes, shorter than the %d-byte shard header",
+                 name, len, SHARD_HEADER_BYTES);
+        return -1;
+    }
+    int32_t magic = shard_read_i32(buf);
+    int32_t version = shard_read_i32(buf + 4);
+    int32_t count = shard_read_i32(buf + 8);
+    if (magic != SHARD_MAGIC) {
+        snprintf(err, errlen, "%s: header[0] (magic) is %d, expected %d", name, (int)magic, SHARD_MAGIC);
+        return -1;
+    }
+    if (version != SHARD_VERSION) {
+        snprintf(err, errlen, "%s: header[1] (version) is %d, expected %d", name, (int)version, SHARD_VERSION);
+        return -1;
+    }
+    if (count < 0) {
+        snprintf(err, errlen, "%s: header[2] (ntok) is %d, must be >= 0", name, (int)count);
+        return -1;
+    }
+    uint64_t want = (uint64_t)SHARD_HEADER_BYTES + 2 * (uint64_t)count;
+    if ((uint64_t)len != want) {
+        snprintf(err, errlen, "%s: header[2] (ntok) is %d, which needs a file of %llu bytes, but the file is %zu bytes",
+                 name, (int)count, (unsigned long long)want, len);
+        return -1;
+    }
+    *ntok = (uint64_t)count;
+    return 0;
+}
+
+// shard_any_at_least: does any of t[0..n) reach limit (1..65535)? The loop
+// is SWAR, because gcc -O2 does not vectorize a uint16 max: each 64-bit load
+// holds 4 tokens, spread into 32-bit slots (even and odd lanes) so that
+// token + (0x10000 - limit) sets bit 16 of its slot exactly when
+// token >= limit, and the sum (< 2^17) never carries into the next slot.
+// About 4 Gtok/s on one core, 3x the plain loop.
+static int shard_any_at_least(const uint16_t *t, uint64_t n, uint16_t limit) {
+    const uint64_t lanes = 0x0000FFFF0000FFFFULL;
+    const uint64_t bias = (0x10000ULL - limit) * 0x0000000100000001ULL;
+    const uint64_t bit16 = 0x0001000000010000ULL;
+    uint64_t acc0 = 0, acc1 = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t x, y;
+        memcpy(&x, t + i, 8);
+        memcpy(&y, t + i + 4, 8);
+        acc0 |= ((x & lanes) + bias) | (((x >> 16) & lanes) + bias);
+        acc1 |= ((y & lanes) + bias) | (((y >> 16) & lanes) + bias);
+    }
+    uint64_t acc = acc0 | acc1;
+    for (; i < n; i++) acc |= t[i] >= limit ? bit16 : 0;
+    return (acc & bit16) != 0;
+}
+
+// shard_check_tokens: every token must be < vocab_size. Blocks that pass
+// the fast test (all of them, for good data) are not looked at again; a
+// block that fails is scanned to name its first bad token.
+static int shard_check_tokens(const uint16_t *tokens, uint64_t ntok, int vocab_size,
+                              const char *name, char *err, size_t errlen) {
+    if (vocab_size > 65535) return 0; // every uint16 is a valid token
+    const uint16_t limit = (uint16_t)vocab_size;
+    const uint64_t block = 8192;
+    for (uint64_t start = 0; start < ntok; start += block) {
+        uint64_t n = ntok - start < block ? ntok - start : block;
+        const uint16_t *t = tokens + start;
+        if (!shard_any_at_least(t, n, limit)) continue;
+        for (uint64_t i = 0; i < n; i++) {
+            if (t[i] >= limit) {
+                uint64_t index = start + i;
+                snprintf(err, errlen, "%s: token %llu (byte offset %llu) is %u, not < vocab_size %d",
+                         name, (unsigned long long)index,
+                         (unsigned long long)(SHARD_HEADER_BYTES + 2 * index), (unsigned)t[i], vocab_size);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// shuffle PRNG: splitmix64
+
+static uint64_t dl_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static uint64_t dl_splitmix64(uint64_t *state) {
+    *state += 0x9E3779B97F4A7C15ULL;
+    return dl_mix64(*state);
+}
+
+// dl_below: uniform in [0, n), n >= 1; rejects the few draws that would bias it
+static uint64_t dl_below(uint64_t *state, uint64_t n) {
+    uint64_t threshold = (0 - n) % n; // 2^64 mod n
+    for (;;) {
+        uint64_t x = dl_splitmix64(state);
+        if (x >= threshold) return x % n;
+    }
+}
+
+static uint64_t dl_first_epoch_key(uint64_t seed) { return dl_splitmix64(&seed); }
+static uint64_t dl_next_epoch_key(uint64_t key) { return dl_splitmix64(&key); }
+
+// ----------------------------------------------------------------------------
+// the loader
+
+typedef struct {
+    uint64_t epoch;        // completed passes over the data
+    uint64_t shard_pos;    // index into the (possibly shuffled) shard order
+    uint64_t sample_pos;   // index into the (possibly shuffled) sample order of the current shard
+    uint64_t rng;          // shuffle RNG state: the key of this epoch's permutations
+} DataLoaderState;
+
+typedef struct {
+    char *path;
+    const uint8_t *map;     // the whole file, PROT_READ
+    size_t map_bytes;
+    const uint16_t *tokens; // map + header
+    uint64_t ntok;
+    uint64_t nsamples;      // windows of B*T+1 tokens, stride B*T
+} DataShard;
+
+typedef struct {
+    int B, T;
+    int dp_rank, dp_size;
+    int shuffle;
+    int vocab_size;
+    uint64_t seed;
+    DataShard *shards;          // usable shards (nsamples >= 1), sorted by path
+    int nshards;
+    uint64_t samples_per_epoch; // global micro-batches per epoch
+    uint64_t total_tokens;      // tokens in the usable shards
+    DataLoaderState state;      // next group of dp_size micro-batches (same on every rank)
+    // shard order of an epoch, cached per epoch parity: a read runs at most
+    // one epoch ahead of the state, so two slots never evict each other
+    int *order[2];
+    uint64_t order_epoch[2];
+    int order_valid[2];
+    // sample order of the shard being read (shuffle only)
+    uint32_t *perm;
+    uint64_t perm_cap;
+    uint64_t perm_epoch;
+    int perm_shard;
+    int perm_valid;
+} DataLoader;
+
+static void dl_fill_shard_order(const DataLoader *dl, uint64_t key, int *order) {
+    for (int i = 0; i < dl->nshards; i++) order[i] = i;
+    if (!dl->shuffle) return;
+    uint64_t s = key;
+    for (int i = dl->nshards - 1; i > 0; i--) {
+        int j = (int)dl_below(&s, (uint64_t)i + 1);
+        int tmp = order[i]; order[i] = order[j]; order[j] = tmp;
+    }
+}
+
+// dl_shard_order: the shard order of the epoch that pos is in
+static const int *dl_shard_order(DataLoader *dl, const DataLoaderState *pos) {
+    int slot = (int)(pos->epoch & 1);
+    if (!dl->order_valid[slot] || dl->order_epoch[slot] != pos->epoch) {
+        dl_fill_shard_order(dl, pos->rng, dl->order[slot]);
+        dl->order_epoch[slot] = pos->epoch;
+        dl->order_valid[slot] = 1;
+    }
+    return dl->order[slot];
+}
+
+// dl_sample_index: the sample of shard `shard` at position sample_pos of its order in pos's epoch
+static uint64_t dl_sample_index(DataLoader *dl, const DataLoaderState *pos, int shard) {
+    if (!dl->shuffle) return pos->sample_pos;
+    if (!dl->perm_valid || dl->perm_epoch != pos->epoch || dl->perm_shard != shard) {
+        uint64_t n = dl->shards[shard].nsamples;
+        for (uint64_t i = 0; i < n; i++) dl->perm[i] = (uint32_t)i;
+        uint64_t s = pos->rng ^ dl_mix64((uint64_t)shard + 1);
+        for (uint64_t i = n - 1; i > 0; i--) {
+            uint64_t j = dl_below(&s, i + 1);
+            uint32_t tmp = dl->perm[i]; dl->perm[i] = dl->perm[j]; dl->perm[j] = tmp;
+        }
+        dl->perm_epoch = pos->epoch;
+        dl->perm_shard = shard;
+        dl->perm_valid = 1;
+    }
+    return dl->perm[pos->sample_pos];
+}
+
+// dl_advance: moves pos n micro-batches along the global stream, into the next epochs as needed
+static void dl_advance(DataLoader *dl, DataLoaderState *pos, uint64_t n) {
+    for (;;) {
+        const int *order = dl_shard_order(dl, pos);
+        uint64_t left_in_shard = dl->shards[order[pos->shard_pos]].nsamples - pos->sample_pos;
+        if (n < left_in_shard) { pos->sample_pos += n; return; }
+        n -= left_in_shard;
+        pos->sample_pos = 0;
+        pos->shard_pos++;
+        if (pos->shard_pos == (uint64_t)dl->nshards) {
+            pos->shard_pos = 0;
+            pos->epoch++;
+            pos->rng = dl_next_epoch_key(pos->rng);
+        }
+    }
+}
+
+static void dl_unmap_shard(DataShard *s) {
+    if (s->map != NULL) munmap((void *)s->map, s->map_bytes);
+    free(s->path);
+    memset(s, 0, sizeof(*s));
+}
+
+// dl_open_shard: maps one file read-only and validates it
+static int dl_open_shard(DataShard *s, const char *path, int vocab_size, char *err, size_t errlen) {
+    memset(s, 0, sizeof(*s));
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        snprintf(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "%s: not a regular file", path);
+        close(fd);
+        return -1;
+    }
+    size_t bytes = (size_t)st.st_size;
+    uint8_t header[SHARD_HEADER_BYTES];
+    size_t have = bytes < SHARD_HEADER_BYTES ? bytes : SHARD_HEADER_BYTES;
+    ssize_t got = pread(fd, header, have, 0);
+    if (got < 0 || (size_t)got != have) {
+        snprintf(err, errlen, "%s: cannot read header: %s", path, got < 0 ? strerror(errno) : "short read");
+        close(fd);
+        return -1;
+    }
+    // check the header against the real size before mapping (and reading) the tokens
+    uint64_t ntok;
+    if (shard_parse_header(header, bytes, path, &ntok, err, errlen) != 0) {
+        close(fd);
+        return -1;
+    }
+    int flags = MAP_PRIVATE;
+#ifdef MAP_POPULATE
+    flags |= MAP_POPULATE; // the token check reads it all at once anyway
+#endif
+    void *map = mmap(NULL, bytes, PROT_READ, flags, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) {
+        snprintf(err, errlen, "%s: cannot mmap %zu bytes: %s", path, bytes, strerror(errno));
+        return -1;
+    }
+    s->map = (const uint8_t *)map;
+    s->map_bytes = bytes;
+    s->path = strdup(path);
+    if (s->path == NULL) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        dl_unmap_shard(s);
+        return -1;
+    }
+    s->tokens = (const uint16_t *)(s->map + SHARD_HEADER_BYTES);
+    s->ntok = ntok;
+    if (shard_check_tokens(s->tokens, ntok, vocab_size, path, err, errlen) != 0) {
+        dl_unmap_shard(s);
+        return -1;
+    }
+    return 0;
+}
+
+// the manifest of one directory, read once for all the shards in it
+typedef struct {
+    char dir[4096];
+    int loaded;       // dir is the directory of the last shard checked
+    int present;      // dir holds a MANIFEST (then m is read)
+    Manifest m;
+} DataManifest;
+
+static void dl_manifest_free(DataManifest *dm) {
+    if (dm->present) manifest_free(&dm->m);
+    memset(dm, 0, sizeof(*dm));
+}
+
+static const char *dl_base_name(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash != NULL ? slash + 1 : path;
+}
+
+// dataloader_check_manifest: when path's directory holds a MANIFEST, path
+// must be listed in it and match its size and SHA-256 (zero key: integrity)
+static int dataloader_check_manifest(DataManifest *dm, const char *path, char *err, size_t errlen) {
+    const char *base = dl_base_name(path);
+    char dir[4096];
+    size_t dir_len = (size_t)(base - path);
+    if (dir_len == 0) {
+        snprintf(dir, sizeof(dir), ".");
+    } else {
+        if (dir_len >= sizeof(dir)) {
+            snprintf(err, errlen, "%s: directory name too long", path);
+            return -1;
+        }
+        memcpy(dir, path, dir_len - 1); // without the '/'
+        dir[dir_len - 1] = '\0';
+        if (dir_len == 1) snprintf(dir, sizeof(dir), "/");
+    }
+    if (!dm->loaded || strcmp(dm->dir, dir) != 0) {
+        dl_manifest_free(dm);
+        snprintf(dm->dir, sizeof(dm->dir), "%s", dir);
+        dm->loaded = 1;
+        char manifest_path[4200];
+        snprintf(manifest_path, sizeof(manifest_path), "%s/MANIFEST", dir);
+        struct stat st;
+        if (lstat(manifest_path, &st) != 0) return 0; // no manifest: nothing to check
+        if (manifest_read(&dm->m, dir, "MANIFEST", NULL, err, errlen) != 0) {
+            dm->loaded = 0;
+            return -1;
+        }
+        dm->present = 1;
+    }
+    if (!dm->present) return 0;
+    return manifest_verify_file(&dm->m, dir, base, err, errlen);
+}
+
+void dataloader_free(DataLoader *dl);
+void dataloader_reset(DataLoader *dl);
+
+static int dl_host_is_little_endian(void) {
+    uint16_t one = 1;
+    uint8_t first;
+    memcpy(&first, &one, 1);
+    return first == 1;
+}
+
+// dataloader_init: see the top of this file. 0 on success; -1 with err set
+// (and nothing left allocated) on failure.
+int dataloader_init(DataLoader *dl, const char *pattern, int B, int T, int dp_rank, int dp_size,
+                    int shuffle, uint64_t seed, int vocab_size, char *err, size_t errlen) {
+    memset(dl, 0, sizeof(*dl));
+    if (B <= 0 || T <= 0) {
+        snprintf(err, errlen, "dataloader: B (%d) and T (%d) must be > 0", B, T);
+        return -1;
+    }
+    if ((int64_t)B * T + 1 > INT32_MAX) {
+        snprintf(err, errlen, "dataloader: B*T+1 = %lld tokens is too many for one micro-batch", (long long)B * T + 1);
+        return -1;
+    }
+    if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
+        snprintf(err, errlen, "dataloader: dp_rank %d of dp_size %d is out of range", dp_rank, dp_size);
+        return -1;
+    }
+    if (shuffle != 0 && shuffle != 1) {
+        snprintf(err, errlen, "dataloader: shuffle is %d, must be 0 or 1", shuffle);
+        return -1;
+    }
+    if (vocab_size < 1) {
+        snprintf(err, errlen, "dataloader: vocab_size is %d, must be >= 1", vocab_size);
+        return -1;
+    }
+    if (!dl_host_is_little_endian()) {
+        snprintf(err, errlen, "dataloader: shards are little-endian and this host is not");
+        return -1;
+    }
+    if (pattern == NULL || pattern[0] == '\0') {
+        snprintf(err, errlen, "dataloader: the shard pattern is empty");
+        return -1;
+    }
+    dl->B = B; dl->T = T;
+    dl->dp_rank = dp_rank; dl->dp_size = dp_size;
+    dl->shuffle = shuffle;
+    dl->seed = seed;
+    dl->vocab_size = vocab_size;
+
+    glob_t g;
+    int grc = glob(pattern, 0, NULL, &g);
+    if (grc == GLOB_NOMATCH) {
+        snprintf(err, errlen, "dataloader: no files match %s", pattern);
+        globfree(&g);
+        return -1;
+    }
+    if (grc != 0) {
+        snprintf(err, errlen, "dataloader: glob %s failed (%s)", pattern,
+                 grc == GLOB_NOSPACE ? "out of memory" : "read error");
+        globfree(&g);
+        return -1;
+    }
+    dl->shards = (DataShard *)calloc(g.gl_pathc, sizeof(DataShard));
+    if (dl->shards == NULL) {
+        snprintf(err, errlen, "dataloader: out of memory for %zu shards of %s", (size_t)g.gl_pathc, pattern);
+        globfree(&g);
+        return -1;
+    }
+    uint64_t need = (uint64_t)B * T + 1;
+    uint64_t max_samples = 0;
+    // short shards are reported after the loop: as warnings if others are
+    // usable, else as the one error
+    uint64_t *short_ntok = (uint64_t *)calloc(g.gl_pathc, sizeof(uint64_t));
+    char *is_short = (char *)calloc(g.gl_pathc, 1);
+    if (short_ntok == NULL || is_short == NULL) {
+        snprintf(err, errlen, "dataloader: out of memory for %zu shards of %s", (size_t)g.gl_pathc, pattern);
+        free(short_ntok); free(is_short); globfree(&g); dataloader_free(dl);
+        return -1;
+    }
+    int nshort = 0, first_short = -1, nfiles = 0;
+    DataManifest dm;
+    memset(&dm, 0, sizeof(dm));
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        if (strcmp(dl_base_name(g.gl_pathv[i]), "MANIFEST") == 0) continue;
+        nfiles++;
+        DataShard *s = &dl->shards[dl->nshards];
+        if (dataloader_check_manifest(&dm, g.gl_pathv[i], err, errlen) != 0 ||
+            dl_open_shard(s, g.gl_pathv[i], vocab_size, err, errlen) != 0) {
+            dl_manifest_free(&dm); free(short_ntok); free(is_short); globfree(&g); dataloader_free(dl);
+            return -1;
+        }
+        s->nsamples = s->ntok < need ? 0 : (s->ntok - 1) / ((uint64_t)B * T);
+        if (s->nsamples == 0) {
+            if (first_short < 0) first_short = (int)i;
+            is_short[i] = 1;
+            short_ntok[i] = s->ntok;
+            nshort++;
+            dl_unmap_shard(s);
+            continue;
+        }
+        if (s->nsamples > UINT32_MAX) {
+            snprintf(err, errlen, "%s: %llu samples, more than a shard may hold (%u)",
+                     s->path, (unsigned long long)s->nsamples, (unsigned)UINT32_MAX);
+            dl_manifest_free(&dm); free(short_ntok); free(is_short); globfree(&g); dataloader_free(dl);
+            return -1;
+        }
+        if (s->nsamples > max_samples) max_samples = s->nsamples;
+        dl->samples_per_epoch += s->nsamples;
+        dl->total_tokens += s->ntok;
+        dl->nshards++;
+    }
+    dl_manifest_free(&dm);
+    if (nfiles == 0) {
+        snprintf(err, errlen, "dataloader: no files match %s (other than MANIFEST)", pattern);
+        free(short_ntok); free(is_short); globfree(&g); dataloader_free(dl);
+        return -1;
+    }
+    if (dl->nshards == 0) {
+        const char *name = g.gl_pathv[first_short];
+        unsigned long long have = (unsigned long long)short_ntok[first_short];
+        if (nshort == 1) {
+            snprintf(err, errlen, "%s: %llu tokens, fewer than one micro-batch needs (B*T+1 = %llu)",
+                     name, have, (unsigned long long)need);
+        } else {
+            snprintf(err, errlen, "dataloader: none of the %d files matching %s has B*T+1 = %llu tokens (e.g. %s: %llu tokens)",
+                     nshort, pattern, (unsigned long long)need, name, have);
+        }
+        free(short_ntok); free(is_short); globfree(&g); dataloader_free(dl);
+        return -1;
+    }
+    for (size_t i = 0; i < g.gl_pathc && dp_rank == 0; i++) {
+        if (!is_short[i]) continue;
+        fprintf(stderr, "dataloader: warning: %s: %llu tokens, fewer than B*T+1 = %llu; skipped\n",
+                g.gl_pathv[i], (unsigned long long)short_ntok[i], (unsigned long long)need);
+    }
+    free(short_ntok);
+    free(is_short);
+    globfree(&g);
+    if (dl->samples_per_epoch < (uint64_t)dp_size) {
+        snprintf(err, errlen, "dataloader: %s holds %llu micro-batches of B*T+1 = %llu tokens per epoch, fewer than dp_size %d",
+                 pattern, (unsigned long long)dl->samples_per_epoch, (unsigned long long)need, dp_size);
+        dataloader_free(dl);
+        return -1;
+    }
+    dl->order[0] = (int *)malloc((size_t)dl->nshards * sizeof(int));
+    dl->order[1] = (int *)malloc((size_t)dl->nshards * sizeof(int));
+    if (shuffle) {
+        dl->perm_cap = max_samples;
+        dl->perm = (uint32_t *)malloc((size_t)max_samples * sizeof(uint32_t));
+    }
+    if (dl->order[0] == NULL || dl->order[1] == NULL || (shuffle && dl->perm == NULL)) {
+        snprintf(err, errlen, "dataloader: out of memory for the shuffle tables of %s", pattern);
+        dataloader_free(dl);
+        return -1;
+    }
+    dataloader_reset(dl);
+    return 0;
+}
+
+// dataloader_next: this rank's next micro-batch: inputs[B*T] and targets[B*T]
+// (inputs shifted by one token). 0 on success, -1 if dl holds no data.
+int dataloader_next(DataLoader *dl, int *inputs, int *targets) {
+    if (dl->nshards == 0) return -1;
+    DataLoaderState pos = dl->state;
+    dl_advance(dl, &pos, (uint64_t)dl->dp_rank);
+    int shard = dl_shard_order(dl, &pos)[pos.shard_pos];
+    uint64_t sample = dl_sample_index(dl, &pos, shard);
+    size_t n = (size_t)dl->B * (size_t)dl->T;
+    const uint16_t *window = dl->shards[shard].tokens + sample * n;
+    for (size_t i = 0; i < n; i++) {
+        inputs[i] = window[i];
+        targets[i] = window[i + 1];
+    }
+    dl_advance(dl, &dl->state, (uint64_t)dl->dp_size);
+    return 0;
+}
+
+// dataloader_reset: back to the first micro-batch of epoch 0
+void dataloader_reset(DataLoader *dl) {
+    dl->state.epoch = 0;
+    dl->state.shard_pos = 0;
+    dl->state.sample_pos = 0;
+    dl->state.rng = dl_first_epoch_key(dl->seed);
+}
+
+void dataloader_get_state(const DataLoader *dl, DataLoaderState *s) {
+    *s = dl->state;
+}
+
+// dataloader_set_state: continues from a saved state. The state is the same
+// on every rank and does not depend on dp_size; its rng wins over the seed.
+// It must fit the data: a shard_pos and sample_pos that exist.
+int dataloader_set_state(DataLoader *dl, const DataLoaderState *s, char *err, size_t errlen) {
+    if (dl->nshards == 0) {
+        snprintf(err, errlen, "dataloader: set_state on a loader that holds no data");
+        return -1;
+    }
+    if (s->shard_pos >= (uint64_t)dl->nshards) {
+        snprintf(err, errlen, "dataloader: state shard_pos is %llu, but there are %d shards",
+                 (unsigned long long)s->shard_pos, dl->nshards);
+        return -1;
+    }
+    int shard = dl_shard_order(dl, s)[s->shard_pos];
+    if (s->sample_pos >= dl->shards[shard].nsamples) {
+        snprintf(err, errlen, "dataloader: state sample_pos is %llu, but shard %s at shard_pos %llu has %llu samples",
+                 (unsigned long long)s->sample_pos, dl->shards[shard].path,
+                 (unsigned long long)s->shard_pos, (unsigned long long)dl->shards[shard].nsamples);
+        return -1;
+    }
+    dl->state = *s;
+    return 0;
+}
+
+// dataloader_batches_per_epoch: micro-batches per epoch per rank, rounded
+// down so every rank gets the same count (a lockstep loop may use it)
+long dataloader_batches_per_epoch(const DataLoader *dl) {
+    if (dl->dp_size < 1) return 0;
+    return (long)(dl->samples_per_epoch / (uint64_t)dl->dp_size);
+}
+
+// dataloader_free: unmaps everything; safe on a zeroed or failed loader
+void dataloader_free(DataLoader *dl) {
+    if (dl->shards != NULL) {
+        for (int i = 0; i < dl->nshards; i++) dl_unmap_shard(&dl->shards[i]);
+        free(dl->shards);
+    }
+    free(dl->order[0]);
+    free(dl->order[1]);
+    free(dl->perm);
+    memset(dl, 0, sizeof(*dl));
+}
+
+#endif

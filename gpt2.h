@@ -1,0 +1,470 @@
+/*
+ * gpt2.h: what both trainers (train_gpt2.c, train_gpt2.cu) and their tests share:
+ * the model's shape and parameter layout, the llm.c model and debug-state files,
+ * the seeded init, the command line, the learning-rate schedule and the log.
+ *
+ * ---------------------------------------------------------------------------
+ * File headers (all little-endian; every header is 256 x int32 = 1024 bytes)
+ * ---------------------------------------------------------------------------
+ * model file (llm.c's gpt2_124M.bin)        magic 20240326
+ *   [0] magic  [1] version: 3 = fp32 params, 5 = bf16 params
+ *   [2] maxT   [3] V (vocab)  [4] L (layers)  [5] NH (heads)  [6] C (channels)
+ *   [7] Vp (V padded up to a multiple of 128; older llm.c files have 0 here:
+ *       we then take V rounded up to 128)
+ *   then the 16 parameter tensors below, flat, in that order, in fp32 or bf16.
+ *   wte has Vp rows; rows V..Vp-1 are zero and never trained into meaning.
+ *
+ * debug state (llm.c's gpt2_124M_debug_state.bin, version 2) magic 20240327
+ *   [0] magic  [1] 2  [2] B  [3] T
+ *   our extension, ignored by llm.c: [4] nsteps  [5] V  [6] Vp
+ *   [8..13] float32 bit patterns: lr, beta1, beta2, eps, weight decay, clip
+ *   then int32 inputs[B*T], int32 targets[B*T], float logits[B*T*V],
+ *   float loss, float grads[num_parameters] (model-file layout, Vp rows),
+ *   then our extension: float losses[nsteps], float grad_norms[nsteps]
+ *   (dev/train_gpt2.py writes it; test_gpt2.c and test_gpt2.cu read it).
+ *
+ * tokenizer (magic 20240328) and token shards (magic 20240520): tokenizer.h
+ * and dataloader.h; doc/formats.md has all of them on one page.
+ */
+#ifndef LLM3D_GPT2_H
+#define LLM3D_GPT2_H
+
+#include <errno.h>
+#include <stddef.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MODEL_MAGIC 20240326
+#define STATE_MAGIC 20240327
+#define HEADER_INTS 256
+#define VOCAB_PAD 128
+
+typedef struct {
+    int maxT;   // max sequence length (positions in wpe)
+    int V;      // vocabulary size
+    int Vp;     // vocabulary padded to VOCAB_PAD, the rows of wte
+    int L;      // layers
+    int NH;     // heads
+    int C;      // channels
+} GPT2Config;
+
+// ---------------------------------------------------------------------------
+// parameter layout: 16 tensors, each holding all L layers (llm.c's order)
+
+enum {
+    P_WTE, P_WPE, P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB,
+    P_LN2W, P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB, P_LNFW, P_LNFB,
+    NUM_PARAM_TENSORS
+};
+
+static const char *param_name(int t) {
+    static const char *names[NUM_PARAM_TENSORS] = {
+        "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+        "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
+    };
+    return t >= 0 && t < NUM_PARAM_TENSORS ? names[t] : "?";
+}
+
+static void param_sizes(const GPT2Config *c, size_t sizes[NUM_PARAM_TENSORS]) {
+    size_t C = c->C, L = c->L;
+    sizes[P_WTE] = (size_t)c->Vp * C;
+    sizes[P_WPE] = (size_t)c->maxT * C;
+    sizes[P_LN1W] = L * C;
+    sizes[P_LN1B] = L * C;
+    sizes[P_QKVW] = L * 3 * C * C;
+    sizes[P_QKVB] = L * 3 * C;
+    sizes[P_ATTPROJW] = L * C * C;
+    sizes[P_ATTPROJB] = L * C;
+    sizes[P_LN2W] = L * C;
+    sizes[P_LN2B] = L * C;
+    sizes[P_FCW] = L * 4 * C * C;
+    sizes[P_FCB] = L * 4 * C;
+    sizes[P_FCPROJW] = L * C * 4 * C;
+    sizes[P_FCPROJB] = L * C;
+    sizes[P_LNFW] = C;
+    sizes[P_LNFB] = C;
+}
+
+static size_t param_count(const GPT2Config *c) {
+    size_t sizes[NUM_PARAM_TENSORS], n = 0;
+    param_sizes(c, sizes);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) n += sizes[i];
+    return n;
+}
+
+// weight decay applies to the 2-D matrices only, as in GPT-2 and llm.c
+static int param_is_matrix(int t) {
+    return t == P_WTE || t == P_WPE || t == P_QKVW || t == P_ATTPROJW || t == P_FCW || t == P_FCPROJW;
+}
+
+static int pad_vocab(int V) { return (V + VOCAB_PAD - 1) / VOCAB_PAD * VOCAB_PAD; }
+
+// ---------------------------------------------------------------------------
+// seeded init, the same whatever the layout: element i of tensor t is a
+// function of (seed, t, i) alone (a counter-based generator), so any rank can
+// make any slice of the full model without making the rest, and the GPU
+// trainer can make the same numbers on the device.
+
+static uint64_t mix64(uint64_t x) {  // splitmix64's finalizer
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+// standard normal from a counter: Box-Muller on two 53-bit uniforms
+static float counter_normal(uint64_t seed, uint64_t stream, uint64_t i) {
+    uint64_t a = mix64(seed ^ mix64(stream * 0x100000001b3ull ^ mix64(2 * i)));
+    uint64_t b = mix64(seed ^ mix64(stream * 0x100000001b3ull ^ mix64(2 * i + 1)));
+    double u1 = ((a >> 11) + 1.0) / 9007199254740993.0;  // (0, 1]
+    double u2 = (b >> 11) / 9007199254740992.0;          // [0, 1)
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+// init value of element i of tensor t (flat index within the tensor)
+static float param_init_value(const GPT2Config *c, uint64_t seed, int t, size_t i) {
+    double std = 0.02;
+    switch (t) {
+    case P_LN1W: case P_LN2W: case P_LNFW: return 1.0f;
+    case P_QKVB: case P_ATTPROJB: case P_FCB: case P_FCPROJB:
+    case P_LN1B: case P_LN2B: case P_LNFB: return 0.0f;
+    case P_WTE: if (i >= (size_t)c->V * c->C) return 0.0f; break;  // padded rows
+    case P_ATTPROJW: case P_FCPROJW: std = 0.02 / sqrt(2.0 * c->L); break;  // residual projections
+    default: break;
+    }
+    return (float)(std * counter_normal(seed, (uint64_t)t, i));
+}
+
+// parse "dN": L = N, C = 64N, NH = N (d12 = GPT-2 124M ... d48 = 1558M)
+static int config_from_descriptor(GPT2Config *c, const char *desc, int V, int maxT) {
+    if (desc[0] != 'd' || desc[1] < '1' || desc[1] > '9') return -1;
+    char *end;
+    long n = strtol(desc + 1, &end, 10);
+    if (*end != '\0' || n < 1 || n > 128) return -1;
+    c->L = (int)n;
+    c->C = 64 * (int)n;
+    c->NH = (int)n;
+    // GPT-2 1558M is d48 with C = 1600 and NH = 25, not 64 * 48
+    if (n == 24) { c->C = 1024; c->NH = 16; }
+    if (n == 36) { c->C = 1280; c->NH = 20; }
+    if (n == 48) { c->C = 1600; c->NH = 25; }
+    c->V = V;
+    c->Vp = pad_vocab(V);
+    c->maxT = maxT;
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// model files. Readers take an error buffer and never exit: the trainer, the
+// tests and the checkpoint code decide what a bad file means.
+
+static float bf16_to_float(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t float_to_bf16(float f) {  // round to nearest even; NaN stays NaN
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+static int check_config(const GPT2Config *c, const char *path, char *err, size_t errlen) {
+    const char *field = NULL;
+    int value = 0;
+    if (c->maxT < 1 || c->maxT > 1 << 20) { field = "maxT"; value = c->maxT; }
+    else if (c->V < 1 || c->V > 1 << 24) { field = "V"; value = c->V; }
+    else if (c->Vp < c->V || c->Vp > (1 << 24) + VOCAB_PAD) { field = "Vp"; value = c->Vp; }
+    else if (c->L < 1 || c->L > 1024) { field = "L"; value = c->L; }
+    else if (c->NH < 1 || c->NH > 1024) { field = "NH"; value = c->NH; }
+    else if (c->C < 1 || c->C > 1 << 16 || c->C % c->NH != 0) { field = "C"; value = c->C; }
+    if (field == NULL) return 0;
+    snprintf(err, errlen, "%s: header field %s = %d is out of range or inconsistent", path, field, value);
+    return -1;
+}
+
+// reads the header only: config and version (3 or 5)
+static int model_read_header(FILE *f, const char *path, GPT2Config *c, int *version, char *err, size_t errlen) {
+    int32_t h[HEADER_INTS];
+    if (fread(h, sizeof(int32_t), HEADER_INTS, f) != HEADER_INTS) {
+        snprintf(err, errlen, "%s: file too short for the 1024-byte model header", path);
+        return -1;
+    }
+    if (h[0] != MODEL_MAGIC) {
+        snprintf(err, errlen, "%s: header field magic = %d, expected %d (not an llm.c model file)", path, h[0], MODEL_MAGIC);
+        return -1;
+    }
+    if (h[1] != 3 && h[1] != 5) {
+        snprintf(err, errlen, "%s: header field version = %d, expected 3 (fp32) or 5 (bf16)", path, h[1]);
+        return -1;
+    }
+    *version = h[1];
+    c->maxT = h[2]; c->V = h[3]; c->L = h[4]; c->NH = h[5]; c->C = h[6];
+    c->Vp = h[7] != 0 ? h[7] : pad_vocab(h[3]);
+    return check_config(c, path, err, errlen);
+}
+
+// loads a whole model file into a freshly malloc'd fp32 array (bf16 converted)
+static float *model_load(const char *path, GPT2Config *c, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        snprintf(err, errlen, "%s: cannot open model file: %s", path, strerror(errno));
+        return NULL;
+    }
+    int version;
+    if (model_read_header(f, path, c, &version, err, errlen) != 0) { fclose(f); return NULL; }
+    size_t n = param_count(c), elem = version == 3 ? 4 : 2;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    long want = (long)(HEADER_INTS * 4 + n * elem);
+    if (size != want) {
+        snprintf(err, errlen, "%s: file is %ld bytes, the header's shape (L=%d C=%d Vp=%d maxT=%d, version %d) needs %ld",
+                 path, size, c->L, c->C, c->Vp, c->maxT, version, want);
+        fclose(f);
+        return NULL;
+    }
+    fseek(f, HEADER_INTS * 4, SEEK_SET);
+    float *params = (float *)malloc(n * sizeof(float));
+    if (params == NULL) {
+        snprintf(err, errlen, "%s: out of memory for %zu parameters", path, n);
+        fclose(f);
+        return NULL;
+    }
+    size_t got;
+    if (version == 3) {
+        got = fread(params, 4, n, f);
+    } else {
+        // bf16: read into the upper half of the same buffer, widen from the front
+        uint16_t *half = (uint16_t *)params + n;
+        got = fread(half, 2, n, f);
+        for (size_t i = 0; i < n; i++) params[i] = bf16_to_float(half[i]);
+    }
+    fclose(f);
+    if (got != n) {
+        snprintf(err, errlen, "%s: read %zu of %zu parameters", path, got, n);
+        free(params);
+        return NULL;
+    }
+    return params;
+}
+
+static void model_fill_header(int32_t h[HEADER_INTS], const GPT2Config *c, int version) {
+    memset(h, 0, HEADER_INTS * sizeof(int32_t));
+    h[0] = MODEL_MAGIC; h[1] = version;
+    h[2] = c->maxT; h[3] = c->V; h[4] = c->L; h[5] = c->NH; h[6] = c->C; h[7] = c->Vp;
+}
+
+// writes a v3 (fp32) model file; version 5 (bf16) when bf16 != 0
+static int model_save(const char *path, const GPT2Config *c, const float *params, int bf16, char *err, size_t errlen) {
+    FILE *f = fopen(path, "wb");
+    if (f == NULL) {
+        snprintf(err, errlen, "%s: cannot create model file: %s", path, strerror(errno));
+        return -1;
+    }
+    int32_t h[HEADER_INTS];
+    model_fill_header(h, c, bf16 ? 5 : 3);
+    size_t n = param_count(c);
+    int ok = fwrite(h, sizeof(int32_t), HEADER_INTS, f) == HEADER_INTS;
+    if (!bf16) {
+        ok = ok && fwrite(params, 4, n, f) == n;
+    } else {
+        uint16_t buf[4096];
+        for (size_t i = 0; ok && i < n; i += 4096) {
+            size_t k = n - i < 4096 ? n - i : 4096;
+            for (size_t j = 0; j < k; j++) buf[j] = float_to_bf16(params[i + j]);
+            ok = fwrite(buf, 2, k, f) == k;
+        }
+    }
+    if (fclose(f) != 0) ok = 0;
+    if (!ok) {
+        snprintf(err, errlen, "%s: write failed: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// the command line: one table, so usage, parsing and range checks agree
+
+enum { OPT_INT, OPT_FLOAT, OPT_STR, OPT_CHOICE };
+enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT };
+enum { PS_GPIPE, PS_1F1B };
+
+typedef struct {
+    const char *train_pattern, *val_pattern, *init, *out_dir, *log_file, *tokenizer;
+    int init_vocab, init_maxT;
+    int B, T, total_batch, steps;
+    float lr, final_frac, weight_decay, beta1, beta2, eps, grad_clip;
+    int warmup, schedule;
+    int shuffle, seed;
+    int val_every, val_batches, sample_every, gen_tokens;
+    int ckpt_every, ckpt_keep, resume;
+    int np, tp, pp, zero, microbatches, pipe_schedule, check_every;
+    float timeout;
+    const char *fault, *rendezvous, *key_file;
+    int threads;
+} Options;
+
+typedef struct {
+    const char *flag;
+    int type;
+    size_t offset;       // into Options
+    double min, max;     // for OPT_INT and OPT_FLOAT
+    const char *choices; // for OPT_CHOICE: comma separated, value = index
+    const char *help;
+} OptionSpec;
+
+static const OptionSpec option_specs[] = {
+    {"-i", OPT_STR, offsetof(Options, train_pattern), 0, 0, NULL, "train shards (glob)"},
+    {"-j", OPT_STR, offsetof(Options, val_pattern), 0, 0, NULL, "val shards (glob)"},
+    {"-e", OPT_STR, offsetof(Options, init), 0, 0, NULL, "init: model .bin file or descriptor dN (d12 = GPT-2 124M)"},
+    {"-ev", OPT_INT, offsetof(Options, init_vocab), 1, 1 << 24, NULL, "vocab size for a dN init"},
+    {"-et", OPT_INT, offsetof(Options, init_maxT), 1, 1 << 20, NULL, "max sequence length for a dN init"},
+    {"-o", OPT_STR, offsetof(Options, out_dir), 0, 0, NULL, "output dir for the log and checkpoints"},
+    {"-lg", OPT_STR, offsetof(Options, log_file), 0, 0, NULL, "JSON-lines log file (default <-o>/log.jsonl)"},
+    {"-tk", OPT_STR, offsetof(Options, tokenizer), 0, 0, NULL, "tokenizer .bin for printing samples"},
+    {"-b", OPT_INT, offsetof(Options, B), 1, 1 << 16, NULL, "micro-batch size B"},
+    {"-t", OPT_INT, offsetof(Options, T), 1, 1 << 20, NULL, "sequence length T"},
+    {"-d", OPT_INT, offsetof(Options, total_batch), -1, 1 << 30, NULL, "total batch in tokens (-1 = B*T*dp)"},
+    {"-x", OPT_INT, offsetof(Options, steps), -1, 1 << 30, NULL, "optimizer steps (-1 = one epoch)"},
+    {"-l", OPT_FLOAT, offsetof(Options, lr), 0, 10, NULL, "peak learning rate"},
+    {"-u", OPT_INT, offsetof(Options, warmup), 0, 1 << 30, NULL, "warmup steps"},
+    {"-q", OPT_FLOAT, offsetof(Options, final_frac), 0, 1, NULL, "final lr as a fraction of the peak"},
+    {"-k", OPT_CHOICE, offsetof(Options, schedule), 0, 0, "cosine,linear,constant", "lr schedule after warmup"},
+    {"-c", OPT_FLOAT, offsetof(Options, weight_decay), 0, 10, NULL, "AdamW weight decay (2-D weights only)"},
+    {"-b1", OPT_FLOAT, offsetof(Options, beta1), 0, 0.999999, NULL, "AdamW beta1"},
+    {"-b2", OPT_FLOAT, offsetof(Options, beta2), 0, 0.999999999, NULL, "AdamW beta2"},
+    {"-ep", OPT_FLOAT, offsetof(Options, eps), 0, 1, NULL, "AdamW epsilon"},
+    {"-gc", OPT_FLOAT, offsetof(Options, grad_clip), 0, 1e9, NULL, "clip the global grad norm to this (0 = off)"},
+    {"-sh", OPT_INT, offsetof(Options, shuffle), 0, 1, NULL, "shuffle the training data (0/1)"},
+    {"-sd", OPT_INT, offsetof(Options, seed), 0, 2147483647, NULL, "seed (init, shuffle, sampling)"},
+    {"-v", OPT_INT, offsetof(Options, val_every), 0, 1 << 30, NULL, "val loss every N steps (0 = never)"},
+    {"-m", OPT_INT, offsetof(Options, val_batches), 1, 1 << 30, NULL, "val micro-batches per evaluation"},
+    {"-s", OPT_INT, offsetof(Options, sample_every), 0, 1 << 30, NULL, "sample every N steps (0 = never)"},
+    {"-g", OPT_INT, offsetof(Options, gen_tokens), 1, 1 << 20, NULL, "tokens to generate per sample"},
+    {"-n", OPT_INT, offsetof(Options, ckpt_every), 0, 1 << 30, NULL, "checkpoint every N steps (0 = only at the end when -o is set)"},
+    {"-nk", OPT_INT, offsetof(Options, ckpt_keep), 1, 1 << 20, NULL, "checkpoints to keep"},
+    {"-y", OPT_INT, offsetof(Options, resume), 0, 1, NULL, "resume from the latest checkpoint in -o (0/1)"},
+    {"-np", OPT_INT, offsetof(Options, np), 1, 256, NULL, "ranks (processes)"},
+    {"-tp", OPT_INT, offsetof(Options, tp), 1, 256, NULL, "tensor-parallel size"},
+    {"-pp", OPT_INT, offsetof(Options, pp), 1, 256, NULL, "pipeline stages"},
+    {"-z", OPT_INT, offsetof(Options, zero), 0, 3, NULL, "ZeRO stage 0-3"},
+    {"-mb", OPT_INT, offsetof(Options, microbatches), 1, 1 << 16, NULL, "micro-batches per pipeline step"},
+    {"-ps", OPT_CHOICE, offsetof(Options, pipe_schedule), 0, 0, "gpipe,1f1b", "pipeline schedule"},
+    {"-to", OPT_FLOAT, offsetof(Options, timeout), 0.1, 3600, NULL, "seconds any wait between ranks may take"},
+    {"-ck", OPT_INT, offsetof(Options, check_every), 0, 1 << 30, NULL, "data-parallel consistency check every K steps (0 = off)"},
+    {"-fault", OPT_STR, offsetof(Options, fault), 0, 0, NULL, "fault injection KIND:RANK:STEP (tamper, replay, kill, stall)"},
+    {"--rendezvous", OPT_STR, offsetof(Options, rendezvous), 0, 0, NULL, "unix:PATH or tcp:HOST:PORT, for ranks started elsewhere"},
+    {"--key-file", OPT_STR, offsetof(Options, key_file), 0, 0, NULL, "job key file (mode 0600), for ranks started elsewhere"},
+    {"-th", OPT_INT, offsetof(Options, threads), 0, 1024, NULL, "OpenMP threads per rank (0 = default)"},
+};
+#define NUM_OPTIONS ((int)(sizeof(option_specs) / sizeof(option_specs[0])))
+
+static void options_defaults(Options *o) {
+    memset(o, 0, sizeof(*o));
+    o->train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train_*.bin";
+    o->val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val_*.bin";
+    o->init = "d12";
+    o->init_vocab = 50257;
+    o->init_maxT = 1024;
+    o->B = 4; o->T = 1024; o->total_batch = -1; o->steps = -1;
+    o->lr = 3e-4f; o->warmup = 0; o->final_frac = 1.0f; o->schedule = SCHED_COSINE;
+    o->weight_decay = 0.0f; o->beta1 = 0.9f; o->beta2 = 0.95f; o->eps = 1e-8f; o->grad_clip = 1.0f;
+    o->shuffle = 0; o->seed = 1337;
+    o->val_every = 20; o->val_batches = 20; o->sample_every = 20; o->gen_tokens = 64;
+    o->ckpt_every = 0; o->ckpt_keep = 2; o->resume = 0;
+    o->np = 1; o->tp = 1; o->pp = 1; o->zero = 0; o->microbatches = 1; o->pipe_schedule = PS_1F1B;
+    o->timeout = 30.0f; o->check_every = 0;
+}
+
+static void options_usage(FILE *f, const char *prog) {
+    fprintf(f, "usage: %s [flags]\n", prog);
+    for (int i = 0; i < NUM_OPTIONS; i++) {
+        const OptionSpec *s = &option_specs[i];
+        fprintf(f, "  %-13s %s", s->flag, s->help);
+        if (s->type == OPT_CHOICE) fprintf(f, " {%s}", s->choices);
+        fprintf(f, "\n");
+    }
+    fprintf(f, "  %-13s this help\n", "-h");
+}
+
+// 1 and the index if value is one of the comma-separated choices
+static int choice_index(const char *choices, const char *value, int *index) {
+    size_t n = strlen(value);
+    int k = 0;
+    for (const char *p = choices; *p; k++) {
+        const char *q = strchr(p, ',');
+        size_t len = q ? (size_t)(q - p) : strlen(p);
+        if (len == n && strncmp(p, value, n) == 0) { *index = k; return 1; }
+        p += len + (q ? 1 : 0);
+    }
+    return 0;
+}
+
+// parses argv into o; on any problem writes one line into err and returns -1
+static int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
+    for (int a = 1; a < argc; a += 2) {
+        const char *flag = argv[a];
+        if (strcmp(flag, "-h") == 0 || strcmp(flag, "--help") == 0) { err[0] = '\0'; return 1; }
+        const OptionSpec *s = NULL;
+        for (int i = 0; i < NUM_OPTIONS; i++)
+            if (strcmp(option_specs[i].flag, flag) == 0) s = &option_specs[i];
+        if (s == NULL) { snprintf(err, errlen, "unknown flag %s (see -h)", flag); return -1; }
+        if (a + 1 >= argc) { snprintf(err, errlen, "flag %s needs a value", flag); return -1; }
+        const char *val = argv[a + 1];
+        char *dst = (char *)o + s->offset, *end;
+        if (s->type == OPT_STR) {
+            if (val[0] == '\0') { snprintf(err, errlen, "flag %s: empty value", flag); return -1; }
+            *(const char **)dst = val;
+        } else if (s->type == OPT_CHOICE) {
+            if (!choice_index(s->choices, val, (int *)dst)) {
+                snprintf(err, errlen, "flag %s: '%s' is not one of {%s}", flag, val, s->choices);
+                return -1;
+            }
+        } else {
+            errno = 0;
+            double v = s->type == OPT_INT ? (double)strtol(val, &end, 10) : strtod(val, &end);
+            if (end == val || *end != '\0' || errno != 0 || v != v) {
+                snprintf(err, errlen, "flag %s: '%s' is not %s", flag, val, s->type == OPT_INT ? "an integer" : "a number");
+                return -1;
+            }
+            if (v < s->min || v > s->max) {
+                snprintf(err, errlen, "flag %s: %s is out of range [%g, %g]", flag, val, s->min, s->max);
+                return -1;
+            }
+            if (s->type == OPT_INT) *(int *)dst = (int)v; else *(float *)dst = (float)v;
+        }
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// learning rate at step (0-based) of total steps
+
+static float lr_at_step(const Options *o, int step, int total) {
+    if (o->warmup > 0 && step < o->warmup) return o->lr * (float)(step + 1) / (float)o->warmup;
+    if (o->schedule == SCHED_CONSTANT || total <= o->warmup) return o->lr;
+    float lr_min = o->lr * o->final_frac;
+    float ratio = (float)(step - o->warmup) / (float)(total - o->warmup);
+    if (o->schedule == SCHED_LINEAR) return o->lr - ratio * (o->lr - lr_min);
+    float coeff = 0.5f * (1.0f + cosf((float)M_PI * ratio));
+    return lr_min + coeff * (o->lr - lr_min);
+}
+
+// one JSON object per optimizer step; val_loss < 0 means "not measured"
+static void log_step(FILE *f, int step, float loss, float val_loss, float norm, float lr, double ms, long tokens) {
+    if (f == NULL) return;
+    fprintf(f, "{\"step\": %d, \"loss\": %.6f", step, loss);
+    if (val_loss >= 0) fprintf(f, ", \"val_loss\": %.6f", val_loss);
+    fprintf(f, ", \"norm\": %.6f, \"lr\": %.6e, \"ms\": %.3f, \"tokens\": %ld}\n", norm, lr, ms, tokens);
+    fflush(f);
+}
+
+#endif

@@ -1,0 +1,1245 @@
+/*
+ * secure.h: SHA-256, HMAC-SHA256, per-job keys, authenticated frames between
+ * ranks, file manifests, and the -fault switch. Header-only (llm.c style):
+ * every function is static inline, so any number of translation units may
+ * include it and -Wall stays quiet about the ones a unit does not call.
+ *
+ * Include it before any system header, or build with -std=gnu11 or
+ * -D_GNU_SOURCE: it needs POSIX (fsync, O_NOFOLLOW, ...) even under -std=c11.
+ *
+ * Why it exists: no rank may accept a message that a rank of this job did not
+ * send, that was changed on the way, or that was sent before. doc/security.md
+ * says what this does and does not protect against.
+ *
+ * SHA-256 (FIPS 180-4): portable C, plus a path using the x86 SHA extensions
+ * (SHA-NI) that is picked at run time by CPUID. Only that one function is
+ * compiled for the SHA target, so the file builds with plain gcc -O2 and runs
+ * on any x86-64 (and on other architectures, portable only).
+ *
+ * Keys: 32 random bytes per job from getrandom(). The launcher hands them to
+ * the ranks it starts through an inherited pipe (key_write_fd / key_read_fd);
+ * ranks started by other launchers read --key-file PATH (key_read_file), which
+ * is refused unless it is a regular file owned by the effective user with no
+ * group or other permission bits, holding 64 hex digits and an optional "\n".
+ * The job id is the first 8 bytes (little-endian) of HMAC(key, "llm3d job id"),
+ * so ranks of other jobs, or ranks holding another key, are told apart before
+ * any tag is checked.
+ *
+ * Frame: every point-to-point message between ranks is
+ *     header (64 bytes) | payload (payload_len bytes) | tag (32 bytes)
+ * with tag = HMAC-SHA256(key, header || payload). Header, little-endian:
+ *     off  size  field
+ *       0     4  magic        0x4c4c4d33 (bytes 33 4d 4c 4c)
+ *       4     2  version      1
+ *       6     2  channel      CH_* below
+ *       8     8  job_id       job_id_from_key(key)
+ *      16     4  src          sending rank
+ *      20     4  dst          receiving rank
+ *      24     8  step         optimizer step
+ *      32     4  microbatch   micro-batch within the step
+ *      36     4  reserved     0
+ *      40     8  seq          per directed link (src -> dst), from 0
+ *      48     8  payload_len  bytes of payload
+ *      56     8  pad          0
+ * The receiver reads the 64-byte header first and checks every field against
+ * what it expects (frame_check_header), so a bad length is refused before a
+ * single payload byte is read; then reads payload and tag and checks the tag
+ * in constant time (frame_open). One sequence counter per directed link is
+ * shared by all channels: the receiver must open frames in the order the
+ * sender sealed them, which holds for one ordered stream per link. A frame
+ * whose sequence number is not exactly the next one is refused, which catches
+ * replayed, reordered and dropped messages alike.
+ *
+ * Manifest: a text file listing the files of a directory (a checkpoint, a set
+ * of data shards), written last and atomically. Lines end in "\n" only:
+ *     llm3d-manifest 1
+ *     files N
+ *     NAME SIZE SHA256          (N lines, sorted by NAME bytewise, no duplicates)
+ *     tag TAG
+ * NAME is 1..255 bytes of [A-Za-z0-9._+-], not starting with '.' (a plain file
+ * in that directory: no paths); SIZE is decimal bytes without leading zeros;
+ * SHA256 and TAG are 64 lowercase hex digits; TAG = HMAC-SHA256(key, every byte
+ * before the "tag " line). Fields are separated by one space. The parser
+ * accepts only this canonical form, so a manifest has exactly one spelling.
+ * Checkpoints are sealed with the job key; data shards made by prepare_data are
+ * sealed with the all-zero key (pass NULL), which detects corruption but not
+ * forgery: anyone can compute that tag.
+ *
+ * Faults (-fault KIND:RANK:STEP): tamper flips a byte of an outgoing frame
+ * (frame_tamper), replay resends a frame under an already used sequence number
+ * (links_rewind_send), kill and stall are acted on by the parallel layer.
+ *
+ * Errors: functions that can fail return 0 or -1 and write one line into err
+ * (naming the file, field or flag, and the value); err may be NULL.
+ */
+#ifndef LLM3D_SECURE_H
+#define LLM3D_SECURE_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#if !defined(O_CLOEXEC) || !defined(O_DIRECTORY)
+#error "secure.h needs POSIX 2008: include it before any system header, or build with -std=gnu11 or -D_GNU_SOURCE"
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define SECURE_HAVE_X86 1
+#else
+#define SECURE_HAVE_X86 0
+#endif
+
+// ----------------------------------------------------------------------------
+// small helpers
+
+__attribute__((format(printf, 3, 4)))
+static inline int secure_error(char *err, size_t errlen, const char *fmt, ...) {
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+// secure_wipe: zero memory that held key material; explicit_bzero is a
+// memset the compiler may not drop as a dead store before free or return
+static inline void secure_wipe(void *p, size_t n) {
+    explicit_bzero(p, n);
+}
+
+static inline void to_hex(const uint8_t *bytes, size_t n, char *out) {
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[bytes[i] >> 4];
+        out[2 * i + 1] = digits[bytes[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+// printable: up to cap-1 bytes of untrusted text for an error message, with
+// anything but printable ASCII shown as '?' (no terminal escapes from a file)
+static inline void printable(const char *s, size_t n, char *out, size_t cap) {
+    size_t k = 0;
+    for (; k < n && k + 1 < cap; k++) out[k] = s[k] >= 0x20 && s[k] < 0x7f ? s[k] : '?';
+    out[k] = '\0';
+}
+
+static inline int hex_digit(char c, int lowercase_only) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (!lowercase_only && c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+// hex_decode: exactly 2n digits into n bytes; 0 ok, -1 on a bad digit
+static inline int hex_decode(const char *hex, size_t n, uint8_t *out, int lowercase_only) {
+    for (size_t i = 0; i < n; i++) {
+        int hi = hex_digit(hex[2 * i], lowercase_only);
+        int lo = hex_digit(hex[2 * i + 1], lowercase_only);
+        if (hi < 0 || lo < 0) return -1;
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return 0;
+}
+
+static inline void put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void put_u32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static inline void put_u64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static inline uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static inline uint32_t get_u32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+static inline uint64_t get_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+// ----------------------------------------------------------------------------
+// SHA-256
+
+#define SHA256_BYTES 32
+
+typedef struct {
+    uint32_t h[8];
+    uint64_t nbytes;  // message bytes so far
+    uint8_t buf[64];  // a partial block
+    size_t nbuf;
+} Sha256;
+
+static const uint32_t sha256_k[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+
+static inline uint32_t rotr32(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+static inline void sha256_blocks_portable(uint32_t h[8], const uint8_t *p, size_t nblocks) {
+    for (; nblocks > 0; nblocks--, p += 64) {
+        uint32_t w[64];
+        for (int t = 0; t < 16; t++) {
+            w[t] = (uint32_t)p[4 * t] << 24 | (uint32_t)p[4 * t + 1] << 16 |
+                   (uint32_t)p[4 * t + 2] << 8 | p[4 * t + 3];
+        }
+        for (int t = 16; t < 64; t++) {
+            uint32_t s0 = rotr32(w[t - 15], 7) ^ rotr32(w[t - 15], 18) ^ (w[t - 15] >> 3);
+            uint32_t s1 = rotr32(w[t - 2], 17) ^ rotr32(w[t - 2], 19) ^ (w[t - 2] >> 10);
+            w[t] = w[t - 16] + s0 + w[t - 7] + s1;
+        }
+        uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+        for (int t = 0; t < 64; t++) {
+            uint32_t sum1 = rotr32(e, 6) ^ rotr32(e, 11) ^ rotr32(e, 25);
+            uint32_t choose = (e & f) ^ (~e & g);
+            uint32_t t1 = hh + sum1 + choose + sha256_k[t] + w[t];
+            uint32_t sum0 = rotr32(a, 2) ^ rotr32(a, 13) ^ rotr32(a, 22);
+            uint32_t majority = (a & b) ^ (a & c) ^ (b & c);
+            uint32_t t2 = sum0 + majority;
+            hh = g; g = f; f = e; e = d + t1;
+            d = c; c = b; b = a; a = t1 + t2;
+        }
+        h[0] += a; h[1] += b; h[2] += c; h[3] += d;
+        h[4] += e; h[5] += f; h[6] += g; h[7] += hh;
+    }
+}
+
+#if SECURE_HAVE_X86
+// The SHA-NI instructions keep the state as two vectors {a,b,e,f} and
+// {c,d,g,h} (a in the top lane) and do two rounds per sha256rnds2.
+
+// next 4 message words from the previous 16 (w0 oldest, w3 newest)
+__attribute__((target("sha,sse4.1")))
+static inline __m128i sha256_shani_schedule(__m128i w0, __m128i w1, __m128i w2, __m128i w3) {
+    __m128i x = _mm_sha256msg1_epu32(w0, w1);     // w[t-16] + sigma0(w[t-15])
+    x = _mm_add_epi32(x, _mm_alignr_epi8(w3, w2, 4));  // + w[t-7]
+    return _mm_sha256msg2_epu32(x, w3);           // + sigma1(w[t-2])
+}
+
+__attribute__((target("sha,sse4.1")))
+static inline void sha256_shani_rounds4(__m128i *abef, __m128i *cdgh, __m128i w, const uint32_t *k) {
+    __m128i msg = _mm_add_epi32(w, _mm_loadu_si128((const __m128i *)k));
+    *cdgh = _mm_sha256rnds2_epu32(*cdgh, *abef, msg);  // now holds the new {a,b,e,f}
+    msg = _mm_shuffle_epi32(msg, 0x0e);
+    *abef = _mm_sha256rnds2_epu32(*abef, *cdgh, msg);  // the old {a,b,e,f} is the new {c,d,g,h}
+}
+
+__attribute__((target("sha,sse4.1")))
+static inline void sha256_blocks_shani(uint32_t h[8], const uint8_t *p, size_t nblocks) {
+    const __m128i big_endian = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+    __m128i abcd = _mm_loadu_si128((const __m128i *)&h[0]);
+    __m128i efgh = _mm_loadu_si128((const __m128i *)&h[4]);
+    __m128i badc = _mm_shuffle_epi32(abcd, 0xb1);
+    __m128i hgfe = _mm_shuffle_epi32(efgh, 0x1b);
+    __m128i abef = _mm_alignr_epi8(badc, hgfe, 8);
+    __m128i cdgh = _mm_blend_epi16(hgfe, badc, 0xf0);
+    for (; nblocks > 0; nblocks--, p += 64) {
+        __m128i abef_in = abef, cdgh_in = cdgh;
+        __m128i w0 = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 0)), big_endian);
+        __m128i w1 = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 16)), big_endian);
+        __m128i w2 = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 32)), big_endian);
+        __m128i w3 = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 48)), big_endian);
+        for (int q = 0; q < 4; q++) {  // 16 rounds per pass
+            if (q > 0) {
+                w0 = sha256_shani_schedule(w0, w1, w2, w3);
+                w1 = sha256_shani_schedule(w1, w2, w3, w0);
+                w2 = sha256_shani_schedule(w2, w3, w0, w1);
+                w3 = sha256_shani_schedule(w3, w0, w1, w2);
+            }
+            sha256_shani_rounds4(&abef, &cdgh, w0, &sha256_k[16 * q + 0]);
+            sha256_shani_rounds4(&abef, &cdgh, w1, &sha256_k[16 * q + 4]);
+            sha256_shani_rounds4(&abef, &cdgh, w2, &sha256_k[16 * q + 8]);
+            sha256_shani_rounds4(&abef, &cdgh, w3, &sha256_k[16 * q + 12]);
+        }
+        abef = _mm_add_epi32(abef, abef_in);
+        cdgh = _mm_add_epi32(cdgh, cdgh_in);
+    }
+    __m128i feba = _mm_shuffle_epi32(abef, 0x1b);
+    __m128i dchg = _mm_shuffle_epi32(cdgh, 0xb1);
+    _mm_storeu_si128((__m128i *)&h[0], _mm_blend_epi16(feba, dchg, 0xf0));
+    _mm_storeu_si128((__m128i *)&h[4], _mm_alignr_epi8(dchg, feba, 8));
+}
+#endif
+
+// The CPU is asked once: CPUID traps to the hypervisor in a VM and costs
+// microseconds, too much for every small frame. 0 = not asked yet, 1 = no, 2 = yes.
+// Being static in a header, each translation unit has its own pair.
+static atomic_int sha256_cpu_has_shani;
+static atomic_int sha256_portable_forced;
+
+static inline int sha256_has_shani(void) {
+    int known = atomic_load_explicit(&sha256_cpu_has_shani, memory_order_relaxed);
+    if (known != 0) return known == 2;
+    int yes = 0;
+#if SECURE_HAVE_X86
+    unsigned a, b, c, d;
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+        int ssse3 = (c >> 9) & 1, sse41 = (c >> 19) & 1;
+        if (ssse3 && sse41 && __get_cpuid_count(7, 0, &a, &b, &c, &d)) yes = (b >> 29) & 1;
+    }
+#endif
+    atomic_store_explicit(&sha256_cpu_has_shani, yes ? 2 : 1, memory_order_relaxed);
+    return yes;
+}
+
+static inline void sha256_force_portable(int on) {
+    atomic_store_explicit(&sha256_portable_forced, on != 0, memory_order_relaxed);
+}
+
+static inline const char *sha256_impl_name(void) {
+    int portable = atomic_load_explicit(&sha256_portable_forced, memory_order_relaxed) || !sha256_has_shani();
+    return portable ? "portable" : "sha-ni";
+}
+
+static inline void sha256_blocks(uint32_t h[8], const uint8_t *p, size_t nblocks) {
+#if SECURE_HAVE_X86
+    if (!atomic_load_explicit(&sha256_portable_forced, memory_order_relaxed) && sha256_has_shani()) {
+        sha256_blocks_shani(h, p, nblocks);
+        return;
+    }
+#endif
+    sha256_blocks_portable(h, p, nblocks);
+}
+
+static inline void sha256_init(Sha256 *s) {
+    static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    memcpy(s->h, h0, sizeof(h0));
+    s->nbytes = 0;
+    s->nbuf = 0;
+}
+
+static inline void sha256_update(Sha256 *s, const void *data, size_t n) {
+    if (n == 0) return;  // data may be NULL then
+    const uint8_t *p = (const uint8_t *)data;
+    s->nbytes += n;
+    if (s->nbuf > 0) {
+        size_t take = 64 - s->nbuf < n ? 64 - s->nbuf : n;
+        memcpy(s->buf + s->nbuf, p, take);
+        s->nbuf += take; p += take; n -= take;
+        if (s->nbuf < 64) return;
+        sha256_blocks(s->h, s->buf, 1);
+        s->nbuf = 0;
+    }
+    if (n >= 64) {
+        sha256_blocks(s->h, p, n / 64);
+        p += n / 64 * 64;
+        n %= 64;
+    }
+    if (n > 0) {
+        memcpy(s->buf, p, n);
+        s->nbuf = n;
+    }
+}
+
+static inline void sha256_final(Sha256 *s, uint8_t out[32]) {
+    uint64_t bits = s->nbytes * 8;
+    s->buf[s->nbuf++] = 0x80;
+    if (s->nbuf > 56) {
+        memset(s->buf + s->nbuf, 0, 64 - s->nbuf);
+        sha256_blocks(s->h, s->buf, 1);
+        s->nbuf = 0;
+    }
+    memset(s->buf + s->nbuf, 0, 56 - s->nbuf);
+    for (int i = 0; i < 8; i++) s->buf[56 + i] = (uint8_t)(bits >> (56 - 8 * i));
+    sha256_blocks(s->h, s->buf, 1);
+    for (int i = 0; i < 8; i++) {
+        out[4 * i] = (uint8_t)(s->h[i] >> 24);
+        out[4 * i + 1] = (uint8_t)(s->h[i] >> 16);
+        out[4 * i + 2] = (uint8_t)(s->h[i] >> 8);
+        out[4 * i + 3] = (uint8_t)s->h[i];
+    }
+    secure_wipe(s, sizeof(*s));
+}
+
+static inline void sha256(const void *data, size_t n, uint8_t out[32]) {
+    Sha256 s;
+    sha256_init(&s);
+    sha256_update(&s, data, n);
+    sha256_final(&s, out);
+}
+
+// ----------------------------------------------------------------------------
+// HMAC-SHA256 (RFC 2104)
+
+typedef struct { Sha256 inner, outer; } Hmac;
+
+static inline void hmac_init(Hmac *h, const uint8_t *key, size_t keylen) {
+    uint8_t block[64] = {0};
+    if (keylen > 64) sha256(key, keylen, block);
+    else if (keylen > 0) memcpy(block, key, keylen);
+    uint8_t pad[64];
+    for (int i = 0; i < 64; i++) pad[i] = block[i] ^ 0x36;
+    sha256_init(&h->inner);
+    sha256_update(&h->inner, pad, 64);
+    for (int i = 0; i < 64; i++) pad[i] = block[i] ^ 0x5c;
+    sha256_init(&h->outer);
+    sha256_update(&h->outer, pad, 64);
+    secure_wipe(block, sizeof(block));
+    secure_wipe(pad, sizeof(pad));
+}
+
+static inline void hmac_update(Hmac *h, const void *data, size_t n) {
+    sha256_update(&h->inner, data, n);
+}
+
+static inline void hmac_final(Hmac *h, uint8_t out[32]) {
+    uint8_t inner_hash[32];
+    sha256_final(&h->inner, inner_hash);
+    sha256_update(&h->outer, inner_hash, 32);
+    sha256_final(&h->outer, out);
+    secure_wipe(inner_hash, sizeof(inner_hash));
+}
+
+static inline void hmac_sha256(const uint8_t *key, size_t keylen, const void *msg, size_t n, uint8_t out[32]) {
+    Hmac h;
+    hmac_init(&h, key, keylen);
+    hmac_update(&h, msg, n);
+    hmac_final(&h, out);
+}
+
+// tag_equal: 1 iff both tags have the same nonzero length and the same bytes.
+// The time taken depends on the length only, never on where the bytes differ,
+// so a forger learns nothing from timing. An empty tag never matches: it
+// would vouch for anything.
+static inline int tag_equal(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen) {
+    if (alen != blen || alen == 0) return 0;
+    volatile uint8_t diff = 0;
+    for (size_t i = 0; i < alen; i++) diff |= a[i] ^ b[i];
+    return diff == 0;
+}
+
+// ----------------------------------------------------------------------------
+// keys
+
+#define KEY_BYTES 32
+#define KEY_FD_TIMEOUT_MS 30000  // the launcher writes the key right after fork
+
+static inline int key_is_zero(const uint8_t key[32]) {
+    uint8_t any = 0;
+    for (int i = 0; i < KEY_BYTES; i++) any |= key[i];
+    return any == 0;
+}
+
+static inline int key_generate(uint8_t key[32], char *err, size_t errlen) {
+    size_t got = 0;
+    while (got < KEY_BYTES) {
+        ssize_t r = getrandom(key + got, KEY_BYTES - got, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return secure_error(err, errlen, "key_generate: getrandom: %s", strerror(errno));
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+static inline int key_read_file(const char *path, uint8_t key[32], char *err, size_t errlen) {
+    // O_NONBLOCK: a FIFO at that path must not block the open; it fails S_ISREG below
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return secure_error(err, errlen, "key file %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return secure_error(err, errlen, "key file %s: fstat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return secure_error(err, errlen, "key file %s: not a regular file", path);
+    }
+    if (st.st_uid != geteuid()) {
+        close(fd);
+        return secure_error(err, errlen, "key file %s: owned by uid %u, not by this user (uid %u)",
+                            path, (unsigned)st.st_uid, (unsigned)geteuid());
+    }
+    if ((st.st_mode & 077) != 0) {
+        close(fd);
+        return secure_error(err, errlen, "key file %s: mode %04o lets group or others at it; chmod 600 it",
+                            path, (unsigned)(st.st_mode & 07777));
+    }
+    char text[68];
+    size_t n = 0;
+    while (n < sizeof(text)) {
+        ssize_t r = read(fd, text + n, sizeof(text) - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int e = errno;
+            close(fd);
+            secure_wipe(text, sizeof(text));
+            return secure_error(err, errlen, "key file %s: read: %s", path, strerror(e));
+        }
+        if (r == 0) break;
+        n += (size_t)r;
+    }
+    close(fd);
+    int ok = (n == 64 || (n == 65 && text[64] == '\n')) && hex_decode(text, 32, key, 0) == 0;
+    secure_wipe(text, sizeof(text));
+    if (!ok) {
+        secure_wipe(key, KEY_BYTES);
+        return secure_error(err, errlen, "key file %s: must hold 64 hex digits and an optional newline (%zu%s bytes)",
+                            path, n, n == sizeof(text) ? "+" : "");
+    }
+    if (key_is_zero(key)) return secure_error(err, errlen, "key file %s: the all-zero key is not a secret", path);
+    return 0;
+}
+
+static inline int key_write_file(const char *path, const uint8_t key[32], char *err, size_t errlen) {
+    // O_EXCL: never overwrite a key, nor follow a symlink someone planted there
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return secure_error(err, errlen, "key file %s: create: %s", path, strerror(errno));
+    char text[65];
+    to_hex(key, KEY_BYTES, text);
+    text[64] = '\n';
+    size_t done = 0;
+    int e = 0;
+    if (fchmod(fd, 0600) != 0) e = errno;  // the umask can only narrow 0600, but be explicit
+    while (e == 0 && done < sizeof(text)) {
+        ssize_t r = write(fd, text + done, sizeof(text) - done);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) e = errno; else done += (size_t)r;
+    }
+    if (e == 0 && fsync(fd) != 0) e = errno;
+    secure_wipe(text, sizeof(text));
+    if (close(fd) != 0 && e == 0) e = errno;
+    if (e != 0) {
+        unlink(path);
+        return secure_error(err, errlen, "key file %s: write: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+// key_read_fd: exactly 32 raw bytes from an inherited pipe, waiting at most
+// KEY_FD_TIMEOUT_MS for them. The caller closes fd.
+static inline int key_read_fd_bytes(int fd, uint8_t key[32], char *err, size_t errlen) {
+    size_t got = 0;
+    while (got < KEY_BYTES) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int ready = poll(&pfd, 1, KEY_FD_TIMEOUT_MS);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready < 0) return secure_error(err, errlen, "key fd %d: poll: %s", fd, strerror(errno));
+        if (ready == 0) return secure_error(err, errlen, "key fd %d: no key after %d ms (%zu of 32 bytes)",
+                                            fd, KEY_FD_TIMEOUT_MS, got);
+        if (pfd.revents & POLLNVAL) return secure_error(err, errlen, "key fd %d: not an open descriptor", fd);
+        ssize_t r = read(fd, key + got, KEY_BYTES - got);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (r < 0) return secure_error(err, errlen, "key fd %d: read: %s", fd, strerror(errno));
+        if (r == 0) return secure_error(err, errlen, "key fd %d: closed after %zu of 32 bytes", fd, got);
+        got += (size_t)r;
+    }
+    if (key_is_zero(key)) return secure_error(err, errlen, "key fd %d: the all-zero key is not a secret", fd);
+    return 0;
+}
+
+static inline int key_read_fd(int fd, uint8_t key[32], char *err, size_t errlen) {
+    if (key_read_fd_bytes(fd, key, err, errlen) == 0) return 0;
+    secure_wipe(key, KEY_BYTES);  // no half key left for a careless caller to use
+    return -1;
+}
+
+// key_write_fd: the caller should ignore SIGPIPE, or a rank that died before
+// reading its key takes the launcher down with it
+static inline int key_write_fd(int fd, const uint8_t key[32], char *err, size_t errlen) {
+    size_t done = 0;
+    while (done < KEY_BYTES) {
+        ssize_t r = write(fd, key + done, KEY_BYTES - done);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return secure_error(err, errlen, "key fd %d: write: %s", fd, strerror(errno));
+        done += (size_t)r;
+    }
+    return 0;
+}
+
+static inline uint64_t job_id_from_key(const uint8_t key[32]) {
+    static const char label[] = "llm3d job id";
+    uint8_t mac[32];
+    hmac_sha256(key, KEY_BYTES, label, sizeof(label) - 1, mac);
+    return get_u64(mac);
+}
+
+// secure_harden_process: no core dumps and no ptrace attach by other
+// processes of the same user, both of which would expose the key
+static inline void secure_harden_process(void) {
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    struct rlimit none = {0, 0};
+    setrlimit(RLIMIT_CORE, &none);
+}
+
+// ----------------------------------------------------------------------------
+// frames
+
+enum { CH_CONTROL = 0, CH_ACTIVATION = 1, CH_GRADIENT = 2, CH_COLLECTIVE = 3, CH_PARAM = 4,
+       CH_CHECK = 5, CH_HELLO = 6, CH_COUNT = 7 };
+
+static inline const char *channel_name(int channel) {
+    static const char *names[CH_COUNT] = {"control", "activation", "gradient", "collective",
+                                          "param", "check", "hello"};
+    return channel >= 0 && channel < CH_COUNT ? names[channel] : "unknown";
+}
+
+#define FRAME_MAGIC 0x4c4c4d33u  /* "LLM3" as a little-endian u32: bytes 33 4d 4c 4c */
+#define FRAME_VERSION 1
+#define FRAME_HEADER_BYTES 64
+#define FRAME_TAG_BYTES 32
+#define LINKS_MAX_WORLD 65536
+
+typedef struct {
+    uint32_t magic; uint16_t version; uint16_t channel;
+    uint64_t job_id;
+    uint32_t src, dst;
+    uint64_t step;
+    uint32_t microbatch; uint32_t reserved;
+    uint64_t seq;
+    uint64_t payload_len;
+    uint8_t pad[8];  // keeps the header 64 bytes; zero, covered by the tag
+} FrameHeader;  // the wire form is written byte by byte, not by struct layout
+
+// Links: one per rank, for all its peers. Not locked: a caller with several
+// threads keeps each link (each send_seq[i], recv_seq[i]) to one thread.
+typedef struct {
+    uint8_t key[32];
+    uint64_t job_id;
+    int rank, world;
+    uint64_t *send_seq;  // [world] next sequence number to send to each peer
+    uint64_t *recv_seq;  // [world] next sequence number expected from each peer
+} Links;
+
+static inline void frame_header_write(const FrameHeader *h, uint8_t out[64]) {
+    put_u32(out + 0, h->magic);
+    put_u16(out + 4, h->version);
+    put_u16(out + 6, h->channel);
+    put_u64(out + 8, h->job_id);
+    put_u32(out + 16, h->src);
+    put_u32(out + 20, h->dst);
+    put_u64(out + 24, h->step);
+    put_u32(out + 32, h->microbatch);
+    put_u32(out + 36, h->reserved);
+    put_u64(out + 40, h->seq);
+    put_u64(out + 48, h->payload_len);
+    memcpy(out + 56, h->pad, 8);
+}
+
+static inline void frame_header_read(const uint8_t in[64], FrameHeader *h) {
+    h->magic = get_u32(in + 0);
+    h->version = get_u16(in + 4);
+    h->channel = get_u16(in + 6);
+    h->job_id = get_u64(in + 8);
+    h->src = get_u32(in + 16);
+    h->dst = get_u32(in + 20);
+    h->step = get_u64(in + 24);
+    h->microbatch = get_u32(in + 32);
+    h->reserved = get_u32(in + 36);
+    h->seq = get_u64(in + 40);
+    h->payload_len = get_u64(in + 48);
+    memcpy(h->pad, in + 56, 8);
+}
+
+static inline int links_init(Links *l, const uint8_t key[32], int rank, int world) {
+    memset(l, 0, sizeof(*l));
+    if (world < 1 || world > LINKS_MAX_WORLD || rank < 0 || rank >= world) {
+        fprintf(stderr, "links_init: rank %d of world %d is out of range (world 1..%d)\n",
+                rank, world, LINKS_MAX_WORLD);
+        return -1;
+    }
+    l->send_seq = (uint64_t *)calloc((size_t)world, sizeof(uint64_t));
+    l->recv_seq = (uint64_t *)calloc((size_t)world, sizeof(uint64_t));
+    if (l->send_seq == NULL || l->recv_seq == NULL) {
+        free(l->send_seq);
+        free(l->recv_seq);
+        memset(l, 0, sizeof(*l));
+        fprintf(stderr, "links_init: out of memory for world %d\n", world);
+        return -1;
+    }
+    memcpy(l->key, key, KEY_BYTES);
+    l->job_id = job_id_from_key(key);
+    l->rank = rank;
+    l->world = world;
+    return 0;
+}
+
+static inline void links_free(Links *l) {
+    free(l->send_seq);
+    free(l->recv_seq);
+    secure_wipe(l, sizeof(*l));
+}
+
+static inline size_t frame_bytes(size_t payload_len) {
+    size_t overhead = FRAME_HEADER_BYTES + FRAME_TAG_BYTES;
+    return payload_len > SIZE_MAX - overhead ? SIZE_MAX : payload_len + overhead;
+}
+
+// frame_seal: header, payload (not copied when it already sits at
+// out + FRAME_HEADER_BYTES), tag; uses and advances send_seq[dst].
+// -1 (and a line on stderr) only for a dst or channel the caller got wrong.
+static inline int frame_seal(Links *l, int dst, int channel, uint64_t step, uint32_t microbatch,
+                             const void *payload, size_t len, uint8_t *out) {
+    if (dst < 0 || dst >= l->world || channel < 0 || channel >= CH_COUNT) {
+        fprintf(stderr, "frame_seal: rank %d: destination %d (world %d) or channel %d is out of range\n",
+                l->rank, dst, l->world, channel);
+        return -1;
+    }
+    FrameHeader h = {0};
+    h.magic = FRAME_MAGIC;
+    h.version = FRAME_VERSION;
+    h.channel = (uint16_t)channel;
+    h.job_id = l->job_id;
+    h.src = (uint32_t)l->rank;
+    h.dst = (uint32_t)dst;
+    h.step = step;
+    h.microbatch = microbatch;
+    h.seq = l->send_seq[dst]++;
+    h.payload_len = len;
+    frame_header_write(&h, out);
+    uint8_t *body = out + FRAME_HEADER_BYTES;
+    if (len > 0 && (const uint8_t *)payload != body) memmove(body, payload, len);
+    hmac_sha256(l->key, KEY_BYTES, out, FRAME_HEADER_BYTES + len, body + len);
+    return 0;
+}
+
+// frame_reject: "from rank 3, channel activation, step 12: <reason>", naming
+// the link the receiver was waiting on (the header itself is untrusted)
+__attribute__((format(printf, 6, 7)))
+static inline int frame_reject(char *err, size_t errlen, int src, int channel, uint64_t step, const char *fmt, ...) {
+    if (err == NULL || errlen == 0) return -1;
+    int n = snprintf(err, errlen, "from rank %d, channel %s, step %" PRIu64 ": ", src, channel_name(channel), step);
+    if (n >= 0 && (size_t)n < errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+static inline int frame_check_header(const Links *l, const uint8_t *frame, int src, int channel, uint64_t step,
+                                     uint32_t microbatch, size_t expect_len, char *err, size_t errlen) {
+    if (src < 0 || src >= l->world)
+        return frame_reject(err, errlen, src, channel, step, "no such rank (world %d)", l->world);
+    FrameHeader h;
+    frame_header_read(frame, &h);
+    if (h.magic != FRAME_MAGIC)
+        return frame_reject(err, errlen, src, channel, step, "bad magic 0x%08" PRIx32 ": not an llm3d frame", h.magic);
+    if (h.version != FRAME_VERSION)
+        return frame_reject(err, errlen, src, channel, step, "frame version %u, this build speaks %d",
+                            (unsigned)h.version, FRAME_VERSION);
+    if (h.job_id != l->job_id)
+        return frame_reject(err, errlen, src, channel, step,
+                            "job id %016" PRIx64 " is not this job's (%016" PRIx64 "): another job, or another key",
+                            h.job_id, l->job_id);
+    if (h.src != (uint32_t)src)
+        return frame_reject(err, errlen, src, channel, step, "header says source rank %" PRIu32, h.src);
+    if (h.dst != (uint32_t)l->rank)
+        return frame_reject(err, errlen, src, channel, step, "misaddressed: destination rank %" PRIu32 ", this is rank %d",
+                            h.dst, l->rank);
+    if (h.channel != channel)
+        return frame_reject(err, errlen, src, channel, step, "header says channel %s (%u)",
+                            channel_name(h.channel), (unsigned)h.channel);
+    if (h.step != step)
+        return frame_reject(err, errlen, src, channel, step, "header says step %" PRIu64, h.step);
+    if (h.microbatch != microbatch)
+        return frame_reject(err, errlen, src, channel, step, "header says micro-batch %" PRIu32 ", expected %" PRIu32,
+                            h.microbatch, microbatch);
+    if (h.payload_len != (uint64_t)expect_len)
+        return frame_reject(err, errlen, src, channel, step, "payload length %" PRIu64 ", expected %zu",
+                            h.payload_len, expect_len);
+    if (h.seq != l->recv_seq[src])
+        return frame_reject(err, errlen, src, channel, step, "replayed or reordered message (seq %" PRIu64
+                            ", expected %" PRIu64 ")", h.seq, l->recv_seq[src]);
+    return 0;
+}
+
+static inline int frame_open(Links *l, const uint8_t *frame, size_t frame_len, int src, int channel, uint64_t step,
+                             uint32_t microbatch, size_t expect_len, const uint8_t **payload, char *err, size_t errlen) {
+    *payload = NULL;
+    if (frame_len < FRAME_HEADER_BYTES)
+        return frame_reject(err, errlen, src, channel, step, "truncated frame (%zu bytes, the header alone is %d)",
+                            frame_len, FRAME_HEADER_BYTES);
+    if (frame_check_header(l, frame, src, channel, step, microbatch, expect_len, err, errlen) != 0) return -1;
+    if (frame_len < frame_bytes(expect_len) || frame_bytes(expect_len) == SIZE_MAX)
+        return frame_reject(err, errlen, src, channel, step, "truncated frame (%zu bytes, expected %zu)",
+                            frame_len, frame_bytes(expect_len));
+    uint8_t tag[32];
+    hmac_sha256(l->key, KEY_BYTES, frame, FRAME_HEADER_BYTES + expect_len, tag);
+    if (!tag_equal(tag, FRAME_TAG_BYTES, frame + FRAME_HEADER_BYTES + expect_len, FRAME_TAG_BYTES))
+        return frame_reject(err, errlen, src, channel, step, "tag does not match: changed in transit, or sent with another key");
+    // a key holder wrote these; nonzero means a sender from a future format
+    FrameHeader h;
+    frame_header_read(frame, &h);
+    uint8_t pad_any = 0;
+    for (int i = 0; i < 8; i++) pad_any |= h.pad[i];
+    if (h.reserved != 0 || pad_any != 0)
+        return frame_reject(err, errlen, src, channel, step, "reserved header fields are not zero");
+    l->recv_seq[src]++;
+    *payload = frame + FRAME_HEADER_BYTES;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// fault injection: -fault KIND:RANK:STEP
+
+enum { FAULT_NONE = 0, FAULT_TAMPER, FAULT_REPLAY, FAULT_KILL, FAULT_STALL };
+
+typedef struct { int kind; int rank; long step; } Fault;
+
+static inline const char *fault_name(int kind) {
+    static const char *names[] = {"none", "tamper", "replay", "kill", "stall"};
+    return kind >= FAULT_NONE && kind <= FAULT_STALL ? names[kind] : "unknown";
+}
+
+// fault_number: a decimal in [0, max], nothing else
+static inline int fault_number(const char *s, size_t n, long max, long *out) {
+    if (n == 0 || n > 18) return -1;
+    long v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    if (v > max) return -1;
+    *out = v;
+    return 0;
+}
+
+// fault_parse: "tamper:1:5" and the like; RANK is checked against the world
+// by the caller, who knows it
+static inline int fault_parse(const char *spec, Fault *f, char *err, size_t errlen) {
+    f->kind = FAULT_NONE; f->rank = -1; f->step = -1;
+    if (spec == NULL) return secure_error(err, errlen, "-fault: missing value; expected KIND:RANK:STEP");
+    const char *c1 = strchr(spec, ':');
+    const char *c2 = c1 != NULL ? strchr(c1 + 1, ':') : NULL;
+    if (c1 == NULL || c2 == NULL || strchr(c2 + 1, ':') != NULL)
+        return secure_error(err, errlen, "-fault '%s': expected KIND:RANK:STEP, e.g. tamper:1:5", spec);
+    size_t kind_len = (size_t)(c1 - spec);
+    int kind = FAULT_NONE;
+    for (int k = FAULT_TAMPER; k <= FAULT_STALL; k++) {
+        if (strlen(fault_name(k)) == kind_len && strncmp(spec, fault_name(k), kind_len) == 0) kind = k;
+    }
+    if (kind == FAULT_NONE)
+        return secure_error(err, errlen, "-fault '%s': KIND '%.*s' is not one of tamper, replay, kill, stall",
+                            spec, (int)kind_len, spec);
+    long rank, step;
+    if (fault_number(c1 + 1, (size_t)(c2 - c1 - 1), LINKS_MAX_WORLD - 1, &rank) != 0)
+        return secure_error(err, errlen, "-fault '%s': RANK '%.*s' is not a rank 0..%d",
+                            spec, (int)(c2 - c1 - 1), c1 + 1, LINKS_MAX_WORLD - 1);
+    if (fault_number(c2 + 1, strlen(c2 + 1), 999999999999L, &step) != 0)
+        return secure_error(err, errlen, "-fault '%s': STEP '%s' is not a step 0..999999999999", spec, c2 + 1);
+    f->kind = kind; f->rank = (int)rank; f->step = step;
+    return 0;
+}
+
+static inline int fault_fires(const Fault *f, int rank, long step) {
+    return f != NULL && f->kind != FAULT_NONE && f->rank == rank && f->step == step;
+}
+
+// frame_tamper: flip a bit in the middle of the payload, or in the header pad
+// when there is no payload, so the receiver's tag check is what catches it
+static inline void frame_tamper(uint8_t *frame, size_t frame_len) {
+    if (frame_len < FRAME_HEADER_BYTES) {
+        if (frame_len > 0) frame[0] ^= 0x01;
+        return;
+    }
+    uint64_t len = get_u64(frame + 48);
+    if (len > 0 && frame_len >= FRAME_HEADER_BYTES + FRAME_TAG_BYTES &&
+        len <= frame_len - FRAME_HEADER_BYTES - FRAME_TAG_BYTES) {
+        frame[FRAME_HEADER_BYTES + len / 2] ^= 0x01;
+    } else {
+        frame[56] ^= 0x01;
+    }
+}
+
+// links_rewind_send: the next frame to dst reuses the sequence number of the
+// previous one, which is what a replay looks like to the receiver (a valid
+// tag on a sequence number it already consumed). -1 if nothing was sent yet.
+static inline int links_rewind_send(Links *l, int dst) {
+    if (dst < 0 || dst >= l->world || l->send_seq[dst] == 0) return -1;
+    l->send_seq[dst]--;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// files: atomic writes, hashing, manifests
+
+#define MANIFEST_MAX_BYTES (16u << 20)
+#define MANIFEST_MAGIC_LINE "llm3d-manifest 1"
+
+typedef struct { char name[256]; uint64_t size; uint8_t sha[32]; } ManifestEntry;
+typedef struct { int n; ManifestEntry *e; } Manifest;  // e sorted by name
+
+static inline int path_join(char *out, size_t outlen, const char *dir, const char *name, char *err, size_t errlen) {
+    int n = snprintf(out, outlen, "%s/%s", dir != NULL && dir[0] != '\0' ? dir : ".", name);
+    if (n < 0 || (size_t)n >= outlen) return secure_error(err, errlen, "path %s/%s: too long", dir, name);
+    return 0;
+}
+
+static inline int write_all(int fd, const void *data, size_t n) {
+    const uint8_t *p = (const uint8_t *)data;
+    while (n > 0) {
+        ssize_t r = write(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        p += r; n -= (size_t)r;
+    }
+    return 0;
+}
+
+// write_file_atomic: readers see the old file or the whole new one, never a
+// part, even across a crash: temporary name, fsync, rename, fsync the directory
+static inline int write_file_atomic(const char *dir, const char *name, const void *data, size_t n,
+                                    char *err, size_t errlen) {
+    if (name == NULL || name[0] == '\0' || strchr(name, '/') != NULL)
+        return secure_error(err, errlen, "write_file_atomic: name '%s' must be a plain file name", name ? name : "");
+    const char *d = dir != NULL && dir[0] != '\0' ? dir : ".";
+    char path[4096], tmp[4096], tmpname[512];
+    int tn = snprintf(tmpname, sizeof(tmpname), ".%s.tmp.%ld", name, (long)getpid());
+    if (tn < 0 || (size_t)tn >= sizeof(tmpname)) return secure_error(err, errlen, "%s/%s: name too long", d, name);
+    if (path_join(path, sizeof(path), d, name, err, errlen) != 0) return -1;
+    if (path_join(tmp, sizeof(tmp), d, tmpname, err, errlen) != 0) return -1;
+    unlink(tmp);  // a leftover from a crashed run with the same pid
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return secure_error(err, errlen, "%s: create: %s", tmp, strerror(errno));
+    int e = 0;
+    if (write_all(fd, data, n) != 0) e = errno;
+    if (e == 0 && fsync(fd) != 0) e = errno;
+    if (close(fd) != 0 && e == 0) e = errno;
+    if (e != 0) {
+        unlink(tmp);
+        return secure_error(err, errlen, "%s: write: %s", tmp, strerror(e));
+    }
+    if (rename(tmp, path) != 0) {
+        e = errno;
+        unlink(tmp);
+        return secure_error(err, errlen, "%s: rename to %s: %s", tmp, path, strerror(e));
+    }
+    int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return secure_error(err, errlen, "%s: open directory to fsync: %s", d, strerror(errno));
+    if (fsync(dfd) != 0) e = errno;
+    close(dfd);
+    if (e != 0) return secure_error(err, errlen, "%s: fsync directory: %s", d, strerror(e));
+    return 0;
+}
+
+// sha256_file: hash a regular file; *size gets the bytes hashed
+static inline int sha256_file(const char *path, uint8_t out[32], uint64_t *size, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return secure_error(err, errlen, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return secure_error(err, errlen, "%s: not a regular file", path);
+    }
+    uint8_t *buf = (uint8_t *)malloc(1 << 20);
+    if (buf == NULL) {
+        close(fd);
+        return secure_error(err, errlen, "%s: out of memory", path);
+    }
+    Sha256 s;
+    sha256_init(&s);
+    uint64_t total = 0;
+    int e = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf, 1 << 20);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { e = errno; break; }
+        if (r == 0) break;
+        sha256_update(&s, buf, (size_t)r);
+        total += (uint64_t)r;
+    }
+    free(buf);
+    close(fd);
+    if (e != 0) return secure_error(err, errlen, "%s: read: %s", path, strerror(e));
+    sha256_final(&s, out);
+    *size = total;
+    return 0;
+}
+
+static inline int manifest_name_ok(const char *name, size_t n) {
+    if (n == 0 || n > 255 || name[0] == '.') return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '.' || c == '_' || c == '-' || c == '+';
+        if (!ok) return 0;
+    }
+    return 1;
+}
+
+// manifest_find: the entry for name, or NULL (binary search: entries are sorted)
+static inline const ManifestEntry *manifest_find(const Manifest *m, const char *name) {
+    int lo = 0, hi = m->n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        int c = strcmp(m->e[mid].name, name);
+        if (c == 0) return &m->e[mid];
+        if (c < 0) lo = mid + 1; else hi = mid - 1;
+    }
+    return NULL;
+}
+
+static inline void manifest_free(Manifest *m) {
+    free(m->e);
+    m->e = NULL;
+    m->n = 0;
+}
+
+// manifest_add_file: hash dir/name and insert it in name order
+static inline int manifest_add_file(Manifest *m, const char *dir, const char *name, char *err, size_t errlen) {
+    if (!manifest_name_ok(name, strlen(name)))
+        return secure_error(err, errlen, "manifest: file name '%s' must be 1..255 of [A-Za-z0-9._+-], not starting with '.'", name);
+    if (manifest_find(m, name) != NULL) return secure_error(err, errlen, "manifest: file name '%s' is listed twice", name);
+    char path[4096];
+    if (path_join(path, sizeof(path), dir, name, err, errlen) != 0) return -1;
+    ManifestEntry entry;
+    memset(&entry, 0, sizeof(entry));
+    strcpy(entry.name, name);  // length checked above
+    if (sha256_file(path, entry.sha, &entry.size, err, errlen) != 0) return -1;
+    ManifestEntry *grown = (ManifestEntry *)realloc(m->e, (size_t)(m->n + 1) * sizeof(ManifestEntry));
+    if (grown == NULL) return secure_error(err, errlen, "manifest: out of memory adding %s", path);
+    m->e = grown;
+    int at = m->n;
+    while (at > 0 && strcmp(m->e[at - 1].name, name) > 0) at--;
+    memmove(&m->e[at + 1], &m->e[at], (size_t)(m->n - at) * sizeof(ManifestEntry));
+    m->e[at] = entry;
+    m->n++;
+    return 0;
+}
+
+// manifest_format: the canonical text, tag line included; *text is malloc'd
+static inline int manifest_format(const Manifest *m, const uint8_t key[32], char **text, size_t *len,
+                                  char *err, size_t errlen) {
+    static const uint8_t zero_key[32] = {0};
+    if (key == NULL) key = zero_key;
+    size_t cap = 64 + (size_t)m->n * (256 + 1 + 20 + 1 + 64 + 1) + 4 + 64 + 1 + 1;
+    char *out = (char *)malloc(cap);
+    if (out == NULL) return secure_error(err, errlen, "manifest: out of memory for %d entries", m->n);
+    size_t n = (size_t)snprintf(out, cap, "%s\nfiles %d\n", MANIFEST_MAGIC_LINE, m->n);
+    for (int i = 0; i < m->n; i++) {
+        const ManifestEntry *e = &m->e[i];
+        size_t name_len = strnlen(e->name, sizeof(e->name));
+        if (!manifest_name_ok(e->name, name_len) || (i > 0 && strcmp(m->e[i - 1].name, e->name) >= 0)) {
+            free(out);
+            return secure_error(err, errlen, "manifest: entry %d name '%.255s' is invalid, repeated or out of order",
+                                i, e->name);
+        }
+        char hex[65];
+        to_hex(e->sha, 32, hex);
+        n += (size_t)snprintf(out + n, cap - n, "%s %" PRIu64 " %s\n", e->name, e->size, hex);
+    }
+    uint8_t tag[32];
+    hmac_sha256(key, KEY_BYTES, out, n, tag);
+    char hex[65];
+    to_hex(tag, 32, hex);
+    n += (size_t)snprintf(out + n, cap - n, "tag %s\n", hex);
+    *text = out;
+    *len = n;
+    return 0;
+}
+
+static inline int manifest_write(const Manifest *m, const char *dir, const char *manifest_name, const uint8_t key[32],
+                                 char *err, size_t errlen) {
+    char *text = NULL;
+    size_t len = 0;
+    if (manifest_format(m, key, &text, &len, err, errlen) != 0) return -1;
+    int rc = write_file_atomic(dir, manifest_name, text, len, err, errlen);
+    free(text);
+    return rc;
+}
+
+// manifest_number: a decimal u64 without leading zeros
+static inline int manifest_number(const char *s, size_t n, uint64_t *out) {
+    if (n == 0 || n > 20 || (n > 1 && s[0] == '0')) return -1;
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return -1;
+        uint64_t digit = (uint64_t)(s[i] - '0');
+        if (v > (UINT64_MAX - digit) / 10) return -1;
+        v = v * 10 + digit;
+    }
+    *out = v;
+    return 0;
+}
+
+// manifest_parse: the tag is checked before anything else is believed; then
+// the canonical form line by line. Errors name the line and the field.
+static inline int manifest_parse(Manifest *m, const char *text, size_t len, const uint8_t key[32],
+                                 char *err, size_t errlen) {
+    static const uint8_t zero_key[32] = {0};
+    if (key == NULL) key = zero_key;
+    m->n = 0;
+    m->e = NULL;
+    if (len == 0) return secure_error(err, errlen, "empty manifest");
+    if (len > MANIFEST_MAX_BYTES) return secure_error(err, errlen, "manifest of %zu bytes is over the %u limit", len, MANIFEST_MAX_BYTES);
+    // the last line: "tag " + 64 hex + "\n"
+    const size_t tag_line = 4 + 64 + 1;
+    if (len < tag_line || text[len - 1] != '\n' || memcmp(text + len - tag_line, "tag ", 4) != 0 ||
+        (len > tag_line && text[len - tag_line - 1] != '\n'))
+        return secure_error(err, errlen, "last line is not 'tag <64 hex>' (truncated?)");
+    uint8_t tag[32];
+    if (hex_decode(text + len - tag_line + 4, 32, tag, 1) != 0)
+        return secure_error(err, errlen, "last line: tag is not 64 lowercase hex digits");
+    size_t body_len = len - tag_line;
+    uint8_t want[32];
+    hmac_sha256(key, KEY_BYTES, text, body_len, want);
+    if (!tag_equal(want, 32, tag, 32))
+        return secure_error(err, errlen, "tag does not match the contents: the manifest was changed, or sealed with another key");
+
+    const char *p = text, *end = text + body_len;
+    int line = 1;
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    size_t magic_len = strlen(MANIFEST_MAGIC_LINE);
+    if (nl == NULL || (size_t)(nl - p) != magic_len || memcmp(p, MANIFEST_MAGIC_LINE, magic_len) != 0)
+        return secure_error(err, errlen, "line 1: expected '%s'", MANIFEST_MAGIC_LINE);
+    p = nl + 1;
+    line = 2;
+    nl = memchr(p, '\n', (size_t)(end - p));
+    uint64_t count;
+    if (nl == NULL || nl - p < 6 || memcmp(p, "files ", 6) != 0 || manifest_number(p + 6, (size_t)(nl - p - 6), &count) != 0)
+        return secure_error(err, errlen, "line 2: expected 'files N'");
+    p = nl + 1;
+    // every entry line is at least "a 0 <64 hex>\n": bound the count by the bytes left
+    const size_t min_entry = 1 + 1 + 1 + 1 + 64 + 1;
+    if (count > (uint64_t)(end - p) / min_entry)
+        return secure_error(err, errlen, "line 2: files %" PRIu64 " does not fit in %zu bytes", count, (size_t)(end - p));
+    if (count > 0) {
+        m->e = (ManifestEntry *)calloc((size_t)count, sizeof(ManifestEntry));
+        if (m->e == NULL) return secure_error(err, errlen, "line 2: out of memory for %" PRIu64 " files", count);
+    }
+    char shown[72];
+    for (uint64_t i = 0; i < count; i++) {
+        line = 3 + (int)i;
+        nl = memchr(p, '\n', (size_t)(end - p));
+        if (nl == NULL) {
+            secure_error(err, errlen, "line %d: missing (files %" PRIu64 ")", line, count);
+            goto fail;
+        }
+        const char *sp1 = memchr(p, ' ', (size_t)(nl - p));
+        const char *sp2 = sp1 != NULL ? memchr(sp1 + 1, ' ', (size_t)(nl - sp1 - 1)) : NULL;
+        if (sp2 == NULL) {
+            secure_error(err, errlen, "line %d: expected 'NAME SIZE SHA256'", line);
+            goto fail;
+        }
+        ManifestEntry *e = &m->e[i];
+        size_t name_len = (size_t)(sp1 - p);
+        if (!manifest_name_ok(p, name_len)) {
+            printable(p, name_len, shown, sizeof(shown));
+            secure_error(err, errlen, "line %d: name '%s' must be 1..255 of [A-Za-z0-9._+-], not starting with '.'", line, shown);
+            goto fail;
+        }
+        memcpy(e->name, p, name_len);
+        e->name[name_len] = '\0';
+        if (i > 0 && strcmp(m->e[i - 1].name, e->name) >= 0) {
+            secure_error(err, errlen, "line %d: name '%s' repeated or out of order", line, e->name);
+            goto fail;
+        }
+        if (manifest_number(sp1 + 1, (size_t)(sp2 - sp1 - 1), &e->size) != 0) {
+            printable(sp1 + 1, (size_t)(sp2 - sp1 - 1), shown, sizeof(shown));
+            secure_error(err, errlen, "line %d: size '%s' is not a decimal without leading zeros", line, shown);
+            goto fail;
+        }
+        if (nl - sp2 - 1 != 64 || hex_decode(sp2 + 1, 32, e->sha, 1) != 0) {
+            secure_error(err, errlen, "line %d: sha256 is not 64 lowercase hex digits", line);
+            goto fail;
+        }
+        m->n = (int)(i + 1);
+        p = nl + 1;
+    }
+    if (p != end) {
+        secure_error(err, errlen, "line %d: more lines than files %" PRIu64, 3 + (int)count, count);
+        goto fail;
+    }
+    return 0;
+fail:
+    manifest_free(m);
+    return -1;
+}
+
+static inline int manifest_read(Manifest *m, const char *dir, const char *manifest_name, const uint8_t key[32],
+                                char *err, size_t errlen) {
+    m->n = 0;
+    m->e = NULL;
+    char path[4096];
+    if (path_join(path, sizeof(path), dir, manifest_name, err, errlen) != 0) return -1;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return secure_error(err, errlen, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return secure_error(err, errlen, "%s: not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > MANIFEST_MAX_BYTES) {
+        close(fd);
+        return secure_error(err, errlen, "%s: %lld bytes, over the manifest limit of %u", path,
+                            (long long)st.st_size, MANIFEST_MAX_BYTES);
+    }
+    size_t cap = (size_t)st.st_size + 1;  // +1 sees a file that grew under us
+    char *text = (char *)malloc(cap);
+    if (text == NULL) {
+        close(fd);
+        return secure_error(err, errlen, "%s: out of memory", path);
+    }
+    size_t n = 0;
+    int e = 0;
+    while (n < cap) {
+        ssize_t r = read(fd, text + n, cap - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { e = errno; break; }
+        if (r == 0) break;
+        n += (size_t)r;
+    }
+    close(fd);
+    if (e != 0 || n == cap) {
+        free(text);
+        return secure_error(err, errlen, "%s: read: %s", path, e != 0 ? strerror(e) : "file changed size while read");
+    }
+    char why[512];
+    int rc = manifest_parse(m, text, n, key, why, sizeof(why));
+    free(text);
+    if (rc != 0) return secure_error(err, errlen, "%s: %s", path, why);
+    return 0;
+}
+
+static inline int manifest_verify_file(const Manifest *m, const char *dir, const char *name, char *err, size_t errlen) {
+    char path[4096];
+    if (path_join(path, sizeof(path), dir, name, err, errlen) != 0) return -1;
+    const ManifestEntry *e = manifest_find(m, name);
+    if (e == NULL) return secure_error(err, errlen, "%s: not listed in the manifest", path);
+    struct stat st;
+    if (stat(path, &st) != 0) return secure_error(err, errlen, "%s: %s", path, strerror(errno));
+    if ((uint64_t)st.st_size != e->size)  // cheap, and saves hashing a file that is surely wrong
+        return secure_error(err, errlen, "%s: size %lld, the manifest says %" PRIu64, path, (long long)st.st_size, e->size);
+    uint8_t sha[32];
+    uint64_t size;
+    if (sha256_file(path, sha, &size, err, errlen) != 0) return -1;
+    if (size != e->size)
+        return secure_error(err, errlen, "%s: size %" PRIu64 ", the manifest says %" PRIu64, path, size, e->size);
+    if (memcmp(sha, e->sha, 32) != 0) {
+        char got[65], want[65];
+        to_hex(sha, 32, got);
+        to_hex(e->sha, 32, want);
+        return secure_error(err, errlen, "%s: sha256 %.16s... differs from the manifest's %.16s...: the file changed",
+                            path, got, want);
+    }
+    return 0;
+}
+
+#endif

@@ -1,0 +1,495 @@
+/*
+ * test_gpt2.c: the CPU trainer against the PyTorch reference (dev/fixtures,
+ * made by dev/train_gpt2.py), each layer's backward against finite
+ * differences, the model files, the seeded init, the lr schedule and the
+ * command line.
+ */
+#define TESTING
+#include "train_gpt2.c"
+#include "test.h"
+
+#include <sys/wait.h>
+
+static const char *fixture_model = "dev/fixtures/tiny_model.bin";
+static const char *fixture_model_bf16 = "dev/fixtures/tiny_model_bf16.bin";
+static const char *fixture_state = "dev/fixtures/tiny_state.bin";
+
+// ----------------------------------------------------------------------------
+// the PyTorch comparison
+
+typedef struct {
+    int B, T, nsteps, V, Vp;
+    float lr, beta1, beta2, eps, weight_decay, grad_clip;
+    int *inputs, *targets;
+    float *logits, loss, *grads, *losses, *norms;
+} DebugState;
+
+static int read_exact(FILE *f, void *dst, size_t elem, size_t n) { return fread(dst, elem, n, f) == n; }
+
+static int load_state(DebugState *s, const char *path, size_t num_params) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) return -1;
+    int32_t h[HEADER_INTS];
+    int ok = read_exact(f, h, 4, HEADER_INTS) && h[0] == STATE_MAGIC && h[1] == 2;
+    if (ok) {
+        s->B = h[2]; s->T = h[3]; s->nsteps = h[4]; s->V = h[5]; s->Vp = h[6];
+        float *hp[6] = {&s->lr, &s->beta1, &s->beta2, &s->eps, &s->weight_decay, &s->grad_clip};
+        for (int i = 0; i < 6; i++) memcpy(hp[i], &h[8 + i], 4);
+        size_t BT = (size_t)s->B * s->T;
+        s->inputs = (int *)malloc(BT * sizeof(int));
+        s->targets = (int *)malloc(BT * sizeof(int));
+        s->logits = (float *)malloc(BT * s->V * sizeof(float));
+        s->grads = (float *)malloc(num_params * sizeof(float));
+        s->losses = (float *)malloc(s->nsteps * sizeof(float));
+        s->norms = (float *)malloc(s->nsteps * sizeof(float));
+        ok = read_exact(f, s->inputs, 4, BT) && read_exact(f, s->targets, 4, BT) &&
+             read_exact(f, s->logits, 4, BT * s->V) && read_exact(f, &s->loss, 4, 1) &&
+             read_exact(f, s->grads, 4, num_params) && read_exact(f, s->losses, 4, s->nsteps) &&
+             read_exact(f, s->norms, 4, s->nsteps);
+    }
+    fclose(f);
+    return ok ? 0 : -1;
+}
+
+// a single-rank model of config c from full parameters (file layout; freed)
+static void build_single(GPT2 *model, Parallel *par, const GPT2Config *c, float *full, int B, int T) {
+    par_single(par);
+    gpt2_build(model, c, par, full, 0);
+    free(full);
+    gpt2_alloc_activations(model, B, T, 1);
+}
+
+static void test_against_pytorch(void) {
+    char err[512];
+    GPT2Config c;
+    float *params = model_load(fixture_model, &c, err, sizeof(err));
+    if (!check(params != NULL, "load %s (%s)", fixture_model, params ? "ok" : err)) return;
+    check(c.V % VOCAB_PAD != 0 && c.Vp > c.V, "fixture exercises padded vocab rows (V=%d Vp=%d)", c.V, c.Vp);
+    size_t n = param_count(&c);
+    DebugState s;
+    if (!check(load_state(&s, fixture_state, n) == 0, "load %s", fixture_state)) return;
+    GPT2 model;
+    Parallel par;
+    build_single(&model, &par, &c, params, s.B, s.T);
+    Acts *a = &model.acts[0];
+    size_t BT = (size_t)s.B * s.T;
+    memcpy(a->inputs, s.inputs, BT * sizeof(int));
+    memcpy(a->targets, s.targets, BT * sizeof(int));
+
+    stage_forward(&model, a, 0, 1);
+    float worst = 0.0f;
+    for (size_t bt = 0; bt < BT; bt++)
+        for (int i = 0; i < c.V; i++) {
+            float diff = fabsf(a->t[A_LOGITS][bt * c.Vp + i] - s.logits[bt * c.V + i]);
+            if (diff > worst) worst = diff;
+        }
+    check(worst < 1e-4f, "logits vs PyTorch: worst abs diff %.3e (< 1e-4)", worst);
+    check(fabsf(a->mean_loss - s.loss) < 1e-5f, "loss %.7f vs PyTorch %.7f: diff %.3e (< 1e-5)",
+          a->mean_loss, s.loss, fabsf(a->mean_loss - s.loss));
+
+    gpt2_zero_grad(&model);
+    stage_backward(&model, a, 0, 1.0f / (float)BT);
+    float *grads = (float *)calloc(n, sizeof(float));
+    gpt2_export(&model, model.unit_grads, grads);
+    size_t sizes[NUM_PARAM_TENSORS], off = 0;
+    param_sizes(&c, sizes);
+    float worst_rel = 0.0f;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        float maxref = 0.0f, maxdiff = 0.0f;
+        for (size_t i = 0; i < sizes[t]; i++) {
+            float ref = s.grads[off + i], got = grads[off + i];
+            if (fabsf(ref) > maxref) maxref = fabsf(ref);
+            if (fabsf(ref - got) > maxdiff) maxdiff = fabsf(ref - got);
+        }
+        float rel = maxref > 0 ? maxdiff / maxref : maxdiff;
+        if (rel > worst_rel) worst_rel = rel;
+        check(rel < 1e-4f, "grad %-8s vs PyTorch: worst diff %.3e = %.2e of its largest |g| %.3e", param_name(t),
+              maxdiff, rel, maxref);
+        off += sizes[t];
+    }
+    printf("worst gradient error: %.2e of the tensor's largest value\n", worst_rel);
+    free(grads);
+
+    // nsteps AdamW steps on the same batch, against PyTorch's losses and norms
+    AdamHyper h = {s.lr, s.beta1, s.beta2, s.eps, s.weight_decay};
+    float worst_loss = 0.0f, worst_norm = 0.0f;
+    int clipped = 0;
+    for (int step = 0; step < s.nsteps; step++) {
+        gpt2_zero_grad(&model);
+        stage_forward(&model, a, 0, 1);
+        stage_backward(&model, a, 0, 1.0f / (float)BT);
+        float loss = a->mean_loss;
+        float norm = gpt2_step(&model, &loss, 1, s.grad_clip, &h);
+        float dl = fabsf(loss - s.losses[step]), dn = fabsf(norm - s.norms[step]) / s.norms[step];
+        printf("  step %d: loss %.7f (torch %.7f) norm %.6f (torch %.6f)\n", step, loss, s.losses[step], norm, s.norms[step]);
+        if (dl > worst_loss) worst_loss = dl;
+        if (dn > worst_norm) worst_norm = dn;
+        clipped += norm > s.grad_clip;
+    }
+    check(clipped > 0 && clipped < s.nsteps, "the steps exercise clipping both ways (%d of %d clipped at %.2f)", clipped,
+          s.nsteps, s.grad_clip);
+    check(worst_loss < 1e-5f, "%d AdamW steps: worst loss diff vs PyTorch %.3e (< 1e-5)", s.nsteps, worst_loss);
+    check(worst_norm < 1e-4f, "%d AdamW steps: worst relative grad-norm diff %.3e (< 1e-4)", s.nsteps, worst_norm);
+    gpt2_free(&model);
+}
+
+// ----------------------------------------------------------------------------
+// finite differences. Each layer's forward runs in fp32; the objective
+// J = sum(out * r) for a fixed random r is accumulated in double, and
+// dJ/dx = (J(x+h) - J(x-h)) / 2h is compared to the backward given dout = r.
+
+static uint64_t test_rng = 42;
+static float randn_test(void) { return counter_normal(7, 0, test_rng++); }
+static float *rand_array(size_t n, float scale) {
+    float *a = (float *)malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) a[i] = scale * randn_test();
+    return a;
+}
+
+typedef struct {
+    void (*forward)(void *ctx, float *out);
+    size_t nout;
+    void *ctx;
+} Layer;
+
+static double objective(const Layer *layer, const float *r, float *out) {
+    layer->forward(layer->ctx, out);
+    double j = 0.0;
+    for (size_t i = 0; i < layer->nout; i++) j += (double)out[i] * r[i];
+    return j;
+}
+
+// compares analytic grad[0..n) of input x with finite differences at up to 24 points
+static void fd_check(const char *name, const Layer *layer, const float *r, float *x, const float *grad, size_t n, float h) {
+    float *out = (float *)malloc(layer->nout * sizeof(float));
+    double worst = 0.0;
+    size_t stride = n > 24 ? n / 24 : 1;
+    for (size_t i = (size_t)(test_rng % stride); i < n; i += stride) {
+        float saved = x[i];
+        x[i] = saved + h;
+        double jp = objective(layer, r, out);
+        x[i] = saved - h;
+        double jm = objective(layer, r, out);
+        x[i] = saved;
+        double fd = (jp - jm) / (2.0 * h);
+        double rel = fabs(fd - grad[i]) / (fabs(fd) + fabs(grad[i]) + 1e-2);
+        if (rel > worst) worst = rel;
+    }
+    check(worst < 1e-2, "finite differences: %-28s worst relative error %.2e (< 1e-2)", name, worst);
+    free(out);
+}
+
+typedef struct { float *inp, *w, *b, *mean, *rstd; int N, C, OC; } MatCtx;
+static void ln_fwd(void *p, float *out) { MatCtx *c = p; layernorm_forward(out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C); }
+static void mm_fwd(void *p, float *out) { MatCtx *c = p; matmul_forward(out, c->inp, c->w, c->b, c->N, c->C, c->OC); }
+static void gelu_fwd(void *p, float *out) { MatCtx *c = p; gelu_forward(out, c->inp, (size_t)c->N * c->C); }
+
+static void test_layernorm_fd(void) {
+    int N = 6, C = 16;
+    MatCtx c = {rand_array(N * C, 1.0f), rand_array(C, 1.0f), rand_array(C, 1.0f), calloc(N, 4), calloc(N, 4), N, C, 0};
+    Layer layer = {ln_fwd, (size_t)N * C, &c};
+    float *r = rand_array(N * C, 1.0f), *out = calloc(N * C, 4);
+    float *dx = calloc(N * C, 4), *dw = calloc(C, 4), *db = calloc(C, 4);
+    ln_fwd(&c, out);
+    layernorm_backward(dx, dw, db, r, c.inp, c.w, c.mean, c.rstd, N, C);
+    fd_check("layernorm dinp", &layer, r, c.inp, dx, N * C, 1e-2f);
+    fd_check("layernorm dweight", &layer, r, c.w, dw, C, 1e-2f);
+    fd_check("layernorm dbias", &layer, r, c.b, db, C, 1e-2f);
+}
+
+static void test_matmul_fd(void) {
+    int N = 7, C = 12, OC = 9;  // N not a multiple of the 4-row tile
+    MatCtx c = {rand_array(N * C, 1.0f), rand_array(OC * C, 1.0f), rand_array(OC, 1.0f), NULL, NULL, N, C, OC};
+    Layer layer = {mm_fwd, (size_t)N * OC, &c};
+    float *r = rand_array(N * OC, 1.0f), *dx = calloc(N * C, 4), *dw = calloc(OC * C, 4), *db = calloc(OC, 4);
+    matmul_backward(dx, dw, db, r, c.inp, c.w, N, C, OC);
+    fd_check("matmul dinp", &layer, r, c.inp, dx, N * C, 1e-2f);
+    fd_check("matmul dweight", &layer, r, c.w, dw, OC * C, 1e-2f);
+    fd_check("matmul dbias", &layer, r, c.b, db, OC, 1e-2f);
+}
+
+static void test_gelu_fd(void) {
+    int N = 4, C = 25;
+    MatCtx c = {rand_array(N * C, 2.0f), NULL, NULL, NULL, NULL, N, C, 0};
+    Layer layer = {gelu_fwd, (size_t)N * C, &c};
+    float *r = rand_array(N * C, 1.0f), *dx = calloc(N * C, 4);
+    gelu_backward(dx, c.inp, r, N * C);
+    fd_check("gelu dinp", &layer, r, c.inp, dx, N * C, 1e-3f);
+}
+
+typedef struct { float *qkv, *att; int B, T, C, NH; } AttCtx;
+static void att_fwd(void *p, float *out) { AttCtx *c = p; attention_forward(out, c->att, c->qkv, c->B, c->T, c->C, c->NH); }
+
+static void test_attention_fd(void) {
+    int B = 2, T = 5, C = 8, NH = 2;
+    AttCtx c = {rand_array(B * T * 3 * C, 1.0f), calloc(B * NH * T * T, 4), B, T, C, NH};
+    Layer layer = {att_fwd, (size_t)B * T * C, &c};
+    float *r = rand_array(B * T * C, 1.0f), *out = calloc(B * T * C, 4), *dqkv = calloc(B * T * 3 * C, 4);
+    att_fwd(&c, out);
+    attention_backward(dqkv, r, c.qkv, c.att, B, T, C, NH);
+    fd_check("attention dqkv", &layer, r, c.qkv, dqkv, B * T * 3 * C, 1e-2f);
+}
+
+typedef struct { float *logits, *probs; int *targets; int N, V, Vp; } CeCtx;
+static void ce_fwd(void *p, float *out) {
+    CeCtx *c = p;
+    float maxes[16], sums[16];
+    crossentropy_rowmax(maxes, c->logits, c->N, c->Vp, c->V);
+    crossentropy_exp(c->probs, sums, c->logits, maxes, c->N, c->Vp, c->V);
+    crossentropy_finish(out, c->probs, sums, c->targets, 0, c->N, c->Vp, c->V);
+}
+
+static void test_crossentropy_fd(void) {
+    int N = 5, V = 11, Vp = 16;
+    int targets[5] = {0, 3, 10, 7, 3};
+    CeCtx c = {rand_array(N * Vp, 2.0f), calloc(N * Vp, 4), targets, N, V, Vp};
+    Layer layer = {ce_fwd, (size_t)N, &c};
+    float *r = rand_array(N, 0.0f), *out = calloc(N, 4), *dlogits = calloc(N * Vp, 4);
+    for (int i = 0; i < N; i++) r[i] = 1.0f;  // crossentropy_backward takes one dloss for every position
+    ce_fwd(&c, out);
+    crossentropy_backward(dlogits, c.probs, targets, 1.0f, 0, N, Vp, V);
+    fd_check("crossentropy dlogits", &layer, r, c.logits, dlogits, N * Vp, 1e-2f);
+    int padded_zero = 1;
+    for (int n = 0; n < N; n++)
+        for (int i = V; i < Vp; i++) padded_zero &= dlogits[n * Vp + i] == 0.0f && c.probs[n * Vp + i] == 0.0f;
+    check(padded_zero, "crossentropy: padded columns get probability 0 and gradient 0");
+}
+
+// the whole model: d(mean loss)/d(parameter) for a few entries of every tensor
+typedef struct { GPT2 *model; } ModelCtx;
+static void model_fwd(void *p, float *out) {
+    GPT2 *m = ((ModelCtx *)p)->model;
+    stage_forward(m, &m->acts[0], 0, 1);
+    out[0] = m->acts[0].mean_loss;
+}
+
+static void test_model_fd(void) {
+    GPT2Config c = {.maxT = 8, .V = 20, .Vp = 32, .L = 2, .NH = 2, .C = 8};
+    size_t n = param_count(&c);
+    float *full = (float *)malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) full[i] = 0.3f * randn_test();  // larger than GPT-2's init: gradients well above rounding
+    for (size_t i = (size_t)c.V * c.C; i < (size_t)c.Vp * c.C; i++) full[i] = 0.0f;
+    GPT2 model;
+    Parallel par;
+    build_single(&model, &par, &c, full, 2, 6);
+    Acts *a = &model.acts[0];
+    for (int i = 0; i < 12; i++) { a->inputs[i] = (i * 7) % c.V; a->targets[i] = (i * 5 + 3) % c.V; }
+    stage_forward(&model, a, 0, 1);
+    gpt2_zero_grad(&model);
+    stage_backward(&model, a, 0, 1.0f / 12);
+    ModelCtx ctx = {&model};
+    Layer layer = {model_fwd, 1, &ctx};
+    float r = 1.0f;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        int per_layer = t != P_WTE && t != P_WPE && t != P_LNFW && t != P_LNFB;
+        for (int l = 0; l < (per_layer ? c.L : 1); l++) {
+            char name[64];
+            snprintf(name, sizeof(name), "model d%s%s", param_name(t), per_layer ? (l ? " layer 1" : " layer 0") : "");
+            size_t k = t == P_WTE ? (size_t)c.V * c.C : local_tensor_size(&c, &model.shard, t);
+            fd_check(name, &layer, &r, tensor_view(&model, model.unit_params, t, l), tensor_view(&model, model.unit_grads, t, l),
+                     k, 1e-2f);
+        }
+    }
+    float maxpad = 0.0f, *dwte = tensor_view(&model, model.unit_grads, P_WTE, 0);
+    for (size_t i = (size_t)c.V * c.C; i < (size_t)c.Vp * c.C; i++) maxpad = fmaxf(maxpad, fabsf(dwte[i]));
+    check(maxpad == 0.0f, "padded wte rows get zero gradient");
+    gpt2_free(&model);
+}
+
+// ----------------------------------------------------------------------------
+// files, init, schedule, flags
+
+static void test_model_files(void) {
+    char err[512];
+    GPT2Config c;
+    float *p32 = model_load(fixture_model, &c, err, sizeof(err));
+    float *p16 = NULL;
+    GPT2Config c16;
+    if (!check(p32 != NULL, "load fp32 fixture")) return;
+    p16 = model_load(fixture_model_bf16, &c16, err, sizeof(err));
+    if (check(p16 != NULL, "load bf16 (v5) fixture: %s", p16 ? "ok" : err)) {
+        size_t n = param_count(&c), bad = 0;
+        for (size_t i = 0; i < n; i++) bad += p16[i] != bf16_to_float(float_to_bf16(p32[i]));
+        check(memcmp(&c, &c16, sizeof(c)) == 0 && bad == 0, "v5 file holds the bf16 rounding of the v3 weights (%zu differ)", bad);
+    }
+    const char *tmp = "/tmp/llm3d_test_model.bin";
+    check(model_save(tmp, &c, p32, 0, err, sizeof(err)) == 0, "write v3");
+    GPT2Config c2;
+    float *back = model_load(tmp, &c2, err, sizeof(err));
+    check(back && memcmp(back, p32, param_count(&c) * 4) == 0, "v3 round trip is exact");
+    free(back);
+    // refusals: truncated, wrong magic, wrong version, missing
+    FILE *f = fopen(tmp, "r+b");
+    ftruncate(fileno(f), 2000);
+    fclose(f);
+    back = model_load(tmp, &c2, err, sizeof(err));
+    check(back == NULL && strstr(err, "bytes") != NULL, "truncated model file refused: %s", err);
+    int32_t h[HEADER_INTS];
+    model_fill_header(h, &c, 3);
+    h[0] = 12345;
+    f = fopen(tmp, "wb");
+    fwrite(h, 4, HEADER_INTS, f);
+    fclose(f);
+    back = model_load(tmp, &c2, err, sizeof(err));
+    check(back == NULL && strstr(err, "magic = 12345") != NULL, "wrong magic refused: %s", err);
+    model_fill_header(h, &c, 4);
+    f = fopen(tmp, "wb");
+    fwrite(h, 4, HEADER_INTS, f);
+    fclose(f);
+    back = model_load(tmp, &c2, err, sizeof(err));
+    check(back == NULL && strstr(err, "version = 4") != NULL, "wrong version refused: %s", err);
+    model_fill_header(h, &c, 3);
+    h[6] = 7;  // C not divisible by NH
+    f = fopen(tmp, "wb");
+    fwrite(h, 4, HEADER_INTS, f);
+    fclose(f);
+    back = model_load(tmp, &c2, err, sizeof(err));
+    check(back == NULL && strstr(err, "C = 7") != NULL, "inconsistent shape refused: %s", err);
+    back = model_load("/nonexistent/model.bin", &c2, err, sizeof(err));
+    check(back == NULL && strstr(err, "/nonexistent/model.bin") != NULL, "missing file refused: %s", err);
+    unlink(tmp);
+    free(p32);
+    free(p16);
+}
+
+// the full model (file layout) as the ranks of a layout make it from the
+// seeded init, each its own slice, assembled the way the trainer saves
+static float *init_full(const GPT2Config *c, uint64_t seed, int world, int tp, int pp) {
+    float *full = (float *)calloc(param_count(c), sizeof(float));
+    for (int r = 0; r < world; r++) {
+        Parallel par;
+        par_single(&par);
+        char err[256];
+        grid_init(&par.grid, world, tp, pp, r, err, sizeof(err));
+        GPT2 m;
+        gpt2_build(&m, c, &par, NULL, seed);
+        gpt2_export(&m, m.unit_params, full);
+        free(m.params); free(m.grads); free(m.m); free(m.v); free(m.units); free(m.unit_params); free(m.unit_grads);
+    }
+    return full;
+}
+
+static void test_init(void) {
+    GPT2Config c;
+    check(config_from_descriptor(&c, "d12", 50257, 1024) == 0 && c.L == 12 && c.C == 768 && c.NH == 12 && c.Vp == 50304,
+          "d12 = GPT-2 124M shape");
+    check(param_count(&c) == 124475904, "d12 has 124475904 parameters (llm.c's count), got %zu", param_count(&c));
+    check(config_from_descriptor(&c, "d48", 50257, 1024) == 0 && c.C == 1600 && c.NH == 25, "d48 = GPT-2 1558M shape");
+    check(config_from_descriptor(&c, "d0", 50257, 1024) != 0 && config_from_descriptor(&c, "dx", 1, 1) != 0 &&
+          config_from_descriptor(&c, "model.bin", 1, 1) != 0, "bad descriptors are not descriptors");
+    config_from_descriptor(&c, "d4", 1000, 64);
+    float *a = init_full(&c, 1, 1, 1, 1), *b = init_full(&c, 1, 1, 1, 1), *d = init_full(&c, 2, 1, 1, 1);
+    size_t n = param_count(&c);
+    check(memcmp(a, b, n * 4) == 0 && memcmp(a, d, n * 4) != 0, "init is deterministic in the seed");
+    size_t sizes[NUM_PARAM_TENSORS], off[NUM_PARAM_TENSORS + 1] = {0};
+    param_sizes(&c, sizes);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) off[t + 1] = off[t] + sizes[t];
+    double s2 = 0, p2 = 0;
+    for (size_t i = 0; i < sizes[P_QKVW]; i++) s2 += (double)a[off[P_QKVW] + i] * a[off[P_QKVW] + i];
+    for (size_t i = 0; i < sizes[P_FCPROJW]; i++) p2 += (double)a[off[P_FCPROJW] + i] * a[off[P_FCPROJW] + i];
+    double sq = sqrt(s2 / sizes[P_QKVW]), sp = sqrt(p2 / sizes[P_FCPROJW]);
+    check(fabs(sq - 0.02) < 0.0005, "qkvw std %.5f ~ 0.02", sq);
+    check(fabs(sp - 0.02 / sqrt(8.0)) < 0.0003, "fcprojw std %.5f ~ 0.02/sqrt(2L) = %.5f", sp, 0.02 / sqrt(8.0));
+    int zero_pad = 1, ones = 1;
+    for (size_t i = (size_t)c.V * c.C; i < sizes[P_WTE]; i++) zero_pad &= a[i] == 0.0f;
+    for (size_t i = 0; i < sizes[P_LN1W]; i++) ones &= a[off[P_LN1W] + i] == 1.0f && a[off[P_LN1B] + i] == 0.0f;
+    check(zero_pad && ones, "padded wte rows zero, LayerNorm weights 1 and biases 0");
+    check(param_init_value(&c, 1, P_FCW, 12345) == a[off[P_FCW] + 12345], "init element computable on its own");
+    // every layout's ranks make their slices of the same model: assembled, they are the one-rank model
+    int layouts[][3] = {{2, 1, 2}, {4, 4, 1}, {4, 1, 4}, {8, 2, 2}, {4, 2, 2}};
+    for (int k = 0; k < 5; k++) {
+        int world = layouts[k][0], tp = layouts[k][1], pp = layouts[k][2];
+        float *e = init_full(&c, 1, world, tp, pp);
+        check(memcmp(a, e, n * 4) == 0, "init assembled from %d ranks (tp %d, pp %d) equals the one-rank init", world, tp, pp);
+        free(e);
+    }
+    free(a); free(b); free(d);
+}
+
+static void test_lr_schedule(void) {
+    Options o;
+    options_defaults(&o);
+    o.lr = 1.0f; o.warmup = 10; o.final_frac = 0.1f;
+    o.schedule = SCHED_COSINE;
+    check(fabsf(lr_at_step(&o, 0, 110) - 0.1f) < 1e-6f && fabsf(lr_at_step(&o, 9, 110) - 1.0f) < 1e-6f, "warmup is linear to the peak");
+    check(fabsf(lr_at_step(&o, 10, 110) - 1.0f) < 1e-6f && fabsf(lr_at_step(&o, 60, 110) - 0.55f) < 1e-6f, "cosine: peak, then halfway");
+    check(fabsf(lr_at_step(&o, 109, 110) - 0.1f) < 1e-3f, "cosine ends at the floor (%.5f)", lr_at_step(&o, 109, 110));
+    o.schedule = SCHED_LINEAR;
+    check(fabsf(lr_at_step(&o, 60, 110) - 0.55f) < 1e-6f, "linear halfway");
+    o.schedule = SCHED_CONSTANT;
+    check(lr_at_step(&o, 50, 110) == 1.0f, "constant after warmup");
+}
+
+static void test_flags(void) {
+    Options o;
+    char err[512];
+    struct { const char *args[4]; const char *want; } bad[] = {
+        {{"-b", "abc"}, "-b: 'abc' is not an integer"},
+        {{"-b", "0"}, "-b: 0 is out of range"},
+        {{"-l", "1e3x"}, "-l: '1e3x' is not a number"},
+        {{"-k", "step"}, "-k: 'step' is not one of {cosine,linear,constant}"},
+        {{"-zz", "1"}, "unknown flag -zz"},
+        {{"-x"}, "flag -x needs a value"},
+        {{"-z", "4"}, "-z: 4 is out of range"},
+        {{"-l", "nan"}, "-l: 'nan' is not a number"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char *argv[5] = {"train_gpt2"};
+        int argc = 1;
+        for (int k = 0; k < 4 && bad[i].args[k]; k++) argv[argc++] = (char *)bad[i].args[k];
+        options_defaults(&o);
+        int rc = options_parse(&o, argc, argv, err, sizeof(err));
+        check(rc == -1 && strstr(err, bad[i].want) != NULL, "bad flag refused: %s", err);
+    }
+    char *good[] = {"train_gpt2", "-b", "8", "-l", "6e-4", "-k", "linear", "-gc", "0", "-sh", "1"};
+    options_defaults(&o);
+    check(options_parse(&o, 11, good, err, sizeof(err)) == 0 && o.B == 8 && fabsf(o.lr - 6e-4f) < 1e-9f &&
+          o.schedule == SCHED_LINEAR && o.grad_clip == 0.0f && o.shuffle == 1, "good flags parsed");
+}
+
+// the real binary: bad flags and files exit 2 with one line naming them
+static int run_trainer(const char *args, char *out, size_t outlen) {
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "./train_gpt2 %s 2>&1", args);
+    FILE *p = popen(cmd, "r");
+    if (p == NULL) return -1;
+    size_t n = fread(out, 1, outlen - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void test_cli(void) {
+    if (access("./train_gpt2", X_OK) != 0) { skip("./train_gpt2 not built"); return; }
+    char out[4096];
+    struct { const char *args, *want; } cases[] = {
+        {"-t abc", "-t: 'abc' is not an integer"},
+        {"-q 2", "-q: 2 is out of range"},
+        {"-e /nonexistent.bin", "/nonexistent.bin: cannot open"},
+        {"-e dev/fixtures/tiny_model.bin -t 64", "T = 64 exceeds the model's maxT = 32"},
+        {"-e d2 -ev 64 -et 16 -t 8 -b 2 -i '/nonexistent/*.bin'", "/nonexistent/*.bin"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int rc = run_trainer(cases[i].args, out, sizeof(out));
+        int lines = 0;
+        for (char *p = out; *p; p++) lines += *p == '\n';
+        check(rc == 2 && strstr(out, cases[i].want) != NULL && lines == 1, "train_gpt2 %s -> exit %d, %d line: %.*s",
+              cases[i].args, rc, lines, (int)strcspn(out, "\n"), out);
+    }
+}
+
+int main(void) {
+    test_against_pytorch();
+    test_layernorm_fd();
+    test_matmul_fd();
+    test_gelu_fd();
+    test_attention_fd();
+    test_crossentropy_fd();
+    test_model_fd();
+    test_model_files();
+    test_init();
+    test_lr_schedule();
+    test_flags();
+    test_cli();
+    return test_summary();
+}

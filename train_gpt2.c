@@ -1,0 +1,1501 @@
+/*
+ * train_gpt2.c: GPT-2 training on the CPU, fp32, OpenMP.
+ *
+ * The reference trainer: readable first, fast second. Each layer's forward and
+ * backward sit side by side; the model (GPT2) holds its parameters, gradients,
+ * AdamW state and activations as a few flat arrays; main() at the bottom is the
+ * whole training loop. File formats and flags live in gpt2.h; the data in
+ * dataloader.h; the tokenizer (for printing samples) in tokenizer.h.
+ *
+ * Shapes: B batch, T time, C channels, NH heads, hs = C/NH head size,
+ * L layers, V vocab, Vp padded vocab (the rows of wte), OC output channels.
+ */
+#include <assert.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <errno.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "gpt2.h"
+#include "secure.h"
+#include "parallel.h"
+#ifndef TESTING
+#include "dataloader.h"
+#include "tokenizer.h"
+#endif
+
+// ----------------------------------------------------------------------------
+// layers, forward and backward side by side. Backward functions accumulate
+// (+=) into their gradient outputs, so gradient accumulation is free.
+
+// token embedding from this rank's rows [v0, v0 + Vl) of wte (all of them
+// when there is no tensor parallelism): out[b,t,:] = wte[inp[b,t] - v0,:],
+// zero for tokens another rank holds; the ranks' outputs are then summed
+static void encoder_forward(float *out, const int *inp, const float *wte, int v0, int Vl, int B, int T, int C) {
+    #pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        int row = inp[bt] - v0;
+        float *o = out + (size_t)bt * C;
+        if (row < 0 || row >= Vl) { memset(o, 0, (size_t)C * sizeof(float)); continue; }
+        const float *wte_row = wte + (size_t)row * C;
+        for (int i = 0; i < C; i++) o[i] = wte_row[i];
+    }
+}
+
+// + position embedding, once the token embeddings are complete
+static void encoder_add_positions(float *out, const float *wpe, int B, int T, int C) {
+    #pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        const float *wpe_row = wpe + (size_t)(bt % T) * C;
+        float *o = out + (size_t)bt * C;
+        for (int i = 0; i < C; i++) o[i] += wpe_row[i];
+    }
+}
+
+static void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int v0, int Vl,
+                             int B, int T, int C) {
+    // serial over positions: two positions may share a token row of wte
+    for (int bt = 0; bt < B * T; bt++) {
+        const float *d = dout + (size_t)bt * C;
+        float *dwpe_row = dwpe + (size_t)(bt % T) * C;
+        for (int i = 0; i < C; i++) dwpe_row[i] += d[i];
+        int row = inp[bt] - v0;
+        if (row < 0 || row >= Vl) continue;
+        float *dwte_row = dwte + (size_t)row * C;
+        for (int i = 0; i < C; i++) dwte_row[i] += d[i];
+    }
+}
+
+// LayerNorm over C with eps 1e-5; saves mean and 1/std for the backward
+static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int N, int C) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float m = 0.0f;
+        for (int i = 0; i < C; i++) m += x[i];
+        m /= C;
+        float var = 0.0f;
+        for (int i = 0; i < C; i++) var += (x[i] - m) * (x[i] - m);
+        var /= C;
+        float s = 1.0f / sqrtf(var + 1e-5f);
+        float *o = out + (size_t)n * C;
+        for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * weight[i] + bias[i];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                               const float *weight, const float *mean, const float *rstd, int N, int C) {
+    // dweight/dbias are sums over all N rows; do the rows in parallel with
+    // a private partial sum per thread, then add the partials in a fixed order
+    int nthreads = 1;
+#ifdef _OPENMP
+    nthreads = omp_get_max_threads();
+#endif
+    float *partial = (float *)calloc((size_t)nthreads * 2 * C, sizeof(float));
+    #pragma omp parallel
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *pw = partial + (size_t)tid * 2 * C, *pb = pw + C;
+        #pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+            float *dx = dinp + (size_t)n * C;
+            float m = mean[n], s = rstd[n];
+            // dnorm = d * weight; dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm))
+            float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+            for (int i = 0; i < C; i++) {
+                float norm = (x[i] - m) * s, dnorm = weight[i] * d[i];
+                dnorm_mean += dnorm;
+                dnorm_norm_mean += dnorm * norm;
+            }
+            dnorm_mean /= C;
+            dnorm_norm_mean /= C;
+            for (int i = 0; i < C; i++) {
+                float norm = (x[i] - m) * s, dnorm = weight[i] * d[i];
+                pb[i] += d[i];
+                pw[i] += norm * d[i];
+                dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+            }
+        }
+    }
+    for (int t = 0; t < nthreads; t++)
+        for (int i = 0; i < C; i++) {
+            dweight[i] += partial[(size_t)t * 2 * C + i];
+            dbias[i] += partial[(size_t)t * 2 * C + C + i];
+        }
+    free(partial);
+}
+
+// out[N,OC] = inp[N,IC] @ weight[OC,IC]^T + bias[OC] (weight as PyTorch's Linear)
+static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {
+    // 4 rows at a time share each weight row while it is in cache
+    const int R = 4;
+    int tiles = (N + R - 1) / R;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int tile = 0; tile < tiles; tile++) {
+        for (int o = 0; o < OC; o++) {
+            int n0 = tile * R, nr = N - n0 < R ? N - n0 : R;
+            const float *w = weight + (size_t)o * IC;
+            const float *x0 = inp + (size_t)n0 * IC;
+            if (nr == R) {
+                const float *x1 = x0 + IC, *x2 = x1 + IC, *x3 = x2 + IC;
+                float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+                #pragma omp simd reduction(+ : s0, s1, s2, s3)
+                for (int i = 0; i < IC; i++) {
+                    s0 += x0[i] * w[i];
+                    s1 += x1[i] * w[i];
+                    s2 += x2[i] * w[i];
+                    s3 += x3[i] * w[i];
+                }
+                float b = bias ? bias[o] : 0.0f;
+                out[(size_t)(n0 + 0) * OC + o] = s0 + b;
+                out[(size_t)(n0 + 1) * OC + o] = s1 + b;
+                out[(size_t)(n0 + 2) * OC + o] = s2 + b;
+                out[(size_t)(n0 + 3) * OC + o] = s3 + b;
+            } else {
+                for (int r = 0; r < nr; r++) {
+                    const float *x = x0 + (size_t)r * IC;
+                    float s = 0.0f;
+                    #pragma omp simd reduction(+ : s)
+                    for (int i = 0; i < IC; i++) s += x[i] * w[i];
+                    out[(size_t)(n0 + r) * OC + o] = s + (bias ? bias[o] : 0.0f);
+                }
+            }
+        }
+    }
+}
+
+static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                            const float *weight, int N, int IC, int OC) {
+    // dinp[n,:] += sum_o dout[n,o] * weight[o,:]   (rows of dinp in parallel)
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *d = dout + (size_t)n * OC;
+        float *dx = dinp + (size_t)n * IC;
+        for (int o = 0; o < OC; o++) {
+            const float *w = weight + (size_t)o * IC;
+            float g = d[o];
+            #pragma omp simd
+            for (int i = 0; i < IC; i++) dx[i] += g * w[i];
+        }
+    }
+    // dweight[o,:] += sum_n dout[n,o] * inp[n,:]   (rows of dweight in parallel)
+    #pragma omp parallel for schedule(static)
+    for (int o = 0; o < OC; o++) {
+        float *dw = dweight + (size_t)o * IC;
+        float db = 0.0f;
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (size_t)n * IC;
+            float g = dout[(size_t)n * OC + o];
+            db += g;
+            #pragma omp simd
+            for (int i = 0; i < IC; i++) dw[i] += g * x[i];
+        }
+        if (dbias) dbias[o] += db;
+    }
+}
+
+// causal self-attention. qkv: (B,T,3C) holding q,k,v; out: (B,T,C);
+// att: (B,NH,T,T) softmax weights, kept for the backward (row t uses 0..t)
+static void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    int hs = C / NH, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel for collapse(3)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) {
+                const float *q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+                float *a = att + (((size_t)b * NH + h) * T + t) * T;
+                float maxv = -INFINITY;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float *k = qkv + ((size_t)b * T + t2) * C3 + C + h * hs;
+                    float s = 0.0f;
+                    for (int i = 0; i < hs; i++) s += q[i] * k[i];
+                    s *= scale;
+                    a[t2] = s;
+                    if (s > maxv) maxv = s;
+                }
+                float sum = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    a[t2] = expf(a[t2] - maxv);
+                    sum += a[t2];
+                }
+                float inv = 1.0f / sum;
+                for (int t2 = 0; t2 <= t; t2++) a[t2] *= inv;
+                for (int t2 = t + 1; t2 < T; t2++) a[t2] = 0.0f;
+                float *o = out + ((size_t)b * T + t) * C + h * hs;
+                for (int i = 0; i < hs; i++) o[i] = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
+                    for (int i = 0; i < hs; i++) o[i] += a[t2] * v[i];
+                }
+            }
+}
+
+static void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                               int B, int T, int C, int NH) {
+    int hs = C / NH, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    // one (b, h) per task: dk and dv of a head gather from every t of that head
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            float *datt = (float *)malloc((size_t)T * sizeof(float));
+            for (int t = 0; t < T; t++) {
+                const float *a = att + (((size_t)b * NH + h) * T + t) * T;
+                const float *d = dout + ((size_t)b * T + t) * C + h * hs;
+                const float *q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+                float *dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
+                // through the weighted sum of values
+                float dot = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
+                    float *dv = dqkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
+                    float s = 0.0f;
+                    for (int i = 0; i < hs; i++) {
+                        s += d[i] * v[i];
+                        dv[i] += a[t2] * d[i];
+                    }
+                    datt[t2] = s;
+                    dot += s * a[t2];
+                }
+                // through the softmax, then the scaled dot products
+                for (int t2 = 0; t2 <= t; t2++) {
+                    float dpre = a[t2] * (datt[t2] - dot) * scale;
+                    const float *k = qkv + ((size_t)b * T + t2) * C3 + C + h * hs;
+                    float *dk = dqkv + ((size_t)b * T + t2) * C3 + C + h * hs;
+                    for (int i = 0; i < hs; i++) {
+                        dq[i] += dpre * k[i];
+                        dk[i] += dpre * q[i];
+                    }
+                }
+            }
+            free(datt);
+        }
+}
+
+// GELU, tanh approximation (GPT-2's)
+#define GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)
+static void gelu_forward(float *out, const float *inp, size_t N) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < N; i++) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x)));
+    }
+}
+
+static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t N) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < N; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        float th = tanhf(u);
+        float sech2 = 1.0f - th * th;
+        float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] += dout[i] * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du);
+    }
+}
+
+static void residual_forward(float *out, const float *a, const float *b, size_t N) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < N; i++) out[i] = a[i] + b[i];
+}
+
+static void residual_backward(float *da, float *db, const float *dout, size_t N) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < N; i++) {
+        da[i] += dout[i];
+        db[i] += dout[i];
+    }
+}
+
+// softmax cross-entropy over the vocabulary, in three passes so that the
+// vocabulary may be split among tensor-parallel ranks (each holding Vl
+// columns of the logits, starting at global column v0; nreal of them are
+// real tokens, the rest padding that never gets probability or gradient).
+// Between the passes the ranks combine their row maxima and row sums.
+
+// pass 1: the largest real logit of each row
+static void crossentropy_rowmax(float *maxes, const float *logits, int N, int Vl, int nreal) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float *z = logits + (size_t)n * Vl;
+        float m = -INFINITY;
+        for (int i = 0; i < nreal; i++) if (z[i] > m) m = z[i];
+        maxes[n] = m;
+    }
+}
+
+// pass 2: unnormalized probabilities exp(z - max) and their row sums
+static void crossentropy_exp(float *probs, float *sums, const float *logits, const float *maxes, int N, int Vl, int nreal) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float *z = logits + (size_t)n * Vl;
+        float *p = probs + (size_t)n * Vl, sum = 0.0f;
+        for (int i = 0; i < nreal; i++) {
+            p[i] = expf(z[i] - maxes[n]);
+            sum += p[i];
+        }
+        for (int i = nreal; i < Vl; i++) p[i] = 0.0f;
+        sums[n] = sum;
+    }
+}
+
+// pass 3: normalize; the loss of a row comes from the rank holding its target
+// (0 elsewhere, so the ranks' losses add up)
+static void crossentropy_finish(float *losses, float *probs, const float *sums, const int *targets,
+                                int v0, int N, int Vl, int nreal) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        float *p = probs + (size_t)n * Vl;
+        for (int i = 0; i < nreal; i++) p[i] /= sums[n];
+        int col = targets[n] - v0;
+        losses[n] = col >= 0 && col < nreal ? -logf(p[col]) : 0.0f;
+    }
+}
+
+// dlogits += (probs - onehot(target)) * dloss, dloss the same for every position
+static void crossentropy_backward(float *dlogits, const float *probs, const int *targets, float dloss,
+                                  int v0, int N, int Vl, int nreal) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        float *dz = dlogits + (size_t)n * Vl;
+        const float *p = probs + (size_t)n * Vl;
+        int col = targets[n] - v0;
+        for (int i = 0; i < nreal; i++) dz[i] += (p[i] - (i == col ? 1.0f : 0.0f)) * dloss;
+    }
+}
+
+// AdamW in PyTorch's order of operations (decoupled decay first, then the
+// bias-corrected step), so the trainer follows torch.optim.AdamW closely
+static void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, int t) {
+    float bc1 = 1.0f - powf(beta1, (float)t), bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
+    float step_size = lr / bc1;
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        float g = grads[i];
+        m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+        v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+        params[i] *= 1.0f - lr * weight_decay;
+        params[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// this rank's place in the job (parallel.h): one rank is the case where every
+// group has size 1 and comm is NULL
+
+typedef struct {
+    Grid grid;
+    Comm *comm;
+    Group world, dp, tp, pp;
+    Group tied;      // the first and the last pipeline stage of my (dp, tp): they share wte
+    int zero;        // ZeRO stage 0-3
+    Launch launch;   // how this process was started (its key, its rendezvous)
+} Parallel;
+
+static void par_single(Parallel *par) {
+    memset(par, 0, sizeof(*par));
+    char err[256];
+    grid_init(&par->grid, 1, 1, 1, 0, err, sizeof(err));
+    grid_groups(&par->grid, &par->world, &par->dp, &par->tp, &par->pp);
+    par->tied = par->pp;
+}
+
+static void group_allreduce(const Parallel *par, const Group *g, float *buf, size_t n) {
+    if (g->size > 1) comm_allreduce(par->comm, g, buf, n, OP_SUM);
+}
+
+// ----------------------------------------------------------------------------
+// the model on this rank: a pipeline stage's layers, each tensor cut along
+// the tensor-parallel split (Megatron: qkv and fc by output rows, their
+// projections by input columns, wte by vocabulary rows; LayerNorms, wpe and
+// the projection biases whole on every rank). Its parameters are grouped in
+// units that are contiguous in the flat arrays: wte, wpe, one per layer, and
+// lnf. A unit is the grain of ZeRO: each is padded to a multiple of dp and
+// split evenly among the data-parallel ranks, and gathered or reduced whole.
+
+typedef struct {
+    int tp, tp_rank, pp, pp_rank, dp, dp_rank;
+    int l0, l1, nl;            // this stage's layers [l0, l1)
+    int first, last;           // this stage holds the embeddings / the head
+    int Cl, NHl, Vl, v0;       // local widths: C/tp channels of attention, NH/tp heads, Vp/tp rows of wte from v0
+    int nreal;                 // of the Vl vocabulary rows, those that are real tokens
+} Shard;
+
+enum { U_WTE, U_WPE, U_LNF, U_LAYER0 };  // unit kinds; layer units are U_LAYER0 + local layer
+
+typedef struct {
+    int kind;                  // U_WTE, U_WPE, U_LNF, or U_LAYER0 + ll
+    size_t offset;             // in the flat local arrays (padded layout)
+    size_t size, padded;       // elements, and rounded up to a multiple of dp
+    size_t shard_offset;       // of this rank's 1/dp of the unit in the shard arrays
+} Unit;
+
+// a layer unit holds these tensors in this order (the file's per-layer tensors)
+static const int layer_tensors[12] = {
+    P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB, P_LN2W, P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB,
+};
+
+// elements of tensor t per layer (or in all, for wte, wpe, lnf) on this rank
+static size_t local_tensor_size(const GPT2Config *c, const Shard *s, int t) {
+    size_t C = c->C, Cl = s->Cl;
+    switch (t) {
+    case P_WTE: return (size_t)s->Vl * C;
+    case P_WPE: return (size_t)c->maxT * C;
+    case P_QKVW: return 3 * Cl * C;
+    case P_QKVB: return 3 * Cl;
+    case P_ATTPROJW: return C * Cl;
+    case P_FCW: return 4 * Cl * C;
+    case P_FCB: return 4 * Cl;
+    case P_FCPROJW: return C * 4 * Cl;
+    case P_LNFW: case P_LNFB: case P_LN1W: case P_LN1B: case P_LN2W: case P_LN2B:
+    case P_ATTPROJB: case P_FCPROJB: return C;
+    }
+    return 0;
+}
+
+// whole on every tensor-parallel rank (their gradients agree; counted once in the norm)
+static int tensor_is_replicated(int t) {
+    return !(t == P_WTE || t == P_QKVW || t == P_QKVB || t == P_ATTPROJW || t == P_FCW || t == P_FCB || t == P_FCPROJW);
+}
+
+// where element i of this rank's slice of tensor t (within one layer) sits in
+// the full tensor's layer slice: the one map that init, load and save share
+static size_t local_to_global(const GPT2Config *c, const Shard *s, int t, size_t i) {
+    size_t C = c->C, Cl = s->Cl, r = s->tp_rank;
+    switch (t) {
+    case P_WTE: return (size_t)s->v0 * C + i;
+    case P_QKVW: {  // rows: q, k, v parts of Cl rows each, from row r*Cl of each part
+        size_t row = i / C, part = row / Cl;
+        return (part * C + r * Cl + row % Cl) * C + i % C;
+    }
+    case P_QKVB: return (i / Cl) * C + r * Cl + i % Cl;
+    case P_ATTPROJW: return (i / Cl) * C + r * Cl + i % Cl;                 // columns r*Cl..
+    case P_FCW: return r * 4 * Cl * C + i;                                  // rows r*4Cl..
+    case P_FCB: return r * 4 * Cl + i;
+    case P_FCPROJW: return (i / (4 * Cl)) * 4 * C + r * 4 * Cl + i % (4 * Cl);  // columns r*4Cl..
+    default: return i;
+    }
+}
+
+typedef struct { float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb; } LayerParams;
+
+static LayerParams layer_params_at(const GPT2Config *c, const Shard *s, float *base) {
+    float *v[12];
+    for (int k = 0; k < 12; k++) {
+        v[k] = base;
+        base += local_tensor_size(c, s, layer_tensors[k]);
+    }
+    LayerParams p = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
+    return p;
+}
+
+// activations of one micro-batch in flight; the backward's gradients use the
+// same layout (one set, as a stage runs one backward at a time)
+enum {
+    A_ENCODED, A_LN1, A_LN1_MEAN, A_LN1_RSTD, A_QKV, A_ATTY, A_ATT, A_ATTPROJ, A_RESIDUAL2,
+    A_LN2, A_LN2_MEAN, A_LN2_RSTD, A_FCH, A_FCH_GELU, A_FCPROJ, A_RESIDUAL3,
+    A_LNF, A_LNF_MEAN, A_LNF_RSTD, A_LOGITS, A_PROBS, A_LOSSES, A_ROWMAX, A_ROWSUM, NUM_ACT_TENSORS
+};
+
+typedef struct {
+    float *memory;
+    float *t[NUM_ACT_TENSORS];
+    int *inputs, *targets;     // B*T each
+    float mean_loss;           // of this micro-batch (last stage)
+} Acts;
+
+typedef struct { float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *attproj, *residual2,
+                 *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *fcproj, *residual3; } LayerActs;
+
+typedef struct {
+    GPT2Config config;
+    Shard shard;
+    const Parallel *par;
+    int nunits;
+    Unit *units;               // wte?, wpe?, layers..., lnf?
+    int u_wte, u_wpe, u_lnf, u_layer0;  // index of each unit, -1 when this stage has none
+    size_t num_local, num_shard;        // elements of the flat local arrays and of the shard arrays
+    // ZeRO 0: params, grads, m, v all num_local. 1: m, v, grad_shard num_shard.
+    // 2: grads become grad_shard plus a bucket per unit in use. 3: params become
+    // param_shard plus a gathered copy per unit in use.
+    float *params, *grads;     // num_local (NULL when sharded away)
+    float *param_shard, *grad_shard, *m, *v;
+    float **unit_params, **unit_grads;  // per unit: where its full values / gradients are now (NULL when not held)
+    size_t bytes_params, bytes_grads, bytes_optimizer, bytes_transient_peak, bytes_transient;
+    int B, T, nacts;
+    Acts *acts;                // nacts sets, a micro-batch uses set mb % nacts
+    Acts dacts;
+    size_t act_sizes[NUM_ACT_TENSORS];
+    int adam_t;
+} GPT2;
+
+static void *xcalloc(size_t n, size_t size, const char *what) {
+    void *p = calloc(n ? n : 1, size);
+    if (p == NULL) {
+        fprintf(stderr, "out of memory allocating %s (%zu x %zu bytes)\n", what, n, size);
+        exit(1);
+    }
+    return p;
+}
+
+static int unit_tensor_count(int kind) { return kind >= U_LAYER0 ? 12 : kind == U_LNF ? 2 : 1; }
+static int unit_tensor(int kind, int k) {
+    if (kind >= U_LAYER0) return layer_tensors[k];
+    return kind == U_WTE ? P_WTE : kind == U_WPE ? P_WPE : (k == 0 ? P_LNFW : P_LNFB);
+}
+
+static Shard shard_for(const GPT2Config *c, const Grid *g) {
+    Shard s;
+    memset(&s, 0, sizeof(s));
+    s.tp = g->tp; s.tp_rank = g->tp_rank; s.pp = g->pp; s.pp_rank = g->pp_rank; s.dp = g->dp; s.dp_rank = g->dp_rank;
+    // contiguous, balanced stages: the first L % pp stages get one layer more
+    int base = c->L / s.pp, extra = c->L % s.pp;
+    s.l0 = s.pp_rank * base + (s.pp_rank < extra ? s.pp_rank : extra);
+    s.l1 = s.l0 + base + (s.pp_rank < extra ? 1 : 0);
+    s.nl = s.l1 - s.l0;
+    s.first = s.pp_rank == 0;
+    s.last = s.pp_rank == s.pp - 1;
+    s.Cl = c->C / s.tp;
+    s.NHl = c->NH / s.tp;
+    s.Vl = c->Vp / s.tp;
+    s.v0 = s.tp_rank * s.Vl;
+    int real = c->V - s.v0;
+    s.nreal = real < 0 ? 0 : real > s.Vl ? s.Vl : real;
+    return s;
+}
+
+static size_t unit_size(const GPT2Config *c, const Shard *s, int kind) {
+    size_t n = 0;
+    for (int k = 0; k < unit_tensor_count(kind); k++) n += local_tensor_size(c, s, unit_tensor(kind, k));
+    return n;
+}
+
+// lays out the units; they depend on the layout only through the Shard
+static void model_units(GPT2 *m) {
+    const Shard *s = &m->shard;
+    int kinds[1024 + 3], n = 0;
+    m->u_wte = m->u_wpe = m->u_lnf = m->u_layer0 = -1;
+    if (s->first || s->last) { m->u_wte = n; kinds[n++] = U_WTE; }
+    if (s->first) { m->u_wpe = n; kinds[n++] = U_WPE; }
+    m->u_layer0 = n;
+    for (int ll = 0; ll < s->nl; ll++) kinds[n++] = U_LAYER0 + ll;
+    if (s->last) { m->u_lnf = n; kinds[n++] = U_LNF; }
+    m->nunits = n;
+    m->units = (Unit *)xcalloc(n, sizeof(Unit), "units");
+    size_t off = 0, shard_off = 0;
+    for (int u = 0; u < n; u++) {
+        Unit *un = &m->units[u];
+        un->kind = kinds[u];
+        un->size = unit_size(&m->config, s, kinds[u]);
+        un->padded = (un->size + s->dp - 1) / s->dp * s->dp;
+        un->offset = off;
+        un->shard_offset = shard_off;
+        off += un->padded;
+        shard_off += un->padded / s->dp;
+    }
+    m->num_local = off;
+    m->num_shard = shard_off;
+}
+
+// the value of local element i of unit u in the full model `full` (file
+// layout) or, when full is NULL, from the seeded init
+static void unit_fill(const GPT2 *m, int u, float *dst, const float *full, uint64_t seed) {
+    const GPT2Config *c = &m->config;
+    const Shard *s = &m->shard;
+    const Unit *un = &m->units[u];
+    size_t full_off[NUM_PARAM_TENSORS], sizes[NUM_PARAM_TENSORS], off = 0;
+    param_sizes(c, sizes);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) { full_off[t] = off; off += sizes[t]; }
+    int layer = un->kind >= U_LAYER0 ? s->l0 + un->kind - U_LAYER0 : 0;
+    for (int k = 0; k < unit_tensor_count(un->kind); k++) {
+        int t = unit_tensor(un->kind, k);
+        size_t n = local_tensor_size(c, s, t);
+        size_t layer_off = un->kind >= U_LAYER0 ? (size_t)layer * (sizes[t] / c->L) : 0;
+        #pragma omp parallel for
+        for (size_t i = 0; i < n; i++) {
+            size_t gi = layer_off + local_to_global(c, s, t, i);
+            dst[i] = full ? full[full_off[t] + gi] : param_init_value(c, seed, t, gi);
+        }
+        dst += n;
+    }
+}
+
+static void transient_add(GPT2 *m, long bytes) {
+    m->bytes_transient += bytes;
+    if (m->bytes_transient > m->bytes_transient_peak) m->bytes_transient_peak = m->bytes_transient;
+}
+
+// builds this rank's part of the model from the full model (file layout) or,
+// when full is NULL, from the seeded init; full is not kept
+static void gpt2_build(GPT2 *m, const GPT2Config *c, const Parallel *par, const float *full, uint64_t seed) {
+    memset(m, 0, sizeof(*m));
+    m->config = *c;
+    m->par = par;
+    m->shard = shard_for(c, &par->grid);
+    model_units(m);
+    int zero = par->zero;
+    m->unit_params = (float **)xcalloc(m->nunits, sizeof(float *), "unit views");
+    m->unit_grads = (float **)xcalloc(m->nunits, sizeof(float *), "unit views");
+    size_t nopt = zero >= 1 ? m->num_shard : m->num_local;
+    m->m = (float *)xcalloc(nopt, sizeof(float), "AdamW m");
+    m->v = (float *)xcalloc(nopt, sizeof(float), "AdamW v");
+    m->bytes_optimizer = 2 * nopt * sizeof(float);
+    if (zero >= 1) m->grad_shard = (float *)xcalloc(m->num_shard, sizeof(float), "gradient shard");
+    if (zero <= 1) m->grads = (float *)xcalloc(m->num_local, sizeof(float), "gradients");
+    m->bytes_grads = (zero <= 1 ? m->num_local : 0) * sizeof(float) + (zero >= 1 && zero != 1 ? m->num_shard * sizeof(float) : 0);
+    if (zero == 1) m->bytes_grads = m->num_local * sizeof(float);  // the shard is a sum of the full gradients, not more state
+    float *unit_buf = NULL;
+    if (zero <= 2) {
+        m->params = (float *)xcalloc(m->num_local, sizeof(float), "parameters");
+        m->bytes_params = m->num_local * sizeof(float);
+    } else {
+        m->param_shard = (float *)xcalloc(m->num_shard, sizeof(float), "parameter shard");
+        m->bytes_params = m->num_shard * sizeof(float);
+        size_t largest = 0;
+        for (int u = 0; u < m->nunits; u++) if (m->units[u].padded > largest) largest = m->units[u].padded;
+        unit_buf = (float *)xcalloc(largest, sizeof(float), "unit");
+    }
+    for (int u = 0; u < m->nunits; u++) {
+        const Unit *un = &m->units[u];
+        if (zero <= 2) {
+            unit_fill(m, u, m->params + un->offset, full, seed);
+            m->unit_params[u] = m->params + un->offset;
+        } else {  // keep only my 1/dp of the unit
+            memset(unit_buf, 0, un->padded * sizeof(float));
+            unit_fill(m, u, unit_buf, full, seed);
+            size_t chunk = un->padded / m->shard.dp;
+            memcpy(m->param_shard + un->shard_offset, unit_buf + m->shard.dp_rank * chunk, chunk * sizeof(float));
+        }
+        if (zero <= 1) m->unit_grads[u] = m->grads + un->offset;
+    }
+    free(unit_buf);
+}
+
+static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
+    const GPT2Config *c = &m->config;
+    const Shard *s = &m->shard;
+    size_t BT = (size_t)B * T, C = c->C, nl = s->nl, Cl = s->Cl;
+    size_t *z = m->act_sizes;
+    memset(z, 0, sizeof(m->act_sizes));
+    z[A_ENCODED] = BT * C;  // the stage's input: the embeddings, or what the previous stage sent
+    z[A_LN1] = nl * BT * C; z[A_LN1_MEAN] = nl * BT; z[A_LN1_RSTD] = nl * BT;
+    z[A_QKV] = nl * BT * 3 * Cl; z[A_ATTY] = nl * BT * Cl; z[A_ATT] = nl * B * s->NHl * T * T;
+    z[A_ATTPROJ] = nl * BT * C; z[A_RESIDUAL2] = nl * BT * C;
+    z[A_LN2] = nl * BT * C; z[A_LN2_MEAN] = nl * BT; z[A_LN2_RSTD] = nl * BT;
+    z[A_FCH] = nl * BT * 4 * Cl; z[A_FCH_GELU] = nl * BT * 4 * Cl;
+    z[A_FCPROJ] = nl * BT * C; z[A_RESIDUAL3] = nl * BT * C;
+    if (s->last) {
+        z[A_LNF] = BT * C; z[A_LNF_MEAN] = BT; z[A_LNF_RSTD] = BT;
+        z[A_LOGITS] = BT * s->Vl; z[A_PROBS] = BT * s->Vl; z[A_LOSSES] = BT; z[A_ROWMAX] = BT; z[A_ROWSUM] = BT;
+    }
+    size_t total = 0;
+    for (int i = 0; i < NUM_ACT_TENSORS; i++) total += z[i];
+    m->nacts = nacts;
+    m->acts = (Acts *)xcalloc(nacts + 1, sizeof(Acts), "activation sets");
+    for (int k = 0; k <= nacts; k++) {
+        Acts *a = k < nacts ? &m->acts[k] : &m->dacts;
+        a->memory = (float *)xcalloc(total, sizeof(float), "activations");
+        float *p = a->memory;
+        for (int i = 0; i < NUM_ACT_TENSORS; i++) { a->t[i] = p; p += z[i]; }
+        a->inputs = (int *)xcalloc(BT, sizeof(int), "inputs");
+        a->targets = (int *)xcalloc(BT, sizeof(int), "targets");
+    }
+    m->B = B;
+    m->T = T;
+}
+
+static void gpt2_free(GPT2 *m) {
+    free(m->params); free(m->grads); free(m->param_shard); free(m->grad_shard); free(m->m); free(m->v);
+    for (int k = 0; k <= m->nacts; k++) {
+        Acts *a = k < m->nacts ? &m->acts[k] : &m->dacts;
+        free(a->memory); free(a->inputs); free(a->targets);
+    }
+    if (m->par->zero == 3)
+        for (int u = 0; u < m->nunits; u++) free(m->unit_params[u]);
+    free(m->acts); free(m->units); free(m->unit_params); free(m->unit_grads);
+}
+
+static LayerActs layer_acts(const GPT2 *m, const Acts *a, int ll) {
+    size_t BT = (size_t)m->B * m->T, C = m->config.C, Cl = m->shard.Cl, btc = BT * C;
+    size_t att = (size_t)m->B * m->shard.NHl * m->T * m->T;
+    float *const *t = a->t;
+    LayerActs v = {
+        t[A_LN1] + ll * btc, t[A_LN1_MEAN] + ll * BT, t[A_LN1_RSTD] + ll * BT, t[A_QKV] + ll * 3 * BT * Cl,
+        t[A_ATTY] + ll * BT * Cl, t[A_ATT] + ll * att, t[A_ATTPROJ] + ll * btc,
+        t[A_RESIDUAL2] + ll * btc, t[A_LN2] + ll * btc, t[A_LN2_MEAN] + ll * BT, t[A_LN2_RSTD] + ll * BT,
+        t[A_FCH] + ll * 4 * BT * Cl, t[A_FCH_GELU] + ll * 4 * BT * Cl, t[A_FCPROJ] + ll * btc, t[A_RESIDUAL3] + ll * btc,
+    };
+    return v;
+}
+
+// the residual stream entering local layer ll (ll = nl: leaving the stage)
+static float *block_input(const GPT2 *m, const Acts *a, int ll) {
+    size_t btc = (size_t)m->B * m->T * m->config.C;
+    return ll == 0 ? a->t[A_ENCODED] : a->t[A_RESIDUAL3] + (ll - 1) * btc;
+}
+
+// ----------------------------------------------------------------------------
+// ZeRO: where a unit's full parameters come from and where its gradients go
+
+// makes unit u's full parameters available (ZeRO-3: all-gathers them)
+static float *unit_acquire(GPT2 *m, int u) {
+    if (m->par->zero < 3 || m->unit_params[u] != NULL) return m->unit_params[u];
+    const Unit *un = &m->units[u];
+    float *full = (float *)xcalloc(un->padded, sizeof(float), "gathered unit");
+    transient_add(m, (long)(un->padded * sizeof(float)));
+    if (m->shard.dp > 1) comm_allgather(m->par->comm, &m->par->dp, m->param_shard + un->shard_offset, full, un->padded / m->shard.dp);
+    else memcpy(full, m->param_shard + un->shard_offset, un->padded * sizeof(float));
+    m->unit_params[u] = full;
+    return full;
+}
+
+static void unit_release(GPT2 *m, int u) {
+    if (m->par->zero < 3 || m->unit_params[u] == NULL) return;
+    free(m->unit_params[u]);
+    m->unit_params[u] = NULL;
+    transient_add(m, -(long)(m->units[u].padded * sizeof(float)));
+}
+
+// where unit u's gradients accumulate during a backward (ZeRO-2/3: a bucket)
+static float *unit_grad_begin(GPT2 *m, int u) {
+    if (m->par->zero < 2 || m->unit_grads[u] != NULL) return m->unit_grads[u];
+    m->unit_grads[u] = (float *)xcalloc(m->units[u].padded, sizeof(float), "gradient bucket");
+    transient_add(m, (long)(m->units[u].padded * sizeof(float)));
+    return m->unit_grads[u];
+}
+
+// ZeRO-2/3: the unit's backward is done for this micro-batch: reduce-scatter
+// the bucket over the data-parallel ranks, add it to my shard, drop the bucket
+static void unit_grad_end(GPT2 *m, int u) {
+    if (m->par->zero < 2) return;
+    const Unit *un = &m->units[u];
+    size_t chunk = un->padded / m->shard.dp;
+    float *mine = m->grad_shard + un->shard_offset;
+    if (m->shard.dp > 1) {
+        float *sum = (float *)xcalloc(chunk, sizeof(float), "reduced chunk");
+        comm_reduce_scatter(m->par->comm, &m->par->dp, m->unit_grads[u], sum, chunk, OP_SUM);
+        for (size_t i = 0; i < chunk; i++) mine[i] += sum[i];
+        free(sum);
+    } else {
+        for (size_t i = 0; i < chunk; i++) mine[i] += m->unit_grads[u][i];
+    }
+    free(m->unit_grads[u]);
+    m->unit_grads[u] = NULL;
+    transient_add(m, -(long)(un->padded * sizeof(float)));
+}
+
+// ----------------------------------------------------------------------------
+// forward and backward of one block, with tensor parallelism: the
+// column-parallel matmuls (qkv, fc) need the whole input (replicated) and give
+// a slice of the output; the row-parallel ones (attproj, fcproj) take a slice
+// and give partial sums, all-reduced among the tensor-parallel ranks before
+// the bias. In the backward the same happens to the inputs' gradients.
+
+static void add_bias(float *out, const float *bias, int N, int OC) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
+}
+
+static void block_forward(GPT2 *m, LayerParams p, LayerActs a, const float *x) {
+    const Parallel *par = m->par;
+    int B = m->B, T = m->T, C = m->config.C, Cl = m->shard.Cl, BT = B * T;
+    size_t btc = (size_t)BT * C;
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, BT, C);
+    matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
+    attention_forward(a.atty, a.att, a.qkv, B, T, Cl, m->shard.NHl);
+    matmul_forward(a.attproj, a.atty, p.attprojw, NULL, BT, Cl, C);
+    group_allreduce(par, &par->tp, a.attproj, btc);
+    add_bias(a.attproj, p.attprojb, BT, C);
+    residual_forward(a.residual2, x, a.attproj, btc);
+    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, BT, C);
+    matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
+    gelu_forward(a.fch_gelu, a.fch, 4 * (size_t)BT * Cl);
+    matmul_forward(a.fcproj, a.fch_gelu, p.fcprojw, NULL, BT, 4 * Cl, C);
+    group_allreduce(par, &par->tp, a.fcproj, btc);
+    add_bias(a.fcproj, p.fcprojb, BT, C);
+    residual_forward(a.residual3, a.residual2, a.fcproj, btc);
+}
+
+// from the gradient of the block's output (d.residual3) to that of its input
+// x, dx, and of its parameters g (all +=)
+static void block_backward(GPT2 *m, LayerParams p, LayerParams g, LayerActs a, LayerActs d, const float *x, float *dx) {
+    const Parallel *par = m->par;
+    int B = m->B, T = m->T, C = m->config.C, Cl = m->shard.Cl, BT = B * T;
+    size_t btc = (size_t)BT * C;
+    residual_backward(d.residual2, d.fcproj, d.residual3, btc);
+    matmul_backward(d.fch_gelu, g.fcprojw, g.fcprojb, d.fcproj, a.fch_gelu, p.fcprojw, BT, 4 * Cl, C);
+    gelu_backward(d.fch, a.fch, d.fch_gelu, 4 * (size_t)BT * Cl);
+    matmul_backward(d.ln2, g.fcw, g.fcb, d.fch, a.ln2, p.fcw, BT, C, 4 * Cl);
+    group_allreduce(par, &par->tp, d.ln2, btc);
+    layernorm_backward(d.residual2, g.ln2w, g.ln2b, d.ln2, a.residual2, p.ln2w, a.ln2_mean, a.ln2_rstd, BT, C);
+    residual_backward(dx, d.attproj, d.residual2, btc);
+    matmul_backward(d.atty, g.attprojw, g.attprojb, d.attproj, a.atty, p.attprojw, BT, Cl, C);
+    attention_backward(d.qkv, d.atty, a.qkv, a.att, B, T, Cl, m->shard.NHl);
+    matmul_backward(d.ln1, g.qkvw, g.qkvb, d.qkv, a.ln1, p.qkvw, BT, C, 3 * Cl);
+    group_allreduce(par, &par->tp, d.ln1, btc);
+    layernorm_backward(dx, g.ln1w, g.ln1b, d.ln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
+}
+
+// ----------------------------------------------------------------------------
+// a stage's forward and backward of one micro-batch. The first stage starts
+// from the tokens, the others from the activations the previous stage sent
+// (in A_ENCODED); the last ends in the loss, the others send their output on.
+
+static int stage_rank(const Parallel *par, int pp_rank) {
+    return grid_rank(&par->grid, par->grid.dp_rank, pp_rank, par->grid.tp_rank);
+}
+
+static void embed_forward(GPT2 *m, Acts *a) {
+    const Parallel *par = m->par;
+    const Shard *s = &m->shard;
+    int B = m->B, T = m->T, C = m->config.C;
+    float *wte = unit_acquire(m, m->u_wte), *wpe = unit_acquire(m, m->u_wpe);
+    encoder_forward(a->t[A_ENCODED], a->inputs, wte, s->v0, s->Vl, B, T, C);
+    group_allreduce(par, &par->tp, a->t[A_ENCODED], (size_t)B * T * C);
+    encoder_add_positions(a->t[A_ENCODED], wpe, B, T, C);
+    unit_release(m, m->u_wpe);
+    if (!s->last) unit_release(m, m->u_wte);  // one stage: wte stays for the head
+}
+
+// final LayerNorm, logits over my vocabulary rows, the loss (mean over B*T)
+static void head_forward(GPT2 *m, Acts *a, int with_loss) {
+    const Parallel *par = m->par;
+    const Shard *s = &m->shard;
+    int BT = m->B * m->T, C = m->config.C;
+    float *lnf = unit_acquire(m, m->u_lnf), *wte = unit_acquire(m, m->u_wte);
+    layernorm_forward(a->t[A_LNF], a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], block_input(m, a, s->nl), lnf, lnf + C, BT, C);
+    matmul_forward(a->t[A_LOGITS], a->t[A_LNF], wte, NULL, BT, C, s->Vl);
+    unit_release(m, m->u_lnf);
+    unit_release(m, m->u_wte);
+    if (!with_loss) return;
+    float *maxes = a->t[A_ROWMAX], *sums = a->t[A_ROWSUM];
+    crossentropy_rowmax(maxes, a->t[A_LOGITS], BT, s->Vl, s->nreal);
+    if (par->tp.size > 1) {  // the row maxima of all vocabulary slices
+        float *all = (float *)xcalloc((size_t)BT * par->tp.size, sizeof(float), "row maxima");
+        comm_allgather(par->comm, &par->tp, maxes, all, BT);
+        for (int n = 0; n < BT; n++) {
+            maxes[n] = -INFINITY;
+            for (int r = 0; r < par->tp.size; r++) maxes[n] = fmaxf(maxes[n], all[(size_t)r * BT + n]);
+        }
+        free(all);
+    }
+    crossentropy_exp(a->t[A_PROBS], sums, a->t[A_LOGITS], maxes, BT, s->Vl, s->nreal);
+    group_allreduce(par, &par->tp, sums, BT);
+    crossentropy_finish(a->t[A_LOSSES], a->t[A_PROBS], sums, a->targets, s->v0, BT, s->Vl, s->nreal);
+    group_allreduce(par, &par->tp, a->t[A_LOSSES], BT);
+    double sum = 0.0;
+    for (int i = 0; i < BT; i++) sum += a->t[A_LOSSES][i];
+    a->mean_loss = (float)(sum / BT);
+}
+
+static void stage_forward(GPT2 *m, Acts *a, int mb, int with_loss) {
+    const Parallel *par = m->par;
+    const Shard *s = &m->shard;
+    size_t btc = (size_t)m->B * m->T * m->config.C;
+    if (s->first) embed_forward(m, a);
+    else comm_recv(par->comm, stage_rank(par, s->pp_rank - 1), CH_ACTIVATION, mb, a->t[A_ENCODED], btc * sizeof(float));
+    for (int ll = 0; ll < s->nl; ll++) {
+        int u = m->u_layer0 + ll;
+        LayerParams p = layer_params_at(&m->config, s, unit_acquire(m, u));
+        block_forward(m, p, layer_acts(m, a, ll), block_input(m, a, ll));
+        unit_release(m, u);
+    }
+    if (s->last) head_forward(m, a, with_loss);
+    else comm_send(par->comm, stage_rank(par, s->pp_rank + 1), CH_ACTIVATION, mb, block_input(m, a, s->nl), btc * sizeof(float));
+}
+
+// dloss = d(objective)/d(loss at one position): 1 / (all positions of the step)
+static void stage_backward(GPT2 *m, Acts *a, int mb, float dloss) {
+    const Parallel *par = m->par;
+    const Shard *s = &m->shard;
+    const GPT2Config *c = &m->config;
+    Acts *d = &m->dacts;
+    int B = m->B, T = m->T, C = c->C, BT = B * T;
+    size_t btc = (size_t)BT * C;
+    memset(d->memory, 0, (size_t)(d->t[NUM_ACT_TENSORS - 1] + m->act_sizes[NUM_ACT_TENSORS - 1] - d->memory) * sizeof(float));
+    if (s->last) {
+        float *lnf = unit_acquire(m, m->u_lnf), *wte = unit_acquire(m, m->u_wte);
+        float *dlnf = unit_grad_begin(m, m->u_lnf), *dwte = unit_grad_begin(m, m->u_wte);
+        crossentropy_backward(d->t[A_LOGITS], a->t[A_PROBS], a->targets, dloss, s->v0, BT, s->Vl, s->nreal);
+        matmul_backward(d->t[A_LNF], dwte, NULL, d->t[A_LOGITS], a->t[A_LNF], wte, BT, C, s->Vl);
+        group_allreduce(par, &par->tp, d->t[A_LNF], btc);
+        layernorm_backward(block_input(m, d, s->nl), dlnf, dlnf + C, d->t[A_LNF], block_input(m, a, s->nl),
+                           lnf, a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], BT, C);
+        unit_release(m, m->u_lnf);
+        unit_release(m, m->u_wte);
+        unit_grad_end(m, m->u_lnf);
+        if (!s->first) unit_grad_end(m, m->u_wte);
+    } else {
+        comm_recv(par->comm, stage_rank(par, s->pp_rank + 1), CH_GRADIENT, mb, block_input(m, d, s->nl), btc * sizeof(float));
+    }
+    for (int ll = s->nl - 1; ll >= 0; ll--) {
+        int u = m->u_layer0 + ll;
+        LayerParams p = layer_params_at(c, s, unit_acquire(m, u)), g = layer_params_at(c, s, unit_grad_begin(m, u));
+        block_backward(m, p, g, layer_acts(m, a, ll), layer_acts(m, d, ll), block_input(m, a, ll), block_input(m, d, ll));
+        unit_release(m, u);
+        unit_grad_end(m, u);
+    }
+    if (s->first) {
+        float *dwte = unit_grad_begin(m, m->u_wte), *dwpe = unit_grad_begin(m, m->u_wpe);
+        encoder_backward(dwte, dwpe, d->t[A_ENCODED], a->inputs, s->v0, s->Vl, B, T, C);
+        unit_grad_end(m, m->u_wpe);
+        unit_grad_end(m, m->u_wte);
+    } else {
+        comm_send(par->comm, stage_rank(par, s->pp_rank - 1), CH_GRADIENT, mb, d->t[A_ENCODED], btc * sizeof(float));
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the optimizer step: gradients summed over data-parallel ranks (ZeRO-0:
+// all-reduce; 1: reduce-scatter; 2, 3: already reduced unit by unit), the
+// global norm and clipping, AdamW on what this rank owns, and (ZeRO-1, 2)
+// the updated parameters all-gathered.
+
+static void gpt2_zero_grad(GPT2 *m) {
+    if (m->grads) memset(m->grads, 0, m->num_local * sizeof(float));
+    if (m->grad_shard) memset(m->grad_shard, 0, m->num_shard * sizeof(float));
+}
+
+static void gpt2_reduce_grads(GPT2 *m) {
+    const Parallel *par = m->par;
+    int zero = par->zero;
+    // the tied wte: the first and the last stage add their gradients
+    if (m->shard.pp > 1 && m->u_wte >= 0) {
+        const Unit *un = &m->units[m->u_wte];
+        if (zero <= 1) group_allreduce(par, &par->tied, m->grads + un->offset, un->padded);
+        else group_allreduce(par, &par->tied, m->grad_shard + un->shard_offset, un->padded / m->shard.dp);
+    }
+    if (m->shard.dp == 1 || zero >= 2) {
+        if (zero == 1) memcpy(m->grad_shard, m->grads, m->num_local * sizeof(float));
+        return;
+    }
+    for (int u = 0; u < m->nunits; u++) {
+        const Unit *un = &m->units[u];
+        if (zero == 0) comm_allreduce(par->comm, &par->dp, m->grads + un->offset, un->padded, OP_SUM);
+        else comm_reduce_scatter(par->comm, &par->dp, m->grads + un->offset, m->grad_shard + un->shard_offset,
+                                 un->padded / m->shard.dp, OP_SUM);
+    }
+}
+
+// calls fn(tensor, state, param, n) for each run of elements that this rank
+// updates and that belong to one tensor: at `state` in the optimizer arrays
+// (m, v and the gradients it owns) and at `param` in the parameters it holds.
+// ZeRO-0: everything, same index. 1, 2: my 1/dp of each unit; the parameters
+// are whole, so param indexes the local layout. 3: parameters sharded too.
+typedef void (*TensorRunFn)(GPT2 *m, int tensor, size_t state, size_t param, size_t n, void *ctx);
+
+static void for_each_tensor_run(GPT2 *m, TensorRunFn fn, void *ctx) {
+    int zero = m->par->zero;
+    size_t dp = m->shard.dp;
+    for (int u = 0; u < m->nunits; u++) {
+        const Unit *un = &m->units[u];
+        size_t lo = zero >= 1 ? m->shard.dp_rank * (un->padded / dp) : 0;  // my part of the unit
+        size_t hi = zero >= 1 ? lo + un->padded / dp : un->padded;
+        size_t state_base = zero >= 1 ? un->shard_offset : un->offset;
+        size_t param_base = zero == 3 ? un->shard_offset : un->offset + lo;
+        size_t t_off = 0;
+        for (int k = 0; k < unit_tensor_count(un->kind); k++) {
+            int t = unit_tensor(un->kind, k);
+            size_t t_end = t_off + local_tensor_size(&m->config, &m->shard, t);
+            size_t a = lo > t_off ? lo : t_off, b = hi < t_end ? hi : t_end;
+            if (a < b) fn(m, t, state_base + (a - lo), param_base + (a - lo), b - a, ctx);
+            t_off = t_end;
+        }
+    }
+}
+
+static float *owned_grads(GPT2 *m) { return m->par->zero >= 1 ? m->grad_shard : m->grads; }
+static float *owned_params(GPT2 *m) { return m->par->zero == 3 ? m->param_shard : m->params; }
+
+static void add_sumsq(GPT2 *m, int t, size_t start, size_t param, size_t n, void *ctx) {
+    (void)param;
+    const Shard *s = &m->shard;
+    // count each gradient once in the job: replicas over dp (ZeRO-0) and
+    // tp, and the tied wte copy on the last stage, count on one rank only
+    if (m->par->zero == 0 && s->dp_rank != 0) return;
+    if (tensor_is_replicated(t) && s->tp_rank != 0) return;
+    if (t == P_WTE && !s->first) return;
+    const float *g = owned_grads(m) + start;
+    double sum = 0.0;
+    #pragma omp parallel for reduction(+ : sum)
+    for (size_t i = 0; i < n; i++) sum += (double)g[i] * g[i];
+    *(double *)ctx += sum;
+}
+
+typedef struct { float lr, beta1, beta2, eps, weight_decay; } AdamHyper;
+
+static void adam_run(GPT2 *m, int t, size_t start, size_t param, size_t n, void *ctx) {
+    const AdamHyper *h = (const AdamHyper *)ctx;
+    adamw_update(owned_params(m) + param, owned_grads(m) + start, m->m + start, m->v + start, n, h->lr,
+                 h->beta1, h->beta2, h->eps, param_is_matrix(t) ? h->weight_decay : 0.0f, m->adam_t);
+}
+
+// *loss_sum: this rank's sum of micro-batch mean losses; on return the
+// step's loss (every rank gets it). Returns the grad norm before clipping.
+static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, const AdamHyper *h) {
+    const Parallel *par = m->par;
+    gpt2_reduce_grads(m);
+    double sumsq = 0.0;
+    for_each_tensor_run(m, add_sumsq, &sumsq);
+    // one all-reduce for the norm and the loss (counted on one rank per replica)
+    const Shard *s = &m->shard;
+    float both[2] = {(float)sumsq, s->last && s->tp_rank == 0 ? *loss_sum / accum / s->dp : 0.0f};
+    group_allreduce(par, &par->world, both, 2);
+    float norm = sqrtf(both[0]);
+    *loss_sum = both[1];
+    if (max_norm > 0.0f && norm > max_norm) {
+        float scale = max_norm / (norm + 1e-6f);
+        size_t n = par->zero >= 1 ? m->num_shard : m->num_local;
+        float *g = owned_grads(m);
+        #pragma omp parallel for
+        for (size_t i = 0; i < n; i++) g[i] *= scale;
+    }
+    m->adam_t++;
+    for_each_tensor_run(m, adam_run, (void *)h);
+    if (par->zero == 1 || par->zero == 2) {
+        for (int u = 0; u < m->nunits; u++) {
+            const Unit *un = &m->units[u];
+            size_t chunk = un->padded / s->dp;
+            if (s->dp == 1) continue;
+            float *mine = (float *)xcalloc(chunk, sizeof(float), "updated chunk");
+            memcpy(mine, m->params + un->offset + s->dp_rank * chunk, chunk * sizeof(float));
+            comm_allgather(par->comm, &par->dp, mine, m->params + un->offset, chunk);
+            free(mine);
+        }
+    }
+    return norm;
+}
+
+// ----------------------------------------------------------------------------
+// whole tensors in the file layout from this rank's units: init and load go
+// one way (gpt2_build), save and the tests the other. Each rank writes the
+// elements it owns once in the job (one dp replica, one tp rank for the
+// replicated tensors, the first stage for wte), so a sum over all ranks
+// assembles the full model.
+
+static void gpt2_export(GPT2 *m, float *const *unit_data, float *full) {
+    const GPT2Config *c = &m->config;
+    const Shard *s = &m->shard;
+    if (s->dp_rank != 0) return;
+    size_t full_off[NUM_PARAM_TENSORS], sizes[NUM_PARAM_TENSORS], off = 0;
+    param_sizes(c, sizes);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) { full_off[t] = off; off += sizes[t]; }
+    for (int u = 0; u < m->nunits; u++) {
+        const Unit *un = &m->units[u];
+        const float *src = unit_data[u];
+        int layer = un->kind >= U_LAYER0 ? s->l0 + un->kind - U_LAYER0 : 0;
+        for (int k = 0; k < unit_tensor_count(un->kind); k++) {
+            int t = unit_tensor(un->kind, k);
+            size_t n = local_tensor_size(c, s, t);
+            size_t layer_off = un->kind >= U_LAYER0 ? (size_t)layer * (sizes[t] / c->L) : 0;
+            int owner = (!tensor_is_replicated(t) || s->tp_rank == 0) && (t != P_WTE || s->first);
+            for (size_t i = 0; owner && i < n; i++) full[full_off[t] + layer_off + local_to_global(c, s, t, i)] = src[i];
+            src += n;
+        }
+    }
+}
+
+// this rank's slice of tensor t (of `layer`, for the per-layer tensors)
+// within unit_data (the model's unit_params or unit_grads); NULL when this
+// stage does not hold it
+static float *tensor_view(const GPT2 *m, float *const *unit_data, int t, int layer) {
+    for (int u = 0; u < m->nunits; u++) {
+        const Unit *un = &m->units[u];
+        if (un->kind >= U_LAYER0 && un->kind - U_LAYER0 + m->shard.l0 != layer) continue;
+        float *p = unit_data[u];
+        for (int k = 0; k < unit_tensor_count(un->kind); k++) {
+            if (unit_tensor(un->kind, k) == t) return p;
+            p += local_tensor_size(&m->config, &m->shard, unit_tensor(un->kind, k));
+        }
+    }
+    return NULL;
+}
+
+// ----------------------------------------------------------------------------
+// pipeline schedules: the order in which a stage runs the forward (F) and
+// backward (B) passes of the M micro-batches of a step.
+//   gpipe: F0 F1 .. F(M-1) B0 B1 .. B(M-1)
+//   1f1b:  (p - stage - 1) forwards to fill the pipe, then alternate one
+//          forward and one backward, then drain the backwards; at most
+//          p - stage micro-batches are in flight, so that many activation
+//          sets suffice (gpipe needs M)
+
+typedef struct { int forward, mb; } PipeOp;
+
+static int pipeline_schedule(int kind, int pp, int stage, int M, PipeOp *ops) {
+    int n = 0;
+    int warmup = kind == PS_GPIPE ? M : pp - stage - 1 < M ? pp - stage - 1 : M;
+    int next_f = 0, next_b = 0;
+    while (next_f < warmup) ops[n++] = (PipeOp){1, next_f++};
+    while (next_f < M) {
+        ops[n++] = (PipeOp){1, next_f++};
+        ops[n++] = (PipeOp){0, next_b++};
+    }
+    while (next_b < M) ops[n++] = (PipeOp){0, next_b++};
+    return n;
+}
+
+static int pipeline_inflight(int kind, int pp, int stage, int M) {
+    int k = kind == PS_GPIPE ? M : pp - stage;
+    return k < M ? k : M;
+}
+
+#ifndef TESTING
+// ----------------------------------------------------------------------------
+// the trainer
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static void die_usage(const char *msg) {
+    fprintf(stderr, "train_gpt2: %s\n", msg);
+    exit(2);
+}
+
+// FLOPs per token for forward + backward: 6 per parameter (lm_head included,
+// position embeddings excluded), plus attention's 6 * L * T * C (causal half of 12)
+static double flops_per_token(const GPT2Config *c, int T) {
+    double n = (double)param_count(c) - (double)c->maxT * c->C;
+    return 6.0 * n + 6.0 * c->L * (double)T * c->C;
+}
+
+// the mean loss over `batches` micro-batches of the val stream (split among the
+// data-parallel ranks); every rank returns it
+static float evaluate(GPT2 *m, DataLoader *val, int batches) {
+    dataloader_reset(val);
+    float sum = 0.0f;
+    for (int i = 0; i < batches / m->shard.dp; i++) {
+        Acts *a = &m->acts[i % m->nacts];
+        dataloader_next(val, a->inputs, a->targets);
+        stage_forward(m, a, i, 1);
+        if (m->shard.last && m->shard.tp_rank == 0) sum += a->mean_loss;
+    }
+    group_allreduce(m->par, &m->par->world, &sum, 1);
+    return sum / batches;
+}
+
+// xorshift* for sampling; its state is one number
+static float random_f32(uint64_t *state) {
+    *state ^= *state >> 12; *state ^= *state << 25; *state ^= *state >> 27;
+    return (float)((*state * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f;
+}
+
+// prints gen_tokens tokens sampled from the model, starting from EOT (one rank only)
+static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng) {
+    int B = m->B, T = m->T, V = m->config.V, Vp = m->config.Vp;
+    Acts *a = &m->acts[0];
+    for (int i = 0; i < B * T; i++) a->inputs[i] = tok->eot_token;
+    int n = gen_tokens < T ? gen_tokens : T;
+    printf("generating:\n---\n");
+    for (int t = 1; t < n; t++) {
+        stage_forward(m, a, 0, 0);
+        const float *z = a->t[A_LOGITS] + (size_t)(t - 1) * Vp;
+        float maxv = -INFINITY, sum = 0.0f;
+        for (int i = 0; i < V; i++) if (z[i] > maxv) maxv = z[i];
+        for (int i = 0; i < V; i++) sum += expf(z[i] - maxv);
+        float coin = random_f32(rng) * sum, cdf = 0.0f;
+        int next = V - 1;
+        for (int i = 0; i < V; i++) {
+            cdf += expf(z[i] - maxv);
+            if (coin < cdf) { next = i; break; }
+        }
+        a->inputs[t] = next;
+        int len;
+        const char *s = tokenizer_decode(tok, next, &len);
+        if (s != NULL) fwrite(s, 1, len, stdout);
+        fflush(stdout);
+    }
+    printf("\n---\n");
+}
+
+// the parameters of every rank, assembled on all of them (ZeRO-3 gathers each unit)
+static float *gpt2_full_params(GPT2 *m) {
+    float *full = (float *)xcalloc(param_count(&m->config), sizeof(float), "full model");
+    for (int u = 0; u < m->nunits; u++) unit_acquire(m, u);
+    gpt2_export(m, m->unit_params, full);
+    for (int u = 0; u < m->nunits; u++) unit_release(m, u);
+    group_allreduce(m->par, &m->par->world, full, param_count(&m->config));
+    return full;
+}
+
+// every K steps: the data-parallel replicas compare a SHA-256 of their
+// parameters (the digests travel MAC'd like every message)
+static void consistency_check(GPT2 *m, int step) {
+    const Parallel *par = m->par;
+    if (par->dp.size == 1) return;
+    Sha256 h;
+    sha256_init(&h);
+    for (int u = 0; u < m->nunits; u++) {
+        float *p = unit_acquire(m, u);
+        sha256_update(&h, p, m->units[u].size * sizeof(float));
+        unit_release(m, u);
+    }
+    float mine[8], *all = (float *)xcalloc(8 * (size_t)par->dp.size, sizeof(float), "digests");
+    sha256_final(&h, (uint8_t *)mine);
+    comm_allgather(par->comm, &par->dp, mine, all, 8);
+    for (int r = 1; r < par->dp.size; r++)
+        if (memcmp(all, all + 8 * r, 32) != 0) {
+            fprintf(stderr, "rank %d: step %d: data-parallel replicas disagree: parameters of rank %d differ from rank %d\n",
+                    par->grid.rank, step, par->dp.ranks[r], par->dp.ranks[0]);
+            exit(1);
+        }
+    free(all);
+}
+
+static void print_layout(const GPT2 *m, const Options *o, int accum) {
+    const Parallel *par = m->par;
+    const Shard *s = &m->shard;
+    const Grid *g = &par->grid;
+    if (g->rank == 0)
+        printf("layout: %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, schedule %s, %d micro-batches per step, bubble %.3f\n",
+               g->world, g->dp, g->tp, g->pp, par->zero, o->pipe_schedule == PS_GPIPE ? "gpipe" : "1f1b", accum,
+               (double)(g->pp - 1) / (accum + g->pp - 1));
+    // one line per rank, in rank order, from the rank itself
+    for (int r = 0; r < g->world; r++) {
+        if (r == g->rank)
+            printf("rank %d (dp %d, pp %d, tp %d): layers %d..%d%s%s, heads %d..%d, vocab rows %d..%d, "
+                   "params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB (%zu elements, shard %zu)\n",
+                   g->rank, g->dp_rank, g->pp_rank, g->tp_rank, s->l0, s->l1 - 1, s->first ? " +embeddings" : "",
+                   s->last ? " +head" : "", s->tp_rank * s->NHl, (s->tp_rank + 1) * s->NHl - 1, s->v0, s->v0 + s->Vl - 1,
+                   m->bytes_params / 1048576.0, m->bytes_grads / 1048576.0, m->bytes_optimizer / 1048576.0,
+                   m->num_local, m->num_shard);
+        fflush(stdout);
+        if (g->world > 1) comm_barrier(par->comm, &par->world);
+    }
+}
+
+// the model's shape: from a descriptor, or from a model file's header
+static void model_config(const Options *o, GPT2Config *c) {
+    char err[512];
+    if (config_from_descriptor(c, o->init, o->init_vocab, o->init_maxT) == 0) return;
+    FILE *f = fopen(o->init, "rb");
+    int version;
+    if (f == NULL) {
+        snprintf(err, sizeof(err), "%s: cannot open model file: %s", o->init, strerror(errno));
+        die_usage(err);
+    }
+    if (model_read_header(f, o->init, c, &version, err, sizeof(err)) != 0) die_usage(err);
+    fclose(f);
+}
+
+// everything that can be checked before ranks start (so a bad job is
+// refused once, by the launcher): the layout against the model, the batch
+// shape, the data. Returns micro-batches per step.
+static int check_job(const Options *o, const GPT2Config *c) {
+    char err[512];
+    Grid g;
+    if (o->T > c->maxT) {
+        snprintf(err, sizeof(err), "flag -t: T = %d exceeds the model's maxT = %d (%s)", o->T, c->maxT, o->init);
+        die_usage(err);
+    }
+    if (grid_init(&g, o->np, o->tp, o->pp, 0, err, sizeof(err)) != 0) die_usage(err);
+    if (grid_check_model(&g, c->L, c->NH, c->C, c->Vp, err, sizeof(err)) != 0) die_usage(err);
+    int BTdp = o->B * o->T * g.dp;
+    int total = o->total_batch < 0 ? BTdp * o->microbatches : o->total_batch;
+    if (total % BTdp != 0) {
+        snprintf(err, sizeof(err), "flag -d: total batch %d is not a multiple of B*T*dp = %d", total, BTdp);
+        die_usage(err);
+    }
+    if (o->total_batch > 0 && o->microbatches != 1 && total / BTdp != o->microbatches) {
+        snprintf(err, sizeof(err), "flag -mb: %d micro-batches, but -d %d makes %d of B*T*dp", o->microbatches, total, total / BTdp);
+        die_usage(err);
+    }
+    if (o->val_every > 0 && o->val_batches % g.dp != 0) {
+        snprintf(err, sizeof(err), "flag -m: %d val batches do not split among dp = %d ranks", o->val_batches, g.dp);
+        die_usage(err);
+    }
+    DataLoader probe;
+    if (dataloader_init(&probe, o->train_pattern, o->B, o->T, 0, g.dp, o->shuffle, 0, c->V, err, sizeof(err)) != 0)
+        die_usage(err);
+    dataloader_free(&probe);
+    if (o->val_every > 0) {
+        if (dataloader_init(&probe, o->val_pattern, o->B, o->T, 0, g.dp, 0, 0, c->V, err, sizeof(err)) != 0) die_usage(err);
+        dataloader_free(&probe);
+    }
+    return total / BTdp;
+}
+
+// joins the job: with -np > 1 this process becomes the launcher and
+// parallel_main never returns; a rank gets its place and its communicator
+static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, int argc, char **argv) {
+    char err[512];
+    memset(par, 0, sizeof(*par));
+    int rc = parallel_main(argc, argv, o->np, o->rendezvous, o->key_file, o->timeout, &par->launch, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "train_gpt2: %s\n", err);
+        exit(rc);
+    }
+    Launch *L = &par->launch;
+    int world = L->mode == LAUNCH_RANK ? L->world : 1;
+    if (grid_init(&par->grid, world, o->tp, o->pp, L->rank, err, sizeof(err)) != 0) die_usage(err);
+    par->grid.local_rank = L->local_rank;
+    par->zero = o->zero;
+    grid_groups(&par->grid, &par->world, &par->dp, &par->tp, &par->pp);
+    // the tied-embedding group: the two ends of my pipeline
+    Group *t = &par->tied;
+    t->size = par->pp.size > 1 ? 2 : 1;
+    t->ranks[0] = par->pp.ranks[0];
+    t->ranks[1] = par->pp.ranks[par->pp.size - 1];
+    t->me = par->grid.pp_rank == 0 ? 0 : 1;
+    if (world > 1) {
+#ifdef _OPENMP
+        // the ranks share this box's cores
+        if (o->threads == 0) {
+            long cores = sysconf(_SC_NPROCESSORS_ONLN);
+            omp_set_num_threads(cores / world > 1 ? (int)(cores / world) : 1);
+        }
+#endif
+        secure_harden_process();
+        if (comm_init(&par->comm, &par->grid, L->key, L->rendezvous, o->timeout, fault, err, sizeof(err)) != 0) {
+            fprintf(stderr, "train_gpt2: %s\n", err);
+            exit(1);
+        }
+    }
+}
+
+int main(int argc, char **argv) {
+    Options opt;
+    char err[1024];
+    options_defaults(&opt);
+    int rc = options_parse(&opt, argc, argv, err, sizeof(err));
+    if (rc == 1) { options_usage(stdout, argv[0]); return 0; }
+    if (rc != 0) die_usage(err);
+#ifdef _OPENMP
+    if (opt.threads > 0) omp_set_num_threads(opt.threads);
+#endif
+    Fault fault = {0};
+    if (opt.fault && fault_parse(opt.fault, &fault, err, sizeof(err)) != 0) die_usage(err);
+    GPT2Config config;
+    model_config(&opt, &config);
+    int accum = check_job(&opt, &config);
+    Parallel par;
+    parallel_setup(&par, &opt, &fault, argc, argv);
+
+    // this rank's part of the model: from the file, or the seeded init
+    float *full = NULL;
+    if (config_from_descriptor(&config, opt.init, opt.init_vocab, opt.init_maxT) != 0) {
+        full = model_load(opt.init, &config, err, sizeof(err));
+        if (full == NULL) die_usage(err);
+    }
+    int rank0 = par.grid.rank == 0, dp = par.grid.dp, B = opt.B, T = opt.T, total_batch = B * T * dp * accum;
+    GPT2 model;
+    gpt2_build(&model, &config, &par, full, (uint64_t)opt.seed);
+    free(full);
+    gpt2_alloc_activations(&model, B, T, pipeline_inflight(opt.pipe_schedule, par.grid.pp, par.grid.pp_rank, accum));
+
+    // data: this rank's slice of the stream (tp and pp ranks of a replica read the same)
+    DataLoader train, val;
+    if (dataloader_init(&train, opt.train_pattern, B, T, par.grid.dp_rank, dp, opt.shuffle, (uint64_t)opt.seed, config.V,
+                        err, sizeof(err)) != 0)
+        die_usage(err);
+    int have_val = opt.val_every > 0;
+    if (have_val && dataloader_init(&val, opt.val_pattern, B, T, par.grid.dp_rank, dp, 0, 0, config.V, err, sizeof(err)) != 0)
+        die_usage(err);
+    int steps = opt.steps >= 0 ? opt.steps : (int)(dataloader_batches_per_epoch(&train) / accum);
+    if (steps < 1) steps = 1;
+    Tokenizer tok;
+    int have_tok = opt.tokenizer != NULL && opt.sample_every > 0 && par.grid.world == 1;
+    if (have_tok && tokenizer_load_bin(&tok, opt.tokenizer, err, sizeof(err)) != 0) die_usage(err);
+    FILE *logf = NULL;
+    char path[900];
+    if (rank0 && opt.out_dir) mkdir(opt.out_dir, 0755);
+    if (rank0 && (opt.log_file || opt.out_dir)) {
+        if (opt.log_file) snprintf(path, sizeof(path), "%s", opt.log_file);
+        else snprintf(path, sizeof(path), "%s/log.jsonl", opt.out_dir);
+        logf = fopen(path, "w");
+        if (logf == NULL) { snprintf(err, sizeof(err), "%s: cannot create log file", path); die_usage(err); }
+    }
+    if (rank0) {
+        printf("model: L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters\n",
+               config.L, config.C, config.NH, config.V, config.Vp, config.maxT, param_count(&config));
+        printf("batch: B=%d T=%d, %d micro-batches per step x dp %d = %d tokens, %d steps\n", B, T, accum, dp, total_batch, steps);
+    }
+    print_layout(&model, &opt, accum);
+    PipeOp *ops = (PipeOp *)xcalloc(2 * (size_t)accum, sizeof(PipeOp), "schedule");
+    int nops = pipeline_schedule(opt.pipe_schedule, par.grid.pp, par.grid.pp_rank, accum, ops);
+    AdamHyper hyper = {opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay};
+    uint64_t sample_rng = (uint64_t)opt.seed * 2654435761ull + 1;
+    double fpt = flops_per_token(&config, T);
+
+    // the training loop: one optimizer step per iteration
+    for (int step = 0; step < steps; step++) {
+        int last = step == steps - 1;
+        if (par.comm) comm_set_step(par.comm, step);
+        float val_loss = -1.0f;
+        if (have_val && (step % opt.val_every == 0 || last)) {
+            val_loss = evaluate(&model, &val, opt.val_batches);
+            if (rank0) printf("val loss %.6f\n", val_loss);
+        }
+        if (have_tok && step > 0 && (step % opt.sample_every == 0 || last)) sample(&model, &tok, opt.gen_tokens, &sample_rng);
+        if (opt.check_every > 0 && step % opt.check_every == 0) consistency_check(&model, step);
+
+        double t0 = now_ms();
+        float loss = 0.0f;
+        gpt2_zero_grad(&model);
+        for (int k = 0; k < nops; k++) {  // the pipeline schedule; one stage: F0 B0 F1 B1 ...
+            Acts *a = &model.acts[ops[k].mb % model.nacts];
+            if (ops[k].forward) {
+                dataloader_next(&train, a->inputs, a->targets);
+                stage_forward(&model, a, ops[k].mb, 1);
+                loss += a->mean_loss;
+            } else {
+                stage_backward(&model, a, ops[k].mb, 1.0f / ((float)B * T * accum * dp));
+            }
+        }
+        float lr = lr_at_step(&opt, step, steps);
+        hyper.lr = lr;
+        float norm = gpt2_step(&model, &loss, accum, opt.grad_clip, &hyper);
+        double ms = now_ms() - t0;
+
+        double tok_s = total_batch / (ms / 1e3);
+        if (rank0) {
+            printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s\n",
+                   step, steps, loss, norm, lr, ms, tok_s, tok_s * fpt / 1e9);
+            log_step(logf, step, loss, val_loss, norm, lr, ms, (long)total_batch * (step + 1));
+        }
+    }
+
+    if (opt.out_dir) {
+        float *params = gpt2_full_params(&model);
+        snprintf(path, sizeof(path), "%s/model_%08d.bin", opt.out_dir, steps);
+        if (rank0 && model_save(path, &config, params, 0, err, sizeof(err)) != 0) { fprintf(stderr, "%s\n", err); return 1; }
+        if (rank0) printf("wrote %s\n", path);
+        free(params);
+    }
+    if (par.comm) {  // each rank's bytes, in rank order
+        for (int r = 0; r < par.grid.world; r++) {
+            if (r == par.grid.rank) { printf("rank %d sent:", r); comm_print_bytes(par.comm, stdout); fflush(stdout); }
+            comm_barrier(par.comm, &par.world);
+        }
+        comm_free(par.comm);
+    }
+    launch_free(&par.launch);
+    if (logf) fclose(logf);
+    dataloader_free(&train);
+    if (have_val) dataloader_free(&val);
+    if (have_tok) tokenizer_free(&tok);
+    free(ops);
+    gpt2_free(&model);
+    return 0;
+}
+#endif
