@@ -299,7 +299,7 @@ enum { PS_GPIPE, PS_1F1B };
 
 typedef struct {
     const char *train_pattern, *val_pattern, *init, *out_dir, *log_file, *tokenizer;
-    int init_vocab, init_maxT;
+    int init_vocab, init_maxT, init_channels;
     int B, T, total_batch, steps;
     float lr, final_frac, weight_decay, beta1, beta2, eps, grad_clip;
     int warmup, schedule;
@@ -327,6 +327,7 @@ static const OptionSpec option_specs[] = {
     {"-e", OPT_STR, offsetof(Options, init), 0, 0, NULL, "init: model .bin file or descriptor dN (d12 = GPT-2 124M)"},
     {"-ev", OPT_INT, offsetof(Options, init_vocab), 1, 1 << 24, NULL, "vocab size for a dN init"},
     {"-et", OPT_INT, offsetof(Options, init_maxT), 1, 1 << 20, NULL, "max sequence length for a dN init"},
+    {"-ec", OPT_INT, offsetof(Options, init_channels), 0, 1 << 16, NULL, "channels for a dN init (0 = GPT-2's, 64N)"},
     {"-o", OPT_STR, offsetof(Options, out_dir), 0, 0, NULL, "output dir for the log and checkpoints"},
     {"-lg", OPT_STR, offsetof(Options, log_file), 0, 0, NULL, "JSON-lines log file (default <-o>/log.jsonl)"},
     {"-tk", OPT_STR, offsetof(Options, tokenizer), 0, 0, NULL, "tokenizer .bin for printing samples"},

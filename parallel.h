@@ -198,7 +198,7 @@ static inline int par_send_all(int fd, const void *buf, size_t n, double deadlin
         ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
         if (r > 0) { p += r; n -= (size_t)r; continue; }
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return errno == EPIPE ? -2 : -1;
+        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return errno == EPIPE || errno == ECONNRESET ? -2 : -1;
         int w = par_wait_fd(fd, POLLOUT, deadline);
         if (w <= 0) return w == 0 ? -3 : -1;
     }

@@ -226,7 +226,7 @@ static void test_vectors(Bpe *bpe) {
     unsigned char *data;
     size_t size;
     char err[512];
-    if (!check(tok_read_file(path, &data, &size, err, sizeof(err)) == 0, "read %s", path)) return;
+    if (!check(tok_read_file(path, (size_t)1 << 30, &data, &size, err, sizeof(err)) == 0, "read %s", path)) return;
     Scan j = {data, size, 0, 0};
     int total = 0, matched = 0;
     scan_char(&j, '[');
@@ -304,7 +304,7 @@ static void test_file_roundtrip(Bpe *bpe, const char *rel, long want_tokens) {
     if (!test_data_path(rel, path, sizeof(path))) { skip("no %s", path); return; }
     unsigned char *text;
     size_t len;
-    if (!check(tok_read_file(path, &text, &len, err, sizeof(err)) == 0, "read %s", path)) return;
+    if (!check(tok_read_file(path, (size_t)1 << 30, &text, &len, err, sizeof(err)) == 0, "read %s", path)) return;
     int *ids;
     size_t n;
     bpe_encode(bpe, (const char *)text, len, 0, &ids, &n);
@@ -588,12 +588,12 @@ static void test_bad_bpe_files(void) {
     }
     unsigned char *data;
     size_t size;
-    if (tok_read_file(real_voc, &data, &size, err, sizeof(err)) == 0) {
+    if (tok_read_file(real_voc, (size_t)1 << 30, &data, &size, err, sizeof(err)) == 0) {
         write_file(bad, data, size / 2);
         expect_load_error("real vocab.bpe cut in half", real_enc, bad, bad, "");
         free(data);
     }
-    if (tok_read_file(real_enc, &data, &size, err, sizeof(err)) == 0) {
+    if (tok_read_file(real_enc, (size_t)1 << 30, &data, &size, err, sizeof(err)) == 0) {
         write_file(bad, data, size / 2);
         expect_load_error("real encoder.json cut in half", bad, real_voc, bad, "");
         free(data);
@@ -630,7 +630,7 @@ static uint16_t *read_shard(const char *path, size_t *ntok) {
     size_t size;
     char err[512];
     *ntok = 0;
-    if (tok_read_file(path, &data, &size, err, sizeof(err)) != 0) return NULL;
+    if (tok_read_file(path, (size_t)1 << 30, &data, &size, err, sizeof(err)) != 0) return NULL;
     if (size < 1024 || tok_get_u32le(data) != 20240520 || tok_get_u32le(data + 4) != 1 ||
         size != 1024 + 2 * (size_t)tok_get_u32le(data + 8)) { free(data); return NULL; }
     *ntok = tok_get_u32le(data + 8);
@@ -780,7 +780,7 @@ static void test_prepare_data_gpt2(void) {
     unsigned char *text;
     size_t len;
     if (val != NULL && train != NULL && tokenizer_load_bin(&t, tok_bin, msg, sizeof(msg)) == 0 &&
-        tok_read_file(text_path, &text, &len, msg, sizeof(msg)) == 0) {
+        tok_read_file(text_path, (size_t)1 << 30, &text, &len, msg, sizeof(msg)) == 0) {
         size_t pos = 0;
         int same = 1;
         for (size_t i = 1; i < n_val + n_train && same; i++) {  // past the leading EOT

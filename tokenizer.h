@@ -81,6 +81,7 @@
 #define BPE_CACHE_MAX_PIECE 64          // longer pieces are rare; they skip the cache
 #define BPE_CACHE_TEXT_BYTES (1u << 21)
 #define BPE_CACHE_IDS (1u << 20)
+#define BPE_MAX_FILE_BYTES (256u << 20)  // encoder.json / vocab.bpe: GPT-2's are 1 MB and 0.5 MB
 
 // ----------------------------------------------------------------------------
 // small helpers
@@ -123,8 +124,10 @@ static inline const char *tok_show(const unsigned char *s, size_t n, char *out, 
     return out;
 }
 
-// tok_read_file: the whole file into a malloc'd buffer (one spare NUL byte)
-static inline int tok_read_file(const char *path, unsigned char **data, size_t *size, char *err, size_t errlen) {
+// tok_read_file: the whole file into a malloc'd buffer (one spare NUL byte);
+// a file over max_size bytes is an error, not an attempt to hold it
+static inline int tok_read_file(const char *path, size_t max_size, unsigned char **data, size_t *size, char *err,
+                                size_t errlen) {
     *data = NULL;
     *size = 0;
     FILE *f = fopen(path, "rb");
@@ -140,7 +143,7 @@ static inline int tok_read_file(const char *path, unsigned char **data, size_t *
         }
         size_t got = fread(buf + n, 1, cap - n, f);
         n += got;
-        if (got == 0) break;
+        if (got == 0 || n > max_size) break;
     }
     int failed = ferror(f);
     int saved_errno = errno;
@@ -149,6 +152,10 @@ static inline int tok_read_file(const char *path, unsigned char **data, size_t *
     if (failed) {
         free(buf);
         return tok_error(err, errlen, "%s: read error: %s", path, strerror(saved_errno));
+    }
+    if (n > max_size) {
+        free(buf);
+        return tok_error(err, errlen, "%s: larger than %zu bytes, too large for this file type", path, max_size);
     }
     buf[n] = '\0';
     *data = buf;
@@ -295,7 +302,7 @@ static inline int tokenizer_load_bin(Tokenizer *t, const char *path, char *err, 
     memset(t, 0, sizeof(*t));
     unsigned char *data;
     size_t size;
-    if (tok_read_file(path, &data, &size, err, errlen) != 0) return -1;
+    if (tok_read_file(path, TOKENIZER_HEADER_BYTES + 256 * (size_t)TOKENIZER_MAX_VOCAB, &data, &size, err, errlen) != 0) return -1;
     int rc = -1;
     if (size < TOKENIZER_HEADER_BYTES) {
         tok_error(err, errlen, "%s: truncated header: %zu bytes, need %d", path, size, TOKENIZER_HEADER_BYTES);
@@ -418,7 +425,7 @@ static inline int tokenizer_write_bytes_bin(const char *path, char *err, size_t 
 typedef struct { uint64_t pair; int32_t rank, merged; } BpeMerge;  // merged < 0: empty slot
 typedef struct { uint64_t hash; uint32_t text_off, ids_off; uint16_t text_len, n_ids; } BpeCacheSlot;  // text_len 0: empty
 typedef struct { int32_t id, prev, next; } BpeSymbol;    // id < 0: merged into its left neighbour
-typedef struct { int32_t rank, left, a, b, merged; } BpeCandidate;  // merge (a, b) at symbol left, if still there
+typedef struct { int32_t rank, left; } BpeCandidate;  // the pair at symbol left, if its rank is still this
 
 typedef struct {
     int vocab_size;
@@ -629,7 +636,7 @@ static inline int bpe_read_encoder(Bpe *b, BpeNames *names, const char *path, co
                                    size_t errlen) {
     unsigned char *data;
     size_t size;
-    if (tok_read_file(path, &data, &size, err, errlen) != 0) return -1;
+    if (tok_read_file(path, BPE_MAX_FILE_BYTES, &data, &size, err, errlen) != 0) return -1;
     BpeJson j = {data, size, 0, path, err, errlen};
     int rc = -1;
     // keys in file order, then placed by id: the bytes can't exceed the file
@@ -779,7 +786,7 @@ static inline int bpe_read_merges(Bpe *b, const BpeNames *names, const char *pat
                                   size_t errlen) {
     unsigned char *data;
     size_t size;
-    if (tok_read_file(path, &data, &size, err, errlen) != 0) return -1;
+    if (tok_read_file(path, BPE_MAX_FILE_BYTES, &data, &size, err, errlen) != 0) return -1;
     int rc = -1;
     int V = b->vocab_size;
     // made_at[id]: the last merge that makes token id (-1: none); merge_line: its line
@@ -974,11 +981,14 @@ static inline void bpe_push_candidate(const Bpe *b, BpeCandidate *heap, size_t *
     int32_t right = b->sym[left].next;
     if (right < 0) return;
     const BpeMerge *m = bpe_find_merge(b, b->sym[left].id, b->sym[right].id);
-    if (m != NULL) bpe_heap_push(heap, n, (BpeCandidate){m->rank, left, b->sym[left].id, b->sym[right].id, m->merged});
+    if (m != NULL) bpe_heap_push(heap, n, (BpeCandidate){m->rank, left});
 }
 
-// bpe_merge_piece: BPE on one piece's bytes, ids appended to out
+// bpe_merge_piece: BPE on one piece's bytes, ids appended to out. Scratch
+// memory is 36 bytes per byte of the longest piece seen (one symbol, and up
+// to three heap entries: the first pairs and two per merge).
 static inline int bpe_merge_piece(Bpe *b, const unsigned char *s, size_t n, BpeOut *out) {
+    if (n > (size_t)INT32_MAX / 4) return -1;
     if (n > b->scratch_cap) {
         size_t cap = n < 256 ? 256 : n;
         BpeSymbol *sym = realloc(b->sym, cap * sizeof(BpeSymbol));
@@ -996,9 +1006,12 @@ static inline int bpe_merge_piece(Bpe *b, const unsigned char *s, size_t n, BpeO
     while (heap_n > 0) {
         BpeCandidate c = bpe_heap_pop(b->heap, &heap_n);
         BpeSymbol *left = &sym[c.left];
-        if (left->id != c.a || left->next < 0 || sym[left->next].id != c.b) continue;  // stale
+        if (left->id < 0 || left->next < 0) continue;  // stale: merged away, or its right neighbour was
         BpeSymbol *right = &sym[left->next];
-        left->id = c.merged;
+        // a rank names one pair, so the same rank means the same pair is still here
+        const BpeMerge *m = bpe_find_merge(b, left->id, right->id);
+        if (m == NULL || m->rank != c.rank) continue;
+        left->id = m->merged;
         left->next = right->next;
         if (right->next >= 0) sym[right->next].prev = c.left;
         right->id = -1;

@@ -531,7 +531,7 @@ typedef struct {
     Unit *units;               // wte?, wpe?, layers..., lnf?
     int u_wte, u_wpe, u_lnf, u_layer0;  // index of each unit, -1 when this stage has none
     size_t num_local, num_shard;        // elements of the flat local arrays and of the shard arrays
-    // ZeRO 0: params, grads, m, v all num_local. 1: m, v, grad_shard num_shard.
+    // ZeRO 0: params, grads, m, v all num_local. 1: m, v num_shard.
     // 2: grads become grad_shard plus a bucket per unit in use. 3: params become
     // param_shard plus a gathered copy per unit in use.
     float *params, *grads;     // num_local (NULL when sharded away)
@@ -652,14 +652,23 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, const Parallel *par, const 
     int zero = par->zero;
     m->unit_params = (float **)xcalloc(m->nunits, sizeof(float *), "unit views");
     m->unit_grads = (float **)xcalloc(m->nunits, sizeof(float *), "unit views");
+    // ZeRO's memory per rank, N = this rank's (padded) parameter count:
+    //   stage   params   grads    AdamW m, v
+    //   0       4N       4N       8N
+    //   1       4N       4N       8N/dp
+    //   2       4N       4N/dp    8N/dp   (+ one unit's gradient bucket at a time)
+    //   3       4N/dp    4N/dp    8N/dp   (+ the units gathered for the layer at work)
     size_t nopt = zero >= 1 ? m->num_shard : m->num_local;
     m->m = (float *)xcalloc(nopt, sizeof(float), "AdamW m");
     m->v = (float *)xcalloc(nopt, sizeof(float), "AdamW v");
     m->bytes_optimizer = 2 * nopt * sizeof(float);
-    if (zero >= 1) m->grad_shard = (float *)xcalloc(m->num_shard, sizeof(float), "gradient shard");
-    if (zero <= 1) m->grads = (float *)xcalloc(m->num_local, sizeof(float), "gradients");
-    m->bytes_grads = (zero <= 1 ? m->num_local : 0) * sizeof(float) + (zero >= 1 && zero != 1 ? m->num_shard * sizeof(float) : 0);
-    if (zero == 1) m->bytes_grads = m->num_local * sizeof(float);  // the shard is a sum of the full gradients, not more state
+    if (zero <= 1) {
+        m->grads = (float *)xcalloc(m->num_local, sizeof(float), "gradients");
+        m->bytes_grads = m->num_local * sizeof(float);
+    } else {
+        m->grad_shard = (float *)xcalloc(m->num_shard, sizeof(float), "gradient shard");
+        m->bytes_grads = m->num_shard * sizeof(float);
+    }
     float *unit_buf = NULL;
     if (zero <= 2) {
         m->params = (float *)xcalloc(m->num_local, sizeof(float), "parameters");
@@ -975,105 +984,114 @@ static void gpt2_zero_grad(GPT2 *m) {
 
 static void gpt2_reduce_grads(GPT2 *m) {
     const Parallel *par = m->par;
+    const Shard *s = &m->shard;
     int zero = par->zero;
     // the tied wte: the first and the last stage add their gradients
-    if (m->shard.pp > 1 && m->u_wte >= 0) {
+    if (s->pp > 1 && m->u_wte >= 0) {
         const Unit *un = &m->units[m->u_wte];
         if (zero <= 1) group_allreduce(par, &par->tied, m->grads + un->offset, un->padded);
-        else group_allreduce(par, &par->tied, m->grad_shard + un->shard_offset, un->padded / m->shard.dp);
+        else group_allreduce(par, &par->tied, m->grad_shard + un->shard_offset, un->padded / s->dp);
     }
-    if (m->shard.dp == 1 || zero >= 2) {
-        if (zero == 1) memcpy(m->grad_shard, m->grads, m->num_local * sizeof(float));
-        return;
-    }
+    if (s->dp == 1 || zero >= 2) return;  // ZeRO-2/3 reduced each unit during the backward
     for (int u = 0; u < m->nunits; u++) {
         const Unit *un = &m->units[u];
-        if (zero == 0) comm_allreduce(par->comm, &par->dp, m->grads + un->offset, un->padded, OP_SUM);
-        else comm_reduce_scatter(par->comm, &par->dp, m->grads + un->offset, m->grad_shard + un->shard_offset,
-                                 un->padded / m->shard.dp, OP_SUM);
+        size_t chunk = un->padded / s->dp;
+        float *g = m->grads + un->offset;
+        if (zero == 0) {
+            comm_allreduce(par->comm, &par->dp, g, un->padded, OP_SUM);
+        } else {  // ZeRO-1: only my chunk of the sum is needed; it goes back in place
+            float *sum = (float *)xcalloc(chunk, sizeof(float), "reduced chunk");
+            comm_reduce_scatter(par->comm, &par->dp, g, sum, chunk, OP_SUM);
+            memcpy(g + s->dp_rank * chunk, sum, chunk * sizeof(float));
+            free(sum);
+        }
     }
 }
 
-// calls fn(tensor, state, param, n) for each run of elements that this rank
-// updates and that belong to one tensor: at `state` in the optimizer arrays
-// (m, v and the gradients it owns) and at `param` in the parameters it holds.
-// ZeRO-0: everything, same index. 1, 2: my 1/dp of each unit; the parameters
-// are whole, so param indexes the local layout. 3: parameters sharded too.
-typedef void (*TensorRunFn)(GPT2 *m, int tensor, size_t state, size_t param, size_t n, void *ctx);
+// what this rank updates, one run of one tensor at a time: ZeRO-0 all its
+// units; ZeRO-1/2/3 its 1/dp of each unit. The pointers say where that run
+// sits in each array (whole units or shards, depending on the stage).
+typedef struct { int tensor; size_t n; float *param, *grad, *m, *v; } Run;
+typedef void (*RunFn)(GPT2 *m, const Run *r, void *ctx);
 
-static void for_each_tensor_run(GPT2 *m, TensorRunFn fn, void *ctx) {
-    int zero = m->par->zero;
+// my_chunk: under ZeRO-0 too, only my 1/dp of each unit (for the norm: so
+// that every stage sums the same squares in the same order, bit for bit)
+static void for_each_run(GPT2 *m, RunFn fn, void *ctx, int my_chunk) {
+    int zero = m->par->zero, split = zero >= 1 || my_chunk;
     size_t dp = m->shard.dp;
     for (int u = 0; u < m->nunits; u++) {
         const Unit *un = &m->units[u];
-        size_t lo = zero >= 1 ? m->shard.dp_rank * (un->padded / dp) : 0;  // my part of the unit
-        size_t hi = zero >= 1 ? lo + un->padded / dp : un->padded;
-        size_t state_base = zero >= 1 ? un->shard_offset : un->offset;
-        size_t param_base = zero == 3 ? un->shard_offset : un->offset + lo;
+        size_t lo = split ? m->shard.dp_rank * (un->padded / dp) : 0;  // my part of the unit
+        size_t hi = split ? lo + un->padded / dp : un->padded;
+        size_t state = zero >= 1 ? un->shard_offset : un->offset;
+        float *param = zero == 3 ? m->param_shard + un->shard_offset : m->params + un->offset + lo;
+        float *grad = zero <= 1 ? m->grads + un->offset + lo : m->grad_shard + un->shard_offset;
         size_t t_off = 0;
         for (int k = 0; k < unit_tensor_count(un->kind); k++) {
             int t = unit_tensor(un->kind, k);
             size_t t_end = t_off + local_tensor_size(&m->config, &m->shard, t);
             size_t a = lo > t_off ? lo : t_off, b = hi < t_end ? hi : t_end;
-            if (a < b) fn(m, t, state_base + (a - lo), param_base + (a - lo), b - a, ctx);
+            if (a < b) {
+                size_t at = a - lo;
+                Run r = {t, b - a, param + at, grad + at, zero >= 1 || !split ? m->m + state + at : NULL,
+                         zero >= 1 || !split ? m->v + state + at : NULL};
+                fn(m, &r, ctx);
+            }
             t_off = t_end;
         }
     }
 }
 
-static float *owned_grads(GPT2 *m) { return m->par->zero >= 1 ? m->grad_shard : m->grads; }
-static float *owned_params(GPT2 *m) { return m->par->zero == 3 ? m->param_shard : m->params; }
-
-static void add_sumsq(GPT2 *m, int t, size_t start, size_t param, size_t n, void *ctx) {
-    (void)param;
+static void add_sumsq(GPT2 *m, const Run *r, void *ctx) {
     const Shard *s = &m->shard;
-    // count each gradient once in the job: replicas over dp (ZeRO-0) and
-    // tp, and the tied wte copy on the last stage, count on one rank only
-    if (m->par->zero == 0 && s->dp_rank != 0) return;
-    if (tensor_is_replicated(t) && s->tp_rank != 0) return;
-    if (t == P_WTE && !s->first) return;
-    const float *g = owned_grads(m) + start;
+    // count each gradient once in the job: replicas over tp and the tied
+    // wte copy on the last stage count on one rank only
+    if (tensor_is_replicated(r->tensor) && s->tp_rank != 0) return;
+    if (r->tensor == P_WTE && !s->first) return;
     double sum = 0.0;
     #pragma omp parallel for reduction(+ : sum)
-    for (size_t i = 0; i < n; i++) sum += (double)g[i] * g[i];
+    for (size_t i = 0; i < r->n; i++) sum += (double)r->grad[i] * r->grad[i];
     *(double *)ctx += sum;
+}
+
+static void scale_run(GPT2 *m, const Run *r, void *ctx) {
+    (void)m;
+    float scale = *(const float *)ctx;
+    for (size_t i = 0; i < r->n; i++) r->grad[i] *= scale;
 }
 
 typedef struct { float lr, beta1, beta2, eps, weight_decay; } AdamHyper;
 
-static void adam_run(GPT2 *m, int t, size_t start, size_t param, size_t n, void *ctx) {
+static void adam_run(GPT2 *m, const Run *r, void *ctx) {
     const AdamHyper *h = (const AdamHyper *)ctx;
-    adamw_update(owned_params(m) + param, owned_grads(m) + start, m->m + start, m->v + start, n, h->lr,
-                 h->beta1, h->beta2, h->eps, param_is_matrix(t) ? h->weight_decay : 0.0f, m->adam_t);
+    adamw_update(r->param, r->grad, r->m, r->v, r->n, h->lr, h->beta1, h->beta2, h->eps,
+                 param_is_matrix(r->tensor) ? h->weight_decay : 0.0f, m->adam_t);
 }
 
 // *loss_sum: this rank's sum of micro-batch mean losses; on return the
 // step's loss (every rank gets it). Returns the grad norm before clipping.
 static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, const AdamHyper *h) {
     const Parallel *par = m->par;
+    const Shard *s = &m->shard;
     gpt2_reduce_grads(m);
     double sumsq = 0.0;
-    for_each_tensor_run(m, add_sumsq, &sumsq);
-    // one all-reduce for the norm and the loss (counted on one rank per replica)
-    const Shard *s = &m->shard;
-    float both[2] = {(float)sumsq, s->last && s->tp_rank == 0 ? *loss_sum / accum / s->dp : 0.0f};
-    group_allreduce(par, &par->world, both, 2);
+    for_each_run(m, add_sumsq, &sumsq, 1);
+    // one all-reduce for the norm and the loss (each counted on one rank per
+    // replica), padded to one element per rank so the ring's chunks are even
+    float both[GRID_MAX_WORLD] = {(float)sumsq, s->last && s->tp_rank == 0 ? *loss_sum / accum / s->dp : 0.0f};
+    group_allreduce(par, &par->world, both, par->world.size > 2 ? par->world.size : 2);
     float norm = sqrtf(both[0]);
     *loss_sum = both[1];
-    if (max_norm > 0.0f && norm > max_norm) {
+    if (max_norm > 0.0f && norm > max_norm) {  // as torch.nn.utils.clip_grad_norm_
         float scale = max_norm / (norm + 1e-6f);
-        size_t n = par->zero >= 1 ? m->num_shard : m->num_local;
-        float *g = owned_grads(m);
-        #pragma omp parallel for
-        for (size_t i = 0; i < n; i++) g[i] *= scale;
+        for_each_run(m, scale_run, &scale, 0);
     }
     m->adam_t++;
-    for_each_tensor_run(m, adam_run, (void *)h);
-    if (par->zero == 1 || par->zero == 2) {
+    for_each_run(m, adam_run, (void *)h, 0);
+    if ((par->zero == 1 || par->zero == 2) && s->dp > 1) {  // everyone's updated chunks, to everyone
         for (int u = 0; u < m->nunits; u++) {
             const Unit *un = &m->units[u];
             size_t chunk = un->padded / s->dp;
-            if (s->dp == 1) continue;
             float *mine = (float *)xcalloc(chunk, sizeof(float), "updated chunk");
             memcpy(mine, m->params + un->offset + s->dp_rank * chunk, chunk * sizeof(float));
             comm_allgather(par->comm, &par->dp, mine, m->params + un->offset, chunk);
@@ -1274,20 +1292,27 @@ static void print_layout(const GPT2 *m, const Options *o, int accum) {
     for (int r = 0; r < g->world; r++) {
         if (r == g->rank)
             printf("rank %d (dp %d, pp %d, tp %d): layers %d..%d%s%s, heads %d..%d, vocab rows %d..%d, "
-                   "params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB (%zu elements, shard %zu)\n",
+                   "bytes: params %zu grads %zu optimizer %zu (%zu elements, shard %zu)\n",
                    g->rank, g->dp_rank, g->pp_rank, g->tp_rank, s->l0, s->l1 - 1, s->first ? " +embeddings" : "",
                    s->last ? " +head" : "", s->tp_rank * s->NHl, (s->tp_rank + 1) * s->NHl - 1, s->v0, s->v0 + s->Vl - 1,
-                   m->bytes_params / 1048576.0, m->bytes_grads / 1048576.0, m->bytes_optimizer / 1048576.0,
+                   m->bytes_params, m->bytes_grads, m->bytes_optimizer,
                    m->num_local, m->num_shard);
         fflush(stdout);
         if (g->world > 1) comm_barrier(par->comm, &par->world);
     }
 }
 
-// the model's shape: from a descriptor, or from a model file's header
-static void model_config(const Options *o, GPT2Config *c) {
+// the model's shape: from a descriptor (returns 1), or from a model file's header (0)
+static int model_config(const Options *o, GPT2Config *c) {
     char err[512];
-    if (config_from_descriptor(c, o->init, o->init_vocab, o->init_maxT) == 0) return;
+    if (config_from_descriptor(c, o->init, o->init_vocab, o->init_maxT) == 0) {
+        if (o->init_channels > 0) c->C = o->init_channels;
+        if (c->C % c->NH != 0) {
+            snprintf(err, sizeof(err), "flag -ec: %d channels do not split into %d heads", c->C, c->NH);
+            die_usage(err);
+        }
+        return 1;
+    }
     FILE *f = fopen(o->init, "rb");
     int version;
     if (f == NULL) {
@@ -1296,6 +1321,7 @@ static void model_config(const Options *o, GPT2Config *c) {
     }
     if (model_read_header(f, o->init, c, &version, err, sizeof(err)) != 0) die_usage(err);
     fclose(f);
+    return 0;
 }
 
 // everything that can be checked before ranks start (so a bad job is
@@ -1386,14 +1412,14 @@ int main(int argc, char **argv) {
     Fault fault = {0};
     if (opt.fault && fault_parse(opt.fault, &fault, err, sizeof(err)) != 0) die_usage(err);
     GPT2Config config;
-    model_config(&opt, &config);
+    int random_init = model_config(&opt, &config);
     int accum = check_job(&opt, &config);
     Parallel par;
     parallel_setup(&par, &opt, &fault, argc, argv);
 
     // this rank's part of the model: from the file, or the seeded init
     float *full = NULL;
-    if (config_from_descriptor(&config, opt.init, opt.init_vocab, opt.init_maxT) != 0) {
+    if (!random_init) {
         full = model_load(opt.init, &config, err, sizeof(err));
         if (full == NULL) die_usage(err);
     }
@@ -1484,7 +1510,11 @@ int main(int argc, char **argv) {
     }
     if (par.comm) {  // each rank's bytes, in rank order
         for (int r = 0; r < par.grid.world; r++) {
-            if (r == par.grid.rank) { printf("rank %d sent:", r); comm_print_bytes(par.comm, stdout); fflush(stdout); }
+            if (r == par.grid.rank) {
+                printf("rank %d: peak transient %zu bytes (ZeRO buckets and gathered units)\n", r, model.bytes_transient_peak);
+                comm_print_bytes(par.comm, stdout);
+                fflush(stdout);
+            }
             comm_barrier(par.comm, &par.world);
         }
         comm_free(par.comm);

@@ -47,7 +47,7 @@ int main(int argc, char **argv) {
         const char *path = argc > 1 ? argv[k + 1] : default_text;
         unsigned char *text;
         size_t len;
-        if (tok_read_file(path, &text, &len, err, sizeof(err)) != 0) { fprintf(stderr, "bench_tokenizer: %s\n", err); return 1; }
+        if (tok_read_file(path, (size_t)1 << 30, &text, &len, err, sizeof(err)) != 0) { fprintf(stderr, "bench_tokenizer: %s\n", err); return 1; }
         double best_cold = 1e30, best_warm = 1e30;
         size_t n_tokens = 0;
         for (int r = 0; r < RUNS; r++) {

@@ -1,0 +1,256 @@
+/*
+ * test_layouts.c: the trainer under parallel layouts against one rank.
+ *
+ * Runs ./train_gpt2 as real processes (-np) on tiny models: data parallel
+ * with every ZeRO stage, tensor parallel, pipelines under both schedules,
+ * the 3D grid; each 10 steps against the single-rank run of the same global
+ * batch (losses and grad norms within 1e-5), the bytes each rank sent
+ * against the formulas, and the fault switch (tamper, replay, kill, stall).
+ */
+#include "gpt2.h"
+#include "test.h"
+
+#include <sys/wait.h>
+#include <time.h>
+
+#define STEPS 10
+static char dir[128], shards[160];
+
+typedef struct {
+    int ok, status, nsteps;
+    float loss[STEPS], norm[STEPS];
+    double seconds;
+    char out[65536];
+} Run;
+
+// a synthetic shard: tokens < 256 from a small repetitive "language"
+static void write_shard(const char *path, int ntok) {
+    int32_t h[HEADER_INTS] = {20240520, 1, ntok};
+    FILE *f = fopen(path, "wb");
+    fwrite(h, 4, HEADER_INTS, f);
+    uint64_t x = 12345;
+    for (int i = 0; i < ntok; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        uint16_t t = (uint16_t)(i % 7 == 0 ? 32 : 97 + (x >> 59) + (i % 3));
+        fwrite(&t, 2, 1, f);
+    }
+    fclose(f);
+}
+
+static void run(Run *r, const char *args) {
+    char cmd[1024], log[300];
+    snprintf(log, sizeof(log), "%s/log.jsonl", dir);
+    unlink(log);
+    snprintf(cmd, sizeof(cmd), "timeout 120 ./train_gpt2 -x %d -v 0 -s 0 -th 1 -i '%s' -lg %s %s 2>&1", STEPS, shards, log, args);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(r->out, 1, sizeof(r->out) - 1, p);
+    r->out[n] = '\0';
+    int st = pclose(p);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    r->seconds = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    r->nsteps = 0;
+    FILE *f = fopen(log, "r");
+    char line[512];
+    while (f && fgets(line, sizeof(line), f) && r->nsteps < STEPS) {
+        char *l = strstr(line, "\"loss\": "), *m = strstr(line, "\"norm\": ");
+        if (l && m) {
+            r->loss[r->nsteps] = strtof(l + 8, NULL);
+            r->norm[r->nsteps] = strtof(m + 8, NULL);
+            r->nsteps++;
+        }
+    }
+    if (f) fclose(f);
+    r->ok = r->status == 0 && r->nsteps == STEPS;
+}
+
+// worst |difference| of losses and norms between two runs
+static float worst_diff(const Run *a, const Run *b) {
+    float w = 0.0f;
+    for (int i = 0; i < STEPS; i++) {
+        w = fmaxf(w, fabsf(a->loss[i] - b->loss[i]));
+        w = fmaxf(w, fabsf(a->norm[i] - b->norm[i]));
+    }
+    return w;
+}
+
+static void compare(const Run *base, const char *model, const char *layout, const char *batch) {
+    static Run r;
+    char args[512];
+    snprintf(args, sizeof(args), "%s %s %s", model, batch, layout);
+    run(&r, args);
+    if (!check(r.ok, "%s: ran %d steps (exit %d) in %.1f s", layout, r.nsteps, r.status, r.seconds)) {
+        printf("%s\n", r.out);
+        return;
+    }
+    float w = worst_diff(base, &r);
+    check(w <= 1e-5f, "%s: worst loss/norm difference from one rank %.2e (<= 1e-5)", layout, w);
+}
+
+// bytes rank `rank` sent for counter `name` ("allreduce", "activation", ...)
+static long long bytes_of(const char *out, int rank, const char *name) {
+    char key[64];
+    snprintf(key, sizeof(key), "rank %d bytes sent:", rank);
+    const char *p = strstr(out, key);
+    if (p == NULL) return -1;
+    const char *end = strchr(p, '\n');
+    snprintf(key, sizeof(key), " %s ", name);
+    const char *q = strstr(p, key);
+    if (q == NULL || (end && q > end)) return -1;
+    return atoll(q + strlen(key));
+}
+
+static void test_data_parallel(void) {
+    const char *model = "-e dev/fixtures/tiny_model.bin";
+    GPT2Config c = {.maxT = 32, .V = 500, .Vp = 512, .L = 2, .NH = 4, .C = 64};
+    long long N = (long long)param_count(&c);
+    for (int dp = 2; dp <= 4; dp *= 2) {
+        static Run base;
+        char batch[64];
+        snprintf(batch, sizeof(batch), "-b 2 -t 16 -d %d", 2 * 16 * dp);
+        char args[256];
+        snprintf(args, sizeof(args), "%s %s", model, batch);
+        run(&base, args);
+        if (!check(base.ok, "one rank, %s: %d steps", batch, base.nsteps)) { printf("%s\n", base.out); return; }
+        unsigned char *ref = NULL;
+        long ref_n = 0;
+        for (int z = 0; z <= 3; z++) {
+            static Run r;
+            snprintf(args, sizeof(args), "%s %s -np %d -z %d -o %s/z%d", model, batch, dp, z, dir, z);
+            run(&r, args);
+            if (!check(r.ok, "dp %d ZeRO-%d ran (exit %d, %.1f s)", dp, z, r.status, r.seconds)) { printf("%s\n", r.out); continue; }
+            check(worst_diff(&base, &r) <= 1e-5f, "dp %d ZeRO-%d: worst loss/norm diff from one rank %.2e", dp, z,
+                  worst_diff(&base, &r));
+            // the final model: ZeRO-1/2/3 bit-identical to ZeRO-0 (same reduction order)
+            char path[400];
+            snprintf(path, sizeof(path), "%s/z%d/model_%08d.bin", dir, z, STEPS);
+            FILE *f = fopen(path, "rb");
+            unsigned char *buf = NULL;
+            long n = 0;
+            if (f) { fseek(f, 0, SEEK_END); n = ftell(f); rewind(f); buf = malloc(n); n = (long)fread(buf, 1, n, f); fclose(f); }
+            if (z == 0) { ref = buf; ref_n = n; }
+            else { check(buf && n == ref_n && memcmp(buf, ref, n) == 0, "dp %d ZeRO-%d final parameters bit-identical to ZeRO-0", dp, z); free(buf); }
+            // bytes per rank over the run, payload only: ring formulas, plus the
+            // per-step all-reduce of (norm, loss) padded to one float per rank
+            long long ring = (long long)STEPS * (dp - 1) * 4 * N / dp, scalars = (long long)STEPS * 2 * (dp - 1) * 4;
+            long long ar = bytes_of(r.out, dp - 1, "allreduce"), rs = bytes_of(r.out, dp - 1, "reduce_scatter");
+            long long ag = bytes_of(r.out, dp - 1, "allgather");
+            // and at the end, -o assembles the model for saving: one all-reduce of it
+            // (ZeRO-3 gathers each unit for it first)
+            long long save = 2LL * (dp - 1) * 4 * N / dp;
+            long long want_ar = (z == 0 ? 2 * ring + scalars : scalars) + save, want_rs = z == 0 ? 0 : ring;
+            // ZeRO-3 gathers every unit for the forward and all but wpe for the backward
+            long long want_ag = z == 0 ? 0 : z < 3 ? ring : 2 * ring - (long long)STEPS * (dp - 1) * 4 * c.maxT * c.C / dp + ring / STEPS;
+            check(ar == want_ar && rs == want_rs && ag == want_ag,
+                  "dp %d ZeRO-%d bytes: allreduce %lld (want %lld), reduce_scatter %lld (want %lld), allgather %lld (want %lld)",
+                  dp, z, ar, want_ar, rs, want_rs, ag, want_ag);
+            // memory per rank against ZeRO's formulas
+            char want[160];
+            long long P = 4 * N, G = z >= 2 ? 4 * N / dp : 4 * N, O = z >= 1 ? 8 * N / dp : 8 * N;
+            if (z == 3) P = 4 * N / dp;
+            snprintf(want, sizeof(want), "bytes: params %lld grads %lld optimizer %lld", P, G, O);
+            check(strstr(r.out, want) != NULL, "dp %d ZeRO-%d memory per rank: %s", dp, z, want);
+        }
+        free(ref);
+    }
+}
+
+static void test_tensor_pipeline(void) {
+    const char *tiny = "-e dev/fixtures/tiny_model.bin";                 // L=2, NH=4, C=64, V=500
+    const char *deep = "-e d4 -ec 64 -ev 256 -et 16";                    // L=4, NH=4, C=64, V=256
+    static Run base;
+    run(&base, "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 32");
+    check(base.ok, "one rank, tiny model, one micro-batch");
+    for (int tp = 2; tp <= 4; tp *= 2) {
+        char lay[64];
+        snprintf(lay, sizeof(lay), "-np %d -tp %d", tp, tp);
+        compare(&base, tiny, lay, "-b 2 -t 16 -d 32");
+        if (tp == 2) {  // 4 all-reduces of B*T*C per layer + embedding + head, plus the vocab-parallel loss
+            static Run r;
+            run(&r, "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 32 -np 2 -tp 2");
+            long long BT = 32, C = 64, L = 2;
+            long long want = STEPS * ((4 * L + 2) * BT * C * 4 + 2 * BT * 4) + STEPS * 2 * 1 * 4;  // 2(tp-1)/tp = 1
+            check(bytes_of(r.out, 1, "allreduce") == want && bytes_of(r.out, 1, "allgather") == STEPS * BT * 4,
+                  "tp 2 bytes: allreduce %lld (want %lld), allgather %lld (want %lld)", bytes_of(r.out, 1, "allreduce"),
+                  want, bytes_of(r.out, 1, "allgather"), STEPS * BT * 4);
+        }
+    }
+    for (int M = 1; M <= 8; M *= 2) {
+        char batch[64];
+        snprintf(batch, sizeof(batch), "-b 1 -t 16 -d %d", 16 * M);
+        static Run b2, b4;
+        char args[256];
+        snprintf(args, sizeof(args), "%s %s", tiny, batch);
+        run(&b2, args);
+        snprintf(args, sizeof(args), "%s %s", deep, batch);
+        run(&b4, args);
+        if (!check(b2.ok && b4.ok, "one rank, %d micro-batches", M)) continue;
+        for (int ps = 0; ps < 2; ps++) {
+            const char *sched = ps ? "1f1b" : "gpipe";
+            char lay[64];
+            snprintf(lay, sizeof(lay), "-np 2 -pp 2 -ps %s -mb %d", sched, M);
+            compare(&b2, tiny, lay, batch);
+            snprintf(lay, sizeof(lay), "-np 4 -pp 4 -ps %s -mb %d", sched, M);
+            compare(&b4, deep, lay, batch);
+        }
+        if (M == 4) {  // activations forward and their gradients back: B*T*C per micro-batch per boundary
+            static Run r;
+            snprintf(args, sizeof(args), "%s %s -np 4 -pp 4", deep, batch);
+            run(&r, args);
+            long long per = (long long)STEPS * M * 16 * 64 * 4;
+            check(bytes_of(r.out, 0, "activation") == per && bytes_of(r.out, 0, "gradient") == 0 &&
+                  bytes_of(r.out, 1, "activation") == per && bytes_of(r.out, 1, "gradient") == per &&
+                  bytes_of(r.out, 3, "activation") == 0 && bytes_of(r.out, 3, "gradient") == per,
+                  "pp 4 bytes: B*T*C per micro-batch per boundary each way (%lld per rank and direction)", per);
+        }
+    }
+    static Run b8;
+    run(&b8, "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 128");
+    for (int z = 1; z <= 3; z += 2) {
+        char lay[64];
+        snprintf(lay, sizeof(lay), "-np 8 -tp 2 -pp 2 -z %d", z);
+        compare(&b8, tiny, lay, "-b 2 -t 16 -d 128");
+    }
+}
+
+static void test_faults(void) {
+    static Run r;
+    const char *base = "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 64 -np 2 -to 3";
+    const char *cases[][3] = {
+        {"-pp 2 -fault tamper:0:3", "from rank 0, channel activation, step 3", "tamper"},
+        {"-pp 2 -fault replay:0:3", "from rank 0, channel activation, step 3", "replay"},
+        {"-fault kill:1:3", "rank 1", "kill"},
+        {"-fault stall:1:3", "rank 1", "stall"},
+    };
+    for (int i = 0; i < 4; i++) {
+        char args[256];
+        snprintf(args, sizeof(args), "%s %s", base, cases[i][0]);
+        run(&r, args);
+        // steps 0..2 completed and logged, step 3 never updated
+        check(r.status != 0 && r.nsteps == 3 && strstr(r.out, cases[i][1]) != NULL && r.seconds < 20,
+              "%s: job ends (exit %d) after %d steps in %.1f s, naming '%s'", cases[i][2], r.status, r.nsteps, r.seconds,
+              cases[i][1]);
+        if (r.status == 0 || strstr(r.out, cases[i][1]) == NULL) printf("%s\n", r.out);
+    }
+    run(&r, "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 64 -np 2 -ck 2");
+    check(r.ok, "data-parallel consistency check every 2 steps passes on an honest run");
+}
+
+int main(void) {
+    if (access("./train_gpt2", X_OK) != 0) { skip("./train_gpt2 not built"); return test_summary(); }
+    snprintf(dir, sizeof(dir), "/tmp/llm3d_layouts_XXXXXX");
+    if (mkdtemp(dir) == NULL) { check(0, "mkdtemp"); return test_summary(); }
+    snprintf(shards, sizeof(shards), "%s/train_*.bin", dir);
+    char path[300];
+    snprintf(path, sizeof(path), "%s/train_000000.bin", dir);
+    write_shard(path, 40000);
+    test_data_parallel();
+    test_tensor_pipeline();
+    test_faults();
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0) printf("could not remove %s\n", dir);
+    return test_summary();
+}
