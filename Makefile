@@ -77,4 +77,7 @@ bench: train_gpt2 dev/bench_secure
 clean:
 	rm -f $(CPU_PROGRAMS) $(CPU_TESTS) $(CUDA_PROGRAMS) $(FUZZERS)
 
+run: train_gpt2 prepare_data
+	./dev/run.sh
+
 .PHONY: all test fuzz bench clean run

@@ -1330,6 +1330,7 @@ static int model_config(const Options *o, GPT2Config *c) {
 static int check_job(const Options *o, const GPT2Config *c) {
     char err[512];
     Grid g;
+    if (o->ckpt_every > 0 || o->resume) die_usage("flags -n/-y: periodic checkpoints and resume are not built yet (only the final model with -o)");
     if (o->T > c->maxT) {
         snprintf(err, sizeof(err), "flag -t: T = %d exceeds the model's maxT = %d (%s)", o->T, c->maxT, o->init);
         die_usage(err);
