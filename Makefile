@@ -26,7 +26,7 @@ endif
 
 CPU_PROGRAMS = train_gpt2 prepare_data dev/bench_secure
 CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts
-CUDA_PROGRAMS = train_gpt2cu test_gpt2cu
+CUDA_PROGRAMS = train_gpt2cu
 
 ifneq ($(NVCC),)
 all: $(CPU_PROGRAMS) $(CPU_TESTS) $(CUDA_PROGRAMS)
@@ -51,11 +51,11 @@ test_%: test_%.c test.h $(HEADERS)
 
 test_gpt2: train_gpt2.c
 
-train_gpt2cu: train_gpt2.cu $(HEADERS)
-	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LDLIBS) -o $@
+train_gpt2cu: train_gpt2.cu dev/cuda/host_io.c dev/cuda/host_io.h $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) train_gpt2.cu dev/cuda/host_io.c $(NVCC_LDLIBS) -o $@
 
 test_gpt2cu: test_gpt2.cu train_gpt2.cu test.h $(HEADERS)
-	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LDLIBS) -o $@
+	$(NVCC) $(NVCC_FLAGS) test_gpt2.cu $(NVCC_LDLIBS) -o $@
 
 test: $(CPU_TESTS) train_gpt2 prepare_data
 	@./dev/run_tests.sh $(addprefix ./,$(CPU_TESTS))
@@ -74,6 +74,7 @@ bench: train_gpt2 dev/bench_secure
 	./dev/bench_cpu.sh
 	./dev/bench_secure
 
+# test_gpt2cu (the GPU test) is built on the device by dev/gpu_check.sh: `make test_gpt2cu`
 clean:
 	rm -f $(CPU_PROGRAMS) $(CPU_TESTS) $(CUDA_PROGRAMS) $(FUZZERS)
 

@@ -4,10 +4,10 @@
  * messages between rank processes of one box, through shared memory).
  * Header-only (llm.c style): every function is static inline.
  *
- * Include it (or secure.h) before any system header, or build with
- * -std=gnu11 / -D_GNU_SOURCE. The rank 0 of an outside launch serves the
- * rendezvous from a thread: glibc >= 2.34 needs nothing more, older ones
- * -pthread.
+ * Linux only (futex, signalfd, SO_PEERCRED, /dev/shm). Builds with
+ * -std=gnu11, or -std=c11 -D_DEFAULT_SOURCE, whatever was included first.
+ * Rank 0 of an outside launch serves the rendezvous from a thread: glibc >=
+ * 2.34 needs nothing more, older ones -pthread.
  *
  * doc/parallel.md is the long form of this comment: the grid formula with an
  * example, the launch and rendezvous sequence, the shared-memory layout, the
@@ -1052,8 +1052,9 @@ static inline void launcher_stop(pid_t *pids, int np, double *kill_at) {
 
 // launcher_run: the launcher. Makes the key, the socket in a fresh 0700
 // directory and the segment, starts np copies of this program, serves the
-// rendezvous, and waits: the first rank to fail ends the job. Exits; returns
-// only when it could not get going (err set).
+// rendezvous, and waits: the first rank to fail ends the job, and the
+// launcher exits with that rank's status (1 when it was killed). Returns only
+// when it could not get going (err set).
 static inline int launcher_run(char **argv, int np, double timeout_s, char *err, size_t errlen) {
     char exe[4096];
     ssize_t el = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
@@ -1165,7 +1166,7 @@ static inline int launcher_run(char **argv, int np, double timeout_s, char *err,
             if (!ok && !stopping) {
                 if (WIFEXITED(status)) fprintf(stderr, "rank %d exited with status %d\n", rank, WEXITSTATUS(status));
                 else fprintf(stderr, "rank %d killed by signal %d\n", rank, WTERMSIG(status));
-                failed = 1;
+                failed = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
                 launcher_stop(pids, np, &kill_at);
                 stopping = 1;
             }
@@ -1184,7 +1185,7 @@ static inline int launcher_run(char **argv, int np, double timeout_s, char *err,
     free(srv);
     shm_unlink(shm_name);  // normally gone already: the last rank to map it unlinks it
     rmdir(dir);
-    exit(failed ? 1 : 0);
+    exit(failed);
 }
 
 // parallel_main: call first thing in main(), with the trainer's -np,
@@ -1381,10 +1382,12 @@ static inline void comm_blame(const Comm *c, int peer, char *out, size_t outlen)
     size_t n = 0;
     out[0] = '\0';
     for (int hops = 0; hops < c->world && n < outlen; hops++) {
+        // a rank that gave up waiting (its own timeout) still points at whom it waited for
         ShmRank *b = comm_rank_block(c, r);
         int w = atomic_load(&b->waiting_for);
         pid_t pid;
-        if (comm_peer_exited(c, r, &pid)) {
+        int exited = comm_peer_exited(c, r, &pid);
+        if ((w < 0 || w >= c->world) && exited) {
             snprintf(out + n, outlen - n, "; rank %d (pid %d) has exited", r, (int)pid);
             return;
         }
@@ -1396,8 +1399,9 @@ static inline void comm_blame(const Comm *c, int peer, char *out, size_t outlen)
             snprintf(out + n, outlen - n, "; rank %d waits for this rank: the ranks disagree on the order of calls", r);
             return;
         }
-        n += (size_t)snprintf(out + n, outlen - n, "; rank %d waits for rank %d (%s, step %lld)", r, w,
-                              comm_counter_name((int)atomic_load(&b->wait_op)), (long long)atomic_load(&b->wait_step));
+        n += (size_t)snprintf(out + n, outlen - n, "; rank %d%s waits for rank %d (%s, step %lld)", r,
+                              exited ? " (exited)" : "", w, comm_counter_name((int)atomic_load(&b->wait_op)),
+                              (long long)atomic_load(&b->wait_step));
         r = w;
     }
 }
@@ -1530,7 +1534,10 @@ static inline void comm_run(Comm *c, Xfer *s, Xfer *r) {
             pending = 1;
             while (s->done < s->frames && (s->gate == NULL || s->done < s->gate->done) && comm_try_send(c, s)) moved = 1;
         }
-        if (!pending) return;
+        if (!pending) {
+            atomic_store(&mine->waiting_for, -1);
+            return;
+        }
         if (moved) {
             last = par_now();
             continue;
@@ -1556,7 +1563,6 @@ static inline void comm_run(Comm *c, Xfer *s, Xfer *r) {
         if (left > 0.5) left = 0.5;
         struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
         syscall(SYS_futex, (uint32_t *)&mine->bell, FUTEX_WAIT, bell, &ts, NULL, 0);
-        atomic_store(&mine->waiting_for, -1);
     }
 }
 

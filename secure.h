@@ -1228,7 +1228,7 @@ static inline int manifest_verify_file(const Manifest *m, const char *dir, const
     if ((uint64_t)st.st_size != e->size)  // cheap, and saves hashing a file that is surely wrong
         return secure_error(err, errlen, "%s: size %lld, the manifest says %" PRIu64, path, (long long)st.st_size, e->size);
     uint8_t sha[32];
-    uint64_t size;
+    uint64_t size = 0;
     if (sha256_file(path, sha, &size, err, errlen) != 0) return -1;
     if (size != e->size)
         return secure_error(err, errlen, "%s: size %" PRIu64 ", the manifest says %" PRIu64, path, size, e->size);

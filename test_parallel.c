@@ -411,6 +411,10 @@ static int child_main(int argc, char **argv) {
         fprintf(stderr, "%s\n", err);
         return rc;
     }
+    if (strcmp(mode, "usage") == 0 && L.rank == 1) {
+        fprintf(stderr, "rank 1: -x 0: a flag only this rank refuses (test)\n");
+        return 2;
+    }
     Grid g;
     int tp = strcmp(mode, "coll") == 0 && L.world == 4 ? 2 : 1;
     if (grid_init(&g, L.world, tp, 1, L.rank, err, sizeof(err)) != 0) {
@@ -844,6 +848,11 @@ static void test_faults(void) {
           "stall:1:2 times out naming rank 1 (status %d, %.2f s): %s", j.status, j.elapsed, j.err);
     job_free(&j);
 
+    j = run_job("usage", 2, "5", NULL);
+    check(j.status == 2 && strstr(j.err, "rank 1 exited with status 2") && j.elapsed < 3.0,
+          "a rank's usage error: the launcher ends the job with its status 2 (status %d, %.2f s)", j.status, j.elapsed);
+    job_free(&j);
+
     j = run_job("steps", 3, "2", NULL);
     const char *steps[] = {"steps"};
     check(j.status == 0, "no fault: the same job exits 0 (status %d, %.2f s)", j.status, j.elapsed);
@@ -860,9 +869,9 @@ static void test_intruders(void) {
     check_rank_lines("intruders", j.out, 2, all, 1);
     check(strstr(j.err, "rendezvous: rejected pid") && strstr(j.err, "bad tag: not sealed with this job's key"),
           "the launcher logged the wrong key");
-    check(strstr(j.err, "wrong job id"), "the launcher logged the wrong job id");
-    check(strstr(j.err, "wrong world size 3 (this job has 2 ranks)"), "the launcher logged the wrong world size");
-    check(strstr(j.err, "late joiner for rank 1"), "the launcher logged the late joiner");
+    check(strstr(j.err, "wrong job id") != NULL, "the launcher logged the wrong job id");
+    check(strstr(j.err, "wrong world size 3 (this job has 2 ranks)") != NULL, "the launcher logged the wrong world size");
+    check(strstr(j.err, "late joiner for rank 1") != NULL, "the launcher logged the late joiner");
     job_free(&j);
 }
 
@@ -924,6 +933,7 @@ static void test_outside_launch(const char *key_path) {
 
 int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "child") == 0) return child_main(argc, argv);
+    (void)test_data_path;  // this test makes its own data
     setvbuf(stdout, NULL, _IOLBF, 0);
     ssize_t n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
     if (n <= 0) snprintf(self_exe, sizeof(self_exe), "%s", argv[0]);

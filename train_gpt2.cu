@@ -642,6 +642,331 @@ attention_backward_dkdv_kernel(floatX *dqkv, const floatX *qkv, const floatX *do
     }
 }
 
+#ifndef ENABLE_FP32
+// ----------------------------------------------------------------------------
+// causal flash attention on tensor cores (bf16 build): the same maths, lse
+// and data layout as the kernels above, with the four products per tile
+// (S = Q K^T, O += P V, dP = dO V^T, dQ/dK/dV += dS K / dS^T Q / P^T dO) as
+// mma.sync m16n8k16 (bf16 inputs, fp32 accumulators). A warp owns 16 rows; a
+// block is 4 warps = 64 rows; the other side's tile (64 rows) sits in shared
+// memory in bf16, row-major and, where a product needs it, transposed.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 .bf16), lane = 4 * gid + tig:
+//   A (16x16, row-major): a0 = A[gid][2tig..2tig+1], a1 = A[gid+8][2tig..],
+//                         a2 = A[gid][2tig+8..],     a3 = A[gid+8][2tig+8..]
+//   B (16x8, "col"):      b0 = B[2tig..2tig+1][gid], b1 = B[2tig+8..2tig+9][gid]
+//   C (16x8, fp32):       c0,c1 = C[gid][2tig..2tig+1], c2,c3 = C[gid+8][2tig..]
+// so two C tiles side by side (16 x 16) are, packed to bf16, exactly an A
+// fragment: the softmax stays in registers between the two products. Each
+// 32-bit register holds two bf16, the lower-indexed one in the low half.
+// Shared rows are padded by 8 bf16 so the 8 rows a B fragment reads fall in
+// 8 different bank groups.
+
+constexpr int TC_ROWS = 64;         // rows per block, 16 per warp
+constexpr int TC_THREADS = 128;
+constexpr int TC_PAD = 8;
+
+static __device__ __forceinline__ void mma_16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+static __device__ __forceinline__ uint32_t pair_at(const __nv_bfloat16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
+
+// the A fragments of rows r_lo = row0 + gid and r_hi = r_lo + 8 of a (rows,
+// HS) slice with row stride ld, for the HS/16 k-steps
+template <int HS>
+static __device__ __forceinline__ void load_a_rows(uint32_t a[][4], const __nv_bfloat16 *base, size_t ld, int r_lo,
+                                                   int r_hi, int tig) {
+    #pragma unroll
+    for (int ks = 0; ks < HS / 16; ks++) {
+        const __nv_bfloat16 *lo = base + (size_t)r_lo * ld + ks * 16 + 2 * tig, *hi = base + (size_t)r_hi * ld + ks * 16 + 2 * tig;
+        a[ks][0] = pair_at(lo);
+        a[ks][1] = pair_at(hi);
+        a[ks][2] = pair_at(lo + 8);
+        a[ks][3] = pair_at(hi + 8);
+    }
+}
+
+// copies rows row0..row0+63 (clamped to T-1) of one head's HS columns into
+// shared memory: row-major into rm (if not NULL) and transposed into tr (if
+// not NULL). src points at the head's column 0 of sequence row 0.
+template <int HS>
+static __device__ __forceinline__ void load_tile(__nv_bfloat16 (*rm)[HS + TC_PAD], __nv_bfloat16 (*tr)[TC_ROWS + TC_PAD],
+                                                 const __nv_bfloat16 *src, size_t ld, int row0, int T) {
+    for (int idx = threadIdx.x; idx < TC_ROWS * HS / 8; idx += TC_THREADS) {
+        int j = idx / (HS / 8), c = (idx % (HS / 8)) * 8, row = min(row0 + j, T - 1);
+        uint4 v = *reinterpret_cast<const uint4 *>(src + (size_t)row * ld + c);
+        if (rm != NULL) *reinterpret_cast<uint4 *>(&rm[j][c]) = v;
+        if (tr != NULL) {
+            const __nv_bfloat16 *e = reinterpret_cast<const __nv_bfloat16 *>(&v);
+            for (int k = 0; k < 8; k++) tr[c + k][j] = e[k];
+        }
+    }
+}
+
+template <int HS>
+__global__ void __launch_bounds__(TC_THREADS)
+attention_forward_tc_kernel(floatX *out, float *lse, const floatX *qkv, int T, int NH) {
+    constexpr int KS = HS / 16, DN = HS / 8;  // k-steps over the head, 8-column tiles of the head
+    __shared__ __align__(16) __nv_bfloat16 sk[TC_ROWS][HS + TC_PAD];
+    __shared__ __align__(16) __nv_bfloat16 svt[HS][TC_ROWS + TC_PAD];
+    int C = NH * HS, C3 = 3 * C;
+    int qtile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+    int row0 = qtile * TC_ROWS + warp * 16, r_lo = row0 + gid, r_hi = r_lo + 8;
+    const floatX *seq = qkv + (size_t)b * T * C3 + h * HS;
+    float scale = LOG2E / sqrtf((float)HS);
+
+    uint32_t qa[KS][4];
+    load_a_rows<HS>(qa, seq, C3, min(r_lo, T - 1), min(r_hi, T - 1), tig);
+    float o[DN][4];
+    for (int d = 0; d < DN; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;  // l: this thread's columns only
+    int kend = min(T, (qtile + 1) * TC_ROWS);
+    for (int k0 = 0; k0 < kend; k0 += TC_ROWS) {
+        __syncthreads();
+        load_tile<HS>(sk, NULL, seq + C, C3, k0, T);
+        load_tile<HS>(NULL, svt, seq + 2 * C, C3, k0, T);
+        __syncthreads();
+        float s[8][4];
+        float mx_lo = m_lo, mx_hi = m_hi;
+        #pragma unroll
+        for (int n = 0; n < 8; n++) {
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            if (k0 + n * 8 <= row0 + 15) {  // warp-uniform: a tile wholly in the warp's future is all masked
+                #pragma unroll
+                for (int ks = 0; ks < KS; ks++) {
+                    const __nv_bfloat16 *kr = &sk[n * 8 + gid][ks * 16 + 2 * tig];
+                    mma_16816(s[n], qa[ks], pair_at(kr), pair_at(kr + 8));
+                }
+            }
+            int key = k0 + n * 8 + 2 * tig;
+            s[n][0] = key <= r_lo ? s[n][0] * scale : -INFINITY;
+            s[n][1] = key + 1 <= r_lo ? s[n][1] * scale : -INFINITY;
+            s[n][2] = key <= r_hi ? s[n][2] * scale : -INFINITY;
+            s[n][3] = key + 1 <= r_hi ? s[n][3] * scale : -INFINITY;
+            mx_lo = fmaxf(mx_lo, fmaxf(s[n][0], s[n][1]));
+            mx_hi = fmaxf(mx_hi, fmaxf(s[n][2], s[n][3]));
+        }
+        for (int off = 1; off < 4; off *= 2) {  // over the 4 lanes that share the rows
+            mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+            mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+        }
+        // key 0 is in every row's past, so the maxima are finite from the first tile on
+        float c_lo = exp2f(m_lo - mx_lo), c_hi = exp2f(m_hi - mx_hi);
+        m_lo = mx_lo;
+        m_hi = mx_hi;
+        l_lo *= c_lo;
+        l_hi *= c_hi;
+        #pragma unroll
+        for (int d = 0; d < DN; d++) {
+            o[d][0] *= c_lo; o[d][1] *= c_lo;
+            o[d][2] *= c_hi; o[d][3] *= c_hi;
+        }
+        #pragma unroll
+        for (int kk = 0; kk < 4; kk++) {  // 16 keys at a time: n-tiles 2kk and 2kk+1
+            if (k0 + kk * 16 > row0 + 15) break;
+            float p[8];
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                p[e] = exp2f(s[2 * kk][e] - (e < 2 ? m_lo : m_hi));
+                p[4 + e] = exp2f(s[2 * kk + 1][e] - (e < 2 ? m_lo : m_hi));
+            }
+            l_lo += p[0] + p[1] + p[4] + p[5];
+            l_hi += p[2] + p[3] + p[6] + p[7];
+            uint32_t pa[4] = {pack_bf16(p[0], p[1]), pack_bf16(p[2], p[3]), pack_bf16(p[4], p[5]), pack_bf16(p[6], p[7])};
+            #pragma unroll
+            #pragma unroll
+        for (int d = 0; d < DN; d++) {
+                const __nv_bfloat16 *vr = &svt[d * 8 + gid][kk * 16 + 2 * tig];
+                mma_16816(o[d], pa, pair_at(vr), pair_at(vr + 8));
+            }
+        }
+    }
+    for (int off = 1; off < 4; off *= 2) {
+        l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+        l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+    }
+    floatX *dst = out + (size_t)b * T * C + h * HS + 2 * tig;
+    if (r_lo < T) {
+        for (int d = 0; d < DN; d++)
+            *reinterpret_cast<__nv_bfloat162 *>(dst + (size_t)r_lo * C + d * 8) = __floats2bfloat162_rn(o[d][0] / l_lo, o[d][1] / l_lo);
+        if (tig == 0) lse[((size_t)b * NH + h) * T + r_lo] = m_lo + log2f(l_lo);
+    }
+    if (r_hi < T) {
+        for (int d = 0; d < DN; d++)
+            *reinterpret_cast<__nv_bfloat162 *>(dst + (size_t)r_hi * C + d * 8) = __floats2bfloat162_rn(o[d][2] / l_hi, o[d][3] / l_hi);
+        if (tig == 0) lse[((size_t)b * NH + h) * T + r_hi] = m_hi + log2f(l_hi);
+    }
+}
+
+// dq for 64 query rows: per 16 keys, S and dP (two products), p and ds in
+// registers, then dq += ds K
+template <int HS>
+__global__ void __launch_bounds__(TC_THREADS)
+attention_backward_dq_tc_kernel(floatX *dqkv, const floatX *qkv, const floatX *dout, const float *lse,
+                                const float *delta, int T, int NH) {
+    constexpr int KS = HS / 16, DN = HS / 8;
+    __shared__ __align__(16) __nv_bfloat16 sk[TC_ROWS][HS + TC_PAD];
+    __shared__ __align__(16) __nv_bfloat16 sv[TC_ROWS][HS + TC_PAD];
+    __shared__ __align__(16) __nv_bfloat16 skt[HS][TC_ROWS + TC_PAD];
+    int C = NH * HS, C3 = 3 * C;
+    int qtile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+    int row0 = qtile * TC_ROWS + warp * 16, r_lo = row0 + gid, r_hi = r_lo + 8;
+    int rl_lo = min(r_lo, T - 1), rl_hi = min(r_hi, T - 1);
+    const floatX *seq = qkv + (size_t)b * T * C3 + h * HS;
+    float scale = LOG2E / sqrtf((float)HS);
+
+    uint32_t qa[KS][4], da[KS][4];
+    load_a_rows<HS>(qa, seq, C3, rl_lo, rl_hi, tig);
+    load_a_rows<HS>(da, dout + (size_t)b * T * C + h * HS, C, rl_lo, rl_hi, tig);
+    size_t stat = ((size_t)b * NH + h) * T;
+    float lse_lo = lse[stat + rl_lo], lse_hi = lse[stat + rl_hi];
+    float dl_lo = delta[stat + rl_lo], dl_hi = delta[stat + rl_hi];
+    float dq[DN][4];
+    for (int d = 0; d < DN; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
+    int kend = min(T, (qtile + 1) * TC_ROWS);
+    for (int k0 = 0; k0 < kend; k0 += TC_ROWS) {
+        __syncthreads();
+        load_tile<HS>(sk, skt, seq + C, C3, k0, T);
+        load_tile<HS>(sv, NULL, seq + 2 * C, C3, k0, T);
+        __syncthreads();
+        #pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            if (k0 + kk * 16 > row0 + 15) break;
+            float ds[8];
+            #pragma unroll
+            for (int half = 0; half < 2; half++) {
+                int n = 2 * kk + half;
+                float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                #pragma unroll
+                for (int ks = 0; ks < KS; ks++) {
+                    const __nv_bfloat16 *kr = &sk[n * 8 + gid][ks * 16 + 2 * tig], *vr = &sv[n * 8 + gid][ks * 16 + 2 * tig];
+                    mma_16816(s, qa[ks], pair_at(kr), pair_at(kr + 8));
+                    mma_16816(dp, da[ks], pair_at(vr), pair_at(vr + 8));
+                }
+                int key = k0 + n * 8 + 2 * tig;
+                #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                    int row = e < 2 ? r_lo : r_hi;
+                    float p = key + (e & 1) <= row ? exp2f(s[e] * scale - (e < 2 ? lse_lo : lse_hi)) : 0.0f;
+                    ds[half * 4 + e] = p * (dp[e] - (e < 2 ? dl_lo : dl_hi));
+                }
+            }
+            uint32_t dsa[4] = {pack_bf16(ds[0], ds[1]), pack_bf16(ds[2], ds[3]), pack_bf16(ds[4], ds[5]), pack_bf16(ds[6], ds[7])};
+            #pragma unroll
+            #pragma unroll
+        for (int d = 0; d < DN; d++) {
+                const __nv_bfloat16 *kr = &skt[d * 8 + gid][kk * 16 + 2 * tig];
+                mma_16816(dq[d], dsa, pair_at(kr), pair_at(kr + 8));
+            }
+        }
+    }
+    float inv_sqrt = 1.0f / sqrtf((float)HS);
+    floatX *dst = dqkv + (size_t)b * T * C3 + h * HS + 2 * tig;
+    for (int d = 0; d < DN; d++) {
+        if (r_lo < T)
+            *reinterpret_cast<__nv_bfloat162 *>(dst + (size_t)r_lo * C3 + d * 8) = __floats2bfloat162_rn(dq[d][0] * inv_sqrt, dq[d][1] * inv_sqrt);
+        if (r_hi < T)
+            *reinterpret_cast<__nv_bfloat162 *>(dst + (size_t)r_hi * C3 + d * 8) = __floats2bfloat162_rn(dq[d][2] * inv_sqrt, dq[d][3] * inv_sqrt);
+    }
+}
+
+// dk, dv for 64 key rows: per 16 queries, S^T = K Q^T and dP^T = V dO^T,
+// then dv += P^T dO and dk += dS^T Q
+template <int HS>
+__global__ void __launch_bounds__(TC_THREADS)
+attention_backward_dkdv_tc_kernel(floatX *dqkv, const floatX *qkv, const floatX *dout, const float *lse,
+                                  const float *delta, int T, int NH) {
+    constexpr int KS = HS / 16, DN = HS / 8;
+    __shared__ __align__(16) __nv_bfloat16 sq[TC_ROWS][HS + TC_PAD];
+    __shared__ __align__(16) __nv_bfloat16 sdo[TC_ROWS][HS + TC_PAD];
+    __shared__ __align__(16) __nv_bfloat16 sqt[HS][TC_ROWS + TC_PAD];
+    __shared__ __align__(16) __nv_bfloat16 sdot[HS][TC_ROWS + TC_PAD];
+    __shared__ float slse[TC_ROWS], sdelta[TC_ROWS];
+    int C = NH * HS, C3 = 3 * C;
+    int ktile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+    int row0 = ktile * TC_ROWS + warp * 16, r_lo = row0 + gid, r_hi = r_lo + 8;  // key rows
+    const floatX *seq = qkv + (size_t)b * T * C3 + h * HS;
+    const floatX *dseq = dout + (size_t)b * T * C + h * HS;
+    size_t stat = ((size_t)b * NH + h) * T;
+    float scale = LOG2E / sqrtf((float)HS);
+
+    uint32_t ka[KS][4], va[KS][4];
+    load_a_rows<HS>(ka, seq + C, C3, min(r_lo, T - 1), min(r_hi, T - 1), tig);
+    load_a_rows<HS>(va, seq + 2 * C, C3, min(r_lo, T - 1), min(r_hi, T - 1), tig);
+    float dk[DN][4], dv[DN][4];
+    for (int d = 0; d < DN; d++)
+        for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.0f;
+    for (int q0 = ktile * TC_ROWS; q0 < T; q0 += TC_ROWS) {
+        __syncthreads();
+        load_tile<HS>(sq, sqt, seq, C3, q0, T);
+        load_tile<HS>(sdo, sdot, dseq, C, q0, T);
+        for (int j = threadIdx.x; j < TC_ROWS; j += TC_THREADS) {
+            int tq = min(q0 + j, T - 1);
+            slse[j] = lse[stat + tq];
+            sdelta[j] = delta[stat + tq];
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            if (q0 + kk * 16 + 15 < row0) continue;  // warp-uniform: these queries see none of the warp's keys
+            float p[8], ds[8];
+            #pragma unroll
+            for (int half = 0; half < 2; half++) {
+                int n = 2 * kk + half;
+                float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                #pragma unroll
+                for (int ks = 0; ks < KS; ks++) {
+                    const __nv_bfloat16 *qr = &sq[n * 8 + gid][ks * 16 + 2 * tig], *dr = &sdo[n * 8 + gid][ks * 16 + 2 * tig];
+                    mma_16816(s, ka[ks], pair_at(qr), pair_at(qr + 8));
+                    mma_16816(dp, va[ks], pair_at(dr), pair_at(dr + 8));
+                }
+                int jq = n * 8 + 2 * tig;  // this thread's query columns jq, jq + 1 of the tile
+                #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                    int j = jq + (e & 1), tq = q0 + j, key = e < 2 ? r_lo : r_hi;
+                    float pe = tq >= key && tq < T ? exp2f(s[e] * scale - slse[j]) : 0.0f;
+                    p[half * 4 + e] = pe;
+                    ds[half * 4 + e] = pe * (dp[e] - sdelta[j]);
+                }
+            }
+            uint32_t pa[4] = {pack_bf16(p[0], p[1]), pack_bf16(p[2], p[3]), pack_bf16(p[4], p[5]), pack_bf16(p[6], p[7])};
+            uint32_t dsa[4] = {pack_bf16(ds[0], ds[1]), pack_bf16(ds[2], ds[3]), pack_bf16(ds[4], ds[5]), pack_bf16(ds[6], ds[7])};
+            #pragma unroll
+            #pragma unroll
+        for (int d = 0; d < DN; d++) {
+                const __nv_bfloat16 *dr = &sdot[d * 8 + gid][kk * 16 + 2 * tig], *qr = &sqt[d * 8 + gid][kk * 16 + 2 * tig];
+                mma_16816(dv[d], pa, pair_at(dr), pair_at(dr + 8));
+                mma_16816(dk[d], dsa, pair_at(qr), pair_at(qr + 8));
+            }
+        }
+    }
+    float inv_sqrt = 1.0f / sqrtf((float)HS);
+    floatX *dst = dqkv + (size_t)b * T * C3 + h * HS + 2 * tig;
+    for (int d = 0; d < DN; d++) {
+        if (r_lo < T) {
+            *reinterpret_cast<__nv_bfloat162 *>(dst + (size_t)r_lo * C3 + C + d * 8) = __floats2bfloat162_rn(dk[d][0] * inv_sqrt, dk[d][1] * inv_sqrt);
+            *reinterpret_cast<__nv_bfloat162 *>(dst + (size_t)r_lo * C3 + 2 * C + d * 8) = __floats2bfloat162_rn(dv[d][0], dv[d][1]);
+        }
+        if (r_hi < T) {
+            *reinterpret_cast<__nv_bfloat162 *>(dst + (size_t)r_hi * C3 + C + d * 8) = __floats2bfloat162_rn(dk[d][2] * inv_sqrt, dk[d][3] * inv_sqrt);
+            *reinterpret_cast<__nv_bfloat162 *>(dst + (size_t)r_hi * C3 + 2 * C + d * 8) = __floats2bfloat162_rn(dv[d][2], dv[d][3]);
+        }
+    }
+}
+#endif
+
 // ----------------------------------------------------------------------------
 // fused classifier: per row, softmax over the V real columns, cross-entropy
 // against the target, and (when dlogits is wanted) its gradient written over
@@ -975,10 +1300,37 @@ static void gelu_backward(floatX *d, const floatX *inp, size_t n, cudaStream_t s
 // the head sizes the attention kernels are built for
 static int attention_supports(int hs) { return hs == 16 || hs == 32 || hs == 64 || hs == 128; }
 
-static void attention_forward(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH,
+// the tensor-core kernels (bf16 build) cover head sizes up to 64: larger
+// ones would need more than 48 KB of static shared memory per block
+static int attention_tc_supports(int hs) {
+#ifdef ENABLE_FP32
+    (void)hs;
+    return 0;
+#else
+    return hs == 16 || hs == 32 || hs == 64;
+#endif
+}
+
+// tc: use the tensor-core kernels where attention_tc_supports(C/NH)
+static void attention_forward(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH, int tc,
                               cudaStream_t stream) {
+    int HS = C / NH;
+#ifndef ENABLE_FP32
+    if (tc && attention_tc_supports(HS)) {
+        dim3 grid(ceil_div(T, TC_ROWS), NH, B);
+        switch (HS) {
+        case 16: attention_forward_tc_kernel<16><<<grid, TC_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
+        case 32: attention_forward_tc_kernel<32><<<grid, TC_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
+        case 64: attention_forward_tc_kernel<64><<<grid, TC_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
+        }
+        CUDA_CHECK(cudaGetLastError());
+        return;
+    }
+#else
+    (void)tc;
+#endif
     dim3 grid(ceil_div(T, ATT_ROWS), NH, B);
-    switch (C / NH) {
+    switch (HS) {
     case 16: attention_forward_kernel<16><<<grid, ATT_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
     case 32: attention_forward_kernel<32><<<grid, ATT_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
     case 64: attention_forward_kernel<64><<<grid, ATT_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
@@ -990,10 +1342,33 @@ static void attention_forward(floatX *out, float *lse, const floatX *qkv, int B,
 
 // dqkv (B,T,3C) is written whole; delta is scratch of B*NH*T floats
 static void attention_backward(floatX *dqkv, float *delta, const floatX *dout, const floatX *qkv, const floatX *out,
-                               const float *lse, int B, int T, int C, int NH, cudaStream_t stream) {
+                               const float *lse, int B, int T, int C, int NH, int tc, cudaStream_t stream) {
     int HS = C / NH;
     attention_delta_kernel<<<ceil_div((long)B * T * NH, 256), 256, 0, stream>>>(delta, out, dout, B, T, NH, HS);
     CUDA_CHECK(cudaGetLastError());
+#ifndef ENABLE_FP32
+    if (tc && attention_tc_supports(HS)) {
+        dim3 grid(ceil_div(T, TC_ROWS), NH, B);
+        switch (HS) {
+        case 16:
+            attention_backward_dq_tc_kernel<16><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
+            attention_backward_dkdv_tc_kernel<16><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
+            break;
+        case 32:
+            attention_backward_dq_tc_kernel<32><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
+            attention_backward_dkdv_tc_kernel<32><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
+            break;
+        case 64:
+            attention_backward_dq_tc_kernel<64><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
+            attention_backward_dkdv_tc_kernel<64><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
+            break;
+        }
+        CUDA_CHECK(cudaGetLastError());
+        return;
+    }
+#else
+    (void)tc;
+#endif
     dim3 grid(ceil_div(T, ATT_ROWS), NH, B);
     switch (HS) {
     case 16:
@@ -1064,31 +1439,46 @@ static int gpu_check_shapes(const GPT2Config *c, int B, int T, const char *what,
 // GPU flags the CPU trainer has no use for, taken out of argv before
 // gpt2.h's options_parse sees it (argv is flag/value pairs)
 typedef struct {
-    int recompute;  // -r: 1 = recompute GELU in the backward instead of keeping it per layer
+    int recompute;     // -r: 1 = recompute GELU in the backward instead of keeping it per layer
+    int attention_tc;  // -fa: 1 = tensor-core attention (bf16 build), 0 = the fp32-FMA kernels
 } GpuOptions;
 
-static const char *gpu_usage_lines = "  -r            recompute GELU in the backward (0/1, default 1)\n";
+static const char *gpu_usage_lines =
+    "  -r            recompute GELU in the backward (0/1, default 1)\n"
+    "  -fa           attention on tensor cores (0/1, default 1 in the bf16 build; fp32 builds: 0)\n";
 
 static int gpu_options_take(GpuOptions *g, int *argc, char **argv, char *err, size_t errlen) {
     g->recompute = 1;
+#ifdef ENABLE_FP32
+    g->attention_tc = 0;
+#else
+    g->attention_tc = 1;
+#endif
     int out = 1;
     for (int a = 1; a < *argc; a += 2) {
-        if (strcmp(argv[a], "-r") != 0) {
+        int *dst = strcmp(argv[a], "-r") == 0 ? &g->recompute : strcmp(argv[a], "-fa") == 0 ? &g->attention_tc : NULL;
+        if (dst == NULL) {
             argv[out++] = argv[a];
             if (a + 1 < *argc) argv[out++] = argv[a + 1];
             continue;
         }
         if (a + 1 >= *argc) {
-            snprintf(err, errlen, "flag -r needs a value");
+            snprintf(err, errlen, "flag %s needs a value", argv[a]);
             return -1;
         }
         const char *v = argv[a + 1];
         if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0) {
-            snprintf(err, errlen, "flag -r: '%s' is not 0 or 1", v);
+            snprintf(err, errlen, "flag %s: '%s' is not 0 or 1", argv[a], v);
             return -1;
         }
-        g->recompute = v[0] - '0';
+        *dst = v[0] - '0';
     }
+#ifdef ENABLE_FP32
+    if (g->attention_tc) {
+        snprintf(err, errlen, "flag -fa: 1: the tensor-core attention is bf16; this is the fp32 build");
+        return -1;
+    }
+#endif
     *argc = out;
     argv[out] = NULL;
     return 0;
@@ -1216,7 +1606,7 @@ typedef struct {
     floatX *params, *grads;                 // device, model-file layout
     float *master, *m, *v;                  // device fp32 (master == params in the fp32 build)
     floatX *param[NUM_PARAM_TENSORS], *grad[NUM_PARAM_TENSORS];
-    int B, T, recompute, fuse_gelu;
+    int B, T, recompute, fuse_gelu, attention_tc;
     Activations act;
     void *act_memory;
     size_t act_bytes;
@@ -1259,7 +1649,7 @@ static void point_param_views(floatX **views, floatX *base, const size_t *sizes)
 // the model on the device, from host fp32 params (model_load) or, when
 // params is NULL, from the seeded init; activations for (B, T)
 static void gpt2_init(GPT2 *model, const GPT2Config *c, const float *params, uint64_t seed, int B, int T,
-                      int recompute) {
+                      int recompute, int attention_tc) {
     memset(model, 0, sizeof(*model));
     model->config = *c;
     param_sizes(c, model->param_sizes);
@@ -1267,6 +1657,7 @@ static void gpt2_init(GPT2 *model, const GPT2Config *c, const float *params, uin
     model->B = B;
     model->T = T;
     model->recompute = recompute;
+    model->attention_tc = attention_tc;
 #ifdef ENABLE_FP32
     model->fuse_gelu = 0;  // our GELU kernel is the CPU trainer's formula; the epilogue's may round differently
 #else
@@ -1428,7 +1819,7 @@ static void gpt2_forward(GPT2 *model, int mode, float dloss) {
         LayerActs s = layer_acts(model, l);
         const floatX *x = block_input(model, l);
         matmul_forward(blas, s.qkv, NULL, s.ln1, p.qkvw, p.qkvb, BT, C, 3 * C);
-        attention_forward(s.atty, s.lse, s.qkv, B, T, C, NH, st);
+        attention_forward(s.atty, s.lse, s.qkv, B, T, C, NH, model->attention_tc, st);
         matmul_forward(blas, a->proj, NULL, s.atty, p.attprojw, p.attprojb, BT, C, C);
         residual_layernorm_forward(s.residual2, s.ln2, s.ln2_mean, s.ln2_rstd, x, a->proj, p.ln2w, p.ln2b, BT, C, st);
         if (model->fuse_gelu) {
@@ -1496,7 +1887,7 @@ static void gpt2_backward(GPT2 *model) {
         matmul_backward_dweight(blas, gl.attprojw, a->dresidual, s.atty, BT, C, C);
         bias_backward(gl.attprojb, a->dresidual, part, BT, C, st);
         matmul_backward_dinp(blas, a->dbtc, a->dresidual, p.attprojw, NULL, BT, C, C);
-        attention_backward(a->dbig, a->delta, a->dbtc, s.qkv, s.atty, s.lse, B, T, C, NH, st);
+        attention_backward(a->dbig, a->delta, a->dbtc, s.qkv, s.atty, s.lse, B, T, C, NH, model->attention_tc, st);
         // qkv: dbig = d(qkv)
         matmul_backward_dweight(blas, gl.qkvw, a->dbig, s.ln1, BT, C, 3 * C);
         bias_backward(gl.qkvb, a->dbig, part, BT, 3 * C, st);
@@ -1574,6 +1965,16 @@ static int gpt2_save(GPT2 *model, const char *path, char *err, size_t errlen) {
     return rc;
 }
 
+// a floatX read back from the device, as a float
+static float floatx_to_host_float(floatX x) {
+#ifdef ENABLE_FP32
+    return x;
+#else
+    __nv_bfloat16_raw raw = x;
+    return bf16_to_float(raw.x);
+#endif
+}
+
 // FLOPs per token for forward + backward, as the CPU trainer counts them
 static double flops_per_token(const GPT2Config *c, int T) {
     double n = (double)param_count(c) - (double)c->maxT * c->C;
@@ -1609,16 +2010,6 @@ static float evaluate(GPT2 *model, HostLoader *val, int batches) {
 static float random_f32(uint64_t *state) {
     *state ^= *state >> 12; *state ^= *state << 25; *state ^= *state >> 27;
     return (float)((*state * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f;
-}
-
-static float floatx_to_host_float(floatX x) {
-#ifdef ENABLE_FP32
-    return x;
-#else
-    uint16_t bits;
-    memcpy(&bits, &x, 2);
-    return bf16_to_float(bits);
-#endif
 }
 
 // prints gen_tokens tokens sampled from the model, starting from EOT
@@ -1733,15 +2124,17 @@ int main(int argc, char **argv) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     double peak = gpu_peak_flops(prop.name);
     GPT2 model;
-    gpt2_init(&model, &config, params, (uint64_t)opt.seed, B, T, gopt.recompute);
+    gpt2_init(&model, &config, params, (uint64_t)opt.seed, B, T, gopt.recompute, gopt.attention_tc);
     free(params);
 
     printf("device: %s, compute capability %d.%d, %.1f GiB, ", prop.name, prop.major, prop.minor,
            prop.totalGlobalMem / 1073741824.0);
     if (peak > 0) printf("bf16 dense peak %.0f TFLOPS\n", peak / 1e12);
     else printf("bf16 dense peak unknown (MFU n/a)\n");
-    printf("precision: %s compute, fp32 master weights and AdamW state; recompute GELU %d; activations %.2f GiB\n",
-           precision_name, gopt.recompute, model.act_bytes / 1073741824.0);
+    printf("precision: %s compute, fp32 master weights and AdamW state; recompute GELU %d; attention %s; "
+           "activations %.2f GiB\n", precision_name, gopt.recompute,
+           gopt.attention_tc && attention_tc_supports(config.C / config.NH) ? "tensor cores" : "fp32 FMA",
+           model.act_bytes / 1073741824.0);
     printf("model: L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters\n",
            config.L, config.C, config.NH, config.V, config.Vp, config.maxT, model.num_params);
     printf("batch: B=%d T=%d, %d micro-batches per step = %ld tokens, %d steps\n", B, T, accum, total_batch, steps);

@@ -1,0 +1,81 @@
+/*
+ * classifier.cu: the fused softmax + cross-entropy + gradient over the
+ * logits, in place, padded columns ignored, against the CPU.
+ */
+#define TESTING
+#include "../../train_gpt2.cu"
+#include "common.h"
+
+typedef struct {
+    floatX *logits;
+    const floatX *logits0;
+    float *losses;
+    const int *targets;
+    float dloss;
+    int BT, V, Vp;
+} ClsCtx;
+
+static void run_classifier(void *p) {
+    ClsCtx *c = (ClsCtx *)p;
+    // restore the logits first: the kernel overwrites them (timed with it)
+    CUDA_CHECK(cudaMemcpyAsync(c->logits, c->logits0, (size_t)c->BT * c->Vp * sizeof(floatX), cudaMemcpyDeviceToDevice, 0));
+    classifier(c->logits, c->losses, c->targets, c->dloss, c->BT, c->V, c->Vp, 1, 0);
+}
+
+// the CPU's losses and dlogits for logits z (BT, Vp)
+static void cpu_classifier(float *loss, float *dz, const float *z, const int *targets, float dloss, int BT, int V, int Vp) {
+    for (int r = 0; r < BT; r++) {
+        const float *row = z + (size_t)r * Vp;
+        double m = -1e300, s = 0.0;
+        for (int i = 0; i < V; i++) m = row[i] > m ? row[i] : m;
+        for (int i = 0; i < V; i++) s += exp(row[i] - m);
+        loss[r] = (float)(m + log(s) - row[targets[r]]);
+        for (int i = 0; i < Vp; i++)
+            dz[(size_t)r * Vp + i] = i < V ? (float)((exp(row[i] - m) / s - (i == targets[r])) * dloss) : 0.0f;
+    }
+}
+
+// checks against the CPU, or (timed) only times: the CPU would take seconds
+static void check_shape(int BT, int V, int Vp, int timed) {
+    printf("BT = %d, V = %d, Vp = %d\n", BT, V, Vp);
+    size_t n = (size_t)BT * Vp;
+    float *z = host_random(n, 2.0f, 21);
+    for (int r = 0; r < BT; r++)  // padded columns hold garbage that must not leak in
+        for (int i = V; i < Vp; i++) z[(size_t)r * Vp + i] = 100.0f;
+    int *targets = (int *)malloc(BT * sizeof(int));
+    for (int r = 0; r < BT; r++) targets[r] = (int)(mix64((uint64_t)r + 5) % (uint64_t)V);
+    targets[0] = V - 1;
+    float *zeros = (float *)calloc(BT, 4);
+    ClsCtx c = {NULL, to_device(z, n), to_device_f32(zeros, BT), to_device_int(targets, BT), 1.0f / BT, BT, V, Vp};
+    CUDA_CHECK(cudaMalloc((void **)&c.logits, n * sizeof(floatX)));
+    if (timed) {
+        print_time("classifier (+ logits restore)", time_ms(run_classifier, &c, 10), 4.0 * n * sizeof(floatX), 0);
+    } else {
+        float *loss = (float *)malloc(BT * 4), *dz = (float *)malloc(n * 4);
+        cpu_classifier(loss, dz, z, targets, c.dloss, BT, V, Vp);
+        run_classifier(&c);
+        float *gloss = to_host_f32(c.losses, BT), *gdz = to_host(c.logits, n);
+        compare("classifier losses", gloss, loss, BT, 1e-5f);
+        compare("classifier dlogits (in place)", gdz, dz, n, IS_BF16 ? 1e-2f : 1e-5f);
+        int pad_zero = 1;
+        for (int r = 0; r < BT; r++)
+            for (int i = V; i < Vp; i++) pad_zero &= gdz[(size_t)r * Vp + i] == 0.0f;
+        check(pad_zero, "padded columns get gradient 0 (they held 100)");
+        run_classifier(&c);  // losses accumulate
+        float *gloss2 = to_host_f32(c.losses, BT);
+        for (int r = 0; r < BT; r++) loss[r] *= 2.0f;
+        compare("classifier losses accumulate", gloss2, loss, BT, 1e-5f);
+        free(loss); free(dz); free(gloss); free(gdz); free(gloss2);
+    }
+    cudaFree(c.logits); cudaFree((void *)c.logits0); cudaFree(c.losses); cudaFree((void *)c.targets);
+    free(z); free(targets); free(zeros);
+}
+
+int main(void) {
+    if (!require_gpu()) return test_summary();
+    check_shape(256, 50257, 50304, 0);
+    check_shape(64, 500, 512, 0);  // the fixture's vocab
+    check_shape(3, 7, 8, 0);       // fewer columns than one thread's share
+    check_shape(8192, 50257, 50304, 1);
+    return test_summary();
+}

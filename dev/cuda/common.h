@@ -1,0 +1,143 @@
+/*
+ * dev/cuda/common.h: what the kernel checks share: test data rounded to
+ * floatX, host/device copies, a comparison that prints one ok/FAIL line
+ * (test.h's check), and a timer.
+ *
+ * Each check includes the trainer itself (TESTING: no main), so it tests the
+ * kernels the trainer runs, not copies of them:
+ *     #define TESTING
+ *     #include "../../train_gpt2.cu"
+ *     #include "common.h"
+ */
+#ifndef LLM3D_CUDA_COMMON_H
+#define LLM3D_CUDA_COMMON_H
+
+#include "../../test.h"
+
+// a bf16 build compares against references computed on the same rounded
+// inputs, so what is left is output rounding and summation order
+static const int IS_BF16 = sizeof(floatX) == 2;
+
+static floatX host_to_floatx(float f) {
+#ifdef ENABLE_FP32
+    return f;
+#else
+    __nv_bfloat16_raw raw;
+    raw.x = float_to_bf16(f);
+    return __nv_bfloat16(raw);
+#endif
+}
+
+static float round_to_floatx(float f) { return floatx_to_host_float(host_to_floatx(f)); }
+
+// n normal values times scale, already rounded to floatX (deterministic in seed)
+static float *host_random(size_t n, float scale, uint64_t seed) {
+    float *h = (float *)malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) h[i] = round_to_floatx(scale * counter_normal(seed, 99, i));
+    return h;
+}
+
+static floatX *to_device(const float *h, size_t n) {
+    floatX *tmp = (floatX *)malloc(n * sizeof(floatX)), *d;
+    for (size_t i = 0; i < n; i++) tmp[i] = host_to_floatx(h[i]);
+    CUDA_CHECK(cudaMalloc((void **)&d, n * sizeof(floatX)));
+    CUDA_CHECK(cudaMemcpy(d, tmp, n * sizeof(floatX), cudaMemcpyHostToDevice));
+    free(tmp);
+    return d;
+}
+
+static float *to_device_f32(const float *h, size_t n) {
+    float *d;
+    CUDA_CHECK(cudaMalloc((void **)&d, n * sizeof(float)));
+    CUDA_CHECK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
+
+static int *to_device_int(const int *h, size_t n) {
+    int *d;
+    CUDA_CHECK(cudaMalloc((void **)&d, n * sizeof(int)));
+    CUDA_CHECK(cudaMemcpy(d, h, n * sizeof(int), cudaMemcpyHostToDevice));
+    return d;
+}
+
+static float *to_host(const floatX *d, size_t n) {
+    floatX *tmp = (floatX *)malloc(n * sizeof(floatX));
+    float *h = (float *)malloc(n * sizeof(float));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(tmp, d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) h[i] = floatx_to_host_float(tmp[i]);
+    free(tmp);
+    return h;
+}
+
+static float *to_host_f32(const float *d, size_t n) {
+    float *h = (float *)malloc(n * sizeof(float));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+// worst |got - want| relative to the largest |want| must be below tol
+static int compare(const char *what, const float *got, const float *want, size_t n, float tol) {
+    float maxref = 0.0f, maxdiff = 0.0f;
+    size_t at = 0;
+    int finite = 1;
+    for (size_t i = 0; i < n; i++) {
+        maxref = fmaxf(maxref, fabsf(want[i]));
+        float d = fabsf(got[i] - want[i]);
+        if (!(d == d) || isinf(got[i])) finite = 0;
+        if (d > maxdiff) { maxdiff = d; at = i; }
+    }
+    float rel = maxref > 0.0f ? maxdiff / maxref : maxdiff;
+    return check(finite && rel < tol, "%-28s worst diff %.3e at %zu (got %.6g want %.6g) = %.2e of max %.3e (< %.0e)",
+                 what, maxdiff, at, n ? got[at] : 0.0f, n ? want[at] : 0.0f, rel, maxref, tol);
+}
+
+static int require_gpu(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        skip("no CUDA device");
+        return 0;
+    }
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s (%s build)\n", prop.name, precision_name);
+    return 1;
+}
+
+// mean milliseconds of one call of launch(ctx), after one warm-up call
+typedef void (*Launch)(void *ctx);
+
+static float time_ms(Launch launch, void *ctx, int repeats) {
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    launch(ctx);
+    CUDA_CHECK(cudaEventRecord(start));
+    for (int i = 0; i < repeats; i++) launch(ctx);
+    CUDA_CHECK(cudaEventRecord(stop));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return ms / repeats;
+}
+
+static void print_time(const char *what, float ms, double bytes, double flops) {
+    printf("time  %-28s %8.3f ms", what, ms);
+    if (bytes > 0) printf(" | %7.1f GB/s", bytes / (ms * 1e-3) / 1e9);
+    if (flops > 0) printf(" | %7.1f TFLOPS", flops / (ms * 1e-3) / 1e12);
+    printf("\n");
+}
+
+static Blas make_blas(void) {
+    Blas b;
+    CUBLAS_CHECK(cublasLtCreate(&b.handle));
+    b.workspace_size = 32u << 20;
+    CUDA_CHECK(cudaMalloc(&b.workspace, b.workspace_size));
+    b.stream = 0;
+    return b;
+}
+
+#endif

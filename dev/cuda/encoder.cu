@@ -1,0 +1,79 @@
+/*
+ * encoder.cu: the token + position embedding, forward and backward (the
+ * deterministic token-bucket scatter into dwte), against the CPU.
+ */
+#define TESTING
+#include "../../train_gpt2.cu"
+#include "common.h"
+
+typedef struct {
+    floatX *out, *dwte, *dwpe, *dout;
+    const floatX *wte, *wpe;
+    int *inp, *bstart, *btoken, *bpos;
+    int nbuckets, B, T, C;
+} EncoderCtx;
+
+static void run_forward(void *p) {
+    EncoderCtx *c = (EncoderCtx *)p;
+    encoder_forward(c->out, c->inp, c->wte, c->wpe, c->B, c->T, c->C, 0);
+}
+
+static void run_backward(void *p) {
+    EncoderCtx *c = (EncoderCtx *)p;
+    encoder_backward(c->dwte, c->dwpe, c->dout, c->bstart, c->btoken, c->bpos, c->nbuckets, c->B, c->T, c->C, 0);
+}
+
+int main(void) {
+    if (!require_gpu()) return test_summary();
+    int B = 8, T = 1024, C = 768, V = 50257, BT = B * T;
+    float *wte = host_random((size_t)V * C, 0.02f, 1), *wpe = host_random((size_t)T * C, 0.02f, 2);
+    float *dout = host_random((size_t)BT * C, 1.0f, 3);
+    int *inp = (int *)malloc(BT * sizeof(int));
+    for (int i = 0; i < BT; i++) inp[i] = (int)(mix64((uint64_t)i) % 1000);  // 1000 tokens: many repeats
+    inp[0] = V - 1;
+
+    float *want = (float *)malloc((size_t)BT * C * sizeof(float));
+    for (int bt = 0; bt < BT; bt++)
+        for (int c = 0; c < C; c++)
+            want[(size_t)bt * C + c] = wte[(size_t)inp[bt] * C + c] + wpe[(size_t)(bt % T) * C + c];
+    float *dwte_want = (float *)calloc((size_t)V * C, sizeof(float)), *dwpe_want = (float *)calloc((size_t)T * C, sizeof(float));
+    for (int bt = 0; bt < BT; bt++)
+        for (int c = 0; c < C; c++) {
+            dwte_want[(size_t)inp[bt] * C + c] += dout[(size_t)bt * C + c];
+            dwpe_want[(size_t)(bt % T) * C + c] += dout[(size_t)bt * C + c];
+        }
+
+    int *count = (int *)malloc((V + 1) * sizeof(int)), *start = (int *)malloc((BT + 1) * sizeof(int));
+    int *token = (int *)malloc(BT * sizeof(int)), *pos = (int *)malloc(BT * sizeof(int));
+    int nbuckets = token_buckets(inp, BT, V, count, start, token, pos);
+    float *zeros = (float *)calloc((size_t)V * C, sizeof(float));
+    EncoderCtx ctx = {NULL, to_device(zeros, (size_t)V * C), to_device(zeros, (size_t)T * C), to_device(dout, (size_t)BT * C),
+                      to_device(wte, (size_t)V * C), to_device(wpe, (size_t)T * C), to_device_int(inp, BT),
+                      to_device_int(start, nbuckets + 1), to_device_int(token, nbuckets), to_device_int(pos, BT),
+                      nbuckets, B, T, C};
+    CUDA_CHECK(cudaMalloc((void **)&ctx.out, (size_t)BT * C * sizeof(floatX)));
+
+    run_forward(&ctx);
+    float *got = to_host(ctx.out, (size_t)BT * C);
+    compare("encoder forward", got, want, (size_t)BT * C, IS_BF16 ? 1e-2f : 1e-6f);
+    run_backward(&ctx);
+    float *dwte = to_host(ctx.dwte, (size_t)V * C), *dwpe = to_host(ctx.dwpe, (size_t)T * C);
+    // bf16: dwte sums ~8 rows of N(0,1) and rounds once; dwpe sums B = 8
+    compare("encoder backward dwte", dwte, dwte_want, (size_t)V * C, IS_BF16 ? 1e-2f : 1e-5f);
+    compare("encoder backward dwpe", dwpe, dwpe_want, (size_t)T * C, IS_BF16 ? 1e-2f : 1e-5f);
+    run_backward(&ctx);  // a second backward accumulates: twice the gradient
+    float *dwte2 = to_host(ctx.dwte, (size_t)V * C);
+    for (size_t i = 0; i < (size_t)V * C; i++) dwte_want[i] *= 2.0f;
+    compare("encoder backward accumulates", dwte2, dwte_want, (size_t)V * C, IS_BF16 ? 2e-2f : 1e-5f);
+    CUDA_CHECK(cudaMemset(ctx.dwte, 0, (size_t)V * C * sizeof(floatX)));
+    run_backward(&ctx);
+    float *dwte4 = to_host(ctx.dwte, (size_t)V * C);
+    CUDA_CHECK(cudaMemset(ctx.dwte, 0, (size_t)V * C * sizeof(floatX)));
+    run_backward(&ctx);
+    float *dwte5 = to_host(ctx.dwte, (size_t)V * C);
+    check(memcmp(dwte4, dwte5, (size_t)V * C * sizeof(float)) == 0, "encoder backward is deterministic");
+
+    print_time("encoder forward", time_ms(run_forward, &ctx, 20), 3.0 * BT * C * sizeof(floatX), 0);
+    print_time("encoder backward", time_ms(run_backward, &ctx, 20), 4.0 * BT * C * sizeof(floatX), 0);
+    return test_summary();
+}

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# dev/gpu_check.sh: the whole GPU check in one run, for a machine with an
+# NVIDIA GPU (written for one H200: CUDA, PyTorch, no network).
+#
+#   1. builds train_gpt2cu, test_gpt2cu (bf16 and fp32) and the kernel checks,
+#      for this GPU's architecture only (CI compiles sm_80 + sm_90)
+#   2. runs test_gpt2cu in both precisions and every dev/cuda check
+#   3. benchmarks GPT-2 124M (d12), T = 1024, the largest B of 64/32/16/8 that
+#      fits, 30 steps on a random-token shard it writes itself: ms/step,
+#      tokens/s, MFU; then the PyTorch peer (dev/train_gpt2.py, torch.compile,
+#      bf16 autocast) at the same B
+#   4. writes everything under $OUT (default /tmp/llm3d_gpu_check) and ends
+#      with summary.txt
+#
+# Every piece runs under `timeout`; the whole run stays within DEADLINE
+# seconds (default 480): a piece that would start after it is skipped and
+# said so. Exit status: 0 if every test and check passed, 1 otherwise.
+# Run from anywhere: ./dev/gpu_check.sh
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/llm3d_gpu_check}
+DEADLINE=${DEADLINE:-480}
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+START=$(date +%s)
+FAILED=0
+
+say() { echo "$@" | tee -a "$SUMMARY"; }
+elapsed() { echo $(( $(date +%s) - START )); }
+
+# run NAME LIMIT CMD...: CMD with its output in $OUT/NAME.log, under
+# timeout min(LIMIT, what is left of DEADLINE); records pass/fail
+run() {
+    local name=$1 limit=$2; shift 2
+    local left=$(( DEADLINE - $(elapsed) ))
+    if [ "$left" -lt 10 ]; then
+        say "SKIP  $name: past the ${DEADLINE}s deadline"
+        FAILED=1
+        return 1
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    local t0=$(date +%s)
+    timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    local secs=$(( $(date +%s) - t0 ))
+    local tail_line
+    tail_line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$OUT/$name.log" | tail -n 1)
+    if [ $rc -eq 0 ]; then
+        say "ok    $name (${secs}s) ${tail_line}"
+    else
+        [ $rc -eq 124 ] && tail_line="timed out after ${limit}s"
+        say "FAIL  $name (rc $rc, ${secs}s) ${tail_line}"
+    fi
+    return $rc
+}
+
+say "== llm3d gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
+nvcc --version | tail -n 2 >> "$SUMMARY"
+CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
+[ -z "$CC" ] && CC=90
+ARCH="-gencode arch=compute_${CC},code=sm_${CC}"
+NVCC="nvcc -O3 -std=c++17 $ARCH"
+LIBS="-lcublas -lcublasLt"
+
+# ---------------------------------------------------------------------------
+# 1. build, all at once (16 cores)
+say "== build ($ARCH)"
+build() {  # build NAME CMD...: in the background, log in $OUT/build_NAME.log
+    local name=$1; shift
+    ( timeout -k 5 240 "$@" > "$OUT/build_$name.log" 2>&1; echo $? > "$OUT/build_$name.rc" ) &
+}
+build train_gpt2cu $NVCC train_gpt2.cu dev/cuda/host_io.c $LIBS -o train_gpt2cu
+build test_gpt2cu $NVCC test_gpt2.cu $LIBS -o test_gpt2cu
+build test_gpt2cu_fp32 $NVCC -DENABLE_FP32 test_gpt2.cu $LIBS -o test_gpt2cu_fp32
+build kernels make -C dev/cuda -j8 ARCH="$ARCH"
+build kernels_fp32 make -C dev/cuda -j8 ARCH="$ARCH" PRECISION=FP32
+build cpu make -j4 train_gpt2 prepare_data
+wait
+for f in "$OUT"/build_*.rc; do
+    name=$(basename "$f" .rc); name=${name#build_}
+    if [ "$(cat "$f")" = "0" ]; then say "ok    build $name"; else say "FAIL  build $name (see build_$name.log)"; FAILED=1; fi
+done
+say "   build done at $(elapsed)s"
+
+# ---------------------------------------------------------------------------
+# 2. tests and kernel checks
+say "== tests"
+if [ -x ./test_gpt2cu ]; then run test_gpt2cu 120 ./test_gpt2cu || FAILED=1; fi
+if [ -x ./test_gpt2cu_fp32 ]; then run test_gpt2cu_fp32 120 ./test_gpt2cu_fp32 || FAILED=1; fi
+for k in encoder layernorm attention classifier adamw gelu matmul; do
+    if [ -x "dev/cuda/${k}_check" ]; then run "${k}_check" 90 "dev/cuda/${k}_check" || FAILED=1; fi
+done
+grep -h '^time ' "$OUT"/*_check.log >> "$SUMMARY" 2>/dev/null
+
+# ---------------------------------------------------------------------------
+# 3. the benchmark: our trainer, then PyTorch at the same B
+say "== benchmark: d12, T = 1024, 30 steps, random tokens"
+SHARDS=/tmp/llm3d_bench_shards  # not under $OUT: nothing big comes back
+mkdir -p "$SHARDS"
+python3 - "$SHARDS/bench_train_000.bin" <<'EOF'
+import array, random, struct, sys
+n = 64 * 1024 * 32 + 1  # 32 windows at B = 64, more at smaller B
+rng = random.Random(1337)
+tokens = array.array("H", (rng.randrange(50257) for _ in range(n)))
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+    f.write(tokens.tobytes())
+EOF
+
+BENCH_B=""
+if [ -x ./train_gpt2cu ]; then
+    for B in 64 32 16 8; do
+        if run "bench_B$B" 150 ./train_gpt2cu -e d12 -b $B -t 1024 -x 30 -v 0 -s 0 \
+               -i "$SHARDS/bench_train_*.bin" -lg "$OUT/bench_B$B.jsonl"; then
+            BENCH_B=$B
+            break
+        fi
+        grep -q "out of GPU memory" "$OUT/bench_B$B.log" || break  # only memory is worth a smaller B
+    done
+fi
+if [ -n "$BENCH_B" ]; then
+    python3 - "$OUT/bench_B$BENCH_B.jsonl" "$OUT/bench_B$BENCH_B.log" <<'EOF' | tee -a "$SUMMARY"
+import json, re, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+ms = statistics.median(r["ms"] for r in rows[3:])  # steps 0-2 warm cuBLASLt up
+tokens = rows[0]["tokens"]
+mfu = [float(m) for m in re.findall(r"\| MFU ([0-9.]+)%", open(sys.argv[2]).read())[3:]]
+mfu_s = f"{statistics.median(mfu):.1f}%" if mfu else "n/a"
+print(f"train_gpt2cu: ms/step {ms:.2f} tokens/s {tokens / ms * 1000:.0f} MFU {mfu_s} "
+      f"(B*T = {tokens}, median of steps 3-{len(rows) - 1}; loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f})")
+EOF
+    run torch_bench 300 python3 dev/train_gpt2.py --bench --device cuda --compile --dtype-train bf16 \
+        -B "$BENCH_B" -T 1024 --init d12 --steps 30
+    grep -h '^bench:' "$OUT/torch_bench.log" | sed 's/^/pytorch (torch.compile, bf16) /' | tee -a "$SUMMARY"
+else
+    say "FAIL  no benchmark: train_gpt2cu did not run at any B (see bench_B*.log)"
+    FAILED=1
+fi
+
+# the fp32 kernel checks last: worth having, not worth the benchmark's place
+say "== fp32 kernel checks"
+for k in encoder layernorm attention classifier adamw gelu matmul; do
+    if [ -x "dev/cuda/${k}_fp32_check" ]; then run "${k}_fp32_check" 60 "dev/cuda/${k}_fp32_check" || FAILED=1; fi
+done
+
+rm -rf "$SHARDS"
+say "== done in $(elapsed)s: $([ $FAILED -eq 0 ] && echo 'all passed' || echo 'SOMETHING FAILED')"
+exit $FAILED
