@@ -26,7 +26,7 @@ endif
 
 CPU_PROGRAMS = train_gpt2 prepare_data dev/bench_secure
 CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts
-CUDA_PROGRAMS = train_gpt2cu
+CUDA_PROGRAMS = train_gpt2cu test_gpt2cu
 
 ifneq ($(NVCC),)
 all: $(CPU_PROGRAMS) $(CPU_TESTS) $(CUDA_PROGRAMS)
@@ -74,7 +74,6 @@ bench: train_gpt2 dev/bench_secure
 	./dev/bench_cpu.sh
 	./dev/bench_secure
 
-# test_gpt2cu (the GPU test) is built on the device by dev/gpu_check.sh: `make test_gpt2cu`
 clean:
 	rm -f $(CPU_PROGRAMS) $(CPU_TESTS) $(CUDA_PROGRAMS) $(FUZZERS)
 

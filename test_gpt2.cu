@@ -476,6 +476,7 @@ static void test_cli(void) {
         {"-t abc", "-t: 'abc' is not an integer"},
         {"-q 2", "-q: 2 is out of range"},
         {"-np 2", "train_gpt2cu runs one rank"},
+        {"-n 5", "flags -n/-y: periodic checkpoints and resume are not built yet"},
         {"-e /nonexistent.bin", "/nonexistent.bin: cannot open"},
         {"-e dev/fixtures/tiny_model.bin -t 64", "T = 64 exceeds the model's maxT = 32"},
         {hs_case, "head size C/NH = 48/2 = 24"},

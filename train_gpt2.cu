@@ -2059,6 +2059,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (rc != 0) die_usage(err);
+    if (opt.ckpt_every > 0 || opt.resume)
+        die_usage("flags -n/-y: periodic checkpoints and resume are not built yet (only the final model with -o)");
     if (opt.np != 1 || opt.tp != 1 || opt.pp != 1) {
         snprintf(err, sizeof(err), "flags -np/-tp/-pp: %d/%d/%d: train_gpt2cu runs one rank on one GPU (use 1/1/1)",
                  opt.np, opt.tp, opt.pp);
@@ -2137,7 +2139,8 @@ int main(int argc, char **argv) {
            model.act_bytes / 1073741824.0);
     printf("model: L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters\n",
            config.L, config.C, config.NH, config.V, config.Vp, config.maxT, model.num_params);
-    printf("batch: B=%d T=%d, %d micro-batches per step = %ld tokens, %d steps\n", B, T, accum, total_batch, steps);
+    printf("batch: B=%d T=%d, %d micro-batches per step x dp %d = %ld tokens, %d steps\n", B, T, accum, dp, total_batch,
+           steps);
     uint64_t sample_rng = (uint64_t)opt.seed * 2654435761ull + 1;
     double fpt = flops_per_token(&config, T);
 

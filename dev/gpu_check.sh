@@ -8,7 +8,8 @@
 #   3. benchmarks GPT-2 124M (d12), T = 1024, the largest B of 64/32/16/8 that
 #      fits, 30 steps on a random-token shard it writes itself: ms/step,
 #      tokens/s, MFU; then the PyTorch peer (dev/train_gpt2.py, torch.compile,
-#      bf16 autocast) at the same B
+#      bf16 autocast) at the same B, and ours again with -fa 0 (attention
+#      on CUDA cores instead of tensor cores)
 #   4. writes everything under $OUT (default /tmp/llm3d_gpu_check) and ends
 #      with summary.txt
 #
@@ -56,7 +57,7 @@ run() {
 }
 
 say "== llm3d gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
+nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>/dev/null | tee -a "$SUMMARY"
 nvcc --version | tail -n 2 >> "$SUMMARY"
 CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
 [ -z "$CC" ] && CC=90
@@ -137,6 +138,18 @@ EOF
 else
     say "FAIL  no benchmark: train_gpt2cu did not run at any B (see bench_B*.log)"
     FAILED=1
+fi
+
+# the same run with the fp32-FMA attention, to see what the tensor cores buy
+if [ -n "$BENCH_B" ]; then
+    run "bench_B${BENCH_B}_fa0" 120 ./train_gpt2cu -e d12 -b "$BENCH_B" -t 1024 -x 12 -v 0 -s 0 -fa 0 \
+        -i "$SHARDS/bench_train_*.bin" -lg "$OUT/bench_fa0.jsonl" &&
+    python3 - "$OUT/bench_fa0.jsonl" <<'EOF' | tee -a "$SUMMARY"
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+ms = statistics.median(r["ms"] for r in rows[3:])
+print(f"train_gpt2cu -fa 0: ms/step {ms:.2f} tokens/s {rows[0]['tokens'] / ms * 1000:.0f}")
+EOF
 fi
 
 # the fp32 kernel checks last: worth having, not worth the benchmark's place
