@@ -291,6 +291,49 @@ static int model_save(const char *path, const GPT2Config *c, const float *params
 }
 
 // ---------------------------------------------------------------------------
+// the debug state (layout at the top of this file), read by both trainers' tests
+
+typedef struct {
+    int B, T, nsteps, V, Vp;
+    float lr, beta1, beta2, eps, weight_decay, grad_clip;
+    int *inputs, *targets;
+    float *logits, loss, *grads, *losses, *norms;
+} DebugState;
+
+static int read_exact(FILE *f, void *dst, size_t elem, size_t n) { return fread(dst, elem, n, f) == n; }
+
+static int debug_state_load(DebugState *s, const char *path, size_t num_params) {
+    memset(s, 0, sizeof(*s));
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) return -1;
+    int32_t h[HEADER_INTS];
+    int ok = read_exact(f, h, 4, HEADER_INTS) && h[0] == STATE_MAGIC && h[1] == 2 && h[2] > 0 && h[3] > 0 &&
+             h[4] >= 0 && h[5] > 0;
+    if (ok) {
+        s->B = h[2]; s->T = h[3]; s->nsteps = h[4]; s->V = h[5]; s->Vp = h[6];
+        float *hp[6] = {&s->lr, &s->beta1, &s->beta2, &s->eps, &s->weight_decay, &s->grad_clip};
+        for (int i = 0; i < 6; i++) memcpy(hp[i], &h[8 + i], 4);
+        size_t BT = (size_t)s->B * s->T;
+        s->inputs = (int *)malloc(BT * sizeof(int));
+        s->targets = (int *)malloc(BT * sizeof(int));
+        s->logits = (float *)malloc(BT * s->V * sizeof(float));
+        s->grads = (float *)malloc(num_params * sizeof(float));
+        s->losses = (float *)malloc((s->nsteps + 1) * sizeof(float));
+        s->norms = (float *)malloc((s->nsteps + 1) * sizeof(float));
+        ok = read_exact(f, s->inputs, 4, BT) && read_exact(f, s->targets, 4, BT) &&
+             read_exact(f, s->logits, 4, BT * s->V) && read_exact(f, &s->loss, 4, 1) &&
+             read_exact(f, s->grads, 4, num_params) && read_exact(f, s->losses, 4, s->nsteps) &&
+             read_exact(f, s->norms, 4, s->nsteps);
+    }
+    fclose(f);
+    return ok ? 0 : -1;
+}
+
+static void debug_state_free(DebugState *s) {
+    free(s->inputs); free(s->targets); free(s->logits); free(s->grads); free(s->losses); free(s->norms);
+}
+
+// ---------------------------------------------------------------------------
 // the command line: one table, so usage, parsing and range checks agree
 
 enum { OPT_INT, OPT_FLOAT, OPT_STR, OPT_CHOICE };

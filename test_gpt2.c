@@ -17,40 +17,6 @@ static const char *fixture_state = "dev/fixtures/tiny_state.bin";
 // ----------------------------------------------------------------------------
 // the PyTorch comparison
 
-typedef struct {
-    int B, T, nsteps, V, Vp;
-    float lr, beta1, beta2, eps, weight_decay, grad_clip;
-    int *inputs, *targets;
-    float *logits, loss, *grads, *losses, *norms;
-} DebugState;
-
-static int read_exact(FILE *f, void *dst, size_t elem, size_t n) { return fread(dst, elem, n, f) == n; }
-
-static int load_state(DebugState *s, const char *path, size_t num_params) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return -1;
-    int32_t h[HEADER_INTS];
-    int ok = read_exact(f, h, 4, HEADER_INTS) && h[0] == STATE_MAGIC && h[1] == 2;
-    if (ok) {
-        s->B = h[2]; s->T = h[3]; s->nsteps = h[4]; s->V = h[5]; s->Vp = h[6];
-        float *hp[6] = {&s->lr, &s->beta1, &s->beta2, &s->eps, &s->weight_decay, &s->grad_clip};
-        for (int i = 0; i < 6; i++) memcpy(hp[i], &h[8 + i], 4);
-        size_t BT = (size_t)s->B * s->T;
-        s->inputs = (int *)malloc(BT * sizeof(int));
-        s->targets = (int *)malloc(BT * sizeof(int));
-        s->logits = (float *)malloc(BT * s->V * sizeof(float));
-        s->grads = (float *)malloc(num_params * sizeof(float));
-        s->losses = (float *)malloc(s->nsteps * sizeof(float));
-        s->norms = (float *)malloc(s->nsteps * sizeof(float));
-        ok = read_exact(f, s->inputs, 4, BT) && read_exact(f, s->targets, 4, BT) &&
-             read_exact(f, s->logits, 4, BT * s->V) && read_exact(f, &s->loss, 4, 1) &&
-             read_exact(f, s->grads, 4, num_params) && read_exact(f, s->losses, 4, s->nsteps) &&
-             read_exact(f, s->norms, 4, s->nsteps);
-    }
-    fclose(f);
-    return ok ? 0 : -1;
-}
-
 // a single-rank model of config c from full parameters (file layout; freed)
 static void build_single(GPT2 *model, Parallel *par, const GPT2Config *c, float *full, int B, int T) {
     par_single(par);
@@ -67,7 +33,7 @@ static void test_against_pytorch(void) {
     check(c.V % VOCAB_PAD != 0 && c.Vp > c.V, "fixture exercises padded vocab rows (V=%d Vp=%d)", c.V, c.Vp);
     size_t n = param_count(&c);
     DebugState s;
-    if (!check(load_state(&s, fixture_state, n) == 0, "load %s", fixture_state)) return;
+    if (!check(debug_state_load(&s, fixture_state, n) == 0, "load %s", fixture_state)) return;
     GPT2 model;
     Parallel par;
     build_single(&model, &par, &c, params, s.B, s.T);
@@ -130,6 +96,7 @@ static void test_against_pytorch(void) {
           s.nsteps, s.grad_clip);
     check(worst_loss < 1e-5f, "%d AdamW steps: worst loss diff vs PyTorch %.3e (< 1e-5)", s.nsteps, worst_loss);
     check(worst_norm < 1e-4f, "%d AdamW steps: worst relative grad-norm diff %.3e (< 1e-4)", s.nsteps, worst_norm);
+    debug_state_free(&s);
     gpt2_free(&model);
 }
 

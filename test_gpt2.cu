@@ -34,48 +34,6 @@ static const int IS_FP32_BUILD = 0;
 static const float TOL_LOGITS = 2e-2f, TOL_LOSS = 1e-2f, TOL_GRAD = 5e-2f, TOL_STEP_LOSS = 3e-2f, TOL_NORM = 5e-2f;
 #endif
 
-// ----------------------------------------------------------------------------
-// the debug state (gpt2.h's top comment has the layout)
-
-typedef struct {
-    int B, T, nsteps, V, Vp;
-    float lr, beta1, beta2, eps, weight_decay, grad_clip;
-    int *inputs, *targets;
-    float *logits, loss, *grads, *losses, *norms;
-} DebugState;
-
-static int read_exact(FILE *f, void *dst, size_t elem, size_t n) { return fread(dst, elem, n, f) == n; }
-
-static int load_state(DebugState *s, const char *path, size_t num_params) {
-    memset(s, 0, sizeof(*s));
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return -1;
-    int32_t h[HEADER_INTS];
-    int ok = read_exact(f, h, 4, HEADER_INTS) && h[0] == STATE_MAGIC && h[1] == 2 && h[2] > 0 && h[3] > 0 &&
-             h[4] >= 0 && h[5] > 0;
-    if (ok) {
-        s->B = h[2]; s->T = h[3]; s->nsteps = h[4]; s->V = h[5]; s->Vp = h[6];
-        float *hp[6] = {&s->lr, &s->beta1, &s->beta2, &s->eps, &s->weight_decay, &s->grad_clip};
-        for (int i = 0; i < 6; i++) memcpy(hp[i], &h[8 + i], 4);
-        size_t BT = (size_t)s->B * s->T;
-        s->inputs = (int *)malloc(BT * sizeof(int));
-        s->targets = (int *)malloc(BT * sizeof(int));
-        s->logits = (float *)malloc(BT * s->V * sizeof(float));
-        s->grads = (float *)malloc(num_params * sizeof(float));
-        s->losses = (float *)malloc((s->nsteps + 1) * sizeof(float));
-        s->norms = (float *)malloc((s->nsteps + 1) * sizeof(float));
-        ok = read_exact(f, s->inputs, 4, BT) && read_exact(f, s->targets, 4, BT) &&
-             read_exact(f, s->logits, 4, BT * s->V) && read_exact(f, &s->loss, 4, 1) &&
-             read_exact(f, s->grads, 4, num_params) && read_exact(f, s->losses, 4, s->nsteps) &&
-             read_exact(f, s->norms, 4, s->nsteps);
-    }
-    fclose(f);
-    return ok ? 0 : -1;
-}
-
-static void free_state(DebugState *s) {
-    free(s->inputs); free(s->targets); free(s->logits); free(s->grads); free(s->losses); free(s->norms);
-}
 
 // ----------------------------------------------------------------------------
 // device helpers for the tests
@@ -135,7 +93,7 @@ static void test_against_pytorch(int tc) {
     float *params = model_load(fixture_model, &c, err, sizeof(err));
     if (!check(params != NULL, "load %s (%s)", fixture_model, params ? "ok" : err)) return;
     DebugState s;
-    if (!check(load_state(&s, fixture_state, param_count(&c)) == 0, "load %s", fixture_state)) { free(params); return; }
+    if (!check(debug_state_load(&s, fixture_state, param_count(&c)) == 0, "load %s", fixture_state)) { free(params); return; }
     check(gpu_check_shapes(&c, s.B, s.T, fixture_model, err, sizeof(err)) == 0, "fixture shape runs on the GPU kernels");
     printf("== attention %s\n", tc ? "tensor cores" : "fp32 FMA");
     printf("precision %s: bounds logits %.0e, loss %.0e, grads %.0e of max, step losses %.0e, norms %.0e\n",
@@ -212,12 +170,12 @@ static void test_against_pytorch(int tc) {
     check(saved, "save the trained model (%s): %s", precision_name, saved ? path : err);
     float *before = floatx_to_host(model.params, model.num_params, model.stream);
     gpt2_free(&model);
-    if (!saved) { free(before); free_state(&s); return; }
+    if (!saved) { free(before); debug_state_free(&s); return; }
     int nrun = 10;
     float runs[2][10];
     for (int r = 0; r < 2; r++) {
         GPT2 m;
-        if (load_model(&m, path, &s, tc) != 0) { free(before); free_state(&s); return; }
+        if (load_model(&m, path, &s, tc) != 0) { free(before); debug_state_free(&s); return; }
         if (r == 0) {
             float *after = floatx_to_host(m.params, m.num_params, m.stream);
             check(memcmp(before, after, m.num_params * sizeof(float)) == 0,
@@ -236,7 +194,7 @@ static void test_against_pytorch(int tc) {
           runs[0][nrun - 1]);
     unlink(path);
     free(before);
-    free_state(&s);
+    debug_state_free(&s);
 }
 
 // the device init equals gpt2.h's param_init_value
