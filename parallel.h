@@ -1265,6 +1265,45 @@ static inline int parallel_main(int argc, char **argv, int np, const char *rende
 }
 
 // ----------------------------------------------------------------------------
+// pipeline schedules: the order in which stage `stage` of pp runs the forward
+// (F) and backward (B) passes of the M micro-batches of one step. Both
+// trainers run exactly this list; doc/parallel.md draws it as a time chart.
+//   gpipe: F0 F1 .. F(M-1) B0 B1 .. B(M-1)         (M activation sets)
+//   1f1b:  pp - stage - 1 forwards to fill the pipe, then one forward and one
+//          backward in turn, then the remaining backwards (PipeDream-flush);
+//          at most pp - stage micro-batches are in flight, so that many
+//          activation sets suffice.
+// No order deadlocks: a stage's k-th forward needs only forwards k of the
+// stages before it, its k-th backward only backwards k of the stages after,
+// and every stage runs its forwards and its backwards in micro-batch order.
+
+typedef struct { int forward, mb; } PipeOp;
+
+static inline PipeOp pipe_op(int forward, int mb) { PipeOp op; op.forward = forward; op.mb = mb; return op; }
+
+// fills ops (2M entries) and returns their count, 2M
+static inline int pipeline_schedule(int gpipe, int pp, int stage, int M, PipeOp *ops) {
+    int n = 0, next_f = 0, next_b = 0;
+    int warmup = gpipe ? M : pp - stage - 1 < M ? pp - stage - 1 : M;
+    while (next_f < warmup) ops[n++] = pipe_op(1, next_f++);
+    while (next_f < M) {
+        ops[n++] = pipe_op(1, next_f++);
+        ops[n++] = pipe_op(0, next_b++);
+    }
+    while (next_b < M) ops[n++] = pipe_op(0, next_b++);
+    return n;
+}
+
+// activation sets a stage needs: the most micro-batches between their forward and backward
+static inline int pipeline_inflight(int gpipe, int pp, int stage, int M) {
+    int k = gpipe ? M : pp - stage;
+    return k < M ? k : M;
+}
+
+// the idle fraction of a step when F and B take the same time on every stage
+static inline double pipeline_bubble(int pp, int M) { return (double)(pp - 1) / (M + pp - 1); }
+
+// ----------------------------------------------------------------------------
 // the host communicator
 
 enum { COMM_ALLREDUCE = 0, COMM_REDUCE_SCATTER, COMM_ALLGATHER, COMM_BROADCAST, COMM_BARRIER,

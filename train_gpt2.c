@@ -1146,35 +1146,6 @@ static float *tensor_view(const GPT2 *m, float *const *unit_data, int t, int lay
     return NULL;
 }
 
-// ----------------------------------------------------------------------------
-// pipeline schedules: the order in which a stage runs the forward (F) and
-// backward (B) passes of the M micro-batches of a step.
-//   gpipe: F0 F1 .. F(M-1) B0 B1 .. B(M-1)
-//   1f1b:  (p - stage - 1) forwards to fill the pipe, then alternate one
-//          forward and one backward, then drain the backwards; at most
-//          p - stage micro-batches are in flight, so that many activation
-//          sets suffice (gpipe needs M)
-
-typedef struct { int forward, mb; } PipeOp;
-
-static int pipeline_schedule(int kind, int pp, int stage, int M, PipeOp *ops) {
-    int n = 0;
-    int warmup = kind == PS_GPIPE ? M : pp - stage - 1 < M ? pp - stage - 1 : M;
-    int next_f = 0, next_b = 0;
-    while (next_f < warmup) ops[n++] = (PipeOp){1, next_f++};
-    while (next_f < M) {
-        ops[n++] = (PipeOp){1, next_f++};
-        ops[n++] = (PipeOp){0, next_b++};
-    }
-    while (next_b < M) ops[n++] = (PipeOp){0, next_b++};
-    return n;
-}
-
-static int pipeline_inflight(int kind, int pp, int stage, int M) {
-    int k = kind == PS_GPIPE ? M : pp - stage;
-    return k < M ? k : M;
-}
-
 #ifndef TESTING
 // ----------------------------------------------------------------------------
 // the trainer
@@ -1287,7 +1258,7 @@ static void print_layout(const GPT2 *m, const Options *o, int accum) {
     if (g->rank == 0)
         printf("layout: %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, schedule %s, %d micro-batches per step, bubble %.3f\n",
                g->world, g->dp, g->tp, g->pp, par->zero, o->pipe_schedule == PS_GPIPE ? "gpipe" : "1f1b", accum,
-               (double)(g->pp - 1) / (accum + g->pp - 1));
+               pipeline_bubble(g->pp, accum));
     // one line per rank, in rank order, from the rank itself
     for (int r = 0; r < g->world; r++) {
         if (r == g->rank)
@@ -1428,7 +1399,7 @@ int main(int argc, char **argv) {
     GPT2 model;
     gpt2_build(&model, &config, &par, full, (uint64_t)opt.seed);
     free(full);
-    gpt2_alloc_activations(&model, B, T, pipeline_inflight(opt.pipe_schedule, par.grid.pp, par.grid.pp_rank, accum));
+    gpt2_alloc_activations(&model, B, T, pipeline_inflight(opt.pipe_schedule == PS_GPIPE, par.grid.pp, par.grid.pp_rank, accum));
 
     // data: this rank's slice of the stream (tp and pp ranks of a replica read the same)
     DataLoader train, val;
@@ -1459,7 +1430,7 @@ int main(int argc, char **argv) {
     }
     print_layout(&model, &opt, accum);
     PipeOp *ops = (PipeOp *)xcalloc(2 * (size_t)accum, sizeof(PipeOp), "schedule");
-    int nops = pipeline_schedule(opt.pipe_schedule, par.grid.pp, par.grid.pp_rank, accum, ops);
+    int nops = pipeline_schedule(opt.pipe_schedule == PS_GPIPE, par.grid.pp, par.grid.pp_rank, accum, ops);
     AdamHyper hyper = {opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay};
     uint64_t sample_rng = (uint64_t)opt.seed * 2654435761ull + 1;
     double fpt = flops_per_token(&config, T);
