@@ -348,7 +348,7 @@ typedef struct {
     int warmup, schedule;
     int shuffle, seed;
     int val_every, val_batches, sample_every, gen_tokens;
-    int ckpt_every, ckpt_keep, resume;
+    int ckpt_every, ckpt_keep, resume, resume_step;
     int np, tp, pp, zero, microbatches, pipe_schedule, check_every;
     float timeout;
     const char *fault, *rendezvous, *key_file;
@@ -393,9 +393,10 @@ static const OptionSpec option_specs[] = {
     {"-m", OPT_INT, offsetof(Options, val_batches), 1, 1 << 30, NULL, "val micro-batches per evaluation"},
     {"-s", OPT_INT, offsetof(Options, sample_every), 0, 1 << 30, NULL, "sample every N steps (0 = never)"},
     {"-g", OPT_INT, offsetof(Options, gen_tokens), 1, 1 << 20, NULL, "tokens to generate per sample"},
-    {"-n", OPT_INT, offsetof(Options, ckpt_every), 0, 1 << 30, NULL, "checkpoint every N steps (0 = only at the end when -o is set)"},
+    {"-n", OPT_INT, offsetof(Options, ckpt_every), 0, 1 << 30, NULL, "checkpoint into -o every N steps and at the end (0 = off)"},
     {"-nk", OPT_INT, offsetof(Options, ckpt_keep), 1, 1 << 20, NULL, "checkpoints to keep"},
-    {"-y", OPT_INT, offsetof(Options, resume), 0, 1, NULL, "resume from the latest checkpoint in -o (0/1)"},
+    {"-y", OPT_INT, offsetof(Options, resume), 0, 1, NULL, "resume from the latest checkpoint in -o (0/1; none yet: start afresh)"},
+    {"-ys", OPT_INT, offsetof(Options, resume_step), -1, 1 << 30, NULL, "resume from the checkpoint of this step in -o (-1 = off)"},
     {"-np", OPT_INT, offsetof(Options, np), 1, 256, NULL, "ranks (processes)"},
     {"-tp", OPT_INT, offsetof(Options, tp), 1, 256, NULL, "tensor-parallel size"},
     {"-pp", OPT_INT, offsetof(Options, pp), 1, 256, NULL, "pipeline stages"},
@@ -423,7 +424,7 @@ static void options_defaults(Options *o) {
     o->weight_decay = 0.0f; o->beta1 = 0.9f; o->beta2 = 0.95f; o->eps = 1e-8f; o->grad_clip = 1.0f;
     o->shuffle = 0; o->seed = 1337;
     o->val_every = 20; o->val_batches = 20; o->sample_every = 20; o->gen_tokens = 64;
-    o->ckpt_every = 0; o->ckpt_keep = 2; o->resume = 0;
+    o->ckpt_every = 0; o->ckpt_keep = 2; o->resume = 0; o->resume_step = -1;
     o->np = 1; o->tp = 1; o->pp = 1; o->zero = 0; o->microbatches = 1; o->pipe_schedule = PS_1F1B;
     o->timeout = 30.0f; o->check_every = 0;
 }
@@ -509,6 +510,36 @@ static void log_step(FILE *f, int step, float loss, float val_loss, float norm, 
     if (val_loss >= 0) fprintf(f, ", \"val_loss\": %.6f", val_loss);
     fprintf(f, ", \"norm\": %.6f, \"lr\": %.6e, \"ms\": %.3f, \"tokens\": %ld}\n", norm, lr, ms, tokens);
     fflush(f);
+}
+
+// on resume from step `step`: keeps the log's lines of the steps before it,
+// so the log reads as one run however often the job was stopped
+static int log_keep_before(const char *path, int step, char *err, size_t errlen) {
+    FILE *f = fopen(path, "r");
+    if (f == NULL && errno == ENOENT) return 0;  // nothing logged yet
+    if (f == NULL) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    char tmp[4200], line[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *out = fopen(tmp, "w");
+    if (out == NULL) {
+        snprintf(err, errlen, "%.1000s: %s", tmp, strerror(errno));
+        fclose(f);
+        return -1;
+    }
+    while (fgets(line, sizeof(line), f) != NULL) {
+        const char *p = strstr(line, "\"step\": ");
+        if (p != NULL && atoi(p + 8) < step) fputs(line, out);
+    }
+    fclose(f);
+    int bad = fclose(out) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        snprintf(err, errlen, "%.1000s: rewrite failed", path);
+        return -1;
+    }
+    return 0;
 }
 
 #endif

@@ -133,8 +133,9 @@ static void test_data_parallel(void) {
             if (z == 0) { ref = buf; ref_n = n; }
             else { check(buf && n == ref_n && memcmp(buf, ref, n) == 0, "dp %d ZeRO-%d final parameters bit-identical to ZeRO-0", dp, z); free(buf); }
             // bytes per rank over the run, payload only: ring formulas, plus the
-            // per-step all-reduce of (norm, loss) padded to one float per rank
-            long long ring = (long long)STEPS * (dp - 1) * 4 * N / dp, scalars = (long long)STEPS * 2 * (dp - 1) * 4;
+            // per-step all-reduce of (norm, loss, stop) padded to a multiple of the ranks
+            long long nscalar = (3 + dp - 1) / dp * dp;
+            long long ring = (long long)STEPS * (dp - 1) * 4 * N / dp, scalars = (long long)STEPS * 2 * (dp - 1) * 4 * nscalar / dp;
             long long ar = bytes_of(r.out, dp - 1, "allreduce"), rs = bytes_of(r.out, dp - 1, "reduce_scatter");
             long long ag = bytes_of(r.out, dp - 1, "allgather");
             // and at the end, -o assembles the model for saving: one all-reduce of it
@@ -171,7 +172,8 @@ static void test_tensor_pipeline(void) {
             static Run r;
             run(&r, "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 32 -np 2 -tp 2");
             long long BT = 32, C = 64, L = 2;
-            long long want = STEPS * ((4 * L + 2) * BT * C * 4 + 2 * BT * 4) + STEPS * 2 * 1 * 4;  // 2(tp-1)/tp = 1
+            // 2(tp-1)/tp = 1; the step's (norm, loss, stop) all-reduce is padded to 4 floats
+            long long want = STEPS * ((4 * L + 2) * BT * C * 4 + 2 * BT * 4) + STEPS * 4 * 4;
             check(bytes_of(r.out, 1, "allreduce") == want && bytes_of(r.out, 1, "allgather") == STEPS * BT * 4,
                   "tp 2 bytes: allreduce %lld (want %lld), allgather %lld (want %lld)", bytes_of(r.out, 1, "allreduce"),
                   want, bytes_of(r.out, 1, "allgather"), STEPS * BT * 4);

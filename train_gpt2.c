@@ -19,6 +19,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <errno.h>
+#include <signal.h>
+#include <sys/mman.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -26,6 +28,7 @@
 #include "gpt2.h"
 #include "secure.h"
 #include "parallel.h"
+#include "checkpoint.h"
 #ifndef TESTING
 #include "dataloader.h"
 #include "tokenizer.h"
@@ -1069,19 +1072,25 @@ static void adam_run(GPT2 *m, const Run *r, void *ctx) {
 }
 
 // *loss_sum: this rank's sum of micro-batch mean losses; on return the
-// step's loss (every rank gets it). Returns the grad norm before clipping.
-static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, const AdamHyper *h) {
+// step's loss (every rank gets it). *stop: in, whether this rank was asked to
+// stop (a signal); out, whether any rank was, so that all stop after the same
+// step. Returns the grad norm before clipping.
+static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, const AdamHyper *h, int *stop) {
     const Parallel *par = m->par;
     const Shard *s = &m->shard;
     gpt2_reduce_grads(m);
     double sumsq = 0.0;
     for_each_run(m, add_sumsq, &sumsq, 1);
-    // one all-reduce for the norm and the loss (each counted on one rank per
-    // replica), padded to one element per rank so the ring's chunks are even
-    float both[GRID_MAX_WORLD] = {(float)sumsq, s->last && s->tp_rank == 0 ? *loss_sum / accum / s->dp : 0.0f};
-    group_allreduce(par, &par->world, both, par->world.size > 2 ? par->world.size : 2);
-    float norm = sqrtf(both[0]);
-    *loss_sum = both[1];
+    // one all-reduce for the norm, the loss (each counted on one rank per
+    // replica) and the stop requests, padded to a multiple of the ranks so
+    // that the ring's chunks are even
+    int world = par->world.size, n = (3 + world - 1) / world * world;
+    float all[GRID_MAX_WORLD + 2] = {(float)sumsq, s->last && s->tp_rank == 0 ? *loss_sum / accum / s->dp : 0.0f,
+                                     (float)*stop};
+    group_allreduce(par, &par->world, all, (size_t)n);
+    float norm = sqrtf(all[0]);
+    *loss_sum = all[1];
+    *stop = all[2] > 0.0f;
     if (max_norm > 0.0f && norm > max_norm) {  // as torch.nn.utils.clip_grad_norm_
         float scale = max_norm / (norm + 1e-6f);
         for_each_run(m, scale_run, &scale, 0);
@@ -1102,32 +1111,61 @@ static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, cons
 }
 
 // ----------------------------------------------------------------------------
-// whole tensors in the file layout from this rank's units: init and load go
-// one way (gpt2_build), save and the tests the other. Each rank writes the
-// elements it owns once in the job (one dp replica, one tp rank for the
-// replicated tensors, the first stage for wte), so a sum over all ranks
-// assembles the full model.
+// what this rank owns of the full model (file layout), so that the ranks
+// together write every element exactly once: the replicated tensors on tp
+// rank 0, wte on the first stage, and of each unit either the dp rank's 1/dp
+// (by_dp: checkpoints, written by all ranks at once) or all of it on dp rank
+// 0 (export). A run is contiguous in unit u from element j, and in the flat
+// model file from element g.
 
-static void gpt2_export(GPT2 *m, float *const *unit_data, float *full) {
+typedef struct { int u; size_t j, g, n; } OwnedRun;
+typedef void (*OwnedFn)(GPT2 *m, const OwnedRun *r, void *ctx);
+
+static void for_each_owned(GPT2 *m, int by_dp, OwnedFn fn, void *ctx) {
     const GPT2Config *c = &m->config;
     const Shard *s = &m->shard;
-    if (s->dp_rank != 0) return;
+    if (!by_dp && s->dp_rank != 0) return;
     size_t full_off[NUM_PARAM_TENSORS], sizes[NUM_PARAM_TENSORS], off = 0;
     param_sizes(c, sizes);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) { full_off[t] = off; off += sizes[t]; }
     for (int u = 0; u < m->nunits; u++) {
         const Unit *un = &m->units[u];
-        const float *src = unit_data[u];
+        size_t chunk = un->padded / s->dp;
+        size_t lo = by_dp ? s->dp_rank * chunk : 0, hi = by_dp ? lo + chunk : un->size;
         int layer = un->kind >= U_LAYER0 ? s->l0 + un->kind - U_LAYER0 : 0;
+        size_t t_off = 0;
         for (int k = 0; k < unit_tensor_count(un->kind); k++) {
             int t = unit_tensor(un->kind, k);
             size_t n = local_tensor_size(c, s, t);
-            size_t layer_off = un->kind >= U_LAYER0 ? (size_t)layer * (sizes[t] / c->L) : 0;
+            size_t base = full_off[t] + (un->kind >= U_LAYER0 ? (size_t)layer * (sizes[t] / c->L) : 0);
             int owner = (!tensor_is_replicated(t) || s->tp_rank == 0) && (t != P_WTE || s->first);
-            for (size_t i = 0; owner && i < n; i++) full[full_off[t] + layer_off + local_to_global(c, s, t, i)] = src[i];
-            src += n;
+            size_t a = lo > t_off ? lo : t_off, b = hi < t_off + n ? hi : t_off + n;
+            OwnedRun r = {u, 0, 0, 0};
+            for (size_t j = a; owner && j < b; j++) {
+                size_t g = base + local_to_global(c, s, t, j - t_off);
+                if (r.n > 0 && g == r.g + r.n) { r.n++; continue; }
+                if (r.n > 0) fn(m, &r, ctx);
+                r.j = j; r.g = g; r.n = 1;
+            }
+            if (r.n > 0) fn(m, &r, ctx);
+            t_off += n;
         }
     }
+}
+
+typedef struct { float *const *unit_data; float *full; } ExportCtx;
+
+static void export_run(GPT2 *m, const OwnedRun *r, void *ctx) {
+    (void)m;
+    const ExportCtx *e = (const ExportCtx *)ctx;
+    memcpy(e->full + r->g, e->unit_data[r->u] + r->j, r->n * sizeof(float));
+}
+
+// whole tensors in the file layout from this rank's units (unit_params or
+// unit_grads); a sum over all ranks assembles the full model
+static void gpt2_export(GPT2 *m, float *const *unit_data, float *full) {
+    ExportCtx e = {unit_data, full};
+    for_each_owned(m, 0, export_run, &e);
 }
 
 // this rank's slice of tensor t (of `layer`, for the per-layer tensors)
@@ -1144,6 +1182,97 @@ static float *tensor_view(const GPT2 *m, float *const *unit_data, int t, int lay
         }
     }
     return NULL;
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints (checkpoint.h has the files): every rank writes what it owns
+// straight into the whole tensors of model.bin and optim.bin, so the files do
+// not depend on the layout and no rank ever holds the whole model or state.
+
+typedef struct { int fd_model, fd_optim, error; size_t N; } SaveCtx;
+
+// where element j of unit u lives on this rank: in the whole unit (offset)
+// or, when the array is sharded over dp, in my 1/dp of it (shard_offset)
+static float *unit_elem(const GPT2 *m, float *arr, int sharded, int u, size_t j) {
+    const Unit *un = &m->units[u];
+    if (!sharded) return arr + un->offset + j;
+    return arr + un->shard_offset + (j - m->shard.dp_rank * (un->padded / m->shard.dp));
+}
+
+static void save_run(GPT2 *m, const OwnedRun *r, void *ctx) {
+    SaveCtx *sc = (SaveCtx *)ctx;
+    int zero = m->par->zero;
+    const float *p = zero == 3 ? unit_elem(m, m->param_shard, 1, r->u, r->j) : unit_elem(m, m->params, 0, r->u, r->j);
+    const float *mo = unit_elem(m, m->m, zero >= 1, r->u, r->j), *vo = unit_elem(m, m->v, zero >= 1, r->u, r->j);
+    size_t bytes = r->n * sizeof(float), at = HEADER_INTS * 4 + r->g * sizeof(float);
+    if (sc->error == 0 && (ckpt_pwrite(sc->fd_model, p, bytes, at) != 0 || ckpt_pwrite(sc->fd_optim, mo, bytes, at) != 0 ||
+                           ckpt_pwrite(sc->fd_optim, vo, bytes, at + sc->N * sizeof(float)) != 0))
+        sc->error = errno;
+}
+
+// this rank's part of the checkpoint st->step; every rank returns the same
+// verdict (0 = the checkpoint is complete and sealed)
+static int gpt2_save(GPT2 *m, const char *out_dir, int keep, const CkptState *st, const uint8_t key[32]) {
+    const Parallel *par = m->par;
+    int rank0 = par->grid.rank == 0;
+    char err[1200] = "", dir[4096], path[4200];
+    float failed = rank0 && ckpt_begin(out_dir, st, err, sizeof(err)) != 0;
+    group_allreduce(par, &par->world, &failed, 1);  // and the files exist for everyone
+    if (failed == 0) {
+        ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial");
+        SaveCtx sc = {-1, -1, 0, param_count(&m->config)};
+        snprintf(path, sizeof(path), "%s/model.bin", dir);
+        sc.fd_model = open(path, O_WRONLY | O_CLOEXEC);
+        snprintf(path, sizeof(path), "%s/optim.bin", dir);
+        sc.fd_optim = open(path, O_WRONLY | O_CLOEXEC);
+        if (sc.fd_model < 0 || sc.fd_optim < 0) sc.error = errno;
+        if (sc.error == 0) for_each_owned(m, 1, save_run, &sc);
+        if (sc.error == 0 && (fsync(sc.fd_model) != 0 || fsync(sc.fd_optim) != 0)) sc.error = errno;
+        if (sc.fd_model >= 0) close(sc.fd_model);
+        if (sc.fd_optim >= 0) close(sc.fd_optim);
+        if (sc.error != 0) secure_error(err, sizeof(err), "rank %d: %s: write: %s", par->grid.rank, dir, strerror(sc.error));
+        float mine = sc.error != 0;
+        failed = mine;
+        group_allreduce(par, &par->world, &failed, 1);
+        if (failed == 0 && rank0 && ckpt_seal(out_dir, st->step, key, err, sizeof(err)) != 0) failed = 1;
+        if (!rank0 && !mine) err[0] = '\0';  // rank 0 speaks for the job; a rank that failed, for itself
+        group_allreduce(par, &par->world, &failed, 1);
+    }
+    if (failed == 0 && rank0) ckpt_prune(out_dir, keep);
+    if (err[0] != '\0') fprintf(stderr, "checkpoint of step %d failed: %s\n", st->step, err);
+    return failed == 0 ? 0 : -1;
+}
+
+// AdamW's m and v for this rank's part from a checkpoint's optim.bin (the
+// parameters come in through gpt2_build from its model.bin)
+static int gpt2_load_optimizer(GPT2 *m, const char *path, int adam_t, char *err, size_t errlen) {
+    size_t N = param_count(&m->config), bytes = HEADER_INTS * 4 + 2 * N * sizeof(float);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return secure_error(err, errlen, "%s: %s", path, strerror(errno));
+    struct stat st;
+    void *map = fstat(fd, &st) == 0 && (size_t)st.st_size == bytes ? mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+    close(fd);
+    if (map == MAP_FAILED) return secure_error(err, errlen, "%s: cannot map %zu bytes of AdamW state", path, bytes);
+    const float *full_m = (const float *)((const char *)map + HEADER_INTS * 4), *full_v = full_m + N;
+    int sharded = m->par->zero >= 1;
+    size_t largest = 0;
+    for (int u = 0; u < m->nunits; u++) if (m->units[u].padded > largest) largest = m->units[u].padded;
+    float *buf = (float *)xcalloc(largest, sizeof(float), "unit");
+    for (int u = 0; u < m->nunits; u++) {
+        const Unit *un = &m->units[u];
+        size_t chunk = un->padded / m->shard.dp, lo = m->shard.dp_rank * chunk;
+        for (int k = 0; k < 2; k++) {
+            float *dst = k == 0 ? m->m : m->v;
+            memset(buf, 0, un->padded * sizeof(float));
+            unit_fill(m, u, buf, k == 0 ? full_m : full_v, 0);
+            if (sharded) memcpy(dst + un->shard_offset, buf + lo, chunk * sizeof(float));
+            else memcpy(dst + un->offset, buf, un->padded * sizeof(float));
+        }
+    }
+    free(buf);
+    munmap(map, bytes);
+    m->adam_t = adam_t;
+    return 0;
 }
 
 #ifndef TESTING
@@ -1301,7 +1430,8 @@ static int model_config(const Options *o, GPT2Config *c) {
 static int check_job(const Options *o, const GPT2Config *c) {
     char err[512];
     Grid g;
-    if (o->ckpt_every > 0 || o->resume) die_usage("flags -n/-y: periodic checkpoints and resume are not built yet (only the final model with -o)");
+    if ((o->ckpt_every > 0 || o->resume || o->resume_step >= 0) && o->out_dir == NULL)
+        die_usage("flags -n/-y/-ys: checkpoints live in the output directory; give it with -o DIR");
     if (o->T > c->maxT) {
         snprintf(err, sizeof(err), "flag -t: T = %d exceeds the model's maxT = %d (%s)", o->T, c->maxT, o->init);
         die_usage(err);
@@ -1332,6 +1462,41 @@ static int check_job(const Options *o, const GPT2Config *c) {
     }
     return total / BTdp;
 }
+
+// the checkpoint key and, with -y or -ys, the checkpoint to resume from,
+// verified here, before any rank starts, so that a bad one is refused once.
+// Returns 1 when resuming (ck and dir filled in).
+static int checkpoint_setup(const Options *o, const GPT2Config *c, uint8_t key[32], CkptState *ck, char *dir, size_t dirlen) {
+    char err[1400];
+    if (o->out_dir == NULL) return 0;
+    if (mkdir(o->out_dir, 0755) != 0 && errno != EEXIST) {
+        snprintf(err, sizeof(err), "flag -o: cannot create directory %s: %s", o->out_dir, strerror(errno));
+        die_usage(err);
+    }
+    if (ckpt_key(o->out_dir, o->key_file, 1, key, err, sizeof(err)) != 0) die_usage(err);
+    if (!o->resume && o->resume_step < 0) return 0;
+    int found = ckpt_find(o->out_dir, o->resume_step, key, ck, dir, dirlen, err, sizeof(err));
+    if (found < 0) die_usage(err);
+    if (found == 0) return 0;
+    const GPT2Config *k = &ck->config;
+    if (k->L != c->L || k->C != c->C || k->NH != c->NH || k->V != c->V || k->Vp != c->Vp || k->maxT != c->maxT) {
+        snprintf(err, sizeof(err), "checkpoint %s holds a model of L=%d C=%d NH=%d V=%d maxT=%d, but -e %s is L=%d C=%d NH=%d V=%d maxT=%d",
+                 dir, k->L, k->C, k->NH, k->V, k->maxT, o->init, c->L, c->C, c->NH, c->V, c->maxT);
+        die_usage(err);
+    }
+    if (ck->B != o->B || ck->T != o->T) {  // the data position counts micro-batches of B*T tokens
+        snprintf(err, sizeof(err), "checkpoint %s was written with -b %d -t %d; resume with the same, not -b %d -t %d",
+                 dir, ck->B, ck->T, o->B, o->T);
+        die_usage(err);
+    }
+    return 1;
+}
+
+// set by SIGINT and SIGTERM (when there is an -o to checkpoint into): the
+// trainer finishes the step, writes a checkpoint and exits 0
+static volatile sig_atomic_t stop_signal;
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
 
 // joins the job: with -np > 1 this process becomes the launcher and
 // parallel_main never returns; a rank gets its place and its communicator
@@ -1386,19 +1551,34 @@ int main(int argc, char **argv) {
     GPT2Config config;
     int random_init = model_config(&opt, &config);
     int accum = check_job(&opt, &config);
+    uint8_t ckpt_key[32];
+    CkptState ck;
+    char ck_dir[4096], path[4200];
+    int resuming = checkpoint_setup(&opt, &config, ckpt_key, &ck, ck_dir, sizeof(ck_dir));
     Parallel par;
     parallel_setup(&par, &opt, &fault, argc, argv);
+    signal(SIGXFSZ, SIG_IGN);  // past a file size limit a write fails (and says so) instead of killing us
+    if (opt.out_dir) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = on_stop_signal;
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+    }
 
-    // this rank's part of the model: from the file, or the seeded init
+    // this rank's part of the model: from the checkpoint, the model file, or the seeded init
     float *full = NULL;
-    if (!random_init) {
-        full = model_load(opt.init, &config, err, sizeof(err));
+    if (resuming) snprintf(path, sizeof(path), "%s/model.bin", ck_dir);
+    if (resuming || !random_init) {
+        full = model_load(resuming ? path : opt.init, &config, err, sizeof(err));
         if (full == NULL) die_usage(err);
     }
     int rank0 = par.grid.rank == 0, dp = par.grid.dp, B = opt.B, T = opt.T, total_batch = B * T * dp * accum;
     GPT2 model;
     gpt2_build(&model, &config, &par, full, (uint64_t)opt.seed);
     free(full);
+    snprintf(path, sizeof(path), "%s/optim.bin", ck_dir);
+    if (resuming && gpt2_load_optimizer(&model, path, ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
     gpt2_alloc_activations(&model, B, T, pipeline_inflight(opt.pipe_schedule == PS_GPIPE, par.grid.pp, par.grid.pp_rank, accum));
 
     // data: this rank's slice of the stream (tp and pp ranks of a replica read the same)
@@ -1409,19 +1589,20 @@ int main(int argc, char **argv) {
     int have_val = opt.val_every > 0;
     if (have_val && dataloader_init(&val, opt.val_pattern, B, T, par.grid.dp_rank, dp, 0, 0, config.V, err, sizeof(err)) != 0)
         die_usage(err);
+    DataLoaderState data_pos = {ck.data[0], ck.data[1], ck.data[2], ck.data[3]};
+    if (resuming && dataloader_set_state(&train, &data_pos, err, sizeof(err)) != 0) die_usage(err);
     int steps = opt.steps >= 0 ? opt.steps : (int)(dataloader_batches_per_epoch(&train) / accum);
     if (steps < 1) steps = 1;
     Tokenizer tok;
     int have_tok = opt.tokenizer != NULL && opt.sample_every > 0 && par.grid.world == 1;
     if (have_tok && tokenizer_load_bin(&tok, opt.tokenizer, err, sizeof(err)) != 0) die_usage(err);
     FILE *logf = NULL;
-    char path[900];
-    if (rank0 && opt.out_dir) mkdir(opt.out_dir, 0755);
     if (rank0 && (opt.log_file || opt.out_dir)) {
         if (opt.log_file) snprintf(path, sizeof(path), "%s", opt.log_file);
         else snprintf(path, sizeof(path), "%s/log.jsonl", opt.out_dir);
-        logf = fopen(path, "w");
-        if (logf == NULL) { snprintf(err, sizeof(err), "%s: cannot create log file", path); die_usage(err); }
+        if (resuming && log_keep_before(path, ck.step, err, sizeof(err)) != 0) die_usage(err);
+        logf = fopen(path, resuming ? "a" : "w");
+        if (logf == NULL) { secure_error(err, sizeof(err), "%s: cannot create log file: %s", path, strerror(errno)); die_usage(err); }
     }
     if (rank0) {
         printf("model: L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters\n",
@@ -1432,11 +1613,16 @@ int main(int argc, char **argv) {
     PipeOp *ops = (PipeOp *)xcalloc(2 * (size_t)accum, sizeof(PipeOp), "schedule");
     int nops = pipeline_schedule(opt.pipe_schedule == PS_GPIPE, par.grid.pp, par.grid.pp_rank, accum, ops);
     AdamHyper hyper = {opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay};
-    uint64_t sample_rng = (uint64_t)opt.seed * 2654435761ull + 1;
+    uint64_t sample_rng = resuming ? ck.sample_rng : (uint64_t)opt.seed * 2654435761ull + 1;
+    int start = resuming ? ck.step : 0, stopped = 0;
+    if (rank0 && resuming)
+        printf("resuming from %s: step %d, written by np %d tp %d pp %d ZeRO-%d\n", ck_dir, ck.step, ck.np, ck.tp, ck.pp, ck.zero);
+    else if (rank0 && (opt.resume || opt.resume_step >= 0))
+        printf("no checkpoint in %s yet: starting from step 0\n", opt.out_dir);
     double fpt = flops_per_token(&config, T);
 
     // the training loop: one optimizer step per iteration
-    for (int step = 0; step < steps; step++) {
+    for (int step = start; step < steps && !stopped; step++) {
         int last = step == steps - 1;
         if (par.comm) comm_set_step(par.comm, step);
         float val_loss = -1.0f;
@@ -1462,7 +1648,8 @@ int main(int argc, char **argv) {
         }
         float lr = lr_at_step(&opt, step, steps);
         hyper.lr = lr;
-        float norm = gpt2_step(&model, &loss, accum, opt.grad_clip, &hyper);
+        stopped = stop_signal != 0;
+        float norm = gpt2_step(&model, &loss, accum, opt.grad_clip, &hyper, &stopped);
         double ms = now_ms() - t0;
 
         double tok_s = total_batch / (ms / 1e3);
@@ -1471,9 +1658,21 @@ int main(int argc, char **argv) {
                    step, steps, loss, norm, lr, ms, tok_s, tok_s * fpt / 1e9);
             log_step(logf, step, loss, val_loss, norm, lr, ms, (long)total_batch * (step + 1));
         }
+        int done = step + 1;
+        if (stopped || (opt.ckpt_every > 0 && (done % opt.ckpt_every == 0 || done == steps))) {
+            DataLoaderState pos;
+            dataloader_get_state(&train, &pos);
+            CkptState st = {done, model.adam_t, config, B, T, total_batch, steps, opt.seed, opt.shuffle,
+                            {pos.epoch, pos.shard_pos, pos.sample_pos, pos.rng}, sample_rng,
+                            par.grid.world, par.grid.tp, par.grid.pp, par.zero};
+            double c0 = now_ms();
+            if (gpt2_save(&model, opt.out_dir, opt.ckpt_keep, &st, ckpt_key) != 0) return 1;
+            if (rank0) printf("checkpoint %s/ckpt_%08d written in %.0f ms\n", opt.out_dir, done, now_ms() - c0);
+        }
+        if (stopped && rank0) printf("stopped by a signal after step %d; resume with -y 1\n", step);
     }
 
-    if (opt.out_dir) {
+    if (opt.out_dir && !stopped) {
         float *params = gpt2_full_params(&model);
         snprintf(path, sizeof(path), "%s/model_%08d.bin", opt.out_dir, steps);
         if (rank0 && model_save(path, &config, params, 0, err, sizeof(err)) != 0) { fprintf(stderr, "%s\n", err); return 1; }

@@ -1,0 +1,339 @@
+/*
+ * checkpoint.h: what a training checkpoint is on disk, and how one is found,
+ * sealed, verified and pruned. Both trainers use it; how a rank writes its
+ * own part of the tensors stays in the trainer (train_gpt2.c: gpt2_save).
+ *
+ * A checkpoint of step S (S optimizer steps done) is the directory
+ * <out>/ckpt_SSSSSSSS (8 digits) holding:
+ *   model.bin  the parameters as llm.c's v3 model file (fp32, gpt2.h), so
+ *              llm.c and our own sampler read it as it is
+ *   optim.bin  AdamW's state: a 1024-byte header, then float m[N], float v[N]
+ *              in model.bin's element order (N = the model's parameters)
+ *   state.bin  a 1024-byte header: the step, Adam's t, the data position, the
+ *              sampling RNG, the shape and batch it was written with
+ *   MANIFEST   secure.h's manifest: size and SHA-256 of the three, sealed with
+ *              the checkpoint key (HMAC-SHA256)
+ * The files hold whole tensors, so they do not depend on the layout that
+ * wrote them: any (dp, tp, pp, ZeRO) reads any checkpoint.
+ *
+ * Writing: the directory is built as ckpt_SSSSSSSS.partial; every rank
+ * writes the elements it owns into model.bin and optim.bin at their places
+ * (pwrite) and fsyncs; once all have, rank 0 hashes the files, writes the
+ * MANIFEST atomically, renames the directory to its final name and fsyncs
+ * <out>. A kill at any moment leaves either a .partial directory, which is
+ * never read and is removed by the next write, or a complete checkpoint.
+ * Only then are checkpoints beyond the newest K (-nk) deleted.
+ *
+ * Reading: a directory ckpt_SSSSSSSS whose MANIFEST does not verify (a
+ * changed byte, a truncated file, a missing file, another key) is refused
+ * with one line, never skipped silently: it means damage or tampering.
+ *
+ * The checkpoint key: the job key of --key-file when given, else the file
+ * <out>/job.key (64 hex digits, mode 0600), made on the first run that writes
+ * into <out>. It is not the per-launch key that seals messages between ranks:
+ * checkpoints outlive a launch, and a checkpoint copied from another job's
+ * directory is refused unless --key-file names that job's key.
+ *
+ * optim.bin header (int32):  [0] 20241203 magic  [1] 1 version  [2] Adam's t
+ *   [3] maxT [4] V [5] Vp [6] L [7] NH [8] C
+ * state.bin header (int32):  [0] 20241204 magic  [1] 1 version  [2] step
+ *   [3] Adam's t  [4] maxT [5] V [6] Vp [7] L [8] NH [9] C
+ *   [10] B  [11] T  [12] tokens per step  [13] steps of the run  [14] seed
+ *   [15] shuffle  [16..23] the data position (epoch, shard_pos, sample_pos,
+ *   rng: four uint64, low word first)  [24..25] the sampling RNG (uint64)
+ *   [26] np [27] tp [28] pp [29] ZeRO of the run that wrote it (information)
+ */
+#ifndef LLM3D_CHECKPOINT_H
+#define LLM3D_CHECKPOINT_H
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gpt2.h"
+#include "secure.h"
+
+#define OPTIM_MAGIC 20241203
+#define CKPT_STATE_MAGIC 20241204
+#define CKPT_MAX_KEEP (1 << 20)
+
+static const char *const ckpt_files[3] = {"model.bin", "optim.bin", "state.bin"};
+
+// everything state.bin holds, in the order of its header
+typedef struct {
+    int step, adam_t;
+    GPT2Config config;
+    int B, T, batch_tokens, steps, seed, shuffle;
+    uint64_t data[4];   // DataLoaderState: epoch, shard_pos, sample_pos, rng
+    uint64_t sample_rng;
+    int np, tp, pp, zero;
+} CkptState;
+
+static void ckpt_put_u64(int32_t *h, uint64_t x) { h[0] = (int32_t)(uint32_t)x; h[1] = (int32_t)(uint32_t)(x >> 32); }
+static uint64_t ckpt_get_u64(const int32_t *h) { return (uint64_t)(uint32_t)h[0] | (uint64_t)(uint32_t)h[1] << 32; }
+
+static void ckpt_config_put(int32_t *h, const GPT2Config *c) {
+    h[0] = c->maxT; h[1] = c->V; h[2] = c->Vp; h[3] = c->L; h[4] = c->NH; h[5] = c->C;
+}
+
+static void ckpt_config_get(const int32_t *h, GPT2Config *c) {
+    c->maxT = h[0]; c->V = h[1]; c->Vp = h[2]; c->L = h[3]; c->NH = h[4]; c->C = h[5];
+}
+
+static void ckpt_state_header(const CkptState *s, int32_t h[HEADER_INTS]) {
+    memset(h, 0, HEADER_INTS * sizeof(int32_t));
+    h[0] = CKPT_STATE_MAGIC; h[1] = 1; h[2] = s->step; h[3] = s->adam_t;
+    ckpt_config_put(h + 4, &s->config);
+    h[10] = s->B; h[11] = s->T; h[12] = s->batch_tokens; h[13] = s->steps; h[14] = s->seed; h[15] = s->shuffle;
+    for (int i = 0; i < 4; i++) ckpt_put_u64(h + 16 + 2 * i, s->data[i]);
+    ckpt_put_u64(h + 24, s->sample_rng);
+    h[26] = s->np; h[27] = s->tp; h[28] = s->pp; h[29] = s->zero;
+}
+
+static void ckpt_optim_header(int32_t h[HEADER_INTS], const GPT2Config *c, int adam_t) {
+    memset(h, 0, HEADER_INTS * sizeof(int32_t));
+    h[0] = OPTIM_MAGIC; h[1] = 1; h[2] = adam_t;
+    ckpt_config_put(h + 3, c);
+}
+
+// the byte size each file must have for config c
+static uint64_t ckpt_file_bytes(int file, const GPT2Config *c) {
+    uint64_t N = param_count(c), header = HEADER_INTS * 4;
+    return file == 0 ? header + 4 * N : file == 1 ? header + 8 * N : header;
+}
+
+// pwrite all of buf at offset, through short writes and EINTR; -1 with errno
+static int ckpt_pwrite(int fd, const void *buf, size_t n, size_t offset) {
+    const char *p = (const char *)buf;
+    while (n > 0) {
+        ssize_t r = pwrite(fd, p, n, (off_t)offset);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) { if (r == 0) errno = EIO; return -1; }
+        p += r; n -= (size_t)r; offset += (size_t)r;
+    }
+    return 0;
+}
+
+static int ckpt_dir_name(char *out, size_t outlen, const char *out_dir, int step, const char *suffix) {
+    int n = snprintf(out, outlen, "%s/ckpt_%08d%s", out_dir, step, suffix);
+    return n > 0 && (size_t)n < outlen ? 0 : -1;
+}
+
+// the step of a directory entry named exactly ckpt_ + 8 digits, else -1
+static int ckpt_step_of(const char *name) {
+    if (strncmp(name, "ckpt_", 5) != 0 || strlen(name) != 13) return -1;
+    int step = 0;
+    for (int i = 5; i < 13; i++) {
+        if (name[i] < '0' || name[i] > '9') return -1;
+        step = step * 10 + (name[i] - '0');
+    }
+    return step;
+}
+
+// the steps of the checkpoint directories in out_dir, newest first; their
+// count, or -1 when out_dir cannot be read. *steps is malloc'd.
+static int ckpt_list(const char *out_dir, int **steps) {
+    *steps = NULL;
+    DIR *d = opendir(out_dir);
+    if (d == NULL) return errno == ENOENT ? 0 : -1;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int s = ckpt_step_of(e->d_name);
+        if (s < 0) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            int *grown = (int *)realloc(*steps, cap * sizeof(int));
+            if (grown == NULL) { closedir(d); return -1; }
+            *steps = grown;
+        }
+        (*steps)[n++] = s;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++)  // insertion sort, newest first: there are few
+        for (int j = i; j > 0 && (*steps)[j] > (*steps)[j - 1]; j--) {
+            int t = (*steps)[j]; (*steps)[j] = (*steps)[j - 1]; (*steps)[j - 1] = t;
+        }
+    return n;
+}
+
+// removes a directory and the plain files in it (a checkpoint, complete or not)
+static int ckpt_remove_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (d == NULL) return errno == ENOENT ? 0 : -1;
+    struct dirent *e;
+    char file[4096];
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        snprintf(file, sizeof(file), "%s/%s", path, e->d_name);
+        unlink(file);
+    }
+    closedir(d);
+    return rmdir(path);
+}
+
+static int ckpt_fsync_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+// the checkpoint key (see the top of this file); creates <out>/job.key when
+// create is set and there is none yet
+static int ckpt_key(const char *out_dir, const char *key_file, int create, uint8_t key[32], char *err, size_t errlen) {
+    if (key_file != NULL) return key_read_file(key_file, key, err, errlen);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/job.key", out_dir);
+    if (access(path, F_OK) == 0 || !create) return key_read_file(path, key, err, errlen);
+    if (key_generate(key, err, errlen) != 0) return -1;
+    return key_write_file(path, key, err, errlen);
+}
+
+// checks that the checkpoint directory dir verifies under key and reads its
+// state; one line in err naming the file and what is wrong otherwise
+static int ckpt_verify(const char *dir, const uint8_t key[32], CkptState *s, char *err, size_t errlen) {
+    Manifest m;
+    char why[1024];
+    if (manifest_read(&m, dir, "MANIFEST", key, why, sizeof(why)) != 0) {
+        secure_error(err, errlen, "checkpoint %s: %s (written with another key? pass it with --key-file)", dir, why);
+        return -1;
+    }
+    int rc = 0;
+    for (int i = 0; i < 3 && rc == 0; i++) {
+        rc = manifest_verify_file(&m, dir, ckpt_files[i], why, sizeof(why));
+        if (rc != 0) secure_error(err, errlen, "checkpoint %s: %s", dir, why);
+    }
+    manifest_free(&m);
+    if (rc != 0) return -1;
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/state.bin", dir);
+    int32_t h[HEADER_INTS];
+    FILE *f = fopen(path, "rb");
+    int got = f != NULL && fread(h, 4, HEADER_INTS, f) == HEADER_INTS;
+    if (f) fclose(f);
+    if (!got || h[0] != CKPT_STATE_MAGIC || h[1] != 1) {
+        secure_error(err, errlen, "%s: not a version 1 checkpoint state (magic %d, version %d)", path, got ? h[0] : 0,
+                 got ? h[1] : 0);
+        return -1;
+    }
+    memset(s, 0, sizeof(*s));
+    s->step = h[2]; s->adam_t = h[3];
+    ckpt_config_get(h + 4, &s->config);
+    s->B = h[10]; s->T = h[11]; s->batch_tokens = h[12]; s->steps = h[13]; s->seed = h[14]; s->shuffle = h[15];
+    for (int i = 0; i < 4; i++) s->data[i] = ckpt_get_u64(h + 16 + 2 * i);
+    s->sample_rng = ckpt_get_u64(h + 24);
+    s->np = h[26]; s->tp = h[27]; s->pp = h[28]; s->zero = h[29];
+    if (check_config(&s->config, path, why, sizeof(why)) != 0) { secure_error(err, errlen, "%s", why); return -1; }
+    for (int i = 0; i < 2; i++) {  // the manifest vouches for the bytes; the shape must also agree
+        struct stat st;
+        snprintf(path, sizeof(path), "%s/%s", dir, ckpt_files[i]);
+        if (stat(path, &st) != 0 || (uint64_t)st.st_size != ckpt_file_bytes(i, &s->config)) {
+            secure_error(err, errlen, "%s: %lld bytes, but state.bin's shape needs %llu", path, (long long)st.st_size,
+                     (unsigned long long)ckpt_file_bytes(i, &s->config));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+// the checkpoint to resume from: want_step >= 0 that step, else the newest.
+// Returns 1 with *s and dir filled, 0 when want_step < 0 and there is none,
+// -1 with err set otherwise.
+static int ckpt_find(const char *out_dir, int want_step, const uint8_t key[32], CkptState *s, char *dir,
+                     size_t dirlen, char *err, size_t errlen) {
+    int *steps, n = ckpt_list(out_dir, &steps);
+    if (n < 0) { secure_error(err, errlen, "flag -o: cannot read directory %s: %s", out_dir, strerror(errno)); return -1; }
+    int step = -1;
+    for (int i = 0; i < n && step < 0; i++)
+        if (want_step < 0 || steps[i] == want_step) step = steps[i];
+    free(steps);
+    if (step < 0) {
+        if (want_step < 0) return 0;
+        secure_error(err, errlen, "flag -ys: no checkpoint of step %d in %s", want_step, out_dir);
+        return -1;
+    }
+    ckpt_dir_name(dir, dirlen, out_dir, step, "");
+    if (ckpt_verify(dir, key, s, err, errlen) != 0) return -1;
+    if (s->step != step) {
+        secure_error(err, errlen, "checkpoint %s: state.bin says step %d", dir, s->step);
+        return -1;
+    }
+    return 1;
+}
+
+// after the checkpoint of step `newest` is complete: deletes all but the
+// newest `keep` checkpoints and any .partial directory left by a kill
+static void ckpt_prune(const char *out_dir, int keep) {
+    int *steps, n = ckpt_list(out_dir, &steps);
+    char path[4096];
+    for (int i = keep; i < n; i++) {
+        ckpt_dir_name(path, sizeof(path), out_dir, steps[i], "");
+        ckpt_remove_dir(path);
+    }
+    free(steps);
+    DIR *d = opendir(out_dir);
+    if (d == NULL) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len == 21 && strcmp(e->d_name + 13, ".partial") == 0) {
+            snprintf(path, sizeof(path), "%s/%s", out_dir, e->d_name);
+            ckpt_remove_dir(path);
+        }
+    }
+    closedir(d);
+    ckpt_fsync_dir(out_dir);
+}
+
+// rank 0, once every rank's part is in: seals the .partial directory of step
+// `step` and gives it its final name
+static int ckpt_seal(const char *out_dir, int step, const uint8_t key[32], char *err, size_t errlen) {
+    char partial[4096], final_dir[4096];
+    ckpt_dir_name(partial, sizeof(partial), out_dir, step, ".partial");
+    ckpt_dir_name(final_dir, sizeof(final_dir), out_dir, step, "");
+    Manifest m = {0, NULL};
+    for (int i = 0; i < 3; i++)
+        if (manifest_add_file(&m, partial, ckpt_files[i], err, errlen) != 0) { manifest_free(&m); return -1; }
+    int rc = manifest_write(&m, partial, "MANIFEST", key, err, errlen);
+    manifest_free(&m);
+    if (rc != 0) return -1;
+    // a checkpoint of this step from an earlier attempt (resumed from before it) gives way
+    if (ckpt_remove_dir(final_dir) != 0 && errno != ENOENT) {
+        secure_error(err, errlen, "%s: cannot replace: %s", final_dir, strerror(errno));
+        return -1;
+    }
+    if (rename(partial, final_dir) != 0 || ckpt_fsync_dir(out_dir) != 0) {
+        secure_error(err, errlen, "%s: rename to %s: %s", partial, final_dir, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+// rank 0, before the ranks write: an empty .partial directory with model.bin
+// and optim.bin at their full size (headers in, tensors zero) and state.bin
+static int ckpt_begin(const char *out_dir, const CkptState *s, char *err, size_t errlen) {
+    char dir[4096], path[4200];
+    ckpt_dir_name(dir, sizeof(dir), out_dir, s->step, ".partial");
+    ckpt_remove_dir(dir);
+    if (mkdir(dir, 0755) != 0) { secure_error(err, errlen, "%s: mkdir: %s", dir, strerror(errno)); return -1; }
+    int32_t h[3][HEADER_INTS];
+    model_fill_header(h[0], &s->config, 3);
+    ckpt_optim_header(h[1], &s->config, s->adam_t);
+    ckpt_state_header(s, h[2]);
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, ckpt_files[i]);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        int e = fd < 0 ? errno : 0;
+        if (e == 0 && write_all(fd, h[i], sizeof(h[i])) != 0) e = errno;
+        if (e == 0 && ftruncate(fd, (off_t)ckpt_file_bytes(i, &s->config)) != 0) e = errno;
+        if (e == 0 && fsync(fd) != 0) e = errno;
+        if (fd >= 0 && close(fd) != 0 && e == 0) e = errno;
+        if (e != 0) { secure_error(err, errlen, "%s: write: %s", path, strerror(e)); return -1; }
+    }
+    return 0;
+}
+
+#endif
