@@ -25,7 +25,7 @@ ifeq ($(PRECISION),FP32)
 endif
 
 CPU_PROGRAMS = train_gpt2 prepare_data dev/bench_secure
-CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts
+CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint
 CUDA_PROGRAMS = train_gpt2cu test_gpt2cu
 
 ifneq ($(NVCC),)

@@ -158,12 +158,15 @@ static int ckpt_list(const char *out_dir, int **steps) {
     return n;
 }
 
-// removes a directory and the plain files in it (a checkpoint, complete or not)
+// removes a directory and the plain files in it (a checkpoint, complete or
+// not), its MANIFEST first: a delete cut short leaves no complete checkpoint
 static int ckpt_remove_dir(const char *path) {
+    char file[4096];
+    snprintf(file, sizeof(file), "%s/MANIFEST", path);
+    unlink(file);
     DIR *d = opendir(path);
     if (d == NULL) return errno == ENOENT ? 0 : -1;
     struct dirent *e;
-    char file[4096];
     while ((e = readdir(d)) != NULL) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
         snprintf(file, sizeof(file), "%s/%s", path, e->d_name);
@@ -247,15 +250,20 @@ static int ckpt_find(const char *out_dir, int want_step, const uint8_t key[32], 
     int *steps, n = ckpt_list(out_dir, &steps);
     if (n < 0) { secure_error(err, errlen, "flag -o: cannot read directory %s: %s", out_dir, strerror(errno)); return -1; }
     int step = -1;
-    for (int i = 0; i < n && step < 0; i++)
-        if (want_step < 0 || steps[i] == want_step) step = steps[i];
+    for (int i = 0; i < n && step < 0; i++) {
+        if (want_step >= 0 && steps[i] != want_step) continue;
+        char manifest[4200];
+        ckpt_dir_name(dir, dirlen, out_dir, steps[i], "");
+        snprintf(manifest, sizeof(manifest), "%s/MANIFEST", dir);
+        if (access(manifest, F_OK) == 0) step = steps[i];
+        else fprintf(stderr, "%s: no MANIFEST, so not a checkpoint (a delete cut short?); passed over\n", dir);
+    }
     free(steps);
     if (step < 0) {
         if (want_step < 0) return 0;
         secure_error(err, errlen, "flag -ys: no checkpoint of step %d in %s", want_step, out_dir);
         return -1;
     }
-    ckpt_dir_name(dir, dirlen, out_dir, step, "");
     if (ckpt_verify(dir, key, s, err, errlen) != 0) return -1;
     if (s->step != step) {
         secure_error(err, errlen, "checkpoint %s: state.bin says step %d", dir, s->step);

@@ -24,7 +24,8 @@
  *   (dev/train_gpt2.py writes it; test_gpt2.c and test_gpt2.cu read it).
  *
  * tokenizer (magic 20240328) and token shards (magic 20240520): tokenizer.h
- * and dataloader.h; doc/formats.md has all of them on one page.
+ * and dataloader.h; checkpoints (optim.bin 20241203, state.bin 20241204):
+ * checkpoint.h; doc/formats.md has all of them on one page.
  */
 #ifndef LLM3D_GPT2_H
 #define LLM3D_GPT2_H

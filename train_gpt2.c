@@ -1239,6 +1239,7 @@ static int gpt2_save(GPT2 *m, const char *out_dir, int keep, const CkptState *st
         group_allreduce(par, &par->world, &failed, 1);
     }
     if (failed == 0 && rank0) ckpt_prune(out_dir, keep);
+    if (failed != 0 && rank0 && ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial") == 0) ckpt_remove_dir(dir);
     if (err[0] != '\0') fprintf(stderr, "checkpoint of step %d failed: %s\n", st->step, err);
     return failed == 0 ? 0 : -1;
 }
@@ -1469,6 +1470,7 @@ static int check_job(const Options *o, const GPT2Config *c) {
 static int checkpoint_setup(const Options *o, const GPT2Config *c, uint8_t key[32], CkptState *ck, char *dir, size_t dirlen) {
     char err[1400];
     if (o->out_dir == NULL) return 0;
+    if (strlen(o->out_dir) > 700) die_usage("flag -o: the directory's path is over 700 bytes");
     if (mkdir(o->out_dir, 0755) != 0 && errno != EEXIST) {
         snprintf(err, sizeof(err), "flag -o: cannot create directory %s: %s", o->out_dir, strerror(errno));
         die_usage(err);
@@ -1553,7 +1555,7 @@ int main(int argc, char **argv) {
     int accum = check_job(&opt, &config);
     uint8_t ckpt_key[32];
     CkptState ck;
-    char ck_dir[4096], path[4200];
+    char ck_dir[800], path[900];  // -o is at most 700 bytes
     int resuming = checkpoint_setup(&opt, &config, ckpt_key, &ck, ck_dir, sizeof(ck_dir));
     Parallel par;
     parallel_setup(&par, &opt, &fault, argc, argv);

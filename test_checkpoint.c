@@ -1,0 +1,412 @@
+/*
+ * test_checkpoint.c: checkpoints and recovery, through ./train_gpt2 itself.
+ *
+ * On a tiny model (d2: L=2 C=128 NH=2, V=256) and a synthetic shard:
+ * bit-exact resume (one rank and parallel layouts), resume under other
+ * layouts, the refusals (truncated, changed, another key, another shape,
+ * a missing file), keeping the last K, SIGTERM, a file size limit, and 20
+ * SIGKILLs at random moments in a row.
+ */
+#define _GNU_SOURCE
+#include "gpt2.h"
+#include "test.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#define MAX_STEPS 64
+static char dir[128], shards[160];
+static const char *MODEL = "-e d2 -ev 256 -et 32 -b 2 -t 16 -d 128 -l 1e-3 -v 0 -s 0 -th 1";
+
+typedef struct {
+    int status;      // exit status, or 128 + signal
+    int nsteps;      // steps logged: 0..nsteps-1, or -1 when the log is not that
+    char loss[MAX_STEPS][16], norm[MAX_STEPS][16];  // as printed: compared as text, bit for bit
+    char out[65536]; // stdout and stderr
+} Run;
+
+static void write_shard(const char *path, int ntok) {
+    int32_t h[HEADER_INTS] = {20240520, 1, ntok};
+    FILE *f = fopen(path, "wb");
+    fwrite(h, 4, HEADER_INTS, f);
+    uint64_t x = 99;
+    for (int i = 0; i < ntok; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        uint16_t t = (uint16_t)(i % 5 == 0 ? 32 : 97 + (x >> 60) + (i % 4));
+        fwrite(&t, 2, 1, f);
+    }
+    fclose(f);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+// starts ./train_gpt2 with the shared flags and `args`, output into dir/out.txt;
+// a file size limit when fsize > 0
+static pid_t start(const char *args, long fsize) {
+    char cmd[2048], out[200];
+    snprintf(out, sizeof(out), "%s/out.txt", dir);
+    snprintf(cmd, sizeof(cmd), "exec ./train_gpt2 %s -i '%s' %s > %s 2>&1", MODEL, shards, args, out);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (fsize > 0) {
+            struct rlimit rl = {(rlim_t)fsize, (rlim_t)fsize};
+            setrlimit(RLIMIT_FSIZE, &rl);
+        }
+        setpgid(0, 0);  // our own group, so a kill reaches the launcher's ranks too
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+// the log's steps; a resumed run's log may start at its checkpoint's step
+static void read_log(Run *r, const char *log) {
+    r->nsteps = 0;
+    FILE *f = fopen(log, "r");
+    char line[512];
+    int first = 1;
+    while (f && fgets(line, sizeof(line), f)) {
+        int step = -1;
+        char *s = strstr(line, "\"step\": "), *l = strstr(line, "\"loss\": "), *n = strstr(line, "\"norm\": ");
+        if (s) step = atoi(s + 8);
+        if (first && step > 0 && step < MAX_STEPS) r->nsteps = step;
+        first = 0;
+        if (step < 0 || step >= MAX_STEPS || !l || !n || step != r->nsteps) { r->nsteps = -1; break; }
+        sscanf(l + 8, "%15[^,]", r->loss[step]);
+        sscanf(n + 8, "%15[^,]", r->norm[step]);
+        r->nsteps++;
+    }
+    if (f) fclose(f);
+}
+
+static void finish(Run *r, pid_t pid, const char *out_dir) {
+    int st;
+    waitpid(pid, &st, 0);
+    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    char path[300];
+    snprintf(path, sizeof(path), "%s/out.txt", dir);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(r->out, 1, sizeof(r->out) - 1, f) : 0;
+    r->out[n] = '\0';
+    if (f) fclose(f);
+    snprintf(path, sizeof(path), "%s/log.jsonl", out_dir);
+    read_log(r, path);
+}
+
+// runs to the end: out_dir, steps, then more flags
+static void run(Run *r, const char *out_dir, int steps, const char *args) {
+    char all[1024];
+    snprintf(all, sizeof(all), "-o %s -x %d %s", out_dir, steps, args);
+    finish(r, start(all, 0), out_dir);
+}
+
+static int same_steps(const Run *a, const Run *b, int from, int to) {
+    if (a->nsteps < to || b->nsteps < to) return 0;
+    for (int i = from; i < to; i++)
+        if (strcmp(a->loss[i], b->loss[i]) != 0 || strcmp(a->norm[i], b->norm[i]) != 0) return 0;
+    return 1;
+}
+
+static float worst_diff(const Run *a, const Run *b, int from, int to) {
+    if (a->nsteps < to || b->nsteps < to) return INFINITY;
+    float w = 0.0f;
+    for (int i = from; i < to; i++) {
+        w = fmaxf(w, fabsf(strtof(a->loss[i], NULL) - strtof(b->loss[i], NULL)));
+        w = fmaxf(w, fabsf(strtof(a->norm[i], NULL) - strtof(b->norm[i], NULL)));
+    }
+    return w;
+}
+
+static void sh(const char *fmt, ...) {
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    if (system(cmd) != 0) printf("note: '%s' failed\n", cmd);
+}
+
+static int files_equal(const char *dir_a, const char *dir_b, const char *name) {
+    char pa[400], pb[400];
+    snprintf(pa, sizeof(pa), "%s/%s", dir_a, name);
+    snprintf(pb, sizeof(pb), "%s/%s", dir_b, name);
+    FILE *fa = fopen(pa, "rb"), *fb = fopen(pb, "rb");
+    int same = fa != NULL && fb != NULL;
+    static char ba[1 << 16], bb[1 << 16];
+    while (same) {
+        size_t na = fread(ba, 1, sizeof(ba), fa), nb = fread(bb, 1, sizeof(bb), fb);
+        same = na == nb && memcmp(ba, bb, na) == 0;
+        if (na == 0) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+static int exists(const char *fmt, const char *a, int step) {
+    char path[400];
+    snprintf(path, sizeof(path), fmt, a, step);
+    return access(path, F_OK) == 0;
+}
+
+// the first line of r->out that holds `what` (for the messages)
+static const char *line_with(const Run *r, const char *what) {
+    static char line[400];
+    const char *p = strstr(r->out, what);
+    if (p == NULL) return "(none)";
+    while (p > r->out && p[-1] != '\n') p--;
+    size_t n = strcspn(p, "\n");
+    snprintf(line, sizeof(line), "%.*s", (int)(n < 399 ? n : 399), p);
+    return line;
+}
+
+// ---------------------------------------------------------------------------
+
+// a run that stops at step 20 (its checkpoint copied alone into a fresh
+// directory) and resumes to 40 prints the losses of an uninterrupted run
+static void test_bit_exact(const char *layout, const char *name) {
+    static Run full, resumed;
+    char a[200], b[200], args[300];
+    snprintf(a, sizeof(a), "%s/exact_full", dir);
+    snprintf(b, sizeof(b), "%s/exact_resumed", dir);
+    snprintf(args, sizeof(args), "-n 20 %s", layout);
+    run(&full, a, 40, args);
+    if (!check(full.status == 0 && full.nsteps == 40, "%s: 40 steps with a checkpoint every 20 (exit %d)", name, full.status)) {
+        printf("%s\n", full.out);
+        return;
+    }
+    sh("rm -rf %s && mkdir -p %s && cp -r %s/ckpt_00000020 %s/job.key %s/", b, b, a, a, b);
+    snprintf(args, sizeof(args), "-y 1 -n 20 %s", layout);
+    run(&resumed, b, 40, args);
+    check(resumed.status == 0 && strstr(resumed.out, "resuming from") != NULL && resumed.nsteps == 40,
+          "%s: resumed from step 20 and ran to 40 (exit %d, %d log lines)", name, resumed.status, resumed.nsteps);
+    check(same_steps(&full, &resumed, 20, 40), "%s: steps 20..39 print the same losses and norms as the uninterrupted run",
+          name);
+    check(full.nsteps == 40 && exists("%s/ckpt_%08d/MANIFEST", a, 40) && exists("%s/ckpt_%08d/MANIFEST", b, 40),
+          "%s: both runs end with a sealed checkpoint of step 40", name);
+    char fa[300], fb[300];
+    snprintf(fa, sizeof(fa), "%s/ckpt_00000040", a);
+    snprintf(fb, sizeof(fb), "%s/ckpt_00000040", b);
+    check(files_equal(fa, fb, "model.bin") && files_equal(fa, fb, "optim.bin"),
+          "%s: the final model.bin and optim.bin are byte-identical", name);
+}
+
+// a checkpoint of (dp, tp, pp, ZeRO) = (2, 2, 2, 1) resumes under other layouts
+static void test_other_layouts(void) {
+    static Run full, r;
+    char a[200], b[200], args[300];
+    snprintf(a, sizeof(a), "%s/layout_full", dir);
+    run(&full, a, 20, "-n 10 -np 8 -tp 2 -pp 2 -z 1");
+    if (!check(full.status == 0 && full.nsteps == 20, "(2,2,2) ZeRO-1: 20 steps, checkpoint every 10 (exit %d)", full.status)) {
+        printf("%s\n", full.out);
+        return;
+    }
+    const char *layouts[] = {"-np 1", "-np 4 -z 3", "-np 4 -tp 2 -pp 2", "-np 2 -pp 2 -z 2 -ps gpipe"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(b, sizeof(b), "%s/layout_%d", dir, i);
+        sh("rm -rf %s && mkdir -p %s && cp -r %s/ckpt_00000010 %s/job.key %s/", b, b, a, a, b);
+        snprintf(args, sizeof(args), "-y 1 %s", layouts[i]);
+        run(&r, b, 20, args);
+        if (!check(r.status == 0 && r.nsteps == 20, "(2,2,2) checkpoint resumes under %s (exit %d)", layouts[i], r.status)) {
+            printf("%s\n", r.out);
+            continue;
+        }
+        float w = worst_diff(&full, &r, 10, 20);
+        check(w <= 1e-5f, "resumed under %s: worst loss/norm difference from the uninterrupted run %.2e (<= 1e-5)",
+              layouts[i], w);
+    }
+}
+
+// each damage is refused with one line that names the file, and exit 2
+static void test_refusals(void) {
+    static Run good, r;
+    char a[200], b[200], k[300];
+    snprintf(a, sizeof(a), "%s/refuse_src", dir);
+    run(&good, a, 4, "-n 4");
+    if (!check(good.status == 0 && exists("%s/ckpt_%08d/MANIFEST", a, 4), "a checkpoint of step 4 to damage")) return;
+    struct { const char *what, *damage, *expect, *flags; } cases[] = {
+        {"a truncated optim.bin", "truncate -s -4 %s/ckpt_00000004/optim.bin", "optim.bin: size", ""},
+        {"a changed byte in model.bin", "printf 'x' | dd of=%s/ckpt_00000004/model.bin bs=1 seek=5000 conv=notrunc 2>/dev/null",
+         "model.bin: sha256", ""},
+        {"a changed byte in MANIFEST", "sed -i 's/^files 3/files 3 /' %s/ckpt_00000004/MANIFEST", "MANIFEST", ""},
+        {"a missing state.bin", "rm %s/ckpt_00000004/state.bin", "state.bin", ""},
+        {"another job's key", "rm %s/job.key", "another key", ""},
+        {"another model shape", "true %s", "holds a model of L=2", "-e d4"},
+        {"another micro-batch", "true %s", "written with -b 2 -t 16", "-b 1 -d 128"},
+        {"a step that is not there", "true %s", "no checkpoint of step 3", "-ys 3"},
+    };
+    for (int i = 0; i < (int)(sizeof(cases) / sizeof(cases[0])); i++) {
+        snprintf(b, sizeof(b), "%s/refuse_%d", dir, i);
+        sh("rm -rf %s && mkdir -p %s && cp -r %s/ckpt_00000004 %s/job.key %s/", b, b, a, a, b);
+        sh(cases[i].damage, b);
+        char args[200];
+        snprintf(args, sizeof(args), "-y 1 %s", cases[i].flags);
+        run(&r, b, 8, args);
+        int lines = 0;
+        for (const char *p = r.out; *p; p++) lines += *p == '\n';
+        check(r.status == 2 && lines == 1 && strstr(r.out, cases[i].expect) != NULL,
+              "%s: refused (exit %d, %d line): %s", cases[i].what, r.status, lines, line_with(&r, "train_gpt2"));
+    }
+    // another job's checkpoint resumes when --key-file names that job's key
+    snprintf(b, sizeof(b), "%s/refuse_4", dir);
+    snprintf(k, sizeof(k), "-y 1 --key-file %s/job.key", a);
+    run(&r, b, 8, k);
+    check(r.status == 0 && r.nsteps == 8 && strstr(r.out, "resuming from") != NULL,
+          "another job's checkpoint resumes with --key-file naming its key (exit %d)", r.status);
+}
+
+// -nk 2 keeps the newest two; -y 1 with nothing to resume starts afresh
+static void test_keep(void) {
+    static Run r;
+    char a[200];
+    snprintf(a, sizeof(a), "%s/keep", dir);
+    sh("rm -rf %s", a);
+    run(&r, a, 10, "-n 2 -nk 2 -y 1");
+    check(r.status == 0 && strstr(r.out, "starting from step 0") != NULL, "-y 1 without a checkpoint starts from step 0");
+    int kept = 0;
+    for (int s = 2; s <= 10; s += 2) kept += exists("%s/ckpt_%08d/MANIFEST", a, s) ? 1 << (s / 2) : 0;
+    check(kept == (1 << 4 | 1 << 5), "-n 2 -nk 2 over 10 steps keeps exactly ckpt 8 and 10 (mask 0x%x)", kept);
+    check(!exists("%s/ckpt_%08d.partial", a, 10), "no .partial directory is left behind");
+}
+
+// SIGTERM: the step finishes, a checkpoint is written, exit 0; resuming ends
+// where the uninterrupted run ends
+static void test_sigterm(const char *layout, const Run *ref, const char *name) {
+    static Run r, fin;
+    char a[200], args[300];
+    snprintf(a, sizeof(a), "%s/term_%d", dir, layout[0] != '\0');
+    sh("rm -rf %s", a);
+    snprintf(args, sizeof(args), "-o %s -x 40 %s", a, layout);
+    pid_t pid = start(args, 0);
+    char log[300];
+    snprintf(log, sizeof(log), "%s/log.jsonl", a);
+    for (int i = 0; i < 2000; i++) {  // once 5 steps are logged, or the run ended
+        static Run seen;
+        read_log(&seen, log);
+        if (seen.nsteps >= 5) break;
+        if (waitpid(pid, NULL, WNOHANG) == pid) {
+            skip("%s: the run ended before SIGTERM could be sent", name);
+            return;
+        }
+        usleep(2000);
+    }
+    kill(pid, SIGTERM);  // the trainer itself, or the launcher of its ranks
+    finish(&r, pid, a);
+    const char *p = strstr(r.out, "stopped by a signal after step ");
+    int step = p ? atoi(p + 31) : -1;
+    check(r.status == 0 && step >= 0 && exists("%s/ckpt_%08d/MANIFEST", a, step + 1),
+          "%s: SIGTERM finishes step %d, checkpoints it and exits 0 (exit %d)", name, step, r.status);
+    snprintf(args, sizeof(args), "-y 1 %s", layout);
+    run(&fin, a, 40, args);
+    check(fin.status == 0 && same_steps(ref, &fin, 0, 40), "%s: resumed after SIGTERM, all 40 steps as the uninterrupted run",
+          name);
+}
+
+// a file size limit fails the checkpoint write cleanly; the previous one stays
+static void test_full_disk(void) {
+    static Run r, after;
+    char a[200];
+    snprintf(a, sizeof(a), "%s/full", dir);
+    sh("rm -rf %s", a);
+    run(&r, a, 2, "-n 2");
+    if (!check(r.status == 0 && exists("%s/ckpt_%08d/MANIFEST", a, 2), "a checkpoint of step 2 before the disk fills")) return;
+    // model.bin (1.7 MB) fits under the limit, optim.bin (3.5 MB) does not
+    char args[300];
+    snprintf(args, sizeof(args), "-o %s -x 6 -n 2 -y 1", a);
+    finish(&r, start(args, 2500000), a);
+    check(r.status == 1 && strstr(r.out, "checkpoint of step 4 failed") != NULL && strstr(r.out, "File too large") != NULL,
+          "a file size limit: exit %d, %s", r.status, line_with(&r, "failed"));
+    check(!exists("%s/ckpt_%08d", a, 4) && !exists("%s/ckpt_%08d.partial", a, 4), "no checkpoint of step 4, not even a part");
+    run(&after, a, 6, "-n 2 -y 1");
+    check(after.status == 0 && strstr(after.out, "ckpt_00000002: step 2") != NULL && after.nsteps == 6,
+          "the checkpoint of step 2 is intact and resumes (exit %d)", after.status);
+}
+
+// SIGKILL at random moments, 20 times in a row, each run resuming from the
+// newest complete checkpoint; then a run to the end prints every step as the
+// uninterrupted run and writes the same model
+static void test_kills(const char *layout, const Run *ref, const char *ref_dir, const char *name, unsigned seed) {
+    static Run r;
+    char a[200], args[300];
+    snprintf(a, sizeof(a), "%s/kill_%d", dir, layout[0] != '\0');
+    sh("rm -rf %s", a);
+    snprintf(args, sizeof(args), "-o %s -x 40 -n 1 -y 1 %s", a, layout);
+    srand(seed);
+    int kills = 0, mid_write = 0, finished = 0, partial[41] = {0};
+    double run_s = 0.0;
+    for (int i = 0; i < 20; i++) {
+        pid_t pid = start(args, 0);
+        double t0 = now_s();
+        usleep((useconds_t)(20000 + rand() % 200000));
+        if (waitpid(pid, NULL, WNOHANG) == pid) { finished = 1; break; }
+        kill(-pid, SIGKILL);  // the whole group: the trainer, or the launcher and its ranks
+        waitpid(pid, NULL, 0);
+        run_s += now_s() - t0;
+        kills++;
+        usleep(20000);
+        // a .partial directory that this run left: the kill came during a write
+        for (int s = 1; s <= 40; s++) {
+            int there = exists("%s/ckpt_%08d.partial", a, s);
+            mid_write += there && !partial[s];
+            partial[s] = there;
+        }
+    }
+    finish(&r, start(args, 0), a);
+    printf("note  %s: %d kills in %.1f s, %d landed during a checkpoint write%s\n", name, kills, run_s, mid_write,
+           finished ? "; the run finished before the next kill" : "");
+    check(kills == 20 || finished, "%s: %d SIGKILLs in a row", name, kills);
+    check(r.status == 0 && r.nsteps == 40 && same_steps(ref, &r, 0, 40),
+          "%s: after the kills, all 40 steps print the uninterrupted run's losses and norms (exit %d)", name, r.status);
+    char fa[300], fb[300];
+    snprintf(fa, sizeof(fa), "%s/ckpt_00000040", a);
+    snprintf(fb, sizeof(fb), "%s/ckpt_00000040", ref_dir);
+    check(files_equal(fa, fb, "model.bin") && files_equal(fa, fb, "optim.bin"),
+          "%s: the final model and AdamW state are byte-identical to the uninterrupted run's", name);
+}
+
+int main(void) {
+    snprintf(dir, sizeof(dir), "/tmp/llm3d_test_checkpoint_%d", (int)getpid());
+    mkdir(dir, 0700);
+    snprintf(shards, sizeof(shards), "%s/train_*.bin", dir);
+    char path[200];
+    snprintf(path, sizeof(path), "%s/train_000.bin", dir);
+    write_shard(path, 40000);
+    if (access("./train_gpt2", X_OK) != 0) {
+        skip("./train_gpt2 is not built");
+        return test_summary();
+    }
+
+    test_bit_exact("", "one rank");
+    test_bit_exact("-np 2 -z 1", "dp 2 ZeRO-1");
+    test_bit_exact("-np 2 -tp 2", "tp 2");
+    test_bit_exact("-np 2 -pp 2 -ps 1f1b", "pp 2 1f1b");
+    test_bit_exact("-np 8 -tp 2 -pp 2 -z 3", "(2,2,2) ZeRO-3");
+    test_other_layouts();
+    test_refusals();
+    test_keep();
+    test_full_disk();
+
+    static Run ref1, ref2;
+    char r1[200], r2[200];
+    snprintf(r1, sizeof(r1), "%s/ref_one", dir);
+    snprintf(r2, sizeof(r2), "%s/ref_dp2", dir);
+    run(&ref1, r1, 40, "-n 40");
+    run(&ref2, r2, 40, "-n 40 -np 2 -z 1");
+    if (check(ref1.status == 0 && ref1.nsteps == 40 && ref2.status == 0 && ref2.nsteps == 40,
+              "uninterrupted 40-step references (one rank, dp 2)")) {
+        test_sigterm("", &ref1, "one rank");
+        test_sigterm("-np 2 -z 1", &ref2, "dp 2");
+        test_kills("", &ref1, r1, "one rank", 1);
+        test_kills("-np 2 -z 1", &ref2, r2, "dp 2", 2);
+    }
+    sh("rm -rf %s", dir);
+    return test_summary();
+}
