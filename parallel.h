@@ -1136,7 +1136,7 @@ static inline int launcher_run(char **argv, int np, double timeout_s, char *err,
     }
     secure_wipe(key, sizeof(key));
     double kill_at = 0;
-    int alive = started, stopping = 0;
+    int alive = started, stopping = 0, draining = 0;
     if (failed) {
         fprintf(stderr, "%s\n", err);
         launcher_stop(pids, np, &kill_at);
@@ -1146,10 +1146,18 @@ static inline int launcher_run(char **argv, int np, double timeout_s, char *err,
         if (rdv_server_step(srv, sfd, 100)) {
             struct signalfd_siginfo si;
             while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
-                if (si.ssi_signo != SIGCHLD && !stopping) {
-                    fprintf(stderr, "launcher: got signal %u; stopping the ranks\n", si.ssi_signo);
+                if (si.ssi_signo == SIGCHLD) continue;
+                if (!draining && !stopping) {
+                    // the first one: the ranks get SIGTERM and may finish their step
+                    // (the trainer then checkpoints) and exit 0, taking their time
+                    fprintf(stderr, "launcher: got signal %u; asking the ranks to stop (a second signal kills them)\n",
+                            si.ssi_signo);
+                    for (int i = 0; i < np; i++) if (pids[i] > 0) kill(pids[i], SIGTERM);
+                    draining = 1;
+                } else if (draining && !stopping) {
+                    fprintf(stderr, "launcher: got signal %u again; killing the ranks\n", si.ssi_signo);
+                    for (int i = 0; i < np; i++) if (pids[i] > 0) kill(pids[i], SIGKILL);
                     failed = 1;
-                    launcher_stop(pids, np, &kill_at);
                     stopping = 1;
                 }
             }
