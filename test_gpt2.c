@@ -42,7 +42,7 @@ static void test_against_pytorch(void) {
     memcpy(a->inputs, s.inputs, BT * sizeof(int));
     memcpy(a->targets, s.targets, BT * sizeof(int));
 
-    stage_forward(&model, a, 0, 1);
+    stage_forward(&model, a, 1);
     float worst = 0.0f;
     for (size_t bt = 0; bt < BT; bt++)
         for (int i = 0; i < c.V; i++) {
@@ -54,7 +54,7 @@ static void test_against_pytorch(void) {
           a->mean_loss, s.loss, fabsf(a->mean_loss - s.loss));
 
     gpt2_zero_grad(&model);
-    stage_backward(&model, a, 0, 1.0f / (float)BT);
+    stage_backward(&model, a, 1.0f / (float)BT);
     float *grads = (float *)calloc(n, sizeof(float));
     gpt2_export(&model, model.unit_grads, grads);
     size_t sizes[NUM_PARAM_TENSORS], off = 0;
@@ -82,8 +82,8 @@ static void test_against_pytorch(void) {
     int clipped = 0;
     for (int step = 0; step < s.nsteps; step++) {
         gpt2_zero_grad(&model);
-        stage_forward(&model, a, 0, 1);
-        stage_backward(&model, a, 0, 1.0f / (float)BT);
+        stage_forward(&model, a, 1);
+        stage_backward(&model, a, 1.0f / (float)BT);
         float loss = a->mean_loss;
         int stop = 0;
         float norm = gpt2_step(&model, &loss, 1, s.grad_clip, &h, &stop);
@@ -227,7 +227,7 @@ static void test_crossentropy_fd(void) {
 typedef struct { GPT2 *model; } ModelCtx;
 static void model_fwd(void *p, float *out) {
     GPT2 *m = ((ModelCtx *)p)->model;
-    stage_forward(m, &m->acts[0], 0, 1);
+    stage_forward(m, &m->acts[0], 1);
     out[0] = m->acts[0].mean_loss;
 }
 
@@ -242,9 +242,9 @@ static void test_model_fd(void) {
     build_single(&model, &par, &c, full, 2, 6);
     Acts *a = &model.acts[0];
     for (int i = 0; i < 12; i++) { a->inputs[i] = (i * 7) % c.V; a->targets[i] = (i * 5 + 3) % c.V; }
-    stage_forward(&model, a, 0, 1);
+    stage_forward(&model, a, 1);
     gpt2_zero_grad(&model);
-    stage_backward(&model, a, 0, 1.0f / 12);
+    stage_backward(&model, a, 1.0f / 12);
     ModelCtx ctx = {&model};
     Layer layer = {model_fwd, 1, &ctx};
     float r = 1.0f;

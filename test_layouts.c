@@ -208,6 +208,13 @@ static void test_tensor_pipeline(void) {
                   "pp 4 bytes: B*T*C per micro-batch per boundary each way (%lld per rank and direction)", per);
         }
     }
+    // a message larger than the ring between two ranks (8 slots of 64 KiB):
+    // at 1f1b's crossings, neighbours must exchange rather than both send first
+    static Run big;
+    const char *wide = "-e d2 -ec 16 -ev 256 -et 16 -b 520 -t 16 -d 16640";  // B*T*C*4 = 532480 bytes
+    run(&big, wide);
+    if (check(big.ok, "one rank, 532480-byte activations, 2 micro-batches"))
+        compare(&big, "", "-np 2 -pp 2 -ps 1f1b -mb 2 -to 20", wide);
     static Run b8;
     run(&b8, "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 128");
     for (int z = 1; z <= 3; z += 2) {

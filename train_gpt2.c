@@ -544,6 +544,7 @@ typedef struct {
     int B, T, nacts;
     Acts *acts;                // nacts sets, a micro-batch uses set mb % nacts
     Acts dacts;
+    float *grad_in;            // B*T*C: the gradient of this stage's output, from the next stage
     size_t act_sizes[NUM_ACT_TENSORS];
     int adam_t;
 } GPT2;
@@ -728,6 +729,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
         a->inputs = (int *)xcalloc(BT, sizeof(int), "inputs");
         a->targets = (int *)xcalloc(BT, sizeof(int), "targets");
     }
+    if (!s->last) m->grad_in = (float *)xcalloc(BT * C, sizeof(float), "incoming gradient");
     m->B = B;
     m->T = T;
 }
@@ -740,6 +742,7 @@ static void gpt2_free(GPT2 *m) {
     }
     if (m->par->zero == 3)
         for (int u = 0; u < m->nunits; u++) free(m->unit_params[u]);
+    free(m->grad_in);
     free(m->acts); free(m->units); free(m->unit_params); free(m->unit_grads);
 }
 
@@ -917,12 +920,9 @@ static void head_forward(GPT2 *m, Acts *a, int with_loss) {
     a->mean_loss = (float)(sum / BT);
 }
 
-static void stage_forward(GPT2 *m, Acts *a, int mb, int with_loss) {
-    const Parallel *par = m->par;
+static void stage_forward(GPT2 *m, Acts *a, int with_loss) {
     const Shard *s = &m->shard;
-    size_t btc = (size_t)m->B * m->T * m->config.C;
     if (s->first) embed_forward(m, a);
-    else comm_recv(par->comm, stage_rank(par, s->pp_rank - 1), CH_ACTIVATION, mb, a->t[A_ENCODED], btc * sizeof(float));
     for (int ll = 0; ll < s->nl; ll++) {
         int u = m->u_layer0 + ll;
         LayerParams p = layer_params_at(&m->config, s, unit_acquire(m, u));
@@ -930,11 +930,10 @@ static void stage_forward(GPT2 *m, Acts *a, int mb, int with_loss) {
         unit_release(m, u);
     }
     if (s->last) head_forward(m, a, with_loss);
-    else comm_send(par->comm, stage_rank(par, s->pp_rank + 1), CH_ACTIVATION, mb, block_input(m, a, s->nl), btc * sizeof(float));
 }
 
 // dloss = d(objective)/d(loss at one position): 1 / (all positions of the step)
-static void stage_backward(GPT2 *m, Acts *a, int mb, float dloss) {
+static void stage_backward(GPT2 *m, Acts *a, float dloss) {
     const Parallel *par = m->par;
     const Shard *s = &m->shard;
     const GPT2Config *c = &m->config;
@@ -955,7 +954,7 @@ static void stage_backward(GPT2 *m, Acts *a, int mb, float dloss) {
         unit_grad_end(m, m->u_lnf);
         if (!s->first) unit_grad_end(m, m->u_wte);
     } else {
-        comm_recv(par->comm, stage_rank(par, s->pp_rank + 1), CH_GRADIENT, mb, block_input(m, d, s->nl), btc * sizeof(float));
+        memcpy(block_input(m, d, s->nl), m->grad_in, btc * sizeof(float));
     }
     for (int ll = s->nl - 1; ll >= 0; ll--) {
         int u = m->u_layer0 + ll;
@@ -969,10 +968,9 @@ static void stage_backward(GPT2 *m, Acts *a, int mb, float dloss) {
         encoder_backward(dwte, dwpe, d->t[A_ENCODED], a->inputs, s->v0, s->Vl, B, T, C);
         unit_grad_end(m, m->u_wpe);
         unit_grad_end(m, m->u_wte);
-    } else {
-        comm_send(par->comm, stage_rank(par, s->pp_rank - 1), CH_GRADIENT, mb, d->t[A_ENCODED], btc * sizeof(float));
     }
 }
+
 
 // ----------------------------------------------------------------------------
 // the optimizer step: gradients summed over data-parallel ranks (ZeRO-0:
@@ -1298,6 +1296,60 @@ static double flops_per_token(const GPT2Config *c, int T) {
     return 6.0 * n + 6.0 * c->L * (double)T * c->C;
 }
 
+// one step's forwards and backwards in the order of the pipeline schedule
+// (parallel.h), and the messages between neighbouring stages. A forward whose
+// next op is a backward sends its output and receives that backward's
+// gradient in one exchange, and a backward followed by a forward sends its
+// gradient and receives the forward's input in one: two neighbours that both
+// sent first would wait on each other once a message outgrows the ring.
+
+static void pipe_recv(GPT2 *m, int from_stage, int channel, int mb, float *buf) {
+    const Parallel *par = m->par;
+    comm_recv(par->comm, stage_rank(par, from_stage), channel, mb, buf, (size_t)m->B * m->T * m->config.C * sizeof(float));
+}
+
+// sends buf to stage to_stage; with recv_buf, receives from it at the same time
+static void pipe_send(GPT2 *m, int to_stage, int channel, int mb, const float *buf, int recv_channel, int recv_mb,
+                      float *recv_buf) {
+    const Parallel *par = m->par;
+    size_t bytes = (size_t)m->B * m->T * m->config.C * sizeof(float);
+    int peer = stage_rank(par, to_stage);
+    if (recv_buf == NULL) comm_send(par->comm, peer, channel, mb, buf, bytes);
+    else comm_sendrecv(par->comm, peer, channel, mb, buf, bytes, peer, recv_channel, recv_mb, recv_buf, bytes);
+}
+
+// runs the schedule's ops; returns the sum of the micro-batches' mean losses
+// (last stage). dloss as for stage_backward.
+static float pipeline_run(GPT2 *m, DataLoader *train, const PipeOp *ops, int nops, float dloss) {
+    const Shard *s = &m->shard;
+    int have_input = 0, have_grad = 0;  // the op's message came with the previous exchange
+    float loss = 0.0f;
+    for (int k = 0; k < nops; k++) {
+        const PipeOp *op = &ops[k], *then = k + 1 < nops ? &ops[k + 1] : NULL;
+        Acts *a = &m->acts[op->mb % m->nacts];
+        if (op->forward) {
+            dataloader_next(train, a->inputs, a->targets);
+            if (!s->first && !have_input) pipe_recv(m, s->pp_rank - 1, CH_ACTIVATION, op->mb, a->t[A_ENCODED]);
+            stage_forward(m, a, 1);
+            loss += a->mean_loss;
+            have_input = 0;
+            have_grad = !s->last && then != NULL && !then->forward;
+            if (!s->last)
+                pipe_send(m, s->pp_rank + 1, CH_ACTIVATION, op->mb, block_input(m, a, s->nl), CH_GRADIENT,
+                          have_grad ? then->mb : 0, have_grad ? m->grad_in : NULL);
+        } else {
+            if (!s->last && !have_grad) pipe_recv(m, s->pp_rank + 1, CH_GRADIENT, op->mb, m->grad_in);
+            stage_backward(m, a, dloss);
+            have_grad = 0;
+            have_input = !s->first && then != NULL && then->forward;
+            if (!s->first)
+                pipe_send(m, s->pp_rank - 1, CH_GRADIENT, op->mb, m->dacts.t[A_ENCODED], CH_ACTIVATION,
+                          have_input ? then->mb : 0, have_input ? m->acts[then->mb % m->nacts].t[A_ENCODED] : NULL);
+        }
+    }
+    return loss;
+}
+
 // the mean loss over `batches` micro-batches of the val stream (split among the
 // data-parallel ranks); every rank returns it
 static float evaluate(GPT2 *m, DataLoader *val, int batches) {
@@ -1306,7 +1358,9 @@ static float evaluate(GPT2 *m, DataLoader *val, int batches) {
     for (int i = 0; i < batches / m->shard.dp; i++) {
         Acts *a = &m->acts[i % m->nacts];
         dataloader_next(val, a->inputs, a->targets);
-        stage_forward(m, a, i, 1);
+        if (!m->shard.first) pipe_recv(m, m->shard.pp_rank - 1, CH_ACTIVATION, i, a->t[A_ENCODED]);
+        stage_forward(m, a, 1);
+        if (!m->shard.last) pipe_send(m, m->shard.pp_rank + 1, CH_ACTIVATION, i, block_input(m, a, m->shard.nl), 0, 0, NULL);
         if (m->shard.last && m->shard.tp_rank == 0) sum += a->mean_loss;
     }
     group_allreduce(m->par, &m->par->world, &sum, 1);
@@ -1327,7 +1381,7 @@ static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng)
     int n = gen_tokens < T ? gen_tokens : T;
     printf("generating:\n---\n");
     for (int t = 1; t < n; t++) {
-        stage_forward(m, a, 0, 0);
+        stage_forward(m, a, 0);  // one rank: the whole model
         const float *z = a->t[A_LOGITS] + (size_t)(t - 1) * Vp;
         float maxv = -INFINITY, sum = 0.0f;
         for (int i = 0; i < V; i++) if (z[i] > maxv) maxv = z[i];
@@ -1638,16 +1692,7 @@ int main(int argc, char **argv) {
         double t0 = now_ms();
         float loss = 0.0f;
         gpt2_zero_grad(&model);
-        for (int k = 0; k < nops; k++) {  // the pipeline schedule; one stage: F0 B0 F1 B1 ...
-            Acts *a = &model.acts[ops[k].mb % model.nacts];
-            if (ops[k].forward) {
-                dataloader_next(&train, a->inputs, a->targets);
-                stage_forward(&model, a, ops[k].mb, 1);
-                loss += a->mean_loss;
-            } else {
-                stage_backward(&model, a, ops[k].mb, 1.0f / ((float)B * T * accum * dp));
-            }
-        }
+        loss = pipeline_run(&model, &train, ops, nops, 1.0f / ((float)B * T * accum * dp));  // one stage: F0 B0 F1 B1 ...
         float lr = lr_at_step(&opt, step, steps);
         hyper.lr = lr;
         stopped = stop_signal != 0;
