@@ -17,14 +17,15 @@ endif
 
 # CUDA when nvcc is found: sm_80 (A100) and sm_90 (H100/H200)
 NVCC := $(shell command -v nvcc 2>/dev/null)
-NVCC_FLAGS = -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
-NVCC_LDLIBS = -lcublas -lcublasLt
+# LLM3D_NCCL: parallel.h's NCCL backend, for data parallel across GPUs
+NVCC_FLAGS = -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -DLLM3D_NCCL
+NVCC_LDLIBS = -lcublas -lcublasLt -lnccl
 PRECISION ?= BF16
 ifeq ($(PRECISION),FP32)
   NVCC_FLAGS += -DENABLE_FP32
 endif
 
-CPU_PROGRAMS = train_gpt2 prepare_data dev/bench_secure
+CPU_PROGRAMS = train_gpt2 prepare_data dev/bench_secure dev/pipeline_chart
 CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint
 CUDA_PROGRAMS = train_gpt2cu test_gpt2cu
 
@@ -46,13 +47,16 @@ prepare_data: prepare_data.c $(HEADERS)
 dev/bench_secure: dev/bench_secure.c secure.h
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
 
+dev/pipeline_chart: dev/pipeline_chart.c parallel.h secure.h
+	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
+
 test_%: test_%.c test.h $(HEADERS)
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
 test_gpt2: train_gpt2.c
 
-train_gpt2cu: train_gpt2.cu dev/cuda/host_io.c dev/cuda/host_io.h $(HEADERS)
-	$(NVCC) $(NVCC_FLAGS) train_gpt2.cu dev/cuda/host_io.c $(NVCC_LDLIBS) -o $@
+train_gpt2cu: train_gpt2.cu $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LDLIBS) -o $@
 
 test_gpt2cu: test_gpt2.cu train_gpt2.cu test.h $(HEADERS)
 	$(NVCC) $(NVCC_FLAGS) test_gpt2.cu $(NVCC_LDLIBS) -o $@

@@ -35,11 +35,14 @@
  * bias. Nothing depends on dp_rank or dp_size.
  *
  * Manifest. When a shard's directory holds a file MANIFEST (secure.h's
- * format, sealed with the all-zero key as prepare_data writes it), every
- * file the glob matches in that directory must be listed there and match
- * its size and SHA-256, else init fails. A file named MANIFEST is never
- * taken for a shard, so a glob of a whole directory works. Without a MANIFEST the
- * shards are only checked for their format.
+ * format, sealed with the all-zero key as prepare_data writes it), init
+ * fails, naming the file, when a shard the pattern matches there is not
+ * listed, has another size (truncated, extended) or another SHA-256 (a
+ * changed byte), and when a file listed there that the pattern's last
+ * component matches is missing. The SHA-256 is taken over the very mapping
+ * the batches are read from, before the header is believed. A file named
+ * MANIFEST is never taken for a shard, so a glob of a whole directory works.
+ * Without a MANIFEST the shards are only checked for their format.
  *
  * Needs POSIX glob(3) and mmap(2): include this header first, or build with
  * gnu11 / -D_DEFAULT_SOURCE. Assumes a little-endian host for the token
@@ -52,10 +55,11 @@
 #define _DEFAULT_SOURCE
 #endif
 
-#include "secure.h" // manifest_read, manifest_verify_file
+#include "secure.h" // manifest_read, manifest_find, sha256
 
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <glob.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -294,8 +298,90 @@ static void dl_unmap_shard(DataShard *s) {
     memset(s, 0, sizeof(*s));
 }
 
-// dl_open_shard: maps one file read-only and validates it
-static int dl_open_shard(DataShard *s, const char *path, int vocab_size, char *err, size_t errlen) {
+// the manifest of one directory, read once for all the shards in it
+typedef struct {
+    char dir[4096];
+    char path[4200];  // dir/MANIFEST, for the messages
+    int loaded;       // dir is the directory of the last shard checked
+    int present;      // dir holds a MANIFEST (then m is read)
+    Manifest m;
+} DataManifest;
+
+static void dl_manifest_free(DataManifest *dm) {
+    if (dm->present) manifest_free(&dm->m);
+    memset(dm, 0, sizeof(*dm));
+}
+
+static const char *dl_base_name(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash != NULL ? slash + 1 : path;
+}
+
+// dl_manifest_missing: a file the MANIFEST lists and the pattern's last
+// component matches must exist, else a deleted shard would just be skipped
+static int dl_manifest_missing(const DataManifest *dm, const char *pattern, char *err, size_t errlen) {
+    const char *last = dl_base_name(pattern);
+    for (int i = 0; i < dm->m.n; i++) {
+        const char *name = dm->m.e[i].name;
+        if (fnmatch(last, name, FNM_PERIOD) != 0) continue;
+        char path[4400];
+        snprintf(path, sizeof(path), "%s/%s", dm->dir, name);
+        struct stat st;
+        if (lstat(path, &st) == 0 || errno != ENOENT) continue;  // there: the glob matched it too
+        snprintf(err, errlen, "%s: listed in %s but missing (pattern %s)", path, dm->path, pattern);
+        return -1;
+    }
+    return 0;
+}
+
+// dl_manifest_entry: *listed gets path's entry in the MANIFEST of its
+// directory, or NULL when that directory has none. A shard that is not listed
+// is refused, and so is a listed one that is missing.
+static int dl_manifest_entry(DataManifest *dm, const char *path, const char *pattern, const ManifestEntry **listed,
+                             char *err, size_t errlen) {
+    *listed = NULL;
+    const char *base = dl_base_name(path);
+    char dir[4096];
+    size_t dir_len = (size_t)(base - path);
+    if (dir_len == 0) {
+        snprintf(dir, sizeof(dir), ".");
+    } else {
+        if (dir_len >= sizeof(dir)) {
+            snprintf(err, errlen, "%s: directory name too long", path);
+            return -1;
+        }
+        memcpy(dir, path, dir_len - 1); // without the '/'
+        dir[dir_len - 1] = '\0';
+        if (dir_len == 1) snprintf(dir, sizeof(dir), "/");
+    }
+    if (!dm->loaded || strcmp(dm->dir, dir) != 0) {
+        dl_manifest_free(dm);
+        snprintf(dm->dir, sizeof(dm->dir), "%s", dir);
+        snprintf(dm->path, sizeof(dm->path), "%s/MANIFEST", dir);
+        dm->loaded = 1;
+        struct stat st;
+        if (lstat(dm->path, &st) != 0) return 0; // no manifest: nothing to check
+        if (manifest_read(&dm->m, dir, "MANIFEST", NULL, err, errlen) != 0) {
+            dm->loaded = 0;
+            return -1;
+        }
+        dm->present = 1;
+        if (dl_manifest_missing(dm, pattern, err, errlen) != 0) return -1;
+    }
+    if (!dm->present) return 0;
+    *listed = manifest_find(&dm->m, base);
+    if (*listed == NULL) {
+        snprintf(err, errlen, "%s: not listed in the manifest %s", path, dm->path);
+        return -1;
+    }
+    return 0;
+}
+
+// dl_open_shard: maps one file read-only and validates it. With listed (its
+// MANIFEST entry) the size and SHA-256 are checked first, so a changed byte is
+// reported as a changed file, whatever header field or token it landed in.
+static int dl_open_shard(DataShard *s, const char *path, int vocab_size, const ManifestEntry *listed,
+                         const char *manifest_path, char *err, size_t errlen) {
     memset(s, 0, sizeof(*s));
     int fd = open(path, O_RDONLY);
     if (fd < 0) {
@@ -314,6 +400,12 @@ static int dl_open_shard(DataShard *s, const char *path, int vocab_size, char *e
         return -1;
     }
     size_t bytes = (size_t)st.st_size;
+    if (listed != NULL && (uint64_t)st.st_size != listed->size) {
+        snprintf(err, errlen, "%s: size %zu, but the manifest %s says %llu: the file was truncated or extended",
+                 path, bytes, manifest_path, (unsigned long long)listed->size);
+        close(fd);
+        return -1;
+    }
     uint8_t header[SHARD_HEADER_BYTES];
     size_t have = bytes < SHARD_HEADER_BYTES ? bytes : SHARD_HEADER_BYTES;
     ssize_t got = pread(fd, header, have, 0);
@@ -322,9 +414,11 @@ static int dl_open_shard(DataShard *s, const char *path, int vocab_size, char *e
         close(fd);
         return -1;
     }
-    // check the header against the real size before mapping (and reading) the tokens
-    uint64_t ntok;
-    if (shard_parse_header(header, bytes, path, &ntok, err, errlen) != 0) {
+    // without a manifest, check the header against the real size before
+    // mapping (and reading) the tokens; with one, after the hash
+    uint64_t ntok = 0;
+    int header_first = listed == NULL || bytes < SHARD_HEADER_BYTES;
+    if (header_first && shard_parse_header(header, bytes, path, &ntok, err, errlen) != 0) {
         close(fd);
         return -1;
     }
@@ -346,6 +440,23 @@ static int dl_open_shard(DataShard *s, const char *path, int vocab_size, char *e
         dl_unmap_shard(s);
         return -1;
     }
+    if (listed != NULL) {
+        uint8_t sha[32];
+        sha256(s->map, bytes, sha);  // the bytes the batches will be read from, not a second read of the file
+        if (memcmp(sha, listed->sha, 32) != 0) {
+            char got_hex[65], want_hex[65];
+            to_hex(sha, 32, got_hex);
+            to_hex(listed->sha, 32, want_hex);
+            snprintf(err, errlen, "%s: SHA-256 %.16s..., but the manifest %s says %.16s...: the file was changed",
+                     path, got_hex, manifest_path, want_hex);
+            dl_unmap_shard(s);
+            return -1;
+        }
+    }
+    if (!header_first && shard_parse_header(s->map, bytes, path, &ntok, err, errlen) != 0) {
+        dl_unmap_shard(s);
+        return -1;
+    }
     s->tokens = (const uint16_t *)(s->map + SHARD_HEADER_BYTES);
     s->ntok = ntok;
     if (shard_check_tokens(s->tokens, ntok, vocab_size, path, err, errlen) != 0) {
@@ -353,59 +464,6 @@ static int dl_open_shard(DataShard *s, const char *path, int vocab_size, char *e
         return -1;
     }
     return 0;
-}
-
-// the manifest of one directory, read once for all the shards in it
-typedef struct {
-    char dir[4096];
-    int loaded;       // dir is the directory of the last shard checked
-    int present;      // dir holds a MANIFEST (then m is read)
-    Manifest m;
-} DataManifest;
-
-static void dl_manifest_free(DataManifest *dm) {
-    if (dm->present) manifest_free(&dm->m);
-    memset(dm, 0, sizeof(*dm));
-}
-
-static const char *dl_base_name(const char *path) {
-    const char *slash = strrchr(path, '/');
-    return slash != NULL ? slash + 1 : path;
-}
-
-// dataloader_check_manifest: when path's directory holds a MANIFEST, path
-// must be listed in it and match its size and SHA-256 (zero key: integrity)
-static int dataloader_check_manifest(DataManifest *dm, const char *path, char *err, size_t errlen) {
-    const char *base = dl_base_name(path);
-    char dir[4096];
-    size_t dir_len = (size_t)(base - path);
-    if (dir_len == 0) {
-        snprintf(dir, sizeof(dir), ".");
-    } else {
-        if (dir_len >= sizeof(dir)) {
-            snprintf(err, errlen, "%s: directory name too long", path);
-            return -1;
-        }
-        memcpy(dir, path, dir_len - 1); // without the '/'
-        dir[dir_len - 1] = '\0';
-        if (dir_len == 1) snprintf(dir, sizeof(dir), "/");
-    }
-    if (!dm->loaded || strcmp(dm->dir, dir) != 0) {
-        dl_manifest_free(dm);
-        snprintf(dm->dir, sizeof(dm->dir), "%s", dir);
-        dm->loaded = 1;
-        char manifest_path[4200];
-        snprintf(manifest_path, sizeof(manifest_path), "%s/MANIFEST", dir);
-        struct stat st;
-        if (lstat(manifest_path, &st) != 0) return 0; // no manifest: nothing to check
-        if (manifest_read(&dm->m, dir, "MANIFEST", NULL, err, errlen) != 0) {
-            dm->loaded = 0;
-            return -1;
-        }
-        dm->present = 1;
-    }
-    if (!dm->present) return 0;
-    return manifest_verify_file(&dm->m, dir, base, err, errlen);
 }
 
 void dataloader_free(DataLoader *dl);
@@ -494,8 +552,9 @@ int dataloader_init(DataLoader *dl, const char *pattern, int B, int T, int dp_ra
         if (strcmp(dl_base_name(g.gl_pathv[i]), "MANIFEST") == 0) continue;
         nfiles++;
         DataShard *s = &dl->shards[dl->nshards];
-        if (dataloader_check_manifest(&dm, g.gl_pathv[i], err, errlen) != 0 ||
-            dl_open_shard(s, g.gl_pathv[i], vocab_size, err, errlen) != 0) {
+        const ManifestEntry *listed;
+        if (dl_manifest_entry(&dm, g.gl_pathv[i], pattern, &listed, err, errlen) != 0 ||
+            dl_open_shard(s, g.gl_pathv[i], vocab_size, listed, dm.path, err, errlen) != 0) {
             dl_manifest_free(&dm); free(short_ntok); free(is_short); globfree(&g); dataloader_free(dl);
             return -1;
         }

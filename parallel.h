@@ -26,7 +26,7 @@
  *
  * Rendezvous. Each rank sends the root an authenticated hello (a secure.h
  * frame on CH_HELLO) and gets back an authenticated answer naming the job's
- * shared-memory segment and a 128-byte blob (the NCCL unique id, later). The
+ * shared-memory segment and rank 0's 128-byte blob (the NCCL unique id). The
  * root rejects, and logs one line for, a peer of another uid, a wrong key, a
  * wrong job id, a wrong world size, a duplicate rank and a late joiner, and
  * keeps serving the good ones for as long as the job runs.
@@ -37,6 +37,16 @@
  * rings built from those messages: reduce-scatter and all-gather, all-reduce
  * being one then the other. The reduction order is fixed by the group, so the
  * same inputs give bit-identical outputs on every run and on every member.
+ *
+ * NCCL backend (CUDA builds, -DLLM3D_NCCL). The same calls on device buffers:
+ * a communicator per group split from the world's, non-blocking, each call
+ * followed by a watchdog wait that aborts the communicators on an error or a
+ * timeout. gpu_for_rank and gpu_layout_check, its pure-C decisions, are
+ * compiled everywhere so the CPU tests check them.
+ *
+ * C and C++. The header compiles as C11 (the CPU programs) and as C++17
+ * (nvcc's host compiler, for train_gpt2.cu): shared-memory fields are plain
+ * integers under GCC's __atomic builtins, no compound literals.
  *
  * Failure. The collective and point-to-point calls return nothing: a wait
  * that sees no progress for timeout_s, a frame that fails its check, or a
@@ -54,12 +64,12 @@
 #include "secure.h"
 
 #include <arpa/inet.h>
+#include <assert.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <sys/mman.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -161,6 +171,25 @@ static inline void grid_groups(const Grid *g, Group *world, Group *dp, Group *tp
     }
 }
 
+enum { GRID_DP = 0, GRID_TP = 1, GRID_PP = 2 };
+
+// grid_split: the (color, key) that puts this rank in its group of dimension
+// dim when a world communicator is split (ncclCommSplit): color numbers the
+// group by the rank's other two coordinates, key is its place in the group
+// (grp->me), so the split communicator's ranks are the Group's, in order
+static inline void grid_split(const Grid *g, int dim, int *color, int *key) {
+    if (dim == GRID_DP) {
+        *color = g->pp_rank * g->tp + g->tp_rank;
+        *key = g->dp_rank;
+    } else if (dim == GRID_TP) {
+        *color = g->dp_rank * g->pp + g->pp_rank;
+        *key = g->tp_rank;
+    } else {
+        *color = g->dp_rank * g->tp + g->tp_rank;
+        *key = g->pp_rank;
+    }
+}
+
 // ----------------------------------------------------------------------------
 // small helpers: clocks, sockets with deadlines
 
@@ -182,7 +211,10 @@ static inline int par_wait_fd(int fd, short events, double deadline) {
     for (;;) {
         double left = deadline - par_now();
         if (left <= 0) return 0;
-        struct pollfd p = {.fd = fd, .events = events};
+        struct pollfd p;
+        p.fd = fd;
+        p.events = events;
+        p.revents = 0;
         int r = poll(&p, 1, (int)(left * 1000.0) + 1);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) return -1;
@@ -386,25 +418,28 @@ static inline int rdv_listen(const RdvAddr *a, char *err, size_t errlen) {
 #define SHM_RING_CTL_BYTES 128
 #define SHM_SLOT_PREFIX 64
 
+// Fields that several processes change are plain integers touched only
+// through GCC's __atomic builtins, which C and C++ (nvcc's host compiler)
+// both accept; <stdatomic.h> and <atomic> do not mix in one header.
 typedef struct {
     char magic[8];
     uint32_t version, world, slots, slot_payload;
     uint64_t job_id, slot_stride, ring_stride, rings_offset, total_bytes;
-    _Atomic uint32_t mapped;    // ranks that have mapped the segment; the last unlinks its name
+    uint32_t mapped;    // ranks that have mapped the segment; the last unlinks its name
 } ShmHeader;
 
 typedef struct {
-    _Atomic uint32_t bell;          // bumped by whoever changes a ring this rank may be waiting on
-    _Atomic int32_t waiting_for;    // the rank this one is blocked on, -1 when not blocked
-    _Atomic int64_t wait_step;
-    _Atomic uint32_t wait_op;       // COMM_* counter index of the blocked call
-    _Atomic uint32_t pid;
-    _Atomic uint64_t pid_ns;        // inode of /proc/self/ns/pid: pids compare only within one
+    uint32_t bell;          // bumped by whoever changes a ring this rank may be waiting on
+    int32_t waiting_for;    // the rank this one is blocked on, -1 when not blocked
+    int64_t wait_step;
+    uint32_t wait_op;       // COMM_* counter index of the blocked call
+    uint32_t pid;
+    uint64_t pid_ns;        // inode of /proc/self/ns/pid: pids compare only within one
     uint8_t pad[SHM_RANK_BYTES - 32];
 } ShmRank;
 
-_Static_assert(sizeof(ShmRank) == SHM_RANK_BYTES, "one ShmRank per 64-byte line");
-_Static_assert(sizeof(ShmHeader) <= SHM_HEADER_BYTES, "the header fits its page");
+static_assert(sizeof(ShmRank) == SHM_RANK_BYTES, "one ShmRank per 64-byte line");
+static_assert(sizeof(ShmHeader) <= SHM_HEADER_BYTES, "the header fits its page");
 
 typedef struct { uint64_t slot_stride, ring_stride, rings_offset, total_bytes; } ShmLayout;
 
@@ -449,7 +484,7 @@ static inline int shm_create(char name[COMM_NAME_BYTES], int world, uint64_t job
     h->ring_stride = lay.ring_stride;
     h->rings_offset = lay.rings_offset;
     h->total_bytes = lay.total_bytes;
-    atomic_store(&h->mapped, 0);
+    __atomic_store_n(&h->mapped, 0, __ATOMIC_SEQ_CST);
     munmap(base, SHM_HEADER_BYTES);
     return 0;
 }
@@ -832,14 +867,20 @@ static inline void rdv_server_expire(RdvServer *s) {
 // watches extra_fd (>= 0) and returns 1 when it is readable
 static inline int rdv_server_step(RdvServer *s, int extra_fd, int timeout_ms) {
     struct pollfd p[2 + RDV_MAX_PENDING];
+    memset(p, 0, sizeof(p));
     int n = 0, extra = -1;
-    p[n++] = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
+    p[n].fd = s->listen_fd;
+    p[n++].events = POLLIN;
     if (extra_fd >= 0) {
         extra = n;
-        p[n++] = (struct pollfd){.fd = extra_fd, .events = POLLIN};
+        p[n].fd = extra_fd;
+        p[n++].events = POLLIN;
     }
     int first = n, npending = s->npending;
-    for (int i = 0; i < npending; i++) p[n++] = (struct pollfd){.fd = s->pending[i].fd, .events = POLLIN};
+    for (int i = 0; i < npending; i++) {
+        p[n].fd = s->pending[i].fd;
+        p[n++].events = POLLIN;
+    }
     int r = poll(p, (nfds_t)n, timeout_ms);
     if (r < 0) r = 0;  // EINTR: nothing ready this round
     // back to front: dropping pending[i] moves the last one into its place
@@ -948,7 +989,7 @@ typedef struct {
     uint8_t key[32];
     RdvServer *server;          // rank 0 of an outside launch serves the rendezvous ...
     pthread_t server_thread;    // ... from this thread, until launch_free
-    _Atomic int server_stop;
+    int server_stop;            // set by launch_free (atomic), read by the thread
 } Launch;
 
 // par_env_int: *out from the decimal in env name, within [lo, hi]; 0 when
@@ -997,14 +1038,14 @@ static inline int par_env_rank(Launch *L, int foreign, char *err, size_t errlen)
 
 static inline void *rdv_server_thread(void *arg) {
     Launch *L = (Launch *)arg;
-    while (!atomic_load(&L->server_stop)) rdv_server_step(L->server, -1, 100);
+    while (!__atomic_load_n(&L->server_stop, __ATOMIC_SEQ_CST)) rdv_server_step(L->server, -1, 100);
     return NULL;
 }
 
 // launch_free: stops rank 0's rendezvous thread (if any) and forgets the key
 static inline void launch_free(Launch *L) {
     if (L->server != NULL) {
-        atomic_store(&L->server_stop, 1);
+        __atomic_store_n(&L->server_stop, 1, __ATOMIC_SEQ_CST);
         pthread_join(L->server_thread, NULL);
         shm_unlink(L->server->shm_name);  // normally gone already: the last rank to map it unlinks it
         rdv_server_close(L->server);
@@ -1030,7 +1071,7 @@ static inline int launch_serve(Launch *L, double timeout_s, char *err, size_t er
         L->server = NULL;
         return -1;
     }
-    atomic_store(&L->server_stop, 0);
+    __atomic_store_n(&L->server_stop, 0, __ATOMIC_SEQ_CST);
     int e = pthread_create(&L->server_thread, NULL, rdv_server_thread, L);
     if (e != 0) {
         shm_unlink(shm_name);
@@ -1311,6 +1352,69 @@ static inline int pipeline_inflight(int gpipe, int pp, int stage, int M) {
 // the idle fraction of a step when F and B take the same time on every stage
 static inline double pipeline_bubble(int pp, int M) { return (double)(pp - 1) / (M + pp - 1); }
 
+// where (forward, mb) sits in a stage's n ops; -1 if it is not there
+static inline int pipeline_find(const PipeOp *ops, int n, int forward, int mb) {
+    for (int i = 0; i < n; i++)
+        if (ops[i].forward == forward && ops[i].mb == mb) return i;
+    return -1;
+}
+
+// pipeline_play: plays one step of pp stages against each other, each stage
+// running its 2M ops (ops + s * 2M) in order; for the tests and
+// dev/pipeline_chart. start (pp x 2M) gets the time each op starts: once the
+// stage's previous op has ended and the op's input is there. Forward k of
+// stage s needs forward k of stage s-1 (the activations), backward k needs
+// backward k of stage s+1 (their gradient) and forward k of its own stage.
+// A message takes no time and a send never blocks (the host backend's do,
+// above 512 KiB: doc/parallel.md, "And the transport"). Returns the time the
+// step ends, or -1 when the stages are stuck (some op can never run).
+static inline int pipeline_play(int pp, int M, int f_time, int b_time, const PipeOp *ops, int *start) {
+    if (pp < 1 || M < 1) return -1;
+    int n = 2 * M;
+    for (int i = 0; i < pp * n; i++) start[i] = -1;
+    // sweep the stages, each running ops while their inputs are there, until
+    // a sweep runs nothing
+    for (int progress = 1; progress;) {
+        progress = 0;
+        for (int s = 0; s < pp; s++) {
+            const PipeOp *my = ops + s * n;
+            int *my_start = start + s * n;
+            for (int i = 0; i < n; i++) {
+                if (my_start[i] >= 0) continue;
+                int t = i == 0 ? 0 : my_start[i - 1] + (my[i - 1].forward ? f_time : b_time);
+                int from = my[i].forward ? s - 1 : s + 1;  // the stage that sends this op its input
+                if (from >= 0 && from < pp) {
+                    int j = pipeline_find(ops + from * n, n, my[i].forward, my[i].mb);
+                    if (j < 0 || start[from * n + j] < 0) break;
+                    int arrives = start[from * n + j] + (my[i].forward ? f_time : b_time);
+                    if (arrives > t) t = arrives;
+                }
+                if (!my[i].forward) {  // the activations of its own forward, which runs earlier in the list
+                    int j = pipeline_find(my, n, 1, my[i].mb);
+                    if (j < 0 || j > i) break;
+                }
+                my_start[i] = t;
+                progress = 1;
+            }
+        }
+    }
+    int end = 0;
+    for (int s = 0; s < pp; s++) {
+        const int last = s * n + n - 1;
+        if (start[last] < 0) return -1;
+        int stage_end = start[last] + (ops[last].forward ? f_time : b_time);
+        if (stage_end > end) end = stage_end;
+    }
+    return end;
+}
+
+// pipeline_simulate: every stage's schedule into ops (pp x 2M), then plays it
+static inline int pipeline_simulate(int gpipe, int pp, int M, int f_time, int b_time, PipeOp *ops, int *start) {
+    if (pp < 1 || M < 1) return -1;
+    for (int s = 0; s < pp; s++) pipeline_schedule(gpipe, pp, s, M, ops + s * 2 * M);
+    return pipeline_play(pp, M, f_time, b_time, ops, start);
+}
+
 // ----------------------------------------------------------------------------
 // the host communicator
 
@@ -1382,10 +1486,10 @@ static inline uint64_t par_pid_ns(void) {
 // namespace, and kill(pid, 0) says no such process)
 static inline int comm_peer_exited(const Comm *c, int r, pid_t *pid_out) {
     ShmRank *b = comm_rank_block(c, r);
-    pid_t pid = (pid_t)atomic_load(&b->pid);
-    uint64_t ns = atomic_load(&b->pid_ns);
+    pid_t pid = (pid_t)__atomic_load_n(&b->pid, __ATOMIC_SEQ_CST);
+    uint64_t ns = __atomic_load_n(&b->pid_ns, __ATOMIC_SEQ_CST);
     *pid_out = pid;
-    if (pid <= 0 || ns == 0 || ns != atomic_load(&comm_rank_block(c, c->rank)->pid_ns)) return 0;
+    if (pid <= 0 || ns == 0 || ns != __atomic_load_n(&comm_rank_block(c, c->rank)->pid_ns, __ATOMIC_SEQ_CST)) return 0;
     return kill(pid, 0) != 0 && errno == ESRCH;
 }
 
@@ -1393,17 +1497,17 @@ static inline uint8_t *comm_ring(const Comm *c, int src, int dst) {
     return c->base + c->rings_offset + ((size_t)src * (size_t)c->world + (size_t)dst) * c->ring_stride;
 }
 
-static inline _Atomic uint32_t *ring_head(uint8_t *ring) { return (_Atomic uint32_t *)ring; }
-static inline _Atomic uint32_t *ring_tail(uint8_t *ring) { return (_Atomic uint32_t *)(ring + 64); }
+static inline uint32_t *ring_head(uint8_t *ring) { return (uint32_t *)ring; }
+static inline uint32_t *ring_tail(uint8_t *ring) { return (uint32_t *)(ring + 64); }
 
 static inline uint8_t *ring_slot(const Comm *c, uint8_t *ring, uint32_t index) {
     return ring + SHM_RING_CTL_BYTES + (size_t)(index % COMM_SLOTS) * c->slot_stride;
 }
 
 static inline void comm_ring_bell(const Comm *c, int r) {
-    _Atomic uint32_t *bell = &comm_rank_block(c, r)->bell;
-    atomic_fetch_add(bell, 1);
-    syscall(SYS_futex, (uint32_t *)bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    uint32_t *bell = &comm_rank_block(c, r)->bell;
+    __atomic_fetch_add(bell, 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
 // comm_die: the job cannot go on; the name is normally unlinked already
@@ -1431,7 +1535,7 @@ static inline void comm_blame(const Comm *c, int peer, char *out, size_t outlen)
     for (int hops = 0; hops < c->world && n < outlen; hops++) {
         // a rank that gave up waiting (its own timeout) still points at whom it waited for
         ShmRank *b = comm_rank_block(c, r);
-        int w = atomic_load(&b->waiting_for);
+        int w = __atomic_load_n(&b->waiting_for, __ATOMIC_SEQ_CST);
         pid_t pid;
         int exited = comm_peer_exited(c, r, &pid);
         if ((w < 0 || w >= c->world) && exited) {
@@ -1446,9 +1550,10 @@ static inline void comm_blame(const Comm *c, int peer, char *out, size_t outlen)
             snprintf(out + n, outlen - n, "; rank %d waits for this rank: the ranks disagree on the order of calls", r);
             return;
         }
+        int op = (int)__atomic_load_n(&b->wait_op, __ATOMIC_SEQ_CST);
+        long long step = (long long)__atomic_load_n(&b->wait_step, __ATOMIC_SEQ_CST);
         n += (size_t)snprintf(out + n, outlen - n, "; rank %d%s waits for rank %d (%s, step %lld)", r,
-                              exited ? " (exited)" : "", w, comm_counter_name((int)atomic_load(&b->wait_op)),
-                              (long long)atomic_load(&b->wait_step));
+                              exited ? " (exited)" : "", w, comm_counter_name(op), step);
         r = w;
     }
 }
@@ -1480,8 +1585,8 @@ static inline void comm_enter(Comm *c, const char *op, int counter) {
 // is free; 1 when it did
 static inline int comm_try_send(Comm *c, Xfer *x) {
     uint8_t *ring = comm_ring(c, c->rank, x->peer);
-    uint32_t head = atomic_load_explicit(ring_head(ring), memory_order_relaxed);
-    uint32_t tail = atomic_load_explicit(ring_tail(ring), memory_order_acquire);
+    uint32_t head = __atomic_load_n(ring_head(ring), __ATOMIC_RELAXED);
+    uint32_t tail = __atomic_load_n(ring_tail(ring), __ATOMIC_ACQUIRE);
     if (head - tail >= COMM_SLOTS) return 0;
     uint8_t *slot = ring_slot(c, ring, head);
     if (c->fault.kind == FAULT_REPLAY && !c->fault_done && head > 0 && fault_fires(&c->fault, c->rank, c->step)) {
@@ -1493,7 +1598,7 @@ static inline int comm_try_send(Comm *c, Xfer *x) {
         c->fault_done = 1;
         fprintf(stderr, "rank %d: fault replay: sent the previous frame to rank %d again (%s, channel %s, step %ld)\n",
                 c->rank, x->peer, c->op, channel_name(x->channel), c->step);
-        atomic_store_explicit(ring_head(ring), head + 1, memory_order_release);
+        __atomic_store_n(ring_head(ring), head + 1, __ATOMIC_RELEASE);
         comm_ring_bell(c, x->peer);
         return 1;
     }
@@ -1510,7 +1615,7 @@ static inline int comm_try_send(Comm *c, Xfer *x) {
         fprintf(stderr, "rank %d: fault tamper: flipped a bit of a frame to rank %d (%s, channel %s, step %ld)\n",
                 c->rank, x->peer, c->op, channel_name(x->channel), c->step);
     }
-    atomic_store_explicit(ring_head(ring), head + 1, memory_order_release);
+    __atomic_store_n(ring_head(ring), head + 1, __ATOMIC_RELEASE);
     comm_ring_bell(c, x->peer);
     c->sent[c->op_counter == COMM_P2P ? COMM_P2P + x->channel : c->op_counter] += len;
     x->done++;
@@ -1521,8 +1626,8 @@ static inline int comm_try_send(Comm *c, Xfer *x) {
 // one, checks it, and uses its payload; 1 when it did
 static inline int comm_try_recv(Comm *c, Xfer *x) {
     uint8_t *ring = comm_ring(c, x->peer, c->rank);
-    uint32_t head = atomic_load_explicit(ring_head(ring), memory_order_acquire);
-    uint32_t tail = atomic_load_explicit(ring_tail(ring), memory_order_relaxed);
+    uint32_t head = __atomic_load_n(ring_head(ring), __ATOMIC_ACQUIRE);
+    uint32_t tail = __atomic_load_n(ring_tail(ring), __ATOMIC_RELAXED);
     if (head == tail) return 0;
     // copy the frame out first: what we check is then what we use, whatever
     // the segment holds afterwards, and the sender gets its slot back sooner
@@ -1530,7 +1635,7 @@ static inline int comm_try_recv(Comm *c, Xfer *x) {
     size_t flen = get_u32(slot);
     if (flen > frame_bytes(COMM_SLOT_PAYLOAD)) flen = frame_bytes(COMM_SLOT_PAYLOAD);
     memcpy(c->frame, slot + SHM_SLOT_PREFIX, flen);
-    atomic_store_explicit(ring_tail(ring), tail + 1, memory_order_release);
+    __atomic_store_n(ring_tail(ring), tail + 1, __ATOMIC_RELEASE);
     comm_ring_bell(c, x->peer);
 
     size_t off = x->done * COMM_SLOT_PAYLOAD;
@@ -1571,7 +1676,8 @@ static inline void comm_run(Comm *c, Xfer *s, Xfer *r) {
     ShmRank *mine = comm_rank_block(c, c->rank);
     double last = par_now(), checked = last;
     for (;;) {
-        uint32_t bell = atomic_load(&mine->bell);  // before looking: a change after this wakes the wait
+        // the bell before looking: a change after this wakes the wait
+        uint32_t bell = __atomic_load_n(&mine->bell, __ATOMIC_SEQ_CST);
         int pending = 0, moved = 0;
         if (r != NULL && r->done < r->frames) {
             pending = 1;
@@ -1582,7 +1688,7 @@ static inline void comm_run(Comm *c, Xfer *s, Xfer *r) {
             while (s->done < s->frames && (s->gate == NULL || s->done < s->gate->done) && comm_try_send(c, s)) moved = 1;
         }
         if (!pending) {
-            atomic_store(&mine->waiting_for, -1);
+            __atomic_store_n(&mine->waiting_for, -1, __ATOMIC_SEQ_CST);
             return;
         }
         if (moved) {
@@ -1603,13 +1709,13 @@ static inline void comm_run(Comm *c, Xfer *s, Xfer *r) {
             }
             checked = now;
         }
-        atomic_store(&mine->wait_step, (int64_t)c->step);
-        atomic_store(&mine->wait_op, (uint32_t)c->op_counter);
-        atomic_store(&mine->waiting_for, waiting);
+        __atomic_store_n(&mine->wait_step, (int64_t)c->step, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&mine->wait_op, (uint32_t)c->op_counter, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&mine->waiting_for, waiting, __ATOMIC_SEQ_CST);
         double left = c->timeout_s - (now - last);
         if (left > 0.5) left = 0.5;
         struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
-        syscall(SYS_futex, (uint32_t *)&mine->bell, FUTEX_WAIT, bell, &ts, NULL, 0);
+        syscall(SYS_futex, &mine->bell, FUTEX_WAIT, bell, &ts, NULL, 0);
     }
 }
 
@@ -1691,10 +1797,10 @@ static inline int comm_init(Comm **out, const Grid *g, const uint8_t key[32], co
     c->ring_stride = lay.ring_stride;
     c->rings_offset = lay.rings_offset;
     ShmRank *mine = comm_rank_block(c, c->rank);
-    atomic_store(&mine->waiting_for, -1);
-    atomic_store(&mine->pid, (uint32_t)getpid());
-    atomic_store(&mine->pid_ns, par_pid_ns());
-    if (atomic_fetch_add(&h->mapped, 1) + 1 == (uint32_t)g->world) {
+    __atomic_store_n(&mine->waiting_for, -1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&mine->pid, (uint32_t)getpid(), __ATOMIC_SEQ_CST);
+    __atomic_store_n(&mine->pid_ns, par_pid_ns(), __ATOMIC_SEQ_CST);
+    if (__atomic_fetch_add(&h->mapped, 1, __ATOMIC_SEQ_CST) + 1 == (uint32_t)g->world) {
         shm_unlink(c->shm_name);  // everyone has it mapped: nobody else can open it now
         c->shm_name[0] = '\0';
     }
@@ -1906,5 +2012,355 @@ static inline void comm_free(Comm *c) {
     free(c->scratch);
     free(c);
 }
+
+// ----------------------------------------------------------------------------
+// the GPU trainer's side: one GPU per rank, and what it does not run yet.
+// Pure C, so the CPU tests check the decisions the CUDA build makes.
+
+// gpu_for_rank: the device a rank binds to (its local rank: rank i of a node
+// takes GPU i), or -1 with err set when the node has no GPU for it
+static inline int gpu_for_rank(int local_rank, int ndevices, char *err, size_t errlen) {
+    if (ndevices < 1)
+        return secure_error(err, errlen, "local rank %d: no CUDA device on this node", local_rank);
+    if (local_rank < 0 || local_rank >= ndevices)
+        return secure_error(err, errlen, "local rank %d has no GPU of its own: this node has %d (one rank per GPU)",
+                            local_rank, ndevices);
+    return local_rank;
+}
+
+// gpu_layout_check: the layouts train_gpt2cu runs: data parallel (tp = pp = 1)
+// with ZeRO 0 or 1; everything else is refused, not half run
+static inline int gpu_layout_check(int tp, int pp, int zero, char *err, size_t errlen) {
+    if (tp != 1 || pp != 1)
+        return secure_error(err, errlen, "flags -tp %d -pp %d: tensor and pipeline parallelism are not built in the GPU "
+                            "trainer yet (data parallel only: -tp 1 -pp 1)", tp, pp);
+    if (zero != 0 && zero != 1)
+        return secure_error(err, errlen, "flag -z %d: ZeRO-%d is not built in the GPU trainer yet (ZeRO 0 or 1)", zero, zero);
+    return 0;
+}
+
+#ifdef LLM3D_NCCL
+// ----------------------------------------------------------------------------
+// the NCCL backend (CUDA builds: nvcc -DLLM3D_NCCL ... -lnccl)
+//
+// The same calls as the host backend, on device buffers, queued on the
+// trainer's stream. One communicator per group, split from the world
+// communicator once at start; rank 0 makes the NCCL unique id and the
+// authenticated rendezvous hands it out (the 128-byte blob), so only ranks
+// holding the job key learn where to connect. The communicators are
+// non-blocking, and every call is followed by nccl_wait, the watchdog: it
+// polls the communicator's async error and the stream, and on an error or
+// after timeout_s without progress it aborts every communicator (so no kernel
+// waits on a dead peer forever) and exits with one line naming the rank, the
+// call, the group and the step.
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+static_assert(sizeof(ncclUniqueId) == COMM_BLOB_BYTES, "the NCCL unique id is the rendezvous blob");
+
+#define NCCL_POLL_S 20e-6   // between two looks at a call in flight
+
+typedef struct {
+    Group group;            // members in coordinate order (grid_groups)
+    ncclComm_t comm;        // its ranks are the group's, in the same order
+    const char *name;       // "world", "dp", "tp", "pp", for messages
+} NcclGroup;
+
+typedef struct {
+    int rank;
+    long step;
+    double timeout_s;
+    Fault fault;
+    cudaStream_t stream;    // every call is queued here: the caller sets it (0, the legacy stream, until then)
+    cudaEvent_t ready;      // recorded before each call: the work queued before it is done
+    float *one;             // a device float, what a barrier all-reduces
+    NcclGroup world, dp, tp, pp;
+    const char *op;         // the call in progress, for messages
+    char what[96];          // its peer or channel, for messages
+} NcclComm;
+
+static inline void nccl_abort_all(NcclComm *c) {
+    NcclGroup *gs[4] = {&c->dp, &c->tp, &c->pp, &c->world};  // the world, their parent, last
+    for (int i = 0; i < 4; i++) {
+        if (gs[i]->comm != NULL) ncclCommAbort(gs[i]->comm);
+        gs[i]->comm = NULL;
+    }
+}
+
+// nccl_fail: one line, every communicator aborted, exit 1
+static inline void nccl_fail(NcclComm *c, const char *fmt, ...) {
+    char msg[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "rank %d: nccl %s%s (step %ld): %s\n", c->rank, c->op, c->what, c->step, msg);
+    fflush(stderr);
+    nccl_abort_all(c);
+    exit(1);
+}
+
+// nccl_settle: polls comm until its last call has left ncclInProgress (a
+// non-blocking communicator may still be connecting or launching); returns
+// its state, ncclInProgress when deadline passed first
+static inline ncclResult_t nccl_settle(ncclComm_t comm, double deadline) {
+    for (;;) {
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+        if (r != ncclSuccess) return r;
+        if (state != ncclInProgress || par_now() > deadline) return state;
+        par_sleep(NCCL_POLL_S);
+    }
+}
+
+// nccl_wait: the watchdog after every call; r is what the call returned.
+// The clock runs only once `ready` has passed: before that the stream is
+// still busy with this rank's own work, and nobody is waiting for a peer.
+static inline void nccl_wait(NcclComm *c, const NcclGroup *g, ncclResult_t r) {
+    if (r != ncclSuccess && r != ncclInProgress) nccl_fail(c, "%s: %s", ncclGetErrorString(r), ncclGetLastError(g->comm));
+    double since = par_now();
+    for (;;) {
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t q = ncclCommGetAsyncError(g->comm, &state);
+        if (q != ncclSuccess) state = q;
+        if (state != ncclSuccess && state != ncclInProgress)
+            nccl_fail(c, "%s: %s", ncclGetErrorString(state), ncclGetLastError(g->comm));
+        if (state == ncclSuccess) {
+            cudaError_t e = cudaStreamQuery(c->stream);
+            if (e == cudaSuccess) return;
+            if (e != cudaErrorNotReady) nccl_fail(c, "CUDA: %s", cudaGetErrorString(e));
+        }
+        double now = par_now();
+        if (cudaEventQuery(c->ready) == cudaErrorNotReady) since = now;
+        if (now - since > c->timeout_s) {
+            char members[128] = "";
+            size_t n = 0;
+            for (int i = 0; i < g->group.size && n + 12 < sizeof(members); i++)
+                n += (size_t)snprintf(members + n, sizeof(members) - n, "%s%d", i > 0 ? " " : "", g->group.ranks[i]);
+            nccl_fail(c, "timeout after %.1f s waiting for ranks %s: one of them died, stopped, or called "
+                      "something else", now - since, members);
+        }
+        par_sleep(NCCL_POLL_S);
+    }
+}
+
+// nccl_enter: the start of every call (g: a collective's group, NULL for
+// point to point); where the kill and stall faults act
+static inline void nccl_enter(NcclComm *c, const char *op, const NcclGroup *g) {
+    c->op = op;
+    c->what[0] = '\0';
+    if (g != NULL) snprintf(c->what, sizeof(c->what), " on the %s group", g->name);
+    if (!fault_fires(&c->fault, c->rank, c->step)) return;
+    if (c->fault.kind == FAULT_KILL) {
+        fprintf(stderr, "rank %d: fault kill at step %ld (nccl %s): SIGKILL\n", c->rank, c->step, op);
+        raise(SIGKILL);
+    }
+    if (c->fault.kind == FAULT_STALL) {
+        fprintf(stderr, "rank %d: fault stall at step %ld (nccl %s): no more calls\n", c->rank, c->step, op);
+        for (;;) pause();
+    }
+}
+
+static inline ncclRedOp_t nccl_redop(NcclComm *c, int op) {
+    if (op != OP_SUM && op != OP_AVG) nccl_fail(c, "op %d is neither OP_SUM nor OP_AVG", op);
+    return op == OP_SUM ? ncclSum : ncclAvg;
+}
+
+// nccl_split: g's communicator from the world's, with grid_split's color and key
+static inline int nccl_split(NcclComm *c, const Grid *grid, int dim, NcclGroup *g, const char *name, double deadline,
+                             char *err, size_t errlen) {
+    int color, key;
+    grid_split(grid, dim, &color, &key);
+    g->name = name;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = ncclCommSplit(c->world.comm, color, key, &g->comm, &config);
+    if (r == ncclSuccess || r == ncclInProgress) r = nccl_settle(c->world.comm, deadline);
+    if ((r == ncclSuccess || r == ncclInProgress) && g->comm != NULL) r = nccl_settle(g->comm, deadline);
+    int count = 0, me = -1;
+    if (r == ncclSuccess && g->comm != NULL) {
+        ncclCommCount(g->comm, &count);
+        ncclCommUserRank(g->comm, &me);
+    }
+    if (r != ncclSuccess || g->comm == NULL || count != g->group.size || me != g->group.me)
+        return secure_error(err, errlen, "rank %d: ncclCommSplit of the %s group (color %d, key %d): %s "
+                            "(%d ranks, this one %d; expected %d and %d)", c->rank, name, color, key,
+                            r == ncclInProgress ? "timed out" : ncclGetErrorString(r), count, me, g->group.size, g->group.me);
+    return 0;
+}
+
+// nccl_init: the communicators of this rank's world, dp, tp and pp groups.
+// cudaSetDevice must have bound this rank's GPU (gpu_for_rank) before. A
+// world of one needs no rendezvous: the id never leaves the process.
+static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32], const char *rendezvous,
+                            double timeout_s, const Fault *fault, char *err, size_t errlen) {
+    *out = NULL;
+    if (!(timeout_s > 0 && timeout_s <= 86400))
+        return secure_error(err, errlen, "-to %g: the timeout must be > 0 and <= 86400 seconds", timeout_s);
+    if (fault != NULL && (fault->kind == FAULT_TAMPER || fault->kind == FAULT_REPLAY))
+        return secure_error(err, errlen, "-fault %s: NCCL messages carry no MAC'd frames yet, so there is nothing to %s",
+                            fault_name(fault->kind), fault_name(fault->kind));
+    if (fault != NULL && fault->kind != FAULT_NONE && (fault->rank < 0 || fault->rank >= g->world))
+        return secure_error(err, errlen, "-fault %s:%d:%ld: rank %d is not in this job of %d ranks", fault_name(fault->kind),
+                            fault->rank, fault->step, fault->rank, g->world);
+    NcclComm *c = (NcclComm *)calloc(1, sizeof(NcclComm));
+    if (c == NULL) return secure_error(err, errlen, "nccl_init: out of memory");
+    c->rank = g->rank;
+    c->timeout_s = timeout_s;
+    c->op = "init";
+    if (fault != NULL) c->fault = *fault;
+    grid_groups(g, &c->world.group, &c->dp.group, &c->tp.group, &c->pp.group);
+    c->world.name = "world";
+    double setup_s = timeout_s < RDV_MIN_TIMEOUT_S ? RDV_MIN_TIMEOUT_S : timeout_s;
+
+    ncclUniqueId id;
+    memset(&id, 0, sizeof(id));
+    ncclResult_t r = g->rank == 0 ? ncclGetUniqueId(&id) : ncclSuccess;
+    if (r != ncclSuccess) {
+        free(c);
+        return secure_error(err, errlen, "rank 0: ncclGetUniqueId: %s", ncclGetErrorString(r));
+    }
+    if (g->world > 1) {
+        if (rendezvous == NULL) {
+            free(c);
+            return secure_error(err, errlen, "rank %d: no rendezvous address for a job of %d ranks", g->rank, g->world);
+        }
+        RdvAnswer ans;
+        if (rdv_join(rendezvous, key, job_id_from_key(key), g->rank, g->world, g->local_rank,
+                     g->rank == 0 ? (const uint8_t *)&id : NULL, setup_s, &ans, err, errlen) != 0) {
+            free(c);
+            return -1;
+        }
+        memcpy(&id, ans.blob, sizeof(id));
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    double deadline = par_now() + setup_s;
+    r = ncclCommInitRankConfig(&c->world.comm, g->world, id, g->rank, &config);
+    secure_wipe(&id, sizeof(id));
+    if ((r == ncclSuccess || r == ncclInProgress) && c->world.comm != NULL) r = nccl_settle(c->world.comm, deadline);
+    if (r != ncclSuccess || c->world.comm == NULL) {
+        if (c->world.comm != NULL) ncclCommAbort(c->world.comm);
+        free(c);
+        return secure_error(err, errlen, "rank %d: ncclCommInitRankConfig for %d ranks: %s", g->rank, g->world,
+                            r == ncclInProgress ? "not every rank joined in time" : ncclGetErrorString(r));
+    }
+    if (nccl_split(c, g, GRID_DP, &c->dp, "dp", deadline, err, errlen) != 0 ||
+        nccl_split(c, g, GRID_TP, &c->tp, "tp", deadline, err, errlen) != 0 ||
+        nccl_split(c, g, GRID_PP, &c->pp, "pp", deadline, err, errlen) != 0) {
+        nccl_abort_all(c);
+        free(c);
+        return -1;
+    }
+    cudaError_t e = cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&c->one, sizeof(float));
+    if (e != cudaSuccess) {
+        nccl_abort_all(c);
+        free(c);
+        return secure_error(err, errlen, "rank %d: nccl_init: %s", g->rank, cudaGetErrorString(e));
+    }
+    *out = c;
+    return 0;
+}
+
+static inline void nccl_set_step(NcclComm *c, long step) { c->step = step; }
+
+// nccl_allreduce: buf (n elements of type) summed or averaged over the group, in place
+static inline void nccl_allreduce(NcclComm *c, const NcclGroup *g, void *buf, size_t n, ncclDataType_t type, int op) {
+    nccl_enter(c, "allreduce", g);
+    ncclRedOp_t red = nccl_redop(c, op);
+    cudaEventRecord(c->ready, c->stream);
+    nccl_wait(c, g, ncclAllReduce(buf, buf, n, type, red, g->comm, c->stream));
+}
+
+// nccl_reduce_scatter: in holds size chunks of n_per_rank; out gets chunk
+// grp.me reduced over the group. out may be in + me * n_per_rank (in place).
+static inline void nccl_reduce_scatter(NcclComm *c, const NcclGroup *g, const void *in, void *out, size_t n_per_rank,
+                                       ncclDataType_t type, int op) {
+    nccl_enter(c, "reduce_scatter", g);
+    ncclRedOp_t red = nccl_redop(c, op);
+    cudaEventRecord(c->ready, c->stream);
+    nccl_wait(c, g, ncclReduceScatter(in, out, n_per_rank, type, red, g->comm, c->stream));
+}
+
+// nccl_allgather: out[k * n_per_rank ..] = member k's in; in may be out + me * n_per_rank
+static inline void nccl_allgather(NcclComm *c, const NcclGroup *g, const void *in, void *out, size_t n_per_rank,
+                                  ncclDataType_t type) {
+    nccl_enter(c, "allgather", g);
+    cudaEventRecord(c->ready, c->stream);
+    nccl_wait(c, g, ncclAllGather(in, out, n_per_rank, type, g->comm, c->stream));
+}
+
+// nccl_barrier: returns once every member has reached it (an all-reduce of one float)
+static inline void nccl_barrier(NcclComm *c, const NcclGroup *g) {
+    nccl_enter(c, "barrier", g);
+    cudaEventRecord(c->ready, c->stream);
+    nccl_wait(c, g, ncclAllReduce(c->one, c->one, 1, ncclFloat32, ncclSum, g->comm, c->stream));
+}
+
+// nccl_sendrecv: a send to dst and a receive from src (world ranks; -1 for
+// none) posted in one group call, so two neighbours exchanging at once cannot
+// deadlock on each other's order. channel and micro-batch name the message in
+// errors; NCCL keeps the messages of a pair in the order posted.
+static inline void nccl_sendrecv(NcclComm *c, int dst_rank, int send_channel, int send_microbatch, const void *sendbuf,
+                                 size_t send_bytes, int src_rank, int recv_channel, int recv_microbatch, void *recvbuf,
+                                 size_t recv_bytes) {
+    nccl_enter(c, dst_rank >= 0 && src_rank >= 0 ? "sendrecv" : dst_rank >= 0 ? "send" : "recv", NULL);
+    char *what = c->what;
+    int world = c->world.group.size;
+    if (dst_rank >= 0 && src_rank >= 0)
+        snprintf(what, sizeof(c->what), " to rank %d (%s, micro-batch %d) and from rank %d (%s, micro-batch %d)", dst_rank,
+                 channel_name(send_channel), send_microbatch, src_rank, channel_name(recv_channel), recv_microbatch);
+    else if (dst_rank >= 0)
+        snprintf(what, sizeof(c->what), " to rank %d (%s, micro-batch %d)", dst_rank, channel_name(send_channel),
+                 send_microbatch);
+    else
+        snprintf(what, sizeof(c->what), " from rank %d (%s, micro-batch %d)", src_rank, channel_name(recv_channel),
+                 recv_microbatch);
+    if ((dst_rank < 0 && src_rank < 0) || dst_rank >= world || src_rank >= world || dst_rank == c->rank ||
+        src_rank == c->rank)
+        nccl_fail(c, "peers %d and %d: not other ranks of the world of %d", dst_rank, src_rank, world);
+    cudaEventRecord(c->ready, c->stream);
+    ncclGroupStart();
+    if (dst_rank >= 0) ncclSend(sendbuf, send_bytes, ncclUint8, dst_rank, c->world.comm, c->stream);
+    if (src_rank >= 0) ncclRecv(recvbuf, recv_bytes, ncclUint8, src_rank, c->world.comm, c->stream);
+    nccl_wait(c, &c->world, ncclGroupEnd());
+}
+
+static inline void nccl_send(NcclComm *c, int dst_rank, int channel, int microbatch, const void *buf, size_t bytes) {
+    nccl_sendrecv(c, dst_rank, channel, microbatch, buf, bytes, -1, channel, microbatch, NULL, 0);
+}
+
+static inline void nccl_recv(NcclComm *c, int src_rank, int channel, int microbatch, void *buf, size_t bytes) {
+    nccl_sendrecv(c, -1, channel, microbatch, NULL, 0, src_rank, channel, microbatch, buf, bytes);
+}
+
+// nccl_free: finalizes every communicator (flushing what is queued) within
+// the timeout, else aborts them
+static inline void nccl_free(NcclComm *c) {
+    if (c == NULL) return;
+    c->op = "free";
+    c->what[0] = '\0';
+    NcclGroup *gs[4] = {&c->dp, &c->tp, &c->pp, &c->world};
+    double deadline = par_now() + c->timeout_s;
+    int ok = 1;
+    for (int i = 0; i < 4 && ok; i++) {
+        ncclResult_t r = ncclCommFinalize(gs[i]->comm);
+        if (r == ncclSuccess || r == ncclInProgress) r = nccl_settle(gs[i]->comm, deadline);
+        ok = r == ncclSuccess;
+    }
+    if (ok) {
+        for (int i = 0; i < 4; i++) ncclCommDestroy(gs[i]->comm);
+    } else {
+        fprintf(stderr, "rank %d: nccl free: the communicators did not finalize within %.1f s; aborting them\n", c->rank,
+                c->timeout_s);
+        nccl_abort_all(c);
+    }
+    cudaFree(c->one);
+    cudaEventDestroy(c->ready);
+    free(c);
+}
+#endif  // LLM3D_NCCL
 
 #endif

@@ -18,13 +18,27 @@
  * A large file is read and encoded block by block, cut only where the
  * pre-tokenizer is known to cut anyway (bpe_split_point), so the ids are the
  * same as encoding the whole file at once. Each shard is written under a
- * temporary name and renamed when complete, so a shard file with its final
- * name is always whole; shard_finished() is where every one is completed.
+ * temporary name, fsync'd and renamed when complete, so a shard file with its
+ * final name is always whole; shard_finished() is where every one is
+ * completed, and where its SHA-256 goes into the manifest.
+ *
+ * Last, <outdir>/MANIFEST (secure.h's format: name, size and SHA-256 of every
+ * file written, and a tag over the list) is written atomically; the
+ * dataloader checks shards against it. It is sealed with the all-zero key:
+ * data outlives any job key, so the tag is a public checksum that catches a
+ * changed, truncated, missing or stray shard, not a forger who can write the
+ * directory (doc/security.md, "Data shards"). Other datasets may share the
+ * directory: the entries of an earlier MANIFEST there are kept for the files
+ * this run did not write, except shards of this -n name that this run no
+ * longer writes (stale: they are left off, and a warning names them). An
+ * earlier MANIFEST that does not verify stops the run before any work.
+ * Two runs writing into one directory at the same time are not supported.
  *
  * Exit status: 0 done, 1 runtime error (nothing is left behind), 2 bad flags.
  */
-#define _POSIX_C_SOURCE 200809L  // strdup, clock_gettime under -std=c11
+#include "secure.h"  // first: it asks for _GNU_SOURCE (strdup, fsync); manifests
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +57,7 @@
 #define MAX_SHARD_TOKENS 2147483647LL     // the header holds the count as an int32
 #define READ_BLOCK (4 << 20)
 #define PROGRESS_MIN_BYTES (16 << 20)     // smaller inputs finish too fast to need it
+#define MAX_NAME_BYTES 238                // with "_train_000000.bin", a manifest's 255-byte names
 
 typedef struct {
     const char **inputs;
@@ -60,8 +75,10 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: prepare_data -i FILE [-i FILE ...] [options]\n"
             "  -i FILE          input text file, one document each (required, repeatable)\n"
-            "  -o DIR           output directory, created if missing (default .)\n"
-            "  -n NAME          shard name prefix (default: first input's name without extension)\n"
+            "  -o DIR           output directory, created if missing (default .); gets a MANIFEST of\n"
+            "                   the files written (SHA-256 each), which the dataloader checks\n"
+            "  -n NAME          shard name prefix, of [A-Za-z0-9._+-] (default: first input's name\n"
+            "                   without extension)\n"
             "  -v N             first N tokens go to the val split, 0..  (default %d)\n"
             "  -e 0|1           EOT token before every document (default 0)\n"
             "  -s N             max tokens per shard, 1..%lld (default %lld)\n"
@@ -89,14 +106,27 @@ static long long parse_count(const char *flag, const char *value, long long min,
     return v;
 }
 
-// default_name: the first input's file name without directory and extension
+// name_ok: the shards' names fit the manifest's (secure.h): [A-Za-z0-9._+-], not starting with '.'
+static int name_ok(const char *name) {
+    size_t n = strlen(name);
+    if (n > MAX_NAME_BYTES) return 0;
+    char longest[MAX_NAME_BYTES + 32];
+    snprintf(longest, sizeof(longest), "%s_train_000000.bin", name);
+    return manifest_name_ok(longest, strlen(longest));
+}
+
+// default_name: the first input's file name without directory and extension,
+// other bytes than the manifest allows made '_'
 static const char *default_name(const char *path, char *out, size_t outlen) {
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
-    snprintf(out, outlen, "%s", base);
+    snprintf(out, outlen < MAX_NAME_BYTES + 1 ? outlen : MAX_NAME_BYTES + 1, "%s", base);
     char *dot = strrchr(out, '.');
     if (dot != NULL && dot != out) *dot = '\0';
     if (out[0] == '\0' || out[0] == '.') snprintf(out, outlen, "data");
+    for (char *c = out; *c != '\0'; c++) {
+        if (*c != '.' && !manifest_name_ok(c, 1)) *c = '_';
+    }
     return out;
 }
 
@@ -132,7 +162,8 @@ static void parse_options(Options *o, int argc, char **argv, char *name_buf, siz
     if ((o->encoder_path == NULL) != (o->vocab_path == NULL))
         usage_error("%s given without %s", o->encoder_path ? "--encoder" : "--vocab", o->encoder_path ? "--vocab" : "--encoder");
     if (o->name == NULL) o->name = default_name(o->inputs[0], name_buf, name_len);
-    if (strchr(o->name, '/') != NULL) usage_error("-n '%s': want a file name prefix, without '/'%s", o->name, "");
+    if (!name_ok(o->name)) usage_error("-n '%s': want a file name prefix of 1..238 of [A-Za-z0-9._+-], not starting "
+                                       "with '.'%s", o->name, "");
 }
 
 static double now_seconds(void) {
@@ -169,20 +200,18 @@ typedef struct {
     int shards[2];             // per split, finished shards
     char **done;               // paths of finished shards, to report or to remove on failure
     int n_done, cap_done;
+    Manifest written;          // every file of this run, with its size and SHA-256
     unsigned char buf[1 << 16];
 } ShardWriter;
 
 static const char *split_names[2] = {"val", "train"};
 
 // shard_finished: the one place where a shard file is complete, under its
-// final name, with tokens tokens. The SHA-256 manifest (secure.h) hooks in
-// here. 0 ok, -1 with err set.
-static int shard_finished(const char *path, long long tokens, char *err, size_t errlen) {
-    (void)path;
-    (void)tokens;
-    (void)err;
-    (void)errlen;
-    return 0;
+// final name; it is hashed now, while its pages are still cached. 0 ok, -1
+// with err set.
+static int shard_finished(ShardWriter *w, char *err, size_t errlen) {
+    const char *base = strrchr(w->path, '/') + 1;  // shard_open made path "<out_dir>/<base>"
+    return manifest_add_file(&w->written, w->out_dir, base, err, errlen);
 }
 
 static int shard_open(ShardWriter *w, char *err, size_t errlen) {
@@ -205,7 +234,9 @@ static int shard_close(ShardWriter *w, char *err, size_t errlen) {
     tok_put_u32le(header, SHARD_MAGIC);
     tok_put_u32le(header + 4, SHARD_VERSION);
     tok_put_u32le(header + 8, (uint32_t)w->in_shard);
-    int ok = fseek(w->f, 0, SEEK_SET) == 0 && fwrite(header, 1, sizeof(header), w->f) == sizeof(header);
+    // fsync before the rename: after a crash, a shard under its final name is whole
+    int ok = fseek(w->f, 0, SEEK_SET) == 0 && fwrite(header, 1, sizeof(header), w->f) == sizeof(header) &&
+             fflush(w->f) == 0 && fsync(fileno(w->f)) == 0;
     int saved_errno = errno;
     if (fclose(w->f) != 0 && ok) { ok = 0; saved_errno = errno; }
     w->f = NULL;
@@ -223,7 +254,7 @@ static int shard_close(ShardWriter *w, char *err, size_t errlen) {
     if (w->done[w->n_done] == NULL) return tok_error(err, errlen, "out of memory");
     w->n_done++;
     w->shards[w->split]++;
-    return shard_finished(w->path, w->in_shard, err, errlen);
+    return shard_finished(w, err, errlen);
 }
 
 static int shard_add(ShardWriter *w, const int *ids, size_t n, char *err, size_t errlen) {
@@ -267,6 +298,7 @@ static void shard_abort(ShardWriter *w) {
 static void shard_writer_free(ShardWriter *w) {
     for (int k = 0; k < w->n_done; k++) free(w->done[k]);
     free(w->done);
+    manifest_free(&w->written);
 }
 
 // ----------------------------------------------------------------------------
@@ -391,9 +423,94 @@ static int load_bpe(const Options *o, Bpe *bpe) {
     return 0;
 }
 
-// write_all: every input into shards, then the tokenizer .bin; prints the
-// counts. bpe NULL means byte-level. 0 ok, 1 error (with nothing left behind).
-static int write_all(const Options *o, Bpe *bpe, long long bytes_total) {
+// ----------------------------------------------------------------------------
+// the manifest
+
+// read_old_manifest: an earlier <out_dir>/MANIFEST into *old, empty when there
+// is none. Its entries will be carried over, so it must verify. 0 ok, 1 error.
+static int read_old_manifest(const char *out_dir, Manifest *old) {
+    old->n = 0;
+    old->e = NULL;
+    char path[4200], err[1024];
+    snprintf(path, sizeof(path), "%s/MANIFEST", out_dir);
+    struct stat st;
+    if (lstat(path, &st) != 0 && errno == ENOENT) return 0;
+    if (manifest_read(old, out_dir, "MANIFEST", NULL, err, sizeof(err)) == 0) return 0;
+    fprintf(stderr, "prepare_data: -o %s: %s; this run would rewrite that list: move the file away, or write to "
+            "another directory\n", out_dir, err);
+    return 1;
+}
+
+// own_shard_name: is file_name a shard of the dataset called name, by any
+// run: "<name>_val_<digits>.bin" or "<name>_train_<digits>.bin"
+static int own_shard_name(const char *file_name, const char *name) {
+    size_t n = strlen(name), len = strlen(file_name);
+    if (len < n + 4 || strncmp(file_name, name, n) != 0 || strcmp(file_name + len - 4, ".bin") != 0) return 0;
+    const char *rest = file_name + n;
+    if (strncmp(rest, "_val_", 5) == 0) rest += 5;
+    else if (strncmp(rest, "_train_", 7) == 0) rest += 7;
+    else return 0;
+    const char *digits_end = file_name + len - 4;
+    if (rest == digits_end) return 0;
+    for (; rest < digits_end; rest++) {
+        if (*rest < '0' || *rest > '9') return 0;
+    }
+    return 1;
+}
+
+// warn_stale_shards: shards of this name that this run did not write (an
+// earlier run made more of them) would be refused by the dataloader, as they
+// are not in the new manifest; they are the user's to remove, not ours
+static void warn_stale_shards(const char *out_dir, const char *name, const Manifest *written) {
+    DIR *d = opendir(out_dir);
+    if (d == NULL) return;
+    struct dirent *entry;
+    while ((entry = readdir(d)) != NULL) {
+        if (!own_shard_name(entry->d_name, name) || manifest_find(written, entry->d_name) != NULL) continue;
+        fprintf(stderr, "prepare_data: warning: %s/%s is from an earlier run and not in the new MANIFEST, so the "
+                "dataloader will refuse it: remove it\n", out_dir, entry->d_name);
+    }
+    closedir(d);
+}
+
+static int entry_name_order(const void *a, const void *b) {
+    return strcmp(((const ManifestEntry *)a)->name, ((const ManifestEntry *)b)->name);
+}
+
+// write_manifest: <out_dir>/MANIFEST, last and atomically: the files this run
+// wrote, and the entries of the earlier manifest for files still there that
+// this run neither rewrote nor made stale. *kept gets how many were carried.
+static int write_manifest(const Options *o, const Manifest *written, const Manifest *old, int *kept,
+                          char *err, size_t errlen) {
+    Manifest all = {0, NULL};
+    all.e = (ManifestEntry *)malloc((size_t)(written->n + old->n + 1) * sizeof(ManifestEntry));
+    if (all.e == NULL) return tok_error(err, errlen, "out of memory for a manifest of %d files", written->n + old->n);
+    memcpy(all.e, written->e, (size_t)written->n * sizeof(ManifestEntry));
+    all.n = written->n;
+    *kept = 0;
+    for (int i = 0; i < old->n; i++) {
+        const ManifestEntry *e = &old->e[i];
+        if (manifest_find(written, e->name) != NULL || own_shard_name(e->name, o->name)) continue;
+        char path[4400];
+        struct stat st;
+        snprintf(path, sizeof(path), "%s/%s", o->out_dir, e->name);
+        if (lstat(path, &st) != 0 && errno == ENOENT) continue;  // gone: the list describes the directory
+        all.e[all.n++] = *e;
+        (*kept)++;
+    }
+    qsort(all.e, (size_t)all.n, sizeof(ManifestEntry), entry_name_order);
+    int rc = manifest_write(&all, o->out_dir, "MANIFEST", NULL, err, errlen);  // NULL: the public all-zero key
+    free(all.e);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// main
+
+// write_dataset: every input into shards, then the tokenizer .bin, then the
+// MANIFEST; prints the counts. bpe NULL means byte-level. 0 ok, 1 error (with
+// nothing left behind).
+static int write_dataset(const Options *o, Bpe *bpe, long long bytes_total, const Manifest *old) {
     char err[1024];
     int vocab_size = bpe ? bpe->vocab_size : 256, eot = bpe ? bpe->eot : 0;
     ShardWriter *w = calloc(1, sizeof(ShardWriter));
@@ -415,9 +532,16 @@ static int write_all(const Options *o, Bpe *bpe, long long bytes_total) {
                        "give more text or a smaller -v", total, o->val_tokens);
     char tok_path[4200];
     snprintf(tok_path, sizeof(tok_path), "%s/%s_tokenizer.bin", o->out_dir, o->name);
+    int tok_written = 0, kept = 0;
     if (rc == 0) rc = bpe ? bpe_write_tokenizer_bin(bpe, tok_path, err, sizeof(err)) : tokenizer_write_bytes_bin(tok_path, err, sizeof(err));
+    if (rc == 0) {
+        tok_written = 1;
+        rc = manifest_add_file(&w->written, o->out_dir, strrchr(tok_path, '/') + 1, err, sizeof(err));
+    }
+    if (rc == 0) rc = write_manifest(o, &w->written, old, &kept, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "prepare_data: %s\n", err);
+        if (tok_written) remove(tok_path);
         shard_abort(w);
         shard_writer_free(w);
         free(w);
@@ -435,6 +559,10 @@ static int write_all(const Options *o, Bpe *bpe, long long bytes_total) {
         first += count;
     }
     printf("prepare_data: tokenizer %s (%s, vocab %d, EOT %d)\n", tok_path, bpe ? "GPT-2 BPE" : "bytes", vocab_size, eot);
+    printf("prepare_data: manifest %s/MANIFEST: %d files of this run", o->out_dir, w->written.n);
+    if (kept > 0) printf(", %d kept from the earlier one", kept);
+    printf(" (SHA-256, public all-zero key)\n");
+    warn_stale_shards(o->out_dir, o->name, &w->written);
     shard_writer_free(w);
     free(w);
     return 0;
@@ -446,12 +574,15 @@ int main(int argc, char **argv) {
     parse_options(&o, argc, argv, name_buf, sizeof(name_buf));
     long long bytes_total;
     Bpe bpe;
+    Manifest old = {0, NULL};
     int rc = check_paths(&o, &bytes_total);
+    if (rc == 0) rc = read_old_manifest(o.out_dir, &old);
     if (rc == 0 && !o.bytes) rc = load_bpe(&o, &bpe);
     if (rc == 0) {
-        rc = write_all(&o, o.bytes ? NULL : &bpe, bytes_total);
+        rc = write_dataset(&o, o.bytes ? NULL : &bpe, bytes_total, &old);
         if (!o.bytes) bpe_free(&bpe);
     }
+    manifest_free(&old);
     free(o.inputs);
     return rc;
 }

@@ -10,7 +10,10 @@
 #include "dataloader.h"
 #include "test.h"
 
+#include <signal.h>
 #include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
 
 static char tmpdir[256];
 
@@ -563,7 +566,7 @@ static void test_manifest(void) {
     uint16_t other = 4242;
     fwrite(&other, 2, 1, f);
     fclose(f);
-    expect_init_error("manifest: a changed token", pattern, TB, TT, 0, 1, TV, path, "sha256", "differs from the manifest");
+    expect_init_error("manifest: a changed token", pattern, TB, TT, 0, 1, TV, path, "SHA-256", "the file was changed");
     write_shard("sealed/s1.bin", 1, 57);
     rc = dataloader_init(&dl, pattern, TB, TT, 0, 1, 0, 0, TV, err, sizeof(err));
     check(rc == 0, "manifest: the restored shard opens again (%s)", rc == 0 ? "ok" : err);
@@ -571,7 +574,7 @@ static void test_manifest(void) {
 
     // a shard grown by a token (valid shard on its own, but not the one listed)
     write_shard("sealed/s1.bin", 1, 58);
-    expect_init_error("manifest: a resized shard", pattern, TB, TT, 0, 1, TV, path, "size 1140", "manifest says 1138");
+    expect_init_error("manifest: a resized shard", pattern, TB, TT, 0, 1, TV, path, "size 1140", "says 1138");
     write_shard("sealed/s1.bin", 1, 57);
 
     // a manifest sealed with another key, and one that is not a manifest
@@ -595,6 +598,193 @@ static void test_manifest(void) {
     write_manifest(dir, names, 0, NULL);
     snprintf(only, sizeof(only), "%s/MANI*", dir);
     expect_init_error("manifest: a glob that matches only MANIFEST", only, TB, TT, 0, 1, TV, "no files match", "other than MANIFEST", NULL);
+}
+
+// ----------------------------------------------------------------------------
+// prepare_data end to end: the MANIFEST it writes, and the loader refusing
+// shards changed after it
+
+// run_prepare_data: ./prepare_data with args (stdout and stderr into log);
+// its exit status, or -1 if it could not run or took over 30 s (then killed)
+static int run_prepare_data(char *const *args, const char *log) {
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(127);
+        execv("./prepare_data", args);
+        _exit(127);
+    }
+    struct timespec tick = {0, 10 * 1000 * 1000};
+    for (int waited = 0; waited < 3000; waited++) {
+        int status;
+        pid_t done = waitpid(pid, &status, WNOHANG);
+        if (done == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        if (done < 0) return -1;
+        nanosleep(&tick, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+static int file_contains(const char *path, const char *needle) {
+    char text[8192];
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) return 0;
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    return strstr(text, needle) != NULL;
+}
+
+static void flip_byte(const char *path, long offset) {
+    FILE *f = fopen(path, "r+b");
+    if (f == NULL) return;
+    fseek(f, offset, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, offset, SEEK_SET);
+    fputc(c ^ 0x01, f);
+    fclose(f);
+}
+
+// opens: does the loader open pattern? err gets its message, or "ok"
+static int opens(const char *pattern, int vocab, char *err, size_t errlen) {
+    DataLoader dl;
+    int rc = dataloader_init(&dl, pattern, TB, TT, 0, 1, 0, 0, vocab, err, errlen);
+    if (rc == 0) {
+        dataloader_free(&dl);
+        snprintf(err, errlen, "ok");
+    }
+    return rc == 0;
+}
+
+static void test_prepare_data(void) {
+    if (access("./prepare_data", X_OK) != 0) {
+        skip("prepare_data: ./prepare_data not built here (make test runs it from the repo root)");
+        return;
+    }
+    // 6000 bytes of text, byte-level tokens: val is bytes 0..999, then train
+    // shards of 1500, 1500, 1500, 500 tokens
+    char dir[400], input[512], log[512], err[1024];
+    tmp_path(dir, sizeof(dir), "prepared");
+    tmp_path(input, sizeof(input), "prepared_input.txt");
+    tmp_path(log, sizeof(log), "prepare_data.log");
+    char text[6001];
+    for (int i = 0; i < 6000; i++) text[i] = (char)(i % 61 == 60 ? '\n' : 'a' + (i * 7 + i / 61) % 26);
+    FILE *f = fopen(input, "wb");
+    fwrite(text, 1, 6000, f);
+    fclose(f);
+    char *args[] = {"./prepare_data", "-i", input, "-o", dir, "-n", "tiny", "-v", "1000", "-s", "1500", "--bytes", NULL};
+    int rc = run_prepare_data(args, log);
+    if (!check(rc == 0, "prepare_data: exit status %d (log %s)", rc, log)) return;
+
+    // the MANIFEST verifies and lists every file written, with its size
+    Manifest m;
+    rc = manifest_read(&m, dir, "MANIFEST", NULL, err, sizeof(err));
+    if (!check(rc == 0, "prepare_data: MANIFEST verifies with the all-zero key (%s)", rc == 0 ? "ok" : err)) return;
+    const char *names[] = {"tiny_tokenizer.bin", "tiny_train_000000.bin", "tiny_train_000001.bin",
+                           "tiny_train_000002.bin", "tiny_train_000003.bin", "tiny_val_000000.bin"};
+    const uint64_t sizes[] = {0, 1024 + 3000, 1024 + 3000, 1024 + 3000, 1024 + 1000, 1024 + 2000};
+    int listed = m.n == 6;
+    for (int i = 0; i < 6 && listed; i++) {
+        listed = strcmp(m.e[i].name, names[i]) == 0 && (i == 0 || m.e[i].size == sizes[i]) &&
+                 manifest_verify_file(&m, dir, names[i], err, sizeof(err)) == 0;
+    }
+    check(listed, "prepare_data: MANIFEST lists the tokenizer, 4 train and 1 val shards, sizes 1024 + 2 ntok, "
+          "each matching its file (%d entries)", m.n);
+    manifest_free(&m);
+    char leftovers[512];
+    snprintf(leftovers, sizeof(leftovers), "%s/.*.tmp*", dir);
+    glob_t g;
+    int none_left = glob(leftovers, 0, NULL, &g) == GLOB_NOMATCH;
+    globfree(&g);
+    snprintf(leftovers, sizeof(leftovers), "%s/*.tmp", dir);
+    none_left = none_left && glob(leftovers, 0, NULL, &g) == GLOB_NOMATCH;
+    globfree(&g);
+    check(none_left, "prepare_data: no temporary files left in %s", dir);
+
+    // the loader reads the sealed shards: train starts at byte 1000
+    char train[512], val[512], shard[512];
+    snprintf(train, sizeof(train), "%s/tiny_train_*.bin", dir);
+    snprintf(val, sizeof(val), "%s/tiny_val_*.bin", dir);
+    DataLoader dl;
+    rc = dataloader_init(&dl, train, TB, TT, 0, 1, 0, 0, 256, err, sizeof(err));
+    if (check(rc == 0, "prepare_data: the loader opens the 4 sealed train shards (%s)", rc == 0 ? "ok" : err)) {
+        int in[TB * TT], tg[TB * TT], same = dl.nshards == 4 && dataloader_next(&dl, in, tg) == 0;
+        for (int i = 0; i < TB * TT && same; i++) same = in[i] == (unsigned char)text[1000 + i] && tg[i] == (unsigned char)text[1001 + i];
+        check(same, "prepare_data: first train batch is text bytes 1000..1008");
+        dataloader_free(&dl);
+    }
+    check(opens(val, 256, err, sizeof(err)), "prepare_data: the loader opens the sealed val shard (%s)", err);
+
+    // one byte changed, in a token and in the header: both reported as a
+    // changed file. The token stays < 256, so only the manifest can tell.
+    snprintf(shard, sizeof(shard), "%s/tiny_train_000001.bin", dir);
+    flip_byte(shard, 2000);
+    expect_init_error("prepare_data: a token byte flipped", train, TB, TT, 0, 1, 256, shard, "SHA-256", "the file was changed");
+    flip_byte(shard, 2000);
+    flip_byte(shard, 8);
+    expect_init_error("prepare_data: a header byte flipped", train, TB, TT, 0, 1, 256, shard, "SHA-256", "the file was changed");
+    flip_byte(shard, 8);
+    check(opens(train, 256, err, sizeof(err)), "prepare_data: the restored shard opens again (%s)", err);
+
+    // truncated by one token
+    check(truncate(shard, 4022) == 0, "prepare_data: truncate %s", shard);
+    expect_init_error("prepare_data: a truncated shard", train, TB, TT, 0, 1, 256, shard, "size 4022", "truncated");
+    f = fopen(shard, "ab");
+    fwrite(text + 1000 + 1500 + 1499, 1, 1, f);
+    fputc(0, f);
+    fclose(f);
+    check(opens(train, 256, err, sizeof(err)), "prepare_data: the shard with its last token back opens (%s)", err);
+
+    // a listed shard missing, and a stray one
+    char moved[600];
+    snprintf(moved, sizeof(moved), "%s.moved", shard);
+    rename(shard, moved);
+    expect_init_error("prepare_data: a listed shard missing", train, TB, TT, 0, 1, 256, shard, "listed in", "but missing");
+    rename(moved, shard);
+    char stray[512];
+    snprintf(stray, sizeof(stray), "%s/tiny_train_000009.bin", dir);
+    write_raw(stray, SHARD_MAGIC, SHARD_VERSION, 0, NULL, 0);
+    expect_init_error("prepare_data: a stray shard", train, TB, TT, 0, 1, 256, stray, "not listed in the manifest", NULL);
+    unlink(stray);
+
+    // a second dataset in the same directory: both stay listed
+    args[6] = "other";
+    rc = run_prepare_data(args, log);
+    rc = rc == 0 ? manifest_read(&m, dir, "MANIFEST", NULL, err, sizeof(err)) : -1;
+    check(rc == 0 && m.n == 12, "prepare_data: -n other next to tiny: MANIFEST lists both (%d files)", rc == 0 ? m.n : -1);
+    if (rc == 0) manifest_free(&m);
+    snprintf(shard, sizeof(shard), "%s/other_train_*.bin", dir);
+    check(opens(train, 256, err, sizeof(err)) && opens(shard, 256, err, sizeof(err)),
+          "prepare_data: both datasets open (%s)", err);
+
+    // a rerun with longer shards writes 2 train shards: the 2 stale ones are named, and refused
+    args[6] = "tiny";
+    args[10] = "2500";
+    rc = run_prepare_data(args, log);
+    snprintf(stray, sizeof(stray), "%s/tiny_train_000002.bin", dir);
+    check(rc == 0 && file_contains(log, stray) && file_contains(log, "from an earlier run"),
+          "prepare_data: rerun warns that %s is stale (exit %d)", stray, rc);
+    expect_init_error("prepare_data: a stale shard", train, TB, TT, 0, 1, 256, stray, "not listed in the manifest", NULL);
+    unlink(stray);
+    snprintf(stray, sizeof(stray), "%s/tiny_train_000003.bin", dir);
+    unlink(stray);
+    check(opens(train, 256, err, sizeof(err)), "prepare_data: without the stale shards the rerun's open (%s)", err);
+
+    // an earlier MANIFEST that does not verify stops the run before anything is written
+    char mpath[512], third[512];
+    snprintf(mpath, sizeof(mpath), "%s/MANIFEST", dir);
+    flip_byte(mpath, 40);
+    args[6] = "third";
+    rc = run_prepare_data(args, log);
+    snprintf(third, sizeof(third), "%s/third_val_000000.bin", dir);
+    check(rc == 1 && file_contains(log, mpath) && file_contains(log, "tag does not match") && access(third, F_OK) != 0,
+          "prepare_data: a changed MANIFEST in -o stops the run, exit %d, nothing written", rc);
+    char *bad_name[] = {"./prepare_data", "-i", input, "-o", dir, "-n", "a b", "--bytes", NULL};
+    rc = run_prepare_data(bad_name, log);
+    check(rc == 2 && file_contains(log, "-n 'a b'"), "prepare_data: -n 'a b' (not a manifest name) is a flag error, exit %d", rc);
 }
 
 // the loader never writes: bytes and mtime of every shard are unchanged after a run
@@ -731,6 +921,20 @@ static int bench(void) {
         dataloader_free(&dl);
     }
     printf("best open: %.3f s = %.0f Mtok/s\n", best, (double)ntok / best / 1e6);
+    // the same shard sealed by a MANIFEST: the open hashes all 200 MB too
+    const char *names[] = {"bench.bin"};
+    write_manifest(tmpdir, names, 1, NULL);
+    double best_sealed = 1e9;
+    for (int rep = 0; rep < 5 && rc == 0; rep++) {
+        double t0 = now_s();
+        rc = dataloader_init(&dl, path, 8, 1024, 0, 1, 0, 0, 50257, err, sizeof(err));
+        double dt = now_s() - t0;
+        if (rc != 0) { fprintf(stderr, "bench: %s\n", err); break; }
+        if (dt < best_sealed) best_sealed = dt;
+        dataloader_free(&dl);
+    }
+    printf("best open with a MANIFEST (SHA-256 %s): %.3f s = %.0f Mtok/s\n", sha256_impl_name(), best_sealed,
+           (double)ntok / best_sealed / 1e6);
     unlink(path);
     return rc == 0 ? 0 : 1;
 }
@@ -764,6 +968,7 @@ int main(int argc, char **argv) {
     test_errors();
     test_read_only();
     test_manifest();
+    test_prepare_data();
     test_real_text();
 
     remove_dir(tmpdir);

@@ -433,7 +433,7 @@ static void test_cli(void) {
         {"-r 3", "-r: '3' is not 0 or 1"},
         {"-t abc", "-t: 'abc' is not an integer"},
         {"-q 2", "-q: 2 is out of range"},
-        {"-np 2", "train_gpt2cu runs one rank"},
+        {"-np 64", "flag -np 64: local rank 63"},
         {"-n 5", "flags -n/-y: periodic checkpoints and resume are not built yet"},
         {"-e /nonexistent.bin", "/nonexistent.bin: cannot open"},
         {"-e dev/fixtures/tiny_model.bin -t 64", "T = 64 exceeds the model's maxT = 32"},

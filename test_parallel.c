@@ -15,6 +15,7 @@
 #include "parallel.h"
 #include "test.h"
 
+#include <math.h>
 #include <sys/stat.h>
 
 // ----------------------------------------------------------------------------
@@ -931,6 +932,224 @@ static void test_outside_launch(const char *key_path) {
     free(err);
 }
 
+// ----------------------------------------------------------------------------
+// pipeline schedules (in-process): every stage's op list, and the time line
+// pipeline_simulate gives them
+
+// "F0 F1 B0 ..." for exact comparisons and messages
+static const char *ops_text(const PipeOp *ops, int n, char *buf, size_t len) {
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && at < len; i++)
+        at += snprintf(buf + at, len - at, "%s%c%d", i ? " " : "", ops[i].forward ? 'F' : 'B', ops[i].mb);
+    return buf;
+}
+
+// one stage's list: each micro-batch once forward and once backward, the
+// forward first, forwards and backwards each in micro-batch order (the
+// trainer's activation set mb % nacts relies on that). *peak gets the most
+// micro-batches held between their forward and backward at any point.
+static int schedule_errors(const PipeOp *ops, int n, int M, int *peak) {
+    int errors = n != 2 * M, next_f = 0, next_b = 0, held = 0;
+    *peak = 0;
+    for (int i = 0; i < n; i++) {
+        if (ops[i].forward) {
+            errors += ops[i].mb != next_f++;
+            held++;
+        } else {
+            errors += ops[i].mb != next_b++ || ops[i].mb >= next_f;
+            held--;
+        }
+        if (held > *peak) *peak = held;
+    }
+    return errors + (next_f != M) + (next_b != M);
+}
+
+// the simulator's times, checked on their own: no op starts before 0, a
+// stage runs one op at a time, and every op starts after its inputs ended
+static int timeline_errors(int pp, int M, int f_time, int b_time, const PipeOp *ops, const int *start) {
+    int n = 2 * M, errors = 0;
+    for (int s = 0; s < pp; s++)
+        for (int i = 0; i < n; i++) {
+            const PipeOp *op = &ops[s * n + i];
+            int t = start[s * n + i];
+            errors += t < 0;
+            if (i > 0) errors += t < start[s * n + i - 1] + (ops[s * n + i - 1].forward ? f_time : b_time);
+            int from = op->forward ? s - 1 : s + 1, dur = op->forward ? f_time : b_time;
+            if (from >= 0 && from < pp) {
+                int j = pipeline_find(ops + from * n, n, op->forward, op->mb);
+                errors += j < 0 || t < start[from * n + j] + dur;
+            }
+            if (!op->forward) errors += t < start[s * n + pipeline_find(ops + s * n, n, 1, op->mb)] + f_time;
+        }
+    return errors;
+}
+
+static void test_pipeline_schedules(void) {
+    enum { MAXP = 8, MAXM = 16 };
+    static PipeOp ops[MAXP * 2 * MAXM];
+    static int start[MAXP * 2 * MAXM];
+    char text[256];
+    // every layout: the lists, the activation sets, no deadlock, and the
+    // bubble. The step's lower bound: the last stage starts after (pp-1)
+    // forwards, runs its M forwards and M backwards, and its last gradient
+    // then needs (pp-1) backwards to reach stage 0, so a step takes at least
+    // (M + pp - 1)(F + B), of which each stage is busy M(F + B): an idle
+    // fraction of (pp-1)/(M+pp-1). Both schedules reach the bound at every
+    // M, M < pp included (1f1b's warm-up, min(pp-stage-1, M), then makes the
+    // first stages run as gpipe), with B = F and with B = 2F alike.
+    for (int gpipe = 1; gpipe >= 0; gpipe--) {
+        const char *name = gpipe ? "gpipe" : "1f1b";
+        for (int pp = 1; pp <= MAXP; pp++) {
+            int bad_list = 0, bad_sets = 0, stuck = 0, bad_times = 0, bad_bubble = 0, bad_slow_b = 0;
+            for (int M = 1; M <= MAXM; M++) {
+                int n = 2 * M, end = pipeline_simulate(gpipe, pp, M, 1, 1, ops, start);
+                for (int s = 0; s < pp; s++) {
+                    int peak;
+                    bad_list += schedule_errors(ops + s * n, pipeline_schedule(gpipe, pp, s, M, ops + s * n), M, &peak) != 0;
+                    bad_sets += peak != pipeline_inflight(gpipe, pp, s, M);
+                }
+                if (end < 0) { stuck++; continue; }
+                bad_times += timeline_errors(pp, M, 1, 1, ops, start) != 0;
+                long idle = (long)pp * end - (long)pp * M * 2;  // stage-time units with nothing to run
+                bad_bubble += idle * (M + pp - 1) != (long)(pp - 1) * pp * end ||
+                              fabs((double)idle / ((double)pp * end) - pipeline_bubble(pp, M)) > 1e-12;
+                end = pipeline_simulate(gpipe, pp, M, 1, 2, ops, start);
+                bad_slow_b += end != 3 * (M + pp - 1) || timeline_errors(pp, M, 1, 2, ops, start) != 0;
+            }
+            check(bad_list + bad_sets + stuck + bad_times + bad_bubble + bad_slow_b == 0,
+                  "pipeline %s pp %d, M 1..%d: lists (bad %d), peak sets = pipeline_inflight (bad %d), deadlocks %d, "
+                  "ops after their inputs (bad %d), idle = (p-1)/(m+p-1) at F=B (bad %d), step (m+p-1)(F+B) at B=2F (bad %d)",
+                  name, pp, MAXM, bad_list, bad_sets, stuck, bad_times, bad_bubble, bad_slow_b);
+        }
+    }
+
+    // a few lists by hand from the definitions: 1f1b runs pp-stage-1
+    // forwards, then F and B in turn, then the remaining Bs
+    struct { int gpipe, pp, stage, M; const char *want; } lists[] = {
+        {0, 4, 0, 4, "F0 F1 F2 F3 B0 B1 B2 B3"},  // 3 warm-up forwards, F3 B0, then the rest
+        {0, 4, 1, 4, "F0 F1 F2 B0 F3 B1 B2 B3"},
+        {0, 4, 3, 4, "F0 B0 F1 B1 F2 B2 F3 B3"},  // the last stage: no warm-up
+        {0, 4, 0, 8, "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7"},
+        {0, 4, 1, 2, "F0 F1 B0 B1"},              // M < pp: warm-up min(2, M) = all of them
+        {1, 3, 2, 3, "F0 F1 F2 B0 B1 B2"},
+    };
+    for (size_t k = 0; k < sizeof(lists) / sizeof(lists[0]); k++) {
+        int n = pipeline_schedule(lists[k].gpipe, lists[k].pp, lists[k].stage, lists[k].M, ops);
+        ops_text(ops, n, text, sizeof(text));
+        check(strcmp(text, lists[k].want) == 0, "pipeline %s pp %d stage %d M %d: %s (want %s)",
+              lists[k].gpipe ? "gpipe" : "1f1b", lists[k].pp, lists[k].stage, lists[k].M, text, lists[k].want);
+    }
+
+    // two time lines by hand. 1f1b pp 2 M 3, F = B = 1: stage 0 runs
+    // F0 F1 B0 F2 B1 B2, stage 1 F0 B0 F1 B1 F2 B2; stage 0's B0 waits for
+    // stage 1's B0 (ends at 3), its B2 for stage 1's B2 (ends at 7)
+    int want1[] = {0, 1, 3, 4, 5, 7, 1, 2, 3, 4, 5, 6}, same = 1;
+    int end = pipeline_simulate(0, 2, 3, 1, 1, ops, start);
+    for (int i = 0; i < 12; i++) same &= start[i] == want1[i];
+    check(end == 8 && same, "pipeline 1f1b pp 2 M 3 F=B=1: starts %d %d %d %d %d %d | %d %d %d %d %d %d, ends at %d (want 8)",
+          start[0], start[1], start[2], start[3], start[4], start[5], start[6], start[7], start[8], start[9], start[10],
+          start[11], end);
+    // gpipe pp 2 M 2, F = 1, B = 2: stage 1 runs B0 at 3 and B1 at 5, so
+    // stage 0's B0 waits until 5 and its B1 until 7; the step ends at 9 = (2+1)(1+2)
+    int want2[] = {0, 1, 5, 7, 1, 2, 3, 5};
+    same = 1;
+    end = pipeline_simulate(1, 2, 2, 1, 2, ops, start);
+    for (int i = 0; i < 8; i++) same &= start[i] == want2[i];
+    check(end == 9 && same, "pipeline gpipe pp 2 M 2 F=1 B=2: starts %d %d %d %d | %d %d %d %d, ends at %d (want 9)",
+          start[0], start[1], start[2], start[3], start[4], start[5], start[6], start[7], end);
+
+    // the simulator finds deadlocks: stage 0 wants B1 before F1, but B1
+    // needs stage 1's F1, which needs stage 0's F1
+    PipeOp cycle[] = {{1, 0}, {0, 1}, {1, 1}, {0, 0}, {1, 0}, {1, 1}, {0, 1}, {0, 0}};
+    check(pipeline_play(2, 2, 1, 1, cycle, start) == -1 && start[0] == 0 && start[1] == -1 && start[4] == 1 && start[5] == -1,
+          "pipeline deadlock found: stage 0 'F0 B1 F1 B0' against stage 1 'F0 F1 B1 B0' (F0s run at %d and %d, then stuck)",
+          start[0], start[4]);
+    PipeOp backwards_first[] = {{0, 0}, {1, 0}};
+    check(pipeline_play(1, 1, 1, 1, backwards_first, start) == -1, "pipeline deadlock found: one stage 'B0 F0'");
+    check(pipeline_simulate(1, 0, 4, 1, 1, ops, start) == -1 && pipeline_simulate(0, 4, 0, 1, 1, ops, start) == -1,
+          "pipeline_simulate refuses pp 0 and M 0");
+}
+
+// ----------------------------------------------------------------------------
+// the GPU trainer's decisions, made by parallel.h's pure-C side of the NCCL
+// backend (the NCCL calls themselves need a GPU; rank 0's 128-byte blob
+// reaching every rank is test_rendezvous_server's)
+
+static void test_gpu_binding(void) {
+    char err[256] = "";
+    check(gpu_for_rank(0, 1, err, sizeof(err)) == 0 && gpu_for_rank(3, 8, err, sizeof(err)) == 3 &&
+          gpu_for_rank(7, 8, err, sizeof(err)) == 7, "gpu binding: local rank i takes GPU i");
+    int r = gpu_for_rank(1, 1, err, sizeof(err));
+    check(r == -1 && strstr(err, "local rank 1 has no GPU of its own: this node has 1") != NULL,
+          "gpu binding refuses a second rank on one GPU: %s", err);
+    r = gpu_for_rank(8, 8, err, sizeof(err));
+    check(r == -1 && strstr(err, "local rank 8") != NULL && strstr(err, "has 8") != NULL,
+          "gpu binding refuses local rank 8 of 8 GPUs: %s", err);
+    r = gpu_for_rank(0, 0, err, sizeof(err));
+    check(r == -1 && strstr(err, "no CUDA device") != NULL, "gpu binding without a GPU: %s", err);
+    check(gpu_for_rank(-1, 4, err, sizeof(err)) == -1, "gpu binding refuses local rank -1");
+}
+
+static void test_gpu_layouts(void) {
+    char err[256] = "";
+    check(gpu_layout_check(1, 1, 0, err, sizeof(err)) == 0 && gpu_layout_check(1, 1, 1, err, sizeof(err)) == 0,
+          "gpu layouts: data parallel with ZeRO 0 and 1 run");
+    struct { int tp, pp, zero; const char *want; } refused[] = {
+        {2, 1, 0, "-tp 2 -pp 1: tensor and pipeline parallelism are not built in the GPU trainer yet"},
+        {1, 4, 1, "-tp 1 -pp 4: tensor and pipeline parallelism are not built in the GPU trainer yet"},
+        {1, 1, 2, "-z 2: ZeRO-2 is not built in the GPU trainer yet"},
+        {1, 1, 3, "-z 3: ZeRO-3 is not built in the GPU trainer yet"},
+    };
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        err[0] = '\0';
+        int rc = gpu_layout_check(refused[i].tp, refused[i].pp, refused[i].zero, err, sizeof(err));
+        check(rc != 0 && strstr(err, refused[i].want) != NULL, "gpu layouts refuse -tp %d -pp %d -z %d: %s",
+              refused[i].tp, refused[i].pp, refused[i].zero, err);
+    }
+}
+
+// every (color, key) of grid_split, over every rank of a layout, makes
+// exactly the groups of grid_groups, each rank at its own index
+static void test_grid_split(void) {
+    int layouts[][3] = {{1, 1, 1}, {4, 1, 1}, {8, 2, 2}, {12, 3, 2}, {8, 4, 1}, {8, 1, 8}, {24, 2, 3}};
+    const char *dims[3] = {"dp", "tp", "pp"};
+    for (size_t k = 0; k < sizeof(layouts) / sizeof(layouts[0]); k++) {
+        int world = layouts[k][0], tp = layouts[k][1], pp = layouts[k][2];
+        int bad = 0;
+        for (int dim = GRID_DP; dim <= GRID_PP; dim++) {
+            for (int r = 0; r < world; r++) {
+                Grid g;
+                Group groups[3];
+                grid_init(&g, world, tp, pp, r, NULL, 0);
+                grid_groups(&g, NULL, &groups[GRID_DP], &groups[GRID_TP], &groups[GRID_PP]);
+                const Group *grp = &groups[dim];
+                int color, key, members = 0;
+                grid_split(&g, dim, &color, &key);
+                if (key != grp->me || color < 0 || color >= world) bad++;
+                for (int q = 0; q < world; q++) {
+                    Grid h;
+                    int cq, kq;
+                    grid_init(&h, world, tp, pp, q, NULL, 0);
+                    grid_split(&h, dim, &cq, &kq);
+                    if (cq != color) continue;
+                    members++;
+                    if (kq < 0 || kq >= grp->size || grp->ranks[kq] != q) bad++;
+                }
+                if (members != grp->size) bad++;
+            }
+            if (bad != 0) {
+                check(0, "grid_split %s of -np %d -tp %d -pp %d: %d mismatches with grid_groups", dims[dim], world, tp,
+                      pp, bad);
+                break;
+            }
+        }
+        if (bad == 0)
+            check(1, "grid_split of -np %d -tp %d -pp %d: colors and keys make grid_groups' dp, tp and pp groups", world,
+                  tp, pp);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "child") == 0) return child_main(argc, argv);
     (void)test_data_path;  // this test makes its own data
@@ -952,6 +1171,10 @@ int main(int argc, char **argv) {
     }
     double t0 = par_now();
     test_grid();
+    test_grid_split();
+    test_gpu_binding();
+    test_gpu_layouts();
+    test_pipeline_schedules();
     test_addresses();
     test_launch_env(key_path, key);
     test_rendezvous_server(key);

@@ -913,6 +913,312 @@ static void test_faults(void) {
 }
 
 // ----------------------------------------------------------------------------
+// chunked MAC (secure.h's last section; doc/security.md, "Chunked MAC")
+
+static void chunk_le64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+
+// the construction spelled out here byte by byte, on secure.h's plain HMAC
+static void chunkmac_by_hand(const uint8_t key[32], const uint8_t header[64], const uint8_t *payload, size_t len,
+                             size_t chunk, uint8_t out[32]) {
+    size_t n = (len + chunk - 1) / chunk;
+    uint8_t *buf = malloc(128 + chunk), *final = malloc(128 + 32 * n);
+    memset(final, 0, 64);
+    memcpy(final, "llm3d final tag", 16);
+    chunk_le64(final + 16, n);
+    chunk_le64(final + 24, len);
+    chunk_le64(final + 32, chunk);
+    memcpy(final + 64, header, 64);
+    for (size_t i = 0; i < n; i++) {
+        size_t take = len - i * chunk < chunk ? len - i * chunk : chunk;
+        memset(buf, 0, 64);
+        memcpy(buf, "llm3d chunk tag", 16);
+        chunk_le64(buf + 16, i);
+        chunk_le64(buf + 24, n);
+        chunk_le64(buf + 32, len);
+        chunk_le64(buf + 40, chunk);
+        memcpy(buf + 64, header, 64);
+        memcpy(buf + 128, payload + i * chunk, take);
+        hmac_sha256(key, 32, buf, 128 + take, final + 128 + 32 * i);
+    }
+    hmac_sha256(key, 32, final, 128 + 32 * n, out);
+    free(buf);
+    free(final);
+}
+
+static const uint8_t *chunk_header(void) {  // a real frame header
+    static uint8_t header[64];
+    FrameHeader h;
+    memset(&h, 0, sizeof(h));
+    h.magic = FRAME_MAGIC;
+    h.version = FRAME_VERSION;
+    h.channel = CH_ACTIVATION;
+    h.job_id = 0x1122334455667788ull;
+    h.src = 1, h.dst = 2, h.step = 7, h.microbatch = 3, h.seq = 41, h.payload_len = 0;
+    frame_header_write(&h, header);
+    return header;
+}
+
+static void test_chunkmac_known_answers(void) {
+    uint8_t key[32], header[64];
+    for (int i = 0; i < 32; i++) key[i] = (uint8_t)i;
+    for (int i = 0; i < 64; i++) header[i] = (uint8_t)(100 + i);
+    size_t big = 150001;
+    uint8_t *payload = malloc(big);
+    for (size_t i = 0; i < big; i++) payload[i] = (uint8_t)(i * 7 + 3);
+    Hmac keyed;
+    hmac_init(&keyed, key, 32);
+    // from Python's hmac module (doc/security.md has the script): nothing of secure.h's
+    struct { size_t len, chunk; const char *hex; } pinned[] = {
+        {150001, 65536, "ca2e1e05040cb0f2ac0c19b6c13926e4dc7736c2d59e7e340c22c75ef99bb838"},
+        {130, 64, "fc7a454ac5e2a02e90bb86346af4d9610d3db95a069d6b94807042bcf3df9721"},
+        {0, 65536, "fb9125ed63da8d1d71d5cb1815c08b15862168ce2f799c7007baee660f34340d"},
+    };
+    for (int k = 0; k < 3; k++) {
+        uint8_t tag[32];
+        char hex[65];
+        int rc = chunkmac_tag(&keyed, header, payload, pinned[k].len, pinned[k].chunk, tag, NULL, 0);
+        to_hex(tag, 32, hex);
+        check(rc == 0 && strcmp(hex, pinned[k].hex) == 0, "chunked MAC pinned vector: %zu bytes in %zu-byte chunks: %.16s...",
+              pinned[k].len, pinned[k].chunk, hex);
+    }
+    // by hand on many lengths around the chunk and block edges
+    size_t chunks[] = {64, 128, 4096, CHUNKMAC_CHUNK_BYTES};
+    int cases = 0, agree = 0, chunk_agree = 0, chunk_cases = 0;
+    for (int c = 0; c < 4; c++) {
+        size_t ch = chunks[c];
+        size_t lens[] = {0, 1, 55, 56, 63, 64, 65, ch - 1, ch, ch + 1, 2 * ch + 55, 2 * ch + 56, 3 * ch - 1, 3 * ch};
+        for (size_t j = 0; j < sizeof(lens) / sizeof(lens[0]); j++) {
+            size_t len = lens[j];
+            if (len > big) continue;
+            uint8_t mine[32], want[32];
+            chunkmac_tag(&keyed, chunk_header(), payload, len, ch, mine, NULL, 0);
+            chunkmac_by_hand(key, chunk_header(), payload, len, ch, want);
+            cases++;
+            agree += memcmp(mine, want, 32) == 0;
+            // each tag_i alone, against the by-hand input of chunk i
+            size_t n = chunkmac_count(len, ch);
+            for (size_t i = 0; i < n; i++) {
+                size_t take = len - i * ch < ch ? len - i * ch : ch;
+                uint8_t *buf = malloc(128 + take), got[32], ref[32];
+                memset(buf, 0, 64);
+                memcpy(buf, "llm3d chunk tag", 16);
+                chunk_le64(buf + 16, i);
+                chunk_le64(buf + 24, n);
+                chunk_le64(buf + 32, len);
+                chunk_le64(buf + 40, ch);
+                memcpy(buf + 64, chunk_header(), 64);
+                memcpy(buf + 128, payload + i * ch, take);
+                hmac_sha256(key, 32, buf, 128 + take, ref);
+                chunkmac_chunk_tag(&keyed, chunk_header(), payload, len, ch, i, got);
+                chunk_cases++;
+                chunk_agree += memcmp(got, ref, 32) == 0;
+                free(buf);
+            }
+        }
+    }
+    check(cases > 40 && agree == cases, "chunked MAC = the construction by hand on plain HMAC: %d of %d lengths (0..3 chunks, chunks 64 B..64 KiB)",
+          agree, cases);
+    check(chunk_agree == chunk_cases, "each chunk tag alone = HMAC of its input by hand: %d of %d", chunk_agree, chunk_cases);
+    free(payload);
+}
+
+// the by-hand inputs through the openssl command: no secure.h hashing at all
+static void test_chunkmac_openssl(void) {
+    if (system("openssl version >/dev/null 2>&1") != 0) {
+        skip("no openssl command: the chunked MAC is not cross-checked");
+        return;
+    }
+    char dir[] = "/tmp/test_secure_chunk.XXXXXX";
+    if (mkdtemp(dir) == NULL) { check(0, "mkdtemp %s", dir); return; }
+    uint8_t key[32], header[64];
+    char key_hex[65];
+    rng_fill(key, 32);
+    rng_fill(header, 64);
+    to_hex(key, 32, key_hex);
+    Hmac keyed;
+    hmac_init(&keyed, key, 32);
+    struct { size_t len, chunk; } cases[] = {{0, 4096}, {1, 64}, {4096 * 5 + 77, 4096}, {3 * CHUNKMAC_CHUNK_BYTES + 1000, CHUNKMAC_CHUNK_BYTES}};
+    int agree = 0;
+    for (int k = 0; k < 4; k++) {
+        size_t len = cases[k].len, ch = cases[k].chunk, n = chunkmac_count(len, ch);
+        uint8_t *payload = malloc(len + 1), *buf = malloc(128 + ch), *final = malloc(128 + 32 * n);
+        rng_fill(payload, len);
+        memset(final, 0, 64);
+        memcpy(final, "llm3d final tag", 16);
+        chunk_le64(final + 16, n);
+        chunk_le64(final + 24, len);
+        chunk_le64(final + 32, ch);
+        memcpy(final + 64, header, 64);
+        char path[300];
+        size_t cmd_cap = 200 + (n + 1) * sizeof(path);
+        char *cmd = malloc(cmd_cap);
+        snprintf(cmd, cmd_cap, "openssl dgst -sha256 -mac HMAC -macopt hexkey:%s -r", key_hex);
+        for (size_t i = 0; i < n; i++) {
+            size_t take = len - i * ch < ch ? len - i * ch : ch;
+            memset(buf, 0, 64);
+            memcpy(buf, "llm3d chunk tag", 16);
+            chunk_le64(buf + 16, i);
+            chunk_le64(buf + 24, n);
+            chunk_le64(buf + 32, len);
+            chunk_le64(buf + 40, ch);
+            memcpy(buf + 64, header, 64);
+            memcpy(buf + 128, payload + i * ch, take);
+            snprintf(path, sizeof(path), "%s/chunk%03zu", dir, i);
+            FILE *f = fopen(path, "wb");
+            fwrite(buf, 1, 128 + take, f);
+            fclose(f);
+            strcat(cmd, " ");
+            strcat(cmd, path);
+        }
+        size_t got_tags = 0;
+        if (n > 0) {  // tag_i from openssl, in order
+            FILE *p = popen(cmd, "r");
+            char line[512];
+            while (p != NULL && got_tags < n && fgets(line, sizeof(line), p) != NULL)
+                if (hex_decode(line, 32, final + 128 + 32 * got_tags, 1) == 0) got_tags++;
+            if (p != NULL) pclose(p);
+        }
+        snprintf(path, sizeof(path), "%s/final", dir);
+        FILE *f = fopen(path, "wb");
+        fwrite(final, 1, 128 + 32 * n, f);
+        fclose(f);
+        snprintf(cmd, cmd_cap, "openssl dgst -sha256 -mac HMAC -macopt hexkey:%s -r %s", key_hex, path);
+        uint8_t want[32], mine[32];
+        int have = 0;
+        FILE *p = popen(cmd, "r");
+        char line[512];
+        if (p != NULL && fgets(line, sizeof(line), p) != NULL) have = hex_decode(line, 32, want, 1) == 0;
+        if (p != NULL) pclose(p);
+        chunkmac_tag(&keyed, header, payload, len, ch, mine, NULL, 0);
+        agree += have && got_tags == n && memcmp(mine, want, 32) == 0;
+        unlink(path);
+        for (size_t i = 0; i < n; i++) {
+            snprintf(path, sizeof(path), "%s/chunk%03zu", dir, i);
+            unlink(path);
+        }
+        free(cmd);
+        free(payload);
+        free(buf);
+        free(final);
+    }
+    rmdir(dir);
+    check(agree == 4, "chunked MAC = openssl HMAC composed by hand (0 B, 1 B, 5 chunks + 77 B of 4 KiB, 3 chunks + 1000 B of 64 KiB): %d of 4", agree);
+}
+
+// every change an attacker could make to a chunked message changes its tag
+static void test_chunkmac_changes(void) {
+    const size_t ch = 4096, len = 3 * ch + 1500;  // three whole chunks and a short one
+    uint8_t key[32], other_key[32], header[64], base[32], tag[32];
+    rng_fill(key, 32);
+    memcpy(other_key, key, 32);
+    other_key[31] ^= 1;
+    memcpy(header, chunk_header(), 64);
+    uint8_t *payload = malloc(len), *changed = malloc(len);
+    rng_fill(payload, len);
+    Hmac keyed, other;
+    hmac_init(&keyed, key, 32);
+    hmac_init(&other, other_key, 32);
+    char err[256];
+    check(chunkmac_tag(&keyed, header, payload, len, ch, base, err, sizeof(err)) == 0 &&
+          chunkmac_verify(&keyed, header, payload, len, ch, base, err, sizeof(err)) == 0, "chunked MAC verifies its own tag");
+
+    // a flipped bit at the first, a middle and the last byte of every chunk
+    int flips = 0, caught = 0, refused = 0;
+    for (size_t i = 0; i < chunkmac_count(len, ch); i++) {
+        size_t start = i * ch, end = start + ch < len ? start + ch : len;
+        size_t at[3] = {start, (start + end) / 2, end - 1};
+        for (int k = 0; k < 3; k++) {
+            memcpy(changed, payload, len);
+            changed[at[k]] ^= 0x10;
+            chunkmac_tag(&keyed, header, changed, len, ch, tag, NULL, 0);
+            flips++;
+            caught += memcmp(tag, base, 32) != 0;
+            err[0] = '\0';
+            refused += chunkmac_verify(&keyed, header, changed, len, ch, base, err, sizeof(err)) == -1 &&
+                       strstr(err, "does not match") != NULL;
+        }
+    }
+    check(flips == 12 && caught == flips && refused == flips, "a flipped byte in any chunk changes the tag and is refused: %d of %d (%s)",
+          caught, flips, err);
+
+    // chunks 0 and 1 swapped
+    memcpy(changed, payload + ch, ch);
+    memcpy(changed + ch, payload, ch);
+    memcpy(changed + 2 * ch, payload + 2 * ch, len - 2 * ch);
+    chunkmac_tag(&keyed, header, changed, len, ch, tag, NULL, 0);
+    check(memcmp(tag, base, 32) != 0, "swapped chunks change the tag");
+    // the same bytes in chunk 0 and chunk 1: their tags still differ (the index is bound)
+    memcpy(changed, payload, ch);
+    memcpy(changed + ch, payload, ch);
+    uint8_t t0[32], t1[32];
+    chunkmac_chunk_tag(&keyed, header, changed, len, ch, 0, t0);
+    chunkmac_chunk_tag(&keyed, header, changed, len, ch, 1, t1);
+    check(memcmp(t0, t1, 32) != 0, "two chunks of equal bytes get different chunk tags");
+
+    // truncations: one byte, the short last chunk, a whole chunk more; and one zero byte appended
+    size_t cut[3] = {len - 1, 3 * ch, 2 * ch + 1500};
+    int cuts = 0;
+    for (int k = 0; k < 3; k++) {
+        chunkmac_tag(&keyed, header, payload, cut[k], ch, tag, NULL, 0);
+        cuts += memcmp(tag, base, 32) != 0;
+    }
+    uint8_t *longer = malloc(len + 1);
+    memcpy(longer, payload, len);
+    longer[len] = 0;
+    chunkmac_tag(&keyed, header, longer, len + 1, ch, tag, NULL, 0);
+    cuts += memcmp(tag, base, 32) != 0;
+    check(cuts == 4, "a payload cut short (by 1 byte, by its short last chunk, by 4096 bytes) or one zero byte longer has another tag: %d of 4",
+          cuts);
+
+    chunkmac_tag(&other, header, payload, len, ch, tag, NULL, 0);
+    check(memcmp(tag, base, 32) != 0, "a key differing in one bit changes the tag");
+
+    // any header byte: a message's chunks cannot be moved into another message
+    int header_changes = 0, chunk_tags_moved = 0;
+    chunkmac_chunk_tag(&keyed, header, payload, len, ch, 1, t0);
+    for (int b = 0; b < 64; b++) {
+        uint8_t h2[64];
+        memcpy(h2, header, 64);
+        h2[b] ^= 0x01;
+        chunkmac_tag(&keyed, h2, payload, len, ch, tag, NULL, 0);
+        header_changes += memcmp(tag, base, 32) != 0;
+        chunkmac_chunk_tag(&keyed, h2, payload, len, ch, 1, t1);
+        chunk_tags_moved += memcmp(t0, t1, 32) != 0;
+    }
+    check(header_changes == 64 && chunk_tags_moved == 64,
+          "a flipped bit in any of the 64 header bytes changes the tag (%d) and every chunk tag (%d)", header_changes, chunk_tags_moved);
+
+    chunkmac_tag(&keyed, header, payload, len, 2 * ch, tag, NULL, 0);
+    check(memcmp(tag, base, 32) != 0, "the same payload in 8 KiB chunks has another tag");
+    uint8_t *framed = malloc(64 + len);
+    memcpy(framed, header, 64);
+    memcpy(framed + 64, payload, len);
+    hmac_sha256(key, 32, framed, 64 + len, tag);
+    check(memcmp(tag, base, 32) != 0, "the plain frame tag HMAC(header || payload) differs from the chunked one");
+
+    // the empty payload has a tag of its own, bound to the header
+    uint8_t e0[32], e1[32];
+    int rc = chunkmac_tag(&keyed, header, NULL, 0, ch, e0, NULL, 0);
+    header[40] ^= 1;  // seq
+    chunkmac_tag(&keyed, header, NULL, 0, ch, e1, NULL, 0);
+    check(rc == 0 && chunkmac_count(0, ch) == 0 && memcmp(e0, e1, 32) != 0, "a 0-byte payload: no chunks, a tag that still binds the header");
+
+    uint64_t bad[] = {0, 63, 100, 4097, CHUNKMAC_MAX_CHUNK_BYTES + 64};
+    int refused_sizes = 0;
+    for (int k = 0; k < 5; k++) {
+        char want[64];
+        snprintf(want, sizeof(want), "chunk_bytes %" PRIu64 " ", bad[k]);
+        err[0] = '\0';
+        refused_sizes += chunkmac_tag(&keyed, header, payload, len, bad[k], tag, err, sizeof(err)) == -1 && strstr(err, want) != NULL;
+    }
+    check(refused_sizes == 5, "chunk sizes 0, 63, 100, 4097, 16 MiB + 64 are refused, naming chunk_bytes: %s", err);
+    free(payload);
+    free(changed);
+    free(longer);
+    free(framed);
+}
+
+// ----------------------------------------------------------------------------
 // -corpus DIR: the fuzz seeds, sealed with the key the fuzz targets use
 // (bytes 0, 1, ..., 31; see dev/fuzz/fuzz_frame.c)
 
@@ -975,5 +1281,8 @@ int main(int argc, char **argv) {
     test_frames();
     test_manifests();
     test_faults();
+    test_chunkmac_known_answers();
+    test_chunkmac_openssl();
+    test_chunkmac_changes();
     return test_summary();
 }

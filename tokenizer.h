@@ -133,10 +133,10 @@ static inline int tok_read_file(const char *path, size_t max_size, unsigned char
     FILE *f = fopen(path, "rb");
     if (f == NULL) return tok_error(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     size_t cap = 1 << 16, n = 0;
-    unsigned char *buf = malloc(cap + 1);
+    unsigned char *buf = (unsigned char *)malloc(cap + 1);
     while (buf != NULL) {
         if (n == cap) {
-            unsigned char *bigger = realloc(buf, 2 * cap + 1);
+            unsigned char *bigger = (unsigned char *)realloc(buf, 2 * cap + 1);
             if (bigger == NULL) { free(buf); buf = NULL; break; }
             buf = bigger;
             cap *= 2;
@@ -304,12 +304,17 @@ static inline int tokenizer_load_bin(Tokenizer *t, const char *path, char *err, 
     size_t size;
     if (tok_read_file(path, TOKENIZER_HEADER_BYTES + 256 * (size_t)TOKENIZER_MAX_VOCAB, &data, &size, err, errlen) != 0) return -1;
     int rc = -1;
+    // declared before the first goto: C++ (the CUDA trainer) forbids jumping over an initialization
+    int32_t magic, version, vocab, eot;
+    size_t pos = TOKENIZER_HEADER_BYTES, out = 0;
     if (size < TOKENIZER_HEADER_BYTES) {
         tok_error(err, errlen, "%s: truncated header: %zu bytes, need %d", path, size, TOKENIZER_HEADER_BYTES);
         goto done;
     }
-    int32_t magic = (int32_t)tok_get_u32le(data), version = (int32_t)tok_get_u32le(data + 4);
-    int32_t vocab = (int32_t)tok_get_u32le(data + 8), eot = (int32_t)tok_get_u32le(data + 12);
+    magic = (int32_t)tok_get_u32le(data);
+    version = (int32_t)tok_get_u32le(data + 4);
+    vocab = (int32_t)tok_get_u32le(data + 8);
+    eot = (int32_t)tok_get_u32le(data + 12);
     if (magic != TOKENIZER_MAGIC) {
         tok_error(err, errlen, "%s: header[0] magic is %d, want %d (not a tokenizer .bin)", path, (int)magic, TOKENIZER_MAGIC);
         goto done;
@@ -326,15 +331,13 @@ static inline int tokenizer_load_bin(Tokenizer *t, const char *path, char *err, 
         tok_error(err, errlen, "%s: header[3] EOT token is %d, want 0..%d", path, (int)eot, (int)vocab - 1);
         goto done;
     }
-    size_t pos = TOKENIZER_HEADER_BYTES;
     // the token bytes plus one NUL each take exactly the file's remaining size
-    t->token_bytes = malloc(size - TOKENIZER_HEADER_BYTES + 1);
-    t->token_offset = malloc(((size_t)vocab + 1) * sizeof(uint32_t));
+    t->token_bytes = (char *)malloc(size - TOKENIZER_HEADER_BYTES + 1);
+    t->token_offset = (uint32_t *)malloc(((size_t)vocab + 1) * sizeof(uint32_t));
     if (t->token_bytes == NULL || t->token_offset == NULL) {
         tok_error(err, errlen, "%s: out of memory for %d tokens", path, (int)vocab);
         goto done;
     }
-    size_t out = 0;
     for (int i = 0; i < vocab; i++) {
         if (pos >= size) {
             tok_error(err, errlen, "%s: truncated: file ends at offset %zu before token %d of %d", path, pos, i, (int)vocab);
@@ -640,13 +643,18 @@ static inline int bpe_read_encoder(Bpe *b, BpeNames *names, const char *path, co
     BpeJson j = {data, size, 0, path, err, errlen};
     int rc = -1;
     // keys in file order, then placed by id: the bytes can't exceed the file
-    unsigned char *keys = malloc(size + 1);
+    unsigned char *keys = (unsigned char *)malloc(size + 1);
     uint32_t *key_off = NULL, *key_len = NULL;
     int32_t *key_id = NULL;
     size_t count = 0, cap = 1024, used = 0;
-    key_off = malloc(cap * sizeof(uint32_t));
-    key_len = malloc(cap * sizeof(uint32_t));
-    key_id = malloc(cap * sizeof(int32_t));
+    // declared before the first goto: C++ (the CUDA trainer) forbids jumping over an initialization
+    uint32_t *key_of_id = NULL;
+    uint32_t off = 0, slots = 2;
+    const unsigned char *eot_text = (const unsigned char *)BPE_EOT_TEXT;
+    uint32_t eot_len = (uint32_t)strlen(BPE_EOT_TEXT);
+    key_off = (uint32_t *)malloc(cap * sizeof(uint32_t));
+    key_len = (uint32_t *)malloc(cap * sizeof(uint32_t));
+    key_id = (int32_t *)malloc(cap * sizeof(int32_t));
     if (keys == NULL || key_off == NULL || key_len == NULL || key_id == NULL) {
         tok_error(err, errlen, "%s: out of memory", path);
         goto done;
@@ -660,11 +668,11 @@ static inline int bpe_read_encoder(Bpe *b, BpeNames *names, const char *path, co
     for (;;) {
         if (count == cap) {
             cap *= 2;
-            uint32_t *o = realloc(key_off, cap * sizeof(uint32_t));
+            uint32_t *o = (uint32_t *)realloc(key_off, cap * sizeof(uint32_t));
             if (o != NULL) key_off = o;
-            uint32_t *l = realloc(key_len, cap * sizeof(uint32_t));
+            uint32_t *l = (uint32_t *)realloc(key_len, cap * sizeof(uint32_t));
             if (l != NULL) key_len = l;
-            int32_t *d = realloc(key_id, cap * sizeof(int32_t));
+            int32_t *d = (int32_t *)realloc(key_id, cap * sizeof(int32_t));
             if (d != NULL) key_id = d;
             if (o == NULL || l == NULL || d == NULL) { tok_error(err, errlen, "%s: out of memory", path); goto done; }
         }
@@ -692,9 +700,9 @@ static inline int bpe_read_encoder(Bpe *b, BpeNames *names, const char *path, co
     }
     // ids must be exactly 0..count-1
     b->vocab_size = (int)count;
-    b->token_bytes = malloc(used + 1);
-    b->token_offset = malloc((count + 1) * sizeof(uint32_t));
-    uint32_t *key_of_id = malloc(count * sizeof(uint32_t));
+    b->token_bytes = (unsigned char *)malloc(used + 1);
+    b->token_offset = (uint32_t *)malloc((count + 1) * sizeof(uint32_t));
+    key_of_id = (uint32_t *)malloc(count * sizeof(uint32_t));
     if (b->token_bytes == NULL || b->token_offset == NULL || key_of_id == NULL) {
         free(key_of_id);
         tok_error(err, errlen, "%s: out of memory", path);
@@ -720,7 +728,6 @@ static inline int bpe_read_encoder(Bpe *b, BpeNames *names, const char *path, co
         }
         key_of_id[key_id[k]] = (uint32_t)k;
     }
-    uint32_t off = 0;
     for (size_t i = 0; i < count; i++) {
         size_t k = key_of_id[i];
         b->token_offset[i] = off;
@@ -730,9 +737,8 @@ static inline int bpe_read_encoder(Bpe *b, BpeNames *names, const char *path, co
     b->token_offset[count] = off;
     free(key_of_id);
     // names: bytes -> id, load factor <= 1/2
-    uint32_t slots = 2;
     while (slots < 2 * count) slots *= 2;
-    names->slots = malloc(slots * sizeof(BpeNameSlot));
+    names->slots = (BpeNameSlot *)malloc(slots * sizeof(BpeNameSlot));
     names->mask = slots - 1;
     if (names->slots == NULL) { tok_error(err, errlen, "%s: out of memory", path); goto done; }
     for (uint32_t s = 0; s < slots; s++) names->slots[s].id = -1;
@@ -745,7 +751,10 @@ static inline int bpe_read_encoder(Bpe *b, BpeNames *names, const char *path, co
             tok_error(err, errlen, "%s: key '%s' appears twice", path, tok_show(name, len, shown, sizeof(shown)));
             goto done;
         }
-        names->slots[slot] = (BpeNameSlot){hash, b->token_offset[i], len, (int32_t)i};
+        names->slots[slot].hash = hash;
+        names->slots[slot].off = b->token_offset[i];
+        names->slots[slot].len = len;
+        names->slots[slot].id = (int32_t)i;
     }
     for (int byte = 0; byte < 256; byte++) {
         unsigned char c = (unsigned char)byte;
@@ -755,8 +764,6 @@ static inline int bpe_read_encoder(Bpe *b, BpeNames *names, const char *path, co
             goto done;
         }
     }
-    const unsigned char *eot_text = (const unsigned char *)BPE_EOT_TEXT;
-    uint32_t eot_len = (uint32_t)strlen(BPE_EOT_TEXT);
     b->eot = bpe_names_find(names, b, eot_text, eot_len, tok_hash_bytes(eot_text, eot_len), NULL);
     rc = 0;
 done:
@@ -790,24 +797,24 @@ static inline int bpe_read_merges(Bpe *b, const BpeNames *names, const char *pat
     int rc = -1;
     int V = b->vocab_size;
     // made_at[id]: the last merge that makes token id (-1: none); merge_line: its line
-    int32_t *made_at = malloc((size_t)V * sizeof(int32_t));
-    int32_t *made_line = malloc((size_t)V * sizeof(int32_t));
+    int32_t *made_at = (int32_t *)malloc((size_t)V * sizeof(int32_t));
+    int32_t *made_line = (int32_t *)malloc((size_t)V * sizeof(int32_t));
     int32_t *part_a = NULL, *part_b = NULL, *merge_line = NULL;
+    size_t pos = 0;  // before the first goto: C++ forbids jumping over an initialization
+    int line = 0, rank = 0;
     uint32_t slots = 2;
     while (slots < 2 * (uint32_t)V) slots *= 2;  // there can't be more merges than tokens
-    b->merges = malloc(slots * sizeof(BpeMerge));
+    b->merges = (BpeMerge *)malloc(slots * sizeof(BpeMerge));
     b->merge_mask = slots - 1;
-    part_a = malloc((size_t)V * sizeof(int32_t));
-    part_b = malloc((size_t)V * sizeof(int32_t));
-    merge_line = malloc((size_t)V * sizeof(int32_t));
+    part_a = (int32_t *)malloc((size_t)V * sizeof(int32_t));
+    part_b = (int32_t *)malloc((size_t)V * sizeof(int32_t));
+    merge_line = (int32_t *)malloc((size_t)V * sizeof(int32_t));
     if (made_at == NULL || made_line == NULL || b->merges == NULL || part_a == NULL || part_b == NULL || merge_line == NULL) {
         tok_error(err, errlen, "%s: out of memory", path);
         goto done;
     }
     for (int i = 0; i < V; i++) made_at[i] = -1;
     for (uint32_t s = 0; s < slots; s++) b->merges[s].merged = -1;
-    size_t pos = 0;
-    int line = 0, rank = 0;
     while (pos < size) {
         size_t end = pos;
         while (end < size && data[end] != '\n') end++;
@@ -825,7 +832,7 @@ static inline int bpe_read_merges(Bpe *b, const BpeNames *names, const char *pat
             }
             continue;
         }
-        const unsigned char *space = memchr(s, ' ', n);
+        const unsigned char *space = (const unsigned char *)memchr(s, ' ', n);
         if (n == 0 || space == NULL || space == s || space == s + n - 1 || memchr(space + 1, ' ', (size_t)(s + n - space - 1)) != NULL) {
             tok_error(err, errlen, "%s: line %d: expected two symbols separated by one space, got '%s'", path, line,
                       tok_show(s, n, shown, sizeof(shown)));
@@ -863,7 +870,9 @@ static inline int bpe_read_merges(Bpe *b, const BpeNames *names, const char *pat
                       merge_line[b->merges[slot].rank]);
             goto done;
         }
-        b->merges[slot] = (BpeMerge){pair, rank, merged};
+        b->merges[slot].pair = pair;
+        b->merges[slot].rank = rank;
+        b->merges[slot].merged = merged;
         part_a[rank] = a;
         part_b[rank] = c;
         merge_line[rank] = line;
@@ -922,9 +931,9 @@ static inline int bpe_load(Bpe *b, const char *encoder_json, const char *vocab_b
     if (rc == 0) rc = bpe_read_merges(b, &names, vocab_bpe, byte_of_char, err, errlen);
     free(names.slots);
     if (rc == 0) {
-        b->cache = calloc(BPE_CACHE_SLOTS, sizeof(BpeCacheSlot));
-        b->cache_text = malloc(BPE_CACHE_TEXT_BYTES);
-        b->cache_ids = malloc(BPE_CACHE_IDS * sizeof(int32_t));
+        b->cache = (BpeCacheSlot *)calloc(BPE_CACHE_SLOTS, sizeof(BpeCacheSlot));
+        b->cache_text = (unsigned char *)malloc(BPE_CACHE_TEXT_BYTES);
+        b->cache_ids = (int32_t *)malloc(BPE_CACHE_IDS * sizeof(int32_t));
         if (b->cache == NULL || b->cache_text == NULL || b->cache_ids == NULL) rc = tok_error(err, errlen, "bpe_load: out of memory");
     }
     if (rc != 0) bpe_free(b);
@@ -941,7 +950,7 @@ static inline int bpe_out_reserve(BpeOut *o, size_t more) {
     if (o->n + more <= o->cap) return 0;
     size_t cap = o->cap ? o->cap : 256;
     while (cap < o->n + more) cap *= 2;
-    int *bigger = realloc(o->ids, cap * sizeof(int));
+    int *bigger = (int *)realloc(o->ids, cap * sizeof(int));
     if (bigger == NULL) return -1;
     o->ids = bigger;
     o->cap = cap;
@@ -981,7 +990,9 @@ static inline void bpe_push_candidate(const Bpe *b, BpeCandidate *heap, size_t *
     int32_t right = b->sym[left].next;
     if (right < 0) return;
     const BpeMerge *m = bpe_find_merge(b, b->sym[left].id, b->sym[right].id);
-    if (m != NULL) bpe_heap_push(heap, n, (BpeCandidate){m->rank, left});
+    if (m == NULL) return;
+    BpeCandidate c = {m->rank, left};
+    bpe_heap_push(heap, n, c);
 }
 
 // bpe_merge_piece: BPE on one piece's bytes, ids appended to out. Scratch
@@ -991,16 +1002,20 @@ static inline int bpe_merge_piece(Bpe *b, const unsigned char *s, size_t n, BpeO
     if (n > (size_t)INT32_MAX / 4) return -1;
     if (n > b->scratch_cap) {
         size_t cap = n < 256 ? 256 : n;
-        BpeSymbol *sym = realloc(b->sym, cap * sizeof(BpeSymbol));
+        BpeSymbol *sym = (BpeSymbol *)realloc(b->sym, cap * sizeof(BpeSymbol));
         if (sym == NULL) return -1;
         b->sym = sym;
-        BpeCandidate *heap = realloc(b->heap, 3 * cap * sizeof(BpeCandidate));
+        BpeCandidate *heap = (BpeCandidate *)realloc(b->heap, 3 * cap * sizeof(BpeCandidate));
         if (heap == NULL) return -1;
         b->heap = heap;
         b->scratch_cap = cap;
     }
     BpeSymbol *sym = b->sym;
-    for (size_t i = 0; i < n; i++) sym[i] = (BpeSymbol){b->byte_token[s[i]], (int32_t)i - 1, i + 1 < n ? (int32_t)i + 1 : -1};
+    for (size_t i = 0; i < n; i++) {
+        sym[i].id = b->byte_token[s[i]];
+        sym[i].prev = (int32_t)i - 1;
+        sym[i].next = i + 1 < n ? (int32_t)i + 1 : -1;
+    }
     size_t heap_n = 0;
     for (size_t i = 0; i + 1 < n; i++) bpe_push_candidate(b, b->heap, &heap_n, (int32_t)i);
     while (heap_n > 0) {
@@ -1054,7 +1069,11 @@ static inline int bpe_encode_piece(Bpe *b, const unsigned char *s, size_t n, Bpe
         b->cache_used = b->cache_text_used = b->cache_ids_used = 0;
         slot = (uint32_t)hash & (BPE_CACHE_SLOTS - 1);
     }
-    b->cache[slot] = (BpeCacheSlot){hash, b->cache_text_used, b->cache_ids_used, (uint16_t)n, (uint16_t)n_ids};
+    b->cache[slot].hash = hash;
+    b->cache[slot].text_off = b->cache_text_used;
+    b->cache[slot].ids_off = b->cache_ids_used;
+    b->cache[slot].text_len = (uint16_t)n;
+    b->cache[slot].n_ids = (uint16_t)n_ids;
     memcpy(b->cache_text + b->cache_text_used, s, n);
     memcpy(b->cache_ids + b->cache_ids_used, out->ids + first, n_ids * sizeof(int));
     b->cache_used++;

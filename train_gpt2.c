@@ -1610,7 +1610,9 @@ int main(int argc, char **argv) {
     uint8_t ckpt_key[32];
     CkptState ck;
     char ck_dir[800], path[900];  // -o is at most 700 bytes
+    double load_t0 = now_ms();
     int resuming = checkpoint_setup(&opt, &config, ckpt_key, &ck, ck_dir, sizeof(ck_dir));
+    double verify_ms = now_ms() - load_t0;
     Parallel par;
     parallel_setup(&par, &opt, &fault, argc, argv);
     signal(SIGXFSZ, SIG_IGN);  // past a file size limit a write fails (and says so) instead of killing us
@@ -1635,6 +1637,7 @@ int main(int argc, char **argv) {
     free(full);
     snprintf(path, sizeof(path), "%s/optim.bin", ck_dir);
     if (resuming && gpt2_load_optimizer(&model, path, ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
+    double load_ms = now_ms() - load_t0 - verify_ms;
     gpt2_alloc_activations(&model, B, T, pipeline_inflight(opt.pipe_schedule == PS_GPIPE, par.grid.pp, par.grid.pp_rank, accum));
 
     // data: this rank's slice of the stream (tp and pp ranks of a replica read the same)
@@ -1672,7 +1675,8 @@ int main(int argc, char **argv) {
     uint64_t sample_rng = resuming ? ck.sample_rng : (uint64_t)opt.seed * 2654435761ull + 1;
     int start = resuming ? ck.step : 0, stopped = 0;
     if (rank0 && resuming)
-        printf("resuming from %s: step %d, written by np %d tp %d pp %d ZeRO-%d\n", ck_dir, ck.step, ck.np, ck.tp, ck.pp, ck.zero);
+        printf("resuming from %s: step %d, written by np %d tp %d pp %d ZeRO-%d (verified in %.0f ms, loaded in %.0f ms)\n",
+               ck_dir, ck.step, ck.np, ck.tp, ck.pp, ck.zero, verify_ms, load_ms);
     else if (rank0 && (opt.resume || opt.resume_step >= 0))
         printf("no checkpoint in %s yet: starting from step 0\n", opt.out_dir);
     double fpt = flops_per_token(&config, T);

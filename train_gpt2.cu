@@ -34,9 +34,9 @@
 #include <cublasLt.h>
 
 #include "gpt2.h"
-#ifndef TESTING
-#include "dev/cuda/host_io.h"
-#endif
+#include "dataloader.h"
+#include "tokenizer.h"
+#include "parallel.h"
 
 // ----------------------------------------------------------------------------
 // precision
@@ -1603,8 +1603,11 @@ typedef struct {
     GPT2Config config;
     size_t param_sizes[NUM_PARAM_TENSORS];
     size_t num_params;
-    floatX *params, *grads;                 // device, model-file layout
-    float *master, *m, *v;                  // device fp32 (master == params in the fp32 build)
+    size_t num_padded;                      // num_params rounded up to dp equal shards of whole 128-element rows
+    size_t opt_begin, opt_count;            // the elements this rank's AdamW updates: all, or its ZeRO-1 shard
+    floatX *params, *grads;                 // device, model-file layout, num_padded each
+    float *master;                          // device fp32, num_padded (master == params in the fp32 build)
+    float *m, *v;                           // device fp32 AdamW state of the opt_count elements from opt_begin
     floatX *param[NUM_PARAM_TENSORS], *grad[NUM_PARAM_TENSORS];
     int B, T, recompute, fuse_gelu, attention_tc;
     Activations act;
@@ -1647,13 +1650,20 @@ static void point_param_views(floatX **views, floatX *base, const size_t *sizes)
 }
 
 // the model on the device, from host fp32 params (model_load) or, when
-// params is NULL, from the seeded init; activations for (B, T)
-static void gpt2_init(GPT2 *model, const GPT2Config *c, const float *params, uint64_t seed, int B, int T,
-                      int recompute, int attention_tc) {
+// params is NULL, from the seeded init; activations for (B, T). dp ranks
+// hold the parameters in dp equal shards (the last one padded with zeros);
+// with ZeRO-1 (zero = 1) this rank's AdamW state covers only shard dp_rank.
+static void gpt2_init_dp(GPT2 *model, const GPT2Config *c, const float *params, uint64_t seed, int B, int T,
+                         int recompute, int attention_tc, int dp, int dp_rank, int zero) {
     memset(model, 0, sizeof(*model));
     model->config = *c;
     param_sizes(c, model->param_sizes);
     model->num_params = param_count(c);
+    // shards of whole 128-element rows keep every shard 16-byte aligned for the vector loads
+    size_t shard = ((model->num_params + (size_t)dp - 1) / (size_t)dp + 127) / 128 * 128;
+    model->num_padded = shard * (size_t)dp;
+    model->opt_begin = zero == 1 ? (size_t)dp_rank * shard : 0;
+    model->opt_count = zero == 1 ? shard : model->num_params;
     model->B = B;
     model->T = T;
     model->recompute = recompute;
@@ -1663,20 +1673,21 @@ static void gpt2_init(GPT2 *model, const GPT2Config *c, const float *params, uin
 #else
     model->fuse_gelu = 1;
 #endif
-    size_t n = model->num_params;
+    size_t n = model->num_params, np = model->num_padded, nopt = model->opt_count;
     CUDA_CHECK(cudaStreamCreate(&model->stream));
-    model->master = (float *)device_alloc(n * sizeof(float), "master weights");
+    model->master = (float *)device_alloc(np * sizeof(float), "master weights");
 #ifdef ENABLE_FP32
     model->params = model->master;
 #else
-    model->params = (floatX *)device_alloc(n * sizeof(floatX), "parameters");
+    model->params = (floatX *)device_alloc(np * sizeof(floatX), "parameters");
 #endif
-    model->grads = (floatX *)device_alloc(n * sizeof(floatX), "gradients");
-    model->m = (float *)device_alloc(n * sizeof(float), "AdamW m");
-    model->v = (float *)device_alloc(n * sizeof(float), "AdamW v");
-    CUDA_CHECK(cudaMemset(model->grads, 0, n * sizeof(floatX)));
-    CUDA_CHECK(cudaMemset(model->m, 0, n * sizeof(float)));
-    CUDA_CHECK(cudaMemset(model->v, 0, n * sizeof(float)));
+    model->grads = (floatX *)device_alloc(np * sizeof(floatX), "gradients");
+    model->m = (float *)device_alloc(nopt * sizeof(float), "AdamW m");
+    model->v = (float *)device_alloc(nopt * sizeof(float), "AdamW v");
+    CUDA_CHECK(cudaMemset(model->master, 0, np * sizeof(float)));
+    CUDA_CHECK(cudaMemset(model->grads, 0, np * sizeof(floatX)));
+    CUDA_CHECK(cudaMemset(model->m, 0, nopt * sizeof(float)));
+    CUDA_CHECK(cudaMemset(model->v, 0, nopt * sizeof(float)));
     point_param_views(model->param, model->params, model->param_sizes);
     point_param_views(model->grad, model->grads, model->param_sizes);
     if (params != NULL) {
@@ -1692,7 +1703,7 @@ static void gpt2_init(GPT2 *model, const GPT2Config *c, const float *params, uin
             p += size;
         }
     }
-    copy_to_floatx_kernel<<<grid_for(n, 256), 256, 0, model->stream>>>(model->params, model->master, n);
+    copy_to_floatx_kernel<<<grid_for(np, 256), 256, 0, model->stream>>>(model->params, model->master, np);
     CUDA_CHECK(cudaGetLastError());
 
     BufferSlice slices[MAX_SLICES];
@@ -1714,6 +1725,13 @@ static void gpt2_init(GPT2 *model, const GPT2Config *c, const float *params, uin
     model->blas.workspace = device_alloc(model->blas.workspace_size, "cuBLASLt workspace");
     model->blas.stream = model->stream;
     CUDA_CHECK(cudaStreamSynchronize(model->stream));
+}
+
+// one rank: every parameter and all of the AdamW state here (what the
+// tests build; the trainer itself always names its dp)
+[[maybe_unused]] static void gpt2_init(GPT2 *model, const GPT2Config *c, const float *params, uint64_t seed, int B,
+                                       int T, int recompute, int attention_tc) {
+    gpt2_init_dp(model, c, params, seed, B, T, recompute, attention_tc, 1, 0, 0);
 }
 
 static void gpt2_free(GPT2 *model) {
@@ -1899,7 +1917,7 @@ static void gpt2_backward(GPT2 *model) {
 }
 
 static void gpt2_zero_grad(GPT2 *model) {
-    CUDA_CHECK(cudaMemsetAsync(model->grads, 0, model->num_params * sizeof(floatX), model->stream));
+    CUDA_CHECK(cudaMemsetAsync(model->grads, 0, model->num_padded * sizeof(floatX), model->stream));
 }
 
 static void gpt2_zero_losses(GPT2 *model) {
@@ -1918,24 +1936,49 @@ static float gpt2_mean_loss(GPT2 *model, int nbatches) {
     return (float)(sum / ((double)BT * nbatches));
 }
 
-// grad norm, clipping (as the CPU trainer's gpt2_clip_grads) and AdamW, all
-// queued on the stream; gpt2_last_norm reads the norm back
-static void gpt2_update(GPT2 *model, float lr, float beta1, float beta2, float eps, float weight_decay,
-                        float max_norm) {
+// the grad norm in two halves, so that data-parallel ranks can add up their
+// partial sums in between (ZeRO-1: each holds the gradient of its shard only).
+// The partials cover the elements this rank's AdamW updates.
+static void gpt2_norm_partials(GPT2 *model) {
+    sumsq_partial_kernel<<<NORM_BLOCKS, NORM_THREADS, 0, model->stream>>>(model->act.norm_partial,
+                                                                           model->grads + model->opt_begin,
+                                                                           model->opt_count);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+static void gpt2_norm_final(GPT2 *model) {
+    sumsq_final_kernel<<<1, 1024, 0, model->stream>>>(model->act.norm, model->act.norm_partial, NORM_BLOCKS);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// clipping (as the CPU trainer's gpt2_clip_grads) and AdamW on this rank's
+// elements [opt_begin, opt_begin + opt_count), one launch per tensor piece
+// (weight decay on the matrices only), after the norm is on the device
+static void gpt2_adamw(GPT2 *model, float lr, float beta1, float beta2, float eps, float weight_decay, float max_norm) {
     cudaStream_t st = model->stream;
-    global_norm(model->act.norm, model->act.norm_partial, model->grads, model->num_params, st);
     model->adam_t++;
     float bc1 = 1.0f - powf(beta1, (float)model->adam_t), bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)model->adam_t));
-    size_t off = 0;
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        size_t n = model->param_sizes[t];
-        adamw_kernel<<<grid_for(n, 256), 256, 0, st>>>(model->params + off, model->master + off, model->grads + off,
-                                                       model->m + off, model->v + off, n, lr, beta1, beta2, eps,
-                                                       param_is_matrix(t) ? weight_decay : 0.0f, lr / bc1, bc2_sqrt,
-                                                       model->act.norm, max_norm);
+    size_t lo = model->opt_begin, hi = model->opt_begin + model->opt_count, off = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; off += model->param_sizes[t], t++) {
+        size_t a = off > lo ? off : lo, b = off + model->param_sizes[t] < hi ? off + model->param_sizes[t] : hi;
+        if (a >= b) continue;
+        size_t n = b - a;
+        adamw_kernel<<<grid_for(n, 256), 256, 0, st>>>(model->params + a, model->master + a, model->grads + a,
+                                                       model->m + (a - lo), model->v + (a - lo), n, lr, beta1, beta2,
+                                                       eps, param_is_matrix(t) ? weight_decay : 0.0f, lr / bc1,
+                                                       bc2_sqrt, model->act.norm, max_norm);
         CUDA_CHECK(cudaGetLastError());
-        off += n;
     }
+}
+
+// grad norm, clipping and AdamW, all queued on the stream (gpt2_last_norm
+// reads the norm back): the whole step of one rank, or of a ZeRO-0 rank
+// once its gradients are all-reduced
+static void gpt2_update(GPT2 *model, float lr, float beta1, float beta2, float eps, float weight_decay,
+                        float max_norm) {
+    global_norm(model->act.norm, model->act.norm_partial, model->grads + model->opt_begin, model->opt_count,
+                model->stream);
+    gpt2_adamw(model, lr, beta1, beta2, eps, weight_decay, max_norm);
 }
 
 static float gpt2_last_norm(GPT2 *model) {
@@ -1996,16 +2039,6 @@ static void die_usage(const char *msg) {
     exit(2);
 }
 
-static float evaluate(GPT2 *model, HostLoader *val, int batches) {
-    host_loader_reset(val);
-    gpt2_zero_losses(model);
-    for (int i = 0; i < batches; i++) {
-        host_loader_next(val, model->inputs, model->targets);
-        gpt2_forward(model, FWD_LOSS, 0.0f);
-    }
-    return gpt2_mean_loss(model, batches);
-}
-
 // xorshift* for sampling; its state is one number (as the CPU trainer)
 static float random_f32(uint64_t *state) {
     *state ^= *state >> 12; *state ^= *state << 25; *state ^= *state >> 27;
@@ -2013,9 +2046,9 @@ static float random_f32(uint64_t *state) {
 }
 
 // prints gen_tokens tokens sampled from the model, starting from EOT
-static void sample(GPT2 *model, const HostTokenizer *tok, int gen_tokens, uint64_t *rng) {
+static void sample(GPT2 *model, const Tokenizer *tok, int gen_tokens, uint64_t *rng) {
     int B = model->B, T = model->T, V = model->config.V, Vp = model->config.Vp;
-    int eot = host_tokenizer_eot(tok);
+    int eot = tok->eot_token;
     for (int i = 0; i < B * T; i++) model->inputs[i] = eot, model->targets[i] = eot;
     floatX *row = (floatX *)host_alloc((size_t)Vp * sizeof(floatX), "sample logits");
     float *z = (float *)host_alloc((size_t)V * sizeof(float), "sample logits");
@@ -2037,7 +2070,7 @@ static void sample(GPT2 *model, const HostTokenizer *tok, int gen_tokens, uint64
         }
         model->inputs[t] = next;
         int len;
-        const char *s = host_tokenizer_decode(tok, next, &len);
+        const char *s = tokenizer_decode(tok, next, &len);
         if (s != NULL) fwrite(s, 1, len, stdout);
         fflush(stdout);
     }
@@ -2046,10 +2079,145 @@ static void sample(GPT2 *model, const HostTokenizer *tok, int gen_tokens, uint64
     free(z);
 }
 
+// ----------------------------------------------------------------------------
+// data parallel over NCCL: one process and one GPU per rank (doc/gpu.md)
+
+#ifdef ENABLE_FP32
+static const ncclDataType_t NCCL_FLOATX = ncclFloat32;
+#else
+static const ncclDataType_t NCCL_FLOATX = ncclBfloat16;
+#endif
+
+typedef struct {
+    Launch launch;
+    Grid grid;
+    int zero;
+    NcclComm *nccl;     // every rank has one, a job of one rank too: -np 1 runs the NCCL path
+} Parallel;
+
+// batch_accum: micro-batches per step for dp replicas (the CPU trainer's
+// rules for -d, -mb and -m), or -1 with err set
+static int batch_accum(const Options *o, int dp, char *err, size_t errlen) {
+    long BTdp = (long)o->B * o->T * dp;
+    long total = o->total_batch < 0 ? BTdp * o->microbatches : o->total_batch;
+    if (total % BTdp != 0) {
+        snprintf(err, errlen, "flag -d: total batch %ld is not a multiple of B*T*dp = %ld", total, BTdp);
+        return -1;
+    }
+    if (o->total_batch > 0 && o->microbatches != 1 && total / BTdp != o->microbatches) {
+        snprintf(err, errlen, "flag -mb: %d micro-batches, but -d %ld makes %ld of B*T*dp", o->microbatches, total,
+                 total / BTdp);
+        return -1;
+    }
+    if (o->val_every > 0 && o->val_batches % dp != 0) {
+        snprintf(err, errlen, "flag -m: %d val batches do not split among dp = %d ranks", o->val_batches, dp);
+        return -1;
+    }
+    return (int)(total / BTdp);
+}
+
+// check_launch_gpus: the process that will launch -np ranks on this node
+// refuses more ranks than GPUs, once, before it starts any. A short-lived
+// child counts them: the launcher itself stays free of CUDA, whose threads
+// would otherwise take the signals it waits for on its signalfd.
+static void check_launch_gpus(const Options *o) {
+    char err[512], msg[600];
+    int launcher = getenv("LLM3D_RANK") == NULL && o->rendezvous == NULL && o->np > 1;
+    if (!launcher) return;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+        _exit(n < 255 ? n : 255);
+    }
+    int status;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return;  // the ranks will check for themselves
+    int ndev = WEXITSTATUS(status);
+    if (gpu_for_rank(o->np - 1, ndev, err, sizeof(err)) < 0) {
+        snprintf(msg, sizeof(msg), "flag -np %d: %s", o->np, err);
+        die_usage(msg);
+    }
+}
+
+// parallel_setup: with -np > 1 this process becomes the launcher and never
+// returns; a rank binds its GPU before anything else touches the device, then
+// joins the job's communicators
+static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, int argc, char **argv) {
+    char err[512];
+    memset(par, 0, sizeof(*par));
+    int rc = parallel_main(argc, argv, o->np, o->rendezvous, o->key_file, o->timeout, &par->launch, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "train_gpt2cu: %s\n", err);
+        exit(rc);
+    }
+    Launch *L = &par->launch;
+    int world = L->mode == LAUNCH_RANK ? L->world : 1;
+    if (grid_init(&par->grid, world, o->tp, o->pp, L->rank, err, sizeof(err)) != 0) die_usage(err);
+    par->grid.local_rank = L->local_rank;
+    par->zero = o->zero;
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess) ndev = 0;
+    int device = gpu_for_rank(L->local_rank, ndev, err, sizeof(err));
+    if (device < 0) {
+        fprintf(stderr, "train_gpt2cu: rank %d: %s%s%s\n", L->rank, err, e != cudaSuccess ? ": " : "",
+                e != cudaSuccess ? cudaGetErrorString(e) : "");
+        exit(1);
+    }
+    CUDA_CHECK(cudaSetDevice(device));
+    if (nccl_init(&par->nccl, &par->grid, L->key, L->rendezvous, o->timeout, fault, err, sizeof(err)) != 0) {
+        fprintf(stderr, "train_gpt2cu: %s\n", err);
+        exit(1);
+    }
+}
+
+// the data-parallel end of a step, after every micro-batch's backward. ZeRO-0
+// all-reduces the gradients and updates every parameter. ZeRO-1
+// reduce-scatters them, adds up the norm's partial sums over the group,
+// updates its shard and all-gathers the updated parameters.
+static void dp_update(GPT2 *model, Parallel *par, const Options *o, float lr) {
+    NcclComm *nc = par->nccl;
+    if (par->zero == 0) {
+        nccl_allreduce(nc, &nc->dp, model->grads, model->num_params, NCCL_FLOATX, OP_SUM);
+        gpt2_update(model, lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->grad_clip);
+        return;
+    }
+    size_t shard = model->num_padded / (size_t)par->grid.dp;
+    nccl_reduce_scatter(nc, &nc->dp, model->grads, model->grads + model->opt_begin, shard, NCCL_FLOATX, OP_SUM);
+    gpt2_norm_partials(model);
+    nccl_allreduce(nc, &nc->dp, model->act.norm_partial, NORM_BLOCKS, ncclFloat32, OP_SUM);
+    gpt2_norm_final(model);
+    gpt2_adamw(model, lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->grad_clip);
+    nccl_allgather(nc, &nc->dp, model->params + model->opt_begin, model->params, shard, NCCL_FLOATX);
+}
+
+// the mean loss of the group: every rank's per-position losses, summed
+static float dp_mean_loss(GPT2 *model, Parallel *par, int nbatches) {
+    nccl_allreduce(par->nccl, &par->nccl->dp, model->act.losses, (size_t)model->B * model->T, ncclFloat32, OP_SUM);
+    return gpt2_mean_loss(model, nbatches * par->grid.dp);
+}
+
+// the mean loss over `batches` micro-batches of the val stream, split among
+// the data-parallel ranks; every rank returns it
+static float evaluate(GPT2 *model, Parallel *par, DataLoader *val, int batches) {
+    dataloader_reset(val);
+    gpt2_zero_losses(model);
+    for (int i = 0; i < batches / par->grid.dp; i++) {
+        dataloader_next(val, model->inputs, model->targets);
+        gpt2_forward(model, FWD_LOSS, 0.0f);
+    }
+    return dp_mean_loss(model, par, batches / par->grid.dp);
+}
+
 int main(int argc, char **argv) {
     Options opt;
     GpuOptions gopt;
     char err[2048];
+    // the launcher starts the ranks with the command line it was given, GPU flags included
+    int launch_argc = argc;
+    char **launch_argv = (char **)host_alloc((size_t)(argc + 1) * sizeof(char *), "argv");
+    memcpy(launch_argv, argv, (size_t)(argc + 1) * sizeof(char *));
     if (gpu_options_take(&gopt, &argc, argv, err, sizeof(err)) != 0) die_usage(err);
     options_defaults(&opt);
     int rc = options_parse(&opt, argc, argv, err, sizeof(err));
@@ -2061,133 +2229,175 @@ int main(int argc, char **argv) {
     if (rc != 0) die_usage(err);
     if (opt.ckpt_every > 0 || opt.resume)
         die_usage("flags -n/-y: periodic checkpoints and resume are not built yet (only the final model with -o)");
-    if (opt.np != 1 || opt.tp != 1 || opt.pp != 1) {
-        snprintf(err, sizeof(err), "flags -np/-tp/-pp: %d/%d/%d: train_gpt2cu runs one rank on one GPU (use 1/1/1)",
-                 opt.np, opt.tp, opt.pp);
-        die_usage(err);
-    }
+    if (gpu_layout_check(opt.tp, opt.pp, opt.zero, err, sizeof(err)) != 0) die_usage(err);
+    check_launch_gpus(&opt);
+    if (opt.check_every > 0) die_usage("flag -ck: the data-parallel consistency check is not built in the GPU trainer yet");
+    Fault fault;
+    memset(&fault, 0, sizeof(fault));
+    if (opt.fault && fault_parse(opt.fault, &fault, err, sizeof(err)) != 0) die_usage(err);
+    if (fault.kind == FAULT_TAMPER || fault.kind == FAULT_REPLAY)
+        die_usage("flag -fault: tamper and replay act on MAC'd frames, and NCCL messages carry none yet (kill, stall)");
 
-    // the model's shape and weights, on the host first: every bad input is
-    // refused before the GPU is touched
+    // the model's shape, the batch and the data, on the host: a bad job is
+    // refused once, by the launcher, before any rank starts or a GPU is touched
     GPT2Config config;
-    float *params = NULL;
-    if (config_from_descriptor(&config, opt.init, opt.init_vocab, opt.init_maxT) != 0) {
-        params = model_load(opt.init, &config, err, sizeof(err));
-        if (params == NULL) die_usage(err);
+    int from_file = config_from_descriptor(&config, opt.init, opt.init_vocab, opt.init_maxT) != 0;
+    if (from_file) {
+        FILE *f = fopen(opt.init, "rb");
+        int version;
+        if (f == NULL) {
+            snprintf(err, sizeof(err), "%s: cannot open model file: %s", opt.init, strerror(errno));
+            die_usage(err);
+        }
+        rc = model_read_header(f, opt.init, &config, &version, err, sizeof(err));
+        fclose(f);
+        if (rc != 0) die_usage(err);
     }
     if (opt.T > config.maxT) {
         snprintf(err, sizeof(err), "flag -t: T = %d exceeds the model's maxT = %d (%s)", opt.T, config.maxT, opt.init);
         die_usage(err);
     }
     if (gpu_check_shapes(&config, opt.B, opt.T, opt.init, err, sizeof(err)) != 0) die_usage(err);
-
-    int B = opt.B, T = opt.T, dp = 1;
-    long total_batch = opt.total_batch < 0 ? (long)B * T * dp : opt.total_batch;
-    if (total_batch % ((long)B * T * dp) != 0) {
-        snprintf(err, sizeof(err), "flag -d: total batch %ld is not a multiple of B*T*dp = %ld", total_batch,
-                 (long)B * T * dp);
+    if (batch_accum(&opt, opt.np, err, sizeof(err)) < 0) die_usage(err);
+    DataLoader train, val;
+    if (dataloader_init(&train, opt.train_pattern, opt.B, opt.T, 0, opt.np, opt.shuffle, 0, config.V, err,
+                        sizeof(err)) != 0)
         die_usage(err);
+    dataloader_free(&train);
+    if (opt.val_every > 0) {
+        if (dataloader_init(&val, opt.val_pattern, opt.B, opt.T, 0, opt.np, 0, 0, config.V, err, sizeof(err)) != 0)
+            die_usage(err);
+        dataloader_free(&val);
     }
-    int accum = (int)(total_batch / ((long)B * T * dp));
-    HostLoader *train = host_loader_open(opt.train_pattern, B, T, opt.shuffle, (uint64_t)opt.seed, config.V, err,
-                                         sizeof(err));
-    if (train == NULL) die_usage(err);
+
+    Parallel par;
+    parallel_setup(&par, &opt, &fault, launch_argc, launch_argv);
+    int rank0 = par.grid.rank == 0, dp = par.grid.dp, B = opt.B, T = opt.T;
+    int accum = batch_accum(&opt, dp, err, sizeof(err));  // an outside launcher's world may differ from -np
+    if (accum < 0) die_usage(err);
+    long total_batch = (long)B * T * dp * accum;
+    float *params = NULL;
+    if (from_file) {
+        params = model_load(opt.init, &config, err, sizeof(err));
+        if (params == NULL) die_usage(err);
+    }
+    // data: this rank's slice of the stream
+    if (dataloader_init(&train, opt.train_pattern, B, T, par.grid.dp_rank, dp, opt.shuffle, (uint64_t)opt.seed, config.V,
+                        err, sizeof(err)) != 0)
+        die_usage(err);
     int have_val = opt.val_every > 0;
-    HostLoader *val = NULL;
-    if (have_val) {
-        val = host_loader_open(opt.val_pattern, B, T, 0, 0, config.V, err, sizeof(err));
-        if (val == NULL) die_usage(err);
-    }
-    int steps = opt.steps >= 0 ? opt.steps : (int)(host_loader_batches_per_epoch(train) / accum);
+    if (have_val && dataloader_init(&val, opt.val_pattern, B, T, par.grid.dp_rank, dp, 0, 0, config.V, err,
+                                    sizeof(err)) != 0)
+        die_usage(err);
+    int steps = opt.steps >= 0 ? opt.steps : (int)(dataloader_batches_per_epoch(&train) / accum);
     if (steps < 1) steps = 1;
-    HostTokenizer *tok = NULL;
-    if (opt.tokenizer != NULL && opt.sample_every > 0) {
-        tok = host_tokenizer_open(opt.tokenizer, err, sizeof(err));
-        if (tok == NULL) die_usage(err);
-    }
+    Tokenizer tok;
+    int have_tok = opt.tokenizer != NULL && opt.sample_every > 0 && par.grid.world == 1;
+    if (have_tok && tokenizer_load_bin(&tok, opt.tokenizer, err, sizeof(err)) != 0) die_usage(err);
     FILE *logf = NULL;
     char path[1024];
-    if (opt.out_dir) mkdir(opt.out_dir, 0755);
-    if (opt.log_file || opt.out_dir) {
+    if (rank0 && opt.out_dir) mkdir(opt.out_dir, 0755);
+    if (rank0 && (opt.log_file || opt.out_dir)) {
         if (opt.log_file) snprintf(path, sizeof(path), "%s", opt.log_file);
         else snprintf(path, sizeof(path), "%s/log.jsonl", opt.out_dir);
         logf = fopen(path, "w");
         if (logf == NULL) { snprintf(err, sizeof(err), "%s: cannot create log file", path); die_usage(err); }
     }
 
-    // the GPU
-    int ndev = 0;
-    cudaError_t e = cudaGetDeviceCount(&ndev);
-    if (e != cudaSuccess || ndev == 0) {
-        fprintf(stderr, "train_gpt2cu: no CUDA device: %s\n", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
-        return 1;
-    }
+    // the GPU (bound by parallel_setup)
+    int device;
     cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     double peak = gpu_peak_flops(prop.name);
     GPT2 model;
-    gpt2_init(&model, &config, params, (uint64_t)opt.seed, B, T, gopt.recompute, gopt.attention_tc);
+    gpt2_init_dp(&model, &config, params, (uint64_t)opt.seed, B, T, gopt.recompute, gopt.attention_tc, dp,
+                 par.grid.dp_rank, par.zero);
     free(params);
+    par.nccl->stream = model.stream;  // the collectives queue behind the model's kernels
 
-    printf("device: %s, compute capability %d.%d, %.1f GiB, ", prop.name, prop.major, prop.minor,
-           prop.totalGlobalMem / 1073741824.0);
-    if (peak > 0) printf("bf16 dense peak %.0f TFLOPS\n", peak / 1e12);
-    else printf("bf16 dense peak unknown (MFU n/a)\n");
-    printf("precision: %s compute, fp32 master weights and AdamW state; recompute GELU %d; attention %s; "
-           "activations %.2f GiB\n", precision_name, gopt.recompute,
-           gopt.attention_tc && attention_tc_supports(config.C / config.NH) ? "tensor cores" : "fp32 FMA",
-           model.act_bytes / 1073741824.0);
-    printf("model: L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters\n",
-           config.L, config.C, config.NH, config.V, config.Vp, config.maxT, model.num_params);
-    printf("batch: B=%d T=%d, %d micro-batches per step x dp %d = %ld tokens, %d steps\n", B, T, accum, dp, total_batch,
-           steps);
+    if (rank0) {
+        printf("device: %s, compute capability %d.%d, %.1f GiB, ", prop.name, prop.major, prop.minor,
+               prop.totalGlobalMem / 1073741824.0);
+        if (peak > 0) printf("bf16 dense peak %.0f TFLOPS\n", peak / 1e12);
+        else printf("bf16 dense peak unknown (MFU n/a)\n");
+        printf("precision: %s compute, fp32 master weights and AdamW state; recompute GELU %d; attention %s; "
+               "activations %.2f GiB\n", precision_name, gopt.recompute,
+               gopt.attention_tc && attention_tc_supports(config.C / config.NH) ? "tensor cores" : "fp32 FMA",
+               model.act_bytes / 1073741824.0);
+        printf("model: L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters\n",
+               config.L, config.C, config.NH, config.V, config.Vp, config.maxT, model.num_params);
+        printf("batch: B=%d T=%d, %d micro-batches per step x dp %d = %ld tokens, %d steps\n", B, T, accum, dp,
+               total_batch, steps);
+        printf("layout: %d ranks = dp %d x tp 1 x pp 1, ZeRO-%d, NCCL %d.%d.%d\n", par.grid.world, dp, par.zero,
+               NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+    }
+    for (int r = 0; r < par.grid.world; r++) {  // one line per rank, in rank order, from the rank itself
+        if (r == par.grid.rank)
+            printf("rank %d (dp %d): GPU %d, AdamW state for %zu of %zu parameters\n", r, par.grid.dp_rank, device,
+                   model.opt_count < model.num_params ? model.opt_count : model.num_params, model.num_params);
+        fflush(stdout);
+        nccl_barrier(par.nccl, &par.nccl->world);
+    }
     uint64_t sample_rng = (uint64_t)opt.seed * 2654435761ull + 1;
     double fpt = flops_per_token(&config, T);
 
     for (int step = 0; step < steps; step++) {
         int last = step == steps - 1;
+        nccl_set_step(par.nccl, step);
         float val_loss = -1.0f;
         if (have_val && (step % opt.val_every == 0 || last)) {
-            val_loss = evaluate(&model, val, opt.val_batches);
-            printf("val loss %.6f\n", val_loss);
+            val_loss = evaluate(&model, &par, &val, opt.val_batches);
+            if (rank0) printf("val loss %.6f\n", val_loss);
         }
-        if (tok != NULL && step > 0 && (step % opt.sample_every == 0 || last))
-            sample(&model, tok, opt.gen_tokens, &sample_rng);
+        if (have_tok && step > 0 && (step % opt.sample_every == 0 || last))
+            sample(&model, &tok, opt.gen_tokens, &sample_rng);
 
         CUDA_CHECK(cudaStreamSynchronize(model.stream));
         double t0 = now_ms();
         gpt2_zero_grad(&model);
         gpt2_zero_losses(&model);
         for (int micro = 0; micro < accum; micro++) {
-            host_loader_next(train, model.inputs, model.targets);
+            dataloader_next(&train, model.inputs, model.targets);
             gpt2_forward(&model, FWD_TRAIN, 1.0f / (float)((double)B * T * accum * dp));
             gpt2_backward(&model);
         }
         float lr = lr_at_step(&opt, step, steps);
-        gpt2_update(&model, lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, opt.grad_clip);
-        float loss = gpt2_mean_loss(&model, accum);
+        dp_update(&model, &par, &opt, lr);
+        float loss = dp_mean_loss(&model, &par, accum);
         float norm = gpt2_last_norm(&model);
         double ms = now_ms() - t0;
 
         double tok_s = total_batch / (ms / 1e3);
-        printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s", step, steps, loss,
-               norm, lr, ms, tok_s, tok_s * fpt / 1e9);
-        if (peak > 0) printf(" | MFU %.1f%%\n", 100.0 * tok_s * fpt / peak);
-        else printf(" | MFU n/a\n");
-        fflush(stdout);
-        log_step(logf, step, loss, val_loss, norm, lr, ms, total_batch * (step + 1));
+        if (rank0) {
+            printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s", step, steps,
+                   loss, norm, lr, ms, tok_s, tok_s * fpt / 1e9);
+            if (peak > 0) printf(" | MFU %.1f%%\n", 100.0 * tok_s * fpt / (peak * dp));
+            else printf(" | MFU n/a\n");
+            fflush(stdout);
+            log_step(logf, step, loss, val_loss, norm, lr, ms, total_batch * (step + 1));
+        }
     }
 
     if (opt.out_dir) {
+#ifndef ENABLE_FP32
+        if (par.zero == 1) {  // the master weights outside this rank's shard are stale: gather them
+            size_t shard = model.num_padded / (size_t)dp;
+            nccl_allgather(par.nccl, &par.nccl->dp, model.master + model.opt_begin, model.master, shard, ncclFloat32);
+        }
+#endif
         snprintf(path, sizeof(path), "%s/model_%08d.bin", opt.out_dir, steps);
-        if (gpt2_save(&model, path, err, sizeof(err)) != 0) { fprintf(stderr, "%s\n", err); return 1; }
-        printf("wrote %s\n", path);
+        if (rank0 && gpt2_save(&model, path, err, sizeof(err)) != 0) { fprintf(stderr, "%s\n", err); return 1; }
+        if (rank0) printf("wrote %s\n", path);
     }
     if (logf) fclose(logf);
-    host_loader_close(train);
-    host_loader_close(val);
-    host_tokenizer_close(tok);
+    dataloader_free(&train);
+    if (have_val) dataloader_free(&val);
+    if (have_tok) tokenizer_free(&tok);
+    nccl_free(par.nccl);
     gpt2_free(&model);
+    launch_free(&par.launch);
+    free(launch_argv);
     return 0;
 }
 #endif

@@ -62,8 +62,8 @@ nvcc --version | tail -n 2 >> "$SUMMARY"
 CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
 [ -z "$CC" ] && CC=90
 ARCH="-gencode arch=compute_${CC},code=sm_${CC}"
-NVCC="nvcc -O3 -std=c++17 $ARCH"
-LIBS="-lcublas -lcublasLt"
+NVCC="nvcc -O3 -std=c++17 $ARCH -DLLM3D_NCCL"
+LIBS="-lcublas -lcublasLt -lnccl"
 
 # ---------------------------------------------------------------------------
 # 1. build, all at once (16 cores)
@@ -72,7 +72,7 @@ build() {  # build NAME CMD...: in the background, log in $OUT/build_NAME.log
     local name=$1; shift
     ( timeout -k 5 240 "$@" > "$OUT/build_$name.log" 2>&1; echo $? > "$OUT/build_$name.rc" ) &
 }
-build train_gpt2cu $NVCC train_gpt2.cu dev/cuda/host_io.c $LIBS -o train_gpt2cu
+build train_gpt2cu $NVCC train_gpt2.cu $LIBS -o train_gpt2cu
 build test_gpt2cu $NVCC test_gpt2.cu $LIBS -o test_gpt2cu
 build test_gpt2cu_fp32 $NVCC -DENABLE_FP32 test_gpt2.cu $LIBS -o test_gpt2cu_fp32
 build kernels make -C dev/cuda -j8 ARCH="$ARCH"
@@ -93,7 +93,70 @@ if [ -x ./test_gpt2cu_fp32 ]; then run test_gpt2cu_fp32 120 ./test_gpt2cu_fp32 |
 for k in encoder layernorm attention classifier adamw gelu matmul; do
     if [ -x "dev/cuda/${k}_check" ]; then run "${k}_check" 90 "dev/cuda/${k}_check" || FAILED=1; fi
 done
+# the chunked MAC kernels against the CPU construction, and their GB/s (precision plays no part: bf16 build only)
+if [ -x dev/cuda/mac_check ]; then run mac_check 90 dev/cuda/mac_check || FAILED=1; fi
 grep -h '^time ' "$OUT"/*_check.log >> "$SUMMARY" 2>/dev/null
+
+# ---------------------------------------------------------------------------
+# 2b. data parallel through NCCL (parallel.h's NCCL backend). -np 1 always:
+# the one-rank NCCL path (init, splits, every collective of ZeRO-0 and -1),
+# whose losses must match a one-rank run of the same global batch; -np 2 and
+# a stalled rank's watchdog line only when a second GPU is present.
+say "== data parallel through NCCL"
+DP_DIR=/tmp/llm3d_dp_shards
+mkdir -p "$DP_DIR"
+python3 - "$DP_DIR/dp_train_000.bin" <<'EOF'
+import array, struct, sys
+n = 4 * 64 * 64 + 1  # a learnable stream: each token determines the next
+tokens = array.array("H", ((i * 7919 + 13) % 512 for i in range(n)))
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+    f.write(tokens.tobytes())
+EOF
+DP_RUN="./train_gpt2cu -e d2 -ev 512 -et 64 -t 64 -b 4 -x 8 -l 1e-3 -v 4 -m 2 -s 0 -i $DP_DIR/dp_train_*.bin -j $DP_DIR/dp_train_*.bin"
+# dp_compare BOUND REF LOG...: every log's losses within BOUND of REF's, and REF learns
+dp_compare() {
+    python3 - "$@" <<'EOF' | tee -a "$SUMMARY"
+import json, sys
+bound, ref_path, paths = float(sys.argv[1]), sys.argv[2], sys.argv[3:]
+loss = lambda p: [json.loads(l)["loss"] for l in open(p)]
+ref, ok = loss(ref_path), True
+print(f"   {ref_path}: loss {ref[0]:.4f} -> {ref[-1]:.4f}")
+ok = ref[-1] < ref[0]
+for p in paths:
+    got = loss(p)
+    worst = max(abs(a - b) for a, b in zip(ref, got)) if len(got) == len(ref) else float("inf")
+    print(f"   {p}: {len(got)} steps, largest loss difference {worst:.2e} (bound {bound})")
+    ok = ok and worst <= bound
+print("ok    losses agree" if ok else "FAIL  losses disagree (or did not fall)")
+sys.exit(0 if ok else 1)
+EOF
+    return "${PIPESTATUS[0]}"
+}
+if [ -x ./train_gpt2cu ]; then
+    run dp_np1_z0 60 $DP_RUN -np 1 -z 0 -lg "$OUT/dp_np1_z0.jsonl" &&
+    run dp_np1_z1 60 $DP_RUN -np 1 -z 1 -lg "$OUT/dp_np1_z1.jsonl" &&
+    run dp_np1_accum2 60 $DP_RUN -np 1 -d 512 -lg "$OUT/dp_np1_accum2.jsonl" &&
+    dp_compare 1e-2 "$OUT/dp_np1_z0.jsonl" "$OUT/dp_np1_z1.jsonl" || FAILED=1
+    NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+    if [ "$NGPU" -ge 2 ]; then
+        run dp_np2_z0 90 $DP_RUN -np 2 -z 0 -lg "$OUT/dp_np2_z0.jsonl" &&
+        run dp_np2_z1 90 $DP_RUN -np 2 -z 1 -lg "$OUT/dp_np2_z1.jsonl" &&
+        dp_compare 2e-2 "$OUT/dp_np1_accum2.jsonl" "$OUT/dp_np2_z0.jsonl" "$OUT/dp_np2_z1.jsonl" || FAILED=1
+        # rank 1 stops answering at step 3: rank 0's watchdog must end the job with one line
+        timeout -k 5 60 $DP_RUN -np 2 -to 5 -fault stall:1:3 > "$OUT/dp_np2_stall.log" 2>&1
+        rc=$?
+        if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "nccl .*(step 3): timeout after" "$OUT/dp_np2_stall.log"; then
+            say "ok    dp_np2_stall: $(grep -m1 'timeout after' "$OUT/dp_np2_stall.log")"
+        else
+            say "FAIL  dp_np2_stall (rc $rc): no watchdog line (see dp_np2_stall.log)"
+            FAILED=1
+        fi
+    else
+        say "SKIP  -np 2 through NCCL: $NGPU GPU(s) here"
+    fi
+fi
+rm -rf "$DP_DIR"
 
 # ---------------------------------------------------------------------------
 # 3. the benchmark: our trainer, then PyTorch at the same B

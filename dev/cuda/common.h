@@ -106,9 +106,9 @@ static int require_gpu(void) {
 }
 
 // mean milliseconds of one call of launch(ctx), after one warm-up call
-typedef void (*Launch)(void *ctx);
+typedef void (*TimedLaunch)(void *ctx);  // not "Launch": parallel.h has one
 
-static float time_ms(Launch launch, void *ctx, int repeats) {
+static float time_ms(TimedLaunch launch, void *ctx, int repeats) {
     cudaEvent_t start, stop;
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&stop));
