@@ -1313,6 +1313,20 @@ static inline int parallel_main(int argc, char **argv, int np, const char *rende
     return 0;
 }
 
+// parallel_join: what a trainer's main() calls first: parallel_main (in the
+// launcher it never returns), then this process's place in the grid of
+// world = dp x pp x tp ranks. Returns 0, or PARALLEL_USAGE / PARALLEL_RUNTIME
+// with err set.
+static inline int parallel_join(int argc, char **argv, int np, int tp, int pp, const char *rendezvous,
+                                const char *key_file, double timeout_s, Launch *L, Grid *g, char *err, size_t errlen) {
+    int rc = parallel_main(argc, argv, np, rendezvous, key_file, timeout_s, L, err, errlen);
+    if (rc != 0) return rc;
+    int world = L->mode == LAUNCH_RANK ? L->world : 1;
+    if (grid_init(g, world, tp, pp, L->rank, err, errlen) != 0) return PARALLEL_USAGE;
+    g->local_rank = L->local_rank;
+    return 0;
+}
+
 // ----------------------------------------------------------------------------
 // pipeline schedules: the order in which stage `stage` of pp runs the forward
 // (F) and backward (B) passes of the M micro-batches of one step. Both

@@ -14,6 +14,7 @@
 #define LLM3D_TEST_H
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,21 @@ static int test_data_path(const char *rel, char *out, size_t outlen) {
     if (dir == NULL || dir[0] == '\0') dir = "../shared/data";
     snprintf(out, outlen, "%s/%s", dir, rel);
     return access(out, R_OK) == 0;
+}
+
+// test_write_shard: a token shard (dataloader.h's format) of ntok tokens < 256
+// from a small repetitive "language", for tests that train on something
+static void test_write_shard(const char *path, int ntok) {
+    int32_t h[256] = {20240520, 1, ntok};
+    FILE *f = fopen(path, "wb");
+    fwrite(h, 4, 256, f);
+    uint64_t x = 12345;
+    for (int i = 0; i < ntok; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        uint16_t t = (uint16_t)(i % 7 == 0 ? 32 : 97 + (x >> 59) + (i % 3));
+        fwrite(&t, 2, 1, f);
+    }
+    fclose(f);
 }
 
 #endif

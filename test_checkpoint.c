@@ -29,19 +29,6 @@ typedef struct {
     char out[65536]; // stdout and stderr
 } Run;
 
-static void write_shard(const char *path, int ntok) {
-    int32_t h[HEADER_INTS] = {20240520, 1, ntok};
-    FILE *f = fopen(path, "wb");
-    fwrite(h, 4, HEADER_INTS, f);
-    uint64_t x = 99;
-    for (int i = 0; i < ntok; i++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        uint16_t t = (uint16_t)(i % 5 == 0 ? 32 : 97 + (x >> 60) + (i % 4));
-        fwrite(&t, 2, 1, f);
-    }
-    fclose(f);
-}
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -378,7 +365,7 @@ int main(void) {
     snprintf(shards, sizeof(shards), "%s/train_*.bin", dir);
     char path[200];
     snprintf(path, sizeof(path), "%s/train_000.bin", dir);
-    write_shard(path, 40000);
+    test_write_shard(path, 40000);
     if (access("./train_gpt2", X_OK) != 0) {
         skip("./train_gpt2 is not built");
         return test_summary();

@@ -23,20 +23,6 @@ typedef struct {
     char out[65536];
 } Run;
 
-// a synthetic shard: tokens < 256 from a small repetitive "language"
-static void write_shard(const char *path, int ntok) {
-    int32_t h[HEADER_INTS] = {20240520, 1, ntok};
-    FILE *f = fopen(path, "wb");
-    fwrite(h, 4, HEADER_INTS, f);
-    uint64_t x = 12345;
-    for (int i = 0; i < ntok; i++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        uint16_t t = (uint16_t)(i % 7 == 0 ? 32 : 97 + (x >> 59) + (i % 3));
-        fwrite(&t, 2, 1, f);
-    }
-    fclose(f);
-}
-
 static void run(Run *r, const char *args) {
     char cmd[1024], log[300];
     snprintf(log, sizeof(log), "%s/log.jsonl", dir);
@@ -254,7 +240,7 @@ int main(void) {
     snprintf(shards, sizeof(shards), "%s/train_*.bin", dir);
     char path[300];
     snprintf(path, sizeof(path), "%s/train_000000.bin", dir);
-    write_shard(path, 40000);
+    test_write_shard(path, 40000);
     test_data_parallel();
     test_tensor_pipeline();
     test_faults();

@@ -1559,15 +1559,13 @@ static void on_stop_signal(int sig) { stop_signal = sig; }
 static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, int argc, char **argv) {
     char err[512];
     memset(par, 0, sizeof(*par));
-    int rc = parallel_main(argc, argv, o->np, o->rendezvous, o->key_file, o->timeout, &par->launch, err, sizeof(err));
+    int rc = parallel_join(argc, argv, o->np, o->tp, o->pp, o->rendezvous, o->key_file, o->timeout, &par->launch,
+                           &par->grid, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "train_gpt2: %s\n", err);
         exit(rc);
     }
     Launch *L = &par->launch;
-    int world = L->mode == LAUNCH_RANK ? L->world : 1;
-    if (grid_init(&par->grid, world, o->tp, o->pp, L->rank, err, sizeof(err)) != 0) die_usage(err);
-    par->grid.local_rank = L->local_rank;
     par->zero = o->zero;
     grid_groups(&par->grid, &par->world, &par->dp, &par->tp, &par->pp);
     // the tied-embedding group: the two ends of my pipeline
@@ -1576,6 +1574,7 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     t->ranks[0] = par->pp.ranks[0];
     t->ranks[1] = par->pp.ranks[par->pp.size - 1];
     t->me = par->grid.pp_rank == 0 ? 0 : 1;
+    int world = par->grid.world;
     if (world > 1) {
 #ifdef _OPENMP
         // the ranks share this box's cores

@@ -2146,15 +2146,13 @@ static void check_launch_gpus(const Options *o) {
 static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, int argc, char **argv) {
     char err[512];
     memset(par, 0, sizeof(*par));
-    int rc = parallel_main(argc, argv, o->np, o->rendezvous, o->key_file, o->timeout, &par->launch, err, sizeof(err));
+    int rc = parallel_join(argc, argv, o->np, o->tp, o->pp, o->rendezvous, o->key_file, o->timeout, &par->launch,
+                           &par->grid, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "train_gpt2cu: %s\n", err);
         exit(rc);
     }
     Launch *L = &par->launch;
-    int world = L->mode == LAUNCH_RANK ? L->world : 1;
-    if (grid_init(&par->grid, world, o->tp, o->pp, L->rank, err, sizeof(err)) != 0) die_usage(err);
-    par->grid.local_rank = L->local_rank;
     par->zero = o->zero;
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
