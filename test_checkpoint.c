@@ -262,6 +262,10 @@ static void test_keep(void) {
     for (int s = 2; s <= 10; s += 2) kept += exists("%s/ckpt_%08d/MANIFEST", a, s) ? 1 << (s / 2) : 0;
     check(kept == (1 << 4 | 1 << 5), "-n 2 -nk 2 over 10 steps keeps exactly ckpt 8 and 10 (mask 0x%x)", kept);
     check(!exists("%s/ckpt_%08d.partial", a, 10), "no .partial directory is left behind");
+    // -ys picks an older one than the newest; its log lines after step 8 go
+    run(&r, a, 10, "-ys 8");
+    check(r.status == 0 && strstr(r.out, "ckpt_00000008: step 8") != NULL && r.nsteps == 10,
+          "-ys 8 resumes from step 8 although ckpt 10 is newer (exit %d, log up to step %d)", r.status, r.nsteps - 1);
 }
 
 // SIGTERM: the step finishes, a checkpoint is written, exit 0; resuming ends
