@@ -262,6 +262,10 @@ static void test_keep(void) {
     for (int s = 2; s <= 10; s += 2) kept += exists("%s/ckpt_%08d/MANIFEST", a, s) ? 1 << (s / 2) : 0;
     check(kept == (1 << 4 | 1 << 5), "-n 2 -nk 2 over 10 steps keeps exactly ckpt 8 and 10 (mask 0x%x)", kept);
     check(!exists("%s/ckpt_%08d.partial", a, 10), "no .partial directory is left behind");
+    // checkpoints need a directory
+    finish(&r, start("-x 2 -n 1", 0), a);
+    check(r.status == 2 && strstr(r.out, "give it with -o DIR") != NULL, "-n without -o is refused: %s",
+          line_with(&r, "train_gpt2"));
     // -ys picks an older one than the newest; its log lines after step 8 go
     run(&r, a, 10, "-ys 8");
     check(r.status == 0 && strstr(r.out, "ckpt_00000008: step 8") != NULL && r.nsteps == 10,
