@@ -61,8 +61,18 @@ train_gpt2cu: train_gpt2.cu $(HEADERS)
 test_gpt2cu: test_gpt2.cu train_gpt2.cu test.h $(HEADERS)
 	$(NVCC) $(NVCC_FLAGS) test_gpt2.cu $(NVCC_LDLIBS) -o $@
 
-test: $(CPU_TESTS) train_gpt2 prepare_data
-	@./dev/run_tests.sh $(addprefix ./,$(CPU_TESTS))
+# with nvcc, test_gpt2cu too: its host-side checks (flags, files, layouts)
+# run anywhere, and its GPU checks say they skip when there is no device
+ifneq ($(NVCC),)
+  TESTS = $(CPU_TESTS) test_gpt2cu
+  TEST_DEPS = train_gpt2 prepare_data train_gpt2cu
+else
+  TESTS = $(CPU_TESTS)
+  TEST_DEPS = train_gpt2 prepare_data
+endif
+
+test: $(TESTS) $(TEST_DEPS)
+	@./dev/run_tests.sh $(addprefix ./,$(TESTS))
 
 # fuzz targets (clang with libFuzzer); `make fuzz` replays the corpora and
 # runs each target for FUZZ_SECONDS

@@ -115,6 +115,19 @@ static int ckpt_pwrite(int fd, const void *buf, size_t n, size_t offset) {
     return 0;
 }
 
+// pread all of n bytes at offset, through short reads and EINTR; -1 with
+// errno (EIO at the end of the file: it is shorter than its header says)
+static int ckpt_pread(int fd, void *buf, size_t n, size_t offset) {
+    char *p = (char *)buf;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, (off_t)offset);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) { if (r == 0) errno = EIO; return -1; }
+        p += r; n -= (size_t)r; offset += (size_t)r;
+    }
+    return 0;
+}
+
 static int ckpt_dir_name(char *out, size_t outlen, const char *out_dir, int step, const char *suffix) {
     int n = snprintf(out, outlen, "%s/ckpt_%08d%s", out_dir, step, suffix);
     return n > 0 && (size_t)n < outlen ? 0 : -1;
@@ -269,6 +282,45 @@ static int ckpt_find(const char *out_dir, int want_step, const uint8_t key[32], 
         secure_error(err, errlen, "checkpoint %s: state.bin says step %d", dir, s->step);
         return -1;
     }
+    return 1;
+}
+
+// the checkpoint flags against each other (a trainer may call it early, before
+// the model's shape is known; ckpt_setup calls it too)
+static int ckpt_check_flags(const Options *o, char *err, size_t errlen) {
+    if ((o->ckpt_every > 0 || o->resume || o->resume_step >= 0) && o->out_dir == NULL)
+        return secure_error(err, errlen, "flags -n/-y/-ys: checkpoints live in the output directory; give it with -o DIR");
+    return 0;
+}
+
+// what both trainers do before any rank starts (so that a bad job is refused
+// once, by the launcher): checks the checkpoint flags, makes -o, reads or
+// makes the checkpoint key and, with -y or -ys, finds and verifies the
+// checkpoint to resume from, which must hold the model of config c (from -e)
+// and have been written with the same -b and -t. Returns 1 when resuming (ck
+// and dir filled in), 0 when not (no -o, no -y/-ys, or -y and no checkpoint
+// yet), -1 with one line in err.
+
+static int ckpt_setup(const Options *o, const GPT2Config *c, uint8_t key[32], CkptState *ck, char *dir, size_t dirlen,
+                      char *err, size_t errlen) {
+    if (ckpt_check_flags(o, err, errlen) != 0) return -1;
+    if (o->out_dir == NULL) return 0;
+    if (strlen(o->out_dir) > 700) return secure_error(err, errlen, "flag -o: the directory's path is over 700 bytes");
+    if (mkdir(o->out_dir, 0755) != 0 && errno != EEXIST)
+        return secure_error(err, errlen, "flag -o: cannot create directory %s: %s", o->out_dir, strerror(errno));
+    if (ckpt_key(o->out_dir, o->key_file, 1, key, err, errlen) != 0) return -1;
+    if (!o->resume && o->resume_step < 0) return 0;
+    int found = ckpt_find(o->out_dir, o->resume_step, key, ck, dir, dirlen, err, errlen);
+    if (found <= 0) return found;
+    const GPT2Config *k = &ck->config;
+    if (k->L != c->L || k->C != c->C || k->NH != c->NH || k->V != c->V || k->Vp != c->Vp || k->maxT != c->maxT)
+        return secure_error(err, errlen,
+                            "checkpoint %s holds a model of L=%d C=%d NH=%d V=%d maxT=%d, but -e %s is L=%d C=%d NH=%d "
+                            "V=%d maxT=%d", dir, k->L, k->C, k->NH, k->V, k->maxT, o->init, c->L, c->C, c->NH, c->V,
+                            c->maxT);
+    if (ck->B != o->B || ck->T != o->T)  // the data position counts micro-batches of B*T tokens
+        return secure_error(err, errlen, "checkpoint %s was written with -b %d -t %d; resume with the same, not -b %d -t %d",
+                            dir, ck->B, ck->T, o->B, o->T);
     return 1;
 }
 

@@ -314,8 +314,9 @@ static void test_buffer_plan(void) {
                 if (s[i].ptr == (void **)&a.logits) found += s[i].bytes == BT * c.Vp * X;
                 if (s[i].ptr == (void **)&a.qkv) found += s[i].bytes == 12 * BT * 3 * 768 * X;
                 if (s[i].ptr == (void **)&a.colsum_partial) found += s[i].bytes == (size_t)colsum_splits((int)BT) * 4 * 768 * 4;
+                if (s[i].ptr == (void **)&a.losses) found += s[i].bytes == (BT + 1) * sizeof(float);  // + the flag slot
             }
-            check(found == 3, "logits, qkv and column-sum scratch slices have the expected sizes");
+            check(found == 4, "logits, qkv, column-sum scratch and losses (+ flag) slices have the expected sizes");
         }
     }
     size_t saved = (size_t)11 * B * T * 4 * 768 * sizeof(floatX);
@@ -434,7 +435,9 @@ static void test_cli(void) {
         {"-t abc", "-t: 'abc' is not an integer"},
         {"-q 2", "-q: 2 is out of range"},
         {"-np 64", "flag -np 64: local rank 63"},
-        {"-n 5", "flags -n/-y: periodic checkpoints and resume are not built yet"},
+        {"-n 5", "flags -n/-y/-ys: checkpoints live in the output directory; give it with -o DIR"},
+        {"-y 1", "flags -n/-y/-ys: checkpoints live in the output directory"},
+        {"-ys 10", "flags -n/-y/-ys: checkpoints live in the output directory"},
         {"-e /nonexistent.bin", "/nonexistent.bin: cannot open"},
         {"-e dev/fixtures/tiny_model.bin -t 64", "T = 64 exceeds the model's maxT = 32"},
         {hs_case, "head size C/NH = 48/2 = 24"},
@@ -461,7 +464,199 @@ static void test_cli(void) {
     unlink(shard_path);
 }
 
+// ----------------------------------------------------------------------------
+// checkpoints: the device layout against the file layout (host), the
+// refusals before any GPU work (the binary), a save and a load on a GPU
+
+// every element of the model files is written by exactly one dp rank, from
+// AdamW state that rank holds, and a rank loads back exactly what it keeps
+static void test_ckpt_layout(void) {
+    // by hand: 1000 parameters over dp 3 are shards of ceil(1000/3) = 334,
+    // rounded up to 384; rank 2's shard [768, 1152) holds the last 232 and padding
+    DpLayout d = dp_layout(1000, 3, 2, 1);
+    ElemRange w = ckpt_share(1000, d.num_padded, 3, 2), a = ckpt_adam_range(1000, d.opt_begin, d.opt_count);
+    check(d.shard == 384 && d.num_padded == 1152 && d.opt_begin == 768 && d.opt_count == 384 && w.lo == 768 &&
+              w.hi == 1000 && a.lo == 768 && a.hi == 1000,
+          "1000 over dp 3, rank 2: shard %zu, writes [%zu, %zu), loads m/v [%zu, %zu)", d.shard, w.lo, w.hi, a.lo, a.hi);
+    // 300 over dp 8: shards of 128, so rank 3 holds only padding and writes nothing
+    d = dp_layout(300, 8, 3, 1);
+    w = ckpt_share(300, d.num_padded, 8, 3);
+    check(w.lo == 300 && w.hi == 300, "300 over dp 8, rank 3: writes [%zu, %zu)", w.lo, w.hi);
+    d = dp_layout(1000, 3, 1, 0);
+    a = ckpt_adam_range(1000, d.opt_begin, d.opt_count);
+    check(d.opt_begin == 0 && d.opt_count == 1000 && a.lo == 0 && a.hi == 1000, "ZeRO-0 keeps and loads all of m, v");
+    // all of them: sizes at the row and shard edges, the fixture's, d12's
+    GPT2Config c;
+    config_from_descriptor(&c, "d12", 50257, 1024);
+    size_t sizes[] = {1, 127, 128, 129, 300, 1000, 4097, 131072 + 5, param_count(&c)};
+    int bad = 0, layouts = 0;
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        size_t N = sizes[i];
+        for (int dp = 1; dp <= 8; dp++) {
+            for (int zero = 0; zero <= 1; zero++, layouts++) {
+                size_t next = 0;
+                for (int rank = 0; rank < dp; rank++) {
+                    DpLayout L = dp_layout(N, dp, rank, zero);
+                    ElemRange s = ckpt_share(N, L.num_padded, dp, rank), m = ckpt_adam_range(N, L.opt_begin, L.opt_count);
+                    bad += s.lo != next || s.hi < s.lo;  // in rank order the shares tile [0, N)
+                    next = s.hi;
+                    // m, v of every element written are here: j - opt_begin in [0, opt_count)
+                    bad += s.hi > s.lo && (s.lo < L.opt_begin || s.hi > L.opt_begin + L.opt_count);
+                    bad += zero == 1 ? m.lo != s.lo || m.hi != s.hi : m.lo != 0 || m.hi != N;
+                    bad += L.num_padded < N || L.num_padded % (128 * (size_t)dp) != 0;
+                }
+                bad += next != N;
+            }
+        }
+    }
+    check(bad == 0, "%d layouts (9 sizes x dp 1-8 x ZeRO 0/1): the shares tile the file, each from the rank's own "
+          "AdamW state (%d wrong)", layouts, bad);
+}
+
+// the GPU trainer takes a checkpoint (here one the CPU trainer wrote: the
+// same files) through checkpoint.h before any rank starts or a GPU is
+// touched: a bad one is refused with exit 2 and one line; a good one is
+// resumed (without a GPU it gets as far as binding a device: exit 1)
+static void test_ckpt_cli(void) {
+    if (access("./train_gpt2cu", X_OK) != 0 || access("./train_gpt2", X_OK) != 0) {
+        skip("./train_gpt2cu or ./train_gpt2 not built: the checkpoint command lines");
+        return;
+    }
+    char dir[256], shard[300], key_path[300], model_bin[400], cmd[2048], args[2048], out[8192], err[512];
+    snprintf(dir, sizeof(dir), "/tmp/llm3d_test_ckptcu_%d", (int)getpid());
+    mkdir(dir, 0700);
+    snprintf(shard, sizeof(shard), "%s/shard.bin", dir);
+    write_shard(shard, 4 * 8 * 8 + 1, 64);
+    const char *common = "-e d2 -ev 64 -et 16 -t 8 -v 0 -s 0";
+    snprintf(cmd, sizeof(cmd), "./train_gpt2 %s -b 4 -x 4 -n 2 -i %s -o %s/out > %s/cpu.log 2>&1", common, shard, dir, dir);
+    if (!check(system(cmd) == 0, "the CPU trainer writes checkpoints 2 and 4 into %s/out", dir)) return;
+    snprintf(key_path, sizeof(key_path), "%s/other.key", dir);
+    uint8_t other[32];
+    key_generate(other, err, sizeof(err));
+    key_write_file(key_path, other, err, sizeof(err));
+    char other_key[400];
+    snprintf(other_key, sizeof(other_key), "-b 4 -y 1 --key-file %s", key_path);
+    struct { const char *args, *want; } cases[] = {
+        {"-b 2 -y 1", "ckpt_00000004 was written with -b 4 -t 8; resume with the same, not -b 2 -t 8"},
+        {"-b 4 -ys 3", "flag -ys: no checkpoint of step 3 in"},
+        {"-b 4 -ev 128 -y 1", "V=64 maxT=16, but -e d2 is L=2 C=128 NH=2 V=128 maxT=16"},
+        {other_key, "(written with another key? pass it with --key-file)"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        snprintf(args, sizeof(args), "%s %s -i %s -o %s/out", common, cases[i].args, shard, dir);
+        int rc = run_trainer(args, out, sizeof(out));
+        check(rc == 2 && strstr(out, cases[i].want) != NULL && count_lines(out) == 1,
+              "train_gpt2cu ... %s -> exit %d, one line: %.*s", cases[i].args, rc, (int)strcspn(out, "\n"), out);
+    }
+    // a good one: step 2's
+    snprintf(args, sizeof(args), "%s -b 4 -x 4 -ys 2 -i %s -o %s/out", common, shard, dir);
+    int rc = run_trainer(args, out, sizeof(out));
+    if (have_gpu()) {
+        check(rc == 0 && strstr(out, "ckpt_00000002: step 2, written by np 1") != NULL && strstr(out, "step    3/4") &&
+                  strstr(out, "step    1/4") == NULL,
+              "train_gpt2cu resumes the CPU trainer's step 2 and runs steps 2 and 3 (exit %d)", rc);
+    } else {
+        check(rc == 1 && strstr(out, "no CUDA device") != NULL && count_lines(out) == 1,
+              "without a GPU the good checkpoint passes and the rank stops at the device: exit %d: %.*s", rc,
+              (int)strcspn(out, "\n"), out);
+    }
+    // a changed byte in model.bin (the newest, step 4's): refused, naming it, never skipped for step 2's
+    snprintf(model_bin, sizeof(model_bin), "%s/out/ckpt_00000004/model.bin", dir);
+    int fd = open(model_bin, O_RDWR);
+    unsigned char byte = 0;
+    int flipped = fd >= 0 && pread(fd, &byte, 1, 2000) == 1 && (byte ^= 1, pwrite(fd, &byte, 1, 2000) == 1);
+    if (fd >= 0) close(fd);
+    snprintf(args, sizeof(args), "%s -b 4 -y 1 -i %s -o %s/out", common, shard, dir);
+    rc = run_trainer(args, out, sizeof(out));
+    check(flipped && rc == 2 && strstr(out, "model.bin") != NULL && count_lines(out) == 1,
+          "a changed byte in model.bin -> exit %d, one line: %.*s", rc, (int)strcspn(out, "\n"), out);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+// two ZeRO-1 ranks (dp 2) on this one GPU each write their share of one
+// checkpoint: model.bin is then the master weights and optim.bin m and v,
+// whole, in the file order; a rank of another layout (dp 3, ZeRO-1) and a
+// ZeRO-0 one load their parts back
+static void test_ckpt_device(void) {
+    char err[1024], dir[256], ck_dir[800], path[900];
+    GPT2Config c;
+    float *params = model_load(fixture_model, &c, err, sizeof(err));
+    if (!check(params != NULL, "load %s (%s)", fixture_model, params ? "ok" : err)) return;
+    size_t N = param_count(&c), header = HEADER_INTS * sizeof(int32_t);
+    float *want = (float *)malloc(2 * N * sizeof(float));  // m then v, in the file order
+    for (size_t j = 0; j < N; j++) want[j] = 1.0f + 1e-3f * (float)(j % 1000), want[N + j] = 1e-6f * (float)j;
+    uint8_t key[32];
+    key_generate(key, err, sizeof(err));
+    snprintf(dir, sizeof(dir), "/tmp/llm3d_test_ckptdev_%d", (int)getpid());
+    mkdir(dir, 0700);
+    CkptState st;
+    memset(&st, 0, sizeof(st));
+    st.step = 7; st.adam_t = 7; st.config = c; st.B = 1; st.T = 8; st.np = 2; st.tp = 1; st.pp = 1; st.zero = 1;
+    int ok = ckpt_begin(dir, &st, err, sizeof(err)) == 0;
+    ckpt_dir_name(ck_dir, sizeof(ck_dir), dir, 7, ".partial");
+    snprintf(path, sizeof(path), "%s/model.bin", ck_dir);
+    int fd_model = open(path, O_WRONLY);
+    snprintf(path, sizeof(path), "%s/optim.bin", ck_dir);
+    int fd_optim = open(path, O_WRONLY);
+    for (int rank = 0; rank < 2 && ok; rank++) {
+        GPT2 r;
+        gpt2_init_dp(&r, &c, params, 0, 1, 8, 1, 0, 2, rank, 1);
+        ElemRange a = ckpt_adam_range(N, r.opt_begin, r.opt_count);
+        CUDA_CHECK(cudaMemcpy(r.m, want + a.lo, (a.hi - a.lo) * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(r.v, want + N + a.lo, (a.hi - a.lo) * sizeof(float), cudaMemcpyHostToDevice));
+        ok = gpt2_write_share(&r, fd_model, fd_optim, ckpt_share(N, r.num_padded, 2, rank)) == 0;
+        gpt2_free(&r);
+    }
+    close(fd_model);
+    close(fd_optim);
+    ok = ok && ckpt_seal(dir, 7, key, err, sizeof(err)) == 0;
+    CkptState got;
+    ok = ok && ckpt_find(dir, -1, key, &got, ck_dir, sizeof(ck_dir), err, sizeof(err)) == 1 && got.adam_t == 7;
+    if (!check(ok, "two dp ranks write and seal checkpoint 7 (%s)", ok ? "ok" : err)) return;
+    snprintf(path, sizeof(path), "%s/model.bin", ck_dir);
+    GPT2Config c2;
+    float *saved = model_load(path, &c2, err, sizeof(err));
+    check(saved != NULL && memcmp(saved, params, N * sizeof(float)) == 0, "model.bin = the master weights, bit for bit");
+    free(saved);
+    snprintf(path, sizeof(path), "%s/optim.bin", ck_dir);
+    float *file = (float *)malloc(2 * N * sizeof(float));
+    int fd = open(path, O_RDONLY);
+    check(fd >= 0 && ckpt_pread(fd, file, 2 * N * sizeof(float), header) == 0 && memcmp(file, want, 2 * N * sizeof(float)) == 0,
+          "optim.bin = m then v of both shards in the file order, bit for bit");
+    if (fd >= 0) close(fd);
+    // the loads: a dp 3 ZeRO-1 rank 1 (another layout) and a ZeRO-0 rank
+    for (int k = 0; k < 2; k++) {
+        GPT2 q;
+        if (k == 0) gpt2_init_dp(&q, &c, params, 0, 1, 8, 1, 0, 3, 1, 1);
+        else gpt2_init(&q, &c, params, 0, 1, 8, 1, 0);
+        int loaded = gpt2_load_optimizer(&q, path, 7, err, sizeof(err)) == 0 && q.adam_t == 7;
+        float *m = (float *)malloc(2 * q.opt_count * sizeof(float)), *v = m + q.opt_count;
+        CUDA_CHECK(cudaMemcpy(m, q.m, q.opt_count * sizeof(float), cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(v, q.v, q.opt_count * sizeof(float), cudaMemcpyDeviceToHost));
+        size_t wrong = 0;
+        for (size_t i = 0; i < q.opt_count; i++) {
+            size_t j = q.opt_begin + i;
+            wrong += m[i] != (j < N ? want[j] : 0.0f) || v[i] != (j < N ? want[N + j] : 0.0f);
+        }
+        check(loaded && wrong == 0, "%s loads m, v of [%zu, %zu): %zu wrong (%s)", k == 0 ? "dp 3 ZeRO-1 rank 1" : "ZeRO-0",
+              q.opt_begin, q.opt_begin + q.opt_count, wrong, loaded ? "ok" : err);
+        if (k == 0)
+            check(gpt2_load_optimizer(&q, path, 8, err, sizeof(err)) != 0 && strstr(err, "not the AdamW state of this model at t = 8"),
+                  "a t other than the header's refused: %s", err);
+        free(m);
+        gpt2_free(&q);
+    }
+    free(file);
+    free(want);
+    free(params);
+    ckpt_remove_dir(ck_dir);
+    rmdir(dir);
+}
+
 int main(void) {
+    test_ckpt_layout();
+    test_ckpt_cli();
     test_gpu_flags();
     test_shapes();
     test_buffer_plan();
@@ -473,8 +668,9 @@ int main(void) {
         test_against_pytorch(0);
         if (attention_tc_supports(16)) test_against_pytorch(1);
         test_device_init();
+        test_ckpt_device();
     } else {
-        skip("no CUDA device: the fixture comparison, determinism, save/reload and device-init tests");
+        skip("no CUDA device: the fixture comparison, determinism, save/reload, device-init and checkpoint tests");
     }
     return test_summary();
 }

@@ -1485,8 +1485,6 @@ static int model_config(const Options *o, GPT2Config *c) {
 static int check_job(const Options *o, const GPT2Config *c) {
     char err[512];
     Grid g;
-    if ((o->ckpt_every > 0 || o->resume || o->resume_step >= 0) && o->out_dir == NULL)
-        die_usage("flags -n/-y/-ys: checkpoints live in the output directory; give it with -o DIR");
     if (o->T > c->maxT) {
         snprintf(err, sizeof(err), "flag -t: T = %d exceeds the model's maxT = %d (%s)", o->T, c->maxT, o->init);
         die_usage(err);
@@ -1518,34 +1516,14 @@ static int check_job(const Options *o, const GPT2Config *c) {
     return total / BTdp;
 }
 
-// the checkpoint key and, with -y or -ys, the checkpoint to resume from,
-// verified here, before any rank starts, so that a bad one is refused once.
-// Returns 1 when resuming (ck and dir filled in).
+// the checkpoint key and, with -y or -ys, the checkpoint to resume from
+// (checkpoint.h's ckpt_setup, shared with train_gpt2cu), verified before any
+// rank starts, so that a bad one is refused once. Returns 1 when resuming.
 static int checkpoint_setup(const Options *o, const GPT2Config *c, uint8_t key[32], CkptState *ck, char *dir, size_t dirlen) {
-    char err[1400];
-    if (o->out_dir == NULL) return 0;
-    if (strlen(o->out_dir) > 700) die_usage("flag -o: the directory's path is over 700 bytes");
-    if (mkdir(o->out_dir, 0755) != 0 && errno != EEXIST) {
-        snprintf(err, sizeof(err), "flag -o: cannot create directory %s: %s", o->out_dir, strerror(errno));
-        die_usage(err);
-    }
-    if (ckpt_key(o->out_dir, o->key_file, 1, key, err, sizeof(err)) != 0) die_usage(err);
-    if (!o->resume && o->resume_step < 0) return 0;
-    int found = ckpt_find(o->out_dir, o->resume_step, key, ck, dir, dirlen, err, sizeof(err));
-    if (found < 0) die_usage(err);
-    if (found == 0) return 0;
-    const GPT2Config *k = &ck->config;
-    if (k->L != c->L || k->C != c->C || k->NH != c->NH || k->V != c->V || k->Vp != c->Vp || k->maxT != c->maxT) {
-        snprintf(err, sizeof(err), "checkpoint %s holds a model of L=%d C=%d NH=%d V=%d maxT=%d, but -e %s is L=%d C=%d NH=%d V=%d maxT=%d",
-                 dir, k->L, k->C, k->NH, k->V, k->maxT, o->init, c->L, c->C, c->NH, c->V, c->maxT);
-        die_usage(err);
-    }
-    if (ck->B != o->B || ck->T != o->T) {  // the data position counts micro-batches of B*T tokens
-        snprintf(err, sizeof(err), "checkpoint %s was written with -b %d -t %d; resume with the same, not -b %d -t %d",
-                 dir, ck->B, ck->T, o->B, o->T);
-        die_usage(err);
-    }
-    return 1;
+    char err[1600];
+    int rc = ckpt_setup(o, c, key, ck, dir, dirlen, err, sizeof(err));
+    if (rc < 0) die_usage(err);
+    return rc;
 }
 
 // set by SIGINT and SIGTERM (when there is an -o to checkpoint into): the

@@ -37,6 +37,7 @@
 #include "dataloader.h"
 #include "tokenizer.h"
 #include "parallel.h"
+#include "checkpoint.h"
 
 // ----------------------------------------------------------------------------
 // precision
@@ -1507,7 +1508,8 @@ typedef struct {
     floatX *lnf;                            // (B,T,C)
     float *lnf_mean, *lnf_rstd;             // (B,T)
     floatX *logits;                         // (B,T,Vp); the classifier writes dlogits over it
-    float *losses;                          // (B,T), summed over micro-batches
+    float *losses;                          // (B,T), summed over micro-batches; then one flag the
+                                            // ranks all-reduce (the stop signal rides with the loss)
     floatX *proj;                           // (B,T,C) scratch: attproj, then fcproj output
     floatX *dresidual;                      // (B,T,C): the gradient of the residual stream
     floatX *dbtc;                           // (B,T,C) scratch: dlnf, dln2, datty, dln1
@@ -1576,7 +1578,7 @@ static int activation_slices(Activations *a, const GPT2Config *c, int B, int T, 
     n = add_slice(s, n, (void **)&a->lnf_mean, (size_t)(BT) * F);
     n = add_slice(s, n, (void **)&a->lnf_rstd, (size_t)(BT) * F);
     n = add_slice(s, n, (void **)&a->logits, (size_t)(BT * c->Vp) * X);
-    n = add_slice(s, n, (void **)&a->losses, (size_t)(BT) * F);
+    n = add_slice(s, n, (void **)&a->losses, (size_t)(BT + 1) * F);
     n = add_slice(s, n, (void **)&a->proj, (size_t)(BT * C) * X);
     n = add_slice(s, n, (void **)&a->dresidual, (size_t)(BT * C) * X);
     n = add_slice(s, n, (void **)&a->dbtc, (size_t)(BT * C) * X);
@@ -1649,21 +1651,35 @@ static void point_param_views(floatX **views, floatX *base, const size_t *sizes)
     }
 }
 
+// how dp ranks lay out the num_params parameters on the device: model.bin's
+// order, then zeros up to num_padded, dp equal shards of whole 128-element
+// rows (so every shard is 16-byte aligned for the vector loads); this rank's
+// AdamW state covers [opt_begin, opt_begin + opt_count): every parameter
+// (ZeRO-0) or its shard dp_rank (ZeRO-1; the last one reaches into the zeros)
+typedef struct { size_t num_padded, shard, opt_begin, opt_count; } DpLayout;
+
+static DpLayout dp_layout(size_t num_params, int dp, int dp_rank, int zero) {
+    DpLayout d;
+    d.shard = ((num_params + (size_t)dp - 1) / (size_t)dp + 127) / 128 * 128;
+    d.num_padded = d.shard * (size_t)dp;
+    d.opt_begin = zero == 1 ? (size_t)dp_rank * d.shard : 0;
+    d.opt_count = zero == 1 ? d.shard : num_params;
+    return d;
+}
+
 // the model on the device, from host fp32 params (model_load) or, when
-// params is NULL, from the seeded init; activations for (B, T). dp ranks
-// hold the parameters in dp equal shards (the last one padded with zeros);
-// with ZeRO-1 (zero = 1) this rank's AdamW state covers only shard dp_rank.
+// params is NULL, from the seeded init; activations for (B, T); the
+// parameters and AdamW state laid out by dp_layout.
 static void gpt2_init_dp(GPT2 *model, const GPT2Config *c, const float *params, uint64_t seed, int B, int T,
                          int recompute, int attention_tc, int dp, int dp_rank, int zero) {
     memset(model, 0, sizeof(*model));
     model->config = *c;
     param_sizes(c, model->param_sizes);
     model->num_params = param_count(c);
-    // shards of whole 128-element rows keep every shard 16-byte aligned for the vector loads
-    size_t shard = ((model->num_params + (size_t)dp - 1) / (size_t)dp + 127) / 128 * 128;
-    model->num_padded = shard * (size_t)dp;
-    model->opt_begin = zero == 1 ? (size_t)dp_rank * shard : 0;
-    model->opt_count = zero == 1 ? shard : model->num_params;
+    DpLayout lay = dp_layout(model->num_params, dp, dp_rank, zero);
+    model->num_padded = lay.num_padded;
+    model->opt_begin = lay.opt_begin;
+    model->opt_count = lay.opt_count;
     model->B = B;
     model->T = T;
     model->recompute = recompute;
@@ -2018,6 +2034,97 @@ static float floatx_to_host_float(floatX x) {
 #endif
 }
 
+// ----------------------------------------------------------------------------
+// checkpoints: the files of train_gpt2.c (checkpoint.h has them, the seal,
+// the search and the pruning). The device layout is model.bin's element
+// order with zeros after the last real element (dp_layout), so a rank's part
+// of model.bin and optim.bin is one range of elements of the file order.
+
+// the file elements [lo, hi) this rank writes into a checkpoint: its 1/dp
+// of the num_params real ones (by dp_layout's shards, under ZeRO-0 as under
+// ZeRO-1, so that the ranks write at once and every element once). Under
+// ZeRO-1 that is the shard whose master weights and AdamW state are current
+// here (the bf16 build's master weights outside it are stale); under ZeRO-0
+// every rank holds all of them current. m and v of element j sit at
+// j - opt_begin on the device in both.
+typedef struct { size_t lo, hi; } ElemRange;
+
+static ElemRange ckpt_share(size_t num_params, size_t num_padded, int dp, int dp_rank) {
+    size_t shard = num_padded / (size_t)dp, lo = (size_t)dp_rank * shard, hi = lo + shard;
+    ElemRange r = {lo < num_params ? lo : num_params, hi < num_params ? hi : num_params};
+    return r;
+}
+
+// the file elements whose AdamW state this rank loads on resume: all it
+// keeps, [opt_begin, opt_begin + opt_count), less the padding past num_params
+static ElemRange ckpt_adam_range(size_t num_params, size_t opt_begin, size_t opt_count) {
+    size_t hi = opt_begin + opt_count;
+    ElemRange r = {opt_begin < num_params ? opt_begin : num_params, hi < num_params ? hi : num_params};
+    return r;
+}
+
+#define CKPT_CHUNK ((size_t)1 << 22)  // floats per round trip through the host (16 MB)
+
+// writes elements [r.lo, r.hi) of the master weights into model.bin and of
+// m and v into optim.bin (both open for writing, at their full size:
+// ckpt_begin); 0, or the errno of the failed write
+static int gpt2_write_share(GPT2 *model, int fd_model, int fd_optim, ElemRange r) {
+    size_t N = model->num_params, header = HEADER_INTS * sizeof(int32_t);
+    float *buf = (float *)host_alloc(CKPT_CHUNK * sizeof(float), "checkpoint buffer");
+    int e = 0;
+    CUDA_CHECK(cudaStreamSynchronize(model->stream));  // the step's update is in
+    for (size_t j = r.lo; j < r.hi && e == 0; j += CKPT_CHUNK) {
+        size_t n = r.hi - j < CKPT_CHUNK ? r.hi - j : CKPT_CHUNK;
+        const float *src[3] = {model->master + j, model->m + (j - model->opt_begin), model->v + (j - model->opt_begin)};
+        int fd[3] = {fd_model, fd_optim, fd_optim};
+        size_t at[3] = {header + j * sizeof(float), header + j * sizeof(float), header + (N + j) * sizeof(float)};
+        for (int k = 0; k < 3 && e == 0; k++) {
+            CUDA_CHECK(cudaMemcpy(buf, src[k], n * sizeof(float), cudaMemcpyDeviceToHost));
+            if (ckpt_pwrite(fd[k], buf, n * sizeof(float), at[k]) != 0) e = errno;
+        }
+    }
+    free(buf);
+    return e;
+}
+
+// AdamW's m and v of this rank's elements (ckpt_adam_range) from a
+// checkpoint's optim.bin, and Adam's t; the parameters come in through
+// gpt2_init_dp from its model.bin. ckpt_find verified the bytes; the header
+// must also agree with the model and with state.bin's t.
+static int gpt2_load_optimizer(GPT2 *model, const char *path, int adam_t, char *err, size_t errlen) {
+    size_t N = model->num_params, header = HEADER_INTS * sizeof(int32_t);
+    if (N != param_count(&model->config))
+        return secure_error(err, errlen, "%s: the model holds %zu parameters, its shape %zu", path, N,
+                            param_count(&model->config));
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return secure_error(err, errlen, "%s: %s", path, strerror(errno));
+    int32_t h[HEADER_INTS], want[HEADER_INTS];
+    ckpt_optim_header(want, &model->config, adam_t);
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != ckpt_file_bytes(1, &model->config) ||
+        ckpt_pread(fd, h, sizeof(h), 0) != 0 || memcmp(h, want, sizeof(h)) != 0) {
+        close(fd);
+        return secure_error(err, errlen, "%s: not the AdamW state of this model at t = %d (%lld bytes, magic %d, t %d)",
+                            path, adam_t, (long long)st.st_size, h[0], h[2]);
+    }
+    ElemRange r = ckpt_adam_range(N, model->opt_begin, model->opt_count);
+    float *buf = (float *)host_alloc(CKPT_CHUNK * sizeof(float), "checkpoint buffer");
+    int e = 0;
+    for (size_t j = r.lo; j < r.hi && e == 0; j += CKPT_CHUNK) {
+        size_t n = r.hi - j < CKPT_CHUNK ? r.hi - j : CKPT_CHUNK;
+        for (int k = 0; k < 2 && e == 0; k++) {
+            float *dst = (k == 0 ? model->m : model->v) + (j - model->opt_begin);
+            if (ckpt_pread(fd, buf, n * sizeof(float), header + ((size_t)k * N + j) * sizeof(float)) != 0) e = errno;
+            else CUDA_CHECK(cudaMemcpy(dst, buf, n * sizeof(float), cudaMemcpyHostToDevice));
+        }
+    }
+    free(buf);
+    close(fd);
+    if (e != 0) return secure_error(err, errlen, "%s: read: %s", path, strerror(e));
+    model->adam_t = adam_t;
+    return 0;
+}
+
 // FLOPs per token for forward + backward, as the CPU trainer counts them
 static double flops_per_token(const GPT2Config *c, int T) {
     double n = (double)param_count(c) - (double)c->maxT * c->C;
@@ -2038,6 +2145,11 @@ static void die_usage(const char *msg) {
     fprintf(stderr, "train_gpt2cu: %s\n", msg);
     exit(2);
 }
+
+// set by SIGINT and SIGTERM (when there is an -o to checkpoint into): the
+// trainer finishes the step, writes a checkpoint and exits 0
+static volatile sig_atomic_t stop_signal;
+static void on_stop_signal(int sig) { stop_signal = sig; }
 
 // xorshift* for sampling; its state is one number (as the CPU trainer)
 static float random_f32(uint64_t *state) {
@@ -2190,10 +2302,66 @@ static void dp_update(GPT2 *model, Parallel *par, const Options *o, float lr) {
     nccl_allgather(nc, &nc->dp, model->params + model->opt_begin, model->params, shard, NCCL_FLOATX);
 }
 
-// the mean loss of the group: every rank's per-position losses, summed
-static float dp_mean_loss(GPT2 *model, Parallel *par, int nbatches) {
-    nccl_allreduce(par->nccl, &par->nccl->dp, model->act.losses, (size_t)model->B * model->T, ncclFloat32, OP_SUM);
-    return gpt2_mean_loss(model, nbatches * par->grid.dp);
+// the mean loss of the group: every rank's per-position losses, summed. With
+// stop != NULL, *stop (a signal reached this rank) rides along in the slot
+// after the losses and comes back as "a signal reached some rank", so every
+// rank ends the step with the same verdict (dp is the world here: tp = pp = 1).
+static float dp_mean_loss(GPT2 *model, Parallel *par, int nbatches, int *stop) {
+    size_t BT = (size_t)model->B * model->T;
+    float flag = stop != NULL && *stop ? 1.0f : 0.0f;
+    CUDA_CHECK(cudaMemcpyAsync(model->act.losses + BT, &flag, sizeof(float), cudaMemcpyHostToDevice, model->stream));
+    nccl_allreduce(par->nccl, &par->nccl->dp, model->act.losses, BT + 1, ncclFloat32, OP_SUM);
+    CUDA_CHECK(cudaMemcpyAsync(&flag, model->act.losses + BT, sizeof(float), cudaMemcpyDeviceToHost, model->stream));
+    float loss = gpt2_mean_loss(model, nbatches * par->grid.dp);  // waits for the stream, the flag's copy too
+    if (stop != NULL) *stop = flag > 0.0f;
+    return loss;
+}
+
+// the sum over the world of one float per rank (the ranks' verdicts on a
+// checkpoint), through the same flag slot
+static float world_sum(GPT2 *model, Parallel *par, float x) {
+    float *slot = model->act.losses + (size_t)model->B * model->T;
+    CUDA_CHECK(cudaMemcpyAsync(slot, &x, sizeof(float), cudaMemcpyHostToDevice, model->stream));
+    nccl_allreduce(par->nccl, &par->nccl->world, slot, 1, ncclFloat32, OP_SUM);
+    CUDA_CHECK(cudaMemcpyAsync(&x, slot, sizeof(float), cudaMemcpyDeviceToHost, model->stream));
+    CUDA_CHECK(cudaStreamSynchronize(model->stream));
+    return x;
+}
+
+// the checkpoint of step st->step (checkpoint.h; train_gpt2.c's gpt2_save
+// does the same with its own layout): rank 0 makes the .partial directory
+// with the files at full size, every rank writes its share (ckpt_share) and
+// fsyncs, rank 0 seals once every rank has succeeded. Every rank returns the
+// same verdict: 0 = the checkpoint is complete; otherwise the .partial
+// directory is gone and the previous checkpoints stay.
+static int gpt2_checkpoint(GPT2 *model, Parallel *par, const char *out_dir, int keep, const CkptState *st,
+                           const uint8_t key[32]) {
+    int rank0 = par->grid.rank == 0;
+    char err[1200] = "", dir[4096], path[4200];
+    float failed = rank0 && ckpt_begin(out_dir, st, err, sizeof(err)) != 0;
+    failed = world_sum(model, par, failed);  // and the files exist for everyone
+    if (failed == 0) {
+        ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial");
+        snprintf(path, sizeof(path), "%s/model.bin", dir);
+        int fd_model = open(path, O_WRONLY | O_CLOEXEC), e = fd_model < 0 ? errno : 0;
+        snprintf(path, sizeof(path), "%s/optim.bin", dir);
+        int fd_optim = open(path, O_WRONLY | O_CLOEXEC);
+        if (e == 0 && fd_optim < 0) e = errno;
+        if (e == 0) e = gpt2_write_share(model, fd_model, fd_optim,
+                                         ckpt_share(model->num_params, model->num_padded, par->grid.dp, par->grid.dp_rank));
+        if (e == 0 && (fsync(fd_model) != 0 || fsync(fd_optim) != 0)) e = errno;
+        if (fd_model >= 0) close(fd_model);
+        if (fd_optim >= 0) close(fd_optim);
+        if (e != 0) secure_error(err, sizeof(err), "rank %d: %s: write: %s", par->grid.rank, dir, strerror(e));
+        failed = world_sum(model, par, e != 0);
+        if (failed == 0 && rank0 && ckpt_seal(out_dir, st->step, key, err, sizeof(err)) != 0) failed = 1;
+        if (!rank0 && e == 0) err[0] = '\0';  // rank 0 speaks for the job; a rank that failed, for itself
+        failed = world_sum(model, par, rank0 ? failed : 0.0f);
+    }
+    if (failed == 0 && rank0) ckpt_prune(out_dir, keep);
+    if (failed != 0 && rank0 && ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial") == 0) ckpt_remove_dir(dir);
+    if (err[0] != '\0') fprintf(stderr, "checkpoint of step %d failed: %s\n", st->step, err);
+    return failed == 0 ? 0 : -1;
 }
 
 // the mean loss over `batches` micro-batches of the val stream, split among
@@ -2205,7 +2373,7 @@ static float evaluate(GPT2 *model, Parallel *par, DataLoader *val, int batches) 
         dataloader_next(val, model->inputs, model->targets);
         gpt2_forward(model, FWD_LOSS, 0.0f);
     }
-    return dp_mean_loss(model, par, batches / par->grid.dp);
+    return dp_mean_loss(model, par, batches / par->grid.dp, NULL);
 }
 
 int main(int argc, char **argv) {
@@ -2225,8 +2393,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (rc != 0) die_usage(err);
-    if (opt.ckpt_every > 0 || opt.resume)
-        die_usage("flags -n/-y: periodic checkpoints and resume are not built yet (only the final model with -o)");
+    if (ckpt_check_flags(&opt, err, sizeof(err)) != 0) die_usage(err);
     if (gpu_layout_check(opt.tp, opt.pp, opt.zero, err, sizeof(err)) != 0) die_usage(err);
     check_launch_gpus(&opt);
     if (opt.check_every > 0) die_usage("flag -ck: the data-parallel consistency check is not built in the GPU trainer yet");
@@ -2267,16 +2434,35 @@ int main(int argc, char **argv) {
             die_usage(err);
         dataloader_free(&val);
     }
+    // the checkpoint key and the checkpoint to resume from, verified here (checkpoint.h)
+    uint8_t ckpt_key[32];
+    CkptState ck;
+    char ck_dir[800], path[1024];  // -o is at most 700 bytes
+    memset(&ck, 0, sizeof(ck));
+    double load_t0 = now_ms();
+    int resuming = ckpt_setup(&opt, &config, ckpt_key, &ck, ck_dir, sizeof(ck_dir), err, sizeof(err));
+    if (resuming < 0) die_usage(err);
+    double verify_ms = now_ms() - load_t0;
 
     Parallel par;
     parallel_setup(&par, &opt, &fault, launch_argc, launch_argv);
+    signal(SIGXFSZ, SIG_IGN);  // past a file size limit a write fails (and says so) instead of killing us
+    if (opt.out_dir) {  // a signal: finish the step, checkpoint, exit 0
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = on_stop_signal;
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+    }
     int rank0 = par.grid.rank == 0, dp = par.grid.dp, B = opt.B, T = opt.T;
     int accum = batch_accum(&opt, dp, err, sizeof(err));  // an outside launcher's world may differ from -np
     if (accum < 0) die_usage(err);
     long total_batch = (long)B * T * dp * accum;
+    // the parameters: from the checkpoint, the model file, or the seeded init (params NULL)
     float *params = NULL;
-    if (from_file) {
-        params = model_load(opt.init, &config, err, sizeof(err));
+    if (resuming) snprintf(path, sizeof(path), "%s/model.bin", ck_dir);
+    if (resuming || from_file) {
+        params = model_load(resuming ? path : opt.init, &config, err, sizeof(err));
         if (params == NULL) die_usage(err);
     }
     // data: this rank's slice of the stream
@@ -2287,19 +2473,20 @@ int main(int argc, char **argv) {
     if (have_val && dataloader_init(&val, opt.val_pattern, B, T, par.grid.dp_rank, dp, 0, 0, config.V, err,
                                     sizeof(err)) != 0)
         die_usage(err);
+    DataLoaderState data_pos = {ck.data[0], ck.data[1], ck.data[2], ck.data[3]};
+    if (resuming && dataloader_set_state(&train, &data_pos, err, sizeof(err)) != 0) die_usage(err);
     int steps = opt.steps >= 0 ? opt.steps : (int)(dataloader_batches_per_epoch(&train) / accum);
     if (steps < 1) steps = 1;
     Tokenizer tok;
     int have_tok = opt.tokenizer != NULL && opt.sample_every > 0 && par.grid.world == 1;
     if (have_tok && tokenizer_load_bin(&tok, opt.tokenizer, err, sizeof(err)) != 0) die_usage(err);
     FILE *logf = NULL;
-    char path[1024];
-    if (rank0 && opt.out_dir) mkdir(opt.out_dir, 0755);
-    if (rank0 && (opt.log_file || opt.out_dir)) {
+    if (rank0 && (opt.log_file || opt.out_dir)) {  // ckpt_setup made -o
         if (opt.log_file) snprintf(path, sizeof(path), "%s", opt.log_file);
         else snprintf(path, sizeof(path), "%s/log.jsonl", opt.out_dir);
-        logf = fopen(path, "w");
-        if (logf == NULL) { snprintf(err, sizeof(err), "%s: cannot create log file", path); die_usage(err); }
+        if (resuming && log_keep_before(path, ck.step, err, sizeof(err)) != 0) die_usage(err);
+        logf = fopen(path, resuming ? "a" : "w");
+        if (logf == NULL) { snprintf(err, sizeof(err), "%s: cannot create log file: %s", path, strerror(errno)); die_usage(err); }
     }
 
     // the GPU (bound by parallel_setup)
@@ -2312,6 +2499,9 @@ int main(int argc, char **argv) {
     gpt2_init_dp(&model, &config, params, (uint64_t)opt.seed, B, T, gopt.recompute, gopt.attention_tc, dp,
                  par.grid.dp_rank, par.zero);
     free(params);
+    snprintf(path, sizeof(path), "%s/optim.bin", ck_dir);
+    if (resuming && gpt2_load_optimizer(&model, path, ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
+    double load_ms = now_ms() - load_t0 - verify_ms;
     par.nccl->stream = model.stream;  // the collectives queue behind the model's kernels
 
     if (rank0) {
@@ -2337,10 +2527,16 @@ int main(int argc, char **argv) {
         fflush(stdout);
         nccl_barrier(par.nccl, &par.nccl->world);
     }
-    uint64_t sample_rng = (uint64_t)opt.seed * 2654435761ull + 1;
+    uint64_t sample_rng = resuming ? ck.sample_rng : (uint64_t)opt.seed * 2654435761ull + 1;
+    int start = resuming ? ck.step : 0, stopped = 0;
+    if (rank0 && resuming)
+        printf("resuming from %s: step %d, written by np %d tp %d pp %d ZeRO-%d (verified in %.0f ms, loaded in %.0f ms)\n",
+               ck_dir, ck.step, ck.np, ck.tp, ck.pp, ck.zero, verify_ms, load_ms);
+    else if (rank0 && (opt.resume || opt.resume_step >= 0))
+        printf("no checkpoint in %s yet: starting from step 0\n", opt.out_dir);
     double fpt = flops_per_token(&config, T);
 
-    for (int step = 0; step < steps; step++) {
+    for (int step = start; step < steps && !stopped; step++) {
         int last = step == steps - 1;
         nccl_set_step(par.nccl, step);
         float val_loss = -1.0f;
@@ -2362,7 +2558,8 @@ int main(int argc, char **argv) {
         }
         float lr = lr_at_step(&opt, step, steps);
         dp_update(&model, &par, &opt, lr);
-        float loss = dp_mean_loss(&model, &par, accum);
+        stopped = stop_signal != 0;
+        float loss = dp_mean_loss(&model, &par, accum, &stopped);
         float norm = gpt2_last_norm(&model);
         double ms = now_ms() - t0;
 
@@ -2375,9 +2572,21 @@ int main(int argc, char **argv) {
             fflush(stdout);
             log_step(logf, step, loss, val_loss, norm, lr, ms, total_batch * (step + 1));
         }
+        int done = step + 1;
+        if (stopped || (opt.ckpt_every > 0 && (done % opt.ckpt_every == 0 || done == steps))) {
+            DataLoaderState pos;
+            dataloader_get_state(&train, &pos);
+            CkptState st = {done, model.adam_t, config, B, T, (int)total_batch, steps, opt.seed, opt.shuffle,
+                            {pos.epoch, pos.shard_pos, pos.sample_pos, pos.rng}, sample_rng,
+                            par.grid.world, par.grid.tp, par.grid.pp, par.zero};
+            double c0 = now_ms();
+            if (gpt2_checkpoint(&model, &par, opt.out_dir, opt.ckpt_keep, &st, ckpt_key) != 0) return 1;
+            if (rank0) printf("checkpoint %s/ckpt_%08d written in %.0f ms\n", opt.out_dir, done, now_ms() - c0);
+        }
+        if (stopped && rank0) printf("stopped by a signal after step %d; resume with -y 1\n", step);
     }
 
-    if (opt.out_dir) {
+    if (opt.out_dir && !stopped) {
 #ifndef ENABLE_FP32
         if (par.zero == 1) {  // the master weights outside this rank's shard are stale: gather them
             size_t shard = model.num_padded / (size_t)dp;

@@ -75,6 +75,7 @@ build() {  # build NAME CMD...: in the background, log in $OUT/build_NAME.log
 build train_gpt2cu $NVCC train_gpt2.cu $LIBS -o train_gpt2cu
 build test_gpt2cu $NVCC test_gpt2.cu $LIBS -o test_gpt2cu
 build test_gpt2cu_fp32 $NVCC -DENABLE_FP32 test_gpt2.cu $LIBS -o test_gpt2cu_fp32
+build train_gpt2cu_fp32 $NVCC -DENABLE_FP32 train_gpt2.cu $LIBS -o train_gpt2cu_fp32
 build kernels make -C dev/cuda -j8 ARCH="$ARCH"
 build kernels_fp32 make -C dev/cuda -j8 ARCH="$ARCH" PRECISION=FP32
 build cpu make -j4 train_gpt2 prepare_data
@@ -156,7 +157,67 @@ if [ -x ./train_gpt2cu ]; then
         say "SKIP  -np 2 through NCCL: $NGPU GPU(s) here"
     fi
 fi
-rm -rf "$DP_DIR"
+
+# ---------------------------------------------------------------------------
+# 2c. checkpoints (on the 2b shard). (a) 20 steps with -n 10, then a copy of
+# step 10's checkpoint resumed to 20: the same printed losses and norms, and
+# byte-identical checkpoints of step 20. (b) SIGTERM: finish the step,
+# checkpoint, exit 0. (c) across the trainers, fp32 GPU build: the CPU
+# trainer resumes the GPU's step 10 and the GPU the CPU's; the loss of step
+# 10 (a forward on the same weights and batch) agrees within 2e-5: each
+# trainer's fp32 loss is within 1e-5 of PyTorch's (test_gpt2, test_gpt2cu_fp32).
+say "== checkpoints"
+CK=/tmp/llm3d_ckpt  # not under $OUT: nothing big comes back
+rm -rf "$CK"; mkdir -p "$CK/resumed"
+CK_RUN="-e d2 -ev 512 -et 64 -t 64 -b 4 -l 1e-3 -v 0 -s 0 -i $DP_DIR/dp_train_*.bin"
+# ck_compare BOUND REF GOT: each step GOT logs, REF logs with a loss within
+# BOUND (0: the same printed loss and norm)
+ck_compare() {
+    python3 - "$@" <<'EOF' | tee -a "$SUMMARY"
+import json, sys
+bound, ref_path, got_path = float(sys.argv[1]), sys.argv[2], sys.argv[3]
+rows = lambda p: {r["step"]: r for r in map(json.loads, open(p))}
+ref, got = rows(ref_path), rows(got_path)
+ok = len(got) > 0 and all(s in ref for s in got)
+worst = max((abs(ref[s]["loss"] - got[s]["loss"]) for s in got if s in ref), default=float("inf"))
+if bound == 0: ok = ok and all((ref[s]["loss"], ref[s]["norm"]) == (got[s]["loss"], got[s]["norm"]) for s in got)
+else: ok = ok and worst <= bound
+print(f"{'ok   ' if ok else 'FAIL '} {got_path}: steps {min(got, default=-1)}-{max(got, default=-1)} against {ref_path}: "
+      f"largest loss difference {worst:.2e} (bound {bound:g})")
+sys.exit(0 if ok else 1)
+EOF
+    return "${PIPESTATUS[0]}"
+}
+if [ -x ./train_gpt2cu ]; then
+    run ck_full 60 ./train_gpt2cu $CK_RUN -x 20 -n 10 -o "$CK/full" -lg "$OUT/ck_full.jsonl" &&
+    cp -r "$CK/full/ckpt_00000010" "$CK/full/job.key" "$CK/resumed/" &&
+    run ck_resumed 60 ./train_gpt2cu $CK_RUN -x 20 -n 10 -o "$CK/resumed" -y 1 -lg "$OUT/ck_resumed.jsonl" &&
+    grep -q "resuming from .*ckpt_00000010: step 10" "$OUT/ck_resumed.log" &&
+    ck_compare 0 "$OUT/ck_full.jsonl" "$OUT/ck_resumed.jsonl" &&
+    cmp "$CK/full/ckpt_00000020/model.bin" "$CK/resumed/ckpt_00000020/model.bin" &&
+    cmp "$CK/full/ckpt_00000020/optim.bin" "$CK/resumed/ckpt_00000020/optim.bin" &&
+    say "ok    step 20's model.bin and optim.bin byte-identical, uninterrupted and resumed" || FAILED=1
+    grep -h "^checkpoint .* written in" "$OUT/ck_full.log" | tail -n 1 | sed 's/^/   d2: /' | tee -a "$SUMMARY"
+    # SIGTERM once the run is under way: it finishes the step, checkpoints and exits 0
+    timeout -k 5 120 ./train_gpt2cu $CK_RUN -x 100000 -o "$CK/term" > "$OUT/ck_term.log" 2>&1 &  # timeout passes the TERM on
+    pid=$!
+    for _ in $(seq 100); do grep -q "^step  *5/" "$OUT/ck_term.log" && break; sleep 0.2; done
+    kill -TERM $pid; wait $pid; rc=$?
+    if [ $rc -eq 0 ] && grep -q "stopped by a signal after step" "$OUT/ck_term.log" && ls -d "$CK"/term/ckpt_* > /dev/null 2>&1; then
+        say "ok    SIGTERM: $(grep -m1 'stopped by a signal' "$OUT/ck_term.log"), $(basename "$(ls -d "$CK"/term/ckpt_* | tail -n 1)") written"
+    else
+        say "FAIL  SIGTERM: exit $rc (see ck_term.log)"; FAILED=1
+    fi
+    if [ -x ./train_gpt2cu_fp32 ] && [ -x ./train_gpt2 ]; then
+        run ck_gpu32 60 ./train_gpt2cu_fp32 $CK_RUN -x 11 -n 10 -o "$CK/g32" -lg "$OUT/ck_gpu32.jsonl" &&
+        run ck_gpu32_on_cpu 120 ./train_gpt2 $CK_RUN -x 11 -ys 10 -o "$CK/g32" -lg "$OUT/ck_gpu32_on_cpu.jsonl" &&
+        ck_compare 2e-5 "$OUT/ck_gpu32.jsonl" "$OUT/ck_gpu32_on_cpu.jsonl" || FAILED=1
+        run ck_cpu 120 ./train_gpt2 $CK_RUN -x 11 -n 10 -o "$CK/cpu" -lg "$OUT/ck_cpu.jsonl" &&
+        run ck_cpu_on_gpu32 60 ./train_gpt2cu_fp32 $CK_RUN -x 11 -ys 10 -o "$CK/cpu" -lg "$OUT/ck_cpu_on_gpu32.jsonl" &&
+        ck_compare 2e-5 "$OUT/ck_cpu.jsonl" "$OUT/ck_cpu_on_gpu32.jsonl" || FAILED=1
+    fi
+fi
+rm -rf "$CK" "$DP_DIR"
 
 # ---------------------------------------------------------------------------
 # 3. the benchmark: our trainer, then PyTorch at the same B
