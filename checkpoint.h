@@ -204,6 +204,11 @@ static int ckpt_key(const char *out_dir, const char *key_file, int create, uint8
     char path[4096];
     snprintf(path, sizeof(path), "%s/job.key", out_dir);
     if (access(path, F_OK) == 0 || !create) return key_read_file(path, key, err, errlen);
+    int *steps, n = ckpt_list(out_dir, &steps);
+    free(steps);
+    if (n > 0)  // a new key would silently disown every checkpoint here
+        return secure_error(err, errlen, "%s is missing, but %s holds %d checkpoint(s) sealed with it: put it back, or "
+                            "pass the key with --key-file", path, out_dir, n);
     if (key_generate(key, err, errlen) != 0) return -1;
     return key_write_file(path, key, err, errlen);
 }

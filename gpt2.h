@@ -377,7 +377,7 @@ static const OptionSpec option_specs[] = {
     {"-tk", OPT_STR, offsetof(Options, tokenizer), 0, 0, NULL, "tokenizer .bin for printing samples"},
     {"-b", OPT_INT, offsetof(Options, B), 1, 1 << 16, NULL, "micro-batch size B"},
     {"-t", OPT_INT, offsetof(Options, T), 1, 1 << 20, NULL, "sequence length T"},
-    {"-d", OPT_INT, offsetof(Options, total_batch), -1, 1 << 30, NULL, "total batch in tokens (-1 = B*T*dp)"},
+    {"-d", OPT_INT, offsetof(Options, total_batch), -1, 1 << 30, NULL, "total batch in tokens (-1 = B*T*dp*mb)"},
     {"-x", OPT_INT, offsetof(Options, steps), -1, 1 << 30, NULL, "optimizer steps (-1 = one epoch)"},
     {"-l", OPT_FLOAT, offsetof(Options, lr), 0, 10, NULL, "peak learning rate"},
     {"-u", OPT_INT, offsetof(Options, warmup), 0, 1 << 30, NULL, "warmup steps"},

@@ -1091,18 +1091,20 @@ static inline void launcher_stop(pid_t *pids, int np, double *kill_at) {
     *kill_at = par_now() + LAUNCH_GRACE_S;
 }
 
-// launcher_run: the launcher. Makes the key, the socket in a fresh 0700
+// launcher_run: the launcher. Makes the key (or reads --key-file's: the
+// ranks it starts see that flag too and take the key from it), the socket in a fresh 0700
 // directory and the segment, starts np copies of this program, serves the
 // rendezvous, and waits: the first rank to fail ends the job, and the
 // launcher exits with that rank's status (1 when it was killed). Returns only
 // when it could not get going (err set).
-static inline int launcher_run(char **argv, int np, double timeout_s, char *err, size_t errlen) {
+static inline int launcher_run(char **argv, int np, double timeout_s, const char *key_file, char *err, size_t errlen) {
     char exe[4096];
     ssize_t el = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     if (el <= 0) snprintf(exe, sizeof(exe), "%s", argv[0]);
     else exe[el] = '\0';
     uint8_t key[32];
-    if (key_generate(key, err, errlen) != 0) return PARALLEL_RUNTIME;
+    if (key_file != NULL && key_read_file(key_file, key, err, errlen) != 0) return PARALLEL_USAGE;
+    if (key_file == NULL && key_generate(key, err, errlen) != 0) return PARALLEL_RUNTIME;
     const char *tmp = getenv("TMPDIR");
     char dir[256], spec[300];
     snprintf(dir, sizeof(dir), "%s/llm3d-XXXXXX", tmp != NULL && tmp[0] != '\0' && strlen(tmp) < 200 ? tmp : "/tmp");
@@ -1280,7 +1282,7 @@ static inline int parallel_main(int argc, char **argv, int np, const char *rende
             if (key_generate(L->key, err, errlen) != 0) return PARALLEL_RUNTIME;
             return 0;
         }
-        return launcher_run(argv, np, timeout_s < RDV_MIN_TIMEOUT_S ? RDV_MIN_TIMEOUT_S : timeout_s, err, errlen);
+        return launcher_run(argv, np, timeout_s < RDV_MIN_TIMEOUT_S ? RDV_MIN_TIMEOUT_S : timeout_s, key_file, err, errlen);
     }
     const char *spec = rendezvous != NULL ? rendezvous : getenv("LLM3D_RENDEZVOUS");
     if (spec == NULL)
@@ -1311,6 +1313,18 @@ static inline int parallel_main(int argc, char **argv, int np, const char *rende
             return PARALLEL_RUNTIME;
     }
     return 0;
+}
+
+// parallel_world: how many ranks the job will have, known before joining it
+// (a trainer checks the batch split and the layout first): the outside
+// launcher's world when --rendezvous is given and its variables are set,
+// else np
+static inline int parallel_world(int np, const char *rendezvous) {
+    Launch L;
+    char err[256];
+    memset(&L, 0, sizeof(L));
+    int foreign = rendezvous != NULL && getenv("LLM3D_RANK") == NULL;
+    return foreign && par_env_rank(&L, 1, err, sizeof(err)) > 0 ? L.world : np;
 }
 
 // parallel_join: what a trainer's main() calls first: parallel_main (in the
@@ -1380,7 +1394,8 @@ static inline int pipeline_find(const PipeOp *ops, int n, int forward, int mb) {
 // stage s needs forward k of stage s-1 (the activations), backward k needs
 // backward k of stage s+1 (their gradient) and forward k of its own stage.
 // A message takes no time and a send never blocks (the host backend's do,
-// above 512 KiB: doc/parallel.md, "And the transport"). Returns the time the
+// above 512 KiB: pipeline_check below plays the messages with sends that
+// block; doc/parallel.md, "And the transport"). Returns the time the
 // step ends, or -1 when the stages are stuck (some op can never run).
 static inline int pipeline_play(int pp, int M, int f_time, int b_time, const PipeOp *ops, int *start) {
     if (pp < 1 || M < 1) return -1;
@@ -1427,6 +1442,173 @@ static inline int pipeline_simulate(int gpipe, int pp, int M, int f_time, int b_
     if (pp < 1 || M < 1) return -1;
     for (int s = 0; s < pp; s++) pipeline_schedule(gpipe, pp, s, M, ops + s * 2 * M);
     return pipeline_play(pp, M, f_time, b_time, ops, start);
+}
+
+// the message plan: which messages a stage posts around each op, and which
+// of them go together. A send blocks once its message outgrows the host
+// ring (and on NCCL), so two neighbours that both send first wait on each
+// other, as 1f1b's neighbours do where a forward meets a backward. The plan
+// posts such a send together with the receive of the next op's input, when
+// that input comes from the same neighbour, as one exchange (comm_sendrecv;
+// Megatron's send_forward_recv_backward and send_backward_recv_forward).
+// Both trainers post exactly these messages; pipeline_check plays them.
+
+typedef struct { int peer, channel, mb; } PipeMsg;  // to or from stage peer; peer -1: no message
+
+typedef struct {
+    PipeOp op;
+    PipeMsg recv;       // before the op: its input, alone (none on the edge stage, or when it came with the exchange before)
+    PipeMsg send;       // after the op: its output (none on the edge stage)
+    PipeMsg next_recv;  // posted with send as one exchange: the next op's input (none: send alone)
+} PipeStep;
+
+static inline PipeMsg pipe_msg(int peer, int channel, int mb) { PipeMsg m; m.peer = peer; m.channel = channel; m.mb = mb; return m; }
+static const PipeMsg PIPE_NONE = {-1, 0, 0};
+
+// what op needs first: a forward, stage-1's activations; a backward, stage+1's gradient
+static inline PipeMsg pipe_input(int pp, int stage, PipeOp op) {
+    if (op.forward) return stage > 0 ? pipe_msg(stage - 1, CH_ACTIVATION, op.mb) : PIPE_NONE;
+    return stage < pp - 1 ? pipe_msg(stage + 1, CH_GRADIENT, op.mb) : PIPE_NONE;
+}
+
+// what op hands on: a forward, its output to stage+1; a backward, its input's gradient to stage-1
+static inline PipeMsg pipe_output(int pp, int stage, PipeOp op) {
+    if (op.forward) return stage < pp - 1 ? pipe_msg(stage + 1, CH_ACTIVATION, op.mb) : PIPE_NONE;
+    return stage > 0 ? pipe_msg(stage - 1, CH_GRADIENT, op.mb) : PIPE_NONE;
+}
+
+// fills plan (n entries) for a stage's n ops; returns n
+static inline int pipeline_plan(int pp, int stage, const PipeOp *ops, int n, PipeStep *plan) {
+    PipeMsg arrived = PIPE_NONE;  // the input that came with the previous exchange
+    for (int i = 0; i < n; i++) {
+        PipeStep *st = &plan[i];
+        st->op = ops[i];
+        st->recv = arrived.peer >= 0 ? PIPE_NONE : pipe_input(pp, stage, ops[i]);
+        st->send = pipe_output(pp, stage, ops[i]);
+        PipeMsg next = i + 1 < n ? pipe_input(pp, stage, ops[i + 1]) : PIPE_NONE;
+        st->next_recv = st->send.peer >= 0 && next.peer == st->send.peer ? next : PIPE_NONE;
+        arrived = st->next_recv;
+    }
+    return n;
+}
+
+// a stage's plan as text, "F0s F1x B0 rB1": each op with r before it when
+// it receives its input alone first, and after it s when it sends its
+// output alone, x when it sends it in one exchange with the next op's input.
+// Writes at most len bytes (cut short if need be); returns buf.
+static inline const char *pipeline_plan_text(const PipeStep *plan, int n, char *buf, size_t len) {
+    size_t at = 0;
+    if (len > 0) buf[0] = '\0';
+    for (int i = 0; i < n && at < len; i++) {
+        const PipeStep *st = &plan[i];
+        at += (size_t)snprintf(buf + at, len - at, "%s%s%c%d%s", i ? " " : "", st->recv.peer >= 0 ? "r" : "",
+                               st->op.forward ? 'F' : 'B', st->op.mb,
+                               st->send.peer < 0 ? "" : st->next_recv.peer >= 0 ? "x" : "s");
+    }
+    return buf;
+}
+
+// pipeline_check: plays pp stages' plans (n steps each, plans + s * n)
+// against each other as the transport's worst case: a send completes only
+// when the peer posts the matching receive, an exchange posts its send and
+// its receive together and completes once both have matched, and the ops
+// take no time. A send to stage p meets the receive stage p posts from this
+// stage; they must agree on the channel and the micro-batch, and the k-th
+// message from one stage to another must be micro-batch k (messages on a
+// link arrive in order, and activation sets are reused in micro-batch
+// order). Returns the number of messages, every one matched once, or -1
+// with a line in err: a mismatch, or a deadlock naming what each stuck
+// stage waits for.
+enum { PIPE_CHECK_MAXP = 64 };
+
+// what a stage at step st has posted: in phase 0 its lone receive, in phase
+// 1 its send and the receive that goes with it
+static inline void pipe_posted(const PipeStep *st, int phase, PipeMsg *out, PipeMsg *in) {
+    *out = phase == 0 ? PIPE_NONE : st->send;
+    *in = phase == 0 ? st->recv : st->next_recv;
+}
+
+static inline int pipeline_check(int pp, int n, const PipeStep *plans, char *err, size_t errlen) {
+    if (pp < 1 || pp > PIPE_CHECK_MAXP || n < 0) {
+        snprintf(err, errlen, "pp %d, n %d: the checker takes pp 1..%d", pp, n, PIPE_CHECK_MAXP);
+        return -1;
+    }
+    // stage s is at step at[s] (n: finished) in phase[s]; sent[s], got[s]:
+    // that phase's send, receive has matched; to_next[s], to_prev[s]: the
+    // messages so far from s to s+1, to s-1
+    int at[PIPE_CHECK_MAXP], phase[PIPE_CHECK_MAXP], sent[PIPE_CHECK_MAXP], got[PIPE_CHECK_MAXP];
+    int to_next[PIPE_CHECK_MAXP], to_prev[PIPE_CHECK_MAXP];
+    for (int s = 0; s < pp; s++) at[s] = phase[s] = sent[s] = got[s] = to_next[s] = to_prev[s] = 0;
+    int messages = 0;
+    for (int progress = 1; progress;) {
+        progress = 0;
+        // every posted send that meets its peer's posted receive completes both
+        for (int s = 0; s < pp; s++) {
+            if (at[s] >= n || sent[s]) continue;
+            const PipeStep *st = &plans[s * n + at[s]];
+            PipeMsg out, in;
+            pipe_posted(st, phase[s], &out, &in);
+            if (out.peer < 0 && in.peer >= 0 && phase[s] == 1) {
+                snprintf(err, errlen, "stage %d step %d (%c%d): an exchange's receive without a send", s, at[s],
+                         st->op.forward ? 'F' : 'B', st->op.mb);
+                return -1;
+            }
+            if (out.peer < 0) continue;
+            int p = out.peer;
+            if ((p != s - 1 && p != s + 1) || p < 0 || p >= pp) {
+                snprintf(err, errlen, "stage %d step %d (%c%d): sends to stage %d, not a neighbour", s, at[s],
+                         st->op.forward ? 'F' : 'B', st->op.mb, p);
+                return -1;
+            }
+            if (at[p] >= n || got[p]) continue;
+            PipeMsg peer_out, want;
+            pipe_posted(&plans[p * n + at[p]], phase[p], &peer_out, &want);
+            if (want.peer != s) continue;
+            int *count = p == s + 1 ? &to_next[s] : &to_prev[s];
+            if (want.channel != out.channel || want.mb != out.mb || out.mb != *count) {
+                snprintf(err, errlen, "mismatch: stage %d sends %s %d as its message %d to stage %d, which receives %s %d", s,
+                         channel_name(out.channel), out.mb, *count, p, channel_name(want.channel), want.mb);
+                return -1;
+            }
+            sent[s] = got[p] = 1;
+            (*count)++;
+            messages++;
+            progress = 1;
+        }
+        // every stage whose posted messages have all matched moves on
+        for (int s = 0; s < pp; s++) {
+            if (at[s] >= n) continue;
+            PipeMsg out, in;
+            pipe_posted(&plans[s * n + at[s]], phase[s], &out, &in);
+            if ((out.peer >= 0 && !sent[s]) || (in.peer >= 0 && !got[s])) continue;
+            if (phase[s] == 0) phase[s] = 1;
+            else phase[s] = 0, at[s]++;
+            sent[s] = got[s] = 0;
+            progress = 1;
+        }
+    }
+    // whoever has not finished is stuck: say what each one waits for
+    int stuck = 0;
+    size_t len = 0;
+    if (errlen > 0) err[0] = '\0';
+    for (int s = 0; s < pp; s++) {
+        if (at[s] >= n) continue;
+        const PipeStep *st = &plans[s * n + at[s]];
+        PipeMsg out, in;
+        pipe_posted(st, phase[s], &out, &in);
+        if (len < errlen)
+            len += (size_t)snprintf(err + len, errlen - len, "%sstage %d at %c%d", stuck ? "; " : "deadlock: ", s,
+                                st->op.forward ? 'F' : 'B', st->op.mb);
+        int sending = out.peer >= 0 && !sent[s];
+        if (sending && len < errlen)
+            len += (size_t)snprintf(err + len, errlen - len, " sends %s %d to stage %d", channel_name(out.channel), out.mb,
+                                    out.peer);
+        if (in.peer >= 0 && !got[s] && len < errlen)
+            len += (size_t)snprintf(err + len, errlen - len, "%s receives %s %d from stage %d", sending ? " and" : "",
+                                    channel_name(in.channel), in.mb, in.peer);
+        stuck++;
+    }
+    return stuck ? -1 : messages;
 }
 
 // ----------------------------------------------------------------------------

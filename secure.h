@@ -65,7 +65,7 @@
  * sealed with the all-zero key (pass NULL), which detects corruption but not
  * forgery: anyone can compute that tag.
  *
- * Faults (-fault KIND:RANK:STEP): tamper flips a byte of an outgoing frame
+ * Faults (-fault KIND:RANK:STEP): tamper flips a bit of an outgoing frame
  * (frame_tamper), replay resends a frame under an already used sequence number
  * (links_rewind_send), kill and stall are acted on by the parallel layer.
  *

@@ -225,7 +225,9 @@ static void test_refusals(void) {
          "model.bin: sha256", ""},
         {"a changed byte in MANIFEST", "sed -i 's/^files 3/files 3 /' %s/ckpt_00000004/MANIFEST", "MANIFEST", ""},
         {"a missing state.bin", "rm %s/ckpt_00000004/state.bin", "state.bin", ""},
-        {"another job's key", "rm %s/job.key", "another key", ""},
+        {"another job's key", "rm %1$s/job.key && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > %1$s/job.key && "
+         "echo >> %1$s/job.key && chmod 600 %1$s/job.key", "another key", ""},
+        {"a lost job.key", "rm %s/job.key", "job.key is missing, but", ""},
         {"another model shape", "true %s", "holds a model of L=2", "-e d4"},
         {"another micro-batch", "true %s", "written with -b 2 -t 16", "-b 1 -d 128"},
         {"a step that is not there", "true %s", "no checkpoint of step 3", "-ys 3"},
@@ -242,12 +244,13 @@ static void test_refusals(void) {
         check(r.status == 2 && lines == 1 && strstr(r.out, cases[i].expect) != NULL,
               "%s: refused (exit %d, %d line): %s", cases[i].what, r.status, lines, line_with(&r, "train_gpt2"));
     }
-    // another job's checkpoint resumes when --key-file names that job's key
+    // another job's checkpoint resumes when --key-file names that job's key,
+    // on several ranks too (their launcher takes the job key from the file)
     snprintf(b, sizeof(b), "%s/refuse_4", dir);
-    snprintf(k, sizeof(k), "-y 1 --key-file %s/job.key", a);
+    snprintf(k, sizeof(k), "-y 1 -np 2 --key-file %s/job.key", a);
     run(&r, b, 8, k);
     check(r.status == 0 && r.nsteps == 8 && strstr(r.out, "resuming from") != NULL,
-          "another job's checkpoint resumes with --key-file naming its key (exit %d)", r.status);
+          "another job's checkpoint resumes on 2 ranks with --key-file naming its key (exit %d)", r.status);
 }
 
 // -nk 2 keeps the newest two; -y 1 with nothing to resume starts afresh

@@ -436,6 +436,7 @@ static void test_cli(void) {
         {"-e /nonexistent.bin", "/nonexistent.bin: cannot open"},
         {"-e dev/fixtures/tiny_model.bin -t 64", "T = 64 exceeds the model's maxT = 32"},
         {"-e d2 -ev 64 -et 16 -t 8 -b 2 -i '/nonexistent/*.bin'", "/nonexistent/*.bin"},
+        {"-e d2 -ev 64 -et 16 -t 8 -b 2 -d 0", "flag -d: 0 tokens per step"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         int rc = run_trainer(cases[i].args, out, sizeof(out));

@@ -233,6 +233,48 @@ static void test_faults(void) {
     check(r.ok, "data-parallel consistency check every 2 steps passes on an honest run");
 }
 
+// ranks started by an outside launcher (torchrun's variables) with no -np:
+// the trainer takes the world from WORLD_SIZE, so -d splits over 2 ranks
+static void test_outside_launcher(void) {
+    static Run one, two;
+    const char *model = "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 64";
+    run(&one, model);
+    if (!check(one.ok, "one rank, %s", model)) return;
+    char key[200], cmd[4096], log[300];
+    snprintf(key, sizeof(key), "%s/job.key", dir);
+    snprintf(log, sizeof(log), "%s/log.jsonl", dir);
+    snprintf(cmd, sizeof(cmd), "umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > %s; echo >> %s", key, key);
+    if (system(cmd) != 0) { check(0, "make a key file"); return; }
+    unlink(log);
+    const char *flags = "-x %d -v 0 -s 0 -th 1 -i '%s' --rendezvous unix:%s/rdv.sock --key-file %s %s";
+    char f[1024];
+    snprintf(f, sizeof(f), flags, STEPS, shards, dir, key, model);
+    snprintf(cmd, sizeof(cmd),
+             "cd . && (RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 timeout 60 ./train_gpt2 %s > %s/out1.txt 2>&1 & "
+             "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 timeout 60 ./train_gpt2 %s -lg %s > %s/out0.txt 2>&1; a=$?; wait $!; "
+             "exit $((a + $?)))", f, dir, f, log, dir);
+    int st = system(cmd);
+    two.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    snprintf(cmd, sizeof(cmd), "%s/out0.txt", dir);
+    FILE *o = fopen(cmd, "r");
+    size_t n = o ? fread(two.out, 1, sizeof(two.out) - 1, o) : 0;
+    two.out[n] = '\0';
+    if (o) fclose(o);
+    two.nsteps = 0;
+    FILE *lf = fopen(log, "r");
+    char line[512];
+    while (lf && fgets(line, sizeof(line), lf) && two.nsteps < STEPS) {
+        char *l = strstr(line, "\"loss\": "), *m = strstr(line, "\"norm\": ");
+        if (l && m) { two.loss[two.nsteps] = strtof(l + 8, NULL); two.norm[two.nsteps] = strtof(m + 8, NULL); two.nsteps++; }
+    }
+    if (lf) fclose(lf);
+    check(two.status == 0 && two.nsteps == STEPS && strstr(two.out, "x dp 2 = 64 tokens") != NULL,
+          "torchrun-style ranks without -np: world 2 from WORLD_SIZE, 64 tokens per step (exit %d, %d steps)", two.status,
+          two.nsteps);
+    check(two.nsteps == STEPS && worst_diff(&one, &two) <= 1e-5f, "torchrun-style ranks: worst difference from one rank %.2e",
+          two.nsteps == STEPS ? worst_diff(&one, &two) : -1.0f);
+}
+
 int main(void) {
     if (access("./train_gpt2", X_OK) != 0) { skip("./train_gpt2 not built"); return test_summary(); }
     snprintf(dir, sizeof(dir), "/tmp/llm3d_layouts_XXXXXX");
@@ -244,6 +286,7 @@ int main(void) {
     test_data_parallel();
     test_tensor_pipeline();
     test_faults();
+    test_outside_launcher();
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     if (system(cmd) != 0) printf("could not remove %s\n", dir);

@@ -1072,6 +1072,143 @@ static void test_pipeline_schedules(void) {
 }
 
 // ----------------------------------------------------------------------------
+// the pipeline's message plans (in-process): what each stage sends and
+// receives around each op, played by pipeline_check with sends that block
+// until the peer receives
+
+static int same_msg(PipeMsg a, int peer, int channel, int mb) {
+    return peer < 0 ? a.peer < 0 : a.peer == peer && a.channel == channel && a.mb == mb;
+}
+
+// one stage's plan against the definitions, worked out here on their own:
+// every op gets its input once before it runs (a forward from stage-1, a
+// backward from stage+1, none at the edges), alone or with the previous
+// op's exchange, and sends its output (a forward to stage+1, a backward to
+// stage-1); an exchange's receive is the next op's input, from the peer the
+// send goes to
+static int plan_errors(int pp, int s, const PipeOp *ops, const PipeStep *plan, int n) {
+    int errors = 0;
+    for (int i = 0; i < n; i++) {
+        const PipeStep *st = &plan[i];
+        int f = ops[i].forward, mb = ops[i].mb;
+        errors += st->op.forward != f || st->op.mb != mb;
+        int in_peer = f ? (s > 0 ? s - 1 : -1) : (s < pp - 1 ? s + 1 : -1);
+        int out_peer = f ? (s < pp - 1 ? s + 1 : -1) : (s > 0 ? s - 1 : -1);
+        int channel = f ? CH_ACTIVATION : CH_GRADIENT;
+        int came = i > 0 && plan[i - 1].next_recv.peer >= 0;
+        if (came) errors += !same_msg(plan[i - 1].next_recv, in_peer, channel, mb) || st->recv.peer >= 0;
+        else errors += !same_msg(st->recv, in_peer, channel, mb);
+        errors += !same_msg(st->send, out_peer, channel, mb);
+        if (st->next_recv.peer >= 0) errors += i + 1 == n || st->send.peer != st->next_recv.peer;
+    }
+    return errors;
+}
+
+// the naive plan: every send alone, every input received just before its op
+static void unpair(PipeStep *plan, int n) {
+    for (int i = 0; i + 1 < n; i++)
+        if (plan[i].next_recv.peer >= 0) {
+            plan[i + 1].recv = plan[i].next_recv;
+            plan[i].next_recv.peer = -1;
+        }
+}
+
+// every stage's schedule and plan (pp x n each); returns n
+static int make_plans(int gpipe, int pp, int M, PipeOp *ops, PipeStep *plans) {
+    int n = 2 * M;
+    for (int s = 0; s < pp; s++) {
+        pipeline_schedule(gpipe, pp, s, M, ops + s * n);
+        pipeline_plan(pp, s, ops + s * n, n, plans + s * n);
+    }
+    return n;
+}
+
+static void test_pipeline_plans(void) {
+    enum { MAXP = 8, MAXM = 16 };
+    static PipeOp ops[MAXP * 2 * MAXM];
+    static PipeStep plans[MAXP * 2 * MAXM];
+    char err[512], text[256];
+    // every layout: the plan agrees with the definitions, and played with
+    // blocking sends it finishes with every message matched once, in
+    // micro-batch order on each link: 2 (pp-1) M messages. Unpaired, 1f1b
+    // deadlocks wherever two neighbours cross (pp >= 2, M >= 2); gpipe never
+    // has them cross.
+    for (int gpipe = 1; gpipe >= 0; gpipe--) {
+        const char *name = gpipe ? "gpipe" : "1f1b";
+        for (int pp = 1; pp <= MAXP; pp++) {
+            int bad_plan = 0, failed = 0, naive_wrong = 0;
+            for (int M = 1; M <= MAXM; M++) {
+                int n = make_plans(gpipe, pp, M, ops, plans);
+                for (int s = 0; s < pp; s++) bad_plan += plan_errors(pp, s, ops + s * n, plans + s * n, n) != 0;
+                int got = pipeline_check(pp, n, plans, err, sizeof(err));
+                if (got != 2 * (pp - 1) * M && failed++ == 0) printf("      M %d: %d messages: %s\n", M, got, err);
+                for (int s = 0; s < pp; s++) unpair(plans + s * n, n);
+                int stuck = !gpipe && pp >= 2 && M >= 2;
+                got = pipeline_check(pp, n, plans, err, sizeof(err));
+                naive_wrong += stuck ? got != -1 || strncmp(err, "deadlock: ", 10) != 0 : got != 2 * (pp - 1) * M;
+            }
+            check(bad_plan + failed + naive_wrong == 0,
+                  "pipeline plan %s pp %d, M 1..%d: as defined (bad %d), no deadlock and every message matched (bad %d); "
+                  "unpaired, %s (bad %d)",
+                  name, pp, MAXM, bad_plan, failed, gpipe || pp == 1 ? "runs too" : "deadlocks from M 2", naive_wrong);
+        }
+    }
+
+    // plans by hand. 1f1b pp 2 M 3: stage 0 runs F0 F1 B0 F2 B1 B2, stage 1
+    // F0 B0 F1 B1 F2 B2. Stage 0's F1 sends activation 1 and receives
+    // gradient 0 at once, just as stage 1's B0 sends gradient 0 and receives
+    // activation 1; the same for F2 and B1. pp 3 M 2: stage 1 pairs its F1
+    // with stage 2's B0, and stage 0's exchange F1x meets stage 1's lone
+    // receive rF1 and later its plain send B0s.
+    struct { int gpipe, pp, M; const char *want[3]; } cases[] = {
+        {0, 2, 3, {"F0s F1x B0 F2x B1 rB2", "rF0 B0x F1 B1x F2 B2s"}},
+        {0, 3, 2, {"F0s F1x B0 rB1", "rF0s rF1x B0s rB1s", "rF0 B0x F1 B1s"}},
+        {1, 2, 2, {"F0s F1x B0 rB1", "rF0 rF1 B0s B1s"}},
+        {0, 1, 2, {"F0 B0 F1 B1"}},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        int pp = cases[k].pp, n = make_plans(cases[k].gpipe, pp, cases[k].M, ops, plans);
+        for (int s = 0; s < pp; s++) {
+            pipeline_plan_text(plans + s * n, n, text, sizeof(text));
+            check(strcmp(text, cases[k].want[s]) == 0, "pipeline plan %s pp %d M %d stage %d: %s (want %s)",
+                  cases[k].gpipe ? "gpipe" : "1f1b", pp, cases[k].M, s, text, cases[k].want[s]);
+        }
+        int got = pipeline_check(pp, n, plans, err, sizeof(err));
+        check(got == 2 * (pp - 1) * cases[k].M, "pipeline plan %s pp %d M %d: checked, %d messages",
+              cases[k].gpipe ? "gpipe" : "1f1b", pp, cases[k].M, got);
+    }
+
+    // the checker's failures, worded. Unpaired 1f1b pp 2 M 2: both stages
+    // send first and wait for each other
+    int n = make_plans(0, 2, 2, ops, plans);
+    for (int s = 0; s < 2; s++) unpair(plans + s * n, n);
+    const char *want = "deadlock: stage 0 at F1 sends activation 1 to stage 1; stage 1 at B0 sends gradient 0 to stage 0";
+    check(pipeline_check(2, n, plans, err, sizeof(err)) == -1 && strcmp(err, want) == 0, "pipeline_check: %s", err);
+    // a wrong micro-batch: stage 1 (1f1b pp 2 M 3) sends gradient 1 where
+    // stage 0 waits for gradient 0
+    n = make_plans(0, 2, 3, ops, plans);
+    plans[n + 1].send.mb = 1;
+    want = "mismatch: stage 1 sends gradient 1 as its message 0 to stage 0, which receives gradient 0";
+    check(pipeline_check(2, n, plans, err, sizeof(err)) == -1 && strcmp(err, want) == 0, "pipeline_check: %s", err);
+    // a wrong channel: stage 0's F0 sends a gradient
+    n = make_plans(0, 2, 3, ops, plans);
+    plans[0].send.channel = CH_GRADIENT;
+    want = "mismatch: stage 0 sends gradient 0 as its message 0 to stage 1, which receives activation 0";
+    check(pipeline_check(2, n, plans, err, sizeof(err)) == -1 && strcmp(err, want) == 0, "pipeline_check: %s", err);
+    // out of order, though both sides agree: gpipe pp 2 M 2 with the
+    // forwards swapped on both stages
+    n = make_plans(1, 2, 2, ops, plans);
+    plans[0].send.mb = 1, plans[1].send.mb = 0, plans[n].recv.mb = 1, plans[n + 1].recv.mb = 0;
+    want = "mismatch: stage 0 sends activation 1 as its message 0 to stage 1, which receives activation 1";
+    check(pipeline_check(2, n, plans, err, sizeof(err)) == -1 && strcmp(err, want) == 0, "pipeline_check: %s", err);
+    // a send to a stage that is not a neighbour
+    n = make_plans(0, 3, 1, ops, plans);
+    plans[0].send.peer = 2;
+    want = "stage 0 step 0 (F0): sends to stage 2, not a neighbour";
+    check(pipeline_check(3, n, plans, err, sizeof(err)) == -1 && strcmp(err, want) == 0, "pipeline_check: %s", err);
+}
+
+// ----------------------------------------------------------------------------
 // the GPU trainer's decisions, made by parallel.h's pure-C side of the NCCL
 // backend (the NCCL calls themselves need a GPU; rank 0's 128-byte blob
 // reaching every rank is test_rendezvous_server's)
@@ -1175,6 +1312,7 @@ int main(int argc, char **argv) {
     test_gpu_binding();
     test_gpu_layouts();
     test_pipeline_schedules();
+    test_pipeline_plans();
     test_addresses();
     test_launch_env(key_path, key);
     test_rendezvous_server(key);

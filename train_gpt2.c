@@ -1296,56 +1296,56 @@ static double flops_per_token(const GPT2Config *c, int T) {
     return 6.0 * n + 6.0 * c->L * (double)T * c->C;
 }
 
-// one step's forwards and backwards in the order of the pipeline schedule
-// (parallel.h), and the messages between neighbouring stages. A forward whose
-// next op is a backward sends its output and receives that backward's
-// gradient in one exchange, and a backward followed by a forward sends its
-// gradient and receives the forward's input in one: two neighbours that both
-// sent first would wait on each other once a message outgrows the ring.
+// one step's forwards and backwards in the order of the pipeline schedule,
+// and the messages between neighbouring stages in the order of its plan
+// (parallel.h's pipeline_plan): an op's input received alone before it, or
+// with the previous op's send as one exchange, where two neighbours would
+// otherwise both send first and wait on each other once a message outgrows
+// the ring. pipeline_check plays these plans in test_parallel.
 
-static void pipe_recv(GPT2 *m, int from_stage, int channel, int mb, float *buf) {
-    const Parallel *par = m->par;
-    comm_recv(par->comm, stage_rank(par, from_stage), channel, mb, buf, (size_t)m->B * m->T * m->config.C * sizeof(float));
+// where a message's B*T*C floats live: an activation arrives as the
+// micro-batch's block input and leaves as its stage output; a gradient
+// arrives in grad_in and leaves from the gradient of the stage's input
+static float *pipe_buffer(GPT2 *m, PipeMsg msg, int incoming) {
+    Acts *a = &m->acts[msg.mb % m->nacts];
+    if (msg.channel == CH_ACTIVATION) return incoming ? a->t[A_ENCODED] : block_input(m, a, m->shard.nl);
+    return incoming ? m->grad_in : m->dacts.t[A_ENCODED];
 }
 
-// sends buf to stage to_stage; with recv_buf, receives from it at the same time
-static void pipe_send(GPT2 *m, int to_stage, int channel, int mb, const float *buf, int recv_channel, int recv_mb,
-                      float *recv_buf) {
+static void pipe_recv(GPT2 *m, PipeMsg in) {
+    if (in.peer < 0) return;
     const Parallel *par = m->par;
     size_t bytes = (size_t)m->B * m->T * m->config.C * sizeof(float);
-    int peer = stage_rank(par, to_stage);
-    if (recv_buf == NULL) comm_send(par->comm, peer, channel, mb, buf, bytes);
-    else comm_sendrecv(par->comm, peer, channel, mb, buf, bytes, peer, recv_channel, recv_mb, recv_buf, bytes);
+    comm_recv(par->comm, stage_rank(par, in.peer), in.channel, in.mb, pipe_buffer(m, in, 1), bytes);
 }
 
-// runs the schedule's ops; returns the sum of the micro-batches' mean losses
-// (last stage). dloss as for stage_backward.
-static float pipeline_run(GPT2 *m, DataLoader *train, const PipeOp *ops, int nops, float dloss) {
-    const Shard *s = &m->shard;
-    int have_input = 0, have_grad = 0;  // the op's message came with the previous exchange
+// sends out; with a message in (an exchange), receives it at the same time
+static void pipe_send(GPT2 *m, PipeMsg out, PipeMsg in) {
+    if (out.peer < 0) return;
+    const Parallel *par = m->par;
+    size_t bytes = (size_t)m->B * m->T * m->config.C * sizeof(float);
+    int peer = stage_rank(par, out.peer);
+    if (in.peer < 0) comm_send(par->comm, peer, out.channel, out.mb, pipe_buffer(m, out, 0), bytes);
+    else comm_sendrecv(par->comm, peer, out.channel, out.mb, pipe_buffer(m, out, 0), bytes, stage_rank(par, in.peer),
+                       in.channel, in.mb, pipe_buffer(m, in, 1), bytes);
+}
+
+// runs the plan's ops and messages; returns the sum of the micro-batches'
+// mean losses (last stage). dloss as for stage_backward.
+static float pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n, float dloss) {
     float loss = 0.0f;
-    for (int k = 0; k < nops; k++) {
-        const PipeOp *op = &ops[k], *then = k + 1 < nops ? &ops[k + 1] : NULL;
-        Acts *a = &m->acts[op->mb % m->nacts];
-        if (op->forward) {
-            dataloader_next(train, a->inputs, a->targets);
-            if (!s->first && !have_input) pipe_recv(m, s->pp_rank - 1, CH_ACTIVATION, op->mb, a->t[A_ENCODED]);
+    for (int k = 0; k < n; k++) {
+        const PipeStep *st = &plan[k];
+        Acts *a = &m->acts[st->op.mb % m->nacts];
+        if (st->op.forward) dataloader_next(train, a->inputs, a->targets);
+        pipe_recv(m, st->recv);
+        if (st->op.forward) {
             stage_forward(m, a, 1);
             loss += a->mean_loss;
-            have_input = 0;
-            have_grad = !s->last && then != NULL && !then->forward;
-            if (!s->last)
-                pipe_send(m, s->pp_rank + 1, CH_ACTIVATION, op->mb, block_input(m, a, s->nl), CH_GRADIENT,
-                          have_grad ? then->mb : 0, have_grad ? m->grad_in : NULL);
         } else {
-            if (!s->last && !have_grad) pipe_recv(m, s->pp_rank + 1, CH_GRADIENT, op->mb, m->grad_in);
             stage_backward(m, a, dloss);
-            have_grad = 0;
-            have_input = !s->first && then != NULL && then->forward;
-            if (!s->first)
-                pipe_send(m, s->pp_rank - 1, CH_GRADIENT, op->mb, m->dacts.t[A_ENCODED], CH_ACTIVATION,
-                          have_input ? then->mb : 0, have_input ? m->acts[then->mb % m->nacts].t[A_ENCODED] : NULL);
         }
+        pipe_send(m, st->send, st->next_recv);
     }
     return loss;
 }
@@ -1358,9 +1358,9 @@ static float evaluate(GPT2 *m, DataLoader *val, int batches) {
     for (int i = 0; i < batches / m->shard.dp; i++) {
         Acts *a = &m->acts[i % m->nacts];
         dataloader_next(val, a->inputs, a->targets);
-        if (!m->shard.first) pipe_recv(m, m->shard.pp_rank - 1, CH_ACTIVATION, i, a->t[A_ENCODED]);
+        pipe_recv(m, pipe_input(m->shard.pp, m->shard.pp_rank, pipe_op(1, i)));
         stage_forward(m, a, 1);
-        if (!m->shard.last) pipe_send(m, m->shard.pp_rank + 1, CH_ACTIVATION, i, block_input(m, a, m->shard.nl), 0, 0, NULL);
+        pipe_send(m, pipe_output(m->shard.pp, m->shard.pp_rank, pipe_op(1, i)), PIPE_NONE);
         if (m->shard.last && m->shard.tp_rank == 0) sum += a->mean_loss;
     }
     group_allreduce(m->par, &m->par->world, &sum, 1);
@@ -1492,6 +1492,7 @@ static int check_job(const Options *o, const GPT2Config *c) {
     if (grid_init(&g, o->np, o->tp, o->pp, 0, err, sizeof(err)) != 0) die_usage(err);
     if (grid_check_model(&g, c->L, c->NH, c->C, c->Vp, err, sizeof(err)) != 0) die_usage(err);
     int BTdp = o->B * o->T * g.dp;
+    if (o->total_batch == 0) die_usage("flag -d: 0 tokens per step; give -1 (B*T*dp*mb) or a multiple of B*T*dp");
     int total = o->total_batch < 0 ? BTdp * o->microbatches : o->total_batch;
     if (total % BTdp != 0) {
         snprintf(err, sizeof(err), "flag -d: total batch %d is not a multiple of B*T*dp = %d", total, BTdp);
@@ -1581,6 +1582,7 @@ int main(int argc, char **argv) {
 #endif
     Fault fault = {0};
     if (opt.fault && fault_parse(opt.fault, &fault, err, sizeof(err)) != 0) die_usage(err);
+    opt.np = parallel_world(opt.np, opt.rendezvous);  // ranks of mpirun/srun/torchrun: their world
     GPT2Config config;
     int random_init = model_config(&opt, &config);
     int accum = check_job(&opt, &config);
@@ -1631,6 +1633,8 @@ int main(int argc, char **argv) {
     if (steps < 1) steps = 1;
     Tokenizer tok;
     int have_tok = opt.tokenizer != NULL && opt.sample_every > 0 && par.grid.world == 1;
+    if (opt.tokenizer != NULL && par.grid.world > 1 && rank0)
+        printf("note: flag -tk: samples are printed by one-rank runs only; none in this run of %d ranks\n", par.grid.world);
     if (have_tok && tokenizer_load_bin(&tok, opt.tokenizer, err, sizeof(err)) != 0) die_usage(err);
     FILE *logf = NULL;
     if (rank0 && (opt.log_file || opt.out_dir)) {
@@ -1647,7 +1651,9 @@ int main(int argc, char **argv) {
     }
     print_layout(&model, &opt, accum);
     PipeOp *ops = (PipeOp *)xcalloc(2 * (size_t)accum, sizeof(PipeOp), "schedule");
+    PipeStep *plan = (PipeStep *)xcalloc(2 * (size_t)accum, sizeof(PipeStep), "message plan");
     int nops = pipeline_schedule(opt.pipe_schedule == PS_GPIPE, par.grid.pp, par.grid.pp_rank, accum, ops);
+    pipeline_plan(par.grid.pp, par.grid.pp_rank, ops, nops, plan);
     AdamHyper hyper = {opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay};
     uint64_t sample_rng = resuming ? ck.sample_rng : (uint64_t)opt.seed * 2654435761ull + 1;
     int start = resuming ? ck.step : 0, stopped = 0;
@@ -1673,7 +1679,7 @@ int main(int argc, char **argv) {
         double t0 = now_ms();
         float loss = 0.0f;
         gpt2_zero_grad(&model);
-        loss = pipeline_run(&model, &train, ops, nops, 1.0f / ((float)B * T * accum * dp));  // one stage: F0 B0 F1 B1 ...
+        loss = pipeline_run(&model, &train, plan, nops, 1.0f / ((float)B * T * accum * dp));  // one stage: F0 B0 F1 B1 ...
         float lr = lr_at_step(&opt, step, steps);
         hyper.lr = lr;
         stopped = stop_signal != 0;
@@ -1724,6 +1730,7 @@ int main(int argc, char **argv) {
     if (have_val) dataloader_free(&val);
     if (have_tok) tokenizer_free(&tok);
     free(ops);
+    free(plan);
     gpt2_free(&model);
     return 0;
 }
