@@ -25,7 +25,7 @@ ifeq ($(PRECISION),FP32)
   NVCC_FLAGS += -DENABLE_FP32
 endif
 
-CPU_PROGRAMS = train_gpt2 prepare_data dev/bench_secure dev/pipeline_chart
+CPU_PROGRAMS = train_gpt2 prepare_data dev/bench_secure dev/bench_matmul dev/pipeline_chart
 CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint
 CUDA_PROGRAMS = train_gpt2cu test_gpt2cu
 
@@ -45,6 +45,9 @@ prepare_data: prepare_data.c $(HEADERS)
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
 dev/bench_secure: dev/bench_secure.c secure.h
+	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
+
+dev/bench_matmul: dev/bench_matmul.c train_gpt2.c $(HEADERS)
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
 
 dev/pipeline_chart: dev/pipeline_chart.c parallel.h secure.h
