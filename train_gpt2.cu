@@ -2529,11 +2529,7 @@ int main(int argc, char **argv) {
     }
     uint64_t sample_rng = resuming ? ck.sample_rng : (uint64_t)opt.seed * 2654435761ull + 1;
     int start = resuming ? ck.step : 0, stopped = 0;
-    if (rank0 && resuming)
-        printf("resuming from %s: step %d, written by np %d tp %d pp %d ZeRO-%d (verified in %.0f ms, loaded in %.0f ms)\n",
-               ck_dir, ck.step, ck.np, ck.tp, ck.pp, ck.zero, verify_ms, load_ms);
-    else if (rank0 && (opt.resume || opt.resume_step >= 0))
-        printf("no checkpoint in %s yet: starting from step 0\n", opt.out_dir);
+    if (rank0) ckpt_announce(&opt, resuming ? &ck : NULL, ck_dir, verify_ms, load_ms);
     double fpt = flops_per_token(&config, T);
 
     for (int step = start; step < steps && !stopped; step++) {
