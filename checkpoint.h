@@ -48,6 +48,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -133,15 +135,22 @@ static int ckpt_dir_name(char *out, size_t outlen, const char *out_dir, int step
     return n > 0 && (size_t)n < outlen ? 0 : -1;
 }
 
-// the step of a directory entry named exactly ckpt_ + 8 digits, else -1
+// the step of a directory entry named ckpt_ + 8 or more digits (%08d), else -1
 static int ckpt_step_of(const char *name) {
-    if (strncmp(name, "ckpt_", 5) != 0 || strlen(name) != 13) return -1;
-    int step = 0;
-    for (int i = 5; i < 13; i++) {
+    size_t len = strlen(name);
+    if (strncmp(name, "ckpt_", 5) != 0 || len < 13 || len > 15) return -1;
+    long step = 0;
+    for (size_t i = 5; i < len; i++) {
         if (name[i] < '0' || name[i] > '9') return -1;
         step = step * 10 + (name[i] - '0');
     }
-    return step;
+    return step <= 2147483647L ? (int)step : -1;
+}
+
+static int ckpt_has_manifest(const char *out_dir, int step) {
+    char path[4096];
+    ckpt_dir_name(path, sizeof(path), out_dir, step, "/MANIFEST");
+    return access(path, F_OK) == 0;
 }
 
 // the steps of the checkpoint directories in out_dir, newest first; their
@@ -214,8 +223,10 @@ static int ckpt_key(const char *out_dir, const char *key_file, int create, uint8
 }
 
 // checks that the checkpoint directory dir verifies under key and reads its
-// state; one line in err naming the file and what is wrong otherwise
-static int ckpt_verify(const char *dir, const uint8_t key[32], CkptState *s, char *err, size_t errlen) {
+// state; one line in err naming the file and what is wrong otherwise. With
+// hash_files 0 the files are checked against the manifest's sizes only: for
+// ranks whose launcher has just hashed them.
+static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, CkptState *s, char *err, size_t errlen) {
     Manifest m;
     char why[1024];
     if (manifest_read(&m, dir, "MANIFEST", key, why, sizeof(why)) != 0) {
@@ -224,8 +235,17 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], CkptState *s, cha
     }
     int rc = 0;
     for (int i = 0; i < 3 && rc == 0; i++) {
-        rc = manifest_verify_file(&m, dir, ckpt_files[i], why, sizeof(why));
-        if (rc != 0) secure_error(err, errlen, "checkpoint %s: %s", dir, why);
+        if (hash_files) {
+            rc = manifest_verify_file(&m, dir, ckpt_files[i], why, sizeof(why));
+            if (rc != 0) secure_error(err, errlen, "checkpoint %s: %s", dir, why);
+            continue;
+        }
+        const ManifestEntry *e = manifest_find(&m, ckpt_files[i]);
+        struct stat st;
+        char path[4200];
+        snprintf(path, sizeof(path), "%s/%s", dir, ckpt_files[i]);
+        if (e == NULL || stat(path, &st) != 0 || (uint64_t)st.st_size != e->size)
+            rc = secure_error(err, errlen, "checkpoint %s: %s is missing or not the manifest's size", dir, ckpt_files[i]);
     }
     manifest_free(&m);
     if (rc != 0) return -1;
@@ -263,18 +283,16 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], CkptState *s, cha
 // the checkpoint to resume from: want_step >= 0 that step, else the newest.
 // Returns 1 with *s and dir filled, 0 when want_step < 0 and there is none,
 // -1 with err set otherwise.
-static int ckpt_find(const char *out_dir, int want_step, const uint8_t key[32], CkptState *s, char *dir,
+static int ckpt_find(const char *out_dir, int want_step, const uint8_t key[32], int thorough, CkptState *s, char *dir,
                      size_t dirlen, char *err, size_t errlen) {
     int *steps, n = ckpt_list(out_dir, &steps);
     if (n < 0) { secure_error(err, errlen, "flag -o: cannot read directory %s: %s", out_dir, strerror(errno)); return -1; }
     int step = -1;
     for (int i = 0; i < n && step < 0; i++) {
         if (want_step >= 0 && steps[i] != want_step) continue;
-        char manifest[4200];
         ckpt_dir_name(dir, dirlen, out_dir, steps[i], "");
-        snprintf(manifest, sizeof(manifest), "%s/MANIFEST", dir);
-        if (access(manifest, F_OK) == 0) step = steps[i];
-        else fprintf(stderr, "%s: no MANIFEST, so not a checkpoint (a delete cut short?); passed over\n", dir);
+        if (ckpt_has_manifest(out_dir, steps[i])) step = steps[i];
+        else if (thorough) fprintf(stderr, "%s: no MANIFEST, so not a checkpoint (a delete cut short?); passed over\n", dir);
     }
     free(steps);
     if (step < 0) {
@@ -282,7 +300,7 @@ static int ckpt_find(const char *out_dir, int want_step, const uint8_t key[32], 
         secure_error(err, errlen, "flag -ys: no checkpoint of step %d in %s", want_step, out_dir);
         return -1;
     }
-    if (ckpt_verify(dir, key, s, err, errlen) != 0) return -1;
+    if (ckpt_verify(dir, key, thorough, s, err, errlen) != 0) return -1;
     if (s->step != step) {
         secure_error(err, errlen, "checkpoint %s: state.bin says step %d", dir, s->step);
         return -1;
@@ -306,8 +324,8 @@ static int ckpt_check_flags(const Options *o, char *err, size_t errlen) {
 // and dir filled in), 0 when not (no -o, no -y/-ys, or -y and no checkpoint
 // yet), -1 with one line in err.
 
-static int ckpt_setup(const Options *o, const GPT2Config *c, uint8_t key[32], CkptState *ck, char *dir, size_t dirlen,
-                      char *err, size_t errlen) {
+static int ckpt_setup(const Options *o, const GPT2Config *c, int thorough, uint8_t key[32], CkptState *ck, char *dir,
+                      size_t dirlen, char *err, size_t errlen) {
     if (ckpt_check_flags(o, err, errlen) != 0) return -1;
     if (o->out_dir == NULL) return 0;
     if (strlen(o->out_dir) > 700) return secure_error(err, errlen, "flag -o: the directory's path is over 700 bytes");
@@ -315,7 +333,7 @@ static int ckpt_setup(const Options *o, const GPT2Config *c, uint8_t key[32], Ck
         return secure_error(err, errlen, "flag -o: cannot create directory %s: %s", o->out_dir, strerror(errno));
     if (ckpt_key(o->out_dir, o->key_file, 1, key, err, errlen) != 0) return -1;
     if (!o->resume && o->resume_step < 0) return 0;
-    int found = ckpt_find(o->out_dir, o->resume_step, key, ck, dir, dirlen, err, errlen);
+    int found = ckpt_find(o->out_dir, o->resume_step, key, thorough, ck, dir, dirlen, err, errlen);
     if (found <= 0) return found;
     const GPT2Config *k = &ck->config;
     if (k->L != c->L || k->C != c->C || k->NH != c->NH || k->V != c->V || k->Vp != c->Vp || k->maxT != c->maxT)
@@ -326,15 +344,25 @@ static int ckpt_setup(const Options *o, const GPT2Config *c, uint8_t key[32], Ck
     if (ck->B != o->B || ck->T != o->T)  // the data position counts micro-batches of B*T tokens
         return secure_error(err, errlen, "checkpoint %s was written with -b %d -t %d; resume with the same, not -b %d -t %d",
                             dir, ck->B, ck->T, o->B, o->T);
+    if (ck->shuffle != o->shuffle)  // the data position means another sample under the other order
+        return secure_error(err, errlen, "checkpoint %s was written with -sh %d; resume with the same, not -sh %d", dir,
+                            ck->shuffle, o->shuffle);
+    if (o->steps >= 0 && ck->step > o->steps)
+        return secure_error(err, errlen, "flag -x: %d steps, but checkpoint %s is of step %d", o->steps, dir, ck->step);
     return 1;
 }
 
-// after the checkpoint of step `newest` is complete: deletes all but the
-// newest `keep` checkpoints and any .partial directory left by a kill
-static void ckpt_prune(const char *out_dir, int keep) {
-    int *steps, n = ckpt_list(out_dir, &steps);
+// after the checkpoint of step `newest` is complete: keeps it and the
+// `keep` - 1 sealed ones before it. Deletes the rest: older ones, any of a
+// later step (left by the run this one abandoned when it resumed from an
+// earlier step: -y 1 must not go back to them), directories without a
+// MANIFEST, and any .partial left by a kill.
+static void ckpt_prune(const char *out_dir, int newest, int keep) {
+    int *steps, n = ckpt_list(out_dir, &steps), kept = 0;
     char path[4096];
-    for (int i = keep; i < n; i++) {
+    for (int i = 0; i < n; i++) {
+        int sealed = ckpt_has_manifest(out_dir, steps[i]);
+        if (steps[i] <= newest && sealed && kept < keep) { kept++; continue; }
         ckpt_dir_name(path, sizeof(path), out_dir, steps[i], "");
         ckpt_remove_dir(path);
     }
@@ -344,7 +372,7 @@ static void ckpt_prune(const char *out_dir, int keep) {
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         size_t len = strlen(e->d_name);
-        if (len == 21 && strcmp(e->d_name + 13, ".partial") == 0) {
+        if (strncmp(e->d_name, "ckpt_", 5) == 0 && len > 8 && strcmp(e->d_name + len - 8, ".partial") == 0) {
             snprintf(path, sizeof(path), "%s/%s", out_dir, e->d_name);
             ckpt_remove_dir(path);
         }
@@ -408,6 +436,45 @@ static void ckpt_announce(const Options *o, const CkptState *ck, const char *dir
                dir, ck->step, ck->np, ck->tp, ck->pp, ck->zero, verify_ms, load_ms);
     else if (o->resume || o->resume_step >= 0)
         printf("no checkpoint in %s yet: starting from step 0\n", o->out_dir);
+}
+
+// one job at a time per output directory: rank 0 holds an flock on
+// DIR/LOCK for the whole run (the kernel drops it when the process ends, a
+// kill included). A previous job's ranks may take a moment to die, so this
+// waits up to 5 s before it gives up.
+static int ckpt_lock(const char *out_dir, char *err, size_t errlen) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/LOCK", out_dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return secure_error(err, errlen, "%s: %s", path, strerror(errno));
+    for (int tries = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; tries++) {
+        if (errno != EWOULDBLOCK || tries == 100) {
+            int e = errno;
+            close(fd);
+            return secure_error(err, errlen, "flag -o: another job is using %s (%s is locked: %s); one job per directory",
+                                out_dir, path, strerror(e));
+        }
+        usleep(50000);
+    }
+    return 0;  // fd stays open: the lock lives as long as this process
+}
+
+// set by SIGINT, SIGTERM and SIGHUP when there is an -o to checkpoint into:
+// the trainer finishes its step, writes a checkpoint and exits 0. Each
+// handler runs once (SA_RESETHAND): a second signal of the kind kills, as a
+// user pressing Ctrl-C twice expects. A launcher's ranks get the first
+// Ctrl-C both from the terminal (SIGINT) and from it (SIGTERM): one each.
+static volatile sig_atomic_t ckpt_stop_signal;
+static void ckpt_on_signal(int sig) { ckpt_stop_signal = sig; }
+
+static void ckpt_catch_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = ckpt_on_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
 }
 
 #endif

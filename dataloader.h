@@ -39,8 +39,10 @@
  * fails, naming the file, when a shard the pattern matches there is not
  * listed, has another size (truncated, extended) or another SHA-256 (a
  * changed byte), and when a file listed there that the pattern's last
- * component matches is missing. The SHA-256 is taken over the very mapping
- * the batches are read from, before the header is believed. A file named
+ * component matches is missing. The SHA-256 is taken over the mapping the
+ * batches are read from, before the header is believed (a mapping still
+ * shows later writes to the file: the check is of the file at open, not a
+ * snapshot; the threat model leaves the user's own processes out). A file named
  * MANIFEST is never taken for a shard, so a glob of a whole directory works.
  * Without a MANIFEST the shards are only checked for their format.
  *

@@ -262,9 +262,12 @@ static void model_fill_header(int32_t h[HEADER_INTS], const GPT2Config *c, int v
     h[2] = c->maxT; h[3] = c->V; h[4] = c->L; h[5] = c->NH; h[6] = c->C; h[7] = c->Vp;
 }
 
-// writes a v3 (fp32) model file; version 5 (bf16) when bf16 != 0
+// writes a v3 (fp32) model file; version 5 (bf16) when bf16 != 0. It goes
+// to PATH.tmp first and is renamed into place: readers never see a part.
 static int model_save(const char *path, const GPT2Config *c, const float *params, int bf16, char *err, size_t errlen) {
-    FILE *f = fopen(path, "wb");
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
     if (f == NULL) {
         snprintf(err, errlen, "%s: cannot create model file: %s", path, strerror(errno));
         return -1;
@@ -284,8 +287,9 @@ static int model_save(const char *path, const GPT2Config *c, const float *params
         }
     }
     if (fclose(f) != 0) ok = 0;
-    if (!ok) {
+    if (!ok || rename(tmp, path) != 0) {
         snprintf(err, errlen, "%s: write failed: %s", path, strerror(errno));
+        remove(tmp);
         return -1;
     }
     return 0;
@@ -489,6 +493,34 @@ static int options_parse(Options *o, int argc, char **argv, char *err, size_t er
         }
     }
     return 0;
+}
+
+// ---------------------------------------------------------------------------
+// the batch: micro-batches per optimizer step for dp data-parallel replicas,
+// from -b -t -d -mb (and -m, which must split among the replicas); -1 with
+// one line in err when they do not fit together
+
+static int batch_accum(const Options *o, int dp, char *err, size_t errlen) {
+    long BTdp = (long)o->B * o->T * dp;
+    if (o->total_batch == 0) {
+        snprintf(err, errlen, "flag -d: 0 tokens per step; give -1 (B*T*dp*mb) or a multiple of B*T*dp");
+        return -1;
+    }
+    long total = o->total_batch < 0 ? BTdp * o->microbatches : o->total_batch;
+    if (total % BTdp != 0) {
+        snprintf(err, errlen, "flag -d: total batch %ld is not a multiple of B*T*dp = %ld", total, BTdp);
+        return -1;
+    }
+    if (o->total_batch > 0 && o->microbatches != 1 && total / BTdp != o->microbatches) {
+        snprintf(err, errlen, "flag -mb: %d micro-batches, but -d %ld makes %ld of B*T*dp", o->microbatches, total,
+                 total / BTdp);
+        return -1;
+    }
+    if (o->val_every > 0 && o->val_batches % dp != 0) {
+        snprintf(err, errlen, "flag -m: %d val batches do not split among dp = %d ranks", o->val_batches, dp);
+        return -1;
+    }
+    return (int)(total / BTdp);
 }
 
 // ---------------------------------------------------------------------------

@@ -1327,6 +1327,10 @@ static inline int parallel_world(int np, const char *rendezvous) {
     return foreign && par_env_rank(&L, 1, err, sizeof(err)) > 0 ? L.world : np;
 }
 
+// parallel_launched_rank: whether this process is a rank our own launcher
+// started (it checked the job moments before)
+static inline int parallel_launched_rank(void) { return getenv("LLM3D_LAUNCHER_PID") != NULL; }
+
 // parallel_join: what a trainer's main() calls first: parallel_main (in the
 // launcher it never returns), then this process's place in the grid of
 // world = dp x pp x tp ranks. Returns 0, or PARALLEL_USAGE / PARALLEL_RUNTIME
@@ -2015,6 +2019,16 @@ static inline void comm_set_step(Comm *c, long step) {
     if (c != NULL) c->step = step;
 }
 
+// comm_set_timeout: for a wait that is known to be long (one rank doing a
+// job's serial work while the others wait, as sealing a checkpoint); returns
+// the timeout it replaces
+static inline double comm_set_timeout(Comm *c, double seconds) {
+    if (c == NULL) return seconds;
+    double old = c->timeout_s;
+    c->timeout_s = seconds;
+    return old;
+}
+
 // comm_allreduce: ring reduce-scatter, then ring all-gather, in place.
 // Element range k = [n*k/size, n*(k+1)/size) is summed along the ring from
 // member k+1 to member k, always in that order: ((x[k+1] + x[k+2]) + ...) + x[k].
@@ -2242,8 +2256,9 @@ static inline int gpu_layout_check(int tp, int pp, int zero, char *err, size_t e
 // The same calls as the host backend, on device buffers, queued on the
 // trainer's stream. One communicator per group, split from the world
 // communicator once at start; rank 0 makes the NCCL unique id and the
-// authenticated rendezvous hands it out (the 128-byte blob), so only ranks
-// holding the job key learn where to connect. The communicators are
+// authenticated rendezvous hands it out (the 128-byte blob), so a rank only
+// ever joins the communicator its job's root named (over tcp: the id is
+// authenticated, not secret; anyone on the wire can read it). The communicators are
 // non-blocking, and every call is followed by nccl_wait, the watchdog: it
 // polls the communicator's async error and the stream, and on an error or
 // after timeout_s without progress it aborts every communicator (so no kernel
@@ -2451,6 +2466,7 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
     }
     cudaError_t e = cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaMalloc((void **)&c->one, sizeof(float));
+    if (e == cudaSuccess) e = cudaMemset(c->one, 0, sizeof(float));  // the barrier's all-reduce sums zeros
     if (e != cudaSuccess) {
         nccl_abort_all(c);
         free(c);
@@ -2518,10 +2534,12 @@ static inline void nccl_sendrecv(NcclComm *c, int dst_rank, int send_channel, in
         src_rank == c->rank)
         nccl_fail(c, "peers %d and %d: not other ranks of the world of %d", dst_rank, src_rank, world);
     cudaEventRecord(c->ready, c->stream);
-    ncclGroupStart();
-    if (dst_rank >= 0) ncclSend(sendbuf, send_bytes, ncclUint8, dst_rank, c->world.comm, c->stream);
-    if (src_rank >= 0) ncclRecv(recvbuf, recv_bytes, ncclUint8, src_rank, c->world.comm, c->stream);
-    nccl_wait(c, &c->world, ncclGroupEnd());
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) nccl_fail(c, "ncclGroupStart: %s", ncclGetErrorString(r));
+    if (dst_rank >= 0) r = ncclSend(sendbuf, send_bytes, ncclUint8, dst_rank, c->world.comm, c->stream);
+    if (r == ncclSuccess && src_rank >= 0) r = ncclRecv(recvbuf, recv_bytes, ncclUint8, src_rank, c->world.comm, c->stream);
+    ncclResult_t end = ncclGroupEnd();
+    nccl_wait(c, &c->world, r != ncclSuccess && r != ncclInProgress ? r : end);
 }
 
 static inline void nccl_send(NcclComm *c, int dst_rank, int channel, int microbatch, const void *buf, size_t bytes) {

@@ -612,7 +612,7 @@ static void test_ckpt_device(void) {
     close(fd_optim);
     ok = ok && ckpt_seal(dir, 7, key, err, sizeof(err)) == 0;
     CkptState got;
-    ok = ok && ckpt_find(dir, -1, key, &got, ck_dir, sizeof(ck_dir), err, sizeof(err)) == 1 && got.adam_t == 7;
+    ok = ok && ckpt_find(dir, -1, key, 1, &got, ck_dir, sizeof(ck_dir), err, sizeof(err)) == 1 && got.adam_t == 7;
     if (!check(ok, "two dp ranks write and seal checkpoint 7 (%s)", ok ? "ok" : err)) return;
     snprintf(path, sizeof(path), "%s/model.bin", ck_dir);
     GPT2Config c2;

@@ -1315,8 +1315,10 @@ static int gpt2_save(GPT2 *m, const char *out_dir, int keep, const CkptState *st
     const Parallel *par = m->par;
     int rank0 = par->grid.rank == 0;
     char err[1200] = "", dir[4096], path[4200];
+    // three points where all ranks agree (a sum of failures): rank 0 made the
+    // files; every rank wrote its part; rank 0 sealed the checkpoint
     float failed = rank0 && ckpt_begin(out_dir, st, err, sizeof(err)) != 0;
-    group_allreduce(par, &par->world, &failed, 1);  // and the files exist for everyone
+    group_allreduce(par, &par->world, &failed, 1);
     if (failed == 0) {
         ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial");
         SaveCtx sc = {-1, -1, 0, param_count(&m->config)};
@@ -1335,9 +1337,14 @@ static int gpt2_save(GPT2 *m, const char *out_dir, int keep, const CkptState *st
         group_allreduce(par, &par->world, &failed, 1);
         if (failed == 0 && rank0 && ckpt_seal(out_dir, st->step, key, err, sizeof(err)) != 0) failed = 1;
         if (!rank0 && !mine) err[0] = '\0';  // rank 0 speaks for the job; a rank that failed, for itself
+        // meanwhile the others wait for rank 0 to hash 12 bytes per parameter:
+        // give the wait room for that even at the portable SHA-256's 0.1 GB/s
+        double timeout = comm_set_timeout(par->comm, 0.0);
+        comm_set_timeout(par->comm, timeout + 12.0 * sc.N / 1e8);
         group_allreduce(par, &par->world, &failed, 1);
+        comm_set_timeout(par->comm, timeout);
     }
-    if (failed == 0 && rank0) ckpt_prune(out_dir, keep);
+    if (failed == 0 && rank0) ckpt_prune(out_dir, st->step, keep);
     if (failed != 0 && rank0 && ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial") == 0) ckpt_remove_dir(dir);
     if (err[0] != '\0') fprintf(stderr, "checkpoint of step %d failed: %s\n", st->step, err);
     return failed == 0 ? 0 : -1;
@@ -1592,21 +1599,9 @@ static int check_job(const Options *o, const GPT2Config *c) {
     }
     if (grid_init(&g, o->np, o->tp, o->pp, 0, err, sizeof(err)) != 0) die_usage(err);
     if (grid_check_model(&g, c->L, c->NH, c->C, c->Vp, err, sizeof(err)) != 0) die_usage(err);
-    int BTdp = o->B * o->T * g.dp;
-    if (o->total_batch == 0) die_usage("flag -d: 0 tokens per step; give -1 (B*T*dp*mb) or a multiple of B*T*dp");
-    int total = o->total_batch < 0 ? BTdp * o->microbatches : o->total_batch;
-    if (total % BTdp != 0) {
-        snprintf(err, sizeof(err), "flag -d: total batch %d is not a multiple of B*T*dp = %d", total, BTdp);
-        die_usage(err);
-    }
-    if (o->total_batch > 0 && o->microbatches != 1 && total / BTdp != o->microbatches) {
-        snprintf(err, sizeof(err), "flag -mb: %d micro-batches, but -d %d makes %d of B*T*dp", o->microbatches, total, total / BTdp);
-        die_usage(err);
-    }
-    if (o->val_every > 0 && o->val_batches % g.dp != 0) {
-        snprintf(err, sizeof(err), "flag -m: %d val batches do not split among dp = %d ranks", o->val_batches, g.dp);
-        die_usage(err);
-    }
+    int accum = batch_accum(o, g.dp, err, sizeof(err));
+    if (accum < 0) die_usage(err);
+    if (parallel_launched_rank()) return accum;  // its launcher opened (and hashed) the data just now
     DataLoader probe;
     if (dataloader_init(&probe, o->train_pattern, o->B, o->T, 0, g.dp, o->shuffle, 0, c->V, err, sizeof(err)) != 0)
         die_usage(err);
@@ -1615,7 +1610,7 @@ static int check_job(const Options *o, const GPT2Config *c) {
         if (dataloader_init(&probe, o->val_pattern, o->B, o->T, 0, g.dp, 0, 0, c->V, err, sizeof(err)) != 0) die_usage(err);
         dataloader_free(&probe);
     }
-    return total / BTdp;
+    return accum;
 }
 
 // the checkpoint key and, with -y or -ys, the checkpoint to resume from
@@ -1623,15 +1618,12 @@ static int check_job(const Options *o, const GPT2Config *c) {
 // rank starts, so that a bad one is refused once. Returns 1 when resuming.
 static int checkpoint_setup(const Options *o, const GPT2Config *c, uint8_t key[32], CkptState *ck, char *dir, size_t dirlen) {
     char err[1600];
-    int rc = ckpt_setup(o, c, key, ck, dir, dirlen, err, sizeof(err));
+    // the launcher hashes the files; the ranks it starts moments later check the seal and the sizes
+    int rc = ckpt_setup(o, c, !parallel_launched_rank(), key, ck, dir, dirlen, err, sizeof(err));
     if (rc < 0) die_usage(err);
     return rc;
 }
 
-// set by SIGINT and SIGTERM (when there is an -o to checkpoint into): the
-// trainer finishes the step, writes a checkpoint and exits 0
-static volatile sig_atomic_t stop_signal;
-static void on_stop_signal(int sig) { stop_signal = sig; }
 
 
 // joins the job: with -np > 1 this process becomes the launcher and
@@ -1678,6 +1670,10 @@ int main(int argc, char **argv) {
     int rc = options_parse(&opt, argc, argv, err, sizeof(err));
     if (rc == 1) { options_usage(stdout, argv[0]); return 0; }
     if (rc != 0) die_usage(err);
+    // from here on a signal asks for a checkpoint (with -o), and a full disk
+    // fails a write (and says so) instead of killing the process
+    if (opt.out_dir) ckpt_catch_signals();
+    signal(SIGXFSZ, SIG_IGN);
 #ifdef _OPENMP
     if (opt.threads > 0) omp_set_num_threads(opt.threads);
 #endif
@@ -1689,19 +1685,16 @@ int main(int argc, char **argv) {
     int accum = check_job(&opt, &config);
     uint8_t ckpt_key[32];
     CkptState ck;
-    char ck_dir[800], path[900];  // -o is at most 700 bytes
+    char ck_dir[800] = "", path[900];  // -o is at most 700 bytes
+    memset(&ck, 0, sizeof(ck));
     double load_t0 = now_ms();
     int resuming = checkpoint_setup(&opt, &config, ckpt_key, &ck, ck_dir, sizeof(ck_dir));
     double verify_ms = now_ms() - load_t0;
     Parallel par;
     parallel_setup(&par, &opt, &fault, argc, argv);
-    signal(SIGXFSZ, SIG_IGN);  // past a file size limit a write fails (and says so) instead of killing us
-    if (opt.out_dir) {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof(sa));
-        sa.sa_handler = on_stop_signal;
-        sigaction(SIGINT, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
+    if (par.grid.rank == 0 && opt.out_dir && ckpt_lock(opt.out_dir, err, sizeof(err)) != 0) {
+        fprintf(stderr, "train_gpt2: %s\n", err);
+        exit(1);
     }
 
     // this rank's part of the model: from the checkpoint, the model file, or the seeded init
@@ -1732,6 +1725,10 @@ int main(int argc, char **argv) {
     if (resuming && dataloader_set_state(&train, &data_pos, err, sizeof(err)) != 0) die_usage(err);
     int steps = opt.steps >= 0 ? opt.steps : (int)(dataloader_batches_per_epoch(&train) / accum);
     if (steps < 1) steps = 1;
+    if (resuming && ck.step > steps) {
+        secure_error(err, sizeof(err), "flag -x: %d steps, but checkpoint %s is of step %d", steps, ck_dir, ck.step);
+        die_usage(err);
+    }
     Tokenizer tok;
     int have_tok = opt.tokenizer != NULL && opt.sample_every > 0 && par.grid.world == 1;
     if (opt.tokenizer != NULL && par.grid.world > 1 && rank0)
@@ -1779,7 +1776,7 @@ int main(int argc, char **argv) {
         loss = pipeline_run(&model, &train, plan, nops, 1.0f / ((float)B * T * accum * dp));  // one stage: F0 B0 F1 B1 ...
         float lr = lr_at_step(&opt, step, steps);
         hyper.lr = lr;
-        stopped = stop_signal != 0;
+        stopped = ckpt_stop_signal != 0;
         float norm = gpt2_step(&model, &loss, accum, opt.grad_clip, &hyper, &stopped);
         double ms = now_ms() - t0;
 

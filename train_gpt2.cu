@@ -2146,10 +2146,6 @@ static void die_usage(const char *msg) {
     exit(2);
 }
 
-// set by SIGINT and SIGTERM (when there is an -o to checkpoint into): the
-// trainer finishes the step, writes a checkpoint and exits 0
-static volatile sig_atomic_t stop_signal;
-static void on_stop_signal(int sig) { stop_signal = sig; }
 
 // xorshift* for sampling; its state is one number (as the CPU trainer)
 static float random_f32(uint64_t *state) {
@@ -2207,26 +2203,6 @@ typedef struct {
     NcclComm *nccl;     // every rank has one, a job of one rank too: -np 1 runs the NCCL path
 } Parallel;
 
-// batch_accum: micro-batches per step for dp replicas (the CPU trainer's
-// rules for -d, -mb and -m), or -1 with err set
-static int batch_accum(const Options *o, int dp, char *err, size_t errlen) {
-    long BTdp = (long)o->B * o->T * dp;
-    long total = o->total_batch < 0 ? BTdp * o->microbatches : o->total_batch;
-    if (total % BTdp != 0) {
-        snprintf(err, errlen, "flag -d: total batch %ld is not a multiple of B*T*dp = %ld", total, BTdp);
-        return -1;
-    }
-    if (o->total_batch > 0 && o->microbatches != 1 && total / BTdp != o->microbatches) {
-        snprintf(err, errlen, "flag -mb: %d micro-batches, but -d %ld makes %ld of B*T*dp", o->microbatches, total,
-                 total / BTdp);
-        return -1;
-    }
-    if (o->val_every > 0 && o->val_batches % dp != 0) {
-        snprintf(err, errlen, "flag -m: %d val batches do not split among dp = %d ranks", o->val_batches, dp);
-        return -1;
-    }
-    return (int)(total / BTdp);
-}
 
 // check_launch_gpus: the process that will launch -np ranks on this node
 // refuses more ranks than GPUs, once, before it starts any. A short-lived
@@ -2358,7 +2334,7 @@ static int gpt2_checkpoint(GPT2 *model, Parallel *par, const char *out_dir, int 
         if (!rank0 && e == 0) err[0] = '\0';  // rank 0 speaks for the job; a rank that failed, for itself
         failed = world_sum(model, par, rank0 ? failed : 0.0f);
     }
-    if (failed == 0 && rank0) ckpt_prune(out_dir, keep);
+    if (failed == 0 && rank0) ckpt_prune(out_dir, st->step, keep);
     if (failed != 0 && rank0 && ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial") == 0) ckpt_remove_dir(dir);
     if (err[0] != '\0') fprintf(stderr, "checkpoint of step %d failed: %s\n", st->step, err);
     return failed == 0 ? 0 : -1;
@@ -2393,6 +2369,10 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (rc != 0) die_usage(err);
+    // from here on a signal asks for a checkpoint (with -o), and a full disk
+    // fails a write (and says so) instead of killing the process
+    if (opt.out_dir) ckpt_catch_signals();
+    signal(SIGXFSZ, SIG_IGN);
     if (ckpt_check_flags(&opt, err, sizeof(err)) != 0) die_usage(err);
     if (gpu_layout_check(opt.tp, opt.pp, opt.zero, err, sizeof(err)) != 0) die_usage(err);
     check_launch_gpus(&opt);
@@ -2425,34 +2405,33 @@ int main(int argc, char **argv) {
     if (gpu_check_shapes(&config, opt.B, opt.T, opt.init, err, sizeof(err)) != 0) die_usage(err);
     if (batch_accum(&opt, opt.np, err, sizeof(err)) < 0) die_usage(err);
     DataLoader train, val;
-    if (dataloader_init(&train, opt.train_pattern, opt.B, opt.T, 0, opt.np, opt.shuffle, 0, config.V, err,
-                        sizeof(err)) != 0)
-        die_usage(err);
-    dataloader_free(&train);
-    if (opt.val_every > 0) {
-        if (dataloader_init(&val, opt.val_pattern, opt.B, opt.T, 0, opt.np, 0, 0, config.V, err, sizeof(err)) != 0)
+    if (!parallel_launched_rank()) {  // else its launcher opened (and hashed) the data just now
+        if (dataloader_init(&train, opt.train_pattern, opt.B, opt.T, 0, opt.np, opt.shuffle, 0, config.V, err,
+                            sizeof(err)) != 0)
             die_usage(err);
-        dataloader_free(&val);
+        dataloader_free(&train);
+        if (opt.val_every > 0) {
+            if (dataloader_init(&val, opt.val_pattern, opt.B, opt.T, 0, opt.np, 0, 0, config.V, err, sizeof(err)) != 0)
+                die_usage(err);
+            dataloader_free(&val);
+        }
     }
     // the checkpoint key and the checkpoint to resume from, verified here (checkpoint.h)
     uint8_t ckpt_key[32];
     CkptState ck;
-    char ck_dir[800], path[1024];  // -o is at most 700 bytes
+    char ck_dir[800] = "", path[1024];  // -o is at most 700 bytes
     memset(&ck, 0, sizeof(ck));
     double load_t0 = now_ms();
-    int resuming = ckpt_setup(&opt, &config, ckpt_key, &ck, ck_dir, sizeof(ck_dir), err, sizeof(err));
+    int resuming = ckpt_setup(&opt, &config, !parallel_launched_rank(), ckpt_key, &ck, ck_dir, sizeof(ck_dir), err,
+                              sizeof(err));
     if (resuming < 0) die_usage(err);
     double verify_ms = now_ms() - load_t0;
 
     Parallel par;
     parallel_setup(&par, &opt, &fault, launch_argc, launch_argv);
-    signal(SIGXFSZ, SIG_IGN);  // past a file size limit a write fails (and says so) instead of killing us
-    if (opt.out_dir) {  // a signal: finish the step, checkpoint, exit 0
-        struct sigaction sa;
-        memset(&sa, 0, sizeof(sa));
-        sa.sa_handler = on_stop_signal;
-        sigaction(SIGINT, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
+    if (par.grid.rank == 0 && opt.out_dir && ckpt_lock(opt.out_dir, err, sizeof(err)) != 0) {
+        fprintf(stderr, "train_gpt2cu: %s\n", err);
+        exit(1);
     }
     int rank0 = par.grid.rank == 0, dp = par.grid.dp, B = opt.B, T = opt.T;
     int accum = batch_accum(&opt, dp, err, sizeof(err));  // an outside launcher's world may differ from -np
@@ -2477,6 +2456,10 @@ int main(int argc, char **argv) {
     if (resuming && dataloader_set_state(&train, &data_pos, err, sizeof(err)) != 0) die_usage(err);
     int steps = opt.steps >= 0 ? opt.steps : (int)(dataloader_batches_per_epoch(&train) / accum);
     if (steps < 1) steps = 1;
+    if (resuming && ck.step > steps) {
+        secure_error(err, sizeof(err), "flag -x: %d steps, but checkpoint %s is of step %d", steps, ck_dir, ck.step);
+        die_usage(err);
+    }
     Tokenizer tok;
     int have_tok = opt.tokenizer != NULL && opt.sample_every > 0 && par.grid.world == 1;
     if (have_tok && tokenizer_load_bin(&tok, opt.tokenizer, err, sizeof(err)) != 0) die_usage(err);
@@ -2554,7 +2537,7 @@ int main(int argc, char **argv) {
         }
         float lr = lr_at_step(&opt, step, steps);
         dp_update(&model, &par, &opt, lr);
-        stopped = stop_signal != 0;
+        stopped = ckpt_stop_signal != 0;
         float loss = dp_mean_loss(&model, &par, accum, &stopped);
         float norm = gpt2_last_norm(&model);
         double ms = now_ms() - t0;

@@ -148,7 +148,10 @@ int main(void) {
         CUDA_CHECK(cudaMemcpy(d_expected, expected, 32, cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemset(d_mismatch, 0, sizeof(int)));
         chunkmac_gpu_params(&p, &keyed, header, big.len, big.chunk, NULL, 0);
-        chunkmac_gpu_launch(&p, d_payload, d_scratch, NULL, d_expected, d_mismatch, 0, err, sizeof(err));
+        if (chunkmac_gpu_launch(&p, d_payload, d_scratch, NULL, d_expected, d_mismatch, 0, err, sizeof(err)) != 0) {
+            check(0, "verify launch: %s", err);
+            return test_summary();
+        }
         CUDA_CHECK(cudaMemcpy(&flags[k], d_mismatch, sizeof(int), cudaMemcpyDeviceToHost));
     }
     CUDA_CHECK(cudaMemcpy(d_payload, host, most, cudaMemcpyHostToDevice));
