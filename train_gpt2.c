@@ -311,7 +311,6 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const flo
     }
 }
 
-
 // causal self-attention. qkv: (B,T,3C) holding q,k,v; out: (B,T,C);
 // att: (B,NH,T,T) softmax weights, kept for the backward (row t uses 0..t)
 static void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
@@ -1072,7 +1071,6 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
     }
 }
 
-
 // ----------------------------------------------------------------------------
 // the optimizer step: gradients summed over data-parallel ranks (ZeRO-0:
 // all-reduce; 1: reduce-scatter; 2, 3: already reduced unit by unit), the
@@ -1623,8 +1621,6 @@ static int checkpoint_setup(const Options *o, const GPT2Config *c, uint8_t key[3
     if (rc < 0) die_usage(err);
     return rc;
 }
-
-
 
 // joins the job: with -np > 1 this process becomes the launcher and
 // parallel_main never returns; a rank gets its place and its communicator

@@ -2146,7 +2146,6 @@ static void die_usage(const char *msg) {
     exit(2);
 }
 
-
 // xorshift* for sampling; its state is one number (as the CPU trainer)
 static float random_f32(uint64_t *state) {
     *state ^= *state >> 12; *state ^= *state << 25; *state ^= *state >> 27;
@@ -2202,7 +2201,6 @@ typedef struct {
     int zero;
     NcclComm *nccl;     // every rank has one, a job of one rank too: -np 1 runs the NCCL path
 } Parallel;
-
 
 // check_launch_gpus: the process that will launch -np ranks on this node
 // refuses more ranks than GPUs, once, before it starts any. A short-lived
