@@ -2228,14 +2228,24 @@ static inline void comm_free(Comm *c) {
 // Pure C, so the CPU tests check the decisions the CUDA build makes.
 
 // gpu_for_rank: the device a rank binds to (its local rank: rank i of a node
-// takes GPU i), or -1 with err set when the node has no GPU for it
-static inline int gpu_for_rank(int local_rank, int ndevices, char *err, size_t errlen) {
+// takes GPU i), or -1 with err set when the node has no GPU for it. own_gpu:
+// an outside launcher gave each task its own GPU and made it the only one it
+// sees (srun --gpus-per-task=1 sets CUDA_VISIBLE_DEVICES per task): device 0.
+static inline int gpu_for_rank(int local_rank, int ndevices, int own_gpu, char *err, size_t errlen) {
     if (ndevices < 1)
         return secure_error(err, errlen, "local rank %d: no CUDA device on this node", local_rank);
+    if (own_gpu && ndevices == 1) return 0;
     if (local_rank < 0 || local_rank >= ndevices)
         return secure_error(err, errlen, "local rank %d has no GPU of its own: this node has %d (one rank per GPU)",
                             local_rank, ndevices);
     return local_rank;
+}
+
+// gpu_own_visible: whether this rank sees exactly the one GPU a launcher
+// other than ours gave it (CUDA_VISIBLE_DEVICES names one device)
+static inline int gpu_own_visible(const Launch *L) {
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    return L->source != NULL && strcmp(L->source, "LLM3D_*") != 0 && v != NULL && v[0] != '\0' && strchr(v, ',') == NULL;
 }
 
 // gpu_layout_check: the layouts train_gpt2cu runs: data parallel (tp = pp = 1)

@@ -1215,17 +1215,34 @@ static void test_pipeline_plans(void) {
 
 static void test_gpu_binding(void) {
     char err[256] = "";
-    check(gpu_for_rank(0, 1, err, sizeof(err)) == 0 && gpu_for_rank(3, 8, err, sizeof(err)) == 3 &&
-          gpu_for_rank(7, 8, err, sizeof(err)) == 7, "gpu binding: local rank i takes GPU i");
-    int r = gpu_for_rank(1, 1, err, sizeof(err));
+    check(gpu_for_rank(0, 1, 0, err, sizeof(err)) == 0 && gpu_for_rank(3, 8, 0, err, sizeof(err)) == 3 &&
+          gpu_for_rank(7, 8, 0, err, sizeof(err)) == 7, "gpu binding: local rank i takes GPU i");
+    int r = gpu_for_rank(1, 1, 0, err, sizeof(err));
     check(r == -1 && strstr(err, "local rank 1 has no GPU of its own: this node has 1") != NULL,
           "gpu binding refuses a second rank on one GPU: %s", err);
-    r = gpu_for_rank(8, 8, err, sizeof(err));
+    r = gpu_for_rank(8, 8, 0, err, sizeof(err));
     check(r == -1 && strstr(err, "local rank 8") != NULL && strstr(err, "has 8") != NULL,
           "gpu binding refuses local rank 8 of 8 GPUs: %s", err);
-    r = gpu_for_rank(0, 0, err, sizeof(err));
+    r = gpu_for_rank(0, 0, 0, err, sizeof(err));
     check(r == -1 && strstr(err, "no CUDA device") != NULL, "gpu binding without a GPU: %s", err);
-    check(gpu_for_rank(-1, 4, err, sizeof(err)) == -1, "gpu binding refuses local rank -1");
+    check(gpu_for_rank(-1, 4, 0, err, sizeof(err)) == -1, "gpu binding refuses local rank -1");
+    // srun --gpus-per-task=1: each task sees only its own GPU, as device 0
+    check(gpu_for_rank(3, 1, 1, err, sizeof(err)) == 0 && gpu_for_rank(3, 8, 1, err, sizeof(err)) == 3 &&
+              gpu_for_rank(3, 0, 1, err, sizeof(err)) == -1,
+          "gpu binding: a task given its own GPU takes device 0; with more visible, its local rank");
+    Launch L;
+    memset(&L, 0, sizeof(L));
+    L.source = "Slurm";
+    setenv("CUDA_VISIBLE_DEVICES", "5", 1);
+    int slurm_one = gpu_own_visible(&L);
+    setenv("CUDA_VISIBLE_DEVICES", "4,5", 1);
+    int slurm_two = gpu_own_visible(&L);
+    L.source = "LLM3D_*";
+    setenv("CUDA_VISIBLE_DEVICES", "5", 1);
+    int ours = gpu_own_visible(&L);
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    check(slurm_one && !slurm_two && !ours,
+          "gpu binding: own GPU only for an outside launcher's task that sees one device (%d %d %d)", slurm_one, slurm_two, ours);
 }
 
 static void test_gpu_layouts(void) {

@@ -2220,7 +2220,7 @@ static void check_launch_gpus(const Options *o) {
     int status;
     if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return;  // the ranks will check for themselves
     int ndev = WEXITSTATUS(status);
-    if (gpu_for_rank(o->np - 1, ndev, err, sizeof(err)) < 0) {
+    if (gpu_for_rank(o->np - 1, ndev, 0, err, sizeof(err)) < 0) {
         snprintf(msg, sizeof(msg), "flag -np %d: %s", o->np, err);
         die_usage(msg);
     }
@@ -2243,7 +2243,7 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess) ndev = 0;
-    int device = gpu_for_rank(L->local_rank, ndev, err, sizeof(err));
+    int device = gpu_for_rank(L->local_rank, ndev, gpu_own_visible(L), err, sizeof(err));
     if (device < 0) {
         fprintf(stderr, "train_gpt2cu: rank %d: %s%s%s\n", L->rank, err, e != cudaSuccess ? ": " : "",
                 e != cudaSuccess ? cudaGetErrorString(e) : "");
