@@ -289,9 +289,17 @@ static void test_keep(void) {
           "a ckpt directory without MANIFEST is passed over and then removed (exit %d)", r.status);
     // one job per directory
     char args[300];
-    snprintf(args, sizeof(args), "-o %s -x 400 -n 0", a);
+    char log[300];
+    snprintf(log, sizeof(log), "%s/log.jsonl", a);
+    unlink(log);
+    snprintf(args, sizeof(args), "-o %s -x 1000000 -n 0", a);
     pid_t first = start(args, 0);
-    usleep(300000);
+    for (int i = 0; i < 2000; i++) {  // it logs only once it holds the lock
+        static Run seen;
+        read_log(&seen, log);
+        if (seen.nsteps >= 1) break;
+        usleep(5000);
+    }
     static Run second;
     run(&second, a, 2, "");
     kill(first, SIGKILL);
