@@ -87,9 +87,11 @@ dev/fuzz/fuzz_%: dev/fuzz/fuzz_%.c $(HEADERS)
 fuzz: $(FUZZERS)
 	@./dev/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZERS)
 
-bench: train_gpt2 dev/bench_secure
+bench: train_gpt2 prepare_data dev/bench_secure dev/bench_matmul
 	./dev/bench_cpu.sh
+	./dev/bench_matmul
 	./dev/bench_secure
+	./dev/bench_checkpoint.sh
 
 clean:
 	rm -f $(CPU_PROGRAMS) $(CPU_TESTS) $(CUDA_PROGRAMS) $(FUZZERS)
