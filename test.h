@@ -61,10 +61,12 @@ static int test_data_path(const char *rel, char *out, size_t outlen) {
 }
 
 // test_write_shard: a token shard (dataloader.h's format) of ntok tokens < 256
-// from a small repetitive "language", for tests that train on something
-static void test_write_shard(const char *path, int ntok) {
+// from a small repetitive "language", for tests that train on something; -1
+// when the file cannot be made
+static int test_write_shard(const char *path, int ntok) {
     int32_t h[256] = {20240520, 1, ntok};
     FILE *f = fopen(path, "wb");
+    if (f == NULL) return -1;
     fwrite(h, 4, 256, f);
     uint64_t x = 12345;
     for (int i = 0; i < ntok; i++) {
@@ -72,7 +74,7 @@ static void test_write_shard(const char *path, int ntok) {
         uint16_t t = (uint16_t)(i % 7 == 0 ? 32 : 97 + (x >> 59) + (i % 3));
         fwrite(&t, 2, 1, f);
     }
-    fclose(f);
+    return fclose(f) == 0 ? 0 : -1;
 }
 
 #endif

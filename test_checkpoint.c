@@ -48,9 +48,11 @@ static pid_t start(const char *args, long fsize) {
             setrlimit(RLIMIT_FSIZE, &rl);
         }
         setpgid(0, 0);  // our own group, so a kill reaches the launcher's ranks too
+        setenv("TMPDIR", dir, 1);  // a killed launcher's socket directory lands in ours
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
+    if (pid > 0) setpgid(pid, pid);  // as the child does: whichever runs first, the group exists before a kill
     return pid;
 }
 
@@ -292,13 +294,18 @@ static void test_keep(void) {
     char log[300];
     snprintf(log, sizeof(log), "%s/log.jsonl", a);
     unlink(log);
-    snprintf(args, sizeof(args), "-o %s -x 1000000 -n 0", a);
+    snprintf(args, sizeof(args), "-o %s -x 5000 -n 0", a);  // outlasts the check, ends if we do not
     pid_t first = start(args, 0);
-    for (int i = 0; i < 2000; i++) {  // it logs only once it holds the lock
-        static Run seen;
-        read_log(&seen, log);
+    static Run seen;
+    for (double t0 = now_s(); now_s() - t0 < 60 && waitpid(first, NULL, WNOHANG) == 0;) {
+        read_log(&seen, log);  // it logs only once it holds the lock
         if (seen.nsteps >= 1) break;
         usleep(5000);
+    }
+    if (!check(seen.nsteps >= 1, "a first job holds the lock on %s", a)) {
+        kill(first, SIGKILL);
+        waitpid(first, NULL, 0);
+        return;
     }
     static Run second;
     run(&second, a, 2, "");
@@ -391,6 +398,7 @@ static void test_kills(const char *layout, const char *name, unsigned seed) {
         if (waitpid(pid, NULL, WNOHANG) == pid) { finished = 1; break; }
         kill(-pid, SIGKILL);  // the whole group: the trainer, or the launcher and its ranks
         waitpid(pid, NULL, 0);
+        sh("rm -f /dev/shm/llm3d-%d-*", (int)pid);  // a killed launcher's segment (the shell exec'd it)
         run_s += now_s() - t0;
         kills++;
         usleep(20000);
@@ -417,16 +425,19 @@ static void test_kills(const char *layout, const char *name, unsigned seed) {
 }
 
 int main(void) {
-    snprintf(dir, sizeof(dir), "/tmp/llm3d_test_checkpoint_%d", (int)getpid());
-    mkdir(dir, 0700);
+    if (access("./train_gpt2", X_OK) != 0) {
+        skip("./train_gpt2 is not built (run from the repository's root)");
+        return test_summary();
+    }
+    snprintf(dir, sizeof(dir), "/tmp/llm3d_test_checkpoint_XXXXXX");
+    if (mkdtemp(dir) == NULL) {
+        check(0, "mkdtemp %s: %s", dir, strerror(errno));
+        return test_summary();
+    }
     snprintf(shards, sizeof(shards), "%s/train_*.bin", dir);
     char path[200];
     snprintf(path, sizeof(path), "%s/train_000.bin", dir);
-    test_write_shard(path, 40000);
-    if (access("./train_gpt2", X_OK) != 0) {
-        skip("./train_gpt2 is not built");
-        return test_summary();
-    }
+    if (!check(test_write_shard(path, 40000) == 0, "a 40000-token shard in %s", dir)) return test_summary();
 
     test_bit_exact("", "one rank");
     test_bit_exact("-np 2 -z 1", "dp 2 ZeRO-1");

@@ -55,8 +55,9 @@ static void tmp_path(char *out, size_t outlen, const char *name) {
 
 static void remove_dir(const char *dir) {
     char pattern[512];
-    snprintf(pattern, sizeof(pattern), "%s/*", dir);
-    for (int pass = 0; pass < 3; pass++) {
+    for (int pass = 0; pass < 4; pass++) {
+        // and the hidden files (a failed write's .NAME.tmp.PID)
+        snprintf(pattern, sizeof(pattern), pass % 2 ? "%s/.[!.]*" : "%s/*", dir);
         glob_t g;
         if (glob(pattern, GLOB_NOSORT, NULL, &g) == 0) {
             for (size_t i = 0; i < g.gl_pathc; i++) {

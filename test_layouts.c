@@ -282,7 +282,7 @@ int main(void) {
     snprintf(shards, sizeof(shards), "%s/train_*.bin", dir);
     char path[300];
     snprintf(path, sizeof(path), "%s/train_000000.bin", dir);
-    test_write_shard(path, 40000);
+    if (!check(test_write_shard(path, 40000) == 0, "a 40000-token shard in %s", dir)) return test_summary();
     test_data_parallel();
     test_tensor_pipeline();
     test_faults();

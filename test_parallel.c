@@ -1233,6 +1233,8 @@ static void test_gpu_binding(void) {
     Launch L;
     memset(&L, 0, sizeof(L));
     L.source = "Slurm";
+    const char *was = getenv("CUDA_VISIBLE_DEVICES");
+    char *saved = was ? strdup(was) : NULL;
     setenv("CUDA_VISIBLE_DEVICES", "5", 1);
     int slurm_one = gpu_own_visible(&L);
     setenv("CUDA_VISIBLE_DEVICES", "4,5", 1);
@@ -1240,7 +1242,9 @@ static void test_gpu_binding(void) {
     L.source = "LLM3D_*";
     setenv("CUDA_VISIBLE_DEVICES", "5", 1);
     int ours = gpu_own_visible(&L);
-    unsetenv("CUDA_VISIBLE_DEVICES");
+    if (saved) setenv("CUDA_VISIBLE_DEVICES", saved, 1);
+    else unsetenv("CUDA_VISIBLE_DEVICES");
+    free(saved);
     check(slurm_one && !slurm_two && !ours,
           "gpu binding: own GPU only for an outside launcher's task that sees one device (%d %d %d)", slurm_one, slurm_two, ours);
 }
