@@ -249,6 +249,10 @@ static void matmul_blocked(float *c, int ldc, const float *a, size_t am, size_t 
         // scratch for the packed blocks, rounded up to whole slivers
         float *ap = (float *)malloc((size_t)(MC + MR) * KC * sizeof(float));
         float *bp = (float *)malloc((size_t)(NC + NR) * KC * sizeof(float));
+        if (ap == NULL || bp == NULL) {
+            fprintf(stderr, "out of memory for the matmul's packed blocks\n");
+            exit(1);
+        }
         #pragma omp for schedule(dynamic)
         for (int blk = 0; blk < mblocks * jblocks; blk++) {
             int m0 = (blk % mblocks) * MC, j0 = (blk / mblocks) * NC;
