@@ -429,11 +429,15 @@ static int ckpt_begin(const char *out_dir, const CkptState *s, char *err, size_t
     return 0;
 }
 
-// the line a resumed run starts with (ck NULL: nothing to resume from)
+// the line a resumed run starts with (ck NULL: nothing to resume from;
+// verify_ms < 0: the files were hashed by the launcher, not here)
 static void ckpt_announce(const Options *o, const CkptState *ck, const char *dir, double verify_ms, double load_ms) {
+    char verified[64];
+    if (verify_ms < 0) snprintf(verified, sizeof(verified), "hashed by the launcher");
+    else snprintf(verified, sizeof(verified), "verified in %.0f ms", verify_ms);
     if (ck != NULL)
-        printf("resuming from %s: step %d, written by np %d tp %d pp %d ZeRO-%d (verified in %.0f ms, loaded in %.0f ms)\n",
-               dir, ck->step, ck->np, ck->tp, ck->pp, ck->zero, verify_ms, load_ms);
+        printf("resuming from %s: step %d, written by np %d tp %d pp %d ZeRO-%d (%s, loaded in %.0f ms)\n", dir,
+               ck->step, ck->np, ck->tp, ck->pp, ck->zero, verified, load_ms);
     else if (o->resume || o->resume_step >= 0)
         printf("no checkpoint in %s yet: starting from step 0\n", o->out_dir);
 }

@@ -2510,7 +2510,7 @@ int main(int argc, char **argv) {
     }
     uint64_t sample_rng = resuming ? ck.sample_rng : (uint64_t)opt.seed * 2654435761ull + 1;
     int start = resuming ? ck.step : 0, stopped = 0;
-    if (rank0) ckpt_announce(&opt, resuming ? &ck : NULL, ck_dir, verify_ms, load_ms);
+    if (rank0) ckpt_announce(&opt, resuming ? &ck : NULL, ck_dir, parallel_launched_rank() ? -1.0 : verify_ms, load_ms);
     double fpt = flops_per_token(&config, T);
 
     for (int step = start; step < steps && !stopped; step++) {
