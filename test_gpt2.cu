@@ -523,13 +523,17 @@ static void test_ckpt_cli(void) {
         return;
     }
     char dir[256], shard[300], key_path[300], model_bin[400], cmd[2048], args[2048], out[8192], err[512];
-    snprintf(dir, sizeof(dir), "/tmp/llm3d_test_ckptcu_%d", (int)getpid());
-    mkdir(dir, 0700);
+    snprintf(dir, sizeof(dir), "/tmp/llm3d_test_ckptcu_XXXXXX");
+    if (!check(mkdtemp(dir) != NULL, "mkdtemp %s", dir)) return;
     snprintf(shard, sizeof(shard), "%s/shard.bin", dir);
     write_shard(shard, 4 * 8 * 8 + 1, 64);
     const char *common = "-e d2 -ev 64 -et 16 -t 8 -v 0 -s 0";
     snprintf(cmd, sizeof(cmd), "./train_gpt2 %s -b 4 -x 4 -n 2 -i %s -o %s/out > %s/cpu.log 2>&1", common, shard, dir, dir);
-    if (!check(system(cmd) == 0, "the CPU trainer writes checkpoints 2 and 4 into %s/out", dir)) return;
+    if (!check(system(cmd) == 0, "the CPU trainer writes checkpoints 2 and 4 into %s/out", dir)) {
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+        return;
+    }
     snprintf(key_path, sizeof(key_path), "%s/other.key", dir);
     uint8_t other[32];
     key_generate(other, err, sizeof(err));
@@ -588,8 +592,8 @@ static void test_ckpt_device(void) {
     for (size_t j = 0; j < N; j++) want[j] = 1.0f + 1e-3f * (float)(j % 1000), want[N + j] = 1e-6f * (float)j;
     uint8_t key[32];
     key_generate(key, err, sizeof(err));
-    snprintf(dir, sizeof(dir), "/tmp/llm3d_test_ckptdev_%d", (int)getpid());
-    mkdir(dir, 0700);
+    snprintf(dir, sizeof(dir), "/tmp/llm3d_test_ckptdev_XXXXXX");
+    if (!check(mkdtemp(dir) != NULL, "mkdtemp %s", dir)) { free(params); free(want); return; }
     CkptState st;
     memset(&st, 0, sizeof(st));
     st.step = 7; st.adam_t = 7; st.config = c; st.B = 1; st.T = 8; st.np = 2; st.tp = 1; st.pp = 1; st.zero = 1;
@@ -613,7 +617,15 @@ static void test_ckpt_device(void) {
     ok = ok && ckpt_seal(dir, 7, key, err, sizeof(err)) == 0;
     CkptState got;
     ok = ok && ckpt_find(dir, -1, key, 1, &got, ck_dir, sizeof(ck_dir), err, sizeof(err)) == 1 && got.adam_t == 7;
-    if (!check(ok, "two dp ranks write and seal checkpoint 7 (%s)", ok ? "ok" : err)) return;
+    if (!check(ok, "two dp ranks write and seal checkpoint 7 (%s)", ok ? "ok" : err)) {
+        ckpt_remove_dir(ck_dir);
+        ckpt_dir_name(ck_dir, sizeof(ck_dir), dir, 7, ".partial");
+        ckpt_remove_dir(ck_dir);
+        rmdir(dir);
+        free(params);
+        free(want);
+        return;
+    }
     snprintf(path, sizeof(path), "%s/model.bin", ck_dir);
     GPT2Config c2;
     float *saved = model_load(path, &c2, err, sizeof(err));
