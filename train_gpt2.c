@@ -1771,9 +1771,8 @@ int main(int argc, char **argv) {
         if (opt.check_every > 0 && step % opt.check_every == 0) consistency_check(&model, step);
 
         double t0 = now_ms();
-        float loss = 0.0f;
         gpt2_zero_grad(&model);
-        loss = pipeline_run(&model, &train, plan, nops, 1.0f / ((float)B * T * accum * dp));  // one stage: F0 B0 F1 B1 ...
+        float loss = pipeline_run(&model, &train, plan, nops, 1.0f / ((float)B * T * accum * dp));  // one stage: F0 B0 F1 B1 ...
         float lr = lr_at_step(&opt, step, steps);
         hyper.lr = lr;
         stopped = ckpt_stop_signal != 0;
