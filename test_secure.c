@@ -119,6 +119,24 @@ static uint64_t rng_next(void) {  // xorshift64*
 }
 static void rng_fill(uint8_t *p, size_t n) { for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(rng_next() >> 56); }
 
+static void write_bytes(const char *dir, const char *name, const void *data, size_t n) {
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+// for the cross-checks against the openssl command: a fresh directory for its
+// input files, or 0 (said as a skip) when there is no openssl command
+static int openssl_tmpdir(char *dir, const char *what) {
+    if (system("openssl version >/dev/null 2>&1") != 0) {
+        skip("no openssl command: %s not cross-checked", what);
+        return 0;
+    }
+    return check(mkdtemp(dir) != NULL, "mkdtemp %s", dir);
+}
+
 // sha256_in_pieces: the same hash through updates split at random points
 static void sha256_in_pieces(const uint8_t *data, size_t n, uint8_t out[32]) {
     Sha256 s;
@@ -300,12 +318,8 @@ static void test_portable_vs_shani(void) {
 
 // test_openssl: random inputs of many lengths, one openssl run per batch
 static void test_openssl(void) {
-    if (system("openssl version >/dev/null 2>&1") != 0) {
-        skip("no openssl command: random inputs not cross-checked");
-        return;
-    }
     char dir[] = "/tmp/test_secure_ossl.XXXXXX";
-    if (mkdtemp(dir) == NULL) { check(0, "mkdtemp %s", dir); return; }
+    if (!openssl_tmpdir(dir, "random inputs")) return;
     enum { SMALL = 301, COUNT = SMALL + 3 };
     size_t lens[COUNT];
     for (int i = 0; i < SMALL; i++) lens[i] = (size_t)i;
@@ -319,11 +333,10 @@ static void test_openssl(void) {
     for (int i = 0; i < COUNT; i++) {
         inputs[i] = malloc(lens[i] + 1);
         rng_fill(inputs[i], lens[i]);
-        char path[256];
-        snprintf(path, sizeof(path), "%s/in%03d", dir, i);
-        FILE *f = fopen(path, "wb");
-        fwrite(inputs[i], 1, lens[i], f);
-        fclose(f);
+        char path[256], name[16];
+        snprintf(name, sizeof(name), "in%03d", i);
+        snprintf(path, sizeof(path), "%s/%s", dir, name);
+        write_bytes(dir, name, inputs[i], lens[i]);
         strcat(files, " ");
         strcat(files, path);
     }
@@ -701,14 +714,6 @@ static void test_frames(void) {
 // ----------------------------------------------------------------------------
 // manifests and atomic writes
 
-static void write_bytes(const char *dir, const char *name, const void *data, size_t n) {
-    char path[512];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    fwrite(data, 1, n, f);
-    fclose(f);
-}
-
 // seal_text: body + its tag line under key, as a manifest writer would
 static size_t seal_text(const char *body, const uint8_t *key, char *out, size_t cap) {
     uint8_t tag[32];
@@ -1024,12 +1029,8 @@ static void test_chunkmac_known_answers(void) {
 
 // the by-hand inputs through the openssl command: no secure.h hashing at all
 static void test_chunkmac_openssl(void) {
-    if (system("openssl version >/dev/null 2>&1") != 0) {
-        skip("no openssl command: the chunked MAC is not cross-checked");
-        return;
-    }
     char dir[] = "/tmp/test_secure_chunk.XXXXXX";
-    if (mkdtemp(dir) == NULL) { check(0, "mkdtemp %s", dir); return; }
+    if (!openssl_tmpdir(dir, "the chunked MAC")) return;
     uint8_t key[32], header[64];
     char key_hex[65];
     rng_fill(key, 32);
@@ -1063,10 +1064,10 @@ static void test_chunkmac_openssl(void) {
             chunk_le64(buf + 40, ch);
             memcpy(buf + 64, header, 64);
             memcpy(buf + 128, payload + i * ch, take);
-            snprintf(path, sizeof(path), "%s/chunk%03zu", dir, i);
-            FILE *f = fopen(path, "wb");
-            fwrite(buf, 1, 128 + take, f);
-            fclose(f);
+            char name[32];
+            snprintf(name, sizeof(name), "chunk%03zu", i);
+            snprintf(path, sizeof(path), "%s/%s", dir, name);
+            write_bytes(dir, name, buf, 128 + take);
             strcat(cmd, " ");
             strcat(cmd, path);
         }
@@ -1079,9 +1080,7 @@ static void test_chunkmac_openssl(void) {
             if (p != NULL) pclose(p);
         }
         snprintf(path, sizeof(path), "%s/final", dir);
-        FILE *f = fopen(path, "wb");
-        fwrite(final, 1, 128 + 32 * n, f);
-        fclose(f);
+        write_bytes(dir, "final", final, 128 + 32 * n);
         snprintf(cmd, cmd_cap, "openssl dgst -sha256 -mac HMAC -macopt hexkey:%s -r %s", key_hex, path);
         uint8_t want[32], mine[32];
         int have = 0;
