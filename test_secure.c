@@ -922,28 +922,41 @@ static void test_faults(void) {
 
 static void chunk_le64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
 
-// the construction spelled out here byte by byte, on secure.h's plain HMAC
-static void chunkmac_by_hand(const uint8_t key[32], const uint8_t header[64], const uint8_t *payload, size_t len,
-                             size_t chunk, uint8_t out[32]) {
-    size_t n = (len + chunk - 1) / chunk;
-    uint8_t *buf = malloc(128 + chunk), *final = malloc(128 + 32 * n);
+// the construction's inputs spelled out here byte by byte: the final tag's
+// 128-byte prefix (the chunk tags follow it), and chunk i's whole input
+static void final_prefix_by_hand(uint8_t *final, const uint8_t header[64], size_t len, size_t chunk, size_t n) {
     memset(final, 0, 64);
     memcpy(final, "llm3d final tag", 16);
     chunk_le64(final + 16, n);
     chunk_le64(final + 24, len);
     chunk_le64(final + 32, chunk);
     memcpy(final + 64, header, 64);
+}
+
+// returns the input's length, 128 + the chunk's bytes
+static size_t chunk_input_by_hand(uint8_t *buf, const uint8_t header[64], const uint8_t *payload, size_t len,
+                                  size_t chunk, size_t n, size_t i) {
+    size_t take = len - i * chunk < chunk ? len - i * chunk : chunk;
+    memset(buf, 0, 64);
+    memcpy(buf, "llm3d chunk tag", 16);
+    chunk_le64(buf + 16, i);
+    chunk_le64(buf + 24, n);
+    chunk_le64(buf + 32, len);
+    chunk_le64(buf + 40, chunk);
+    memcpy(buf + 64, header, 64);
+    memcpy(buf + 128, payload + i * chunk, take);
+    return 128 + take;
+}
+
+// the construction by hand, on secure.h's plain HMAC
+static void chunkmac_by_hand(const uint8_t key[32], const uint8_t header[64], const uint8_t *payload, size_t len,
+                             size_t chunk, uint8_t out[32]) {
+    size_t n = (len + chunk - 1) / chunk;
+    uint8_t *buf = malloc(128 + chunk), *final = malloc(128 + 32 * n);
+    final_prefix_by_hand(final, header, len, chunk, n);
     for (size_t i = 0; i < n; i++) {
-        size_t take = len - i * chunk < chunk ? len - i * chunk : chunk;
-        memset(buf, 0, 64);
-        memcpy(buf, "llm3d chunk tag", 16);
-        chunk_le64(buf + 16, i);
-        chunk_le64(buf + 24, n);
-        chunk_le64(buf + 32, len);
-        chunk_le64(buf + 40, chunk);
-        memcpy(buf + 64, header, 64);
-        memcpy(buf + 128, payload + i * chunk, take);
-        hmac_sha256(key, 32, buf, 128 + take, final + 128 + 32 * i);
+        size_t bytes = chunk_input_by_hand(buf, header, payload, len, chunk, n, i);
+        hmac_sha256(key, 32, buf, bytes, final + 128 + 32 * i);
     }
     hmac_sha256(key, 32, final, 128 + 32 * n, out);
     free(buf);
@@ -1044,30 +1057,16 @@ static void test_chunkmac_openssl(void) {
         size_t len = cases[k].len, ch = cases[k].chunk, n = chunkmac_count(len, ch);
         uint8_t *payload = malloc(len + 1), *buf = malloc(128 + ch), *final = malloc(128 + 32 * n);
         rng_fill(payload, len);
-        memset(final, 0, 64);
-        memcpy(final, "llm3d final tag", 16);
-        chunk_le64(final + 16, n);
-        chunk_le64(final + 24, len);
-        chunk_le64(final + 32, ch);
-        memcpy(final + 64, header, 64);
+        final_prefix_by_hand(final, header, len, ch, n);
         char path[300];
         size_t cmd_cap = 200 + (n + 1) * sizeof(path);
         char *cmd = malloc(cmd_cap);
         snprintf(cmd, cmd_cap, "openssl dgst -sha256 -mac HMAC -macopt hexkey:%s -r", key_hex);
         for (size_t i = 0; i < n; i++) {
-            size_t take = len - i * ch < ch ? len - i * ch : ch;
-            memset(buf, 0, 64);
-            memcpy(buf, "llm3d chunk tag", 16);
-            chunk_le64(buf + 16, i);
-            chunk_le64(buf + 24, n);
-            chunk_le64(buf + 32, len);
-            chunk_le64(buf + 40, ch);
-            memcpy(buf + 64, header, 64);
-            memcpy(buf + 128, payload + i * ch, take);
             char name[32];
             snprintf(name, sizeof(name), "chunk%03zu", i);
             snprintf(path, sizeof(path), "%s/%s", dir, name);
-            write_bytes(dir, name, buf, 128 + take);
+            write_bytes(dir, name, buf, chunk_input_by_hand(buf, header, payload, len, ch, n, i));
             strcat(cmd, " ");
             strcat(cmd, path);
         }
