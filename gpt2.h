@@ -1,7 +1,9 @@
 /*
  * gpt2.h: what both trainers (train_gpt2.c, train_gpt2.cu) and their tests share:
  * the model's shape and parameter layout, the llm.c model and debug-state files,
- * the seeded init, the command line, the learning-rate schedule and the log.
+ * the seeded init, a rank's slice of the model (Shard, units, the ZeRO shards,
+ * what it writes into a checkpoint), the command line, the learning-rate
+ * schedule and the log.
  *
  * ---------------------------------------------------------------------------
  * File headers (all little-endian; every header is 256 x int32 = 1024 bytes)
@@ -336,6 +338,218 @@ static int debug_state_load(DebugState *s, const char *path, size_t num_params) 
 
 static void debug_state_free(DebugState *s) {
     free(s->inputs); free(s->targets); free(s->logits); free(s->grads); free(s->losses); free(s->norms);
+}
+
+// ---------------------------------------------------------------------------
+// the model on one rank of the grid: a pipeline stage's layers, each tensor
+// cut along the tensor-parallel split (Megatron: qkv and fc by output rows,
+// their projections by input columns, wte by vocabulary rows; LayerNorms, wpe
+// and the projection biases whole on every rank). Its parameters are grouped
+// in units that are contiguous in a rank's flat arrays: wte, wpe, one per
+// layer, and lnf. A unit is the grain of ZeRO: each is padded to a multiple
+// of dp (times an alignment) and split evenly among the data-parallel ranks,
+// and gathered or reduced whole. Both trainers lay out their parameters,
+// gradients and AdamW state this way, so the slicing, the ZeRO shards and
+// what each rank writes into a checkpoint exist once, here. (DESIGN.md puts
+// TP slicing and ZeRO partitioning in parallel.h; they live here because
+// they are the model's tensor layout, and parallel.h knows no model.)
+
+typedef struct {
+    int tp, tp_rank, pp, pp_rank, dp, dp_rank;
+    int l0, l1, nl;            // this stage's layers [l0, l1)
+    int first, last;           // this stage holds the embeddings / the head
+    int Cl, NHl, Vl, v0;       // local widths: C/tp channels of attention, NH/tp heads, Vp/tp rows of wte from v0
+    int nreal;                 // of the Vl vocabulary rows, those that are real tokens
+} Shard;
+
+enum { U_WTE, U_WPE, U_LNF, U_LAYER0 };  // unit kinds; layer units are U_LAYER0 + local layer
+
+typedef struct {
+    int kind;                  // U_WTE, U_WPE, U_LNF, or U_LAYER0 + ll
+    size_t offset;             // in the flat local arrays (padded layout)
+    size_t size, padded;       // elements, and rounded up to a multiple of dp * align
+    size_t shard_offset;       // of this rank's 1/dp of the unit in the shard arrays
+} Unit;
+
+typedef struct {
+    int n;
+    Unit *units;               // wte?, wpe?, layers..., lnf?
+    int u_wte, u_wpe, u_lnf, u_layer0;  // index of each unit, -1 when this stage has none
+    size_t num_local, num_shard;        // elements of the flat local arrays and of the shard arrays
+} UnitTable;
+
+// a layer unit holds these tensors in this order (the file's per-layer tensors)
+static const int layer_tensors[12] = {
+    P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB, P_LN2W, P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB,
+};
+
+// grid coordinates -> this rank's shard of the model. Stages are contiguous
+// and balanced: the first L % pp stages get one layer more.
+static Shard shard_for(const GPT2Config *c, int tp, int tp_rank, int pp, int pp_rank, int dp, int dp_rank) {
+    Shard s;
+    memset(&s, 0, sizeof(s));
+    s.tp = tp; s.tp_rank = tp_rank; s.pp = pp; s.pp_rank = pp_rank; s.dp = dp; s.dp_rank = dp_rank;
+    int base = c->L / pp, extra = c->L % pp;
+    s.l0 = pp_rank * base + (pp_rank < extra ? pp_rank : extra);
+    s.l1 = s.l0 + base + (pp_rank < extra ? 1 : 0);
+    s.nl = s.l1 - s.l0;
+    s.first = pp_rank == 0;
+    s.last = pp_rank == pp - 1;
+    s.Cl = c->C / tp;
+    s.NHl = c->NH / tp;
+    s.Vl = c->Vp / tp;
+    s.v0 = tp_rank * s.Vl;
+    int real = c->V - s.v0;
+    s.nreal = real < 0 ? 0 : real > s.Vl ? s.Vl : real;
+    return s;
+}
+
+// elements of tensor t per layer (or in all, for wte, wpe, lnf) on this rank
+static size_t local_tensor_size(const GPT2Config *c, const Shard *s, int t) {
+    size_t C = c->C, Cl = s->Cl;
+    switch (t) {
+    case P_WTE: return (size_t)s->Vl * C;
+    case P_WPE: return (size_t)c->maxT * C;
+    case P_QKVW: return 3 * Cl * C;
+    case P_QKVB: return 3 * Cl;
+    case P_ATTPROJW: return C * Cl;
+    case P_FCW: return 4 * Cl * C;
+    case P_FCB: return 4 * Cl;
+    case P_FCPROJW: return C * 4 * Cl;
+    case P_LNFW: case P_LNFB: case P_LN1W: case P_LN1B: case P_LN2W: case P_LN2B:
+    case P_ATTPROJB: case P_FCPROJB: return C;
+    }
+    return 0;
+}
+
+// whole on every tensor-parallel rank (their gradients agree; counted once in the norm)
+static int tensor_is_replicated(int t) {
+    return !(t == P_WTE || t == P_QKVW || t == P_QKVB || t == P_ATTPROJW || t == P_FCW || t == P_FCB || t == P_FCPROJW);
+}
+
+// where element i of this rank's slice of tensor t (within one layer) sits in
+// the full tensor's layer slice: the one map that init, load and save share
+static size_t local_to_global(const GPT2Config *c, const Shard *s, int t, size_t i) {
+    size_t C = c->C, Cl = s->Cl, r = s->tp_rank;
+    switch (t) {
+    case P_WTE: return (size_t)s->v0 * C + i;
+    case P_QKVW: {  // rows: q, k, v parts of Cl rows each, from row r*Cl of each part
+        size_t row = i / C, part = row / Cl;
+        return (part * C + r * Cl + row % Cl) * C + i % C;
+    }
+    case P_QKVB: return (i / Cl) * C + r * Cl + i % Cl;
+    case P_ATTPROJW: return (i / Cl) * C + r * Cl + i % Cl;                 // columns r*Cl..
+    case P_FCW: return r * 4 * Cl * C + i;                                  // rows r*4Cl..
+    case P_FCB: return r * 4 * Cl + i;
+    case P_FCPROJW: return (i / (4 * Cl)) * 4 * C + r * 4 * Cl + i % (4 * Cl);  // columns r*4Cl..
+    default: return i;
+    }
+}
+
+static int unit_tensor_count(int kind) { return kind >= U_LAYER0 ? 12 : kind == U_LNF ? 2 : 1; }
+static int unit_tensor(int kind, int k) {
+    if (kind >= U_LAYER0) return layer_tensors[k];
+    return kind == U_WTE ? P_WTE : kind == U_WPE ? P_WPE : (k == 0 ? P_LNFW : P_LNFB);
+}
+
+static size_t unit_size(const GPT2Config *c, const Shard *s, int kind) {
+    size_t n = 0;
+    for (int k = 0; k < unit_tensor_count(kind); k++) n += local_tensor_size(c, s, unit_tensor(kind, k));
+    return n;
+}
+
+// lays out this rank's units: each padded to a multiple of dp * align
+// elements (align 1 on the CPU; the GPU's 128 keeps every shard 16-byte
+// aligned for vector loads). They depend on the layout only through the
+// Shard. 0, or -1 when out of memory.
+static int unit_table(UnitTable *ut, const GPT2Config *c, const Shard *s, size_t align) {
+    int kinds[1024 + 3], n = 0;
+    memset(ut, 0, sizeof(*ut));
+    ut->u_wte = ut->u_wpe = ut->u_lnf = ut->u_layer0 = -1;
+    if (s->first || s->last) { ut->u_wte = n; kinds[n++] = U_WTE; }
+    if (s->first) { ut->u_wpe = n; kinds[n++] = U_WPE; }
+    ut->u_layer0 = n;
+    for (int ll = 0; ll < s->nl; ll++) kinds[n++] = U_LAYER0 + ll;
+    if (s->last) { ut->u_lnf = n; kinds[n++] = U_LNF; }
+    ut->n = n;
+    ut->units = (Unit *)calloc((size_t)n, sizeof(Unit));
+    if (ut->units == NULL) return -1;
+    size_t off = 0, shard_off = 0, grain = (size_t)s->dp * align;
+    for (int u = 0; u < n; u++) {
+        Unit *un = &ut->units[u];
+        un->kind = kinds[u];
+        un->size = unit_size(c, s, kinds[u]);
+        un->padded = (un->size + grain - 1) / grain * grain;
+        un->offset = off;
+        un->shard_offset = shard_off;
+        off += un->padded;
+        shard_off += un->padded / s->dp;
+    }
+    ut->num_local = off;
+    ut->num_shard = shard_off;
+    return 0;
+}
+
+// the model's layer of unit u (0 for the others)
+static int unit_layer(const Shard *s, const Unit *un) { return un->kind >= U_LAYER0 ? s->l0 + un->kind - U_LAYER0 : 0; }
+
+// the value of each local element of unit u, in dst (un->size floats): from
+// the full model `full` (file layout) or, when full is NULL, from the seeded init
+static void unit_fill(const GPT2Config *c, const Shard *s, const Unit *un, float *dst, const float *full, uint64_t seed) {
+    size_t full_off[NUM_PARAM_TENSORS], sizes[NUM_PARAM_TENSORS], off = 0;
+    param_sizes(c, sizes);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) { full_off[t] = off; off += sizes[t]; }
+    int layer = unit_layer(s, un);
+    for (int k = 0; k < unit_tensor_count(un->kind); k++) {
+        int t = unit_tensor(un->kind, k);
+        size_t n = local_tensor_size(c, s, t);
+        size_t layer_off = un->kind >= U_LAYER0 ? (size_t)layer * (sizes[t] / c->L) : 0;
+        #pragma omp parallel for
+        for (size_t i = 0; i < n; i++) {
+            size_t gi = layer_off + local_to_global(c, s, t, i);
+            dst[i] = full ? full[full_off[t] + gi] : param_init_value(c, seed, t, gi);
+        }
+        dst += n;
+    }
+}
+
+// what this rank owns of the full model (file layout), so that the ranks
+// together write every element exactly once: the replicated tensors on tp
+// rank 0, wte on the first stage, and of each unit either the dp rank's 1/dp
+// (by_dp: checkpoints, written by all ranks at once) or all of it on dp rank
+// 0 (export). A run is contiguous in unit u from element j, and in the flat
+// model file from element g.
+typedef struct { int u; size_t j, g, n; } OwnedRun;
+typedef void (*OwnedFn)(const OwnedRun *r, void *ctx);
+
+static void for_each_owned(const GPT2Config *c, const Shard *s, const UnitTable *ut, int by_dp, OwnedFn fn, void *ctx) {
+    if (!by_dp && s->dp_rank != 0) return;
+    size_t full_off[NUM_PARAM_TENSORS], sizes[NUM_PARAM_TENSORS], off = 0;
+    param_sizes(c, sizes);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) { full_off[t] = off; off += sizes[t]; }
+    for (int u = 0; u < ut->n; u++) {
+        const Unit *un = &ut->units[u];
+        size_t chunk = un->padded / s->dp;
+        size_t lo = by_dp ? s->dp_rank * chunk : 0, hi = by_dp ? lo + chunk : un->size;
+        int layer = unit_layer(s, un);
+        size_t t_off = 0;
+        for (int k = 0; k < unit_tensor_count(un->kind); k++) {
+            int t = unit_tensor(un->kind, k);
+            size_t n = local_tensor_size(c, s, t);
+            size_t base = full_off[t] + (un->kind >= U_LAYER0 ? (size_t)layer * (sizes[t] / c->L) : 0);
+            int owner = (!tensor_is_replicated(t) || s->tp_rank == 0) && (t != P_WTE || s->first);
+            size_t a = lo > t_off ? lo : t_off, b = hi < t_off + n ? hi : t_off + n;
+            OwnedRun r = {u, 0, 0, 0};
+            for (size_t j = a; owner && j < b; j++) {
+                size_t g = base + local_to_global(c, s, t, j - t_off);
+                if (r.n > 0 && g == r.g + r.n) { r.n++; continue; }
+                if (r.n > 0) fn(&r, ctx);
+                r.j = j; r.g = g; r.n = 1;
+            }
+            if (r.n > 0) fn(&r, ctx);
+            t_off += n;
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -332,7 +332,7 @@ static float *init_full(const GPT2Config *c, uint64_t seed, int world, int tp, i
         GPT2 m;
         gpt2_build(&m, c, &par, NULL, seed);
         gpt2_export(&m, m.unit_params, full);
-        free(m.params); free(m.grads); free(m.m); free(m.v); free(m.units); free(m.unit_params); free(m.unit_grads);
+        free(m.params); free(m.grads); free(m.m); free(m.v); free(m.ut.units); free(m.unit_params); free(m.unit_grads);
     }
     return full;
 }

@@ -528,77 +528,8 @@ static void group_allreduce(const Parallel *par, const Group *g, float *buf, siz
 }
 
 // ----------------------------------------------------------------------------
-// the model on this rank: a pipeline stage's layers, each tensor cut along
-// the tensor-parallel split (Megatron: qkv and fc by output rows, their
-// projections by input columns, wte by vocabulary rows; LayerNorms, wpe and
-// the projection biases whole on every rank). Its parameters are grouped in
-// units that are contiguous in the flat arrays: wte, wpe, one per layer, and
-// lnf. A unit is the grain of ZeRO: each is padded to a multiple of dp and
-// split evenly among the data-parallel ranks, and gathered or reduced whole.
-
-typedef struct {
-    int tp, tp_rank, pp, pp_rank, dp, dp_rank;
-    int l0, l1, nl;            // this stage's layers [l0, l1)
-    int first, last;           // this stage holds the embeddings / the head
-    int Cl, NHl, Vl, v0;       // local widths: C/tp channels of attention, NH/tp heads, Vp/tp rows of wte from v0
-    int nreal;                 // of the Vl vocabulary rows, those that are real tokens
-} Shard;
-
-enum { U_WTE, U_WPE, U_LNF, U_LAYER0 };  // unit kinds; layer units are U_LAYER0 + local layer
-
-typedef struct {
-    int kind;                  // U_WTE, U_WPE, U_LNF, or U_LAYER0 + ll
-    size_t offset;             // in the flat local arrays (padded layout)
-    size_t size, padded;       // elements, and rounded up to a multiple of dp
-    size_t shard_offset;       // of this rank's 1/dp of the unit in the shard arrays
-} Unit;
-
-// a layer unit holds these tensors in this order (the file's per-layer tensors)
-static const int layer_tensors[12] = {
-    P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB, P_LN2W, P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB,
-};
-
-// elements of tensor t per layer (or in all, for wte, wpe, lnf) on this rank
-static size_t local_tensor_size(const GPT2Config *c, const Shard *s, int t) {
-    size_t C = c->C, Cl = s->Cl;
-    switch (t) {
-    case P_WTE: return (size_t)s->Vl * C;
-    case P_WPE: return (size_t)c->maxT * C;
-    case P_QKVW: return 3 * Cl * C;
-    case P_QKVB: return 3 * Cl;
-    case P_ATTPROJW: return C * Cl;
-    case P_FCW: return 4 * Cl * C;
-    case P_FCB: return 4 * Cl;
-    case P_FCPROJW: return C * 4 * Cl;
-    case P_LNFW: case P_LNFB: case P_LN1W: case P_LN1B: case P_LN2W: case P_LN2B:
-    case P_ATTPROJB: case P_FCPROJB: return C;
-    }
-    return 0;
-}
-
-// whole on every tensor-parallel rank (their gradients agree; counted once in the norm)
-static int tensor_is_replicated(int t) {
-    return !(t == P_WTE || t == P_QKVW || t == P_QKVB || t == P_ATTPROJW || t == P_FCW || t == P_FCB || t == P_FCPROJW);
-}
-
-// where element i of this rank's slice of tensor t (within one layer) sits in
-// the full tensor's layer slice: the one map that init, load and save share
-static size_t local_to_global(const GPT2Config *c, const Shard *s, int t, size_t i) {
-    size_t C = c->C, Cl = s->Cl, r = s->tp_rank;
-    switch (t) {
-    case P_WTE: return (size_t)s->v0 * C + i;
-    case P_QKVW: {  // rows: q, k, v parts of Cl rows each, from row r*Cl of each part
-        size_t row = i / C, part = row / Cl;
-        return (part * C + r * Cl + row % Cl) * C + i % C;
-    }
-    case P_QKVB: return (i / Cl) * C + r * Cl + i % Cl;
-    case P_ATTPROJW: return (i / Cl) * C + r * Cl + i % Cl;                 // columns r*Cl..
-    case P_FCW: return r * 4 * Cl * C + i;                                  // rows r*4Cl..
-    case P_FCB: return r * 4 * Cl + i;
-    case P_FCPROJW: return (i / (4 * Cl)) * 4 * C + r * 4 * Cl + i % (4 * Cl);  // columns r*4Cl..
-    default: return i;
-    }
-}
+// the model on this rank: gpt2.h's Shard and units (its parameters), the
+// activations of the micro-batches in flight, and where ZeRO keeps what
 
 typedef struct { float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb; } LayerParams;
 
@@ -634,10 +565,7 @@ typedef struct {
     GPT2Config config;
     Shard shard;
     const Parallel *par;
-    int nunits;
-    Unit *units;               // wte?, wpe?, layers..., lnf?
-    int u_wte, u_wpe, u_lnf, u_layer0;  // index of each unit, -1 when this stage has none
-    size_t num_local, num_shard;        // elements of the flat local arrays and of the shard arrays
+    UnitTable ut;              // the units of this rank's parameters (gpt2.h)
     // ZeRO 0: params, grads, m, v all num_local. 1: m, v num_shard.
     // 2: grads become grad_shard plus a bucket per unit in use. 3: params become
     // param_shard plus a gathered copy per unit in use.
@@ -662,88 +590,6 @@ static void *xcalloc(size_t n, size_t size, const char *what) {
     return p;
 }
 
-static int unit_tensor_count(int kind) { return kind >= U_LAYER0 ? 12 : kind == U_LNF ? 2 : 1; }
-static int unit_tensor(int kind, int k) {
-    if (kind >= U_LAYER0) return layer_tensors[k];
-    return kind == U_WTE ? P_WTE : kind == U_WPE ? P_WPE : (k == 0 ? P_LNFW : P_LNFB);
-}
-
-static Shard shard_for(const GPT2Config *c, const Grid *g) {
-    Shard s;
-    memset(&s, 0, sizeof(s));
-    s.tp = g->tp; s.tp_rank = g->tp_rank; s.pp = g->pp; s.pp_rank = g->pp_rank; s.dp = g->dp; s.dp_rank = g->dp_rank;
-    // contiguous, balanced stages: the first L % pp stages get one layer more
-    int base = c->L / s.pp, extra = c->L % s.pp;
-    s.l0 = s.pp_rank * base + (s.pp_rank < extra ? s.pp_rank : extra);
-    s.l1 = s.l0 + base + (s.pp_rank < extra ? 1 : 0);
-    s.nl = s.l1 - s.l0;
-    s.first = s.pp_rank == 0;
-    s.last = s.pp_rank == s.pp - 1;
-    s.Cl = c->C / s.tp;
-    s.NHl = c->NH / s.tp;
-    s.Vl = c->Vp / s.tp;
-    s.v0 = s.tp_rank * s.Vl;
-    int real = c->V - s.v0;
-    s.nreal = real < 0 ? 0 : real > s.Vl ? s.Vl : real;
-    return s;
-}
-
-static size_t unit_size(const GPT2Config *c, const Shard *s, int kind) {
-    size_t n = 0;
-    for (int k = 0; k < unit_tensor_count(kind); k++) n += local_tensor_size(c, s, unit_tensor(kind, k));
-    return n;
-}
-
-// lays out the units; they depend on the layout only through the Shard
-static void model_units(GPT2 *m) {
-    const Shard *s = &m->shard;
-    int kinds[1024 + 3], n = 0;
-    m->u_wte = m->u_wpe = m->u_lnf = m->u_layer0 = -1;
-    if (s->first || s->last) { m->u_wte = n; kinds[n++] = U_WTE; }
-    if (s->first) { m->u_wpe = n; kinds[n++] = U_WPE; }
-    m->u_layer0 = n;
-    for (int ll = 0; ll < s->nl; ll++) kinds[n++] = U_LAYER0 + ll;
-    if (s->last) { m->u_lnf = n; kinds[n++] = U_LNF; }
-    m->nunits = n;
-    m->units = (Unit *)xcalloc(n, sizeof(Unit), "units");
-    size_t off = 0, shard_off = 0;
-    for (int u = 0; u < n; u++) {
-        Unit *un = &m->units[u];
-        un->kind = kinds[u];
-        un->size = unit_size(&m->config, s, kinds[u]);
-        un->padded = (un->size + s->dp - 1) / s->dp * s->dp;
-        un->offset = off;
-        un->shard_offset = shard_off;
-        off += un->padded;
-        shard_off += un->padded / s->dp;
-    }
-    m->num_local = off;
-    m->num_shard = shard_off;
-}
-
-// the value of local element i of unit u in the full model `full` (file
-// layout) or, when full is NULL, from the seeded init
-static void unit_fill(const GPT2 *m, int u, float *dst, const float *full, uint64_t seed) {
-    const GPT2Config *c = &m->config;
-    const Shard *s = &m->shard;
-    const Unit *un = &m->units[u];
-    size_t full_off[NUM_PARAM_TENSORS], sizes[NUM_PARAM_TENSORS], off = 0;
-    param_sizes(c, sizes);
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) { full_off[t] = off; off += sizes[t]; }
-    int layer = un->kind >= U_LAYER0 ? s->l0 + un->kind - U_LAYER0 : 0;
-    for (int k = 0; k < unit_tensor_count(un->kind); k++) {
-        int t = unit_tensor(un->kind, k);
-        size_t n = local_tensor_size(c, s, t);
-        size_t layer_off = un->kind >= U_LAYER0 ? (size_t)layer * (sizes[t] / c->L) : 0;
-        #pragma omp parallel for
-        for (size_t i = 0; i < n; i++) {
-            size_t gi = layer_off + local_to_global(c, s, t, i);
-            dst[i] = full ? full[full_off[t] + gi] : param_init_value(c, seed, t, gi);
-        }
-        dst += n;
-    }
-}
-
 static void transient_add(GPT2 *m, long bytes) {
     m->bytes_transient += bytes;
     if (m->bytes_transient > m->bytes_transient_peak) m->bytes_transient_peak = m->bytes_transient;
@@ -755,47 +601,51 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, const Parallel *par, const 
     memset(m, 0, sizeof(*m));
     m->config = *c;
     m->par = par;
-    m->shard = shard_for(c, &par->grid);
-    model_units(m);
+    const Grid *g = &par->grid;
+    m->shard = shard_for(c, g->tp, g->tp_rank, g->pp, g->pp_rank, g->dp, g->dp_rank);
+    if (unit_table(&m->ut, c, &m->shard, 1) != 0) {
+        fprintf(stderr, "out of memory allocating the unit table\n");
+        exit(1);
+    }
     int zero = par->zero;
-    m->unit_params = (float **)xcalloc(m->nunits, sizeof(float *), "unit views");
-    m->unit_grads = (float **)xcalloc(m->nunits, sizeof(float *), "unit views");
+    m->unit_params = (float **)xcalloc(m->ut.n, sizeof(float *), "unit views");
+    m->unit_grads = (float **)xcalloc(m->ut.n, sizeof(float *), "unit views");
     // ZeRO's memory per rank, N = this rank's (padded) parameter count:
     //   stage   params   grads    AdamW m, v
     //   0       4N       4N       8N
     //   1       4N       4N       8N/dp
     //   2       4N       4N/dp    8N/dp   (+ one unit's gradient bucket at a time)
     //   3       4N/dp    4N/dp    8N/dp   (+ the units gathered for the layer at work)
-    size_t nopt = zero >= 1 ? m->num_shard : m->num_local;
+    size_t nopt = zero >= 1 ? m->ut.num_shard : m->ut.num_local;
     m->m = (float *)xcalloc(nopt, sizeof(float), "AdamW m");
     m->v = (float *)xcalloc(nopt, sizeof(float), "AdamW v");
     m->bytes_optimizer = 2 * nopt * sizeof(float);
     if (zero <= 1) {
-        m->grads = (float *)xcalloc(m->num_local, sizeof(float), "gradients");
-        m->bytes_grads = m->num_local * sizeof(float);
+        m->grads = (float *)xcalloc(m->ut.num_local, sizeof(float), "gradients");
+        m->bytes_grads = m->ut.num_local * sizeof(float);
     } else {
-        m->grad_shard = (float *)xcalloc(m->num_shard, sizeof(float), "gradient shard");
-        m->bytes_grads = m->num_shard * sizeof(float);
+        m->grad_shard = (float *)xcalloc(m->ut.num_shard, sizeof(float), "gradient shard");
+        m->bytes_grads = m->ut.num_shard * sizeof(float);
     }
     float *unit_buf = NULL;
     if (zero <= 2) {
-        m->params = (float *)xcalloc(m->num_local, sizeof(float), "parameters");
-        m->bytes_params = m->num_local * sizeof(float);
+        m->params = (float *)xcalloc(m->ut.num_local, sizeof(float), "parameters");
+        m->bytes_params = m->ut.num_local * sizeof(float);
     } else {
-        m->param_shard = (float *)xcalloc(m->num_shard, sizeof(float), "parameter shard");
-        m->bytes_params = m->num_shard * sizeof(float);
+        m->param_shard = (float *)xcalloc(m->ut.num_shard, sizeof(float), "parameter shard");
+        m->bytes_params = m->ut.num_shard * sizeof(float);
         size_t largest = 0;
-        for (int u = 0; u < m->nunits; u++) if (m->units[u].padded > largest) largest = m->units[u].padded;
+        for (int u = 0; u < m->ut.n; u++) if (m->ut.units[u].padded > largest) largest = m->ut.units[u].padded;
         unit_buf = (float *)xcalloc(largest, sizeof(float), "unit");
     }
-    for (int u = 0; u < m->nunits; u++) {
-        const Unit *un = &m->units[u];
+    for (int u = 0; u < m->ut.n; u++) {
+        const Unit *un = &m->ut.units[u];
         if (zero <= 2) {
-            unit_fill(m, u, m->params + un->offset, full, seed);
+            unit_fill(c, &m->shard, un, m->params + un->offset, full, seed);
             m->unit_params[u] = m->params + un->offset;
         } else {  // keep only my 1/dp of the unit
             memset(unit_buf, 0, un->padded * sizeof(float));
-            unit_fill(m, u, unit_buf, full, seed);
+            unit_fill(c, &m->shard, un, unit_buf, full, seed);
             size_t chunk = un->padded / m->shard.dp;
             memcpy(m->param_shard + un->shard_offset, unit_buf + m->shard.dp_rank * chunk, chunk * sizeof(float));
         }
@@ -845,9 +695,9 @@ static void gpt2_free(GPT2 *m) {
         free(a->memory); free(a->inputs); free(a->targets);
     }
     if (m->par->zero == 3)
-        for (int u = 0; u < m->nunits; u++) free(m->unit_params[u]);
+        for (int u = 0; u < m->ut.n; u++) free(m->unit_params[u]);
     free(m->grad_in);
-    free(m->acts); free(m->units); free(m->unit_params); free(m->unit_grads);
+    free(m->acts); free(m->ut.units); free(m->unit_params); free(m->unit_grads);
 }
 
 static LayerActs layer_acts(const GPT2 *m, const Acts *a, int ll) {
@@ -875,7 +725,7 @@ static float *block_input(const GPT2 *m, const Acts *a, int ll) {
 // makes unit u's full parameters available (ZeRO-3: all-gathers them)
 static float *unit_acquire(GPT2 *m, int u) {
     if (m->par->zero < 3 || m->unit_params[u] != NULL) return m->unit_params[u];
-    const Unit *un = &m->units[u];
+    const Unit *un = &m->ut.units[u];
     float *full = (float *)xcalloc(un->padded, sizeof(float), "gathered unit");
     transient_add(m, (long)(un->padded * sizeof(float)));
     if (m->shard.dp > 1) comm_allgather(m->par->comm, &m->par->dp, m->param_shard + un->shard_offset, full, un->padded / m->shard.dp);
@@ -888,14 +738,14 @@ static void unit_release(GPT2 *m, int u) {
     if (m->par->zero < 3 || m->unit_params[u] == NULL) return;
     free(m->unit_params[u]);
     m->unit_params[u] = NULL;
-    transient_add(m, -(long)(m->units[u].padded * sizeof(float)));
+    transient_add(m, -(long)(m->ut.units[u].padded * sizeof(float)));
 }
 
 // where unit u's gradients accumulate during a backward (ZeRO-2/3: a bucket)
 static float *unit_grad_begin(GPT2 *m, int u) {
     if (m->par->zero < 2 || m->unit_grads[u] != NULL) return m->unit_grads[u];
-    m->unit_grads[u] = (float *)xcalloc(m->units[u].padded, sizeof(float), "gradient bucket");
-    transient_add(m, (long)(m->units[u].padded * sizeof(float)));
+    m->unit_grads[u] = (float *)xcalloc(m->ut.units[u].padded, sizeof(float), "gradient bucket");
+    transient_add(m, (long)(m->ut.units[u].padded * sizeof(float)));
     return m->unit_grads[u];
 }
 
@@ -903,7 +753,7 @@ static float *unit_grad_begin(GPT2 *m, int u) {
 // the bucket over the data-parallel ranks, add it to my shard, drop the bucket
 static void unit_grad_end(GPT2 *m, int u) {
     if (m->par->zero < 2) return;
-    const Unit *un = &m->units[u];
+    const Unit *un = &m->ut.units[u];
     size_t chunk = un->padded / m->shard.dp;
     float *mine = m->grad_shard + un->shard_offset;
     if (m->shard.dp > 1) {
@@ -985,12 +835,12 @@ static void embed_forward(GPT2 *m, Acts *a) {
     const Parallel *par = m->par;
     const Shard *s = &m->shard;
     int B = m->B, T = m->T, C = m->config.C;
-    float *wte = unit_acquire(m, m->u_wte), *wpe = unit_acquire(m, m->u_wpe);
+    float *wte = unit_acquire(m, m->ut.u_wte), *wpe = unit_acquire(m, m->ut.u_wpe);
     encoder_forward(a->t[A_ENCODED], a->inputs, wte, s->v0, s->Vl, B, T, C);
     group_allreduce(par, &par->tp, a->t[A_ENCODED], (size_t)B * T * C);
     encoder_add_positions(a->t[A_ENCODED], wpe, B, T, C);
-    unit_release(m, m->u_wpe);
-    if (!s->last) unit_release(m, m->u_wte);  // one stage: wte stays for the head
+    unit_release(m, m->ut.u_wpe);
+    if (!s->last) unit_release(m, m->ut.u_wte);  // one stage: wte stays for the head
 }
 
 // final LayerNorm, logits over my vocabulary rows, the loss (mean over B*T)
@@ -998,11 +848,11 @@ static void head_forward(GPT2 *m, Acts *a, int with_loss) {
     const Parallel *par = m->par;
     const Shard *s = &m->shard;
     int BT = m->B * m->T, C = m->config.C;
-    float *lnf = unit_acquire(m, m->u_lnf), *wte = unit_acquire(m, m->u_wte);
+    float *lnf = unit_acquire(m, m->ut.u_lnf), *wte = unit_acquire(m, m->ut.u_wte);
     layernorm_forward(a->t[A_LNF], a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], block_input(m, a, s->nl), lnf, lnf + C, BT, C);
     matmul_forward(a->t[A_LOGITS], a->t[A_LNF], wte, NULL, BT, C, s->Vl);
-    unit_release(m, m->u_lnf);
-    unit_release(m, m->u_wte);
+    unit_release(m, m->ut.u_lnf);
+    unit_release(m, m->ut.u_wte);
     if (!with_loss) return;
     float *maxes = a->t[A_ROWMAX], *sums = a->t[A_ROWSUM];
     crossentropy_rowmax(maxes, a->t[A_LOGITS], BT, s->Vl, s->nreal);
@@ -1028,7 +878,7 @@ static void stage_forward(GPT2 *m, Acts *a, int with_loss) {
     const Shard *s = &m->shard;
     if (s->first) embed_forward(m, a);
     for (int ll = 0; ll < s->nl; ll++) {
-        int u = m->u_layer0 + ll;
+        int u = m->ut.u_layer0 + ll;
         LayerParams p = layer_params_at(&m->config, s, unit_acquire(m, u));
         block_forward(m, p, layer_acts(m, a, ll), block_input(m, a, ll));
         unit_release(m, u);
@@ -1046,32 +896,32 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
     size_t btc = (size_t)BT * C;
     memset(d->memory, 0, (size_t)(d->t[NUM_ACT_TENSORS - 1] + m->act_sizes[NUM_ACT_TENSORS - 1] - d->memory) * sizeof(float));
     if (s->last) {
-        float *lnf = unit_acquire(m, m->u_lnf), *wte = unit_acquire(m, m->u_wte);
-        float *dlnf = unit_grad_begin(m, m->u_lnf), *dwte = unit_grad_begin(m, m->u_wte);
+        float *lnf = unit_acquire(m, m->ut.u_lnf), *wte = unit_acquire(m, m->ut.u_wte);
+        float *dlnf = unit_grad_begin(m, m->ut.u_lnf), *dwte = unit_grad_begin(m, m->ut.u_wte);
         crossentropy_backward(d->t[A_LOGITS], a->t[A_PROBS], a->targets, dloss, s->v0, BT, s->Vl, s->nreal);
         matmul_backward(d->t[A_LNF], dwte, NULL, d->t[A_LOGITS], a->t[A_LNF], wte, BT, C, s->Vl);
         group_allreduce(par, &par->tp, d->t[A_LNF], btc);
         layernorm_backward(block_input(m, d, s->nl), dlnf, dlnf + C, d->t[A_LNF], block_input(m, a, s->nl),
                            lnf, a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], BT, C);
-        unit_release(m, m->u_lnf);
-        unit_release(m, m->u_wte);
-        unit_grad_end(m, m->u_lnf);
-        if (!s->first) unit_grad_end(m, m->u_wte);
+        unit_release(m, m->ut.u_lnf);
+        unit_release(m, m->ut.u_wte);
+        unit_grad_end(m, m->ut.u_lnf);
+        if (!s->first) unit_grad_end(m, m->ut.u_wte);
     } else {
         memcpy(block_input(m, d, s->nl), m->grad_in, btc * sizeof(float));
     }
     for (int ll = s->nl - 1; ll >= 0; ll--) {
-        int u = m->u_layer0 + ll;
+        int u = m->ut.u_layer0 + ll;
         LayerParams p = layer_params_at(c, s, unit_acquire(m, u)), g = layer_params_at(c, s, unit_grad_begin(m, u));
         block_backward(m, p, g, layer_acts(m, a, ll), layer_acts(m, d, ll), block_input(m, a, ll), block_input(m, d, ll));
         unit_release(m, u);
         unit_grad_end(m, u);
     }
     if (s->first) {
-        float *dwte = unit_grad_begin(m, m->u_wte), *dwpe = unit_grad_begin(m, m->u_wpe);
+        float *dwte = unit_grad_begin(m, m->ut.u_wte), *dwpe = unit_grad_begin(m, m->ut.u_wpe);
         encoder_backward(dwte, dwpe, d->t[A_ENCODED], a->inputs, s->v0, s->Vl, B, T, C);
-        unit_grad_end(m, m->u_wpe);
-        unit_grad_end(m, m->u_wte);
+        unit_grad_end(m, m->ut.u_wpe);
+        unit_grad_end(m, m->ut.u_wte);
     }
 }
 
@@ -1082,8 +932,8 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
 // the updated parameters all-gathered.
 
 static void gpt2_zero_grad(GPT2 *m) {
-    if (m->grads) memset(m->grads, 0, m->num_local * sizeof(float));
-    if (m->grad_shard) memset(m->grad_shard, 0, m->num_shard * sizeof(float));
+    if (m->grads) memset(m->grads, 0, m->ut.num_local * sizeof(float));
+    if (m->grad_shard) memset(m->grad_shard, 0, m->ut.num_shard * sizeof(float));
 }
 
 static void gpt2_reduce_grads(GPT2 *m) {
@@ -1091,14 +941,14 @@ static void gpt2_reduce_grads(GPT2 *m) {
     const Shard *s = &m->shard;
     int zero = par->zero;
     // the tied wte: the first and the last stage add their gradients
-    if (s->pp > 1 && m->u_wte >= 0) {
-        const Unit *un = &m->units[m->u_wte];
+    if (s->pp > 1 && m->ut.u_wte >= 0) {
+        const Unit *un = &m->ut.units[m->ut.u_wte];
         if (zero <= 1) group_allreduce(par, &par->tied, m->grads + un->offset, un->padded);
         else group_allreduce(par, &par->tied, m->grad_shard + un->shard_offset, un->padded / s->dp);
     }
     if (s->dp == 1 || zero >= 2) return;  // ZeRO-2/3 reduced each unit during the backward
-    for (int u = 0; u < m->nunits; u++) {
-        const Unit *un = &m->units[u];
+    for (int u = 0; u < m->ut.n; u++) {
+        const Unit *un = &m->ut.units[u];
         size_t chunk = un->padded / s->dp;
         float *g = m->grads + un->offset;
         if (zero == 0) {
@@ -1123,8 +973,8 @@ typedef void (*RunFn)(GPT2 *m, const Run *r, void *ctx);
 static void for_each_run(GPT2 *m, RunFn fn, void *ctx, int my_chunk) {
     int zero = m->par->zero, split = zero >= 1 || my_chunk;
     size_t dp = m->shard.dp;
-    for (int u = 0; u < m->nunits; u++) {
-        const Unit *un = &m->units[u];
+    for (int u = 0; u < m->ut.n; u++) {
+        const Unit *un = &m->ut.units[u];
         size_t lo = split ? m->shard.dp_rank * (un->padded / dp) : 0;  // my part of the unit
         size_t hi = split ? lo + un->padded / dp : un->padded;
         size_t state = zero >= 1 ? un->shard_offset : un->offset;
@@ -1199,8 +1049,8 @@ static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, cons
     m->adam_t++;
     for_each_run(m, adam_run, (void *)h, 0);
     if ((par->zero == 1 || par->zero == 2) && s->dp > 1) {  // everyone's updated chunks, to everyone
-        for (int u = 0; u < m->nunits; u++) {
-            const Unit *un = &m->units[u];
+        for (int u = 0; u < m->ut.n; u++) {
+            const Unit *un = &m->ut.units[u];
             size_t chunk = un->padded / s->dp;
             float *mine = (float *)xcalloc(chunk, sizeof(float), "updated chunk");
             memcpy(mine, m->params + un->offset + s->dp_rank * chunk, chunk * sizeof(float));
@@ -1212,52 +1062,11 @@ static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, cons
 }
 
 // ----------------------------------------------------------------------------
-// what this rank owns of the full model (file layout), so that the ranks
-// together write every element exactly once: the replicated tensors on tp
-// rank 0, wte on the first stage, and of each unit either the dp rank's 1/dp
-// (by_dp: checkpoints, written by all ranks at once) or all of it on dp rank
-// 0 (export). A run is contiguous in unit u from element j, and in the flat
-// model file from element g.
-
-typedef struct { int u; size_t j, g, n; } OwnedRun;
-typedef void (*OwnedFn)(GPT2 *m, const OwnedRun *r, void *ctx);
-
-static void for_each_owned(GPT2 *m, int by_dp, OwnedFn fn, void *ctx) {
-    const GPT2Config *c = &m->config;
-    const Shard *s = &m->shard;
-    if (!by_dp && s->dp_rank != 0) return;
-    size_t full_off[NUM_PARAM_TENSORS], sizes[NUM_PARAM_TENSORS], off = 0;
-    param_sizes(c, sizes);
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) { full_off[t] = off; off += sizes[t]; }
-    for (int u = 0; u < m->nunits; u++) {
-        const Unit *un = &m->units[u];
-        size_t chunk = un->padded / s->dp;
-        size_t lo = by_dp ? s->dp_rank * chunk : 0, hi = by_dp ? lo + chunk : un->size;
-        int layer = un->kind >= U_LAYER0 ? s->l0 + un->kind - U_LAYER0 : 0;
-        size_t t_off = 0;
-        for (int k = 0; k < unit_tensor_count(un->kind); k++) {
-            int t = unit_tensor(un->kind, k);
-            size_t n = local_tensor_size(c, s, t);
-            size_t base = full_off[t] + (un->kind >= U_LAYER0 ? (size_t)layer * (sizes[t] / c->L) : 0);
-            int owner = (!tensor_is_replicated(t) || s->tp_rank == 0) && (t != P_WTE || s->first);
-            size_t a = lo > t_off ? lo : t_off, b = hi < t_off + n ? hi : t_off + n;
-            OwnedRun r = {u, 0, 0, 0};
-            for (size_t j = a; owner && j < b; j++) {
-                size_t g = base + local_to_global(c, s, t, j - t_off);
-                if (r.n > 0 && g == r.g + r.n) { r.n++; continue; }
-                if (r.n > 0) fn(m, &r, ctx);
-                r.j = j; r.g = g; r.n = 1;
-            }
-            if (r.n > 0) fn(m, &r, ctx);
-            t_off += n;
-        }
-    }
-}
+// export and checkpoints: through gpt2.h's for_each_owned
 
 typedef struct { float *const *unit_data; float *full; } ExportCtx;
 
-static void export_run(GPT2 *m, const OwnedRun *r, void *ctx) {
-    (void)m;
+static void export_run(const OwnedRun *r, void *ctx) {
     const ExportCtx *e = (const ExportCtx *)ctx;
     memcpy(e->full + r->g, e->unit_data[r->u] + r->j, r->n * sizeof(float));
 }
@@ -1266,15 +1075,15 @@ static void export_run(GPT2 *m, const OwnedRun *r, void *ctx) {
 // unit_grads); a sum over all ranks assembles the full model
 static void gpt2_export(GPT2 *m, float *const *unit_data, float *full) {
     ExportCtx e = {unit_data, full};
-    for_each_owned(m, 0, export_run, &e);
+    for_each_owned(&m->config, &m->shard, &m->ut, 0, export_run, &e);
 }
 
 // this rank's slice of tensor t (of `layer`, for the per-layer tensors)
 // within unit_data (the model's unit_params or unit_grads); NULL when this
 // stage does not hold it
 static float *tensor_view(const GPT2 *m, float *const *unit_data, int t, int layer) {
-    for (int u = 0; u < m->nunits; u++) {
-        const Unit *un = &m->units[u];
+    for (int u = 0; u < m->ut.n; u++) {
+        const Unit *un = &m->ut.units[u];
         if (un->kind >= U_LAYER0 && un->kind - U_LAYER0 + m->shard.l0 != layer) continue;
         float *p = unit_data[u];
         for (int k = 0; k < unit_tensor_count(un->kind); k++) {
@@ -1290,18 +1099,19 @@ static float *tensor_view(const GPT2 *m, float *const *unit_data, int t, int lay
 // straight into the whole tensors of model.bin and optim.bin, so the files do
 // not depend on the layout and no rank ever holds the whole model or state.
 
-typedef struct { int fd_model, fd_optim, error; size_t N; } SaveCtx;
+typedef struct { GPT2 *m; int fd_model, fd_optim, error; size_t N; } SaveCtx;
 
 // where element j of unit u lives on this rank: in the whole unit (offset)
 // or, when the array is sharded over dp, in my 1/dp of it (shard_offset)
 static float *unit_elem(const GPT2 *m, float *arr, int sharded, int u, size_t j) {
-    const Unit *un = &m->units[u];
+    const Unit *un = &m->ut.units[u];
     if (!sharded) return arr + un->offset + j;
     return arr + un->shard_offset + (j - m->shard.dp_rank * (un->padded / m->shard.dp));
 }
 
-static void save_run(GPT2 *m, const OwnedRun *r, void *ctx) {
+static void save_run(const OwnedRun *r, void *ctx) {
     SaveCtx *sc = (SaveCtx *)ctx;
+    GPT2 *m = sc->m;
     int zero = m->par->zero;
     const float *p = zero == 3 ? unit_elem(m, m->param_shard, 1, r->u, r->j) : unit_elem(m, m->params, 0, r->u, r->j);
     const float *mo = unit_elem(m, m->m, zero >= 1, r->u, r->j), *vo = unit_elem(m, m->v, zero >= 1, r->u, r->j);
@@ -1323,13 +1133,13 @@ static int gpt2_save(GPT2 *m, const char *out_dir, int keep, const CkptState *st
     group_allreduce(par, &par->world, &failed, 1);
     if (failed == 0) {
         ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial");
-        SaveCtx sc = {-1, -1, 0, param_count(&m->config)};
+        SaveCtx sc = {m, -1, -1, 0, param_count(&m->config)};
         snprintf(path, sizeof(path), "%s/model.bin", dir);
         sc.fd_model = open(path, O_WRONLY | O_CLOEXEC);
         snprintf(path, sizeof(path), "%s/optim.bin", dir);
         sc.fd_optim = open(path, O_WRONLY | O_CLOEXEC);
         if (sc.fd_model < 0 || sc.fd_optim < 0) sc.error = errno;
-        if (sc.error == 0) for_each_owned(m, 1, save_run, &sc);
+        if (sc.error == 0) for_each_owned(&m->config, &m->shard, &m->ut, 1, save_run, &sc);
         if (sc.error == 0 && (fsync(sc.fd_model) != 0 || fsync(sc.fd_optim) != 0)) sc.error = errno;
         if (sc.fd_model >= 0) close(sc.fd_model);
         if (sc.fd_optim >= 0) close(sc.fd_optim);
@@ -1365,15 +1175,15 @@ static int gpt2_load_optimizer(GPT2 *m, const char *path, int adam_t, char *err,
     const float *full_m = (const float *)((const char *)map + HEADER_INTS * 4), *full_v = full_m + N;
     int sharded = m->par->zero >= 1;
     size_t largest = 0;
-    for (int u = 0; u < m->nunits; u++) if (m->units[u].padded > largest) largest = m->units[u].padded;
+    for (int u = 0; u < m->ut.n; u++) if (m->ut.units[u].padded > largest) largest = m->ut.units[u].padded;
     float *buf = (float *)xcalloc(largest, sizeof(float), "unit");
-    for (int u = 0; u < m->nunits; u++) {
-        const Unit *un = &m->units[u];
+    for (int u = 0; u < m->ut.n; u++) {
+        const Unit *un = &m->ut.units[u];
         size_t chunk = un->padded / m->shard.dp, lo = m->shard.dp_rank * chunk;
         for (int k = 0; k < 2; k++) {
             float *dst = k == 0 ? m->m : m->v;
             memset(buf, 0, un->padded * sizeof(float));
-            unit_fill(m, u, buf, k == 0 ? full_m : full_v, 0);
+            unit_fill(&m->config, &m->shard, un, buf, k == 0 ? full_m : full_v, 0);
             if (sharded) memcpy(dst + un->shard_offset, buf + lo, chunk * sizeof(float));
             else memcpy(dst + un->offset, buf, un->padded * sizeof(float));
         }
@@ -1514,9 +1324,9 @@ static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng)
 // the parameters of every rank, assembled on all of them (ZeRO-3 gathers each unit)
 static float *gpt2_full_params(GPT2 *m) {
     float *full = (float *)xcalloc(param_count(&m->config), sizeof(float), "full model");
-    for (int u = 0; u < m->nunits; u++) unit_acquire(m, u);
+    for (int u = 0; u < m->ut.n; u++) unit_acquire(m, u);
     gpt2_export(m, m->unit_params, full);
-    for (int u = 0; u < m->nunits; u++) unit_release(m, u);
+    for (int u = 0; u < m->ut.n; u++) unit_release(m, u);
     group_allreduce(m->par, &m->par->world, full, param_count(&m->config));
     return full;
 }
@@ -1528,9 +1338,9 @@ static void consistency_check(GPT2 *m, int step) {
     if (par->dp.size == 1) return;
     Sha256 h;
     sha256_init(&h);
-    for (int u = 0; u < m->nunits; u++) {
+    for (int u = 0; u < m->ut.n; u++) {
         float *p = unit_acquire(m, u);
-        sha256_update(&h, p, m->units[u].size * sizeof(float));
+        sha256_update(&h, p, m->ut.units[u].size * sizeof(float));
         unit_release(m, u);
     }
     float mine[8], *all = (float *)xcalloc(8 * (size_t)par->dp.size, sizeof(float), "digests");
@@ -1561,7 +1371,7 @@ static void print_layout(const GPT2 *m, const Options *o, int accum) {
                    g->rank, g->dp_rank, g->pp_rank, g->tp_rank, s->l0, s->l1 - 1, s->first ? " +embeddings" : "",
                    s->last ? " +head" : "", s->tp_rank * s->NHl, (s->tp_rank + 1) * s->NHl - 1, s->v0, s->v0 + s->Vl - 1,
                    m->bytes_params, m->bytes_grads, m->bytes_optimizer,
-                   m->num_local, m->num_shard);
+                   m->ut.num_local, m->ut.num_shard);
         fflush(stdout);
         if (g->world > 1) comm_barrier(par->comm, &par->world);
     }
