@@ -41,8 +41,8 @@
  * NCCL backend (CUDA builds, -DLLM3D_NCCL). The same calls on device buffers:
  * a communicator per group split from the world's, non-blocking, each call
  * followed by a watchdog wait that aborts the communicators on an error or a
- * timeout. gpu_for_rank and gpu_layout_check, its pure-C decisions, are
- * compiled everywhere so the CPU tests check them.
+ * timeout. gpu_for_rank, its pure-C decision, is compiled everywhere so the
+ * CPU tests check it.
  *
  * C and C++. The header compiles as C11 (the CPU programs) and as C++17
  * (nvcc's host compiler, for train_gpt2.cu): shared-memory fields are plain
@@ -2248,15 +2248,70 @@ static inline int gpu_own_visible(const Launch *L) {
     return L->source != NULL && strcmp(L->source, "LLM3D_*") != 0 && v != NULL && v[0] != '\0' && strchr(v, ',') == NULL;
 }
 
-// gpu_layout_check: the layouts train_gpt2cu runs: data parallel (tp = pp = 1)
-// with ZeRO 0 or 1; everything else is refused, not half run
-static inline int gpu_layout_check(int tp, int pp, int zero, char *err, size_t errlen) {
-    if (tp != 1 || pp != 1)
-        return secure_error(err, errlen, "flags -tp %d -pp %d: tensor and pipeline parallelism are not built in the GPU "
-                            "trainer yet (data parallel only: -tp 1 -pp 1)", tp, pp);
-    if (zero != 0 && zero != 1)
-        return secure_error(err, errlen, "flag -z %d: ZeRO-%d is not built in the GPU trainer yet (ZeRO 0 or 1)", zero, zero);
-    return 0;
+// ----------------------------------------------------------------------------
+// MAC'd point-to-point messages of the NCCL backend: what both sides derive on
+// the host. Pure C, so the CPU tests (and test_gpt2cu's host checks) check it.
+// A message is `payload | tag (NCCL_MAC_BYTES)`: the chunked MAC of the
+// payload (secure.h, doc/security.md "Chunked MAC") under the frame header
+// that mac_header builds. The header itself never travels: the receiver
+// builds the one it expects, so a message MAC'd under any other header fails.
+
+#define NCCL_MAC_BYTES FRAME_TAG_BYTES       // room after every MAC'd payload, for its tag
+#define NCCL_MAC_TARGET_CHUNKS 1024          // chunks (GPU threads) a large message is cut into
+#define NCCL_MAC_MIN_CHUNK_BYTES (4u << 10)  // a chunk pays ~3 blocks beyond its own: 5% at 4 KiB
+
+// nccl_mac_chunk_bytes: the chunk size of a len-byte message, from len alone
+// (sender and receiver must agree without telling each other): len / 1024
+// rounded down to a multiple of 64, within 4 KiB .. CHUNKMAC_CHUNK_BYTES.
+// Rounding down gives at least 1024 chunks from 4 MiB on (at most 1040 up to
+// 64 MiB); from 64 MiB the chunks stay at 64 KiB and their number grows;
+// under 4 MiB there are fewer than 1024 chunks of 4 KiB (a small message is
+// quick anyway). A 25 MB activation gets 1024 chunks of 24 KiB, near the
+// sqrt(32 len) that makes the chunk chain plus the final chain shortest
+// (doc/security.md, "Cost"); dev/cuda/mac.cu times the sizes this picks.
+static inline uint64_t nccl_mac_chunk_bytes(uint64_t len) {
+    uint64_t cb = len / NCCL_MAC_TARGET_CHUNKS / 64 * 64;
+    if (cb < NCCL_MAC_MIN_CHUNK_BYTES) return NCCL_MAC_MIN_CHUNK_BYTES;
+    if (cb > CHUNKMAC_CHUNK_BYTES) return CHUNKMAC_CHUNK_BYTES;
+    return cb;
+}
+
+// mac_header: the 64-byte frame header (secure.h, "frames") a MAC'd message
+// is tagged under; every field the receiver expects is in it
+static inline void mac_header(uint8_t out[64], uint64_t job_id, int src, int dst, int channel, long step, int microbatch,
+                              uint64_t seq, uint64_t len) {
+    FrameHeader h;
+    memset(&h, 0, sizeof(h));
+    h.magic = FRAME_MAGIC;
+    h.version = FRAME_VERSION;
+    h.channel = (uint16_t)channel;
+    h.job_id = job_id;
+    h.src = (uint32_t)src;
+    h.dst = (uint32_t)dst;
+    h.step = (uint64_t)step;
+    h.microbatch = (uint32_t)microbatch;
+    h.seq = seq;
+    h.payload_len = len;
+    frame_header_write(&h, out);
+}
+
+// mac_send_header: the header of the next message to dst; uses and advances
+// send_seq[dst], except when replay is set and a message went to dst before:
+// then it reuses that message's number and send_seq[dst] stays (returns 1).
+// The receiver's count does advance, so from then on the two disagree by one
+// on that link: the replayed message and every later one fail their MAC.
+static inline int mac_send_header(Links *l, int dst, int channel, long step, int microbatch, uint64_t len, int replay,
+                                  uint8_t out[64]) {
+    int replayed = replay && links_rewind_send(l, dst) == 0;
+    mac_header(out, l->job_id, l->rank, dst, channel, step, microbatch, l->send_seq[dst]++, len);
+    return replayed;
+}
+
+// mac_recv_header: the header the next message from src must have been
+// tagged under; uses and advances recv_seq[src]
+static inline void mac_recv_header(Links *l, int src, int channel, long step, int microbatch, uint64_t len,
+                                   uint8_t out[64]) {
+    mac_header(out, l->job_id, src, l->rank, channel, step, microbatch, l->recv_seq[src]++, len);
 }
 
 #ifdef LLM3D_NCCL
@@ -2288,6 +2343,10 @@ typedef struct {
     const char *name;       // "world", "dp", "tp", "pp", for messages
 } NcclGroup;
 
+#define NCCL_MAC_MAX_MSGS 4096  // MAC'd receives per step before the flag array grows (-mb 2048 at 2 per micro-batch)
+
+typedef struct { int src, channel, microbatch; long step; size_t bytes; } NcclMacRecv;  // one checked receive
+
 typedef struct {
     int rank;
     long step;
@@ -2299,6 +2358,14 @@ typedef struct {
     NcclGroup world, dp, tp, pp;
     const char *op;         // the call in progress, for messages
     char what[96];          // its peer or channel, for messages
+    // MAC'd point-to-point messages (nccl_sendrecv_mac)
+    Links links;            // the key's HMAC state, the job id, the per-pair sequence numbers
+    uint8_t *mac_scratch;   // device: the chunk tags of one message (32 bytes per chunk)
+    size_t mac_scratch_bytes;
+    int *mac_bad;           // device [mac_cap]: 1 where the step's receive of that index failed its MAC
+    NcclMacRecv *mac_recvs; // host [mac_cap]: what each receive of the step was, for the error
+    int mac_cap, mac_nrecv; // capacity of both; receives so far this step
+    int mac_fault_done;     // tamper or replay has acted (once per job, as in the host backend)
 } NcclComm;
 
 static inline void nccl_abort_all(NcclComm *c) {
@@ -2419,9 +2486,8 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
     *out = NULL;
     if (!(timeout_s > 0 && timeout_s <= 86400))
         return secure_error(err, errlen, "-to %g: the timeout must be > 0 and <= 86400 seconds", timeout_s);
-    if (fault != NULL && (fault->kind == FAULT_TAMPER || fault->kind == FAULT_REPLAY))
-        return secure_error(err, errlen, "-fault %s: NCCL messages carry no MAC'd frames yet, so there is nothing to %s",
-                            fault_name(fault->kind), fault_name(fault->kind));
+    // tamper and replay act on MAC'd point-to-point messages (nccl_sendrecv_mac):
+    // a job without any (pp = 1) runs on and they never fire
     if (fault != NULL && fault->kind != FAULT_NONE && (fault->rank < 0 || fault->rank >= g->world))
         return secure_error(err, errlen, "-fault %s:%d:%ld: rank %d is not in this job of %d ranks", fault_name(fault->kind),
                             fault->rank, fault->step, fault->rank, g->world);
@@ -2477,10 +2543,21 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
     cudaError_t e = cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaMalloc((void **)&c->one, sizeof(float));
     if (e == cudaSuccess) e = cudaMemset(c->one, 0, sizeof(float));  // the barrier's all-reduce sums zeros
-    if (e != cudaSuccess) {
+    // the MAC'd messages' state: sequence numbers from 0 on every pair, and
+    // the flags of one step's receives (nccl_mac_step_begin clears them)
+    c->mac_cap = NCCL_MAC_MAX_MSGS;
+    if (e == cudaSuccess) e = cudaMalloc((void **)&c->mac_bad, (size_t)c->mac_cap * sizeof(int));
+    if (e == cudaSuccess) e = cudaMemset(c->mac_bad, 0, (size_t)c->mac_cap * sizeof(int));
+    c->mac_recvs = (NcclMacRecv *)calloc((size_t)c->mac_cap, sizeof(NcclMacRecv));
+    int links_ok = e == cudaSuccess && c->mac_recvs != NULL && links_init(&c->links, key, g->rank, g->world) == 0;
+    if (!links_ok) {
         nccl_abort_all(c);
+        cudaFree(c->one);
+        cudaFree(c->mac_bad);
+        free(c->mac_recvs);
         free(c);
-        return secure_error(err, errlen, "rank %d: nccl_init: %s", g->rank, cudaGetErrorString(e));
+        return secure_error(err, errlen, "rank %d: nccl_init: %s", g->rank,
+                            e != cudaSuccess ? cudaGetErrorString(e) : "out of memory for the MAC state");
     }
     *out = c;
     return 0;
@@ -2521,6 +2598,13 @@ static inline void nccl_barrier(NcclComm *c, const NcclGroup *g) {
     nccl_wait(c, g, ncclAllReduce(c->one, c->one, 1, ncclFloat32, ncclSum, g->comm, c->stream));
 }
 
+// nccl_peers_ok: a send to dst and a receive from src (-1: none, not both) between other ranks of the world
+static inline int nccl_peers_ok(const NcclComm *c, int dst_rank, int src_rank) {
+    int world = c->world.group.size;
+    return !((dst_rank < 0 && src_rank < 0) || dst_rank >= world || src_rank >= world || dst_rank == c->rank ||
+             src_rank == c->rank);
+}
+
 // nccl_sendrecv: a send to dst and a receive from src (world ranks; -1 for
 // none) posted in one group call, so two neighbours exchanging at once cannot
 // deadlock on each other's order. channel and micro-batch name the message in
@@ -2540,8 +2624,7 @@ static inline void nccl_sendrecv(NcclComm *c, int dst_rank, int send_channel, in
     else
         snprintf(what, sizeof(c->what), " from rank %d (%s, micro-batch %d)", src_rank, channel_name(recv_channel),
                  recv_microbatch);
-    if ((dst_rank < 0 && src_rank < 0) || dst_rank >= world || src_rank >= world || dst_rank == c->rank ||
-        src_rank == c->rank)
+    if (!nccl_peers_ok(c, dst_rank, src_rank))
         nccl_fail(c, "peers %d and %d: not other ranks of the world of %d", dst_rank, src_rank, world);
     cudaEventRecord(c->ready, c->stream);
     ncclResult_t r = ncclGroupStart();
@@ -2558,6 +2641,185 @@ static inline void nccl_send(NcclComm *c, int dst_rank, int channel, int microba
 
 static inline void nccl_recv(NcclComm *c, int src_rank, int channel, int microbatch, void *buf, size_t bytes) {
     nccl_sendrecv(c, -1, channel, microbatch, NULL, 0, src_rank, channel, microbatch, buf, bytes);
+}
+
+// ----------------------------------------------------------------------------
+// MAC'd point-to-point messages: the chunked MAC (secure.h) computed and
+// checked on the GPU, on c->stream, so no payload crosses to the host. A
+// sender tags its payload into the NCCL_MAC_BYTES after it and sends both; a
+// receiver queues the check of what arrived against the header it expects
+// and sets that receive's flag on a mismatch. Nothing waits for the checks:
+// nccl_mac_step_check reads the step's flags once, before the optimizer
+// update, and a bad one refuses the step. doc/security.md, "NCCL pipeline messages".
+
+// the tamper fault's byte flip, and its undoing after the send
+static __global__ void nccl_mac_flip_kernel(uint8_t *p) { *p ^= 0x01; }
+
+// nccl_mac_check_cuda: a CUDA error of the MAC's own work ends the job as any call's error does
+static inline void nccl_mac_check_cuda(NcclComm *c, cudaError_t e, const char *what) {
+    if (e != cudaSuccess) nccl_fail(c, "%s: CUDA: %s", what, cudaGetErrorString(e));
+}
+
+// nccl_mac_launch: the chunked MAC of one message queued on c->stream: its
+// tag into tag_out (a send), or its check against expected into *bad (a receive)
+static inline void nccl_mac_launch(NcclComm *c, const uint8_t header[64], const void *payload, size_t bytes,
+                                   uint8_t *tag_out, const uint8_t *expected, int *bad) {
+    uint64_t chunk_bytes = nccl_mac_chunk_bytes(bytes);
+    size_t need = (size_t)(32 * chunkmac_count(bytes, chunk_bytes));
+    if (need > c->mac_scratch_bytes) {
+        // the old scratch may still be read by kernels queued before: this
+        // rank's own work (every NCCL call has already waited for the stream),
+        // so the wait cannot hang on a peer. Grows once or twice per job.
+        nccl_mac_check_cuda(c, cudaStreamSynchronize(c->stream), "growing the MAC scratch");
+        cudaFree(c->mac_scratch);
+        c->mac_scratch = NULL;
+        c->mac_scratch_bytes = 0;
+        nccl_mac_check_cuda(c, cudaMalloc((void **)&c->mac_scratch, need), "growing the MAC scratch");
+        c->mac_scratch_bytes = need;
+    }
+    char err[200];
+    ChunkMacParams p;
+    int rc = chunkmac_gpu_params(&p, &c->links.keyed, header, bytes, chunk_bytes, err, sizeof(err));
+    if (rc == 0) rc = chunkmac_gpu_launch(&p, payload, c->mac_scratch, tag_out, expected, bad, c->stream, err, sizeof(err));
+    secure_wipe(&p, sizeof(p));  // the key's ipad/opad states: key-equivalent; the launch took its copy
+    if (rc != 0) nccl_fail(c, "%s", err);
+}
+
+// nccl_mac_slot: the flag of the step's next receive, the array doubled
+// when full (-mb beyond NCCL_MAC_MAX_MSGS / 2)
+static inline int nccl_mac_slot(NcclComm *c) {
+    if (c->mac_nrecv == c->mac_cap) {
+        if (c->mac_cap > INT_MAX / 2) nccl_fail(c, "more than %d MAC'd receives in one step", c->mac_cap);
+        int cap = 2 * c->mac_cap;
+        int *bad = NULL;
+        NcclMacRecv *recvs = (NcclMacRecv *)realloc(c->mac_recvs, (size_t)cap * sizeof(NcclMacRecv));
+        if (recvs == NULL) nccl_fail(c, "out of memory for %d MAC'd receives", cap);
+        c->mac_recvs = recvs;
+        nccl_mac_check_cuda(c, cudaMalloc((void **)&bad, (size_t)cap * sizeof(int)), "growing the MAC flags");
+        nccl_mac_check_cuda(c, cudaMemsetAsync(bad, 0, (size_t)cap * sizeof(int), c->stream), "growing the MAC flags");
+        nccl_mac_check_cuda(c, cudaMemcpyAsync(bad, c->mac_bad, (size_t)c->mac_cap * sizeof(int), cudaMemcpyDeviceToDevice,
+                                               c->stream), "growing the MAC flags");
+        // own work only on the stream (as for the scratch above)
+        nccl_mac_check_cuda(c, cudaStreamSynchronize(c->stream), "growing the MAC flags");
+        cudaFree(c->mac_bad);
+        c->mac_bad = bad;
+        c->mac_cap = cap;
+    }
+    return c->mac_nrecv++;
+}
+
+// nccl_sendrecv_mac: nccl_sendrecv (the same peers, -1 for none, and the
+// same watchdog) of MAC'd messages. sendbuf holds send_bytes of payload and
+// NCCL_MAC_BYTES of room after them, where the tag goes; recvbuf gets
+// recv_bytes of payload and the sender's tag after them. Headers: this
+// rank to dst_rank and src_rank to this rank, with the job id, c->step, the
+// channel, the micro-batch, the length and the pair's next sequence number.
+// tamper (on the faulting rank, at the faulting step) flips a payload byte of
+// its first MAC'd send after the tag is made, and flips it back once sent;
+// replay tags its first MAC'd send on a pair that has sent before under the
+// previous sequence number (mac_send_header).
+static inline void nccl_sendrecv_mac(NcclComm *c, int dst_rank, int send_channel, int send_mb, void *sendbuf,
+                                     size_t send_bytes, int src_rank, int recv_channel, int recv_mb, void *recvbuf,
+                                     size_t recv_bytes) {
+    if (!nccl_peers_ok(c, dst_rank, src_rank)) {  // its one line, before a sequence number is touched
+        nccl_sendrecv(c, dst_rank, send_channel, send_mb, sendbuf, send_bytes, src_rank, recv_channel, recv_mb, recvbuf,
+                      recv_bytes);
+        return;
+    }
+    uint8_t header[64];
+    uint8_t *flip = NULL;
+    if (dst_rank >= 0) {
+        c->op = "send_mac";
+        snprintf(c->what, sizeof(c->what), " to rank %d (%s, micro-batch %d)", dst_rank, channel_name(send_channel), send_mb);
+        int faulting = !c->mac_fault_done && fault_fires(&c->fault, c->rank, c->step);
+        int replay = faulting && c->fault.kind == FAULT_REPLAY;
+        if (mac_send_header(&c->links, dst_rank, send_channel, c->step, send_mb, send_bytes, replay, header)) {
+            c->mac_fault_done = 1;
+            fprintf(stderr, "rank %d: fault replay: tagged the %s message of micro-batch %d to rank %d under the "
+                    "previous sequence number (step %ld)\n", c->rank, channel_name(send_channel), send_mb, dst_rank, c->step);
+        }
+        uint8_t *buf = (uint8_t *)sendbuf;
+        nccl_mac_launch(c, header, buf, send_bytes, buf + send_bytes, NULL, NULL);
+        if (faulting && c->fault.kind == FAULT_TAMPER) {
+            flip = buf + send_bytes / 2;  // the middle of the payload; with none, the tag's first byte
+            nccl_mac_flip_kernel<<<1, 1, 0, c->stream>>>(flip);
+            nccl_mac_check_cuda(c, cudaGetLastError(), "the tamper fault");
+            c->mac_fault_done = 1;
+            fprintf(stderr, "rank %d: fault tamper: flipped a bit of the MAC'd %s message of micro-batch %d to rank %d "
+                    "(step %ld)\n", c->rank, channel_name(send_channel), send_mb, dst_rank, c->step);
+        }
+    }
+    nccl_sendrecv(c, dst_rank, send_channel, send_mb, sendbuf, dst_rank >= 0 ? send_bytes + NCCL_MAC_BYTES : 0, src_rank,
+                  recv_channel, recv_mb, recvbuf, src_rank >= 0 ? recv_bytes + NCCL_MAC_BYTES : 0);
+    if (flip != NULL) {  // only the message in transit was changed, not this rank's own data
+        nccl_mac_flip_kernel<<<1, 1, 0, c->stream>>>(flip);
+        nccl_mac_check_cuda(c, cudaGetLastError(), "the tamper fault");
+    }
+    if (src_rank >= 0) {
+        c->op = "recv_mac";
+        snprintf(c->what, sizeof(c->what), " from rank %d (%s, micro-batch %d)", src_rank, channel_name(recv_channel),
+                 recv_mb);
+        int slot = nccl_mac_slot(c);
+        NcclMacRecv *m = &c->mac_recvs[slot];
+        m->src = src_rank;
+        m->channel = recv_channel;
+        m->microbatch = recv_mb;
+        m->step = c->step;
+        m->bytes = recv_bytes;
+        mac_recv_header(&c->links, src_rank, recv_channel, c->step, recv_mb, recv_bytes, header);
+        uint8_t *buf = (uint8_t *)recvbuf;
+        nccl_mac_launch(c, header, buf, recv_bytes, NULL, buf + recv_bytes, c->mac_bad + slot);
+    }
+}
+
+static inline void nccl_send_mac(NcclComm *c, int dst_rank, int channel, int microbatch, void *buf, size_t bytes) {
+    nccl_sendrecv_mac(c, dst_rank, channel, microbatch, buf, bytes, -1, channel, microbatch, NULL, 0);
+}
+
+static inline void nccl_recv_mac(NcclComm *c, int src_rank, int channel, int microbatch, void *buf, size_t bytes) {
+    nccl_sendrecv_mac(c, -1, channel, microbatch, NULL, 0, src_rank, channel, microbatch, buf, bytes);
+}
+
+// nccl_mac_step_begin: at the start of a step, before its first MAC'd receive
+static inline void nccl_mac_step_begin(NcclComm *c) {
+    c->op = "mac_step_begin";
+    c->what[0] = '\0';
+    c->mac_nrecv = 0;
+    nccl_mac_check_cuda(c, cudaMemsetAsync(c->mac_bad, 0, (size_t)c->mac_cap * sizeof(int), c->stream), "clearing the MAC flags");
+}
+
+// nccl_mac_step_check: whether every MAC'd receive of the step verified; the
+// caller calls it before the optimizer update and ends the job on -1, with
+// err naming the first bad message (in the order received: after a replay
+// every later message on that pair fails too, and the first is the replay).
+static inline int nccl_mac_step_check(NcclComm *c, char *err, size_t errlen) {
+    int n = c->mac_nrecv;
+    if (n == 0) return 0;  // no pipeline messages (pp = 1): nothing to wait for
+    int *flags = (int *)malloc((size_t)n * sizeof(int));
+    if (flags == NULL)
+        return secure_error(err, errlen, "rank %d: nccl MAC check (step %ld): out of memory for %d flags", c->rank, c->step, n);
+    // A plain synchronize, not nccl_wait's timed one: every NCCL call has
+    // already waited for the whole stream, so what is queued now is this
+    // rank's own kernels (the MAC checks among them), never a wait on a peer.
+    // It cannot hang on another rank, and a timeout would only cut short this
+    // rank's own compute.
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e == cudaSuccess) e = cudaMemcpy(flags, c->mac_bad, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) {
+        free(flags);
+        return secure_error(err, errlen, "rank %d: nccl MAC check (step %ld): CUDA: %s", c->rank, c->step,
+                            cudaGetErrorString(e));
+    }
+    int bad = -1;
+    for (int i = 0; i < n && bad < 0; i++) {
+        if (flags[i] != 0) bad = i;
+    }
+    free(flags);
+    if (bad < 0) return 0;
+    const NcclMacRecv *m = &c->mac_recvs[bad];
+    return secure_error(err, errlen, "rank %d: the MAC of the %s message of micro-batch %d from rank %d (%zu bytes, step %ld) "
+                        "does not verify: the message was changed, replayed or misrouted", c->rank,
+                        channel_name(m->channel), m->microbatch, m->src, m->bytes, m->step);
 }
 
 // nccl_free: finalizes every communicator (flushing what is queued) within
@@ -2582,7 +2844,11 @@ static inline void nccl_free(NcclComm *c) {
         nccl_abort_all(c);
     }
     cudaFree(c->one);
+    cudaFree(c->mac_scratch);
+    cudaFree(c->mac_bad);
     cudaEventDestroy(c->ready);
+    free(c->mac_recvs);
+    links_free(&c->links);  // wipes the key and its HMAC state
     free(c);
 }
 #endif  // LLM3D_NCCL

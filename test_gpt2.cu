@@ -2,7 +2,8 @@
  * test_gpt2.cu: the GPU trainer against the PyTorch reference (the same
  * dev/fixtures as test_gpt2.c), its determinism, its save/reload, its seeded
  * init; and, on any machine (no GPU needed), its host code: flags, shape
- * checks, buffer plan, token buckets, init rules, peak table, command line.
+ * checks, buffer plan, token buckets, init rules, peak table, command line,
+ * and the MAC of NCCL pipeline messages (chunk size, header, kernel code).
  *
  * Build as train_gpt2.cu is built (bf16 default, -DENABLE_FP32 for fp32).
  * Without a CUDA device the GPU tests are skipped, not failed.
@@ -94,7 +95,7 @@ static void test_against_pytorch(int tc) {
     if (!check(params != NULL, "load %s (%s)", fixture_model, params ? "ok" : err)) return;
     DebugState s;
     if (!check(debug_state_load(&s, fixture_state, param_count(&c)) == 0, "load %s", fixture_state)) { free(params); return; }
-    check(gpu_check_shapes(&c, s.B, s.T, fixture_model, err, sizeof(err)) == 0, "fixture shape runs on the GPU kernels");
+    check(gpu_check_shapes(&c, s.B, s.T, 1, fixture_model, err, sizeof(err)) == 0, "fixture shape runs on the GPU kernels");
     printf("== attention %s\n", tc ? "tensor cores" : "fp32 FMA");
     printf("precision %s: bounds logits %.0e, loss %.0e, grads %.0e of max, step losses %.0e, norms %.0e\n",
            precision_name, TOL_LOGITS, TOL_LOSS, TOL_GRAD, TOL_STEP_LOSS, TOL_NORM);
@@ -105,7 +106,7 @@ static void test_against_pytorch(int tc) {
     size_t BT = (size_t)s.B * s.T;
 
     gpt2_forward(&model, FWD_LOGITS, 0.0f);
-    float *logits = floatx_to_host(model.act.logits, BT * c.Vp, model.stream);
+    float *logits = floatx_to_host(model.acts[0].logits, BT * c.Vp, model.stream);
     float worst = 0.0f, pad_max = 0.0f;
     for (size_t bt = 0; bt < BT; bt++) {
         for (int i = 0; i < c.V; i++) worst = fmaxf(worst, fabsf(logits[bt * c.Vp + i] - s.logits[bt * c.V + i]));
@@ -127,12 +128,13 @@ static void test_against_pytorch(int tc) {
     gpt2_backward(&model);
     float loss_train = gpt2_mean_loss(&model, 1);
     check(loss_train == loss, "the training forward gives the same loss bit for bit (%.7f)", loss_train);
-    float *grads = floatx_to_host(model.grads, model.num_params, model.stream);
-    size_t off = 0;
+    float *grads = gpt2_export(&model, 1);  // the file's layout, as the debug state's
+    size_t off = 0, sizes[NUM_PARAM_TENSORS];
+    param_sizes(&c, sizes);
     float worst_rel = 0.0f;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         float maxref = 0.0f, maxdiff = 0.0f;
-        for (size_t i = 0; i < model.param_sizes[t]; i++) {
+        for (size_t i = 0; i < sizes[t]; i++) {
             float ref = s.grads[off + i], got = grads[off + i];
             maxref = fmaxf(maxref, fabsf(ref));
             maxdiff = fmaxf(maxdiff, fabsf(ref - got));
@@ -141,10 +143,10 @@ static void test_against_pytorch(int tc) {
         worst_rel = fmaxf(worst_rel, rel);
         check(rel < TOL_GRAD, "grad %-8s vs PyTorch: worst diff %.3e = %.2e of its largest |g| %.3e", param_name(t),
               maxdiff, rel, maxref);
-        off += model.param_sizes[t];
+        off += sizes[t];
     }
     float pad_grad = 0.0f;
-    for (size_t i = (size_t)c.V * c.C; i < model.param_sizes[P_WTE]; i++) pad_grad = fmaxf(pad_grad, fabsf(grads[i]));
+    for (size_t i = (size_t)c.V * c.C; i < sizes[P_WTE]; i++) pad_grad = fmaxf(pad_grad, fabsf(grads[i]));
     check(pad_grad == 0.0f, "padded wte rows get zero gradient");
     free(grads);
     printf("worst gradient error: %.2e of the tensor's largest value\n", worst_rel);
@@ -168,7 +170,7 @@ static void test_against_pytorch(int tc) {
     snprintf(path, sizeof(path), "/tmp/llm3d_test_gpu_%d.bin", (int)getpid());
     int saved = gpt2_save(&model, path, err, sizeof(err)) == 0;
     check(saved, "save the trained model (%s): %s", precision_name, saved ? path : err);
-    float *before = floatx_to_host(model.params, model.num_params, model.stream);
+    float *before = floatx_to_host(model.params, model.ut.num_local, model.stream);
     gpt2_free(&model);
     if (!saved) { free(before); debug_state_free(&s); return; }
     int nrun = 10;
@@ -177,8 +179,8 @@ static void test_against_pytorch(int tc) {
         GPT2 m;
         if (load_model(&m, path, &s, tc) != 0) { free(before); debug_state_free(&s); return; }
         if (r == 0) {
-            float *after = floatx_to_host(m.params, m.num_params, m.stream);
-            check(memcmp(before, after, m.num_params * sizeof(float)) == 0,
+            float *after = floatx_to_host(m.params, m.ut.num_local, m.stream);
+            check(memcmp(before, after, m.ut.num_local * sizeof(float)) == 0,
                   "reloaded compute weights equal the saved model's bit for bit");
             free(after);
         }
@@ -203,19 +205,19 @@ static void test_device_init(void) {
     config_from_descriptor(&c, "d4", 1000, 64);
     GPT2 model;
     gpt2_init(&model, &c, NULL, 7, 1, 8, 1, 0);
-    float *got = (float *)malloc(model.num_params * sizeof(float));
-    CUDA_CHECK(cudaMemcpy(got, model.master, model.num_params * sizeof(float), cudaMemcpyDeviceToHost));
-    size_t off = 0, differ = 0;
+    float *got = gpt2_export(&model, 0);  // the master weights in the file's layout
+    size_t off = 0, differ = 0, sizes[NUM_PARAM_TENSORS];
+    param_sizes(&c, sizes);
     float worst = 0.0f;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        for (size_t i = 0; i < model.param_sizes[t]; i++) {
+        for (size_t i = 0; i < sizes[t]; i++) {
             float want = param_init_value(&c, 7, t, i), v = got[off + i];
             if (v != want) {
                 differ++;
                 worst = fmaxf(worst, fabsf(v - want) / fmaxf(fabsf(want), 1e-30f));
             }
         }
-        off += model.param_sizes[t];
+        off += sizes[t];
     }
     // a float differs only where the device's double log/cos lands a double
     // ulp across a float rounding boundary: about 1 in 1e8
@@ -270,85 +272,132 @@ static void test_shapes(void) {
     char err[512];
     GPT2Config c;
     config_from_descriptor(&c, "d12", 50257, 1024);
-    check(gpu_check_shapes(&c, 64, 1024, "d12", err, sizeof(err)) == 0, "d12 at B=64 T=1024 fits the kernels");
+    check(gpu_check_shapes(&c, 64, 1024, 1, "d12", err, sizeof(err)) == 0, "d12 at B=64 T=1024 fits the kernels");
     config_from_descriptor(&c, "d48", 50257, 1024);
-    check(gpu_check_shapes(&c, 8, 1024, "d48", err, sizeof(err)) == 0, "d48 (C=1600, NH=25, hs 64) fits the kernels");
+    check(gpu_check_shapes(&c, 8, 1024, 1, "d48", err, sizeof(err)) == 0, "d48 (C=1600, NH=25, hs 64) fits the kernels");
     GPT2Config bad = {64, 500, 512, 2, 2, 100};  // C = 100
-    check(gpu_check_shapes(&bad, 1, 8, "m.bin", err, sizeof(err)) != 0 && strstr(err, "m.bin: C = 100"),
+    check(gpu_check_shapes(&bad, 1, 8, 1, "m.bin", err, sizeof(err)) != 0 && strstr(err, "m.bin: C = 100"),
           "C not a multiple of 8 refused: %s", err);
     GPT2Config hs = {64, 500, 512, 2, 2, 96};  // hs 48
-    check(gpu_check_shapes(&hs, 1, 8, "m.bin", err, sizeof(err)) != 0 && strstr(err, "= 48"),
+    check(gpu_check_shapes(&hs, 1, 8, 1, "m.bin", err, sizeof(err)) != 0 && strstr(err, "= 48"),
           "head size 48 refused: %s", err);
     GPT2Config vp = {64, 500, 516, 2, 4, 64};
-    check(gpu_check_shapes(&vp, 1, 8, "m.bin", err, sizeof(err)) != 0 && strstr(err, "Vp = 516"),
+    check(gpu_check_shapes(&vp, 1, 8, 1, "m.bin", err, sizeof(err)) != 0 && strstr(err, "Vp = 516"),
           "Vp not a multiple of 8 refused: %s", err);
     config_from_descriptor(&c, "d12", 50257, 1024);
-    check(gpu_check_shapes(&c, 1 << 16, 1024, "d12", err, sizeof(err)) != 0 && strstr(err, "-b/-t"),
+    check(gpu_check_shapes(&c, 1 << 16, 1024, 1, "d12", err, sizeof(err)) != 0 && strstr(err, "-b/-t"),
           "a micro-batch too big for int indexing refused: %s", err);
+    check(gpu_check_shapes(&c, 4, 1024, 4, "d12", err, sizeof(err)) == 0, "d12 over tp 4: 3 heads, 12576 vocabulary rows each");
+    check(gpu_check_shapes(&c, 4, 1024, 8, "d12", err, sizeof(err)) != 0 && strstr(err, "-tp 8") && strstr(err, "NH = 12"),
+          "12 heads over tp 8 refused: %s", err);
+    GPT2Config v8 = {64, 64, 64, 2, 16, 256};  // Vp 64: 4 rows per rank over tp 16, too few for the vector loads
+    check(gpu_check_shapes(&v8, 1, 8, 16, "m.bin", err, sizeof(err)) != 0 && strstr(err, "-tp 16"),
+          "Vp/tp not a multiple of 8 refused: %s", err);
+}
+
+// the activation sets and scratch of one rank (act_slices, scratch_slices)
+static size_t plan_bytes(const GPT2Config *c, const Shard *sh, int B, int T, int recompute, int nacts, int *nslices,
+                         int *aligned, Acts *a0, Scratch *sc, BufferSlice *s) {
+    static Acts sets[8];
+    int n = 0;
+    for (int k = 0; k < nacts; k++) n = act_slices(k == 0 ? a0 : &sets[k], c, sh, B, T, recompute, s, n);
+    n = scratch_slices(sc, c, sh, B, T, s, n);
+    size_t total = buffer_plan(s, n), want = 0;
+    *aligned = 1;
+    for (int i = 0; i < n; i++) {
+        *aligned &= s[i].offset % 256 == 0 && (i == 0 || s[i].offset >= s[i - 1].offset + s[i - 1].bytes);
+        want += (s[i].bytes + 255) / 256 * 256;
+    }
+    *aligned &= total == want;
+    *nslices = n;
+    return total;
 }
 
 static void test_buffer_plan(void) {
     GPT2Config c;
     config_from_descriptor(&c, "d12", 50257, 1024);
-    int B = 4, T = 1024;
-    size_t sizes[2];
+    int B = 4, T = 1024, n, aligned;
+    size_t BT = (size_t)B * T, X = sizeof(floatX), sizes[2];
+    Shard one = shard_for(&c, 1, 0, 1, 0, 1, 0);
+    BufferSlice s[MAX_SLICES];
     for (int r = 0; r < 2; r++) {
-        Activations a;
-        BufferSlice s[MAX_SLICES];
-        int n = activation_slices(&a, &c, B, T, r, s);
-        sizes[r] = buffer_plan(s, n);
-        int aligned = 1, ordered = 1;
-        size_t want = 0;
-        for (int i = 0; i < n; i++) {
-            aligned &= s[i].offset % 256 == 0;
-            if (i > 0) ordered &= s[i].offset >= s[i - 1].offset + s[i - 1].bytes;
-            want += (s[i].bytes + 255) / 256 * 256;
-        }
-        check(aligned && ordered && sizes[r] == want, "recompute %d: %d slices, 256-aligned, disjoint, %zu bytes", r, n,
-              sizes[r]);
+        Acts a;
+        Scratch sc;
+        sizes[r] = plan_bytes(&c, &one, B, T, r, 1, &n, &aligned, &a, &sc, s);
+        check(aligned, "recompute %d: %d slices, 256-aligned, disjoint, %zu bytes", r, n, sizes[r]);
         if (r == 0) {
-            // logits (B,T,Vp) and qkv (L,B,T,3C) are where we think they are
-            size_t BT = (size_t)B * T, X = sizeof(floatX);
             int found = 0;
             for (int i = 0; i < n; i++) {
                 if (s[i].ptr == (void **)&a.logits) found += s[i].bytes == BT * c.Vp * X;
                 if (s[i].ptr == (void **)&a.qkv) found += s[i].bytes == 12 * BT * 3 * 768 * X;
-                if (s[i].ptr == (void **)&a.colsum_partial) found += s[i].bytes == (size_t)colsum_splits((int)BT) * 4 * 768 * 4;
-                if (s[i].ptr == (void **)&a.losses) found += s[i].bytes == (BT + 1) * sizeof(float);  // + the flag slot
+                if (s[i].ptr == (void **)&a.residual3) found += s[i].bytes == 12 * BT * 768 * X + TAG_ROOM;  // + the tag
+                if (s[i].ptr == (void **)&sc.colsum_partial) found += s[i].bytes == (size_t)colsum_splits((int)BT) * 4 * 768 * 4;
+                if (s[i].ptr == (void **)&sc.losses) found += s[i].bytes == (BT + 1) * sizeof(float);  // + the flag slot
             }
-            check(found == 4, "logits, qkv, column-sum scratch and losses (+ flag) slices have the expected sizes");
+            check(found == 5, "logits, qkv, residual3 (+ tag room), column-sum scratch and losses (+ flag) have the "
+                  "expected sizes");
         }
     }
-    size_t saved = (size_t)11 * B * T * 4 * 768 * sizeof(floatX);
+    size_t saved = (size_t)11 * BT * 4 * 768 * X;
     check(sizes[0] - sizes[1] == saved, "-r 1 saves (L-1) x B*T*4C floatX: %zu bytes", sizes[0] - sizes[1]);
+    // a middle stage of pp 4 under tp 2 holds 3 layers at half width, no head; 1f1b's 3 sets in flight
+    Acts a;
+    Scratch sc;
+    memset(&a, 0, sizeof(a));
+    Shard mid = shard_for(&c, 2, 1, 4, 1, 1, 0);
+    plan_bytes(&c, &mid, B, T, 1, 3, &n, &aligned, &a, &sc, s);
+    int found = 0;
+    for (int i = 0; i < n; i++) {
+        if (s[i].ptr == (void **)&a.qkv) found += s[i].bytes == 3 * BT * 3 * 384 * X;
+        if (s[i].ptr == (void **)&a.logits) found += 100;  // must not exist
+        if (s[i].ptr == (void **)&sc.cls_stats) found += s[i].bytes == 2 * BT * sizeof(float2);
+    }
+    check(aligned && found == 2 && a.logits == NULL, "pp 4 stage 1, tp 2: 3 sets of 3 half-width layers, no logits, "
+          "%d slices", n);
     // d12 at B=64 T=1024 in bf16 needs about 25 GB: fits an 80 GB A100/H100
     if (sizeof(floatX) == 2) {
-        Activations a;
-        BufferSlice s[MAX_SLICES];
-        size_t total = buffer_plan(s, activation_slices(&a, &c, 64, 1024, 1, s));
+        size_t total = plan_bytes(&c, &one, 64, 1024, 1, 1, &n, &aligned, &a, &sc, s);
         check(total > 20e9 && total < 30e9, "d12 B=64 T=1024 activations: %.1f GB", total / 1e9);
     }
     check(colsum_splits(64) == 1 && colsum_splits(65536) == 128 && colsum_splits(1 << 30) == COLSUM_MAX_SPLITS,
           "column-sum splits: 1, 128, capped at %d", COLSUM_MAX_SPLITS);
 }
 
-static void test_token_buckets(void) {
-    int inputs[10] = {5, 3, 5, 0, 9, 3, 5, 9, 9, 1};
-    int V = 12, count[13], start[11], token[10], pos[10];
-    int n = token_buckets(inputs, 10, V, count, start, token, pos);
-    int ok = n == 5 && start[0] == 0 && start[n] == 10;
-    int seen[10] = {0};
+static int buckets_ok(const int *inputs, int BT, int v0, int Vl, int n, const int *start, const int *token,
+                      const int *pos, int *seen) {
+    int ok = start[0] == 0;
     for (int b = 0; ok && b < n; b++) {
-        ok &= start[b] < start[b + 1] && (b == 0 || token[b] > token[b - 1]);
+        ok &= start[b] < start[b + 1] && (b == 0 || token[b] > token[b - 1]) && token[b] >= 0 && token[b] < Vl;
         for (int j = start[b]; ok && j < start[b + 1]; j++) {
-            ok &= inputs[pos[j]] == token[b] && (j == start[b] || pos[j] > pos[j - 1]);
+            ok &= inputs[pos[j]] == v0 + token[b] && (j == start[b] || pos[j] > pos[j - 1]);
             seen[pos[j]]++;
         }
     }
+    return ok && start[n] <= BT;
+}
+
+static void test_token_buckets(void) {
+    int inputs[10] = {5, 3, 5, 0, 9, 3, 5, 9, 9, 1};
+    int V = 12, count[13], start[11], token[10], pos[10], seen[10] = {0};
+    int n = token_buckets(inputs, 10, V, 0, 16, count, start, token, pos);
+    int ok = n == 5 && start[n] == 10 && buckets_ok(inputs, 10, 0, 16, n, start, token, pos, seen);
     for (int i = 0; i < 10; i++) ok &= seen[i] == 1;
     check(ok, "token buckets: %d distinct tokens, each position once, in order", n);
+    // vocabulary slices of 4 rows (tp 4 over Vp 16): each position in exactly
+    // the slice holding its token, rows relative to the slice
+    int nb[4], tok9 = -1;
+    memset(seen, 0, sizeof(seen));
+    ok = 1;
+    for (int r = 0; r < 4; r++) {
+        nb[r] = token_buckets(inputs, 10, V, 4 * r, 4, count, start, token, pos);
+        ok &= buckets_ok(inputs, 10, 4 * r, 4, nb[r], start, token, pos, seen);
+        if (r == 2 && nb[r] == 1) tok9 = token[0];
+    }
+    for (int i = 0; i < 10; i++) ok &= seen[i] == 1;
+    check(ok && nb[0] == 3 && nb[1] == 1 && nb[2] == 1 && nb[3] == 0 && tok9 == 1,
+          "4 vocabulary slices: buckets 3, 1, 1, 0 (the last holds only padding rows), token 9 is row 1 of slice 2");
     int bad[3] = {1, 12, 2};
-    check(token_buckets(bad, 3, V, count, start, token, pos) == -1, "a token outside [0, V) is refused");
+    check(token_buckets(bad, 3, V, 0, 16, count, start, token, pos) == -1, "a token outside [0, V) is refused");
 }
 
 // init_spec + counter_normal reproduce param_init_value (the rules the
@@ -468,49 +517,73 @@ static void test_cli(void) {
 // checkpoints: the device layout against the file layout (host), the
 // refusals before any GPU work (the binary), a save and a load on a GPU
 
-// every element of the model files is written by exactly one dp rank, from
-// AdamW state that rank holds, and a rank loads back exactly what it keeps
-static void test_ckpt_layout(void) {
-    // by hand: 1000 parameters over dp 3 are shards of ceil(1000/3) = 334,
-    // rounded up to 384; rank 2's shard [768, 1152) holds the last 232 and padding
-    DpLayout d = dp_layout(1000, 3, 2, 1);
-    ElemRange w = ckpt_share(1000, d.num_padded, 3, 2), a = ckpt_adam_range(1000, d.opt_begin, d.opt_count);
-    check(d.shard == 384 && d.num_padded == 1152 && d.opt_begin == 768 && d.opt_count == 384 && w.lo == 768 &&
-              w.hi == 1000 && a.lo == 768 && a.hi == 1000,
-          "1000 over dp 3, rank 2: shard %zu, writes [%zu, %zu), loads m/v [%zu, %zu)", d.shard, w.lo, w.hi, a.lo, a.hi);
-    // 300 over dp 8: shards of 128, so rank 3 holds only padding and writes nothing
-    d = dp_layout(300, 8, 3, 1);
-    w = ckpt_share(300, d.num_padded, 8, 3);
-    check(w.lo == 300 && w.hi == 300, "300 over dp 8, rank 3: writes [%zu, %zu)", w.lo, w.hi);
-    d = dp_layout(1000, 3, 1, 0);
-    a = ckpt_adam_range(1000, d.opt_begin, d.opt_count);
-    check(d.opt_begin == 0 && d.opt_count == 1000 && a.lo == 0 && a.hi == 1000, "ZeRO-0 keeps and loads all of m, v");
-    // all of them: sizes at the row and shard edges, the fixture's, d12's
-    GPT2Config c;
-    config_from_descriptor(&c, "d12", 50257, 1024);
-    size_t sizes[] = {1, 127, 128, 129, 300, 1000, 4097, 131072 + 5, param_count(&c)};
-    int bad = 0, layouts = 0;
-    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-        size_t N = sizes[i];
-        for (int dp = 1; dp <= 8; dp++) {
-            for (int zero = 0; zero <= 1; zero++, layouts++) {
-                size_t next = 0;
-                for (int rank = 0; rank < dp; rank++) {
-                    DpLayout L = dp_layout(N, dp, rank, zero);
-                    ElemRange s = ckpt_share(N, L.num_padded, dp, rank), m = ckpt_adam_range(N, L.opt_begin, L.opt_count);
-                    bad += s.lo != next || s.hi < s.lo;  // in rank order the shares tile [0, N)
-                    next = s.hi;
-                    // m, v of every element written are here: j - opt_begin in [0, opt_count)
-                    bad += s.hi > s.lo && (s.lo < L.opt_begin || s.hi > L.opt_begin + L.opt_count);
-                    bad += zero == 1 ? m.lo != s.lo || m.hi != s.hi : m.lo != 0 || m.hi != N;
-                    bad += L.num_padded < N || L.num_padded % (128 * (size_t)dp) != 0;
+// the GPU's unit layout (gpt2.h's, padded to dp x UNIT_ALIGN): every unit,
+// dp shard and tensor starts on a 16-byte boundary, and over all the ranks
+// of a layout, for_each_owned by dp (what checkpoints and the final model
+// write) covers every element of the model file exactly once
+typedef struct { unsigned char *hits; size_t n, out_of_range; } OwnedHits;
+
+static void count_owned(const OwnedRun *r, void *ctx) {
+    OwnedHits *h = (OwnedHits *)ctx;
+    for (size_t k = 0; k < r->n; k++) {
+        if (r->g + k < h->n) h->hits[r->g + k]++;
+        else h->out_of_range++;
+    }
+}
+
+static void test_unit_layout(void) {
+    const char *models[] = {"d2", "d4", "d6"};
+    int vocab[] = {64, 1000, 5000}, maxT[] = {16, 64, 128};
+    int layouts = 0, misaligned = 0, wrong = 0;
+    for (int k = 0; k < 3; k++) {
+        GPT2Config c;
+        config_from_descriptor(&c, models[k], vocab[k], maxT[k]);
+        size_t N = param_count(&c);
+        OwnedHits h = {(unsigned char *)malloc(N), N, 0};
+        int dps[] = {1, 2, 3}, tps[] = {1, 2, 4}, pps[] = {1, 2, 3};
+        for (int a = 0; a < 3; a++) for (int b = 0; b < 3; b++) for (int p = 0; p < 3; p++) {
+            int dp = dps[a], tp = tps[b], pp = pps[p], world = dp * tp * pp;
+            char err[256];
+            Grid g;
+            if (grid_init(&g, world, tp, pp, 0, err, sizeof(err)) != 0 ||
+                grid_check_model(&g, c.L, c.NH, c.C, c.Vp, err, sizeof(err)) != 0 ||
+                gpu_check_shapes(&c, 1, 8, tp, models[k], err, sizeof(err)) != 0)
+                continue;
+            layouts++;
+            memset(h.hits, 0, N);
+            h.out_of_range = 0;
+            for (int rank = 0; rank < world; rank++) {
+                grid_init(&g, world, tp, pp, rank, err, sizeof(err));
+                Shard sh = shard_for(&c, g.tp, g.tp_rank, g.pp, g.pp_rank, g.dp, g.dp_rank);
+                UnitTable ut;
+                if (unit_table(&ut, &c, &sh, UNIT_ALIGN) != 0) { wrong++; continue; }
+                for (int u = 0; u < ut.n; u++) {
+                    const Unit *un = &ut.units[u];
+                    misaligned += un->offset % UNIT_ALIGN != 0 || un->padded % ((size_t)dp * UNIT_ALIGN) != 0 ||
+                                  un->shard_offset % UNIT_ALIGN != 0 || un->padded < un->size;
+                    size_t off = 0;
+                    for (int t = 0; t < unit_tensor_count(un->kind); t++) {
+                        misaligned += off % PACK != 0;
+                        off += local_tensor_size(&c, &sh, unit_tensor(un->kind, t));
+                    }
+                    wrong += off != un->size;
                 }
-                bad += next != N;
+                for_each_owned(&c, &sh, &ut, 1, count_owned, &h);
+                free(ut.units);
+            }
+            size_t twice = 0, never = 0;
+            for (size_t e = 0; e < N; e++) twice += h.hits[e] > 1, never += h.hits[e] == 0;
+            if (twice || never || h.out_of_range) {
+                wrong++;
+                printf("  %s dp %d tp %d pp %d: %zu elements written twice, %zu never, %zu out of range\n", models[k], dp,
+                       tp, pp, twice, never, h.out_of_range);
             }
         }
+        free(h.hits);
     }
-    check(bad == 0, "%d layouts (9 sizes x dp 1-8 x ZeRO 0/1): the shares tile the file, each from the rank's own "
-          "AdamW state (%d wrong)", layouts, bad);
+    check(layouts >= 50 && misaligned == 0 && wrong == 0,
+          "%d layouts of d2, d4, d6 (dp 1-3 x tp 1, 2, 4 x pp 1-3): units, shards and tensors aligned (%d not), "
+          "every model element owned by exactly one rank (%d layouts wrong)", layouts, misaligned, wrong);
 }
 
 // the GPU trainer takes a checkpoint (here one the CPU trainer wrote: the
@@ -578,96 +651,282 @@ static void test_ckpt_cli(void) {
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
-// two ZeRO-1 ranks (dp 2) on this one GPU each write their share of one
-// checkpoint: model.bin is then the master weights and optim.bin m and v,
-// whole, in the file order; a rank of another layout (dp 3, ZeRO-1) and a
-// ZeRO-0 one load their parts back
+// loading t = 8 from an optim.bin of t = 7 is refused, naming it
+static int gpt2_load_optimizer_refuses_t(const GPT2Config *c, const float *params, const char *path, char *err,
+                                         size_t errlen) {
+    GPT2 q;
+    gpt2_init(&q, c, params, 0, 1, 8, 1, 0);
+    int refused = gpt2_load_optimizer(&q, path, 8, err, errlen) != 0 && strstr(err, "not the AdamW state of this model at t = 8");
+    gpt2_free(&q);
+    return refused;
+}
+
+// every rank of a layout, built one after another on this one GPU (no
+// communicators: nothing here needs one), loads AdamW state from an
+// optim.bin and writes its part of a checkpoint; for each layout the files
+// must be the model and that state again, bit for bit, in the file order.
+// Layouts: dp 2 ZeRO-1, tp 2, pp 2, (2, 2, 2) ZeRO-3, dp 3 ZeRO-2.
 static void test_ckpt_device(void) {
-    char err[1024], dir[256], ck_dir[800], path[900];
+    char err[1024], dir[256], ck_dir[800], path[900], src[900];
     GPT2Config c;
     float *params = model_load(fixture_model, &c, err, sizeof(err));
     if (!check(params != NULL, "load %s (%s)", fixture_model, params ? "ok" : err)) return;
     size_t N = param_count(&c), header = HEADER_INTS * sizeof(int32_t);
-    float *want = (float *)malloc(2 * N * sizeof(float));  // m then v, in the file order
+    float *want = (float *)malloc(2 * N * sizeof(float)), *file = (float *)malloc(2 * N * sizeof(float));
     for (size_t j = 0; j < N; j++) want[j] = 1.0f + 1e-3f * (float)(j % 1000), want[N + j] = 1e-6f * (float)j;
     uint8_t key[32];
     key_generate(key, err, sizeof(err));
     snprintf(dir, sizeof(dir), "/tmp/llm3d_test_ckptdev_XXXXXX");
-    if (!check(mkdtemp(dir) != NULL, "mkdtemp %s", dir)) { free(params); free(want); return; }
-    CkptState st;
-    memset(&st, 0, sizeof(st));
-    st.step = 7; st.adam_t = 7; st.config = c; st.B = 1; st.T = 8; st.np = 2; st.tp = 1; st.pp = 1; st.zero = 1;
-    int ok = ckpt_begin(dir, &st, err, sizeof(err)) == 0;
-    ckpt_dir_name(ck_dir, sizeof(ck_dir), dir, 7, ".partial");
-    snprintf(path, sizeof(path), "%s/model.bin", ck_dir);
-    int fd_model = open(path, O_WRONLY);
-    snprintf(path, sizeof(path), "%s/optim.bin", ck_dir);
-    int fd_optim = open(path, O_WRONLY);
-    for (int rank = 0; rank < 2 && ok; rank++) {
-        GPT2 r;
-        gpt2_init_dp(&r, &c, params, 0, 1, 8, 1, 0, 2, rank, 1);
-        ElemRange a = ckpt_adam_range(N, r.opt_begin, r.opt_count);
-        CUDA_CHECK(cudaMemcpy(r.m, want + a.lo, (a.hi - a.lo) * sizeof(float), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(r.v, want + N + a.lo, (a.hi - a.lo) * sizeof(float), cudaMemcpyHostToDevice));
-        ok = gpt2_write_share(&r, fd_model, fd_optim, ckpt_share(N, r.num_padded, 2, rank)) == 0;
-        gpt2_free(&r);
-    }
-    close(fd_model);
-    close(fd_optim);
-    ok = ok && ckpt_seal(dir, 7, key, err, sizeof(err)) == 0;
-    CkptState got;
-    ok = ok && ckpt_find(dir, -1, key, 1, &got, ck_dir, sizeof(ck_dir), err, sizeof(err)) == 1 && got.adam_t == 7;
-    if (!check(ok, "two dp ranks write and seal checkpoint 7 (%s)", ok ? "ok" : err)) {
-        ckpt_remove_dir(ck_dir);
-        ckpt_dir_name(ck_dir, sizeof(ck_dir), dir, 7, ".partial");
-        ckpt_remove_dir(ck_dir);
-        rmdir(dir);
-        free(params);
-        free(want);
-        return;
-    }
-    snprintf(path, sizeof(path), "%s/model.bin", ck_dir);
-    GPT2Config c2;
-    float *saved = model_load(path, &c2, err, sizeof(err));
-    check(saved != NULL && memcmp(saved, params, N * sizeof(float)) == 0, "model.bin = the master weights, bit for bit");
-    free(saved);
-    snprintf(path, sizeof(path), "%s/optim.bin", ck_dir);
-    float *file = (float *)malloc(2 * N * sizeof(float));
-    int fd = open(path, O_RDONLY);
-    check(fd >= 0 && ckpt_pread(fd, file, 2 * N * sizeof(float), header) == 0 && memcmp(file, want, 2 * N * sizeof(float)) == 0,
-          "optim.bin = m then v of both shards in the file order, bit for bit");
-    if (fd >= 0) close(fd);
-    // the loads: a dp 3 ZeRO-1 rank 1 (another layout) and a ZeRO-0 rank
-    for (int k = 0; k < 2; k++) {
-        GPT2 q;
-        if (k == 0) gpt2_init_dp(&q, &c, params, 0, 1, 8, 1, 0, 3, 1, 1);
-        else gpt2_init(&q, &c, params, 0, 1, 8, 1, 0);
-        int loaded = gpt2_load_optimizer(&q, path, 7, err, sizeof(err)) == 0 && q.adam_t == 7;
-        float *m = (float *)malloc(2 * q.opt_count * sizeof(float)), *v = m + q.opt_count;
-        CUDA_CHECK(cudaMemcpy(m, q.m, q.opt_count * sizeof(float), cudaMemcpyDeviceToHost));
-        CUDA_CHECK(cudaMemcpy(v, q.v, q.opt_count * sizeof(float), cudaMemcpyDeviceToHost));
-        size_t wrong = 0;
-        for (size_t i = 0; i < q.opt_count; i++) {
-            size_t j = q.opt_begin + i;
-            wrong += m[i] != (j < N ? want[j] : 0.0f) || v[i] != (j < N ? want[N + j] : 0.0f);
+    if (!check(mkdtemp(dir) != NULL, "mkdtemp %s", dir)) { free(params); free(want); free(file); return; }
+    // the AdamW state to load: an optim.bin of t = 7 holding want
+    snprintf(src, sizeof(src), "%s/source_optim.bin", dir);
+    int32_t h[HEADER_INTS];
+    ckpt_optim_header(h, &c, 7);
+    FILE *f = fopen(src, "wb");
+    int ok = f != NULL && fwrite(h, sizeof(h), 1, f) == 1 && fwrite(want, sizeof(float), 2 * N, f) == 2 * N;
+    if (f != NULL) ok &= fclose(f) == 0;
+    struct { int dp, tp, pp, zero; } layouts[] = {{2, 1, 1, 1}, {1, 2, 1, 0}, {1, 1, 2, 0}, {2, 2, 2, 3}, {3, 1, 1, 2}};
+    for (int k = 0; ok && k < 5; k++) {
+        int dp = layouts[k].dp, tp = layouts[k].tp, pp = layouts[k].pp, zero = layouts[k].zero, world = dp * tp * pp;
+        CkptState st;
+        memset(&st, 0, sizeof(st));
+        st.step = 7 + k; st.adam_t = 7; st.config = c; st.B = 1; st.T = 8; st.np = world; st.tp = tp; st.pp = pp;
+        st.zero = zero;
+        int good = ckpt_begin(dir, &st, err, sizeof(err)) == 0;
+        ckpt_dir_name(ck_dir, sizeof(ck_dir), dir, st.step, ".partial");
+        for (int rank = 0; rank < world && good; rank++) {
+            Grid g;
+            grid_init(&g, world, tp, pp, rank, err, sizeof(err));
+            GPT2 r;
+            gpt2_init_rank(&r, &c, params, 0, 1, 8, 1, 0, &g, zero, 1, NULL);
+            good = gpt2_load_optimizer(&r, src, 7, err, sizeof(err)) == 0 &&
+                   write_part(&r, ck_dir, "model.bin", 1, err, sizeof(err)) == 0;
+            gpt2_free(&r);
         }
-        check(loaded && wrong == 0, "%s loads m, v of [%zu, %zu): %zu wrong (%s)", k == 0 ? "dp 3 ZeRO-1 rank 1" : "ZeRO-0",
-              q.opt_begin, q.opt_begin + q.opt_count, wrong, loaded ? "ok" : err);
-        if (k == 0)
-            check(gpt2_load_optimizer(&q, path, 8, err, sizeof(err)) != 0 && strstr(err, "not the AdamW state of this model at t = 8"),
-                  "a t other than the header's refused: %s", err);
-        free(m);
-        gpt2_free(&q);
+        good = good && ckpt_seal(dir, st.step, key, err, sizeof(err)) == 0;
+        CkptState got;
+        good = good && ckpt_find(dir, st.step, key, 1, &got, ck_dir, sizeof(ck_dir), err, sizeof(err)) == 1;
+        if (!check(good, "dp %d tp %d pp %d ZeRO-%d: %d ranks load, write and seal checkpoint %d (%s)", dp, tp, pp, zero,
+                   world, st.step, good ? "ok" : err))
+            break;
+        snprintf(path, sizeof(path), "%s/model.bin", ck_dir);
+        GPT2Config c2;
+        float *saved = model_load(path, &c2, err, sizeof(err));
+        snprintf(path, sizeof(path), "%s/optim.bin", ck_dir);
+        int fd = open(path, O_RDONLY);
+        int same_opt = fd >= 0 && ckpt_pread(fd, file, 2 * N * sizeof(float), header) == 0 &&
+                       memcmp(file, want, 2 * N * sizeof(float)) == 0;
+        if (fd >= 0) close(fd);
+        check(saved != NULL && memcmp(saved, params, N * sizeof(float)) == 0 && same_opt,
+              "dp %d tp %d pp %d ZeRO-%d: model.bin = the master weights and optim.bin = m, v, bit for bit", dp, tp, pp,
+              zero);
+        free(saved);
     }
+    check(gpt2_load_optimizer_refuses_t(&c, params, src, err, sizeof(err)), "a t other than the header's refused: %s", err);
     free(file);
     free(want);
     free(params);
-    ckpt_remove_dir(ck_dir);
-    rmdir(dir);
+    for (int step = 7; step < 12; step++) {
+        for (int partial = 0; partial < 2; partial++) {
+            ckpt_dir_name(ck_dir, sizeof(ck_dir), dir, step, partial ? ".partial" : "");
+            ckpt_remove_dir(ck_dir);
+        }
+    }
+    unlink(src);
+    ckpt_remove_dir(dir);
+}
+
+// ----------------------------------------------------------------------------
+// MAC'd NCCL point-to-point messages (parallel.h): the chunk-size rule, the
+// header, and the kernels' per-thread code run on the CPU against secure.h's
+// chunkmac_tag (host, no GPU needed)
+
+static uint64_t mactest_rng = 0x9e3779b97f4a7c15ull;
+static void mactest_fill(uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        mactest_rng ^= mactest_rng << 13, mactest_rng ^= mactest_rng >> 7, mactest_rng ^= mactest_rng << 17;
+        p[i] = (uint8_t)(mactest_rng >> 32);
+    }
+}
+
+static void test_mac_chunk_bytes(void) {
+    // every length up to 5 MiB: a valid chunk size, the same twice, never
+    // smaller for a longer message, at least 1024 chunks from 4 MiB on
+    uint64_t bad = 0, first_bad = 0, prev = 0, few = 0;
+    for (uint64_t len = 0; len <= (5u << 20); len++) {
+        uint64_t cb = nccl_mac_chunk_bytes(len);
+        int ok = chunkmac_check_chunk_bytes(cb, NULL, 0) == 0 && cb >= NCCL_MAC_MIN_CHUNK_BYTES &&
+                 cb <= CHUNKMAC_CHUNK_BYTES && cb == nccl_mac_chunk_bytes(len) && cb >= prev;
+        if (len >= (4u << 20) && chunkmac_count(len, cb) < NCCL_MAC_TARGET_CHUNKS) few++;
+        if (!ok && bad++ == 0) first_bad = len;
+        prev = cb;
+    }
+    check(bad == 0, "nccl_mac_chunk_bytes: valid, deterministic, non-decreasing for every length 0..5 MiB (%" PRIu64
+          " bad, the first at %" PRIu64 ")", bad, first_bad);
+    check(few == 0, "nccl_mac_chunk_bytes: >= %d chunks for every length 4..5 MiB (%" PRIu64 " with fewer)",
+          NCCL_MAC_TARGET_CHUNKS, few);
+    // a sample of larger lengths (a prime stride): >= 1024 chunks, and at most
+    // 1040 while the chunk size still follows the length (up to 64 MiB)
+    uint64_t wrong = 0, most = 0;
+    for (uint64_t len = 5u << 20; len <= (256ull << 20); len += 40009) {
+        uint64_t cb = nccl_mac_chunk_bytes(len), n = chunkmac_count(len, cb);
+        wrong += chunkmac_check_chunk_bytes(cb, NULL, 0) != 0 || n < NCCL_MAC_TARGET_CHUNKS ||
+                 (len <= (64u << 20) && n > 1040);
+        if (len <= (64u << 20) && n > most) most = n;
+    }
+    check(wrong == 0, "nccl_mac_chunk_bytes: 5..256 MiB in steps of 40009: >= 1024 chunks, <= 1040 up to 64 MiB "
+          "(%" PRIu64 " wrong, at most %" PRIu64 ")", wrong, most);
+    struct { uint64_t len, cb, n; } want[] = {
+        {0, 4096, 0},                       // an empty message: no chunk, the final tag alone
+        {1, 4096, 1},
+        {4096, 4096, 1},
+        {4097, 4096, 2},
+        {25165824, 24576, 1024},            // GPT-2 124M, B 16, T 1024, bf16: 24 KiB chunks
+        {12u << 20, 12288, 1024},           // 12 MiB
+        {(12u << 20) + 1, 12288, 1025},
+        {1ull << 30, 65536, 16384},         // 1 GiB: capped at CHUNKMAC_CHUNK_BYTES
+        {~0ull, 65536, (~0ull >> 16) + 1},  // no overflow at the top
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        uint64_t cb = nccl_mac_chunk_bytes(want[i].len), n = chunkmac_count(want[i].len, cb);
+        check(cb == want[i].cb && n == want[i].n && chunkmac_check_chunk_bytes(cb, NULL, 0) == 0,
+              "nccl_mac_chunk_bytes(%" PRIu64 ") = %" PRIu64 " (want %" PRIu64 "), %" PRIu64 " chunks (want %" PRIu64 ")",
+              want[i].len, cb, want[i].cb, n, want[i].n);
+    }
+}
+
+static void test_mac_header(void) {
+    uint8_t h[64];
+    mac_header(h, 0x0123456789abcdefull, 3, 250, CH_GRADIENT, 123456789012L, 70000, 0xfedcba9876543210ull, 25165824);
+    FrameHeader f;
+    frame_header_read(h, &f);
+    uint8_t pad = 0;
+    for (int i = 0; i < 8; i++) pad |= f.pad[i];
+    check(f.magic == FRAME_MAGIC && f.version == FRAME_VERSION && f.channel == CH_GRADIENT &&
+          f.job_id == 0x0123456789abcdefull && f.src == 3 && f.dst == 250 && f.step == 123456789012ull &&
+          f.microbatch == 70000 && f.reserved == 0 && f.seq == 0xfedcba9876543210ull && f.payload_len == 25165824 &&
+          pad == 0, "mac_header: every FrameHeader field reads back (magic %08x, channel %u, src %u, dst %u, step %"
+          PRIu64 ", mb %u, seq %016" PRIx64 ", len %" PRIu64 ")", f.magic, (unsigned)f.channel, f.src, f.dst, f.step,
+          f.microbatch, f.seq, f.payload_len);
+    // the same 64 bytes as the host backend's frame for that message
+    uint8_t key[32];
+    mactest_fill(key, 32);
+    Links a, b;
+    if (!check(links_init(&a, key, 2, 8) == 0 && links_init(&b, key, 5, 8) == 0, "links for ranks 2 and 5")) return;
+    uint8_t frame[FRAME_HEADER_BYTES + 10 + FRAME_TAG_BYTES], payload[10] = {0};
+    frame_seal(&a, 5, CH_ACTIVATION, 12, 3, payload, 10, frame);
+    mac_header(h, a.job_id, 2, 5, CH_ACTIVATION, 12, 3, 0, 10);
+    check(memcmp(h, frame, 64) == 0, "mac_header writes the header frame_seal writes for the same message");
+    a.send_seq[5] = 0;
+    // sender and receiver agree message after message; a replay puts the
+    // sender one behind for good: that message and every later one differ
+    uint8_t hs[64], hr[64];
+    int same = 1;
+    for (int k = 0; k < 3; k++) {
+        int replayed = mac_send_header(&a, 5, CH_ACTIVATION, 7, k, 1000 + k, 0, hs);
+        mac_recv_header(&b, 2, CH_ACTIVATION, 7, k, 1000 + k, hr);
+        same &= replayed == 0 && memcmp(hs, hr, 64) == 0;
+    }
+    check(same && a.send_seq[5] == 3 && b.recv_seq[2] == 3, "mac_send_header and mac_recv_header agree on 3 messages "
+          "(seq 0..2)");
+    int replayed = mac_send_header(&a, 5, CH_ACTIVATION, 7, 3, 1003, 1, hs);
+    mac_recv_header(&b, 2, CH_ACTIVATION, 7, 3, 1003, hr);
+    frame_header_read(hs, &f);
+    check(replayed == 1 && f.seq == 2 && a.send_seq[5] == 3 && memcmp(hs, hr, 64) != 0,
+          "replay: tagged under the previous seq (%" PRIu64 "), send_seq stays at %" PRIu64 ", the receiver expects 3",
+          f.seq, a.send_seq[5]);
+    int differ = 0;
+    for (int k = 4; k < 7; k++) {
+        mac_send_header(&a, 5, CH_ACTIVATION, 7, k, 1000 + k, 0, hs);
+        mac_recv_header(&b, 2, CH_ACTIVATION, 7, k, 1000 + k, hr);
+        differ += memcmp(hs, hr, 64) != 0 && get_u64(hr + 40) == get_u64(hs + 40) + 1;
+    }
+    check(differ == 3, "after a replay every later message on the pair is one behind (%d of 3)", differ);
+    mac_send_header(&a, 6, CH_GRADIENT, 7, 0, 5, 1, hs);
+    frame_header_read(hs, &f);
+    check(f.seq == 0 && a.send_seq[6] == 1, "replay on a pair with nothing sent yet does not act (seq %" PRIu64 ")", f.seq);
+    links_free(&a);
+    links_free(&b);
+}
+
+// what the two kernels compute, with their per-thread code, chunk after
+// chunk on the CPU: chunkmac_chunks_kernel, then chunkmac_final_kernel
+static void mactest_emulate(const Hmac *keyed, const uint8_t header[64], const uint8_t *payload, uint64_t len,
+                            uint8_t tag[32]) {
+    ChunkMacParams p;
+    if (chunkmac_gpu_params(&p, keyed, header, len, nccl_mac_chunk_bytes(len), NULL, 0) != 0) {
+        memset(tag, 0, 32);
+        return;
+    }
+    uint8_t *chunk_tags = (uint8_t *)malloc(32 * p.n_chunks + 1);
+    for (uint64_t i = 0; i < p.n_chunks; i++) chunkmac_chunk_one(&p, payload, i, chunk_tags + 32 * i);
+    chunkmac_hmac(tag, &p, p.final_block, chunk_tags, 32 * p.n_chunks);
+    free(chunk_tags);
+    secure_wipe(&p, sizeof(p));
+}
+
+static void test_mac_kernel_code(void) {
+    uint8_t key[32];
+    mactest_fill(key, 32);
+    Links l;
+    if (!check(links_init(&l, key, 1, 4) == 0, "links for rank 1 of 4")) return;
+    uint64_t lens[] = {0, 100, 4096, 300001, (5u << 20) + 7};
+    for (size_t c = 0; c < sizeof(lens) / sizeof(lens[0]); c++) {
+        uint64_t len = lens[c], cb = nccl_mac_chunk_bytes(len);
+        uint8_t *payload = (uint8_t *)malloc(len + 1);
+        mactest_fill(payload, len + 1);
+        uint8_t header[64], gpu[32], cpu[32], t[32];
+        mac_header(header, l.job_id, 1, 2, CH_ACTIVATION, 41, 3, 17, len);
+        mactest_emulate(&l.keyed, header, payload, len, gpu);
+        int ok = chunkmac_tag(&l.keyed, header, payload, len, cb, cpu, NULL, 0) == 0;
+        check(ok && memcmp(gpu, cpu, 32) == 0, "%" PRIu64 " bytes (%" PRIu64 " chunks of %" PRIu64 "): the kernels' code "
+              "gives chunkmac_tag's tag", len, chunkmac_count(len, cb), cb);
+        // each header field, one at a time: src, dst, step, channel, micro-batch, seq, len, job id
+        uint8_t h[8][64];
+        mac_header(h[0], l.job_id, 0, 2, CH_ACTIVATION, 41, 3, 17, len);
+        mac_header(h[1], l.job_id, 1, 3, CH_ACTIVATION, 41, 3, 17, len);
+        mac_header(h[2], l.job_id, 1, 2, CH_ACTIVATION, 42, 3, 17, len);
+        mac_header(h[3], l.job_id, 1, 2, CH_GRADIENT, 41, 3, 17, len);
+        mac_header(h[4], l.job_id, 1, 2, CH_ACTIVATION, 41, 4, 17, len);
+        mac_header(h[5], l.job_id, 1, 2, CH_ACTIVATION, 41, 3, 16, len);
+        mac_header(h[6], l.job_id, 1, 2, CH_ACTIVATION, 41, 3, 17, len + 1);
+        mac_header(h[7], l.job_id ^ 1, 1, 2, CH_ACTIVATION, 41, 3, 17, len);
+        int changed = 0;
+        for (int k = 0; k < 8; k++) {
+            mactest_emulate(&l.keyed, h[k], payload, len, t);
+            changed += memcmp(t, gpu, 32) != 0;
+        }
+        check(changed == 8, "%" PRIu64 " bytes: a changed src, dst, step, channel, micro-batch, seq, len or job id "
+              "changes the tag (%d of 8)", len, changed);
+        if (len == 0) {
+            free(payload);
+            continue;
+        }
+        // one payload byte (first, where tamper flips it, last), and the
+        // message cut by one byte under its own header
+        uint64_t at[3] = {0, len / 2, len - 1};
+        int flipped = 0;
+        for (int k = 0; k < 3; k++) {
+            payload[at[k]] ^= 0x01;
+            mactest_emulate(&l.keyed, header, payload, len, t);
+            chunkmac_tag(&l.keyed, header, payload, len, cb, cpu, NULL, 0);
+            flipped += memcmp(t, gpu, 32) != 0 && memcmp(t, cpu, 32) == 0;
+            payload[at[k]] ^= 0x01;
+        }
+        check(flipped == 3, "%" PRIu64 " bytes: a flipped payload byte (first, middle, last) changes the tag, and the "
+              "kernels' code still agrees with chunkmac_tag (%d of 3)", len, flipped);
+        mac_header(h[0], l.job_id, 1, 2, CH_ACTIVATION, 41, 3, 17, len - 1);
+        mactest_emulate(&l.keyed, h[0], payload, len - 1, t);
+        chunkmac_tag(&l.keyed, h[0], payload, len - 1, nccl_mac_chunk_bytes(len - 1), cpu, NULL, 0);
+        check(memcmp(t, gpu, 32) != 0 && memcmp(t, cpu, 32) == 0, "%" PRIu64 " bytes: the message one byte shorter "
+              "has another tag", len);
+        free(payload);
+    }
+    links_free(&l);
 }
 
 int main(void) {
-    test_ckpt_layout();
+    test_unit_layout();
     test_ckpt_cli();
     test_gpu_flags();
     test_shapes();
@@ -675,6 +934,9 @@ int main(void) {
     test_token_buckets();
     test_init_spec();
     test_peak_table();
+    test_mac_chunk_bytes();
+    test_mac_header();
+    test_mac_kernel_code();
     test_cli();
     if (have_gpu()) {
         test_against_pytorch(0);

@@ -1249,24 +1249,6 @@ static void test_gpu_binding(void) {
           "gpu binding: own GPU only for an outside launcher's task that sees one device (%d %d %d)", slurm_one, slurm_two, ours);
 }
 
-static void test_gpu_layouts(void) {
-    char err[256] = "";
-    check(gpu_layout_check(1, 1, 0, err, sizeof(err)) == 0 && gpu_layout_check(1, 1, 1, err, sizeof(err)) == 0,
-          "gpu layouts: data parallel with ZeRO 0 and 1 run");
-    struct { int tp, pp, zero; const char *want; } refused[] = {
-        {2, 1, 0, "-tp 2 -pp 1: tensor and pipeline parallelism are not built in the GPU trainer yet"},
-        {1, 4, 1, "-tp 1 -pp 4: tensor and pipeline parallelism are not built in the GPU trainer yet"},
-        {1, 1, 2, "-z 2: ZeRO-2 is not built in the GPU trainer yet"},
-        {1, 1, 3, "-z 3: ZeRO-3 is not built in the GPU trainer yet"},
-    };
-    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
-        err[0] = '\0';
-        int rc = gpu_layout_check(refused[i].tp, refused[i].pp, refused[i].zero, err, sizeof(err));
-        check(rc != 0 && strstr(err, refused[i].want) != NULL, "gpu layouts refuse -tp %d -pp %d -z %d: %s",
-              refused[i].tp, refused[i].pp, refused[i].zero, err);
-    }
-}
-
 // every (color, key) of grid_split, over every rank of a layout, makes
 // exactly the groups of grid_groups, each rank at its own index
 static void test_grid_split(void) {
@@ -1331,7 +1313,6 @@ int main(int argc, char **argv) {
     test_grid();
     test_grid_split();
     test_gpu_binding();
-    test_gpu_layouts();
     test_pipeline_schedules();
     test_pipeline_plans();
     test_addresses();

@@ -33,6 +33,9 @@
 #include <cuda_bf16.h>
 #include <cublasLt.h>
 
+#ifndef LLM3D_NCCL
+#define LLM3D_NCCL  // parallel.h's NCCL backend: the GPU trainer always runs on it
+#endif
 #include "gpt2.h"
 #include "dataloader.h"
 #include "tokenizer.h"
@@ -125,15 +128,23 @@ static __device__ float block_sum(float v) {
 }
 
 // ----------------------------------------------------------------------------
-// encoder: out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
+// encoder: out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]. Under tensor
+// parallelism a rank holds wte rows [v0, v0 + Vl) and adds only those (zero
+// for the other tokens), and only tp rank 0 adds wpe (NULL elsewhere): the
+// all-reduce over the ranks then gives the sum.
 
 __global__ void encoder_forward_kernel(floatX *out, const int *inp, const floatX *wte, const floatX *wpe,
-                                       int BT, int T, int C) {
+                                       int BT, int T, int C, int v0, int Vl) {
     size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * PACK;
     if (idx >= (size_t)BT * C) return;
-    int bt = (int)(idx / C), c = (int)(idx % C);
-    Pack a = load_pack(wte + (size_t)inp[bt] * C + c), b = load_pack(wpe + (size_t)(bt % T) * C + c), o;
-    for (int k = 0; k < PACK; k++) o.v[k] = to_x(to_f(a.v[k]) + to_f(b.v[k]));
+    int bt = (int)(idx / C), c = (int)(idx % C), row = inp[bt] - v0;
+    Pack o;
+    for (int k = 0; k < PACK; k++) o.v[k] = to_x(0.0f);
+    if (row >= 0 && row < Vl) o = load_pack(wte + (size_t)row * C + c);
+    if (wpe != NULL) {
+        Pack b = load_pack(wpe + (size_t)(bt % T) * C + c);
+        for (int k = 0; k < PACK; k++) o.v[k] = to_x(to_f(o.v[k]) + to_f(b.v[k]));
+    }
     store_pack(out + idx, o);
 }
 
@@ -170,28 +181,29 @@ __global__ void encoder_backward_wte_kernel(floatX *dwte, const floatX *dout, co
     store_pack(row, w);
 }
 
-// groups the BT positions by token with a stable counting sort: bucket i is
-// token bucket_token[i] at positions bucket_pos[bucket_start[i] ..
-// bucket_start[i+1]), in increasing order. count is scratch of V+1 ints.
+// groups the positions holding a token of this rank's vocabulary rows [v0,
+// v0 + Vl) by token with a stable counting sort: bucket i is row
+// bucket_token[i] (the token less v0) at positions bucket_pos[bucket_start[i]
+// .. bucket_start[i+1]), in increasing order. count is scratch of V+1 ints.
 // Returns the number of buckets, or -1 if a token is outside [0, V).
-static int token_buckets(const int *inputs, int BT, int V, int *count, int *bucket_start, int *bucket_token,
-                         int *bucket_pos) {
+static int token_buckets(const int *inputs, int BT, int V, int v0, int Vl, int *count, int *bucket_start,
+                         int *bucket_token, int *bucket_pos) {
     memset(count, 0, (size_t)(V + 1) * sizeof(int));
     for (int i = 0; i < BT; i++) {
         if (inputs[i] < 0 || inputs[i] >= V) return -1;
         count[inputs[i] + 1]++;
     }
-    int nbuckets = 0;
-    for (int v = 0; v < V; v++) {
-        if (count[v + 1] > 0) {
-            bucket_token[nbuckets] = v;
-            bucket_start[nbuckets] = count[v];  // the prefix sum so far
-            nbuckets++;
-        }
-        count[v + 1] += count[v];
+    for (int v = 0; v < V; v++) count[v + 1] += count[v];  // count[v]: positions holding a token below v
+    int lo = v0 < V ? v0 : V, hi = v0 + Vl < V ? v0 + Vl : V, base = count[lo], nbuckets = 0;
+    for (int v = lo; v < hi; v++) {
+        if (count[v + 1] == count[v]) continue;
+        bucket_token[nbuckets] = v - v0;
+        bucket_start[nbuckets] = count[v] - base;
+        nbuckets++;
     }
-    bucket_start[nbuckets] = BT;
-    for (int i = 0; i < BT; i++) bucket_pos[count[inputs[i]]++] = i;
+    bucket_start[nbuckets] = count[hi] - base;
+    for (int i = 0; i < BT; i++)
+        if (inputs[i] >= lo && inputs[i] < hi) bucket_pos[count[inputs[i]]++ - base] = i;
     return nbuckets;
 }
 
@@ -1095,6 +1107,94 @@ __global__ void copy_to_floatx_kernel(floatX *dst, const float *src, size_t n) {
 }
 
 // ----------------------------------------------------------------------------
+// tensor parallel pieces: the vocabulary-parallel classifier (each rank holds
+// Vl = Vp/tp rows of wte, so each holds Vl logits of every row), a plain
+// residual add, and the sums the ZeRO shards and the tied wte need
+
+// per row, the max and the sum of exp(z - max) over this slice's nreal real
+// columns (online, as classifier_kernel); stats[row] = (max, sum)
+__global__ void __launch_bounds__(CLASSIFIER_THREADS)
+classifier_stats_kernel(float2 *stats, const floatX *logits, int Vl, int nreal) {
+    __shared__ float shared_m[32], shared_s[32];
+    int row = blockIdx.x;
+    const floatX *x = logits + (size_t)row * Vl;
+    float m = -INFINITY, s = 0.0f;
+    for (int i = threadIdx.x; i < nreal; i += blockDim.x) {
+        float z = to_f(x[i]);
+        if (z > m) {
+            s = s * expf(m - z) + 1.0f;
+            m = z;
+        } else {
+            s += expf(z - m);
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        softmax_merge(&m, &s, m2, s2);
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
+    if (lane == 0) {
+        shared_m[warp] = m;
+        shared_s[warp] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    m = -INFINITY;
+    s = 0.0f;
+    for (int w = 0; w < nwarps; w++) softmax_merge(&m, &s, shared_m[w], shared_s[w]);
+    stats[row] = make_float2(m, s);
+}
+
+// all_stats: (tp, BT) from every slice, merged in slice order (the same on
+// every rank). The rank holding a row's target adds its loss; dlogits over
+// this slice's logits as classifier_kernel's, padded columns 0.
+__global__ void __launch_bounds__(CLASSIFIER_THREADS)
+classifier_tp_kernel(floatX *logits, float *losses, const int *targets, const float2 *all_stats, int tp, int BT,
+                     float dloss, int v0, int Vl, int nreal, int write_dlogits) {
+    int row = blockIdx.x;
+    floatX *x = logits + (size_t)row * Vl;
+    float m = -INFINITY, s = 0.0f;
+    for (int r = 0; r < tp; r++) softmax_merge(&m, &s, all_stats[(size_t)r * BT + row].x, all_stats[(size_t)r * BT + row].y);
+    float lse = m + logf(s);
+    int col = targets[row] - v0;  // the target's column in this slice, if it is here
+    if (threadIdx.x == 0 && col >= 0 && col < nreal) losses[row] += lse - to_f(x[col]);
+    __syncthreads();  // the target's logit is read before anyone overwrites it
+    if (!write_dlogits) return;
+    for (int i = threadIdx.x; i < Vl; i += blockDim.x) {
+        float g = i < nreal ? (expf(to_f(x[i]) - lse) - (i == col ? 1.0f : 0.0f)) * dloss : 0.0f;
+        x[i] = to_x(g);
+    }
+}
+
+__global__ void residual_forward_kernel(floatX *out, const floatX *a, const floatX *b, size_t n) {
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * PACK;
+    if (idx >= n) return;
+    Pack x = load_pack(a + idx), y = load_pack(b + idx), o;
+    for (int k = 0; k < PACK; k++) o.v[k] = to_x(to_f(x.v[k]) + to_f(y.v[k]));
+    store_pack(out + idx, o);
+}
+
+// dst += src, elementwise (n a multiple of PACK: the units' chunks are)
+__global__ void add_into_kernel(floatX *dst, const floatX *src, size_t n) {
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * PACK; i < n;
+         i += (size_t)gridDim.x * blockDim.x * PACK) {
+        Pack x = load_pack(dst + i), y = load_pack(src + i), o;
+        for (int k = 0; k < PACK; k++) o.v[k] = to_x(to_f(x.v[k]) + to_f(y.v[k]));
+        store_pack(dst + i, o);
+    }
+}
+
+// partial[block] += this block's sum of squares of g[0..n): the norm of many
+// runs adds up in the same NORM_BLOCKS partials, in the same order every step
+__global__ void __launch_bounds__(NORM_THREADS) sumsq_add_kernel(float *partial, const floatX *g, size_t n) {
+    size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+    float acc = 0.0f;
+    for (size_t i = tid; i < n; i += stride) acc += to_f(g[i]) * to_f(g[i]);
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) partial[blockIdx.x] += acc;
+}
+
+// ----------------------------------------------------------------------------
 // the seeded init on the device: gpt2.h's param_init_value, ported. Integer
 // mixing is exact and the Box-Muller runs in double, so the values equal the
 // host's after rounding to float except where a double ulp decides a float
@@ -1231,10 +1331,11 @@ static void matmul_backward_dweight(const Blas *blas, floatX *dweight, const flo
 // ----------------------------------------------------------------------------
 // kernel launchers
 
-static void encoder_forward(floatX *out, const int *inp, const floatX *wte, const floatX *wpe, int B, int T, int C,
-                            cudaStream_t stream) {
+// wte: rows [v0, v0 + Vl) of the vocabulary; wpe NULL: no positions added
+static void encoder_forward(floatX *out, const int *inp, const floatX *wte, const floatX *wpe, int v0, int Vl, int B,
+                            int T, int C, cudaStream_t stream) {
     int n = B * T * C / PACK;
-    encoder_forward_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(out, inp, wte, wpe, B * T, T, C);
+    encoder_forward_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(out, inp, wte, wpe, B * T, T, C, v0, Vl);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1251,6 +1352,11 @@ static void encoder_backward(floatX *dwte, floatX *dwpe, const floatX *dout, con
 static void layernorm_forward(floatX *out, float *mean, float *rstd, const floatX *inp, const floatX *weight,
                               const floatX *bias, int N, int C, cudaStream_t stream) {
     layernorm_forward_kernel<<<ceil_div(N, 8), 256, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+static void residual_forward(floatX *out, const floatX *a, const floatX *b, size_t n, cudaStream_t stream) {
+    residual_forward_kernel<<<ceil_div((long)(n / PACK), 256), 256, 0, stream>>>(out, a, b, n);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1400,7 +1506,7 @@ static void classifier(floatX *logits, float *losses, const int *targets, float 
 }
 
 // *norm = the L2 norm of g[0..n); partial is scratch of NORM_BLOCKS floats
-static void global_norm(float *norm, float *partial, const floatX *g, size_t n, cudaStream_t stream) {
+[[maybe_unused]] static void global_norm(float *norm, float *partial, const floatX *g, size_t n, cudaStream_t stream) {
     sumsq_partial_kernel<<<NORM_BLOCKS, NORM_THREADS, 0, stream>>>(partial, g, n);
     CUDA_CHECK(cudaGetLastError());
     sumsq_final_kernel<<<1, 1024, 0, stream>>>(norm, partial, NORM_BLOCKS);
@@ -1415,8 +1521,10 @@ static int grid_for(size_t n, int threads) {  // grid-stride loops: enough block
 // ----------------------------------------------------------------------------
 // host-side shape rules: what the kernels need, checked before anything runs
 
-// 0 if the kernels can run this model at (B, T); else one line naming the field
-static int gpu_check_shapes(const GPT2Config *c, int B, int T, const char *what, char *err, size_t errlen) {
+// 0 if the kernels can run this model at (B, T) with tensor-parallel size
+// tp (a rank holds C/tp channels of attention and the MLP, NH/tp heads and
+// Vp/tp vocabulary rows); else one line naming the field
+static int gpu_check_shapes(const GPT2Config *c, int B, int T, int tp, const char *what, char *err, size_t errlen) {
     if (c->C % 8 != 0) {
         snprintf(err, errlen, "%s: C = %d: the GPU kernels need C to be a multiple of 8", what, c->C);
         return -1;
@@ -1428,6 +1536,11 @@ static int gpu_check_shapes(const GPT2Config *c, int B, int T, const char *what,
     }
     if (c->Vp % 8 != 0) {
         snprintf(err, errlen, "%s: Vp = %d: the GPU kernels need the padded vocab to be a multiple of 8", what, c->Vp);
+        return -1;
+    }
+    if (tp > 1 && (c->NH % tp != 0 || (c->Vp / tp) % 8 != 0)) {
+        snprintf(err, errlen, "flag -tp %d: %s: NH = %d heads and Vp / tp = %d / %d vocabulary rows must split into "
+                 "whole heads and multiples of 8 rows per rank", tp, what, c->NH, c->Vp, tp);
         return -1;
     }
     if ((long)B * T * 4 * c->C > 2147483647L || (long)B * T * c->NH > 2147483647L) {
@@ -1494,32 +1607,6 @@ static double gpu_peak_flops(const char *name) {
     return 0.0;
 }
 
-// ----------------------------------------------------------------------------
-// the model
-
-// what the forward keeps for the backward, and the backward's scratch; all
-// carved from one device allocation (buffer_plan), each slice 256-aligned
-typedef struct {
-    floatX *encoded;                        // (B,T,C)
-    floatX *ln1, *qkv, *atty, *residual2;   // per layer: (L,B,T,C), (L,B,T,3C), (L,B,T,C), (L,B,T,C)
-    floatX *ln2, *fch, *fch_gelu, *residual3;  // (L,B,T,C), (L,B,T,4C), (L or 1,B,T,4C), (L,B,T,C)
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;  // (L,B,T)
-    float *lse;                             // (L,B,NH,T)
-    floatX *lnf;                            // (B,T,C)
-    float *lnf_mean, *lnf_rstd;             // (B,T)
-    floatX *logits;                         // (B,T,Vp); the classifier writes dlogits over it
-    float *losses;                          // (B,T), summed over micro-batches; then one flag the
-                                            // ranks all-reduce (the stop signal rides with the loss)
-    floatX *proj;                           // (B,T,C) scratch: attproj, then fcproj output
-    floatX *dresidual;                      // (B,T,C): the gradient of the residual stream
-    floatX *dbtc;                           // (B,T,C) scratch: dlnf, dln2, datty, dln1
-    floatX *dbig;                           // (B,T,4C) scratch: dfch, then dqkv
-    float *delta;                           // (B,NH,T) attention backward scratch
-    float *colsum_partial;                  // colsum_splits(BT) * 4C
-    float *norm_partial, *norm;             // NORM_BLOCKS, 1
-    int *batch;                             // the staged micro-batch (see Staging)
-} Activations;
-
 // one micro-batch as it travels to the device: inputs, targets and the
 // encoder backward's token buckets, one contiguous int array
 typedef struct {
@@ -1527,6 +1614,53 @@ typedef struct {
     int nbuckets;
 } Staging;
 
+#ifdef ENABLE_FP32
+static const ncclDataType_t NCCL_FLOATX = ncclFloat32;
+#else
+static const ncclDataType_t NCCL_FLOATX = ncclBfloat16;
+#endif
+
+// ----------------------------------------------------------------------------
+// the model on this rank: gpt2.h's Shard and units, the same slicing and ZeRO
+// shards as train_gpt2.c (a stage's layers, each tensor cut Megatron-style,
+// grouped in units padded to dp x 128 elements so every shard is 16-byte
+// aligned), the activations of the micro-batches in flight, and the scratch
+// of the op at work. All activations and scratch are carved from one device
+// allocation (buffer_plan), each slice 256-aligned.
+
+// one micro-batch's activations on this stage: what its forward keeps for
+// its backward. encoded (the stage's input) and residual3 (whose last layer
+// is its output) have room for a MAC tag after them: pipeline messages
+// carry one (parallel.h, nccl_sendrecv_mac).
+typedef struct {
+    floatX *encoded;                            // (B,T,C): the embeddings, or what the previous stage sent
+    floatX *ln1, *qkv, *atty, *residual2;       // per local layer: (nl,B,T,C), (nl,B,T,3Cl), (nl,B,T,Cl), (nl,B,T,C)
+    floatX *ln2, *fch, *fch_gelu, *residual3;   // (nl,B,T,C), (nl,B,T,4Cl), (nl or 1,B,T,4Cl), (nl,B,T,C)
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;  // (nl,B,T)
+    float *lse;                                 // (nl,B,NHl,T)
+    floatX *lnf;                                // (B,T,C), last stage
+    float *lnf_mean, *lnf_rstd;                 // (B,T)
+    floatX *logits;                             // (B,T,Vl), last stage; FWD_TRAIN writes dlogits over them
+    int *batch;                                 // the staged micro-batch (see Staging)
+    Staging staged;                             // views of batch, once staged
+} Acts;
+
+// the backward's scratch (one backward runs at a time) and the step's sums
+typedef struct {
+    floatX *proj;               // (B,T,C): attproj, then fcproj output
+    floatX *dresidual;          // (B,T,C) + tag: the residual stream's gradient; after a stage's backward, that
+                                // of the stage's input, which goes to the previous stage
+    floatX *grad_in;            // (B,T,C) + tag: the gradient of the stage's output, from the next stage
+    floatX *dbtc;               // (B,T,C): dlnf, dln2, datty, dln1
+    floatX *dbig;               // (B,T,4Cl): dfch, then dqkv
+    float *delta;               // (B,NHl,T) attention backward scratch
+    float *colsum_partial;      // colsum_splits(BT) * 4C
+    float *losses;              // (B,T) summed over the step's micro-batches; then the stop flag (1 float)
+    float2 *cls_stats;          // (tp,B,T): every vocabulary slice's row max and sum of exp
+    float *norm_partial, *norm; // NORM_BLOCKS, 1
+} Scratch;
+
+// the ints of one staged micro-batch (Staging)
 static size_t staging_ints(int BT) { return (size_t)BT * 5 + 1; }
 
 static Staging staging_view(int *base, int BT) {
@@ -1546,7 +1680,7 @@ typedef struct {
     size_t offset;  // filled by buffer_plan
 } BufferSlice;
 
-#define MAX_SLICES 40
+#define MAX_SLICES 160
 
 static int add_slice(BufferSlice *s, int n, void **ptr, size_t bytes) {
     assert(n < MAX_SLICES);
@@ -1556,38 +1690,48 @@ static int add_slice(BufferSlice *s, int n, void **ptr, size_t bytes) {
     return n + 1;
 }
 
-// lists the slices of the activation buffer for (B, T); returns how many
-static int activation_slices(Activations *a, const GPT2Config *c, int B, int T, int recompute, BufferSlice *s) {
-    size_t BT = (size_t)B * T, C = c->C, L = c->L, NH = c->NH, X = sizeof(floatX), F = sizeof(float);
-    int n = 0;
-    n = add_slice(s, n, (void **)&a->encoded, (size_t)(BT * C) * X);
-    n = add_slice(s, n, (void **)&a->ln1, (size_t)(L * BT * C) * X);
-    n = add_slice(s, n, (void **)&a->qkv, (size_t)(L * BT * 3 * C) * X);
-    n = add_slice(s, n, (void **)&a->atty, (size_t)(L * BT * C) * X);
-    n = add_slice(s, n, (void **)&a->residual2, (size_t)(L * BT * C) * X);
-    n = add_slice(s, n, (void **)&a->ln2, (size_t)(L * BT * C) * X);
-    n = add_slice(s, n, (void **)&a->fch, (size_t)(L * BT * 4 * C) * X);
-    n = add_slice(s, n, (void **)&a->fch_gelu, (size_t)((recompute ? 1 : L) * BT * 4 * C) * X);
-    n = add_slice(s, n, (void **)&a->residual3, (size_t)(L * BT * C) * X);
-    n = add_slice(s, n, (void **)&a->ln1_mean, (size_t)(L * BT) * F);
-    n = add_slice(s, n, (void **)&a->ln1_rstd, (size_t)(L * BT) * F);
-    n = add_slice(s, n, (void **)&a->ln2_mean, (size_t)(L * BT) * F);
-    n = add_slice(s, n, (void **)&a->ln2_rstd, (size_t)(L * BT) * F);
-    n = add_slice(s, n, (void **)&a->lse, (size_t)(L * BT * NH) * F);
-    n = add_slice(s, n, (void **)&a->lnf, (size_t)(BT * C) * X);
-    n = add_slice(s, n, (void **)&a->lnf_mean, (size_t)(BT) * F);
-    n = add_slice(s, n, (void **)&a->lnf_rstd, (size_t)(BT) * F);
-    n = add_slice(s, n, (void **)&a->logits, (size_t)(BT * c->Vp) * X);
-    n = add_slice(s, n, (void **)&a->losses, (size_t)(BT + 1) * F);
-    n = add_slice(s, n, (void **)&a->proj, (size_t)(BT * C) * X);
-    n = add_slice(s, n, (void **)&a->dresidual, (size_t)(BT * C) * X);
-    n = add_slice(s, n, (void **)&a->dbtc, (size_t)(BT * C) * X);
-    n = add_slice(s, n, (void **)&a->dbig, (size_t)(BT * 4 * C) * X);
-    n = add_slice(s, n, (void **)&a->delta, (size_t)(BT * NH) * F);
-    n = add_slice(s, n, (void **)&a->colsum_partial, (size_t)((size_t)colsum_splits((int)BT) * 4 * C) * F);
-    n = add_slice(s, n, (void **)&a->norm_partial, (size_t)(NORM_BLOCKS) * F);
-    n = add_slice(s, n, (void **)&a->norm, (size_t)(1) * F);
-    n = add_slice(s, n, (void **)&a->batch, (size_t)(staging_ints((int)BT)) * sizeof(int));
+#define TAG_ROOM 256  // bytes after a pipeline message's payload: its MAC tag, rounded to the slice alignment
+
+// the slices of one activation set for (B, T) on this stage; returns the new count
+static int act_slices(Acts *a, const GPT2Config *c, const Shard *sh, int B, int T, int recompute, BufferSlice *s, int n) {
+    size_t BT = (size_t)B * T, C = c->C, nl = sh->nl, Cl = sh->Cl, X = sizeof(floatX), F = sizeof(float);
+    n = add_slice(s, n, (void **)&a->encoded, BT * C * X + TAG_ROOM);
+    n = add_slice(s, n, (void **)&a->ln1, nl * BT * C * X);
+    n = add_slice(s, n, (void **)&a->qkv, nl * BT * 3 * Cl * X);
+    n = add_slice(s, n, (void **)&a->atty, nl * BT * Cl * X);
+    n = add_slice(s, n, (void **)&a->residual2, nl * BT * C * X);
+    n = add_slice(s, n, (void **)&a->ln2, nl * BT * C * X);
+    n = add_slice(s, n, (void **)&a->fch, nl * BT * 4 * Cl * X);
+    n = add_slice(s, n, (void **)&a->fch_gelu, (recompute ? 1 : nl) * BT * 4 * Cl * X);
+    n = add_slice(s, n, (void **)&a->residual3, nl * BT * C * X + TAG_ROOM);
+    n = add_slice(s, n, (void **)&a->ln1_mean, nl * BT * F);
+    n = add_slice(s, n, (void **)&a->ln1_rstd, nl * BT * F);
+    n = add_slice(s, n, (void **)&a->ln2_mean, nl * BT * F);
+    n = add_slice(s, n, (void **)&a->ln2_rstd, nl * BT * F);
+    n = add_slice(s, n, (void **)&a->lse, nl * BT * sh->NHl * F);
+    if (sh->last) {
+        n = add_slice(s, n, (void **)&a->lnf, BT * C * X);
+        n = add_slice(s, n, (void **)&a->lnf_mean, BT * F);
+        n = add_slice(s, n, (void **)&a->lnf_rstd, BT * F);
+        n = add_slice(s, n, (void **)&a->logits, BT * sh->Vl * X);
+    }
+    n = add_slice(s, n, (void **)&a->batch, staging_ints((int)BT) * sizeof(int));
+    return n;
+}
+
+static int scratch_slices(Scratch *a, const GPT2Config *c, const Shard *sh, int B, int T, BufferSlice *s, int n) {
+    size_t BT = (size_t)B * T, C = c->C, Cl = sh->Cl, X = sizeof(floatX), F = sizeof(float);
+    n = add_slice(s, n, (void **)&a->proj, BT * C * X);
+    n = add_slice(s, n, (void **)&a->dresidual, BT * C * X + TAG_ROOM);
+    n = add_slice(s, n, (void **)&a->grad_in, BT * C * X + TAG_ROOM);
+    n = add_slice(s, n, (void **)&a->dbtc, BT * C * X);
+    n = add_slice(s, n, (void **)&a->dbig, BT * 4 * Cl * X);
+    n = add_slice(s, n, (void **)&a->delta, BT * sh->NHl * F);
+    n = add_slice(s, n, (void **)&a->colsum_partial, (size_t)colsum_splits((int)BT) * 4 * C * F);
+    n = add_slice(s, n, (void **)&a->losses, (BT + 1) * F);
+    n = add_slice(s, n, (void **)&a->cls_stats, (size_t)sh->tp * BT * sizeof(float2));
+    n = add_slice(s, n, (void **)&a->norm_partial, (size_t)NORM_BLOCKS * F);
+    n = add_slice(s, n, (void **)&a->norm, F);
     return n;
 }
 
@@ -1601,42 +1745,65 @@ static size_t buffer_plan(BufferSlice *s, int n) {
     return total;
 }
 
+#define UNIT_ALIGN 128  // elements: a unit is padded to dp x this, so each dp shard starts 256-byte aligned
+#define UNIT_SLOTS 3    // units held at once: wte (one stage), a layer and the next layer's or lnf
+
 typedef struct {
     GPT2Config config;
-    size_t param_sizes[NUM_PARAM_TENSORS];
-    size_t num_params;
-    size_t num_padded;                      // num_params rounded up to dp equal shards of whole 128-element rows
-    size_t opt_begin, opt_count;            // the elements this rank's AdamW updates: all, or its ZeRO-1 shard
-    floatX *params, *grads;                 // device, model-file layout, num_padded each
-    float *master;                          // device fp32, num_padded (master == params in the fp32 build)
-    float *m, *v;                           // device fp32 AdamW state of the opt_count elements from opt_begin
-    floatX *param[NUM_PARAM_TENSORS], *grad[NUM_PARAM_TENSORS];
+    Grid grid;                  // this rank's place in the job
+    Shard shard;
+    UnitTable ut;
+    int zero;
+    size_t num_params;          // of the whole model
+    // where ZeRO keeps what, P = ut.num_local and S = ut.num_shard elements:
+    //   stage  params (floatX)  master (fp32)  grads (floatX)    AdamW m, v (fp32)
+    //   0      P                P              P                 P
+    //   1      P                S              P                 S
+    //   2      P                S              S (+ buckets)     S
+    //   3      S (+ slots)      S              S (+ buckets)     S
+    // The fp32 build's master weights are its params (P, or the S shard under
+    // ZeRO-3). A unit's shard is elements [dp_rank * chunk, + chunk) of it.
+    floatX *params, *grads;              // P each, or NULL
+    floatX *param_shard, *grad_shard;    // S each, or NULL
+    float *master;
+    int master_sharded;                  // master indexed by shard_offset (else by offset)
+    float *m, *v;                        // P (ZeRO-0) or S
+    floatX *slot[UNIT_SLOTS];            // ZeRO-3: gathered units (largest padded unit each)
+    int slot_unit[UNIT_SLOTS];
+    floatX *bucket[UNIT_SLOTS];          // ZeRO-2/3: gradient buckets
+    int bucket_unit[UNIT_SLOTS];
+    floatX *reduced;                     // ZeRO-2/3: one unit's reduced chunk
+    floatX **unit_params, **unit_grads;  // per unit: where its full values / gradients are now (NULL: not held)
+    floatX *tied_peer;                   // pp > 1, first and last stage: my wte gradient out, the other end's in (+ tags)
     int B, T, recompute, fuse_gelu, attention_tc;
-    Activations act;
+    int nacts;                           // activation sets; micro-batch mb uses set mb % nacts
+    Acts *acts;
+    Scratch sc;
     void *act_memory;
-    size_t act_bytes;
-    int *inputs, *targets;                  // host: the current micro-batch (B*T each)
-    int *staging_host;                      // pinned: staging_ints(B*T)
-    int *bucket_count;                      // host scratch: V + 1
-    Staging staged;                         // views of staging_host for the batch on the device
-    cudaEvent_t staging_free;               // the last copy out of staging_host is done
+    size_t act_bytes, param_bytes;
+    int *inputs, *targets;               // host: the next micro-batch (B*T each)
+    int *staging_host;                   // pinned: staging_ints(B*T)
+    int *bucket_count;                   // host scratch: V + 1
+    cudaEvent_t staging_free;            // the last copy out of staging_host is done
     Blas blas;
     cudaStream_t stream;
-    int adam_t;                             // AdamW steps taken
+    NcclComm *nccl;                      // NULL for a model of one rank outside a job (the tests)
+    int adam_t;                          // AdamW steps taken
 } GPT2;
 
 static void *device_alloc(size_t bytes, const char *what) {
     void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, bytes);
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
         fprintf(stderr, "out of GPU memory allocating %s (%zu bytes): %s\n", what, bytes, cudaGetErrorString(e));
         exit(1);
     }
+    CUDA_CHECK(cudaMemset(p, 0, bytes ? bytes : 1));
     return p;
 }
 
 static void *host_alloc(size_t bytes, const char *what) {
-    void *p = calloc(1, bytes);
+    void *p = calloc(1, bytes ? bytes : 1);
     if (p == NULL) {
         fprintf(stderr, "out of memory allocating %s (%zu bytes)\n", what, bytes);
         exit(1);
@@ -1644,138 +1811,276 @@ static void *host_alloc(size_t bytes, const char *what) {
     return p;
 }
 
-static void point_param_views(floatX **views, floatX *base, const size_t *sizes) {
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        views[i] = base;
-        base += sizes[i];
-    }
+static size_t largest_unit(const GPT2 *m) {
+    size_t n = 0;
+    for (int u = 0; u < m->ut.n; u++) n = m->ut.units[u].padded > n ? m->ut.units[u].padded : n;
+    return n;
 }
 
-// how dp ranks lay out the num_params parameters on the device: model.bin's
-// order, then zeros up to num_padded, dp equal shards of whole 128-element
-// rows (so every shard is 16-byte aligned for the vector loads); this rank's
-// AdamW state covers [opt_begin, opt_begin + opt_count): every parameter
-// (ZeRO-0) or its shard dp_rank (ZeRO-1; the last one reaches into the zeros)
-typedef struct { size_t num_padded, shard, opt_begin, opt_count; } DpLayout;
+// my dp shard of unit u: elements [lo, lo + chunk)
+static size_t unit_chunk(const GPT2 *m, int u) { return m->ut.units[u].padded / (size_t)m->shard.dp; }
+static size_t unit_lo(const GPT2 *m, int u) { return (size_t)m->shard.dp_rank * unit_chunk(m, u); }
 
-static DpLayout dp_layout(size_t num_params, int dp, int dp_rank, int zero) {
-    DpLayout d;
-    d.shard = ((num_params + (size_t)dp - 1) / (size_t)dp + 127) / 128 * 128;
-    d.num_padded = d.shard * (size_t)dp;
-    d.opt_begin = zero == 1 ? (size_t)dp_rank * d.shard : 0;
-    d.opt_count = zero == 1 ? d.shard : num_params;
-    return d;
+// where element j of unit u (within my shard, for the sharded arrays) lives
+static floatX *param_at(const GPT2 *m, int u, size_t j) {
+    const Unit *un = &m->ut.units[u];
+    return m->zero == 3 ? m->param_shard + un->shard_offset + (j - unit_lo(m, u)) : m->params + un->offset + j;
+}
+static float *master_at(const GPT2 *m, int u, size_t j) {
+    const Unit *un = &m->ut.units[u];
+    return m->master_sharded ? m->master + un->shard_offset + (j - unit_lo(m, u)) : m->master + un->offset + j;
+}
+static floatX *grad_at(const GPT2 *m, int u, size_t j) {
+    const Unit *un = &m->ut.units[u];
+    return m->zero >= 2 ? m->grad_shard + un->shard_offset + (j - unit_lo(m, u)) : m->grads + un->offset + j;
+}
+static float *adam_at(const GPT2 *m, float *mv, int u, size_t j) {
+    const Unit *un = &m->ut.units[u];
+    return m->zero >= 1 ? mv + un->shard_offset + (j - unit_lo(m, u)) : mv + un->offset + j;
 }
 
-// the model on the device, from host fp32 params (model_load) or, when
-// params is NULL, from the seeded init; activations for (B, T); the
-// parameters and AdamW state laid out by dp_layout.
-static void gpt2_init_dp(GPT2 *model, const GPT2Config *c, const float *params, uint64_t seed, int B, int T,
-                         int recompute, int attention_tc, int dp, int dp_rank, int zero) {
-    memset(model, 0, sizeof(*model));
-    model->config = *c;
-    param_sizes(c, model->param_sizes);
-    model->num_params = param_count(c);
-    DpLayout lay = dp_layout(model->num_params, dp, dp_rank, zero);
-    model->num_padded = lay.num_padded;
-    model->opt_begin = lay.opt_begin;
-    model->opt_count = lay.opt_count;
-    model->B = B;
-    model->T = T;
-    model->recompute = recompute;
-    model->attention_tc = attention_tc;
-#ifdef ENABLE_FP32
-    model->fuse_gelu = 0;  // our GELU kernel is the CPU trainer's formula; the epilogue's may round differently
-#else
-    model->fuse_gelu = 1;
-#endif
-    size_t n = model->num_params, np = model->num_padded, nopt = model->opt_count;
-    CUDA_CHECK(cudaStreamCreate(&model->stream));
-    model->master = (float *)device_alloc(np * sizeof(float), "master weights");
-#ifdef ENABLE_FP32
-    model->params = model->master;
-#else
-    model->params = (floatX *)device_alloc(np * sizeof(floatX), "parameters");
-#endif
-    model->grads = (floatX *)device_alloc(np * sizeof(floatX), "gradients");
-    model->m = (float *)device_alloc(nopt * sizeof(float), "AdamW m");
-    model->v = (float *)device_alloc(nopt * sizeof(float), "AdamW v");
-    CUDA_CHECK(cudaMemset(model->master, 0, np * sizeof(float)));
-    CUDA_CHECK(cudaMemset(model->grads, 0, np * sizeof(floatX)));
-    CUDA_CHECK(cudaMemset(model->m, 0, nopt * sizeof(float)));
-    CUDA_CHECK(cudaMemset(model->v, 0, nopt * sizeof(float)));
-    point_param_views(model->param, model->params, model->param_sizes);
-    point_param_views(model->grad, model->grads, model->param_sizes);
-    if (params != NULL) {
-        CUDA_CHECK(cudaMemcpy(model->master, params, n * sizeof(float), cudaMemcpyHostToDevice));
-    } else {
-        float *p = model->master;
-        for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-            size_t size = model->param_sizes[t];
-            InitSpec s = init_spec(c, t, size);
-            init_tensor_kernel<<<grid_for(size, 256), 256, 0, model->stream>>>(p, size, seed, t, s.constant, s.std,
-                                                                                s.random_count);
-            CUDA_CHECK(cudaGetLastError());
-            p += size;
-        }
+// the whole model's fp32 parameters from the seeded init, on the host (the
+// device kernel fills it in model-file order; then unit_fill slices it like a file)
+static float *device_init_full(const GPT2Config *c, uint64_t seed, cudaStream_t stream) {
+    size_t sizes[NUM_PARAM_TENSORS], n = param_count(c);
+    param_sizes(c, sizes);
+    float *d = (float *)device_alloc(n * sizeof(float), "initial parameters"), *p = d;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        InitSpec s = init_spec(c, t, sizes[t]);
+        init_tensor_kernel<<<grid_for(sizes[t], 256), 256, 0, stream>>>(p, sizes[t], seed, t, s.constant, s.std,
+                                                                       s.random_count);
+        CUDA_CHECK(cudaGetLastError());
+        p += sizes[t];
     }
-    copy_to_floatx_kernel<<<grid_for(np, 256), 256, 0, model->stream>>>(model->params, model->master, np);
+    float *h = (float *)host_alloc(n * sizeof(float), "initial parameters");
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_CHECK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaFree(d);
+    return h;
+}
+
+// unit u's values (padded fp32, on the device in tmp) into params or
+// param_shard and the master weights, whichever this ZeRO stage keeps
+static void place_unit(GPT2 *m, int u, const float *tmp) {
+    const Unit *un = &m->ut.units[u];
+    size_t chunk = unit_chunk(m, u), lo = unit_lo(m, u);
+    if (m->params != NULL)
+        copy_to_floatx_kernel<<<grid_for(un->padded, 256), 256, 0, m->stream>>>(m->params + un->offset, tmp, un->padded);
+    else
+        copy_to_floatx_kernel<<<grid_for(chunk, 256), 256, 0, m->stream>>>(m->param_shard + un->shard_offset, tmp + lo, chunk);
     CUDA_CHECK(cudaGetLastError());
+#ifndef ENABLE_FP32  // (the fp32 build's master weights are the params just written)
+    if (m->master_sharded)
+        CUDA_CHECK(cudaMemcpyAsync(m->master + un->shard_offset, tmp + lo, chunk * sizeof(float), cudaMemcpyDeviceToDevice, m->stream));
+    else
+        CUDA_CHECK(cudaMemcpyAsync(m->master + un->offset, tmp, un->padded * sizeof(float), cudaMemcpyDeviceToDevice, m->stream));
+#endif
+}
 
+// this rank's part of the model on the device, from the full model `full`
+// (model-file layout, host fp32; not kept) or, when full is NULL, from the
+// seeded init; nacts activation sets for (B, T). g is this rank's place in
+// the grid (NULL: one rank), nccl its communicators (NULL outside a job).
+static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint64_t seed, int B, int T, int recompute,
+                           int attention_tc, const Grid *g, int zero, int nacts, NcclComm *nccl) {
+    memset(m, 0, sizeof(*m));
+    m->config = *c;
+    char err[256];
+    if (g != NULL) m->grid = *g;
+    else grid_init(&m->grid, 1, 1, 1, 0, err, sizeof(err));
+    g = &m->grid;
+    m->shard = shard_for(c, g->tp, g->tp_rank, g->pp, g->pp_rank, g->dp, g->dp_rank);
+    if (unit_table(&m->ut, c, &m->shard, UNIT_ALIGN) != 0) {
+        fprintf(stderr, "out of memory allocating the unit table\n");
+        exit(1);
+    }
+    const Shard *s = &m->shard;
+    m->zero = zero;
+    m->nccl = nccl;
+    m->num_params = param_count(c);
+    m->B = B;
+    m->T = T;
+    m->recompute = recompute;
+    m->attention_tc = attention_tc;
+#ifdef ENABLE_FP32
+    m->fuse_gelu = 0;  // our GELU kernel is the CPU trainer's formula; the epilogue's may round differently
+#else
+    m->fuse_gelu = 1;
+#endif
+    CUDA_CHECK(cudaStreamCreate(&m->stream));
+    size_t P = m->ut.num_local, S = m->ut.num_shard, X = sizeof(floatX), F = sizeof(float), big = largest_unit(m);
+    if (zero <= 2) m->params = (floatX *)device_alloc(P * X, "parameters");
+    else m->param_shard = (floatX *)device_alloc(S * X, "parameter shard");
+    if (zero <= 1) m->grads = (floatX *)device_alloc(P * X, "gradients");
+    else m->grad_shard = (floatX *)device_alloc(S * X, "gradient shard");
+#ifdef ENABLE_FP32
+    m->master = zero <= 2 ? m->params : m->param_shard;
+    m->master_sharded = zero == 3;
+#else
+    m->master_sharded = zero >= 1;
+    m->master = (float *)device_alloc((m->master_sharded ? S : P) * F, "master weights");
+#endif
+    m->m = (float *)device_alloc((zero >= 1 ? S : P) * F, "AdamW m");
+    m->v = (float *)device_alloc((zero >= 1 ? S : P) * F, "AdamW v");
+    for (int k = 0; k < UNIT_SLOTS; k++) {
+        m->slot_unit[k] = m->bucket_unit[k] = -1;
+        if (zero == 3) m->slot[k] = (floatX *)device_alloc(big * X, "gathered unit");
+        if (zero >= 2) m->bucket[k] = (floatX *)device_alloc(big * X, "gradient bucket");
+    }
+    if (zero >= 2) m->reduced = (floatX *)device_alloc(big / s->dp * X, "reduced chunk");
+    m->unit_params = (floatX **)host_alloc(m->ut.n * sizeof(floatX *), "unit views");
+    m->unit_grads = (floatX **)host_alloc(m->ut.n * sizeof(floatX *), "unit views");
+    if (s->pp > 1 && m->ut.u_wte >= 0) {
+        size_t n = zero >= 2 ? unit_chunk(m, m->ut.u_wte) : m->ut.units[m->ut.u_wte].padded;
+        m->tied_peer = (floatX *)device_alloc(2 * (n * X + TAG_ROOM), "tied wte gradients");  // out, then in
+    }
+    m->param_bytes = (zero <= 2 ? P : S) * X + (zero <= 1 ? P : S) * X + 2 * (zero >= 1 ? S : P) * F;
+
+    // the parameters, unit by unit, sliced from the full model
+    float *init = full == NULL ? device_init_full(c, seed, m->stream) : NULL;
+    float *host_unit = (float *)host_alloc(big * F, "unit"), *tmp = (float *)device_alloc(big * F, "unit");
+    for (int u = 0; u < m->ut.n; u++) {
+        const Unit *un = &m->ut.units[u];
+        memset(host_unit, 0, un->padded * F);
+        unit_fill(c, s, un, host_unit, full ? full : init, 0);
+        CUDA_CHECK(cudaMemcpyAsync(tmp, host_unit, un->padded * F, cudaMemcpyHostToDevice, m->stream));
+        place_unit(m, u, tmp);
+        CUDA_CHECK(cudaStreamSynchronize(m->stream));  // host_unit and tmp are reused
+        if (zero <= 2) m->unit_params[u] = m->params + un->offset;
+        if (zero <= 1) m->unit_grads[u] = m->grads + un->offset;
+    }
+    cudaFree(tmp);
+    free(host_unit);
+    free(init);
+
+    // activations: the sets in flight, then the scratch
     BufferSlice slices[MAX_SLICES];
-    int nslices = activation_slices(&model->act, c, B, T, recompute, slices);
-    model->act_bytes = buffer_plan(slices, nslices);
-    model->act_memory = device_alloc(model->act_bytes, "activations");
-    for (int i = 0; i < nslices; i++) *slices[i].ptr = (char *)model->act_memory + slices[i].offset;
+    int nslices = 0;
+    m->nacts = nacts;
+    m->acts = (Acts *)host_alloc((size_t)nacts * sizeof(Acts), "activation sets");
+    for (int k = 0; k < nacts; k++) nslices = act_slices(&m->acts[k], c, s, B, T, recompute, slices, nslices);
+    nslices = scratch_slices(&m->sc, c, s, B, T, slices, nslices);
+    m->act_bytes = buffer_plan(slices, nslices);
+    m->act_memory = device_alloc(m->act_bytes, "activations");
+    for (int i = 0; i < nslices; i++) *slices[i].ptr = (char *)m->act_memory + slices[i].offset;
 
     size_t BT = (size_t)B * T;
-    model->inputs = (int *)host_alloc(BT * sizeof(int), "inputs");
-    model->targets = (int *)host_alloc(BT * sizeof(int), "targets");
-    model->bucket_count = (int *)host_alloc((size_t)(c->V + 1) * sizeof(int), "token counts");
-    CUDA_CHECK(cudaMallocHost((void **)&model->staging_host, staging_ints((int)BT) * sizeof(int)));
-    CUDA_CHECK(cudaEventCreateWithFlags(&model->staging_free, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventRecord(model->staging_free, model->stream));
+    m->inputs = (int *)host_alloc(BT * sizeof(int), "inputs");
+    m->targets = (int *)host_alloc(BT * sizeof(int), "targets");
+    m->bucket_count = (int *)host_alloc((size_t)(c->V + 1) * sizeof(int), "token counts");
+    CUDA_CHECK(cudaMallocHost((void **)&m->staging_host, staging_ints((int)BT) * sizeof(int)));
+    CUDA_CHECK(cudaEventCreateWithFlags(&m->staging_free, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(m->staging_free, m->stream));
 
-    CUBLAS_CHECK(cublasLtCreate(&model->blas.handle));
-    model->blas.workspace_size = 32u << 20;
-    model->blas.workspace = device_alloc(model->blas.workspace_size, "cuBLASLt workspace");
-    model->blas.stream = model->stream;
-    CUDA_CHECK(cudaStreamSynchronize(model->stream));
+    CUBLAS_CHECK(cublasLtCreate(&m->blas.handle));
+    m->blas.workspace_size = 32u << 20;
+    m->blas.workspace = device_alloc(m->blas.workspace_size, "cuBLASLt workspace");
+    m->blas.stream = m->stream;
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
 }
 
-// one rank: every parameter and all of the AdamW state here (what the
-// tests build; the trainer itself always names its dp)
-[[maybe_unused]] static void gpt2_init(GPT2 *model, const GPT2Config *c, const float *params, uint64_t seed, int B,
-                                       int T, int recompute, int attention_tc) {
-    gpt2_init_dp(model, c, params, seed, B, T, recompute, attention_tc, 1, 0, 0);
+// one rank, ZeRO-0, one activation set: what the tests build
+[[maybe_unused]] static void gpt2_init(GPT2 *m, const GPT2Config *c, const float *full, uint64_t seed, int B, int T,
+                                       int recompute, int attention_tc) {
+    gpt2_init_rank(m, c, full, seed, B, T, recompute, attention_tc, NULL, 0, 1, NULL);
 }
 
-static void gpt2_free(GPT2 *model) {
-    CUDA_CHECK(cudaStreamSynchronize(model->stream));
+static void gpt2_free(GPT2 *m) {
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
 #ifndef ENABLE_FP32
-    cudaFree(model->params);
+    cudaFree(m->master);
 #endif
-    cudaFree(model->master); cudaFree(model->grads); cudaFree(model->m); cudaFree(model->v);
-    cudaFree(model->act_memory); cudaFree(model->blas.workspace);
-    cublasLtDestroy(model->blas.handle);
-    cudaFreeHost(model->staging_host);
-    cudaEventDestroy(model->staging_free);
-    cudaStreamDestroy(model->stream);
-    free(model->inputs); free(model->targets); free(model->bucket_count);
+    cudaFree(m->params); cudaFree(m->grads); cudaFree(m->param_shard); cudaFree(m->grad_shard);
+    cudaFree(m->m); cudaFree(m->v); cudaFree(m->reduced); cudaFree(m->tied_peer);
+    for (int k = 0; k < UNIT_SLOTS; k++) { cudaFree(m->slot[k]); cudaFree(m->bucket[k]); }
+    cudaFree(m->act_memory); cudaFree(m->blas.workspace);
+    cublasLtDestroy(m->blas.handle);
+    cudaFreeHost(m->staging_host);
+    cudaEventDestroy(m->staging_free);
+    cudaStreamDestroy(m->stream);
+    free(m->inputs); free(m->targets); free(m->bucket_count);
+    free(m->acts); free(m->ut.units); free(m->unit_params); free(m->unit_grads);
 }
 
-// one block's slices of the per-layer tensors
+// ----------------------------------------------------------------------------
+// the collectives of the model, each a no-op in a group of one (so a model
+// outside a job, without communicators, runs the same code)
+
+static void tp_allreduce(GPT2 *m, floatX *buf, size_t n) {
+    if (m->shard.tp > 1) nccl_allreduce(m->nccl, &m->nccl->tp, buf, n, NCCL_FLOATX, OP_SUM);
+}
+
+// ZeRO: where a unit's full parameters come from and where its gradients go.
+// Units are held in UNIT_SLOTS slots; the stream's order makes a released
+// slot safe to refill.
+
+// makes unit u's full parameters available (ZeRO-3: all-gathers them)
+static floatX *unit_acquire(GPT2 *m, int u) {
+    if (m->zero < 3 || m->unit_params[u] != NULL) return m->unit_params[u];
+    int k = 0;
+    while (k < UNIT_SLOTS && m->slot_unit[k] >= 0) k++;
+    assert(k < UNIT_SLOTS && "more units held at once than UNIT_SLOTS");
+    const Unit *un = &m->ut.units[u];
+    size_t chunk = unit_chunk(m, u);
+    if (m->shard.dp > 1)
+        nccl_allgather(m->nccl, &m->nccl->dp, m->param_shard + un->shard_offset, m->slot[k], chunk, NCCL_FLOATX);
+    else
+        CUDA_CHECK(cudaMemcpyAsync(m->slot[k], m->param_shard + un->shard_offset, chunk * sizeof(floatX),
+                                   cudaMemcpyDeviceToDevice, m->stream));
+    m->slot_unit[k] = u;
+    m->unit_params[u] = m->slot[k];
+    return m->slot[k];
+}
+
+static void unit_release(GPT2 *m, int u) {
+    if (m->zero < 3 || m->unit_params[u] == NULL) return;
+    for (int k = 0; k < UNIT_SLOTS; k++)
+        if (m->slot_unit[k] == u) m->slot_unit[k] = -1;
+    m->unit_params[u] = NULL;
+}
+
+// where unit u's gradients accumulate during a backward (ZeRO-2/3: a zeroed bucket)
+static floatX *unit_grad_begin(GPT2 *m, int u) {
+    if (m->zero < 2 || m->unit_grads[u] != NULL) return m->unit_grads[u];
+    int k = 0;
+    while (k < UNIT_SLOTS && m->bucket_unit[k] >= 0) k++;
+    assert(k < UNIT_SLOTS && "more gradient buckets open at once than UNIT_SLOTS");
+    CUDA_CHECK(cudaMemsetAsync(m->bucket[k], 0, m->ut.units[u].padded * sizeof(floatX), m->stream));
+    m->bucket_unit[k] = u;
+    m->unit_grads[u] = m->bucket[k];
+    return m->bucket[k];
+}
+
+// ZeRO-2/3: the unit's backward is done for this micro-batch: reduce-scatter
+// the bucket over the data-parallel ranks and add my chunk to my shard
+static void unit_grad_end(GPT2 *m, int u) {
+    if (m->zero < 2) return;
+    const Unit *un = &m->ut.units[u];
+    size_t chunk = unit_chunk(m, u);
+    const floatX *mine = m->unit_grads[u];
+    if (m->shard.dp > 1) {
+        nccl_reduce_scatter(m->nccl, &m->nccl->dp, m->unit_grads[u], m->reduced, chunk, NCCL_FLOATX, OP_SUM);
+        mine = m->reduced;
+    }
+    add_into_kernel<<<grid_for(chunk / PACK, 256), 256, 0, m->stream>>>(m->grad_shard + un->shard_offset, mine, chunk);
+    CUDA_CHECK(cudaGetLastError());
+    for (int k = 0; k < UNIT_SLOTS; k++)
+        if (m->bucket_unit[k] == u) m->bucket_unit[k] = -1;
+    m->unit_grads[u] = NULL;
+}
+
+// one block's slices of the per-layer tensors, within its unit
 typedef struct {
     floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 } LayerParams;
 
-static LayerParams layer_params(const GPT2Config *c, floatX *const *t, int l) {
-    size_t C = c->C;
-    LayerParams p = {
-        t[P_LN1W] + l * C, t[P_LN1B] + l * C, t[P_QKVW] + l * 3 * C * C, t[P_QKVB] + l * 3 * C,
-        t[P_ATTPROJW] + l * C * C, t[P_ATTPROJB] + l * C, t[P_LN2W] + l * C, t[P_LN2B] + l * C,
-        t[P_FCW] + l * 4 * C * C, t[P_FCB] + l * 4 * C, t[P_FCPROJW] + l * 4 * C * C, t[P_FCPROJB] + l * C,
-    };
+static LayerParams layer_params_at(const GPT2Config *c, const Shard *s, floatX *base) {
+    floatX *v[12];
+    for (int k = 0; k < 12; k++) {
+        v[k] = base;
+        base += local_tensor_size(c, s, layer_tensors[k]);
+    }
+    LayerParams p = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
     return p;
 }
 
@@ -1784,244 +2089,378 @@ typedef struct {
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
 } LayerActs;
 
-static LayerActs layer_acts(const GPT2 *model, int l) {
-    const Activations *a = &model->act;
-    size_t BT = (size_t)model->B * model->T, btc = BT * model->config.C;
+static LayerActs layer_acts(const GPT2 *m, const Acts *a, int ll) {
+    size_t BT = (size_t)m->B * m->T, btc = BT * m->config.C, btl = BT * m->shard.Cl;
     LayerActs s = {
-        a->ln1 + l * btc, a->qkv + l * 3 * btc, a->atty + l * btc, a->residual2 + l * btc, a->ln2 + l * btc,
-        a->fch + l * 4 * btc, a->fch_gelu + (model->recompute ? 0 : l * 4 * btc), a->residual3 + l * btc,
-        a->ln1_mean + l * BT, a->ln1_rstd + l * BT, a->ln2_mean + l * BT, a->ln2_rstd + l * BT,
-        a->lse + l * BT * model->config.NH,
+        a->ln1 + ll * btc, a->qkv + ll * 3 * btl, a->atty + ll * btl, a->residual2 + ll * btc, a->ln2 + ll * btc,
+        a->fch + ll * 4 * btl, a->fch_gelu + (m->recompute ? 0 : ll * 4 * btl), a->residual3 + ll * btc,
+        a->ln1_mean + ll * BT, a->ln1_rstd + ll * BT, a->ln2_mean + ll * BT, a->ln2_rstd + ll * BT,
+        a->lse + ll * BT * m->shard.NHl,
     };
     return s;
 }
 
-// the residual stream entering block l (block L's is the final LayerNorm's input)
-static floatX *block_input(const GPT2 *model, int l) {
-    size_t btc = (size_t)model->B * model->T * model->config.C;
-    return l == 0 ? model->act.encoded : model->act.residual3 + (l - 1) * btc;
+// the residual stream entering local layer ll (ll = nl: the stage's output)
+static floatX *block_input(const GPT2 *m, const Acts *a, int ll) {
+    size_t btc = (size_t)m->B * m->T * m->config.C;
+    return ll == 0 ? a->encoded : a->residual3 + (ll - 1) * btc;
 }
 
-// copies model->inputs and ->targets (and, for training, their token
-// buckets) to the device. The pinned staging buffer is reused only once its
-// previous copy has finished, so the host may refill inputs at any time.
-static void gpt2_stage_batch(GPT2 *model, int with_buckets) {
-    int BT = model->B * model->T, V = model->config.V;
+// copies m->inputs and ->targets (and, for training, the token buckets of
+// this rank's vocabulary rows) into set a on the device. The pinned staging
+// buffer is reused only once its previous copy has finished, so the host may
+// refill inputs at any time.
+static void gpt2_stage_batch(GPT2 *m, Acts *a, int with_buckets) {
+    int BT = m->B * m->T, V = m->config.V;
     for (int i = 0; i < BT; i++) {
-        if (model->inputs[i] < 0 || model->inputs[i] >= V || model->targets[i] < 0 || model->targets[i] >= V) {
-            fprintf(stderr, "batch position %d: token %d / target %d is outside the vocab [0, %d)\n", i,
-                    model->inputs[i], model->targets[i], V);
+        if (m->inputs[i] < 0 || m->inputs[i] >= V || m->targets[i] < 0 || m->targets[i] >= V) {
+            fprintf(stderr, "batch position %d: token %d / target %d is outside the vocab [0, %d)\n", i, m->inputs[i],
+                    m->targets[i], V);
             exit(1);
         }
     }
-    CUDA_CHECK(cudaEventSynchronize(model->staging_free));
-    Staging s = staging_view(model->staging_host, BT);
-    memcpy(s.inputs, model->inputs, (size_t)BT * sizeof(int));
-    memcpy(s.targets, model->targets, (size_t)BT * sizeof(int));
+    CUDA_CHECK(cudaEventSynchronize(m->staging_free));
+    Staging s = staging_view(m->staging_host, BT);
+    memcpy(s.inputs, m->inputs, (size_t)BT * sizeof(int));
+    memcpy(s.targets, m->targets, (size_t)BT * sizeof(int));
     size_t ints = 2 * (size_t)BT;
-    if (with_buckets) {
-        s.nbuckets = token_buckets(model->inputs, BT, V, model->bucket_count, s.bucket_start, s.bucket_token, s.bucket_pos);
+    if (with_buckets && m->shard.first) {
+        s.nbuckets = token_buckets(m->inputs, BT, V, m->shard.v0, m->shard.Vl, m->bucket_count, s.bucket_start,
+                                   s.bucket_token, s.bucket_pos);
         ints = staging_ints(BT);
     }
-    CUDA_CHECK(cudaMemcpyAsync(model->act.batch, model->staging_host, ints * sizeof(int), cudaMemcpyHostToDevice,
-                               model->stream));
-    CUDA_CHECK(cudaEventRecord(model->staging_free, model->stream));
-    model->staged = staging_view(model->act.batch, BT);
-    model->staged.nbuckets = s.nbuckets;
+    CUDA_CHECK(cudaMemcpyAsync(a->batch, m->staging_host, ints * sizeof(int), cudaMemcpyHostToDevice, m->stream));
+    CUDA_CHECK(cudaEventRecord(m->staging_free, m->stream));
+    a->staged = staging_view(a->batch, BT);
+    a->staged.nbuckets = s.nbuckets;
 }
 
 enum { FWD_LOGITS, FWD_LOSS, FWD_TRAIN };
 
-// forward over model->inputs. FWD_LOGITS: logits only. FWD_LOSS: also
-// losses += the per-position losses (targets). FWD_TRAIN: also dlogits =
-// dloss * d(loss)/d(logits) in place of the logits, for gpt2_backward.
-static void gpt2_forward(GPT2 *model, int mode, float dloss) {
-    const GPT2Config *c = &model->config;
-    int B = model->B, T = model->T, C = c->C, L = c->L, NH = c->NH, BT = B * T;
-    size_t btc = (size_t)BT * C;
-    Activations *a = &model->act;
-    cudaStream_t st = model->stream;
-    const Blas *blas = &model->blas;
-    gpt2_stage_batch(model, mode == FWD_TRAIN);
+// ----------------------------------------------------------------------------
+// a stage's forward and backward of one micro-batch, with tensor
+// parallelism: the column-parallel matmuls (qkv, fc) take the whole input
+// and give a slice of the output; the row-parallel ones (attproj, fcproj)
+// take a slice and give partial sums, all-reduced over the tensor-parallel
+// ranks (tp rank 0 adds the bias, once). In the backward the same happens to
+// the inputs' gradients of qkv and fc. The first stage starts from the
+// tokens (vocab-parallel embedding: each rank adds the rows it holds, then
+// an all-reduce), the others from what the previous stage sent; the last
+// ends in the vocab-parallel cross-entropy.
 
-    encoder_forward(a->encoded, model->staged.inputs, model->param[P_WTE], model->param[P_WPE], B, T, C, st);
-    LayerParams p0 = layer_params(c, model->param, 0);
-    LayerActs s0 = layer_acts(model, 0);
-    layernorm_forward(s0.ln1, s0.ln1_mean, s0.ln1_rstd, a->encoded, p0.ln1w, p0.ln1b, BT, C, st);
-    for (int l = 0; l < L; l++) {
-        LayerParams p = layer_params(c, model->param, l);
-        LayerActs s = layer_acts(model, l);
-        const floatX *x = block_input(model, l);
-        matmul_forward(blas, s.qkv, NULL, s.ln1, p.qkvw, p.qkvb, BT, C, 3 * C);
-        attention_forward(s.atty, s.lse, s.qkv, B, T, C, NH, model->attention_tc, st);
-        matmul_forward(blas, a->proj, NULL, s.atty, p.attprojw, p.attprojb, BT, C, C);
-        residual_layernorm_forward(s.residual2, s.ln2, s.ln2_mean, s.ln2_rstd, x, a->proj, p.ln2w, p.ln2b, BT, C, st);
-        if (model->fuse_gelu) {
-            matmul_forward(blas, s.fch_gelu, s.fch, s.ln2, p.fcw, p.fcb, BT, C, 4 * C);
+// FWD_LOGITS: logits only. FWD_LOSS: also sc.losses += the per-position
+// losses. FWD_TRAIN: also dlogits = dloss * d(loss)/d(logits) in place of
+// the logits, for stage_backward. Set a holds the staged micro-batch.
+static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
+    const GPT2Config *c = &m->config;
+    const Shard *s = &m->shard;
+    int B = m->B, T = m->T, C = c->C, Cl = s->Cl, BT = B * T;
+    size_t btc = (size_t)BT * C;
+    Scratch *sc = &m->sc;
+    cudaStream_t st = m->stream;
+    const Blas *blas = &m->blas;
+    int lead = s->tp_rank == 0;  // adds the replicated terms (biases, wpe) to the partial sums
+
+    if (s->first) {
+        floatX *wte = unit_acquire(m, m->ut.u_wte), *wpe = unit_acquire(m, m->ut.u_wpe);
+        encoder_forward(a->encoded, a->staged.inputs, wte, lead ? wpe : NULL, s->v0, s->Vl, B, T, C, st);
+        tp_allreduce(m, a->encoded, btc);
+        unit_release(m, m->ut.u_wpe);
+        if (!s->last) unit_release(m, m->ut.u_wte);  // one stage: wte stays for the head
+    }
+    int u = m->ut.u_layer0;
+    LayerParams p = layer_params_at(c, s, unit_acquire(m, u));
+    LayerActs l0 = layer_acts(m, a, 0);
+    layernorm_forward(l0.ln1, l0.ln1_mean, l0.ln1_rstd, a->encoded, p.ln1w, p.ln1b, BT, C, st);
+    for (int ll = 0; ll < s->nl; ll++) {
+        LayerActs l = layer_acts(m, a, ll);
+        const floatX *x = block_input(m, a, ll);
+        matmul_forward(blas, l.qkv, NULL, l.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
+        attention_forward(l.atty, l.lse, l.qkv, B, T, Cl, s->NHl, m->attention_tc, st);
+        matmul_forward(blas, sc->proj, NULL, l.atty, p.attprojw, lead ? p.attprojb : NULL, BT, Cl, C);
+        tp_allreduce(m, sc->proj, btc);
+        residual_layernorm_forward(l.residual2, l.ln2, l.ln2_mean, l.ln2_rstd, x, sc->proj, p.ln2w, p.ln2b, BT, C, st);
+        if (m->fuse_gelu) {
+            matmul_forward(blas, l.fch_gelu, l.fch, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
         } else {
-            matmul_forward(blas, s.fch, NULL, s.ln2, p.fcw, p.fcb, BT, C, 4 * C);
-            gelu_forward(s.fch_gelu, s.fch, 4 * btc, st);
+            matmul_forward(blas, l.fch, NULL, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
+            gelu_forward(l.fch_gelu, l.fch, 4 * (size_t)BT * Cl, st);
         }
-        matmul_forward(blas, a->proj, NULL, s.fch_gelu, p.fcprojw, p.fcprojb, BT, 4 * C, C);
-        // the residual add, then the next block's ln1 (or the final LayerNorm)
-        if (l + 1 < L) {
-            LayerParams pn = layer_params(c, model->param, l + 1);
-            LayerActs sn = layer_acts(model, l + 1);
-            residual_layernorm_forward(s.residual3, sn.ln1, sn.ln1_mean, sn.ln1_rstd, s.residual2, a->proj, pn.ln1w,
+        matmul_forward(blas, sc->proj, NULL, l.fch_gelu, p.fcprojw, lead ? p.fcprojb : NULL, BT, 4 * Cl, C);
+        tp_allreduce(m, sc->proj, btc);
+        // the residual add, fused with the next LayerNorm: the next layer's
+        // ln1 or the final one (ZeRO-3 gathers that unit before dropping this one)
+        int next = ll + 1 < s->nl ? u + 1 : s->last ? m->ut.u_lnf : -1;
+        if (next < 0) {
+            residual_forward(l.residual3, l.residual2, sc->proj, btc, st);
+            unit_release(m, u);
+            break;
+        }
+        floatX *np = unit_acquire(m, next);
+        if (next == m->ut.u_lnf) {
+            residual_layernorm_forward(l.residual3, a->lnf, a->lnf_mean, a->lnf_rstd, l.residual2, sc->proj, np, np + C,
+                                       BT, C, st);
+        } else {
+            LayerParams pn = layer_params_at(c, s, np);
+            LayerActs ln = layer_acts(m, a, ll + 1);
+            residual_layernorm_forward(l.residual3, ln.ln1, ln.ln1_mean, ln.ln1_rstd, l.residual2, sc->proj, pn.ln1w,
                                        pn.ln1b, BT, C, st);
-        } else {
-            residual_layernorm_forward(s.residual3, a->lnf, a->lnf_mean, a->lnf_rstd, s.residual2, a->proj,
-                                       model->param[P_LNFW], model->param[P_LNFB], BT, C, st);
+            p = pn;
         }
+        unit_release(m, u);
+        u = next;
     }
-    matmul_forward(blas, a->logits, NULL, a->lnf, model->param[P_WTE], NULL, BT, C, c->Vp);
+    if (!s->last) return;
+    floatX *wte = unit_acquire(m, m->ut.u_wte);
+    matmul_forward(blas, a->logits, NULL, a->lnf, wte, NULL, BT, C, s->Vl);
+    unit_release(m, m->ut.u_lnf);
+    unit_release(m, m->ut.u_wte);
     if (mode == FWD_LOGITS) return;
-    classifier(a->logits, a->losses, model->staged.targets, dloss, BT, c->V, c->Vp, mode == FWD_TRAIN, st);
-}
-
-// backward of the last FWD_TRAIN forward; gradients accumulate (+=)
-static void gpt2_backward(GPT2 *model) {
-    const GPT2Config *c = &model->config;
-    int B = model->B, T = model->T, C = c->C, L = c->L, NH = c->NH, BT = B * T;
-    size_t btc = (size_t)BT * C;
-    Activations *a = &model->act;
-    cudaStream_t st = model->stream;
-    const Blas *blas = &model->blas;
-    floatX **g = model->grad;
-    float *part = a->colsum_partial;
-
-    // logits = lnf @ wte^T
-    matmul_backward_dinp(blas, a->dbtc, a->logits, model->param[P_WTE], NULL, BT, C, c->Vp);
-    matmul_backward_dweight(blas, g[P_WTE], a->logits, a->lnf, BT, C, c->Vp);
-    CUDA_CHECK(cudaMemsetAsync(a->dresidual, 0, btc * sizeof(floatX), st));
-    layernorm_backward(a->dresidual, g[P_LNFW], g[P_LNFB], part, a->dbtc, block_input(model, L), model->param[P_LNFW],
-                       a->lnf_mean, a->lnf_rstd, BT, C, st);
-    // dresidual holds d(residual3 of layer l) on entering, d(its input) on leaving
-    for (int l = L - 1; l >= 0; l--) {
-        LayerParams p = layer_params(c, model->param, l), gl = layer_params(c, g, l);
-        LayerActs s = layer_acts(model, l);
-        const floatX *x = block_input(model, l);
-        if (model->recompute) gelu_forward(s.fch_gelu, s.fch, 4 * btc, st);
-        // fcproj: d(its output) = dresidual
-        matmul_backward_dweight(blas, gl.fcprojw, a->dresidual, s.fch_gelu, BT, 4 * C, C);
-        bias_backward(gl.fcprojb, a->dresidual, part, BT, C, st);
-        if (model->fuse_gelu) {
-            matmul_backward_dinp(blas, a->dbig, a->dresidual, p.fcprojw, s.fch, BT, 4 * C, C);
-        } else {
-            matmul_backward_dinp(blas, a->dbig, a->dresidual, p.fcprojw, NULL, BT, 4 * C, C);
-            gelu_backward(a->dbig, s.fch, 4 * btc, st);
-        }
-        // fc: dbig = d(fch)
-        matmul_backward_dweight(blas, gl.fcw, a->dbig, s.ln2, BT, C, 4 * C);
-        bias_backward(gl.fcb, a->dbig, part, BT, 4 * C, st);
-        matmul_backward_dinp(blas, a->dbtc, a->dbig, p.fcw, NULL, BT, C, 4 * C);
-        layernorm_backward(a->dresidual, gl.ln2w, gl.ln2b, part, a->dbtc, s.residual2, p.ln2w, s.ln2_mean, s.ln2_rstd,
-                           BT, C, st);
-        // attproj: d(its output) = dresidual, now d(residual2)
-        matmul_backward_dweight(blas, gl.attprojw, a->dresidual, s.atty, BT, C, C);
-        bias_backward(gl.attprojb, a->dresidual, part, BT, C, st);
-        matmul_backward_dinp(blas, a->dbtc, a->dresidual, p.attprojw, NULL, BT, C, C);
-        attention_backward(a->dbig, a->delta, a->dbtc, s.qkv, s.atty, s.lse, B, T, C, NH, model->attention_tc, st);
-        // qkv: dbig = d(qkv)
-        matmul_backward_dweight(blas, gl.qkvw, a->dbig, s.ln1, BT, C, 3 * C);
-        bias_backward(gl.qkvb, a->dbig, part, BT, 3 * C, st);
-        matmul_backward_dinp(blas, a->dbtc, a->dbig, p.qkvw, NULL, BT, C, 3 * C);
-        layernorm_backward(a->dresidual, gl.ln1w, gl.ln1b, part, a->dbtc, x, p.ln1w, s.ln1_mean, s.ln1_rstd, BT, C, st);
+    if (s->tp == 1) {
+        classifier(a->logits, sc->losses, a->staged.targets, dloss, BT, s->nreal, s->Vl, mode == FWD_TRAIN, st);
+        return;
     }
-    encoder_backward(g[P_WTE], g[P_WPE], a->dresidual, model->staged.bucket_start, model->staged.bucket_token,
-                     model->staged.bucket_pos, model->staged.nbuckets, B, T, C, st);
+    // every slice's row max and sum of exp, to every rank, then each its part of the loss and dlogits
+    classifier_stats_kernel<<<BT, CLASSIFIER_THREADS, 0, st>>>(sc->cls_stats + (size_t)s->tp_rank * BT, a->logits,
+                                                               s->Vl, s->nreal);
+    CUDA_CHECK(cudaGetLastError());
+    nccl_allgather(m->nccl, &m->nccl->tp, sc->cls_stats + (size_t)s->tp_rank * BT, sc->cls_stats, 2 * (size_t)BT,
+                   ncclFloat32);
+    classifier_tp_kernel<<<BT, CLASSIFIER_THREADS, 0, st>>>(a->logits, sc->losses, a->staged.targets, sc->cls_stats,
+                                                            s->tp, BT, dloss, s->v0, s->Vl, s->nreal, mode == FWD_TRAIN);
+    CUDA_CHECK(cudaGetLastError());
 }
 
-static void gpt2_zero_grad(GPT2 *model) {
-    CUDA_CHECK(cudaMemsetAsync(model->grads, 0, model->num_padded * sizeof(floatX), model->stream));
+// the backward of set a's FWD_TRAIN forward; gradients accumulate (+=). On a
+// stage other than the last, sc.grad_in holds the gradient of its output; on
+// one other than the first, sc.dresidual ends as that of its input.
+static void stage_backward(GPT2 *m, Acts *a) {
+    const GPT2Config *c = &m->config;
+    const Shard *s = &m->shard;
+    int B = m->B, T = m->T, C = c->C, Cl = s->Cl, BT = B * T;
+    size_t btc = (size_t)BT * C;
+    Scratch *sc = &m->sc;
+    cudaStream_t st = m->stream;
+    const Blas *blas = &m->blas;
+    float *part = sc->colsum_partial;
+
+    if (s->last) {  // logits = lnf @ wte^T, then the final LayerNorm
+        floatX *wte = unit_acquire(m, m->ut.u_wte), *lnf = unit_acquire(m, m->ut.u_lnf);
+        floatX *dwte = unit_grad_begin(m, m->ut.u_wte), *dlnf = unit_grad_begin(m, m->ut.u_lnf);
+        matmul_backward_dinp(blas, sc->dbtc, a->logits, wte, NULL, BT, C, s->Vl);
+        matmul_backward_dweight(blas, dwte, a->logits, a->lnf, BT, C, s->Vl);
+        tp_allreduce(m, sc->dbtc, btc);
+        CUDA_CHECK(cudaMemsetAsync(sc->dresidual, 0, btc * sizeof(floatX), st));
+        layernorm_backward(sc->dresidual, dlnf, dlnf + C, part, sc->dbtc, block_input(m, a, s->nl), lnf, a->lnf_mean,
+                           a->lnf_rstd, BT, C, st);
+        unit_release(m, m->ut.u_lnf);
+        unit_release(m, m->ut.u_wte);
+        unit_grad_end(m, m->ut.u_lnf);
+        if (!s->first) unit_grad_end(m, m->ut.u_wte);
+    } else {
+        CUDA_CHECK(cudaMemcpyAsync(sc->dresidual, sc->grad_in, btc * sizeof(floatX), cudaMemcpyDeviceToDevice, st));
+    }
+    // dresidual holds d(residual3 of layer ll) on entering, d(its input) on leaving
+    for (int ll = s->nl - 1; ll >= 0; ll--) {
+        int u = m->ut.u_layer0 + ll;
+        LayerParams p = layer_params_at(c, s, unit_acquire(m, u)), g = layer_params_at(c, s, unit_grad_begin(m, u));
+        LayerActs l = layer_acts(m, a, ll);
+        const floatX *x = block_input(m, a, ll);
+        if (m->recompute) gelu_forward(l.fch_gelu, l.fch, 4 * (size_t)BT * Cl, st);
+        // fcproj (row-parallel): d(its output) = dresidual, whole on every rank
+        matmul_backward_dweight(blas, g.fcprojw, sc->dresidual, l.fch_gelu, BT, 4 * Cl, C);
+        bias_backward(g.fcprojb, sc->dresidual, part, BT, C, st);
+        if (m->fuse_gelu) {
+            matmul_backward_dinp(blas, sc->dbig, sc->dresidual, p.fcprojw, l.fch, BT, 4 * Cl, C);
+        } else {
+            matmul_backward_dinp(blas, sc->dbig, sc->dresidual, p.fcprojw, NULL, BT, 4 * Cl, C);
+            gelu_backward(sc->dbig, l.fch, 4 * (size_t)BT * Cl, st);
+        }
+        // fc (column-parallel): dbig = d(fch), my slice; d(ln2) is a partial sum
+        matmul_backward_dweight(blas, g.fcw, sc->dbig, l.ln2, BT, C, 4 * Cl);
+        bias_backward(g.fcb, sc->dbig, part, BT, 4 * Cl, st);
+        matmul_backward_dinp(blas, sc->dbtc, sc->dbig, p.fcw, NULL, BT, C, 4 * Cl);
+        tp_allreduce(m, sc->dbtc, btc);
+        layernorm_backward(sc->dresidual, g.ln2w, g.ln2b, part, sc->dbtc, l.residual2, p.ln2w, l.ln2_mean, l.ln2_rstd,
+                           BT, C, st);
+        // attproj (row-parallel): d(its output) = dresidual, now d(residual2)
+        matmul_backward_dweight(blas, g.attprojw, sc->dresidual, l.atty, BT, Cl, C);
+        bias_backward(g.attprojb, sc->dresidual, part, BT, C, st);
+        matmul_backward_dinp(blas, sc->dbtc, sc->dresidual, p.attprojw, NULL, BT, Cl, C);
+        attention_backward(sc->dbig, sc->delta, sc->dbtc, l.qkv, l.atty, l.lse, B, T, Cl, s->NHl, m->attention_tc, st);
+        // qkv (column-parallel): dbig = d(qkv), my heads; d(ln1) is a partial sum
+        matmul_backward_dweight(blas, g.qkvw, sc->dbig, l.ln1, BT, C, 3 * Cl);
+        bias_backward(g.qkvb, sc->dbig, part, BT, 3 * Cl, st);
+        matmul_backward_dinp(blas, sc->dbtc, sc->dbig, p.qkvw, NULL, BT, C, 3 * Cl);
+        tp_allreduce(m, sc->dbtc, btc);
+        layernorm_backward(sc->dresidual, g.ln1w, g.ln1b, part, sc->dbtc, x, p.ln1w, l.ln1_mean, l.ln1_rstd, BT, C, st);
+        unit_release(m, u);
+        unit_grad_end(m, u);
+    }
+    if (s->first) {
+        floatX *dwte = unit_grad_begin(m, m->ut.u_wte), *dwpe = unit_grad_begin(m, m->ut.u_wpe);
+        encoder_backward(dwte, dwpe, sc->dresidual, a->staged.bucket_start, a->staged.bucket_token,
+                         a->staged.bucket_pos, a->staged.nbuckets, B, T, C, st);
+        unit_grad_end(m, m->ut.u_wpe);
+        unit_grad_end(m, m->ut.u_wte);
+    }
 }
 
-static void gpt2_zero_losses(GPT2 *model) {
-    CUDA_CHECK(cudaMemsetAsync(model->act.losses, 0, (size_t)model->B * model->T * sizeof(float), model->stream));
+// one rank, one micro-batch in set 0 (the tests and sampling): stages
+// model->inputs and ->targets and runs the forward
+static void gpt2_forward(GPT2 *m, int mode, float dloss) {
+    gpt2_stage_batch(m, &m->acts[0], mode == FWD_TRAIN);
+    stage_forward(m, &m->acts[0], mode, dloss);
 }
 
-// the mean of the losses summed since gpt2_zero_losses over nbatches micro-batches (waits for the GPU)
-static float gpt2_mean_loss(GPT2 *model, int nbatches) {
-    size_t BT = (size_t)model->B * model->T;
+[[maybe_unused]] static void gpt2_backward(GPT2 *m) { stage_backward(m, &m->acts[0]); }
+
+static void gpt2_zero_grad(GPT2 *m) {
+    if (m->grads) CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->ut.num_local * sizeof(floatX), m->stream));
+    if (m->grad_shard) CUDA_CHECK(cudaMemsetAsync(m->grad_shard, 0, m->ut.num_shard * sizeof(floatX), m->stream));
+}
+
+static void gpt2_zero_losses(GPT2 *m) {
+    CUDA_CHECK(cudaMemsetAsync(m->sc.losses, 0, ((size_t)m->B * m->T + 1) * sizeof(float), m->stream));
+}
+
+// this rank's sum of the losses since gpt2_zero_losses (waits for the GPU)
+static double gpt2_loss_sum(GPT2 *m) {
+    size_t BT = (size_t)m->B * m->T;
     float *h = (float *)host_alloc(BT * sizeof(float), "losses");
-    CUDA_CHECK(cudaMemcpyAsync(h, model->act.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, model->stream));
-    CUDA_CHECK(cudaStreamSynchronize(model->stream));
+    CUDA_CHECK(cudaMemcpyAsync(h, m->sc.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
     double sum = 0.0;
     for (size_t i = 0; i < BT; i++) sum += h[i];
     free(h);
-    return (float)(sum / ((double)BT * nbatches));
+    return sum;
 }
 
-// the grad norm in two halves, so that data-parallel ranks can add up their
-// partial sums in between (ZeRO-1: each holds the gradient of its shard only).
-// The partials cover the elements this rank's AdamW updates.
-static void gpt2_norm_partials(GPT2 *model) {
-    sumsq_partial_kernel<<<NORM_BLOCKS, NORM_THREADS, 0, model->stream>>>(model->act.norm_partial,
-                                                                           model->grads + model->opt_begin,
-                                                                           model->opt_count);
+// the mean of the losses over nbatches micro-batches (one rank)
+[[maybe_unused]] static float gpt2_mean_loss(GPT2 *m, int nbatches) {
+    return (float)(gpt2_loss_sum(m) / ((double)m->B * m->T * nbatches));
+}
+
+// ----------------------------------------------------------------------------
+// the optimizer step: the tied wte's two halves added, gradients summed over
+// the data-parallel ranks (ZeRO-0: all-reduce; 1: reduce-scatter unit by
+// unit; 2, 3: already reduced during the backward), the global norm over the
+// world and clipping, AdamW on what this rank owns, and (ZeRO-1, 2) the
+// updated parameters all-gathered. As train_gpt2.c's gpt2_step.
+
+// the tied wte: the first and the last stage swap their gradients and both
+// add (a + b = b + a, so both ends stay bit-identical). The message leaves
+// from a copy: its MAC tag needs room after the payload.
+static void tied_exchange(GPT2 *m) {
+    const Shard *s = &m->shard;
+    if (s->pp == 1 || m->ut.u_wte < 0) return;
+    const Unit *un = &m->ut.units[m->ut.u_wte];
+    size_t n = m->zero >= 2 ? unit_chunk(m, m->ut.u_wte) : un->padded, bytes = n * sizeof(floatX);
+    floatX *mine = m->zero >= 2 ? m->grad_shard + un->shard_offset : m->grads + un->offset;
+    floatX *out = m->tied_peer, *in = (floatX *)((char *)m->tied_peer + bytes + TAG_ROOM);
+    int peer = grid_rank(&m->grid, s->dp_rank, s->first ? s->pp - 1 : 0, s->tp_rank);
+    CUDA_CHECK(cudaMemcpyAsync(out, mine, bytes, cudaMemcpyDeviceToDevice, m->stream));
+    nccl_sendrecv_mac(m->nccl, peer, CH_GRADIENT, 0, out, bytes, peer, CH_GRADIENT, 0, in, bytes);
+    add_into_kernel<<<grid_for(n / PACK, 256), 256, 0, m->stream>>>(mine, in, n);
     CUDA_CHECK(cudaGetLastError());
 }
 
-static void gpt2_norm_final(GPT2 *model) {
-    sumsq_final_kernel<<<1, 1024, 0, model->stream>>>(model->act.norm, model->act.norm_partial, NORM_BLOCKS);
-    CUDA_CHECK(cudaGetLastError());
-}
+// what this rank updates, one run of one tensor at a time: ZeRO-0 all its
+// units; ZeRO-1/2/3 its 1/dp of each unit (my_chunk: under ZeRO-0 too, for
+// the norm, so that every element is counted on one dp rank). A run is
+// elements [j, j + n) of unit u, all within tensor `tensor`.
+typedef struct { int u, tensor; size_t j, n; } Run;
+typedef void (*RunFn)(GPT2 *m, const Run *r, void *ctx);
 
-// clipping (as the CPU trainer's gpt2_clip_grads) and AdamW on this rank's
-// elements [opt_begin, opt_begin + opt_count), one launch per tensor piece
-// (weight decay on the matrices only), after the norm is on the device
-static void gpt2_adamw(GPT2 *model, float lr, float beta1, float beta2, float eps, float weight_decay, float max_norm) {
-    cudaStream_t st = model->stream;
-    model->adam_t++;
-    float bc1 = 1.0f - powf(beta1, (float)model->adam_t), bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)model->adam_t));
-    size_t lo = model->opt_begin, hi = model->opt_begin + model->opt_count, off = 0;
-    for (int t = 0; t < NUM_PARAM_TENSORS; off += model->param_sizes[t], t++) {
-        size_t a = off > lo ? off : lo, b = off + model->param_sizes[t] < hi ? off + model->param_sizes[t] : hi;
-        if (a >= b) continue;
-        size_t n = b - a;
-        adamw_kernel<<<grid_for(n, 256), 256, 0, st>>>(model->params + a, model->master + a, model->grads + a,
-                                                       model->m + (a - lo), model->v + (a - lo), n, lr, beta1, beta2,
-                                                       eps, param_is_matrix(t) ? weight_decay : 0.0f, lr / bc1,
-                                                       bc2_sqrt, model->act.norm, max_norm);
-        CUDA_CHECK(cudaGetLastError());
+static void for_each_run(GPT2 *m, RunFn fn, void *ctx, int my_chunk) {
+    int split = m->zero >= 1 || my_chunk;
+    for (int u = 0; u < m->ut.n; u++) {
+        const Unit *un = &m->ut.units[u];
+        size_t lo = split ? unit_lo(m, u) : 0, hi = split ? lo + unit_chunk(m, u) : un->padded, t_off = 0;
+        for (int k = 0; k < unit_tensor_count(un->kind); k++) {
+            int t = unit_tensor(un->kind, k);
+            size_t t_end = t_off + local_tensor_size(&m->config, &m->shard, t);
+            size_t a = lo > t_off ? lo : t_off, b = hi < t_end ? hi : t_end;
+            if (a < b) {
+                Run r = {u, t, a, b - a};
+                fn(m, &r, ctx);
+            }
+            t_off = t_end;
+        }
     }
 }
 
-// grad norm, clipping and AdamW, all queued on the stream (gpt2_last_norm
-// reads the norm back): the whole step of one rank, or of a ZeRO-0 rank
-// once its gradients are all-reduced
-static void gpt2_update(GPT2 *model, float lr, float beta1, float beta2, float eps, float weight_decay,
-                        float max_norm) {
-    global_norm(model->act.norm, model->act.norm_partial, model->grads + model->opt_begin, model->opt_count,
-                model->stream);
-    gpt2_adamw(model, lr, beta1, beta2, eps, weight_decay, max_norm);
+static void add_sumsq(GPT2 *m, const Run *r, void *ctx) {
+    (void)ctx;
+    const Shard *s = &m->shard;
+    // each gradient once in the job: replicas over tp and the tied wte
+    // copy on the last stage count on one rank only
+    if (tensor_is_replicated(r->tensor) && s->tp_rank != 0) return;
+    if (r->tensor == P_WTE && !s->first) return;
+    sumsq_add_kernel<<<NORM_BLOCKS, NORM_THREADS, 0, m->stream>>>(m->sc.norm_partial, grad_at(m, r->u, r->j), r->n);
+    CUDA_CHECK(cudaGetLastError());
 }
 
-static float gpt2_last_norm(GPT2 *model) {
+typedef struct { float lr, beta1, beta2, eps, weight_decay, max_norm; } AdamHyper;
+
+static void adam_run(GPT2 *m, const Run *r, void *ctx) {
+    const AdamHyper *h = (const AdamHyper *)ctx;
+    float bc1 = 1.0f - powf(h->beta1, (float)m->adam_t), bc2_sqrt = sqrtf(1.0f - powf(h->beta2, (float)m->adam_t));
+    adamw_kernel<<<grid_for(r->n, 256), 256, 0, m->stream>>>(
+        param_at(m, r->u, r->j), master_at(m, r->u, r->j), grad_at(m, r->u, r->j), adam_at(m, m->m, r->u, r->j),
+        adam_at(m, m->v, r->u, r->j), r->n, h->lr, h->beta1, h->beta2, h->eps,
+        param_is_matrix(r->tensor) ? h->weight_decay : 0.0f, h->lr / bc1, bc2_sqrt, m->sc.norm, h->max_norm);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// the data-parallel sums of the gradients
+static void gpt2_reduce_grads(GPT2 *m) {
+    const Shard *s = &m->shard;
+    if (s->dp == 1 || m->zero >= 2) return;  // ZeRO-2/3 reduced each unit during the backward
+    if (m->zero == 0) {
+        nccl_allreduce(m->nccl, &m->nccl->dp, m->grads, m->ut.num_local, NCCL_FLOATX, OP_SUM);
+        return;
+    }
+    for (int u = 0; u < m->ut.n; u++) {  // ZeRO-1: only my chunk of the sum is needed; it lands in place
+        const Unit *un = &m->ut.units[u];
+        nccl_reduce_scatter(m->nccl, &m->nccl->dp, m->grads + un->offset, m->grads + un->offset + unit_lo(m, u),
+                            unit_chunk(m, u), NCCL_FLOATX, OP_SUM);
+    }
+}
+
+// the norm (every rank gets it, on the device), clipping and AdamW, and the
+// ZeRO-1/2 all-gather of the updated parameters; all queued on the stream
+static void gpt2_norm_and_update(GPT2 *m, const AdamHyper *h) {
+    const Shard *s = &m->shard;
+    CUDA_CHECK(cudaMemsetAsync(m->sc.norm_partial, 0, NORM_BLOCKS * sizeof(float), m->stream));
+    for_each_run(m, add_sumsq, NULL, 1);
+    if (m->grid.world > 1) nccl_allreduce(m->nccl, &m->nccl->world, m->sc.norm_partial, NORM_BLOCKS, ncclFloat32, OP_SUM);
+    sumsq_final_kernel<<<1, 1024, 0, m->stream>>>(m->sc.norm, m->sc.norm_partial, NORM_BLOCKS);
+    CUDA_CHECK(cudaGetLastError());
+    m->adam_t++;
+    for_each_run(m, adam_run, (void *)h, 0);
+    if ((m->zero == 1 || m->zero == 2) && s->dp > 1) {  // everyone's updated chunks, to everyone
+        for (int u = 0; u < m->ut.n; u++) {
+            const Unit *un = &m->ut.units[u];
+            nccl_allgather(m->nccl, &m->nccl->dp, m->params + un->offset + unit_lo(m, u), m->params + un->offset,
+                           unit_chunk(m, u), NCCL_FLOATX);
+        }
+    }
+}
+
+// one rank: the whole optimizer step (what the tests run)
+[[maybe_unused]] static void gpt2_update(GPT2 *m, float lr, float beta1, float beta2, float eps, float weight_decay, float max_norm) {
+    AdamHyper h = {lr, beta1, beta2, eps, weight_decay, max_norm};
+    tied_exchange(m);
+    gpt2_reduce_grads(m);
+    gpt2_norm_and_update(m, &h);
+}
+
+static float gpt2_last_norm(GPT2 *m) {
     float norm;
-    CUDA_CHECK(cudaMemcpyAsync(&norm, model->act.norm, sizeof(float), cudaMemcpyDeviceToHost, model->stream));
-    CUDA_CHECK(cudaStreamSynchronize(model->stream));
+    CUDA_CHECK(cudaMemcpyAsync(&norm, m->sc.norm, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
     return norm;
-}
-
-// the fp32 master weights, in a fresh host array (for model_save)
-static float *gpt2_master_to_host(GPT2 *model) {
-    float *h = (float *)host_alloc(model->num_params * sizeof(float), "parameters");
-    CUDA_CHECK(cudaStreamSynchronize(model->stream));
-    CUDA_CHECK(cudaMemcpy(h, model->master, model->num_params * sizeof(float), cudaMemcpyDeviceToHost));
-    return h;
-}
-
-// writes a v5 (bf16 build) or v3 (fp32 build) model file of the master weights
-static int gpt2_save(GPT2 *model, const char *path, char *err, size_t errlen) {
-    float *h = gpt2_master_to_host(model);
-#ifdef ENABLE_FP32
-    int rc = model_save(path, &model->config, h, 0, err, errlen);
-#else
-    int rc = model_save(path, &model->config, h, 1, err, errlen);
-#endif
-    free(h);
-    return rc;
 }
 
 // a floatX read back from the device, as a float
@@ -2035,93 +2474,192 @@ static float floatx_to_host_float(floatX x) {
 }
 
 // ----------------------------------------------------------------------------
-// checkpoints: the files of train_gpt2.c (checkpoint.h has them, the seal,
-// the search and the pruning). The device layout is model.bin's element
-// order with zeros after the last real element (dp_layout), so a rank's part
-// of model.bin and optim.bin is one range of elements of the file order.
+// the model in the file's layout: gpt2.h's for_each_owned says which elements
+// of the whole model this rank owns and where they go, unit by unit, as for
+// train_gpt2.c. A unit's part comes to the host once (Downloaded), then its
+// runs are copied out.
 
-// the file elements [lo, hi) this rank writes into a checkpoint: its 1/dp
-// of the num_params real ones (by dp_layout's shards, under ZeRO-0 as under
-// ZeRO-1, so that the ranks write at once and every element once). Under
-// ZeRO-1 that is the shard whose master weights and AdamW state are current
-// here (the bf16 build's master weights outside it are stale); under ZeRO-0
-// every rank holds all of them current. m and v of element j sit at
-// j - opt_begin on the device in both.
-typedef struct { size_t lo, hi; } ElemRange;
+typedef struct {
+    GPT2 *m;
+    int u;                   // the unit held in the buffers below (-1: none)
+    size_t lo;               // unit element of buf[0]
+    float *master, *am, *av; // host fp32: the unit's master weights and AdamW m, v from element lo
+    floatX *raw;             // host scratch for floatX arrays
+    size_t cap;
+} Downloaded;
 
-static ElemRange ckpt_share(size_t num_params, size_t num_padded, int dp, int dp_rank) {
-    size_t shard = num_padded / (size_t)dp, lo = (size_t)dp_rank * shard, hi = lo + shard;
-    ElemRange r = {lo < num_params ? lo : num_params, hi < num_params ? hi : num_params};
-    return r;
+static void download_floatx(GPT2 *m, float *dst, const floatX *src, floatX *raw, size_t n) {
+    CUDA_CHECK(cudaMemcpyAsync(raw, src, n * sizeof(floatX), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    for (size_t i = 0; i < n; i++) dst[i] = floatx_to_host_float(raw[i]);
 }
 
-// the file elements whose AdamW state this rank loads on resume: all it
-// keeps, [opt_begin, opt_begin + opt_count), less the padding past num_params
-static ElemRange ckpt_adam_range(size_t num_params, size_t opt_begin, size_t opt_count) {
-    size_t hi = opt_begin + opt_count;
-    ElemRange r = {opt_begin < num_params ? opt_begin : num_params, hi < num_params ? hi : num_params};
-    return r;
+// brings unit u's [lo, hi) to the host: the master weights, and with_adam m and v
+static void download_unit(Downloaded *d, int u, size_t lo, size_t hi, int with_adam) {
+    GPT2 *m = d->m;
+    size_t n = hi - lo;
+    d->u = u;
+    d->lo = lo;
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    CUDA_CHECK(cudaMemcpy(d->master, master_at(m, u, lo), n * sizeof(float), cudaMemcpyDeviceToHost));
+    if (!with_adam) return;
+    CUDA_CHECK(cudaMemcpy(d->am, adam_at(m, m->m, u, lo), n * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(d->av, adam_at(m, m->v, u, lo), n * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
-#define CKPT_CHUNK ((size_t)1 << 22)  // floats per round trip through the host (16 MB)
+static void downloaded_init(Downloaded *d, GPT2 *m) {
+    memset(d, 0, sizeof(*d));
+    d->m = m;
+    d->u = -1;
+    d->cap = largest_unit(m);
+    d->master = (float *)host_alloc(d->cap * sizeof(float), "unit");
+    d->am = (float *)host_alloc(d->cap * sizeof(float), "unit");
+    d->av = (float *)host_alloc(d->cap * sizeof(float), "unit");
+    d->raw = (floatX *)host_alloc(d->cap * sizeof(floatX), "unit");
+}
 
-// writes elements [r.lo, r.hi) of the master weights into model.bin and of
-// m and v into optim.bin (both open for writing, at their full size:
-// ckpt_begin); 0, or the errno of the failed write
-static int gpt2_write_share(GPT2 *model, int fd_model, int fd_optim, ElemRange r) {
-    size_t N = model->num_params, header = HEADER_INTS * sizeof(int32_t);
-    float *buf = (float *)host_alloc(CKPT_CHUNK * sizeof(float), "checkpoint buffer");
-    int e = 0;
-    CUDA_CHECK(cudaStreamSynchronize(model->stream));  // the step's update is in
-    for (size_t j = r.lo; j < r.hi && e == 0; j += CKPT_CHUNK) {
-        size_t n = r.hi - j < CKPT_CHUNK ? r.hi - j : CKPT_CHUNK;
-        const float *src[3] = {model->master + j, model->m + (j - model->opt_begin), model->v + (j - model->opt_begin)};
-        int fd[3] = {fd_model, fd_optim, fd_optim};
-        size_t at[3] = {header + j * sizeof(float), header + j * sizeof(float), header + (N + j) * sizeof(float)};
-        for (int k = 0; k < 3 && e == 0; k++) {
-            CUDA_CHECK(cudaMemcpy(buf, src[k], n * sizeof(float), cudaMemcpyDeviceToHost));
-            if (ckpt_pwrite(fd[k], buf, n * sizeof(float), at[k]) != 0) e = errno;
+static void downloaded_free(Downloaded *d) { free(d->master); free(d->am); free(d->av); free(d->raw); }
+
+// the fp32 master weights (grads = 0) or the gradients (grads = 1) of this
+// rank's units in the file layout, into full (num_params floats, zeroed by
+// the caller): one rank's whole model; for several, each adds what it owns
+typedef struct { Downloaded d; float *full; int grads; } ExportCtx;
+
+static void export_run(const OwnedRun *r, void *ctx) {
+    ExportCtx *e = (ExportCtx *)ctx;
+    GPT2 *m = e->d.m;
+    if (e->d.u != r->u) {
+        size_t n = m->ut.units[r->u].padded;
+        if (e->grads) {
+            if (m->zero >= 2) {  // only my shard is kept; one rank: the whole unit
+                download_floatx(m, e->d.master, grad_at(m, r->u, unit_lo(m, r->u)), e->d.raw, unit_chunk(m, r->u));
+            } else {
+                download_floatx(m, e->d.master, m->grads + m->ut.units[r->u].offset, e->d.raw, n);
+            }
+            e->d.u = r->u;
+            e->d.lo = m->zero >= 2 ? unit_lo(m, r->u) : 0;
+        } else {
+            size_t lo = m->master_sharded ? unit_lo(m, r->u) : 0;
+            download_unit(&e->d, r->u, lo, m->master_sharded ? lo + unit_chunk(m, r->u) : n, 0);
         }
     }
-    free(buf);
-    return e;
+    memcpy(e->full + r->g, e->d.master + (r->j - e->d.lo), r->n * sizeof(float));
 }
 
-// AdamW's m and v of this rank's elements (ckpt_adam_range) from a
-// checkpoint's optim.bin, and Adam's t; the parameters come in through
-// gpt2_init_dp from its model.bin. ckpt_find verified the bytes; the header
-// must also agree with the model and with state.bin's t.
-static int gpt2_load_optimizer(GPT2 *model, const char *path, int adam_t, char *err, size_t errlen) {
-    size_t N = model->num_params, header = HEADER_INTS * sizeof(int32_t);
-    if (N != param_count(&model->config))
-        return secure_error(err, errlen, "%s: the model holds %zu parameters, its shape %zu", path, N,
-                            param_count(&model->config));
+// one rank's whole model (or gradients) in the file layout, fresh host array
+static float *gpt2_export(GPT2 *m, int grads) {
+    ExportCtx e;
+    downloaded_init(&e.d, m);
+    e.full = (float *)host_alloc(m->num_params * sizeof(float), "model");
+    e.grads = grads;
+    for_each_owned(&m->config, &m->shard, &m->ut, m->master_sharded || (grads && m->zero >= 2), export_run, &e);
+    downloaded_free(&e.d);
+    return e.full;
+}
+
+// writes a v3 model file of the master weights (one rank)
+[[maybe_unused]] static int gpt2_save(GPT2 *m, const char *path, char *err, size_t errlen) {
+    float *h = gpt2_export(m, 0);
+    int rc = model_save(path, &m->config, h, 0, err, errlen);
+    free(h);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints: the files of train_gpt2.c (checkpoint.h has them, the seal,
+// the search and the pruning). Every rank writes the elements it owns
+// (for_each_owned by dp: of every unit its dp shard) straight into the whole
+// tensors of model.bin and optim.bin, so the files do not depend on the
+// layout, and any layout of either trainer reads them. The master weights
+// and AdamW state of a rank's shard are current under every ZeRO stage.
+
+typedef struct { Downloaded d; int fd_model, fd_optim, error, with_adam; size_t N; } SaveCtx;
+
+static void save_run(const OwnedRun *r, void *ctx) {
+    SaveCtx *sc = (SaveCtx *)ctx;
+    GPT2 *m = sc->d.m;
+    if (sc->error != 0) return;
+    if (sc->d.u != r->u) {
+        size_t lo = unit_lo(m, r->u);
+        download_unit(&sc->d, r->u, lo, lo + unit_chunk(m, r->u), sc->with_adam);
+    }
+    size_t at = HEADER_INTS * 4 + r->g * sizeof(float), bytes = r->n * sizeof(float), k = r->j - sc->d.lo;
+    if (ckpt_pwrite(sc->fd_model, sc->d.master + k, bytes, at) != 0 ||
+        (sc->with_adam && (ckpt_pwrite(sc->fd_optim, sc->d.am + k, bytes, at) != 0 ||
+                           ckpt_pwrite(sc->fd_optim, sc->d.av + k, bytes, at + sc->N * sizeof(float)) != 0)))
+        sc->error = errno;
+}
+
+// this rank's part of model.bin and (fd_optim >= 0) optim.bin, both open
+// for writing at their full size; 0, or the errno of the failed write
+static int gpt2_write_share(GPT2 *m, int fd_model, int fd_optim) {
+    SaveCtx sc;
+    downloaded_init(&sc.d, m);
+    sc.fd_model = fd_model;
+    sc.fd_optim = fd_optim;
+    sc.error = 0;
+    sc.with_adam = fd_optim >= 0;
+    sc.N = m->num_params;
+    for_each_owned(&m->config, &m->shard, &m->ut, 1, save_run, &sc);
+    downloaded_free(&sc.d);
+    return sc.error;
+}
+
+// writes this rank's part of model.bin (and, with optim, optim.bin) in dir,
+// files that rank 0 made at full size; 0, or -1 with err set
+static int write_part(GPT2 *m, const char *dir, const char *model_name, int optim, char *err, size_t errlen) {
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/%s", dir, model_name);
+    int fd_model = open(path, O_WRONLY | O_CLOEXEC), e = fd_model < 0 ? errno : 0, fd_optim = -1;
+    if (optim) {
+        snprintf(path, sizeof(path), "%s/optim.bin", dir);
+        fd_optim = open(path, O_WRONLY | O_CLOEXEC);
+        if (e == 0 && fd_optim < 0) e = errno;
+    }
+    if (e == 0) e = gpt2_write_share(m, fd_model, fd_optim);
+    if (e == 0 && (fsync(fd_model) != 0 || (fd_optim >= 0 && fsync(fd_optim) != 0))) e = errno;
+    if (fd_model >= 0) close(fd_model);
+    if (fd_optim >= 0) close(fd_optim);
+    if (e != 0) return secure_error(err, errlen, "rank %d: %s: write: %s", m->grid.rank, dir, strerror(e));
+    return 0;
+}
+
+// AdamW's m and v for this rank's part from a checkpoint's optim.bin, and
+// Adam's t; the parameters come in through gpt2_init_rank from its
+// model.bin. ckpt_find verified the bytes; the header must also agree with
+// the model and with state.bin's t.
+static int gpt2_load_optimizer(GPT2 *m, const char *path, int adam_t, char *err, size_t errlen) {
+    const GPT2Config *c = &m->config;
+    size_t N = m->num_params, bytes = ckpt_file_bytes(1, c);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return secure_error(err, errlen, "%s: %s", path, strerror(errno));
     int32_t h[HEADER_INTS], want[HEADER_INTS];
-    ckpt_optim_header(want, &model->config, adam_t);
+    ckpt_optim_header(want, c, adam_t);
     struct stat st;
-    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != ckpt_file_bytes(1, &model->config) ||
-        ckpt_pread(fd, h, sizeof(h), 0) != 0 || memcmp(h, want, sizeof(h)) != 0) {
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != bytes || ckpt_pread(fd, h, sizeof(h), 0) != 0 ||
+        memcmp(h, want, sizeof(h)) != 0) {
         close(fd);
         return secure_error(err, errlen, "%s: not the AdamW state of this model at t = %d (%lld bytes, magic %d, t %d)",
                             path, adam_t, (long long)st.st_size, h[0], h[2]);
     }
-    ElemRange r = ckpt_adam_range(N, model->opt_begin, model->opt_count);
-    float *buf = (float *)host_alloc(CKPT_CHUNK * sizeof(float), "checkpoint buffer");
-    int e = 0;
-    for (size_t j = r.lo; j < r.hi && e == 0; j += CKPT_CHUNK) {
-        size_t n = r.hi - j < CKPT_CHUNK ? r.hi - j : CKPT_CHUNK;
-        for (int k = 0; k < 2 && e == 0; k++) {
-            float *dst = (k == 0 ? model->m : model->v) + (j - model->opt_begin);
-            if (ckpt_pread(fd, buf, n * sizeof(float), header + ((size_t)k * N + j) * sizeof(float)) != 0) e = errno;
-            else CUDA_CHECK(cudaMemcpy(dst, buf, n * sizeof(float), cudaMemcpyHostToDevice));
+    void *map = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) return secure_error(err, errlen, "%s: cannot map %zu bytes of AdamW state", path, bytes);
+    const float *full_m = (const float *)((const char *)map + HEADER_INTS * 4), *full_v = full_m + N;
+    float *buf = (float *)host_alloc(largest_unit(m) * sizeof(float), "unit");
+    for (int u = 0; u < m->ut.n; u++) {
+        const Unit *un = &m->ut.units[u];
+        size_t lo = m->zero >= 1 ? unit_lo(m, u) : 0, n = m->zero >= 1 ? unit_chunk(m, u) : un->padded;
+        for (int k = 0; k < 2; k++) {
+            memset(buf, 0, un->padded * sizeof(float));
+            unit_fill(c, &m->shard, un, buf, k == 0 ? full_m : full_v, 0);
+            CUDA_CHECK(cudaMemcpy(adam_at(m, k == 0 ? m->m : m->v, u, lo), buf + lo, n * sizeof(float),
+                                  cudaMemcpyHostToDevice));
         }
     }
     free(buf);
-    close(fd);
-    if (e != 0) return secure_error(err, errlen, "%s: read: %s", path, strerror(e));
-    model->adam_t = adam_t;
+    munmap(map, bytes);
+    m->adam_t = adam_t;
     return 0;
 }
 
@@ -2163,7 +2701,7 @@ static void sample(GPT2 *model, const Tokenizer *tok, int gen_tokens, uint64_t *
     printf("generating:\n---\n");
     for (int t = 1; t < n; t++) {
         gpt2_forward(model, FWD_LOGITS, 0.0f);
-        CUDA_CHECK(cudaMemcpyAsync(row, model->act.logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX),
+        CUDA_CHECK(cudaMemcpyAsync(row, model->acts[0].logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX),
                                    cudaMemcpyDeviceToHost, model->stream));
         CUDA_CHECK(cudaStreamSynchronize(model->stream));
         float maxv = -INFINITY, sum = 0.0f;
@@ -2187,13 +2725,9 @@ static void sample(GPT2 *model, const Tokenizer *tok, int gen_tokens, uint64_t *
 }
 
 // ----------------------------------------------------------------------------
-// data parallel over NCCL: one process and one GPU per rank (doc/gpu.md)
-
-#ifdef ENABLE_FP32
-static const ncclDataType_t NCCL_FLOATX = ncclFloat32;
-#else
-static const ncclDataType_t NCCL_FLOATX = ncclBfloat16;
-#endif
+// the job over NCCL: one process and one GPU per rank, any (dp, tp, pp)
+// layout (doc/gpu.md). The model's collectives are in the model section; here
+// are the pipeline's messages, the step's end, evaluation and the files.
 
 typedef struct {
     Launch launch;
@@ -2256,81 +2790,137 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     }
 }
 
-// the data-parallel end of a step, after every micro-batch's backward. ZeRO-0
-// all-reduces the gradients and updates every parameter. ZeRO-1
-// reduce-scatters them, adds up the norm's partial sums over the group,
-// updates its shard and all-gathers the updated parameters.
-static void dp_update(GPT2 *model, Parallel *par, const Options *o, float lr) {
-    NcclComm *nc = par->nccl;
-    if (par->zero == 0) {
-        nccl_allreduce(nc, &nc->dp, model->grads, model->num_params, NCCL_FLOATX, OP_SUM);
-        gpt2_update(model, lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->grad_clip);
-        return;
-    }
-    size_t shard = model->num_padded / (size_t)par->grid.dp;
-    nccl_reduce_scatter(nc, &nc->dp, model->grads, model->grads + model->opt_begin, shard, NCCL_FLOATX, OP_SUM);
-    gpt2_norm_partials(model);
-    nccl_allreduce(nc, &nc->dp, model->act.norm_partial, NORM_BLOCKS, ncclFloat32, OP_SUM);
-    gpt2_norm_final(model);
-    gpt2_adamw(model, lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->grad_clip);
-    nccl_allgather(nc, &nc->dp, model->params + model->opt_begin, model->params, shard, NCCL_FLOATX);
+// where a pipeline message's B*T*C floatX live (each with room for its MAC
+// tag after it): an activation arrives as the micro-batch's stage input and
+// leaves as its stage output; a gradient arrives in grad_in and leaves from
+// dresidual, the gradient of the stage's input
+static floatX *pipe_buffer(GPT2 *m, PipeMsg msg, int incoming) {
+    Acts *a = &m->acts[msg.mb % m->nacts];
+    if (msg.channel == CH_ACTIVATION) return incoming ? a->encoded : block_input(m, a, m->shard.nl);
+    return incoming ? m->sc.grad_in : m->sc.dresidual;
 }
 
-// the mean loss of the group: every rank's per-position losses, summed. With
-// stop != NULL, *stop (a signal reached this rank) rides along in the slot
-// after the losses and comes back as "a signal reached some rank", so every
-// rank ends the step with the same verdict (dp is the world here: tp = pp = 1).
-static float dp_mean_loss(GPT2 *model, Parallel *par, int nbatches, int *stop) {
-    size_t BT = (size_t)model->B * model->T;
+static int stage_rank(const GPT2 *m, int pp_rank) {
+    return grid_rank(&m->grid, m->shard.dp_rank, pp_rank, m->shard.tp_rank);
+}
+
+// sends out and receives in (either may be none) as one exchange, MAC'd
+static void pipe_exchange(GPT2 *m, PipeMsg out, PipeMsg in) {
+    if (out.peer < 0 && in.peer < 0) return;
+    size_t bytes = (size_t)m->B * m->T * m->config.C * sizeof(floatX);
+    nccl_sendrecv_mac(m->nccl, out.peer < 0 ? -1 : stage_rank(m, out.peer), out.channel, out.mb,
+                      out.peer < 0 ? NULL : pipe_buffer(m, out, 0), out.peer < 0 ? 0 : bytes,
+                      in.peer < 0 ? -1 : stage_rank(m, in.peer), in.channel, in.mb,
+                      in.peer < 0 ? NULL : pipe_buffer(m, in, 1), in.peer < 0 ? 0 : bytes);
+}
+
+// one step's forwards and backwards in the order of the pipeline schedule,
+// and the messages between neighbouring stages in the order of its plan
+// (parallel.h's pipeline_plan, the same plan train_gpt2.c's pipeline_run
+// posts and test_parallel checks). dloss = 1 / (all positions of the step).
+static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n, float dloss) {
+    for (int k = 0; k < n; k++) {
+        const PipeStep *st = &plan[k];
+        Acts *a = &m->acts[st->op.mb % m->nacts];
+        if (st->op.forward) {
+            dataloader_next(train, m->inputs, m->targets);
+            gpt2_stage_batch(m, a, 1);
+        }
+        pipe_exchange(m, PIPE_NONE, st->recv);
+        if (st->op.forward) stage_forward(m, a, FWD_TRAIN, dloss);
+        else stage_backward(m, a);
+        pipe_exchange(m, st->send, st->next_recv);
+    }
+}
+
+// the sum over the world of this rank's losses (only the last stage has any;
+// each position's on the one tp rank holding its target) with, in the slot
+// after them, the stop flag: *stop in, "a signal reached some rank" out, so
+// every rank ends the step with the same verdict
+static double world_loss_sum(GPT2 *m, Parallel *par, int *stop) {
+    size_t BT = (size_t)m->B * m->T;
     float flag = stop != NULL && *stop ? 1.0f : 0.0f;
-    CUDA_CHECK(cudaMemcpyAsync(model->act.losses + BT, &flag, sizeof(float), cudaMemcpyHostToDevice, model->stream));
-    nccl_allreduce(par->nccl, &par->nccl->dp, model->act.losses, BT + 1, ncclFloat32, OP_SUM);
-    CUDA_CHECK(cudaMemcpyAsync(&flag, model->act.losses + BT, sizeof(float), cudaMemcpyDeviceToHost, model->stream));
-    float loss = gpt2_mean_loss(model, nbatches * par->grid.dp);  // waits for the stream, the flag's copy too
+    CUDA_CHECK(cudaMemcpyAsync(m->sc.losses + BT, &flag, sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    if (par->grid.world > 1) nccl_allreduce(par->nccl, &par->nccl->world, m->sc.losses, BT + 1, ncclFloat32, OP_SUM);
+    CUDA_CHECK(cudaMemcpyAsync(&flag, m->sc.losses + BT, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    double sum = gpt2_loss_sum(m);  // waits for the stream, the flag's copy too
     if (stop != NULL) *stop = flag > 0.0f;
-    return loss;
+    return sum;
+}
+
+// the end of a step, after its pipeline run: the tied wte's halves swapped,
+// every MAC tag of the step checked (before anything is applied), the
+// gradients reduced, the loss and the stop requests summed, the norm, AdamW.
+// Returns the step's mean loss.
+static float gpt2_step(GPT2 *m, Parallel *par, const AdamHyper *h, int accum, int *stop) {
+    char err[512];
+    tied_exchange(m);
+    if (m->shard.pp > 1 && nccl_mac_step_check(par->nccl, err, sizeof(err)) != 0) {
+        fprintf(stderr, "train_gpt2cu: %s; the step is not applied\n", err);
+        nccl_abort_all(par->nccl);
+        exit(1);
+    }
+    gpt2_reduce_grads(m);
+    double loss = world_loss_sum(m, par, stop) / ((double)m->B * m->T * accum * m->shard.dp);
+    gpt2_norm_and_update(m, h);
+    return (float)loss;
 }
 
 // the sum over the world of one float per rank (the ranks' verdicts on a
-// checkpoint), through the same flag slot
-static float world_sum(GPT2 *model, Parallel *par, float x) {
-    float *slot = model->act.losses + (size_t)model->B * model->T;
-    CUDA_CHECK(cudaMemcpyAsync(slot, &x, sizeof(float), cudaMemcpyHostToDevice, model->stream));
-    nccl_allreduce(par->nccl, &par->nccl->world, slot, 1, ncclFloat32, OP_SUM);
-    CUDA_CHECK(cudaMemcpyAsync(&x, slot, sizeof(float), cudaMemcpyDeviceToHost, model->stream));
-    CUDA_CHECK(cudaStreamSynchronize(model->stream));
+// file), through the flag slot
+static float world_sum(GPT2 *m, Parallel *par, float x) {
+    float *slot = m->sc.losses + (size_t)m->B * m->T;
+    CUDA_CHECK(cudaMemcpyAsync(slot, &x, sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    if (par->grid.world > 1) nccl_allreduce(par->nccl, &par->nccl->world, slot, 1, ncclFloat32, OP_SUM);
+    CUDA_CHECK(cudaMemcpyAsync(&x, slot, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
     return x;
 }
 
+// the mean loss over `batches` micro-batches of the val stream, split among
+// the data-parallel ranks and passed down the pipeline; every rank returns it
+static float evaluate(GPT2 *m, Parallel *par, DataLoader *val, int batches) {
+    const Shard *s = &m->shard;
+    int n = batches / s->dp;
+    dataloader_reset(val);
+    gpt2_zero_losses(m);
+    if (s->pp > 1) nccl_mac_step_begin(par->nccl);
+    for (int i = 0; i < n; i++) {
+        Acts *a = &m->acts[i % m->nacts];
+        dataloader_next(val, m->inputs, m->targets);
+        gpt2_stage_batch(m, a, 0);
+        pipe_exchange(m, PIPE_NONE, pipe_input(s->pp, s->pp_rank, pipe_op(1, i)));
+        stage_forward(m, a, FWD_LOSS, 0.0f);
+        pipe_exchange(m, pipe_output(s->pp, s->pp_rank, pipe_op(1, i)), PIPE_NONE);
+    }
+    char err[512];
+    if (s->pp > 1 && nccl_mac_step_check(par->nccl, err, sizeof(err)) != 0) {
+        fprintf(stderr, "train_gpt2cu: %s (evaluation)\n", err);
+        nccl_abort_all(par->nccl);
+        exit(1);
+    }
+    return (float)(world_loss_sum(m, par, NULL) / ((double)m->B * m->T * n * s->dp));
+}
+
 // the checkpoint of step st->step (checkpoint.h; train_gpt2.c's gpt2_save
-// does the same with its own layout): rank 0 makes the .partial directory
-// with the files at full size, every rank writes its share (ckpt_share) and
-// fsyncs, rank 0 seals once every rank has succeeded. Every rank returns the
-// same verdict: 0 = the checkpoint is complete; otherwise the .partial
-// directory is gone and the previous checkpoints stay.
-static int gpt2_checkpoint(GPT2 *model, Parallel *par, const char *out_dir, int keep, const CkptState *st,
+// does the same): rank 0 makes the .partial directory with the files at
+// full size, every rank writes what it owns and fsyncs, rank 0 seals once
+// every rank has succeeded. Every rank returns the same verdict: 0 = the
+// checkpoint is complete; otherwise the .partial directory is gone and the
+// previous checkpoints stay.
+static int gpt2_checkpoint(GPT2 *m, Parallel *par, const char *out_dir, int keep, const CkptState *st,
                            const uint8_t key[32]) {
     int rank0 = par->grid.rank == 0;
-    char err[1200] = "", dir[4096], path[4200];
+    char err[1200] = "", dir[4096];
     float failed = rank0 && ckpt_begin(out_dir, st, err, sizeof(err)) != 0;
-    failed = world_sum(model, par, failed);  // and the files exist for everyone
+    failed = world_sum(m, par, failed);  // and the files exist for everyone
     if (failed == 0) {
         ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial");
-        snprintf(path, sizeof(path), "%s/model.bin", dir);
-        int fd_model = open(path, O_WRONLY | O_CLOEXEC), e = fd_model < 0 ? errno : 0;
-        snprintf(path, sizeof(path), "%s/optim.bin", dir);
-        int fd_optim = open(path, O_WRONLY | O_CLOEXEC);
-        if (e == 0 && fd_optim < 0) e = errno;
-        if (e == 0) e = gpt2_write_share(model, fd_model, fd_optim,
-                                         ckpt_share(model->num_params, model->num_padded, par->grid.dp, par->grid.dp_rank));
-        if (e == 0 && (fsync(fd_model) != 0 || fsync(fd_optim) != 0)) e = errno;
-        if (fd_model >= 0) close(fd_model);
-        if (fd_optim >= 0) close(fd_optim);
-        if (e != 0) secure_error(err, sizeof(err), "rank %d: %s: write: %s", par->grid.rank, dir, strerror(e));
-        failed = world_sum(model, par, e != 0);
+        int e = write_part(m, dir, "model.bin", 1, err, sizeof(err));
+        failed = world_sum(m, par, e != 0);
         if (failed == 0 && rank0 && ckpt_seal(out_dir, st->step, key, err, sizeof(err)) != 0) failed = 1;
         if (!rank0 && e == 0) err[0] = '\0';  // rank 0 speaks for the job; a rank that failed, for itself
-        failed = world_sum(model, par, rank0 ? failed : 0.0f);
+        failed = world_sum(m, par, rank0 ? failed : 0.0f);
     }
     if (failed == 0 && rank0) ckpt_prune(out_dir, st->step, keep);
     if (failed != 0 && rank0 && ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial") == 0) ckpt_remove_dir(dir);
@@ -2338,16 +2928,39 @@ static int gpt2_checkpoint(GPT2 *model, Parallel *par, const char *out_dir, int 
     return failed == 0 ? 0 : -1;
 }
 
-// the mean loss over `batches` micro-batches of the val stream, split among
-// the data-parallel ranks; every rank returns it
-static float evaluate(GPT2 *model, Parallel *par, DataLoader *val, int batches) {
-    dataloader_reset(val);
-    gpt2_zero_losses(model);
-    for (int i = 0; i < batches / par->grid.dp; i++) {
-        dataloader_next(val, model->inputs, model->targets);
-        gpt2_forward(model, FWD_LOSS, 0.0f);
+// the final model, DIR/model_SSSSSSSS.bin: llm.c's v3 file of the fp32
+// master weights (the same bytes as a checkpoint's model.bin), every rank
+// writing what it owns into a temporary file that rank 0 then renames
+static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int steps, char *path, size_t pathlen) {
+    int rank0 = par->grid.rank == 0;
+    char err[1200] = "", name[64], tmp[64];
+    snprintf(name, sizeof(name), "model_%08d.bin", steps);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", name);
+    snprintf(path, pathlen, "%s/%s", out_dir, tmp);
+    float failed = 0.0f;
+    if (rank0) {
+        int32_t h[HEADER_INTS];
+        model_fill_header(h, &m->config, 3);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), e = fd < 0 ? errno : 0;
+        if (e == 0 && write_all(fd, h, sizeof(h)) != 0) e = errno;
+        if (e == 0 && ftruncate(fd, (off_t)ckpt_file_bytes(0, &m->config)) != 0) e = errno;
+        if (fd >= 0) close(fd);
+        if (e != 0) failed = 1, secure_error(err, sizeof(err), "%s: write: %s", path, strerror(e));
     }
-    return dp_mean_loss(model, par, batches / par->grid.dp, NULL);
+    if (world_sum(m, par, failed) == 0) {
+        failed = write_part(m, out_dir, tmp, 0, err, sizeof(err)) != 0;
+        if (world_sum(m, par, failed) == 0 && rank0) {
+            char final_path[4200];
+            snprintf(final_path, sizeof(final_path), "%s/%s", out_dir, name);
+            if (rename(path, final_path) != 0 || ckpt_fsync_dir(out_dir) != 0)
+                failed = 1, secure_error(err, sizeof(err), "%s: rename: %s", final_path, strerror(errno));
+            snprintf(path, pathlen, "%s", final_path);
+        } else if (!failed) {
+            err[0] = '\0';
+        }
+    }
+    if (err[0] != '\0') fprintf(stderr, "train_gpt2cu: %s\n", err);
+    return world_sum(m, par, failed) == 0 ? 0 : -1;
 }
 
 int main(int argc, char **argv) {
@@ -2372,14 +2985,11 @@ int main(int argc, char **argv) {
     if (opt.out_dir) ckpt_catch_signals();
     signal(SIGXFSZ, SIG_IGN);
     if (ckpt_check_flags(&opt, err, sizeof(err)) != 0) die_usage(err);
-    if (gpu_layout_check(opt.tp, opt.pp, opt.zero, err, sizeof(err)) != 0) die_usage(err);
     check_launch_gpus(&opt);
     if (opt.check_every > 0) die_usage("flag -ck: the data-parallel consistency check is not built in the GPU trainer yet");
     Fault fault;
     memset(&fault, 0, sizeof(fault));
     if (opt.fault && fault_parse(opt.fault, &fault, err, sizeof(err)) != 0) die_usage(err);
-    if (fault.kind == FAULT_TAMPER || fault.kind == FAULT_REPLAY)
-        die_usage("flag -fault: tamper and replay act on MAC'd frames, and NCCL messages carry none yet (kill, stall)");
 
     // the model's shape, the batch and the data, on the host: a bad job is
     // refused once, by the launcher, before any rank starts or a GPU is touched
@@ -2400,7 +3010,7 @@ int main(int argc, char **argv) {
         snprintf(err, sizeof(err), "flag -t: T = %d exceeds the model's maxT = %d (%s)", opt.T, config.maxT, opt.init);
         die_usage(err);
     }
-    if (gpu_check_shapes(&config, opt.B, opt.T, opt.init, err, sizeof(err)) != 0) die_usage(err);
+    if (gpu_check_shapes(&config, opt.B, opt.T, opt.tp, opt.init, err, sizeof(err)) != 0) die_usage(err);
     if (batch_accum(&opt, opt.np, err, sizeof(err)) < 0) die_usage(err);
     DataLoader train, val;
     if (!parallel_launched_rank()) {  // else its launcher opened (and hashed) the data just now
@@ -2431,7 +3041,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "train_gpt2cu: %s\n", err);
         exit(1);
     }
-    int rank0 = par.grid.rank == 0, dp = par.grid.dp, B = opt.B, T = opt.T;
+    int rank0 = par.grid.rank == 0, dp = par.grid.dp, tp = par.grid.tp, pp = par.grid.pp, B = opt.B, T = opt.T;
     int accum = batch_accum(&opt, dp, err, sizeof(err));  // an outside launcher's world may differ from -np
     if (accum < 0) die_usage(err);
     long total_batch = (long)B * T * dp * accum;
@@ -2477,13 +3087,19 @@ int main(int argc, char **argv) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     double peak = gpu_peak_flops(prop.name);
     GPT2 model;
-    gpt2_init_dp(&model, &config, params, (uint64_t)opt.seed, B, T, gopt.recompute, gopt.attention_tc, dp,
-                 par.grid.dp_rank, par.zero);
+    int nacts = pipeline_inflight(opt.pipe_schedule == PS_GPIPE, pp, par.grid.pp_rank, accum);
+    gpt2_init_rank(&model, &config, params, (uint64_t)opt.seed, B, T, gopt.recompute, gopt.attention_tc, &par.grid,
+                   par.zero, nacts, par.nccl);
     free(params);
     snprintf(path, sizeof(path), "%s/optim.bin", ck_dir);
     if (resuming && gpt2_load_optimizer(&model, path, ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
     double load_ms = now_ms() - load_t0 - verify_ms;
     par.nccl->stream = model.stream;  // the collectives queue behind the model's kernels
+    PipeOp *ops = (PipeOp *)host_alloc(2 * (size_t)accum * sizeof(PipeOp), "schedule");
+    PipeStep *plan = (PipeStep *)host_alloc(2 * (size_t)accum * sizeof(PipeStep), "message plan");
+    int nops = pipeline_schedule(opt.pipe_schedule == PS_GPIPE, pp, par.grid.pp_rank, accum, ops);
+    pipeline_plan(pp, par.grid.pp_rank, ops, nops, plan);
+    AdamHyper hyper = {opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, opt.grad_clip};
 
     if (rank0) {
         printf("device: %s, compute capability %d.%d, %.1f GiB, ", prop.name, prop.major, prop.minor,
@@ -2498,13 +3114,17 @@ int main(int argc, char **argv) {
                config.L, config.C, config.NH, config.V, config.Vp, config.maxT, model.num_params);
         printf("batch: B=%d T=%d, %d micro-batches per step x dp %d = %ld tokens, %d steps\n", B, T, accum, dp,
                total_batch, steps);
-        printf("layout: %d ranks = dp %d x tp 1 x pp 1, ZeRO-%d, NCCL %d.%d.%d\n", par.grid.world, dp, par.zero,
-               NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+        printf("layout: %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s schedule with %d micro-batches "
+               "(bubble %.3f), NCCL %d.%d.%d\n", par.grid.world, dp, tp, pp, par.zero,
+               opt.pipe_schedule == PS_GPIPE ? "gpipe" : "1f1b", accum, pipeline_bubble(pp, accum), NCCL_MAJOR,
+               NCCL_MINOR, NCCL_PATCH);
     }
     for (int r = 0; r < par.grid.world; r++) {  // one line per rank, in rank order, from the rank itself
         if (r == par.grid.rank)
-            printf("rank %d (dp %d): GPU %d, AdamW state for %zu of %zu parameters\n", r, par.grid.dp_rank, device,
-                   model.opt_count < model.num_params ? model.opt_count : model.num_params, model.num_params);
+            printf("rank %d (dp %d, pp %d, tp %d): GPU %d, layers [%d, %d), %zu parameters here, "
+                   "%.2f GiB of weights, gradients and AdamW state, %.2f GiB of activations (%d sets)\n", r,
+                   par.grid.dp_rank, par.grid.pp_rank, par.grid.tp_rank, device, model.shard.l0, model.shard.l1,
+                   model.ut.num_local, model.param_bytes / 1073741824.0, model.act_bytes / 1073741824.0, nacts);
         fflush(stdout);
         nccl_barrier(par.nccl, &par.nccl->world);
     }
@@ -2528,15 +3148,12 @@ int main(int argc, char **argv) {
         double t0 = now_ms();
         gpt2_zero_grad(&model);
         gpt2_zero_losses(&model);
-        for (int micro = 0; micro < accum; micro++) {
-            dataloader_next(&train, model.inputs, model.targets);
-            gpt2_forward(&model, FWD_TRAIN, 1.0f / (float)((double)B * T * accum * dp));
-            gpt2_backward(&model);
-        }
+        if (pp > 1) nccl_mac_step_begin(par.nccl);
+        pipeline_run(&model, &train, plan, nops, 1.0f / (float)((double)B * T * accum * dp));  // one stage: F0 B0 F1 B1 ...
         float lr = lr_at_step(&opt, step, steps);
-        dp_update(&model, &par, &opt, lr);
+        hyper.lr = lr;
         stopped = ckpt_stop_signal != 0;
-        float loss = dp_mean_loss(&model, &par, accum, &stopped);
+        float loss = gpt2_step(&model, &par, &hyper, accum, &stopped);
         float norm = gpt2_last_norm(&model);
         double ms = now_ms() - t0;
 
@@ -2544,7 +3161,7 @@ int main(int argc, char **argv) {
         if (rank0) {
             printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s", step, steps,
                    loss, norm, lr, ms, tok_s, tok_s * fpt / 1e9);
-            if (peak > 0) printf(" | MFU %.1f%%\n", 100.0 * tok_s * fpt / (peak * dp));
+            if (peak > 0) printf(" | MFU %.1f%%\n", 100.0 * tok_s * fpt / (peak * par.grid.world));
             else printf(" | MFU n/a\n");
             fflush(stdout);
             log_step(logf, step, loss, val_loss, norm, lr, ms, total_batch * (step + 1));
@@ -2564,14 +3181,7 @@ int main(int argc, char **argv) {
     }
 
     if (opt.out_dir && !stopped) {
-#ifndef ENABLE_FP32
-        if (par.zero == 1) {  // the master weights outside this rank's shard are stale: gather them
-            size_t shard = model.num_padded / (size_t)dp;
-            nccl_allgather(par.nccl, &par.nccl->dp, model.master + model.opt_begin, model.master, shard, ncclFloat32);
-        }
-#endif
-        snprintf(path, sizeof(path), "%s/model_%08d.bin", opt.out_dir, steps);
-        if (rank0 && gpt2_save(&model, path, err, sizeof(err)) != 0) { fprintf(stderr, "%s\n", err); return 1; }
+        if (gpt2_write_model(&model, &par, opt.out_dir, steps, path, sizeof(path)) != 0) return 1;
         if (rank0) printf("wrote %s\n", path);
     }
     if (logf) fclose(logf);
@@ -2580,6 +3190,8 @@ int main(int argc, char **argv) {
     if (have_tok) tokenizer_free(&tok);
     nccl_free(par.nccl);
     gpt2_free(&model);
+    free(ops);
+    free(plan);
     launch_free(&par.launch);
     free(launch_argv);
     return 0;

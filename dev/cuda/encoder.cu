@@ -10,12 +10,12 @@ typedef struct {
     floatX *out, *dwte, *dwpe, *dout;
     const floatX *wte, *wpe;
     int *inp, *bstart, *btoken, *bpos;
-    int nbuckets, B, T, C;
+    int nbuckets, B, T, C, V;
 } EncoderCtx;
 
 static void run_forward(void *p) {
     EncoderCtx *c = (EncoderCtx *)p;
-    encoder_forward(c->out, c->inp, c->wte, c->wpe, c->B, c->T, c->C, 0);
+    encoder_forward(c->out, c->inp, c->wte, c->wpe, 0, c->V, c->B, c->T, c->C, 0);
 }
 
 static void run_backward(void *p) {
@@ -45,12 +45,12 @@ int main(void) {
 
     int *count = (int *)malloc((V + 1) * sizeof(int)), *start = (int *)malloc((BT + 1) * sizeof(int));
     int *token = (int *)malloc(BT * sizeof(int)), *pos = (int *)malloc(BT * sizeof(int));
-    int nbuckets = token_buckets(inp, BT, V, count, start, token, pos);
+    int nbuckets = token_buckets(inp, BT, V, 0, V, count, start, token, pos);
     float *zeros = (float *)calloc((size_t)V * C, sizeof(float));
     EncoderCtx ctx = {NULL, to_device(zeros, (size_t)V * C), to_device(zeros, (size_t)T * C), to_device(dout, (size_t)BT * C),
                       to_device(wte, (size_t)V * C), to_device(wpe, (size_t)T * C), to_device_int(inp, BT),
                       to_device_int(start, nbuckets + 1), to_device_int(token, nbuckets), to_device_int(pos, BT),
-                      nbuckets, B, T, C};
+                      nbuckets, B, T, C, V};
     CUDA_CHECK(cudaMalloc((void **)&ctx.out, (size_t)BT * C * sizeof(floatX)));
 
     run_forward(&ctx);
@@ -72,6 +72,22 @@ int main(void) {
     run_backward(&ctx);
     float *dwte5 = to_host(ctx.dwte, (size_t)V * C);
     check(memcmp(dwte4, dwte5, (size_t)V * C * sizeof(float)) == 0, "encoder backward is deterministic");
+
+    // tensor parallel: two vocabulary slices [0, 25000) with wpe and
+    // [25000, V) without, each from its own rows, add up to the whole
+    size_t half = 25000;
+    floatX *out2;
+    CUDA_CHECK(cudaMalloc((void **)&out2, (size_t)BT * C * sizeof(floatX)));
+    encoder_forward(ctx.out, ctx.inp, ctx.wte, ctx.wpe, 0, (int)half, B, T, C, 0);
+    encoder_forward(out2, ctx.inp, ctx.wte + half * C, NULL, (int)half, V - (int)half, B, T, C, 0);
+    float *lo = to_host(ctx.out, (size_t)BT * C), *hi = to_host(out2, (size_t)BT * C);
+    for (size_t i = 0; i < (size_t)BT * C; i++) lo[i] += hi[i];
+    compare("encoder forward over two vocabulary slices", lo, want, (size_t)BT * C, IS_BF16 ? 1e-2f : 1e-6f);
+    int *tok_hi = (int *)malloc(BT * sizeof(int));
+    int nb_hi = token_buckets(inp, BT, V, (int)half, V - (int)half, count, start, token, tok_hi);
+    check(nb_hi == 1 && token[0] == V - 1 - (int)half && start[1] == 1 && tok_hi[0] == 0,
+          "the upper slice's buckets: only position 0's token %d, as its row %d", V - 1, token[0]);
+    cudaFree(out2);
 
     print_time("encoder forward", time_ms(run_forward, &ctx, 20), 3.0 * BT * C * sizeof(floatX), 0);
     print_time("encoder backward", time_ms(run_backward, &ctx, 20), 4.0 * BT * C * sizeof(floatX), 0);

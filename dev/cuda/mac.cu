@@ -1,8 +1,8 @@
 /*
  * mac.cu: the chunked MAC kernels (secure.h, last section) against the CPU
  * construction (chunkmac_tag) on payloads of many lengths, aligned or not,
- * and the verify path; then their throughput for 1 MiB to 256 MiB payloads
- * and a few chunk sizes. The kernels' per-thread code is __host__ __device__,
+ * and the verify path; then their throughput for 1 MiB to 256 MiB payloads,
+ * a few chunk sizes, and the chunk sizes of the NCCL backend's MAC'd messages. The kernels' per-thread code is __host__ __device__,
  * so without a GPU this still checks it, run on the CPU.
  */
 #define TESTING
@@ -181,6 +181,17 @@ int main(void) {
             snprintf(what, sizeof(what), "chunked MAC %zu MiB, %zu KiB chunks", mib, sweep[s] >> 10);
             print_time(what, time_ms(run_mac, &ctx, 10), (double)(mib << 20), 0);
         }
+    }
+    // the chunk sizes the NCCL backend's MAC'd messages use (parallel.h,
+    // nccl_mac_chunk_bytes), 25165824 bytes being GPT-2 124M's activation at B 16, T 1024, bf16:
+    // a sender pays this once per message, a receiver once more
+    size_t nccl_lens[] = {(size_t)1 << 20, (size_t)4 << 20, 25165824, (size_t)64 << 20, (size_t)256 << 20};
+    for (int s = 0; s < 5; s++) {
+        char what[80];
+        uint64_t cb = nccl_mac_chunk_bytes(nccl_lens[s]);
+        chunkmac_gpu_params(&ctx.p, &keyed, header, nccl_lens[s], cb, NULL, 0);
+        snprintf(what, sizeof(what), "nccl MAC %zu B, %" PRIu64 " chunks of %" PRIu64 " B", nccl_lens[s], ctx.p.n_chunks, cb);
+        print_time(what, time_ms(run_mac, &ctx, 10), (double)nccl_lens[s], 0);
     }
     // the same construction on one CPU core, for scale
     uint8_t *cpu_big = (uint8_t *)malloc((size_t)64 << 20), tag[32];
