@@ -2356,6 +2356,13 @@ typedef struct {
     cudaEvent_t ready;      // recorded before each call: the work queued before it is done
     float *one;             // a device float, what a barrier all-reduces
     NcclGroup world, dp, tp, pp;
+    // the gradient reductions overlapped with the backward (nccl_side_*): a
+    // stream of their own, and a second communicator of the dp group, so each
+    // communicator is used from one stream only
+    NcclGroup dp_side;
+    cudaStream_t side;
+    cudaEvent_t side_follow;  // recorded on stream: where the side stream's next call may start
+    int side_pending;         // calls queued on side since the last nccl_side_drain
     const char *op;         // the call in progress, for messages
     char what[96];          // its peer or channel, for messages
     // MAC'd point-to-point messages (nccl_sendrecv_mac)
@@ -2369,8 +2376,8 @@ typedef struct {
 } NcclComm;
 
 static inline void nccl_abort_all(NcclComm *c) {
-    NcclGroup *gs[4] = {&c->dp, &c->tp, &c->pp, &c->world};  // the world, their parent, last
-    for (int i = 0; i < 4; i++) {
+    NcclGroup *gs[5] = {&c->dp_side, &c->dp, &c->tp, &c->pp, &c->world};  // the world, their parent, last
+    for (int i = 0; i < 5; i++) {
         if (gs[i]->comm != NULL) ncclCommAbort(gs[i]->comm);
         gs[i]->comm = NULL;
     }
@@ -2420,7 +2427,9 @@ static inline void nccl_wait(NcclComm *c, const NcclGroup *g, ncclResult_t r) {
             if (e != cudaErrorNotReady) nccl_fail(c, "CUDA: %s", cudaGetErrorString(e));
         }
         double now = par_now();
-        if (cudaEventQuery(c->ready) == cudaErrorNotReady) since = now;
+        // (while side calls are queued the main stream may be waiting on one
+        // of them, which waits on a peer: then the clock runs regardless)
+        if (cudaEventQuery(c->ready) == cudaErrorNotReady && c->side_pending == 0) since = now;
         if (now - since > c->timeout_s) {
             char members[128] = "";
             size_t n = 0;
@@ -2533,14 +2542,18 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
         return secure_error(err, errlen, "rank %d: ncclCommInitRankConfig for %d ranks: %s", g->rank, g->world,
                             r == ncclInProgress ? "not every rank joined in time" : ncclGetErrorString(r));
     }
+    c->dp_side.group = c->dp.group;
     if (nccl_split(c, g, GRID_DP, &c->dp, "dp", deadline, err, errlen) != 0 ||
         nccl_split(c, g, GRID_TP, &c->tp, "tp", deadline, err, errlen) != 0 ||
-        nccl_split(c, g, GRID_PP, &c->pp, "pp", deadline, err, errlen) != 0) {
+        nccl_split(c, g, GRID_PP, &c->pp, "pp", deadline, err, errlen) != 0 ||
+        nccl_split(c, g, GRID_DP, &c->dp_side, "dp (overlapped)", deadline, err, errlen) != 0) {
         nccl_abort_all(c);
         free(c);
         return -1;
     }
     cudaError_t e = cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->side_follow, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaMalloc((void **)&c->one, sizeof(float));
     if (e == cudaSuccess) e = cudaMemset(c->one, 0, sizeof(float));  // the barrier's all-reduce sums zeros
     // the MAC'd messages' state: sequence numbers from 0 on every pair, and
@@ -2589,6 +2602,73 @@ static inline void nccl_allgather(NcclComm *c, const NcclGroup *g, const void *i
     nccl_enter(c, "allgather", g);
     cudaEventRecord(c->ready, c->stream);
     nccl_wait(c, g, ncclAllGather(in, out, n_per_rank, type, g->comm, c->stream));
+}
+
+// ----------------------------------------------------------------------------
+// gradient reductions overlapped with the backward: calls on the dp group
+// queued on the side stream behind what the main stream has queued so far,
+// through the dp_side communicator. The host does not wait for them (only
+// for NCCL to take the call): the backward of the next unit is queued on the
+// main stream while the previous unit's gradients travel. nccl_side_drain
+// waits for all of them, under the watchdog, before anything reads the
+// reduced gradients; a kernel that must follow one of them on the main
+// stream waits on an event the caller records on c->side.
+
+// nccl_side_queued: the watchdog's part for a call that is not waited for:
+// NCCL has taken it (a non-blocking communicator may still be launching)
+static inline void nccl_side_queued(NcclComm *c, ncclResult_t r) {
+    if (r != ncclSuccess && r != ncclInProgress)
+        nccl_fail(c, "%s: %s", ncclGetErrorString(r), ncclGetLastError(c->dp_side.comm));
+    if (r == ncclInProgress) {
+        ncclResult_t state = nccl_settle(c->dp_side.comm, par_now() + c->timeout_s);
+        if (state != ncclSuccess)
+            nccl_fail(c, "%s", state == ncclInProgress ? "not launched within the timeout" : ncclGetErrorString(state));
+    }
+    c->side_pending++;
+}
+
+static inline void nccl_side_enter(NcclComm *c, const char *op) {
+    nccl_enter(c, op, &c->dp_side);
+    cudaEventRecord(c->side_follow, c->stream);
+    cudaStreamWaitEvent(c->side, c->side_follow, 0);
+}
+
+// nccl_side_allreduce: as nccl_allreduce over the dp group, overlapped
+static inline void nccl_side_allreduce(NcclComm *c, void *buf, size_t n, ncclDataType_t type, int op) {
+    nccl_side_enter(c, "allreduce (overlapped)");
+    nccl_side_queued(c, ncclAllReduce(buf, buf, n, type, nccl_redop(c, op), c->dp_side.comm, c->side));
+}
+
+// nccl_side_reduce_scatter: as nccl_reduce_scatter over the dp group, overlapped
+static inline void nccl_side_reduce_scatter(NcclComm *c, const void *in, void *out, size_t n_per_rank,
+                                            ncclDataType_t type, int op) {
+    nccl_side_enter(c, "reduce_scatter (overlapped)");
+    nccl_side_queued(c, ncclReduceScatter(in, out, n_per_rank, type, nccl_redop(c, op), c->dp_side.comm, c->side));
+}
+
+// nccl_side_drain: returns once every side call (and every kernel the caller
+// queued on c->side) is done. The clock starts here: by now the host has
+// queued at most the rest of one backward, far less than the timeout.
+static inline void nccl_side_drain(NcclComm *c) {
+    if (c->side_pending == 0) return;
+    c->op = "drain of the overlapped reductions";
+    c->what[0] = '\0';
+    double start = par_now();
+    for (;;) {
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t q = ncclCommGetAsyncError(c->dp_side.comm, &state);
+        if (q != ncclSuccess) state = q;
+        if (state != ncclSuccess && state != ncclInProgress)
+            nccl_fail(c, "%s: %s", ncclGetErrorString(state), ncclGetLastError(c->dp_side.comm));
+        cudaError_t e = cudaStreamQuery(c->side);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) nccl_fail(c, "CUDA: %s", cudaGetErrorString(e));
+        if (par_now() - start > c->timeout_s)
+            nccl_fail(c, "timeout after %.1f s: a data-parallel peer died, stopped, or called something else",
+                      par_now() - start);
+        par_sleep(NCCL_POLL_S);
+    }
+    c->side_pending = 0;
 }
 
 // nccl_barrier: returns once every member has reached it (an all-reduce of one float)
@@ -2828,16 +2908,16 @@ static inline void nccl_free(NcclComm *c) {
     if (c == NULL) return;
     c->op = "free";
     c->what[0] = '\0';
-    NcclGroup *gs[4] = {&c->dp, &c->tp, &c->pp, &c->world};
+    NcclGroup *gs[5] = {&c->dp_side, &c->dp, &c->tp, &c->pp, &c->world};
     double deadline = par_now() + c->timeout_s;
     int ok = 1;
-    for (int i = 0; i < 4 && ok; i++) {
+    for (int i = 0; i < 5 && ok; i++) {
         ncclResult_t r = ncclCommFinalize(gs[i]->comm);
         if (r == ncclSuccess || r == ncclInProgress) r = nccl_settle(gs[i]->comm, deadline);
         ok = r == ncclSuccess;
     }
     if (ok) {
-        for (int i = 0; i < 4; i++) ncclCommDestroy(gs[i]->comm);
+        for (int i = 0; i < 5; i++) ncclCommDestroy(gs[i]->comm);
     } else {
         fprintf(stderr, "rank %d: nccl free: the communicators did not finalize within %.1f s; aborting them\n", c->rank,
                 c->timeout_s);
@@ -2847,6 +2927,8 @@ static inline void nccl_free(NcclComm *c) {
     cudaFree(c->mac_scratch);
     cudaFree(c->mac_bad);
     cudaEventDestroy(c->ready);
+    cudaEventDestroy(c->side_follow);
+    cudaStreamDestroy(c->side);
     free(c->mac_recvs);
     links_free(&c->links);  // wipes the key and its HMAC state
     free(c);

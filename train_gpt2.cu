@@ -1772,6 +1772,11 @@ typedef struct {
     int slot_unit[UNIT_SLOTS];
     floatX *bucket[UNIT_SLOTS];          // ZeRO-2/3: gradient buckets
     int bucket_unit[UNIT_SLOTS];
+    long bucket_freed[UNIT_SLOTS];       // when each was last released (bucket_clock): the oldest is refilled first
+    long bucket_clock;
+    cudaEvent_t bucket_done[UNIT_SLOTS]; // recorded on the side stream when its reduction has read it
+    int overlap;                         // dp > 1: gradients reduced on the side stream (nccl_side_*) during the backward
+    int last_micro;                      // the backward at work is the step's last micro-batch's
     floatX *reduced;                     // ZeRO-2/3: one unit's reduced chunk
     floatX **unit_params, **unit_grads;  // per unit: where its full values / gradients are now (NULL: not held)
     floatX *tied_peer;                   // pp > 1, first and last stage: my wte gradient out, the other end's in (+ tags)
@@ -1928,6 +1933,9 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
         if (zero >= 2) m->bucket[k] = (floatX *)device_alloc(big * X, "gradient bucket");
     }
     if (zero >= 2) m->reduced = (floatX *)device_alloc(big / s->dp * X, "reduced chunk");
+    m->overlap = nccl != NULL && s->dp > 1;
+    for (int k = 0; zero >= 2 && k < UNIT_SLOTS; k++)
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->bucket_done[k], cudaEventDisableTiming));
     m->unit_params = (floatX **)host_alloc(m->ut.n * sizeof(floatX *), "unit views");
     m->unit_grads = (floatX **)host_alloc(m->ut.n * sizeof(floatX *), "unit views");
     if (s->pp > 1 && m->ut.u_wte >= 0) {
@@ -1992,7 +2000,11 @@ static void gpt2_free(GPT2 *m) {
 #endif
     cudaFree(m->params); cudaFree(m->grads); cudaFree(m->param_shard); cudaFree(m->grad_shard);
     cudaFree(m->m); cudaFree(m->v); cudaFree(m->reduced); cudaFree(m->tied_peer);
-    for (int k = 0; k < UNIT_SLOTS; k++) { cudaFree(m->slot[k]); cudaFree(m->bucket[k]); }
+    for (int k = 0; k < UNIT_SLOTS; k++) {
+        cudaFree(m->slot[k]);
+        cudaFree(m->bucket[k]);
+        if (m->zero >= 2) cudaEventDestroy(m->bucket_done[k]);
+    }
     cudaFree(m->act_memory); cudaFree(m->blas.workspace);
     cublasLtDestroy(m->blas.handle);
     cudaFreeHost(m->staging_host);
@@ -2039,33 +2051,51 @@ static void unit_release(GPT2 *m, int u) {
     m->unit_params[u] = NULL;
 }
 
-// where unit u's gradients accumulate during a backward (ZeRO-2/3: a zeroed bucket)
+// where unit u's gradients accumulate during a backward (ZeRO-2/3: a zeroed
+// bucket, the one released longest ago, once its last reduction has read it)
 static floatX *unit_grad_begin(GPT2 *m, int u) {
     if (m->zero < 2 || m->unit_grads[u] != NULL) return m->unit_grads[u];
-    int k = 0;
-    while (k < UNIT_SLOTS && m->bucket_unit[k] >= 0) k++;
-    assert(k < UNIT_SLOTS && "more gradient buckets open at once than UNIT_SLOTS");
+    int k = -1;
+    for (int j = 0; j < UNIT_SLOTS; j++)
+        if (m->bucket_unit[j] < 0 && (k < 0 || m->bucket_freed[j] < m->bucket_freed[k])) k = j;
+    assert(k >= 0 && "more gradient buckets open at once than UNIT_SLOTS");
+    if (m->overlap) CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->bucket_done[k], 0));
     CUDA_CHECK(cudaMemsetAsync(m->bucket[k], 0, m->ut.units[u].padded * sizeof(floatX), m->stream));
     m->bucket_unit[k] = u;
     m->unit_grads[u] = m->bucket[k];
     return m->bucket[k];
 }
 
-// ZeRO-2/3: the unit's backward is done for this micro-batch: reduce-scatter
-// the bucket over the data-parallel ranks and add my chunk to my shard
+// the unit's backward is done for this micro-batch. ZeRO-2/3: its bucket is
+// reduce-scattered over the data-parallel ranks and my chunk added to my
+// shard. ZeRO-0/1, after the step's last micro-batch: its gradients are
+// all-reduced (0) or reduce-scattered in place (1). With dp > 1 both travel
+// on the side stream while the backward goes on (gpt2_step drains them).
 static void unit_grad_end(GPT2 *m, int u) {
-    if (m->zero < 2) return;
     const Unit *un = &m->ut.units[u];
     size_t chunk = unit_chunk(m, u);
-    const floatX *mine = m->unit_grads[u];
-    if (m->shard.dp > 1) {
-        nccl_reduce_scatter(m->nccl, &m->nccl->dp, m->unit_grads[u], m->reduced, chunk, NCCL_FLOATX, OP_SUM);
+    if (m->zero <= 1) {
+        if (!m->overlap || !m->last_micro) return;
+        if (m->zero == 0) nccl_side_allreduce(m->nccl, m->grads + un->offset, un->padded, NCCL_FLOATX, OP_SUM);
+        else nccl_side_reduce_scatter(m->nccl, m->grads + un->offset, m->grads + un->offset + unit_lo(m, u), chunk,
+                                      NCCL_FLOATX, OP_SUM);
+        return;
+    }
+    int k = 0;
+    while (k < UNIT_SLOTS && m->bucket_unit[k] != u) k++;
+    assert(k < UNIT_SLOTS);
+    cudaStream_t st = m->stream;
+    const floatX *mine = m->bucket[k];
+    if (m->overlap) {
+        nccl_side_reduce_scatter(m->nccl, m->bucket[k], m->reduced, chunk, NCCL_FLOATX, OP_SUM);
+        st = m->nccl->side;
         mine = m->reduced;
     }
-    add_into_kernel<<<grid_for(chunk / PACK, 256), 256, 0, m->stream>>>(m->grad_shard + un->shard_offset, mine, chunk);
+    add_into_kernel<<<grid_for(chunk / PACK, 256), 256, 0, st>>>(m->grad_shard + un->shard_offset, mine, chunk);
     CUDA_CHECK(cudaGetLastError());
-    for (int k = 0; k < UNIT_SLOTS; k++)
-        if (m->bucket_unit[k] == u) m->bucket_unit[k] = -1;
+    if (m->overlap) CUDA_CHECK(cudaEventRecord(m->bucket_done[k], st));
+    m->bucket_freed[k] = ++m->bucket_clock;
+    m->bucket_unit[k] = -1;
     m->unit_grads[u] = NULL;
 }
 
@@ -2342,9 +2372,10 @@ static double gpt2_loss_sum(GPT2 *m) {
 }
 
 // ----------------------------------------------------------------------------
-// the optimizer step: the tied wte's two halves added, gradients summed over
-// the data-parallel ranks (ZeRO-0: all-reduce; 1: reduce-scatter unit by
-// unit; 2, 3: already reduced during the backward), the global norm over the
+// the optimizer step. The gradients were summed over the data-parallel ranks
+// unit by unit during the backward (unit_grad_end; ZeRO-0: all-reduce, 1:
+// reduce-scatter, 2 and 3: reduce-scatter of every micro-batch's bucket);
+// here the tied wte's two halves are added, then the global norm over the
 // world and clipping, AdamW on what this rank owns, and (ZeRO-1, 2) the
 // updated parameters all-gathered. As train_gpt2.c's gpt2_step.
 
@@ -2413,21 +2444,6 @@ static void adam_run(GPT2 *m, const Run *r, void *ctx) {
     CUDA_CHECK(cudaGetLastError());
 }
 
-// the data-parallel sums of the gradients
-static void gpt2_reduce_grads(GPT2 *m) {
-    const Shard *s = &m->shard;
-    if (s->dp == 1 || m->zero >= 2) return;  // ZeRO-2/3 reduced each unit during the backward
-    if (m->zero == 0) {
-        nccl_allreduce(m->nccl, &m->nccl->dp, m->grads, m->ut.num_local, NCCL_FLOATX, OP_SUM);
-        return;
-    }
-    for (int u = 0; u < m->ut.n; u++) {  // ZeRO-1: only my chunk of the sum is needed; it lands in place
-        const Unit *un = &m->ut.units[u];
-        nccl_reduce_scatter(m->nccl, &m->nccl->dp, m->grads + un->offset, m->grads + un->offset + unit_lo(m, u),
-                            unit_chunk(m, u), NCCL_FLOATX, OP_SUM);
-    }
-}
-
 // the norm (every rank gets it, on the device), clipping and AdamW, and the
 // ZeRO-1/2 all-gather of the updated parameters; all queued on the stream
 static void gpt2_norm_and_update(GPT2 *m, const AdamHyper *h) {
@@ -2452,7 +2468,6 @@ static void gpt2_norm_and_update(GPT2 *m, const AdamHyper *h) {
 [[maybe_unused]] static void gpt2_update(GPT2 *m, float lr, float beta1, float beta2, float eps, float weight_decay, float max_norm) {
     AdamHyper h = {lr, beta1, beta2, eps, weight_decay, max_norm};
     tied_exchange(m);
-    gpt2_reduce_grads(m);
     gpt2_norm_and_update(m, &h);
 }
 
@@ -2827,6 +2842,7 @@ static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n
             gpt2_stage_batch(m, a, 1);
         }
         pipe_exchange(m, PIPE_NONE, st->recv);
+        m->last_micro = !st->op.forward && st->op.mb == n / 2 - 1;  // n = 2M ops
         if (st->op.forward) stage_forward(m, a, FWD_TRAIN, dloss);
         else stage_backward(m, a);
         pipe_exchange(m, st->send, st->next_recv);
@@ -2854,13 +2870,13 @@ static double world_loss_sum(GPT2 *m, Parallel *par, int *stop) {
 // Returns the step's mean loss.
 static float gpt2_step(GPT2 *m, Parallel *par, const AdamHyper *h, int accum, int *stop) {
     char err[512];
+    nccl_side_drain(par->nccl);  // the data-parallel sums, made during the backward
     tied_exchange(m);
     if (m->shard.pp > 1 && nccl_mac_step_check(par->nccl, err, sizeof(err)) != 0) {
         fprintf(stderr, "train_gpt2cu: %s; the step is not applied\n", err);
         nccl_abort_all(par->nccl);
         exit(1);
     }
-    gpt2_reduce_grads(m);
     double loss = world_loss_sum(m, par, stop) / ((double)m->B * m->T * accum * m->shard.dp);
     gpt2_norm_and_update(m, h);
     return (float)loss;
