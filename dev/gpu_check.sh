@@ -99,10 +99,10 @@ if [ -x dev/cuda/mac_check ]; then run mac_check 90 dev/cuda/mac_check || FAILED
 grep -h '^time ' "$OUT"/*_check.log >> "$SUMMARY" 2>/dev/null
 
 # ---------------------------------------------------------------------------
-# 2b. data parallel through NCCL (parallel.h's NCCL backend). -np 1 always:
-# the one-rank NCCL path (init, splits, every collective of ZeRO-0 and -1),
-# whose losses must match a one-rank run of the same global batch; -np 2 and
-# a stalled rank's watchdog line only when a second GPU is present.
+# 2b. the parallel layouts through NCCL (parallel.h's NCCL backend). -np 1
+# always: the one-rank NCCL path (init, splits) under ZeRO 0-3, whose losses
+# must agree (bit for bit in fp32); -np 2 (dp, tp, pp), a stalled rank's
+# watchdog line and a tampered pipeline message only with a second GPU.
 say "== data parallel through NCCL"
 DP_DIR=/tmp/llm3d_dp_shards
 mkdir -p "$DP_DIR"
@@ -137,8 +137,18 @@ EOF
 if [ -x ./train_gpt2cu ]; then
     run dp_np1_z0 60 $DP_RUN -np 1 -z 0 -lg "$OUT/dp_np1_z0.jsonl" &&
     run dp_np1_z1 60 $DP_RUN -np 1 -z 1 -lg "$OUT/dp_np1_z1.jsonl" &&
+    run dp_np1_z2 60 $DP_RUN -np 1 -z 2 -lg "$OUT/dp_np1_z2.jsonl" &&
+    run dp_np1_z3 60 $DP_RUN -np 1 -z 3 -lg "$OUT/dp_np1_z3.jsonl" &&
     run dp_np1_accum2 60 $DP_RUN -np 1 -d 512 -lg "$OUT/dp_np1_accum2.jsonl" &&
-    dp_compare 1e-2 "$OUT/dp_np1_z0.jsonl" "$OUT/dp_np1_z1.jsonl" || FAILED=1
+    dp_compare 1e-2 "$OUT/dp_np1_z0.jsonl" "$OUT/dp_np1_z1.jsonl" "$OUT/dp_np1_z2.jsonl" "$OUT/dp_np1_z3.jsonl" || FAILED=1
+    # the fp32 build: with one micro-batch per step every ZeRO stage of one
+    # rank does the same arithmetic (buckets start at zero), so bit for bit
+    if [ -x ./train_gpt2cu_fp32 ]; then
+        for z in 0 1 2 3; do
+            run dp32_z$z 60 ${DP_RUN/.\/train_gpt2cu/.\/train_gpt2cu_fp32} -z $z -lg "$OUT/dp32_z$z.jsonl" || FAILED=1
+        done
+        dp_compare 0 "$OUT/dp32_z0.jsonl" "$OUT/dp32_z1.jsonl" "$OUT/dp32_z2.jsonl" "$OUT/dp32_z3.jsonl" || FAILED=1
+    fi
     NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
     if [ "$NGPU" -ge 2 ]; then
         run dp_np2_z0 90 $DP_RUN -np 2 -z 0 -lg "$OUT/dp_np2_z0.jsonl" &&
@@ -153,8 +163,23 @@ if [ -x ./train_gpt2cu ]; then
             say "FAIL  dp_np2_stall (rc $rc): no watchdog line (see dp_np2_stall.log)"
             FAILED=1
         fi
+        # tensor and pipeline parallel on two GPUs, the same global batch as one rank
+        run tp2 90 $DP_RUN -np 2 -tp 2 -lg "$OUT/tp2.jsonl" &&
+        run pp2_1f1b 90 $DP_RUN -np 2 -pp 2 -d 512 -ps 1f1b -lg "$OUT/pp2_1f1b.jsonl" &&
+        run pp2_gpipe_z3 90 $DP_RUN -np 2 -pp 2 -d 512 -ps gpipe -z 3 -lg "$OUT/pp2_gpipe_z3.jsonl" &&
+        dp_compare 2e-2 "$OUT/dp_np1_z0.jsonl" "$OUT/tp2.jsonl" &&
+        dp_compare 2e-2 "$OUT/dp_np1_accum2.jsonl" "$OUT/pp2_1f1b.jsonl" "$OUT/pp2_gpipe_z3.jsonl" || FAILED=1
+        # a tampered activation: the receiver's MAC check ends the job before the update
+        timeout -k 5 60 $DP_RUN -np 2 -pp 2 -d 512 -fault tamper:0:2 > "$OUT/pp2_tamper.log" 2>&1
+        rc=$?
+        if [ $rc -eq 1 ] && grep -q "does not verify" "$OUT/pp2_tamper.log"; then
+            say "ok    pp2_tamper: $(grep -m1 'does not verify' "$OUT/pp2_tamper.log")"
+        else
+            say "FAIL  pp2_tamper (rc $rc): no MAC failure line (see pp2_tamper.log)"
+            FAILED=1
+        fi
     else
-        say "SKIP  -np 2 through NCCL: $NGPU GPU(s) here"
+        say "SKIP  -np 2 through NCCL (dp, tp, pp, the stall and tamper faults): $NGPU GPU(s) here"
     fi
 fi
 
