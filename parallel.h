@@ -2373,6 +2373,12 @@ typedef struct {
     NcclMacRecv *mac_recvs; // host [mac_cap]: what each receive of the step was, for the error
     int mac_cap, mac_nrecv; // capacity of both; receives so far this step
     int mac_fault_done;     // tamper or replay has acted (once per job, as in the host backend)
+    // receives are verified on a stream of their own, off the critical path:
+    // the next receive into any buffer waits until the last check has read its
+    cudaStream_t verify;
+    cudaEvent_t received, verified;
+    uint8_t *verify_scratch;
+    size_t verify_scratch_bytes;
 } NcclComm;
 
 static inline void nccl_abort_all(NcclComm *c) {
@@ -2554,6 +2560,9 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
     cudaError_t e = cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->side_follow, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->verify, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->received, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->verified, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaMalloc((void **)&c->one, sizeof(float));
     if (e == cudaSuccess) e = cudaMemset(c->one, 0, sizeof(float));  // the barrier's all-reduce sums zeros
     // the MAC'd messages' state: sequence numbers from 0 on every pair, and
@@ -2725,10 +2734,11 @@ static inline void nccl_recv(NcclComm *c, int src_rank, int channel, int microba
 
 // ----------------------------------------------------------------------------
 // MAC'd point-to-point messages: the chunked MAC (secure.h) computed and
-// checked on the GPU, on c->stream, so no payload crosses to the host. A
-// sender tags its payload into the NCCL_MAC_BYTES after it and sends both; a
-// receiver queues the check of what arrived against the header it expects
-// and sets that receive's flag on a mismatch. Nothing waits for the checks:
+// checked on the GPU, so no payload crosses to the host. A sender tags its
+// payload into the NCCL_MAC_BYTES after it (on c->stream: the send needs the
+// tag) and sends both; a receiver queues the check of what arrived against
+// the header it expects on c->verify, off the critical path, and sets that
+// receive's flag on a mismatch. Nothing waits for the checks:
 // nccl_mac_step_check reads the step's flags once, before the optimizer
 // update, and a bad one refuses the step. doc/security.md, "NCCL pipeline messages".
 
@@ -2746,21 +2756,25 @@ static inline void nccl_mac_launch(NcclComm *c, const uint8_t header[64], const 
                                    uint8_t *tag_out, const uint8_t *expected, int *bad) {
     uint64_t chunk_bytes = nccl_mac_chunk_bytes(bytes);
     size_t need = (size_t)(32 * chunkmac_count(bytes, chunk_bytes));
-    if (need > c->mac_scratch_bytes) {
+    // tags on the main stream, checks on the verify stream: each its own scratch
+    cudaStream_t st = expected != NULL ? c->verify : c->stream;
+    uint8_t **scratch = expected != NULL ? &c->verify_scratch : &c->mac_scratch;
+    size_t *have = expected != NULL ? &c->verify_scratch_bytes : &c->mac_scratch_bytes;
+    if (need > *have) {
         // the old scratch may still be read by kernels queued before: this
         // rank's own work (every NCCL call has already waited for the stream),
         // so the wait cannot hang on a peer. Grows once or twice per job.
-        nccl_mac_check_cuda(c, cudaStreamSynchronize(c->stream), "growing the MAC scratch");
-        cudaFree(c->mac_scratch);
-        c->mac_scratch = NULL;
-        c->mac_scratch_bytes = 0;
-        nccl_mac_check_cuda(c, cudaMalloc((void **)&c->mac_scratch, need), "growing the MAC scratch");
-        c->mac_scratch_bytes = need;
+        nccl_mac_check_cuda(c, cudaStreamSynchronize(st), "growing the MAC scratch");
+        cudaFree(*scratch);
+        *scratch = NULL;
+        *have = 0;
+        nccl_mac_check_cuda(c, cudaMalloc((void **)scratch, need), "growing the MAC scratch");
+        *have = need;
     }
     char err[200];
     ChunkMacParams p;
     int rc = chunkmac_gpu_params(&p, &c->links.keyed, header, bytes, chunk_bytes, err, sizeof(err));
-    if (rc == 0) rc = chunkmac_gpu_launch(&p, payload, c->mac_scratch, tag_out, expected, bad, c->stream, err, sizeof(err));
+    if (rc == 0) rc = chunkmac_gpu_launch(&p, payload, *scratch, tag_out, expected, bad, st, err, sizeof(err));
     secure_wipe(&p, sizeof(p));  // the key's ipad/opad states: key-equivalent; the launch took its copy
     if (rc != 0) nccl_fail(c, "%s", err);
 }
@@ -2779,7 +2793,9 @@ static inline int nccl_mac_slot(NcclComm *c) {
         nccl_mac_check_cuda(c, cudaMemsetAsync(bad, 0, (size_t)cap * sizeof(int), c->stream), "growing the MAC flags");
         nccl_mac_check_cuda(c, cudaMemcpyAsync(bad, c->mac_bad, (size_t)c->mac_cap * sizeof(int), cudaMemcpyDeviceToDevice,
                                                c->stream), "growing the MAC flags");
-        // own work only on the stream (as for the scratch above)
+        // own work only on the streams (as for the scratch above); the checks
+        // queued so far write the old array
+        nccl_mac_check_cuda(c, cudaStreamSynchronize(c->verify), "growing the MAC flags");
         nccl_mac_check_cuda(c, cudaStreamSynchronize(c->stream), "growing the MAC flags");
         cudaFree(c->mac_bad);
         c->mac_bad = bad;
@@ -2829,6 +2845,8 @@ static inline void nccl_sendrecv_mac(NcclComm *c, int dst_rank, int send_channel
                     "(step %ld)\n", c->rank, channel_name(send_channel), send_mb, dst_rank, c->step);
         }
     }
+    // the last check queued must have read its buffer before this receive may overwrite one
+    if (src_rank >= 0) nccl_mac_check_cuda(c, cudaStreamWaitEvent(c->stream, c->verified, 0), "ordering the MAC checks");
     nccl_sendrecv(c, dst_rank, send_channel, send_mb, sendbuf, dst_rank >= 0 ? send_bytes + NCCL_MAC_BYTES : 0, src_rank,
                   recv_channel, recv_mb, recvbuf, src_rank >= 0 ? recv_bytes + NCCL_MAC_BYTES : 0);
     if (flip != NULL) {  // only the message in transit was changed, not this rank's own data
@@ -2848,7 +2866,10 @@ static inline void nccl_sendrecv_mac(NcclComm *c, int dst_rank, int send_channel
         m->bytes = recv_bytes;
         mac_recv_header(&c->links, src_rank, recv_channel, c->step, recv_mb, recv_bytes, header);
         uint8_t *buf = (uint8_t *)recvbuf;
-        nccl_mac_launch(c, header, buf, recv_bytes, NULL, buf + recv_bytes, c->mac_bad + slot);
+        nccl_mac_check_cuda(c, cudaEventRecord(c->received, c->stream), "ordering the MAC checks");
+        nccl_mac_check_cuda(c, cudaStreamWaitEvent(c->verify, c->received, 0), "ordering the MAC checks");
+        nccl_mac_launch(c, header, buf, recv_bytes, NULL, buf + recv_bytes, c->mac_bad + slot);  // on c->verify
+        nccl_mac_check_cuda(c, cudaEventRecord(c->verified, c->verify), "ordering the MAC checks");
     }
 }
 
@@ -2865,6 +2886,7 @@ static inline void nccl_mac_step_begin(NcclComm *c) {
     c->op = "mac_step_begin";
     c->what[0] = '\0';
     c->mac_nrecv = 0;
+    nccl_mac_check_cuda(c, cudaStreamWaitEvent(c->stream, c->verified, 0), "clearing the MAC flags");
     nccl_mac_check_cuda(c, cudaMemsetAsync(c->mac_bad, 0, (size_t)c->mac_cap * sizeof(int), c->stream), "clearing the MAC flags");
 }
 
@@ -2884,6 +2906,7 @@ static inline int nccl_mac_step_check(NcclComm *c, char *err, size_t errlen) {
     // It cannot hang on another rank, and a timeout would only cut short this
     // rank's own compute.
     cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->verify);
     if (e == cudaSuccess) e = cudaMemcpy(flags, c->mac_bad, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost);
     if (e != cudaSuccess) {
         free(flags);
@@ -2925,6 +2948,10 @@ static inline void nccl_free(NcclComm *c) {
     }
     cudaFree(c->one);
     cudaFree(c->mac_scratch);
+    cudaFree(c->verify_scratch);
+    cudaStreamDestroy(c->verify);
+    cudaEventDestroy(c->received);
+    cudaEventDestroy(c->verified);
     cudaFree(c->mac_bad);
     cudaEventDestroy(c->ready);
     cudaEventDestroy(c->side_follow);
