@@ -319,7 +319,7 @@ static void test_buffer_plan(void) {
     int B = 4, T = 1024, n, aligned;
     size_t BT = (size_t)B * T, X = sizeof(floatX), sizes[2];
     Shard one = shard_for(&c, 1, 0, 1, 0, 1, 0);
-    BufferSlice s[MAX_SLICES];
+    BufferSlice s[8 * ACT_SLICES + SCRATCH_SLICES];
     for (int r = 0; r < 2; r++) {
         Acts a;
         Scratch sc;
@@ -354,6 +354,11 @@ static void test_buffer_plan(void) {
     }
     check(aligned && found == 2 && a.logits == NULL, "pp 4 stage 1, tp 2: 3 sets of 3 half-width layers, no logits, "
           "%d slices", n);
+    // gpipe with 8 micro-batches keeps 8 sets on the last stage: the plan grows with them
+    Shard last = shard_for(&c, 1, 0, 2, 1, 1, 0);
+    plan_bytes(&c, &last, 1, 64, 1, 8, &n, &aligned, &a, &sc, s);
+    check(aligned && n == 8 * 19 + 11 && n <= 8 * ACT_SLICES + SCRATCH_SLICES,
+          "the last stage of pp 2 with 8 sets in flight: %d slices, within the plan's room", n);
     // d12 at B=64 T=1024 in bf16 needs about 25 GB: fits an 80 GB A100/H100
     if (sizeof(floatX) == 2) {
         size_t total = plan_bytes(&c, &one, 64, 1024, 1, 1, &n, &aligned, &a, &sc, s);
@@ -491,6 +496,9 @@ static void test_cli(void) {
         {"-e dev/fixtures/tiny_model.bin -t 64", "T = 64 exceeds the model's maxT = 32"},
         {hs_case, "head size C/NH = 48/2 = 24"},
         {"-e d2 -ev 64 -et 16 -t 8 -b 2 -i '/nonexistent/*.bin'", "/nonexistent/*.bin"},
+        {"-e d2 -ev 64 -et 16 -t 8 -tp 2", "-tp 2: the tensor-parallel size must be 1..1"},
+        // a rank of an outside launcher (no GPU count first): the layout against the model
+        {"-e d2 -ev 64 -et 16 -t 8 -np 4 -pp 4 --rendezvous tcp:127.0.0.1:1", "-pp 4: the model has 2 layers (L)"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         int rc = run_trainer(cases[i].args, out, sizeof(out));

@@ -1344,6 +1344,7 @@ static void encoder_backward(floatX *dwte, floatX *dwpe, const floatX *dout, con
                              cudaStream_t stream) {
     encoder_backward_wpe_kernel<<<ceil_div(T * C / PACK, 256), 256, 0, stream>>>(dwpe, dout, B, T, C);
     CUDA_CHECK(cudaGetLastError());
+    if (nbuckets == 0) return;  // a vocabulary slice none of this micro-batch's tokens falls in
     dim3 grid(nbuckets, ceil_div(C / PACK, 128));
     encoder_backward_wte_kernel<<<grid, 128, 0, stream>>>(dwte, dout, bucket_start, bucket_token, bucket_pos, C);
     CUDA_CHECK(cudaGetLastError());
@@ -1680,10 +1681,10 @@ typedef struct {
     size_t offset;  // filled by buffer_plan
 } BufferSlice;
 
-#define MAX_SLICES 160
+#define ACT_SLICES 20      // at most, per activation set (act_slices)
+#define SCRATCH_SLICES 12  // at most (scratch_slices)
 
 static int add_slice(BufferSlice *s, int n, void **ptr, size_t bytes) {
-    assert(n < MAX_SLICES);
     s[n].ptr = ptr;
     s[n].bytes = bytes;
     s[n].offset = 0;
@@ -1694,6 +1695,7 @@ static int add_slice(BufferSlice *s, int n, void **ptr, size_t bytes) {
 
 // the slices of one activation set for (B, T) on this stage; returns the new count
 static int act_slices(Acts *a, const GPT2Config *c, const Shard *sh, int B, int T, int recompute, BufferSlice *s, int n) {
+    int n0 = n;
     size_t BT = (size_t)B * T, C = c->C, nl = sh->nl, Cl = sh->Cl, X = sizeof(floatX), F = sizeof(float);
     n = add_slice(s, n, (void **)&a->encoded, BT * C * X + TAG_ROOM);
     n = add_slice(s, n, (void **)&a->ln1, nl * BT * C * X);
@@ -1716,10 +1718,12 @@ static int act_slices(Acts *a, const GPT2Config *c, const Shard *sh, int B, int 
         n = add_slice(s, n, (void **)&a->logits, BT * sh->Vl * X);
     }
     n = add_slice(s, n, (void **)&a->batch, staging_ints((int)BT) * sizeof(int));
+    assert(n - n0 <= ACT_SLICES);
     return n;
 }
 
 static int scratch_slices(Scratch *a, const GPT2Config *c, const Shard *sh, int B, int T, BufferSlice *s, int n) {
+    int n0 = n;
     size_t BT = (size_t)B * T, C = c->C, Cl = sh->Cl, X = sizeof(floatX), F = sizeof(float);
     n = add_slice(s, n, (void **)&a->proj, BT * C * X);
     n = add_slice(s, n, (void **)&a->dresidual, BT * C * X + TAG_ROOM);
@@ -1732,6 +1736,7 @@ static int scratch_slices(Scratch *a, const GPT2Config *c, const Shard *sh, int 
     n = add_slice(s, n, (void **)&a->cls_stats, (size_t)sh->tp * BT * sizeof(float2));
     n = add_slice(s, n, (void **)&a->norm_partial, (size_t)NORM_BLOCKS * F);
     n = add_slice(s, n, (void **)&a->norm, F);
+    assert(n - n0 <= SCRATCH_SLICES);
     return n;
 }
 
@@ -1943,6 +1948,9 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
         m->tied_peer = (floatX *)device_alloc(2 * (n * X + TAG_ROOM), "tied wte gradients");  // out, then in
     }
     m->param_bytes = (zero <= 2 ? P : S) * X + (zero <= 1 ? P : S) * X + 2 * (zero >= 1 ? S : P) * F;
+#ifndef ENABLE_FP32
+    m->param_bytes += (m->master_sharded ? S : P) * F;
+#endif
 
     // the parameters, unit by unit, sliced from the full model
     float *init = full == NULL ? device_init_full(c, seed, m->stream) : NULL;
@@ -1962,7 +1970,8 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
     free(init);
 
     // activations: the sets in flight, then the scratch
-    BufferSlice slices[MAX_SLICES];
+    BufferSlice *slices = (BufferSlice *)host_alloc(((size_t)nacts * ACT_SLICES + SCRATCH_SLICES) * sizeof(BufferSlice),
+                                                    "buffer plan");
     int nslices = 0;
     m->nacts = nacts;
     m->acts = (Acts *)host_alloc((size_t)nacts * sizeof(Acts), "activation sets");
@@ -1971,6 +1980,7 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
     m->act_bytes = buffer_plan(slices, nslices);
     m->act_memory = device_alloc(m->act_bytes, "activations");
     for (int i = 0; i < nslices; i++) *slices[i].ptr = (char *)m->act_memory + slices[i].offset;
+    free(slices);
 
     size_t BT = (size_t)B * T;
     m->inputs = (int *)host_alloc(BT * sizeof(int), "inputs");
@@ -2444,6 +2454,18 @@ static void adam_run(GPT2 *m, const Run *r, void *ctx) {
     CUDA_CHECK(cudaGetLastError());
 }
 
+// tp > 1: the replicated tensors' gradients (LayerNorms, projection biases,
+// wpe, lnf) averaged over the tensor-parallel ranks. They agree in exact
+// arithmetic, but each tp rank's dp reduction ran in its own communicator,
+// and NCCL does not promise the same order of summation in two of them
+// (dp >= 3); one average makes the copies bit-identical again, so the
+// replicas never drift apart.
+static void tp_average_run(GPT2 *m, const Run *r, void *ctx) {
+    (void)ctx;
+    if (tensor_is_replicated(r->tensor))
+        nccl_allreduce(m->nccl, &m->nccl->tp, grad_at(m, r->u, r->j), r->n, NCCL_FLOATX, OP_AVG);
+}
+
 // the norm (every rank gets it, on the device), clipping and AdamW, and the
 // ZeRO-1/2 all-gather of the updated parameters; all queued on the stream
 static void gpt2_norm_and_update(GPT2 *m, const AdamHyper *h) {
@@ -2872,6 +2894,7 @@ static float gpt2_step(GPT2 *m, Parallel *par, const AdamHyper *h, int accum, in
     char err[512];
     nccl_side_drain(par->nccl);  // the data-parallel sums, made during the backward
     tied_exchange(m);
+    if (m->shard.tp > 1) for_each_run(m, tp_average_run, NULL, 0);
     if (m->shard.pp > 1 && nccl_mac_step_check(par->nccl, err, sizeof(err)) != 0) {
         fprintf(stderr, "train_gpt2cu: %s; the step is not applied\n", err);
         nccl_abort_all(par->nccl);
@@ -3001,6 +3024,7 @@ int main(int argc, char **argv) {
     if (opt.out_dir) ckpt_catch_signals();
     signal(SIGXFSZ, SIG_IGN);
     if (ckpt_check_flags(&opt, err, sizeof(err)) != 0) die_usage(err);
+    opt.np = parallel_world(opt.np, opt.rendezvous);  // ranks of mpirun/srun/torchrun: their world
     check_launch_gpus(&opt);
     if (opt.check_every > 0) die_usage("flag -ck: the data-parallel consistency check is not built in the GPU trainer yet");
     Fault fault;
@@ -3026,16 +3050,20 @@ int main(int argc, char **argv) {
         snprintf(err, sizeof(err), "flag -t: T = %d exceeds the model's maxT = %d (%s)", opt.T, config.maxT, opt.init);
         die_usage(err);
     }
+    // the layout against the model, the batch against dp (as train_gpt2.c's check_job)
+    Grid job;
+    if (grid_init(&job, opt.np, opt.tp, opt.pp, 0, err, sizeof(err)) != 0) die_usage(err);
+    if (grid_check_model(&job, config.L, config.NH, config.C, config.Vp, err, sizeof(err)) != 0) die_usage(err);
     if (gpu_check_shapes(&config, opt.B, opt.T, opt.tp, opt.init, err, sizeof(err)) != 0) die_usage(err);
-    if (batch_accum(&opt, opt.np, err, sizeof(err)) < 0) die_usage(err);
+    if (batch_accum(&opt, job.dp, err, sizeof(err)) < 0) die_usage(err);
     DataLoader train, val;
     if (!parallel_launched_rank()) {  // else its launcher opened (and hashed) the data just now
-        if (dataloader_init(&train, opt.train_pattern, opt.B, opt.T, 0, opt.np, opt.shuffle, 0, config.V, err,
+        if (dataloader_init(&train, opt.train_pattern, opt.B, opt.T, 0, job.dp, opt.shuffle, 0, config.V, err,
                             sizeof(err)) != 0)
             die_usage(err);
         dataloader_free(&train);
         if (opt.val_every > 0) {
-            if (dataloader_init(&val, opt.val_pattern, opt.B, opt.T, 0, opt.np, 0, 0, config.V, err, sizeof(err)) != 0)
+            if (dataloader_init(&val, opt.val_pattern, opt.B, opt.T, 0, job.dp, 0, 0, config.V, err, sizeof(err)) != 0)
                 die_usage(err);
             dataloader_free(&val);
         }
