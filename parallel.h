@@ -2324,11 +2324,14 @@ static inline void mac_recv_header(Links *l, int src, int channel, long step, in
 // authenticated rendezvous hands it out (the 128-byte blob), so a rank only
 // ever joins the communicator its job's root named (over tcp: the id is
 // authenticated, not secret; anyone on the wire can read it). The communicators are
-// non-blocking, and every call is followed by nccl_wait, the watchdog: it
-// polls the communicator's async error and the stream, and on an error or
-// after timeout_s without progress it aborts every communicator (so no kernel
-// waits on a dead peer forever) and exits with one line naming the rank, the
-// call, the group and the step.
+// non-blocking, and the host never waits inside a call: nccl_queued only
+// makes sure NCCL took it, so collectives queue behind the kernels like any
+// kernel. The watchdog runs where the host does wait, at the trainer's few
+// sync points (nccl_sync, nccl_sync_event, nccl_side_drain, the MAC check):
+// it polls every communicator's async error and the stream, and on an error
+// or after timeout_s it aborts every communicator (so no kernel waits on a
+// dead peer forever) and exits with one line naming the rank, the last call
+// queued and its group, and the step.
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -2353,7 +2356,7 @@ typedef struct {
     double timeout_s;
     Fault fault;
     cudaStream_t stream;    // every call is queued here: the caller sets it (0, the legacy stream, until then)
-    cudaEvent_t ready;      // recorded before each call: the work queued before it is done
+    char last[128];         // the last call queued (op and what), for the watchdog's message
     float *one;             // a device float, what a barrier all-reduces
     NcclGroup world, dp, tp, pp;
     // the gradient reductions overlapped with the backward (nccl_side_*): a
@@ -2415,37 +2418,67 @@ static inline ncclResult_t nccl_settle(ncclComm_t comm, double deadline) {
     }
 }
 
-// nccl_wait: the watchdog after every call; r is what the call returned.
-// The clock runs only once `ready` has passed: before that the stream is
-// still busy with this rank's own work, and nobody is waiting for a peer.
-static inline void nccl_wait(NcclComm *c, const NcclGroup *g, ncclResult_t r) {
+// nccl_queued: the watchdog's part at every call; r is what the call
+// returned. The host does not wait for the transfer: it only makes sure NCCL
+// has taken the call (a non-blocking communicator may still be launching)
+// and that no communicator has failed, then goes on queueing work, as for
+// any kernel. The waiting is done at the trainer's few host sync points,
+// through nccl_sync, where the clock runs.
+static inline void nccl_queued(NcclComm *c, const NcclGroup *g, ncclResult_t r) {
     if (r != ncclSuccess && r != ncclInProgress) nccl_fail(c, "%s: %s", ncclGetErrorString(r), ncclGetLastError(g->comm));
-    double since = par_now();
-    for (;;) {
+    ncclResult_t state = r == ncclInProgress ? nccl_settle(g->comm, par_now() + c->timeout_s) : ncclSuccess;
+    if (state == ncclInProgress) nccl_fail(c, "not launched within %.1f s", c->timeout_s);
+    if (state != ncclSuccess) nccl_fail(c, "%s: %s", ncclGetErrorString(state), ncclGetLastError(g->comm));
+    snprintf(c->last, sizeof(c->last), "%s%s", c->op, c->what);
+}
+
+// nccl_poll_errors: fails on any communicator's asynchronous error
+static inline void nccl_poll_errors(NcclComm *c) {
+    NcclGroup *gs[5] = {&c->world, &c->dp, &c->tp, &c->pp, &c->dp_side};
+    for (int i = 0; i < 5; i++) {
         ncclResult_t state = ncclSuccess;
-        ncclResult_t q = ncclCommGetAsyncError(g->comm, &state);
+        if (gs[i]->comm == NULL) continue;
+        ncclResult_t q = ncclCommGetAsyncError(gs[i]->comm, &state);
         if (q != ncclSuccess) state = q;
         if (state != ncclSuccess && state != ncclInProgress)
-            nccl_fail(c, "%s: %s", ncclGetErrorString(state), ncclGetLastError(g->comm));
-        if (state == ncclSuccess) {
-            cudaError_t e = cudaStreamQuery(c->stream);
-            if (e == cudaSuccess) return;
-            if (e != cudaErrorNotReady) nccl_fail(c, "CUDA: %s", cudaGetErrorString(e));
-        }
+            nccl_fail(c, "%s group: %s: %s", gs[i]->name, ncclGetErrorString(state), ncclGetLastError(gs[i]->comm));
+    }
+}
+
+// nccl_sync_until: the watchdog at a host sync point: polls until done(arg)
+// (a stream or an event has passed), failing on a communicator's error or
+// after timeout_s. The clock starts here: the host runs at most one
+// micro-batch ahead of the GPU (the staged batch waits for the one before),
+// far less than any timeout, so a wait that long is a peer that died,
+// stopped, or called something else.
+static inline void nccl_sync_until(NcclComm *c, cudaError_t (*query)(void *), void *arg, const char *what) {
+    double start = par_now();
+    c->op = "sync";
+    snprintf(c->what, sizeof(c->what), " (%s)", what);
+    for (;;) {
+        nccl_poll_errors(c);
+        cudaError_t e = query(arg);
+        if (e == cudaSuccess) return;
+        if (e != cudaErrorNotReady) nccl_fail(c, "CUDA: %s", cudaGetErrorString(e));
         double now = par_now();
-        // (while side calls are queued the main stream may be waiting on one
-        // of them, which waits on a peer: then the clock runs regardless)
-        if (cudaEventQuery(c->ready) == cudaErrorNotReady && c->side_pending == 0) since = now;
-        if (now - since > c->timeout_s) {
-            char members[128] = "";
-            size_t n = 0;
-            for (int i = 0; i < g->group.size && n + 12 < sizeof(members); i++)
-                n += (size_t)snprintf(members + n, sizeof(members) - n, "%s%d", i > 0 ? " " : "", g->group.ranks[i]);
-            nccl_fail(c, "timeout after %.1f s waiting for ranks %s: one of them died, stopped, or called "
-                      "something else", now - since, members);
-        }
+        if (now - start > c->timeout_s)
+            nccl_fail(c, "timeout after %.1f s waiting for the GPU, whose last NCCL call queued was %s: a peer died, "
+                      "stopped, or called something else", now - start, c->last[0] ? c->last : "none");
         par_sleep(NCCL_POLL_S);
     }
+}
+
+static inline cudaError_t nccl_query_stream(void *s) { return cudaStreamQuery((cudaStream_t)s); }
+static inline cudaError_t nccl_query_event(void *e) { return cudaEventQuery((cudaEvent_t)e); }
+
+// nccl_sync: returns once everything queued on stream st is done
+static inline void nccl_sync(NcclComm *c, cudaStream_t st, const char *what) {
+    nccl_sync_until(c, nccl_query_stream, (void *)st, what);
+}
+
+// nccl_sync_event: returns once event ev has passed
+static inline void nccl_sync_event(NcclComm *c, cudaEvent_t ev, const char *what) {
+    nccl_sync_until(c, nccl_query_event, (void *)ev, what);
 }
 
 // nccl_enter: the start of every call (g: a collective's group, NULL for
@@ -2557,8 +2590,7 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
         free(c);
         return -1;
     }
-    cudaError_t e = cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming);
-    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->side_follow, cudaEventDisableTiming);
+    cudaError_t e = cudaEventCreateWithFlags(&c->side_follow, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->verify, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->received, cudaEventDisableTiming);
@@ -2591,8 +2623,7 @@ static inline void nccl_set_step(NcclComm *c, long step) { c->step = step; }
 static inline void nccl_allreduce(NcclComm *c, const NcclGroup *g, void *buf, size_t n, ncclDataType_t type, int op) {
     nccl_enter(c, "allreduce", g);
     ncclRedOp_t red = nccl_redop(c, op);
-    cudaEventRecord(c->ready, c->stream);
-    nccl_wait(c, g, ncclAllReduce(buf, buf, n, type, red, g->comm, c->stream));
+    nccl_queued(c, g, ncclAllReduce(buf, buf, n, type, red, g->comm, c->stream));
 }
 
 // nccl_reduce_scatter: in holds size chunks of n_per_rank; out gets chunk
@@ -2601,16 +2632,14 @@ static inline void nccl_reduce_scatter(NcclComm *c, const NcclGroup *g, const vo
                                        ncclDataType_t type, int op) {
     nccl_enter(c, "reduce_scatter", g);
     ncclRedOp_t red = nccl_redop(c, op);
-    cudaEventRecord(c->ready, c->stream);
-    nccl_wait(c, g, ncclReduceScatter(in, out, n_per_rank, type, red, g->comm, c->stream));
+    nccl_queued(c, g, ncclReduceScatter(in, out, n_per_rank, type, red, g->comm, c->stream));
 }
 
 // nccl_allgather: out[k * n_per_rank ..] = member k's in; in may be out + me * n_per_rank
 static inline void nccl_allgather(NcclComm *c, const NcclGroup *g, const void *in, void *out, size_t n_per_rank,
                                   ncclDataType_t type) {
     nccl_enter(c, "allgather", g);
-    cudaEventRecord(c->ready, c->stream);
-    nccl_wait(c, g, ncclAllGather(in, out, n_per_rank, type, g->comm, c->stream));
+    nccl_queued(c, g, ncclAllGather(in, out, n_per_rank, type, g->comm, c->stream));
 }
 
 // ----------------------------------------------------------------------------
@@ -2683,8 +2712,8 @@ static inline void nccl_side_drain(NcclComm *c) {
 // nccl_barrier: returns once every member has reached it (an all-reduce of one float)
 static inline void nccl_barrier(NcclComm *c, const NcclGroup *g) {
     nccl_enter(c, "barrier", g);
-    cudaEventRecord(c->ready, c->stream);
-    nccl_wait(c, g, ncclAllReduce(c->one, c->one, 1, ncclFloat32, ncclSum, g->comm, c->stream));
+    nccl_queued(c, g, ncclAllReduce(c->one, c->one, 1, ncclFloat32, ncclSum, g->comm, c->stream));
+    nccl_sync(c, c->stream, "barrier");
 }
 
 // nccl_peers_ok: a send to dst and a receive from src (-1: none, not both) between other ranks of the world
@@ -2715,13 +2744,12 @@ static inline void nccl_sendrecv(NcclComm *c, int dst_rank, int send_channel, in
                  recv_microbatch);
     if (!nccl_peers_ok(c, dst_rank, src_rank))
         nccl_fail(c, "peers %d and %d: not other ranks of the world of %d", dst_rank, src_rank, world);
-    cudaEventRecord(c->ready, c->stream);
     ncclResult_t r = ncclGroupStart();
     if (r != ncclSuccess) nccl_fail(c, "ncclGroupStart: %s", ncclGetErrorString(r));
     if (dst_rank >= 0) r = ncclSend(sendbuf, send_bytes, ncclUint8, dst_rank, c->world.comm, c->stream);
     if (r == ncclSuccess && src_rank >= 0) r = ncclRecv(recvbuf, recv_bytes, ncclUint8, src_rank, c->world.comm, c->stream);
     ncclResult_t end = ncclGroupEnd();
-    nccl_wait(c, &c->world, r != ncclSuccess && r != ncclInProgress ? r : end);
+    nccl_queued(c, &c->world, r != ncclSuccess && r != ncclInProgress ? r : end);
 }
 
 static inline void nccl_send(NcclComm *c, int dst_rank, int channel, int microbatch, const void *buf, size_t bytes) {
@@ -2761,10 +2789,9 @@ static inline void nccl_mac_launch(NcclComm *c, const uint8_t header[64], const 
     uint8_t **scratch = expected != NULL ? &c->verify_scratch : &c->mac_scratch;
     size_t *have = expected != NULL ? &c->verify_scratch_bytes : &c->mac_scratch_bytes;
     if (need > *have) {
-        // the old scratch may still be read by kernels queued before: this
-        // rank's own work (every NCCL call has already waited for the stream),
-        // so the wait cannot hang on a peer. Grows once or twice per job.
-        nccl_mac_check_cuda(c, cudaStreamSynchronize(st), "growing the MAC scratch");
+        // the old scratch may still be read by kernels queued before: wait
+        // for them under the watchdog. Grows once or twice per job.
+        nccl_sync(c, st, "growing the MAC scratch");
         cudaFree(*scratch);
         *scratch = NULL;
         *have = 0;
@@ -2793,10 +2820,9 @@ static inline int nccl_mac_slot(NcclComm *c) {
         nccl_mac_check_cuda(c, cudaMemsetAsync(bad, 0, (size_t)cap * sizeof(int), c->stream), "growing the MAC flags");
         nccl_mac_check_cuda(c, cudaMemcpyAsync(bad, c->mac_bad, (size_t)c->mac_cap * sizeof(int), cudaMemcpyDeviceToDevice,
                                                c->stream), "growing the MAC flags");
-        // own work only on the streams (as for the scratch above); the checks
-        // queued so far write the old array
-        nccl_mac_check_cuda(c, cudaStreamSynchronize(c->verify), "growing the MAC flags");
-        nccl_mac_check_cuda(c, cudaStreamSynchronize(c->stream), "growing the MAC flags");
+        // the checks queued so far write the old array: wait for them (as for the scratch above)
+        nccl_sync(c, c->stream, "growing the MAC flags");
+        nccl_sync(c, c->verify, "growing the MAC flags");
         cudaFree(c->mac_bad);
         c->mac_bad = bad;
         c->mac_cap = cap;
@@ -2900,14 +2926,10 @@ static inline int nccl_mac_step_check(NcclComm *c, char *err, size_t errlen) {
     int *flags = (int *)malloc((size_t)n * sizeof(int));
     if (flags == NULL)
         return secure_error(err, errlen, "rank %d: nccl MAC check (step %ld): out of memory for %d flags", c->rank, c->step, n);
-    // A plain synchronize, not nccl_wait's timed one: every NCCL call has
-    // already waited for the whole stream, so what is queued now is this
-    // rank's own kernels (the MAC checks among them), never a wait on a peer.
-    // It cannot hang on another rank, and a timeout would only cut short this
-    // rank's own compute.
-    cudaError_t e = cudaStreamSynchronize(c->stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(c->verify);
-    if (e == cudaSuccess) e = cudaMemcpy(flags, c->mac_bad, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost);
+    // both streams under the watchdog: the main one may still hold calls that wait on peers
+    nccl_sync(c, c->stream, "the step's MAC checks");
+    nccl_sync(c, c->verify, "the step's MAC checks");
+    cudaError_t e = cudaMemcpy(flags, c->mac_bad, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost);
     if (e != cudaSuccess) {
         free(flags);
         return secure_error(err, errlen, "rank %d: nccl MAC check (step %ld): CUDA: %s", c->rank, c->step,
@@ -2953,7 +2975,6 @@ static inline void nccl_free(NcclComm *c) {
     cudaEventDestroy(c->received);
     cudaEventDestroy(c->verified);
     cudaFree(c->mac_bad);
-    cudaEventDestroy(c->ready);
     cudaEventDestroy(c->side_follow);
     cudaStreamDestroy(c->side);
     free(c->mac_recvs);

@@ -1793,6 +1793,7 @@ typedef struct {
     size_t act_bytes, param_bytes;
     int *inputs, *targets;               // host: the next micro-batch (B*T each)
     int *staging_host;                   // pinned: staging_ints(B*T)
+    float *pinned;                       // pinned: B*T losses, then 4 slots (stop flag, norm, a verdict)
     int *bucket_count;                   // host scratch: V + 1
     cudaEvent_t staging_free;            // the last copy out of staging_host is done
     Blas blas;
@@ -1987,6 +1988,7 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
     m->targets = (int *)host_alloc(BT * sizeof(int), "targets");
     m->bucket_count = (int *)host_alloc((size_t)(c->V + 1) * sizeof(int), "token counts");
     CUDA_CHECK(cudaMallocHost((void **)&m->staging_host, staging_ints((int)BT) * sizeof(int)));
+    CUDA_CHECK(cudaMallocHost((void **)&m->pinned, (BT + 4) * sizeof(float)));
     CUDA_CHECK(cudaEventCreateWithFlags(&m->staging_free, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(m->staging_free, m->stream));
 
@@ -2018,6 +2020,7 @@ static void gpt2_free(GPT2 *m) {
     cudaFree(m->act_memory); cudaFree(m->blas.workspace);
     cublasLtDestroy(m->blas.handle);
     cudaFreeHost(m->staging_host);
+    cudaFreeHost(m->pinned);
     cudaEventDestroy(m->staging_free);
     cudaStreamDestroy(m->stream);
     free(m->inputs); free(m->targets); free(m->bucket_count);
@@ -2159,7 +2162,8 @@ static void gpt2_stage_batch(GPT2 *m, Acts *a, int with_buckets) {
             exit(1);
         }
     }
-    CUDA_CHECK(cudaEventSynchronize(m->staging_free));
+    if (m->nccl != NULL) nccl_sync_event(m->nccl, m->staging_free, "the staging buffer");
+    else CUDA_CHECK(cudaEventSynchronize(m->staging_free));
     Staging s = staging_view(m->staging_host, BT);
     memcpy(s.inputs, m->inputs, (size_t)BT * sizeof(int));
     memcpy(s.targets, m->targets, (size_t)BT * sizeof(int));
@@ -2364,15 +2368,21 @@ static void gpt2_zero_losses(GPT2 *m) {
     CUDA_CHECK(cudaMemsetAsync(m->sc.losses, 0, ((size_t)m->B * m->T + 1) * sizeof(float), m->stream));
 }
 
-// this rank's sum of the losses since gpt2_zero_losses (waits for the GPU)
+// waits for everything queued on the model's stream; in a job under the
+// NCCL watchdog, since the stream may hold collectives that wait on peers
+static void gpu_sync(GPT2 *m, const char *what) {
+    if (m->nccl != NULL) nccl_sync(m->nccl, m->stream, what);
+    else CUDA_CHECK(cudaStreamSynchronize(m->stream));
+}
+
+// this rank's sum of the losses since gpt2_zero_losses, and the slot after
+// them in m->pinned[BT] (waits for the GPU)
 static double gpt2_loss_sum(GPT2 *m) {
     size_t BT = (size_t)m->B * m->T;
-    float *h = (float *)host_alloc(BT * sizeof(float), "losses");
-    CUDA_CHECK(cudaMemcpyAsync(h, m->sc.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    CUDA_CHECK(cudaMemcpyAsync(m->pinned, m->sc.losses, (BT + 1) * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    gpu_sync(m, "the losses");
     double sum = 0.0;
-    for (size_t i = 0; i < BT; i++) sum += h[i];
-    free(h);
+    for (size_t i = 0; i < BT; i++) sum += m->pinned[i];
     return sum;
 }
 
@@ -2494,10 +2504,10 @@ static void gpt2_norm_and_update(GPT2 *m, const AdamHyper *h) {
 }
 
 static float gpt2_last_norm(GPT2 *m) {
-    float norm;
-    CUDA_CHECK(cudaMemcpyAsync(&norm, m->sc.norm, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
-    return norm;
+    float *norm = m->pinned + (size_t)m->B * m->T + 1;
+    CUDA_CHECK(cudaMemcpyAsync(norm, m->sc.norm, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    gpu_sync(m, "the norm");
+    return *norm;
 }
 
 // a floatX read back from the device, as a float
@@ -2526,8 +2536,8 @@ typedef struct {
 } Downloaded;
 
 static void download_floatx(GPT2 *m, float *dst, const floatX *src, floatX *raw, size_t n) {
-    CUDA_CHECK(cudaMemcpyAsync(raw, src, n * sizeof(floatX), cudaMemcpyDeviceToHost, m->stream));
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    gpu_sync(m, "a download");
+    CUDA_CHECK(cudaMemcpy(raw, src, n * sizeof(floatX), cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < n; i++) dst[i] = floatx_to_host_float(raw[i]);
 }
 
@@ -2537,7 +2547,7 @@ static void download_unit(Downloaded *d, int u, size_t lo, size_t hi, int with_a
     size_t n = hi - lo;
     d->u = u;
     d->lo = lo;
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    gpu_sync(m, "a download");
     CUDA_CHECK(cudaMemcpy(d->master, master_at(m, u, lo), n * sizeof(float), cudaMemcpyDeviceToHost));
     if (!with_adam) return;
     CUDA_CHECK(cudaMemcpy(d->am, adam_at(m, m->m, u, lo), n * sizeof(float), cudaMemcpyDeviceToHost));
@@ -2877,12 +2887,11 @@ static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n
 // every rank ends the step with the same verdict
 static double world_loss_sum(GPT2 *m, Parallel *par, int *stop) {
     size_t BT = (size_t)m->B * m->T;
-    float flag = stop != NULL && *stop ? 1.0f : 0.0f;
-    CUDA_CHECK(cudaMemcpyAsync(m->sc.losses + BT, &flag, sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    m->pinned[BT] = stop != NULL && *stop ? 1.0f : 0.0f;  // (the stream reads it before the sum comes back over it)
+    CUDA_CHECK(cudaMemcpyAsync(m->sc.losses + BT, m->pinned + BT, sizeof(float), cudaMemcpyHostToDevice, m->stream));
     if (par->grid.world > 1) nccl_allreduce(par->nccl, &par->nccl->world, m->sc.losses, BT + 1, ncclFloat32, OP_SUM);
-    CUDA_CHECK(cudaMemcpyAsync(&flag, m->sc.losses + BT, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
-    double sum = gpt2_loss_sum(m);  // waits for the stream, the flag's copy too
-    if (stop != NULL) *stop = flag > 0.0f;
+    double sum = gpt2_loss_sum(m);  // waits for the stream; the summed flag lands in pinned[BT]
+    if (stop != NULL) *stop = m->pinned[BT] > 0.0f;
     return sum;
 }
 
@@ -2908,12 +2917,13 @@ static float gpt2_step(GPT2 *m, Parallel *par, const AdamHyper *h, int accum, in
 // the sum over the world of one float per rank (the ranks' verdicts on a
 // file), through the flag slot
 static float world_sum(GPT2 *m, Parallel *par, float x) {
-    float *slot = m->sc.losses + (size_t)m->B * m->T;
-    CUDA_CHECK(cudaMemcpyAsync(slot, &x, sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    float *slot = m->sc.losses + (size_t)m->B * m->T, *h = m->pinned + (size_t)m->B * m->T + 2;
+    *h = x;
+    CUDA_CHECK(cudaMemcpyAsync(slot, h, sizeof(float), cudaMemcpyHostToDevice, m->stream));
     if (par->grid.world > 1) nccl_allreduce(par->nccl, &par->nccl->world, slot, 1, ncclFloat32, OP_SUM);
-    CUDA_CHECK(cudaMemcpyAsync(&x, slot, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
-    return x;
+    CUDA_CHECK(cudaMemcpyAsync(h, slot, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    gpu_sync(m, "a verdict of every rank");
+    return *h;
 }
 
 // the mean loss over `batches` micro-batches of the val stream, split among
@@ -3188,7 +3198,7 @@ int main(int argc, char **argv) {
         if (have_tok && step > 0 && (step % opt.sample_every == 0 || last))
             sample(&model, &tok, opt.gen_tokens, &sample_rng);
 
-        CUDA_CHECK(cudaStreamSynchronize(model.stream));
+        gpu_sync(&model, "the step before");
         double t0 = now_ms();
         gpt2_zero_grad(&model);
         gpt2_zero_losses(&model);
