@@ -2914,6 +2914,42 @@ static float gpt2_step(GPT2 *m, Parallel *par, const AdamHyper *h, int accum, in
     return (float)loss;
 }
 
+// every K steps (-ck): the data-parallel replicas compare a SHA-256 of the
+// parameters they compute with (ZeRO-3 gathers each unit), all-gathered over
+// the dp group; any difference ends the job (as train_gpt2.c's)
+static void consistency_check(GPT2 *m, Parallel *par, int step) {
+    int dp = m->shard.dp;
+    if (dp == 1) return;
+    size_t X = sizeof(floatX);
+    floatX *host = (floatX *)host_alloc(largest_unit(m) * X, "unit");
+    uint8_t *digests = (uint8_t *)host_alloc(32 * (size_t)dp, "digests"), *dev = NULL;
+    Sha256 h;
+    sha256_init(&h);
+    for (int u = 0; u < m->ut.n; u++) {
+        const floatX *p = unit_acquire(m, u);
+        gpu_sync(m, "the consistency check");
+        CUDA_CHECK(cudaMemcpy(host, p, m->ut.units[u].size * X, cudaMemcpyDeviceToHost));
+        sha256_update(&h, host, m->ut.units[u].size * X);
+        unit_release(m, u);
+    }
+    sha256_final(&h, digests);
+    CUDA_CHECK(cudaMalloc((void **)&dev, 32 * (size_t)dp));
+    CUDA_CHECK(cudaMemcpy(dev, digests, 32, cudaMemcpyHostToDevice));
+    nccl_allgather(par->nccl, &par->nccl->dp, dev, dev, 32, ncclUint8);
+    gpu_sync(m, "the consistency check");
+    CUDA_CHECK(cudaMemcpy(digests, dev, 32 * (size_t)dp, cudaMemcpyDeviceToHost));
+    cudaFree(dev);
+    for (int r = 1; r < dp; r++)
+        if (memcmp(digests, digests + 32 * r, 32) != 0) {
+            fprintf(stderr, "rank %d: step %d: data-parallel replicas disagree: parameters of rank %d differ from rank %d\n",
+                    par->grid.rank, step, par->nccl->dp.group.ranks[r], par->nccl->dp.group.ranks[0]);
+            nccl_abort_all(par->nccl);
+            exit(1);
+        }
+    free(host);
+    free(digests);
+}
+
 // the sum over the world of one float per rank (the ranks' verdicts on a
 // file), through the flag slot
 static float world_sum(GPT2 *m, Parallel *par, float x) {
@@ -3036,7 +3072,6 @@ int main(int argc, char **argv) {
     if (ckpt_check_flags(&opt, err, sizeof(err)) != 0) die_usage(err);
     opt.np = parallel_world(opt.np, opt.rendezvous);  // ranks of mpirun/srun/torchrun: their world
     check_launch_gpus(&opt);
-    if (opt.check_every > 0) die_usage("flag -ck: the data-parallel consistency check is not built in the GPU trainer yet");
     Fault fault;
     memset(&fault, 0, sizeof(fault));
     if (opt.fault && fault_parse(opt.fault, &fault, err, sizeof(err)) != 0) die_usage(err);
@@ -3197,6 +3232,7 @@ int main(int argc, char **argv) {
         }
         if (have_tok && step > 0 && (step % opt.sample_every == 0 || last))
             sample(&model, &tok, opt.gen_tokens, &sample_rng);
+        if (opt.check_every > 0 && step % opt.check_every == 0) consistency_check(&model, &par, step);
 
         gpu_sync(&model, "the step before");
         double t0 = now_ms();

@@ -152,7 +152,7 @@ if [ -x ./train_gpt2cu ]; then
     NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
     if [ "$NGPU" -ge 2 ]; then
         run dp_np2_z0 90 $DP_RUN -np 2 -z 0 -lg "$OUT/dp_np2_z0.jsonl" &&
-        run dp_np2_z1 90 $DP_RUN -np 2 -z 1 -lg "$OUT/dp_np2_z1.jsonl" &&
+        run dp_np2_z1 90 $DP_RUN -np 2 -z 1 -ck 2 -lg "$OUT/dp_np2_z1.jsonl" &&
         dp_compare 2e-2 "$OUT/dp_np1_accum2.jsonl" "$OUT/dp_np2_z0.jsonl" "$OUT/dp_np2_z1.jsonl" || FAILED=1
         # rank 1 stops answering at step 3: rank 0's watchdog must end the job with one line
         timeout -k 5 60 $DP_RUN -np 2 -to 5 -fault stall:1:3 > "$OUT/dp_np2_stall.log" 2>&1
