@@ -2224,7 +2224,7 @@ static inline void comm_free(Comm *c) {
 }
 
 // ----------------------------------------------------------------------------
-// the GPU trainer's side: one GPU per rank, and what it does not run yet.
+// the GPU trainer's side: one GPU per rank.
 // Pure C, so the CPU tests check the decisions the CUDA build makes.
 
 // gpu_for_rank: the device a rank binds to (its local rank: rank i of a node
