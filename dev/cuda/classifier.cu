@@ -71,11 +71,57 @@ static void check_shape(int BT, int V, int Vp, int timed) {
     free(z); free(targets); free(zeros);
 }
 
+// the vocab-parallel cross-entropy of tensor parallelism: tp slices of
+// Vp / tp rows each (the last ones may hold only padding), each its row
+// statistics (classifier_stats_kernel), all of them merged in slice order
+// (classifier_tp_kernel): the losses (each on the slice holding the target)
+// add up to the fused classifier's, and the slices of dlogits are its columns
+static void check_tp(int BT, int V, int Vp, int tp) {
+    printf("tensor parallel: BT = %d, V = %d, Vp = %d over tp = %d\n", BT, V, Vp, tp);
+    int Vl = Vp / tp;
+    size_t n = (size_t)BT * Vp;
+    float *z = host_random(n, 2.0f, 23);
+    int *targets = (int *)malloc(BT * sizeof(int));
+    for (int r = 0; r < BT; r++) targets[r] = (int)(mix64((uint64_t)r + 9) % (uint64_t)V);
+    float *loss = (float *)malloc(BT * 4), *dz = (float *)malloc(n * 4), *zeros = (float *)calloc(BT, 4);
+    cpu_classifier(loss, dz, z, targets, 1.0f / BT, BT, V, Vp);
+    float *slice = (float *)malloc((size_t)BT * Vl * 4), *got_dz = (float *)malloc(n * 4);
+    float2 *stats;
+    CUDA_CHECK(cudaMalloc((void **)&stats, (size_t)tp * BT * sizeof(float2)));
+    floatX *logits[16];
+    float *losses = to_device_f32(zeros, BT);
+    int *dtargets = to_device_int(targets, BT);
+    for (int k = 0; k < tp; k++) {  // slice k: columns [k Vl, (k+1) Vl) of every row
+        for (int r = 0; r < BT; r++) memcpy(slice + (size_t)r * Vl, z + (size_t)r * Vp + (size_t)k * Vl, Vl * 4);
+        logits[k] = to_device(slice, (size_t)BT * Vl);
+        int real = V - k * Vl, nreal = real < 0 ? 0 : real > Vl ? Vl : real;
+        classifier_stats_kernel<<<BT, CLASSIFIER_THREADS>>>(stats + (size_t)k * BT, logits[k], Vl, nreal);
+    }
+    for (int k = 0; k < tp; k++) {
+        int real = V - k * Vl, nreal = real < 0 ? 0 : real > Vl ? Vl : real;
+        classifier_tp_kernel<<<BT, CLASSIFIER_THREADS>>>(logits[k], losses, dtargets, stats, tp, BT, 1.0f / BT, k * Vl,
+                                                         Vl, nreal, 1);
+        float *d = to_host(logits[k], (size_t)BT * Vl);
+        for (int r = 0; r < BT; r++) memcpy(got_dz + (size_t)r * Vp + (size_t)k * Vl, d + (size_t)r * Vl, Vl * 4);
+        free(d);
+        cudaFree(logits[k]);
+    }
+    CUDA_CHECK(cudaGetLastError());
+    float *got_loss = to_host_f32(losses, BT);
+    compare("tp classifier losses (each counted on one slice)", got_loss, loss, BT, 1e-5f);
+    compare("tp classifier dlogits, slice by slice", got_dz, dz, n, IS_BF16 ? 1e-2f : 1e-5f);
+    cudaFree(stats); cudaFree(losses); cudaFree(dtargets);
+    free(z); free(targets); free(loss); free(dz); free(zeros); free(slice); free(got_dz); free(got_loss);
+}
+
 int main(void) {
     if (!require_gpu()) return test_summary();
     check_shape(256, 50257, 50304, 0);
     check_shape(64, 500, 512, 0);  // the fixture's vocab
     check_shape(3, 7, 8, 0);       // fewer columns than one thread's share
+    check_tp(64, 50257, 50304, 2);
+    check_tp(64, 500, 512, 4);
+    check_tp(16, 100, 512, 4);     // slices 1..3 hold only padding
     check_shape(8192, 50257, 50304, 1);
     return test_summary();
 }
