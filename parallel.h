@@ -2346,7 +2346,7 @@ typedef struct {
     const char *name;       // "world", "dp", "tp", "pp", for messages
 } NcclGroup;
 
-#define NCCL_MAC_MAX_MSGS 4096  // MAC'd receives per step before the flag array grows (-mb 2048 at 2 per micro-batch)
+#define NCCL_MAC_MAX_MSGS 4096  // MAC'd receives per step, until nccl_mac_reserve says how many
 
 typedef struct { int src, channel, microbatch; long step; size_t bytes; } NcclMacRecv;  // one checked receive
 
@@ -2447,10 +2447,10 @@ static inline void nccl_poll_errors(NcclComm *c) {
 
 // nccl_sync_until: the watchdog at a host sync point: polls until done(arg)
 // (a stream or an event has passed), failing on a communicator's error or
-// after timeout_s. The clock starts here: the host runs at most one
-// micro-batch ahead of the GPU (the staged batch waits for the one before),
-// far less than any timeout, so a wait that long is a peer that died,
-// stopped, or called something else.
+// after timeout_s. The clock starts here: the trainer keeps the host at most
+// a few layers ahead of the GPU (train_gpt2.cu's gpu_progress), far less work
+// than any timeout, so a wait that long is a peer that died, stopped, or
+// called something else.
 static inline void nccl_sync_until(NcclComm *c, cudaError_t (*query)(void *), void *arg, const char *what) {
     double start = par_now();
     c->op = "sync";
@@ -2685,28 +2685,17 @@ static inline void nccl_side_reduce_scatter(NcclComm *c, const void *in, void *o
 }
 
 // nccl_side_drain: returns once every side call (and every kernel the caller
-// queued on c->side) is done. The clock starts here: by now the host has
-// queued at most the rest of one backward, far less than the timeout.
+// queued on c->side) is done, under the watchdog of nccl_sync
 static inline void nccl_side_drain(NcclComm *c) {
     if (c->side_pending == 0) return;
-    c->op = "drain of the overlapped reductions";
-    c->what[0] = '\0';
-    double start = par_now();
-    for (;;) {
-        ncclResult_t state = ncclSuccess;
-        ncclResult_t q = ncclCommGetAsyncError(c->dp_side.comm, &state);
-        if (q != ncclSuccess) state = q;
-        if (state != ncclSuccess && state != ncclInProgress)
-            nccl_fail(c, "%s: %s", ncclGetErrorString(state), ncclGetLastError(c->dp_side.comm));
-        cudaError_t e = cudaStreamQuery(c->side);
-        if (e == cudaSuccess) break;
-        if (e != cudaErrorNotReady) nccl_fail(c, "CUDA: %s", cudaGetErrorString(e));
-        if (par_now() - start > c->timeout_s)
-            nccl_fail(c, "timeout after %.1f s: a data-parallel peer died, stopped, or called something else",
-                      par_now() - start);
-        par_sleep(NCCL_POLL_S);
-    }
+    nccl_sync(c, c->side, "the overlapped gradient reductions");  // every communicator's errors, not only dp_side's
     c->side_pending = 0;
+}
+
+// nccl_broadcast: buf (n elements of type) from the group's member root to all, in place
+static inline void nccl_broadcast(NcclComm *c, const NcclGroup *g, void *buf, size_t n, ncclDataType_t type, int root) {
+    nccl_enter(c, "broadcast", g);
+    nccl_queued(c, g, ncclBroadcast(buf, buf, n, type, root, g->comm, c->stream));
 }
 
 // nccl_barrier: returns once every member has reached it (an all-reduce of one float)
@@ -2778,55 +2767,65 @@ static inline void nccl_mac_check_cuda(NcclComm *c, cudaError_t e, const char *w
     if (e != cudaSuccess) nccl_fail(c, "%s: CUDA: %s", what, cudaGetErrorString(e));
 }
 
-// nccl_mac_launch: the chunked MAC of one message queued on c->stream: its
-// tag into tag_out (a send), or its check against expected into *bad (a receive)
+// nccl_mac_reserve: the room for MAC'd traffic, made once before the first
+// step, while the streams are idle, so that nothing is allocated (or freed,
+// which waits for the whole device) mid-run: max_recvs receives per step
+// and messages of up to max_bytes. 0, or -1 with err set.
+static inline int nccl_mac_reserve(NcclComm *c, int max_recvs, size_t max_bytes, char *err, size_t errlen) {
+    size_t scratch = (size_t)(32 * chunkmac_count(max_bytes, nccl_mac_chunk_bytes(max_bytes)));
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess && max_recvs > c->mac_cap) {
+        cudaFree(c->mac_bad);
+        c->mac_bad = NULL;
+        NcclMacRecv *recvs = (NcclMacRecv *)realloc(c->mac_recvs, (size_t)max_recvs * sizeof(NcclMacRecv));
+        if (recvs == NULL) return secure_error(err, errlen, "rank %d: out of memory for %d MAC'd receives", c->rank, max_recvs);
+        c->mac_recvs = recvs;
+        e = cudaMalloc((void **)&c->mac_bad, (size_t)max_recvs * sizeof(int));
+        if (e == cudaSuccess) e = cudaMemset(c->mac_bad, 0, (size_t)max_recvs * sizeof(int));
+        c->mac_cap = e == cudaSuccess ? max_recvs : 0;
+    }
+    uint8_t **bufs[2] = {&c->mac_scratch, &c->verify_scratch};
+    size_t *have[2] = {&c->mac_scratch_bytes, &c->verify_scratch_bytes};
+    for (int k = 0; k < 2 && e == cudaSuccess; k++) {
+        if (*have[k] >= scratch) continue;
+        cudaFree(*bufs[k]);
+        *bufs[k] = NULL;
+        *have[k] = 0;
+        e = cudaMalloc((void **)bufs[k], scratch);
+        if (e == cudaSuccess) *have[k] = scratch;
+    }
+    if (e != cudaSuccess)
+        return secure_error(err, errlen, "rank %d: reserving the MAC state (%d receives, %zu-byte messages): %s", c->rank,
+                            max_recvs, max_bytes, cudaGetErrorString(e));
+    return 0;
+}
+
+// nccl_mac_launch: the chunked MAC of one message: its tag into tag_out (a
+// send, on c->stream), or its check against expected into *bad (a receive,
+// on c->verify)
 static inline void nccl_mac_launch(NcclComm *c, const uint8_t header[64], const void *payload, size_t bytes,
                                    uint8_t *tag_out, const uint8_t *expected, int *bad) {
     uint64_t chunk_bytes = nccl_mac_chunk_bytes(bytes);
     size_t need = (size_t)(32 * chunkmac_count(bytes, chunk_bytes));
     // tags on the main stream, checks on the verify stream: each its own scratch
     cudaStream_t st = expected != NULL ? c->verify : c->stream;
-    uint8_t **scratch = expected != NULL ? &c->verify_scratch : &c->mac_scratch;
-    size_t *have = expected != NULL ? &c->verify_scratch_bytes : &c->mac_scratch_bytes;
-    if (need > *have) {
-        // the old scratch may still be read by kernels queued before: wait
-        // for them under the watchdog. Grows once or twice per job.
-        nccl_sync(c, st, "growing the MAC scratch");
-        cudaFree(*scratch);
-        *scratch = NULL;
-        *have = 0;
-        nccl_mac_check_cuda(c, cudaMalloc((void **)scratch, need), "growing the MAC scratch");
-        *have = need;
-    }
+    uint8_t *scratch = expected != NULL ? c->verify_scratch : c->mac_scratch;
+    size_t have = expected != NULL ? c->verify_scratch_bytes : c->mac_scratch_bytes;
+    if (need > have)
+        nccl_fail(c, "a %zu-byte message needs %zu bytes of MAC scratch, %zu were reserved (nccl_mac_reserve)", bytes,
+                  need, have);
     char err[200];
     ChunkMacParams p;
     int rc = chunkmac_gpu_params(&p, &c->links.keyed, header, bytes, chunk_bytes, err, sizeof(err));
-    if (rc == 0) rc = chunkmac_gpu_launch(&p, payload, *scratch, tag_out, expected, bad, st, err, sizeof(err));
+    if (rc == 0) rc = chunkmac_gpu_launch(&p, payload, scratch, tag_out, expected, bad, st, err, sizeof(err));
     secure_wipe(&p, sizeof(p));  // the key's ipad/opad states: key-equivalent; the launch took its copy
     if (rc != 0) nccl_fail(c, "%s", err);
 }
 
-// nccl_mac_slot: the flag of the step's next receive, the array doubled
-// when full (-mb beyond NCCL_MAC_MAX_MSGS / 2)
+// nccl_mac_slot: the flag of the step's next receive
 static inline int nccl_mac_slot(NcclComm *c) {
-    if (c->mac_nrecv == c->mac_cap) {
-        if (c->mac_cap > INT_MAX / 2) nccl_fail(c, "more than %d MAC'd receives in one step", c->mac_cap);
-        int cap = 2 * c->mac_cap;
-        int *bad = NULL;
-        NcclMacRecv *recvs = (NcclMacRecv *)realloc(c->mac_recvs, (size_t)cap * sizeof(NcclMacRecv));
-        if (recvs == NULL) nccl_fail(c, "out of memory for %d MAC'd receives", cap);
-        c->mac_recvs = recvs;
-        nccl_mac_check_cuda(c, cudaMalloc((void **)&bad, (size_t)cap * sizeof(int)), "growing the MAC flags");
-        nccl_mac_check_cuda(c, cudaMemsetAsync(bad, 0, (size_t)cap * sizeof(int), c->stream), "growing the MAC flags");
-        nccl_mac_check_cuda(c, cudaMemcpyAsync(bad, c->mac_bad, (size_t)c->mac_cap * sizeof(int), cudaMemcpyDeviceToDevice,
-                                               c->stream), "growing the MAC flags");
-        // the checks queued so far write the old array: wait for them (as for the scratch above)
-        nccl_sync(c, c->stream, "growing the MAC flags");
-        nccl_sync(c, c->verify, "growing the MAC flags");
-        cudaFree(c->mac_bad);
-        c->mac_bad = bad;
-        c->mac_cap = cap;
-    }
+    if (c->mac_nrecv == c->mac_cap)
+        nccl_fail(c, "more than the %d MAC'd receives in one step that were reserved (nccl_mac_reserve)", c->mac_cap);
     return c->mac_nrecv++;
 }
 

@@ -1752,6 +1752,7 @@ static size_t buffer_plan(BufferSlice *s, int n) {
 
 #define UNIT_ALIGN 128  // elements: a unit is padded to dp x this, so each dp shard starts 256-byte aligned
 #define UNIT_SLOTS 3    // units held at once: wte (one stage), a layer and the next layer's or lnf
+#define PROGRESS_MARKS 8  // layers the host may queue ahead of the GPU in a job (gpu_progress)
 
 typedef struct {
     GPT2Config config;
@@ -1799,6 +1800,8 @@ typedef struct {
     Blas blas;
     cudaStream_t stream;
     NcclComm *nccl;                      // NULL for a model of one rank outside a job (the tests)
+    cudaEvent_t progress[PROGRESS_MARKS];// gpu_progress's marks, one after each layer's forward or backward
+    long progress_n;
     int adam_t;                          // AdamW steps taken
 } GPT2;
 
@@ -1990,6 +1993,7 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
     CUDA_CHECK(cudaMallocHost((void **)&m->staging_host, staging_ints((int)BT) * sizeof(int)));
     CUDA_CHECK(cudaMallocHost((void **)&m->pinned, (BT + 4) * sizeof(float)));
     CUDA_CHECK(cudaEventCreateWithFlags(&m->staging_free, cudaEventDisableTiming));
+    for (int k = 0; k < PROGRESS_MARKS; k++) CUDA_CHECK(cudaEventCreateWithFlags(&m->progress[k], cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(m->staging_free, m->stream));
 
     CUBLAS_CHECK(cublasLtCreate(&m->blas.handle));
@@ -2022,6 +2026,7 @@ static void gpt2_free(GPT2 *m) {
     cudaFreeHost(m->staging_host);
     cudaFreeHost(m->pinned);
     cudaEventDestroy(m->staging_free);
+    for (int k = 0; k < PROGRESS_MARKS; k++) cudaEventDestroy(m->progress[k]);
     cudaStreamDestroy(m->stream);
     free(m->inputs); free(m->targets); free(m->bucket_count);
     free(m->acts); free(m->ut.units); free(m->unit_params); free(m->unit_grads);
@@ -2033,6 +2038,19 @@ static void gpt2_free(GPT2 *m) {
 
 static void tp_allreduce(GPT2 *m, floatX *buf, size_t n) {
     if (m->shard.tp > 1) nccl_allreduce(m->nccl, &m->nccl->tp, buf, n, NCCL_FLOATX, OP_SUM);
+}
+
+// a mark after each layer's forward or backward. In a job the host waits,
+// under the watchdog, for the mark PROGRESS_MARKS back before it goes on, so
+// it never queues more than that many layers ahead of the GPU: a stream stuck
+// behind a collective whose peer died stops the host here, where the
+// watchdog runs, never inside a launch once CUDA's launch queue is full.
+static void gpu_progress(GPT2 *m) {
+    if (m->nccl == NULL) return;
+    int k = (int)(m->progress_n % PROGRESS_MARKS);
+    if (m->progress_n >= PROGRESS_MARKS) nccl_sync_event(m->nccl, m->progress[k], "the layers queued before");
+    CUDA_CHECK(cudaEventRecord(m->progress[k], m->stream));
+    m->progress_n++;
 }
 
 // ZeRO: where a unit's full parameters come from and where its gradients go.
@@ -2238,6 +2256,7 @@ static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
         if (next < 0) {
             residual_forward(l.residual3, l.residual2, sc->proj, btc, st);
             unit_release(m, u);
+            gpu_progress(m);
             break;
         }
         floatX *np = unit_acquire(m, next);
@@ -2253,6 +2272,7 @@ static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
         }
         unit_release(m, u);
         u = next;
+        gpu_progress(m);
     }
     if (!s->last) return;
     floatX *wte = unit_acquire(m, m->ut.u_wte);
@@ -2340,6 +2360,7 @@ static void stage_backward(GPT2 *m, Acts *a) {
         layernorm_backward(sc->dresidual, g.ln1w, g.ln1b, part, sc->dbtc, x, p.ln1w, l.ln1_mean, l.ln1_rstd, BT, C, st);
         unit_release(m, u);
         unit_grad_end(m, u);
+        gpu_progress(m);
     }
     if (s->first) {
         floatX *dwte = unit_grad_begin(m, m->ut.u_wte), *dwpe = unit_grad_begin(m, m->ut.u_wpe);
@@ -2465,15 +2486,16 @@ static void adam_run(GPT2 *m, const Run *r, void *ctx) {
 }
 
 // tp > 1: the replicated tensors' gradients (LayerNorms, projection biases,
-// wpe, lnf) averaged over the tensor-parallel ranks. They agree in exact
-// arithmetic, but each tp rank's dp reduction ran in its own communicator,
-// and NCCL does not promise the same order of summation in two of them
-// (dp >= 3); one average makes the copies bit-identical again, so the
-// replicas never drift apart.
-static void tp_average_run(GPT2 *m, const Run *r, void *ctx) {
+// wpe, lnf) from tp rank 0 to the others. They agree in exact arithmetic,
+// but each tp rank's dp reduction ran in its own communicator, and NCCL
+// does not promise the same order of summation in two of them (dp >= 3);
+// tp rank 0's copy (the one the norm counts and the checkpoint keeps) makes
+// them bit-identical again, so the replicas never drift apart. (An average
+// would not do: NCCL's bf16 average multiplies by a rounded 1/tp.)
+static void tp_share_run(GPT2 *m, const Run *r, void *ctx) {
     (void)ctx;
     if (tensor_is_replicated(r->tensor))
-        nccl_allreduce(m->nccl, &m->nccl->tp, grad_at(m, r->u, r->j), r->n, NCCL_FLOATX, OP_AVG);
+        nccl_broadcast(m->nccl, &m->nccl->tp, grad_at(m, r->u, r->j), r->n, NCCL_FLOATX, 0);
 }
 
 // the norm (every rank gets it, on the device), clipping and AdamW, and the
@@ -2903,7 +2925,7 @@ static float gpt2_step(GPT2 *m, Parallel *par, const AdamHyper *h, int accum, in
     char err[512];
     nccl_side_drain(par->nccl);  // the data-parallel sums, made during the backward
     tied_exchange(m);
-    if (m->shard.tp > 1) for_each_run(m, tp_average_run, NULL, 0);
+    if (m->shard.tp > 1) for_each_run(m, tp_share_run, NULL, 0);
     if (m->shard.pp > 1 && nccl_mac_step_check(par->nccl, err, sizeof(err)) != 0) {
         fprintf(stderr, "train_gpt2cu: %s; the step is not applied\n", err);
         nccl_abort_all(par->nccl);
@@ -2934,8 +2956,9 @@ static void consistency_check(GPT2 *m, Parallel *par, int step) {
     }
     sha256_final(&h, digests);
     CUDA_CHECK(cudaMalloc((void **)&dev, 32 * (size_t)dp));
-    CUDA_CHECK(cudaMemcpy(dev, digests, 32, cudaMemcpyHostToDevice));
-    nccl_allgather(par->nccl, &par->nccl->dp, dev, dev, 32, ncclUint8);
+    uint8_t *mine = dev + 32 * (size_t)par->nccl->dp.group.me;  // in place: NCCL's rule for in == out
+    CUDA_CHECK(cudaMemcpy(mine, digests, 32, cudaMemcpyHostToDevice));
+    nccl_allgather(par->nccl, &par->nccl->dp, mine, dev, 32, ncclUint8);
     gpu_sync(m, "the consistency check");
     CUDA_CHECK(cudaMemcpy(digests, dev, 32 * (size_t)dp, cudaMemcpyDeviceToHost));
     cudaFree(dev);
@@ -2997,6 +3020,10 @@ static int gpt2_checkpoint(GPT2 *m, Parallel *par, const char *out_dir, int keep
                            const uint8_t key[32]) {
     int rank0 = par->grid.rank == 0;
     char err[1200] = "", dir[4096];
+    // the ranks wait for each other's writes and for rank 0 to hash all 12
+    // bytes per parameter: room for that at 0.1 GB/s on top of -to (as train_gpt2.c)
+    double timeout = par->nccl->timeout_s;
+    par->nccl->timeout_s = timeout + 12.0 * (double)m->num_params / 1e8;
     float failed = rank0 && ckpt_begin(out_dir, st, err, sizeof(err)) != 0;
     failed = world_sum(m, par, failed);  // and the files exist for everyone
     if (failed == 0) {
@@ -3010,6 +3037,7 @@ static int gpt2_checkpoint(GPT2 *m, Parallel *par, const char *out_dir, int keep
     if (failed == 0 && rank0) ckpt_prune(out_dir, st->step, keep);
     if (failed != 0 && rank0 && ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial") == 0) ckpt_remove_dir(dir);
     if (err[0] != '\0') fprintf(stderr, "checkpoint of step %d failed: %s\n", st->step, err);
+    par->nccl->timeout_s = timeout;
     return failed == 0 ? 0 : -1;
 }
 
@@ -3022,6 +3050,8 @@ static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int ste
     snprintf(name, sizeof(name), "model_%08d.bin", steps);
     snprintf(tmp, sizeof(tmp), "%s.tmp", name);
     snprintf(path, pathlen, "%s/%s", out_dir, tmp);
+    double timeout = par->nccl->timeout_s;  // the ranks wait for each other's writes: 4 bytes per parameter
+    par->nccl->timeout_s = timeout + 4.0 * (double)m->num_params / 1e8;
     float failed = 0.0f;
     if (rank0) {
         int32_t h[HEADER_INTS];
@@ -3045,7 +3075,9 @@ static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int ste
         }
     }
     if (err[0] != '\0') fprintf(stderr, "train_gpt2cu: %s\n", err);
-    return world_sum(m, par, failed) == 0 ? 0 : -1;
+    int ok = world_sum(m, par, failed) == 0;
+    par->nccl->timeout_s = timeout;
+    return ok ? 0 : -1;
 }
 
 int main(int argc, char **argv) {
@@ -3184,6 +3216,16 @@ int main(int argc, char **argv) {
     if (resuming && gpt2_load_optimizer(&model, path, ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
     double load_ms = now_ms() - load_t0 - verify_ms;
     par.nccl->stream = model.stream;  // the collectives queue behind the model's kernels
+    if (pp > 1) {  // the MAC state for a step's pipeline messages (and an evaluation's), made now, not mid-run
+        const Unit *wte = model.ut.u_wte >= 0 ? &model.ut.units[model.ut.u_wte] : NULL;
+        size_t msg = (size_t)B * T * config.C * sizeof(floatX);
+        size_t tied = wte == NULL ? 0 : (par.zero >= 2 ? wte->padded / (size_t)dp : wte->padded) * sizeof(floatX);
+        int recvs = 2 * accum + 2 > opt.val_batches + 2 ? 2 * accum + 2 : opt.val_batches + 2;
+        if (nccl_mac_reserve(par.nccl, recvs, msg > tied ? msg : tied, err, sizeof(err)) != 0) {
+            fprintf(stderr, "train_gpt2cu: %s\n", err);
+            exit(1);
+        }
+    }
     PipeOp *ops = (PipeOp *)host_alloc(2 * (size_t)accum * sizeof(PipeOp), "schedule");
     PipeStep *plan = (PipeStep *)host_alloc(2 * (size_t)accum * sizeof(PipeStep), "message plan");
     int nops = pipeline_schedule(opt.pipe_schedule == PS_GPIPE, pp, par.grid.pp_rank, accum, ops);
