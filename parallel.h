@@ -39,10 +39,10 @@
  * same inputs give bit-identical outputs on every run and on every member.
  *
  * NCCL backend (CUDA builds, -DLLM3D_NCCL). The same calls on device buffers:
- * a communicator per group split from the world's, non-blocking, each call
- * followed by a watchdog wait that aborts the communicators on an error or a
- * timeout. gpu_for_rank, its pure-C decision, is compiled everywhere so the
- * CPU tests check it.
+ * a communicator per group split from the world's, non-blocking; calls are
+ * queued, not waited for, and a watchdog at the host's wait points aborts the
+ * communicators on an error or a timeout. gpu_for_rank, its pure-C decision,
+ * is compiled everywhere so the CPU tests check it.
  *
  * C and C++. The header compiles as C11 (the CPU programs) and as C++17
  * (nvcc's host compiler, for train_gpt2.cu): shared-memory fields are plain
@@ -2355,7 +2355,7 @@ typedef struct {
     long step;
     double timeout_s;
     Fault fault;
-    cudaStream_t stream;    // every call is queued here: the caller sets it (0, the legacy stream, until then)
+    cudaStream_t stream;    // every call but the side ones is queued here: the caller sets it (0, the legacy stream, until then)
     char last[128];         // the last call queued (op and what), for the watchdog's message
     float *one;             // a device float, what a barrier all-reduces
     NcclGroup world, dp, tp, pp;
@@ -2526,7 +2526,8 @@ static inline int nccl_split(NcclComm *c, const Grid *grid, int dim, NcclGroup *
     return 0;
 }
 
-// nccl_init: the communicators of this rank's world, dp, tp and pp groups.
+// nccl_init: the communicators of this rank's world, dp, tp and pp groups
+// (and dp_side, a second one of the dp group for the side stream).
 // cudaSetDevice must have bound this rank's GPU (gpu_for_rank) before. A
 // world of one needs no rendezvous: the id never leaves the process.
 static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32], const char *rendezvous,
@@ -2652,16 +2653,9 @@ static inline void nccl_allgather(NcclComm *c, const NcclGroup *g, const void *i
 // reduced gradients; a kernel that must follow one of them on the main
 // stream waits on an event the caller records on c->side.
 
-// nccl_side_queued: the watchdog's part for a call that is not waited for:
-// NCCL has taken it (a non-blocking communicator may still be launching)
+// nccl_side_queued: as nccl_queued, for a call on the side stream
 static inline void nccl_side_queued(NcclComm *c, ncclResult_t r) {
-    if (r != ncclSuccess && r != ncclInProgress)
-        nccl_fail(c, "%s: %s", ncclGetErrorString(r), ncclGetLastError(c->dp_side.comm));
-    if (r == ncclInProgress) {
-        ncclResult_t state = nccl_settle(c->dp_side.comm, par_now() + c->timeout_s);
-        if (state != ncclSuccess)
-            nccl_fail(c, "%s", state == ncclInProgress ? "not launched within the timeout" : ncclGetErrorString(state));
-    }
+    nccl_queued(c, &c->dp_side, r);
     c->side_pending++;
 }
 
@@ -2896,14 +2890,6 @@ static inline void nccl_sendrecv_mac(NcclComm *c, int dst_rank, int send_channel
         nccl_mac_launch(c, header, buf, recv_bytes, NULL, buf + recv_bytes, c->mac_bad + slot);  // on c->verify
         nccl_mac_check_cuda(c, cudaEventRecord(c->verified, c->verify), "ordering the MAC checks");
     }
-}
-
-static inline void nccl_send_mac(NcclComm *c, int dst_rank, int channel, int microbatch, void *buf, size_t bytes) {
-    nccl_sendrecv_mac(c, dst_rank, channel, microbatch, buf, bytes, -1, channel, microbatch, NULL, 0);
-}
-
-static inline void nccl_recv_mac(NcclComm *c, int src_rank, int channel, int microbatch, void *buf, size_t bytes) {
-    nccl_sendrecv_mac(c, -1, channel, microbatch, NULL, 0, src_rank, channel, microbatch, buf, bytes);
 }
 
 // nccl_mac_step_begin: at the start of a step, before its first MAC'd receive

@@ -1,5 +1,6 @@
 /*
- * train_gpt2.cu: GPT-2 training on one NVIDIA GPU.
+ * train_gpt2.cu: GPT-2 training on NVIDIA GPUs: one GPU, or one per rank of a
+ * dp x tp x pp job over NCCL (the CPU trainer's layouts, on gpt2.h's slicing).
  *
  * The same model, loop, flags, printed lines and JSON log as train_gpt2.c,
  * with hand-written kernels (forward and backward side by side) and the
@@ -1050,19 +1051,6 @@ classifier_kernel(floatX *logits, float *losses, const int *targets, float dloss
 constexpr int NORM_BLOCKS = 512;
 constexpr int NORM_THREADS = 512;
 
-__global__ void __launch_bounds__(NORM_THREADS) sumsq_partial_kernel(float *partial, const floatX *g, size_t n) {
-    size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
-    float acc = 0.0f;
-    for (size_t i = tid; i < n / PACK; i += stride) {
-        Pack p = load_pack(g + i * PACK);
-        for (int k = 0; k < PACK; k++) acc += to_f(p.v[k]) * to_f(p.v[k]);
-    }
-    if (tid == 0)
-        for (size_t i = n / PACK * PACK; i < n; i++) acc += to_f(g[i]) * to_f(g[i]);
-    acc = block_sum(acc);
-    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
-}
-
 __global__ void sumsq_final_kernel(float *norm, const float *partial, int nparts) {
     __shared__ double shared[1024];
     double acc = 0.0;
@@ -1507,8 +1495,10 @@ static void classifier(floatX *logits, float *losses, const int *targets, float 
 }
 
 // *norm = the L2 norm of g[0..n); partial is scratch of NORM_BLOCKS floats
+// (the trainer adds many runs into the partials: gpt2_norm_and_update)
 [[maybe_unused]] static void global_norm(float *norm, float *partial, const floatX *g, size_t n, cudaStream_t stream) {
-    sumsq_partial_kernel<<<NORM_BLOCKS, NORM_THREADS, 0, stream>>>(partial, g, n);
+    CUDA_CHECK(cudaMemsetAsync(partial, 0, NORM_BLOCKS * sizeof(float), stream));
+    sumsq_add_kernel<<<NORM_BLOCKS, NORM_THREADS, 0, stream>>>(partial, g, n);
     CUDA_CHECK(cudaGetLastError());
     sumsq_final_kernel<<<1, 1024, 0, stream>>>(norm, partial, NORM_BLOCKS);
     CUDA_CHECK(cudaGetLastError());
@@ -1784,6 +1774,7 @@ typedef struct {
     int overlap;                         // dp > 1: gradients reduced on the side stream (nccl_side_*) during the backward
     int last_micro;                      // the backward at work is the step's last micro-batch's
     floatX *reduced;                     // ZeRO-2/3: one unit's reduced chunk
+    uint8_t *digests;                    // dp > 1: -ck's SHA-256 of every replica (32 * dp bytes)
     floatX **unit_params, **unit_grads;  // per unit: where its full values / gradients are now (NULL: not held)
     floatX *tied_peer;                   // pp > 1, first and last stage: my wte gradient out, the other end's in (+ tags)
     int B, T, recompute, fuse_gelu, attention_tc;
@@ -1794,7 +1785,7 @@ typedef struct {
     size_t act_bytes, param_bytes;
     int *inputs, *targets;               // host: the next micro-batch (B*T each)
     int *staging_host;                   // pinned: staging_ints(B*T)
-    float *pinned;                       // pinned: B*T losses, then 4 slots (stop flag, norm, a verdict)
+    float *pinned;                       // pinned: B*T losses, then the stop flag, the norm, a verdict (and a spare)
     int *bucket_count;                   // host scratch: V + 1
     cudaEvent_t staging_free;            // the last copy out of staging_host is done
     Blas blas;
@@ -1942,6 +1933,7 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
         if (zero >= 2) m->bucket[k] = (floatX *)device_alloc(big * X, "gradient bucket");
     }
     if (zero >= 2) m->reduced = (floatX *)device_alloc(big / s->dp * X, "reduced chunk");
+    if (s->dp > 1) m->digests = (uint8_t *)device_alloc(32 * (size_t)s->dp, "replica digests");
     m->overlap = nccl != NULL && s->dp > 1;
     for (int k = 0; zero >= 2 && k < UNIT_SLOTS; k++)
         CUDA_CHECK(cudaEventCreateWithFlags(&m->bucket_done[k], cudaEventDisableTiming));
@@ -2015,7 +2007,7 @@ static void gpt2_free(GPT2 *m) {
     cudaFree(m->master);
 #endif
     cudaFree(m->params); cudaFree(m->grads); cudaFree(m->param_shard); cudaFree(m->grad_shard);
-    cudaFree(m->m); cudaFree(m->v); cudaFree(m->reduced); cudaFree(m->tied_peer);
+    cudaFree(m->m); cudaFree(m->v); cudaFree(m->reduced); cudaFree(m->tied_peer); cudaFree(m->digests);
     for (int k = 0; k < UNIT_SLOTS; k++) {
         cudaFree(m->slot[k]);
         cudaFree(m->bucket[k]);
@@ -2917,10 +2909,11 @@ static double world_loss_sum(GPT2 *m, Parallel *par, int *stop) {
     return sum;
 }
 
-// the end of a step, after its pipeline run: the tied wte's halves swapped,
-// every MAC tag of the step checked (before anything is applied), the
-// gradients reduced, the loss and the stop requests summed, the norm, AdamW.
-// Returns the step's mean loss.
+// the end of a step, after its pipeline run: the data-parallel sums drained
+// (they ran during the backward), the tied wte's halves swapped, the
+// replicated gradients shared from tp rank 0, every MAC tag of the step
+// checked (before anything is applied), the loss and the stop requests
+// summed, the norm, AdamW. Returns the step's mean loss.
 static float gpt2_step(GPT2 *m, Parallel *par, const AdamHyper *h, int accum, int *stop) {
     char err[512];
     nccl_side_drain(par->nccl);  // the data-parallel sums, made during the backward
@@ -2944,7 +2937,7 @@ static void consistency_check(GPT2 *m, Parallel *par, int step) {
     if (dp == 1) return;
     size_t X = sizeof(floatX);
     floatX *host = (floatX *)host_alloc(largest_unit(m) * X, "unit");
-    uint8_t *digests = (uint8_t *)host_alloc(32 * (size_t)dp, "digests"), *dev = NULL;
+    uint8_t *digests = (uint8_t *)host_alloc(32 * (size_t)dp, "digests"), *dev = m->digests;
     Sha256 h;
     sha256_init(&h);
     for (int u = 0; u < m->ut.n; u++) {
@@ -2955,13 +2948,11 @@ static void consistency_check(GPT2 *m, Parallel *par, int step) {
         unit_release(m, u);
     }
     sha256_final(&h, digests);
-    CUDA_CHECK(cudaMalloc((void **)&dev, 32 * (size_t)dp));
     uint8_t *mine = dev + 32 * (size_t)par->nccl->dp.group.me;  // in place: NCCL's rule for in == out
     CUDA_CHECK(cudaMemcpy(mine, digests, 32, cudaMemcpyHostToDevice));
     nccl_allgather(par->nccl, &par->nccl->dp, mine, dev, 32, ncclUint8);
     gpu_sync(m, "the consistency check");
     CUDA_CHECK(cudaMemcpy(digests, dev, 32 * (size_t)dp, cudaMemcpyDeviceToHost));
-    cudaFree(dev);
     for (int r = 1; r < dp; r++)
         if (memcmp(digests, digests + 32 * r, 32) != 0) {
             fprintf(stderr, "rank %d: step %d: data-parallel replicas disagree: parameters of rank %d differ from rank %d\n",
