@@ -714,6 +714,29 @@ static int options_parse(Options *o, int argc, char **argv, char *err, size_t er
 // from -b -t -d -mb (and -m, which must split among the replicas); -1 with
 // one line in err when they do not fit together
 
+// the model's shape from -e (a descriptor dN with -ev -et -ec, or a model
+// file's header): 1 for a descriptor (the seeded init), 0 for a file, -1
+// with err set
+static int options_model(const Options *o, GPT2Config *c, char *err, size_t errlen) {
+    if (config_from_descriptor(c, o->init, o->init_vocab, o->init_maxT) == 0) {
+        if (o->init_channels > 0) c->C = o->init_channels;
+        if (c->C % c->NH != 0) {
+            snprintf(err, errlen, "flag -ec: %d channels do not split into %d heads", c->C, c->NH);
+            return -1;
+        }
+        return 1;
+    }
+    FILE *f = fopen(o->init, "rb");
+    int version;
+    if (f == NULL) {
+        snprintf(err, errlen, "%s: cannot open model file: %s", o->init, strerror(errno));
+        return -1;
+    }
+    int rc = model_read_header(f, o->init, c, &version, err, errlen);
+    fclose(f);
+    return rc != 0 ? -1 : 0;
+}
+
 static int batch_accum(const Options *o, int dp, char *err, size_t errlen) {
     long BTdp = (long)o->B * o->T * dp;
     if (o->total_batch == 0) {

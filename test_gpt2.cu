@@ -497,6 +497,7 @@ static void test_cli(void) {
         {hs_case, "head size C/NH = 48/2 = 24"},
         {"-e d2 -ev 64 -et 16 -t 8 -b 2 -i '/nonexistent/*.bin'", "/nonexistent/*.bin"},
         {"-e d2 -ev 64 -et 16 -t 8 -tp 2", "-tp 2: the tensor-parallel size must be 1..1"},
+        {"-e d2 -ev 64 -et 16 -t 8 -ec 99", "flag -ec: 99 channels do not split into 2 heads"},
         // a rank of an outside launcher (no GPU count first): the layout against the model
         {"-e d2 -ev 64 -et 16 -t 8 -np 4 -pp 4 --rendezvous tcp:127.0.0.1:1", "-pp 4: the model has 2 layers (L)"},
     };

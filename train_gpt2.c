@@ -1380,23 +1380,9 @@ static void print_layout(const GPT2 *m, const Options *o, int accum) {
 // the model's shape: from a descriptor (returns 1), or from a model file's header (0)
 static int model_config(const Options *o, GPT2Config *c) {
     char err[512];
-    if (config_from_descriptor(c, o->init, o->init_vocab, o->init_maxT) == 0) {
-        if (o->init_channels > 0) c->C = o->init_channels;
-        if (c->C % c->NH != 0) {
-            snprintf(err, sizeof(err), "flag -ec: %d channels do not split into %d heads", c->C, c->NH);
-            die_usage(err);
-        }
-        return 1;
-    }
-    FILE *f = fopen(o->init, "rb");
-    int version;
-    if (f == NULL) {
-        snprintf(err, sizeof(err), "%s: cannot open model file: %s", o->init, strerror(errno));
-        die_usage(err);
-    }
-    if (model_read_header(f, o->init, c, &version, err, sizeof(err)) != 0) die_usage(err);
-    fclose(f);
-    return 0;
+    int rc = options_model(o, c, err, sizeof(err));
+    if (rc < 0) die_usage(err);
+    return rc;
 }
 
 // everything that can be checked before ranks start (so a bad job is

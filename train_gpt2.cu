@@ -3102,18 +3102,9 @@ int main(int argc, char **argv) {
     // the model's shape, the batch and the data, on the host: a bad job is
     // refused once, by the launcher, before any rank starts or a GPU is touched
     GPT2Config config;
-    int from_file = config_from_descriptor(&config, opt.init, opt.init_vocab, opt.init_maxT) != 0;
-    if (from_file) {
-        FILE *f = fopen(opt.init, "rb");
-        int version;
-        if (f == NULL) {
-            snprintf(err, sizeof(err), "%s: cannot open model file: %s", opt.init, strerror(errno));
-            die_usage(err);
-        }
-        rc = model_read_header(f, opt.init, &config, &version, err, sizeof(err));
-        fclose(f);
-        if (rc != 0) die_usage(err);
-    }
+    rc = options_model(&opt, &config, err, sizeof(err));  // -e, -ev -et -ec (gpt2.h)
+    if (rc < 0) die_usage(err);
+    int from_file = rc == 0;
     if (opt.T > config.maxT) {
         snprintf(err, sizeof(err), "flag -t: T = %d exceeds the model's maxT = %d (%s)", opt.T, config.maxT, opt.init);
         die_usage(err);
