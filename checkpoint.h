@@ -50,6 +50,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -128,6 +129,44 @@ static int ckpt_pread(int fd, void *buf, size_t n, size_t offset) {
         p += r; n -= (size_t)r; offset += (size_t)r;
     }
     return 0;
+}
+
+// a checkpoint's optim.bin, mapped for reading: m and v of every parameter
+// in the model file's order (both trainers slice them with unit_fill)
+typedef struct { void *map; size_t bytes; const float *m, *v; } OptimFile;
+
+// maps path once its size and header agree with the model and Adam's t
+// (state.bin's); 0, or -1 with err set. ckpt_find verified the bytes.
+static int ckpt_optim_open(OptimFile *f, const char *path, const GPT2Config *c, int adam_t, char *err, size_t errlen) {
+    memset(f, 0, sizeof(*f));
+    f->bytes = (size_t)ckpt_file_bytes(1, c);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return secure_error(err, errlen, "%s: %s", path, strerror(errno));
+    int32_t h[HEADER_INTS], want[HEADER_INTS];
+    memset(h, 0, sizeof(h));
+    ckpt_optim_header(want, c, adam_t);
+    struct stat st;
+    memset(&st, 0, sizeof(st));
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != f->bytes || ckpt_pread(fd, h, sizeof(h), 0) != 0 ||
+        memcmp(h, want, sizeof(h)) != 0) {
+        close(fd);
+        return secure_error(err, errlen, "%s: not the AdamW state of this model at t = %d (%lld bytes, magic %d, t %d)",
+                            path, adam_t, (long long)st.st_size, h[0], h[2]);
+    }
+    f->map = mmap(NULL, f->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (f->map == MAP_FAILED) {
+        f->map = NULL;
+        return secure_error(err, errlen, "%s: cannot map %zu bytes of AdamW state", path, f->bytes);
+    }
+    f->m = (const float *)((const char *)f->map + HEADER_INTS * 4);
+    f->v = f->m + param_count(c);
+    return 0;
+}
+
+static void ckpt_optim_close(OptimFile *f) {
+    if (f->map != NULL) munmap(f->map, f->bytes);
+    memset(f, 0, sizeof(*f));
 }
 
 static int ckpt_dir_name(char *out, size_t outlen, const char *out_dir, int step, const char *suffix) {

@@ -446,6 +446,13 @@ static size_t local_to_global(const GPT2Config *c, const Shard *s, int t, size_t
     }
 }
 
+// whether this rank counts tensor t (its gradient in the norm, its values in
+// the files): each element once per dp replica, the replicated tensors on tp
+// rank 0 and the tied wte on the first stage
+static int tensor_counted_here(const Shard *s, int t) {
+    return (!tensor_is_replicated(t) || s->tp_rank == 0) && (t != P_WTE || s->first);
+}
+
 static int unit_tensor_count(int kind) { return kind >= U_LAYER0 ? 12 : kind == U_LNF ? 2 : 1; }
 static int unit_tensor(int kind, int k) {
     if (kind >= U_LAYER0) return layer_tensors[k];
@@ -488,6 +495,21 @@ static int unit_table(UnitTable *ut, const GPT2Config *c, const Shard *s, size_t
     ut->num_local = off;
     ut->num_shard = shard_off;
     return 0;
+}
+
+// the largest padded unit (the buffers that hold one unit at a time)
+static size_t unit_table_largest(const UnitTable *ut) {
+    size_t n = 0;
+    for (int u = 0; u < ut->n; u++) n = ut->units[u].padded > n ? ut->units[u].padded : n;
+    return n;
+}
+
+// where element j of unit u sits in an array of whole units (sharded 0: at
+// offset) or of this rank's 1/dp of each (sharded 1: at shard_offset; j must
+// be in this rank's chunk)
+static size_t unit_index(const UnitTable *ut, const Shard *s, int u, size_t j, int sharded) {
+    const Unit *un = &ut->units[u];
+    return sharded ? un->shard_offset + (j - (size_t)s->dp_rank * (un->padded / (size_t)s->dp)) : un->offset + j;
 }
 
 // the model's layer of unit u (0 for the others)
@@ -537,7 +559,7 @@ static void for_each_owned(const GPT2Config *c, const Shard *s, const UnitTable 
             int t = unit_tensor(un->kind, k);
             size_t n = local_tensor_size(c, s, t);
             size_t base = full_off[t] + (un->kind >= U_LAYER0 ? (size_t)layer * (sizes[t] / c->L) : 0);
-            int owner = (!tensor_is_replicated(t) || s->tp_rank == 0) && (t != P_WTE || s->first);
+            int owner = tensor_counted_here(s, t);
             size_t a = lo > t_off ? lo : t_off, b = hi < t_off + n ? hi : t_off + n;
             OwnedRun r = {u, 0, 0, 0};
             for (size_t j = a; owner && j < b; j++) {

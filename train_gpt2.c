@@ -634,9 +634,7 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, const Parallel *par, const 
     } else {
         m->param_shard = (float *)xcalloc(m->ut.num_shard, sizeof(float), "parameter shard");
         m->bytes_params = m->ut.num_shard * sizeof(float);
-        size_t largest = 0;
-        for (int u = 0; u < m->ut.n; u++) if (m->ut.units[u].padded > largest) largest = m->ut.units[u].padded;
-        unit_buf = (float *)xcalloc(largest, sizeof(float), "unit");
+        unit_buf = (float *)xcalloc(unit_table_largest(&m->ut), sizeof(float), "unit");
     }
     for (int u = 0; u < m->ut.n; u++) {
         const Unit *un = &m->ut.units[u];
@@ -1000,8 +998,7 @@ static void add_sumsq(GPT2 *m, const Run *r, void *ctx) {
     const Shard *s = &m->shard;
     // count each gradient once in the job: replicas over tp and the tied
     // wte copy on the last stage count on one rank only
-    if (tensor_is_replicated(r->tensor) && s->tp_rank != 0) return;
-    if (r->tensor == P_WTE && !s->first) return;
+    if (!tensor_counted_here(s, r->tensor)) return;
     double sum = 0.0;
     #pragma omp parallel for reduction(+ : sum)
     for (size_t i = 0; i < r->n; i++) sum += (double)r->grad[i] * r->grad[i];
@@ -1104,9 +1101,7 @@ typedef struct { GPT2 *m; int fd_model, fd_optim, error; size_t N; } SaveCtx;
 // where element j of unit u lives on this rank: in the whole unit (offset)
 // or, when the array is sharded over dp, in my 1/dp of it (shard_offset)
 static float *unit_elem(const GPT2 *m, float *arr, int sharded, int u, size_t j) {
-    const Unit *un = &m->ut.units[u];
-    if (!sharded) return arr + un->offset + j;
-    return arr + un->shard_offset + (j - m->shard.dp_rank * (un->padded / m->shard.dp));
+    return arr + unit_index(&m->ut, &m->shard, u, j, sharded);
 }
 
 static void save_run(const OwnedRun *r, void *ctx) {
@@ -1165,31 +1160,23 @@ static int gpt2_save(GPT2 *m, const char *out_dir, int keep, const CkptState *st
 // AdamW's m and v for this rank's part from a checkpoint's optim.bin (the
 // parameters come in through gpt2_build from its model.bin)
 static int gpt2_load_optimizer(GPT2 *m, const char *path, int adam_t, char *err, size_t errlen) {
-    size_t N = param_count(&m->config), bytes = HEADER_INTS * 4 + 2 * N * sizeof(float);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return secure_error(err, errlen, "%s: %s", path, strerror(errno));
-    struct stat st;
-    void *map = fstat(fd, &st) == 0 && (size_t)st.st_size == bytes ? mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
-    close(fd);
-    if (map == MAP_FAILED) return secure_error(err, errlen, "%s: cannot map %zu bytes of AdamW state", path, bytes);
-    const float *full_m = (const float *)((const char *)map + HEADER_INTS * 4), *full_v = full_m + N;
+    OptimFile f;
+    if (ckpt_optim_open(&f, path, &m->config, adam_t, err, errlen) != 0) return -1;
     int sharded = m->par->zero >= 1;
-    size_t largest = 0;
-    for (int u = 0; u < m->ut.n; u++) if (m->ut.units[u].padded > largest) largest = m->ut.units[u].padded;
-    float *buf = (float *)xcalloc(largest, sizeof(float), "unit");
+    float *buf = (float *)xcalloc(unit_table_largest(&m->ut), sizeof(float), "unit");
     for (int u = 0; u < m->ut.n; u++) {
         const Unit *un = &m->ut.units[u];
         size_t chunk = un->padded / m->shard.dp, lo = m->shard.dp_rank * chunk;
         for (int k = 0; k < 2; k++) {
             float *dst = k == 0 ? m->m : m->v;
             memset(buf, 0, un->padded * sizeof(float));
-            unit_fill(&m->config, &m->shard, un, buf, k == 0 ? full_m : full_v, 0);
+            unit_fill(&m->config, &m->shard, un, buf, k == 0 ? f.m : f.v, 0);
             if (sharded) memcpy(dst + un->shard_offset, buf + lo, chunk * sizeof(float));
             else memcpy(dst + un->offset, buf, un->padded * sizeof(float));
         }
     }
     free(buf);
-    munmap(map, bytes);
+    ckpt_optim_close(&f);
     m->adam_t = adam_t;
     return 0;
 }

@@ -1816,11 +1816,7 @@ static void *host_alloc(size_t bytes, const char *what) {
     return p;
 }
 
-static size_t largest_unit(const GPT2 *m) {
-    size_t n = 0;
-    for (int u = 0; u < m->ut.n; u++) n = m->ut.units[u].padded > n ? m->ut.units[u].padded : n;
-    return n;
-}
+static size_t largest_unit(const GPT2 *m) { return unit_table_largest(&m->ut); }
 
 // my dp shard of unit u: elements [lo, lo + chunk)
 static size_t unit_chunk(const GPT2 *m, int u) { return m->ut.units[u].padded / (size_t)m->shard.dp; }
@@ -1828,20 +1824,16 @@ static size_t unit_lo(const GPT2 *m, int u) { return (size_t)m->shard.dp_rank * 
 
 // where element j of unit u (within my shard, for the sharded arrays) lives
 static floatX *param_at(const GPT2 *m, int u, size_t j) {
-    const Unit *un = &m->ut.units[u];
-    return m->zero == 3 ? m->param_shard + un->shard_offset + (j - unit_lo(m, u)) : m->params + un->offset + j;
+    return (m->zero == 3 ? m->param_shard : m->params) + unit_index(&m->ut, &m->shard, u, j, m->zero == 3);
 }
 static float *master_at(const GPT2 *m, int u, size_t j) {
-    const Unit *un = &m->ut.units[u];
-    return m->master_sharded ? m->master + un->shard_offset + (j - unit_lo(m, u)) : m->master + un->offset + j;
+    return m->master + unit_index(&m->ut, &m->shard, u, j, m->master_sharded);
 }
 static floatX *grad_at(const GPT2 *m, int u, size_t j) {
-    const Unit *un = &m->ut.units[u];
-    return m->zero >= 2 ? m->grad_shard + un->shard_offset + (j - unit_lo(m, u)) : m->grads + un->offset + j;
+    return (m->zero >= 2 ? m->grad_shard : m->grads) + unit_index(&m->ut, &m->shard, u, j, m->zero >= 2);
 }
 static float *adam_at(const GPT2 *m, float *mv, int u, size_t j) {
-    const Unit *un = &m->ut.units[u];
-    return m->zero >= 1 ? mv + un->shard_offset + (j - unit_lo(m, u)) : mv + un->offset + j;
+    return mv + unit_index(&m->ut, &m->shard, u, j, m->zero >= 1);
 }
 
 // the whole model's fp32 parameters from the seeded init, on the host (the
@@ -2459,8 +2451,7 @@ static void add_sumsq(GPT2 *m, const Run *r, void *ctx) {
     const Shard *s = &m->shard;
     // each gradient once in the job: replicas over tp and the tied wte
     // copy on the last stage count on one rank only
-    if (tensor_is_replicated(r->tensor) && s->tp_rank != 0) return;
-    if (r->tensor == P_WTE && !s->first) return;
+    if (!tensor_counted_here(s, r->tensor)) return;
     sumsq_add_kernel<<<NORM_BLOCKS, NORM_THREADS, 0, m->stream>>>(m->sc.norm_partial, grad_at(m, r->u, r->j), r->n);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -2690,36 +2681,21 @@ static int write_part(GPT2 *m, const char *dir, const char *model_name, int opti
 // model.bin. ckpt_find verified the bytes; the header must also agree with
 // the model and with state.bin's t.
 static int gpt2_load_optimizer(GPT2 *m, const char *path, int adam_t, char *err, size_t errlen) {
-    const GPT2Config *c = &m->config;
-    size_t N = m->num_params, bytes = ckpt_file_bytes(1, c);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return secure_error(err, errlen, "%s: %s", path, strerror(errno));
-    int32_t h[HEADER_INTS], want[HEADER_INTS];
-    ckpt_optim_header(want, c, adam_t);
-    struct stat st;
-    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != bytes || ckpt_pread(fd, h, sizeof(h), 0) != 0 ||
-        memcmp(h, want, sizeof(h)) != 0) {
-        close(fd);
-        return secure_error(err, errlen, "%s: not the AdamW state of this model at t = %d (%lld bytes, magic %d, t %d)",
-                            path, adam_t, (long long)st.st_size, h[0], h[2]);
-    }
-    void *map = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (map == MAP_FAILED) return secure_error(err, errlen, "%s: cannot map %zu bytes of AdamW state", path, bytes);
-    const float *full_m = (const float *)((const char *)map + HEADER_INTS * 4), *full_v = full_m + N;
+    OptimFile f;
+    if (ckpt_optim_open(&f, path, &m->config, adam_t, err, errlen) != 0) return -1;
     float *buf = (float *)host_alloc(largest_unit(m) * sizeof(float), "unit");
     for (int u = 0; u < m->ut.n; u++) {
         const Unit *un = &m->ut.units[u];
         size_t lo = m->zero >= 1 ? unit_lo(m, u) : 0, n = m->zero >= 1 ? unit_chunk(m, u) : un->padded;
         for (int k = 0; k < 2; k++) {
             memset(buf, 0, un->padded * sizeof(float));
-            unit_fill(c, &m->shard, un, buf, k == 0 ? full_m : full_v, 0);
+            unit_fill(&m->config, &m->shard, un, buf, k == 0 ? f.m : f.v, 0);
             CUDA_CHECK(cudaMemcpy(adam_at(m, k == 0 ? m->m : m->v, u, lo), buf + lo, n * sizeof(float),
                                   cudaMemcpyHostToDevice));
         }
     }
     free(buf);
-    munmap(map, bytes);
+    ckpt_optim_close(&f);
     m->adam_t = adam_t;
     return 0;
 }
