@@ -1116,45 +1116,39 @@ static void save_run(const OwnedRun *r, void *ctx) {
         sc->error = errno;
 }
 
-// this rank's part of the checkpoint st->step; every rank returns the same
-// verdict (0 = the checkpoint is complete and sealed)
+// this rank's share of model.bin and optim.bin in dir (ckpt_write_job's part)
+static int save_part(void *ctx, const char *dir) {
+    GPT2 *m = (GPT2 *)ctx;
+    char path[4200];
+    SaveCtx sc = {m, -1, -1, 0, param_count(&m->config)};
+    snprintf(path, sizeof(path), "%s/model.bin", dir);
+    sc.fd_model = open(path, O_WRONLY | O_CLOEXEC);
+    snprintf(path, sizeof(path), "%s/optim.bin", dir);
+    sc.fd_optim = open(path, O_WRONLY | O_CLOEXEC);
+    if (sc.fd_model < 0 || sc.fd_optim < 0) sc.error = errno;
+    if (sc.error == 0) for_each_owned(&m->config, &m->shard, &m->ut, 1, save_run, &sc);
+    if (sc.error == 0 && (fsync(sc.fd_model) != 0 || fsync(sc.fd_optim) != 0)) sc.error = errno;
+    if (sc.fd_model >= 0) close(sc.fd_model);
+    if (sc.fd_optim >= 0) close(sc.fd_optim);
+    return sc.error;
+}
+
+static float save_sum(void *ctx, float x) {
+    GPT2 *m = (GPT2 *)ctx;
+    group_allreduce(m->par, &m->par->world, &x, 1);
+    return x;
+}
+
+// the checkpoint of step st->step (checkpoint.h's ckpt_write_job: every rank
+// writes its part; the same verdict on every rank, 0 = complete and sealed)
 static int gpt2_save(GPT2 *m, const char *out_dir, int keep, const CkptState *st, const uint8_t key[32]) {
     const Parallel *par = m->par;
-    int rank0 = par->grid.rank == 0;
-    char err[1200] = "", dir[4096], path[4200];
-    // three points where all ranks agree (a sum of failures): rank 0 made the
-    // files; every rank wrote its part; rank 0 sealed the checkpoint
-    float failed = rank0 && ckpt_begin(out_dir, st, err, sizeof(err)) != 0;
-    group_allreduce(par, &par->world, &failed, 1);
-    if (failed == 0) {
-        ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial");
-        SaveCtx sc = {m, -1, -1, 0, param_count(&m->config)};
-        snprintf(path, sizeof(path), "%s/model.bin", dir);
-        sc.fd_model = open(path, O_WRONLY | O_CLOEXEC);
-        snprintf(path, sizeof(path), "%s/optim.bin", dir);
-        sc.fd_optim = open(path, O_WRONLY | O_CLOEXEC);
-        if (sc.fd_model < 0 || sc.fd_optim < 0) sc.error = errno;
-        if (sc.error == 0) for_each_owned(&m->config, &m->shard, &m->ut, 1, save_run, &sc);
-        if (sc.error == 0 && (fsync(sc.fd_model) != 0 || fsync(sc.fd_optim) != 0)) sc.error = errno;
-        if (sc.fd_model >= 0) close(sc.fd_model);
-        if (sc.fd_optim >= 0) close(sc.fd_optim);
-        if (sc.error != 0) secure_error(err, sizeof(err), "rank %d: %s: write: %s", par->grid.rank, dir, strerror(sc.error));
-        float mine = sc.error != 0;
-        failed = mine;
-        group_allreduce(par, &par->world, &failed, 1);
-        if (failed == 0 && rank0 && ckpt_seal(out_dir, st->step, key, err, sizeof(err)) != 0) failed = 1;
-        if (!rank0 && !mine) err[0] = '\0';  // rank 0 speaks for the job; a rank that failed, for itself
-        // meanwhile the others wait for rank 0 to hash 12 bytes per parameter:
-        // give the wait room for that even at the portable SHA-256's 0.1 GB/s
-        double timeout = comm_set_timeout(par->comm, 0.0);
-        comm_set_timeout(par->comm, timeout + 12.0 * sc.N / 1e8);
-        group_allreduce(par, &par->world, &failed, 1);
-        comm_set_timeout(par->comm, timeout);
-    }
-    if (failed == 0 && rank0) ckpt_prune(out_dir, st->step, keep);
-    if (failed != 0 && rank0 && ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial") == 0) ckpt_remove_dir(dir);
-    if (err[0] != '\0') fprintf(stderr, "checkpoint of step %d failed: %s\n", st->step, err);
-    return failed == 0 ? 0 : -1;
+    CkptJob job = {save_sum, save_part, m, par->grid.rank};
+    double timeout = comm_set_timeout(par->comm, 0.0);
+    comm_set_timeout(par->comm, timeout + ckpt_wait_room(&m->config));
+    int rc = ckpt_write_job(&job, out_dir, keep, st, key);
+    comm_set_timeout(par->comm, timeout);
+    return rc;
 }
 
 // AdamW's m and v for this rank's part from a checkpoint's optim.bin (the

@@ -2658,8 +2658,8 @@ static int gpt2_write_share(GPT2 *m, int fd_model, int fd_optim) {
 }
 
 // writes this rank's part of model.bin (and, with optim, optim.bin) in dir,
-// files that rank 0 made at full size; 0, or -1 with err set
-static int write_part(GPT2 *m, const char *dir, const char *model_name, int optim, char *err, size_t errlen) {
+// files that rank 0 made at full size, and fsyncs them; 0, or an errno
+static int write_part(GPT2 *m, const char *dir, const char *model_name, int optim) {
     char path[4200];
     snprintf(path, sizeof(path), "%s/%s", dir, model_name);
     int fd_model = open(path, O_WRONLY | O_CLOEXEC), e = fd_model < 0 ? errno : 0, fd_optim = -1;
@@ -2672,8 +2672,7 @@ static int write_part(GPT2 *m, const char *dir, const char *model_name, int opti
     if (e == 0 && (fsync(fd_model) != 0 || (fd_optim >= 0 && fsync(fd_optim) != 0))) e = errno;
     if (fd_model >= 0) close(fd_model);
     if (fd_optim >= 0) close(fd_optim);
-    if (e != 0) return secure_error(err, errlen, "rank %d: %s: write: %s", m->grid.rank, dir, strerror(e));
-    return 0;
+    return e;
 }
 
 // AdamW's m and v for this rank's part from a checkpoint's optim.bin, and
@@ -2977,35 +2976,30 @@ static float evaluate(GPT2 *m, Parallel *par, DataLoader *val, int batches) {
     return (float)(world_loss_sum(m, par, NULL) / ((double)m->B * m->T * n * s->dp));
 }
 
-// the checkpoint of step st->step (checkpoint.h; train_gpt2.c's gpt2_save
-// does the same): rank 0 makes the .partial directory with the files at
-// full size, every rank writes what it owns and fsyncs, rank 0 seals once
-// every rank has succeeded. Every rank returns the same verdict: 0 = the
-// checkpoint is complete; otherwise the .partial directory is gone and the
-// previous checkpoints stay.
+typedef struct { GPT2 *m; Parallel *par; } CkptCtx;
+
+static float ckpt_sum(void *ctx, float x) {
+    CkptCtx *k = (CkptCtx *)ctx;
+    return world_sum(k->m, k->par, x);
+}
+
+static int ckpt_part(void *ctx, const char *dir) {
+    CkptCtx *k = (CkptCtx *)ctx;
+    return write_part(k->m, dir, "model.bin", 1);
+}
+
+// the checkpoint of step st->step: checkpoint.h's ckpt_write_job, as
+// train_gpt2.c's gpt2_save (rank 0 makes the files, every rank writes its
+// part, rank 0 seals; the same verdict on every rank, 0 = complete)
 static int gpt2_checkpoint(GPT2 *m, Parallel *par, const char *out_dir, int keep, const CkptState *st,
                            const uint8_t key[32]) {
-    int rank0 = par->grid.rank == 0;
-    char err[1200] = "", dir[4096];
-    // the ranks wait for each other's writes and for rank 0 to hash all 12
-    // bytes per parameter: room for that at 0.1 GB/s on top of -to (as train_gpt2.c)
+    CkptCtx ctx = {m, par};
+    CkptJob job = {ckpt_sum, ckpt_part, &ctx, par->grid.rank};
     double timeout = par->nccl->timeout_s;
-    par->nccl->timeout_s = timeout + 12.0 * (double)m->num_params / 1e8;
-    float failed = rank0 && ckpt_begin(out_dir, st, err, sizeof(err)) != 0;
-    failed = world_sum(m, par, failed);  // and the files exist for everyone
-    if (failed == 0) {
-        ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial");
-        int e = write_part(m, dir, "model.bin", 1, err, sizeof(err));
-        failed = world_sum(m, par, e != 0);
-        if (failed == 0 && rank0 && ckpt_seal(out_dir, st->step, key, err, sizeof(err)) != 0) failed = 1;
-        if (!rank0 && e == 0) err[0] = '\0';  // rank 0 speaks for the job; a rank that failed, for itself
-        failed = world_sum(m, par, rank0 ? failed : 0.0f);
-    }
-    if (failed == 0 && rank0) ckpt_prune(out_dir, st->step, keep);
-    if (failed != 0 && rank0 && ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial") == 0) ckpt_remove_dir(dir);
-    if (err[0] != '\0') fprintf(stderr, "checkpoint of step %d failed: %s\n", st->step, err);
+    par->nccl->timeout_s = timeout + ckpt_wait_room(&m->config);
+    int rc = ckpt_write_job(&job, out_dir, keep, st, key);
     par->nccl->timeout_s = timeout;
-    return failed == 0 ? 0 : -1;
+    return rc;
 }
 
 // the final model, DIR/model_SSSSSSSS.bin: llm.c's v3 file of the fp32
@@ -3013,38 +3007,36 @@ static int gpt2_checkpoint(GPT2 *m, Parallel *par, const char *out_dir, int keep
 // writing what it owns into a temporary file that rank 0 then renames
 static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int steps, char *path, size_t pathlen) {
     int rank0 = par->grid.rank == 0;
-    char err[1200] = "", name[64], tmp[64];
+    char err[1200] = "", name[64], tmp[64], tmp_path[4200];
     snprintf(name, sizeof(name), "model_%08d.bin", steps);
     snprintf(tmp, sizeof(tmp), "%s.tmp", name);
-    snprintf(path, pathlen, "%s/%s", out_dir, tmp);
+    snprintf(tmp_path, sizeof(tmp_path), "%s/%s", out_dir, tmp);
+    snprintf(path, pathlen, "%s/%s", out_dir, name);
     double timeout = par->nccl->timeout_s;  // the ranks wait for each other's writes: 4 bytes per parameter
-    par->nccl->timeout_s = timeout + 4.0 * (double)m->num_params / 1e8;
+    par->nccl->timeout_s = timeout + ckpt_wait_room(&m->config) / 3;
     float failed = 0.0f;
-    if (rank0) {
+    if (rank0) {  // the file at its full size, header in
         int32_t h[HEADER_INTS];
         model_fill_header(h, &m->config, 3);
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), e = fd < 0 ? errno : 0;
+        int fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), e = fd < 0 ? errno : 0;
         if (e == 0 && write_all(fd, h, sizeof(h)) != 0) e = errno;
         if (e == 0 && ftruncate(fd, (off_t)ckpt_file_bytes(0, &m->config)) != 0) e = errno;
         if (fd >= 0) close(fd);
-        if (e != 0) failed = 1, secure_error(err, sizeof(err), "%s: write: %s", path, strerror(e));
+        if (e != 0) failed = 1, secure_error(err, sizeof(err), "%s: write: %s", tmp_path, strerror(e));
     }
-    if (world_sum(m, par, failed) == 0) {
-        failed = write_part(m, out_dir, tmp, 0, err, sizeof(err)) != 0;
-        if (world_sum(m, par, failed) == 0 && rank0) {
-            char final_path[4200];
-            snprintf(final_path, sizeof(final_path), "%s/%s", out_dir, name);
-            if (rename(path, final_path) != 0 || ckpt_fsync_dir(out_dir) != 0)
-                failed = 1, secure_error(err, sizeof(err), "%s: rename: %s", final_path, strerror(errno));
-            snprintf(path, pathlen, "%s", final_path);
-        } else if (!failed) {
-            err[0] = '\0';
-        }
+    failed = world_sum(m, par, failed);
+    if (failed == 0) {  // every rank its part, then rank 0 renames
+        int e = write_part(m, out_dir, tmp, 0);
+        if (e != 0) secure_error(err, sizeof(err), "rank %d: %s: write: %s", par->grid.rank, tmp_path, strerror(e));
+        failed = world_sum(m, par, e != 0);
+        if (failed == 0 && rank0 && (rename(tmp_path, path) != 0 || ckpt_fsync_dir(out_dir) != 0))
+            failed = 1, secure_error(err, sizeof(err), "%s: rename: %s", path, strerror(errno));
+        failed = world_sum(m, par, rank0 ? failed : 0.0f);
     }
+    if (failed != 0 && rank0) unlink(tmp_path);
     if (err[0] != '\0') fprintf(stderr, "train_gpt2cu: %s\n", err);
-    int ok = world_sum(m, par, failed) == 0;
     par->nccl->timeout_s = timeout;
-    return ok ? 0 : -1;
+    return failed == 0 ? 0 : -1;
 }
 
 int main(int argc, char **argv) {
