@@ -2253,7 +2253,7 @@ static inline int gpu_own_visible(const Launch *L) {
 // the host. Pure C, so the CPU tests (and test_gpt2cu's host checks) check it.
 // A message is `payload | tag (NCCL_MAC_BYTES)`: the chunked MAC of the
 // payload (secure.h, doc/security.md "Chunked MAC") under the frame header
-// that mac_header builds. The header itself never travels: the receiver
+// that frame_header_make (secure.h) builds. The header itself never travels: the receiver
 // builds the one it expects, so a message MAC'd under any other header fails.
 
 #define NCCL_MAC_BYTES FRAME_TAG_BYTES       // room after every MAC'd payload, for its tag
@@ -2276,25 +2276,6 @@ static inline uint64_t nccl_mac_chunk_bytes(uint64_t len) {
     return cb;
 }
 
-// mac_header: the 64-byte frame header (secure.h, "frames") a MAC'd message
-// is tagged under; every field the receiver expects is in it
-static inline void mac_header(uint8_t out[64], uint64_t job_id, int src, int dst, int channel, long step, int microbatch,
-                              uint64_t seq, uint64_t len) {
-    FrameHeader h;
-    memset(&h, 0, sizeof(h));
-    h.magic = FRAME_MAGIC;
-    h.version = FRAME_VERSION;
-    h.channel = (uint16_t)channel;
-    h.job_id = job_id;
-    h.src = (uint32_t)src;
-    h.dst = (uint32_t)dst;
-    h.step = (uint64_t)step;
-    h.microbatch = (uint32_t)microbatch;
-    h.seq = seq;
-    h.payload_len = len;
-    frame_header_write(&h, out);
-}
-
 // mac_send_header: the header of the next message to dst; uses and advances
 // send_seq[dst], except when replay is set and a message went to dst before:
 // then it reuses that message's number and send_seq[dst] stays (returns 1).
@@ -2303,7 +2284,7 @@ static inline void mac_header(uint8_t out[64], uint64_t job_id, int src, int dst
 static inline int mac_send_header(Links *l, int dst, int channel, long step, int microbatch, uint64_t len, int replay,
                                   uint8_t out[64]) {
     int replayed = replay && links_rewind_send(l, dst) == 0;
-    mac_header(out, l->job_id, l->rank, dst, channel, step, microbatch, l->send_seq[dst]++, len);
+    frame_header_make(out, l->job_id, l->rank, dst, channel, step, microbatch, l->send_seq[dst]++, len);
     return replayed;
 }
 
@@ -2311,7 +2292,7 @@ static inline int mac_send_header(Links *l, int dst, int channel, long step, int
 // tagged under; uses and advances recv_seq[src]
 static inline void mac_recv_header(Links *l, int src, int channel, long step, int microbatch, uint64_t len,
                                    uint8_t out[64]) {
-    mac_header(out, l->job_id, src, l->rank, channel, step, microbatch, l->recv_seq[src]++, len);
+    frame_header_make(out, l->job_id, src, l->rank, channel, step, microbatch, l->recv_seq[src]++, len);
 }
 
 #ifdef LLM3D_NCCL

@@ -670,6 +670,25 @@ static inline void frame_header_write(const FrameHeader *h, uint8_t out[64]) {
     memcpy(out + 56, h->pad, 8);
 }
 
+// frame_header_make: the 64-byte header of a message; frames (frame_seal)
+// and MAC'd NCCL messages (parallel.h) are tagged under it
+static inline void frame_header_make(uint8_t out[64], uint64_t job_id, int src, int dst, int channel, long step,
+                                     int microbatch, uint64_t seq, uint64_t len) {
+    FrameHeader h;
+    memset(&h, 0, sizeof(h));
+    h.magic = FRAME_MAGIC;
+    h.version = FRAME_VERSION;
+    h.channel = (uint16_t)channel;
+    h.job_id = job_id;
+    h.src = (uint32_t)src;
+    h.dst = (uint32_t)dst;
+    h.step = (uint64_t)step;
+    h.microbatch = (uint32_t)microbatch;
+    h.seq = seq;
+    h.payload_len = len;
+    frame_header_write(&h, out);
+}
+
 static inline void frame_header_read(const uint8_t in[64], FrameHeader *h) {
     h->magic = get_u32(in + 0);
     h->version = get_u16(in + 4);
@@ -730,19 +749,7 @@ static inline int frame_seal(Links *l, int dst, int channel, uint64_t step, uint
                 l->rank, dst, l->world, channel);
         return -1;
     }
-    FrameHeader h;
-    memset(&h, 0, sizeof(h));
-    h.magic = FRAME_MAGIC;
-    h.version = FRAME_VERSION;
-    h.channel = (uint16_t)channel;
-    h.job_id = l->job_id;
-    h.src = (uint32_t)l->rank;
-    h.dst = (uint32_t)dst;
-    h.step = step;
-    h.microbatch = microbatch;
-    h.seq = l->send_seq[dst]++;
-    h.payload_len = len;
-    frame_header_write(&h, out);
+    frame_header_make(out, l->job_id, l->rank, dst, channel, (long)step, (int)microbatch, l->send_seq[dst]++, len);
     uint8_t *body = out + FRAME_HEADER_BYTES;
     if (len > 0 && (const uint8_t *)payload != body) memmove(body, payload, len);
     hmac_keyed(&l->keyed, out, FRAME_HEADER_BYTES + len, body + len);

@@ -806,7 +806,7 @@ static void test_mac_chunk_bytes(void) {
 
 static void test_mac_header(void) {
     uint8_t h[64];
-    mac_header(h, 0x0123456789abcdefull, 3, 250, CH_GRADIENT, 123456789012L, 70000, 0xfedcba9876543210ull, 25165824);
+    frame_header_make(h, 0x0123456789abcdefull, 3, 250, CH_GRADIENT, 123456789012L, 70000, 0xfedcba9876543210ull, 25165824);
     FrameHeader f;
     frame_header_read(h, &f);
     uint8_t pad = 0;
@@ -814,7 +814,7 @@ static void test_mac_header(void) {
     check(f.magic == FRAME_MAGIC && f.version == FRAME_VERSION && f.channel == CH_GRADIENT &&
           f.job_id == 0x0123456789abcdefull && f.src == 3 && f.dst == 250 && f.step == 123456789012ull &&
           f.microbatch == 70000 && f.reserved == 0 && f.seq == 0xfedcba9876543210ull && f.payload_len == 25165824 &&
-          pad == 0, "mac_header: every FrameHeader field reads back (magic %08x, channel %u, src %u, dst %u, step %"
+          pad == 0, "frame_header_make: every FrameHeader field reads back (magic %08x, channel %u, src %u, dst %u, step %"
           PRIu64 ", mb %u, seq %016" PRIx64 ", len %" PRIu64 ")", f.magic, (unsigned)f.channel, f.src, f.dst, f.step,
           f.microbatch, f.seq, f.payload_len);
     // the same 64 bytes as the host backend's frame for that message
@@ -824,8 +824,8 @@ static void test_mac_header(void) {
     if (!check(links_init(&a, key, 2, 8) == 0 && links_init(&b, key, 5, 8) == 0, "links for ranks 2 and 5")) return;
     uint8_t frame[FRAME_HEADER_BYTES + 10 + FRAME_TAG_BYTES], payload[10] = {0};
     frame_seal(&a, 5, CH_ACTIVATION, 12, 3, payload, 10, frame);
-    mac_header(h, a.job_id, 2, 5, CH_ACTIVATION, 12, 3, 0, 10);
-    check(memcmp(h, frame, 64) == 0, "mac_header writes the header frame_seal writes for the same message");
+    frame_header_make(h, a.job_id, 2, 5, CH_ACTIVATION, 12, 3, 0, 10);
+    check(memcmp(h, frame, 64) == 0, "frame_header_make gives the header frame_seal sends for the same message");
     a.send_seq[5] = 0;
     // sender and receiver agree message after message; a replay puts the
     // sender one behind for good: that message and every later one differ
@@ -885,21 +885,21 @@ static void test_mac_kernel_code(void) {
         uint8_t *payload = (uint8_t *)malloc(len + 1);
         mactest_fill(payload, len + 1);
         uint8_t header[64], gpu[32], cpu[32], t[32];
-        mac_header(header, l.job_id, 1, 2, CH_ACTIVATION, 41, 3, 17, len);
+        frame_header_make(header, l.job_id, 1, 2, CH_ACTIVATION, 41, 3, 17, len);
         mactest_emulate(&l.keyed, header, payload, len, gpu);
         int ok = chunkmac_tag(&l.keyed, header, payload, len, cb, cpu, NULL, 0) == 0;
         check(ok && memcmp(gpu, cpu, 32) == 0, "%" PRIu64 " bytes (%" PRIu64 " chunks of %" PRIu64 "): the kernels' code "
               "gives chunkmac_tag's tag", len, chunkmac_count(len, cb), cb);
         // each header field, one at a time: src, dst, step, channel, micro-batch, seq, len, job id
         uint8_t h[8][64];
-        mac_header(h[0], l.job_id, 0, 2, CH_ACTIVATION, 41, 3, 17, len);
-        mac_header(h[1], l.job_id, 1, 3, CH_ACTIVATION, 41, 3, 17, len);
-        mac_header(h[2], l.job_id, 1, 2, CH_ACTIVATION, 42, 3, 17, len);
-        mac_header(h[3], l.job_id, 1, 2, CH_GRADIENT, 41, 3, 17, len);
-        mac_header(h[4], l.job_id, 1, 2, CH_ACTIVATION, 41, 4, 17, len);
-        mac_header(h[5], l.job_id, 1, 2, CH_ACTIVATION, 41, 3, 16, len);
-        mac_header(h[6], l.job_id, 1, 2, CH_ACTIVATION, 41, 3, 17, len + 1);
-        mac_header(h[7], l.job_id ^ 1, 1, 2, CH_ACTIVATION, 41, 3, 17, len);
+        frame_header_make(h[0], l.job_id, 0, 2, CH_ACTIVATION, 41, 3, 17, len);
+        frame_header_make(h[1], l.job_id, 1, 3, CH_ACTIVATION, 41, 3, 17, len);
+        frame_header_make(h[2], l.job_id, 1, 2, CH_ACTIVATION, 42, 3, 17, len);
+        frame_header_make(h[3], l.job_id, 1, 2, CH_GRADIENT, 41, 3, 17, len);
+        frame_header_make(h[4], l.job_id, 1, 2, CH_ACTIVATION, 41, 4, 17, len);
+        frame_header_make(h[5], l.job_id, 1, 2, CH_ACTIVATION, 41, 3, 16, len);
+        frame_header_make(h[6], l.job_id, 1, 2, CH_ACTIVATION, 41, 3, 17, len + 1);
+        frame_header_make(h[7], l.job_id ^ 1, 1, 2, CH_ACTIVATION, 41, 3, 17, len);
         int changed = 0;
         for (int k = 0; k < 8; k++) {
             mactest_emulate(&l.keyed, h[k], payload, len, t);
@@ -924,7 +924,7 @@ static void test_mac_kernel_code(void) {
         }
         check(flipped == 3, "%" PRIu64 " bytes: a flipped payload byte (first, middle, last) changes the tag, and the "
               "kernels' code still agrees with chunkmac_tag (%d of 3)", len, flipped);
-        mac_header(h[0], l.job_id, 1, 2, CH_ACTIVATION, 41, 3, 17, len - 1);
+        frame_header_make(h[0], l.job_id, 1, 2, CH_ACTIVATION, 41, 3, 17, len - 1);
         mactest_emulate(&l.keyed, h[0], payload, len - 1, t);
         chunkmac_tag(&l.keyed, h[0], payload, len - 1, nccl_mac_chunk_bytes(len - 1), cpu, NULL, 0);
         check(memcmp(t, gpu, 32) != 0 && memcmp(t, cpu, 32) == 0, "%" PRIu64 " bytes: the message one byte shorter "
