@@ -997,17 +997,16 @@ static __device__ __forceinline__ void softmax_merge(float *m, float *s, float m
     *s = a + b;
 }
 
-__global__ void __launch_bounds__(CLASSIFIER_THREADS)
-classifier_kernel(floatX *logits, float *losses, const int *targets, float dloss, int V, int Vp, int write_dlogits) {
+// the online max and sum of exp(z - max) of one row's x[0..n), one block per
+// row (rows 16-byte aligned, so read PACK at a time): each thread its share,
+// then each warp, then the block; every thread gets the row's pair. It
+// synchronizes the block, so whatever each thread read of x before is read.
+static __device__ float2 row_softmax_stats(const floatX *x, int n) {
     __shared__ float shared_m[32], shared_s[32];
-    int row = blockIdx.x;
-    floatX *x = logits + (size_t)row * Vp;
-    int target = targets[row];
-    float z_target = to_f(x[target]);  // read before anyone overwrites it
-    float m = -INFINITY, s = 0.0f;     // online max and sum of exp(z - m)
-    for (int i = threadIdx.x * PACK; i < V; i += blockDim.x * PACK) {
+    float m = -INFINITY, s = 0.0f;  // online max and sum of exp(z - m)
+    for (int i = threadIdx.x * PACK; i < n; i += blockDim.x * PACK) {
         Pack p = load_pack(x + i);
-        for (int k = 0; k < PACK && i + k < V; k++) {
+        for (int k = 0; k < PACK && i + k < n; k++) {
             float z = to_f(p.v[k]);
             if (z > m) {
                 s = s * expf(m - z) + 1.0f;
@@ -1026,11 +1025,21 @@ classifier_kernel(floatX *logits, float *losses, const int *targets, float dloss
         shared_m[warp] = m;
         shared_s[warp] = s;
     }
-    __syncthreads();  // also: every thread has read z_target
+    __syncthreads();
     m = -INFINITY;
     s = 0.0f;
     for (int w = 0; w < nwarps; w++) softmax_merge(&m, &s, shared_m[w], shared_s[w]);
-    float lse = m + logf(s);
+    return make_float2(m, s);
+}
+
+__global__ void __launch_bounds__(CLASSIFIER_THREADS)
+classifier_kernel(floatX *logits, float *losses, const int *targets, float dloss, int V, int Vp, int write_dlogits) {
+    int row = blockIdx.x;
+    floatX *x = logits + (size_t)row * Vp;
+    int target = targets[row];
+    float z_target = to_f(x[target]);  // read before anyone overwrites it (row_softmax_stats syncs)
+    float2 st = row_softmax_stats(x, V);
+    float lse = st.x + logf(st.y);
     if (threadIdx.x == 0) losses[row] += lse - z_target;
     if (!write_dlogits) return;
     for (int i = threadIdx.x * PACK; i < Vp; i += blockDim.x * PACK) {
@@ -1103,34 +1112,8 @@ __global__ void copy_to_floatx_kernel(floatX *dst, const float *src, size_t n) {
 // columns (online, as classifier_kernel); stats[row] = (max, sum)
 __global__ void __launch_bounds__(CLASSIFIER_THREADS)
 classifier_stats_kernel(float2 *stats, const floatX *logits, int Vl, int nreal) {
-    __shared__ float shared_m[32], shared_s[32];
-    int row = blockIdx.x;
-    const floatX *x = logits + (size_t)row * Vl;
-    float m = -INFINITY, s = 0.0f;
-    for (int i = threadIdx.x; i < nreal; i += blockDim.x) {
-        float z = to_f(x[i]);
-        if (z > m) {
-            s = s * expf(m - z) + 1.0f;
-            m = z;
-        } else {
-            s += expf(z - m);
-        }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-        softmax_merge(&m, &s, m2, s2);
-    }
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
-    if (lane == 0) {
-        shared_m[warp] = m;
-        shared_s[warp] = s;
-    }
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    m = -INFINITY;
-    s = 0.0f;
-    for (int w = 0; w < nwarps; w++) softmax_merge(&m, &s, shared_m[w], shared_s[w]);
-    stats[row] = make_float2(m, s);
+    float2 st = row_softmax_stats(logits + (size_t)blockIdx.x * Vl, nreal);
+    if (threadIdx.x == 0) stats[blockIdx.x] = st;
 }
 
 // all_stats: (tp, BT) from every slice, merged in slice order (the same on
