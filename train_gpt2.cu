@@ -1497,7 +1497,8 @@ static int grid_for(size_t n, int threads) {  // grid-stride loops: enough block
 
 // 0 if the kernels can run this model at (B, T) with tensor-parallel size
 // tp (a rank holds C/tp channels of attention and the MLP, NH/tp heads and
-// Vp/tp vocabulary rows); else one line naming the field
+// Vp/tp vocabulary rows; grid_check_model says whether they split at all);
+// else one line naming the field
 static int gpu_check_shapes(const GPT2Config *c, int B, int T, int tp, const char *what, char *err, size_t errlen) {
     if (c->C % 8 != 0) {
         snprintf(err, errlen, "%s: C = %d: the GPU kernels need C to be a multiple of 8", what, c->C);
@@ -1512,9 +1513,9 @@ static int gpu_check_shapes(const GPT2Config *c, int B, int T, int tp, const cha
         snprintf(err, errlen, "%s: Vp = %d: the GPU kernels need the padded vocab to be a multiple of 8", what, c->Vp);
         return -1;
     }
-    if (tp > 1 && (c->NH % tp != 0 || (c->Vp / tp) % 8 != 0)) {
-        snprintf(err, errlen, "flag -tp %d: %s: NH = %d heads and Vp / tp = %d / %d vocabulary rows must split into "
-                 "whole heads and multiples of 8 rows per rank", tp, what, c->NH, c->Vp, tp);
+    if (tp > 1 && (c->Vp / tp) % 8 != 0) {  // (grid_check_model has checked that the heads and rows split)
+        snprintf(err, errlen, "flag -tp %d: %s: Vp / tp = %d / %d vocabulary rows per rank: the GPU kernels need a "
+                 "multiple of 8", tp, what, c->Vp, tp);
         return -1;
     }
     if ((long)B * T * 4 * c->C > 2147483647L || (long)B * T * c->NH > 2147483647L) {
@@ -1805,6 +1806,13 @@ static size_t largest_unit(const GPT2 *m) { return unit_table_largest(&m->ut); }
 static size_t unit_chunk(const GPT2 *m, int u) { return m->ut.units[u].padded / (size_t)m->shard.dp; }
 static size_t unit_lo(const GPT2 *m, int u) { return (size_t)m->shard.dp_rank * unit_chunk(m, u); }
 
+// the elements of the tied wte message (tied_exchange): this rank's
+// gradient of wte, its shard under ZeRO-2/3; 0 on a stage without wte or with pp = 1
+static size_t tied_elems(const GPT2 *m) {
+    if (m->shard.pp == 1 || m->ut.u_wte < 0) return 0;
+    return m->zero >= 2 ? unit_chunk(m, m->ut.u_wte) : m->ut.units[m->ut.u_wte].padded;
+}
+
 // where element j of unit u (within my shard, for the sharded arrays) lives
 static floatX *param_at(const GPT2 *m, int u, size_t j) {
     return (m->zero == 3 ? m->param_shard : m->params) + unit_index(&m->ut, &m->shard, u, j, m->zero == 3);
@@ -1914,10 +1922,8 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
         CUDA_CHECK(cudaEventCreateWithFlags(&m->bucket_done[k], cudaEventDisableTiming));
     m->unit_params = (floatX **)host_alloc(m->ut.n * sizeof(floatX *), "unit views");
     m->unit_grads = (floatX **)host_alloc(m->ut.n * sizeof(floatX *), "unit views");
-    if (s->pp > 1 && m->ut.u_wte >= 0) {
-        size_t n = zero >= 2 ? unit_chunk(m, m->ut.u_wte) : m->ut.units[m->ut.u_wte].padded;
-        m->tied_peer = (floatX *)device_alloc(2 * (n * X + TAG_ROOM), "tied wte gradients");  // out, then in
-    }
+    if (tied_elems(m) > 0)  // out, then in
+        m->tied_peer = (floatX *)device_alloc(2 * (tied_elems(m) * X + TAG_ROOM), "tied wte gradients");
     m->param_bytes = (zero <= 2 ? P : S) * X + (zero <= 1 ? P : S) * X + 2 * (zero >= 1 ? S : P) * F;
 #ifndef ENABLE_FP32
     m->param_bytes += (m->master_sharded ? S : P) * F;
@@ -2392,9 +2398,9 @@ static double gpt2_loss_sum(GPT2 *m) {
 // from a copy: its MAC tag needs room after the payload.
 static void tied_exchange(GPT2 *m) {
     const Shard *s = &m->shard;
-    if (s->pp == 1 || m->ut.u_wte < 0) return;
+    size_t n = tied_elems(m), bytes = n * sizeof(floatX);
+    if (n == 0) return;
     const Unit *un = &m->ut.units[m->ut.u_wte];
-    size_t n = m->zero >= 2 ? unit_chunk(m, m->ut.u_wte) : un->padded, bytes = n * sizeof(floatX);
     floatX *mine = m->zero >= 2 ? m->grad_shard + un->shard_offset : m->grads + un->offset;
     floatX *out = m->tied_peer, *in = (floatX *)((char *)m->tied_peer + bytes + TAG_ROOM);
     int peer = grid_rank(&m->grid, s->dp_rank, s->first ? s->pp - 1 : 0, s->tp_rank);
@@ -2867,21 +2873,26 @@ static double world_loss_sum(GPT2 *m, Parallel *par, int *stop) {
     return sum;
 }
 
+// pp > 1: every MAC'd message received since nccl_mac_step_begin checked;
+// a bad one ends the job here, before anything of it is applied
+static void mac_check_or_exit(GPT2 *m, Parallel *par, const char *when) {
+    char err[512];
+    if (m->shard.pp == 1 || nccl_mac_step_check(par->nccl, err, sizeof(err)) == 0) return;
+    fprintf(stderr, "train_gpt2cu: %s; %s\n", err, when);
+    nccl_abort_all(par->nccl);
+    exit(1);
+}
+
 // the end of a step, after its pipeline run: the data-parallel sums drained
 // (they ran during the backward), the tied wte's halves swapped, the
 // replicated gradients shared from tp rank 0, every MAC tag of the step
 // checked (before anything is applied), the loss and the stop requests
 // summed, the norm, AdamW. Returns the step's mean loss.
 static float gpt2_step(GPT2 *m, Parallel *par, const AdamHyper *h, int accum, int *stop) {
-    char err[512];
     nccl_side_drain(par->nccl);  // the data-parallel sums, made during the backward
     tied_exchange(m);
     if (m->shard.tp > 1) for_each_run(m, tp_share_run, NULL, 0);
-    if (m->shard.pp > 1 && nccl_mac_step_check(par->nccl, err, sizeof(err)) != 0) {
-        fprintf(stderr, "train_gpt2cu: %s; the step is not applied\n", err);
-        nccl_abort_all(par->nccl);
-        exit(1);
-    }
+    mac_check_or_exit(m, par, "the step is not applied");
     double loss = world_loss_sum(m, par, stop) / ((double)m->B * m->T * accum * m->shard.dp);
     gpt2_norm_and_update(m, h);
     return (float)loss;
@@ -2950,12 +2961,7 @@ static float evaluate(GPT2 *m, Parallel *par, DataLoader *val, int batches) {
         stage_forward(m, a, FWD_LOSS, 0.0f);
         pipe_exchange(m, pipe_output(s->pp, s->pp_rank, pipe_op(1, i)), PIPE_NONE);
     }
-    char err[512];
-    if (s->pp > 1 && nccl_mac_step_check(par->nccl, err, sizeof(err)) != 0) {
-        fprintf(stderr, "train_gpt2cu: %s (evaluation)\n", err);
-        nccl_abort_all(par->nccl);
-        exit(1);
-    }
+    mac_check_or_exit(m, par, "in an evaluation");
     return (float)(world_loss_sum(m, par, NULL) / ((double)m->B * m->T * n * s->dp));
 }
 
@@ -3150,9 +3156,7 @@ int main(int argc, char **argv) {
     double load_ms = now_ms() - load_t0 - verify_ms;
     par.nccl->stream = model.stream;  // the collectives queue behind the model's kernels
     if (pp > 1) {  // the MAC state for a step's pipeline messages (and an evaluation's), made now, not mid-run
-        const Unit *wte = model.ut.u_wte >= 0 ? &model.ut.units[model.ut.u_wte] : NULL;
-        size_t msg = (size_t)B * T * config.C * sizeof(floatX);
-        size_t tied = wte == NULL ? 0 : (par.zero >= 2 ? wte->padded / (size_t)dp : wte->padded) * sizeof(floatX);
+        size_t msg = (size_t)B * T * config.C * sizeof(floatX), tied = tied_elems(&model) * sizeof(floatX);
         int recvs = 2 * accum + 2 > opt.val_batches + 2 ? 2 * accum + 2 : opt.val_batches + 2;
         if (nccl_mac_reserve(par.nccl, recvs, msg > tied ? msg : tied, err, sizeof(err)) != 0) {
             fprintf(stderr, "train_gpt2cu: %s\n", err);
