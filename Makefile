@@ -50,7 +50,7 @@ dev/bench_secure: dev/bench_secure.c secure.h
 dev/bench_matmul: dev/bench_matmul.c train_gpt2.c $(HEADERS)
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
 
-dev/pipeline_chart: dev/pipeline_chart.c parallel.h secure.h
+dev/pipeline_chart: dev/pipeline_chart.c pipeline.h secure.h
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
 
 test_%: test_%.c test.h $(HEADERS)

@@ -4,7 +4,7 @@
  *     ./dev/pipeline_chart gpipe|1f1b P M [F B]
  *
  * P stages, M micro-batches; a forward takes F time units and a backward B
- * (default 1 and 1). The times come from pipeline_simulate (parallel.h), the
+ * (default 1 and 1). The times come from pipeline_simulate (pipeline.h), the
  * same schedule the trainers run: one row per stage, one column per time
  * unit, Fk / Bk where the stage runs micro-batch k's forward / backward,
  * "-" where that op goes on, "." where the stage waits. Then the bubble and
@@ -15,7 +15,7 @@
  * block until the peer receives. doc/parallel.md shows its output for
  * P = 4, M = 8.
  */
-#include "parallel.h"
+#include "pipeline.h"
 
 #include <stdarg.h>
 
