@@ -10,10 +10,11 @@
  * (nccl_sendrecv_mac, nccl_mac_step_check), the watchdog and nccl_free.
  * Header-only (llm.c style): every function is static inline.
  *
- * The same calls as the host backend (shm_comm.h, whose OP_SUM and OP_AVG
- * they take), on device buffers: a communicator per group split from the
- * world's, non-blocking; calls are queued, not waited for, and a watchdog at
- * the host's wait points aborts the communicators on an error or a timeout.
+ * The same calls as the host backend (shm_comm.h: they take its OP_SUM and
+ * OP_AVG, and nccl_init checks its arguments with comm_init_check), on
+ * device buffers: a communicator per group split from the world's,
+ * non-blocking; calls are queued, not waited for, and a watchdog at the
+ * host's wait points aborts the communicators on an error or a timeout.
  * Not named nccl.h: that would shadow NCCL's own header.
  */
 #ifndef LLM3D_NCCL_COMM_H
@@ -22,7 +23,7 @@
 #include "secure.h"
 #include "grid.h"
 #include "launcher.h"  // Launch, rdv_join, par_now
-#include "shm_comm.h"  // OP_SUM, OP_AVG
+#include "shm_comm.h"  // OP_SUM, OP_AVG, comm_init_check
 
 // ----------------------------------------------------------------------------
 // the GPU trainer's side: one GPU per rank.
@@ -315,13 +316,9 @@ static inline int nccl_split(NcclComm *c, const Grid *grid, int dim, NcclGroup *
 static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32], const char *rendezvous,
                             double timeout_s, const Fault *fault, char *err, size_t errlen) {
     *out = NULL;
-    if (!(timeout_s > 0 && timeout_s <= 86400))
-        return secure_error(err, errlen, "-to %g: the timeout must be > 0 and <= 86400 seconds", timeout_s);
     // tamper and replay act on MAC'd point-to-point messages (nccl_sendrecv_mac):
     // a job without any (pp = 1) runs on and they never fire
-    if (fault != NULL && fault->kind != FAULT_NONE && (fault->rank < 0 || fault->rank >= g->world))
-        return secure_error(err, errlen, "-fault %s:%d:%ld: rank %d is not in this job of %d ranks", fault_name(fault->kind),
-                            fault->rank, fault->step, fault->rank, g->world);
+    if (comm_init_check(g, rendezvous, timeout_s, fault, err, errlen) != 0) return -1;
     NcclComm *c = (NcclComm *)calloc(1, sizeof(NcclComm));
     if (c == NULL) return secure_error(err, errlen, "nccl_init: out of memory");
     c->rank = g->rank;
@@ -340,10 +337,6 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
         return secure_error(err, errlen, "rank 0: ncclGetUniqueId: %s", ncclGetErrorString(r));
     }
     if (g->world > 1) {
-        if (rendezvous == NULL) {
-            free(c);
-            return secure_error(err, errlen, "rank %d: no rendezvous address for a job of %d ranks", g->rank, g->world);
-        }
         RdvAnswer ans;
         if (rdv_join(rendezvous, key, job_id_from_key(key), g->rank, g->world, g->local_rank,
                      g->rank == 0 ? (const uint8_t *)&id : NULL, setup_s, &ans, err, errlen) != 0) {

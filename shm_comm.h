@@ -361,16 +361,28 @@ static inline int comm_next(const Group *g) { return g->ranks[(g->me + 1) % g->s
 static inline int comm_prev(const Group *g) { return g->ranks[(g->me + g->size - 1) % g->size]; }
 static inline int comm_mod(int a, int n) { return ((a % n) + n) % n; }
 
-// comm_init: joins the job's rendezvous and maps its segment. For a world of
-// 1 there is nothing to join and every call is a local no-op or copy.
-static inline int comm_init(Comm **out, const Grid *g, const uint8_t key[32], const char *rendezvous, double timeout_s,
-                            const Fault *fault, char *err, size_t errlen) {
-    *out = NULL;
+// comm_init_check: what both backends' set-up (comm_init, and nccl_init in
+// nccl_comm.h) require before they start: a timeout in range, a -fault rank
+// that is in the job, and a rendezvous address when there is more than one
+// rank to meet. 0, or -1 with err set.
+static inline int comm_init_check(const Grid *g, const char *rendezvous, double timeout_s, const Fault *fault, char *err,
+                                  size_t errlen) {
     if (!(timeout_s > 0 && timeout_s <= 86400))
         return secure_error(err, errlen, "-to %g: the timeout must be > 0 and <= 86400 seconds", timeout_s);
     if (fault != NULL && fault->kind != FAULT_NONE && (fault->rank < 0 || fault->rank >= g->world))
         return secure_error(err, errlen, "-fault %s:%d:%ld: rank %d is not in this job of %d ranks", fault_name(fault->kind),
                             fault->rank, fault->step, fault->rank, g->world);
+    if (g->world > 1 && rendezvous == NULL)
+        return secure_error(err, errlen, "rank %d: no rendezvous address for a job of %d ranks", g->rank, g->world);
+    return 0;
+}
+
+// comm_init: joins the job's rendezvous and maps its segment. For a world of
+// 1 there is nothing to join and every call is a local no-op or copy.
+static inline int comm_init(Comm **out, const Grid *g, const uint8_t key[32], const char *rendezvous, double timeout_s,
+                            const Fault *fault, char *err, size_t errlen) {
+    *out = NULL;
+    if (comm_init_check(g, rendezvous, timeout_s, fault, err, errlen) != 0) return -1;
     Comm *c = (Comm *)calloc(1, sizeof(Comm));
     if (c == NULL) return secure_error(err, errlen, "comm_init: out of memory");
     c->rank = g->rank;
@@ -381,10 +393,6 @@ static inline int comm_init(Comm **out, const Grid *g, const uint8_t key[32], co
     if (g->world == 1) {
         *out = c;
         return 0;
-    }
-    if (rendezvous == NULL) {
-        free(c);
-        return secure_error(err, errlen, "rank %d: no rendezvous address for a job of %d ranks", g->rank, g->world);
     }
     RdvAnswer ans;
     if (rdv_join(rendezvous, key, job_id_from_key(key), g->rank, g->world, g->local_rank, NULL,
