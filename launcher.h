@@ -968,85 +968,61 @@ static inline void launcher_stop(pid_t *pids, int np, double *kill_at) {
     *kill_at = par_now() + LAUNCH_GRACE_S;
 }
 
-// launcher_run: the launcher. Makes the key (or reads --key-file's: the
-// ranks it starts see that flag too and take the key from it), the socket in a fresh 0700
-// directory and the segment, starts np copies of this program, serves the
-// rendezvous, and waits: the first rank to fail ends the job, and the
-// launcher exits with that rank's status (1 when it was killed). Returns only
-// when it could not get going (err set).
-static inline int launcher_run(char **argv, int np, double timeout_s, const char *key_file, char *err, size_t errlen) {
-    char exe[4096];
-    ssize_t el = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (el <= 0) snprintf(exe, sizeof(exe), "%s", argv[0]);
-    else exe[el] = '\0';
-    uint8_t key[32];
-    if (key_file != NULL && key_read_file(key_file, key, err, errlen) != 0) return PARALLEL_USAGE;
-    if (key_file == NULL && key_generate(key, err, errlen) != 0) return PARALLEL_RUNTIME;
+// launcher_socket_dir: a fresh 0700 directory (mkdtemp) under $TMPDIR, or
+// /tmp, and in spec the rendezvous address of the socket that goes in it
+static inline int launcher_socket_dir(char *dir, size_t dirlen, char *spec, size_t speclen, char *err, size_t errlen) {
     const char *tmp = getenv("TMPDIR");
-    char dir[256], spec[300];
-    snprintf(dir, sizeof(dir), "%s/llm3d-XXXXXX", tmp != NULL && tmp[0] != '\0' && strlen(tmp) < 200 ? tmp : "/tmp");
+    snprintf(dir, dirlen, "%s/llm3d-XXXXXX", tmp != NULL && tmp[0] != '\0' && strlen(tmp) < 200 ? tmp : "/tmp");
     if (mkdtemp(dir) == NULL) return par_fail(PARALLEL_RUNTIME, err, errlen, "launcher: mkdtemp %s: %s", dir, strerror(errno));
-    snprintf(spec, sizeof(spec), "unix:%s/rendezvous.sock", dir);
-    char shm_name[COMM_NAME_BYTES];
-    if (shm_create(shm_name, np, job_id_from_key(key), err, errlen) != 0) {
-        rmdir(dir);
-        return PARALLEL_RUNTIME;
-    }
-    RdvServer *srv = (RdvServer *)calloc(1, sizeof(RdvServer));
-    if (srv == NULL || rdv_server_open(srv, spec, np, key, shm_name, timeout_s, err, errlen) != 0) {
-        if (srv == NULL) secure_error(err, errlen, "launcher: out of memory");
-        free(srv);
-        shm_unlink(shm_name);
-        rmdir(dir);
-        return PARALLEL_RUNTIME;
-    }
-    // child exits and the signals that end the job arrive through a signalfd
-    // polled with the rendezvous socket: no handler, no global flag
-    sigset_t mask, old;
-    sigemptyset(&mask);
-    sigaddset(&mask, SIGCHLD);
-    sigaddset(&mask, SIGINT);
-    sigaddset(&mask, SIGTERM);
-    sigaddset(&mask, SIGHUP);
-    sigprocmask(SIG_BLOCK, &mask, &old);
-    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-    signal(SIGPIPE, SIG_IGN);  // a rank that dies before reading its key must not take us down
+    snprintf(spec, speclen, "unix:%s/rendezvous.sock", dir);
+    return 0;
+}
+
+// launcher_exec_rank: the child forked for rank i of np becomes that rank:
+// the environment that says so, then this program again with the same
+// arguments. key_pipe: the pipe its key comes through. Never returns.
+static inline void launcher_exec_rank(const char *exe, char **argv, int i, int np, const int key_pipe[2],
+                                      pid_t launcher, const char *spec, const sigset_t *old_mask) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // the ranks never outlive the launcher
+    if (getppid() != launcher) _exit(1);
+    sigprocmask(SIG_SETMASK, old_mask, NULL);
+    signal(SIGPIPE, SIG_DFL);
+    close(key_pipe[1]);
+    fcntl(key_pipe[0], F_SETFD, 0);  // this one pipe, and no other, survives the exec
+    char v[32];
+    snprintf(v, sizeof(v), "%d", i); setenv("LLM3D_RANK", v, 1); setenv("LLM3D_LOCAL_RANK", v, 1);
+    snprintf(v, sizeof(v), "%d", np); setenv("LLM3D_WORLD", v, 1);
+    snprintf(v, sizeof(v), "%d", key_pipe[0]); setenv("LLM3D_KEY_FD", v, 1);
+    snprintf(v, sizeof(v), "%d", (int)launcher); setenv("LLM3D_LAUNCHER_PID", v, 1);
+    setenv("LLM3D_RENDEZVOUS", spec, 1);
+    execv(exe, argv);
+    fprintf(stderr, "launcher: rank %d: exec %s: %s\n", i, exe, strerror(errno));
+    _exit(127);
+}
+
+// launcher_start_ranks: forks np ranks (launcher_exec_rank) and writes each
+// the key through a pipe of its own; pids[i] gets rank i's pid. Returns how
+// many started; sets *failed, and err, when one could not be.
+static inline int launcher_start_ranks(const char *exe, char **argv, int np, const char *spec, const uint8_t key[32],
+                                       const sigset_t *old_mask, pid_t *pids, int *failed, char *err, size_t errlen) {
     pid_t me = getpid();
-    pid_t pids[GRID_MAX_WORLD];
-    memset(pids, 0, sizeof(pids));
-    int started = 0, failed = 0;
+    int started = 0;
     fflush(stdout);
     fflush(stderr);
-    for (int i = 0; i < np && !failed; i++) {
+    for (int i = 0; i < np && !*failed; i++) {
         int kfd[2];
         if (pipe(kfd) != 0 || fcntl(kfd[0], F_SETFD, FD_CLOEXEC) != 0 || fcntl(kfd[1], F_SETFD, FD_CLOEXEC) != 0) {
             secure_error(err, errlen, "launcher: pipe for rank %d: %s", i, strerror(errno));
-            failed = 1;
+            *failed = 1;
             break;
         }
         pid_t pid = fork();
-        if (pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);  // the ranks never outlive the launcher
-            if (getppid() != me) _exit(1);
-            sigprocmask(SIG_SETMASK, &old, NULL);
-            signal(SIGPIPE, SIG_DFL);
-            close(kfd[1]);
-            fcntl(kfd[0], F_SETFD, 0);  // this one pipe, and no other, survives the exec
-            char v[32];
-            snprintf(v, sizeof(v), "%d", i); setenv("LLM3D_RANK", v, 1); setenv("LLM3D_LOCAL_RANK", v, 1);
-            snprintf(v, sizeof(v), "%d", np); setenv("LLM3D_WORLD", v, 1);
-            snprintf(v, sizeof(v), "%d", kfd[0]); setenv("LLM3D_KEY_FD", v, 1);
-            snprintf(v, sizeof(v), "%d", (int)me); setenv("LLM3D_LAUNCHER_PID", v, 1);
-            setenv("LLM3D_RENDEZVOUS", spec, 1);
-            execv(exe, argv);
-            fprintf(stderr, "launcher: rank %d: exec %s: %s\n", i, exe, strerror(errno));
-            _exit(127);
-        }
+        if (pid == 0) launcher_exec_rank(exe, argv, i, np, kfd, me, spec, old_mask);
         close(kfd[0]);
         if (pid < 0) {
             secure_error(err, errlen, "launcher: fork for rank %d: %s", i, strerror(errno));
             close(kfd[1]);
-            failed = 1;
+            *failed = 1;
             break;
         }
         pids[i] = pid;
@@ -1054,11 +1030,18 @@ static inline int launcher_run(char **argv, int np, double timeout_s, const char
         key_write_fd(kfd[1], key, NULL, 0);  // a rank that does not get its key says so itself
         close(kfd[1]);
     }
-    secure_wipe(key, sizeof(key));
+    return started;
+}
+
+// launcher_wait: serves the rendezvous and watches the alive ranks until
+// every one has exited. The first rank to fail, or the rendezvous timing
+// out, ends the job (failed: a rank could not be started, so it is ending
+// already); a first signal asks the ranks to stop, a second kills them.
+// Returns the launcher's exit status: 0, the failed rank's status, or 1.
+static inline int launcher_wait(RdvServer *srv, int sfd, pid_t *pids, int np, int alive, int failed) {
     double kill_at = 0;
-    int alive = started, stopping = 0, draining = 0;
+    int stopping = 0, draining = 0;
     if (failed) {
-        fprintf(stderr, "%s\n", err);
         launcher_stop(pids, np, &kill_at);
         stopping = 1;
     }
@@ -1109,6 +1092,56 @@ static inline int launcher_run(char **argv, int np, double timeout_s, const char
             kill_at = 0;
         }
     }
+    return failed;
+}
+
+// launcher_run: the launcher. Makes the key (or reads --key-file's: the
+// ranks it starts see that flag too and take the key from it), the socket in a fresh 0700
+// directory and the segment, starts np copies of this program, serves the
+// rendezvous, and waits: the first rank to fail ends the job, and the
+// launcher exits with that rank's status (1 when it was killed). Returns only
+// when it could not get going (err set).
+static inline int launcher_run(char **argv, int np, double timeout_s, const char *key_file, char *err, size_t errlen) {
+    char exe[4096];
+    ssize_t el = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (el <= 0) snprintf(exe, sizeof(exe), "%s", argv[0]);
+    else exe[el] = '\0';
+    uint8_t key[32];
+    if (key_file != NULL && key_read_file(key_file, key, err, errlen) != 0) return PARALLEL_USAGE;
+    if (key_file == NULL && key_generate(key, err, errlen) != 0) return PARALLEL_RUNTIME;
+    char dir[256], spec[300];
+    if (launcher_socket_dir(dir, sizeof(dir), spec, sizeof(spec), err, errlen) != 0) return PARALLEL_RUNTIME;
+    char shm_name[COMM_NAME_BYTES];
+    if (shm_create(shm_name, np, job_id_from_key(key), err, errlen) != 0) {
+        rmdir(dir);
+        return PARALLEL_RUNTIME;
+    }
+    RdvServer *srv = (RdvServer *)calloc(1, sizeof(RdvServer));
+    if (srv == NULL || rdv_server_open(srv, spec, np, key, shm_name, timeout_s, err, errlen) != 0) {
+        if (srv == NULL) secure_error(err, errlen, "launcher: out of memory");
+        free(srv);
+        shm_unlink(shm_name);
+        rmdir(dir);
+        return PARALLEL_RUNTIME;
+    }
+    // child exits and the signals that end the job arrive through a signalfd
+    // polled with the rendezvous socket: no handler, no global flag
+    sigset_t mask, old;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGHUP);
+    sigprocmask(SIG_BLOCK, &mask, &old);
+    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    signal(SIGPIPE, SIG_IGN);  // a rank that dies before reading its key must not take us down
+    pid_t pids[GRID_MAX_WORLD];
+    memset(pids, 0, sizeof(pids));
+    int failed = 0;
+    int started = launcher_start_ranks(exe, argv, np, spec, key, &old, pids, &failed, err, errlen);
+    secure_wipe(key, sizeof(key));
+    if (failed) fprintf(stderr, "%s\n", err);
+    failed = launcher_wait(srv, sfd, pids, np, started, failed);
     rdv_server_close(srv);
     free(srv);
     shm_unlink(shm_name);  // normally gone already: the last rank to map it unlinks it
