@@ -17,7 +17,7 @@ endif
 
 # CUDA when nvcc is found: sm_80 (A100) and sm_90 (H100/H200)
 NVCC := $(shell command -v nvcc 2>/dev/null)
-# LLM3D_NCCL: parallel.h's NCCL backend, for data parallel across GPUs
+# LLM3D_NCCL: nccl_comm.h's NCCL backend, for data parallel across GPUs
 NVCC_FLAGS = -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -DLLM3D_NCCL
 NVCC_LDLIBS = -lcublas -lcublasLt -lnccl
 PRECISION ?= BF16

@@ -671,7 +671,7 @@ static inline void frame_header_write(const FrameHeader *h, uint8_t out[64]) {
 }
 
 // frame_header_make: the 64-byte header of a message; frames (frame_seal)
-// and MAC'd NCCL messages (parallel.h) are tagged under it
+// and MAC'd NCCL messages (nccl_comm.h) are tagged under it
 static inline void frame_header_make(uint8_t out[64], uint64_t job_id, int src, int dst, int channel, long step,
                                      int microbatch, uint64_t seq, uint64_t len) {
     FrameHeader h;

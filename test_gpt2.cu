@@ -744,7 +744,7 @@ static void test_ckpt_device(void) {
 }
 
 // ----------------------------------------------------------------------------
-// MAC'd NCCL point-to-point messages (parallel.h): the chunk-size rule, the
+// MAC'd NCCL point-to-point messages (nccl_comm.h): the chunk-size rule, the
 // header, and the kernels' per-thread code run on the CPU against secure.h's
 // chunkmac_tag (host, no GPU needed)
 

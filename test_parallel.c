@@ -1,6 +1,7 @@
 /*
- * test_parallel.c: the rank grid, the launcher, the rendezvous and the host
- * communicator of parallel.h, with real processes.
+ * test_parallel.c: the rank grid (grid.h), the pipeline schedules and plans
+ * (pipeline.h), the launcher and the rendezvous (launcher.h) and the host
+ * communicator (shm_comm.h), with real processes.
  *
  * Run without arguments it is the test: in-process checks (grid math, flag
  * and environment handling, the rendezvous server against forked clients),
@@ -1209,7 +1210,7 @@ static void test_pipeline_plans(void) {
 }
 
 // ----------------------------------------------------------------------------
-// the GPU trainer's decisions, made by parallel.h's pure-C side of the NCCL
+// the GPU trainer's decisions, made by nccl_comm.h's pure-C side of the NCCL
 // backend (the NCCL calls themselves need a GPU; rank 0's 128-byte blob
 // reaching every rank is test_rendezvous_server's)
 

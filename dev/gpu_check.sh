@@ -99,7 +99,7 @@ if [ -x dev/cuda/mac_check ]; then run mac_check 90 dev/cuda/mac_check || FAILED
 grep -h '^time ' "$OUT"/*_check.log >> "$SUMMARY" 2>/dev/null
 
 # ---------------------------------------------------------------------------
-# 2b. the parallel layouts through NCCL (parallel.h's NCCL backend). -np 1
+# 2b. the parallel layouts through NCCL (nccl_comm.h's NCCL backend). -np 1
 # always: the one-rank NCCL path (init, splits) under ZeRO 0-3, whose losses
 # must agree (bit for bit in fp32); -np 2 (dp, tp, pp), a stalled rank's
 # watchdog line and a tampered pipeline message only with a second GPU.

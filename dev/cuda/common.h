@@ -106,7 +106,7 @@ static int require_gpu(void) {
 }
 
 // mean milliseconds of one call of launch(ctx), after one warm-up call
-typedef void (*TimedLaunch)(void *ctx);  // not "Launch": parallel.h has one
+typedef void (*TimedLaunch)(void *ctx);  // not "Launch": launcher.h has one
 
 static float time_ms(TimedLaunch launch, void *ctx, int repeats) {
     cudaEvent_t start, stop;

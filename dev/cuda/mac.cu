@@ -182,7 +182,7 @@ int main(void) {
             print_time(what, time_ms(run_mac, &ctx, 10), (double)(mib << 20), 0);
         }
     }
-    // the chunk sizes the NCCL backend's MAC'd messages use (parallel.h,
+    // the chunk sizes the NCCL backend's MAC'd messages use (nccl_comm.h,
     // nccl_mac_chunk_bytes), 25165824 bytes being GPT-2 124M's activation at B 16, T 1024, bf16:
     // a sender pays this once per message, a receiver once more
     size_t nccl_lens[] = {(size_t)1 << 20, (size_t)4 << 20, 25165824, (size_t)64 << 20, (size_t)256 << 20};
