@@ -26,7 +26,7 @@ ifeq ($(PRECISION),FP32)
 endif
 
 CPU_PROGRAMS = train_gpt2 prepare_data dev/bench_secure dev/bench_matmul dev/pipeline_chart
-CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint
+CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint test_prepare_data
 CUDA_PROGRAMS = train_gpt2cu test_gpt2cu
 
 ifneq ($(NVCC),)
@@ -42,7 +42,7 @@ train_gpt2: train_gpt2.c $(HEADERS)
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
 prepare_data: prepare_data.c $(HEADERS)
-	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) -pthread $< $(LDLIBS) -o $@
 
 dev/bench_secure: dev/bench_secure.c secure.h
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@

@@ -1,26 +1,41 @@
 /*
- * prepare_data.c: text files in, llm.c token shards out.
+ * prepare_data.c: text in, llm.c token shards out.
  *
- *   ./prepare_data -i input.txt [-i more.txt ...] [-o outdir] [-n name] [-v val_tokens]
- *                  [-e 0|1] [-s shard_tokens] [--encoder PATH --vocab PATH | --bytes]
+ *   ./prepare_data -i PATH [-i PATH ...] [-o outdir] [-n name] [-v val_tokens | --val-shard]
+ *                  [-e 0|1] [-s shard_tokens] [-t threads] [--block bytes] [--field NAME]
+ *                  [--encoder PATH --vocab PATH | --bytes]
  *
- * The input files are one stream of documents (one per file), tokenized with
- * GPT-2's BPE (tokenizer.h), or, with --bytes, one token per byte (vocab 256,
- * for the offline quick start). With -e 1 the EOT token goes before every
- * document, the first included (llm.c's convention); otherwise no special
- * token is written, and "<|endoftext|>" in the text is plain text. The first
- * -v tokens go to the val split and the rest to train; each split is cut into
- * shards of at most -s tokens, named like llm.c's:
+ * Inputs. Each -i is a text file (one document), a JSON-lines file (a name
+ * ending in .jsonl: one document per line, the string in its "text" field, or
+ * --field's), or a directory, whose files are taken as the same two kinds, in
+ * the byte order of their names, subdirectories included, names starting
+ * with '.' left out. The documents are one stream, in the order given. They
+ * are tokenized with GPT-2's BPE (tokenizer.h), or, with --bytes, one token
+ * per byte (vocab 256, for the offline quick start). With -e 1 the EOT token
+ * goes before every document, the first included (llm.c's convention: its
+ * fineweb.py does the same); -e defaults to 1 when an input is JSON lines or
+ * a directory, else to 0, so a single text file is tokenized as it always
+ * was. Without EOT, "<|endoftext|>" in the text is plain text either way.
+ *
+ * Splits and shards. The first -v tokens go to the val split and the rest to
+ * train; each split is cut into shards of at most -s tokens, named like
+ * llm.c's tinyshakespeare.py, each split numbered from 0:
  *   <outdir>/<name>_val_000000.bin, <outdir>/<name>_train_000000.bin, ...
+ * With --val-shard, the first whole shard is val and shards are numbered
+ * across both splits, as llm.c's fineweb.py names them:
+ *   <name>_val_000000.bin, <name>_train_000001.bin, <name>_train_000002.bin, ...
  * (shard format: tokenizer.h's top comment, doc/tokenizer.md), plus the
  * tokenizer for decoding, <outdir>/<name>_tokenizer.bin.
  *
- * A large file is read and encoded block by block, cut only where the
- * pre-tokenizer is known to cut anyway (bpe_split_point), so the ids are the
- * same as encoding the whole file at once. Each shard is written under a
- * temporary name, fsync'd and renamed when complete, so a shard file with its
- * final name is always whole; shard_finished() is where every one is
- * completed, and where its SHA-256 goes into the manifest.
+ * Threads. The main thread reads the inputs in blocks of about 1 MB (a text
+ * file cut only where the pre-tokenizer is known to cut anyway,
+ * bpe_split_point; a JSON-lines file cut after a line), -t worker threads
+ * encode the blocks, each with its own copy of the BPE cache, and the main
+ * thread writes the blocks' tokens in input order. So the shards are the same
+ * bytes for any -t, and the same as encoding each document whole. Each shard
+ * is written under a temporary name, fsync'd and renamed when complete, so a
+ * shard file with its final name is always whole; shard_finished() is where
+ * every one is completed, and where its SHA-256 goes into the manifest.
  *
  * Last, <outdir>/MANIFEST (secure.h's format: name, size and SHA-256 of every
  * file written, and a tag over the list) is written atomically; the
@@ -40,6 +55,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +63,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "json.h"
 #include "tokenizer.h"
 
 #define SHARD_MAGIC 20240520
@@ -55,7 +72,9 @@
 #define DEFAULT_VAL_TOKENS 32768          // llm.c's tinyshakespeare split
 #define DEFAULT_SHARD_TOKENS 100000000LL  // llm.c's fineweb shard size
 #define MAX_SHARD_TOKENS 2147483647LL     // the header holds the count as an int32
-#define READ_BLOCK (4 << 20)
+#define DEFAULT_BLOCK_BYTES (1 << 20)     // what one worker encodes at a time
+#define MAX_THREADS 1024
+#define MAX_DIR_DEPTH 64                  // deeper is a loop of links more likely than data
 #define PROGRESS_MIN_BYTES (16 << 20)     // smaller inputs finish too fast to need it
 #define MAX_NAME_BYTES 238                // with "_train_000000.bin", a manifest's 255-byte names
 
@@ -65,27 +84,41 @@ typedef struct {
     const char *out_dir;
     const char *name;
     long long val_tokens;
-    int eot_between;
+    int val_shard;             // --val-shard: the first shard is val, numbers run across both splits
+    int eot_between;           // -1 until decided: given by -e, else from the inputs' kinds
     long long shard_tokens;
+    int threads;
+    long long block_bytes;     // input per block a worker encodes
+    const char *field;
     const char *encoder_path, *vocab_path;
     int bytes;
 } Options;
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: prepare_data -i FILE [-i FILE ...] [options]\n"
-            "  -i FILE          input text file, one document each (required, repeatable)\n"
+            "usage: prepare_data -i PATH [-i PATH ...] [options]\n"
+            "  -i PATH          input (required, repeatable): a text file, one document; a .jsonl file,\n"
+            "                   one document per line (its --field string); or a directory of such\n"
+            "                   files, taken in name order, subdirectories too, dot-names left out\n"
             "  -o DIR           output directory, created if missing (default .); gets a MANIFEST of\n"
             "                   the files written (SHA-256 each), which the dataloader checks\n"
             "  -n NAME          shard name prefix, of [A-Za-z0-9._+-] (default: first input's name\n"
             "                   without extension)\n"
             "  -v N             first N tokens go to the val split, 0..  (default %d)\n"
-            "  -e 0|1           EOT token before every document (default 0)\n"
+            "  --val-shard      instead of -v: the first shard is val, and shards are numbered across\n"
+            "                   both splits, as llm.c's fineweb.py: NAME_val_000000, NAME_train_000001, ..\n"
+            "  -e 0|1           EOT token before every document (default 1 when an input is .jsonl or\n"
+            "                   a directory, else 0)\n"
             "  -s N             max tokens per shard, 1..%lld (default %lld)\n"
+            "  -t N             encoding threads, 1..%d (default: the cores online, here %ld)\n"
+            "  --block N        bytes of input a thread encodes at a time, 64..2^30 (default %d);\n"
+            "                   the output is the same for any value (the tests use small ones)\n"
+            "  --field NAME     the JSON-lines field holding each document (default text)\n"
             "  --encoder PATH   GPT-2 encoder.json  } default: $LLM3D_DATA/gpt2/, else ../shared/data/gpt2/\n"
             "  --vocab PATH     GPT-2 vocab.bpe     }\n"
             "  --bytes          byte-level tokens (vocab 256, EOT = 0) instead of GPT-2 BPE\n",
-            DEFAULT_VAL_TOKENS, MAX_SHARD_TOKENS, DEFAULT_SHARD_TOKENS);
+            DEFAULT_VAL_TOKENS, MAX_SHARD_TOKENS, DEFAULT_SHARD_TOKENS, MAX_THREADS, sysconf(_SC_NPROCESSORS_ONLN),
+            DEFAULT_BLOCK_BYTES);
 }
 
 static void usage_error(const char *fmt, const char *a, const char *b) {
@@ -115,11 +148,14 @@ static int name_ok(const char *name) {
     return manifest_name_ok(longest, strlen(longest));
 }
 
-// default_name: the first input's file name without directory and extension,
-// other bytes than the manifest allows made '_'
+// default_name: the first input's file or directory name without its
+// directory and extension, other bytes than the manifest allows made '_'
 static const char *default_name(const char *path, char *out, size_t outlen) {
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
+    char trimmed[4096];
+    snprintf(trimmed, sizeof(trimmed), "%s", path);
+    for (size_t n = strlen(trimmed); n > 1 && trimmed[n - 1] == '/'; n--) trimmed[n - 1] = '\0';  // "dir/" names dir
+    const char *base = strrchr(trimmed, '/');
+    base = base ? base + 1 : trimmed;
     snprintf(out, outlen < MAX_NAME_BYTES + 1 ? outlen : MAX_NAME_BYTES + 1, "%s", base);
     char *dot = strrchr(out, '.');
     if (dot != NULL && dot != out) *dot = '\0';
@@ -130,19 +166,31 @@ static const char *default_name(const char *path, char *out, size_t outlen) {
     return out;
 }
 
+static int default_threads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
+}
+
 static void parse_options(Options *o, int argc, char **argv, char *name_buf, size_t name_len) {
     memset(o, 0, sizeof(*o));
     o->inputs = malloc((size_t)argc * sizeof(char *));
     if (o->inputs == NULL) { fprintf(stderr, "prepare_data: out of memory\n"); exit(1); }
     o->out_dir = ".";
     o->val_tokens = DEFAULT_VAL_TOKENS;
+    o->eot_between = -1;
     o->shard_tokens = DEFAULT_SHARD_TOKENS;
+    o->threads = default_threads();
+    o->block_bytes = DEFAULT_BLOCK_BYTES;
+    o->field = "text";
+    int v_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *flag = argv[i];
         if (strcmp(flag, "-h") == 0 || strcmp(flag, "--help") == 0) { usage(stdout); exit(0); }
         if (strcmp(flag, "--bytes") == 0) { o->bytes = 1; continue; }
+        if (strcmp(flag, "--val-shard") == 0) { o->val_shard = 1; continue; }
         int known = strcmp(flag, "-i") == 0 || strcmp(flag, "-o") == 0 || strcmp(flag, "-n") == 0 ||
                     strcmp(flag, "-v") == 0 || strcmp(flag, "-e") == 0 || strcmp(flag, "-s") == 0 ||
+                    strcmp(flag, "-t") == 0 || strcmp(flag, "--field") == 0 || strcmp(flag, "--block") == 0 ||
                     strcmp(flag, "--encoder") == 0 || strcmp(flag, "--vocab") == 0;
         if (!known) usage_error("unknown flag '%s'%s", flag, "");
         if (i + 1 >= argc) usage_error("%s needs a value%s", flag, "");
@@ -151,16 +199,21 @@ static void parse_options(Options *o, int argc, char **argv, char *name_buf, siz
         if (strcmp(flag, "-i") == 0) o->inputs[o->n_inputs++] = value;
         else if (strcmp(flag, "-o") == 0) o->out_dir = value;
         else if (strcmp(flag, "-n") == 0) o->name = value;
-        else if (strcmp(flag, "-v") == 0) o->val_tokens = parse_count("-v", value, 0, 1LL << 62);
+        else if (strcmp(flag, "-v") == 0) { o->val_tokens = parse_count("-v", value, 0, 1LL << 62); v_given = 1; }
         else if (strcmp(flag, "-e") == 0) o->eot_between = (int)parse_count("-e", value, 0, 1);
         else if (strcmp(flag, "-s") == 0) o->shard_tokens = parse_count("-s", value, 1, MAX_SHARD_TOKENS);
+        else if (strcmp(flag, "-t") == 0) o->threads = (int)parse_count("-t", value, 1, MAX_THREADS);
+        else if (strcmp(flag, "--block") == 0) o->block_bytes = parse_count("--block", value, 64, 1LL << 30);
+        else if (strcmp(flag, "--field") == 0) o->field = value;
         else if (strcmp(flag, "--encoder") == 0) o->encoder_path = value;
         else o->vocab_path = value;
     }
-    if (o->n_inputs == 0) usage_error("no input: give at least one -i FILE%s%s", "", "");
+    if (o->n_inputs == 0) usage_error("no input: give at least one -i PATH%s%s", "", "");
     if (o->bytes && (o->encoder_path || o->vocab_path)) usage_error("--bytes and --encoder/--vocab exclude each other%s%s", "", "");
     if ((o->encoder_path == NULL) != (o->vocab_path == NULL))
         usage_error("%s given without %s", o->encoder_path ? "--encoder" : "--vocab", o->encoder_path ? "--vocab" : "--encoder");
+    if (o->val_shard && v_given) usage_error("--val-shard and -v exclude each other: the val split is the first shard (-s)%s%s", "", "");
+    if (o->val_shard) o->val_tokens = o->shard_tokens;
     if (o->name == NULL) o->name = default_name(o->inputs[0], name_buf, name_len);
     if (!name_ok(o->name)) usage_error("-n '%s': want a file name prefix of 1..238 of [A-Za-z0-9._+-], not starting "
                                        "with '.'%s", o->name, "");
@@ -186,12 +239,120 @@ static int find_gpt2_files(char *encoder, char *vocab, size_t len) {
 }
 
 // ----------------------------------------------------------------------------
+// the input files: -i paths, directories walked, each file's kind
+
+enum { INPUT_TEXT, INPUT_JSONL };
+
+typedef struct {
+    char *path;
+    int kind;                  // INPUT_TEXT: one document; INPUT_JSONL: one per line
+    long long size;
+} InputFile;
+
+typedef struct {
+    InputFile *files;
+    int n, cap;
+    long long bytes;           // their sizes added up
+    int many_documents;        // some -i is a directory or a JSON-lines file
+} InputList;
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+static int input_add_file(InputList *l, const char *path, long long size) {
+    static const char *packed[] = {".gz", ".zst", ".bz2", ".xz", ".zip", ".parquet", ".arrow"};
+    for (size_t k = 0; k < sizeof(packed) / sizeof(packed[0]); k++) {
+        if (!ends_with(path, packed[k])) continue;
+        fprintf(stderr, "prepare_data: -i %s: a %s file is not text; unpack it first (dev/hf_to_jsonl.py turns parquet or a "
+                "Hugging Face dataset into .jsonl)\n", path, packed[k]);
+        return -1;
+    }
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        InputFile *bigger = realloc(l->files, (size_t)cap * sizeof(InputFile));
+        if (bigger == NULL) { fprintf(stderr, "prepare_data: out of memory listing the inputs\n"); return -1; }
+        l->files = bigger;
+        l->cap = cap;
+    }
+    InputFile *f = &l->files[l->n];
+    f->path = strdup(path);
+    if (f->path == NULL) { fprintf(stderr, "prepare_data: out of memory listing the inputs\n"); return -1; }
+    f->kind = ends_with(path, ".jsonl") ? INPUT_JSONL : INPUT_TEXT;
+    f->size = size;
+    l->n++;
+    l->bytes += size;
+    if (f->kind == INPUT_JSONL) l->many_documents = 1;
+    return 0;
+}
+
+static int not_hidden(const struct dirent *e) { return e->d_name[0] != '.'; }
+
+// byte order, whatever the locale (alphasort would follow LC_COLLATE)
+static int by_name(const struct dirent **a, const struct dirent **b) { return strcmp((*a)->d_name, (*b)->d_name); }
+
+// input_add_path: a file, or every file under a directory in name order; 0 ok, -1 after printing why
+static int input_add_path(InputList *l, const char *path, int depth) {
+    struct stat st;
+    if (stat(path, &st) != 0) { fprintf(stderr, "prepare_data: -i %s: %s\n", path, strerror(errno)); return -1; }
+    if (S_ISREG(st.st_mode)) return input_add_file(l, path, (long long)st.st_size);
+    if (!S_ISDIR(st.st_mode)) { fprintf(stderr, "prepare_data: -i %s: not a regular file or a directory\n", path); return -1; }
+    if (depth >= MAX_DIR_DEPTH) { fprintf(stderr, "prepare_data: -i %s: directories nested deeper than %d\n", path, MAX_DIR_DEPTH); return -1; }
+    l->many_documents = 1;
+    struct dirent **names;
+    int n = scandir(path, &names, not_hidden, by_name);
+    if (n < 0) { fprintf(stderr, "prepare_data: -i %s: cannot list: %s\n", path, strerror(errno)); return -1; }
+    int rc = 0;
+    for (int k = 0; k < n; k++) {
+        char child[4096];
+        int len = snprintf(child, sizeof(child), "%s%s%s", path, ends_with(path, "/") ? "" : "/", names[k]->d_name);
+        if (rc == 0 && (len < 0 || (size_t)len >= sizeof(child))) {
+            fprintf(stderr, "prepare_data: -i %s: a path under it is too long\n", path);
+            rc = -1;
+        }
+        if (rc == 0) rc = input_add_path(l, child, depth + 1);
+        free(names[k]);
+    }
+    free(names);
+    return rc;
+}
+
+static void input_list_free(InputList *l) {
+    for (int k = 0; k < l->n; k++) free(l->files[k].path);
+    free(l->files);
+    memset(l, 0, sizeof(*l));
+}
+
+// check_paths: the inputs, listed into *l, and the output directory, made if
+// missing. 0 ok, 1 error.
+static int check_paths(const Options *o, InputList *l) {
+    memset(l, 0, sizeof(*l));
+    for (int k = 0; k < o->n_inputs; k++) {
+        int before = l->n;
+        if (input_add_path(l, o->inputs[k], 0) != 0) return 1;
+        if (l->n == before) { fprintf(stderr, "prepare_data: -i %s: no files in it\n", o->inputs[k]); return 1; }
+    }
+    struct stat st;
+    if (stat(o->out_dir, &st) != 0) {
+        if (mkdir(o->out_dir, 0755) != 0) {
+            fprintf(stderr, "prepare_data: -o %s: cannot create directory: %s\n", o->out_dir, strerror(errno));
+            return 1;
+        }
+    } else if (!S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "prepare_data: -o %s: exists and is not a directory\n", o->out_dir);
+        return 1;
+    }
+    return 0;
+}
+// ----------------------------------------------------------------------------
 // shard writing
 
 typedef struct {
     const char *out_dir, *name;
     long long shard_tokens;
     long long val_left;        // tokens still owed to the val split
+    int numbers_across;        // --val-shard: train shards are numbered after the val shards
     FILE *f;                   // the open shard, or NULL
     int split;                 // of the open shard: 0 val, 1 train
     long long in_shard;        // tokens in the open shard
@@ -216,8 +377,8 @@ static int shard_finished(ShardWriter *w, char *err, size_t errlen) {
 
 static int shard_open(ShardWriter *w, char *err, size_t errlen) {
     w->split = w->val_left > 0 ? 0 : 1;
-    int n = snprintf(w->path, sizeof(w->path), "%s/%s_%s_%06d.bin", w->out_dir, w->name, split_names[w->split],
-                     w->shards[w->split]);
+    int number = w->shards[w->split] + (w->split == 1 && w->numbers_across ? w->shards[0] : 0);
+    int n = snprintf(w->path, sizeof(w->path), "%s/%s_%s_%06d.bin", w->out_dir, w->name, split_names[w->split], number);
     if (n < 0 || (size_t)n >= sizeof(w->path)) return tok_error(err, errlen, "-o %s: output path too long", w->out_dir);
     snprintf(w->tmp_path, sizeof(w->tmp_path), "%s.tmp", w->path);
     w->f = fopen(w->tmp_path, "wb");
@@ -302,95 +463,396 @@ static void shard_writer_free(ShardWriter *w) {
 }
 
 // ----------------------------------------------------------------------------
-// tokenizing the inputs
+// blocks of input: read by the main thread, encoded by a worker
+
+enum { WORK_FREE, WORK_FILLED, WORK_ENCODED };
+
+typedef struct {
+    int state;                 // WORK_*, changed under the pipeline's lock
+    // the input, set by the reader
+    const InputFile *file;
+    char *text;
+    size_t len, cap;
+    int starts_document;       // a text file's first block: EOT goes first (with -e 1)
+    long long first_line;      // 1-based line of text[0] in its file (JSON lines)
+    long long first_byte;      // offset of text[0] in its file
+    // the output, set by the worker
+    BpeOut out;
+    long long documents;       // documents that start in this block
+    int failed;
+    char err[1024];
+} Work;
+
+// The reader's place in the inputs: the file it is in, and what it has read
+// of that file but not yet handed out in a block.
+typedef struct {
+    const InputList *inputs;
+    int bytes;                 // --bytes: any cut is a safe one
+    int next;                  // index of the next file to open
+    FILE *f;
+    const InputFile *file;
+    char *buf;
+    size_t cap, have;
+    int at_eof, handed_out;    // handed_out: a block of this file went out already
+    long long line, offset;    // of buf[0]
+} Reader;
+
+static int work_set_text(Work *w, const char *text, size_t len) {
+    if (len > w->cap) {
+        char *bigger = realloc(w->text, len);
+        if (bigger == NULL) return -1;
+        w->text = bigger;
+        w->cap = len;
+    }
+    memcpy(w->text, text, len);
+    w->len = len;
+    return 0;
+}
+
+static long long count_lines(const char *s, size_t n) {
+    long long lines = 0;
+    for (const char *p = s, *end = s + n; (p = memchr(p, '\n', (size_t)(end - p))) != NULL; p++) lines++;
+    return lines;
+}
+
+// block_cut: how much of the reader's buffer can go out as one block: up to
+// the last line end of a JSON-lines file, up to bpe_split_point of a text
+// file; 0 if the buffer needs more to find a cut
+static size_t block_cut(const Reader *r) {
+    if (r->at_eof) return r->have;
+    if (r->file->kind == INPUT_JSONL) {
+        const char *nl = memrchr(r->buf, '\n', r->have);
+        return nl == NULL ? 0 : (size_t)(nl - r->buf) + 1;
+    }
+    return r->bytes ? r->have : bpe_split_point(r->buf, r->have);
+}
+
+// reader_fill: the next block of input into w. 1 filled, 0 no input left,
+// -1 with err set.
+static int reader_fill(Reader *r, Work *w, char *err, size_t errlen) {
+    for (;;) {
+        if (r->f == NULL) {
+            if (r->next == r->inputs->n) return 0;
+            r->file = &r->inputs->files[r->next++];
+            r->f = fopen(r->file->path, "rb");
+            if (r->f == NULL) return tok_error(err, errlen, "-i %s: cannot open: %s", r->file->path, strerror(errno));
+            r->have = 0;
+            r->at_eof = r->handed_out = 0;
+            r->line = 1;
+            r->offset = 0;
+        }
+        while (!r->at_eof && r->have < r->cap) {
+            size_t got = fread(r->buf + r->have, 1, r->cap - r->have, r->f);
+            r->have += got;
+            if (ferror(r->f)) return tok_error(err, errlen, "-i %s: read error: %s", r->file->path, strerror(errno));
+            if (got == 0 || feof(r->f)) r->at_eof = 1;
+        }
+        size_t cut = block_cut(r);
+        if (cut == 0 && !r->at_eof) {  // one line longer than the buffer: grow it until the line fits
+            char *bigger = realloc(r->buf, 2 * r->cap);
+            if (bigger == NULL) return tok_error(err, errlen, "-i %s: out of memory for a %zu MB line", r->file->path, r->cap >> 19);
+            r->buf = bigger;
+            r->cap *= 2;
+            continue;
+        }
+        // an empty text file is still a document (an EOT with -e 1); an empty JSON-lines file holds none
+        int something = cut > 0 || (!r->handed_out && r->file->kind == INPUT_TEXT);
+        if (something) {
+            if (work_set_text(w, r->buf, cut) != 0) return tok_error(err, errlen, "out of memory for a block of input");
+            w->file = r->file;
+            w->starts_document = r->file->kind == INPUT_TEXT && !r->handed_out;
+            w->first_line = r->line;
+            w->first_byte = r->offset;
+            r->handed_out = 1;
+            if (r->file->kind == INPUT_JSONL) r->line += count_lines(r->buf, cut);
+            r->offset += (long long)cut;
+            memmove(r->buf, r->buf + cut, r->have - cut);
+            r->have -= cut;
+        }
+        if (r->at_eof && r->have == 0) {
+            fclose(r->f);
+            r->f = NULL;
+        }
+        if (something) return 1;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// encoding: what a worker thread does to a block
+
+typedef struct Pipeline Pipeline;
+
+typedef struct {
+    Pipeline *p;
+    Bpe bpe;                   // the loaded tables, shared; its own cache and scratch
+    JsonBuf doc;               // a JSON document's text, decoded
+    pthread_t thread;
+} Worker;
+
+struct Pipeline {
+    Work *work;                // a ring: block number k is work[k % n_work]
+    int n_work;
+    long long filled, taken, written;  // blocks read in, taken by a worker, written out
+    int reading_done, stop;
+    pthread_mutex_t lock;
+    pthread_cond_t have_work, work_done;
+    const Bpe *bpe;            // NULL: byte-level tokens
+    int eot, eot_between;
+    const char *field;
+    Worker *workers;
+    int n_workers;
+};
+
+// bpe_thread_copy: a Bpe for one thread. The vocabulary and merge tables are
+// only read while encoding, so they are shared; the cache of pieces and the
+// scratch for merging are written, so each thread has its own.
+static int bpe_thread_copy(Bpe *copy, const Bpe *shared) {
+    *copy = *shared;
+    copy->cache = calloc(BPE_CACHE_SLOTS, sizeof(BpeCacheSlot));
+    copy->cache_text = malloc(BPE_CACHE_TEXT_BYTES);
+    copy->cache_ids = malloc(BPE_CACHE_IDS * sizeof(int32_t));
+    copy->cache_used = copy->cache_text_used = copy->cache_ids_used = 0;
+    copy->sym = NULL;
+    copy->heap = NULL;
+    copy->scratch_cap = 0;
+    return copy->cache == NULL || copy->cache_text == NULL || copy->cache_ids == NULL ? -1 : 0;
+}
+
+static void bpe_thread_free(Bpe *copy) {
+    free(copy->cache);
+    free(copy->cache_text);
+    free(copy->cache_ids);
+    free(copy->sym);
+    free(copy->heap);
+}
+
+static int push_id(BpeOut *out, int id) {
+    if (bpe_out_reserve(out, 1) != 0) return -1;
+    out->ids[out->n++] = id;
+    return 0;
+}
+
+// encode_text: one document's text, or a block of one, appended to out
+static int encode_text(Worker *wk, const char *text, size_t len, BpeOut *out) {
+    if (wk->p->bpe != NULL) return bpe_encode_ordinary(&wk->bpe, (const unsigned char *)text, len, out);
+    if (bpe_out_reserve(out, len) != 0) return -1;
+    for (size_t i = 0; i < len; i++) out->ids[out->n++] = (unsigned char)text[i];
+    return 0;
+}
+
+// json_document: the string of the field named field in one JSON-lines line
+// (an object), decoded into doc; -1 with j->err set
+static int json_document(JsonReader *j, const char *field, JsonBuf *doc, JsonBuf *key) {
+    int index = 0, found = 0, more;
+    if (json_peek(j) != '{') return json_fail(j, "a line must be a JSON object");
+    while ((more = json_object_next(j, &index, key)) == 1) {
+        if (strcmp(key->bytes, field) != 0) {
+            if (json_skip_value(j) != 0) return -1;
+            continue;
+        }
+        if (found) return json_fail(j, "a second \"%s\" field", field);
+        if (json_peek(j) != '"') return json_fail(j, "the \"%s\" field is not a string", field);
+        if (json_string(j, doc) != 0) return -1;
+        found = 1;
+    }
+    if (more < 0 || json_at_end(j) != 0) return -1;
+    if (!found) return json_fail(j, "no \"%s\" field", field);
+    return 0;
+}
+
+static int only_space(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r') return 0;
+    }
+    return 1;
+}
+
+// encode_json_lines: every line of the block is a document; blank lines are skipped
+static int encode_json_lines(Worker *wk, Work *w) {
+    JsonBuf key = {NULL, 0, 0};
+    long long line = w->first_line;
+    int rc = 0;
+    for (size_t at = 0; rc == 0 && at < w->len; line++) {
+        const char *start = w->text + at, *nl = memchr(start, '\n', w->len - at);
+        size_t n = nl != NULL ? (size_t)(nl - start) : w->len - at;
+        if (!only_space(start, n)) {
+            JsonReader j;
+            json_init(&j, start, n);
+            if (json_document(&j, wk->p->field, &wk->doc, &key) != 0) {
+                snprintf(w->err, sizeof(w->err), "%s line %lld column %zu (file byte %lld): %s", w->file->path, line,
+                         j.err_pos + 1, w->first_byte + (long long)(at + j.err_pos), j.err);
+                rc = -1;
+            } else if ((wk->p->eot_between && push_id(&w->out, wk->p->eot) != 0) ||
+                       encode_text(wk, wk->doc.bytes, wk->doc.len, &w->out) != 0) {
+                snprintf(w->err, sizeof(w->err), "%s line %lld: out of memory encoding it", w->file->path, line);
+                rc = -1;
+            }
+            w->documents++;
+        }
+        at += n + 1;
+    }
+    json_buf_free(&key);
+    return rc;
+}
+
+static void encode_work(Worker *wk, Work *w) {
+    w->out.n = 0;
+    w->documents = 0;
+    w->failed = 0;
+    if (w->file->kind == INPUT_JSONL) {
+        w->failed = encode_json_lines(wk, w) != 0;
+        return;
+    }
+    if (w->starts_document) w->documents = 1;
+    if ((w->starts_document && wk->p->eot_between && push_id(&w->out, wk->p->eot) != 0) ||
+        encode_text(wk, w->text, w->len, &w->out) != 0) {
+        snprintf(w->err, sizeof(w->err), "%s: out of memory encoding a block at byte %lld", w->file->path, w->first_byte);
+        w->failed = 1;
+    }
+}
+
+static void *worker_main(void *arg) {
+    Worker *wk = arg;
+    Pipeline *p = wk->p;
+    pthread_mutex_lock(&p->lock);
+    for (;;) {
+        while (!p->stop && !p->reading_done && p->taken == p->filled) pthread_cond_wait(&p->have_work, &p->lock);
+        if (p->stop || p->taken == p->filled) break;
+        Work *w = &p->work[p->taken % p->n_work];
+        p->taken++;
+        pthread_mutex_unlock(&p->lock);
+        encode_work(wk, w);
+        pthread_mutex_lock(&p->lock);
+        w->state = WORK_ENCODED;
+        pthread_cond_broadcast(&p->work_done);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+
+// ----------------------------------------------------------------------------
+// the main thread: read blocks, hand them out, write their tokens in order
 
 typedef struct {
     double start, last_print;
-    long long bytes_done, bytes_total;
-    double encode_seconds;   // time inside the tokenizer alone
+    long long bytes_done, bytes_total, documents, tokens;
+    int on_terminal;
 } Progress;
 
-static void progress_update(Progress *p, long long more) {
-    p->bytes_done += more;
-    double t = now_seconds();
-    if (p->bytes_total < PROGRESS_MIN_BYTES || t - p->last_print < 1.0) return;
+static void progress_print(Progress *p, int last) {
+    double t = now_seconds(), elapsed = t - p->start;
+    if (p->bytes_total < PROGRESS_MIN_BYTES) return;
+    if (!last && t - p->last_print < (p->on_terminal ? 1.0 : 30.0)) return;
     p->last_print = t;
-    fprintf(stderr, "prepare_data: %.1f of %.1f MB, %.1f MB/s\n", p->bytes_done / 1e6, p->bytes_total / 1e6,
-            p->bytes_done / 1e6 / (t - p->start));
+    double rate = elapsed > 0 ? p->bytes_done / elapsed : 0;  // bytes per second
+    long eta = rate > 0 ? (long)((p->bytes_total - p->bytes_done) / rate) : 0;
+    fprintf(stderr, "%sprepare_data: %.0f of %.0f MB (%.1f%%), %.1f MB/s, %lld documents, %.1fM tokens, ETA %ld:%02ld:%02ld%s",
+            p->on_terminal ? "\r" : "", p->bytes_done / 1e6, p->bytes_total / 1e6,
+            p->bytes_total > 0 ? 100.0 * p->bytes_done / p->bytes_total : 100.0, rate / 1e6, p->documents, p->tokens / 1e6,
+            eta / 3600, eta / 60 % 60, eta % 60, p->on_terminal && !last ? "" : "\n");
 }
 
-static int encode_block(Bpe *bpe, const char *text, size_t len, ShardWriter *w, Progress *p, char *err, size_t errlen) {
-    int *ids = NULL;
-    size_t n = 0;
-    double t0 = now_seconds();
-    if (bpe != NULL) {
-        if (bpe_encode(bpe, text, len, 0, &ids, &n) != 0) return tok_error(err, errlen, "out of memory encoding a block");
-    } else {  // byte-level: each byte is its token
-        ids = malloc((len ? len : 1) * sizeof(int));
-        if (ids == NULL) return tok_error(err, errlen, "out of memory encoding a block");
-        for (size_t i = 0; i < len; i++) ids[i] = (unsigned char)text[i];
-        n = len;
-    }
-    p->encode_seconds += now_seconds() - t0;
-    int rc = shard_add(w, ids, n, err, errlen);
-    free(ids);
-    progress_update(p, (long long)len);
-    return rc;
-}
-
-static int tokenize_file(const char *path, Bpe *bpe, ShardWriter *w, Progress *p, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return tok_error(err, errlen, "-i %s: cannot open: %s", path, strerror(errno));
-    size_t cap = READ_BLOCK, have = 0;
-    char *buf = malloc(cap);
-    int rc = buf == NULL ? tok_error(err, errlen, "out of memory") : 0;
-    while (rc == 0) {
-        size_t got = fread(buf + have, 1, cap - have, f);
-        have += got;
-        if (ferror(f)) { rc = tok_error(err, errlen, "-i %s: read error: %s", path, strerror(errno)); break; }
-        int at_end = got == 0 || feof(f);
-        if (!at_end && have < cap) continue;
-        // cut at a boundary the pre-tokenizer would cut at anyway; a block
-        // without one (a huge line) grows until it has one
-        size_t cut = at_end ? have : bpe != NULL ? bpe_split_point(buf, have) : have;
-        if (cut == 0 && !at_end) {
-            char *bigger = realloc(buf, 2 * cap);
-            if (bigger == NULL) { rc = tok_error(err, errlen, "-i %s: out of memory for a %zu MB line", path, cap >> 19); break; }
-            buf = bigger;
-            cap *= 2;
-            continue;
+static int pipeline_start(Pipeline *p, const Options *o, const Bpe *bpe, int eot) {
+    memset(p, 0, sizeof(*p));
+    p->n_work = 2 * o->threads + 2;  // enough that the reader keeps every worker busy
+    p->work = calloc((size_t)p->n_work, sizeof(Work));
+    p->workers = calloc((size_t)o->threads, sizeof(Worker));
+    if (p->work == NULL || p->workers == NULL) return -1;
+    p->bpe = bpe;
+    p->eot = eot;
+    p->eot_between = o->eot_between;
+    p->field = o->field;
+    pthread_mutex_init(&p->lock, NULL);
+    pthread_cond_init(&p->have_work, NULL);
+    pthread_cond_init(&p->work_done, NULL);
+    for (int k = 0; k < o->threads; k++) {
+        Worker *wk = &p->workers[k];
+        wk->p = p;
+        if (bpe != NULL && bpe_thread_copy(&wk->bpe, bpe) != 0) { bpe_thread_free(&wk->bpe); return -1; }
+        if (pthread_create(&wk->thread, NULL, worker_main, wk) != 0) {
+            if (bpe != NULL) bpe_thread_free(&wk->bpe);
+            return -1;
         }
-        rc = encode_block(bpe, buf, cut, w, p, err, errlen);
-        memmove(buf, buf + cut, have - cut);
-        have -= cut;
-        if (at_end) break;
-    }
-    free(buf);
-    fclose(f);
-    return rc;
-}
-
-// check_paths: the inputs are readable files (their total size into
-// *bytes_total) and the output directory exists or is made. 0 ok, 1 error.
-static int check_paths(const Options *o, long long *bytes_total) {
-    *bytes_total = 0;
-    struct stat st;
-    for (int k = 0; k < o->n_inputs; k++) {
-        if (stat(o->inputs[k], &st) != 0) { fprintf(stderr, "prepare_data: -i %s: %s\n", o->inputs[k], strerror(errno)); return 1; }
-        if (!S_ISREG(st.st_mode)) { fprintf(stderr, "prepare_data: -i %s: not a regular file\n", o->inputs[k]); return 1; }
-        *bytes_total += (long long)st.st_size;
-    }
-    if (stat(o->out_dir, &st) != 0) {
-        if (mkdir(o->out_dir, 0755) != 0) {
-            fprintf(stderr, "prepare_data: -o %s: cannot create directory: %s\n", o->out_dir, strerror(errno));
-            return 1;
-        }
-    } else if (!S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "prepare_data: -o %s: exists and is not a directory\n", o->out_dir);
-        return 1;
+        p->n_workers++;
     }
     return 0;
 }
+
+static void pipeline_stop(Pipeline *p) {
+    if (p->n_workers > 0) {
+        pthread_mutex_lock(&p->lock);
+        p->stop = 1;
+        pthread_cond_broadcast(&p->have_work);
+        pthread_mutex_unlock(&p->lock);
+    }
+    for (int k = 0; k < p->n_workers; k++) {
+        pthread_join(p->workers[k].thread, NULL);
+        if (p->bpe != NULL) bpe_thread_free(&p->workers[k].bpe);
+        json_buf_free(&p->workers[k].doc);
+    }
+    for (int k = 0; p->work != NULL && k < p->n_work; k++) {
+        free(p->work[k].text);
+        free(p->work[k].out.ids);
+    }
+    if (p->workers != NULL) {
+        pthread_mutex_destroy(&p->lock);
+        pthread_cond_destroy(&p->have_work);
+        pthread_cond_destroy(&p->work_done);
+    }
+    free(p->work);
+    free(p->workers);
+}
+
+// read_ahead: fills every free block with input; the workers start on each at once
+static int read_ahead(Pipeline *p, Reader *r, char *err, size_t errlen) {
+    while (!p->reading_done && p->filled - p->written < p->n_work) {
+        Work *w = &p->work[p->filled % p->n_work];
+        int got = reader_fill(r, w, err, errlen);
+        pthread_mutex_lock(&p->lock);
+        if (got == 1) {
+            w->state = WORK_FILLED;
+            p->filled++;
+            pthread_cond_signal(&p->have_work);
+        } else {
+            p->reading_done = 1;
+            pthread_cond_broadcast(&p->have_work);
+        }
+        pthread_mutex_unlock(&p->lock);
+        if (got < 0) return -1;
+    }
+    return 0;
+}
+
+// tokenize_inputs: every document into the shard writer, in input order
+static int tokenize_inputs(const Options *o, const InputList *inputs, const Bpe *bpe, int eot, ShardWriter *sw,
+                           Progress *progress, char *err, size_t errlen) {
+    Pipeline p;
+    Reader r = {inputs, bpe == NULL, 0, NULL, NULL, malloc((size_t)o->block_bytes), (size_t)o->block_bytes, 0, 0, 0, 0, 0};
+    int rc = r.buf == NULL || pipeline_start(&p, o, bpe, eot) != 0 ? tok_error(err, errlen, "cannot start %d threads: out of memory", o->threads) : 0;
+    while (rc == 0) {
+        rc = read_ahead(&p, &r, err, errlen);
+        if (rc != 0 || (p.reading_done && p.written == p.filled)) break;
+        Work *w = &p.work[p.written % p.n_work];
+        pthread_mutex_lock(&p.lock);
+        while (w->state != WORK_ENCODED) pthread_cond_wait(&p.work_done, &p.lock);
+        pthread_mutex_unlock(&p.lock);
+        if (w->failed) rc = tok_error(err, errlen, "%s", w->err);
+        else rc = shard_add(sw, w->out.ids, w->out.n, err, errlen);
+        w->state = WORK_FREE;
+        p.written++;
+        progress->bytes_done += (long long)w->len;
+        progress->documents += w->documents;
+        progress->tokens += (long long)w->out.n;
+        progress_print(progress, 0);
+    }
+    pipeline_stop(&p);
+    if (r.f != NULL) fclose(r.f);
+    free(r.buf);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// loading the encoder
 
 // load_bpe: GPT-2's encoder from the flags' files or the data directory.
 // 0 ok, 1 error (nothing left to free).
@@ -510,7 +972,7 @@ static int write_manifest(const Options *o, const Manifest *written, const Manif
 // write_dataset: every input into shards, then the tokenizer .bin, then the
 // MANIFEST; prints the counts. bpe NULL means byte-level. 0 ok, 1 error (with
 // nothing left behind).
-static int write_dataset(const Options *o, Bpe *bpe, long long bytes_total, const Manifest *old) {
+static int write_dataset(const Options *o, const InputList *inputs, Bpe *bpe, const Manifest *old) {
     char err[1024];
     int vocab_size = bpe ? bpe->vocab_size : 256, eot = bpe ? bpe->eot : 0;
     ShardWriter *w = calloc(1, sizeof(ShardWriter));
@@ -519,17 +981,16 @@ static int write_dataset(const Options *o, Bpe *bpe, long long bytes_total, cons
     w->name = o->name;
     w->shard_tokens = o->shard_tokens;
     w->val_left = o->val_tokens;
-    Progress p = {now_seconds(), now_seconds(), 0, bytes_total, 0.0};
-    int rc = 0;
-    for (int k = 0; rc == 0 && k < o->n_inputs; k++) {
-        if (o->eot_between) rc = shard_add(w, &eot, 1, err, sizeof(err));
-        if (rc == 0) rc = tokenize_file(o->inputs[k], bpe, w, &p, err, sizeof(err));
-    }
+    w->numbers_across = o->val_shard;
+    Progress p = {now_seconds(), now_seconds(), 0, inputs->bytes, 0, 0, isatty(STDERR_FILENO)};
+    int rc = tokenize_inputs(o, inputs, bpe, eot, w, &p, err, sizeof(err));
+    if (rc == 0) progress_print(&p, 1);
     if (rc == 0 && w->f != NULL) rc = shard_close(w, err, sizeof(err));
     long long total = w->tokens[0] + w->tokens[1];
     if (rc == 0 && w->tokens[1] == 0)
-        rc = tok_error(err, sizeof(err), "only %lld tokens, all taken by -v %lld: the train split would be empty; "
-                       "give more text or a smaller -v", total, o->val_tokens);
+        rc = tok_error(err, sizeof(err), "only %lld tokens, all taken by %s %lld: the train split would be empty; "
+                       "give more text or a smaller %s", total, o->val_shard ? "--val-shard's first shard, -s" : "-v",
+                       o->val_tokens, o->val_shard ? "-s" : "-v");
     char tok_path[4200];
     snprintf(tok_path, sizeof(tok_path), "%s/%s_tokenizer.bin", o->out_dir, o->name);
     int tok_written = 0, kept = 0;
@@ -548,8 +1009,9 @@ static int write_dataset(const Options *o, Bpe *bpe, long long bytes_total, cons
         return 1;
     }
     double seconds = now_seconds() - p.start;
-    printf("prepare_data: %lld tokens from %d file%s (%lld bytes) in %.2f s; tokenizer alone %.1f MB/s\n", total, o->n_inputs,
-           o->n_inputs == 1 ? "" : "s", bytes_total, seconds, p.encode_seconds > 0 ? bytes_total / 1e6 / p.encode_seconds : 0.0);
+    printf("prepare_data: %lld tokens from %lld documents in %d file%s (%lld bytes) in %.2f s: %.1f MB/s on %d thread%s\n",
+           total, p.documents, inputs->n, inputs->n == 1 ? "" : "s", inputs->bytes, seconds,
+           seconds > 0 ? inputs->bytes / 1e6 / seconds : 0.0, o->threads, o->threads == 1 ? "" : "s");
     int first = 0;
     for (int split = 0; split < 2; split++) {
         int count = w->shards[split];
@@ -572,17 +1034,19 @@ int main(int argc, char **argv) {
     Options o;
     char name_buf[256];
     parse_options(&o, argc, argv, name_buf, sizeof(name_buf));
-    long long bytes_total;
+    InputList inputs;
     Bpe bpe;
     Manifest old = {0, NULL};
-    int rc = check_paths(&o, &bytes_total);
+    int rc = check_paths(&o, &inputs);
+    if (o.eot_between < 0) o.eot_between = inputs.many_documents;
     if (rc == 0) rc = read_old_manifest(o.out_dir, &old);
     if (rc == 0 && !o.bytes) rc = load_bpe(&o, &bpe);
     if (rc == 0) {
-        rc = write_dataset(&o, o.bytes ? NULL : &bpe, bytes_total, &old);
+        rc = write_dataset(&o, &inputs, o.bytes ? NULL : &bpe, &old);
         if (!o.bytes) bpe_free(&bpe);
     }
     manifest_free(&old);
+    input_list_free(&inputs);
     free(o.inputs);
     return rc;
 }
