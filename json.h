@@ -210,6 +210,7 @@ static inline int json_digits(JsonReader *j) {
 
 // json_number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, into *v (v may be NULL)
 static inline int json_number(JsonReader *j, double *v) {
+    if (v != NULL) *v = 0;
     json_skip_space(j);
     size_t start = j->pos;
     if (j->pos < j->n && j->s[j->pos] == '-') j->pos++;
