@@ -25,8 +25,8 @@ ifeq ($(PRECISION),FP32)
   NVCC_FLAGS += -DENABLE_FP32
 endif
 
-CPU_PROGRAMS = train_gpt2 prepare_data export_hf dev/bench_secure dev/bench_matmul dev/pipeline_chart
-CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint test_prepare_data test_export
+CPU_PROGRAMS = train_gpt2 prepare_data export_hf plot_log dev/bench_secure dev/bench_matmul dev/pipeline_chart
+CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint test_prepare_data test_export test_plot
 CUDA_PROGRAMS = train_gpt2cu test_gpt2cu
 
 ifneq ($(NVCC),)
@@ -45,6 +45,9 @@ prepare_data: prepare_data.c $(HEADERS)
 	$(CC) $(CFLAGS) -pthread $< $(LDLIBS) -o $@
 
 export_hf: export_hf.c gpt2.h
+	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
+
+plot_log: plot_log.c json.h
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
 dev/bench_secure: dev/bench_secure.c secure.h
@@ -71,10 +74,10 @@ test_gpt2cu: test_gpt2.cu train_gpt2.cu test.h $(HEADERS)
 # run anywhere, and its GPU checks say they skip when there is no device
 ifneq ($(NVCC),)
   TESTS = $(CPU_TESTS) test_gpt2cu
-  TEST_DEPS = train_gpt2 prepare_data export_hf train_gpt2cu
+  TEST_DEPS = train_gpt2 prepare_data export_hf plot_log train_gpt2cu
 else
   TESTS = $(CPU_TESTS)
-  TEST_DEPS = train_gpt2 prepare_data export_hf
+  TEST_DEPS = train_gpt2 prepare_data export_hf plot_log
 endif
 
 test: $(TESTS) $(TEST_DEPS)
@@ -99,7 +102,7 @@ bench: train_gpt2 prepare_data dev/bench_secure dev/bench_matmul
 clean:
 	rm -f $(CPU_PROGRAMS) $(CPU_TESTS) $(CUDA_PROGRAMS) $(FUZZERS)
 
-run: train_gpt2 prepare_data
+run: train_gpt2 prepare_data plot_log
 	./dev/run.sh
 
 .PHONY: all test fuzz bench clean run

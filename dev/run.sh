@@ -3,7 +3,8 @@
 # $LLM3D_DATA (default ../shared/data), else downloads them and checks their
 # SHA-256; with neither, trains on the project's own sources with byte-level
 # tokens (vocab 256). Then prepares shards and trains a small model for a few
-# minutes on this machine's cores, printing val loss and a sample.
+# minutes on this machine's cores, printing val loss and a sample, and last
+# draws the run's log as an SVG (plot_log) and says where it is.
 set -u
 cd "$(dirname "$0")/.."
 data=${LLM3D_DATA:-../shared/data}
@@ -37,3 +38,8 @@ fi
 # a few minutes on 2 cores
 ./train_gpt2 $model -i "$out/tiny_train_*.bin" -j "$out/tiny_val_*.bin" -tk "$out/tiny_tokenizer.bin" \
     -b 4 -t 64 -x ${STEPS:-200} -l 1e-3 -u 20 -q 0.1 -c 0.1 -v 50 -m 8 -s 300 -g 64 -o "$out/run"
+rc=$?
+# the run's curves, to open in a browser (FineWeb's GPT-2 baselines mean nothing on this data)
+[ -f "$out/run/log.jsonl" ] && ./plot_log "$out/run/log.jsonl" -o "$out/run/plot.svg" --baselines none \
+    --title "make run ($model)"
+exit $rc
