@@ -25,7 +25,7 @@ ifeq ($(PRECISION),FP32)
   NVCC_FLAGS += -DENABLE_FP32
 endif
 
-CPU_PROGRAMS = train_gpt2 prepare_data export_hf plot_log dev/bench_secure dev/bench_matmul dev/pipeline_chart
+CPU_PROGRAMS = train_gpt2 prepare_data export_hf plot_log dev/bench_secure dev/bench_matmul dev/pipeline_chart dev/compare_logs
 CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint test_prepare_data test_export test_plot
 CUDA_PROGRAMS = train_gpt2cu test_gpt2cu
 
@@ -54,6 +54,9 @@ dev/bench_secure: dev/bench_secure.c secure.h
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
 
 dev/bench_matmul: dev/bench_matmul.c train_gpt2.c $(HEADERS)
+	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
+
+dev/compare_logs: dev/compare_logs.c json.h
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
 
 dev/pipeline_chart: dev/pipeline_chart.c pipeline.h secure.h
