@@ -77,10 +77,10 @@ test_gpt2cu: test_gpt2.cu train_gpt2.cu test.h $(HEADERS)
 # run anywhere, and its GPU checks say they skip when there is no device
 ifneq ($(NVCC),)
   TESTS = $(CPU_TESTS) test_gpt2cu
-  TEST_DEPS = train_gpt2 prepare_data export_hf plot_log train_gpt2cu
+  TEST_DEPS = train_gpt2 prepare_data export_hf plot_log dev/compare_logs train_gpt2cu
 else
   TESTS = $(CPU_TESTS)
-  TEST_DEPS = train_gpt2 prepare_data export_hf plot_log
+  TEST_DEPS = train_gpt2 prepare_data export_hf plot_log dev/compare_logs
 endif
 
 test: $(TESTS) $(TEST_DEPS)

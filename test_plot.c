@@ -3,9 +3,11 @@
  * the SVG is well formed, holds one polyline per series with a point per
  * logged value, placed at the frame's edges for the first and last step, the
  * baselines as labelled lines (or none), the HellaSwag panel only when a log
- * has it; and its errors name the file and line.
+ * has it; and its errors name the file and line. Then dev/compare_logs, the
+ * check of reference_cpu.sh, on the same kind of logs: identical, within
+ * its tolerances, outside them, and cut short.
  *
- *   make test_plot plot_log && ./test_plot
+ *   make test_plot plot_log dev/compare_logs && ./test_plot
  */
 #include "test.h"
 
@@ -107,6 +109,46 @@ static int count(const char *s, const char *what) {
     return n;
 }
 
+// dev/compare_logs against the 120-step log at path: itself, shifted by less
+// and by more than its tolerances, and cut to 60 steps
+static void test_compare_logs(const char *path) {
+    if (access("./dev/compare_logs", X_OK) != 0) {
+        skip("./dev/compare_logs not built");
+        return;
+    }
+    char near[128], far[128], val_far[128], cut[128], cmd[1024], out[4096];
+    snprintf(near, sizeof(near), "%s/near.jsonl", tmp_dir);
+    snprintf(far, sizeof(far), "%s/far.jsonl", tmp_dir);
+    snprintf(val_far, sizeof(val_far), "%s/val_far.jsonl", tmp_dir);
+    snprintf(cut, sizeof(cut), "%s/cut.jsonl", tmp_dir);
+    write_log(near, 120, 0.02, 0, 1);   // train and val 0.02 above: within 0.05 and 0.03
+    write_log(far, 120, 0.08, 0, 1);    // 0.08: outside both
+    write_log(cut, 60, 0.0, 1, 1);
+    FILE *f = fopen(val_far, "w");     // the train losses of path, one val loss 0.04 off
+    for (int s = 0; s < 120; s++) {
+        double loss = 4.0 + 6.0 / (1.0 + s / 10.0);
+        fprintf(f, "{\"step\": %d, \"loss\": %.6f", s, loss);
+        if (s % 25 == 0 || s == 119) fprintf(f, ", \"val_loss\": %.6f", loss + 0.1 + (s == 50 ? 0.04 : 0.0));
+        fprintf(f, "}\n");
+    }
+    fclose(f);
+    struct { const char *run, *flags, *want; int rc; } cases[] = {
+        {path, "", "every loss identical as logged", 0},
+        {near, "", "ok: the run reproduces", 0},
+        {far, "", "largest difference 0.0800 at step", 1},
+        {val_far, "", "largest difference 0.0400 at step 50", 1},
+        {val_far, "--val-tol 0.05", "ok: the run reproduces", 0},
+        {cut, "", "not a whole run", 1},
+        {cut, "--prefix", "train loss in 1 windows of 50 steps", 0},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        snprintf(cmd, sizeof(cmd), "./dev/compare_logs %s %s %s", cases[k].run, path, cases[k].flags);
+        int rc = run(cmd, out, sizeof(out));
+        check(rc == cases[k].rc && strstr(out, cases[k].want) != NULL, "compare_logs %s %s -> exit %d, says '%s'",
+              strrchr(cases[k].run, '/') + 1, cases[k].flags, rc, cases[k].want);
+    }
+}
+
 int main(void) {
     snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/test_plot_XXXXXX");
     if (mkdtemp(tmp_dir) == NULL) { printf("cannot make a temp dir\n"); return 1; }
@@ -186,6 +228,8 @@ int main(void) {
     snprintf(cmd, sizeof(cmd), "./plot_log %s --baselines gpt3", log);
     rc = run(cmd, out, sizeof(out));
     check(rc == 2 && strstr(out, "--baselines 'gpt3'") != NULL, "--baselines gpt3 -> exit %d (flag error)", rc);
+
+    test_compare_logs(log);
 
     snprintf(cmd, sizeof(cmd), "rm -rf %s", tmp_dir);
     if (system(cmd) != 0) printf("could not remove %s\n", tmp_dir);
