@@ -311,7 +311,7 @@ static void test_val_shard_names(void) {
     for (int k = 0; k < 50; k++) fprintf(f, "{\"text\": \"document %02d.\"}\n", k);  // 12 bytes + EOT each: 650 tokens
     fclose(f);
     tmp_path("out_names", out, sizeof(out));
-    snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s -n fineweb --val-shard -s 300 --bytes", text, out);
+    snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s -n fineweb --val-shard -s 300 --bytes -t 1", text, out);
     int rc = run(cmd, err, sizeof(err));
     check(rc == 0, "--val-shard -s 300 -> exit %d %.*s", rc, (int)strcspn(err, "\n"), err);
     const char *want[] = {"fineweb_val_000000.bin", "fineweb_train_000001.bin", "fineweb_train_000002.bin"};
@@ -328,6 +328,13 @@ static void test_val_shard_names(void) {
     char extra[256];
     snprintf(extra, sizeof(extra), "%s/fineweb_train_000000.bin", out);
     check(ok && access(extra, F_OK) != 0, "--val-shard: fineweb_val_000000 (300), fineweb_train_000001 (300), _000002 (50)");
+
+    // the same on 4 threads in blocks of 64 bytes (a few lines each): the same bytes
+    char many[128];
+    tmp_path("out_names_t4", many, sizeof(many));
+    snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s -n fineweb --val-shard -s 300 --bytes -t 4 --block 64", text, many);
+    rc = run(cmd, err, sizeof(err));
+    check(rc == 0 && same_dirs(out, many, 5), "--bytes: -t 4 in 64-byte blocks writes what -t 1 in one block wrote");
 }
 
 // The same output for any thread count and block size, with GPT-2 BPE on
