@@ -768,11 +768,56 @@ static void unit_grad_end(GPT2 *m, int u) {
 }
 
 // ----------------------------------------------------------------------------
-// forward and backward of one block, with tensor parallelism: the
-// column-parallel matmuls (qkv, fc) need the whole input (replicated) and give
-// a slice of the output; the row-parallel ones (attproj, fcproj) take a slice
-// and give partial sums, all-reduced among the tensor-parallel ranks before
-// the bias. In the backward the same happens to the inputs' gradients.
+// tensor parallel: the tp ranks of a stage split every layer Megatron-style
+// (doc/parallel.md). A column-parallel Linear holds some rows of its weight,
+// that is some output channels: it takes the whole input, the same on every
+// tp rank, and gives this rank's slice of the output. A row-parallel Linear
+// holds the matching columns, input channels: it takes that slice and gives a
+// partial sum of the whole output. qkv and fc are column-parallel, attproj
+// and fcproj row-parallel, so attention over this rank's heads and GELU over
+// its hidden units need no communication.
+//
+// Megatron calls the two places where the tp ranks talk f and g:
+//   f, before a column-parallel Linear: the identity in the forward (the input
+//      is already whole everywhere); in the backward each rank holds a partial
+//      sum of the input's gradient, so an all-reduce (tp_copy_backward).
+//   g, after a row-parallel Linear: an all-reduce of the partial sums in the
+//      forward (tp_reduce); the identity in the backward (the output's
+//      gradient is whole on every rank).
+// So each pair of Linears costs one all-reduce each way.
+//
+// wte is split by rows, vocabulary entries, in both of its uses. The
+// embedding: each rank looks up the tokens it holds, zeros for the others,
+// and a sum over the ranks completes every row. The lm_head: a
+// column-parallel Linear whose slice of the output is this rank's logits;
+// the cross-entropy then combines row maxima and row sums across the ranks,
+// so no rank ever holds all the logits.
+
+// the sum of the tp ranks' parts, in place on every rank: g's forward
+static void tp_reduce(const Parallel *par, float *buf, size_t n) {
+    group_allreduce(par, &par->tp, buf, n);
+}
+
+// f's backward: every tp rank used the whole input, so its gradient is the
+// sum of the ranks' parts
+static void tp_copy_backward(const Parallel *par, float *grad, size_t n) {
+    group_allreduce(par, &par->tp, grad, n);
+}
+
+// out[N,OCl] = inp[N,IC] @ weight^T + bias for this rank's OCl output
+// channels (weight and bias are its rows); f's forward is the identity
+static void column_parallel_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC,
+                                    int OCl) {
+    matmul_forward(out, inp, weight, bias, N, IC, OCl);
+}
+
+// dweight, dbias += this rank's slice; dinp (zero on entry) ends as the whole
+// input's gradient, summed over the tp ranks
+static void column_parallel_backward(const Parallel *par, float *dinp, float *dweight, float *dbias, const float *dout,
+                                     const float *inp, const float *weight, int N, int IC, int OCl) {
+    matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OCl);
+    tp_copy_backward(par, dinp, (size_t)N * IC);
+}
 
 static void add_bias(float *out, const float *bias, int N, int OC) {
     #pragma omp parallel for
@@ -780,23 +825,88 @@ static void add_bias(float *out, const float *bias, int N, int OC) {
         for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
 }
 
+// out[N,OC] = inp[N,ICl] @ weight^T over this rank's ICl input channels
+// (weight: its columns), summed over the tp ranks, then + bias: the bias is
+// replicated, so it is added once, after the sum
+static void row_parallel_forward(const Parallel *par, float *out, const float *inp, const float *weight,
+                                 const float *bias, int N, int ICl, int OC) {
+    matmul_forward(out, inp, weight, NULL, N, ICl, OC);
+    tp_reduce(par, out, (size_t)N * OC);
+    add_bias(out, bias, N, OC);
+}
+
+// no communication: dout is whole on every rank (g's backward is the
+// identity), and dinp is the gradient of this rank's slice only
+static void row_parallel_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                  const float *weight, int N, int ICl, int OC) {
+    matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, ICl, OC);
+}
+
+// out[b,t,:] = wte[inp[b,t],:] + wpe[t,:] from this rank's rows [v0, v0 + Vl)
+// of wte: the tokens it holds, zeros for the others, summed over the tp
+// ranks; wpe is replicated, so it is added after the sum
+static void vocab_parallel_embedding_forward(const Parallel *par, float *out, const int *inp, const float *wte,
+                                             const float *wpe, int v0, int Vl, int B, int T, int C) {
+    encoder_forward(out, inp, wte, v0, Vl, B, T, C);
+    tp_reduce(par, out, (size_t)B * T * C);
+    encoder_add_positions(out, wpe, B, T, C);
+}
+
+// no communication: a position's gradient goes to its token's row of wte
+// when this rank holds it, and to wpe
+static void vocab_parallel_embedding_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int v0,
+                                              int Vl, int B, int T, int C) {
+    encoder_backward(dwte, dwpe, dout, inp, v0, Vl, B, T, C);
+}
+
+// losses[N]: every position's loss, on every tp rank, from this rank's Vl
+// columns of the logits (nreal of them real, from global column v0). probs
+// keeps this rank's columns of the softmax for the backward; maxes and sums
+// (N each) end as the rows' global maximum and sum of exponentials.
+static void vocab_parallel_cross_entropy_forward(const Parallel *par, float *losses, float *probs, float *maxes,
+                                                 float *sums, const float *logits, const int *targets, int v0, int N,
+                                                 int Vl, int nreal) {
+    crossentropy_rowmax(maxes, logits, N, Vl, nreal);
+    if (par->tp.size > 1) {  // every slice's row maxima, to every rank (the communicator only sums)
+        float *all = (float *)xcalloc((size_t)N * par->tp.size, sizeof(float), "row maxima");
+        comm_allgather(par->comm, &par->tp, maxes, all, N);
+        for (int n = 0; n < N; n++) {
+            maxes[n] = -INFINITY;
+            for (int r = 0; r < par->tp.size; r++) maxes[n] = fmaxf(maxes[n], all[(size_t)r * N + n]);
+        }
+        free(all);
+    }
+    crossentropy_exp(probs, sums, logits, maxes, N, Vl, nreal);
+    tp_reduce(par, sums, N);
+    crossentropy_finish(losses, probs, sums, targets, v0, N, Vl, nreal);
+    tp_reduce(par, losses, N);  // each loss came from the one rank holding its target
+}
+
+// dlogits += (probs - onehot(target)) * dloss over this rank's columns: no
+// communication (the lm_head's column_parallel_backward sums what follows)
+static void vocab_parallel_cross_entropy_backward(float *dlogits, const float *probs, const int *targets, float dloss,
+                                                  int v0, int N, int Vl, int nreal) {
+    crossentropy_backward(dlogits, probs, targets, dloss, v0, N, Vl, nreal);
+}
+
+// ----------------------------------------------------------------------------
+// forward and backward of one block. Attention and the MLP each run a
+// column-parallel Linear (qkv, fc), this rank's share of the work (its heads,
+// its hidden units) and a row-parallel Linear (attproj, fcproj).
+
 static void block_forward(GPT2 *m, LayerParams p, LayerActs a, const float *x) {
     const Parallel *par = m->par;
     int B = m->B, T = m->T, C = m->config.C, Cl = m->shard.Cl, BT = B * T;
     size_t btc = (size_t)BT * C;
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, BT, C);
-    matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
+    column_parallel_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
     attention_forward(a.atty, a.att, a.qkv, B, T, Cl, m->shard.NHl);
-    matmul_forward(a.attproj, a.atty, p.attprojw, NULL, BT, Cl, C);
-    group_allreduce(par, &par->tp, a.attproj, btc);
-    add_bias(a.attproj, p.attprojb, BT, C);
+    row_parallel_forward(par, a.attproj, a.atty, p.attprojw, p.attprojb, BT, Cl, C);
     residual_forward(a.residual2, x, a.attproj, btc);
     layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, BT, C);
-    matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
+    column_parallel_forward(a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
     gelu_forward(a.fch_gelu, a.fch, 4 * (size_t)BT * Cl);
-    matmul_forward(a.fcproj, a.fch_gelu, p.fcprojw, NULL, BT, 4 * Cl, C);
-    group_allreduce(par, &par->tp, a.fcproj, btc);
-    add_bias(a.fcproj, p.fcprojb, BT, C);
+    row_parallel_forward(par, a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, BT, 4 * Cl, C);
     residual_forward(a.residual3, a.residual2, a.fcproj, btc);
 }
 
@@ -807,16 +917,14 @@ static void block_backward(GPT2 *m, LayerParams p, LayerParams g, LayerActs a, L
     int B = m->B, T = m->T, C = m->config.C, Cl = m->shard.Cl, BT = B * T;
     size_t btc = (size_t)BT * C;
     residual_backward(d.residual2, d.fcproj, d.residual3, btc);
-    matmul_backward(d.fch_gelu, g.fcprojw, g.fcprojb, d.fcproj, a.fch_gelu, p.fcprojw, BT, 4 * Cl, C);
+    row_parallel_backward(d.fch_gelu, g.fcprojw, g.fcprojb, d.fcproj, a.fch_gelu, p.fcprojw, BT, 4 * Cl, C);
     gelu_backward(d.fch, a.fch, d.fch_gelu, 4 * (size_t)BT * Cl);
-    matmul_backward(d.ln2, g.fcw, g.fcb, d.fch, a.ln2, p.fcw, BT, C, 4 * Cl);
-    group_allreduce(par, &par->tp, d.ln2, btc);
+    column_parallel_backward(par, d.ln2, g.fcw, g.fcb, d.fch, a.ln2, p.fcw, BT, C, 4 * Cl);
     layernorm_backward(d.residual2, g.ln2w, g.ln2b, d.ln2, a.residual2, p.ln2w, a.ln2_mean, a.ln2_rstd, BT, C);
     residual_backward(dx, d.attproj, d.residual2, btc);
-    matmul_backward(d.atty, g.attprojw, g.attprojb, d.attproj, a.atty, p.attprojw, BT, Cl, C);
+    row_parallel_backward(d.atty, g.attprojw, g.attprojb, d.attproj, a.atty, p.attprojw, BT, Cl, C);
     attention_backward(d.qkv, d.atty, a.qkv, a.att, B, T, Cl, m->shard.NHl);
-    matmul_backward(d.ln1, g.qkvw, g.qkvb, d.qkv, a.ln1, p.qkvw, BT, C, 3 * Cl);
-    group_allreduce(par, &par->tp, d.ln1, btc);
+    column_parallel_backward(par, d.ln1, g.qkvw, g.qkvb, d.qkv, a.ln1, p.qkvw, BT, C, 3 * Cl);
     layernorm_backward(dx, g.ln1w, g.ln1b, d.ln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
 }
 
@@ -830,43 +938,26 @@ static int stage_rank(const Parallel *par, int pp_rank) {
 }
 
 static void embed_forward(GPT2 *m, Acts *a) {
-    const Parallel *par = m->par;
     const Shard *s = &m->shard;
     int B = m->B, T = m->T, C = m->config.C;
     float *wte = unit_acquire(m, m->ut.u_wte), *wpe = unit_acquire(m, m->ut.u_wpe);
-    encoder_forward(a->t[A_ENCODED], a->inputs, wte, s->v0, s->Vl, B, T, C);
-    group_allreduce(par, &par->tp, a->t[A_ENCODED], (size_t)B * T * C);
-    encoder_add_positions(a->t[A_ENCODED], wpe, B, T, C);
+    vocab_parallel_embedding_forward(m->par, a->t[A_ENCODED], a->inputs, wte, wpe, s->v0, s->Vl, B, T, C);
     unit_release(m, m->ut.u_wpe);
     if (!s->last) unit_release(m, m->ut.u_wte);  // one stage: wte stays for the head
 }
 
 // final LayerNorm, logits over my vocabulary rows, the loss (mean over B*T)
 static void head_forward(GPT2 *m, Acts *a, int with_loss) {
-    const Parallel *par = m->par;
     const Shard *s = &m->shard;
     int BT = m->B * m->T, C = m->config.C;
     float *lnf = unit_acquire(m, m->ut.u_lnf), *wte = unit_acquire(m, m->ut.u_wte);
     layernorm_forward(a->t[A_LNF], a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], block_input(m, a, s->nl), lnf, lnf + C, BT, C);
-    matmul_forward(a->t[A_LOGITS], a->t[A_LNF], wte, NULL, BT, C, s->Vl);
+    column_parallel_forward(a->t[A_LOGITS], a->t[A_LNF], wte, NULL, BT, C, s->Vl);
     unit_release(m, m->ut.u_lnf);
     unit_release(m, m->ut.u_wte);
     if (!with_loss) return;
-    float *maxes = a->t[A_ROWMAX], *sums = a->t[A_ROWSUM];
-    crossentropy_rowmax(maxes, a->t[A_LOGITS], BT, s->Vl, s->nreal);
-    if (par->tp.size > 1) {  // the row maxima of all vocabulary slices
-        float *all = (float *)xcalloc((size_t)BT * par->tp.size, sizeof(float), "row maxima");
-        comm_allgather(par->comm, &par->tp, maxes, all, BT);
-        for (int n = 0; n < BT; n++) {
-            maxes[n] = -INFINITY;
-            for (int r = 0; r < par->tp.size; r++) maxes[n] = fmaxf(maxes[n], all[(size_t)r * BT + n]);
-        }
-        free(all);
-    }
-    crossentropy_exp(a->t[A_PROBS], sums, a->t[A_LOGITS], maxes, BT, s->Vl, s->nreal);
-    group_allreduce(par, &par->tp, sums, BT);
-    crossentropy_finish(a->t[A_LOSSES], a->t[A_PROBS], sums, a->targets, s->v0, BT, s->Vl, s->nreal);
-    group_allreduce(par, &par->tp, a->t[A_LOSSES], BT);
+    vocab_parallel_cross_entropy_forward(m->par, a->t[A_LOSSES], a->t[A_PROBS], a->t[A_ROWMAX], a->t[A_ROWSUM],
+                                         a->t[A_LOGITS], a->targets, s->v0, BT, s->Vl, s->nreal);
     double sum = 0.0;
     for (int i = 0; i < BT; i++) sum += a->t[A_LOSSES][i];
     a->mean_loss = (float)(sum / BT);
@@ -886,7 +977,6 @@ static void stage_forward(GPT2 *m, Acts *a, int with_loss) {
 
 // dloss = d(objective)/d(loss at one position): 1 / (all positions of the step)
 static void stage_backward(GPT2 *m, Acts *a, float dloss) {
-    const Parallel *par = m->par;
     const Shard *s = &m->shard;
     const GPT2Config *c = &m->config;
     Acts *d = &m->dacts;
@@ -896,9 +986,9 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
     if (s->last) {
         float *lnf = unit_acquire(m, m->ut.u_lnf), *wte = unit_acquire(m, m->ut.u_wte);
         float *dlnf = unit_grad_begin(m, m->ut.u_lnf), *dwte = unit_grad_begin(m, m->ut.u_wte);
-        crossentropy_backward(d->t[A_LOGITS], a->t[A_PROBS], a->targets, dloss, s->v0, BT, s->Vl, s->nreal);
-        matmul_backward(d->t[A_LNF], dwte, NULL, d->t[A_LOGITS], a->t[A_LNF], wte, BT, C, s->Vl);
-        group_allreduce(par, &par->tp, d->t[A_LNF], btc);
+        vocab_parallel_cross_entropy_backward(d->t[A_LOGITS], a->t[A_PROBS], a->targets, dloss, s->v0, BT, s->Vl,
+                                              s->nreal);
+        column_parallel_backward(m->par, d->t[A_LNF], dwte, NULL, d->t[A_LOGITS], a->t[A_LNF], wte, BT, C, s->Vl);
         layernorm_backward(block_input(m, d, s->nl), dlnf, dlnf + C, d->t[A_LNF], block_input(m, a, s->nl),
                            lnf, a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], BT, C);
         unit_release(m, m->ut.u_lnf);
@@ -917,7 +1007,7 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
     }
     if (s->first) {
         float *dwte = unit_grad_begin(m, m->ut.u_wte), *dwpe = unit_grad_begin(m, m->ut.u_wpe);
-        encoder_backward(dwte, dwpe, d->t[A_ENCODED], a->inputs, s->v0, s->Vl, B, T, C);
+        vocab_parallel_embedding_backward(dwte, dwpe, d->t[A_ENCODED], a->inputs, s->v0, s->Vl, B, T, C);
         unit_grad_end(m, m->ut.u_wpe);
         unit_grad_end(m, m->ut.u_wte);
     }
