@@ -2007,11 +2007,8 @@ static void gpt2_free(GPT2 *m) {
 
 // ----------------------------------------------------------------------------
 // the collectives of the model, each a no-op in a group of one (so a model
-// outside a job, without communicators, runs the same code)
-
-static void tp_allreduce(GPT2 *m, floatX *buf, size_t n) {
-    if (m->shard.tp > 1) nccl_allreduce(m->nccl, &m->nccl->tp, buf, n, NCCL_FLOATX, OP_SUM);
-}
+// outside a job, without communicators, runs the same code); the tensor
+// parallel ones have a section of their own, below
 
 // a mark after each layer's forward or backward. In a job the host waits,
 // under the watchdog, for the mark PROGRESS_MARKS back before it goes on, so
@@ -2173,15 +2170,149 @@ static void gpt2_stage_batch(GPT2 *m, Acts *a, int with_buckets) {
 enum { FWD_LOGITS, FWD_LOSS, FWD_TRAIN };
 
 // ----------------------------------------------------------------------------
-// a stage's forward and backward of one micro-batch, with tensor
-// parallelism: the column-parallel matmuls (qkv, fc) take the whole input
-// and give a slice of the output; the row-parallel ones (attproj, fcproj)
-// take a slice and give partial sums, all-reduced over the tensor-parallel
-// ranks (tp rank 0 adds the bias, once). In the backward the same happens to
-// the inputs' gradients of qkv and fc. The first stage starts from the
-// tokens (vocab-parallel embedding: each rank adds the rows it holds, then
-// an all-reduce), the others from what the previous stage sent; the last
-// ends in the vocab-parallel cross-entropy.
+// tensor parallel: the tp ranks of a stage split every layer Megatron-style,
+// as train_gpt2.c does (doc/parallel.md). A column-parallel Linear holds some
+// rows of its weight, that is some output channels: it takes the whole input,
+// the same on every tp rank, and gives this rank's slice of the output. A
+// row-parallel Linear holds the matching columns, input channels: it takes
+// that slice and gives a partial sum of the whole output. qkv and fc are
+// column-parallel, attproj and fcproj row-parallel, so attention over this
+// rank's heads and GELU over its hidden units need no communication.
+//
+// Megatron calls the two places where the tp ranks talk f and g:
+//   f, before a column-parallel Linear: the identity in the forward (the input
+//      is already whole everywhere); in the backward each rank holds a partial
+//      sum of the input's gradient, so an all-reduce (tp_copy_backward).
+//   g, after a row-parallel Linear: an all-reduce of the partial sums in the
+//      forward (tp_reduce); the identity in the backward (the output's
+//      gradient is whole on every rank).
+// So each pair of Linears costs one all-reduce each way.
+//
+// wte is split by rows, vocabulary entries, in both of its uses. The
+// embedding: each rank looks up the tokens it holds, zeros for the others,
+// and a sum over the ranks completes every row. The lm_head: a
+// column-parallel Linear whose slice of the output is this rank's logits;
+// the cross-entropy then merges every slice's row max and sum of exp, so no
+// rank ever holds all the logits.
+//
+// Unlike train_gpt2.c, the replicated terms of a sum (the row-parallel
+// biases, wpe) are added by tp rank 0 alone, before the sum, where the
+// kernels fuse them; the sum then holds them once. Every collective is queued
+// on the model's stream, in the order of the calls, and each is skipped in a
+// group of one (a model outside a job has no communicators).
+
+// tp rank 0: the one that adds the replicated terms to its partial sums
+static int tp_lead(const GPT2 *m) { return m->shard.tp_rank == 0; }
+
+// the sum of the tp ranks' parts, in place on every rank: g's forward
+static void tp_reduce(GPT2 *m, floatX *buf, size_t n) {
+    if (m->shard.tp > 1) nccl_allreduce(m->nccl, &m->nccl->tp, buf, n, NCCL_FLOATX, OP_SUM);
+}
+
+// f's backward: every tp rank used the whole input, so its gradient is the
+// sum of the ranks' parts
+static void tp_copy_backward(GPT2 *m, floatX *grad, size_t n) {
+    if (m->shard.tp > 1) nccl_allreduce(m->nccl, &m->nccl->tp, grad, n, NCCL_FLOATX, OP_SUM);
+}
+
+// tp > 1: a replicated tensor's gradient (LayerNorms, projection biases,
+// wpe, lnf) from tp rank 0 to the others, at the step's end. They agree in
+// exact arithmetic, but each tp rank's dp reduction ran in its own
+// communicator, and NCCL does not promise the same order of summation in two
+// of them (dp >= 3); tp rank 0's copy (the one the norm counts and the
+// checkpoint keeps) makes them bit-identical again, so the replicas never
+// drift apart. (An average would not do: NCCL's bf16 average multiplies by a
+// rounded 1/tp.)
+static void tp_share_from_lead(GPT2 *m, floatX *grad, size_t n) {
+    if (m->shard.tp > 1) nccl_broadcast(m->nccl, &m->nccl->tp, grad, n, NCCL_FLOATX, 0);
+}
+
+// out[N,OCl] = inp[N,IC] @ weight^T + bias for this rank's OCl output
+// channels (weight and bias are its rows); f's forward is the identity. With
+// pre_gelu: pre_gelu = that, out = gelu(pre_gelu).
+static void column_parallel_forward(GPT2 *m, floatX *out, floatX *pre_gelu, const floatX *inp, const floatX *weight,
+                                    const floatX *bias, int N, int IC, int OCl) {
+    matmul_forward(&m->blas, out, pre_gelu, inp, weight, bias, N, IC, OCl);
+}
+
+// dweight, dbias += this rank's slice (dbias NULL: no bias); dinp = the
+// whole input's gradient, summed over the tp ranks
+static void column_parallel_backward(GPT2 *m, floatX *dinp, floatX *dweight, floatX *dbias, const floatX *dout,
+                                     const floatX *inp, const floatX *weight, int N, int IC, int OCl) {
+    matmul_backward_dweight(&m->blas, dweight, dout, inp, N, IC, OCl);
+    if (dbias) bias_backward(dbias, dout, m->sc.colsum_partial, N, OCl, m->stream);
+    matmul_backward_dinp(&m->blas, dinp, dout, weight, NULL, N, IC, OCl);
+    tp_copy_backward(m, dinp, (size_t)N * IC);
+}
+
+// out[N,OC] = inp[N,ICl] @ weight^T over this rank's ICl input channels
+// (weight: its columns), summed over the tp ranks, + bias: tp rank 0 adds
+// the bias to its partial sum, in the matmul's epilogue
+static void row_parallel_forward(GPT2 *m, floatX *out, const floatX *inp, const floatX *weight, const floatX *bias,
+                                 int N, int ICl, int OC) {
+    matmul_forward(&m->blas, out, NULL, inp, weight, tp_lead(m) ? bias : NULL, N, ICl, OC);
+    tp_reduce(m, out, (size_t)N * OC);
+}
+
+// dweight, dbias += ...; dinp = the gradient of this rank's input slice,
+// times gelu'(pre_gelu) when pre_gelu is given (the fused GELU backward).
+// No communication: dout is whole on every rank (g's backward is the identity).
+static void row_parallel_backward(GPT2 *m, floatX *dinp, floatX *dweight, floatX *dbias, const floatX *dout,
+                                  const floatX *inp, const floatX *weight, const floatX *pre_gelu, int N, int ICl,
+                                  int OC) {
+    matmul_backward_dweight(&m->blas, dweight, dout, inp, N, ICl, OC);
+    bias_backward(dbias, dout, m->sc.colsum_partial, N, OC, m->stream);
+    matmul_backward_dinp(&m->blas, dinp, dout, weight, pre_gelu, N, ICl, OC);
+}
+
+// out[b,t,:] = wte[inp[b,t],:] + wpe[t,:] from this rank's rows [v0, v0 + Vl)
+// of wte: the tokens it holds, zeros for the others, summed over the tp
+// ranks; wpe is replicated, so tp rank 0 adds it before the sum
+static void vocab_parallel_embedding_forward(GPT2 *m, floatX *out, const int *inp, const floatX *wte, const floatX *wpe,
+                                             int B, int T, int C) {
+    const Shard *s = &m->shard;
+    encoder_forward(out, inp, wte, tp_lead(m) ? wpe : NULL, s->v0, s->Vl, B, T, C, m->stream);
+    tp_reduce(m, out, (size_t)B * T * C);
+}
+
+// no communication: a position's gradient goes to its token's row of wte
+// when this rank holds it (the staged token buckets list only those), and
+// to wpe
+static void vocab_parallel_embedding_backward(GPT2 *m, floatX *dwte, floatX *dwpe, const floatX *dout,
+                                              const Staging *staged, int B, int T, int C) {
+    encoder_backward(dwte, dwpe, dout, staged->bucket_start, staged->bucket_token, staged->bucket_pos,
+                     staged->nbuckets, B, T, C, m->stream);
+}
+
+// the cross-entropy over this rank's Vl columns of the logits, forward and
+// backward in one kernel: losses[row] += the row's loss, on the one rank
+// whose slice holds the target; with write_dlogits, dloss * d(loss)/d(logits)
+// is written over the logits. With tp > 1 every slice's row max and sum of
+// exp go to every rank (one all-gather), and each rank merges them in slice
+// order, so all get the same normalizer.
+static void vocab_parallel_cross_entropy(GPT2 *m, floatX *logits, float *losses, const int *targets, float dloss,
+                                         int BT, int write_dlogits) {
+    const Shard *s = &m->shard;
+    cudaStream_t st = m->stream;
+    if (s->tp == 1) {
+        classifier(logits, losses, targets, dloss, BT, s->nreal, s->Vl, write_dlogits, st);
+        return;
+    }
+    float2 *all = m->sc.cls_stats, *mine = all + (size_t)s->tp_rank * BT;
+    classifier_stats_kernel<<<BT, CLASSIFIER_THREADS, 0, st>>>(mine, logits, s->Vl, s->nreal);
+    CUDA_CHECK(cudaGetLastError());
+    nccl_allgather(m->nccl, &m->nccl->tp, mine, all, 2 * (size_t)BT, ncclFloat32);
+    classifier_tp_kernel<<<BT, CLASSIFIER_THREADS, 0, st>>>(logits, losses, targets, all, s->tp, BT, dloss, s->v0,
+                                                            s->Vl, s->nreal, write_dlogits);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// a stage's forward and backward of one micro-batch. The first stage starts
+// from the tokens, the others from what the previous stage sent; the last
+// ends in the loss. In each block, attention and the MLP each run a
+// column-parallel Linear (qkv, fc), this rank's share of the work (its heads,
+// its hidden units) and a row-parallel Linear (attproj, fcproj).
 
 // FWD_LOGITS: logits only. FWD_LOSS: also sc.losses += the per-position
 // losses. FWD_TRAIN: also dlogits = dloss * d(loss)/d(logits) in place of
@@ -2193,13 +2324,10 @@ static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
     size_t btc = (size_t)BT * C;
     Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
-    const Blas *blas = &m->blas;
-    int lead = s->tp_rank == 0;  // adds the replicated terms (biases, wpe) to the partial sums
 
     if (s->first) {
         floatX *wte = unit_acquire(m, m->ut.u_wte), *wpe = unit_acquire(m, m->ut.u_wpe);
-        encoder_forward(a->encoded, a->staged.inputs, wte, lead ? wpe : NULL, s->v0, s->Vl, B, T, C, st);
-        tp_allreduce(m, a->encoded, btc);
+        vocab_parallel_embedding_forward(m, a->encoded, a->staged.inputs, wte, wpe, B, T, C);
         unit_release(m, m->ut.u_wpe);
         if (!s->last) unit_release(m, m->ut.u_wte);  // one stage: wte stays for the head
     }
@@ -2210,19 +2338,17 @@ static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
     for (int ll = 0; ll < s->nl; ll++) {
         LayerActs l = layer_acts(m, a, ll);
         const floatX *x = block_input(m, a, ll);
-        matmul_forward(blas, l.qkv, NULL, l.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
+        column_parallel_forward(m, l.qkv, NULL, l.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
         attention_forward(l.atty, l.lse, l.qkv, B, T, Cl, s->NHl, m->attention_tc, st);
-        matmul_forward(blas, sc->proj, NULL, l.atty, p.attprojw, lead ? p.attprojb : NULL, BT, Cl, C);
-        tp_allreduce(m, sc->proj, btc);
+        row_parallel_forward(m, sc->proj, l.atty, p.attprojw, p.attprojb, BT, Cl, C);
         residual_layernorm_forward(l.residual2, l.ln2, l.ln2_mean, l.ln2_rstd, x, sc->proj, p.ln2w, p.ln2b, BT, C, st);
         if (m->fuse_gelu) {
-            matmul_forward(blas, l.fch_gelu, l.fch, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
+            column_parallel_forward(m, l.fch_gelu, l.fch, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
         } else {
-            matmul_forward(blas, l.fch, NULL, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
+            column_parallel_forward(m, l.fch, NULL, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
             gelu_forward(l.fch_gelu, l.fch, 4 * (size_t)BT * Cl, st);
         }
-        matmul_forward(blas, sc->proj, NULL, l.fch_gelu, p.fcprojw, lead ? p.fcprojb : NULL, BT, 4 * Cl, C);
-        tp_allreduce(m, sc->proj, btc);
+        row_parallel_forward(m, sc->proj, l.fch_gelu, p.fcprojw, p.fcprojb, BT, 4 * Cl, C);
         // the residual add, fused with the next LayerNorm: the next layer's
         // ln1 or the final one (ZeRO-3 gathers that unit before dropping this one)
         int next = ll + 1 < s->nl ? u + 1 : s->last ? m->ut.u_lnf : -1;
@@ -2249,23 +2375,11 @@ static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
     }
     if (!s->last) return;
     floatX *wte = unit_acquire(m, m->ut.u_wte);
-    matmul_forward(blas, a->logits, NULL, a->lnf, wte, NULL, BT, C, s->Vl);
+    column_parallel_forward(m, a->logits, NULL, a->lnf, wte, NULL, BT, C, s->Vl);
     unit_release(m, m->ut.u_lnf);
     unit_release(m, m->ut.u_wte);
     if (mode == FWD_LOGITS) return;
-    if (s->tp == 1) {
-        classifier(a->logits, sc->losses, a->staged.targets, dloss, BT, s->nreal, s->Vl, mode == FWD_TRAIN, st);
-        return;
-    }
-    // every slice's row max and sum of exp, to every rank, then each its part of the loss and dlogits
-    classifier_stats_kernel<<<BT, CLASSIFIER_THREADS, 0, st>>>(sc->cls_stats + (size_t)s->tp_rank * BT, a->logits,
-                                                               s->Vl, s->nreal);
-    CUDA_CHECK(cudaGetLastError());
-    nccl_allgather(m->nccl, &m->nccl->tp, sc->cls_stats + (size_t)s->tp_rank * BT, sc->cls_stats, 2 * (size_t)BT,
-                   ncclFloat32);
-    classifier_tp_kernel<<<BT, CLASSIFIER_THREADS, 0, st>>>(a->logits, sc->losses, a->staged.targets, sc->cls_stats,
-                                                            s->tp, BT, dloss, s->v0, s->Vl, s->nreal, mode == FWD_TRAIN);
-    CUDA_CHECK(cudaGetLastError());
+    vocab_parallel_cross_entropy(m, a->logits, sc->losses, a->staged.targets, dloss, BT, mode == FWD_TRAIN);
 }
 
 // the backward of set a's FWD_TRAIN forward; gradients accumulate (+=). On a
@@ -2278,15 +2392,12 @@ static void stage_backward(GPT2 *m, Acts *a) {
     size_t btc = (size_t)BT * C;
     Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
-    const Blas *blas = &m->blas;
     float *part = sc->colsum_partial;
 
     if (s->last) {  // logits = lnf @ wte^T, then the final LayerNorm
         floatX *wte = unit_acquire(m, m->ut.u_wte), *lnf = unit_acquire(m, m->ut.u_lnf);
         floatX *dwte = unit_grad_begin(m, m->ut.u_wte), *dlnf = unit_grad_begin(m, m->ut.u_lnf);
-        matmul_backward_dinp(blas, sc->dbtc, a->logits, wte, NULL, BT, C, s->Vl);
-        matmul_backward_dweight(blas, dwte, a->logits, a->lnf, BT, C, s->Vl);
-        tp_allreduce(m, sc->dbtc, btc);
+        column_parallel_backward(m, sc->dbtc, dwte, NULL, a->logits, a->lnf, wte, BT, C, s->Vl);
         CUDA_CHECK(cudaMemsetAsync(sc->dresidual, 0, btc * sizeof(floatX), st));
         layernorm_backward(sc->dresidual, dlnf, dlnf + C, part, sc->dbtc, block_input(m, a, s->nl), lnf, a->lnf_mean,
                            a->lnf_rstd, BT, C, st);
@@ -2304,32 +2415,20 @@ static void stage_backward(GPT2 *m, Acts *a) {
         LayerActs l = layer_acts(m, a, ll);
         const floatX *x = block_input(m, a, ll);
         if (m->recompute) gelu_forward(l.fch_gelu, l.fch, 4 * (size_t)BT * Cl, st);
-        // fcproj (row-parallel): d(its output) = dresidual, whole on every rank
-        matmul_backward_dweight(blas, g.fcprojw, sc->dresidual, l.fch_gelu, BT, 4 * Cl, C);
-        bias_backward(g.fcprojb, sc->dresidual, part, BT, C, st);
-        if (m->fuse_gelu) {
-            matmul_backward_dinp(blas, sc->dbig, sc->dresidual, p.fcprojw, l.fch, BT, 4 * Cl, C);
-        } else {
-            matmul_backward_dinp(blas, sc->dbig, sc->dresidual, p.fcprojw, NULL, BT, 4 * Cl, C);
-            gelu_backward(sc->dbig, l.fch, 4 * (size_t)BT * Cl, st);
-        }
-        // fc (column-parallel): dbig = d(fch), my slice; d(ln2) is a partial sum
-        matmul_backward_dweight(blas, g.fcw, sc->dbig, l.ln2, BT, C, 4 * Cl);
-        bias_backward(g.fcb, sc->dbig, part, BT, 4 * Cl, st);
-        matmul_backward_dinp(blas, sc->dbtc, sc->dbig, p.fcw, NULL, BT, C, 4 * Cl);
-        tp_allreduce(m, sc->dbtc, btc);
+        // fcproj: d(its output) = dresidual; dbig = d(fch), my slice (through
+        // the GELU: fused into the matmul, or after it)
+        row_parallel_backward(m, sc->dbig, g.fcprojw, g.fcprojb, sc->dresidual, l.fch_gelu, p.fcprojw,
+                              m->fuse_gelu ? l.fch : NULL, BT, 4 * Cl, C);
+        if (!m->fuse_gelu) gelu_backward(sc->dbig, l.fch, 4 * (size_t)BT * Cl, st);
+        // fc: dbtc = d(ln2), whole
+        column_parallel_backward(m, sc->dbtc, g.fcw, g.fcb, sc->dbig, l.ln2, p.fcw, BT, C, 4 * Cl);
         layernorm_backward(sc->dresidual, g.ln2w, g.ln2b, part, sc->dbtc, l.residual2, p.ln2w, l.ln2_mean, l.ln2_rstd,
                            BT, C, st);
-        // attproj (row-parallel): d(its output) = dresidual, now d(residual2)
-        matmul_backward_dweight(blas, g.attprojw, sc->dresidual, l.atty, BT, Cl, C);
-        bias_backward(g.attprojb, sc->dresidual, part, BT, C, st);
-        matmul_backward_dinp(blas, sc->dbtc, sc->dresidual, p.attprojw, NULL, BT, Cl, C);
+        // attproj: d(its output) = dresidual, now d(residual2); dbtc = d(atty), my heads
+        row_parallel_backward(m, sc->dbtc, g.attprojw, g.attprojb, sc->dresidual, l.atty, p.attprojw, NULL, BT, Cl, C);
         attention_backward(sc->dbig, sc->delta, sc->dbtc, l.qkv, l.atty, l.lse, B, T, Cl, s->NHl, m->attention_tc, st);
-        // qkv (column-parallel): dbig = d(qkv), my heads; d(ln1) is a partial sum
-        matmul_backward_dweight(blas, g.qkvw, sc->dbig, l.ln1, BT, C, 3 * Cl);
-        bias_backward(g.qkvb, sc->dbig, part, BT, 3 * Cl, st);
-        matmul_backward_dinp(blas, sc->dbtc, sc->dbig, p.qkvw, NULL, BT, C, 3 * Cl);
-        tp_allreduce(m, sc->dbtc, btc);
+        // qkv: dbig = d(qkv), my heads; dbtc = d(ln1), whole
+        column_parallel_backward(m, sc->dbtc, g.qkvw, g.qkvb, sc->dbig, l.ln1, p.qkvw, BT, C, 3 * Cl);
         layernorm_backward(sc->dresidual, g.ln1w, g.ln1b, part, sc->dbtc, x, p.ln1w, l.ln1_mean, l.ln1_rstd, BT, C, st);
         unit_release(m, u);
         unit_grad_end(m, u);
@@ -2337,8 +2436,7 @@ static void stage_backward(GPT2 *m, Acts *a) {
     }
     if (s->first) {
         floatX *dwte = unit_grad_begin(m, m->ut.u_wte), *dwpe = unit_grad_begin(m, m->ut.u_wpe);
-        encoder_backward(dwte, dwpe, sc->dresidual, a->staged.bucket_start, a->staged.bucket_token,
-                         a->staged.bucket_pos, a->staged.nbuckets, B, T, C, st);
+        vocab_parallel_embedding_backward(m, dwte, dwpe, sc->dresidual, &a->staged, B, T, C);
         unit_grad_end(m, m->ut.u_wpe);
         unit_grad_end(m, m->ut.u_wte);
     }
@@ -2457,17 +2555,11 @@ static void adam_run(GPT2 *m, const Run *r, void *ctx) {
     CUDA_CHECK(cudaGetLastError());
 }
 
-// tp > 1: the replicated tensors' gradients (LayerNorms, projection biases,
-// wpe, lnf) from tp rank 0 to the others. They agree in exact arithmetic,
-// but each tp rank's dp reduction ran in its own communicator, and NCCL
-// does not promise the same order of summation in two of them (dp >= 3);
-// tp rank 0's copy (the one the norm counts and the checkpoint keeps) makes
-// them bit-identical again, so the replicas never drift apart. (An average
-// would not do: NCCL's bf16 average multiplies by a rounded 1/tp.)
+// tp > 1: the replicated tensors' gradients from tp rank 0 to the others
+// (tp_share_from_lead says why)
 static void tp_share_run(GPT2 *m, const Run *r, void *ctx) {
     (void)ctx;
-    if (tensor_is_replicated(r->tensor))
-        nccl_broadcast(m->nccl, &m->nccl->tp, grad_at(m, r->u, r->j), r->n, NCCL_FLOATX, 0);
+    if (tensor_is_replicated(r->tensor)) tp_share_from_lead(m, grad_at(m, r->u, r->j), r->n);
 }
 
 // the norm (every rank gets it, on the device), clipping and AdamW, and the
