@@ -1269,23 +1269,7 @@ static int gpt2_load_optimizer(GPT2 *m, const char *path, int adam_t, char *err,
 // ----------------------------------------------------------------------------
 // the trainer
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-
-static void die_usage(const char *msg) {
-    fprintf(stderr, "train_gpt2: %s\n", msg);
-    exit(2);
-}
-
-// FLOPs per token for forward + backward: 6 per parameter (lm_head included,
-// position embeddings excluded), plus attention's 6 * L * T * C (causal half of 12)
-static double flops_per_token(const GPT2Config *c, int T) {
-    double n = (double)param_count(c) - (double)c->maxT * c->C;
-    return 6.0 * n + 6.0 * c->L * (double)T * c->C;
-}
+#include "trainer.h"
 
 // one step's forwards and backwards in the order of the pipeline schedule,
 // and the messages between neighbouring stages in the order of its plan
@@ -1356,12 +1340,6 @@ static float evaluate(GPT2 *m, DataLoader *val, int batches) {
     }
     group_allreduce(m->par, &m->par->world, &sum, 1);
     return sum / batches;
-}
-
-// xorshift* for sampling; its state is one number
-static float random_f32(uint64_t *state) {
-    *state ^= *state >> 12; *state ^= *state << 25; *state ^= *state >> 27;
-    return (float)((*state * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f;
 }
 
 // prints gen_tokens tokens sampled from the model, starting from EOT (one rank only)
@@ -1446,51 +1424,6 @@ static void print_layout(const GPT2 *m, const Options *o, int accum) {
         fflush(stdout);
         if (g->world > 1) comm_barrier(par->comm, &par->world);
     }
-}
-
-// the model's shape: from a descriptor (returns 1), or from a model file's header (0)
-static int model_config(const Options *o, GPT2Config *c) {
-    char err[512];
-    int rc = options_model(o, c, err, sizeof(err));
-    if (rc < 0) die_usage(err);
-    return rc;
-}
-
-// everything that can be checked before ranks start (so a bad job is
-// refused once, by the launcher): the layout against the model, the batch
-// shape, the data. Returns micro-batches per step.
-static int check_job(const Options *o, const GPT2Config *c) {
-    char err[512];
-    Grid g;
-    if (o->T > c->maxT) {
-        snprintf(err, sizeof(err), "flag -t: T = %d exceeds the model's maxT = %d (%s)", o->T, c->maxT, o->init);
-        die_usage(err);
-    }
-    if (grid_init(&g, o->np, o->tp, o->pp, 0, err, sizeof(err)) != 0) die_usage(err);
-    if (grid_check_model(&g, c->L, c->NH, c->C, c->Vp, err, sizeof(err)) != 0) die_usage(err);
-    int accum = batch_accum(o, g.dp, err, sizeof(err));
-    if (accum < 0) die_usage(err);
-    if (parallel_launched_rank()) return accum;  // its launcher opened (and hashed) the data just now
-    DataLoader probe;
-    if (dataloader_init(&probe, o->train_pattern, o->B, o->T, 0, g.dp, o->shuffle, 0, c->V, err, sizeof(err)) != 0)
-        die_usage(err);
-    dataloader_free(&probe);
-    if (o->val_every > 0) {
-        if (dataloader_init(&probe, o->val_pattern, o->B, o->T, 0, g.dp, 0, 0, c->V, err, sizeof(err)) != 0) die_usage(err);
-        dataloader_free(&probe);
-    }
-    return accum;
-}
-
-// the checkpoint key and, with -y or -ys, the checkpoint to resume from
-// (checkpoint.h's ckpt_setup, shared with train_gpt2cu), verified before any
-// rank starts, so that a bad one is refused once. Returns 1 when resuming.
-static int checkpoint_setup(const Options *o, const GPT2Config *c, uint8_t key[32], CkptState *ck, char *dir, size_t dirlen) {
-    char err[1600];
-    // the launcher hashes the files; the ranks it starts moments later check the seal and the sizes
-    int rc = ckpt_setup(o, c, !parallel_launched_rank(), key, ck, dir, dirlen, err, sizeof(err));
-    if (rc < 0) die_usage(err);
-    return rc;
 }
 
 // joins the job: with -np > 1 this process becomes the launcher and
