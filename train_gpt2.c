@@ -1351,16 +1351,7 @@ static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng)
     printf("generating:\n---\n");
     for (int t = 1; t < n; t++) {
         stage_forward(m, a, 0);  // one rank: the whole model
-        const float *z = a->t[A_LOGITS] + (size_t)(t - 1) * Vp;
-        float maxv = -INFINITY, sum = 0.0f;
-        for (int i = 0; i < V; i++) if (z[i] > maxv) maxv = z[i];
-        for (int i = 0; i < V; i++) sum += expf(z[i] - maxv);
-        float coin = random_f32(rng) * sum, cdf = 0.0f;
-        int next = V - 1;
-        for (int i = 0; i < V; i++) {
-            cdf += expf(z[i] - maxv);
-            if (coin < cdf) { next = i; break; }
-        }
+        int next = sample_token(a->t[A_LOGITS] + (size_t)(t - 1) * Vp, V, random_f32(rng));
         a->inputs[t] = next;
         int len;
         const char *s = tokenizer_decode(tok, next, &len);
@@ -1370,14 +1361,23 @@ static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng)
     printf("\n---\n");
 }
 
-// the parameters of every rank, assembled on all of them (ZeRO-3 gathers each unit)
-static float *gpt2_full_params(GPT2 *m) {
+// the final model, DIR/model_SSSSSSSS.bin: the parameters of every rank,
+// assembled on all of them (ZeRO-3 gathers each unit), written by rank 0
+static int gpt2_write_model(GPT2 *m, const char *out_dir, int steps, char *path, size_t pathlen) {
+    char err[1024];
     float *full = (float *)xcalloc(param_count(&m->config), sizeof(float), "full model");
     for (int u = 0; u < m->ut.n; u++) unit_acquire(m, u);
     gpt2_export(m, m->unit_params, full);
     for (int u = 0; u < m->ut.n; u++) unit_release(m, u);
     group_allreduce(m->par, &m->par->world, full, param_count(&m->config));
-    return full;
+    snprintf(path, pathlen, "%s/model_%08d.bin", out_dir, steps);
+    int rc = 0;
+    if (m->par->grid.rank == 0 && model_save(path, &m->config, full, 0, err, sizeof(err)) != 0) {
+        fprintf(stderr, "%s\n", err);
+        rc = -1;
+    }
+    free(full);
+    return rc;
 }
 
 // every K steps: the data-parallel replicas compare a SHA-256 of their
@@ -1433,10 +1433,7 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     memset(par, 0, sizeof(*par));
     int rc = parallel_join(argc, argv, o->np, o->tp, o->pp, o->rendezvous, o->key_file, o->timeout, &par->launch,
                            &par->grid, err, sizeof(err));
-    if (rc != 0) {
-        fprintf(stderr, "train_gpt2: %s\n", err);
-        exit(rc);
-    }
+    if (rc != 0) die(rc, err);
     Launch *L = &par->launch;
     par->zero = o->zero;
     grid_groups(&par->grid, &par->world, &par->dp, &par->tp, &par->pp);
@@ -1456,173 +1453,107 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
         }
 #endif
         secure_harden_process();
-        if (comm_init(&par->comm, &par->grid, L->key, L->rendezvous, o->timeout, fault, err, sizeof(err)) != 0) {
-            fprintf(stderr, "train_gpt2: %s\n", err);
-            exit(1);
+        if (comm_init(&par->comm, &par->grid, L->key, L->rendezvous, o->timeout, fault, err, sizeof(err)) != 0)
+            die(1, err);
+    }
+}
+
+// at the end of a job of several ranks: each rank's bytes, in rank order
+static void print_rank_bytes(const GPT2 *m, const Parallel *par) {
+    for (int r = 0; r < par->grid.world; r++) {
+        if (r == par->grid.rank) {
+            printf("rank %d: peak transient %zu bytes (ZeRO buckets and gathered units)\n", r, m->bytes_transient_peak);
+            comm_print_bytes(par->comm, stdout);
+            fflush(stdout);
         }
+        comm_barrier(par->comm, &par->world);
     }
 }
 
 int main(int argc, char **argv) {
-    Options opt;
-    char err[1024];
-    options_defaults(&opt);
-    int rc = options_parse(&opt, argc, argv, err, sizeof(err));
-    if (rc == 1) { options_usage(stdout, argv[0]); return 0; }
-    if (rc != 0) die_usage(err);
-    // from here on a signal asks for a checkpoint (with -o), and a full disk
-    // fails a write (and says so) instead of killing the process
-    if (opt.out_dir) ckpt_catch_signals();
-    signal(SIGXFSZ, SIG_IGN);
+    Job job;
+    char err[1024], path[1024];
+    trainer_name = "train_gpt2";
+    // the job, checked once, by the launcher, before any rank starts
+    parse_flags(&job, argc, argv, "");
 #ifdef _OPENMP
-    if (opt.threads > 0) omp_set_num_threads(opt.threads);
+    if (job.opt.threads > 0) omp_set_num_threads(job.opt.threads);
 #endif
-    Fault fault = {0};
-    if (opt.fault && fault_parse(opt.fault, &fault, err, sizeof(err)) != 0) die_usage(err);
-    opt.np = parallel_world(opt.np, opt.rendezvous);  // ranks of mpirun/srun/torchrun: their world
-    GPT2Config config;
-    int random_init = model_config(&opt, &config);
-    int accum = check_job(&opt, &config);
-    uint8_t ckpt_key[32];
-    CkptState ck;
-    char ck_dir[800] = "", path[900];  // -o is at most 700 bytes
-    memset(&ck, 0, sizeof(ck));
-    double load_t0 = now_ms();
-    int resuming = checkpoint_setup(&opt, &config, ckpt_key, &ck, ck_dir, sizeof(ck_dir));
-    double verify_ms = now_ms() - load_t0;
+    parse_fault(&job);
+    check_model(&job);
+    check_batch_and_data(&job);
+    checkpoint_setup(&job);
+
+    // this rank: its place in the job, its data and log, its part of the model
     Parallel par;
-    parallel_setup(&par, &opt, &fault, argc, argv);
-    if (par.grid.rank == 0 && opt.out_dir && ckpt_lock(opt.out_dir, err, sizeof(err)) != 0) {
-        fprintf(stderr, "train_gpt2: %s\n", err);
-        exit(1);
-    }
-
-    // this rank's part of the model: from the checkpoint, the model file, or the seeded init
-    float *full = NULL;
-    if (resuming) snprintf(path, sizeof(path), "%s/model.bin", ck_dir);
-    if (resuming || !random_init) {
-        full = model_load(resuming ? path : opt.init, &config, err, sizeof(err));
-        if (full == NULL) die_usage(err);
-    }
-    int rank0 = par.grid.rank == 0, dp = par.grid.dp, B = opt.B, T = opt.T, total_batch = B * T * dp * accum;
+    parallel_setup(&par, &job.opt, &job.fault, argc, argv);
+    start_rank(&job, &par.grid);
+    int rank0 = par.grid.rank == 0, dp = par.grid.dp, B = job.opt.B, T = job.opt.T, accum = job.accum;
+    float *params = load_params(&job);
+    open_data(&job, &par.grid);
+    if (job.opt.tokenizer != NULL && par.grid.world > 1 && rank0)
+        printf("note: flag -tk: samples are printed by one-rank runs only; none in this run of %d ranks\n",
+               par.grid.world);
+    open_tokenizer_and_log(&job, &par.grid);
     GPT2 model;
-    gpt2_build(&model, &config, &par, full, (uint64_t)opt.seed);
-    free(full);
-    snprintf(path, sizeof(path), "%s/optim.bin", ck_dir);
-    if (resuming && gpt2_load_optimizer(&model, path, ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
-    double load_ms = now_ms() - load_t0 - verify_ms;
-    gpt2_alloc_activations(&model, B, T, pipeline_inflight(opt.pipe_schedule == PS_GPIPE, par.grid.pp, par.grid.pp_rank, accum));
-
-    // data: this rank's slice of the stream (tp and pp ranks of a replica read the same)
-    DataLoader train, val;
-    if (dataloader_init(&train, opt.train_pattern, B, T, par.grid.dp_rank, dp, opt.shuffle, (uint64_t)opt.seed, config.V,
-                        err, sizeof(err)) != 0)
-        die_usage(err);
-    int have_val = opt.val_every > 0;
-    if (have_val && dataloader_init(&val, opt.val_pattern, B, T, par.grid.dp_rank, dp, 0, 0, config.V, err, sizeof(err)) != 0)
-        die_usage(err);
-    DataLoaderState data_pos = {ck.data[0], ck.data[1], ck.data[2], ck.data[3]};
-    if (resuming && dataloader_set_state(&train, &data_pos, err, sizeof(err)) != 0) die_usage(err);
-    int steps = opt.steps >= 0 ? opt.steps : (int)(dataloader_batches_per_epoch(&train) / accum);
-    if (steps < 1) steps = 1;
-    if (resuming && ck.step > steps) {
-        secure_error(err, sizeof(err), "flag -x: %d steps, but checkpoint %s is of step %d", steps, ck_dir, ck.step);
-        die_usage(err);
-    }
-    Tokenizer tok;
-    int have_tok = opt.tokenizer != NULL && opt.sample_every > 0 && par.grid.world == 1;
-    if (opt.tokenizer != NULL && par.grid.world > 1 && rank0)
-        printf("note: flag -tk: samples are printed by one-rank runs only; none in this run of %d ranks\n", par.grid.world);
-    if (have_tok && tokenizer_load_bin(&tok, opt.tokenizer, err, sizeof(err)) != 0) die_usage(err);
-    FILE *logf = NULL;
-    if (rank0 && (opt.log_file || opt.out_dir)) {
-        if (opt.log_file) snprintf(path, sizeof(path), "%s", opt.log_file);
-        else snprintf(path, sizeof(path), "%s/log.jsonl", opt.out_dir);
-        if (resuming && log_keep_before(path, ck.step, err, sizeof(err)) != 0) die_usage(err);
-        logf = fopen(path, resuming ? "a" : "w");
-        if (logf == NULL) { secure_error(err, sizeof(err), "%s: cannot create log file: %s", path, strerror(errno)); die_usage(err); }
-    }
-    if (rank0) {
-        printf("model: L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters\n",
-               config.L, config.C, config.NH, config.V, config.Vp, config.maxT, param_count(&config));
-        printf("batch: B=%d T=%d, %d micro-batches per step x dp %d = %d tokens, %d steps\n", B, T, accum, dp, total_batch, steps);
-    }
-    print_layout(&model, &opt, accum);
-    PipeOp *ops = (PipeOp *)xcalloc(2 * (size_t)accum, sizeof(PipeOp), "schedule");
-    PipeStep *plan = (PipeStep *)xcalloc(2 * (size_t)accum, sizeof(PipeStep), "message plan");
-    int nops = pipeline_schedule(opt.pipe_schedule == PS_GPIPE, par.grid.pp, par.grid.pp_rank, accum, ops);
-    pipeline_plan(par.grid.pp, par.grid.pp_rank, ops, nops, plan);
-    AdamHyper hyper = {opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay};
-    uint64_t sample_rng = resuming ? ck.sample_rng : (uint64_t)opt.seed * 2654435761ull + 1;
-    int start = resuming ? ck.step : 0, stopped = 0;
-    if (rank0) ckpt_announce(&opt, resuming ? &ck : NULL, ck_dir, parallel_launched_rank() ? -1.0 : verify_ms, load_ms);
-    double fpt = flops_per_token(&config, T);
+    gpt2_build(&model, &job.config, &par, params, (uint64_t)job.opt.seed);
+    free(params);
+    snprintf(path, sizeof(path), "%s/optim.bin", job.ck_dir);
+    if (job.resuming && gpt2_load_optimizer(&model, path, job.ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
+    double load_ms = now_ms() - job.load_t0 - job.verify_ms;
+    gpt2_alloc_activations(&model, B, T, activation_sets(&job, &par.grid));
+    if (rank0) print_model_and_batch(&job, dp);
+    print_layout(&model, &job.opt, accum);
+    int nops;
+    PipeStep *plan = step_plan(&job, &par.grid, &nops);
+    AdamHyper hyper = {job.opt.lr, job.opt.beta1, job.opt.beta2, job.opt.eps, job.opt.weight_decay};
+    if (rank0) announce_resume(&job, load_ms);
 
     // the training loop: one optimizer step per iteration
-    for (int step = start; step < steps && !stopped; step++) {
-        int last = step == steps - 1;
+    int stopped = 0;
+    for (int step = job.start; step < job.steps && !stopped; step++) {
         if (par.comm) comm_set_step(par.comm, step);
         float val_loss = -1.0f;
-        if (have_val && (step % opt.val_every == 0 || last)) {
-            val_loss = evaluate(&model, &val, opt.val_batches);
+        if (evaluate_due(&job, step)) {
+            val_loss = evaluate(&model, &job.val, job.opt.val_batches);
             if (rank0) printf("val loss %.6f\n", val_loss);
         }
-        if (have_tok && step > 0 && (step % opt.sample_every == 0 || last)) sample(&model, &tok, opt.gen_tokens, &sample_rng);
-        if (opt.check_every > 0 && step % opt.check_every == 0) consistency_check(&model, step);
+        if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
+        if (check_due(&job, step)) consistency_check(&model, step);
 
         double t0 = now_ms();
         gpt2_zero_grad(&model);
-        float loss = pipeline_run(&model, &train, plan, nops, 1.0f / ((float)B * T * accum * dp));  // one stage: F0 B0 F1 B1 ...
-        float lr = lr_at_step(&opt, step, steps);
+        float dloss = 1.0f / ((float)B * T * accum * dp);
+        float loss = pipeline_run(&model, &job.train, plan, nops, dloss);  // one stage: F0 B0 F1 B1 ...
+        float lr = lr_at_step(&job.opt, step, job.steps);
         hyper.lr = lr;
         stopped = ckpt_stop_signal != 0;
-        float norm = gpt2_step(&model, &loss, accum, opt.grad_clip, &hyper, &stopped);
+        float norm = gpt2_step(&model, &loss, accum, job.opt.grad_clip, &hyper, &stopped);
         double ms = now_ms() - t0;
-
-        double tok_s = total_batch / (ms / 1e3);
         if (rank0) {
-            printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s\n",
-                   step, steps, loss, norm, lr, ms, tok_s, tok_s * fpt / 1e9);
-            log_step(logf, step, loss, val_loss, norm, lr, ms, (long)total_batch * (step + 1));
+            report_step(&job, step, loss, val_loss, norm, lr, ms);
+            printf("\n");  // (the GPU trainer ends its line with the MFU)
         }
-        int done = step + 1;
-        if (stopped || (opt.ckpt_every > 0 && (done % opt.ckpt_every == 0 || done == steps))) {
-            DataLoaderState pos;
-            dataloader_get_state(&train, &pos);
-            CkptState st = {done, model.adam_t, config, B, T, total_batch, steps, opt.seed, opt.shuffle,
-                            {pos.epoch, pos.shard_pos, pos.sample_pos, pos.rng}, sample_rng,
-                            par.grid.world, par.grid.tp, par.grid.pp, par.zero};
+
+        if (checkpoint_due(&job, step, stopped)) {
+            CkptState st = checkpoint_state(&job, step + 1, model.adam_t, &par.grid, par.zero);
             double c0 = now_ms();
-            if (gpt2_save(&model, opt.out_dir, opt.ckpt_keep, &st, ckpt_key) != 0) return 1;
-            if (rank0) printf("checkpoint %s/ckpt_%08d written in %.0f ms\n", opt.out_dir, done, now_ms() - c0);
+            if (gpt2_save(&model, job.opt.out_dir, job.opt.ckpt_keep, &st, job.ckpt_key) != 0) return 1;
+            if (rank0) print_checkpoint_written(&job, step + 1, now_ms() - c0);
         }
         if (stopped && rank0) printf("stopped by a signal after step %d; resume with -y 1\n", step);
     }
 
-    if (opt.out_dir && !stopped) {
-        float *params = gpt2_full_params(&model);
-        snprintf(path, sizeof(path), "%s/model_%08d.bin", opt.out_dir, steps);
-        if (rank0 && model_save(path, &config, params, 0, err, sizeof(err)) != 0) { fprintf(stderr, "%s\n", err); return 1; }
+    if (job.opt.out_dir && !stopped) {
+        if (gpt2_write_model(&model, job.opt.out_dir, job.steps, path, sizeof(path)) != 0) return 1;
         if (rank0) printf("wrote %s\n", path);
-        free(params);
     }
-    if (par.comm) {  // each rank's bytes, in rank order
-        for (int r = 0; r < par.grid.world; r++) {
-            if (r == par.grid.rank) {
-                printf("rank %d: peak transient %zu bytes (ZeRO buckets and gathered units)\n", r, model.bytes_transient_peak);
-                comm_print_bytes(par.comm, stdout);
-                fflush(stdout);
-            }
-            comm_barrier(par.comm, &par.world);
-        }
+    if (par.comm) {
+        print_rank_bytes(&model, &par);
         comm_free(par.comm);
     }
     launch_free(&par.launch);
-    if (logf) fclose(logf);
-    dataloader_free(&train);
-    if (have_val) dataloader_free(&val);
-    if (have_tok) tokenizer_free(&tok);
-    free(ops);
+    free_job(&job);
     free(plan);
     gpt2_free(&model);
     return 0;
