@@ -2780,33 +2780,13 @@ static int gpt2_load_optimizer(GPT2 *m, const char *path, int adam_t, char *err,
     return 0;
 }
 
-// FLOPs per token for forward + backward, as the CPU trainer counts them
-static double flops_per_token(const GPT2Config *c, int T) {
-    double n = (double)param_count(c) - (double)c->maxT * c->C;
-    return 6.0 * n + 6.0 * c->L * (double)T * c->C;
-}
+// ----------------------------------------------------------------------------
+// the trainer: trainer.h has what train_gpt2.c's main() does too, around
+// the loop; here is what the GPU does in it
+
+#include "trainer.h"
 
 #ifndef TESTING
-// ----------------------------------------------------------------------------
-// the trainer
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-
-static void die_usage(const char *msg) {
-    fprintf(stderr, "train_gpt2cu: %s\n", msg);
-    exit(2);
-}
-
-// xorshift* for sampling; its state is one number (as the CPU trainer)
-static float random_f32(uint64_t *state) {
-    *state ^= *state >> 12; *state ^= *state << 25; *state ^= *state >> 27;
-    return (float)((*state * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f;
-}
-
 // prints gen_tokens tokens sampled from the model, starting from EOT
 static void sample(GPT2 *model, const Tokenizer *tok, int gen_tokens, uint64_t *rng) {
     int B = model->B, T = model->T, V = model->config.V, Vp = model->config.Vp;
@@ -2821,15 +2801,8 @@ static void sample(GPT2 *model, const Tokenizer *tok, int gen_tokens, uint64_t *
         CUDA_CHECK(cudaMemcpyAsync(row, model->acts[0].logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX),
                                    cudaMemcpyDeviceToHost, model->stream));
         CUDA_CHECK(cudaStreamSynchronize(model->stream));
-        float maxv = -INFINITY, sum = 0.0f;
-        for (int i = 0; i < V; i++) z[i] = floatx_to_host_float(row[i]), maxv = fmaxf(maxv, z[i]);
-        for (int i = 0; i < V; i++) sum += expf(z[i] - maxv);
-        float coin = random_f32(rng) * sum, cdf = 0.0f;
-        int next = V - 1;
-        for (int i = 0; i < V; i++) {
-            cdf += expf(z[i] - maxv);
-            if (coin < cdf) { next = i; break; }
-        }
+        for (int i = 0; i < V; i++) z[i] = floatx_to_host_float(row[i]);
+        int next = sample_token(z, V, random_f32(rng));
         model->inputs[t] = next;
         int len;
         const char *s = tokenizer_decode(tok, next, &len);
@@ -2885,10 +2858,7 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     memset(par, 0, sizeof(*par));
     int rc = parallel_join(argc, argv, o->np, o->tp, o->pp, o->rendezvous, o->key_file, o->timeout, &par->launch,
                            &par->grid, err, sizeof(err));
-    if (rc != 0) {
-        fprintf(stderr, "train_gpt2cu: %s\n", err);
-        exit(rc);
-    }
+    if (rc != 0) die(rc, err);
     Launch *L = &par->launch;
     par->zero = o->zero;
     int ndev = 0;
@@ -2901,9 +2871,57 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
         exit(1);
     }
     CUDA_CHECK(cudaSetDevice(device));
-    if (nccl_init(&par->nccl, &par->grid, L->key, L->rendezvous, o->timeout, fault, err, sizeof(err)) != 0) {
-        fprintf(stderr, "train_gpt2cu: %s\n", err);
-        exit(1);
+    if (nccl_init(&par->nccl, &par->grid, L->key, L->rendezvous, o->timeout, fault, err, sizeof(err)) != 0)
+        die(1, err);
+}
+
+// pp > 1: the MAC state for a step's pipeline messages (and an evaluation's),
+// made now, not mid-run: room for the most messages a stage receives in one
+// step, each as large as the largest of them
+static void reserve_pipeline_macs(GPT2 *m, Parallel *par, int accum, int val_batches) {
+    char err[512];
+    size_t msg = (size_t)m->B * m->T * m->config.C * sizeof(floatX), tied = tied_elems(m) * sizeof(floatX);
+    int recvs = 2 * accum + 2 > val_batches + 2 ? 2 * accum + 2 : val_batches + 2;
+    if (nccl_mac_reserve(par->nccl, recvs, msg > tied ? msg : tied, err, sizeof(err)) != 0) die(1, err);
+}
+
+// rank 0's lines about the GPU and the precision
+static void print_device(const cudaDeviceProp *prop, double peak, const GpuOptions *gopt, const GPT2 *m) {
+    printf("device: %s, compute capability %d.%d, %.1f GiB, ", prop->name, prop->major, prop->minor,
+           prop->totalGlobalMem / 1073741824.0);
+    if (peak > 0) printf("bf16 dense peak %.0f TFLOPS\n", peak / 1e12);
+    else printf("bf16 dense peak unknown (MFU n/a)\n");
+    printf("precision: %s compute, fp32 master weights and AdamW state; recompute GELU %d; attention %s; "
+           "activations %.2f GiB\n", precision_name, gopt->recompute,
+           gopt->attention_tc && attention_tc_supports(m->config.C / m->config.NH) ? "tensor cores" : "fp32 FMA",
+           m->act_bytes / 1073741824.0);
+}
+
+// the end of rank 0's step line: the model FLOPs utilization of all the
+// GPUs at tok_s tokens per second (peak: one GPU's; 0 when not known)
+static void print_mfu(const Job *job, double tok_s, double peak, int world) {
+    double fpt = flops_per_token(&job->config, job->opt.T);
+    if (peak > 0) printf(" | MFU %.1f%%\n", 100.0 * tok_s * fpt / (peak * world));
+    else printf(" | MFU n/a\n");
+    fflush(stdout);
+}
+
+// the layout line (rank 0), then one line per rank, in rank order, from the rank itself
+static void print_layout(const GPT2 *m, Parallel *par, const Options *o, int accum, int device) {
+    const Grid *g = &par->grid;
+    if (g->rank == 0)
+        printf("layout: %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s schedule with %d micro-batches "
+               "(bubble %.3f), NCCL %d.%d.%d\n", g->world, g->dp, g->tp, g->pp, par->zero,
+               o->pipe_schedule == PS_GPIPE ? "gpipe" : "1f1b", accum, pipeline_bubble(g->pp, accum), NCCL_MAJOR,
+               NCCL_MINOR, NCCL_PATCH);
+    for (int r = 0; r < g->world; r++) {
+        if (r == g->rank)
+            printf("rank %d (dp %d, pp %d, tp %d): GPU %d, layers [%d, %d), %zu parameters here, "
+                   "%.2f GiB of weights, gradients and AdamW state, %.2f GiB of activations (%d sets)\n", r,
+                   g->dp_rank, g->pp_rank, g->tp_rank, device, m->shard.l0, m->shard.l1, m->ut.num_local,
+                   m->param_bytes / 1073741824.0, m->act_bytes / 1073741824.0, m->nacts);
+        fflush(stdout);
+        nccl_barrier(par->nccl, &par->nccl->world);
     }
 }
 
@@ -3121,237 +3139,101 @@ static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int ste
 }
 
 int main(int argc, char **argv) {
-    Options opt;
+    Job job;
     GpuOptions gopt;
-    char err[2048];
+    char err[2048], path[1024];
+    trainer_name = "train_gpt2cu";
     // the launcher starts the ranks with the command line it was given, GPU flags included
     int launch_argc = argc;
     char **launch_argv = (char **)host_alloc((size_t)(argc + 1) * sizeof(char *), "argv");
     memcpy(launch_argv, argv, (size_t)(argc + 1) * sizeof(char *));
     if (gpu_options_take(&gopt, &argc, argv, err, sizeof(err)) != 0) die_usage(err);
-    options_defaults(&opt);
-    int rc = options_parse(&opt, argc, argv, err, sizeof(err));
-    if (rc == 1) {
-        options_usage(stdout, argv[0]);
-        fputs(gpu_usage_lines, stdout);
-        return 0;
-    }
-    if (rc != 0) die_usage(err);
-    // from here on a signal asks for a checkpoint (with -o), and a full disk
-    // fails a write (and says so) instead of killing the process
-    if (opt.out_dir) ckpt_catch_signals();
-    signal(SIGXFSZ, SIG_IGN);
-    if (ckpt_check_flags(&opt, err, sizeof(err)) != 0) die_usage(err);
-    opt.np = parallel_world(opt.np, opt.rendezvous);  // ranks of mpirun/srun/torchrun: their world
-    check_launch_gpus(&opt);
-    Fault fault;
-    memset(&fault, 0, sizeof(fault));
-    if (opt.fault && fault_parse(opt.fault, &fault, err, sizeof(err)) != 0) die_usage(err);
-
-    // the model's shape, the batch and the data, on the host: a bad job is
-    // refused once, by the launcher, before any rank starts or a GPU is touched
-    GPT2Config config;
-    rc = options_model(&opt, &config, err, sizeof(err));  // -e, -ev -et -ec (gpt2.h)
-    if (rc < 0) die_usage(err);
-    int from_file = rc == 0;
-    if (opt.T > config.maxT) {
-        snprintf(err, sizeof(err), "flag -t: T = %d exceeds the model's maxT = %d (%s)", opt.T, config.maxT, opt.init);
+    // the job, checked once, by the launcher, before any rank starts or a GPU is touched
+    parse_flags(&job, argc, argv, gpu_usage_lines);
+    if (ckpt_check_flags(&job.opt, err, sizeof(err)) != 0) die_usage(err);  // before a launcher counts the GPUs
+    check_launch_gpus(&job.opt);
+    parse_fault(&job);
+    check_model(&job);
+    if (gpu_check_shapes(&job.config, job.opt.B, job.opt.T, job.opt.tp, job.opt.init, err, sizeof(err)) != 0)
         die_usage(err);
-    }
-    // the layout against the model, the batch against dp (as train_gpt2.c's check_job)
-    Grid job;
-    if (grid_init(&job, opt.np, opt.tp, opt.pp, 0, err, sizeof(err)) != 0) die_usage(err);
-    if (grid_check_model(&job, config.L, config.NH, config.C, config.Vp, err, sizeof(err)) != 0) die_usage(err);
-    if (gpu_check_shapes(&config, opt.B, opt.T, opt.tp, opt.init, err, sizeof(err)) != 0) die_usage(err);
-    if (batch_accum(&opt, job.dp, err, sizeof(err)) < 0) die_usage(err);
-    DataLoader train, val;
-    if (!parallel_launched_rank()) {  // else its launcher opened (and hashed) the data just now
-        if (dataloader_init(&train, opt.train_pattern, opt.B, opt.T, 0, job.dp, opt.shuffle, 0, config.V, err,
-                            sizeof(err)) != 0)
-            die_usage(err);
-        dataloader_free(&train);
-        if (opt.val_every > 0) {
-            if (dataloader_init(&val, opt.val_pattern, opt.B, opt.T, 0, job.dp, 0, 0, config.V, err, sizeof(err)) != 0)
-                die_usage(err);
-            dataloader_free(&val);
-        }
-    }
-    // the checkpoint key and the checkpoint to resume from, verified here (checkpoint.h)
-    uint8_t ckpt_key[32];
-    CkptState ck;
-    char ck_dir[800] = "", path[1024];  // -o is at most 700 bytes
-    memset(&ck, 0, sizeof(ck));
-    double load_t0 = now_ms();
-    int resuming = ckpt_setup(&opt, &config, !parallel_launched_rank(), ckpt_key, &ck, ck_dir, sizeof(ck_dir), err,
-                              sizeof(err));
-    if (resuming < 0) die_usage(err);
-    double verify_ms = now_ms() - load_t0;
+    check_batch_and_data(&job);
+    checkpoint_setup(&job);
 
+    // this rank: its place in the job and its GPU, its data and log, its part of the model
     Parallel par;
-    parallel_setup(&par, &opt, &fault, launch_argc, launch_argv);
-    if (par.grid.rank == 0 && opt.out_dir && ckpt_lock(opt.out_dir, err, sizeof(err)) != 0) {
-        fprintf(stderr, "train_gpt2cu: %s\n", err);
-        exit(1);
-    }
-    int rank0 = par.grid.rank == 0, dp = par.grid.dp, tp = par.grid.tp, pp = par.grid.pp, B = opt.B, T = opt.T;
-    int accum = batch_accum(&opt, dp, err, sizeof(err));  // an outside launcher's world may differ from -np
-    if (accum < 0) die_usage(err);
-    long total_batch = (long)B * T * dp * accum;
-    // the parameters: from the checkpoint, the model file, or the seeded init (params NULL)
-    float *params = NULL;
-    if (resuming) snprintf(path, sizeof(path), "%s/model.bin", ck_dir);
-    if (resuming || from_file) {
-        params = model_load(resuming ? path : opt.init, &config, err, sizeof(err));
-        if (params == NULL) die_usage(err);
-    }
-    // data: this rank's slice of the stream
-    if (dataloader_init(&train, opt.train_pattern, B, T, par.grid.dp_rank, dp, opt.shuffle, (uint64_t)opt.seed, config.V,
-                        err, sizeof(err)) != 0)
-        die_usage(err);
-    int have_val = opt.val_every > 0;
-    if (have_val && dataloader_init(&val, opt.val_pattern, B, T, par.grid.dp_rank, dp, 0, 0, config.V, err,
-                                    sizeof(err)) != 0)
-        die_usage(err);
-    DataLoaderState data_pos = {ck.data[0], ck.data[1], ck.data[2], ck.data[3]};
-    if (resuming && dataloader_set_state(&train, &data_pos, err, sizeof(err)) != 0) die_usage(err);
-    int steps = opt.steps >= 0 ? opt.steps : (int)(dataloader_batches_per_epoch(&train) / accum);
-    if (steps < 1) steps = 1;
-    if (resuming && ck.step > steps) {
-        secure_error(err, sizeof(err), "flag -x: %d steps, but checkpoint %s is of step %d", steps, ck_dir, ck.step);
-        die_usage(err);
-    }
-    Tokenizer tok;
-    int have_tok = opt.tokenizer != NULL && opt.sample_every > 0 && par.grid.world == 1;
-    if (have_tok && tokenizer_load_bin(&tok, opt.tokenizer, err, sizeof(err)) != 0) die_usage(err);
-    FILE *logf = NULL;
-    if (rank0 && (opt.log_file || opt.out_dir)) {  // ckpt_setup made -o
-        if (opt.log_file) snprintf(path, sizeof(path), "%s", opt.log_file);
-        else snprintf(path, sizeof(path), "%s/log.jsonl", opt.out_dir);
-        if (resuming && log_keep_before(path, ck.step, err, sizeof(err)) != 0) die_usage(err);
-        logf = fopen(path, resuming ? "a" : "w");
-        if (logf == NULL) { snprintf(err, sizeof(err), "%s: cannot create log file: %s", path, strerror(errno)); die_usage(err); }
-    }
-
-    // the GPU (bound by parallel_setup)
+    parallel_setup(&par, &job.opt, &job.fault, launch_argc, launch_argv);
+    start_rank(&job, &par.grid);
+    int rank0 = par.grid.rank == 0, dp = par.grid.dp, pp = par.grid.pp, B = job.opt.B, T = job.opt.T, accum = job.accum;
+    float *params = load_params(&job);
+    open_data(&job, &par.grid);
+    open_tokenizer_and_log(&job, &par.grid);
     int device;
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     double peak = gpu_peak_flops(prop.name);
     GPT2 model;
-    int nacts = pipeline_inflight(opt.pipe_schedule == PS_GPIPE, pp, par.grid.pp_rank, accum);
-    gpt2_init_rank(&model, &config, params, (uint64_t)opt.seed, B, T, gopt.recompute, gopt.attention_tc, &par.grid,
-                   par.zero, nacts, par.nccl);
+    gpt2_init_rank(&model, &job.config, params, (uint64_t)job.opt.seed, B, T, gopt.recompute, gopt.attention_tc,
+                   &par.grid, par.zero, activation_sets(&job, &par.grid), par.nccl);
     free(params);
-    snprintf(path, sizeof(path), "%s/optim.bin", ck_dir);
-    if (resuming && gpt2_load_optimizer(&model, path, ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
-    double load_ms = now_ms() - load_t0 - verify_ms;
+    snprintf(path, sizeof(path), "%s/optim.bin", job.ck_dir);
+    if (job.resuming && gpt2_load_optimizer(&model, path, job.ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
+    double load_ms = now_ms() - job.load_t0 - job.verify_ms;
     par.nccl->stream = model.stream;  // the collectives queue behind the model's kernels
-    if (pp > 1) {  // the MAC state for a step's pipeline messages (and an evaluation's), made now, not mid-run
-        size_t msg = (size_t)B * T * config.C * sizeof(floatX), tied = tied_elems(&model) * sizeof(floatX);
-        int recvs = 2 * accum + 2 > opt.val_batches + 2 ? 2 * accum + 2 : opt.val_batches + 2;
-        if (nccl_mac_reserve(par.nccl, recvs, msg > tied ? msg : tied, err, sizeof(err)) != 0) {
-            fprintf(stderr, "train_gpt2cu: %s\n", err);
-            exit(1);
-        }
-    }
-    PipeOp *ops = (PipeOp *)host_alloc(2 * (size_t)accum * sizeof(PipeOp), "schedule");
-    PipeStep *plan = (PipeStep *)host_alloc(2 * (size_t)accum * sizeof(PipeStep), "message plan");
-    int nops = pipeline_schedule(opt.pipe_schedule == PS_GPIPE, pp, par.grid.pp_rank, accum, ops);
-    pipeline_plan(pp, par.grid.pp_rank, ops, nops, plan);
-    AdamHyper hyper = {opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, opt.grad_clip};
-
+    if (pp > 1) reserve_pipeline_macs(&model, &par, accum, job.opt.val_batches);
+    int nops;
+    PipeStep *plan = step_plan(&job, &par.grid, &nops);
+    AdamHyper hyper = {job.opt.lr, job.opt.beta1, job.opt.beta2, job.opt.eps, job.opt.weight_decay, job.opt.grad_clip};
     if (rank0) {
-        printf("device: %s, compute capability %d.%d, %.1f GiB, ", prop.name, prop.major, prop.minor,
-               prop.totalGlobalMem / 1073741824.0);
-        if (peak > 0) printf("bf16 dense peak %.0f TFLOPS\n", peak / 1e12);
-        else printf("bf16 dense peak unknown (MFU n/a)\n");
-        printf("precision: %s compute, fp32 master weights and AdamW state; recompute GELU %d; attention %s; "
-               "activations %.2f GiB\n", precision_name, gopt.recompute,
-               gopt.attention_tc && attention_tc_supports(config.C / config.NH) ? "tensor cores" : "fp32 FMA",
-               model.act_bytes / 1073741824.0);
-        printf("model: L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters\n",
-               config.L, config.C, config.NH, config.V, config.Vp, config.maxT, model.num_params);
-        printf("batch: B=%d T=%d, %d micro-batches per step x dp %d = %ld tokens, %d steps\n", B, T, accum, dp,
-               total_batch, steps);
-        printf("layout: %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s schedule with %d micro-batches "
-               "(bubble %.3f), NCCL %d.%d.%d\n", par.grid.world, dp, tp, pp, par.zero,
-               opt.pipe_schedule == PS_GPIPE ? "gpipe" : "1f1b", accum, pipeline_bubble(pp, accum), NCCL_MAJOR,
-               NCCL_MINOR, NCCL_PATCH);
+        print_device(&prop, peak, &gopt, &model);
+        print_model_and_batch(&job, dp);
     }
-    for (int r = 0; r < par.grid.world; r++) {  // one line per rank, in rank order, from the rank itself
-        if (r == par.grid.rank)
-            printf("rank %d (dp %d, pp %d, tp %d): GPU %d, layers [%d, %d), %zu parameters here, "
-                   "%.2f GiB of weights, gradients and AdamW state, %.2f GiB of activations (%d sets)\n", r,
-                   par.grid.dp_rank, par.grid.pp_rank, par.grid.tp_rank, device, model.shard.l0, model.shard.l1,
-                   model.ut.num_local, model.param_bytes / 1073741824.0, model.act_bytes / 1073741824.0, nacts);
-        fflush(stdout);
-        nccl_barrier(par.nccl, &par.nccl->world);
-    }
-    uint64_t sample_rng = resuming ? ck.sample_rng : (uint64_t)opt.seed * 2654435761ull + 1;
-    int start = resuming ? ck.step : 0, stopped = 0;
-    if (rank0) ckpt_announce(&opt, resuming ? &ck : NULL, ck_dir, parallel_launched_rank() ? -1.0 : verify_ms, load_ms);
-    double fpt = flops_per_token(&config, T);
+    print_layout(&model, &par, &job.opt, accum, device);
+    if (rank0) announce_resume(&job, load_ms);
 
-    for (int step = start; step < steps && !stopped; step++) {
-        int last = step == steps - 1;
+    // the training loop: one optimizer step per iteration
+    int stopped = 0;
+    for (int step = job.start; step < job.steps && !stopped; step++) {
         nccl_set_step(par.nccl, step);
         float val_loss = -1.0f;
-        if (have_val && (step % opt.val_every == 0 || last)) {
-            val_loss = evaluate(&model, &par, &val, opt.val_batches);
+        if (evaluate_due(&job, step)) {
+            val_loss = evaluate(&model, &par, &job.val, job.opt.val_batches);
             if (rank0) printf("val loss %.6f\n", val_loss);
         }
-        if (have_tok && step > 0 && (step % opt.sample_every == 0 || last))
-            sample(&model, &tok, opt.gen_tokens, &sample_rng);
-        if (opt.check_every > 0 && step % opt.check_every == 0) consistency_check(&model, &par, step);
+        if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
+        if (check_due(&job, step)) consistency_check(&model, &par, step);
 
         gpu_sync(&model, "the step before");
         double t0 = now_ms();
         gpt2_zero_grad(&model);
         gpt2_zero_losses(&model);
         if (pp > 1) nccl_mac_step_begin(par.nccl);
-        pipeline_run(&model, &train, plan, nops, 1.0f / (float)((double)B * T * accum * dp));  // one stage: F0 B0 F1 B1 ...
-        float lr = lr_at_step(&opt, step, steps);
+        float dloss = 1.0f / (float)((double)B * T * accum * dp);
+        pipeline_run(&model, &job.train, plan, nops, dloss);  // one stage: F0 B0 F1 B1 ...
+        float lr = lr_at_step(&job.opt, step, job.steps);
         hyper.lr = lr;
         stopped = ckpt_stop_signal != 0;
         float loss = gpt2_step(&model, &par, &hyper, accum, &stopped);
         float norm = gpt2_last_norm(&model);
         double ms = now_ms() - t0;
+        if (rank0) print_mfu(&job, report_step(&job, step, loss, val_loss, norm, lr, ms), peak, par.grid.world);
 
-        double tok_s = total_batch / (ms / 1e3);
-        if (rank0) {
-            printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s", step, steps,
-                   loss, norm, lr, ms, tok_s, tok_s * fpt / 1e9);
-            if (peak > 0) printf(" | MFU %.1f%%\n", 100.0 * tok_s * fpt / (peak * par.grid.world));
-            else printf(" | MFU n/a\n");
-            fflush(stdout);
-            log_step(logf, step, loss, val_loss, norm, lr, ms, total_batch * (step + 1));
-        }
-        int done = step + 1;
-        if (stopped || (opt.ckpt_every > 0 && (done % opt.ckpt_every == 0 || done == steps))) {
-            DataLoaderState pos;
-            dataloader_get_state(&train, &pos);
-            CkptState st = {done, model.adam_t, config, B, T, (int)total_batch, steps, opt.seed, opt.shuffle,
-                            {pos.epoch, pos.shard_pos, pos.sample_pos, pos.rng}, sample_rng,
-                            par.grid.world, par.grid.tp, par.grid.pp, par.zero};
+        if (checkpoint_due(&job, step, stopped)) {
+            CkptState st = checkpoint_state(&job, step + 1, model.adam_t, &par.grid, par.zero);
             double c0 = now_ms();
-            if (gpt2_checkpoint(&model, &par, opt.out_dir, opt.ckpt_keep, &st, ckpt_key) != 0) return 1;
-            if (rank0) printf("checkpoint %s/ckpt_%08d written in %.0f ms\n", opt.out_dir, done, now_ms() - c0);
+            if (gpt2_checkpoint(&model, &par, job.opt.out_dir, job.opt.ckpt_keep, &st, job.ckpt_key) != 0) return 1;
+            if (rank0) print_checkpoint_written(&job, step + 1, now_ms() - c0);
         }
         if (stopped && rank0) printf("stopped by a signal after step %d; resume with -y 1\n", step);
     }
 
-    if (opt.out_dir && !stopped) {
-        if (gpt2_write_model(&model, &par, opt.out_dir, steps, path, sizeof(path)) != 0) return 1;
+    if (job.opt.out_dir && !stopped) {
+        if (gpt2_write_model(&model, &par, job.opt.out_dir, job.steps, path, sizeof(path)) != 0) return 1;
         if (rank0) printf("wrote %s\n", path);
     }
-    if (logf) fclose(logf);
-    dataloader_free(&train);
-    if (have_val) dataloader_free(&val);
-    if (have_tok) tokenizer_free(&tok);
+    free_job(&job);
     nccl_free(par.nccl);
     gpt2_free(&model);
-    free(ops);
     free(plan);
     launch_free(&par.launch);
     free(launch_argv);
