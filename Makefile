@@ -37,6 +37,7 @@ all: $(CPU_PROGRAMS) $(CPU_TESTS)
 endif
 
 HEADERS = $(wildcard *.h)
+CUDA_HEADERS = $(wildcard *.cuh)
 
 train_gpt2: train_gpt2.c $(HEADERS)
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
@@ -58,10 +59,10 @@ test_%: test_%.c test.h $(HEADERS)
 
 test_gpt2: train_gpt2.c
 
-train_gpt2cu: train_gpt2.cu $(HEADERS)
+train_gpt2cu: train_gpt2.cu $(HEADERS) $(CUDA_HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LDLIBS) -o $@
 
-test_gpt2cu: test_gpt2.cu train_gpt2.cu test.h $(HEADERS)
+test_gpt2cu: test_gpt2.cu train_gpt2.cu test.h $(HEADERS) $(CUDA_HEADERS)
 	$(NVCC) $(NVCC_FLAGS) test_gpt2.cu $(NVCC_LDLIBS) -o $@
 
 # with nvcc, test_gpt2cu too: its host-side checks (flags, files, layouts)
