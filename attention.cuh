@@ -605,33 +605,69 @@ static int attention_tc_supports(int hs) {
 #endif
 }
 
+// one attention call: the forward (out and lse from qkv) or the backward
+// (dqkv from qkv, dout, lse and delta), on tensor cores when tc
+typedef struct {
+    int backward, tc;
+    floatX *out, *dqkv;
+    float *lse;  // written by the forward, read by the backward
+    const floatX *qkv, *dout;
+    const float *delta;
+    int B, T, NH;
+    cudaStream_t stream;
+} AttentionCall;
+
+// the kernels of head size HS for call a
+template <int HS>
+static void attention_launch(const AttentionCall *a) {
+#ifndef ENABLE_FP32
+    if constexpr (HS <= 64) {  // larger heads have no tensor-core kernels (attention_tc_supports)
+        if (a->tc) {
+            dim3 grid(ceil_div(a->T, TC_ROWS), a->NH, a->B);
+            if (!a->backward) {
+                attention_forward_tc_kernel<HS><<<grid, TC_THREADS, 0, a->stream>>>(a->out, a->lse, a->qkv, a->T, a->NH);
+            } else {
+                attention_backward_dq_tc_kernel<HS><<<grid, TC_THREADS, 0, a->stream>>>(a->dqkv, a->qkv, a->dout, a->lse,
+                                                                                       a->delta, a->T, a->NH);
+                attention_backward_dkdv_tc_kernel<HS><<<grid, TC_THREADS, 0, a->stream>>>(a->dqkv, a->qkv, a->dout,
+                                                                                         a->lse, a->delta, a->T, a->NH);
+            }
+            CUDA_CHECK(cudaGetLastError());
+            return;
+        }
+    }
+#endif
+    dim3 grid(ceil_div(a->T, ATT_ROWS), a->NH, a->B);
+    if (!a->backward) {
+        attention_forward_kernel<HS><<<grid, ATT_THREADS, 0, a->stream>>>(a->out, a->lse, a->qkv, a->T, a->NH);
+    } else {
+        attention_backward_dq_kernel<HS><<<grid, ATT_THREADS, 0, a->stream>>>(a->dqkv, a->qkv, a->dout, a->lse,
+                                                                              a->delta, a->T, a->NH);
+        attention_backward_dkdv_kernel<HS><<<grid, ATT_THREADS, 0, a->stream>>>(a->dqkv, a->qkv, a->dout, a->lse,
+                                                                                a->delta, a->T, a->NH);
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// the one place a head size becomes a template instance
+static void attention_launch_head_size(const AttentionCall *a, int hs) {
+    switch (hs) {
+    case 16: attention_launch<16>(a); break;
+    case 32: attention_launch<32>(a); break;
+    case 64: attention_launch<64>(a); break;
+    case 128: attention_launch<128>(a); break;
+    default: assert(0 && "head size checked by gpu_check_shapes");
+    }
+}
+
 // tc: use the tensor-core kernels where attention_tc_supports(C/NH)
 static void attention_forward(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH, int tc,
                               cudaStream_t stream) {
-    int HS = C / NH;
-#ifndef ENABLE_FP32
-    if (tc && attention_tc_supports(HS)) {
-        dim3 grid(ceil_div(T, TC_ROWS), NH, B);
-        switch (HS) {
-        case 16: attention_forward_tc_kernel<16><<<grid, TC_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
-        case 32: attention_forward_tc_kernel<32><<<grid, TC_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
-        case 64: attention_forward_tc_kernel<64><<<grid, TC_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
-        }
-        CUDA_CHECK(cudaGetLastError());
-        return;
-    }
-#else
-    (void)tc;
-#endif
-    dim3 grid(ceil_div(T, ATT_ROWS), NH, B);
-    switch (HS) {
-    case 16: attention_forward_kernel<16><<<grid, ATT_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
-    case 32: attention_forward_kernel<32><<<grid, ATT_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
-    case 64: attention_forward_kernel<64><<<grid, ATT_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
-    case 128: attention_forward_kernel<128><<<grid, ATT_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
-    default: assert(0 && "head size checked by gpu_check_shapes");
-    }
-    CUDA_CHECK(cudaGetLastError());
+    AttentionCall a = {};
+    a.tc = tc && attention_tc_supports(C / NH);
+    a.out = out, a.lse = lse, a.qkv = qkv;
+    a.B = B, a.T = T, a.NH = NH, a.stream = stream;
+    attention_launch_head_size(&a, C / NH);
 }
 
 // dqkv (B,T,3C) is written whole; delta is scratch of B*NH*T floats
@@ -640,50 +676,13 @@ static void attention_backward(floatX *dqkv, float *delta, const floatX *dout, c
     int HS = C / NH;
     attention_delta_kernel<<<ceil_div((long)B * T * NH, 256), 256, 0, stream>>>(delta, out, dout, B, T, NH, HS);
     CUDA_CHECK(cudaGetLastError());
-#ifndef ENABLE_FP32
-    if (tc && attention_tc_supports(HS)) {
-        dim3 grid(ceil_div(T, TC_ROWS), NH, B);
-        switch (HS) {
-        case 16:
-            attention_backward_dq_tc_kernel<16><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-            attention_backward_dkdv_tc_kernel<16><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-            break;
-        case 32:
-            attention_backward_dq_tc_kernel<32><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-            attention_backward_dkdv_tc_kernel<32><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-            break;
-        case 64:
-            attention_backward_dq_tc_kernel<64><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-            attention_backward_dkdv_tc_kernel<64><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-            break;
-        }
-        CUDA_CHECK(cudaGetLastError());
-        return;
-    }
-#else
-    (void)tc;
-#endif
-    dim3 grid(ceil_div(T, ATT_ROWS), NH, B);
-    switch (HS) {
-    case 16:
-        attention_backward_dq_kernel<16><<<grid, ATT_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-        attention_backward_dkdv_kernel<16><<<grid, ATT_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-        break;
-    case 32:
-        attention_backward_dq_kernel<32><<<grid, ATT_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-        attention_backward_dkdv_kernel<32><<<grid, ATT_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-        break;
-    case 64:
-        attention_backward_dq_kernel<64><<<grid, ATT_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-        attention_backward_dkdv_kernel<64><<<grid, ATT_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-        break;
-    case 128:
-        attention_backward_dq_kernel<128><<<grid, ATT_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-        attention_backward_dkdv_kernel<128><<<grid, ATT_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-        break;
-    default: assert(0 && "head size checked by gpu_check_shapes");
-    }
-    CUDA_CHECK(cudaGetLastError());
+    AttentionCall a = {};
+    a.backward = 1;
+    a.tc = tc && attention_tc_supports(HS);
+    a.dqkv = dqkv, a.qkv = qkv, a.dout = dout, a.delta = delta;
+    a.lse = (float *)lse;  // only read
+    a.B = B, a.T = T, a.NH = NH, a.stream = stream;
+    attention_launch_head_size(&a, HS);
 }
 
 #endif
