@@ -427,37 +427,12 @@ static void place_unit(GPT2 *m, int u, const float *tmp) {
 #endif
 }
 
-// this rank's part of the model on the device, from the full model `full`
-// (model-file layout, host fp32; not kept) or, when full is NULL, from the
-// seeded init; nacts activation sets for (B, T). g is this rank's place in
-// the grid (NULL: one rank), nccl its communicators (NULL outside a job).
-static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint64_t seed, int B, int T, int recompute,
-                           int attention_tc, const Grid *g, int zero, int nacts, NcclComm *nccl) {
-    memset(m, 0, sizeof(*m));
-    m->config = *c;
-    char err[256];
-    if (g != NULL) m->grid = *g;
-    else grid_init(&m->grid, 1, 1, 1, 0, err, sizeof(err));
-    g = &m->grid;
-    m->shard = shard_for(c, g->tp, g->tp_rank, g->pp, g->pp_rank, g->dp, g->dp_rank);
-    if (unit_table(&m->ut, c, &m->shard, UNIT_ALIGN) != 0) {
-        fprintf(stderr, "out of memory allocating the unit table\n");
-        exit(1);
-    }
+// device memory for the parameters, their gradients, the master weights and
+// AdamW's m and v, each whole or this rank's ZeRO shard (the table in GPT2's
+// comment), and ZeRO's gathered units and gradient buckets
+static void gpt2_alloc_params(GPT2 *m) {
     const Shard *s = &m->shard;
-    m->zero = zero;
-    m->nccl = nccl;
-    m->num_params = param_count(c);
-    m->B = B;
-    m->T = T;
-    m->recompute = recompute;
-    m->attention_tc = attention_tc;
-#ifdef ENABLE_FP32
-    m->fuse_gelu = 0;  // our GELU kernel is the CPU trainer's formula; the epilogue's may round differently
-#else
-    m->fuse_gelu = 1;
-#endif
-    CUDA_CHECK(cudaStreamCreate(&m->stream));
+    int zero = m->zero;
     size_t P = m->ut.num_local, S = m->ut.num_shard, X = sizeof(floatX), F = sizeof(float), big = largest_unit(m);
     if (zero <= 2) m->params = (floatX *)device_alloc(P * X, "parameters");
     else m->param_shard = (floatX *)device_alloc(S * X, "parameter shard");
@@ -479,7 +454,6 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
     }
     if (zero >= 2) m->reduced = (floatX *)device_alloc(big / s->dp * X, "reduced chunk");
     if (s->dp > 1) m->digests = (uint8_t *)device_alloc(32 * (size_t)s->dp, "replica digests");
-    m->overlap = nccl != NULL && s->dp > 1;
     for (int k = 0; zero >= 2 && k < UNIT_SLOTS; k++)
         CUDA_CHECK(cudaEventCreateWithFlags(&m->bucket_done[k], cudaEventDisableTiming));
     m->unit_params = (floatX **)host_alloc(m->ut.n * sizeof(floatX *), "unit views");
@@ -490,47 +464,98 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
 #ifndef ENABLE_FP32
     m->param_bytes += (m->master_sharded ? S : P) * F;
 #endif
+}
 
-    // the parameters, unit by unit, sliced from the full model
+// the parameters, unit by unit, sliced from the full model `full` (or, when
+// full is NULL, from the seeded init) into what gpt2_alloc_params made room for
+static void gpt2_load_params(GPT2 *m, const float *full, uint64_t seed) {
+    const GPT2Config *c = &m->config;
+    size_t F = sizeof(float), big = largest_unit(m);
     float *init = full == NULL ? device_init_full(c, seed, m->stream) : NULL;
     float *host_unit = (float *)host_alloc(big * F, "unit"), *tmp = (float *)device_alloc(big * F, "unit");
     for (int u = 0; u < m->ut.n; u++) {
         const Unit *un = &m->ut.units[u];
         memset(host_unit, 0, un->padded * F);
-        unit_fill(c, s, un, host_unit, full ? full : init, 0);
+        unit_fill(c, &m->shard, un, host_unit, full ? full : init, 0);
         CUDA_CHECK(cudaMemcpyAsync(tmp, host_unit, un->padded * F, cudaMemcpyHostToDevice, m->stream));
         place_unit(m, u, tmp);
         CUDA_CHECK(cudaStreamSynchronize(m->stream));  // host_unit and tmp are reused
-        if (zero <= 2) m->unit_params[u] = m->params + un->offset;
-        if (zero <= 1) m->unit_grads[u] = m->grads + un->offset;
+        if (m->zero <= 2) m->unit_params[u] = m->params + un->offset;
+        if (m->zero <= 1) m->unit_grads[u] = m->grads + un->offset;
     }
     cudaFree(tmp);
     free(host_unit);
     free(init);
+}
 
-    // activations: the sets in flight, then the scratch
+// the nacts activation sets in flight, then the scratch, in one device
+// allocation (buffer_plan)
+static void gpt2_alloc_activations(GPT2 *m, int nacts) {
+    const GPT2Config *c = &m->config;
     BufferSlice *slices = (BufferSlice *)host_alloc(((size_t)nacts * ACT_SLICES + SCRATCH_SLICES) * sizeof(BufferSlice),
                                                     "buffer plan");
     int nslices = 0;
     m->nacts = nacts;
     m->acts = (Acts *)host_alloc((size_t)nacts * sizeof(Acts), "activation sets");
-    for (int k = 0; k < nacts; k++) nslices = act_slices(&m->acts[k], c, s, B, T, recompute, slices, nslices);
-    nslices = scratch_slices(&m->sc, c, s, B, T, slices, nslices);
+    for (int k = 0; k < nacts; k++)
+        nslices = act_slices(&m->acts[k], c, &m->shard, m->B, m->T, m->recompute, slices, nslices);
+    nslices = scratch_slices(&m->sc, c, &m->shard, m->B, m->T, slices, nslices);
     m->act_bytes = buffer_plan(slices, nslices);
     m->act_memory = device_alloc(m->act_bytes, "activations");
     for (int i = 0; i < nslices; i++) *slices[i].ptr = (char *)m->act_memory + slices[i].offset;
     free(slices);
+}
 
-    size_t BT = (size_t)B * T;
+// the host side of a micro-batch on its way to the device (inputs, targets,
+// token counts, the pinned staging and readback buffers) and the events that
+// pace the host against the GPU
+static void gpt2_alloc_staging(GPT2 *m) {
+    size_t BT = (size_t)m->B * m->T;
     m->inputs = (int *)host_alloc(BT * sizeof(int), "inputs");
     m->targets = (int *)host_alloc(BT * sizeof(int), "targets");
-    m->bucket_count = (int *)host_alloc((size_t)(c->V + 1) * sizeof(int), "token counts");
+    m->bucket_count = (int *)host_alloc((size_t)(m->config.V + 1) * sizeof(int), "token counts");
     CUDA_CHECK(cudaMallocHost((void **)&m->staging_host, staging_ints((int)BT) * sizeof(int)));
     CUDA_CHECK(cudaMallocHost((void **)&m->pinned, (BT + 4) * sizeof(float)));
     CUDA_CHECK(cudaEventCreateWithFlags(&m->staging_free, cudaEventDisableTiming));
     for (int k = 0; k < PROGRESS_MARKS; k++) CUDA_CHECK(cudaEventCreateWithFlags(&m->progress[k], cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(m->staging_free, m->stream));
+}
 
+// this rank's part of the model on the device, from the full model `full`
+// (model-file layout, host fp32; not kept) or, when full is NULL, from the
+// seeded init; nacts activation sets for (B, T). g is this rank's place in
+// the grid (NULL: one rank), nccl its communicators (NULL outside a job).
+static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint64_t seed, int B, int T, int recompute,
+                           int attention_tc, const Grid *g, int zero, int nacts, NcclComm *nccl) {
+    memset(m, 0, sizeof(*m));
+    m->config = *c;
+    char err[256];
+    if (g != NULL) m->grid = *g;
+    else grid_init(&m->grid, 1, 1, 1, 0, err, sizeof(err));
+    g = &m->grid;
+    m->shard = shard_for(c, g->tp, g->tp_rank, g->pp, g->pp_rank, g->dp, g->dp_rank);
+    if (unit_table(&m->ut, c, &m->shard, UNIT_ALIGN) != 0) {
+        fprintf(stderr, "out of memory allocating the unit table\n");
+        exit(1);
+    }
+    m->zero = zero;
+    m->nccl = nccl;
+    m->overlap = nccl != NULL && m->shard.dp > 1;
+    m->num_params = param_count(c);
+    m->B = B;
+    m->T = T;
+    m->recompute = recompute;
+    m->attention_tc = attention_tc;
+#ifdef ENABLE_FP32
+    m->fuse_gelu = 0;  // our GELU kernel is the CPU trainer's formula; the epilogue's may round differently
+#else
+    m->fuse_gelu = 1;
+#endif
+    CUDA_CHECK(cudaStreamCreate(&m->stream));
+    gpt2_alloc_params(m);
+    gpt2_load_params(m, full, seed);
+    gpt2_alloc_activations(m, nacts);
+    gpt2_alloc_staging(m);
     CUBLAS_CHECK(cublasLtCreate(&m->blas.handle));
     m->blas.workspace_size = 32u << 20;
     m->blas.workspace = device_alloc(m->blas.workspace_size, "cuBLASLt workspace");
