@@ -47,6 +47,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "error.h"
 #include "tokenizer.h"
 
 #define SHARD_MAGIC 20240520
@@ -218,13 +219,13 @@ static int shard_open(ShardWriter *w, char *err, size_t errlen) {
     w->split = w->val_left > 0 ? 0 : 1;
     int n = snprintf(w->path, sizeof(w->path), "%s/%s_%s_%06d.bin", w->out_dir, w->name, split_names[w->split],
                      w->shards[w->split]);
-    if (n < 0 || (size_t)n >= sizeof(w->path)) return tok_error(err, errlen, "-o %s: output path too long", w->out_dir);
+    if (n < 0 || (size_t)n >= sizeof(w->path)) return errorf(err, errlen, "-o %s: output path too long", w->out_dir);
     snprintf(w->tmp_path, sizeof(w->tmp_path), "%s.tmp", w->path);
     w->f = fopen(w->tmp_path, "wb");
-    if (w->f == NULL) return tok_error(err, errlen, "%s: cannot create: %s", w->tmp_path, strerror(errno));
+    if (w->f == NULL) return errorf(err, errlen, "%s: cannot create: %s", w->tmp_path, strerror(errno));
     unsigned char header[SHARD_HEADER_BYTES] = {0};  // the count is filled in at the end
     if (fwrite(header, 1, sizeof(header), w->f) != sizeof(header))
-        return tok_error(err, errlen, "%s: write error: %s", w->tmp_path, strerror(errno));
+        return errorf(err, errlen, "%s: write error: %s", w->tmp_path, strerror(errno));
     w->in_shard = 0;
     return 0;
 }
@@ -240,18 +241,18 @@ static int shard_close(ShardWriter *w, char *err, size_t errlen) {
     int saved_errno = errno;
     if (fclose(w->f) != 0 && ok) { ok = 0; saved_errno = errno; }
     w->f = NULL;
-    if (!ok) return tok_error(err, errlen, "%s: write error: %s", w->tmp_path, strerror(saved_errno));
+    if (!ok) return errorf(err, errlen, "%s: write error: %s", w->tmp_path, strerror(saved_errno));
     if (rename(w->tmp_path, w->path) != 0)
-        return tok_error(err, errlen, "%s: cannot rename to %s: %s", w->tmp_path, w->path, strerror(errno));
+        return errorf(err, errlen, "%s: cannot rename to %s: %s", w->tmp_path, w->path, strerror(errno));
     if (w->n_done == w->cap_done) {
         int cap = w->cap_done ? 2 * w->cap_done : 16;
         char **bigger = realloc(w->done, (size_t)cap * sizeof(char *));
-        if (bigger == NULL) return tok_error(err, errlen, "out of memory");
+        if (bigger == NULL) return errorf(err, errlen, "out of memory");
         w->done = bigger;
         w->cap_done = cap;
     }
     w->done[w->n_done] = strdup(w->path);
-    if (w->done[w->n_done] == NULL) return tok_error(err, errlen, "out of memory");
+    if (w->done[w->n_done] == NULL) return errorf(err, errlen, "out of memory");
     w->n_done++;
     w->shards[w->split]++;
     return shard_finished(w, err, errlen);
@@ -271,7 +272,7 @@ static int shard_add(ShardWriter *w, const int *ids, size_t n, char *err, size_t
                 w->buf[2 * k] = (unsigned char)id;
                 w->buf[2 * k + 1] = (unsigned char)(id >> 8);
             }
-            if (fwrite(w->buf, 2, chunk, w->f) != chunk) return tok_error(err, errlen, "%s: write error: %s", w->tmp_path, strerror(errno));
+            if (fwrite(w->buf, 2, chunk, w->f) != chunk) return errorf(err, errlen, "%s: write error: %s", w->tmp_path, strerror(errno));
             done += chunk;
         }
         i += run;
@@ -324,10 +325,10 @@ static int encode_block(Bpe *bpe, const char *text, size_t len, ShardWriter *w, 
     size_t n = 0;
     double t0 = now_seconds();
     if (bpe != NULL) {
-        if (bpe_encode(bpe, text, len, 0, &ids, &n) != 0) return tok_error(err, errlen, "out of memory encoding a block");
+        if (bpe_encode(bpe, text, len, 0, &ids, &n) != 0) return errorf(err, errlen, "out of memory encoding a block");
     } else {  // byte-level: each byte is its token
         ids = malloc((len ? len : 1) * sizeof(int));
-        if (ids == NULL) return tok_error(err, errlen, "out of memory encoding a block");
+        if (ids == NULL) return errorf(err, errlen, "out of memory encoding a block");
         for (size_t i = 0; i < len; i++) ids[i] = (unsigned char)text[i];
         n = len;
     }
@@ -340,14 +341,14 @@ static int encode_block(Bpe *bpe, const char *text, size_t len, ShardWriter *w, 
 
 static int tokenize_file(const char *path, Bpe *bpe, ShardWriter *w, Progress *p, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
-    if (f == NULL) return tok_error(err, errlen, "-i %s: cannot open: %s", path, strerror(errno));
+    if (f == NULL) return errorf(err, errlen, "-i %s: cannot open: %s", path, strerror(errno));
     size_t cap = READ_BLOCK, have = 0;
     char *buf = malloc(cap);
-    int rc = buf == NULL ? tok_error(err, errlen, "out of memory") : 0;
+    int rc = buf == NULL ? errorf(err, errlen, "out of memory") : 0;
     while (rc == 0) {
         size_t got = fread(buf + have, 1, cap - have, f);
         have += got;
-        if (ferror(f)) { rc = tok_error(err, errlen, "-i %s: read error: %s", path, strerror(errno)); break; }
+        if (ferror(f)) { rc = errorf(err, errlen, "-i %s: read error: %s", path, strerror(errno)); break; }
         int at_end = got == 0 || feof(f);
         if (!at_end && have < cap) continue;
         // cut at a boundary the pre-tokenizer would cut at anyway; a block
@@ -355,7 +356,7 @@ static int tokenize_file(const char *path, Bpe *bpe, ShardWriter *w, Progress *p
         size_t cut = at_end ? have : bpe != NULL ? bpe_split_point(buf, have) : have;
         if (cut == 0 && !at_end) {
             char *bigger = realloc(buf, 2 * cap);
-            if (bigger == NULL) { rc = tok_error(err, errlen, "-i %s: out of memory for a %zu MB line", path, cap >> 19); break; }
+            if (bigger == NULL) { rc = errorf(err, errlen, "-i %s: out of memory for a %zu MB line", path, cap >> 19); break; }
             buf = bigger;
             cap *= 2;
             continue;
@@ -484,7 +485,7 @@ static int write_manifest(const Options *o, const Manifest *written, const Manif
                           char *err, size_t errlen) {
     Manifest all = {0, NULL};
     all.e = (ManifestEntry *)malloc((size_t)(written->n + old->n + 1) * sizeof(ManifestEntry));
-    if (all.e == NULL) return tok_error(err, errlen, "out of memory for a manifest of %d files", written->n + old->n);
+    if (all.e == NULL) return errorf(err, errlen, "out of memory for a manifest of %d files", written->n + old->n);
     memcpy(all.e, written->e, (size_t)written->n * sizeof(ManifestEntry));
     all.n = written->n;
     *kept = 0;
@@ -528,8 +529,8 @@ static int write_dataset(const Options *o, Bpe *bpe, long long bytes_total, cons
     if (rc == 0 && w->f != NULL) rc = shard_close(w, err, sizeof(err));
     long long total = w->tokens[0] + w->tokens[1];
     if (rc == 0 && w->tokens[1] == 0)
-        rc = tok_error(err, sizeof(err), "only %lld tokens, all taken by -v %lld: the train split would be empty; "
-                       "give more text or a smaller -v", total, o->val_tokens);
+        rc = errorf(err, sizeof(err), "only %lld tokens, all taken by -v %lld: the train split would be empty; "
+                    "give more text or a smaller -v", total, o->val_tokens);
     char tok_path[4200];
     snprintf(tok_path, sizeof(tok_path), "%s/%s_tokenizer.bin", o->out_dir, o->name);
     int tok_written = 0, kept = 0;

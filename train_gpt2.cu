@@ -1698,15 +1698,15 @@ static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int ste
         if (e == 0 && write_all(fd, h, sizeof(h)) != 0) e = errno;
         if (e == 0 && ftruncate(fd, (off_t)ckpt_file_bytes(0, &m->config)) != 0) e = errno;
         if (fd >= 0) close(fd);
-        if (e != 0) failed = 1, secure_error(err, sizeof(err), "%s: write: %s", tmp_path, strerror(e));
+        if (e != 0) failed = 1, errorf(err, sizeof(err), "%s: write: %s", tmp_path, strerror(e));
     }
     failed = world_sum(m, par, failed);
     if (failed == 0) {  // every rank its part, then rank 0 renames
         int e = write_part(m, out_dir, tmp, 0);
-        if (e != 0) secure_error(err, sizeof(err), "rank %d: %s: write: %s", par->grid.rank, tmp_path, strerror(e));
+        if (e != 0) errorf(err, sizeof(err), "rank %d: %s: write: %s", par->grid.rank, tmp_path, strerror(e));
         failed = world_sum(m, par, e != 0);
         if (failed == 0 && rank0 && (rename(tmp_path, path) != 0 || ckpt_fsync_dir(out_dir) != 0))
-            failed = 1, secure_error(err, sizeof(err), "%s: rename: %s", path, strerror(errno));
+            failed = 1, errorf(err, sizeof(err), "%s: rename: %s", path, strerror(errno));
         failed = world_sum(m, par, rank0 ? failed : 0.0f);
     }
     if (failed != 0 && rank0) unlink(tmp_path);
