@@ -485,54 +485,54 @@ static inline int key_generate(uint8_t key[32], char *err, size_t errlen) {
     return 0;
 }
 
-static inline int key_read_file(const char *path, uint8_t key[32], char *err, size_t errlen) {
-    // O_NONBLOCK: a FIFO at that path must not block the open; it fails S_ISREG below
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return errorf(err, errlen, "key file %s: %s", path, strerror(errno));
+// key_file_check: a key file must be private: a regular file, owned by this
+// user, with no permission bits for group or others
+static inline int key_file_check(int fd, const char *path, char *err, size_t errlen) {
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return errorf(err, errlen, "key file %s: fstat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return errorf(err, errlen, "key file %s: not a regular file", path);
-    }
-    if (st.st_uid != geteuid()) {
-        close(fd);
+    if (fstat(fd, &st) != 0) return errorf(err, errlen, "key file %s: fstat: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) return errorf(err, errlen, "key file %s: not a regular file", path);
+    if (st.st_uid != geteuid())
         return errorf(err, errlen, "key file %s: owned by uid %u, not by this user (uid %u)",
                       path, (unsigned)st.st_uid, (unsigned)geteuid());
-    }
-    if ((st.st_mode & 077) != 0) {
-        close(fd);
+    if ((st.st_mode & 077) != 0)
         return errorf(err, errlen, "key file %s: mode %04o lets group or others at it; chmod 600 it",
                       path, (unsigned)(st.st_mode & 07777));
-    }
+    return 0;
+}
+
+static inline int key_read_file(const char *path, uint8_t key[32], char *err, size_t errlen) {
+    int rc = -1;
     char text[68];
     size_t n = 0;
+    // O_NONBLOCK: a FIFO at that path must not block the open; it fails S_ISREG in key_file_check
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return errorf(err, errlen, "key file %s: %s", path, strerror(errno));
+    if (key_file_check(fd, path, err, errlen) != 0) goto done;
     while (n < sizeof(text)) {
         ssize_t r = read(fd, text + n, sizeof(text) - n);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) {
-            int e = errno;
-            close(fd);
-            secure_wipe(text, sizeof(text));
-            return errorf(err, errlen, "key file %s: read: %s", path, strerror(e));
+            errorf(err, errlen, "key file %s: read: %s", path, strerror(errno));
+            goto done;
         }
         if (r == 0) break;
         n += (size_t)r;
     }
-    close(fd);
-    int ok = (n == 64 || (n == 65 && text[64] == '\n')) && hex_decode(text, 32, key, 0) == 0;
-    secure_wipe(text, sizeof(text));
-    if (!ok) {
+    if (!(n == 64 || (n == 65 && text[64] == '\n')) || hex_decode(text, 32, key, 0) != 0) {
         secure_wipe(key, KEY_BYTES);
-        return errorf(err, errlen, "key file %s: must hold 64 hex digits and an optional newline (%zu%s bytes)",
-                      path, n, n == sizeof(text) ? "+" : "");
+        errorf(err, errlen, "key file %s: must hold 64 hex digits and an optional newline (%zu%s bytes)",
+               path, n, n == sizeof(text) ? "+" : "");
+        goto done;
     }
-    if (key_is_zero(key)) return errorf(err, errlen, "key file %s: the all-zero key is not a secret", path);
-    return 0;
+    if (key_is_zero(key)) {
+        errorf(err, errlen, "key file %s: the all-zero key is not a secret", path);
+        goto done;
+    }
+    rc = 0;
+done:
+    close(fd);
+    secure_wipe(text, sizeof(text));
+    return rc;
 }
 
 static inline int key_write_file(const char *path, const uint8_t key[32], char *err, size_t errlen) {
@@ -985,34 +985,39 @@ static inline int write_file_atomic(const char *dir, const char *name, const voi
 static inline int sha256_file(const char *path, uint8_t out[32], uint64_t *size, char *err, size_t errlen) {
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
+    int rc = -1;
+    uint8_t *buf = NULL;
+    uint64_t total = 0;
+    Sha256 s;
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return errorf(err, errlen, "%s: not a regular file", path);
+        errorf(err, errlen, "%s: not a regular file", path);
+        goto done;
     }
-    uint8_t *buf = (uint8_t *)malloc(1 << 20);
+    buf = (uint8_t *)malloc(1 << 20);
     if (buf == NULL) {
-        close(fd);
-        return errorf(err, errlen, "%s: out of memory", path);
+        errorf(err, errlen, "%s: out of memory", path);
+        goto done;
     }
-    Sha256 s;
     sha256_init(&s);
-    uint64_t total = 0;
-    int e = 0;
     for (;;) {
         ssize_t r = read(fd, buf, 1 << 20);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) { e = errno; break; }
+        if (r < 0) {
+            errorf(err, errlen, "%s: read: %s", path, strerror(errno));
+            goto done;
+        }
         if (r == 0) break;
         sha256_update(&s, buf, (size_t)r);
         total += (uint64_t)r;
     }
-    free(buf);
-    close(fd);
-    if (e != 0) return errorf(err, errlen, "%s: read: %s", path, strerror(e));
     sha256_final(&s, out);
     *size = total;
-    return 0;
+    rc = 0;
+done:
+    free(buf);
+    close(fd);
+    return rc;
 }
 
 static inline int manifest_name_ok(const char *name, size_t n) {
@@ -1121,6 +1126,51 @@ static inline int manifest_number(const char *s, size_t n, uint64_t *out) {
     return 0;
 }
 
+// manifest_check_tag: the last line must be "tag " and the HMAC of every
+// byte before it; *body_len gets the length of those bytes
+static inline int manifest_check_tag(const char *text, size_t len, const uint8_t key[32], size_t *body_len,
+                                     char *err, size_t errlen) {
+    const size_t tag_line = 4 + 64 + 1;  // "tag " + 64 hex + "\n"
+    if (len < tag_line || text[len - 1] != '\n' || memcmp(text + len - tag_line, "tag ", 4) != 0 ||
+        (len > tag_line && text[len - tag_line - 1] != '\n'))
+        return errorf(err, errlen, "last line is not 'tag <64 hex>' (truncated?)");
+    uint8_t tag[32];
+    if (hex_decode(text + len - tag_line + 4, 32, tag, 1) != 0)
+        return errorf(err, errlen, "last line: tag is not 64 lowercase hex digits");
+    *body_len = len - tag_line;
+    uint8_t want[32];
+    hmac_sha256(key, KEY_BYTES, text, *body_len, want);
+    if (!tag_equal(want, 32, tag, 32))
+        return errorf(err, errlen, "tag does not match the contents: the manifest was changed, or sealed with another key");
+    return 0;
+}
+
+// manifest_parse_entry: the entry line p[0..nl) ("NAME SIZE SHA256", line
+// number line) into e; prev is the entry before it, or NULL for the first
+static inline int manifest_parse_entry(const char *p, const char *nl, int line, const ManifestEntry *prev,
+                                       ManifestEntry *e, char *err, size_t errlen) {
+    char shown[72];
+    const char *sp1 = (const char *)memchr(p, ' ', (size_t)(nl - p));
+    const char *sp2 = sp1 != NULL ? (const char *)memchr(sp1 + 1, ' ', (size_t)(nl - sp1 - 1)) : NULL;
+    if (sp2 == NULL) return errorf(err, errlen, "line %d: expected 'NAME SIZE SHA256'", line);
+    size_t name_len = (size_t)(sp1 - p);
+    if (!manifest_name_ok(p, name_len)) {
+        printable(p, name_len, shown, sizeof(shown));
+        return errorf(err, errlen, "line %d: name '%s' must be 1..255 of [A-Za-z0-9._+-], not starting with '.'", line, shown);
+    }
+    memcpy(e->name, p, name_len);
+    e->name[name_len] = '\0';
+    if (prev != NULL && strcmp(prev->name, e->name) >= 0)
+        return errorf(err, errlen, "line %d: name '%s' repeated or out of order", line, e->name);
+    if (manifest_number(sp1 + 1, (size_t)(sp2 - sp1 - 1), &e->size) != 0) {
+        printable(sp1 + 1, (size_t)(sp2 - sp1 - 1), shown, sizeof(shown));
+        return errorf(err, errlen, "line %d: size '%s' is not a decimal without leading zeros", line, shown);
+    }
+    if (nl - sp2 - 1 != 64 || hex_decode(sp2 + 1, 32, e->sha, 1) != 0)
+        return errorf(err, errlen, "line %d: sha256 is not 64 lowercase hex digits", line);
+    return 0;
+}
+
 // manifest_parse: the tag is checked before anything else is believed; then
 // the canonical form line by line. Errors name the line and the field.
 static inline int manifest_parse(Manifest *m, const char *text, size_t len, const uint8_t key[32],
@@ -1131,28 +1181,15 @@ static inline int manifest_parse(Manifest *m, const char *text, size_t len, cons
     m->e = NULL;
     if (len == 0) return errorf(err, errlen, "empty manifest");
     if (len > MANIFEST_MAX_BYTES) return errorf(err, errlen, "manifest of %zu bytes is over the %u limit", len, MANIFEST_MAX_BYTES);
-    // the last line: "tag " + 64 hex + "\n"
-    const size_t tag_line = 4 + 64 + 1;
-    if (len < tag_line || text[len - 1] != '\n' || memcmp(text + len - tag_line, "tag ", 4) != 0 ||
-        (len > tag_line && text[len - tag_line - 1] != '\n'))
-        return errorf(err, errlen, "last line is not 'tag <64 hex>' (truncated?)");
-    uint8_t tag[32];
-    if (hex_decode(text + len - tag_line + 4, 32, tag, 1) != 0)
-        return errorf(err, errlen, "last line: tag is not 64 lowercase hex digits");
-    size_t body_len = len - tag_line;
-    uint8_t want[32];
-    hmac_sha256(key, KEY_BYTES, text, body_len, want);
-    if (!tag_equal(want, 32, tag, 32))
-        return errorf(err, errlen, "tag does not match the contents: the manifest was changed, or sealed with another key");
+    size_t body_len = 0;
+    if (manifest_check_tag(text, len, key, &body_len, err, errlen) != 0) return -1;
 
     const char *p = text, *end = text + body_len;
-    int line = 1;
     const char *nl = (const char *)memchr(p, '\n', (size_t)(end - p));
     size_t magic_len = strlen(MANIFEST_MAGIC_LINE);
     if (nl == NULL || (size_t)(nl - p) != magic_len || memcmp(p, MANIFEST_MAGIC_LINE, magic_len) != 0)
         return errorf(err, errlen, "line 1: expected '%s'", MANIFEST_MAGIC_LINE);
     p = nl + 1;
-    line = 2;
     nl = (const char *)memchr(p, '\n', (size_t)(end - p));
     uint64_t count;
     if (nl == NULL || nl - p < 6 || memcmp(p, "files ", 6) != 0 || manifest_number(p + 6, (size_t)(nl - p - 6), &count) != 0)
@@ -1166,42 +1203,14 @@ static inline int manifest_parse(Manifest *m, const char *text, size_t len, cons
         m->e = (ManifestEntry *)calloc((size_t)count, sizeof(ManifestEntry));
         if (m->e == NULL) return errorf(err, errlen, "line 2: out of memory for %" PRIu64 " files", count);
     }
-    char shown[72];
     for (uint64_t i = 0; i < count; i++) {
-        line = 3 + (int)i;
+        int line = 3 + (int)i;
         nl = (const char *)memchr(p, '\n', (size_t)(end - p));
         if (nl == NULL) {
             errorf(err, errlen, "line %d: missing (files %" PRIu64 ")", line, count);
             goto fail;
         }
-        const char *sp1 = (const char *)memchr(p, ' ', (size_t)(nl - p));
-        const char *sp2 = sp1 != NULL ? (const char *)memchr(sp1 + 1, ' ', (size_t)(nl - sp1 - 1)) : NULL;
-        if (sp2 == NULL) {
-            errorf(err, errlen, "line %d: expected 'NAME SIZE SHA256'", line);
-            goto fail;
-        }
-        ManifestEntry *e = &m->e[i];
-        size_t name_len = (size_t)(sp1 - p);
-        if (!manifest_name_ok(p, name_len)) {
-            printable(p, name_len, shown, sizeof(shown));
-            errorf(err, errlen, "line %d: name '%s' must be 1..255 of [A-Za-z0-9._+-], not starting with '.'", line, shown);
-            goto fail;
-        }
-        memcpy(e->name, p, name_len);
-        e->name[name_len] = '\0';
-        if (i > 0 && strcmp(m->e[i - 1].name, e->name) >= 0) {
-            errorf(err, errlen, "line %d: name '%s' repeated or out of order", line, e->name);
-            goto fail;
-        }
-        if (manifest_number(sp1 + 1, (size_t)(sp2 - sp1 - 1), &e->size) != 0) {
-            printable(sp1 + 1, (size_t)(sp2 - sp1 - 1), shown, sizeof(shown));
-            errorf(err, errlen, "line %d: size '%s' is not a decimal without leading zeros", line, shown);
-            goto fail;
-        }
-        if (nl - sp2 - 1 != 64 || hex_decode(sp2 + 1, 32, e->sha, 1) != 0) {
-            errorf(err, errlen, "line %d: sha256 is not 64 lowercase hex digits", line);
-            goto fail;
-        }
+        if (manifest_parse_entry(p, nl, line, i > 0 ? &m->e[i - 1] : NULL, &m->e[i], err, errlen) != 0) goto fail;
         m->n = (int)(i + 1);
         p = nl + 1;
     }
@@ -1223,41 +1232,49 @@ static inline int manifest_read(Manifest *m, const char *dir, const char *manife
     if (path_join(path, sizeof(path), dir, manifest_name, err, errlen) != 0) return -1;
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
+    int rc = -1;
+    char *text = NULL;
+    size_t cap, n = 0;
+    char why[512];
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return errorf(err, errlen, "%s: not a regular file", path);
+        errorf(err, errlen, "%s: not a regular file", path);
+        goto done;
     }
     if ((uint64_t)st.st_size > MANIFEST_MAX_BYTES) {
-        close(fd);
-        return errorf(err, errlen, "%s: %lld bytes, over the manifest limit of %u", path,
-                      (long long)st.st_size, MANIFEST_MAX_BYTES);
+        errorf(err, errlen, "%s: %lld bytes, over the manifest limit of %u", path, (long long)st.st_size,
+               MANIFEST_MAX_BYTES);
+        goto done;
     }
-    size_t cap = (size_t)st.st_size + 1;  // +1 sees a file that grew under us
-    char *text = (char *)malloc(cap);
+    cap = (size_t)st.st_size + 1;  // +1 sees a file that grew under us
+    text = (char *)malloc(cap);
     if (text == NULL) {
-        close(fd);
-        return errorf(err, errlen, "%s: out of memory", path);
+        errorf(err, errlen, "%s: out of memory", path);
+        goto done;
     }
-    size_t n = 0;
-    int e = 0;
     while (n < cap) {
         ssize_t r = read(fd, text + n, cap - n);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) { e = errno; break; }
+        if (r < 0) {
+            errorf(err, errlen, "%s: read: %s", path, strerror(errno));
+            goto done;
+        }
         if (r == 0) break;
         n += (size_t)r;
     }
-    close(fd);
-    if (e != 0 || n == cap) {
-        free(text);
-        return errorf(err, errlen, "%s: read: %s", path, e != 0 ? strerror(e) : "file changed size while read");
+    if (n == cap) {
+        errorf(err, errlen, "%s: read: file changed size while read", path);
+        goto done;
     }
-    char why[512];
-    int rc = manifest_parse(m, text, n, key, why, sizeof(why));
+    if (manifest_parse(m, text, n, key, why, sizeof(why)) != 0) {
+        errorf(err, errlen, "%s: %s", path, why);
+        goto done;
+    }
+    rc = 0;
+done:
     free(text);
-    if (rc != 0) return errorf(err, errlen, "%s: %s", path, why);
-    return 0;
+    close(fd);
+    return rc;
 }
 
 static inline int manifest_verify_file(const Manifest *m, const char *dir, const char *name, char *err, size_t errlen) {
