@@ -269,10 +269,8 @@ static int ckpt_key(const char *out_dir, const char *key_file, int create, uint8
 static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, CkptState *s, char *err, size_t errlen) {
     Manifest m;
     char why[1024];
-    if (manifest_read(&m, dir, "MANIFEST", key, why, sizeof(why)) != 0) {
-        errorf(err, errlen, "checkpoint %s: %s (written with another key? pass it with --key-file)", dir, why);
-        return -1;
-    }
+    if (manifest_read(&m, dir, "MANIFEST", key, why, sizeof(why)) != 0)
+        return errorf(err, errlen, "checkpoint %s: %s (written with another key? pass it with --key-file)", dir, why);
     int rc = 0;
     for (int i = 0; i < 3 && rc == 0; i++) {
         if (hash_files) {
@@ -295,11 +293,9 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, C
     FILE *f = fopen(path, "rb");
     int got = f != NULL && fread(h, 4, HEADER_INTS, f) == HEADER_INTS;
     if (f) fclose(f);
-    if (!got || h[0] != CKPT_STATE_MAGIC || h[1] != 1) {
-        errorf(err, errlen, "%s: not a version 1 checkpoint state (magic %d, version %d)", path, got ? h[0] : 0,
-                 got ? h[1] : 0);
-        return -1;
-    }
+    if (!got || h[0] != CKPT_STATE_MAGIC || h[1] != 1)
+        return errorf(err, errlen, "%s: not a version 1 checkpoint state (magic %d, version %d)", path, got ? h[0] : 0,
+                      got ? h[1] : 0);
     memset(s, 0, sizeof(*s));
     s->step = h[2]; s->adam_t = h[3];
     ckpt_config_get(h + 4, &s->config);
@@ -307,15 +303,13 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, C
     for (int i = 0; i < 4; i++) s->data[i] = ckpt_get_u64(h + 16 + 2 * i);
     s->sample_rng = ckpt_get_u64(h + 24);
     s->np = h[26]; s->tp = h[27]; s->pp = h[28]; s->zero = h[29];
-    if (check_config(&s->config, path, why, sizeof(why)) != 0) { errorf(err, errlen, "%s", why); return -1; }
+    if (check_config(&s->config, path, why, sizeof(why)) != 0) return errorf(err, errlen, "%s", why);
     for (int i = 0; i < 2; i++) {  // the manifest vouches for the bytes; the shape must also agree
         struct stat st;
         snprintf(path, sizeof(path), "%s/%s", dir, ckpt_files[i]);
-        if (stat(path, &st) != 0 || (uint64_t)st.st_size != ckpt_file_bytes(i, &s->config)) {
-            errorf(err, errlen, "%s: %lld bytes, but state.bin's shape needs %llu", path, (long long)st.st_size,
-                     (unsigned long long)ckpt_file_bytes(i, &s->config));
-            return -1;
-        }
+        if (stat(path, &st) != 0 || (uint64_t)st.st_size != ckpt_file_bytes(i, &s->config))
+            return errorf(err, errlen, "%s: %lld bytes, but state.bin's shape needs %llu", path, (long long)st.st_size,
+                          (unsigned long long)ckpt_file_bytes(i, &s->config));
     }
     return 0;
 }
@@ -326,7 +320,7 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, C
 static int ckpt_find(const char *out_dir, int want_step, const uint8_t key[32], int thorough, CkptState *s, char *dir,
                      size_t dirlen, char *err, size_t errlen) {
     int *steps, n = ckpt_list(out_dir, &steps);
-    if (n < 0) { errorf(err, errlen, "flag -o: cannot read directory %s: %s", out_dir, strerror(errno)); return -1; }
+    if (n < 0) return errorf(err, errlen, "flag -o: cannot read directory %s: %s", out_dir, strerror(errno));
     int step = -1;
     for (int i = 0; i < n && step < 0; i++) {
         if (want_step >= 0 && steps[i] != want_step) continue;
@@ -337,14 +331,11 @@ static int ckpt_find(const char *out_dir, int want_step, const uint8_t key[32], 
     free(steps);
     if (step < 0) {
         if (want_step < 0) return 0;
-        errorf(err, errlen, "flag -ys: no checkpoint of step %d in %s", want_step, out_dir);
-        return -1;
+        return errorf(err, errlen, "flag -ys: no checkpoint of step %d in %s", want_step, out_dir);
     }
     if (ckpt_verify(dir, key, thorough, s, err, errlen) != 0) return -1;
-    if (s->step != step) {
-        errorf(err, errlen, "checkpoint %s: state.bin says step %d", dir, s->step);
-        return -1;
-    }
+    if (s->step != step)
+        return errorf(err, errlen, "checkpoint %s: state.bin says step %d", dir, s->step);
     return 1;
 }
 
@@ -434,14 +425,10 @@ static int ckpt_seal(const char *out_dir, int step, const uint8_t key[32], char 
     manifest_free(&m);
     if (rc != 0) return -1;
     // a checkpoint of this step from an earlier attempt (resumed from before it) gives way
-    if (ckpt_remove_dir(final_dir) != 0 && errno != ENOENT) {
-        errorf(err, errlen, "%s: cannot replace: %s", final_dir, strerror(errno));
-        return -1;
-    }
-    if (rename(partial, final_dir) != 0 || ckpt_fsync_dir(out_dir) != 0) {
-        errorf(err, errlen, "%s: rename to %s: %s", partial, final_dir, strerror(errno));
-        return -1;
-    }
+    if (ckpt_remove_dir(final_dir) != 0 && errno != ENOENT)
+        return errorf(err, errlen, "%s: cannot replace: %s", final_dir, strerror(errno));
+    if (rename(partial, final_dir) != 0 || ckpt_fsync_dir(out_dir) != 0)
+        return errorf(err, errlen, "%s: rename to %s: %s", partial, final_dir, strerror(errno));
     return 0;
 }
 
