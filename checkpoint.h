@@ -54,7 +54,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "errors.h"
 #include "gpt2.h"
 #include "secure.h"
 

@@ -71,7 +71,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "errors.h"
 
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1

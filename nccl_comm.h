@@ -35,11 +35,11 @@
 // sees (srun --gpus-per-task=1 sets CUDA_VISIBLE_DEVICES per task): device 0.
 static inline int gpu_for_rank(int local_rank, int ndevices, int own_gpu, char *err, size_t errlen) {
     if (ndevices < 1)
-        return secure_error(err, errlen, "local rank %d: no CUDA device on this node", local_rank);
+        return errorf(err, errlen, "local rank %d: no CUDA device on this node", local_rank);
     if (own_gpu && ndevices == 1) return 0;
     if (local_rank < 0 || local_rank >= ndevices)
-        return secure_error(err, errlen, "local rank %d has no GPU of its own: this node has %d (one rank per GPU)",
-                            local_rank, ndevices);
+        return errorf(err, errlen, "local rank %d has no GPU of its own: this node has %d (one rank per GPU)",
+                      local_rank, ndevices);
     return local_rank;
 }
 
@@ -303,9 +303,9 @@ static inline int nccl_split(NcclComm *c, const Grid *grid, int dim, NcclGroup *
         ncclCommUserRank(g->comm, &me);
     }
     if (r != ncclSuccess || g->comm == NULL || count != g->group.size || me != g->group.me)
-        return secure_error(err, errlen, "rank %d: ncclCommSplit of the %s group (color %d, key %d): %s "
-                            "(%d ranks, this one %d; expected %d and %d)", c->rank, name, color, key,
-                            r == ncclInProgress ? "timed out" : ncclGetErrorString(r), count, me, g->group.size, g->group.me);
+        return errorf(err, errlen, "rank %d: ncclCommSplit of the %s group (color %d, key %d): %s "
+                      "(%d ranks, this one %d; expected %d and %d)", c->rank, name, color, key,
+                      r == ncclInProgress ? "timed out" : ncclGetErrorString(r), count, me, g->group.size, g->group.me);
     return 0;
 }
 
@@ -320,7 +320,7 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
     // a job without any (pp = 1) runs on and they never fire
     if (comm_init_check(g, rendezvous, timeout_s, fault, err, errlen) != 0) return -1;
     NcclComm *c = (NcclComm *)calloc(1, sizeof(NcclComm));
-    if (c == NULL) return secure_error(err, errlen, "nccl_init: out of memory");
+    if (c == NULL) return errorf(err, errlen, "nccl_init: out of memory");
     c->rank = g->rank;
     c->timeout_s = timeout_s;
     c->op = "init";
@@ -334,7 +334,7 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
     ncclResult_t r = g->rank == 0 ? ncclGetUniqueId(&id) : ncclSuccess;
     if (r != ncclSuccess) {
         free(c);
-        return secure_error(err, errlen, "rank 0: ncclGetUniqueId: %s", ncclGetErrorString(r));
+        return errorf(err, errlen, "rank 0: ncclGetUniqueId: %s", ncclGetErrorString(r));
     }
     if (g->world > 1) {
         RdvAnswer ans;
@@ -354,8 +354,8 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
     if (r != ncclSuccess || c->world.comm == NULL) {
         if (c->world.comm != NULL) ncclCommAbort(c->world.comm);
         free(c);
-        return secure_error(err, errlen, "rank %d: ncclCommInitRankConfig for %d ranks: %s", g->rank, g->world,
-                            r == ncclInProgress ? "not every rank joined in time" : ncclGetErrorString(r));
+        return errorf(err, errlen, "rank %d: ncclCommInitRankConfig for %d ranks: %s", g->rank, g->world,
+                      r == ncclInProgress ? "not every rank joined in time" : ncclGetErrorString(r));
     }
     c->dp_side.group = c->dp.group;
     if (nccl_split(c, g, GRID_DP, &c->dp, "dp", deadline, err, errlen) != 0 ||
@@ -386,8 +386,8 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
         cudaFree(c->mac_bad);
         free(c->mac_recvs);
         free(c);
-        return secure_error(err, errlen, "rank %d: nccl_init: %s", g->rank,
-                            e != cudaSuccess ? cudaGetErrorString(e) : "out of memory for the MAC state");
+        return errorf(err, errlen, "rank %d: nccl_init: %s", g->rank,
+                      e != cudaSuccess ? cudaGetErrorString(e) : "out of memory for the MAC state");
     }
     *out = c;
     return 0;
@@ -547,7 +547,7 @@ static inline int nccl_mac_reserve(NcclComm *c, int max_recvs, size_t max_bytes,
         cudaFree(c->mac_bad);
         c->mac_bad = NULL;
         NcclMacRecv *recvs = (NcclMacRecv *)realloc(c->mac_recvs, (size_t)max_recvs * sizeof(NcclMacRecv));
-        if (recvs == NULL) return secure_error(err, errlen, "rank %d: out of memory for %d MAC'd receives", c->rank, max_recvs);
+        if (recvs == NULL) return errorf(err, errlen, "rank %d: out of memory for %d MAC'd receives", c->rank, max_recvs);
         c->mac_recvs = recvs;
         e = cudaMalloc((void **)&c->mac_bad, (size_t)max_recvs * sizeof(int));
         if (e == cudaSuccess) e = cudaMemset(c->mac_bad, 0, (size_t)max_recvs * sizeof(int));
@@ -564,8 +564,8 @@ static inline int nccl_mac_reserve(NcclComm *c, int max_recvs, size_t max_bytes,
         if (e == cudaSuccess) *have[k] = scratch;
     }
     if (e != cudaSuccess)
-        return secure_error(err, errlen, "rank %d: reserving the MAC state (%d receives, %zu-byte messages): %s", c->rank,
-                            max_recvs, max_bytes, cudaGetErrorString(e));
+        return errorf(err, errlen, "rank %d: reserving the MAC state (%d receives, %zu-byte messages): %s", c->rank,
+                      max_recvs, max_bytes, cudaGetErrorString(e));
     return 0;
 }
 
@@ -685,15 +685,15 @@ static inline int nccl_mac_step_check(NcclComm *c, char *err, size_t errlen) {
     if (n == 0) return 0;  // no pipeline messages (pp = 1): nothing to wait for
     int *flags = (int *)malloc((size_t)n * sizeof(int));
     if (flags == NULL)
-        return secure_error(err, errlen, "rank %d: nccl MAC check (step %ld): out of memory for %d flags", c->rank, c->step, n);
+        return errorf(err, errlen, "rank %d: nccl MAC check (step %ld): out of memory for %d flags", c->rank, c->step, n);
     // both streams under the watchdog: the main one may still hold calls that wait on peers
     nccl_sync(c, c->stream, "the step's MAC checks");
     nccl_sync(c, c->verify, "the step's MAC checks");
     cudaError_t e = cudaMemcpy(flags, c->mac_bad, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost);
     if (e != cudaSuccess) {
         free(flags);
-        return secure_error(err, errlen, "rank %d: nccl MAC check (step %ld): CUDA: %s", c->rank, c->step,
-                            cudaGetErrorString(e));
+        return errorf(err, errlen, "rank %d: nccl MAC check (step %ld): CUDA: %s", c->rank, c->step,
+                      cudaGetErrorString(e));
     }
     int bad = -1;
     for (int i = 0; i < n && bad < 0; i++) {
@@ -702,9 +702,9 @@ static inline int nccl_mac_step_check(NcclComm *c, char *err, size_t errlen) {
     free(flags);
     if (bad < 0) return 0;
     const NcclMacRecv *m = &c->mac_recvs[bad];
-    return secure_error(err, errlen, "rank %d: the MAC of the %s message of micro-batch %d from rank %d (%zu bytes, step %ld) "
-                        "does not verify: the message was changed, replayed or misrouted", c->rank,
-                        channel_name(m->channel), m->microbatch, m->src, m->bytes, m->step);
+    return errorf(err, errlen, "rank %d: the MAC of the %s message of micro-batch %d from rank %d (%zu bytes, step %ld) "
+                  "does not verify: the message was changed, replayed or misrouted", c->rank,
+                  channel_name(m->channel), m->microbatch, m->src, m->bytes, m->step);
 }
 
 // nccl_free: finalizes every communicator (flushing what is queued) within

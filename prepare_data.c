@@ -47,7 +47,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "errors.h"
 #include "tokenizer.h"
 
 #define SHARD_MAGIC 20240520

@@ -73,7 +73,7 @@
  * its fixed-size chunks, so a GPU computes it in parallel; the CPU version for
  * any caller, the CUDA kernels under __CUDACC__ (doc/security.md, "Chunked MAC").
  *
- * Errors follow error.h: functions that can fail return 0 or -1 and write one
+ * Errors follow errors.h: functions that can fail return 0 or -1 and write one
  * line into err (naming the file, field or flag, and the value); err may be NULL.
  */
 #ifndef LLM3D_SECURE_H
@@ -98,7 +98,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "errors.h"
 // C11 atomics; C++ (the CUDA trainer includes this header) spells them in std::
 #ifdef __cplusplus
 #include <atomic>
@@ -122,19 +122,6 @@ using std::memory_order_relaxed;
 
 // ----------------------------------------------------------------------------
 // small helpers
-
-// secure_error: errorf under its old name, kept only for parallel.h until its
-// split lands; the lead removes it
-__attribute__((format(printf, 3, 4)))
-static inline int secure_error(char *err, size_t errlen, const char *fmt, ...) {
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 // secure_wipe: zero memory that held key material; explicit_bzero is a
 // memset the compiler may not drop as a dead store before free or return

@@ -67,7 +67,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "errors.h"
 #include "unicode_table.h"
 
 #define TOKENIZER_MAGIC 20240328

@@ -210,8 +210,8 @@ static void open_data(Job *job, const Grid *g) {
     job->steps = o->steps >= 0 ? o->steps : (int)(dataloader_batches_per_epoch(&job->train) / job->accum);
     if (job->steps < 1) job->steps = 1;
     if (job->resuming && job->ck.step > job->steps) {
-        secure_error(err, sizeof(err), "flag -x: %d steps, but checkpoint %s is of step %d", job->steps, job->ck_dir,
-                     job->ck.step);
+        errorf(err, sizeof(err), "flag -x: %d steps, but checkpoint %s is of step %d", job->steps, job->ck_dir,
+               job->ck.step);
         die_usage(err);
     }
 }
@@ -233,7 +233,7 @@ static void open_tokenizer_and_log(Job *job, const Grid *g) {
     if (job->resuming && log_keep_before(path, job->ck.step, err, sizeof(err)) != 0) die_usage(err);
     job->logf = fopen(path, job->resuming ? "a" : "w");
     if (job->logf == NULL) {
-        secure_error(err, sizeof(err), "%s: cannot create log file: %s", path, strerror(errno));
+        errorf(err, sizeof(err), "%s: cannot create log file: %s", path, strerror(errno));
         die_usage(err);
     }
 }

@@ -1,5 +1,5 @@
 /*
- * error.h: the project's error convention, and errorf, its one helper.
+ * errors.h: the project's error convention, and errorf, its one helper.
  *
  * A function that can fail takes char *err, size_t errlen as its last two
  * parameters. On failure it writes one line into err that names the file,
@@ -15,8 +15,8 @@
  *
  * Plain C and C++ (nvcc), so every header and both trainers can use it.
  */
-#ifndef LLM3D_ERROR_H
-#define LLM3D_ERROR_H
+#ifndef LLM3D_ERRORS_H
+#define LLM3D_ERRORS_H
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -35,4 +35,4 @@ static inline int errorf(char *err, size_t errlen, const char *fmt, ...) {
     return -1;
 }
 
-#endif // LLM3D_ERROR_H
+#endif // LLM3D_ERRORS_H
