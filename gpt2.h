@@ -40,6 +40,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define MODEL_MAGIC 20240326
 #define STATE_MAGIC 20240327
 #define HEADER_INTS 256
@@ -163,21 +165,6 @@ static int config_from_descriptor(GPT2Config *c, const char *desc, int V, int ma
 // ---------------------------------------------------------------------------
 // model files. Readers take an error buffer and never exit: the trainer, the
 // tests and the checkpoint code decide what a bad file means.
-
-static float bf16_to_float(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint16_t float_to_bf16(float f) {  // round to nearest even; NaN stays NaN
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
 
 static int check_config(const GPT2Config *c, const char *path, char *err, size_t errlen) {
     const char *field = NULL;
