@@ -27,7 +27,7 @@ endif
 
 CPU_PROGRAMS = train_gpt2 prepare_data dev/bench_secure dev/bench_matmul dev/pipeline_chart
 CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint
-CUDA_PROGRAMS = train_gpt2cu test_gpt2cu
+CUDA_PROGRAMS = train_gpt2cu test_gpt2cu test_host_mode
 
 ifneq ($(NVCC),)
 all: $(CPU_PROGRAMS) $(CPU_TESTS) $(CUDA_PROGRAMS)
@@ -65,10 +65,19 @@ train_gpt2cu: train_gpt2.cu $(HEADERS) $(CUDA_HEADERS)
 test_gpt2cu: test_gpt2.cu train_gpt2.cu test.h $(HEADERS) $(CUDA_HEADERS)
 	$(NVCC) $(NVCC_FLAGS) test_gpt2.cu $(NVCC_LDLIBS) -o $@
 
+# nccl_comm.h's host mode under the test's stand-in CUDA runtime (no GPU
+# needed): libcudart shared, so the test's own cudaMemcpyAsync and the rest
+# take the place of the library's (found through the toolkit's lib64); no
+# device code runs, so PTX for one arch
+test_host_mode: test_host_mode.cu test.h $(HEADERS)
+	$(NVCC) -O2 -std=c++17 -gencode arch=compute_80,code=compute_80 -cudart shared \
+		-Xlinker -rpath -Xlinker $(dir $(NVCC))../lib64 $< -lnccl -o $@
+
 # with nvcc, test_gpt2cu too: its host-side checks (flags, files, layouts)
-# run anywhere, and its GPU checks say they skip when there is no device
+# run anywhere, and its GPU checks say they skip when there is no device;
+# and test_host_mode, which needs no device at all
 ifneq ($(NVCC),)
-  TESTS = $(CPU_TESTS) test_gpt2cu
+  TESTS = $(CPU_TESTS) test_gpt2cu test_host_mode
   TEST_DEPS = train_gpt2 prepare_data train_gpt2cu
 else
   TESTS = $(CPU_TESTS)

@@ -581,6 +581,7 @@ typedef struct {
     float timeout;
     const char *fault, *rendezvous, *key_file;
     int threads;
+    int host_backend;
 } Options;
 
 typedef struct {
@@ -637,6 +638,8 @@ static const OptionSpec option_specs[] = {
     {"--rendezvous", OPT_STR, offsetof(Options, rendezvous), 0, 0, NULL, "unix:PATH or tcp:HOST:PORT, for ranks started elsewhere"},
     {"--key-file", OPT_STR, offsetof(Options, key_file), 0, 0, NULL, "job key file (mode 0600), for ranks started elsewhere"},
     {"-th", OPT_INT, offsetof(Options, threads), 0, 1024, NULL, "OpenMP threads per rank (0 = default)"},
+    {"-hb", OPT_INT, offsetof(Options, host_backend), 0, 1, NULL,
+     "train_gpt2cu: 1 = ranks talk through the host backend, not NCCL (ranks sharing a GPU always do)"},
 };
 #define NUM_OPTIONS ((int)(sizeof(option_specs) / sizeof(option_specs[0])))
 
@@ -654,7 +657,7 @@ static void options_defaults(Options *o) {
     o->val_every = 20; o->val_batches = 20; o->sample_every = 20; o->gen_tokens = 64;
     o->ckpt_every = 0; o->ckpt_keep = 2; o->resume = 0; o->resume_step = -1;
     o->np = 1; o->tp = 1; o->pp = 1; o->zero = 0; o->microbatches = 1; o->pipe_schedule = PS_1F1B;
-    o->timeout = 30.0f; o->check_every = 0;
+    o->timeout = 30.0f; o->check_every = 0; o->host_backend = 0;
 }
 
 static void options_usage(FILE *f, const char *prog) {

@@ -486,7 +486,8 @@ static void test_cli(void) {
         {"-r 3", "-r: '3' is not 0 or 1"},
         {"-t abc", "-t: 'abc' is not an integer"},
         {"-q 2", "-q: 2 is out of range"},
-        {"-np 64", "flag -np 64: local rank 63"},
+        // ranks that outnumber the GPUs share them (host mode); with no GPU at all, the launcher refuses
+        {"-np 64 -i '/nonexistent/*.bin'", have_gpu() ? "/nonexistent/*.bin" : "flag -np 64: local rank 63: no CUDA device"},
         {"-n 5", "flags -n/-y/-ys: checkpoints live in the output directory; give it with -o DIR"},
         {"-y 1", "flags -n/-y/-ys: checkpoints live in the output directory"},
         {"-ys 10", "flags -n/-y/-ys: checkpoints live in the output directory"},

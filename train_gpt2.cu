@@ -1404,7 +1404,8 @@ typedef struct {
 } Parallel;
 
 // check_launch_gpus: the process that will launch -np ranks on this node
-// refuses more ranks than GPUs, once, before it starts any. A short-lived
+// refuses a node without a GPU, once, before it starts any (ranks that
+// outnumber the GPUs share them, in host mode). A short-lived
 // child counts them: the launcher itself stays free of CUDA, whose threads
 // would otherwise take the signals it waits for on its signalfd.
 static void check_launch_gpus(const Options *o) {
@@ -1421,7 +1422,7 @@ static void check_launch_gpus(const Options *o) {
     int status;
     if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return;  // the ranks will check for themselves
     int ndev = WEXITSTATUS(status);
-    if (gpu_for_rank(o->np - 1, ndev, 0, err, sizeof(err)) < 0) {
+    if (gpu_for_rank(o->np - 1, ndev, 0, 1, err, sizeof(err)) < 0) {
         snprintf(msg, sizeof(msg), "flag -np %d: %s", o->np, err);
         die_usage(msg);
     }
@@ -1441,14 +1442,15 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess) ndev = 0;
-    int device = gpu_for_rank(L->local_rank, ndev, gpu_own_visible(L), err, sizeof(err));
+    int host_mode = gpu_host_mode(o->host_backend, parallel_launched_rank(), par->grid.world, ndev);
+    int device = gpu_for_rank(L->local_rank, ndev, gpu_own_visible(L), host_mode, err, sizeof(err));
     if (device < 0) {
         fprintf(stderr, "train_gpt2cu: rank %d: %s%s%s\n", L->rank, err, e != cudaSuccess ? ": " : "",
                 e != cudaSuccess ? cudaGetErrorString(e) : "");
         exit(1);
     }
     CUDA_CHECK(cudaSetDevice(device));
-    if (nccl_init(&par->nccl, &par->grid, L->key, L->rendezvous, o->timeout, fault, err, sizeof(err)) != 0)
+    if (nccl_init(&par->nccl, &par->grid, L->key, L->rendezvous, o->timeout, fault, host_mode, err, sizeof(err)) != 0)
         die(1, err);
 }
 
