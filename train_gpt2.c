@@ -29,6 +29,7 @@
 #include "secure.h"
 #include "parallel.h"
 #include "checkpoint.h"
+#include "cpu_matmul.h"
 #ifndef TESTING
 #include "dataloader.h"
 #include "tokenizer.h"
@@ -144,146 +145,7 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
 
 // The three matmuls of a Linear layer, out = inp W^T, dinp = dout W and
 // dweight = dout^T inp, are each C[M,J] += A[M,K] B[K,J] with A and B read
-// through strides, so one blocked kernel, matmul_blocked, does all three the
-// way BLAS libraries do. It copies ("packs") a block of A and a block of B into
-// scratch laid out in the order the inner loop reads them, then computes C an
-// MR x NR tile at a time with the tile held in registers: each k costs MR + NR
-// loads for MR * NR multiply-adds. (Row-at-a-time loops need about a load per
-// multiply-add and ran ~3x slower.)
-//
-// The tile must fit in the vector registers with room to spare. AVX-512 has
-// 32 registers of 16 floats, and 8 x 48 takes 24 of them (48 divides 768,
-// 2304, 3072 and 50304; 8 divides B*T); AVX2 has 16 of 8 floats, and 6 x 16
-// takes 12; SSE and NEON have 16 or 32 of 4 floats, and 6 x 8 takes 12.
-#if defined(__AVX512F__)
-#define MATMUL_VL 16
-#define MATMUL_MR 8
-#define MATMUL_NR 48
-#elif defined(__AVX__)
-#define MATMUL_VL 8
-#define MATMUL_MR 6
-#define MATMUL_NR 16
-#else
-#define MATMUL_VL 4
-#define MATMUL_MR 6
-#define MATMUL_NR 8
-#endif
-// cache blocks: a KC x NR sliver of B (48 KiB) is read by every MR-row tile of
-// the MC x KC block of A (256 KiB), both from L2; MC = 256 takes all B*T = 256
-// rows of the forward at once, so the weight is packed once. NC is small
-// enough that even the 768 x 768 shapes split into a few blocks per thread.
-#define MATMUL_MC 256
-#define MATMUL_NC 192
-#define MATMUL_KC 256
-
-// copy the block X[0:rows, 0:kc], X(i,k) = x[i*xi + k*xk], into slivers of W
-// rows each, dst[i / W][k][i % W], zeros past `rows`. Reads run along
-// whichever dimension of X is contiguous (a transposing copy along the other
-// one would touch a new cache line for every element).
-static void matmul_pack(float *dst, const float *x, size_t xi, size_t xk, int rows, int kc, int W) {
-    int padded = (rows + W - 1) / W * W;
-    if (xk == 1) {
-        for (int i = 0; i < padded; i++) {
-            float *d = dst + (size_t)(i / W) * W * kc + i % W;
-            for (int k = 0; k < kc; k++) d[(size_t)k * W] = i < rows ? x[(size_t)i * xi + k] : 0.0f;
-        }
-    } else {
-        for (int i0 = 0; i0 < padded; i0 += W)
-            for (int k = 0; k < kc; k++) {
-                float *d = dst + (size_t)i0 * kc + (size_t)k * W;
-                for (int i = 0; i < W; i++) d[i] = i0 + i < rows ? x[(size_t)(i0 + i) * xi + (size_t)k * xk] : 0.0f;
-            }
-    }
-}
-
-// one MR x NR tile of C (row stride ldc) += ap[kc][MR] x bp[kc][NR]. Each
-// element is summed in a fixed order: its old value, then k = 0, 1, ...
-#if defined(__GNUC__)
-// GCC and Clang: the tile as MR x NR/VL vectors (the compilers' vector
-// extension, portable across targets), which they reliably keep in registers;
-// from plain loops GCC 12 vectorizes over k instead and spills for AVX2.
-// memcpy is the portable unaligned vector load and store.
-typedef float matmul_vec __attribute__((vector_size(MATMUL_VL * sizeof(float))));
-static inline void matmul_tile(float *c, int ldc, const float *ap, const float *bp, int kc) {
-    enum { MR = MATMUL_MR, NV = MATMUL_NR / MATMUL_VL, VL = MATMUL_VL };
-    matmul_vec acc[MR][NV];
-    for (int r = 0; r < MR; r++)
-        for (int v = 0; v < NV; v++) memcpy(&acc[r][v], c + (size_t)r * ldc + v * VL, sizeof(matmul_vec));
-    for (int k = 0; k < kc; k++) {
-        matmul_vec b[NV];
-        for (int v = 0; v < NV; v++) memcpy(&b[v], bp + (size_t)k * MATMUL_NR + v * VL, sizeof(matmul_vec));
-        for (int r = 0; r < MR; r++) {
-            float a = ap[(size_t)k * MR + r];
-            for (int v = 0; v < NV; v++) acc[r][v] += a * b[v];
-        }
-    }
-    for (int r = 0; r < MR; r++)
-        for (int v = 0; v < NV; v++) memcpy(c + (size_t)r * ldc + v * VL, &acc[r][v], sizeof(matmul_vec));
-}
-#else
-static inline void matmul_tile(float *c, int ldc, const float *ap, const float *bp, int kc) {
-    float acc[MATMUL_MR][MATMUL_NR];
-    for (int r = 0; r < MATMUL_MR; r++)
-        for (int j = 0; j < MATMUL_NR; j++) acc[r][j] = c[(size_t)r * ldc + j];
-    for (int k = 0; k < kc; k++) {
-        const float *a = ap + (size_t)k * MATMUL_MR, *b = bp + (size_t)k * MATMUL_NR;
-        for (int r = 0; r < MATMUL_MR; r++)
-            for (int j = 0; j < MATMUL_NR; j++) acc[r][j] += a[r] * b[j];
-    }
-    for (int r = 0; r < MATMUL_MR; r++)
-        for (int j = 0; j < MATMUL_NR; j++) c[(size_t)r * ldc + j] = acc[r][j];
-}
-#endif
-
-// C[M,J] += A[M,K] B[K,J] with A(m,k) = a[m*am + k*ak], B(k,j) = b[k*bk + j*bj]
-// and C(m,j) = c[m*ldc + j]. The MC x NC blocks of C are shared out among the
-// threads (dynamically: the machine may be busy with other work), and each
-// thread sums its block over all of K in order, so every element of C gets the
-// same sum, in the same order, whatever the number of threads.
-static void matmul_blocked(float *c, int ldc, const float *a, size_t am, size_t ak, const float *b, size_t bk,
-                           size_t bj, int M, int J, int K) {
-    enum { MR = MATMUL_MR, NR = MATMUL_NR, MC = MATMUL_MC, NC = MATMUL_NC, KC = MATMUL_KC };
-    int mblocks = (M + MC - 1) / MC, jblocks = (J + NC - 1) / NC;
-    #pragma omp parallel
-    {
-        // scratch for the packed blocks, rounded up to whole slivers
-        float *ap = (float *)malloc((size_t)(MC + MR) * KC * sizeof(float));
-        float *bp = (float *)malloc((size_t)(NC + NR) * KC * sizeof(float));
-        if (ap == NULL || bp == NULL) {
-            fprintf(stderr, "out of memory for the matmul's packed blocks\n");
-            exit(1);
-        }
-        #pragma omp for schedule(dynamic)
-        for (int blk = 0; blk < mblocks * jblocks; blk++) {
-            int m0 = (blk % mblocks) * MC, j0 = (blk / mblocks) * NC;
-            int mc = M - m0 < MC ? M - m0 : MC, nc = J - j0 < NC ? J - j0 : NC;
-            for (int k0 = 0; k0 < K; k0 += KC) {
-                int kc = K - k0 < KC ? K - k0 : KC;
-                matmul_pack(ap, a + (size_t)m0 * am + (size_t)k0 * ak, am, ak, mc, kc, MR);
-                matmul_pack(bp, b + (size_t)j0 * bj + (size_t)k0 * bk, bj, bk, nc, kc, NR);
-                for (int nr0 = 0; nr0 < nc; nr0 += NR)
-                    for (int mr0 = 0; mr0 < mc; mr0 += MR) {
-                        float *ct = c + (size_t)(m0 + mr0) * ldc + j0 + nr0;
-                        const float *at = ap + (size_t)mr0 * kc, *bt = bp + (size_t)nr0 * kc;
-                        int mr = mc - mr0 < MR ? mc - mr0 : MR, nr = nc - nr0 < NR ? nc - nr0 : NR;
-                        if (mr == MR && nr == NR) {
-                            matmul_tile(ct, ldc, at, bt, kc);
-                        } else {
-                            // a tile over the edge of C: through a full-size copy
-                            float tmp[MR * NR] = {0};
-                            for (int r = 0; r < mr; r++)
-                                for (int j = 0; j < nr; j++) tmp[r * NR + j] = ct[(size_t)r * ldc + j];
-                            matmul_tile(tmp, NR, at, bt, kc);
-                            for (int r = 0; r < mr; r++)
-                                for (int j = 0; j < nr; j++) ct[(size_t)r * ldc + j] = tmp[r * NR + j];
-                        }
-                    }
-            }
-        }
-        free(ap);
-        free(bp);
-    }
-}
+// through strides: cpu_matmul.h's matmul_blocked does all three.
 
 // out[N,OC] = inp[N,IC] @ weight[OC,IC]^T + bias[OC] (weight as PyTorch's Linear)
 static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {
