@@ -4,8 +4,25 @@
 
 CC ?= gcc
 CFLAGS ?= -O3 -march=native
-CFLAGS += -std=gnu11 -Wall -Wextra -Wno-unused-function
+# -fno-math-errno: sqrtf may then be one vector instruction (AdamW); results do not change
+CFLAGS += -std=gnu11 -Wall -Wextra -Wno-unused-function -fno-math-errno
 LDLIBS = -lm
+
+# SIMD: which vector code the CPU programs use. native (the default): what
+# this machine has; avx2: AVX2 even where AVX-512 is there; scalar: plain
+# loops and libm (cpu_math.h, cpu_matmul.h). `make test` also builds and runs
+# test_gpt2 in the other two, so every path is tested.
+SIMD ?= native
+X86 := $(if $(findstring x86_64,$(shell $(CC) -dumpmachine)),yes)
+AVX2_FLAGS = -mno-avx512f
+SCALAR_FLAGS = -DLLM3D_SCALAR
+ifeq ($(SIMD),avx2)
+  CFLAGS += $(AVX2_FLAGS)
+else ifeq ($(SIMD),scalar)
+  CFLAGS += $(SCALAR_FLAGS)
+else ifneq ($(SIMD),native)
+  $(error SIMD=$(SIMD): give native, avx2 or scalar)
+endif
 
 # OpenMP when the compiler has it; the CPU trainer also builds without
 OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo yes)
@@ -25,8 +42,9 @@ ifeq ($(PRECISION),FP32)
   NVCC_FLAGS += -DENABLE_FP32
 endif
 
-CPU_PROGRAMS = train_gpt2 prepare_data dev/bench_secure dev/bench_matmul dev/pipeline_chart
-CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint
+CPU_PROGRAMS = train_gpt2 prepare_data dev/bench_secure dev/bench_matmul dev/bench_kernels dev/pipeline_chart
+CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint \
+            test_gpt2_scalar $(if $(X86),test_gpt2_avx2)
 CUDA_PROGRAMS = train_gpt2cu test_gpt2cu test_host_mode
 
 ifneq ($(NVCC),)
@@ -48,7 +66,10 @@ prepare_data: prepare_data.c $(HEADERS)
 dev/bench_secure: dev/bench_secure.c secure.h
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
 
-dev/bench_matmul: dev/bench_matmul.c train_gpt2.c $(HEADERS)
+dev/bench_matmul: dev/bench_matmul.c dev/bench.h train_gpt2.c $(HEADERS)
+	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
+
+dev/bench_kernels: dev/bench_kernels.c dev/bench.h train_gpt2.c $(HEADERS)
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
 
 dev/pipeline_chart: dev/pipeline_chart.c pipeline.h secure.h
@@ -58,6 +79,13 @@ test_%: test_%.c test.h $(HEADERS)
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
 test_gpt2: train_gpt2.c
+
+# test_gpt2 on the other vector paths (see SIMD above)
+test_gpt2_avx2: test_gpt2.c test.h train_gpt2.c $(HEADERS)
+	$(CC) $(CFLAGS) $(AVX2_FLAGS) $< $(LDLIBS) -o $@
+
+test_gpt2_scalar: test_gpt2.c test.h train_gpt2.c $(HEADERS)
+	$(CC) $(CFLAGS) $(SCALAR_FLAGS) $< $(LDLIBS) -o $@
 
 train_gpt2cu: train_gpt2.cu $(HEADERS) $(CUDA_HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LDLIBS) -o $@
@@ -97,9 +125,10 @@ dev/fuzz/fuzz_%: dev/fuzz/fuzz_%.c $(HEADERS)
 fuzz: $(FUZZERS)
 	@./dev/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZERS)
 
-bench: train_gpt2 prepare_data dev/bench_secure dev/bench_matmul
+bench: train_gpt2 prepare_data dev/bench_secure dev/bench_matmul dev/bench_kernels
 	./dev/bench_cpu.sh
 	./dev/bench_matmul
+	./dev/bench_kernels
 	./dev/bench_secure
 	./dev/bench_checkpoint.sh
 

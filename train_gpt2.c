@@ -30,6 +30,7 @@
 #include "parallel.h"
 #include "checkpoint.h"
 #include "cpu_matmul.h"
+#include "cpu_math.h"
 #ifndef TESTING
 #include "dataloader.h"
 #include "tokenizer.h"
@@ -256,26 +257,50 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
         }
 }
 
-// GELU, tanh approximation (GPT-2's)
+// GELU, tanh approximation (GPT-2's): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3),
+// computed as x s with s = (1 + tanh(u)) / 2 = 1 / (1 + exp(-2u)): one exp,
+// vectorised (cpu_math.h), and no cancellation in 1 + tanh(u) where u < 0
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)
+static inline float gelu_sigmoid(float x) {
+    float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+    return 1.0f / (1.0f + expf(-2.0f * u));
+}
+
+// d gelu / dx = s + x s' du/dx, with s' = 2 s (1 - s) the derivative of s in u
+static inline float gelu_grad(float x, float s) {
+    return s + 2.0f * x * s * (1.0f - s) * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 static void gelu_forward(float *out, const float *inp, size_t N) {
-    #pragma omp parallel for
-    for (size_t i = 0; i < N; i++) {
-        float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x)));
+    size_t done = 0;
+#ifdef VEC_MATH
+    size_t nvec = N / VEC_LANES;
+    #pragma omp parallel for schedule(static)
+    for (size_t k = 0; k < nvec; k++) {
+        vec_f x = vec_load(inp + k * VEC_LANES);
+        vec_f u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        vec_store(out + k * VEC_LANES, x / (1.0f + vec_exp(-2.0f * u)));
     }
+    done = nvec * VEC_LANES;
+#endif
+    for (size_t i = done; i < N; i++) out[i] = inp[i] * gelu_sigmoid(inp[i]);
 }
 
 static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t N) {
-    #pragma omp parallel for
-    for (size_t i = 0; i < N; i++) {
-        float x = inp[i];
-        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        float th = tanhf(u);
-        float sech2 = 1.0f - th * th;
-        float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] += dout[i] * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du);
+    size_t done = 0;
+#ifdef VEC_MATH
+    size_t nvec = N / VEC_LANES;
+    #pragma omp parallel for schedule(static)
+    for (size_t k = 0; k < nvec; k++) {
+        vec_f x = vec_load(inp + k * VEC_LANES);
+        vec_f u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        vec_f s = 1.0f / (1.0f + vec_exp(-2.0f * u));
+        vec_f grad = s + 2.0f * x * s * (1.0f - s) * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        vec_store(dinp + k * VEC_LANES, vec_load(dinp + k * VEC_LANES) + vec_load(dout + k * VEC_LANES) * grad);
     }
+    done = nvec * VEC_LANES;
+#endif
+    for (size_t i = done; i < N; i++) dinp[i] += dout[i] * gelu_grad(inp[i], gelu_sigmoid(inp[i]));
 }
 
 static void residual_forward(float *out, const float *a, const float *b, size_t N) {
@@ -303,7 +328,15 @@ static void crossentropy_rowmax(float *maxes, const float *logits, int N, int Vl
     for (int n = 0; n < N; n++) {
         const float *z = logits + (size_t)n * Vl;
         float m = -INFINITY;
-        for (int i = 0; i < nreal; i++) if (z[i] > m) m = z[i];
+        int i = 0;
+#ifdef VEC_MATH
+        if (nreal >= VEC_LANES) {
+            vec_f mv = vec_load(z);
+            for (; i + VEC_LANES <= nreal; i += VEC_LANES) mv = vec_max(mv, vec_load(z + i));
+            m = vec_max_lane(mv);
+        }
+#endif
+        for (; i < nreal; i++) if (z[i] > m) m = z[i];
         maxes[n] = m;
     }
 }
@@ -314,7 +347,18 @@ static void crossentropy_exp(float *probs, float *sums, const float *logits, con
     for (int n = 0; n < N; n++) {
         const float *z = logits + (size_t)n * Vl;
         float *p = probs + (size_t)n * Vl, sum = 0.0f;
-        for (int i = 0; i < nreal; i++) {
+        int i = 0;
+#ifdef VEC_MATH
+        // VEC_LANES running sums, added in a fixed order at the end
+        vec_f sums_v = vec_splat(0.0f), max_v = vec_splat(maxes[n]);
+        for (; i + VEC_LANES <= nreal; i += VEC_LANES) {
+            vec_f e = vec_exp(vec_load(z + i) - max_v);
+            vec_store(p + i, e);
+            sums_v += e;
+        }
+        sum = vec_sum(sums_v);
+#endif
+        for (; i < nreal; i++) {
             p[i] = expf(z[i] - maxes[n]);
             sum += p[i];
         }
@@ -349,19 +393,53 @@ static void crossentropy_backward(float *dlogits, const float *probs, const int 
 }
 
 // AdamW in PyTorch's order of operations (decoupled decay first, then the
-// bias-corrected step), so the trainer follows torch.optim.AdamW closely
-static void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                         float beta1, float beta2, float eps, float weight_decay, int t) {
+// bias-corrected step), so the trainer follows torch.optim.AdamW closely.
+// The gradient is multiplied by grad_scale as it is read (the clipping of the
+// global norm: 1 when there is none), which saves a pass over the gradients.
+// One pass over params, grads, m and v: memory-bound, vectorised by the
+// compiler.
+static void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, float grad_scale,
+                         float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
     float bc1 = 1.0f - powf(beta1, (float)t), bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
     float step_size = lr / bc1;
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(static) if (n > 4096)
     for (size_t i = 0; i < n; i++) {
-        float g = grads[i];
+        float g = grads[i] * grad_scale;
         m[i] = beta1 * m[i] + (1.0f - beta1) * g;
         v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
         params[i] *= 1.0f - lr * weight_decay;
         params[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
     }
+}
+
+// sum of x[i]^2 in double, in blocks of a fixed size, each summed over 8
+// lanes and the lanes and blocks added in order: the same sum whatever the
+// number of threads, and at memory bandwidth (one running double sum is
+// bound by the latency of its additions)
+#define SUMSQ_BLOCK 8192
+static double sum_squares(const float *x, size_t n) {
+    size_t nblocks = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+    double *block_sums = (double *)malloc(nblocks * sizeof(double));
+    if (block_sums == NULL) {
+        fprintf(stderr, "train_gpt2: out of memory for %zu block sums of the grad norm\n", nblocks);
+        exit(1);
+    }
+    #pragma omp parallel for schedule(static) if (nblocks > 1)
+    for (size_t blk = 0; blk < nblocks; blk++) {
+        const float *xb = x + blk * SUMSQ_BLOCK;
+        size_t len = n - blk * SUMSQ_BLOCK < SUMSQ_BLOCK ? n - blk * SUMSQ_BLOCK : SUMSQ_BLOCK, i = 0;
+        double lanes[8] = {0};
+        for (; i + 8 <= len; i += 8)
+            for (int l = 0; l < 8; l++) lanes[l] += (double)xb[i + l] * xb[i + l];
+        for (; i < len; i++) lanes[0] += (double)xb[i] * xb[i];
+        double s = 0.0;
+        for (int l = 0; l < 8; l++) s += lanes[l];
+        block_sums[blk] = s;
+    }
+    double sum = 0.0;
+    for (size_t blk = 0; blk < nblocks; blk++) sum += block_sums[blk];
+    free(block_sums);
+    return sum;
 }
 
 // ----------------------------------------------------------------------------
@@ -951,23 +1029,16 @@ static void add_sumsq(GPT2 *m, const Run *r, void *ctx) {
     // count each gradient once in the job: replicas over tp and the tied
     // wte copy on the last stage count on one rank only
     if (!tensor_counted_here(s, r->tensor)) return;
-    double sum = 0.0;
-    #pragma omp parallel for reduction(+ : sum)
-    for (size_t i = 0; i < r->n; i++) sum += (double)r->grad[i] * r->grad[i];
-    *(double *)ctx += sum;
-}
-
-static void scale_run(GPT2 *m, const Run *r, void *ctx) {
-    (void)m;
-    float scale = *(const float *)ctx;
-    for (size_t i = 0; i < r->n; i++) r->grad[i] *= scale;
+    *(double *)ctx += sum_squares(r->grad, r->n);
 }
 
 typedef struct { float lr, beta1, beta2, eps, weight_decay; } AdamHyper;
+typedef struct { const AdamHyper *h; float grad_scale; } AdamStep;
 
 static void adam_run(GPT2 *m, const Run *r, void *ctx) {
-    const AdamHyper *h = (const AdamHyper *)ctx;
-    adamw_update(r->param, r->grad, r->m, r->v, r->n, h->lr, h->beta1, h->beta2, h->eps,
+    const AdamStep *st = (const AdamStep *)ctx;
+    const AdamHyper *h = st->h;
+    adamw_update(r->param, r->grad, r->m, r->v, r->n, st->grad_scale, h->lr, h->beta1, h->beta2, h->eps,
                  param_is_matrix(r->tensor) ? h->weight_decay : 0.0f, m->adam_t);
 }
 
@@ -991,12 +1062,10 @@ static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, cons
     float norm = sqrtf(all[0]);
     *loss_sum = all[1];
     *stop = all[2] > 0.0f;
-    if (max_norm > 0.0f && norm > max_norm) {  // as torch.nn.utils.clip_grad_norm_
-        float scale = max_norm / (norm + 1e-6f);
-        for_each_run(m, scale_run, &scale, 0);
-    }
+    // clipping as torch.nn.utils.clip_grad_norm_, applied by AdamW as it reads the gradients
+    AdamStep st = {h, max_norm > 0.0f && norm > max_norm ? max_norm / (norm + 1e-6f) : 1.0f};
     m->adam_t++;
-    for_each_run(m, adam_run, (void *)h, 0);
+    for_each_run(m, adam_run, &st, 0);
     if ((par->zero == 1 || par->zero == 2) && s->dp > 1) {  // everyone's updated chunks, to everyone
         for (int u = 0; u < m->ut.n; u++) {
             const Unit *un = &m->ut.units[u];
