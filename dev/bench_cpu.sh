@@ -16,6 +16,7 @@ cd "$(dirname "$0")/.."
 steps=${STEPS:-8}
 threads=${THREADS:-$(nproc)}
 python=${PYTHON:-python3}
+trainer=${TRAINER:-./train_gpt2}  # another build of the trainer, to compare before and after
 data=${LLM3D_DATA:-../shared/data}
 dir=dev/data/tinyshakespeare
 for prog in train_gpt2 prepare_data dev/bench_kernels; do
@@ -37,7 +38,7 @@ models=("d12|-e d12|--init d12" "small|-e d4 -ec 128|--init d4 --n-embd 128")
 for m in "${models[@]}"; do
     IFS='|' read -r name cflags _ <<<"$m"
     # shellcheck disable=SC2086
-    ./train_gpt2 $cflags -b 4 -t 64 -x "$steps" -v 0 -s 0 -th "$threads" \
+    $trainer $cflags -b 4 -t 64 -x "$steps" -v 0 -s 0 -th "$threads" \
         -i "$dir/tiny_shakespeare_train_*.bin" > "$tmp/$name.txt"
 done
 peak_after=$(peak)
