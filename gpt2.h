@@ -337,9 +337,9 @@ static void debug_state_free(DebugState *s) {
 // of dp (times an alignment) and split evenly among the data-parallel ranks,
 // and gathered or reduced whole. Both trainers lay out their parameters,
 // gradients and AdamW state this way, so the slicing, the ZeRO shards and
-// what each rank writes into a checkpoint exist once, here. (DESIGN.md puts
-// TP slicing and ZeRO partitioning in parallel.h; they live here because
-// they are the model's tensor layout, and parallel.h knows no model.)
+// what each rank writes into a checkpoint exist once, here, not in the
+// parallel files: they are the model's tensor layout, and grid.h and the
+// backends know no model.
 
 typedef struct {
     int tp, tp_rank, pp, pp_rank, dp, dp_rank;

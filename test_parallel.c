@@ -583,7 +583,7 @@ static void check_hashes(const char *what, const char *out, int world, const cha
 static void test_grid(void) {
     Grid g;
     char err[256];
-    // the DESIGN.md formula, and every coordinate round-trips, for several layouts
+    // rank = ((dp_rank * pp) + pp_rank) * tp + tp_rank, and every coordinate round-trips, for several layouts
     int layouts[][3] = {{1, 1, 1}, {2, 2, 1}, {4, 1, 4}, {8, 2, 2}, {12, 2, 3}, {16, 4, 2}, {6, 1, 3}, {256, 4, 8}};
     for (size_t k = 0; k < sizeof(layouts) / sizeof(layouts[0]); k++) {
         int W = layouts[k][0], tp = layouts[k][1], pp = layouts[k][2], bad = 0;

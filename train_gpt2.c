@@ -4,8 +4,11 @@
  * The reference trainer: readable first, fast second. Each layer's forward and
  * backward sit side by side; the model (GPT2) holds its parameters, gradients,
  * AdamW state and activations as a few flat arrays; main() at the bottom is the
- * whole training loop. File formats and flags live in gpt2.h; the data in
- * dataloader.h; the tokenizer (for printing samples) in tokenizer.h.
+ * whole training loop. File formats and flags live in gpt2.h; what both
+ * trainers do around the loop in trainer.h; the matmul and the vectorised
+ * exp in cpu_matmul.h and cpu_math.h; the data in dataloader.h; the
+ * tokenizer (for printing samples) in tokenizer.h; the ranks and their
+ * messages in parallel.h's files.
  *
  * Shapes: B batch, T time, C channels, NH heads, hs = C/NH head size,
  * L layers, V vocab, Vp padded vocab (the rows of wte), OC output channels.
@@ -1204,7 +1207,7 @@ static int gpt2_load_optimizer(GPT2 *m, const char *path, int adam_t, char *err,
 
 // one step's forwards and backwards in the order of the pipeline schedule,
 // and the messages between neighbouring stages in the order of its plan
-// (parallel.h's pipeline_plan): an op's input received alone before it, or
+// (pipeline.h's pipeline_plan): an op's input received alone before it, or
 // with the previous op's send as one exchange, where two neighbours would
 // otherwise both send first and wait on each other once a message outgrows
 // the ring. pipeline_check plays these plans in test_parallel.

@@ -35,7 +35,7 @@
 #include <cublasLt.h>
 
 #ifndef LLM3D_NCCL
-#define LLM3D_NCCL  // parallel.h's NCCL backend: the GPU trainer always runs on it
+#define LLM3D_NCCL  // nccl_comm.h's NCCL backend: the GPU trainer always runs on it
 #endif
 #include "gpt2.h"
 #include "dataloader.h"
@@ -168,7 +168,7 @@ static const ncclDataType_t NCCL_FLOATX = ncclBfloat16;
 // one micro-batch's activations on this stage: what its forward keeps for
 // its backward. encoded (the stage's input) and residual3 (whose last layer
 // is its output) have room for a MAC tag after them: pipeline messages
-// carry one (parallel.h, nccl_sendrecv_mac).
+// carry one (nccl_comm.h, nccl_sendrecv_mac).
 typedef struct {
     floatX *encoded;                            // (B,T,C): the embeddings, or what the previous stage sent
     floatX *ln1, *qkv, *atty, *residual2;       // per local layer: (nl,B,T,C), (nl,B,T,3Cl), (nl,B,T,Cl), (nl,B,T,C)
@@ -1392,8 +1392,8 @@ static void sample(GPT2 *model, const Tokenizer *tok, int gen_tokens, uint64_t *
 }
 
 // ----------------------------------------------------------------------------
-// the job over NCCL: one process and one GPU per rank, any (dp, tp, pp)
-// layout (doc/gpu.md). The model's collectives are in the model section; here
+// the job: one process per rank, any (dp, tp, pp) layout, over NCCL with one
+// GPU per rank, or over the host backend where ranks share a GPU (doc/gpu.md). The model's collectives are in the model section; here
 // are the pipeline's messages, the step's end, evaluation and the files.
 
 typedef struct {
@@ -1530,7 +1530,7 @@ static void pipe_exchange(GPT2 *m, PipeMsg out, PipeMsg in) {
 
 // one step's forwards and backwards in the order of the pipeline schedule,
 // and the messages between neighbouring stages in the order of its plan
-// (parallel.h's pipeline_plan, the same plan train_gpt2.c's pipeline_run
+// (pipeline.h's pipeline_plan, the same plan train_gpt2.c's pipeline_run
 // posts and test_parallel checks). dloss = 1 / (all positions of the step).
 static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n, float dloss) {
     for (int k = 0; k < n; k++) {

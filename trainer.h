@@ -244,7 +244,7 @@ static int activation_sets(const Job *job, const Grid *g) {
 }
 
 // this stage's forwards and backwards of one step in the order of the
-// pipeline schedule, each with the messages around it (parallel.h's
+// pipeline schedule, each with the messages around it (pipeline.h's
 // pipeline_plan); *n of them
 static PipeStep *step_plan(const Job *job, const Grid *g, int *n) {
     size_t ops_max = 2 * (size_t)job->accum;
