@@ -4,8 +4,25 @@
 
 CC ?= gcc
 CFLAGS ?= -O3 -march=native
-CFLAGS += -std=gnu11 -Wall -Wextra -Wno-unused-function
+# -fno-math-errno: sqrtf may then be one vector instruction (AdamW); results do not change
+CFLAGS += -std=gnu11 -Wall -Wextra -Wno-unused-function -fno-math-errno
 LDLIBS = -lm
+
+# SIMD: which vector code the CPU programs use. native (the default): what
+# this machine has; avx2: AVX2 even where AVX-512 is there; scalar: plain
+# loops and libm (cpu_math.h, cpu_matmul.h). `make test` also builds and runs
+# test_gpt2 in the other two, so every path is tested.
+SIMD ?= native
+X86 := $(if $(findstring x86_64,$(shell $(CC) -dumpmachine)),yes)
+AVX2_FLAGS = -mno-avx512f
+SCALAR_FLAGS = -DLLM3D_SCALAR
+ifeq ($(SIMD),avx2)
+  CFLAGS += $(AVX2_FLAGS)
+else ifeq ($(SIMD),scalar)
+  CFLAGS += $(SCALAR_FLAGS)
+else ifneq ($(SIMD),native)
+  $(error SIMD=$(SIMD): give native, avx2 or scalar)
+endif
 
 # OpenMP when the compiler has it; the CPU trainer also builds without
 OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo yes)
@@ -25,9 +42,11 @@ ifeq ($(PRECISION),FP32)
   NVCC_FLAGS += -DENABLE_FP32
 endif
 
-CPU_PROGRAMS = train_gpt2 prepare_data export_hf plot_log dev/bench_secure dev/bench_matmul dev/pipeline_chart dev/compare_logs
-CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint test_prepare_data test_export test_plot
-CUDA_PROGRAMS = train_gpt2cu test_gpt2cu
+CPU_PROGRAMS = train_gpt2 prepare_data export_hf plot_log dev/bench_secure dev/bench_matmul dev/bench_kernels dev/pipeline_chart \
+               dev/compare_logs
+CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint \
+            test_prepare_data test_export test_plot test_gpt2_scalar $(if $(X86),test_gpt2_avx2)
+CUDA_PROGRAMS = train_gpt2cu test_gpt2cu test_host_mode
 
 ifneq ($(NVCC),)
 all: $(CPU_PROGRAMS) $(CPU_TESTS) $(CUDA_PROGRAMS)
@@ -37,6 +56,7 @@ all: $(CPU_PROGRAMS) $(CPU_TESTS)
 endif
 
 HEADERS = $(wildcard *.h)
+CUDA_HEADERS = $(wildcard *.cuh)
 
 train_gpt2: train_gpt2.c $(HEADERS)
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
@@ -53,7 +73,10 @@ plot_log: plot_log.c json.h
 dev/bench_secure: dev/bench_secure.c secure.h
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
 
-dev/bench_matmul: dev/bench_matmul.c train_gpt2.c $(HEADERS)
+dev/bench_matmul: dev/bench_matmul.c dev/bench.h train_gpt2.c $(HEADERS)
+	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
+
+dev/bench_kernels: dev/bench_kernels.c dev/bench.h train_gpt2.c $(HEADERS)
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
 
 dev/compare_logs: dev/compare_logs.c json.h
@@ -67,16 +90,32 @@ test_%: test_%.c test.h $(HEADERS)
 
 test_gpt2: train_gpt2.c
 
-train_gpt2cu: train_gpt2.cu $(HEADERS)
+# test_gpt2 on the other vector paths (see SIMD above)
+test_gpt2_avx2: test_gpt2.c test.h train_gpt2.c $(HEADERS)
+	$(CC) $(CFLAGS) $(AVX2_FLAGS) $< $(LDLIBS) -o $@
+
+test_gpt2_scalar: test_gpt2.c test.h train_gpt2.c $(HEADERS)
+	$(CC) $(CFLAGS) $(SCALAR_FLAGS) $< $(LDLIBS) -o $@
+
+train_gpt2cu: train_gpt2.cu $(HEADERS) $(CUDA_HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LDLIBS) -o $@
 
-test_gpt2cu: test_gpt2.cu train_gpt2.cu test.h $(HEADERS)
+test_gpt2cu: test_gpt2.cu train_gpt2.cu test.h $(HEADERS) $(CUDA_HEADERS)
 	$(NVCC) $(NVCC_FLAGS) test_gpt2.cu $(NVCC_LDLIBS) -o $@
 
+# nccl_comm.h's host mode under the test's stand-in CUDA runtime (no GPU
+# needed): libcudart shared, so the test's own cudaMemcpyAsync and the rest
+# take the place of the library's (found through the toolkit's lib64); no
+# device code runs, so PTX for one arch
+test_host_mode: test_host_mode.cu test.h $(HEADERS)
+	$(NVCC) -O2 -std=c++17 -gencode arch=compute_80,code=compute_80 -cudart shared \
+		-Xlinker -rpath -Xlinker $(dir $(NVCC))../lib64 $< -lnccl -o $@
+
 # with nvcc, test_gpt2cu too: its host-side checks (flags, files, layouts)
-# run anywhere, and its GPU checks say they skip when there is no device
+# run anywhere, and its GPU checks say they skip when there is no device;
+# and test_host_mode, which needs no device at all
 ifneq ($(NVCC),)
-  TESTS = $(CPU_TESTS) test_gpt2cu
+  TESTS = $(CPU_TESTS) test_gpt2cu test_host_mode
   TEST_DEPS = train_gpt2 prepare_data export_hf plot_log dev/compare_logs train_gpt2cu
 else
   TESTS = $(CPU_TESTS)
@@ -96,9 +135,10 @@ dev/fuzz/fuzz_%: dev/fuzz/fuzz_%.c $(HEADERS)
 fuzz: $(FUZZERS)
 	@./dev/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZERS)
 
-bench: train_gpt2 prepare_data dev/bench_secure dev/bench_matmul
+bench: train_gpt2 prepare_data dev/bench_secure dev/bench_matmul dev/bench_kernels
 	./dev/bench_cpu.sh
 	./dev/bench_matmul
+	./dev/bench_kernels
 	./dev/bench_secure
 	./dev/bench_checkpoint.sh
 

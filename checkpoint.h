@@ -54,6 +54,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "errors.h"
 #include "gpt2.h"
 #include "secure.h"
 
@@ -141,7 +142,7 @@ static int ckpt_optim_open(OptimFile *f, const char *path, const GPT2Config *c, 
     memset(f, 0, sizeof(*f));
     f->bytes = (size_t)ckpt_file_bytes(1, c);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return secure_error(err, errlen, "%s: %s", path, strerror(errno));
+    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
     int32_t h[HEADER_INTS], want[HEADER_INTS];
     memset(h, 0, sizeof(h));
     ckpt_optim_header(want, c, adam_t);
@@ -150,14 +151,14 @@ static int ckpt_optim_open(OptimFile *f, const char *path, const GPT2Config *c, 
     if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != f->bytes || ckpt_pread(fd, h, sizeof(h), 0) != 0 ||
         memcmp(h, want, sizeof(h)) != 0) {
         close(fd);
-        return secure_error(err, errlen, "%s: not the AdamW state of this model at t = %d (%lld bytes, magic %d, t %d)",
-                            path, adam_t, (long long)st.st_size, h[0], h[2]);
+        return errorf(err, errlen, "%s: not the AdamW state of this model at t = %d (%lld bytes, magic %d, t %d)",
+                      path, adam_t, (long long)st.st_size, h[0], h[2]);
     }
     f->map = mmap(NULL, f->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (f->map == MAP_FAILED) {
         f->map = NULL;
-        return secure_error(err, errlen, "%s: cannot map %zu bytes of AdamW state", path, f->bytes);
+        return errorf(err, errlen, "%s: cannot map %zu bytes of AdamW state", path, f->bytes);
     }
     f->m = (const float *)((const char *)f->map + HEADER_INTS * 4);
     f->v = f->m + param_count(c);
@@ -255,8 +256,8 @@ static int ckpt_key(const char *out_dir, const char *key_file, int create, uint8
     int *steps, n = ckpt_list(out_dir, &steps);
     free(steps);
     if (n > 0)  // a new key would silently disown every checkpoint here
-        return secure_error(err, errlen, "%s is missing, but %s holds %d checkpoint(s) sealed with it: put it back, or "
-                            "pass the key with --key-file", path, out_dir, n);
+        return errorf(err, errlen, "%s is missing, but %s holds %d checkpoint(s) sealed with it: put it back, or "
+                      "pass the key with --key-file", path, out_dir, n);
     if (key_generate(key, err, errlen) != 0) return -1;
     return key_write_file(path, key, err, errlen);
 }
@@ -268,15 +269,13 @@ static int ckpt_key(const char *out_dir, const char *key_file, int create, uint8
 static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, CkptState *s, char *err, size_t errlen) {
     Manifest m;
     char why[1024];
-    if (manifest_read(&m, dir, "MANIFEST", key, why, sizeof(why)) != 0) {
-        secure_error(err, errlen, "checkpoint %s: %s (written with another key? pass it with --key-file)", dir, why);
-        return -1;
-    }
+    if (manifest_read(&m, dir, "MANIFEST", key, why, sizeof(why)) != 0)
+        return errorf(err, errlen, "checkpoint %s: %s (written with another key? pass it with --key-file)", dir, why);
     int rc = 0;
     for (int i = 0; i < 3 && rc == 0; i++) {
         if (hash_files) {
             rc = manifest_verify_file(&m, dir, ckpt_files[i], why, sizeof(why));
-            if (rc != 0) secure_error(err, errlen, "checkpoint %s: %s", dir, why);
+            if (rc != 0) errorf(err, errlen, "checkpoint %s: %s", dir, why);
             continue;
         }
         const ManifestEntry *e = manifest_find(&m, ckpt_files[i]);
@@ -284,7 +283,7 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, C
         char path[4200];
         snprintf(path, sizeof(path), "%s/%s", dir, ckpt_files[i]);
         if (e == NULL || stat(path, &st) != 0 || (uint64_t)st.st_size != e->size)
-            rc = secure_error(err, errlen, "checkpoint %s: %s is missing or not the manifest's size", dir, ckpt_files[i]);
+            rc = errorf(err, errlen, "checkpoint %s: %s is missing or not the manifest's size", dir, ckpt_files[i]);
     }
     manifest_free(&m);
     if (rc != 0) return -1;
@@ -294,11 +293,9 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, C
     FILE *f = fopen(path, "rb");
     int got = f != NULL && fread(h, 4, HEADER_INTS, f) == HEADER_INTS;
     if (f) fclose(f);
-    if (!got || h[0] != CKPT_STATE_MAGIC || h[1] != 1) {
-        secure_error(err, errlen, "%s: not a version 1 checkpoint state (magic %d, version %d)", path, got ? h[0] : 0,
-                 got ? h[1] : 0);
-        return -1;
-    }
+    if (!got || h[0] != CKPT_STATE_MAGIC || h[1] != 1)
+        return errorf(err, errlen, "%s: not a version 1 checkpoint state (magic %d, version %d)", path, got ? h[0] : 0,
+                      got ? h[1] : 0);
     memset(s, 0, sizeof(*s));
     s->step = h[2]; s->adam_t = h[3];
     ckpt_config_get(h + 4, &s->config);
@@ -306,15 +303,13 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, C
     for (int i = 0; i < 4; i++) s->data[i] = ckpt_get_u64(h + 16 + 2 * i);
     s->sample_rng = ckpt_get_u64(h + 24);
     s->np = h[26]; s->tp = h[27]; s->pp = h[28]; s->zero = h[29];
-    if (check_config(&s->config, path, why, sizeof(why)) != 0) { secure_error(err, errlen, "%s", why); return -1; }
+    if (check_config(&s->config, path, why, sizeof(why)) != 0) return errorf(err, errlen, "%s", why);
     for (int i = 0; i < 2; i++) {  // the manifest vouches for the bytes; the shape must also agree
         struct stat st;
         snprintf(path, sizeof(path), "%s/%s", dir, ckpt_files[i]);
-        if (stat(path, &st) != 0 || (uint64_t)st.st_size != ckpt_file_bytes(i, &s->config)) {
-            secure_error(err, errlen, "%s: %lld bytes, but state.bin's shape needs %llu", path, (long long)st.st_size,
-                     (unsigned long long)ckpt_file_bytes(i, &s->config));
-            return -1;
-        }
+        if (stat(path, &st) != 0 || (uint64_t)st.st_size != ckpt_file_bytes(i, &s->config))
+            return errorf(err, errlen, "%s: %lld bytes, but state.bin's shape needs %llu", path, (long long)st.st_size,
+                          (unsigned long long)ckpt_file_bytes(i, &s->config));
     }
     return 0;
 }
@@ -325,7 +320,7 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, C
 static int ckpt_find(const char *out_dir, int want_step, const uint8_t key[32], int thorough, CkptState *s, char *dir,
                      size_t dirlen, char *err, size_t errlen) {
     int *steps, n = ckpt_list(out_dir, &steps);
-    if (n < 0) { secure_error(err, errlen, "flag -o: cannot read directory %s: %s", out_dir, strerror(errno)); return -1; }
+    if (n < 0) return errorf(err, errlen, "flag -o: cannot read directory %s: %s", out_dir, strerror(errno));
     int step = -1;
     for (int i = 0; i < n && step < 0; i++) {
         if (want_step >= 0 && steps[i] != want_step) continue;
@@ -336,14 +331,11 @@ static int ckpt_find(const char *out_dir, int want_step, const uint8_t key[32], 
     free(steps);
     if (step < 0) {
         if (want_step < 0) return 0;
-        secure_error(err, errlen, "flag -ys: no checkpoint of step %d in %s", want_step, out_dir);
-        return -1;
+        return errorf(err, errlen, "flag -ys: no checkpoint of step %d in %s", want_step, out_dir);
     }
     if (ckpt_verify(dir, key, thorough, s, err, errlen) != 0) return -1;
-    if (s->step != step) {
-        secure_error(err, errlen, "checkpoint %s: state.bin says step %d", dir, s->step);
-        return -1;
-    }
+    if (s->step != step)
+        return errorf(err, errlen, "checkpoint %s: state.bin says step %d", dir, s->step);
     return 1;
 }
 
@@ -351,7 +343,7 @@ static int ckpt_find(const char *out_dir, int want_step, const uint8_t key[32], 
 // the model's shape is known; ckpt_setup calls it too)
 static int ckpt_check_flags(const Options *o, char *err, size_t errlen) {
     if ((o->ckpt_every > 0 || o->resume || o->resume_step >= 0) && o->out_dir == NULL)
-        return secure_error(err, errlen, "flags -n/-y/-ys: checkpoints live in the output directory; give it with -o DIR");
+        return errorf(err, errlen, "flags -n/-y/-ys: checkpoints live in the output directory; give it with -o DIR");
     return 0;
 }
 
@@ -367,27 +359,27 @@ static int ckpt_setup(const Options *o, const GPT2Config *c, int thorough, uint8
                       size_t dirlen, char *err, size_t errlen) {
     if (ckpt_check_flags(o, err, errlen) != 0) return -1;
     if (o->out_dir == NULL) return 0;
-    if (strlen(o->out_dir) > 700) return secure_error(err, errlen, "flag -o: the directory's path is over 700 bytes");
+    if (strlen(o->out_dir) > 700) return errorf(err, errlen, "flag -o: the directory's path is over 700 bytes");
     if (mkdir(o->out_dir, 0755) != 0 && errno != EEXIST)
-        return secure_error(err, errlen, "flag -o: cannot create directory %s: %s", o->out_dir, strerror(errno));
+        return errorf(err, errlen, "flag -o: cannot create directory %s: %s", o->out_dir, strerror(errno));
     if (ckpt_key(o->out_dir, o->key_file, 1, key, err, errlen) != 0) return -1;
     if (!o->resume && o->resume_step < 0) return 0;
     int found = ckpt_find(o->out_dir, o->resume_step, key, thorough, ck, dir, dirlen, err, errlen);
     if (found <= 0) return found;
     const GPT2Config *k = &ck->config;
     if (k->L != c->L || k->C != c->C || k->NH != c->NH || k->V != c->V || k->Vp != c->Vp || k->maxT != c->maxT)
-        return secure_error(err, errlen,
-                            "checkpoint %s holds a model of L=%d C=%d NH=%d V=%d maxT=%d, but -e %s is L=%d C=%d NH=%d "
-                            "V=%d maxT=%d", dir, k->L, k->C, k->NH, k->V, k->maxT, o->init, c->L, c->C, c->NH, c->V,
-                            c->maxT);
+        return errorf(err, errlen,
+                      "checkpoint %s holds a model of L=%d C=%d NH=%d V=%d maxT=%d, but -e %s is L=%d C=%d NH=%d "
+                      "V=%d maxT=%d", dir, k->L, k->C, k->NH, k->V, k->maxT, o->init, c->L, c->C, c->NH, c->V,
+                      c->maxT);
     if (ck->B != o->B || ck->T != o->T)  // the data position counts micro-batches of B*T tokens
-        return secure_error(err, errlen, "checkpoint %s was written with -b %d -t %d; resume with the same, not -b %d -t %d",
-                            dir, ck->B, ck->T, o->B, o->T);
+        return errorf(err, errlen, "checkpoint %s was written with -b %d -t %d; resume with the same, not -b %d -t %d",
+                      dir, ck->B, ck->T, o->B, o->T);
     if (ck->shuffle != o->shuffle)  // the data position means another sample under the other order
-        return secure_error(err, errlen, "checkpoint %s was written with -sh %d; resume with the same, not -sh %d", dir,
-                            ck->shuffle, o->shuffle);
+        return errorf(err, errlen, "checkpoint %s was written with -sh %d; resume with the same, not -sh %d", dir,
+                      ck->shuffle, o->shuffle);
     if (o->steps >= 0 && ck->step > o->steps)
-        return secure_error(err, errlen, "flag -x: %d steps, but checkpoint %s is of step %d", o->steps, dir, ck->step);
+        return errorf(err, errlen, "flag -x: %d steps, but checkpoint %s is of step %d", o->steps, dir, ck->step);
     return 1;
 }
 
@@ -433,14 +425,10 @@ static int ckpt_seal(const char *out_dir, int step, const uint8_t key[32], char 
     manifest_free(&m);
     if (rc != 0) return -1;
     // a checkpoint of this step from an earlier attempt (resumed from before it) gives way
-    if (ckpt_remove_dir(final_dir) != 0 && errno != ENOENT) {
-        secure_error(err, errlen, "%s: cannot replace: %s", final_dir, strerror(errno));
-        return -1;
-    }
-    if (rename(partial, final_dir) != 0 || ckpt_fsync_dir(out_dir) != 0) {
-        secure_error(err, errlen, "%s: rename to %s: %s", partial, final_dir, strerror(errno));
-        return -1;
-    }
+    if (ckpt_remove_dir(final_dir) != 0 && errno != ENOENT)
+        return errorf(err, errlen, "%s: cannot replace: %s", final_dir, strerror(errno));
+    if (rename(partial, final_dir) != 0 || ckpt_fsync_dir(out_dir) != 0)
+        return errorf(err, errlen, "%s: rename to %s: %s", partial, final_dir, strerror(errno));
     return 0;
 }
 
@@ -450,7 +438,7 @@ static int ckpt_begin(const char *out_dir, const CkptState *s, char *err, size_t
     char dir[4096], path[4200];
     ckpt_dir_name(dir, sizeof(dir), out_dir, s->step, ".partial");
     ckpt_remove_dir(dir);
-    if (mkdir(dir, 0755) != 0) { secure_error(err, errlen, "%s: mkdir: %s", dir, strerror(errno)); return -1; }
+    if (mkdir(dir, 0755) != 0) { errorf(err, errlen, "%s: mkdir: %s", dir, strerror(errno)); return -1; }
     int32_t h[3][HEADER_INTS];
     model_fill_header(h[0], &s->config, 3);
     ckpt_optim_header(h[1], &s->config, s->adam_t);
@@ -463,7 +451,7 @@ static int ckpt_begin(const char *out_dir, const CkptState *s, char *err, size_t
         if (e == 0 && ftruncate(fd, (off_t)ckpt_file_bytes(i, &s->config)) != 0) e = errno;
         if (e == 0 && fsync(fd) != 0) e = errno;
         if (fd >= 0 && close(fd) != 0 && e == 0) e = errno;
-        if (e != 0) { secure_error(err, errlen, "%s: write: %s", path, strerror(e)); return -1; }
+        if (e != 0) { errorf(err, errlen, "%s: write: %s", path, strerror(e)); return -1; }
     }
     return 0;
 }
@@ -491,7 +479,7 @@ static int ckpt_write_job(const CkptJob *job, const char *out_dir, int keep, con
     if (failed == 0) {
         ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial");
         int e = job->part(job->ctx, dir);
-        if (e != 0) secure_error(err, sizeof(err), "rank %d: %s: write: %s", job->rank, dir, strerror(e));
+        if (e != 0) errorf(err, sizeof(err), "rank %d: %s: write: %s", job->rank, dir, strerror(e));
         failed = job->sum(job->ctx, e != 0);
         if (failed == 0 && rank0 && ckpt_seal(out_dir, st->step, key, err, sizeof(err)) != 0) failed = 1;
         if (!rank0 && e == 0) err[0] = '\0';  // rank 0 speaks for the job; a rank that failed, for itself
@@ -529,13 +517,13 @@ static int ckpt_lock(const char *out_dir, char *err, size_t errlen) {
     char path[4096];
     snprintf(path, sizeof(path), "%s/LOCK", out_dir);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return secure_error(err, errlen, "%s: %s", path, strerror(errno));
+    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
     for (int tries = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; tries++) {
         if (errno != EWOULDBLOCK || tries == 100) {
             int e = errno;
             close(fd);
-            return secure_error(err, errlen, "flag -o: another job is using %s (%s is locked: %s); one job per directory",
-                                out_dir, path, strerror(e));
+            return errorf(err, errlen, "flag -o: another job is using %s (%s is locked: %s); one job per directory",
+                          out_dir, path, strerror(e));
         }
         usleep(50000);
     }

@@ -71,6 +71,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "errors.h"
+
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
 #define SHARD_HEADER_INTS 256
@@ -91,32 +93,22 @@ static int32_t shard_read_i32(const uint8_t *p) {
 static int shard_parse_header(const uint8_t *buf, size_t len, const char *name,
                               uint64_t *ntok, char *err, size_t errlen) {
     *ntok = 0;
-    if (len < SHARD_HEADER_BYTES) {
-        snprintf(err, errlen, "%s: file is %zu bytes, shorter than the %d-byte shard header",
-                 name, len, SHARD_HEADER_BYTES);
-        return -1;
-    }
+    if (len < SHARD_HEADER_BYTES)
+        return errorf(err, errlen, "%s: file is %zu bytes, shorter than the %d-byte shard header",
+                      name, len, SHARD_HEADER_BYTES);
     int32_t magic = shard_read_i32(buf);
     int32_t version = shard_read_i32(buf + 4);
     int32_t count = shard_read_i32(buf + 8);
-    if (magic != SHARD_MAGIC) {
-        snprintf(err, errlen, "%s: header[0] (magic) is %d, expected %d", name, (int)magic, SHARD_MAGIC);
-        return -1;
-    }
-    if (version != SHARD_VERSION) {
-        snprintf(err, errlen, "%s: header[1] (version) is %d, expected %d", name, (int)version, SHARD_VERSION);
-        return -1;
-    }
-    if (count < 0) {
-        snprintf(err, errlen, "%s: header[2] (ntok) is %d, must be >= 0", name, (int)count);
-        return -1;
-    }
+    if (magic != SHARD_MAGIC)
+        return errorf(err, errlen, "%s: header[0] (magic) is %d, expected %d", name, (int)magic, SHARD_MAGIC);
+    if (version != SHARD_VERSION)
+        return errorf(err, errlen, "%s: header[1] (version) is %d, expected %d", name, (int)version, SHARD_VERSION);
+    if (count < 0)
+        return errorf(err, errlen, "%s: header[2] (ntok) is %d, must be >= 0", name, (int)count);
     uint64_t want = (uint64_t)SHARD_HEADER_BYTES + 2 * (uint64_t)count;
-    if ((uint64_t)len != want) {
-        snprintf(err, errlen, "%s: header[2] (ntok) is %d, which needs a file of %llu bytes, but the file is %zu bytes",
-                 name, (int)count, (unsigned long long)want, len);
-        return -1;
-    }
+    if ((uint64_t)len != want)
+        return errorf(err, errlen, "%s: header[2] (ntok) is %d, which needs a file of %llu bytes, but the file is %zu bytes",
+                      name, (int)count, (unsigned long long)want, len);
     *ntok = (uint64_t)count;
     return 0;
 }
@@ -159,10 +151,9 @@ static int shard_check_tokens(const uint16_t *tokens, uint64_t ntok, int vocab_s
         for (uint64_t i = 0; i < n; i++) {
             if (t[i] >= limit) {
                 uint64_t index = start + i;
-                snprintf(err, errlen, "%s: token %llu (byte offset %llu) is %u, not < vocab_size %d",
-                         name, (unsigned long long)index,
-                         (unsigned long long)(SHARD_HEADER_BYTES + 2 * index), (unsigned)t[i], vocab_size);
-                return -1;
+                return errorf(err, errlen, "%s: token %llu (byte offset %llu) is %u, not < vocab_size %d",
+                              name, (unsigned long long)index,
+                              (unsigned long long)(SHARD_HEADER_BYTES + 2 * index), (unsigned)t[i], vocab_size);
             }
         }
     }
@@ -330,8 +321,7 @@ static int dl_manifest_missing(const DataManifest *dm, const char *pattern, char
         snprintf(path, sizeof(path), "%s/%s", dm->dir, name);
         struct stat st;
         if (lstat(path, &st) == 0 || errno != ENOENT) continue;  // there: the glob matched it too
-        snprintf(err, errlen, "%s: listed in %s but missing (pattern %s)", path, dm->path, pattern);
-        return -1;
+        return errorf(err, errlen, "%s: listed in %s but missing (pattern %s)", path, dm->path, pattern);
     }
     return 0;
 }
@@ -348,10 +338,8 @@ static int dl_manifest_entry(DataManifest *dm, const char *path, const char *pat
     if (dir_len == 0) {
         snprintf(dir, sizeof(dir), ".");
     } else {
-        if (dir_len >= sizeof(dir)) {
-            snprintf(err, errlen, "%s: directory name too long", path);
-            return -1;
-        }
+        if (dir_len >= sizeof(dir))
+            return errorf(err, errlen, "%s: directory name too long", path);
         memcpy(dir, path, dir_len - 1); // without the '/'
         dir[dir_len - 1] = '\0';
         if (dir_len == 1) snprintf(dir, sizeof(dir), "/");
@@ -372,10 +360,41 @@ static int dl_manifest_entry(DataManifest *dm, const char *path, const char *pat
     }
     if (!dm->present) return 0;
     *listed = manifest_find(&dm->m, base);
-    if (*listed == NULL) {
-        snprintf(err, errlen, "%s: not listed in the manifest %s", path, dm->path);
-        return -1;
-    }
+    if (*listed == NULL)
+        return errorf(err, errlen, "%s: not listed in the manifest %s", path, dm->path);
+    return 0;
+}
+
+// dl_map_shard: maps the open file fd (path) read-only into s, after the
+// checks that need no mapping: a regular file, of the size its MANIFEST entry
+// (listed) says. It checks the header too, into *ntok, when there is no
+// manifest, so that a bad header is found before the tokens are mapped and
+// read, and when the file is too short to hold one; *header_checked says
+// whether it did.
+static int dl_map_shard(DataShard *s, int fd, const char *path, const ManifestEntry *listed,
+                        const char *manifest_path, uint64_t *ntok, int *header_checked, char *err, size_t errlen) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) return errorf(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) return errorf(err, errlen, "%s: not a regular file", path);
+    size_t bytes = (size_t)st.st_size;
+    if (listed != NULL && (uint64_t)st.st_size != listed->size)
+        return errorf(err, errlen, "%s: size %zu, but the manifest %s says %llu: the file was truncated or extended",
+                      path, bytes, manifest_path, (unsigned long long)listed->size);
+    uint8_t header[SHARD_HEADER_BYTES];
+    size_t have = bytes < SHARD_HEADER_BYTES ? bytes : SHARD_HEADER_BYTES;
+    ssize_t got = pread(fd, header, have, 0);
+    if (got < 0 || (size_t)got != have)
+        return errorf(err, errlen, "%s: cannot read header: %s", path, got < 0 ? strerror(errno) : "short read");
+    *header_checked = listed == NULL || bytes < SHARD_HEADER_BYTES;
+    if (*header_checked && shard_parse_header(header, bytes, path, ntok, err, errlen) != 0) return -1;
+    int flags = MAP_PRIVATE;
+#ifdef MAP_POPULATE
+    flags |= MAP_POPULATE; // the token check reads it all at once anyway
+#endif
+    void *map = mmap(NULL, bytes, PROT_READ, flags, fd, 0);
+    if (map == MAP_FAILED) return errorf(err, errlen, "%s: cannot mmap %zu bytes: %s", path, bytes, strerror(errno));
+    s->map = (const uint8_t *)map;
+    s->map_bytes = bytes;
     return 0;
 }
 
@@ -385,87 +404,38 @@ static int dl_manifest_entry(DataManifest *dm, const char *path, const char *pat
 static int dl_open_shard(DataShard *s, const char *path, int vocab_size, const ManifestEntry *listed,
                          const char *manifest_path, char *err, size_t errlen) {
     memset(s, 0, sizeof(*s));
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) {
-        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        return -1;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        snprintf(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
-        close(fd);
-        return -1;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "%s: not a regular file", path);
-        close(fd);
-        return -1;
-    }
-    size_t bytes = (size_t)st.st_size;
-    if (listed != NULL && (uint64_t)st.st_size != listed->size) {
-        snprintf(err, errlen, "%s: size %zu, but the manifest %s says %llu: the file was truncated or extended",
-                 path, bytes, manifest_path, (unsigned long long)listed->size);
-        close(fd);
-        return -1;
-    }
-    uint8_t header[SHARD_HEADER_BYTES];
-    size_t have = bytes < SHARD_HEADER_BYTES ? bytes : SHARD_HEADER_BYTES;
-    ssize_t got = pread(fd, header, have, 0);
-    if (got < 0 || (size_t)got != have) {
-        snprintf(err, errlen, "%s: cannot read header: %s", path, got < 0 ? strerror(errno) : "short read");
-        close(fd);
-        return -1;
-    }
-    // without a manifest, check the header against the real size before
-    // mapping (and reading) the tokens; with one, after the hash
     uint64_t ntok = 0;
-    int header_first = listed == NULL || bytes < SHARD_HEADER_BYTES;
-    if (header_first && shard_parse_header(header, bytes, path, &ntok, err, errlen) != 0) {
-        close(fd);
-        return -1;
-    }
-    int flags = MAP_PRIVATE;
-#ifdef MAP_POPULATE
-    flags |= MAP_POPULATE; // the token check reads it all at once anyway
-#endif
-    void *map = mmap(NULL, bytes, PROT_READ, flags, fd, 0);
+    int header_checked = 0;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return errorf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    int mapped = dl_map_shard(s, fd, path, listed, manifest_path, &ntok, &header_checked, err, errlen);
     close(fd);
-    if (map == MAP_FAILED) {
-        snprintf(err, errlen, "%s: cannot mmap %zu bytes: %s", path, bytes, strerror(errno));
-        return -1;
-    }
-    s->map = (const uint8_t *)map;
-    s->map_bytes = bytes;
+    if (mapped != 0) return -1;
     s->path = strdup(path);
     if (s->path == NULL) {
-        snprintf(err, errlen, "%s: out of memory", path);
-        dl_unmap_shard(s);
-        return -1;
+        errorf(err, errlen, "%s: out of memory", path);
+        goto fail;
     }
     if (listed != NULL) {
         uint8_t sha[32];
-        sha256(s->map, bytes, sha);  // the bytes the batches will be read from, not a second read of the file
+        sha256(s->map, s->map_bytes, sha);  // the bytes the batches will be read from, not a second read of the file
         if (memcmp(sha, listed->sha, 32) != 0) {
             char got_hex[65], want_hex[65];
             to_hex(sha, 32, got_hex);
             to_hex(listed->sha, 32, want_hex);
-            snprintf(err, errlen, "%s: SHA-256 %.16s..., but the manifest %s says %.16s...: the file was changed",
-                     path, got_hex, manifest_path, want_hex);
-            dl_unmap_shard(s);
-            return -1;
+            errorf(err, errlen, "%s: SHA-256 %.16s..., but the manifest %s says %.16s...: the file was changed",
+                   path, got_hex, manifest_path, want_hex);
+            goto fail;
         }
     }
-    if (!header_first && shard_parse_header(s->map, bytes, path, &ntok, err, errlen) != 0) {
-        dl_unmap_shard(s);
-        return -1;
-    }
+    if (!header_checked && shard_parse_header(s->map, s->map_bytes, path, &ntok, err, errlen) != 0) goto fail;
     s->tokens = (const uint16_t *)(s->map + SHARD_HEADER_BYTES);
     s->ntok = ntok;
-    if (shard_check_tokens(s->tokens, ntok, vocab_size, path, err, errlen) != 0) {
-        dl_unmap_shard(s);
-        return -1;
-    }
+    if (shard_check_tokens(s->tokens, ntok, vocab_size, path, err, errlen) != 0) goto fail;
     return 0;
+fail:
+    dl_unmap_shard(s);
+    return -1;
 }
 
 void dataloader_free(DataLoader *dl);
@@ -478,89 +448,52 @@ static int dl_host_is_little_endian(void) {
     return first == 1;
 }
 
-// dataloader_init: see the top of this file. 0 on success; -1 with err set
-// (and nothing left allocated) on failure.
-int dataloader_init(DataLoader *dl, const char *pattern, int B, int T, int dp_rank, int dp_size,
-                    int shuffle, uint64_t seed, int vocab_size, char *err, size_t errlen) {
-    memset(dl, 0, sizeof(*dl));
-    if (B <= 0 || T <= 0) {
-        snprintf(err, errlen, "dataloader: B (%d) and T (%d) must be > 0", B, T);
-        return -1;
-    }
-    if ((int64_t)B * T + 1 > INT32_MAX) {
-        snprintf(err, errlen, "dataloader: B*T+1 = %lld tokens is too many for one micro-batch", (long long)B * T + 1);
-        return -1;
-    }
-    if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
-        snprintf(err, errlen, "dataloader: dp_rank %d of dp_size %d is out of range", dp_rank, dp_size);
-        return -1;
-    }
-    if (shuffle != 0 && shuffle != 1) {
-        snprintf(err, errlen, "dataloader: shuffle is %d, must be 0 or 1", shuffle);
-        return -1;
-    }
-    if (vocab_size < 1) {
-        snprintf(err, errlen, "dataloader: vocab_size is %d, must be >= 1", vocab_size);
-        return -1;
-    }
-    if (!dl_host_is_little_endian()) {
-        snprintf(err, errlen, "dataloader: shards are little-endian and this host is not");
-        return -1;
-    }
-    if (pattern == NULL || pattern[0] == '\0') {
-        snprintf(err, errlen, "dataloader: the shard pattern is empty");
-        return -1;
-    }
-    dl->B = B; dl->T = T;
-    dl->dp_rank = dp_rank; dl->dp_size = dp_size;
-    dl->shuffle = shuffle;
-    dl->seed = seed;
-    dl->vocab_size = vocab_size;
+// dl_check_args: dataloader_init's arguments, checked before any file is read
+static int dl_check_args(const char *pattern, int B, int T, int dp_rank, int dp_size, int shuffle, int vocab_size,
+                         char *err, size_t errlen) {
+    if (B <= 0 || T <= 0) return errorf(err, errlen, "dataloader: B (%d) and T (%d) must be > 0", B, T);
+    if ((int64_t)B * T + 1 > INT32_MAX)
+        return errorf(err, errlen, "dataloader: B*T+1 = %lld tokens is too many for one micro-batch",
+                      (long long)B * T + 1);
+    if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size)
+        return errorf(err, errlen, "dataloader: dp_rank %d of dp_size %d is out of range", dp_rank, dp_size);
+    if (shuffle != 0 && shuffle != 1) return errorf(err, errlen, "dataloader: shuffle is %d, must be 0 or 1", shuffle);
+    if (vocab_size < 1) return errorf(err, errlen, "dataloader: vocab_size is %d, must be >= 1", vocab_size);
+    if (!dl_host_is_little_endian())
+        return errorf(err, errlen, "dataloader: shards are little-endian and this host is not");
+    if (pattern == NULL || pattern[0] == '\0') return errorf(err, errlen, "dataloader: the shard pattern is empty");
+    return 0;
+}
 
-    glob_t g;
-    int grc = glob(pattern, 0, NULL, &g);
-    if (grc == GLOB_NOMATCH) {
-        snprintf(err, errlen, "dataloader: no files match %s", pattern);
-        globfree(&g);
-        return -1;
-    }
-    if (grc != 0) {
-        snprintf(err, errlen, "dataloader: glob %s failed (%s)", pattern,
-                 grc == GLOB_NOSPACE ? "out of memory" : "read error");
-        globfree(&g);
-        return -1;
-    }
-    dl->shards = (DataShard *)calloc(g.gl_pathc, sizeof(DataShard));
-    if (dl->shards == NULL) {
-        snprintf(err, errlen, "dataloader: out of memory for %zu shards of %s", (size_t)g.gl_pathc, pattern);
-        globfree(&g);
-        return -1;
-    }
-    uint64_t need = (uint64_t)B * T + 1;
-    uint64_t max_samples = 0;
-    // short shards are reported after the loop: as warnings if others are
-    // usable, else as the one error
-    uint64_t *short_ntok = (uint64_t *)calloc(g.gl_pathc, sizeof(uint64_t));
-    char *is_short = (char *)calloc(g.gl_pathc, 1);
-    if (short_ntok == NULL || is_short == NULL) {
-        snprintf(err, errlen, "dataloader: out of memory for %zu shards of %s", (size_t)g.gl_pathc, pattern);
-        free(short_ntok); free(is_short); globfree(&g); dataloader_free(dl);
-        return -1;
-    }
-    int nshort = 0, first_short = -1, nfiles = 0;
+// dl_open_shards: opens and checks every file that g matched (a MANIFEST
+// aside) into dl->shards. A shard too short for one micro-batch is dropped:
+// rank 0 warns about it when other shards are usable, and when none is, it is
+// the error. On failure dl keeps what it opened, for dataloader_free.
+static int dl_open_shards(DataLoader *dl, const glob_t *g, const char *pattern, char *err, size_t errlen) {
+    int rc = -1;
+    size_t nmatch = g->gl_pathc;
+    uint64_t need = (uint64_t)dl->B * dl->T + 1;
+    int nfiles = 0, nshort = 0, first_short = -1;
     DataManifest dm;
     memset(&dm, 0, sizeof(dm));
-    for (size_t i = 0; i < g.gl_pathc; i++) {
-        if (strcmp(dl_base_name(g.gl_pathv[i]), "MANIFEST") == 0) continue;
+    // the short shards, by glob index, for the warnings or the error at the end
+    uint64_t *short_ntok = (uint64_t *)calloc(nmatch, sizeof(uint64_t));
+    char *is_short = (char *)calloc(nmatch, 1);
+    dl->shards = (DataShard *)calloc(nmatch, sizeof(DataShard));
+    if (dl->shards == NULL || short_ntok == NULL || is_short == NULL) {
+        errorf(err, errlen, "dataloader: out of memory for %zu shards of %s", nmatch, pattern);
+        goto done;
+    }
+    for (size_t i = 0; i < nmatch; i++) {
+        const char *path = g->gl_pathv[i];
+        if (strcmp(dl_base_name(path), "MANIFEST") == 0) continue;
         nfiles++;
         DataShard *s = &dl->shards[dl->nshards];
         const ManifestEntry *listed;
-        if (dl_manifest_entry(&dm, g.gl_pathv[i], pattern, &listed, err, errlen) != 0 ||
-            dl_open_shard(s, g.gl_pathv[i], vocab_size, listed, dm.path, err, errlen) != 0) {
-            dl_manifest_free(&dm); free(short_ntok); free(is_short); globfree(&g); dataloader_free(dl);
-            return -1;
-        }
-        s->nsamples = s->ntok < need ? 0 : (s->ntok - 1) / ((uint64_t)B * T);
+        if (dl_manifest_entry(&dm, path, pattern, &listed, err, errlen) != 0 ||
+            dl_open_shard(s, path, dl->vocab_size, listed, dm.path, err, errlen) != 0)
+            goto done;
+        s->nsamples = s->ntok < need ? 0 : (s->ntok - 1) / ((uint64_t)dl->B * dl->T);
         if (s->nsamples == 0) {
             if (first_short < 0) first_short = (int)i;
             is_short[i] = 1;
@@ -570,62 +503,97 @@ int dataloader_init(DataLoader *dl, const char *pattern, int B, int T, int dp_ra
             continue;
         }
         if (s->nsamples > UINT32_MAX) {
-            snprintf(err, errlen, "%s: %llu samples, more than a shard may hold (%u)",
-                     s->path, (unsigned long long)s->nsamples, (unsigned)UINT32_MAX);
-            dl_manifest_free(&dm); free(short_ntok); free(is_short); globfree(&g); dataloader_free(dl);
-            return -1;
+            errorf(err, errlen, "%s: %llu samples, more than a shard may hold (%u)",
+                   s->path, (unsigned long long)s->nsamples, (unsigned)UINT32_MAX);
+            dl_unmap_shard(s);
+            goto done;
         }
-        if (s->nsamples > max_samples) max_samples = s->nsamples;
         dl->samples_per_epoch += s->nsamples;
         dl->total_tokens += s->ntok;
         dl->nshards++;
     }
-    dl_manifest_free(&dm);
     if (nfiles == 0) {
-        snprintf(err, errlen, "dataloader: no files match %s (other than MANIFEST)", pattern);
-        free(short_ntok); free(is_short); globfree(&g); dataloader_free(dl);
-        return -1;
+        errorf(err, errlen, "dataloader: no files match %s (other than MANIFEST)", pattern);
+        goto done;
     }
     if (dl->nshards == 0) {
-        const char *name = g.gl_pathv[first_short];
+        const char *name = g->gl_pathv[first_short];
         unsigned long long have = (unsigned long long)short_ntok[first_short];
-        if (nshort == 1) {
-            snprintf(err, errlen, "%s: %llu tokens, fewer than one micro-batch needs (B*T+1 = %llu)",
-                     name, have, (unsigned long long)need);
-        } else {
-            snprintf(err, errlen, "dataloader: none of the %d files matching %s has B*T+1 = %llu tokens (e.g. %s: %llu tokens)",
-                     nshort, pattern, (unsigned long long)need, name, have);
-        }
-        free(short_ntok); free(is_short); globfree(&g); dataloader_free(dl);
-        return -1;
+        if (nshort == 1)
+            errorf(err, errlen, "%s: %llu tokens, fewer than one micro-batch needs (B*T+1 = %llu)",
+                   name, have, (unsigned long long)need);
+        else
+            errorf(err, errlen, "dataloader: none of the %d files matching %s has B*T+1 = %llu tokens (e.g. %s: %llu tokens)",
+                   nshort, pattern, (unsigned long long)need, name, have);
+        goto done;
     }
-    for (size_t i = 0; i < g.gl_pathc && dp_rank == 0; i++) {
+    for (size_t i = 0; i < nmatch && dl->dp_rank == 0; i++) {
         if (!is_short[i]) continue;
         fprintf(stderr, "dataloader: warning: %s: %llu tokens, fewer than B*T+1 = %llu; skipped\n",
-                g.gl_pathv[i], (unsigned long long)short_ntok[i], (unsigned long long)need);
+                g->gl_pathv[i], (unsigned long long)short_ntok[i], (unsigned long long)need);
     }
+    rc = 0;
+done:
+    dl_manifest_free(&dm);
     free(short_ntok);
     free(is_short);
-    globfree(&g);
-    if (dl->samples_per_epoch < (uint64_t)dp_size) {
-        snprintf(err, errlen, "dataloader: %s holds %llu micro-batches of B*T+1 = %llu tokens per epoch, fewer than dp_size %d",
-                 pattern, (unsigned long long)dl->samples_per_epoch, (unsigned long long)need, dp_size);
-        dataloader_free(dl);
-        return -1;
-    }
+    return rc;
+}
+
+// dl_alloc_orders: the shard order of two epochs and, with shuffle on, room
+// for the sample order of the longest shard
+static int dl_alloc_orders(DataLoader *dl, const char *pattern, char *err, size_t errlen) {
     dl->order[0] = (int *)malloc((size_t)dl->nshards * sizeof(int));
     dl->order[1] = (int *)malloc((size_t)dl->nshards * sizeof(int));
-    if (shuffle) {
+    if (dl->shuffle) {
+        uint64_t max_samples = 0;
+        for (int i = 0; i < dl->nshards; i++)
+            if (dl->shards[i].nsamples > max_samples) max_samples = dl->shards[i].nsamples;
         dl->perm_cap = max_samples;
         dl->perm = (uint32_t *)malloc((size_t)max_samples * sizeof(uint32_t));
     }
-    if (dl->order[0] == NULL || dl->order[1] == NULL || (shuffle && dl->perm == NULL)) {
-        snprintf(err, errlen, "dataloader: out of memory for the shuffle tables of %s", pattern);
-        dataloader_free(dl);
+    if (dl->order[0] == NULL || dl->order[1] == NULL || (dl->shuffle && dl->perm == NULL))
+        return errorf(err, errlen, "dataloader: out of memory for the shuffle tables of %s", pattern);
+    return 0;
+}
+
+// dataloader_init: see the top of this file. 0 on success; -1 with err set
+// (and nothing left allocated) on failure.
+int dataloader_init(DataLoader *dl, const char *pattern, int B, int T, int dp_rank, int dp_size,
+                    int shuffle, uint64_t seed, int vocab_size, char *err, size_t errlen) {
+    memset(dl, 0, sizeof(*dl));
+    if (dl_check_args(pattern, B, T, dp_rank, dp_size, shuffle, vocab_size, err, errlen) != 0) return -1;
+    dl->B = B; dl->T = T;
+    dl->dp_rank = dp_rank; dl->dp_size = dp_size;
+    dl->shuffle = shuffle;
+    dl->seed = seed;
+    dl->vocab_size = vocab_size;
+
+    glob_t g;
+    int grc = glob(pattern, 0, NULL, &g);
+    if (grc != 0) {
+        if (grc == GLOB_NOMATCH)
+            errorf(err, errlen, "dataloader: no files match %s", pattern);
+        else
+            errorf(err, errlen, "dataloader: glob %s failed (%s)", pattern,
+                   grc == GLOB_NOSPACE ? "out of memory" : "read error");
+        globfree(&g);
         return -1;
     }
+    int opened = dl_open_shards(dl, &g, pattern, err, errlen);
+    globfree(&g);
+    if (opened != 0) goto fail;
+    if (dl->samples_per_epoch < (uint64_t)dp_size) {
+        errorf(err, errlen, "dataloader: %s holds %llu micro-batches of B*T+1 = %llu tokens per epoch, fewer than dp_size %d",
+               pattern, (unsigned long long)dl->samples_per_epoch, (unsigned long long)B * T + 1, dp_size);
+        goto fail;
+    }
+    if (dl_alloc_orders(dl, pattern, err, errlen) != 0) goto fail;
     dataloader_reset(dl);
     return 0;
+fail:
+    dataloader_free(dl);
+    return -1;
 }
 
 // dataloader_next: this rank's next micro-batch: inputs[B*T] and targets[B*T]
@@ -662,22 +630,16 @@ void dataloader_get_state(const DataLoader *dl, DataLoaderState *s) {
 // on every rank and does not depend on dp_size; its rng wins over the seed.
 // It must fit the data: a shard_pos and sample_pos that exist.
 int dataloader_set_state(DataLoader *dl, const DataLoaderState *s, char *err, size_t errlen) {
-    if (dl->nshards == 0) {
-        snprintf(err, errlen, "dataloader: set_state on a loader that holds no data");
-        return -1;
-    }
-    if (s->shard_pos >= (uint64_t)dl->nshards) {
-        snprintf(err, errlen, "dataloader: state shard_pos is %llu, but there are %d shards",
-                 (unsigned long long)s->shard_pos, dl->nshards);
-        return -1;
-    }
+    if (dl->nshards == 0)
+        return errorf(err, errlen, "dataloader: set_state on a loader that holds no data");
+    if (s->shard_pos >= (uint64_t)dl->nshards)
+        return errorf(err, errlen, "dataloader: state shard_pos is %llu, but there are %d shards",
+                      (unsigned long long)s->shard_pos, dl->nshards);
     int shard = dl_shard_order(dl, s)[s->shard_pos];
-    if (s->sample_pos >= dl->shards[shard].nsamples) {
-        snprintf(err, errlen, "dataloader: state sample_pos is %llu, but shard %s at shard_pos %llu has %llu samples",
-                 (unsigned long long)s->sample_pos, dl->shards[shard].path,
-                 (unsigned long long)s->shard_pos, (unsigned long long)dl->shards[shard].nsamples);
-        return -1;
-    }
+    if (s->sample_pos >= dl->shards[shard].nsamples)
+        return errorf(err, errlen, "dataloader: state sample_pos is %llu, but shard %s at shard_pos %llu has %llu samples",
+                      (unsigned long long)s->sample_pos, dl->shards[shard].path,
+                      (unsigned long long)s->shard_pos, (unsigned long long)dl->shards[shard].nsamples);
     dl->state = *s;
     return 0;
 }

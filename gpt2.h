@@ -40,6 +40,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define MODEL_MAGIC 20240326
 #define STATE_MAGIC 20240327
 #define HEADER_INTS 256
@@ -163,21 +165,6 @@ static int config_from_descriptor(GPT2Config *c, const char *desc, int V, int ma
 // ---------------------------------------------------------------------------
 // model files. Readers take an error buffer and never exit: the trainer, the
 // tests and the checkpoint code decide what a bad file means.
-
-static float bf16_to_float(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint16_t float_to_bf16(float f) {  // round to nearest even; NaN stays NaN
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
 
 static int check_config(const GPT2Config *c, const char *path, char *err, size_t errlen) {
     const char *field = NULL;
@@ -350,9 +337,9 @@ static void debug_state_free(DebugState *s) {
 // of dp (times an alignment) and split evenly among the data-parallel ranks,
 // and gathered or reduced whole. Both trainers lay out their parameters,
 // gradients and AdamW state this way, so the slicing, the ZeRO shards and
-// what each rank writes into a checkpoint exist once, here. (DESIGN.md puts
-// TP slicing and ZeRO partitioning in parallel.h; they live here because
-// they are the model's tensor layout, and parallel.h knows no model.)
+// what each rank writes into a checkpoint exist once, here, not in the
+// parallel files: they are the model's tensor layout, and grid.h and the
+// backends know no model.
 
 typedef struct {
     int tp, tp_rank, pp, pp_rank, dp, dp_rank;
@@ -594,6 +581,7 @@ typedef struct {
     float timeout;
     const char *fault, *rendezvous, *key_file;
     int threads;
+    int host_backend;
 } Options;
 
 typedef struct {
@@ -650,6 +638,8 @@ static const OptionSpec option_specs[] = {
     {"--rendezvous", OPT_STR, offsetof(Options, rendezvous), 0, 0, NULL, "unix:PATH or tcp:HOST:PORT, for ranks started elsewhere"},
     {"--key-file", OPT_STR, offsetof(Options, key_file), 0, 0, NULL, "job key file (mode 0600), for ranks started elsewhere"},
     {"-th", OPT_INT, offsetof(Options, threads), 0, 1024, NULL, "OpenMP threads per rank (0 = default)"},
+    {"-hb", OPT_INT, offsetof(Options, host_backend), 0, 1, NULL,
+     "train_gpt2cu: 1 = ranks talk through the host backend, not NCCL (ranks sharing a GPU always do)"},
 };
 #define NUM_OPTIONS ((int)(sizeof(option_specs) / sizeof(option_specs[0])))
 
@@ -667,7 +657,7 @@ static void options_defaults(Options *o) {
     o->val_every = 20; o->val_batches = 20; o->sample_every = 20; o->gen_tokens = 64;
     o->ckpt_every = 0; o->ckpt_keep = 2; o->resume = 0; o->resume_step = -1;
     o->np = 1; o->tp = 1; o->pp = 1; o->zero = 0; o->microbatches = 1; o->pipe_schedule = PS_1F1B;
-    o->timeout = 30.0f; o->check_every = 0;
+    o->timeout = 30.0f; o->check_every = 0; o->host_backend = 0;
 }
 
 static void options_usage(FILE *f, const char *prog) {

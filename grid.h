@@ -12,7 +12,8 @@
 #ifndef LLM3D_GRID_H
 #define LLM3D_GRID_H
 
-#include "secure.h"  // secure_error
+#include "errors.h"
+#include <string.h>
 
 #define GRID_MAX_WORLD 256          // a Group holds at most this many ranks
 
@@ -28,15 +29,15 @@ typedef struct { int size, me, ranks[GRID_MAX_WORLD]; } Group;  // me = my index
 static inline int grid_init(Grid *g, int world, int tp, int pp, int rank, char *err, size_t errlen) {
     memset(g, 0, sizeof(*g));
     if (world < 1 || world > GRID_MAX_WORLD)
-        return secure_error(err, errlen, "-np %d: the number of ranks must be 1..%d", world, GRID_MAX_WORLD);
+        return errorf(err, errlen, "-np %d: the number of ranks must be 1..%d", world, GRID_MAX_WORLD);
     if (tp < 1 || tp > world)
-        return secure_error(err, errlen, "-tp %d: the tensor-parallel size must be 1..%d (-np)", tp, world);
+        return errorf(err, errlen, "-tp %d: the tensor-parallel size must be 1..%d (-np)", tp, world);
     if (pp < 1 || pp > world)
-        return secure_error(err, errlen, "-pp %d: the pipeline size must be 1..%d (-np)", pp, world);
+        return errorf(err, errlen, "-pp %d: the pipeline size must be 1..%d (-np)", pp, world);
     if (world % (tp * pp) != 0)
-        return secure_error(err, errlen, "-np %d is not divisible by -tp %d x -pp %d = %d", world, tp, pp, tp * pp);
+        return errorf(err, errlen, "-np %d is not divisible by -tp %d x -pp %d = %d", world, tp, pp, tp * pp);
     if (rank < 0 || rank >= world)
-        return secure_error(err, errlen, "rank %d is out of range for -np %d", rank, world);
+        return errorf(err, errlen, "rank %d is out of range for -np %d", rank, world);
     g->world = world;
     g->rank = rank;
     g->local_rank = rank;
@@ -53,19 +54,19 @@ static inline int grid_init(Grid *g, int world, int tp, int pp, int rank, char *
 // columns across tp, the padded vocabulary across tp, a layer per stage
 static inline int grid_check_model(const Grid *g, int L, int NH, int C, int Vp, char *err, size_t errlen) {
     if (L < 1 || NH < 1 || C < 1 || Vp < 1)
-        return secure_error(err, errlen, "model shape L %d, NH %d, C %d, Vp %d: every size must be >= 1", L, NH, C, Vp);
+        return errorf(err, errlen, "model shape L %d, NH %d, C %d, Vp %d: every size must be >= 1", L, NH, C, Vp);
     if (NH % g->tp != 0)
-        return secure_error(err, errlen, "-tp %d: the model's %d heads (NH) do not split evenly across %d ranks",
-                            g->tp, NH, g->tp);
+        return errorf(err, errlen, "-tp %d: the model's %d heads (NH) do not split evenly across %d ranks",
+                      g->tp, NH, g->tp);
     if ((4 * (long)C) % g->tp != 0)
-        return secure_error(err, errlen, "-tp %d: the MLP width 4C = %ld does not split evenly across %d ranks",
-                            g->tp, 4 * (long)C, g->tp);
+        return errorf(err, errlen, "-tp %d: the MLP width 4C = %ld does not split evenly across %d ranks",
+                      g->tp, 4 * (long)C, g->tp);
     if (Vp % g->tp != 0)
-        return secure_error(err, errlen, "-tp %d: the padded vocabulary Vp = %d does not split evenly across %d ranks",
-                            g->tp, Vp, g->tp);
+        return errorf(err, errlen, "-tp %d: the padded vocabulary Vp = %d does not split evenly across %d ranks",
+                      g->tp, Vp, g->tp);
     if (L < g->pp)
-        return secure_error(err, errlen, "-pp %d: the model has %d layers (L), fewer than the %d pipeline stages",
-                            g->pp, L, g->pp);
+        return errorf(err, errlen, "-pp %d: the model has %d layers (L), fewer than the %d pipeline stages",
+                      g->pp, L, g->pp);
     return 0;
 }
 

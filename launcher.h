@@ -1,6 +1,6 @@
 /*
  * launcher.h: how a job of N ranks starts and how its ranks find each other.
- * Defines, in order: small helpers (clocks, sockets with deadlines, par_fail),
+ * Defines, in order: small helpers (clocks, sockets with deadlines),
  * rendezvous addresses, the shared-memory segment the host backend runs on
  * (its layout and shm_create), the rendezvous messages, the rendezvous server
  * and client (rdv_join), and the launch: launcher_run, parallel_main,
@@ -128,17 +128,6 @@ static inline int par_recv_all(int fd, void *buf, size_t n, double deadline) {
     return 0;
 }
 
-// par_fail: err set from fmt, returns code (for calls whose errors are exit codes)
-static inline int par_fail(int code, char *err, size_t errlen, const char *fmt, ...) {
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 static inline const char *par_io_error(int code) {
     if (code == -2) return "the other side closed the connection";
     if (code == -3) return "timed out";
@@ -159,15 +148,15 @@ typedef struct {
 static inline int rdv_parse(const char *spec, RdvAddr *a, char *err, size_t errlen) {
     memset(a, 0, sizeof(*a));
     if (spec == NULL || spec[0] == '\0')
-        return secure_error(err, errlen, "--rendezvous: missing value; expected unix:PATH or tcp:HOST:PORT");
+        return errorf(err, errlen, "--rendezvous: missing value; expected unix:PATH or tcp:HOST:PORT");
     if (strlen(spec) >= sizeof(a->spec))
-        return secure_error(err, errlen, "--rendezvous '%.40s...': longer than %zu bytes", spec, sizeof(a->spec) - 1);
+        return errorf(err, errlen, "--rendezvous '%.40s...': longer than %zu bytes", spec, sizeof(a->spec) - 1);
     snprintf(a->spec, sizeof(a->spec), "%s", spec);
     if (strncmp(spec, "unix:", 5) == 0) {
         const char *path = spec + 5;
         if (path[0] == '\0' || strlen(path) >= sizeof(a->path))
-            return secure_error(err, errlen, "--rendezvous '%s': the socket path must be 1..%zu bytes",
-                                spec, sizeof(a->path) - 1);
+            return errorf(err, errlen, "--rendezvous '%s': the socket path must be 1..%zu bytes",
+                          spec, sizeof(a->path) - 1);
         a->is_unix = 1;
         snprintf(a->path, sizeof(a->path), "%s", path);
         return 0;
@@ -176,22 +165,22 @@ static inline int rdv_parse(const char *spec, RdvAddr *a, char *err, size_t errl
         const char *host = spec + 4;
         const char *colon = strrchr(host, ':');
         if (colon == NULL || colon == host || (size_t)(colon - host) >= sizeof(a->host))
-            return secure_error(err, errlen, "--rendezvous '%s': expected tcp:HOST:PORT", spec);
+            return errorf(err, errlen, "--rendezvous '%s': expected tcp:HOST:PORT", spec);
         snprintf(a->host, sizeof(a->host), "%.*s", (int)(colon - host), host);
         if (strcmp(a->host, "localhost") == 0) snprintf(a->host, sizeof(a->host), "127.0.0.1");
         struct in_addr ip;
         if (inet_pton(AF_INET, a->host, &ip) != 1)
-            return secure_error(err, errlen, "--rendezvous '%s': host '%s' is not an IPv4 address", spec, a->host);
+            return errorf(err, errlen, "--rendezvous '%s': host '%s' is not an IPv4 address", spec, a->host);
         long port = 0;
         const char *p = colon + 1;
         if (*p == '\0') port = -1;
         for (; *p != '\0' && port >= 0; p++) port = (*p >= '0' && *p <= '9' && port < 100000) ? port * 10 + (*p - '0') : -1;
         if (port < 1 || port > 65535)
-            return secure_error(err, errlen, "--rendezvous '%s': port '%s' is not 1..65535", spec, colon + 1);
+            return errorf(err, errlen, "--rendezvous '%s': port '%s' is not 1..65535", spec, colon + 1);
         a->port = (int)port;
         return 0;
     }
-    return secure_error(err, errlen, "--rendezvous '%s': expected unix:PATH or tcp:HOST:PORT", spec);
+    return errorf(err, errlen, "--rendezvous '%s': expected unix:PATH or tcp:HOST:PORT", spec);
 }
 
 static inline socklen_t rdv_sockaddr(const RdvAddr *a, struct sockaddr_storage *ss) {
@@ -216,7 +205,7 @@ static inline int rdv_connect(const RdvAddr *a, double deadline, char *err, size
     socklen_t sl = rdv_sockaddr(a, &ss);
     for (;;) {
         int fd = socket(a->is_unix ? AF_UNIX : AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (fd < 0) return secure_error(err, errlen, "rendezvous %s: socket: %s", a->spec, strerror(errno));
+        if (fd < 0) return errorf(err, errlen, "rendezvous %s: socket: %s", a->spec, strerror(errno));
         int e = 0;
         if (connect(fd, (struct sockaddr *)&ss, sl) != 0) {
             e = errno;
@@ -231,7 +220,7 @@ static inline int rdv_connect(const RdvAddr *a, double deadline, char *err, size
         close(fd);
         int retry = e == ENOENT || e == ECONNREFUSED || e == EAGAIN || e == EINTR || e == ECONNRESET;
         if (!retry || par_now() >= deadline)
-            return secure_error(err, errlen, "rendezvous %s: connect: %s", a->spec, strerror(e));
+            return errorf(err, errlen, "rendezvous %s: connect: %s", a->spec, strerror(e));
         par_sleep(0.02);
     }
 }
@@ -242,7 +231,7 @@ static inline int rdv_listen(const RdvAddr *a, char *err, size_t errlen) {
     struct sockaddr_storage ss;
     socklen_t sl = rdv_sockaddr(a, &ss);
     int fd = socket(a->is_unix ? AF_UNIX : AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) return secure_error(err, errlen, "rendezvous %s: socket: %s", a->spec, strerror(errno));
+    if (fd < 0) return errorf(err, errlen, "rendezvous %s: socket: %s", a->spec, strerror(errno));
     if (!a->is_unix) {
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -256,20 +245,20 @@ static inline int rdv_listen(const RdvAddr *a, char *err, size_t errlen) {
             if (probe >= 0) close(probe);
             if (live) {
                 close(fd);
-                return secure_error(err, errlen, "rendezvous %s: another job is listening on that socket", a->spec);
+                return errorf(err, errlen, "rendezvous %s: another job is listening on that socket", a->spec);
             }
             unlink(a->path);
             e = bind(fd, (struct sockaddr *)&ss, sl) == 0 ? 0 : errno;
         }
         if (e != 0) {
             close(fd);
-            return secure_error(err, errlen, "rendezvous %s: bind: %s", a->spec, strerror(e));
+            return errorf(err, errlen, "rendezvous %s: bind: %s", a->spec, strerror(e));
         }
     }
     if (listen(fd, 128) != 0) {
         int e = errno;
         close(fd);
-        return secure_error(err, errlen, "rendezvous %s: listen: %s", a->spec, strerror(e));
+        return errorf(err, errlen, "rendezvous %s: listen: %s", a->spec, strerror(e));
     }
     return fd;
 }
@@ -339,7 +328,7 @@ static inline int shm_create(char name[COMM_NAME_BYTES], int world, uint64_t job
     hex[16] = '\0';
     snprintf(name, COMM_NAME_BYTES, "/llm3d-%d-%s", (int)getpid(), hex);
     int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) return secure_error(err, errlen, "shared memory %s: shm_open: %s", name, strerror(errno));
+    if (fd < 0) return errorf(err, errlen, "shared memory %s: shm_open: %s", name, strerror(errno));
     ShmLayout lay = shm_layout(world);
     int e = fchmod(fd, 0600) == 0 && ftruncate(fd, (off_t)lay.total_bytes) == 0 ? 0 : errno;
     void *base = e == 0 ? mmap(NULL, SHM_HEADER_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
@@ -347,8 +336,8 @@ static inline int shm_create(char name[COMM_NAME_BYTES], int world, uint64_t job
     close(fd);
     if (e != 0) {
         shm_unlink(name);
-        return secure_error(err, errlen, "shared memory %s: %llu bytes for %d ranks: %s", name,
-                            (unsigned long long)lay.total_bytes, world, strerror(e));
+        return errorf(err, errlen, "shared memory %s: %llu bytes for %d ranks: %s", name,
+                      (unsigned long long)lay.total_bytes, world, strerror(e));
     }
     ShmHeader *h = (ShmHeader *)base;
     memcpy(h->magic, SHM_MAGIC, 8);
@@ -479,10 +468,10 @@ static inline int rdv_server_open(RdvServer *s, const char *spec, int world, con
     memset(s, 0, sizeof(*s));
     s->listen_fd = -1;
     if (world < 1 || world > GRID_MAX_WORLD)
-        return secure_error(err, errlen, "rendezvous: world %d out of range 1..%d", world, GRID_MAX_WORLD);
+        return errorf(err, errlen, "rendezvous: world %d out of range 1..%d", world, GRID_MAX_WORLD);
     if (rdv_parse(spec, &s->addr, err, errlen) != 0) return -1;
     if (links_init(&s->links, key, world, world + 1) != 0)
-        return secure_error(err, errlen, "rendezvous: links for world %d", world);
+        return errorf(err, errlen, "rendezvous: links for world %d", world);
     s->listen_fd = rdv_listen(&s->addr, err, errlen);
     if (s->listen_fd < 0) {
         links_free(&s->links);
@@ -783,7 +772,7 @@ static inline int rdv_join(const char *spec, const uint8_t key[32], uint64_t job
     RdvAddr addr;
     if (rdv_parse(spec, &addr, err, errlen) != 0) return -1;
     if (world < 1 || world > GRID_MAX_WORLD || rank < 0 || rank >= world)
-        return secure_error(err, errlen, "rendezvous %s: rank %d of world %d is out of range", spec, rank, world);
+        return errorf(err, errlen, "rendezvous %s: rank %d of world %d is out of range", spec, rank, world);
     RdvHello h;
     memset(&h, 0, sizeof(h));
     h.job_id = job_id;
@@ -797,7 +786,7 @@ static inline int rdv_join(const char *spec, const uint8_t key[32], uint64_t job
     if (blob_in != NULL) memcpy(h.blob, blob_in, COMM_BLOB_BYTES);
     Links hl;
     if (links_init(&hl, key, rank, world + 1) != 0)
-        return secure_error(err, errlen, "rendezvous %s: links for rank %d of %d", spec, rank, world);
+        return errorf(err, errlen, "rendezvous %s: links for rank %d of %d", spec, rank, world);
     hl.job_id = job_id;
     uint8_t payload[HELLO_BYTES];
     rdv_hello_write(&h, payload);
@@ -819,14 +808,14 @@ static inline int rdv_join(const char *spec, const uint8_t key[32], uint64_t job
     if (rc == 0 && (n < 1 || n > RDV_MAX_MSG)) {
         close(fd);
         links_free(&hl);
-        return secure_error(err, errlen, "rendezvous %s: answer of %u bytes (at most %d)", spec, (unsigned)n, RDV_MAX_MSG);
+        return errorf(err, errlen, "rendezvous %s: answer of %u bytes (at most %d)", spec, (unsigned)n, RDV_MAX_MSG);
     }
     if (rc == 0) rc = par_recv_all(fd, in + 4, n, deadline);
     close(fd);
     if (rc != 0) {
         links_free(&hl);
-        return secure_error(err, errlen, "rendezvous %s: rank %d waiting %.1f s for the root's answer: %s", spec,
-                            rank, timeout_s, par_io_error(rc));
+        return errorf(err, errlen, "rendezvous %s: rank %d waiting %.1f s for the root's answer: %s", spec,
+                      rank, timeout_s, par_io_error(rc));
     }
     if (in[4] == 'R') {
         char reason[201];
@@ -834,22 +823,22 @@ static inline int rdv_join(const char *spec, const uint8_t key[32], uint64_t job
         for (size_t k = 0; k < m; k++) reason[k] = (in[5 + k] >= 32 && in[5 + k] < 127) ? (char)in[5 + k] : '?';
         reason[m] = '\0';
         links_free(&hl);
-        return secure_error(err, errlen, "rendezvous %s: the root rejected rank %d: %s", spec, rank, reason);
+        return errorf(err, errlen, "rendezvous %s: the root rejected rank %d: %s", spec, rank, reason);
     }
     const uint8_t *p = NULL;
     char why[256];
     if (in[4] != 'A' || frame_open(&hl, in + 5, n - 1, world, CH_HELLO, 0, 0, ANSWER_BYTES, &p, why, sizeof(why)) != 0) {
         links_free(&hl);
-        return secure_error(err, errlen, "rendezvous %s: bad answer from the root: %s", spec,
-                            in[4] != 'A' ? "neither 'A' nor 'R'" : why);
+        return errorf(err, errlen, "rendezvous %s: bad answer from the root: %s", spec,
+                      in[4] != 'A' ? "neither 'A' nor 'R'" : why);
     }
     links_free(&hl);
     rdv_answer_read(p, ans);
     if (ans->job_id != job_id || ans->rank != rank || ans->world != world || memcmp(ans->nonce, h.nonce, 16) != 0)
-        return secure_error(err, errlen, "rendezvous %s: the answer is for rank %d of %d, not for this hello of rank %d of %d",
-                            spec, ans->rank, ans->world, rank, world);
+        return errorf(err, errlen, "rendezvous %s: the answer is for rank %d of %d, not for this hello of rank %d of %d",
+                      spec, ans->rank, ans->world, rank, world);
     if (ans->shm_name[0] != '/' || strchr(ans->shm_name + 1, '/') != NULL)
-        return secure_error(err, errlen, "rendezvous %s: shared memory name '%s' is not /NAME", spec, ans->shm_name);
+        return errorf(err, errlen, "rendezvous %s: shared memory name '%s' is not /NAME", spec, ans->shm_name);
     return 0;
 }
 
@@ -878,7 +867,7 @@ static inline int par_env_int(const char *name, int lo, int hi, int *out, char *
     const char *p = v;
     if (*p == '\0') x = -1;
     for (; *p != '\0' && x >= 0; p++) x = (*p >= '0' && *p <= '9' && x < 100000000) ? x * 10 + (*p - '0') : -1;
-    if (x < lo || x > hi) return secure_error(err, errlen, "environment %s='%s': expected an integer %d..%d", name, v, lo, hi);
+    if (x < lo || x > hi) return errorf(err, errlen, "environment %s='%s': expected an integer %d..%d", name, v, lo, hi);
     *out = (int)x;
     return 1;
 }
@@ -899,9 +888,9 @@ static inline int par_env_rank(Launch *L, int foreign, char *err, size_t errlen)
         if (got == 0) continue;
         got = par_env_int(conv[k][1], 1, GRID_MAX_WORLD, &world, err, errlen);
         if (got < 0) return -1;
-        if (got == 0) return secure_error(err, errlen, "environment %s=%d is set but %s is not", conv[k][0], rank, conv[k][1]);
-        if (rank >= world) return secure_error(err, errlen, "environment %s=%d is not below %s=%d",
-                                               conv[k][0], rank, conv[k][1], world);
+        if (got == 0) return errorf(err, errlen, "environment %s=%d is set but %s is not", conv[k][0], rank, conv[k][1]);
+        if (rank >= world) return errorf(err, errlen, "environment %s=%d is not below %s=%d",
+                                         conv[k][0], rank, conv[k][1], world);
         local = rank;
         if (par_env_int(conv[k][2], 0, GRID_MAX_WORLD - 1, &local, err, errlen) < 0) return -1;
         L->rank = rank;
@@ -940,7 +929,7 @@ static inline int launch_serve(Launch *L, double timeout_s, char *err, size_t er
     L->server = (RdvServer *)calloc(1, sizeof(RdvServer));
     if (L->server == NULL) {
         shm_unlink(shm_name);
-        return secure_error(err, errlen, "rendezvous: out of memory");
+        return errorf(err, errlen, "rendezvous: out of memory");
     }
     if (rdv_server_open(L->server, L->rendezvous, L->world, L->key, shm_name, timeout_s, err, errlen) != 0) {
         shm_unlink(shm_name);
@@ -955,7 +944,7 @@ static inline int launch_serve(Launch *L, double timeout_s, char *err, size_t er
         rdv_server_close(L->server);
         free(L->server);
         L->server = NULL;
-        return secure_error(err, errlen, "rendezvous: pthread_create: %s", strerror(e));
+        return errorf(err, errlen, "rendezvous: pthread_create: %s", strerror(e));
     }
     return 0;
 }
@@ -973,7 +962,10 @@ static inline void launcher_stop(pid_t *pids, int np, double *kill_at) {
 static inline int launcher_socket_dir(char *dir, size_t dirlen, char *spec, size_t speclen, char *err, size_t errlen) {
     const char *tmp = getenv("TMPDIR");
     snprintf(dir, dirlen, "%s/llm3d-XXXXXX", tmp != NULL && tmp[0] != '\0' && strlen(tmp) < 200 ? tmp : "/tmp");
-    if (mkdtemp(dir) == NULL) return par_fail(PARALLEL_RUNTIME, err, errlen, "launcher: mkdtemp %s: %s", dir, strerror(errno));
+    if (mkdtemp(dir) == NULL) {
+        errorf(err, errlen, "launcher: mkdtemp %s: %s", dir, strerror(errno));
+        return PARALLEL_RUNTIME;
+    }
     snprintf(spec, speclen, "unix:%s/rendezvous.sock", dir);
     return 0;
 }
@@ -1012,7 +1004,7 @@ static inline int launcher_start_ranks(const char *exe, char **argv, int np, con
     for (int i = 0; i < np && !*failed; i++) {
         int kfd[2];
         if (pipe(kfd) != 0 || fcntl(kfd[0], F_SETFD, FD_CLOEXEC) != 0 || fcntl(kfd[1], F_SETFD, FD_CLOEXEC) != 0) {
-            secure_error(err, errlen, "launcher: pipe for rank %d: %s", i, strerror(errno));
+            errorf(err, errlen, "launcher: pipe for rank %d: %s", i, strerror(errno));
             *failed = 1;
             break;
         }
@@ -1020,7 +1012,7 @@ static inline int launcher_start_ranks(const char *exe, char **argv, int np, con
         if (pid == 0) launcher_exec_rank(exe, argv, i, np, kfd, me, spec, old_mask);
         close(kfd[0]);
         if (pid < 0) {
-            secure_error(err, errlen, "launcher: fork for rank %d: %s", i, strerror(errno));
+            errorf(err, errlen, "launcher: fork for rank %d: %s", i, strerror(errno));
             close(kfd[1]);
             *failed = 1;
             break;
@@ -1118,7 +1110,7 @@ static inline int launcher_run(char **argv, int np, double timeout_s, const char
     }
     RdvServer *srv = (RdvServer *)calloc(1, sizeof(RdvServer));
     if (srv == NULL || rdv_server_open(srv, spec, np, key, shm_name, timeout_s, err, errlen) != 0) {
-        if (srv == NULL) secure_error(err, errlen, "launcher: out of memory");
+        if (srv == NULL) errorf(err, errlen, "launcher: out of memory");
         free(srv);
         shm_unlink(shm_name);
         rmdir(dir);
@@ -1171,10 +1163,14 @@ static inline int parallel_main(int argc, char **argv, int np, const char *rende
     memset(L, 0, sizeof(*L));
     L->source = "none";
     (void)argc;
-    if (np < 1 || np > GRID_MAX_WORLD)
-        return par_fail(PARALLEL_USAGE, err, errlen, "-np %d: the number of ranks must be 1..%d", np, GRID_MAX_WORLD);
-    if (!(timeout_s > 0 && timeout_s <= 86400))
-        return par_fail(PARALLEL_USAGE, err, errlen, "-to %g: the timeout must be > 0 and <= 86400 seconds", timeout_s);
+    if (np < 1 || np > GRID_MAX_WORLD) {
+        errorf(err, errlen, "-np %d: the number of ranks must be 1..%d", np, GRID_MAX_WORLD);
+        return PARALLEL_USAGE;
+    }
+    if (!(timeout_s > 0 && timeout_s <= 86400)) {
+        errorf(err, errlen, "-to %g: the timeout must be > 0 and <= 86400 seconds", timeout_s);
+        return PARALLEL_USAGE;
+    }
     if (rendezvous != NULL) {
         RdvAddr a;
         if (rdv_parse(rendezvous, &a, err, errlen) != 0) return PARALLEL_USAGE;
@@ -1182,9 +1178,11 @@ static inline int parallel_main(int argc, char **argv, int np, const char *rende
     int own = getenv("LLM3D_RANK") != NULL;
     int found = par_env_rank(L, rendezvous != NULL && !own, err, errlen);
     if (found < 0) return PARALLEL_USAGE;
-    if (found == 0 && rendezvous != NULL)
-        return par_fail(PARALLEL_USAGE, err, errlen, "--rendezvous %s: no rank in the environment (LLM3D_RANK, RANK, "
-                        "OMPI_COMM_WORLD_RANK or SLURM_PROCID)", rendezvous);
+    if (found == 0 && rendezvous != NULL) {
+        errorf(err, errlen, "--rendezvous %s: no rank in the environment (LLM3D_RANK, RANK, "
+               "OMPI_COMM_WORLD_RANK or SLURM_PROCID)", rendezvous);
+        return PARALLEL_USAGE;
+    }
     if (found == 0) {
         if (np == 1) {
             L->mode = LAUNCH_SINGLE;
@@ -1195,24 +1193,32 @@ static inline int parallel_main(int argc, char **argv, int np, const char *rende
         return launcher_run(argv, np, timeout_s < RDV_MIN_TIMEOUT_S ? RDV_MIN_TIMEOUT_S : timeout_s, key_file, err, errlen);
     }
     const char *spec = rendezvous != NULL ? rendezvous : getenv("LLM3D_RENDEZVOUS");
-    if (spec == NULL)
-        return par_fail(PARALLEL_USAGE, err, errlen, "rank %d (%s): no --rendezvous (nor LLM3D_RENDEZVOUS) to join",
-                        L->rank, L->source);
-    if (strlen(spec) >= sizeof(L->rendezvous))
-        return par_fail(PARALLEL_USAGE, err, errlen, "rendezvous '%.40s...' is too long", spec);
+    if (spec == NULL) {
+        errorf(err, errlen, "rank %d (%s): no --rendezvous (nor LLM3D_RENDEZVOUS) to join",
+               L->rank, L->source);
+        return PARALLEL_USAGE;
+    }
+    if (strlen(spec) >= sizeof(L->rendezvous)) {
+        errorf(err, errlen, "rendezvous '%.40s...' is too long", spec);
+        return PARALLEL_USAGE;
+    }
     snprintf(L->rendezvous, sizeof(L->rendezvous), "%s", spec);
-    if (np > 1 && np != L->world)
-        return par_fail(PARALLEL_USAGE, err, errlen, "-np %d, but the launcher (%s) says the world is %d", np, L->source,
-                        L->world);
+    if (np > 1 && np != L->world) {
+        errorf(err, errlen, "-np %d, but the launcher (%s) says the world is %d", np, L->source,
+               L->world);
+        return PARALLEL_USAGE;
+    }
     if (key_file != NULL) {
         if (key_read_file(key_file, L->key, err, errlen) != 0) return PARALLEL_USAGE;
     } else {
         int fd = -1;
         int got = par_env_int("LLM3D_KEY_FD", 0, INT_MAX, &fd, err, errlen);
         if (got < 0) return PARALLEL_USAGE;
-        if (got == 0)
-            return par_fail(PARALLEL_USAGE, err, errlen, "rank %d (%s): no --key-file (nor LLM3D_KEY_FD) for the job key",
-                            L->rank, L->source);
+        if (got == 0) {
+            errorf(err, errlen, "rank %d (%s): no --key-file (nor LLM3D_KEY_FD) for the job key",
+                   L->rank, L->source);
+            return PARALLEL_USAGE;
+        }
         int rc = key_read_fd(fd, L->key, err, errlen);
         close(fd);
         if (rc != 0) return PARALLEL_RUNTIME;

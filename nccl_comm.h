@@ -1,13 +1,16 @@
 /*
  * nccl_comm.h: the GPU trainer's side of the communicator. Pure C, compiled
  * everywhere so the CPU tests check the decisions the CUDA build makes:
+ * gpu_host_mode (NCCL, or the host backend for ranks that share a GPU),
  * gpu_for_rank and gpu_own_visible (which GPU a rank binds to), and the
  * headers of the MAC'd point-to-point messages (nccl_mac_chunk_bytes,
  * mac_send_header, mac_recv_header). Then, in CUDA builds only
- * (-DLLM3D_NCCL), the NCCL backend: NcclComm, nccl_init, the collectives on
+ * (-DLLM3D_NCCL), the backend: NcclComm, nccl_init, the collectives on
  * device buffers, the overlapped gradient reductions (nccl_side_*), the
  * point-to-point calls, the MAC'd messages checked on the GPU
- * (nccl_sendrecv_mac, nccl_mac_step_check), the watchdog and nccl_free.
+ * (nccl_sendrecv_mac, nccl_mac_step_check), the watchdog and nccl_free;
+ * and its host mode (host_*), where the same calls go through shm_comm.h's
+ * host backend, staged through pinned buffers.
  * Header-only (llm.c style): every function is static inline.
  *
  * The same calls as the host backend (shm_comm.h: they take its OP_SUM and
@@ -20,26 +23,43 @@
 #ifndef LLM3D_NCCL_COMM_H
 #define LLM3D_NCCL_COMM_H
 
+#include "bf16.h"
 #include "secure.h"
 #include "grid.h"
 #include "launcher.h"  // Launch, rdv_join, par_now
-#include "shm_comm.h"  // OP_SUM, OP_AVG, comm_init_check
+#include "shm_comm.h"  // OP_SUM, OP_AVG, comm_init_check; the host backend of host mode
 
 // ----------------------------------------------------------------------------
-// the GPU trainer's side: one GPU per rank.
+// the GPU trainer's side: one GPU per rank, or ranks that share GPUs.
 // Pure C, so the CPU tests check the decisions the CUDA build makes.
 
-// gpu_for_rank: the device a rank binds to (its local rank: rank i of a node
-// takes GPU i), or -1 with err set when the node has no GPU for it. own_gpu:
-// an outside launcher gave each task its own GPU and made it the only one it
-// sees (srun --gpus-per-task=1 sets CUDA_VISIBLE_DEVICES per task): device 0.
-static inline int gpu_for_rank(int local_rank, int ndevices, int own_gpu, char *err, size_t errlen) {
+// gpu_host_mode: whether the job's ranks talk through the host backend
+// (host mode: shared memory, one box) instead of NCCL. Always when asked
+// (-hb 1); else when the ranks our own launcher started outnumber the GPUs:
+// NCCL refuses two ranks on one device. Those ranks all run on this node
+// and see the same GPUs, so every rank decides alike. Ranks of an outside
+// launcher may span nodes, which the host backend cannot reach, so they
+// share GPUs only when asked.
+static inline int gpu_host_mode(int asked, int our_launcher, int world, int ndevices) {
+    if (asked) return 1;
+    return our_launcher && ndevices >= 1 && world > ndevices;
+}
+
+// gpu_for_rank: the device a rank binds to, or -1 with err set when the node
+// has no GPU for it. Rank i of a node takes GPU i; when the ranks share GPUs
+// (host mode), GPU i % ndevices, so 8 ranks on one GPU all take device 0.
+// own_gpu: an outside launcher gave each task its own GPU and made it the
+// only one it sees (srun --gpus-per-task=1 sets CUDA_VISIBLE_DEVICES per
+// task): device 0.
+static inline int gpu_for_rank(int local_rank, int ndevices, int own_gpu, int shared, char *err, size_t errlen) {
     if (ndevices < 1)
-        return secure_error(err, errlen, "local rank %d: no CUDA device on this node", local_rank);
+        return errorf(err, errlen, "local rank %d: no CUDA device on this node", local_rank);
     if (own_gpu && ndevices == 1) return 0;
-    if (local_rank < 0 || local_rank >= ndevices)
-        return secure_error(err, errlen, "local rank %d has no GPU of its own: this node has %d (one rank per GPU)",
-                            local_rank, ndevices);
+    if (local_rank < 0) return errorf(err, errlen, "local rank %d: a local rank is never negative", local_rank);
+    if (shared) return local_rank % ndevices;
+    if (local_rank >= ndevices)
+        return errorf(err, errlen, "local rank %d has no GPU of its own: this node has %d (one rank per GPU; "
+                      "-hb 1 lets ranks share GPUs through the host backend)", local_rank, ndevices);
     return local_rank;
 }
 
@@ -165,6 +185,13 @@ typedef struct {
     cudaEvent_t received, verified;
     uint8_t *verify_scratch;
     size_t verify_scratch_bytes;
+    // host mode (gpu_host_mode): no NCCL communicator is made; every call
+    // goes through the host backend instead, staged through pinned memory
+    Comm *host;             // NULL: NCCL
+    uint8_t *pinned;        // cudaHostAlloc'd: a call's device bytes on the host
+    size_t pinned_bytes;
+    float *wide;            // bf16 values widened to fp32 for the host backend's sums
+    size_t wide_floats;
 } NcclComm;
 
 static inline void nccl_abort_all(NcclComm *c) {
@@ -182,10 +209,17 @@ static inline void nccl_fail(NcclComm *c, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    fprintf(stderr, "rank %d: nccl %s%s (step %ld): %s\n", c->rank, c->op, c->what, c->step, msg);
+    fprintf(stderr, "rank %d: %s %s%s (step %ld): %s\n", c->rank, c->host != NULL ? "host" : "nccl", c->op, c->what,
+            c->step, msg);
     fflush(stderr);
     nccl_abort_all(c);
     exit(1);
+}
+
+// nccl_check_cuda: a CUDA error of the layer's own work (the MAC's
+// kernels, host mode's copies) ends the job as any call's error does
+static inline void nccl_check_cuda(NcclComm *c, cudaError_t e, const char *what) {
+    if (e != cudaSuccess) nccl_fail(c, "%s: CUDA: %s", what, cudaGetErrorString(e));
 }
 
 // nccl_settle: polls comm until its last call has left ncclInProgress (a
@@ -265,11 +299,13 @@ static inline void nccl_sync_event(NcclComm *c, cudaEvent_t ev, const char *what
 }
 
 // nccl_enter: the start of every call (g: a collective's group, NULL for
-// point to point); where the kill and stall faults act
+// point to point); over NCCL, where the kill and stall faults act
 static inline void nccl_enter(NcclComm *c, const char *op, const NcclGroup *g) {
     c->op = op;
     c->what[0] = '\0';
     if (g != NULL) snprintf(c->what, sizeof(c->what), " on the %s group", g->name);
+    // host mode: the host backend waits with the caller's timeout of the moment (a checkpoint lengthens it)
+    if (c->host != NULL) comm_set_timeout(c->host, c->timeout_s);
     if (!fault_fires(&c->fault, c->rank, c->step)) return;
     if (c->fault.kind == FAULT_KILL) {
         fprintf(stderr, "rank %d: fault kill at step %ld (nccl %s): SIGKILL\n", c->rank, c->step, op);
@@ -284,6 +320,176 @@ static inline void nccl_enter(NcclComm *c, const char *op, const NcclGroup *g) {
 static inline ncclRedOp_t nccl_redop(NcclComm *c, int op) {
     if (op != OP_SUM && op != OP_AVG) nccl_fail(c, "op %d is neither OP_SUM nor OP_AVG", op);
     return op == OP_SUM ? ncclSum : ncclAvg;
+}
+
+// ----------------------------------------------------------------------------
+// host mode: ranks that share a GPU (NCCL refuses two ranks on one device),
+// or any job run with -hb 1, talk through shm_comm.h's host backend, the
+// CPU trainer's, on the same Groups. Each call is synchronous: its input is
+// copied down to pinned host memory on c->stream (so behind the kernels
+// that made it), the host waits for that copy, runs the host backend's call,
+// copies the result up on c->stream and waits for that too, so the pinned
+// buffer is free again when the call returns. No wait between ranks lives on
+// the device: every one is inside the host backend, with its own timeout,
+// checked frames and faults. bf16 values are widened to fp32 on the host,
+// summed there in the host backend's fixed order and rounded back once (to
+// nearest even); all-gathers, broadcasts and messages move bytes as they are.
+
+#define HOST_MIN_STAGING_BYTES (1u << 20)
+
+// host_reserve: pinned staging of at least bytes, grown (never shrunk) to the
+// largest call so far; cudaSuccess or the error
+static inline cudaError_t host_reserve(NcclComm *c, size_t bytes) {
+    if (c->pinned != NULL && bytes <= c->pinned_bytes) return cudaSuccess;
+    cudaFreeHost(c->pinned);  // no copy from it is in flight: every host-mode call waits for its own
+    c->pinned = NULL;
+    c->pinned_bytes = 0;
+    size_t want = bytes < HOST_MIN_STAGING_BYTES ? HOST_MIN_STAGING_BYTES : bytes;
+    cudaError_t e = cudaHostAlloc((void **)&c->pinned, want, cudaHostAllocDefault);
+    if (e == cudaSuccess) c->pinned_bytes = want;
+    else c->pinned = NULL;
+    return e;
+}
+
+static inline uint8_t *host_pinned(NcclComm *c, size_t bytes) {
+    nccl_check_cuda(c, host_reserve(c, bytes), "host mode's pinned staging");
+    return c->pinned;
+}
+
+// host_copy: a copy between the device and the pinned staging, queued on
+// c->stream; host_wait: returns once everything queued there is done
+static inline void host_copy(NcclComm *c, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
+    nccl_check_cuda(c, cudaMemcpyAsync(dst, src, bytes, kind, c->stream), "host mode's staging copy");
+}
+
+static inline void host_wait(NcclComm *c) {
+    nccl_check_cuda(c, cudaStreamSynchronize(c->stream), "host mode's wait for the GPU");
+}
+
+static inline size_t host_type_bytes(NcclComm *c, ncclDataType_t type) {
+    switch (type) {
+    case ncclInt8: case ncclUint8: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    default: nccl_fail(c, "host mode: NCCL data type %d has no size here", (int)type);
+    }
+    return 0;
+}
+
+// host_floats: the n staged values at p as fp32, what the host backend sums:
+// p itself for fp32, widened into c->wide for bf16
+static inline float *host_floats(NcclComm *c, ncclDataType_t type, uint8_t *p, size_t n) {
+    if (type == ncclFloat32) return (float *)p;
+    if (type != ncclBfloat16) nccl_fail(c, "host mode sums fp32 and bf16 only, not NCCL data type %d", (int)type);
+    if (c->wide == NULL || n > c->wide_floats) {
+        free(c->wide);
+        c->wide = (float *)malloc((n > 0 ? n : 1) * sizeof(float));
+        c->wide_floats = c->wide != NULL ? n : 0;
+        if (c->wide == NULL) nccl_fail(c, "host mode: out of memory for %zu floats", n);
+    }
+    bf16_widen((const uint16_t *)p, c->wide, n);
+    return c->wide;
+}
+
+// host_unfloat: n sums back into the staged type at p (for fp32 they are there already)
+static inline void host_unfloat(ncclDataType_t type, const float *sums, uint8_t *p, size_t n) {
+    if (type == ncclBfloat16) bf16_narrow(sums, (uint16_t *)p, n);
+}
+
+static inline void host_allreduce(NcclComm *c, const NcclGroup *g, void *buf, size_t n, ncclDataType_t type, int op) {
+    size_t bytes = n * host_type_bytes(c, type);
+    uint8_t *p = host_pinned(c, bytes);
+    host_copy(c, p, buf, bytes, cudaMemcpyDeviceToHost);
+    host_wait(c);
+    float *f = host_floats(c, type, p, n);
+    comm_allreduce(c->host, &g->group, f, n, op);
+    host_unfloat(type, f, p, n);
+    host_copy(c, buf, p, bytes, cudaMemcpyHostToDevice);
+    host_wait(c);
+}
+
+// host_reduce_scatter: all of in down, reduced in place on the host (the
+// host backend's rule: my chunk's sum lands over my chunk), my chunk up
+static inline void host_reduce_scatter(NcclComm *c, const NcclGroup *g, const void *in, void *out, size_t n_per_rank,
+                                       ncclDataType_t type, int op) {
+    size_t es = host_type_bytes(c, type), all = n_per_rank * (size_t)g->group.size;
+    size_t mine = n_per_rank * (size_t)g->group.me;
+    uint8_t *p = host_pinned(c, all * es);
+    host_copy(c, p, in, all * es, cudaMemcpyDeviceToHost);
+    host_wait(c);
+    float *f = host_floats(c, type, p, all);
+    comm_reduce_scatter(c->host, &g->group, f, f + mine, n_per_rank, op);
+    host_unfloat(type, f + mine, p + mine * es, n_per_rank);
+    host_copy(c, out, p + mine * es, n_per_rank * es, cudaMemcpyHostToDevice);
+    host_wait(c);
+}
+
+// host_allgather: the host backend gathers whole floats, so each member's
+// piece sits in the staging at a stride rounded up to 4 bytes
+static inline void host_allgather(NcclComm *c, const NcclGroup *g, const void *in, void *out, size_t n_per_rank,
+                                  ncclDataType_t type) {
+    size_t piece = n_per_rank * host_type_bytes(c, type), stride = (piece + 3) / 4 * 4;
+    int size = g->group.size, me = g->group.me;
+    uint8_t *p = host_pinned(c, stride * (size_t)size);
+    host_copy(c, p + (size_t)me * stride, in, piece, cudaMemcpyDeviceToHost);
+    host_wait(c);
+    comm_allgather(c->host, &g->group, (const float *)(p + (size_t)me * stride), (float *)p, stride / 4);
+    if (stride == piece) host_copy(c, out, p, piece * (size_t)size, cudaMemcpyHostToDevice);
+    else for (int k = 0; k < size; k++)
+        host_copy(c, (uint8_t *)out + (size_t)k * piece, p + (size_t)k * stride, piece, cudaMemcpyHostToDevice);
+    host_wait(c);
+}
+
+static inline void host_broadcast(NcclComm *c, const NcclGroup *g, void *buf, size_t n, ncclDataType_t type, int root) {
+    size_t bytes = n * host_type_bytes(c, type);
+    uint8_t *p = host_pinned(c, bytes);
+    int from_me = g->group.me == root;
+    if (from_me) {
+        host_copy(c, p, buf, bytes, cudaMemcpyDeviceToHost);
+        host_wait(c);
+    }
+    comm_broadcast(c->host, &g->group, p, bytes, root);
+    if (!from_me) {
+        host_copy(c, buf, p, bytes, cudaMemcpyHostToDevice);
+        host_wait(c);
+    }
+}
+
+// host_sendrecv: the payload to send, then the one received, side by side in
+// the staging; the host backend seals, numbers and checks every frame
+static inline void host_sendrecv(NcclComm *c, int dst_rank, int send_channel, int send_mb, const void *sendbuf,
+                                 size_t send_bytes, int src_rank, int recv_channel, int recv_mb, void *recvbuf,
+                                 size_t recv_bytes) {
+    size_t out_bytes = dst_rank >= 0 ? send_bytes : 0, in_bytes = src_rank >= 0 ? recv_bytes : 0;
+    uint8_t *out = host_pinned(c, out_bytes + in_bytes), *in = out + out_bytes;
+    if (dst_rank >= 0) {
+        host_copy(c, out, sendbuf, send_bytes, cudaMemcpyDeviceToHost);
+        host_wait(c);
+    }
+    if (dst_rank >= 0 && src_rank >= 0)
+        comm_sendrecv(c->host, dst_rank, send_channel, send_mb, out, send_bytes, src_rank, recv_channel, recv_mb, in,
+                      recv_bytes);
+    else if (dst_rank >= 0)
+        comm_send(c->host, dst_rank, send_channel, send_mb, out, send_bytes);
+    else
+        comm_recv(c->host, src_rank, recv_channel, recv_mb, in, recv_bytes);
+    if (src_rank >= 0) {
+        host_copy(c, recvbuf, in, recv_bytes, cudaMemcpyHostToDevice);
+        host_wait(c);
+    }
+}
+
+// host_print_bytes: each rank's line of bytes sent (comm_print_bytes), in
+// rank order, as train_gpt2.c prints them at the end of a job
+static inline void host_print_bytes(NcclComm *c) {
+    for (int r = 0; r < c->world.group.size; r++) {
+        if (r == c->rank) {
+            comm_print_bytes(c->host, stdout);
+            fflush(stdout);
+        }
+        comm_barrier(c->host, &c->world.group);
+    }
 }
 
 // nccl_split: g's communicator from the world's, with grid_split's color and key
@@ -303,46 +509,27 @@ static inline int nccl_split(NcclComm *c, const Grid *grid, int dim, NcclGroup *
         ncclCommUserRank(g->comm, &me);
     }
     if (r != ncclSuccess || g->comm == NULL || count != g->group.size || me != g->group.me)
-        return secure_error(err, errlen, "rank %d: ncclCommSplit of the %s group (color %d, key %d): %s "
-                            "(%d ranks, this one %d; expected %d and %d)", c->rank, name, color, key,
-                            r == ncclInProgress ? "timed out" : ncclGetErrorString(r), count, me, g->group.size, g->group.me);
+        return errorf(err, errlen, "rank %d: ncclCommSplit of the %s group (color %d, key %d): %s "
+                      "(%d ranks, this one %d; expected %d and %d)", c->rank, name, color, key,
+                      r == ncclInProgress ? "timed out" : ncclGetErrorString(r), count, me, g->group.size, g->group.me);
     return 0;
 }
 
-// nccl_init: the communicators of this rank's world, dp, tp and pp groups
-// (and dp_side, a second one of the dp group for the side stream).
-// cudaSetDevice must have bound this rank's GPU (gpu_for_rank) before. A
-// world of one needs no rendezvous: the id never leaves the process.
-static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32], const char *rendezvous,
-                            double timeout_s, const Fault *fault, char *err, size_t errlen) {
-    *out = NULL;
-    // tamper and replay act on MAC'd point-to-point messages (nccl_sendrecv_mac):
-    // a job without any (pp = 1) runs on and they never fire
-    if (comm_init_check(g, rendezvous, timeout_s, fault, err, errlen) != 0) return -1;
-    NcclComm *c = (NcclComm *)calloc(1, sizeof(NcclComm));
-    if (c == NULL) return secure_error(err, errlen, "nccl_init: out of memory");
-    c->rank = g->rank;
-    c->timeout_s = timeout_s;
-    c->op = "init";
-    if (fault != NULL) c->fault = *fault;
-    grid_groups(g, &c->world.group, &c->dp.group, &c->tp.group, &c->pp.group);
-    c->world.name = "world";
-    double setup_s = timeout_s < RDV_MIN_TIMEOUT_S ? RDV_MIN_TIMEOUT_S : timeout_s;
-
+// nccl_join: the NCCL communicators of this rank's world, dp, tp and pp
+// groups, and dp_side, a second one of the dp group for the side stream. A
+// world of one needs no rendezvous: the id never leaves the process. 0, or
+// -1 with err set and no communicator left.
+static inline int nccl_join(NcclComm *c, const Grid *g, const uint8_t key[32], const char *rendezvous, double setup_s,
+                            char *err, size_t errlen) {
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));
     ncclResult_t r = g->rank == 0 ? ncclGetUniqueId(&id) : ncclSuccess;
-    if (r != ncclSuccess) {
-        free(c);
-        return secure_error(err, errlen, "rank 0: ncclGetUniqueId: %s", ncclGetErrorString(r));
-    }
+    if (r != ncclSuccess) return errorf(err, errlen, "rank 0: ncclGetUniqueId: %s", ncclGetErrorString(r));
     if (g->world > 1) {
         RdvAnswer ans;
         if (rdv_join(rendezvous, key, job_id_from_key(key), g->rank, g->world, g->local_rank,
-                     g->rank == 0 ? (const uint8_t *)&id : NULL, setup_s, &ans, err, errlen) != 0) {
-            free(c);
+                     g->rank == 0 ? (const uint8_t *)&id : NULL, setup_s, &ans, err, errlen) != 0)
             return -1;
-        }
         memcpy(&id, ans.blob, sizeof(id));
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -353,16 +540,50 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
     if ((r == ncclSuccess || r == ncclInProgress) && c->world.comm != NULL) r = nccl_settle(c->world.comm, deadline);
     if (r != ncclSuccess || c->world.comm == NULL) {
         if (c->world.comm != NULL) ncclCommAbort(c->world.comm);
-        free(c);
-        return secure_error(err, errlen, "rank %d: ncclCommInitRankConfig for %d ranks: %s", g->rank, g->world,
-                            r == ncclInProgress ? "not every rank joined in time" : ncclGetErrorString(r));
+        c->world.comm = NULL;
+        return errorf(err, errlen, "rank %d: ncclCommInitRankConfig for %d ranks: %s", g->rank, g->world,
+                      r == ncclInProgress ? "not every rank joined in time" : ncclGetErrorString(r));
     }
-    c->dp_side.group = c->dp.group;
     if (nccl_split(c, g, GRID_DP, &c->dp, "dp", deadline, err, errlen) != 0 ||
         nccl_split(c, g, GRID_TP, &c->tp, "tp", deadline, err, errlen) != 0 ||
         nccl_split(c, g, GRID_PP, &c->pp, "pp", deadline, err, errlen) != 0 ||
         nccl_split(c, g, GRID_DP, &c->dp_side, "dp (overlapped)", deadline, err, errlen) != 0) {
         nccl_abort_all(c);
+        return -1;
+    }
+    return 0;
+}
+
+// nccl_init: this rank's side of the job, after cudaSetDevice has bound its
+// GPU (gpu_for_rank). NCCL mode: the communicators (nccl_join). Host mode
+// (host_mode, from gpu_host_mode): none; the host backend joins instead
+// (shm_comm.h's comm_init, with the same key, rendezvous, timeout and fault).
+// Either way the side stream and the MAC state's streams and events.
+static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32], const char *rendezvous,
+                            double timeout_s, const Fault *fault, int host_mode, char *err, size_t errlen) {
+    *out = NULL;
+    if (comm_init_check(g, rendezvous, timeout_s, fault, err, errlen) != 0) return -1;
+    NcclComm *c = (NcclComm *)calloc(1, sizeof(NcclComm));
+    if (c == NULL) return errorf(err, errlen, "nccl_init: out of memory");
+    c->rank = g->rank;
+    c->timeout_s = timeout_s;
+    c->op = "init";
+    // NCCL mode: tamper and replay act on MAC'd point-to-point messages
+    // (nccl_sendrecv_mac), so a job without any (pp = 1) runs on and they
+    // never fire. Host mode: the host backend acts on the fault, as in the
+    // CPU trainer, and this layer keeps none, so nothing fires twice.
+    if (fault != NULL && !host_mode) c->fault = *fault;
+    grid_groups(g, &c->world.group, &c->dp.group, &c->tp.group, &c->pp.group);
+    c->dp_side.group = c->dp.group;
+    c->world.name = "world";
+    c->dp.name = "dp";
+    c->tp.name = "tp";
+    c->pp.name = "pp";
+    c->dp_side.name = "dp (overlapped)";
+    double setup_s = timeout_s < RDV_MIN_TIMEOUT_S ? RDV_MIN_TIMEOUT_S : timeout_s;
+    int rc = host_mode ? comm_init(&c->host, g, key, rendezvous, timeout_s, fault, err, errlen)
+                       : nccl_join(c, g, key, rendezvous, setup_s, err, errlen);
+    if (rc != 0) {
         free(c);
         return -1;
     }
@@ -379,25 +600,38 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
     if (e == cudaSuccess) e = cudaMalloc((void **)&c->mac_bad, (size_t)c->mac_cap * sizeof(int));
     if (e == cudaSuccess) e = cudaMemset(c->mac_bad, 0, (size_t)c->mac_cap * sizeof(int));
     c->mac_recvs = (NcclMacRecv *)calloc((size_t)c->mac_cap, sizeof(NcclMacRecv));
-    int links_ok = e == cudaSuccess && c->mac_recvs != NULL && links_init(&c->links, key, g->rank, g->world) == 0;
+    // (host mode keeps its sequence numbers in the host backend)
+    int links_ok = e == cudaSuccess && c->mac_recvs != NULL &&
+                   (host_mode || links_init(&c->links, key, g->rank, g->world) == 0);
     if (!links_ok) {
         nccl_abort_all(c);
+        comm_free(c->host);
         cudaFree(c->one);
         cudaFree(c->mac_bad);
         free(c->mac_recvs);
         free(c);
-        return secure_error(err, errlen, "rank %d: nccl_init: %s", g->rank,
-                            e != cudaSuccess ? cudaGetErrorString(e) : "out of memory for the MAC state");
+        return errorf(err, errlen, "rank %d: nccl_init: %s", g->rank,
+                      e != cudaSuccess ? cudaGetErrorString(e) : "out of memory for the MAC state");
     }
+    if (host_mode && g->rank == 0)
+        printf("host mode: the %d ranks talk through the host backend (shared memory, staged through pinned "
+               "buffers), not NCCL\n", g->world);
     *out = c;
     return 0;
 }
 
-static inline void nccl_set_step(NcclComm *c, long step) { c->step = step; }
+static inline void nccl_set_step(NcclComm *c, long step) {
+    c->step = step;
+    comm_set_step(c->host, step);  // host mode: its frames carry the step
+}
 
 // nccl_allreduce: buf (n elements of type) summed or averaged over the group, in place
 static inline void nccl_allreduce(NcclComm *c, const NcclGroup *g, void *buf, size_t n, ncclDataType_t type, int op) {
     nccl_enter(c, "allreduce", g);
+    if (c->host != NULL) {
+        host_allreduce(c, g, buf, n, type, op);
+        return;
+    }
     ncclRedOp_t red = nccl_redop(c, op);
     nccl_queued(c, g, ncclAllReduce(buf, buf, n, type, red, g->comm, c->stream));
 }
@@ -407,6 +641,10 @@ static inline void nccl_allreduce(NcclComm *c, const NcclGroup *g, void *buf, si
 static inline void nccl_reduce_scatter(NcclComm *c, const NcclGroup *g, const void *in, void *out, size_t n_per_rank,
                                        ncclDataType_t type, int op) {
     nccl_enter(c, "reduce_scatter", g);
+    if (c->host != NULL) {
+        host_reduce_scatter(c, g, in, out, n_per_rank, type, op);
+        return;
+    }
     ncclRedOp_t red = nccl_redop(c, op);
     nccl_queued(c, g, ncclReduceScatter(in, out, n_per_rank, type, red, g->comm, c->stream));
 }
@@ -415,6 +653,10 @@ static inline void nccl_reduce_scatter(NcclComm *c, const NcclGroup *g, const vo
 static inline void nccl_allgather(NcclComm *c, const NcclGroup *g, const void *in, void *out, size_t n_per_rank,
                                   ncclDataType_t type) {
     nccl_enter(c, "allgather", g);
+    if (c->host != NULL) {
+        host_allgather(c, g, in, out, n_per_rank, type);
+        return;
+    }
     nccl_queued(c, g, ncclAllGather(in, out, n_per_rank, type, g->comm, c->stream));
 }
 
@@ -436,6 +678,10 @@ static inline void nccl_side_queued(NcclComm *c, ncclResult_t r) {
 
 static inline void nccl_side_enter(NcclComm *c, const char *op) {
     nccl_enter(c, op, &c->dp_side);
+    if (c->host != NULL) {  // host mode: a kernel queued on c->side may still read the buffer this call fills
+        nccl_check_cuda(c, cudaStreamSynchronize(c->side), "host mode's wait for the side stream");
+        return;
+    }
     cudaEventRecord(c->side_follow, c->stream);
     cudaStreamWaitEvent(c->side, c->side_follow, 0);
 }
@@ -443,6 +689,11 @@ static inline void nccl_side_enter(NcclComm *c, const char *op) {
 // nccl_side_allreduce: as nccl_allreduce over the dp group, overlapped
 static inline void nccl_side_allreduce(NcclComm *c, void *buf, size_t n, ncclDataType_t type, int op) {
     nccl_side_enter(c, "allreduce (overlapped)");
+    if (c->host != NULL) {
+        host_allreduce(c, &c->dp_side, buf, n, type, op);
+        c->side_pending++;  // nccl_side_drain still waits for what the caller queues on c->side
+        return;
+    }
     nccl_side_queued(c, ncclAllReduce(buf, buf, n, type, nccl_redop(c, op), c->dp_side.comm, c->side));
 }
 
@@ -450,6 +701,11 @@ static inline void nccl_side_allreduce(NcclComm *c, void *buf, size_t n, ncclDat
 static inline void nccl_side_reduce_scatter(NcclComm *c, const void *in, void *out, size_t n_per_rank,
                                             ncclDataType_t type, int op) {
     nccl_side_enter(c, "reduce_scatter (overlapped)");
+    if (c->host != NULL) {
+        host_reduce_scatter(c, &c->dp_side, in, out, n_per_rank, type, op);
+        c->side_pending++;
+        return;
+    }
     nccl_side_queued(c, ncclReduceScatter(in, out, n_per_rank, type, nccl_redop(c, op), c->dp_side.comm, c->side));
 }
 
@@ -464,12 +720,20 @@ static inline void nccl_side_drain(NcclComm *c) {
 // nccl_broadcast: buf (n elements of type) from the group's member root to all, in place
 static inline void nccl_broadcast(NcclComm *c, const NcclGroup *g, void *buf, size_t n, ncclDataType_t type, int root) {
     nccl_enter(c, "broadcast", g);
+    if (c->host != NULL) {
+        host_broadcast(c, g, buf, n, type, root);
+        return;
+    }
     nccl_queued(c, g, ncclBroadcast(buf, buf, n, type, root, g->comm, c->stream));
 }
 
 // nccl_barrier: returns once every member has reached it (an all-reduce of one float)
 static inline void nccl_barrier(NcclComm *c, const NcclGroup *g) {
     nccl_enter(c, "barrier", g);
+    if (c->host != NULL) {
+        comm_barrier(c->host, &g->group);
+        return;
+    }
     nccl_queued(c, g, ncclAllReduce(c->one, c->one, 1, ncclFloat32, ncclSum, g->comm, c->stream));
     nccl_sync(c, c->stream, "barrier");
 }
@@ -502,6 +766,11 @@ static inline void nccl_sendrecv(NcclComm *c, int dst_rank, int send_channel, in
                  recv_microbatch);
     if (!nccl_peers_ok(c, dst_rank, src_rank))
         nccl_fail(c, "peers %d and %d: not other ranks of the world of %d", dst_rank, src_rank, world);
+    if (c->host != NULL) {
+        host_sendrecv(c, dst_rank, send_channel, send_microbatch, sendbuf, send_bytes, src_rank, recv_channel,
+                      recv_microbatch, recvbuf, recv_bytes);
+        return;
+    }
     ncclResult_t r = ncclGroupStart();
     if (r != ncclSuccess) nccl_fail(c, "ncclGroupStart: %s", ncclGetErrorString(r));
     if (dst_rank >= 0) r = ncclSend(sendbuf, send_bytes, ncclUint8, dst_rank, c->world.comm, c->stream);
@@ -531,23 +800,25 @@ static inline void nccl_recv(NcclComm *c, int src_rank, int channel, int microba
 // the tamper fault's byte flip, and its undoing after the send
 static __global__ void nccl_mac_flip_kernel(uint8_t *p) { *p ^= 0x01; }
 
-// nccl_mac_check_cuda: a CUDA error of the MAC's own work ends the job as any call's error does
-static inline void nccl_mac_check_cuda(NcclComm *c, cudaError_t e, const char *what) {
-    if (e != cudaSuccess) nccl_fail(c, "%s: CUDA: %s", what, cudaGetErrorString(e));
-}
-
 // nccl_mac_reserve: the room for MAC'd traffic, made once before the first
 // step, while the streams are idle, so that nothing is allocated (or freed,
 // which waits for the whole device) mid-run: max_recvs receives per step
 // and messages of up to max_bytes. 0, or -1 with err set.
 static inline int nccl_mac_reserve(NcclComm *c, int max_recvs, size_t max_bytes, char *err, size_t errlen) {
+    if (c->host != NULL) {  // host mode: no MAC state, only the staging of an exchange (a send and a receive)
+        cudaError_t e = host_reserve(c, 2 * max_bytes);
+        if (e != cudaSuccess)
+            return errorf(err, errlen, "rank %d: reserving %zu bytes of pinned staging: %s", c->rank, 2 * max_bytes,
+                          cudaGetErrorString(e));
+        return 0;
+    }
     size_t scratch = (size_t)(32 * chunkmac_count(max_bytes, nccl_mac_chunk_bytes(max_bytes)));
     cudaError_t e = cudaDeviceSynchronize();
     if (e == cudaSuccess && max_recvs > c->mac_cap) {
         cudaFree(c->mac_bad);
         c->mac_bad = NULL;
         NcclMacRecv *recvs = (NcclMacRecv *)realloc(c->mac_recvs, (size_t)max_recvs * sizeof(NcclMacRecv));
-        if (recvs == NULL) return secure_error(err, errlen, "rank %d: out of memory for %d MAC'd receives", c->rank, max_recvs);
+        if (recvs == NULL) return errorf(err, errlen, "rank %d: out of memory for %d MAC'd receives", c->rank, max_recvs);
         c->mac_recvs = recvs;
         e = cudaMalloc((void **)&c->mac_bad, (size_t)max_recvs * sizeof(int));
         if (e == cudaSuccess) e = cudaMemset(c->mac_bad, 0, (size_t)max_recvs * sizeof(int));
@@ -564,8 +835,8 @@ static inline int nccl_mac_reserve(NcclComm *c, int max_recvs, size_t max_bytes,
         if (e == cudaSuccess) *have[k] = scratch;
     }
     if (e != cudaSuccess)
-        return secure_error(err, errlen, "rank %d: reserving the MAC state (%d receives, %zu-byte messages): %s", c->rank,
-                            max_recvs, max_bytes, cudaGetErrorString(e));
+        return errorf(err, errlen, "rank %d: reserving the MAC state (%d receives, %zu-byte messages): %s", c->rank,
+                      max_recvs, max_bytes, cudaGetErrorString(e));
     return 0;
 }
 
@@ -611,7 +882,11 @@ static inline int nccl_mac_slot(NcclComm *c) {
 static inline void nccl_sendrecv_mac(NcclComm *c, int dst_rank, int send_channel, int send_mb, void *sendbuf,
                                      size_t send_bytes, int src_rank, int recv_channel, int recv_mb, void *recvbuf,
                                      size_t recv_bytes) {
-    if (!nccl_peers_ok(c, dst_rank, src_rank)) {  // its one line, before a sequence number is touched
+    // host mode: the payloads alone, through the host backend, whose frames
+    // carry their own MAC and sequence number and are checked on receipt (the
+    // tag room after each payload stays unused). Bad peers: nccl_sendrecv's
+    // one line, before a sequence number is touched.
+    if (c->host != NULL || !nccl_peers_ok(c, dst_rank, src_rank)) {
         nccl_sendrecv(c, dst_rank, send_channel, send_mb, sendbuf, send_bytes, src_rank, recv_channel, recv_mb, recvbuf,
                       recv_bytes);
         return;
@@ -633,19 +908,19 @@ static inline void nccl_sendrecv_mac(NcclComm *c, int dst_rank, int send_channel
         if (faulting && c->fault.kind == FAULT_TAMPER) {
             flip = buf + send_bytes / 2;  // the middle of the payload; with none, the tag's first byte
             nccl_mac_flip_kernel<<<1, 1, 0, c->stream>>>(flip);
-            nccl_mac_check_cuda(c, cudaGetLastError(), "the tamper fault");
+            nccl_check_cuda(c, cudaGetLastError(), "the tamper fault");
             c->mac_fault_done = 1;
             fprintf(stderr, "rank %d: fault tamper: flipped a bit of the MAC'd %s message of micro-batch %d to rank %d "
                     "(step %ld)\n", c->rank, channel_name(send_channel), send_mb, dst_rank, c->step);
         }
     }
     // the last check queued must have read its buffer before this receive may overwrite one
-    if (src_rank >= 0) nccl_mac_check_cuda(c, cudaStreamWaitEvent(c->stream, c->verified, 0), "ordering the MAC checks");
+    if (src_rank >= 0) nccl_check_cuda(c, cudaStreamWaitEvent(c->stream, c->verified, 0), "ordering the MAC checks");
     nccl_sendrecv(c, dst_rank, send_channel, send_mb, sendbuf, dst_rank >= 0 ? send_bytes + NCCL_MAC_BYTES : 0, src_rank,
                   recv_channel, recv_mb, recvbuf, src_rank >= 0 ? recv_bytes + NCCL_MAC_BYTES : 0);
     if (flip != NULL) {  // only the message in transit was changed, not this rank's own data
         nccl_mac_flip_kernel<<<1, 1, 0, c->stream>>>(flip);
-        nccl_mac_check_cuda(c, cudaGetLastError(), "the tamper fault");
+        nccl_check_cuda(c, cudaGetLastError(), "the tamper fault");
     }
     if (src_rank >= 0) {
         c->op = "recv_mac";
@@ -660,10 +935,10 @@ static inline void nccl_sendrecv_mac(NcclComm *c, int dst_rank, int send_channel
         m->bytes = recv_bytes;
         mac_recv_header(&c->links, src_rank, recv_channel, c->step, recv_mb, recv_bytes, header);
         uint8_t *buf = (uint8_t *)recvbuf;
-        nccl_mac_check_cuda(c, cudaEventRecord(c->received, c->stream), "ordering the MAC checks");
-        nccl_mac_check_cuda(c, cudaStreamWaitEvent(c->verify, c->received, 0), "ordering the MAC checks");
+        nccl_check_cuda(c, cudaEventRecord(c->received, c->stream), "ordering the MAC checks");
+        nccl_check_cuda(c, cudaStreamWaitEvent(c->verify, c->received, 0), "ordering the MAC checks");
         nccl_mac_launch(c, header, buf, recv_bytes, NULL, buf + recv_bytes, c->mac_bad + slot);  // on c->verify
-        nccl_mac_check_cuda(c, cudaEventRecord(c->verified, c->verify), "ordering the MAC checks");
+        nccl_check_cuda(c, cudaEventRecord(c->verified, c->verify), "ordering the MAC checks");
     }
 }
 
@@ -672,8 +947,9 @@ static inline void nccl_mac_step_begin(NcclComm *c) {
     c->op = "mac_step_begin";
     c->what[0] = '\0';
     c->mac_nrecv = 0;
-    nccl_mac_check_cuda(c, cudaStreamWaitEvent(c->stream, c->verified, 0), "clearing the MAC flags");
-    nccl_mac_check_cuda(c, cudaMemsetAsync(c->mac_bad, 0, (size_t)c->mac_cap * sizeof(int), c->stream), "clearing the MAC flags");
+    if (c->host != NULL) return;  // host mode: the host backend checks each frame as it arrives
+    nccl_check_cuda(c, cudaStreamWaitEvent(c->stream, c->verified, 0), "clearing the MAC flags");
+    nccl_check_cuda(c, cudaMemsetAsync(c->mac_bad, 0, (size_t)c->mac_cap * sizeof(int), c->stream), "clearing the MAC flags");
 }
 
 // nccl_mac_step_check: whether every MAC'd receive of the step verified; the
@@ -682,18 +958,18 @@ static inline void nccl_mac_step_begin(NcclComm *c) {
 // every later message on that pair fails too, and the first is the replay).
 static inline int nccl_mac_step_check(NcclComm *c, char *err, size_t errlen) {
     int n = c->mac_nrecv;
-    if (n == 0) return 0;  // no pipeline messages (pp = 1): nothing to wait for
+    if (n == 0) return 0;  // no pipeline messages (pp = 1), or host mode: nothing to wait for
     int *flags = (int *)malloc((size_t)n * sizeof(int));
     if (flags == NULL)
-        return secure_error(err, errlen, "rank %d: nccl MAC check (step %ld): out of memory for %d flags", c->rank, c->step, n);
+        return errorf(err, errlen, "rank %d: nccl MAC check (step %ld): out of memory for %d flags", c->rank, c->step, n);
     // both streams under the watchdog: the main one may still hold calls that wait on peers
     nccl_sync(c, c->stream, "the step's MAC checks");
     nccl_sync(c, c->verify, "the step's MAC checks");
     cudaError_t e = cudaMemcpy(flags, c->mac_bad, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost);
     if (e != cudaSuccess) {
         free(flags);
-        return secure_error(err, errlen, "rank %d: nccl MAC check (step %ld): CUDA: %s", c->rank, c->step,
-                            cudaGetErrorString(e));
+        return errorf(err, errlen, "rank %d: nccl MAC check (step %ld): CUDA: %s", c->rank, c->step,
+                      cudaGetErrorString(e));
     }
     int bad = -1;
     for (int i = 0; i < n && bad < 0; i++) {
@@ -702,17 +978,14 @@ static inline int nccl_mac_step_check(NcclComm *c, char *err, size_t errlen) {
     free(flags);
     if (bad < 0) return 0;
     const NcclMacRecv *m = &c->mac_recvs[bad];
-    return secure_error(err, errlen, "rank %d: the MAC of the %s message of micro-batch %d from rank %d (%zu bytes, step %ld) "
-                        "does not verify: the message was changed, replayed or misrouted", c->rank,
-                        channel_name(m->channel), m->microbatch, m->src, m->bytes, m->step);
+    return errorf(err, errlen, "rank %d: the MAC of the %s message of micro-batch %d from rank %d (%zu bytes, step %ld) "
+                  "does not verify: the message was changed, replayed or misrouted", c->rank,
+                  channel_name(m->channel), m->microbatch, m->src, m->bytes, m->step);
 }
 
-// nccl_free: finalizes every communicator (flushing what is queued) within
-// the timeout, else aborts them
-static inline void nccl_free(NcclComm *c) {
-    if (c == NULL) return;
-    c->op = "free";
-    c->what[0] = '\0';
+// nccl_finalize: finalizes every communicator (flushing what is queued)
+// within the timeout, else aborts them
+static inline void nccl_finalize(NcclComm *c) {
     NcclGroup *gs[5] = {&c->dp_side, &c->dp, &c->tp, &c->pp, &c->world};
     double deadline = par_now() + c->timeout_s;
     int ok = 1;
@@ -728,6 +1001,23 @@ static inline void nccl_free(NcclComm *c) {
                 c->timeout_s);
         nccl_abort_all(c);
     }
+}
+
+// nccl_free: the end of a job on every rank. NCCL mode: the communicators
+// finalized; host mode: each rank's bytes line printed, then the host
+// backend closed. Then the streams, events and buffers.
+static inline void nccl_free(NcclComm *c) {
+    if (c == NULL) return;
+    c->op = "free";
+    c->what[0] = '\0';
+    if (c->host != NULL) {
+        host_print_bytes(c);
+        comm_free(c->host);
+    } else {
+        nccl_finalize(c);
+    }
+    cudaFreeHost(c->pinned);
+    free(c->wide);
     cudaFree(c->one);
     cudaFree(c->mac_scratch);
     cudaFree(c->verify_scratch);

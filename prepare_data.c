@@ -379,13 +379,13 @@ static int shard_open(ShardWriter *w, char *err, size_t errlen) {
     w->split = w->val_left > 0 ? 0 : 1;
     int number = w->shards[w->split] + (w->split == 1 && w->numbers_across ? w->shards[0] : 0);
     int n = snprintf(w->path, sizeof(w->path), "%s/%s_%s_%06d.bin", w->out_dir, w->name, split_names[w->split], number);
-    if (n < 0 || (size_t)n >= sizeof(w->path)) return tok_error(err, errlen, "-o %s: output path too long", w->out_dir);
+    if (n < 0 || (size_t)n >= sizeof(w->path)) return errorf(err, errlen, "-o %s: output path too long", w->out_dir);
     snprintf(w->tmp_path, sizeof(w->tmp_path), "%s.tmp", w->path);
     w->f = fopen(w->tmp_path, "wb");
-    if (w->f == NULL) return tok_error(err, errlen, "%s: cannot create: %s", w->tmp_path, strerror(errno));
+    if (w->f == NULL) return errorf(err, errlen, "%s: cannot create: %s", w->tmp_path, strerror(errno));
     unsigned char header[SHARD_HEADER_BYTES] = {0};  // the count is filled in at the end
     if (fwrite(header, 1, sizeof(header), w->f) != sizeof(header))
-        return tok_error(err, errlen, "%s: write error: %s", w->tmp_path, strerror(errno));
+        return errorf(err, errlen, "%s: write error: %s", w->tmp_path, strerror(errno));
     w->in_shard = 0;
     return 0;
 }
@@ -401,18 +401,18 @@ static int shard_close(ShardWriter *w, char *err, size_t errlen) {
     int saved_errno = errno;
     if (fclose(w->f) != 0 && ok) { ok = 0; saved_errno = errno; }
     w->f = NULL;
-    if (!ok) return tok_error(err, errlen, "%s: write error: %s", w->tmp_path, strerror(saved_errno));
+    if (!ok) return errorf(err, errlen, "%s: write error: %s", w->tmp_path, strerror(saved_errno));
     if (rename(w->tmp_path, w->path) != 0)
-        return tok_error(err, errlen, "%s: cannot rename to %s: %s", w->tmp_path, w->path, strerror(errno));
+        return errorf(err, errlen, "%s: cannot rename to %s: %s", w->tmp_path, w->path, strerror(errno));
     if (w->n_done == w->cap_done) {
         int cap = w->cap_done ? 2 * w->cap_done : 16;
         char **bigger = realloc(w->done, (size_t)cap * sizeof(char *));
-        if (bigger == NULL) return tok_error(err, errlen, "out of memory");
+        if (bigger == NULL) return errorf(err, errlen, "out of memory");
         w->done = bigger;
         w->cap_done = cap;
     }
     w->done[w->n_done] = strdup(w->path);
-    if (w->done[w->n_done] == NULL) return tok_error(err, errlen, "out of memory");
+    if (w->done[w->n_done] == NULL) return errorf(err, errlen, "out of memory");
     w->n_done++;
     w->shards[w->split]++;
     return shard_finished(w, err, errlen);
@@ -432,7 +432,7 @@ static int shard_add(ShardWriter *w, const int *ids, size_t n, char *err, size_t
                 w->buf[2 * k] = (unsigned char)id;
                 w->buf[2 * k + 1] = (unsigned char)(id >> 8);
             }
-            if (fwrite(w->buf, 2, chunk, w->f) != chunk) return tok_error(err, errlen, "%s: write error: %s", w->tmp_path, strerror(errno));
+            if (fwrite(w->buf, 2, chunk, w->f) != chunk) return errorf(err, errlen, "%s: write error: %s", w->tmp_path, strerror(errno));
             done += chunk;
         }
         i += run;
@@ -535,7 +535,7 @@ static int reader_fill(Reader *r, Work *w, char *err, size_t errlen) {
             if (r->next == r->inputs->n) return 0;
             r->file = &r->inputs->files[r->next++];
             r->f = fopen(r->file->path, "rb");
-            if (r->f == NULL) return tok_error(err, errlen, "-i %s: cannot open: %s", r->file->path, strerror(errno));
+            if (r->f == NULL) return errorf(err, errlen, "-i %s: cannot open: %s", r->file->path, strerror(errno));
             r->have = 0;
             r->at_eof = r->handed_out = 0;
             r->line = 1;
@@ -544,13 +544,13 @@ static int reader_fill(Reader *r, Work *w, char *err, size_t errlen) {
         while (!r->at_eof && r->have < r->cap) {
             size_t got = fread(r->buf + r->have, 1, r->cap - r->have, r->f);
             r->have += got;
-            if (ferror(r->f)) return tok_error(err, errlen, "-i %s: read error: %s", r->file->path, strerror(errno));
+            if (ferror(r->f)) return errorf(err, errlen, "-i %s: read error: %s", r->file->path, strerror(errno));
             if (got == 0 || feof(r->f)) r->at_eof = 1;
         }
         size_t cut = block_cut(r);
         if (cut == 0 && !r->at_eof) {  // one line longer than the buffer: grow it until the line fits
             char *bigger = realloc(r->buf, 2 * r->cap);
-            if (bigger == NULL) return tok_error(err, errlen, "-i %s: out of memory for a %zu MB line", r->file->path, r->cap >> 19);
+            if (bigger == NULL) return errorf(err, errlen, "-i %s: out of memory for a %zu MB line", r->file->path, r->cap >> 19);
             r->buf = bigger;
             r->cap *= 2;
             continue;
@@ -558,7 +558,7 @@ static int reader_fill(Reader *r, Work *w, char *err, size_t errlen) {
         // an empty text file is still a document (an EOT with -e 1); an empty JSON-lines file holds none
         int something = cut > 0 || (!r->handed_out && r->file->kind == INPUT_TEXT);
         if (something) {
-            if (work_set_text(w, r->buf, cut) != 0) return tok_error(err, errlen, "out of memory for a block of input");
+            if (work_set_text(w, r->buf, cut) != 0) return errorf(err, errlen, "out of memory for a block of input");
             w->file = r->file;
             w->starts_document = r->file->kind == INPUT_TEXT && !r->handed_out;
             w->first_line = r->line;
@@ -828,7 +828,7 @@ static int tokenize_inputs(const Options *o, const InputList *inputs, const Bpe 
                            Progress *progress, char *err, size_t errlen) {
     Pipeline p;
     Reader r = {inputs, bpe == NULL, 0, NULL, NULL, malloc((size_t)o->block_bytes), (size_t)o->block_bytes, 0, 0, 0, 0, 0};
-    int rc = r.buf == NULL || pipeline_start(&p, o, bpe, eot) != 0 ? tok_error(err, errlen, "cannot start %d threads: out of memory", o->threads) : 0;
+    int rc = r.buf == NULL || pipeline_start(&p, o, bpe, eot) != 0 ? errorf(err, errlen, "cannot start %d threads: out of memory", o->threads) : 0;
     while (rc == 0) {
         rc = read_ahead(&p, &r, err, errlen);
         if (rc != 0 || (p.reading_done && p.written == p.filled)) break;
@@ -836,7 +836,7 @@ static int tokenize_inputs(const Options *o, const InputList *inputs, const Bpe 
         pthread_mutex_lock(&p.lock);
         while (w->state != WORK_ENCODED) pthread_cond_wait(&p.work_done, &p.lock);
         pthread_mutex_unlock(&p.lock);
-        if (w->failed) rc = tok_error(err, errlen, "%s", w->err);
+        if (w->failed) rc = errorf(err, errlen, "%s", w->err);
         else rc = shard_add(sw, w->out.ids, w->out.n, err, errlen);
         w->state = WORK_FREE;
         p.written++;
@@ -946,7 +946,7 @@ static int write_manifest(const Options *o, const Manifest *written, const Manif
                           char *err, size_t errlen) {
     Manifest all = {0, NULL};
     all.e = (ManifestEntry *)malloc((size_t)(written->n + old->n + 1) * sizeof(ManifestEntry));
-    if (all.e == NULL) return tok_error(err, errlen, "out of memory for a manifest of %d files", written->n + old->n);
+    if (all.e == NULL) return errorf(err, errlen, "out of memory for a manifest of %d files", written->n + old->n);
     memcpy(all.e, written->e, (size_t)written->n * sizeof(ManifestEntry));
     all.n = written->n;
     *kept = 0;
@@ -988,9 +988,9 @@ static int write_dataset(const Options *o, const InputList *inputs, Bpe *bpe, co
     if (rc == 0 && w->f != NULL) rc = shard_close(w, err, sizeof(err));
     long long total = w->tokens[0] + w->tokens[1];
     if (rc == 0 && w->tokens[1] == 0)
-        rc = tok_error(err, sizeof(err), "only %lld tokens, all taken by %s %lld: the train split would be empty; "
-                       "give more text or a smaller %s", total, o->val_shard ? "--val-shard's first shard, -s" : "-v",
-                       o->val_tokens, o->val_shard ? "-s" : "-v");
+        rc = errorf(err, sizeof(err), "only %lld tokens, all taken by %s %lld: the train split would be empty; "
+                    "give more text or a smaller %s", total, o->val_shard ? "--val-shard's first shard, -s" : "-v",
+                    o->val_tokens, o->val_shard ? "-s" : "-v");
     char tok_path[4200];
     snprintf(tok_path, sizeof(tok_path), "%s/%s_tokenizer.bin", o->out_dir, o->name);
     int tok_written = 0, kept = 0;

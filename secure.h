@@ -73,8 +73,8 @@
  * its fixed-size chunks, so a GPU computes it in parallel; the CPU version for
  * any caller, the CUDA kernels under __CUDACC__ (doc/security.md, "Chunked MAC").
  *
- * Errors: functions that can fail return 0 or -1 and write one line into err
- * (naming the file, field or flag, and the value); err may be NULL.
+ * Errors follow errors.h: functions that can fail return 0 or -1 and write one
+ * line into err (naming the file, field or flag, and the value); err may be NULL.
  */
 #ifndef LLM3D_SECURE_H
 #define LLM3D_SECURE_H
@@ -97,6 +97,8 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "errors.h"
 // C11 atomics; C++ (the CUDA trainer includes this header) spells them in std::
 #ifdef __cplusplus
 #include <atomic>
@@ -120,17 +122,6 @@ using std::memory_order_relaxed;
 
 // ----------------------------------------------------------------------------
 // small helpers
-
-__attribute__((format(printf, 3, 4)))
-static inline int secure_error(char *err, size_t errlen, const char *fmt, ...) {
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 // secure_wipe: zero memory that held key material; explicit_bzero is a
 // memset the compiler may not drop as a dead store before free or return
@@ -475,66 +466,66 @@ static inline int key_generate(uint8_t key[32], char *err, size_t errlen) {
     while (got < KEY_BYTES) {
         ssize_t r = getrandom(key + got, KEY_BYTES - got, 0);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return secure_error(err, errlen, "key_generate: getrandom: %s", strerror(errno));
+        if (r < 0) return errorf(err, errlen, "key_generate: getrandom: %s", strerror(errno));
         got += (size_t)r;
     }
     return 0;
 }
 
-static inline int key_read_file(const char *path, uint8_t key[32], char *err, size_t errlen) {
-    // O_NONBLOCK: a FIFO at that path must not block the open; it fails S_ISREG below
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return secure_error(err, errlen, "key file %s: %s", path, strerror(errno));
+// key_file_check: a key file must be private: a regular file, owned by this
+// user, with no permission bits for group or others
+static inline int key_file_check(int fd, const char *path, char *err, size_t errlen) {
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return secure_error(err, errlen, "key file %s: fstat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return secure_error(err, errlen, "key file %s: not a regular file", path);
-    }
-    if (st.st_uid != geteuid()) {
-        close(fd);
-        return secure_error(err, errlen, "key file %s: owned by uid %u, not by this user (uid %u)",
-                            path, (unsigned)st.st_uid, (unsigned)geteuid());
-    }
-    if ((st.st_mode & 077) != 0) {
-        close(fd);
-        return secure_error(err, errlen, "key file %s: mode %04o lets group or others at it; chmod 600 it",
-                            path, (unsigned)(st.st_mode & 07777));
-    }
+    if (fstat(fd, &st) != 0) return errorf(err, errlen, "key file %s: fstat: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) return errorf(err, errlen, "key file %s: not a regular file", path);
+    if (st.st_uid != geteuid())
+        return errorf(err, errlen, "key file %s: owned by uid %u, not by this user (uid %u)",
+                      path, (unsigned)st.st_uid, (unsigned)geteuid());
+    if ((st.st_mode & 077) != 0)
+        return errorf(err, errlen, "key file %s: mode %04o lets group or others at it; chmod 600 it",
+                      path, (unsigned)(st.st_mode & 07777));
+    return 0;
+}
+
+static inline int key_read_file(const char *path, uint8_t key[32], char *err, size_t errlen) {
+    int rc = -1;
     char text[68];
     size_t n = 0;
+    // O_NONBLOCK: a FIFO at that path must not block the open; it fails S_ISREG in key_file_check
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return errorf(err, errlen, "key file %s: %s", path, strerror(errno));
+    if (key_file_check(fd, path, err, errlen) != 0) goto done;
     while (n < sizeof(text)) {
         ssize_t r = read(fd, text + n, sizeof(text) - n);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) {
-            int e = errno;
-            close(fd);
-            secure_wipe(text, sizeof(text));
-            return secure_error(err, errlen, "key file %s: read: %s", path, strerror(e));
+            errorf(err, errlen, "key file %s: read: %s", path, strerror(errno));
+            goto done;
         }
         if (r == 0) break;
         n += (size_t)r;
     }
-    close(fd);
-    int ok = (n == 64 || (n == 65 && text[64] == '\n')) && hex_decode(text, 32, key, 0) == 0;
-    secure_wipe(text, sizeof(text));
-    if (!ok) {
+    if (!(n == 64 || (n == 65 && text[64] == '\n')) || hex_decode(text, 32, key, 0) != 0) {
         secure_wipe(key, KEY_BYTES);
-        return secure_error(err, errlen, "key file %s: must hold 64 hex digits and an optional newline (%zu%s bytes)",
-                            path, n, n == sizeof(text) ? "+" : "");
+        errorf(err, errlen, "key file %s: must hold 64 hex digits and an optional newline (%zu%s bytes)",
+               path, n, n == sizeof(text) ? "+" : "");
+        goto done;
     }
-    if (key_is_zero(key)) return secure_error(err, errlen, "key file %s: the all-zero key is not a secret", path);
-    return 0;
+    if (key_is_zero(key)) {
+        errorf(err, errlen, "key file %s: the all-zero key is not a secret", path);
+        goto done;
+    }
+    rc = 0;
+done:
+    close(fd);
+    secure_wipe(text, sizeof(text));
+    return rc;
 }
 
 static inline int key_write_file(const char *path, const uint8_t key[32], char *err, size_t errlen) {
     // O_EXCL: never overwrite a key, nor follow a symlink someone planted there
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) return secure_error(err, errlen, "key file %s: create: %s", path, strerror(errno));
+    if (fd < 0) return errorf(err, errlen, "key file %s: create: %s", path, strerror(errno));
     char text[65];
     to_hex(key, KEY_BYTES, text);
     text[64] = '\n';
@@ -551,7 +542,7 @@ static inline int key_write_file(const char *path, const uint8_t key[32], char *
     if (close(fd) != 0 && e == 0) e = errno;
     if (e != 0) {
         unlink(path);
-        return secure_error(err, errlen, "key file %s: write: %s", path, strerror(e));
+        return errorf(err, errlen, "key file %s: write: %s", path, strerror(e));
     }
     return 0;
 }
@@ -567,17 +558,17 @@ static inline int key_read_fd_bytes(int fd, uint8_t key[32], char *err, size_t e
         pfd.events = POLLIN;
         int ready = poll(&pfd, 1, KEY_FD_TIMEOUT_MS);
         if (ready < 0 && errno == EINTR) continue;
-        if (ready < 0) return secure_error(err, errlen, "key fd %d: poll: %s", fd, strerror(errno));
-        if (ready == 0) return secure_error(err, errlen, "key fd %d: no key after %d ms (%zu of 32 bytes)",
-                                            fd, KEY_FD_TIMEOUT_MS, got);
-        if (pfd.revents & POLLNVAL) return secure_error(err, errlen, "key fd %d: not an open descriptor", fd);
+        if (ready < 0) return errorf(err, errlen, "key fd %d: poll: %s", fd, strerror(errno));
+        if (ready == 0) return errorf(err, errlen, "key fd %d: no key after %d ms (%zu of 32 bytes)",
+                                      fd, KEY_FD_TIMEOUT_MS, got);
+        if (pfd.revents & POLLNVAL) return errorf(err, errlen, "key fd %d: not an open descriptor", fd);
         ssize_t r = read(fd, key + got, KEY_BYTES - got);
         if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-        if (r < 0) return secure_error(err, errlen, "key fd %d: read: %s", fd, strerror(errno));
-        if (r == 0) return secure_error(err, errlen, "key fd %d: closed after %zu of 32 bytes", fd, got);
+        if (r < 0) return errorf(err, errlen, "key fd %d: read: %s", fd, strerror(errno));
+        if (r == 0) return errorf(err, errlen, "key fd %d: closed after %zu of 32 bytes", fd, got);
         got += (size_t)r;
     }
-    if (key_is_zero(key)) return secure_error(err, errlen, "key fd %d: the all-zero key is not a secret", fd);
+    if (key_is_zero(key)) return errorf(err, errlen, "key fd %d: the all-zero key is not a secret", fd);
     return 0;
 }
 
@@ -594,7 +585,7 @@ static inline int key_write_fd(int fd, const uint8_t key[32], char *err, size_t 
     while (done < KEY_BYTES) {
         ssize_t r = write(fd, key + done, KEY_BYTES - done);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return secure_error(err, errlen, "key fd %d: write: %s", fd, strerror(errno));
+        if (r < 0) return errorf(err, errlen, "key fd %d: write: %s", fd, strerror(errno));
         done += (size_t)r;
     }
     return 0;
@@ -863,25 +854,25 @@ static inline int fault_number(const char *s, size_t n, long max, long *out) {
 // by the caller, who knows it
 static inline int fault_parse(const char *spec, Fault *f, char *err, size_t errlen) {
     f->kind = FAULT_NONE; f->rank = -1; f->step = -1;
-    if (spec == NULL) return secure_error(err, errlen, "-fault: missing value; expected KIND:RANK:STEP");
+    if (spec == NULL) return errorf(err, errlen, "-fault: missing value; expected KIND:RANK:STEP");
     const char *c1 = strchr(spec, ':');
     const char *c2 = c1 != NULL ? strchr(c1 + 1, ':') : NULL;
     if (c1 == NULL || c2 == NULL || strchr(c2 + 1, ':') != NULL)
-        return secure_error(err, errlen, "-fault '%s': expected KIND:RANK:STEP, e.g. tamper:1:5", spec);
+        return errorf(err, errlen, "-fault '%s': expected KIND:RANK:STEP, e.g. tamper:1:5", spec);
     size_t kind_len = (size_t)(c1 - spec);
     int kind = FAULT_NONE;
     for (int k = FAULT_TAMPER; k <= FAULT_STALL; k++) {
         if (strlen(fault_name(k)) == kind_len && strncmp(spec, fault_name(k), kind_len) == 0) kind = k;
     }
     if (kind == FAULT_NONE)
-        return secure_error(err, errlen, "-fault '%s': KIND '%.*s' is not one of tamper, replay, kill, stall",
-                            spec, (int)kind_len, spec);
+        return errorf(err, errlen, "-fault '%s': KIND '%.*s' is not one of tamper, replay, kill, stall",
+                      spec, (int)kind_len, spec);
     long rank, step;
     if (fault_number(c1 + 1, (size_t)(c2 - c1 - 1), LINKS_MAX_WORLD - 1, &rank) != 0)
-        return secure_error(err, errlen, "-fault '%s': RANK '%.*s' is not a rank 0..%d",
-                            spec, (int)(c2 - c1 - 1), c1 + 1, LINKS_MAX_WORLD - 1);
+        return errorf(err, errlen, "-fault '%s': RANK '%.*s' is not a rank 0..%d",
+                      spec, (int)(c2 - c1 - 1), c1 + 1, LINKS_MAX_WORLD - 1);
     if (fault_number(c2 + 1, strlen(c2 + 1), 999999999999L, &step) != 0)
-        return secure_error(err, errlen, "-fault '%s': STEP '%s' is not a step 0..999999999999", spec, c2 + 1);
+        return errorf(err, errlen, "-fault '%s': STEP '%s' is not a step 0..999999999999", spec, c2 + 1);
     f->kind = kind; f->rank = (int)rank; f->step = step;
     return 0;
 }
@@ -926,7 +917,7 @@ typedef struct { int n; ManifestEntry *e; } Manifest;  // e sorted by name
 
 static inline int path_join(char *out, size_t outlen, const char *dir, const char *name, char *err, size_t errlen) {
     int n = snprintf(out, outlen, "%s/%s", dir != NULL && dir[0] != '\0' ? dir : ".", name);
-    if (n < 0 || (size_t)n >= outlen) return secure_error(err, errlen, "path %s/%s: too long", dir, name);
+    if (n < 0 || (size_t)n >= outlen) return errorf(err, errlen, "path %s/%s: too long", dir, name);
     return 0;
 }
 
@@ -946,69 +937,74 @@ static inline int write_all(int fd, const void *data, size_t n) {
 static inline int write_file_atomic(const char *dir, const char *name, const void *data, size_t n,
                                     char *err, size_t errlen) {
     if (name == NULL || name[0] == '\0' || strchr(name, '/') != NULL)
-        return secure_error(err, errlen, "write_file_atomic: name '%s' must be a plain file name", name ? name : "");
+        return errorf(err, errlen, "write_file_atomic: name '%s' must be a plain file name", name ? name : "");
     const char *d = dir != NULL && dir[0] != '\0' ? dir : ".";
     char path[4096], tmp[4096], tmpname[512];
     int tn = snprintf(tmpname, sizeof(tmpname), ".%s.tmp.%ld", name, (long)getpid());
-    if (tn < 0 || (size_t)tn >= sizeof(tmpname)) return secure_error(err, errlen, "%s/%s: name too long", d, name);
+    if (tn < 0 || (size_t)tn >= sizeof(tmpname)) return errorf(err, errlen, "%s/%s: name too long", d, name);
     if (path_join(path, sizeof(path), d, name, err, errlen) != 0) return -1;
     if (path_join(tmp, sizeof(tmp), d, tmpname, err, errlen) != 0) return -1;
     unlink(tmp);  // a leftover from a crashed run with the same pid
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) return secure_error(err, errlen, "%s: create: %s", tmp, strerror(errno));
+    if (fd < 0) return errorf(err, errlen, "%s: create: %s", tmp, strerror(errno));
     int e = 0;
     if (write_all(fd, data, n) != 0) e = errno;
     if (e == 0 && fsync(fd) != 0) e = errno;
     if (close(fd) != 0 && e == 0) e = errno;
     if (e != 0) {
         unlink(tmp);
-        return secure_error(err, errlen, "%s: write: %s", tmp, strerror(e));
+        return errorf(err, errlen, "%s: write: %s", tmp, strerror(e));
     }
     if (rename(tmp, path) != 0) {
         e = errno;
         unlink(tmp);
-        return secure_error(err, errlen, "%s: rename to %s: %s", tmp, path, strerror(e));
+        return errorf(err, errlen, "%s: rename to %s: %s", tmp, path, strerror(e));
     }
     int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) return secure_error(err, errlen, "%s: open directory to fsync: %s", d, strerror(errno));
+    if (dfd < 0) return errorf(err, errlen, "%s: open directory to fsync: %s", d, strerror(errno));
     if (fsync(dfd) != 0) e = errno;
     close(dfd);
-    if (e != 0) return secure_error(err, errlen, "%s: fsync directory: %s", d, strerror(e));
+    if (e != 0) return errorf(err, errlen, "%s: fsync directory: %s", d, strerror(e));
     return 0;
 }
 
 // sha256_file: hash a regular file; *size gets the bytes hashed
 static inline int sha256_file(const char *path, uint8_t out[32], uint64_t *size, char *err, size_t errlen) {
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return secure_error(err, errlen, "%s: %s", path, strerror(errno));
+    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
+    int rc = -1;
+    uint8_t *buf = NULL;
+    uint64_t total = 0;
+    Sha256 s;
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return secure_error(err, errlen, "%s: not a regular file", path);
+        errorf(err, errlen, "%s: not a regular file", path);
+        goto done;
     }
-    uint8_t *buf = (uint8_t *)malloc(1 << 20);
+    buf = (uint8_t *)malloc(1 << 20);
     if (buf == NULL) {
-        close(fd);
-        return secure_error(err, errlen, "%s: out of memory", path);
+        errorf(err, errlen, "%s: out of memory", path);
+        goto done;
     }
-    Sha256 s;
     sha256_init(&s);
-    uint64_t total = 0;
-    int e = 0;
     for (;;) {
         ssize_t r = read(fd, buf, 1 << 20);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) { e = errno; break; }
+        if (r < 0) {
+            errorf(err, errlen, "%s: read: %s", path, strerror(errno));
+            goto done;
+        }
         if (r == 0) break;
         sha256_update(&s, buf, (size_t)r);
         total += (uint64_t)r;
     }
-    free(buf);
-    close(fd);
-    if (e != 0) return secure_error(err, errlen, "%s: read: %s", path, strerror(e));
     sha256_final(&s, out);
     *size = total;
-    return 0;
+    rc = 0;
+done:
+    free(buf);
+    close(fd);
+    return rc;
 }
 
 static inline int manifest_name_ok(const char *name, size_t n) {
@@ -1043,8 +1039,8 @@ static inline void manifest_free(Manifest *m) {
 // manifest_add_file: hash dir/name and insert it in name order
 static inline int manifest_add_file(Manifest *m, const char *dir, const char *name, char *err, size_t errlen) {
     if (!manifest_name_ok(name, strlen(name)))
-        return secure_error(err, errlen, "manifest: file name '%s' must be 1..255 of [A-Za-z0-9._+-], not starting with '.'", name);
-    if (manifest_find(m, name) != NULL) return secure_error(err, errlen, "manifest: file name '%s' is listed twice", name);
+        return errorf(err, errlen, "manifest: file name '%s' must be 1..255 of [A-Za-z0-9._+-], not starting with '.'", name);
+    if (manifest_find(m, name) != NULL) return errorf(err, errlen, "manifest: file name '%s' is listed twice", name);
     char path[4096];
     if (path_join(path, sizeof(path), dir, name, err, errlen) != 0) return -1;
     ManifestEntry entry;
@@ -1052,7 +1048,7 @@ static inline int manifest_add_file(Manifest *m, const char *dir, const char *na
     strcpy(entry.name, name);  // length checked above
     if (sha256_file(path, entry.sha, &entry.size, err, errlen) != 0) return -1;
     ManifestEntry *grown = (ManifestEntry *)realloc(m->e, (size_t)(m->n + 1) * sizeof(ManifestEntry));
-    if (grown == NULL) return secure_error(err, errlen, "manifest: out of memory adding %s", path);
+    if (grown == NULL) return errorf(err, errlen, "manifest: out of memory adding %s", path);
     m->e = grown;
     int at = m->n;
     while (at > 0 && strcmp(m->e[at - 1].name, name) > 0) at--;
@@ -1069,15 +1065,15 @@ static inline int manifest_format(const Manifest *m, const uint8_t key[32], char
     if (key == NULL) key = zero_key;
     size_t cap = 64 + (size_t)m->n * (256 + 1 + 20 + 1 + 64 + 1) + 4 + 64 + 1 + 1;
     char *out = (char *)malloc(cap);
-    if (out == NULL) return secure_error(err, errlen, "manifest: out of memory for %d entries", m->n);
+    if (out == NULL) return errorf(err, errlen, "manifest: out of memory for %d entries", m->n);
     size_t n = (size_t)snprintf(out, cap, "%s\nfiles %d\n", MANIFEST_MAGIC_LINE, m->n);
     for (int i = 0; i < m->n; i++) {
         const ManifestEntry *e = &m->e[i];
         size_t name_len = strnlen(e->name, sizeof(e->name));
         if (!manifest_name_ok(e->name, name_len) || (i > 0 && strcmp(m->e[i - 1].name, e->name) >= 0)) {
             free(out);
-            return secure_error(err, errlen, "manifest: entry %d name '%.255s' is invalid, repeated or out of order",
-                                i, e->name);
+            return errorf(err, errlen, "manifest: entry %d name '%.255s' is invalid, repeated or out of order",
+                          i, e->name);
         }
         char hex[65];
         to_hex(e->sha, 32, hex);
@@ -1117,6 +1113,51 @@ static inline int manifest_number(const char *s, size_t n, uint64_t *out) {
     return 0;
 }
 
+// manifest_check_tag: the last line must be "tag " and the HMAC of every
+// byte before it; *body_len gets the length of those bytes
+static inline int manifest_check_tag(const char *text, size_t len, const uint8_t key[32], size_t *body_len,
+                                     char *err, size_t errlen) {
+    const size_t tag_line = 4 + 64 + 1;  // "tag " + 64 hex + "\n"
+    if (len < tag_line || text[len - 1] != '\n' || memcmp(text + len - tag_line, "tag ", 4) != 0 ||
+        (len > tag_line && text[len - tag_line - 1] != '\n'))
+        return errorf(err, errlen, "last line is not 'tag <64 hex>' (truncated?)");
+    uint8_t tag[32];
+    if (hex_decode(text + len - tag_line + 4, 32, tag, 1) != 0)
+        return errorf(err, errlen, "last line: tag is not 64 lowercase hex digits");
+    *body_len = len - tag_line;
+    uint8_t want[32];
+    hmac_sha256(key, KEY_BYTES, text, *body_len, want);
+    if (!tag_equal(want, 32, tag, 32))
+        return errorf(err, errlen, "tag does not match the contents: the manifest was changed, or sealed with another key");
+    return 0;
+}
+
+// manifest_parse_entry: the entry line p[0..nl) ("NAME SIZE SHA256", line
+// number line) into e; prev is the entry before it, or NULL for the first
+static inline int manifest_parse_entry(const char *p, const char *nl, int line, const ManifestEntry *prev,
+                                       ManifestEntry *e, char *err, size_t errlen) {
+    char shown[72];
+    const char *sp1 = (const char *)memchr(p, ' ', (size_t)(nl - p));
+    const char *sp2 = sp1 != NULL ? (const char *)memchr(sp1 + 1, ' ', (size_t)(nl - sp1 - 1)) : NULL;
+    if (sp2 == NULL) return errorf(err, errlen, "line %d: expected 'NAME SIZE SHA256'", line);
+    size_t name_len = (size_t)(sp1 - p);
+    if (!manifest_name_ok(p, name_len)) {
+        printable(p, name_len, shown, sizeof(shown));
+        return errorf(err, errlen, "line %d: name '%s' must be 1..255 of [A-Za-z0-9._+-], not starting with '.'", line, shown);
+    }
+    memcpy(e->name, p, name_len);
+    e->name[name_len] = '\0';
+    if (prev != NULL && strcmp(prev->name, e->name) >= 0)
+        return errorf(err, errlen, "line %d: name '%s' repeated or out of order", line, e->name);
+    if (manifest_number(sp1 + 1, (size_t)(sp2 - sp1 - 1), &e->size) != 0) {
+        printable(sp1 + 1, (size_t)(sp2 - sp1 - 1), shown, sizeof(shown));
+        return errorf(err, errlen, "line %d: size '%s' is not a decimal without leading zeros", line, shown);
+    }
+    if (nl - sp2 - 1 != 64 || hex_decode(sp2 + 1, 32, e->sha, 1) != 0)
+        return errorf(err, errlen, "line %d: sha256 is not 64 lowercase hex digits", line);
+    return 0;
+}
+
 // manifest_parse: the tag is checked before anything else is believed; then
 // the canonical form line by line. Errors name the line and the field.
 static inline int manifest_parse(Manifest *m, const char *text, size_t len, const uint8_t key[32],
@@ -1125,84 +1166,43 @@ static inline int manifest_parse(Manifest *m, const char *text, size_t len, cons
     if (key == NULL) key = zero_key;
     m->n = 0;
     m->e = NULL;
-    if (len == 0) return secure_error(err, errlen, "empty manifest");
-    if (len > MANIFEST_MAX_BYTES) return secure_error(err, errlen, "manifest of %zu bytes is over the %u limit", len, MANIFEST_MAX_BYTES);
-    // the last line: "tag " + 64 hex + "\n"
-    const size_t tag_line = 4 + 64 + 1;
-    if (len < tag_line || text[len - 1] != '\n' || memcmp(text + len - tag_line, "tag ", 4) != 0 ||
-        (len > tag_line && text[len - tag_line - 1] != '\n'))
-        return secure_error(err, errlen, "last line is not 'tag <64 hex>' (truncated?)");
-    uint8_t tag[32];
-    if (hex_decode(text + len - tag_line + 4, 32, tag, 1) != 0)
-        return secure_error(err, errlen, "last line: tag is not 64 lowercase hex digits");
-    size_t body_len = len - tag_line;
-    uint8_t want[32];
-    hmac_sha256(key, KEY_BYTES, text, body_len, want);
-    if (!tag_equal(want, 32, tag, 32))
-        return secure_error(err, errlen, "tag does not match the contents: the manifest was changed, or sealed with another key");
+    if (len == 0) return errorf(err, errlen, "empty manifest");
+    if (len > MANIFEST_MAX_BYTES) return errorf(err, errlen, "manifest of %zu bytes is over the %u limit", len, MANIFEST_MAX_BYTES);
+    size_t body_len = 0;
+    if (manifest_check_tag(text, len, key, &body_len, err, errlen) != 0) return -1;
 
     const char *p = text, *end = text + body_len;
-    int line = 1;
     const char *nl = (const char *)memchr(p, '\n', (size_t)(end - p));
     size_t magic_len = strlen(MANIFEST_MAGIC_LINE);
     if (nl == NULL || (size_t)(nl - p) != magic_len || memcmp(p, MANIFEST_MAGIC_LINE, magic_len) != 0)
-        return secure_error(err, errlen, "line 1: expected '%s'", MANIFEST_MAGIC_LINE);
+        return errorf(err, errlen, "line 1: expected '%s'", MANIFEST_MAGIC_LINE);
     p = nl + 1;
-    line = 2;
     nl = (const char *)memchr(p, '\n', (size_t)(end - p));
     uint64_t count;
     if (nl == NULL || nl - p < 6 || memcmp(p, "files ", 6) != 0 || manifest_number(p + 6, (size_t)(nl - p - 6), &count) != 0)
-        return secure_error(err, errlen, "line 2: expected 'files N'");
+        return errorf(err, errlen, "line 2: expected 'files N'");
     p = nl + 1;
     // every entry line is at least "a 0 <64 hex>\n": bound the count by the bytes left
     const size_t min_entry = 1 + 1 + 1 + 1 + 64 + 1;
     if (count > (uint64_t)(end - p) / min_entry)
-        return secure_error(err, errlen, "line 2: files %" PRIu64 " does not fit in %zu bytes", count, (size_t)(end - p));
+        return errorf(err, errlen, "line 2: files %" PRIu64 " does not fit in %zu bytes", count, (size_t)(end - p));
     if (count > 0) {
         m->e = (ManifestEntry *)calloc((size_t)count, sizeof(ManifestEntry));
-        if (m->e == NULL) return secure_error(err, errlen, "line 2: out of memory for %" PRIu64 " files", count);
+        if (m->e == NULL) return errorf(err, errlen, "line 2: out of memory for %" PRIu64 " files", count);
     }
-    char shown[72];
     for (uint64_t i = 0; i < count; i++) {
-        line = 3 + (int)i;
+        int line = 3 + (int)i;
         nl = (const char *)memchr(p, '\n', (size_t)(end - p));
         if (nl == NULL) {
-            secure_error(err, errlen, "line %d: missing (files %" PRIu64 ")", line, count);
+            errorf(err, errlen, "line %d: missing (files %" PRIu64 ")", line, count);
             goto fail;
         }
-        const char *sp1 = (const char *)memchr(p, ' ', (size_t)(nl - p));
-        const char *sp2 = sp1 != NULL ? (const char *)memchr(sp1 + 1, ' ', (size_t)(nl - sp1 - 1)) : NULL;
-        if (sp2 == NULL) {
-            secure_error(err, errlen, "line %d: expected 'NAME SIZE SHA256'", line);
-            goto fail;
-        }
-        ManifestEntry *e = &m->e[i];
-        size_t name_len = (size_t)(sp1 - p);
-        if (!manifest_name_ok(p, name_len)) {
-            printable(p, name_len, shown, sizeof(shown));
-            secure_error(err, errlen, "line %d: name '%s' must be 1..255 of [A-Za-z0-9._+-], not starting with '.'", line, shown);
-            goto fail;
-        }
-        memcpy(e->name, p, name_len);
-        e->name[name_len] = '\0';
-        if (i > 0 && strcmp(m->e[i - 1].name, e->name) >= 0) {
-            secure_error(err, errlen, "line %d: name '%s' repeated or out of order", line, e->name);
-            goto fail;
-        }
-        if (manifest_number(sp1 + 1, (size_t)(sp2 - sp1 - 1), &e->size) != 0) {
-            printable(sp1 + 1, (size_t)(sp2 - sp1 - 1), shown, sizeof(shown));
-            secure_error(err, errlen, "line %d: size '%s' is not a decimal without leading zeros", line, shown);
-            goto fail;
-        }
-        if (nl - sp2 - 1 != 64 || hex_decode(sp2 + 1, 32, e->sha, 1) != 0) {
-            secure_error(err, errlen, "line %d: sha256 is not 64 lowercase hex digits", line);
-            goto fail;
-        }
+        if (manifest_parse_entry(p, nl, line, i > 0 ? &m->e[i - 1] : NULL, &m->e[i], err, errlen) != 0) goto fail;
         m->n = (int)(i + 1);
         p = nl + 1;
     }
     if (p != end) {
-        secure_error(err, errlen, "line %d: more lines than files %" PRIu64, 3 + (int)count, count);
+        errorf(err, errlen, "line %d: more lines than files %" PRIu64, 3 + (int)count, count);
         goto fail;
     }
     return 0;
@@ -1218,64 +1218,72 @@ static inline int manifest_read(Manifest *m, const char *dir, const char *manife
     char path[4096];
     if (path_join(path, sizeof(path), dir, manifest_name, err, errlen) != 0) return -1;
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return secure_error(err, errlen, "%s: %s", path, strerror(errno));
+    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
+    int rc = -1;
+    char *text = NULL;
+    size_t cap, n = 0;
+    char why[512];
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return secure_error(err, errlen, "%s: not a regular file", path);
+        errorf(err, errlen, "%s: not a regular file", path);
+        goto done;
     }
     if ((uint64_t)st.st_size > MANIFEST_MAX_BYTES) {
-        close(fd);
-        return secure_error(err, errlen, "%s: %lld bytes, over the manifest limit of %u", path,
-                            (long long)st.st_size, MANIFEST_MAX_BYTES);
+        errorf(err, errlen, "%s: %lld bytes, over the manifest limit of %u", path, (long long)st.st_size,
+               MANIFEST_MAX_BYTES);
+        goto done;
     }
-    size_t cap = (size_t)st.st_size + 1;  // +1 sees a file that grew under us
-    char *text = (char *)malloc(cap);
+    cap = (size_t)st.st_size + 1;  // +1 sees a file that grew under us
+    text = (char *)malloc(cap);
     if (text == NULL) {
-        close(fd);
-        return secure_error(err, errlen, "%s: out of memory", path);
+        errorf(err, errlen, "%s: out of memory", path);
+        goto done;
     }
-    size_t n = 0;
-    int e = 0;
     while (n < cap) {
         ssize_t r = read(fd, text + n, cap - n);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) { e = errno; break; }
+        if (r < 0) {
+            errorf(err, errlen, "%s: read: %s", path, strerror(errno));
+            goto done;
+        }
         if (r == 0) break;
         n += (size_t)r;
     }
-    close(fd);
-    if (e != 0 || n == cap) {
-        free(text);
-        return secure_error(err, errlen, "%s: read: %s", path, e != 0 ? strerror(e) : "file changed size while read");
+    if (n == cap) {
+        errorf(err, errlen, "%s: read: file changed size while read", path);
+        goto done;
     }
-    char why[512];
-    int rc = manifest_parse(m, text, n, key, why, sizeof(why));
+    if (manifest_parse(m, text, n, key, why, sizeof(why)) != 0) {
+        errorf(err, errlen, "%s: %s", path, why);
+        goto done;
+    }
+    rc = 0;
+done:
     free(text);
-    if (rc != 0) return secure_error(err, errlen, "%s: %s", path, why);
-    return 0;
+    close(fd);
+    return rc;
 }
 
 static inline int manifest_verify_file(const Manifest *m, const char *dir, const char *name, char *err, size_t errlen) {
     char path[4096];
     if (path_join(path, sizeof(path), dir, name, err, errlen) != 0) return -1;
     const ManifestEntry *e = manifest_find(m, name);
-    if (e == NULL) return secure_error(err, errlen, "%s: not listed in the manifest", path);
+    if (e == NULL) return errorf(err, errlen, "%s: not listed in the manifest", path);
     struct stat st;
-    if (stat(path, &st) != 0) return secure_error(err, errlen, "%s: %s", path, strerror(errno));
+    if (stat(path, &st) != 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
     if ((uint64_t)st.st_size != e->size)  // cheap, and saves hashing a file that is surely wrong
-        return secure_error(err, errlen, "%s: size %lld, the manifest says %" PRIu64, path, (long long)st.st_size, e->size);
+        return errorf(err, errlen, "%s: size %lld, the manifest says %" PRIu64, path, (long long)st.st_size, e->size);
     uint8_t sha[32];
     uint64_t size = 0;
     if (sha256_file(path, sha, &size, err, errlen) != 0) return -1;
     if (size != e->size)
-        return secure_error(err, errlen, "%s: size %" PRIu64 ", the manifest says %" PRIu64, path, size, e->size);
+        return errorf(err, errlen, "%s: size %" PRIu64 ", the manifest says %" PRIu64, path, size, e->size);
     if (memcmp(sha, e->sha, 32) != 0) {
         char got[65], want[65];
         to_hex(sha, 32, got);
         to_hex(e->sha, 32, want);
-        return secure_error(err, errlen, "%s: sha256 %.16s... differs from the manifest's %.16s...: the file changed",
-                            path, got, want);
+        return errorf(err, errlen, "%s: sha256 %.16s... differs from the manifest's %.16s...: the file changed",
+                      path, got, want);
     }
     return 0;
 }
@@ -1306,8 +1314,8 @@ static inline int manifest_verify_file(const Manifest *m, const char *dir, const
 // a chunk is whole SHA-256 blocks (only the last one of a payload is short)
 static inline int chunkmac_check_chunk_bytes(uint64_t chunk_bytes, char *err, size_t errlen) {
     if (chunk_bytes < 64 || chunk_bytes > CHUNKMAC_MAX_CHUNK_BYTES || chunk_bytes % 64 != 0)
-        return secure_error(err, errlen, "chunked MAC: chunk_bytes %" PRIu64 " is not a multiple of 64 in 64..%u",
-                            chunk_bytes, CHUNKMAC_MAX_CHUNK_BYTES);
+        return errorf(err, errlen, "chunked MAC: chunk_bytes %" PRIu64 " is not a multiple of 64 in 64..%u",
+                      chunk_bytes, CHUNKMAC_MAX_CHUNK_BYTES);
     return 0;
 }
 
@@ -1375,8 +1383,8 @@ static inline int chunkmac_verify(const Hmac *keyed, const uint8_t header[64], c
     int ok = tag_equal(want, 32, tag, 32);
     secure_wipe(want, sizeof(want));
     if (!ok)
-        return secure_error(err, errlen, "chunked MAC: tag does not match the %" PRIu64 "-byte payload (%" PRIu64
-                            "-byte chunks)", len, chunk_bytes);
+        return errorf(err, errlen, "chunked MAC: tag does not match the %" PRIu64 "-byte payload (%" PRIu64
+                      "-byte chunks)", len, chunk_bytes);
     return 0;
 }
 
@@ -1568,8 +1576,8 @@ static inline int chunkmac_gpu_params(ChunkMacParams *p, const Hmac *keyed, cons
     memset(p, 0, sizeof(*p));
     if (chunkmac_check_chunk_bytes(chunk_bytes, err, errlen) != 0) return -1;
     if (keyed->inner.nbytes != 64 || keyed->inner.nbuf != 0 || keyed->outer.nbytes != 64 || keyed->outer.nbuf != 0)
-        return secure_error(err, errlen, "chunked MAC: the keyed HMAC state has absorbed %" PRIu64
-                            " bytes, want 64 (fresh from hmac_init)", keyed->inner.nbytes);
+        return errorf(err, errlen, "chunked MAC: the keyed HMAC state has absorbed %" PRIu64
+                      " bytes, want 64 (fresh from hmac_init)", keyed->inner.nbytes);
     memcpy(p->inner, keyed->inner.h, sizeof(p->inner));
     memcpy(p->outer, keyed->outer.h, sizeof(p->outer));
     uint8_t block[64];
@@ -1588,19 +1596,19 @@ static inline int chunkmac_gpu_params(ChunkMacParams *p, const Hmac *keyed, cons
 // for a missing buffer or a failed launch
 static inline int chunkmac_gpu_launch(const ChunkMacParams *p, const void *payload, uint8_t *chunk_tags, uint8_t *tag_out,
                                       const uint8_t *expected, int *mismatch, cudaStream_t stream, char *err, size_t errlen) {
-    if (p->len > 0 && payload == NULL) return secure_error(err, errlen, "chunked MAC: payload is NULL for %" PRIu64 " bytes", p->len);
+    if (p->len > 0 && payload == NULL) return errorf(err, errlen, "chunked MAC: payload is NULL for %" PRIu64 " bytes", p->len);
     if (p->n_chunks > 0 && chunk_tags == NULL)
-        return secure_error(err, errlen, "chunked MAC: chunk_tags is NULL for %" PRIu64 " chunks", p->n_chunks);
-    if (tag_out == NULL && expected == NULL) return secure_error(err, errlen, "chunked MAC: neither tag_out nor expected given");
-    if (expected != NULL && mismatch == NULL) return secure_error(err, errlen, "chunked MAC: expected given without mismatch");
+        return errorf(err, errlen, "chunked MAC: chunk_tags is NULL for %" PRIu64 " chunks", p->n_chunks);
+    if (tag_out == NULL && expected == NULL) return errorf(err, errlen, "chunked MAC: neither tag_out nor expected given");
+    if (expected != NULL && mismatch == NULL) return errorf(err, errlen, "chunked MAC: expected given without mismatch");
     uint64_t blocks = (p->n_chunks + CHUNKMAC_THREADS - 1) / CHUNKMAC_THREADS;
     if (blocks > 0x7fffffffu)
-        return secure_error(err, errlen, "chunked MAC: %" PRIu64 " chunks is more than one launch holds", p->n_chunks);
+        return errorf(err, errlen, "chunked MAC: %" PRIu64 " chunks is more than one launch holds", p->n_chunks);
     if (blocks > 0)
         chunkmac_chunks_kernel<<<(unsigned)blocks, CHUNKMAC_THREADS, 0, stream>>>(*p, (const uint8_t *)payload, chunk_tags);
     chunkmac_final_kernel<<<1, 1, 0, stream>>>(*p, chunk_tags, tag_out, expected, mismatch);
     cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return secure_error(err, errlen, "chunked MAC: kernel launch: %s", cudaGetErrorString(e));
+    if (e != cudaSuccess) return errorf(err, errlen, "chunked MAC: kernel launch: %s", cudaGetErrorString(e));
     return 0;
 }
 #endif  // __CUDACC__

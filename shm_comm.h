@@ -368,12 +368,12 @@ static inline int comm_mod(int a, int n) { return ((a % n) + n) % n; }
 static inline int comm_init_check(const Grid *g, const char *rendezvous, double timeout_s, const Fault *fault, char *err,
                                   size_t errlen) {
     if (!(timeout_s > 0 && timeout_s <= 86400))
-        return secure_error(err, errlen, "-to %g: the timeout must be > 0 and <= 86400 seconds", timeout_s);
+        return errorf(err, errlen, "-to %g: the timeout must be > 0 and <= 86400 seconds", timeout_s);
     if (fault != NULL && fault->kind != FAULT_NONE && (fault->rank < 0 || fault->rank >= g->world))
-        return secure_error(err, errlen, "-fault %s:%d:%ld: rank %d is not in this job of %d ranks", fault_name(fault->kind),
-                            fault->rank, fault->step, fault->rank, g->world);
+        return errorf(err, errlen, "-fault %s:%d:%ld: rank %d is not in this job of %d ranks", fault_name(fault->kind),
+                      fault->rank, fault->step, fault->rank, g->world);
     if (g->world > 1 && rendezvous == NULL)
-        return secure_error(err, errlen, "rank %d: no rendezvous address for a job of %d ranks", g->rank, g->world);
+        return errorf(err, errlen, "rank %d: no rendezvous address for a job of %d ranks", g->rank, g->world);
     return 0;
 }
 
@@ -384,7 +384,7 @@ static inline int comm_init(Comm **out, const Grid *g, const uint8_t key[32], co
     *out = NULL;
     if (comm_init_check(g, rendezvous, timeout_s, fault, err, errlen) != 0) return -1;
     Comm *c = (Comm *)calloc(1, sizeof(Comm));
-    if (c == NULL) return secure_error(err, errlen, "comm_init: out of memory");
+    if (c == NULL) return errorf(err, errlen, "comm_init: out of memory");
     c->rank = g->rank;
     c->world = g->world;
     c->timeout_s = timeout_s;
@@ -412,8 +412,8 @@ static inline int comm_init(Comm **out, const Grid *g, const uint8_t key[32], co
     if (fd >= 0) close(fd);
     if (e != 0) {
         free(c);
-        return secure_error(err, errlen, "rank %d: shared memory %s (%llu bytes expected): %s", g->rank, ans.shm_name,
-                            (unsigned long long)lay.total_bytes, strerror(e));
+        return errorf(err, errlen, "rank %d: shared memory %s (%llu bytes expected): %s", g->rank, ans.shm_name,
+                      (unsigned long long)lay.total_bytes, strerror(e));
     }
     ShmHeader *h = (ShmHeader *)base;
     if (memcmp(h->magic, SHM_MAGIC, 8) != 0 || h->version != SHM_VERSION || h->world != (uint32_t)g->world ||
@@ -421,8 +421,8 @@ static inline int comm_init(Comm **out, const Grid *g, const uint8_t key[32], co
         h->ring_stride != lay.ring_stride || h->slot_stride != lay.slot_stride || h->rings_offset != lay.rings_offset) {
         munmap(base, lay.total_bytes);
         free(c);
-        return secure_error(err, errlen, "rank %d: shared memory %s: header is not this job's (world %u, job id %016" PRIx64 ")",
-                            g->rank, ans.shm_name, h->world, h->job_id);
+        return errorf(err, errlen, "rank %d: shared memory %s: header is not this job's (world %u, job id %016" PRIx64 ")",
+                      g->rank, ans.shm_name, h->world, h->job_id);
     }
     c->base = (uint8_t *)base;
     c->map_bytes = lay.total_bytes;
@@ -442,7 +442,7 @@ static inline int comm_init(Comm **out, const Grid *g, const uint8_t key[32], co
         free(c->frame);
         munmap(base, lay.total_bytes);
         free(c);
-        return secure_error(err, errlen, "rank %d: comm_init: out of memory", g->rank);
+        return errorf(err, errlen, "rank %d: comm_init: out of memory", g->rank);
     }
     *out = c;
     return 0;

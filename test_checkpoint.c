@@ -391,9 +391,18 @@ static void test_kills(const char *layout, const char *name, unsigned seed) {
     srand(seed);
     int kills = 0, mid_write = 0, finished = 0, partial[41] = {0};
     double run_s = 0.0;
+    int complete = 0;  // a complete checkpoint exists
     for (int i = 0; i < 20; i++) {
         pid_t pid = start(args, 0);
         t0 = now_s();
+        // the window was timed once, and a machine that got busier since could
+        // see every kill land before the first checkpoint: until one exists,
+        // the kill waits for it (each later run still starts up, so kills land
+        // in start-up too)
+        for (int w = 0; !complete && w < 6000 && waitpid(pid, NULL, WNOHANG) == 0; w++) {
+            for (int s = 1; s <= 40 && !complete; s++) complete = exists("%s/ckpt_%08d", a, s);
+            if (!complete) usleep(10000);
+        }
         usleep((useconds_t)(window_us * rand() / RAND_MAX));
         if (waitpid(pid, NULL, WNOHANG) == pid) { finished = 1; break; }
         kill(-pid, SIGKILL);  // the whole group: the trainer, or the launcher and its ranks

@@ -400,6 +400,7 @@ static void test_flags(void) {
         {{"-x"}, "flag -x needs a value"},
         {{"-z", "4"}, "-z: 4 is out of range"},
         {{"-l", "nan"}, "-l: 'nan' is not a number"},
+        {{"-hb", "2"}, "-hb: 2 is out of range [0, 1]"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char *argv[5] = {"train_gpt2"};
@@ -413,6 +414,12 @@ static void test_flags(void) {
     options_defaults(&o);
     check(options_parse(&o, 11, good, err, sizeof(err)) == 0 && o.B == 8 && fabsf(o.lr - 6e-4f) < 1e-9f &&
           o.schedule == SCHED_LINEAR && o.grad_clip == 0.0f && o.shuffle == 1, "good flags parsed");
+    // -hb: the GPU trainer's choice of the host backend; this trainer always uses it and takes the flag as given
+    int by_default = o.host_backend;
+    char *hb[] = {"train_gpt2", "-hb", "1"};
+    options_defaults(&o);
+    check(by_default == 0 && options_parse(&o, 3, hb, err, sizeof(err)) == 0 && o.host_backend == 1,
+          "-hb: 0 by default, -hb 1 parsed");
 }
 
 // the real binary: bad flags and files exit 2 with one line naming them

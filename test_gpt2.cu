@@ -18,7 +18,7 @@
 static const char *fixture_model = "dev/fixtures/tiny_model.bin";
 static const char *fixture_state = "dev/fixtures/tiny_state.bin";
 
-// Bounds. fp32: the project's numbers (DESIGN.md). bf16: bf16 keeps 8
+// Bounds. fp32: the project's numbers (README, doc/gpu.md: loss within 1e-5 of PyTorch). bf16: bf16 keeps 8
 // significant bits, so every stored tensor is off by up to 2^-9 = 0.2% of its
 // value; a logit is a 64-term dot of such values after two blocks of them
 // (about 1e-3 of typical |logit| ~ 0.2, times a few), the loss inherits that
@@ -486,7 +486,8 @@ static void test_cli(void) {
         {"-r 3", "-r: '3' is not 0 or 1"},
         {"-t abc", "-t: 'abc' is not an integer"},
         {"-q 2", "-q: 2 is out of range"},
-        {"-np 64", "flag -np 64: local rank 63"},
+        // ranks that outnumber the GPUs share them (host mode); with no GPU at all, the launcher refuses
+        {"-np 64 -i '/nonexistent/*.bin'", have_gpu() ? "/nonexistent/*.bin" : "flag -np 64: local rank 63: no CUDA device"},
         {"-n 5", "flags -n/-y/-ys: checkpoints live in the output directory; give it with -o DIR"},
         {"-y 1", "flags -n/-y/-ys: checkpoints live in the output directory"},
         {"-ys 10", "flags -n/-y/-ys: checkpoints live in the output directory"},

@@ -223,8 +223,12 @@ static void test_faults(void) {
         char args[256];
         snprintf(args, sizeof(args), "%s %s", base, cases[i][0]);
         run(&r, args);
-        // steps 0..2 completed and logged, step 3 never updated
-        check(r.status != 0 && r.nsteps == 3 && strstr(r.out, cases[i][1]) != NULL && r.seconds < 20,
+        // steps 0..2 completed, step 3 never updated. A killed rank 1 reaches
+        // step 3 as soon as step 2's last all-reduce is done, and the launcher
+        // then stops rank 0 at once, which on a busy machine can be before rank
+        // 0 has logged step 2: there, 2 or 3 steps logged; elsewhere exactly 3.
+        int least = i == 2 ? 2 : 3;
+        check(r.status != 0 && r.nsteps >= least && r.nsteps <= 3 && strstr(r.out, cases[i][1]) != NULL && r.seconds < 20,
               "%s: job ends (exit %d) after %d steps in %.1f s, naming '%s'", cases[i][2], r.status, r.nsteps, r.seconds,
               cases[i][1]);
         if (r.status == 0 || strstr(r.out, cases[i][1]) == NULL) printf("%s\n", r.out);

@@ -583,7 +583,7 @@ static void check_hashes(const char *what, const char *out, int world, const cha
 static void test_grid(void) {
     Grid g;
     char err[256];
-    // the DESIGN.md formula, and every coordinate round-trips, for several layouts
+    // rank = ((dp_rank * pp) + pp_rank) * tp + tp_rank, and every coordinate round-trips, for several layouts
     int layouts[][3] = {{1, 1, 1}, {2, 2, 1}, {4, 1, 4}, {8, 2, 2}, {12, 2, 3}, {16, 4, 2}, {6, 1, 3}, {256, 4, 8}};
     for (size_t k = 0; k < sizeof(layouts) / sizeof(layouts[0]); k++) {
         int W = layouts[k][0], tp = layouts[k][1], pp = layouts[k][2], bad = 0;
@@ -1216,21 +1216,33 @@ static void test_pipeline_plans(void) {
 
 static void test_gpu_binding(void) {
     char err[256] = "";
-    check(gpu_for_rank(0, 1, 0, err, sizeof(err)) == 0 && gpu_for_rank(3, 8, 0, err, sizeof(err)) == 3 &&
-          gpu_for_rank(7, 8, 0, err, sizeof(err)) == 7, "gpu binding: local rank i takes GPU i");
-    int r = gpu_for_rank(1, 1, 0, err, sizeof(err));
-    check(r == -1 && strstr(err, "local rank 1 has no GPU of its own: this node has 1") != NULL,
-          "gpu binding refuses a second rank on one GPU: %s", err);
-    r = gpu_for_rank(8, 8, 0, err, sizeof(err));
+    check(gpu_for_rank(0, 1, 0, 0, err, sizeof(err)) == 0 && gpu_for_rank(3, 8, 0, 0, err, sizeof(err)) == 3 &&
+          gpu_for_rank(7, 8, 0, 0, err, sizeof(err)) == 7, "gpu binding: local rank i takes GPU i");
+    int r = gpu_for_rank(1, 1, 0, 0, err, sizeof(err));
+    check(r == -1 && strstr(err, "local rank 1 has no GPU of its own: this node has 1") != NULL &&
+          strstr(err, "-hb 1") != NULL, "gpu binding refuses a second rank on one GPU unless shared: %s", err);
+    r = gpu_for_rank(8, 8, 0, 0, err, sizeof(err));
     check(r == -1 && strstr(err, "local rank 8") != NULL && strstr(err, "has 8") != NULL,
           "gpu binding refuses local rank 8 of 8 GPUs: %s", err);
-    r = gpu_for_rank(0, 0, 0, err, sizeof(err));
-    check(r == -1 && strstr(err, "no CUDA device") != NULL, "gpu binding without a GPU: %s", err);
-    check(gpu_for_rank(-1, 4, 0, err, sizeof(err)) == -1, "gpu binding refuses local rank -1");
+    r = gpu_for_rank(0, 0, 0, 0, err, sizeof(err));
+    check(r == -1 && strcmp(err, "local rank 0: no CUDA device on this node") == 0, "gpu binding without a GPU: %s", err);
+    check(gpu_for_rank(-1, 4, 0, 0, err, sizeof(err)) == -1, "gpu binding refuses local rank -1");
     // srun --gpus-per-task=1: each task sees only its own GPU, as device 0
-    check(gpu_for_rank(3, 1, 1, err, sizeof(err)) == 0 && gpu_for_rank(3, 8, 1, err, sizeof(err)) == 3 &&
-              gpu_for_rank(3, 0, 1, err, sizeof(err)) == -1,
+    check(gpu_for_rank(3, 1, 1, 0, err, sizeof(err)) == 0 && gpu_for_rank(3, 8, 1, 0, err, sizeof(err)) == 3 &&
+              gpu_for_rank(3, 0, 1, 0, err, sizeof(err)) == -1,
           "gpu binding: a task given its own GPU takes device 0; with more visible, its local rank");
+    // host mode: ranks share the GPUs round robin; still none without a GPU
+    int all_zero = 1;
+    for (int k = 0; k < 8; k++) all_zero &= gpu_for_rank(k, 1, 0, 1, err, sizeof(err)) == 0;
+    check(all_zero, "gpu binding, shared: 8 ranks on one GPU all take device 0");
+    check(gpu_for_rank(5, 2, 0, 1, err, sizeof(err)) == 1 && gpu_for_rank(7, 4, 0, 1, err, sizeof(err)) == 3 &&
+              gpu_for_rank(2, 8, 0, 1, err, sizeof(err)) == 2,
+          "gpu binding, shared: local rank i takes GPU i %% ndevices");
+    r = gpu_for_rank(63, 0, 0, 1, err, sizeof(err));
+    check(r == -1 && strcmp(err, "local rank 63: no CUDA device on this node") == 0,
+          "gpu binding, shared, without a GPU: %s", err);
+    r = gpu_for_rank(-1, 1, 0, 1, err, sizeof(err));
+    check(r == -1 && strstr(err, "local rank -1") != NULL, "gpu binding, shared, refuses local rank -1: %s", err);
     Launch L;
     memset(&L, 0, sizeof(L));
     L.source = "Slurm";
@@ -1248,6 +1260,75 @@ static void test_gpu_binding(void) {
     free(saved);
     check(slurm_one && !slurm_two && !ours,
           "gpu binding: own GPU only for an outside launcher's task that sees one device (%d %d %d)", slurm_one, slurm_two, ours);
+}
+
+// gpu_host_mode: NCCL unless asked for the host backend, or our own
+// launcher's ranks (all on this node) outnumber its GPUs
+static void test_gpu_host_mode(void) {
+    check(gpu_host_mode(1, 0, 16, 8) && gpu_host_mode(1, 1, 1, 1) && gpu_host_mode(1, 1, 2, 8),
+          "host mode when asked (-hb 1), whatever the layout");
+    check(gpu_host_mode(0, 1, 8, 1) && gpu_host_mode(0, 1, 2, 1) && gpu_host_mode(0, 1, 16, 8),
+          "host mode when our launcher's ranks outnumber the GPUs (8 on 1, 2 on 1, 16 on 8)");
+    check(!gpu_host_mode(0, 1, 8, 8) && !gpu_host_mode(0, 1, 1, 1) && !gpu_host_mode(0, 1, 2, 8),
+          "NCCL when each of our launcher's ranks has a GPU of its own");
+    check(!gpu_host_mode(0, 0, 16, 8) && !gpu_host_mode(0, 0, 4, 1),
+          "NCCL for an outside launcher's ranks unless asked (they may span nodes)");
+    check(!gpu_host_mode(0, 1, 4, 0), "no GPU: not host mode (the binding refuses the rank)");
+}
+
+static uint32_t float_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float bits_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// host mode's bf16 sums (bf16.h): widened exactly, rounded once to nearest even
+static void test_bf16_host_sums(void) {
+    struct { uint32_t in; uint16_t want; const char *what; } cases[] = {
+        {0x3F800000u, 0x3F80, "1.0"},
+        {0xC0000000u, 0xC000, "-2.0"},
+        {0x80000000u, 0x8000, "-0.0"},
+        {0x40490FDBu, 0x4049, "pi rounds down to 3.140625"},
+        {0x3F808000u, 0x3F80, "a tie rounds to the even 1.0"},
+        {0x3F818000u, 0x3F82, "a tie rounds to the even 0x3F82"},
+        {0x3F808001u, 0x3F81, "just above a tie rounds up"},
+        {0x7F7FFFFFu, 0x7F80, "FLT_MAX rounds to +inf"},
+        {0x7F800000u, 0x7F80, "+inf"},
+        {0x00010000u, 0x0001, "the smallest bf16 subnormal"},
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint16_t got = float_to_bf16(bits_float(cases[i].in));
+        if (got != cases[i].want) {
+            bad++;
+            printf("  float_to_bf16(0x%08X) = 0x%04X, want 0x%04X (%s)\n", cases[i].in, got, cases[i].want, cases[i].what);
+        }
+        if (float_bits(bf16_to_float(cases[i].want)) != (uint32_t)cases[i].want << 16) bad++;
+    }
+    check(bad == 0, "bf16: %zu known values round to nearest even and widen exactly", sizeof(cases) / sizeof(cases[0]));
+    uint16_t nan = float_to_bf16(bits_float(0x7F800001u));  // a NaN whose payload is all in the dropped half
+    check((nan & 0x7F80) == 0x7F80 && (nan & 0x7F) != 0, "bf16: a NaN stays a NaN (0x%04X), never inf", nan);
+    // three members' bf16 gradients 1, 2^-8, 2^-8: summed in fp32 and
+    // rounded once they give 1 + 2^-7; rounded after each add, 1
+    uint16_t member[3] = {0x3F80, 0x3B80, 0x3B80};
+    float wide[3], sum = 0.0f;
+    bf16_widen(member, wide, 3);
+    for (int k = 0; k < 3; k++) sum += wide[k];
+    uint16_t once;
+    bf16_narrow(&sum, &once, 1);
+    uint16_t stepwise = member[0];
+    for (int k = 1; k < 3; k++) stepwise = float_to_bf16(bf16_to_float(stepwise) + wide[k]);
+    check(once == 0x3F81 && stepwise == 0x3F80, "bf16: host mode's sum rounds once, 1 + 2^-8 + 2^-8 = 0x%04X "
+          "(rounded at each add: 0x%04X)", once, stepwise);
+    uint16_t back[3];
+    bf16_narrow(wide, back, 3);
+    check(memcmp(back, member, sizeof(back)) == 0, "bf16: widen then narrow gives the same bits");
 }
 
 // every (color, key) of grid_split, over every rank of a layout, makes
@@ -1314,6 +1395,8 @@ int main(int argc, char **argv) {
     test_grid();
     test_grid_split();
     test_gpu_binding();
+    test_gpu_host_mode();
+    test_bf16_host_sums();
     test_pipeline_schedules();
     test_pipeline_plans();
     test_addresses();

@@ -62,12 +62,12 @@
 #define LLM3D_TOKENIZER_H
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "errors.h"
 #include "unicode_table.h"
 
 #define TOKENIZER_MAGIC 20240328
@@ -85,16 +85,6 @@
 
 // ----------------------------------------------------------------------------
 // small helpers
-
-static inline int tok_error(char *err, size_t errlen, const char *fmt, ...) {
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 static inline uint32_t tok_get_u32le(const unsigned char *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
@@ -131,7 +121,7 @@ static inline int tok_read_file(const char *path, size_t max_size, unsigned char
     *data = NULL;
     *size = 0;
     FILE *f = fopen(path, "rb");
-    if (f == NULL) return tok_error(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    if (f == NULL) return errorf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     size_t cap = 1 << 16, n = 0;
     unsigned char *buf = (unsigned char *)malloc(cap + 1);
     while (buf != NULL) {
@@ -148,14 +138,14 @@ static inline int tok_read_file(const char *path, size_t max_size, unsigned char
     int failed = ferror(f);
     int saved_errno = errno;
     fclose(f);
-    if (buf == NULL) return tok_error(err, errlen, "%s: out of memory reading it", path);
+    if (buf == NULL) return errorf(err, errlen, "%s: out of memory reading it", path);
     if (failed) {
         free(buf);
-        return tok_error(err, errlen, "%s: read error: %s", path, strerror(saved_errno));
+        return errorf(err, errlen, "%s: read error: %s", path, strerror(saved_errno));
     }
     if (n > max_size) {
         free(buf);
-        return tok_error(err, errlen, "%s: larger than %zu bytes, too large for this file type", path, max_size);
+        return errorf(err, errlen, "%s: larger than %zu bytes, too large for this file type", path, max_size);
     }
     buf[n] = '\0';
     *data = buf;
@@ -308,7 +298,7 @@ static inline int tokenizer_load_bin(Tokenizer *t, const char *path, char *err, 
     int32_t magic, version, vocab, eot;
     size_t pos = TOKENIZER_HEADER_BYTES, out = 0;
     if (size < TOKENIZER_HEADER_BYTES) {
-        tok_error(err, errlen, "%s: truncated header: %zu bytes, need %d", path, size, TOKENIZER_HEADER_BYTES);
+        errorf(err, errlen, "%s: truncated header: %zu bytes, need %d", path, size, TOKENIZER_HEADER_BYTES);
         goto done;
     }
     magic = (int32_t)tok_get_u32le(data);
@@ -316,41 +306,41 @@ static inline int tokenizer_load_bin(Tokenizer *t, const char *path, char *err, 
     vocab = (int32_t)tok_get_u32le(data + 8);
     eot = (int32_t)tok_get_u32le(data + 12);
     if (magic != TOKENIZER_MAGIC) {
-        tok_error(err, errlen, "%s: header[0] magic is %d, want %d (not a tokenizer .bin)", path, (int)magic, TOKENIZER_MAGIC);
+        errorf(err, errlen, "%s: header[0] magic is %d, want %d (not a tokenizer .bin)", path, (int)magic, TOKENIZER_MAGIC);
         goto done;
     }
     if (version != TOKENIZER_VERSION) {
-        tok_error(err, errlen, "%s: header[1] version is %d, want %d", path, (int)version, TOKENIZER_VERSION);
+        errorf(err, errlen, "%s: header[1] version is %d, want %d", path, (int)version, TOKENIZER_VERSION);
         goto done;
     }
     if (vocab < 1 || vocab > TOKENIZER_MAX_VOCAB) {
-        tok_error(err, errlen, "%s: header[2] vocab size is %d, want 1..%d", path, (int)vocab, TOKENIZER_MAX_VOCAB);
+        errorf(err, errlen, "%s: header[2] vocab size is %d, want 1..%d", path, (int)vocab, TOKENIZER_MAX_VOCAB);
         goto done;
     }
     if (eot < 0 || eot >= vocab) {
-        tok_error(err, errlen, "%s: header[3] EOT token is %d, want 0..%d", path, (int)eot, (int)vocab - 1);
+        errorf(err, errlen, "%s: header[3] EOT token is %d, want 0..%d", path, (int)eot, (int)vocab - 1);
         goto done;
     }
     // the token bytes plus one NUL each take exactly the file's remaining size
     t->token_bytes = (char *)malloc(size - TOKENIZER_HEADER_BYTES + 1);
     t->token_offset = (uint32_t *)malloc(((size_t)vocab + 1) * sizeof(uint32_t));
     if (t->token_bytes == NULL || t->token_offset == NULL) {
-        tok_error(err, errlen, "%s: out of memory for %d tokens", path, (int)vocab);
+        errorf(err, errlen, "%s: out of memory for %d tokens", path, (int)vocab);
         goto done;
     }
     for (int i = 0; i < vocab; i++) {
         if (pos >= size) {
-            tok_error(err, errlen, "%s: truncated: file ends at offset %zu before token %d of %d", path, pos, i, (int)vocab);
+            errorf(err, errlen, "%s: truncated: file ends at offset %zu before token %d of %d", path, pos, i, (int)vocab);
             goto done;
         }
         size_t len = data[pos];
         if (len == 0) {
-            tok_error(err, errlen, "%s: token %d at offset %zu has length 0 (want 1..255)", path, i, pos);
+            errorf(err, errlen, "%s: token %d at offset %zu has length 0 (want 1..255)", path, i, pos);
             goto done;
         }
         if (len > size - pos - 1) {
-            tok_error(err, errlen, "%s: truncated: token %d at offset %zu needs %zu bytes, %zu left", path, i, pos, len,
-                      size - pos - 1);
+            errorf(err, errlen, "%s: truncated: token %d at offset %zu needs %zu bytes, %zu left", path, i, pos, len,
+                   size - pos - 1);
             goto done;
         }
         t->token_offset[i] = (uint32_t)out;
@@ -361,7 +351,7 @@ static inline int tokenizer_load_bin(Tokenizer *t, const char *path, char *err, 
     }
     t->token_offset[vocab] = (uint32_t)out;
     if (pos != size) {
-        tok_error(err, errlen, "%s: %zu extra bytes after the last token (offset %zu)", path, size - pos, pos);
+        errorf(err, errlen, "%s: %zu extra bytes after the last token (offset %zu)", path, size - pos, pos);
         goto done;
     }
     t->vocab_size = vocab;
@@ -390,10 +380,10 @@ static inline int tok_write_bin(const char *path, int vocab, int eot, const unsi
     for (int i = 0; i < vocab; i++) {
         uint32_t len = offset[i + 1] - offset[i];
         if (len < 1 || len > BPE_MAX_TOKEN_BYTES)
-            return tok_error(err, errlen, "%s: token %d has %u bytes, the format allows 1..255", path, i, len);
+            return errorf(err, errlen, "%s: token %d has %u bytes, the format allows 1..255", path, i, len);
     }
     FILE *f = fopen(path, "wb");
-    if (f == NULL) return tok_error(err, errlen, "%s: cannot create: %s", path, strerror(errno));
+    if (f == NULL) return errorf(err, errlen, "%s: cannot create: %s", path, strerror(errno));
     unsigned char header[TOKENIZER_HEADER_BYTES] = {0};
     tok_put_u32le(header, TOKENIZER_MAGIC);
     tok_put_u32le(header + 4, TOKENIZER_VERSION);
@@ -408,7 +398,7 @@ static inline int tok_write_bin(const char *path, int vocab, int eot, const unsi
     if (fclose(f) != 0 && ok) { ok = 0; saved_errno = errno; }
     if (!ok) {
         remove(path);
-        return tok_error(err, errlen, "%s: write error: %s", path, strerror(saved_errno));
+        return errorf(err, errlen, "%s: write error: %s", path, strerror(saved_errno));
     }
     return 0;
 }
@@ -534,21 +524,21 @@ static inline void bpe_json_skip_space(BpeJson *j) {
 static inline int bpe_json_expect(BpeJson *j, char c, const char *what) {
     bpe_json_skip_space(j);
     if (j->pos >= j->n)
-        return tok_error(j->err, j->errlen, "%s: offset %zu: file ends, expected '%c' %s", j->path, j->pos, c, what);
+        return errorf(j->err, j->errlen, "%s: offset %zu: file ends, expected '%c' %s", j->path, j->pos, c, what);
     if (j->s[j->pos] != (unsigned char)c)
-        return tok_error(j->err, j->errlen, "%s: offset %zu: expected '%c' %s, got '%c'", j->path, j->pos, c, what,
-                         j->s[j->pos] >= 0x20 && j->s[j->pos] < 0x7f ? j->s[j->pos] : '?');
+        return errorf(j->err, j->errlen, "%s: offset %zu: expected '%c' %s, got '%c'", j->path, j->pos, c, what,
+                      j->s[j->pos] >= 0x20 && j->s[j->pos] < 0x7f ? j->s[j->pos] : '?');
     j->pos++;
     return 0;
 }
 
 static inline int bpe_json_hex4(BpeJson *j, uint32_t *v) {
     *v = 0;
-    if (j->n - j->pos < 4) return tok_error(j->err, j->errlen, "%s: offset %zu: truncated \\u escape", j->path, j->pos);
+    if (j->n - j->pos < 4) return errorf(j->err, j->errlen, "%s: offset %zu: truncated \\u escape", j->path, j->pos);
     for (int k = 0; k < 4; k++) {
         unsigned char c = j->s[j->pos + k];
         int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-        if (d < 0) return tok_error(j->err, j->errlen, "%s: offset %zu: bad hex digit in \\u escape", j->path, j->pos + k);
+        if (d < 0) return errorf(j->err, j->errlen, "%s: offset %zu: bad hex digit in \\u escape", j->path, j->pos + k);
         *v = *v * 16 + (uint32_t)d;
     }
     j->pos += 4;
@@ -561,13 +551,13 @@ static inline int bpe_json_key(BpeJson *j, const int byte_of_char[324], unsigned
     if (bpe_json_expect(j, '"', "to start a key") != 0) return -1;
     *len = 0;
     for (;;) {
-        if (j->pos >= j->n) return tok_error(j->err, j->errlen, "%s: offset %zu: file ends inside the key", j->path, start);
+        if (j->pos >= j->n) return errorf(j->err, j->errlen, "%s: offset %zu: file ends inside the key", j->path, start);
         unsigned char c = j->s[j->pos];
         uint32_t cp = 0;
         if (c == '"') { j->pos++; break; }
-        if (c < 0x20) return tok_error(j->err, j->errlen, "%s: offset %zu: control byte 0x%02x inside a key", j->path, j->pos, c);
+        if (c < 0x20) return errorf(j->err, j->errlen, "%s: offset %zu: control byte 0x%02x inside a key", j->path, j->pos, c);
         if (c == '\\') {
-            if (++j->pos >= j->n) return tok_error(j->err, j->errlen, "%s: offset %zu: file ends inside the key", j->path, start);
+            if (++j->pos >= j->n) return errorf(j->err, j->errlen, "%s: offset %zu: file ends inside the key", j->path, start);
             unsigned char e = j->s[j->pos++];
             switch (e) {
             case '"': cp = '"'; break;
@@ -583,35 +573,35 @@ static inline int bpe_json_key(BpeJson *j, const int byte_of_char[324], unsigned
                 if (cp >= 0xD800 && cp <= 0xDBFF) {  // a surrogate pair: \uD8xx\uDCxx
                     uint32_t low = 0;
                     if (j->n - j->pos < 2 || j->s[j->pos] != '\\' || j->s[j->pos + 1] != 'u')
-                        return tok_error(j->err, j->errlen, "%s: offset %zu: high surrogate \\u%04X without a low one", j->path,
-                                         j->pos, cp);
+                        return errorf(j->err, j->errlen, "%s: offset %zu: high surrogate \\u%04X without a low one", j->path,
+                                      j->pos, cp);
                     j->pos += 2;
                     if (bpe_json_hex4(j, &low) != 0) return -1;
                     if (low < 0xDC00 || low > 0xDFFF)
-                        return tok_error(j->err, j->errlen, "%s: offset %zu: \\u%04X is not a low surrogate", j->path,
-                                         j->pos - 6, low);
+                        return errorf(j->err, j->errlen, "%s: offset %zu: \\u%04X is not a low surrogate", j->path,
+                                      j->pos - 6, low);
                     cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
                 } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-                    return tok_error(j->err, j->errlen, "%s: offset %zu: lone low surrogate \\u%04X", j->path, j->pos - 6, cp);
+                    return errorf(j->err, j->errlen, "%s: offset %zu: lone low surrogate \\u%04X", j->path, j->pos - 6, cp);
                 }
                 break;
             default:
-                return tok_error(j->err, j->errlen, "%s: offset %zu: bad escape '\\%c' in a key", j->path, j->pos - 2,
-                                 e >= 0x20 && e < 0x7f ? e : '?');
+                return errorf(j->err, j->errlen, "%s: offset %zu: bad escape '\\%c' in a key", j->path, j->pos - 2,
+                              e >= 0x20 && e < 0x7f ? e : '?');
             }
         } else {
             int clen = utf8_decode(j->s + j->pos, j->n - j->pos, &cp);
-            if (clen == 0) return tok_error(j->err, j->errlen, "%s: offset %zu: invalid UTF-8 in a key", j->path, j->pos);
+            if (clen == 0) return errorf(j->err, j->errlen, "%s: offset %zu: invalid UTF-8 in a key", j->path, j->pos);
             j->pos += (size_t)clen;
         }
         if (cp >= 324 || byte_of_char[cp] < 0)
-            return tok_error(j->err, j->errlen, "%s: offset %zu: key has U+%04X, which is not in GPT-2's byte alphabet",
-                             j->path, start, cp);
+            return errorf(j->err, j->errlen, "%s: offset %zu: key has U+%04X, which is not in GPT-2's byte alphabet",
+                          j->path, start, cp);
         if (*len == BPE_MAX_TOKEN_BYTES)
-            return tok_error(j->err, j->errlen, "%s: offset %zu: key longer than %d bytes", j->path, start, BPE_MAX_TOKEN_BYTES);
+            return errorf(j->err, j->errlen, "%s: offset %zu: key longer than %d bytes", j->path, start, BPE_MAX_TOKEN_BYTES);
         out[(*len)++] = (unsigned char)byte_of_char[cp];
     }
-    if (*len == 0) return tok_error(j->err, j->errlen, "%s: offset %zu: empty key", j->path, start);
+    if (*len == 0) return errorf(j->err, j->errlen, "%s: offset %zu: empty key", j->path, start);
     return 0;
 }
 
@@ -620,16 +610,167 @@ static inline int bpe_json_id(BpeJson *j, long *id) {
     size_t start = j->pos;
     long v = 0;
     while (j->pos < j->n && j->s[j->pos] >= '0' && j->s[j->pos] <= '9') {
-        if (v > 100000000) return tok_error(j->err, j->errlen, "%s: offset %zu: id too large", j->path, start);
+        if (v > 100000000) return errorf(j->err, j->errlen, "%s: offset %zu: id too large", j->path, start);
         v = v * 10 + (j->s[j->pos++] - '0');
     }
     if (j->pos == start || (j->pos < j->n && (j->s[j->pos] == '.' || j->s[j->pos] == 'e' || j->s[j->pos] == 'E'))) {
         char shown[64];
         size_t avail = j->n - start < 12 ? j->n - start : 12;
-        return tok_error(j->err, j->errlen, "%s: offset %zu: expected a non-negative integer id, got '%s'", j->path, start,
-                         tok_show(j->s + start, avail, shown, sizeof(shown)));
+        return errorf(j->err, j->errlen, "%s: offset %zu: expected a non-negative integer id, got '%s'", j->path, start,
+                      tok_show(j->s + start, avail, shown, sizeof(shown)));
     }
     *id = v;
+    return 0;
+}
+
+// encoder.json's keys in file order, before they are placed by id
+typedef struct {
+    unsigned char *bytes;  // every key's raw bytes, back to back
+    uint32_t *off, *len;   // key k is bytes[off[k] .. off[k] + len[k])
+    int32_t *id;
+    size_t count, cap, used;
+} BpeKeys;
+
+static inline void bpe_keys_free(BpeKeys *keys) {
+    free(keys->bytes);
+    free(keys->off);
+    free(keys->len);
+    free(keys->id);
+    memset(keys, 0, sizeof(*keys));
+}
+
+// bpe_keys_grow: room for twice as many keys; on failure keys stays valid for bpe_keys_free
+static inline int bpe_keys_grow(BpeKeys *keys) {
+    size_t cap = 2 * keys->cap;
+    uint32_t *off = (uint32_t *)realloc(keys->off, cap * sizeof(uint32_t));
+    if (off != NULL) keys->off = off;
+    uint32_t *len = (uint32_t *)realloc(keys->len, cap * sizeof(uint32_t));
+    if (len != NULL) keys->len = len;
+    int32_t *id = (int32_t *)realloc(keys->id, cap * sizeof(int32_t));
+    if (id != NULL) keys->id = id;
+    if (off == NULL || len == NULL || id == NULL) return -1;
+    keys->cap = cap;
+    return 0;
+}
+
+// bpe_json_read_keys: the whole object's "key": id pairs into keys, in file
+// order; keys->bytes must hold as many bytes as the file (no key's raw bytes
+// are longer than its spelling)
+static inline int bpe_json_read_keys(BpeJson *j, const int byte_of_char[324], BpeKeys *keys) {
+    if (bpe_json_expect(j, '{', "to open the object") != 0) return -1;
+    bpe_json_skip_space(j);
+    if (j->pos < j->n && j->s[j->pos] == '}')
+        return errorf(j->err, j->errlen, "%s: offset %zu: the object is empty", j->path, j->pos);
+    for (;;) {
+        if (keys->count == keys->cap && bpe_keys_grow(keys) != 0)
+            return errorf(j->err, j->errlen, "%s: out of memory", j->path);
+        unsigned char key[BPE_MAX_TOKEN_BYTES];
+        uint32_t len;
+        long id = 0;
+        if (bpe_json_key(j, byte_of_char, key, &len) != 0) return -1;
+        if (bpe_json_expect(j, ':', "after a key") != 0) return -1;
+        if (bpe_json_id(j, &id) != 0) return -1;
+        memcpy(keys->bytes + keys->used, key, len);
+        keys->off[keys->count] = (uint32_t)keys->used;
+        keys->len[keys->count] = len;
+        keys->id[keys->count] = (int32_t)id;
+        keys->used += len;
+        keys->count++;
+        bpe_json_skip_space(j);
+        if (j->pos < j->n && j->s[j->pos] == ',') { j->pos++; continue; }
+        if (bpe_json_expect(j, '}', "or ',' after an id") != 0) return -1;
+        break;
+    }
+    bpe_json_skip_space(j);
+    if (j->pos != j->n)
+        return errorf(j->err, j->errlen, "%s: offset %zu: unexpected data after the object", j->path, j->pos);
+    return 0;
+}
+
+// bpe_place_keys: token i of b is the key whose id is i (fills vocab_size,
+// token_bytes, token_offset); the ids must be exactly 0..count-1
+static inline int bpe_place_keys(Bpe *b, const BpeKeys *keys, const char *path, char *err, size_t errlen) {
+    int rc = -1;
+    size_t count = keys->count;
+    uint32_t off = 0;
+    b->vocab_size = (int)count;
+    b->token_bytes = (unsigned char *)malloc(keys->used + 1);
+    b->token_offset = (uint32_t *)malloc((count + 1) * sizeof(uint32_t));
+    uint32_t *key_of_id = (uint32_t *)malloc(count * sizeof(uint32_t));
+    if (b->token_bytes == NULL || b->token_offset == NULL || key_of_id == NULL) {
+        errorf(err, errlen, "%s: out of memory", path);
+        goto done;
+    }
+    for (size_t i = 0; i < count; i++) key_of_id[i] = UINT32_MAX;
+    for (size_t k = 0; k < count; k++) {
+        char shown[64];
+        int32_t id = keys->id[k];
+        if ((size_t)id >= count) {
+            errorf(err, errlen, "%s: key '%s' has id %d, but with %zu keys ids must be 0..%zu", path,
+                   tok_show(keys->bytes + keys->off[k], keys->len[k], shown, sizeof(shown)), (int)id, count, count - 1);
+            goto done;
+        }
+        if (key_of_id[id] != UINT32_MAX) {
+            char shown_first[64];
+            size_t first = key_of_id[id];
+            errorf(err, errlen, "%s: id %d is used twice, by keys '%s' and '%s'", path, (int)id,
+                   tok_show(keys->bytes + keys->off[first], keys->len[first], shown_first, sizeof(shown_first)),
+                   tok_show(keys->bytes + keys->off[k], keys->len[k], shown, sizeof(shown)));
+            goto done;
+        }
+        key_of_id[id] = (uint32_t)k;
+    }
+    for (size_t i = 0; i < count; i++) {
+        size_t k = key_of_id[i];
+        b->token_offset[i] = off;
+        memcpy(b->token_bytes + off, keys->bytes + keys->off[k], keys->len[k]);
+        off += keys->len[k];
+    }
+    b->token_offset[count] = off;
+    rc = 0;
+done:
+    free(key_of_id);
+    return rc;
+}
+
+// bpe_index_names: names maps each token's bytes to its id (load factor <=
+// 1/2); two keys with the same bytes are an error
+static inline int bpe_index_names(BpeNames *names, const Bpe *b, const char *path, char *err, size_t errlen) {
+    size_t count = (size_t)b->vocab_size;
+    uint32_t slots = 2;
+    while (slots < 2 * count) slots *= 2;
+    names->slots = (BpeNameSlot *)malloc(slots * sizeof(BpeNameSlot));
+    names->mask = slots - 1;
+    if (names->slots == NULL) return errorf(err, errlen, "%s: out of memory", path);
+    for (uint32_t s = 0; s < slots; s++) names->slots[s].id = -1;
+    for (size_t i = 0; i < count; i++) {
+        const unsigned char *name = b->token_bytes + b->token_offset[i];
+        uint32_t len = b->token_offset[i + 1] - b->token_offset[i], slot;
+        uint64_t hash = tok_hash_bytes(name, len);
+        if (bpe_names_find(names, b, name, len, hash, &slot) >= 0) {
+            char shown[64];
+            return errorf(err, errlen, "%s: key '%s' appears twice", path, tok_show(name, len, shown, sizeof(shown)));
+        }
+        names->slots[slot].hash = hash;
+        names->slots[slot].off = b->token_offset[i];
+        names->slots[slot].len = len;
+        names->slots[slot].id = (int32_t)i;
+    }
+    return 0;
+}
+
+// bpe_find_special_tokens: byte_token (every single byte must be a token)
+// and eot (-1 when "<|endoftext|>" is not one)
+static inline int bpe_find_special_tokens(Bpe *b, const BpeNames *names, const char *path, char *err, size_t errlen) {
+    for (int byte = 0; byte < 256; byte++) {
+        unsigned char c = (unsigned char)byte;
+        b->byte_token[byte] = bpe_names_find(names, b, &c, 1, tok_hash_bytes(&c, 1), NULL);
+        if (b->byte_token[byte] < 0)
+            return errorf(err, errlen, "%s: no key for the single byte 0x%02x; byte-level BPE needs all 256", path, byte);
+    }
+    const unsigned char *eot_text = (const unsigned char *)BPE_EOT_TEXT;
+    uint32_t eot_len = (uint32_t)strlen(BPE_EOT_TEXT);
+    b->eot = bpe_names_find(names, b, eot_text, eot_len, tok_hash_bytes(eot_text, eot_len), NULL);
     return 0;
 }
 
@@ -640,138 +781,27 @@ static inline int bpe_read_encoder(Bpe *b, BpeNames *names, const char *path, co
     unsigned char *data;
     size_t size;
     if (tok_read_file(path, BPE_MAX_FILE_BYTES, &data, &size, err, errlen) != 0) return -1;
-    BpeJson j = {data, size, 0, path, err, errlen};
     int rc = -1;
-    // keys in file order, then placed by id: the bytes can't exceed the file
-    unsigned char *keys = (unsigned char *)malloc(size + 1);
-    uint32_t *key_off = NULL, *key_len = NULL;
-    int32_t *key_id = NULL;
-    size_t count = 0, cap = 1024, used = 0;
-    // declared before the first goto: C++ (the CUDA trainer) forbids jumping over an initialization
-    uint32_t *key_of_id = NULL;
-    uint32_t off = 0, slots = 2;
-    const unsigned char *eot_text = (const unsigned char *)BPE_EOT_TEXT;
-    uint32_t eot_len = (uint32_t)strlen(BPE_EOT_TEXT);
-    key_off = (uint32_t *)malloc(cap * sizeof(uint32_t));
-    key_len = (uint32_t *)malloc(cap * sizeof(uint32_t));
-    key_id = (int32_t *)malloc(cap * sizeof(int32_t));
-    if (keys == NULL || key_off == NULL || key_len == NULL || key_id == NULL) {
-        tok_error(err, errlen, "%s: out of memory", path);
+    BpeJson j = {data, size, 0, path, err, errlen};
+    BpeKeys keys;
+    memset(&keys, 0, sizeof(keys));
+    keys.bytes = (unsigned char *)malloc(size + 1);
+    keys.cap = 1024;
+    keys.off = (uint32_t *)malloc(keys.cap * sizeof(uint32_t));
+    keys.len = (uint32_t *)malloc(keys.cap * sizeof(uint32_t));
+    keys.id = (int32_t *)malloc(keys.cap * sizeof(int32_t));
+    if (keys.bytes == NULL || keys.off == NULL || keys.len == NULL || keys.id == NULL) {
+        errorf(err, errlen, "%s: out of memory", path);
         goto done;
     }
-    if (bpe_json_expect(&j, '{', "to open the object") != 0) goto done;
-    bpe_json_skip_space(&j);
-    if (j.pos < j.n && j.s[j.pos] == '}') {
-        tok_error(err, errlen, "%s: offset %zu: the object is empty", path, j.pos);
-        goto done;
-    }
-    for (;;) {
-        if (count == cap) {
-            cap *= 2;
-            uint32_t *o = (uint32_t *)realloc(key_off, cap * sizeof(uint32_t));
-            if (o != NULL) key_off = o;
-            uint32_t *l = (uint32_t *)realloc(key_len, cap * sizeof(uint32_t));
-            if (l != NULL) key_len = l;
-            int32_t *d = (int32_t *)realloc(key_id, cap * sizeof(int32_t));
-            if (d != NULL) key_id = d;
-            if (o == NULL || l == NULL || d == NULL) { tok_error(err, errlen, "%s: out of memory", path); goto done; }
-        }
-        unsigned char key[BPE_MAX_TOKEN_BYTES];
-        uint32_t len;
-        long id = 0;
-        if (bpe_json_key(&j, byte_of_char, key, &len) != 0) goto done;
-        if (bpe_json_expect(&j, ':', "after a key") != 0) goto done;
-        if (bpe_json_id(&j, &id) != 0) goto done;
-        memcpy(keys + used, key, len);
-        key_off[count] = (uint32_t)used;
-        key_len[count] = len;
-        key_id[count] = (int32_t)id;
-        used += len;
-        count++;
-        bpe_json_skip_space(&j);
-        if (j.pos < j.n && j.s[j.pos] == ',') { j.pos++; continue; }
-        if (bpe_json_expect(&j, '}', "or ',' after an id") != 0) goto done;
-        break;
-    }
-    bpe_json_skip_space(&j);
-    if (j.pos != j.n) {
-        tok_error(err, errlen, "%s: offset %zu: unexpected data after the object", path, j.pos);
-        goto done;
-    }
-    // ids must be exactly 0..count-1
-    b->vocab_size = (int)count;
-    b->token_bytes = (unsigned char *)malloc(used + 1);
-    b->token_offset = (uint32_t *)malloc((count + 1) * sizeof(uint32_t));
-    key_of_id = (uint32_t *)malloc(count * sizeof(uint32_t));
-    if (b->token_bytes == NULL || b->token_offset == NULL || key_of_id == NULL) {
-        free(key_of_id);
-        tok_error(err, errlen, "%s: out of memory", path);
-        goto done;
-    }
-    for (size_t i = 0; i < count; i++) key_of_id[i] = UINT32_MAX;
-    for (size_t k = 0; k < count; k++) {
-        char shown[64];
-        if ((size_t)key_id[k] >= count) {
-            tok_error(err, errlen, "%s: key '%s' has id %d, but with %zu keys ids must be 0..%zu", path,
-                      tok_show(keys + key_off[k], key_len[k], shown, sizeof(shown)), (int)key_id[k], count, count - 1);
-            free(key_of_id);
-            goto done;
-        }
-        if (key_of_id[key_id[k]] != UINT32_MAX) {
-            char shown_first[64];
-            size_t first = key_of_id[key_id[k]];
-            tok_error(err, errlen, "%s: id %d is used twice, by keys '%s' and '%s'", path, (int)key_id[k],
-                      tok_show(keys + key_off[first], key_len[first], shown_first, sizeof(shown_first)),
-                      tok_show(keys + key_off[k], key_len[k], shown, sizeof(shown)));
-            free(key_of_id);
-            goto done;
-        }
-        key_of_id[key_id[k]] = (uint32_t)k;
-    }
-    for (size_t i = 0; i < count; i++) {
-        size_t k = key_of_id[i];
-        b->token_offset[i] = off;
-        memcpy(b->token_bytes + off, keys + key_off[k], key_len[k]);
-        off += key_len[k];
-    }
-    b->token_offset[count] = off;
-    free(key_of_id);
-    // names: bytes -> id, load factor <= 1/2
-    while (slots < 2 * count) slots *= 2;
-    names->slots = (BpeNameSlot *)malloc(slots * sizeof(BpeNameSlot));
-    names->mask = slots - 1;
-    if (names->slots == NULL) { tok_error(err, errlen, "%s: out of memory", path); goto done; }
-    for (uint32_t s = 0; s < slots; s++) names->slots[s].id = -1;
-    for (size_t i = 0; i < count; i++) {
-        const unsigned char *name = b->token_bytes + b->token_offset[i];
-        uint32_t len = b->token_offset[i + 1] - b->token_offset[i], slot;
-        uint64_t hash = tok_hash_bytes(name, len);
-        if (bpe_names_find(names, b, name, len, hash, &slot) >= 0) {
-            char shown[64];
-            tok_error(err, errlen, "%s: key '%s' appears twice", path, tok_show(name, len, shown, sizeof(shown)));
-            goto done;
-        }
-        names->slots[slot].hash = hash;
-        names->slots[slot].off = b->token_offset[i];
-        names->slots[slot].len = len;
-        names->slots[slot].id = (int32_t)i;
-    }
-    for (int byte = 0; byte < 256; byte++) {
-        unsigned char c = (unsigned char)byte;
-        b->byte_token[byte] = bpe_names_find(names, b, &c, 1, tok_hash_bytes(&c, 1), NULL);
-        if (b->byte_token[byte] < 0) {
-            tok_error(err, errlen, "%s: no key for the single byte 0x%02x; byte-level BPE needs all 256", path, byte);
-            goto done;
-        }
-    }
-    b->eot = bpe_names_find(names, b, eot_text, eot_len, tok_hash_bytes(eot_text, eot_len), NULL);
+    if (bpe_json_read_keys(&j, byte_of_char, &keys) != 0) goto done;
+    if (bpe_place_keys(b, &keys, path, err, errlen) != 0) goto done;
+    if (bpe_index_names(names, b, path, err, errlen) != 0) goto done;
+    if (bpe_find_special_tokens(b, names, path, err, errlen) != 0) goto done;
     rc = 0;
 done:
     free(data);
-    free(keys);
-    free(key_off);
-    free(key_len);
-    free(key_id);
+    bpe_keys_free(&keys);
     return rc;
 }
 
@@ -789,6 +819,83 @@ static inline int32_t bpe_symbol_id(const Bpe *b, const BpeNames *names, const i
     return bpe_names_find(names, b, raw, *raw_len, tok_hash_bytes(raw, *raw_len), NULL);
 }
 
+// bpe_parse_merge: one merge line s[0..n) ("a b", line number line) into the
+// ids of its two parts and of what they make (negative until known)
+static inline int bpe_parse_merge(const Bpe *b, const BpeNames *names, const int byte_of_char[324], const char *path,
+                                  int line, const unsigned char *s, size_t n, int32_t *a, int32_t *c, int32_t *merged,
+                                  char *err, size_t errlen) {
+    char shown[64];
+    *a = *c = *merged = -1;
+    const unsigned char *space = (const unsigned char *)memchr(s, ' ', n);
+    if (n == 0 || space == NULL || space == s || space == s + n - 1 || memchr(space + 1, ' ', (size_t)(s + n - space - 1)) != NULL)
+        return errorf(err, errlen, "%s: line %d: expected two symbols separated by one space, got '%s'", path, line,
+                      tok_show(s, n, shown, sizeof(shown)));
+    unsigned char raw_a[BPE_MAX_TOKEN_BYTES], raw_b[BPE_MAX_TOKEN_BYTES], both[2 * BPE_MAX_TOKEN_BYTES];
+    uint32_t len_a, len_b;
+    *a = bpe_symbol_id(b, names, byte_of_char, s, (size_t)(space - s), raw_a, &len_a);
+    *c = bpe_symbol_id(b, names, byte_of_char, space + 1, (size_t)(s + n - space - 1), raw_b, &len_b);
+    if (*a < 0 || *c < 0) {
+        const unsigned char *bad = *a < 0 ? s : space + 1;
+        size_t bad_len = *a < 0 ? (size_t)(space - s) : (size_t)(s + n - space - 1);
+        return errorf(err, errlen, "%s: line %d: symbol '%s' is %s", path, line, tok_show(bad, bad_len, shown, sizeof(shown)),
+                      (*a < 0 ? *a : *c) == -2 ? "not in GPT-2's byte alphabet" : "not a key of the encoder");
+    }
+    memcpy(both, raw_a, len_a);
+    memcpy(both + len_a, raw_b, len_b);
+    *merged = len_a + len_b > BPE_MAX_TOKEN_BYTES ? -1
+              : bpe_names_find(names, b, both, len_a + len_b, tok_hash_bytes(both, len_a + len_b), NULL);
+    if (*merged < 0)
+        return errorf(err, errlen, "%s: line %d: merge result of '%s' is not a key of the encoder", path, line,
+                      tok_show(s, n, shown, sizeof(shown)));
+    return 0;
+}
+
+// What bpe_read_merges records for the checks after the last line. Merge r
+// (its rank) joins part_a[r] and part_b[r] and is on line merge_line[r];
+// made_at[id] is the last merge that makes token id (-1: none), on line
+// made_line[id].
+typedef struct {
+    int32_t *part_a, *part_b, *merge_line;
+    int32_t *made_at, *made_line;
+} BpeMergeLog;
+
+static inline void bpe_merge_log_free(BpeMergeLog *log) {
+    free(log->part_a);
+    free(log->part_b);
+    free(log->merge_line);
+    free(log->made_at);
+    free(log->made_line);
+    memset(log, 0, sizeof(*log));
+}
+
+// bpe_check_merges: after the last of the lines merges: every merge's parts
+// are made by earlier merges (the heap merger equals encoder.py's only then),
+// and every token but the bytes and EOT is made by some merge, which catches a
+// cut-short file
+static inline int bpe_check_merges(const Bpe *b, const BpeMergeLog *log, int merges, int lines, const char *path,
+                                   char *err, size_t errlen) {
+    char shown[64];
+    int len;
+    for (int r = 0; r < merges; r++) {
+        int32_t parts[2] = {log->part_a[r], log->part_b[r]};
+        for (int k = 0; k < 2; k++) {
+            if (log->made_at[parts[k]] < r) continue;
+            const unsigned char *name = bpe_token_bytes(b, parts[k], &len);
+            return errorf(err, errlen, "%s: line %d: uses '%s', which line %d makes later; parts must be made first", path,
+                          log->merge_line[r], tok_show(name, (size_t)len, shown, sizeof(shown)), log->made_line[parts[k]]);
+        }
+    }
+    for (int id = 0; id < b->vocab_size; id++) {
+        if (log->made_at[id] >= 0 || id == b->eot || b->token_offset[id + 1] - b->token_offset[id] == 1) continue;
+        const unsigned char *name = bpe_token_bytes(b, id, &len);
+        return errorf(err, errlen, "%s: token '%s' (id %d) is made by no merge in the %d lines read (truncated file?)", path,
+                      tok_show(name, (size_t)len, shown, sizeof(shown)), id, lines);
+    }
+    return 0;
+}
+
+// bpe_read_merges: fills merges/merge_mask/merge_count from vocab.bpe, whose
+// merges are in rank order, one per line after the "#version" line
 static inline int bpe_read_merges(Bpe *b, const BpeNames *names, const char *path, const int byte_of_char[324], char *err,
                                   size_t errlen) {
     unsigned char *data;
@@ -796,24 +903,24 @@ static inline int bpe_read_merges(Bpe *b, const BpeNames *names, const char *pat
     if (tok_read_file(path, BPE_MAX_FILE_BYTES, &data, &size, err, errlen) != 0) return -1;
     int rc = -1;
     int V = b->vocab_size;
-    // made_at[id]: the last merge that makes token id (-1: none); merge_line: its line
-    int32_t *made_at = (int32_t *)malloc((size_t)V * sizeof(int32_t));
-    int32_t *made_line = (int32_t *)malloc((size_t)V * sizeof(int32_t));
-    int32_t *part_a = NULL, *part_b = NULL, *merge_line = NULL;
-    size_t pos = 0;  // before the first goto: C++ forbids jumping over an initialization
+    size_t pos = 0;
     int line = 0, rank = 0;
     uint32_t slots = 2;
     while (slots < 2 * (uint32_t)V) slots *= 2;  // there can't be more merges than tokens
     b->merges = (BpeMerge *)malloc(slots * sizeof(BpeMerge));
     b->merge_mask = slots - 1;
-    part_a = (int32_t *)malloc((size_t)V * sizeof(int32_t));
-    part_b = (int32_t *)malloc((size_t)V * sizeof(int32_t));
-    merge_line = (int32_t *)malloc((size_t)V * sizeof(int32_t));
-    if (made_at == NULL || made_line == NULL || b->merges == NULL || part_a == NULL || part_b == NULL || merge_line == NULL) {
-        tok_error(err, errlen, "%s: out of memory", path);
+    BpeMergeLog log;
+    log.part_a = (int32_t *)malloc((size_t)V * sizeof(int32_t));
+    log.part_b = (int32_t *)malloc((size_t)V * sizeof(int32_t));
+    log.merge_line = (int32_t *)malloc((size_t)V * sizeof(int32_t));
+    log.made_at = (int32_t *)malloc((size_t)V * sizeof(int32_t));
+    log.made_line = (int32_t *)malloc((size_t)V * sizeof(int32_t));
+    if (b->merges == NULL || log.part_a == NULL || log.part_b == NULL || log.merge_line == NULL || log.made_at == NULL ||
+        log.made_line == NULL) {
+        errorf(err, errlen, "%s: out of memory", path);
         goto done;
     }
-    for (int i = 0; i < V; i++) made_at[i] = -1;
+    for (int i = 0; i < V; i++) log.made_at[i] = -1;
     for (uint32_t s = 0; s < slots; s++) b->merges[s].merged = -1;
     while (pos < size) {
         size_t end = pos;
@@ -827,96 +934,45 @@ static inline int bpe_read_merges(Bpe *b, const BpeNames *names, const char *pat
         pos = next;
         if (line == 1) {
             if (n < 8 || memcmp(s, "#version", 8) != 0) {
-                tok_error(err, errlen, "%s: line 1: expected a '#version' header, got '%s'", path, tok_show(s, n, shown, sizeof(shown)));
+                errorf(err, errlen, "%s: line 1: expected a '#version' header, got '%s'", path, tok_show(s, n, shown, sizeof(shown)));
                 goto done;
             }
             continue;
         }
-        const unsigned char *space = (const unsigned char *)memchr(s, ' ', n);
-        if (n == 0 || space == NULL || space == s || space == s + n - 1 || memchr(space + 1, ' ', (size_t)(s + n - space - 1)) != NULL) {
-            tok_error(err, errlen, "%s: line %d: expected two symbols separated by one space, got '%s'", path, line,
-                      tok_show(s, n, shown, sizeof(shown)));
-            goto done;
-        }
-        unsigned char raw_a[BPE_MAX_TOKEN_BYTES], raw_b[BPE_MAX_TOKEN_BYTES], both[2 * BPE_MAX_TOKEN_BYTES];
-        uint32_t len_a, len_b;
-        int32_t a = bpe_symbol_id(b, names, byte_of_char, s, (size_t)(space - s), raw_a, &len_a);
-        int32_t c = bpe_symbol_id(b, names, byte_of_char, space + 1, (size_t)(s + n - space - 1), raw_b, &len_b);
-        if (a < 0 || c < 0) {
-            const unsigned char *bad = a < 0 ? s : space + 1;
-            size_t bad_len = a < 0 ? (size_t)(space - s) : (size_t)(s + n - space - 1);
-            tok_error(err, errlen, "%s: line %d: symbol '%s' is %s", path, line, tok_show(bad, bad_len, shown, sizeof(shown)),
-                      (a < 0 ? a : c) == -2 ? "not in GPT-2's byte alphabet" : "not a key of the encoder");
-            goto done;
-        }
-        memcpy(both, raw_a, len_a);
-        memcpy(both + len_a, raw_b, len_b);
-        int32_t merged = len_a + len_b > BPE_MAX_TOKEN_BYTES ? -1
-                         : bpe_names_find(names, b, both, len_a + len_b, tok_hash_bytes(both, len_a + len_b), NULL);
-        if (merged < 0) {
-            tok_error(err, errlen, "%s: line %d: merge result of '%s' is not a key of the encoder", path, line,
-                      tok_show(s, n, shown, sizeof(shown)));
-            goto done;
-        }
+        int32_t a, c, merged;
+        if (bpe_parse_merge(b, names, byte_of_char, path, line, s, n, &a, &c, &merged, err, errlen) != 0) goto done;
         if (rank >= V) {
-            tok_error(err, errlen, "%s: line %d: more merges than the %d tokens of the encoder", path, line, V);
+            errorf(err, errlen, "%s: line %d: more merges than the %d tokens of the encoder", path, line, V);
             goto done;
         }
         uint64_t pair = ((uint64_t)(uint32_t)a << 32) | (uint32_t)c;
         uint32_t slot = bpe_pair_slot(pair, b->merge_mask);
         while (b->merges[slot].merged >= 0 && b->merges[slot].pair != pair) slot = (slot + 1) & b->merge_mask;
         if (b->merges[slot].merged >= 0) {
-            tok_error(err, errlen, "%s: line %d: merge '%s' repeats line %d", path, line, tok_show(s, n, shown, sizeof(shown)),
-                      merge_line[b->merges[slot].rank]);
+            errorf(err, errlen, "%s: line %d: merge '%s' repeats line %d", path, line, tok_show(s, n, shown, sizeof(shown)),
+                   log.merge_line[b->merges[slot].rank]);
             goto done;
         }
         b->merges[slot].pair = pair;
         b->merges[slot].rank = rank;
         b->merges[slot].merged = merged;
-        part_a[rank] = a;
-        part_b[rank] = c;
-        merge_line[rank] = line;
-        made_at[merged] = rank;
-        made_line[merged] = line;
+        log.part_a[rank] = a;
+        log.part_b[rank] = c;
+        log.merge_line[rank] = line;
+        log.made_at[merged] = rank;
+        log.made_line[merged] = line;
         rank++;
     }
     if (line == 0) {
-        tok_error(err, errlen, "%s: empty file, expected a '#version' line and merges", path);
+        errorf(err, errlen, "%s: empty file, expected a '#version' line and merges", path);
         goto done;
     }
     b->merge_count = rank;
-    // the heap merger equals encoder.py's only if every merge's parts are made earlier
-    for (int r = 0; r < rank; r++) {
-        int32_t parts[2] = {part_a[r], part_b[r]};
-        for (int k = 0; k < 2; k++) {
-            if (made_at[parts[k]] >= r) {
-                char shown[64];
-                int len;
-                const unsigned char *name = bpe_token_bytes(b, parts[k], &len);
-                tok_error(err, errlen, "%s: line %d: uses '%s', which line %d makes later; parts must be made first", path,
-                          merge_line[r], tok_show(name, (size_t)len, shown, sizeof(shown)), made_line[parts[k]]);
-                goto done;
-            }
-        }
-    }
-    // every token but the bytes and EOT must be reachable; catches a cut-short file
-    for (int id = 0; id < V; id++) {
-        if (made_at[id] >= 0 || id == b->eot || b->token_offset[id + 1] - b->token_offset[id] == 1) continue;
-        char shown[64];
-        int len;
-        const unsigned char *name = bpe_token_bytes(b, id, &len);
-        tok_error(err, errlen, "%s: token '%s' (id %d) is made by no merge in the %d lines read (truncated file?)", path,
-                  tok_show(name, (size_t)len, shown, sizeof(shown)), id, line);
-        goto done;
-    }
+    if (bpe_check_merges(b, &log, rank, line, path, err, errlen) != 0) goto done;
     rc = 0;
 done:
     free(data);
-    free(made_at);
-    free(made_line);
-    free(part_a);
-    free(part_b);
-    free(merge_line);
+    bpe_merge_log_free(&log);
     return rc;
 }
 
@@ -934,7 +990,7 @@ static inline int bpe_load(Bpe *b, const char *encoder_json, const char *vocab_b
         b->cache = (BpeCacheSlot *)calloc(BPE_CACHE_SLOTS, sizeof(BpeCacheSlot));
         b->cache_text = (unsigned char *)malloc(BPE_CACHE_TEXT_BYTES);
         b->cache_ids = (int32_t *)malloc(BPE_CACHE_IDS * sizeof(int32_t));
-        if (b->cache == NULL || b->cache_text == NULL || b->cache_ids == NULL) rc = tok_error(err, errlen, "bpe_load: out of memory");
+        if (b->cache == NULL || b->cache_text == NULL || b->cache_ids == NULL) rc = errorf(err, errlen, "bpe_load: out of memory");
     }
     if (rc != 0) bpe_free(b);
     return rc;
@@ -1122,7 +1178,7 @@ fail:
 // bpe_write_tokenizer_bin: llm.c's tokenizer .bin for this vocabulary (EOT as
 // in encoder.json; a vocab without "<|endoftext|>" can't be written)
 static inline int bpe_write_tokenizer_bin(const Bpe *b, const char *path, char *err, size_t errlen) {
-    if (b->eot < 0) return tok_error(err, errlen, "%s: the encoder has no \"%s\" token for the header's EOT", path, BPE_EOT_TEXT);
+    if (b->eot < 0) return errorf(err, errlen, "%s: the encoder has no \"%s\" token for the header's EOT", path, BPE_EOT_TEXT);
     return tok_write_bin(path, b->vocab_size, b->eot, b->token_bytes, b->token_offset, err, errlen);
 }
 

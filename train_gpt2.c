@@ -4,8 +4,11 @@
  * The reference trainer: readable first, fast second. Each layer's forward and
  * backward sit side by side; the model (GPT2) holds its parameters, gradients,
  * AdamW state and activations as a few flat arrays; main() at the bottom is the
- * whole training loop. File formats and flags live in gpt2.h; the data in
- * dataloader.h; the tokenizer (for printing samples) in tokenizer.h.
+ * whole training loop. File formats and flags live in gpt2.h; what both
+ * trainers do around the loop in trainer.h; the matmul and the vectorised
+ * exp in cpu_matmul.h and cpu_math.h; the data in dataloader.h; the
+ * tokenizer (for printing samples) in tokenizer.h; the ranks and their
+ * messages in parallel.h's files.
  *
  * Shapes: B batch, T time, C channels, NH heads, hs = C/NH head size,
  * L layers, V vocab, Vp padded vocab (the rows of wte), OC output channels.
@@ -29,6 +32,8 @@
 #include "secure.h"
 #include "parallel.h"
 #include "checkpoint.h"
+#include "cpu_matmul.h"
+#include "cpu_math.h"
 #ifndef TESTING
 #include "dataloader.h"
 #include "tokenizer.h"
@@ -144,146 +149,7 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
 
 // The three matmuls of a Linear layer, out = inp W^T, dinp = dout W and
 // dweight = dout^T inp, are each C[M,J] += A[M,K] B[K,J] with A and B read
-// through strides, so one blocked kernel, matmul_blocked, does all three the
-// way BLAS libraries do. It copies ("packs") a block of A and a block of B into
-// scratch laid out in the order the inner loop reads them, then computes C an
-// MR x NR tile at a time with the tile held in registers: each k costs MR + NR
-// loads for MR * NR multiply-adds. (Row-at-a-time loops need about a load per
-// multiply-add and ran ~3x slower.)
-//
-// The tile must fit in the vector registers with room to spare. AVX-512 has
-// 32 registers of 16 floats, and 8 x 48 takes 24 of them (48 divides 768,
-// 2304, 3072 and 50304; 8 divides B*T); AVX2 has 16 of 8 floats, and 6 x 16
-// takes 12; SSE and NEON have 16 or 32 of 4 floats, and 6 x 8 takes 12.
-#if defined(__AVX512F__)
-#define MATMUL_VL 16
-#define MATMUL_MR 8
-#define MATMUL_NR 48
-#elif defined(__AVX__)
-#define MATMUL_VL 8
-#define MATMUL_MR 6
-#define MATMUL_NR 16
-#else
-#define MATMUL_VL 4
-#define MATMUL_MR 6
-#define MATMUL_NR 8
-#endif
-// cache blocks: a KC x NR sliver of B (48 KiB) is read by every MR-row tile of
-// the MC x KC block of A (256 KiB), both from L2; MC = 256 takes all B*T = 256
-// rows of the forward at once, so the weight is packed once. NC is small
-// enough that even the 768 x 768 shapes split into a few blocks per thread.
-#define MATMUL_MC 256
-#define MATMUL_NC 192
-#define MATMUL_KC 256
-
-// copy the block X[0:rows, 0:kc], X(i,k) = x[i*xi + k*xk], into slivers of W
-// rows each, dst[i / W][k][i % W], zeros past `rows`. Reads run along
-// whichever dimension of X is contiguous (a transposing copy along the other
-// one would touch a new cache line for every element).
-static void matmul_pack(float *dst, const float *x, size_t xi, size_t xk, int rows, int kc, int W) {
-    int padded = (rows + W - 1) / W * W;
-    if (xk == 1) {
-        for (int i = 0; i < padded; i++) {
-            float *d = dst + (size_t)(i / W) * W * kc + i % W;
-            for (int k = 0; k < kc; k++) d[(size_t)k * W] = i < rows ? x[(size_t)i * xi + k] : 0.0f;
-        }
-    } else {
-        for (int i0 = 0; i0 < padded; i0 += W)
-            for (int k = 0; k < kc; k++) {
-                float *d = dst + (size_t)i0 * kc + (size_t)k * W;
-                for (int i = 0; i < W; i++) d[i] = i0 + i < rows ? x[(size_t)(i0 + i) * xi + (size_t)k * xk] : 0.0f;
-            }
-    }
-}
-
-// one MR x NR tile of C (row stride ldc) += ap[kc][MR] x bp[kc][NR]. Each
-// element is summed in a fixed order: its old value, then k = 0, 1, ...
-#if defined(__GNUC__)
-// GCC and Clang: the tile as MR x NR/VL vectors (the compilers' vector
-// extension, portable across targets), which they reliably keep in registers;
-// from plain loops GCC 12 vectorizes over k instead and spills for AVX2.
-// memcpy is the portable unaligned vector load and store.
-typedef float matmul_vec __attribute__((vector_size(MATMUL_VL * sizeof(float))));
-static inline void matmul_tile(float *c, int ldc, const float *ap, const float *bp, int kc) {
-    enum { MR = MATMUL_MR, NV = MATMUL_NR / MATMUL_VL, VL = MATMUL_VL };
-    matmul_vec acc[MR][NV];
-    for (int r = 0; r < MR; r++)
-        for (int v = 0; v < NV; v++) memcpy(&acc[r][v], c + (size_t)r * ldc + v * VL, sizeof(matmul_vec));
-    for (int k = 0; k < kc; k++) {
-        matmul_vec b[NV];
-        for (int v = 0; v < NV; v++) memcpy(&b[v], bp + (size_t)k * MATMUL_NR + v * VL, sizeof(matmul_vec));
-        for (int r = 0; r < MR; r++) {
-            float a = ap[(size_t)k * MR + r];
-            for (int v = 0; v < NV; v++) acc[r][v] += a * b[v];
-        }
-    }
-    for (int r = 0; r < MR; r++)
-        for (int v = 0; v < NV; v++) memcpy(c + (size_t)r * ldc + v * VL, &acc[r][v], sizeof(matmul_vec));
-}
-#else
-static inline void matmul_tile(float *c, int ldc, const float *ap, const float *bp, int kc) {
-    float acc[MATMUL_MR][MATMUL_NR];
-    for (int r = 0; r < MATMUL_MR; r++)
-        for (int j = 0; j < MATMUL_NR; j++) acc[r][j] = c[(size_t)r * ldc + j];
-    for (int k = 0; k < kc; k++) {
-        const float *a = ap + (size_t)k * MATMUL_MR, *b = bp + (size_t)k * MATMUL_NR;
-        for (int r = 0; r < MATMUL_MR; r++)
-            for (int j = 0; j < MATMUL_NR; j++) acc[r][j] += a[r] * b[j];
-    }
-    for (int r = 0; r < MATMUL_MR; r++)
-        for (int j = 0; j < MATMUL_NR; j++) c[(size_t)r * ldc + j] = acc[r][j];
-}
-#endif
-
-// C[M,J] += A[M,K] B[K,J] with A(m,k) = a[m*am + k*ak], B(k,j) = b[k*bk + j*bj]
-// and C(m,j) = c[m*ldc + j]. The MC x NC blocks of C are shared out among the
-// threads (dynamically: the machine may be busy with other work), and each
-// thread sums its block over all of K in order, so every element of C gets the
-// same sum, in the same order, whatever the number of threads.
-static void matmul_blocked(float *c, int ldc, const float *a, size_t am, size_t ak, const float *b, size_t bk,
-                           size_t bj, int M, int J, int K) {
-    enum { MR = MATMUL_MR, NR = MATMUL_NR, MC = MATMUL_MC, NC = MATMUL_NC, KC = MATMUL_KC };
-    int mblocks = (M + MC - 1) / MC, jblocks = (J + NC - 1) / NC;
-    #pragma omp parallel
-    {
-        // scratch for the packed blocks, rounded up to whole slivers
-        float *ap = (float *)malloc((size_t)(MC + MR) * KC * sizeof(float));
-        float *bp = (float *)malloc((size_t)(NC + NR) * KC * sizeof(float));
-        if (ap == NULL || bp == NULL) {
-            fprintf(stderr, "out of memory for the matmul's packed blocks\n");
-            exit(1);
-        }
-        #pragma omp for schedule(dynamic)
-        for (int blk = 0; blk < mblocks * jblocks; blk++) {
-            int m0 = (blk % mblocks) * MC, j0 = (blk / mblocks) * NC;
-            int mc = M - m0 < MC ? M - m0 : MC, nc = J - j0 < NC ? J - j0 : NC;
-            for (int k0 = 0; k0 < K; k0 += KC) {
-                int kc = K - k0 < KC ? K - k0 : KC;
-                matmul_pack(ap, a + (size_t)m0 * am + (size_t)k0 * ak, am, ak, mc, kc, MR);
-                matmul_pack(bp, b + (size_t)j0 * bj + (size_t)k0 * bk, bj, bk, nc, kc, NR);
-                for (int nr0 = 0; nr0 < nc; nr0 += NR)
-                    for (int mr0 = 0; mr0 < mc; mr0 += MR) {
-                        float *ct = c + (size_t)(m0 + mr0) * ldc + j0 + nr0;
-                        const float *at = ap + (size_t)mr0 * kc, *bt = bp + (size_t)nr0 * kc;
-                        int mr = mc - mr0 < MR ? mc - mr0 : MR, nr = nc - nr0 < NR ? nc - nr0 : NR;
-                        if (mr == MR && nr == NR) {
-                            matmul_tile(ct, ldc, at, bt, kc);
-                        } else {
-                            // a tile over the edge of C: through a full-size copy
-                            float tmp[MR * NR] = {0};
-                            for (int r = 0; r < mr; r++)
-                                for (int j = 0; j < nr; j++) tmp[r * NR + j] = ct[(size_t)r * ldc + j];
-                            matmul_tile(tmp, NR, at, bt, kc);
-                            for (int r = 0; r < mr; r++)
-                                for (int j = 0; j < nr; j++) ct[(size_t)r * ldc + j] = tmp[r * NR + j];
-                        }
-                    }
-            }
-        }
-        free(ap);
-        free(bp);
-    }
-}
+// through strides: cpu_matmul.h's matmul_blocked does all three.
 
 // out[N,OC] = inp[N,IC] @ weight[OC,IC]^T + bias[OC] (weight as PyTorch's Linear)
 static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {
@@ -394,26 +260,50 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
         }
 }
 
-// GELU, tanh approximation (GPT-2's)
+// GELU, tanh approximation (GPT-2's): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3),
+// computed as x s with s = (1 + tanh(u)) / 2 = 1 / (1 + exp(-2u)): one exp,
+// vectorised (cpu_math.h), and no cancellation in 1 + tanh(u) where u < 0
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)
+static inline float gelu_sigmoid(float x) {
+    float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+    return 1.0f / (1.0f + expf(-2.0f * u));
+}
+
+// d gelu / dx = s + x s' du/dx, with s' = 2 s (1 - s) the derivative of s in u
+static inline float gelu_grad(float x, float s) {
+    return s + 2.0f * x * s * (1.0f - s) * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 static void gelu_forward(float *out, const float *inp, size_t N) {
-    #pragma omp parallel for
-    for (size_t i = 0; i < N; i++) {
-        float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x)));
+    size_t done = 0;
+#ifdef VEC_MATH
+    size_t nvec = N / VEC_LANES;
+    #pragma omp parallel for schedule(static)
+    for (size_t k = 0; k < nvec; k++) {
+        vec_f x = vec_load(inp + k * VEC_LANES);
+        vec_f u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        vec_store(out + k * VEC_LANES, x / (1.0f + vec_exp(-2.0f * u)));
     }
+    done = nvec * VEC_LANES;
+#endif
+    for (size_t i = done; i < N; i++) out[i] = inp[i] * gelu_sigmoid(inp[i]);
 }
 
 static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t N) {
-    #pragma omp parallel for
-    for (size_t i = 0; i < N; i++) {
-        float x = inp[i];
-        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        float th = tanhf(u);
-        float sech2 = 1.0f - th * th;
-        float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] += dout[i] * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du);
+    size_t done = 0;
+#ifdef VEC_MATH
+    size_t nvec = N / VEC_LANES;
+    #pragma omp parallel for schedule(static)
+    for (size_t k = 0; k < nvec; k++) {
+        vec_f x = vec_load(inp + k * VEC_LANES);
+        vec_f u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        vec_f s = 1.0f / (1.0f + vec_exp(-2.0f * u));
+        vec_f grad = s + 2.0f * x * s * (1.0f - s) * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        vec_store(dinp + k * VEC_LANES, vec_load(dinp + k * VEC_LANES) + vec_load(dout + k * VEC_LANES) * grad);
     }
+    done = nvec * VEC_LANES;
+#endif
+    for (size_t i = done; i < N; i++) dinp[i] += dout[i] * gelu_grad(inp[i], gelu_sigmoid(inp[i]));
 }
 
 static void residual_forward(float *out, const float *a, const float *b, size_t N) {
@@ -441,7 +331,15 @@ static void crossentropy_rowmax(float *maxes, const float *logits, int N, int Vl
     for (int n = 0; n < N; n++) {
         const float *z = logits + (size_t)n * Vl;
         float m = -INFINITY;
-        for (int i = 0; i < nreal; i++) if (z[i] > m) m = z[i];
+        int i = 0;
+#ifdef VEC_MATH
+        if (nreal >= VEC_LANES) {
+            vec_f mv = vec_load(z);
+            for (; i + VEC_LANES <= nreal; i += VEC_LANES) mv = vec_max(mv, vec_load(z + i));
+            m = vec_max_lane(mv);
+        }
+#endif
+        for (; i < nreal; i++) if (z[i] > m) m = z[i];
         maxes[n] = m;
     }
 }
@@ -452,7 +350,18 @@ static void crossentropy_exp(float *probs, float *sums, const float *logits, con
     for (int n = 0; n < N; n++) {
         const float *z = logits + (size_t)n * Vl;
         float *p = probs + (size_t)n * Vl, sum = 0.0f;
-        for (int i = 0; i < nreal; i++) {
+        int i = 0;
+#ifdef VEC_MATH
+        // VEC_LANES running sums, added in a fixed order at the end
+        vec_f sums_v = vec_splat(0.0f), max_v = vec_splat(maxes[n]);
+        for (; i + VEC_LANES <= nreal; i += VEC_LANES) {
+            vec_f e = vec_exp(vec_load(z + i) - max_v);
+            vec_store(p + i, e);
+            sums_v += e;
+        }
+        sum = vec_sum(sums_v);
+#endif
+        for (; i < nreal; i++) {
             p[i] = expf(z[i] - maxes[n]);
             sum += p[i];
         }
@@ -487,19 +396,53 @@ static void crossentropy_backward(float *dlogits, const float *probs, const int 
 }
 
 // AdamW in PyTorch's order of operations (decoupled decay first, then the
-// bias-corrected step), so the trainer follows torch.optim.AdamW closely
-static void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                         float beta1, float beta2, float eps, float weight_decay, int t) {
+// bias-corrected step), so the trainer follows torch.optim.AdamW closely.
+// The gradient is multiplied by grad_scale as it is read (the clipping of the
+// global norm: 1 when there is none), which saves a pass over the gradients.
+// One pass over params, grads, m and v: memory-bound, vectorised by the
+// compiler.
+static void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, float grad_scale,
+                         float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
     float bc1 = 1.0f - powf(beta1, (float)t), bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
     float step_size = lr / bc1;
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(static) if (n > 4096)
     for (size_t i = 0; i < n; i++) {
-        float g = grads[i];
+        float g = grads[i] * grad_scale;
         m[i] = beta1 * m[i] + (1.0f - beta1) * g;
         v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
         params[i] *= 1.0f - lr * weight_decay;
         params[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
     }
+}
+
+// sum of x[i]^2 in double, in blocks of a fixed size, each summed over 8
+// lanes and the lanes and blocks added in order: the same sum whatever the
+// number of threads, and at memory bandwidth (one running double sum is
+// bound by the latency of its additions)
+#define SUMSQ_BLOCK 8192
+static double sum_squares(const float *x, size_t n) {
+    size_t nblocks = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+    double *block_sums = (double *)malloc(nblocks * sizeof(double));
+    if (block_sums == NULL) {
+        fprintf(stderr, "train_gpt2: out of memory for %zu block sums of the grad norm\n", nblocks);
+        exit(1);
+    }
+    #pragma omp parallel for schedule(static) if (nblocks > 1)
+    for (size_t blk = 0; blk < nblocks; blk++) {
+        const float *xb = x + blk * SUMSQ_BLOCK;
+        size_t len = n - blk * SUMSQ_BLOCK < SUMSQ_BLOCK ? n - blk * SUMSQ_BLOCK : SUMSQ_BLOCK, i = 0;
+        double lanes[8] = {0};
+        for (; i + 8 <= len; i += 8)
+            for (int l = 0; l < 8; l++) lanes[l] += (double)xb[i + l] * xb[i + l];
+        for (; i < len; i++) lanes[0] += (double)xb[i] * xb[i];
+        double s = 0.0;
+        for (int l = 0; l < 8; l++) s += lanes[l];
+        block_sums[blk] = s;
+    }
+    double sum = 0.0;
+    for (size_t blk = 0; blk < nblocks; blk++) sum += block_sums[blk];
+    free(block_sums);
+    return sum;
 }
 
 // ----------------------------------------------------------------------------
@@ -768,11 +711,56 @@ static void unit_grad_end(GPT2 *m, int u) {
 }
 
 // ----------------------------------------------------------------------------
-// forward and backward of one block, with tensor parallelism: the
-// column-parallel matmuls (qkv, fc) need the whole input (replicated) and give
-// a slice of the output; the row-parallel ones (attproj, fcproj) take a slice
-// and give partial sums, all-reduced among the tensor-parallel ranks before
-// the bias. In the backward the same happens to the inputs' gradients.
+// tensor parallel: the tp ranks of a stage split every layer Megatron-style
+// (doc/parallel.md). A column-parallel Linear holds some rows of its weight,
+// that is some output channels: it takes the whole input, the same on every
+// tp rank, and gives this rank's slice of the output. A row-parallel Linear
+// holds the matching columns, input channels: it takes that slice and gives a
+// partial sum of the whole output. qkv and fc are column-parallel, attproj
+// and fcproj row-parallel, so attention over this rank's heads and GELU over
+// its hidden units need no communication.
+//
+// Megatron calls the two places where the tp ranks talk f and g:
+//   f, before a column-parallel Linear: the identity in the forward (the input
+//      is already whole everywhere); in the backward each rank holds a partial
+//      sum of the input's gradient, so an all-reduce (tp_copy_backward).
+//   g, after a row-parallel Linear: an all-reduce of the partial sums in the
+//      forward (tp_reduce); the identity in the backward (the output's
+//      gradient is whole on every rank).
+// So each pair of Linears costs one all-reduce each way.
+//
+// wte is split by rows, vocabulary entries, in both of its uses. The
+// embedding: each rank looks up the tokens it holds, zeros for the others,
+// and a sum over the ranks completes every row. The lm_head: a
+// column-parallel Linear whose slice of the output is this rank's logits;
+// the cross-entropy then combines row maxima and row sums across the ranks,
+// so no rank ever holds all the logits.
+
+// the sum of the tp ranks' parts, in place on every rank: g's forward
+static void tp_reduce(const Parallel *par, float *buf, size_t n) {
+    group_allreduce(par, &par->tp, buf, n);
+}
+
+// f's backward: every tp rank used the whole input, so its gradient is the
+// sum of the ranks' parts
+static void tp_copy_backward(const Parallel *par, float *grad, size_t n) {
+    group_allreduce(par, &par->tp, grad, n);
+}
+
+// out[N,OCl] = inp[N,IC] @ weight^T + bias for this rank's OCl output
+// channels (weight and bias are its rows); f's forward is the identity
+static void column_parallel_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC,
+                                    int OCl) {
+    matmul_forward(out, inp, weight, bias, N, IC, OCl);
+}
+
+// dweight, dbias += this rank's slice; dinp (zero on entry) ends as the whole
+// input's gradient, summed over the tp ranks
+static void column_parallel_backward(const Parallel *par, float *dinp, float *dweight, float *dbias, const float *dout,
+                                     const float *inp, const float *weight, int N, int IC, int OCl) {
+    matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OCl);
+    tp_copy_backward(par, dinp, (size_t)N * IC);
+}
 
 static void add_bias(float *out, const float *bias, int N, int OC) {
     #pragma omp parallel for
@@ -780,23 +768,88 @@ static void add_bias(float *out, const float *bias, int N, int OC) {
         for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
 }
 
+// out[N,OC] = inp[N,ICl] @ weight^T over this rank's ICl input channels
+// (weight: its columns), summed over the tp ranks, then + bias: the bias is
+// replicated, so it is added once, after the sum
+static void row_parallel_forward(const Parallel *par, float *out, const float *inp, const float *weight,
+                                 const float *bias, int N, int ICl, int OC) {
+    matmul_forward(out, inp, weight, NULL, N, ICl, OC);
+    tp_reduce(par, out, (size_t)N * OC);
+    add_bias(out, bias, N, OC);
+}
+
+// no communication: dout is whole on every rank (g's backward is the
+// identity), and dinp is the gradient of this rank's slice only
+static void row_parallel_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                  const float *weight, int N, int ICl, int OC) {
+    matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, ICl, OC);
+}
+
+// out[b,t,:] = wte[inp[b,t],:] + wpe[t,:] from this rank's rows [v0, v0 + Vl)
+// of wte: the tokens it holds, zeros for the others, summed over the tp
+// ranks; wpe is replicated, so it is added after the sum
+static void vocab_parallel_embedding_forward(const Parallel *par, float *out, const int *inp, const float *wte,
+                                             const float *wpe, int v0, int Vl, int B, int T, int C) {
+    encoder_forward(out, inp, wte, v0, Vl, B, T, C);
+    tp_reduce(par, out, (size_t)B * T * C);
+    encoder_add_positions(out, wpe, B, T, C);
+}
+
+// no communication: a position's gradient goes to its token's row of wte
+// when this rank holds it, and to wpe
+static void vocab_parallel_embedding_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int v0,
+                                              int Vl, int B, int T, int C) {
+    encoder_backward(dwte, dwpe, dout, inp, v0, Vl, B, T, C);
+}
+
+// losses[N]: every position's loss, on every tp rank, from this rank's Vl
+// columns of the logits (nreal of them real, from global column v0). probs
+// keeps this rank's columns of the softmax for the backward; maxes and sums
+// (N each) end as the rows' global maximum and sum of exponentials.
+static void vocab_parallel_cross_entropy_forward(const Parallel *par, float *losses, float *probs, float *maxes,
+                                                 float *sums, const float *logits, const int *targets, int v0, int N,
+                                                 int Vl, int nreal) {
+    crossentropy_rowmax(maxes, logits, N, Vl, nreal);
+    if (par->tp.size > 1) {  // every slice's row maxima, to every rank (the communicator only sums)
+        float *all = (float *)xcalloc((size_t)N * par->tp.size, sizeof(float), "row maxima");
+        comm_allgather(par->comm, &par->tp, maxes, all, N);
+        for (int n = 0; n < N; n++) {
+            maxes[n] = -INFINITY;
+            for (int r = 0; r < par->tp.size; r++) maxes[n] = fmaxf(maxes[n], all[(size_t)r * N + n]);
+        }
+        free(all);
+    }
+    crossentropy_exp(probs, sums, logits, maxes, N, Vl, nreal);
+    tp_reduce(par, sums, N);
+    crossentropy_finish(losses, probs, sums, targets, v0, N, Vl, nreal);
+    tp_reduce(par, losses, N);  // each loss came from the one rank holding its target
+}
+
+// dlogits += (probs - onehot(target)) * dloss over this rank's columns: no
+// communication (the lm_head's column_parallel_backward sums what follows)
+static void vocab_parallel_cross_entropy_backward(float *dlogits, const float *probs, const int *targets, float dloss,
+                                                  int v0, int N, int Vl, int nreal) {
+    crossentropy_backward(dlogits, probs, targets, dloss, v0, N, Vl, nreal);
+}
+
+// ----------------------------------------------------------------------------
+// forward and backward of one block. Attention and the MLP each run a
+// column-parallel Linear (qkv, fc), this rank's share of the work (its heads,
+// its hidden units) and a row-parallel Linear (attproj, fcproj).
+
 static void block_forward(GPT2 *m, LayerParams p, LayerActs a, const float *x) {
     const Parallel *par = m->par;
     int B = m->B, T = m->T, C = m->config.C, Cl = m->shard.Cl, BT = B * T;
     size_t btc = (size_t)BT * C;
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, BT, C);
-    matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
+    column_parallel_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
     attention_forward(a.atty, a.att, a.qkv, B, T, Cl, m->shard.NHl);
-    matmul_forward(a.attproj, a.atty, p.attprojw, NULL, BT, Cl, C);
-    group_allreduce(par, &par->tp, a.attproj, btc);
-    add_bias(a.attproj, p.attprojb, BT, C);
+    row_parallel_forward(par, a.attproj, a.atty, p.attprojw, p.attprojb, BT, Cl, C);
     residual_forward(a.residual2, x, a.attproj, btc);
     layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, BT, C);
-    matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
+    column_parallel_forward(a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
     gelu_forward(a.fch_gelu, a.fch, 4 * (size_t)BT * Cl);
-    matmul_forward(a.fcproj, a.fch_gelu, p.fcprojw, NULL, BT, 4 * Cl, C);
-    group_allreduce(par, &par->tp, a.fcproj, btc);
-    add_bias(a.fcproj, p.fcprojb, BT, C);
+    row_parallel_forward(par, a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, BT, 4 * Cl, C);
     residual_forward(a.residual3, a.residual2, a.fcproj, btc);
 }
 
@@ -807,16 +860,14 @@ static void block_backward(GPT2 *m, LayerParams p, LayerParams g, LayerActs a, L
     int B = m->B, T = m->T, C = m->config.C, Cl = m->shard.Cl, BT = B * T;
     size_t btc = (size_t)BT * C;
     residual_backward(d.residual2, d.fcproj, d.residual3, btc);
-    matmul_backward(d.fch_gelu, g.fcprojw, g.fcprojb, d.fcproj, a.fch_gelu, p.fcprojw, BT, 4 * Cl, C);
+    row_parallel_backward(d.fch_gelu, g.fcprojw, g.fcprojb, d.fcproj, a.fch_gelu, p.fcprojw, BT, 4 * Cl, C);
     gelu_backward(d.fch, a.fch, d.fch_gelu, 4 * (size_t)BT * Cl);
-    matmul_backward(d.ln2, g.fcw, g.fcb, d.fch, a.ln2, p.fcw, BT, C, 4 * Cl);
-    group_allreduce(par, &par->tp, d.ln2, btc);
+    column_parallel_backward(par, d.ln2, g.fcw, g.fcb, d.fch, a.ln2, p.fcw, BT, C, 4 * Cl);
     layernorm_backward(d.residual2, g.ln2w, g.ln2b, d.ln2, a.residual2, p.ln2w, a.ln2_mean, a.ln2_rstd, BT, C);
     residual_backward(dx, d.attproj, d.residual2, btc);
-    matmul_backward(d.atty, g.attprojw, g.attprojb, d.attproj, a.atty, p.attprojw, BT, Cl, C);
+    row_parallel_backward(d.atty, g.attprojw, g.attprojb, d.attproj, a.atty, p.attprojw, BT, Cl, C);
     attention_backward(d.qkv, d.atty, a.qkv, a.att, B, T, Cl, m->shard.NHl);
-    matmul_backward(d.ln1, g.qkvw, g.qkvb, d.qkv, a.ln1, p.qkvw, BT, C, 3 * Cl);
-    group_allreduce(par, &par->tp, d.ln1, btc);
+    column_parallel_backward(par, d.ln1, g.qkvw, g.qkvb, d.qkv, a.ln1, p.qkvw, BT, C, 3 * Cl);
     layernorm_backward(dx, g.ln1w, g.ln1b, d.ln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
 }
 
@@ -830,43 +881,26 @@ static int stage_rank(const Parallel *par, int pp_rank) {
 }
 
 static void embed_forward(GPT2 *m, Acts *a) {
-    const Parallel *par = m->par;
     const Shard *s = &m->shard;
     int B = m->B, T = m->T, C = m->config.C;
     float *wte = unit_acquire(m, m->ut.u_wte), *wpe = unit_acquire(m, m->ut.u_wpe);
-    encoder_forward(a->t[A_ENCODED], a->inputs, wte, s->v0, s->Vl, B, T, C);
-    group_allreduce(par, &par->tp, a->t[A_ENCODED], (size_t)B * T * C);
-    encoder_add_positions(a->t[A_ENCODED], wpe, B, T, C);
+    vocab_parallel_embedding_forward(m->par, a->t[A_ENCODED], a->inputs, wte, wpe, s->v0, s->Vl, B, T, C);
     unit_release(m, m->ut.u_wpe);
     if (!s->last) unit_release(m, m->ut.u_wte);  // one stage: wte stays for the head
 }
 
 // final LayerNorm, logits over my vocabulary rows, the loss (mean over B*T)
 static void head_forward(GPT2 *m, Acts *a, int with_loss) {
-    const Parallel *par = m->par;
     const Shard *s = &m->shard;
     int BT = m->B * m->T, C = m->config.C;
     float *lnf = unit_acquire(m, m->ut.u_lnf), *wte = unit_acquire(m, m->ut.u_wte);
     layernorm_forward(a->t[A_LNF], a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], block_input(m, a, s->nl), lnf, lnf + C, BT, C);
-    matmul_forward(a->t[A_LOGITS], a->t[A_LNF], wte, NULL, BT, C, s->Vl);
+    column_parallel_forward(a->t[A_LOGITS], a->t[A_LNF], wte, NULL, BT, C, s->Vl);
     unit_release(m, m->ut.u_lnf);
     unit_release(m, m->ut.u_wte);
     if (!with_loss) return;
-    float *maxes = a->t[A_ROWMAX], *sums = a->t[A_ROWSUM];
-    crossentropy_rowmax(maxes, a->t[A_LOGITS], BT, s->Vl, s->nreal);
-    if (par->tp.size > 1) {  // the row maxima of all vocabulary slices
-        float *all = (float *)xcalloc((size_t)BT * par->tp.size, sizeof(float), "row maxima");
-        comm_allgather(par->comm, &par->tp, maxes, all, BT);
-        for (int n = 0; n < BT; n++) {
-            maxes[n] = -INFINITY;
-            for (int r = 0; r < par->tp.size; r++) maxes[n] = fmaxf(maxes[n], all[(size_t)r * BT + n]);
-        }
-        free(all);
-    }
-    crossentropy_exp(a->t[A_PROBS], sums, a->t[A_LOGITS], maxes, BT, s->Vl, s->nreal);
-    group_allreduce(par, &par->tp, sums, BT);
-    crossentropy_finish(a->t[A_LOSSES], a->t[A_PROBS], sums, a->targets, s->v0, BT, s->Vl, s->nreal);
-    group_allreduce(par, &par->tp, a->t[A_LOSSES], BT);
+    vocab_parallel_cross_entropy_forward(m->par, a->t[A_LOSSES], a->t[A_PROBS], a->t[A_ROWMAX], a->t[A_ROWSUM],
+                                         a->t[A_LOGITS], a->targets, s->v0, BT, s->Vl, s->nreal);
     double sum = 0.0;
     for (int i = 0; i < BT; i++) sum += a->t[A_LOSSES][i];
     a->mean_loss = (float)(sum / BT);
@@ -886,7 +920,6 @@ static void stage_forward(GPT2 *m, Acts *a, int with_loss) {
 
 // dloss = d(objective)/d(loss at one position): 1 / (all positions of the step)
 static void stage_backward(GPT2 *m, Acts *a, float dloss) {
-    const Parallel *par = m->par;
     const Shard *s = &m->shard;
     const GPT2Config *c = &m->config;
     Acts *d = &m->dacts;
@@ -896,9 +929,9 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
     if (s->last) {
         float *lnf = unit_acquire(m, m->ut.u_lnf), *wte = unit_acquire(m, m->ut.u_wte);
         float *dlnf = unit_grad_begin(m, m->ut.u_lnf), *dwte = unit_grad_begin(m, m->ut.u_wte);
-        crossentropy_backward(d->t[A_LOGITS], a->t[A_PROBS], a->targets, dloss, s->v0, BT, s->Vl, s->nreal);
-        matmul_backward(d->t[A_LNF], dwte, NULL, d->t[A_LOGITS], a->t[A_LNF], wte, BT, C, s->Vl);
-        group_allreduce(par, &par->tp, d->t[A_LNF], btc);
+        vocab_parallel_cross_entropy_backward(d->t[A_LOGITS], a->t[A_PROBS], a->targets, dloss, s->v0, BT, s->Vl,
+                                              s->nreal);
+        column_parallel_backward(m->par, d->t[A_LNF], dwte, NULL, d->t[A_LOGITS], a->t[A_LNF], wte, BT, C, s->Vl);
         layernorm_backward(block_input(m, d, s->nl), dlnf, dlnf + C, d->t[A_LNF], block_input(m, a, s->nl),
                            lnf, a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], BT, C);
         unit_release(m, m->ut.u_lnf);
@@ -917,7 +950,7 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
     }
     if (s->first) {
         float *dwte = unit_grad_begin(m, m->ut.u_wte), *dwpe = unit_grad_begin(m, m->ut.u_wpe);
-        encoder_backward(dwte, dwpe, d->t[A_ENCODED], a->inputs, s->v0, s->Vl, B, T, C);
+        vocab_parallel_embedding_backward(dwte, dwpe, d->t[A_ENCODED], a->inputs, s->v0, s->Vl, B, T, C);
         unit_grad_end(m, m->ut.u_wpe);
         unit_grad_end(m, m->ut.u_wte);
     }
@@ -999,23 +1032,16 @@ static void add_sumsq(GPT2 *m, const Run *r, void *ctx) {
     // count each gradient once in the job: replicas over tp and the tied
     // wte copy on the last stage count on one rank only
     if (!tensor_counted_here(s, r->tensor)) return;
-    double sum = 0.0;
-    #pragma omp parallel for reduction(+ : sum)
-    for (size_t i = 0; i < r->n; i++) sum += (double)r->grad[i] * r->grad[i];
-    *(double *)ctx += sum;
-}
-
-static void scale_run(GPT2 *m, const Run *r, void *ctx) {
-    (void)m;
-    float scale = *(const float *)ctx;
-    for (size_t i = 0; i < r->n; i++) r->grad[i] *= scale;
+    *(double *)ctx += sum_squares(r->grad, r->n);
 }
 
 typedef struct { float lr, beta1, beta2, eps, weight_decay; } AdamHyper;
+typedef struct { const AdamHyper *h; float grad_scale; } AdamStep;
 
 static void adam_run(GPT2 *m, const Run *r, void *ctx) {
-    const AdamHyper *h = (const AdamHyper *)ctx;
-    adamw_update(r->param, r->grad, r->m, r->v, r->n, h->lr, h->beta1, h->beta2, h->eps,
+    const AdamStep *st = (const AdamStep *)ctx;
+    const AdamHyper *h = st->h;
+    adamw_update(r->param, r->grad, r->m, r->v, r->n, st->grad_scale, h->lr, h->beta1, h->beta2, h->eps,
                  param_is_matrix(r->tensor) ? h->weight_decay : 0.0f, m->adam_t);
 }
 
@@ -1039,12 +1065,10 @@ static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, cons
     float norm = sqrtf(all[0]);
     *loss_sum = all[1];
     *stop = all[2] > 0.0f;
-    if (max_norm > 0.0f && norm > max_norm) {  // as torch.nn.utils.clip_grad_norm_
-        float scale = max_norm / (norm + 1e-6f);
-        for_each_run(m, scale_run, &scale, 0);
-    }
+    // clipping as torch.nn.utils.clip_grad_norm_, applied by AdamW as it reads the gradients
+    AdamStep st = {h, max_norm > 0.0f && norm > max_norm ? max_norm / (norm + 1e-6f) : 1.0f};
     m->adam_t++;
-    for_each_run(m, adam_run, (void *)h, 0);
+    for_each_run(m, adam_run, &st, 0);
     if ((par->zero == 1 || par->zero == 2) && s->dp > 1) {  // everyone's updated chunks, to everyone
         for (int u = 0; u < m->ut.n; u++) {
             const Unit *un = &m->ut.units[u];
@@ -1179,27 +1203,11 @@ static int gpt2_load_optimizer(GPT2 *m, const char *path, int adam_t, char *err,
 // ----------------------------------------------------------------------------
 // the trainer
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-
-static void die_usage(const char *msg) {
-    fprintf(stderr, "train_gpt2: %s\n", msg);
-    exit(2);
-}
-
-// FLOPs per token for forward + backward: 6 per parameter (lm_head included,
-// position embeddings excluded), plus attention's 6 * L * T * C (causal half of 12)
-static double flops_per_token(const GPT2Config *c, int T) {
-    double n = (double)param_count(c) - (double)c->maxT * c->C;
-    return 6.0 * n + 6.0 * c->L * (double)T * c->C;
-}
+#include "trainer.h"
 
 // one step's forwards and backwards in the order of the pipeline schedule,
 // and the messages between neighbouring stages in the order of its plan
-// (parallel.h's pipeline_plan): an op's input received alone before it, or
+// (pipeline.h's pipeline_plan): an op's input received alone before it, or
 // with the previous op's send as one exchange, where two neighbours would
 // otherwise both send first and wait on each other once a message outgrows
 // the ring. pipeline_check plays these plans in test_parallel.
@@ -1268,12 +1276,6 @@ static float evaluate(GPT2 *m, DataLoader *val, int batches) {
     return sum / batches;
 }
 
-// xorshift* for sampling; its state is one number
-static float random_f32(uint64_t *state) {
-    *state ^= *state >> 12; *state ^= *state << 25; *state ^= *state >> 27;
-    return (float)((*state * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f;
-}
-
 // prints gen_tokens tokens sampled from the model, starting from EOT (one rank only)
 static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng) {
     int B = m->B, T = m->T, V = m->config.V, Vp = m->config.Vp;
@@ -1283,16 +1285,7 @@ static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng)
     printf("generating:\n---\n");
     for (int t = 1; t < n; t++) {
         stage_forward(m, a, 0);  // one rank: the whole model
-        const float *z = a->t[A_LOGITS] + (size_t)(t - 1) * Vp;
-        float maxv = -INFINITY, sum = 0.0f;
-        for (int i = 0; i < V; i++) if (z[i] > maxv) maxv = z[i];
-        for (int i = 0; i < V; i++) sum += expf(z[i] - maxv);
-        float coin = random_f32(rng) * sum, cdf = 0.0f;
-        int next = V - 1;
-        for (int i = 0; i < V; i++) {
-            cdf += expf(z[i] - maxv);
-            if (coin < cdf) { next = i; break; }
-        }
+        int next = sample_token(a->t[A_LOGITS] + (size_t)(t - 1) * Vp, V, random_f32(rng));
         a->inputs[t] = next;
         int len;
         const char *s = tokenizer_decode(tok, next, &len);
@@ -1302,14 +1295,23 @@ static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng)
     printf("\n---\n");
 }
 
-// the parameters of every rank, assembled on all of them (ZeRO-3 gathers each unit)
-static float *gpt2_full_params(GPT2 *m) {
+// the final model, DIR/model_SSSSSSSS.bin: the parameters of every rank,
+// assembled on all of them (ZeRO-3 gathers each unit), written by rank 0
+static int gpt2_write_model(GPT2 *m, const char *out_dir, int steps, char *path, size_t pathlen) {
+    char err[1024];
     float *full = (float *)xcalloc(param_count(&m->config), sizeof(float), "full model");
     for (int u = 0; u < m->ut.n; u++) unit_acquire(m, u);
     gpt2_export(m, m->unit_params, full);
     for (int u = 0; u < m->ut.n; u++) unit_release(m, u);
     group_allreduce(m->par, &m->par->world, full, param_count(&m->config));
-    return full;
+    snprintf(path, pathlen, "%s/model_%08d.bin", out_dir, steps);
+    int rc = 0;
+    if (m->par->grid.rank == 0 && model_save(path, &m->config, full, 0, err, sizeof(err)) != 0) {
+        fprintf(stderr, "%s\n", err);
+        rc = -1;
+    }
+    free(full);
+    return rc;
 }
 
 // every K steps: the data-parallel replicas compare a SHA-256 of their
@@ -1358,51 +1360,6 @@ static void print_layout(const GPT2 *m, const Options *o, int accum) {
     }
 }
 
-// the model's shape: from a descriptor (returns 1), or from a model file's header (0)
-static int model_config(const Options *o, GPT2Config *c) {
-    char err[512];
-    int rc = options_model(o, c, err, sizeof(err));
-    if (rc < 0) die_usage(err);
-    return rc;
-}
-
-// everything that can be checked before ranks start (so a bad job is
-// refused once, by the launcher): the layout against the model, the batch
-// shape, the data. Returns micro-batches per step.
-static int check_job(const Options *o, const GPT2Config *c) {
-    char err[512];
-    Grid g;
-    if (o->T > c->maxT) {
-        snprintf(err, sizeof(err), "flag -t: T = %d exceeds the model's maxT = %d (%s)", o->T, c->maxT, o->init);
-        die_usage(err);
-    }
-    if (grid_init(&g, o->np, o->tp, o->pp, 0, err, sizeof(err)) != 0) die_usage(err);
-    if (grid_check_model(&g, c->L, c->NH, c->C, c->Vp, err, sizeof(err)) != 0) die_usage(err);
-    int accum = batch_accum(o, g.dp, err, sizeof(err));
-    if (accum < 0) die_usage(err);
-    if (parallel_launched_rank()) return accum;  // its launcher opened (and hashed) the data just now
-    DataLoader probe;
-    if (dataloader_init(&probe, o->train_pattern, o->B, o->T, 0, g.dp, o->shuffle, 0, c->V, err, sizeof(err)) != 0)
-        die_usage(err);
-    dataloader_free(&probe);
-    if (o->val_every > 0) {
-        if (dataloader_init(&probe, o->val_pattern, o->B, o->T, 0, g.dp, 0, 0, c->V, err, sizeof(err)) != 0) die_usage(err);
-        dataloader_free(&probe);
-    }
-    return accum;
-}
-
-// the checkpoint key and, with -y or -ys, the checkpoint to resume from
-// (checkpoint.h's ckpt_setup, shared with train_gpt2cu), verified before any
-// rank starts, so that a bad one is refused once. Returns 1 when resuming.
-static int checkpoint_setup(const Options *o, const GPT2Config *c, uint8_t key[32], CkptState *ck, char *dir, size_t dirlen) {
-    char err[1600];
-    // the launcher hashes the files; the ranks it starts moments later check the seal and the sizes
-    int rc = ckpt_setup(o, c, !parallel_launched_rank(), key, ck, dir, dirlen, err, sizeof(err));
-    if (rc < 0) die_usage(err);
-    return rc;
-}
-
 // joins the job: with -np > 1 this process becomes the launcher and
 // parallel_main never returns; a rank gets its place and its communicator
 static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, int argc, char **argv) {
@@ -1410,10 +1367,7 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     memset(par, 0, sizeof(*par));
     int rc = parallel_join(argc, argv, o->np, o->tp, o->pp, o->rendezvous, o->key_file, o->timeout, &par->launch,
                            &par->grid, err, sizeof(err));
-    if (rc != 0) {
-        fprintf(stderr, "train_gpt2: %s\n", err);
-        exit(rc);
-    }
+    if (rc != 0) die(rc, err);
     Launch *L = &par->launch;
     par->zero = o->zero;
     grid_groups(&par->grid, &par->world, &par->dp, &par->tp, &par->pp);
@@ -1433,173 +1387,107 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
         }
 #endif
         secure_harden_process();
-        if (comm_init(&par->comm, &par->grid, L->key, L->rendezvous, o->timeout, fault, err, sizeof(err)) != 0) {
-            fprintf(stderr, "train_gpt2: %s\n", err);
-            exit(1);
+        if (comm_init(&par->comm, &par->grid, L->key, L->rendezvous, o->timeout, fault, err, sizeof(err)) != 0)
+            die(1, err);
+    }
+}
+
+// at the end of a job of several ranks: each rank's bytes, in rank order
+static void print_rank_bytes(const GPT2 *m, const Parallel *par) {
+    for (int r = 0; r < par->grid.world; r++) {
+        if (r == par->grid.rank) {
+            printf("rank %d: peak transient %zu bytes (ZeRO buckets and gathered units)\n", r, m->bytes_transient_peak);
+            comm_print_bytes(par->comm, stdout);
+            fflush(stdout);
         }
+        comm_barrier(par->comm, &par->world);
     }
 }
 
 int main(int argc, char **argv) {
-    Options opt;
-    char err[1024];
-    options_defaults(&opt);
-    int rc = options_parse(&opt, argc, argv, err, sizeof(err));
-    if (rc == 1) { options_usage(stdout, argv[0]); return 0; }
-    if (rc != 0) die_usage(err);
-    // from here on a signal asks for a checkpoint (with -o), and a full disk
-    // fails a write (and says so) instead of killing the process
-    if (opt.out_dir) ckpt_catch_signals();
-    signal(SIGXFSZ, SIG_IGN);
+    Job job;
+    char err[1024], path[1024];
+    trainer_name = "train_gpt2";
+    // the job, checked once, by the launcher, before any rank starts
+    parse_flags(&job, argc, argv, "");
 #ifdef _OPENMP
-    if (opt.threads > 0) omp_set_num_threads(opt.threads);
+    if (job.opt.threads > 0) omp_set_num_threads(job.opt.threads);
 #endif
-    Fault fault = {0};
-    if (opt.fault && fault_parse(opt.fault, &fault, err, sizeof(err)) != 0) die_usage(err);
-    opt.np = parallel_world(opt.np, opt.rendezvous);  // ranks of mpirun/srun/torchrun: their world
-    GPT2Config config;
-    int random_init = model_config(&opt, &config);
-    int accum = check_job(&opt, &config);
-    uint8_t ckpt_key[32];
-    CkptState ck;
-    char ck_dir[800] = "", path[900];  // -o is at most 700 bytes
-    memset(&ck, 0, sizeof(ck));
-    double load_t0 = now_ms();
-    int resuming = checkpoint_setup(&opt, &config, ckpt_key, &ck, ck_dir, sizeof(ck_dir));
-    double verify_ms = now_ms() - load_t0;
+    parse_fault(&job);
+    check_model(&job);
+    check_batch_and_data(&job);
+    checkpoint_setup(&job);
+
+    // this rank: its place in the job, its data and log, its part of the model
     Parallel par;
-    parallel_setup(&par, &opt, &fault, argc, argv);
-    if (par.grid.rank == 0 && opt.out_dir && ckpt_lock(opt.out_dir, err, sizeof(err)) != 0) {
-        fprintf(stderr, "train_gpt2: %s\n", err);
-        exit(1);
-    }
-
-    // this rank's part of the model: from the checkpoint, the model file, or the seeded init
-    float *full = NULL;
-    if (resuming) snprintf(path, sizeof(path), "%s/model.bin", ck_dir);
-    if (resuming || !random_init) {
-        full = model_load(resuming ? path : opt.init, &config, err, sizeof(err));
-        if (full == NULL) die_usage(err);
-    }
-    int rank0 = par.grid.rank == 0, dp = par.grid.dp, B = opt.B, T = opt.T, total_batch = B * T * dp * accum;
+    parallel_setup(&par, &job.opt, &job.fault, argc, argv);
+    start_rank(&job, &par.grid);
+    int rank0 = par.grid.rank == 0, dp = par.grid.dp, B = job.opt.B, T = job.opt.T, accum = job.accum;
+    float *params = load_params(&job);
+    open_data(&job, &par.grid);
+    if (job.opt.tokenizer != NULL && par.grid.world > 1 && rank0)
+        printf("note: flag -tk: samples are printed by one-rank runs only; none in this run of %d ranks\n",
+               par.grid.world);
+    open_tokenizer_and_log(&job, &par.grid);
     GPT2 model;
-    gpt2_build(&model, &config, &par, full, (uint64_t)opt.seed);
-    free(full);
-    snprintf(path, sizeof(path), "%s/optim.bin", ck_dir);
-    if (resuming && gpt2_load_optimizer(&model, path, ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
-    double load_ms = now_ms() - load_t0 - verify_ms;
-    gpt2_alloc_activations(&model, B, T, pipeline_inflight(opt.pipe_schedule == PS_GPIPE, par.grid.pp, par.grid.pp_rank, accum));
-
-    // data: this rank's slice of the stream (tp and pp ranks of a replica read the same)
-    DataLoader train, val;
-    if (dataloader_init(&train, opt.train_pattern, B, T, par.grid.dp_rank, dp, opt.shuffle, (uint64_t)opt.seed, config.V,
-                        err, sizeof(err)) != 0)
-        die_usage(err);
-    int have_val = opt.val_every > 0;
-    if (have_val && dataloader_init(&val, opt.val_pattern, B, T, par.grid.dp_rank, dp, 0, 0, config.V, err, sizeof(err)) != 0)
-        die_usage(err);
-    DataLoaderState data_pos = {ck.data[0], ck.data[1], ck.data[2], ck.data[3]};
-    if (resuming && dataloader_set_state(&train, &data_pos, err, sizeof(err)) != 0) die_usage(err);
-    int steps = opt.steps >= 0 ? opt.steps : (int)(dataloader_batches_per_epoch(&train) / accum);
-    if (steps < 1) steps = 1;
-    if (resuming && ck.step > steps) {
-        secure_error(err, sizeof(err), "flag -x: %d steps, but checkpoint %s is of step %d", steps, ck_dir, ck.step);
-        die_usage(err);
-    }
-    Tokenizer tok;
-    int have_tok = opt.tokenizer != NULL && opt.sample_every > 0 && par.grid.world == 1;
-    if (opt.tokenizer != NULL && par.grid.world > 1 && rank0)
-        printf("note: flag -tk: samples are printed by one-rank runs only; none in this run of %d ranks\n", par.grid.world);
-    if (have_tok && tokenizer_load_bin(&tok, opt.tokenizer, err, sizeof(err)) != 0) die_usage(err);
-    FILE *logf = NULL;
-    if (rank0 && (opt.log_file || opt.out_dir)) {
-        if (opt.log_file) snprintf(path, sizeof(path), "%s", opt.log_file);
-        else snprintf(path, sizeof(path), "%s/log.jsonl", opt.out_dir);
-        if (resuming && log_keep_before(path, ck.step, err, sizeof(err)) != 0) die_usage(err);
-        logf = fopen(path, resuming ? "a" : "w");
-        if (logf == NULL) { secure_error(err, sizeof(err), "%s: cannot create log file: %s", path, strerror(errno)); die_usage(err); }
-    }
-    if (rank0) {
-        printf("model: L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters\n",
-               config.L, config.C, config.NH, config.V, config.Vp, config.maxT, param_count(&config));
-        printf("batch: B=%d T=%d, %d micro-batches per step x dp %d = %d tokens, %d steps\n", B, T, accum, dp, total_batch, steps);
-    }
-    print_layout(&model, &opt, accum);
-    PipeOp *ops = (PipeOp *)xcalloc(2 * (size_t)accum, sizeof(PipeOp), "schedule");
-    PipeStep *plan = (PipeStep *)xcalloc(2 * (size_t)accum, sizeof(PipeStep), "message plan");
-    int nops = pipeline_schedule(opt.pipe_schedule == PS_GPIPE, par.grid.pp, par.grid.pp_rank, accum, ops);
-    pipeline_plan(par.grid.pp, par.grid.pp_rank, ops, nops, plan);
-    AdamHyper hyper = {opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay};
-    uint64_t sample_rng = resuming ? ck.sample_rng : (uint64_t)opt.seed * 2654435761ull + 1;
-    int start = resuming ? ck.step : 0, stopped = 0;
-    if (rank0) ckpt_announce(&opt, resuming ? &ck : NULL, ck_dir, parallel_launched_rank() ? -1.0 : verify_ms, load_ms);
-    double fpt = flops_per_token(&config, T);
+    gpt2_build(&model, &job.config, &par, params, (uint64_t)job.opt.seed);
+    free(params);
+    snprintf(path, sizeof(path), "%s/optim.bin", job.ck_dir);
+    if (job.resuming && gpt2_load_optimizer(&model, path, job.ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
+    double load_ms = now_ms() - job.load_t0 - job.verify_ms;
+    gpt2_alloc_activations(&model, B, T, activation_sets(&job, &par.grid));
+    if (rank0) print_model_and_batch(&job, dp);
+    print_layout(&model, &job.opt, accum);
+    int nops;
+    PipeStep *plan = step_plan(&job, &par.grid, &nops);
+    AdamHyper hyper = {job.opt.lr, job.opt.beta1, job.opt.beta2, job.opt.eps, job.opt.weight_decay};
+    if (rank0) announce_resume(&job, load_ms);
 
     // the training loop: one optimizer step per iteration
-    for (int step = start; step < steps && !stopped; step++) {
-        int last = step == steps - 1;
+    int stopped = 0;
+    for (int step = job.start; step < job.steps && !stopped; step++) {
         if (par.comm) comm_set_step(par.comm, step);
         float val_loss = -1.0f;
-        if (have_val && (step % opt.val_every == 0 || last)) {
-            val_loss = evaluate(&model, &val, opt.val_batches);
+        if (evaluate_due(&job, step)) {
+            val_loss = evaluate(&model, &job.val, job.opt.val_batches);
             if (rank0) printf("val loss %.6f\n", val_loss);
         }
-        if (have_tok && step > 0 && (step % opt.sample_every == 0 || last)) sample(&model, &tok, opt.gen_tokens, &sample_rng);
-        if (opt.check_every > 0 && step % opt.check_every == 0) consistency_check(&model, step);
+        if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
+        if (check_due(&job, step)) consistency_check(&model, step);
 
         double t0 = now_ms();
         gpt2_zero_grad(&model);
-        float loss = pipeline_run(&model, &train, plan, nops, 1.0f / ((float)B * T * accum * dp));  // one stage: F0 B0 F1 B1 ...
-        float lr = lr_at_step(&opt, step, steps);
+        float dloss = 1.0f / ((float)B * T * accum * dp);
+        float loss = pipeline_run(&model, &job.train, plan, nops, dloss);  // one stage: F0 B0 F1 B1 ...
+        float lr = lr_at_step(&job.opt, step, job.steps);
         hyper.lr = lr;
         stopped = ckpt_stop_signal != 0;
-        float norm = gpt2_step(&model, &loss, accum, opt.grad_clip, &hyper, &stopped);
+        float norm = gpt2_step(&model, &loss, accum, job.opt.grad_clip, &hyper, &stopped);
         double ms = now_ms() - t0;
-
-        double tok_s = total_batch / (ms / 1e3);
         if (rank0) {
-            printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s\n",
-                   step, steps, loss, norm, lr, ms, tok_s, tok_s * fpt / 1e9);
-            log_step(logf, step, loss, val_loss, norm, lr, ms, (long)total_batch * (step + 1));
+            report_step(&job, step, loss, val_loss, norm, lr, ms);
+            printf("\n");  // (the GPU trainer ends its line with the MFU)
         }
-        int done = step + 1;
-        if (stopped || (opt.ckpt_every > 0 && (done % opt.ckpt_every == 0 || done == steps))) {
-            DataLoaderState pos;
-            dataloader_get_state(&train, &pos);
-            CkptState st = {done, model.adam_t, config, B, T, total_batch, steps, opt.seed, opt.shuffle,
-                            {pos.epoch, pos.shard_pos, pos.sample_pos, pos.rng}, sample_rng,
-                            par.grid.world, par.grid.tp, par.grid.pp, par.zero};
+
+        if (checkpoint_due(&job, step, stopped)) {
+            CkptState st = checkpoint_state(&job, step + 1, model.adam_t, &par.grid, par.zero);
             double c0 = now_ms();
-            if (gpt2_save(&model, opt.out_dir, opt.ckpt_keep, &st, ckpt_key) != 0) return 1;
-            if (rank0) printf("checkpoint %s/ckpt_%08d written in %.0f ms\n", opt.out_dir, done, now_ms() - c0);
+            if (gpt2_save(&model, job.opt.out_dir, job.opt.ckpt_keep, &st, job.ckpt_key) != 0) return 1;
+            if (rank0) print_checkpoint_written(&job, step + 1, now_ms() - c0);
         }
         if (stopped && rank0) printf("stopped by a signal after step %d; resume with -y 1\n", step);
     }
 
-    if (opt.out_dir && !stopped) {
-        float *params = gpt2_full_params(&model);
-        snprintf(path, sizeof(path), "%s/model_%08d.bin", opt.out_dir, steps);
-        if (rank0 && model_save(path, &config, params, 0, err, sizeof(err)) != 0) { fprintf(stderr, "%s\n", err); return 1; }
+    if (job.opt.out_dir && !stopped) {
+        if (gpt2_write_model(&model, job.opt.out_dir, job.steps, path, sizeof(path)) != 0) return 1;
         if (rank0) printf("wrote %s\n", path);
-        free(params);
     }
-    if (par.comm) {  // each rank's bytes, in rank order
-        for (int r = 0; r < par.grid.world; r++) {
-            if (r == par.grid.rank) {
-                printf("rank %d: peak transient %zu bytes (ZeRO buckets and gathered units)\n", r, model.bytes_transient_peak);
-                comm_print_bytes(par.comm, stdout);
-                fflush(stdout);
-            }
-            comm_barrier(par.comm, &par.world);
-        }
+    if (par.comm) {
+        print_rank_bytes(&model, &par);
         comm_free(par.comm);
     }
     launch_free(&par.launch);
-    if (logf) fclose(logf);
-    dataloader_free(&train);
-    if (have_val) dataloader_free(&val);
-    if (have_tok) tokenizer_free(&tok);
-    free(ops);
+    free_job(&job);
     free(plan);
     gpt2_free(&model);
     return 0;

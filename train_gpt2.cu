@@ -3,8 +3,8 @@
  * dp x tp x pp job over NCCL (the CPU trainer's layouts, on gpt2.h's slicing).
  *
  * The same model, loop, flags, printed lines and JSON log as train_gpt2.c,
- * with hand-written kernels (forward and backward side by side) and the
- * GEMMs through cuBLASLt. doc/gpu.md has the longer story.
+ * with hand-written kernels (the .cuh files, forward and backward side by
+ * side) and the GEMMs through cuBLASLt. doc/gpu.md has the longer story.
  *
  * Precision. The default build is bf16 mixed precision: parameters,
  * activations and gradients in bf16, fp32 master weights and fp32 AdamW m/v;
@@ -35,7 +35,7 @@
 #include <cublasLt.h>
 
 #ifndef LLM3D_NCCL
-#define LLM3D_NCCL  // parallel.h's NCCL backend: the GPU trainer always runs on it
+#define LLM3D_NCCL  // nccl_comm.h's NCCL backend: the GPU trainer always runs on it
 #endif
 #include "gpt2.h"
 #include "dataloader.h"
@@ -43,1454 +43,16 @@
 #include "parallel.h"
 #include "checkpoint.h"
 
-// ----------------------------------------------------------------------------
-// precision
-
-#ifdef ENABLE_FP32
-typedef float floatX;
-static const char *precision_name = "fp32";
-static const cudaDataType_t CUBLAS_FLOATX = CUDA_R_32F;
-static __device__ __forceinline__ float to_f(float x) { return x; }
-static __device__ __forceinline__ float to_x(float x) { return x; }
-#else
-typedef __nv_bfloat16 floatX;
-static const char *precision_name = "bf16";
-static const cudaDataType_t CUBLAS_FLOATX = CUDA_R_16BF;
-static __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-static __device__ __forceinline__ __nv_bfloat16 to_x(float x) { return __float2bfloat16_rn(x); }
-#endif
-
-// 16 bytes of floatX: 8 bf16 or 4 fp32, the unit of every vectorized load.
-// Every row length the kernels see (C, 3C, 4C, Vp) is a multiple of PACK.
-constexpr int PACK = 16 / sizeof(floatX);
-struct alignas(16) Pack { floatX v[PACK]; };
-
-static __device__ __forceinline__ Pack load_pack(const floatX *p) { return *reinterpret_cast<const Pack *>(p); }
-static __device__ __forceinline__ void store_pack(floatX *p, Pack x) { *reinterpret_cast<Pack *>(p) = x; }
-
-// 4 consecutive floatX as a float4 (8-byte aligned for bf16, 16 for fp32)
-static __device__ __forceinline__ float4 load4(const floatX *p) {
-#ifdef ENABLE_FP32
-    return *reinterpret_cast<const float4 *>(p);
-#else
-    const __nv_bfloat162 *q = reinterpret_cast<const __nv_bfloat162 *>(p);
-    float2 a = __bfloat1622float2(q[0]), b = __bfloat1622float2(q[1]);
-    return make_float4(a.x, a.y, b.x, b.y);
-#endif
-}
-
-static __device__ __forceinline__ void store4(floatX *p, float4 x) {
-#ifdef ENABLE_FP32
-    *reinterpret_cast<float4 *>(p) = x;
-#else
-    __nv_bfloat162 *q = reinterpret_cast<__nv_bfloat162 *>(p);
-    q[0] = __floats2bfloat162_rn(x.x, x.y);
-    q[1] = __floats2bfloat162_rn(x.z, x.w);
-#endif
-}
-
-// ----------------------------------------------------------------------------
-// errors: a failed CUDA or cuBLAS call is a runtime error of the program
-
-static void cuda_check(cudaError_t e, const char *file, int line) {
-    if (e == cudaSuccess) return;
-    fprintf(stderr, "%s:%d: CUDA error %d: %s\n", file, line, (int)e, cudaGetErrorString(e));
-    exit(1);
-}
-#define CUDA_CHECK(call) cuda_check((call), __FILE__, __LINE__)
-
-static void cublas_check(cublasStatus_t s, const char *file, int line) {
-    if (s == CUBLAS_STATUS_SUCCESS) return;
-    fprintf(stderr, "%s:%d: cuBLAS error %d\n", file, line, (int)s);
-    exit(1);
-}
-#define CUBLAS_CHECK(call) cublas_check((call), __FILE__, __LINE__)
-
-static int ceil_div(long a, long b) { return (int)((a + b - 1) / b); }
-
-// ----------------------------------------------------------------------------
-// reductions inside a warp and a block (fixed order: deterministic)
-
-static __device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it
-static __device__ float block_sum(float v) {
-    __shared__ float shared[32];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
-    v = warp_sum(v);
-    __syncthreads();  // shared may still be read by a previous call
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    v = lane < nwarps ? shared[lane] : 0.0f;
-    return warp_sum(v);
-}
-
-// ----------------------------------------------------------------------------
-// encoder: out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]. Under tensor
-// parallelism a rank holds wte rows [v0, v0 + Vl) and adds only those (zero
-// for the other tokens), and only tp rank 0 adds wpe (NULL elsewhere): the
-// all-reduce over the ranks then gives the sum.
-
-__global__ void encoder_forward_kernel(floatX *out, const int *inp, const floatX *wte, const floatX *wpe,
-                                       int BT, int T, int C, int v0, int Vl) {
-    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * PACK;
-    if (idx >= (size_t)BT * C) return;
-    int bt = (int)(idx / C), c = (int)(idx % C), row = inp[bt] - v0;
-    Pack o;
-    for (int k = 0; k < PACK; k++) o.v[k] = to_x(0.0f);
-    if (row >= 0 && row < Vl) o = load_pack(wte + (size_t)row * C + c);
-    if (wpe != NULL) {
-        Pack b = load_pack(wpe + (size_t)(bt % T) * C + c);
-        for (int k = 0; k < PACK; k++) o.v[k] = to_x(to_f(o.v[k]) + to_f(b.v[k]));
-    }
-    store_pack(out + idx, o);
-}
-
-// dwpe[t,:] += sum over b of dout[b,t,:]
-__global__ void encoder_backward_wpe_kernel(floatX *dwpe, const floatX *dout, int B, int T, int C) {
-    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * PACK;
-    if (idx >= (size_t)T * C) return;
-    float acc[PACK] = {0};
-    for (int b = 0; b < B; b++) {
-        Pack d = load_pack(dout + (size_t)b * T * C + idx);
-        for (int k = 0; k < PACK; k++) acc[k] += to_f(d.v[k]);
-    }
-    Pack w = load_pack(dwpe + idx);
-    for (int k = 0; k < PACK; k++) w.v[k] = to_x(to_f(w.v[k]) + acc[k]);
-    store_pack(dwpe + idx, w);
-}
-
-// dwte[token,:] += the rows of dout at the positions holding that token. The
-// host groups positions by token (token_buckets below), so each block owns
-// one token's row: no two blocks write the same row, no atomics.
-__global__ void encoder_backward_wte_kernel(floatX *dwte, const floatX *dout, const int *bucket_start,
-                                            const int *bucket_token, const int *bucket_pos, int C) {
-    int bucket = blockIdx.x;
-    int c = (blockIdx.y * blockDim.x + threadIdx.x) * PACK;
-    if (c >= C) return;
-    float acc[PACK] = {0};
-    for (int j = bucket_start[bucket]; j < bucket_start[bucket + 1]; j++) {
-        Pack d = load_pack(dout + (size_t)bucket_pos[j] * C + c);
-        for (int k = 0; k < PACK; k++) acc[k] += to_f(d.v[k]);
-    }
-    floatX *row = dwte + (size_t)bucket_token[bucket] * C + c;
-    Pack w = load_pack(row);
-    for (int k = 0; k < PACK; k++) w.v[k] = to_x(to_f(w.v[k]) + acc[k]);
-    store_pack(row, w);
-}
-
-// groups the positions holding a token of this rank's vocabulary rows [v0,
-// v0 + Vl) by token with a stable counting sort: bucket i is row
-// bucket_token[i] (the token less v0) at positions bucket_pos[bucket_start[i]
-// .. bucket_start[i+1]), in increasing order. count is scratch of V+1 ints.
-// Returns the number of buckets, or -1 if a token is outside [0, V).
-static int token_buckets(const int *inputs, int BT, int V, int v0, int Vl, int *count, int *bucket_start,
-                         int *bucket_token, int *bucket_pos) {
-    memset(count, 0, (size_t)(V + 1) * sizeof(int));
-    for (int i = 0; i < BT; i++) {
-        if (inputs[i] < 0 || inputs[i] >= V) return -1;
-        count[inputs[i] + 1]++;
-    }
-    for (int v = 0; v < V; v++) count[v + 1] += count[v];  // count[v]: positions holding a token below v
-    int lo = v0 < V ? v0 : V, hi = v0 + Vl < V ? v0 + Vl : V, base = count[lo], nbuckets = 0;
-    for (int v = lo; v < hi; v++) {
-        if (count[v + 1] == count[v]) continue;
-        bucket_token[nbuckets] = v - v0;
-        bucket_start[nbuckets] = count[v] - base;
-        nbuckets++;
-    }
-    bucket_start[nbuckets] = count[hi] - base;
-    for (int i = 0; i < BT; i++)
-        if (inputs[i] >= lo && inputs[i] < hi) bucket_pos[count[inputs[i]]++ - base] = i;
-    return nbuckets;
-}
-
-// ----------------------------------------------------------------------------
-// LayerNorm over C, eps 1e-5, one warp per row; saves mean and 1/std
-
-static __device__ void layernorm_row(floatX *out, float *mean, float *rstd, const floatX *x, const floatX *weight,
-                                     const floatX *bias, int C) {
-    int lane = threadIdx.x % 32;
-    float sum = 0.0f;
-    for (int c = lane * PACK; c < C; c += 32 * PACK) {
-        Pack p = load_pack(x + c);
-        for (int k = 0; k < PACK; k++) sum += to_f(p.v[k]);
-    }
-    float m = warp_sum(sum) / C;
-    float var = 0.0f;  // two passes, as the CPU trainer: no cancellation
-    for (int c = lane * PACK; c < C; c += 32 * PACK) {
-        Pack p = load_pack(x + c);
-        for (int k = 0; k < PACK; k++) {
-            float d = to_f(p.v[k]) - m;
-            var += d * d;
-        }
-    }
-    float s = 1.0f / sqrtf(warp_sum(var) / C + 1e-5f);
-    for (int c = lane * PACK; c < C; c += 32 * PACK) {
-        Pack p = load_pack(x + c), w = load_pack(weight + c), b = load_pack(bias + c), o;
-        for (int k = 0; k < PACK; k++) o.v[k] = to_x((to_f(p.v[k]) - m) * s * to_f(w.v[k]) + to_f(b.v[k]));
-        store_pack(out + c, o);
-    }
-    if (lane == 0) {
-        *mean = m;
-        *rstd = s;
-    }
-}
-
-__global__ void layernorm_forward_kernel(floatX *out, float *mean, float *rstd, const floatX *inp,
-                                         const floatX *weight, const floatX *bias, int N, int C) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (row >= N) return;
-    layernorm_row(out + (size_t)row * C, mean + row, rstd + row, inp + (size_t)row * C, weight, bias, C);
-}
-
-// residual = a + b (rounded to floatX, as the backward will read it back),
-// then out = LayerNorm(residual): the residual add and the next block's
-// first LayerNorm in one pass over the row
-__global__ void residual_layernorm_forward_kernel(floatX *residual, floatX *out, float *mean, float *rstd,
-                                                  const floatX *a, const floatX *b, const floatX *weight,
-                                                  const floatX *bias, int N, int C) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (row >= N) return;
-    size_t off = (size_t)row * C;
-    for (int c = (threadIdx.x % 32) * PACK; c < C; c += 32 * PACK) {
-        Pack x = load_pack(a + off + c), y = load_pack(b + off + c), r;
-        for (int k = 0; k < PACK; k++) r.v[k] = to_x(to_f(x.v[k]) + to_f(y.v[k]));
-        store_pack(residual + off + c, r);
-    }
-    // each lane reads back only the packs it wrote itself: no barrier needed
-    layernorm_row(out + off, mean + row, rstd + row, residual + off, weight, bias, C);
-}
-
-// dinp += the LayerNorm backward of dout; the parameter gradients are
-// column sums (column_sums_kernel)
-__global__ void layernorm_backward_dinp_kernel(floatX *dinp, const floatX *dout, const floatX *inp,
-                                               const floatX *weight, const float *mean, const float *rstd,
-                                               int N, int C) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (row >= N) return;
-    int lane = threadIdx.x % 32;
-    size_t off = (size_t)row * C;
-    float m = mean[row], s = rstd[row];
-    // dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = weight * dout
-    float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-    for (int c = lane * PACK; c < C; c += 32 * PACK) {
-        Pack d = load_pack(dout + off + c), x = load_pack(inp + off + c), w = load_pack(weight + c);
-        for (int k = 0; k < PACK; k++) {
-            float norm = (to_f(x.v[k]) - m) * s, dnorm = to_f(w.v[k]) * to_f(d.v[k]);
-            dnorm_mean += dnorm;
-            dnorm_norm_mean += dnorm * norm;
-        }
-    }
-    dnorm_mean = warp_sum(dnorm_mean) / C;
-    dnorm_norm_mean = warp_sum(dnorm_norm_mean) / C;
-    for (int c = lane * PACK; c < C; c += 32 * PACK) {
-        Pack d = load_pack(dout + off + c), x = load_pack(inp + off + c), w = load_pack(weight + c);
-        Pack g = load_pack(dinp + off + c);
-        for (int k = 0; k < PACK; k++) {
-            float norm = (to_f(x.v[k]) - m) * s, dnorm = to_f(w.v[k]) * to_f(d.v[k]);
-            g.v[k] = to_x(to_f(g.v[k]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
-        }
-        store_pack(dinp + off + c, g);
-    }
-}
-
-// ----------------------------------------------------------------------------
-// column sums over N rows, for bias gradients (sum of dout) and LayerNorm's
-// weight and bias gradients (sum of dout * norm, sum of dout). Pass 1: block
-// (x, y) sums the rows of split y for 32*PACK columns into partial[y];
-// pass 2 adds the splits in order into the gradient. Deterministic.
-
-constexpr int COLSUM_WARPS = 8;
-constexpr int COLSUM_COLS = 32 * PACK;    // columns per block
-constexpr int COLSUM_ROWS_PER_SPLIT = 512;
-constexpr int COLSUM_MAX_SPLITS = 1024;
-
-// the number of row splits for N rows (the same on every GPU)
-static int colsum_splits(int N) {
-    int splits = ceil_div(N, COLSUM_ROWS_PER_SPLIT);
-    return splits < 1 ? 1 : splits > COLSUM_MAX_SPLITS ? COLSUM_MAX_SPLITS : splits;
-}
-
-// with inp == NULL: partial[y*C + c] = sum dout; else partial[y*2C + c] = sum
-// dout and partial[y*2C + C + c] = sum dout * (inp - mean) * rstd
-__global__ void __launch_bounds__(COLSUM_WARPS * 32)
-column_sums_kernel(float *partial, const floatX *dout, const floatX *inp, const float *mean, const float *rstd,
-                   int N, int C, int rows_per_split) {
-    __shared__ float sums[2][COLSUM_WARPS][COLSUM_COLS];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int c0 = blockIdx.x * COLSUM_COLS + lane * PACK;
-    int row_begin = blockIdx.y * rows_per_split;
-    int row_end = min(N, row_begin + rows_per_split);
-    float sum_d[PACK] = {0}, sum_dn[PACK] = {0};
-    if (c0 < C) {
-        for (int n = row_begin + warp; n < row_end; n += COLSUM_WARPS) {
-            Pack d = load_pack(dout + (size_t)n * C + c0);
-            if (inp != NULL) {
-                Pack x = load_pack(inp + (size_t)n * C + c0);
-                float m = mean[n], s = rstd[n];
-                for (int k = 0; k < PACK; k++) {
-                    float dk = to_f(d.v[k]);
-                    sum_d[k] += dk;
-                    sum_dn[k] += dk * ((to_f(x.v[k]) - m) * s);
-                }
-            } else {
-                for (int k = 0; k < PACK; k++) sum_d[k] += to_f(d.v[k]);
-            }
-        }
-    }
-    for (int k = 0; k < PACK; k++) {
-        sums[0][warp][lane * PACK + k] = sum_d[k];
-        sums[1][warp][lane * PACK + k] = sum_dn[k];
-    }
-    __syncthreads();
-    int kinds = inp != NULL ? 2 : 1;
-    size_t stride = (size_t)kinds * C;
-    for (int i = threadIdx.x; i < kinds * COLSUM_COLS; i += blockDim.x) {
-        int kind = i / COLSUM_COLS, col = i % COLSUM_COLS, c = blockIdx.x * COLSUM_COLS + col;
-        if (c >= C) continue;
-        float s = 0.0f;
-        for (int w = 0; w < COLSUM_WARPS; w++) s += sums[kind][w][col];
-        partial[blockIdx.y * stride + (size_t)kind * C + c] = s;
-    }
-}
-
-// out0[c] += sum over splits of partial[y*stride + c]; out1 likewise from
-// partial[y*stride + C + c] when not NULL
-__global__ void add_column_partials_kernel(floatX *out0, floatX *out1, const float *partial, int splits, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    size_t stride = (size_t)(out1 != NULL ? 2 : 1) * C;
-    float s0 = 0.0f, s1 = 0.0f;
-    for (int y = 0; y < splits; y++) {
-        s0 += partial[y * stride + c];
-        if (out1 != NULL) s1 += partial[y * stride + C + c];
-    }
-    out0[c] = to_x(to_f(out0[c]) + s0);
-    if (out1 != NULL) out1[c] = to_x(to_f(out1[c]) + s1);
-}
-
-// ----------------------------------------------------------------------------
-// GELU, tanh approximation (GPT-2's). The bf16 build fuses it into the fc
-// matmul (cuBLASLt epilogue); these kernels serve the fp32 build and the
-// recompute in the backward.
-
-static __device__ __forceinline__ float gelu_value(float x) {
-    const float k = 0.7978845608028654f;  // sqrt(2/pi)
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
-
-static __device__ __forceinline__ float gelu_slope(float x) {
-    const float k = 0.7978845608028654f;
-    float th = tanhf(k * (x + 0.044715f * x * x * x));
-    float du = k * (1.0f + 3.0f * 0.044715f * x * x);
-    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
-}
-
-__global__ void gelu_forward_kernel(floatX *out, const floatX *inp, size_t n) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * PACK;
-    if (i >= n) return;
-    Pack x = load_pack(inp + i), o;
-    for (int k = 0; k < PACK; k++) o.v[k] = to_x(gelu_value(to_f(x.v[k])));
-    store_pack(out + i, o);
-}
-
-// d holds dout on entry and dinp on exit: d *= gelu'(inp)
-__global__ void gelu_backward_kernel(floatX *d, const floatX *inp, size_t n) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * PACK;
-    if (i >= n) return;
-    Pack x = load_pack(inp + i), g = load_pack(d + i);
-    for (int k = 0; k < PACK; k++) g.v[k] = to_x(to_f(g.v[k]) * gelu_slope(to_f(x.v[k])));
-    store_pack(d + i, g);
-}
-
-// ----------------------------------------------------------------------------
-// causal self-attention, flash style: no T x T matrix in memory.
-//
-// qkv is (B, T, 3C): q, k, v of head h at columns h*HS, C + h*HS, 2C + h*HS.
-// out is (B, T, C). lse (B, NH, T) keeps each query row's log-sum-exp of its
-// scores, in base 2 (scores are pre-multiplied by log2(e)/sqrt(HS) so the
-// kernels use exp2), for the backward to rebuild the softmax.
-//
-// Layout of a block: 64 rows (queries, or keys in the dK/dV kernel) x 4
-// lanes per row = 256 threads. Lane g of a row holds the row's float4 chunks
-// g, g+4, g+8, ... so the 4 lanes of a row read 64 adjacent bytes of shared
-// memory (no bank conflicts); a dot product is 4 partial sums and two
-// shuffles. Tiles of the other side (keys, or queries) sit in shared memory in
-// fp32. All accumulation is fp32. Control flow is uniform inside each warp
-// (masking, not branching), so full-warp shuffles are always legal.
-
-constexpr int ATT_ROWS = 64;
-constexpr int ATT_LANES = 4;
-constexpr int ATT_THREADS = ATT_ROWS * ATT_LANES;
-constexpr int ATT_ROWS_PER_WARP = 32 / ATT_LANES;
-
-static __host__ __device__ constexpr int att_tile(int hs) { return hs <= 64 ? 64 : 32; }  // shared tile rows
-
-static __device__ __forceinline__ float row_sum(float v) {  // over the 4 lanes of a row
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    v += __shfl_xor_sync(0xffffffffu, v, 2);
-    return v;
-}
-
-static __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
-static __device__ __forceinline__ float4 scale4(float4 a, float s) { return make_float4(a.x * s, a.y * s, a.z * s, a.w * s); }
-static __device__ __forceinline__ void axpy4(float4 *y, float a, float4 x) {
-    y->x += a * x.x; y->y += a * x.y; y->z += a * x.z; y->w += a * x.w;
-}
-
-static const float LOG2E = 1.4426950408889634f;
-
-template <int HS>
-__global__ void __launch_bounds__(ATT_THREADS)
-attention_forward_kernel(floatX *out, float *lse, const floatX *qkv, int T, int NH) {
-    constexpr int KEYS = att_tile(HS), HS4 = HS / 4, CH = HS4 / ATT_LANES;
-    __shared__ float4 sk[KEYS][HS4], sv[KEYS][HS4];
-    int C = NH * HS, C3 = 3 * C;
-    int qtile = gridDim.x - 1 - blockIdx.x;  // the longest rows first
-    int h = blockIdx.y, b = blockIdx.z;
-    int row = threadIdx.x / ATT_LANES, g = threadIdx.x % ATT_LANES;
-    int t = qtile * ATT_ROWS + row;
-    int t_load = min(t, T - 1);  // rows past T compute on a real row and write nothing
-    int warp_last_t = qtile * ATT_ROWS + (threadIdx.x / 32 + 1) * ATT_ROWS_PER_WARP - 1;
-    const floatX *seq = qkv + (size_t)b * T * C3;
-    float scale = LOG2E / sqrtf((float)HS);
-
-    float4 q[CH], o[CH];
-    for (int i = 0; i < CH; i++) {
-        q[i] = scale4(load4(seq + (size_t)t_load * C3 + h * HS + 4 * (i * ATT_LANES + g)), scale);
-        o[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    float m = -INFINITY, l = 0.0f;  // running max and sum of exp2(score - m)
-    int kend = min(T, (qtile + 1) * ATT_ROWS);
-    for (int k0 = 0; k0 < kend; k0 += KEYS) {
-        __syncthreads();  // the previous tile is no longer read
-        for (int idx = threadIdx.x; idx < KEYS * HS4; idx += ATT_THREADS) {
-            int j = idx / HS4, ch = idx % HS4, key = min(k0 + j, T - 1);  // keys past T are masked below
-            const floatX *src = seq + (size_t)key * C3 + h * HS + 4 * ch;
-            sk[j][ch] = load4(src + C);
-            sv[j][ch] = load4(src + 2 * C);
-        }
-        __syncthreads();
-        for (int j0 = 0; j0 < KEYS; j0 += 16) {
-            if (k0 + j0 > warp_last_t) break;  // in the future of every row of this warp
-            float s[16], m_new = m;
-#pragma unroll
-            for (int jj = 0; jj < 16; jj++) {
-                float d = 0.0f;
-#pragma unroll
-                for (int i = 0; i < CH; i++) d += dot4(q[i], sk[j0 + jj][i * ATT_LANES + g]);
-                d = row_sum(d);
-                s[jj] = k0 + j0 + jj <= t ? d : -INFINITY;
-                m_new = fmaxf(m_new, s[jj]);
-            }
-            // key 0 is in every row's past, so m_new is finite from the first chunk on
-            float corr = exp2f(m - m_new);
-            l *= corr;
-            for (int i = 0; i < CH; i++) o[i] = scale4(o[i], corr);
-#pragma unroll
-            for (int jj = 0; jj < 16; jj++) {
-                float p = exp2f(s[jj] - m_new);
-                l += p;
-#pragma unroll
-                for (int i = 0; i < CH; i++) axpy4(&o[i], p, sv[j0 + jj][i * ATT_LANES + g]);
-            }
-            m = m_new;
-        }
-    }
-    if (t < T) {
-        float inv = 1.0f / l;
-        floatX *dst = out + ((size_t)b * T + t) * C + h * HS;
-        for (int i = 0; i < CH; i++) store4(dst + 4 * (i * ATT_LANES + g), scale4(o[i], inv));
-        if (g == 0) lse[((size_t)b * NH + h) * T + t] = m + log2f(l);
-    }
-}
-
-// delta[b,h,t] = dout[b,t,h,:] . out[b,t,h,:], the softmax backward's row term
-__global__ void attention_delta_kernel(float *delta, const floatX *out, const floatX *dout, int B, int T, int NH,
-                                       int HS) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * T * NH) return;
-    int h = (int)(idx % NH);
-    size_t bt = idx / NH;
-    int b = (int)(bt / T), t = (int)(bt % T), C = NH * HS;
-    const floatX *o = out + bt * C + h * HS, *d = dout + bt * C + h * HS;
-    float sum = 0.0f;
-    for (int i = 0; i < HS; i += 4) sum += dot4(load4(o + i), load4(d + i));
-    delta[((size_t)b * NH + h) * T + t] = sum;
-}
-
-// dq for a tile of query rows, walking the key tiles in its past. With
-// p = exp2(s - lse) the softmax, dp = dout . v, ds = p (dp - delta):
-// dq = sum over keys of ds k / sqrt(HS). The dK/dV kernel below walks the
-// other way; splitting them keeps every gradient row owned by one block.
-template <int HS>
-__global__ void __launch_bounds__(ATT_THREADS)
-attention_backward_dq_kernel(floatX *dqkv, const floatX *qkv, const floatX *dout, const float *lse,
-                             const float *delta, int T, int NH) {
-    constexpr int KEYS = att_tile(HS), HS4 = HS / 4, CH = HS4 / ATT_LANES;
-    __shared__ float4 sk[KEYS][HS4], sv[KEYS][HS4];
-    int C = NH * HS, C3 = 3 * C;
-    int qtile = gridDim.x - 1 - blockIdx.x;
-    int h = blockIdx.y, b = blockIdx.z;
-    int row = threadIdx.x / ATT_LANES, g = threadIdx.x % ATT_LANES;
-    int t = qtile * ATT_ROWS + row;
-    int t_load = min(t, T - 1);
-    int warp_last_t = qtile * ATT_ROWS + (threadIdx.x / 32 + 1) * ATT_ROWS_PER_WARP - 1;
-    const floatX *seq = qkv + (size_t)b * T * C3;
-    float scale = LOG2E / sqrtf((float)HS);
-
-    float4 q[CH], d_o[CH], dq[CH];
-    for (int i = 0; i < CH; i++) {
-        int col = h * HS + 4 * (i * ATT_LANES + g);
-        q[i] = scale4(load4(seq + (size_t)t_load * C3 + col), scale);
-        d_o[i] = load4(dout + ((size_t)b * T + t_load) * C + col);
-        dq[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    size_t stat = ((size_t)b * NH + h) * T + t_load;
-    float lse_t = lse[stat], delta_t = delta[stat];
-    int kend = min(T, (qtile + 1) * ATT_ROWS);
-    for (int k0 = 0; k0 < kend; k0 += KEYS) {
-        __syncthreads();
-        for (int idx = threadIdx.x; idx < KEYS * HS4; idx += ATT_THREADS) {
-            int j = idx / HS4, ch = idx % HS4, key = min(k0 + j, T - 1);
-            const floatX *src = seq + (size_t)key * C3 + h * HS + 4 * ch;
-            sk[j][ch] = load4(src + C);
-            sv[j][ch] = load4(src + 2 * C);
-        }
-        __syncthreads();
-        for (int j = 0; j < KEYS; j++) {
-            if (k0 + j > warp_last_t) break;
-            float s = 0.0f, dp = 0.0f;
-#pragma unroll
-            for (int i = 0; i < CH; i++) {
-                s += dot4(q[i], sk[j][i * ATT_LANES + g]);
-                dp += dot4(d_o[i], sv[j][i * ATT_LANES + g]);
-            }
-            s = row_sum(s);
-            dp = row_sum(dp);
-            float p = k0 + j <= t ? exp2f(s - lse_t) : 0.0f;
-            float ds = p * (dp - delta_t);
-#pragma unroll
-            for (int i = 0; i < CH; i++) axpy4(&dq[i], ds, sk[j][i * ATT_LANES + g]);
-        }
-    }
-    if (t < T) {
-        float inv_sqrt = 1.0f / sqrtf((float)HS);
-        floatX *dst = dqkv + ((size_t)b * T + t) * C3 + h * HS;
-        for (int i = 0; i < CH; i++) store4(dst + 4 * (i * ATT_LANES + g), scale4(dq[i], inv_sqrt));
-    }
-}
-
-// dk and dv for a tile of key rows, walking the query tiles in its future:
-// dv = sum over queries of p dout, dk = sum of ds q / sqrt(HS)
-template <int HS>
-__global__ void __launch_bounds__(ATT_THREADS)
-attention_backward_dkdv_kernel(floatX *dqkv, const floatX *qkv, const floatX *dout, const float *lse,
-                               const float *delta, int T, int NH) {
-    constexpr int QUERIES = att_tile(HS), HS4 = HS / 4, CH = HS4 / ATT_LANES;
-    __shared__ float4 sq[QUERIES][HS4], sdo[QUERIES][HS4];
-    __shared__ float slse[QUERIES], sdelta[QUERIES];
-    int C = NH * HS, C3 = 3 * C;
-    int ktile = blockIdx.x;  // the early keys have the most queries: first
-    int h = blockIdx.y, b = blockIdx.z;
-    int row = threadIdx.x / ATT_LANES, g = threadIdx.x % ATT_LANES;
-    int s_key = ktile * ATT_ROWS + row;
-    int s_load = min(s_key, T - 1);
-    int warp_first_s = ktile * ATT_ROWS + (threadIdx.x / 32) * ATT_ROWS_PER_WARP;
-    const floatX *seq = qkv + (size_t)b * T * C3;
-    const size_t stat0 = ((size_t)b * NH + h) * T;
-    float scale = LOG2E / sqrtf((float)HS);
-
-    float4 k[CH], v[CH], dk[CH], dv[CH];
-    for (int i = 0; i < CH; i++) {
-        const floatX *src = seq + (size_t)s_load * C3 + h * HS + 4 * (i * ATT_LANES + g);
-        k[i] = scale4(load4(src + C), scale);
-        v[i] = load4(src + 2 * C);
-        dk[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        dv[i] = dk[i];
-    }
-    for (int q0 = ktile * ATT_ROWS; q0 < T; q0 += QUERIES) {
-        __syncthreads();
-        for (int idx = threadIdx.x; idx < QUERIES * HS4; idx += ATT_THREADS) {
-            int j = idx / HS4, ch = idx % HS4, tq = min(q0 + j, T - 1);  // queries past T are masked below
-            sq[j][ch] = load4(seq + (size_t)tq * C3 + h * HS + 4 * ch);
-            sdo[j][ch] = load4(dout + ((size_t)b * T + tq) * C + h * HS + 4 * ch);
-        }
-        for (int j = threadIdx.x; j < QUERIES; j += ATT_THREADS) {
-            int tq = min(q0 + j, T - 1);
-            slse[j] = lse[stat0 + tq];
-            sdelta[j] = delta[stat0 + tq];
-        }
-        __syncthreads();
-        int jstart = max(0, warp_first_s - q0);  // queries before the warp's first key see none of its keys
-        for (int j = jstart; j < QUERIES; j++) {
-            int tq = q0 + j;
-            float s = 0.0f, dp = 0.0f;
-#pragma unroll
-            for (int i = 0; i < CH; i++) {
-                s += dot4(k[i], sq[j][i * ATT_LANES + g]);
-                dp += dot4(v[i], sdo[j][i * ATT_LANES + g]);
-            }
-            s = row_sum(s);
-            dp = row_sum(dp);
-            float p = tq >= s_key && tq < T ? exp2f(s - slse[j]) : 0.0f;
-            float ds = p * (dp - sdelta[j]);
-#pragma unroll
-            for (int i = 0; i < CH; i++) {
-                axpy4(&dv[i], p, sdo[j][i * ATT_LANES + g]);
-                axpy4(&dk[i], ds, sq[j][i * ATT_LANES + g]);
-            }
-        }
-    }
-    if (s_key < T) {
-        float inv_sqrt = 1.0f / sqrtf((float)HS);
-        floatX *dst = dqkv + ((size_t)b * T + s_key) * C3 + h * HS;
-        for (int i = 0; i < CH; i++) {
-            store4(dst + C + 4 * (i * ATT_LANES + g), scale4(dk[i], inv_sqrt));
-            store4(dst + 2 * C + 4 * (i * ATT_LANES + g), dv[i]);
-        }
-    }
-}
-
-#ifndef ENABLE_FP32
-// ----------------------------------------------------------------------------
-// causal flash attention on tensor cores (bf16 build): the same maths, lse
-// and data layout as the kernels above, with the four products per tile
-// (S = Q K^T, O += P V, dP = dO V^T, dQ/dK/dV += dS K / dS^T Q / P^T dO) as
-// mma.sync m16n8k16 (bf16 inputs, fp32 accumulators). A warp owns 16 rows; a
-// block is 4 warps = 64 rows; the other side's tile (64 rows) sits in shared
-// memory in bf16, row-major and, where a product needs it, transposed.
-//
-// Fragment layouts (PTX ISA, mma.m16n8k16 .bf16), lane = 4 * gid + tig:
-//   A (16x16, row-major): a0 = A[gid][2tig..2tig+1], a1 = A[gid+8][2tig..],
-//                         a2 = A[gid][2tig+8..],     a3 = A[gid+8][2tig+8..]
-//   B (16x8, "col"):      b0 = B[2tig..2tig+1][gid], b1 = B[2tig+8..2tig+9][gid]
-//   C (16x8, fp32):       c0,c1 = C[gid][2tig..2tig+1], c2,c3 = C[gid+8][2tig..]
-// so two C tiles side by side (16 x 16) are, packed to bf16, exactly an A
-// fragment: the softmax stays in registers between the two products. Each
-// 32-bit register holds two bf16, the lower-indexed one in the low half.
-// Shared rows are padded by 8 bf16 so the 8 rows a B fragment reads fall in
-// 8 different bank groups.
-
-constexpr int TC_ROWS = 64;         // rows per block, 16 per warp
-constexpr int TC_THREADS = 128;
-constexpr int TC_PAD = 8;
-
-static __device__ __forceinline__ void mma_16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
-static __device__ __forceinline__ uint32_t pair_at(const __nv_bfloat16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
-
-// the A fragments of rows r_lo = row0 + gid and r_hi = r_lo + 8 of a (rows,
-// HS) slice with row stride ld, for the HS/16 k-steps
-template <int HS>
-static __device__ __forceinline__ void load_a_rows(uint32_t a[][4], const __nv_bfloat16 *base, size_t ld, int r_lo,
-                                                   int r_hi, int tig) {
-    #pragma unroll
-    for (int ks = 0; ks < HS / 16; ks++) {
-        const __nv_bfloat16 *lo = base + (size_t)r_lo * ld + ks * 16 + 2 * tig, *hi = base + (size_t)r_hi * ld + ks * 16 + 2 * tig;
-        a[ks][0] = pair_at(lo);
-        a[ks][1] = pair_at(hi);
-        a[ks][2] = pair_at(lo + 8);
-        a[ks][3] = pair_at(hi + 8);
-    }
-}
-
-// copies rows row0..row0+63 (clamped to T-1) of one head's HS columns into
-// shared memory: row-major into rm (if not NULL) and transposed into tr (if
-// not NULL). src points at the head's column 0 of sequence row 0.
-template <int HS>
-static __device__ __forceinline__ void load_tile(__nv_bfloat16 (*rm)[HS + TC_PAD], __nv_bfloat16 (*tr)[TC_ROWS + TC_PAD],
-                                                 const __nv_bfloat16 *src, size_t ld, int row0, int T) {
-    for (int idx = threadIdx.x; idx < TC_ROWS * HS / 8; idx += TC_THREADS) {
-        int j = idx / (HS / 8), c = (idx % (HS / 8)) * 8, row = min(row0 + j, T - 1);
-        uint4 v = *reinterpret_cast<const uint4 *>(src + (size_t)row * ld + c);
-        if (rm != NULL) *reinterpret_cast<uint4 *>(&rm[j][c]) = v;
-        if (tr != NULL) {
-            const __nv_bfloat16 *e = reinterpret_cast<const __nv_bfloat16 *>(&v);
-            for (int k = 0; k < 8; k++) tr[c + k][j] = e[k];
-        }
-    }
-}
-
-template <int HS>
-__global__ void __launch_bounds__(TC_THREADS)
-attention_forward_tc_kernel(floatX *out, float *lse, const floatX *qkv, int T, int NH) {
-    constexpr int KS = HS / 16, DN = HS / 8;  // k-steps over the head, 8-column tiles of the head
-    __shared__ __align__(16) __nv_bfloat16 sk[TC_ROWS][HS + TC_PAD];
-    __shared__ __align__(16) __nv_bfloat16 svt[HS][TC_ROWS + TC_PAD];
-    int C = NH * HS, C3 = 3 * C;
-    int qtile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
-    int row0 = qtile * TC_ROWS + warp * 16, r_lo = row0 + gid, r_hi = r_lo + 8;
-    const floatX *seq = qkv + (size_t)b * T * C3 + h * HS;
-    float scale = LOG2E / sqrtf((float)HS);
-
-    uint32_t qa[KS][4];
-    load_a_rows<HS>(qa, seq, C3, min(r_lo, T - 1), min(r_hi, T - 1), tig);
-    float o[DN][4];
-    for (int d = 0; d < DN; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
-    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;  // l: this thread's columns only
-    int kend = min(T, (qtile + 1) * TC_ROWS);
-    for (int k0 = 0; k0 < kend; k0 += TC_ROWS) {
-        __syncthreads();
-        load_tile<HS>(sk, NULL, seq + C, C3, k0, T);
-        load_tile<HS>(NULL, svt, seq + 2 * C, C3, k0, T);
-        __syncthreads();
-        float s[8][4];
-        float mx_lo = m_lo, mx_hi = m_hi;
-        #pragma unroll
-        for (int n = 0; n < 8; n++) {
-            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-            if (k0 + n * 8 <= row0 + 15) {  // warp-uniform: a tile wholly in the warp's future is all masked
-                #pragma unroll
-                for (int ks = 0; ks < KS; ks++) {
-                    const __nv_bfloat16 *kr = &sk[n * 8 + gid][ks * 16 + 2 * tig];
-                    mma_16816(s[n], qa[ks], pair_at(kr), pair_at(kr + 8));
-                }
-            }
-            int key = k0 + n * 8 + 2 * tig;
-            s[n][0] = key <= r_lo ? s[n][0] * scale : -INFINITY;
-            s[n][1] = key + 1 <= r_lo ? s[n][1] * scale : -INFINITY;
-            s[n][2] = key <= r_hi ? s[n][2] * scale : -INFINITY;
-            s[n][3] = key + 1 <= r_hi ? s[n][3] * scale : -INFINITY;
-            mx_lo = fmaxf(mx_lo, fmaxf(s[n][0], s[n][1]));
-            mx_hi = fmaxf(mx_hi, fmaxf(s[n][2], s[n][3]));
-        }
-        for (int off = 1; off < 4; off *= 2) {  // over the 4 lanes that share the rows
-            mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-            mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
-        }
-        // key 0 is in every row's past, so the maxima are finite from the first tile on
-        float c_lo = exp2f(m_lo - mx_lo), c_hi = exp2f(m_hi - mx_hi);
-        m_lo = mx_lo;
-        m_hi = mx_hi;
-        l_lo *= c_lo;
-        l_hi *= c_hi;
-        #pragma unroll
-        for (int d = 0; d < DN; d++) {
-            o[d][0] *= c_lo; o[d][1] *= c_lo;
-            o[d][2] *= c_hi; o[d][3] *= c_hi;
-        }
-        #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {  // 16 keys at a time: n-tiles 2kk and 2kk+1
-            if (k0 + kk * 16 > row0 + 15) break;
-            float p[8];
-            #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                p[e] = exp2f(s[2 * kk][e] - (e < 2 ? m_lo : m_hi));
-                p[4 + e] = exp2f(s[2 * kk + 1][e] - (e < 2 ? m_lo : m_hi));
-            }
-            l_lo += p[0] + p[1] + p[4] + p[5];
-            l_hi += p[2] + p[3] + p[6] + p[7];
-            uint32_t pa[4] = {pack_bf16(p[0], p[1]), pack_bf16(p[2], p[3]), pack_bf16(p[4], p[5]), pack_bf16(p[6], p[7])};
-            #pragma unroll
-            #pragma unroll
-        for (int d = 0; d < DN; d++) {
-                const __nv_bfloat16 *vr = &svt[d * 8 + gid][kk * 16 + 2 * tig];
-                mma_16816(o[d], pa, pair_at(vr), pair_at(vr + 8));
-            }
-        }
-    }
-    for (int off = 1; off < 4; off *= 2) {
-        l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
-        l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
-    }
-    floatX *dst = out + (size_t)b * T * C + h * HS + 2 * tig;
-    if (r_lo < T) {
-        for (int d = 0; d < DN; d++)
-            *reinterpret_cast<__nv_bfloat162 *>(dst + (size_t)r_lo * C + d * 8) = __floats2bfloat162_rn(o[d][0] / l_lo, o[d][1] / l_lo);
-        if (tig == 0) lse[((size_t)b * NH + h) * T + r_lo] = m_lo + log2f(l_lo);
-    }
-    if (r_hi < T) {
-        for (int d = 0; d < DN; d++)
-            *reinterpret_cast<__nv_bfloat162 *>(dst + (size_t)r_hi * C + d * 8) = __floats2bfloat162_rn(o[d][2] / l_hi, o[d][3] / l_hi);
-        if (tig == 0) lse[((size_t)b * NH + h) * T + r_hi] = m_hi + log2f(l_hi);
-    }
-}
-
-// dq for 64 query rows: per 16 keys, S and dP (two products), p and ds in
-// registers, then dq += ds K
-template <int HS>
-__global__ void __launch_bounds__(TC_THREADS)
-attention_backward_dq_tc_kernel(floatX *dqkv, const floatX *qkv, const floatX *dout, const float *lse,
-                                const float *delta, int T, int NH) {
-    constexpr int KS = HS / 16, DN = HS / 8;
-    __shared__ __align__(16) __nv_bfloat16 sk[TC_ROWS][HS + TC_PAD];
-    __shared__ __align__(16) __nv_bfloat16 sv[TC_ROWS][HS + TC_PAD];
-    __shared__ __align__(16) __nv_bfloat16 skt[HS][TC_ROWS + TC_PAD];
-    int C = NH * HS, C3 = 3 * C;
-    int qtile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
-    int row0 = qtile * TC_ROWS + warp * 16, r_lo = row0 + gid, r_hi = r_lo + 8;
-    int rl_lo = min(r_lo, T - 1), rl_hi = min(r_hi, T - 1);
-    const floatX *seq = qkv + (size_t)b * T * C3 + h * HS;
-    float scale = LOG2E / sqrtf((float)HS);
-
-    uint32_t qa[KS][4], da[KS][4];
-    load_a_rows<HS>(qa, seq, C3, rl_lo, rl_hi, tig);
-    load_a_rows<HS>(da, dout + (size_t)b * T * C + h * HS, C, rl_lo, rl_hi, tig);
-    size_t stat = ((size_t)b * NH + h) * T;
-    float lse_lo = lse[stat + rl_lo], lse_hi = lse[stat + rl_hi];
-    float dl_lo = delta[stat + rl_lo], dl_hi = delta[stat + rl_hi];
-    float dq[DN][4];
-    for (int d = 0; d < DN; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
-    int kend = min(T, (qtile + 1) * TC_ROWS);
-    for (int k0 = 0; k0 < kend; k0 += TC_ROWS) {
-        __syncthreads();
-        load_tile<HS>(sk, skt, seq + C, C3, k0, T);
-        load_tile<HS>(sv, NULL, seq + 2 * C, C3, k0, T);
-        __syncthreads();
-        #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            if (k0 + kk * 16 > row0 + 15) break;
-            float ds[8];
-            #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                int n = 2 * kk + half;
-                float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                #pragma unroll
-                for (int ks = 0; ks < KS; ks++) {
-                    const __nv_bfloat16 *kr = &sk[n * 8 + gid][ks * 16 + 2 * tig], *vr = &sv[n * 8 + gid][ks * 16 + 2 * tig];
-                    mma_16816(s, qa[ks], pair_at(kr), pair_at(kr + 8));
-                    mma_16816(dp, da[ks], pair_at(vr), pair_at(vr + 8));
-                }
-                int key = k0 + n * 8 + 2 * tig;
-                #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                    int row = e < 2 ? r_lo : r_hi;
-                    float p = key + (e & 1) <= row ? exp2f(s[e] * scale - (e < 2 ? lse_lo : lse_hi)) : 0.0f;
-                    ds[half * 4 + e] = p * (dp[e] - (e < 2 ? dl_lo : dl_hi));
-                }
-            }
-            uint32_t dsa[4] = {pack_bf16(ds[0], ds[1]), pack_bf16(ds[2], ds[3]), pack_bf16(ds[4], ds[5]), pack_bf16(ds[6], ds[7])};
-            #pragma unroll
-            #pragma unroll
-        for (int d = 0; d < DN; d++) {
-                const __nv_bfloat16 *kr = &skt[d * 8 + gid][kk * 16 + 2 * tig];
-                mma_16816(dq[d], dsa, pair_at(kr), pair_at(kr + 8));
-            }
-        }
-    }
-    float inv_sqrt = 1.0f / sqrtf((float)HS);
-    floatX *dst = dqkv + (size_t)b * T * C3 + h * HS + 2 * tig;
-    for (int d = 0; d < DN; d++) {
-        if (r_lo < T)
-            *reinterpret_cast<__nv_bfloat162 *>(dst + (size_t)r_lo * C3 + d * 8) = __floats2bfloat162_rn(dq[d][0] * inv_sqrt, dq[d][1] * inv_sqrt);
-        if (r_hi < T)
-            *reinterpret_cast<__nv_bfloat162 *>(dst + (size_t)r_hi * C3 + d * 8) = __floats2bfloat162_rn(dq[d][2] * inv_sqrt, dq[d][3] * inv_sqrt);
-    }
-}
-
-// dk, dv for 64 key rows: per 16 queries, S^T = K Q^T and dP^T = V dO^T,
-// then dv += P^T dO and dk += dS^T Q
-template <int HS>
-__global__ void __launch_bounds__(TC_THREADS)
-attention_backward_dkdv_tc_kernel(floatX *dqkv, const floatX *qkv, const floatX *dout, const float *lse,
-                                  const float *delta, int T, int NH) {
-    constexpr int KS = HS / 16, DN = HS / 8;
-    __shared__ __align__(16) __nv_bfloat16 sq[TC_ROWS][HS + TC_PAD];
-    __shared__ __align__(16) __nv_bfloat16 sdo[TC_ROWS][HS + TC_PAD];
-    __shared__ __align__(16) __nv_bfloat16 sqt[HS][TC_ROWS + TC_PAD];
-    __shared__ __align__(16) __nv_bfloat16 sdot[HS][TC_ROWS + TC_PAD];
-    __shared__ float slse[TC_ROWS], sdelta[TC_ROWS];
-    int C = NH * HS, C3 = 3 * C;
-    int ktile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
-    int row0 = ktile * TC_ROWS + warp * 16, r_lo = row0 + gid, r_hi = r_lo + 8;  // key rows
-    const floatX *seq = qkv + (size_t)b * T * C3 + h * HS;
-    const floatX *dseq = dout + (size_t)b * T * C + h * HS;
-    size_t stat = ((size_t)b * NH + h) * T;
-    float scale = LOG2E / sqrtf((float)HS);
-
-    uint32_t ka[KS][4], va[KS][4];
-    load_a_rows<HS>(ka, seq + C, C3, min(r_lo, T - 1), min(r_hi, T - 1), tig);
-    load_a_rows<HS>(va, seq + 2 * C, C3, min(r_lo, T - 1), min(r_hi, T - 1), tig);
-    float dk[DN][4], dv[DN][4];
-    for (int d = 0; d < DN; d++)
-        for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.0f;
-    for (int q0 = ktile * TC_ROWS; q0 < T; q0 += TC_ROWS) {
-        __syncthreads();
-        load_tile<HS>(sq, sqt, seq, C3, q0, T);
-        load_tile<HS>(sdo, sdot, dseq, C, q0, T);
-        for (int j = threadIdx.x; j < TC_ROWS; j += TC_THREADS) {
-            int tq = min(q0 + j, T - 1);
-            slse[j] = lse[stat + tq];
-            sdelta[j] = delta[stat + tq];
-        }
-        __syncthreads();
-        #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            if (q0 + kk * 16 + 15 < row0) continue;  // warp-uniform: these queries see none of the warp's keys
-            float p[8], ds[8];
-            #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                int n = 2 * kk + half;
-                float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                #pragma unroll
-                for (int ks = 0; ks < KS; ks++) {
-                    const __nv_bfloat16 *qr = &sq[n * 8 + gid][ks * 16 + 2 * tig], *dr = &sdo[n * 8 + gid][ks * 16 + 2 * tig];
-                    mma_16816(s, ka[ks], pair_at(qr), pair_at(qr + 8));
-                    mma_16816(dp, va[ks], pair_at(dr), pair_at(dr + 8));
-                }
-                int jq = n * 8 + 2 * tig;  // this thread's query columns jq, jq + 1 of the tile
-                #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                    int j = jq + (e & 1), tq = q0 + j, key = e < 2 ? r_lo : r_hi;
-                    float pe = tq >= key && tq < T ? exp2f(s[e] * scale - slse[j]) : 0.0f;
-                    p[half * 4 + e] = pe;
-                    ds[half * 4 + e] = pe * (dp[e] - sdelta[j]);
-                }
-            }
-            uint32_t pa[4] = {pack_bf16(p[0], p[1]), pack_bf16(p[2], p[3]), pack_bf16(p[4], p[5]), pack_bf16(p[6], p[7])};
-            uint32_t dsa[4] = {pack_bf16(ds[0], ds[1]), pack_bf16(ds[2], ds[3]), pack_bf16(ds[4], ds[5]), pack_bf16(ds[6], ds[7])};
-            #pragma unroll
-            #pragma unroll
-        for (int d = 0; d < DN; d++) {
-                const __nv_bfloat16 *dr = &sdot[d * 8 + gid][kk * 16 + 2 * tig], *qr = &sqt[d * 8 + gid][kk * 16 + 2 * tig];
-                mma_16816(dv[d], pa, pair_at(dr), pair_at(dr + 8));
-                mma_16816(dk[d], dsa, pair_at(qr), pair_at(qr + 8));
-            }
-        }
-    }
-    float inv_sqrt = 1.0f / sqrtf((float)HS);
-    floatX *dst = dqkv + (size_t)b * T * C3 + h * HS + 2 * tig;
-    for (int d = 0; d < DN; d++) {
-        if (r_lo < T) {
-            *reinterpret_cast<__nv_bfloat162 *>(dst + (size_t)r_lo * C3 + C + d * 8) = __floats2bfloat162_rn(dk[d][0] * inv_sqrt, dk[d][1] * inv_sqrt);
-            *reinterpret_cast<__nv_bfloat162 *>(dst + (size_t)r_lo * C3 + 2 * C + d * 8) = __floats2bfloat162_rn(dv[d][0], dv[d][1]);
-        }
-        if (r_hi < T) {
-            *reinterpret_cast<__nv_bfloat162 *>(dst + (size_t)r_hi * C3 + C + d * 8) = __floats2bfloat162_rn(dk[d][2] * inv_sqrt, dk[d][3] * inv_sqrt);
-            *reinterpret_cast<__nv_bfloat162 *>(dst + (size_t)r_hi * C3 + 2 * C + d * 8) = __floats2bfloat162_rn(dv[d][2], dv[d][3]);
-        }
-    }
-}
-#endif
-
-// ----------------------------------------------------------------------------
-// fused classifier: per row, softmax over the V real columns, cross-entropy
-// against the target, and (when dlogits is wanted) its gradient written over
-// the logits: dlogits = (softmax - onehot(target)) * dloss. Padded columns
-// V..Vp-1 take no part and get gradient 0. losses[row] += the row's loss.
-
-constexpr int CLASSIFIER_THREADS = 1024;
-
-static __device__ __forceinline__ void softmax_merge(float *m, float *s, float m2, float s2) {
-    float mm = fmaxf(*m, m2);
-    float a = *m == -INFINITY ? 0.0f : *s * expf(*m - mm);
-    float b = m2 == -INFINITY ? 0.0f : s2 * expf(m2 - mm);
-    *m = mm;
-    *s = a + b;
-}
-
-// the online max and sum of exp(z - max) of one row's x[0..n), one block per
-// row (rows 16-byte aligned, so read PACK at a time): each thread its share,
-// then each warp, then the block; every thread gets the row's pair. It
-// synchronizes the block, so whatever each thread read of x before is read.
-static __device__ float2 row_softmax_stats(const floatX *x, int n) {
-    __shared__ float shared_m[32], shared_s[32];
-    float m = -INFINITY, s = 0.0f;  // online max and sum of exp(z - m)
-    for (int i = threadIdx.x * PACK; i < n; i += blockDim.x * PACK) {
-        Pack p = load_pack(x + i);
-        for (int k = 0; k < PACK && i + k < n; k++) {
-            float z = to_f(p.v[k]);
-            if (z > m) {
-                s = s * expf(m - z) + 1.0f;
-                m = z;
-            } else {
-                s += expf(z - m);
-            }
-        }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-        softmax_merge(&m, &s, m2, s2);
-    }
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
-    if (lane == 0) {
-        shared_m[warp] = m;
-        shared_s[warp] = s;
-    }
-    __syncthreads();
-    m = -INFINITY;
-    s = 0.0f;
-    for (int w = 0; w < nwarps; w++) softmax_merge(&m, &s, shared_m[w], shared_s[w]);
-    return make_float2(m, s);
-}
-
-__global__ void __launch_bounds__(CLASSIFIER_THREADS)
-classifier_kernel(floatX *logits, float *losses, const int *targets, float dloss, int V, int Vp, int write_dlogits) {
-    int row = blockIdx.x;
-    floatX *x = logits + (size_t)row * Vp;
-    int target = targets[row];
-    float z_target = to_f(x[target]);  // read before anyone overwrites it (row_softmax_stats syncs)
-    float2 st = row_softmax_stats(x, V);
-    float lse = st.x + logf(st.y);
-    if (threadIdx.x == 0) losses[row] += lse - z_target;
-    if (!write_dlogits) return;
-    for (int i = threadIdx.x * PACK; i < Vp; i += blockDim.x * PACK) {
-        Pack p = load_pack(x + i), d;
-        for (int k = 0; k < PACK; k++) {
-            int col = i + k;
-            float prob = col < V ? expf(to_f(p.v[k]) - lse) : 0.0f;
-            float g = col < V ? (prob - (col == target ? 1.0f : 0.0f)) * dloss : 0.0f;
-            d.v[k] = to_x(g);
-        }
-        store_pack(x + i, d);
-    }
-}
-
-// ----------------------------------------------------------------------------
-// global gradient norm: fixed grid, per-block partial sums, one final block
-
-constexpr int NORM_BLOCKS = 512;
-constexpr int NORM_THREADS = 512;
-
-__global__ void sumsq_final_kernel(float *norm, const float *partial, int nparts) {
-    __shared__ double shared[1024];
-    double acc = 0.0;
-    for (int i = threadIdx.x; i < nparts; i += blockDim.x) acc += partial[i];
-    shared[threadIdx.x] = acc;
-    __syncthreads();
-    for (int half = blockDim.x / 2; half > 0; half /= 2) {  // blockDim.x a power of two
-        if ((int)threadIdx.x < half) shared[threadIdx.x] += shared[threadIdx.x + half];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) *norm = (float)sqrt(shared[0]);
-}
-
-// ----------------------------------------------------------------------------
-// AdamW in PyTorch's order (as train_gpt2.c's adamw_update), on the fp32
-// master weights; the floatX copy the model computes with is rounded from
-// them. The clip scale (as torch.nn.utils.clip_grad_norm_) is folded in,
-// computed from the norm on the device, so the host never waits for it.
-
-__global__ void adamw_kernel(floatX *params, float *master, const floatX *grads, float *m, float *v, size_t n,
-                             float lr, float beta1, float beta2, float eps, float weight_decay, float step_size,
-                             float bc2_sqrt, const float *norm, float max_norm) {
-    float gn = *norm;
-    float scale = max_norm > 0.0f && gn > max_norm ? max_norm / (gn + 1e-6f) : 1.0f;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float g = to_f(grads[i]) * scale;
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        float p = master[i];
-        p *= 1.0f - lr * weight_decay;
-        p -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
-        m[i] = mi;
-        v[i] = vi;
-        master[i] = p;        // in the fp32 build params and master are one array
-        params[i] = to_x(p);
-    }
-}
-
-__global__ void copy_to_floatx_kernel(floatX *dst, const float *src, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = to_x(src[i]);
-}
-
-// ----------------------------------------------------------------------------
-// tensor parallel pieces: the vocabulary-parallel classifier (each rank holds
-// Vl = Vp/tp rows of wte, so each holds Vl logits of every row), a plain
-// residual add, and the sums the ZeRO shards and the tied wte need
-
-// per row, the max and the sum of exp(z - max) over this slice's nreal real
-// columns (online, as classifier_kernel); stats[row] = (max, sum)
-__global__ void __launch_bounds__(CLASSIFIER_THREADS)
-classifier_stats_kernel(float2 *stats, const floatX *logits, int Vl, int nreal) {
-    float2 st = row_softmax_stats(logits + (size_t)blockIdx.x * Vl, nreal);
-    if (threadIdx.x == 0) stats[blockIdx.x] = st;
-}
-
-// all_stats: (tp, BT) from every slice, merged in slice order (the same on
-// every rank). The rank holding a row's target adds its loss; dlogits over
-// this slice's logits as classifier_kernel's, padded columns 0.
-__global__ void __launch_bounds__(CLASSIFIER_THREADS)
-classifier_tp_kernel(floatX *logits, float *losses, const int *targets, const float2 *all_stats, int tp, int BT,
-                     float dloss, int v0, int Vl, int nreal, int write_dlogits) {
-    int row = blockIdx.x;
-    floatX *x = logits + (size_t)row * Vl;
-    float m = -INFINITY, s = 0.0f;
-    for (int r = 0; r < tp; r++) softmax_merge(&m, &s, all_stats[(size_t)r * BT + row].x, all_stats[(size_t)r * BT + row].y);
-    float lse = m + logf(s);
-    int col = targets[row] - v0;  // the target's column in this slice, if it is here
-    if (threadIdx.x == 0 && col >= 0 && col < nreal) losses[row] += lse - to_f(x[col]);
-    __syncthreads();  // the target's logit is read before anyone overwrites it
-    if (!write_dlogits) return;
-    for (int i = threadIdx.x; i < Vl; i += blockDim.x) {
-        float g = i < nreal ? (expf(to_f(x[i]) - lse) - (i == col ? 1.0f : 0.0f)) * dloss : 0.0f;
-        x[i] = to_x(g);
-    }
-}
-
-__global__ void residual_forward_kernel(floatX *out, const floatX *a, const floatX *b, size_t n) {
-    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * PACK;
-    if (idx >= n) return;
-    Pack x = load_pack(a + idx), y = load_pack(b + idx), o;
-    for (int k = 0; k < PACK; k++) o.v[k] = to_x(to_f(x.v[k]) + to_f(y.v[k]));
-    store_pack(out + idx, o);
-}
-
-// dst += src, elementwise (n a multiple of PACK: the units' chunks are)
-__global__ void add_into_kernel(floatX *dst, const floatX *src, size_t n) {
-    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * PACK; i < n;
-         i += (size_t)gridDim.x * blockDim.x * PACK) {
-        Pack x = load_pack(dst + i), y = load_pack(src + i), o;
-        for (int k = 0; k < PACK; k++) o.v[k] = to_x(to_f(x.v[k]) + to_f(y.v[k]));
-        store_pack(dst + i, o);
-    }
-}
-
-// partial[block] += this block's sum of squares of g[0..n): the norm of many
-// runs adds up in the same NORM_BLOCKS partials, in the same order every step
-__global__ void __launch_bounds__(NORM_THREADS) sumsq_add_kernel(float *partial, const floatX *g, size_t n) {
-    size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
-    float acc = 0.0f;
-    for (size_t i = tid; i < n; i += stride) acc += to_f(g[i]) * to_f(g[i]);
-    acc = block_sum(acc);
-    if (threadIdx.x == 0) partial[blockIdx.x] += acc;
-}
-
-// ----------------------------------------------------------------------------
-// the seeded init on the device: gpt2.h's param_init_value, ported. Integer
-// mixing is exact and the Box-Muller runs in double, so the values equal the
-// host's after rounding to float except where a double ulp decides a float
-// rounding (test_gpt2.cu counts them).
-
-static __device__ uint64_t device_mix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-static __device__ float device_counter_normal(uint64_t seed, uint64_t stream, uint64_t i) {
-    uint64_t a = device_mix64(seed ^ device_mix64(stream * 0x100000001b3ull ^ device_mix64(2 * i)));
-    uint64_t b = device_mix64(seed ^ device_mix64(stream * 0x100000001b3ull ^ device_mix64(2 * i + 1)));
-    double u1 = ((a >> 11) + 1.0) / 9007199254740993.0;
-    double u2 = (b >> 11) / 9007199254740992.0;
-    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-}
-
-// how param_init_value fills tensor t: constant for all i, or std * normal
-// for i < random_count and 0 after (wte's padded rows)
-typedef struct {
-    float constant;
-    double std;
-    size_t random_count;
-} InitSpec;
-
-static InitSpec init_spec(const GPT2Config *c, int t, size_t size) {
-    InitSpec s = {0.0f, 0.02, size};
-    switch (t) {
-    case P_LN1W: case P_LN2W: case P_LNFW: s.std = 0.0; s.constant = 1.0f; break;
-    case P_QKVB: case P_ATTPROJB: case P_FCB: case P_FCPROJB:
-    case P_LN1B: case P_LN2B: case P_LNFB: s.std = 0.0; break;
-    case P_WTE: s.random_count = (size_t)c->V * c->C; break;
-    case P_ATTPROJW: case P_FCPROJW: s.std = 0.02 / sqrt(2.0 * c->L); break;
-    default: break;
-    }
-    return s;
-}
-
-__global__ void init_tensor_kernel(float *out, size_t n, uint64_t seed, int tensor, float constant, double std,
-                                   size_t random_count) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        if (std == 0.0) out[i] = constant;
-        else out[i] = i < random_count ? (float)(std * device_counter_normal(seed, (uint64_t)tensor, i)) : 0.0f;
-    }
-}
-
-// ----------------------------------------------------------------------------
-// GEMMs through cuBLASLt. cuBLASLt is column-major: a row-major (R x K)
-// array is a column-major (K x R) one, so each row-major product below is
-// written as the column-major product of the transposes.
-
-typedef struct {
-    cublasLtHandle_t handle;
-    void *workspace;
-    size_t workspace_size;
-    cudaStream_t stream;
-} Blas;
-
-enum { GELU_NONE, GELU_FORWARD, GELU_BACKWARD };
-
-// D (m x n, ldd) = op(A) op(B) [+ D when accumulate], all column-major, with
-// optional bias (length m) and GELU epilogues: GELU_FORWARD writes D =
-// gelu(result) and aux = result; GELU_BACKWARD writes D = result * gelu'(aux).
-static void matmul_lt(const Blas *blas, floatX *d, const floatX *a, const floatX *b, int m, int n, int k,
-                      int transa, int transb, int lda, int ldb, int ldd, int accumulate, const floatX *bias,
-                      floatX *aux, int gelu) {
-    cublasLtMatmulDesc_t desc;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));  // no TF32: fp32 stays fp32
-    cublasOperation_t opa = transa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    if (gelu == GELU_FORWARD) epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-    else if (gelu == GELU_BACKWARD) epilogue = CUBLASLT_EPILOGUE_DGELU;
-    else if (bias) epilogue = CUBLASLT_EPILOGUE_BIAS;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    if (bias && gelu != GELU_BACKWARD)
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    if (gelu != GELU_NONE) {
-        int64_t aux_ld = m;  // aux has D's shape
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
-    }
-    cublasLtMatrixLayout_t la, lb, ld;
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUBLAS_FLOATX, transa ? k : m, transa ? m : k, lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUBLAS_FLOATX, transb ? n : k, transb ? k : n, ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUBLAS_FLOATX, m, n, ldd));
-    cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &blas->workspace_size, sizeof(blas->workspace_size)));
-    cublasLtMatmulHeuristicResult_t heuristic;
-    int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas->handle, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
-    if (found == 0) {
-        fprintf(stderr, "cuBLASLt: no algorithm for m=%d n=%d k=%d transa=%d transb=%d epilogue=%d\n", m, n, k,
-                transa, transb, (int)epilogue);
-        exit(1);
-    }
-    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    CUBLAS_CHECK(cublasLtMatmul(blas->handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &heuristic.algo,
-                                blas->workspace, blas->workspace_size, blas->stream));
-    cublasLtMatmulPreferenceDestroy(pref);
-    cublasLtMatrixLayoutDestroy(la);
-    cublasLtMatrixLayoutDestroy(lb);
-    cublasLtMatrixLayoutDestroy(ld);
-    cublasLtMatmulDescDestroy(desc);
-}
-
-// out[N,OC] = inp[N,IC] @ weight[OC,IC]^T + bias; with pre_gelu != NULL:
-// pre_gelu = that, out = gelu(pre_gelu)
-static void matmul_forward(const Blas *blas, floatX *out, floatX *pre_gelu, const floatX *inp, const floatX *weight,
-                           const floatX *bias, int N, int IC, int OC) {
-    matmul_lt(blas, out, weight, inp, OC, N, IC, 1, 0, IC, IC, OC, 0, bias, pre_gelu,
-              pre_gelu ? GELU_FORWARD : GELU_NONE);
-}
-
-// dinp[N,IC] = dout[N,OC] @ weight[OC,IC] (times gelu'(pre_gelu) when given)
-static void matmul_backward_dinp(const Blas *blas, floatX *dinp, const floatX *dout, const floatX *weight,
-                                 const floatX *pre_gelu, int N, int IC, int OC) {
-    matmul_lt(blas, dinp, weight, dout, IC, N, OC, 0, 0, IC, OC, IC, 0, NULL, (floatX *)pre_gelu,
-              pre_gelu ? GELU_BACKWARD : GELU_NONE);
-}
-
-// dweight[OC,IC] += dout[N,OC]^T @ inp[N,IC]
-static void matmul_backward_dweight(const Blas *blas, floatX *dweight, const floatX *dout, const floatX *inp,
-                                    int N, int IC, int OC) {
-    matmul_lt(blas, dweight, inp, dout, IC, OC, N, 0, 1, IC, OC, IC, 1, NULL, NULL, GELU_NONE);
-}
-
-// ----------------------------------------------------------------------------
-// kernel launchers
-
-// wte: rows [v0, v0 + Vl) of the vocabulary; wpe NULL: no positions added
-static void encoder_forward(floatX *out, const int *inp, const floatX *wte, const floatX *wpe, int v0, int Vl, int B,
-                            int T, int C, cudaStream_t stream) {
-    int n = B * T * C / PACK;
-    encoder_forward_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(out, inp, wte, wpe, B * T, T, C, v0, Vl);
-    CUDA_CHECK(cudaGetLastError());
-}
-
-static void encoder_backward(floatX *dwte, floatX *dwpe, const floatX *dout, const int *bucket_start,
-                             const int *bucket_token, const int *bucket_pos, int nbuckets, int B, int T, int C,
-                             cudaStream_t stream) {
-    encoder_backward_wpe_kernel<<<ceil_div(T * C / PACK, 256), 256, 0, stream>>>(dwpe, dout, B, T, C);
-    CUDA_CHECK(cudaGetLastError());
-    if (nbuckets == 0) return;  // a vocabulary slice none of this micro-batch's tokens falls in
-    dim3 grid(nbuckets, ceil_div(C / PACK, 128));
-    encoder_backward_wte_kernel<<<grid, 128, 0, stream>>>(dwte, dout, bucket_start, bucket_token, bucket_pos, C);
-    CUDA_CHECK(cudaGetLastError());
-}
-
-static void layernorm_forward(floatX *out, float *mean, float *rstd, const floatX *inp, const floatX *weight,
-                              const floatX *bias, int N, int C, cudaStream_t stream) {
-    layernorm_forward_kernel<<<ceil_div(N, 8), 256, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
-    CUDA_CHECK(cudaGetLastError());
-}
-
-static void residual_forward(floatX *out, const floatX *a, const floatX *b, size_t n, cudaStream_t stream) {
-    residual_forward_kernel<<<ceil_div((long)(n / PACK), 256), 256, 0, stream>>>(out, a, b, n);
-    CUDA_CHECK(cudaGetLastError());
-}
-
-static void residual_layernorm_forward(floatX *residual, floatX *out, float *mean, float *rstd, const floatX *a,
-                                       const floatX *b, const floatX *weight, const floatX *bias, int N, int C,
-                                       cudaStream_t stream) {
-    residual_layernorm_forward_kernel<<<ceil_div(N, 8), 256, 0, stream>>>(residual, out, mean, rstd, a, b, weight,
-                                                                          bias, N, C);
-    CUDA_CHECK(cudaGetLastError());
-}
-
-// dbias[OC] += column sums of dout[N,OC]; partial is scratch of colsum_splits(N) * OC floats
-static void bias_backward(floatX *dbias, const floatX *dout, float *partial, int N, int OC, cudaStream_t stream) {
-    int splits = colsum_splits(N);
-    dim3 grid(ceil_div(OC, COLSUM_COLS), splits);
-    column_sums_kernel<<<grid, COLSUM_WARPS * 32, 0, stream>>>(partial, dout, NULL, NULL, NULL, N, OC,
-                                                               ceil_div(N, splits));
-    CUDA_CHECK(cudaGetLastError());
-    add_column_partials_kernel<<<ceil_div(OC, 256), 256, 0, stream>>>(dbias, NULL, partial, splits, OC);
-    CUDA_CHECK(cudaGetLastError());
-}
-
-// dinp += d/dinp, dweight += ..., dbias += ...; partial: colsum_splits(N) * 2C floats
-static void layernorm_backward(floatX *dinp, floatX *dweight, floatX *dbias, float *partial, const floatX *dout,
-                               const floatX *inp, const floatX *weight, const float *mean, const float *rstd, int N,
-                               int C, cudaStream_t stream) {
-    layernorm_backward_dinp_kernel<<<ceil_div(N, 8), 256, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
-    CUDA_CHECK(cudaGetLastError());
-    int splits = colsum_splits(N);
-    dim3 grid(ceil_div(C, COLSUM_COLS), splits);
-    column_sums_kernel<<<grid, COLSUM_WARPS * 32, 0, stream>>>(partial, dout, inp, mean, rstd, N, C,
-                                                               ceil_div(N, splits));
-    CUDA_CHECK(cudaGetLastError());
-    add_column_partials_kernel<<<ceil_div(C, 256), 256, 0, stream>>>(dbias, dweight, partial, splits, C);
-    CUDA_CHECK(cudaGetLastError());
-}
-
-static void gelu_forward(floatX *out, const floatX *inp, size_t n, cudaStream_t stream) {
-    gelu_forward_kernel<<<ceil_div((long)(n / PACK), 256), 256, 0, stream>>>(out, inp, n);
-    CUDA_CHECK(cudaGetLastError());
-}
-
-static void gelu_backward(floatX *d, const floatX *inp, size_t n, cudaStream_t stream) {
-    gelu_backward_kernel<<<ceil_div((long)(n / PACK), 256), 256, 0, stream>>>(d, inp, n);
-    CUDA_CHECK(cudaGetLastError());
-}
-
-// the head sizes the attention kernels are built for
-static int attention_supports(int hs) { return hs == 16 || hs == 32 || hs == 64 || hs == 128; }
-
-// the tensor-core kernels (bf16 build) cover head sizes up to 64: larger
-// ones would need more than 48 KB of static shared memory per block
-static int attention_tc_supports(int hs) {
-#ifdef ENABLE_FP32
-    (void)hs;
-    return 0;
-#else
-    return hs == 16 || hs == 32 || hs == 64;
-#endif
-}
-
-// tc: use the tensor-core kernels where attention_tc_supports(C/NH)
-static void attention_forward(floatX *out, float *lse, const floatX *qkv, int B, int T, int C, int NH, int tc,
-                              cudaStream_t stream) {
-    int HS = C / NH;
-#ifndef ENABLE_FP32
-    if (tc && attention_tc_supports(HS)) {
-        dim3 grid(ceil_div(T, TC_ROWS), NH, B);
-        switch (HS) {
-        case 16: attention_forward_tc_kernel<16><<<grid, TC_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
-        case 32: attention_forward_tc_kernel<32><<<grid, TC_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
-        case 64: attention_forward_tc_kernel<64><<<grid, TC_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
-        }
-        CUDA_CHECK(cudaGetLastError());
-        return;
-    }
-#else
-    (void)tc;
-#endif
-    dim3 grid(ceil_div(T, ATT_ROWS), NH, B);
-    switch (HS) {
-    case 16: attention_forward_kernel<16><<<grid, ATT_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
-    case 32: attention_forward_kernel<32><<<grid, ATT_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
-    case 64: attention_forward_kernel<64><<<grid, ATT_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
-    case 128: attention_forward_kernel<128><<<grid, ATT_THREADS, 0, stream>>>(out, lse, qkv, T, NH); break;
-    default: assert(0 && "head size checked by gpu_check_shapes");
-    }
-    CUDA_CHECK(cudaGetLastError());
-}
-
-// dqkv (B,T,3C) is written whole; delta is scratch of B*NH*T floats
-static void attention_backward(floatX *dqkv, float *delta, const floatX *dout, const floatX *qkv, const floatX *out,
-                               const float *lse, int B, int T, int C, int NH, int tc, cudaStream_t stream) {
-    int HS = C / NH;
-    attention_delta_kernel<<<ceil_div((long)B * T * NH, 256), 256, 0, stream>>>(delta, out, dout, B, T, NH, HS);
-    CUDA_CHECK(cudaGetLastError());
-#ifndef ENABLE_FP32
-    if (tc && attention_tc_supports(HS)) {
-        dim3 grid(ceil_div(T, TC_ROWS), NH, B);
-        switch (HS) {
-        case 16:
-            attention_backward_dq_tc_kernel<16><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-            attention_backward_dkdv_tc_kernel<16><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-            break;
-        case 32:
-            attention_backward_dq_tc_kernel<32><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-            attention_backward_dkdv_tc_kernel<32><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-            break;
-        case 64:
-            attention_backward_dq_tc_kernel<64><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-            attention_backward_dkdv_tc_kernel<64><<<grid, TC_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-            break;
-        }
-        CUDA_CHECK(cudaGetLastError());
-        return;
-    }
-#else
-    (void)tc;
-#endif
-    dim3 grid(ceil_div(T, ATT_ROWS), NH, B);
-    switch (HS) {
-    case 16:
-        attention_backward_dq_kernel<16><<<grid, ATT_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-        attention_backward_dkdv_kernel<16><<<grid, ATT_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-        break;
-    case 32:
-        attention_backward_dq_kernel<32><<<grid, ATT_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-        attention_backward_dkdv_kernel<32><<<grid, ATT_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-        break;
-    case 64:
-        attention_backward_dq_kernel<64><<<grid, ATT_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-        attention_backward_dkdv_kernel<64><<<grid, ATT_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-        break;
-    case 128:
-        attention_backward_dq_kernel<128><<<grid, ATT_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-        attention_backward_dkdv_kernel<128><<<grid, ATT_THREADS, 0, stream>>>(dqkv, qkv, dout, lse, delta, T, NH);
-        break;
-    default: assert(0 && "head size checked by gpu_check_shapes");
-    }
-    CUDA_CHECK(cudaGetLastError());
-}
-
-static void classifier(floatX *logits, float *losses, const int *targets, float dloss, int BT, int V, int Vp,
-                       int write_dlogits, cudaStream_t stream) {
-    classifier_kernel<<<BT, CLASSIFIER_THREADS, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_dlogits);
-    CUDA_CHECK(cudaGetLastError());
-}
-
-// *norm = the L2 norm of g[0..n); partial is scratch of NORM_BLOCKS floats
-// (the trainer adds many runs into the partials: gpt2_norm_and_update)
-[[maybe_unused]] static void global_norm(float *norm, float *partial, const floatX *g, size_t n, cudaStream_t stream) {
-    CUDA_CHECK(cudaMemsetAsync(partial, 0, NORM_BLOCKS * sizeof(float), stream));
-    sumsq_add_kernel<<<NORM_BLOCKS, NORM_THREADS, 0, stream>>>(partial, g, n);
-    CUDA_CHECK(cudaGetLastError());
-    sumsq_final_kernel<<<1, 1024, 0, stream>>>(norm, partial, NORM_BLOCKS);
-    CUDA_CHECK(cudaGetLastError());
-}
-
-static int grid_for(size_t n, int threads) {  // grid-stride loops: enough blocks to fill any GPU
-    size_t blocks = (n + threads - 1) / threads;
-    return blocks > 65536 ? 65536 : blocks < 1 ? 1 : (int)blocks;
-}
+// the kernels and their launchers, one file per layer
+#include "cuda_common.cuh"
+#include "matmul.cuh"
+#include "encoder.cuh"
+#include "layernorm.cuh"
+#include "gelu.cuh"
+#include "attention.cuh"
+#include "classifier.cuh"
+#include "adamw.cuh"
+#include "init.cuh"
 
 // ----------------------------------------------------------------------------
 // host-side shape rules: what the kernels need, checked before anything runs
@@ -1606,7 +168,7 @@ static const ncclDataType_t NCCL_FLOATX = ncclBfloat16;
 // one micro-batch's activations on this stage: what its forward keeps for
 // its backward. encoded (the stage's input) and residual3 (whose last layer
 // is its output) have room for a MAC tag after them: pipeline messages
-// carry one (parallel.h, nccl_sendrecv_mac).
+// carry one (nccl_comm.h, nccl_sendrecv_mac).
 typedef struct {
     floatX *encoded;                            // (B,T,C): the embeddings, or what the previous stage sent
     floatX *ln1, *qkv, *atty, *residual2;       // per local layer: (nl,B,T,C), (nl,B,T,3Cl), (nl,B,T,Cl), (nl,B,T,C)
@@ -1865,37 +427,12 @@ static void place_unit(GPT2 *m, int u, const float *tmp) {
 #endif
 }
 
-// this rank's part of the model on the device, from the full model `full`
-// (model-file layout, host fp32; not kept) or, when full is NULL, from the
-// seeded init; nacts activation sets for (B, T). g is this rank's place in
-// the grid (NULL: one rank), nccl its communicators (NULL outside a job).
-static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint64_t seed, int B, int T, int recompute,
-                           int attention_tc, const Grid *g, int zero, int nacts, NcclComm *nccl) {
-    memset(m, 0, sizeof(*m));
-    m->config = *c;
-    char err[256];
-    if (g != NULL) m->grid = *g;
-    else grid_init(&m->grid, 1, 1, 1, 0, err, sizeof(err));
-    g = &m->grid;
-    m->shard = shard_for(c, g->tp, g->tp_rank, g->pp, g->pp_rank, g->dp, g->dp_rank);
-    if (unit_table(&m->ut, c, &m->shard, UNIT_ALIGN) != 0) {
-        fprintf(stderr, "out of memory allocating the unit table\n");
-        exit(1);
-    }
+// device memory for the parameters, their gradients, the master weights and
+// AdamW's m and v, each whole or this rank's ZeRO shard (the table in GPT2's
+// comment), and ZeRO's gathered units and gradient buckets
+static void gpt2_alloc_params(GPT2 *m) {
     const Shard *s = &m->shard;
-    m->zero = zero;
-    m->nccl = nccl;
-    m->num_params = param_count(c);
-    m->B = B;
-    m->T = T;
-    m->recompute = recompute;
-    m->attention_tc = attention_tc;
-#ifdef ENABLE_FP32
-    m->fuse_gelu = 0;  // our GELU kernel is the CPU trainer's formula; the epilogue's may round differently
-#else
-    m->fuse_gelu = 1;
-#endif
-    CUDA_CHECK(cudaStreamCreate(&m->stream));
+    int zero = m->zero;
     size_t P = m->ut.num_local, S = m->ut.num_shard, X = sizeof(floatX), F = sizeof(float), big = largest_unit(m);
     if (zero <= 2) m->params = (floatX *)device_alloc(P * X, "parameters");
     else m->param_shard = (floatX *)device_alloc(S * X, "parameter shard");
@@ -1917,7 +454,6 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
     }
     if (zero >= 2) m->reduced = (floatX *)device_alloc(big / s->dp * X, "reduced chunk");
     if (s->dp > 1) m->digests = (uint8_t *)device_alloc(32 * (size_t)s->dp, "replica digests");
-    m->overlap = nccl != NULL && s->dp > 1;
     for (int k = 0; zero >= 2 && k < UNIT_SLOTS; k++)
         CUDA_CHECK(cudaEventCreateWithFlags(&m->bucket_done[k], cudaEventDisableTiming));
     m->unit_params = (floatX **)host_alloc(m->ut.n * sizeof(floatX *), "unit views");
@@ -1928,47 +464,98 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
 #ifndef ENABLE_FP32
     m->param_bytes += (m->master_sharded ? S : P) * F;
 #endif
+}
 
-    // the parameters, unit by unit, sliced from the full model
+// the parameters, unit by unit, sliced from the full model `full` (or, when
+// full is NULL, from the seeded init) into what gpt2_alloc_params made room for
+static void gpt2_load_params(GPT2 *m, const float *full, uint64_t seed) {
+    const GPT2Config *c = &m->config;
+    size_t F = sizeof(float), big = largest_unit(m);
     float *init = full == NULL ? device_init_full(c, seed, m->stream) : NULL;
     float *host_unit = (float *)host_alloc(big * F, "unit"), *tmp = (float *)device_alloc(big * F, "unit");
     for (int u = 0; u < m->ut.n; u++) {
         const Unit *un = &m->ut.units[u];
         memset(host_unit, 0, un->padded * F);
-        unit_fill(c, s, un, host_unit, full ? full : init, 0);
+        unit_fill(c, &m->shard, un, host_unit, full ? full : init, 0);
         CUDA_CHECK(cudaMemcpyAsync(tmp, host_unit, un->padded * F, cudaMemcpyHostToDevice, m->stream));
         place_unit(m, u, tmp);
         CUDA_CHECK(cudaStreamSynchronize(m->stream));  // host_unit and tmp are reused
-        if (zero <= 2) m->unit_params[u] = m->params + un->offset;
-        if (zero <= 1) m->unit_grads[u] = m->grads + un->offset;
+        if (m->zero <= 2) m->unit_params[u] = m->params + un->offset;
+        if (m->zero <= 1) m->unit_grads[u] = m->grads + un->offset;
     }
     cudaFree(tmp);
     free(host_unit);
     free(init);
+}
 
-    // activations: the sets in flight, then the scratch
+// the nacts activation sets in flight, then the scratch, in one device
+// allocation (buffer_plan)
+static void gpt2_alloc_activations(GPT2 *m, int nacts) {
+    const GPT2Config *c = &m->config;
     BufferSlice *slices = (BufferSlice *)host_alloc(((size_t)nacts * ACT_SLICES + SCRATCH_SLICES) * sizeof(BufferSlice),
                                                     "buffer plan");
     int nslices = 0;
     m->nacts = nacts;
     m->acts = (Acts *)host_alloc((size_t)nacts * sizeof(Acts), "activation sets");
-    for (int k = 0; k < nacts; k++) nslices = act_slices(&m->acts[k], c, s, B, T, recompute, slices, nslices);
-    nslices = scratch_slices(&m->sc, c, s, B, T, slices, nslices);
+    for (int k = 0; k < nacts; k++)
+        nslices = act_slices(&m->acts[k], c, &m->shard, m->B, m->T, m->recompute, slices, nslices);
+    nslices = scratch_slices(&m->sc, c, &m->shard, m->B, m->T, slices, nslices);
     m->act_bytes = buffer_plan(slices, nslices);
     m->act_memory = device_alloc(m->act_bytes, "activations");
     for (int i = 0; i < nslices; i++) *slices[i].ptr = (char *)m->act_memory + slices[i].offset;
     free(slices);
+}
 
-    size_t BT = (size_t)B * T;
+// the host side of a micro-batch on its way to the device (inputs, targets,
+// token counts, the pinned staging and readback buffers) and the events that
+// pace the host against the GPU
+static void gpt2_alloc_staging(GPT2 *m) {
+    size_t BT = (size_t)m->B * m->T;
     m->inputs = (int *)host_alloc(BT * sizeof(int), "inputs");
     m->targets = (int *)host_alloc(BT * sizeof(int), "targets");
-    m->bucket_count = (int *)host_alloc((size_t)(c->V + 1) * sizeof(int), "token counts");
+    m->bucket_count = (int *)host_alloc((size_t)(m->config.V + 1) * sizeof(int), "token counts");
     CUDA_CHECK(cudaMallocHost((void **)&m->staging_host, staging_ints((int)BT) * sizeof(int)));
     CUDA_CHECK(cudaMallocHost((void **)&m->pinned, (BT + 4) * sizeof(float)));
     CUDA_CHECK(cudaEventCreateWithFlags(&m->staging_free, cudaEventDisableTiming));
     for (int k = 0; k < PROGRESS_MARKS; k++) CUDA_CHECK(cudaEventCreateWithFlags(&m->progress[k], cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(m->staging_free, m->stream));
+}
 
+// this rank's part of the model on the device, from the full model `full`
+// (model-file layout, host fp32; not kept) or, when full is NULL, from the
+// seeded init; nacts activation sets for (B, T). g is this rank's place in
+// the grid (NULL: one rank), nccl its communicators (NULL outside a job).
+static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint64_t seed, int B, int T, int recompute,
+                           int attention_tc, const Grid *g, int zero, int nacts, NcclComm *nccl) {
+    memset(m, 0, sizeof(*m));
+    m->config = *c;
+    char err[256];
+    if (g != NULL) m->grid = *g;
+    else grid_init(&m->grid, 1, 1, 1, 0, err, sizeof(err));
+    g = &m->grid;
+    m->shard = shard_for(c, g->tp, g->tp_rank, g->pp, g->pp_rank, g->dp, g->dp_rank);
+    if (unit_table(&m->ut, c, &m->shard, UNIT_ALIGN) != 0) {
+        fprintf(stderr, "out of memory allocating the unit table\n");
+        exit(1);
+    }
+    m->zero = zero;
+    m->nccl = nccl;
+    m->overlap = nccl != NULL && m->shard.dp > 1;
+    m->num_params = param_count(c);
+    m->B = B;
+    m->T = T;
+    m->recompute = recompute;
+    m->attention_tc = attention_tc;
+#ifdef ENABLE_FP32
+    m->fuse_gelu = 0;  // our GELU kernel is the CPU trainer's formula; the epilogue's may round differently
+#else
+    m->fuse_gelu = 1;
+#endif
+    CUDA_CHECK(cudaStreamCreate(&m->stream));
+    gpt2_alloc_params(m);
+    gpt2_load_params(m, full, seed);
+    gpt2_alloc_activations(m, nacts);
+    gpt2_alloc_staging(m);
     CUBLAS_CHECK(cublasLtCreate(&m->blas.handle));
     m->blas.workspace_size = 32u << 20;
     m->blas.workspace = device_alloc(m->blas.workspace_size, "cuBLASLt workspace");
@@ -2007,11 +594,8 @@ static void gpt2_free(GPT2 *m) {
 
 // ----------------------------------------------------------------------------
 // the collectives of the model, each a no-op in a group of one (so a model
-// outside a job, without communicators, runs the same code)
-
-static void tp_allreduce(GPT2 *m, floatX *buf, size_t n) {
-    if (m->shard.tp > 1) nccl_allreduce(m->nccl, &m->nccl->tp, buf, n, NCCL_FLOATX, OP_SUM);
-}
+// outside a job, without communicators, runs the same code); the tensor
+// parallel ones have a section of their own, below
 
 // a mark after each layer's forward or backward. In a job the host waits,
 // under the watchdog, for the mark PROGRESS_MARKS back before it goes on, so
@@ -2173,15 +757,149 @@ static void gpt2_stage_batch(GPT2 *m, Acts *a, int with_buckets) {
 enum { FWD_LOGITS, FWD_LOSS, FWD_TRAIN };
 
 // ----------------------------------------------------------------------------
-// a stage's forward and backward of one micro-batch, with tensor
-// parallelism: the column-parallel matmuls (qkv, fc) take the whole input
-// and give a slice of the output; the row-parallel ones (attproj, fcproj)
-// take a slice and give partial sums, all-reduced over the tensor-parallel
-// ranks (tp rank 0 adds the bias, once). In the backward the same happens to
-// the inputs' gradients of qkv and fc. The first stage starts from the
-// tokens (vocab-parallel embedding: each rank adds the rows it holds, then
-// an all-reduce), the others from what the previous stage sent; the last
-// ends in the vocab-parallel cross-entropy.
+// tensor parallel: the tp ranks of a stage split every layer Megatron-style,
+// as train_gpt2.c does (doc/parallel.md). A column-parallel Linear holds some
+// rows of its weight, that is some output channels: it takes the whole input,
+// the same on every tp rank, and gives this rank's slice of the output. A
+// row-parallel Linear holds the matching columns, input channels: it takes
+// that slice and gives a partial sum of the whole output. qkv and fc are
+// column-parallel, attproj and fcproj row-parallel, so attention over this
+// rank's heads and GELU over its hidden units need no communication.
+//
+// Megatron calls the two places where the tp ranks talk f and g:
+//   f, before a column-parallel Linear: the identity in the forward (the input
+//      is already whole everywhere); in the backward each rank holds a partial
+//      sum of the input's gradient, so an all-reduce (tp_copy_backward).
+//   g, after a row-parallel Linear: an all-reduce of the partial sums in the
+//      forward (tp_reduce); the identity in the backward (the output's
+//      gradient is whole on every rank).
+// So each pair of Linears costs one all-reduce each way.
+//
+// wte is split by rows, vocabulary entries, in both of its uses. The
+// embedding: each rank looks up the tokens it holds, zeros for the others,
+// and a sum over the ranks completes every row. The lm_head: a
+// column-parallel Linear whose slice of the output is this rank's logits;
+// the cross-entropy then merges every slice's row max and sum of exp, so no
+// rank ever holds all the logits.
+//
+// Unlike train_gpt2.c, the replicated terms of a sum (the row-parallel
+// biases, wpe) are added by tp rank 0 alone, before the sum, where the
+// kernels fuse them; the sum then holds them once. Every collective is queued
+// on the model's stream, in the order of the calls, and each is skipped in a
+// group of one (a model outside a job has no communicators).
+
+// tp rank 0: the one that adds the replicated terms to its partial sums
+static int tp_lead(const GPT2 *m) { return m->shard.tp_rank == 0; }
+
+// the sum of the tp ranks' parts, in place on every rank: g's forward
+static void tp_reduce(GPT2 *m, floatX *buf, size_t n) {
+    if (m->shard.tp > 1) nccl_allreduce(m->nccl, &m->nccl->tp, buf, n, NCCL_FLOATX, OP_SUM);
+}
+
+// f's backward: every tp rank used the whole input, so its gradient is the
+// sum of the ranks' parts
+static void tp_copy_backward(GPT2 *m, floatX *grad, size_t n) {
+    if (m->shard.tp > 1) nccl_allreduce(m->nccl, &m->nccl->tp, grad, n, NCCL_FLOATX, OP_SUM);
+}
+
+// tp > 1: a replicated tensor's gradient (LayerNorms, projection biases,
+// wpe, lnf) from tp rank 0 to the others, at the step's end. They agree in
+// exact arithmetic, but each tp rank's dp reduction ran in its own
+// communicator, and NCCL does not promise the same order of summation in two
+// of them (dp >= 3); tp rank 0's copy (the one the norm counts and the
+// checkpoint keeps) makes them bit-identical again, so the replicas never
+// drift apart. (An average would not do: NCCL's bf16 average multiplies by a
+// rounded 1/tp.)
+static void tp_share_from_lead(GPT2 *m, floatX *grad, size_t n) {
+    if (m->shard.tp > 1) nccl_broadcast(m->nccl, &m->nccl->tp, grad, n, NCCL_FLOATX, 0);
+}
+
+// out[N,OCl] = inp[N,IC] @ weight^T + bias for this rank's OCl output
+// channels (weight and bias are its rows); f's forward is the identity. With
+// pre_gelu: pre_gelu = that, out = gelu(pre_gelu).
+static void column_parallel_forward(GPT2 *m, floatX *out, floatX *pre_gelu, const floatX *inp, const floatX *weight,
+                                    const floatX *bias, int N, int IC, int OCl) {
+    matmul_forward(&m->blas, out, pre_gelu, inp, weight, bias, N, IC, OCl);
+}
+
+// dweight, dbias += this rank's slice (dbias NULL: no bias); dinp = the
+// whole input's gradient, summed over the tp ranks
+static void column_parallel_backward(GPT2 *m, floatX *dinp, floatX *dweight, floatX *dbias, const floatX *dout,
+                                     const floatX *inp, const floatX *weight, int N, int IC, int OCl) {
+    matmul_backward_dweight(&m->blas, dweight, dout, inp, N, IC, OCl);
+    if (dbias) bias_backward(dbias, dout, m->sc.colsum_partial, N, OCl, m->stream);
+    matmul_backward_dinp(&m->blas, dinp, dout, weight, NULL, N, IC, OCl);
+    tp_copy_backward(m, dinp, (size_t)N * IC);
+}
+
+// out[N,OC] = inp[N,ICl] @ weight^T over this rank's ICl input channels
+// (weight: its columns), summed over the tp ranks, + bias: tp rank 0 adds
+// the bias to its partial sum, in the matmul's epilogue
+static void row_parallel_forward(GPT2 *m, floatX *out, const floatX *inp, const floatX *weight, const floatX *bias,
+                                 int N, int ICl, int OC) {
+    matmul_forward(&m->blas, out, NULL, inp, weight, tp_lead(m) ? bias : NULL, N, ICl, OC);
+    tp_reduce(m, out, (size_t)N * OC);
+}
+
+// dweight, dbias += ...; dinp = the gradient of this rank's input slice,
+// times gelu'(pre_gelu) when pre_gelu is given (the fused GELU backward).
+// No communication: dout is whole on every rank (g's backward is the identity).
+static void row_parallel_backward(GPT2 *m, floatX *dinp, floatX *dweight, floatX *dbias, const floatX *dout,
+                                  const floatX *inp, const floatX *weight, const floatX *pre_gelu, int N, int ICl,
+                                  int OC) {
+    matmul_backward_dweight(&m->blas, dweight, dout, inp, N, ICl, OC);
+    bias_backward(dbias, dout, m->sc.colsum_partial, N, OC, m->stream);
+    matmul_backward_dinp(&m->blas, dinp, dout, weight, pre_gelu, N, ICl, OC);
+}
+
+// out[b,t,:] = wte[inp[b,t],:] + wpe[t,:] from this rank's rows [v0, v0 + Vl)
+// of wte: the tokens it holds, zeros for the others, summed over the tp
+// ranks; wpe is replicated, so tp rank 0 adds it before the sum
+static void vocab_parallel_embedding_forward(GPT2 *m, floatX *out, const int *inp, const floatX *wte, const floatX *wpe,
+                                             int B, int T, int C) {
+    const Shard *s = &m->shard;
+    encoder_forward(out, inp, wte, tp_lead(m) ? wpe : NULL, s->v0, s->Vl, B, T, C, m->stream);
+    tp_reduce(m, out, (size_t)B * T * C);
+}
+
+// no communication: a position's gradient goes to its token's row of wte
+// when this rank holds it (the staged token buckets list only those), and
+// to wpe
+static void vocab_parallel_embedding_backward(GPT2 *m, floatX *dwte, floatX *dwpe, const floatX *dout,
+                                              const Staging *staged, int B, int T, int C) {
+    encoder_backward(dwte, dwpe, dout, staged->bucket_start, staged->bucket_token, staged->bucket_pos,
+                     staged->nbuckets, B, T, C, m->stream);
+}
+
+// the cross-entropy over this rank's Vl columns of the logits, forward and
+// backward in one kernel: losses[row] += the row's loss, on the one rank
+// whose slice holds the target; with write_dlogits, dloss * d(loss)/d(logits)
+// is written over the logits. With tp > 1 every slice's row max and sum of
+// exp go to every rank (one all-gather), and each rank merges them in slice
+// order, so all get the same normalizer.
+static void vocab_parallel_cross_entropy(GPT2 *m, floatX *logits, float *losses, const int *targets, float dloss,
+                                         int BT, int write_dlogits) {
+    const Shard *s = &m->shard;
+    cudaStream_t st = m->stream;
+    if (s->tp == 1) {
+        classifier(logits, losses, targets, dloss, BT, s->nreal, s->Vl, write_dlogits, st);
+        return;
+    }
+    float2 *all = m->sc.cls_stats, *mine = all + (size_t)s->tp_rank * BT;
+    classifier_stats_kernel<<<BT, CLASSIFIER_THREADS, 0, st>>>(mine, logits, s->Vl, s->nreal);
+    CUDA_CHECK(cudaGetLastError());
+    nccl_allgather(m->nccl, &m->nccl->tp, mine, all, 2 * (size_t)BT, ncclFloat32);
+    classifier_tp_kernel<<<BT, CLASSIFIER_THREADS, 0, st>>>(logits, losses, targets, all, s->tp, BT, dloss, s->v0,
+                                                            s->Vl, s->nreal, write_dlogits);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// a stage's forward and backward of one micro-batch. The first stage starts
+// from the tokens, the others from what the previous stage sent; the last
+// ends in the loss. In each block, attention and the MLP each run a
+// column-parallel Linear (qkv, fc), this rank's share of the work (its heads,
+// its hidden units) and a row-parallel Linear (attproj, fcproj).
 
 // FWD_LOGITS: logits only. FWD_LOSS: also sc.losses += the per-position
 // losses. FWD_TRAIN: also dlogits = dloss * d(loss)/d(logits) in place of
@@ -2193,13 +911,10 @@ static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
     size_t btc = (size_t)BT * C;
     Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
-    const Blas *blas = &m->blas;
-    int lead = s->tp_rank == 0;  // adds the replicated terms (biases, wpe) to the partial sums
 
     if (s->first) {
         floatX *wte = unit_acquire(m, m->ut.u_wte), *wpe = unit_acquire(m, m->ut.u_wpe);
-        encoder_forward(a->encoded, a->staged.inputs, wte, lead ? wpe : NULL, s->v0, s->Vl, B, T, C, st);
-        tp_allreduce(m, a->encoded, btc);
+        vocab_parallel_embedding_forward(m, a->encoded, a->staged.inputs, wte, wpe, B, T, C);
         unit_release(m, m->ut.u_wpe);
         if (!s->last) unit_release(m, m->ut.u_wte);  // one stage: wte stays for the head
     }
@@ -2210,19 +925,17 @@ static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
     for (int ll = 0; ll < s->nl; ll++) {
         LayerActs l = layer_acts(m, a, ll);
         const floatX *x = block_input(m, a, ll);
-        matmul_forward(blas, l.qkv, NULL, l.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
+        column_parallel_forward(m, l.qkv, NULL, l.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
         attention_forward(l.atty, l.lse, l.qkv, B, T, Cl, s->NHl, m->attention_tc, st);
-        matmul_forward(blas, sc->proj, NULL, l.atty, p.attprojw, lead ? p.attprojb : NULL, BT, Cl, C);
-        tp_allreduce(m, sc->proj, btc);
+        row_parallel_forward(m, sc->proj, l.atty, p.attprojw, p.attprojb, BT, Cl, C);
         residual_layernorm_forward(l.residual2, l.ln2, l.ln2_mean, l.ln2_rstd, x, sc->proj, p.ln2w, p.ln2b, BT, C, st);
         if (m->fuse_gelu) {
-            matmul_forward(blas, l.fch_gelu, l.fch, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
+            column_parallel_forward(m, l.fch_gelu, l.fch, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
         } else {
-            matmul_forward(blas, l.fch, NULL, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
+            column_parallel_forward(m, l.fch, NULL, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
             gelu_forward(l.fch_gelu, l.fch, 4 * (size_t)BT * Cl, st);
         }
-        matmul_forward(blas, sc->proj, NULL, l.fch_gelu, p.fcprojw, lead ? p.fcprojb : NULL, BT, 4 * Cl, C);
-        tp_allreduce(m, sc->proj, btc);
+        row_parallel_forward(m, sc->proj, l.fch_gelu, p.fcprojw, p.fcprojb, BT, 4 * Cl, C);
         // the residual add, fused with the next LayerNorm: the next layer's
         // ln1 or the final one (ZeRO-3 gathers that unit before dropping this one)
         int next = ll + 1 < s->nl ? u + 1 : s->last ? m->ut.u_lnf : -1;
@@ -2249,23 +962,11 @@ static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
     }
     if (!s->last) return;
     floatX *wte = unit_acquire(m, m->ut.u_wte);
-    matmul_forward(blas, a->logits, NULL, a->lnf, wte, NULL, BT, C, s->Vl);
+    column_parallel_forward(m, a->logits, NULL, a->lnf, wte, NULL, BT, C, s->Vl);
     unit_release(m, m->ut.u_lnf);
     unit_release(m, m->ut.u_wte);
     if (mode == FWD_LOGITS) return;
-    if (s->tp == 1) {
-        classifier(a->logits, sc->losses, a->staged.targets, dloss, BT, s->nreal, s->Vl, mode == FWD_TRAIN, st);
-        return;
-    }
-    // every slice's row max and sum of exp, to every rank, then each its part of the loss and dlogits
-    classifier_stats_kernel<<<BT, CLASSIFIER_THREADS, 0, st>>>(sc->cls_stats + (size_t)s->tp_rank * BT, a->logits,
-                                                               s->Vl, s->nreal);
-    CUDA_CHECK(cudaGetLastError());
-    nccl_allgather(m->nccl, &m->nccl->tp, sc->cls_stats + (size_t)s->tp_rank * BT, sc->cls_stats, 2 * (size_t)BT,
-                   ncclFloat32);
-    classifier_tp_kernel<<<BT, CLASSIFIER_THREADS, 0, st>>>(a->logits, sc->losses, a->staged.targets, sc->cls_stats,
-                                                            s->tp, BT, dloss, s->v0, s->Vl, s->nreal, mode == FWD_TRAIN);
-    CUDA_CHECK(cudaGetLastError());
+    vocab_parallel_cross_entropy(m, a->logits, sc->losses, a->staged.targets, dloss, BT, mode == FWD_TRAIN);
 }
 
 // the backward of set a's FWD_TRAIN forward; gradients accumulate (+=). On a
@@ -2278,15 +979,12 @@ static void stage_backward(GPT2 *m, Acts *a) {
     size_t btc = (size_t)BT * C;
     Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
-    const Blas *blas = &m->blas;
     float *part = sc->colsum_partial;
 
     if (s->last) {  // logits = lnf @ wte^T, then the final LayerNorm
         floatX *wte = unit_acquire(m, m->ut.u_wte), *lnf = unit_acquire(m, m->ut.u_lnf);
         floatX *dwte = unit_grad_begin(m, m->ut.u_wte), *dlnf = unit_grad_begin(m, m->ut.u_lnf);
-        matmul_backward_dinp(blas, sc->dbtc, a->logits, wte, NULL, BT, C, s->Vl);
-        matmul_backward_dweight(blas, dwte, a->logits, a->lnf, BT, C, s->Vl);
-        tp_allreduce(m, sc->dbtc, btc);
+        column_parallel_backward(m, sc->dbtc, dwte, NULL, a->logits, a->lnf, wte, BT, C, s->Vl);
         CUDA_CHECK(cudaMemsetAsync(sc->dresidual, 0, btc * sizeof(floatX), st));
         layernorm_backward(sc->dresidual, dlnf, dlnf + C, part, sc->dbtc, block_input(m, a, s->nl), lnf, a->lnf_mean,
                            a->lnf_rstd, BT, C, st);
@@ -2304,32 +1002,20 @@ static void stage_backward(GPT2 *m, Acts *a) {
         LayerActs l = layer_acts(m, a, ll);
         const floatX *x = block_input(m, a, ll);
         if (m->recompute) gelu_forward(l.fch_gelu, l.fch, 4 * (size_t)BT * Cl, st);
-        // fcproj (row-parallel): d(its output) = dresidual, whole on every rank
-        matmul_backward_dweight(blas, g.fcprojw, sc->dresidual, l.fch_gelu, BT, 4 * Cl, C);
-        bias_backward(g.fcprojb, sc->dresidual, part, BT, C, st);
-        if (m->fuse_gelu) {
-            matmul_backward_dinp(blas, sc->dbig, sc->dresidual, p.fcprojw, l.fch, BT, 4 * Cl, C);
-        } else {
-            matmul_backward_dinp(blas, sc->dbig, sc->dresidual, p.fcprojw, NULL, BT, 4 * Cl, C);
-            gelu_backward(sc->dbig, l.fch, 4 * (size_t)BT * Cl, st);
-        }
-        // fc (column-parallel): dbig = d(fch), my slice; d(ln2) is a partial sum
-        matmul_backward_dweight(blas, g.fcw, sc->dbig, l.ln2, BT, C, 4 * Cl);
-        bias_backward(g.fcb, sc->dbig, part, BT, 4 * Cl, st);
-        matmul_backward_dinp(blas, sc->dbtc, sc->dbig, p.fcw, NULL, BT, C, 4 * Cl);
-        tp_allreduce(m, sc->dbtc, btc);
+        // fcproj: d(its output) = dresidual; dbig = d(fch), my slice (through
+        // the GELU: fused into the matmul, or after it)
+        row_parallel_backward(m, sc->dbig, g.fcprojw, g.fcprojb, sc->dresidual, l.fch_gelu, p.fcprojw,
+                              m->fuse_gelu ? l.fch : NULL, BT, 4 * Cl, C);
+        if (!m->fuse_gelu) gelu_backward(sc->dbig, l.fch, 4 * (size_t)BT * Cl, st);
+        // fc: dbtc = d(ln2), whole
+        column_parallel_backward(m, sc->dbtc, g.fcw, g.fcb, sc->dbig, l.ln2, p.fcw, BT, C, 4 * Cl);
         layernorm_backward(sc->dresidual, g.ln2w, g.ln2b, part, sc->dbtc, l.residual2, p.ln2w, l.ln2_mean, l.ln2_rstd,
                            BT, C, st);
-        // attproj (row-parallel): d(its output) = dresidual, now d(residual2)
-        matmul_backward_dweight(blas, g.attprojw, sc->dresidual, l.atty, BT, Cl, C);
-        bias_backward(g.attprojb, sc->dresidual, part, BT, C, st);
-        matmul_backward_dinp(blas, sc->dbtc, sc->dresidual, p.attprojw, NULL, BT, Cl, C);
+        // attproj: d(its output) = dresidual, now d(residual2); dbtc = d(atty), my heads
+        row_parallel_backward(m, sc->dbtc, g.attprojw, g.attprojb, sc->dresidual, l.atty, p.attprojw, NULL, BT, Cl, C);
         attention_backward(sc->dbig, sc->delta, sc->dbtc, l.qkv, l.atty, l.lse, B, T, Cl, s->NHl, m->attention_tc, st);
-        // qkv (column-parallel): dbig = d(qkv), my heads; d(ln1) is a partial sum
-        matmul_backward_dweight(blas, g.qkvw, sc->dbig, l.ln1, BT, C, 3 * Cl);
-        bias_backward(g.qkvb, sc->dbig, part, BT, 3 * Cl, st);
-        matmul_backward_dinp(blas, sc->dbtc, sc->dbig, p.qkvw, NULL, BT, C, 3 * Cl);
-        tp_allreduce(m, sc->dbtc, btc);
+        // qkv: dbig = d(qkv), my heads; dbtc = d(ln1), whole
+        column_parallel_backward(m, sc->dbtc, g.qkvw, g.qkvb, sc->dbig, l.ln1, p.qkvw, BT, C, 3 * Cl);
         layernorm_backward(sc->dresidual, g.ln1w, g.ln1b, part, sc->dbtc, x, p.ln1w, l.ln1_mean, l.ln1_rstd, BT, C, st);
         unit_release(m, u);
         unit_grad_end(m, u);
@@ -2337,8 +1023,7 @@ static void stage_backward(GPT2 *m, Acts *a) {
     }
     if (s->first) {
         floatX *dwte = unit_grad_begin(m, m->ut.u_wte), *dwpe = unit_grad_begin(m, m->ut.u_wpe);
-        encoder_backward(dwte, dwpe, sc->dresidual, a->staged.bucket_start, a->staged.bucket_token,
-                         a->staged.bucket_pos, a->staged.nbuckets, B, T, C, st);
+        vocab_parallel_embedding_backward(m, dwte, dwpe, sc->dresidual, &a->staged, B, T, C);
         unit_grad_end(m, m->ut.u_wpe);
         unit_grad_end(m, m->ut.u_wte);
     }
@@ -2457,17 +1142,11 @@ static void adam_run(GPT2 *m, const Run *r, void *ctx) {
     CUDA_CHECK(cudaGetLastError());
 }
 
-// tp > 1: the replicated tensors' gradients (LayerNorms, projection biases,
-// wpe, lnf) from tp rank 0 to the others. They agree in exact arithmetic,
-// but each tp rank's dp reduction ran in its own communicator, and NCCL
-// does not promise the same order of summation in two of them (dp >= 3);
-// tp rank 0's copy (the one the norm counts and the checkpoint keeps) makes
-// them bit-identical again, so the replicas never drift apart. (An average
-// would not do: NCCL's bf16 average multiplies by a rounded 1/tp.)
+// tp > 1: the replicated tensors' gradients from tp rank 0 to the others
+// (tp_share_from_lead says why)
 static void tp_share_run(GPT2 *m, const Run *r, void *ctx) {
     (void)ctx;
-    if (tensor_is_replicated(r->tensor))
-        nccl_broadcast(m->nccl, &m->nccl->tp, grad_at(m, r->u, r->j), r->n, NCCL_FLOATX, 0);
+    if (tensor_is_replicated(r->tensor)) tp_share_from_lead(m, grad_at(m, r->u, r->j), r->n);
 }
 
 // the norm (every rank gets it, on the device), clipping and AdamW, and the
@@ -2502,16 +1181,6 @@ static float gpt2_last_norm(GPT2 *m) {
     CUDA_CHECK(cudaMemcpyAsync(norm, m->sc.norm, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     gpu_sync(m, "the norm");
     return *norm;
-}
-
-// a floatX read back from the device, as a float
-static float floatx_to_host_float(floatX x) {
-#ifdef ENABLE_FP32
-    return x;
-#else
-    __nv_bfloat16_raw raw = x;
-    return bf16_to_float(raw.x);
-#endif
 }
 
 // ----------------------------------------------------------------------------
@@ -2688,33 +1357,13 @@ static int gpt2_load_optimizer(GPT2 *m, const char *path, int adam_t, char *err,
     return 0;
 }
 
-// FLOPs per token for forward + backward, as the CPU trainer counts them
-static double flops_per_token(const GPT2Config *c, int T) {
-    double n = (double)param_count(c) - (double)c->maxT * c->C;
-    return 6.0 * n + 6.0 * c->L * (double)T * c->C;
-}
+// ----------------------------------------------------------------------------
+// the trainer: trainer.h has what train_gpt2.c's main() does too, around
+// the loop; here is what the GPU does in it
+
+#include "trainer.h"
 
 #ifndef TESTING
-// ----------------------------------------------------------------------------
-// the trainer
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-
-static void die_usage(const char *msg) {
-    fprintf(stderr, "train_gpt2cu: %s\n", msg);
-    exit(2);
-}
-
-// xorshift* for sampling; its state is one number (as the CPU trainer)
-static float random_f32(uint64_t *state) {
-    *state ^= *state >> 12; *state ^= *state << 25; *state ^= *state >> 27;
-    return (float)((*state * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f;
-}
-
 // prints gen_tokens tokens sampled from the model, starting from EOT
 static void sample(GPT2 *model, const Tokenizer *tok, int gen_tokens, uint64_t *rng) {
     int B = model->B, T = model->T, V = model->config.V, Vp = model->config.Vp;
@@ -2729,15 +1378,8 @@ static void sample(GPT2 *model, const Tokenizer *tok, int gen_tokens, uint64_t *
         CUDA_CHECK(cudaMemcpyAsync(row, model->acts[0].logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX),
                                    cudaMemcpyDeviceToHost, model->stream));
         CUDA_CHECK(cudaStreamSynchronize(model->stream));
-        float maxv = -INFINITY, sum = 0.0f;
-        for (int i = 0; i < V; i++) z[i] = floatx_to_host_float(row[i]), maxv = fmaxf(maxv, z[i]);
-        for (int i = 0; i < V; i++) sum += expf(z[i] - maxv);
-        float coin = random_f32(rng) * sum, cdf = 0.0f;
-        int next = V - 1;
-        for (int i = 0; i < V; i++) {
-            cdf += expf(z[i] - maxv);
-            if (coin < cdf) { next = i; break; }
-        }
+        for (int i = 0; i < V; i++) z[i] = floatx_to_host_float(row[i]);
+        int next = sample_token(z, V, random_f32(rng));
         model->inputs[t] = next;
         int len;
         const char *s = tokenizer_decode(tok, next, &len);
@@ -2750,8 +1392,8 @@ static void sample(GPT2 *model, const Tokenizer *tok, int gen_tokens, uint64_t *
 }
 
 // ----------------------------------------------------------------------------
-// the job over NCCL: one process and one GPU per rank, any (dp, tp, pp)
-// layout (doc/gpu.md). The model's collectives are in the model section; here
+// the job: one process per rank, any (dp, tp, pp) layout, over NCCL with one
+// GPU per rank, or over the host backend where ranks share a GPU (doc/gpu.md). The model's collectives are in the model section; here
 // are the pipeline's messages, the step's end, evaluation and the files.
 
 typedef struct {
@@ -2762,7 +1404,8 @@ typedef struct {
 } Parallel;
 
 // check_launch_gpus: the process that will launch -np ranks on this node
-// refuses more ranks than GPUs, once, before it starts any. A short-lived
+// refuses a node without a GPU, once, before it starts any (ranks that
+// outnumber the GPUs share them, in host mode). A short-lived
 // child counts them: the launcher itself stays free of CUDA, whose threads
 // would otherwise take the signals it waits for on its signalfd.
 static void check_launch_gpus(const Options *o) {
@@ -2779,7 +1422,7 @@ static void check_launch_gpus(const Options *o) {
     int status;
     if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return;  // the ranks will check for themselves
     int ndev = WEXITSTATUS(status);
-    if (gpu_for_rank(o->np - 1, ndev, 0, err, sizeof(err)) < 0) {
+    if (gpu_for_rank(o->np - 1, ndev, 0, 1, err, sizeof(err)) < 0) {
         snprintf(msg, sizeof(msg), "flag -np %d: %s", o->np, err);
         die_usage(msg);
     }
@@ -2793,25 +1436,71 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     memset(par, 0, sizeof(*par));
     int rc = parallel_join(argc, argv, o->np, o->tp, o->pp, o->rendezvous, o->key_file, o->timeout, &par->launch,
                            &par->grid, err, sizeof(err));
-    if (rc != 0) {
-        fprintf(stderr, "train_gpt2cu: %s\n", err);
-        exit(rc);
-    }
+    if (rc != 0) die(rc, err);
     Launch *L = &par->launch;
     par->zero = o->zero;
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess) ndev = 0;
-    int device = gpu_for_rank(L->local_rank, ndev, gpu_own_visible(L), err, sizeof(err));
+    int host_mode = gpu_host_mode(o->host_backend, parallel_launched_rank(), par->grid.world, ndev);
+    int device = gpu_for_rank(L->local_rank, ndev, gpu_own_visible(L), host_mode, err, sizeof(err));
     if (device < 0) {
         fprintf(stderr, "train_gpt2cu: rank %d: %s%s%s\n", L->rank, err, e != cudaSuccess ? ": " : "",
                 e != cudaSuccess ? cudaGetErrorString(e) : "");
         exit(1);
     }
     CUDA_CHECK(cudaSetDevice(device));
-    if (nccl_init(&par->nccl, &par->grid, L->key, L->rendezvous, o->timeout, fault, err, sizeof(err)) != 0) {
-        fprintf(stderr, "train_gpt2cu: %s\n", err);
-        exit(1);
+    if (nccl_init(&par->nccl, &par->grid, L->key, L->rendezvous, o->timeout, fault, host_mode, err, sizeof(err)) != 0)
+        die(1, err);
+}
+
+// pp > 1: the MAC state for a step's pipeline messages (and an evaluation's),
+// made now, not mid-run: room for the most messages a stage receives in one
+// step, each as large as the largest of them
+static void reserve_pipeline_macs(GPT2 *m, Parallel *par, int accum, int val_batches) {
+    char err[512];
+    size_t msg = (size_t)m->B * m->T * m->config.C * sizeof(floatX), tied = tied_elems(m) * sizeof(floatX);
+    int recvs = 2 * accum + 2 > val_batches + 2 ? 2 * accum + 2 : val_batches + 2;
+    if (nccl_mac_reserve(par->nccl, recvs, msg > tied ? msg : tied, err, sizeof(err)) != 0) die(1, err);
+}
+
+// rank 0's lines about the GPU and the precision
+static void print_device(const cudaDeviceProp *prop, double peak, const GpuOptions *gopt, const GPT2 *m) {
+    printf("device: %s, compute capability %d.%d, %.1f GiB, ", prop->name, prop->major, prop->minor,
+           prop->totalGlobalMem / 1073741824.0);
+    if (peak > 0) printf("bf16 dense peak %.0f TFLOPS\n", peak / 1e12);
+    else printf("bf16 dense peak unknown (MFU n/a)\n");
+    printf("precision: %s compute, fp32 master weights and AdamW state; recompute GELU %d; attention %s; "
+           "activations %.2f GiB\n", precision_name, gopt->recompute,
+           gopt->attention_tc && attention_tc_supports(m->config.C / m->config.NH) ? "tensor cores" : "fp32 FMA",
+           m->act_bytes / 1073741824.0);
+}
+
+// the end of rank 0's step line: the model FLOPs utilization of all the
+// GPUs at tok_s tokens per second (peak: one GPU's; 0 when not known)
+static void print_mfu(const Job *job, double tok_s, double peak, int world) {
+    double fpt = flops_per_token(&job->config, job->opt.T);
+    if (peak > 0) printf(" | MFU %.1f%%\n", 100.0 * tok_s * fpt / (peak * world));
+    else printf(" | MFU n/a\n");
+    fflush(stdout);
+}
+
+// the layout line (rank 0), then one line per rank, in rank order, from the rank itself
+static void print_layout(const GPT2 *m, Parallel *par, const Options *o, int accum, int device) {
+    const Grid *g = &par->grid;
+    if (g->rank == 0)
+        printf("layout: %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s schedule with %d micro-batches "
+               "(bubble %.3f), NCCL %d.%d.%d\n", g->world, g->dp, g->tp, g->pp, par->zero,
+               o->pipe_schedule == PS_GPIPE ? "gpipe" : "1f1b", accum, pipeline_bubble(g->pp, accum), NCCL_MAJOR,
+               NCCL_MINOR, NCCL_PATCH);
+    for (int r = 0; r < g->world; r++) {
+        if (r == g->rank)
+            printf("rank %d (dp %d, pp %d, tp %d): GPU %d, layers [%d, %d), %zu parameters here, "
+                   "%.2f GiB of weights, gradients and AdamW state, %.2f GiB of activations (%d sets)\n", r,
+                   g->dp_rank, g->pp_rank, g->tp_rank, device, m->shard.l0, m->shard.l1, m->ut.num_local,
+                   m->param_bytes / 1073741824.0, m->act_bytes / 1073741824.0, m->nacts);
+        fflush(stdout);
+        nccl_barrier(par->nccl, &par->nccl->world);
     }
 }
 
@@ -2841,7 +1530,7 @@ static void pipe_exchange(GPT2 *m, PipeMsg out, PipeMsg in) {
 
 // one step's forwards and backwards in the order of the pipeline schedule,
 // and the messages between neighbouring stages in the order of its plan
-// (parallel.h's pipeline_plan, the same plan train_gpt2.c's pipeline_run
+// (pipeline.h's pipeline_plan, the same plan train_gpt2.c's pipeline_run
 // posts and test_parallel checks). dloss = 1 / (all positions of the step).
 static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n, float dloss) {
     for (int k = 0; k < n; k++) {
@@ -3011,15 +1700,15 @@ static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int ste
         if (e == 0 && write_all(fd, h, sizeof(h)) != 0) e = errno;
         if (e == 0 && ftruncate(fd, (off_t)ckpt_file_bytes(0, &m->config)) != 0) e = errno;
         if (fd >= 0) close(fd);
-        if (e != 0) failed = 1, secure_error(err, sizeof(err), "%s: write: %s", tmp_path, strerror(e));
+        if (e != 0) failed = 1, errorf(err, sizeof(err), "%s: write: %s", tmp_path, strerror(e));
     }
     failed = world_sum(m, par, failed);
     if (failed == 0) {  // every rank its part, then rank 0 renames
         int e = write_part(m, out_dir, tmp, 0);
-        if (e != 0) secure_error(err, sizeof(err), "rank %d: %s: write: %s", par->grid.rank, tmp_path, strerror(e));
+        if (e != 0) errorf(err, sizeof(err), "rank %d: %s: write: %s", par->grid.rank, tmp_path, strerror(e));
         failed = world_sum(m, par, e != 0);
         if (failed == 0 && rank0 && (rename(tmp_path, path) != 0 || ckpt_fsync_dir(out_dir) != 0))
-            failed = 1, secure_error(err, sizeof(err), "%s: rename: %s", path, strerror(errno));
+            failed = 1, errorf(err, sizeof(err), "%s: rename: %s", path, strerror(errno));
         failed = world_sum(m, par, rank0 ? failed : 0.0f);
     }
     if (failed != 0 && rank0) unlink(tmp_path);
@@ -3029,237 +1718,101 @@ static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int ste
 }
 
 int main(int argc, char **argv) {
-    Options opt;
+    Job job;
     GpuOptions gopt;
-    char err[2048];
+    char err[2048], path[1024];
+    trainer_name = "train_gpt2cu";
     // the launcher starts the ranks with the command line it was given, GPU flags included
     int launch_argc = argc;
     char **launch_argv = (char **)host_alloc((size_t)(argc + 1) * sizeof(char *), "argv");
     memcpy(launch_argv, argv, (size_t)(argc + 1) * sizeof(char *));
     if (gpu_options_take(&gopt, &argc, argv, err, sizeof(err)) != 0) die_usage(err);
-    options_defaults(&opt);
-    int rc = options_parse(&opt, argc, argv, err, sizeof(err));
-    if (rc == 1) {
-        options_usage(stdout, argv[0]);
-        fputs(gpu_usage_lines, stdout);
-        return 0;
-    }
-    if (rc != 0) die_usage(err);
-    // from here on a signal asks for a checkpoint (with -o), and a full disk
-    // fails a write (and says so) instead of killing the process
-    if (opt.out_dir) ckpt_catch_signals();
-    signal(SIGXFSZ, SIG_IGN);
-    if (ckpt_check_flags(&opt, err, sizeof(err)) != 0) die_usage(err);
-    opt.np = parallel_world(opt.np, opt.rendezvous);  // ranks of mpirun/srun/torchrun: their world
-    check_launch_gpus(&opt);
-    Fault fault;
-    memset(&fault, 0, sizeof(fault));
-    if (opt.fault && fault_parse(opt.fault, &fault, err, sizeof(err)) != 0) die_usage(err);
-
-    // the model's shape, the batch and the data, on the host: a bad job is
-    // refused once, by the launcher, before any rank starts or a GPU is touched
-    GPT2Config config;
-    rc = options_model(&opt, &config, err, sizeof(err));  // -e, -ev -et -ec (gpt2.h)
-    if (rc < 0) die_usage(err);
-    int from_file = rc == 0;
-    if (opt.T > config.maxT) {
-        snprintf(err, sizeof(err), "flag -t: T = %d exceeds the model's maxT = %d (%s)", opt.T, config.maxT, opt.init);
+    // the job, checked once, by the launcher, before any rank starts or a GPU is touched
+    parse_flags(&job, argc, argv, gpu_usage_lines);
+    if (ckpt_check_flags(&job.opt, err, sizeof(err)) != 0) die_usage(err);  // before a launcher counts the GPUs
+    check_launch_gpus(&job.opt);
+    parse_fault(&job);
+    check_model(&job);
+    if (gpu_check_shapes(&job.config, job.opt.B, job.opt.T, job.opt.tp, job.opt.init, err, sizeof(err)) != 0)
         die_usage(err);
-    }
-    // the layout against the model, the batch against dp (as train_gpt2.c's check_job)
-    Grid job;
-    if (grid_init(&job, opt.np, opt.tp, opt.pp, 0, err, sizeof(err)) != 0) die_usage(err);
-    if (grid_check_model(&job, config.L, config.NH, config.C, config.Vp, err, sizeof(err)) != 0) die_usage(err);
-    if (gpu_check_shapes(&config, opt.B, opt.T, opt.tp, opt.init, err, sizeof(err)) != 0) die_usage(err);
-    if (batch_accum(&opt, job.dp, err, sizeof(err)) < 0) die_usage(err);
-    DataLoader train, val;
-    if (!parallel_launched_rank()) {  // else its launcher opened (and hashed) the data just now
-        if (dataloader_init(&train, opt.train_pattern, opt.B, opt.T, 0, job.dp, opt.shuffle, 0, config.V, err,
-                            sizeof(err)) != 0)
-            die_usage(err);
-        dataloader_free(&train);
-        if (opt.val_every > 0) {
-            if (dataloader_init(&val, opt.val_pattern, opt.B, opt.T, 0, job.dp, 0, 0, config.V, err, sizeof(err)) != 0)
-                die_usage(err);
-            dataloader_free(&val);
-        }
-    }
-    // the checkpoint key and the checkpoint to resume from, verified here (checkpoint.h)
-    uint8_t ckpt_key[32];
-    CkptState ck;
-    char ck_dir[800] = "", path[1024];  // -o is at most 700 bytes
-    memset(&ck, 0, sizeof(ck));
-    double load_t0 = now_ms();
-    int resuming = ckpt_setup(&opt, &config, !parallel_launched_rank(), ckpt_key, &ck, ck_dir, sizeof(ck_dir), err,
-                              sizeof(err));
-    if (resuming < 0) die_usage(err);
-    double verify_ms = now_ms() - load_t0;
+    check_batch_and_data(&job);
+    checkpoint_setup(&job);
 
+    // this rank: its place in the job and its GPU, its data and log, its part of the model
     Parallel par;
-    parallel_setup(&par, &opt, &fault, launch_argc, launch_argv);
-    if (par.grid.rank == 0 && opt.out_dir && ckpt_lock(opt.out_dir, err, sizeof(err)) != 0) {
-        fprintf(stderr, "train_gpt2cu: %s\n", err);
-        exit(1);
-    }
-    int rank0 = par.grid.rank == 0, dp = par.grid.dp, tp = par.grid.tp, pp = par.grid.pp, B = opt.B, T = opt.T;
-    int accum = batch_accum(&opt, dp, err, sizeof(err));  // an outside launcher's world may differ from -np
-    if (accum < 0) die_usage(err);
-    long total_batch = (long)B * T * dp * accum;
-    // the parameters: from the checkpoint, the model file, or the seeded init (params NULL)
-    float *params = NULL;
-    if (resuming) snprintf(path, sizeof(path), "%s/model.bin", ck_dir);
-    if (resuming || from_file) {
-        params = model_load(resuming ? path : opt.init, &config, err, sizeof(err));
-        if (params == NULL) die_usage(err);
-    }
-    // data: this rank's slice of the stream
-    if (dataloader_init(&train, opt.train_pattern, B, T, par.grid.dp_rank, dp, opt.shuffle, (uint64_t)opt.seed, config.V,
-                        err, sizeof(err)) != 0)
-        die_usage(err);
-    int have_val = opt.val_every > 0;
-    if (have_val && dataloader_init(&val, opt.val_pattern, B, T, par.grid.dp_rank, dp, 0, 0, config.V, err,
-                                    sizeof(err)) != 0)
-        die_usage(err);
-    DataLoaderState data_pos = {ck.data[0], ck.data[1], ck.data[2], ck.data[3]};
-    if (resuming && dataloader_set_state(&train, &data_pos, err, sizeof(err)) != 0) die_usage(err);
-    int steps = opt.steps >= 0 ? opt.steps : (int)(dataloader_batches_per_epoch(&train) / accum);
-    if (steps < 1) steps = 1;
-    if (resuming && ck.step > steps) {
-        secure_error(err, sizeof(err), "flag -x: %d steps, but checkpoint %s is of step %d", steps, ck_dir, ck.step);
-        die_usage(err);
-    }
-    Tokenizer tok;
-    int have_tok = opt.tokenizer != NULL && opt.sample_every > 0 && par.grid.world == 1;
-    if (have_tok && tokenizer_load_bin(&tok, opt.tokenizer, err, sizeof(err)) != 0) die_usage(err);
-    FILE *logf = NULL;
-    if (rank0 && (opt.log_file || opt.out_dir)) {  // ckpt_setup made -o
-        if (opt.log_file) snprintf(path, sizeof(path), "%s", opt.log_file);
-        else snprintf(path, sizeof(path), "%s/log.jsonl", opt.out_dir);
-        if (resuming && log_keep_before(path, ck.step, err, sizeof(err)) != 0) die_usage(err);
-        logf = fopen(path, resuming ? "a" : "w");
-        if (logf == NULL) { snprintf(err, sizeof(err), "%s: cannot create log file: %s", path, strerror(errno)); die_usage(err); }
-    }
-
-    // the GPU (bound by parallel_setup)
+    parallel_setup(&par, &job.opt, &job.fault, launch_argc, launch_argv);
+    start_rank(&job, &par.grid);
+    int rank0 = par.grid.rank == 0, dp = par.grid.dp, pp = par.grid.pp, B = job.opt.B, T = job.opt.T, accum = job.accum;
+    float *params = load_params(&job);
+    open_data(&job, &par.grid);
+    open_tokenizer_and_log(&job, &par.grid);
     int device;
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     double peak = gpu_peak_flops(prop.name);
     GPT2 model;
-    int nacts = pipeline_inflight(opt.pipe_schedule == PS_GPIPE, pp, par.grid.pp_rank, accum);
-    gpt2_init_rank(&model, &config, params, (uint64_t)opt.seed, B, T, gopt.recompute, gopt.attention_tc, &par.grid,
-                   par.zero, nacts, par.nccl);
+    gpt2_init_rank(&model, &job.config, params, (uint64_t)job.opt.seed, B, T, gopt.recompute, gopt.attention_tc,
+                   &par.grid, par.zero, activation_sets(&job, &par.grid), par.nccl);
     free(params);
-    snprintf(path, sizeof(path), "%s/optim.bin", ck_dir);
-    if (resuming && gpt2_load_optimizer(&model, path, ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
-    double load_ms = now_ms() - load_t0 - verify_ms;
+    snprintf(path, sizeof(path), "%s/optim.bin", job.ck_dir);
+    if (job.resuming && gpt2_load_optimizer(&model, path, job.ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
+    double load_ms = now_ms() - job.load_t0 - job.verify_ms;
     par.nccl->stream = model.stream;  // the collectives queue behind the model's kernels
-    if (pp > 1) {  // the MAC state for a step's pipeline messages (and an evaluation's), made now, not mid-run
-        size_t msg = (size_t)B * T * config.C * sizeof(floatX), tied = tied_elems(&model) * sizeof(floatX);
-        int recvs = 2 * accum + 2 > opt.val_batches + 2 ? 2 * accum + 2 : opt.val_batches + 2;
-        if (nccl_mac_reserve(par.nccl, recvs, msg > tied ? msg : tied, err, sizeof(err)) != 0) {
-            fprintf(stderr, "train_gpt2cu: %s\n", err);
-            exit(1);
-        }
-    }
-    PipeOp *ops = (PipeOp *)host_alloc(2 * (size_t)accum * sizeof(PipeOp), "schedule");
-    PipeStep *plan = (PipeStep *)host_alloc(2 * (size_t)accum * sizeof(PipeStep), "message plan");
-    int nops = pipeline_schedule(opt.pipe_schedule == PS_GPIPE, pp, par.grid.pp_rank, accum, ops);
-    pipeline_plan(pp, par.grid.pp_rank, ops, nops, plan);
-    AdamHyper hyper = {opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, opt.grad_clip};
-
+    if (pp > 1) reserve_pipeline_macs(&model, &par, accum, job.opt.val_batches);
+    int nops;
+    PipeStep *plan = step_plan(&job, &par.grid, &nops);
+    AdamHyper hyper = {job.opt.lr, job.opt.beta1, job.opt.beta2, job.opt.eps, job.opt.weight_decay, job.opt.grad_clip};
     if (rank0) {
-        printf("device: %s, compute capability %d.%d, %.1f GiB, ", prop.name, prop.major, prop.minor,
-               prop.totalGlobalMem / 1073741824.0);
-        if (peak > 0) printf("bf16 dense peak %.0f TFLOPS\n", peak / 1e12);
-        else printf("bf16 dense peak unknown (MFU n/a)\n");
-        printf("precision: %s compute, fp32 master weights and AdamW state; recompute GELU %d; attention %s; "
-               "activations %.2f GiB\n", precision_name, gopt.recompute,
-               gopt.attention_tc && attention_tc_supports(config.C / config.NH) ? "tensor cores" : "fp32 FMA",
-               model.act_bytes / 1073741824.0);
-        printf("model: L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters\n",
-               config.L, config.C, config.NH, config.V, config.Vp, config.maxT, model.num_params);
-        printf("batch: B=%d T=%d, %d micro-batches per step x dp %d = %ld tokens, %d steps\n", B, T, accum, dp,
-               total_batch, steps);
-        printf("layout: %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s schedule with %d micro-batches "
-               "(bubble %.3f), NCCL %d.%d.%d\n", par.grid.world, dp, tp, pp, par.zero,
-               opt.pipe_schedule == PS_GPIPE ? "gpipe" : "1f1b", accum, pipeline_bubble(pp, accum), NCCL_MAJOR,
-               NCCL_MINOR, NCCL_PATCH);
+        print_device(&prop, peak, &gopt, &model);
+        print_model_and_batch(&job, dp);
     }
-    for (int r = 0; r < par.grid.world; r++) {  // one line per rank, in rank order, from the rank itself
-        if (r == par.grid.rank)
-            printf("rank %d (dp %d, pp %d, tp %d): GPU %d, layers [%d, %d), %zu parameters here, "
-                   "%.2f GiB of weights, gradients and AdamW state, %.2f GiB of activations (%d sets)\n", r,
-                   par.grid.dp_rank, par.grid.pp_rank, par.grid.tp_rank, device, model.shard.l0, model.shard.l1,
-                   model.ut.num_local, model.param_bytes / 1073741824.0, model.act_bytes / 1073741824.0, nacts);
-        fflush(stdout);
-        nccl_barrier(par.nccl, &par.nccl->world);
-    }
-    uint64_t sample_rng = resuming ? ck.sample_rng : (uint64_t)opt.seed * 2654435761ull + 1;
-    int start = resuming ? ck.step : 0, stopped = 0;
-    if (rank0) ckpt_announce(&opt, resuming ? &ck : NULL, ck_dir, parallel_launched_rank() ? -1.0 : verify_ms, load_ms);
-    double fpt = flops_per_token(&config, T);
+    print_layout(&model, &par, &job.opt, accum, device);
+    if (rank0) announce_resume(&job, load_ms);
 
-    for (int step = start; step < steps && !stopped; step++) {
-        int last = step == steps - 1;
+    // the training loop: one optimizer step per iteration
+    int stopped = 0;
+    for (int step = job.start; step < job.steps && !stopped; step++) {
         nccl_set_step(par.nccl, step);
         float val_loss = -1.0f;
-        if (have_val && (step % opt.val_every == 0 || last)) {
-            val_loss = evaluate(&model, &par, &val, opt.val_batches);
+        if (evaluate_due(&job, step)) {
+            val_loss = evaluate(&model, &par, &job.val, job.opt.val_batches);
             if (rank0) printf("val loss %.6f\n", val_loss);
         }
-        if (have_tok && step > 0 && (step % opt.sample_every == 0 || last))
-            sample(&model, &tok, opt.gen_tokens, &sample_rng);
-        if (opt.check_every > 0 && step % opt.check_every == 0) consistency_check(&model, &par, step);
+        if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
+        if (check_due(&job, step)) consistency_check(&model, &par, step);
 
         gpu_sync(&model, "the step before");
         double t0 = now_ms();
         gpt2_zero_grad(&model);
         gpt2_zero_losses(&model);
         if (pp > 1) nccl_mac_step_begin(par.nccl);
-        pipeline_run(&model, &train, plan, nops, 1.0f / (float)((double)B * T * accum * dp));  // one stage: F0 B0 F1 B1 ...
-        float lr = lr_at_step(&opt, step, steps);
+        float dloss = 1.0f / (float)((double)B * T * accum * dp);
+        pipeline_run(&model, &job.train, plan, nops, dloss);  // one stage: F0 B0 F1 B1 ...
+        float lr = lr_at_step(&job.opt, step, job.steps);
         hyper.lr = lr;
         stopped = ckpt_stop_signal != 0;
         float loss = gpt2_step(&model, &par, &hyper, accum, &stopped);
         float norm = gpt2_last_norm(&model);
         double ms = now_ms() - t0;
+        if (rank0) print_mfu(&job, report_step(&job, step, loss, val_loss, norm, lr, ms), peak, par.grid.world);
 
-        double tok_s = total_batch / (ms / 1e3);
-        if (rank0) {
-            printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s", step, steps,
-                   loss, norm, lr, ms, tok_s, tok_s * fpt / 1e9);
-            if (peak > 0) printf(" | MFU %.1f%%\n", 100.0 * tok_s * fpt / (peak * par.grid.world));
-            else printf(" | MFU n/a\n");
-            fflush(stdout);
-            log_step(logf, step, loss, val_loss, norm, lr, ms, total_batch * (step + 1));
-        }
-        int done = step + 1;
-        if (stopped || (opt.ckpt_every > 0 && (done % opt.ckpt_every == 0 || done == steps))) {
-            DataLoaderState pos;
-            dataloader_get_state(&train, &pos);
-            CkptState st = {done, model.adam_t, config, B, T, (int)total_batch, steps, opt.seed, opt.shuffle,
-                            {pos.epoch, pos.shard_pos, pos.sample_pos, pos.rng}, sample_rng,
-                            par.grid.world, par.grid.tp, par.grid.pp, par.zero};
+        if (checkpoint_due(&job, step, stopped)) {
+            CkptState st = checkpoint_state(&job, step + 1, model.adam_t, &par.grid, par.zero);
             double c0 = now_ms();
-            if (gpt2_checkpoint(&model, &par, opt.out_dir, opt.ckpt_keep, &st, ckpt_key) != 0) return 1;
-            if (rank0) printf("checkpoint %s/ckpt_%08d written in %.0f ms\n", opt.out_dir, done, now_ms() - c0);
+            if (gpt2_checkpoint(&model, &par, job.opt.out_dir, job.opt.ckpt_keep, &st, job.ckpt_key) != 0) return 1;
+            if (rank0) print_checkpoint_written(&job, step + 1, now_ms() - c0);
         }
         if (stopped && rank0) printf("stopped by a signal after step %d; resume with -y 1\n", step);
     }
 
-    if (opt.out_dir && !stopped) {
-        if (gpt2_write_model(&model, &par, opt.out_dir, steps, path, sizeof(path)) != 0) return 1;
+    if (job.opt.out_dir && !stopped) {
+        if (gpt2_write_model(&model, &par, job.opt.out_dir, job.steps, path, sizeof(path)) != 0) return 1;
         if (rank0) printf("wrote %s\n", path);
     }
-    if (logf) fclose(logf);
-    dataloader_free(&train);
-    if (have_val) dataloader_free(&val);
-    if (have_tok) tokenizer_free(&tok);
+    free_job(&job);
     nccl_free(par.nccl);
     gpt2_free(&model);
-    free(ops);
     free(plan);
     launch_free(&par.launch);
     free(launch_argv);

@@ -1,22 +1,73 @@
 #!/usr/bin/env bash
-# CPU trainer benchmark: N steps of GPT-2 124M (d12) at B=4, T=64 and of a
-# small model (d4), printing ms/step, tokens/s and GFLOP/s (the trainer's own
-# step lines; FLOPs = 6 x parameters per token + attention). Needs the shards
-# `make run` prepares; otherwise it prepares tinyshakespeare itself.
+# CPU trainer benchmark: GPT-2 124M (d12) and the small model of `make run`
+# (L=4, C=128, NH=4, GPT-2 vocabulary), B=4, T=64, on $THREADS threads
+# (default: all cores). For each: ms/step, tokens/s, GFLOP/s (6 x parameters
+# per token + attention, the trainer's count) and the percentage of the FMA
+# peak, which dev/bench_kernels measures in the same run, before and after
+# (the best of the two). Then, when `torch` can be imported ($PYTHON, default
+# python3), the same models, settings and thread count in PyTorch eager
+# (dev/train_gpt2.py --bench) and the ratio of the step times; otherwise a
+# line saying it skipped. Steps: $STEPS (default 8), the first left out.
+#
+# The machine may be shared: each figure is the best step and the median
+# step, and the peak is the best of its runs, so compare figures of one run.
 set -eu
 cd "$(dirname "$0")/.."
-steps=${STEPS:-6}
+steps=${STEPS:-8}
+threads=${THREADS:-$(nproc)}
+python=${PYTHON:-python3}
+trainer=${TRAINER:-./train_gpt2}  # another build of the trainer, to compare before and after
 data=${LLM3D_DATA:-../shared/data}
 dir=dev/data/tinyshakespeare
+for prog in train_gpt2 prepare_data dev/bench_kernels; do
+    [ -x $prog ] || { echo "bench_cpu: no ./$prog; run 'make' first"; exit 1; }
+done
 if ! ls $dir/tiny_shakespeare_train_*.bin >/dev/null 2>&1; then
     [ -f "$data/tinyshakespeare.txt" ] || { echo "bench_cpu: no $data/tinyshakespeare.txt; run 'make run' first"; exit 1; }
     ./prepare_data -i "$data/tinyshakespeare.txt" -o $dir -n tiny_shakespeare >/dev/null
 fi
-for model in d12 d4; do
-    echo "== $model, B=4 T=64, $steps steps, $(nproc) threads"
-    ./train_gpt2 -e $model -b 4 -t 64 -x $steps -v 0 -s 0 \
-        -i "$dir/tiny_shakespeare_train_*.bin" | tee /tmp/bench_cpu_$model.txt | grep -E '^(model|step)'
-    # the first step warms caches and pages; report the median of the rest
-    grep '^step' /tmp/bench_cpu_$model.txt | tail -n +2 | sed -E 's/.*\| ([0-9.]+) ms.*/\1/' | sort -n |
-        awk '{ ms[NR] = $1 } END { printf("median of steps 1..: %.1f ms/step\n", ms[int((NR + 1) / 2)]) }'
+export OMP_NUM_THREADS=$threads
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+peak() { ./dev/bench_kernels peak | sed -E 's/fma peak ([0-9.]+) GFLOP.*/\1/'; }
+peak_before=$(peak)
+
+# name, then the trainer's model flags and dev/train_gpt2.py's
+models=("d12|-e d12|--init d12" "small|-e d4 -ec 128|--init d4 --n-embd 128")
+for m in "${models[@]}"; do
+    IFS='|' read -r name cflags _ <<<"$m"
+    # shellcheck disable=SC2086
+    $trainer $cflags -b 4 -t 64 -x "$steps" -v 0 -s 0 -th "$threads" \
+        -i "$dir/tiny_shakespeare_train_*.bin" > "$tmp/$name.txt"
+done
+peak_after=$(peak)
+peak=$(echo "$peak_before $peak_after" | awk '{ print ($1 > $2) ? $1 : $2 }')
+echo "FMA peak: $peak GFLOP/s on $threads threads (before $peak_before, after $peak_after)"
+printf "%-6s | %9s %9s | %8s %8s | %8s\n" model "best ms" "median ms" "tok/s" "GFLOP/s" "% peak"
+for m in "${models[@]}"; do
+    IFS='|' read -r name _ _ <<<"$m"
+    # step lines: "step N/M | loss | norm | lr | X ms | Y tok/s | Z GFLOP/s"; the first one warms up
+    grep '^step' "$tmp/$name.txt" | tail -n +2 | sed -E 's/.*\| ([0-9.]+) ms \| ([0-9]+) tok\/s \| ([0-9.]+) GFLOP.*/\1 \2 \3/' |
+        sort -n | awk -v name="$name" -v peak="$peak" '{ ms[NR] = $1; tok[NR] = $2; gf[NR] = $3 }
+            END { if (NR == 0) { print name ": no steps"; exit 1 }
+                  printf("%-6s | %9.1f %9.1f | %8.0f %8.1f | %7.1f%%\n", name, ms[1], ms[int((NR + 1) / 2)],
+                         tok[1], gf[1], 100 * gf[1] / peak) }' | tee "$tmp/$name.c"
+done
+
+if ! "$python" -c 'import torch' 2>/dev/null; then
+    echo "PyTorch: skipped, $python cannot import torch (pip install torch numpy)"
+    exit 0
+fi
+echo "PyTorch $("$python" -c 'import torch; print(torch.__version__)') eager, $threads threads, same models and settings (random tokens):"
+for m in "${models[@]}"; do
+    IFS='|' read -r name _ pflags <<<"$m"
+    # shellcheck disable=SC2086
+    "$python" dev/train_gpt2.py $pflags -B 4 -T 64 --steps "$steps" --bench --bench-warmup 1 --lr 3e-4 \
+        > "$tmp/$name.torch.txt"
+    # best and median of the steps after the first, as for the trainer
+    grep '^step' "$tmp/$name.torch.txt" | tail -n +2 | sed -E 's/.* ms ([0-9.]+) .*/\1/' | sort -n |
+        awk -v name="$name" -v c="$(awk '{ print $3 }' "$tmp/$name.c")" '{ ms[NR] = $1 }
+            END { printf("%-6s | PyTorch best %.1f ms, median %.1f ms | trainer best %.1f ms | PyTorch / trainer = %.2f\n",
+                         name, ms[1], ms[int((NR + 1) / 2)], c, ms[1] / c) }'
 done

@@ -1,34 +1,30 @@
 /*
- * bench_matmul.c: the CPU trainer's matmul_forward and matmul_backward at the
- * shapes of GPT-2 124M (d12) with N = B*T = 256 tokens, in GFLOP/s, and their
- * error against a double-precision reference.
+ * bench_matmul.c: the CPU trainer's matmul (cpu_matmul.h) at the shapes of
+ * GPT-2 124M (d12) with N = B*T = 256 tokens: each of a Linear layer's three
+ * products (forward, dinp, dweight) in GFLOP/s and as a percentage of the
+ * machine's FMA peak measured in the same run (dev/bench.h), and the error of
+ * forward and backward against a double-precision reference.
  *
  *   make dev/bench_matmul && ./dev/bench_matmul [runs] [N]
  *
- * Each cell is timed `runs` times (default 5) in wall-clock time with all of
- * OpenMP's threads; it prints the median and the best run: the machine is
- * shared, so the median says what to expect and the best what the code can do.
- * The last line weighs the shapes as one training step does (12 layers of
- * qkv, attproj, fc, fcproj, plus the logits) and gives the step's matmul time.
- * "err" is the worst |kernel - reference| over the outputs, relative to the
- * largest |reference| of that output.
+ * Each product is timed `runs` times (default 7) in wall-clock time with all
+ * of OpenMP's threads; it prints the best run and the median: the machine is
+ * shared, so the best says what the code can do and the median what to expect.
+ * The peak is the best of its runs before and after. The last line weighs the
+ * shapes as one training step does (12 layers of qkv, attproj, fc, fcproj,
+ * plus the logits). "err" is the worst |kernel - reference| over the
+ * outputs, relative to the largest |reference| of that output.
  */
 #define TESTING
 #include "../train_gpt2.c"
+#include "bench.h"
 
 #define MAX_RUNS 21
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int compare_doubles(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
-
 static void fill(float *x, size_t n, unsigned *seed) {
     for (size_t i = 0; i < n; i++) {
         *seed = *seed * 1664525u + 1013904223u;
@@ -91,23 +87,23 @@ static void check_errors(int N, int IC, int OC, const float *inp, const float *w
 }
 
 int main(int argc, char **argv) {
-    int runs = argc > 1 ? atoi(argv[1]) : 5;
+    int runs = argc > 1 ? atoi(argv[1]) : 7;
     int N = argc > 2 ? atoi(argv[2]) : 256;
     if (runs < 1 || runs > MAX_RUNS || N < 1) { fprintf(stderr, "usage: %s [runs 1..%d] [N]\n", argv[0], MAX_RUNS); return 2; }
     int nthreads = 1;
 #ifdef _OPENMP
     nthreads = omp_get_max_threads();
 #endif
+    double peak = bench_fma_peak(5);
     // name, IC, OC, how many per training step
     struct { const char *name; int IC, OC, per_step; } shapes[] = {
         {"qkv", 768, 2304, 12}, {"attproj", 768, 768, 12}, {"fc", 768, 3072, 12},
         {"fcproj", 3072, 768, 12}, {"logits", 768, 50304, 1},
     };
+    const char *products[3] = {"forward", "dinp", "dweight"};
     int nshapes = sizeof(shapes) / sizeof(shapes[0]);
-    printf("N=%d, %d threads, %d runs; GFLOP/s median (best), err vs double\n", N, nthreads, runs);
-    printf("%-8s %5s %6s | %16s %16s | %8s %8s\n", "shape", "IC", "OC", "forward", "backward", "err fwd", "err bwd");
-    double step_ms[2] = {0.0, 0.0};
-    double flops_step = 0.0;
+    double best[5][3], median[5][3], errs[5][2];
+    double step_s = 0.0, flops_step = 0.0;
     for (int s = 0; s < nshapes; s++) {
         int IC = shapes[s].IC, OC = shapes[s].OC;
         float *inp = (float *)malloc((size_t)N * IC * sizeof(float));
@@ -117,39 +113,45 @@ int main(int argc, char **argv) {
         float *dout = (float *)malloc((size_t)N * OC * sizeof(float));
         float *dinp = (float *)calloc((size_t)N * IC, sizeof(float));
         float *dw = (float *)calloc((size_t)OC * IC, sizeof(float));
-        float *db = (float *)calloc((size_t)OC, sizeof(float));
         unsigned seed = 42u + s;
         fill(inp, (size_t)N * IC, &seed);
         fill(w, (size_t)OC * IC, &seed);
         fill(b, (size_t)OC, &seed);
         fill(dout, (size_t)N * OC, &seed);
-        double flops = 2.0 * N * IC * OC;  // forward; backward is twice that
-        double tf[MAX_RUNS], tb[MAX_RUNS];
-        matmul_forward(out, inp, w, b, N, IC, OC);  // warm up pages and caches
-        matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC);
-        for (int r = 0; r < runs; r++) {
-            double t0 = now_seconds();
-            matmul_forward(out, inp, w, b, N, IC, OC);
-            double t1 = now_seconds();
-            matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC);
-            double t2 = now_seconds();
-            tf[r] = t1 - t0;
-            tb[r] = t2 - t1;
+        double flops = 2.0 * N * IC * OC;  // each of the three products
+        for (int p = 0; p < 3; p++) {
+            double t[MAX_RUNS];
+            for (int r = -1; r < runs; r++) {  // run -1 warms pages and caches
+                double t0 = bench_now();
+                // the calls of matmul_forward and matmul_backward, one by one
+                if (p == 0) matmul_blocked(out, OC, inp, IC, 1, w, 1, IC, N, OC, IC);
+                if (p == 1) matmul_blocked(dinp, IC, dout, OC, 1, w, IC, 1, N, IC, OC);
+                if (p == 2) matmul_blocked(dw, IC, dout, 1, OC, inp, IC, 1, OC, IC, N);
+                if (r >= 0) t[r] = bench_now() - t0;
+            }
+            qsort(t, runs, sizeof(double), compare_doubles);
+            best[s][p] = flops / t[0] * 1e-9;
+            median[s][p] = flops / t[(runs - 1) / 2] * 1e-9;
+            step_s += shapes[s].per_step * t[(runs - 1) / 2];
         }
-        qsort(tf, runs, sizeof(double), compare_doubles);
-        qsort(tb, runs, sizeof(double), compare_doubles);
-        double mf = tf[(runs - 1) / 2], mb = tb[(runs - 1) / 2];
-        double errs[2];
-        check_errors(N, IC, OC, inp, w, b, dout, errs);
-        printf("%-8s %5d %6d | %7.1f (%6.1f) %7.1f (%6.1f) | %8.1e %8.1e\n", shapes[s].name, IC, OC,
-               flops / mf * 1e-9, flops / tf[0] * 1e-9, 2 * flops / mb * 1e-9, 2 * flops / tb[0] * 1e-9,
-               errs[0], errs[1]);
-        step_ms[0] += shapes[s].per_step * mf * 1e3;
-        step_ms[1] += shapes[s].per_step * mb * 1e3;
         flops_step += shapes[s].per_step * 3 * flops;
-        free(inp); free(w); free(b); free(out); free(dout); free(dinp); free(dw); free(db);
+        check_errors(N, IC, OC, inp, w, b, dout, errs[s]);
+        free(inp); free(w); free(b); free(out); free(dout); free(dinp); free(dw);
     }
-    printf("one d12 step's matmuls (medians): forward %.0f ms + backward %.0f ms = %.0f ms, %.1f GFLOP/s\n",
-           step_ms[0], step_ms[1], step_ms[0] + step_ms[1], flops_step / (step_ms[0] + step_ms[1]) * 1e-6);
+    double peak_after = bench_fma_peak(5);
+    if (peak_after > peak) peak = peak_after;
+    printf("N=%d, %d threads, best of %d runs; FMA peak %.1f GFLOP/s (best of 5 before and 5 after)\n", N, nthreads,
+           runs, peak);
+    printf("%-8s %5s %6s | %-8s %9s %7s %9s | %8s %8s\n", "shape", "IC", "OC", "product", "GFLOP/s", "% peak", "(median)",
+           "err fwd", "err bwd");
+    for (int s = 0; s < nshapes; s++)
+        for (int p = 0; p < 3; p++) {
+            printf("%-8s %5d %6d | %-8s %9.1f %6.1f%% %9.1f", p == 0 ? shapes[s].name : "", shapes[s].IC, shapes[s].OC,
+                   products[p], best[s][p], 100.0 * best[s][p] / peak, median[s][p]);
+            if (p == 0) printf(" | %8.1e %8.1e", errs[s][0], errs[s][1]);
+            printf("\n");
+        }
+    printf("one d12 step's matmuls (medians): %.0f ms, %.1f GFLOP/s, %.1f%% of peak\n", step_s * 1e3,
+           flops_step / step_s * 1e-9, 100.0 * flops_step / step_s * 1e-9 / peak);
     return 0;
 }

@@ -3,8 +3,7 @@
  * with the clip folded in, on fp32 master weights, against the CPU (the
  * CPU trainer's order of operations).
  */
-#define TESTING
-#include "../../train_gpt2.cu"
+#include "../../adamw.cuh"
 #include "common.h"
 
 typedef struct {

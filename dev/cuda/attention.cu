@@ -4,8 +4,7 @@
  * head sizes and sequence lengths that are not multiples of the tiles; then
  * timed at GPT-2 124M's shape.
  */
-#define TESTING
-#include "../../train_gpt2.cu"
+#include "../../attention.cuh"
 #include "common.h"
 
 // out (B,T,C) and dqkv (B,T,3C) from qkv (B,T,3C) and dout (B,T,C)

@@ -2,8 +2,7 @@
  * classifier.cu: the fused softmax + cross-entropy + gradient over the
  * logits, in place, padded columns ignored, against the CPU.
  */
-#define TESTING
-#include "../../train_gpt2.cu"
+#include "../../classifier.cuh"
 #include "common.h"
 
 typedef struct {

@@ -3,16 +3,19 @@
  * floatX, host/device copies, a comparison that prints one ok/FAIL line
  * (test.h's check), and a timer.
  *
- * Each check includes the trainer itself (TESTING: no main), so it tests the
- * kernels the trainer runs, not copies of them:
- *     #define TESTING
- *     #include "../../train_gpt2.cu"
+ * Each check includes the trainer's own kernel file, so it tests the kernels
+ * the trainer runs, not copies of them:
+ *     #include "../../layernorm.cuh"
  *     #include "common.h"
  */
 #ifndef LLM3D_CUDA_COMMON_H
 #define LLM3D_CUDA_COMMON_H
 
+#include <math.h>
+
 #include "../../test.h"
+#include "../../gpt2.h"         // counter_normal, float_to_bf16
+#include "../../cuda_common.cuh"
 
 // a bf16 build compares against references computed on the same rounded
 // inputs, so what is left is output rounding and summation order
@@ -129,15 +132,6 @@ static void print_time(const char *what, float ms, double bytes, double flops) {
     if (bytes > 0) printf(" | %7.1f GB/s", bytes / (ms * 1e-3) / 1e9);
     if (flops > 0) printf(" | %7.1f TFLOPS", flops / (ms * 1e-3) / 1e12);
     printf("\n");
-}
-
-static Blas make_blas(void) {
-    Blas b;
-    CUBLAS_CHECK(cublasLtCreate(&b.handle));
-    b.workspace_size = 32u << 20;
-    CUDA_CHECK(cudaMalloc(&b.workspace, b.workspace_size));
-    b.stream = 0;
-    return b;
 }
 
 #endif

@@ -2,8 +2,7 @@
  * encoder.cu: the token + position embedding, forward and backward (the
  * deterministic token-bucket scatter into dwte), against the CPU.
  */
-#define TESTING
-#include "../../train_gpt2.cu"
+#include "../../encoder.cuh"
 #include "common.h"
 
 typedef struct {

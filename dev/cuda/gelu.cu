@@ -3,8 +3,7 @@
  * the backward's recompute, against the CPU trainer's formula. The bf16
  * build's fused cuBLASLt GELU epilogue is checked in matmul.cu.
  */
-#define TESTING
-#include "../../train_gpt2.cu"
+#include "../../gelu.cuh"
 #include "common.h"
 
 typedef struct {

@@ -3,8 +3,8 @@
  * and the backward (dinp, then dweight/dbias as deterministic column sums),
  * against the CPU.
  */
-#define TESTING
-#include "../../train_gpt2.cu"
+#include "../../layernorm.cuh"
+#include "../../matmul.cuh"  // colsum_splits
 #include "common.h"
 
 static void cpu_layernorm(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b, int N, int C) {

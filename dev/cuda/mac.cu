@@ -5,8 +5,8 @@
  * a few chunk sizes, and the chunk sizes of the NCCL backend's MAC'd messages. The kernels' per-thread code is __host__ __device__,
  * so without a GPU this still checks it, run on the CPU.
  */
-#define TESTING
-#include "../../train_gpt2.cu"
+#include "../../secure.h"
+#include "../../parallel.h"  // nccl_mac_chunk_bytes
 #include "common.h"
 
 static double mac_now_ms(void) {

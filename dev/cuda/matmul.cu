@@ -4,8 +4,7 @@
  * dweight accumulation) and the bias-gradient column sums, against the CPU;
  * then timed at GPT-2 124M's shapes.
  */
-#define TESTING
-#include "../../train_gpt2.cu"
+#include "../../matmul.cuh"
 #include "common.h"
 
 static float cpu_gelu(float x) {
@@ -140,6 +139,15 @@ static void time_shape(const Blas *blas, const char *name, int N, int IC, int OC
     print_time(what, time_ms(run_backward, &c, 10), 0, 2 * flops);
     for (int i = 0; i < 9; i++) cudaFree(buf[i]);
     cudaFree(partial);
+}
+
+static Blas make_blas(void) {
+    Blas b;
+    CUBLAS_CHECK(cublasLtCreate(&b.handle));
+    b.workspace_size = 32u << 20;
+    CUDA_CHECK(cudaMalloc(&b.workspace, b.workspace_size));
+    b.stream = 0;
+    return b;
 }
 
 int main(void) {

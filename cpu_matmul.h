@@ -1,0 +1,277 @@
+/*
+ * cpu_matmul.h: the CPU trainer's matrix product, cache-blocked and packed
+ * the way BLAS libraries do it (GotoBLAS, BLIS), fp32, OpenMP.
+ *
+ * defines: matmul_blocked(c, ldc, a, am, ak, b, bk, bj, M, J, K), which does
+ * C[M,J] += A[M,K] B[K,J] with A(m,k) = a[m*am + k*ak], B(k,j) = b[k*bk + j*bj]
+ * and C(m,j) = c[m*ldc + j]. Reading A and B through strides lets the three
+ * products of a Linear layer (out = inp W^T, dinp = dout W, dweight =
+ * dout^T inp) all be this one function.
+ *
+ * Every element of C is summed in one fixed order, its old value first, then
+ * k = 0, 1, ..., K-1, one multiply-add at a time; how the work is cut into
+ * blocks and shared among threads never changes that order, so the result is
+ * the same bit for bit whatever the number of threads.
+ *
+ * How it is fast, from the inside out:
+ * - the micro-kernel keeps an MR x NR tile of C in vector registers and, for
+ *   each k, loads NR/VL vectors of B and MR scalars of A: MR * NR / VL
+ *   multiply-adds for a handful of loads, which is what keeps the FMA units
+ *   busy (a row-at-a-time loop needs a load per multiply-add);
+ * - a KC x NR sliver of B stays in L1 while the kernel walks down all the MR
+ *   row slivers of an MC x KC block of A (from L2);
+ * - B is copied ("packed") once per KC x NC panel into the order the kernel
+ *   reads it, contiguous and zero-padded; the panel is reused by every row of
+ *   the block. A is read where it is when its rows run along k (the forward
+ *   and dinp products), and packed when they do not (dweight, where A is
+ *   dout transposed and its rows would each cost a cache line per k);
+ * - the threads share out (row block, column panel) tasks of C, disjoint and
+ *   cache-line sized, so no two threads write the same line; dynamically,
+ *   because the machine may have other work on one of its cores.
+ */
+#ifndef LLM3D_CPU_MATMUL_H
+#define LLM3D_CPU_MATMUL_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+// The tile must fit in the vector registers with room for the B vectors.
+// AVX-512 has 32 registers of 16 floats: 8 x 48 takes 24 of them (48 divides
+// 768, 2304, 3072 and 50304; 8 divides B*T). AVX2 has 16 of 8 floats: 6 x 16
+// takes 12. Without either (SSE, NEON: 4 floats) 6 x 8 takes 12.
+#if defined(__AVX512F__) && !defined(LLM3D_SCALAR)
+#define MATMUL_VL 16
+#define MATMUL_MR 8
+#define MATMUL_NR 48
+#elif defined(__AVX2__) && !defined(LLM3D_SCALAR)
+#define MATMUL_VL 8
+#define MATMUL_MR 6
+#define MATMUL_NR 16
+#else
+#define MATMUL_VL 4
+#define MATMUL_MR 6
+#define MATMUL_NR 8
+#endif
+// KC: a KC x NR sliver of B is 24 KiB with AVX-512, half of a 48 KiB L1, so
+// it stays there while the A slivers stream past. MC: the forward's whole
+// B*T = 256 rows in one block (128 KiB of A, in L2). NC: 192 columns, so that
+// even the 768-wide products make a few tasks per thread.
+#ifndef MATMUL_KC
+#define MATMUL_KC 128
+#endif
+#define MATMUL_MC 256
+#define MATMUL_NC 192
+
+// scratch for the packed blocks, one per thread and kept between calls: a
+// fresh allocation per call would be fresh pages, zeroed by the kernel, on
+// every one of the ~100 products of a step
+static float *matmul_scratch(size_t floats) {
+    static __thread float *buf;
+    static __thread size_t cap;
+    if (floats > cap) {
+        free(buf);
+        buf = (float *)aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        if (buf == NULL) {
+            fprintf(stderr, "cpu_matmul.h: out of memory for %zu floats of packed blocks\n", floats);
+            exit(1);
+        }
+        cap = floats;
+    }
+    return buf;
+}
+
+#if defined(__AVX512F__) && !defined(LLM3D_SCALAR)
+#define MATMUL_TRANSPOSE16 1
+#include <immintrin.h>
+// out[k][i] = in[i][k] for a 16 x 16 block, rows of `in` ld apart and rows
+// of `out` ldo apart: 16 loads, 64 shuffles, 16 stores, where an element at
+// a time takes a load and a store each
+static inline void matmul_transpose16(float *out, size_t ldo, const float *in, size_t ld) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(in + i * ld);
+    // interleave pairs of rows, then pairs of pairs: afterwards each 128-bit
+    // lane of r[4g + q] holds k = 4 * lane + q of rows 4g .. 4g + 3
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4)
+        for (int h = 0; h < 2; h++) {
+            __m512d x = _mm512_castps_pd(t[i + h]), y = _mm512_castps_pd(t[i + h + 2]);
+            r[i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
+            r[i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
+        }
+    // then gather the lanes of the four groups: lane L of each goes to k = 4L + q
+    for (int q = 0; q < 4; q++) {
+        __m512 even01 = _mm512_shuffle_f32x4(r[q], r[4 + q], 0x88), odd01 = _mm512_shuffle_f32x4(r[q], r[4 + q], 0xdd);
+        __m512 even23 = _mm512_shuffle_f32x4(r[8 + q], r[12 + q], 0x88);
+        __m512 odd23 = _mm512_shuffle_f32x4(r[8 + q], r[12 + q], 0xdd);
+        t[q] = _mm512_shuffle_f32x4(even01, even23, 0x88);
+        t[8 + q] = _mm512_shuffle_f32x4(even01, even23, 0xdd);
+        t[4 + q] = _mm512_shuffle_f32x4(odd01, odd23, 0x88);
+        t[12 + q] = _mm512_shuffle_f32x4(odd01, odd23, 0xdd);
+    }
+    for (int k = 0; k < 16; k++) _mm512_storeu_ps(out + k * ldo, t[k]);
+}
+#endif
+
+// pack rows [0, rows) of X, X(i,k) = x[i*xi + k*xk], k in [0, kc), into
+// slivers of W rows: dst[i / W][k][i % W], zeros past `rows`. When X runs
+// along i (xi == 1) each k is a contiguous copy, done k by k so that X is
+// read a whole row at a time; otherwise (xk == 1) it is a transpose.
+static inline __attribute__((always_inline)) void matmul_pack(float *dst, const float *x, size_t xi, size_t xk, int rows, int kc, int W) {
+    int padded = (rows + W - 1) / W * W;
+    if (xi == 1) {
+        for (int k = 0; k < kc; k++) {
+            const float *sk = x + (size_t)k * xk;
+            for (int i0 = 0; i0 < padded; i0 += W) {
+                float *d = dst + (size_t)i0 * kc + (size_t)k * W;
+                if (i0 + W <= rows) {
+                    for (int i = 0; i < W; i++) d[i] = sk[i0 + i];
+                } else {
+                    for (int i = 0; i < W; i++) d[i] = i0 + i < rows ? sk[i0 + i] : 0.0f;
+                }
+            }
+        }
+        return;
+    }
+    for (int i0 = 0; i0 < padded; i0 += W) {
+        float *d = dst + (size_t)i0 * kc;
+        const float *s = x + (size_t)i0 * xi;
+        int w = rows - i0 < W ? rows - i0 : W, k0 = 0;
+#ifdef MATMUL_TRANSPOSE16
+        if (w == W && W % 16 == 0 && xk == 1)
+            for (; k0 + 16 <= kc; k0 += 16)
+                for (int g = 0; g < W; g += 16) matmul_transpose16(d + (size_t)k0 * W + g, W, s + g * xi + k0, xi);
+#endif
+        for (int i = 0; i < W; i++) {
+            const float *si = s + (size_t)i * xi;
+            for (int k = k0; k < kc; k++) d[(size_t)k * W + i] = i < w ? si[(size_t)k * xk] : 0.0f;
+        }
+    }
+}
+
+// One MR x NR tile of C (row stride ldc) += A x bp, A(r,k) = a[r*ars + k*aks]
+// (a packed sliver: ars = 1, aks = MR; rows read in place: ars = the row
+// stride, aks = 1), bp the packed sliver bp[k][NR]. The old value of C first,
+// then k = 0, 1, ... in order.
+#if defined(__GNUC__) && !defined(LLM3D_SCALAR)
+// GCC and Clang: the tile as MR x NR/VL vectors (the compilers' vector
+// extension, portable across targets), which they reliably keep in registers;
+// from plain loops GCC 12 vectorizes over k instead and spills for AVX2.
+// memcpy is the portable unaligned vector load and store.
+typedef float matmul_vec __attribute__((vector_size(MATMUL_VL * sizeof(float))));
+static inline __attribute__((always_inline)) void matmul_tile(float *c, size_t ldc, const float *a, size_t ars,
+                                                              size_t aks, const float *bp, int kc) {
+    enum { MR = MATMUL_MR, NV = MATMUL_NR / MATMUL_VL, VL = MATMUL_VL };
+    matmul_vec acc[MR][NV];
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < NV; v++) memcpy(&acc[r][v], c + r * ldc + v * VL, sizeof(matmul_vec));
+    for (int k = 0; k < kc; k++) {
+        matmul_vec b[NV];
+        for (int v = 0; v < NV; v++) memcpy(&b[v], bp + (size_t)k * MATMUL_NR + v * VL, sizeof(matmul_vec));
+        for (int r = 0; r < MR; r++) {
+            float ar = a[r * ars + k * aks];
+            for (int v = 0; v < NV; v++) acc[r][v] += ar * b[v];
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < NV; v++) memcpy(c + r * ldc + v * VL, &acc[r][v], sizeof(matmul_vec));
+}
+#else
+static inline void matmul_tile(float *c, size_t ldc, const float *a, size_t ars, size_t aks, const float *bp, int kc) {
+    float acc[MATMUL_MR][MATMUL_NR];
+    for (int r = 0; r < MATMUL_MR; r++)
+        for (int j = 0; j < MATMUL_NR; j++) acc[r][j] = c[r * ldc + j];
+    for (int k = 0; k < kc; k++)
+        for (int r = 0; r < MATMUL_MR; r++)
+            for (int j = 0; j < MATMUL_NR; j++) acc[r][j] += a[r * ars + k * aks] * bp[(size_t)k * MATMUL_NR + j];
+    for (int r = 0; r < MATMUL_MR; r++)
+        for (int j = 0; j < MATMUL_NR; j++) c[r * ldc + j] = acc[r][j];
+}
+#endif
+
+// the two ways of reading A, each compiled with its strides known where they
+// can be, so that the inner loop's addressing is simple
+static void matmul_tile_packed(float *c, size_t ldc, const float *ap, const float *bp, int kc) {
+    matmul_tile(c, ldc, ap, 1, MATMUL_MR, bp, kc);
+}
+static void matmul_tile_rows(float *c, size_t ldc, const float *a, size_t lda, const float *bp, int kc) {
+    matmul_tile(c, ldc, a, lda, 1, bp, kc);
+}
+static void matmul_tile_cols(float *c, size_t ldc, const float *a, size_t lda, const float *bp, int kc) {
+    matmul_tile(c, ldc, a, 1, lda, bp, kc);
+}
+
+// a tile over the edge of C (fewer than MR rows or NR columns left): through
+// a full-size copy, whose extra rows and columns are thrown away. Rows of A
+// past the edge must not be read in place, so the caller packs A there.
+static void matmul_tile_edge(float *c, size_t ldc, int mr, int nr, const float *ap, const float *bp, int kc) {
+    float tmp[MATMUL_MR * MATMUL_NR] = {0};
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < nr; j++) tmp[r * MATMUL_NR + j] = c[r * ldc + j];
+    matmul_tile_packed(tmp, MATMUL_NR, ap, bp, kc);
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < nr; j++) c[r * ldc + j] = tmp[r * MATMUL_NR + j];
+}
+
+// one task: rows [m0, m0 + mc) by columns [j0, j0 + nc) of C, over all of K
+static void matmul_task(float *c, size_t ldc, const float *a, size_t am, size_t ak, const float *b, size_t bk,
+                        size_t bj, int m0, int mc, int j0, int nc, int K) {
+    enum { MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC };
+    int mc_pad = (mc + MR - 1) / MR * MR, nc_pad = (nc + NR - 1) / NR * NR;
+    float *bp = matmul_scratch((size_t)(nc_pad + mc_pad) * KC), *ap = bp + (size_t)nc_pad * KC;
+    // rows of A along k are read in place, except in a last partial sliver
+    int a_in_place = ak == 1 || am == 1, full_rows = a_in_place ? mc / MR * MR : 0;
+    for (int k0 = 0; k0 < K; k0 += KC) {
+        int kc = K - k0 < KC ? K - k0 : KC;
+        matmul_pack(bp, b + (size_t)j0 * bj + (size_t)k0 * bk, bj, bk, nc, kc, NR);
+        const float *ablk = a + (size_t)m0 * am + (size_t)k0 * ak;
+        if (full_rows < mc)
+            matmul_pack(ap + (size_t)full_rows * kc, ablk + (size_t)full_rows * am, am, ak, mc - full_rows, kc, MR);
+        for (int jr = 0; jr < nc; jr += NR) {
+            int nr = nc - jr < NR ? nc - jr : NR;
+            const float *bs = bp + (size_t)jr * kc;
+            for (int ir = 0; ir < mc; ir += MR) {
+                int mr = mc - ir < MR ? mc - ir : MR;
+                float *ct = c + (size_t)(m0 + ir) * ldc + j0 + jr;
+                if (mr == MR && nr == NR) {
+                    if (ir < full_rows && ak == 1) matmul_tile_rows(ct, ldc, ablk + (size_t)ir * am, am, bs, kc);
+                    else if (ir < full_rows) matmul_tile_cols(ct, ldc, ablk + (size_t)ir * am, ak, bs, kc);
+                    else matmul_tile_packed(ct, ldc, ap + (size_t)ir * kc, bs, kc);
+                } else {
+                    if (ir < full_rows)  // a column edge on rows read in place: pack this sliver alone
+                        matmul_pack(ap + (size_t)ir * kc, ablk + (size_t)ir * am, am, ak, MR, kc, MR);
+                    matmul_tile_edge(ct, ldc, mr, nr, ap + (size_t)ir * kc, bs, kc);
+                }
+            }
+        }
+    }
+}
+
+static void matmul_blocked(float *c, int ldc, const float *a, size_t am, size_t ak, const float *b, size_t bk,
+                           size_t bj, int M, int J, int K) {
+    enum { MR = MATMUL_MR, MC = MATMUL_MC, NC = MATMUL_NC };
+    int nthreads = 1;
+#ifdef _OPENMP
+    nthreads = omp_get_max_threads();
+#endif
+    // smaller row blocks when the columns alone make too few tasks to share
+    int jblocks = (J + NC - 1) / NC, mc = MC;
+    while (mc > 4 * MR && (size_t)jblocks * ((M + mc - 1) / mc) < 4 * (size_t)nthreads) mc /= 2;
+    mc = mc / MR * MR;
+    int mblocks = (M + mc - 1) / mc, ntasks = mblocks * jblocks;
+    #pragma omp parallel for schedule(dynamic) if (ntasks > 1)
+    for (int t = 0; t < ntasks; t++) {
+        int m0 = (t % mblocks) * mc, j0 = (t / mblocks) * NC;
+        int mrows = M - m0 < mc ? M - m0 : mc, ncols = J - j0 < NC ? J - j0 : NC;
+        matmul_task(c, (size_t)ldc, a, am, ak, b, bk, bj, m0, mrows, j0, ncols, K);
+    }
+}
+
+#endif

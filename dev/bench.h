@@ -1,0 +1,115 @@
+/*
+ * dev/bench.h: what the CPU benchmarks measure their results against, on the
+ * machine and in the run where they measure them.
+ *
+ * defines: bench_now (seconds), bench_fma_peak (GFLOP/s), bench_copy_bandwidth
+ * (GB/s), bench_best (the largest of a few runs).
+ *
+ * The peak is what this build's vector FMAs can do on all of OpenMP's
+ * threads: each thread runs 12 independent chains of vector multiply-adds
+ * (two FMA units with a latency of four cycles need eight in flight) on
+ * registers only. The copy bandwidth is each thread copying its own half of
+ * a buffer far larger than the caches, counted as bytes read plus bytes
+ * written. The machine may be shared, so take the best of several runs, and
+ * measure both before and after the thing being timed. Built with
+ * -DBENCH_CPU_TIME, bench_now counts only the CPU time the process got, which
+ * on a busy machine compares code more steadily (with one thread: with more,
+ * it counts their waits at barriers too).
+ */
+#ifndef LLM3D_DEV_BENCH_H
+#define LLM3D_DEV_BENCH_H
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static double bench_now(void) {
+    struct timespec ts;
+#ifdef BENCH_CPU_TIME
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+#else
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+#endif
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#if defined(__AVX512F__)
+#define BENCH_VL 16
+#elif defined(__AVX__)
+#define BENCH_VL 8
+#else
+#define BENCH_VL 4
+#endif
+#define BENCH_CHAINS 12
+
+typedef float bench_vec __attribute__((vector_size(BENCH_VL * sizeof(float))));
+
+// one run of the FMA peak, GFLOP/s over all threads
+static double bench_fma_peak_once(void) {
+    const long iters = 4000000;
+    int nthreads = 1;
+    float sink = 0.0f;
+    double t0 = bench_now();
+    #pragma omp parallel reduction(+ : sink)
+    {
+        bench_vec acc[BENCH_CHAINS], mul, add;
+        for (int i = 0; i < BENCH_VL; i++) {
+            mul[i] = 0.9999999f;
+            add[i] = 1e-7f;
+        }
+        for (int c = 0; c < BENCH_CHAINS; c++)
+            for (int i = 0; i < BENCH_VL; i++) acc[c][i] = (float)(c + i);
+        for (long it = 0; it < iters; it++) {
+            for (int c = 0; c < BENCH_CHAINS; c++) acc[c] = acc[c] * mul + add;  // one FMA each
+            __asm__ volatile("" : "+x"(mul));  // keeps the compiler from folding the loop
+        }
+        for (int c = 0; c < BENCH_CHAINS; c++) sink += acc[c][0];
+    }
+#ifdef _OPENMP
+    nthreads = omp_get_max_threads();
+#endif
+    double t = bench_now() - t0;
+    if (sink == 12345.0f) t += 1e-9;  // uses the result
+    return nthreads * (double)iters * BENCH_CHAINS * BENCH_VL * 2.0 / t * 1e-9;
+}
+
+static double bench_fma_peak(int runs) {
+    double best = 0.0;
+    for (int r = 0; r < runs; r++) {
+        double g = bench_fma_peak_once();
+        if (g > best) best = g;
+    }
+    return best;
+}
+
+// copy bandwidth, GB/s (read + written) over all threads, 256 MiB each way
+static double bench_copy_bandwidth(int runs) {
+    size_t n = (size_t)64 << 20;
+    float *src = (float *)malloc(n * sizeof(float)), *dst = (float *)malloc(n * sizeof(float));
+    if (src == NULL || dst == NULL) { free(src); free(dst); return 0.0; }
+    double best = 0.0;
+    for (int r = 0; r < runs + 1; r++) {  // the first run touches the pages
+        double t0 = bench_now();
+        #pragma omp parallel
+        {
+            int tid = 0, nt = 1;
+#ifdef _OPENMP
+            tid = omp_get_thread_num();
+            nt = omp_get_num_threads();
+#endif
+            size_t lo = n * tid / nt, hi = n * (tid + 1) / nt;
+            if (r == 0) memset(src + lo, 1, (hi - lo) * sizeof(float));
+            memcpy(dst + lo, src + lo, (hi - lo) * sizeof(float));
+        }
+        double gbs = 2.0 * n * sizeof(float) / (bench_now() - t0) * 1e-9;
+        if (r > 0 && gbs > best) best = gbs;
+    }
+    free(src);
+    free(dst);
+    return best;
+}
+
+#endif

@@ -1,0 +1,102 @@
+/*
+ * bench_kernels.c: the CPU trainer's memory-bound kernels against what the
+ * machine can do, measured in the same run (dev/bench.h): AdamW and the grad
+ * norm's sum of squares in GB/s against the copy bandwidth, GELU and the
+ * cross-entropy's exp in elements per ns. With the argument "peak" it prints
+ * only the FMA peak and the copy bandwidth (for dev/bench_cpu.sh).
+ *
+ *   make dev/bench_kernels && ./dev/bench_kernels [peak]
+ *
+ * Best of 5 runs each, wall-clock, all of OpenMP's threads.
+ */
+#define TESTING
+#include "../train_gpt2.c"
+#include "bench.h"
+
+#define RUNS 5
+
+static float *filled(size_t n, float scale) {
+    float *x = (float *)malloc(n * sizeof(float));
+    if (x == NULL) { fprintf(stderr, "bench_kernels: out of memory for %zu floats\n", n); exit(1); }
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] = scale * (float)((long)((i * 2654435761u) % 2001) - 1000) / 1000.0f;
+    return x;
+}
+
+int main(int argc, char **argv) {
+    double peak = bench_fma_peak(5), copy = bench_copy_bandwidth(3);
+    int nthreads = 1;
+#ifdef _OPENMP
+    nthreads = omp_get_max_threads();
+#endif
+    if (argc > 1 && strcmp(argv[1], "peak") == 0) {
+        printf("fma peak %.1f GFLOP/s, copy %.1f GB/s, %d threads\n", peak, copy, nthreads);
+        return 0;
+    }
+    printf("%d threads; FMA peak %.1f GFLOP/s, copy bandwidth %.1f GB/s (read + written)\n", nthreads, peak, copy);
+
+    // AdamW over 32M parameters (GPT-2 124M has 124M): reads params, grads,
+    // m and v, writes params, m and v
+    size_t n = (size_t)32 << 20;
+    float *p = filled(n, 0.1f), *g = filled(n, 0.01f), *m = filled(n, 0.001f), *v = filled(n, 0.0f);
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) v[i] = m[i] * m[i];
+    double best = 1e30;
+    for (int r = 0; r < RUNS; r++) {
+        double t0 = bench_now();
+        adamw_update(p, g, m, v, n, 0.5f, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, r + 1);
+        double t = bench_now() - t0;
+        if (t < best) best = t;
+    }
+    double gbs = 7.0 * n * sizeof(float) / best * 1e-9;
+    printf("adamw        %6.1f ms for %zuM params: %6.1f GB/s, %5.1f%% of copy\n", best * 1e3, n >> 20, gbs,
+           100.0 * gbs / copy);
+    best = 1e30;
+    double sink = 0.0;
+    for (int r = 0; r < RUNS; r++) {
+        double t0 = bench_now();
+        sink += sum_squares(g, n);
+        double t = bench_now() - t0;
+        if (t < best) best = t;
+    }
+    gbs = (double)n * sizeof(float) / best * 1e-9;
+    printf("sum_squares  %6.1f ms for %zuM floats: %6.1f GB/s, %5.1f%% of copy (sum %.3e)\n", best * 1e3, n >> 20, gbs,
+           100.0 * gbs / copy, sink / RUNS);
+    free(p); free(g); free(m); free(v);
+
+    // GELU over the d12 fc activations of B=4, T=64 (256 x 3072), and the
+    // softmax exp over the logits (256 x 50304)
+    size_t ng = 256 * 3072;
+    float *x = filled(ng, 4.0f), *y = filled(ng, 1.0f), *dy = filled(ng, 1.0f);
+    double bf = 1e30, bb = 1e30;
+    for (int r = 0; r < RUNS; r++) {
+        double t0 = bench_now();
+        gelu_forward(y, x, ng);
+        double t1 = bench_now();
+        gelu_backward(dy, x, y, ng);
+        double t2 = bench_now();
+        if (t1 - t0 < bf) bf = t1 - t0;
+        if (t2 - t1 < bb) bb = t2 - t1;
+    }
+    printf("gelu         forward %.3f ms, backward %.3f ms for 256 x 3072: %.2f and %.2f elements/ns\n", bf * 1e3,
+           bb * 1e3, ng / bf * 1e-9, ng / bb * 1e-9);
+    free(x); free(y); free(dy);
+    int N = 256, V = 50304;
+    float *logits = filled((size_t)N * V, 10.0f), *probs = filled((size_t)N * V, 0.0f);
+    float maxes[256], sums[256], losses[256];
+    int targets[256];
+    for (int i = 0; i < N; i++) targets[i] = (i * 7919) % 50257;
+    best = 1e30;
+    for (int r = 0; r < RUNS; r++) {
+        double t0 = bench_now();
+        crossentropy_rowmax(maxes, logits, N, V, 50257);
+        crossentropy_exp(probs, sums, logits, maxes, N, V, 50257);
+        crossentropy_finish(losses, probs, sums, targets, 0, N, V, 50257);
+        double t = bench_now() - t0;
+        if (t < best) best = t;
+    }
+    printf("softmax + cross-entropy %.3f ms for 256 x 50257: %.2f elements/ns\n", best * 1e3,
+           (double)N * 50257 / best * 1e-9);
+    free(logits); free(probs);
+    return 0;
+}

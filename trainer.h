@@ -1,0 +1,361 @@
+/*
+ * trainer.h: what both trainers' main() do around the training loop, written
+ * once. train_gpt2.c and train_gpt2.cu call the same functions in the same
+ * order; what differs between them is what the hardware does: building the
+ * model, a step, an evaluation, a sample's forward, a checkpoint's writes.
+ *
+ * defines:
+ *   Job                  one run of a trainer: its flags, the model's shape,
+ *                        the batch and steps, the checkpoint it resumes, its
+ *                        data, tokenizer and log
+ *   trainer_name, die, die_usage, now_ms, flops_per_token
+ *   before any rank starts (so a bad job is refused once, by the launcher):
+ *     parse_flags, parse_fault, check_model, check_batch_and_data,
+ *     checkpoint_setup
+ *   on each rank, after it joined the job:
+ *     start_rank, load_params, open_data, open_tokenizer_and_log,
+ *     activation_sets, step_plan, print_model_and_batch, announce_resume
+ *   in the loop: evaluate_due, sample_due, check_due, checkpoint_due,
+ *     report_step, checkpoint_state, print_checkpoint_written
+ *   sampling: random_f32 (xorshift*), sample_token (inverse CDF of the softmax)
+ *   at the end: free_job
+ *
+ * Exit codes: 0 done (or -h), 2 a bad job (flags, files), 1 a failure while
+ * running. Every error is one line on stderr that starts with the program's
+ * name.
+ */
+#ifndef LLM3D_TRAINER_H
+#define LLM3D_TRAINER_H
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpt2.h"
+#include "secure.h"
+#include "checkpoint.h"
+#include "dataloader.h"
+#include "tokenizer.h"
+#include "parallel.h"
+
+typedef struct {
+    Options opt;
+    Fault fault;             // -fault, for the ranks' communicators
+    GPT2Config config;       // the model's shape
+    int random_init;         // 1: -e is a descriptor (the seeded init); 0: a model file
+    Grid layout;             // the layout of -np -tp -pp, checked before any rank starts
+    int accum;               // micro-batches per optimizer step on each data-parallel rank
+    long total_batch;        // tokens per optimizer step, all ranks together
+    int steps, start;        // the run's optimizer steps; the first one this launch does
+    // the checkpoint key, and the checkpoint this launch resumes from
+    uint8_t ckpt_key[32];
+    int resuming;
+    CkptState ck;
+    char ck_dir[800];        // -o is at most 700 bytes
+    double load_t0, verify_ms;  // when the checkpoint setup began; its verification's time
+    DataLoader train, val;
+    int have_val, have_tok;  // an evaluation every -v steps; samples every -s steps
+    Tokenizer tok;
+    FILE *logf;              // rank 0's JSON-lines log, or NULL
+    uint64_t sample_rng;     // xorshift* state, saved in checkpoints
+} Job;
+
+// "train_gpt2" or "train_gpt2cu": each main sets it first; every error line starts with it
+static const char *trainer_name = "train_gpt2";
+
+static void die(int status, const char *msg) {
+    fprintf(stderr, "%s: %s\n", trainer_name, msg);
+    exit(status);
+}
+
+static void die_usage(const char *msg) { die(2, msg); }
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+// FLOPs per token for forward + backward: 6 per parameter (lm_head included,
+// position embeddings excluded), plus attention's 6 * L * T * C (causal half of 12)
+static double flops_per_token(const GPT2Config *c, int T) {
+    double n = (double)param_count(c) - (double)c->maxT * c->C;
+    return 6.0 * n + 6.0 * c->L * (double)T * c->C;
+}
+
+// ----------------------------------------------------------------------------
+// the job, checked before any rank starts
+
+// the flags (gpt2.h's table; more_usage: the trainer's own lines for -h), and
+// the job's world: the ranks of mpirun/srun/torchrun when they started us
+static void parse_flags(Job *job, int argc, char **argv, const char *more_usage) {
+    char err[2048];
+    memset(job, 0, sizeof(*job));
+    options_defaults(&job->opt);
+    int rc = options_parse(&job->opt, argc, argv, err, sizeof(err));
+    if (rc == 1) {
+        options_usage(stdout, argv[0]);
+        fputs(more_usage, stdout);
+        exit(0);
+    }
+    if (rc != 0) die_usage(err);
+    // from here on a signal asks for a checkpoint (with -o), and a full disk
+    // fails a write (and says so) instead of killing the process
+    if (job->opt.out_dir) ckpt_catch_signals();
+    signal(SIGXFSZ, SIG_IGN);
+    job->opt.np = parallel_world(job->opt.np, job->opt.rendezvous);
+}
+
+static void parse_fault(Job *job) {
+    char err[2048];
+    if (job->opt.fault && fault_parse(job->opt.fault, &job->fault, err, sizeof(err)) != 0) die_usage(err);
+}
+
+// the model's shape from -e (a descriptor, or a model file's header), -t
+// against its maxT, and the layout against the model
+static void check_model(Job *job) {
+    char err[2048];
+    const Options *o = &job->opt;
+    const GPT2Config *c = &job->config;
+    int rc = options_model(o, &job->config, err, sizeof(err));  // -e, -ev -et -ec
+    if (rc < 0) die_usage(err);
+    job->random_init = rc;
+    if (o->T > c->maxT) {
+        snprintf(err, sizeof(err), "flag -t: T = %d exceeds the model's maxT = %d (%s)", o->T, c->maxT, o->init);
+        die_usage(err);
+    }
+    if (grid_init(&job->layout, o->np, o->tp, o->pp, 0, err, sizeof(err)) != 0) die_usage(err);
+    if (grid_check_model(&job->layout, c->L, c->NH, c->C, c->Vp, err, sizeof(err)) != 0) die_usage(err);
+}
+
+// the batch against the job's data-parallel size, and the data: both
+// streams open with this B and T and hold tokens below the model's V
+static void check_batch_and_data(Job *job) {
+    char err[2048];
+    const Options *o = &job->opt;
+    int dp = job->layout.dp, V = job->config.V;
+    if (batch_accum(o, dp, err, sizeof(err)) < 0) die_usage(err);
+    if (parallel_launched_rank()) return;  // its launcher opened (and hashed) the data just now
+    DataLoader probe;
+    if (dataloader_init(&probe, o->train_pattern, o->B, o->T, 0, dp, o->shuffle, 0, V, err, sizeof(err)) != 0)
+        die_usage(err);
+    dataloader_free(&probe);
+    if (o->val_every > 0) {
+        if (dataloader_init(&probe, o->val_pattern, o->B, o->T, 0, dp, 0, 0, V, err, sizeof(err)) != 0) die_usage(err);
+        dataloader_free(&probe);
+    }
+}
+
+// the checkpoint key and, with -y or -ys, the checkpoint to resume from
+// (checkpoint.h's ckpt_setup), verified before any rank starts so that a
+// bad one is refused once; the step and the sampling RNG to start from
+static void checkpoint_setup(Job *job) {
+    char err[2048];
+    job->load_t0 = now_ms();
+    // the launcher hashes the files; the ranks it starts moments later check the seal and the sizes
+    int rc = ckpt_setup(&job->opt, &job->config, !parallel_launched_rank(), job->ckpt_key, &job->ck, job->ck_dir,
+                        sizeof(job->ck_dir), err, sizeof(err));
+    if (rc < 0) die_usage(err);
+    job->verify_ms = now_ms() - job->load_t0;
+    job->resuming = rc;
+    job->start = job->resuming ? job->ck.step : 0;
+    job->sample_rng = job->resuming ? job->ck.sample_rng : (uint64_t)job->opt.seed * 2654435761ull + 1;
+}
+
+// ----------------------------------------------------------------------------
+// this rank's run, once it has its place g in the job
+
+// rank 0 locks -o for the whole run; the batch for the layout the ranks
+// joined (an outside launcher's world may differ from -np)
+static void start_rank(Job *job, const Grid *g) {
+    char err[2048];
+    if (g->rank == 0 && job->opt.out_dir && ckpt_lock(job->opt.out_dir, err, sizeof(err)) != 0) die(1, err);
+    job->accum = batch_accum(&job->opt, g->dp, err, sizeof(err));
+    if (job->accum < 0) die_usage(err);
+    job->total_batch = (long)job->opt.B * job->opt.T * g->dp * job->accum;
+}
+
+// the parameters: from the checkpoint being resumed, from -e's model file,
+// or NULL for the seeded init of -e's descriptor
+static float *load_params(Job *job) {
+    char err[2048], path[1024];
+    if (!job->resuming && job->random_init) return NULL;
+    if (job->resuming) snprintf(path, sizeof(path), "%s/model.bin", job->ck_dir);
+    float *params = model_load(job->resuming ? path : job->opt.init, &job->config, err, sizeof(err));
+    if (params == NULL) die_usage(err);
+    return params;
+}
+
+// this rank's slices of the train and val streams (the tp and pp ranks of a
+// replica read the same), where the checkpoint left the train stream, and
+// the run's steps: -x, or one epoch
+static void open_data(Job *job, const Grid *g) {
+    char err[2048];
+    const Options *o = &job->opt;
+    int V = job->config.V;
+    if (dataloader_init(&job->train, o->train_pattern, o->B, o->T, g->dp_rank, g->dp, o->shuffle, (uint64_t)o->seed, V,
+                        err, sizeof(err)) != 0)
+        die_usage(err);
+    job->have_val = o->val_every > 0;
+    if (job->have_val &&
+        dataloader_init(&job->val, o->val_pattern, o->B, o->T, g->dp_rank, g->dp, 0, 0, V, err, sizeof(err)) != 0)
+        die_usage(err);
+    DataLoaderState pos = {job->ck.data[0], job->ck.data[1], job->ck.data[2], job->ck.data[3]};
+    if (job->resuming && dataloader_set_state(&job->train, &pos, err, sizeof(err)) != 0) die_usage(err);
+    job->steps = o->steps >= 0 ? o->steps : (int)(dataloader_batches_per_epoch(&job->train) / job->accum);
+    if (job->steps < 1) job->steps = 1;
+    if (job->resuming && job->ck.step > job->steps) {
+        errorf(err, sizeof(err), "flag -x: %d steps, but checkpoint %s is of step %d", job->steps, job->ck_dir,
+               job->ck.step);
+        die_usage(err);
+    }
+}
+
+// the tokenizer, when this run prints samples (one-rank runs only), and on
+// rank 0 the JSON-lines log: -lg, else DIR/log.jsonl of -o (ckpt_setup made
+// DIR); a resumed run keeps the lines of the steps before its checkpoint
+static void open_tokenizer_and_log(Job *job, const Grid *g) {
+    char err[2048], in_dir[1024];
+    const Options *o = &job->opt;
+    job->have_tok = o->tokenizer != NULL && o->sample_every > 0 && g->world == 1;
+    if (job->have_tok && tokenizer_load_bin(&job->tok, o->tokenizer, err, sizeof(err)) != 0) die_usage(err);
+    if (g->rank != 0 || (o->log_file == NULL && o->out_dir == NULL)) return;
+    const char *path = o->log_file;
+    if (path == NULL) {
+        snprintf(in_dir, sizeof(in_dir), "%s/log.jsonl", o->out_dir);
+        path = in_dir;
+    }
+    if (job->resuming && log_keep_before(path, job->ck.step, err, sizeof(err)) != 0) die_usage(err);
+    job->logf = fopen(path, job->resuming ? "a" : "w");
+    if (job->logf == NULL) {
+        errorf(err, sizeof(err), "%s: cannot create log file: %s", path, strerror(errno));
+        die_usage(err);
+    }
+}
+
+// the micro-batches whose activations this stage holds at once under the schedule
+static int activation_sets(const Job *job, const Grid *g) {
+    return pipeline_inflight(job->opt.pipe_schedule == PS_GPIPE, g->pp, g->pp_rank, job->accum);
+}
+
+// this stage's forwards and backwards of one step in the order of the
+// pipeline schedule, each with the messages around it (pipeline.h's
+// pipeline_plan); *n of them
+static PipeStep *step_plan(const Job *job, const Grid *g, int *n) {
+    size_t ops_max = 2 * (size_t)job->accum;
+    PipeOp *ops = (PipeOp *)calloc(ops_max, sizeof(PipeOp));
+    PipeStep *plan = (PipeStep *)calloc(ops_max, sizeof(PipeStep));
+    if (ops == NULL || plan == NULL) {
+        fprintf(stderr, "out of memory allocating the schedule of %d micro-batches\n", job->accum);
+        exit(1);
+    }
+    *n = pipeline_schedule(job->opt.pipe_schedule == PS_GPIPE, g->pp, g->pp_rank, job->accum, ops);
+    pipeline_plan(g->pp, g->pp_rank, ops, *n, plan);
+    free(ops);
+    return plan;
+}
+
+// rank 0's lines about the model and the batch
+static void print_model_and_batch(const Job *job, int dp) {
+    const GPT2Config *c = &job->config;
+    printf("model: L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters\n", c->L, c->C, c->NH, c->V, c->Vp, c->maxT,
+           param_count(c));
+    printf("batch: B=%d T=%d, %d micro-batches per step x dp %d = %ld tokens, %d steps\n", job->opt.B, job->opt.T,
+           job->accum, dp, job->total_batch, job->steps);
+}
+
+// rank 0's line on what this launch resumed (load_ms: the time to load the
+// parameters and the optimizer state, after their verification)
+static void announce_resume(const Job *job, double load_ms) {
+    double verify_ms = parallel_launched_rank() ? -1.0 : job->verify_ms;  // -1: its launcher hashed the files
+    ckpt_announce(&job->opt, job->resuming ? &job->ck : NULL, job->ck_dir, verify_ms, load_ms);
+}
+
+// ----------------------------------------------------------------------------
+// the loop: what a step does besides training, and what it reports
+
+// the val loss at step 0, every -v steps and at the last step
+static int evaluate_due(const Job *job, int step) {
+    return job->have_val && (step % job->opt.val_every == 0 || step == job->steps - 1);
+}
+
+// a sample every -s steps (not before any training) and at the last step
+static int sample_due(const Job *job, int step) {
+    return job->have_tok && step > 0 && (step % job->opt.sample_every == 0 || step == job->steps - 1);
+}
+
+// the data-parallel replicas compare their parameters every -ck steps
+static int check_due(const Job *job, int step) {
+    return job->opt.check_every > 0 && step % job->opt.check_every == 0;
+}
+
+// a checkpoint after every -n steps, after the last, and when a signal stopped the run
+static int checkpoint_due(const Job *job, int step, int stopped) {
+    int done = step + 1;
+    return stopped || (job->opt.ckpt_every > 0 && (done % job->opt.ckpt_every == 0 || done == job->steps));
+}
+
+// rank 0's line for a step, up to its GFLOP/s (the GPU trainer ends it with
+// its MFU), and the step's JSON log entry; returns the tokens per second
+static double report_step(const Job *job, int step, float loss, float val_loss, float norm, float lr, double ms) {
+    double tok_s = job->total_batch / (ms / 1e3);
+    printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s", step, job->steps,
+           loss, norm, lr, ms, tok_s, tok_s * flops_per_token(&job->config, job->opt.T) / 1e9);
+    log_step(job->logf, step, loss, val_loss, norm, lr, ms, job->total_batch * (step + 1));
+    return tok_s;
+}
+
+// what state.bin records after `done` steps (Adam's t: adam_t), the data
+// position and the sampling RNG included, and the layout that wrote it
+static CkptState checkpoint_state(const Job *job, int done, int adam_t, const Grid *g, int zero) {
+    const Options *o = &job->opt;
+    DataLoaderState pos;
+    dataloader_get_state(&job->train, &pos);
+    CkptState st = {done, adam_t, job->config, o->B, o->T, (int)job->total_batch, job->steps, o->seed, o->shuffle,
+                    {pos.epoch, pos.shard_pos, pos.sample_pos, pos.rng}, job->sample_rng,
+                    g->world, g->tp, g->pp, zero};
+    return st;
+}
+
+static void print_checkpoint_written(const Job *job, int done, double ms) {
+    printf("checkpoint %s/ckpt_%08d written in %.0f ms\n", job->opt.out_dir, done, ms);
+}
+
+// ----------------------------------------------------------------------------
+// sampling
+
+// xorshift*: a float in [0, 1); its state is one number
+static float random_f32(uint64_t *state) {
+    *state ^= *state >> 12; *state ^= *state << 25; *state ^= *state >> 27;
+    return (float)((*state * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f;
+}
+
+// the token drawn from the softmax of V logits by inverse CDF: the first
+// whose cumulative probability passes coin (in [0, 1))
+static int sample_token(const float *logits, int V, float coin) {
+    float maxv = -INFINITY, sum = 0.0f;
+    for (int i = 0; i < V; i++) if (logits[i] > maxv) maxv = logits[i];
+    for (int i = 0; i < V; i++) sum += expf(logits[i] - maxv);
+    float target = coin * sum, cdf = 0.0f;
+    for (int i = 0; i < V; i++) {
+        cdf += expf(logits[i] - maxv);
+        if (target < cdf) return i;
+    }
+    return V - 1;
+}
+
+// ----------------------------------------------------------------------------
+
+static void free_job(Job *job) {
+    if (job->logf) fclose(job->logf);
+    dataloader_free(&job->train);
+    if (job->have_val) dataloader_free(&job->val);
+    if (job->have_tok) tokenizer_free(&job->tok);
+}
+
+#endif
