@@ -164,11 +164,15 @@ typedef struct {
     NcclGroup world, dp, tp, pp;
     // the gradient reductions overlapped with the backward (nccl_side_*): a
     // stream of their own, and a second communicator of the dp group, so each
-    // communicator is used from one stream only
+    // communicator is used from one stream only. The NCCL kernels of both
+    // streams still run one at a time, in the order queued ("the order of
+    // NCCL kernels", below).
     NcclGroup dp_side;
     cudaStream_t side;
-    cudaEvent_t side_follow;  // recorded on stream: where the side stream's next call may start
-    int side_pending;         // calls queued on side since the last nccl_side_drain
+    cudaEvent_t side_follow;   // recorded on stream before a side call: the side stream starts it after that point
+    cudaEvent_t side_queued;   // recorded on side after its last NCCL call
+    int side_unfollowed;       // a side call was queued since the main stream last waited for side_queued
+    int side_pending;          // calls queued on side since the last nccl_side_drain
     const char *op;         // the call in progress, for messages
     char what[96];          // its peer or channel, for messages
     // MAC'd point-to-point messages (nccl_sendrecv_mac)
@@ -320,6 +324,51 @@ static inline void nccl_enter(NcclComm *c, const char *op, const NcclGroup *g) {
 static inline ncclRedOp_t nccl_redop(NcclComm *c, int op) {
     if (op != OP_SUM && op != OP_AVG) nccl_fail(c, "op %d is neither OP_SUM nor OP_AVG", op);
     return op == OP_SUM ? ncclSum : ncclAvg;
+}
+
+// ----------------------------------------------------------------------------
+// the order of NCCL kernels. An NCCL kernel waits for its peers inside the
+// GPU, and the GPU promises no order, nor even that both run at once, between
+// kernels of two streams: if one GPU runs the dp group's reduction before a
+// tp all-reduce while its tp peer, waiting in that all-reduce, holds the
+// SMs its own reduction needs (or the two GPUs pick the two kernels in
+// opposite orders), every kernel waits on a kernel that cannot start: a
+// deadlock (NCCL's guide, "Using multiple NCCL communicators concurrently").
+// This rank queues NCCL calls on two streams, the main one (every group, the
+// pipeline messages) and the side one (dp_side: the overlapped gradient
+// reductions). So each call first waits for the last NCCL call queued on the
+// other stream: a rank's NCCL kernels then run one at a time, each after the
+// one queued before it, in the host's program order, as if on one stream.
+// That order is the same on every rank (one program), and it is the order in
+// which host mode runs the same calls, each to its end. Compute still
+// overlaps the side reductions; two NCCL kernels of one rank never overlap.
+// NCCL 2.26 and later can order the kernels of one device itself
+// (NCCL_LAUNCH_ORDER_IMPLICIT=1), but that is off by default, read from the
+// environment once per process and missing from older libraries; the order
+// made here holds with any NCCL. Host mode has no NCCL kernel: its calls are
+// synchronous, and these are not called.
+
+// nccl_order_main: before an NCCL call on c->stream, the main stream waits
+// for the side stream's last NCCL call, if one was queued since it last did
+static inline void nccl_order_main(NcclComm *c) {
+    if (!c->side_unfollowed) return;
+    nccl_check_cuda(c, cudaStreamWaitEvent(c->stream, c->side_queued, 0), "ordering the NCCL calls");
+    c->side_unfollowed = 0;
+}
+
+// nccl_order_side: before an NCCL call on c->side, the side stream waits for
+// everything queued on c->stream so far: its last NCCL call, and the kernels
+// that made the gradients the call reduces
+static inline void nccl_order_side(NcclComm *c) {
+    nccl_check_cuda(c, cudaEventRecord(c->side_follow, c->stream), "ordering the NCCL calls");
+    nccl_check_cuda(c, cudaStreamWaitEvent(c->side, c->side_follow, 0), "ordering the NCCL calls");
+}
+
+// nccl_order_side_queued: after an NCCL call on c->side, where the main
+// stream's next NCCL call will wait
+static inline void nccl_order_side_queued(NcclComm *c) {
+    nccl_check_cuda(c, cudaEventRecord(c->side_queued, c->side), "ordering the NCCL calls");
+    c->side_unfollowed = 1;
 }
 
 // ----------------------------------------------------------------------------
@@ -588,6 +637,7 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
         return -1;
     }
     cudaError_t e = cudaEventCreateWithFlags(&c->side_follow, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->side_queued, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->verify, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->received, cudaEventDisableTiming);
@@ -633,6 +683,7 @@ static inline void nccl_allreduce(NcclComm *c, const NcclGroup *g, void *buf, si
         return;
     }
     ncclRedOp_t red = nccl_redop(c, op);
+    nccl_order_main(c);
     nccl_queued(c, g, ncclAllReduce(buf, buf, n, type, red, g->comm, c->stream));
 }
 
@@ -646,6 +697,7 @@ static inline void nccl_reduce_scatter(NcclComm *c, const NcclGroup *g, const vo
         return;
     }
     ncclRedOp_t red = nccl_redop(c, op);
+    nccl_order_main(c);
     nccl_queued(c, g, ncclReduceScatter(in, out, n_per_rank, type, red, g->comm, c->stream));
 }
 
@@ -657,6 +709,7 @@ static inline void nccl_allgather(NcclComm *c, const NcclGroup *g, const void *i
         host_allgather(c, g, in, out, n_per_rank, type);
         return;
     }
+    nccl_order_main(c);
     nccl_queued(c, g, ncclAllGather(in, out, n_per_rank, type, g->comm, c->stream));
 }
 
@@ -668,11 +721,15 @@ static inline void nccl_allgather(NcclComm *c, const NcclGroup *g, const void *i
 // main stream while the previous unit's gradients travel. nccl_side_drain
 // waits for all of them, under the watchdog, before anything reads the
 // reduced gradients; a kernel that must follow one of them on the main
-// stream waits on an event the caller records on c->side.
+// stream waits on an event the caller records on c->side. The main stream's
+// next NCCL call (a tp all-reduce, a ZeRO-3 gather) waits for the side
+// call's kernel to end (nccl_order_main), and with it what the main stream
+// queues after that call; the kernels queued before it do not wait.
 
 // nccl_side_queued: as nccl_queued, for a call on the side stream
 static inline void nccl_side_queued(NcclComm *c, ncclResult_t r) {
     nccl_queued(c, &c->dp_side, r);
+    nccl_order_side_queued(c);
     c->side_pending++;
 }
 
@@ -682,8 +739,7 @@ static inline void nccl_side_enter(NcclComm *c, const char *op) {
         nccl_check_cuda(c, cudaStreamSynchronize(c->side), "host mode's wait for the side stream");
         return;
     }
-    cudaEventRecord(c->side_follow, c->stream);
-    cudaStreamWaitEvent(c->side, c->side_follow, 0);
+    nccl_order_side(c);
 }
 
 // nccl_side_allreduce: as nccl_allreduce over the dp group, overlapped
@@ -724,6 +780,7 @@ static inline void nccl_broadcast(NcclComm *c, const NcclGroup *g, void *buf, si
         host_broadcast(c, g, buf, n, type, root);
         return;
     }
+    nccl_order_main(c);
     nccl_queued(c, g, ncclBroadcast(buf, buf, n, type, root, g->comm, c->stream));
 }
 
@@ -734,6 +791,7 @@ static inline void nccl_barrier(NcclComm *c, const NcclGroup *g) {
         comm_barrier(c->host, &g->group);
         return;
     }
+    nccl_order_main(c);
     nccl_queued(c, g, ncclAllReduce(c->one, c->one, 1, ncclFloat32, ncclSum, g->comm, c->stream));
     nccl_sync(c, c->stream, "barrier");
 }
@@ -771,6 +829,7 @@ static inline void nccl_sendrecv(NcclComm *c, int dst_rank, int send_channel, in
                       recv_microbatch, recvbuf, recv_bytes);
         return;
     }
+    nccl_order_main(c);
     ncclResult_t r = ncclGroupStart();
     if (r != ncclSuccess) nccl_fail(c, "ncclGroupStart: %s", ncclGetErrorString(r));
     if (dst_rank >= 0) r = ncclSend(sendbuf, send_bytes, ncclUint8, dst_rank, c->world.comm, c->stream);
@@ -1026,6 +1085,7 @@ static inline void nccl_free(NcclComm *c) {
     cudaEventDestroy(c->verified);
     cudaFree(c->mac_bad);
     cudaEventDestroy(c->side_follow);
+    cudaEventDestroy(c->side_queued);
     cudaStreamDestroy(c->side);
     free(c->mac_recvs);
     links_free(&c->links);  // wipes the key and its HMAC state
