@@ -73,12 +73,14 @@ static inline int gpu_own_visible(const Launch *L) {
 // ----------------------------------------------------------------------------
 // MAC'd point-to-point messages of the NCCL backend: what both sides derive on
 // the host. Pure C, so the CPU tests (and test_gpt2cu's host checks) check it.
-// A message is `payload | tag (NCCL_MAC_BYTES)`: the chunked MAC of the
-// payload (secure.h, doc/security.md "Chunked MAC") under the frame header
-// that frame_header_make (secure.h) builds. The header itself never travels: the receiver
-// builds the one it expects, so a message MAC'd under any other header fails.
+// A message's tag (NCCL_MAC_BYTES) is the chunked MAC of its payload
+// (secure.h, doc/security.md "Chunked MAC") under the frame header that
+// frame_header_make (secure.h) builds. The header itself never travels: the
+// receiver builds the one it expects, so a message MAC'd under any other
+// header fails. The payload travels at once; its tag follows at the step's
+// end, with the step's other tags to the same peer (nccl_mac_step_check).
 
-#define NCCL_MAC_BYTES FRAME_TAG_BYTES       // room after every MAC'd payload, for its tag
+#define NCCL_MAC_BYTES FRAME_TAG_BYTES       // a message's tag
 #define NCCL_MAC_TARGET_CHUNKS 1024          // chunks (GPU threads) a large message is cut into
 #define NCCL_MAC_MIN_CHUNK_BYTES (4u << 10)  // a chunk pays ~3 blocks beyond its own: 5% at 4 KiB
 
@@ -117,6 +119,58 @@ static inline void mac_recv_header(Links *l, int src, int channel, long step, in
     frame_header_make(out, l->job_id, src, l->rank, channel, step, microbatch, l->recv_seq[src]++, len);
 }
 
+// The step's tags, pair by pair: a rank keeps the tags of the messages it
+// sends to each peer in the order sent, and the tags its checks compute for
+// the messages it receives from each peer in the order received; at the
+// step's end each pair swaps the tags of what it sent, and the receiver
+// compares. Both ends count the messages of a pair alike (one schedule), so
+// the k-th tag a rank gets from a peer is that of its k-th message from it.
+
+#define NCCL_MAC_MAX_PEERS 4  // ranks a rank swaps MAC'd messages with in a step: the stages before and
+                              // after it, and the other end of the tied wte (at most 2 today)
+
+typedef struct {
+    int n;                             // peers met this step
+    int rank[NCCL_MAC_MAX_PEERS];      // their world ranks, in the order met
+    int sent[NCCL_MAC_MAX_PEERS];      // messages sent to each this step
+    int received[NCCL_MAC_MAX_PEERS];  // messages received from each this step
+} MacPeers;
+
+// one MAC'd receive of the step: what it was, for the error, and where its
+// two tags lie (peer, and its index among that peer's messages)
+typedef struct { int src, channel, microbatch, peer, index; long step; size_t bytes; } NcclMacRecv;
+
+// mac_peer: the index of world rank r among the step's peers, added with no
+// message yet if new; -1 when NCCL_MAC_MAX_PEERS are there already
+static inline int mac_peer(MacPeers *p, int r) {
+    for (int i = 0; i < p->n; i++)
+        if (p->rank[i] == r) return i;
+    if (p->n == NCCL_MAC_MAX_PEERS) return -1;
+    p->rank[p->n] = r;
+    p->sent[p->n] = 0;
+    p->received[p->n] = 0;
+    return p->n++;
+}
+
+// mac_tag_offset: where the tag of the index-th message of peer lies in an
+// array of tags laid out [peer][cap][NCCL_MAC_BYTES]
+static inline size_t mac_tag_offset(int peer, int index, int cap) {
+    return ((size_t)peer * (size_t)cap + (size_t)index) * NCCL_MAC_BYTES;
+}
+
+// mac_first_bad: the first of the step's n receives, in the order received,
+// whose tag as its check computed it (in want) is not the tag its sender
+// sent (in got); -1 when every one agrees. Every pair is compared whole, in
+// constant time.
+static inline int mac_first_bad(const NcclMacRecv *recvs, int n, const uint8_t *want, const uint8_t *got, int cap) {
+    int bad = -1;
+    for (int i = 0; i < n; i++) {
+        size_t at = mac_tag_offset(recvs[i].peer, recvs[i].index, cap);
+        if (!tag_equal(want + at, NCCL_MAC_BYTES, got + at, NCCL_MAC_BYTES) && bad < 0) bad = i;
+    }
+    return bad;
+}
+
 #ifdef LLM3D_NCCL
 // ----------------------------------------------------------------------------
 // the NCCL backend (CUDA builds: nvcc -DLLM3D_NCCL ... -lnccl)
@@ -149,10 +203,6 @@ typedef struct {
     const char *name;       // "world", "dp", "tp", "pp", for messages
 } NcclGroup;
 
-#define NCCL_MAC_MAX_MSGS 4096  // MAC'd receives per step, until nccl_mac_reserve says how many
-
-typedef struct { int src, channel, microbatch; long step; size_t bytes; } NcclMacRecv;  // one checked receive
-
 typedef struct {
     int rank;
     long step;
@@ -175,18 +225,32 @@ typedef struct {
     int side_pending;          // calls queued on side since the last nccl_side_drain
     const char *op;         // the call in progress, for messages
     char what[96];          // its peer or channel, for messages
-    // MAC'd point-to-point messages (nccl_sendrecv_mac)
+    // MAC'd point-to-point messages (nccl_sendrecv_mac); nccl_mac_reserve
+    // makes the room for them
     Links links;            // the key's HMAC state, the job id, the per-pair sequence numbers
-    uint8_t *mac_scratch;   // device: the chunk tags of one message (32 bytes per chunk)
-    size_t mac_scratch_bytes;
-    int *mac_bad;           // device [mac_cap]: 1 where the step's receive of that index failed its MAC
-    NcclMacRecv *mac_recvs; // host [mac_cap]: what each receive of the step was, for the error
-    int mac_cap, mac_nrecv; // capacity of both; receives so far this step
+    MacPeers peers;         // this step's peers, and its messages to and from each
+    NcclMacRecv *mac_recvs; // host [mac_cap]: each receive of the step, in the order received
+    int mac_cap, mac_nrecv; // messages per step, peer and direction that fit; receives so far this step
     int mac_fault_done;     // tamper or replay has acted (once per job, as in the host backend)
-    // receives are verified on a stream of their own, off the critical path:
-    // the next receive into any buffer waits until the last check has read its
+    uint8_t *tags_out;      // device [NCCL_MAC_MAX_PEERS][mac_cap][32]: the tags of this step's sends, per peer
+    uint8_t *tags_in;       // device, the same shape: the tags their senders sent for this step's receives
+    uint8_t *tags_want;     // device, the same shape: the tags the checks computed for them
+    uint8_t *tags_host;     // host: tags_want's and tags_in's bytes, for the step's comparison
+    // a sender tags a copy of its payload (snapshot) on a stream of its own,
+    // so neither its send nor the kernels that next write its buffer wait
+    cudaStream_t tagger;
+    cudaEvent_t snapped;    // on stream: the copy is made
+    cudaEvent_t snap_read;  // on tagger: the last tag's chunk kernel has read the copy (the next copy may go)
+    cudaEvent_t tagged;     // on tagger: every tag queued so far is made
+    uint8_t *snapshot;      // device: the payload being tagged
+    size_t snapshot_bytes;
+    uint8_t *mac_scratch;   // device: the chunk tags of the message being tagged (32 bytes per chunk)
+    size_t mac_scratch_bytes;
+    // a receiver checks on a stream of its own, off the critical path: the
+    // next receive into any buffer waits until the last check has read its
     cudaStream_t verify;
-    cudaEvent_t received, verified;
+    cudaEvent_t received;   // on stream: the payload has arrived
+    cudaEvent_t verify_read;// on verify: the last check's chunk kernel has read its payload
     uint8_t *verify_scratch;
     size_t verify_scratch_bytes;
     // host mode (gpu_host_mode): no NCCL communicator is made; every call
@@ -639,26 +703,20 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
     cudaError_t e = cudaEventCreateWithFlags(&c->side_follow, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->side_queued, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->tagger, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->verify, cudaStreamNonBlocking);
-    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->received, cudaEventDisableTiming);
-    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->verified, cudaEventDisableTiming);
+    cudaEvent_t *events[5] = {&c->snapped, &c->snap_read, &c->tagged, &c->received, &c->verify_read};
+    for (int k = 0; k < 5 && e == cudaSuccess; k++) e = cudaEventCreateWithFlags(events[k], cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaMalloc((void **)&c->one, sizeof(float));
     if (e == cudaSuccess) e = cudaMemset(c->one, 0, sizeof(float));  // the barrier's all-reduce sums zeros
-    // the MAC'd messages' state: sequence numbers from 0 on every pair, and
-    // the flags of one step's receives (nccl_mac_step_begin clears them)
-    c->mac_cap = NCCL_MAC_MAX_MSGS;
-    if (e == cudaSuccess) e = cudaMalloc((void **)&c->mac_bad, (size_t)c->mac_cap * sizeof(int));
-    if (e == cudaSuccess) e = cudaMemset(c->mac_bad, 0, (size_t)c->mac_cap * sizeof(int));
-    c->mac_recvs = (NcclMacRecv *)calloc((size_t)c->mac_cap, sizeof(NcclMacRecv));
-    // (host mode keeps its sequence numbers in the host backend)
-    int links_ok = e == cudaSuccess && c->mac_recvs != NULL &&
-                   (host_mode || links_init(&c->links, key, g->rank, g->world) == 0);
+    // the MAC'd messages' sequence numbers, from 0 on every pair (host mode
+    // keeps its own in the host backend); their buffers come with
+    // nccl_mac_reserve
+    int links_ok = e == cudaSuccess && (host_mode || links_init(&c->links, key, g->rank, g->world) == 0);
     if (!links_ok) {
         nccl_abort_all(c);
         comm_free(c->host);
         cudaFree(c->one);
-        cudaFree(c->mac_bad);
-        free(c->mac_recvs);
         free(c);
         return errorf(err, errlen, "rank %d: nccl_init: %s", g->rank,
                       e != cudaSuccess ? cudaGetErrorString(e) : "out of memory for the MAC state");
@@ -848,22 +906,26 @@ static inline void nccl_recv(NcclComm *c, int src_rank, int channel, int microba
 
 // ----------------------------------------------------------------------------
 // MAC'd point-to-point messages: the chunked MAC (secure.h) computed and
-// checked on the GPU, so no payload crosses to the host. A sender tags its
-// payload into the NCCL_MAC_BYTES after it (on c->stream: the send needs the
-// tag) and sends both; a receiver queues the check of what arrived against
-// the header it expects on c->verify, off the critical path, and sets that
-// receive's flag on a mismatch. Nothing waits for the checks:
-// nccl_mac_step_check reads the step's flags once, before the optimizer
-// update, and a bad one refuses the step. doc/security.md, "NCCL pipeline messages".
+// checked on the GPU, so no payload crosses to the host, and kept off the
+// pipeline's critical path on both sides. The payload is sent as it is, at
+// once; its tag follows at the step's end. A sender copies its payload
+// (c->snapshot, one copy on c->stream) and tags the copy on a stream of its
+// own (c->tagger), into the step's tags for that peer: neither the payload's
+// send nor the kernels that next write its buffer wait for the MAC. A
+// receiver queues the MAC of what arrived, under the header it expects, on
+// c->verify, into the step's computed tags. At the step's end, before the
+// optimizer update, nccl_mac_step_check swaps every pair's tags in one group
+// call and compares each received tag with the computed one on the host: a
+// mismatch refuses the step. doc/security.md, "NCCL pipeline messages".
 
 // the tamper fault's byte flip, and its undoing after the send
 static __global__ void nccl_mac_flip_kernel(uint8_t *p) { *p ^= 0x01; }
 
 // nccl_mac_reserve: the room for MAC'd traffic, made once before the first
 // step, while the streams are idle, so that nothing is allocated (or freed,
-// which waits for the whole device) mid-run: max_recvs receives per step
-// and messages of up to max_bytes. 0, or -1 with err set.
-static inline int nccl_mac_reserve(NcclComm *c, int max_recvs, size_t max_bytes, char *err, size_t errlen) {
+// which waits for the whole device) mid-run: max_msgs messages per step to
+// and from each peer, and messages of up to max_bytes. 0, or -1 with err set.
+static inline int nccl_mac_reserve(NcclComm *c, int max_msgs, size_t max_bytes, char *err, size_t errlen) {
     if (c->host != NULL) {  // host mode: no MAC state, only the staging of an exchange (a send and a receive)
         cudaError_t e = host_reserve(c, 2 * max_bytes);
         if (e != cudaSuccess)
@@ -871,80 +933,141 @@ static inline int nccl_mac_reserve(NcclComm *c, int max_recvs, size_t max_bytes,
                           cudaGetErrorString(e));
         return 0;
     }
-    size_t scratch = (size_t)(32 * chunkmac_count(max_bytes, nccl_mac_chunk_bytes(max_bytes)));
+    // chunk tags: a message of up to 64 MiB has at most 1040 chunks
+    // (nccl_mac_chunk_bytes), whatever its length; above, the longest has most
+    uint64_t chunks = chunkmac_count(max_bytes, nccl_mac_chunk_bytes(max_bytes));
+    size_t scratch = (size_t)(32 * (chunks > 1040 ? chunks : 1040));
     cudaError_t e = cudaDeviceSynchronize();
-    if (e == cudaSuccess && max_recvs > c->mac_cap) {
-        cudaFree(c->mac_bad);
-        c->mac_bad = NULL;
-        NcclMacRecv *recvs = (NcclMacRecv *)realloc(c->mac_recvs, (size_t)max_recvs * sizeof(NcclMacRecv));
-        if (recvs == NULL) return errorf(err, errlen, "rank %d: out of memory for %d MAC'd receives", c->rank, max_recvs);
+    if (e == cudaSuccess && max_msgs > c->mac_cap) {
+        size_t tag_bytes = mac_tag_offset(NCCL_MAC_MAX_PEERS, 0, max_msgs);  // one array of tags
+        cudaFree(c->tags_out);
+        free(c->tags_host);
+        c->tags_out = c->tags_in = c->tags_want = c->tags_host = NULL;
+        c->mac_cap = 0;
+        NcclMacRecv *recvs = (NcclMacRecv *)realloc(c->mac_recvs, (size_t)max_msgs * sizeof(NcclMacRecv));
+        if (recvs == NULL) return errorf(err, errlen, "rank %d: out of memory for %d MAC'd receives", c->rank, max_msgs);
         c->mac_recvs = recvs;
-        e = cudaMalloc((void **)&c->mac_bad, (size_t)max_recvs * sizeof(int));
-        if (e == cudaSuccess) e = cudaMemset(c->mac_bad, 0, (size_t)max_recvs * sizeof(int));
-        c->mac_cap = e == cudaSuccess ? max_recvs : 0;
+        c->tags_host = (uint8_t *)malloc(2 * tag_bytes);
+        if (c->tags_host == NULL) return errorf(err, errlen, "rank %d: out of memory for %d MAC tags", c->rank, max_msgs);
+        e = cudaMalloc((void **)&c->tags_out, 3 * tag_bytes);
+        if (e == cudaSuccess) {
+            c->tags_in = c->tags_out + tag_bytes;
+            c->tags_want = c->tags_out + 2 * tag_bytes;
+            c->mac_cap = max_msgs;
+        }
     }
-    uint8_t **bufs[2] = {&c->mac_scratch, &c->verify_scratch};
-    size_t *have[2] = {&c->mac_scratch_bytes, &c->verify_scratch_bytes};
-    for (int k = 0; k < 2 && e == cudaSuccess; k++) {
-        if (*have[k] >= scratch) continue;
+    uint8_t **bufs[3] = {&c->mac_scratch, &c->verify_scratch, &c->snapshot};
+    size_t *have[3] = {&c->mac_scratch_bytes, &c->verify_scratch_bytes, &c->snapshot_bytes};
+    size_t want[3] = {scratch, scratch, max_bytes};
+    for (int k = 0; k < 3 && e == cudaSuccess; k++) {
+        if (*have[k] >= want[k]) continue;
         cudaFree(*bufs[k]);
         *bufs[k] = NULL;
         *have[k] = 0;
-        e = cudaMalloc((void **)bufs[k], scratch);
-        if (e == cudaSuccess) *have[k] = scratch;
+        e = cudaMalloc((void **)bufs[k], want[k] > 0 ? want[k] : 1);
+        if (e == cudaSuccess) *have[k] = want[k];
     }
     if (e != cudaSuccess)
-        return errorf(err, errlen, "rank %d: reserving the MAC state (%d receives, %zu-byte messages): %s", c->rank,
-                      max_recvs, max_bytes, cudaGetErrorString(e));
+        return errorf(err, errlen, "rank %d: reserving the MAC state (%d messages, %zu-byte messages): %s", c->rank,
+                      max_msgs, max_bytes, cudaGetErrorString(e));
     return 0;
 }
 
-// nccl_mac_launch: the chunked MAC of one message: its tag into tag_out (a
-// send, on c->stream), or its check against expected into *bad (a receive,
-// on c->verify)
-static inline void nccl_mac_launch(NcclComm *c, const uint8_t header[64], const void *payload, size_t bytes,
-                                   uint8_t *tag_out, const uint8_t *expected, int *bad) {
+// nccl_mac_params: the kernels' parameters for one message, after checking
+// that its chunk tags fit in scratch_bytes
+static inline void nccl_mac_params(NcclComm *c, ChunkMacParams *p, const uint8_t header[64], size_t bytes,
+                                   size_t scratch_bytes) {
     uint64_t chunk_bytes = nccl_mac_chunk_bytes(bytes);
     size_t need = (size_t)(32 * chunkmac_count(bytes, chunk_bytes));
-    // tags on the main stream, checks on the verify stream: each its own scratch
-    cudaStream_t st = expected != NULL ? c->verify : c->stream;
-    uint8_t *scratch = expected != NULL ? c->verify_scratch : c->mac_scratch;
-    size_t have = expected != NULL ? c->verify_scratch_bytes : c->mac_scratch_bytes;
-    if (need > have)
+    if (need > scratch_bytes)
         nccl_fail(c, "a %zu-byte message needs %zu bytes of MAC scratch, %zu were reserved (nccl_mac_reserve)", bytes,
-                  need, have);
+                  need, scratch_bytes);
     char err[200];
-    ChunkMacParams p;
-    int rc = chunkmac_gpu_params(&p, &c->links.keyed, header, bytes, chunk_bytes, err, sizeof(err));
-    if (rc == 0) rc = chunkmac_gpu_launch(&p, payload, scratch, tag_out, expected, bad, st, err, sizeof(err));
-    secure_wipe(&p, sizeof(p));  // the key's ipad/opad states: key-equivalent; the launch took its copy
-    if (rc != 0) nccl_fail(c, "%s", err);
+    if (chunkmac_gpu_params(p, &c->links.keyed, header, bytes, chunk_bytes, err, sizeof(err)) != 0)
+        nccl_fail(c, "%s", err);
 }
 
-// nccl_mac_slot: the flag of the step's next receive
-static inline int nccl_mac_slot(NcclComm *c) {
-    if (c->mac_nrecv == c->mac_cap)
-        nccl_fail(c, "more than the %d MAC'd receives in one step that were reserved (nccl_mac_reserve)", c->mac_cap);
-    return c->mac_nrecv++;
+// nccl_mac_launch: secure.h's two kernels on stream st, the chunk tags of
+// payload into scratch, then the message's tag into tag, with the event
+// read recorded between them: once it has passed, the payload has been read
+// (the final reads only the chunk tags). The parameters hold the key's
+// ipad/opad states: wiped here, the launches took their copies.
+static inline void nccl_mac_launch(NcclComm *c, ChunkMacParams *p, const void *payload, uint8_t *scratch, uint8_t *tag,
+                                   cudaEvent_t read, cudaStream_t st) {
+    uint64_t blocks = (p->n_chunks + CHUNKMAC_THREADS - 1) / CHUNKMAC_THREADS;  // at most a few thousand: reserved
+    if (blocks > 0)
+        chunkmac_chunks_kernel<<<(unsigned)blocks, CHUNKMAC_THREADS, 0, st>>>(*p, (const uint8_t *)payload, scratch);
+    nccl_check_cuda(c, cudaEventRecord(read, st), "ordering the MAC kernels");
+    chunkmac_final_kernel<<<1, 1, 0, st>>>(*p, scratch, tag, NULL, NULL);
+    secure_wipe(p, sizeof(*p));
+    nccl_check_cuda(c, cudaGetLastError(), "the MAC kernels");
+}
+
+// nccl_mac_tag: the tag of a message to send, into tag, beside the main
+// stream: the payload is copied to c->snapshot on c->stream (behind the
+// kernels that made it, so the copy takes the bytes that will be sent), and
+// c->tagger tags the copy. The copy first waits until the tagger has read
+// the one before (snap_read).
+static inline void nccl_mac_tag(NcclComm *c, const uint8_t header[64], const void *payload, size_t bytes, uint8_t *tag) {
+    ChunkMacParams p;
+    nccl_mac_params(c, &p, header, bytes, c->mac_scratch_bytes);
+    if (bytes > c->snapshot_bytes)
+        nccl_fail(c, "a %zu-byte message is longer than the %zu bytes reserved for MAC'd messages (nccl_mac_reserve)",
+                  bytes, c->snapshot_bytes);
+    const char *why = "ordering the MAC of a send";
+    nccl_check_cuda(c, cudaStreamWaitEvent(c->stream, c->snap_read, 0), why);
+    if (bytes > 0)
+        nccl_check_cuda(c, cudaMemcpyAsync(c->snapshot, payload, bytes, cudaMemcpyDeviceToDevice, c->stream), why);
+    nccl_check_cuda(c, cudaEventRecord(c->snapped, c->stream), why);
+    nccl_check_cuda(c, cudaStreamWaitEvent(c->tagger, c->snapped, 0), why);
+    nccl_mac_launch(c, &p, c->snapshot, c->mac_scratch, tag, c->snap_read, c->tagger);
+}
+
+// nccl_mac_check: the tag of a received message, as it should be under the
+// header the receiver expects, into want, on c->verify once the payload has
+// arrived on c->stream; verify_read marks where the check has read it
+static inline void nccl_mac_check(NcclComm *c, const uint8_t header[64], const void *payload, size_t bytes,
+                                  uint8_t *want) {
+    ChunkMacParams p;
+    nccl_mac_params(c, &p, header, bytes, c->verify_scratch_bytes);
+    const char *why = "ordering the MAC check of a receive";
+    nccl_check_cuda(c, cudaEventRecord(c->received, c->stream), why);
+    nccl_check_cuda(c, cudaStreamWaitEvent(c->verify, c->received, 0), why);
+    nccl_mac_launch(c, &p, payload, c->verify_scratch, want, c->verify_read, c->verify);
+}
+
+// nccl_mac_peer: the index of world rank r among the step's peers
+static inline int nccl_mac_peer(NcclComm *c, int r) {
+    int p = mac_peer(&c->peers, r);
+    if (p < 0) nccl_fail(c, "MAC'd messages with more than %d peers in one step", NCCL_MAC_MAX_PEERS);
+    return p;
+}
+
+// nccl_mac_count: the next index of a pair's messages this step in one
+// direction (*count: the peer's sent or received), within what was reserved
+static inline int nccl_mac_count(NcclComm *c, int *count) {
+    if (*count >= c->mac_cap)
+        nccl_fail(c, "more than the %d MAC'd messages per peer and step that were reserved (nccl_mac_reserve)",
+                  c->mac_cap);
+    return (*count)++;
 }
 
 // nccl_sendrecv_mac: nccl_sendrecv (the same peers, -1 for none, and the
-// same watchdog) of MAC'd messages. sendbuf holds send_bytes of payload and
-// NCCL_MAC_BYTES of room after them, where the tag goes; recvbuf gets
-// recv_bytes of payload and the sender's tag after them. Headers: this
-// rank to dst_rank and src_rank to this rank, with the job id, c->step, the
-// channel, the micro-batch, the length and the pair's next sequence number.
-// tamper (on the faulting rank, at the faulting step) flips a payload byte of
-// its first MAC'd send after the tag is made, and flips it back once sent;
-// replay tags its first MAC'd send on a pair that has sent before under the
-// previous sequence number (mac_send_header).
+// same watchdog) of MAC'd messages: sendbuf's send_bytes go to dst_rank,
+// recv_bytes from src_rank land in recvbuf, and the tags follow at the
+// step's end. Headers: this rank to dst_rank and src_rank to this rank, with
+// the job id, c->step, the channel, the micro-batch, the length and the
+// pair's next sequence number. tamper (on the faulting rank, at the faulting
+// step) flips a payload byte of its first MAC'd send after the copy the tag
+// is made from, and flips it back once sent (with no payload, a bit of the
+// tag); replay tags its first MAC'd send on a pair that has sent before under
+// the previous sequence number (mac_send_header).
 static inline void nccl_sendrecv_mac(NcclComm *c, int dst_rank, int send_channel, int send_mb, void *sendbuf,
                                      size_t send_bytes, int src_rank, int recv_channel, int recv_mb, void *recvbuf,
                                      size_t recv_bytes) {
     // host mode: the payloads alone, through the host backend, whose frames
-    // carry their own MAC and sequence number and are checked on receipt (the
-    // tag room after each payload stays unused). Bad peers: nccl_sendrecv's
-    // one line, before a sequence number is touched.
+    // carry their own MAC and sequence number and are checked on receipt.
+    // Bad peers: nccl_sendrecv's one line, before a sequence number is touched.
     if (c->host != NULL || !nccl_peers_ok(c, dst_rank, src_rank)) {
         nccl_sendrecv(c, dst_rank, send_channel, send_mb, sendbuf, send_bytes, src_rank, recv_channel, recv_mb, recvbuf,
                       recv_bytes);
@@ -962,21 +1085,25 @@ static inline void nccl_sendrecv_mac(NcclComm *c, int dst_rank, int send_channel
             fprintf(stderr, "rank %d: fault replay: tagged the %s message of micro-batch %d to rank %d under the "
                     "previous sequence number (step %ld)\n", c->rank, channel_name(send_channel), send_mb, dst_rank, c->step);
         }
-        uint8_t *buf = (uint8_t *)sendbuf;
-        nccl_mac_launch(c, header, buf, send_bytes, buf + send_bytes, NULL, NULL);
+        int p = nccl_mac_peer(c, dst_rank);
+        uint8_t *tag = c->tags_out + mac_tag_offset(p, nccl_mac_count(c, &c->peers.sent[p]), c->mac_cap);
+        nccl_mac_tag(c, header, sendbuf, send_bytes, tag);
         if (faulting && c->fault.kind == FAULT_TAMPER) {
-            flip = buf + send_bytes / 2;  // the middle of the payload; with none, the tag's first byte
-            nccl_mac_flip_kernel<<<1, 1, 0, c->stream>>>(flip);
+            // the middle of the payload, on the main stream after the copy; with
+            // no payload, the tag's first byte, once made (it travels later)
+            flip = send_bytes > 0 ? (uint8_t *)sendbuf + send_bytes / 2 : tag;
+            nccl_mac_flip_kernel<<<1, 1, 0, send_bytes > 0 ? c->stream : c->tagger>>>(flip);
             nccl_check_cuda(c, cudaGetLastError(), "the tamper fault");
+            if (send_bytes == 0) flip = NULL;  // nothing to undo: the tag is this message's alone
             c->mac_fault_done = 1;
             fprintf(stderr, "rank %d: fault tamper: flipped a bit of the MAC'd %s message of micro-batch %d to rank %d "
                     "(step %ld)\n", c->rank, channel_name(send_channel), send_mb, dst_rank, c->step);
         }
     }
     // the last check queued must have read its buffer before this receive may overwrite one
-    if (src_rank >= 0) nccl_check_cuda(c, cudaStreamWaitEvent(c->stream, c->verified, 0), "ordering the MAC checks");
-    nccl_sendrecv(c, dst_rank, send_channel, send_mb, sendbuf, dst_rank >= 0 ? send_bytes + NCCL_MAC_BYTES : 0, src_rank,
-                  recv_channel, recv_mb, recvbuf, src_rank >= 0 ? recv_bytes + NCCL_MAC_BYTES : 0);
+    if (src_rank >= 0) nccl_check_cuda(c, cudaStreamWaitEvent(c->stream, c->verify_read, 0), "ordering the MAC checks");
+    nccl_sendrecv(c, dst_rank, send_channel, send_mb, sendbuf, dst_rank >= 0 ? send_bytes : 0, src_rank, recv_channel,
+                  recv_mb, recvbuf, src_rank >= 0 ? recv_bytes : 0);
     if (flip != NULL) {  // only the message in transit was changed, not this rank's own data
         nccl_mac_flip_kernel<<<1, 1, 0, c->stream>>>(flip);
         nccl_check_cuda(c, cudaGetLastError(), "the tamper fault");
@@ -985,56 +1112,78 @@ static inline void nccl_sendrecv_mac(NcclComm *c, int dst_rank, int send_channel
         c->op = "recv_mac";
         snprintf(c->what, sizeof(c->what), " from rank %d (%s, micro-batch %d)", src_rank, channel_name(recv_channel),
                  recv_mb);
-        int slot = nccl_mac_slot(c);
-        NcclMacRecv *m = &c->mac_recvs[slot];
+        if (c->mac_nrecv == c->mac_cap)
+            nccl_fail(c, "more than the %d MAC'd receives in one step that were reserved (nccl_mac_reserve)", c->mac_cap);
+        NcclMacRecv *m = &c->mac_recvs[c->mac_nrecv++];
         m->src = src_rank;
         m->channel = recv_channel;
         m->microbatch = recv_mb;
         m->step = c->step;
         m->bytes = recv_bytes;
+        m->peer = nccl_mac_peer(c, src_rank);
+        m->index = nccl_mac_count(c, &c->peers.received[m->peer]);
         mac_recv_header(&c->links, src_rank, recv_channel, c->step, recv_mb, recv_bytes, header);
-        uint8_t *buf = (uint8_t *)recvbuf;
-        nccl_check_cuda(c, cudaEventRecord(c->received, c->stream), "ordering the MAC checks");
-        nccl_check_cuda(c, cudaStreamWaitEvent(c->verify, c->received, 0), "ordering the MAC checks");
-        nccl_mac_launch(c, header, buf, recv_bytes, NULL, buf + recv_bytes, c->mac_bad + slot);  // on c->verify
-        nccl_check_cuda(c, cudaEventRecord(c->verified, c->verify), "ordering the MAC checks");
+        nccl_mac_check(c, header, recvbuf, recv_bytes, c->tags_want + mac_tag_offset(m->peer, m->index, c->mac_cap));
     }
 }
 
-// nccl_mac_step_begin: at the start of a step, before its first MAC'd receive
+// nccl_mac_step_begin: at the start of a step, before its first MAC'd message
 static inline void nccl_mac_step_begin(NcclComm *c) {
     c->op = "mac_step_begin";
     c->what[0] = '\0';
     c->mac_nrecv = 0;
-    if (c->host != NULL) return;  // host mode: the host backend checks each frame as it arrives
-    nccl_check_cuda(c, cudaStreamWaitEvent(c->stream, c->verified, 0), "clearing the MAC flags");
-    nccl_check_cuda(c, cudaMemsetAsync(c->mac_bad, 0, (size_t)c->mac_cap * sizeof(int), c->stream), "clearing the MAC flags");
+    c->peers.n = 0;
 }
 
-// nccl_mac_step_check: whether every MAC'd receive of the step verified; the
-// caller calls it before the optimizer update and ends the job on -1, with
-// err naming the first bad message (in the order received: after a replay
-// every later message on that pair fails too, and the first is the replay).
+// nccl_mac_send_tags: every tag of the step after its payload: to each peer
+// the tags of the messages sent to it this step, in the order sent, and from
+// it those of the messages received from it, all in one group call (so no
+// pair waits on another's order), on c->stream once the tagger has made them
+static inline void nccl_mac_send_tags(NcclComm *c) {
+    nccl_enter(c, "mac_tags", NULL);
+    snprintf(c->what, sizeof(c->what), " (the step's MAC tags, %d peers)", c->peers.n);
+    const char *why = "ordering the MAC tags";
+    nccl_check_cuda(c, cudaEventRecord(c->tagged, c->tagger), why);
+    nccl_check_cuda(c, cudaStreamWaitEvent(c->stream, c->tagged, 0), why);
+    nccl_order_main(c);
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) nccl_fail(c, "ncclGroupStart: %s", ncclGetErrorString(r));
+    for (int p = 0; p < c->peers.n && r == ncclSuccess; p++) {
+        size_t at = mac_tag_offset(p, 0, c->mac_cap);
+        if (c->peers.sent[p] > 0)
+            r = ncclSend(c->tags_out + at, (size_t)c->peers.sent[p] * NCCL_MAC_BYTES, ncclUint8, c->peers.rank[p],
+                         c->world.comm, c->stream);
+        if (r == ncclSuccess && c->peers.received[p] > 0)
+            r = ncclRecv(c->tags_in + at, (size_t)c->peers.received[p] * NCCL_MAC_BYTES, ncclUint8, c->peers.rank[p],
+                         c->world.comm, c->stream);
+    }
+    ncclResult_t end = ncclGroupEnd();
+    nccl_queued(c, &c->world, r != ncclSuccess && r != ncclInProgress ? r : end);
+}
+
+// nccl_mac_step_check: whether every MAC'd receive of the step verified: the
+// tags swapped (nccl_mac_send_tags), then each received tag compared with
+// the one its check computed. The caller calls it before the optimizer
+// update and ends the job on -1, with err naming the first bad message (in
+// the order received: after a replay every later message on that pair fails
+// too, and the first is the replay). The swap makes it a call between peers:
+// every rank that sent or received MAC'd messages since nccl_mac_step_begin
+// must call it at the same point of the program, as its peers do.
 static inline int nccl_mac_step_check(NcclComm *c, char *err, size_t errlen) {
-    int n = c->mac_nrecv;
-    if (n == 0) return 0;  // no pipeline messages (pp = 1), or host mode: nothing to wait for
-    int *flags = (int *)malloc((size_t)n * sizeof(int));
-    if (flags == NULL)
-        return errorf(err, errlen, "rank %d: nccl MAC check (step %ld): out of memory for %d flags", c->rank, c->step, n);
-    // both streams under the watchdog: the main one may still hold calls that wait on peers
-    nccl_sync(c, c->stream, "the step's MAC checks");
+    if (c->host != NULL || c->peers.n == 0) return 0;  // host mode checks each frame as it arrives; or no messages
+    nccl_mac_send_tags(c);
+    // both streams under the watchdog: the main one holds the swap, which waits on peers
+    nccl_sync(c, c->stream, "the step's MAC tags");
     nccl_sync(c, c->verify, "the step's MAC checks");
-    cudaError_t e = cudaMemcpy(flags, c->mac_bad, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost);
-    if (e != cudaSuccess) {
-        free(flags);
+    size_t bytes = mac_tag_offset(c->peers.n, 0, c->mac_cap), half = mac_tag_offset(NCCL_MAC_MAX_PEERS, 0, c->mac_cap);
+    cudaError_t e = cudaMemcpy(c->tags_host, c->tags_want, bytes, cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = cudaMemcpy(c->tags_host + half, c->tags_in, bytes, cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess)
         return errorf(err, errlen, "rank %d: nccl MAC check (step %ld): CUDA: %s", c->rank, c->step,
                       cudaGetErrorString(e));
-    }
-    int bad = -1;
-    for (int i = 0; i < n && bad < 0; i++) {
-        if (flags[i] != 0) bad = i;
-    }
-    free(flags);
+    int bad = mac_first_bad(c->mac_recvs, c->mac_nrecv, c->tags_host, c->tags_host + half, c->mac_cap);
+    c->peers.n = 0;  // checked: a second call has nothing to swap
+    c->mac_nrecv = 0;
     if (bad < 0) return 0;
     const NcclMacRecv *m = &c->mac_recvs[bad];
     return errorf(err, errlen, "rank %d: the MAC of the %s message of micro-batch %d from rank %d (%zu bytes, step %ld) "
@@ -1080,10 +1229,13 @@ static inline void nccl_free(NcclComm *c) {
     cudaFree(c->one);
     cudaFree(c->mac_scratch);
     cudaFree(c->verify_scratch);
+    cudaFree(c->snapshot);
+    cudaFree(c->tags_out);  // tags_in and tags_want lie in the same allocation
+    free(c->tags_host);
+    cudaStreamDestroy(c->tagger);
     cudaStreamDestroy(c->verify);
-    cudaEventDestroy(c->received);
-    cudaEventDestroy(c->verified);
-    cudaFree(c->mac_bad);
+    cudaEvent_t events[5] = {c->snapped, c->snap_read, c->tagged, c->received, c->verify_read};
+    for (int k = 0; k < 5; k++) cudaEventDestroy(events[k]);
     cudaEventDestroy(c->side_follow);
     cudaEventDestroy(c->side_queued);
     cudaStreamDestroy(c->side);

@@ -1393,11 +1393,13 @@ static inline int chunkmac_verify(const Hmac *keyed, const uint8_t header[64], c
 // The chunked MAC on the GPU: one thread hashes one chunk, then one thread
 // hashes the chunk tags (both are chains of SHA-256 blocks). The work of one
 // thread is __host__ __device__, so dev/cuda/mac.cu also runs it on the CPU
-// against chunkmac_tag where there is no GPU. Use from the trainer:
+// against chunkmac_tag where there is no GPU. Use:
 //   sender:   chunkmac_gpu_params(&p, &keyed, header, len, CHUNKMAC_CHUNK_BYTES, ...)
-//             chunkmac_gpu_launch(&p, payload, scratch, tag_in_send_buffer, NULL, NULL, stream, ...)
+//             chunkmac_gpu_launch(&p, payload, scratch, tag_out, NULL, NULL, stream, ...)
 //   receiver: chunkmac_gpu_launch(&p, payload, scratch, NULL, received_tag, step_mismatch, stream, ...)
 //             and before the optimizer update, one copy of step_mismatch to the host: any 1 aborts the step.
+// (nccl_comm.h launches the two kernels itself, with an event between them,
+// and compares the tags on the host at the step's end.)
 // scratch holds 32 bytes per chunk (chunkmac_count); every pointer is device memory.
 
 static __constant__ uint32_t chunkmac_k_gpu[64] = {SHA256_K_LIST};

@@ -933,6 +933,78 @@ static void test_mac_kernel_code(void) {
     links_free(&l);
 }
 
+// the step's tags as nccl_sendrecv_mac and nccl_mac_step_check keep them,
+// played on the host: ranks 2 and 7 send rank 5 five messages between them,
+// interleaved; each sender keeps its tags per peer, rank 5 computes each
+// tag from what arrived (the kernels' code), the step's swap brings the
+// senders' tags, and mac_first_bad names the first that differs
+static void test_mac_step_tags(void) {
+    MacPeers t;
+    memset(&t, 0, sizeof(t));
+    int a = mac_peer(&t, 9), b = mac_peer(&t, 3), again = mac_peer(&t, 9);
+    mac_peer(&t, 4);
+    mac_peer(&t, 5);
+    check(a == 0 && b == 1 && again == 0 && t.n == NCCL_MAC_MAX_PEERS && mac_peer(&t, 6) == -1 && mac_peer(&t, 3) == 1,
+          "mac_peer: peers numbered in the order met, found again, and a fifth refused");
+    enum { CAP = 4, LEN = 5000, N = 5 };
+    const int from[N] = {2, 7, 2, 7, 2};  // the order rank 5 receives in
+    uint8_t key[32], payload[N][LEN];
+    mactest_fill(key, 32);
+    mactest_fill(&payload[0][0], sizeof(payload));
+    const char *name[3] = {"no fault", "tamper (message 2)", "replay (message 2)"};
+    for (int fault = 0; fault < 3; fault++) {
+        Links send[2], recv;  // ranks 2 and 7; rank 5
+        links_init(&send[0], key, 2, 8);
+        links_init(&send[1], key, 7, 8);
+        links_init(&recv, key, 5, 8);
+        MacPeers sp[2], rp;
+        memset(sp, 0, sizeof(sp));
+        memset(&rp, 0, sizeof(rp));
+        size_t all = mac_tag_offset(NCCL_MAC_MAX_PEERS, 0, CAP);
+        uint8_t *out = (uint8_t *)calloc(2, all), *want = (uint8_t *)calloc(1, all), *got = (uint8_t *)calloc(1, all);
+        NcclMacRecv recvs[N];
+        uint8_t h[64], arrived[LEN];
+        for (int k = 0; k < N; k++) {
+            int s = from[k] == 2 ? 0 : 1, replay = fault == 2 && k == 2;
+            mac_send_header(&send[s], 5, CH_ACTIVATION, 3, k, LEN, replay, h);
+            int p = mac_peer(&sp[s], 5), i = sp[s].sent[p]++;
+            chunkmac_tag(&send[s].keyed, h, payload[k], LEN, nccl_mac_chunk_bytes(LEN), out + s * all + mac_tag_offset(p, i, CAP),
+                         NULL, 0);
+            memcpy(arrived, payload[k], LEN);
+            if (fault == 1 && k == 2) arrived[LEN / 2] ^= 0x01;  // changed in transit, after its tag was made
+            NcclMacRecv *m = &recvs[k];
+            m->src = from[k];
+            m->channel = CH_ACTIVATION;
+            m->microbatch = k;
+            m->step = 3;
+            m->bytes = LEN;
+            m->peer = mac_peer(&rp, from[k]);
+            m->index = rp.received[m->peer]++;
+            mac_recv_header(&recv, from[k], CH_ACTIVATION, 3, k, LEN, h);
+            mactest_emulate(&recv.keyed, h, arrived, LEN, want + mac_tag_offset(m->peer, m->index, CAP));
+        }
+        // the swap: from each peer, the tags it sent to rank 5, in the order sent
+        int counts_agree = 1;
+        for (int p = 0; p < rp.n; p++) {
+            int s = rp.rank[p] == 2 ? 0 : 1, q = mac_peer(&sp[s], 5);
+            counts_agree &= sp[s].sent[q] == rp.received[p];
+            memcpy(got + mac_tag_offset(p, 0, CAP), out + s * all + mac_tag_offset(q, 0, CAP),
+                   (size_t)rp.received[p] * NCCL_MAC_BYTES);
+        }
+        int bad = mac_first_bad(recvs, N, want, got, CAP), later = mac_first_bad(recvs + 3, N - 3, want, got, CAP);
+        int expect = fault == 0 ? -1 : 2, expect_later = fault == 2 ? 1 : -1;  // a replay puts the pair one behind for good
+        check(counts_agree && rp.n == 2 && bad == expect && later == expect_later,
+              "the step's tags, %s: rank 5's first bad receive %d (want %d), among the last two %d (want %d)", name[fault],
+              bad, expect, later, expect_later);
+        free(out);
+        free(want);
+        free(got);
+        links_free(&send[0]);
+        links_free(&send[1]);
+        links_free(&recv);
+    }
+}
+
 int main(void) {
     test_unit_layout();
     test_ckpt_cli();
@@ -945,6 +1017,7 @@ int main(void) {
     test_mac_chunk_bytes();
     test_mac_header();
     test_mac_kernel_code();
+    test_mac_step_tags();
     test_cli();
     if (have_gpu()) {
         test_against_pytorch(0);
