@@ -131,12 +131,14 @@ static void check_tp(int BT, int V, int Vp, int tp) {
 
 int main(void) {
     if (!require_gpu()) return test_summary();
-    check_shape(256, 50257, 50304, 0);
+    // GPT-2's vocab; small: still more columns than one pass of the block, V not a multiple of PACK
+    int rows = shape_size(256, 4), V = shape_size(50257, 9001), Vp = shape_size(50304, 9024);
+    check_shape(rows, V, Vp, 0);
     check_shape(64, 500, 512, 0);  // the fixture's vocab
     check_shape(3, 7, 8, 0);       // fewer columns than one thread's share
-    check_tp(64, 50257, 50304, 2);
+    check_tp(shape_size(64, 4), V, Vp, 2);
     check_tp(64, 500, 512, 4);
     check_tp(16, 100, 512, 4);     // slices 1..3 hold only padding
-    check_shape(8192, 50257, 50304, 1);
+    if (!small_shapes()) check_shape(8192, 50257, 50304, 1);
     return test_summary();
 }

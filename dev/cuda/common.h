@@ -1,7 +1,8 @@
 /*
  * dev/cuda/common.h: what the kernel checks share: test data rounded to
  * floatX, host/device copies, a comparison that prints one ok/FAIL line
- * (test.h's check), and a timer.
+ * (test.h's check), a timer, and the small-shapes switch (small_shapes,
+ * shape_size: LLM3D_CHECK_SMALL=1).
  *
  * Each check includes the trainer's own kernel file, so it tests the kernels
  * the trainer runs, not copies of them:
@@ -12,6 +13,8 @@
 #define LLM3D_CUDA_COMMON_H
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "../../test.h"
 #include "../../gpt2.h"         // counter_normal, float_to_bf16
@@ -96,6 +99,19 @@ static int compare(const char *what, const float *got, const float *want, size_t
                  what, maxdiff, at, n ? got[at] : 0.0f, n ? want[at] : 0.0f, rel, maxref, tol);
 }
 
+// small_shapes: whether LLM3D_CHECK_SMALL is set (to anything but "" or
+// "0"). Then every check makes the same comparisons on small shapes and
+// times nothing, so that compute-sanitizer's memcheck and racecheck, which
+// run kernels tens to thousands of times slower, go over all the checks in
+// seconds each (dev/gpu_check.sh runs them so).
+static int small_shapes(void) {
+    const char *v = getenv("LLM3D_CHECK_SMALL");
+    return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
+}
+
+// shape_size: a check's size, full normally, small under LLM3D_CHECK_SMALL
+static int shape_size(int full, int small) { return small_shapes() ? small : full; }
+
 static int require_gpu(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -104,7 +120,8 @@ static int require_gpu(void) {
     }
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    printf("device: %s (%s build)\n", prop.name, precision_name);
+    printf("device: %s (%s build%s)\n", prop.name, precision_name,
+           small_shapes() ? ", small shapes: LLM3D_CHECK_SMALL is set, nothing is timed" : "");
     return 1;
 }
 

@@ -158,6 +158,13 @@ int main(void) {
     check(flags[0] == 0 && flags[1] == 1 && flags[2] == 1, "GPU verify: right tag %d, flipped tag bit %d, flipped payload byte %d (want 0 1 1)",
           flags[0], flags[1], flags[2]);
 
+    if (small_shapes()) {  // the comparisons above are the check; the rest times
+        secure_wipe(&p, sizeof(p));
+        free(host);
+        free(cpu_tags);
+        return test_summary();
+    }
+
     // throughput: the tag of one payload, as the sender computes it
     size_t top = (size_t)256 << 20;
     uint8_t *d_big, *d_big_scratch;
