@@ -26,7 +26,8 @@
 #   6. NCCL with one rank: ZeRO 0-3 agree (fp32: bit for bit); checkpoints
 #      resume byte-identical; SIGTERM checkpoints and exits 0
 #   7. kernel checks (bf16), then compute-sanitizer memcheck and racecheck
-#      over them at small shapes (LLM3D_CHECK_SMALL=1)
+#      over them at small shapes (LLM3D_CHECK_SMALL=1), memcheck over the
+#      fp32 ones (the build also gates on ptxas: no kernel may spill)
 #   8. the PyTorch peer (torch.compile, bf16) at the benchmark's B; ours with
 #      -fa 0; the fp32 kernel checks
 #
@@ -192,10 +193,19 @@ build test_gpt2cu_fp32 $NVCC -DENABLE_FP32 test_gpt2.cu $LIBS -o test_gpt2cu_fp3
 build kernels make -C dev/cuda -j6 NVCC="$NVCC_BIN" ARCH="$ARCH $NCCL_FLAGS" NVCC_LDLIBS="$LIBS"
 build kernels_fp32 make -C dev/cuda -j6 NVCC="$NVCC_BIN" ARCH="$ARCH $NCCL_FLAGS" NVCC_LDLIBS="$LIBS" PRECISION=FP32
 build cpu make -j4 train_gpt2 prepare_data
+# ptxas's register report of every kernel in both builds: none may spill
+build ptxas_bf16 $NVCC -Xptxas -v -c train_gpt2.cu -o "$WORK/ptxas_bf16.o"
+build ptxas_fp32 $NVCC -DENABLE_FP32 -Xptxas -v -c train_gpt2.cu -o "$WORK/ptxas_fp32.o"
 wait
 for f in "$WORK"/build_*.rc; do
     name=$(basename "$f" .rc)
     if [ "$(cat "$f")" = "0" ]; then pass "$name"; else fail "$name: $(grep -m1 -E 'error' "$LOGS/$name.log" | cut -c1-160)"; fi
+done
+for prec in bf16 fp32; do
+    spills=$(grep -E '[1-9][0-9]* bytes spill (stores|loads)' "$LOGS/build_ptxas_$prec.log" 2>/dev/null | wc -l)
+    if [ ! -s "$LOGS/build_ptxas_$prec.log" ]; then skip "register spills ($prec): no ptxas report"
+    elif [ "$spills" -eq 0 ]; then pass "no kernel spills registers ($prec build, ptxas -v)"
+    else fail "register spills ($prec build): $spills ptxas lines with spill bytes (see build_ptxas_$prec.log)"; fi
 done
 
 # shards: tokens < 256 for every small model here (the tiny fixture's V = 500, -ev 256, -ev 512);
@@ -437,6 +447,12 @@ if command -v compute-sanitizer > /dev/null; then
             run "sanitizer_${tool}_$k" 60 env LLM3D_CHECK_SMALL=1 compute-sanitizer --tool $tool --error-exitcode 9 \
                 "dev/cuda/${k}_check"
         done
+    done
+    # the fp32 build's kernels are other code (the FMA attention, no fused GELU)
+    for k in $KERNELS; do
+        [ -x "dev/cuda/${k}_fp32_check" ] || continue
+        run "sanitizer_memcheck_${k}_fp32" 60 env LLM3D_CHECK_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
+            "dev/cuda/${k}_fp32_check"
     done
 else
     skip "compute-sanitizer: not on PATH"
