@@ -618,8 +618,9 @@ static const OptionSpec option_specs[] = {
     {"-gc", OPT_FLOAT, offsetof(Options, grad_clip), 0, 1e9, NULL, "clip the global grad norm to this (0 = off)"},
     {"-sh", OPT_INT, offsetof(Options, shuffle), 0, 1, NULL, "shuffle the training data (0/1)"},
     {"-sd", OPT_INT, offsetof(Options, seed), 0, 2147483647, NULL, "seed (init, shuffle, sampling)"},
-    {"-v", OPT_INT, offsetof(Options, val_every), 0, 1 << 30, NULL, "val loss every N steps (0 = never)"},
-    {"-m", OPT_INT, offsetof(Options, val_batches), 1, 1 << 30, NULL, "val micro-batches per evaluation"},
+    {"-v", OPT_INT, offsetof(Options, val_every), 0, 1 << 30, NULL, "evaluate every N steps and after the last (0 = never)"},
+    {"-m", OPT_INT, offsetof(Options, val_batches), -1, 1 << 30, NULL,
+     "val batches per data-parallel rank per evaluation, at most the split's (-1 = the whole split)"},
     {"-s", OPT_INT, offsetof(Options, sample_every), 0, 1 << 30, NULL, "sample every N steps (0 = never)"},
     {"-g", OPT_INT, offsetof(Options, gen_tokens), 1, 1 << 20, NULL, "tokens to generate per sample"},
     {"-n", OPT_INT, offsetof(Options, ckpt_every), 0, 1 << 30, NULL, "checkpoint into -o every N steps and at the end (0 = off)"},
@@ -723,8 +724,7 @@ static int options_parse(Options *o, int argc, char **argv, char *err, size_t er
 
 // ---------------------------------------------------------------------------
 // the batch: micro-batches per optimizer step for dp data-parallel replicas,
-// from -b -t -d -mb (and -m, which must split among the replicas); -1 with
-// one line in err when they do not fit together
+// from -b -t -d -mb; -1 with one line in err when they do not fit together
 
 // the model's shape from -e (a descriptor dN with -ev -et -ec, or a model
 // file's header): 1 for a descriptor (the seeded init), 0 for a file, -1
@@ -765,8 +765,8 @@ static int batch_accum(const Options *o, int dp, char *err, size_t errlen) {
                  total / BTdp);
         return -1;
     }
-    if (o->val_every > 0 && o->val_batches % dp != 0) {
-        snprintf(err, errlen, "flag -m: %d val batches do not split among dp = %d ranks", o->val_batches, dp);
+    if (o->val_batches == 0) {
+        snprintf(err, errlen, "flag -m: 0 val batches; give -1 (the whole val split) or a count per rank");
         return -1;
     }
     return (int)(total / BTdp);
@@ -785,12 +785,27 @@ static float lr_at_step(const Options *o, int step, int total) {
     return lr_min + coeff * (o->lr - lr_min);
 }
 
-// one JSON object per optimizer step; val_loss < 0 means "not measured"
-static void log_step(FILE *f, int step, float loss, float val_loss, float norm, float lr, double ms, long tokens) {
+// the JSON-lines log: one object per line. A training step's line has the
+// step (0-based: the updates made before it), its loss, the val loss when
+// measured before it, its norm, lr, ms and the tokens trained on so far (its
+// own included). After the last step one more line, {"step": steps,
+// "val_loss", "tokens"}, evaluates the final model.
+typedef struct {
+    int step;
+    int trained;             // 1: a training step's line; 0: the evaluation after the last step
+    float loss, norm, lr;    // (trained lines)
+    float val_loss;          // < 0: not measured
+    double ms;
+    long tokens;
+} LogLine;
+
+static void log_line(FILE *f, const LogLine *l) {
     if (f == NULL) return;
-    fprintf(f, "{\"step\": %d, \"loss\": %.6f", step, loss);
-    if (val_loss >= 0) fprintf(f, ", \"val_loss\": %.6f", val_loss);
-    fprintf(f, ", \"norm\": %.6f, \"lr\": %.6e, \"ms\": %.3f, \"tokens\": %ld}\n", norm, lr, ms, tokens);
+    fprintf(f, "{\"step\": %d", l->step);
+    if (l->trained) fprintf(f, ", \"loss\": %.6f", l->loss);
+    if (l->val_loss >= 0) fprintf(f, ", \"val_loss\": %.6f", l->val_loss);
+    if (l->trained) fprintf(f, ", \"norm\": %.6f, \"lr\": %.6e, \"ms\": %.3f", l->norm, l->lr, l->ms);
+    fprintf(f, ", \"tokens\": %ld}\n", l->tokens);
     fflush(f);
 }
 

@@ -1256,12 +1256,12 @@ static float pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int 
     return loss;
 }
 
-// the mean loss over `batches` micro-batches of the val stream (split among the
-// data-parallel ranks); every rank returns it
+// the mean loss over `batches` micro-batches of the val stream on each
+// data-parallel rank (each rank its own slice); every rank returns it
 static float evaluate(GPT2 *m, DataLoader *val, int batches) {
     dataloader_reset(val);
     float sum = 0.0f;
-    for (int i = 0; i < batches / m->shard.dp; i++) {
+    for (int i = 0; i < batches; i++) {
         Acts *a = &m->acts[i % m->nacts];
         dataloader_next(val, a->inputs, a->targets);
         pipe_recv(m, pipe_input(m->shard.pp, m->shard.pp_rank, pipe_op(1, i)));
@@ -1270,7 +1270,7 @@ static float evaluate(GPT2 *m, DataLoader *val, int batches) {
         if (m->shard.last && m->shard.tp_rank == 0) sum += a->mean_loss;
     }
     group_allreduce(m->par, &m->par->world, &sum, 1);
-    return sum / batches;
+    return sum / ((float)batches * m->shard.dp);
 }
 
 // prints gen_tokens tokens sampled from the model, starting from EOT (one rank only)
@@ -1444,10 +1444,10 @@ int main(int argc, char **argv) {
     int stopped = 0;
     for (int step = job.start; step < job.steps && !stopped; step++) {
         if (par.comm) comm_set_step(par.comm, step);
-        float val_loss = -1.0f;
+        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, 0.0, 0};
         if (evaluate_due(&job, step)) {
-            val_loss = evaluate(&model, &job.val, job.opt.val_batches);
-            if (rank0) printf("val loss %.6f\n", val_loss);
+            line.val_loss = evaluate(&model, &job.val, job.val_batches);
+            if (rank0) printf("val loss %.6f\n", line.val_loss);
         }
         if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
         if (check_due(&job, step)) consistency_check(&model, step);
@@ -1455,14 +1455,14 @@ int main(int argc, char **argv) {
         double t0 = now_ms();
         gpt2_zero_grad(&model);
         float dloss = 1.0f / ((float)B * T * accum * dp);
-        float loss = pipeline_run(&model, &job.train, plan, nops, dloss);  // one stage: F0 B0 F1 B1 ...
-        float lr = lr_at_step(&job.opt, step, job.steps);
-        hyper.lr = lr;
+        line.loss = pipeline_run(&model, &job.train, plan, nops, dloss);  // one stage: F0 B0 F1 B1 ...
+        line.lr = lr_at_step(&job.opt, step, job.steps);
+        hyper.lr = line.lr;
         stopped = ckpt_stop_signal != 0;
-        float norm = gpt2_step(&model, &loss, accum, job.opt.grad_clip, &hyper, &stopped);
-        double ms = now_ms() - t0;
+        line.norm = gpt2_step(&model, &line.loss, accum, job.opt.grad_clip, &hyper, &stopped);
+        line.ms = now_ms() - t0;
         if (rank0) {
-            report_step(&job, step, loss, val_loss, norm, lr, ms);
+            report_step(&job, &line);
             printf("\n");  // (the GPU trainer ends its line with the MFU)
         }
 
@@ -1475,6 +1475,17 @@ int main(int argc, char **argv) {
         if (stopped && rank0) printf("stopped by a signal after step %d; resume with -y 1\n", step);
     }
 
+    // the final model, evaluated after the last update
+    if (!stopped) {
+        if (par.comm) comm_set_step(par.comm, job.steps);
+        float val_loss = -1.0f;
+        if (job.have_val) {
+            val_loss = evaluate(&model, &job.val, job.val_batches);
+            if (rank0) printf("val loss %.6f\n", val_loss);
+        }
+        if (sample_due(&job, job.steps)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
+        if (rank0) report_final(&job, val_loss);
+    }
     if (job.opt.out_dir && !stopped) {
         if (gpt2_write_model(&model, job.opt.out_dir, job.steps, path, sizeof(path)) != 0) return 1;
         if (rank0) printf("wrote %s\n", path);

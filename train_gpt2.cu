@@ -1454,13 +1454,14 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
         die(1, err);
 }
 
-// pp > 1: the MAC state for a step's pipeline messages (and an evaluation's),
-// made now, not mid-run: room for the most messages a stage receives in one
-// step, each as large as the largest of them
-static void reserve_pipeline_macs(GPT2 *m, Parallel *par, int accum, int val_batches) {
+// pp > 1: the MAC state for a step's pipeline messages, made now, not
+// mid-run: room for the most messages a stage receives in one step, each as
+// large as the largest of them (an evaluation checks its messages batch by
+// batch: one each)
+static void reserve_pipeline_macs(GPT2 *m, Parallel *par, int accum) {
     char err[512];
     size_t msg = (size_t)m->B * m->T * m->config.C * sizeof(floatX), tied = tied_elems(m) * sizeof(floatX);
-    int recvs = 2 * accum + 2 > val_batches + 2 ? 2 * accum + 2 : val_batches + 2;
+    int recvs = 2 * accum + 2;
     if (nccl_mac_reserve(par->nccl, recvs, msg > tied ? msg : tied, err, sizeof(err)) != 0) die(1, err);
 }
 
@@ -1634,24 +1635,32 @@ static float world_sum(GPT2 *m, Parallel *par, float x) {
     return *h;
 }
 
-// the mean loss over `batches` micro-batches of the val stream, split among
-// the data-parallel ranks and passed down the pipeline; every rank returns it
-static float evaluate(GPT2 *m, Parallel *par, DataLoader *val, int batches) {
+// one micro-batch (staged from m->inputs, m->targets into set i's buffers)
+// forward through the pipeline as the i-th of an evaluation: its losses
+// add into sc.losses on the last stage; its messages are checked before
+// the next batch
+static void eval_forward(GPT2 *m, Parallel *par, int i) {
     const Shard *s = &m->shard;
-    int n = batches / s->dp;
+    Acts *a = &m->acts[i % m->nacts];
+    gpt2_stage_batch(m, a, 0);
+    if (s->pp > 1) nccl_mac_step_begin(par->nccl);
+    pipe_exchange(m, PIPE_NONE, pipe_input(s->pp, s->pp_rank, pipe_op(1, i)));
+    stage_forward(m, a, FWD_LOSS, 0.0f);
+    pipe_exchange(m, pipe_output(s->pp, s->pp_rank, pipe_op(1, i)), PIPE_NONE);
+    mac_check_or_exit(m, par, "in an evaluation");
+}
+
+// the mean loss over `batches` micro-batches of the val stream on each
+// data-parallel rank (each its own slice), passed down the pipeline; every
+// rank returns it
+static float evaluate(GPT2 *m, Parallel *par, DataLoader *val, int batches) {
     dataloader_reset(val);
     gpt2_zero_losses(m);
-    if (s->pp > 1) nccl_mac_step_begin(par->nccl);
-    for (int i = 0; i < n; i++) {
-        Acts *a = &m->acts[i % m->nacts];
+    for (int i = 0; i < batches; i++) {
         dataloader_next(val, m->inputs, m->targets);
-        gpt2_stage_batch(m, a, 0);
-        pipe_exchange(m, PIPE_NONE, pipe_input(s->pp, s->pp_rank, pipe_op(1, i)));
-        stage_forward(m, a, FWD_LOSS, 0.0f);
-        pipe_exchange(m, pipe_output(s->pp, s->pp_rank, pipe_op(1, i)), PIPE_NONE);
+        eval_forward(m, par, i);
     }
-    mac_check_or_exit(m, par, "in an evaluation");
-    return (float)(world_loss_sum(m, par, NULL) / ((double)m->B * m->T * n * s->dp));
+    return (float)(world_loss_sum(m, par, NULL) / ((double)m->B * m->T * batches * m->shard.dp));
 }
 
 typedef struct { GPT2 *m; Parallel *par; } CkptCtx;
@@ -1759,7 +1768,7 @@ int main(int argc, char **argv) {
     if (job.resuming && gpt2_load_optimizer(&model, path, job.ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
     double load_ms = now_ms() - job.load_t0 - job.verify_ms;
     par.nccl->stream = model.stream;  // the collectives queue behind the model's kernels
-    if (pp > 1) reserve_pipeline_macs(&model, &par, accum, job.opt.val_batches);
+    if (pp > 1) reserve_pipeline_macs(&model, &par, accum);
     int nops;
     PipeStep *plan = step_plan(&job, &par.grid, &nops);
     AdamHyper hyper = {job.opt.lr, job.opt.beta1, job.opt.beta2, job.opt.eps, job.opt.weight_decay, job.opt.grad_clip};
@@ -1774,10 +1783,10 @@ int main(int argc, char **argv) {
     int stopped = 0;
     for (int step = job.start; step < job.steps && !stopped; step++) {
         nccl_set_step(par.nccl, step);
-        float val_loss = -1.0f;
+        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, 0.0, 0};
         if (evaluate_due(&job, step)) {
-            val_loss = evaluate(&model, &par, &job.val, job.opt.val_batches);
-            if (rank0) printf("val loss %.6f\n", val_loss);
+            line.val_loss = evaluate(&model, &par, &job.val, job.val_batches);
+            if (rank0) printf("val loss %.6f\n", line.val_loss);
         }
         if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
         if (check_due(&job, step)) consistency_check(&model, &par, step);
@@ -1789,13 +1798,13 @@ int main(int argc, char **argv) {
         if (pp > 1) nccl_mac_step_begin(par.nccl);
         float dloss = 1.0f / (float)((double)B * T * accum * dp);
         pipeline_run(&model, &job.train, plan, nops, dloss);  // one stage: F0 B0 F1 B1 ...
-        float lr = lr_at_step(&job.opt, step, job.steps);
-        hyper.lr = lr;
+        line.lr = lr_at_step(&job.opt, step, job.steps);
+        hyper.lr = line.lr;
         stopped = ckpt_stop_signal != 0;
-        float loss = gpt2_step(&model, &par, &hyper, accum, &stopped);
-        float norm = gpt2_last_norm(&model);
-        double ms = now_ms() - t0;
-        if (rank0) print_mfu(&job, report_step(&job, step, loss, val_loss, norm, lr, ms), peak, par.grid.world);
+        line.loss = gpt2_step(&model, &par, &hyper, accum, &stopped);
+        line.norm = gpt2_last_norm(&model);
+        line.ms = now_ms() - t0;
+        if (rank0) print_mfu(&job, report_step(&job, &line), peak, par.grid.world);
 
         if (checkpoint_due(&job, step, stopped)) {
             CkptState st = checkpoint_state(&job, step + 1, model.adam_t, &par.grid, par.zero);
@@ -1806,6 +1815,17 @@ int main(int argc, char **argv) {
         if (stopped && rank0) printf("stopped by a signal after step %d; resume with -y 1\n", step);
     }
 
+    // the final model, evaluated after the last update
+    if (!stopped) {
+        nccl_set_step(par.nccl, job.steps);
+        float val_loss = -1.0f;
+        if (job.have_val) {
+            val_loss = evaluate(&model, &par, &job.val, job.val_batches);
+            if (rank0) printf("val loss %.6f\n", val_loss);
+        }
+        if (sample_due(&job, job.steps)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
+        if (rank0) report_final(&job, val_loss);
+    }
     if (job.opt.out_dir && !stopped) {
         if (gpt2_write_model(&model, &par, job.opt.out_dir, job.steps, path, sizeof(path)) != 0) return 1;
         if (rank0) printf("wrote %s\n", path);

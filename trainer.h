@@ -17,6 +17,7 @@
  *     activation_sets, step_plan, print_model_and_batch, announce_resume
  *   in the loop: evaluate_due, sample_due, check_due, checkpoint_due,
  *     report_step, checkpoint_state, print_checkpoint_written
+ *   after the last step: report_final
  *   sampling: random_f32 (xorshift*), sample_token (inverse CDF of the softmax)
  *   at the end: free_job
  *
@@ -60,6 +61,7 @@ typedef struct {
     double load_t0, verify_ms;  // when the checkpoint setup began; its verification's time
     DataLoader train, val;
     int have_val, have_tok;  // an evaluation every -v steps; samples every -s steps
+    int val_batches;         // val batches per data-parallel rank per evaluation (-m, at most the split's)
     Tokenizer tok;
     FILE *logf;              // rank 0's JSON-lines log, or NULL
     uint64_t sample_rng;     // xorshift* state, saved in checkpoints
@@ -205,6 +207,17 @@ static void open_data(Job *job, const Grid *g) {
     if (job->have_val &&
         dataloader_init(&job->val, o->val_pattern, o->B, o->T, g->dp_rank, g->dp, 0, 0, V, err, sizeof(err)) != 0)
         die_usage(err);
+    // -m: llm.c's val_max_steps, batches per rank; never more than the split
+    // holds, so that no val token is counted twice
+    if (job->have_val) {
+        long whole = dataloader_batches_per_epoch(&job->val);
+        if (whole < 1) {
+            errorf(err, sizeof(err), "flag -j: %s holds fewer than one batch of B*T = %d tokens per data-parallel rank "
+                   "(dp %d)", o->val_pattern, o->B * o->T, g->dp);
+            die_usage(err);
+        }
+        job->val_batches = o->val_batches < 0 || o->val_batches > whole ? (int)whole : o->val_batches;
+    }
     DataLoaderState pos = {job->ck.data[0], job->ck.data[1], job->ck.data[2], job->ck.data[3]};
     if (job->resuming && dataloader_set_state(&job->train, &pos, err, sizeof(err)) != 0) die_usage(err);
     job->steps = o->steps >= 0 ? o->steps : (int)(dataloader_batches_per_epoch(&job->train) / job->accum);
@@ -279,14 +292,15 @@ static void announce_resume(const Job *job, double load_ms) {
 // ----------------------------------------------------------------------------
 // the loop: what a step does besides training, and what it reports
 
-// the val loss at step 0, every -v steps and at the last step
+// the val loss before step 0 and every -v steps (the evaluation after the
+// last step is the loop's end: report_final)
 static int evaluate_due(const Job *job, int step) {
-    return job->have_val && (step % job->opt.val_every == 0 || step == job->steps - 1);
+    return job->have_val && step % job->opt.val_every == 0;
 }
 
-// a sample every -s steps (not before any training) and at the last step
+// a sample every -s steps (not before any training), and after the last step
 static int sample_due(const Job *job, int step) {
-    return job->have_tok && step > 0 && (step % job->opt.sample_every == 0 || step == job->steps - 1);
+    return job->have_tok && (step == job->steps || (step > 0 && step % job->opt.sample_every == 0));
 }
 
 // the data-parallel replicas compare their parameters every -ck steps
@@ -301,13 +315,24 @@ static int checkpoint_due(const Job *job, int step, int stopped) {
 }
 
 // rank 0's line for a step, up to its GFLOP/s (the GPU trainer ends it with
-// its MFU), and the step's JSON log entry; returns the tokens per second
-static double report_step(const Job *job, int step, float loss, float val_loss, float norm, float lr, double ms) {
-    double tok_s = job->total_batch / (ms / 1e3);
-    printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s", step, job->steps,
-           loss, norm, lr, ms, tok_s, tok_s * flops_per_token(&job->config, job->opt.T) / 1e9);
-    log_step(job->logf, step, loss, val_loss, norm, lr, ms, job->total_batch * (step + 1));
+// its MFU), and the step's JSON log entry (l: its numbers; the tokens are
+// filled in here); returns the tokens per second
+static double report_step(const Job *job, LogLine *l) {
+    double tok_s = job->total_batch / (l->ms / 1e3);
+    printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s", l->step, job->steps,
+           l->loss, l->norm, l->lr, l->ms, tok_s, tok_s * flops_per_token(&job->config, job->opt.T) / 1e9);
+    l->trained = 1;
+    l->tokens = job->total_batch * (l->step + 1);
+    log_line(job->logf, l);
     return tok_s;
+}
+
+// the line after the last step: the final model's val loss (< 0: not
+// measured) in the log, as llm.c evaluates once more after its last update
+static void report_final(const Job *job, float val_loss) {
+    if (val_loss < 0) return;
+    LogLine l = {job->steps, 0, 0.0f, 0.0f, 0.0f, val_loss, 0.0, job->total_batch * job->steps};
+    log_line(job->logf, &l);
 }
 
 // what state.bin records after `done` steps (Adam's t: adam_t), the data
