@@ -576,6 +576,8 @@ typedef struct {
     int warmup, schedule;
     int shuffle, seed;
     int val_every, val_batches, sample_every, gen_tokens;
+    int hellaswag;                 // -h 1: HellaSwag at every evaluation
+    const char *hellaswag_file;    // -hf, NULL: HS_DEFAULT_FILE of hellaswag.h
     int ckpt_every, ckpt_keep, resume, resume_step;
     int np, tp, pp, zero, microbatches, pipe_schedule, check_every;
     float timeout;
@@ -621,6 +623,10 @@ static const OptionSpec option_specs[] = {
     {"-v", OPT_INT, offsetof(Options, val_every), 0, 1 << 30, NULL, "evaluate every N steps and after the last (0 = never)"},
     {"-m", OPT_INT, offsetof(Options, val_batches), -1, 1 << 30, NULL,
      "val batches per data-parallel rank per evaluation, at most the split's (-1 = the whole split)"},
+    {"-h", OPT_INT, offsetof(Options, hellaswag), 0, 1, NULL,
+     "HellaSwag accuracy at every evaluation after step 0 and after the last (0/1; -h alone or --help: this help)"},
+    {"-hf", OPT_STR, offsetof(Options, hellaswag_file), 0, 0, NULL,
+     "HellaSwag file (llm.c's eval format; default dev/data/hellaswag/hellaswag_val.bin, skipped when missing)"},
     {"-s", OPT_INT, offsetof(Options, sample_every), 0, 1 << 30, NULL, "sample every N steps (0 = never)"},
     {"-g", OPT_INT, offsetof(Options, gen_tokens), 1, 1 << 20, NULL, "tokens to generate per sample"},
     {"-n", OPT_INT, offsetof(Options, ckpt_every), 0, 1 << 30, NULL, "checkpoint into -o every N steps and at the end (0 = off)"},
@@ -669,7 +675,7 @@ static void options_usage(FILE *f, const char *prog) {
         if (s->type == OPT_CHOICE) fprintf(f, " {%s}", s->choices);
         fprintf(f, "\n");
     }
-    fprintf(f, "  %-13s this help\n", "-h");
+    fprintf(f, "  %-13s this help\n", "--help");
 }
 
 // 1 and the index if value is one of the comma-separated choices
@@ -689,7 +695,9 @@ static int choice_index(const char *choices, const char *value, int *index) {
 static int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
     for (int a = 1; a < argc; a += 2) {
         const char *flag = argv[a];
-        if (strcmp(flag, "-h") == 0 || strcmp(flag, "--help") == 0) { err[0] = '\0'; return 1; }
+        // -h with a value is llm.c's HellaSwag switch; alone (last, or before another flag) it asks for help
+        int help = strcmp(flag, "--help") == 0 || (strcmp(flag, "-h") == 0 && (a + 1 >= argc || argv[a + 1][0] == '-'));
+        if (help) { err[0] = '\0'; return 1; }
         const OptionSpec *s = NULL;
         for (int i = 0; i < NUM_OPTIONS; i++)
             if (strcmp(option_specs[i].flag, flag) == 0) s = &option_specs[i];
@@ -786,15 +794,17 @@ static float lr_at_step(const Options *o, int step, int total) {
 }
 
 // the JSON-lines log: one object per line. A training step's line has the
-// step (0-based: the updates made before it), its loss, the val loss when
-// measured before it, its norm, lr, ms and the tokens trained on so far (its
-// own included). After the last step one more line, {"step": steps,
-// "val_loss", "tokens"}, evaluates the final model.
+// step (0-based: the updates made before it), its loss, the val loss and
+// HellaSwag accuracy when measured before it, its norm, lr, ms and the
+// tokens trained on so far (its own included). After the last step one more
+// line, {"step": steps, "val_loss", "hellaswag", "tokens"}, evaluates the
+// final model.
 typedef struct {
     int step;
     int trained;             // 1: a training step's line; 0: the evaluation after the last step
     float loss, norm, lr;    // (trained lines)
     float val_loss;          // < 0: not measured
+    float hellaswag;         // < 0: not measured
     double ms;
     long tokens;
 } LogLine;
@@ -804,6 +814,7 @@ static void log_line(FILE *f, const LogLine *l) {
     fprintf(f, "{\"step\": %d", l->step);
     if (l->trained) fprintf(f, ", \"loss\": %.6f", l->loss);
     if (l->val_loss >= 0) fprintf(f, ", \"val_loss\": %.6f", l->val_loss);
+    if (l->hellaswag >= 0) fprintf(f, ", \"hellaswag\": %.6f", l->hellaswag);
     if (l->trained) fprintf(f, ", \"norm\": %.6f, \"lr\": %.6e, \"ms\": %.3f", l->norm, l->lr, l->ms);
     fprintf(f, ", \"tokens\": %ld}\n", l->tokens);
     fflush(f);

@@ -1273,6 +1273,33 @@ static float evaluate(GPT2 *m, DataLoader *val, int batches) {
     return sum / ((float)batches * m->shard.dp);
 }
 
+// HellaSwag (hellaswag.h): this data-parallel rank's examples, packed into
+// micro-batches, forward through the pipeline; the examples the last
+// stage's per-token losses get right, summed over the job (every rank
+// returns the sum)
+static float hellaswag_eval(GPT2 *m, const HsSet *hs) {
+    const Shard *s = &m->shard;
+    int next, hi, nb = hs_batches(hs, s->dp, m->B);
+    hs_rank_range(hs->n, s->dp, s->dp_rank, &next, &hi);
+    HsBatch hb;
+    if (hs_batch_init(&hb, m->B, m->T) != 0) {
+        fprintf(stderr, "out of memory allocating a HellaSwag batch\n");
+        exit(1);
+    }
+    float correct = 0.0f;
+    for (int i = 0; i < nb; i++) {
+        Acts *a = &m->acts[i % m->nacts];
+        hs_batch_fill(hs, &next, hi, &hb, a->inputs, a->targets);
+        pipe_recv(m, pipe_input(s->pp, s->pp_rank, pipe_op(1, i)));
+        stage_forward(m, a, 1);
+        pipe_send(m, pipe_output(s->pp, s->pp_rank, pipe_op(1, i)), PIPE_NONE);
+        if (s->last && s->tp_rank == 0) correct += (float)hs_batch_score(hs, &hb, a->t[A_LOSSES], NULL);
+    }
+    hs_batch_free(&hb);
+    group_allreduce(m->par, &m->par->world, &correct, 1);
+    return correct;
+}
+
 // prints gen_tokens tokens sampled from the model, starting from EOT (one rank only)
 static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng) {
     int B = m->B, T = m->T, V = m->config.V, Vp = m->config.Vp;
@@ -1444,11 +1471,12 @@ int main(int argc, char **argv) {
     int stopped = 0;
     for (int step = job.start; step < job.steps && !stopped; step++) {
         if (par.comm) comm_set_step(par.comm, step);
-        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, 0.0, 0};
+        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0};
         if (evaluate_due(&job, step)) {
             line.val_loss = evaluate(&model, &job.val, job.val_batches);
             if (rank0) printf("val loss %.6f\n", line.val_loss);
         }
+        if (hellaswag_due(&job, step)) line.hellaswag = report_hellaswag(&job, hellaswag_eval(&model, &job.hs), rank0);
         if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
         if (check_due(&job, step)) consistency_check(&model, step);
 
@@ -1478,13 +1506,14 @@ int main(int argc, char **argv) {
     // the final model, evaluated after the last update
     if (!stopped) {
         if (par.comm) comm_set_step(par.comm, job.steps);
-        float val_loss = -1.0f;
+        float val_loss = -1.0f, hellaswag = -1.0f;
         if (job.have_val) {
             val_loss = evaluate(&model, &job.val, job.val_batches);
             if (rank0) printf("val loss %.6f\n", val_loss);
         }
+        if (hellaswag_due(&job, job.steps)) hellaswag = report_hellaswag(&job, hellaswag_eval(&model, &job.hs), rank0);
         if (sample_due(&job, job.steps)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
-        if (rank0) report_final(&job, val_loss);
+        if (rank0) report_final(&job, val_loss, hellaswag);
     }
     if (job.opt.out_dir && !stopped) {
         if (gpt2_write_model(&model, job.opt.out_dir, job.steps, path, sizeof(path)) != 0) return 1;

@@ -1663,6 +1663,34 @@ static float evaluate(GPT2 *m, Parallel *par, DataLoader *val, int batches) {
     return (float)(world_loss_sum(m, par, NULL) / ((double)m->B * m->T * batches * m->shard.dp));
 }
 
+// HellaSwag (hellaswag.h): this data-parallel rank's examples, packed into
+// micro-batches, forward through the pipeline; on the last stage each
+// batch's per-token losses summed over tp (each position's is on the rank
+// holding its target) and scored on tp rank 0. Returns the examples right,
+// summed over the job, on every rank.
+static float hellaswag_eval(GPT2 *m, Parallel *par, const HsSet *hs) {
+    const Shard *s = &m->shard;
+    int next, hi, nb = hs_batches(hs, s->dp, m->B);
+    hs_rank_range(hs->n, s->dp, s->dp_rank, &next, &hi);
+    HsBatch hb;
+    if (hs_batch_init(&hb, m->B, m->T) != 0) {
+        fprintf(stderr, "train_gpt2cu: out of memory allocating a HellaSwag batch\n");
+        exit(1);
+    }
+    float correct = 0.0f;
+    for (int i = 0; i < nb; i++) {
+        hs_batch_fill(hs, &next, hi, &hb, m->inputs, m->targets);
+        gpt2_zero_losses(m);
+        eval_forward(m, par, i);
+        if (!s->last) continue;
+        if (s->tp > 1) nccl_allreduce(par->nccl, &par->nccl->tp, m->sc.losses, (size_t)m->B * m->T, ncclFloat32, OP_SUM);
+        gpt2_loss_sum(m);  // the losses to m->pinned
+        if (s->tp_rank == 0) correct += (float)hs_batch_score(hs, &hb, m->pinned, NULL);
+    }
+    hs_batch_free(&hb);
+    return world_sum(m, par, correct);
+}
+
 typedef struct { GPT2 *m; Parallel *par; } CkptCtx;
 
 static float ckpt_sum(void *ctx, float x) {
@@ -1783,11 +1811,13 @@ int main(int argc, char **argv) {
     int stopped = 0;
     for (int step = job.start; step < job.steps && !stopped; step++) {
         nccl_set_step(par.nccl, step);
-        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, 0.0, 0};
+        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0};
         if (evaluate_due(&job, step)) {
             line.val_loss = evaluate(&model, &par, &job.val, job.val_batches);
             if (rank0) printf("val loss %.6f\n", line.val_loss);
         }
+        if (hellaswag_due(&job, step))
+            line.hellaswag = report_hellaswag(&job, hellaswag_eval(&model, &par, &job.hs), rank0);
         if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
         if (check_due(&job, step)) consistency_check(&model, &par, step);
 
@@ -1818,13 +1848,15 @@ int main(int argc, char **argv) {
     // the final model, evaluated after the last update
     if (!stopped) {
         nccl_set_step(par.nccl, job.steps);
-        float val_loss = -1.0f;
+        float val_loss = -1.0f, hellaswag = -1.0f;
         if (job.have_val) {
             val_loss = evaluate(&model, &par, &job.val, job.val_batches);
             if (rank0) printf("val loss %.6f\n", val_loss);
         }
+        if (hellaswag_due(&job, job.steps))
+            hellaswag = report_hellaswag(&job, hellaswag_eval(&model, &par, &job.hs), rank0);
         if (sample_due(&job, job.steps)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
-        if (rank0) report_final(&job, val_loss);
+        if (rank0) report_final(&job, val_loss, hellaswag);
     }
     if (job.opt.out_dir && !stopped) {
         if (gpt2_write_model(&model, &par, job.opt.out_dir, job.steps, path, sizeof(path)) != 0) return 1;

@@ -15,7 +15,8 @@
  *   on each rank, after it joined the job:
  *     start_rank, load_params, open_data, open_tokenizer_and_log,
  *     activation_sets, step_plan, print_model_and_batch, announce_resume
- *   in the loop: evaluate_due, sample_due, check_due, checkpoint_due,
+ *   in the loop: evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
+ *     report_hellaswag,
  *     report_step, checkpoint_state, print_checkpoint_written
  *   after the last step: report_final
  *   sampling: random_f32 (xorshift*), sample_token (inverse CDF of the softmax)
@@ -36,12 +37,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gpt2.h"
 #include "secure.h"
 #include "checkpoint.h"
 #include "dataloader.h"
 #include "tokenizer.h"
+#include "hellaswag.h"
 #include "parallel.h"
 
 typedef struct {
@@ -62,6 +65,8 @@ typedef struct {
     DataLoader train, val;
     int have_val, have_tok;  // an evaluation every -v steps; samples every -s steps
     int val_batches;         // val batches per data-parallel rank per evaluation (-m, at most the split's)
+    HsSet hs;                // -h 1: the HellaSwag examples
+    int have_hs;
     Tokenizer tok;
     FILE *logf;              // rank 0's JSON-lines log, or NULL
     uint64_t sample_rng;     // xorshift* state, saved in checkpoints
@@ -135,6 +140,30 @@ static void check_model(Job *job) {
     if (grid_check_model(&job->layout, c->L, c->NH, c->C, c->Vp, err, sizeof(err)) != 0) die_usage(err);
 }
 
+// -h 1: the HellaSwag file, -hf or llm.c's path. Like llm.c, a run without
+// the file at the default path goes on without HellaSwag (and says so, when
+// chatty); a file that -hf names must be there. It runs with the
+// evaluations, so -v 0 turns it off too.
+static void open_hellaswag(Job *job, int chatty) {
+    char err[2048];
+    const Options *o = &job->opt;
+    const char *path = o->hellaswag_file != NULL ? o->hellaswag_file : HS_DEFAULT_FILE;
+    job->have_hs = 0;
+    if (!o->hellaswag) return;
+    if (o->val_every == 0) {
+        if (chatty) printf("note: flag -h 1: HellaSwag runs with the evaluations, and -v 0 turns them off\n");
+        return;
+    }
+    if (o->hellaswag_file == NULL && access(path, F_OK) != 0) {
+        if (chatty)
+            printf("note: flag -h 1: no HellaSwag file at %s, so no HellaSwag in this run; make it with "
+                   "./prepare_data hellaswag (doc/llmc.md) or give -hf\n", path);
+        return;
+    }
+    if (hs_read(&job->hs, path, job->config.V, o->T, o->B, err, sizeof(err)) != 0) die_usage(err);
+    job->have_hs = 1;
+}
+
 // the batch against the job's data-parallel size, and the data: both
 // streams open with this B and T and hold tokens below the model's V
 static void check_batch_and_data(Job *job) {
@@ -151,6 +180,8 @@ static void check_batch_and_data(Job *job) {
         if (dataloader_init(&probe, o->val_pattern, o->B, o->T, 0, dp, 0, 0, V, err, sizeof(err)) != 0) die_usage(err);
         dataloader_free(&probe);
     }
+    open_hellaswag(job, 0);
+    if (job->have_hs) hs_free(&job->hs);
 }
 
 // the checkpoint key and, with -y or -ys, the checkpoint to resume from
@@ -218,6 +249,7 @@ static void open_data(Job *job, const Grid *g) {
         }
         job->val_batches = o->val_batches < 0 || o->val_batches > whole ? (int)whole : o->val_batches;
     }
+    open_hellaswag(job, g->rank == 0);
     DataLoaderState pos = {job->ck.data[0], job->ck.data[1], job->ck.data[2], job->ck.data[3]};
     if (job->resuming && dataloader_set_state(&job->train, &pos, err, sizeof(err)) != 0) die_usage(err);
     job->steps = o->steps >= 0 ? o->steps : (int)(dataloader_batches_per_epoch(&job->train) / job->accum);
@@ -298,6 +330,18 @@ static int evaluate_due(const Job *job, int step) {
     return job->have_val && step % job->opt.val_every == 0;
 }
 
+// HellaSwag (-h 1) with the evaluations, after step 0 as in llm.c, and after the last step
+static int hellaswag_due(const Job *job, int step) {
+    return job->have_hs && (step == job->steps || (step > 0 && step % job->opt.val_every == 0));
+}
+
+// the accuracy of a HellaSwag evaluation that got `correct` examples right;
+// rank 0 prints llm.c's line for it
+static float report_hellaswag(const Job *job, float correct, int rank0) {
+    if (rank0) printf("HellaSwag: %d/%d = %f\n", (int)correct, job->hs.n, correct / job->hs.n);
+    return correct / job->hs.n;
+}
+
 // a sample every -s steps (not before any training), and after the last step
 static int sample_due(const Job *job, int step) {
     return job->have_tok && (step == job->steps || (step > 0 && step % job->opt.sample_every == 0));
@@ -327,11 +371,12 @@ static double report_step(const Job *job, LogLine *l) {
     return tok_s;
 }
 
-// the line after the last step: the final model's val loss (< 0: not
-// measured) in the log, as llm.c evaluates once more after its last update
-static void report_final(const Job *job, float val_loss) {
-    if (val_loss < 0) return;
-    LogLine l = {job->steps, 0, 0.0f, 0.0f, 0.0f, val_loss, 0.0, job->total_batch * job->steps};
+// the line after the last step: the final model's val loss and HellaSwag
+// accuracy (< 0: not measured) in the log, as llm.c evaluates once more
+// after its last update
+static void report_final(const Job *job, float val_loss, float hellaswag) {
+    if (val_loss < 0 && hellaswag < 0) return;
+    LogLine l = {job->steps, 0, 0.0f, 0.0f, 0.0f, val_loss, hellaswag, 0.0, job->total_batch * job->steps};
     log_line(job->logf, &l);
 }
 
@@ -380,6 +425,7 @@ static void free_job(Job *job) {
     if (job->logf) fclose(job->logf);
     dataloader_free(&job->train);
     if (job->have_val) dataloader_free(&job->val);
+    if (job->have_hs) hs_free(&job->hs);
     if (job->have_tok) tokenizer_free(&job->tok);
 }
 
