@@ -1042,11 +1042,12 @@ static void adam_run(GPT2 *m, const Run *r, void *ctx) {
                  param_is_matrix(r->tensor) ? h->weight_decay : 0.0f, m->adam_t);
 }
 
-// *loss_sum: this rank's sum of micro-batch mean losses; on return the
-// step's loss (every rank gets it). *stop: in, whether this rank was asked to
-// stop (a signal); out, whether any rank was, so that all stop after the same
-// step. Returns the grad norm before clipping.
-static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, const AdamHyper *h, int *stop) {
+// the step's gradients summed (gpt2_reduce_grads), and its grad norm and
+// loss, which every rank gets. *loss_sum: this rank's sum of micro-batch
+// mean losses; on return the step's loss. *stop: in, whether this rank was
+// asked to stop (a signal); out, whether any rank was, so that all stop
+// after the same step. Returns the grad norm before clipping.
+static float gpt2_loss_and_norm(GPT2 *m, float *loss_sum, int accum, int *stop) {
     const Parallel *par = m->par;
     const Shard *s = &m->shard;
     gpt2_reduce_grads(m);
@@ -1059,9 +1060,16 @@ static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, cons
     float all[GRID_MAX_WORLD + 2] = {(float)sumsq, s->last && s->tp_rank == 0 ? *loss_sum / accum / s->dp : 0.0f,
                                      (float)*stop};
     group_allreduce(par, &par->world, all, (size_t)n);
-    float norm = sqrtf(all[0]);
     *loss_sum = all[1];
     *stop = all[2] > 0.0f;
+    return sqrtf(all[0]);
+}
+
+// AdamW on what this rank owns, the gradients clipped to max_norm given
+// their norm, and (ZeRO-1, 2) the updated parameters all-gathered
+static void gpt2_update(GPT2 *m, float norm, float max_norm, const AdamHyper *h) {
+    const Parallel *par = m->par;
+    const Shard *s = &m->shard;
     // clipping as torch.nn.utils.clip_grad_norm_, applied by AdamW as it reads the gradients
     AdamStep st = {h, max_norm > 0.0f && norm > max_norm ? max_norm / (norm + 1e-6f) : 1.0f};
     m->adam_t++;
@@ -1076,6 +1084,13 @@ static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, cons
             free(mine);
         }
     }
+}
+
+// the whole optimizer step (the trainer's loop runs the two halves, between
+// which -sl and -sg may skip the update); returns the grad norm
+static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, const AdamHyper *h, int *stop) {
+    float norm = gpt2_loss_and_norm(m, loss_sum, accum, stop);
+    gpt2_update(m, norm, max_norm, h);
     return norm;
 }
 
@@ -1433,7 +1448,8 @@ int main(int argc, char **argv) {
     char err[1024], path[1024];
     trainer_name = "train_gpt2";
     // the job, checked once, by the launcher, before any rank starts
-    parse_flags(&job, argc, argv, "");
+    TrainerBuild build = {"the CPU trainer", 0, 0};  // fp32 throughout, no fused GELU
+    parse_flags(&job, argc, argv, "", &build);
 #ifdef _OPENMP
     if (job.opt.threads > 0) omp_set_num_threads(job.opt.threads);
 #endif
@@ -1449,9 +1465,6 @@ int main(int argc, char **argv) {
     int rank0 = par.grid.rank == 0, dp = par.grid.dp, B = job.opt.B, T = job.opt.T, accum = job.accum;
     float *params = load_params(&job);
     open_data(&job, &par.grid);
-    if (job.opt.tokenizer != NULL && par.grid.world > 1 && rank0)
-        printf("note: flag -tk: samples are printed by one-rank runs only; none in this run of %d ranks\n",
-               par.grid.world);
     open_tokenizer_and_log(&job, &par.grid);
     GPT2 model;
     gpt2_build(&model, &job.config, &par, params, (uint64_t)job.opt.seed);
@@ -1469,9 +1482,11 @@ int main(int argc, char **argv) {
 
     // the training loop: one optimizer step per iteration
     int stopped = 0;
+    OutlierGuard guard;
+    memset(&guard, 0, sizeof(guard));
     for (int step = job.start; step < job.steps && !stopped; step++) {
         if (par.comm) comm_set_step(par.comm, step);
-        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0};
+        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL};
         if (evaluate_due(&job, step)) {
             line.val_loss = evaluate(&model, &job.val, job.val_batches);
             if (rank0) printf("val loss %.6f\n", line.val_loss);
@@ -1487,10 +1502,12 @@ int main(int argc, char **argv) {
         line.lr = lr_at_step(&job.opt, step, job.steps);
         hyper.lr = line.lr;
         stopped = ckpt_stop_signal != 0;
-        line.norm = gpt2_step(&model, &line.loss, accum, job.opt.grad_clip, &hyper, &stopped);
+        line.norm = gpt2_loss_and_norm(&model, &line.loss, accum, &stopped);
+        line.skipped = outlier_skip(&job, &guard, line.loss, line.norm, rank0);
+        if (line.skipped == NULL) gpt2_update(&model, line.norm, job.opt.grad_clip, &hyper);
         line.ms = now_ms() - t0;
         if (rank0) {
-            report_step(&job, &line);
+            report_step(&job, &line, &guard);
             printf("\n");  // (the GPU trainer ends its line with the MFU)
         }
 

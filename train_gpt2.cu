@@ -87,15 +87,16 @@ static int gpu_check_shapes(const GPT2Config *c, int B, int T, int tp, const cha
     return 0;
 }
 
-// GPU flags the CPU trainer has no use for, taken out of argv before
-// gpt2.h's options_parse sees it (argv is flag/value pairs)
+// GPU flags taken out of argv before gpt2.h's options_parse sees it (argv is
+// flag/value pairs): -fa, which the CPU trainer has no use for, and -r, which
+// gpt2.h's table lists for both (the CPU trainer takes it and keeps every
+// activation anyway)
 typedef struct {
     int recompute;     // -r: 1 = recompute GELU in the backward instead of keeping it per layer
     int attention_tc;  // -fa: 1 = tensor-core attention (bf16 build), 0 = the fp32-FMA kernels
 } GpuOptions;
 
 static const char *gpu_usage_lines =
-    "  -r            recompute GELU in the backward (0/1, default 1)\n"
     "  -fa           attention on tensor cores (0/1, default 1 in the bf16 build; fp32 builds: 0)\n";
 
 static int gpu_options_take(GpuOptions *g, int *argc, char **argv, char *err, size_t errlen) {
@@ -119,7 +120,8 @@ static int gpu_options_take(GpuOptions *g, int *argc, char **argv, char *err, si
         }
         const char *v = argv[a + 1];
         if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0) {
-            snprintf(err, errlen, "flag %s: '%s' is not 0 or 1", argv[a], v);
+            snprintf(err, errlen, "flag %s: '%s' is not 0 or 1%s", argv[a], v, dst == &g->recompute && strcmp(v, "2") == 0
+                     ? " (llm.c's -r 2 also recomputes LayerNorm, which this trainer does not)" : "");
             return -1;
         }
         *dst = v[0] - '0';
@@ -549,7 +551,7 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
 #ifdef ENABLE_FP32
     m->fuse_gelu = 0;  // our GELU kernel is the CPU trainer's formula; the epilogue's may round differently
 #else
-    m->fuse_gelu = 1;
+    m->fuse_gelu = 2;  // forward and backward (llm.c's -ge 2; main may set another level)
 #endif
     CUDA_CHECK(cudaStreamCreate(&m->stream));
     gpt2_alloc_params(m);
@@ -929,7 +931,7 @@ static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
         attention_forward(l.atty, l.lse, l.qkv, B, T, Cl, s->NHl, m->attention_tc, st);
         row_parallel_forward(m, sc->proj, l.atty, p.attprojw, p.attprojb, BT, Cl, C);
         residual_layernorm_forward(l.residual2, l.ln2, l.ln2_mean, l.ln2_rstd, x, sc->proj, p.ln2w, p.ln2b, BT, C, st);
-        if (m->fuse_gelu) {
+        if (m->fuse_gelu >= 1) {
             column_parallel_forward(m, l.fch_gelu, l.fch, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
         } else {
             column_parallel_forward(m, l.fch, NULL, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
@@ -1005,8 +1007,8 @@ static void stage_backward(GPT2 *m, Acts *a) {
         // fcproj: d(its output) = dresidual; dbig = d(fch), my slice (through
         // the GELU: fused into the matmul, or after it)
         row_parallel_backward(m, sc->dbig, g.fcprojw, g.fcprojb, sc->dresidual, l.fch_gelu, p.fcprojw,
-                              m->fuse_gelu ? l.fch : NULL, BT, 4 * Cl, C);
-        if (!m->fuse_gelu) gelu_backward(sc->dbig, l.fch, 4 * (size_t)BT * Cl, st);
+                              m->fuse_gelu >= 2 ? l.fch : NULL, BT, 4 * Cl, C);
+        if (m->fuse_gelu < 2) gelu_backward(sc->dbig, l.fch, 4 * (size_t)BT * Cl, st);
         // fc: dbtc = d(ln2), whole
         column_parallel_backward(m, sc->dbtc, g.fcw, g.fcb, sc->dbig, l.ln2, p.fcw, BT, C, 4 * Cl);
         layernorm_backward(sc->dresidual, g.ln2w, g.ln2b, part, sc->dbtc, l.residual2, p.ln2w, l.ln2_mean, l.ln2_rstd,
@@ -1149,15 +1151,19 @@ static void tp_share_run(GPT2 *m, const Run *r, void *ctx) {
     if (tensor_is_replicated(r->tensor)) tp_share_from_lead(m, grad_at(m, r->u, r->j), r->n);
 }
 
-// the norm (every rank gets it, on the device), clipping and AdamW, and the
-// ZeRO-1/2 all-gather of the updated parameters; all queued on the stream
-static void gpt2_norm_and_update(GPT2 *m, const AdamHyper *h) {
-    const Shard *s = &m->shard;
+// the norm (every rank gets it, in sc.norm on the device), queued on the stream
+static void gpt2_norm(GPT2 *m) {
     CUDA_CHECK(cudaMemsetAsync(m->sc.norm_partial, 0, NORM_BLOCKS * sizeof(float), m->stream));
     for_each_run(m, add_sumsq, NULL, 1);
     if (m->grid.world > 1) nccl_allreduce(m->nccl, &m->nccl->world, m->sc.norm_partial, NORM_BLOCKS, ncclFloat32, OP_SUM);
     sumsq_final_kernel<<<1, 1024, 0, m->stream>>>(m->sc.norm, m->sc.norm_partial, NORM_BLOCKS);
     CUDA_CHECK(cudaGetLastError());
+}
+
+// clipping (by the norm in sc.norm) and AdamW, and the ZeRO-1/2 all-gather
+// of the updated parameters; all queued on the stream
+static void gpt2_apply_update(GPT2 *m, const AdamHyper *h) {
+    const Shard *s = &m->shard;
     m->adam_t++;
     for_each_run(m, adam_run, (void *)h, 0);
     if ((m->zero == 1 || m->zero == 2) && s->dp > 1) {  // everyone's updated chunks, to everyone
@@ -1173,7 +1179,8 @@ static void gpt2_norm_and_update(GPT2 *m, const AdamHyper *h) {
 [[maybe_unused]] static void gpt2_update(GPT2 *m, float lr, float beta1, float beta2, float eps, float weight_decay, float max_norm) {
     AdamHyper h = {lr, beta1, beta2, eps, weight_decay, max_norm};
     tied_exchange(m);
-    gpt2_norm_and_update(m, &h);
+    gpt2_norm(m);
+    gpt2_apply_update(m, &h);
 }
 
 static float gpt2_last_norm(GPT2 *m) {
@@ -1471,8 +1478,9 @@ static void print_device(const cudaDeviceProp *prop, double peak, const GpuOptio
            prop->totalGlobalMem / 1073741824.0);
     if (peak > 0) printf("bf16 dense peak %.0f TFLOPS\n", peak / 1e12);
     else printf("bf16 dense peak unknown (MFU n/a)\n");
-    printf("precision: %s compute, fp32 master weights and AdamW state; recompute GELU %d; attention %s; "
-           "activations %.2f GiB\n", precision_name, gopt->recompute,
+    printf("precision: %s compute, fp32 master weights and AdamW state; recompute GELU %d; GELU fused %s; "
+           "attention %s; activations %.2f GiB\n", precision_name, gopt->recompute,
+           m->fuse_gelu == 2 ? "forward and backward" : m->fuse_gelu == 1 ? "forward" : "no",
            gopt->attention_tc && attention_tc_supports(m->config.C / m->config.NH) ? "tensor cores" : "fp32 FMA",
            m->act_bytes / 1073741824.0);
 }
@@ -1573,18 +1581,19 @@ static void mac_check_or_exit(GPT2 *m, Parallel *par, const char *when) {
     exit(1);
 }
 
-// the end of a step, after its pipeline run: the data-parallel sums drained
-// (they ran during the backward), the tied wte's halves swapped, the
-// replicated gradients shared from tp rank 0, every MAC tag of the step
-// checked (before anything is applied), the loss and the stop requests
-// summed, the norm, AdamW. Returns the step's mean loss.
-static float gpt2_step(GPT2 *m, Parallel *par, const AdamHyper *h, int accum, int *stop) {
+// the end of a step, after its pipeline run, up to the update: the
+// data-parallel sums drained (they ran during the backward), the tied wte's
+// halves swapped, the replicated gradients shared from tp rank 0, every MAC
+// tag of the step checked (before anything is applied), the loss and the
+// stop requests summed, the norm queued. Returns the step's mean loss; the
+// loop then applies the update (gpt2_apply_update) unless -sl or -sg skip it.
+static float gpt2_step_loss(GPT2 *m, Parallel *par, int accum, int *stop) {
     nccl_side_drain(par->nccl);  // the data-parallel sums, made during the backward
     tied_exchange(m);
     if (m->shard.tp > 1) for_each_run(m, tp_share_run, NULL, 0);
     mac_check_or_exit(m, par, "the step is not applied");
     double loss = world_loss_sum(m, par, stop) / ((double)m->B * m->T * accum * m->shard.dp);
-    gpt2_norm_and_update(m, h);
+    gpt2_norm(m);
     return (float)loss;
 }
 
@@ -1765,7 +1774,12 @@ int main(int argc, char **argv) {
     memcpy(launch_argv, argv, (size_t)(argc + 1) * sizeof(char *));
     if (gpu_options_take(&gopt, &argc, argv, err, sizeof(err)) != 0) die_usage(err);
     // the job, checked once, by the launcher, before any rank starts or a GPU is touched
-    parse_flags(&job, argc, argv, gpu_usage_lines);
+#ifdef ENABLE_FP32
+    TrainerBuild build = {"the fp32 build of train_gpt2cu", 0, 0};  // exact fp32, GELU unfused
+#else
+    TrainerBuild build = {"the bf16 build of train_gpt2cu", 1, 2};  // bf16 GEMMs, GELU fused both ways
+#endif
+    parse_flags(&job, argc, argv, gpu_usage_lines, &build);
     if (ckpt_check_flags(&job.opt, err, sizeof(err)) != 0) die_usage(err);  // before a launcher counts the GPUs
     check_launch_gpus(&job.opt);
     parse_fault(&job);
@@ -1792,6 +1806,7 @@ int main(int argc, char **argv) {
     gpt2_init_rank(&model, &job.config, params, (uint64_t)job.opt.seed, B, T, gopt.recompute, gopt.attention_tc,
                    &par.grid, par.zero, activation_sets(&job, &par.grid), par.nccl);
     free(params);
+    model.fuse_gelu = job.opt.gelu_fusion;  // -ge, checked against this build by parse_flags
     snprintf(path, sizeof(path), "%s/optim.bin", job.ck_dir);
     if (job.resuming && gpt2_load_optimizer(&model, path, job.ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
     double load_ms = now_ms() - job.load_t0 - job.verify_ms;
@@ -1809,9 +1824,11 @@ int main(int argc, char **argv) {
 
     // the training loop: one optimizer step per iteration
     int stopped = 0;
+    OutlierGuard guard;
+    memset(&guard, 0, sizeof(guard));
     for (int step = job.start; step < job.steps && !stopped; step++) {
         nccl_set_step(par.nccl, step);
-        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0};
+        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL};
         if (evaluate_due(&job, step)) {
             line.val_loss = evaluate(&model, &par, &job.val, job.val_batches);
             if (rank0) printf("val loss %.6f\n", line.val_loss);
@@ -1831,10 +1848,18 @@ int main(int argc, char **argv) {
         line.lr = lr_at_step(&job.opt, step, job.steps);
         hyper.lr = line.lr;
         stopped = ckpt_stop_signal != 0;
-        line.loss = gpt2_step(&model, &par, &hyper, accum, &stopped);
-        line.norm = gpt2_last_norm(&model);
+        line.loss = gpt2_step_loss(&model, &par, accum, &stopped);
+        if (outlier_guard_on(&job)) {  // the norm decides before the update; otherwise the update goes first
+            line.norm = gpt2_last_norm(&model);
+            line.skipped = outlier_skip(&job, &guard, line.loss, line.norm, rank0);
+        }
+        if (line.skipped == NULL) gpt2_apply_update(&model, &hyper);
+        if (!outlier_guard_on(&job)) {
+            line.norm = gpt2_last_norm(&model);
+            outlier_skip(&job, &guard, line.loss, line.norm, rank0);  // (the z-scores only)
+        }
         line.ms = now_ms() - t0;
-        if (rank0) print_mfu(&job, report_step(&job, &line), peak, par.grid.world);
+        if (rank0) print_mfu(&job, report_step(&job, &line, &guard), peak, par.grid.world);
 
         if (checkpoint_due(&job, step, stopped)) {
             CkptState st = checkpoint_state(&job, step + 1, model.adam_t, &par.grid, par.zero);

@@ -16,7 +16,7 @@
  *     start_rank, load_params, open_data, open_tokenizer_and_log,
  *     activation_sets, step_plan, print_model_and_batch, announce_resume
  *   in the loop: evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
- *     report_hellaswag,
+ *     report_hellaswag, outlier_skip (llm.c's -sl -sg),
  *     report_step, checkpoint_state, print_checkpoint_written
  *   after the last step: report_final
  *   sampling: random_f32 (xorshift*), sample_token (inverse CDF of the softmax)
@@ -30,6 +30,7 @@
 #define LLM3D_TRAINER_H
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -98,9 +99,29 @@ static double flops_per_token(const GPT2Config *c, int T) {
 // ----------------------------------------------------------------------------
 // the job, checked before any rank starts
 
-// the flags (gpt2.h's table; more_usage: the trainer's own lines for -h), and
-// the job's world: the ranks of mpirun/srun/torchrun when they started us
-static void parse_flags(Job *job, int argc, char **argv, const char *more_usage) {
+// a process that mpirun or torchrun started as one of several ranks joins
+// the others through --rendezvous; without it, it would run the whole job
+// alone, beside its copies (and with -np N each would start N more), so it
+// stops and says what to add
+static void check_outside_launch(const Options *o) {
+    static const char *launchers[][3] = {{"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "mpirun (Open MPI)"},
+                                         {"WORLD_SIZE", "RANK", "torchrun"}};
+    if (o->rendezvous != NULL || getenv("LLM3D_RANK") != NULL) return;
+    for (int k = 0; k < 2; k++) {
+        const char *size = getenv(launchers[k][0]), *rank = getenv(launchers[k][1]);
+        if (size == NULL || atoi(size) < 2) continue;
+        char msg[600];
+        snprintf(msg, sizeof(msg), "started by %s as rank %s of %s, but without --rendezvous: add --rendezvous "
+                 "tcp:127.0.0.1:29500 --key-file FILE, the same on every rank (doc/llmc.md, \"mpirun\"), or start one "
+                 "process with -np %s", launchers[k][2], rank != NULL ? rank : "?", size, size);
+        die_usage(msg);
+    }
+}
+
+// the flags (gpt2.h's table; more_usage: the trainer's own lines for -h;
+// build: what llm.c's -a -f -w -ge -nm may say), and the job's world: the
+// ranks of mpirun/srun/torchrun when they started us
+static void parse_flags(Job *job, int argc, char **argv, const char *more_usage, const TrainerBuild *build) {
     char err[2048];
     memset(job, 0, sizeof(*job));
     options_defaults(&job->opt);
@@ -110,7 +131,9 @@ static void parse_flags(Job *job, int argc, char **argv, const char *more_usage)
         fputs(more_usage, stdout);
         exit(0);
     }
-    if (rc != 0) die_usage(err);
+    if (rc != 0 || options_check_build(&job->opt, build, err, sizeof(err)) != 0) die_usage(err);
+    if (job->opt.ckpt_keep == 0) job->opt.ckpt_keep = INT_MAX;  // -nk 0: keep them all, as llm.c's
+    check_outside_launch(&job->opt);
     // from here on a signal asks for a checkpoint (with -o), and a full disk
     // fails a write (and says so) instead of killing the process
     if (job->opt.out_dir) ckpt_catch_signals();
@@ -269,6 +292,10 @@ static void open_tokenizer_and_log(Job *job, const Grid *g) {
     const Options *o = &job->opt;
     job->have_tok = o->tokenizer != NULL && o->sample_every > 0 && g->world == 1;
     if (job->have_tok && tokenizer_load_bin(&job->tok, o->tokenizer, err, sizeof(err)) != 0) die_usage(err);
+    if (g->rank == 0 && o->sample_every > 0 && !job->have_tok) {  // (llm.c samples token ids without a tokenizer)
+        if (o->tokenizer == NULL) printf("note: flag -s: no samples without a tokenizer .bin (-tk)\n");
+        else printf("note: flag -tk: samples are printed by one-rank runs only; none in this run of %d ranks\n", g->world);
+    }
     if (g->rank != 0 || (o->log_file == NULL && o->out_dir == NULL)) return;
     const char *path = o->log_file;
     if (path == NULL) {
@@ -322,6 +349,60 @@ static void announce_resume(const Job *job, double load_ms) {
 }
 
 // ----------------------------------------------------------------------------
+// llm.c's outlier guard (-sl, -sg): each step's loss and grad norm get a
+// z-score against a window of the last OUTLIER_WINDOW steps' values, the new
+// one included (none until the window is full); an update whose z-score is
+// above the flag's threshold is skipped. As in llm.c the windows start
+// afresh in each launch.
+
+#define OUTLIER_WINDOW 128
+
+typedef struct {
+    double values[OUTLIER_WINDOW];
+    int count, next;
+    double sum, sumsq;
+} Outliers;
+
+// x's z-score once the window is full (NAN before); x enters the window
+static double outlier_zscore(Outliers *d, double x) {
+    if (d->count < OUTLIER_WINDOW) {
+        d->values[d->count++] = x;
+        d->sum += x;
+        d->sumsq += x * x;
+        return NAN;
+    }
+    double old = d->values[d->next];
+    d->values[d->next] = x;
+    d->next = (d->next + 1) % OUTLIER_WINDOW;
+    d->sum += x - old;
+    d->sumsq += x * x - old * old;
+    double mean = d->sum / OUTLIER_WINDOW, var = d->sumsq / OUTLIER_WINDOW - mean * mean;
+    return var > 0.0 ? (x - mean) / sqrt(var) : 0.0;
+}
+
+typedef struct {
+    Outliers loss, norm;
+    float loss_z, norm_z;     // the last step's z-scores (NAN: the window is not full yet)
+} OutlierGuard;
+
+static int outlier_guard_on(const Job *job) { return job->opt.skip_loss_z > 0 || job->opt.skip_norm_z > 0; }
+
+// this step's z-scores; "loss" or "norm" when -sl or -sg skips its update
+// (rank 0 says so, in llm.c's words), else NULL. Every rank has the same
+// loss and norm, so every rank decides the same.
+static const char *outlier_skip(const Job *job, OutlierGuard *g, float loss, float norm, int rank0) {
+    g->loss_z = (float)outlier_zscore(&g->loss, loss);
+    g->norm_z = (float)outlier_zscore(&g->norm, norm);
+    const char *what = NULL;
+    if (isfinite(g->loss_z) && job->opt.skip_loss_z > 0 && g->loss_z > job->opt.skip_loss_z) what = "loss";
+    else if (isfinite(g->norm_z) && job->opt.skip_norm_z > 0 && g->norm_z > job->opt.skip_norm_z) what = "norm";
+    if (what != NULL && rank0)
+        printf("skipping update due to %s z-score of %f\n", what[0] == 'l' ? "loss" : "grad",
+               what[0] == 'l' ? g->loss_z : g->norm_z);
+    return what;
+}
+
+// ----------------------------------------------------------------------------
 // the loop: what a step does besides training, and what it reports
 
 // the val loss before step 0 and every -v steps (the evaluation after the
@@ -360,11 +441,16 @@ static int checkpoint_due(const Job *job, int step, int stopped) {
 
 // rank 0's line for a step, up to its GFLOP/s (the GPU trainer ends it with
 // its MFU), and the step's JSON log entry (l: its numbers; the tokens are
-// filled in here); returns the tokens per second
-static double report_step(const Job *job, LogLine *l) {
+// filled in here); with -sl or -sg, the z-scores of g too, as llm.c prints
+// them. Returns the tokens per second.
+static double report_step(const Job *job, LogLine *l, const OutlierGuard *g) {
     double tok_s = job->total_batch / (l->ms / 1e3);
-    printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s", l->step, job->steps,
-           l->loss, l->norm, l->lr, l->ms, tok_s, tok_s * flops_per_token(&job->config, job->opt.T) / 1e9);
+    printf("step %4d/%d | loss %.6f", l->step, job->steps, l->loss);
+    if (outlier_guard_on(job)) printf(" (%+.2fz)", g->loss_z);
+    printf(" | norm %.4f", l->norm);
+    if (outlier_guard_on(job)) printf(" (%+.2fz)", g->norm_z);
+    printf(" | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s", l->lr, l->ms, tok_s,
+           tok_s * flops_per_token(&job->config, job->opt.T) / 1e9);
     l->trained = 1;
     l->tokens = job->total_batch * (l->step + 1);
     log_line(job->logf, l);
@@ -376,7 +462,7 @@ static double report_step(const Job *job, LogLine *l) {
 // after its last update
 static void report_final(const Job *job, float val_loss, float hellaswag) {
     if (val_loss < 0 && hellaswag < 0) return;
-    LogLine l = {job->steps, 0, 0.0f, 0.0f, 0.0f, val_loss, hellaswag, 0.0, job->total_batch * job->steps};
+    LogLine l = {job->steps, 0, 0.0f, 0.0f, 0.0f, val_loss, hellaswag, 0.0, job->total_batch * job->steps, NULL};
     log_line(job->logf, &l);
 }
 
