@@ -605,101 +605,102 @@ typedef struct {
     const char *choices; // for OPT_CHOICE: comma separated, value = index
     const char *help;
     const char *llmc;    // where llm.c's flag of this name means something else: what, added to its errors
+    const char *dflt;    // the default in words, where its value alone does not say it (-h prints it)
 } OptionSpec;
 
 #define LLMC_MULTINODE "llm.c's multi-node setting; here one box starts its ranks with -np N, and ranks started by " \
                        "mpirun, srun or torchrun join with --rendezvous ADDR --key-file FILE (doc/llmc.md)"
 
 static const OptionSpec option_specs[] = {
-    {"-i", OPT_STR, offsetof(Options, train_pattern), 0, 0, NULL, "train shards (glob)", NULL},
-    {"-j", OPT_STR, offsetof(Options, val_pattern), 0, 0, NULL, "val shards (glob)", NULL},
+    {"-i", OPT_STR, offsetof(Options, train_pattern), 0, 0, NULL, "train shards (glob)", NULL, NULL},
+    {"-j", OPT_STR, offsetof(Options, val_pattern), 0, 0, NULL, "val shards (glob)", NULL, NULL},
     {"-e", OPT_STR, offsetof(Options, init), 0, 0, NULL,
-     "init: model .bin file, or descriptor dN or gpt2:dN (d12 = GPT-2 124M; llm.c's shapes)", NULL},
-    {"-ev", OPT_INT, offsetof(Options, init_vocab), 1, 1 << 24, NULL, "vocab size for a dN init", NULL},
-    {"-et", OPT_INT, offsetof(Options, init_maxT), 1, 1 << 20, NULL, "max sequence length for a dN init", NULL},
-    {"-ec", OPT_INT, offsetof(Options, init_channels), 0, 1 << 16, NULL, "channels for a dN init (0 = GPT-2's)", NULL},
+     "init: model .bin file, or descriptor dN or gpt2:dN (d12 = GPT-2 124M; llm.c's shapes)", NULL, NULL},
+    {"-ev", OPT_INT, offsetof(Options, init_vocab), 1, 1 << 24, NULL, "vocab size for a dN init", NULL, NULL},
+    {"-et", OPT_INT, offsetof(Options, init_maxT), 1, 1 << 20, NULL, "max sequence length for a dN init", NULL, NULL},
+    {"-ec", OPT_INT, offsetof(Options, init_channels), 0, 1 << 16, NULL, "channels for a dN init (0 = GPT-2's)", NULL, NULL},
     {"-o", OPT_STR, offsetof(Options, out_dir), 0, 0, NULL,
-     "output dir for the log, checkpoints and the final model", NULL},
-    {"-lg", OPT_STR, offsetof(Options, log_file), 0, 0, NULL, "JSON-lines log file (default <-o>/log.jsonl)",
-     "llm.c has no -lg; its parser reads -lg as -l, the learning rate"},
-    {"-tk", OPT_STR, offsetof(Options, tokenizer), 0, 0, NULL, "tokenizer .bin for printing samples", NULL},
-    {"-b", OPT_INT, offsetof(Options, B), 1, 1 << 16, NULL, "micro-batch size B per data-parallel rank", NULL},
-    {"-t", OPT_INT, offsetof(Options, T), 1, 1 << 20, NULL, "sequence length T", NULL},
-    {"-d", OPT_INT, offsetof(Options, total_batch), -1, 1 << 30, NULL, "total batch in tokens (-1 = B*T*dp*mb)", NULL},
-    {"-x", OPT_INT, offsetof(Options, steps), -1, 1 << 30, NULL, "optimizer steps (-1 = one epoch)", NULL},
-    {"-l", OPT_FLOAT, offsetof(Options, lr), 0, 10, NULL, "peak learning rate", NULL},
-    {"-u", OPT_INT, offsetof(Options, warmup), 0, 1 << 30, NULL, "warmup steps (linear, from lr/u)", NULL},
-    {"-q", OPT_FLOAT, offsetof(Options, final_frac), 0, 1, NULL, "final lr as a fraction of the peak", NULL},
+     "output dir for the log, checkpoints and the final model", NULL, "none"},
+    {"-lg", OPT_STR, offsetof(Options, log_file), 0, 0, NULL, "JSON-lines log file",
+     "llm.c has no -lg; its parser reads -lg as -l, the learning rate", "<-o>/log.jsonl, none without -o"},
+    {"-tk", OPT_STR, offsetof(Options, tokenizer), 0, 0, NULL, "tokenizer .bin for printing samples", NULL, "none"},
+    {"-b", OPT_INT, offsetof(Options, B), 1, 1 << 16, NULL, "micro-batch size B per data-parallel rank", NULL, NULL},
+    {"-t", OPT_INT, offsetof(Options, T), 1, 1 << 20, NULL, "sequence length T", NULL, NULL},
+    {"-d", OPT_INT, offsetof(Options, total_batch), -1, 1 << 30, NULL, "total batch in tokens (-1 = B*T*dp*mb)", NULL, NULL},
+    {"-x", OPT_INT, offsetof(Options, steps), -1, 1 << 30, NULL, "optimizer steps (-1 = one epoch)", NULL, NULL},
+    {"-l", OPT_FLOAT, offsetof(Options, lr), 0, 10, NULL, "peak learning rate", NULL, NULL},
+    {"-u", OPT_INT, offsetof(Options, warmup), 0, 1 << 30, NULL, "warmup steps (linear, from lr/u)", NULL, NULL},
+    {"-q", OPT_FLOAT, offsetof(Options, final_frac), 0, 1, NULL, "final lr as a fraction of the peak", NULL, NULL},
     {"-k", OPT_CHOICE, offsetof(Options, schedule), 0, 0, "cosine,linear,constant,wsd",
-     "lr schedule after the warmup, llm.c's: constant has no warmup; wsd decays the last 20% as 1 - sqrt", NULL},
-    {"-c", OPT_FLOAT, offsetof(Options, weight_decay), 0, 10, NULL, "AdamW weight decay (2-D weights only)", NULL},
-    {"-b1", OPT_FLOAT, offsetof(Options, beta1), 0, 0.999999, NULL, "AdamW beta1", NULL},
-    {"-b2", OPT_FLOAT, offsetof(Options, beta2), 0, 0.999999999, NULL, "AdamW beta2", NULL},
-    {"-ep", OPT_FLOAT, offsetof(Options, eps), 0, 1, NULL, "AdamW epsilon", NULL},
-    {"-gc", OPT_FLOAT, offsetof(Options, grad_clip), 0, 1e9, NULL, "clip the global grad norm to this (0 = off)", NULL},
+     "lr schedule (llm.c's: constant has no warmup, wsd decays the last 20% as 1 - sqrt)", NULL, NULL},
+    {"-c", OPT_FLOAT, offsetof(Options, weight_decay), 0, 10, NULL, "AdamW weight decay (2-D weights only)", NULL, NULL},
+    {"-b1", OPT_FLOAT, offsetof(Options, beta1), 0, 0.999999, NULL, "AdamW beta1", NULL, NULL},
+    {"-b2", OPT_FLOAT, offsetof(Options, beta2), 0, 0.999999999, NULL, "AdamW beta2", NULL, NULL},
+    {"-ep", OPT_FLOAT, offsetof(Options, eps), 0, 1, NULL, "AdamW epsilon", NULL, NULL},
+    {"-gc", OPT_FLOAT, offsetof(Options, grad_clip), 0, 1e9, NULL, "clip the global grad norm to this (0 = off)", NULL, NULL},
     {"-sl", OPT_FLOAT, offsetof(Options, skip_loss_z), 0, 1e9, NULL,
-     "skip an update whose loss is more than this many std above the last 128 steps' mean (0 = off)", NULL},
+     "skip an update whose loss is more than this many std above the last 128 steps' mean (0 = off)", NULL, NULL},
     {"-sg", OPT_FLOAT, offsetof(Options, skip_norm_z), 0, 1e9, NULL,
-     "skip an update whose grad norm is more than this many std above the last 128 steps' mean (0 = off)", NULL},
-    {"-sh", OPT_INT, offsetof(Options, shuffle), 0, 1, NULL, "shuffle the training data (0/1)", NULL},
-    {"-sd", OPT_INT, offsetof(Options, seed), 0, 2147483647, NULL, "seed (init, shuffle, sampling)", NULL},
+     "skip an update whose grad norm is more than this many std above the last 128 steps' mean (0 = off)", NULL, NULL},
+    {"-sh", OPT_INT, offsetof(Options, shuffle), 0, 1, NULL, "shuffle the training data (0/1)", NULL, NULL},
+    {"-sd", OPT_INT, offsetof(Options, seed), 0, 2147483647, NULL, "seed (init, shuffle, sampling)", NULL, NULL},
     {"-v", OPT_INT, offsetof(Options, val_every), 0, 1 << 30, NULL,
-     "evaluate every N steps and after the last (0 = never)", NULL},
+     "evaluate every N steps and after the last (0 = never)", NULL, NULL},
     {"-m", OPT_INT, offsetof(Options, val_batches), -1, 1 << 30, NULL,
-     "val batches per data-parallel rank per evaluation, at most the split's (-1 = the whole split)", NULL},
+     "val batches per data-parallel rank per evaluation, at most the split's (-1 = the whole split)", NULL, NULL},
     {"-h", OPT_INT, offsetof(Options, hellaswag), 0, 1, NULL,
-     "HellaSwag accuracy at every evaluation after step 0 and after the last (0/1; -h alone or --help: this help)", NULL},
+     "HellaSwag accuracy at every evaluation after step 0 and after the last (0/1; -h alone or --help: this help)", NULL, NULL},
     {"-hf", OPT_STR, offsetof(Options, hellaswag_file), 0, 0, NULL,
-     "HellaSwag file (llm.c's eval format; default dev/data/hellaswag/hellaswag_val.bin, skipped when missing)", NULL},
+     "HellaSwag file, llm.c's eval format (the default is skipped when missing)", NULL, "dev/data/hellaswag/hellaswag_val.bin"},
     {"-s", OPT_INT, offsetof(Options, sample_every), 0, 1 << 30, NULL,
-     "sample every N steps and after the last (0 = never; needs -tk and one rank)", NULL},
-    {"-g", OPT_INT, offsetof(Options, gen_tokens), 1, 1 << 20, NULL, "sample length: tokens, the first one EOT", NULL},
+     "sample every N steps and after the last (0 = never; needs -tk and one rank)", NULL, NULL},
+    {"-g", OPT_INT, offsetof(Options, gen_tokens), 1, 1 << 20, NULL, "sample length: tokens, the first one EOT", NULL, NULL},
     {"-n", OPT_INT, offsetof(Options, ckpt_every), 0, 1 << 30, NULL,
-     "checkpoint into -o every N steps and at the end (0 = off)", NULL},
-    {"-nk", OPT_INT, offsetof(Options, ckpt_keep), 0, 1 << 30, NULL, "checkpoints to keep, the newest (0 = all)", NULL},
+     "checkpoint into -o every N steps and at the end (0 = off)", NULL, NULL},
+    {"-nk", OPT_INT, offsetof(Options, ckpt_keep), 0, 1 << 30, NULL, "checkpoints to keep, the newest (0 = all)", NULL, NULL},
     {"-nm", OPT_INT, offsetof(Options, major_every), 0, 1 << 30, NULL,
-     "llm.c's major checkpoints: 0 only here (-nk 0 keeps them all)", NULL},
+     "llm.c's major checkpoints: 0 only here (-nk 0 keeps them all)", NULL, NULL},
     {"-y", OPT_INT, offsetof(Options, resume), 0, 1, NULL,
-     "resume from the latest checkpoint in -o (0/1; none yet: start afresh)", NULL},
+     "resume from the latest checkpoint in -o (0/1; none yet: start afresh)", NULL, NULL},
     {"-ys", OPT_INT, offsetof(Options, resume_step), -1, 1 << 30, NULL,
-     "resume from the checkpoint of this step in -o (-1 = off)", NULL},
-    {"-np", OPT_INT, offsetof(Options, np), 1, 256, NULL, "ranks (processes)", NULL},
-    {"-tp", OPT_INT, offsetof(Options, tp), 1, 256, NULL, "tensor-parallel size", NULL},
+     "resume from the checkpoint of this step in -o (-1 = off)", NULL, NULL},
+    {"-np", OPT_INT, offsetof(Options, np), 1, 256, NULL, "ranks (processes)", NULL, NULL},
+    {"-tp", OPT_INT, offsetof(Options, tp), 1, 256, NULL, "tensor-parallel size", NULL, NULL},
     {"-pp", OPT_INT, offsetof(Options, pp), 1, 256, NULL, "pipeline stages",
-     "llm.c's usage lists -pp as the fs path of its NCCL init, which its parser reads as -pf"},
-    {"-z", OPT_INT, offsetof(Options, zero), 0, 3, NULL, "ZeRO stage 0-3", NULL},
-    {"-mb", OPT_INT, offsetof(Options, microbatches), 1, 1 << 16, NULL, "micro-batches per pipeline step", NULL},
+     "llm.c's usage lists -pp as the fs path of its NCCL init, which its parser reads as -pf", NULL},
+    {"-z", OPT_INT, offsetof(Options, zero), 0, 3, NULL, "ZeRO stage 0-3", NULL, NULL},
+    {"-mb", OPT_INT, offsetof(Options, microbatches), 1, 1 << 16, NULL, "micro-batches per pipeline step", NULL, NULL},
     {"-ps", OPT_CHOICE, offsetof(Options, pipe_schedule), 0, 0, "gpipe,1f1b", "pipeline schedule",
-     "llm.c's -ps is the server IP of its NCCL init; " LLMC_MULTINODE},
-    {"-to", OPT_FLOAT, offsetof(Options, timeout), 0.1, 3600, NULL, "seconds any wait between ranks may take", NULL},
+     "llm.c's -ps is the server IP of its NCCL init; " LLMC_MULTINODE, NULL},
+    {"-to", OPT_FLOAT, offsetof(Options, timeout), 0.1, 3600, NULL, "seconds any wait between ranks may take", NULL, NULL},
     {"-ck", OPT_INT, offsetof(Options, check_every), 0, 1 << 30, NULL,
-     "data-parallel consistency check every K steps (0 = off)", NULL},
+     "data-parallel consistency check every K steps (0 = off)", NULL, NULL},
     {"-fault", OPT_STR, offsetof(Options, fault), 0, 0, NULL,
-     "fault injection KIND:RANK:STEP (tamper, replay, kill, stall)", NULL},
+     "fault injection KIND:RANK:STEP (tamper, replay, kill, stall)", NULL, "none"},
     {"--rendezvous", OPT_STR, offsetof(Options, rendezvous), 0, 0, NULL,
-     "unix:PATH or tcp:HOST:PORT, for ranks started by mpirun, srun or torchrun", NULL},
+     "unix:PATH or tcp:HOST:PORT, for ranks started by mpirun, srun or torchrun", NULL, "none"},
     {"--key-file", OPT_STR, offsetof(Options, key_file), 0, 0, NULL,
-     "job key file (mode 0600), the same for every rank", NULL},
-    {"-th", OPT_INT, offsetof(Options, threads), 0, 1024, NULL, "OpenMP threads per rank (0 = default)", NULL},
+     "job key file (mode 0600), the same for every rank", NULL, "a fresh key per launch; checkpoints: <-o>/job.key"},
+    {"-th", OPT_INT, offsetof(Options, threads), 0, 1024, NULL, "OpenMP threads per rank (0 = the cores / ranks)", NULL, NULL},
     {"-hb", OPT_INT, offsetof(Options, host_backend), 0, 1, NULL,
-     "train_gpt2cu: 1 = ranks talk through the host backend, not NCCL (ranks sharing a GPU always do)", NULL},
+     "train_gpt2cu: 1 = ranks talk through the host backend, not NCCL (ranks sharing a GPU always do)", NULL, NULL},
     {"-r", OPT_INT, offsetof(Options, recompute), 0, 1, NULL,
      "recompute GELU in the backward (0/1; the CPU trainer keeps every activation either way)",
-     "llm.c's -r 2 also recomputes LayerNorm, which this trainer does not"},
+     "llm.c's -r 2 also recomputes LayerNorm, which this trainer does not", NULL},
     {"-ge", OPT_INT, offsetof(Options, gelu_fusion), -1, 2, NULL,
-     "GELU fused into the matmuls: 0 none, 1 forward, 2 both (-1 = as built: bf16 GPU 2, else 0, the only choice)", NULL},
+     "GELU fused into the matmuls: 0 none, 1 forward, 2 both (-1 = as built: bf16 GPU 2, else 0, the only choice)", NULL, NULL},
     {"-f", OPT_INT, offsetof(Options, tf32), -1, 1, NULL,
-     "TF32 matmuls (-1 = as built; the bf16 GPU build's GEMMs are bf16 and take 0 or 1, the fp32 trainers 0 only)", NULL},
+     "TF32 matmuls (-1 = as built; the bf16 GPU build's GEMMs are bf16 and take 0 or 1, the fp32 trainers 0 only)", NULL, NULL},
     {"-w", OPT_INT, offsetof(Options, master_weights), -1, 1, NULL,
-     "fp32 master weights (-1 = as built; the bf16 GPU build keeps them, 1 only; fp32 trainers 0 or 1)", NULL},
+     "fp32 master weights (-1 = as built; the bf16 GPU build keeps them, 1 only; fp32 trainers 0 or 1)", NULL, NULL},
     {"-a", OPT_INT, offsetof(Options, overfit_batch), 0, 1, NULL,
-     "llm.c's overfit-one-batch debug switch: 0 only here", NULL},
-    {"-pn", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's number of processes: refused", LLMC_MULTINODE},
-    {"-pr", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's process rank: refused", LLMC_MULTINODE},
-    {"-pg", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's GPUs per node: refused", LLMC_MULTINODE},
-    {"-pi", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's NCCL init method: refused", LLMC_MULTINODE},
-    {"-pm", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's NCCL init method (as its usage spells it): refused", LLMC_MULTINODE},
-    {"-pf", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's fs path for its NCCL init: refused", LLMC_MULTINODE},
+     "llm.c's overfit-one-batch debug switch: 0 only here", NULL, NULL},
+    {"-pn", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's number of processes: refused", LLMC_MULTINODE, NULL},
+    {"-pr", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's process rank: refused", LLMC_MULTINODE, NULL},
+    {"-pg", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's GPUs per node: refused", LLMC_MULTINODE, NULL},
+    {"-pi", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's NCCL init method: refused", LLMC_MULTINODE, NULL},
+    {"-pm", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's NCCL init method (as its usage spells it): refused", LLMC_MULTINODE, NULL},
+    {"-pf", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's fs path for its NCCL init: refused", LLMC_MULTINODE, NULL},
 };
 #define NUM_OPTIONS ((int)(sizeof(option_specs) / sizeof(option_specs[0])))
 
@@ -722,12 +723,27 @@ static void options_defaults(Options *o) {
     o->recompute = 1; o->tf32 = -1; o->master_weights = -1; o->gelu_fusion = -1;
 }
 
+// -h: every flag, what it does and its default (in brackets)
 static void options_usage(FILE *f, const char *prog) {
-    fprintf(f, "usage: %s [flags]\n", prog);
+    Options d;
+    options_defaults(&d);
+    fprintf(f, "usage: %s [flags], each flag followed by its value; [its default]\n", prog);
     for (int i = 0; i < NUM_OPTIONS; i++) {
         const OptionSpec *s = &option_specs[i];
+        const char *at = (const char *)&d + s->offset;
+        char value[80];
+        if (s->dflt != NULL) snprintf(value, sizeof(value), "%s", s->dflt);
+        else if (s->type == OPT_INT) snprintf(value, sizeof(value), "%d", *(const int *)at);
+        else if (s->type == OPT_FLOAT) snprintf(value, sizeof(value), "%g", *(const float *)at);
+        else if (s->type == OPT_STR) snprintf(value, sizeof(value), "%s", *(const char *const *)at);
+        else if (s->type == OPT_CHOICE) {  // the choice at the default's index
+            const char *p = s->choices;
+            for (int k = 0; k < *(const int *)at && strchr(p, ',') != NULL; k++) p = strchr(p, ',') + 1;
+            snprintf(value, sizeof(value), "%.*s", (int)strcspn(p, ","), p);
+        }
         fprintf(f, "  %-13s %s", s->flag, s->help);
         if (s->type == OPT_CHOICE) fprintf(f, " {%s}", s->choices);
+        if (s->type != OPT_REFUSED) fprintf(f, " [%s]", value);
         fprintf(f, "\n");
     }
     fprintf(f, "  %-13s this help\n", "--help");

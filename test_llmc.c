@@ -10,6 +10,8 @@
  * that mpirun starts without --rendezvous stops with one line saying what
  * to add, and with it joins the others. llm.c's outlier guard (-sl, -sg):
  * its z-scores against a direct computation, and the updates it skips.
+ * And the user's run: -h shows every flag's default, the step line ends in
+ * an ETA, and a job of several ranks ends with one table of their bytes.
  */
 #include "trainer.h"
 #include "test.h"
@@ -187,6 +189,34 @@ static void test_mpirun(const char *exe) {
     rc = run(cmd, out, sizeof(out));
     check(rc == 0 && strstr(out, "x dp 2 = 64 tokens") != NULL && strstr(out, "step    2/3") != NULL,
           "with --rendezvous and --key-file, mpirun's 2 ranks run one job of dp 2 (exit %d)", rc);
+    // the end of a job of several ranks: one table, a row per rank, the all-zero columns left out
+    const char *t = strstr(out, "bytes sent by each rank");
+    const char *header = t != NULL ? strchr(t, '\n') : NULL;
+    check(header != NULL && strncmp(header + 1, "rank  allreduce", 15) == 0 && strstr(header, "\n   0  ") != NULL &&
+          strstr(header, "\n   1  ") != NULL && strstr(header, "broadcast") == NULL && strstr(out, "rank 1 bytes") == NULL,
+          "the ranks' bytes: one table with a row per rank and no all-zero column");
+}
+
+// -h: every flag with its default; the step line's ETA
+static void test_usage(const char *exe) {
+    char cmd[1024], out[65536];
+    snprintf(cmd, sizeof(cmd), "%s -h 2>&1", exe);
+    int rc = run(cmd, out, sizeof(out)), all = 1;
+    for (int i = 0; i < NUM_OPTIONS; i++) {
+        char want[32];
+        snprintf(want, sizeof(want), "\n  %-13s ", option_specs[i].flag);
+        const char *line = strstr(out, want), *end = line != NULL ? strchr(line + 1, '\n') : NULL;
+        int has_default = end != NULL && end[-1] == ']';
+        all &= line != NULL && (has_default || option_specs[i].type == OPT_REFUSED);
+    }
+    check(rc == 0 && all && strstr(out, "micro-batch size B per data-parallel rank [4]") &&
+          strstr(out, "{cosine,linear,constant,wsd} [cosine]") && strstr(out, "peak learning rate [0.0003]"),
+          "-h: each of the %d flags with its default in brackets (-b [4], -k [cosine], -l [0.0003])", NUM_OPTIONS);
+    snprintf(cmd, sizeof(cmd), "%s -e d2 -ev 256 -et 16 -ec 32 -b 2 -t 16 -x 2 -v 0 -s 0 -th 1 -i %s/tiny_train.bin 2>&1",
+             exe, dir);
+    rc = run(cmd, out, sizeof(out));
+    check(rc == 0 && strstr(out, "GFLOP/s | ETA ") != NULL && strstr(out, "| ETA 0s\n"), "the step line ends in an ETA, "
+          "0s at the last step");
 }
 
 // ----------------------------------------------------------------------------
@@ -247,6 +277,7 @@ int main(void) {
     } else {
         test_llmc_command(exe);
         test_mpirun(exe);
+        test_usage(exe);
         test_outliers(exe);
     }
     char cmd[300];

@@ -1431,16 +1431,58 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     }
 }
 
-// at the end of a job of several ranks: each rank's bytes, in rank order
+// at the end of a job of several ranks: one table, printed by rank 0, of
+// the payload bytes each rank sent by collective and by point-to-point
+// channel, and its peak transient bytes (ZeRO's buckets and gathered
+// units), with the columns that are 0 on every rank left out. The counts
+// travel as floats, each in three 22-bit pieces, exact.
+#define BYTES_PIECE 4194304.0  // 2^22
 static void print_rank_bytes(const GPT2 *m, const Parallel *par) {
-    for (int r = 0; r < par->grid.world; r++) {
-        if (r == par->grid.rank) {
-            printf("rank %d: peak transient %zu bytes (ZeRO buckets and gathered units)\n", r, m->bytes_transient_peak);
-            comm_print_bytes(par->comm, stdout);
-            fflush(stdout);
-        }
-        comm_barrier(par->comm, &par->world);
+    enum { NCOL = COMM_NCOUNTERS + 1 };  // the counters, then the peak transient bytes
+    int world = par->grid.world;
+    uint64_t mine[NCOL];
+    comm_get_bytes(par->comm, mine);
+    mine[COMM_NCOUNTERS] = m->bytes_transient_peak;
+    float pieces[3 * NCOL];
+    for (int k = 0; k < NCOL; k++) {
+        uint64_t v = mine[k];
+        for (int j = 0; j < 3; j++, v /= (uint64_t)BYTES_PIECE) pieces[3 * k + j] = (float)(v % (uint64_t)BYTES_PIECE);
     }
+    float *all = (float *)xcalloc((size_t)world * 3 * NCOL, sizeof(float), "byte counts");
+    comm_allgather(par->comm, &par->world, pieces, all, 3 * NCOL);
+    if (par->grid.rank == 0) {
+        uint64_t *v = (uint64_t *)xcalloc((size_t)world * NCOL, sizeof(uint64_t), "byte counts");
+        int show[NCOL], width[NCOL];
+        for (int k = 0; k < NCOL; k++) {
+            const char *name = k < COMM_NCOUNTERS ? comm_counter_name(k) : "peak transient";
+            show[k] = 0;
+            width[k] = (int)strlen(name);
+            for (int r = 0; r < world; r++) {
+                const float *p = all + ((size_t)r * NCOL + k) * 3;
+                uint64_t x = (uint64_t)p[0] + (uint64_t)p[1] * (uint64_t)BYTES_PIECE +
+                             (uint64_t)p[2] * (uint64_t)BYTES_PIECE * (uint64_t)BYTES_PIECE;
+                v[(size_t)r * NCOL + k] = x;
+                char digits[32];
+                int len = snprintf(digits, sizeof(digits), "%" PRIu64, x);
+                if (x != 0) show[k] = 1;
+                if (len > width[k]) width[k] = len;
+            }
+        }
+        printf("bytes sent by each rank (collectives, then point-to-point by channel; peak transient: ZeRO buckets "
+               "and gathered units held at once):\n%4s", "rank");
+        for (int k = 0; k < NCOL; k++)
+            if (show[k]) printf("  %*s", width[k], k < COMM_NCOUNTERS ? comm_counter_name(k) : "peak transient");
+        printf("\n");
+        for (int r = 0; r < world; r++) {
+            printf("%4d", r);
+            for (int k = 0; k < NCOL; k++)
+                if (show[k]) printf("  %*" PRIu64, width[k], v[(size_t)r * NCOL + k]);
+            printf("\n");
+        }
+        fflush(stdout);
+        free(v);
+    }
+    free(all);
 }
 
 int main(int argc, char **argv) {

@@ -70,6 +70,7 @@ typedef struct {
     int have_hs;
     Tokenizer tok;
     FILE *logf;              // rank 0's JSON-lines log, or NULL
+    double loop_t0;          // when this launch's first step began (report_step's ETA)
     uint64_t sample_rng;     // xorshift* state, saved in checkpoints
 } Job;
 
@@ -439,18 +440,32 @@ static int checkpoint_due(const Job *job, int step, int stopped) {
     return stopped || (job->opt.ckpt_every > 0 && (done % job->opt.ckpt_every == 0 || done == job->steps));
 }
 
-// rank 0's line for a step, up to its GFLOP/s (the GPU trainer ends it with
-// its MFU), and the step's JSON log entry (l: its numbers; the tokens are
-// filled in here); with -sl or -sg, the z-scores of g too, as llm.c prints
-// them. Returns the tokens per second.
-static double report_step(const Job *job, LogLine *l, const OutlierGuard *g) {
-    double tok_s = job->total_batch / (l->ms / 1e3);
+// a duration in seconds as 1h05m, 4m10s or 12s
+static const char *format_duration(double s, char *buf, size_t len) {
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, len, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(buf, len, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, len, "%lds", t);
+    return buf;
+}
+
+// rank 0's line for a step, up to its ETA (the GPU trainer ends it with its
+// MFU), and the step's JSON log entry (l: its numbers; the tokens are filled
+// in here); with -sl or -sg, the z-scores of g too, as llm.c prints them.
+// The ETA: the rest of the steps at this launch's pace so far, its
+// evaluations and checkpoints included. Returns the tokens per second.
+static double report_step(Job *job, LogLine *l, const OutlierGuard *g) {
+    char eta[32];
+    double tok_s = job->total_batch / (l->ms / 1e3), now = now_ms();
+    if (l->step == job->start) job->loop_t0 = now - l->ms;
+    double per_step_s = (now - job->loop_t0) / 1e3 / (l->step - job->start + 1);
     printf("step %4d/%d | loss %.6f", l->step, job->steps, l->loss);
     if (outlier_guard_on(job)) printf(" (%+.2fz)", g->loss_z);
     printf(" | norm %.4f", l->norm);
     if (outlier_guard_on(job)) printf(" (%+.2fz)", g->norm_z);
-    printf(" | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s", l->lr, l->ms, tok_s,
-           tok_s * flops_per_token(&job->config, job->opt.T) / 1e9);
+    printf(" | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s | ETA %s", l->lr, l->ms, tok_s,
+           tok_s * flops_per_token(&job->config, job->opt.T) / 1e9,
+           format_duration(per_step_s * (job->steps - l->step - 1), eta, sizeof(eta)));
     l->trained = 1;
     l->tokens = job->total_batch * (l->step + 1);
     log_line(job->logf, l);
