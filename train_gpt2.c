@@ -1315,6 +1315,17 @@ static float hellaswag_eval(GPT2 *m, const HsSet *hs) {
     return correct;
 }
 
+// the evaluations due before step `step` (step == steps: the final model's),
+// printed by rank 0, into l: the val loss and HellaSwag
+static void run_evaluations(GPT2 *m, Job *job, int step, LogLine *l) {
+    int rank0 = m->par->grid.rank == 0;
+    if (evaluate_due(job, step)) {
+        l->val_loss = evaluate(m, &job->val, job->val_batches);
+        if (rank0) printf("val loss %.6f\n", l->val_loss);
+    }
+    if (hellaswag_due(job, step)) l->hellaswag = report_hellaswag(job, hellaswag_eval(m, &job->hs), rank0);
+}
+
 // prints gen_tokens tokens sampled from the model, starting from EOT (one rank only)
 static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng) {
     int B = m->B, T = m->T, V = m->config.V, Vp = m->config.Vp;
@@ -1529,11 +1540,7 @@ int main(int argc, char **argv) {
     for (int step = job.start; step < job.steps && !stopped; step++) {
         if (par.comm) comm_set_step(par.comm, step);
         LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL};
-        if (evaluate_due(&job, step)) {
-            line.val_loss = evaluate(&model, &job.val, job.val_batches);
-            if (rank0) printf("val loss %.6f\n", line.val_loss);
-        }
-        if (hellaswag_due(&job, step)) line.hellaswag = report_hellaswag(&job, hellaswag_eval(&model, &job.hs), rank0);
+        run_evaluations(&model, &job, step, &line);
         if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
         if (check_due(&job, step)) consistency_check(&model, step);
 
@@ -1565,14 +1572,10 @@ int main(int argc, char **argv) {
     // the final model, evaluated after the last update
     if (!stopped) {
         if (par.comm) comm_set_step(par.comm, job.steps);
-        float val_loss = -1.0f, hellaswag = -1.0f;
-        if (job.have_val) {
-            val_loss = evaluate(&model, &job.val, job.val_batches);
-            if (rank0) printf("val loss %.6f\n", val_loss);
-        }
-        if (hellaswag_due(&job, job.steps)) hellaswag = report_hellaswag(&job, hellaswag_eval(&model, &job.hs), rank0);
+        LogLine last = final_line(&job);
+        run_evaluations(&model, &job, job.steps, &last);
         if (sample_due(&job, job.steps)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
-        if (rank0) report_final(&job, val_loss, hellaswag);
+        if (rank0) report_final(&job, &last);
     }
     if (job.opt.out_dir && !stopped) {
         if (gpt2_write_model(&model, job.opt.out_dir, job.steps, path, sizeof(path)) != 0) return 1;

@@ -1700,6 +1700,32 @@ static float hellaswag_eval(GPT2 *m, Parallel *par, const HsSet *hs) {
     return world_sum(m, par, correct);
 }
 
+// the evaluations due before step `step` (step == steps: the final model's),
+// printed by rank 0, into l: the val loss and HellaSwag
+static void run_evaluations(GPT2 *m, Parallel *par, Job *job, int step, LogLine *l) {
+    int rank0 = par->grid.rank == 0;
+    if (evaluate_due(job, step)) {
+        l->val_loss = evaluate(m, par, &job->val, job->val_batches);
+        if (rank0) printf("val loss %.6f\n", l->val_loss);
+    }
+    if (hellaswag_due(job, step)) l->hellaswag = report_hellaswag(job, hellaswag_eval(m, par, &job->hs), rank0);
+}
+
+// the step's update after gpt2_step_loss, unless -sl or -sg skip it, and its
+// norm and skip into l. With the guard on, the norm is read first, to decide;
+// otherwise the update is queued first and the norm read after it.
+static void update_unless_skipped(GPT2 *m, Job *job, OutlierGuard *g, const AdamHyper *h, LogLine *l, int rank0) {
+    if (outlier_guard_on(job)) {
+        l->norm = gpt2_last_norm(m);
+        l->skipped = outlier_skip(job, g, l->loss, l->norm, rank0);
+    }
+    if (l->skipped == NULL) gpt2_apply_update(m, h);
+    if (!outlier_guard_on(job)) {
+        l->norm = gpt2_last_norm(m);
+        outlier_skip(job, g, l->loss, l->norm, rank0);  // (the z-scores only)
+    }
+}
+
 typedef struct { GPT2 *m; Parallel *par; } CkptCtx;
 
 static float ckpt_sum(void *ctx, float x) {
@@ -1829,12 +1855,7 @@ int main(int argc, char **argv) {
     for (int step = job.start; step < job.steps && !stopped; step++) {
         nccl_set_step(par.nccl, step);
         LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL};
-        if (evaluate_due(&job, step)) {
-            line.val_loss = evaluate(&model, &par, &job.val, job.val_batches);
-            if (rank0) printf("val loss %.6f\n", line.val_loss);
-        }
-        if (hellaswag_due(&job, step))
-            line.hellaswag = report_hellaswag(&job, hellaswag_eval(&model, &par, &job.hs), rank0);
+        run_evaluations(&model, &par, &job, step, &line);
         if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
         if (check_due(&job, step)) consistency_check(&model, &par, step);
 
@@ -1849,15 +1870,7 @@ int main(int argc, char **argv) {
         hyper.lr = line.lr;
         stopped = ckpt_stop_signal != 0;
         line.loss = gpt2_step_loss(&model, &par, accum, &stopped);
-        if (outlier_guard_on(&job)) {  // the norm decides before the update; otherwise the update goes first
-            line.norm = gpt2_last_norm(&model);
-            line.skipped = outlier_skip(&job, &guard, line.loss, line.norm, rank0);
-        }
-        if (line.skipped == NULL) gpt2_apply_update(&model, &hyper);
-        if (!outlier_guard_on(&job)) {
-            line.norm = gpt2_last_norm(&model);
-            outlier_skip(&job, &guard, line.loss, line.norm, rank0);  // (the z-scores only)
-        }
+        update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0);
         line.ms = now_ms() - t0;
         if (rank0) print_mfu(&job, report_step(&job, &line, &guard), peak, par.grid.world);
 
@@ -1873,15 +1886,10 @@ int main(int argc, char **argv) {
     // the final model, evaluated after the last update
     if (!stopped) {
         nccl_set_step(par.nccl, job.steps);
-        float val_loss = -1.0f, hellaswag = -1.0f;
-        if (job.have_val) {
-            val_loss = evaluate(&model, &par, &job.val, job.val_batches);
-            if (rank0) printf("val loss %.6f\n", val_loss);
-        }
-        if (hellaswag_due(&job, job.steps))
-            hellaswag = report_hellaswag(&job, hellaswag_eval(&model, &par, &job.hs), rank0);
+        LogLine last = final_line(&job);
+        run_evaluations(&model, &par, &job, job.steps, &last);
         if (sample_due(&job, job.steps)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
-        if (rank0) report_final(&job, val_loss, hellaswag);
+        if (rank0) report_final(&job, &last);
     }
     if (job.opt.out_dir && !stopped) {
         if (gpt2_write_model(&model, &par, job.opt.out_dir, job.steps, path, sizeof(path)) != 0) return 1;

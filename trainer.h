@@ -18,7 +18,7 @@
  *   in the loop: evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
  *     report_hellaswag, outlier_skip (llm.c's -sl -sg),
  *     report_step, checkpoint_state, print_checkpoint_written
- *   after the last step: report_final
+ *   after the last step: final_line, report_final
  *   sampling: random_f32 (xorshift*), sample_token (inverse CDF of the softmax)
  *   at the end: free_job
  *
@@ -406,10 +406,10 @@ static const char *outlier_skip(const Job *job, OutlierGuard *g, float loss, flo
 // ----------------------------------------------------------------------------
 // the loop: what a step does besides training, and what it reports
 
-// the val loss before step 0 and every -v steps (the evaluation after the
-// last step is the loop's end: report_final)
+// the val loss before step 0, every -v steps, and after the last step
+// (step == steps: the final model, evaluated after the loop)
 static int evaluate_due(const Job *job, int step) {
-    return job->have_val && step % job->opt.val_every == 0;
+    return job->have_val && (step == job->steps || step % job->opt.val_every == 0);
 }
 
 // HellaSwag (-h 1) with the evaluations, after step 0 as in llm.c, and after the last step
@@ -472,13 +472,16 @@ static double report_step(Job *job, LogLine *l, const OutlierGuard *g) {
     return tok_s;
 }
 
-// the line after the last step: the final model's val loss and HellaSwag
-// accuracy (< 0: not measured) in the log, as llm.c evaluates once more
-// after its last update
-static void report_final(const Job *job, float val_loss, float hellaswag) {
-    if (val_loss < 0 && hellaswag < 0) return;
-    LogLine l = {job->steps, 0, 0.0f, 0.0f, 0.0f, val_loss, hellaswag, 0.0, job->total_batch * job->steps, NULL};
-    log_line(job->logf, &l);
+// the line after the last step (l: from final_line, its val loss and
+// HellaSwag accuracy filled in when measured): the final model's, in the
+// log, as llm.c evaluates once more after its last update
+static LogLine final_line(const Job *job) {
+    LogLine l = {job->steps, 0, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, job->total_batch * job->steps, NULL};
+    return l;
+}
+
+static void report_final(const Job *job, const LogLine *l) {
+    if (l->val_loss >= 0 || l->hellaswag >= 0) log_line(job->logf, l);
 }
 
 // what state.bin records after `done` steps (Adam's t: adam_t), the data
