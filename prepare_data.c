@@ -65,6 +65,7 @@
 
 #include "json.h"
 #include "tokenizer.h"
+#include "prepare_hellaswag.h"  // ./prepare_data hellaswag
 
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
@@ -1031,6 +1032,7 @@ static int write_dataset(const Options *o, const InputList *inputs, Bpe *bpe, co
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "hellaswag") == 0) return prepare_hellaswag_main(argc - 1, argv + 1);
     Options o;
     char name_buf[256];
     parse_options(&o, argc, argv, name_buf, sizeof(name_buf));

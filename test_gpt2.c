@@ -385,7 +385,11 @@ static void test_lr_schedule(void) {
     o.schedule = SCHED_LINEAR;
     check(fabsf(lr_at_step(&o, 60, 110) - 0.55f) < 1e-6f, "linear halfway");
     o.schedule = SCHED_CONSTANT;
-    check(lr_at_step(&o, 50, 110) == 1.0f, "constant after warmup");
+    check(lr_at_step(&o, 0, 110) == 1.0f && lr_at_step(&o, 50, 110) == 1.0f, "constant: the peak from step 0 (llm.c's)");
+    o.schedule = SCHED_WSD;  // decays from step 0.8 * 110 = 88 as 1 - sqrt, to the floor
+    check(fabsf(lr_at_step(&o, 0, 110) - 0.1f) < 1e-6f && lr_at_step(&o, 87, 110) == 1.0f &&
+          fabsf(lr_at_step(&o, 88, 110) - 1.0f) < 1e-6f &&
+          fabsf(lr_at_step(&o, 99, 110) - (0.1f + (1.0f - sqrtf(0.5f)) * 0.9f)) < 1e-6f, "wsd: warmup, stable, 1 - sqrt");
 }
 
 static void test_flags(void) {
@@ -395,7 +399,7 @@ static void test_flags(void) {
         {{"-b", "abc"}, "-b: 'abc' is not an integer"},
         {{"-b", "0"}, "-b: 0 is out of range"},
         {{"-l", "1e3x"}, "-l: '1e3x' is not a number"},
-        {{"-k", "step"}, "-k: 'step' is not one of {cosine,linear,constant}"},
+        {{"-k", "step"}, "-k: 'step' is not one of {cosine,linear,constant,wsd}"},
         {{"-zz", "1"}, "unknown flag -zz"},
         {{"-x"}, "flag -x needs a value"},
         {{"-z", "4"}, "-z: 4 is out of range"},

@@ -1005,6 +1005,105 @@ static void test_mac_step_tags(void) {
     }
 }
 
+// HellaSwag on the GPU (hellaswag.h, hellaswag_eval): examples packed into
+// batches and scored from the classifier's per-token losses give the answers
+// of a brute force that runs each completion alone and takes its mean loss
+// from the downloaded logits (bf16: one near tie may go the other way);
+// ./train_gpt2cu -h 1 logs that accuracy for the unchanged model (-l 0), and
+// ./train_gpt2 the same (bf16: within one example)
+static void test_hellaswag_device(void) {
+    char err[1024], dir[256], path[400], shard[400], args[2048], out[65536];
+    enum { NEX = 9, B = 8, T = 32 };
+    static uint16_t tok[NEX][5][8];
+    HsExample ex[NEX];
+    uint64_t x = 7;
+    for (int i = 0; i < NEX; i++) {  // 2 to 4 completions of random tokens below the fixture's V = 500
+        memset(&ex[i], 0, sizeof(ex[i]));
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        ex[i].ncomp = 2 + (int)((x >> 40) % 3);
+        ex[i].label = (int)((x >> 20) % (uint64_t)ex[i].ncomp);
+        for (int c = -1; c < ex[i].ncomp; c++) {
+            int len = 1 + (int)((x >> (30 + 3 * (c + 1))) % 8);
+            for (int k = 0; k < len; k++) tok[i][c + 1][k] = (uint16_t)((x >> (k * 5 + 3)) % 500);
+            if (c < 0) ex[i].ctx = tok[i][0], ex[i].ctx_len = len;
+            else ex[i].comp[c] = tok[i][c + 1], ex[i].comp_len[c] = len;
+        }
+    }
+    snprintf(dir, sizeof(dir), "/tmp/llm3d_test_hscu_XXXXXX");
+    if (!check(mkdtemp(dir) != NULL, "mkdtemp %s", dir)) return;
+    snprintf(path, sizeof(path), "%s/hs.bin", dir);
+    HsSet s;
+    GPT2Config c;
+    float *params = model_load(fixture_model, &c, err, sizeof(err));
+    if (!check(params != NULL && hs_write(path, ex, NEX, err, sizeof(err)) == 0 &&
+               hs_read(&s, path, c.V, T, B, err, sizeof(err)) == 0, "a HellaSwag file of %d examples", NEX))
+        return;
+    GPT2 m;
+    gpt2_init(&m, &c, params, 0, B, T, 1, 0);
+    free(params);
+    floatX *row = (floatX *)malloc((size_t)c.Vp * sizeof(floatX));
+    int brute[NEX], packed[NEX], right = 0, counted = 0;
+    for (int i = 0; i < NEX; i++) {  // the brute force: each completion alone in row 0
+        double best = 0.0;
+        for (int k = 0; k < ex[i].ncomp; k++) {
+            memset(m.inputs, 0, (size_t)B * T * sizeof(int));
+            memset(m.targets, 0, (size_t)B * T * sizeof(int));
+            for (int t = 0; t < s.ex[i].ctx_len; t++) m.inputs[t] = s.ex[i].ctx[t];
+            for (int t = 0; t < s.ex[i].comp_len[k]; t++) m.inputs[s.ex[i].ctx_len + t] = s.ex[i].comp[k][t];
+            gpt2_forward(&m, FWD_LOGITS, 0.0f);
+            double sum = 0.0;
+            for (int t = 0; t < s.ex[i].comp_len[k]; t++) {
+                CUDA_CHECK(cudaMemcpy(row, m.acts[0].logits + (size_t)(s.ex[i].ctx_len - 1 + t) * c.Vp,
+                                      (size_t)c.Vp * sizeof(floatX), cudaMemcpyDeviceToHost));
+                double mx = -1e30, se = 0.0;
+                for (int v = 0; v < c.V; v++) mx = fmax(mx, floatx_to_host_float(row[v]));
+                for (int v = 0; v < c.V; v++) se += exp(floatx_to_host_float(row[v]) - mx);
+                sum += mx + log(se) - floatx_to_host_float(row[s.ex[i].comp[k][t]]);
+            }
+            if (k == 0 || sum / s.ex[i].comp_len[k] < best) best = sum / s.ex[i].comp_len[k], brute[i] = k;
+        }
+        right += brute[i] == s.ex[i].label;
+    }
+    HsBatch hb;
+    hs_batch_init(&hb, B, T);
+    for (int next = 0; next < s.n;) {
+        hs_batch_fill(&s, &next, s.n, &hb, m.inputs, m.targets);
+        gpt2_zero_losses(&m);
+        gpt2_forward(&m, FWD_LOSS, 0.0f);
+        gpt2_loss_sum(&m);
+        counted += hs_batch_score(&s, &hb, m.pinned, packed + hb.first);
+    }
+    int same = 0;
+    for (int i = 0; i < NEX; i++) same += packed[i] == brute[i];
+    check(same >= NEX - (IS_FP32_BUILD ? 0 : 1), "HellaSwag on the GPU: packed and scored from the losses, %d of %d "
+          "answers as the brute force's from the logits (%d right)", same, NEX, counted);
+    hs_batch_free(&hb);
+    gpt2_free(&m);
+    free(row);
+    snprintf(shard, sizeof(shard), "%s/shard.bin", dir);
+    write_shard(shard, 4000, 500);
+    float acc[2] = {-1.0f, -1.0f};
+    for (int k = 0; k < 2; k++) {  // the GPU trainer, then the CPU trainer
+        snprintf(args, sizeof(args), "%s -e %s -b %d -t %d -l 0 -x 1 -v 1 -m 1 -h 1 -hf %s -s 0 -i %s -j %s "
+                 "-lg %s/log%d.jsonl > %s/out%d.txt 2>&1", k == 0 ? "./train_gpt2cu -fa 0" : "./train_gpt2",
+                 fixture_model, B, T, path, shard, shard, dir, k, dir, k);
+        if (system(args) != 0) continue;
+        snprintf(args, sizeof(args), "%s/log%d.jsonl", dir, k);
+        FILE *f = fopen(args, "r");
+        while (f && fgets(out, sizeof(out), f)) {
+            const char *h = strstr(out, "\"hellaswag\": ");
+            if (strncmp(out, "{\"step\": 1,", 11) == 0 && h != NULL) acc[k] = strtof(h + 13, NULL);
+        }
+        if (f) fclose(f);
+    }
+    check(fabsf(acc[0] - (float)counted / NEX) < 1e-6f && fabsf(acc[1] - acc[0]) <= (IS_FP32_BUILD ? 1e-6f : 1.01f / NEX),
+          "train_gpt2cu -h 1 logs the final model's HellaSwag %.4f (in process %.4f; the CPU trainer %.4f)", acc[0],
+          (float)counted / NEX, acc[1]);
+    hs_free(&s);
+    snprintf(args, sizeof(args), "rm -rf %s", dir);
+    if (system(args) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
 int main(void) {
     test_unit_layout();
     test_ckpt_cli();
@@ -1024,8 +1123,10 @@ int main(void) {
         if (attention_tc_supports(16)) test_against_pytorch(1);
         test_device_init();
         test_ckpt_device();
+        test_hellaswag_device();
     } else {
-        skip("no CUDA device: the fixture comparison, determinism, save/reload, device-init and checkpoint tests");
+        skip("no CUDA device: the fixture comparison, determinism, save/reload, device-init, checkpoint and HellaSwag "
+             "tests");
     }
     return test_summary();
 }

@@ -76,16 +76,32 @@ static void compare(const Run *base, const char *model, const char *layout, cons
 }
 
 // bytes rank `rank` sent for counter `name` ("allreduce", "activation", ...)
+// from the table rank 0 prints at the end of a job: a title line, a header
+// of the columns (those 0 on every rank are left out: 0), a row per rank;
+// -1 when there is no table or no row for the rank
 static long long bytes_of(const char *out, int rank, const char *name) {
+    const char *p = strstr(out, "bytes sent by each rank");
+    if (p == NULL || (p = strchr(p, '\n')) == NULL) return -1;
+    char header[1024], row[1024];
+    const char *end = strchr(++p, '\n');
+    if (end == NULL || end - p >= (long)sizeof(header)) return -1;
+    snprintf(header, sizeof(header), "%.*s", (int)(end - p), p);
+    // the column of name: count the header's words before it ("peak transient" is the last, two words)
     char key[64];
-    snprintf(key, sizeof(key), "rank %d bytes sent:", rank);
-    const char *p = strstr(out, key);
-    if (p == NULL) return -1;
-    const char *end = strchr(p, '\n');
-    snprintf(key, sizeof(key), " %s ", name);
-    const char *q = strstr(p, key);
-    if (q == NULL || (end && q > end)) return -1;
-    return atoll(q + strlen(key));
+    snprintf(key, sizeof(key), " %s", name);
+    const char *at = strstr(header, key);
+    if (at == NULL || (at[strlen(key)] != ' ' && at[strlen(key)] != '\0')) return 0;
+    int col = 0;
+    for (const char *q = header; q < at; q++) col += q[0] != ' ' && (q[1] == ' ' || q[1] == '\0');
+    for (int r = 0; r <= rank; r++) {
+        p = end + 1;
+        if ((end = strchr(p, '\n')) == NULL) return -1;
+    }
+    snprintf(row, sizeof(row), "%.*s", (int)(end - p), p);
+    char *save, *tok = strtok_r(row, " ", &save);
+    if (tok == NULL || atoi(tok) != rank) return -1;
+    for (int c = 0; c < col && tok != NULL; c++) tok = strtok_r(NULL, " ", &save);
+    return tok != NULL ? atoll(tok) : -1;
 }
 
 static void test_data_parallel(void) {

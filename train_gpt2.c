@@ -1045,11 +1045,12 @@ static void adam_run(GPT2 *m, const Run *r, void *ctx) {
                  param_is_matrix(r->tensor) ? h->weight_decay : 0.0f, m->adam_t);
 }
 
-// *loss_sum: this rank's sum of micro-batch mean losses; on return the
-// step's loss (every rank gets it). *stop: in, whether this rank was asked to
-// stop (a signal); out, whether any rank was, so that all stop after the same
-// step. Returns the grad norm before clipping.
-static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, const AdamHyper *h, int *stop) {
+// the step's gradients summed (gpt2_reduce_grads), and its grad norm and
+// loss, which every rank gets. *loss_sum: this rank's sum of micro-batch
+// mean losses; on return the step's loss. *stop: in, whether this rank was
+// asked to stop (a signal); out, whether any rank was, so that all stop
+// after the same step. Returns the grad norm before clipping.
+static float gpt2_loss_and_norm(GPT2 *m, float *loss_sum, int accum, int *stop) {
     const Parallel *par = m->par;
     const Shard *s = &m->shard;
     gpt2_reduce_grads(m);
@@ -1062,9 +1063,16 @@ static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, cons
     float all[GRID_MAX_WORLD + 2] = {(float)sumsq, s->last && s->tp_rank == 0 ? *loss_sum / accum / s->dp : 0.0f,
                                      (float)*stop};
     group_allreduce(par, &par->world, all, (size_t)n);
-    float norm = sqrtf(all[0]);
     *loss_sum = all[1];
     *stop = all[2] > 0.0f;
+    return sqrtf(all[0]);
+}
+
+// AdamW on what this rank owns, the gradients clipped to max_norm given
+// their norm, and (ZeRO-1, 2) the updated parameters all-gathered
+static void gpt2_update(GPT2 *m, float norm, float max_norm, const AdamHyper *h) {
+    const Parallel *par = m->par;
+    const Shard *s = &m->shard;
     // clipping as torch.nn.utils.clip_grad_norm_, applied by AdamW as it reads the gradients
     AdamStep st = {h, max_norm > 0.0f && norm > max_norm ? max_norm / (norm + 1e-6f) : 1.0f};
     m->adam_t++;
@@ -1079,6 +1087,13 @@ static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, cons
             free(mine);
         }
     }
+}
+
+// the whole optimizer step (the trainer's loop runs the two halves, between
+// which -sl and -sg may skip the update); returns the grad norm
+static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, const AdamHyper *h, int *stop) {
+    float norm = gpt2_loss_and_norm(m, loss_sum, accum, stop);
+    gpt2_update(m, norm, max_norm, h);
     return norm;
 }
 
@@ -1259,12 +1274,12 @@ static float pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int 
     return loss;
 }
 
-// the mean loss over `batches` micro-batches of the val stream (split among the
-// data-parallel ranks); every rank returns it
+// the mean loss over `batches` micro-batches of the val stream on each
+// data-parallel rank (each rank its own slice); every rank returns it
 static float evaluate(GPT2 *m, DataLoader *val, int batches) {
     dataloader_reset(val);
     float sum = 0.0f;
-    for (int i = 0; i < batches / m->shard.dp; i++) {
+    for (int i = 0; i < batches; i++) {
         Acts *a = &m->acts[i % m->nacts];
         dataloader_next(val, a->inputs, a->targets);
         pipe_recv(m, pipe_input(m->shard.pp, m->shard.pp_rank, pipe_op(1, i)));
@@ -1273,7 +1288,45 @@ static float evaluate(GPT2 *m, DataLoader *val, int batches) {
         if (m->shard.last && m->shard.tp_rank == 0) sum += a->mean_loss;
     }
     group_allreduce(m->par, &m->par->world, &sum, 1);
-    return sum / batches;
+    return sum / ((float)batches * m->shard.dp);
+}
+
+// HellaSwag (hellaswag.h): this data-parallel rank's examples, packed into
+// micro-batches, forward through the pipeline; the examples the last
+// stage's per-token losses get right, summed over the job (every rank
+// returns the sum)
+static float hellaswag_eval(GPT2 *m, const HsSet *hs) {
+    const Shard *s = &m->shard;
+    int next, hi, nb = hs_batches(hs, s->dp, m->B);
+    hs_rank_range(hs->n, s->dp, s->dp_rank, &next, &hi);
+    HsBatch hb;
+    if (hs_batch_init(&hb, m->B, m->T) != 0) {
+        fprintf(stderr, "out of memory allocating a HellaSwag batch\n");
+        exit(1);
+    }
+    float correct = 0.0f;
+    for (int i = 0; i < nb; i++) {
+        Acts *a = &m->acts[i % m->nacts];
+        hs_batch_fill(hs, &next, hi, &hb, a->inputs, a->targets);
+        pipe_recv(m, pipe_input(s->pp, s->pp_rank, pipe_op(1, i)));
+        stage_forward(m, a, 1);
+        pipe_send(m, pipe_output(s->pp, s->pp_rank, pipe_op(1, i)), PIPE_NONE);
+        if (s->last && s->tp_rank == 0) correct += (float)hs_batch_score(hs, &hb, a->t[A_LOSSES], NULL);
+    }
+    hs_batch_free(&hb);
+    group_allreduce(m->par, &m->par->world, &correct, 1);
+    return correct;
+}
+
+// the evaluations due before step `step` (step == steps: the final model's),
+// printed by rank 0, into l: the val loss and HellaSwag
+static void run_evaluations(GPT2 *m, Job *job, int step, LogLine *l) {
+    int rank0 = m->par->grid.rank == 0;
+    if (evaluate_due(job, step)) {
+        l->val_loss = evaluate(m, &job->val, job->val_batches);
+        if (rank0) printf("val loss %.6f\n", l->val_loss);
+    }
+    if (hellaswag_due(job, step)) l->hellaswag = report_hellaswag(job, hellaswag_eval(m, &job->hs), rank0);
 }
 
 // prints gen_tokens tokens sampled from the model, starting from EOT (one rank only)
@@ -1392,16 +1445,58 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     }
 }
 
-// at the end of a job of several ranks: each rank's bytes, in rank order
+// at the end of a job of several ranks: one table, printed by rank 0, of
+// the payload bytes each rank sent by collective and by point-to-point
+// channel, and its peak transient bytes (ZeRO's buckets and gathered
+// units), with the columns that are 0 on every rank left out. The counts
+// travel as floats, each in three 22-bit pieces, exact.
+#define BYTES_PIECE 4194304.0  // 2^22
 static void print_rank_bytes(const GPT2 *m, const Parallel *par) {
-    for (int r = 0; r < par->grid.world; r++) {
-        if (r == par->grid.rank) {
-            printf("rank %d: peak transient %zu bytes (ZeRO buckets and gathered units)\n", r, m->bytes_transient_peak);
-            comm_print_bytes(par->comm, stdout);
-            fflush(stdout);
-        }
-        comm_barrier(par->comm, &par->world);
+    enum { NCOL = COMM_NCOUNTERS + 1 };  // the counters, then the peak transient bytes
+    int world = par->grid.world;
+    uint64_t mine[NCOL];
+    comm_get_bytes(par->comm, mine);
+    mine[COMM_NCOUNTERS] = m->bytes_transient_peak;
+    float pieces[3 * NCOL];
+    for (int k = 0; k < NCOL; k++) {
+        uint64_t v = mine[k];
+        for (int j = 0; j < 3; j++, v /= (uint64_t)BYTES_PIECE) pieces[3 * k + j] = (float)(v % (uint64_t)BYTES_PIECE);
     }
+    float *all = (float *)xcalloc((size_t)world * 3 * NCOL, sizeof(float), "byte counts");
+    comm_allgather(par->comm, &par->world, pieces, all, 3 * NCOL);
+    if (par->grid.rank == 0) {
+        uint64_t *v = (uint64_t *)xcalloc((size_t)world * NCOL, sizeof(uint64_t), "byte counts");
+        int show[NCOL], width[NCOL];
+        for (int k = 0; k < NCOL; k++) {
+            const char *name = k < COMM_NCOUNTERS ? comm_counter_name(k) : "peak transient";
+            show[k] = 0;
+            width[k] = (int)strlen(name);
+            for (int r = 0; r < world; r++) {
+                const float *p = all + ((size_t)r * NCOL + k) * 3;
+                uint64_t x = (uint64_t)p[0] + (uint64_t)p[1] * (uint64_t)BYTES_PIECE +
+                             (uint64_t)p[2] * (uint64_t)BYTES_PIECE * (uint64_t)BYTES_PIECE;
+                v[(size_t)r * NCOL + k] = x;
+                char digits[32];
+                int len = snprintf(digits, sizeof(digits), "%" PRIu64, x);
+                if (x != 0) show[k] = 1;
+                if (len > width[k]) width[k] = len;
+            }
+        }
+        printf("bytes sent by each rank (collectives, then point-to-point by channel; peak transient: ZeRO buckets "
+               "and gathered units held at once):\n%4s", "rank");
+        for (int k = 0; k < NCOL; k++)
+            if (show[k]) printf("  %*s", width[k], k < COMM_NCOUNTERS ? comm_counter_name(k) : "peak transient");
+        printf("\n");
+        for (int r = 0; r < world; r++) {
+            printf("%4d", r);
+            for (int k = 0; k < NCOL; k++)
+                if (show[k]) printf("  %*" PRIu64, width[k], v[(size_t)r * NCOL + k]);
+            printf("\n");
+        }
+        fflush(stdout);
+        free(v);
+    }
+    free(all);
 }
 
 int main(int argc, char **argv) {
@@ -1409,7 +1504,8 @@ int main(int argc, char **argv) {
     char err[1024], path[1024];
     trainer_name = "train_gpt2";
     // the job, checked once, by the launcher, before any rank starts
-    parse_flags(&job, argc, argv, "");
+    TrainerBuild build = {"the CPU trainer", 0, 0};  // fp32 throughout, no fused GELU
+    parse_flags(&job, argc, argv, "", &build);
 #ifdef _OPENMP
     if (job.opt.threads > 0) omp_set_num_threads(job.opt.threads);
 #endif
@@ -1425,9 +1521,6 @@ int main(int argc, char **argv) {
     int rank0 = par.grid.rank == 0, dp = par.grid.dp, B = job.opt.B, T = job.opt.T, accum = job.accum;
     float *params = load_params(&job);
     open_data(&job, &par.grid);
-    if (job.opt.tokenizer != NULL && par.grid.world > 1 && rank0)
-        printf("note: flag -tk: samples are printed by one-rank runs only; none in this run of %d ranks\n",
-               par.grid.world);
     open_tokenizer_and_log(&job, &par.grid);
     GPT2 model;
     gpt2_build(&model, &job.config, &par, params, (uint64_t)job.opt.seed);
@@ -1445,27 +1538,28 @@ int main(int argc, char **argv) {
 
     // the training loop: one optimizer step per iteration
     int stopped = 0;
+    OutlierGuard guard;
+    memset(&guard, 0, sizeof(guard));
     for (int step = job.start; step < job.steps && !stopped; step++) {
         if (par.comm) comm_set_step(par.comm, step);
-        float val_loss = -1.0f;
-        if (evaluate_due(&job, step)) {
-            val_loss = evaluate(&model, &job.val, job.opt.val_batches);
-            if (rank0) printf("val loss %.6f\n", val_loss);
-        }
+        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL};
+        run_evaluations(&model, &job, step, &line);
         if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
         if (check_due(&job, step)) consistency_check(&model, step);
 
         double t0 = now_ms();
         gpt2_zero_grad(&model);
         float dloss = 1.0f / ((float)B * T * accum * dp);
-        float loss = pipeline_run(&model, &job.train, plan, nops, dloss);  // one stage: F0 B0 F1 B1 ...
-        float lr = lr_at_step(&job.opt, step, job.steps);
-        hyper.lr = lr;
+        line.loss = pipeline_run(&model, &job.train, plan, nops, dloss);  // one stage: F0 B0 F1 B1 ...
+        line.lr = lr_at_step(&job.opt, step, job.steps);
+        hyper.lr = line.lr;
         stopped = ckpt_stop_signal != 0;
-        float norm = gpt2_step(&model, &loss, accum, job.opt.grad_clip, &hyper, &stopped);
-        double ms = now_ms() - t0;
+        line.norm = gpt2_loss_and_norm(&model, &line.loss, accum, &stopped);
+        line.skipped = outlier_skip(&job, &guard, line.loss, line.norm, rank0);
+        if (line.skipped == NULL) gpt2_update(&model, line.norm, job.opt.grad_clip, &hyper);
+        line.ms = now_ms() - t0;
         if (rank0) {
-            report_step(&job, step, loss, val_loss, norm, lr, ms);
+            report_step(&job, &line, &guard);
             printf("\n");  // (the GPU trainer ends its line with the MFU)
         }
 
@@ -1478,6 +1572,14 @@ int main(int argc, char **argv) {
         if (stopped && rank0) printf("stopped by a signal after step %d; resume with -y 1\n", step);
     }
 
+    // the final model, evaluated after the last update
+    if (!stopped) {
+        if (par.comm) comm_set_step(par.comm, job.steps);
+        LogLine last = final_line(&job);
+        run_evaluations(&model, &job, job.steps, &last);
+        if (sample_due(&job, job.steps)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
+        if (rank0) report_final(&job, &last);
+    }
     if (job.opt.out_dir && !stopped) {
         if (gpt2_write_model(&model, job.opt.out_dir, job.steps, path, sizeof(path)) != 0) return 1;
         if (rank0) printf("wrote %s\n", path);

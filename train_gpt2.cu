@@ -87,15 +87,16 @@ static int gpu_check_shapes(const GPT2Config *c, int B, int T, int tp, const cha
     return 0;
 }
 
-// GPU flags the CPU trainer has no use for, taken out of argv before
-// gpt2.h's options_parse sees it (argv is flag/value pairs)
+// GPU flags taken out of argv before gpt2.h's options_parse sees it (argv is
+// flag/value pairs): -fa, which the CPU trainer has no use for, and -r, which
+// gpt2.h's table lists for both (the CPU trainer takes it and keeps every
+// activation anyway)
 typedef struct {
     int recompute;     // -r: 1 = recompute GELU in the backward instead of keeping it per layer
     int attention_tc;  // -fa: 1 = tensor-core attention (bf16 build), 0 = the fp32-FMA kernels
 } GpuOptions;
 
 static const char *gpu_usage_lines =
-    "  -r            recompute GELU in the backward (0/1, default 1)\n"
     "  -fa           attention on tensor cores (0/1, default 1 in the bf16 build; fp32 builds: 0)\n";
 
 static int gpu_options_take(GpuOptions *g, int *argc, char **argv, char *err, size_t errlen) {
@@ -119,7 +120,8 @@ static int gpu_options_take(GpuOptions *g, int *argc, char **argv, char *err, si
         }
         const char *v = argv[a + 1];
         if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0) {
-            snprintf(err, errlen, "flag %s: '%s' is not 0 or 1", argv[a], v);
+            snprintf(err, errlen, "flag %s: '%s' is not 0 or 1%s", argv[a], v, dst == &g->recompute && strcmp(v, "2") == 0
+                     ? " (llm.c's -r 2 also recomputes LayerNorm, which this trainer does not)" : "");
             return -1;
         }
         *dst = v[0] - '0';
@@ -549,7 +551,7 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
 #ifdef ENABLE_FP32
     m->fuse_gelu = 0;  // our GELU kernel is the CPU trainer's formula; the epilogue's may round differently
 #else
-    m->fuse_gelu = 1;
+    m->fuse_gelu = 2;  // forward and backward (llm.c's -ge 2; main may set another level)
 #endif
     CUDA_CHECK(cudaStreamCreate(&m->stream));
     gpt2_alloc_params(m);
@@ -929,7 +931,7 @@ static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
         attention_forward(l.atty, l.lse, l.qkv, B, T, Cl, s->NHl, m->attention_tc, st);
         row_parallel_forward(m, sc->proj, l.atty, p.attprojw, p.attprojb, BT, Cl, C);
         residual_layernorm_forward(l.residual2, l.ln2, l.ln2_mean, l.ln2_rstd, x, sc->proj, p.ln2w, p.ln2b, BT, C, st);
-        if (m->fuse_gelu) {
+        if (m->fuse_gelu >= 1) {
             column_parallel_forward(m, l.fch_gelu, l.fch, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
         } else {
             column_parallel_forward(m, l.fch, NULL, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
@@ -1005,8 +1007,8 @@ static void stage_backward(GPT2 *m, Acts *a) {
         // fcproj: d(its output) = dresidual; dbig = d(fch), my slice (through
         // the GELU: fused into the matmul, or after it)
         row_parallel_backward(m, sc->dbig, g.fcprojw, g.fcprojb, sc->dresidual, l.fch_gelu, p.fcprojw,
-                              m->fuse_gelu ? l.fch : NULL, BT, 4 * Cl, C);
-        if (!m->fuse_gelu) gelu_backward(sc->dbig, l.fch, 4 * (size_t)BT * Cl, st);
+                              m->fuse_gelu >= 2 ? l.fch : NULL, BT, 4 * Cl, C);
+        if (m->fuse_gelu < 2) gelu_backward(sc->dbig, l.fch, 4 * (size_t)BT * Cl, st);
         // fc: dbtc = d(ln2), whole
         column_parallel_backward(m, sc->dbtc, g.fcw, g.fcb, sc->dbig, l.ln2, p.fcw, BT, C, 4 * Cl);
         layernorm_backward(sc->dresidual, g.ln2w, g.ln2b, part, sc->dbtc, l.residual2, p.ln2w, l.ln2_mean, l.ln2_rstd,
@@ -1149,15 +1151,19 @@ static void tp_share_run(GPT2 *m, const Run *r, void *ctx) {
     if (tensor_is_replicated(r->tensor)) tp_share_from_lead(m, grad_at(m, r->u, r->j), r->n);
 }
 
-// the norm (every rank gets it, on the device), clipping and AdamW, and the
-// ZeRO-1/2 all-gather of the updated parameters; all queued on the stream
-static void gpt2_norm_and_update(GPT2 *m, const AdamHyper *h) {
-    const Shard *s = &m->shard;
+// the norm (every rank gets it, in sc.norm on the device), queued on the stream
+static void gpt2_norm(GPT2 *m) {
     CUDA_CHECK(cudaMemsetAsync(m->sc.norm_partial, 0, NORM_BLOCKS * sizeof(float), m->stream));
     for_each_run(m, add_sumsq, NULL, 1);
     if (m->grid.world > 1) nccl_allreduce(m->nccl, &m->nccl->world, m->sc.norm_partial, NORM_BLOCKS, ncclFloat32, OP_SUM);
     sumsq_final_kernel<<<1, 1024, 0, m->stream>>>(m->sc.norm, m->sc.norm_partial, NORM_BLOCKS);
     CUDA_CHECK(cudaGetLastError());
+}
+
+// clipping (by the norm in sc.norm) and AdamW, and the ZeRO-1/2 all-gather
+// of the updated parameters; all queued on the stream
+static void gpt2_apply_update(GPT2 *m, const AdamHyper *h) {
+    const Shard *s = &m->shard;
     m->adam_t++;
     for_each_run(m, adam_run, (void *)h, 0);
     if ((m->zero == 1 || m->zero == 2) && s->dp > 1) {  // everyone's updated chunks, to everyone
@@ -1173,7 +1179,8 @@ static void gpt2_norm_and_update(GPT2 *m, const AdamHyper *h) {
 [[maybe_unused]] static void gpt2_update(GPT2 *m, float lr, float beta1, float beta2, float eps, float weight_decay, float max_norm) {
     AdamHyper h = {lr, beta1, beta2, eps, weight_decay, max_norm};
     tied_exchange(m);
-    gpt2_norm_and_update(m, &h);
+    gpt2_norm(m);
+    gpt2_apply_update(m, &h);
 }
 
 static float gpt2_last_norm(GPT2 *m) {
@@ -1454,13 +1461,14 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
         die(1, err);
 }
 
-// pp > 1: the MAC state for a step's pipeline messages (and an evaluation's),
-// made now, not mid-run: room for the most messages a stage receives in one
-// step, each as large as the largest of them
-static void reserve_pipeline_macs(GPT2 *m, Parallel *par, int accum, int val_batches) {
+// pp > 1: the MAC state for a step's pipeline messages, made now, not
+// mid-run: room for the most messages a stage receives in one step, each as
+// large as the largest of them (an evaluation checks its messages batch by
+// batch: one each)
+static void reserve_pipeline_macs(GPT2 *m, Parallel *par, int accum) {
     char err[512];
     size_t msg = (size_t)m->B * m->T * m->config.C * sizeof(floatX), tied = tied_elems(m) * sizeof(floatX);
-    int recvs = 2 * accum + 2 > val_batches + 2 ? 2 * accum + 2 : val_batches + 2;
+    int recvs = 2 * accum + 2;
     if (nccl_mac_reserve(par->nccl, recvs, msg > tied ? msg : tied, err, sizeof(err)) != 0) die(1, err);
 }
 
@@ -1470,8 +1478,9 @@ static void print_device(const cudaDeviceProp *prop, double peak, const GpuOptio
            prop->totalGlobalMem / 1073741824.0);
     if (peak > 0) printf("bf16 dense peak %.0f TFLOPS\n", peak / 1e12);
     else printf("bf16 dense peak unknown (MFU n/a)\n");
-    printf("precision: %s compute, fp32 master weights and AdamW state; recompute GELU %d; attention %s; "
-           "activations %.2f GiB\n", precision_name, gopt->recompute,
+    printf("precision: %s compute, fp32 master weights and AdamW state; recompute GELU %d; GELU fused %s; "
+           "attention %s; activations %.2f GiB\n", precision_name, gopt->recompute,
+           m->fuse_gelu == 2 ? "forward and backward" : m->fuse_gelu == 1 ? "forward" : "no",
            gopt->attention_tc && attention_tc_supports(m->config.C / m->config.NH) ? "tensor cores" : "fp32 FMA",
            m->act_bytes / 1073741824.0);
 }
@@ -1572,18 +1581,19 @@ static void mac_check_or_exit(GPT2 *m, Parallel *par, const char *when) {
     exit(1);
 }
 
-// the end of a step, after its pipeline run: the data-parallel sums drained
-// (they ran during the backward), the tied wte's halves swapped, the
-// replicated gradients shared from tp rank 0, every MAC tag of the step
-// checked (before anything is applied), the loss and the stop requests
-// summed, the norm, AdamW. Returns the step's mean loss.
-static float gpt2_step(GPT2 *m, Parallel *par, const AdamHyper *h, int accum, int *stop) {
+// the end of a step, after its pipeline run, up to the update: the
+// data-parallel sums drained (they ran during the backward), the tied wte's
+// halves swapped, the replicated gradients shared from tp rank 0, every MAC
+// tag of the step checked (before anything is applied), the loss and the
+// stop requests summed, the norm queued. Returns the step's mean loss; the
+// loop then applies the update (gpt2_apply_update) unless -sl or -sg skip it.
+static float gpt2_step_loss(GPT2 *m, Parallel *par, int accum, int *stop) {
     nccl_side_drain(par->nccl);  // the data-parallel sums, made during the backward
     tied_exchange(m);
     if (m->shard.tp > 1) for_each_run(m, tp_share_run, NULL, 0);
     mac_check_or_exit(m, par, "the step is not applied");
     double loss = world_loss_sum(m, par, stop) / ((double)m->B * m->T * accum * m->shard.dp);
-    gpt2_norm_and_update(m, h);
+    gpt2_norm(m);
     return (float)loss;
 }
 
@@ -1634,24 +1644,86 @@ static float world_sum(GPT2 *m, Parallel *par, float x) {
     return *h;
 }
 
-// the mean loss over `batches` micro-batches of the val stream, split among
-// the data-parallel ranks and passed down the pipeline; every rank returns it
-static float evaluate(GPT2 *m, Parallel *par, DataLoader *val, int batches) {
+// one micro-batch (staged from m->inputs, m->targets into set i's buffers)
+// forward through the pipeline as the i-th of an evaluation: its losses
+// add into sc.losses on the last stage; its messages are checked before
+// the next batch
+static void eval_forward(GPT2 *m, Parallel *par, int i) {
     const Shard *s = &m->shard;
-    int n = batches / s->dp;
+    Acts *a = &m->acts[i % m->nacts];
+    gpt2_stage_batch(m, a, 0);
+    if (s->pp > 1) nccl_mac_step_begin(par->nccl);
+    pipe_exchange(m, PIPE_NONE, pipe_input(s->pp, s->pp_rank, pipe_op(1, i)));
+    stage_forward(m, a, FWD_LOSS, 0.0f);
+    pipe_exchange(m, pipe_output(s->pp, s->pp_rank, pipe_op(1, i)), PIPE_NONE);
+    mac_check_or_exit(m, par, "in an evaluation");
+}
+
+// the mean loss over `batches` micro-batches of the val stream on each
+// data-parallel rank (each its own slice), passed down the pipeline; every
+// rank returns it
+static float evaluate(GPT2 *m, Parallel *par, DataLoader *val, int batches) {
     dataloader_reset(val);
     gpt2_zero_losses(m);
-    if (s->pp > 1) nccl_mac_step_begin(par->nccl);
-    for (int i = 0; i < n; i++) {
-        Acts *a = &m->acts[i % m->nacts];
+    for (int i = 0; i < batches; i++) {
         dataloader_next(val, m->inputs, m->targets);
-        gpt2_stage_batch(m, a, 0);
-        pipe_exchange(m, PIPE_NONE, pipe_input(s->pp, s->pp_rank, pipe_op(1, i)));
-        stage_forward(m, a, FWD_LOSS, 0.0f);
-        pipe_exchange(m, pipe_output(s->pp, s->pp_rank, pipe_op(1, i)), PIPE_NONE);
+        eval_forward(m, par, i);
     }
-    mac_check_or_exit(m, par, "in an evaluation");
-    return (float)(world_loss_sum(m, par, NULL) / ((double)m->B * m->T * n * s->dp));
+    return (float)(world_loss_sum(m, par, NULL) / ((double)m->B * m->T * batches * m->shard.dp));
+}
+
+// HellaSwag (hellaswag.h): this data-parallel rank's examples, packed into
+// micro-batches, forward through the pipeline; on the last stage each
+// batch's per-token losses summed over tp (each position's is on the rank
+// holding its target) and scored on tp rank 0. Returns the examples right,
+// summed over the job, on every rank.
+static float hellaswag_eval(GPT2 *m, Parallel *par, const HsSet *hs) {
+    const Shard *s = &m->shard;
+    int next, hi, nb = hs_batches(hs, s->dp, m->B);
+    hs_rank_range(hs->n, s->dp, s->dp_rank, &next, &hi);
+    HsBatch hb;
+    if (hs_batch_init(&hb, m->B, m->T) != 0) {
+        fprintf(stderr, "train_gpt2cu: out of memory allocating a HellaSwag batch\n");
+        exit(1);
+    }
+    float correct = 0.0f;
+    for (int i = 0; i < nb; i++) {
+        hs_batch_fill(hs, &next, hi, &hb, m->inputs, m->targets);
+        gpt2_zero_losses(m);
+        eval_forward(m, par, i);
+        if (!s->last) continue;
+        if (s->tp > 1) nccl_allreduce(par->nccl, &par->nccl->tp, m->sc.losses, (size_t)m->B * m->T, ncclFloat32, OP_SUM);
+        gpt2_loss_sum(m);  // the losses to m->pinned
+        if (s->tp_rank == 0) correct += (float)hs_batch_score(hs, &hb, m->pinned, NULL);
+    }
+    hs_batch_free(&hb);
+    return world_sum(m, par, correct);
+}
+
+// the evaluations due before step `step` (step == steps: the final model's),
+// printed by rank 0, into l: the val loss and HellaSwag
+static void run_evaluations(GPT2 *m, Parallel *par, Job *job, int step, LogLine *l) {
+    int rank0 = par->grid.rank == 0;
+    if (evaluate_due(job, step)) {
+        l->val_loss = evaluate(m, par, &job->val, job->val_batches);
+        if (rank0) printf("val loss %.6f\n", l->val_loss);
+    }
+    if (hellaswag_due(job, step)) l->hellaswag = report_hellaswag(job, hellaswag_eval(m, par, &job->hs), rank0);
+}
+
+// the step's update after gpt2_step_loss, unless -sl or -sg skip it, and its
+// norm and skip into l. With the guard on, the norm is read first, to decide;
+// otherwise the update is queued first and the norm read after it.
+static void update_unless_skipped(GPT2 *m, Job *job, OutlierGuard *g, const AdamHyper *h, LogLine *l, int rank0) {
+    if (outlier_guard_on(job)) {
+        l->norm = gpt2_last_norm(m);
+        l->skipped = outlier_skip(job, g, l->loss, l->norm, rank0);
+    }
+    if (l->skipped == NULL) gpt2_apply_update(m, h);
+    if (!outlier_guard_on(job)) {
+        l->norm = gpt2_last_norm(m);
+        outlier_skip(job, g, l->loss, l->norm, rank0);  // (the z-scores only)
+    }
 }
 
 typedef struct { GPT2 *m; Parallel *par; } CkptCtx;
@@ -1728,7 +1800,12 @@ int main(int argc, char **argv) {
     memcpy(launch_argv, argv, (size_t)(argc + 1) * sizeof(char *));
     if (gpu_options_take(&gopt, &argc, argv, err, sizeof(err)) != 0) die_usage(err);
     // the job, checked once, by the launcher, before any rank starts or a GPU is touched
-    parse_flags(&job, argc, argv, gpu_usage_lines);
+#ifdef ENABLE_FP32
+    TrainerBuild build = {"the fp32 build of train_gpt2cu", 0, 0};  // exact fp32, GELU unfused
+#else
+    TrainerBuild build = {"the bf16 build of train_gpt2cu", 1, 2};  // bf16 GEMMs, GELU fused both ways
+#endif
+    parse_flags(&job, argc, argv, gpu_usage_lines, &build);
     if (ckpt_check_flags(&job.opt, err, sizeof(err)) != 0) die_usage(err);  // before a launcher counts the GPUs
     check_launch_gpus(&job.opt);
     parse_fault(&job);
@@ -1755,11 +1832,12 @@ int main(int argc, char **argv) {
     gpt2_init_rank(&model, &job.config, params, (uint64_t)job.opt.seed, B, T, gopt.recompute, gopt.attention_tc,
                    &par.grid, par.zero, activation_sets(&job, &par.grid), par.nccl);
     free(params);
+    model.fuse_gelu = job.opt.gelu_fusion;  // -ge, checked against this build by parse_flags
     snprintf(path, sizeof(path), "%s/optim.bin", job.ck_dir);
     if (job.resuming && gpt2_load_optimizer(&model, path, job.ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
     double load_ms = now_ms() - job.load_t0 - job.verify_ms;
     par.nccl->stream = model.stream;  // the collectives queue behind the model's kernels
-    if (pp > 1) reserve_pipeline_macs(&model, &par, accum, job.opt.val_batches);
+    if (pp > 1) reserve_pipeline_macs(&model, &par, accum);
     int nops;
     PipeStep *plan = step_plan(&job, &par.grid, &nops);
     AdamHyper hyper = {job.opt.lr, job.opt.beta1, job.opt.beta2, job.opt.eps, job.opt.weight_decay, job.opt.grad_clip};
@@ -1772,13 +1850,12 @@ int main(int argc, char **argv) {
 
     // the training loop: one optimizer step per iteration
     int stopped = 0;
+    OutlierGuard guard;
+    memset(&guard, 0, sizeof(guard));
     for (int step = job.start; step < job.steps && !stopped; step++) {
         nccl_set_step(par.nccl, step);
-        float val_loss = -1.0f;
-        if (evaluate_due(&job, step)) {
-            val_loss = evaluate(&model, &par, &job.val, job.opt.val_batches);
-            if (rank0) printf("val loss %.6f\n", val_loss);
-        }
+        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL};
+        run_evaluations(&model, &par, &job, step, &line);
         if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
         if (check_due(&job, step)) consistency_check(&model, &par, step);
 
@@ -1789,13 +1866,13 @@ int main(int argc, char **argv) {
         if (pp > 1) nccl_mac_step_begin(par.nccl);
         float dloss = 1.0f / (float)((double)B * T * accum * dp);
         pipeline_run(&model, &job.train, plan, nops, dloss);  // one stage: F0 B0 F1 B1 ...
-        float lr = lr_at_step(&job.opt, step, job.steps);
-        hyper.lr = lr;
+        line.lr = lr_at_step(&job.opt, step, job.steps);
+        hyper.lr = line.lr;
         stopped = ckpt_stop_signal != 0;
-        float loss = gpt2_step(&model, &par, &hyper, accum, &stopped);
-        float norm = gpt2_last_norm(&model);
-        double ms = now_ms() - t0;
-        if (rank0) print_mfu(&job, report_step(&job, step, loss, val_loss, norm, lr, ms), peak, par.grid.world);
+        line.loss = gpt2_step_loss(&model, &par, accum, &stopped);
+        update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0);
+        line.ms = now_ms() - t0;
+        if (rank0) print_mfu(&job, report_step(&job, &line, &guard), peak, par.grid.world);
 
         if (checkpoint_due(&job, step, stopped)) {
             CkptState st = checkpoint_state(&job, step + 1, model.adam_t, &par.grid, par.zero);
@@ -1806,6 +1883,14 @@ int main(int argc, char **argv) {
         if (stopped && rank0) printf("stopped by a signal after step %d; resume with -y 1\n", step);
     }
 
+    // the final model, evaluated after the last update
+    if (!stopped) {
+        nccl_set_step(par.nccl, job.steps);
+        LogLine last = final_line(&job);
+        run_evaluations(&model, &par, &job, job.steps, &last);
+        if (sample_due(&job, job.steps)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
+        if (rank0) report_final(&job, &last);
+    }
     if (job.opt.out_dir && !stopped) {
         if (gpt2_write_model(&model, &par, job.opt.out_dir, job.steps, path, sizeof(path)) != 0) return 1;
         if (rank0) printf("wrote %s\n", path);

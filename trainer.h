@@ -15,8 +15,10 @@
  *   on each rank, after it joined the job:
  *     start_rank, load_params, open_data, open_tokenizer_and_log,
  *     activation_sets, step_plan, print_model_and_batch, announce_resume
- *   in the loop: evaluate_due, sample_due, check_due, checkpoint_due,
+ *   in the loop: evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
+ *     report_hellaswag, outlier_skip (llm.c's -sl -sg),
  *     report_step, checkpoint_state, print_checkpoint_written
+ *   after the last step: final_line, report_final
  *   sampling: random_f32 (xorshift*), sample_token (inverse CDF of the softmax)
  *   at the end: free_job
  *
@@ -28,6 +30,7 @@
 #define LLM3D_TRAINER_H
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -35,12 +38,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gpt2.h"
 #include "secure.h"
 #include "checkpoint.h"
 #include "dataloader.h"
 #include "tokenizer.h"
+#include "hellaswag.h"
 #include "parallel.h"
 
 typedef struct {
@@ -60,8 +65,12 @@ typedef struct {
     double load_t0, verify_ms;  // when the checkpoint setup began; its verification's time
     DataLoader train, val;
     int have_val, have_tok;  // an evaluation every -v steps; samples every -s steps
+    int val_batches;         // val batches per data-parallel rank per evaluation (-m, at most the split's)
+    HsSet hs;                // -h 1: the HellaSwag examples
+    int have_hs;
     Tokenizer tok;
     FILE *logf;              // rank 0's JSON-lines log, or NULL
+    double loop_t0;          // when this launch's first step began (report_step's ETA)
     uint64_t sample_rng;     // xorshift* state, saved in checkpoints
 } Job;
 
@@ -91,9 +100,29 @@ static double flops_per_token(const GPT2Config *c, int T) {
 // ----------------------------------------------------------------------------
 // the job, checked before any rank starts
 
-// the flags (gpt2.h's table; more_usage: the trainer's own lines for -h), and
-// the job's world: the ranks of mpirun/srun/torchrun when they started us
-static void parse_flags(Job *job, int argc, char **argv, const char *more_usage) {
+// a process that mpirun or torchrun started as one of several ranks joins
+// the others through --rendezvous; without it, it would run the whole job
+// alone, beside its copies (and with -np N each would start N more), so it
+// stops and says what to add
+static void check_outside_launch(const Options *o) {
+    static const char *launchers[][3] = {{"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "mpirun (Open MPI)"},
+                                         {"WORLD_SIZE", "RANK", "torchrun"}};
+    if (o->rendezvous != NULL || getenv("LLM3D_RANK") != NULL) return;
+    for (int k = 0; k < 2; k++) {
+        const char *size = getenv(launchers[k][0]), *rank = getenv(launchers[k][1]);
+        if (size == NULL || atoi(size) < 2) continue;
+        char msg[600];
+        snprintf(msg, sizeof(msg), "started by %s as rank %s of %s, but without --rendezvous: add --rendezvous "
+                 "tcp:127.0.0.1:29500 --key-file FILE, the same on every rank (doc/llmc.md, \"mpirun\"), or start one "
+                 "process with -np %s", launchers[k][2], rank != NULL ? rank : "?", size, size);
+        die_usage(msg);
+    }
+}
+
+// the flags (gpt2.h's table; more_usage: the trainer's own lines for -h;
+// build: what llm.c's -a -f -w -ge -nm may say), and the job's world: the
+// ranks of mpirun/srun/torchrun when they started us
+static void parse_flags(Job *job, int argc, char **argv, const char *more_usage, const TrainerBuild *build) {
     char err[2048];
     memset(job, 0, sizeof(*job));
     options_defaults(&job->opt);
@@ -103,7 +132,9 @@ static void parse_flags(Job *job, int argc, char **argv, const char *more_usage)
         fputs(more_usage, stdout);
         exit(0);
     }
-    if (rc != 0) die_usage(err);
+    if (rc != 0 || options_check_build(&job->opt, build, err, sizeof(err)) != 0) die_usage(err);
+    if (job->opt.ckpt_keep == 0) job->opt.ckpt_keep = INT_MAX;  // -nk 0: keep them all, as llm.c's
+    check_outside_launch(&job->opt);
     // from here on a signal asks for a checkpoint (with -o), and a full disk
     // fails a write (and says so) instead of killing the process
     if (job->opt.out_dir) ckpt_catch_signals();
@@ -133,6 +164,30 @@ static void check_model(Job *job) {
     if (grid_check_model(&job->layout, c->L, c->NH, c->C, c->Vp, err, sizeof(err)) != 0) die_usage(err);
 }
 
+// -h 1: the HellaSwag file, -hf or llm.c's path. Like llm.c, a run without
+// the file at the default path goes on without HellaSwag (and says so, when
+// chatty); a file that -hf names must be there. It runs with the
+// evaluations, so -v 0 turns it off too.
+static void open_hellaswag(Job *job, int chatty) {
+    char err[2048];
+    const Options *o = &job->opt;
+    const char *path = o->hellaswag_file != NULL ? o->hellaswag_file : HS_DEFAULT_FILE;
+    job->have_hs = 0;
+    if (!o->hellaswag) return;
+    if (o->val_every == 0) {
+        if (chatty) printf("note: flag -h 1: HellaSwag runs with the evaluations, and -v 0 turns them off\n");
+        return;
+    }
+    if (o->hellaswag_file == NULL && access(path, F_OK) != 0) {
+        if (chatty)
+            printf("note: flag -h 1: no HellaSwag file at %s, so no HellaSwag in this run; make it with "
+                   "./prepare_data hellaswag (doc/llmc.md) or give -hf\n", path);
+        return;
+    }
+    if (hs_read(&job->hs, path, job->config.V, o->T, o->B, err, sizeof(err)) != 0) die_usage(err);
+    job->have_hs = 1;
+}
+
 // the batch against the job's data-parallel size, and the data: both
 // streams open with this B and T and hold tokens below the model's V
 static void check_batch_and_data(Job *job) {
@@ -149,6 +204,8 @@ static void check_batch_and_data(Job *job) {
         if (dataloader_init(&probe, o->val_pattern, o->B, o->T, 0, dp, 0, 0, V, err, sizeof(err)) != 0) die_usage(err);
         dataloader_free(&probe);
     }
+    open_hellaswag(job, 0);
+    if (job->have_hs) hs_free(&job->hs);
 }
 
 // the checkpoint key and, with -y or -ys, the checkpoint to resume from
@@ -205,6 +262,18 @@ static void open_data(Job *job, const Grid *g) {
     if (job->have_val &&
         dataloader_init(&job->val, o->val_pattern, o->B, o->T, g->dp_rank, g->dp, 0, 0, V, err, sizeof(err)) != 0)
         die_usage(err);
+    // -m: llm.c's val_max_steps, batches per rank; never more than the split
+    // holds, so that no val token is counted twice
+    if (job->have_val) {
+        long whole = dataloader_batches_per_epoch(&job->val);
+        if (whole < 1) {
+            errorf(err, sizeof(err), "flag -j: %s holds fewer than one batch of B*T = %d tokens per data-parallel rank "
+                   "(dp %d)", o->val_pattern, o->B * o->T, g->dp);
+            die_usage(err);
+        }
+        job->val_batches = o->val_batches < 0 || o->val_batches > whole ? (int)whole : o->val_batches;
+    }
+    open_hellaswag(job, g->rank == 0);
     DataLoaderState pos = {job->ck.data[0], job->ck.data[1], job->ck.data[2], job->ck.data[3]};
     if (job->resuming && dataloader_set_state(&job->train, &pos, err, sizeof(err)) != 0) die_usage(err);
     job->steps = o->steps >= 0 ? o->steps : (int)(dataloader_batches_per_epoch(&job->train) / job->accum);
@@ -224,6 +293,10 @@ static void open_tokenizer_and_log(Job *job, const Grid *g) {
     const Options *o = &job->opt;
     job->have_tok = o->tokenizer != NULL && o->sample_every > 0 && g->world == 1;
     if (job->have_tok && tokenizer_load_bin(&job->tok, o->tokenizer, err, sizeof(err)) != 0) die_usage(err);
+    if (g->rank == 0 && o->sample_every > 0 && !job->have_tok) {  // (llm.c samples token ids without a tokenizer)
+        if (o->tokenizer == NULL) printf("note: flag -s: no samples without a tokenizer .bin (-tk)\n");
+        else printf("note: flag -tk: samples are printed by one-rank runs only; none in this run of %d ranks\n", g->world);
+    }
     if (g->rank != 0 || (o->log_file == NULL && o->out_dir == NULL)) return;
     const char *path = o->log_file;
     if (path == NULL) {
@@ -277,16 +350,83 @@ static void announce_resume(const Job *job, double load_ms) {
 }
 
 // ----------------------------------------------------------------------------
-// the loop: what a step does besides training, and what it reports
+// llm.c's outlier guard (-sl, -sg): each step's loss and grad norm get a
+// z-score against a window of the last OUTLIER_WINDOW steps' values, the new
+// one included (none until the window is full); an update whose z-score is
+// above the flag's threshold is skipped. As in llm.c the windows start
+// afresh in each launch.
 
-// the val loss at step 0, every -v steps and at the last step
-static int evaluate_due(const Job *job, int step) {
-    return job->have_val && (step % job->opt.val_every == 0 || step == job->steps - 1);
+#define OUTLIER_WINDOW 128
+
+typedef struct {
+    double values[OUTLIER_WINDOW];
+    int count, next;
+    double sum, sumsq;
+} Outliers;
+
+// x's z-score once the window is full (NAN before); x enters the window
+static double outlier_zscore(Outliers *d, double x) {
+    if (d->count < OUTLIER_WINDOW) {
+        d->values[d->count++] = x;
+        d->sum += x;
+        d->sumsq += x * x;
+        return NAN;
+    }
+    double old = d->values[d->next];
+    d->values[d->next] = x;
+    d->next = (d->next + 1) % OUTLIER_WINDOW;
+    d->sum += x - old;
+    d->sumsq += x * x - old * old;
+    double mean = d->sum / OUTLIER_WINDOW, var = d->sumsq / OUTLIER_WINDOW - mean * mean;
+    return var > 0.0 ? (x - mean) / sqrt(var) : 0.0;
 }
 
-// a sample every -s steps (not before any training) and at the last step
+typedef struct {
+    Outliers loss, norm;
+    float loss_z, norm_z;     // the last step's z-scores (NAN: the window is not full yet)
+} OutlierGuard;
+
+static int outlier_guard_on(const Job *job) { return job->opt.skip_loss_z > 0 || job->opt.skip_norm_z > 0; }
+
+// this step's z-scores; "loss" or "norm" when -sl or -sg skips its update
+// (rank 0 says so, in llm.c's words), else NULL. Every rank has the same
+// loss and norm, so every rank decides the same.
+static const char *outlier_skip(const Job *job, OutlierGuard *g, float loss, float norm, int rank0) {
+    g->loss_z = (float)outlier_zscore(&g->loss, loss);
+    g->norm_z = (float)outlier_zscore(&g->norm, norm);
+    const char *what = NULL;
+    if (isfinite(g->loss_z) && job->opt.skip_loss_z > 0 && g->loss_z > job->opt.skip_loss_z) what = "loss";
+    else if (isfinite(g->norm_z) && job->opt.skip_norm_z > 0 && g->norm_z > job->opt.skip_norm_z) what = "norm";
+    if (what != NULL && rank0)
+        printf("skipping update due to %s z-score of %f\n", what[0] == 'l' ? "loss" : "grad",
+               what[0] == 'l' ? g->loss_z : g->norm_z);
+    return what;
+}
+
+// ----------------------------------------------------------------------------
+// the loop: what a step does besides training, and what it reports
+
+// the val loss before step 0, every -v steps, and after the last step
+// (step == steps: the final model, evaluated after the loop)
+static int evaluate_due(const Job *job, int step) {
+    return job->have_val && (step == job->steps || step % job->opt.val_every == 0);
+}
+
+// HellaSwag (-h 1) with the evaluations, after step 0 as in llm.c, and after the last step
+static int hellaswag_due(const Job *job, int step) {
+    return job->have_hs && (step == job->steps || (step > 0 && step % job->opt.val_every == 0));
+}
+
+// the accuracy of a HellaSwag evaluation that got `correct` examples right;
+// rank 0 prints llm.c's line for it
+static float report_hellaswag(const Job *job, float correct, int rank0) {
+    if (rank0) printf("HellaSwag: %d/%d = %f\n", (int)correct, job->hs.n, correct / job->hs.n);
+    return correct / job->hs.n;
+}
+
+// a sample every -s steps (not before any training), and after the last step
 static int sample_due(const Job *job, int step) {
-    return job->have_tok && step > 0 && (step % job->opt.sample_every == 0 || step == job->steps - 1);
+    return job->have_tok && (step == job->steps || (step > 0 && step % job->opt.sample_every == 0));
 }
 
 // the data-parallel replicas compare their parameters every -ck steps
@@ -300,14 +440,48 @@ static int checkpoint_due(const Job *job, int step, int stopped) {
     return stopped || (job->opt.ckpt_every > 0 && (done % job->opt.ckpt_every == 0 || done == job->steps));
 }
 
-// rank 0's line for a step, up to its GFLOP/s (the GPU trainer ends it with
-// its MFU), and the step's JSON log entry; returns the tokens per second
-static double report_step(const Job *job, int step, float loss, float val_loss, float norm, float lr, double ms) {
-    double tok_s = job->total_batch / (ms / 1e3);
-    printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s", step, job->steps,
-           loss, norm, lr, ms, tok_s, tok_s * flops_per_token(&job->config, job->opt.T) / 1e9);
-    log_step(job->logf, step, loss, val_loss, norm, lr, ms, job->total_batch * (step + 1));
+// a duration in seconds as 1h05m, 4m10s or 12s
+static const char *format_duration(double s, char *buf, size_t len) {
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, len, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(buf, len, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, len, "%lds", t);
+    return buf;
+}
+
+// rank 0's line for a step, up to its ETA (the GPU trainer ends it with its
+// MFU), and the step's JSON log entry (l: its numbers; the tokens are filled
+// in here); with -sl or -sg, the z-scores of g too, as llm.c prints them.
+// The ETA: the rest of the steps at this launch's pace so far, its
+// evaluations and checkpoints included. Returns the tokens per second.
+static double report_step(Job *job, LogLine *l, const OutlierGuard *g) {
+    char eta[32];
+    double tok_s = job->total_batch / (l->ms / 1e3), now = now_ms();
+    if (l->step == job->start) job->loop_t0 = now - l->ms;
+    double per_step_s = (now - job->loop_t0) / 1e3 / (l->step - job->start + 1);
+    printf("step %4d/%d | loss %.6f", l->step, job->steps, l->loss);
+    if (outlier_guard_on(job)) printf(" (%+.2fz)", g->loss_z);
+    printf(" | norm %.4f", l->norm);
+    if (outlier_guard_on(job)) printf(" (%+.2fz)", g->norm_z);
+    printf(" | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s | ETA %s", l->lr, l->ms, tok_s,
+           tok_s * flops_per_token(&job->config, job->opt.T) / 1e9,
+           format_duration(per_step_s * (job->steps - l->step - 1), eta, sizeof(eta)));
+    l->trained = 1;
+    l->tokens = job->total_batch * (l->step + 1);
+    log_line(job->logf, l);
     return tok_s;
+}
+
+// the line after the last step (l: from final_line, its val loss and
+// HellaSwag accuracy filled in when measured): the final model's, in the
+// log, as llm.c evaluates once more after its last update
+static LogLine final_line(const Job *job) {
+    LogLine l = {job->steps, 0, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, job->total_batch * job->steps, NULL};
+    return l;
+}
+
+static void report_final(const Job *job, const LogLine *l) {
+    if (l->val_loss >= 0 || l->hellaswag >= 0) log_line(job->logf, l);
 }
 
 // what state.bin records after `done` steps (Adam's t: adam_t), the data
@@ -355,6 +529,7 @@ static void free_job(Job *job) {
     if (job->logf) fclose(job->logf);
     dataloader_free(&job->train);
     if (job->have_val) dataloader_free(&job->val);
+    if (job->have_hs) hs_free(&job->hs);
     if (job->have_tok) tokenizer_free(&job->tok);
 }
 
