@@ -46,6 +46,7 @@
  */
 #define _GNU_SOURCE  // strdup
 #include "gpt2.h"
+#include "tokenizer.h"  // bpe_find_files
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -308,19 +309,6 @@ static int write_config(const char *path, const GPT2Config *c, int bf16, int eot
     return write_text_file(path, json, err, errlen);
 }
 
-// find_gpt2_files: encoder.json and vocab.bpe in $LLM3D_DATA/gpt2, else ../shared/data/gpt2 (as prepare_data)
-static int find_gpt2_files(char *encoder, char *vocab, size_t len) {
-    const char *env = getenv("LLM3D_DATA");
-    const char *dirs[2] = {env != NULL && env[0] != '\0' ? env : NULL, "../shared/data"};
-    for (int k = 0; k < 2; k++) {
-        if (dirs[k] == NULL) continue;
-        snprintf(encoder, len, "%s/gpt2/encoder.json", dirs[k]);
-        snprintf(vocab, len, "%s/gpt2/vocab.bpe", dirs[k]);
-        if (access(encoder, R_OK) == 0 && access(vocab, R_OK) == 0) return 0;
-    }
-    return -1;
-}
-
 // write_tokenizer: GPT-2's tokenizer files for GPT2Tokenizer(Fast). 1 written,
 // 0 skipped with a note, -1 error.
 static int write_tokenizer(const ExportOptions *o, const GPT2Config *c, char *err, size_t errlen) {
@@ -333,7 +321,7 @@ static int write_tokenizer(const ExportOptions *o, const GPT2Config *c, char *er
     if (o->encoder != NULL) {
         snprintf(encoder, sizeof(encoder), "%s", o->encoder);
         snprintf(vocab, sizeof(vocab), "%s", o->vocab);
-    } else if (find_gpt2_files(encoder, vocab, sizeof(encoder)) != 0) {
+    } else if (bpe_find_files(encoder, vocab, sizeof(encoder)) != 0) {
         printf("export_hf: no tokenizer files: no gpt2/encoder.json and vocab.bpe in $LLM3D_DATA or ../shared/data "
                "(give --encoder and --vocab)\n");
         return 0;

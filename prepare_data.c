@@ -226,19 +226,6 @@ static double now_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-// find_gpt2_files: encoder.json and vocab.bpe in $LLM3D_DATA/gpt2, else ../shared/data/gpt2
-static int find_gpt2_files(char *encoder, char *vocab, size_t len) {
-    const char *env = getenv("LLM3D_DATA");
-    const char *dirs[2] = {env != NULL && env[0] != '\0' ? env : NULL, "../shared/data"};
-    for (int k = 0; k < 2; k++) {
-        if (dirs[k] == NULL) continue;
-        snprintf(encoder, len, "%s/gpt2/encoder.json", dirs[k]);
-        snprintf(vocab, len, "%s/gpt2/vocab.bpe", dirs[k]);
-        if (access(encoder, R_OK) == 0 && access(vocab, R_OK) == 0) return 0;
-    }
-    return -1;
-}
-
 // ----------------------------------------------------------------------------
 // the input files: -i paths, directories walked, each file's kind
 
@@ -862,7 +849,7 @@ static int load_bpe(const Options *o, Bpe *bpe) {
     if (o->encoder_path != NULL) {
         snprintf(encoder, sizeof(encoder), "%s", o->encoder_path);
         snprintf(vocab, sizeof(vocab), "%s", o->vocab_path);
-    } else if (find_gpt2_files(encoder, vocab, sizeof(encoder)) != 0) {
+    } else if (bpe_find_files(encoder, vocab, sizeof(encoder)) != 0) {
         const char *env = getenv("LLM3D_DATA");
         fprintf(stderr, "prepare_data: no gpt2/encoder.json + gpt2/vocab.bpe in $LLM3D_DATA (%s) or ../shared/data; "
                 "give --encoder and --vocab, or use --bytes\n", env != NULL && env[0] != '\0' ? env : "unset");

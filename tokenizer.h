@@ -66,6 +66,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "errors.h"
 #include "unicode_table.h"
@@ -976,6 +977,21 @@ done:
     return rc;
 }
 
+
+// bpe_find_files: where GPT-2's encoder.json and vocab.bpe are: in
+// $LLM3D_DATA/gpt2, else ../shared/data/gpt2. 0 with both paths written, -1
+// when neither place has both files.
+static inline int bpe_find_files(char *encoder, char *vocab, size_t len) {
+    const char *env = getenv("LLM3D_DATA");
+    const char *dirs[2] = {env != NULL && env[0] != '\0' ? env : NULL, "../shared/data"};
+    for (int k = 0; k < 2; k++) {
+        if (dirs[k] == NULL) continue;
+        snprintf(encoder, len, "%s/gpt2/encoder.json", dirs[k]);
+        snprintf(vocab, len, "%s/gpt2/vocab.bpe", dirs[k]);
+        if (access(encoder, R_OK) == 0 && access(vocab, R_OK) == 0) return 0;
+    }
+    return -1;
+}
 // bpe_load: the encoder from GPT-2's encoder.json and vocab.bpe; 0 ok, -1 with err set
 static inline int bpe_load(Bpe *b, const char *encoder_json, const char *vocab_bpe, char *err, size_t errlen) {
     memset(b, 0, sizeof(*b));
