@@ -43,7 +43,7 @@ ifeq ($(PRECISION),FP32)
 endif
 
 CPU_PROGRAMS = train_gpt2 prepare_data dev/bench_secure dev/bench_matmul dev/bench_kernels dev/pipeline_chart
-CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint \
+CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint test_attacks \
             test_gpt2_scalar $(if $(X86),test_gpt2_avx2)
 CUDA_PROGRAMS = train_gpt2cu test_gpt2cu test_host_mode
 
