@@ -48,11 +48,14 @@
 #include <assert.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -319,8 +322,66 @@ static inline ShmLayout shm_layout(int world) {
     return s;
 }
 
+// shm_guard_run: the guard's life (shm_guard_start says why). fd 0 is the
+// pipe from the creator. Only async-signal-safe calls: it is a fork of a
+// process that may have threads.
+static inline void shm_guard_run(const char *path, const ShmHeader *h, uint32_t world) {
+    prctl(PR_SET_DUMPABLE, 0);  // it holds a copy of the creator's memory, the key included
+    setsid();                   // a Ctrl-C or a kill of the job's process group ends the job, not its guard
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+#ifdef SYS_close_range
+    if (syscall(SYS_close_range, 1, ~0U, 0) != 0)
+#endif
+        for (int fd = 1; fd < 1024; fd++) close(fd);  // nobody waits on our copy of their pipes
+    for (;;) {
+        struct pollfd p;
+        p.fd = 0;
+        p.events = POLLIN;
+        p.revents = 0;
+        if (poll(&p, 1, 100) > 0) break;  // end of file: the creator has ended
+        if (__atomic_load_n(&h->mapped, __ATOMIC_SEQ_CST) >= world) break;  // the last rank unlinked it
+    }
+    unlink(path);
+    _exit(0);
+}
+
+// shm_guard_start: a segment's name must not outlive a start that fails,
+// whatever way the creator ends (an error, a timeout, a signal, SIGKILL).
+// So a guard process watches it: it holds the read end of a pipe whose
+// write end only the creator has (close-on-exec, never written), and when
+// the creator ends the pipe reads end of file and the guard unlinks the
+// name. It also leaves as soon as every rank has mapped the segment (the
+// last one unlinks the name itself), so it lives through the rendezvous
+// only. A grandchild, so that init, not the trainer, reaps it.
+static inline int shm_guard_start(const char *name, const ShmHeader *h, int world, char *err, size_t errlen) {
+    char path[16 + COMM_NAME_BYTES];
+    snprintf(path, sizeof(path), "/dev/shm%s", name);
+    int p[2];
+    if (pipe(p) != 0 || fcntl(p[1], F_SETFD, FD_CLOEXEC) != 0)
+        return errorf(err, errlen, "shared memory %s: pipe for its guard: %s", name, strerror(errno));
+    pid_t first = fork();
+    if (first == 0) {
+        if (fork() != 0) _exit(0);
+        dup2(p[0], 0);
+        shm_guard_run(path, h, (uint32_t)world);
+    }
+    int e = first < 0 ? errno : 0;
+    close(p[0]);
+    if (first < 0) {
+        close(p[1]);
+        return errorf(err, errlen, "shared memory %s: fork for its guard: %s", name, strerror(e));
+    }
+    int status;
+    while (waitpid(first, &status, 0) < 0 && errno == EINTR) {}
+    return 0;  // p[1] stays open, and unused, as long as this process lives
+}
+
 // shm_create: a new segment for world ranks under a fresh random name;
-// O_EXCL so a name someone planted is an error, never a segment we share
+// O_EXCL so a name someone planted is an error, never a segment we share.
+// A guard process unlinks the name if this process ends before the ranks
+// have all mapped it (shm_guard_start).
 static inline int shm_create(char name[COMM_NAME_BYTES], int world, uint64_t job_id, char *err, size_t errlen) {
     uint8_t rnd[32];
     if (key_generate(rnd, err, errlen) != 0) return -1;
@@ -352,8 +413,10 @@ static inline int shm_create(char name[COMM_NAME_BYTES], int world, uint64_t job
     h->rings_offset = lay.rings_offset;
     h->total_bytes = lay.total_bytes;
     __atomic_store_n(&h->mapped, 0, __ATOMIC_SEQ_CST);
+    int rc = shm_guard_start(name, h, world, err, errlen);
     munmap(base, SHM_HEADER_BYTES);
-    return 0;
+    if (rc != 0) shm_unlink(name);
+    return rc;
 }
 
 // ----------------------------------------------------------------------------

@@ -84,6 +84,71 @@ static char read_byte(int fd, double timeout_s) {
     return c;
 }
 
+// the ranks' environment of every launcher we know, cleared before we set ours
+static const char *RANK_ENV[] = {
+    "LLM3D_RANK", "LLM3D_WORLD", "LLM3D_LOCAL_RANK", "LLM3D_RENDEZVOUS", "LLM3D_KEY_FD", "LLM3D_LAUNCHER_PID",
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+};
+
+// the tiny job every trainer run here trains: a d2 model on one shard
+static char shard[300], key_path[300];
+static const char *TINY = "-e d2 -ev 256 -et 32 -b 2 -t 16 -d 128 -l 1e-3 -v 0 -s 0 -th 1";
+
+// spawn_trainer: ./train_gpt2 TINY -i shard, then args (a command line split
+// on spaces), with env entries "K=V" (NULL-terminated) added, stdout and
+// stderr into out_path, in a process group of its own
+static pid_t spawn_trainer(const char *args, const char *const *env, const char *out_path) {
+    char line[2048];
+    snprintf(line, sizeof(line), "./train_gpt2 %s -i %s %s", TINY, shard, args);
+    char *argv[64];
+    int n = 0;
+    for (char *tok = strtok(line, " "); tok != NULL && n < 63; tok = strtok(NULL, " ")) argv[n++] = tok;
+    argv[n] = NULL;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid != 0) {
+        if (pid > 0) setpgid(pid, pid);
+        return pid;
+    }
+    setpgid(0, 0);
+    for (size_t i = 0; i < sizeof(RANK_ENV) / sizeof(RANK_ENV[0]); i++) unsetenv(RANK_ENV[i]);
+    for (int i = 0; env != NULL && env[i] != NULL; i++) putenv((char *)env[i]);
+    int fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execv(argv[0], argv);
+    _exit(127);
+}
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char *s = (char *)calloc(1, 65536);
+    if (f != NULL) {
+        size_t n = fread(s, 1, 65535, f);
+        s[n] = '\0';
+        fclose(f);
+    }
+    return s;
+}
+
+typedef struct { int status; double seconds; char *out; int lines; } TrainerRun;
+
+// run_trainer: spawn_trainer, waited for at most timeout_s (status -1 then);
+// lines: the output's lines that name the trainer (its error lines)
+static TrainerRun run_trainer(const char *args, const char *const *env, double timeout_s) {
+    char out_path[300];
+    snprintf(out_path, sizeof(out_path), "%s/trainer.out", work);
+    double t0 = par_now();
+    TrainerRun r;
+    r.status = wait_child(spawn_trainer(args, env, out_path), timeout_s);
+    r.seconds = par_now() - t0;
+    r.out = read_text(out_path);
+    r.lines = 0;
+    for (const char *p = r.out; (p = strstr(p, "train_gpt2:")) != NULL; p++) r.lines++;
+    return r;
+}
+
 // ----------------------------------------------------------------------------
 // the rendezvous: a hello captured from one job, replayed into the next
 
@@ -202,6 +267,84 @@ static void test_hello_replay(void) {
 }
 
 // ----------------------------------------------------------------------------
+// the shared-memory segment of an outside-launched rank 0 that fails
+
+// shm_names: how many names of pid's segments /dev/shm holds, waiting up to
+// wait_s for there to be `want`; with sweep set, it then unlinks them (a
+// failing case leaves nothing behind)
+static int shm_names(pid_t pid, int want, double wait_s, int sweep) {
+    char prefix[64], path[320];
+    snprintf(prefix, sizeof(prefix), "llm3d-%d-", (int)pid);
+    double t0 = par_now();
+    for (;;) {
+        int n = 0, last = par_now() - t0 > wait_s;
+        DIR *d = opendir("/dev/shm");
+        struct dirent *e;
+        while (d != NULL && (e = readdir(d)) != NULL) {
+            if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+            n++;
+            snprintf(path, sizeof(path), "/dev/shm/%.256s", e->d_name);
+            if (sweep && last) unlink(path);
+        }
+        if (d != NULL) closedir(d);
+        if (n == want || last) return n;
+        par_sleep(0.02);
+    }
+}
+
+// rank 0 of an outside launch whose rank 1 is refused (another key): rank 0
+// serves and waits, the rendezvous times out after 1 s, and it exits 1, as a
+// trainer's die() does
+static void rank0_times_out(const char *spec) {
+    Launch L;
+    memset(&L, 0, sizeof(L));
+    L.mode = LAUNCH_RANK;
+    L.world = 2;
+    snprintf(L.rendezvous, sizeof(L.rendezvous), "%s", spec);
+    char err[512];
+    if (key_read_file(key_path, L.key, err, sizeof(err)) != 0 || launch_serve(&L, 1.0, err, sizeof(err)) != 0) _exit(2);
+    uint8_t other[32];
+    key_generate(other, NULL, 0);
+    if (fork() == 0) {
+        RdvAnswer ans;
+        _exit(rdv_join(spec, other, job_id_from_key(other), 1, 2, 1, NULL, 2.0, &ans, err, sizeof(err)) == 0);
+    }
+    Grid g;
+    Comm *c;
+    if (grid_init(&g, 2, 1, 1, 0, err, sizeof(err)) != 0) _exit(2);
+    if (comm_init(&c, &g, L.key, spec, 1.0, NULL, err, sizeof(err)) != 0) exit(1);
+    _exit(3);
+}
+
+static void test_segment_leaks(void) {
+    char spec[sizeof(((Launch *)0)->rendezvous)];
+    snprintf(spec, sizeof(spec), "unix:%.200s/leak.sock", work);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) rank0_times_out(spec);
+    int st = wait_child(pid, 15.0);
+    int left = shm_names(pid, 0, 2.0, 1);
+    check(st == 1 && left == 0, "segment: rank 0 whose rank 1 was refused and whose rendezvous timed out exits %d "
+          "and leaves %d segment name(s) in /dev/shm", st, left);
+
+    // the trainer itself, as rank 0 of an outside launch that never completes
+    const int sigs[2] = {SIGTERM, SIGKILL};
+    for (int i = 0; i < 2; i++) {
+        char args[1024], out_path[300];
+        snprintf(args, sizeof(args), "-x 2 -to 5 --rendezvous %s --key-file %s", spec, key_path);
+        snprintf(out_path, sizeof(out_path), "%s/trainer.out", work);
+        const char *env[] = {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", NULL};
+        pid = spawn_trainer(args, env, out_path);
+        int made = shm_names(pid, 1, 5.0, 0);
+        kill(pid, sigs[i]);
+        st = wait_child(pid, 5.0);
+        left = shm_names(pid, 0, 2.0, 1);
+        check(made == 1 && st == 128 + sigs[i] && left == 0, "segment: train_gpt2 as rank 0, %s during the rendezvous "
+              "(status %d): %d segment name(s) left of %d", strsignal(sigs[i]), st, left, made);
+    }
+}
+
+// ----------------------------------------------------------------------------
 
 int main(void) {
     const char *tmp = getenv("TMPDIR");
@@ -211,7 +354,19 @@ int main(void) {
         return test_summary();
     }
     signal(SIGPIPE, SIG_IGN);
+    if (access("./train_gpt2", X_OK) != 0) {
+        check(0, "./train_gpt2 is not built (make train_gpt2)");
+        return test_summary();
+    }
+    snprintf(shard, sizeof(shard), "%s/data.bin", work);
+    snprintf(key_path, sizeof(key_path), "%s/job.key", work);
+    uint8_t key[32];
+    char err[256];
+    if (!check(test_write_shard(shard, 4096) == 0 && key_generate(key, err, sizeof(err)) == 0 &&
+               key_write_file(key_path, key, err, sizeof(err)) == 0, "a shard and a key file in %s", work))
+        return test_summary();
     test_hello_replay();
+    test_segment_leaks();
     remove_tree(work);
     return test_summary();
 }
