@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "files.h"
 
 #define MODEL_MAGIC 20240326
 #define STATE_MAGIC 20240327
@@ -256,11 +257,8 @@ static void model_fill_header(int32_t h[HEADER_INTS], const GPT2Config *c, int v
 static int model_save(const char *path, const GPT2Config *c, const float *params, int bf16, char *err, size_t errlen) {
     char tmp[4200];
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (f == NULL) {
-        snprintf(err, errlen, "%s: cannot create model file: %s", path, strerror(errno));
-        return -1;
-    }
+    FILE *f = fopen_nofollow(tmp, "wb", err, errlen);  // a link planted at PATH.tmp is not written through
+    if (f == NULL) return -1;
     int32_t h[HEADER_INTS];
     model_fill_header(h, c, bf16 ? 5 : 3);
     size_t n = param_count(c);
@@ -805,9 +803,8 @@ static int log_keep_before(const char *path, int step, char *err, size_t errlen)
     }
     char tmp[4200], line[4096];
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *out = fopen(tmp, "w");
+    FILE *out = fopen_nofollow(tmp, "w", err, errlen);
     if (out == NULL) {
-        snprintf(err, errlen, "%.1000s: %s", tmp, strerror(errno));
         fclose(f);
         return -1;
     }

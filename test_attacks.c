@@ -345,6 +345,131 @@ static void test_segment_leaks(void) {
 }
 
 // ----------------------------------------------------------------------------
+// the output directory (-o): links planted in it, and who may write in it
+
+static int exists(const char *fmt, const char *a, const char *b) {
+    char path[700];
+    snprintf(path, sizeof(path), fmt, a, b);
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+// victim: a directory of files that no trainer run should ever touch
+static void make_victim(const char *dir) {
+    char path[400];
+    mkdir(dir, 0755);
+    snprintf(path, sizeof(path), "%s/precious.txt", dir);
+    FILE *f = fopen(path, "w");
+    if (f != NULL) fclose(f);
+}
+
+// plant: a symbolic link at dir/name to target, made by another user when
+// `other` is set and this runs as root (else by this user); 0 when made
+static int plant(const char *dir, const char *name, const char *target, int other) {
+    char path[400];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (other && is_root() && drop_to_nobody() != 0) _exit(3);
+        _exit(symlink(target, path) == 0 ? 0 : 1);
+    }
+    return wait_child(pid, 5.0);
+}
+
+// can_open_as_nobody: whether another user can open path to read
+static int can_open_as_nobody(const char *path) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (drop_to_nobody() != 0) _exit(3);
+        _exit(open(path, O_RDONLY) >= 0 ? 0 : 1);
+    }
+    return wait_child(pid, 5.0) == 0;
+}
+
+static void test_output_dir(void) {
+    char out[300], victim[300], victim2[300], lock_target[300], args[700];
+    snprintf(victim, sizeof(victim), "%s/victim", work);
+    snprintf(victim2, sizeof(victim2), "%s/victim2", work);
+    make_victim(victim);
+    make_victim(victim2);
+
+    // links named like checkpoints, planted after a first run: pruning
+    // removes the links, not what they point to
+    snprintf(out, sizeof(out), "%s/out_links", work);
+    snprintf(args, sizeof(args), "-o %s -x 1 -n 1", out);
+    TrainerRun r = run_trainer(args, NULL, 30.0);
+    free(r.out);
+    plant(out, "ckpt_00000099", victim, 0);
+    plant(out, "ckpt_00000098.partial", victim2, 0);
+    snprintf(args, sizeof(args), "-o %s -x 3 -n 1 -nk 1", out);
+    r = run_trainer(args, NULL, 30.0);
+    check(r.status == 0 && exists("%s/%s", victim, "precious.txt") && exists("%s/%s", victim2, "precious.txt") &&
+          !exists("%s/%s", out, "ckpt_00000099") && !exists("%s/%s", out, "ckpt_00000098.partial") &&
+          exists("%s/%s", out, "ckpt_00000003"),
+          "-o: links named ckpt_00000099 and ckpt_00000098.partial are removed by pruning, and the directories they "
+          "point to keep their files (exit %d)", r.status);
+    free(r.out);
+
+    // a LOCK link: the trainer neither follows it nor creates its target
+    snprintf(out, sizeof(out), "%s/out_lock", work);
+    snprintf(lock_target, sizeof(lock_target), "%s/created_through_lock", work);
+    mkdir(out, 0755);
+    plant(out, "LOCK", lock_target, 0);
+    snprintf(args, sizeof(args), "-o %s -x 1", out);
+    r = run_trainer(args, NULL, 30.0);
+    check(r.status != 0 && r.lines == 1 && strstr(r.out, "LOCK is a symbolic link") != NULL &&
+          !exists("%s%s", lock_target, ""), "-o: a LOCK link is refused and its target not created (exit %d): %s",
+          r.status, r.out);
+    free(r.out);
+
+    // a directory others may write in: refused before anything is read or written in it
+    snprintf(out, sizeof(out), "%s/out_shared", work);
+    snprintf(args, sizeof(args), "-o %s -x 1 -n 1", out);
+    r = run_trainer(args, NULL, 30.0);
+    free(r.out);
+    chmod(out, 0777);
+    int planted = plant(out, "ckpt_00000099", victim, 1);
+    snprintf(args, sizeof(args), "-o %s -x 3 -n 1 -nk 1", out);
+    r = run_trainer(args, NULL, 30.0);
+    check(planted == 0 && r.status == 2 && r.lines == 1 && strstr(r.out, "group or others may write") != NULL &&
+          exists("%s/%s", victim, "precious.txt"), "-o of mode 0777, a link planted by %s: refused (exit %d): %s",
+          is_root() ? OTHER_USER : "this user", r.status, r.out);
+    free(r.out);
+
+    if (!is_root()) {
+        skip("-o owned by another user, and LOCK against another user: need root to make one");
+        return;
+    }
+    snprintf(out, sizeof(out), "%s/out_theirs", work);
+    mkdir(out, 0755);
+    if (chown(out, NOBODY, NOBODY) != 0) check(0, "chown %s", out);
+    snprintf(args, sizeof(args), "-o %s -x 1", out);
+    r = run_trainer(args, NULL, 30.0);
+    check(r.status == 2 && r.lines == 1 && strstr(r.out, "owned by uid 65534") != NULL,
+          "-o owned by %s: refused (exit %d): %s", OTHER_USER, r.status, r.out);
+    free(r.out);
+
+    // a LOCK that others can open (an older run made it 0644) is made 0600
+    snprintf(out, sizeof(out), "%s/out_lock_mode", work);
+    mkdir(out, 0755);
+    char lock[400];
+    snprintf(lock, sizeof(lock), "%s/LOCK", out);
+    close(open(lock, O_RDWR | O_CREAT, 0644));
+    chmod(lock, 0644);
+    int before = can_open_as_nobody(lock);
+    snprintf(args, sizeof(args), "-o %s -x 1", out);
+    r = run_trainer(args, NULL, 30.0);
+    struct stat st;
+    int mode = stat(lock, &st) == 0 ? (int)(st.st_mode & 0777) : -1;
+    check(before && r.status == 0 && mode == 0600 && !can_open_as_nobody(lock),
+          "-o: LOCK can no longer be opened by %s, who could flock it and block every job there (mode %04o, exit %d)",
+          OTHER_USER, mode, r.status);
+    free(r.out);
+}
+
+// ----------------------------------------------------------------------------
 
 int main(void) {
     const char *tmp = getenv("TMPDIR");
@@ -353,6 +478,7 @@ int main(void) {
         check(0, "mkdtemp %s: %s", work, strerror(errno));
         return test_summary();
     }
+    chmod(work, 0755);  // the other user's children reach into it
     signal(SIGPIPE, SIG_IGN);
     if (access("./train_gpt2", X_OK) != 0) {
         check(0, "./train_gpt2 is not built (make train_gpt2)");
@@ -367,6 +493,7 @@ int main(void) {
         return test_summary();
     test_hello_replay();
     test_segment_leaks();
+    test_output_dir();
     remove_tree(work);
     return test_summary();
 }

@@ -1696,7 +1696,7 @@ static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int ste
     if (rank0) {  // the file at its full size, header in
         int32_t h[HEADER_INTS];
         model_fill_header(h, &m->config, 3);
-        int fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), e = fd < 0 ? errno : 0;
+        int fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644), e = fd < 0 ? errno : 0;
         if (e == 0 && write_all(fd, h, sizeof(h)) != 0) e = errno;
         if (e == 0 && ftruncate(fd, (off_t)ckpt_file_bytes(0, &m->config)) != 0) e = errno;
         if (fd >= 0) close(fd);

@@ -231,9 +231,11 @@ static void open_tokenizer_and_log(Job *job, const Grid *g) {
         path = in_dir;
     }
     if (job->resuming && log_keep_before(path, job->ck.step, err, sizeof(err)) != 0) die_usage(err);
-    job->logf = fopen(path, job->resuming ? "a" : "w");
+    const char *mode = job->resuming ? "a" : "w";
+    // the log in -o is never reached through a link (checkpoint.h); -lg's path is the user's to choose
+    job->logf = o->log_file != NULL ? fopen(path, mode) : fopen_nofollow(path, mode, err, sizeof(err));
     if (job->logf == NULL) {
-        errorf(err, sizeof(err), "%s: cannot create log file: %s", path, strerror(errno));
+        if (o->log_file != NULL) errorf(err, sizeof(err), "%s: cannot create log file: %s", path, strerror(errno));
         die_usage(err);
     }
 }
