@@ -406,7 +406,7 @@ static int dl_open_shard(DataShard *s, const char *path, int vocab_size, const M
     memset(s, 0, sizeof(*s));
     uint64_t ntok = 0;
     int header_checked = 0;
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO must not block the open: it fails S_ISREG
     if (fd < 0) return errorf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     int mapped = dl_map_shard(s, fd, path, listed, manifest_path, &ntok, &header_checked, err, errlen);
     close(fd);

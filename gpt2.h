@@ -204,11 +204,8 @@ static int model_read_header(FILE *f, const char *path, GPT2Config *c, int *vers
 
 // loads a whole model file into a freshly malloc'd fp32 array (bf16 converted)
 static float *model_load(const char *path, GPT2Config *c, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
-        snprintf(err, errlen, "%s: cannot open model file: %s", path, strerror(errno));
-        return NULL;
-    }
+    FILE *f = fopen_regular(path, "model file", err, errlen);  // a FIFO is refused, not waited on
+    if (f == NULL) return NULL;
     int version;
     if (model_read_header(f, path, c, &version, err, errlen) != 0) { fclose(f); return NULL; }
     size_t n = param_count(c), elem = version == 3 ? 4 : 2;
@@ -736,12 +733,9 @@ static int options_model(const Options *o, GPT2Config *c, char *err, size_t errl
         }
         return 1;
     }
-    FILE *f = fopen(o->init, "rb");
+    FILE *f = fopen_regular(o->init, "model file", err, errlen);
     int version;
-    if (f == NULL) {
-        snprintf(err, errlen, "%s: cannot open model file: %s", o->init, strerror(errno));
-        return -1;
-    }
+    if (f == NULL) return -1;
     int rc = model_read_header(f, o->init, c, &version, err, errlen);
     fclose(f);
     return rc != 0 ? -1 : 0;

@@ -134,6 +134,22 @@ static char *read_text(const char *path) {
 
 typedef struct { int status; double seconds; char *out; int lines; } TrainerRun;
 
+// the line of out that holds `what` (else its last line), for messages
+static const char *line_of(const char *out, const char *what) {
+    static char line[600];
+    const char *p = strstr(out, what);
+    if (p == NULL) {
+        size_t n = strlen(out);
+        while (n > 0 && out[n - 1] == '\n') n--;
+        p = out + n;
+        while (p > out && p[-1] != '\n') p--;
+    }
+    while (p > out && p[-1] != '\n') p--;
+    size_t k = strcspn(p, "\n");
+    snprintf(line, sizeof(line), "%.*s", (int)(k < sizeof(line) - 1 ? k : sizeof(line) - 1), p);
+    return line;
+}
+
 // run_trainer: spawn_trainer, waited for at most timeout_s (status -1 then);
 // lines: the output's lines that name the trainer (its error lines)
 static TrainerRun run_trainer(const char *args, const char *const *env, double timeout_s) {
@@ -421,7 +437,7 @@ static void test_output_dir(void) {
     r = run_trainer(args, NULL, 30.0);
     check(r.status != 0 && r.lines == 1 && strstr(r.out, "LOCK is a symbolic link") != NULL &&
           !exists("%s%s", lock_target, ""), "-o: a LOCK link is refused and its target not created (exit %d): %s",
-          r.status, r.out);
+          r.status, line_of(r.out, "train_gpt2:"));
     free(r.out);
 
     // a directory others may write in: refused before anything is read or written in it
@@ -435,7 +451,7 @@ static void test_output_dir(void) {
     r = run_trainer(args, NULL, 30.0);
     check(planted == 0 && r.status == 2 && r.lines == 1 && strstr(r.out, "group or others may write") != NULL &&
           exists("%s/%s", victim, "precious.txt"), "-o of mode 0777, a link planted by %s: refused (exit %d): %s",
-          is_root() ? OTHER_USER : "this user", r.status, r.out);
+          is_root() ? OTHER_USER : "this user", r.status, line_of(r.out, "train_gpt2:"));
     free(r.out);
 
     if (!is_root()) {
@@ -448,7 +464,7 @@ static void test_output_dir(void) {
     snprintf(args, sizeof(args), "-o %s -x 1", out);
     r = run_trainer(args, NULL, 30.0);
     check(r.status == 2 && r.lines == 1 && strstr(r.out, "owned by uid 65534") != NULL,
-          "-o owned by %s: refused (exit %d): %s", OTHER_USER, r.status, r.out);
+          "-o owned by %s: refused (exit %d): %s", OTHER_USER, r.status, line_of(r.out, "train_gpt2:"));
     free(r.out);
 
     // a LOCK that others can open (an older run made it 0644) is made 0600
@@ -467,6 +483,45 @@ static void test_output_dir(void) {
           "-o: LOCK can no longer be opened by %s, who could flock it and block every job there (mode %04o, exit %d)",
           OTHER_USER, mode, r.status);
     free(r.out);
+}
+
+// ----------------------------------------------------------------------------
+// FIFOs where files are read: refused at once, not waited on in open()
+
+static void test_fifos(void) {
+    char fifo[300], dir[300], pattern[320], second[320], args[900];
+    snprintf(fifo, sizeof(fifo), "%s/fifo.bin", work);
+    snprintf(dir, sizeof(dir), "%s/fifo_data", work);
+    snprintf(pattern, sizeof(pattern), "%s/*.bin", dir);
+    snprintf(second, sizeof(second), "%s/b.bin", dir);
+    mkdir(dir, 0755);
+    mkfifo(fifo, 0600);
+    mkfifo(second, 0600);  // matched by the pattern, beside a good shard
+    char good[320];
+    snprintf(good, sizeof(good), "%s/a.bin", dir);
+    test_write_shard(good, 4096);
+    struct { const char *what; char args[600]; const char *path; } cases[4];
+    cases[0].what = "-e (a model file)";
+    snprintf(cases[0].args, sizeof(cases[0].args), "-x 1 -e %s", fifo);
+    cases[0].path = fifo;
+    cases[1].what = "-i (a shard the pattern matches, no MANIFEST)";
+    snprintf(cases[1].args, sizeof(cases[1].args), "-x 1 -i %s", pattern);
+    cases[1].path = second;
+    cases[2].what = "-j (the val shards)";
+    snprintf(cases[2].args, sizeof(cases[2].args), "-x 1 -v 1 -j %s", fifo);
+    cases[2].path = fifo;
+    cases[3].what = "-tk (the tokenizer)";
+    snprintf(cases[3].args, sizeof(cases[3].args), "-x 2 -s 1 -tk %s", fifo);
+    cases[3].path = fifo;
+    for (int i = 0; i < 4; i++) {
+        snprintf(args, sizeof(args), "%s", cases[i].args);
+        TrainerRun r = run_trainer(args, NULL, 5.0);
+        char want[400];
+        snprintf(want, sizeof(want), "%s: not a regular file", cases[i].path);
+        check(r.status == 2 && r.lines == 1 && strstr(r.out, want) != NULL,
+              "a FIFO given to %s: refused at once (exit %d in %.1f s): %s", cases[i].what, r.status, r.seconds, line_of(r.out, "train_gpt2:"));
+        free(r.out);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -494,6 +549,7 @@ int main(void) {
     test_hello_replay();
     test_segment_leaks();
     test_output_dir();
+    test_fifos();
     remove_tree(work);
     return test_summary();
 }
