@@ -525,6 +525,66 @@ static void test_fifos(void) {
 }
 
 // ----------------------------------------------------------------------------
+// a shard changed under a running job: tokens written in place, a truncation
+
+// lines_in: how many lines the file at path holds
+static int lines_in(const char *path) {
+    FILE *f = fopen(path, "r");
+    int n = 0, c;
+    while (f != NULL && (c = fgetc(f)) != EOF) n += c == '\n';
+    if (f != NULL) fclose(f);
+    return n;
+}
+
+// change_while_training: trains on a copy of the shard for many steps; once
+// two steps are logged, `change` alters the copy. Returns the run.
+static TrainerRun change_while_training(const char *name, void (*change)(const char *path)) {
+    char data[300], log[300], args[900], out_path[300];
+    snprintf(data, sizeof(data), "%s/%s.bin", work, name);
+    snprintf(log, sizeof(log), "%s/%s.jsonl", work, name);
+    snprintf(out_path, sizeof(out_path), "%s/trainer.out", work);
+    test_write_shard(data, 4096);
+    unlink(log);
+    snprintf(args, sizeof(args), "-x 100000 -i %s -lg %s", data, log);  // the later -i wins
+    double t0 = par_now();
+    pid_t pid = spawn_trainer(args, NULL, out_path);
+    while (lines_in(log) < 2 && par_now() - t0 < 10.0 && waitpid(pid, NULL, WNOHANG) == 0) par_sleep(0.01);
+    change(data);
+    TrainerRun r;
+    r.status = wait_child(pid, 20.0);
+    r.seconds = par_now() - t0;
+    r.out = read_text(out_path);
+    r.lines = 0;
+    for (const char *p = r.out; (p = strstr(p, "train_gpt2:")) != NULL; p++) r.lines++;
+    return r;
+}
+
+static void write_ffff_in_place(const char *path) {
+    int fd = open(path, O_WRONLY);
+    uint16_t big[4096];
+    for (int i = 0; i < 4096; i++) big[i] = 0xFFFF;
+    if (fd < 0 || pwrite(fd, big, sizeof(big), 1024) != (ssize_t)sizeof(big)) check(0, "write %s", path);
+    if (fd >= 0) close(fd);
+}
+
+static void truncate_to_header(const char *path) {
+    if (truncate(path, 1024) != 0) check(0, "truncate %s", path);
+}
+
+static void test_shard_changes(void) {
+    TrainerRun r = change_while_training("inplace", write_ffff_in_place);
+    check(r.status == 1 && r.lines == 1 && strstr(r.out, "is 65535, not < vocab_size 256") != NULL &&
+          strstr(r.out, "changed after it was checked") != NULL,
+          "a shard whose tokens become 0xFFFF in place mid-run: the run ends with one line (exit %d): %s", r.status,
+          line_of(r.out, "train_gpt2:"));
+    free(r.out);
+    r = change_while_training("truncated", truncate_to_header);
+    check(r.status == 1 && r.lines == 1 && strstr(r.out, "changed after it was checked") != NULL,
+          "a shard truncated mid-run: one line, not SIGBUS (exit %d): %s", r.status, line_of(r.out, "train_gpt2:"));
+    free(r.out);
+}
+
+// ----------------------------------------------------------------------------
 
 int main(void) {
     const char *tmp = getenv("TMPDIR");
@@ -550,6 +610,7 @@ int main(void) {
     test_segment_leaks();
     test_output_dir();
     test_fifos();
+    test_shard_changes();
     remove_tree(work);
     return test_summary();
 }

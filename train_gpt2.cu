@@ -1537,7 +1537,7 @@ static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n
         const PipeStep *st = &plan[k];
         Acts *a = &m->acts[st->op.mb % m->nacts];
         if (st->op.forward) {
-            dataloader_next(train, m->inputs, m->targets);
+            next_batch(train, m->inputs, m->targets);
             gpt2_stage_batch(m, a, 1);
         }
         pipe_exchange(m, PIPE_NONE, st->recv);
@@ -1644,7 +1644,7 @@ static float evaluate(GPT2 *m, Parallel *par, DataLoader *val, int batches) {
     if (s->pp > 1) nccl_mac_step_begin(par->nccl);
     for (int i = 0; i < n; i++) {
         Acts *a = &m->acts[i % m->nacts];
-        dataloader_next(val, m->inputs, m->targets);
+        next_batch(val, m->inputs, m->targets);
         gpt2_stage_batch(m, a, 0);
         pipe_exchange(m, PIPE_NONE, pipe_input(s->pp, s->pp_rank, pipe_op(1, i)));
         stage_forward(m, a, FWD_LOSS, 0.0f);

@@ -15,8 +15,8 @@
  *   on each rank, after it joined the job:
  *     start_rank, load_params, open_data, open_tokenizer_and_log,
  *     activation_sets, step_plan, print_model_and_batch, announce_resume
- *   in the loop: evaluate_due, sample_due, check_due, checkpoint_due,
- *     report_step, checkpoint_state, print_checkpoint_written
+ *   in the loop: next_batch, evaluate_due, sample_due, check_due,
+ *     checkpoint_due, report_step, checkpoint_state, print_checkpoint_written
  *   sampling: random_f32 (xorshift*), sample_token (inverse CDF of the softmax)
  *   at the end: free_job
  *
@@ -280,6 +280,12 @@ static void announce_resume(const Job *job, double load_ms) {
 
 // ----------------------------------------------------------------------------
 // the loop: what a step does besides training, and what it reports
+
+// the next micro-batch of a stream; a shard that changed since it was
+// checked (dataloader.h) ends the run with the loader's line
+static void next_batch(DataLoader *dl, int *inputs, int *targets) {
+    if (dataloader_next(dl, inputs, targets) != 0) die(1, dl->err);
+}
 
 // the val loss at step 0, every -v steps and at the last step
 static int evaluate_due(const Job *job, int step) {
