@@ -1356,15 +1356,21 @@ static inline int parallel_main(int argc, char **argv, int np, const char *rende
 }
 
 // parallel_world: how many ranks the job will have, known before joining it
-// (a trainer checks the batch split and the layout first): the outside
+// (a trainer checks the batch split and the layout first, and must blame
+// -np, not the flag whose check -np's mistake fails): the outside
 // launcher's world when --rendezvous is given and its variables are set,
-// else np
-static inline int parallel_world(int np, const char *rendezvous) {
+// else np. -1 with err set when -np > 1 names another world than the
+// outside launcher's, or its variables are malformed.
+static inline int parallel_world(int np, const char *rendezvous, char *err, size_t errlen) {
     Launch L;
-    char err[256];
     memset(&L, 0, sizeof(L));
     int foreign = rendezvous != NULL && getenv("LLM3D_RANK") == NULL;
-    return foreign && par_env_rank(&L, 1, err, sizeof(err)) > 0 ? L.world : np;
+    int found = foreign ? par_env_rank(&L, 1, err, errlen) : 0;
+    if (found < 0) return -1;
+    if (found == 0) return np;
+    if (np > 1 && np != L.world)
+        return errorf(err, errlen, "-np %d, but the launcher (%s) says the world is %d", np, L.source, L.world);
+    return L.world;
 }
 
 // parallel_launched_rank: whether this process is a rank our own launcher

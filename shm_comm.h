@@ -369,9 +369,7 @@ static inline int comm_init_check(const Grid *g, const char *rendezvous, double 
                                   size_t errlen) {
     if (!(timeout_s > 0 && timeout_s <= 86400))
         return errorf(err, errlen, "-to %g: the timeout must be > 0 and <= 86400 seconds", timeout_s);
-    if (fault != NULL && fault->kind != FAULT_NONE && (fault->rank < 0 || fault->rank >= g->world))
-        return errorf(err, errlen, "-fault %s:%d:%ld: rank %d is not in this job of %d ranks", fault_name(fault->kind),
-                      fault->rank, fault->step, fault->rank, g->world);
+    if (fault_check_world(fault, g->world, err, errlen) != 0) return -1;
     if (g->world > 1 && rendezvous == NULL)
         return errorf(err, errlen, "rank %d: no rendezvous address for a job of %d ranks", g->rank, g->world);
     return 0;

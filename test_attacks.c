@@ -585,6 +585,27 @@ static void test_shard_changes(void) {
 }
 
 // ----------------------------------------------------------------------------
+// flags that can be checked before launch are: one usage line, exit 2
+
+static void test_flags_before_launch(void) {
+    TrainerRun r = run_trainer("-x 2 -np 2 -fault tamper:99:1", NULL, 20.0);
+    check(r.status == 2 && r.lines == 1 && strstr(r.out, "-fault tamper:99:1: rank 99 is not in this job of 2 ranks") &&
+          strstr(r.out, "exited") == NULL, "-np 2 -fault tamper:99:1: a usage error before any rank starts (exit %d): %s",
+          r.status, line_of(r.out, "train_gpt2:"));
+    free(r.out);
+
+    // an outside launcher (torchrun's variables) of 3 ranks, and -np 4: -np is to blame
+    char args[1400];
+    snprintf(args, sizeof(args), "-x 2 -np 4 -v 1 -j %s --rendezvous unix:%s/np.sock --key-file %s", shard, work, key_path);
+    const char *env[] = {"RANK=0", "WORLD_SIZE=3", "LOCAL_RANK=0", NULL};
+    r = run_trainer(args, env, 20.0);
+    check(r.status == 2 && r.lines == 1 && strstr(r.out, "-np 4, but the launcher (torchrun) says the world is 3") &&
+          r.seconds < 5.0, "-np 4 under an outside launcher of 3 ranks: refused, blaming -np (exit %d, %.1f s): %s",
+          r.status, r.seconds, line_of(r.out, "train_gpt2:"));
+    free(r.out);
+}
+
+// ----------------------------------------------------------------------------
 
 int main(void) {
     const char *tmp = getenv("TMPDIR");
@@ -611,6 +632,7 @@ int main(void) {
     test_output_dir();
     test_fifos();
     test_shard_changes();
+    test_flags_before_launch();
     remove_tree(work);
     return test_summary();
 }

@@ -108,12 +108,16 @@ static void parse_flags(Job *job, int argc, char **argv, const char *more_usage)
     // fails a write (and says so) instead of killing the process
     if (job->opt.out_dir) ckpt_catch_signals();
     signal(SIGXFSZ, SIG_IGN);
-    job->opt.np = parallel_world(job->opt.np, job->opt.rendezvous);
+    int world = parallel_world(job->opt.np, job->opt.rendezvous, err, sizeof(err));
+    if (world < 0) die_usage(err);
+    job->opt.np = world;
 }
 
+// -fault, its rank one of the job's (the launcher refuses it, not the ranks)
 static void parse_fault(Job *job) {
     char err[2048];
     if (job->opt.fault && fault_parse(job->opt.fault, &job->fault, err, sizeof(err)) != 0) die_usage(err);
+    if (fault_check_world(&job->fault, job->opt.np, err, sizeof(err)) != 0) die_usage(err);
 }
 
 // the model's shape from -e (a descriptor, or a model file's header), -t
