@@ -680,6 +680,12 @@ static int ckpt_lock(const char *out_dir, char *err, size_t errlen) {
 // handler runs once (SA_RESETHAND): a second signal of the kind kills, as a
 // user pressing Ctrl-C twice expects. A launcher's ranks get the first
 // Ctrl-C both from the terminal (SIGINT) and from it (SIGTERM): one each.
+//
+// The three are also blocked here, and stay so while the job is checked:
+// the process does not yet know whether it will train (then parallel_main
+// unblocks them, and one that came meanwhile reaches this handler) or be a
+// launcher (which reads them from its signalfd, the held one included). A
+// flag set in a process that turns out to be the launcher would be lost.
 static volatile sig_atomic_t ckpt_stop_signal;
 static void ckpt_on_signal(int sig) { ckpt_stop_signal = sig; }
 
@@ -688,9 +694,14 @@ static void ckpt_catch_signals(void) {
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = ckpt_on_signal;
     sa.sa_flags = SA_RESETHAND;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    sigset_t held;
+    sigemptyset(&held);
+    int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
+    for (int i = 0; i < 3; i++) {
+        sigaction(sigs[i], &sa, NULL);
+        sigaddset(&held, sigs[i]);
+    }
+    sigprocmask(SIG_BLOCK, &held, NULL);
 }
 
 #endif

@@ -1094,14 +1094,41 @@ static inline int launcher_socket_dir(char *dir, size_t dirlen, char *spec, size
     return 0;
 }
 
+// the signals that ask a job to stop: a trainer with -o catches them and
+// checkpoints (checkpoint.h); a launcher passes the first on to its ranks
+static inline void par_stop_signals(sigset_t *set) {
+    sigemptyset(set);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGHUP);
+}
+
+// par_unblock_stop_signals: a process that trains takes the stop signals
+// from here on. Until now they were held: from fork to exec in a rank of our
+// launcher (which still had the launcher's handler, whose flag the exec
+// would drop), and while a trainer with a handler checked its job. One that
+// came meanwhile is pending, and is delivered now, to the handler the
+// trainer installed before calling parallel_main.
+static inline void par_unblock_stop_signals(void) {
+    sigset_t set;
+    par_stop_signals(&set);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+}
+
 // launcher_exec_rank: the child forked for rank i of np becomes that rank:
 // the environment that says so, then this program again with the same
-// arguments. key_pipe: the pipe its key comes through. Never returns.
+// arguments. key_pipe: the pipe its key comes through. The stop signals
+// stay blocked across the exec (a signal blocked is kept pending by it; one
+// caught by the launcher's handler here would be lost with that handler):
+// the rank's parallel_main unblocks them. Never returns.
 static inline void launcher_exec_rank(const char *exe, char **argv, int i, int np, const int key_pipe[2],
                                       pid_t launcher, const char *spec, const sigset_t *old_mask) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // the ranks never outlive the launcher
     if (getppid() != launcher) _exit(1);
-    sigprocmask(SIG_SETMASK, old_mask, NULL);
+    sigset_t mask = *old_mask, stop;
+    par_stop_signals(&stop);
+    for (int sig = 1; sig < NSIG; sig++) if (sigismember(&stop, sig) == 1) sigaddset(&mask, sig);
+    sigprocmask(SIG_SETMASK, &mask, NULL);  // the launcher's, SIGCHLD open again, the stop signals held
     signal(SIGPIPE, SIG_DFL);
     close(key_pipe[1]);
     fcntl(key_pipe[0], F_SETFD, 0);  // this one pipe, and no other, survives the exec
@@ -1242,12 +1269,11 @@ static inline int launcher_run(char **argv, int np, double timeout_s, const char
     }
     // child exits and the signals that end the job arrive through a signalfd
     // polled with the rendezvous socket: no handler, no global flag
+    // (a stop signal that came while the trainer checked the job, held by it,
+    // is pending and is read from the signalfd like any later one)
     sigset_t mask, old;
-    sigemptyset(&mask);
+    par_stop_signals(&mask);
     sigaddset(&mask, SIGCHLD);
-    sigaddset(&mask, SIGINT);
-    sigaddset(&mask, SIGTERM);
-    sigaddset(&mask, SIGHUP);
     sigprocmask(SIG_BLOCK, &mask, &old);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     signal(SIGPIPE, SIG_IGN);  // a rank that dies before reading its key must not take us down
@@ -1269,7 +1295,9 @@ static inline int launcher_run(char **argv, int np, double timeout_s, const char
 // --rendezvous, --key-file (NULL when absent) and -to. In the launcher it
 // never returns. Otherwise it returns 0 with L filled in (mode, rank, world,
 // local rank, key, rendezvous) or PARALLEL_USAGE / PARALLEL_RUNTIME with err
-// set, for main() to print and exit with.
+// set, for main() to print and exit with. Before it returns 0 it unblocks
+// SIGINT, SIGTERM and SIGHUP (par_unblock_stop_signals): install their
+// handlers first.
 //
 //   LLM3D_RANK in the environment           a rank: LLM3D_WORLD, LLM3D_LOCAL_RANK,
 //                                            rendezvous from --rendezvous or LLM3D_RENDEZVOUS,
@@ -1312,6 +1340,7 @@ static inline int parallel_main(int argc, char **argv, int np, const char *rende
             L->mode = LAUNCH_SINGLE;
             L->world = 1;
             if (key_generate(L->key, err, errlen) != 0) return PARALLEL_RUNTIME;
+            par_unblock_stop_signals();
             return 0;
         }
         return launcher_run(argv, np, timeout_s < RDV_MIN_TIMEOUT_S ? RDV_MIN_TIMEOUT_S : timeout_s, key_file, err, errlen);
@@ -1352,6 +1381,7 @@ static inline int parallel_main(int argc, char **argv, int np, const char *rende
         if (launch_serve(L, timeout_s < RDV_MIN_TIMEOUT_S ? RDV_MIN_TIMEOUT_S : timeout_s, err, errlen) != 0)
             return PARALLEL_RUNTIME;
     }
+    par_unblock_stop_signals();
     return 0;
 }
 

@@ -606,8 +606,84 @@ static void test_flags_before_launch(void) {
 }
 
 // ----------------------------------------------------------------------------
+// stop signals: none lost between fork and exec, or while the job is checked
 
-int main(void) {
+// rank_mask_main: what a rank of the launcher runs here (this program, again):
+// it writes the signals it was blocking on entry, from /proc/self/status,
+// into DIR/mask.RANK
+static int rank_mask_main(const char *dir) {
+    char line[256], path[400];
+    unsigned long long blocked = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+        if (strncmp(line, "SigBlk:", 7) == 0) blocked = strtoull(line + 7, NULL, 16);
+    if (f != NULL) fclose(f);
+    snprintf(path, sizeof(path), "%s/mask.%s", dir, getenv("LLM3D_RANK"));
+    f = fopen(path, "w");
+    if (f == NULL) return 1;
+    fprintf(f, "%llx\n", blocked);
+    return fclose(f) == 0 ? 0 : 1;
+}
+
+static void test_stop_signals(void) {
+    // the ranks of our launcher start with the stop signals held
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char *argv[] = {(char *)"test_attacks", (char *)"rank-mask", work, NULL};
+        Launch L;
+        char err[512];
+        for (size_t i = 0; i < sizeof(RANK_ENV) / sizeof(RANK_ENV[0]); i++) unsetenv(RANK_ENV[i]);
+        parallel_main(3, argv, 2, NULL, NULL, 5.0, &L, err, sizeof(err));  // the launcher: never returns
+        _exit(3);
+    }
+    int st = wait_child(pid, 20.0);
+    unsigned long long want = 1ull << (SIGINT - 1) | 1ull << (SIGTERM - 1) | 1ull << (SIGHUP - 1), got[2] = {0, 0};
+    for (int r = 0; r < 2; r++) {
+        char path[400];
+        snprintf(path, sizeof(path), "%s/mask.%d", work, r);
+        char *text = read_text(path);
+        got[r] = strtoull(text, NULL, 16);
+        free(text);
+    }
+    check(st == 0 && (got[0] & want) == want && (got[1] & want) == want,
+          "stop signals: the launcher's ranks begin with SIGINT, SIGTERM and SIGHUP held, so one sent between fork and "
+          "exec is not lost (blocked %llx %llx, launcher exit %d)", got[0], got[1], st);
+
+    // SIGINT to a launcher early in its life: the ranks stop cleanly, with a checkpoint, or (before the
+    // launcher has a handler at all) the launcher dies of it before any rank exists
+    const double delays_ms[6] = {0, 2, 5, 10, 20, 40};
+    int bad = 0;
+    char what[600] = "";
+    for (int i = 0; i < 6; i++) {
+        char out_dir[300], args[700], out_path[300];
+        snprintf(out_dir, sizeof(out_dir), "%s/sigint_%d", work, i);
+        snprintf(out_path, sizeof(out_path), "%s/trainer.out", work);
+        snprintf(args, sizeof(args), "-np 2 -x 300 -o %s", out_dir);
+        pid = spawn_trainer(args, NULL, out_path);
+        par_sleep(delays_ms[i] / 1000.0);
+        kill(pid, SIGINT);
+        st = wait_child(pid, 30.0);
+        char *out = read_text(out_path);
+        int clean = st == 0 && strstr(out, "stopped by a signal") != NULL && strstr(out, "killed by signal") == NULL;
+        int early = st == 128 + SIGINT && strstr(out, "rank") == NULL;
+        if (!clean && !early) {
+            bad++;
+            size_t n = strlen(what);
+            snprintf(what + n, sizeof(what) - n, " [%.0f ms: exit %d, %s]", delays_ms[i], st,
+                     strstr(out, "killed by signal") ? "a rank killed by the signal" :
+                     strstr(out, "stopped by a signal") ? "stopped" : "the run went on to its end");
+        }
+        free(out);
+    }
+    check(bad == 0, "stop signals: SIGINT to the launcher 0 to 40 ms after its start stops the job cleanly every time%s",
+          what);
+}
+
+// ----------------------------------------------------------------------------
+
+int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "rank-mask") == 0) return rank_mask_main(argv[2]);
     const char *tmp = getenv("TMPDIR");
     snprintf(work, sizeof(work), "%s/llm3d-attacks-XXXXXX", tmp != NULL && tmp[0] != '\0' && strlen(tmp) < 200 ? tmp : "/tmp");
     if (mkdtemp(work) == NULL) {
@@ -633,6 +709,7 @@ int main(void) {
     test_fifos();
     test_shard_changes();
     test_flags_before_launch();
+    test_stop_signals();
     remove_tree(work);
     return test_summary();
 }
