@@ -681,6 +681,69 @@ static void test_stop_signals(void) {
 }
 
 // ----------------------------------------------------------------------------
+// a rank merely stopped (SIGSTOP) is named as stopped, not as a rank that
+// disagrees on the order of calls
+
+static void test_stopped_rank(void) {
+    size_t bytes = SHM_HEADER_BYTES + 2 * SHM_RANK_BYTES;
+    uint8_t *mem = (uint8_t *)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (!check(mem != MAP_FAILED, "stopped rank: shared memory for two rank blocks")) return;
+    memset(mem, 0, bytes);
+    Comm c;
+    memset(&c, 0, sizeof(c));
+    c.rank = 0;
+    c.world = 2;
+    c.base = mem;
+    ShmRank *me = comm_rank_block(&c, 0), *peer = comm_rank_block(&c, 1);
+    me->pid = (uint32_t)getpid();
+    me->pid_ns = par_pid_ns();
+    me->waiting_for = 1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        // rank 1 was waiting for rank 0 in an all-reduce when it was stopped
+        peer->pid = (uint32_t)getpid();
+        peer->pid_ns = par_pid_ns();
+        peer->wait_op = COMM_ALLREDUCE;
+        peer->wait_step = 5;
+        __atomic_store_n(&peer->waiting_for, 0, __ATOMIC_SEQ_CST);
+        raise(SIGSTOP);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, WUNTRACED);
+    char blame[400];
+    comm_blame(&c, 1, blame, sizeof(blame));
+    check(WIFSTOPPED(status) && strstr(blame, "is stopped") != NULL && strstr(blame, "disagree") == NULL,
+          "stopped rank: a rank stopped while it waited for this one is named as stopped:%s", blame);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    munmap(mem, bytes);
+
+    // the same in a job: rank 1 of train_gpt2 -np 2 stopped after two steps
+    char log[300], args[700], out_path[300], children[100];
+    snprintf(log, sizeof(log), "%s/stopped.jsonl", work);
+    snprintf(out_path, sizeof(out_path), "%s/trainer.out", work);
+    snprintf(args, sizeof(args), "-np 2 -x 100000 -to 1 -lg %s", log);
+    pid = spawn_trainer(args, NULL, out_path);
+    double t0 = par_now();
+    while (lines_in(log) < 2 && par_now() - t0 < 10.0 && waitpid(pid, NULL, WNOHANG) == 0) par_sleep(0.01);
+    snprintf(children, sizeof(children), "/proc/%d/task/%d/children", (int)pid, (int)pid);
+    char *kids = read_text(children);
+    int rank0 = 0, rank1 = 0;
+    sscanf(kids, "%d %d", &rank0, &rank1);  // in the order forked: rank 0, then rank 1
+    free(kids);
+    if (rank1 > 0) kill(rank1, SIGSTOP);
+    int st = wait_child(pid, 20.0);
+    if (rank1 > 0) kill(rank1, SIGKILL);
+    char *out = read_text(out_path);
+    check(rank1 > 0 && st == 1 && strstr(out, "rank 1 (pid") != NULL && strstr(out, "is stopped") != NULL &&
+          strstr(out, "disagree") == NULL, "stopped rank: in a job of 2, rank 0's timeout names rank 1 as stopped "
+          "(exit %d): %s", st, line_of(out, "timeout after"));
+    free(out);
+}
+
+// ----------------------------------------------------------------------------
 
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "rank-mask") == 0) return rank_mask_main(argv[2]);
@@ -710,6 +773,7 @@ int main(int argc, char **argv) {
     test_shard_changes();
     test_flags_before_launch();
     test_stop_signals();
+    test_stopped_rank();
     remove_tree(work);
     return test_summary();
 }
