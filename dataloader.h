@@ -23,11 +23,13 @@
  *
  * The stream. Sample k of a shard is the window of B*T+1 tokens starting at
  * token k*B*T; a shard's final partial window is dropped, and a shard too
- * short for one window is skipped with a warning. An epoch is every sample
- * of every shard: shards in sorted order and samples in order, or, with
- * shuffle on, both permuted per epoch from the seed. Epochs follow one
- * another without a seam, and that endless sequence is the global stream of
- * micro-batches g = 0, 1, 2, ...
+ * short for one window is skipped with a warning (dataloader_warnings: the
+ * loader prints nothing, so that a job that opens its data more than once,
+ * to check it before launch and again on each rank, warns once). An epoch
+ * is every sample of every shard: shards in sorted order and samples in
+ * order, or, with shuffle on, both permuted per epoch from the seed. Epochs
+ * follow one another without a seam, and that endless sequence is the
+ * global stream of micro-batches g = 0, 1, 2, ...
  *
  * Data parallelism. Rank r of R reads global micro-batches r, r+R, r+2R, ...
  * across epoch boundaries too, so R ranks together read exactly what one
@@ -71,6 +73,7 @@
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <glob.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -247,6 +250,7 @@ typedef struct {
     int fd, fd_shard;
     uint16_t *window;
     char err[1024];
+    char *warnings;             // lines about the shards skipped, or NULL
 } DataLoader;
 
 static void dl_fill_shard_order(const DataLoader *dl, uint64_t key, int *order) {
@@ -510,10 +514,25 @@ static int dl_check_args(const char *pattern, int B, int T, int dp_rank, int dp_
     return 0;
 }
 
+// dl_warn: one more line for dl->warnings (dropped when out of memory)
+__attribute__((format(printf, 2, 3)))
+static void dl_warn(DataLoader *dl, const char *fmt, ...) {
+    char line[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    size_t have = dl->warnings != NULL ? strlen(dl->warnings) : 0;
+    char *grown = (char *)realloc(dl->warnings, have + strlen(line) + 2);
+    if (grown == NULL) return;
+    snprintf(grown + have, strlen(line) + 2, "%s\n", line);
+    dl->warnings = grown;
+}
+
 // dl_open_shards: opens and checks every file that g matched (a MANIFEST
 // aside) into dl->shards. A shard too short for one micro-batch is dropped:
-// rank 0 warns about it when other shards are usable, and when none is, it is
-// the error. On failure dl keeps what it opened, for dataloader_free.
+// a warning when other shards are usable, and when none is, it is the
+// error. On failure dl keeps what it opened, for dataloader_free.
 static int dl_open_shards(DataLoader *dl, const glob_t *g, const char *pattern, char *err, size_t errlen) {
     int rc = -1;
     size_t nmatch = g->gl_pathc;
@@ -572,10 +591,10 @@ static int dl_open_shards(DataLoader *dl, const glob_t *g, const char *pattern, 
                    nshort, pattern, (unsigned long long)need, name, have);
         goto done;
     }
-    for (size_t i = 0; i < nmatch && dl->dp_rank == 0; i++) {
+    for (size_t i = 0; i < nmatch; i++) {
         if (!is_short[i]) continue;
-        fprintf(stderr, "dataloader: warning: %s: %llu tokens, fewer than B*T+1 = %llu; skipped\n",
-                g->gl_pathv[i], (unsigned long long)short_ntok[i], (unsigned long long)need);
+        dl_warn(dl, "dataloader: warning: %s: %llu tokens, fewer than B*T+1 = %llu; skipped", g->gl_pathv[i],
+                (unsigned long long)short_ntok[i], (unsigned long long)need);
     }
     rc = 0;
 done:
@@ -739,6 +758,10 @@ long dataloader_batches_per_epoch(const DataLoader *dl) {
     return (long)(dl->samples_per_epoch / (uint64_t)dl->dp_size);
 }
 
+// dataloader_warnings: what the caller may print once per job (one line per
+// shard skipped), or ""
+const char *dataloader_warnings(const DataLoader *dl) { return dl->warnings != NULL ? dl->warnings : ""; }
+
 // dataloader_free: closes and frees everything; safe on a zeroed or failed loader
 void dataloader_free(DataLoader *dl) {
     if (dl->shards != NULL) {
@@ -750,6 +773,7 @@ void dataloader_free(DataLoader *dl) {
     free(dl->order[1]);
     free(dl->perm);
     free(dl->window);
+    free(dl->warnings);
     memset(dl, 0, sizeof(*dl));
     dl->fd = -1;
     dl->fd_shard = -1;

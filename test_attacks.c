@@ -744,6 +744,35 @@ static void test_stopped_rank(void) {
 }
 
 // ----------------------------------------------------------------------------
+// a shard too short for one micro-batch: warned about once per job, however
+// many times the job opens its data
+
+static int count_of(const char *text, const char *what) {
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, what)) != NULL; p++) n++;
+    return n;
+}
+
+static void test_tiny_shard_warning(void) {
+    char dir[300], tiny[320], big[320], args[900];
+    snprintf(dir, sizeof(dir), "%s/tiny_data", work);
+    mkdir(dir, 0755);
+    snprintf(tiny, sizeof(tiny), "%s/a_tiny.bin", dir);
+    snprintf(big, sizeof(big), "%s/b_big.bin", dir);
+    test_write_shard(tiny, 10);
+    test_write_shard(big, 4096);
+    const char *how[2] = {"", "-np 2"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof(args), "-x 1 %s -i %s/*.bin", how[i], dir);
+        TrainerRun r = run_trainer(args, NULL, 30.0);
+        int n = count_of(r.out, "a_tiny.bin: 10 tokens");
+        check(r.status == 0 && n == 1, "a shard of 10 tokens (%s): one warning about it (%d printed, exit %d)",
+              i == 0 ? "one process" : "a launcher of 2 ranks", n, r.status);
+        free(r.out);
+    }
+}
+
+// ----------------------------------------------------------------------------
 
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "rank-mask") == 0) return rank_mask_main(argv[2]);
@@ -774,6 +803,7 @@ int main(int argc, char **argv) {
     test_flags_before_launch();
     test_stop_signals();
     test_stopped_rank();
+    test_tiny_shard_warning();
     remove_tree(work);
     return test_summary();
 }

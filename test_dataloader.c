@@ -495,6 +495,9 @@ static void test_errors(void) {
     int rc = dataloader_init(&dl, pattern, 4, 8, 0, 1, 0, 0, TV, err, sizeof(err));
     check(rc == 0 && dl.nshards == 1 && strstr(dl.shards[0].path, "x.bin") != NULL && dataloader_batches_per_epoch(&dl) == 1,
           "short: B*T+1 = 33: y.bin (30 tokens) skipped with a warning, x.bin (64 tokens, 1 sample) used");
+    const char *w = rc == 0 ? dataloader_warnings(&dl) : "";
+    check(strstr(w, "y.bin: 30 tokens, fewer than B*T+1 = 33; skipped\n") != NULL && strchr(w, '\n') == w + strlen(w) - 1,
+          "short: the warning is one line the caller prints, naming y.bin: %s", w);
     if (rc == 0) {
         int in[32], tg[32], only_x = 1;
         for (int b = 0; b < 3; b++) {

@@ -209,6 +209,10 @@ static void open_data(Job *job, const Grid *g) {
     if (job->have_val &&
         dataloader_init(&job->val, o->val_pattern, o->B, o->T, g->dp_rank, g->dp, 0, 0, V, err, sizeof(err)) != 0)
         die_usage(err);
+    if (g->rank == 0) {  // once per job: the check before launch warned nobody
+        fputs(dataloader_warnings(&job->train), stderr);
+        if (job->have_val) fputs(dataloader_warnings(&job->val), stderr);
+    }
     DataLoaderState pos = {job->ck.data[0], job->ck.data[1], job->ck.data[2], job->ck.data[3]};
     if (job->resuming && dataloader_set_state(&job->train, &pos, err, sizeof(err)) != 0) die_usage(err);
     job->steps = o->steps >= 0 ? o->steps : (int)(dataloader_batches_per_epoch(&job->train) / job->accum);
