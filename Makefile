@@ -45,7 +45,7 @@ endif
 CPU_PROGRAMS = train_gpt2 prepare_data export_hf plot_log dev/bench_secure dev/bench_matmul dev/bench_kernels dev/pipeline_chart \
                dev/compare_logs
 CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint \
-            test_prepare_data test_export test_plot test_hellaswag test_llmc test_gpt2_scalar $(if $(X86),test_gpt2_avx2)
+            test_prepare_data test_export test_plot test_hellaswag test_llmc test_attacks test_gpt2_scalar $(if $(X86),test_gpt2_avx2)
 CUDA_PROGRAMS = train_gpt2cu test_gpt2cu test_host_mode
 
 ifneq ($(NVCC),)

@@ -28,6 +28,13 @@
  * changed byte, a truncated file, a missing file, another key) is refused
  * with one line, never skipped silently: it means damage or tampering.
  *
+ * The output directory must be this user's alone: one owned by another user,
+ * or that group or others may write in, is refused (they could plant a link
+ * named like a checkpoint, which pruning would follow into the directory it
+ * points to, or a LOCK). Everything in it is handled relative to a directory
+ * fd and never through a link: a link named ckpt_SSSSSSSS is not a
+ * checkpoint, and pruning removes the link itself.
+ *
  * The checkpoint key: the job key of --key-file when given, else the file
  * <out>/job.key (64 hex digits, mode 0600), made on the first run that writes
  * into <out>. It is not the per-launch key that seals messages between ranks:
@@ -55,6 +62,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "files.h"
 #include "gpt2.h"
 #include "secure.h"
 
@@ -141,7 +149,7 @@ typedef struct { void *map; size_t bytes; const float *m, *v; } OptimFile;
 static int ckpt_optim_open(OptimFile *f, const char *path, const GPT2Config *c, int adam_t, char *err, size_t errlen) {
     memset(f, 0, sizeof(*f));
     f->bytes = (size_t)ckpt_file_bytes(1, c);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
     int32_t h[HEADER_INTS], want[HEADER_INTS];
     memset(h, 0, sizeof(h));
@@ -175,6 +183,11 @@ static int ckpt_dir_name(char *out, size_t outlen, const char *out_dir, int step
     return n > 0 && (size_t)n < outlen ? 0 : -1;
 }
 
+// the name of a checkpoint directory within -o: ckpt_SSSSSSSS and a suffix
+static void ckpt_entry_name(char out[64], int step, const char *suffix) {
+    snprintf(out, 64, "ckpt_%08d%s", step, suffix);
+}
+
 // the step of a directory entry named ckpt_ + 8 or more digits (%08d), else -1
 static int ckpt_step_of(const char *name) {
     size_t len = strlen(name);
@@ -187,23 +200,77 @@ static int ckpt_step_of(const char *name) {
     return step <= 2147483647L ? (int)step : -1;
 }
 
-static int ckpt_has_manifest(const char *out_dir, int step) {
-    char path[4096];
-    ckpt_dir_name(path, sizeof(path), out_dir, step, "/MANIFEST");
-    return access(path, F_OK) == 0;
+static int ckpt_is_partial(const char *name) {
+    size_t len = strlen(name);
+    return strncmp(name, "ckpt_", 5) == 0 && len > 8 && strcmp(name + len - 8, ".partial") == 0;
 }
 
-// the steps of the checkpoint directories in out_dir, newest first; their
-// count, or -1 when out_dir cannot be read. *steps is malloc'd.
-static int ckpt_list(const char *out_dir, int **steps) {
+// ckpt_dir_open: -o as a directory fd, once it is known to be this user's
+// alone (see the top of this file); -1 with err set otherwise, or when it
+// cannot be opened (errno then says why)
+static int ckpt_dir_open(const char *out_dir, char *err, size_t errlen) {
+    int fd = open(out_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return errorf(err, errlen, "flag -o: cannot open directory %s: %s", out_dir, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return errorf(err, errlen, "flag -o: cannot stat directory %s: %s", out_dir, strerror(e));
+    }
+    if (st.st_uid != geteuid()) {
+        close(fd);
+        errno = EPERM;
+        return errorf(err, errlen, "flag -o: %s is owned by uid %u, not by this user (uid %u): give a directory of "
+                      "your own", out_dir, (unsigned)st.st_uid, (unsigned)geteuid());
+    }
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+        close(fd);
+        errno = EPERM;
+        return errorf(err, errlen, "flag -o: %s has mode %04o: group or others may write in it and plant links "
+                      "there; chmod go-w it, or give a directory of your own", out_dir, (unsigned)(st.st_mode & 07777));
+    }
+    return fd;
+}
+
+// whether the entry `name` of the directory dfd is a directory itself, not
+// a link to one
+static int ckpt_is_real_dir(int dfd, const char *name) {
+    struct stat st;
+    return fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int ckpt_has_manifest_at(int dfd, int step) {
+    char name[64];
+    ckpt_entry_name(name, step, "/MANIFEST");
+    struct stat st;
+    return fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+static int ckpt_has_manifest(const char *out_dir, int step) {
+    int dfd = ckpt_dir_open(out_dir, NULL, 0);
+    if (dfd < 0) return 0;
+    int has = ckpt_has_manifest_at(dfd, step);
+    close(dfd);
+    return has;
+}
+
+// the steps of the checkpoint directories in -o (dfd), newest first: real
+// directories only, never a link; their count, or -1. *steps is malloc'd.
+static int ckpt_list_at(int dfd, int **steps) {
     *steps = NULL;
-    DIR *d = opendir(out_dir);
-    if (d == NULL) return errno == ENOENT ? 0 : -1;
+    int fd = dup(dfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (d == NULL) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    rewinddir(d);  // a dup shares dfd's position, which an earlier listing moved
     int n = 0, cap = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         int s = ckpt_step_of(e->d_name);
-        if (s < 0) continue;
+        if (s < 0 || !ckpt_is_real_dir(dfd, e->d_name)) continue;
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
             int *grown = (int *)realloc(*steps, cap * sizeof(int));
@@ -220,22 +287,55 @@ static int ckpt_list(const char *out_dir, int **steps) {
     return n;
 }
 
-// removes a directory and the plain files in it (a checkpoint, complete or
-// not), its MANIFEST first: a delete cut short leaves no complete checkpoint
-static int ckpt_remove_dir(const char *path) {
-    char file[4096];
-    snprintf(file, sizeof(file), "%s/MANIFEST", path);
-    unlink(file);
-    DIR *d = opendir(path);
-    if (d == NULL) return errno == ENOENT ? 0 : -1;
+// the same for the directory out_dir: 0 when it does not exist, -1 (errno
+// set) when it cannot be read or is not this user's alone
+static int ckpt_list(const char *out_dir, int **steps) {
+    *steps = NULL;
+    int dfd = ckpt_dir_open(out_dir, NULL, 0);
+    if (dfd < 0) return errno == ENOENT ? 0 : -1;
+    int n = ckpt_list_at(dfd, steps);
+    close(dfd);
+    return n;
+}
+
+// removes the entry `name` of -o (dfd): a checkpoint directory, complete or
+// not, and the plain files in it, its MANIFEST first, so a delete cut short
+// leaves no complete checkpoint. It is opened without following a link: a
+// link (or a file) under that name is removed itself, never what it points
+// to. 0 when it is gone (or was not there), else -1 with errno.
+static int ckpt_remove_at(int dfd, const char *name) {
+    int sub = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sub < 0 && errno == ENOENT) return 0;
+    if (sub < 0 && (errno == ELOOP || errno == ENOTDIR)) return unlinkat(dfd, name, 0);
+    if (sub < 0) return -1;
+    unlinkat(sub, "MANIFEST", 0);
+    DIR *d = fdopendir(sub);
+    if (d == NULL) {
+        close(sub);
+        return -1;
+    }
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        snprintf(file, sizeof(file), "%s/%s", path, e->d_name);
-        unlink(file);
+        unlinkat(sub, e->d_name, 0);  // unlinkat never follows a link: it removes the link
     }
     closedir(d);
-    return rmdir(path);
+    return unlinkat(dfd, name, AT_REMOVEDIR);
+}
+
+// the same for a directory given by its path (the tests clean up with it)
+static int ckpt_remove_dir(const char *path) {
+    char parent[4096];
+    const char *slash = strrchr(path, '/');
+    if (slash == NULL) snprintf(parent, sizeof(parent), ".");
+    else snprintf(parent, sizeof(parent), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    int dfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return -1;
+    int rc = ckpt_remove_at(dfd, slash != NULL ? slash + 1 : path);
+    int e = errno;
+    close(dfd);
+    errno = e;
+    return rc;
 }
 
 static int ckpt_fsync_dir(const char *path) {
@@ -252,7 +352,11 @@ static int ckpt_key(const char *out_dir, const char *key_file, int create, uint8
     if (key_file != NULL) return key_read_file(key_file, key, err, errlen);
     char path[4096];
     snprintf(path, sizeof(path), "%s/job.key", out_dir);
-    if (access(path, F_OK) == 0 || !create) return key_read_file(path, key, err, errlen);
+    struct stat st;
+    int there = lstat(path, &st) == 0;
+    if (there && S_ISLNK(st.st_mode))
+        return errorf(err, errlen, "%s: a symbolic link: the checkpoint key must be a file of %s itself", path, out_dir);
+    if (there || !create) return key_read_file(path, key, err, errlen);
     int *steps, n = ckpt_list(out_dir, &steps);
     free(steps);
     if (n > 0)  // a new key would silently disown every checkpoint here
@@ -362,6 +466,9 @@ static int ckpt_setup(const Options *o, const GPT2Config *c, int thorough, uint8
     if (strlen(o->out_dir) > 700) return errorf(err, errlen, "flag -o: the directory's path is over 700 bytes");
     if (mkdir(o->out_dir, 0755) != 0 && errno != EEXIST)
         return errorf(err, errlen, "flag -o: cannot create directory %s: %s", o->out_dir, strerror(errno));
+    int dfd = ckpt_dir_open(o->out_dir, err, errlen);
+    if (dfd < 0) return -1;
+    close(dfd);
     if (ckpt_key(o->out_dir, o->key_file, 1, key, err, errlen) != 0) return -1;
     if (!o->resume && o->resume_step < 0) return 0;
     int found = ckpt_find(o->out_dir, o->resume_step, key, thorough, ck, dir, dirlen, err, errlen);
@@ -387,73 +494,90 @@ static int ckpt_setup(const Options *o, const GPT2Config *c, int thorough, uint8
 // `keep` - 1 sealed ones before it. Deletes the rest: older ones, any of a
 // later step (left by the run this one abandoned when it resumed from an
 // earlier step: -y 1 must not go back to them), directories without a
-// MANIFEST, and any .partial left by a kill.
+// MANIFEST, any .partial left by a kill, and links or files that carry a
+// checkpoint's name (the links themselves, never what they point to).
 static void ckpt_prune(const char *out_dir, int newest, int keep) {
-    int *steps, n = ckpt_list(out_dir, &steps), kept = 0;
-    char path[4096];
+    int dfd = ckpt_dir_open(out_dir, NULL, 0);
+    if (dfd < 0) return;
+    int *steps, n = ckpt_list_at(dfd, &steps), kept = 0;
+    char name[64];
     for (int i = 0; i < n; i++) {
-        int sealed = ckpt_has_manifest(out_dir, steps[i]);
+        int sealed = ckpt_has_manifest_at(dfd, steps[i]);
         if (steps[i] <= newest && sealed && kept < keep) { kept++; continue; }
-        ckpt_dir_name(path, sizeof(path), out_dir, steps[i], "");
-        ckpt_remove_dir(path);
+        ckpt_entry_name(name, steps[i], "");
+        ckpt_remove_at(dfd, name);
     }
     free(steps);
-    DIR *d = opendir(out_dir);
-    if (d == NULL) return;
+    int fd = dup(dfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (d != NULL) rewinddir(d);
     struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        size_t len = strlen(e->d_name);
-        if (strncmp(e->d_name, "ckpt_", 5) == 0 && len > 8 && strcmp(e->d_name + len - 8, ".partial") == 0) {
-            snprintf(path, sizeof(path), "%s/%s", out_dir, e->d_name);
-            ckpt_remove_dir(path);
-        }
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        int misnamed = ckpt_step_of(e->d_name) >= 0 && !ckpt_is_real_dir(dfd, e->d_name);
+        if (misnamed || ckpt_is_partial(e->d_name)) ckpt_remove_at(dfd, e->d_name);
     }
-    closedir(d);
-    ckpt_fsync_dir(out_dir);
+    if (d != NULL) closedir(d);
+    else if (fd >= 0) close(fd);
+    fsync(dfd);
+    close(dfd);
 }
 
 // rank 0, once every rank's part is in: seals the .partial directory of step
 // `step` and gives it its final name
 static int ckpt_seal(const char *out_dir, int step, const uint8_t key[32], char *err, size_t errlen) {
-    char partial[4096], final_dir[4096];
+    char partial[4096], partial_name[64], final_name[64];
     ckpt_dir_name(partial, sizeof(partial), out_dir, step, ".partial");
-    ckpt_dir_name(final_dir, sizeof(final_dir), out_dir, step, "");
+    ckpt_entry_name(partial_name, step, ".partial");
+    ckpt_entry_name(final_name, step, "");
     Manifest m = {0, NULL};
     for (int i = 0; i < 3; i++)
         if (manifest_add_file(&m, partial, ckpt_files[i], err, errlen) != 0) { manifest_free(&m); return -1; }
     int rc = manifest_write(&m, partial, "MANIFEST", key, err, errlen);
     manifest_free(&m);
     if (rc != 0) return -1;
+    int dfd = ckpt_dir_open(out_dir, err, errlen);
+    if (dfd < 0) return -1;
     // a checkpoint of this step from an earlier attempt (resumed from before it) gives way
-    if (ckpt_remove_dir(final_dir) != 0 && errno != ENOENT)
-        return errorf(err, errlen, "%s: cannot replace: %s", final_dir, strerror(errno));
-    if (rename(partial, final_dir) != 0 || ckpt_fsync_dir(out_dir) != 0)
-        return errorf(err, errlen, "%s: rename to %s: %s", partial, final_dir, strerror(errno));
+    if (ckpt_remove_at(dfd, final_name) != 0) {
+        int e = errno;
+        close(dfd);
+        return errorf(err, errlen, "%s/%s: cannot replace: %s", out_dir, final_name, strerror(e));
+    }
+    rc = renameat(dfd, partial_name, dfd, final_name) == 0 && fsync(dfd) == 0 ? 0 : -1;
+    int e = errno;
+    close(dfd);
+    if (rc != 0) return errorf(err, errlen, "%s: rename to %s: %s", partial, final_name, strerror(e));
     return 0;
 }
 
 // rank 0, before the ranks write: an empty .partial directory with model.bin
 // and optim.bin at their full size (headers in, tensors zero) and state.bin
 static int ckpt_begin(const char *out_dir, const CkptState *s, char *err, size_t errlen) {
-    char dir[4096], path[4200];
-    ckpt_dir_name(dir, sizeof(dir), out_dir, s->step, ".partial");
-    ckpt_remove_dir(dir);
-    if (mkdir(dir, 0755) != 0) { errorf(err, errlen, "%s: mkdir: %s", dir, strerror(errno)); return -1; }
+    char name[64];
+    ckpt_entry_name(name, s->step, ".partial");
+    int dfd = ckpt_dir_open(out_dir, err, errlen);
+    if (dfd < 0) return -1;
+    ckpt_remove_at(dfd, name);
+    int pfd = mkdirat(dfd, name, 0755) == 0 ? openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) : -1;
+    int e = pfd < 0 ? errno : 0;
+    close(dfd);
+    if (pfd < 0) return errorf(err, errlen, "%s/%s: mkdir: %s", out_dir, name, strerror(e));
     int32_t h[3][HEADER_INTS];
     model_fill_header(h[0], &s->config, 3);
     ckpt_optim_header(h[1], &s->config, s->adam_t);
     ckpt_state_header(s, h[2]);
-    for (int i = 0; i < 3; i++) {
-        snprintf(path, sizeof(path), "%s/%s", dir, ckpt_files[i]);
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        int e = fd < 0 ? errno : 0;
+    for (int i = 0; i < 3 && e == 0; i++) {
+        // O_EXCL in the directory just made: nothing can be there, a link least of all
+        int fd = openat(pfd, ckpt_files[i], O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        e = fd < 0 ? errno : 0;
         if (e == 0 && write_all(fd, h[i], sizeof(h[i])) != 0) e = errno;
         if (e == 0 && ftruncate(fd, (off_t)ckpt_file_bytes(i, &s->config)) != 0) e = errno;
         if (e == 0 && fsync(fd) != 0) e = errno;
         if (fd >= 0 && close(fd) != 0 && e == 0) e = errno;
-        if (e != 0) { errorf(err, errlen, "%s: write: %s", path, strerror(e)); return -1; }
+        if (e != 0) errorf(err, errlen, "%s/%s/%s: write: %s", out_dir, name, ckpt_files[i], strerror(e));
     }
-    return 0;
+    close(pfd);
+    return e == 0 ? 0 : -1;
 }
 
 // how a trainer takes part in ckpt_write_job: sum adds one float over every
@@ -486,7 +610,13 @@ static int ckpt_write_job(const CkptJob *job, const char *out_dir, int keep, con
         failed = job->sum(job->ctx, rank0 ? failed : 0.0f);
     }
     if (failed == 0 && rank0) ckpt_prune(out_dir, st->step, keep);
-    if (failed != 0 && rank0 && ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial") == 0) ckpt_remove_dir(dir);
+    int dfd = failed != 0 && rank0 ? ckpt_dir_open(out_dir, NULL, 0) : -1;
+    if (dfd >= 0) {
+        char name[64];
+        ckpt_entry_name(name, st->step, ".partial");
+        ckpt_remove_at(dfd, name);
+        close(dfd);
+    }
     if (err[0] != '\0') fprintf(stderr, "checkpoint of step %d failed: %s\n", st->step, err);
     return failed == 0 ? 0 : -1;
 }
@@ -512,12 +642,27 @@ static void ckpt_announce(const Options *o, const CkptState *ck, const char *dir
 // one job at a time per output directory: rank 0 holds an flock on
 // DIR/LOCK for the whole run (the kernel drops it when the process ends, a
 // kill included). A previous job's ranks may take a moment to die, so this
-// waits up to 5 s before it gives up.
+// waits up to 5 s before it gives up. LOCK is this user's file of mode 0600,
+// never a link: anyone who can open a file can flock it, and so block every
+// job in the directory.
 static int ckpt_lock(const char *out_dir, char *err, size_t errlen) {
     char path[4096];
     snprintf(path, sizeof(path), "%s/LOCK", out_dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
+    int dfd = ckpt_dir_open(out_dir, err, errlen);
+    if (dfd < 0) return -1;
+    int fd = openat(dfd, "LOCK", O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    int e = errno;
+    close(dfd);
+    if (fd < 0 && e == ELOOP) return errorf(err, errlen, "flag -o: %s is a symbolic link: not followed; remove it", path);
+    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(e));
+    struct stat st;
+    const char *wrong = fstat(fd, &st) != 0 ? strerror(errno) : !S_ISREG(st.st_mode) ? "not a regular file"
+                        : st.st_uid != geteuid() ? "owned by another user" : NULL;
+    if (wrong == NULL && (st.st_mode & 077) != 0 && fchmod(fd, 0600) != 0) wrong = strerror(errno);
+    if (wrong != NULL) {
+        close(fd);
+        return errorf(err, errlen, "flag -o: %s: %s; remove it", path, wrong);
+    }
     for (int tries = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; tries++) {
         if (errno != EWOULDBLOCK || tries == 100) {
             int e = errno;
@@ -535,6 +680,12 @@ static int ckpt_lock(const char *out_dir, char *err, size_t errlen) {
 // handler runs once (SA_RESETHAND): a second signal of the kind kills, as a
 // user pressing Ctrl-C twice expects. A launcher's ranks get the first
 // Ctrl-C both from the terminal (SIGINT) and from it (SIGTERM): one each.
+//
+// The three are also blocked here, and stay so while the job is checked:
+// the process does not yet know whether it will train (then parallel_main
+// unblocks them, and one that came meanwhile reaches this handler) or be a
+// launcher (which reads them from its signalfd, the held one included). A
+// flag set in a process that turns out to be the launcher would be lost.
 static volatile sig_atomic_t ckpt_stop_signal;
 static void ckpt_on_signal(int sig) { ckpt_stop_signal = sig; }
 
@@ -543,9 +694,14 @@ static void ckpt_catch_signals(void) {
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = ckpt_on_signal;
     sa.sa_flags = SA_RESETHAND;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    sigset_t held;
+    sigemptyset(&held);
+    int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
+    for (int i = 0; i < 3; i++) {
+        sigaction(sigs[i], &sa, NULL);
+        sigaddset(&held, sigs[i]);
+    }
+    sigprocmask(SIG_BLOCK, &held, NULL);
 }
 
 #endif

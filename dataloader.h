@@ -6,18 +6,30 @@
  * is exactly 1024 + 2*ntok bytes. doc/formats.md ("Token shards") has the
  * full description.
  *
- * The loader opens every file of a glob O_RDONLY, maps it PROT_READ and
- * never writes. On open it checks every header and every token (< vocab
+ * The loader opens every file of a glob O_RDONLY and never writes. On open
+ * it reads each file once, checking its header and every token (< vocab
  * size), so a bad byte is reported once, up front, with the file and the
  * offset, and never surfaces as a wrong embedding lookup mid-run.
  *
+ * A shard changed while the job runs. Each micro-batch is read (pread) from
+ * the file into a buffer of the loader, and what is used is that copy,
+ * checked again: the file must be the one checked at open (same device and
+ * inode: not replaced), of the size it had then (not truncated, not grown),
+ * and every token of the batch must be < vocab size. A failure is one line
+ * naming the file (dataloader_next returns -1 with dl->err set), never a
+ * token past the embedding table, and never SIGBUS: nothing is mapped. A
+ * change that keeps the size and writes valid tokens goes unseen: the check
+ * at open is of the file at open, not a snapshot of it.
+ *
  * The stream. Sample k of a shard is the window of B*T+1 tokens starting at
  * token k*B*T; a shard's final partial window is dropped, and a shard too
- * short for one window is skipped with a warning. An epoch is every sample
- * of every shard: shards in sorted order and samples in order, or, with
- * shuffle on, both permuted per epoch from the seed. Epochs follow one
- * another without a seam, and that endless sequence is the global stream of
- * micro-batches g = 0, 1, 2, ...
+ * short for one window is skipped with a warning (dataloader_warnings: the
+ * loader prints nothing, so that a job that opens its data more than once,
+ * to check it before launch and again on each rank, warns once). An epoch
+ * is every sample of every shard: shards in sorted order and samples in
+ * order, or, with shuffle on, both permuted per epoch from the seed. Epochs
+ * follow one another without a seam, and that endless sequence is the
+ * global stream of micro-batches g = 0, 1, 2, ...
  *
  * Data parallelism. Rank r of R reads global micro-batches r, r+R, r+2R, ...
  * across epoch boundaries too, so R ranks together read exactly what one
@@ -39,16 +51,14 @@
  * fails, naming the file, when a shard the pattern matches there is not
  * listed, has another size (truncated, extended) or another SHA-256 (a
  * changed byte), and when a file listed there that the pattern's last
- * component matches is missing. The SHA-256 is taken over the mapping the
- * batches are read from, before the header is believed (a mapping still
- * shows later writes to the file: the check is of the file at open, not a
- * snapshot; the threat model leaves the user's own processes out). A file named
- * MANIFEST is never taken for a shard, so a glob of a whole directory works.
- * Without a MANIFEST the shards are only checked for their format.
+ * component matches is missing. The SHA-256 is taken in the same pass that
+ * checks the tokens, before the header is believed. A file named MANIFEST is
+ * never taken for a shard, so a glob of a whole directory works. Without a
+ * MANIFEST the shards are only checked for their format.
  *
- * Needs POSIX glob(3) and mmap(2): include this header first, or build with
- * gnu11 / -D_DEFAULT_SOURCE. Assumes a little-endian host for the token
- * array (checked at init).
+ * Needs POSIX glob(3): include this header first, or build with gnu11 /
+ * -D_DEFAULT_SOURCE. Assumes a little-endian host for the token array
+ * (checked at init).
  */
 #ifndef LLM3D_DATALOADER_H
 #define LLM3D_DATALOADER_H
@@ -63,11 +73,11 @@
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <glob.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -136,28 +146,36 @@ static int shard_any_at_least(const uint16_t *t, uint64_t n, uint16_t limit) {
     return (acc & bit16) != 0;
 }
 
-// shard_check_tokens: every token must be < vocab_size. Blocks that pass
-// the fast test (all of them, for good data) are not looked at again; a
-// block that fails is scanned to name its first bad token.
-static int shard_check_tokens(const uint16_t *tokens, uint64_t ntok, int vocab_size,
-                              const char *name, char *err, size_t errlen) {
-    if (vocab_size > 65535) return 0; // every uint16 is a valid token
+// shard_first_bad_token: the index of the first of t[0..n) that is not <
+// vocab_size, or n when all are. Blocks that pass the fast test (all of them,
+// for good data) are not looked at again; a block that fails is scanned.
+static uint64_t shard_first_bad_token(const uint16_t *t, uint64_t n, int vocab_size) {
+    if (vocab_size > 65535) return n; // every uint16 is a valid token
     const uint16_t limit = (uint16_t)vocab_size;
     const uint64_t block = 8192;
-    for (uint64_t start = 0; start < ntok; start += block) {
-        uint64_t n = ntok - start < block ? ntok - start : block;
-        const uint16_t *t = tokens + start;
-        if (!shard_any_at_least(t, n, limit)) continue;
-        for (uint64_t i = 0; i < n; i++) {
-            if (t[i] >= limit) {
-                uint64_t index = start + i;
-                return errorf(err, errlen, "%s: token %llu (byte offset %llu) is %u, not < vocab_size %d",
-                              name, (unsigned long long)index,
-                              (unsigned long long)(SHARD_HEADER_BYTES + 2 * index), (unsigned)t[i], vocab_size);
-            }
-        }
+    for (uint64_t start = 0; start < n; start += block) {
+        uint64_t m = n - start < block ? n - start : block;
+        if (!shard_any_at_least(t + start, m, limit)) continue;
+        for (uint64_t i = 0; i < m; i++)
+            if (t[start + i] >= limit) return start + i;
     }
-    return 0;
+    return n;
+}
+
+// shard_bad_token: the error line for token `index` of a shard, of value v
+static int shard_bad_token(const char *name, uint64_t index, unsigned v, int vocab_size, const char *why, char *err,
+                           size_t errlen) {
+    return errorf(err, errlen, "%s: token %llu (byte offset %llu) is %u, not < vocab_size %d%s", name,
+                  (unsigned long long)index, (unsigned long long)(SHARD_HEADER_BYTES + 2 * index), v, vocab_size, why);
+}
+
+// shard_check_tokens: every token must be < vocab_size; the first that is
+// not is named
+static int shard_check_tokens(const uint16_t *tokens, uint64_t ntok, int vocab_size,
+                              const char *name, char *err, size_t errlen) {
+    uint64_t bad = shard_first_bad_token(tokens, ntok, vocab_size);
+    if (bad == ntok) return 0;
+    return shard_bad_token(name, bad, tokens[bad], vocab_size, "", err, errlen);
 }
 
 // ----------------------------------------------------------------------------
@@ -198,9 +216,9 @@ typedef struct {
 
 typedef struct {
     char *path;
-    const uint8_t *map;     // the whole file, PROT_READ
-    size_t map_bytes;
-    const uint16_t *tokens; // map + header
+    dev_t dev;              // the file that was checked, so that a reopen finds that one
+    ino_t ino;
+    uint64_t bytes;         // its size then
     uint64_t ntok;
     uint64_t nsamples;      // windows of B*T+1 tokens, stride B*T
 } DataShard;
@@ -227,6 +245,12 @@ typedef struct {
     uint64_t perm_epoch;
     int perm_shard;
     int perm_valid;
+    // reading: the open file of shard fd_shard (-1: none), the copy of one
+    // window of B*T+1 tokens, and the line saying why a read failed
+    int fd, fd_shard;
+    uint16_t *window;
+    char err[1024];
+    char *warnings;             // lines about the shards skipped, or NULL
 } DataLoader;
 
 static void dl_fill_shard_order(const DataLoader *dl, uint64_t key, int *order) {
@@ -285,8 +309,7 @@ static void dl_advance(DataLoader *dl, DataLoaderState *pos, uint64_t n) {
     }
 }
 
-static void dl_unmap_shard(DataShard *s) {
-    if (s->map != NULL) munmap((void *)s->map, s->map_bytes);
+static void dl_free_shard(DataShard *s) {
     free(s->path);
     memset(s, 0, sizeof(*s));
 }
@@ -365,77 +388,103 @@ static int dl_manifest_entry(DataManifest *dm, const char *path, const char *pat
     return 0;
 }
 
-// dl_map_shard: maps the open file fd (path) read-only into s, after the
-// checks that need no mapping: a regular file, of the size its MANIFEST entry
-// (listed) says. It checks the header too, into *ntok, when there is no
-// manifest, so that a bad header is found before the tokens are mapped and
-// read, and when the file is too short to hold one; *header_checked says
-// whether it did.
-static int dl_map_shard(DataShard *s, int fd, const char *path, const ManifestEntry *listed,
-                        const char *manifest_path, uint64_t *ntok, int *header_checked, char *err, size_t errlen) {
+// dl_scan_shard: reads the open file fd (path) of `bytes` bytes once, in
+// pieces: the SHA-256 of it all into sha (unless NULL), and in *bad the index
+// of the first token (bytes from 1024 on) that is not < vocab_size, UINT64_MAX
+// when there is none. 0, or -1 with err set when the file cannot be read
+// whole (it shrank while read).
+static int dl_scan_shard(int fd, const char *path, uint64_t bytes, int vocab_size, uint8_t sha[32], uint64_t *bad,
+                         uint16_t *bad_value, char *err, size_t errlen) {
+    const size_t piece = 1 << 20;  // even, as is the header: tokens never straddle two pieces
+    uint8_t *buf = (uint8_t *)malloc(piece);
+    if (buf == NULL) return errorf(err, errlen, "%s: out of memory to read it", path);
+    Sha256 h;
+    sha256_init(&h);
+    *bad = UINT64_MAX;
+    int rc = 0;
+    for (uint64_t off = 0; off < bytes && rc == 0;) {
+        size_t want = bytes - off < piece ? (size_t)(bytes - off) : piece;
+        ssize_t got = pread(fd, buf, want, (off_t)off);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            rc = errorf(err, errlen, "%s: read at byte %llu: %s", path, (unsigned long long)off,
+                        got < 0 ? strerror(errno) : "the file is shorter than when it was opened");
+            break;
+        }
+        if (sha != NULL) sha256_update(&h, buf, (size_t)got);
+        uint64_t end = off + (uint64_t)got;
+        if (*bad == UINT64_MAX && end > SHARD_HEADER_BYTES) {
+            uint64_t from = off > SHARD_HEADER_BYTES ? off : SHARD_HEADER_BYTES;
+            const uint16_t *t = (const uint16_t *)(buf + (from - off));
+            uint64_t n = (end - from) / 2, i = shard_first_bad_token(t, n, vocab_size);
+            if (i < n) {
+                *bad = (from - SHARD_HEADER_BYTES) / 2 + i;
+                *bad_value = t[i];
+            }
+        }
+        off = end;
+    }
+    if (sha != NULL) sha256_final(&h, sha);
+    free(buf);
+    return rc;
+}
+
+// dl_check_shard: the checks of one shard, on the open file fd (path): a
+// regular file, of the size its MANIFEST entry (listed, may be NULL) says,
+// its SHA-256 then (so a changed byte is reported as a changed file, whatever
+// header field or token it landed in), its header, and its tokens. Fills s
+// but for the path.
+static int dl_check_shard(DataShard *s, int fd, const char *path, int vocab_size, const ManifestEntry *listed,
+                          const char *manifest_path, char *err, size_t errlen) {
     struct stat st;
     if (fstat(fd, &st) != 0) return errorf(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) return errorf(err, errlen, "%s: not a regular file", path);
-    size_t bytes = (size_t)st.st_size;
-    if (listed != NULL && (uint64_t)st.st_size != listed->size)
-        return errorf(err, errlen, "%s: size %zu, but the manifest %s says %llu: the file was truncated or extended",
-                      path, bytes, manifest_path, (unsigned long long)listed->size);
+    uint64_t bytes = (uint64_t)st.st_size;
+    if (listed != NULL && bytes != listed->size)
+        return errorf(err, errlen, "%s: size %llu, but the manifest %s says %llu: the file was truncated or extended",
+                      path, (unsigned long long)bytes, manifest_path, (unsigned long long)listed->size);
     uint8_t header[SHARD_HEADER_BYTES];
-    size_t have = bytes < SHARD_HEADER_BYTES ? bytes : SHARD_HEADER_BYTES;
+    size_t have = bytes < SHARD_HEADER_BYTES ? (size_t)bytes : SHARD_HEADER_BYTES;
     ssize_t got = pread(fd, header, have, 0);
     if (got < 0 || (size_t)got != have)
         return errorf(err, errlen, "%s: cannot read header: %s", path, got < 0 ? strerror(errno) : "short read");
-    *header_checked = listed == NULL || bytes < SHARD_HEADER_BYTES;
-    if (*header_checked && shard_parse_header(header, bytes, path, ntok, err, errlen) != 0) return -1;
-    int flags = MAP_PRIVATE;
-#ifdef MAP_POPULATE
-    flags |= MAP_POPULATE; // the token check reads it all at once anyway
-#endif
-    void *map = mmap(NULL, bytes, PROT_READ, flags, fd, 0);
-    if (map == MAP_FAILED) return errorf(err, errlen, "%s: cannot mmap %zu bytes: %s", path, bytes, strerror(errno));
-    s->map = (const uint8_t *)map;
-    s->map_bytes = bytes;
+    // without a manifest (or too short to hash usefully) the header comes first: a bad one is found before a read of it all
+    uint64_t ntok = 0;
+    int header_checked = listed == NULL || bytes < SHARD_HEADER_BYTES;
+    if (header_checked && shard_parse_header(header, (size_t)bytes, path, &ntok, err, errlen) != 0) return -1;
+    uint8_t sha[32];
+    uint64_t bad = UINT64_MAX;
+    uint16_t bad_value = 0;
+    if (dl_scan_shard(fd, path, bytes, vocab_size, listed != NULL ? sha : NULL, &bad, &bad_value, err, errlen) != 0)
+        return -1;
+    if (listed != NULL && memcmp(sha, listed->sha, 32) != 0) {
+        char got_hex[65], want_hex[65];
+        to_hex(sha, 32, got_hex);
+        to_hex(listed->sha, 32, want_hex);
+        return errorf(err, errlen, "%s: SHA-256 %.16s..., but the manifest %s says %.16s...: the file was changed",
+                      path, got_hex, manifest_path, want_hex);
+    }
+    if (!header_checked && shard_parse_header(header, (size_t)bytes, path, &ntok, err, errlen) != 0) return -1;
+    if (bad != UINT64_MAX) return shard_bad_token(path, bad, bad_value, vocab_size, "", err, errlen);
+    s->dev = st.st_dev;
+    s->ino = st.st_ino;
+    s->bytes = bytes;
+    s->ntok = ntok;
     return 0;
 }
 
-// dl_open_shard: maps one file read-only and validates it. With listed (its
-// MANIFEST entry) the size and SHA-256 are checked first, so a changed byte is
-// reported as a changed file, whatever header field or token it landed in.
+// dl_open_shard: checks one file (dl_check_shard) into s; the file is closed
+// again, and reopened when a batch is read from it
 static int dl_open_shard(DataShard *s, const char *path, int vocab_size, const ManifestEntry *listed,
                          const char *manifest_path, char *err, size_t errlen) {
     memset(s, 0, sizeof(*s));
-    uint64_t ntok = 0;
-    int header_checked = 0;
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO must not block the open: it fails S_ISREG
     if (fd < 0) return errorf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-    int mapped = dl_map_shard(s, fd, path, listed, manifest_path, &ntok, &header_checked, err, errlen);
+    int rc = dl_check_shard(s, fd, path, vocab_size, listed, manifest_path, err, errlen);
     close(fd);
-    if (mapped != 0) return -1;
-    s->path = strdup(path);
-    if (s->path == NULL) {
-        errorf(err, errlen, "%s: out of memory", path);
-        goto fail;
-    }
-    if (listed != NULL) {
-        uint8_t sha[32];
-        sha256(s->map, s->map_bytes, sha);  // the bytes the batches will be read from, not a second read of the file
-        if (memcmp(sha, listed->sha, 32) != 0) {
-            char got_hex[65], want_hex[65];
-            to_hex(sha, 32, got_hex);
-            to_hex(listed->sha, 32, want_hex);
-            errorf(err, errlen, "%s: SHA-256 %.16s..., but the manifest %s says %.16s...: the file was changed",
-                   path, got_hex, manifest_path, want_hex);
-            goto fail;
-        }
-    }
-    if (!header_checked && shard_parse_header(s->map, s->map_bytes, path, &ntok, err, errlen) != 0) goto fail;
-    s->tokens = (const uint16_t *)(s->map + SHARD_HEADER_BYTES);
-    s->ntok = ntok;
-    if (shard_check_tokens(s->tokens, ntok, vocab_size, path, err, errlen) != 0) goto fail;
-    return 0;
-fail:
-    dl_unmap_shard(s);
-    return -1;
+    if (rc == 0 && (s->path = strdup(path)) == NULL) rc = errorf(err, errlen, "%s: out of memory", path);
+    if (rc != 0) dl_free_shard(s);
+    return rc;
 }
 
 void dataloader_free(DataLoader *dl);
@@ -465,10 +514,25 @@ static int dl_check_args(const char *pattern, int B, int T, int dp_rank, int dp_
     return 0;
 }
 
+// dl_warn: one more line for dl->warnings (dropped when out of memory)
+__attribute__((format(printf, 2, 3)))
+static void dl_warn(DataLoader *dl, const char *fmt, ...) {
+    char line[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    size_t have = dl->warnings != NULL ? strlen(dl->warnings) : 0;
+    char *grown = (char *)realloc(dl->warnings, have + strlen(line) + 2);
+    if (grown == NULL) return;
+    snprintf(grown + have, strlen(line) + 2, "%s\n", line);
+    dl->warnings = grown;
+}
+
 // dl_open_shards: opens and checks every file that g matched (a MANIFEST
 // aside) into dl->shards. A shard too short for one micro-batch is dropped:
-// rank 0 warns about it when other shards are usable, and when none is, it is
-// the error. On failure dl keeps what it opened, for dataloader_free.
+// a warning when other shards are usable, and when none is, it is the
+// error. On failure dl keeps what it opened, for dataloader_free.
 static int dl_open_shards(DataLoader *dl, const glob_t *g, const char *pattern, char *err, size_t errlen) {
     int rc = -1;
     size_t nmatch = g->gl_pathc;
@@ -499,13 +563,13 @@ static int dl_open_shards(DataLoader *dl, const glob_t *g, const char *pattern, 
             is_short[i] = 1;
             short_ntok[i] = s->ntok;
             nshort++;
-            dl_unmap_shard(s);
+            dl_free_shard(s);
             continue;
         }
         if (s->nsamples > UINT32_MAX) {
             errorf(err, errlen, "%s: %llu samples, more than a shard may hold (%u)",
                    s->path, (unsigned long long)s->nsamples, (unsigned)UINT32_MAX);
-            dl_unmap_shard(s);
+            dl_free_shard(s);
             goto done;
         }
         dl->samples_per_epoch += s->nsamples;
@@ -527,10 +591,10 @@ static int dl_open_shards(DataLoader *dl, const glob_t *g, const char *pattern, 
                    nshort, pattern, (unsigned long long)need, name, have);
         goto done;
     }
-    for (size_t i = 0; i < nmatch && dl->dp_rank == 0; i++) {
+    for (size_t i = 0; i < nmatch; i++) {
         if (!is_short[i]) continue;
-        fprintf(stderr, "dataloader: warning: %s: %llu tokens, fewer than B*T+1 = %llu; skipped\n",
-                g->gl_pathv[i], (unsigned long long)short_ntok[i], (unsigned long long)need);
+        dl_warn(dl, "dataloader: warning: %s: %llu tokens, fewer than B*T+1 = %llu; skipped", g->gl_pathv[i],
+                (unsigned long long)short_ntok[i], (unsigned long long)need);
     }
     rc = 0;
 done:
@@ -552,7 +616,8 @@ static int dl_alloc_orders(DataLoader *dl, const char *pattern, char *err, size_
         dl->perm_cap = max_samples;
         dl->perm = (uint32_t *)malloc((size_t)max_samples * sizeof(uint32_t));
     }
-    if (dl->order[0] == NULL || dl->order[1] == NULL || (dl->shuffle && dl->perm == NULL))
+    dl->window = (uint16_t *)malloc(((size_t)dl->B * dl->T + 1) * sizeof(uint16_t));
+    if (dl->order[0] == NULL || dl->order[1] == NULL || (dl->shuffle && dl->perm == NULL) || dl->window == NULL)
         return errorf(err, errlen, "dataloader: out of memory for the shuffle tables of %s", pattern);
     return 0;
 }
@@ -562,6 +627,8 @@ static int dl_alloc_orders(DataLoader *dl, const char *pattern, char *err, size_
 int dataloader_init(DataLoader *dl, const char *pattern, int B, int T, int dp_rank, int dp_size,
                     int shuffle, uint64_t seed, int vocab_size, char *err, size_t errlen) {
     memset(dl, 0, sizeof(*dl));
+    dl->fd = -1;
+    dl->fd_shard = -1;
     if (dl_check_args(pattern, B, T, dp_rank, dp_size, shuffle, vocab_size, err, errlen) != 0) return -1;
     dl->B = B; dl->T = T;
     dl->dp_rank = dp_rank; dl->dp_size = dp_size;
@@ -596,16 +663,56 @@ fail:
     return -1;
 }
 
+// dl_read_window: tokens [first, first + count) of shard `shard` into
+// dl->window, from the file that was checked at open: reopened when another
+// shard was read last, and its identity and size checked again. 0, or -1
+// with dl->err set.
+static int dl_read_window(DataLoader *dl, int shard, uint64_t first, size_t count) {
+    const DataShard *s = &dl->shards[shard];
+    const char *changed = "; the file changed after it was checked at start";
+    if (dl->fd_shard != shard) {
+        if (dl->fd >= 0) close(dl->fd);
+        dl->fd_shard = -1;
+        dl->fd = open(s->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        if (dl->fd < 0) return errorf(dl->err, sizeof(dl->err), "%s: cannot open: %s%s", s->path, strerror(errno), changed);
+        dl->fd_shard = shard;
+    }
+    struct stat st;
+    if (fstat(dl->fd, &st) != 0) return errorf(dl->err, sizeof(dl->err), "%s: cannot stat: %s", s->path, strerror(errno));
+    if (st.st_dev != s->dev || st.st_ino != s->ino)
+        return errorf(dl->err, sizeof(dl->err), "%s: another file now has this name%s", s->path, changed);
+    if ((uint64_t)st.st_size != s->bytes)
+        return errorf(dl->err, sizeof(dl->err), "%s: %llu bytes now, %llu when checked%s", s->path,
+                      (unsigned long long)st.st_size, (unsigned long long)s->bytes, changed);
+    size_t want = count * sizeof(uint16_t), got = 0;
+    uint64_t offset = SHARD_HEADER_BYTES + first * sizeof(uint16_t);
+    while (got < want) {
+        ssize_t r = pread(dl->fd, (uint8_t *)dl->window + got, want - got, (off_t)(offset + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0)
+            return errorf(dl->err, sizeof(dl->err), "%s: read of %zu bytes at byte %llu: %s%s", s->path, want,
+                          (unsigned long long)offset, r < 0 ? strerror(errno) : "the file is shorter", changed);
+        got += (size_t)r;
+    }
+    uint64_t bad = shard_first_bad_token(dl->window, count, dl->vocab_size);
+    if (bad < count) return shard_bad_token(s->path, first + bad, dl->window[bad], dl->vocab_size, changed, dl->err, sizeof(dl->err));
+    return 0;
+}
+
 // dataloader_next: this rank's next micro-batch: inputs[B*T] and targets[B*T]
-// (inputs shifted by one token). 0 on success, -1 if dl holds no data.
+// (inputs shifted by one token), from a copy of its tokens checked again
+// (the top of this file). 0 on success; -1 if dl holds no data, or when the
+// shard changed since it was checked: then dl->err says how, the batch is
+// not filled and the position does not move.
 int dataloader_next(DataLoader *dl, int *inputs, int *targets) {
-    if (dl->nshards == 0) return -1;
+    if (dl->nshards == 0) return errorf(dl->err, sizeof(dl->err), "dataloader: no data");
     DataLoaderState pos = dl->state;
     dl_advance(dl, &pos, (uint64_t)dl->dp_rank);
     int shard = dl_shard_order(dl, &pos)[pos.shard_pos];
     uint64_t sample = dl_sample_index(dl, &pos, shard);
     size_t n = (size_t)dl->B * (size_t)dl->T;
-    const uint16_t *window = dl->shards[shard].tokens + sample * n;
+    if (dl_read_window(dl, shard, sample * n, n + 1) != 0) return -1;
+    const uint16_t *window = dl->window;
     for (size_t i = 0; i < n; i++) {
         inputs[i] = window[i];
         targets[i] = window[i + 1];
@@ -651,16 +758,25 @@ long dataloader_batches_per_epoch(const DataLoader *dl) {
     return (long)(dl->samples_per_epoch / (uint64_t)dl->dp_size);
 }
 
-// dataloader_free: unmaps everything; safe on a zeroed or failed loader
+// dataloader_warnings: what the caller may print once per job (one line per
+// shard skipped), or ""
+const char *dataloader_warnings(const DataLoader *dl) { return dl->warnings != NULL ? dl->warnings : ""; }
+
+// dataloader_free: closes and frees everything; safe on a zeroed or failed loader
 void dataloader_free(DataLoader *dl) {
     if (dl->shards != NULL) {
-        for (int i = 0; i < dl->nshards; i++) dl_unmap_shard(&dl->shards[i]);
+        for (int i = 0; i < dl->nshards; i++) dl_free_shard(&dl->shards[i]);
         free(dl->shards);
     }
+    if (dl->window != NULL && dl->fd >= 0) close(dl->fd);  // a zeroed loader's fd 0 is not ours: it has no window
     free(dl->order[0]);
     free(dl->order[1]);
     free(dl->perm);
+    free(dl->window);
+    free(dl->warnings);
     memset(dl, 0, sizeof(*dl));
+    dl->fd = -1;
+    dl->fd_shard = -1;
 }
 
 #endif

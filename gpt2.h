@@ -42,6 +42,7 @@
 
 #include "bf16.h"
 #include "errors.h"
+#include "files.h"
 
 #define MODEL_MAGIC 20240326
 #define STATE_MAGIC 20240327
@@ -207,11 +208,8 @@ static int model_read_header(FILE *f, const char *path, GPT2Config *c, int *vers
 
 // loads a whole model file into a freshly malloc'd fp32 array (bf16 converted)
 static float *model_load(const char *path, GPT2Config *c, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
-        snprintf(err, errlen, "%s: cannot open model file: %s", path, strerror(errno));
-        return NULL;
-    }
+    FILE *f = fopen_regular(path, "model file", err, errlen);  // a FIFO is refused, not waited on
+    if (f == NULL) return NULL;
     int version;
     if (model_read_header(f, path, c, &version, err, errlen) != 0) { fclose(f); return NULL; }
     size_t n = param_count(c), elem = version == 3 ? 4 : 2;
@@ -260,11 +258,8 @@ static void model_fill_header(int32_t h[HEADER_INTS], const GPT2Config *c, int v
 static int model_save(const char *path, const GPT2Config *c, const float *params, int bf16, char *err, size_t errlen) {
     char tmp[4200];
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (f == NULL) {
-        snprintf(err, errlen, "%s: cannot create model file: %s", path, strerror(errno));
-        return -1;
-    }
+    FILE *f = fopen_nofollow(tmp, "wb", err, errlen);  // a link planted at PATH.tmp is not written through
+    if (f == NULL) return -1;
     int32_t h[HEADER_INTS];
     model_fill_header(h, c, bf16 ? 5 : 3);
     size_t n = param_count(c);
@@ -868,12 +863,9 @@ static int options_model(const Options *o, GPT2Config *c, char *err, size_t errl
         }
         return 1;
     }
-    FILE *f = fopen(o->init, "rb");
+    FILE *f = fopen_regular(o->init, "model file", err, errlen);
     int version;
-    if (f == NULL) {
-        snprintf(err, errlen, "%s: cannot open model file: %s", o->init, strerror(errno));
-        return -1;
-    }
+    if (f == NULL) return -1;
     int rc = model_read_header(f, o->init, c, &version, err, errlen);
     fclose(f);
     return rc != 0 ? -1 : 0;
@@ -964,9 +956,8 @@ static int log_keep_before(const char *path, int step, char *err, size_t errlen)
     }
     char tmp[4200], line[4096];
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *out = fopen(tmp, "w");
+    FILE *out = fopen_nofollow(tmp, "w", err, errlen);
     if (out == NULL) {
-        snprintf(err, errlen, "%.1000s: %s", tmp, strerror(errno));
         fclose(f);
         return -1;
     }

@@ -18,12 +18,13 @@
  * or by mpirun / srun / torchrun / a script, with --rendezvous and
  * --key-file), or the single process of a one-rank run.
  *
- * Rendezvous. Each rank sends the root an authenticated hello (a secure.h
- * frame on CH_HELLO) and gets back an authenticated answer naming the job's
+ * Rendezvous. The root sends each connection a fresh challenge; the rank
+ * answers with an authenticated hello (a secure.h frame on CH_HELLO) that
+ * carries it, and gets back an authenticated answer naming the job's
  * shared-memory segment and rank 0's 128-byte blob (the NCCL unique id). The
  * root rejects, and logs one line for, a peer of another uid, a wrong key, a
- * wrong job id, a wrong world size, a duplicate rank and a late joiner, and
- * keeps serving the good ones for as long as the job runs.
+ * wrong job id, a wrong world size, a replayed hello, a duplicate rank and a
+ * late joiner, and keeps serving the good ones for as long as the job runs.
  *
  * The segment is here, not in shm_comm.h, because the launcher (or rank 0 of
  * an outside launch) creates it before any rank joins, and the rendezvous
@@ -47,11 +48,14 @@
 #include <assert.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -318,8 +322,66 @@ static inline ShmLayout shm_layout(int world) {
     return s;
 }
 
+// shm_guard_run: the guard's life (shm_guard_start says why). fd 0 is the
+// pipe from the creator. Only async-signal-safe calls: it is a fork of a
+// process that may have threads.
+static inline void shm_guard_run(const char *path, const ShmHeader *h, uint32_t world) {
+    prctl(PR_SET_DUMPABLE, 0);  // it holds a copy of the creator's memory, the key included
+    setsid();                   // a Ctrl-C or a kill of the job's process group ends the job, not its guard
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+#ifdef SYS_close_range
+    if (syscall(SYS_close_range, 1, ~0U, 0) != 0)
+#endif
+        for (int fd = 1; fd < 1024; fd++) close(fd);  // nobody waits on our copy of their pipes
+    for (;;) {
+        struct pollfd p;
+        p.fd = 0;
+        p.events = POLLIN;
+        p.revents = 0;
+        if (poll(&p, 1, 100) > 0) break;  // end of file: the creator has ended
+        if (__atomic_load_n(&h->mapped, __ATOMIC_SEQ_CST) >= world) break;  // the last rank unlinked it
+    }
+    unlink(path);
+    _exit(0);
+}
+
+// shm_guard_start: a segment's name must not outlive a start that fails,
+// whatever way the creator ends (an error, a timeout, a signal, SIGKILL).
+// So a guard process watches it: it holds the read end of a pipe whose
+// write end only the creator has (close-on-exec, never written), and when
+// the creator ends the pipe reads end of file and the guard unlinks the
+// name. It also leaves as soon as every rank has mapped the segment (the
+// last one unlinks the name itself), so it lives through the rendezvous
+// only. A grandchild, so that init, not the trainer, reaps it.
+static inline int shm_guard_start(const char *name, const ShmHeader *h, int world, char *err, size_t errlen) {
+    char path[16 + COMM_NAME_BYTES];
+    snprintf(path, sizeof(path), "/dev/shm%s", name);
+    int p[2];
+    if (pipe(p) != 0 || fcntl(p[1], F_SETFD, FD_CLOEXEC) != 0)
+        return errorf(err, errlen, "shared memory %s: pipe for its guard: %s", name, strerror(errno));
+    pid_t first = fork();
+    if (first == 0) {
+        if (fork() != 0) _exit(0);
+        dup2(p[0], 0);
+        shm_guard_run(path, h, (uint32_t)world);
+    }
+    int e = first < 0 ? errno : 0;
+    close(p[0]);
+    if (first < 0) {
+        close(p[1]);
+        return errorf(err, errlen, "shared memory %s: fork for its guard: %s", name, strerror(e));
+    }
+    int status;
+    while (waitpid(first, &status, 0) < 0 && errno == EINTR) {}
+    return 0;  // p[1] stays open, and unused, as long as this process lives
+}
+
 // shm_create: a new segment for world ranks under a fresh random name;
-// O_EXCL so a name someone planted is an error, never a segment we share
+// O_EXCL so a name someone planted is an error, never a segment we share.
+// A guard process unlinks the name if this process ends before the ranks
+// have all mapped it (shm_guard_start).
 static inline int shm_create(char name[COMM_NAME_BYTES], int world, uint64_t job_id, char *err, size_t errlen) {
     uint8_t rnd[32];
     if (key_generate(rnd, err, errlen) != 0) return -1;
@@ -351,26 +413,40 @@ static inline int shm_create(char name[COMM_NAME_BYTES], int world, uint64_t job
     h->rings_offset = lay.rings_offset;
     h->total_bytes = lay.total_bytes;
     __atomic_store_n(&h->mapped, 0, __ATOMIC_SEQ_CST);
+    int rc = shm_guard_start(name, h, world, err, errlen);
     munmap(base, SHM_HEADER_BYTES);
-    return 0;
+    if (rc != 0) shm_unlink(name);
+    return rc;
 }
 
 // ----------------------------------------------------------------------------
 // rendezvous messages
 //
-// On the socket every message is u32 length | body. Hello: i32 claimed rank
-// | frame (CH_HELLO, step 0, micro-batch 0) of HELLO_BYTES. Answer: 'A' | frame
-// of ANSWER_BYTES, or 'R' | the reason in text. The frames use a Links of
-// world + 1 members: ranks 0..world-1 and the root as member `world`.
+// On the socket every message is u32 length | body. The root speaks first:
+// a challenge, 'C' | 16 fresh random bytes, new for every connection. Then
+// the hello: i32 claimed rank | frame (CH_HELLO, step 0, micro-batch 0) of
+// HELLO_BYTES, which carries the challenge and a nonce of the rank's own.
+// Answer: 'A' | frame of ANSWER_BYTES, which carries both back, or 'R' | the
+// reason in text. The frames use a Links of world + 1 members: ranks
+// 0..world-1 and the root as member `world`.
+//
+// Why both. Every job that uses one --key-file shares its key, so a tag
+// alone says "some job of this key", not "this job, now". The challenge in
+// the hello's tag makes a hello good for one connection only: a hello
+// recorded from an earlier job (by a squatter on its TCP port, say) answers
+// a challenge no root will send again. The rank's nonce in the answer's tag
+// does the same for answers.
 
-#define HELLO_BYTES (8 + 4 * 4 + 16 + COMM_BLOB_BYTES)
-#define ANSWER_BYTES (8 + 4 * 4 + 16 + COMM_NAME_BYTES + COMM_BLOB_BYTES)
+#define RDV_NONCE_BYTES 16
+#define HELLO_BYTES (8 + 4 * 4 + 2 * RDV_NONCE_BYTES + COMM_BLOB_BYTES)
+#define ANSWER_BYTES (8 + 4 * 4 + 2 * RDV_NONCE_BYTES + COMM_NAME_BYTES + COMM_BLOB_BYTES)
 
 typedef struct {
     uint64_t job_id;
     int rank, world, local_rank;
     uint32_t pid;
-    uint8_t nonce[16];
+    uint8_t nonce[RDV_NONCE_BYTES];       // the rank's, fresh for this hello
+    uint8_t challenge[RDV_NONCE_BYTES];   // the root's, from this connection
     uint8_t blob[COMM_BLOB_BYTES];
 } RdvHello;
 
@@ -378,7 +454,8 @@ typedef struct {
     uint64_t job_id;
     int rank, world, local_rank;
     uint32_t root_pid;
-    uint8_t nonce[16];              // the hello's, echoed: this answer is for that hello
+    uint8_t nonce[RDV_NONCE_BYTES];       // the hello's two, echoed: this answer is for that hello
+    uint8_t challenge[RDV_NONCE_BYTES];
     char shm_name[COMM_NAME_BYTES];
     uint8_t blob[COMM_BLOB_BYTES];
 } RdvAnswer;
@@ -389,8 +466,9 @@ static inline void rdv_hello_write(const RdvHello *h, uint8_t *p) {
     put_u32(p + 12, (uint32_t)h->world);
     put_u32(p + 16, (uint32_t)h->local_rank);
     put_u32(p + 20, h->pid);
-    memcpy(p + 24, h->nonce, 16);
-    memcpy(p + 40, h->blob, COMM_BLOB_BYTES);
+    memcpy(p + 24, h->nonce, RDV_NONCE_BYTES);
+    memcpy(p + 40, h->challenge, RDV_NONCE_BYTES);
+    memcpy(p + 56, h->blob, COMM_BLOB_BYTES);
 }
 
 static inline void rdv_hello_read(const uint8_t *p, RdvHello *h) {
@@ -399,8 +477,9 @@ static inline void rdv_hello_read(const uint8_t *p, RdvHello *h) {
     h->world = (int)get_u32(p + 12);
     h->local_rank = (int)get_u32(p + 16);
     h->pid = get_u32(p + 20);
-    memcpy(h->nonce, p + 24, 16);
-    memcpy(h->blob, p + 40, COMM_BLOB_BYTES);
+    memcpy(h->nonce, p + 24, RDV_NONCE_BYTES);
+    memcpy(h->challenge, p + 40, RDV_NONCE_BYTES);
+    memcpy(h->blob, p + 56, COMM_BLOB_BYTES);
 }
 
 static inline void rdv_answer_write(const RdvAnswer *a, uint8_t *p) {
@@ -409,9 +488,10 @@ static inline void rdv_answer_write(const RdvAnswer *a, uint8_t *p) {
     put_u32(p + 12, (uint32_t)a->world);
     put_u32(p + 16, (uint32_t)a->local_rank);
     put_u32(p + 20, a->root_pid);
-    memcpy(p + 24, a->nonce, 16);
-    memcpy(p + 40, a->shm_name, COMM_NAME_BYTES);
-    memcpy(p + 40 + COMM_NAME_BYTES, a->blob, COMM_BLOB_BYTES);
+    memcpy(p + 24, a->nonce, RDV_NONCE_BYTES);
+    memcpy(p + 40, a->challenge, RDV_NONCE_BYTES);
+    memcpy(p + 56, a->shm_name, COMM_NAME_BYTES);
+    memcpy(p + 56 + COMM_NAME_BYTES, a->blob, COMM_BLOB_BYTES);
 }
 
 static inline void rdv_answer_read(const uint8_t *p, RdvAnswer *a) {
@@ -420,10 +500,11 @@ static inline void rdv_answer_read(const uint8_t *p, RdvAnswer *a) {
     a->world = (int)get_u32(p + 12);
     a->local_rank = (int)get_u32(p + 16);
     a->root_pid = get_u32(p + 20);
-    memcpy(a->nonce, p + 24, 16);
-    memcpy(a->shm_name, p + 40, COMM_NAME_BYTES);
+    memcpy(a->nonce, p + 24, RDV_NONCE_BYTES);
+    memcpy(a->challenge, p + 40, RDV_NONCE_BYTES);
+    memcpy(a->shm_name, p + 56, COMM_NAME_BYTES);
     a->shm_name[COMM_NAME_BYTES - 1] = '\0';
-    memcpy(a->blob, p + 40 + COMM_NAME_BYTES, COMM_BLOB_BYTES);
+    memcpy(a->blob, p + 56 + COMM_NAME_BYTES, COMM_BLOB_BYTES);
 }
 
 // ----------------------------------------------------------------------------
@@ -437,6 +518,7 @@ typedef struct {
     int fd;
     double deadline;    // a complete hello by then, or the connection is dropped
     char who[64];       // "pid 123 uid 1000" or "10.0.0.2:51234", for the log
+    uint8_t challenge[RDV_NONCE_BYTES];  // sent on this connection; its hello must carry it
     size_t got;
     uint8_t buf[4 + RDV_MAX_MSG];
 } RdvConn;
@@ -454,7 +536,8 @@ typedef struct {
     int rank_fd[GRID_MAX_WORLD];
     uint32_t rank_pid[GRID_MAX_WORLD];
     int rank_local[GRID_MAX_WORLD];
-    uint8_t rank_nonce[GRID_MAX_WORLD][16];
+    uint8_t rank_nonce[GRID_MAX_WORLD][RDV_NONCE_BYTES];
+    uint8_t rank_challenge[GRID_MAX_WORLD][RDV_NONCE_BYTES];
     int npending;
     RdvConn pending[RDV_MAX_PENDING];
     int rejected;                   // rejections so far, and the last reason (the tests read them)
@@ -585,6 +668,10 @@ static inline void rdv_server_hello(RdvServer *s, int i) {
         rdv_server_reject(s, i, "hello claims rank %d outside and rank %d inside", claimed, h.rank);
         return;
     }
+    if (memcmp(h.challenge, cn->challenge, RDV_NONCE_BYTES) != 0) {
+        rdv_server_reject(s, i, "hello for rank %d answers another connection's challenge: a replayed hello", claimed);
+        return;
+    }
     if (s->answered || s->expired) {
         rdv_server_reject(s, i, "late joiner for rank %d: %s", claimed,
                           s->answered ? "all ranks have joined and the job is running" : "the rendezvous timed out");
@@ -597,7 +684,8 @@ static inline void rdv_server_hello(RdvServer *s, int i) {
     s->rank_fd[claimed] = cn->fd;
     s->rank_pid[claimed] = h.pid;
     s->rank_local[claimed] = h.local_rank;
-    memcpy(s->rank_nonce[claimed], h.nonce, 16);
+    memcpy(s->rank_nonce[claimed], h.nonce, RDV_NONCE_BYTES);
+    memcpy(s->rank_challenge[claimed], h.challenge, RDV_NONCE_BYTES);
     if (claimed == 0) memcpy(s->blob, h.blob, COMM_BLOB_BYTES);
     s->joined++;
     s->pending[i] = s->pending[s->npending - 1];  // the fd now belongs to rank_fd
@@ -667,10 +755,28 @@ static inline void rdv_server_accept(RdvServer *s) {
             close(fd);
             continue;
         }
+        // the challenge: 20 bytes into a fresh socket's empty buffer, so
+        // the send does not wait
+        uint8_t rnd[32], msg[5 + RDV_NONCE_BYTES];
+        if (key_generate(rnd, NULL, 0) != 0) {
+            fprintf(stderr, "rendezvous: dropped %s: no random bytes for its challenge\n", who);
+            close(fd);
+            continue;
+        }
+        put_u32(msg, 1 + RDV_NONCE_BYTES);
+        msg[4] = 'C';
+        memcpy(msg + 5, rnd, RDV_NONCE_BYTES);
+        int rc = par_send_all(fd, msg, sizeof(msg), par_now() + 0.5);
+        if (rc != 0) {
+            fprintf(stderr, "rendezvous: dropped %s: sending its challenge: %s\n", who, par_io_error(rc));
+            close(fd);
+            continue;
+        }
         RdvConn *cn = &s->pending[s->npending++];
         cn->fd = fd;
         cn->got = 0;
         cn->deadline = par_now() + s->timeout_s;
+        memcpy(cn->challenge, rnd, RDV_NONCE_BYTES);
         snprintf(cn->who, sizeof(cn->who), "%s", who);
     }
 }
@@ -685,7 +791,8 @@ static inline void rdv_server_answer(RdvServer *s) {
         a.world = s->world;
         a.local_rank = s->rank_local[r];
         a.root_pid = (uint32_t)getpid();
-        memcpy(a.nonce, s->rank_nonce[r], 16);
+        memcpy(a.nonce, s->rank_nonce[r], RDV_NONCE_BYTES);
+        memcpy(a.challenge, s->rank_challenge[r], RDV_NONCE_BYTES);
         snprintf(a.shm_name, sizeof(a.shm_name), "%s", s->shm_name);
         memcpy(a.blob, s->blob, COMM_BLOB_BYTES);
         uint8_t payload[ANSWER_BYTES];
@@ -762,6 +869,28 @@ static inline int rdv_server_step(RdvServer *s, int extra_fd, int timeout_ms) {
 // ----------------------------------------------------------------------------
 // the rendezvous client: one hello, one answer
 
+// rdv_read_msg: one u32 length | body message of 1..RDV_MAX_MSG bytes from
+// the root into in (body at in + 4); its length, or -1 with err set
+static inline long rdv_read_msg(int fd, const char *spec, int rank, const char *what, uint8_t in[4 + RDV_MAX_MSG],
+                                double deadline, double timeout_s, char *err, size_t errlen) {
+    int rc = par_recv_all(fd, in, 4, deadline);
+    uint32_t n = rc == 0 ? get_u32(in) : 0;
+    if (rc == 0 && (n < 1 || n > RDV_MAX_MSG))
+        return errorf(err, errlen, "rendezvous %s: %s of %u bytes (1..%d)", spec, what, (unsigned)n, RDV_MAX_MSG);
+    if (rc == 0) rc = par_recv_all(fd, in + 4, n, deadline);
+    if (rc != 0)
+        return errorf(err, errlen, "rendezvous %s: rank %d waiting %.1f s for the root's %s: %s", spec, rank, timeout_s,
+                      what, par_io_error(rc));
+    if (in[4] == 'R') {
+        char reason[201];
+        size_t m = n - 1 < 200 ? n - 1 : 200;
+        for (size_t k = 0; k < m; k++) reason[k] = (in[5 + k] >= 32 && in[5 + k] < 127) ? (char)in[5 + k] : '?';
+        reason[m] = '\0';
+        return errorf(err, errlen, "rendezvous %s: the root rejected rank %d: %s", spec, rank, reason);
+    }
+    return (long)n;
+}
+
 // rdv_join: joins the job at spec as rank of world. job_id is normally
 // job_id_from_key(key) (the tests pass others); blob_in (rank 0's, may be
 // NULL) is what every rank gets back in ans->blob.
@@ -782,11 +911,28 @@ static inline int rdv_join(const char *spec, const uint8_t key[32], uint64_t job
     h.pid = (uint32_t)getpid();
     uint8_t rnd[32];
     if (key_generate(rnd, err, errlen) != 0) return -1;
-    memcpy(h.nonce, rnd, 16);
+    memcpy(h.nonce, rnd, RDV_NONCE_BYTES);
     if (blob_in != NULL) memcpy(h.blob, blob_in, COMM_BLOB_BYTES);
+
+    double deadline = par_now() + timeout_s;
+    int fd = rdv_connect(&addr, deadline, err, errlen);
+    if (fd < 0) return -1;
+    // the root speaks first: this connection's challenge, which the hello's tag covers
+    uint8_t in[4 + RDV_MAX_MSG];
+    long n = rdv_read_msg(fd, spec, rank, "challenge", in, deadline, timeout_s, err, errlen);
+    if (n >= 0 && (n != 1 + RDV_NONCE_BYTES || in[4] != 'C'))
+        n = errorf(err, errlen, "rendezvous %s: the root's first message is not a challenge ('C' and %d bytes)", spec,
+                   RDV_NONCE_BYTES);
+    if (n < 0) {
+        close(fd);
+        return -1;
+    }
+    memcpy(h.challenge, in + 5, RDV_NONCE_BYTES);
     Links hl;
-    if (links_init(&hl, key, rank, world + 1) != 0)
+    if (links_init(&hl, key, rank, world + 1) != 0) {
+        close(fd);
         return errorf(err, errlen, "rendezvous %s: links for rank %d of %d", spec, rank, world);
+    }
     hl.job_id = job_id;
     uint8_t payload[HELLO_BYTES];
     rdv_hello_write(&h, payload);
@@ -794,47 +940,25 @@ static inline int rdv_join(const char *spec, const uint8_t key[32], uint64_t job
     put_u32(msg, (uint32_t)(sizeof(msg) - 4));
     put_u32(msg + 4, (uint32_t)rank);
     frame_seal(&hl, world, CH_HELLO, 0, 0, payload, HELLO_BYTES, msg + 8);
-
-    double deadline = par_now() + timeout_s;
-    int fd = rdv_connect(&addr, deadline, err, errlen);
-    if (fd < 0) {
+    int rc = par_send_all(fd, msg, sizeof(msg), deadline);
+    if (rc == 0) n = rdv_read_msg(fd, spec, rank, "answer", in, deadline, timeout_s, err, errlen);
+    else n = errorf(err, errlen, "rendezvous %s: rank %d sending its hello: %s", spec, rank, par_io_error(rc));
+    close(fd);
+    if (n < 0) {
         links_free(&hl);
         return -1;
     }
-    uint8_t in[4 + RDV_MAX_MSG];
-    int rc = par_send_all(fd, msg, sizeof(msg), deadline);
-    if (rc == 0) rc = par_recv_all(fd, in, 4, deadline);
-    uint32_t n = rc == 0 ? get_u32(in) : 0;
-    if (rc == 0 && (n < 1 || n > RDV_MAX_MSG)) {
-        close(fd);
-        links_free(&hl);
-        return errorf(err, errlen, "rendezvous %s: answer of %u bytes (at most %d)", spec, (unsigned)n, RDV_MAX_MSG);
-    }
-    if (rc == 0) rc = par_recv_all(fd, in + 4, n, deadline);
-    close(fd);
-    if (rc != 0) {
-        links_free(&hl);
-        return errorf(err, errlen, "rendezvous %s: rank %d waiting %.1f s for the root's answer: %s", spec,
-                      rank, timeout_s, par_io_error(rc));
-    }
-    if (in[4] == 'R') {
-        char reason[201];
-        size_t m = n - 1 < 200 ? n - 1 : 200;
-        for (size_t k = 0; k < m; k++) reason[k] = (in[5 + k] >= 32 && in[5 + k] < 127) ? (char)in[5 + k] : '?';
-        reason[m] = '\0';
-        links_free(&hl);
-        return errorf(err, errlen, "rendezvous %s: the root rejected rank %d: %s", spec, rank, reason);
-    }
     const uint8_t *p = NULL;
     char why[256];
-    if (in[4] != 'A' || frame_open(&hl, in + 5, n - 1, world, CH_HELLO, 0, 0, ANSWER_BYTES, &p, why, sizeof(why)) != 0) {
+    if (in[4] != 'A' || frame_open(&hl, in + 5, (size_t)n - 1, world, CH_HELLO, 0, 0, ANSWER_BYTES, &p, why, sizeof(why)) != 0) {
         links_free(&hl);
         return errorf(err, errlen, "rendezvous %s: bad answer from the root: %s", spec,
                       in[4] != 'A' ? "neither 'A' nor 'R'" : why);
     }
     links_free(&hl);
     rdv_answer_read(p, ans);
-    if (ans->job_id != job_id || ans->rank != rank || ans->world != world || memcmp(ans->nonce, h.nonce, 16) != 0)
+    if (ans->job_id != job_id || ans->rank != rank || ans->world != world ||
+        memcmp(ans->nonce, h.nonce, RDV_NONCE_BYTES) != 0 || memcmp(ans->challenge, h.challenge, RDV_NONCE_BYTES) != 0)
         return errorf(err, errlen, "rendezvous %s: the answer is for rank %d of %d, not for this hello of rank %d of %d",
                       spec, ans->rank, ans->world, rank, world);
     if (ans->shm_name[0] != '/' || strchr(ans->shm_name + 1, '/') != NULL)
@@ -970,14 +1094,41 @@ static inline int launcher_socket_dir(char *dir, size_t dirlen, char *spec, size
     return 0;
 }
 
+// the signals that ask a job to stop: a trainer with -o catches them and
+// checkpoints (checkpoint.h); a launcher passes the first on to its ranks
+static inline void par_stop_signals(sigset_t *set) {
+    sigemptyset(set);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGHUP);
+}
+
+// par_unblock_stop_signals: a process that trains takes the stop signals
+// from here on. Until now they were held: from fork to exec in a rank of our
+// launcher (which still had the launcher's handler, whose flag the exec
+// would drop), and while a trainer with a handler checked its job. One that
+// came meanwhile is pending, and is delivered now, to the handler the
+// trainer installed before calling parallel_main.
+static inline void par_unblock_stop_signals(void) {
+    sigset_t set;
+    par_stop_signals(&set);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+}
+
 // launcher_exec_rank: the child forked for rank i of np becomes that rank:
 // the environment that says so, then this program again with the same
-// arguments. key_pipe: the pipe its key comes through. Never returns.
+// arguments. key_pipe: the pipe its key comes through. The stop signals
+// stay blocked across the exec (a signal blocked is kept pending by it; one
+// caught by the launcher's handler here would be lost with that handler):
+// the rank's parallel_main unblocks them. Never returns.
 static inline void launcher_exec_rank(const char *exe, char **argv, int i, int np, const int key_pipe[2],
                                       pid_t launcher, const char *spec, const sigset_t *old_mask) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // the ranks never outlive the launcher
     if (getppid() != launcher) _exit(1);
-    sigprocmask(SIG_SETMASK, old_mask, NULL);
+    sigset_t mask = *old_mask, stop;
+    par_stop_signals(&stop);
+    for (int sig = 1; sig < NSIG; sig++) if (sigismember(&stop, sig) == 1) sigaddset(&mask, sig);
+    sigprocmask(SIG_SETMASK, &mask, NULL);  // the launcher's, SIGCHLD open again, the stop signals held
     signal(SIGPIPE, SIG_DFL);
     close(key_pipe[1]);
     fcntl(key_pipe[0], F_SETFD, 0);  // this one pipe, and no other, survives the exec
@@ -1118,12 +1269,11 @@ static inline int launcher_run(char **argv, int np, double timeout_s, const char
     }
     // child exits and the signals that end the job arrive through a signalfd
     // polled with the rendezvous socket: no handler, no global flag
+    // (a stop signal that came while the trainer checked the job, held by it,
+    // is pending and is read from the signalfd like any later one)
     sigset_t mask, old;
-    sigemptyset(&mask);
+    par_stop_signals(&mask);
     sigaddset(&mask, SIGCHLD);
-    sigaddset(&mask, SIGINT);
-    sigaddset(&mask, SIGTERM);
-    sigaddset(&mask, SIGHUP);
     sigprocmask(SIG_BLOCK, &mask, &old);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     signal(SIGPIPE, SIG_IGN);  // a rank that dies before reading its key must not take us down
@@ -1145,7 +1295,9 @@ static inline int launcher_run(char **argv, int np, double timeout_s, const char
 // --rendezvous, --key-file (NULL when absent) and -to. In the launcher it
 // never returns. Otherwise it returns 0 with L filled in (mode, rank, world,
 // local rank, key, rendezvous) or PARALLEL_USAGE / PARALLEL_RUNTIME with err
-// set, for main() to print and exit with.
+// set, for main() to print and exit with. Before it returns 0 it unblocks
+// SIGINT, SIGTERM and SIGHUP (par_unblock_stop_signals): install their
+// handlers first.
 //
 //   LLM3D_RANK in the environment           a rank: LLM3D_WORLD, LLM3D_LOCAL_RANK,
 //                                            rendezvous from --rendezvous or LLM3D_RENDEZVOUS,
@@ -1188,6 +1340,7 @@ static inline int parallel_main(int argc, char **argv, int np, const char *rende
             L->mode = LAUNCH_SINGLE;
             L->world = 1;
             if (key_generate(L->key, err, errlen) != 0) return PARALLEL_RUNTIME;
+            par_unblock_stop_signals();
             return 0;
         }
         return launcher_run(argv, np, timeout_s < RDV_MIN_TIMEOUT_S ? RDV_MIN_TIMEOUT_S : timeout_s, key_file, err, errlen);
@@ -1228,19 +1381,26 @@ static inline int parallel_main(int argc, char **argv, int np, const char *rende
         if (launch_serve(L, timeout_s < RDV_MIN_TIMEOUT_S ? RDV_MIN_TIMEOUT_S : timeout_s, err, errlen) != 0)
             return PARALLEL_RUNTIME;
     }
+    par_unblock_stop_signals();
     return 0;
 }
 
 // parallel_world: how many ranks the job will have, known before joining it
-// (a trainer checks the batch split and the layout first): the outside
+// (a trainer checks the batch split and the layout first, and must blame
+// -np, not the flag whose check -np's mistake fails): the outside
 // launcher's world when --rendezvous is given and its variables are set,
-// else np
-static inline int parallel_world(int np, const char *rendezvous) {
+// else np. -1 with err set when -np > 1 names another world than the
+// outside launcher's, or its variables are malformed.
+static inline int parallel_world(int np, const char *rendezvous, char *err, size_t errlen) {
     Launch L;
-    char err[256];
     memset(&L, 0, sizeof(L));
     int foreign = rendezvous != NULL && getenv("LLM3D_RANK") == NULL;
-    return foreign && par_env_rank(&L, 1, err, sizeof(err)) > 0 ? L.world : np;
+    int found = foreign ? par_env_rank(&L, 1, err, errlen) : 0;
+    if (found < 0) return -1;
+    if (found == 0) return np;
+    if (np > 1 && np != L.world)
+        return errorf(err, errlen, "-np %d, but the launcher (%s) says the world is %d", np, L.source, L.world);
+    return L.world;
 }
 
 // parallel_launched_rank: whether this process is a rank our own launcher

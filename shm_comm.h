@@ -118,6 +118,26 @@ static inline int comm_peer_exited(const Comm *c, int r, pid_t *pid_out) {
     return kill(pid, 0) != 0 && errno == ESRCH;
 }
 
+// comm_peer_stopped: 1 when rank r's process is stopped (SIGSTOP, Ctrl-Z, a
+// debugger): its state in /proc/PID/stat is T or t. Same pid namespace only.
+static inline int comm_peer_stopped(const Comm *c, int r, pid_t *pid_out) {
+    ShmRank *b = comm_rank_block(c, r);
+    pid_t pid = (pid_t)__atomic_load_n(&b->pid, __ATOMIC_SEQ_CST);
+    uint64_t ns = __atomic_load_n(&b->pid_ns, __ATOMIC_SEQ_CST);
+    *pid_out = pid;
+    if (pid <= 0 || ns == 0 || ns != __atomic_load_n(&comm_rank_block(c, c->rank)->pid_ns, __ATOMIC_SEQ_CST)) return 0;
+    char path[64], text[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, text, sizeof(text) - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    text[n] = '\0';
+    const char *paren = strrchr(text, ')');  // "PID (COMM) STATE ...", and COMM may hold anything
+    return paren != NULL && paren[1] == ' ' && (paren[2] == 'T' || paren[2] == 't');
+}
+
 static inline uint8_t *comm_ring(const Comm *c, int src, int dst) {
     return c->base + c->rings_offset + ((size_t)src * (size_t)c->world + (size_t)dst) * c->ring_stride;
 }
@@ -162,6 +182,11 @@ static inline void comm_blame(const Comm *c, int peer, char *out, size_t outlen)
         ShmRank *b = comm_rank_block(c, r);
         int w = __atomic_load_n(&b->waiting_for, __ATOMIC_SEQ_CST);
         pid_t pid;
+        if (comm_peer_stopped(c, r, &pid)) {
+            // what its block says is from before it stopped, and proves nothing about the order of calls
+            snprintf(out + n, outlen - n, "; rank %d (pid %d) is stopped (SIGSTOP, Ctrl-Z or a debugger)", r, (int)pid);
+            return;
+        }
         int exited = comm_peer_exited(c, r, &pid);
         if ((w < 0 || w >= c->world) && exited) {
             snprintf(out + n, outlen - n, "; rank %d (pid %d) has exited", r, (int)pid);
@@ -369,9 +394,7 @@ static inline int comm_init_check(const Grid *g, const char *rendezvous, double 
                                   size_t errlen) {
     if (!(timeout_s > 0 && timeout_s <= 86400))
         return errorf(err, errlen, "-to %g: the timeout must be > 0 and <= 86400 seconds", timeout_s);
-    if (fault != NULL && fault->kind != FAULT_NONE && (fault->rank < 0 || fault->rank >= g->world))
-        return errorf(err, errlen, "-fault %s:%d:%ld: rank %d is not in this job of %d ranks", fault_name(fault->kind),
-                      fault->rank, fault->step, fault->rank, g->world);
+    if (fault_check_world(fault, g->world, err, errlen) != 0) return -1;
     if (g->world > 1 && rendezvous == NULL)
         return errorf(err, errlen, "rank %d: no rendezvous address for a job of %d ranks", g->rank, g->world);
     return 0;

@@ -69,6 +69,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "files.h"
 #include "unicode_table.h"
 
 #define TOKENIZER_MAGIC 20240328
@@ -121,8 +122,8 @@ static inline int tok_read_file(const char *path, size_t max_size, unsigned char
                                 size_t errlen) {
     *data = NULL;
     *size = 0;
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return errorf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f = fopen_regular(path, "", err, errlen);  // a FIFO is refused, not waited on
+    if (f == NULL) return -1;
     size_t cap = 1 << 16, n = 0;
     unsigned char *buf = (unsigned char *)malloc(cap + 1);
     while (buf != NULL) {

@@ -1261,7 +1261,7 @@ static float pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int 
     for (int k = 0; k < n; k++) {
         const PipeStep *st = &plan[k];
         Acts *a = &m->acts[st->op.mb % m->nacts];
-        if (st->op.forward) dataloader_next(train, a->inputs, a->targets);
+        if (st->op.forward) next_batch(train, a->inputs, a->targets);
         pipe_recv(m, st->recv);
         if (st->op.forward) {
             stage_forward(m, a, 1);
@@ -1281,7 +1281,7 @@ static float evaluate(GPT2 *m, DataLoader *val, int batches) {
     float sum = 0.0f;
     for (int i = 0; i < batches; i++) {
         Acts *a = &m->acts[i % m->nacts];
-        dataloader_next(val, a->inputs, a->targets);
+        next_batch(val, a->inputs, a->targets);
         pipe_recv(m, pipe_input(m->shard.pp, m->shard.pp_rank, pipe_op(1, i)));
         stage_forward(m, a, 1);
         pipe_send(m, pipe_output(m->shard.pp, m->shard.pp_rank, pipe_op(1, i)), PIPE_NONE);

@@ -1546,7 +1546,7 @@ static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n
         const PipeStep *st = &plan[k];
         Acts *a = &m->acts[st->op.mb % m->nacts];
         if (st->op.forward) {
-            dataloader_next(train, m->inputs, m->targets);
+            next_batch(train, m->inputs, m->targets);
             gpt2_stage_batch(m, a, 1);
         }
         pipe_exchange(m, PIPE_NONE, st->recv);
@@ -1666,7 +1666,7 @@ static float evaluate(GPT2 *m, Parallel *par, DataLoader *val, int batches) {
     dataloader_reset(val);
     gpt2_zero_losses(m);
     for (int i = 0; i < batches; i++) {
-        dataloader_next(val, m->inputs, m->targets);
+        next_batch(val, m->inputs, m->targets);
         eval_forward(m, par, i);
     }
     return (float)(world_loss_sum(m, par, NULL) / ((double)m->B * m->T * batches * m->shard.dp));
@@ -1768,7 +1768,7 @@ static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int ste
     if (rank0) {  // the file at its full size, header in
         int32_t h[HEADER_INTS];
         model_fill_header(h, &m->config, 3);
-        int fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), e = fd < 0 ? errno : 0;
+        int fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644), e = fd < 0 ? errno : 0;
         if (e == 0 && write_all(fd, h, sizeof(h)) != 0) e = errno;
         if (e == 0 && ftruncate(fd, (off_t)ckpt_file_bytes(0, &m->config)) != 0) e = errno;
         if (fd >= 0) close(fd);

@@ -15,7 +15,7 @@
  *   on each rank, after it joined the job:
  *     start_rank, load_params, open_data, open_tokenizer_and_log,
  *     activation_sets, step_plan, print_model_and_batch, announce_resume
- *   in the loop: evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
+ *   in the loop: next_batch, evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
  *     report_hellaswag, outlier_skip (llm.c's -sl -sg),
  *     report_step, checkpoint_state, print_checkpoint_written
  *   after the last step: final_line, report_final
@@ -139,12 +139,16 @@ static void parse_flags(Job *job, int argc, char **argv, const char *more_usage,
     // fails a write (and says so) instead of killing the process
     if (job->opt.out_dir) ckpt_catch_signals();
     signal(SIGXFSZ, SIG_IGN);
-    job->opt.np = parallel_world(job->opt.np, job->opt.rendezvous);
+    int world = parallel_world(job->opt.np, job->opt.rendezvous, err, sizeof(err));
+    if (world < 0) die_usage(err);
+    job->opt.np = world;
 }
 
+// -fault, its rank one of the job's (the launcher refuses it, not the ranks)
 static void parse_fault(Job *job) {
     char err[2048];
     if (job->opt.fault && fault_parse(job->opt.fault, &job->fault, err, sizeof(err)) != 0) die_usage(err);
+    if (fault_check_world(&job->fault, job->opt.np, err, sizeof(err)) != 0) die_usage(err);
 }
 
 // the model's shape from -e (a descriptor, or a model file's header), -t
@@ -274,6 +278,10 @@ static void open_data(Job *job, const Grid *g) {
         job->val_batches = o->val_batches < 0 || o->val_batches > whole ? (int)whole : o->val_batches;
     }
     open_hellaswag(job, g->rank == 0);
+    if (g->rank == 0) {  // once per job: the check before launch warned nobody
+        fputs(dataloader_warnings(&job->train), stderr);
+        if (job->have_val) fputs(dataloader_warnings(&job->val), stderr);
+    }
     DataLoaderState pos = {job->ck.data[0], job->ck.data[1], job->ck.data[2], job->ck.data[3]};
     if (job->resuming && dataloader_set_state(&job->train, &pos, err, sizeof(err)) != 0) die_usage(err);
     job->steps = o->steps >= 0 ? o->steps : (int)(dataloader_batches_per_epoch(&job->train) / job->accum);
@@ -304,9 +312,11 @@ static void open_tokenizer_and_log(Job *job, const Grid *g) {
         path = in_dir;
     }
     if (job->resuming && log_keep_before(path, job->ck.step, err, sizeof(err)) != 0) die_usage(err);
-    job->logf = fopen(path, job->resuming ? "a" : "w");
+    const char *mode = job->resuming ? "a" : "w";
+    // the log in -o is never reached through a link (checkpoint.h); -lg's path is the user's to choose
+    job->logf = o->log_file != NULL ? fopen(path, mode) : fopen_nofollow(path, mode, err, sizeof(err));
     if (job->logf == NULL) {
-        errorf(err, sizeof(err), "%s: cannot create log file: %s", path, strerror(errno));
+        if (o->log_file != NULL) errorf(err, sizeof(err), "%s: cannot create log file: %s", path, strerror(errno));
         die_usage(err);
     }
 }
@@ -347,6 +357,12 @@ static void print_model_and_batch(const Job *job, int dp) {
 static void announce_resume(const Job *job, double load_ms) {
     double verify_ms = parallel_launched_rank() ? -1.0 : job->verify_ms;  // -1: its launcher hashed the files
     ckpt_announce(&job->opt, job->resuming ? &job->ck : NULL, job->ck_dir, verify_ms, load_ms);
+}
+
+// the next micro-batch of a stream; a shard that changed since it was
+// checked (dataloader.h) ends the run with the loader's line
+static void next_batch(DataLoader *dl, int *inputs, int *targets) {
+    if (dataloader_next(dl, inputs, targets) != 0) die(1, dl->err);
 }
 
 // ----------------------------------------------------------------------------
