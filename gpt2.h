@@ -918,7 +918,7 @@ static float lr_at_step(const Options *o, int step, int total) {
 // step (0-based: the updates made before it), its loss, the val loss and
 // HellaSwag accuracy when measured before it, its norm, lr, ms and the
 // tokens trained on so far (its own included), and "skipped" when -sl or -sg
-// skipped its update. After the last step one more
+// skipped its update, or it was not applied as not finite. After the last step one more
 // line, {"step": steps, "val_loss", "hellaswag", "tokens"}, evaluates the
 // final model.
 typedef struct {
@@ -929,7 +929,7 @@ typedef struct {
     float hellaswag;         // < 0: not measured
     double ms;
     long tokens;
-    const char *skipped;     // "loss" or "norm": -sl or -sg skipped the step's update; else NULL
+    const char *skipped;     // "loss" or "norm": -sl or -sg skipped the step's update; "not finite"; else NULL
 } LogLine;
 
 static void log_line(FILE *f, const LogLine *l) {

@@ -16,12 +16,14 @@
  * of doc/security.md's "Attacks tested".
  */
 #define _GNU_SOURCE
+#include "gpt2.h"
 #include "parallel.h"
 #include "test.h"
 
 #include <dirent.h>
 #include <ftw.h>
 #include <grp.h>
+#include <math.h>
 #include <sys/stat.h>
 
 static char work[256];                  // this run's directory
@@ -773,6 +775,48 @@ static void test_tiny_shard_warning(void) {
 }
 
 // ----------------------------------------------------------------------------
+// a model whose weights hold a NaN: the first step is not applied, and the
+// run ends with a line naming it, instead of training on with a loss of nan
+
+static void test_nan_weights(void) {
+    GPT2Config c;
+    memset(&c, 0, sizeof(c));
+    char path[300], err[512];
+    snprintf(path, sizeof(path), "%s/nan_model.bin", work);
+    if (!check(config_from_descriptor(&c, "d2", 256, 32) == 0, "NaN weights: the d2 shape")) return;
+    size_t n = param_count(&c);
+    float *p = (float *)malloc(n * sizeof(float));
+    uint64_t x = 7;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = ((float)(x >> 40) / (float)(1 << 24) - 0.5f) * 0.04f;
+    }
+    p[n / 2] = NAN;
+    int saved = model_save(path, &c, p, 0, err, sizeof(err));
+    free(p);
+    if (!check(saved == 0, "NaN weights: a model file with one NaN: %s", saved ? err : "")) return;
+    const char *how[2] = {"", "-np 2"};
+    for (int i = 0; i < 2; i++) {
+        char args[700];
+        snprintf(args, sizeof(args), "-x 3 %s -e %s", how[i], path);
+        TrainerRun r = run_trainer(args, NULL, 30.0);
+        check(r.status == 1 && r.lines == 1 && strstr(r.out, "train_gpt2: step 0: loss ") != NULL &&
+              strstr(r.out, "not finite") != NULL && strstr(r.out, "step    1/") == NULL,
+              "NaN weights (%s): step 0 is not applied and the run ends there (exit %d): %s",
+              i == 0 ? "one process" : "-np 2", r.status, line_of(r.out, "train_gpt2:"));
+        free(r.out);
+    }
+    // under llm.c's outlier guard such a step is skipped like an outlier, and the run goes on
+    char args[700];
+    snprintf(args, sizeof(args), "-x 3 -sl 3 -e %s", path);
+    TrainerRun r = run_trainer(args, NULL, 30.0);
+    int skips = count_of(r.out, "skipping update due to a loss or grad norm that is not finite");
+    check(r.status == 0 && skips == 3, "NaN weights under -sl 3: every step skipped, the run goes on (%d skips, exit %d)",
+          skips, r.status);
+    free(r.out);
+}
+
+// ----------------------------------------------------------------------------
 
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "rank-mask") == 0) return rank_mask_main(argv[2]);
@@ -804,6 +848,7 @@ int main(int argc, char **argv) {
     test_stop_signals();
     test_stopped_rank();
     test_tiny_shard_warning();
+    test_nan_weights();
     remove_tree(work);
     return test_summary();
 }

@@ -1090,7 +1090,7 @@ static void gpt2_update(GPT2 *m, float norm, float max_norm, const AdamHyper *h)
 }
 
 // the whole optimizer step (the trainer's loop runs the two halves, between
-// which -sl and -sg may skip the update); returns the grad norm
+// which a step not finite, -sl and -sg skip the update); returns the grad norm
 static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, const AdamHyper *h, int *stop) {
     float norm = gpt2_loss_and_norm(m, loss_sum, accum, stop);
     gpt2_update(m, norm, max_norm, h);
@@ -1561,6 +1561,10 @@ int main(int argc, char **argv) {
         if (rank0) {
             report_step(&job, &line, &guard);
             printf("\n");  // (the GPU trainer ends its line with the MFU)
+        }
+        if (nonfinite_stop(&job, &line, rank0)) {
+            if (par.comm) comm_barrier(par.comm, &par.world);
+            exit(1);
         }
 
         if (checkpoint_due(&job, step, stopped)) {

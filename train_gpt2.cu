@@ -1586,7 +1586,8 @@ static void mac_check_or_exit(GPT2 *m, Parallel *par, const char *when) {
 // halves swapped, the replicated gradients shared from tp rank 0, every MAC
 // tag of the step checked (before anything is applied), the loss and the
 // stop requests summed, the norm queued. Returns the step's mean loss; the
-// loop then applies the update (gpt2_apply_update) unless -sl or -sg skip it.
+// loop then applies the update (gpt2_apply_update) unless it is not finite
+// or -sl or -sg skip it.
 static float gpt2_step_loss(GPT2 *m, Parallel *par, int accum, int *stop) {
     nccl_side_drain(par->nccl);  // the data-parallel sums, made during the backward
     tied_exchange(m);
@@ -1711,19 +1712,14 @@ static void run_evaluations(GPT2 *m, Parallel *par, Job *job, int step, LogLine 
     if (hellaswag_due(job, step)) l->hellaswag = report_hellaswag(job, hellaswag_eval(m, par, &job->hs), rank0);
 }
 
-// the step's update after gpt2_step_loss, unless -sl or -sg skip it, and its
-// norm and skip into l. With the guard on, the norm is read first, to decide;
-// otherwise the update is queued first and the norm read after it.
+// the step's update after gpt2_step_loss, unless it is not finite or -sl or
+// -sg skip it, and its norm and skip into l. The norm is read first, to
+// decide (a NaN must never reach the weights): the GPU waits for the host to
+// queue AdamW, tens of microseconds a step.
 static void update_unless_skipped(GPT2 *m, Job *job, OutlierGuard *g, const AdamHyper *h, LogLine *l, int rank0) {
-    if (outlier_guard_on(job)) {
-        l->norm = gpt2_last_norm(m);
-        l->skipped = outlier_skip(job, g, l->loss, l->norm, rank0);
-    }
+    l->norm = gpt2_last_norm(m);
+    l->skipped = outlier_skip(job, g, l->loss, l->norm, rank0);
     if (l->skipped == NULL) gpt2_apply_update(m, h);
-    if (!outlier_guard_on(job)) {
-        l->norm = gpt2_last_norm(m);
-        outlier_skip(job, g, l->loss, l->norm, rank0);  // (the z-scores only)
-    }
 }
 
 typedef struct { GPT2 *m; Parallel *par; } CkptCtx;
@@ -1873,6 +1869,10 @@ int main(int argc, char **argv) {
         update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0);
         line.ms = now_ms() - t0;
         if (rank0) print_mfu(&job, report_step(&job, &line, &guard), peak, par.grid.world);
+        if (nonfinite_stop(&job, &line, rank0)) {
+            world_sum(&model, &par, 0.0f);  // every rank here: the line is out before any exits
+            exit(1);
+        }
 
         if (checkpoint_due(&job, step, stopped)) {
             CkptState st = checkpoint_state(&job, step + 1, model.adam_t, &par.grid, par.zero);

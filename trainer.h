@@ -16,7 +16,7 @@
  *     start_rank, load_params, open_data, open_tokenizer_and_log,
  *     activation_sets, step_plan, print_model_and_batch, announce_resume
  *   in the loop: next_batch, evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
- *     report_hellaswag, outlier_skip (llm.c's -sl -sg),
+ *     report_hellaswag, outlier_skip (llm.c's -sl -sg; steps not finite), nonfinite_stop,
  *     report_step, checkpoint_state, print_checkpoint_written
  *   after the last step: final_line, report_final
  *   sampling: random_f32 (xorshift*), sample_token (inverse CDF of the softmax)
@@ -371,6 +371,12 @@ static void next_batch(DataLoader *dl, int *inputs, int *targets) {
 // one included (none until the window is full); an update whose z-score is
 // above the flag's threshold is skipped. As in llm.c the windows start
 // afresh in each launch.
+//
+// A step whose loss or grad norm is not finite (NaN weights, an overflow, a
+// learning rate too high) never reaches the weights, guard or no guard: its
+// update is skipped ("not finite") and its values stay out of the windows,
+// which they would spoil for good. Under -sl or -sg the run goes on, as for
+// any outlier; without them it ends (nonfinite_stop).
 
 #define OUTLIER_WINDOW 128
 
@@ -405,9 +411,15 @@ typedef struct {
 static int outlier_guard_on(const Job *job) { return job->opt.skip_loss_z > 0 || job->opt.skip_norm_z > 0; }
 
 // this step's z-scores; "loss" or "norm" when -sl or -sg skips its update
-// (rank 0 says so, in llm.c's words), else NULL. Every rank has the same
-// loss and norm, so every rank decides the same.
+// (rank 0 says so, in llm.c's words), "not finite" for a step whose update
+// must not be applied at all (above), else NULL. Every rank has the same
+// loss and norm (all-reduced), so every rank decides the same.
 static const char *outlier_skip(const Job *job, OutlierGuard *g, float loss, float norm, int rank0) {
+    if (!isfinite(loss) || !isfinite(norm)) {
+        g->loss_z = g->norm_z = NAN;
+        if (outlier_guard_on(job) && rank0) printf("skipping update due to a loss or grad norm that is not finite\n");
+        return "not finite";
+    }
     g->loss_z = (float)outlier_zscore(&g->loss, loss);
     g->norm_z = (float)outlier_zscore(&g->norm, norm);
     const char *what = NULL;
@@ -417,6 +429,21 @@ static const char *outlier_skip(const Job *job, OutlierGuard *g, float loss, flo
         printf("skipping update due to %s z-score of %f\n", what[0] == 'l' ? "loss" : "grad",
                what[0] == 'l' ? g->loss_z : g->norm_z);
     return what;
+}
+
+// nonfinite_stop: whether the step of l, skipped as not finite, ends the
+// run (it does unless -sl or -sg is on); rank 0 then says so in one line,
+// and the caller waits for every rank (so the line is out before the
+// launcher hears of an exit) and exits 1
+static int nonfinite_stop(const Job *job, const LogLine *l, int rank0) {
+    if (l->skipped == NULL || strcmp(l->skipped, "not finite") != 0 || outlier_guard_on(job)) return 0;
+    if (rank0) {
+        fflush(stdout);
+        fprintf(stderr, "%s: step %d: loss %g, grad norm %g: not finite, so the step's update was not applied and "
+                "the run stops (NaN or huge weights, bad data, or a learning rate too high? -sl or -sg skip such "
+                "steps and go on)\n", trainer_name, l->step, l->loss, l->norm);
+    }
+    return 1;
 }
 
 // ----------------------------------------------------------------------------
