@@ -817,6 +817,75 @@ static void test_nan_weights(void) {
 }
 
 // ----------------------------------------------------------------------------
+// promises that held already, kept as cases: the segment and the key file
+// against another user, and links where the trainer writes into -o
+
+static void test_other_promises(void) {
+    // another user cannot open a job's shared-memory segment
+    if (is_root()) {
+        char name[COMM_NAME_BYTES], err[512];
+        int made = shm_create(name, 2, 1, err, sizeof(err)) == 0;
+        if (!made) check(0, "segment: made for a look by another user: %s", err);
+        if (made) {
+            fflush(NULL);
+            pid_t pid = fork();
+            if (pid == 0) {
+                if (drop_to_nobody() != 0) _exit(3);
+                int fd = shm_open(name, O_RDONLY, 0);
+                _exit(fd < 0 && errno == EACCES ? 0 : 1);
+            }
+            int st = wait_child(pid, 5.0);
+            shm_unlink(name);
+            check(st == 0, "segment: %s cannot open it (exit %d)", OTHER_USER, st);
+        }
+    } else {
+        skip("segment against another user: needs root to be one");
+    }
+
+    // a key file others can read, or that another user owns, is refused
+    char key2[300], args[900];
+    snprintf(key2, sizeof(key2), "%s/open.key", work);
+    uint8_t key[32];
+    key_generate(key, NULL, 0);
+    key_write_file(key2, key, NULL, 0);
+    chmod(key2, 0644);
+    snprintf(args, sizeof(args), "-x 1 -np 2 --key-file %s", key2);
+    TrainerRun r = run_trainer(args, NULL, 20.0);
+    check(r.status == 2 && r.lines == 1 && strstr(r.out, "lets group or others at it") != NULL,
+          "--key-file of mode 0644: refused (exit %d): %s", r.status, line_of(r.out, "train_gpt2:"));
+    free(r.out);
+    if (is_root()) {
+        chmod(key2, 0600);
+        if (chown(key2, NOBODY, NOBODY) != 0) check(0, "chown %s", key2);
+        r = run_trainer(args, NULL, 20.0);
+        check(r.status == 2 && r.lines == 1 && strstr(r.out, "owned by uid 65534") != NULL,
+              "--key-file owned by %s: refused (exit %d): %s", OTHER_USER, r.status, line_of(r.out, "train_gpt2:"));
+        free(r.out);
+    }
+
+    // links at the names the trainer writes in -o: the final model's .tmp,
+    // the log, the checkpoint key; none is written through
+    char out[300], victim[300];
+    snprintf(victim, sizeof(victim), "%s/victim_file", work);
+    const char *names[3] = {"model_00000001.bin.tmp", "log.jsonl", "job.key"};
+    for (int i = 0; i < 3; i++) {
+        FILE *f = fopen(victim, "w");
+        if (f != NULL) { fputs("precious\n", f); fclose(f); }
+        snprintf(out, sizeof(out), "%s/out_write_%d", work, i);
+        mkdir(out, 0755);
+        plant(out, names[i], victim, 0);
+        snprintf(args, sizeof(args), "-x 1 -o %s", out);
+        r = run_trainer(args, NULL, 20.0);
+        char *text = read_text(victim);
+        check(strcmp(text, "precious\n") == 0 && r.status != 0 && strstr(r.out, "symbolic link") != NULL,
+              "-o: a link planted at %s is refused, not written through (exit %d): %s", names[i], r.status,
+              line_of(r.out, "symbolic link"));
+        free(text);
+        free(r.out);
+    }
+}
+
+// ----------------------------------------------------------------------------
 
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "rank-mask") == 0) return rank_mask_main(argv[2]);
@@ -849,6 +918,7 @@ int main(int argc, char **argv) {
     test_stopped_rank();
     test_tiny_shard_warning();
     test_nan_weights();
+    test_other_promises();
     remove_tree(work);
     return test_summary();
 }
