@@ -274,6 +274,14 @@ static inline float gelu_grad(float x, float s) {
     return s + 2.0f * x * s * (1.0f - s) * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
+#ifdef VEC_MATH
+// 1 + exp(-2u) for a vector of x: 1 / it is s, x / it is GELU(x)
+static inline vec_f gelu_denominator_vec(vec_f x) {
+    vec_f u = GELU_SCALE * (x + 0.044715f * x * x * x);
+    return 1.0f + vec_exp(-2.0f * u);
+}
+#endif
+
 static void gelu_forward(float *out, const float *inp, size_t N) {
     size_t done = 0;
 #ifdef VEC_MATH
@@ -281,8 +289,7 @@ static void gelu_forward(float *out, const float *inp, size_t N) {
     #pragma omp parallel for schedule(static)
     for (size_t k = 0; k < nvec; k++) {
         vec_f x = vec_load(inp + k * VEC_LANES);
-        vec_f u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        vec_store(out + k * VEC_LANES, x / (1.0f + vec_exp(-2.0f * u)));
+        vec_store(out + k * VEC_LANES, x / gelu_denominator_vec(x));
     }
     done = nvec * VEC_LANES;
 #endif
@@ -296,8 +303,7 @@ static void gelu_backward(float *dinp, const float *inp, const float *dout, size
     #pragma omp parallel for schedule(static)
     for (size_t k = 0; k < nvec; k++) {
         vec_f x = vec_load(inp + k * VEC_LANES);
-        vec_f u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        vec_f s = 1.0f / (1.0f + vec_exp(-2.0f * u));
+        vec_f s = 1.0f / gelu_denominator_vec(x);
         vec_f grad = s + 2.0f * x * s * (1.0f - s) * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
         vec_store(dinp + k * VEC_LANES, vec_load(dinp + k * VEC_LANES) + vec_load(dout + k * VEC_LANES) * grad);
     }
