@@ -11,7 +11,7 @@
  *              in model.bin's element order (N = the model's parameters)
  *   state.bin  a 1024-byte header: the step, Adam's t, the data position, the
  *              sampling RNG, the shape and batch it was written with
- *   MANIFEST   secure.h's manifest: size and SHA-256 of the three, sealed with
+ *   MANIFEST   manifest.h's manifest: size and SHA-256 of the three, sealed with
  *              the checkpoint key (HMAC-SHA256)
  * The files hold whole tensors, so they do not depend on the layout that
  * wrote them: any (dp, tp, pp, ZeRO) reads any checkpoint.
@@ -64,7 +64,8 @@
 #include "errors.h"
 #include "files.h"
 #include "gpt2.h"
-#include "secure.h"
+#include "manifest.h"  // sealing a checkpoint's files
+#include "secure.h"    // keys
 
 #define OPTIM_MAGIC 20241203
 #define CKPT_STATE_MAGIC 20241204

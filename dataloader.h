@@ -46,7 +46,7 @@
  * at key ^ mix(i + 1). Bounded draws use rejection, so there is no modulo
  * bias. Nothing depends on dp_rank or dp_size.
  *
- * Manifest. When a shard's directory holds a file MANIFEST (secure.h's
+ * Manifest. When a shard's directory holds a file MANIFEST (manifest.h's
  * format, sealed with the all-zero key as prepare_data writes it), init
  * fails, naming the file, when a shard the pattern matches there is not
  * listed, has another size (truncated, extended) or another SHA-256 (a
@@ -67,7 +67,8 @@
 #define _DEFAULT_SOURCE
 #endif
 
-#include "secure.h" // manifest_read, manifest_find, sha256
+#include "manifest.h" // manifest_read, manifest_find
+#include "secure.h"   // sha256
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,5 +1,6 @@
 /*
- * files.h: opening a file so that what is opened is what was meant.
+ * files.h: opening a file so that what is opened is what was meant, and
+ * writing all of a buffer.
  *
  * defines:
  *   open_regular    a file to read (data, a model, a tokenizer), refused
@@ -8,6 +9,7 @@
  *   fopen_nofollow  a file of the output directory (a log, a model file being
  *                   written), never reached through a symbolic link, and
  *                   refused unless it is a regular file
+ *   write_all       all n bytes to an fd, through short writes and EINTR
  *
  * Why. open() of a FIFO blocks until someone opens the other end, so a FIFO
  * given as (or matching) a data, model or tokenizer path would hang the
@@ -28,6 +30,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -80,6 +83,18 @@ static inline FILE *fopen_regular(const char *path, const char *what, char *err,
 static inline FILE *fopen_nofollow(const char *path, const char *mode, char *err, size_t errlen) {
     int flags = mode[0] == 'w' ? O_WRONLY | O_CREAT | O_TRUNC : mode[0] == 'a' ? O_WRONLY | O_CREAT | O_APPEND : O_RDONLY;
     return file_fdopen(file_open_checked(path, flags | O_NOFOLLOW, "", err, errlen), path, mode, err, errlen);
+}
+
+// write_all: 0, or -1 with errno set by the write that failed
+static inline int write_all(int fd, const void *data, size_t n) {
+    const uint8_t *p = (const uint8_t *)data;
+    while (n > 0) {
+        ssize_t r = write(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        p += r; n -= (size_t)r;
+    }
+    return 0;
 }
 
 #endif

@@ -25,6 +25,7 @@
 
 #include "bf16.h"
 #include "secure.h"
+#include "chunkmac.h"  // the MAC of large pipeline messages
 #include "grid.h"
 #include "launcher.h"  // Launch, rdv_join, par_now
 #include "shm_comm.h"  // OP_SUM, OP_AVG, comm_init_check; the host backend of host mode
@@ -74,7 +75,7 @@ static inline int gpu_own_visible(const Launch *L) {
 // MAC'd point-to-point messages of the NCCL backend: what both sides derive on
 // the host. Pure C, so the CPU tests (and test_gpt2cu's host checks) check it.
 // A message's tag (NCCL_MAC_BYTES) is the chunked MAC of its payload
-// (secure.h, doc/security.md "Chunked MAC") under the frame header that
+// (chunkmac.h, doc/security.md "Chunked MAC") under the frame header that
 // frame_header_make (secure.h) builds. The header itself never travels: the
 // receiver builds the one it expects, so a message MAC'd under any other
 // header fails. The payload travels at once; its tag follows at the step's
@@ -905,7 +906,7 @@ static inline void nccl_recv(NcclComm *c, int src_rank, int channel, int microba
 }
 
 // ----------------------------------------------------------------------------
-// MAC'd point-to-point messages: the chunked MAC (secure.h) computed and
+// MAC'd point-to-point messages: the chunked MAC (chunkmac.h) computed and
 // checked on the GPU, so no payload crosses to the host, and kept off the
 // pipeline's critical path on both sides. The payload is sent as it is, at
 // once; its tag follows at the step's end. A sender copies its payload
@@ -987,7 +988,7 @@ static inline void nccl_mac_params(NcclComm *c, ChunkMacParams *p, const uint8_t
         nccl_fail(c, "%s", err);
 }
 
-// nccl_mac_launch: secure.h's two kernels on stream st, the chunk tags of
+// nccl_mac_launch: chunkmac.h's two kernels on stream st, the chunk tags of
 // payload into scratch, then the message's tag into tag, with the event
 // read recorded between them: once it has passed, the payload has been read
 // (the final reads only the chunk tags). The parameters hold the key's

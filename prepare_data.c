@@ -37,7 +37,7 @@
  * shard file with its final name is always whole; shard_finished() is where
  * every one is completed, and where its SHA-256 goes into the manifest.
  *
- * Last, <outdir>/MANIFEST (secure.h's format: name, size and SHA-256 of every
+ * Last, <outdir>/MANIFEST (manifest.h's format: name, size and SHA-256 of every
  * file written, and a tag over the list) is written atomically; the
  * dataloader checks shards against it. It is sealed with the all-zero key:
  * data outlives any job key, so the tag is a public checksum that catches a
@@ -51,7 +51,7 @@
  *
  * Exit status: 0 done, 1 runtime error (nothing is left behind), 2 bad flags.
  */
-#include "secure.h"  // first: it asks for _GNU_SOURCE (strdup, fsync); manifests
+#include "manifest.h"  // first: through secure.h it asks for _GNU_SOURCE (strdup, fsync)
 
 #include <dirent.h>
 #include <errno.h>
@@ -140,7 +140,7 @@ static long long parse_count(const char *flag, const char *value, long long min,
     return v;
 }
 
-// name_ok: the shards' names fit the manifest's (secure.h): [A-Za-z0-9._+-], not starting with '.'
+// name_ok: the shards' names fit the manifest's (manifest.h): [A-Za-z0-9._+-], not starting with '.'
 static int name_ok(const char *name) {
     size_t n = strlen(name);
     if (n > MAX_NAME_BYTES) return 0;

@@ -8,6 +8,7 @@
  * shard and sample it came from.
  */
 #include "dataloader.h"
+#include "manifest.h"
 #include "test.h"
 
 #include <signal.h>

@@ -10,6 +10,7 @@
  */
 #define TESTING
 #include "train_gpt2.cu"
+#include "chunkmac.h"
 #include "test.h"
 
 #include <sys/wait.h>
@@ -746,7 +747,7 @@ static void test_ckpt_device(void) {
 
 // ----------------------------------------------------------------------------
 // MAC'd NCCL point-to-point messages (nccl_comm.h): the chunk-size rule, the
-// header, and the kernels' per-thread code run on the CPU against secure.h's
+// header, and the kernels' per-thread code run on the CPU against chunkmac.h's
 // chunkmac_tag (host, no GPU needed)
 
 static uint64_t mactest_rng = 0x9e3779b97f4a7c15ull;

@@ -1,6 +1,7 @@
 /*
- * test_secure.c: secure.h against published vectors, the openssl command,
- * and every way a frame, key file or manifest can be wrong.
+ * test_secure.c: secure.h, manifest.h and chunkmac.h against published
+ * vectors, the openssl command, and every way a frame, key file or manifest
+ * can be wrong.
  *
  *   gcc -O2 -Wall -Wextra -o test_secure test_secure.c && ./test_secure
  *   ./test_secure -corpus dev/fuzz/corpus   # (re)writes the fuzz seed corpora
@@ -8,6 +9,9 @@
  * Run from the repo root; vectors come from test_data_path() (../shared/data).
  */
 #include "secure.h"  // first: it sets the POSIX feature macro
+#include "chunkmac.h"
+#include "files.h"  // write_all
+#include "manifest.h"
 #include "test.h"
 
 #include <dirent.h>
@@ -918,7 +922,7 @@ static void test_faults(void) {
 }
 
 // ----------------------------------------------------------------------------
-// chunked MAC (secure.h's last section; doc/security.md, "Chunked MAC")
+// chunked MAC (chunkmac.h; doc/security.md, "Chunked MAC")
 
 static void chunk_le64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
 

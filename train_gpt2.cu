@@ -38,6 +38,7 @@
 #define LLM3D_NCCL  // nccl_comm.h's NCCL backend: the GPU trainer always runs on it
 #endif
 #include "gpt2.h"
+#include "files.h"  // write_all
 #include "dataloader.h"
 #include "tokenizer.h"
 #include "parallel.h"

@@ -1,11 +1,11 @@
 /*
- * mac.cu: the chunked MAC kernels (secure.h, last section) against the CPU
+ * mac.cu: the chunked MAC kernels (chunkmac.h) against the CPU
  * construction (chunkmac_tag) on payloads of many lengths, aligned or not,
  * and the verify path; then their throughput for 1 MiB to 256 MiB payloads,
  * a few chunk sizes, and the chunk sizes of the NCCL backend's MAC'd messages. The kernels' per-thread code is __host__ __device__,
  * so without a GPU this still checks it, run on the CPU.
  */
-#include "../../secure.h"
+#include "../../chunkmac.h"
 #include "../../parallel.h"  // nccl_mac_chunk_bytes
 #include "common.h"
 
