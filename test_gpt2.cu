@@ -11,6 +11,7 @@
 #define TESTING
 #include "train_gpt2.cu"
 #include "chunkmac.h"
+#include "gpu_setup.cuh"
 #include "test.h"
 
 #include <sys/wait.h>
