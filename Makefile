@@ -67,7 +67,7 @@ prepare_data: prepare_data.c $(HEADERS)
 export_hf: export_hf.c gpt2.h
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
-plot_log: plot_log.c json.h
+plot_log: plot_log.c errors.h json.h log_reader.h
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
 dev/bench_secure: dev/bench_secure.c secure.h
@@ -79,7 +79,7 @@ dev/bench_matmul: dev/bench_matmul.c dev/bench.h train_gpt2.c $(HEADERS)
 dev/bench_kernels: dev/bench_kernels.c dev/bench.h train_gpt2.c $(HEADERS)
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
 
-dev/compare_logs: dev/compare_logs.c json.h
+dev/compare_logs: dev/compare_logs.c errors.h json.h log_reader.h
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
 
 dev/pipeline_chart: dev/pipeline_chart.c pipeline.h secure.h

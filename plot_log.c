@@ -31,7 +31,9 @@
  * Exit status: 0 written, 1 a file could not be read or written, 2 bad flags.
  */
 #define _GNU_SOURCE  // strdup
+#include "errors.h"
 #include "json.h"
+#include "log_reader.h"
 
 #include <errno.h>
 #include <math.h>
@@ -151,70 +153,31 @@ static void run_log_free(RunLog *r) {
     series_free(&r->tokens_per_s);
 }
 
-// log_line: one line's fields into r; -1 with j->err set
-static int log_line(JsonReader *j, RunLog *r, JsonBuf *key) {
-    double step = NAN, loss = NAN, val = NAN, hella = NAN, lr = NAN, ms = NAN, tokens = NAN;
-    struct { const char *name; double *to; } fields[] = {
-        {"step", &step}, {"loss", &loss}, {"val_loss", &val}, {"hellaswag", &hella}, {"lr", &lr}, {"ms", &ms}, {"tokens", &tokens},
-    };
-    int index = 0, more;
-    if (json_peek(j) != '{') return json_fail(j, "a line must be a JSON object");
-    while ((more = json_object_next(j, &index, key)) == 1) {
-        size_t k = 0;
-        while (k < sizeof(fields) / sizeof(fields[0]) && strcmp(fields[k].name, key->bytes) != 0) k++;
-        if (k == sizeof(fields) / sizeof(fields[0])) {
-            if (json_skip_value(j) != 0) return -1;
-        } else if (json_peek(j) == 'n') {  // null: not measured
-            if (json_skip_value(j) != 0) return -1;
-        } else if (json_number(j, fields[k].to) != 0) {
-            return -1;
-        }
-    }
-    if (more < 0 || json_at_end(j) != 0) return -1;
-    if (isnan(step)) return json_fail(j, "no \"step\" field");
-    double per_step = isnan(tokens) ? NAN : tokens / (step + 1);  // "tokens" counts from the run's start
+// run_log_add: one line's numbers into r (log_read calls it for each line)
+static int run_log_add(void *ctx, const LogRecord *l, JsonReader *j) {
+    RunLog *r = (RunLog *)ctx;
+    double step = l->step;
+    double per_step = isnan(l->tokens) ? NAN : l->tokens / (step + 1);  // "tokens" counts from the run's start
     if (!isnan(per_step) && r->tokens_per_step == 0) r->tokens_per_step = per_step;
     int bad = 0;
-    if (!isnan(loss)) bad |= series_add(&r->train, step, loss);
-    if (!isnan(val)) bad |= series_add(&r->val, step, val);
-    if (!isnan(hella)) bad |= series_add(&r->hellaswag, step, hella <= 1.0 ? 100.0 * hella : hella);
-    if (!isnan(lr)) bad |= series_add(&r->lr, step, lr);
-    if (!isnan(ms) && !isnan(per_step) && ms > 0) bad |= series_add(&r->tokens_per_s, step, per_step / (ms / 1000.0));
+    if (!isnan(l->loss)) bad |= series_add(&r->train, step, l->loss);
+    if (!isnan(l->val_loss)) bad |= series_add(&r->val, step, l->val_loss);
+    if (!isnan(l->hellaswag)) bad |= series_add(&r->hellaswag, step, l->hellaswag <= 1.0 ? 100.0 * l->hellaswag : l->hellaswag);
+    if (!isnan(l->lr)) bad |= series_add(&r->lr, step, l->lr);
+    if (!isnan(l->ms) && !isnan(per_step) && l->ms > 0) bad |= series_add(&r->tokens_per_s, step, per_step / (l->ms / 1000.0));
     if (bad) return json_fail(j, "out of memory");
     if (step > r->last_step) r->last_step = step;
     return 0;
 }
 
-// log_read: the file's lines into r; 0 ok, -1 with err naming the file and line
-static int log_read(const char *path, RunLog *r, char *err, size_t errlen) {
+// run_log_read: the file's lines into r; 0 ok, -1 with err naming the file and line
+static int run_log_read(const char *path, RunLog *r, char *err, size_t errlen) {
     memset(r, 0, sizeof(*r));
     r->path = path;
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) { snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return -1; }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    long number = 0;
-    int rc = 0;
-    JsonBuf key = {NULL, 0, 0};
-    while (rc == 0 && (len = getline(&line, &cap, f)) >= 0) {
-        number++;
-        JsonReader j;
-        json_init(&j, line, (size_t)len);
-        if (json_peek(&j) < 0) continue;  // a blank line
-        if (log_line(&j, r, &key) != 0) {
-            snprintf(err, errlen, "%s line %ld column %zu: %s", path, number, j.err_pos + 1, j.err);
-            rc = -1;
-        }
-    }
-    if (rc == 0 && ferror(f)) { snprintf(err, errlen, "%s: read error: %s", path, strerror(errno)); rc = -1; }
-    if (rc == 0 && r->train.n + r->val.n + r->hellaswag.n == 0) {
-        snprintf(err, errlen, "%s: no \"loss\", \"val_loss\" or \"hellaswag\" in any of its %ld lines", path, number);
-        rc = -1;
-    }
-    free(line);
-    json_buf_free(&key);
-    fclose(f);
+    long lines = 0;
+    int rc = log_read(path, run_log_add, r, &lines, err, errlen);
+    if (rc == 0 && r->train.n + r->val.n + r->hellaswag.n == 0)
+        rc = errorf(err, errlen, "%s: no \"loss\", \"val_loss\" or \"hellaswag\" in any of its %ld lines", path, lines);
     if (rc != 0) run_log_free(r);
     return rc;
 }
@@ -500,8 +463,8 @@ int main(int argc, char **argv) {
         strncat(out_path, ".svg", sizeof(out_path) - strlen(out_path) - 1);
     }
     RunLog run, ref;
-    if (log_read(o.log, &run, err, sizeof(err)) != 0) { fprintf(stderr, "plot_log: %s\n", err); return 1; }
-    if (o.ref != NULL && log_read(o.ref, &ref, err, sizeof(err)) != 0) {
+    if (run_log_read(o.log, &run, err, sizeof(err)) != 0) { fprintf(stderr, "plot_log: %s\n", err); return 1; }
+    if (o.ref != NULL && run_log_read(o.ref, &ref, err, sizeof(err)) != 0) {
         fprintf(stderr, "plot_log: -r %s\n", err);
         run_log_free(&run);
         return 1;

@@ -25,8 +25,8 @@
  * an unreadable log.
  */
 #include "json.h"
+#include "log_reader.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,44 +55,24 @@ static int curve_set(Curve *c, int step, double loss, double val) {
     return 0;
 }
 
+// curve_add: one line's losses into the curve (log_read calls it for each line)
+static int curve_add(void *ctx, const LogRecord *l, JsonReader *j) {
+    if (l->step < 0 || l->step > 1e8) return json_fail(j, "a step out of range");
+    if (curve_set((Curve *)ctx, (int)l->step, l->loss, l->val_loss) != 0) return json_fail(j, "out of memory");
+    return 0;
+}
+
 // curve_read: a log into c; 0 ok, -1 after printing the file, line and why
 static int curve_read(const char *path, Curve *c) {
     memset(c, 0, sizeof(*c));
     c->path = path;
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) { fprintf(stderr, "compare_logs: %s: cannot open: %s\n", path, strerror(errno)); return -1; }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    long number = 0;
-    int rc = 0;
-    JsonBuf key = {NULL, 0, 0};
-    while (rc == 0 && (len = getline(&line, &cap, f)) >= 0) {
-        number++;
-        JsonReader j;
-        json_init(&j, line, (size_t)len);
-        if (json_peek(&j) < 0) continue;
-        double step = NAN, loss = NAN, val = NAN, *to;
-        int index = 0, more;
-        while ((more = json_object_next(&j, &index, &key)) == 1) {
-            to = strcmp(key.bytes, "step") == 0 ? &step : strcmp(key.bytes, "loss") == 0 ? &loss
-                 : strcmp(key.bytes, "val_loss") == 0 ? &val : NULL;
-            if ((to == NULL || json_peek(&j) == 'n' ? json_skip_value(&j) : json_number(&j, to)) != 0) { more = -1; break; }
-        }
-        if (more == 0 && json_at_end(&j) == 0 && isnan(step)) json_fail(&j, "no \"step\" field");
-        if (more != 0 || j.err[0] != '\0' || step < 0 || step > 1e8) {
-            fprintf(stderr, "compare_logs: %s line %ld: %s\n", path, number, j.err[0] ? j.err : "a step out of range");
-            rc = -1;
-        } else if (curve_set(c, (int)step, loss, val) != 0) {
-            fprintf(stderr, "compare_logs: out of memory\n");
-            rc = -1;
-        }
+    char err[1024];
+    if (log_read(path, curve_add, c, NULL, err, sizeof(err)) != 0) {
+        fprintf(stderr, "compare_logs: %s\n", err);
+        return -1;
     }
-    free(line);
-    json_buf_free(&key);
-    fclose(f);
-    if (rc == 0 && c->steps == 0) { fprintf(stderr, "compare_logs: %s: no steps in it\n", path); rc = -1; }
-    return rc;
+    if (c->steps == 0) { fprintf(stderr, "compare_logs: %s: no steps in it\n", path); return -1; }
+    return 0;
 }
 
 static double window_mean(const double *x, int from, int to, int *n) {
