@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static int test_passed, test_failed, test_skipped;
@@ -58,6 +59,43 @@ static int test_data_path(const char *rel, char *out, size_t outlen) {
     if (dir == NULL || dir[0] == '\0') dir = "../shared/data";
     snprintf(out, outlen, "%s/%s", dir, rel);
     return access(out, R_OK) == 0;
+}
+
+// test_run: cmd through the shell with its stderr, and its stdout too when
+// with_stdout (else stdout is dropped), written to the file log; out gets the
+// first outlen - 1 bytes of that file. The exit status, or -1 when cmd did
+// not exit
+static int test_run(const char *cmd, const char *log, int with_stdout, char *out, size_t outlen) {
+    char full[8192];
+    if (with_stdout) snprintf(full, sizeof(full), "%s >%s 2>&1", cmd, log);
+    else snprintf(full, sizeof(full), "%s >/dev/null 2>%s", cmd, log);
+    int status = system(full);
+    out[0] = '\0';
+    FILE *f = fopen(log, "rb");
+    if (f != NULL) {
+        size_t n = fread(out, 1, outlen - 1, f);
+        out[n] = '\0';
+        fclose(f);
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// test_read_file: the whole file at path, malloc'd with a '\0' after it so
+// that text reads as a string; *len (when not NULL) gets its bytes. NULL when
+// it cannot be opened
+static char *test_read_file(const char *path, size_t *len) {
+    if (len != NULL) *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *data = (char *)malloc((size_t)n + 1);
+    size_t got = fread(data, 1, (size_t)n, f);
+    data[got] = '\0';
+    fclose(f);
+    if (len != NULL) *len = got;
+    return data;
 }
 
 // test_write_shard: a token shard (dataloader.h's format) of ntok tokens < 256

@@ -11,39 +11,16 @@
 #include "json.h"
 #include "test.h"
 
-#include <sys/wait.h>
-
 static char tmp_dir[64];
 
 // a shape with every dimension different, so a swapped one shows: V=300 is padded to Vp=384
 static const GPT2Config shape = {.maxT = 16, .V = 300, .Vp = 384, .L = 2, .NH = 2, .C = 8};
 
+// run: cmd with its stdout and stderr into out; its exit status
 static int run(const char *cmd, char *out, size_t outlen) {
-    char full[4096], log[128];
+    char log[128];
     snprintf(log, sizeof(log), "%s/out.txt", tmp_dir);
-    snprintf(full, sizeof(full), "%s >%s 2>&1", cmd, log);
-    int status = system(full);
-    out[0] = '\0';
-    FILE *f = fopen(log, "rb");
-    if (f != NULL) {
-        size_t n = fread(out, 1, outlen - 1, f);
-        out[n] = '\0';
-        fclose(f);
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-static unsigned char *read_whole(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *data = malloc((size_t)n + 1);
-    *len = fread(data, 1, (size_t)n, f);
-    data[*len] = '\0';
-    fclose(f);
-    return data;
+    return test_run(cmd, log, 1, out, outlen);
 }
 
 // A tensor as the header lists it.
@@ -138,7 +115,7 @@ static void check_export(const char *dir, const float *params, int bf16) {
     char path[256], err[256] = "";
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
     size_t len, data_start = 0;
-    unsigned char *data = read_whole(path, &len);
+    unsigned char *data = (unsigned char *)test_read_file(path, &len);
     Listed list[64];
     int n = data != NULL ? read_header(data, len, list, 64, &data_start, err, sizeof(err)) : -1;
     if (!check(n >= 0, "%s: %s reads back (%s)", tag, path, data == NULL ? "missing" : err)) { free(data); return; }
@@ -237,7 +214,7 @@ static void check_config_json(const char *dir) {
     char path[256];
     snprintf(path, sizeof(path), "%s/config.json", dir);
     size_t len;
-    unsigned char *text = read_whole(path, &len);
+    unsigned char *text = (unsigned char *)test_read_file(path, &len);
     if (!check(text != NULL, "config.json written")) return;
     JsonReader j;
     json_init(&j, text, len);
@@ -287,7 +264,7 @@ static void check_tokenizer_files(void) {
     for (int k = 0; same && k < 2; k++) {
         size_t la, lb;
         snprintf(path, sizeof(path), "%s/%s", dir, to[k]);
-        unsigned char *a = read_whole(from[k], &la), *b = read_whole(path, &lb);
+        unsigned char *a = (unsigned char *)test_read_file(from[k], &la), *b = (unsigned char *)test_read_file(path, &lb);
         same = a != NULL && b != NULL && la == lb && memcmp(a, b, la) == 0;
         free(a);
         free(b);

@@ -11,36 +11,13 @@
  */
 #include "test.h"
 
-#include <sys/wait.h>
-
 static char tmp_dir[64];
 
+// run: cmd with its stdout and stderr into out; its exit status
 static int run(const char *cmd, char *out, size_t outlen) {
-    char full[4096], log[128];
+    char log[128];
     snprintf(log, sizeof(log), "%s/out.txt", tmp_dir);
-    snprintf(full, sizeof(full), "%s >%s 2>&1", cmd, log);
-    int status = system(full);
-    out[0] = '\0';
-    FILE *f = fopen(log, "rb");
-    if (f != NULL) {
-        size_t n = fread(out, 1, outlen - 1, f);
-        out[n] = '\0';
-        fclose(f);
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    size_t got = fread(s, 1, (size_t)n, f);
-    s[got] = '\0';
-    fclose(f);
-    return s;
+    return test_run(cmd, log, 1, out, outlen);
 }
 
 // write_log: steps 0..steps-1 with train loss, val loss every 25 steps and at
@@ -168,7 +145,7 @@ int main(void) {
     int rc = run(cmd, out, sizeof(out));
     check(rc == 0 && strstr(out, svg_path) != NULL, "plot_log run.jsonl -r ref.jsonl -> exit %d, writes run.svg: %.*s", rc,
           (int)strcspn(out, "\n"), out);
-    char *svg = read_text(svg_path);
+    char *svg = test_read_file(svg_path, NULL);
     if (!check(svg != NULL, "%s written", svg_path)) return test_summary();
     check(well_formed(svg), "the SVG is one <svg> element with every element closed");
     check(strstr(svg, "nan") == NULL && strstr(svg, "inf") == NULL, "no nan or inf anywhere in it");
@@ -196,7 +173,7 @@ int main(void) {
     snprintf(svg_path, sizeof(svg_path), "%s/other.svg", tmp_dir);
     snprintf(cmd, sizeof(cmd), "./plot_log %s -o %s --baselines none --x tokens", ref, svg_path);
     rc = run(cmd, out, sizeof(out));
-    svg = read_text(svg_path);
+    svg = test_read_file(svg_path, NULL);
     check(rc == 0 && svg != NULL && well_formed(svg) && strstr(svg, "3.425") == NULL && strstr(svg, "class=\"baseline\"") == NULL &&
           strstr(svg, ">HellaSwag<") == NULL && strstr(svg, "tokens seen") != NULL,
           "--baselines none --x tokens on a log without HellaSwag: no baseline lines, no HellaSwag panel, tokens on x (exit %d)", rc);

@@ -16,7 +16,6 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 static char tmp_dir[64];
 
@@ -31,14 +30,6 @@ static void write_file(const char *path, const void *data, size_t len) {
         printf("cannot write %s\n", path);
         exit(1);
     }
-}
-
-static unsigned char *read_whole(const char *path, size_t *len) {
-    unsigned char *data = NULL;
-    char err[512];
-    *len = 0;
-    if (tok_read_file(path, (size_t)1 << 30, &data, len, err, sizeof(err)) != 0) return NULL;
-    return data;
 }
 
 // ----------------------------------------------------------------------------
@@ -118,18 +109,9 @@ static void test_json(void) {
 
 // run: the command with stdout to /dev/null and stderr into errout; its exit status
 static int run(const char *cmd, char *errout, size_t errlen) {
-    char full[8192], log[128];
+    char log[256];
     tmp_path("stderr.txt", log, sizeof(log));
-    snprintf(full, sizeof(full), "%s >/dev/null 2>%s", cmd, log);
-    int status = system(full);
-    errout[0] = '\0';
-    FILE *f = fopen(log, "rb");
-    if (f != NULL) {
-        size_t n = fread(errout, 1, errlen - 1, f);
-        errout[n] = '\0';
-        fclose(f);
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return test_run(cmd, log, 0, errout, errlen);
 }
 
 static int count_lines(const char *s) {
@@ -150,7 +132,7 @@ static int same_dirs(const char *dir_a, const char *dir_b, int want_files) {
         snprintf(a, sizeof(a), "%s/%s", dir_a, na[k]->d_name);
         snprintf(b, sizeof(b), "%s/%s", dir_b, nb[k]->d_name);
         size_t la, lb;
-        unsigned char *da = read_whole(a, &la), *db = read_whole(b, &lb);
+        unsigned char *da = (unsigned char *)test_read_file(a, &la), *db = (unsigned char *)test_read_file(b, &lb);
         same = strcmp(na[k]->d_name, nb[k]->d_name) == 0 && da != NULL && db != NULL && la == lb && memcmp(da, db, la) == 0;
         if (!same) printf("      %s and %s differ\n", a, b);
         free(da);
@@ -166,7 +148,7 @@ static int same_dirs(const char *dir_a, const char *dir_b, int want_files) {
 // shard_tokens: the tokens of a shard (header checked), or NULL
 static uint16_t *shard_tokens(const char *path, size_t *n) {
     size_t len;
-    unsigned char *data = read_whole(path, &len);
+    unsigned char *data = (unsigned char *)test_read_file(path, &len);
     *n = 0;
     if (data == NULL || len < 1024 || tok_get_u32le(data) != 20240520 || len != 1024 + 2 * (size_t)tok_get_u32le(data + 8)) {
         free(data);
@@ -348,7 +330,7 @@ static void test_threads_gpt2(void) {
         return;
     }
     size_t len;
-    unsigned char *text = read_whole(text_path, &len);
+    unsigned char *text = (unsigned char *)test_read_file(text_path, &len);
     char jsonl[128], cmd[4096], err[4096];
     tmp_path("shakespeare.jsonl", jsonl, sizeof(jsonl));
     FILE *f = fopen(jsonl, "wb");

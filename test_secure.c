@@ -91,20 +91,6 @@ static const char *json_next(const char *el, const char *end) {
     return json_ws(p + 1, end);
 }
 
-static char *read_whole(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    buf[got] = '\0';
-    *len = got;
-    return buf;
-}
-
 // hex_bytes: hex text into a malloc'd byte array (NULL on bad hex)
 static uint8_t *hex_bytes(const char *hex, size_t *n) {
     size_t len = strlen(hex);
@@ -182,7 +168,7 @@ static void test_fips_rfc(void) {
         return;
     }
     size_t len;
-    char *json = read_whole(path, &len);
+    char *json = test_read_file(path, &len);
     const char *end = json + len;
     int rfc_cases = 0, sha_cases = 0;
     static char key_hex[4096], data_hex[4096], mac_hex[256], msg[4096];
@@ -247,7 +233,7 @@ static void test_wycheproof(void) {
         return;
     }
     size_t len;
-    char *json = read_whole(path, &len);
+    char *json = test_read_file(path, &len);
     const char *end = json + len;
     int total = 0, valid = 0, invalid = 0, wrong = 0;
     static char key_hex[4096], msg_hex[8192], tag_hex[256], result[32];
@@ -789,7 +775,7 @@ static void test_manifests(void) {
     char path[512];
     snprintf(path, sizeof(path), "%s/manifest", dir);
     size_t len;
-    char *text = read_whole(path, &len);
+    char *text = test_read_file(path, &len);
     check(len > 0 && strncmp(text, "llm3d-manifest 1\nfiles 3\nb-c_d+e.1 6 ", 36) == 0, "the manifest text begins as documented");
     int flips_refused = 0;
     for (size_t i = 0; i < len; i++) {
@@ -868,7 +854,7 @@ static void test_manifests(void) {
     check(write_file_atomic(dir, "atomic.txt", "first", 5, err, sizeof(err)) == 0 &&
           write_file_atomic(dir, "atomic.txt", "second!", 7, err, sizeof(err)) == 0, "write_file_atomic twice");
     snprintf(path, sizeof(path), "%s/atomic.txt", dir);
-    text = read_whole(path, &len);
+    text = test_read_file(path, &len);
     check(text != NULL && len == 7 && memcmp(text, "second!", 7) == 0, "the second write replaced the first");
     free(text);
     int leftovers = 0, files = 0;

@@ -17,7 +17,6 @@
 
 #include <stdint.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #include "test.h"
 #include "tokenizer.h"
@@ -603,19 +602,11 @@ static void test_bad_bpe_files(void) {
 // ----------------------------------------------------------------------------
 // prepare_data, run as a program
 
+// run: the command with stdout to /dev/null and stderr into errout; its exit status
 static int run(const char *cmd, char *errout, size_t errlen) {
-    char full[4096], log[256];
+    char log[256];
     tmp_path("stderr.txt", log, sizeof(log));
-    snprintf(full, sizeof(full), "%s >/dev/null 2>%s", cmd, log);
-    int status = system(full);
-    errout[0] = '\0';
-    FILE *f = fopen(log, "rb");
-    if (f != NULL) {
-        size_t n = fread(errout, 1, errlen - 1, f);
-        errout[n] = '\0';
-        fclose(f);
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return test_run(cmd, log, 0, errout, errlen);
 }
 
 static int count_lines(const char *s) {
