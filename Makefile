@@ -70,7 +70,7 @@ export_hf: export_hf.c gpt2.h
 plot_log: plot_log.c errors.h json.h log_reader.h
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
-dev/bench_secure: dev/bench_secure.c secure.h
+dev/bench_secure: dev/bench_secure.c secure.h files.h errors.h
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
 
 dev/bench_matmul: dev/bench_matmul.c dev/bench.h train_gpt2.c $(HEADERS)
@@ -82,7 +82,7 @@ dev/bench_kernels: dev/bench_kernels.c dev/bench.h train_gpt2.c $(HEADERS)
 dev/compare_logs: dev/compare_logs.c errors.h json.h log_reader.h
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
 
-dev/pipeline_chart: dev/pipeline_chart.c pipeline.h secure.h
+dev/pipeline_chart: dev/pipeline_chart.c pipeline.h secure.h files.h errors.h
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
 
 test_%: test_%.c test.h $(HEADERS)

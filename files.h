@@ -10,6 +10,7 @@
  *                   written), never reached through a symbolic link, and
  *                   refused unless it is a regular file
  *   write_all       all n bytes to an fd, through short writes and EINTR
+ *   read_all        up to cap bytes from an fd, until it ends
  *
  * Why. open() of a FIFO blocks until someone opens the other end, so a FIFO
  * given as (or matching) a data, model or tokenizer path would hang the
@@ -83,6 +84,22 @@ static inline FILE *fopen_regular(const char *path, const char *what, char *err,
 static inline FILE *fopen_nofollow(const char *path, const char *mode, char *err, size_t errlen) {
     int flags = mode[0] == 'w' ? O_WRONLY | O_CREAT | O_TRUNC : mode[0] == 'a' ? O_WRONLY | O_CREAT | O_APPEND : O_RDONLY;
     return file_fdopen(file_open_checked(path, flags | O_NOFOLLOW, "", err, errlen), path, mode, err, errlen);
+}
+
+// read_all: up to cap bytes into buf, through short reads and EINTR, until
+// the fd ends; *got gets the bytes read (cap when it may hold more). 0, or -1
+// with errno set by the read that failed
+static inline int read_all(int fd, void *buf, size_t cap, size_t *got) {
+    uint8_t *p = (uint8_t *)buf;
+    *got = 0;
+    while (*got < cap) {
+        ssize_t r = read(fd, p + *got, cap - *got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) break;
+        *got += (size_t)r;
+    }
+    return 0;
 }
 
 // write_all: 0, or -1 with errno set by the write that failed

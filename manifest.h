@@ -45,7 +45,7 @@
 #include <unistd.h>
 
 #include "errors.h"
-#include "files.h"  // write_all
+#include "files.h"  // read_all, write_all
 
 // ----------------------------------------------------------------------------
 // atomic writes, hashing, manifests
@@ -369,15 +369,9 @@ static inline int manifest_read(Manifest *m, const char *dir, const char *manife
         errorf(err, errlen, "%s: out of memory", path);
         goto done;
     }
-    while (n < cap) {
-        ssize_t r = read(fd, text + n, cap - n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) {
-            errorf(err, errlen, "%s: read: %s", path, strerror(errno));
-            goto done;
-        }
-        if (r == 0) break;
-        n += (size_t)r;
+    if (read_all(fd, text, cap, &n) != 0) {
+        errorf(err, errlen, "%s: read: %s", path, strerror(errno));
+        goto done;
     }
     if (n == cap) {
         errorf(err, errlen, "%s: read: file changed size while read", path);

@@ -83,6 +83,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "files.h"  // read_all
 // C11 atomics; C++ (the CUDA trainer includes this header) spells them in std::
 #ifdef __cplusplus
 #include <atomic>
@@ -479,15 +480,9 @@ static inline int key_read_file(const char *path, uint8_t key[32], char *err, si
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return errorf(err, errlen, "key file %s: %s", path, strerror(errno));
     if (key_file_check(fd, path, err, errlen) != 0) goto done;
-    while (n < sizeof(text)) {
-        ssize_t r = read(fd, text + n, sizeof(text) - n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) {
-            errorf(err, errlen, "key file %s: read: %s", path, strerror(errno));
-            goto done;
-        }
-        if (r == 0) break;
-        n += (size_t)r;
+    if (read_all(fd, text, sizeof(text), &n) != 0) {
+        errorf(err, errlen, "key file %s: read: %s", path, strerror(errno));
+        goto done;
     }
     if (!(n == 64 || (n == 65 && text[64] == '\n')) || hex_decode(text, 32, key, 0) != 0) {
         secure_wipe(key, KEY_BYTES);
