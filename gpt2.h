@@ -181,25 +181,22 @@ static int check_config(const GPT2Config *c, const char *path, char *err, size_t
     else if (c->NH < 1 || c->NH > 1024) { field = "NH"; value = c->NH; }
     else if (c->C < 1 || c->C > 1 << 16 || c->C % c->NH != 0) { field = "C"; value = c->C; }
     if (field == NULL) return 0;
-    snprintf(err, errlen, "%s: header field %s = %d is out of range or inconsistent", path, field, value);
-    return -1;
+    return errorf(err, errlen, "%s: header field %s = %d is out of range or inconsistent", path, field, value);
 }
 
 // reads the header only: config and version (3 or 5)
 static int model_read_header(FILE *f, const char *path, GPT2Config *c, int *version, char *err, size_t errlen) {
+    // zeros on failure: the compiler cannot see that errorf returns -1, and
+    // would warn that callers may read the outputs unset
+    memset(c, 0, sizeof(*c));
+    *version = 0;
     int32_t h[HEADER_INTS];
-    if (fread(h, sizeof(int32_t), HEADER_INTS, f) != HEADER_INTS) {
-        snprintf(err, errlen, "%s: file too short for the 1024-byte model header", path);
-        return -1;
-    }
-    if (h[0] != MODEL_MAGIC) {
-        snprintf(err, errlen, "%s: header field magic = %d, expected %d (not an llm.c model file)", path, h[0], MODEL_MAGIC);
-        return -1;
-    }
-    if (h[1] != 3 && h[1] != 5) {
-        snprintf(err, errlen, "%s: header field version = %d, expected 3 (fp32) or 5 (bf16)", path, h[1]);
-        return -1;
-    }
+    if (fread(h, sizeof(int32_t), HEADER_INTS, f) != HEADER_INTS)
+        return errorf(err, errlen, "%s: file too short for the 1024-byte model header", path);
+    if (h[0] != MODEL_MAGIC)
+        return errorf(err, errlen, "%s: header field magic = %d, expected %d (not an llm.c model file)", path, h[0], MODEL_MAGIC);
+    if (h[1] != 3 && h[1] != 5)
+        return errorf(err, errlen, "%s: header field version = %d, expected 3 (fp32) or 5 (bf16)", path, h[1]);
     *version = h[1];
     c->maxT = h[2]; c->V = h[3]; c->L = h[4]; c->NH = h[5]; c->C = h[6];
     c->Vp = h[7] != 0 ? h[7] : pad_vocab(h[3]);
@@ -217,15 +214,15 @@ static float *model_load(const char *path, GPT2Config *c, char *err, size_t errl
     long size = ftell(f);
     long want = (long)(HEADER_INTS * 4 + n * elem);
     if (size != want) {
-        snprintf(err, errlen, "%s: file is %ld bytes, the header's shape (L=%d C=%d Vp=%d maxT=%d, version %d) needs %ld",
-                 path, size, c->L, c->C, c->Vp, c->maxT, version, want);
+        errorf(err, errlen, "%s: file is %ld bytes, the header's shape (L=%d C=%d Vp=%d maxT=%d, version %d) needs %ld",
+               path, size, c->L, c->C, c->Vp, c->maxT, version, want);
         fclose(f);
         return NULL;
     }
     fseek(f, HEADER_INTS * 4, SEEK_SET);
     float *params = (float *)malloc(n * sizeof(float));
     if (params == NULL) {
-        snprintf(err, errlen, "%s: out of memory for %zu parameters", path, n);
+        errorf(err, errlen, "%s: out of memory for %zu parameters", path, n);
         fclose(f);
         return NULL;
     }
@@ -240,7 +237,7 @@ static float *model_load(const char *path, GPT2Config *c, char *err, size_t errl
     }
     fclose(f);
     if (got != n) {
-        snprintf(err, errlen, "%s: read %zu of %zu parameters", path, got, n);
+        errorf(err, errlen, "%s: read %zu of %zu parameters", path, got, n);
         free(params);
         return NULL;
     }
@@ -276,7 +273,7 @@ static int model_save(const char *path, const GPT2Config *c, const float *params
     }
     if (fclose(f) != 0) ok = 0;
     if (!ok || rename(tmp, path) != 0) {
-        snprintf(err, errlen, "%s: write failed: %s", path, strerror(errno));
+        errorf(err, errlen, "%s: write failed: %s", path, strerror(errno));
         remove(tmp);
         return -1;
     }
@@ -782,35 +779,35 @@ static int options_parse(Options *o, int argc, char **argv, char *err, size_t er
         const OptionSpec *s = NULL;
         for (int i = 0; i < NUM_OPTIONS; i++)
             if (strcmp(option_specs[i].flag, flag) == 0) s = &option_specs[i];
-        if (s == NULL) { snprintf(err, errlen, "unknown flag %s (see -h)", flag); return -1; }
+        if (s == NULL) return errorf(err, errlen, "unknown flag %s (see -h)", flag);
         if (s->type == OPT_REFUSED) {
-            snprintf(err, errlen, "flag %s: %s", flag, s->help);
+            errorf(err, errlen, "flag %s: %s", flag, s->help);
             return flag_error(err, errlen, s);
         }
-        if (a + 1 >= argc) { snprintf(err, errlen, "flag %s needs a value", flag); return -1; }
+        if (a + 1 >= argc) return errorf(err, errlen, "flag %s needs a value", flag);
         const char *val = argv[a + 1];
         char *dst = (char *)o + s->offset, *end;
         if (s->type == OPT_STR) {
-            if (val[0] == '\0') { snprintf(err, errlen, "flag %s: empty value", flag); return -1; }
+            if (val[0] == '\0') return errorf(err, errlen, "flag %s: empty value", flag);
             if (strcmp(flag, "-lg") == 0 && looks_numeric(val)) {  // llm.c's "-lg 10" is a learning rate
-                snprintf(err, errlen, "flag -lg: '%s' looks like a number, not a log file's name", val);
+                errorf(err, errlen, "flag -lg: '%s' looks like a number, not a log file's name", val);
                 return flag_error(err, errlen, s);
             }
             *(const char **)dst = val;
         } else if (s->type == OPT_CHOICE) {
             if (!choice_index(s->choices, val, (int *)dst)) {
-                snprintf(err, errlen, "flag %s: '%s' is not one of {%s}", flag, val, s->choices);
+                errorf(err, errlen, "flag %s: '%s' is not one of {%s}", flag, val, s->choices);
                 return flag_error(err, errlen, s);
             }
         } else {
             errno = 0;
             double v = s->type == OPT_INT ? (double)strtol(val, &end, 10) : strtod(val, &end);
             if (end == val || *end != '\0' || errno != 0 || v != v) {
-                snprintf(err, errlen, "flag %s: '%s' is not %s", flag, val, s->type == OPT_INT ? "an integer" : "a number");
+                errorf(err, errlen, "flag %s: '%s' is not %s", flag, val, s->type == OPT_INT ? "an integer" : "a number");
                 return flag_error(err, errlen, s);
             }
             if (v < s->min || v > s->max) {
-                snprintf(err, errlen, "flag %s: %s is out of range [%g, %g]", flag, val, s->min, s->max);
+                errorf(err, errlen, "flag %s: %s is out of range [%g, %g]", flag, val, s->min, s->max);
                 return flag_error(err, errlen, s);
             }
             if (s->type == OPT_INT) *(int *)dst = (int)v; else *(float *)dst = (float)v;
@@ -857,10 +854,8 @@ static int options_model(const Options *o, GPT2Config *c, char *err, size_t errl
                       "for other shapes", o->init);
     if (config_from_descriptor(c, o->init, o->init_vocab, o->init_maxT) == 0) {
         if (o->init_channels > 0) c->C = o->init_channels;
-        if (c->C % c->NH != 0) {
-            snprintf(err, errlen, "flag -ec: %d channels do not split into %d heads", c->C, c->NH);
-            return -1;
-        }
+        if (c->C % c->NH != 0)
+            return errorf(err, errlen, "flag -ec: %d channels do not split into %d heads", c->C, c->NH);
         return 1;
     }
     FILE *f = fopen_regular(o->init, "model file", err, errlen);
@@ -873,24 +868,16 @@ static int options_model(const Options *o, GPT2Config *c, char *err, size_t errl
 
 static int batch_accum(const Options *o, int dp, char *err, size_t errlen) {
     long BTdp = (long)o->B * o->T * dp;
-    if (o->total_batch == 0) {
-        snprintf(err, errlen, "flag -d: 0 tokens per step; give -1 (B*T*dp*mb) or a multiple of B*T*dp");
-        return -1;
-    }
+    if (o->total_batch == 0)
+        return errorf(err, errlen, "flag -d: 0 tokens per step; give -1 (B*T*dp*mb) or a multiple of B*T*dp");
     long total = o->total_batch < 0 ? BTdp * o->microbatches : o->total_batch;
-    if (total % BTdp != 0) {
-        snprintf(err, errlen, "flag -d: total batch %ld is not a multiple of B*T*dp = %ld", total, BTdp);
-        return -1;
-    }
-    if (o->total_batch > 0 && o->microbatches != 1 && total / BTdp != o->microbatches) {
-        snprintf(err, errlen, "flag -mb: %d micro-batches, but -d %ld makes %ld of B*T*dp", o->microbatches, total,
-                 total / BTdp);
-        return -1;
-    }
-    if (o->val_batches == 0) {
-        snprintf(err, errlen, "flag -m: 0 val batches; give -1 (the whole val split) or a count per rank");
-        return -1;
-    }
+    if (total % BTdp != 0)
+        return errorf(err, errlen, "flag -d: total batch %ld is not a multiple of B*T*dp = %ld", total, BTdp);
+    if (o->total_batch > 0 && o->microbatches != 1 && total / BTdp != o->microbatches)
+        return errorf(err, errlen, "flag -mb: %d micro-batches, but -d %ld makes %ld of B*T*dp", o->microbatches, total,
+                      total / BTdp);
+    if (o->val_batches == 0)
+        return errorf(err, errlen, "flag -m: 0 val batches; give -1 (the whole val split) or a count per rank");
     return (int)(total / BTdp);
 }
 
@@ -950,10 +937,7 @@ static void log_line(FILE *f, const LogLine *l) {
 static int log_keep_before(const char *path, int step, char *err, size_t errlen) {
     FILE *f = fopen(path, "r");
     if (f == NULL && errno == ENOENT) return 0;  // nothing logged yet
-    if (f == NULL) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return -1;
-    }
+    if (f == NULL) return errorf(err, errlen, "%s: %s", path, strerror(errno));
     char tmp[4200], line[4096];
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
     FILE *out = fopen_nofollow(tmp, "w", err, errlen);
@@ -967,10 +951,7 @@ static int log_keep_before(const char *path, int step, char *err, size_t errlen)
     }
     fclose(f);
     int bad = fclose(out) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        snprintf(err, errlen, "%.1000s: rewrite failed", path);
-        return -1;
-    }
+    if (bad || rename(tmp, path) != 0) return errorf(err, errlen, "%.1000s: rewrite failed", path);
     return 0;
 }
 

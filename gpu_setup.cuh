@@ -14,9 +14,10 @@
 #ifndef LLM3D_GPU_SETUP_CUH
 #define LLM3D_GPU_SETUP_CUH
 
-#include <stdio.h>
+#include <stddef.h>
 #include <string.h>
 
+#include "errors.h"
 #include "gpt2.h"           // GPT2Config
 #include "attention.cuh"    // attention_supports
 
@@ -28,28 +29,19 @@
 // Vp/tp vocabulary rows; grid_check_model says whether they split at all);
 // else one line naming the field
 static int gpu_check_shapes(const GPT2Config *c, int B, int T, int tp, const char *what, char *err, size_t errlen) {
-    if (c->C % 8 != 0) {
-        snprintf(err, errlen, "%s: C = %d: the GPU kernels need C to be a multiple of 8", what, c->C);
-        return -1;
-    }
-    if (!attention_supports(c->C / c->NH)) {
-        snprintf(err, errlen, "%s: head size C/NH = %d/%d = %d: the GPU attention supports 16, 32, 64 and 128",
-                 what, c->C, c->NH, c->C / c->NH);
-        return -1;
-    }
-    if (c->Vp % 8 != 0) {
-        snprintf(err, errlen, "%s: Vp = %d: the GPU kernels need the padded vocab to be a multiple of 8", what, c->Vp);
-        return -1;
-    }
+    if (c->C % 8 != 0)
+        return errorf(err, errlen, "%s: C = %d: the GPU kernels need C to be a multiple of 8", what, c->C);
+    if (!attention_supports(c->C / c->NH))
+        return errorf(err, errlen, "%s: head size C/NH = %d/%d = %d: the GPU attention supports 16, 32, 64 and 128",
+                      what, c->C, c->NH, c->C / c->NH);
+    if (c->Vp % 8 != 0)
+        return errorf(err, errlen, "%s: Vp = %d: the GPU kernels need the padded vocab to be a multiple of 8", what, c->Vp);
     if (tp > 1 && (c->Vp / tp) % 8 != 0) {  // (grid_check_model has checked that the heads and rows split)
-        snprintf(err, errlen, "flag -tp %d: %s: Vp / tp = %d / %d vocabulary rows per rank: the GPU kernels need a "
-                 "multiple of 8", tp, what, c->Vp, tp);
-        return -1;
+        return errorf(err, errlen, "flag -tp %d: %s: Vp / tp = %d / %d vocabulary rows per rank: the GPU kernels need a "
+                      "multiple of 8", tp, what, c->Vp, tp);
     }
-    if ((long)B * T * 4 * c->C > 2147483647L || (long)B * T * c->NH > 2147483647L) {
-        snprintf(err, errlen, "flag -b/-t: B*T = %ld rows is too many for one micro-batch at C = %d", (long)B * T, c->C);
-        return -1;
-    }
+    if ((long)B * T * 4 * c->C > 2147483647L || (long)B * T * c->NH > 2147483647L)
+        return errorf(err, errlen, "flag -b/-t: B*T = %ld rows is too many for one micro-batch at C = %d", (long)B * T, c->C);
     return 0;
 }
 
@@ -80,23 +72,16 @@ static int gpu_options_take(GpuOptions *g, int *argc, char **argv, char *err, si
             if (a + 1 < *argc) argv[out++] = argv[a + 1];
             continue;
         }
-        if (a + 1 >= *argc) {
-            snprintf(err, errlen, "flag %s needs a value", argv[a]);
-            return -1;
-        }
+        if (a + 1 >= *argc) return errorf(err, errlen, "flag %s needs a value", argv[a]);
         const char *v = argv[a + 1];
-        if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0) {
-            snprintf(err, errlen, "flag %s: '%s' is not 0 or 1%s", argv[a], v, dst == &g->recompute && strcmp(v, "2") == 0
-                     ? " (llm.c's -r 2 also recomputes LayerNorm, which this trainer does not)" : "");
-            return -1;
-        }
+        if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
+            return errorf(err, errlen, "flag %s: '%s' is not 0 or 1%s", argv[a], v, dst == &g->recompute && strcmp(v, "2") == 0
+                          ? " (llm.c's -r 2 also recomputes LayerNorm, which this trainer does not)" : "");
         *dst = v[0] - '0';
     }
 #ifdef ENABLE_FP32
-    if (g->attention_tc) {
-        snprintf(err, errlen, "flag -fa: 1: the tensor-core attention is bf16; this is the fp32 build");
-        return -1;
-    }
+    if (g->attention_tc)
+        return errorf(err, errlen, "flag -fa: 1: the tensor-core attention is bf16; this is the fp32 build");
 #endif
     *argc = out;
     argv[out] = NULL;
