@@ -80,9 +80,8 @@ static const ncclDataType_t NCCL_FLOATX = ncclBfloat16;
 // allocation (buffer_plan), each slice 256-aligned.
 
 // one micro-batch's activations on this stage: what its forward keeps for
-// its backward. encoded (the stage's input) and residual3 (whose last layer
-// is its output) have room for a MAC tag after them: pipeline messages
-// carry one (nccl_comm.h, nccl_sendrecv_mac).
+// its backward. encoded (the stage's input) and the last layer of residual3
+// (its output) are what pipeline messages carry (nccl_comm.h, nccl_sendrecv_mac).
 typedef struct {
     floatX *encoded;                            // (B,T,C): the embeddings, or what the previous stage sent
     floatX *ln1, *qkv, *atty, *residual2;       // per local layer: (nl,B,T,C), (nl,B,T,3Cl), (nl,B,T,Cl), (nl,B,T,C)
@@ -99,9 +98,9 @@ typedef struct {
 // the backward's scratch (one backward runs at a time) and the step's sums
 typedef struct {
     floatX *proj;               // (B,T,C): attproj, then fcproj output
-    floatX *dresidual;          // (B,T,C) + tag: the residual stream's gradient; after a stage's backward, that
+    floatX *dresidual;          // (B,T,C): the residual stream's gradient; after a stage's backward, that
                                 // of the stage's input, which goes to the previous stage
-    floatX *grad_in;            // (B,T,C) + tag: the gradient of the stage's output, from the next stage
+    floatX *grad_in;            // (B,T,C): the gradient of the stage's output, from the next stage
     floatX *dbtc;               // (B,T,C): dlnf, dln2, datty, dln1
     floatX *dbig;               // (B,T,4Cl): dfch, then dqkv
     float *delta;               // (B,NHl,T) attention backward scratch
@@ -141,13 +140,11 @@ static int add_slice(BufferSlice *s, int n, void **ptr, size_t bytes) {
     return n + 1;
 }
 
-#define TAG_ROOM 256  // bytes after a pipeline message's payload: its MAC tag, rounded to the slice alignment
-
 // the slices of one activation set for (B, T) on this stage; returns the new count
 static int act_slices(Acts *a, const GPT2Config *c, const Shard *sh, int B, int T, int recompute, BufferSlice *s, int n) {
     int n0 = n;
     size_t BT = (size_t)B * T, C = c->C, nl = sh->nl, Cl = sh->Cl, X = sizeof(floatX), F = sizeof(float);
-    n = add_slice(s, n, (void **)&a->encoded, BT * C * X + TAG_ROOM);
+    n = add_slice(s, n, (void **)&a->encoded, BT * C * X);
     n = add_slice(s, n, (void **)&a->ln1, nl * BT * C * X);
     n = add_slice(s, n, (void **)&a->qkv, nl * BT * 3 * Cl * X);
     n = add_slice(s, n, (void **)&a->atty, nl * BT * Cl * X);
@@ -155,7 +152,7 @@ static int act_slices(Acts *a, const GPT2Config *c, const Shard *sh, int B, int 
     n = add_slice(s, n, (void **)&a->ln2, nl * BT * C * X);
     n = add_slice(s, n, (void **)&a->fch, nl * BT * 4 * Cl * X);
     n = add_slice(s, n, (void **)&a->fch_gelu, (recompute ? 1 : nl) * BT * 4 * Cl * X);
-    n = add_slice(s, n, (void **)&a->residual3, nl * BT * C * X + TAG_ROOM);
+    n = add_slice(s, n, (void **)&a->residual3, nl * BT * C * X);
     n = add_slice(s, n, (void **)&a->ln1_mean, nl * BT * F);
     n = add_slice(s, n, (void **)&a->ln1_rstd, nl * BT * F);
     n = add_slice(s, n, (void **)&a->ln2_mean, nl * BT * F);
@@ -176,8 +173,8 @@ static int scratch_slices(Scratch *a, const GPT2Config *c, const Shard *sh, int 
     int n0 = n;
     size_t BT = (size_t)B * T, C = c->C, Cl = sh->Cl, X = sizeof(floatX), F = sizeof(float);
     n = add_slice(s, n, (void **)&a->proj, BT * C * X);
-    n = add_slice(s, n, (void **)&a->dresidual, BT * C * X + TAG_ROOM);
-    n = add_slice(s, n, (void **)&a->grad_in, BT * C * X + TAG_ROOM);
+    n = add_slice(s, n, (void **)&a->dresidual, BT * C * X);
+    n = add_slice(s, n, (void **)&a->grad_in, BT * C * X);
     n = add_slice(s, n, (void **)&a->dbtc, BT * C * X);
     n = add_slice(s, n, (void **)&a->dbig, BT * 4 * Cl * X);
     n = add_slice(s, n, (void **)&a->delta, BT * sh->NHl * F);
@@ -236,7 +233,7 @@ typedef struct {
     floatX *reduced;                     // ZeRO-2/3: one unit's reduced chunk
     uint8_t *digests;                    // dp > 1: -ck's SHA-256 of every replica (32 * dp bytes)
     floatX **unit_params, **unit_grads;  // per unit: where its full values / gradients are now (NULL: not held)
-    floatX *tied_peer;                   // pp > 1, first and last stage: my wte gradient out, the other end's in (+ tags)
+    floatX *tied_peer;                   // pp > 1, first and last stage: my wte gradient out, the other end's in
     int B, T, recompute, fuse_gelu, attention_tc;
     int nacts;                           // activation sets; micro-batch mb uses set mb % nacts
     Acts *acts;
@@ -373,7 +370,7 @@ static void gpt2_alloc_params(GPT2 *m) {
     m->unit_params = (floatX **)host_alloc(m->ut.n * sizeof(floatX *), "unit views");
     m->unit_grads = (floatX **)host_alloc(m->ut.n * sizeof(floatX *), "unit views");
     if (tied_elems(m) > 0)  // out, then in
-        m->tied_peer = (floatX *)device_alloc(2 * (tied_elems(m) * X + TAG_ROOM), "tied wte gradients");
+        m->tied_peer = (floatX *)device_alloc(2 * tied_elems(m) * X, "tied wte gradients");
     m->param_bytes = (zero <= 2 ? P : S) * X + (zero <= 1 ? P : S) * X + 2 * (zero >= 1 ? S : P) * F;
 #ifndef ENABLE_FP32
     m->param_bytes += (m->master_sharded ? S : P) * F;
@@ -994,14 +991,15 @@ static double gpt2_loss_sum(GPT2 *m) {
 
 // the tied wte: the first and the last stage swap their gradients and both
 // add (a + b = b + a, so both ends stay bit-identical). The message leaves
-// from a copy: its MAC tag needs room after the payload.
+// from a copy in tied_peer, as when its MAC tag needed room after the
+// payload; sending mine itself should do now, but has not run on a GPU.
 static void tied_exchange(GPT2 *m) {
     const Shard *s = &m->shard;
     size_t n = tied_elems(m), bytes = n * sizeof(floatX);
     if (n == 0) return;
     const Unit *un = &m->ut.units[m->ut.u_wte];
     floatX *mine = m->zero >= 2 ? m->grad_shard + un->shard_offset : m->grads + un->offset;
-    floatX *out = m->tied_peer, *in = (floatX *)((char *)m->tied_peer + bytes + TAG_ROOM);
+    floatX *out = m->tied_peer, *in = m->tied_peer + n;
     int peer = grid_rank(&m->grid, s->dp_rank, s->first ? s->pp - 1 : 0, s->tp_rank);
     CUDA_CHECK(cudaMemcpyAsync(out, mine, bytes, cudaMemcpyDeviceToDevice, m->stream));
     nccl_sendrecv_mac(m->nccl, peer, CH_GRADIENT, 0, out, bytes, peer, CH_GRADIENT, 0, in, bytes);
