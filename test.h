@@ -6,6 +6,9 @@
  * "N passed, N failed, N skipped" that dev/run_tests.sh adds up, and returns
  * the exit status (1 if anything failed).
  *
+ * test_run runs a program and keeps its output; test_read_file reads back a
+ * file it wrote.
+ *
  * Test data that must not be committed (tinyshakespeare, the GPT-2 BPE files,
  * crypto vectors) is read from test_data_path(): $LLM3D_DATA, else
  * ../shared/data. A test whose data is missing calls skip() and moves on.
