@@ -404,7 +404,7 @@ static inline void nccl_enter(NcclComm *c, const char *op, const NcclGroup *g) {
 // count only where the main stream waits for them. Host mode: the host
 // backend's calls, timed on the host (shm_comm.h's comm_wait_ms).
 
-#define NCCL_WAIT_PAIRS 512   // pairs kept before they are summed; a step with more waits for the GPU to sum them
+#define NCCL_WAIT_PAIRS 512   // pairs kept before they are summed; a step of more calls waits for the GPU to sum them
 
 // nccl_wait_sum: adds the recorded pairs' times to wait_ms, waiting (under
 // the watchdog) for the GPU to pass each
@@ -434,8 +434,11 @@ static inline void nccl_wait_mark(NcclComm *c, int end) {
 }
 
 // nccl_watch: a step the trainer watches begins (on 1) or ends (on 0); only
-// the waits between the two count
+// the waits between the two count. The caller begins one once the GPU has
+// done the steps before (after a sync): their pairs are summed then, with no
+// wait, so one step's calls at most are kept.
 static inline void nccl_watch(NcclComm *c, int on) {
+    if (c->host == NULL && on) nccl_wait_sum(c);
     if (c->host != NULL && on) c->host_wait_at = comm_wait_ms(c->host);
     if (c->host != NULL && !on && c->watching) c->wait_ms += comm_wait_ms(c->host) - c->host_wait_at;
     c->watching = on;
