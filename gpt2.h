@@ -480,6 +480,14 @@ static int unit_table(UnitTable *ut, const GPT2Config *c, const Shard *s, size_t
     return 0;
 }
 
+// the tensors of all units, each unit's in unit_tensor's order (the
+// consistency check hashes each)
+static int unit_table_tensors(const UnitTable *ut) {
+    int n = 0;
+    for (int u = 0; u < ut->n; u++) n += unit_tensor_count(ut->units[u].kind);
+    return n;
+}
+
 // the largest padded unit (the buffers that hold one unit at a time)
 static size_t unit_table_largest(const UnitTable *ut) {
     size_t n = 0;
@@ -580,6 +588,7 @@ typedef struct {
     const char *hellaswag_file;    // -hf, NULL: HS_DEFAULT_FILE of hellaswag.h
     int ckpt_every, ckpt_keep, resume, resume_step;
     int np, tp, pp, zero, microbatches, pipe_schedule, check_every;
+    int watch_every;               // -wr: each rank's compute and wait times compared every N steps (0 = off)
     float timeout;
     const char *fault, *rendezvous, *key_file;
     int threads;
@@ -667,8 +676,11 @@ static const OptionSpec option_specs[] = {
     {"-to", OPT_FLOAT, offsetof(Options, timeout), 0.1, 3600, NULL, "seconds any wait between ranks may take", NULL, NULL},
     {"-ck", OPT_INT, offsetof(Options, check_every), 0, 1 << 30, NULL,
      "data-parallel consistency check every K steps (0 = off)", NULL, NULL},
+    {"-wr", OPT_INT, offsetof(Options, watch_every), 0, 1 << 30, NULL,
+     "watch report every N steps: a line and a log field for a straggler or a rank that waits unusually (0 = off)",
+     NULL, NULL},
     {"-fault", OPT_STR, offsetof(Options, fault), 0, 0, NULL,
-     "fault injection KIND:RANK:STEP (tamper, replay, kill, stall)", NULL, "none"},
+     "fault injection KIND:RANK:STEP (tamper, replay, kill, stall, slow, drift)", NULL, "none"},
     {"--rendezvous", OPT_STR, offsetof(Options, rendezvous), 0, 0, NULL,
      "unix:PATH or tcp:HOST:PORT, for ranks started by mpirun, srun or torchrun", NULL, "none"},
     {"--key-file", OPT_STR, offsetof(Options, key_file), 0, 0, NULL,
@@ -711,7 +723,7 @@ static void options_defaults(Options *o) {
     o->val_every = 20; o->val_batches = 20; o->sample_every = 20; o->gen_tokens = 64;
     o->ckpt_every = 0; o->ckpt_keep = 2; o->resume = 0; o->resume_step = -1;
     o->np = 1; o->tp = 1; o->pp = 1; o->zero = 0; o->microbatches = 1; o->pipe_schedule = PS_1F1B;
-    o->timeout = 30.0f; o->check_every = 0; o->host_backend = 0;
+    o->timeout = 30.0f; o->check_every = 0; o->watch_every = 20; o->host_backend = 0;
     o->recompute = 1; o->tf32 = -1; o->master_weights = -1; o->gelu_fusion = -1;
 }
 
@@ -905,7 +917,9 @@ static float lr_at_step(const Options *o, int step, int total) {
 // step (0-based: the updates made before it), its loss, the val loss and
 // HellaSwag accuracy when measured before it, its norm, lr, ms and the
 // tokens trained on so far (its own included), and "skipped" when -sl or -sg
-// skipped its update, or it was not applied as not finite. After the last step one more
+// skipped its update, or it was not applied as not finite; on a step where the
+// watch report (-wr) found a straggler or a rank that waits unusually, its
+// fields (trainer.h, watch_judge). After the last step one more
 // line, {"step": steps, "val_loss", "hellaswag", "tokens"}, evaluates the
 // final model.
 typedef struct {
@@ -917,6 +931,7 @@ typedef struct {
     double ms;
     long tokens;
     const char *skipped;     // "loss" or "norm": -sl or -sg skipped the step's update; "not finite"; else NULL
+    const char *watch;       // more fields, from the watch report (trainer.h), as JSON ("\"straggler\": 2, ..."), or NULL
 } LogLine;
 
 static void log_line(FILE *f, const LogLine *l) {
@@ -928,6 +943,7 @@ static void log_line(FILE *f, const LogLine *l) {
     if (l->trained) fprintf(f, ", \"norm\": %.6f, \"lr\": %.6e, \"ms\": %.3f", l->norm, l->lr, l->ms);
     fprintf(f, ", \"tokens\": %ld", l->tokens);
     if (l->skipped != NULL) fprintf(f, ", \"skipped\": \"%s\"", l->skipped);
+    if (l->watch != NULL) fprintf(f, ", %s", l->watch);
     fprintf(f, "}\n");
     fflush(f);
 }

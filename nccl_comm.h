@@ -8,7 +8,8 @@
  * (-DLLM3D_NCCL), the backend: NcclComm, nccl_init, the collectives on
  * device buffers, the overlapped gradient reductions (nccl_side_*), the
  * point-to-point calls, the MAC'd messages checked on the GPU
- * (nccl_sendrecv_mac, nccl_mac_step_check), the watchdog and nccl_free;
+ * (nccl_sendrecv_mac, nccl_mac_step_check), the watchdog, the wait clock
+ * of the watch report (nccl_watch, nccl_wait_ms) and nccl_free;
  * and its host mode (host_*), where the same calls go through shm_comm.h's
  * host backend, staged through pinned buffers.
  * Header-only (llm.c style): every function is static inline.
@@ -261,6 +262,12 @@ typedef struct {
     size_t pinned_bytes;
     float *wide;            // bf16 values widened to fp32 for the host backend's sums
     size_t wide_floats;
+    // the wait clock (nccl_wait_ms) of the steps the trainer watches (nccl_watch)
+    int watching;
+    cudaEvent_t *wait_events; // NCCL mode: [2 * NCCL_WAIT_PAIRS], a pair around each NCCL call on the main stream
+    int wait_pairs;           // pairs recorded and not yet summed
+    double wait_ms;           // summed so far
+    double host_wait_at;      // host mode: comm_wait_ms when the watched step began
 } NcclComm;
 
 static inline void nccl_abort_all(NcclComm *c) {
@@ -384,6 +391,66 @@ static inline void nccl_enter(NcclComm *c, const char *op, const NcclGroup *g) {
         fprintf(stderr, "rank %d: fault stall at step %ld (nccl %s): no more calls\n", c->rank, c->step, op);
         for (;;) pause();
     }
+}
+
+// ----------------------------------------------------------------------------
+// the wait clock: the time a rank spends waiting for its peers within the
+// steps the trainer watches (nccl_watch), read by the watch report
+// (trainer.h). NCCL mode: the host does not wait in a call, the GPU does: an
+// NCCL kernel spins until its peers arrive. So an event is recorded on the
+// main stream before and after each NCCL call queued there (before the
+// call's wait for the side stream's reductions, nccl_order_main, so that
+// wait counts too), and the pairs' GPU times are summed once the stream has
+// passed them (nccl_wait_ms). The overlapped reductions on the side stream
+// count only where the main stream waits for them. Host mode: the host
+// backend's calls, timed on the host (shm_comm.h's comm_wait_ms).
+
+#define NCCL_WAIT_PAIRS 512   // pairs kept before they are summed; a step of more calls waits for the GPU to sum them
+
+// nccl_wait_sum: adds the recorded pairs' times to wait_ms, waiting (under
+// the watchdog) for the GPU to pass each
+static inline void nccl_wait_sum(NcclComm *c) {
+    for (int i = 0; i < c->wait_pairs; i++) {
+        float ms = 0.0f;
+        nccl_sync_event(c, c->wait_events[2 * i + 1], "the wait clock");
+        nccl_check_cuda(c, cudaEventElapsedTime(&ms, c->wait_events[2 * i], c->wait_events[2 * i + 1]), "the wait clock");
+        c->wait_ms += ms;
+    }
+    c->wait_pairs = 0;
+}
+
+// nccl_wait_mark: on the main stream, before (end 0) or after (end 1) an
+// NCCL call queued there, while a step is watched
+static inline void nccl_wait_mark(NcclComm *c, int end) {
+    if (!c->watching || c->host != NULL) return;
+    if (c->wait_events == NULL) {
+        c->wait_events = (cudaEvent_t *)calloc(2 * NCCL_WAIT_PAIRS, sizeof(cudaEvent_t));
+        if (c->wait_events == NULL) nccl_fail(c, "out of memory for the wait clock");
+        for (int i = 0; i < 2 * NCCL_WAIT_PAIRS; i++)
+            nccl_check_cuda(c, cudaEventCreate(&c->wait_events[i]), "the wait clock");
+    }
+    if (!end && c->wait_pairs == NCCL_WAIT_PAIRS) nccl_wait_sum(c);
+    nccl_check_cuda(c, cudaEventRecord(c->wait_events[2 * c->wait_pairs + end], c->stream), "the wait clock");
+    if (end) c->wait_pairs++;
+}
+
+// nccl_watch: a step the trainer watches begins (on 1) or ends (on 0); only
+// the waits between the two count. The caller begins one once the GPU has
+// done the steps before (after a sync): their pairs are summed then, with no
+// wait, so one step's calls at most are kept.
+static inline void nccl_watch(NcclComm *c, int on) {
+    if (c->host == NULL && on) nccl_wait_sum(c);
+    if (c->host != NULL && on) c->host_wait_at = comm_wait_ms(c->host);
+    if (c->host != NULL && !on && c->watching) c->wait_ms += comm_wait_ms(c->host) - c->host_wait_at;
+    c->watching = on;
+}
+
+// nccl_wait_ms: the time waited in watched steps so far, in ms. In NCCL
+// mode it waits for the GPU to pass the calls recorded, so the caller calls
+// it where the stream has done them (after a sync), to wait for nothing.
+static inline double nccl_wait_ms(NcclComm *c) {
+    if (c->host == NULL) nccl_wait_sum(c);
+    return c->wait_ms;
 }
 
 static inline ncclRedOp_t nccl_redop(NcclComm *c, int op) {
@@ -742,8 +809,10 @@ static inline void nccl_allreduce(NcclComm *c, const NcclGroup *g, void *buf, si
         return;
     }
     ncclRedOp_t red = nccl_redop(c, op);
+    nccl_wait_mark(c, 0);
     nccl_order_main(c);
     nccl_queued(c, g, ncclAllReduce(buf, buf, n, type, red, g->comm, c->stream));
+    nccl_wait_mark(c, 1);
 }
 
 // nccl_reduce_scatter: in holds size chunks of n_per_rank; out gets chunk
@@ -756,8 +825,10 @@ static inline void nccl_reduce_scatter(NcclComm *c, const NcclGroup *g, const vo
         return;
     }
     ncclRedOp_t red = nccl_redop(c, op);
+    nccl_wait_mark(c, 0);
     nccl_order_main(c);
     nccl_queued(c, g, ncclReduceScatter(in, out, n_per_rank, type, red, g->comm, c->stream));
+    nccl_wait_mark(c, 1);
 }
 
 // nccl_allgather: out[k * n_per_rank ..] = member k's in; in may be out + me * n_per_rank
@@ -768,8 +839,10 @@ static inline void nccl_allgather(NcclComm *c, const NcclGroup *g, const void *i
         host_allgather(c, g, in, out, n_per_rank, type);
         return;
     }
+    nccl_wait_mark(c, 0);
     nccl_order_main(c);
     nccl_queued(c, g, ncclAllGather(in, out, n_per_rank, type, g->comm, c->stream));
+    nccl_wait_mark(c, 1);
 }
 
 // ----------------------------------------------------------------------------
@@ -839,8 +912,10 @@ static inline void nccl_broadcast(NcclComm *c, const NcclGroup *g, void *buf, si
         host_broadcast(c, g, buf, n, type, root);
         return;
     }
+    nccl_wait_mark(c, 0);
     nccl_order_main(c);
     nccl_queued(c, g, ncclBroadcast(buf, buf, n, type, root, g->comm, c->stream));
+    nccl_wait_mark(c, 1);
 }
 
 // nccl_barrier: returns once every member has reached it (an all-reduce of one float)
@@ -850,8 +925,10 @@ static inline void nccl_barrier(NcclComm *c, const NcclGroup *g) {
         comm_barrier(c->host, &g->group);
         return;
     }
+    nccl_wait_mark(c, 0);
     nccl_order_main(c);
     nccl_queued(c, g, ncclAllReduce(c->one, c->one, 1, ncclFloat32, ncclSum, g->comm, c->stream));
+    nccl_wait_mark(c, 1);
     nccl_sync(c, c->stream, "barrier");
 }
 
@@ -888,6 +965,7 @@ static inline void nccl_sendrecv(NcclComm *c, int dst_rank, int send_channel, in
                       recv_microbatch, recvbuf, recv_bytes);
         return;
     }
+    nccl_wait_mark(c, 0);
     nccl_order_main(c);
     ncclResult_t r = ncclGroupStart();
     if (r != ncclSuccess) nccl_fail(c, "ncclGroupStart: %s", ncclGetErrorString(r));
@@ -895,6 +973,7 @@ static inline void nccl_sendrecv(NcclComm *c, int dst_rank, int send_channel, in
     if (r == ncclSuccess && src_rank >= 0) r = ncclRecv(recvbuf, recv_bytes, ncclUint8, src_rank, c->world.comm, c->stream);
     ncclResult_t end = ncclGroupEnd();
     nccl_queued(c, &c->world, r != ncclSuccess && r != ncclInProgress ? r : end);
+    nccl_wait_mark(c, 1);
 }
 
 static inline void nccl_send(NcclComm *c, int dst_rank, int channel, int microbatch, const void *buf, size_t bytes) {
@@ -1146,6 +1225,7 @@ static inline void nccl_mac_send_tags(NcclComm *c) {
     const char *why = "ordering the MAC tags";
     nccl_check_cuda(c, cudaEventRecord(c->tagged, c->tagger), why);
     nccl_check_cuda(c, cudaStreamWaitEvent(c->stream, c->tagged, 0), why);
+    nccl_wait_mark(c, 0);
     nccl_order_main(c);
     ncclResult_t r = ncclGroupStart();
     if (r != ncclSuccess) nccl_fail(c, "ncclGroupStart: %s", ncclGetErrorString(r));
@@ -1160,6 +1240,7 @@ static inline void nccl_mac_send_tags(NcclComm *c) {
     }
     ncclResult_t end = ncclGroupEnd();
     nccl_queued(c, &c->world, r != ncclSuccess && r != ncclInProgress ? r : end);
+    nccl_wait_mark(c, 1);
 }
 
 // nccl_mac_step_check: whether every MAC'd receive of the step verified: the
@@ -1239,6 +1320,8 @@ static inline void nccl_free(NcclComm *c) {
     for (int k = 0; k < 5; k++) cudaEventDestroy(events[k]);
     cudaEventDestroy(c->side_follow);
     cudaEventDestroy(c->side_queued);
+    for (int k = 0; c->wait_events != NULL && k < 2 * NCCL_WAIT_PAIRS; k++) cudaEventDestroy(c->wait_events[k]);
+    free(c->wait_events);
     cudaStreamDestroy(c->side);
     free(c->mac_recvs);
     links_free(&c->links);  // wipes the key and its HMAC state

@@ -63,6 +63,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "files.h"
 #include "json.h"
 #include "tokenizer.h"
 #include "prepare_hellaswag.h"  // ./prepare_data hellaswag
@@ -522,8 +523,11 @@ static int reader_fill(Reader *r, Work *w, char *err, size_t errlen) {
         if (r->f == NULL) {
             if (r->next == r->inputs->n) return 0;
             r->file = &r->inputs->files[r->next++];
-            r->f = fopen(r->file->path, "rb");
-            if (r->f == NULL) return errorf(err, errlen, "-i %s: cannot open: %s", r->file->path, strerror(errno));
+            // the file was a regular file when listed; if it is now a FIFO, opening
+            // it plainly would wait for a writer forever (files.h)
+            char why[600];
+            r->f = fopen_regular(r->file->path, "", why, sizeof(why));
+            if (r->f == NULL) return errorf(err, errlen, "-i %s", why);
             r->have = 0;
             r->at_eof = r->handed_out = 0;
             r->line = 1;

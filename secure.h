@@ -55,7 +55,9 @@
  *
  * Faults (-fault KIND:RANK:STEP): tamper flips a bit of an outgoing frame
  * (frame_tamper), replay resends a frame under an already used sequence number
- * (links_rewind_send), kill and stall are acted on by the parallel layer.
+ * (links_rewind_send), kill and stall are acted on by the parallel layer; slow
+ * (a straggler from STEP on: fault_slow_fires) and drift (one parameter
+ * changed on one rank) by the trainers.
  *
  * Errors follow errors.h: functions that can fail return 0 or -1 and write one
  * line into err (naming the file, field or flag, and the value); err may be NULL.
@@ -807,13 +809,15 @@ static inline int frame_open(Links *l, const uint8_t *frame, size_t frame_len, i
 // ----------------------------------------------------------------------------
 // fault injection: -fault KIND:RANK:STEP
 
-enum { FAULT_NONE = 0, FAULT_TAMPER, FAULT_REPLAY, FAULT_KILL, FAULT_STALL };
+enum { FAULT_NONE = 0, FAULT_TAMPER, FAULT_REPLAY, FAULT_KILL, FAULT_STALL, FAULT_SLOW, FAULT_DRIFT };
+
+#define FAULT_SLOW_MS 300  // what slow adds to each step of its rank: far above any noise of a shared machine
 
 typedef struct { int kind; int rank; long step; } Fault;
 
 static inline const char *fault_name(int kind) {
-    static const char *names[] = {"none", "tamper", "replay", "kill", "stall"};
-    return kind >= FAULT_NONE && kind <= FAULT_STALL ? names[kind] : "unknown";
+    static const char *names[] = {"none", "tamper", "replay", "kill", "stall", "slow", "drift"};
+    return kind >= FAULT_NONE && kind <= FAULT_DRIFT ? names[kind] : "unknown";
 }
 
 // fault_number: a decimal in [0, max], nothing else
@@ -840,11 +844,11 @@ static inline int fault_parse(const char *spec, Fault *f, char *err, size_t errl
         return errorf(err, errlen, "-fault '%s': expected KIND:RANK:STEP, e.g. tamper:1:5", spec);
     size_t kind_len = (size_t)(c1 - spec);
     int kind = FAULT_NONE;
-    for (int k = FAULT_TAMPER; k <= FAULT_STALL; k++) {
+    for (int k = FAULT_TAMPER; k <= FAULT_DRIFT; k++) {
         if (strlen(fault_name(k)) == kind_len && strncmp(spec, fault_name(k), kind_len) == 0) kind = k;
     }
     if (kind == FAULT_NONE)
-        return errorf(err, errlen, "-fault '%s': KIND '%.*s' is not one of tamper, replay, kill, stall",
+        return errorf(err, errlen, "-fault '%s': KIND '%.*s' is not one of tamper, replay, kill, stall, slow, drift",
                       spec, (int)kind_len, spec);
     long rank, step;
     if (fault_number(c1 + 1, (size_t)(c2 - c1 - 1), LINKS_MAX_WORLD - 1, &rank) != 0)
@@ -865,6 +869,11 @@ static inline int fault_check_world(const Fault *f, int world, char *err, size_t
 
 static inline int fault_fires(const Fault *f, int rank, long step) {
     return f != NULL && f->kind != FAULT_NONE && f->rank == rank && f->step == step;
+}
+
+// fault_slow_fires: slow acts on every step of its rank from its step on
+static inline int fault_slow_fires(const Fault *f, int rank, long step) {
+    return f != NULL && f->kind == FAULT_SLOW && f->rank == rank && step >= f->step;
 }
 
 // frame_tamper: flip a bit in the middle of the payload, or in the header pad

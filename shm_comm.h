@@ -4,8 +4,9 @@
  * shared-memory segment of launcher.h. Defines Comm, comm_init (joins the
  * rendezvous and maps the segment), comm_allreduce, comm_reduce_scatter,
  * comm_allgather, comm_broadcast, comm_barrier, comm_send, comm_recv,
- * comm_sendrecv, the byte counters, comm_free, and the reduction ops OP_SUM
- * and OP_AVG that the NCCL backend takes too.
+ * comm_sendrecv, the byte counters, the wait clock (comm_wait_ms),
+ * comm_free, and the reduction ops OP_SUM and OP_AVG that the NCCL backend
+ * takes too.
  * Header-only (llm.c style): every function is static inline.
  *
  * One ring of COMM_SLOTS message slots per directed link in one
@@ -72,6 +73,7 @@ typedef struct Comm {
     const char *op;             // the call in progress, for messages
     int op_counter;
     uint64_t sent[COMM_NCOUNTERS];
+    double wait_ms;             // time spent in comm_run, every call's one loop (comm_wait_ms)
 } Comm;
 
 // a transfer: one message of `bytes` to or from one peer, as
@@ -324,7 +326,7 @@ static inline int comm_try_recv(Comm *c, Xfer *x) {
 // without progress.
 static inline void comm_run(Comm *c, Xfer *s, Xfer *r) {
     ShmRank *mine = comm_rank_block(c, c->rank);
-    double last = par_now(), checked = last;
+    double last = par_now(), checked = last, entered = last;
     for (;;) {
         // the bell before looking: a change after this wakes the wait
         uint32_t bell = __atomic_load_n(&mine->bell, __ATOMIC_SEQ_CST);
@@ -339,6 +341,7 @@ static inline void comm_run(Comm *c, Xfer *s, Xfer *r) {
         }
         if (!pending) {
             __atomic_store_n(&mine->waiting_for, -1, __ATOMIC_SEQ_CST);
+            c->wait_ms += (par_now() - entered) * 1e3;
             return;
         }
         if (moved) {
@@ -648,6 +651,13 @@ static inline void comm_sendrecv(Comm *c, int dst_rank, int send_channel, int se
     rx.dst = (uint8_t *)recvbuf;
     comm_run(c, &tx, &rx);
 }
+
+// comm_wait_ms: the time this rank has spent in the communicator's calls so
+// far, in ms: waiting for its peers, and moving and checking the frames
+// (which are quick next to a wait). A rank slower than its peers waits
+// little; they wait for it. The trainers' watch report (trainer.h) reads it
+// around each step.
+static inline double comm_wait_ms(const Comm *c) { return c != NULL ? c->wait_ms : 0.0; }
 
 // comm_get_bytes: payload bytes this rank has sent, per COMM_* counter
 // (headers and tags not counted)

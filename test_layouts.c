@@ -5,9 +5,12 @@
  * with every ZeRO stage, tensor parallel, pipelines under both schedules,
  * the 3D grid; each 10 steps against the single-rank run of the same global
  * batch (losses and grad norms within 1e-5), the bytes each rank sent
- * against the formulas, and the fault switch (tamper, replay, kill, stall).
+ * against the formulas, the fault switch (tamper, replay, kill, stall), the
+ * watch report naming a rank slowed on purpose (slow), and the consistency
+ * check naming a rank whose parameters changed (drift).
  */
 #include "gpt2.h"
+#include "trainer.h"  // the rules of the watch report and the consistency check
 #include "test.h"
 
 #include <sys/wait.h>
@@ -253,6 +256,143 @@ static void test_faults(void) {
     check(r.ok, "data-parallel consistency check every 2 steps passes on an honest run");
 }
 
+// whether a line of the last run's log holds needle (and also, unless NULL)
+static int log_has(const char *needle, const char *also) {
+    char path[300], line[4096];
+    snprintf(path, sizeof(path), "%s/log.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    int found = 0;
+    while (f != NULL && !found && fgets(line, sizeof(line), f) != NULL) found = strstr(line, needle) != NULL && (also == NULL || strstr(line, also) != NULL);
+    if (f != NULL) fclose(f);
+    return found;
+}
+
+// the watch report (-wr, trainer.h): rank 2 slowed by 300 ms a step from
+// step 3 is named a straggler once two reports in a row saw it (with -wr 3,
+// the reports after steps 5 and 8, each of 3 slow steps), on stdout and in
+// the log; the same job without the fault reports nothing. The slowdown is
+// some 6 times a step's compute, far above the noise of a busy machine, so
+// noise can neither hide it nor fake one.
+static void test_watch(void) {
+    static Run r;
+    const char *job = "-e d2 -ec 128 -ev 500 -et 64 -b 4 -t 64 -np 4 -wr 3";  // some 50 ms of compute a step
+    char args[256];
+    snprintf(args, sizeof(args), "%s -fault slow:2:3", job);
+    run(&r, args);
+    int named = strstr(r.out, "step 8: rank 2 is a straggler: compute ") != NULL && strstr(r.out, "for 2 reports") != NULL;
+    int others = strstr(r.out, "rank 0 is a straggler") || strstr(r.out, "rank 1 is a straggler") ||
+                 strstr(r.out, "rank 3 is a straggler");
+    check(r.ok && named && !others && log_has("{\"step\": 8,", "\"stragglers\": [2], \"compute_ms\": ["),
+          "-fault slow:2:3 -wr 3 on 4 ranks: 'step 8: rank 2 is a straggler', and \"stragglers\": [2] in step 8's log line "
+          "(exit %d, %d steps)", r.status, r.nsteps);
+    if (!named || others) printf("%s\n", r.out);
+    run(&r, job);
+    int quiet = strstr(r.out, "straggler") == NULL && strstr(r.out, "waits unusually") == NULL;
+    check(r.ok && quiet && !log_has("stragglers", NULL) && !log_has("waiting", NULL) && !log_has("compute_ms", NULL),
+          "the same job without the fault: no watch line, no watch field in the log (exit %d)", r.status);
+    if (!quiet) printf("%s\n", r.out);
+    run(&r, "-e d2 -ec 64 -ev 500 -et 32 -np 2 -fault slow:2:3");
+    check(r.status == 2 && strstr(r.out, "-fault slow:2:3: rank 2 is not in this job of 2 ranks") != NULL &&
+          strstr(r.out, "step") == NULL, "-np 2 -fault slow:2:3: one usage line before any rank starts (exit %d)", r.status);
+}
+
+// -ck names the replica that changed: -fault drift:2:3 adds to one
+// parameter of rank 2 at the start of step 3, where -ck 1's check finds it
+// and says which rank differs from the majority and where, then the job
+// ends before step 3 is trained; of two replicas neither can be blamed,
+// and the line says so
+static void test_drift(void) {
+    static Run r;
+    const char *base = "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -ck 1";
+    char args[256];
+    snprintf(args, sizeof(args), "%s -d 128 -np 4 -fault drift:2:3", base);
+    run(&r, args);
+    const char *want = "step 3: data-parallel replicas disagree: the parameters of rank 2 differ from those of ranks 0, 1, 3 "
+                       "(the majority of the 4 replicas), first in wte";
+    check(r.status == 1 && r.nsteps == 3 && strstr(r.out, want) != NULL,
+          "-np 4 -ck 1 -fault drift:2:3: '%s' (exit %d, %d steps)", want, r.status, r.nsteps);
+    if (strstr(r.out, want) == NULL) printf("%s\n", r.out);
+    snprintf(args, sizeof(args), "%s -d 64 -np 2 -fault drift:1:2", base);
+    run(&r, args);
+    want = "step 2: data-parallel replicas disagree: the parameters of rank 1 differ from those of rank 0, first in wte; "
+           "with two replicas there is no majority to say which one changed";
+    check(r.status == 1 && r.nsteps == 2 && strstr(r.out, want) != NULL,
+          "-np 2 -ck 1 -fault drift:1:2: '%s' (exit %d, %d steps)", want, r.status, r.nsteps);
+    if (strstr(r.out, want) == NULL) printf("%s\n", r.out);
+}
+
+// the rules of the watch report and of the consistency check's verdict,
+// on numbers made up here (trainer.h's watch_judge, replicas_judge)
+static void test_watch_rules(void) {
+    Job job;
+    memset(&job, 0, sizeof(job));
+    job.opt.watch_every = 3;
+    Grid g;
+    char err[256];
+    grid_init(&g, 4, 1, 1, 0, err, sizeof(err));
+    Watch w;
+    watch_init(&w, &job, &g);
+    float slow[] = {50, 300, 52, 290, 350, 10, 49, 310};
+    LogLine l = {0, 1, 0, 0, 0, -1, -1, 0, 0, NULL, NULL};
+    watch_judge(&w, 2, slow, &l);
+    check(w.lines[0] == '\0' && l.watch == NULL, "watch: one slow report is not yet a straggler");
+    watch_judge(&w, 5, slow, &l);
+    check(strcmp(w.lines, "step 5: rank 2 is a straggler: compute 350 ms/step against a median of 51 ms (6.9x), for 2 "
+                 "reports\n") == 0 && l.watch != NULL &&
+          strcmp(l.watch, "\"stragglers\": [2], \"compute_ms\": [50.0, 52.0, 350.0, 49.0], \"wait_ms\": [300.0, 290.0, "
+                 "10.0, 310.0]") == 0, "watch: the second slow report in a row names rank 2: %s / %s", w.lines,
+          l.watch ? l.watch : "(no fields)");
+    float calm[] = {50, 10, 52, 9, 51, 10, 49, 11};
+    l.watch = NULL;
+    watch_judge(&w, 8, calm, &l);
+    check(w.lines[0] == '\0' && l.watch == NULL, "watch: a calm report ends the run of slow ones");
+    watch_judge(&w, 11, slow, &l);
+    check(w.lines[0] == '\0', "watch: after a calm report, one slow report is again not enough");
+    float waits[] = {50, 10, 52, 9, 51, 11, 49, 200};
+    watch_judge(&w, 14, waits, &l);
+    watch_judge(&w, 17, waits, &l);
+    check(strstr(w.lines, "step 17: rank 3 waits unusually: 200 ms/step in communication against a median of 10 ms") != NULL &&
+          strstr(l.watch, "\"waiting\": [3]") != NULL, "watch: a rank that waits for what its peers do not: %s", w.lines);
+    float noise[] = {6, 10, 6, 10, 10, 6, 6, 10};
+    watch_judge(&w, 20, noise, &l);
+    watch_judge(&w, 23, noise, &l);
+    check(w.lines[0] == '\0', "watch: 4 ms above the median is under WATCH_MIN_MS, not a straggler");
+    watch_free(&w);
+    // two stages: the last holds the head and computes more; its ranks are compared with each other only
+    grid_init(&g, 4, 1, 2, 0, err, sizeof(err));
+    watch_init(&w, &job, &g);
+    float stages[] = {40, 100, 130, 10, 41, 99, 129, 11};  // stage of rank r: r % 2
+    watch_judge(&w, 2, stages, &l);
+    watch_judge(&w, 5, stages, &l);
+    check(w.lines[0] == '\0', "watch: a pipeline stage that does more work is not a straggler: %s", w.lines);
+    watch_free(&w);
+    grid_init(&g, 1, 1, 1, 0, err, sizeof(err));
+    watch_init(&w, &job, &g);
+    check(w.every == 0 && !watch_due(&w, 2), "watch: one rank makes no reports");
+
+    // the consistency check's verdict, over the units of a 2-layer model on one stage
+    GPT2Config c = {.maxT = 32, .V = 500, .Vp = 512, .L = 2, .NH = 4, .C = 64};
+    Shard sh = shard_for(&c, 1, 0, 1, 0, 4, 0);
+    UnitTable ut;
+    unit_table(&ut, &c, &sh, 1);
+    int n = unit_table_tensors(&ut), ranks[4] = {0, 4, 8, 12};
+    check(n == 2 + 2 * 12 + 2, "the units hold wte, wpe, 12 tensors a layer and lnf's 2: %d", n);
+    uint8_t *d = (uint8_t *)calloc((size_t)4 * n * 32, 1);
+    char msg[2048];
+    check(replicas_judge(d, 4, n, ranks, &ut, &sh, msg, sizeof(msg)) == 0, "replicas: the same copies agree");
+    d[(size_t)1 * n * 32 + (2 + 12 + 2) * 32] ^= 1;  // rank 4's layer 1 qkvw
+    d[(size_t)1 * n * 32 + (n - 1) * 32] ^= 1;       // and its lnfb
+    int rc = replicas_judge(d, 4, n, ranks, &ut, &sh, msg, sizeof(msg));
+    check(rc == 1 && strcmp(msg, "the parameters of rank 4 differ from those of ranks 0, 8, 12 (the majority of the 4 "
+                            "replicas), first in layer 1 qkvw") == 0, "replicas: one of 4 named: %s", msg);
+    d[(size_t)3 * n * 32 + (n - 1) * 32] ^= 1;  // rank 12's lnfb too: three copies, none held by most
+    rc = replicas_judge(d, 4, n, ranks, &ut, &sh, msg, sizeof(msg));
+    check(rc == 1 && strcmp(msg, "the 4 replicas hold 3 different copies and no majority: ranks 0, 8; rank 4; rank 12 "
+                            "(rank 4 differs from rank 0 first in layer 1 qkvw)") == 0, "replicas: no majority: %s", msg);
+    free(d);
+    free(ut.units);
+}
+
 // ranks started by an outside launcher (torchrun's variables) with no -np:
 // the trainer takes the world from WORLD_SIZE, so -d splits over 2 ranks
 static void test_outside_launcher(void) {
@@ -306,6 +446,9 @@ int main(void) {
     test_data_parallel();
     test_tensor_pipeline();
     test_faults();
+    test_watch_rules();
+    test_watch();
+    test_drift();
     test_outside_launcher();
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);

@@ -15,6 +15,8 @@
 #include "tokenizer.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 
 static char tmp_dir[64];
@@ -396,6 +398,101 @@ static void test_threads_gpt2(void) {
     free(text);
 }
 
+// blocked_in_write: whether process pid sleeps in write(2) (its first
+// /proc/PID/syscall number is 1 on x86-64 and 64 on arm64), or, where that
+// file cannot be read, in the kernel's pipe_write (/proc/PID/wchan)
+static int blocked_in_write(pid_t pid) {
+    char path[64], text[256] = "";
+    snprintf(path, sizeof(path), "/proc/%d/syscall", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f != NULL && fgets(text, sizeof(text), f) != NULL) {
+        fclose(f);
+#if defined(__aarch64__)
+        return strncmp(text, "64 ", 3) == 0;
+#else
+        return strncmp(text, "1 ", 2) == 0;
+#endif
+    }
+    if (f != NULL) fclose(f);
+    snprintf(path, sizeof(path), "/proc/%d/wchan", (int)pid);
+    f = fopen(path, "r");
+    if (f == NULL) return 0;
+    int got = fgets(text, sizeof(text), f) != NULL && strstr(text, "pipe_write") != NULL;
+    fclose(f);
+    return got;
+}
+
+// an input that is a regular file when prepare_data lists it (stat) and a
+// FIFO when it opens it: refused at once as not a regular file, where a
+// plain fopen would wait for a writer forever. To be sure the swap falls
+// between the two, prepare_data's stderr is a pipe this test filled: its
+// line about the loaded tokenizer, written after the listing and before
+// any input is opened, blocks until the test reads the pipe.
+static void test_input_swapped_for_fifo(void) {
+    char enc[512], voc[512], input[128], out[128], argv_enc[600], argv_voc[600];
+    if (!test_data_path("gpt2/encoder.json", enc, sizeof(enc)) || !test_data_path("gpt2/vocab.bpe", voc, sizeof(voc))) {
+        skip("no GPT-2 files: the input swapped for a FIFO");
+        return;
+    }
+    tmp_path("swapped.txt", input, sizeof(input));
+    tmp_path("swapped_out", out, sizeof(out));
+    write_file(input, "a regular file, at first\n", 25);
+    snprintf(argv_enc, sizeof(argv_enc), "%s", enc);
+    snprintf(argv_voc, sizeof(argv_voc), "%s", voc);
+    int p[2];
+    if (!check(pipe(p) == 0, "a pipe for prepare_data's stderr")) return;
+    fcntl(p[1], F_SETFL, O_NONBLOCK);
+    char fill[4096];
+    memset(fill, '.', sizeof(fill));
+    size_t filled = 0;
+    for (ssize_t w; (w = write(p[1], fill, sizeof(fill))) > 0;) filled += (size_t)w;
+    fcntl(p[1], F_SETFL, 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(p[1], 2);
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        close(p[0]);
+        execl("./prepare_data", "prepare_data", "-i", input, "-o", out, "--encoder", argv_enc, "--vocab", argv_voc,
+              (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    int blocked = 0;
+    for (int i = 0; i < 2000 && !(blocked = blocked_in_write(pid)); i++) usleep(5000);  // up to 10 s
+    unlink(input);
+    int made = mkfifo(input, 0600) == 0;
+    // drain the pipe (the filler, then what prepare_data says) until it ends, for at most 10 s
+    char said[8192];
+    size_t n = 0, drained = 0;
+    fcntl(p[0], F_SETFL, O_NONBLOCK);
+    int status = -1, done = 0;
+    for (int i = 0; i < 2000 && !done; i++) {
+        char buf[4096];
+        ssize_t r;
+        while ((r = read(p[0], buf, sizeof(buf))) > 0) {
+            size_t skip_fill = drained < filled ? filled - drained : 0;
+            size_t from = (size_t)r < skip_fill ? (size_t)r : skip_fill;
+            drained += (size_t)r;
+            for (size_t k = from; k < (size_t)r && n + 1 < sizeof(said); k++) said[n++] = buf[k];
+        }
+        done = waitpid(pid, &status, WNOHANG) == pid;
+        if (!done) usleep(5000);
+    }
+    said[n] = '\0';
+    if (!done) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    }
+    close(p[0]);
+    char want[200];
+    snprintf(want, sizeof(want), "-i %s: not a regular file", input);
+    check(blocked && made && done && WIFEXITED(status) && WEXITSTATUS(status) == 1 && strstr(said, want) != NULL,
+          "an input swapped for a FIFO after it was listed: refused at once, exit 1, '%s' (blocked in write %d, "
+          "ended %d, said: %.300s)", want, blocked, done, said);
+    unlink(input);
+}
+
 int main(void) {
     snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/test_prepare_data_XXXXXX");
     if (mkdtemp(tmp_dir) == NULL) { printf("cannot make a temp dir\n"); return 1; }
@@ -407,6 +504,7 @@ int main(void) {
         test_jsonl_errors();
         test_val_shard_names();
         test_threads_gpt2();
+        test_input_swapped_for_fifo();
     }
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", tmp_dir);

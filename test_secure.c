@@ -884,9 +884,10 @@ static void test_faults(void) {
     struct { const char *spec; int kind, rank; long step; } good[] = {
         {"tamper:1:5", FAULT_TAMPER, 1, 5}, {"replay:0:0", FAULT_REPLAY, 0, 0},
         {"kill:3:100", FAULT_KILL, 3, 100}, {"stall:2:7", FAULT_STALL, 2, 7},
+        {"slow:2:3", FAULT_SLOW, 2, 3}, {"drift:1:0", FAULT_DRIFT, 1, 0},
     };
     char err[256];
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 6; i++) {
         Fault f;
         int rc = fault_parse(good[i].spec, &f, err, sizeof(err));
         check(rc == 0 && f.kind == good[i].kind && f.rank == good[i].rank && f.step == good[i].step, "-fault %s", good[i].spec);
@@ -903,6 +904,9 @@ static void test_faults(void) {
     Fault f;
     fault_parse("stall:2:7", &f, err, sizeof(err));
     check(fault_fires(&f, 2, 7) && !fault_fires(&f, 2, 8) && !fault_fires(&f, 1, 7), "fault_fires only on rank 2 at step 7");
+    fault_parse("slow:2:3", &f, err, sizeof(err));
+    check(fault_slow_fires(&f, 2, 3) && fault_slow_fires(&f, 2, 40) && !fault_slow_fires(&f, 2, 2) &&
+          !fault_slow_fires(&f, 1, 3), "a slow fault acts on rank 2 from step 3 on");
     Fault none = {FAULT_NONE, 0, 0};
     check(!fault_fires(&none, 0, 0) && !fault_fires(NULL, 0, 0), "no fault never fires");
 }

@@ -1373,27 +1373,62 @@ static int gpt2_write_model(GPT2 *m, const char *out_dir, int steps, char *path,
     return rc;
 }
 
-// every K steps: the data-parallel replicas compare a SHA-256 of their
-// parameters (the digests travel MAC'd like every message)
+// every K steps: the data-parallel replicas compare a SHA-256 of each of
+// their parameter tensors (the digests travel MAC'd like every message);
+// trainer.h's replicas_judge names the rank that differs. The group's first
+// member says so, and the group waits for its line before it exits.
 static void consistency_check(GPT2 *m, int step) {
     const Parallel *par = m->par;
     if (par->dp.size == 1) return;
-    Sha256 h;
-    sha256_init(&h);
+    int n = unit_table_tensors(&m->ut), dp = par->dp.size, t = 0;
+    // each 32-byte digest travels as 8 floats, its bytes as they are
+    float *mine = (float *)xcalloc((size_t)n * 8, sizeof(float), "digests");
+    float *all = (float *)xcalloc((size_t)n * 8 * dp, sizeof(float), "digests");
     for (int u = 0; u < m->ut.n; u++) {
-        float *p = unit_acquire(m, u);
-        sha256_update(&h, p, m->ut.units[u].size * sizeof(float));
+        const float *p = unit_acquire(m, u);
+        int kind = m->ut.units[u].kind;
+        for (int k = 0; k < unit_tensor_count(kind); k++) {
+            size_t size = local_tensor_size(&m->config, &m->shard, unit_tensor(kind, k));
+            Sha256 h;
+            sha256_init(&h);
+            sha256_update(&h, p, size * sizeof(float));
+            sha256_final(&h, (uint8_t *)(mine + 8 * (size_t)t++));
+            p += size;
+        }
         unit_release(m, u);
     }
-    float mine[8], *all = (float *)xcalloc(8 * (size_t)par->dp.size, sizeof(float), "digests");
-    sha256_final(&h, (uint8_t *)mine);
-    comm_allgather(par->comm, &par->dp, mine, all, 8);
-    for (int r = 1; r < par->dp.size; r++)
-        if (memcmp(all, all + 8 * r, 32) != 0) {
-            fprintf(stderr, "rank %d: step %d: data-parallel replicas disagree: parameters of rank %d differ from rank %d\n",
-                    par->grid.rank, step, par->dp.ranks[r], par->dp.ranks[0]);
-            exit(1);
+    comm_allgather(par->comm, &par->dp, mine, all, (size_t)n * 8);
+    char msg[4096];
+    if (replicas_judge((const uint8_t *)all, dp, n, par->dp.ranks, &m->ut, &m->shard, msg, sizeof(msg))) {
+        if (par->dp.me == 0) {
+            fflush(stdout);
+            fprintf(stderr, "rank %d: step %d: data-parallel replicas disagree: %s\n", par->grid.rank, step, msg);
+            fflush(stderr);
         }
+        comm_barrier(par->comm, &par->dp);
+        exit(1);
+    }
+    free(mine);
+    free(all);
+}
+
+// -fault drift: this rank's first parameter changed where its copy lives
+// (ZeRO-3: in its shard, which every replica gathers alike, so no check
+// can see it there)
+static void drift_parameter(GPT2 *m) {
+    const Unit *un = &m->ut.units[0];
+    float *p = m->par->zero < 3 ? m->unit_params[0] : m->param_shard + un->shard_offset;
+    p[0] += FAULT_DRIFT_DELTA;
+}
+
+// the watch report (trainer.h) after this step: every rank's compute and
+// wait per step all-gathered over the world; rank 0 judges
+static void watch_report(const Parallel *par, Watch *w, int step, LogLine *l) {
+    float mine[WATCH_FLOATS];
+    float *all = (float *)xcalloc((size_t)par->grid.world * WATCH_FLOATS, sizeof(float), "the watch report");
+    watch_pack(w, mine);
+    comm_allgather(par->comm, &par->world, mine, all, WATCH_FLOATS);
+    if (par->grid.rank == 0) watch_judge(w, step, all, l);
     free(all);
 }
 
@@ -1546,14 +1581,19 @@ int main(int argc, char **argv) {
     int stopped = 0;
     OutlierGuard guard;
     memset(&guard, 0, sizeof(guard));
+    Watch watch;
+    watch_init(&watch, &job, &par.grid);
     for (int step = job.start; step < job.steps && !stopped; step++) {
         if (par.comm) comm_set_step(par.comm, step);
-        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL};
+        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL, NULL};
         run_evaluations(&model, &job, step, &line);
         if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
+        if (fault_drift_due(&job, par.grid.rank, step)) drift_parameter(&model);
         if (check_due(&job, step)) consistency_check(&model, step);
 
         double t0 = now_ms();
+        watch_step_begin(&watch, comm_wait_ms(par.comm));
+        fault_slow_step(&job, par.grid.rank, step);
         gpt2_zero_grad(&model);
         float dloss = 1.0f / ((float)B * T * accum * dp);
         line.loss = pipeline_run(&model, &job.train, plan, nops, dloss);  // one stage: F0 B0 F1 B1 ...
@@ -1564,9 +1604,12 @@ int main(int argc, char **argv) {
         line.skipped = outlier_skip(&job, &guard, line.loss, line.norm, rank0);
         if (line.skipped == NULL) gpt2_update(&model, line.norm, job.opt.grad_clip, &hyper);
         line.ms = now_ms() - t0;
+        watch_step_end(&watch, line.ms, comm_wait_ms(par.comm));
+        if (watch_due(&watch, step)) watch_report(&par, &watch, step, &line);
         if (rank0) {
             report_step(&job, &line, &guard);
             printf("\n");  // (the GPU trainer ends its line with the MFU)
+            watch_print(&watch);
         }
         if (nonfinite_stop(&job, &line, rank0)) {
             if (par.comm) comm_barrier(par.comm, &par.world);
@@ -1598,6 +1641,7 @@ int main(int argc, char **argv) {
         print_rank_bytes(&model, &par);
         comm_free(par.comm);
     }
+    watch_free(&watch);
     launch_free(&par.launch);
     free_job(&job);
     free(plan);

@@ -231,7 +231,7 @@ typedef struct {
     int overlap;                         // dp > 1: gradients reduced on the side stream (nccl_side_*) during the backward
     int last_micro;                      // the backward at work is the step's last micro-batch's
     floatX *reduced;                     // ZeRO-2/3: one unit's reduced chunk
-    uint8_t *digests;                    // dp > 1: -ck's SHA-256 of every replica (32 * dp bytes)
+    uint8_t *digests;                    // dp > 1: -ck's SHA-256 of every tensor of every replica (32 * tensors * dp bytes)
     floatX **unit_params, **unit_grads;  // per unit: where its full values / gradients are now (NULL: not held)
     floatX *tied_peer;                   // pp > 1, first and last stage: my wte gradient out, the other end's in
     int B, T, recompute, fuse_gelu, attention_tc;
@@ -364,7 +364,7 @@ static void gpt2_alloc_params(GPT2 *m) {
         if (zero >= 2) m->bucket[k] = (floatX *)device_alloc(big * X, "gradient bucket");
     }
     if (zero >= 2) m->reduced = (floatX *)device_alloc(big / s->dp * X, "reduced chunk");
-    if (s->dp > 1) m->digests = (uint8_t *)device_alloc(32 * (size_t)s->dp, "replica digests");
+    if (s->dp > 1) m->digests = (uint8_t *)device_alloc(32 * (size_t)unit_table_tensors(&m->ut) * s->dp, "replica digests");
     for (int k = 0; zero >= 2 && k < UNIT_SLOTS; k++)
         CUDA_CHECK(cudaEventCreateWithFlags(&m->bucket_done[k], cudaEventDisableTiming));
     m->unit_params = (floatX **)host_alloc(m->ut.n * sizeof(floatX *), "unit views");
@@ -1508,39 +1508,88 @@ static float gpt2_step_loss(GPT2 *m, Parallel *par, int accum, int *stop) {
     return (float)loss;
 }
 
-// every K steps (-ck): the data-parallel replicas compare a SHA-256 of the
-// parameters they compute with (ZeRO-3 gathers each unit), all-gathered over
-// the dp group; any difference ends the job (as train_gpt2.c's)
+// every K steps (-ck): the data-parallel replicas compare a SHA-256 of each
+// of the parameter tensors they compute with (ZeRO-3 gathers each unit),
+// all-gathered over the dp group; trainer.h's replicas_judge names the rank
+// that differs, the group's first member says so, and the job ends (as
+// train_gpt2.c's)
 static void consistency_check(GPT2 *m, Parallel *par, int step) {
     int dp = m->shard.dp;
     if (dp == 1) return;
-    size_t X = sizeof(floatX);
+    int n = unit_table_tensors(&m->ut), t = 0;
+    size_t X = sizeof(floatX), bytes = 32 * (size_t)n;
     floatX *host = (floatX *)host_alloc(largest_unit(m) * X, "unit");
-    uint8_t *digests = (uint8_t *)host_alloc(32 * (size_t)dp, "digests"), *dev = m->digests;
-    Sha256 h;
-    sha256_init(&h);
+    uint8_t *digests = (uint8_t *)host_alloc(bytes * (size_t)dp, "digests"), *dev = m->digests;
     for (int u = 0; u < m->ut.n; u++) {
         const floatX *p = unit_acquire(m, u);
         gpu_sync(m, "the consistency check");
         CUDA_CHECK(cudaMemcpy(host, p, m->ut.units[u].size * X, cudaMemcpyDeviceToHost));
-        sha256_update(&h, host, m->ut.units[u].size * X);
+        int kind = m->ut.units[u].kind;
+        size_t off = 0;
+        for (int k = 0; k < unit_tensor_count(kind); k++) {
+            size_t size = local_tensor_size(&m->config, &m->shard, unit_tensor(kind, k));
+            Sha256 h;
+            sha256_init(&h);
+            sha256_update(&h, host + off, size * X);
+            sha256_final(&h, digests + 32 * (size_t)t++);
+            off += size;
+        }
         unit_release(m, u);
     }
-    sha256_final(&h, digests);
-    uint8_t *mine = dev + 32 * (size_t)par->nccl->dp.group.me;  // in place: NCCL's rule for in == out
-    CUDA_CHECK(cudaMemcpy(mine, digests, 32, cudaMemcpyHostToDevice));
-    nccl_allgather(par->nccl, &par->nccl->dp, mine, dev, 32, ncclUint8);
+    uint8_t *mine = dev + bytes * (size_t)par->nccl->dp.group.me;  // in place: NCCL's rule for in == out
+    CUDA_CHECK(cudaMemcpy(mine, digests, bytes, cudaMemcpyHostToDevice));
+    nccl_allgather(par->nccl, &par->nccl->dp, mine, dev, bytes, ncclUint8);
     gpu_sync(m, "the consistency check");
-    CUDA_CHECK(cudaMemcpy(digests, dev, 32 * (size_t)dp, cudaMemcpyDeviceToHost));
-    for (int r = 1; r < dp; r++)
-        if (memcmp(digests, digests + 32 * r, 32) != 0) {
-            fprintf(stderr, "rank %d: step %d: data-parallel replicas disagree: parameters of rank %d differ from rank %d\n",
-                    par->grid.rank, step, par->nccl->dp.group.ranks[r], par->nccl->dp.group.ranks[0]);
-            nccl_abort_all(par->nccl);
-            exit(1);
+    CUDA_CHECK(cudaMemcpy(digests, dev, bytes * (size_t)dp, cudaMemcpyDeviceToHost));
+    char msg[4096];
+    if (replicas_judge(digests, dp, n, par->nccl->dp.group.ranks, &m->ut, &m->shard, msg, sizeof(msg))) {
+        if (par->nccl->dp.group.me == 0) {
+            fflush(stdout);
+            fprintf(stderr, "rank %d: step %d: data-parallel replicas disagree: %s\n", par->grid.rank, step, msg);
+            fflush(stderr);
         }
+        nccl_barrier(par->nccl, &par->nccl->dp);  // the line is out before any rank of the group exits
+        nccl_abort_all(par->nccl);
+        exit(1);
+    }
     free(host);
     free(digests);
+}
+
+// -fault drift: this rank's first parameter changed in the copy it computes
+// with (ZeRO-3: in its shard, which every replica gathers alike, so no check
+// can see it there)
+static void drift_parameter(GPT2 *m) {
+    size_t j = m->zero == 3 ? unit_lo(m, 0) : 0;
+    floatX x;
+    gpu_sync(m, "the drift fault");
+    CUDA_CHECK(cudaMemcpy(&x, param_at(m, 0, j), sizeof(x), cudaMemcpyDeviceToHost));
+    x = (floatX)((float)x + FAULT_DRIFT_DELTA);
+    CUDA_CHECK(cudaMemcpy(param_at(m, 0, j), &x, sizeof(x), cudaMemcpyHostToDevice));
+}
+
+// the watch report (trainer.h) after this step: the waits of the steps
+// since the last report, measured once the GPU has done them (nccl_wait_ms;
+// *waited: the clock at the last report), then every rank's compute and
+// wait per step all-gathered over the world; rank 0 judges
+static void watch_report(GPT2 *m, Parallel *par, Watch *w, double *waited, int step, LogLine *l) {
+    gpu_sync(m, "the watch report");
+    double clock = nccl_wait_ms(par->nccl);
+    watch_add_wait(w, clock - *waited);
+    *waited = clock;
+    int world = par->grid.world;
+    float *host = (float *)host_alloc((size_t)world * WATCH_FLOATS * sizeof(float), "the watch report"), *dev;
+    watch_pack(w, host + (size_t)par->grid.rank * WATCH_FLOATS);
+    CUDA_CHECK(cudaMalloc((void **)&dev, (size_t)world * WATCH_FLOATS * sizeof(float)));
+    float *mine = dev + (size_t)par->grid.rank * WATCH_FLOATS;
+    CUDA_CHECK(cudaMemcpy(mine, host + (size_t)par->grid.rank * WATCH_FLOATS, WATCH_FLOATS * sizeof(float),
+                          cudaMemcpyHostToDevice));
+    nccl_allgather(par->nccl, &par->nccl->world, mine, dev, WATCH_FLOATS, ncclFloat32);
+    gpu_sync(m, "the watch report");
+    CUDA_CHECK(cudaMemcpy(host, dev, (size_t)world * WATCH_FLOATS * sizeof(float), cudaMemcpyDeviceToHost));
+    if (par->grid.rank == 0) watch_judge(w, step, host, l);
+    CUDA_CHECK(cudaFree(dev));
+    free(host);
 }
 
 // the sum over the world of one float per rank (the ranks' verdicts on a
@@ -1758,15 +1807,21 @@ int main(int argc, char **argv) {
     int stopped = 0;
     OutlierGuard guard;
     memset(&guard, 0, sizeof(guard));
+    Watch watch;
+    watch_init(&watch, &job, &par.grid);
+    double waited = 0.0;  // the wait clock at the last watch report
     for (int step = job.start; step < job.steps && !stopped; step++) {
         nccl_set_step(par.nccl, step);
-        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL};
+        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL, NULL};
         run_evaluations(&model, &par, &job, step, &line);
         if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
+        if (fault_drift_due(&job, par.grid.rank, step)) drift_parameter(&model);
         if (check_due(&job, step)) consistency_check(&model, &par, step);
 
         gpu_sync(&model, "the step before");
         double t0 = now_ms();
+        if (watch.every > 0) nccl_watch(par.nccl, 1);
+        fault_slow_step(&job, par.grid.rank, step);
         gpt2_zero_grad(&model);
         gpt2_zero_losses(&model);
         if (pp > 1) nccl_mac_step_begin(par.nccl);
@@ -1778,7 +1833,13 @@ int main(int argc, char **argv) {
         line.loss = gpt2_step_loss(&model, &par, accum, &stopped);
         update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0);
         line.ms = now_ms() - t0;
-        if (rank0) print_mfu(&job, report_step(&job, &line, &guard), peak, par.grid.world);
+        if (watch.every > 0) nccl_watch(par.nccl, 0);
+        watch_step_end(&watch, line.ms, 0.0);  // its wait is read at the report, once the GPU has done it
+        if (watch_due(&watch, step)) watch_report(&model, &par, &watch, &waited, step, &line);
+        if (rank0) {
+            print_mfu(&job, report_step(&job, &line, &guard), peak, par.grid.world);
+            watch_print(&watch);
+        }
         if (nonfinite_stop(&job, &line, rank0)) {
             world_sum(&model, &par, 0.0f);  // every rank here: the line is out before any exits
             exit(1);
@@ -1805,6 +1866,7 @@ int main(int argc, char **argv) {
         if (gpt2_write_model(&model, &par, job.opt.out_dir, job.steps, path, sizeof(path)) != 0) return 1;
         if (rank0) printf("wrote %s\n", path);
     }
+    watch_free(&watch);
     free_job(&job);
     nccl_free(par.nccl);
     gpt2_free(&model);
