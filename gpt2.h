@@ -582,6 +582,7 @@ typedef struct {
     int hellaswag;                 // -h 1: HellaSwag at every evaluation
     const char *hellaswag_file;    // -hf, NULL: HS_DEFAULT_FILE of hellaswag.h
     int ckpt_every, ckpt_keep, resume, resume_step;
+    int encrypt;                   // -enc: 1 checkpoints sealed (AES-256-GCM), 2 the final model too
     int np, tp, pp, zero, microbatches, pipe_schedule, check_every;
     float timeout;
     const char *fault, *rendezvous, *key_file;
@@ -659,6 +660,9 @@ static const OptionSpec option_specs[] = {
      "resume from the latest checkpoint in -o (0/1; none yet: start afresh)", NULL, NULL},
     {"-ys", OPT_INT, offsetof(Options, resume_step), -1, 1 << 30, NULL,
      "resume from the checkpoint of this step in -o (-1 = off)", NULL, NULL},
+    {"-enc", OPT_INT, offsetof(Options, encrypt), 0, 2, NULL,
+     "encrypt at rest (AES-256-GCM, under the checkpoint key): 1 checkpoints, 2 the final model too (0 = off; "
+     "a resume reads either)", NULL, NULL},
     {"-np", OPT_INT, offsetof(Options, np), 1, 256, NULL, "ranks (processes)", NULL, NULL},
     {"-tp", OPT_INT, offsetof(Options, tp), 1, 256, NULL, "tensor-parallel size", NULL, NULL},
     {"-pp", OPT_INT, offsetof(Options, pp), 1, 256, NULL, "pipeline stages",
