@@ -204,7 +204,8 @@ static inline __m128i aead_clmul_reduce(__m128i lo, __m128i hi) {
     __m128i ov = _mm_xor_si128(_mm_xor_si128(_mm_slli_si128(_mm_slli_epi64(lo, 63), 8),
                                              _mm_slli_si128(_mm_slli_epi64(lo, 62), 8)),
                                _mm_slli_si128(_mm_slli_epi64(lo, 57), 8));
-    __m128i folded = _mm_xor_si128(_mm_xor_si128(lo, aead_shr128(lo, 1)), _mm_xor_si128(aead_shr128(lo, 2), aead_shr128(lo, 7)));
+    __m128i folded = _mm_xor_si128(_mm_xor_si128(lo, aead_shr128(lo, 1)),
+                                   _mm_xor_si128(aead_shr128(lo, 2), aead_shr128(lo, 7)));
     folded = _mm_xor_si128(folded, _mm_xor_si128(_mm_xor_si128(ov, _mm_srli_epi64(ov, 1)),
                                                  _mm_xor_si128(_mm_srli_epi64(ov, 2), _mm_srli_epi64(ov, 7))));
     return _mm_xor_si128(hi, folded);
@@ -336,7 +337,8 @@ static inline void aead_ctr_blocks_wide(const AeadKey *k, const uint8_t prefix[1
                                  (int)p[0], (int)(ctr + 1), (int)p[2], (int)p[1], (int)p[0], (int)ctr, (int)p[2],
                                  (int)p[1], (int)p[0]);
     const __m512i four = _mm512_set_epi32(4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0);
-    const __m512i swap_last = _mm512_broadcast_i32x4(_mm_set_epi8(12, 13, 14, 15, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
+    const __m512i swap_last =
+        _mm512_broadcast_i32x4(_mm_set_epi8(12, 13, 14, 15, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
     for (; groups > 0; groups--, in += 256, out += 256) {
         __m512i b[4];
         for (int i = 0; i < 4; i++) {
@@ -728,7 +730,8 @@ static inline int aead_file_parse(AeadFile *f, const AeadFileKey *k, const uint8
                       AEAD_FILE_VERSION);
     if (aead_check_chunk_bytes(get_u32(h + 12), path, err, errlen) != 0) return -1;
     for (int i = 40; i < AEAD_FILE_HEADER_BYTES; i++)
-        if (h[i] != 0) return errorf(err, errlen, "%s: sealed file header byte %d = %u, expected 0 (reserved)", path, i, h[i]);
+        if (h[i] != 0)
+            return errorf(err, errlen, "%s: sealed file header byte %d = %u, expected 0 (reserved)", path, i, h[i]);
     if (get_u64(h + 32) != k->key_id)
         return errorf(err, errlen, "%s: sealed file header field key_id = %016llx, but the checkpoint key's is %016llx: "
                       "sealed with another key (pass that key with --key-file)", path,
@@ -872,7 +875,8 @@ static inline int aead_file_pwrite(int fd, const AeadFile *f, const AeadFileKey 
 static inline int aead_file_write_tags(int fd, const AeadFile *f, const AeadFileKey *k, const char *path, char *err,
                                        size_t errlen) {
     uint8_t *tags = (uint8_t *)malloc((size_t)f->chunks * AEAD_TAG_BYTES);
-    if (tags == NULL) return errorf(err, errlen, "%s: out of memory for %llu tags", path, (unsigned long long)f->chunks);
+    if (tags == NULL)
+        return errorf(err, errlen, "%s: out of memory for %llu tags", path, (unsigned long long)f->chunks);
     int failed = 0, e = 0;
 #pragma omp parallel
     {

@@ -27,7 +27,8 @@
  *
  * tokenizer (magic 20240328) and token shards (magic 20240520): tokenizer.h
  * and dataloader.h; checkpoints (optim.bin 20241203, state.bin 20241204):
- * checkpoint.h; doc/formats.md has all of them on one page.
+ * checkpoint.h; sealed (encrypted, -enc) files, magic bytes "llm3dgcm":
+ * aead.h; doc/formats.md has all of them on one page.
  */
 #ifndef LLM3D_GPT2_H
 #define LLM3D_GPT2_H

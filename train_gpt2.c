@@ -1156,7 +1156,8 @@ static void save_run(const OwnedRun *r, void *ctx) {
     const float *p = zero == 3 ? unit_elem(m, m->param_shard, 1, r->u, r->j) : unit_elem(m, m->params, 0, r->u, r->j);
     const float *mo = unit_elem(m, m->m, zero >= 1, r->u, r->j), *vo = unit_elem(m, m->v, zero >= 1, r->u, r->j);
     size_t bytes = r->n * sizeof(float), at = HEADER_INTS * 4 + r->g * sizeof(float);
-    if (sc->error == 0 && (ckpt_out_pwrite(&sc->model, p, bytes, at) != 0 || ckpt_out_pwrite(&sc->optim, mo, bytes, at) != 0 ||
+    if (sc->error == 0 && (ckpt_out_pwrite(&sc->model, p, bytes, at) != 0 ||
+                           ckpt_out_pwrite(&sc->optim, mo, bytes, at) != 0 ||
                            ckpt_out_pwrite(&sc->optim, vo, bytes, at + sc->N * sizeof(float)) != 0))
         sc->error = errno;
 }
