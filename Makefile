@@ -32,6 +32,11 @@ else
   $(warning OpenMP not found: the CPU trainer builds single-threaded)
 endif
 
+# OpenSSL's libcrypto when its header and library are found: test_aead then
+# checks aead.h's AES-256-GCM against OpenSSL's on the same inputs
+OPENSSL := $(shell printf '\043include <openssl/evp.h>\nint main(void){return EVP_aes_256_gcm() == 0;}\n' | \
+             $(CC) -x c - -lcrypto -o /dev/null 2>/dev/null && echo yes)
+
 # CUDA when nvcc is found: sm_80 (A100) and sm_90 (H100/H200)
 NVCC := $(shell command -v nvcc 2>/dev/null)
 # LLM3D_NCCL: nccl_comm.h's NCCL backend, for data parallel across GPUs
@@ -42,9 +47,9 @@ ifeq ($(PRECISION),FP32)
   NVCC_FLAGS += -DENABLE_FP32
 endif
 
-CPU_PROGRAMS = train_gpt2 prepare_data export_hf plot_log dev/bench_secure dev/bench_matmul dev/bench_kernels dev/pipeline_chart \
-               dev/compare_logs
-CPU_TESTS = test_gpt2 test_secure test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint \
+CPU_PROGRAMS = train_gpt2 prepare_data export_hf plot_log dev/bench_secure dev/bench_aead dev/bench_matmul dev/bench_kernels \
+               dev/pipeline_chart dev/compare_logs
+CPU_TESTS = test_gpt2 test_secure test_aead test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint \
             test_prepare_data test_export test_plot test_hellaswag test_llmc test_attacks test_gpt2_scalar $(if $(X86),test_gpt2_avx2)
 CUDA_PROGRAMS = train_gpt2cu test_gpt2cu test_host_mode
 
@@ -73,6 +78,9 @@ plot_log: plot_log.c errors.h json.h log_reader.h
 dev/bench_secure: dev/bench_secure.c secure.h files.h errors.h
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
 
+dev/bench_aead: dev/bench_aead.c dev/bench.h $(HEADERS)
+	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
+
 dev/bench_matmul: dev/bench_matmul.c dev/bench.h train_gpt2.c $(HEADERS)
 	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
 
@@ -89,6 +97,9 @@ test_%: test_%.c test.h $(HEADERS)
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
 test_gpt2: train_gpt2.c
+
+test_aead: test_aead.c test.h $(HEADERS)
+	$(CC) $(CFLAGS) $(if $(OPENSSL),-DLLM3D_OPENSSL) $< $(LDLIBS) $(if $(OPENSSL),-lcrypto) -o $@
 test_hellaswag: train_gpt2.c
 
 # test_gpt2 on the other vector paths (see SIMD above)
@@ -136,11 +147,12 @@ dev/fuzz/fuzz_%: dev/fuzz/fuzz_%.c $(HEADERS)
 fuzz: $(FUZZERS)
 	@./dev/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZERS)
 
-bench: train_gpt2 prepare_data dev/bench_secure dev/bench_matmul dev/bench_kernels
+bench: train_gpt2 prepare_data dev/bench_secure dev/bench_aead dev/bench_matmul dev/bench_kernels
 	./dev/bench_cpu.sh
 	./dev/bench_matmul
 	./dev/bench_kernels
 	./dev/bench_secure
+	./dev/bench_aead
 	./dev/bench_checkpoint.sh
 
 clean:

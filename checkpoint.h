@@ -35,6 +35,14 @@
  * fd and never through a link: a link named ckpt_SSSSSSSS is not a
  * checkpoint, and pruning removes the link itself.
  *
+ * Encryption at rest (-enc 1; -enc 2 also the final model): the three files
+ * are aead.h's sealed files instead, each chunk AES-256-GCM under a key
+ * derived from the checkpoint key, so a copy of the volume without the key
+ * tells nothing but the sizes. Each file's first bytes say which it is, so
+ * any run reads either kind; the MANIFEST (over the sealed bytes) stays as it
+ * is. A rank encrypts what it writes at its place; once all have, rank 0
+ * makes each chunk's tag, before the MANIFEST. doc/security.md has more.
+ *
  * The checkpoint key: the job key of --key-file when given, else the file
  * <out>/job.key (64 hex digits, mode 0600), made on the first run that writes
  * into <out>. It is not the per-launch key that seals messages between ranks:
@@ -61,6 +69,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "aead.h"
 #include "errors.h"
 #include "files.h"
 #include "gpt2.h"
@@ -141,33 +150,117 @@ static int ckpt_pread(int fd, void *buf, size_t n, size_t offset) {
     return 0;
 }
 
-// a checkpoint's optim.bin, mapped for reading: m and v of every parameter
-// in the model file's order (both trainers slice them with unit_fill)
-typedef struct { void *map; size_t bytes; const float *m, *v; } OptimFile;
+// whether the file at path is one of aead.h's sealed files (its first bytes)
+static int ckpt_is_sealed(const char *path) {
+    uint8_t first[8];
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    int sealed = fd >= 0 && ckpt_pread(fd, first, sizeof(first), 0) == 0 && aead_file_is_sealed(first, sizeof(first));
+    if (fd >= 0) close(fd);
+    return sealed;
+}
 
-// maps path once its size and header agree with the model and Adam's t
+// the whole plaintext of a checkpoint file, sealed or not, in a malloc'd
+// *out of *n bytes (at most max_bytes); -1 with err set
+static int ckpt_read_file(const char *path, const uint8_t key[32], uint64_t max_bytes, uint8_t **out, uint64_t *n,
+                          char *err, size_t errlen) {
+    *out = NULL;
+    *n = 0;
+    if (ckpt_is_sealed(path)) {
+        AeadFileKey fk;
+        aead_file_key(&fk, key);
+        int rc = aead_file_read_all(path, &fk, out, n, err, errlen);
+        aead_file_key_wipe(&fk);
+        if (rc == 0 && *n > max_bytes) {
+            free(*out);
+            *out = NULL;
+            return errorf(err, errlen, "%s: %llu bytes, over the %llu expected", path, (unsigned long long)*n,
+                          (unsigned long long)max_bytes);
+        }
+        return rc;
+    }
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > max_bytes) {
+        close(fd);
+        return errorf(err, errlen, "%s: not a regular file of at most %llu bytes", path, (unsigned long long)max_bytes);
+    }
+    *out = (uint8_t *)malloc(st.st_size > 0 ? (size_t)st.st_size : 1);
+    int rc = *out != NULL && ckpt_pread(fd, *out, (size_t)st.st_size, 0) == 0 ? 0 : -1;
+    if (rc != 0) {
+        errorf(err, errlen, "%s: read: %s", path, *out == NULL ? "out of memory" : strerror(errno));
+        free(*out);
+        *out = NULL;
+    }
+    close(fd);
+    *n = (uint64_t)st.st_size;
+    return rc;
+}
+
+// the plaintext size of a checkpoint file: its size, or a sealed file's
+// header's plain_bytes once the file's size agrees with it
+static int ckpt_plain_bytes(const char *path, const uint8_t key[32], uint64_t *n, char *err, size_t errlen) {
+    struct stat st;
+    if (stat(path, &st) != 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
+    *n = (uint64_t)st.st_size;
+    if (!ckpt_is_sealed(path)) return 0;
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
+    AeadFileKey fk;
+    AeadFile f;
+    aead_file_key(&fk, key);
+    int rc = aead_file_read_header(fd, &f, &fk, path, err, errlen);
+    aead_file_key_wipe(&fk);
+    close(fd);
+    if (rc == 0) *n = f.plain_bytes;
+    return rc;
+}
+
+// a checkpoint's optim.bin, for reading: m and v of every parameter in the
+// model file's order (both trainers slice them with unit_fill). A plain
+// file is mapped; a sealed one is decrypted into memory, chunk by chunk.
+typedef struct { void *map; size_t bytes; int decrypted; const float *m, *v; } OptimFile;
+
+// opens path once its size and header agree with the model and Adam's t
 // (state.bin's); 0, or -1 with err set. ckpt_find verified the bytes.
-static int ckpt_optim_open(OptimFile *f, const char *path, const GPT2Config *c, int adam_t, char *err, size_t errlen) {
+static int ckpt_optim_open(OptimFile *f, const char *path, const uint8_t key[32], const GPT2Config *c, int adam_t,
+                           char *err, size_t errlen) {
     memset(f, 0, sizeof(*f));
     f->bytes = (size_t)ckpt_file_bytes(1, c);
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
-    int32_t h[HEADER_INTS], want[HEADER_INTS];
-    memset(h, 0, sizeof(h));
+    int32_t want[HEADER_INTS];
     ckpt_optim_header(want, c, adam_t);
-    struct stat st;
-    memset(&st, 0, sizeof(st));
-    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != f->bytes || ckpt_pread(fd, h, sizeof(h), 0) != 0 ||
-        memcmp(h, want, sizeof(h)) != 0) {
+    if (ckpt_is_sealed(path)) {
+        uint8_t *plain;
+        uint64_t n;
+        if (ckpt_read_file(path, key, f->bytes, &plain, &n, err, errlen) != 0) return -1;
+        if (n != f->bytes || memcmp(plain, want, sizeof(want)) != 0) {
+            errorf(err, errlen, "%s: not the AdamW state of this model at t = %d (%llu bytes decrypted, magic %d, t %d)",
+                   path, adam_t, (unsigned long long)n, n >= 12 ? ((int32_t *)plain)[0] : 0,
+                   n >= 12 ? ((int32_t *)plain)[2] : 0);
+            free(plain);
+            return -1;
+        }
+        f->map = plain;
+        f->decrypted = 1;
+    } else {
+        int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
+        int32_t h[HEADER_INTS];
+        memset(h, 0, sizeof(h));
+        struct stat st;
+        memset(&st, 0, sizeof(st));
+        if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != f->bytes || ckpt_pread(fd, h, sizeof(h), 0) != 0 ||
+            memcmp(h, want, sizeof(want)) != 0) {
+            close(fd);
+            return errorf(err, errlen, "%s: not the AdamW state of this model at t = %d (%lld bytes, magic %d, t %d)",
+                          path, adam_t, (long long)st.st_size, h[0], h[2]);
+        }
+        f->map = mmap(NULL, f->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
         close(fd);
-        return errorf(err, errlen, "%s: not the AdamW state of this model at t = %d (%lld bytes, magic %d, t %d)",
-                      path, adam_t, (long long)st.st_size, h[0], h[2]);
-    }
-    f->map = mmap(NULL, f->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (f->map == MAP_FAILED) {
-        f->map = NULL;
-        return errorf(err, errlen, "%s: cannot map %zu bytes of AdamW state", path, f->bytes);
+        if (f->map == MAP_FAILED) {
+            f->map = NULL;
+            return errorf(err, errlen, "%s: cannot map %zu bytes of AdamW state", path, f->bytes);
+        }
     }
     f->m = (const float *)((const char *)f->map + HEADER_INTS * 4);
     f->v = f->m + param_count(c);
@@ -175,7 +268,8 @@ static int ckpt_optim_open(OptimFile *f, const char *path, const GPT2Config *c, 
 }
 
 static void ckpt_optim_close(OptimFile *f) {
-    if (f->map != NULL) munmap(f->map, f->bytes);
+    if (f->map != NULL && f->decrypted) free(f->map);
+    else if (f->map != NULL) munmap(f->map, f->bytes);
     memset(f, 0, sizeof(*f));
 }
 
@@ -395,9 +489,13 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, C
     char path[4096];
     snprintf(path, sizeof(path), "%s/state.bin", dir);
     int32_t h[HEADER_INTS];
-    FILE *f = fopen(path, "rb");
-    int got = f != NULL && fread(h, 4, HEADER_INTS, f) == HEADER_INTS;
-    if (f) fclose(f);
+    uint8_t *bytes;
+    uint64_t n;
+    if (ckpt_read_file(path, key, sizeof(h), &bytes, &n, why, sizeof(why)) != 0)
+        return errorf(err, errlen, "checkpoint %s: %s", dir, why);
+    int got = n == sizeof(h);
+    if (got) memcpy(h, bytes, sizeof(h));
+    free(bytes);
     if (!got || h[0] != CKPT_STATE_MAGIC || h[1] != 1)
         return errorf(err, errlen, "%s: not a version 1 checkpoint state (magic %d, version %d)", path, got ? h[0] : 0,
                       got ? h[1] : 0);
@@ -410,13 +508,42 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, C
     s->np = h[26]; s->tp = h[27]; s->pp = h[28]; s->zero = h[29];
     if (check_config(&s->config, path, why, sizeof(why)) != 0) return errorf(err, errlen, "%s", why);
     for (int i = 0; i < 2; i++) {  // the manifest vouches for the bytes; the shape must also agree
-        struct stat st;
+        uint64_t bytes_now = 0;
         snprintf(path, sizeof(path), "%s/%s", dir, ckpt_files[i]);
-        if (stat(path, &st) != 0 || (uint64_t)st.st_size != ckpt_file_bytes(i, &s->config))
-            return errorf(err, errlen, "%s: %lld bytes, but state.bin's shape needs %llu", path, (long long)st.st_size,
-                          (unsigned long long)ckpt_file_bytes(i, &s->config));
+        if (ckpt_plain_bytes(path, key, &bytes_now, why, sizeof(why)) != 0) return errorf(err, errlen, "%s", why);
+        if (bytes_now != ckpt_file_bytes(i, &s->config))
+            return errorf(err, errlen, "%s: %llu bytes, but state.bin's shape needs %llu", path,
+                          (unsigned long long)bytes_now, (unsigned long long)ckpt_file_bytes(i, &s->config));
     }
     return 0;
+}
+
+// the parameters of a checkpoint's model.bin, sealed or not, as model_load
+// gives them (a malloc'd fp32 array; c filled from the header), or NULL
+// with err set
+static float *ckpt_model_load(const char *path, const uint8_t key[32], GPT2Config *c, char *err, size_t errlen) {
+    if (!ckpt_is_sealed(path)) return model_load(path, c, err, errlen);
+    uint8_t *bytes;
+    uint64_t n;
+    if (ckpt_read_file(path, key, (uint64_t)1 << 40, &bytes, &n, err, errlen) != 0) return NULL;
+    FILE *f = n >= HEADER_INTS * 4 ? fmemopen(bytes, HEADER_INTS * 4, "rb") : NULL;
+    int version = 0;
+    int ok = f != NULL && model_read_header(f, path, c, &version, err, errlen) == 0;
+    if (f != NULL) fclose(f);
+    if (ok && (version != 3 || n != HEADER_INTS * 4 + 4 * (uint64_t)param_count(c))) {
+        errorf(err, errlen, "%s: %llu bytes decrypted, version %d: the header's shape needs an fp32 file of %llu", path,
+               (unsigned long long)n, version, (unsigned long long)(HEADER_INTS * 4 + 4 * (uint64_t)param_count(c)));
+        ok = 0;
+    } else if (f == NULL) {
+        errorf(err, errlen, "%s: %llu bytes decrypted: shorter than a model header", path, (unsigned long long)n);
+    }
+    if (!ok) {
+        free(bytes);
+        return NULL;
+    }
+    memmove(bytes, bytes + HEADER_INTS * 4, (size_t)(n - HEADER_INTS * 4));
+    float *params = (float *)realloc(bytes, (size_t)(n - HEADER_INTS * 4));
+    return params != NULL ? params : (float *)bytes;
 }
 
 // the checkpoint to resume from: want_step >= 0 that step, else the newest.
@@ -449,6 +576,9 @@ static int ckpt_find(const char *out_dir, int want_step, const uint8_t key[32], 
 static int ckpt_check_flags(const Options *o, char *err, size_t errlen) {
     if ((o->ckpt_every > 0 || o->resume || o->resume_step >= 0) && o->out_dir == NULL)
         return errorf(err, errlen, "flags -n/-y/-ys: checkpoints live in the output directory; give it with -o DIR");
+    if (o->encrypt > 0 && o->out_dir == NULL)
+        return errorf(err, errlen, "flag -enc %d: encrypts what is written into the output directory; give it with -o DIR",
+                      o->encrypt);
     return 0;
 }
 
@@ -523,13 +653,32 @@ static void ckpt_prune(const char *out_dir, int newest, int keep) {
     close(dfd);
 }
 
+// a sealed file's chunk tags, once every rank's part is in, and an fsync
+static int ckpt_seal_tags(const char *path, const AeadFileKey *cipher, char *err, size_t errlen) {
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
+    AeadFile f;
+    int rc = aead_file_read_header(fd, &f, cipher, path, err, errlen);
+    if (rc == 0) rc = aead_file_write_tags(fd, &f, cipher, path, err, errlen);
+    if (rc == 0 && fsync(fd) != 0) rc = errorf(err, errlen, "%s: fsync: %s", path, strerror(errno));
+    close(fd);
+    return rc;
+}
+
 // rank 0, once every rank's part is in: seals the .partial directory of step
-// `step` and gives it its final name
-static int ckpt_seal(const char *out_dir, int step, const uint8_t key[32], char *err, size_t errlen) {
+// `step` (with cipher: each file's chunk tags first) and gives it its final
+// name
+static int ckpt_seal(const char *out_dir, int step, const uint8_t key[32], const AeadFileKey *cipher, char *err,
+                     size_t errlen) {
     char partial[4096], partial_name[64], final_name[64];
     ckpt_dir_name(partial, sizeof(partial), out_dir, step, ".partial");
     ckpt_entry_name(partial_name, step, ".partial");
     ckpt_entry_name(final_name, step, "");
+    for (int i = 0; i < 3 && cipher != NULL; i++) {
+        char path[4200];
+        snprintf(path, sizeof(path), "%s/%s", partial, ckpt_files[i]);
+        if (ckpt_seal_tags(path, cipher, err, errlen) != 0) return -1;
+    }
     Manifest m = {0, NULL};
     for (int i = 0; i < 3; i++)
         if (manifest_add_file(&m, partial, ckpt_files[i], err, errlen) != 0) { manifest_free(&m); return -1; }
@@ -551,9 +700,72 @@ static int ckpt_seal(const char *out_dir, int step, const uint8_t key[32], char 
     return 0;
 }
 
+// one checkpoint file open for a rank's writes, at plaintext offsets: a
+// plain file, or a sealed one (its header says), whose writes are then
+// encrypted at their places through a bounce buffer
+#define CKPT_BOUNCE_BYTES (4u << 20)
+typedef struct { int fd, sealed; AeadFile file; const AeadFileKey *cipher; uint8_t *bounce; } CkptOut;
+
+// 0, or an errno (EBADMSG: a sealed file's header is not for this key)
+static int ckpt_out_open(CkptOut *o, const char *path, const AeadFileKey *cipher) {
+    memset(o, 0, sizeof(*o));
+    o->fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (o->fd < 0) return errno;
+    uint8_t first[8];
+    o->sealed = ckpt_pread(o->fd, first, sizeof(first), 0) == 0 && aead_file_is_sealed(first, sizeof(first));
+    if (!o->sealed) return 0;
+    o->cipher = cipher;
+    o->bounce = (uint8_t *)malloc(CKPT_BOUNCE_BYTES);
+    if (o->bounce == NULL) return ENOMEM;
+    if (cipher == NULL || aead_file_read_header(o->fd, &o->file, cipher, path, NULL, 0) != 0) return EBADMSG;
+    return 0;
+}
+
+// n bytes at plaintext offset `offset`; -1 with errno
+static int ckpt_out_pwrite(CkptOut *o, const void *buf, size_t n, size_t offset) {
+    if (!o->sealed) return ckpt_pwrite(o->fd, buf, n, offset);
+    return aead_file_pwrite(o->fd, &o->file, o->cipher, buf, n, offset, o->bounce, CKPT_BOUNCE_BYTES);
+}
+
+// fsync (when sync) and close; 0, or an errno
+static int ckpt_out_close(CkptOut *o, int sync) {
+    int e = 0;
+    if (o->fd >= 0 && sync && fsync(o->fd) != 0) e = errno;
+    if (o->fd >= 0 && close(o->fd) != 0 && e == 0) e = errno;
+    free(o->bounce);
+    memset(o, 0, sizeof(*o));
+    o->fd = -1;
+    return e;
+}
+
+// a new file `name` in the directory dfd (AT_FDCWD: a path) at its full size: the plaintext header
+// (header_bytes of it) in, the rest zero; sealed under cipher when given
+// (its own header, then the plaintext header encrypted at offset 0). 0 or
+// an errno.
+static int ckpt_make_file(int dfd, const char *name, const void *header, size_t header_bytes, uint64_t bytes,
+                          const AeadFileKey *cipher) {
+    // O_EXCL: a link planted under the name is refused, never written through
+    int fd = openat(dfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644), e = fd < 0 ? errno : 0;
+    if (e == 0 && cipher == NULL) {
+        if (write_all(fd, header, header_bytes) != 0) e = errno;
+        if (e == 0 && ftruncate(fd, (off_t)bytes) != 0) e = errno;
+    } else if (e == 0) {
+        AeadFile f;
+        uint8_t bounce[4096];
+        if (aead_file_new(&f, cipher, bytes, AEAD_FILE_CHUNK_BYTES, name, NULL, 0) != 0) e = EIO;
+        if (e == 0 && write_all(fd, f.header, sizeof(f.header)) != 0) e = errno;
+        if (e == 0 && ftruncate(fd, (off_t)aead_file_bytes(bytes, AEAD_FILE_CHUNK_BYTES)) != 0) e = errno;
+        if (e == 0 && aead_file_pwrite(fd, &f, cipher, header, header_bytes, 0, bounce, sizeof(bounce)) != 0) e = errno;
+    }
+    if (e == 0 && fsync(fd) != 0) e = errno;
+    if (fd >= 0 && close(fd) != 0 && e == 0) e = errno;
+    return e;
+}
+
 // rank 0, before the ranks write: an empty .partial directory with model.bin
-// and optim.bin at their full size (headers in, tensors zero) and state.bin
-static int ckpt_begin(const char *out_dir, const CkptState *s, char *err, size_t errlen) {
+// and optim.bin at their full size (headers in, tensors zero) and state.bin;
+// sealed files under cipher when given
+static int ckpt_begin(const char *out_dir, const CkptState *s, const AeadFileKey *cipher, char *err, size_t errlen) {
     char name[64];
     ckpt_entry_name(name, s->step, ".partial");
     int dfd = ckpt_dir_open(out_dir, err, errlen);
@@ -568,28 +780,52 @@ static int ckpt_begin(const char *out_dir, const CkptState *s, char *err, size_t
     ckpt_optim_header(h[1], &s->config, s->adam_t);
     ckpt_state_header(s, h[2]);
     for (int i = 0; i < 3 && e == 0; i++) {
-        // O_EXCL in the directory just made: nothing can be there, a link least of all
-        int fd = openat(pfd, ckpt_files[i], O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-        e = fd < 0 ? errno : 0;
-        if (e == 0 && write_all(fd, h[i], sizeof(h[i])) != 0) e = errno;
-        if (e == 0 && ftruncate(fd, (off_t)ckpt_file_bytes(i, &s->config)) != 0) e = errno;
-        if (e == 0 && fsync(fd) != 0) e = errno;
-        if (fd >= 0 && close(fd) != 0 && e == 0) e = errno;
+        e = ckpt_make_file(pfd, ckpt_files[i], h[i], sizeof(h[i]), ckpt_file_bytes(i, &s->config), cipher);
         if (e != 0) errorf(err, errlen, "%s/%s/%s: write: %s", out_dir, name, ckpt_files[i], strerror(e));
     }
     close(pfd);
     return e == 0 ? 0 : -1;
 }
 
+// the final model sealed (-enc 2): model_save's fp32 file, encrypted, to
+// PATH.tmp first and then renamed into place
+static int ckpt_model_save_sealed(const char *path, const uint8_t key[32], const GPT2Config *c, const float *params,
+                                  char *err, size_t errlen) {
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    AeadFileKey cipher;
+    aead_file_key(&cipher, key);
+    int32_t h[HEADER_INTS];
+    model_fill_header(h, c, 3);
+    unlink(tmp);
+    int e = ckpt_make_file(AT_FDCWD, tmp, h, sizeof(h), ckpt_file_bytes(0, c), &cipher);
+    CkptOut out;
+    memset(&out, 0, sizeof(out));
+    out.fd = -1;
+    if (e == 0) e = ckpt_out_open(&out, tmp, &cipher);
+    if (e == 0 && ckpt_out_pwrite(&out, params, param_count(c) * sizeof(float), sizeof(h)) != 0) e = errno;
+    int closed = ckpt_out_close(&out, 0);
+    if (e == 0) e = closed;
+    int rc = e == 0 ? 0 : errorf(err, errlen, "%s: write: %s", tmp, strerror(e));
+    if (rc == 0) rc = ckpt_seal_tags(tmp, &cipher, err, errlen);
+    if (rc == 0 && rename(tmp, path) != 0) rc = errorf(err, errlen, "%s: rename to %s: %s", tmp, path, strerror(errno));
+    if (rc != 0) unlink(tmp);
+    aead_file_key_wipe(&cipher);
+    return rc;
+}
+
 // how a trainer takes part in ckpt_write_job: sum adds one float over every
 // rank of the job (an all-reduce; the caller gives its waits room for the
 // writes and the seal); part writes this rank's share of model.bin and
-// optim.bin in dir, files at full size, and fsyncs them: 0 or an errno
+// optim.bin in dir, files at full size, and fsyncs them: 0 or an errno (it
+// opens them with ckpt_out_open and cipher, which sealed files need);
+// encrypt: -enc, the files sealed
 typedef struct {
     float (*sum)(void *ctx, float x);
-    int (*part)(void *ctx, const char *dir);
+    int (*part)(void *ctx, const char *dir, const AeadFileKey *cipher);
     void *ctx;
     int rank;
+    int encrypt;
 } CkptJob;
 
 // the checkpoint of step st->step, by every rank of a job (both trainers):
@@ -600,13 +836,16 @@ typedef struct {
 static int ckpt_write_job(const CkptJob *job, const char *out_dir, int keep, const CkptState *st, const uint8_t key[32]) {
     int rank0 = job->rank == 0;
     char err[1200] = "", dir[4096];
-    float failed = job->sum(job->ctx, rank0 && ckpt_begin(out_dir, st, err, sizeof(err)) != 0);
+    AeadFileKey cipher;
+    aead_file_key(&cipher, key);
+    const AeadFileKey *sealed = job->encrypt ? &cipher : NULL;
+    float failed = job->sum(job->ctx, rank0 && ckpt_begin(out_dir, st, sealed, err, sizeof(err)) != 0);
     if (failed == 0) {
         ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial");
-        int e = job->part(job->ctx, dir);
+        int e = job->part(job->ctx, dir, &cipher);
         if (e != 0) errorf(err, sizeof(err), "rank %d: %s: write: %s", job->rank, dir, strerror(e));
         failed = job->sum(job->ctx, e != 0);
-        if (failed == 0 && rank0 && ckpt_seal(out_dir, st->step, key, err, sizeof(err)) != 0) failed = 1;
+        if (failed == 0 && rank0 && ckpt_seal(out_dir, st->step, key, sealed, err, sizeof(err)) != 0) failed = 1;
         if (!rank0 && e == 0) err[0] = '\0';  // rank 0 speaks for the job; a rank that failed, for itself
         failed = job->sum(job->ctx, rank0 ? failed : 0.0f);
     }
@@ -618,6 +857,7 @@ static int ckpt_write_job(const CkptJob *job, const char *out_dir, int keep, con
         ckpt_remove_at(dfd, name);
         close(dfd);
     }
+    aead_file_key_wipe(&cipher);
     if (err[0] != '\0') fprintf(stderr, "checkpoint of step %d failed: %s\n", st->step, err);
     return failed == 0 ? 0 : -1;
 }

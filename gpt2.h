@@ -27,7 +27,8 @@
  *
  * tokenizer (magic 20240328) and token shards (magic 20240520): tokenizer.h
  * and dataloader.h; checkpoints (optim.bin 20241203, state.bin 20241204):
- * checkpoint.h; doc/formats.md has all of them on one page.
+ * checkpoint.h; sealed (encrypted, -enc) files, magic bytes "llm3dgcm":
+ * aead.h; doc/formats.md has all of them on one page.
  */
 #ifndef LLM3D_GPT2_H
 #define LLM3D_GPT2_H
@@ -587,6 +588,7 @@ typedef struct {
     int hellaswag;                 // -h 1: HellaSwag at every evaluation
     const char *hellaswag_file;    // -hf, NULL: HS_DEFAULT_FILE of hellaswag.h
     int ckpt_every, ckpt_keep, resume, resume_step;
+    int encrypt;                   // -enc: 1 checkpoints sealed (AES-256-GCM), 2 the final model too
     int np, tp, pp, zero, microbatches, pipe_schedule, check_every;
     int watch_every;               // -wr: each rank's compute and wait times compared every N steps (0 = off)
     float timeout;
@@ -665,6 +667,9 @@ static const OptionSpec option_specs[] = {
      "resume from the latest checkpoint in -o (0/1; none yet: start afresh)", NULL, NULL},
     {"-ys", OPT_INT, offsetof(Options, resume_step), -1, 1 << 30, NULL,
      "resume from the checkpoint of this step in -o (-1 = off)", NULL, NULL},
+    {"-enc", OPT_INT, offsetof(Options, encrypt), 0, 2, NULL,
+     "encrypt at rest (AES-256-GCM, under the checkpoint key): 1 checkpoints, 2 the final model too (0 = off; "
+     "a resume reads either)", NULL, NULL},
     {"-np", OPT_INT, offsetof(Options, np), 1, 256, NULL, "ranks (processes)", NULL, NULL},
     {"-tp", OPT_INT, offsetof(Options, tp), 1, 256, NULL, "tensor-parallel size", NULL, NULL},
     {"-pp", OPT_INT, offsetof(Options, pp), 1, 256, NULL, "pipeline stages",

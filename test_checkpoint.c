@@ -4,10 +4,11 @@
  * On a tiny model (d2: L=2 C=128 NH=2, V=256) and a synthetic shard:
  * bit-exact resume (one rank and parallel layouts), resume under other
  * layouts, the refusals (truncated, changed, another key, another shape,
- * a missing file), keeping the last K, SIGTERM, a file size limit, and 20
- * SIGKILLs at random moments in a row.
+ * a missing file), encrypted checkpoints (-enc), keeping the last K,
+ * SIGTERM, a file size limit, and 20 SIGKILLs at random moments in a row.
  */
 #define _GNU_SOURCE
+#include "checkpoint.h"
 #include "gpt2.h"
 #include "test.h"
 
@@ -257,6 +258,164 @@ static void test_refusals(void) {
           "another job's checkpoint resumes on 2 ranks with --key-file naming its key (exit %d)", r.status);
 }
 
+// whether every file of a checkpoint directory (and more) is sealed
+static int sealed(const char *fmt, const char *a, int step) {
+    char path[400];
+    snprintf(path, sizeof(path), fmt, a, step);
+    return ckpt_is_sealed(path);
+}
+
+// the key of a directory's job.key
+static int read_key(const char *out_dir, uint8_t key[32]) {
+    char path[300], err[512];
+    snprintf(path, sizeof(path), "%s/job.key", out_dir);
+    return key_read_file(path, key, err, sizeof(err));
+}
+
+// -enc: checkpoints (and with 2 the final model) sealed with AES-256-GCM; the
+// losses those of a plain run, bit for bit; a resume reads them with or
+// without -enc, bit-exact; damage, another key or no key: one line, exit 2
+static void test_encrypted(const char *layout, const char *name) {
+    static Run plain, full, resumed;
+    char a[200], b[200], p[200], args[300];
+    snprintf(p, sizeof(p), "%s/enc_plain", dir);
+    snprintf(a, sizeof(a), "%s/enc_full", dir);
+    snprintf(b, sizeof(b), "%s/enc_resumed", dir);
+    snprintf(args, sizeof(args), "-n 20 %s", layout);
+    run(&plain, p, 40, args);
+    snprintf(args, sizeof(args), "-n 20 -enc 2 %s", layout);
+    run(&full, a, 40, args);
+    if (!check(full.status == 0 && full.nsteps == 40, "%s, -enc 2: 40 steps with a checkpoint every 20 (exit %d)", name,
+               full.status)) {
+        printf("%s\n", full.out);
+        return;
+    }
+    check(same_steps(&plain, &full, 0, 40), "%s, -enc 2: the losses and norms of the run without -enc, bit for bit", name);
+    check(sealed("%s/ckpt_%08d/model.bin", a, 20) && sealed("%s/ckpt_%08d/optim.bin", a, 20) &&
+          sealed("%s/ckpt_%08d/state.bin", a, 20) && sealed("%s/model_%08d.bin", a, 40) &&
+          !sealed("%s/ckpt_%08d/model.bin", p, 20) && !sealed("%s/model_%08d.bin", p, 40),
+          "%s: with -enc 2 model.bin, optim.bin, state.bin and the final model are sealed files; without, plain", name);
+    // the sealed files hold the plain run's bytes, and none of them readable
+    uint8_t key[32], *dec = NULL;
+    uint64_t dec_n = 0;
+    char pa[300], pp[300], err[1024];
+    snprintf(pa, sizeof(pa), "%s/ckpt_00000020/optim.bin", a);
+    snprintf(pp, sizeof(pp), "%s/ckpt_00000020/optim.bin", p);
+    size_t plain_n = 0;
+    FILE *f = fopen(pp, "rb");
+    uint8_t *plain_bytes = (uint8_t *)malloc(8 << 20);
+    if (f != NULL) plain_n = fread(plain_bytes, 1, 8 << 20, f), fclose(f);
+    int ok = read_key(a, key) == 0 && ckpt_read_file(pa, key, 1 << 30, &dec, &dec_n, err, sizeof(err)) == 0;
+    check(ok && dec_n == plain_n && memcmp(dec, plain_bytes, plain_n) == 0,
+          "%s: optim.bin decrypts to the plain run's optim.bin, byte for byte %s", name, ok ? "" : err);
+    free(dec);
+    f = fopen(pa, "rb");
+    uint8_t *sealed_bytes = (uint8_t *)malloc(8 << 20);
+    size_t sealed_n = f != NULL ? fread(sealed_bytes, 1, 8 << 20, f) : 0;
+    if (f != NULL) fclose(f);
+    check(sealed_n > 4096 && plain_n > 4096 && memmem(sealed_bytes, sealed_n, plain_bytes + 2048, 64) == NULL,
+          "%s: the sealed optim.bin holds none of its plaintext", name);
+    free(plain_bytes);
+    free(sealed_bytes);
+
+    // resumed with and without -enc: bit-exact either way
+    for (int with = 0; with < 2; with++) {
+        sh("rm -rf %s && mkdir -p %s && cp -r %s/ckpt_00000020 %s/job.key %s/", b, b, a, a, b);
+        snprintf(args, sizeof(args), "-y 1 -n 20 %s %s", with ? "-enc 1" : "", layout);
+        run(&resumed, b, 40, args);
+        check(resumed.status == 0 && strstr(resumed.out, "resuming from") != NULL && same_steps(&full, &resumed, 20, 40),
+              "%s: resumed from the sealed checkpoint of step 20 %s: steps 20..39 as the uninterrupted run (exit %d)",
+              name, with ? "with -enc 1" : "without -enc", resumed.status);
+        check(sealed("%s/ckpt_%08d/model.bin", b, 40) == with,
+              "%s: ... and its own checkpoint is %s", name, with ? "sealed" : "plain");
+    }
+    // the last resume's checkpoint of step 40, decrypted: the plain run's bytes
+    int same = read_key(b, key) == 0;
+    for (int i = 0; i < 2 && same; i++) {
+        uint8_t *x = NULL, *y = NULL;
+        uint64_t xn = 0, yn = 0;
+        snprintf(pa, sizeof(pa), "%s/ckpt_00000040/%s", b, ckpt_files[i]);
+        snprintf(pp, sizeof(pp), "%s/ckpt_00000040/%s", p, ckpt_files[i]);
+        same = ckpt_read_file(pa, key, 1 << 30, &x, &xn, err, sizeof(err)) == 0 &&
+               ckpt_read_file(pp, key, 1 << 30, &y, &yn, err, sizeof(err)) == 0 && xn == yn && memcmp(x, y, xn) == 0;
+        free(x);
+        free(y);
+    }
+    check(same, "%s: its model.bin and optim.bin of step 40 decrypt to the plain run's, byte for byte", name);
+}
+
+// swaps chunks i and j (1 MiB each, with their tags) of a sealed file of a
+// checkpoint of step 4 in out_dir
+static void swap_chunks(const char *out_dir, const char *name, int i, int j) {
+    char path[300];
+    snprintf(path, sizeof(path), "%s/ckpt_00000004/%s", out_dir, name);
+    FILE *f = fopen(path, "r+b");
+    uint8_t h[64];
+    if (f == NULL || fread(h, 1, 64, f) != 64) { if (f) fclose(f); return; }
+    uint64_t plain = get_u64(h + 16), chunk = AEAD_FILE_CHUNK_BYTES;
+    uint64_t at[2][2] = {{64 + i * chunk, 64 + plain + 16 * (uint64_t)i}, {64 + j * chunk, 64 + plain + 16 * (uint64_t)j}};
+    uint64_t len[2] = {chunk, 16};
+    for (int part = 0; part < 2; part++) {
+        uint8_t *x = (uint8_t *)malloc(len[part]), *y = (uint8_t *)malloc(len[part]);
+        fseek(f, (long)at[0][part], SEEK_SET);
+        size_t got = fread(x, 1, len[part], f);
+        fseek(f, (long)at[1][part], SEEK_SET);
+        got += fread(y, 1, len[part], f);
+        fseek(f, (long)at[0][part], SEEK_SET);
+        fwrite(y, 1, len[part], f);
+        fseek(f, (long)at[1][part], SEEK_SET);
+        fwrite(x, 1, len[part], f);
+        if (got != 2 * len[part]) printf("note: %s: short read swapping chunks\n", path);
+        free(x);
+        free(y);
+    }
+    fclose(f);
+}
+
+// a sealed checkpoint damaged, or read without its key: one line, exit 2;
+// and beneath the MANIFEST, the cipher itself refuses a changed byte, two
+// chunks swapped and a file cut short, naming the file and chunk
+static void test_encrypted_refusals(void) {
+    static Run good, r;
+    char a[200], b[200];
+    snprintf(a, sizeof(a), "%s/enc_refuse_src", dir);
+    run(&good, a, 4, "-n 4 -enc 1");
+    if (!check(good.status == 0 && sealed("%s/ckpt_%08d/optim.bin", a, 4), "a sealed checkpoint of step 4 to damage"))
+        return;
+    // optim.bin of d2: 1024 + 8 N bytes (N = 497,408 here: over 3 chunks of 1 MiB)
+    struct { const char *what, *damage, *expect; } cases[] = {
+        {"a changed byte", "printf 'x' | dd of=%s/ckpt_00000004/optim.bin bs=1 seek=5000 conv=notrunc 2>/dev/null",
+         "optim.bin: sha256"},
+        {"chunks 0 and 1 swapped", NULL, "optim.bin: sha256"},
+        {"a file cut short", "truncate -s -16 %s/ckpt_00000004/optim.bin", "optim.bin: size"},
+        {"no key: job.key gone", "rm %s/job.key", "job.key is missing, but"},
+        {"another key", "rm %1$s/job.key && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > %1$s/job.key && "
+         "echo >> %1$s/job.key && chmod 600 %1$s/job.key", "another key"},
+    };
+    for (int i = 0; i < (int)(sizeof(cases) / sizeof(cases[0])); i++) {
+        snprintf(b, sizeof(b), "%s/enc_refuse_%d", dir, i);
+        sh("rm -rf %s && mkdir -p %s && cp -r %s/ckpt_00000004 %s/job.key %s/", b, b, a, a, b);
+        if (cases[i].damage != NULL) sh(cases[i].damage, b);
+        else swap_chunks(b, "optim.bin", 0, 1);
+        run(&r, b, 8, "-y 1");
+        int lines = 0;
+        for (const char *p = r.out; *p; p++) lines += *p == '\n';
+        check(r.status == 2 && lines == 1 && strstr(r.out, cases[i].expect) != NULL,
+              "sealed checkpoint, %s: refused (exit %d, %d line): %s", cases[i].what, r.status, lines,
+              line_with(&r, "train_gpt2"));
+        if (i > 2) continue;
+        // the same damage read past the MANIFEST: the tags refuse it
+        uint8_t key[32], *bytes = NULL;
+        uint64_t n = 0;
+        char path[300], err[1024] = "";
+        snprintf(path, sizeof(path), "%s/ckpt_00000004/optim.bin", b);
+        int refused = read_key(b, key) == 0 && ckpt_read_file(path, key, 1 << 30, &bytes, &n, err, sizeof(err)) != 0;
+        free(bytes);
+        check(refused && strstr(err, path) != NULL && (strstr(err, "chunk") != NULL || strstr(err, "truncated") != NULL),
+              "sealed checkpoint, %s: the cipher refuses it too, naming file and chunk: %s", cases[i].what, err);
+    }
+}
+
 // -nk 2 keeps the newest two; -y 1 with nothing to resume starts afresh
 static void test_keep(void) {
     static Run r;
@@ -455,6 +614,9 @@ int main(void) {
     test_bit_exact("-np 8 -tp 2 -pp 2 -z 3", "(2,2,2) ZeRO-3");
     test_other_layouts();
     test_refusals();
+    test_encrypted("", "one rank");
+    test_encrypted("-np 2 -z 1", "dp 2 ZeRO-1");
+    test_encrypted_refusals();
     test_keep();
     test_full_disk();
 

@@ -666,7 +666,9 @@ static int gpt2_load_optimizer_refuses_t(const GPT2Config *c, const float *param
                                          size_t errlen) {
     GPT2 q;
     gpt2_init(&q, c, params, 0, 1, 8, 1, 0);
-    int refused = gpt2_load_optimizer(&q, path, 8, err, errlen) != 0 && strstr(err, "not the AdamW state of this model at t = 8");
+    static const uint8_t key[32] = {0};  // the file is plain: no key is used
+    int refused = gpt2_load_optimizer(&q, path, key, 8, err, errlen) != 0 &&
+                  strstr(err, "not the AdamW state of this model at t = 8");
     gpt2_free(&q);
     return refused;
 }
@@ -702,18 +704,23 @@ static void test_ckpt_device(void) {
         memset(&st, 0, sizeof(st));
         st.step = 7 + k; st.adam_t = 7; st.config = c; st.B = 1; st.T = 8; st.np = world; st.tp = tp; st.pp = pp;
         st.zero = zero;
-        int good = ckpt_begin(dir, &st, err, sizeof(err)) == 0;
+        // the last layout writes sealed files (-enc 1): each rank encrypts its part at its place
+        AeadFileKey cipher;
+        aead_file_key(&cipher, key);
+        const AeadFileKey *sealed = k == 4 ? &cipher : NULL;
+        int good = ckpt_begin(dir, &st, sealed, err, sizeof(err)) == 0;
         ckpt_dir_name(ck_dir, sizeof(ck_dir), dir, st.step, ".partial");
         for (int rank = 0; rank < world && good; rank++) {
             Grid g;
             grid_init(&g, world, tp, pp, rank, err, sizeof(err));
             GPT2 r;
             gpt2_init_rank(&r, &c, params, 0, 1, 8, 1, 0, &g, zero, 1, NULL);
-            good = gpt2_load_optimizer(&r, src, 7, err, sizeof(err)) == 0 &&
-                   write_part(&r, ck_dir, "model.bin", 1) == 0;
+            good = gpt2_load_optimizer(&r, src, key, 7, err, sizeof(err)) == 0 &&
+                   write_part(&r, ck_dir, "model.bin", 1, &cipher) == 0;
             gpt2_free(&r);
         }
-        good = good && ckpt_seal(dir, st.step, key, err, sizeof(err)) == 0;
+        good = good && ckpt_seal(dir, st.step, key, sealed, err, sizeof(err)) == 0;
+        aead_file_key_wipe(&cipher);
         CkptState got;
         good = good && ckpt_find(dir, st.step, key, 1, &got, ck_dir, sizeof(ck_dir), err, sizeof(err)) == 1;
         if (!check(good, "dp %d tp %d pp %d ZeRO-%d: %d ranks load, write and seal checkpoint %d (%s)", dp, tp, pp, zero,
@@ -721,15 +728,18 @@ static void test_ckpt_device(void) {
             break;
         snprintf(path, sizeof(path), "%s/model.bin", ck_dir);
         GPT2Config c2;
-        float *saved = model_load(path, &c2, err, sizeof(err));
+        float *saved = ckpt_model_load(path, key, &c2, err, sizeof(err));
         snprintf(path, sizeof(path), "%s/optim.bin", ck_dir);
-        int fd = open(path, O_RDONLY);
-        int same_opt = fd >= 0 && ckpt_pread(fd, file, 2 * N * sizeof(float), header) == 0 &&
-                       memcmp(file, want, 2 * N * sizeof(float)) == 0;
-        if (fd >= 0) close(fd);
-        check(saved != NULL && memcmp(saved, params, N * sizeof(float)) == 0 && same_opt,
-              "dp %d tp %d pp %d ZeRO-%d: model.bin = the master weights and optim.bin = m, v, bit for bit", dp, tp, pp,
-              zero);
+        int was_sealed = ckpt_is_sealed(path);
+        uint8_t *optim_bytes = NULL;
+        uint64_t optim_n = 0;
+        int same_opt = ckpt_read_file(path, key, (uint64_t)1 << 40, &optim_bytes, &optim_n, err, sizeof(err)) == 0 &&
+                       optim_n == header + 2 * N * sizeof(float) &&
+                       memcmp(optim_bytes + header, want, 2 * N * sizeof(float)) == 0;
+        free(optim_bytes);
+        check(saved != NULL && memcmp(saved, params, N * sizeof(float)) == 0 && same_opt && was_sealed == (k == 4),
+              "dp %d tp %d pp %d ZeRO-%d%s: model.bin = the master weights and optim.bin = m, v, bit for bit", dp, tp, pp,
+              zero, k == 4 ? ", sealed (-enc 1)" : "");
         free(saved);
     }
     check(gpt2_load_optimizer_refuses_t(&c, params, src, err, sizeof(err)), "a t other than the header's refused: %s", err);

@@ -1141,7 +1141,7 @@ static float *tensor_view(const GPT2 *m, float *const *unit_data, int t, int lay
 // straight into the whole tensors of model.bin and optim.bin, so the files do
 // not depend on the layout and no rank ever holds the whole model or state.
 
-typedef struct { GPT2 *m; int fd_model, fd_optim, error; size_t N; } SaveCtx;
+typedef struct { GPT2 *m; CkptOut model, optim; int error; size_t N; } SaveCtx;
 
 // where element j of unit u lives on this rank: in the whole unit (offset)
 // or, when the array is sharded over dp, in my 1/dp of it (shard_offset)
@@ -1156,25 +1156,31 @@ static void save_run(const OwnedRun *r, void *ctx) {
     const float *p = zero == 3 ? unit_elem(m, m->param_shard, 1, r->u, r->j) : unit_elem(m, m->params, 0, r->u, r->j);
     const float *mo = unit_elem(m, m->m, zero >= 1, r->u, r->j), *vo = unit_elem(m, m->v, zero >= 1, r->u, r->j);
     size_t bytes = r->n * sizeof(float), at = HEADER_INTS * 4 + r->g * sizeof(float);
-    if (sc->error == 0 && (ckpt_pwrite(sc->fd_model, p, bytes, at) != 0 || ckpt_pwrite(sc->fd_optim, mo, bytes, at) != 0 ||
-                           ckpt_pwrite(sc->fd_optim, vo, bytes, at + sc->N * sizeof(float)) != 0))
+    if (sc->error == 0 && (ckpt_out_pwrite(&sc->model, p, bytes, at) != 0 ||
+                           ckpt_out_pwrite(&sc->optim, mo, bytes, at) != 0 ||
+                           ckpt_out_pwrite(&sc->optim, vo, bytes, at + sc->N * sizeof(float)) != 0))
         sc->error = errno;
 }
 
-// this rank's share of model.bin and optim.bin in dir (ckpt_write_job's part)
-static int save_part(void *ctx, const char *dir) {
+// this rank's share of model.bin and optim.bin in dir (ckpt_write_job's part;
+// cipher: for files rank 0 made sealed)
+static int save_part(void *ctx, const char *dir, const AeadFileKey *cipher) {
     GPT2 *m = (GPT2 *)ctx;
     char path[4200];
-    SaveCtx sc = {m, -1, -1, 0, param_count(&m->config)};
+    SaveCtx sc;
+    memset(&sc, 0, sizeof(sc));
+    sc.m = m;
+    sc.N = param_count(&m->config);
     snprintf(path, sizeof(path), "%s/model.bin", dir);
-    sc.fd_model = open(path, O_WRONLY | O_CLOEXEC);
+    sc.error = ckpt_out_open(&sc.model, path, cipher);
     snprintf(path, sizeof(path), "%s/optim.bin", dir);
-    sc.fd_optim = open(path, O_WRONLY | O_CLOEXEC);
-    if (sc.fd_model < 0 || sc.fd_optim < 0) sc.error = errno;
+    int e = ckpt_out_open(&sc.optim, path, cipher);
+    if (sc.error == 0) sc.error = e;
     if (sc.error == 0) for_each_owned(&m->config, &m->shard, &m->ut, 1, save_run, &sc);
-    if (sc.error == 0 && (fsync(sc.fd_model) != 0 || fsync(sc.fd_optim) != 0)) sc.error = errno;
-    if (sc.fd_model >= 0) close(sc.fd_model);
-    if (sc.fd_optim >= 0) close(sc.fd_optim);
+    e = ckpt_out_close(&sc.model, sc.error == 0);
+    if (sc.error == 0) sc.error = e;
+    e = ckpt_out_close(&sc.optim, sc.error == 0);
+    if (sc.error == 0) sc.error = e;
     return sc.error;
 }
 
@@ -1186,9 +1192,9 @@ static float save_sum(void *ctx, float x) {
 
 // the checkpoint of step st->step (checkpoint.h's ckpt_write_job: every rank
 // writes its part; the same verdict on every rank, 0 = complete and sealed)
-static int gpt2_save(GPT2 *m, const char *out_dir, int keep, const CkptState *st, const uint8_t key[32]) {
+static int gpt2_save(GPT2 *m, const char *out_dir, int keep, const CkptState *st, const uint8_t key[32], int encrypt) {
     const Parallel *par = m->par;
-    CkptJob job = {save_sum, save_part, m, par->grid.rank};
+    CkptJob job = {save_sum, save_part, m, par->grid.rank, encrypt};
     double timeout = comm_set_timeout(par->comm, 0.0);
     comm_set_timeout(par->comm, timeout + ckpt_wait_room(&m->config));
     int rc = ckpt_write_job(&job, out_dir, keep, st, key);
@@ -1198,9 +1204,9 @@ static int gpt2_save(GPT2 *m, const char *out_dir, int keep, const CkptState *st
 
 // AdamW's m and v for this rank's part from a checkpoint's optim.bin (the
 // parameters come in through gpt2_build from its model.bin)
-static int gpt2_load_optimizer(GPT2 *m, const char *path, int adam_t, char *err, size_t errlen) {
+static int gpt2_load_optimizer(GPT2 *m, const char *path, const uint8_t key[32], int adam_t, char *err, size_t errlen) {
     OptimFile f;
-    if (ckpt_optim_open(&f, path, &m->config, adam_t, err, errlen) != 0) return -1;
+    if (ckpt_optim_open(&f, path, key, &m->config, adam_t, err, errlen) != 0) return -1;
     int sharded = m->par->zero >= 1;
     float *buf = (float *)xcalloc(unit_table_largest(&m->ut), sizeof(float), "unit");
     for (int u = 0; u < m->ut.n; u++) {
@@ -1355,8 +1361,9 @@ static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng)
 }
 
 // the final model, DIR/model_SSSSSSSS.bin: the parameters of every rank,
-// assembled on all of them (ZeRO-3 gathers each unit), written by rank 0
-static int gpt2_write_model(GPT2 *m, const char *out_dir, int steps, char *path, size_t pathlen) {
+// assembled on all of them (ZeRO-3 gathers each unit), written by rank 0;
+// sealed under the checkpoint key when key is given (-enc 2)
+static int gpt2_write_model(GPT2 *m, const char *out_dir, int steps, const uint8_t *key, char *path, size_t pathlen) {
     char err[1024];
     float *full = (float *)xcalloc(param_count(&m->config), sizeof(float), "full model");
     for (int u = 0; u < m->ut.n; u++) unit_acquire(m, u);
@@ -1365,7 +1372,11 @@ static int gpt2_write_model(GPT2 *m, const char *out_dir, int steps, char *path,
     group_allreduce(m->par, &m->par->world, full, param_count(&m->config));
     snprintf(path, pathlen, "%s/model_%08d.bin", out_dir, steps);
     int rc = 0;
-    if (m->par->grid.rank == 0 && model_save(path, &m->config, full, 0, err, sizeof(err)) != 0) {
+    int failed = 0;
+    if (m->par->grid.rank == 0)
+        failed = key != NULL ? ckpt_model_save_sealed(path, key, &m->config, full, err, sizeof(err))
+                             : model_save(path, &m->config, full, 0, err, sizeof(err));
+    if (failed != 0) {
         fprintf(stderr, "%s\n", err);
         rc = -1;
     }
@@ -1567,7 +1578,8 @@ int main(int argc, char **argv) {
     gpt2_build(&model, &job.config, &par, params, (uint64_t)job.opt.seed);
     free(params);
     snprintf(path, sizeof(path), "%s/optim.bin", job.ck_dir);
-    if (job.resuming && gpt2_load_optimizer(&model, path, job.ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
+    if (job.resuming && gpt2_load_optimizer(&model, path, job.ckpt_key, job.ck.adam_t, err, sizeof(err)) != 0)
+        die_usage(err);
     double load_ms = now_ms() - job.load_t0 - job.verify_ms;
     gpt2_alloc_activations(&model, B, T, activation_sets(&job, &par.grid));
     if (rank0) print_model_and_batch(&job, dp);
@@ -1619,7 +1631,8 @@ int main(int argc, char **argv) {
         if (checkpoint_due(&job, step, stopped)) {
             CkptState st = checkpoint_state(&job, step + 1, model.adam_t, &par.grid, par.zero);
             double c0 = now_ms();
-            if (gpt2_save(&model, job.opt.out_dir, job.opt.ckpt_keep, &st, job.ckpt_key) != 0) return 1;
+            if (gpt2_save(&model, job.opt.out_dir, job.opt.ckpt_keep, &st, job.ckpt_key, job.opt.encrypt >= 1) != 0)
+                return 1;
             if (rank0) print_checkpoint_written(&job, step + 1, now_ms() - c0);
         }
         if (stopped && rank0) printf("stopped by a signal after step %d; resume with -y 1\n", step);
@@ -1634,7 +1647,8 @@ int main(int argc, char **argv) {
         if (rank0) report_final(&job, &last);
     }
     if (job.opt.out_dir && !stopped) {
-        if (gpt2_write_model(&model, job.opt.out_dir, job.steps, path, sizeof(path)) != 0) return 1;
+        const uint8_t *seal_with = job.opt.encrypt >= 2 ? job.ckpt_key : NULL;
+        if (gpt2_write_model(&model, job.opt.out_dir, job.steps, seal_with, path, sizeof(path)) != 0) return 1;
         if (rank0) printf("wrote %s\n", path);
     }
     if (par.comm) {

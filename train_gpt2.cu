@@ -1200,7 +1200,7 @@ static float *gpt2_export(GPT2 *m, int grads) {
 // layout, and any layout of either trainer reads them. The master weights
 // and AdamW state of a rank's shard are current under every ZeRO stage.
 
-typedef struct { Downloaded d; int fd_model, fd_optim, error, with_adam; size_t N; } SaveCtx;
+typedef struct { Downloaded d; CkptOut *model, *optim; int error, with_adam; size_t N; } SaveCtx;
 
 static void save_run(const OwnedRun *r, void *ctx) {
     SaveCtx *sc = (SaveCtx *)ctx;
@@ -1211,21 +1211,21 @@ static void save_run(const OwnedRun *r, void *ctx) {
         download_unit(&sc->d, r->u, lo, lo + unit_chunk(m, r->u), sc->with_adam);
     }
     size_t at = HEADER_INTS * 4 + r->g * sizeof(float), bytes = r->n * sizeof(float), k = r->j - sc->d.lo;
-    if (ckpt_pwrite(sc->fd_model, sc->d.master + k, bytes, at) != 0 ||
-        (sc->with_adam && (ckpt_pwrite(sc->fd_optim, sc->d.am + k, bytes, at) != 0 ||
-                           ckpt_pwrite(sc->fd_optim, sc->d.av + k, bytes, at + sc->N * sizeof(float)) != 0)))
+    if (ckpt_out_pwrite(sc->model, sc->d.master + k, bytes, at) != 0 ||
+        (sc->with_adam && (ckpt_out_pwrite(sc->optim, sc->d.am + k, bytes, at) != 0 ||
+                           ckpt_out_pwrite(sc->optim, sc->d.av + k, bytes, at + sc->N * sizeof(float)) != 0)))
         sc->error = errno;
 }
 
-// this rank's part of model.bin and (fd_optim >= 0) optim.bin, both open
+// this rank's part of model.bin and (optim not NULL) optim.bin, both open
 // for writing at their full size; 0, or the errno of the failed write
-static int gpt2_write_share(GPT2 *m, int fd_model, int fd_optim) {
+static int gpt2_write_share(GPT2 *m, CkptOut *model, CkptOut *optim) {
     SaveCtx sc;
     downloaded_init(&sc.d, m);
-    sc.fd_model = fd_model;
-    sc.fd_optim = fd_optim;
+    sc.model = model;
+    sc.optim = optim;
     sc.error = 0;
-    sc.with_adam = fd_optim >= 0;
+    sc.with_adam = optim != NULL;
     sc.N = m->num_params;
     for_each_owned(&m->config, &m->shard, &m->ut, 1, save_run, &sc);
     downloaded_free(&sc.d);
@@ -1233,20 +1233,25 @@ static int gpt2_write_share(GPT2 *m, int fd_model, int fd_optim) {
 }
 
 // writes this rank's part of model.bin (and, with optim, optim.bin) in dir,
-// files that rank 0 made at full size, and fsyncs them; 0, or an errno
-static int write_part(GPT2 *m, const char *dir, const char *model_name, int optim) {
+// files that rank 0 made at full size (sealed ones under cipher), and
+// fsyncs them; 0, or an errno
+static int write_part(GPT2 *m, const char *dir, const char *model_name, int optim, const AeadFileKey *cipher) {
     char path[4200];
+    CkptOut model, adam;
     snprintf(path, sizeof(path), "%s/%s", dir, model_name);
-    int fd_model = open(path, O_WRONLY | O_CLOEXEC), e = fd_model < 0 ? errno : 0, fd_optim = -1;
+    int e = ckpt_out_open(&model, path, cipher);
+    memset(&adam, 0, sizeof(adam));
+    adam.fd = -1;
     if (optim) {
         snprintf(path, sizeof(path), "%s/optim.bin", dir);
-        fd_optim = open(path, O_WRONLY | O_CLOEXEC);
-        if (e == 0 && fd_optim < 0) e = errno;
+        int e_optim = ckpt_out_open(&adam, path, cipher);
+        if (e == 0) e = e_optim;
     }
-    if (e == 0) e = gpt2_write_share(m, fd_model, fd_optim);
-    if (e == 0 && (fsync(fd_model) != 0 || (fd_optim >= 0 && fsync(fd_optim) != 0))) e = errno;
-    if (fd_model >= 0) close(fd_model);
-    if (fd_optim >= 0) close(fd_optim);
+    if (e == 0) e = gpt2_write_share(m, &model, optim ? &adam : NULL);
+    int closed = ckpt_out_close(&model, e == 0);
+    if (e == 0) e = closed;
+    closed = ckpt_out_close(&adam, e == 0);
+    if (e == 0) e = closed;
     return e;
 }
 
@@ -1254,9 +1259,9 @@ static int write_part(GPT2 *m, const char *dir, const char *model_name, int opti
 // Adam's t; the parameters come in through gpt2_init_rank from its
 // model.bin. ckpt_find verified the bytes; the header must also agree with
 // the model and with state.bin's t.
-static int gpt2_load_optimizer(GPT2 *m, const char *path, int adam_t, char *err, size_t errlen) {
+static int gpt2_load_optimizer(GPT2 *m, const char *path, const uint8_t key[32], int adam_t, char *err, size_t errlen) {
     OptimFile f;
-    if (ckpt_optim_open(&f, path, &m->config, adam_t, err, errlen) != 0) return -1;
+    if (ckpt_optim_open(&f, path, key, &m->config, adam_t, err, errlen) != 0) return -1;
     float *buf = (float *)host_alloc(largest_unit(m) * sizeof(float), "unit");
     for (int u = 0; u < m->ut.n; u++) {
         const Unit *un = &m->ut.units[u];
@@ -1688,18 +1693,18 @@ static float ckpt_sum(void *ctx, float x) {
     return world_sum(k->m, k->par, x);
 }
 
-static int ckpt_part(void *ctx, const char *dir) {
+static int ckpt_part(void *ctx, const char *dir, const AeadFileKey *cipher) {
     CkptCtx *k = (CkptCtx *)ctx;
-    return write_part(k->m, dir, "model.bin", 1);
+    return write_part(k->m, dir, "model.bin", 1, cipher);
 }
 
 // the checkpoint of step st->step: checkpoint.h's ckpt_write_job, as
 // train_gpt2.c's gpt2_save (rank 0 makes the files, every rank writes its
 // part, rank 0 seals; the same verdict on every rank, 0 = complete)
 static int gpt2_checkpoint(GPT2 *m, Parallel *par, const char *out_dir, int keep, const CkptState *st,
-                           const uint8_t key[32]) {
+                           const uint8_t key[32], int encrypt) {
     CkptCtx ctx = {m, par};
-    CkptJob job = {ckpt_sum, ckpt_part, &ctx, par->grid.rank};
+    CkptJob job = {ckpt_sum, ckpt_part, &ctx, par->grid.rank, encrypt};
     double timeout = par->nccl->timeout_s;
     par->nccl->timeout_s = timeout + ckpt_wait_room(&m->config);
     int rc = ckpt_write_job(&job, out_dir, keep, st, key);
@@ -1709,9 +1714,15 @@ static int gpt2_checkpoint(GPT2 *m, Parallel *par, const char *out_dir, int keep
 
 // the final model, DIR/model_SSSSSSSS.bin: llm.c's v3 file of the fp32
 // master weights (the same bytes as a checkpoint's model.bin), every rank
-// writing what it owns into a temporary file that rank 0 then renames
-static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int steps, char *path, size_t pathlen) {
+// writing what it owns into a temporary file that rank 0 then renames;
+// sealed under the checkpoint key when key is given (-enc 2), rank 0 then
+// making the chunk tags before the rename
+static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int steps, const uint8_t *key, char *path,
+                            size_t pathlen) {
     int rank0 = par->grid.rank == 0;
+    static const uint8_t no_key[32] = {0};  // without -enc 2 the file is plain and the cipher unused
+    AeadFileKey cipher;
+    aead_file_key(&cipher, key != NULL ? key : no_key);
     char err[1200] = "", name[64], tmp[64], tmp_path[4200];
     snprintf(name, sizeof(name), "model_%08d.bin", steps);
     snprintf(tmp, sizeof(tmp), "%s.tmp", name);
@@ -1723,22 +1734,22 @@ static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int ste
     if (rank0) {  // the file at its full size, header in
         int32_t h[HEADER_INTS];
         model_fill_header(h, &m->config, 3);
-        int fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644), e = fd < 0 ? errno : 0;
-        if (e == 0 && write_all(fd, h, sizeof(h)) != 0) e = errno;
-        if (e == 0 && ftruncate(fd, (off_t)ckpt_file_bytes(0, &m->config)) != 0) e = errno;
-        if (fd >= 0) close(fd);
+        unlink(tmp_path);  // made anew with O_EXCL: a link planted there is not written through
+        int e = ckpt_make_file(AT_FDCWD, tmp_path, h, sizeof(h), ckpt_file_bytes(0, &m->config), key ? &cipher : NULL);
         if (e != 0) failed = 1, errorf(err, sizeof(err), "%s: write: %s", tmp_path, strerror(e));
     }
     failed = world_sum(m, par, failed);
-    if (failed == 0) {  // every rank its part, then rank 0 renames
-        int e = write_part(m, out_dir, tmp, 0);
+    if (failed == 0) {  // every rank its part, then rank 0 seals (-enc 2) and renames
+        int e = write_part(m, out_dir, tmp, 0, &cipher);
         if (e != 0) errorf(err, sizeof(err), "rank %d: %s: write: %s", par->grid.rank, tmp_path, strerror(e));
         failed = world_sum(m, par, e != 0);
+        if (failed == 0 && rank0 && key != NULL && ckpt_seal_tags(tmp_path, &cipher, err, sizeof(err)) != 0) failed = 1;
         if (failed == 0 && rank0 && (rename(tmp_path, path) != 0 || ckpt_fsync_dir(out_dir) != 0))
             failed = 1, errorf(err, sizeof(err), "%s: rename: %s", path, strerror(errno));
         failed = world_sum(m, par, rank0 ? failed : 0.0f);
     }
     if (failed != 0 && rank0) unlink(tmp_path);
+    aead_file_key_wipe(&cipher);
     if (err[0] != '\0') fprintf(stderr, "train_gpt2cu: %s\n", err);
     par->nccl->timeout_s = timeout;
     return failed == 0 ? 0 : -1;
@@ -1789,7 +1800,8 @@ int main(int argc, char **argv) {
     free(params);
     model.fuse_gelu = job.opt.gelu_fusion;  // -ge, checked against this build by parse_flags
     snprintf(path, sizeof(path), "%s/optim.bin", job.ck_dir);
-    if (job.resuming && gpt2_load_optimizer(&model, path, job.ck.adam_t, err, sizeof(err)) != 0) die_usage(err);
+    if (job.resuming && gpt2_load_optimizer(&model, path, job.ckpt_key, job.ck.adam_t, err, sizeof(err)) != 0)
+        die_usage(err);
     double load_ms = now_ms() - job.load_t0 - job.verify_ms;
     par.nccl->stream = model.stream;  // the collectives queue behind the model's kernels
     if (pp > 1) reserve_pipeline_macs(&model, &par, accum);
@@ -1848,7 +1860,9 @@ int main(int argc, char **argv) {
         if (checkpoint_due(&job, step, stopped)) {
             CkptState st = checkpoint_state(&job, step + 1, model.adam_t, &par.grid, par.zero);
             double c0 = now_ms();
-            if (gpt2_checkpoint(&model, &par, job.opt.out_dir, job.opt.ckpt_keep, &st, job.ckpt_key) != 0) return 1;
+            if (gpt2_checkpoint(&model, &par, job.opt.out_dir, job.opt.ckpt_keep, &st, job.ckpt_key,
+                                job.opt.encrypt >= 1) != 0)
+                return 1;
             if (rank0) print_checkpoint_written(&job, step + 1, now_ms() - c0);
         }
         if (stopped && rank0) printf("stopped by a signal after step %d; resume with -y 1\n", step);
@@ -1863,7 +1877,8 @@ int main(int argc, char **argv) {
         if (rank0) report_final(&job, &last);
     }
     if (job.opt.out_dir && !stopped) {
-        if (gpt2_write_model(&model, &par, job.opt.out_dir, job.steps, path, sizeof(path)) != 0) return 1;
+        const uint8_t *seal_with = job.opt.encrypt >= 2 ? job.ckpt_key : NULL;
+        if (gpt2_write_model(&model, &par, job.opt.out_dir, job.steps, seal_with, path, sizeof(path)) != 0) return 1;
         if (rank0) printf("wrote %s\n", path);
     }
     watch_free(&watch);

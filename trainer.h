@@ -253,7 +253,8 @@ static float *load_params(Job *job) {
     char err[2048], path[1024];
     if (!job->resuming && job->random_init) return NULL;
     if (job->resuming) snprintf(path, sizeof(path), "%s/model.bin", job->ck_dir);
-    float *params = model_load(job->resuming ? path : job->opt.init, &job->config, err, sizeof(err));
+    float *params = job->resuming ? ckpt_model_load(path, job->ckpt_key, &job->config, err, sizeof(err))
+                                  : model_load(job->opt.init, &job->config, err, sizeof(err));
     if (params == NULL) die_usage(err);
     return params;
 }
