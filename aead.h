@@ -430,8 +430,8 @@ static inline int aead_has_vaes(void) {
 #if SECURE_HAVE_X86
     unsigned a, b, c, d;
     if (aead_has_aesni() && __get_cpuid(1, &a, &b, &c, &d) && ((c >> 27) & 1)) {
-        unsigned xcr0_lo, xcr0_hi;
-        __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+        unsigned xcr0_lo;  // the states above bit 31 (in edx) are not ours to check
+        __asm__ volatile("xgetbv" : "=a"(xcr0_lo) : "c"(0) : "edx");
         int os_saves = (xcr0_lo & 0xe6) == 0xe6;
         if (os_saves && __get_cpuid_count(7, 0, &a, &b, &c, &d))
             yes = ((b >> 16) & 1) && ((b >> 30) & 1) && ((c >> 9) & 1) && ((c >> 10) & 1);
