@@ -41,7 +41,9 @@
 
 // ----------------------------------------------------------------------------
 // layers, forward and backward side by side. Backward functions accumulate
-// (+=) into their gradient outputs, so gradient accumulation is free.
+// (+=) into their gradient outputs, so gradient accumulation is free; the
+// one exception is crossentropy_backward, which writes the logits' gradient
+// (nothing else adds to it, and clearing B*T*V floats first costs a pass).
 
 // token embedding from this rank's rows [v0, v0 + Vl) of wte (all of them
 // when there is no tensor parallelism): out[b,t,:] = wte[inp[b,t] - v0,:],
@@ -506,7 +508,8 @@ static void crossentropy_finish(float *losses, float *probs, const float *sums, 
     }
 }
 
-// dlogits += (probs - onehot(target)) * dloss, dloss the same for every position
+// dlogits = (probs - onehot(target)) * dloss, dloss the same for every
+// position, and zero in the padding columns: written, not added to
 static void crossentropy_backward(float *dlogits, const float *probs, const int *targets, float dloss,
                                   int v0, int N, int Vl, int nreal) {
     #pragma omp parallel for
@@ -514,8 +517,17 @@ static void crossentropy_backward(float *dlogits, const float *probs, const int 
         float *dz = dlogits + (size_t)n * Vl;
         const float *p = probs + (size_t)n * Vl;
         int col = targets[n] - v0;
-        for (int i = 0; i < nreal; i++) dz[i] += (p[i] - (i == col ? 1.0f : 0.0f)) * dloss;
+        for (int i = 0; i < nreal; i++) dz[i] = (p[i] - (i == col ? 1.0f : 0.0f)) * dloss;
+        for (int i = nreal; i < Vl; i++) dz[i] = 0.0f;
     }
+}
+
+// x[0..n) = 0 on all threads: a single thread's memset does not reach the
+// memory bandwidth that clearing the gradients needs
+static void zero_floats(float *x, size_t n) {
+    size_t chunk = 1 << 16, nchunks = (n + chunk - 1) / chunk;
+    #pragma omp parallel for schedule(static) if (nchunks > 1)
+    for (size_t c = 0; c < nchunks; c++) memset(x + c * chunk, 0, (n - c * chunk < chunk ? n - c * chunk : chunk) * sizeof(float));
 }
 
 // AdamW in PyTorch's order of operations (decoupled decay first, then the
@@ -948,7 +960,7 @@ static void vocab_parallel_cross_entropy_forward(const Parallel *par, float *los
     tp_reduce(par, losses, N);  // each loss came from the one rank holding its target
 }
 
-// dlogits += (probs - onehot(target)) * dloss over this rank's columns: no
+// dlogits = (probs - onehot(target)) * dloss over this rank's columns: no
 // communication (the lm_head's column_parallel_backward sums what follows)
 static void vocab_parallel_cross_entropy_backward(float *dlogits, const float *probs, const int *targets, float dloss,
                                                   int v0, int N, int Vl, int nreal) {
@@ -1048,7 +1060,9 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
     Acts *d = &m->dacts;
     int B = m->B, T = m->T, C = c->C, BT = B * T;
     size_t btc = (size_t)BT * C;
-    memset(d->memory, 0, (size_t)(d->t[NUM_ACT_TENSORS - 1] + m->act_sizes[NUM_ACT_TENSORS - 1] - d->memory) * sizeof(float));
+    // every gradient is added to, from zero, except the logits' (written by
+    // the cross-entropy) and the tensors after them, which have none
+    zero_floats(d->memory, (size_t)(d->t[A_LOGITS] - d->memory));
     if (s->last) {
         float *lnf = unit_acquire(m, m->ut.u_lnf), *wte = unit_acquire(m, m->ut.u_wte);
         float *dlnf = unit_grad_begin(m, m->ut.u_lnf), *dwte = unit_grad_begin(m, m->ut.u_wte);
@@ -1086,8 +1100,8 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
 // the updated parameters all-gathered.
 
 static void gpt2_zero_grad(GPT2 *m) {
-    if (m->grads) memset(m->grads, 0, m->ut.num_local * sizeof(float));
-    if (m->grad_shard) memset(m->grad_shard, 0, m->ut.num_shard * sizeof(float));
+    if (m->grads) zero_floats(m->grads, m->ut.num_local);
+    if (m->grad_shard) zero_floats(m->grad_shard, m->ut.num_shard);
 }
 
 static void gpt2_reduce_grads(GPT2 *m) {
