@@ -195,12 +195,8 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
 
 // out[N,OC] = inp[N,IC] @ weight[OC,IC]^T + bias[OC] (weight as PyTorch's Linear)
 static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {
-    // out starts as the bias; matmul_blocked adds the products to it
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] = bias ? bias[o] : 0.0f;
-    // A = inp, B(i,o) = weight[o,i]
-    matmul_blocked(out, OC, inp, IC, 1, weight, 1, IC, N, OC, IC);
+    // out starts as the bias (zeros without); A = inp, B(i,o) = weight[o,i]
+    matmul_blocked_set(out, OC, bias, inp, IC, 1, weight, 1, IC, N, OC, IC);
 }
 
 static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,

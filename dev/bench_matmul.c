@@ -131,7 +131,7 @@ int main(int argc, char **argv) {
             for (int r = -1; r < runs; r++) {  // run -1 warms pages and caches
                 double t0 = bench_now();
                 // the calls of matmul_forward and matmul_backward, one by one
-                if (p == 0) matmul_blocked(out, OC, inp, IC, 1, w, 1, IC, N, OC, IC);
+                if (p == 0) matmul_blocked_set(out, OC, b, inp, IC, 1, w, 1, IC, N, OC, IC);
                 if (p == 1) matmul_blocked(dinp, IC, dout, OC, 1, w, IC, 1, N, IC, OC);
                 if (p == 2) matmul_blocked(dw, IC, dout, 1, OC, inp, IC, 1, OC, IC, N);
                 if (r >= 0) t[r] = bench_now() - t0;
