@@ -44,12 +44,17 @@
 // (+=) into their gradient outputs, so gradient accumulation is free; the
 // one exception is crossentropy_backward, which writes the logits' gradient
 // (nothing else adds to it, and clearing B*T*V floats first costs a pass).
+// Loops hand their iterations out to the threads in chunks as the threads
+// come free (schedule(dynamic)): when another program takes one of the
+// cores, the thread that lost it leaves its chunks to the others instead of
+// holding everyone at the loop's end. No sum depends on which thread does
+// which chunk.
 
 // token embedding from this rank's rows [v0, v0 + Vl) of wte (all of them
 // when there is no tensor parallelism): out[b,t,:] = wte[inp[b,t] - v0,:],
 // zero for tokens another rank holds; the ranks' outputs are then summed
 static void encoder_forward(float *out, const int *inp, const float *wte, int v0, int Vl, int B, int T, int C) {
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(dynamic, 16)
     for (int bt = 0; bt < B * T; bt++) {
         int row = inp[bt] - v0;
         float *o = out + (size_t)bt * C;
@@ -61,7 +66,7 @@ static void encoder_forward(float *out, const int *inp, const float *wte, int v0
 
 // + position embedding, once the token embeddings are complete
 static void encoder_add_positions(float *out, const float *wpe, int B, int T, int C) {
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(dynamic, 16)
     for (int bt = 0; bt < B * T; bt++) {
         const float *wpe_row = wpe + (size_t)(bt % T) * C;
         float *o = out + (size_t)bt * C;
@@ -90,7 +95,7 @@ static void encoder_backward(float *dwte, float *dwpe, const float *dout, const 
 
 static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                               const float *weight, const float *bias, int N, int C) {
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(dynamic, 16)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         float *o = out + (size_t)n * C;
@@ -173,7 +178,7 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
         fprintf(stderr, "train_gpt2: out of memory for %d x %d LayerNorm partial sums\n", nblocks, 2 * C);
         exit(1);
     }
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(dynamic)
     for (int blk = 0; blk < nblocks; blk++) {
         float *pw = partial + (size_t)blk * 2 * C, *pb = pw + C;
         int end = (blk + 1) * LN_BLOCK < N ? (blk + 1) * LN_BLOCK : N;
@@ -208,7 +213,7 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const flo
     // dbias[o] += sum_n dout[n,o], n in order; 64 columns per task so that
     // the rows of dout are read a cache line at a time
     if (dbias) {
-        #pragma omp parallel for schedule(static)
+        #pragma omp parallel for schedule(dynamic)
         for (int o0 = 0; o0 < OC; o0 += 64) {
             int oc = OC - o0 < 64 ? OC - o0 : 64;
             float db[64] = {0};
@@ -316,7 +321,7 @@ static float *attention_scratch(int hs, int Tp) {
 static void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
     int hs = C / NH, C3 = 3 * C, Tp = (T + ATT_WIDTH - 1) / ATT_WIDTH * ATT_WIDTH;
     float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel for collapse(2)
+    #pragma omp parallel for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
             const float *q = qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;  // position 0's
@@ -343,7 +348,7 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
     int hs = C / NH, C3 = 3 * C, Tp = (T + ATT_WIDTH - 1) / ATT_WIDTH * ATT_WIDTH;
     float scale = 1.0f / sqrtf((float)hs);
     // one (b, h) per task: dk and dv of a head gather from every t of that head
-    #pragma omp parallel for collapse(2)
+    #pragma omp parallel for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
             const float *q = qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
@@ -401,7 +406,7 @@ static void gelu_forward(float *out, const float *inp, size_t N) {
     size_t done = 0;
 #ifdef VEC_MATH
     size_t nvec = N / VEC_LANES;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(dynamic, 1024)
     for (size_t k = 0; k < nvec; k++) {
         vec_f x = vec_load(inp + k * VEC_LANES);
         vec_store(out + k * VEC_LANES, x / gelu_denominator_vec(x));
@@ -415,7 +420,7 @@ static void gelu_backward(float *dinp, const float *inp, const float *dout, size
     size_t done = 0;
 #ifdef VEC_MATH
     size_t nvec = N / VEC_LANES;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(dynamic, 1024)
     for (size_t k = 0; k < nvec; k++) {
         vec_f x = vec_load(inp + k * VEC_LANES);
         vec_f s = 1.0f / gelu_denominator_vec(x);
@@ -428,12 +433,12 @@ static void gelu_backward(float *dinp, const float *inp, const float *dout, size
 }
 
 static void residual_forward(float *out, const float *a, const float *b, size_t N) {
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(dynamic, 16384)
     for (size_t i = 0; i < N; i++) out[i] = a[i] + b[i];
 }
 
 static void residual_backward(float *da, float *db, const float *dout, size_t N) {
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(dynamic, 16384)
     for (size_t i = 0; i < N; i++) {
         da[i] += dout[i];
         db[i] += dout[i];
@@ -448,7 +453,7 @@ static void residual_backward(float *da, float *db, const float *dout, size_t N)
 
 // pass 1: the largest real logit of each row
 static void crossentropy_rowmax(float *maxes, const float *logits, int N, int Vl, int nreal) {
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(dynamic)
     for (int n = 0; n < N; n++) {
         const float *z = logits + (size_t)n * Vl;
         float m = -INFINITY;
@@ -467,7 +472,7 @@ static void crossentropy_rowmax(float *maxes, const float *logits, int N, int Vl
 
 // pass 2: unnormalized probabilities exp(z - max) and their row sums
 static void crossentropy_exp(float *probs, float *sums, const float *logits, const float *maxes, int N, int Vl, int nreal) {
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(dynamic)
     for (int n = 0; n < N; n++) {
         const float *z = logits + (size_t)n * Vl;
         float *p = probs + (size_t)n * Vl, sum = 0.0f;
@@ -495,7 +500,7 @@ static void crossentropy_exp(float *probs, float *sums, const float *logits, con
 // (0 elsewhere, so the ranks' losses add up)
 static void crossentropy_finish(float *losses, float *probs, const float *sums, const int *targets,
                                 int v0, int N, int Vl, int nreal) {
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(dynamic)
     for (int n = 0; n < N; n++) {
         float *p = probs + (size_t)n * Vl;
         for (int i = 0; i < nreal; i++) p[i] /= sums[n];
@@ -508,7 +513,7 @@ static void crossentropy_finish(float *losses, float *probs, const float *sums, 
 // position, and zero in the padding columns: written, not added to
 static void crossentropy_backward(float *dlogits, const float *probs, const int *targets, float dloss,
                                   int v0, int N, int Vl, int nreal) {
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(dynamic)
     for (int n = 0; n < N; n++) {
         float *dz = dlogits + (size_t)n * Vl;
         const float *p = probs + (size_t)n * Vl;
@@ -522,7 +527,7 @@ static void crossentropy_backward(float *dlogits, const float *probs, const int 
 // memory bandwidth that clearing the gradients needs
 static void zero_floats(float *x, size_t n) {
     size_t chunk = 1 << 16, nchunks = (n + chunk - 1) / chunk;
-    #pragma omp parallel for schedule(static) if (nchunks > 1)
+    #pragma omp parallel for schedule(dynamic) if (nchunks > 1)
     for (size_t c = 0; c < nchunks; c++) memset(x + c * chunk, 0, (n - c * chunk < chunk ? n - c * chunk : chunk) * sizeof(float));
 }
 
@@ -536,7 +541,7 @@ static void adamw_update(float *params, const float *grads, float *m, float *v, 
                          float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
     float bc1 = 1.0f - powf(beta1, (float)t), bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
     float step_size = lr / bc1;
-    #pragma omp parallel for schedule(static) if (n > 4096)
+    #pragma omp parallel for schedule(dynamic, 16384) if (n > 4096)
     for (size_t i = 0; i < n; i++) {
         float g = grads[i] * grad_scale;
         m[i] = beta1 * m[i] + (1.0f - beta1) * g;
@@ -558,7 +563,7 @@ static double sum_squares(const float *x, size_t n) {
         fprintf(stderr, "train_gpt2: out of memory for %zu block sums of the grad norm\n", nblocks);
         exit(1);
     }
-    #pragma omp parallel for schedule(static) if (nblocks > 1)
+    #pragma omp parallel for schedule(dynamic) if (nblocks > 1)
     for (size_t blk = 0; blk < nblocks; blk++) {
         const float *xb = x + blk * SUMSQ_BLOCK;
         size_t len = n - blk * SUMSQ_BLOCK < SUMSQ_BLOCK ? n - blk * SUMSQ_BLOCK : SUMSQ_BLOCK, i = 0;
@@ -894,7 +899,7 @@ static void column_parallel_backward(const Parallel *par, float *dinp, float *dw
 }
 
 static void add_bias(float *out, const float *bias, int N, int OC) {
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(dynamic, 16)
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
 }
