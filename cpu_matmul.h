@@ -24,9 +24,10 @@
  *   row slivers of an MC x KC block of A (from L2);
  * - B is copied ("packed") once per KC x NC panel into the order the kernel
  *   reads it, contiguous and zero-padded; the panel is reused by every row of
- *   the block. A is read where it is when its rows run along k (the forward
- *   and dinp products), and packed when they do not (dweight, where A is
- *   dout transposed and its rows would each cost a cache line per k);
+ *   the block. A is read where it is, along its rows (the forward and dinp
+ *   products) or down its columns (dweight, A = dout transposed, MR floats
+ *   of one row of dout per k); packing it as well measured slower. Only a
+ *   last sliver of fewer than MR rows is packed, zero-padded;
  * - the threads share out (row block, column panel) tasks of C, disjoint and
  *   cache-line sized, so no two threads write the same line; dynamically,
  *   because the machine may have other work on one of its cores.
