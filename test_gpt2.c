@@ -198,24 +198,24 @@ static void test_attention_fd(void) {
     fd_check("attention dqkv", &layer, r, c.qkv, dqkv, B * T * 3 * C, 1e-2f);
 }
 
-typedef struct { float *logits, *probs; int *targets; int N, V, Vp; } CeCtx;
+typedef struct { float *logits, *probs; int *targets; int N, V, Vp; float sums[16]; } CeCtx;
 static void ce_fwd(void *p, float *out) {
     CeCtx *c = p;
-    float maxes[16], sums[16];
+    float maxes[16];
     crossentropy_rowmax(maxes, c->logits, c->N, c->Vp, c->V);
-    crossentropy_exp(c->probs, sums, c->logits, maxes, c->N, c->Vp, c->V);
-    crossentropy_finish(out, c->probs, sums, c->targets, 0, c->N, c->Vp, c->V);
+    crossentropy_exp(c->probs, c->sums, c->logits, maxes, c->N, c->Vp, c->V);
+    crossentropy_finish(out, c->probs, c->sums, c->targets, 0, c->N, c->Vp, c->V);
 }
 
 static void test_crossentropy_fd(void) {
     int N = 5, V = 11, Vp = 16;
     int targets[5] = {0, 3, 10, 7, 3};
-    CeCtx c = {rand_array(N * Vp, 2.0f), calloc(N * Vp, 4), targets, N, V, Vp};
+    CeCtx c = {rand_array(N * Vp, 2.0f), calloc(N * Vp, 4), targets, N, V, Vp, {0}};
     Layer layer = {ce_fwd, (size_t)N, &c};
     float *r = rand_array(N, 0.0f), *out = calloc(N, 4), *dlogits = calloc(N * Vp, 4);
     for (int i = 0; i < N; i++) r[i] = 1.0f;  // crossentropy_backward takes one dloss for every position
     ce_fwd(&c, out);
-    crossentropy_backward(dlogits, c.probs, targets, 1.0f, 0, N, Vp, V);
+    crossentropy_backward(dlogits, c.probs, c.sums, targets, 1.0f, 0, N, Vp, V);
     fd_check("crossentropy dlogits", &layer, r, c.logits, dlogits, N * Vp, 1e-2f);
     int padded_zero = 1;
     for (int n = 0; n < N; n++)

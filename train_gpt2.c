@@ -449,7 +449,10 @@ static void residual_backward(float *da, float *db, const float *dout, size_t N)
 // vocabulary may be split among tensor-parallel ranks (each holding Vl
 // columns of the logits, starting at global column v0; nreal of them are
 // real tokens, the rest padding that never gets probability or gradient).
-// Between the passes the ranks combine their row maxima and row sums.
+// Between the passes the ranks combine their row maxima and row sums. The
+// probabilities are kept as exp(z - max), not divided by their row's sum:
+// the loss and the backward divide as they read them, which saves a pass
+// over the B*T*V floats.
 
 // pass 1: the largest real logit of each row
 static void crossentropy_rowmax(float *maxes, const float *logits, int N, int Vl, int nreal) {
@@ -496,29 +499,26 @@ static void crossentropy_exp(float *probs, float *sums, const float *logits, con
     }
 }
 
-// pass 3: normalize; the loss of a row comes from the rank holding its target
-// (0 elsewhere, so the ranks' losses add up)
-static void crossentropy_finish(float *losses, float *probs, const float *sums, const int *targets,
+// pass 3: the loss of a row, -log(probability of its target), comes from the
+// rank holding its target (0 elsewhere, so the ranks' losses add up)
+static void crossentropy_finish(float *losses, const float *probs, const float *sums, const int *targets,
                                 int v0, int N, int Vl, int nreal) {
-    #pragma omp parallel for schedule(dynamic)
     for (int n = 0; n < N; n++) {
-        float *p = probs + (size_t)n * Vl;
-        for (int i = 0; i < nreal; i++) p[i] /= sums[n];
         int col = targets[n] - v0;
-        losses[n] = col >= 0 && col < nreal ? -logf(p[col]) : 0.0f;
+        losses[n] = col >= 0 && col < nreal ? -logf(probs[(size_t)n * Vl + col] / sums[n]) : 0.0f;
     }
 }
 
-// dlogits = (probs - onehot(target)) * dloss, dloss the same for every
+// dlogits = (probs / sums - onehot(target)) * dloss, dloss the same for every
 // position, and zero in the padding columns: written, not added to
-static void crossentropy_backward(float *dlogits, const float *probs, const int *targets, float dloss,
-                                  int v0, int N, int Vl, int nreal) {
+static void crossentropy_backward(float *dlogits, const float *probs, const float *sums, const int *targets,
+                                  float dloss, int v0, int N, int Vl, int nreal) {
     #pragma omp parallel for schedule(dynamic)
     for (int n = 0; n < N; n++) {
         float *dz = dlogits + (size_t)n * Vl;
         const float *p = probs + (size_t)n * Vl;
         int col = targets[n] - v0;
-        for (int i = 0; i < nreal; i++) dz[i] = (p[i] - (i == col ? 1.0f : 0.0f)) * dloss;
+        for (int i = 0; i < nreal; i++) dz[i] = (p[i] / sums[n] - (i == col ? 1.0f : 0.0f)) * dloss;
         for (int i = nreal; i < Vl; i++) dz[i] = 0.0f;
     }
 }
@@ -961,11 +961,12 @@ static void vocab_parallel_cross_entropy_forward(const Parallel *par, float *los
     tp_reduce(par, losses, N);  // each loss came from the one rank holding its target
 }
 
-// dlogits = (probs - onehot(target)) * dloss over this rank's columns: no
+// dlogits = (probs / sums - onehot(target)) * dloss over this rank's
+// columns, sums the whole rows' (all-reduced in the forward): no
 // communication (the lm_head's column_parallel_backward sums what follows)
-static void vocab_parallel_cross_entropy_backward(float *dlogits, const float *probs, const int *targets, float dloss,
-                                                  int v0, int N, int Vl, int nreal) {
-    crossentropy_backward(dlogits, probs, targets, dloss, v0, N, Vl, nreal);
+static void vocab_parallel_cross_entropy_backward(float *dlogits, const float *probs, const float *sums,
+                                                  const int *targets, float dloss, int v0, int N, int Vl, int nreal) {
+    crossentropy_backward(dlogits, probs, sums, targets, dloss, v0, N, Vl, nreal);
 }
 
 // ----------------------------------------------------------------------------
@@ -1067,8 +1068,8 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
     if (s->last) {
         float *lnf = unit_acquire(m, m->ut.u_lnf), *wte = unit_acquire(m, m->ut.u_wte);
         float *dlnf = unit_grad_begin(m, m->ut.u_lnf), *dwte = unit_grad_begin(m, m->ut.u_wte);
-        vocab_parallel_cross_entropy_backward(d->t[A_LOGITS], a->t[A_PROBS], a->targets, dloss, s->v0, BT, s->Vl,
-                                              s->nreal);
+        vocab_parallel_cross_entropy_backward(d->t[A_LOGITS], a->t[A_PROBS], a->t[A_ROWSUM], a->targets, dloss, s->v0,
+                                              BT, s->Vl, s->nreal);
         column_parallel_backward(m->par, d->t[A_LNF], dwte, NULL, d->t[A_LOGITS], a->t[A_LNF], wte, BT, C, s->Vl);
         layernorm_backward(block_input(m, d, s->nl), dlnf, dlnf + C, d->t[A_LNF], block_input(m, a, s->nl),
                            lnf, a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], BT, C);
