@@ -4,14 +4,16 @@
  *
  * defines: matmul_blocked(c, ldc, a, am, ak, b, bk, bj, M, J, K), which does
  * C[M,J] += A[M,K] B[K,J] with A(m,k) = a[m*am + k*ak], B(k,j) = b[k*bk + j*bj]
- * and C(m,j) = c[m*ldc + j]. Reading A and B through strides lets the three
+ * and C(m,j) = c[m*ldc + j]; and matmul_blocked_set(c, ldc, init, ...), the
+ * same with C = init + A B, init a row (a bias) or zeros. Reading A and B through strides lets the three
  * products of a Linear layer (out = inp W^T, dinp = dout W, dweight =
  * dout^T inp) all be this one function.
  *
- * Every element of C is summed in one fixed order, its old value first, then
- * k = 0, 1, ..., K-1, one multiply-add at a time; how the work is cut into
- * blocks and shared among threads never changes that order, so the result is
- * the same bit for bit whatever the number of threads.
+ * Every element of C is summed in one fixed order, its old value (or the
+ * init row's) first, then k = 0, 1, ..., K-1, one multiply-add at a time;
+ * how the work is cut into blocks and shared among threads never changes
+ * that order, so the result is the same bit for bit whatever the number of
+ * threads.
  *
  * How it is fast, from the inside out:
  * - the micro-kernel keeps an MR x NR tile of C in vector registers and, for
@@ -22,9 +24,10 @@
  *   row slivers of an MC x KC block of A (from L2);
  * - B is copied ("packed") once per KC x NC panel into the order the kernel
  *   reads it, contiguous and zero-padded; the panel is reused by every row of
- *   the block. A is read where it is when its rows run along k (the forward
- *   and dinp products), and packed when they do not (dweight, where A is
- *   dout transposed and its rows would each cost a cache line per k);
+ *   the block. A is read where it is, along its rows (the forward and dinp
+ *   products) or down its columns (dweight, A = dout transposed, MR floats
+ *   of one row of dout per k); packing it as well measured slower. Only a
+ *   last sliver of fewer than MR rows is packed, zero-padded;
  * - the threads share out (row block, column panel) tasks of C, disjoint and
  *   cache-line sized, so no two threads write the same line; dynamically,
  *   because the machine may have other work on one of its cores.
@@ -156,73 +159,101 @@ static inline __attribute__((always_inline)) void matmul_pack(float *dst, const 
     }
 }
 
-// One MR x NR tile of C (row stride ldc) += A x bp, A(r,k) = a[r*ars + k*aks]
+// One MR x NR tile of C (row stride ldc) = S + A x bp, A(r,k) = a[r*ars + k*aks]
 // (a packed sliver: ars = 1, aks = MR; rows read in place: ars = the row
-// stride, aks = 1), bp the packed sliver bp[k][NR]. The old value of C first,
-// then k = 0, 1, ... in order.
+// stride, aks = 1), bp the packed sliver bp[k][NR], S the tile's starting
+// values s (row stride lds): C itself (s = c), or a row repeated (lds = 0).
+// S first, then k = 0, 1, ... in order. Only the first nv * VL columns of
+// the tile are computed and stored (nv = NR / VL but at C's right edge).
 #if defined(__GNUC__) && !defined(LLM3D_SCALAR)
 // GCC and Clang: the tile as MR x NR/VL vectors (the compilers' vector
 // extension, portable across targets), which they reliably keep in registers;
 // from plain loops GCC 12 vectorizes over k instead and spills for AVX2.
 // memcpy is the portable unaligned vector load and store.
 typedef float matmul_vec __attribute__((vector_size(MATMUL_VL * sizeof(float))));
-static inline __attribute__((always_inline)) void matmul_tile(float *c, size_t ldc, const float *a, size_t ars,
-                                                              size_t aks, const float *bp, int kc) {
+static inline __attribute__((always_inline)) void matmul_tile(float *c, size_t ldc, const float *s, size_t lds,
+                                                              const float *a, size_t ars, size_t aks, const float *bp,
+                                                              int kc, int nv) {
     enum { MR = MATMUL_MR, NV = MATMUL_NR / MATMUL_VL, VL = MATMUL_VL };
     matmul_vec acc[MR][NV];
     for (int r = 0; r < MR; r++)
-        for (int v = 0; v < NV; v++) memcpy(&acc[r][v], c + r * ldc + v * VL, sizeof(matmul_vec));
+        for (int v = 0; v < nv; v++) memcpy(&acc[r][v], s + r * lds + v * VL, sizeof(matmul_vec));
     for (int k = 0; k < kc; k++) {
         matmul_vec b[NV];
-        for (int v = 0; v < NV; v++) memcpy(&b[v], bp + (size_t)k * MATMUL_NR + v * VL, sizeof(matmul_vec));
+        for (int v = 0; v < nv; v++) memcpy(&b[v], bp + (size_t)k * MATMUL_NR + v * VL, sizeof(matmul_vec));
         for (int r = 0; r < MR; r++) {
             float ar = a[r * ars + k * aks];
-            for (int v = 0; v < NV; v++) acc[r][v] += ar * b[v];
+            for (int v = 0; v < nv; v++) acc[r][v] += ar * b[v];
         }
     }
     for (int r = 0; r < MR; r++)
-        for (int v = 0; v < NV; v++) memcpy(c + r * ldc + v * VL, &acc[r][v], sizeof(matmul_vec));
+        for (int v = 0; v < nv; v++) memcpy(c + r * ldc + v * VL, &acc[r][v], sizeof(matmul_vec));
 }
 #else
-static inline void matmul_tile(float *c, size_t ldc, const float *a, size_t ars, size_t aks, const float *bp, int kc) {
+static inline void matmul_tile(float *c, size_t ldc, const float *s, size_t lds, const float *a, size_t ars,
+                               size_t aks, const float *bp, int kc, int nv) {
     float acc[MATMUL_MR][MATMUL_NR];
+    int nr = nv * MATMUL_VL;
     for (int r = 0; r < MATMUL_MR; r++)
-        for (int j = 0; j < MATMUL_NR; j++) acc[r][j] = c[r * ldc + j];
+        for (int j = 0; j < nr; j++) acc[r][j] = s[r * lds + j];
     for (int k = 0; k < kc; k++)
         for (int r = 0; r < MATMUL_MR; r++)
-            for (int j = 0; j < MATMUL_NR; j++) acc[r][j] += a[r * ars + k * aks] * bp[(size_t)k * MATMUL_NR + j];
+            for (int j = 0; j < nr; j++) acc[r][j] += a[r * ars + k * aks] * bp[(size_t)k * MATMUL_NR + j];
     for (int r = 0; r < MATMUL_MR; r++)
-        for (int j = 0; j < MATMUL_NR; j++) c[r * ldc + j] = acc[r][j];
+        for (int j = 0; j < nr; j++) c[r * ldc + j] = acc[r][j];
 }
 #endif
 
 // the two ways of reading A, each compiled with its strides known where they
 // can be, so that the inner loop's addressing is simple
-static void matmul_tile_packed(float *c, size_t ldc, const float *ap, const float *bp, int kc) {
-    matmul_tile(c, ldc, ap, 1, MATMUL_MR, bp, kc);
+enum { MATMUL_NV = MATMUL_NR / MATMUL_VL };
+static void matmul_tile_packed(float *c, size_t ldc, const float *s, size_t lds, const float *ap, const float *bp,
+                               int kc) {
+    matmul_tile(c, ldc, s, lds, ap, 1, MATMUL_MR, bp, kc, MATMUL_NV);
 }
-static void matmul_tile_rows(float *c, size_t ldc, const float *a, size_t lda, const float *bp, int kc) {
-    matmul_tile(c, ldc, a, lda, 1, bp, kc);
+static void matmul_tile_rows(float *c, size_t ldc, const float *s, size_t lds, const float *a, size_t lda,
+                             const float *bp, int kc) {
+    matmul_tile(c, ldc, s, lds, a, lda, 1, bp, kc, MATMUL_NV);
 }
-static void matmul_tile_cols(float *c, size_t ldc, const float *a, size_t lda, const float *bp, int kc) {
-    matmul_tile(c, ldc, a, 1, lda, bp, kc);
+static void matmul_tile_cols(float *c, size_t ldc, const float *s, size_t lds, const float *a, size_t lda,
+                             const float *bp, int kc) {
+    matmul_tile(c, ldc, s, lds, a, 1, lda, bp, kc, MATMUL_NV);
+}
+
+// the same at C's right edge when the columns left are whole vectors (the
+// small model's 128 = 48 + 48 + 32): nv of them, 1 or 2 (NV is at most 3),
+// rows still read in place
+static void matmul_tile_rows_narrow(float *c, size_t ldc, const float *s, size_t lds, const float *a, size_t lda,
+                                    const float *bp, int kc, int nv) {
+    if (nv == 1) matmul_tile(c, ldc, s, lds, a, lda, 1, bp, kc, 1);
+    else matmul_tile(c, ldc, s, lds, a, lda, 1, bp, kc, 2);
+}
+static void matmul_tile_cols_narrow(float *c, size_t ldc, const float *s, size_t lds, const float *a, size_t lda,
+                                    const float *bp, int kc, int nv) {
+    if (nv == 1) matmul_tile(c, ldc, s, lds, a, 1, lda, bp, kc, 1);
+    else matmul_tile(c, ldc, s, lds, a, 1, lda, bp, kc, 2);
 }
 
 // a tile over the edge of C (fewer than MR rows or NR columns left): through
 // a full-size copy, whose extra rows and columns are thrown away. Rows of A
 // past the edge must not be read in place, so the caller packs A there.
-static void matmul_tile_edge(float *c, size_t ldc, int mr, int nr, const float *ap, const float *bp, int kc) {
+static void matmul_tile_edge(float *c, size_t ldc, const float *s, size_t lds, int mr, int nr, const float *ap,
+                             const float *bp, int kc) {
     float tmp[MATMUL_MR * MATMUL_NR] = {0};
     for (int r = 0; r < mr; r++)
-        for (int j = 0; j < nr; j++) tmp[r * MATMUL_NR + j] = c[r * ldc + j];
-    matmul_tile_packed(tmp, MATMUL_NR, ap, bp, kc);
+        for (int j = 0; j < nr; j++) tmp[r * MATMUL_NR + j] = s[r * lds + j];
+    matmul_tile_packed(tmp, MATMUL_NR, tmp, MATMUL_NR, ap, bp, kc);
     for (int r = 0; r < mr; r++)
         for (int j = 0; j < nr; j++) c[r * ldc + j] = tmp[r * MATMUL_NR + j];
 }
 
-// one task: rows [m0, m0 + mc) by columns [j0, j0 + nc) of C, over all of K
-static void matmul_task(float *c, size_t ldc, const float *a, size_t am, size_t ak, const float *b, size_t bk,
-                        size_t bj, int m0, int mc, int j0, int nc, int K) {
+// the starting row of C = init + A B when init is NULL
+static const float matmul_zeros[MATMUL_NR];
+
+// one task: rows [m0, m0 + mc) by columns [j0, j0 + nc) of C, over all of K;
+// C's own values first (set = 0), or the row init (zeros if NULL; set = 1)
+static void matmul_task(float *c, size_t ldc, int set, const float *init, const float *a, size_t am, size_t ak,
+                        const float *b, size_t bk, size_t bj, int m0, int mc, int j0, int nc, int K) {
     enum { MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC };
     int mc_pad = (mc + MR - 1) / MR * MR, nc_pad = (nc + NR - 1) / NR * NR;
     float *bp = matmul_scratch((size_t)(nc_pad + mc_pad) * KC), *ap = bp + (size_t)nc_pad * KC;
@@ -240,38 +271,74 @@ static void matmul_task(float *c, size_t ldc, const float *a, size_t am, size_t 
             for (int ir = 0; ir < mc; ir += MR) {
                 int mr = mc - ir < MR ? mc - ir : MR;
                 float *ct = c + (size_t)(m0 + ir) * ldc + j0 + jr;
+                // where the sums start: C, or on the first block of k the init row
+                const float *st = ct;
+                size_t lds = ldc;
+                if (set && k0 == 0) {
+                    st = init ? init + j0 + jr : matmul_zeros;
+                    lds = 0;
+                }
+                const float *arow = ablk + (size_t)ir * am;
                 if (mr == MR && nr == NR) {
-                    if (ir < full_rows && ak == 1) matmul_tile_rows(ct, ldc, ablk + (size_t)ir * am, am, bs, kc);
-                    else if (ir < full_rows) matmul_tile_cols(ct, ldc, ablk + (size_t)ir * am, ak, bs, kc);
-                    else matmul_tile_packed(ct, ldc, ap + (size_t)ir * kc, bs, kc);
+                    if (ir < full_rows && ak == 1) matmul_tile_rows(ct, ldc, st, lds, arow, am, bs, kc);
+                    else if (ir < full_rows) matmul_tile_cols(ct, ldc, st, lds, arow, ak, bs, kc);
+                    else matmul_tile_packed(ct, ldc, st, lds, ap + (size_t)ir * kc, bs, kc);
+                } else if (mr == MR && nr % MATMUL_VL == 0 && ir < full_rows) {
+                    if (ak == 1) matmul_tile_rows_narrow(ct, ldc, st, lds, arow, am, bs, kc, nr / MATMUL_VL);
+                    else matmul_tile_cols_narrow(ct, ldc, st, lds, arow, ak, bs, kc, nr / MATMUL_VL);
                 } else {
                     if (ir < full_rows)  // a column edge on rows read in place: pack this sliver alone
-                        matmul_pack(ap + (size_t)ir * kc, ablk + (size_t)ir * am, am, ak, MR, kc, MR);
-                    matmul_tile_edge(ct, ldc, mr, nr, ap + (size_t)ir * kc, bs, kc);
+                        matmul_pack(ap + (size_t)ir * kc, arow, am, ak, MR, kc, MR);
+                    matmul_tile_edge(ct, ldc, st, lds, mr, nr, ap + (size_t)ir * kc, bs, kc);
                 }
             }
         }
     }
 }
 
-static void matmul_blocked(float *c, int ldc, const float *a, size_t am, size_t ak, const float *b, size_t bk,
-                           size_t bj, int M, int J, int K) {
-    enum { MR = MATMUL_MR, MC = MATMUL_MC, NC = MATMUL_NC };
+// how many mc x nc blocks cover C[M,J]
+static size_t matmul_tasks(int M, int J, int mc, int nc) {
+    return (size_t)((M + mc - 1) / mc) * (size_t)((J + nc - 1) / nc);
+}
+
+static void matmul_run(float *c, int ldc, int set, const float *init, const float *a, size_t am, size_t ak,
+                       const float *b, size_t bk, size_t bj, int M, int J, int K) {
+    enum { MR = MATMUL_MR, NR = MATMUL_NR, MC = MATMUL_MC, NC = MATMUL_NC };
     int nthreads = 1;
 #ifdef _OPENMP
     nthreads = omp_get_max_threads();
 #endif
-    // smaller row blocks when the columns alone make too few tasks to share
-    int jblocks = (J + NC - 1) / NC, mc = MC;
-    while (mc > 4 * MR && (size_t)jblocks * ((M + mc - 1) / mc) < 4 * (size_t)nthreads) mc /= 2;
+    // when the blocks make too few tasks to share: smaller row blocks down to
+    // MC / 2, then narrower column panels, then smaller row blocks again.
+    // Every row block packs all of its columns of B, so past MC / 2 columns
+    // are the cheaper cut (the small model's dinp of the logits, C = 128
+    // columns and K = 50304, would otherwise pack B 8 times on 2 threads).
+    size_t want = 4 * (size_t)nthreads;
+    int mc = MC, nc = NC;
+    while (mc > MC / 2 && matmul_tasks(M, J, mc, nc) < want) mc /= 2;
+    while (nc > NR && matmul_tasks(M, J, mc, nc) < want) nc -= NR;
+    while (mc > 4 * MR && matmul_tasks(M, J, mc, nc) < want) mc /= 2;
     mc = mc / MR * MR;
-    int mblocks = (M + mc - 1) / mc, ntasks = mblocks * jblocks;
+    int mblocks = (M + mc - 1) / mc, jblocks = (J + nc - 1) / nc, ntasks = mblocks * jblocks;
     #pragma omp parallel for schedule(dynamic) if (ntasks > 1)
     for (int t = 0; t < ntasks; t++) {
-        int m0 = (t % mblocks) * mc, j0 = (t / mblocks) * NC;
-        int mrows = M - m0 < mc ? M - m0 : mc, ncols = J - j0 < NC ? J - j0 : NC;
-        matmul_task(c, (size_t)ldc, a, am, ak, b, bk, bj, m0, mrows, j0, ncols, K);
+        int m0 = (t % mblocks) * mc, j0 = (t / mblocks) * nc;
+        int mrows = M - m0 < mc ? M - m0 : mc, ncols = J - j0 < nc ? J - j0 : nc;
+        matmul_task(c, (size_t)ldc, set, init, a, am, ak, b, bk, bj, m0, mrows, j0, ncols, K);
     }
+}
+
+static void matmul_blocked(float *c, int ldc, const float *a, size_t am, size_t ak, const float *b, size_t bk,
+                           size_t bj, int M, int J, int K) {
+    matmul_run(c, ldc, 0, NULL, a, am, ak, b, bk, bj, M, J, K);
+}
+
+// C[M,J] = init + A[M,K] B[K,J], init a row of J values added to every row
+// (a bias) or zeros when NULL: C's old values are never read, which saves a
+// pass that sets them and reading them back (51 MB for the logits)
+static void matmul_blocked_set(float *c, int ldc, const float *init, const float *a, size_t am, size_t ak,
+                               const float *b, size_t bk, size_t bj, int M, int J, int K) {
+    matmul_run(c, ldc, 1, init, a, am, ak, b, bk, bj, M, J, K);
 }
 
 #endif

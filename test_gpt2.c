@@ -198,24 +198,24 @@ static void test_attention_fd(void) {
     fd_check("attention dqkv", &layer, r, c.qkv, dqkv, B * T * 3 * C, 1e-2f);
 }
 
-typedef struct { float *logits, *probs; int *targets; int N, V, Vp; } CeCtx;
+typedef struct { float *logits, *probs; int *targets; int N, V, Vp; float sums[16]; } CeCtx;
 static void ce_fwd(void *p, float *out) {
     CeCtx *c = p;
-    float maxes[16], sums[16];
+    float maxes[16];
     crossentropy_rowmax(maxes, c->logits, c->N, c->Vp, c->V);
-    crossentropy_exp(c->probs, sums, c->logits, maxes, c->N, c->Vp, c->V);
-    crossentropy_finish(out, c->probs, sums, c->targets, 0, c->N, c->Vp, c->V);
+    crossentropy_exp(c->probs, c->sums, c->logits, maxes, c->N, c->Vp, c->V);
+    crossentropy_finish(out, c->probs, c->sums, c->targets, 0, c->N, c->Vp, c->V);
 }
 
 static void test_crossentropy_fd(void) {
     int N = 5, V = 11, Vp = 16;
     int targets[5] = {0, 3, 10, 7, 3};
-    CeCtx c = {rand_array(N * Vp, 2.0f), calloc(N * Vp, 4), targets, N, V, Vp};
+    CeCtx c = {rand_array(N * Vp, 2.0f), calloc(N * Vp, 4), targets, N, V, Vp, {0}};
     Layer layer = {ce_fwd, (size_t)N, &c};
     float *r = rand_array(N, 0.0f), *out = calloc(N, 4), *dlogits = calloc(N * Vp, 4);
     for (int i = 0; i < N; i++) r[i] = 1.0f;  // crossentropy_backward takes one dloss for every position
     ce_fwd(&c, out);
-    crossentropy_backward(dlogits, c.probs, targets, 1.0f, 0, N, Vp, V);
+    crossentropy_backward(dlogits, c.probs, c.sums, targets, 1.0f, 0, N, Vp, V);
     fd_check("crossentropy dlogits", &layer, r, c.logits, dlogits, N * Vp, 1e-2f);
     int padded_zero = 1;
     for (int n = 0; n < N; n++)
@@ -374,6 +374,62 @@ static void test_init(void) {
     free(a); free(b); free(d);
 }
 
+// the number of threads: every kernel sums in an order fixed by the shapes
+// alone, so the same steps on 1, 2 and 3 threads give the same losses, grad
+// norms, gradients and parameters bit for bit
+
+// three AdamW steps of a small model on `threads` threads; its parameters and
+// last gradients (file layout) and the losses and norms
+static void run_steps(int threads, float *params, float *grads, float *losses, float *norms) {
+#ifdef _OPENMP
+    omp_set_num_threads(threads);
+#endif
+    // C = 80: five vectors of 16 and ten of 8, so the vector paths and the
+    // per-block LayerNorm sums (B*T = 76 rows: three blocks) all take part
+    GPT2Config c = {.maxT = 32, .V = 301, .Vp = 320, .L = 2, .NH = 5, .C = 80};
+    int B = 4, T = 19, BT = B * T;
+    GPT2 model;
+    Parallel par;
+    build_single(&model, &par, &c, init_full(&c, 3, 1, 1, 1), B, T);
+    Acts *a = &model.acts[0];
+    for (int i = 0; i < BT; i++) { a->inputs[i] = (i * 37) % c.V; a->targets[i] = (i * 53 + 11) % c.V; }
+    AdamHyper h = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+    for (int step = 0; step < 3; step++) {
+        gpt2_zero_grad(&model);
+        stage_forward(&model, a, 1);
+        stage_backward(&model, a, 1.0f / (float)BT);
+        int stop = 0;
+        losses[step] = a->mean_loss;
+        norms[step] = gpt2_step(&model, &losses[step], 1, 1.0f, &h, &stop);
+    }
+    gpt2_export(&model, model.unit_params, params);
+    gpt2_export(&model, model.unit_grads, grads);
+    gpt2_free(&model);
+}
+
+static void test_thread_count(void) {
+#ifndef _OPENMP
+    skip("built without OpenMP: one thread only");
+#else
+    int before = omp_get_max_threads();
+    GPT2Config c = {.maxT = 32, .V = 301, .Vp = 320, .L = 2, .NH = 5, .C = 80};
+    size_t n = param_count(&c);
+    float *p1 = malloc(n * 4), *g1 = malloc(n * 4), *p = malloc(n * 4), *g = malloc(n * 4);
+    float l1[3], n1[3], l[3], nm[3];
+    run_steps(1, p1, g1, l1, n1);
+    for (int threads = 2; threads <= 3; threads++) {
+        run_steps(threads, p, g, l, nm);
+        check(memcmp(l, l1, sizeof(l)) == 0 && memcmp(nm, n1, sizeof(nm)) == 0,
+              "3 steps on %d threads: losses and grad norms bit for bit those of 1 thread (last loss %.7f, %.7f)",
+              threads, l[2], l1[2]);
+        check(memcmp(g, g1, n * 4) == 0 && memcmp(p, p1, n * 4) == 0,
+              "3 steps on %d threads: gradients and parameters bit for bit those of 1 thread", threads);
+    }
+    omp_set_num_threads(before);
+    free(p1); free(g1); free(p); free(g);
+#endif
+}
+
 static void test_lr_schedule(void) {
     Options o;
     options_defaults(&o);
@@ -466,6 +522,7 @@ int main(void) {
     test_attention_fd();
     test_crossentropy_fd();
     test_model_fd();
+    test_thread_count();
     test_model_files();
     test_init();
     test_lr_schedule();

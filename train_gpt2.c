@@ -41,13 +41,20 @@
 
 // ----------------------------------------------------------------------------
 // layers, forward and backward side by side. Backward functions accumulate
-// (+=) into their gradient outputs, so gradient accumulation is free.
+// (+=) into their gradient outputs, so gradient accumulation is free; the
+// one exception is crossentropy_backward, which writes the logits' gradient
+// (nothing else adds to it, and clearing B*T*V floats first costs a pass).
+// Loops hand their iterations out to the threads in chunks as the threads
+// come free (schedule(dynamic)): when another program takes one of the
+// cores, the thread that lost it leaves its chunks to the others instead of
+// holding everyone at the loop's end. No sum depends on which thread does
+// which chunk.
 
 // token embedding from this rank's rows [v0, v0 + Vl) of wte (all of them
 // when there is no tensor parallelism): out[b,t,:] = wte[inp[b,t] - v0,:],
 // zero for tokens another rank holds; the ranks' outputs are then summed
 static void encoder_forward(float *out, const int *inp, const float *wte, int v0, int Vl, int B, int T, int C) {
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(dynamic, 16)
     for (int bt = 0; bt < B * T; bt++) {
         int row = inp[bt] - v0;
         float *o = out + (size_t)bt * C;
@@ -59,7 +66,7 @@ static void encoder_forward(float *out, const int *inp, const float *wte, int v0
 
 // + position embedding, once the token embeddings are complete
 static void encoder_add_positions(float *out, const float *wpe, int B, int T, int C) {
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(dynamic, 16)
     for (int bt = 0; bt < B * T; bt++) {
         const float *wpe_row = wpe + (size_t)(bt % T) * C;
         float *o = out + (size_t)bt * C;
@@ -81,68 +88,108 @@ static void encoder_backward(float *dwte, float *dwpe, const float *dout, const 
     }
 }
 
-// LayerNorm over C with eps 1e-5; saves mean and 1/std for the backward
+// LayerNorm over C with eps 1e-5; saves mean and 1/std for the backward.
+// The sums over a row run in VEC_LANES lanes (cpu_math.h), then the lanes
+// and the leftover elements in a fixed order.
+#define LN_BLOCK 32  // rows per task of the backward, each task with its own partial sums
+
 static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                               const float *weight, const float *bias, int N, int C) {
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(dynamic, 16)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
-        float m = 0.0f;
-        for (int i = 0; i < C; i++) m += x[i];
+        float *o = out + (size_t)n * C;
+        float m = 0.0f, var = 0.0f;
+        int i = 0;
+#ifdef VEC_MATH
+        vec_f sums = vec_splat(0.0f);
+        for (; i + VEC_LANES <= C; i += VEC_LANES) sums += vec_load(x + i);
+        m = vec_sum(sums);
+#endif
+        for (; i < C; i++) m += x[i];
         m /= C;
-        float var = 0.0f;
-        for (int i = 0; i < C; i++) var += (x[i] - m) * (x[i] - m);
+        i = 0;
+#ifdef VEC_MATH
+        sums = vec_splat(0.0f);
+        for (; i + VEC_LANES <= C; i += VEC_LANES) {
+            vec_f dx = vec_load(x + i) - m;
+            sums += dx * dx;
+        }
+        var = vec_sum(sums);
+#endif
+        for (; i < C; i++) var += (x[i] - m) * (x[i] - m);
         var /= C;
         float s = 1.0f / sqrtf(var + 1e-5f);
-        float *o = out + (size_t)n * C;
-        for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * weight[i] + bias[i];
+        for (i = 0; i < C; i++) o[i] = (x[i] - m) * s * weight[i] + bias[i];
         mean[n] = m;
         rstd[n] = s;
     }
 }
 
+// dx for one row, and the row's terms of dweight and dbias added to pw, pb
+static void layernorm_backward_row(float *dx, float *pw, float *pb, const float *d, const float *x,
+                                   const float *weight, float m, float s, int C) {
+    // dnorm = d * weight; dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm))
+    float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+    int i = 0;
+#ifdef VEC_MATH
+    vec_f sum1 = vec_splat(0.0f), sum2 = vec_splat(0.0f);
+    for (; i + VEC_LANES <= C; i += VEC_LANES) {
+        vec_f norm = (vec_load(x + i) - m) * s, dnorm = vec_load(weight + i) * vec_load(d + i);
+        sum1 += dnorm;
+        sum2 += dnorm * norm;
+    }
+    dnorm_mean = vec_sum(sum1);
+    dnorm_norm_mean = vec_sum(sum2);
+#endif
+    for (; i < C; i++) {
+        float norm = (x[i] - m) * s, dnorm = weight[i] * d[i];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * norm;
+    }
+    dnorm_mean /= C;
+    dnorm_norm_mean /= C;
+    i = 0;
+#ifdef VEC_MATH
+    for (; i + VEC_LANES <= C; i += VEC_LANES) {
+        vec_f di = vec_load(d + i), norm = (vec_load(x + i) - m) * s, dnorm = vec_load(weight + i) * di;
+        vec_store(pb + i, vec_load(pb + i) + di);
+        vec_store(pw + i, vec_load(pw + i) + norm * di);
+        vec_store(dx + i, vec_load(dx + i) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
+    }
+#endif
+    for (; i < C; i++) {
+        float norm = (x[i] - m) * s, dnorm = weight[i] * d[i];
+        pb[i] += d[i];
+        pw[i] += norm * d[i];
+        dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    }
+}
+
 static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                const float *weight, const float *mean, const float *rstd, int N, int C) {
-    // dweight/dbias are sums over all N rows; do the rows in parallel with
-    // a private partial sum per thread, then add the partials in a fixed order
-    int nthreads = 1;
-#ifdef _OPENMP
-    nthreads = omp_get_max_threads();
-#endif
-    float *partial = (float *)calloc((size_t)nthreads * 2 * C, sizeof(float));
-    #pragma omp parallel
-    {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
-        float *pw = partial + (size_t)tid * 2 * C, *pb = pw + C;
-        #pragma omp for schedule(static)
-        for (int n = 0; n < N; n++) {
-            const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
-            float *dx = dinp + (size_t)n * C;
-            float m = mean[n], s = rstd[n];
-            // dnorm = d * weight; dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm))
-            float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-            for (int i = 0; i < C; i++) {
-                float norm = (x[i] - m) * s, dnorm = weight[i] * d[i];
-                dnorm_mean += dnorm;
-                dnorm_norm_mean += dnorm * norm;
-            }
-            dnorm_mean /= C;
-            dnorm_norm_mean /= C;
-            for (int i = 0; i < C; i++) {
-                float norm = (x[i] - m) * s, dnorm = weight[i] * d[i];
-                pb[i] += d[i];
-                pw[i] += norm * d[i];
-                dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
-            }
-        }
+    // dweight/dbias are sums over all N rows: each block of LN_BLOCK rows
+    // sums its rows in order into partials of its own, then the blocks'
+    // partials are added in block order: the same sums whatever the number
+    // of threads
+    int nblocks = (N + LN_BLOCK - 1) / LN_BLOCK;
+    float *partial = (float *)calloc((size_t)nblocks * 2 * C, sizeof(float));
+    if (partial == NULL) {
+        fprintf(stderr, "train_gpt2: out of memory for %d x %d LayerNorm partial sums\n", nblocks, 2 * C);
+        exit(1);
     }
-    for (int t = 0; t < nthreads; t++)
+    #pragma omp parallel for schedule(dynamic)
+    for (int blk = 0; blk < nblocks; blk++) {
+        float *pw = partial + (size_t)blk * 2 * C, *pb = pw + C;
+        int end = (blk + 1) * LN_BLOCK < N ? (blk + 1) * LN_BLOCK : N;
+        for (int n = blk * LN_BLOCK; n < end; n++)
+            layernorm_backward_row(dinp + (size_t)n * C, pw, pb, dout + (size_t)n * C, inp + (size_t)n * C, weight,
+                                   mean[n], rstd[n], C);
+    }
+    for (int blk = 0; blk < nblocks; blk++)
         for (int i = 0; i < C; i++) {
-            dweight[i] += partial[(size_t)t * 2 * C + i];
-            dbias[i] += partial[(size_t)t * 2 * C + C + i];
+            dweight[i] += partial[(size_t)blk * 2 * C + i];
+            dbias[i] += partial[(size_t)blk * 2 * C + C + i];
         }
     free(partial);
 }
@@ -153,12 +200,8 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
 
 // out[N,OC] = inp[N,IC] @ weight[OC,IC]^T + bias[OC] (weight as PyTorch's Linear)
 static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {
-    // out starts as the bias; matmul_blocked adds the products to it
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] = bias ? bias[o] : 0.0f;
-    // A = inp, B(i,o) = weight[o,i]
-    matmul_blocked(out, OC, inp, IC, 1, weight, 1, IC, N, OC, IC);
+    // out starts as the bias (zeros without); A = inp, B(i,o) = weight[o,i]
+    matmul_blocked_set(out, OC, bias, inp, IC, 1, weight, 1, IC, N, OC, IC);
 }
 
 static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
@@ -170,7 +213,7 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const flo
     // dbias[o] += sum_n dout[n,o], n in order; 64 columns per task so that
     // the rows of dout are read a cache line at a time
     if (dbias) {
-        #pragma omp parallel for schedule(static)
+        #pragma omp parallel for schedule(dynamic)
         for (int o0 = 0; o0 < OC; o0 += 64) {
             int oc = OC - o0 < 64 ? OC - o0 : 64;
             float db[64] = {0};
@@ -182,81 +225,158 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const flo
 }
 
 // causal self-attention. qkv: (B,T,3C) holding q,k,v; out: (B,T,C);
-// att: (B,NH,T,T) softmax weights, kept for the backward (row t uses 0..t)
-static void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
-    int hs = C / NH, C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel for collapse(3)
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++)
-            for (int h = 0; h < NH; h++) {
-                const float *q = qkv + ((size_t)b * T + t) * C3 + h * hs;
-                float *a = att + (((size_t)b * NH + h) * T + t) * T;
-                float maxv = -INFINITY;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float *k = qkv + ((size_t)b * T + t2) * C3 + C + h * hs;
-                    float s = 0.0f;
-                    for (int i = 0; i < hs; i++) s += q[i] * k[i];
-                    s *= scale;
-                    a[t2] = s;
-                    if (s > maxv) maxv = s;
-                }
-                float sum = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    a[t2] = expf(a[t2] - maxv);
-                    sum += a[t2];
-                }
-                float inv = 1.0f / sum;
-                for (int t2 = 0; t2 <= t; t2++) a[t2] *= inv;
-                for (int t2 = t + 1; t2 < T; t2++) a[t2] = 0.0f;
-                float *o = out + ((size_t)b * T + t) * C + h * hs;
-                for (int i = 0; i < hs; i++) o[i] = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
-                    for (int i = 0; i < hs; i++) o[i] += a[t2] * v[i];
-                }
+// att: (B,NH,T,T) softmax weights, kept for the backward (row t uses 0..t).
+// One (b, h) per task, worked through ATT_ROWS positions t at a time. Every
+// product in it (scores, output, and the three gradients) is a small matrix
+// product done by attention_product, each element summed in order.
+#define ATT_ROWS 4
+#ifdef VEC_MATH
+#define ATT_WIDTH VEC_LANES
+#else
+#define ATT_WIDTH 1
+#endif
+
+// out[r*ldo + c] += sum_k x[r*xr + k*xk] y[k*ldy + c] for r < rows, c < ncols,
+// each element its old value first, then k = 0, 1, ..., K-1 one multiply-add
+// at a time. The vectors run along c, ATT_ROWS rows at once sharing each load
+// of y; when ncols is not a whole number of vectors, plain loops.
+static void attention_product(float *out, size_t ldo, const float *x, size_t xr, size_t xk, int rows,
+                              const float *y, size_t ldy, int ncols, int K) {
+    for (int r0 = 0; r0 < rows; r0 += ATT_ROWS) {
+        int nr = rows - r0 < ATT_ROWS ? rows - r0 : ATT_ROWS, c = 0;
+#ifdef VEC_MATH
+        const float *xrow[ATT_ROWS];
+        for (int r = 0; r < ATT_ROWS; r++) xrow[r] = x + (size_t)(r0 + (r < nr ? r : 0)) * xr;  // spare rows: row r0 again
+        for (; ncols % VEC_LANES == 0 && c < ncols; c += VEC_LANES) {
+            vec_f acc[ATT_ROWS];
+            for (int r = 0; r < ATT_ROWS; r++) acc[r] = vec_load(out + (size_t)(r0 + (r < nr ? r : 0)) * ldo + c);
+            for (int k = 0; k < K; k++) {
+                vec_f yk = vec_load(y + (size_t)k * ldy + c);
+                for (int r = 0; r < ATT_ROWS; r++) acc[r] += xrow[r][(size_t)k * xk] * yk;
             }
+            for (int r = 0; r < nr; r++) vec_store(out + (size_t)(r0 + r) * ldo + c, acc[r]);
+        }
+#endif
+        for (; c < ncols; c++)
+            for (int r = r0; r < r0 + nr; r++) {
+                float sum = out[(size_t)r * ldo + c];
+                for (int k = 0; k < K; k++) sum += x[(size_t)r * xr + (size_t)k * xk] * y[(size_t)k * ldy + c];
+                out[(size_t)r * ldo + c] = sum;
+            }
+    }
+}
+
+// xt[i*Tp + t2] = x[t2*stride + i] for t2 < T, zero for T <= t2 < Tp: one
+// head's keys or values transposed, so that their dot products with a query
+// run along t2, rows padded to a whole vector
+static void attention_transpose(float *xt, const float *x, int T, int Tp, int hs, int stride) {
+    for (int i = 0; i < hs; i++)
+        for (int t2 = 0; t2 < Tp; t2++) xt[(size_t)i * Tp + t2] = t2 < T ? x[(size_t)t2 * stride + i] : 0.0f;
+}
+
+// a[t2] = softmax over t2 <= t of scale * s[t2], zero for t < t2 < T. The
+// exponentials are vectorised (cpu_math.h) over s, which is padded to a
+// whole vector past t; the sum runs over lanes and is added up in a fixed
+// order.
+static void attention_softmax(float *a, float *s, int t, int T, float scale) {
+    int n = t + 1, i = 0;
+    float maxv = -INFINITY, sum = 0.0f;
+    for (i = 0; i < n; i++) {
+        s[i] *= scale;
+        maxv = s[i] > maxv ? s[i] : maxv;
+    }
+    i = 0;
+#ifdef VEC_MATH
+    vec_f sums = vec_splat(0.0f);
+    for (; i < n; i += VEC_LANES) {
+        vec_i lane = {0};
+        for (int l = 0; l < VEC_LANES; l++) lane[l] = i + l;
+        vec_f e = vec_select(lane < n, vec_exp(vec_load(s + i) - maxv), vec_splat(0.0f));
+        vec_store(s + i, e);
+        sums += e;
+    }
+    sum = vec_sum(sums);
+#endif
+    for (; i < n; i++) {
+        s[i] = expf(s[i] - maxv);
+        sum += s[i];
+    }
+    float inv = 1.0f / sum;
+    for (i = 0; i < n; i++) a[i] = s[i] * inv;
+    for (; i < T; i++) a[i] = 0.0f;
+}
+
+// a task's scratch: one head's keys or values transposed (hs x Tp) and
+// ATT_ROWS rows of scores
+static float *attention_scratch(int hs, int Tp) {
+    size_t floats = (size_t)(hs + ATT_ROWS) * Tp;
+    float *p = (float *)malloc(floats * sizeof(float));
+    if (p == NULL) {
+        fprintf(stderr, "train_gpt2: out of memory for %zu floats of attention scratch\n", floats);
+        exit(1);
+    }
+    return p;
+}
+
+static void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+    int hs = C / NH, C3 = 3 * C, Tp = (T + ATT_WIDTH - 1) / ATT_WIDTH * ATT_WIDTH;
+    float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;  // position 0's
+            float *kt = attention_scratch(hs, Tp), *scores = kt + (size_t)hs * Tp;
+            float *a = att + ((size_t)b * NH + h) * T * T;
+            float *o = out + (size_t)b * T * C + h * hs;
+            attention_transpose(kt, k, T, Tp, hs, C3);
+            for (int t0 = 0; t0 < T; t0 += ATT_ROWS) {
+                int rows = T - t0 < ATT_ROWS ? T - t0 : ATT_ROWS, n = t0 + rows;  // rows t0.. see positions < n
+                int nvec = (n + ATT_WIDTH - 1) / ATT_WIDTH * ATT_WIDTH;
+                memset(scores, 0, (size_t)ATT_ROWS * Tp * sizeof(float));
+                attention_product(scores, Tp, q + (size_t)t0 * C3, C3, 1, rows, kt, Tp, nvec, hs);
+                for (int r = 0; r < rows; r++) attention_softmax(a + (size_t)(t0 + r) * T, scores + (size_t)r * Tp, t0 + r, T, scale);
+                // out[t] = sum over t2 of a[t][t2] v[t2] (a is zero past t)
+                for (int r = 0; r < rows; r++) memset(o + (size_t)(t0 + r) * C, 0, (size_t)hs * sizeof(float));
+                attention_product(o + (size_t)t0 * C, C, a + (size_t)t0 * T, T, 1, rows, v, C3, hs, n);
+            }
+            free(kt);
+        }
 }
 
 static void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                int B, int T, int C, int NH) {
-    int hs = C / NH, C3 = 3 * C;
+    int hs = C / NH, C3 = 3 * C, Tp = (T + ATT_WIDTH - 1) / ATT_WIDTH * ATT_WIDTH;
     float scale = 1.0f / sqrtf((float)hs);
     // one (b, h) per task: dk and dv of a head gather from every t of that head
-    #pragma omp parallel for collapse(2)
+    #pragma omp parallel for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
-            float *datt = (float *)malloc((size_t)T * sizeof(float));
-            for (int t = 0; t < T; t++) {
-                const float *a = att + (((size_t)b * NH + h) * T + t) * T;
-                const float *d = dout + ((size_t)b * T + t) * C + h * hs;
-                const float *q = qkv + ((size_t)b * T + t) * C3 + h * hs;
-                float *dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
-                // through the weighted sum of values
-                float dot = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
-                    float *dv = dqkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
-                    float s = 0.0f;
-                    for (int i = 0; i < hs; i++) {
-                        s += d[i] * v[i];
-                        dv[i] += a[t2] * d[i];
-                    }
-                    datt[t2] = s;
-                    dot += s * a[t2];
+            const float *q = qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + (size_t)b * T * C3 + h * hs, *dk = dq + C, *dv = dq + 2 * C;
+            const float *a = att + ((size_t)b * NH + h) * T * T, *d = dout + (size_t)b * T * C + h * hs;
+            float *vt = attention_scratch(hs, Tp), *dpre = vt + (size_t)hs * Tp;
+            attention_transpose(vt, v, T, Tp, hs, C3);
+            for (int t0 = 0; t0 < T; t0 += ATT_ROWS) {
+                int rows = T - t0 < ATT_ROWS ? T - t0 : ATT_ROWS, n = t0 + rows;
+                int nvec = (n + ATT_WIDTH - 1) / ATT_WIDTH * ATT_WIDTH;
+                // through the weighted sum of values: datt[t][t2] = d[t] . v[t2], dv[t2] += a[t][t2] d[t]
+                memset(dpre, 0, (size_t)ATT_ROWS * Tp * sizeof(float));
+                attention_product(dpre, Tp, d + (size_t)t0 * C, C, 1, rows, vt, Tp, nvec, hs);
+                attention_product(dv, C3, a + (size_t)t0 * T, 1, T, n, d + (size_t)t0 * C, C, hs, rows);
+                // through the softmax: dpre = a (datt - sum over t2 of datt a), scaled; zero past t
+                for (int r = 0; r < rows; r++) {
+                    int t = t0 + r;
+                    const float *at = a + (size_t)t * T;
+                    float *dp = dpre + (size_t)r * Tp, dot = 0.0f;
+                    for (int t2 = 0; t2 <= t; t2++) dot += dp[t2] * at[t2];
+                    for (int t2 = 0; t2 <= t; t2++) dp[t2] = at[t2] * (dp[t2] - dot) * scale;
+                    for (int t2 = t + 1; t2 < n; t2++) dp[t2] = 0.0f;
                 }
-                // through the softmax, then the scaled dot products
-                for (int t2 = 0; t2 <= t; t2++) {
-                    float dpre = a[t2] * (datt[t2] - dot) * scale;
-                    const float *k = qkv + ((size_t)b * T + t2) * C3 + C + h * hs;
-                    float *dk = dqkv + ((size_t)b * T + t2) * C3 + C + h * hs;
-                    for (int i = 0; i < hs; i++) {
-                        dq[i] += dpre * k[i];
-                        dk[i] += dpre * q[i];
-                    }
-                }
+                // then the scaled dot products: dq[t] += dpre[t][t2] k[t2], dk[t2] += dpre[t][t2] q[t]
+                attention_product(dq + (size_t)t0 * C3, C3, dpre, Tp, 1, rows, k, C3, hs, n);
+                attention_product(dk, C3, dpre, 1, Tp, n, q + (size_t)t0 * C3, C3, hs, rows);
             }
-            free(datt);
+            free(vt);
         }
 }
 
@@ -286,7 +406,7 @@ static void gelu_forward(float *out, const float *inp, size_t N) {
     size_t done = 0;
 #ifdef VEC_MATH
     size_t nvec = N / VEC_LANES;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(dynamic, 1024)
     for (size_t k = 0; k < nvec; k++) {
         vec_f x = vec_load(inp + k * VEC_LANES);
         vec_store(out + k * VEC_LANES, x / gelu_denominator_vec(x));
@@ -300,7 +420,7 @@ static void gelu_backward(float *dinp, const float *inp, const float *dout, size
     size_t done = 0;
 #ifdef VEC_MATH
     size_t nvec = N / VEC_LANES;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(dynamic, 1024)
     for (size_t k = 0; k < nvec; k++) {
         vec_f x = vec_load(inp + k * VEC_LANES);
         vec_f s = 1.0f / gelu_denominator_vec(x);
@@ -313,12 +433,12 @@ static void gelu_backward(float *dinp, const float *inp, const float *dout, size
 }
 
 static void residual_forward(float *out, const float *a, const float *b, size_t N) {
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(dynamic, 16384)
     for (size_t i = 0; i < N; i++) out[i] = a[i] + b[i];
 }
 
 static void residual_backward(float *da, float *db, const float *dout, size_t N) {
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(dynamic, 16384)
     for (size_t i = 0; i < N; i++) {
         da[i] += dout[i];
         db[i] += dout[i];
@@ -329,11 +449,14 @@ static void residual_backward(float *da, float *db, const float *dout, size_t N)
 // vocabulary may be split among tensor-parallel ranks (each holding Vl
 // columns of the logits, starting at global column v0; nreal of them are
 // real tokens, the rest padding that never gets probability or gradient).
-// Between the passes the ranks combine their row maxima and row sums.
+// Between the passes the ranks combine their row maxima and row sums. The
+// probabilities are kept as exp(z - max), not divided by their row's sum:
+// the loss and the backward divide as they read them, which saves a pass
+// over the B*T*V floats.
 
 // pass 1: the largest real logit of each row
 static void crossentropy_rowmax(float *maxes, const float *logits, int N, int Vl, int nreal) {
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(dynamic)
     for (int n = 0; n < N; n++) {
         const float *z = logits + (size_t)n * Vl;
         float m = -INFINITY;
@@ -352,7 +475,7 @@ static void crossentropy_rowmax(float *maxes, const float *logits, int N, int Vl
 
 // pass 2: unnormalized probabilities exp(z - max) and their row sums
 static void crossentropy_exp(float *probs, float *sums, const float *logits, const float *maxes, int N, int Vl, int nreal) {
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(dynamic)
     for (int n = 0; n < N; n++) {
         const float *z = logits + (size_t)n * Vl;
         float *p = probs + (size_t)n * Vl, sum = 0.0f;
@@ -376,29 +499,36 @@ static void crossentropy_exp(float *probs, float *sums, const float *logits, con
     }
 }
 
-// pass 3: normalize; the loss of a row comes from the rank holding its target
-// (0 elsewhere, so the ranks' losses add up)
-static void crossentropy_finish(float *losses, float *probs, const float *sums, const int *targets,
+// pass 3: the loss of a row, -log(probability of its target), comes from the
+// rank holding its target (0 elsewhere, so the ranks' losses add up)
+static void crossentropy_finish(float *losses, const float *probs, const float *sums, const int *targets,
                                 int v0, int N, int Vl, int nreal) {
-    #pragma omp parallel for
     for (int n = 0; n < N; n++) {
-        float *p = probs + (size_t)n * Vl;
-        for (int i = 0; i < nreal; i++) p[i] /= sums[n];
         int col = targets[n] - v0;
-        losses[n] = col >= 0 && col < nreal ? -logf(p[col]) : 0.0f;
+        losses[n] = col >= 0 && col < nreal ? -logf(probs[(size_t)n * Vl + col] / sums[n]) : 0.0f;
     }
 }
 
-// dlogits += (probs - onehot(target)) * dloss, dloss the same for every position
-static void crossentropy_backward(float *dlogits, const float *probs, const int *targets, float dloss,
-                                  int v0, int N, int Vl, int nreal) {
-    #pragma omp parallel for
+// dlogits = (probs / sums - onehot(target)) * dloss, dloss the same for every
+// position, and zero in the padding columns: written, not added to
+static void crossentropy_backward(float *dlogits, const float *probs, const float *sums, const int *targets,
+                                  float dloss, int v0, int N, int Vl, int nreal) {
+    #pragma omp parallel for schedule(dynamic)
     for (int n = 0; n < N; n++) {
         float *dz = dlogits + (size_t)n * Vl;
         const float *p = probs + (size_t)n * Vl;
         int col = targets[n] - v0;
-        for (int i = 0; i < nreal; i++) dz[i] += (p[i] - (i == col ? 1.0f : 0.0f)) * dloss;
+        for (int i = 0; i < nreal; i++) dz[i] = (p[i] / sums[n] - (i == col ? 1.0f : 0.0f)) * dloss;
+        for (int i = nreal; i < Vl; i++) dz[i] = 0.0f;
     }
+}
+
+// x[0..n) = 0 on all threads: a single thread's memset does not reach the
+// memory bandwidth that clearing the gradients needs
+static void zero_floats(float *x, size_t n) {
+    size_t chunk = 1 << 16, nchunks = (n + chunk - 1) / chunk;
+    #pragma omp parallel for schedule(dynamic) if (nchunks > 1)
+    for (size_t c = 0; c < nchunks; c++) memset(x + c * chunk, 0, (n - c * chunk < chunk ? n - c * chunk : chunk) * sizeof(float));
 }
 
 // AdamW in PyTorch's order of operations (decoupled decay first, then the
@@ -411,7 +541,7 @@ static void adamw_update(float *params, const float *grads, float *m, float *v, 
                          float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
     float bc1 = 1.0f - powf(beta1, (float)t), bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
     float step_size = lr / bc1;
-    #pragma omp parallel for schedule(static) if (n > 4096)
+    #pragma omp parallel for schedule(dynamic, 16384) if (n > 4096)
     for (size_t i = 0; i < n; i++) {
         float g = grads[i] * grad_scale;
         m[i] = beta1 * m[i] + (1.0f - beta1) * g;
@@ -433,7 +563,7 @@ static double sum_squares(const float *x, size_t n) {
         fprintf(stderr, "train_gpt2: out of memory for %zu block sums of the grad norm\n", nblocks);
         exit(1);
     }
-    #pragma omp parallel for schedule(static) if (nblocks > 1)
+    #pragma omp parallel for schedule(dynamic) if (nblocks > 1)
     for (size_t blk = 0; blk < nblocks; blk++) {
         const float *xb = x + blk * SUMSQ_BLOCK;
         size_t len = n - blk * SUMSQ_BLOCK < SUMSQ_BLOCK ? n - blk * SUMSQ_BLOCK : SUMSQ_BLOCK, i = 0;
@@ -769,7 +899,7 @@ static void column_parallel_backward(const Parallel *par, float *dinp, float *dw
 }
 
 static void add_bias(float *out, const float *bias, int N, int OC) {
-    #pragma omp parallel for
+    #pragma omp parallel for schedule(dynamic, 16)
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
 }
@@ -831,11 +961,12 @@ static void vocab_parallel_cross_entropy_forward(const Parallel *par, float *los
     tp_reduce(par, losses, N);  // each loss came from the one rank holding its target
 }
 
-// dlogits += (probs - onehot(target)) * dloss over this rank's columns: no
+// dlogits = (probs / sums - onehot(target)) * dloss over this rank's
+// columns, sums the whole rows' (all-reduced in the forward): no
 // communication (the lm_head's column_parallel_backward sums what follows)
-static void vocab_parallel_cross_entropy_backward(float *dlogits, const float *probs, const int *targets, float dloss,
-                                                  int v0, int N, int Vl, int nreal) {
-    crossentropy_backward(dlogits, probs, targets, dloss, v0, N, Vl, nreal);
+static void vocab_parallel_cross_entropy_backward(float *dlogits, const float *probs, const float *sums,
+                                                  const int *targets, float dloss, int v0, int N, int Vl, int nreal) {
+    crossentropy_backward(dlogits, probs, sums, targets, dloss, v0, N, Vl, nreal);
 }
 
 // ----------------------------------------------------------------------------
@@ -931,12 +1062,14 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
     Acts *d = &m->dacts;
     int B = m->B, T = m->T, C = c->C, BT = B * T;
     size_t btc = (size_t)BT * C;
-    memset(d->memory, 0, (size_t)(d->t[NUM_ACT_TENSORS - 1] + m->act_sizes[NUM_ACT_TENSORS - 1] - d->memory) * sizeof(float));
+    // every gradient is added to, from zero, except the logits' (written by
+    // the cross-entropy) and the tensors after them, which have none
+    zero_floats(d->memory, (size_t)(d->t[A_LOGITS] - d->memory));
     if (s->last) {
         float *lnf = unit_acquire(m, m->ut.u_lnf), *wte = unit_acquire(m, m->ut.u_wte);
         float *dlnf = unit_grad_begin(m, m->ut.u_lnf), *dwte = unit_grad_begin(m, m->ut.u_wte);
-        vocab_parallel_cross_entropy_backward(d->t[A_LOGITS], a->t[A_PROBS], a->targets, dloss, s->v0, BT, s->Vl,
-                                              s->nreal);
+        vocab_parallel_cross_entropy_backward(d->t[A_LOGITS], a->t[A_PROBS], a->t[A_ROWSUM], a->targets, dloss, s->v0,
+                                              BT, s->Vl, s->nreal);
         column_parallel_backward(m->par, d->t[A_LNF], dwte, NULL, d->t[A_LOGITS], a->t[A_LNF], wte, BT, C, s->Vl);
         layernorm_backward(block_input(m, d, s->nl), dlnf, dlnf + C, d->t[A_LNF], block_input(m, a, s->nl),
                            lnf, a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], BT, C);
@@ -969,8 +1102,8 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
 // the updated parameters all-gathered.
 
 static void gpt2_zero_grad(GPT2 *m) {
-    if (m->grads) memset(m->grads, 0, m->ut.num_local * sizeof(float));
-    if (m->grad_shard) memset(m->grad_shard, 0, m->ut.num_shard * sizeof(float));
+    if (m->grads) zero_floats(m->grads, m->ut.num_local);
+    if (m->grad_shard) zero_floats(m->grad_shard, m->ut.num_shard);
 }
 
 static void gpt2_reduce_grads(GPT2 *m) {

@@ -2,7 +2,8 @@
  * bench_kernels.c: the CPU trainer's memory-bound kernels against what the
  * machine can do, measured in the same run (dev/bench.h): AdamW and the grad
  * norm's sum of squares in GB/s against the copy bandwidth, GELU and the
- * cross-entropy's exp in elements per ns. With the argument "peak" it prints
+ * cross-entropy's exp in elements per ns, attention and LayerNorm in ms at
+ * one d12 layer's shapes. With the argument "peak" it prints
  * only the FMA peak and the copy bandwidth (for dev/bench_cpu.sh).
  *
  *   make dev/bench_kernels && ./dev/bench_kernels [peak]
@@ -98,5 +99,36 @@ int main(int argc, char **argv) {
     printf("softmax + cross-entropy %.3f ms for 256 x 50257: %.2f elements/ns\n", best * 1e3,
            (double)N * 50257 / best * 1e-9);
     free(logits); free(probs);
+
+    // attention and LayerNorm at one d12 layer's shapes (B=4, T=64, C=768, NH=12)
+    int B = 4, T = 64, C = 768, NH = 12;
+    size_t btc = (size_t)B * T * C;
+    float *qkv = filled(3 * btc, 1.0f), *att = filled((size_t)B * NH * T * T, 0.0f), *atty = filled(btc, 0.0f);
+    float *datty = filled(btc, 1.0f), *dqkv = filled(3 * btc, 0.0f);
+    bf = bb = 1e30;
+    for (int r = 0; r < RUNS; r++) {
+        double t0 = bench_now();
+        attention_forward(atty, att, qkv, B, T, C, NH);
+        double t1 = bench_now();
+        attention_backward(dqkv, datty, qkv, att, B, T, C, NH);
+        double t2 = bench_now();
+        if (t1 - t0 < bf) bf = t1 - t0;
+        if (t2 - t1 < bb) bb = t2 - t1;
+    }
+    printf("attention    forward %.3f ms, backward %.3f ms for B=%d T=%d C=%d NH=%d\n", bf * 1e3, bb * 1e3, B, T, C, NH);
+    float *ln = filled(btc, 0.0f), *dln = filled(btc, 0.0f), *w = filled(C, 1.0f), *bias = filled(C, 0.1f);
+    float *dw = filled(C, 0.0f), *db = filled(C, 0.0f), mean[256], rstd[256];
+    bf = bb = 1e30;
+    for (int r = 0; r < RUNS; r++) {
+        double t0 = bench_now();
+        layernorm_forward(ln, mean, rstd, atty, w, bias, B * T, C);
+        double t1 = bench_now();
+        layernorm_backward(dln, dw, db, datty, atty, w, mean, rstd, B * T, C);
+        double t2 = bench_now();
+        if (t1 - t0 < bf) bf = t1 - t0;
+        if (t2 - t1 < bb) bb = t2 - t1;
+    }
+    printf("layernorm    forward %.3f ms, backward %.3f ms for %d x %d\n", bf * 1e3, bb * 1e3, B * T, C);
+    free(qkv); free(att); free(atty); free(datty); free(dqkv); free(ln); free(dln); free(w); free(bias); free(dw); free(db);
     return 0;
 }

@@ -5,7 +5,11 @@
  * machine's FMA peak measured in the same run (dev/bench.h), and the error of
  * forward and backward against a double-precision reference.
  *
- *   make dev/bench_matmul && ./dev/bench_matmul [runs] [N]
+ *   make dev/bench_matmul && ./dev/bench_matmul [runs] [N] [C]
+ *
+ * C (default 768) sets the shapes: C x 3C, C x C, C x 4C, 4C x C and C x
+ * 50304; 128 gives the small model of `make run` (its step has 4 layers,
+ * the totals still count 12).
  *
  * Each product is timed `runs` times (default 7) in wall-clock time with all
  * of OpenMP's threads; it prints the best run and the median: the machine is
@@ -88,8 +92,11 @@ static void check_errors(int N, int IC, int OC, const float *inp, const float *w
 
 int main(int argc, char **argv) {
     int runs = argc > 1 ? atoi(argv[1]) : 7;
-    int N = argc > 2 ? atoi(argv[2]) : 256;
-    if (runs < 1 || runs > MAX_RUNS || N < 1) { fprintf(stderr, "usage: %s [runs 1..%d] [N]\n", argv[0], MAX_RUNS); return 2; }
+    int N = argc > 2 ? atoi(argv[2]) : 256, C = argc > 3 ? atoi(argv[3]) : 768;
+    if (runs < 1 || runs > MAX_RUNS || N < 1 || C < 1) {
+        fprintf(stderr, "usage: %s [runs 1..%d] [N] [C]\n", argv[0], MAX_RUNS);
+        return 2;
+    }
     int nthreads = 1;
 #ifdef _OPENMP
     nthreads = omp_get_max_threads();
@@ -97,8 +104,8 @@ int main(int argc, char **argv) {
     double peak = bench_fma_peak(5);
     // name, IC, OC, how many per training step
     struct { const char *name; int IC, OC, per_step; } shapes[] = {
-        {"qkv", 768, 2304, 12}, {"attproj", 768, 768, 12}, {"fc", 768, 3072, 12},
-        {"fcproj", 3072, 768, 12}, {"logits", 768, 50304, 1},
+        {"qkv", C, 3 * C, 12}, {"attproj", C, C, 12}, {"fc", C, 4 * C, 12},
+        {"fcproj", 4 * C, C, 12}, {"logits", C, 50304, 1},
     };
     const char *products[3] = {"forward", "dinp", "dweight"};
     int nshapes = sizeof(shapes) / sizeof(shapes[0]);
@@ -124,7 +131,7 @@ int main(int argc, char **argv) {
             for (int r = -1; r < runs; r++) {  // run -1 warms pages and caches
                 double t0 = bench_now();
                 // the calls of matmul_forward and matmul_backward, one by one
-                if (p == 0) matmul_blocked(out, OC, inp, IC, 1, w, 1, IC, N, OC, IC);
+                if (p == 0) matmul_blocked_set(out, OC, b, inp, IC, 1, w, 1, IC, N, OC, IC);
                 if (p == 1) matmul_blocked(dinp, IC, dout, OC, 1, w, IC, 1, N, IC, OC);
                 if (p == 2) matmul_blocked(dw, IC, dout, 1, OC, inp, IC, 1, OC, IC, N);
                 if (r >= 0) t[r] = bench_now() - t0;
@@ -140,7 +147,7 @@ int main(int argc, char **argv) {
     }
     double peak_after = bench_fma_peak(5);
     if (peak_after > peak) peak = peak_after;
-    printf("N=%d, %d threads, best of %d runs; FMA peak %.1f GFLOP/s (best of 5 before and 5 after)\n", N, nthreads,
+    printf("N=%d, C=%d, %d threads, best of %d runs; FMA peak %.1f GFLOP/s (best of 5 before and 5 after)\n", N, C, nthreads,
            runs, peak);
     printf("%-8s %5s %6s | %-8s %9s %7s %9s | %8s %8s\n", "shape", "IC", "OC", "product", "GFLOP/s", "% peak", "(median)",
            "err fwd", "err bwd");
@@ -151,7 +158,7 @@ int main(int argc, char **argv) {
             if (p == 0) printf(" | %8.1e %8.1e", errs[s][0], errs[s][1]);
             printf("\n");
         }
-    printf("one d12 step's matmuls (medians): %.0f ms, %.1f GFLOP/s, %.1f%% of peak\n", step_s * 1e3,
+    printf("one step's matmuls at 12 layers (medians): %.0f ms, %.1f GFLOP/s, %.1f%% of peak\n", step_s * 1e3,
            flops_step / step_s * 1e-9, 100.0 * flops_step / step_s * 1e-9 / peak);
     return 0;
 }
