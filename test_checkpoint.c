@@ -531,8 +531,9 @@ static void test_full_disk(void) {
 // newest complete checkpoint; then a run to the end prints every step as the
 // uninterrupted run and writes the same model. The kills come at random
 // times within 1/15 of an uninterrupted run's length, timed first on this
-// machine: 20 of them stop well short of the end, and they land in every
-// phase (start-up, steps, checkpoint writes).
+// machine, scaled by the share of steps still to run: 20 of them stop short
+// of the end, and they land in every phase (start-up, steps, checkpoint
+// writes).
 static void test_kills(const char *layout, const char *name, unsigned seed) {
     static Run ref, r;
     char a[200], ref_dir[200], args[300];
@@ -562,7 +563,11 @@ static void test_kills(const char *layout, const char *name, unsigned seed) {
             for (int s = 1; s <= 40 && !complete; s++) complete = exists("%s/ckpt_%08d", a, s);
             if (!complete) usleep(10000);
         }
-        usleep((useconds_t)(window_us * rand() / RAND_MAX));
+        // the window shrinks with the steps left: a machine faster now than
+        // when the window was timed must not finish the run before 20 kills
+        int newest = 0;
+        for (int s = 40; s >= 1 && newest == 0; s--) newest = exists("%s/ckpt_%08d", a, s) ? s : 0;
+        usleep((useconds_t)(window_us * (40 - newest) / 40 * rand() / RAND_MAX));
         if (waitpid(pid, NULL, WNOHANG) == pid) { finished = 1; break; }
         kill(-pid, SIGKILL);  // the whole group: the trainer, or the launcher and its ranks
         waitpid(pid, NULL, 0);
