@@ -1,10 +1,11 @@
 /*
  * train_gpt2.c: GPT-2 training on the CPU, fp32, OpenMP.
  *
- * The reference trainer: readable first, fast second. Each layer's forward and
- * backward sit side by side; the model (GPT2) holds its parameters, gradients,
- * AdamW state and activations as a few flat arrays; main() at the bottom is the
- * whole training loop. File formats and flags live in gpt2.h; what both
+ * The reference trainer: readable first, fast second. The layers, each
+ * forward beside its backward, are in cpu_layers.h and cpu_attention.h; here
+ * the model (GPT2) holds its parameters, gradients, AdamW state and
+ * activations as a few flat arrays; main() at the bottom is the whole
+ * training loop. File formats and flags live in gpt2.h; what both
  * trainers do around the loop in trainer.h; the matmul and the vectorised
  * exp in cpu_matmul.h and cpu_math.h; the data in dataloader.h; the
  * tokenizer (for printing samples) in tokenizer.h; the ranks and their
@@ -42,6 +43,9 @@
 #endif
 
 // ----------------------------------------------------------------------------
+// loops over the flat arrays of the parameters and gradients: clearing them,
+// AdamW and the norm
+
 // x[0..n) = 0 on all threads: a single thread's memset does not reach the
 // memory bandwidth that clearing the gradients needs
 static void zero_floats(float *x, size_t n) {

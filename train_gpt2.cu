@@ -4,7 +4,9 @@
  *
  * The same model, loop, flags, printed lines and JSON log as train_gpt2.c,
  * with hand-written kernels (the .cuh files, forward and backward side by
- * side) and the GEMMs through cuBLASLt. doc/gpu.md has the longer story.
+ * side) and the GEMMs through cuBLASLt. Four parts of this file are in files
+ * of their own: gpu_optimizer.cuh, gpu_export.cuh, gpu_checks.cuh and
+ * gpu_eval.cuh. doc/gpu.md has the longer story.
  *
  * Precision. The default build is bf16 mixed precision: parameters,
  * activations and gradients in bf16, fp32 master weights and fp32 AdamW m/v;
@@ -1082,7 +1084,8 @@ static int gpt2_load_optimizer(GPT2 *m, const char *path, const uint8_t key[32],
 // ----------------------------------------------------------------------------
 // the job: one process per rank, any (dp, tp, pp) layout, over NCCL with one
 // GPU per rank, or over the host backend where ranks share a GPU (doc/gpu.md). The model's collectives are in the model section; here
-// are the pipeline's messages, the step's end, evaluation and the files.
+// are the pipeline's messages, the step's end, the checks and evaluation
+// (gpu_checks.cuh, gpu_eval.cuh) and the files.
 
 typedef struct {
     Launch launch;
