@@ -571,7 +571,7 @@ static floatX *unit_grad_begin(GPT2 *m, int u) {
 // reduce-scattered over the data-parallel ranks and my chunk added to my
 // shard. ZeRO-0/1, after the step's last micro-batch: its gradients are
 // all-reduced (0) or reduce-scattered in place (1). With dp > 1 both travel
-// on the side stream while the backward goes on (gpt2_step drains them).
+// on the side stream while the backward goes on (gpt2_step_loss drains them).
 static void unit_grad_end(GPT2 *m, int u) {
     const Unit *un = &m->ut.units[u];
     size_t chunk = unit_chunk(m, u);
