@@ -20,11 +20,13 @@
 #   4. every layout of test_layouts on this one GPU (its ranks share the
 #      device, so they talk through the shared-memory host backend): fp32
 #      within 1e-5 of one rank, bf16 within 2e-2 (see "bf16 bound" below);
-#      tamper, replay, kill and stall end the job
+#      tamper, replay, kill and stall end the job; the watch report (-wr)
+#      names a rank slowed on purpose, -ck a replica changed on purpose
 #   5. fp32: test_gpt2cu_fp32; the GPU against the CPU trainer (10 steps
 #      within 1e-4); a checkpoint of each resumed by the other
 #   6. NCCL with one rank: ZeRO 0-3 agree (fp32: bit for bit); checkpoints
-#      resume byte-identical; SIGTERM checkpoints and exits 0
+#      resume byte-identical; sealed checkpoints (-enc 1) give the plain
+#      run's losses and resume bit-exact; SIGTERM checkpoints and exits 0
 #   7. kernel checks (bf16), then compute-sanitizer memcheck and racecheck
 #      over them at small shapes (LLM3D_CHECK_SMALL=1), memcheck over the
 #      fp32 ones (the build also gates on ptxas: no kernel may spill)
@@ -281,11 +283,13 @@ compare() {
 import json, sys
 bound, what, ref_path, got_path = float(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 resumed = len(sys.argv) > 5
-load = lambda p: {r["step"]: r for r in map(json.loads, open(p))}
+# the steps' lines; the final model's line after the last step (a val loss
+# alone, with -v) has no train loss to compare
+load = lambda p: {r["step"]: r for r in map(json.loads, open(p)) if "loss" in r}
 try:
     ref, got = load(ref_path), load(got_path)
 except (OSError, ValueError, KeyError) as e:
-    print(f"FAIL {what}: {e}"); sys.exit(0)
+    print(f"FAIL {what}: {type(e).__name__} {e}"); sys.exit(0)
 keys = ["loss", "norm"] if bound < 1e-3 else ["loss"]
 if not got or not set(got) <= set(ref) or (not resumed and set(got) != set(ref)):
     print(f"FAIL {what}: steps {sorted(got)[:3]}... ({len(got)}) against {len(ref)} of the reference"); sys.exit(0)
@@ -349,12 +353,49 @@ fault() {  # fault NAME ARGS EXPECT LEAST
         fail "fault $name: exit $rc, $steps steps logged, '$expect' $(grep -q "$expect" "$LOGS/fault_$name.log" && echo named || echo 'not named')"
     fi
 }
+# the watch report (-wr 3): rank 1 of 4, slowed by 300 ms a step from step
+# 3, is named a straggler at the report after step 8 (two slow reports in a
+# row, as in test_layouts), on stdout and in step 8's log line, and no other
+# rank is; the job ends normally
+watch_slow() {
+    local limit log=$LOGS/watch_slow
+    if ! limit=$(time_left 30); then skip "watch report: past the deadline"; return; fi
+    timeout -k 5 "$limit" ./train_gpt2cu -x 9 -v 0 -s 0 $SMALL $DP4 -np 4 -wr 3 -fault slow:1:3 \
+        -lg "$log.jsonl" > "$log.log" 2>&1
+    local rc=$? named others logged
+    named=$(grep -c "step 8: rank 1 is a straggler: compute .* for 2 reports" "$log.log")
+    others=$(grep -cE "rank [023] is a straggler" "$log.log")
+    logged=$(grep -c '^{"step": 8,.*"stragglers": \[1\], "compute_ms": \[' "$log.jsonl" 2>/dev/null)
+    if [ $rc -eq 0 ] && [ "$named" -ge 1 ] && [ "$others" -eq 0 ] && [ "${logged:-0}" -eq 1 ]; then
+        pass "watch report, -wr 3 -fault slow:1:3 on 4 ranks: $(grep -m1 'rank 1 is a straggler' "$log.log" | cut -c1-140)"
+    else
+        fail "watch report: exit $rc, rank 1 named $named times, other ranks $others, step 8's log fields ${logged:-0} (see watch_slow.log)"
+    fi
+}
+# -ck 1: rank 2 of 4 replicas, one parameter changed at step 3, is named by
+# the consistency check before step 3 trains; exit 1 after steps 0-2
+check_drift() {
+    local limit log=$LOGS/check_drift
+    local want="step 3: data-parallel replicas disagree: the parameters of rank 2 differ from those of ranks 0, 1, 3 (the majority of the 4 replicas), first in wte"
+    if ! limit=$(time_left 30); then skip "consistency check: past the deadline"; return; fi
+    timeout -k 5 "$limit" ./train_gpt2cu -x 10 -v 0 -s 0 $SMALL $DP4 -np 4 -ck 1 -fault drift:2:3 \
+        -lg "$log.jsonl" > "$log.log" 2>&1
+    local rc=$? steps
+    steps=$(wc -l < "$log.jsonl" 2>/dev/null || echo 0)
+    if [ $rc -eq 1 ] && [ "$steps" -eq 3 ] && grep -qF "$want" "$log.log"; then
+        pass "consistency check, -ck 1 -fault drift:2:3 on 4 replicas: exit 1 after 3 steps, rank 2 named"
+    else
+        fail "consistency check: exit $rc, $steps steps logged, rank 2 $(grep -qF "$want" "$log.log" && echo named || echo 'not named') (see check_drift.log)"
+    fi
+}
 phase "faults on one GPU"
 if [ -x ./train_gpt2cu ]; then
     background fault tamper "-pp 2 -fault tamper:0:3" "from rank 0, channel activation, step 3" 3
     background fault replay "-pp 2 -fault replay:0:3" "from rank 0, channel activation, step 3" 3
     background fault kill "-fault kill:1:3" "rank 1" 2
     background fault stall "-fault stall:1:3" "rank 1" 3
+    background watch_slow
+    background check_drift
     collect
 fi
 phase "layouts on one GPU, bf16 (within 2e-2 of one rank)"
@@ -411,6 +452,24 @@ if [ -x ./train_gpt2cu ]; then
             pass "step 20's model.bin and optim.bin byte-identical, uninterrupted and resumed"
         else
             fail "step 20's checkpoint differs between the uninterrupted and the resumed run"
+        fi
+        # -enc 1: the same run with sealed checkpoints, bit for bit the plain
+        # run's losses and norms, and resumed from its sealed step 10
+        mkdir -p "$CK/enc_resumed"
+        run ck_enc 60 ./train_gpt2cu $RES -x 20 -n 10 -enc 1 -o "$CK/enc" -lg "$LOGS/ck_enc.jsonl" &&
+        compare 0 "-enc 1: the losses and norms of the run without -enc" "$LOGS/ck_full.jsonl" "$LOGS/ck_enc.jsonl" &&
+        cp -r "$CK/enc/ckpt_00000010" "$CK/enc/job.key" "$CK/enc_resumed/" &&
+        run ck_enc_resumed 60 ./train_gpt2cu $RES -x 20 -n 10 -enc 1 -o "$CK/enc_resumed" -y 1 -lg "$LOGS/ck_enc_resumed.jsonl" &&
+        compare 0 "-enc 1, resumed from its sealed step 10: the plain run's losses and norms" "$LOGS/ck_full.jsonl" "$LOGS/ck_enc_resumed.jsonl" resumed
+        if [ -s "$LOGS/ck_enc.jsonl" ]; then
+            plain=0
+            for d in enc/ckpt_00000010 enc/ckpt_00000020 enc_resumed/ckpt_00000020; do
+                for f in model.bin optim.bin state.bin; do
+                    [ "$(head -c 8 "$CK/$d/$f" 2>/dev/null)" = llm3dgcm ] || plain=$((plain + 1))
+                done
+            done
+            if [ $plain -eq 0 ]; then pass "-enc 1: model.bin, optim.bin and state.bin are sealed files (llm3dgcm) in all 3 checkpoints"
+            else fail "-enc 1: $plain of the 9 checkpoint files are not sealed"; fi
         fi
     fi
     # SIGTERM once the run is under way: it finishes the step, checkpoints,

@@ -11,7 +11,8 @@
 # from the seeded init for 800 steps of 8 x 128 tokens (0.82M tokens, 2.7
 # epochs of tinyshakespeare's train split, shuffled), AdamW at lr 1e-3 with 50
 # warmup steps and a cosine to 1e-4, weight decay 0.1, clip 1.0, val loss on
-# the whole val split (32768 tokens) every 100 steps, on one thread (-th 1:
+# the whole val split (-m -1: its 31 batches, 31744 of its 32768 tokens, each
+# counted once) every 100 steps and after the last, on one thread (-th 1:
 # the sums' order, and so the last bits of the numbers, depend on the thread
 # count, and one thread is also the count a busy machine slows down least;
 # the core count of the machine does not matter).
@@ -49,7 +50,7 @@ rm -rf "$out/run"
 mkdir -p "$out/run"
 flags=(-e d4 -ec 128 -ev 50257 -et 128 -i "$out/tiny_train_*.bin" -j "$out/tiny_val_*.bin"
        -b 8 -t 128 -x 800 -l 1e-3 -u 50 -q 0.1 -c 0.1 -gc 1.0 -sh 1 -sd 1337
-       -v 100 -m 32 -s 0 -th 1 -o "$out/run")
+       -v 100 -m -1 -s 0 -th 1 -o "$out/run")
 limit=()
 [ "$mode" = --quick ] && limit=(timeout 180)
 echo "reference_cpu: training (${mode#--}): ./train_gpt2 ${flags[*]}"
@@ -67,8 +68,9 @@ elif [ "$rc" -ne 0 ]; then
 else
     echo "reference_cpu: trained in ${seconds} s"
 fi
-# a trainer stopped by a signal checkpoints and exits 0: only a log of every step is a whole run
-steps=$(grep -c '"step"' "$out/run/log.jsonl")
+# a trainer stopped by a signal checkpoints and exits 0: only a log of every
+# step is a whole run (the final model's line, a val loss alone, has no "loss")
+steps=$(grep -c '"loss"' "$out/run/log.jsonl")
 if [ "$mode" != --quick ] && [ "$steps" -ne 800 ]; then
     echo "reference_cpu: the log has $steps steps of 800: the run was stopped ($out/run/train.txt)"
     exit 1
