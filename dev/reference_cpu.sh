@@ -12,10 +12,9 @@
 # epochs of tinyshakespeare's train split, shuffled), AdamW at lr 1e-3 with 50
 # warmup steps and a cosine to 1e-4, weight decay 0.1, clip 1.0, val loss on
 # the whole val split (-m -1: its 31 batches, 31744 of its 32768 tokens, each
-# counted once) every 100 steps and after the last, on one thread (-th 1:
-# the sums' order, and so the last bits of the numbers, depend on the thread
-# count, and one thread is also the count a busy machine slows down least;
-# the core count of the machine does not matter).
+# counted once) every 100 steps and after the last, on one thread (-th 1).
+# The numbers do not depend on the thread count, since every sum has a fixed
+# order; one thread is the count a busy machine slows down least.
 #
 # The check (dev/compare_logs): the val losses where both runs measured one
 # within 0.01, and the train loss averaged over each 50 steps within 0.02.
