@@ -272,7 +272,7 @@ static const float matmul_zeros[MATMUL_NR];
 // one task: rows [m0, m0 + mc) by columns [j0, j0 + nc) of C, over all of K;
 // C's own values first (set = 0), or the row init (zeros if NULL; set = 1)
 static void matmul_task(float *c, size_t ldc, int set, const float *init, const float *a, size_t am, size_t ak,
-                        const float *b, size_t bk, size_t bj, int m0, int mc, int j0, int nc, int K) {
+                        const float *b, size_t bk, size_t bj, int m0, int mc, int j0, int nc, int K, int prefetch_a) {
     enum { MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC, VL = MATMUL_VL };
     int mc_pad = (mc + MR - 1) / MR * MR, nc_pad = (nc + NR - 1) / NR * NR;
     float *bp = matmul_scratch((size_t)(nc_pad + mc_pad) * KC), *ap = bp + (size_t)nc_pad * KC;
@@ -309,6 +309,12 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
                     lds = 0;
                 }
                 const float *arow = ablk + (size_t)ir * am;
+                // A from memory: ask for the next sliver's rows while this
+                // one is being worked on, a cache line at a time
+                if (prefetch_a && jr == 0 && ir + 2 * MR <= full_rows)
+                    for (int r = MR; r < 2 * MR; r++)
+                        for (int k = 0; k < kc; k += 64 / (int)sizeof(float))
+                            __builtin_prefetch(arow + (size_t)r * am + k);
                 if (mr == MR && nr == NR) {
                     if (ir < full_rows && ak == 1) matmul_tile_rows(ct, ldc, st, lds, arow, am, bs, bks, kc);
                     else if (ir < full_rows) matmul_tile_cols(ct, ldc, st, lds, arow, ak, bs, bks, kc);
@@ -329,6 +335,8 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
         }
     }
 }
+
+#define MATMUL_A_STREAM_BYTES (16u << 20)
 
 // how many mc x nc blocks cover C[M,J]
 static size_t matmul_tasks(int M, int J, int mc, int nc) {
@@ -363,12 +371,18 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
             }
         }
     mc = mc / MR * MR;
+    // A far larger than the caches (the logits' gradient, dout, 51 MB at
+    // d12 or at the small model) comes from memory with its rows read in
+    // place, 8 rows far apart at once, more than the hardware prefetcher
+    // keeps up with: the task asks for them ahead. Elsewhere A is in L2 or
+    // L3 already and the requests only cost.
+    int prefetch_a = ak == 1 && (size_t)M * K * sizeof(float) > MATMUL_A_STREAM_BYTES;
     int mblocks = (M + mc - 1) / mc, jblocks = (J + nc - 1) / nc, ntasks = mblocks * jblocks;
     #pragma omp parallel for schedule(dynamic) if (ntasks > 1)
     for (int t = 0; t < ntasks; t++) {
         int m0 = (t % mblocks) * mc, j0 = (t / mblocks) * nc;
         int mrows = M - m0 < mc ? M - m0 : mc, ncols = J - j0 < nc ? J - j0 : nc;
-        matmul_task(c, (size_t)ldc, set, init, a, am, ak, b, bk, bj, m0, mrows, j0, ncols, K);
+        matmul_task(c, (size_t)ldc, set, init, a, am, ak, b, bk, bj, m0, mrows, j0, ncols, K, prefetch_a);
     }
 }
 
