@@ -24,13 +24,15 @@
  *   row slivers of an MC x KC block of A (from L2);
  * - B is copied ("packed") once per KC x NC panel into the order the kernel
  *   reads it, contiguous and zero-padded; the panel is reused by every row of
- *   the block. A is read where it is, along its rows (the forward and dinp
+ *   the block. When the block has few rows and B's rows already run along j
+ *   (dinp, dweight), B is read where it is instead. A is read where it is, along its rows (the forward and dinp
  *   products) or down its columns (dweight, A = dout transposed, MR floats
  *   of one row of dout per k); packing it as well measured slower. Only a
  *   last sliver of fewer than MR rows is packed, zero-padded;
  * - the threads share out (row block, column panel) tasks of C, disjoint and
  *   cache-line sized, so no two threads write the same line; dynamically,
- *   because the machine may have other work on one of its cores.
+ *   because the machine may have other work on one of its cores. The blocks
+ *   are cut so as to read the least of A and B over all the tasks.
  */
 #ifndef LLM3D_CPU_MATMUL_H
 #define LLM3D_CPU_MATMUL_H
@@ -173,14 +175,14 @@ static inline __attribute__((always_inline)) void matmul_pack(float *dst, const 
 typedef float matmul_vec __attribute__((vector_size(MATMUL_VL * sizeof(float))));
 static inline __attribute__((always_inline)) void matmul_tile(float *c, size_t ldc, const float *s, size_t lds,
                                                               const float *a, size_t ars, size_t aks, const float *bp,
-                                                              int kc, int nv) {
+                                                              size_t bks, int kc, int nv) {
     enum { MR = MATMUL_MR, NV = MATMUL_NR / MATMUL_VL, VL = MATMUL_VL };
     matmul_vec acc[MR][NV];
     for (int r = 0; r < MR; r++)
         for (int v = 0; v < nv; v++) memcpy(&acc[r][v], s + r * lds + v * VL, sizeof(matmul_vec));
     for (int k = 0; k < kc; k++) {
         matmul_vec b[NV];
-        for (int v = 0; v < nv; v++) memcpy(&b[v], bp + (size_t)k * MATMUL_NR + v * VL, sizeof(matmul_vec));
+        for (int v = 0; v < nv; v++) memcpy(&b[v], bp + (size_t)k * bks + v * VL, sizeof(matmul_vec));
         for (int r = 0; r < MR; r++) {
             float ar = a[r * ars + k * aks];
             for (int v = 0; v < nv; v++) acc[r][v] += ar * b[v];
@@ -191,58 +193,64 @@ static inline __attribute__((always_inline)) void matmul_tile(float *c, size_t l
 }
 #else
 static inline void matmul_tile(float *c, size_t ldc, const float *s, size_t lds, const float *a, size_t ars,
-                               size_t aks, const float *bp, int kc, int nv) {
+                               size_t aks, const float *bp, size_t bks, int kc, int nv) {
     float acc[MATMUL_MR][MATMUL_NR];
     int nr = nv * MATMUL_VL;
     for (int r = 0; r < MATMUL_MR; r++)
         for (int j = 0; j < nr; j++) acc[r][j] = s[r * lds + j];
     for (int k = 0; k < kc; k++)
         for (int r = 0; r < MATMUL_MR; r++)
-            for (int j = 0; j < nr; j++) acc[r][j] += a[r * ars + k * aks] * bp[(size_t)k * MATMUL_NR + j];
+            for (int j = 0; j < nr; j++) acc[r][j] += a[r * ars + k * aks] * bp[(size_t)k * bks + j];
     for (int r = 0; r < MATMUL_MR; r++)
         for (int j = 0; j < nr; j++) c[r * ldc + j] = acc[r][j];
 }
 #endif
 
 // the two ways of reading A, each compiled with its strides known where they
-// can be, so that the inner loop's addressing is simple
+// can be, so that the inner loop's addressing is simple. B is a sliver whose
+// rows of NR floats are bks apart: NR when packed (compiled apart, with the
+// stride a constant), B's own row stride when read in place.
 enum { MATMUL_NV = MATMUL_NR / MATMUL_VL };
 static void matmul_tile_packed(float *c, size_t ldc, const float *s, size_t lds, const float *ap, const float *bp,
-                               int kc) {
-    matmul_tile(c, ldc, s, lds, ap, 1, MATMUL_MR, bp, kc, MATMUL_NV);
+                               size_t bks, int kc) {
+    if (bks == MATMUL_NR) matmul_tile(c, ldc, s, lds, ap, 1, MATMUL_MR, bp, MATMUL_NR, kc, MATMUL_NV);
+    else matmul_tile(c, ldc, s, lds, ap, 1, MATMUL_MR, bp, bks, kc, MATMUL_NV);
 }
 static void matmul_tile_rows(float *c, size_t ldc, const float *s, size_t lds, const float *a, size_t lda,
-                             const float *bp, int kc) {
-    matmul_tile(c, ldc, s, lds, a, lda, 1, bp, kc, MATMUL_NV);
+                             const float *bp, size_t bks, int kc) {
+    if (bks == MATMUL_NR) matmul_tile(c, ldc, s, lds, a, lda, 1, bp, MATMUL_NR, kc, MATMUL_NV);
+    else matmul_tile(c, ldc, s, lds, a, lda, 1, bp, bks, kc, MATMUL_NV);
 }
 static void matmul_tile_cols(float *c, size_t ldc, const float *s, size_t lds, const float *a, size_t lda,
-                             const float *bp, int kc) {
-    matmul_tile(c, ldc, s, lds, a, 1, lda, bp, kc, MATMUL_NV);
+                             const float *bp, size_t bks, int kc) {
+    if (bks == MATMUL_NR) matmul_tile(c, ldc, s, lds, a, 1, lda, bp, MATMUL_NR, kc, MATMUL_NV);
+    else matmul_tile(c, ldc, s, lds, a, 1, lda, bp, bks, kc, MATMUL_NV);
 }
 
 // the same at C's right edge when the columns left are whole vectors (the
 // small model's 128 = 48 + 48 + 32): nv of them, 1 or 2 (NV is at most 3),
 // rows still read in place
 static void matmul_tile_rows_narrow(float *c, size_t ldc, const float *s, size_t lds, const float *a, size_t lda,
-                                    const float *bp, int kc, int nv) {
-    if (nv == 1) matmul_tile(c, ldc, s, lds, a, lda, 1, bp, kc, 1);
-    else matmul_tile(c, ldc, s, lds, a, lda, 1, bp, kc, 2);
+                                    const float *bp, size_t bks, int kc, int nv) {
+    if (nv == 1) matmul_tile(c, ldc, s, lds, a, lda, 1, bp, bks, kc, 1);
+    else matmul_tile(c, ldc, s, lds, a, lda, 1, bp, bks, kc, 2);
 }
 static void matmul_tile_cols_narrow(float *c, size_t ldc, const float *s, size_t lds, const float *a, size_t lda,
-                                    const float *bp, int kc, int nv) {
-    if (nv == 1) matmul_tile(c, ldc, s, lds, a, 1, lda, bp, kc, 1);
-    else matmul_tile(c, ldc, s, lds, a, 1, lda, bp, kc, 2);
+                                    const float *bp, size_t bks, int kc, int nv) {
+    if (nv == 1) matmul_tile(c, ldc, s, lds, a, 1, lda, bp, bks, kc, 1);
+    else matmul_tile(c, ldc, s, lds, a, 1, lda, bp, bks, kc, 2);
 }
 
 // a tile over the edge of C (fewer than MR rows or NR columns left): through
 // a full-size copy, whose extra rows and columns are thrown away. Rows of A
-// past the edge must not be read in place, so the caller packs A there.
+// past the edge must not be read in place, so the caller packs A there, and
+// B is packed too, its columns past the edge zeros.
 static void matmul_tile_edge(float *c, size_t ldc, const float *s, size_t lds, int mr, int nr, const float *ap,
                              const float *bp, int kc) {
     float tmp[MATMUL_MR * MATMUL_NR] = {0};
     for (int r = 0; r < mr; r++)
         for (int j = 0; j < nr; j++) tmp[r * MATMUL_NR + j] = s[r * lds + j];
-    matmul_tile_packed(tmp, MATMUL_NR, tmp, MATMUL_NR, ap, bp, kc);
+    matmul_tile_packed(tmp, MATMUL_NR, tmp, MATMUL_NR, ap, bp, MATMUL_NR, kc);
     for (int r = 0; r < mr; r++)
         for (int j = 0; j < nr; j++) c[r * ldc + j] = tmp[r * MATMUL_NR + j];
 }
@@ -250,24 +258,46 @@ static void matmul_tile_edge(float *c, size_t ldc, const float *s, size_t lds, i
 // the starting row of C = init + A B when init is NULL
 static const float matmul_zeros[MATMUL_NR];
 
+// B's rows run along j (bj == 1) in the dinp and dweight products, the order
+// the kernel reads, so B can be read where it is. Packing still pays when the
+// block has many rows of A to reuse each packed sliver: then the kernel reads
+// contiguous slivers, where B's own rows, a multiple of 512 bytes apart,
+// fight for the same few sets of L1. With at most MC / 2 rows (the dinp
+// products on 2 threads, the small model's logits above all) the copy costs
+// more than it saves.
+#ifndef MATMUL_B_IN_PLACE_ROWS
+#define MATMUL_B_IN_PLACE_ROWS (MATMUL_MC / 2)
+#endif
+
 // one task: rows [m0, m0 + mc) by columns [j0, j0 + nc) of C, over all of K;
 // C's own values first (set = 0), or the row init (zeros if NULL; set = 1)
 static void matmul_task(float *c, size_t ldc, int set, const float *init, const float *a, size_t am, size_t ak,
-                        const float *b, size_t bk, size_t bj, int m0, int mc, int j0, int nc, int K) {
-    enum { MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC };
+                        const float *b, size_t bk, size_t bj, int m0, int mc, int j0, int nc, int K, int prefetch_a) {
+    enum { MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC, VL = MATMUL_VL };
     int mc_pad = (mc + MR - 1) / MR * MR, nc_pad = (nc + NR - 1) / NR * NR;
     float *bp = matmul_scratch((size_t)(nc_pad + mc_pad) * KC), *ap = bp + (size_t)nc_pad * KC;
     // rows of A along k are read in place, except in a last partial sliver
     int a_in_place = ak == 1 || am == 1, full_rows = a_in_place ? mc / MR * MR : 0;
+    int b_in_place = bj == 1 && mc <= MATMUL_B_IN_PLACE_ROWS;
     for (int k0 = 0; k0 < K; k0 += KC) {
         int kc = K - k0 < KC ? K - k0 : KC;
-        matmul_pack(bp, b + (size_t)j0 * bj + (size_t)k0 * bk, bj, bk, nc, kc, NR);
+        const float *bblk = b + (size_t)j0 * bj + (size_t)k0 * bk;
+        if (!b_in_place) matmul_pack(bp, bblk, bj, bk, nc, kc, NR);
         const float *ablk = a + (size_t)m0 * am + (size_t)k0 * ak;
         if (full_rows < mc)
             matmul_pack(ap + (size_t)full_rows * kc, ablk + (size_t)full_rows * am, am, ak, mc - full_rows, kc, MR);
         for (int jr = 0; jr < nc; jr += NR) {
             int nr = nc - jr < NR ? nc - jr : NR;
-            const float *bs = bp + (size_t)jr * kc;
+            // the sliver of B the kernel reads, packed or in place; an edge
+            // tile needs it packed, once
+            float *bpacked = bp + (size_t)jr * kc;
+            const float *bs = bpacked;
+            size_t bks = NR;
+            int packed = !b_in_place;
+            if (b_in_place && nr % VL == 0) {
+                bs = bblk + jr;
+                bks = bk;
+            }
             for (int ir = 0; ir < mc; ir += MR) {
                 int mr = mc - ir < MR ? mc - ir : MR;
                 float *ct = c + (size_t)(m0 + ir) * ldc + j0 + jr;
@@ -279,22 +309,34 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
                     lds = 0;
                 }
                 const float *arow = ablk + (size_t)ir * am;
+                // A from memory: ask for the next sliver's rows while this
+                // one is being worked on, a cache line at a time
+                if (prefetch_a && jr == 0 && ir + 2 * MR <= full_rows)
+                    for (int r = MR; r < 2 * MR; r++)
+                        for (int k = 0; k < kc; k += 64 / (int)sizeof(float))
+                            __builtin_prefetch(arow + (size_t)r * am + k);
                 if (mr == MR && nr == NR) {
-                    if (ir < full_rows && ak == 1) matmul_tile_rows(ct, ldc, st, lds, arow, am, bs, kc);
-                    else if (ir < full_rows) matmul_tile_cols(ct, ldc, st, lds, arow, ak, bs, kc);
-                    else matmul_tile_packed(ct, ldc, st, lds, ap + (size_t)ir * kc, bs, kc);
-                } else if (mr == MR && nr % MATMUL_VL == 0 && ir < full_rows) {
-                    if (ak == 1) matmul_tile_rows_narrow(ct, ldc, st, lds, arow, am, bs, kc, nr / MATMUL_VL);
-                    else matmul_tile_cols_narrow(ct, ldc, st, lds, arow, ak, bs, kc, nr / MATMUL_VL);
+                    if (ir < full_rows && ak == 1) matmul_tile_rows(ct, ldc, st, lds, arow, am, bs, bks, kc);
+                    else if (ir < full_rows) matmul_tile_cols(ct, ldc, st, lds, arow, ak, bs, bks, kc);
+                    else matmul_tile_packed(ct, ldc, st, lds, ap + (size_t)ir * kc, bs, bks, kc);
+                } else if (mr == MR && nr % VL == 0 && ir < full_rows) {
+                    if (ak == 1) matmul_tile_rows_narrow(ct, ldc, st, lds, arow, am, bs, bks, kc, nr / VL);
+                    else matmul_tile_cols_narrow(ct, ldc, st, lds, arow, ak, bs, bks, kc, nr / VL);
                 } else {
                     if (ir < full_rows)  // a column edge on rows read in place: pack this sliver alone
                         matmul_pack(ap + (size_t)ir * kc, arow, am, ak, MR, kc, MR);
-                    matmul_tile_edge(ct, ldc, st, lds, mr, nr, ap + (size_t)ir * kc, bs, kc);
+                    if (!packed) {
+                        matmul_pack(bpacked, bblk + jr, 1, bk, nr, kc, NR);
+                        packed = 1;
+                    }
+                    matmul_tile_edge(ct, ldc, st, lds, mr, nr, ap + (size_t)ir * kc, bpacked, kc);
                 }
             }
         }
     }
 }
+
+#define MATMUL_A_STREAM_BYTES (16u << 20)
 
 // how many mc x nc blocks cover C[M,J]
 static size_t matmul_tasks(int M, int J, int mc, int nc) {
@@ -308,23 +350,39 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
 #ifdef _OPENMP
     nthreads = omp_get_max_threads();
 #endif
-    // when the blocks make too few tasks to share: smaller row blocks down to
-    // MC / 2, then narrower column panels, then smaller row blocks again.
-    // Every row block packs all of its columns of B, so past MC / 2 columns
-    // are the cheaper cut (the small model's dinp of the logits, C = 128
-    // columns and K = 50304, would otherwise pack B 8 times on 2 threads).
+    // the blocks' shape: of those that make enough tasks to share (or the
+    // smallest, when none do), the one that reads the least of A and B. Each
+    // column panel reads all of A's rows and each row block all of B's
+    // columns, so the small model's dinp of the logits (M = 256 rows, J = 128
+    // columns, K = 50304) cuts rows, where d12's products cut columns.
     size_t want = 4 * (size_t)nthreads;
     int mc = MC, nc = NC;
-    while (mc > MC / 2 && matmul_tasks(M, J, mc, nc) < want) mc /= 2;
-    while (nc > NR && matmul_tasks(M, J, mc, nc) < want) nc -= NR;
-    while (mc > 4 * MR && matmul_tasks(M, J, mc, nc) < want) mc /= 2;
+    double least = -1.0;
+    for (int m = MC; m >= 4 * MR; m /= 2)
+        for (int n = NC; n >= NR; n -= NR) {
+            int smallest = m == 4 * MR && n == NR;
+            if (matmul_tasks(M, J, m, n) < want && !smallest) continue;
+            double row_blocks = (M + m - 1) / m, col_panels = (J + n - 1) / n;
+            double reads = col_panels * M * K + row_blocks * K * J;
+            if (least < 0 || reads < least) {
+                least = reads;
+                mc = m;
+                nc = n;
+            }
+        }
     mc = mc / MR * MR;
+    // A far larger than the caches (the logits' gradient, dout, 51 MB at
+    // d12 or at the small model) comes from memory with its rows read in
+    // place, 8 rows far apart at once, more than the hardware prefetcher
+    // keeps up with: the task asks for them ahead. Elsewhere A is in L2 or
+    // L3 already and the requests only cost.
+    int prefetch_a = ak == 1 && (size_t)M * K * sizeof(float) > MATMUL_A_STREAM_BYTES;
     int mblocks = (M + mc - 1) / mc, jblocks = (J + nc - 1) / nc, ntasks = mblocks * jblocks;
     #pragma omp parallel for schedule(dynamic) if (ntasks > 1)
     for (int t = 0; t < ntasks; t++) {
         int m0 = (t % mblocks) * mc, j0 = (t / mblocks) * nc;
         int mrows = M - m0 < mc ? M - m0 : mc, ncols = J - j0 < nc ? J - j0 : nc;
-        matmul_task(c, (size_t)ldc, set, init, a, am, ak, b, bk, bj, m0, mrows, j0, ncols, K);
+        matmul_task(c, (size_t)ldc, set, init, a, am, ak, b, bk, bj, m0, mrows, j0, ncols, K, prefetch_a);
     }
 }
 

@@ -176,6 +176,57 @@ static void test_matmul_fd(void) {
     fd_check("matmul dbias", &layer, r, c.b, db, OC, 1e-2f);
 }
 
+// the three products of a Linear layer against sums in double, at shapes that
+// reach every path of cpu_matmul.h: rows past the last whole sliver of A,
+// columns past the last whole vector and past the last whole sliver of B,
+// B packed (many rows) and read in place (few), on 1 and 3 threads
+static void test_matmul_shapes(void) {
+    int shapes[][3] = {{21, 112, 100}, {300, 100, 112}, {40, 200, 33}, {50, 100, 300}};  // N, C, OC
+#ifdef _OPENMP
+    int before = omp_get_max_threads();
+#endif
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        int N = shapes[s][0], C = shapes[s][1], OC = shapes[s][2];
+        float *inp = rand_array(N * C, 1.0f), *w = rand_array(OC * C, 1.0f), *b = rand_array(OC, 1.0f);
+        float *dout = rand_array(N * OC, 1.0f), *out = calloc(N * OC, 4), *dinp = calloc(N * C, 4);
+        float *dw = calloc(OC * C, 4), *db = calloc(OC, 4);
+        for (int threads = 1; threads <= 3; threads += 2) {
+#ifdef _OPENMP
+            omp_set_num_threads(threads);
+#endif
+            memset(dinp, 0, (size_t)N * C * 4);
+            memset(dw, 0, (size_t)OC * C * 4);
+            matmul_forward(out, inp, w, b, N, C, OC);
+            matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+            double worst = 0.0;
+            for (int n = 0; n < N; n++)
+                for (int o = 0; o < OC; o++) {
+                    double sum = b[o];
+                    for (int i = 0; i < C; i++) sum += (double)inp[n * C + i] * w[o * C + i];
+                    worst = fmax(worst, fabs(out[n * OC + o] - sum));
+                }
+            for (int n = 0; n < N; n++)
+                for (int i = 0; i < C; i++) {
+                    double sum = 0.0;
+                    for (int o = 0; o < OC; o++) sum += (double)dout[n * OC + o] * w[o * C + i];
+                    worst = fmax(worst, fabs(dinp[n * C + i] - sum));
+                }
+            for (int o = 0; o < OC; o++)
+                for (int i = 0; i < C; i++) {
+                    double sum = 0.0;
+                    for (int n = 0; n < N; n++) sum += (double)dout[n * OC + o] * inp[n * C + i];
+                    worst = fmax(worst, fabs(dw[o * C + i] - sum));
+                }
+            check(worst < 1e-4, "matmul N=%d C=%d OC=%d on %d threads: forward, dinp, dweight within %.1e of double (< 1e-4)",
+                  N, C, OC, threads, worst);
+        }
+        free(inp); free(w); free(b); free(dout); free(out); free(dinp); free(dw); free(db);
+    }
+#ifdef _OPENMP
+    omp_set_num_threads(before);
+#endif
+}
+
 static void test_gelu_fd(void) {
     int N = 4, C = 25;
     MatCtx c = {rand_array(N * C, 2.0f), NULL, NULL, NULL, NULL, N, C, 0};
@@ -518,6 +569,7 @@ int main(void) {
     test_against_pytorch();
     test_layernorm_fd();
     test_matmul_fd();
+    test_matmul_shapes();
     test_gelu_fd();
     test_attention_fd();
     test_crossentropy_fd();
