@@ -870,40 +870,66 @@ static inline int aead_file_pwrite(int fd, const AeadFile *f, const AeadFileKey 
     return 0;
 }
 
-// once all the ciphertext is in: each chunk's tag, from the bytes on disk
-// (the threads of the caller take a chunk each), into the table at the end
-static inline int aead_file_write_tags(int fd, const AeadFile *f, const AeadFileKey *k, const char *path, char *err,
-                                       size_t errlen) {
-    uint8_t *tags = (uint8_t *)malloc((size_t)f->chunks * AEAD_TAG_BYTES);
-    if (tags == NULL)
+// once all the ciphertext is in: each chunk's tag, from the bytes on disk,
+// into the table at the end. With sha, the same read also gives the SHA-256
+// of the whole file (header, ciphertext, tags) for a manifest, so sealing
+// reads the file once. Chunks go a batch at a time: the threads of the
+// caller take a chunk each for its tag, while one of them hashes the batch
+// before (SHA-256 runs in file order, so on one thread).
+#define AEAD_TAG_BATCH_CHUNKS 8
+static inline int aead_file_write_tags(int fd, const AeadFile *f, const AeadFileKey *k, uint8_t sha[32],
+                                       const char *path, char *err, size_t errlen) {
+    size_t table_bytes = (size_t)f->chunks * AEAD_TAG_BYTES, batch_bytes = AEAD_TAG_BATCH_CHUNKS * (size_t)f->chunk_bytes;
+    uint8_t *tags = (uint8_t *)malloc(table_bytes), *batch[2];
+    batch[0] = (uint8_t *)malloc(2 * batch_bytes);
+    batch[1] = batch[0] + batch_bytes;
+    if (tags == NULL || batch[0] == NULL) {
+        free(tags);
+        free(batch[0]);
         return errorf(err, errlen, "%s: out of memory for %llu tags", path, (unsigned long long)f->chunks);
-    int failed = 0, e = 0;
-#pragma omp parallel
-    {
-        uint8_t *buf = (uint8_t *)malloc((size_t)f->chunk_bytes);
-        if (buf == NULL) {
-#pragma omp atomic write
-            failed = ENOMEM;
-        }
-#pragma omp for schedule(dynamic)
-        for (long long i = 0; i < (long long)f->chunks; i++) {
-            size_t len = (size_t)aead_file_chunk_len(f, (uint64_t)i);
-            if (buf == NULL) continue;
-            if (aead_pread_all(fd, buf, len, AEAD_FILE_HEADER_BYTES + (uint64_t)i * f->chunk_bytes) != 0) {
-#pragma omp atomic write
-                failed = errno;
-                continue;
-            }
-            aead_file_chunk_tag(f, k, (uint64_t)i, buf, tags + AEAD_TAG_BYTES * i);
-        }
-        free(buf);
     }
-    if (failed == 0 && aead_pwrite_all(fd, tags, (size_t)f->chunks * AEAD_TAG_BYTES,
-                                       AEAD_FILE_HEADER_BYTES + f->plain_bytes) != 0)
+    Sha256 hash;
+    sha256_init(&hash);
+    sha256_update(&hash, f->header, AEAD_FILE_HEADER_BYTES);
+    int failed = 0;
+    uint64_t batches = (f->chunks + AEAD_TAG_BATCH_CHUNKS - 1) / AEAD_TAG_BATCH_CHUNKS;
+    // pass b tags batch b and hashes batch b - 1; one more pass hashes the last
+    for (uint64_t b = 0; b <= batches && failed == 0; b++) {
+        uint64_t first = b * AEAD_TAG_BATCH_CHUNKS;
+        long count = b == batches ? 0 : (long)(f->chunks - first < AEAD_TAG_BATCH_CHUNKS ? f->chunks - first
+                                                                                         : AEAD_TAG_BATCH_CHUNKS);
+        uint8_t *buf = batch[b % 2], *prev = batch[(b + 1) % 2];
+        uint64_t prev_bytes = 0;  // the plaintext (so ciphertext) bytes of batch b - 1
+        if (b > 0) {
+            uint64_t start = (b - 1) * AEAD_TAG_BATCH_CHUNKS * f->chunk_bytes;
+            prev_bytes = f->plain_bytes - start < batch_bytes ? f->plain_bytes - start : batch_bytes;
+        }
+#pragma omp parallel
+        {
+#pragma omp single nowait
+            if (sha != NULL && prev_bytes > 0) sha256_update(&hash, prev, (size_t)prev_bytes);
+#pragma omp for schedule(dynamic)
+            for (long c = 0; c < count; c++) {
+                uint64_t i = first + (uint64_t)c;
+                uint8_t *at = buf + (size_t)c * f->chunk_bytes;
+                if (aead_pread_all(fd, at, (size_t)aead_file_chunk_len(f, i), AEAD_FILE_HEADER_BYTES + i * f->chunk_bytes) != 0) {
+#pragma omp atomic write
+                    failed = errno;
+                    continue;
+                }
+                aead_file_chunk_tag(f, k, i, at, tags + AEAD_TAG_BYTES * i);
+            }
+        }
+    }
+    if (failed == 0 && aead_pwrite_all(fd, tags, table_bytes, AEAD_FILE_HEADER_BYTES + f->plain_bytes) != 0)
         failed = errno;
-    e = failed;
+    if (failed == 0 && sha != NULL) {
+        sha256_update(&hash, tags, table_bytes);
+        sha256_final(&hash, sha);
+    }
     free(tags);
-    if (e != 0) return errorf(err, errlen, "%s: sealing the chunks: %s", path, strerror(e));
+    free(batch[0]);
+    if (failed != 0) return errorf(err, errlen, "%s: sealing the chunks: %s", path, strerror(failed));
     return 0;
 }
 
@@ -922,7 +948,7 @@ static inline int aead_file_write_all(int fd, const AeadFileKey *k, const void *
     if (e == 0 && aead_file_pwrite(fd, &f, k, plain, (size_t)n, 0, bounce, bounce_bytes) != 0) e = errno;
     free(bounce);
     if (e != 0) return errorf(err, errlen, "%s: write: %s", path, strerror(e));
-    return aead_file_write_tags(fd, &f, k, path, err, errlen);
+    return aead_file_write_tags(fd, &f, k, NULL, path, err, errlen);
 }
 
 // plaintext bytes [offset, offset + n) of the sealed file at fd into out:
