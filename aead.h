@@ -1,8 +1,9 @@
 /*
  * aead.h: encryption at rest. AES-256-GCM (FIPS 197 and NIST SP 800-38D) on
  * one buffer, and the sealed file: a file cut into fixed-size chunks, each
- * sealed with AES-256-GCM under its own nonce. Checkpoints (checkpoint.h)
- * and the final model use it; doc/formats.md has the file's layout and
+ * sealed with AES-256-GCM under its own nonce. Checkpoints (checkpoint.h),
+ * the final model and encrypted data shards (prepare_data.c, dataloader.h)
+ * use it; doc/formats.md has the file's layout and
  * doc/security.md what it protects.
  *
  * defines:
@@ -733,7 +734,7 @@ static inline int aead_file_parse(AeadFile *f, const AeadFileKey *k, const uint8
         if (h[i] != 0)
             return errorf(err, errlen, "%s: sealed file header byte %d = %u, expected 0 (reserved)", path, i, h[i]);
     if (get_u64(h + 32) != k->key_id)
-        return errorf(err, errlen, "%s: sealed file header field key_id = %016llx, but the checkpoint key's is %016llx: "
+        return errorf(err, errlen, "%s: sealed file header field key_id = %016llx, but the key in use has id %016llx: "
                       "sealed with another key (pass that key with --key-file)", path,
                       (unsigned long long)get_u64(h + 32), (unsigned long long)k->key_id);
     memcpy(f->header, h, AEAD_FILE_HEADER_BYTES);
