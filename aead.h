@@ -851,20 +851,15 @@ static inline int aead_file_read_header(int fd, AeadFile *f, const AeadFileKey *
 }
 
 // writes plaintext bytes [offset, offset + n) of the file at fd, encrypted,
-// through bounce (bounce_bytes, a multiple of 64 KiB); the threads of the
-// caller encrypt pieces of it at once. 0, or -1 with errno.
+// through bounce (bounce_bytes). One thread: CTR runs at several GB/s, and
+// more threads would spend the writes between their turns waiting, which
+// OpenMP's waiting threads do spinning, at a CPU's cost. 0, or -1 with errno.
 static inline int aead_file_pwrite(int fd, const AeadFile *f, const AeadFileKey *k, const void *plain, size_t n,
                                    uint64_t offset, uint8_t *bounce, size_t bounce_bytes) {
-    const size_t piece = 64u << 10;
     const uint8_t *src = (const uint8_t *)plain;
     for (size_t done = 0; done < n;) {
         size_t len = n - done < bounce_bytes ? n - done : bounce_bytes;
-        long pieces = (long)((len + piece - 1) / piece);
-#pragma omp parallel for schedule(static) if (pieces > 4)
-        for (long p = 0; p < pieces; p++) {
-            size_t at = (size_t)p * piece, m = len - at < piece ? len - at : piece;
-            aead_file_ctr(f, k, offset + done + at, src + done + at, bounce + at, m);
-        }
+        aead_file_ctr(f, k, offset + done, src + done, bounce, len);
         if (aead_pwrite_all(fd, bounce, len, AEAD_FILE_HEADER_BYTES + offset + done) != 0) return -1;
         done += len;
     }
@@ -874,53 +869,31 @@ static inline int aead_file_pwrite(int fd, const AeadFile *f, const AeadFileKey 
 // once all the ciphertext is in: each chunk's tag, from the bytes on disk,
 // into the table at the end. With sha, the same read also gives the SHA-256
 // of the whole file (header, ciphertext, tags) for a manifest, so sealing
-// reads the file once. Chunks go a batch at a time: the threads of the
-// caller take a chunk each for its tag, while one of them hashes the batch
-// before (SHA-256 runs in file order, so on one thread).
-#define AEAD_TAG_BATCH_CHUNKS 8
+// reads the file once. One thread does it all, chunk by chunk: SHA-256 runs
+// in file order anyway and is the slower half (GHASH is about 5 times
+// faster), and other threads would only wait for it, which OpenMP's waiting
+// threads do spinning, at a CPU's cost.
 static inline int aead_file_write_tags(int fd, const AeadFile *f, const AeadFileKey *k, uint8_t sha[32],
                                        const char *path, char *err, size_t errlen) {
-    size_t table_bytes = (size_t)f->chunks * AEAD_TAG_BYTES, batch_bytes = AEAD_TAG_BATCH_CHUNKS * (size_t)f->chunk_bytes;
-    uint8_t *tags = (uint8_t *)malloc(table_bytes), *batch[2];
-    batch[0] = (uint8_t *)malloc(2 * batch_bytes);
-    batch[1] = batch[0] + batch_bytes;
-    if (tags == NULL || batch[0] == NULL) {
+    size_t table_bytes = (size_t)f->chunks * AEAD_TAG_BYTES;
+    uint8_t *tags = (uint8_t *)malloc(table_bytes), *buf = (uint8_t *)malloc((size_t)f->chunk_bytes);
+    if (tags == NULL || buf == NULL) {
         free(tags);
-        free(batch[0]);
+        free(buf);
         return errorf(err, errlen, "%s: out of memory for %llu tags", path, (unsigned long long)f->chunks);
     }
     Sha256 hash;
     sha256_init(&hash);
     sha256_update(&hash, f->header, AEAD_FILE_HEADER_BYTES);
     int failed = 0;
-    uint64_t batches = (f->chunks + AEAD_TAG_BATCH_CHUNKS - 1) / AEAD_TAG_BATCH_CHUNKS;
-    // pass b tags batch b and hashes batch b - 1; one more pass hashes the last
-    for (uint64_t b = 0; b <= batches && failed == 0; b++) {
-        uint64_t first = b * AEAD_TAG_BATCH_CHUNKS;
-        long count = b == batches ? 0 : (long)(f->chunks - first < AEAD_TAG_BATCH_CHUNKS ? f->chunks - first
-                                                                                         : AEAD_TAG_BATCH_CHUNKS);
-        uint8_t *buf = batch[b % 2], *prev = batch[(b + 1) % 2];
-        uint64_t prev_bytes = 0;  // the plaintext (so ciphertext) bytes of batch b - 1
-        if (b > 0) {
-            uint64_t start = (b - 1) * AEAD_TAG_BATCH_CHUNKS * f->chunk_bytes;
-            prev_bytes = f->plain_bytes - start < batch_bytes ? f->plain_bytes - start : batch_bytes;
+    for (uint64_t i = 0; i < f->chunks && failed == 0; i++) {
+        size_t len = (size_t)aead_file_chunk_len(f, i);
+        if (aead_pread_all(fd, buf, len, AEAD_FILE_HEADER_BYTES + i * f->chunk_bytes) != 0) {
+            failed = errno;
+            break;
         }
-#pragma omp parallel
-        {
-#pragma omp single nowait
-            if (sha != NULL && prev_bytes > 0) sha256_update(&hash, prev, (size_t)prev_bytes);
-#pragma omp for schedule(dynamic)
-            for (long c = 0; c < count; c++) {
-                uint64_t i = first + (uint64_t)c;
-                uint8_t *at = buf + (size_t)c * f->chunk_bytes;
-                if (aead_pread_all(fd, at, (size_t)aead_file_chunk_len(f, i), AEAD_FILE_HEADER_BYTES + i * f->chunk_bytes) != 0) {
-#pragma omp atomic write
-                    failed = errno;
-                    continue;
-                }
-                aead_file_chunk_tag(f, k, i, at, tags + AEAD_TAG_BYTES * i);
-            }
-        }
+        if (sha != NULL) sha256_update(&hash, buf, len);
+        aead_file_chunk_tag(f, k, i, buf, tags + AEAD_TAG_BYTES * i);
     }
     if (failed == 0 && aead_pwrite_all(fd, tags, table_bytes, AEAD_FILE_HEADER_BYTES + f->plain_bytes) != 0)
         failed = errno;
@@ -929,7 +902,7 @@ static inline int aead_file_write_tags(int fd, const AeadFile *f, const AeadFile
         sha256_final(&hash, sha);
     }
     free(tags);
-    free(batch[0]);
+    free(buf);
     if (failed != 0) return errorf(err, errlen, "%s: sealing the chunks: %s", path, strerror(failed));
     return 0;
 }

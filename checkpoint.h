@@ -41,7 +41,8 @@
  * tells nothing but the sizes. Each file's first bytes say which it is, so
  * any run reads either kind; the MANIFEST (over the sealed bytes) stays as it
  * is. A rank encrypts what it writes at its place; once all have, rank 0
- * makes each chunk's tag, before the MANIFEST. doc/security.md has more.
+ * reads each file once for both each chunk's tag and the MANIFEST's
+ * SHA-256 of it. doc/security.md has more.
  *
  * The checkpoint key: the job key of --key-file when given, else the file
  * <out>/job.key (64 hex digits, mode 0600), made on the first run that writes

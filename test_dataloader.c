@@ -880,6 +880,17 @@ static void test_encrypted_shards(void) {
         return;
     }
 
+    // a key file that is not there: a flag error naming it, before any shard is written
+    char missing[512], missing_dir[512];
+    tmp_path(missing, sizeof(missing), "no.key");
+    tmp_path(missing_dir, sizeof(missing_dir), "enc_none");
+    char *missing_args[] = {"./prepare_data", "-i", input, "-o", missing_dir, "--bytes", "--key-file", missing, NULL};
+    rc = run_prepare_data(missing_args, log);
+    char none_written[600];
+    snprintf(none_written, sizeof(none_written), "%s/enc_input_train_000000.bin", missing_dir);
+    check(rc == 2 && file_contains(log, missing) && access(none_written, F_OK) != 0,
+          "encrypted shards: prepare_data --key-file of a missing file: exit %d, naming it, no shard written", rc);
+
     // sealed files, listed by the MANIFEST at their sealed sizes, holding no run of the text
     Manifest m;
     rc = manifest_read(&m, sealed_dir, "MANIFEST", NULL, err, sizeof(err));
