@@ -1,8 +1,9 @@
 /*
  * aead.h: encryption at rest. AES-256-GCM (FIPS 197 and NIST SP 800-38D) on
  * one buffer, and the sealed file: a file cut into fixed-size chunks, each
- * sealed with AES-256-GCM under its own nonce. Checkpoints (checkpoint.h)
- * and the final model use it; doc/formats.md has the file's layout and
+ * sealed with AES-256-GCM under its own nonce. Checkpoints (checkpoint.h),
+ * the final model and encrypted data shards (prepare_data.c, dataloader.h)
+ * use it; doc/formats.md has the file's layout and
  * doc/security.md what it protects.
  *
  * defines:
@@ -733,7 +734,7 @@ static inline int aead_file_parse(AeadFile *f, const AeadFileKey *k, const uint8
         if (h[i] != 0)
             return errorf(err, errlen, "%s: sealed file header byte %d = %u, expected 0 (reserved)", path, i, h[i]);
     if (get_u64(h + 32) != k->key_id)
-        return errorf(err, errlen, "%s: sealed file header field key_id = %016llx, but the checkpoint key's is %016llx: "
+        return errorf(err, errlen, "%s: sealed file header field key_id = %016llx, but the key in use has id %016llx: "
                       "sealed with another key (pass that key with --key-file)", path,
                       (unsigned long long)get_u64(h + 32), (unsigned long long)k->key_id);
     memcpy(f->header, h, AEAD_FILE_HEADER_BYTES);
@@ -850,60 +851,59 @@ static inline int aead_file_read_header(int fd, AeadFile *f, const AeadFileKey *
 }
 
 // writes plaintext bytes [offset, offset + n) of the file at fd, encrypted,
-// through bounce (bounce_bytes, a multiple of 64 KiB); the threads of the
-// caller encrypt pieces of it at once. 0, or -1 with errno.
+// through bounce (bounce_bytes). One thread: CTR runs at several GB/s, and
+// more threads would spend the writes between their turns waiting, which
+// OpenMP's waiting threads do spinning, at a CPU's cost. 0, or -1 with errno.
 static inline int aead_file_pwrite(int fd, const AeadFile *f, const AeadFileKey *k, const void *plain, size_t n,
                                    uint64_t offset, uint8_t *bounce, size_t bounce_bytes) {
-    const size_t piece = 64u << 10;
     const uint8_t *src = (const uint8_t *)plain;
     for (size_t done = 0; done < n;) {
         size_t len = n - done < bounce_bytes ? n - done : bounce_bytes;
-        long pieces = (long)((len + piece - 1) / piece);
-#pragma omp parallel for schedule(static) if (pieces > 4)
-        for (long p = 0; p < pieces; p++) {
-            size_t at = (size_t)p * piece, m = len - at < piece ? len - at : piece;
-            aead_file_ctr(f, k, offset + done + at, src + done + at, bounce + at, m);
-        }
+        aead_file_ctr(f, k, offset + done, src + done, bounce, len);
         if (aead_pwrite_all(fd, bounce, len, AEAD_FILE_HEADER_BYTES + offset + done) != 0) return -1;
         done += len;
     }
     return 0;
 }
 
-// once all the ciphertext is in: each chunk's tag, from the bytes on disk
-// (the threads of the caller take a chunk each), into the table at the end
-static inline int aead_file_write_tags(int fd, const AeadFile *f, const AeadFileKey *k, const char *path, char *err,
-                                       size_t errlen) {
-    uint8_t *tags = (uint8_t *)malloc((size_t)f->chunks * AEAD_TAG_BYTES);
-    if (tags == NULL)
-        return errorf(err, errlen, "%s: out of memory for %llu tags", path, (unsigned long long)f->chunks);
-    int failed = 0, e = 0;
-#pragma omp parallel
-    {
-        uint8_t *buf = (uint8_t *)malloc((size_t)f->chunk_bytes);
-        if (buf == NULL) {
-#pragma omp atomic write
-            failed = ENOMEM;
-        }
-#pragma omp for schedule(dynamic)
-        for (long long i = 0; i < (long long)f->chunks; i++) {
-            size_t len = (size_t)aead_file_chunk_len(f, (uint64_t)i);
-            if (buf == NULL) continue;
-            if (aead_pread_all(fd, buf, len, AEAD_FILE_HEADER_BYTES + (uint64_t)i * f->chunk_bytes) != 0) {
-#pragma omp atomic write
-                failed = errno;
-                continue;
-            }
-            aead_file_chunk_tag(f, k, (uint64_t)i, buf, tags + AEAD_TAG_BYTES * i);
-        }
+// once all the ciphertext is in: each chunk's tag, from the bytes on disk,
+// into the table at the end. With sha, the same read also gives the SHA-256
+// of the whole file (header, ciphertext, tags) for a manifest, so sealing
+// reads the file once. One thread does it all, chunk by chunk: SHA-256 runs
+// in file order anyway and is the slower half (GHASH is about 5 times
+// faster), and other threads would only wait for it, which OpenMP's waiting
+// threads do spinning, at a CPU's cost.
+static inline int aead_file_write_tags(int fd, const AeadFile *f, const AeadFileKey *k, uint8_t sha[32],
+                                       const char *path, char *err, size_t errlen) {
+    size_t table_bytes = (size_t)f->chunks * AEAD_TAG_BYTES;
+    uint8_t *tags = (uint8_t *)malloc(table_bytes), *buf = (uint8_t *)malloc((size_t)f->chunk_bytes);
+    if (tags == NULL || buf == NULL) {
+        free(tags);
         free(buf);
+        return errorf(err, errlen, "%s: out of memory for %llu tags", path, (unsigned long long)f->chunks);
     }
-    if (failed == 0 && aead_pwrite_all(fd, tags, (size_t)f->chunks * AEAD_TAG_BYTES,
-                                       AEAD_FILE_HEADER_BYTES + f->plain_bytes) != 0)
+    Sha256 hash;
+    sha256_init(&hash);
+    sha256_update(&hash, f->header, AEAD_FILE_HEADER_BYTES);
+    int failed = 0;
+    for (uint64_t i = 0; i < f->chunks && failed == 0; i++) {
+        size_t len = (size_t)aead_file_chunk_len(f, i);
+        if (aead_pread_all(fd, buf, len, AEAD_FILE_HEADER_BYTES + i * f->chunk_bytes) != 0) {
+            failed = errno;
+            break;
+        }
+        if (sha != NULL) sha256_update(&hash, buf, len);
+        aead_file_chunk_tag(f, k, i, buf, tags + AEAD_TAG_BYTES * i);
+    }
+    if (failed == 0 && aead_pwrite_all(fd, tags, table_bytes, AEAD_FILE_HEADER_BYTES + f->plain_bytes) != 0)
         failed = errno;
-    e = failed;
+    if (failed == 0 && sha != NULL) {
+        sha256_update(&hash, tags, table_bytes);
+        sha256_final(&hash, sha);
+    }
     free(tags);
-    if (e != 0) return errorf(err, errlen, "%s: sealing the chunks: %s", path, strerror(e));
+    free(buf);
+    if (failed != 0) return errorf(err, errlen, "%s: sealing the chunks: %s", path, strerror(failed));
     return 0;
 }
 
@@ -922,7 +922,7 @@ static inline int aead_file_write_all(int fd, const AeadFileKey *k, const void *
     if (e == 0 && aead_file_pwrite(fd, &f, k, plain, (size_t)n, 0, bounce, bounce_bytes) != 0) e = errno;
     free(bounce);
     if (e != 0) return errorf(err, errlen, "%s: write: %s", path, strerror(e));
-    return aead_file_write_tags(fd, &f, k, path, err, errlen);
+    return aead_file_write_tags(fd, &f, k, NULL, path, err, errlen);
 }
 
 // plaintext bytes [offset, offset + n) of the sealed file at fd into out:

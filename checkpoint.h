@@ -41,7 +41,8 @@
  * tells nothing but the sizes. Each file's first bytes say which it is, so
  * any run reads either kind; the MANIFEST (over the sealed bytes) stays as it
  * is. A rank encrypts what it writes at its place; once all have, rank 0
- * makes each chunk's tag, before the MANIFEST. doc/security.md has more.
+ * reads each file once for both each chunk's tag and the MANIFEST's
+ * SHA-256 of it. doc/security.md has more.
  *
  * The checkpoint key: the job key of --key-file when given, else the file
  * <out>/job.key (64 hex digits, mode 0600), made on the first run that writes
@@ -653,35 +654,45 @@ static void ckpt_prune(const char *out_dir, int newest, int keep) {
     close(dfd);
 }
 
-// a sealed file's chunk tags, once every rank's part is in, and an fsync
-static int ckpt_seal_tags(const char *path, const AeadFileKey *cipher, char *err, size_t errlen) {
+// a sealed file's chunk tags, once every rank's part is in, and an fsync;
+// with sha and size, the file's SHA-256 and size too, from the same read
+static int ckpt_seal_tags(const char *path, const AeadFileKey *cipher, uint8_t sha[32], uint64_t *size, char *err,
+                          size_t errlen) {
     int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
     AeadFile f;
     int rc = aead_file_read_header(fd, &f, cipher, path, err, errlen);
-    if (rc == 0) rc = aead_file_write_tags(fd, &f, cipher, path, err, errlen);
+    if (rc == 0) rc = aead_file_write_tags(fd, &f, cipher, sha, path, err, errlen);
     if (rc == 0 && fsync(fd) != 0) rc = errorf(err, errlen, "%s: fsync: %s", path, strerror(errno));
+    if (rc == 0 && size != NULL) *size = aead_file_bytes(f.plain_bytes, f.chunk_bytes);
     close(fd);
     return rc;
 }
 
 // rank 0, once every rank's part is in: seals the .partial directory of step
-// `step` (with cipher: each file's chunk tags first) and gives it its final
-// name
+// `step` and gives it its final name. With cipher, each file's chunk tags are
+// made in the same read that hashes it for the MANIFEST.
 static int ckpt_seal(const char *out_dir, int step, const uint8_t key[32], const AeadFileKey *cipher, char *err,
                      size_t errlen) {
     char partial[4096], partial_name[64], final_name[64];
     ckpt_dir_name(partial, sizeof(partial), out_dir, step, ".partial");
     ckpt_entry_name(partial_name, step, ".partial");
     ckpt_entry_name(final_name, step, "");
-    for (int i = 0; i < 3 && cipher != NULL; i++) {
-        char path[4200];
-        snprintf(path, sizeof(path), "%s/%s", partial, ckpt_files[i]);
-        if (ckpt_seal_tags(path, cipher, err, errlen) != 0) return -1;
-    }
     Manifest m = {0, NULL};
-    for (int i = 0; i < 3; i++)
-        if (manifest_add_file(&m, partial, ckpt_files[i], err, errlen) != 0) { manifest_free(&m); return -1; }
+    for (int i = 0; i < 3; i++) {
+        int rc = 0;
+        if (cipher != NULL) {
+            char path[4200];
+            uint8_t sha[32];
+            uint64_t size = 0;
+            snprintf(path, sizeof(path), "%s/%s", partial, ckpt_files[i]);
+            rc = ckpt_seal_tags(path, cipher, sha, &size, err, errlen);
+            if (rc == 0) rc = manifest_add_entry(&m, ckpt_files[i], size, sha, err, errlen);
+        } else {
+            rc = manifest_add_file(&m, partial, ckpt_files[i], err, errlen);
+        }
+        if (rc != 0) { manifest_free(&m); return -1; }
+    }
     int rc = manifest_write(&m, partial, "MANIFEST", key, err, errlen);
     manifest_free(&m);
     if (rc != 0) return -1;
@@ -807,7 +818,7 @@ static int ckpt_model_save_sealed(const char *path, const uint8_t key[32], const
     int closed = ckpt_out_close(&out, 0);
     if (e == 0) e = closed;
     int rc = e == 0 ? 0 : errorf(err, errlen, "%s: write: %s", tmp, strerror(e));
-    if (rc == 0) rc = ckpt_seal_tags(tmp, &cipher, err, errlen);
+    if (rc == 0) rc = ckpt_seal_tags(tmp, &cipher, NULL, NULL, err, errlen);
     if (rc == 0 && rename(tmp, path) != 0) rc = errorf(err, errlen, "%s: rename to %s: %s", tmp, path, strerror(errno));
     if (rc != 0) unlink(tmp);
     aead_file_key_wipe(&cipher);

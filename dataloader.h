@@ -56,6 +56,16 @@
  * never taken for a shard, so a glob of a whole directory works. Without a
  * MANIFEST the shards are only checked for their format.
  *
+ * Encrypted shards. prepare_data --key-file writes each shard as aead.h's
+ * sealed file (a header, the shard's bytes encrypted in place in chunks of
+ * 1 MiB, a tag per chunk at the end); its MANIFEST lists the sealed bytes.
+ * dataloader_init_key takes the key; a sealed shard is then checked at open
+ * like a plain one, every chunk's tag included, and each micro-batch
+ * decrypts and checks again the chunks its window touches, into the
+ * loader's buffers only: no plaintext is written anywhere. A sealed shard
+ * without a key, or under another key, is one line naming the file; a
+ * changed byte fails its chunk's tag, named with the file.
+ *
  * Needs POSIX glob(3): include this header first, or build with gnu11 /
  * -D_DEFAULT_SOURCE. Assumes a little-endian host for the token array
  * (checked at init).
@@ -67,8 +77,8 @@
 #define _DEFAULT_SOURCE
 #endif
 
+#include "aead.h"     // first: sealed (encrypted) shards; it brings secure.h's sha256
 #include "manifest.h" // manifest_read, manifest_find
-#include "secure.h"   // sha256
 
 #include <errno.h>
 #include <fcntl.h>
@@ -222,6 +232,8 @@ typedef struct {
     uint64_t bytes;         // its size then
     uint64_t ntok;
     uint64_t nsamples;      // windows of B*T+1 tokens, stride B*T
+    int sealed;             // an encrypted shard: file is its sealed-file header
+    AeadFile file;
 } DataShard;
 
 typedef struct {
@@ -250,6 +262,9 @@ typedef struct {
     // window of B*T+1 tokens, and the line saying why a read failed
     int fd, fd_shard;
     uint16_t *window;
+    AeadFileKey *cipher;        // the key of sealed shards, or NULL
+    uint8_t *chunk_buf;         // one sealed chunk, for windows that start or end inside one
+    size_t chunk_buf_bytes;
     char err[1024];
     char *warnings;             // lines about the shards skipped, or NULL
 } DataLoader;
@@ -430,13 +445,65 @@ static int dl_scan_shard(int fd, const char *path, uint64_t bytes, int vocab_siz
     return rc;
 }
 
+// dl_scan_sealed: dl_scan_shard for a sealed shard: the file read once, in
+// chunks: the SHA-256 of its bytes (header, ciphertext, tags) into sha
+// (unless NULL), each chunk's tag checked, its plaintext's shard header
+// into header and its first bad token into *bad as dl_scan_shard does
+static int dl_scan_sealed(int fd, const char *path, const AeadFileKey *k, int vocab_size, AeadFile *f, uint8_t sha[32],
+                          uint8_t header[SHARD_HEADER_BYTES], uint64_t *bad, uint16_t *bad_value, char *err,
+                          size_t errlen) {
+    if (aead_file_read_header(fd, f, k, path, err, errlen) != 0) return -1;
+    size_t table_bytes = (size_t)f->chunks * AEAD_TAG_BYTES;
+    uint8_t *buf = (uint8_t *)malloc((size_t)f->chunk_bytes), *tags = (uint8_t *)malloc(table_bytes);
+    int rc = 0;
+    if (buf == NULL || tags == NULL) rc = errorf(err, errlen, "%s: out of memory to read it", path);
+    if (rc == 0 && aead_pread_all(fd, tags, table_bytes, AEAD_FILE_HEADER_BYTES + f->plain_bytes) != 0)
+        rc = errorf(err, errlen, "%s: read of the chunk tags: %s", path, strerror(errno));
+    Sha256 h;
+    sha256_init(&h);
+    sha256_update(&h, f->header, AEAD_FILE_HEADER_BYTES);
+    memset(header, 0, SHARD_HEADER_BYTES);
+    *bad = UINT64_MAX;
+    for (uint64_t i = 0; i < f->chunks && rc == 0; i++) {
+        uint64_t start = i * f->chunk_bytes, len = aead_file_chunk_len(f, i);
+        if (aead_pread_all(fd, buf, (size_t)len, AEAD_FILE_HEADER_BYTES + start) != 0) {
+            rc = errorf(err, errlen, "%s: read of chunk %llu: %s", path, (unsigned long long)i, strerror(errno));
+            break;
+        }
+        if (sha != NULL) sha256_update(&h, buf, (size_t)len);
+        if (aead_file_open_chunk(f, k, i, buf, tags + AEAD_TAG_BYTES * i, path, err, errlen) != 0) { rc = -1; break; }
+        if (start < SHARD_HEADER_BYTES) {
+            uint64_t n = SHARD_HEADER_BYTES - start < len ? SHARD_HEADER_BYTES - start : len;
+            memcpy(header + start, buf, (size_t)n);
+        }
+        uint64_t end = start + len;  // chunk_bytes is even: tokens never straddle two chunks
+        if (*bad == UINT64_MAX && end > SHARD_HEADER_BYTES) {
+            uint64_t from = start > SHARD_HEADER_BYTES ? start : SHARD_HEADER_BYTES;
+            const uint16_t *t = (const uint16_t *)(buf + (from - start));
+            uint64_t n = (end - from) / 2, at = shard_first_bad_token(t, n, vocab_size);
+            if (at < n) {
+                *bad = (from - SHARD_HEADER_BYTES) / 2 + at;
+                *bad_value = t[at];
+            }
+        }
+    }
+    if (rc == 0 && sha != NULL) {
+        sha256_update(&h, tags, table_bytes);
+        sha256_final(&h, sha);
+    }
+    if (buf != NULL) secure_wipe(buf, (size_t)f->chunk_bytes);  // plaintext goes nowhere but the loader's copies
+    free(buf);
+    free(tags);
+    return rc;
+}
+
 // dl_check_shard: the checks of one shard, on the open file fd (path): a
 // regular file, of the size its MANIFEST entry (listed, may be NULL) says,
 // its SHA-256 then (so a changed byte is reported as a changed file, whatever
 // header field or token it landed in), its header, and its tokens. Fills s
 // but for the path.
-static int dl_check_shard(DataShard *s, int fd, const char *path, int vocab_size, const ManifestEntry *listed,
-                          const char *manifest_path, char *err, size_t errlen) {
+static int dl_check_shard(DataShard *s, int fd, const char *path, int vocab_size, const AeadFileKey *cipher,
+                          const ManifestEntry *listed, const char *manifest_path, char *err, size_t errlen) {
     struct stat st;
     if (fstat(fd, &st) != 0) return errorf(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) return errorf(err, errlen, "%s: not a regular file", path);
@@ -450,14 +517,24 @@ static int dl_check_shard(DataShard *s, int fd, const char *path, int vocab_size
     if (got < 0 || (size_t)got != have)
         return errorf(err, errlen, "%s: cannot read header: %s", path, got < 0 ? strerror(errno) : "short read");
     // without a manifest (or too short to hash usefully) the header comes first: a bad one is found before a read of it all
-    uint64_t ntok = 0;
-    int header_checked = listed == NULL || bytes < SHARD_HEADER_BYTES;
-    if (header_checked && shard_parse_header(header, (size_t)bytes, path, &ntok, err, errlen) != 0) return -1;
+    uint64_t ntok = 0, plain_bytes = bytes;
     uint8_t sha[32];
     uint64_t bad = UINT64_MAX;
     uint16_t bad_value = 0;
-    if (dl_scan_shard(fd, path, bytes, vocab_size, listed != NULL ? sha : NULL, &bad, &bad_value, err, errlen) != 0)
-        return -1;
+    s->sealed = aead_file_is_sealed(header, (size_t)got);
+    if (s->sealed && cipher == NULL)
+        return errorf(err, errlen, "%s: an encrypted shard (prepare_data --key-file): give its key with --key-file", path);
+    int header_checked = s->sealed || listed == NULL || bytes < SHARD_HEADER_BYTES;
+    if (s->sealed) {  // the plaintext's header comes out of the scan, checked below
+        if (dl_scan_sealed(fd, path, cipher, vocab_size, &s->file, listed != NULL ? sha : NULL, header, &bad, &bad_value,
+                           err, errlen) != 0)
+            return -1;
+        plain_bytes = s->file.plain_bytes;
+    } else {
+        if (header_checked && shard_parse_header(header, (size_t)bytes, path, &ntok, err, errlen) != 0) return -1;
+        if (dl_scan_shard(fd, path, bytes, vocab_size, listed != NULL ? sha : NULL, &bad, &bad_value, err, errlen) != 0)
+            return -1;
+    }
     if (listed != NULL && memcmp(sha, listed->sha, 32) != 0) {
         char got_hex[65], want_hex[65];
         to_hex(sha, 32, got_hex);
@@ -465,7 +542,8 @@ static int dl_check_shard(DataShard *s, int fd, const char *path, int vocab_size
         return errorf(err, errlen, "%s: SHA-256 %.16s..., but the manifest %s says %.16s...: the file was changed",
                       path, got_hex, manifest_path, want_hex);
     }
-    if (!header_checked && shard_parse_header(header, (size_t)bytes, path, &ntok, err, errlen) != 0) return -1;
+    if ((s->sealed || !header_checked) && shard_parse_header(header, (size_t)plain_bytes, path, &ntok, err, errlen) != 0)
+        return -1;
     if (bad != UINT64_MAX) return shard_bad_token(path, bad, bad_value, vocab_size, "", err, errlen);
     s->dev = st.st_dev;
     s->ino = st.st_ino;
@@ -476,12 +554,12 @@ static int dl_check_shard(DataShard *s, int fd, const char *path, int vocab_size
 
 // dl_open_shard: checks one file (dl_check_shard) into s; the file is closed
 // again, and reopened when a batch is read from it
-static int dl_open_shard(DataShard *s, const char *path, int vocab_size, const ManifestEntry *listed,
-                         const char *manifest_path, char *err, size_t errlen) {
+static int dl_open_shard(DataShard *s, const char *path, int vocab_size, const AeadFileKey *cipher,
+                         const ManifestEntry *listed, const char *manifest_path, char *err, size_t errlen) {
     memset(s, 0, sizeof(*s));
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO must not block the open: it fails S_ISREG
     if (fd < 0) return errorf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-    int rc = dl_check_shard(s, fd, path, vocab_size, listed, manifest_path, err, errlen);
+    int rc = dl_check_shard(s, fd, path, vocab_size, cipher, listed, manifest_path, err, errlen);
     close(fd);
     if (rc == 0 && (s->path = strdup(path)) == NULL) rc = errorf(err, errlen, "%s: out of memory", path);
     if (rc != 0) dl_free_shard(s);
@@ -556,7 +634,7 @@ static int dl_open_shards(DataLoader *dl, const glob_t *g, const char *pattern, 
         DataShard *s = &dl->shards[dl->nshards];
         const ManifestEntry *listed;
         if (dl_manifest_entry(&dm, path, pattern, &listed, err, errlen) != 0 ||
-            dl_open_shard(s, path, dl->vocab_size, listed, dm.path, err, errlen) != 0)
+            dl_open_shard(s, path, dl->vocab_size, dl->cipher, listed, dm.path, err, errlen) != 0)
             goto done;
         s->nsamples = s->ntok < need ? 0 : (s->ntok - 1) / ((uint64_t)dl->B * dl->T);
         if (s->nsamples == 0) {
@@ -618,19 +696,31 @@ static int dl_alloc_orders(DataLoader *dl, const char *pattern, char *err, size_
         dl->perm = (uint32_t *)malloc((size_t)max_samples * sizeof(uint32_t));
     }
     dl->window = (uint16_t *)malloc(((size_t)dl->B * dl->T + 1) * sizeof(uint16_t));
-    if (dl->order[0] == NULL || dl->order[1] == NULL || (dl->shuffle && dl->perm == NULL) || dl->window == NULL)
+    uint64_t chunk_bytes = 0;  // the largest chunk of the sealed shards
+    for (int i = 0; i < dl->nshards; i++)
+        if (dl->shards[i].sealed && dl->shards[i].file.chunk_bytes > chunk_bytes) chunk_bytes = dl->shards[i].file.chunk_bytes;
+    if (chunk_bytes > 0) dl->chunk_buf = (uint8_t *)malloc((size_t)chunk_bytes);
+    if (dl->chunk_buf != NULL) dl->chunk_buf_bytes = (size_t)chunk_bytes;
+    if (dl->order[0] == NULL || dl->order[1] == NULL || (dl->shuffle && dl->perm == NULL) || dl->window == NULL ||
+        (chunk_bytes > 0 && dl->chunk_buf == NULL))
         return errorf(err, errlen, "dataloader: out of memory for the shuffle tables of %s", pattern);
     return 0;
 }
 
-// dataloader_init: see the top of this file. 0 on success; -1 with err set
-// (and nothing left allocated) on failure.
-int dataloader_init(DataLoader *dl, const char *pattern, int B, int T, int dp_rank, int dp_size,
-                    int shuffle, uint64_t seed, int vocab_size, char *err, size_t errlen) {
+// dataloader_init_key: see the top of this file; key (32 bytes, or NULL) is
+// the key of sealed shards. 0 on success; -1 with err set (and nothing left
+// allocated) on failure.
+int dataloader_init_key(DataLoader *dl, const char *pattern, int B, int T, int dp_rank, int dp_size, int shuffle,
+                        uint64_t seed, int vocab_size, const uint8_t *key, char *err, size_t errlen) {
     memset(dl, 0, sizeof(*dl));
     dl->fd = -1;
     dl->fd_shard = -1;
     if (dl_check_args(pattern, B, T, dp_rank, dp_size, shuffle, vocab_size, err, errlen) != 0) return -1;
+    if (key != NULL) {
+        dl->cipher = (AeadFileKey *)malloc(sizeof(AeadFileKey));
+        if (dl->cipher == NULL) return errorf(err, errlen, "dataloader: out of memory for the key");
+        aead_file_key(dl->cipher, key);
+    }
     dl->B = B; dl->T = T;
     dl->dp_rank = dp_rank; dl->dp_size = dp_size;
     dl->shuffle = shuffle;
@@ -664,6 +754,12 @@ fail:
     return -1;
 }
 
+// dataloader_init: dataloader_init_key without a key (plain shards only)
+int dataloader_init(DataLoader *dl, const char *pattern, int B, int T, int dp_rank, int dp_size,
+                    int shuffle, uint64_t seed, int vocab_size, char *err, size_t errlen) {
+    return dataloader_init_key(dl, pattern, B, T, dp_rank, dp_size, shuffle, seed, vocab_size, NULL, err, errlen);
+}
+
 // dl_read_window: tokens [first, first + count) of shard `shard` into
 // dl->window, from the file that was checked at open: reopened when another
 // shard was read last, and its identity and size checked again. 0, or -1
@@ -687,6 +783,12 @@ static int dl_read_window(DataLoader *dl, int shard, uint64_t first, size_t coun
                       (unsigned long long)st.st_size, (unsigned long long)s->bytes, changed);
     size_t want = count * sizeof(uint16_t), got = 0;
     uint64_t offset = SHARD_HEADER_BYTES + first * sizeof(uint16_t);
+    if (s->sealed) {  // the chunks the window touches, checked and decrypted into the loader's buffers
+        if (aead_file_read_range(dl->fd, &s->file, dl->cipher, offset, want, dl->window, dl->chunk_buf, s->path, dl->err,
+                                 sizeof(dl->err)) != 0)
+            return -1;
+        got = want;
+    }
     while (got < want) {
         ssize_t r = pread(dl->fd, (uint8_t *)dl->window + got, want - got, (off_t)(offset + got));
         if (r < 0 && errno == EINTR) continue;
@@ -775,6 +877,10 @@ void dataloader_free(DataLoader *dl) {
     free(dl->perm);
     free(dl->window);
     free(dl->warnings);
+    if (dl->cipher != NULL) aead_file_key_wipe(dl->cipher);
+    free(dl->cipher);
+    if (dl->chunk_buf != NULL) secure_wipe(dl->chunk_buf, dl->chunk_buf_bytes);
+    free(dl->chunk_buf);
     memset(dl, 0, sizeof(*dl));
     dl->fd = -1;
     dl->fd_shard = -1;

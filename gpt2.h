@@ -689,7 +689,7 @@ static const OptionSpec option_specs[] = {
     {"--rendezvous", OPT_STR, offsetof(Options, rendezvous), 0, 0, NULL,
      "unix:PATH or tcp:HOST:PORT, for ranks started by mpirun, srun or torchrun", NULL, "none"},
     {"--key-file", OPT_STR, offsetof(Options, key_file), 0, 0, NULL,
-     "job key file (mode 0600), the same for every rank", NULL, "a fresh key per launch; checkpoints: <-o>/job.key"},
+     "job key file (mode 0600), the same for every rank; also the key of encrypted shards", NULL, "a fresh key per launch; checkpoints: <-o>/job.key"},
     {"-th", OPT_INT, offsetof(Options, threads), 0, 1024, NULL, "OpenMP threads per rank (0 = the cores / ranks)", NULL, NULL},
     {"-hb", OPT_INT, offsetof(Options, host_backend), 0, 1, NULL,
      "train_gpt2cu: 1 = ranks talk through the host backend, not NCCL (ranks sharing a GPU always do)", NULL, NULL},

@@ -5,6 +5,7 @@
  * defines:
  *   Manifest, ManifestEntry   the parsed list: name, size and SHA-256 of each file
  *   manifest_add_file         hash a file and add it to a manifest
+ *   manifest_add_entry        add a file hashed elsewhere (a sealed file's one read)
  *   manifest_write            the canonical text, sealed, written atomically
  *   manifest_read             read, check the tag, parse
  *   manifest_verify_file      is this file the one the manifest lists?
@@ -166,19 +167,20 @@ static inline void manifest_free(Manifest *m) {
     m->n = 0;
 }
 
-// manifest_add_file: hash dir/name and insert it in name order
-static inline int manifest_add_file(Manifest *m, const char *dir, const char *name, char *err, size_t errlen) {
+// manifest_add_entry: a file already hashed (name, size, SHA-256), inserted
+// in name order
+static inline int manifest_add_entry(Manifest *m, const char *name, uint64_t size, const uint8_t sha[32], char *err,
+                                     size_t errlen) {
     if (!manifest_name_ok(name, strlen(name)))
         return errorf(err, errlen, "manifest: file name '%s' must be 1..255 of [A-Za-z0-9._+-], not starting with '.'", name);
     if (manifest_find(m, name) != NULL) return errorf(err, errlen, "manifest: file name '%s' is listed twice", name);
-    char path[4096];
-    if (path_join(path, sizeof(path), dir, name, err, errlen) != 0) return -1;
     ManifestEntry entry;
     memset(&entry, 0, sizeof(entry));
     strcpy(entry.name, name);  // length checked above
-    if (sha256_file(path, entry.sha, &entry.size, err, errlen) != 0) return -1;
+    entry.size = size;
+    memcpy(entry.sha, sha, 32);
     ManifestEntry *grown = (ManifestEntry *)realloc(m->e, (size_t)(m->n + 1) * sizeof(ManifestEntry));
-    if (grown == NULL) return errorf(err, errlen, "manifest: out of memory adding %s", path);
+    if (grown == NULL) return errorf(err, errlen, "manifest: out of memory adding %s", name);
     m->e = grown;
     int at = m->n;
     while (at > 0 && strcmp(m->e[at - 1].name, name) > 0) at--;
@@ -186,6 +188,19 @@ static inline int manifest_add_file(Manifest *m, const char *dir, const char *na
     m->e[at] = entry;
     m->n++;
     return 0;
+}
+
+// manifest_add_file: hash dir/name and insert it in name order
+static inline int manifest_add_file(Manifest *m, const char *dir, const char *name, char *err, size_t errlen) {
+    if (!manifest_name_ok(name, strlen(name)))
+        return errorf(err, errlen, "manifest: file name '%s' must be 1..255 of [A-Za-z0-9._+-], not starting with '.'", name);
+    if (manifest_find(m, name) != NULL) return errorf(err, errlen, "manifest: file name '%s' is listed twice", name);
+    char path[4096];
+    uint8_t sha[32];
+    uint64_t size = 0;
+    if (path_join(path, sizeof(path), dir, name, err, errlen) != 0) return -1;
+    if (sha256_file(path, sha, &size, err, errlen) != 0) return -1;
+    return manifest_add_entry(m, name, size, sha, err, errlen);
 }
 
 // manifest_format: the canonical text, tag line included; *text is malloc'd

@@ -3,7 +3,7 @@
  *
  *   ./prepare_data -i PATH [-i PATH ...] [-o outdir] [-n name] [-v val_tokens | --val-shard]
  *                  [-e 0|1] [-s shard_tokens] [-t threads] [--block bytes] [--field NAME]
- *                  [--encoder PATH --vocab PATH | --bytes]
+ *                  [--encoder PATH --vocab PATH | --bytes] [--key-file PATH]
  *
  * Inputs. Each -i is a text file (one document), a JSON-lines file (a name
  * ending in .jsonl: one document per line, the string in its "text" field, or
@@ -49,9 +49,18 @@
  * earlier MANIFEST that does not verify stops the run before any work.
  * Two runs writing into one directory at the same time are not supported.
  *
+ * Encryption at rest. With --key-file (the trainer's flag, the same file),
+ * every shard is written as aead.h's sealed file instead: AES-256-GCM in
+ * chunks of 1 MiB under a key derived from that key, a tag per chunk. The
+ * shard is built in memory and written sealed, so no plaintext copy of it
+ * reaches the disk; the MANIFEST lists the sealed bytes. The tokenizer .bin
+ * stays plain: it is GPT-2's public vocabulary. The trainer reads such
+ * shards when given the same --key-file (dataloader.h, "Encrypted shards").
+ *
  * Exit status: 0 done, 1 runtime error (nothing is left behind), 2 bad flags.
  */
-#include "manifest.h"  // first: through secure.h it asks for _GNU_SOURCE (strdup, fsync)
+#include "aead.h"      // first: through secure.h it asks for _GNU_SOURCE (strdup, fsync); sealed shards
+#include "manifest.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -94,6 +103,7 @@ typedef struct {
     const char *field;
     const char *encoder_path, *vocab_path;
     int bytes;
+    const char *key_file;      // --key-file: shards sealed under this key
 } Options;
 
 static void usage(FILE *f) {
@@ -118,7 +128,9 @@ static void usage(FILE *f) {
             "  --field NAME     the JSON-lines field holding each document (default text)\n"
             "  --encoder PATH   GPT-2 encoder.json  } default: $LLM3D_DATA/gpt2/, else ../shared/data/gpt2/\n"
             "  --vocab PATH     GPT-2 vocab.bpe     }\n"
-            "  --bytes          byte-level tokens (vocab 256, EOT = 0) instead of GPT-2 BPE\n",
+            "  --bytes          byte-level tokens (vocab 256, EOT = 0) instead of GPT-2 BPE\n"
+            "  --key-file PATH  encrypt the shards (AES-256-GCM) under this key: 64 hex digits, mode\n"
+            "                   0600; the trainer reads them given the same file as its --key-file\n",
             DEFAULT_VAL_TOKENS, MAX_SHARD_TOKENS, DEFAULT_SHARD_TOKENS, MAX_THREADS, sysconf(_SC_NPROCESSORS_ONLN),
             DEFAULT_BLOCK_BYTES);
 }
@@ -193,7 +205,7 @@ static void parse_options(Options *o, int argc, char **argv, char *name_buf, siz
         int known = strcmp(flag, "-i") == 0 || strcmp(flag, "-o") == 0 || strcmp(flag, "-n") == 0 ||
                     strcmp(flag, "-v") == 0 || strcmp(flag, "-e") == 0 || strcmp(flag, "-s") == 0 ||
                     strcmp(flag, "-t") == 0 || strcmp(flag, "--field") == 0 || strcmp(flag, "--block") == 0 ||
-                    strcmp(flag, "--encoder") == 0 || strcmp(flag, "--vocab") == 0;
+                    strcmp(flag, "--encoder") == 0 || strcmp(flag, "--vocab") == 0 || strcmp(flag, "--key-file") == 0;
         if (!known) usage_error("unknown flag '%s'%s", flag, "");
         if (i + 1 >= argc) usage_error("%s needs a value%s", flag, "");
         const char *value = argv[++i];
@@ -208,6 +220,7 @@ static void parse_options(Options *o, int argc, char **argv, char *name_buf, siz
         else if (strcmp(flag, "--block") == 0) o->block_bytes = parse_count("--block", value, 64, 1LL << 30);
         else if (strcmp(flag, "--field") == 0) o->field = value;
         else if (strcmp(flag, "--encoder") == 0) o->encoder_path = value;
+        else if (strcmp(flag, "--key-file") == 0) o->key_file = value;
         else o->vocab_path = value;
     }
     if (o->n_inputs == 0) usage_error("no input: give at least one -i PATH%s%s", "", "");
@@ -351,6 +364,9 @@ typedef struct {
     char **done;               // paths of finished shards, to report or to remove on failure
     int n_done, cap_done;
     Manifest written;          // every file of this run, with its size and SHA-256
+    const AeadFileKey *cipher; // --key-file: the open shard is built in plain, written sealed at close
+    uint8_t *plain;            // then: the open shard's bytes, header first
+    size_t plain_bytes, plain_cap;
     unsigned char buf[1 << 16];
 } ShardWriter;
 
@@ -364,19 +380,44 @@ static int shard_finished(ShardWriter *w, char *err, size_t errlen) {
     return manifest_add_file(&w->written, w->out_dir, base, err, errlen);
 }
 
+// bytes of the open shard: into the file, or, when sealing, into memory.
+// 0, or -1 with errno
+static int shard_write(ShardWriter *w, const void *bytes, size_t n) {
+    if (w->cipher == NULL) return fwrite(bytes, 1, n, w->f) == n ? 0 : -1;
+    if (w->plain_bytes + n > w->plain_cap) {
+        size_t cap = w->plain_cap ? w->plain_cap : (1u << 20);
+        while (cap < w->plain_bytes + n) cap *= 2;
+        uint8_t *grown = (uint8_t *)realloc(w->plain, cap);
+        if (grown == NULL) { errno = ENOMEM; return -1; }
+        w->plain = grown;
+        w->plain_cap = cap;
+    }
+    memcpy(w->plain + w->plain_bytes, bytes, n);
+    w->plain_bytes += n;
+    return 0;
+}
+
 static int shard_open(ShardWriter *w, char *err, size_t errlen) {
     w->split = w->val_left > 0 ? 0 : 1;
     int number = w->shards[w->split] + (w->split == 1 && w->numbers_across ? w->shards[0] : 0);
     int n = snprintf(w->path, sizeof(w->path), "%s/%s_%s_%06d.bin", w->out_dir, w->name, split_names[w->split], number);
     if (n < 0 || (size_t)n >= sizeof(w->path)) return errorf(err, errlen, "-o %s: output path too long", w->out_dir);
     snprintf(w->tmp_path, sizeof(w->tmp_path), "%s.tmp", w->path);
-    w->f = fopen(w->tmp_path, "wb");
+    w->f = fopen(w->tmp_path, w->cipher != NULL ? "wb+" : "wb");  // sealing reads the chunks back for their tags
     if (w->f == NULL) return errorf(err, errlen, "%s: cannot create: %s", w->tmp_path, strerror(errno));
     unsigned char header[SHARD_HEADER_BYTES] = {0};  // the count is filled in at the end
-    if (fwrite(header, 1, sizeof(header), w->f) != sizeof(header))
-        return errorf(err, errlen, "%s: write error: %s", w->tmp_path, strerror(errno));
     w->in_shard = 0;
+    w->plain_bytes = 0;
+    if (shard_write(w, header, sizeof(header)) != 0)
+        return errorf(err, errlen, "%s: write error: %s", w->tmp_path, strerror(errno));
     return 0;
+}
+
+// the sealed shard: the plaintext built in memory, encrypted into the empty
+// temporary file; 0 or -1 with err set
+static int shard_write_sealed(ShardWriter *w, char *err, size_t errlen) {
+    return aead_file_write_all(fileno(w->f), w->cipher, w->plain, w->plain_bytes, AEAD_FILE_CHUNK_BYTES, w->tmp_path,
+                               err, errlen);
 }
 
 static int shard_close(ShardWriter *w, char *err, size_t errlen) {
@@ -385,9 +426,16 @@ static int shard_close(ShardWriter *w, char *err, size_t errlen) {
     tok_put_u32le(header + 4, SHARD_VERSION);
     tok_put_u32le(header + 8, (uint32_t)w->in_shard);
     // fsync before the rename: after a crash, a shard under its final name is whole
-    int ok = fseek(w->f, 0, SEEK_SET) == 0 && fwrite(header, 1, sizeof(header), w->f) == sizeof(header) &&
+    int ok, saved_errno;
+    if (w->cipher != NULL) {
+        memcpy(w->plain, header, sizeof(header));
+        if (shard_write_sealed(w, err, errlen) != 0) return -1;
+        ok = fsync(fileno(w->f)) == 0;
+    } else {
+        ok = fseek(w->f, 0, SEEK_SET) == 0 && fwrite(header, 1, sizeof(header), w->f) == sizeof(header) &&
              fflush(w->f) == 0 && fsync(fileno(w->f)) == 0;
-    int saved_errno = errno;
+    }
+    saved_errno = errno;
     if (fclose(w->f) != 0 && ok) { ok = 0; saved_errno = errno; }
     w->f = NULL;
     if (!ok) return errorf(err, errlen, "%s: write error: %s", w->tmp_path, strerror(saved_errno));
@@ -421,7 +469,8 @@ static int shard_add(ShardWriter *w, const int *ids, size_t n, char *err, size_t
                 w->buf[2 * k] = (unsigned char)id;
                 w->buf[2 * k + 1] = (unsigned char)(id >> 8);
             }
-            if (fwrite(w->buf, 2, chunk, w->f) != chunk) return errorf(err, errlen, "%s: write error: %s", w->tmp_path, strerror(errno));
+            if (shard_write(w, w->buf, 2 * chunk) != 0)
+                return errorf(err, errlen, "%s: write error: %s", w->tmp_path, strerror(errno));
             done += chunk;
         }
         i += run;
@@ -446,6 +495,8 @@ static void shard_abort(ShardWriter *w) {
 }
 
 static void shard_writer_free(ShardWriter *w) {
+    if (w->plain != NULL) secure_wipe(w->plain, w->plain_cap);
+    free(w->plain);
     for (int k = 0; k < w->n_done; k++) free(w->done[k]);
     free(w->done);
     manifest_free(&w->written);
@@ -974,6 +1025,19 @@ static int write_dataset(const Options *o, const InputList *inputs, Bpe *bpe, co
     w->shard_tokens = o->shard_tokens;
     w->val_left = o->val_tokens;
     w->numbers_across = o->val_shard;
+    AeadFileKey cipher;
+    memset(&cipher, 0, sizeof(cipher));
+    if (o->key_file != NULL) {
+        uint8_t key[32];
+        if (key_read_file(o->key_file, key, err, sizeof(err)) != 0) {
+            fprintf(stderr, "prepare_data: --key-file: %s (see -h)\n", err);
+            free(w);
+            return 2;
+        }
+        aead_file_key(&cipher, key);
+        secure_wipe(key, sizeof(key));
+        w->cipher = &cipher;
+    }
     Progress p = {now_seconds(), now_seconds(), 0, inputs->bytes, 0, 0, isatty(STDERR_FILENO)};
     int rc = tokenize_inputs(o, inputs, bpe, eot, w, &p, err, sizeof(err));
     if (rc == 0) progress_print(&p, 1);
@@ -998,6 +1062,7 @@ static int write_dataset(const Options *o, const InputList *inputs, Bpe *bpe, co
         shard_abort(w);
         shard_writer_free(w);
         free(w);
+        aead_file_key_wipe(&cipher);
         return 1;
     }
     double seconds = now_seconds() - p.start;
@@ -1016,9 +1081,11 @@ static int write_dataset(const Options *o, const InputList *inputs, Bpe *bpe, co
     printf("prepare_data: manifest %s/MANIFEST: %d files of this run", o->out_dir, w->written.n);
     if (kept > 0) printf(", %d kept from the earlier one", kept);
     printf(" (SHA-256, public all-zero key)\n");
+    if (o->key_file != NULL) printf("prepare_data: shards encrypted (AES-256-GCM) under --key-file %s\n", o->key_file);
     warn_stale_shards(o->out_dir, o->name, &w->written);
     shard_writer_free(w);
     free(w);
+    aead_file_key_wipe(&cipher);
     return 0;
 }
 

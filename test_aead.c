@@ -425,10 +425,21 @@ static void test_sliced_writes(void) {
         at -= len;
         rc |= aead_file_pwrite(fd, &f, &k, plain + at, (size_t)len, at, bounce, sizeof(bounce));
     }
-    rc |= aead_file_write_tags(fd, &f, &k, path, err, sizeof(err));
+    uint8_t sha[32], want[32];
+    rc |= aead_file_write_tags(fd, &f, &k, sha, path, err, sizeof(err));
     close(fd);
     check(rc == 0 && reads_back(path, &k, plain, n, err, sizeof(err)),
           "%s: a sealed file written in slices out of order, then its tags, reads back %s", aead_impl_name(), err);
+    // the SHA-256 made while tagging is the whole file's, tags included
+    size_t whole_bytes = (size_t)aead_file_bytes(n, chunk);
+    uint8_t *whole = (uint8_t *)malloc(whole_bytes);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    int read_ok = fd >= 0 && aead_pread_all(fd, whole, whole_bytes, 0) == 0;
+    if (fd >= 0) close(fd);
+    if (read_ok) sha256(whole, whole_bytes, want);
+    check(read_ok && memcmp(sha, want, 32) == 0,
+          "%s: the SHA-256 from the tag pass is the sealed file's", aead_impl_name());
+    free(whole);
     unlink(path);
     free(plain);
     aead_file_key_wipe(&k);

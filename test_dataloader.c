@@ -11,6 +11,7 @@
 #include "manifest.h"
 #include "test.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -609,15 +610,15 @@ static void test_manifest(void) {
 // prepare_data end to end: the MANIFEST it writes, and the loader refusing
 // shards changed after it
 
-// run_prepare_data: ./prepare_data with args (stdout and stderr into log);
-// its exit status, or -1 if it could not run or took over 30 s (then killed)
-static int run_prepare_data(char *const *args, const char *log) {
+// run_program: program with args (stdout and stderr into log); its exit
+// status, or -1 if it could not run or took over 30 s (then killed)
+static int run_program(const char *program, char *const *args, const char *log) {
     pid_t pid = fork();
     if (pid < 0) return -1;
     if (pid == 0) {
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(127);
-        execv("./prepare_data", args);
+        execv(program, args);
         _exit(127);
     }
     struct timespec tick = {0, 10 * 1000 * 1000};
@@ -632,6 +633,8 @@ static int run_prepare_data(char *const *args, const char *log) {
     waitpid(pid, NULL, 0);
     return -1;
 }
+
+static int run_prepare_data(char *const *args, const char *log) { return run_program("./prepare_data", args, log); }
 
 static int file_contains(const char *path, const char *needle) {
     char text[8192];
@@ -790,6 +793,204 @@ static void test_prepare_data(void) {
     char *bad_name[] = {"./prepare_data", "-i", input, "-o", dir, "-n", "a b", "--bytes", NULL};
     rc = run_prepare_data(bad_name, log);
     check(rc == 2 && file_contains(log, "-n 'a b'"), "prepare_data: -n 'a b' (not a manifest name) is a flag error, exit %d", rc);
+}
+
+// ----------------------------------------------------------------------------
+// encrypted shards: prepare_data --key-file, read with the key
+
+// a key file of the trainer's kind: 64 hex digits, mode 0600
+static void write_key_file(const char *path, uint8_t key[32], uint8_t fill) {
+    char hex[66];
+    for (int i = 0; i < 32; i++) key[i] = (uint8_t)(fill + 37 * i);
+    to_hex(key, 32, hex);
+    hex[64] = '\n';
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || write(fd, hex, 65) != 65) printf("      cannot write %s\n", path);
+    if (fd >= 0) close(fd);
+}
+
+static uint8_t *read_whole(const char *path, size_t *n) {
+    struct stat st;
+    *n = 0;
+    if (stat(path, &st) != 0) return NULL;
+    uint8_t *buf = (uint8_t *)malloc((size_t)st.st_size + 1);
+    FILE *f = fopen(path, "rb");
+    if (f == NULL || buf == NULL) { if (f) fclose(f); free(buf); return NULL; }
+    *n = fread(buf, 1, (size_t)st.st_size, f);
+    fclose(f);
+    return buf;
+}
+
+// the loss lines of a trainer's -lg log, without their times
+static char *losses_of(const char *log_path) {
+    size_t n;
+    char *text = (char *)read_whole(log_path, &n);
+    if (text == NULL) return NULL;
+    text[n] = '\0';
+    char *out = (char *)calloc(n + 1, 1), *w = out;
+    for (char *line = text; *line != '\0';) {
+        char *nl = strchr(line, '\n'), *ms = strstr(line, ", \"ms\"");
+        size_t len = nl != NULL ? (size_t)(nl - line) : strlen(line);
+        size_t keep = ms != NULL && ms < line + len ? (size_t)(ms - line) : len;
+        memcpy(w, line, keep);
+        w += keep;
+        *w++ = '\n';
+        line += len + (nl != NULL);
+    }
+    free(text);
+    return out;
+}
+
+// loads: the loader with this key opens pattern, or the error in err
+static int loads(DataLoader *dl, const char *pattern, int B, int T, const uint8_t *key, char *err, size_t errlen) {
+    return dataloader_init_key(dl, pattern, B, T, 0, 1, 0, 0, 256, key, err, errlen) == 0;
+}
+
+static void test_encrypted_shards(void) {
+    if (access("./prepare_data", X_OK) != 0) {
+        skip("encrypted shards: ./prepare_data not built here (make test runs it from the repo root)");
+        return;
+    }
+    // 2.5 MB of text, byte-level: a val shard of 20000 tokens and train
+    // shards of 1.2M tokens (3 chunks of 1 MiB each) and the last of 80000
+    char plain_dir[400], sealed_dir[400], input[512], log[512], key_path[512], other_path[512], err[1024];
+    tmp_path(plain_dir, sizeof(plain_dir), "enc_plain");
+    tmp_path(sealed_dir, sizeof(sealed_dir), "enc_sealed");
+    tmp_path(input, sizeof(input), "enc_input.txt");
+    tmp_path(log, sizeof(log), "enc.log");
+    tmp_path(key_path, sizeof(key_path), "data.key");
+    tmp_path(other_path, sizeof(other_path), "other.key");
+    uint8_t key[32], other[32];
+    write_key_file(key_path, key, 1);
+    write_key_file(other_path, other, 2);
+    const size_t text_bytes = 2500000;
+    char *text = (char *)malloc(text_bytes);
+    for (size_t i = 0; i < text_bytes; i++) text[i] = (char)(i % 61 == 60 ? '\n' : 'a' + (i * 7 + i / 61 + i / 4999) % 26);
+    FILE *f = fopen(input, "wb");
+    fwrite(text, 1, text_bytes, f);
+    fclose(f);
+    char *plain_args[] = {"./prepare_data", "-i", input, "-o", plain_dir, "-n", "d", "-v", "20000", "-s", "1200000",
+                          "--bytes", NULL};
+    char *sealed_args[] = {"./prepare_data", "-i", input, "-o", sealed_dir, "-n", "d", "-v", "20000", "-s", "1200000",
+                           "--bytes", "--key-file", key_path, NULL};
+    int rc = run_prepare_data(plain_args, log);
+    if (rc == 0) rc = run_prepare_data(sealed_args, log);
+    if (!check(rc == 0, "encrypted shards: prepare_data with and without --key-file (exit %d, log %s)", rc, log)) {
+        free(text);
+        return;
+    }
+
+    // a key file that is not there: a flag error naming it, before any shard is written
+    char missing[512], missing_dir[512];
+    tmp_path(missing, sizeof(missing), "no.key");
+    tmp_path(missing_dir, sizeof(missing_dir), "enc_none");
+    char *missing_args[] = {"./prepare_data", "-i", input, "-o", missing_dir, "--bytes", "--key-file", missing, NULL};
+    rc = run_prepare_data(missing_args, log);
+    char none_written[600];
+    snprintf(none_written, sizeof(none_written), "%s/enc_input_train_000000.bin", missing_dir);
+    check(rc == 2 && file_contains(log, missing) && access(none_written, F_OK) != 0,
+          "encrypted shards: prepare_data --key-file of a missing file: exit %d, naming it, no shard written", rc);
+
+    // sealed files, listed by the MANIFEST at their sealed sizes, holding no run of the text
+    Manifest m;
+    rc = manifest_read(&m, sealed_dir, "MANIFEST", NULL, err, sizeof(err));
+    int sealed_ok = rc == 0 && m.n == 5;  // the tokenizer, 1 val and 3 train shards
+    for (int i = 0; i < m.n && sealed_ok; i++) {
+        if (strstr(m.e[i].name, "tokenizer") != NULL) continue;
+        char path[700];
+        snprintf(path, sizeof(path), "%s/%s", sealed_dir, m.e[i].name);
+        size_t n;
+        uint8_t *bytes = read_whole(path, &n);
+        uint64_t ntok = strstr(m.e[i].name, "val") ? 20000 : strstr(m.e[i].name, "000002") ? 80000 : 1200000;
+        sealed_ok = bytes != NULL && aead_file_is_sealed(bytes, n) && n == m.e[i].size &&
+                    n == aead_file_bytes(SHARD_HEADER_BYTES + 2 * ntok, AEAD_FILE_CHUNK_BYTES) &&
+                    memmem(bytes, n, text + 30000, 32) == NULL && memmem(bytes, n, text + 1500000, 32) == NULL;
+        free(bytes);
+    }
+    check(sealed_ok, "encrypted shards: each shard is a sealed file, of the size its MANIFEST entry says, without the "
+          "text in it (%s)", rc == 0 ? "ok" : err);
+    if (rc == 0) manifest_free(&m);
+
+    // the same tokens, batch by batch, through a whole epoch (windows across chunk boundaries)
+    char plain_train[512], sealed_train[512], shard[512];
+    snprintf(plain_train, sizeof(plain_train), "%s/d_train_*.bin", plain_dir);
+    snprintf(sealed_train, sizeof(sealed_train), "%s/d_train_*.bin", sealed_dir);
+    snprintf(shard, sizeof(shard), "%s/d_train_000000.bin", sealed_dir);
+    enum { EB = 8, ET = 1000 };
+    DataLoader a, b;
+    static int in_a[EB * ET], tg_a[EB * ET], in_b[EB * ET], tg_b[EB * ET];
+    int opened = loads(&a, plain_train, EB, ET, NULL, err, sizeof(err));
+    if (opened && !loads(&b, sealed_train, EB, ET, key, err, sizeof(err))) {
+        dataloader_free(&a);
+        opened = 0;
+    }
+    if (check(opened, "encrypted shards: the loader opens them with the key (%s)", opened ? "ok" : err)) {
+        long batches = dataloader_batches_per_epoch(&a);
+        int same = batches == dataloader_batches_per_epoch(&b) && batches > 300;
+        for (long k = 0; k < batches && same; k++)
+            same = dataloader_next(&a, in_a, tg_a) == 0 && dataloader_next(&b, in_b, tg_b) == 0 &&
+                   memcmp(in_a, in_b, sizeof(in_a)) == 0 && memcmp(tg_a, tg_b, sizeof(tg_a)) == 0;
+        check(same, "encrypted shards: the same %ld batches as the plain shards (%s)", batches, b.err);
+        // a byte changed after the open: the batch that reaches its chunk is refused, naming it
+        dataloader_reset(&b);
+        flip_byte(shard, AEAD_FILE_HEADER_BYTES + 2 * (1 << 20) + 777);
+        int failed = 0;
+        for (long k = 0; k < batches && !failed; k++) failed = dataloader_next(&b, in_b, tg_b) != 0;
+        check(failed && strstr(b.err, shard) != NULL && strstr(b.err, "chunk 2 ") != NULL,
+              "encrypted shards: a byte changed after the open fails the batch that reads its chunk: %s", b.err);
+        flip_byte(shard, AEAD_FILE_HEADER_BYTES + 2 * (1 << 20) + 777);
+        dataloader_free(&a);
+        dataloader_free(&b);
+    }
+
+    // refused: without the key, with another key, with a byte flipped (chunk 1)
+    rc = loads(&b, sealed_train, EB, ET, NULL, err, sizeof(err));
+    check(!rc && strstr(err, shard) != NULL && strstr(err, "--key-file") != NULL,
+          "encrypted shards: without the key, one line naming the file: %s", err);
+    if (rc) dataloader_free(&b);
+    rc = loads(&b, sealed_train, EB, ET, other, err, sizeof(err));
+    check(!rc && strstr(err, shard) != NULL && strstr(err, "another key") != NULL,
+          "encrypted shards: another key refused, naming the file: %s", err);
+    if (rc) dataloader_free(&b);
+    flip_byte(shard, AEAD_FILE_HEADER_BYTES + (1 << 20) + 5);
+    rc = loads(&b, sealed_train, EB, ET, key, err, sizeof(err));
+    check(!rc && strstr(err, shard) != NULL && strstr(err, "chunk 1 ") != NULL && strstr(err, "tag does not match"),
+          "encrypted shards: a flipped byte refused at open, naming the file and the chunk: %s", err);
+    if (rc) dataloader_free(&b);
+    flip_byte(shard, AEAD_FILE_HEADER_BYTES + (1 << 20) + 5);
+
+    // bit-identical losses from a short CPU run on each set (train and val)
+    if (access("./train_gpt2", X_OK) != 0) {
+        skip("encrypted shards: ./train_gpt2 not built here");
+        free(text);
+        return;
+    }
+    char plain_val[512], sealed_val[512], plain_log[512], sealed_log[512], run_log[512];
+    snprintf(plain_val, sizeof(plain_val), "%s/d_val_*.bin", plain_dir);
+    snprintf(sealed_val, sizeof(sealed_val), "%s/d_val_*.bin", sealed_dir);
+    tmp_path(plain_log, sizeof(plain_log), "enc_plain.jsonl");
+    tmp_path(sealed_log, sizeof(sealed_log), "enc_sealed.jsonl");
+    tmp_path(run_log, sizeof(run_log), "enc_train.log");
+    char *train_plain[] = {"./train_gpt2", "-e", "d2", "-ec", "32", "-ev", "256", "-et", "16", "-b", "2", "-t", "16",
+                           "-x", "4", "-v", "2", "-m", "1", "-s", "0", "-th", "1", "-sd", "7", "-i", plain_train,
+                           "-j", plain_val, "-lg", plain_log, NULL};
+    char *train_sealed[] = {"./train_gpt2", "-e", "d2", "-ec", "32", "-ev", "256", "-et", "16", "-b", "2", "-t", "16",
+                            "-x", "4", "-v", "2", "-m", "1", "-s", "0", "-th", "1", "-sd", "7", "-i", sealed_train,
+                            "-j", sealed_val, "-lg", sealed_log, "--key-file", key_path, NULL};
+    rc = run_program("./train_gpt2", train_plain, run_log);
+    if (rc == 0) rc = run_program("./train_gpt2", train_sealed, run_log);
+    char *want = rc == 0 ? losses_of(plain_log) : NULL, *got = rc == 0 ? losses_of(sealed_log) : NULL;
+    check(want != NULL && got != NULL && strlen(want) > 100 && strcmp(want, got) == 0,
+          "encrypted shards: a short CPU run gives the same losses, bit for bit, as on the plain shards (exit %d, log %s)",
+          rc, run_log);
+    free(want);
+    free(got);
+    // and without the key, the trainer says which file and exits as a usage error
+    train_sealed[31] = NULL;
+    rc = run_program("./train_gpt2", train_sealed, run_log);
+    check(rc == 2 && file_contains(run_log, shard) && file_contains(run_log, "--key-file"),
+          "encrypted shards: the trainer without --key-file: one line naming the shard, exit %d", rc);
+    free(text);
 }
 
 // the loader never writes: bytes and mtime of every shard are unchanged after a run
@@ -977,6 +1178,7 @@ int main(int argc, char **argv) {
     test_read_only();
     test_manifest();
     test_prepare_data();
+    test_encrypted_shards();
     test_real_text();
 
     remove_dir(tmpdir);

@@ -1365,7 +1365,7 @@ static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int ste
         int e = write_part(m, out_dir, tmp, 0, &cipher);
         if (e != 0) errorf(err, sizeof(err), "rank %d: %s: write: %s", par->grid.rank, tmp_path, strerror(e));
         failed = world_sum(m, par, e != 0);
-        if (failed == 0 && rank0 && key != NULL && ckpt_seal_tags(tmp_path, &cipher, err, sizeof(err)) != 0) failed = 1;
+        if (failed == 0 && rank0 && key != NULL && ckpt_seal_tags(tmp_path, &cipher, NULL, NULL, err, sizeof(err)) != 0) failed = 1;
         if (failed == 0 && rank0 && (rename(tmp_path, path) != 0 || ckpt_fsync_dir(out_dir) != 0))
             failed = 1, errorf(err, sizeof(err), "%s: rename: %s", path, strerror(errno));
         failed = world_sum(m, par, rank0 ? failed : 0.0f);

@@ -198,6 +198,15 @@ static void open_hellaswag(Job *job, int chatty) {
     job->have_hs = 1;
 }
 
+// the key of encrypted shards (prepare_data --key-file): --key-file's, read
+// into key; NULL without the flag, and then a sealed shard is refused naming it
+static const uint8_t *data_key(const Options *o, uint8_t key[32]) {
+    char err[1024];
+    if (o->key_file == NULL) return NULL;
+    if (key_read_file(o->key_file, key, err, sizeof(err)) != 0) die_usage(err);
+    return key;
+}
+
 // the batch against the job's data-parallel size, and the data: both
 // streams open with this B and T and hold tokens below the model's V
 static void check_batch_and_data(Job *job) {
@@ -207,13 +216,16 @@ static void check_batch_and_data(Job *job) {
     if (batch_accum(o, dp, err, sizeof(err)) < 0) die_usage(err);
     if (parallel_launched_rank()) return;  // its launcher opened (and hashed) the data just now
     DataLoader probe;
-    if (dataloader_init(&probe, o->train_pattern, o->B, o->T, 0, dp, o->shuffle, 0, V, err, sizeof(err)) != 0)
-        die_usage(err);
-    dataloader_free(&probe);
-    if (o->val_every > 0) {
-        if (dataloader_init(&probe, o->val_pattern, o->B, o->T, 0, dp, 0, 0, V, err, sizeof(err)) != 0) die_usage(err);
-        dataloader_free(&probe);
+    uint8_t key_bytes[32];
+    const uint8_t *key = data_key(o, key_bytes);
+    int rc = dataloader_init_key(&probe, o->train_pattern, o->B, o->T, 0, dp, o->shuffle, 0, V, key, err, sizeof(err));
+    if (rc == 0) dataloader_free(&probe);
+    if (rc == 0 && o->val_every > 0) {
+        rc = dataloader_init_key(&probe, o->val_pattern, o->B, o->T, 0, dp, 0, 0, V, key, err, sizeof(err));
+        if (rc == 0) dataloader_free(&probe);
     }
+    secure_wipe(key_bytes, sizeof(key_bytes));
+    if (rc != 0) die_usage(err);
     open_hellaswag(job, 0);
     if (job->have_hs) hs_free(&job->hs);
 }
@@ -266,13 +278,15 @@ static void open_data(Job *job, const Grid *g) {
     char err[2048];
     const Options *o = &job->opt;
     int V = job->config.V;
-    if (dataloader_init(&job->train, o->train_pattern, o->B, o->T, g->dp_rank, g->dp, o->shuffle, (uint64_t)o->seed, V,
-                        err, sizeof(err)) != 0)
-        die_usage(err);
+    uint8_t key_bytes[32];
+    const uint8_t *key = data_key(o, key_bytes);
+    int rc = dataloader_init_key(&job->train, o->train_pattern, o->B, o->T, g->dp_rank, g->dp, o->shuffle,
+                                 (uint64_t)o->seed, V, key, err, sizeof(err));
     job->have_val = o->val_every > 0;
-    if (job->have_val &&
-        dataloader_init(&job->val, o->val_pattern, o->B, o->T, g->dp_rank, g->dp, 0, 0, V, err, sizeof(err)) != 0)
-        die_usage(err);
+    if (rc == 0 && job->have_val)
+        rc = dataloader_init_key(&job->val, o->val_pattern, o->B, o->T, g->dp_rank, g->dp, 0, 0, V, key, err, sizeof(err));
+    secure_wipe(key_bytes, sizeof(key_bytes));
+    if (rc != 0) die_usage(err);
     // -m: llm.c's val_max_steps, batches per rank; never more than the split
     // holds, so that no val token is counted twice
     if (job->have_val) {

@@ -15,9 +15,12 @@
  * written by one rank into the directory given (default $TMPDIR or /tmp):
  * plain, then sealed (-enc 1), in turn, the best of 5 each in wall time and
  * in the process's CPU time (on a shared machine the disk's share of the
- * wall time swings by seconds), and the differences in percent. The sealed write encrypts every byte at its place as the trainer
- * does, then reads the files back for the chunk tags, on top of the SHA-256
- * manifest both writes make.
+ * wall time swings by seconds), and the differences in percent. Both
+ * writes read each file back once for the MANIFEST's SHA-256; the sealed
+ * write encrypts every byte at its place as the trainer does, and makes the
+ * chunk tags in that same read. OpenMP's waiting threads spin and count as
+ * CPU time, more so on a busy machine: OMP_WAIT_POLICY=passive measures
+ * the work alone.
  */
 #include "../checkpoint.h"
 #include "bench.h"
