@@ -41,6 +41,7 @@
 #define LLM3D_AEAD_H
 
 #include "secure.h"  // first: it needs POSIX; HMAC, secure_wipe, put_u64, errorf
+#include "files.h"   // pread_all, pwrite_all
 
 #include <pthread.h>
 #include <sys/random.h>
@@ -815,28 +816,6 @@ static inline int aead_file_open_chunk(const AeadFile *f, const AeadFileKey *k, 
     return 0;
 }
 
-static inline int aead_pread_all(int fd, void *buf, size_t n, uint64_t offset) {
-    uint8_t *p = (uint8_t *)buf;
-    while (n > 0) {
-        ssize_t r = pread(fd, p, n, (off_t)offset);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) { if (r == 0) errno = EIO; return -1; }
-        p += r; n -= (size_t)r; offset += (uint64_t)r;
-    }
-    return 0;
-}
-
-static inline int aead_pwrite_all(int fd, const void *buf, size_t n, uint64_t offset) {
-    const uint8_t *p = (const uint8_t *)buf;
-    while (n > 0) {
-        ssize_t r = pwrite(fd, p, n, (off_t)offset);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) { if (r == 0) errno = EIO; return -1; }
-        p += r; n -= (size_t)r; offset += (uint64_t)r;
-    }
-    return 0;
-}
-
 // opens the sealed file at fd: header read, checked, and the size; 0 or -1
 static inline int aead_file_read_header(int fd, AeadFile *f, const AeadFileKey *k, const char *path, char *err,
                                         size_t errlen) {
@@ -844,7 +823,7 @@ static inline int aead_file_read_header(int fd, AeadFile *f, const AeadFileKey *
     struct stat st;
     if (fstat(fd, &st) != 0) return errorf(err, errlen, "%s: stat: %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) return errorf(err, errlen, "%s: not a regular file", path);
-    if ((uint64_t)st.st_size < AEAD_FILE_HEADER_BYTES || aead_pread_all(fd, h, sizeof(h), 0) != 0)
+    if ((uint64_t)st.st_size < AEAD_FILE_HEADER_BYTES || pread_all(fd, h, sizeof(h), 0) != 0)
         return errorf(err, errlen, "%s: %lld bytes: shorter than a sealed file's %d-byte header", path,
                       (long long)st.st_size, AEAD_FILE_HEADER_BYTES);
     return aead_file_parse(f, k, h, (uint64_t)st.st_size, path, err, errlen);
@@ -860,7 +839,7 @@ static inline int aead_file_pwrite(int fd, const AeadFile *f, const AeadFileKey 
     for (size_t done = 0; done < n;) {
         size_t len = n - done < bounce_bytes ? n - done : bounce_bytes;
         aead_file_ctr(f, k, offset + done, src + done, bounce, len);
-        if (aead_pwrite_all(fd, bounce, len, AEAD_FILE_HEADER_BYTES + offset + done) != 0) return -1;
+        if (pwrite_all(fd, bounce, len, AEAD_FILE_HEADER_BYTES + offset + done) != 0) return -1;
         done += len;
     }
     return 0;
@@ -888,14 +867,14 @@ static inline int aead_file_write_tags(int fd, const AeadFile *f, const AeadFile
     int failed = 0;
     for (uint64_t i = 0; i < f->chunks && failed == 0; i++) {
         size_t len = (size_t)aead_file_chunk_len(f, i);
-        if (aead_pread_all(fd, buf, len, AEAD_FILE_HEADER_BYTES + i * f->chunk_bytes) != 0) {
+        if (pread_all(fd, buf, len, AEAD_FILE_HEADER_BYTES + i * f->chunk_bytes) != 0) {
             failed = errno;
             break;
         }
         if (sha != NULL) sha256_update(&hash, buf, len);
         aead_file_chunk_tag(f, k, i, buf, tags + AEAD_TAG_BYTES * i);
     }
-    if (failed == 0 && aead_pwrite_all(fd, tags, table_bytes, AEAD_FILE_HEADER_BYTES + f->plain_bytes) != 0)
+    if (failed == 0 && pwrite_all(fd, tags, table_bytes, AEAD_FILE_HEADER_BYTES + f->plain_bytes) != 0)
         failed = errno;
     if (failed == 0 && sha != NULL) {
         sha256_update(&hash, tags, table_bytes);
@@ -917,7 +896,7 @@ static inline int aead_file_write_all(int fd, const AeadFileKey *k, const void *
     size_t bounce_bytes = 1u << 20;
     uint8_t *bounce = (uint8_t *)malloc(bounce_bytes);
     if (bounce == NULL) return errorf(err, errlen, "%s: out of memory", path);
-    int e = aead_pwrite_all(fd, f.header, sizeof(f.header), 0) != 0 ? errno : 0;
+    int e = pwrite_all(fd, f.header, sizeof(f.header), 0) != 0 ? errno : 0;
     if (e == 0 && ftruncate(fd, (off_t)aead_file_bytes(n, chunk_bytes)) != 0) e = errno;
     if (e == 0 && aead_file_pwrite(fd, &f, k, plain, (size_t)n, 0, bounce, bounce_bytes) != 0) e = errno;
     free(bounce);
@@ -939,8 +918,8 @@ static inline int aead_file_read_range(int fd, const AeadFile *f, const AeadFile
         uint64_t take = len - within < n ? len - within : n;
         // a whole chunk wanted goes straight to out; a part, through chunk_buf
         uint8_t *buf = within == 0 && take == len ? dst : chunk_buf, tag[16];
-        if (aead_pread_all(fd, buf, (size_t)len, AEAD_FILE_HEADER_BYTES + i * f->chunk_bytes) != 0 ||
-            aead_pread_all(fd, tag, 16, AEAD_FILE_HEADER_BYTES + f->plain_bytes + AEAD_TAG_BYTES * i) != 0)
+        if (pread_all(fd, buf, (size_t)len, AEAD_FILE_HEADER_BYTES + i * f->chunk_bytes) != 0 ||
+            pread_all(fd, tag, 16, AEAD_FILE_HEADER_BYTES + f->plain_bytes + AEAD_TAG_BYTES * i) != 0)
             return errorf(err, errlen, "%s: read chunk %llu: %s", path, (unsigned long long)i, strerror(errno));
         if (aead_file_open_chunk(f, k, i, buf, tag, path, err, errlen) != 0) return -1;
         if (buf != dst) memcpy(dst, buf + within, (size_t)take);
@@ -948,7 +927,7 @@ static inline int aead_file_read_range(int fd, const AeadFile *f, const AeadFile
     }
     if (f->plain_bytes == 0) {  // the one empty chunk still vouches for the header
         uint8_t tag[16];
-        if (aead_pread_all(fd, tag, 16, AEAD_FILE_HEADER_BYTES) != 0)
+        if (pread_all(fd, tag, 16, AEAD_FILE_HEADER_BYTES) != 0)
             return errorf(err, errlen, "%s: read chunk 0: %s", path, strerror(errno));
         if (aead_file_open_chunk(f, k, 0, chunk_buf, tag, path, err, errlen) != 0) return -1;
     }

@@ -126,36 +126,11 @@ static uint64_t ckpt_file_bytes(int file, const GPT2Config *c) {
     return file == 0 ? header + 4 * N : file == 1 ? header + 8 * N : header;
 }
 
-// pwrite all of buf at offset, through short writes and EINTR; -1 with errno
-static int ckpt_pwrite(int fd, const void *buf, size_t n, size_t offset) {
-    const char *p = (const char *)buf;
-    while (n > 0) {
-        ssize_t r = pwrite(fd, p, n, (off_t)offset);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) { if (r == 0) errno = EIO; return -1; }
-        p += r; n -= (size_t)r; offset += (size_t)r;
-    }
-    return 0;
-}
-
-// pread all of n bytes at offset, through short reads and EINTR; -1 with
-// errno (EIO at the end of the file: it is shorter than its header says)
-static int ckpt_pread(int fd, void *buf, size_t n, size_t offset) {
-    char *p = (char *)buf;
-    while (n > 0) {
-        ssize_t r = pread(fd, p, n, (off_t)offset);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) { if (r == 0) errno = EIO; return -1; }
-        p += r; n -= (size_t)r; offset += (size_t)r;
-    }
-    return 0;
-}
-
 // whether the file at path is one of aead.h's sealed files (its first bytes)
 static int ckpt_is_sealed(const char *path) {
     uint8_t first[8];
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    int sealed = fd >= 0 && ckpt_pread(fd, first, sizeof(first), 0) == 0 && aead_file_is_sealed(first, sizeof(first));
+    int sealed = fd >= 0 && pread_all(fd, first, sizeof(first), 0) == 0 && aead_file_is_sealed(first, sizeof(first));
     if (fd >= 0) close(fd);
     return sealed;
 }
@@ -187,7 +162,7 @@ static int ckpt_read_file(const char *path, const uint8_t key[32], uint64_t max_
         return errorf(err, errlen, "%s: not a regular file of at most %llu bytes", path, (unsigned long long)max_bytes);
     }
     *out = (uint8_t *)malloc(st.st_size > 0 ? (size_t)st.st_size : 1);
-    int rc = *out != NULL && ckpt_pread(fd, *out, (size_t)st.st_size, 0) == 0 ? 0 : -1;
+    int rc = *out != NULL && pread_all(fd, *out, (size_t)st.st_size, 0) == 0 ? 0 : -1;
     if (rc != 0) {
         errorf(err, errlen, "%s: read: %s", path, *out == NULL ? "out of memory" : strerror(errno));
         free(*out);
@@ -250,7 +225,7 @@ static int ckpt_optim_open(OptimFile *f, const char *path, const uint8_t key[32]
         memset(h, 0, sizeof(h));
         struct stat st;
         memset(&st, 0, sizeof(st));
-        if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != f->bytes || ckpt_pread(fd, h, sizeof(h), 0) != 0 ||
+        if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != f->bytes || pread_all(fd, h, sizeof(h), 0) != 0 ||
             memcmp(h, want, sizeof(want)) != 0) {
             close(fd);
             return errorf(err, errlen, "%s: not the AdamW state of this model at t = %d (%lld bytes, magic %d, t %d)",
@@ -723,7 +698,7 @@ static int ckpt_out_open(CkptOut *o, const char *path, const AeadFileKey *cipher
     o->fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (o->fd < 0) return errno;
     uint8_t first[8];
-    o->sealed = ckpt_pread(o->fd, first, sizeof(first), 0) == 0 && aead_file_is_sealed(first, sizeof(first));
+    o->sealed = pread_all(o->fd, first, sizeof(first), 0) == 0 && aead_file_is_sealed(first, sizeof(first));
     if (!o->sealed) return 0;
     o->cipher = cipher;
     o->bounce = (uint8_t *)malloc(CKPT_BOUNCE_BYTES);
@@ -734,7 +709,7 @@ static int ckpt_out_open(CkptOut *o, const char *path, const AeadFileKey *cipher
 
 // n bytes at plaintext offset `offset`; -1 with errno
 static int ckpt_out_pwrite(CkptOut *o, const void *buf, size_t n, size_t offset) {
-    if (!o->sealed) return ckpt_pwrite(o->fd, buf, n, offset);
+    if (!o->sealed) return pwrite_all(o->fd, buf, n, offset);
     return aead_file_pwrite(o->fd, &o->file, o->cipher, buf, n, offset, o->bounce, CKPT_BOUNCE_BYTES);
 }
 

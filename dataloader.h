@@ -93,6 +93,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "files.h"     // pread_all
 
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
@@ -457,7 +458,7 @@ static int dl_scan_sealed(int fd, const char *path, const AeadFileKey *k, int vo
     uint8_t *buf = (uint8_t *)malloc((size_t)f->chunk_bytes), *tags = (uint8_t *)malloc(table_bytes);
     int rc = 0;
     if (buf == NULL || tags == NULL) rc = errorf(err, errlen, "%s: out of memory to read it", path);
-    if (rc == 0 && aead_pread_all(fd, tags, table_bytes, AEAD_FILE_HEADER_BYTES + f->plain_bytes) != 0)
+    if (rc == 0 && pread_all(fd, tags, table_bytes, AEAD_FILE_HEADER_BYTES + f->plain_bytes) != 0)
         rc = errorf(err, errlen, "%s: read of the chunk tags: %s", path, strerror(errno));
     Sha256 h;
     sha256_init(&h);
@@ -466,7 +467,7 @@ static int dl_scan_sealed(int fd, const char *path, const AeadFileKey *k, int vo
     *bad = UINT64_MAX;
     for (uint64_t i = 0; i < f->chunks && rc == 0; i++) {
         uint64_t start = i * f->chunk_bytes, len = aead_file_chunk_len(f, i);
-        if (aead_pread_all(fd, buf, (size_t)len, AEAD_FILE_HEADER_BYTES + start) != 0) {
+        if (pread_all(fd, buf, (size_t)len, AEAD_FILE_HEADER_BYTES + start) != 0) {
             rc = errorf(err, errlen, "%s: read of chunk %llu: %s", path, (unsigned long long)i, strerror(errno));
             break;
         }

@@ -1,6 +1,6 @@
 /*
  * files.h: opening a file so that what is opened is what was meant, and
- * writing all of a buffer.
+ * reading or writing all of a buffer.
  *
  * defines:
  *   open_regular    a file to read (data, a model, a tokenizer), refused
@@ -11,6 +11,8 @@
  *                   refused unless it is a regular file
  *   write_all       all n bytes to an fd, through short writes and EINTR
  *   read_all        up to cap bytes from an fd, until it ends
+ *   pread_all       exactly n bytes at an offset (a file shorter is an error)
+ *   pwrite_all      all n bytes at an offset
  *
  * Why. open() of a FIFO blocks until someone opens the other end, so a FIFO
  * given as (or matching) a data, model or tokenizer path would hang the
@@ -110,6 +112,32 @@ static inline int write_all(int fd, const void *data, size_t n) {
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) return -1;
         p += r; n -= (size_t)r;
+    }
+    return 0;
+}
+
+// pread_all: exactly n bytes at offset, through short reads and EINTR; 0, or
+// -1 with errno (EIO when the file ends first: it is shorter than its header
+// said)
+static inline int pread_all(int fd, void *buf, size_t n, uint64_t offset) {
+    uint8_t *p = (uint8_t *)buf;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, (off_t)offset);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) { if (r == 0) errno = EIO; return -1; }
+        p += r; n -= (size_t)r; offset += (uint64_t)r;
+    }
+    return 0;
+}
+
+// pwrite_all: all n bytes at offset; 0, or -1 with errno
+static inline int pwrite_all(int fd, const void *buf, size_t n, uint64_t offset) {
+    const uint8_t *p = (const uint8_t *)buf;
+    while (n > 0) {
+        ssize_t r = pwrite(fd, p, n, (off_t)offset);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) { if (r == 0) errno = EIO; return -1; }
+        p += r; n -= (size_t)r; offset += (uint64_t)r;
     }
     return 0;
 }

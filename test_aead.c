@@ -418,7 +418,7 @@ static void test_sliced_writes(void) {
     AeadFile f;
     int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), rc = fd < 0;
     rc |= aead_file_new(&f, &k, n, chunk, path, err, sizeof(err));
-    rc |= aead_pwrite_all(fd, f.header, sizeof(f.header), 0);
+    rc |= pwrite_all(fd, f.header, sizeof(f.header), 0);
     rc |= ftruncate(fd, (off_t)aead_file_bytes(n, chunk));
     for (uint64_t at = n; at > 0;) {  // from the end, in odd-sized slices
         uint64_t len = at < 3001 ? at : 3001;
@@ -434,7 +434,7 @@ static void test_sliced_writes(void) {
     size_t whole_bytes = (size_t)aead_file_bytes(n, chunk);
     uint8_t *whole = (uint8_t *)malloc(whole_bytes);
     fd = open(path, O_RDONLY | O_CLOEXEC);
-    int read_ok = fd >= 0 && aead_pread_all(fd, whole, whole_bytes, 0) == 0;
+    int read_ok = fd >= 0 && pread_all(fd, whole, whole_bytes, 0) == 0;
     if (fd >= 0) close(fd);
     if (read_ok) sha256(whole, whole_bytes, want);
     check(read_ok && memcmp(sha, want, 32) == 0,
