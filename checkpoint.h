@@ -522,6 +522,64 @@ static float *ckpt_model_load(const char *path, const uint8_t key[32], GPT2Confi
     return params != NULL ? params : (float *)bytes;
 }
 
+// -e names a sealed model (-enc 2's final model): the checkpoint key of the
+// job that sealed it, --key-file's or -o's job.key (never made here)
+static int ckpt_init_key(const Options *o, uint8_t key[32], char *err, size_t errlen) {
+    char why[1024];
+    if (o->key_file == NULL && o->out_dir == NULL)
+        return errorf(err, errlen, "flag -e %s: an encrypted model (-enc 2): give the key of the job that wrote it "
+                      "with --key-file, or its directory with -o", o->init);
+    if (ckpt_key(o->out_dir, o->key_file, 0, key, why, sizeof(why)) != 0)
+        return errorf(err, errlen, "flag -e %s: an encrypted model, but no key for it: %s", o->init, why);
+    return 0;
+}
+
+// the shape of -e's sealed model: its first chunk decrypted and the model
+// header in it read, without decrypting the rest; 0, or -1 with err naming
+// the file (another key: aead.h's "sealed with another key")
+static int ckpt_init_config(const Options *o, GPT2Config *c, char *err, size_t errlen) {
+    uint8_t key[32];
+    if (ckpt_init_key(o, key, err, errlen) != 0) return -1;
+    AeadFileKey fk;
+    aead_file_key(&fk, key);
+    secure_wipe(key, sizeof(key));
+    AeadFile f;
+    int32_t h[HEADER_INTS];
+    uint8_t *chunk = NULL;
+    char why[1024];
+    int fd = open(o->init, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    int rc = fd >= 0 ? aead_file_read_header(fd, &f, &fk, o->init, why, sizeof(why))
+                     : errorf(why, sizeof(why), "%s: %s", o->init, strerror(errno));
+    if (rc == 0 && f.plain_bytes < sizeof(h))
+        rc = errorf(why, sizeof(why), "%s: %llu bytes decrypted: shorter than a model header", o->init,
+                    (unsigned long long)f.plain_bytes);
+    if (rc == 0 && (chunk = (uint8_t *)malloc((size_t)f.chunk_bytes)) == NULL)
+        rc = errorf(why, sizeof(why), "%s: out of memory for a chunk", o->init);
+    if (rc == 0) rc = aead_file_read_range(fd, &f, &fk, 0, sizeof(h), h, chunk, o->init, why, sizeof(why));
+    free(chunk);
+    if (fd >= 0) close(fd);
+    aead_file_key_wipe(&fk);
+    if (rc != 0) return errorf(err, errlen, "flag -e: %s", why);
+    FILE *mem = fmemopen(h, sizeof(h), "rb");
+    int version = 0;
+    rc = mem != NULL ? model_read_header(mem, o->init, c, &version, err, errlen)
+                     : errorf(err, errlen, "%s: fmemopen: %s", o->init, strerror(errno));
+    if (mem != NULL) fclose(mem);
+    if (rc == 0 && (version != 3 || f.plain_bytes != ckpt_file_bytes(0, c)))
+        return errorf(err, errlen, "%s: %llu bytes decrypted, version %d: the header's shape needs an fp32 file of %llu",
+                      o->init, (unsigned long long)f.plain_bytes, version, (unsigned long long)ckpt_file_bytes(0, c));
+    return rc;
+}
+
+// the parameters of -e's sealed model, as ckpt_model_load gives them
+static float *ckpt_init_load(const Options *o, GPT2Config *c, char *err, size_t errlen) {
+    uint8_t key[32];
+    if (ckpt_init_key(o, key, err, errlen) != 0) return NULL;
+    float *params = ckpt_model_load(o->init, key, c, err, errlen);
+    secure_wipe(key, sizeof(key));
+    return params;
+}
+
 // the checkpoint to resume from: want_step >= 0 that step, else the newest.
 // Returns 1 with *s and dir filled, 0 when want_step < 0 and there is none,
 // -1 with err set otherwise.

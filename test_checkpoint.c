@@ -4,8 +4,9 @@
  * On a tiny model (d2: L=2 C=128 NH=2, V=256) and a synthetic shard:
  * bit-exact resume (one rank and parallel layouts), resume under other
  * layouts, the refusals (truncated, changed, another key, another shape,
- * a missing file), encrypted checkpoints (-enc), keeping the last K,
- * SIGTERM, a file size limit, and 20 SIGKILLs at random moments in a row.
+ * a missing file), encrypted checkpoints (-enc), -e of a sealed final
+ * model, keeping the last K, SIGTERM, a file size limit, and 20 SIGKILLs
+ * at random moments in a row.
  */
 #define _GNU_SOURCE
 #include "checkpoint.h"
@@ -344,6 +345,69 @@ static void test_encrypted(const char *layout, const char *name) {
     check(same, "%s: its model.bin and optim.bin of step 40 decrypt to the plain run's, byte for byte", name);
 }
 
+// -e of -enc 2's sealed final model: with its job's key (--key-file, or the
+// job.key of -o) the losses of -e of the same model written plain; with no
+// key or another key, refused in one line naming the file, exit 2
+static void test_encrypted_init(void) {
+    static Run plain, full, r, ref;
+    char p[200], a[200], b[200], model[300], args[1200], err[1024];
+    snprintf(p, sizeof(p), "%s/init_plain", dir);
+    snprintf(a, sizeof(a), "%s/init_sealed", dir);
+    run(&plain, p, 4, "");
+    run(&full, a, 4, "-enc 2");
+    snprintf(model, sizeof(model), "%s/model_00000004.bin", a);
+    if (!check(plain.status == 0 && full.status == 0 && sealed("%s/model_%08d.bin", a, 4) &&
+               !sealed("%s/model_%08d.bin", p, 4), "a plain and a sealed final model of the same 4 steps (exit %d, %d)",
+               plain.status, full.status))
+        return;
+    uint8_t key[32], *x = NULL, *y = NULL;
+    uint64_t xn = 0, yn = 0;
+    char pp[300];
+    snprintf(pp, sizeof(pp), "%s/model_00000004.bin", p);
+    int same = read_key(a, key) == 0 && ckpt_read_file(model, key, 1 << 30, &x, &xn, err, sizeof(err)) == 0 &&
+               ckpt_read_file(pp, key, 1 << 30, &y, &yn, err, sizeof(err)) == 0 && xn == yn && memcmp(x, y, xn) == 0;
+    free(x);
+    free(y);
+    check(same, "-enc 2's final model decrypts to the plain run's, byte for byte");
+
+    snprintf(b, sizeof(b), "%s/init_from_plain", dir);
+    snprintf(args, sizeof(args), "-e %s", pp);
+    run(&ref, b, 4, args);
+    check(ref.status == 0 && ref.nsteps == 4, "-e of the plain final model: 4 steps (exit %d)", ref.status);
+    snprintf(b, sizeof(b), "%s/init_key_file", dir);
+    snprintf(args, sizeof(args), "-e %s --key-file %s/job.key", model, a);
+    run(&r, b, 4, args);
+    check(r.status == 0 && same_steps(&ref, &r, 0, 4),
+          "-e of the sealed final model with --key-file: the losses and norms of -e of the plain one (exit %d) %s",
+          r.status, r.status != 0 ? r.out : "");
+    snprintf(b, sizeof(b), "%s/init_job_key", dir);
+    sh("rm -rf %s && mkdir -p %s && cp %s/job.key %s/", b, b, a, b);
+    snprintf(args, sizeof(args), "-e %s", model);
+    run(&r, b, 4, args);
+    check(r.status == 0 && same_steps(&ref, &r, 0, 4),
+          "-e of the sealed final model with -o holding the job.key that sealed it: the same losses (exit %d) %s",
+          r.status, r.status != 0 ? r.out : "");
+
+    struct { const char *what, *setup, *flags; } cases[] = {
+        {"no key", "rm -rf %1$s", ""},
+        {"another key", "rm -rf %1$s && mkdir -p %1$s && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > "
+         "%1$s/other.key && echo >> %1$s/other.key && chmod 600 %1$s/other.key", "--key-file %s/other.key"},
+    };
+    for (int i = 0; i < 2; i++) {
+        snprintf(b, sizeof(b), "%s/init_refused_%d", dir, i);
+        sh(cases[i].setup, b);
+        char flags[400];
+        snprintf(flags, sizeof(flags), cases[i].flags, b);
+        snprintf(args, sizeof(args), "-e %s %s", model, flags);
+        run(&r, b, 4, args);
+        int lines = 0;
+        for (const char *q = r.out; *q; q++) lines += *q == '\n';
+        check(r.status == 2 && lines == 1 && strstr(r.out, model) != NULL,
+              "-e of the sealed final model, %s: refused in one line naming the file (exit %d, %d lines): %s",
+              cases[i].what, r.status, lines, r.out);
+    }
+}
+
 // swaps chunks i and j (1 MiB each, with their tags) of a sealed file of a
 // checkpoint of step 4 in out_dir
 static void swap_chunks(const char *out_dir, const char *name, int i, int j) {
@@ -622,6 +686,7 @@ int main(void) {
     test_encrypted("", "one rank");
     test_encrypted("-np 2 -z 1", "dp 2 ZeRO-1");
     test_encrypted_refusals();
+    test_encrypted_init();
     test_keep();
     test_full_disk();
 

@@ -157,13 +157,14 @@ static void parse_fault(Job *job) {
     if (fault_check_world(&job->fault, job->opt.np, err, sizeof(err)) != 0) die_usage(err);
 }
 
-// the model's shape from -e (a descriptor, or a model file's header), -t
-// against its maxT, and the layout against the model
+// the model's shape from -e (a descriptor, or a model file's header, sealed
+// or not), -t against its maxT, and the layout against the model
 static void check_model(Job *job) {
     char err[2048];
     const Options *o = &job->opt;
     const GPT2Config *c = &job->config;
     int rc = options_model(o, &job->config, err, sizeof(err));  // -e, -ev -et -ec
+    if (rc < 0 && ckpt_is_sealed(o->init)) rc = ckpt_init_config(o, &job->config, err, sizeof(err));
     if (rc < 0) die_usage(err);
     job->random_init = rc;
     if (o->T > c->maxT) {
@@ -259,14 +260,16 @@ static void start_rank(Job *job, const Grid *g) {
     job->total_batch = (long)job->opt.B * job->opt.T * g->dp * job->accum;
 }
 
-// the parameters: from the checkpoint being resumed, from -e's model file,
-// or NULL for the seeded init of -e's descriptor
+// the parameters: from the checkpoint being resumed, from -e's model file
+// (plain, or sealed by -enc 2: checkpoint.h's ckpt_init_load), or NULL for
+// the seeded init of -e's descriptor
 static float *load_params(Job *job) {
     char err[2048], path[1024];
     if (!job->resuming && job->random_init) return NULL;
     if (job->resuming) snprintf(path, sizeof(path), "%s/model.bin", job->ck_dir);
     float *params = job->resuming ? ckpt_model_load(path, job->ckpt_key, &job->config, err, sizeof(err))
-                                  : model_load(job->opt.init, &job->config, err, sizeof(err));
+                    : ckpt_is_sealed(job->opt.init) ? ckpt_init_load(&job->opt, &job->config, err, sizeof(err))
+                                                    : model_load(job->opt.init, &job->config, err, sizeof(err));
     if (params == NULL) die_usage(err);
     return params;
 }
