@@ -1377,6 +1377,34 @@ static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int ste
     return failed == 0 ? 0 : -1;
 }
 
+// the checkpoint after `step`, written by every rank; 0, or -1 when it failed
+// (gpt2_checkpoint has said why)
+static int checkpoint_after(GPT2 *m, Parallel *par, Job *job, int step) {
+    CkptState st = checkpoint_state(job, step + 1, m->adam_t, &par->grid, par->zero);
+    double t0 = now_ms();
+    if (gpt2_checkpoint(m, par, job->opt.out_dir, job->opt.ckpt_keep, &st, job->ckpt_key, job->opt.encrypt >= 1) != 0)
+        return -1;
+    if (par->grid.rank == 0) print_checkpoint_written(job, step + 1, now_ms() - t0);
+    return 0;
+}
+
+// after the last step: the final model evaluated, sampled, and written to -o
+// (sealed under -enc 2); 0, or -1 when the write failed
+static int final_model(GPT2 *m, Parallel *par, Job *job) {
+    int rank0 = par->grid.rank == 0;
+    char path[1024];
+    nccl_set_step(par->nccl, job->steps);
+    LogLine last = final_line(job);
+    run_evaluations(m, par, job, job->steps, &last);
+    if (sample_due(job, job->steps)) sample(m, &job->tok, job->opt.gen_tokens, &job->sample_rng);
+    if (rank0) report_final(job, &last);
+    if (job->opt.out_dir == NULL) return 0;
+    const uint8_t *seal_with = job->opt.encrypt >= 2 ? job->ckpt_key : NULL;
+    if (gpt2_write_model(m, par, job->opt.out_dir, job->steps, seal_with, path, sizeof(path)) != 0) return -1;
+    if (rank0) printf("wrote %s\n", path);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     Job job;
     GpuOptions gopt;
@@ -1479,30 +1507,11 @@ int main(int argc, char **argv) {
             exit(1);
         }
 
-        if (checkpoint_due(&job, step, stopped)) {
-            CkptState st = checkpoint_state(&job, step + 1, model.adam_t, &par.grid, par.zero);
-            double c0 = now_ms();
-            if (gpt2_checkpoint(&model, &par, job.opt.out_dir, job.opt.ckpt_keep, &st, job.ckpt_key,
-                                job.opt.encrypt >= 1) != 0)
-                return 1;
-            if (rank0) print_checkpoint_written(&job, step + 1, now_ms() - c0);
-        }
+        if (checkpoint_due(&job, step, stopped) && checkpoint_after(&model, &par, &job, step) != 0) return 1;
         if (stopped && rank0) printf("stopped by a signal after step %d; resume with -y 1\n", step);
     }
 
-    // the final model, evaluated after the last update
-    if (!stopped) {
-        nccl_set_step(par.nccl, job.steps);
-        LogLine last = final_line(&job);
-        run_evaluations(&model, &par, &job, job.steps, &last);
-        if (sample_due(&job, job.steps)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
-        if (rank0) report_final(&job, &last);
-    }
-    if (job.opt.out_dir && !stopped) {
-        const uint8_t *seal_with = job.opt.encrypt >= 2 ? job.ckpt_key : NULL;
-        if (gpt2_write_model(&model, &par, job.opt.out_dir, job.steps, seal_with, path, sizeof(path)) != 0) return 1;
-        if (rank0) printf("wrote %s\n", path);
-    }
+    if (!stopped && final_model(&model, &par, &job) != 0) return 1;
     watch_free(&watch);
     free_job(&job);
     nccl_free(par.nccl);
