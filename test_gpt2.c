@@ -196,6 +196,7 @@ static void test_matmul_shapes(void) {
 #endif
             memset(dinp, 0, (size_t)N * C * 4);
             memset(dw, 0, (size_t)OC * C * 4);
+            memset(db, 0, (size_t)OC * 4);
             matmul_forward(out, inp, w, b, N, C, OC);
             matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
             double worst = 0.0;
@@ -217,8 +218,21 @@ static void test_matmul_shapes(void) {
                     for (int n = 0; n < N; n++) sum += (double)dout[n * OC + o] * inp[n * C + i];
                     worst = fmax(worst, fabs(dw[o * C + i] - sum));
                 }
-            check(worst < 1e-4, "matmul N=%d C=%d OC=%d on %d threads: forward, dinp, dweight within %.1e of double (< 1e-4)",
-                  N, C, OC, threads, worst);
+            for (int o = 0; o < OC; o++) {
+                double sum = 0.0;
+                for (int n = 0; n < N; n++) sum += dout[n * OC + o];
+                worst = fmax(worst, fabs(db[o] - sum));
+            }
+            // no bias: the forward starts from zeros
+            matmul_forward(out, inp, w, NULL, N, C, OC);
+            for (int n = 0; n < N; n++)
+                for (int o = 0; o < OC; o++) {
+                    double sum = 0.0;
+                    for (int i = 0; i < C; i++) sum += (double)inp[n * C + i] * w[o * C + i];
+                    worst = fmax(worst, fabs(out[n * OC + o] - sum));
+                }
+            check(worst < 1e-4, "matmul N=%d C=%d OC=%d on %d threads: forward with and without bias, dinp, dweight, "
+                  "dbias within %.1e of double (< 1e-4)", N, C, OC, threads, worst);
         }
         free(inp); free(w); free(b); free(dout); free(out); free(dinp); free(dw); free(db);
     }
