@@ -585,9 +585,12 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
     Acts *d = &m->dacts;
     int B = m->B, T = m->T, C = c->C, BT = B * T;
     size_t btc = (size_t)BT * C;
-    // every gradient is added to, from zero, except the logits' (written by
-    // the cross-entropy) and the tensors after them, which have none
-    zero_floats(d->memory, (size_t)(d->t[A_LOGITS] - d->memory));
+    // every gradient is added to, from zero, except three: the logits' is
+    // written by the cross-entropy, the tensors after them have none, and
+    // the attention weights' (B NH T T a layer, the largest) is never made,
+    // since attention_backward goes from dout to dqkv directly
+    zero_floats(d->memory, (size_t)(d->t[A_ATT] - d->memory));
+    zero_floats(d->t[A_ATT + 1], (size_t)(d->t[A_LOGITS] - d->t[A_ATT + 1]));
     if (s->last) {
         float *lnf = unit_acquire(m, m->ut.u_lnf), *wte = unit_acquire(m, m->ut.u_wte);
         float *dlnf = unit_grad_begin(m, m->ut.u_lnf), *dwte = unit_grad_begin(m, m->ut.u_wte);
