@@ -904,6 +904,18 @@ static inline int aead_file_write_all(int fd, const AeadFileKey *k, const void *
     return aead_file_write_tags(fd, &f, k, NULL, path, err, errlen);
 }
 
+// chunk i of the sealed file at fd and its tag read into buf (chunk_bytes),
+// checked and decrypted there: 0, or -1 with err naming the chunk
+static inline int aead_file_read_chunk(int fd, const AeadFile *f, const AeadFileKey *k, uint64_t i, uint8_t *buf,
+                                       const char *path, char *err, size_t errlen) {
+    uint8_t tag[16];
+    size_t len = (size_t)aead_file_chunk_len(f, i);
+    if (pread_all(fd, buf, len, AEAD_FILE_HEADER_BYTES + i * f->chunk_bytes) != 0 ||
+        pread_all(fd, tag, 16, AEAD_FILE_HEADER_BYTES + f->plain_bytes + AEAD_TAG_BYTES * i) != 0)
+        return errorf(err, errlen, "%s: read chunk %llu: %s", path, (unsigned long long)i, strerror(errno));
+    return aead_file_open_chunk(f, k, i, buf, tag, path, err, errlen);
+}
+
 // plaintext bytes [offset, offset + n) of the sealed file at fd into out:
 // every chunk they touch read and checked whole, one at a time, through
 // chunk_buf (chunk_bytes); -1 with err naming the chunk when a tag fails
@@ -917,20 +929,13 @@ static inline int aead_file_read_range(int fd, const AeadFile *f, const AeadFile
         uint64_t i = offset / f->chunk_bytes, within = offset % f->chunk_bytes, len = aead_file_chunk_len(f, i);
         uint64_t take = len - within < n ? len - within : n;
         // a whole chunk wanted goes straight to out; a part, through chunk_buf
-        uint8_t *buf = within == 0 && take == len ? dst : chunk_buf, tag[16];
-        if (pread_all(fd, buf, (size_t)len, AEAD_FILE_HEADER_BYTES + i * f->chunk_bytes) != 0 ||
-            pread_all(fd, tag, 16, AEAD_FILE_HEADER_BYTES + f->plain_bytes + AEAD_TAG_BYTES * i) != 0)
-            return errorf(err, errlen, "%s: read chunk %llu: %s", path, (unsigned long long)i, strerror(errno));
-        if (aead_file_open_chunk(f, k, i, buf, tag, path, err, errlen) != 0) return -1;
+        uint8_t *buf = within == 0 && take == len ? dst : chunk_buf;
+        if (aead_file_read_chunk(fd, f, k, i, buf, path, err, errlen) != 0) return -1;
         if (buf != dst) memcpy(dst, buf + within, (size_t)take);
         dst += take; offset += take; n -= take;
     }
-    if (f->plain_bytes == 0) {  // the one empty chunk still vouches for the header
-        uint8_t tag[16];
-        if (pread_all(fd, tag, 16, AEAD_FILE_HEADER_BYTES) != 0)
-            return errorf(err, errlen, "%s: read chunk 0: %s", path, strerror(errno));
-        if (aead_file_open_chunk(f, k, 0, chunk_buf, tag, path, err, errlen) != 0) return -1;
-    }
+    if (f->plain_bytes == 0)  // the one empty chunk still vouches for the header
+        return aead_file_read_chunk(fd, f, k, 0, chunk_buf, path, err, errlen);
     return 0;
 }
 

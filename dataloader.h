@@ -60,11 +60,15 @@
  * sealed file (a header, the shard's bytes encrypted in place in chunks of
  * 1 MiB, a tag per chunk at the end); its MANIFEST lists the sealed bytes.
  * dataloader_init_key takes the key; a sealed shard is then checked at open
- * like a plain one, every chunk's tag included, and each micro-batch
- * decrypts and checks again the chunks its window touches, into the
- * loader's buffers only: no plaintext is written anywhere. A sealed shard
+ * like a plain one, every chunk's tag included. While training, the loader
+ * holds the last chunk it decrypted and serves the windows inside it from
+ * there; a window that runs past it reads the next chunk, checks its tag
+ * again and decrypts it, into the loader's buffer only: no plaintext is
+ * written anywhere. So every chunk is checked each time it is decrypted,
+ * once per pass over it rather than once per micro-batch. A sealed shard
  * without a key, or under another key, is one line naming the file; a
- * changed byte fails its chunk's tag, named with the file.
+ * changed byte fails its chunk's tag, named with the file, at open or, when
+ * changed later, when that chunk is next decrypted.
  *
  * Needs POSIX glob(3): include this header first, or build with gnu11 /
  * -D_DEFAULT_SOURCE. Assumes a little-endian host for the token array
@@ -264,8 +268,14 @@ typedef struct {
     int fd, fd_shard;
     uint16_t *window;
     AeadFileKey *cipher;        // the key of sealed shards, or NULL
-    uint8_t *chunk_buf;         // one sealed chunk, for windows that start or end inside one
+    // the last sealed chunk decrypted (its tag checked then): chunk
+    // chunk_index of shard chunk_shard (-1: none). A window is 16 to 64 KiB
+    // and a chunk 1 MiB, so most windows come whole from the chunk held
+    // here, and one that runs past it decrypts only the next
+    uint8_t *chunk_buf;
     size_t chunk_buf_bytes;
+    int chunk_shard;
+    uint64_t chunk_index;
     char err[1024];
     char *warnings;             // lines about the shards skipped, or NULL
 } DataLoader;
@@ -716,6 +726,7 @@ int dataloader_init_key(DataLoader *dl, const char *pattern, int B, int T, int d
     memset(dl, 0, sizeof(*dl));
     dl->fd = -1;
     dl->fd_shard = -1;
+    dl->chunk_shard = -1;
     if (dl_check_args(pattern, B, T, dp_rank, dp_size, shuffle, vocab_size, err, errlen) != 0) return -1;
     if (key != NULL) {
         dl->cipher = (AeadFileKey *)malloc(sizeof(AeadFileKey));
@@ -761,6 +772,29 @@ int dataloader_init(DataLoader *dl, const char *pattern, int B, int T, int dp_ra
     return dataloader_init_key(dl, pattern, B, T, dp_rank, dp_size, shuffle, seed, vocab_size, NULL, err, errlen);
 }
 
+// dl_read_sealed: plaintext bytes [offset, offset + n) of sealed shard
+// `shard`, open at dl->fd, into out, chunk by chunk through dl->chunk_buf.
+// A chunk is read, its tag checked and decrypted only when it is not the
+// one held there already; 0, or -1 with dl->err naming the chunk.
+static int dl_read_sealed(DataLoader *dl, int shard, uint64_t offset, size_t n, uint8_t *out) {
+    const DataShard *s = &dl->shards[shard];
+    const AeadFile *f = &s->file;
+    while (n > 0) {
+        uint64_t i = offset / f->chunk_bytes, within = offset % f->chunk_bytes, len = aead_file_chunk_len(f, i);
+        size_t take = len - within < n ? (size_t)(len - within) : n;
+        if (dl->chunk_shard != shard || dl->chunk_index != i) {
+            dl->chunk_shard = -1;  // until the new chunk's tag holds, the buffer holds no chunk
+            if (aead_file_read_chunk(dl->fd, f, dl->cipher, i, dl->chunk_buf, s->path, dl->err, sizeof(dl->err)) != 0)
+                return -1;
+            dl->chunk_shard = shard;
+            dl->chunk_index = i;
+        }
+        memcpy(out, dl->chunk_buf + within, take);
+        out += take; offset += take; n -= take;
+    }
+    return 0;
+}
+
 // dl_read_window: tokens [first, first + count) of shard `shard` into
 // dl->window, from the file that was checked at open: reopened when another
 // shard was read last, and its identity and size checked again. 0, or -1
@@ -784,10 +818,8 @@ static int dl_read_window(DataLoader *dl, int shard, uint64_t first, size_t coun
                       (unsigned long long)st.st_size, (unsigned long long)s->bytes, changed);
     size_t want = count * sizeof(uint16_t), got = 0;
     uint64_t offset = SHARD_HEADER_BYTES + first * sizeof(uint16_t);
-    if (s->sealed) {  // the chunks the window touches, checked and decrypted into the loader's buffers
-        if (aead_file_read_range(dl->fd, &s->file, dl->cipher, offset, want, dl->window, dl->chunk_buf, s->path, dl->err,
-                                 sizeof(dl->err)) != 0)
-            return -1;
+    if (s->sealed) {  // from the chunk held, or the next one checked and decrypted into the loader's buffer
+        if (dl_read_sealed(dl, shard, offset, want, (uint8_t *)dl->window) != 0) return -1;
         got = want;
     }
     while (got < want) {
@@ -885,6 +917,7 @@ void dataloader_free(DataLoader *dl) {
     memset(dl, 0, sizeof(*dl));
     dl->fd = -1;
     dl->fd_shard = -1;
+    dl->chunk_shard = -1;
 }
 
 #endif
