@@ -784,26 +784,27 @@ static int ckpt_out_close(CkptOut *o, int sync) {
 
 // a new file `name` in the directory dfd (AT_FDCWD: a path) at its full size: the plaintext header
 // (header_bytes of it) in, the rest zero; sealed under cipher when given
-// (its own header, then the plaintext header encrypted at offset 0). 0 or
-// an errno.
-static int ckpt_make_file(int dfd, const char *name, const void *header, size_t header_bytes, uint64_t bytes,
-                          const AeadFileKey *cipher) {
+// (its own header, then the plaintext header encrypted at offset 0). 0, or
+// -1 with err naming path (the file's name for messages).
+static int ckpt_make_file(int dfd, const char *name, const char *path, const void *header, size_t header_bytes,
+                          uint64_t bytes, const AeadFileKey *cipher, char *err, size_t errlen) {
+    AeadFile f;
+    // the sealed header first: a file aead_file_new refuses is never made
+    if (cipher != NULL && aead_file_new(&f, cipher, bytes, AEAD_FILE_CHUNK_BYTES, path, err, errlen) != 0) return -1;
     // O_EXCL: a link planted under the name is refused, never written through
     int fd = openat(dfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644), e = fd < 0 ? errno : 0;
     if (e == 0 && cipher == NULL) {
         if (write_all(fd, header, header_bytes) != 0) e = errno;
         if (e == 0 && ftruncate(fd, (off_t)bytes) != 0) e = errno;
     } else if (e == 0) {
-        AeadFile f;
         uint8_t bounce[4096];
-        if (aead_file_new(&f, cipher, bytes, AEAD_FILE_CHUNK_BYTES, name, NULL, 0) != 0) e = EIO;
-        if (e == 0 && write_all(fd, f.header, sizeof(f.header)) != 0) e = errno;
+        if (write_all(fd, f.header, sizeof(f.header)) != 0) e = errno;
         if (e == 0 && ftruncate(fd, (off_t)aead_file_bytes(bytes, AEAD_FILE_CHUNK_BYTES)) != 0) e = errno;
         if (e == 0 && aead_file_pwrite(fd, &f, cipher, header, header_bytes, 0, bounce, sizeof(bounce)) != 0) e = errno;
     }
     if (e == 0 && fsync(fd) != 0) e = errno;
     if (fd >= 0 && close(fd) != 0 && e == 0) e = errno;
-    return e;
+    return e == 0 ? 0 : errorf(err, errlen, "%s: write: %s", path, strerror(e));
 }
 
 // rank 0, before the ranks write: an empty .partial directory with model.bin
@@ -823,12 +824,15 @@ static int ckpt_begin(const char *out_dir, const CkptState *s, const AeadFileKey
     model_fill_header(h[0], &s->config, 3);
     ckpt_optim_header(h[1], &s->config, s->adam_t);
     ckpt_state_header(s, h[2]);
-    for (int i = 0; i < 3 && e == 0; i++) {
-        e = ckpt_make_file(pfd, ckpt_files[i], h[i], sizeof(h[i]), ckpt_file_bytes(i, &s->config), cipher);
-        if (e != 0) errorf(err, errlen, "%s/%s/%s: write: %s", out_dir, name, ckpt_files[i], strerror(e));
+    int rc = 0;
+    for (int i = 0; i < 3 && rc == 0; i++) {
+        char path[4200];
+        snprintf(path, sizeof(path), "%s/%s/%s", out_dir, name, ckpt_files[i]);
+        rc = ckpt_make_file(pfd, ckpt_files[i], path, h[i], sizeof(h[i]), ckpt_file_bytes(i, &s->config), cipher, err,
+                            errlen);
     }
     close(pfd);
-    return e == 0 ? 0 : -1;
+    return rc;
 }
 
 // the final model sealed (-enc 2): model_save's fp32 file, encrypted, to
@@ -842,15 +846,15 @@ static int ckpt_model_save_sealed(const char *path, const uint8_t key[32], const
     int32_t h[HEADER_INTS];
     model_fill_header(h, c, 3);
     unlink(tmp);
-    int e = ckpt_make_file(AT_FDCWD, tmp, h, sizeof(h), ckpt_file_bytes(0, c), &cipher);
-    CkptOut out;
-    memset(&out, 0, sizeof(out));
-    out.fd = -1;
-    if (e == 0) e = ckpt_out_open(&out, tmp, &cipher);
-    if (e == 0 && ckpt_out_pwrite(&out, params, param_count(c) * sizeof(float), sizeof(h)) != 0) e = errno;
-    int closed = ckpt_out_close(&out, 0);
-    if (e == 0) e = closed;
-    int rc = e == 0 ? 0 : errorf(err, errlen, "%s: write: %s", tmp, strerror(e));
+    int rc = ckpt_make_file(AT_FDCWD, tmp, tmp, h, sizeof(h), ckpt_file_bytes(0, c), &cipher, err, errlen);
+    if (rc == 0) {
+        CkptOut out;
+        int e = ckpt_out_open(&out, tmp, &cipher);
+        if (e == 0 && ckpt_out_pwrite(&out, params, param_count(c) * sizeof(float), sizeof(h)) != 0) e = errno;
+        int closed = ckpt_out_close(&out, 0);
+        if (e == 0) e = closed;
+        if (e != 0) rc = errorf(err, errlen, "%s: write: %s", tmp, strerror(e));
+    }
     if (rc == 0) rc = ckpt_seal_tags(tmp, &cipher, NULL, NULL, err, errlen);
     if (rc == 0 && rename(tmp, path) != 0) rc = errorf(err, errlen, "%s: rename to %s: %s", tmp, path, strerror(errno));
     if (rc != 0) unlink(tmp);

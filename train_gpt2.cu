@@ -1357,8 +1357,8 @@ static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int ste
         int32_t h[HEADER_INTS];
         model_fill_header(h, &m->config, 3);
         unlink(tmp_path);  // made anew with O_EXCL: a link planted there is not written through
-        int e = ckpt_make_file(AT_FDCWD, tmp_path, h, sizeof(h), ckpt_file_bytes(0, &m->config), key ? &cipher : NULL);
-        if (e != 0) failed = 1, errorf(err, sizeof(err), "%s: write: %s", tmp_path, strerror(e));
+        failed = ckpt_make_file(AT_FDCWD, tmp_path, tmp_path, h, sizeof(h), ckpt_file_bytes(0, &m->config),
+                                key ? &cipher : NULL, err, sizeof(err)) != 0;
     }
     failed = world_sum(m, par, failed);
     if (failed == 0) {  // every rank its part, then rank 0 seals (-enc 2) and renames
