@@ -887,10 +887,12 @@ static inline int aead_file_write_tags(int fd, const AeadFile *f, const AeadFile
 }
 
 // the whole file: header, then every byte (encrypted through a 1 MiB
-// bounce buffer), then the tags. The file at fd is empty, open for
-// reading and writing; fsync and close are the caller's.
+// bounce buffer), then the tags; with sha, the file's SHA-256 too, from
+// the read that makes the tags. The file at fd is empty, open for reading
+// and writing; fsync and close are the caller's.
 static inline int aead_file_write_all(int fd, const AeadFileKey *k, const void *plain, uint64_t n,
-                                      uint64_t chunk_bytes, const char *path, char *err, size_t errlen) {
+                                      uint64_t chunk_bytes, uint8_t sha[32], const char *path, char *err,
+                                      size_t errlen) {
     AeadFile f;
     if (aead_file_new(&f, k, n, chunk_bytes, path, err, errlen) != 0) return -1;
     size_t bounce_bytes = 1u << 20;
@@ -901,7 +903,7 @@ static inline int aead_file_write_all(int fd, const AeadFileKey *k, const void *
     if (e == 0 && aead_file_pwrite(fd, &f, k, plain, (size_t)n, 0, bounce, bounce_bytes) != 0) e = errno;
     free(bounce);
     if (e != 0) return errorf(err, errlen, "%s: write: %s", path, strerror(e));
-    return aead_file_write_tags(fd, &f, k, NULL, path, err, errlen);
+    return aead_file_write_tags(fd, &f, k, sha, path, err, errlen);
 }
 
 // chunk i of the sealed file at fd and its tag read into buf (chunk_bytes),

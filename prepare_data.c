@@ -53,7 +53,8 @@
  * every shard is written as aead.h's sealed file instead: AES-256-GCM in
  * chunks of 1 MiB under a key derived from that key, a tag per chunk. The
  * shard is built in memory and written sealed, so no plaintext copy of it
- * reaches the disk; the MANIFEST lists the sealed bytes. The tokenizer .bin
+ * reaches the disk; the MANIFEST lists the sealed bytes, hashed by the one
+ * read back that makes the chunk tags. The tokenizer .bin
  * stays plain: it is GPT-2's public vocabulary. The trainer reads such
  * shards when given the same --key-file (dataloader.h, "Encrypted shards").
  *
@@ -373,10 +374,13 @@ typedef struct {
 static const char *split_names[2] = {"val", "train"};
 
 // shard_finished: the one place where a shard file is complete, under its
-// final name; it is hashed now, while its pages are still cached. 0 ok, -1
-// with err set.
-static int shard_finished(ShardWriter *w, char *err, size_t errlen) {
+// final name. A plain one is hashed now, while its pages are still cached;
+// a sealed one was hashed by the read that made its tags (sealed_sha, of
+// its sealed_bytes). 0 ok, -1 with err set.
+static int shard_finished(ShardWriter *w, const uint8_t sealed_sha[32], uint64_t sealed_bytes, char *err,
+                          size_t errlen) {
     const char *base = strrchr(w->path, '/') + 1;  // shard_open made path "<out_dir>/<base>"
+    if (w->cipher != NULL) return manifest_add_entry(&w->written, base, sealed_bytes, sealed_sha, err, errlen);
     return manifest_add_file(&w->written, w->out_dir, base, err, errlen);
 }
 
@@ -414,10 +418,11 @@ static int shard_open(ShardWriter *w, char *err, size_t errlen) {
 }
 
 // the sealed shard: the plaintext built in memory, encrypted into the empty
-// temporary file; 0 or -1 with err set
-static int shard_write_sealed(ShardWriter *w, char *err, size_t errlen) {
-    return aead_file_write_all(fileno(w->f), w->cipher, w->plain, w->plain_bytes, AEAD_FILE_CHUNK_BYTES, w->tmp_path,
-                               err, errlen);
+// temporary file, and the file's SHA-256 into sha from the one read that
+// makes the chunk tags; 0 or -1 with err set
+static int shard_write_sealed(ShardWriter *w, uint8_t sha[32], char *err, size_t errlen) {
+    return aead_file_write_all(fileno(w->f), w->cipher, w->plain, w->plain_bytes, AEAD_FILE_CHUNK_BYTES, sha,
+                               w->tmp_path, err, errlen);
 }
 
 static int shard_close(ShardWriter *w, char *err, size_t errlen) {
@@ -427,9 +432,10 @@ static int shard_close(ShardWriter *w, char *err, size_t errlen) {
     tok_put_u32le(header + 8, (uint32_t)w->in_shard);
     // fsync before the rename: after a crash, a shard under its final name is whole
     int ok, saved_errno;
+    uint8_t sealed_sha[32] = {0};
     if (w->cipher != NULL) {
         memcpy(w->plain, header, sizeof(header));
-        if (shard_write_sealed(w, err, errlen) != 0) return -1;
+        if (shard_write_sealed(w, sealed_sha, err, errlen) != 0) return -1;
         ok = fsync(fileno(w->f)) == 0;
     } else {
         ok = fseek(w->f, 0, SEEK_SET) == 0 && fwrite(header, 1, sizeof(header), w->f) == sizeof(header) &&
@@ -452,7 +458,7 @@ static int shard_close(ShardWriter *w, char *err, size_t errlen) {
     if (w->done[w->n_done] == NULL) return errorf(err, errlen, "out of memory");
     w->n_done++;
     w->shards[w->split]++;
-    return shard_finished(w, err, errlen);
+    return shard_finished(w, sealed_sha, aead_file_bytes(w->plain_bytes, AEAD_FILE_CHUNK_BYTES), err, errlen);
 }
 
 static int shard_add(ShardWriter *w, const int *ids, size_t n, char *err, size_t errlen) {

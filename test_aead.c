@@ -267,7 +267,7 @@ static int write_sealed(const char *path, const AeadFileKey *k, const uint8_t *p
     char err[512];
     int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return -1;
-    int rc = aead_file_write_all(fd, k, plain, n, chunk, path, err, sizeof(err));
+    int rc = aead_file_write_all(fd, k, plain, n, chunk, NULL, path, err, sizeof(err));
     if (rc != 0) printf("      %s\n", err);
     close(fd);
     return rc;

@@ -70,6 +70,7 @@ typedef struct {
     char ck_dir[800];        // -o is at most 700 bytes
     double load_t0, verify_ms;  // when the checkpoint setup began; its verification's time
     DataLoader train, val;
+    int data_open;           // train and val are open already: check_batch_and_data's, kept (dp 1)
     int have_val, have_tok;  // an evaluation every -v steps; samples every -s steps
     int val_batches;         // val batches per data-parallel rank per evaluation (-m, at most the split's)
     HsSet hs;                // -h 1: the HellaSwag examples
@@ -209,24 +210,31 @@ static const uint8_t *data_key(const Options *o, uint8_t key[32]) {
 }
 
 // the batch against the job's data-parallel size, and the data: both
-// streams open with this B and T and hold tokens below the model's V
+// streams open with this B and T and hold tokens below the model's V. With
+// dp 1 every rank reads the whole of both streams, so the loaders opened
+// for the check are the ones open_data would open: they are kept, and each
+// shard is read, hashed and (sealed) decrypted once, not twice. (A
+// launcher keeps them too and never uses them: a little memory, no data.)
 static void check_batch_and_data(Job *job) {
     char err[2048];
     const Options *o = &job->opt;
     int dp = job->layout.dp, V = job->config.V;
     if (batch_accum(o, dp, err, sizeof(err)) < 0) die_usage(err);
     if (parallel_launched_rank()) return;  // its launcher opened (and hashed) the data just now
-    DataLoader probe;
     uint8_t key_bytes[32];
     const uint8_t *key = data_key(o, key_bytes);
-    int rc = dataloader_init_key(&probe, o->train_pattern, o->B, o->T, 0, dp, o->shuffle, 0, V, key, err, sizeof(err));
-    if (rc == 0) dataloader_free(&probe);
-    if (rc == 0 && o->val_every > 0) {
-        rc = dataloader_init_key(&probe, o->val_pattern, o->B, o->T, 0, dp, 0, 0, V, key, err, sizeof(err));
-        if (rc == 0) dataloader_free(&probe);
-    }
+    int rc = dataloader_init_key(&job->train, o->train_pattern, o->B, o->T, 0, dp, o->shuffle, (uint64_t)o->seed, V,
+                                 key, err, sizeof(err));
+    job->have_val = o->val_every > 0;
+    if (rc == 0 && job->have_val)
+        rc = dataloader_init_key(&job->val, o->val_pattern, o->B, o->T, 0, dp, 0, 0, V, key, err, sizeof(err));
     secure_wipe(key_bytes, sizeof(key_bytes));
     if (rc != 0) die_usage(err);
+    job->data_open = dp == 1;
+    if (!job->data_open) {
+        dataloader_free(&job->train);
+        if (job->have_val) dataloader_free(&job->val);
+    }
     open_hellaswag(job, 0);
     if (job->have_hs) hs_free(&job->hs);
 }
@@ -281,15 +289,18 @@ static void open_data(Job *job, const Grid *g) {
     char err[2048];
     const Options *o = &job->opt;
     int V = job->config.V;
-    uint8_t key_bytes[32];
-    const uint8_t *key = data_key(o, key_bytes);
-    int rc = dataloader_init_key(&job->train, o->train_pattern, o->B, o->T, g->dp_rank, g->dp, o->shuffle,
-                                 (uint64_t)o->seed, V, key, err, sizeof(err));
-    job->have_val = o->val_every > 0;
-    if (rc == 0 && job->have_val)
-        rc = dataloader_init_key(&job->val, o->val_pattern, o->B, o->T, g->dp_rank, g->dp, 0, 0, V, key, err, sizeof(err));
-    secure_wipe(key_bytes, sizeof(key_bytes));
-    if (rc != 0) die_usage(err);
+    if (!job->data_open) {  // dp 1 kept check_batch_and_data's loaders, which are these
+        uint8_t key_bytes[32];
+        const uint8_t *key = data_key(o, key_bytes);
+        int rc = dataloader_init_key(&job->train, o->train_pattern, o->B, o->T, g->dp_rank, g->dp, o->shuffle,
+                                     (uint64_t)o->seed, V, key, err, sizeof(err));
+        job->have_val = o->val_every > 0;
+        if (rc == 0 && job->have_val)
+            rc = dataloader_init_key(&job->val, o->val_pattern, o->B, o->T, g->dp_rank, g->dp, 0, 0, V, key, err,
+                                     sizeof(err));
+        secure_wipe(key_bytes, sizeof(key_bytes));
+        if (rc != 0) die_usage(err);
+    }
     // -m: llm.c's val_max_steps, batches per rank; never more than the split
     // holds, so that no val token is counted twice
     if (job->have_val) {
