@@ -194,30 +194,103 @@ static int ckpt_plain_bytes(const char *path, const uint8_t key[32], uint64_t *n
 
 // a checkpoint's optim.bin, for reading: m and v of every parameter in the
 // model file's order (both trainers slice them with unit_fill). A plain
-// file is mapped; a sealed one is decrypted into memory, chunk by chunk.
-typedef struct { void *map; size_t bytes; int decrypted; const float *m, *v; } OptimFile;
+// file is mapped. Of a sealed one, only the chunks holding what this rank
+// reads are decrypted (chunks_read of chunks), each at its place in an
+// anonymous mapping of the file's size whose other pages stay zero and take
+// no memory: a rank of a large job reads a small part of the file.
+typedef struct { void *map; size_t bytes; const float *m, *v; uint64_t chunks, chunks_read; } OptimFile;
 
-// opens path once its size and header agree with the model and Adam's t
-// (state.bin's); 0, or -1 with err set. ckpt_find verified the bytes.
-static int ckpt_optim_open(OptimFile *f, const char *path, const uint8_t key[32], const GPT2Config *c, int adam_t,
-                           char *err, size_t errlen) {
+// marks in need[] the chunks of the sealed optim.bin f that hold what
+// this rank's unit_fill calls use: for each of its units, elements [lo, hi)
+// (sharded, ZeRO >= 1: its 1/dp; else all), and of each tensor's part in
+// them the span in the full model, in m and in v. local_to_global grows with
+// the element, so a part's first and last elements bound its span. Chunk 0
+// holds the header, which is checked.
+static void ckpt_optim_mark(const AeadFile *f, const GPT2Config *c, const Shard *s, const UnitTable *ut, int sharded,
+                            uint8_t *need) {
+    size_t full_off[NUM_PARAM_TENSORS], sizes[NUM_PARAM_TENSORS], off = 0;
+    param_sizes(c, sizes);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) { full_off[t] = off; off += sizes[t]; }
+    uint64_t N = param_count(c);
+    need[0] = 1;
+    for (int u = 0; u < ut->n; u++) {
+        const Unit *un = &ut->units[u];
+        size_t chunk = un->padded / s->dp, lo = sharded ? s->dp_rank * chunk : 0, hi = sharded ? lo + chunk : un->size;
+        int layer = unit_layer(s, un);
+        size_t t_off = 0;
+        for (int k = 0; k < unit_tensor_count(un->kind); k++) {
+            int t = unit_tensor(un->kind, k);
+            size_t n = local_tensor_size(c, s, t);
+            size_t base = full_off[t] + (un->kind >= U_LAYER0 ? (size_t)layer * (sizes[t] / c->L) : 0);
+            size_t a = lo > t_off ? lo : t_off, b = hi < t_off + n ? hi : t_off + n;
+            for (uint64_t half = 0; a < b && half < 2; half++) {  // m, then v
+                uint64_t first = half * N + base + local_to_global(c, s, t, a - t_off);
+                uint64_t last = half * N + base + local_to_global(c, s, t, b - 1 - t_off);
+                uint64_t from = HEADER_INTS * 4 + 4 * first, to = HEADER_INTS * 4 + 4 * last + 4;
+                for (uint64_t i = from / f->chunk_bytes; i <= (to - 1) / f->chunk_bytes; i++) need[i] = 1;
+            }
+            t_off += n;
+        }
+    }
+}
+
+// the sealed optim.bin at fd into f->map: the chunks ckpt_optim_mark
+// names, each read, checked against its tag and decrypted at its place
+static int ckpt_optim_decrypt(OptimFile *f, int fd, const char *path, const uint8_t key[32], const GPT2Config *c,
+                              const Shard *s, const UnitTable *ut, int sharded, char *err, size_t errlen) {
+    AeadFileKey fk;
+    AeadFile af;
+    aead_file_key(&fk, key);
+    uint8_t *need = NULL;
+    int rc = aead_file_read_header(fd, &af, &fk, path, err, errlen);
+    if (rc == 0 && af.plain_bytes != f->bytes)
+        rc = errorf(err, errlen, "%s: not the AdamW state of this model (%llu bytes sealed, the model's needs %zu)", path,
+                    (unsigned long long)af.plain_bytes, f->bytes);
+    if (rc == 0) {
+        f->map = mmap(NULL, f->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        need = (uint8_t *)calloc((size_t)af.chunks, 1);
+        if (f->map == MAP_FAILED) f->map = NULL;
+        if (f->map == NULL || need == NULL)
+            rc = errorf(err, errlen, "%s: out of memory for %zu bytes of AdamW state", path, f->bytes);
+    }
+    if (rc == 0) {
+        ckpt_optim_mark(&af, c, s, ut, sharded, need);
+        f->chunks = af.chunks;
+        for (uint64_t i = 0; i < af.chunks && rc == 0; i++) {
+            if (!need[i]) continue;
+            rc = aead_file_read_chunk(fd, &af, &fk, i, (uint8_t *)f->map + i * af.chunk_bytes, path, err, errlen);
+            f->chunks_read++;
+        }
+    }
+    free(need);
+    aead_file_key_wipe(&fk);
+    return rc;
+}
+
+// opens path, for the rank of shard s and unit table ut (sharded: ZeRO >=
+// 1, each rank's m and v its 1/dp of each unit), once its size and header
+// agree with the model and Adam's t (state.bin's); 0, or -1 with err set.
+// ckpt_find verified the bytes; a sealed file's chunks are checked as read.
+static int ckpt_optim_open(OptimFile *f, const char *path, const uint8_t key[32], const GPT2Config *c, const Shard *s,
+                           const UnitTable *ut, int sharded, int adam_t, char *err, size_t errlen) {
     memset(f, 0, sizeof(*f));
     f->bytes = (size_t)ckpt_file_bytes(1, c);
     int32_t want[HEADER_INTS];
     ckpt_optim_header(want, c, adam_t);
     if (ckpt_is_sealed(path)) {
-        uint8_t *plain;
-        uint64_t n;
-        if (ckpt_read_file(path, key, f->bytes, &plain, &n, err, errlen) != 0) return -1;
-        if (n != f->bytes || memcmp(plain, want, sizeof(want)) != 0) {
-            errorf(err, errlen, "%s: not the AdamW state of this model at t = %d (%llu bytes decrypted, magic %d, t %d)",
-                   path, adam_t, (unsigned long long)n, n >= 12 ? ((int32_t *)plain)[0] : 0,
-                   n >= 12 ? ((int32_t *)plain)[2] : 0);
-            free(plain);
+        int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        int rc = fd >= 0 ? ckpt_optim_decrypt(f, fd, path, key, c, s, ut, sharded, err, errlen)
+                         : errorf(err, errlen, "%s: %s", path, strerror(errno));
+        if (fd >= 0) close(fd);
+        const int32_t *h = (const int32_t *)f->map;
+        if (rc == 0 && memcmp(h, want, sizeof(want)) != 0)
+            rc = errorf(err, errlen, "%s: not the AdamW state of this model at t = %d (magic %d, t %d)", path, adam_t,
+                        h[0], h[2]);
+        if (rc != 0) {
+            if (f->map != NULL) munmap(f->map, f->bytes);
+            f->map = NULL;
             return -1;
         }
-        f->map = plain;
-        f->decrypted = 1;
     } else {
         int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
@@ -244,8 +317,7 @@ static int ckpt_optim_open(OptimFile *f, const char *path, const uint8_t key[32]
 }
 
 static void ckpt_optim_close(OptimFile *f) {
-    if (f->map != NULL && f->decrypted) free(f->map);
-    else if (f->map != NULL) munmap(f->map, f->bytes);
+    if (f->map != NULL) munmap(f->map, f->bytes);
     memset(f, 0, sizeof(*f));
 }
 

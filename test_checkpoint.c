@@ -345,6 +345,105 @@ static void test_encrypted(const char *layout, const char *name) {
     check(same, "%s: its model.bin and optim.bin of step 40 decrypt to the plain run's, byte for byte", name);
 }
 
+// a sealed optim.bin of 27 chunks, opened by ranks of several layouts: each
+// gets m and v of its units as unit_fill gives them from the plain array,
+// over its slice (all of a unit, or its 1/dp with ZeRO >= 1), having
+// decrypted only the chunks that hold them (a layer's tensor here is about
+// a chunk, so ranks of pp 2 or of ZeRO's dp 2 read fewer chunks than all;
+// tp's parts of a layer's tensor are spread across it, so tp alone does
+// not); a chunk a rank does not read may be damaged unseen by it, and the
+// rank that reads it refuses it, naming the chunk
+static void test_optim_slices(void) {
+    GPT2Config c = {.maxT = 64, .V = 1000, .Vp = 1024, .L = 4, .NH = 4, .C = 256};
+    size_t N = param_count(&c), bytes = (size_t)ckpt_file_bytes(1, &c);
+    uint8_t *plain = (uint8_t *)malloc(bytes), key[32];
+    for (int i = 0; i < 32; i++) key[i] = (uint8_t)(3 * i + 1);
+    ckpt_optim_header((int32_t *)plain, &c, 5);
+    float *mv = (float *)(plain + HEADER_INTS * 4);
+    for (size_t j = 0; j < 2 * N; j++) mv[j] = j < N ? (float)j : -(float)(j - N);
+    char path[300], err[1024];
+    snprintf(path, sizeof(path), "%s/slices_optim.bin", dir);
+    AeadFileKey fk;
+    aead_file_key(&fk, key);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int ok = fd >= 0 && aead_file_write_all(fd, &fk, plain, bytes, AEAD_FILE_CHUNK_BYTES, NULL, path, err, sizeof(err)) == 0;
+    if (fd >= 0) close(fd);
+    aead_file_key_wipe(&fk);
+    if (!check(ok, "a sealed optim.bin of %zu bytes (%s)", bytes, ok ? "ok" : err)) { free(plain); return; }
+    struct { int dp, tp, pp, zero; } layouts[] = {{1, 1, 1, 0}, {2, 1, 1, 1}, {1, 2, 1, 0}, {1, 1, 2, 0}, {2, 2, 2, 1}};
+    for (int k = 0; k < 5; k++) {
+        int dp = layouts[k].dp, tp = layouts[k].tp, pp = layouts[k].pp, world = dp * tp * pp, sharded = layouts[k].zero;
+        int same = 1, fewer = 1;
+        uint64_t most = 0, chunks = 0;
+        for (int rank = 0; rank < world && same; rank++) {
+            Shard s = shard_for(&c, tp, rank % tp, pp, rank / tp % pp, dp, rank / (tp * pp));
+            UnitTable ut;
+            OptimFile f;
+            same = unit_table(&ut, &c, &s, 1) == 0 &&
+                   ckpt_optim_open(&f, path, key, &c, &s, &ut, sharded, 5, err, sizeof(err)) == 0;
+            float *got = (float *)malloc(unit_table_largest(&ut) * sizeof(float));
+            float *want = (float *)malloc(unit_table_largest(&ut) * sizeof(float));
+            for (int u = 0; same && u < ut.n; u++) {
+                const Unit *un = &ut.units[u];
+                size_t chunk = un->padded / dp, lo = sharded ? s.dp_rank * chunk : 0, hi = sharded ? lo + chunk : un->size;
+                hi = hi < un->size ? hi : un->size;
+                for (int half = 0; half < 2 && same && lo < hi; half++) {
+                    unit_fill(&c, &s, un, got, half == 0 ? f.m : f.v, 0);
+                    unit_fill(&c, &s, un, want, mv + half * N, 0);
+                    same = memcmp(got + lo, want + lo, (hi - lo) * sizeof(float)) == 0;
+                }
+            }
+            if (same) {
+                most = f.chunks_read > most ? f.chunks_read : most;
+                chunks = f.chunks;
+                fewer = fewer && (f.chunks_read < f.chunks || (pp == 1 && !sharded));
+                ckpt_optim_close(&f);
+            }
+            free(got);
+            free(want);
+            free(ut.units);
+        }
+        check(same && fewer, "dp %d tp %d pp %d ZeRO-%d: each rank's m and v from the sealed optim.bin, as from the plain "
+              "array, decrypting at most %llu of its %llu chunks %s", dp, tp, pp, sharded, (unsigned long long)most,
+              (unsigned long long)chunks, same ? "" : err);
+    }
+    // pp 2: a chunk that stage 1 reads and stage 0 does not, damaged
+    Shard s0 = shard_for(&c, 1, 0, 2, 0, 1, 0), s1 = shard_for(&c, 1, 0, 2, 1, 1, 0);
+    UnitTable ut0, ut1;
+    AeadFile af = {.plain_bytes = bytes, .chunk_bytes = AEAD_FILE_CHUNK_BYTES};
+    af.chunks = aead_file_chunk_count(bytes, AEAD_FILE_CHUNK_BYTES);
+    uint8_t *need0 = (uint8_t *)calloc((size_t)af.chunks, 1), *need1 = (uint8_t *)calloc((size_t)af.chunks, 1);
+    unit_table(&ut0, &c, &s0, 1);
+    unit_table(&ut1, &c, &s1, 1);
+    ckpt_optim_mark(&af, &c, &s0, &ut0, 0, need0);
+    ckpt_optim_mark(&af, &c, &s1, &ut1, 0, need1);
+    uint64_t only1 = 0;
+    while (only1 < af.chunks && !(need1[only1] && !need0[only1])) only1++;
+    uint64_t at = AEAD_FILE_HEADER_BYTES + only1 * AEAD_FILE_CHUNK_BYTES + 99;
+    fd = open(path, O_RDWR | O_CLOEXEC);
+    uint8_t byte = 0;
+    int flipped = only1 < af.chunks && fd >= 0 && pread(fd, &byte, 1, (off_t)at) == 1 &&
+                  (byte ^= 1, pwrite(fd, &byte, 1, (off_t)at) == 1);
+    if (fd >= 0) close(fd);
+    OptimFile f;
+    int opened = ckpt_optim_open(&f, path, key, &c, &s0, &ut0, 0, 5, err, sizeof(err)) == 0;
+    if (opened) ckpt_optim_close(&f);
+    check(flipped && opened, "pp 2 stage 0: a byte changed in chunk %llu, which it does not read, goes unseen (%s)",
+          (unsigned long long)only1, opened ? "ok" : err);
+    opened = ckpt_optim_open(&f, path, key, &c, &s1, &ut1, 0, 5, err, sizeof(err)) == 0;
+    if (opened) ckpt_optim_close(&f);
+    char chunk_name[64];
+    snprintf(chunk_name, sizeof(chunk_name), "chunk %llu ", (unsigned long long)only1);
+    check(!opened && strstr(err, path) != NULL && strstr(err, chunk_name) != NULL && strstr(err, "tag does not match"),
+          "pp 2 stage 1, which reads it: refused, naming the file and the chunk: %s", err);
+    free(need0);
+    free(need1);
+    free(ut0.units);
+    free(ut1.units);
+    free(plain);
+    unlink(path);
+}
+
 // -e of -enc 2's sealed final model: with its job's key (--key-file, or the
 // job.key of -o) the losses of -e of the same model written plain; with no
 // key or another key, refused in one line naming the file, exit 2
@@ -686,6 +785,7 @@ int main(void) {
     test_encrypted("", "one rank");
     test_encrypted("-np 2 -z 1", "dp 2 ZeRO-1");
     test_encrypted_refusals();
+    test_optim_slices();
     test_encrypted_init();
     test_keep();
     test_full_disk();

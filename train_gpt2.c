@@ -865,8 +865,8 @@ static int gpt2_save(GPT2 *m, const char *out_dir, int keep, const CkptState *st
 // parameters come in through gpt2_build from its model.bin)
 static int gpt2_load_optimizer(GPT2 *m, const char *path, const uint8_t key[32], int adam_t, char *err, size_t errlen) {
     OptimFile f;
-    if (ckpt_optim_open(&f, path, key, &m->config, adam_t, err, errlen) != 0) return -1;
     int sharded = m->par->zero >= 1;
+    if (ckpt_optim_open(&f, path, key, &m->config, &m->shard, &m->ut, sharded, adam_t, err, errlen) != 0) return -1;
     float *buf = (float *)xcalloc(unit_table_largest(&m->ut), sizeof(float), "unit");
     for (int u = 0; u < m->ut.n; u++) {
         const Unit *un = &m->ut.units[u];

@@ -1056,7 +1056,7 @@ static int write_part(GPT2 *m, const char *dir, const char *model_name, int opti
 // the model and with state.bin's t.
 static int gpt2_load_optimizer(GPT2 *m, const char *path, const uint8_t key[32], int adam_t, char *err, size_t errlen) {
     OptimFile f;
-    if (ckpt_optim_open(&f, path, key, &m->config, adam_t, err, errlen) != 0) return -1;
+    if (ckpt_optim_open(&f, path, key, &m->config, &m->shard, &m->ut, m->zero >= 1, adam_t, err, errlen) != 0) return -1;
     float *buf = (float *)host_alloc(largest_unit(m) * sizeof(float), "unit");
     for (int u = 0; u < m->ut.n; u++) {
         const Unit *un = &m->ut.units[u];
