@@ -941,14 +941,13 @@ static inline int aead_file_read_range(int fd, const AeadFile *f, const AeadFile
     return 0;
 }
 
-// the whole plaintext of the sealed file path into a malloc'd *out of
-// *n bytes; -1 with err set (the file, the field or chunk, and the value)
-static inline int aead_file_read_all(const char *path, const AeadFileKey *k, uint8_t **out, uint64_t *n, char *err,
-                                     size_t errlen) {
+// the whole plaintext of the sealed file open at fd (path, for messages)
+// into a malloc'd *out of *n bytes; -1 with err set (the file, the field or
+// chunk, and the value)
+static inline int aead_file_read_fd(int fd, const AeadFileKey *k, uint8_t **out, uint64_t *n, const char *path,
+                                    char *err, size_t errlen) {
     *out = NULL;
     *n = 0;
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
     AeadFile f;
     uint8_t *buf = NULL, *chunk = NULL;
     int rc = aead_file_read_header(fd, &f, k, path, err, errlen);
@@ -959,7 +958,6 @@ static inline int aead_file_read_all(const char *path, const AeadFileKey *k, uin
             rc = errorf(err, errlen, "%s: out of memory for %llu bytes", path, (unsigned long long)f.plain_bytes);
     }
     if (rc == 0) rc = aead_file_read_range(fd, &f, k, 0, f.plain_bytes, buf, chunk, path, err, errlen);
-    close(fd);
     free(chunk);
     if (rc != 0) {
         free(buf);
@@ -968,6 +966,20 @@ static inline int aead_file_read_all(const char *path, const AeadFileKey *k, uin
     *out = buf;
     *n = f.plain_bytes;
     return 0;
+}
+
+// aead_file_read_fd on the file at path
+static inline int aead_file_read_all(const char *path, const AeadFileKey *k, uint8_t **out, uint64_t *n, char *err,
+                                     size_t errlen) {
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        *out = NULL;
+        *n = 0;
+        return errorf(err, errlen, "%s: %s", path, strerror(errno));
+    }
+    int rc = aead_file_read_fd(fd, k, out, n, path, err, errlen);
+    close(fd);
+    return rc;
 }
 
 #endif

@@ -126,25 +126,35 @@ static uint64_t ckpt_file_bytes(int file, const GPT2Config *c) {
     return file == 0 ? header + 4 * N : file == 1 ? header + 8 * N : header;
 }
 
-// whether the file at path is one of aead.h's sealed files (its first bytes)
-static int ckpt_is_sealed(const char *path) {
+// path opened for reading, and in *sealed whether it is one of aead.h's
+// sealed files (its first bytes say), so that a reader opens it once: the
+// fd, or -1 with err naming the file
+static int ckpt_open_read(const char *path, int *sealed, char *err, size_t errlen) {
     uint8_t first[8];
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    int sealed = fd >= 0 && pread_all(fd, first, sizeof(first), 0) == 0 && aead_file_is_sealed(first, sizeof(first));
+    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
+    *sealed = pread_all(fd, first, sizeof(first), 0) == 0 && aead_file_is_sealed(first, sizeof(first));
+    return fd;
+}
+
+// whether the file at path is one of aead.h's sealed files
+static int ckpt_is_sealed(const char *path) {
+    int sealed = 0, fd = ckpt_open_read(path, &sealed, NULL, 0);
     if (fd >= 0) close(fd);
     return sealed;
 }
 
-// the whole plaintext of a checkpoint file, sealed or not, in a malloc'd
-// *out of *n bytes (at most max_bytes); -1 with err set
-static int ckpt_read_file(const char *path, const uint8_t key[32], uint64_t max_bytes, uint8_t **out, uint64_t *n,
-                          char *err, size_t errlen) {
+// the whole plaintext of the checkpoint file open at fd (path; sealed as
+// ckpt_open_read said) in a malloc'd *out of *n bytes (at most max_bytes);
+// -1 with err set
+static int ckpt_read_fd(int fd, int sealed, const char *path, const uint8_t key[32], uint64_t max_bytes,
+                        uint8_t **out, uint64_t *n, char *err, size_t errlen) {
     *out = NULL;
     *n = 0;
-    if (ckpt_is_sealed(path)) {
+    if (sealed) {
         AeadFileKey fk;
         aead_file_key(&fk, key);
-        int rc = aead_file_read_all(path, &fk, out, n, err, errlen);
+        int rc = aead_file_read_fd(fd, &fk, out, n, path, err, errlen);
         aead_file_key_wipe(&fk);
         if (rc == 0 && *n > max_bytes) {
             free(*out);
@@ -154,13 +164,9 @@ static int ckpt_read_file(const char *path, const uint8_t key[32], uint64_t max_
         }
         return rc;
     }
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > max_bytes) {
-        close(fd);
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > max_bytes)
         return errorf(err, errlen, "%s: not a regular file of at most %llu bytes", path, (unsigned long long)max_bytes);
-    }
     *out = (uint8_t *)malloc(st.st_size > 0 ? (size_t)st.st_size : 1);
     int rc = *out != NULL && pread_all(fd, *out, (size_t)st.st_size, 0) == 0 ? 0 : -1;
     if (rc != 0) {
@@ -168,27 +174,41 @@ static int ckpt_read_file(const char *path, const uint8_t key[32], uint64_t max_
         free(*out);
         *out = NULL;
     }
-    close(fd);
     *n = (uint64_t)st.st_size;
+    return rc;
+}
+
+// the whole plaintext of a checkpoint file, sealed or not (ckpt_read_fd)
+static int ckpt_read_file(const char *path, const uint8_t key[32], uint64_t max_bytes, uint8_t **out, uint64_t *n,
+                          char *err, size_t errlen) {
+    int sealed = 0, fd = ckpt_open_read(path, &sealed, err, errlen);
+    if (fd < 0) {
+        *out = NULL;
+        *n = 0;
+        return -1;
+    }
+    int rc = ckpt_read_fd(fd, sealed, path, key, max_bytes, out, n, err, errlen);
+    close(fd);
     return rc;
 }
 
 // the plaintext size of a checkpoint file: its size, or a sealed file's
 // header's plain_bytes once the file's size agrees with it
 static int ckpt_plain_bytes(const char *path, const uint8_t key[32], uint64_t *n, char *err, size_t errlen) {
+    int sealed = 0, fd = ckpt_open_read(path, &sealed, err, errlen);
+    if (fd < 0) return -1;
     struct stat st;
-    if (stat(path, &st) != 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
-    *n = (uint64_t)st.st_size;
-    if (!ckpt_is_sealed(path)) return 0;
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
-    AeadFileKey fk;
-    AeadFile f;
-    aead_file_key(&fk, key);
-    int rc = aead_file_read_header(fd, &f, &fk, path, err, errlen);
-    aead_file_key_wipe(&fk);
+    int rc = fstat(fd, &st) == 0 ? 0 : errorf(err, errlen, "%s: %s", path, strerror(errno));
+    *n = rc == 0 ? (uint64_t)st.st_size : 0;
+    if (rc == 0 && sealed) {
+        AeadFileKey fk;
+        AeadFile f;
+        aead_file_key(&fk, key);
+        rc = aead_file_read_header(fd, &f, &fk, path, err, errlen);
+        aead_file_key_wipe(&fk);
+        if (rc == 0) *n = f.plain_bytes;
+    }
     close(fd);
-    if (rc == 0) *n = f.plain_bytes;
     return rc;
 }
 
@@ -267,6 +287,21 @@ static int ckpt_optim_decrypt(OptimFile *f, int fd, const char *path, const uint
     return rc;
 }
 
+// the plain optim.bin at fd mapped into f->map, once its size is the model's
+static int ckpt_optim_map(OptimFile *f, int fd, const char *path, char *err, size_t errlen) {
+    struct stat st;
+    memset(&st, 0, sizeof(st));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->bytes)
+        return errorf(err, errlen, "%s: not the AdamW state of this model (%lld bytes, the model's needs %zu)", path,
+                      (long long)st.st_size, f->bytes);
+    f->map = mmap(NULL, f->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (f->map == MAP_FAILED) {
+        f->map = NULL;
+        return errorf(err, errlen, "%s: cannot map %zu bytes of AdamW state", path, f->bytes);
+    }
+    return 0;
+}
+
 // opens path, for the rank of shard s and unit table ut (sharded: ZeRO >=
 // 1, each rank's m and v its 1/dp of each unit), once its size and header
 // agree with the model and Adam's t (state.bin's); 0, or -1 with err set.
@@ -277,39 +312,19 @@ static int ckpt_optim_open(OptimFile *f, const char *path, const uint8_t key[32]
     f->bytes = (size_t)ckpt_file_bytes(1, c);
     int32_t want[HEADER_INTS];
     ckpt_optim_header(want, c, adam_t);
-    if (ckpt_is_sealed(path)) {
-        int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-        int rc = fd >= 0 ? ckpt_optim_decrypt(f, fd, path, key, c, s, ut, sharded, err, errlen)
-                         : errorf(err, errlen, "%s: %s", path, strerror(errno));
-        if (fd >= 0) close(fd);
-        const int32_t *h = (const int32_t *)f->map;
-        if (rc == 0 && memcmp(h, want, sizeof(want)) != 0)
-            rc = errorf(err, errlen, "%s: not the AdamW state of this model at t = %d (magic %d, t %d)", path, adam_t,
-                        h[0], h[2]);
-        if (rc != 0) {
-            if (f->map != NULL) munmap(f->map, f->bytes);
-            f->map = NULL;
-            return -1;
-        }
-    } else {
-        int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-        if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
-        int32_t h[HEADER_INTS];
-        memset(h, 0, sizeof(h));
-        struct stat st;
-        memset(&st, 0, sizeof(st));
-        if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != f->bytes || pread_all(fd, h, sizeof(h), 0) != 0 ||
-            memcmp(h, want, sizeof(want)) != 0) {
-            close(fd);
-            return errorf(err, errlen, "%s: not the AdamW state of this model at t = %d (%lld bytes, magic %d, t %d)",
-                          path, adam_t, (long long)st.st_size, h[0], h[2]);
-        }
-        f->map = mmap(NULL, f->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-        close(fd);
-        if (f->map == MAP_FAILED) {
-            f->map = NULL;
-            return errorf(err, errlen, "%s: cannot map %zu bytes of AdamW state", path, f->bytes);
-        }
+    int sealed = 0, fd = ckpt_open_read(path, &sealed, err, errlen);
+    if (fd < 0) return -1;
+    int rc = sealed ? ckpt_optim_decrypt(f, fd, path, key, c, s, ut, sharded, err, errlen)
+                    : ckpt_optim_map(f, fd, path, err, errlen);
+    close(fd);
+    const int32_t *h = (const int32_t *)f->map;
+    if (rc == 0 && memcmp(h, want, sizeof(want)) != 0)
+        rc = errorf(err, errlen, "%s: not the AdamW state of this model at t = %d (magic %d, t %d)", path, adam_t, h[0],
+                    h[2]);
+    if (rc != 0) {
+        if (f->map != NULL) munmap(f->map, f->bytes);
+        f->map = NULL;
+        return -1;
     }
     f->m = (const float *)((const char *)f->map + HEADER_INTS * 4);
     f->v = f->m + param_count(c);
@@ -570,10 +585,17 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, C
 // gives them (a malloc'd fp32 array; c filled from the header), or NULL
 // with err set
 static float *ckpt_model_load(const char *path, const uint8_t key[32], GPT2Config *c, char *err, size_t errlen) {
-    if (!ckpt_is_sealed(path)) return model_load(path, c, err, errlen);
+    int sealed = 0, fd = ckpt_open_read(path, &sealed, err, errlen);
+    if (fd < 0) return NULL;
+    if (!sealed) {
+        close(fd);
+        return model_load(path, c, err, errlen);
+    }
     uint8_t *bytes;
     uint64_t n;
-    if (ckpt_read_file(path, key, (uint64_t)1 << 40, &bytes, &n, err, errlen) != 0) return NULL;
+    int rc = ckpt_read_fd(fd, 1, path, key, (uint64_t)1 << 40, &bytes, &n, err, errlen);
+    close(fd);
+    if (rc != 0) return NULL;
     FILE *f = n >= HEADER_INTS * 4 ? fmemopen(bytes, HEADER_INTS * 4, "rb") : NULL;
     int version = 0;
     int ok = f != NULL && model_read_header(f, path, c, &version, err, errlen) == 0;
