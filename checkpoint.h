@@ -220,14 +220,15 @@ static int ckpt_plain_bytes(const char *path, const uint8_t key[32], uint64_t *n
 // no memory: a rank of a large job reads a small part of the file.
 typedef struct { void *map; size_t bytes; const float *m, *v; uint64_t chunks, chunks_read; } OptimFile;
 
-// marks in need[] the chunks of the sealed optim.bin f that hold what
-// this rank's unit_fill calls use: for each of its units, elements [lo, hi)
-// (sharded, ZeRO >= 1: its 1/dp; else all), and of each tensor's part in
-// them the span in the full model, in m and in v. local_to_global grows with
-// the element, so a part's first and last elements bound its span. Chunk 0
-// holds the header, which is checked.
-static void ckpt_optim_mark(const AeadFile *f, const GPT2Config *c, const Shard *s, const UnitTable *ut, int sharded,
-                            uint8_t *need) {
+// marks in need[] the chunks of the sealed file f (model.bin: arrays 1,
+// the parameters; optim.bin: 2, m then v) that hold what this rank's
+// unit_fill calls use: for each of its units, elements [lo, hi) (sharded,
+// ZeRO >= 1: its 1/dp; else all), and of each tensor's part in them the span
+// in the full model, in each array. local_to_global grows with the element,
+// so a part's first and last elements bound its span. Chunk 0 holds the
+// header, which is checked.
+static void ckpt_mark_chunks(const AeadFile *f, int arrays, const GPT2Config *c, const Shard *s, const UnitTable *ut,
+                             int sharded, uint8_t *need) {
     size_t full_off[NUM_PARAM_TENSORS], sizes[NUM_PARAM_TENSORS], off = 0;
     param_sizes(c, sizes);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) { full_off[t] = off; off += sizes[t]; }
@@ -243,9 +244,9 @@ static void ckpt_optim_mark(const AeadFile *f, const GPT2Config *c, const Shard 
             size_t n = local_tensor_size(c, s, t);
             size_t base = full_off[t] + (un->kind >= U_LAYER0 ? (size_t)layer * (sizes[t] / c->L) : 0);
             size_t a = lo > t_off ? lo : t_off, b = hi < t_off + n ? hi : t_off + n;
-            for (uint64_t half = 0; a < b && half < 2; half++) {  // m, then v
-                uint64_t first = half * N + base + local_to_global(c, s, t, a - t_off);
-                uint64_t last = half * N + base + local_to_global(c, s, t, b - 1 - t_off);
+            for (uint64_t array = 0; a < b && array < (uint64_t)arrays; array++) {
+                uint64_t first = array * N + base + local_to_global(c, s, t, a - t_off);
+                uint64_t last = array * N + base + local_to_global(c, s, t, b - 1 - t_off);
                 uint64_t from = HEADER_INTS * 4 + 4 * first, to = HEADER_INTS * 4 + 4 * last + 4;
                 for (uint64_t i = from / f->chunk_bytes; i <= (to - 1) / f->chunk_bytes; i++) need[i] = 1;
             }
@@ -254,7 +255,7 @@ static void ckpt_optim_mark(const AeadFile *f, const GPT2Config *c, const Shard 
     }
 }
 
-// the sealed optim.bin at fd into f->map: the chunks ckpt_optim_mark
+// the sealed optim.bin at fd into f->map: the chunks ckpt_mark_chunks
 // names, each read, checked against its tag and decrypted at its place
 static int ckpt_optim_decrypt(OptimFile *f, int fd, const char *path, const uint8_t key[32], const GPT2Config *c,
                               const Shard *s, const UnitTable *ut, int sharded, char *err, size_t errlen) {
@@ -274,7 +275,7 @@ static int ckpt_optim_decrypt(OptimFile *f, int fd, const char *path, const uint
             rc = errorf(err, errlen, "%s: out of memory for %zu bytes of AdamW state", path, f->bytes);
     }
     if (rc == 0) {
-        ckpt_optim_mark(&af, c, s, ut, sharded, need);
+        ckpt_mark_chunks(&af, 2, c, s, ut, sharded, need);
         f->chunks = af.chunks;
         for (uint64_t i = 0; i < af.chunks && rc == 0; i++) {
             if (!need[i]) continue;
@@ -614,6 +615,85 @@ static float *ckpt_model_load(const char *path, const uint8_t key[32], GPT2Confi
     memmove(bytes, bytes + HEADER_INTS * 4, (size_t)(n - HEADER_INTS * 4));
     float *params = (float *)realloc(bytes, (size_t)(n - HEADER_INTS * 4));
     return params != NULL ? params : (float *)bytes;
+}
+
+// whether the model header at h (HEADER_INTS) is version 3 of shape c;
+// 0, or -1 with err naming path and what differs
+static int ckpt_model_header_is(const int32_t *h, const GPT2Config *c, const char *path, char *err, size_t errlen) {
+    GPT2Config got;
+    int version = 0;
+    FILE *mem = fmemopen((void *)h, HEADER_INTS * 4, "rb");
+    int rc = mem != NULL ? model_read_header(mem, path, &got, &version, err, errlen)
+                         : errorf(err, errlen, "%s: fmemopen: %s", path, strerror(errno));
+    if (mem != NULL) fclose(mem);
+    if (rc == 0 && (version != 3 || got.L != c->L || got.C != c->C || got.NH != c->NH || got.V != c->V ||
+                    got.Vp != c->Vp || got.maxT != c->maxT))
+        rc = errorf(err, errlen, "%s: header version %d, L=%d C=%d NH=%d V=%d maxT=%d, but the checkpoint's state.bin "
+                    "says version 3, L=%d C=%d NH=%d V=%d maxT=%d", path, version, got.L, got.C, got.NH, got.V,
+                    got.maxT, c->L, c->C, c->NH, c->V, c->maxT);
+    return rc;
+}
+
+// of the sealed model.bin at fd, the chunks holding what the rank of shard
+// s and units ut reads (ckpt_mark_chunks, whole units), each checked and
+// decrypted, into a calloc'd array of the parameters of shape c; NULL with
+// err set. The other elements stay zero, and their pages, never touched,
+// take no memory.
+static float *ckpt_model_decrypt_part(int fd, const char *path, const uint8_t key[32], const GPT2Config *c,
+                                      const Shard *s, const UnitTable *ut, char *err, size_t errlen) {
+    const uint64_t header = HEADER_INTS * 4;
+    AeadFileKey fk;
+    AeadFile af;
+    aead_file_key(&fk, key);
+    uint8_t *need = NULL, *chunk = NULL;
+    float *params = NULL;
+    int rc = aead_file_read_header(fd, &af, &fk, path, err, errlen);
+    if (rc == 0 && (af.plain_bytes != ckpt_file_bytes(0, c) || af.chunk_bytes < header))
+        rc = errorf(err, errlen, "%s: %llu bytes sealed in chunks of %llu, but the checkpoint's model needs %llu in "
+                    "chunks of at least %llu", path, (unsigned long long)af.plain_bytes,
+                    (unsigned long long)af.chunk_bytes, (unsigned long long)ckpt_file_bytes(0, c),
+                    (unsigned long long)header);
+    if (rc == 0) {
+        need = (uint8_t *)calloc((size_t)af.chunks, 1);
+        chunk = (uint8_t *)malloc((size_t)af.chunk_bytes);
+        params = (float *)calloc(param_count(c), sizeof(float));
+        if (need == NULL || chunk == NULL || params == NULL)
+            rc = errorf(err, errlen, "%s: out of memory for %zu parameters", path, param_count(c));
+    }
+    if (rc == 0) ckpt_mark_chunks(&af, 1, c, s, ut, 0, need);
+    for (uint64_t i = 0; rc == 0 && i < af.chunks; i++) {
+        if (!need[i]) continue;
+        uint64_t start = i * af.chunk_bytes, len = aead_file_chunk_len(&af, i), skip = i == 0 ? header : 0;
+        rc = aead_file_read_chunk(fd, &af, &fk, i, chunk, path, err, errlen);
+        if (rc == 0 && i == 0) rc = ckpt_model_header_is((const int32_t *)chunk, c, path, err, errlen);
+        if (rc == 0) memcpy((uint8_t *)params + start + skip - header, chunk + skip, (size_t)(len - skip));
+    }
+    if (chunk != NULL) secure_wipe(chunk, (size_t)af.chunk_bytes);
+    free(chunk);
+    free(need);
+    aead_file_key_wipe(&fk);
+    if (rc != 0) {
+        free(params);
+        return NULL;
+    }
+    return params;
+}
+
+// ckpt_model_load on a rank that resumes: c is the checkpoint's shape
+// (ckpt_setup checked it against -e's), and of a sealed model.bin only the
+// chunks holding the units of shard s (ut) are decrypted; the elements of
+// other ranks stay zero. A plain one is read whole, as model_load does.
+static float *ckpt_model_load_part(const char *path, const uint8_t key[32], GPT2Config *c, const Shard *s,
+                                   const UnitTable *ut, char *err, size_t errlen) {
+    int sealed = 0, fd = ckpt_open_read(path, &sealed, err, errlen);
+    if (fd < 0) return NULL;
+    if (!sealed) {
+        close(fd);
+        return model_load(path, c, err, errlen);
+    }
+    float *params = ckpt_model_decrypt_part(fd, path, key, c, s, ut, err, errlen);
+    close(fd);
+    return params;
 }
 
 // -e names a sealed model (-enc 2's final model): the checkpoint key of the

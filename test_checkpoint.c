@@ -345,6 +345,87 @@ static void test_encrypted(const char *layout, const char *name) {
     check(same, "%s: its model.bin and optim.bin of step 40 decrypt to the plain run's, byte for byte", name);
 }
 
+// plain[0..bytes) sealed into the new file path under key's cipher key
+static int write_sealed_file(const char *path, const uint8_t key[32], const uint8_t *plain, size_t bytes, char *err,
+                             size_t errlen) {
+    AeadFileKey fk;
+    aead_file_key(&fk, key);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int rc = fd >= 0 ? aead_file_write_all(fd, &fk, plain, bytes, AEAD_FILE_CHUNK_BYTES, NULL, path, err, errlen)
+                     : errorf(err, errlen, "%s: %s", path, strerror(errno));
+    if (fd >= 0) close(fd);
+    aead_file_key_wipe(&fk);
+    return rc;
+}
+
+// a sealed model.bin of 14 chunks, loaded by the ranks of several layouts
+// as a resume does: each gets its units as unit_fill gives them from the
+// plain array, having decrypted fewer chunks than all where it holds part
+// of the layers (pp 2); a header of another shape is refused
+static void test_model_slices(void) {
+    GPT2Config c = {.maxT = 64, .V = 1000, .Vp = 1024, .L = 4, .NH = 4, .C = 256};
+    size_t N = param_count(&c), bytes = (size_t)ckpt_file_bytes(0, &c);
+    uint8_t *plain = (uint8_t *)malloc(bytes), key[32];
+    for (int i = 0; i < 32; i++) key[i] = (uint8_t)(5 * i + 2);
+    model_fill_header((int32_t *)plain, &c, 3);
+    float *full = (float *)(plain + HEADER_INTS * 4);
+    for (size_t j = 0; j < N; j++) full[j] = 0.5f + (float)j;
+    char path[300], err[1024];
+    snprintf(path, sizeof(path), "%s/slices_model.bin", dir);
+    int ok = write_sealed_file(path, key, plain, bytes, err, sizeof(err)) == 0;
+    if (!check(ok, "a sealed model.bin of %zu bytes (%s)", bytes, ok ? "ok" : err)) { free(plain); return; }
+    struct { int dp, tp, pp; } layouts[] = {{1, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 2}};
+    for (int k = 0; k < 4; k++) {
+        int dp = layouts[k].dp, tp = layouts[k].tp, pp = layouts[k].pp, world = dp * tp * pp, same = 1;
+        for (int rank = 0; rank < world && same; rank++) {
+            Shard s = shard_for(&c, tp, rank % tp, pp, rank / tp % pp, dp, rank / (tp * pp));
+            UnitTable ut;
+            GPT2Config got = c;
+            same = unit_table(&ut, &c, &s, 1) == 0;
+            float *params = same ? ckpt_model_load_part(path, key, &got, &s, &ut, err, sizeof(err)) : NULL;
+            float *a = (float *)malloc(unit_table_largest(&ut) * sizeof(float));
+            float *b = (float *)malloc(unit_table_largest(&ut) * sizeof(float));
+            same = params != NULL;
+            for (int u = 0; same && u < ut.n; u++) {
+                unit_fill(&c, &s, &ut.units[u], a, params, 0);
+                unit_fill(&c, &s, &ut.units[u], b, full, 0);
+                same = memcmp(a, b, ut.units[u].size * sizeof(float)) == 0;
+            }
+            // pp 2: a stage's zeros (another stage's layers) show it decrypted less than all
+            size_t zeros = 0;
+            for (size_t j = 0; params != NULL && j < N; j++) zeros += params[j] == 0.0f;
+            if (pp == 2) same = same && zeros > 0;
+            free(params);
+            free(a);
+            free(b);
+            free(ut.units);
+        }
+        check(same, "dp %d tp %d pp %d: each rank's units from the sealed model.bin, as from the plain array%s %s", dp,
+              tp, pp, pp == 2 ? ", other stages' chunks left undecrypted" : "", same ? "" : err);
+    }
+    GPT2Config other = c;
+    other.L = 2;  // its file would be shorter: refused before any chunk is read
+    Shard s = shard_for(&other, 1, 0, 1, 0, 1, 0);
+    UnitTable ut;
+    unit_table(&ut, &other, &s, 1);
+    float *params = ckpt_model_load_part(path, key, &other, &s, &ut, err, sizeof(err));
+    check(params == NULL && strstr(err, path) != NULL && strstr(err, "bytes sealed"),
+          "a model.bin of another shape than the checkpoint's refused, naming it: %s", err);
+    free(params);
+    free(ut.units);
+    other = c;
+    other.NH = 8;  // the same size: the header in chunk 0 tells
+    s = shard_for(&other, 1, 0, 1, 0, 1, 0);
+    unit_table(&ut, &other, &s, 1);
+    params = ckpt_model_load_part(path, key, &other, &s, &ut, err, sizeof(err));
+    check(params == NULL && strstr(err, path) != NULL && strstr(err, "NH=4") && strstr(err, "NH=8"),
+          "a model.bin whose header has another head count refused, naming both: %s", err);
+    free(params);
+    free(ut.units);
+    free(plain);
+    unlink(path);
+}
+
 // a sealed optim.bin of 27 chunks, opened by ranks of several layouts: each
 // gets m and v of its units as unit_fill gives them from the plain array,
 // over its slice (all of a unit, or its 1/dp with ZeRO >= 1), having
@@ -363,12 +444,7 @@ static void test_optim_slices(void) {
     for (size_t j = 0; j < 2 * N; j++) mv[j] = j < N ? (float)j : -(float)(j - N);
     char path[300], err[1024];
     snprintf(path, sizeof(path), "%s/slices_optim.bin", dir);
-    AeadFileKey fk;
-    aead_file_key(&fk, key);
-    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    int ok = fd >= 0 && aead_file_write_all(fd, &fk, plain, bytes, AEAD_FILE_CHUNK_BYTES, NULL, path, err, sizeof(err)) == 0;
-    if (fd >= 0) close(fd);
-    aead_file_key_wipe(&fk);
+    int ok = write_sealed_file(path, key, plain, bytes, err, sizeof(err)) == 0;
     if (!check(ok, "a sealed optim.bin of %zu bytes (%s)", bytes, ok ? "ok" : err)) { free(plain); return; }
     struct { int dp, tp, pp, zero; } layouts[] = {{1, 1, 1, 0}, {2, 1, 1, 1}, {1, 2, 1, 0}, {1, 1, 2, 0}, {2, 2, 2, 1}};
     for (int k = 0; k < 5; k++) {
@@ -415,12 +491,12 @@ static void test_optim_slices(void) {
     uint8_t *need0 = (uint8_t *)calloc((size_t)af.chunks, 1), *need1 = (uint8_t *)calloc((size_t)af.chunks, 1);
     unit_table(&ut0, &c, &s0, 1);
     unit_table(&ut1, &c, &s1, 1);
-    ckpt_optim_mark(&af, &c, &s0, &ut0, 0, need0);
-    ckpt_optim_mark(&af, &c, &s1, &ut1, 0, need1);
+    ckpt_mark_chunks(&af, 2, &c, &s0, &ut0, 0, need0);
+    ckpt_mark_chunks(&af, 2, &c, &s1, &ut1, 0, need1);
     uint64_t only1 = 0;
     while (only1 < af.chunks && !(need1[only1] && !need0[only1])) only1++;
     uint64_t at = AEAD_FILE_HEADER_BYTES + only1 * AEAD_FILE_CHUNK_BYTES + 99;
-    fd = open(path, O_RDWR | O_CLOEXEC);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
     uint8_t byte = 0;
     int flipped = only1 < af.chunks && fd >= 0 && pread(fd, &byte, 1, (off_t)at) == 1 &&
                   (byte ^= 1, pwrite(fd, &byte, 1, (off_t)at) == 1);
@@ -786,6 +862,7 @@ int main(void) {
     test_encrypted("-np 2 -z 1", "dp 2 ZeRO-1");
     test_encrypted_refusals();
     test_optim_slices();
+    test_model_slices();
     test_encrypted_init();
     test_keep();
     test_full_disk();

@@ -1436,7 +1436,7 @@ int main(int argc, char **argv) {
     parallel_setup(&par, &job.opt, &job.fault, launch_argc, launch_argv);
     start_rank(&job, &par.grid);
     int rank0 = par.grid.rank == 0, dp = par.grid.dp, pp = par.grid.pp, B = job.opt.B, T = job.opt.T, accum = job.accum;
-    float *params = load_params(&job);
+    float *params = load_params(&job, &par.grid);
     open_data(&job, &par.grid);
     open_tokenizer_and_log(&job, &par.grid);
     int device;

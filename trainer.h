@@ -268,16 +268,25 @@ static void start_rank(Job *job, const Grid *g) {
     job->total_batch = (long)job->opt.B * job->opt.T * g->dp * job->accum;
 }
 
-// the parameters: from the checkpoint being resumed, from -e's model file
-// (plain, or sealed by -enc 2: checkpoint.h's ckpt_init_load), or NULL for
-// the seeded init of -e's descriptor
-static float *load_params(Job *job) {
+// the parameters: from the checkpoint being resumed (of a sealed one only
+// what this rank's part of the model g reads is decrypted), from -e's model
+// file (plain, or sealed by -enc 2: checkpoint.h's ckpt_init_load), or NULL
+// for the seeded init of -e's descriptor
+static float *load_params(Job *job, const Grid *g) {
     char err[2048], path[1024];
     if (!job->resuming && job->random_init) return NULL;
-    if (job->resuming) snprintf(path, sizeof(path), "%s/model.bin", job->ck_dir);
-    float *params = job->resuming ? ckpt_model_load(path, job->ckpt_key, &job->config, err, sizeof(err))
-                    : ckpt_is_sealed(job->opt.init) ? ckpt_init_load(&job->opt, &job->config, err, sizeof(err))
-                                                    : model_load(job->opt.init, &job->config, err, sizeof(err));
+    float *params = NULL;
+    if (job->resuming) {
+        snprintf(path, sizeof(path), "%s/model.bin", job->ck_dir);
+        Shard s = shard_for(&job->config, g->tp, g->tp_rank, g->pp, g->pp_rank, g->dp, g->dp_rank);
+        UnitTable ut;
+        if (unit_table(&ut, &job->config, &s, 1) != 0) die(1, "out of memory for the unit table");
+        params = ckpt_model_load_part(path, job->ckpt_key, &job->config, &s, &ut, err, sizeof(err));
+        free(ut.units);
+    } else {
+        params = ckpt_is_sealed(job->opt.init) ? ckpt_init_load(&job->opt, &job->config, err, sizeof(err))
+                                               : model_load(job->opt.init, &job->config, err, sizeof(err));
+    }
     if (params == NULL) die_usage(err);
     return params;
 }
