@@ -42,7 +42,9 @@
  * any run reads either kind; the MANIFEST (over the sealed bytes) stays as it
  * is. A rank encrypts what it writes at its place; once all have, rank 0
  * reads each file once for both each chunk's tag and the MANIFEST's
- * SHA-256 of it. doc/security.md has more.
+ * SHA-256 of it. A resuming rank decrypts only the chunks that hold its
+ * part of model.bin and optim.bin (ckpt_mark_chunks), each checked against
+ * its tag. doc/security.md has more.
  *
  * The checkpoint key: the job key of --key-file when given, else the file
  * <out>/job.key (64 hex digits, mode 0600), made on the first run that writes
@@ -225,15 +227,15 @@ typedef struct { void *map; size_t bytes; const float *m, *v; uint64_t chunks, c
 // unit_fill calls use: for each of its units, elements [lo, hi) (sharded,
 // ZeRO >= 1: its 1/dp; else all), and of each tensor's part in them the span
 // in the full model, in each array. local_to_global grows with the element,
-// so a part's first and last elements bound its span. Chunk 0 holds the
-// header, which is checked.
+// so a part's first and last elements bound its span. The chunks of the
+// header, which is checked, are marked too.
 static void ckpt_mark_chunks(const AeadFile *f, int arrays, const GPT2Config *c, const Shard *s, const UnitTable *ut,
                              int sharded, uint8_t *need) {
     size_t full_off[NUM_PARAM_TENSORS], sizes[NUM_PARAM_TENSORS], off = 0;
     param_sizes(c, sizes);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) { full_off[t] = off; off += sizes[t]; }
     uint64_t N = param_count(c);
-    need[0] = 1;
+    for (uint64_t i = 0; i <= (HEADER_INTS * 4 - 1) / f->chunk_bytes; i++) need[i] = 1;
     for (int u = 0; u < ut->n; u++) {
         const Unit *un = &ut->units[u];
         size_t chunk = un->padded / s->dp, lo = sharded ? s->dp_rank * chunk : 0, hi = sharded ? lo + chunk : un->size;
