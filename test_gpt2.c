@@ -241,6 +241,47 @@ static void test_matmul_shapes(void) {
 #endif
 }
 
+// the grad norm's sum of squares: against a sum in double on lengths around
+// its block size (whole pairs of blocks, an odd block, a short last one), on
+// 1 and 3 threads, and bit for bit the same on both
+static void test_sum_squares(void) {
+    size_t lengths[] = {1, 7, 8, 8191, 8192, 8193, 16384, 3 * 8192, 3 * 8192 + 5, 4 * 8192 - 3, 100003};
+    size_t nl = sizeof(lengths) / sizeof(lengths[0]), most = 100003;
+    float *x = (float *)malloc((most + 64) * sizeof(float));
+    unsigned seed = 7u;
+    for (size_t i = 0; i < most + 64; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        x[i] = ((float)(seed >> 8) / (float)(1u << 24)) * 2.0f - 1.0f;
+    }
+    int fails = 0;
+    double worst = 0.0;
+#ifdef _OPENMP
+    int before = omp_get_max_threads();
+#endif
+    for (size_t k = 0; k < nl; k++) {
+        size_t n = lengths[k];
+        long double want = 0.0L;
+        for (size_t i = 0; i < n; i++) want += (long double)x[i] * x[i];
+#ifdef _OPENMP
+        omp_set_num_threads(1);
+#endif
+        double one = sum_squares(x, n);
+#ifdef _OPENMP
+        omp_set_num_threads(3);
+#endif
+        double three = sum_squares(x, n);
+        double err = fabs((double)(one - want)) / (double)want;
+        if (err > worst) worst = err;
+        if (err > 1e-12 || one != three) fails++;
+    }
+#ifdef _OPENMP
+    omp_set_num_threads(before);
+#endif
+    check(fails == 0, "sum_squares on %zu lengths from 1 to %zu: within %.1e of long double (< 1e-12), the same on 1 "
+          "and 3 threads", nl, most, worst);
+    free(x);
+}
+
 static void test_gelu_fd(void) {
     int N = 4, C = 25;
     MatCtx c = {rand_array(N * C, 2.0f), NULL, NULL, NULL, NULL, N, C, 0};
@@ -584,6 +625,7 @@ int main(void) {
     test_layernorm_fd();
     test_matmul_fd();
     test_matmul_shapes();
+    test_sum_squares();
     test_gelu_fd();
     test_attention_fd();
     test_crossentropy_fd();
