@@ -354,12 +354,17 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
                     lds = 0;
                 }
                 const float *arow = ablk + (size_t)ir * am;
-                // A from memory: ask for the next sliver's rows while this
-                // one is being worked on, a cache line at a time
-                if (prefetch_a && jr == 0 && ir + 2 * MR <= full_rows)
-                    for (int r = MR; r < 2 * MR; r++)
-                        for (int k = 0; k < kc; k += 64 / (int)sizeof(float))
-                            __builtin_prefetch(arow + (size_t)r * am + k);
+                // A from memory: ask for the next sliver while this one is
+                // being worked on, a cache line at a time: its MR rows, or
+                // its MR columns on each of the kc rows of A transposed
+                if (prefetch_a && jr == 0 && ir + 2 * MR <= full_rows) {
+                    if (ak == 1)
+                        for (int r = MR; r < 2 * MR; r++)
+                            for (int k = 0; k < kc; k += 64 / (int)sizeof(float))
+                                __builtin_prefetch(arow + (size_t)r * am + k);
+                    else
+                        for (int k = 0; k < kc; k++) __builtin_prefetch(arow + MR + (size_t)k * ak);
+                }
                 if (prefetch_b) matmul_ahead_step(&ahead);
                 // C's next tile, to be written (and read, but on the first
                 // block of k of C = init + A B): on the first block of k it
@@ -425,17 +430,24 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
         }
     mc = mc / MR * MR;
     // A far larger than the caches (the logits' gradient, dout, 51 MB at
-    // d12 or at the small model) comes from memory with its rows read in
-    // place, 8 rows far apart at once, more than the hardware prefetcher
-    // keeps up with: the task asks for them ahead. Elsewhere A is in L2 or
-    // L3 already and the requests only cost. B as large (the logits' weight)
-    // is asked for a sliver or a panel ahead (MatmulAhead).
-    int prefetch_a = ak == 1 && (size_t)M * K * sizeof(float) > MATMUL_STREAM_BYTES;
+    // d12 or at the small model) comes from memory read in place: 8 rows far
+    // apart at once, or for dweight 8 floats of each of kc rows, more streams
+    // than the hardware prefetcher keeps up with, so the task asks for them
+    // ahead. Elsewhere A is in L2 or L3 already and the requests only cost.
+    // B as large (the logits' weight) is asked for a sliver or a panel ahead
+    // (MatmulAhead).
+    int prefetch_a = (ak == 1 || am == 1) && (size_t)M * K * sizeof(float) > MATMUL_STREAM_BYTES;
     int prefetch_b = (size_t)K * J * sizeof(float) > MATMUL_STREAM_BYTES;
+    // The order of the tasks: tasks next to each other run at about the same
+    // time and share what they read in cache. Row blocks first, so that
+    // they share a panel of B, unless A is the larger: then the column
+    // panels first, sharing a block of A (the logits' dweight: each block of
+    // dout read from memory once, not once per panel).
     int mblocks = (M + mc - 1) / mc, jblocks = (J + nc - 1) / nc, ntasks = mblocks * jblocks;
+    int panels_first = M > J;
     #pragma omp parallel for schedule(dynamic) if (ntasks > 1)
     for (int t = 0; t < ntasks; t++) {
-        int m0 = (t % mblocks) * mc, j0 = (t / mblocks) * nc;
+        int m0 = (panels_first ? t / jblocks : t % mblocks) * mc, j0 = (panels_first ? t % jblocks : t / mblocks) * nc;
         int mrows = M - m0 < mc ? M - m0 : mc, ncols = J - j0 < nc ? J - j0 : nc;
         matmul_task(c, (size_t)ldc, set, init, a, am, ak, b, bk, bj, m0, mrows, j0, ncols, K, prefetch_a, prefetch_b);
     }
