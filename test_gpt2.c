@@ -159,7 +159,7 @@ static void test_layernorm_fd(void) {
     float *r = rand_array(N * C, 1.0f), *out = calloc(N * C, 4);
     float *dx = calloc(N * C, 4), *dw = calloc(C, 4), *db = calloc(C, 4);
     ln_fwd(&c, out);
-    layernorm_backward(dx, dw, db, r, c.inp, c.w, c.mean, c.rstd, N, C);
+    layernorm_backward(dx, dw, db, r, c.inp, c.w, c.mean, c.rstd, N, C, 0);
     fd_check("layernorm dinp", &layer, r, c.inp, dx, N * C, 1e-2f);
     fd_check("layernorm dweight", &layer, r, c.w, dw, C, 1e-2f);
     fd_check("layernorm dbias", &layer, r, c.b, db, C, 1e-2f);
@@ -170,7 +170,7 @@ static void test_matmul_fd(void) {
     MatCtx c = {rand_array(N * C, 1.0f), rand_array(OC * C, 1.0f), rand_array(OC, 1.0f), NULL, NULL, N, C, OC};
     Layer layer = {mm_fwd, (size_t)N * OC, &c};
     float *r = rand_array(N * OC, 1.0f), *dx = calloc(N * C, 4), *dw = calloc(OC * C, 4), *db = calloc(OC, 4);
-    matmul_backward(dx, dw, db, r, c.inp, c.w, N, C, OC);
+    matmul_backward(dx, dw, db, r, c.inp, c.w, N, C, OC, 0);
     fd_check("matmul dinp", &layer, r, c.inp, dx, N * C, 1e-2f);
     fd_check("matmul dweight", &layer, r, c.w, dw, OC * C, 1e-2f);
     fd_check("matmul dbias", &layer, r, c.b, db, OC, 1e-2f);
@@ -198,7 +198,7 @@ static void test_matmul_shapes(void) {
             memset(dw, 0, (size_t)OC * C * 4);
             memset(db, 0, (size_t)OC * 4);
             matmul_forward(out, inp, w, b, N, C, OC);
-            matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+            matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, 0);
             double worst = 0.0;
             for (int n = 0; n < N; n++)
                 for (int o = 0; o < OC; o++) {
