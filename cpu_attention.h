@@ -105,15 +105,22 @@ static void attention_softmax(float *a, float *s, int t, int T, float scale) {
 }
 
 // a task's scratch: one head's keys or values transposed (hs x Tp) and
-// ATT_ROWS rows of scores
+// ATT_ROWS rows of scores; one per thread, kept between calls, as the
+// matmul's packed blocks are (a fresh one per task is fresh pages at T = 1024)
 static float *attention_scratch(int hs, int Tp) {
+    static __thread float *buf;
+    static __thread size_t cap;
     size_t floats = (size_t)(hs + ATT_ROWS) * Tp;
-    float *p = (float *)malloc(floats * sizeof(float));
-    if (p == NULL) {
-        fprintf(stderr, "train_gpt2: out of memory for %zu floats of attention scratch\n", floats);
-        exit(1);
+    if (floats > cap) {
+        free(buf);
+        buf = (float *)malloc(floats * sizeof(float));
+        if (buf == NULL) {
+            fprintf(stderr, "train_gpt2: out of memory for %zu floats of attention scratch\n", floats);
+            exit(1);
+        }
+        cap = floats;
     }
-    return p;
+    return buf;
 }
 
 static void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
@@ -137,7 +144,6 @@ static void attention_forward(float *out, float *att, const float *qkv, int B, i
                 for (int r = 0; r < rows; r++) memset(o + (size_t)(t0 + r) * C, 0, (size_t)hs * sizeof(float));
                 attention_product(o + (size_t)t0 * C, C, a + (size_t)t0 * T, T, 1, rows, v, C3, hs, n);
             }
-            free(kt);
         }
 }
 
@@ -174,7 +180,6 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
                 attention_product(dq + (size_t)t0 * C3, C3, dpre, Tp, 1, rows, k, C3, hs, n);
                 attention_product(dk, C3, dpre, 1, Tp, n, q + (size_t)t0 * C3, C3, hs, rows);
             }
-            free(vt);
         }
 }
 

@@ -20,9 +20,13 @@
 #include "cpu_matmul.h"  // matmul_blocked, matmul_blocked_set
 
 // layers, forward and backward side by side. Backward functions accumulate
-// (+=) into their gradient outputs, so gradient accumulation is free; the
-// one exception is crossentropy_backward, which writes the logits' gradient
-// (nothing else adds to it, and clearing B*T*V floats first costs a pass).
+// (+=) into their gradient outputs, so gradient accumulation is free. Two
+// exceptions: crossentropy_backward writes the logits' gradient (nothing
+// else adds to it, and clearing B*T*V floats first costs a pass); and
+// matmul_backward and layernorm_backward write their parameters' gradients
+// when `fresh` is 1, in a step's first backward, so that the step need not
+// clear them first (500 MB at d12, a pass over memory). Writing x is adding x
+// to zero, so the sums are the same bit for bit.
 // Loops hand their iterations out to the threads in chunks as the threads
 // come free (schedule(dynamic)): when another program takes one of the
 // cores, the thread that lost it leaves its chunks to the others instead of
@@ -146,7 +150,7 @@ static void layernorm_backward_row(float *dx, float *pw, float *pb, const float 
 }
 
 static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                               const float *weight, const float *mean, const float *rstd, int N, int C) {
+                               const float *weight, const float *mean, const float *rstd, int N, int C, int fresh) {
     // dweight/dbias are sums over all N rows: each block of LN_BLOCK rows
     // sums its rows in order into partials of its own, then the blocks'
     // partials are added in block order: the same sums whatever the number
@@ -165,11 +169,15 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
             layernorm_backward_row(dinp + (size_t)n * C, pw, pb, dout + (size_t)n * C, inp + (size_t)n * C, weight,
                                    mean[n], rstd[n], C);
     }
-    for (int blk = 0; blk < nblocks; blk++)
-        for (int i = 0; i < C; i++) {
-            dweight[i] += partial[(size_t)blk * 2 * C + i];
-            dbias[i] += partial[(size_t)blk * 2 * C + C + i];
+    for (int i = 0; i < C; i++) {
+        float w = fresh ? 0.0f : dweight[i], b = fresh ? 0.0f : dbias[i];
+        for (int blk = 0; blk < nblocks; blk++) {
+            w += partial[(size_t)blk * 2 * C + i];
+            b += partial[(size_t)blk * 2 * C + C + i];
         }
+        dweight[i] = w;
+        dbias[i] = b;
+    }
     free(partial);
 }
 
@@ -184,12 +192,13 @@ static void matmul_forward(float *out, const float *inp, const float *weight, co
 }
 
 static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                            const float *weight, int N, int IC, int OC) {
+                            const float *weight, int N, int IC, int OC, int fresh) {
     // dinp[N,IC] += dout[N,OC] @ weight[OC,IC]
     matmul_blocked(dinp, IC, dout, OC, 1, weight, IC, 1, N, IC, OC);
-    // dweight[OC,IC] += dout^T[OC,N] @ inp[N,IC]
-    matmul_blocked(dweight, IC, dout, 1, OC, inp, IC, 1, OC, IC, N);
-    // dbias[o] += sum_n dout[n,o], n in order; 64 columns per task so that
+    // dweight[OC,IC] += dout^T[OC,N] @ inp[N,IC] (fresh: =)
+    if (fresh) matmul_blocked_set(dweight, IC, NULL, dout, 1, OC, inp, IC, 1, OC, IC, N);
+    else matmul_blocked(dweight, IC, dout, 1, OC, inp, IC, 1, OC, IC, N);
+    // dbias[o] += sum_n dout[n,o] (fresh: =), n in order; 64 columns per task so that
     // the rows of dout are read a cache line at a time
     if (dbias) {
         #pragma omp parallel for schedule(dynamic)
@@ -198,7 +207,7 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const flo
             float db[64] = {0};
             for (int n = 0; n < N; n++)
                 for (int o = 0; o < oc; o++) db[o] += dout[(size_t)n * OC + o0 + o];
-            for (int o = 0; o < oc; o++) dbias[o0 + o] += db[o];
+            for (int o = 0; o < oc; o++) dbias[o0 + o] = (fresh ? 0.0f : dbias[o0 + o]) + db[o];
         }
     }
 }

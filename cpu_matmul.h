@@ -269,20 +269,58 @@ static const float matmul_zeros[MATMUL_NR];
 #define MATMUL_B_IN_PLACE_ROWS (MATMUL_MC / 2)
 #endif
 
+// B far larger than the caches (the logits' weight, 154 MB at d12) comes
+// from memory, and the kernel would wait on it: while one panel of B (packed)
+// or one sliver (read in place) is worked on, the tiles ask for the next one
+// a few cache lines each, so that it is in cache when its turn comes.
+// A region of `rows` rows, `row_bytes` long and `stride` bytes apart.
+typedef struct {
+    const char *base;
+    size_t stride;
+    int rows, lines_per_row;
+    int next_line;       // the next of rows * lines_per_row lines to ask for
+    int lines_per_tile;  // spread over the tiles that run before the region is read
+} MatmulAhead;
+
+static void matmul_ahead_start(MatmulAhead *ah, const float *base, size_t stride_floats, int rows, int row_floats,
+                               int tiles) {
+    ah->base = (const char *)base;
+    ah->stride = stride_floats * sizeof(float);
+    ah->rows = rows;
+    ah->lines_per_row = (row_floats * (int)sizeof(float) + 63) / 64;
+    ah->next_line = 0;
+    ah->lines_per_tile = (rows * ah->lines_per_row + tiles - 1) / tiles;
+}
+
+static inline void matmul_ahead_step(MatmulAhead *ah) {
+    int total = ah->rows * ah->lines_per_row;
+    for (int i = 0; i < ah->lines_per_tile && ah->next_line < total; i++, ah->next_line++) {
+        int row = ah->next_line / ah->lines_per_row, line = ah->next_line % ah->lines_per_row;
+        __builtin_prefetch(ah->base + (size_t)row * ah->stride + (size_t)line * 64);
+    }
+}
+
 // one task: rows [m0, m0 + mc) by columns [j0, j0 + nc) of C, over all of K;
 // C's own values first (set = 0), or the row init (zeros if NULL; set = 1)
 static void matmul_task(float *c, size_t ldc, int set, const float *init, const float *a, size_t am, size_t ak,
-                        const float *b, size_t bk, size_t bj, int m0, int mc, int j0, int nc, int K, int prefetch_a) {
+                        const float *b, size_t bk, size_t bj, int m0, int mc, int j0, int nc, int K, int prefetch_a, int prefetch_b) {
     enum { MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC, VL = MATMUL_VL };
     int mc_pad = (mc + MR - 1) / MR * MR, nc_pad = (nc + NR - 1) / NR * NR;
     float *bp = matmul_scratch((size_t)(nc_pad + mc_pad) * KC), *ap = bp + (size_t)nc_pad * KC;
     // rows of A along k are read in place, except in a last partial sliver
     int a_in_place = ak == 1 || am == 1, full_rows = a_in_place ? mc / MR * MR : 0;
     int b_in_place = bj == 1 && mc <= MATMUL_B_IN_PLACE_ROWS;
+    int row_tiles = (mc + MR - 1) / MR, col_tiles = (nc + NR - 1) / NR;
+    MatmulAhead ahead = {NULL, 0, 0, 0, 0, 0};
     for (int k0 = 0; k0 < K; k0 += KC) {
-        int kc = K - k0 < KC ? K - k0 : KC;
+        int kc = K - k0 < KC ? K - k0 : KC, kc_next = K - k0 - KC < KC ? K - k0 - KC : KC;
         const float *bblk = b + (size_t)j0 * bj + (size_t)k0 * bk;
         if (!b_in_place) matmul_pack(bp, bblk, bj, bk, nc, kc, NR);
+        // packed: the next block of k's panel, over all the tiles of this one
+        if (prefetch_b && !b_in_place && kc_next > 0) {
+            if (bk == 1) matmul_ahead_start(&ahead, bblk + KC, bj, nc, kc_next, row_tiles * col_tiles);
+            else matmul_ahead_start(&ahead, bblk + (size_t)KC * bk, bk, kc_next, nc, row_tiles * col_tiles);
+        }
         const float *ablk = a + (size_t)m0 * am + (size_t)k0 * ak;
         if (full_rows < mc)
             matmul_pack(ap + (size_t)full_rows * kc, ablk + (size_t)full_rows * am, am, ak, mc - full_rows, kc, MR);
@@ -298,6 +336,13 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
                 bs = bblk + jr;
                 bks = bk;
             }
+            // in place: the next sliver, this block's or the next block's first
+            if (prefetch_b && b_in_place) {
+                int nr_next = nc - jr - NR < NR ? nc - jr - NR : NR;
+                if (jr + NR < nc) matmul_ahead_start(&ahead, bblk + jr + NR, bk, kc, nr_next, row_tiles);
+                else if (kc_next > 0) matmul_ahead_start(&ahead, bblk + (size_t)KC * bk, bk, kc_next, nc < NR ? nc : NR, row_tiles);
+                else ahead.rows = 0;
+            }
             for (int ir = 0; ir < mc; ir += MR) {
                 int mr = mc - ir < MR ? mc - ir : MR;
                 float *ct = c + (size_t)(m0 + ir) * ldc + j0 + jr;
@@ -309,12 +354,25 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
                     lds = 0;
                 }
                 const float *arow = ablk + (size_t)ir * am;
-                // A from memory: ask for the next sliver's rows while this
-                // one is being worked on, a cache line at a time
-                if (prefetch_a && jr == 0 && ir + 2 * MR <= full_rows)
-                    for (int r = MR; r < 2 * MR; r++)
-                        for (int k = 0; k < kc; k += 64 / (int)sizeof(float))
-                            __builtin_prefetch(arow + (size_t)r * am + k);
+                // A from memory: ask for the next sliver while this one is
+                // being worked on, a cache line at a time: its MR rows, or
+                // its MR columns on each of the kc rows of A transposed
+                if (prefetch_a && jr == 0 && ir + 2 * MR <= full_rows) {
+                    if (ak == 1)
+                        for (int r = MR; r < 2 * MR; r++)
+                            for (int k = 0; k < kc; k += 64 / (int)sizeof(float))
+                                __builtin_prefetch(arow + (size_t)r * am + k);
+                    else
+                        for (int k = 0; k < kc; k++) __builtin_prefetch(arow + MR + (size_t)k * ak);
+                }
+                if (prefetch_b) matmul_ahead_step(&ahead);
+                // C's next tile, to be written (and read, but on the first
+                // block of k of C = init + A B): on the first block of k it
+                // comes from memory, the gradients last touched a step ago
+                const float *cnext = ir + MR < mc ? ct + (size_t)MR * ldc : jr + NR < nc ? c + (size_t)m0 * ldc + j0 + jr + NR : NULL;
+                if (cnext != NULL)
+                    for (int r = 0; r < MR; r++)
+                        for (int j = 0; j < NR; j += 64 / (int)sizeof(float)) __builtin_prefetch(cnext + (size_t)r * ldc + j, 1);
                 if (mr == MR && nr == NR) {
                     if (ir < full_rows && ak == 1) matmul_tile_rows(ct, ldc, st, lds, arow, am, bs, bks, kc);
                     else if (ir < full_rows) matmul_tile_cols(ct, ldc, st, lds, arow, ak, bs, bks, kc);
@@ -336,7 +394,7 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
     }
 }
 
-#define MATMUL_A_STREAM_BYTES (16u << 20)
+#define MATMUL_STREAM_BYTES (16u << 20)
 
 // how many mc x nc blocks cover C[M,J]
 static size_t matmul_tasks(int M, int J, int mc, int nc) {
@@ -372,17 +430,26 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
         }
     mc = mc / MR * MR;
     // A far larger than the caches (the logits' gradient, dout, 51 MB at
-    // d12 or at the small model) comes from memory with its rows read in
-    // place, 8 rows far apart at once, more than the hardware prefetcher
-    // keeps up with: the task asks for them ahead. Elsewhere A is in L2 or
-    // L3 already and the requests only cost.
-    int prefetch_a = ak == 1 && (size_t)M * K * sizeof(float) > MATMUL_A_STREAM_BYTES;
+    // d12 or at the small model) comes from memory read in place: 8 rows far
+    // apart at once, or for dweight 8 floats of each of kc rows, more streams
+    // than the hardware prefetcher keeps up with, so the task asks for them
+    // ahead. Elsewhere A is in L2 or L3 already and the requests only cost.
+    // B as large (the logits' weight) is asked for a sliver or a panel ahead
+    // (MatmulAhead).
+    int prefetch_a = (ak == 1 || am == 1) && (size_t)M * K * sizeof(float) > MATMUL_STREAM_BYTES;
+    int prefetch_b = (size_t)K * J * sizeof(float) > MATMUL_STREAM_BYTES;
+    // The order of the tasks: tasks next to each other run at about the same
+    // time and share what they read in cache. Row blocks first, so that
+    // they share a panel of B, unless A is the larger: then the column
+    // panels first, sharing a block of A (the logits' dweight: each block of
+    // dout read from memory once, not once per panel).
     int mblocks = (M + mc - 1) / mc, jblocks = (J + nc - 1) / nc, ntasks = mblocks * jblocks;
+    int panels_first = M > J;
     #pragma omp parallel for schedule(dynamic) if (ntasks > 1)
     for (int t = 0; t < ntasks; t++) {
-        int m0 = (t % mblocks) * mc, j0 = (t / mblocks) * nc;
+        int m0 = (panels_first ? t / jblocks : t % mblocks) * mc, j0 = (panels_first ? t % jblocks : t / mblocks) * nc;
         int mrows = M - m0 < mc ? M - m0 : mc, ncols = J - j0 < nc ? J - j0 : nc;
-        matmul_task(c, (size_t)ldc, set, init, a, am, ak, b, bk, bj, m0, mrows, j0, ncols, K, prefetch_a);
+        matmul_task(c, (size_t)ldc, set, init, a, am, ak, b, bk, bj, m0, mrows, j0, ncols, K, prefetch_a, prefetch_b);
     }
 }
 

@@ -264,7 +264,8 @@ typedef struct {
     size_t wide_floats;
     // the wait clock (nccl_wait_ms) of the steps the trainer watches (nccl_watch)
     int watching;
-    cudaEvent_t *wait_events; // NCCL mode: [2 * NCCL_WAIT_PAIRS], a pair around each NCCL call on the main stream
+    cudaEvent_t *wait_events; // NCCL mode: [2 * wait_capacity], a pair around each NCCL call on the main stream
+    int wait_capacity;        // pairs the events can hold: grows to the most calls of a watched step
     int wait_pairs;           // pairs recorded and not yet summed
     double wait_ms;           // summed so far
     double host_wait_at;      // host mode: comm_wait_ms when the watched step began
@@ -405,7 +406,7 @@ static inline void nccl_enter(NcclComm *c, const char *op, const NcclGroup *g) {
 // count only where the main stream waits for them. Host mode: the host
 // backend's calls, timed on the host (shm_comm.h's comm_wait_ms).
 
-#define NCCL_WAIT_PAIRS 512   // pairs kept before they are summed; a step of more calls waits for the GPU to sum them
+#define NCCL_WAIT_PAIRS 256   // pairs made at first; more are made as a step needs them
 
 // nccl_wait_sum: adds the recorded pairs' times to wait_ms, waiting (under
 // the watchdog) for the GPU to pass each
@@ -419,17 +420,25 @@ static inline void nccl_wait_sum(NcclComm *c) {
     c->wait_pairs = 0;
 }
 
+// nccl_wait_grow: room for twice the pairs (NCCL_WAIT_PAIRS at first). A
+// watched step with more NCCL calls than there are pairs (ZeRO-3, many
+// micro-batches) gets more events, rather than waiting mid-step for the GPU
+// to pass the ones it has, which would stall the host's queue.
+static inline void nccl_wait_grow(NcclComm *c) {
+    int capacity = c->wait_capacity ? 2 * c->wait_capacity : NCCL_WAIT_PAIRS;
+    cudaEvent_t *events = (cudaEvent_t *)realloc(c->wait_events, 2 * (size_t)capacity * sizeof(cudaEvent_t));
+    if (events == NULL) nccl_fail(c, "out of memory for the wait clock");
+    c->wait_events = events;
+    for (int i = 2 * c->wait_capacity; i < 2 * capacity; i++)
+        nccl_check_cuda(c, cudaEventCreate(&c->wait_events[i]), "the wait clock");
+    c->wait_capacity = capacity;
+}
+
 // nccl_wait_mark: on the main stream, before (end 0) or after (end 1) an
 // NCCL call queued there, while a step is watched
 static inline void nccl_wait_mark(NcclComm *c, int end) {
     if (!c->watching || c->host != NULL) return;
-    if (c->wait_events == NULL) {
-        c->wait_events = (cudaEvent_t *)calloc(2 * NCCL_WAIT_PAIRS, sizeof(cudaEvent_t));
-        if (c->wait_events == NULL) nccl_fail(c, "out of memory for the wait clock");
-        for (int i = 0; i < 2 * NCCL_WAIT_PAIRS; i++)
-            nccl_check_cuda(c, cudaEventCreate(&c->wait_events[i]), "the wait clock");
-    }
-    if (!end && c->wait_pairs == NCCL_WAIT_PAIRS) nccl_wait_sum(c);
+    if (!end && c->wait_pairs == c->wait_capacity) nccl_wait_grow(c);
     nccl_check_cuda(c, cudaEventRecord(c->wait_events[2 * c->wait_pairs + end], c->stream), "the wait clock");
     if (end) c->wait_pairs++;
 }
@@ -1320,7 +1329,7 @@ static inline void nccl_free(NcclComm *c) {
     for (int k = 0; k < 5; k++) cudaEventDestroy(events[k]);
     cudaEventDestroy(c->side_follow);
     cudaEventDestroy(c->side_queued);
-    for (int k = 0; c->wait_events != NULL && k < 2 * NCCL_WAIT_PAIRS; k++) cudaEventDestroy(c->wait_events[k]);
+    for (int k = 0; k < 2 * c->wait_capacity; k++) cudaEventDestroy(c->wait_events[k]);
     free(c->wait_events);
     cudaStreamDestroy(c->side);
     free(c->mac_recvs);

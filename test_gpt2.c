@@ -159,7 +159,7 @@ static void test_layernorm_fd(void) {
     float *r = rand_array(N * C, 1.0f), *out = calloc(N * C, 4);
     float *dx = calloc(N * C, 4), *dw = calloc(C, 4), *db = calloc(C, 4);
     ln_fwd(&c, out);
-    layernorm_backward(dx, dw, db, r, c.inp, c.w, c.mean, c.rstd, N, C);
+    layernorm_backward(dx, dw, db, r, c.inp, c.w, c.mean, c.rstd, N, C, 0);
     fd_check("layernorm dinp", &layer, r, c.inp, dx, N * C, 1e-2f);
     fd_check("layernorm dweight", &layer, r, c.w, dw, C, 1e-2f);
     fd_check("layernorm dbias", &layer, r, c.b, db, C, 1e-2f);
@@ -170,7 +170,7 @@ static void test_matmul_fd(void) {
     MatCtx c = {rand_array(N * C, 1.0f), rand_array(OC * C, 1.0f), rand_array(OC, 1.0f), NULL, NULL, N, C, OC};
     Layer layer = {mm_fwd, (size_t)N * OC, &c};
     float *r = rand_array(N * OC, 1.0f), *dx = calloc(N * C, 4), *dw = calloc(OC * C, 4), *db = calloc(OC, 4);
-    matmul_backward(dx, dw, db, r, c.inp, c.w, N, C, OC);
+    matmul_backward(dx, dw, db, r, c.inp, c.w, N, C, OC, 0);
     fd_check("matmul dinp", &layer, r, c.inp, dx, N * C, 1e-2f);
     fd_check("matmul dweight", &layer, r, c.w, dw, OC * C, 1e-2f);
     fd_check("matmul dbias", &layer, r, c.b, db, OC, 1e-2f);
@@ -198,7 +198,7 @@ static void test_matmul_shapes(void) {
             memset(dw, 0, (size_t)OC * C * 4);
             memset(db, 0, (size_t)OC * 4);
             matmul_forward(out, inp, w, b, N, C, OC);
-            matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+            matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, 0);
             double worst = 0.0;
             for (int n = 0; n < N; n++)
                 for (int o = 0; o < OC; o++) {
@@ -239,6 +239,47 @@ static void test_matmul_shapes(void) {
 #ifdef _OPENMP
     omp_set_num_threads(before);
 #endif
+}
+
+// the grad norm's sum of squares: against a sum in double on lengths around
+// its block size (whole pairs of blocks, an odd block, a short last one), on
+// 1 and 3 threads, and bit for bit the same on both
+static void test_sum_squares(void) {
+    size_t lengths[] = {1, 7, 8, 8191, 8192, 8193, 16384, 3 * 8192, 3 * 8192 + 5, 4 * 8192 - 3, 100003};
+    size_t nl = sizeof(lengths) / sizeof(lengths[0]), most = 100003;
+    float *x = (float *)malloc((most + 64) * sizeof(float));
+    unsigned seed = 7u;
+    for (size_t i = 0; i < most + 64; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        x[i] = ((float)(seed >> 8) / (float)(1u << 24)) * 2.0f - 1.0f;
+    }
+    int fails = 0;
+    double worst = 0.0;
+#ifdef _OPENMP
+    int before = omp_get_max_threads();
+#endif
+    for (size_t k = 0; k < nl; k++) {
+        size_t n = lengths[k];
+        long double want = 0.0L;
+        for (size_t i = 0; i < n; i++) want += (long double)x[i] * x[i];
+#ifdef _OPENMP
+        omp_set_num_threads(1);
+#endif
+        double one = sum_squares(x, n);
+#ifdef _OPENMP
+        omp_set_num_threads(3);
+#endif
+        double three = sum_squares(x, n);
+        double err = fabs((double)(one - want)) / (double)want;
+        if (err > worst) worst = err;
+        if (err > 1e-12 || one != three) fails++;
+    }
+#ifdef _OPENMP
+    omp_set_num_threads(before);
+#endif
+    check(fails == 0, "sum_squares on %zu lengths from 1 to %zu: within %.1e of long double (< 1e-12), the same on 1 "
+          "and 3 threads", nl, most, worst);
+    free(x);
 }
 
 static void test_gelu_fd(void) {
@@ -584,6 +625,7 @@ int main(void) {
     test_layernorm_fd();
     test_matmul_fd();
     test_matmul_shapes();
+    test_sum_squares();
     test_gelu_fd();
     test_attention_fd();
     test_crossentropy_fd();

@@ -76,27 +76,60 @@ static void adamw_update(float *params, const float *grads, float *m, float *v, 
 
 // sum of x[i]^2 in double, in blocks of a fixed size, each summed over 8
 // lanes and the lanes and blocks added in order: the same sum whatever the
-// number of threads, and at memory bandwidth (one running double sum is
-// bound by the latency of its additions)
+// number of threads. The lanes are one vector of 8 doubles (GCC's and
+// Clang's vector extension: from the plain loop GCC 12 makes scalar code).
+// Each lane's sum is a chain of dependent multiply-adds, one per 8 floats,
+// slower than memory: a task sums two blocks side by side, so that two
+// chains are in flight, without changing either.
 #define SUMSQ_BLOCK 8192
+typedef double sumsq_lanes __attribute__((vector_size(8 * sizeof(double))));
+typedef float sumsq_floats __attribute__((vector_size(8 * sizeof(float))));
+
+// lanes += the squares of x[0..8), in double (pointers, not vectors by
+// value: a build without AVX-512 would pass them in a different way)
+static inline void sumsq_add(sumsq_lanes *lanes, const float *x) {
+    sumsq_floats f;
+    memcpy(&f, x, sizeof(f));
+    sumsq_lanes d = __builtin_convertvector(f, sumsq_lanes);
+    *lanes += d * d;
+}
+
+static inline double sumsq_total(const sumsq_lanes *lanes) {
+    double s = 0.0;
+    for (int l = 0; l < 8; l++) s += (*lanes)[l];
+    return s;
+}
+
+// one block of len <= SUMSQ_BLOCK floats; the tail past the last 8 goes to lane 0
+static double sum_squares_block(const float *xb, size_t len) {
+    sumsq_lanes lanes = {0};
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) sumsq_add(&lanes, xb + i);
+    for (; i < len; i++) lanes[0] += (double)xb[i] * xb[i];
+    return sumsq_total(&lanes);
+}
+
 static double sum_squares(const float *x, size_t n) {
-    size_t nblocks = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+    size_t nblocks = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK, npairs = n / SUMSQ_BLOCK / 2;
     double *block_sums = (double *)malloc(nblocks * sizeof(double));
     if (block_sums == NULL) {
         fprintf(stderr, "train_gpt2: out of memory for %zu block sums of the grad norm\n", nblocks);
         exit(1);
     }
-    #pragma omp parallel for schedule(dynamic) if (nblocks > 1)
-    for (size_t blk = 0; blk < nblocks; blk++) {
-        const float *xb = x + blk * SUMSQ_BLOCK;
-        size_t len = n - blk * SUMSQ_BLOCK < SUMSQ_BLOCK ? n - blk * SUMSQ_BLOCK : SUMSQ_BLOCK, i = 0;
-        double lanes[8] = {0};
-        for (; i + 8 <= len; i += 8)
-            for (int l = 0; l < 8; l++) lanes[l] += (double)xb[i + l] * xb[i + l];
-        for (; i < len; i++) lanes[0] += (double)xb[i] * xb[i];
-        double s = 0.0;
-        for (int l = 0; l < 8; l++) s += lanes[l];
-        block_sums[blk] = s;
+    #pragma omp parallel for schedule(dynamic, 4) if (npairs > 1)
+    for (size_t pair = 0; pair < npairs; pair++) {  // two whole blocks, as sum_squares_block does each
+        const float *x0 = x + 2 * pair * SUMSQ_BLOCK, *x1 = x0 + SUMSQ_BLOCK;
+        sumsq_lanes lanes0 = {0}, lanes1 = {0};
+        for (size_t i = 0; i < SUMSQ_BLOCK; i += 8) {
+            sumsq_add(&lanes0, x0 + i);
+            sumsq_add(&lanes1, x1 + i);
+        }
+        block_sums[2 * pair] = sumsq_total(&lanes0);
+        block_sums[2 * pair + 1] = sumsq_total(&lanes1);
+    }
+    for (size_t blk = 2 * npairs; blk < nblocks; blk++) {  // the one or two blocks left, the last maybe short
+        size_t len = n - blk * SUMSQ_BLOCK < SUMSQ_BLOCK ? n - blk * SUMSQ_BLOCK : SUMSQ_BLOCK;
+        block_sums[blk] = sum_squares_block(x + blk * SUMSQ_BLOCK, len);
     }
     double sum = 0.0;
     for (size_t blk = 0; blk < nblocks; blk++) sum += block_sums[blk];
@@ -181,6 +214,7 @@ typedef struct {
     float *grad_in;            // B*T*C: the gradient of this stage's output, from the next stage
     size_t act_sizes[NUM_ACT_TENSORS];
     int adam_t;
+    int grads_fresh;           // the gradients hold nothing of this step yet: the backward writes them (gpt2_zero_grad)
 } GPT2;
 
 static void *xcalloc(size_t n, size_t size, const char *what) {
@@ -416,8 +450,8 @@ static void column_parallel_forward(float *out, const float *inp, const float *w
 // dweight, dbias += this rank's slice; dinp (zero on entry) ends as the whole
 // input's gradient, summed over the tp ranks
 static void column_parallel_backward(const Parallel *par, float *dinp, float *dweight, float *dbias, const float *dout,
-                                     const float *inp, const float *weight, int N, int IC, int OCl) {
-    matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OCl);
+                                     const float *inp, const float *weight, int N, int IC, int OCl, int fresh) {
+    matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OCl, fresh);
     tp_copy_backward(par, dinp, (size_t)N * IC);
 }
 
@@ -440,8 +474,8 @@ static void row_parallel_forward(const Parallel *par, float *out, const float *i
 // no communication: dout is whole on every rank (g's backward is the
 // identity), and dinp is the gradient of this rank's slice only
 static void row_parallel_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                                  const float *weight, int N, int ICl, int OC) {
-    matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, ICl, OC);
+                                  const float *weight, int N, int ICl, int OC, int fresh) {
+    matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, ICl, OC, fresh);
 }
 
 // out[b,t,:] = wte[inp[b,t],:] + wpe[t,:] from this rank's rows [v0, v0 + Vl)
@@ -514,21 +548,21 @@ static void block_forward(GPT2 *m, LayerParams p, LayerActs a, const float *x) {
 }
 
 // from the gradient of the block's output (d.residual3) to that of its input
-// x, dx, and of its parameters g (all +=)
+// x, dx (+=), and of its parameters g (+=, or = in the step's first backward)
 static void block_backward(GPT2 *m, LayerParams p, LayerParams g, LayerActs a, LayerActs d, const float *x, float *dx) {
     const Parallel *par = m->par;
-    int B = m->B, T = m->T, C = m->config.C, Cl = m->shard.Cl, BT = B * T;
+    int B = m->B, T = m->T, C = m->config.C, Cl = m->shard.Cl, BT = B * T, fresh = m->grads_fresh;
     size_t btc = (size_t)BT * C;
     residual_backward(d.residual2, d.fcproj, d.residual3, btc);
-    row_parallel_backward(d.fch_gelu, g.fcprojw, g.fcprojb, d.fcproj, a.fch_gelu, p.fcprojw, BT, 4 * Cl, C);
+    row_parallel_backward(d.fch_gelu, g.fcprojw, g.fcprojb, d.fcproj, a.fch_gelu, p.fcprojw, BT, 4 * Cl, C, fresh);
     gelu_backward(d.fch, a.fch, d.fch_gelu, 4 * (size_t)BT * Cl);
-    column_parallel_backward(par, d.ln2, g.fcw, g.fcb, d.fch, a.ln2, p.fcw, BT, C, 4 * Cl);
-    layernorm_backward(d.residual2, g.ln2w, g.ln2b, d.ln2, a.residual2, p.ln2w, a.ln2_mean, a.ln2_rstd, BT, C);
+    column_parallel_backward(par, d.ln2, g.fcw, g.fcb, d.fch, a.ln2, p.fcw, BT, C, 4 * Cl, fresh);
+    layernorm_backward(d.residual2, g.ln2w, g.ln2b, d.ln2, a.residual2, p.ln2w, a.ln2_mean, a.ln2_rstd, BT, C, fresh);
     residual_backward(dx, d.attproj, d.residual2, btc);
-    row_parallel_backward(d.atty, g.attprojw, g.attprojb, d.attproj, a.atty, p.attprojw, BT, Cl, C);
+    row_parallel_backward(d.atty, g.attprojw, g.attprojb, d.attproj, a.atty, p.attprojw, BT, Cl, C, fresh);
     attention_backward(d.qkv, d.atty, a.qkv, a.att, B, T, Cl, m->shard.NHl);
-    column_parallel_backward(par, d.ln1, g.qkvw, g.qkvb, d.qkv, a.ln1, p.qkvw, BT, C, 3 * Cl);
-    layernorm_backward(dx, g.ln1w, g.ln1b, d.ln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
+    column_parallel_backward(par, d.ln1, g.qkvw, g.qkvb, d.qkv, a.ln1, p.qkvw, BT, C, 3 * Cl, fresh);
+    layernorm_backward(dx, g.ln1w, g.ln1b, d.ln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd, BT, C, fresh);
 }
 
 // ----------------------------------------------------------------------------
@@ -596,9 +630,10 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
         float *dlnf = unit_grad_begin(m, m->ut.u_lnf), *dwte = unit_grad_begin(m, m->ut.u_wte);
         vocab_parallel_cross_entropy_backward(d->t[A_LOGITS], a->t[A_PROBS], a->t[A_ROWSUM], a->targets, dloss, s->v0,
                                               BT, s->Vl, s->nreal);
-        column_parallel_backward(m->par, d->t[A_LNF], dwte, NULL, d->t[A_LOGITS], a->t[A_LNF], wte, BT, C, s->Vl);
+        column_parallel_backward(m->par, d->t[A_LNF], dwte, NULL, d->t[A_LOGITS], a->t[A_LNF], wte, BT, C, s->Vl,
+                                 m->grads_fresh);
         layernorm_backward(block_input(m, d, s->nl), dlnf, dlnf + C, d->t[A_LNF], block_input(m, a, s->nl),
-                           lnf, a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], BT, C);
+                           lnf, a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], BT, C, m->grads_fresh);
         unit_release(m, m->ut.u_lnf);
         unit_release(m, m->ut.u_wte);
         unit_grad_end(m, m->ut.u_lnf);
@@ -619,6 +654,7 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
         unit_grad_end(m, m->ut.u_wpe);
         unit_grad_end(m, m->ut.u_wte);
     }
+    m->grads_fresh = 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -627,8 +663,20 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
 // global norm and clipping, AdamW on what this rank owns, and (ZeRO-1, 2)
 // the updated parameters all-gathered.
 
+// the step's gradients start at zero. The backward writes most of them
+// (grads_fresh: the Linear and LayerNorm ones), so only the embeddings' are
+// cleared here: wpe's rows past T and wte's rows of tokens not in the batch
+// get nothing, and on a first stage without the head nothing writes wte's
+// first. ZeRO-2/3 add each micro-batch's buckets, fresh and zero, to the
+// shard, which is cleared.
 static void gpt2_zero_grad(GPT2 *m) {
-    if (m->grads) zero_floats(m->grads, m->ut.num_local);
+    const Shard *s = &m->shard;
+    m->grads_fresh = 1;
+    if (m->grads && s->first) {
+        const Unit *wpe = &m->ut.units[m->ut.u_wpe], *wte = &m->ut.units[m->ut.u_wte];
+        zero_floats(m->grads + wpe->offset, wpe->padded);
+        if (!s->last) zero_floats(m->grads + wte->offset, wte->padded);
+    }
     if (m->grad_shard) zero_floats(m->grad_shard, m->ut.num_shard);
 }
 

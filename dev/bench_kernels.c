@@ -123,7 +123,7 @@ int main(int argc, char **argv) {
         double t0 = bench_now();
         layernorm_forward(ln, mean, rstd, atty, w, bias, B * T, C);
         double t1 = bench_now();
-        layernorm_backward(dln, dw, db, datty, atty, w, mean, rstd, B * T, C);
+        layernorm_backward(dln, dw, db, datty, atty, w, mean, rstd, B * T, C, 0);
         double t2 = bench_now();
         if (t1 - t0 < bf) bf = t1 - t0;
         if (t2 - t1 < bb) bb = t2 - t1;

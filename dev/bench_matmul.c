@@ -56,7 +56,7 @@ static void check_errors(int N, int IC, int OC, const float *inp, const float *w
     float *dw = (float *)calloc((size_t)OC * IC, sizeof(float));
     float *db = (float *)calloc((size_t)OC, sizeof(float));
     matmul_forward(out, inp, w, b, N, IC, OC);
-    matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC);
+    matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC, 0);
     int rows[] = {0, 1, N / 2, N - 1};
     int nr = sizeof(rows) / sizeof(rows[0]);
     double *ref = (double *)malloc((size_t)(OC > IC ? OC : IC) * sizeof(double));
