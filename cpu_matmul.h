@@ -32,7 +32,12 @@
  * - the threads share out (row block, column panel) tasks of C, disjoint and
  *   cache-line sized, so no two threads write the same line; dynamically,
  *   because the machine may have other work on one of its cores. The blocks
- *   are cut so as to read the least of A and B over all the tasks.
+ *   are cut so as to read the least of A and B over all the tasks, and the
+ *   tasks ordered so that the two running at once share the larger operand;
+ * - what comes from memory is asked for ahead (prefetched) while the kernel
+ *   works on what it has: C's next tile, and A and B when they are far
+ *   larger than the caches (the logits' weight and gradient), a sliver or a
+ *   panel ahead.
  */
 #ifndef LLM3D_CPU_MATMUL_H
 #define LLM3D_CPU_MATMUL_H
