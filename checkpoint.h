@@ -282,7 +282,7 @@ static int ckpt_optim_decrypt(OptimFile *f, int fd, const char *path, const uint
         for (uint64_t i = 0; i < af.chunks && rc == 0; i++) {
             if (!need[i]) continue;
             rc = aead_file_read_chunk(fd, &af, &fk, i, (uint8_t *)f->map + i * af.chunk_bytes, path, err, errlen);
-            f->chunks_read++;
+            if (rc == 0) f->chunks_read++;
         }
     }
     free(need);
@@ -630,9 +630,9 @@ static int ckpt_model_header_is(const int32_t *h, const GPT2Config *c, const cha
     if (mem != NULL) fclose(mem);
     if (rc == 0 && (version != 3 || got.L != c->L || got.C != c->C || got.NH != c->NH || got.V != c->V ||
                     got.Vp != c->Vp || got.maxT != c->maxT))
-        rc = errorf(err, errlen, "%s: header version %d, L=%d C=%d NH=%d V=%d maxT=%d, but the checkpoint's state.bin "
-                    "says version 3, L=%d C=%d NH=%d V=%d maxT=%d", path, version, got.L, got.C, got.NH, got.V,
-                    got.maxT, c->L, c->C, c->NH, c->V, c->maxT);
+        rc = errorf(err, errlen, "%s: header version %d, L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, but the checkpoint's "
+                    "state.bin says version 3, L=%d C=%d NH=%d V=%d Vp=%d maxT=%d", path, version, got.L, got.C, got.NH,
+                    got.V, got.Vp, got.maxT, c->L, c->C, c->NH, c->V, c->Vp, c->maxT);
     return rc;
 }
 

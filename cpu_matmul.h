@@ -278,7 +278,7 @@ static const float matmul_zeros[MATMUL_NR];
 // from memory, and the kernel would wait on it: while one panel of B (packed)
 // or one sliver (read in place) is worked on, the tiles ask for the next one
 // a few cache lines each, so that it is in cache when its turn comes.
-// A region of `rows` rows, `row_bytes` long and `stride` bytes apart.
+// A region of `rows` rows of `row_floats` floats, `stride` floats apart.
 typedef struct {
     const char *base;
     size_t stride;
@@ -303,6 +303,27 @@ static inline void matmul_ahead_step(MatmulAhead *ah) {
         int row = ah->next_line / ah->lines_per_row, line = ah->next_line % ah->lines_per_row;
         __builtin_prefetch(ah->base + (size_t)row * ah->stride + (size_t)line * 64);
     }
+}
+
+// asks for the C tile after tile (ir, jr) of the task's block, to be
+// written: rows ir + MR.. of the same sliver, else the top of the next
+// sliver; only its rows and columns inside the block
+static inline void matmul_prefetch_next_c(const float *c, size_t ldc, int m0, int mc, int j0, int nc, int ir, int jr) {
+    enum { MR = MATMUL_MR, NR = MATMUL_NR, LINE = 64 / (int)sizeof(float) };
+    int row, col;
+    if (ir + MR < mc) {
+        row = ir + MR;
+        col = jr;
+    } else if (jr + NR < nc) {
+        row = 0;
+        col = jr + NR;
+    } else {
+        return;
+    }
+    int rows = mc - row < MR ? mc - row : MR, cols = nc - col < NR ? nc - col : NR;
+    const float *tile = c + (size_t)(m0 + row) * ldc + j0 + col;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < cols; j += LINE) __builtin_prefetch(tile + (size_t)r * ldc + j, 1);
 }
 
 // one task: rows [m0, m0 + mc) by columns [j0, j0 + nc) of C, over all of K;
@@ -371,13 +392,10 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
                         for (int k = 0; k < kc; k++) __builtin_prefetch(arow + MR + (size_t)k * ak);
                 }
                 if (prefetch_b) matmul_ahead_step(&ahead);
-                // C's next tile, to be written (and read, but on the first
-                // block of k of C = init + A B): on the first block of k it
-                // comes from memory, the gradients last touched a step ago
-                const float *cnext = ir + MR < mc ? ct + (size_t)MR * ldc : jr + NR < nc ? c + (size_t)m0 * ldc + j0 + jr + NR : NULL;
-                if (cnext != NULL)
-                    for (int r = 0; r < MR; r++)
-                        for (int j = 0; j < NR; j += 64 / (int)sizeof(float)) __builtin_prefetch(cnext + (size_t)r * ldc + j, 1);
+                // C's next tile, down this sliver or atop the next: on the
+                // first block of k it comes from memory (the gradients were
+                // last touched a step ago); later blocks find it in L2
+                if (k0 == 0) matmul_prefetch_next_c(c, ldc, m0, mc, j0, nc, ir, jr);
                 if (mr == MR && nr == NR) {
                     if (ir < full_rows && ak == 1) matmul_tile_rows(ct, ldc, st, lds, arow, am, bs, bks, kc);
                     else if (ir < full_rows) matmul_tile_cols(ct, ldc, st, lds, arow, ak, bs, bks, kc);

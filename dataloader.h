@@ -64,8 +64,10 @@
  * holds the last chunk it decrypted and serves the windows inside it from
  * there; a window that runs past it reads the next chunk, checks its tag
  * again and decrypts it, into the loader's buffer only: no plaintext is
- * written anywhere. So every chunk is checked each time it is decrypted,
- * once per pass over it rather than once per micro-batch. A sealed shard
+ * written anywhere. So every chunk is checked each time it is decrypted:
+ * read in order, once per pass over it rather than once per micro-batch;
+ * shuffled (-sh 1), the windows land in chunks at random, and about one
+ * chunk is decrypted per window, as without the cache. A sealed shard
  * without a key, or under another key, is one line naming the file; a
  * changed byte fails its chunk's tag, named with the file, at open or, when
  * changed later, when that chunk is next decrypted.

@@ -70,7 +70,7 @@ typedef struct {
     char ck_dir[800];        // -o is at most 700 bytes
     double load_t0, verify_ms;  // when the checkpoint setup began; its verification's time
     DataLoader train, val;
-    int data_open;           // train and val are open already: check_batch_and_data's, kept (dp 1)
+    int data_open;           // train and val are open already: check_batch_and_data's, kept (dp 1, not a launcher)
     int have_val, have_tok;  // an evaluation every -v steps; samples every -s steps
     int val_batches;         // val batches per data-parallel rank per evaluation (-m, at most the split's)
     HsSet hs;                // -h 1: the HellaSwag examples
@@ -212,9 +212,10 @@ static const uint8_t *data_key(const Options *o, uint8_t key[32]) {
 // the batch against the job's data-parallel size, and the data: both
 // streams open with this B and T and hold tokens below the model's V. With
 // dp 1 every rank reads the whole of both streams, so the loaders opened
-// for the check are the ones open_data would open: they are kept, and each
-// shard is read, hashed and (sealed) decrypted once, not twice. (A
-// launcher keeps them too and never uses them: a little memory, no data.)
+// for the check are the ones open_data would open: a rank keeps them, and
+// each shard is read, hashed and (sealed) decrypted once, not twice. A
+// launcher (-np above 1 without --rendezvous) frees them: it only waits for
+// its ranks, which open their own, and holding the data key is no use to it.
 static void check_batch_and_data(Job *job) {
     char err[2048];
     const Options *o = &job->opt;
@@ -230,7 +231,8 @@ static void check_batch_and_data(Job *job) {
         rc = dataloader_init_key(&job->val, o->val_pattern, o->B, o->T, 0, dp, 0, 0, V, key, err, sizeof(err));
     secure_wipe(key_bytes, sizeof(key_bytes));
     if (rc != 0) die_usage(err);
-    job->data_open = dp == 1;
+    int launcher = o->np > 1 && o->rendezvous == NULL;
+    job->data_open = dp == 1 && !launcher;
     if (!job->data_open) {
         dataloader_free(&job->train);
         if (job->have_val) dataloader_free(&job->val);
