@@ -20,7 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "nccl_comm.h"  // nccl_allgather, nccl_wait_ms, nccl_barrier
+#include "nccl_comm.h"  // nccl_allgather, nccl_wait_ms, nccl_barrier; wait_since (shm_comm.h)
 #include "secure.h"     // Sha256
 #include "trainer.h"    // replicas_judge, Watch, watch_judge
 
@@ -90,9 +90,7 @@ static void drift_parameter(GPT2 *m) {
 // wait per step all-gathered over the world; rank 0 judges
 static void watch_report(GPT2 *m, Parallel *par, Watch *w, double *waited, int step, LogLine *l) {
     gpu_sync(m, "the watch report");
-    double clock = nccl_wait_ms(par->nccl);
-    watch_add_wait(w, clock - *waited);
-    *waited = clock;
+    watch_add_wait(w, wait_since(waited, nccl_wait_ms(par->nccl)));
     int world = par->grid.world;
     float *host = (float *)host_alloc((size_t)world * WATCH_FLOATS * sizeof(float), "the watch report"), *dev;
     watch_pack(w, host + (size_t)par->grid.rank * WATCH_FLOATS);

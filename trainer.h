@@ -652,7 +652,7 @@ static void watch_step_begin(Watch *w, double wait_now) { w->wait_before = wait_
 static void watch_step_end(Watch *w, double step_ms, double wait_now) {
     w->steps++;
     w->step_ms += step_ms;
-    w->wait_ms += wait_now - w->wait_before;
+    w->wait_ms += wait_since(&w->wait_before, wait_now);
 }
 
 // for a trainer whose wait clock is read at the report rather than around
