@@ -366,6 +366,24 @@ static void test_watch_rules(void) {
     watch_judge(&w, 5, stages, &l);
     check(w.lines[0] == '\0', "watch: a pipeline stage that does more work is not a straggler: %s", w.lines);
     watch_free(&w);
+    // three ranks a stage: the median is each stage's own
+    grid_init(&g, 6, 1, 2, 0, err, sizeof(err));
+    watch_init(&w, &job, &g);
+    float stage_slow[] = {40, 100, 130, 10, 41, 99, 129, 11, 40, 100, 400, 12};  // rank 5 slow in stage 1
+    watch_judge(&w, 2, stage_slow, &l);
+    watch_judge(&w, 5, stage_slow, &l);
+    check(strcmp(w.lines, "step 5: rank 5 is a straggler: compute 400 ms/step against a median of 130 ms (3.1x), for 2 "
+                 "reports\n") == 0, "watch: a straggler against its own stage's median: %s", w.lines);
+    watch_free(&w);
+    // each stage one rank: its peers are all the ranks
+    grid_init(&g, 2, 1, 2, 0, err, sizeof(err));
+    watch_init(&w, &job, &g);
+    float one_each[] = {40, 10, 200, 10};
+    watch_judge(&w, 2, one_each, &l);
+    watch_judge(&w, 5, one_each, &l);
+    check(strcmp(w.lines, "step 5: rank 1 is a straggler: compute 200 ms/step against a median of 120 ms (1.7x), for 2 "
+                 "reports\n") == 0, "watch: with one rank a stage, the median is over all the ranks: %s", w.lines);
+    watch_free(&w);
     grid_init(&g, 1, 1, 1, 0, err, sizeof(err));
     watch_init(&w, &job, &g);
     check(w.every == 0 && !watch_due(&w, 2), "watch: one rank makes no reports");
