@@ -623,6 +623,7 @@ typedef struct {
     int steps;                  // this rank: steps measured since the last report
     double step_ms, wait_ms;    // their sums
     double wait_before;         // the wait clock at the start of the step being measured
+    float *all;                 // every rank's WATCH_FLOATS (rank-major), where the report all-gathers them
     int *slow_for, *wait_for;   // rank 0: the reports in a row in which each rank was slow / waited unusually
     float *medians;             // rank 0: each group of peers' median compute and wait (pp x WATCH_FLOATS)
     float *sorted;              // rank 0: one group's values being sorted for its median (world floats)
@@ -637,7 +638,10 @@ static void watch_init(Watch *w, const Job *job, const Grid *g) {
     w->tp = g->tp;
     w->pp = g->pp;
     w->rank = g->rank;
-    if (w->every == 0 || g->rank != 0) return;
+    if (w->every == 0) return;
+    w->all = (float *)calloc((size_t)g->world * WATCH_FLOATS, sizeof(float));
+    if (w->all == NULL) die(1, "out of memory for the watch report");
+    if (g->rank != 0) return;
     w->slow_for = (int *)calloc((size_t)g->world, sizeof(int));
     w->wait_for = (int *)calloc((size_t)g->world, sizeof(int));
     w->medians = (float *)calloc((size_t)g->pp * WATCH_FLOATS, sizeof(float));
@@ -776,6 +780,7 @@ static void watch_print(Watch *w) {
 }
 
 static void watch_free(Watch *w) {
+    free(w->all);
     free(w->slow_for);
     free(w->wait_for);
     free(w->medians);
