@@ -3,7 +3,7 @@
  *
  * defines:
  *   consistency_check   -ck: the data-parallel replicas compare a SHA-256
- *                       of each parameter tensor; trainer.h judges
+ *                       of each parameter tensor; trainer.h hashes and judges
  *   drift_parameter     -fault drift: one parameter changed on this rank, so
  *                       that the check above has something to find
  *   watch_report        -wr: every rank's compute and wait per step,
@@ -24,8 +24,7 @@
 #include <stdlib.h>
 
 #include "nccl_comm.h"  // nccl_allgather, nccl_wait_ms, nccl_barrier; wait_since (shm_comm.h)
-#include "secure.h"     // Sha256
-#include "trainer.h"    // replicas_judge, Watch, watch_judge
+#include "trainer.h"    // unit_digests, replicas_judge, print_replicas_disagree, Watch, watch_judge
 
 // every K steps (-ck): the data-parallel replicas compare a SHA-256 of each
 // of the parameter tensors they compute with (ZeRO-3 gathers each unit),
@@ -43,16 +42,7 @@ static void consistency_check(GPT2 *m, Parallel *par, int step) {
         const floatX *p = unit_acquire(m, u);
         gpu_sync(m, "the consistency check");
         CUDA_CHECK(cudaMemcpy(host, p, m->ut.units[u].size * X, cudaMemcpyDeviceToHost));
-        int kind = m->ut.units[u].kind;
-        size_t off = 0;
-        for (int k = 0; k < unit_tensor_count(kind); k++) {
-            size_t size = local_tensor_size(&m->config, &m->shard, unit_tensor(kind, k));
-            Sha256 h;
-            sha256_init(&h);
-            sha256_update(&h, host + off, size * X);
-            sha256_final(&h, digests + 32 * (size_t)t++);
-            off += size;
-        }
+        t += unit_digests(&m->config, &m->shard, m->ut.units[u].kind, host, X, digests + 32 * (size_t)t);
         unit_release(m, u);
     }
     uint8_t *mine = dev + bytes * (size_t)par->nccl->dp.group.me;  // in place: NCCL's rule for in == out
@@ -62,11 +52,7 @@ static void consistency_check(GPT2 *m, Parallel *par, int step) {
     CUDA_CHECK(cudaMemcpy(digests, dev, bytes * (size_t)dp, cudaMemcpyDeviceToHost));
     char msg[4096];
     if (replicas_judge(digests, dp, n, par->nccl->dp.group.ranks, &m->ut, &m->shard, msg, sizeof(msg))) {
-        if (par->nccl->dp.group.me == 0) {
-            fflush(stdout);
-            fprintf(stderr, "rank %d: step %d: data-parallel replicas disagree: %s\n", par->grid.rank, step, msg);
-            fflush(stderr);
-        }
+        if (par->nccl->dp.group.me == 0) print_replicas_disagree(par->grid.rank, step, msg);
         nccl_barrier(par->nccl, &par->nccl->dp);  // the line is out before any rank of the group exits
         nccl_abort_all(par->nccl);
         exit(1);

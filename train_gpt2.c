@@ -1106,25 +1106,13 @@ static void consistency_check(GPT2 *m, int step) {
     float *all = m->digests, *mine = all + (size_t)n * 8 * par->dp.me;  // in place
     for (int u = 0; u < m->ut.n; u++) {
         const float *p = unit_acquire(m, u);
-        int kind = m->ut.units[u].kind;
-        for (int k = 0; k < unit_tensor_count(kind); k++) {
-            size_t size = local_tensor_size(&m->config, &m->shard, unit_tensor(kind, k));
-            Sha256 h;
-            sha256_init(&h);
-            sha256_update(&h, p, size * sizeof(float));
-            sha256_final(&h, (uint8_t *)(mine + 8 * (size_t)t++));
-            p += size;
-        }
+        t += unit_digests(&m->config, &m->shard, m->ut.units[u].kind, p, sizeof(float), (uint8_t *)(mine + 8 * (size_t)t));
         unit_release(m, u);
     }
     comm_allgather(par->comm, &par->dp, mine, all, (size_t)n * 8);
     char msg[4096];
     if (replicas_judge((const uint8_t *)all, dp, n, par->dp.ranks, &m->ut, &m->shard, msg, sizeof(msg))) {
-        if (par->dp.me == 0) {
-            fflush(stdout);
-            fprintf(stderr, "rank %d: step %d: data-parallel replicas disagree: %s\n", par->grid.rank, step, msg);
-            fflush(stderr);
-        }
+        if (par->dp.me == 0) print_replicas_disagree(par->grid.rank, step, msg);
         comm_barrier(par->comm, &par->dp);
         exit(1);
     }

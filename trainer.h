@@ -23,7 +23,8 @@
  *     watch_step_end, watch_add_wait, watch_due, watch_pack, watch_judge, watch_print,
  *     watch_free; the faults the trainers act on: fault_slow_step,
  *     fault_drift_due
- *   the consistency check (-ck): replica_tensor_name, replicas_judge
+ *   the consistency check (-ck): unit_digests, replica_tensor_name,
+ *     replicas_judge, print_replicas_disagree
  *   sampling: random_f32 (xorshift*), sample_token (inverse CDF of the softmax)
  *   at the end: free_job
  *
@@ -820,7 +821,25 @@ static int fault_drift_due(const Job *job, int rank, int step) {
 // (MAC'd on the host backend), and replicas_judge says who differs: the
 // ranks whose copy differs from the majority's, or, with two replicas or
 // no majority, which copies differ from which, and the first tensor that
-// differs. The trainers hash and gather; the verdict is written once, here.
+// differs. The trainers gather; the hashing and the verdict are written
+// once, here.
+
+// unit_digests: the SHA-256 of each tensor of a unit of this kind, 32 bytes
+// each into out, from values, the unit's elements as this rank holds them
+// (elem bytes each: the trainers' floats differ); returns how many
+static int unit_digests(const GPT2Config *c, const Shard *s, int kind, const void *values, size_t elem, uint8_t *out) {
+    const uint8_t *p = (const uint8_t *)values;
+    int count = unit_tensor_count(kind);
+    for (int k = 0; k < count; k++) {
+        size_t bytes = local_tensor_size(c, s, unit_tensor(kind, k)) * elem;
+        Sha256 h;
+        sha256_init(&h);
+        sha256_update(&h, p, bytes);
+        sha256_final(&h, out + 32 * (size_t)k);
+        p += bytes;
+    }
+    return count;
+}
 
 // the name of tensor i of unit_table_tensors' order: "wte", "layer 3 qkvw"
 static const char *replica_tensor_name(const UnitTable *ut, const Shard *s, int i, char *buf, size_t len) {
@@ -911,6 +930,14 @@ static int replicas_judge(const uint8_t *digests, int dp, int n, const int *rank
     free(class_of);
     free(size);
     return 1;
+}
+
+// the line that says the replicas disagree (msg: replicas_judge's), after
+// whatever stdout holds; the dp group's first member prints it
+static void print_replicas_disagree(int rank, int step, const char *msg) {
+    fflush(stdout);
+    fprintf(stderr, "rank %d: step %d: data-parallel replicas disagree: %s\n", rank, step, msg);
+    fflush(stderr);
 }
 
 // ----------------------------------------------------------------------------
