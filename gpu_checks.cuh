@@ -3,15 +3,18 @@
  *
  * defines:
  *   consistency_check   -ck: the data-parallel replicas compare a SHA-256
- *                       of each parameter tensor; trainer.h judges
+ *                       of each parameter tensor; trainer.h hashes and judges
  *   drift_parameter     -fault drift: one parameter changed on this rank, so
  *                       that the check above has something to find
  *   watch_report        -wr: every rank's compute and wait per step,
  *                       gathered for trainer.h's watch_judge
+ *   checks_alloc        the buffers of the two checks, sized once, and
+ *   checks_free         freed at the end
  *
  * A part of train_gpt2.cu, not a header of its own: train_gpt2.cu includes
  * it after gpt2_step_loss, and it uses that file's GPT2, Parallel,
- * unit_acquire, unit_release, param_at, gpu_sync and host_alloc.
+ * unit_acquire, unit_release, param_at, gpu_sync, host_alloc and
+ * device_alloc.
  */
 #ifndef LLM3D_GPU_CHECKS_CUH
 #define LLM3D_GPU_CHECKS_CUH
@@ -20,9 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "nccl_comm.h"  // nccl_allgather, nccl_wait_ms, nccl_barrier
-#include "secure.h"     // Sha256
-#include "trainer.h"    // replicas_judge, Watch, watch_judge
+#include "nccl_comm.h"  // nccl_allgather, nccl_wait_ms, nccl_barrier; wait_since (shm_comm.h)
+#include "trainer.h"    // unit_digests, replicas_judge, print_replicas_disagree, Watch, watch_judge
 
 // every K steps (-ck): the data-parallel replicas compare a SHA-256 of each
 // of the parameter tensors they compute with (ZeRO-3 gathers each unit),
@@ -34,22 +36,13 @@ static void consistency_check(GPT2 *m, Parallel *par, int step) {
     if (dp == 1) return;
     int n = unit_table_tensors(&m->ut), t = 0;
     size_t X = sizeof(floatX), bytes = 32 * (size_t)n;
-    floatX *host = (floatX *)host_alloc(largest_unit(m) * X, "unit");
-    uint8_t *digests = (uint8_t *)host_alloc(bytes * (size_t)dp, "digests"), *dev = m->digests;
+    floatX *host = m->unit_host;
+    uint8_t *digests = m->digests_host, *dev = m->digests;
     for (int u = 0; u < m->ut.n; u++) {
         const floatX *p = unit_acquire(m, u);
         gpu_sync(m, "the consistency check");
         CUDA_CHECK(cudaMemcpy(host, p, m->ut.units[u].size * X, cudaMemcpyDeviceToHost));
-        int kind = m->ut.units[u].kind;
-        size_t off = 0;
-        for (int k = 0; k < unit_tensor_count(kind); k++) {
-            size_t size = local_tensor_size(&m->config, &m->shard, unit_tensor(kind, k));
-            Sha256 h;
-            sha256_init(&h);
-            sha256_update(&h, host + off, size * X);
-            sha256_final(&h, digests + 32 * (size_t)t++);
-            off += size;
-        }
+        t += unit_digests(&m->config, &m->shard, m->ut.units[u].kind, host, X, digests + 32 * (size_t)t);
         unit_release(m, u);
     }
     uint8_t *mine = dev + bytes * (size_t)par->nccl->dp.group.me;  // in place: NCCL's rule for in == out
@@ -59,17 +52,11 @@ static void consistency_check(GPT2 *m, Parallel *par, int step) {
     CUDA_CHECK(cudaMemcpy(digests, dev, bytes * (size_t)dp, cudaMemcpyDeviceToHost));
     char msg[4096];
     if (replicas_judge(digests, dp, n, par->nccl->dp.group.ranks, &m->ut, &m->shard, msg, sizeof(msg))) {
-        if (par->nccl->dp.group.me == 0) {
-            fflush(stdout);
-            fprintf(stderr, "rank %d: step %d: data-parallel replicas disagree: %s\n", par->grid.rank, step, msg);
-            fflush(stderr);
-        }
+        if (par->nccl->dp.group.me == 0) print_replicas_disagree(par->grid.rank, step, msg);
         nccl_barrier(par->nccl, &par->nccl->dp);  // the line is out before any rank of the group exits
         nccl_abort_all(par->nccl);
         exit(1);
     }
-    free(host);
-    free(digests);
 }
 
 // -fault drift: this rank's first parameter changed in the copy it computes
@@ -90,22 +77,41 @@ static void drift_parameter(GPT2 *m) {
 // wait per step all-gathered over the world; rank 0 judges
 static void watch_report(GPT2 *m, Parallel *par, Watch *w, double *waited, int step, LogLine *l) {
     gpu_sync(m, "the watch report");
-    double clock = nccl_wait_ms(par->nccl);
-    watch_add_wait(w, clock - *waited);
-    *waited = clock;
-    int world = par->grid.world;
-    float *host = (float *)host_alloc((size_t)world * WATCH_FLOATS * sizeof(float), "the watch report"), *dev;
-    watch_pack(w, host + (size_t)par->grid.rank * WATCH_FLOATS);
-    CUDA_CHECK(cudaMalloc((void **)&dev, (size_t)world * WATCH_FLOATS * sizeof(float)));
-    float *mine = dev + (size_t)par->grid.rank * WATCH_FLOATS;
-    CUDA_CHECK(cudaMemcpy(mine, host + (size_t)par->grid.rank * WATCH_FLOATS, WATCH_FLOATS * sizeof(float),
-                          cudaMemcpyHostToDevice));
-    nccl_allgather(par->nccl, &par->nccl->world, mine, dev, WATCH_FLOATS, ncclFloat32);
+    watch_add_wait(w, wait_since(waited, nccl_wait_ms(par->nccl)));
+    size_t at = (size_t)par->grid.rank * WATCH_FLOATS, bytes = (size_t)par->grid.world * WATCH_FLOATS * sizeof(float);
+    float *host = w->all, *dev = m->watch_floats;
+    watch_pack(w, host + at);
+    CUDA_CHECK(cudaMemcpy(dev + at, host + at, WATCH_FLOATS * sizeof(float), cudaMemcpyHostToDevice));
+    nccl_allgather(par->nccl, &par->nccl->world, dev + at, dev, WATCH_FLOATS, ncclFloat32);  // in place
     gpu_sync(m, "the watch report");
-    CUDA_CHECK(cudaMemcpy(host, dev, (size_t)world * WATCH_FLOATS * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
     if (par->grid.rank == 0) watch_judge(w, step, host, l);
-    CUDA_CHECK(cudaFree(dev));
-    free(host);
+}
+
+// the buffers of the checks above, sized once before the first step and
+// kept to the end (checks_free). The copy of a unit is as large as the
+// largest unit, so it is made only when -ck is on. The watch report's
+// floats on the host are the Watch's (trainer.h); these are the device's.
+static void checks_alloc(GPT2 *m, const Job *job, const Watch *w) {
+    int dp = m->shard.dp;
+    if (job->opt.check_every > 0 && dp > 1) {
+        size_t bytes = 32 * (size_t)unit_table_tensors(&m->ut) * dp;
+        m->digests = (uint8_t *)device_alloc(bytes, "replica digests");
+        m->digests_host = (uint8_t *)host_alloc(bytes, "replica digests");
+        m->unit_host = (floatX *)host_alloc(largest_unit(m) * sizeof(floatX), "unit");
+    }
+    if (w->every > 0)
+        m->watch_floats = (float *)device_alloc((size_t)w->world * WATCH_FLOATS * sizeof(float), "the watch report");
+}
+
+static void checks_free(GPT2 *m) {
+    cudaFree(m->digests);
+    cudaFree(m->watch_floats);
+    free(m->digests_host);
+    free(m->unit_host);
+    m->digests = m->digests_host = NULL;
+    m->unit_host = NULL;
+    m->watch_floats = NULL;
 }
 
 #endif  // LLM3D_GPU_CHECKS_CUH

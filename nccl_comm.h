@@ -450,7 +450,7 @@ static inline void nccl_wait_mark(NcclComm *c, int end) {
 static inline void nccl_watch(NcclComm *c, int on) {
     if (c->host == NULL && on) nccl_wait_sum(c);
     if (c->host != NULL && on) c->host_wait_at = comm_wait_ms(c->host);
-    if (c->host != NULL && !on && c->watching) c->wait_ms += comm_wait_ms(c->host) - c->host_wait_at;
+    if (c->host != NULL && !on && c->watching) c->wait_ms += wait_since(&c->host_wait_at, comm_wait_ms(c->host));
     c->watching = on;
 }
 

@@ -4,9 +4,9 @@
  * shared-memory segment of launcher.h. Defines Comm, comm_init (joins the
  * rendezvous and maps the segment), comm_allreduce, comm_reduce_scatter,
  * comm_allgather, comm_broadcast, comm_barrier, comm_send, comm_recv,
- * comm_sendrecv, the byte counters, the wait clock (comm_wait_ms),
- * comm_free, and the reduction ops OP_SUM and OP_AVG that the NCCL backend
- * takes too.
+ * comm_sendrecv, the byte counters, the wait clock (comm_wait_ms) and
+ * wait_since, which both backends' wait clocks are read with, comm_free,
+ * and the reduction ops OP_SUM and OP_AVG that the NCCL backend takes too.
  * Header-only (llm.c style): every function is static inline.
  *
  * One ring of COMM_SLOTS message slots per directed link in one
@@ -658,6 +658,15 @@ static inline void comm_sendrecv(Comm *c, int dst_rank, int send_channel, int se
 // little; they wait for it. The trainers' watch report (trainer.h) reads it
 // around each step.
 static inline double comm_wait_ms(const Comm *c) { return c != NULL ? c->wait_ms : 0.0; }
+
+// wait_since: what a wait clock (comm_wait_ms, or nccl_comm.h's
+// nccl_wait_ms) ran since *mark, an earlier reading of it, in ms. *mark
+// becomes clock, so the next call counts from here.
+static inline double wait_since(double *mark, double clock) {
+    double ms = clock - *mark;
+    *mark = clock;
+    return ms;
+}
 
 // comm_get_bytes: payload bytes this rank has sent, per COMM_* counter
 // (headers and tags not counted)

@@ -321,6 +321,24 @@ static void test_drift(void) {
     if (strstr(r.out, want) == NULL) printf("%s\n", r.out);
 }
 
+// rank 0's watch of `world` ranks in `pp` stages, given the same numbers at
+// two reports in a row, long enough a run to name a rank: the second's lines
+static void watch_two_reports(int world, int pp, const float *all, char *lines, size_t len) {
+    Job job;
+    memset(&job, 0, sizeof(job));
+    job.opt.watch_every = 3;
+    Grid g;
+    char err[256];
+    grid_init(&g, world, 1, pp, 0, err, sizeof(err));
+    Watch w;
+    watch_init(&w, &job, &g);
+    LogLine l = {0, 1, 0, 0, 0, -1, -1, 0, 0, NULL, NULL};
+    watch_judge(&w, 2, all, &l);
+    watch_judge(&w, 5, all, &l);
+    snprintf(lines, len, "%s", w.lines);
+    watch_free(&w);
+}
+
 // the rules of the watch report and of the consistency check's verdict,
 // on numbers made up here (trainer.h's watch_judge, replicas_judge)
 static void test_watch_rules(void) {
@@ -366,6 +384,17 @@ static void test_watch_rules(void) {
     watch_judge(&w, 5, stages, &l);
     check(w.lines[0] == '\0', "watch: a pipeline stage that does more work is not a straggler: %s", w.lines);
     watch_free(&w);
+    // three ranks a stage: the median is each stage's own
+    char lines[512];
+    float stage_slow[] = {40, 100, 130, 10, 41, 99, 129, 11, 40, 100, 400, 12};  // rank 5 slow in stage 1
+    watch_two_reports(6, 2, stage_slow, lines, sizeof(lines));
+    check(strcmp(lines, "step 5: rank 5 is a straggler: compute 400 ms/step against a median of 130 ms (3.1x), for 2 "
+                 "reports\n") == 0, "watch: a straggler against its own stage's median: %s", lines);
+    // each stage one rank: its peers are all the ranks
+    float one_each[] = {40, 10, 200, 10};
+    watch_two_reports(2, 2, one_each, lines, sizeof(lines));
+    check(strcmp(lines, "step 5: rank 1 is a straggler: compute 200 ms/step against a median of 120 ms (1.7x), for 2 "
+                 "reports\n") == 0, "watch: with one rank a stage, the median is over all the ranks: %s", lines);
     grid_init(&g, 1, 1, 1, 0, err, sizeof(err));
     watch_init(&w, &job, &g);
     check(w.every == 0 && !watch_due(&w, 2), "watch: one rank makes no reports");

@@ -215,6 +215,7 @@ typedef struct {
     size_t act_sizes[NUM_ACT_TENSORS];
     int adam_t;
     int grads_fresh;           // the gradients hold nothing of this step yet: the backward writes them (gpt2_zero_grad)
+    float *digests;            // dp > 1: -ck's SHA-256 of every tensor of every replica, each 32 bytes as 8 floats
 } GPT2;
 
 static void *xcalloc(size_t n, size_t size, const char *what) {
@@ -286,6 +287,8 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, const Parallel *par, const 
         if (zero <= 1) m->unit_grads[u] = m->grads + un->offset;
     }
     free(unit_buf);
+    if (m->shard.dp > 1)  // each 32-byte digest travels as 8 floats, its bytes as they are
+        m->digests = (float *)xcalloc((size_t)unit_table_tensors(&m->ut) * 8 * m->shard.dp, sizeof(float), "digests");
 }
 
 static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
@@ -331,6 +334,7 @@ static void gpt2_free(GPT2 *m) {
     if (m->par->zero == 3)
         for (int u = 0; u < m->ut.n; u++) free(m->unit_params[u]);
     free(m->grad_in);
+    free(m->digests);
     free(m->acts); free(m->ut.units); free(m->unit_params); free(m->unit_grads);
 }
 
@@ -1099,35 +1103,19 @@ static void consistency_check(GPT2 *m, int step) {
     const Parallel *par = m->par;
     if (par->dp.size == 1) return;
     int n = unit_table_tensors(&m->ut), dp = par->dp.size, t = 0;
-    // each 32-byte digest travels as 8 floats, its bytes as they are
-    float *mine = (float *)xcalloc((size_t)n * 8, sizeof(float), "digests");
-    float *all = (float *)xcalloc((size_t)n * 8 * dp, sizeof(float), "digests");
+    float *all = m->digests, *mine = all + (size_t)n * 8 * par->dp.me;  // in place
     for (int u = 0; u < m->ut.n; u++) {
         const float *p = unit_acquire(m, u);
-        int kind = m->ut.units[u].kind;
-        for (int k = 0; k < unit_tensor_count(kind); k++) {
-            size_t size = local_tensor_size(&m->config, &m->shard, unit_tensor(kind, k));
-            Sha256 h;
-            sha256_init(&h);
-            sha256_update(&h, p, size * sizeof(float));
-            sha256_final(&h, (uint8_t *)(mine + 8 * (size_t)t++));
-            p += size;
-        }
+        t += unit_digests(&m->config, &m->shard, m->ut.units[u].kind, p, sizeof(float), (uint8_t *)(mine + 8 * (size_t)t));
         unit_release(m, u);
     }
     comm_allgather(par->comm, &par->dp, mine, all, (size_t)n * 8);
     char msg[4096];
     if (replicas_judge((const uint8_t *)all, dp, n, par->dp.ranks, &m->ut, &m->shard, msg, sizeof(msg))) {
-        if (par->dp.me == 0) {
-            fflush(stdout);
-            fprintf(stderr, "rank %d: step %d: data-parallel replicas disagree: %s\n", par->grid.rank, step, msg);
-            fflush(stderr);
-        }
+        if (par->dp.me == 0) print_replicas_disagree(par->grid.rank, step, msg);
         comm_barrier(par->comm, &par->dp);
         exit(1);
     }
-    free(mine);
-    free(all);
 }
 
 // -fault drift: this rank's first parameter changed where its copy lives
@@ -1142,12 +1130,10 @@ static void drift_parameter(GPT2 *m) {
 // the watch report (trainer.h) after this step: every rank's compute and
 // wait per step all-gathered over the world; rank 0 judges
 static void watch_report(const Parallel *par, Watch *w, int step, LogLine *l) {
-    float mine[WATCH_FLOATS];
-    float *all = (float *)xcalloc((size_t)par->grid.world * WATCH_FLOATS, sizeof(float), "the watch report");
+    float *mine = w->all + (size_t)par->grid.rank * WATCH_FLOATS;  // in place
     watch_pack(w, mine);
-    comm_allgather(par->comm, &par->world, mine, all, WATCH_FLOATS);
-    if (par->grid.rank == 0) watch_judge(w, step, all, l);
-    free(all);
+    comm_allgather(par->comm, &par->world, mine, w->all, WATCH_FLOATS);
+    if (par->grid.rank == 0) watch_judge(w, step, w->all, l);
 }
 
 static void print_layout(const GPT2 *m, const Options *o, int accum) {

@@ -233,7 +233,11 @@ typedef struct {
     int overlap;                         // dp > 1: gradients reduced on the side stream (nccl_side_*) during the backward
     int last_micro;                      // the backward at work is the step's last micro-batch's
     floatX *reduced;                     // ZeRO-2/3: one unit's reduced chunk
-    uint8_t *digests;                    // dp > 1: -ck's SHA-256 of every tensor of every replica (32 * tensors * dp bytes)
+    // the checks' buffers (gpu_checks.cuh's checks_alloc; NULL when that check is off)
+    uint8_t *digests, *digests_host;     // -ck, dp > 1: the SHA-256 of every tensor of every replica (32 * tensors * dp
+                                         // bytes), on the device for the all-gather and on the host for the verdict
+    floatX *unit_host;                   // -ck, dp > 1: the unit being hashed, on the host (the largest unit's size)
+    float *watch_floats;                 // -wr: every rank's compute and wait per step (WATCH_FLOATS x world)
     floatX **unit_params, **unit_grads;  // per unit: where its full values / gradients are now (NULL: not held)
     floatX *tied_peer;                   // pp > 1, first and last stage: my wte gradient out, the other end's in
     int B, T, recompute, fuse_gelu, attention_tc;
@@ -366,7 +370,6 @@ static void gpt2_alloc_params(GPT2 *m) {
         if (zero >= 2) m->bucket[k] = (floatX *)device_alloc(big * X, "gradient bucket");
     }
     if (zero >= 2) m->reduced = (floatX *)device_alloc(big / s->dp * X, "reduced chunk");
-    if (s->dp > 1) m->digests = (uint8_t *)device_alloc(32 * (size_t)unit_table_tensors(&m->ut) * s->dp, "replica digests");
     for (int k = 0; zero >= 2 && k < UNIT_SLOTS; k++)
         CUDA_CHECK(cudaEventCreateWithFlags(&m->bucket_done[k], cudaEventDisableTiming));
     m->unit_params = (floatX **)host_alloc(m->ut.n * sizeof(floatX *), "unit views");
@@ -488,7 +491,7 @@ static void gpt2_free(GPT2 *m) {
     cudaFree(m->master);
 #endif
     cudaFree(m->params); cudaFree(m->grads); cudaFree(m->param_shard); cudaFree(m->grad_shard);
-    cudaFree(m->m); cudaFree(m->v); cudaFree(m->reduced); cudaFree(m->tied_peer); cudaFree(m->digests);
+    cudaFree(m->m); cudaFree(m->v); cudaFree(m->reduced); cudaFree(m->tied_peer);
     for (int k = 0; k < UNIT_SLOTS; k++) {
         cudaFree(m->slot[k]);
         cudaFree(m->bucket[k]);
@@ -1471,6 +1474,7 @@ int main(int argc, char **argv) {
     memset(&guard, 0, sizeof(guard));
     Watch watch;
     watch_init(&watch, &job, &par.grid);
+    checks_alloc(&model, &job, &watch);
     double waited = 0.0;  // the wait clock at the last watch report
     for (int step = job.start; step < job.steps && !stopped; step++) {
         nccl_set_step(par.nccl, step);
@@ -1513,6 +1517,7 @@ int main(int argc, char **argv) {
 
     if (!stopped && final_model(&model, &par, &job) != 0) return 1;
     watch_free(&watch);
+    checks_free(&model);
     free_job(&job);
     nccl_free(par.nccl);
     gpt2_free(&model);

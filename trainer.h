@@ -23,7 +23,8 @@
  *     watch_step_end, watch_add_wait, watch_due, watch_pack, watch_judge, watch_print,
  *     watch_free; the faults the trainers act on: fault_slow_step,
  *     fault_drift_due
- *   the consistency check (-ck): replica_tensor_name, replicas_judge
+ *   the consistency check (-ck): unit_digests, replica_tensor_name,
+ *     replicas_judge, print_replicas_disagree
  *   sampling: random_f32 (xorshift*), sample_token (inverse CDF of the softmax)
  *   at the end: free_job
  *
@@ -625,7 +626,10 @@ typedef struct {
     int steps;                  // this rank: steps measured since the last report
     double step_ms, wait_ms;    // their sums
     double wait_before;         // the wait clock at the start of the step being measured
+    float *all;                 // every rank's WATCH_FLOATS (rank-major), where the report all-gathers them
     int *slow_for, *wait_for;   // rank 0: the reports in a row in which each rank was slow / waited unusually
+    float *medians;             // rank 0: each group of peers' median compute and wait (pp x WATCH_FLOATS)
+    float *sorted;              // rank 0: one group's values being sorted for its median (world floats)
     char *fields, *lines;       // rank 0: this report's log fields and lines ("" when nothing was found)
     size_t fields_len, lines_len;
 } Watch;
@@ -637,14 +641,20 @@ static void watch_init(Watch *w, const Job *job, const Grid *g) {
     w->tp = g->tp;
     w->pp = g->pp;
     w->rank = g->rank;
-    if (w->every == 0 || g->rank != 0) return;
+    if (w->every == 0) return;
+    w->all = (float *)calloc((size_t)g->world * WATCH_FLOATS, sizeof(float));
+    if (w->all == NULL) die(1, "out of memory for the watch report");
+    if (g->rank != 0) return;
     w->slow_for = (int *)calloc((size_t)g->world, sizeof(int));
     w->wait_for = (int *)calloc((size_t)g->world, sizeof(int));
+    w->medians = (float *)calloc((size_t)g->pp * WATCH_FLOATS, sizeof(float));
+    w->sorted = (float *)calloc((size_t)g->world, sizeof(float));
     w->fields_len = 200 + (size_t)g->world * 40;
     w->lines_len = 200 + (size_t)g->world * 400;
     w->fields = (char *)calloc(w->fields_len, 1);
     w->lines = (char *)calloc(w->lines_len, 1);
-    if (w->slow_for == NULL || w->wait_for == NULL || w->fields == NULL || w->lines == NULL)
+    if (w->slow_for == NULL || w->wait_for == NULL || w->medians == NULL || w->sorted == NULL || w->fields == NULL ||
+        w->lines == NULL)
         die(1, "out of memory for the watch report");
 }
 
@@ -654,7 +664,7 @@ static void watch_step_begin(Watch *w, double wait_now) { w->wait_before = wait_
 static void watch_step_end(Watch *w, double step_ms, double wait_now) {
     w->steps++;
     w->step_ms += step_ms;
-    w->wait_ms += wait_now - w->wait_before;
+    w->wait_ms += wait_since(&w->wait_before, wait_now);
 }
 
 // for a trainer whose wait clock is read at the report rather than around
@@ -682,15 +692,27 @@ static int watch_compare_float(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-// the median of value k (0 compute, 1 wait) over rank r's peers (all:
-// world x WATCH_FLOATS, rank-major); tmp holds world floats
-static float watch_peer_median(const Watch *w, const float *all, int r, int k, float *tmp) {
-    int stage = (r / w->tp) % w->pp, n = 0;
-    int alone = w->world / w->pp < 2;  // each stage one rank: its peers are all the ranks
-    for (int q = 0; q < w->world; q++)
-        if (alone || (q / w->tp) % w->pp == stage) tmp[n++] = all[(size_t)q * WATCH_FLOATS + k];
-    qsort(tmp, (size_t)n, sizeof(float), watch_compare_float);
-    return n % 2 ? tmp[n / 2] : 0.5f * (tmp[n / 2 - 1] + tmp[n / 2]);
+// the group of peers rank r is compared with: its pipeline stage, or group
+// 0, all the ranks, when each stage is one rank
+static int watch_group(const Watch *w, int r) {
+    int alone = w->world / w->pp < 2;
+    return alone ? 0 : (r / w->tp) % w->pp;
+}
+
+// each group's median of value k (0 compute, 1 wait), once per report, into
+// w->medians[group * WATCH_FLOATS + k] (all: world x WATCH_FLOATS, rank-major)
+static void watch_peer_medians(Watch *w, const float *all) {
+    float *v = w->sorted;
+    for (int group = 0; group < w->pp; group++) {
+        for (int k = 0; k < WATCH_FLOATS; k++) {
+            int n = 0;
+            for (int q = 0; q < w->world; q++)
+                if (watch_group(w, q) == group) v[n++] = all[(size_t)q * WATCH_FLOATS + k];
+            if (n == 0) continue;  // each stage one rank: group 0 holds them all
+            qsort(v, (size_t)n, sizeof(float), watch_compare_float);
+            w->medians[group * WATCH_FLOATS + k] = n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
+        }
+    }
 }
 
 // appends to one of w's texts
@@ -720,11 +742,11 @@ static void watch_field_ranks(Watch *w, const char *name, const int *in_a_row) {
 // (watch_print) and the log fields, which l then carries.
 static void watch_judge(Watch *w, int step, const float *all, LogLine *l) {
     w->fields[0] = w->lines[0] = '\0';
-    float *tmp = (float *)calloc((size_t)w->world, sizeof(float));
-    if (tmp == NULL) die(1, "out of memory for the watch report");
+    watch_peer_medians(w, all);
     for (int r = 0; r < w->world; r++) {
         float compute = all[(size_t)r * WATCH_FLOATS], wait = all[(size_t)r * WATCH_FLOATS + 1];
-        float mc = watch_peer_median(w, all, r, 0, tmp), mw = watch_peer_median(w, all, r, 1, tmp);
+        const float *median = w->medians + (size_t)watch_group(w, r) * WATCH_FLOATS;
+        float mc = median[0], mw = median[1];
         int slow = compute > WATCH_RATIO * mc && compute - mc >= WATCH_MIN_MS;
         int waits = wait > WATCH_RATIO * mw && wait - mw >= WATCH_MIN_MS && wait > WATCH_WAIT_SHARE * (compute + wait);
         w->slow_for[r] = slow ? w->slow_for[r] + 1 : 0;
@@ -738,7 +760,6 @@ static void watch_judge(Watch *w, int step, const float *all, LogLine *l) {
                       "a median of %.0f ms (%.1fx), for %d reports\n", step, r, wait, mw, mw > 0 ? wait / mw : 0.0f,
                       w->wait_for[r]);
     }
-    free(tmp);
     if (w->lines[0] == '\0') return;
     watch_field_ranks(w, "stragglers", w->slow_for);
     watch_field_ranks(w, "waiting", w->wait_for);
@@ -762,8 +783,11 @@ static void watch_print(Watch *w) {
 }
 
 static void watch_free(Watch *w) {
+    free(w->all);
     free(w->slow_for);
     free(w->wait_for);
+    free(w->medians);
+    free(w->sorted);
     free(w->fields);
     free(w->lines);
     memset(w, 0, sizeof(*w));
@@ -799,7 +823,25 @@ static int fault_drift_due(const Job *job, int rank, int step) {
 // (MAC'd on the host backend), and replicas_judge says who differs: the
 // ranks whose copy differs from the majority's, or, with two replicas or
 // no majority, which copies differ from which, and the first tensor that
-// differs. The trainers hash and gather; the verdict is written once, here.
+// differs. The trainers gather; the hashing and the verdict are written
+// once, here.
+
+// unit_digests: the SHA-256 of each tensor of a unit of this kind, 32 bytes
+// each into out, from values, the unit's elements as this rank holds them
+// (elem bytes each: the trainers' floats differ); returns how many
+static int unit_digests(const GPT2Config *c, const Shard *s, int kind, const void *values, size_t elem, uint8_t *out) {
+    const uint8_t *p = (const uint8_t *)values;
+    int count = unit_tensor_count(kind);
+    for (int k = 0; k < count; k++) {
+        size_t bytes = local_tensor_size(c, s, unit_tensor(kind, k)) * elem;
+        Sha256 h;
+        sha256_init(&h);
+        sha256_update(&h, p, bytes);
+        sha256_final(&h, out + 32 * (size_t)k);
+        p += bytes;
+    }
+    return count;
+}
 
 // the name of tensor i of unit_table_tensors' order: "wte", "layer 3 qkvw"
 static const char *replica_tensor_name(const UnitTable *ut, const Shard *s, int i, char *buf, size_t len) {
@@ -890,6 +932,14 @@ static int replicas_judge(const uint8_t *digests, int dp, int n, const int *rank
     free(class_of);
     free(size);
     return 1;
+}
+
+// the line that says the replicas disagree (msg: replicas_judge's), after
+// whatever stdout holds; the dp group's first member prints it
+static void print_replicas_disagree(int rank, int step, const char *msg) {
+    fflush(stdout);
+    fprintf(stderr, "rank %d: step %d: data-parallel replicas disagree: %s\n", rank, step, msg);
+    fflush(stderr);
 }
 
 // ----------------------------------------------------------------------------
