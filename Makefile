@@ -69,7 +69,7 @@ train_gpt2: train_gpt2.c $(HEADERS)
 prepare_data: prepare_data.c $(HEADERS)
 	$(CC) $(CFLAGS) -pthread $< $(LDLIBS) -o $@
 
-export_hf: export_hf.c gpt2.h
+export_hf: export_hf.c $(HEADERS)
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
 plot_log: plot_log.c errors.h json.h log_reader.h

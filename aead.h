@@ -392,14 +392,11 @@ static inline __m128i aead_ghash_wide(const AeadKey *k, __m128i y, const uint8_t
 #endif
 
 // ----------------------------------------------------------------------------
-// which path runs: CPUID is asked once (see sha256_has_shani)
+// which path runs: CPUID is asked once (secure.h's cpu_has)
 
-static atomic_int aead_cpu_has_aesni;
-static atomic_int aead_portable_forced;
-
-static inline int aead_has_aesni(void) {
-    int known = atomic_load_explicit(&aead_cpu_has_aesni, memory_order_relaxed);
-    if (known != 0) return known == 2;
+// AES-NI and PCLMULQDQ, with the SSSE3 and SSE4.1 the code also uses; 0 off
+// x86 (the portable code then runs)
+static inline int aead_ask_aesni(void) {
     int yes = 0;
 #if SECURE_HAVE_X86
     unsigned a, b, c, d;
@@ -408,9 +405,13 @@ static inline int aead_has_aesni(void) {
         yes = pclmul && ssse3 && sse41 && aes;
     }
 #endif
-    atomic_store_explicit(&aead_cpu_has_aesni, yes ? 2 : 1, memory_order_relaxed);
     return yes;
 }
+
+static atomic_int aead_cpu_has_aesni;
+static atomic_int aead_portable_forced;
+
+static inline int aead_has_aesni(void) { return cpu_has(&aead_cpu_has_aesni, aead_ask_aesni); }
 
 static inline void aead_force_portable(int on) {
     atomic_store_explicit(&aead_portable_forced, on != 0, memory_order_relaxed);
@@ -422,12 +423,7 @@ static inline int aead_use_aesni(void) {
 
 // the 512-bit path: VAES and VPCLMULQDQ with AVX-512 (F, BW), and the OS
 // saving the registers (XCR0: SSE, AVX and the three AVX-512 states)
-static atomic_int aead_cpu_has_vaes;
-static atomic_int aead_narrow_forced;
-
-static inline int aead_has_vaes(void) {
-    int known = atomic_load_explicit(&aead_cpu_has_vaes, memory_order_relaxed);
-    if (known != 0) return known == 2;
+static inline int aead_ask_vaes(void) {
     int yes = 0;
 #if SECURE_HAVE_X86
     unsigned a, b, c, d;
@@ -439,9 +435,13 @@ static inline int aead_has_vaes(void) {
             yes = ((b >> 16) & 1) && ((b >> 30) & 1) && ((c >> 9) & 1) && ((c >> 10) & 1);
     }
 #endif
-    atomic_store_explicit(&aead_cpu_has_vaes, yes ? 2 : 1, memory_order_relaxed);
     return yes;
 }
+
+static atomic_int aead_cpu_has_vaes;
+static atomic_int aead_narrow_forced;
+
+static inline int aead_has_vaes(void) { return cpu_has(&aead_cpu_has_vaes, aead_ask_vaes); }
 
 // tests and benchmarks: AES-NI on 128-bit registers only, where VAES is there
 static inline void aead_force_narrow(int on) {

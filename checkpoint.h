@@ -710,12 +710,26 @@ static int ckpt_init_key(const Options *o, uint8_t key[32], char *err, size_t er
     return 0;
 }
 
-// the shape of -e's sealed model: its first chunk decrypted and the model
-// header in it read, without decrypting the rest; 0, or -1 with err naming
-// the file (another key: aead.h's "sealed with another key")
-static int ckpt_init_config(const Options *o, GPT2Config *c, char *err, size_t errlen) {
+// the shape of -e's model file when it is sealed (-enc 2's final model):
+// its first chunk decrypted and the model header in it read, without
+// decrypting the rest, from the one open that also tells whether it is
+// sealed. 0 with *sealed set; 0 with *sealed = 0 when the file is not sealed
+// or cannot be opened, and then options_model_file reads it (or says why
+// not), so a plain file's error comes before any about the key; -1 with err
+// naming the file (another key: aead.h's "sealed with another key").
+static int ckpt_init_config(const Options *o, GPT2Config *c, int *sealed, char *err, size_t errlen) {
+    *sealed = 0;
+    int fd = ckpt_open_read(o->init, sealed, NULL, 0);
+    if (fd < 0 || !*sealed) {
+        if (fd >= 0) close(fd);
+        *sealed = 0;
+        return 0;
+    }
     uint8_t key[32];
-    if (ckpt_init_key(o, key, err, errlen) != 0) return -1;
+    if (ckpt_init_key(o, key, err, errlen) != 0) {
+        close(fd);
+        return -1;
+    }
     AeadFileKey fk;
     aead_file_key(&fk, key);
     secure_wipe(key, sizeof(key));
@@ -723,9 +737,7 @@ static int ckpt_init_config(const Options *o, GPT2Config *c, char *err, size_t e
     int32_t h[HEADER_INTS];
     uint8_t *chunk = NULL;
     char why[1024];
-    int fd = open(o->init, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    int rc = fd >= 0 ? aead_file_read_header(fd, &f, &fk, o->init, why, sizeof(why))
-                     : errorf(why, sizeof(why), "%s: %s", o->init, strerror(errno));
+    int rc = aead_file_read_header(fd, &f, &fk, o->init, why, sizeof(why));
     if (rc == 0 && f.plain_bytes < sizeof(h))
         rc = errorf(why, sizeof(why), "%s: %llu bytes decrypted: shorter than a model header", o->init,
                     (unsigned long long)f.plain_bytes);
@@ -733,7 +745,7 @@ static int ckpt_init_config(const Options *o, GPT2Config *c, char *err, size_t e
         rc = errorf(why, sizeof(why), "%s: out of memory for a chunk", o->init);
     if (rc == 0) rc = aead_file_read_range(fd, &f, &fk, 0, sizeof(h), h, chunk, o->init, why, sizeof(why));
     free(chunk);
-    if (fd >= 0) close(fd);
+    close(fd);
     aead_file_key_wipe(&fk);
     if (rc != 0) return errorf(err, errlen, "flag -e: %s", why);
     FILE *mem = fmemopen(h, sizeof(h), "rb");

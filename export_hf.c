@@ -3,11 +3,14 @@
  * `transformers` (GPT2LMHeadModel.from_pretrained(DIR)) and lm-eval load it.
  *
  *   ./export_hf -i out/model_00005000.bin -o out/hf [--dtype f32|bf16]
- *               [--encoder PATH --vocab PATH | --no-tokenizer]
+ *               [--encoder PATH --vocab PATH | --no-tokenizer] [--key-file PATH]
  *
  * In: our model file (llm.c's, version 3 fp32 or 5 bf16: what -o writes at
  * the end of a run and what a checkpoint's model.bin is; read by gpt2.h's
- * model_load). Out, in the -o directory:
+ * model_load). A model the trainer sealed (-enc 2, or a checkpoint of -enc 1)
+ * is read with the key of the job that sealed it, --key-file: the trainer's
+ * --key-file, or the job.key in its -o directory (checkpoint.h's
+ * ckpt_model_load, as the trainer's -e reads it). Out, in the -o directory:
  *   model.safetensors  the 12L + 4 tensors, named as in the Hub's "gpt2"
  *                      checkpoint (GPT2Model's names, which GPT2LMHeadModel
  *                      loads too, tying lm_head to wte)
@@ -42,11 +45,13 @@
  * spaces so the data starts 8-byte aligned), then the tensors' bytes, one
  * after the other in the order listed, little-endian, row-major.
  *
- * Exit status: 0 done, 1 a file could not be read or written, 2 bad flags.
+ * Exit status: 0 done, 1 a file could not be read or written (a sealed model
+ * under another key too), 2 bad flags (a sealed model and no --key-file, or
+ * a key file that is not one).
  */
 #define _GNU_SOURCE  // strdup
-#include "gpt2.h"
-#include "tokenizer.h"  // bpe_find_files
+#include "checkpoint.h"  // ckpt_key, ckpt_is_sealed, ckpt_model_load; includes gpt2.h
+#include "tokenizer.h"   // bpe_find_files
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -63,7 +68,7 @@ typedef struct {
 } HfTensor;
 
 typedef struct {
-    const char *in, *out_dir, *encoder, *vocab;
+    const char *in, *out_dir, *encoder, *vocab, *key_file;
     int bf16, no_tokenizer;
 } ExportOptions;
 
@@ -76,7 +81,9 @@ static void usage(FILE *f) {
             "  --dtype f32|bf16 dtype of the tensors written (default f32; bf16 rounds to nearest even)\n"
             "  --encoder PATH   GPT-2 encoder.json  } copied as vocab.json and merges.txt; default:\n"
             "  --vocab PATH     GPT-2 vocab.bpe     } $LLM3D_DATA/gpt2/, else ../shared/data/gpt2/\n"
-            "  --no-tokenizer   write no tokenizer files\n");
+            "  --no-tokenizer   write no tokenizer files\n"
+            "  --key-file FILE  the key of the job that sealed MODEL.bin (-enc): the trainer's --key-file,\n"
+            "                   or the job.key in its -o directory\n");
 }
 
 static void usage_error(const char *fmt, const char *a) {
@@ -93,7 +100,7 @@ static void parse_options(ExportOptions *o, int argc, char **argv) {
         if (strcmp(flag, "-h") == 0 || strcmp(flag, "--help") == 0) { usage(stdout); exit(0); }
         if (strcmp(flag, "--no-tokenizer") == 0) { o->no_tokenizer = 1; continue; }
         int known = strcmp(flag, "-i") == 0 || strcmp(flag, "-o") == 0 || strcmp(flag, "--dtype") == 0 ||
-                    strcmp(flag, "--encoder") == 0 || strcmp(flag, "--vocab") == 0;
+                    strcmp(flag, "--encoder") == 0 || strcmp(flag, "--vocab") == 0 || strcmp(flag, "--key-file") == 0;
         if (!known) usage_error("unknown flag '%s'", flag);
         if (i + 1 >= argc || argv[i + 1][0] == '\0') usage_error("%s needs a value", flag);
         const char *value = argv[++i];
@@ -101,6 +108,7 @@ static void parse_options(ExportOptions *o, int argc, char **argv) {
         else if (strcmp(flag, "-o") == 0) o->out_dir = value;
         else if (strcmp(flag, "--encoder") == 0) o->encoder = value;
         else if (strcmp(flag, "--vocab") == 0) o->vocab = value;
+        else if (strcmp(flag, "--key-file") == 0) o->key_file = value;
         else if (strcmp(value, "f32") == 0) o->bf16 = 0;
         else if (strcmp(value, "bf16") == 0) o->bf16 = 1;
         else usage_error("--dtype '%s': want f32 or bf16", value);
@@ -338,6 +346,30 @@ static int write_tokenizer(const ExportOptions *o, const GPT2Config *c, char *er
     return write_text_file(path, json, err, errlen) == 0 ? 1 : -1;
 }
 
+// ----------------------------------------------------------------------------
+// reading
+
+// the parameters of -i, as model_load gives them, and c its shape: a plain
+// model file, or one the trainer sealed, read under the checkpoint key that
+// --key-file names (ckpt_key, as the trainer takes it). NULL with err set
+// and *status the exit status.
+static float *load_model(const ExportOptions *o, GPT2Config *c, int *status, char *err, size_t errlen) {
+    *status = 1;
+    if (!ckpt_is_sealed(o->in)) return model_load(o->in, c, err, errlen);
+    *status = 2;
+    if (o->key_file == NULL) {
+        errorf(err, errlen, "%s: sealed by the trainer's -enc: give the key of the job that wrote it with --key-file "
+               "(the run's --key-file, or the job.key in its -o directory)", o->in);
+        return NULL;
+    }
+    uint8_t key[32];
+    if (ckpt_key(NULL, o->key_file, 0, key, err, errlen) != 0) return NULL;
+    *status = 1;
+    float *params = ckpt_model_load(o->in, key, c, err, errlen);
+    secure_wipe(key, sizeof(key));
+    return params;
+}
+
 int main(int argc, char **argv) {
     ExportOptions o;
     parse_options(&o, argc, argv);
@@ -345,8 +377,9 @@ int main(int argc, char **argv) {
     if (*(unsigned char *)&probe != 1) { fprintf(stderr, "export_hf: this host is big-endian; safetensors wants little-endian\n"); return 1; }
     char err[8192];
     GPT2Config c;
-    float *params = model_load(o.in, &c, err, sizeof(err));
-    if (params == NULL) { fprintf(stderr, "export_hf: %s\n", err); return 1; }
+    int status;
+    float *params = load_model(&o, &c, &status, err, sizeof(err));
+    if (params == NULL) { fprintf(stderr, "export_hf: %s\n", err); return status; }
     struct stat st;
     if (stat(o.out_dir, &st) != 0 && mkdir(o.out_dir, 0755) != 0) {
         fprintf(stderr, "export_hf: -o %s: cannot create directory: %s\n", o.out_dir, strerror(errno));

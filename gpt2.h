@@ -862,25 +862,34 @@ static int options_check_build(Options *o, const TrainerBuild *b, char *err, siz
 // the batch: micro-batches per optimizer step for dp data-parallel replicas,
 // from -b -t -d -mb; -1 with one line in err when they do not fit together
 
-// the model's shape from -e (a descriptor dN with -ev -et -ec, or a model
-// file's header): 1 for a descriptor (the seeded init), 0 for a file, -1
-// with err set
-static int options_model(const Options *o, GPT2Config *c, char *err, size_t errlen) {
+// the model's shape from -e's descriptor (dN with -ev -et -ec): 1 when -e is
+// one, 0 when it is not (so it names a model file), -1 with err set
+static int options_descriptor(const Options *o, GPT2Config *c, char *err, size_t errlen) {
     if (strncmp(o->init, "gpt3:", 5) == 0)
         return errorf(err, errlen, "flag -e %s: llm.c's GPT-3 shapes are not implemented here; give dN, with -ec and -et "
                       "for other shapes", o->init);
-    if (config_from_descriptor(c, o->init, o->init_vocab, o->init_maxT) == 0) {
-        if (o->init_channels > 0) c->C = o->init_channels;
-        if (c->C % c->NH != 0)
-            return errorf(err, errlen, "flag -ec: %d channels do not split into %d heads", c->C, c->NH);
-        return 1;
-    }
+    if (config_from_descriptor(c, o->init, o->init_vocab, o->init_maxT) != 0) return 0;
+    if (o->init_channels > 0) c->C = o->init_channels;
+    if (c->C % c->NH != 0) return errorf(err, errlen, "flag -ec: %d channels do not split into %d heads", c->C, c->NH);
+    return 1;
+}
+
+// the model's shape from the header of -e's model file: 0, or -1 with err set
+static int options_model_file(const Options *o, GPT2Config *c, char *err, size_t errlen) {
     FILE *f = fopen_regular(o->init, "model file", err, errlen);
     int version;
     if (f == NULL) return -1;
     int rc = model_read_header(f, o->init, c, &version, err, errlen);
     fclose(f);
     return rc != 0 ? -1 : 0;
+}
+
+// the model's shape from -e (a descriptor dN with -ev -et -ec, or a model
+// file's header): 1 for a descriptor (the seeded init), 0 for a file, -1
+// with err set
+static int options_model(const Options *o, GPT2Config *c, char *err, size_t errlen) {
+    int rc = options_descriptor(o, c, err, errlen);
+    return rc != 0 ? rc : options_model_file(o, c, err, errlen);
 }
 
 static int batch_accum(const Options *o, int dp, char *err, size_t errlen) {

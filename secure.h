@@ -14,7 +14,8 @@
  * SHA-256 (FIPS 180-4): portable C, plus a path using the x86 SHA extensions
  * (SHA-NI) that is picked at run time by CPUID. Only that one function is
  * compiled for the SHA target, so the file builds with plain gcc -O2 and runs
- * on any x86-64 (and on other architectures, portable only).
+ * on any x86-64 (and on other architectures, portable only). CPUID is asked
+ * once per feature (cpu_has, which aead.h's AES-NI and VAES checks use too).
  *
  * Keys: 32 random bytes per job from getrandom(). The launcher hands them to
  * the ranks it starts through an inherited pipe (key_write_fd / key_read_fd);
@@ -279,15 +280,23 @@ static inline void sha256_blocks_shani(uint32_t h[8], const uint8_t *p, size_t n
 }
 #endif
 
-// The CPU is asked once: CPUID traps to the hypervisor in a VM and costs
-// microseconds, too much for every small frame. 0 = not asked yet, 1 = no, 2 = yes.
-// Being static in a header, each translation unit has its own pair.
-static atomic_int sha256_cpu_has_shani;
-static atomic_int sha256_portable_forced;
+// cpu_has: whether the CPU has a feature, asked once through ask and kept in
+// *known: CPUID traps to the hypervisor in a VM and costs microseconds, too
+// much for every small frame. *known is 0 = not asked yet, 1 = no, 2 = yes.
+// Relaxed order is enough: two threads that both ask get the same answer.
+// Each feature's cache is static in a header, so each translation unit has
+// its own. aead.h's AES-NI and VAES checks use it too.
+static inline int cpu_has(atomic_int *known, int (*ask)(void)) {
+    int answer = atomic_load_explicit(known, memory_order_relaxed);
+    if (answer != 0) return answer == 2;
+    int yes = ask();
+    atomic_store_explicit(known, yes ? 2 : 1, memory_order_relaxed);
+    return yes;
+}
 
-static inline int sha256_has_shani(void) {
-    int known = atomic_load_explicit(&sha256_cpu_has_shani, memory_order_relaxed);
-    if (known != 0) return known == 2;
+// SHA-NI, with the SSSE3 and SSE4.1 its code also uses; 0 off x86 (the
+// portable code then runs)
+static inline int sha256_ask_shani(void) {
     int yes = 0;
 #if SECURE_HAVE_X86
     unsigned a, b, c, d;
@@ -296,9 +305,13 @@ static inline int sha256_has_shani(void) {
         if (ssse3 && sse41 && __get_cpuid_count(7, 0, &a, &b, &c, &d)) yes = (b >> 29) & 1;
     }
 #endif
-    atomic_store_explicit(&sha256_cpu_has_shani, yes ? 2 : 1, memory_order_relaxed);
     return yes;
 }
+
+static atomic_int sha256_cpu_has_shani;
+static atomic_int sha256_portable_forced;
+
+static inline int sha256_has_shani(void) { return cpu_has(&sha256_cpu_has_shani, sha256_ask_shani); }
 
 static inline void sha256_force_portable(int on) {
     atomic_store_explicit(&sha256_portable_forced, on != 0, memory_order_relaxed);

@@ -545,6 +545,24 @@ static void test_encrypted_init(void) {
     free(y);
     check(same, "-enc 2's final model decrypts to the plain run's, byte for byte");
 
+    // check_model opens -e once to learn both whether it is sealed and, if so,
+    // its shape; a plain file is left to options_model_file, no key asked for
+    Options o;
+    memset(&o, 0, sizeof(o));
+    GPT2Config c;
+    char key_path[300];
+    snprintf(key_path, sizeof(key_path), "%s/job.key", a);
+    int is_sealed = -1;
+    o.init = pp;
+    int rc = ckpt_init_config(&o, &c, &is_sealed, err, sizeof(err));
+    check(rc == 0 && is_sealed == 0, "ckpt_init_config of the plain model, no key given: not sealed (%d, %d)", rc, is_sealed);
+    o.init = model;
+    o.key_file = key_path;
+    rc = ckpt_init_config(&o, &c, &is_sealed, err, sizeof(err));
+    check(rc == 0 && is_sealed == 1 && c.L == 2 && c.V == 256 && c.maxT == 32,
+          "ckpt_init_config of the sealed model with its key: sealed, L=2 V=256 maxT=32 (%d, %d) %s", rc, is_sealed,
+          rc != 0 ? err : "");
+
     snprintf(b, sizeof(b), "%s/init_from_plain", dir);
     snprintf(args, sizeof(args), "-e %s", pp);
     run(&ref, b, 4, args);

@@ -3,11 +3,13 @@
  * writes, and its output read back here: the safetensors header (every name,
  * dtype and shape, offsets that tile the data exactly), the values of the
  * tensors against the model file's (the transposed ones included), config.json,
- * the bf16 rounding, a v5 (bf16) model file in, and its errors.
+ * the bf16 rounding, a v5 (bf16) model file in, a model sealed as the
+ * trainer's -enc 2 seals it (read with --key-file, refused without), and its
+ * errors.
  *
  *   make test_export export_hf && ./test_export
  */
-#include "gpt2.h"
+#include "checkpoint.h"  // ckpt_model_save_sealed, key_generate, key_write_file; includes gpt2.h
 #include "json.h"
 #include "test.h"
 
@@ -274,6 +276,63 @@ static void check_tokenizer_files(void) {
           "tokenizer_config.json (exit %d)", rc);
 }
 
+// same_file: whether the files at a and b hold the same bytes
+static int same_file(const char *a, const char *b) {
+    size_t la, lb;
+    unsigned char *x = (unsigned char *)test_read_file(a, &la), *y = (unsigned char *)test_read_file(b, &lb);
+    int same = x != NULL && y != NULL && la == lb && memcmp(x, y, la) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+// check_sealed: params sealed as the trainer's -enc 2 seals its final model
+// export, given the job's key with --key-file, to the very bytes that
+// exporting the plain model (already in plain_dir) gives; without the key,
+// with another key, or with a key file that is not one, it is refused in one
+// line naming the file
+static void check_sealed(const float *params, const char *plain_dir) {
+    char model[128], key_file[128], other_file[128], dir[128], cmd[1024], out[8192], err[1024], a[256], b[256];
+    uint8_t key[32], other[32];
+    snprintf(model, sizeof(model), "%s/model_sealed.bin", tmp_dir);
+    snprintf(key_file, sizeof(key_file), "%s/job.key", tmp_dir);
+    snprintf(other_file, sizeof(other_file), "%s/other.key", tmp_dir);
+    snprintf(dir, sizeof(dir), "%s/hf_sealed", tmp_dir);
+    int ok = key_generate(key, err, sizeof(err)) == 0 && key_write_file(key_file, key, err, sizeof(err)) == 0 &&
+             key_generate(other, err, sizeof(err)) == 0 && key_write_file(other_file, other, err, sizeof(err)) == 0 &&
+             ckpt_model_save_sealed(model, key, &shape, params, err, sizeof(err)) == 0;
+    if (!check(ok && ckpt_is_sealed(model), "a sealed model and its job key (%s)", ok ? "ok" : err)) return;
+
+    snprintf(cmd, sizeof(cmd), "./export_hf -i %s --key-file %s -o %s", model, key_file, dir);
+    int rc = run(cmd, out, sizeof(out));
+    snprintf(a, sizeof(a), "%s/model.safetensors", plain_dir);
+    snprintf(b, sizeof(b), "%s/model.safetensors", dir);
+    int same = rc == 0 && same_file(a, b);
+    snprintf(a, sizeof(a), "%s/config.json", plain_dir);
+    snprintf(b, sizeof(b), "%s/config.json", dir);
+    check(same && same_file(a, b), "export_hf --key-file of the sealed model: model.safetensors and config.json "
+          "byte for byte those of the plain model (exit %d) %.*s", rc, (int)strcspn(out, "\n"), out);
+
+    char none_file[128];
+    snprintf(none_file, sizeof(none_file), "%s/none.key", tmp_dir);
+    struct { const char *what, *key_file, *names, *says; int status; } cases[] = {
+        {"no --key-file", NULL, model, "give the key of the job that wrote it with --key-file", 2},
+        {"another key", other_file, model, "sealed with another key", 1},
+        {"a key file that is not there", none_file, none_file, "key file", 2},
+    };
+    for (int i = 0; i < 3; i++) {
+        char flags[256] = "";
+        if (cases[i].key_file != NULL) snprintf(flags, sizeof(flags), "--key-file %s", cases[i].key_file);
+        snprintf(cmd, sizeof(cmd), "./export_hf -i %s %s -o %s/hf_refused", model, flags, tmp_dir);
+        rc = run(cmd, out, sizeof(out));
+        int lines = 0;
+        for (const char *q = out; *q; q++) lines += *q == '\n';
+        check(rc == cases[i].status && lines == 1 && strstr(out, cases[i].names) != NULL && strstr(out, cases[i].says) != NULL,
+              "the sealed model, %s: refused in one line naming %s (exit %d, %d lines): %.*s", cases[i].what,
+              cases[i].names == model ? "the model" : "the key file", rc, lines, (int)strcspn(out, "\n"), out);
+    }
+}
+
 int main(void) {
     snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/test_export_XXXXXX");
     if (mkdtemp(tmp_dir) == NULL) { printf("cannot make a temp dir\n"); return 1; }
@@ -321,6 +380,7 @@ int main(void) {
     check_export(dir5, rounded, 0);
 
     check_tokenizer_files();
+    check_sealed(params, dir);
 
     // errors: one line, the file named
     snprintf(cmd, sizeof(cmd), "./export_hf -i %s/none.bin -o %s", tmp_dir, dir);

@@ -60,6 +60,7 @@ typedef struct {
     Fault fault;             // -fault, for the ranks' communicators
     GPT2Config config;       // the model's shape
     int random_init;         // 1: -e is a descriptor (the seeded init); 0: a model file
+    int init_sealed;         // -e's model file is sealed (-enc 2's final model)
     Grid layout;             // the layout of -np -tp -pp, checked before any rank starts
     int accum;               // micro-batches per optimizer step on each data-parallel rank
     long total_batch;        // tokens per optimizer step, all ranks together
@@ -160,13 +161,17 @@ static void parse_fault(Job *job) {
 }
 
 // the model's shape from -e (a descriptor, or a model file's header, sealed
-// or not), -t against its maxT, and the layout against the model
+// or not), -t against its maxT, and the layout against the model. A sealed
+// file is opened once here, a plain one twice (the first open finds it is
+// not sealed).
 static void check_model(Job *job) {
     char err[2048];
     const Options *o = &job->opt;
     const GPT2Config *c = &job->config;
-    int rc = options_model(o, &job->config, err, sizeof(err));  // -e, -ev -et -ec
-    if (rc < 0 && ckpt_is_sealed(o->init)) rc = ckpt_init_config(o, &job->config, err, sizeof(err));
+    job->init_sealed = 0;
+    int rc = options_descriptor(o, &job->config, err, sizeof(err));  // -e dN, -ev -et -ec
+    if (rc == 0) rc = ckpt_init_config(o, &job->config, &job->init_sealed, err, sizeof(err));
+    if (rc == 0 && !job->init_sealed) rc = options_model_file(o, &job->config, err, sizeof(err));
     if (rc < 0) die_usage(err);
     job->random_init = rc;
     if (o->T > c->maxT) {
@@ -287,8 +292,8 @@ static float *load_params(Job *job, const Grid *g) {
         params = ckpt_model_load_part(path, job->ckpt_key, &job->config, &s, &ut, err, sizeof(err));
         free(ut.units);
     } else {
-        params = ckpt_is_sealed(job->opt.init) ? ckpt_init_load(&job->opt, &job->config, err, sizeof(err))
-                                               : model_load(job->opt.init, &job->config, err, sizeof(err));
+        params = job->init_sealed ? ckpt_init_load(&job->opt, &job->config, err, sizeof(err))
+                                  : model_load(job->opt.init, &job->config, err, sizeof(err));
     }
     if (params == NULL) die_usage(err);
     return params;
