@@ -130,18 +130,20 @@ static uint64_t ckpt_file_bytes(int file, const GPT2Config *c) {
 
 // path opened for reading, and in *sealed whether it is one of aead.h's
 // sealed files (its first bytes say), so that a reader opens it once: the
-// fd, or -1 with err naming the file
-static int ckpt_open_read(const char *path, int *sealed, char *err, size_t errlen) {
+// fd, or -1 with err naming the file. A checkpoint's own files are never
+// read through a symbolic link (follow 0); a model file the user names
+// (-e, export_hf -i) is, as fopen reads a plain one (follow 1).
+static int ckpt_open_read(const char *path, int follow, int *sealed, char *err, size_t errlen) {
     uint8_t first[8];
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | (follow ? 0 : O_NOFOLLOW) | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
     *sealed = pread_all(fd, first, sizeof(first), 0) == 0 && aead_file_is_sealed(first, sizeof(first));
     return fd;
 }
 
-// whether the file at path is one of aead.h's sealed files
+// whether the model file at path (a link followed) is one of aead.h's sealed files
 static int ckpt_is_sealed(const char *path) {
-    int sealed = 0, fd = ckpt_open_read(path, &sealed, NULL, 0);
+    int sealed = 0, fd = ckpt_open_read(path, 1, &sealed, NULL, 0);
     if (fd >= 0) close(fd);
     return sealed;
 }
@@ -183,7 +185,7 @@ static int ckpt_read_fd(int fd, int sealed, const char *path, const uint8_t key[
 // the whole plaintext of a checkpoint file, sealed or not (ckpt_read_fd)
 static int ckpt_read_file(const char *path, const uint8_t key[32], uint64_t max_bytes, uint8_t **out, uint64_t *n,
                           char *err, size_t errlen) {
-    int sealed = 0, fd = ckpt_open_read(path, &sealed, err, errlen);
+    int sealed = 0, fd = ckpt_open_read(path, 0, &sealed, err, errlen);
     if (fd < 0) {
         *out = NULL;
         *n = 0;
@@ -197,7 +199,7 @@ static int ckpt_read_file(const char *path, const uint8_t key[32], uint64_t max_
 // the plaintext size of a checkpoint file: its size, or a sealed file's
 // header's plain_bytes once the file's size agrees with it
 static int ckpt_plain_bytes(const char *path, const uint8_t key[32], uint64_t *n, char *err, size_t errlen) {
-    int sealed = 0, fd = ckpt_open_read(path, &sealed, err, errlen);
+    int sealed = 0, fd = ckpt_open_read(path, 0, &sealed, err, errlen);
     if (fd < 0) return -1;
     struct stat st;
     int rc = fstat(fd, &st) == 0 ? 0 : errorf(err, errlen, "%s: %s", path, strerror(errno));
@@ -315,7 +317,7 @@ static int ckpt_optim_open(OptimFile *f, const char *path, const uint8_t key[32]
     f->bytes = (size_t)ckpt_file_bytes(1, c);
     int32_t want[HEADER_INTS];
     ckpt_optim_header(want, c, adam_t);
-    int sealed = 0, fd = ckpt_open_read(path, &sealed, err, errlen);
+    int sealed = 0, fd = ckpt_open_read(path, 0, &sealed, err, errlen);
     if (fd < 0) return -1;
     int rc = sealed ? ckpt_optim_decrypt(f, fd, path, key, c, s, ut, sharded, err, errlen)
                     : ckpt_optim_map(f, fd, path, err, errlen);
@@ -588,7 +590,7 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, C
 // gives them (a malloc'd fp32 array; c filled from the header), or NULL
 // with err set
 static float *ckpt_model_load(const char *path, const uint8_t key[32], GPT2Config *c, char *err, size_t errlen) {
-    int sealed = 0, fd = ckpt_open_read(path, &sealed, err, errlen);
+    int sealed = 0, fd = ckpt_open_read(path, 1, &sealed, err, errlen);
     if (fd < 0) return NULL;
     if (!sealed) {
         close(fd);
@@ -687,7 +689,7 @@ static float *ckpt_model_decrypt_part(int fd, const char *path, const uint8_t ke
 // other ranks stay zero. A plain one is read whole, as model_load does.
 static float *ckpt_model_load_part(const char *path, const uint8_t key[32], GPT2Config *c, const Shard *s,
                                    const UnitTable *ut, char *err, size_t errlen) {
-    int sealed = 0, fd = ckpt_open_read(path, &sealed, err, errlen);
+    int sealed = 0, fd = ckpt_open_read(path, 0, &sealed, err, errlen);
     if (fd < 0) return NULL;
     if (!sealed) {
         close(fd);
@@ -719,7 +721,7 @@ static int ckpt_init_key(const Options *o, uint8_t key[32], char *err, size_t er
 // naming the file (another key: aead.h's "sealed with another key").
 static int ckpt_init_config(const Options *o, GPT2Config *c, int *sealed, char *err, size_t errlen) {
     *sealed = 0;
-    int fd = ckpt_open_read(o->init, sealed, NULL, 0);
+    int fd = ckpt_open_read(o->init, 1, sealed, NULL, 0);
     if (fd < 0 || !*sealed) {
         if (fd >= 0) close(fd);
         *sealed = 0;

@@ -313,6 +313,18 @@ static void check_sealed(const float *params, const char *plain_dir) {
     check(same && same_file(a, b), "export_hf --key-file of the sealed model: model.safetensors and config.json "
           "byte for byte those of the plain model (exit %d) %.*s", rc, (int)strcspn(out, "\n"), out);
 
+    // through a symbolic link, as a plain model is read
+    char link[160];
+    snprintf(link, sizeof(link), "%s/model_link.bin", tmp_dir);
+    snprintf(b, sizeof(b), "%s/hf_link", tmp_dir);
+    ok = symlink(model, link) == 0;
+    snprintf(cmd, sizeof(cmd), "./export_hf -i %s --key-file %s -o %s", link, key_file, b);
+    rc = ok ? run(cmd, out, sizeof(out)) : -1;
+    snprintf(a, sizeof(a), "%s/model.safetensors", plain_dir);
+    strncat(b, "/model.safetensors", sizeof(b) - strlen(b) - 1);
+    check(rc == 0 && same_file(a, b), "export_hf --key-file of a symbolic link to the sealed model: the same "
+          "model.safetensors (exit %d) %.*s", rc, (int)strcspn(out, "\n"), out);
+
     char none_file[128];
     snprintf(none_file, sizeof(none_file), "%s/none.key", tmp_dir);
     struct { const char *what, *key_file, *names, *says; int status; } cases[] = {
