@@ -224,6 +224,19 @@ static int ckpt_plain_bytes(const char *path, const uint8_t key[32], uint64_t *n
 // no memory: a rank of a large job reads a small part of the file.
 typedef struct { void *map; size_t bytes; const float *m, *v; uint64_t chunks, chunks_read; } OptimFile;
 
+typedef struct { const AeadFile *f; const GPT2Config *c; const Shard *s; int arrays; uint64_t N; uint8_t *need; } ChunkMarks;
+
+// the chunks of one part (gpt2.h's for_each_unit_part), in each array
+static void ckpt_mark_part(const UnitPart *p, void *ctx) {
+    const ChunkMarks *m = (const ChunkMarks *)ctx;
+    for (uint64_t array = 0; array < (uint64_t)m->arrays; array++) {
+        uint64_t first = array * m->N + p->base + local_to_global(m->c, m->s, p->t, p->a - p->t_off);
+        uint64_t last = array * m->N + p->base + local_to_global(m->c, m->s, p->t, p->b - 1 - p->t_off);
+        uint64_t from = HEADER_INTS * 4 + 4 * first, to = HEADER_INTS * 4 + 4 * last + 4;
+        for (uint64_t i = from / m->f->chunk_bytes; i <= (to - 1) / m->f->chunk_bytes; i++) m->need[i] = 1;
+    }
+}
+
 // marks in need[] the chunks of the sealed file f (model.bin: arrays 1,
 // the parameters; optim.bin: 2, m then v) that hold what this rank's
 // unit_fill calls use: for each of its units, elements [lo, hi) (sharded,
@@ -233,30 +246,9 @@ typedef struct { void *map; size_t bytes; const float *m, *v; uint64_t chunks, c
 // header, which is checked, are marked too.
 static void ckpt_mark_chunks(const AeadFile *f, int arrays, const GPT2Config *c, const Shard *s, const UnitTable *ut,
                              int sharded, uint8_t *need) {
-    size_t full_off[NUM_PARAM_TENSORS], sizes[NUM_PARAM_TENSORS], off = 0;
-    param_sizes(c, sizes);
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) { full_off[t] = off; off += sizes[t]; }
-    uint64_t N = param_count(c);
     for (uint64_t i = 0; i <= (HEADER_INTS * 4 - 1) / f->chunk_bytes; i++) need[i] = 1;
-    for (int u = 0; u < ut->n; u++) {
-        const Unit *un = &ut->units[u];
-        size_t chunk = un->padded / s->dp, lo = sharded ? s->dp_rank * chunk : 0, hi = sharded ? lo + chunk : un->size;
-        int layer = unit_layer(s, un);
-        size_t t_off = 0;
-        for (int k = 0; k < unit_tensor_count(un->kind); k++) {
-            int t = unit_tensor(un->kind, k);
-            size_t n = local_tensor_size(c, s, t);
-            size_t base = full_off[t] + (un->kind >= U_LAYER0 ? (size_t)layer * (sizes[t] / c->L) : 0);
-            size_t a = lo > t_off ? lo : t_off, b = hi < t_off + n ? hi : t_off + n;
-            for (uint64_t array = 0; a < b && array < (uint64_t)arrays; array++) {
-                uint64_t first = array * N + base + local_to_global(c, s, t, a - t_off);
-                uint64_t last = array * N + base + local_to_global(c, s, t, b - 1 - t_off);
-                uint64_t from = HEADER_INTS * 4 + 4 * first, to = HEADER_INTS * 4 + 4 * last + 4;
-                for (uint64_t i = from / f->chunk_bytes; i <= (to - 1) / f->chunk_bytes; i++) need[i] = 1;
-            }
-            t_off += n;
-        }
-    }
+    ChunkMarks m = {f, c, s, arrays, param_count(c), need};
+    for_each_unit_part(c, s, ut, sharded, ckpt_mark_part, &m);
 }
 
 // the sealed optim.bin at fd into f->map: the chunks ckpt_mark_chunks

@@ -527,17 +527,17 @@ static void unit_fill(const GPT2Config *c, const Shard *s, const Unit *un, float
     }
 }
 
-// what this rank owns of the full model (file layout), so that the ranks
-// together write every element exactly once: the replicated tensors on tp
-// rank 0, wte on the first stage, and of each unit either the dp rank's 1/dp
-// (by_dp: checkpoints, written by all ranks at once) or all of it on dp rank
-// 0 (export). A run is contiguous in unit u from element j, and in the flat
-// model file from element g.
-typedef struct { int u; size_t j, g, n; } OwnedRun;
-typedef void (*OwnedFn)(const OwnedRun *r, void *ctx);
+// each part of a tensor in this rank's units, in unit order: of unit u,
+// the elements [a, b) (counted in the unit) that lie in tensor t, which
+// starts at element t_off of the unit; of each unit the dp rank's 1/dp
+// (by_dp) or all of it. base is where tensor t's values for the unit's layer
+// start in the full model (file layout): element i of the unit is at
+// base + local_to_global(c, s, t, i - t_off) there.
+typedef struct { int u, t; size_t a, b, t_off, base; } UnitPart;
+typedef void (*UnitPartFn)(const UnitPart *p, void *ctx);
 
-static void for_each_owned(const GPT2Config *c, const Shard *s, const UnitTable *ut, int by_dp, OwnedFn fn, void *ctx) {
-    if (!by_dp && s->dp_rank != 0) return;
+static void for_each_unit_part(const GPT2Config *c, const Shard *s, const UnitTable *ut, int by_dp, UnitPartFn fn,
+                               void *ctx) {
     size_t full_off[NUM_PARAM_TENSORS], sizes[NUM_PARAM_TENSORS], off = 0;
     param_sizes(c, sizes);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) { full_off[t] = off; off += sizes[t]; }
@@ -550,20 +550,44 @@ static void for_each_owned(const GPT2Config *c, const Shard *s, const UnitTable 
         for (int k = 0; k < unit_tensor_count(un->kind); k++) {
             int t = unit_tensor(un->kind, k);
             size_t n = local_tensor_size(c, s, t);
-            size_t base = full_off[t] + (un->kind >= U_LAYER0 ? (size_t)layer * (sizes[t] / c->L) : 0);
-            int owner = tensor_counted_here(s, t);
-            size_t a = lo > t_off ? lo : t_off, b = hi < t_off + n ? hi : t_off + n;
-            OwnedRun r = {u, 0, 0, 0};
-            for (size_t j = a; owner && j < b; j++) {
-                size_t g = base + local_to_global(c, s, t, j - t_off);
-                if (r.n > 0 && g == r.g + r.n) { r.n++; continue; }
-                if (r.n > 0) fn(&r, ctx);
-                r.j = j; r.g = g; r.n = 1;
-            }
-            if (r.n > 0) fn(&r, ctx);
+            UnitPart p = {u, t, lo > t_off ? lo : t_off, hi < t_off + n ? hi : t_off + n, t_off,
+                          full_off[t] + (un->kind >= U_LAYER0 ? (size_t)layer * (sizes[t] / c->L) : 0)};
+            if (p.a < p.b) fn(&p, ctx);
             t_off += n;
         }
     }
+}
+
+// what this rank owns of the full model (file layout), so that the ranks
+// together write every element exactly once: the replicated tensors on tp
+// rank 0, wte on the first stage, and of each unit either the dp rank's 1/dp
+// (by_dp: checkpoints, written by all ranks at once) or all of it on dp rank
+// 0 (export). A run is contiguous in unit u from element j, and in the flat
+// model file from element g.
+typedef struct { int u; size_t j, g, n; } OwnedRun;
+typedef void (*OwnedFn)(const OwnedRun *r, void *ctx);
+
+typedef struct { const GPT2Config *c; const Shard *s; OwnedFn fn; void *ctx; } OwnedWalk;
+
+// the owned runs of one part: its elements in order, cut where their places
+// in the file stop following each other
+static void owned_runs_of_part(const UnitPart *p, void *ctx) {
+    const OwnedWalk *w = (const OwnedWalk *)ctx;
+    if (!tensor_counted_here(w->s, p->t)) return;
+    OwnedRun r = {p->u, 0, 0, 0};
+    for (size_t j = p->a; j < p->b; j++) {
+        size_t g = p->base + local_to_global(w->c, w->s, p->t, j - p->t_off);
+        if (r.n > 0 && g == r.g + r.n) { r.n++; continue; }
+        if (r.n > 0) w->fn(&r, w->ctx);
+        r.j = j; r.g = g; r.n = 1;
+    }
+    if (r.n > 0) w->fn(&r, w->ctx);
+}
+
+static void for_each_owned(const GPT2Config *c, const Shard *s, const UnitTable *ut, int by_dp, OwnedFn fn, void *ctx) {
+    if (!by_dp && s->dp_rank != 0) return;
+    OwnedWalk w = {c, s, fn, ctx};
+    for_each_unit_part(c, s, ut, by_dp, owned_runs_of_part, &w);
 }
 
 // ---------------------------------------------------------------------------
