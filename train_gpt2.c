@@ -80,8 +80,11 @@ static void adamw_update(float *params, const float *grads, float *m, float *v, 
 // Clang's vector extension: from the plain loop GCC 12 makes scalar code).
 // Each lane's sum is a chain of dependent multiply-adds, one per 8 floats,
 // slower than memory: a task sums two blocks side by side, so that two
-// chains are in flight, without changing either.
+// chains are in flight, without changing either. The two streams are asked
+// for ahead: the hardware prefetcher alone left the pass at about half the
+// bandwidth AdamW reaches.
 #define SUMSQ_BLOCK 8192
+#define SUMSQ_AHEAD 1024  // floats
 typedef double sumsq_lanes __attribute__((vector_size(8 * sizeof(double))));
 typedef float sumsq_floats __attribute__((vector_size(8 * sizeof(float))));
 
@@ -120,9 +123,16 @@ static double sum_squares(const float *x, size_t n) {
     for (size_t pair = 0; pair < npairs; pair++) {  // two whole blocks, as sum_squares_block does each
         const float *x0 = x + 2 * pair * SUMSQ_BLOCK, *x1 = x0 + SUMSQ_BLOCK;
         sumsq_lanes lanes0 = {0}, lanes1 = {0};
-        for (size_t i = 0; i < SUMSQ_BLOCK; i += 8) {
+        for (size_t i = 0; i < SUMSQ_BLOCK; i += 16) {
+            // a cache line of each stream 4 KiB ahead, into the next pair's
+            // blocks near the end (this thread's next, most often), not past x
+            size_t ahead0 = 2 * pair * SUMSQ_BLOCK + i + SUMSQ_AHEAD, ahead1 = ahead0 + SUMSQ_BLOCK;
+            if (ahead0 < n) __builtin_prefetch(x + ahead0);
+            if (ahead1 < n) __builtin_prefetch(x + ahead1);
             sumsq_add(&lanes0, x0 + i);
             sumsq_add(&lanes1, x1 + i);
+            sumsq_add(&lanes0, x0 + i + 8);
+            sumsq_add(&lanes1, x1 + i + 8);
         }
         block_sums[2 * pair] = sumsq_total(&lanes0);
         block_sums[2 * pair + 1] = sumsq_total(&lanes1);
