@@ -40,7 +40,7 @@
 #ifndef LLM3D_AEAD_H
 #define LLM3D_AEAD_H
 
-#include "secure.h"  // first: it needs POSIX; HMAC, secure_wipe, put_u64, errorf
+#include "secure.h"  // first: it needs POSIX; HMAC, secure_wipe, put_u64, errorf, cpu_has
 #include "files.h"   // pread_all, pwrite_all
 
 #include <pthread.h>

@@ -3,7 +3,7 @@
  * `transformers` (GPT2LMHeadModel.from_pretrained(DIR)) and lm-eval load it.
  *
  *   ./export_hf -i out/model_00005000.bin -o out/hf [--dtype f32|bf16]
- *               [--encoder PATH --vocab PATH | --no-tokenizer] [--key-file PATH]
+ *               [--encoder PATH --vocab PATH | --no-tokenizer] [--key-file FILE]
  *
  * In: our model file (llm.c's, version 3 fp32 or 5 bf16: what -o writes at
  * the end of a run and what a checkpoint's model.bin is; read by gpt2.h's
@@ -50,7 +50,10 @@
  * a key file that is not one).
  */
 #define _GNU_SOURCE  // strdup
-#include "checkpoint.h"  // ckpt_key, ckpt_is_sealed, ckpt_model_load; includes gpt2.h
+#include "checkpoint.h"  // ckpt_key, ckpt_is_sealed, ckpt_model_load
+#include "errors.h"      // errorf
+#include "gpt2.h"        // GPT2Config, model_load, param_count
+#include "secure.h"      // secure_wipe
 #include "tokenizer.h"   // bpe_find_files
 
 #include <sys/stat.h>
@@ -83,7 +86,7 @@ static void usage(FILE *f) {
             "  --vocab PATH     GPT-2 vocab.bpe     } $LLM3D_DATA/gpt2/, else ../shared/data/gpt2/\n"
             "  --no-tokenizer   write no tokenizer files\n"
             "  --key-file FILE  the key of the job that sealed MODEL.bin (-enc): the trainer's --key-file,\n"
-            "                   or the job.key in its -o directory\n");
+            "                   or the job.key in its -o directory (read only when MODEL.bin is sealed)\n");
 }
 
 static void usage_error(const char *fmt, const char *a) {
