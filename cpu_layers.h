@@ -19,14 +19,19 @@
 #include "cpu_math.h"    // vec_f, vec_exp, VEC_LANES
 #include "cpu_matmul.h"  // matmul_blocked, matmul_blocked_set
 
-// layers, forward and backward side by side. Backward functions accumulate
-// (+=) into their gradient outputs, so gradient accumulation is free. Two
-// exceptions: crossentropy_backward writes the logits' gradient (nothing
-// else adds to it, and clearing B*T*V floats first costs a pass); and
-// matmul_backward and layernorm_backward write their parameters' gradients
-// when `fresh` is 1, in a step's first backward, so that the step need not
-// clear them first (500 MB at d12, a pass over memory). Writing x is adding x
-// to zero, so the sums are the same bit for bit.
+// layers, forward and backward side by side. Gradients are written where
+// they have one source and added where they have more, so that as little
+// as possible is cleared first (a pass over memory each):
+// - the gradients of the activations: written by matmul_backward (dinp),
+//   gelu_backward, residual_backward and crossentropy_backward; added to by
+//   layernorm_backward (a residual stream's gradient comes from the
+//   residual and from the LayerNorm that reads it) and attention_backward
+//   (dk and dv gather over the positions), whose outputs start cleared;
+// - the gradients of the parameters: added to, so that gradient
+//   accumulation is free, but written by matmul_backward and
+//   layernorm_backward when `fresh` is 1, in a step's first backward, so
+//   that the step need not clear them first (500 MB at d12).
+// Writing x is adding x to zero, so the sums are the same bit for bit.
 // Loops hand their iterations out to the threads in chunks as the threads
 // come free (schedule(dynamic)): when another program takes one of the
 // cores, the thread that lost it leaves its chunks to the others instead of
@@ -193,8 +198,8 @@ static void matmul_forward(float *out, const float *inp, const float *weight, co
 
 static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int N, int IC, int OC, int fresh) {
-    // dinp[N,IC] += dout[N,OC] @ weight[OC,IC]
-    matmul_blocked(dinp, IC, dout, OC, 1, weight, IC, 1, N, IC, OC);
+    // dinp[N,IC] = dout[N,OC] @ weight[OC,IC]
+    matmul_blocked_set(dinp, IC, NULL, dout, OC, 1, weight, IC, 1, N, IC, OC);
     // dweight[OC,IC] += dout^T[OC,N] @ inp[N,IC] (fresh: =)
     if (fresh) matmul_blocked_set(dweight, IC, NULL, dout, 1, OC, inp, IC, 1, OC, IC, N);
     else matmul_blocked(dweight, IC, dout, 1, OC, inp, IC, 1, OC, IC, N);
@@ -257,11 +262,11 @@ static void gelu_backward(float *dinp, const float *inp, const float *dout, size
         vec_f x = vec_load(inp + k * VEC_LANES);
         vec_f s = 1.0f / gelu_denominator_vec(x);
         vec_f grad = s + 2.0f * x * s * (1.0f - s) * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-        vec_store(dinp + k * VEC_LANES, vec_load(dinp + k * VEC_LANES) + vec_load(dout + k * VEC_LANES) * grad);
+        vec_store(dinp + k * VEC_LANES, vec_load(dout + k * VEC_LANES) * grad);
     }
     done = nvec * VEC_LANES;
 #endif
-    for (size_t i = done; i < N; i++) dinp[i] += dout[i] * gelu_grad(inp[i], gelu_sigmoid(inp[i]));
+    for (size_t i = done; i < N; i++) dinp[i] = dout[i] * gelu_grad(inp[i], gelu_sigmoid(inp[i]));
 }
 
 static void residual_forward(float *out, const float *a, const float *b, size_t N) {
@@ -272,8 +277,8 @@ static void residual_forward(float *out, const float *a, const float *b, size_t 
 static void residual_backward(float *da, float *db, const float *dout, size_t N) {
     #pragma omp parallel for schedule(dynamic, 16384)
     for (size_t i = 0; i < N; i++) {
-        da[i] += dout[i];
-        db[i] += dout[i];
+        da[i] = dout[i];
+        db[i] = dout[i];
     }
 }
 

@@ -514,10 +514,12 @@ static void run_steps(int threads, float *params, float *grads, float *losses, f
 }
 
 // the step's first backward writes the Linear and LayerNorm gradients
-// instead of adding to cleared ones (grads_fresh), and gpt2_zero_grad clears
-// only the embeddings': with the gradients full of NaN before the step, two
-// micro-batches of backward must give the same gradients, bit for bit, as
-// from gradients cleared by hand, so no tensor is left only added to
+// instead of adding to cleared ones (grads_fresh), gpt2_zero_grad clears
+// only the embeddings', and the backward writes most activation gradients
+// without clearing them: with the gradients and the activation gradients
+// full of NaN before the step, two micro-batches of backward must give the
+// same gradients, bit for bit, as from cleared ones, so no tensor is left
+// only added to
 static void test_fresh_grads(void) {
     GPT2Config c = {.maxT = 32, .V = 301, .Vp = 320, .L = 2, .NH = 5, .C = 80};
     int B = 4, T = 19, BT = B * T;
@@ -530,6 +532,9 @@ static void test_fresh_grads(void) {
         Acts *a = &model.acts[0];
         for (int i = 0; i < BT; i++) { a->inputs[i] = (i * 37) % c.V; a->targets[i] = (i * 53 + 11) % c.V; }
         for (size_t i = 0; i < model.ut.num_local; i++) model.grads[i] = poison ? NAN : 0.0f;
+        size_t nacts = 0;
+        for (int t = 0; t < NUM_ACT_TENSORS; t++) nacts += model.act_sizes[t];
+        for (size_t i = 0; i < nacts; i++) model.dacts.memory[i] = poison ? NAN : 0.0f;
         gpt2_zero_grad(&model);
         for (int mb = 0; mb < 2; mb++) {
             stage_forward(&model, a, 1);
@@ -540,8 +545,8 @@ static void test_fresh_grads(void) {
     }
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) bad += !(memcmp(&want[i], &got[i], sizeof(float)) == 0 && isfinite(got[i]));
-    check(bad == 0, "2 micro-batches from gradients full of NaN: every one of %zu gradients finite and bit for bit "
-          "those from cleared gradients (%zu differ)", n, bad);
+    check(bad == 0, "2 micro-batches from gradients and activation gradients full of NaN: every one of %zu "
+          "gradients finite and bit for bit those from cleared ones (%zu differ)", n, bad);
     free(want);
     free(got);
 }

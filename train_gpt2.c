@@ -651,12 +651,14 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
     Acts *d = &m->dacts;
     int B = m->B, T = m->T, C = c->C, BT = B * T;
     size_t btc = (size_t)BT * C;
-    // every gradient is added to, from zero, except three: the logits' is
-    // written by the cross-entropy, the tensors after them have none, and
-    // the attention weights' (B NH T T a layer, the largest) is never made,
-    // since attention_backward goes from dout to dqkv directly
-    zero_floats(d->memory, (size_t)(d->t[A_ATT] - d->memory));
-    zero_floats(d->t[A_ATT + 1], (size_t)(d->t[A_LOGITS] - d->t[A_ATT + 1]));
+    // most activation gradients are written by the one layer that makes
+    // them (cpu_layers.h); two are added to and start cleared: qkv's, which
+    // attention_backward gathers, and on the last stage the gradient leaving
+    // the last block, which only the final LayerNorm's backward adds to.
+    // (The attention weights' is never made: attention_backward goes from
+    // dout to dqkv directly.)
+    zero_floats(d->t[A_QKV], (size_t)s->nl * 3 * BT * m->shard.Cl);
+    if (s->last) zero_floats(block_input(m, d, s->nl), btc);
     if (s->last) {
         float *lnf = unit_acquire(m, m->ut.u_lnf), *wte = unit_acquire(m, m->ut.u_wte);
         float *dlnf = unit_grad_begin(m, m->ut.u_lnf), *dwte = unit_grad_begin(m, m->ut.u_wte);
