@@ -23,7 +23,9 @@
 // they have one source and added where they have more, so that as little
 // as possible is cleared first (a pass over memory each):
 // - the gradients of the activations: written by matmul_backward (dinp),
-//   gelu_backward, residual_backward and crossentropy_backward; added to by
+//   gelu_backward, residual_backward (a copy for the residual branch; the
+//   other branch reads the incoming gradient in place) and
+//   crossentropy_backward; added to by
 //   layernorm_backward (a residual stream's gradient comes from the
 //   residual and from the LayerNorm that reads it) and attention_backward
 //   (dk and dv gather over the positions), whose outputs start cleared;
@@ -274,12 +276,11 @@ static void residual_forward(float *out, const float *a, const float *b, size_t 
     for (size_t i = 0; i < N; i++) out[i] = a[i] + b[i];
 }
 
-static void residual_backward(float *da, float *db, const float *dout, size_t N) {
+// out = a + b passes dout to both: b's branch reads dout where it is, and
+// a's gets a copy, which the LayerNorm on that branch then adds to
+static void residual_backward(float *da, const float *dout, size_t N) {
     #pragma omp parallel for schedule(dynamic, 16384)
-    for (size_t i = 0; i < N; i++) {
-        da[i] = dout[i];
-        db[i] = dout[i];
-    }
+    for (size_t i = 0; i < N; i++) da[i] = dout[i];
 }
 
 // softmax cross-entropy over the vocabulary, in three passes so that the

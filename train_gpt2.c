@@ -585,13 +585,13 @@ static void block_backward(GPT2 *m, LayerParams p, LayerParams g, LayerActs a, L
     const Parallel *par = m->par;
     int B = m->B, T = m->T, C = m->config.C, Cl = m->shard.Cl, BT = B * T, fresh = m->grads_fresh;
     size_t btc = (size_t)BT * C;
-    residual_backward(d.residual2, d.fcproj, d.residual3, btc);
-    row_parallel_backward(d.fch_gelu, g.fcprojw, g.fcprojb, d.fcproj, a.fch_gelu, p.fcprojw, BT, 4 * Cl, C, fresh);
+    residual_backward(d.residual2, d.residual3, btc);  // fcproj's gradient is d.residual3 itself
+    row_parallel_backward(d.fch_gelu, g.fcprojw, g.fcprojb, d.residual3, a.fch_gelu, p.fcprojw, BT, 4 * Cl, C, fresh);
     gelu_backward(d.fch, a.fch, d.fch_gelu, 4 * (size_t)BT * Cl);
     column_parallel_backward(par, d.ln2, g.fcw, g.fcb, d.fch, a.ln2, p.fcw, BT, C, 4 * Cl, fresh);
     layernorm_backward(d.residual2, g.ln2w, g.ln2b, d.ln2, a.residual2, p.ln2w, a.ln2_mean, a.ln2_rstd, BT, C, fresh);
-    residual_backward(dx, d.attproj, d.residual2, btc);
-    row_parallel_backward(d.atty, g.attprojw, g.attprojb, d.attproj, a.atty, p.attprojw, BT, Cl, C, fresh);
+    residual_backward(dx, d.residual2, btc);  // attproj's gradient is d.residual2 itself
+    row_parallel_backward(d.atty, g.attprojw, g.attprojb, d.residual2, a.atty, p.attprojw, BT, Cl, C, fresh);
     attention_backward(d.qkv, d.atty, a.qkv, a.att, B, T, Cl, m->shard.NHl);
     column_parallel_backward(par, d.ln1, g.qkvw, g.qkvb, d.qkv, a.ln1, p.qkvw, BT, C, 3 * Cl, fresh);
     layernorm_backward(dx, g.ln1w, g.ln1b, d.ln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd, BT, C, fresh);
