@@ -9,11 +9,13 @@
  *   gpt2_export     one rank's whole model, or its gradients, as one host
  *                   array in the file's layout
  *   gpt2_save       a v3 model file of one rank's master weights
+ *   gpt2_write_share, write_part, gpt2_load_optimizer
+ *                   a rank's part of a checkpoint's model.bin and optim.bin,
+ *                   written and read back (checkpoint.h's files)
  *
- * A part of train_gpt2.cu, not a header of its own: train_gpt2.cu includes
- * it before its checkpoints, which use Downloaded; it uses that file's
- * GPT2, master_at, adam_at, grad_at, unit_lo, unit_chunk, gpu_sync and
- * host_alloc.
+ * A part of train_gpt2.cu, not a header of its own: it uses that file's
+ * GPT2, master_at, adam_at, grad_at, unit_lo, unit_chunk, largest_unit,
+ * gpu_sync and host_alloc.
  */
 #ifndef LLM3D_GPU_EXPORT_CUH
 #define LLM3D_GPU_EXPORT_CUH
@@ -21,7 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpt2.h"  // for_each_owned, OwnedRun, model_save
+#include "checkpoint.h"  // CkptOut, ckpt_out_*, OptimFile, ckpt_optim_*
+#include "gpt2.h"        // for_each_owned, OwnedRun, model_save, unit_fill
 
 // ----------------------------------------------------------------------------
 // the model in the file's layout: gpt2.h's for_each_owned says which elements
@@ -113,6 +116,93 @@ static float *gpt2_export(GPT2 *m, int grads) {
     int rc = model_save(path, &m->config, h, 0, err, errlen);
     free(h);
     return rc;
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints: the files of train_gpt2.c (checkpoint.h has them, the seal,
+// the search and the pruning). Every rank writes the elements it owns
+// (for_each_owned by dp: of every unit its dp shard) straight into the whole
+// tensors of model.bin and optim.bin, so the files do not depend on the
+// layout, and any layout of either trainer reads them. The master weights
+// and AdamW state of a rank's shard are current under every ZeRO stage.
+
+typedef struct { Downloaded d; CkptOut *model, *optim; int error, with_adam; size_t N; } SaveCtx;
+
+static void save_run(const OwnedRun *r, void *ctx) {
+    SaveCtx *sc = (SaveCtx *)ctx;
+    GPT2 *m = sc->d.m;
+    if (sc->error != 0) return;
+    if (sc->d.u != r->u) {
+        size_t lo = unit_lo(m, r->u);
+        download_unit(&sc->d, r->u, lo, lo + unit_chunk(m, r->u), sc->with_adam);
+    }
+    size_t at = HEADER_INTS * 4 + r->g * sizeof(float), bytes = r->n * sizeof(float), k = r->j - sc->d.lo;
+    if (ckpt_out_pwrite(sc->model, sc->d.master + k, bytes, at) != 0 ||
+        (sc->with_adam && (ckpt_out_pwrite(sc->optim, sc->d.am + k, bytes, at) != 0 ||
+                           ckpt_out_pwrite(sc->optim, sc->d.av + k, bytes, at + sc->N * sizeof(float)) != 0)))
+        sc->error = errno;
+}
+
+// this rank's part of model.bin and (optim not NULL) optim.bin, both open
+// for writing at their full size; 0, or the errno of the failed write
+static int gpt2_write_share(GPT2 *m, CkptOut *model, CkptOut *optim) {
+    SaveCtx sc;
+    downloaded_init(&sc.d, m);
+    sc.model = model;
+    sc.optim = optim;
+    sc.error = 0;
+    sc.with_adam = optim != NULL;
+    sc.N = m->num_params;
+    for_each_owned(&m->config, &m->shard, &m->ut, 1, save_run, &sc);
+    downloaded_free(&sc.d);
+    return sc.error;
+}
+
+// writes this rank's part of model.bin (and, with optim, optim.bin) in dir,
+// files that rank 0 made at full size (sealed ones under cipher), and
+// fsyncs them; 0, or an errno
+static int write_part(GPT2 *m, const char *dir, const char *model_name, int optim, const AeadFileKey *cipher) {
+    char path[4200];
+    CkptOut model, adam;
+    snprintf(path, sizeof(path), "%s/%s", dir, model_name);
+    int e = ckpt_out_open(&model, path, cipher);
+    memset(&adam, 0, sizeof(adam));
+    adam.fd = -1;
+    if (optim) {
+        snprintf(path, sizeof(path), "%s/optim.bin", dir);
+        int e_optim = ckpt_out_open(&adam, path, cipher);
+        if (e == 0) e = e_optim;
+    }
+    if (e == 0) e = gpt2_write_share(m, &model, optim ? &adam : NULL);
+    int closed = ckpt_out_close(&model, e == 0);
+    if (e == 0) e = closed;
+    closed = ckpt_out_close(&adam, e == 0);
+    if (e == 0) e = closed;
+    return e;
+}
+
+// AdamW's m and v for this rank's part from a checkpoint's optim.bin, and
+// Adam's t; the parameters come in through gpt2_init_rank from its
+// model.bin. ckpt_find verified the bytes; the header must also agree with
+// the model and with state.bin's t.
+static int gpt2_load_optimizer(GPT2 *m, const char *path, const uint8_t key[32], int adam_t, char *err, size_t errlen) {
+    OptimFile f;
+    if (ckpt_optim_open(&f, path, key, &m->config, &m->shard, &m->ut, m->zero >= 1, adam_t, err, errlen) != 0) return -1;
+    float *buf = (float *)host_alloc(largest_unit(m) * sizeof(float), "unit");
+    for (int u = 0; u < m->ut.n; u++) {
+        const Unit *un = &m->ut.units[u];
+        size_t lo = m->zero >= 1 ? unit_lo(m, u) : 0, n = m->zero >= 1 ? unit_chunk(m, u) : un->padded;
+        for (int k = 0; k < 2; k++) {
+            memset(buf, 0, un->padded * sizeof(float));
+            unit_fill(&m->config, &m->shard, un, buf, k == 0 ? f.m : f.v, 0);
+            CUDA_CHECK(cudaMemcpy(adam_at(m, k == 0 ? m->m : m->v, u, lo), buf + lo, n * sizeof(float),
+                                  cudaMemcpyHostToDevice));
+        }
+    }
+    free(buf);
+    ckpt_optim_close(&f);
+    m->adam_t = adam_t;
+    return 0;
 }
 
 #endif  // LLM3D_GPU_EXPORT_CUH
