@@ -578,6 +578,32 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, C
     return 0;
 }
 
+// the model header at h (HEADER_INTS, as in the file) read into c and
+// *version by gpt2.h's model_read_header; 0, or -1 with err naming path
+static int ckpt_parse_model_header(const void *h, const char *path, GPT2Config *c, int *version, char *err,
+                                   size_t errlen) {
+    FILE *mem = fmemopen((void *)h, HEADER_INTS * 4, "rb");
+    int rc = mem != NULL ? model_read_header(mem, path, c, version, err, errlen)
+                         : errorf(err, errlen, "%s: fmemopen: %s", path, strerror(errno));
+    if (mem != NULL) fclose(mem);
+    return rc;
+}
+
+// the header at h of a sealed model of plain_bytes decrypted bytes, into c:
+// 0, or -1 with err naming path when it is not a v3 fp32 model of that size
+static int ckpt_sealed_model_header(const void *h, uint64_t plain_bytes, const char *path, GPT2Config *c, char *err,
+                                    size_t errlen) {
+    int version = 0;
+    if (plain_bytes < HEADER_INTS * 4)
+        return errorf(err, errlen, "%s: %llu bytes decrypted: shorter than a model header", path,
+                      (unsigned long long)plain_bytes);
+    if (ckpt_parse_model_header(h, path, c, &version, err, errlen) != 0) return -1;
+    if (version != 3 || plain_bytes != ckpt_file_bytes(0, c))
+        return errorf(err, errlen, "%s: %llu bytes decrypted, version %d: the header's shape needs an fp32 file of %llu",
+                      path, (unsigned long long)plain_bytes, version, (unsigned long long)ckpt_file_bytes(0, c));
+    return 0;
+}
+
 // the parameters of a checkpoint's model.bin, sealed or not, as model_load
 // gives them (a malloc'd fp32 array; c filled from the header), or NULL
 // with err set
@@ -593,18 +619,7 @@ static float *ckpt_model_load(const char *path, const uint8_t key[32], GPT2Confi
     int rc = ckpt_read_fd(fd, 1, path, key, (uint64_t)1 << 40, &bytes, &n, err, errlen);
     close(fd);
     if (rc != 0) return NULL;
-    FILE *f = n >= HEADER_INTS * 4 ? fmemopen(bytes, HEADER_INTS * 4, "rb") : NULL;
-    int version = 0;
-    int ok = f != NULL && model_read_header(f, path, c, &version, err, errlen) == 0;
-    if (f != NULL) fclose(f);
-    if (ok && (version != 3 || n != HEADER_INTS * 4 + 4 * (uint64_t)param_count(c))) {
-        errorf(err, errlen, "%s: %llu bytes decrypted, version %d: the header's shape needs an fp32 file of %llu", path,
-               (unsigned long long)n, version, (unsigned long long)(HEADER_INTS * 4 + 4 * (uint64_t)param_count(c)));
-        ok = 0;
-    } else if (f == NULL) {
-        errorf(err, errlen, "%s: %llu bytes decrypted: shorter than a model header", path, (unsigned long long)n);
-    }
-    if (!ok) {
+    if (ckpt_sealed_model_header(bytes, n, path, c, err, errlen) != 0) {
         free(bytes);
         return NULL;
     }
@@ -618,10 +633,7 @@ static float *ckpt_model_load(const char *path, const uint8_t key[32], GPT2Confi
 static int ckpt_model_header_is(const int32_t *h, const GPT2Config *c, const char *path, char *err, size_t errlen) {
     GPT2Config got;
     int version = 0;
-    FILE *mem = fmemopen((void *)h, HEADER_INTS * 4, "rb");
-    int rc = mem != NULL ? model_read_header(mem, path, &got, &version, err, errlen)
-                         : errorf(err, errlen, "%s: fmemopen: %s", path, strerror(errno));
-    if (mem != NULL) fclose(mem);
+    int rc = ckpt_parse_model_header(h, path, &got, &version, err, errlen);
     if (rc == 0 && (version != 3 || got.L != c->L || got.C != c->C || got.NH != c->NH || got.V != c->V ||
                     got.Vp != c->Vp || got.maxT != c->maxT))
         rc = errorf(err, errlen, "%s: header version %d, L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, but the checkpoint's "
@@ -742,15 +754,7 @@ static int ckpt_init_config(const Options *o, GPT2Config *c, int *sealed, char *
     close(fd);
     aead_file_key_wipe(&fk);
     if (rc != 0) return errorf(err, errlen, "flag -e: %s", why);
-    FILE *mem = fmemopen(h, sizeof(h), "rb");
-    int version = 0;
-    rc = mem != NULL ? model_read_header(mem, o->init, c, &version, err, errlen)
-                     : errorf(err, errlen, "%s: fmemopen: %s", o->init, strerror(errno));
-    if (mem != NULL) fclose(mem);
-    if (rc == 0 && (version != 3 || f.plain_bytes != ckpt_file_bytes(0, c)))
-        return errorf(err, errlen, "%s: %llu bytes decrypted, version %d: the header's shape needs an fp32 file of %llu",
-                      o->init, (unsigned long long)f.plain_bytes, version, (unsigned long long)ckpt_file_bytes(0, c));
-    return rc;
+    return ckpt_sealed_model_header(h, f.plain_bytes, o->init, c, err, errlen);
 }
 
 // the parameters of -e's sealed model, as ckpt_model_load gives them
