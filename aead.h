@@ -968,18 +968,4 @@ static inline int aead_file_read_fd(int fd, const AeadFileKey *k, uint8_t **out,
     return 0;
 }
 
-// aead_file_read_fd on the file at path
-static inline int aead_file_read_all(const char *path, const AeadFileKey *k, uint8_t **out, uint64_t *n, char *err,
-                                     size_t errlen) {
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-        *out = NULL;
-        *n = 0;
-        return errorf(err, errlen, "%s: %s", path, strerror(errno));
-    }
-    int rc = aead_file_read_fd(fd, k, out, n, path, err, errlen);
-    close(fd);
-    return rc;
-}
-
 #endif

@@ -295,7 +295,11 @@ static int reads_back(const char *path, const AeadFileKey *k, const uint8_t *pla
     uint8_t *got;
     uint64_t got_n;
     err[0] = '\0';
-    if (aead_file_read_all(path, k, &got, &got_n, err, errlen) != 0) return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    int rc = aead_file_read_fd(fd, k, &got, &got_n, path, err, errlen);
+    close(fd);
+    if (rc != 0) return 0;
     int same = got_n == n && (n == 0 || memcmp(got, plain, (size_t)n) == 0);
     free(got);
     return same;
