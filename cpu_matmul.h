@@ -24,11 +24,14 @@
  *   row slivers of an MC x KC block of A (from L2);
  * - B is copied ("packed") once per KC x NC panel into the order the kernel
  *   reads it, contiguous and zero-padded; the panel is reused by every row of
- *   the block. When the block has few rows and B's rows already run along j
- *   (dinp, dweight), B is read where it is instead. A is read where it is, along its rows (the forward and dinp
- *   products) or down its columns (dweight, A = dout transposed, MR floats
- *   of one row of dout per k); packing it as well measured slower. Only a
- *   last sliver of fewer than MR rows is packed, zero-padded;
+ *   the block. A small B that many row blocks would each pack (dweight's) is
+ *   packed whole, once per call, for all of them. When the block has few
+ *   rows and B's rows already run along j (dinp, dweight), B is read where
+ *   it is instead;
+ * - A is read where it is, along its rows (the forward and dinp products) or
+ *   down its columns (dweight, A = dout transposed, MR floats of one row of
+ *   dout per k); packing it as well measured slower. Only a last sliver of
+ *   fewer than MR rows is packed, zero-padded;
  * - the threads share out (row block, column panel) tasks of C, disjoint and
  *   cache-line sized, so no two threads write the same line; dynamically,
  *   because the machine may have other work on one of its cores. The blocks
@@ -77,22 +80,25 @@
 #define MATMUL_MC 256
 #define MATMUL_NC 192
 
-// scratch for the packed blocks, one per thread and kept between calls: a
-// fresh allocation per call would be fresh pages, zeroed by the kernel, on
-// every one of the ~100 products of a step
-static float *matmul_scratch(size_t floats) {
-    static __thread float *buf;
-    static __thread size_t cap;
-    if (floats > cap) {
-        free(buf);
-        buf = (float *)aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-        if (buf == NULL) {
+// scratch for packed blocks, kept between calls: a fresh allocation per
+// call would be fresh pages, zeroed by the kernel, on every one of the ~100
+// products of a step. Two per thread: MATMUL_TASK_SCRATCH for a task's own
+// blocks, MATMUL_SHARED_SCRATCH for B packed whole by the calling thread and
+// read by all the call's threads.
+enum { MATMUL_TASK_SCRATCH, MATMUL_SHARED_SCRATCH };
+static float *matmul_scratch(int which, size_t floats) {
+    static __thread float *buf[2];
+    static __thread size_t cap[2];
+    if (floats > cap[which]) {
+        free(buf[which]);
+        buf[which] = (float *)aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        if (buf[which] == NULL) {
             fprintf(stderr, "cpu_matmul.h: out of memory for %zu floats of packed blocks\n", floats);
             exit(1);
         }
-        cap = floats;
+        cap[which] = floats;
     }
-    return buf;
+    return buf[which];
 }
 
 #if defined(__AVX512F__) && !defined(LLM3D_SCALAR)
@@ -329,21 +335,22 @@ static inline void matmul_prefetch_next_c(const float *c, size_t ldc, int m0, in
 // one task: rows [m0, m0 + mc) by columns [j0, j0 + nc) of C, over all of K;
 // C's own values first (set = 0), or the row init (zeros if NULL; set = 1)
 static void matmul_task(float *c, size_t ldc, int set, const float *init, const float *a, size_t am, size_t ak,
-                        const float *b, size_t bk, size_t bj, int m0, int mc, int j0, int nc, int K, int prefetch_a, int prefetch_b) {
+                        const float *b, size_t bk, size_t bj, const float *b_packed, int m0, int mc, int j0, int nc, int K,
+                        int prefetch_a, int prefetch_b) {
     enum { MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC, VL = MATMUL_VL };
     int mc_pad = (mc + MR - 1) / MR * MR, nc_pad = (nc + NR - 1) / NR * NR;
-    float *bp = matmul_scratch((size_t)(nc_pad + mc_pad) * KC), *ap = bp + (size_t)nc_pad * KC;
+    float *bp = matmul_scratch(MATMUL_TASK_SCRATCH, (size_t)(nc_pad + mc_pad) * KC), *ap = bp + (size_t)nc_pad * KC;
     // rows of A along k are read in place, except in a last partial sliver
     int a_in_place = ak == 1 || am == 1, full_rows = a_in_place ? mc / MR * MR : 0;
-    int b_in_place = bj == 1 && mc <= MATMUL_B_IN_PLACE_ROWS;
+    int b_in_place = b_packed == NULL && bj == 1 && mc <= MATMUL_B_IN_PLACE_ROWS;
     int row_tiles = (mc + MR - 1) / MR, col_tiles = (nc + NR - 1) / NR;
     MatmulAhead ahead = {NULL, 0, 0, 0, 0, 0};
     for (int k0 = 0; k0 < K; k0 += KC) {
         int kc = K - k0 < KC ? K - k0 : KC, kc_next = K - k0 - KC < KC ? K - k0 - KC : KC;
         const float *bblk = b + (size_t)j0 * bj + (size_t)k0 * bk;
-        if (!b_in_place) matmul_pack(bp, bblk, bj, bk, nc, kc, NR);
+        if (!b_in_place && b_packed == NULL) matmul_pack(bp, bblk, bj, bk, nc, kc, NR);
         // packed: the next block of k's panel, over all the tiles of this one
-        if (prefetch_b && !b_in_place && kc_next > 0) {
+        if (prefetch_b && !b_in_place && b_packed == NULL && kc_next > 0) {
             if (bk == 1) matmul_ahead_start(&ahead, bblk + KC, bj, nc, kc_next, row_tiles * col_tiles);
             else matmul_ahead_start(&ahead, bblk + (size_t)KC * bk, bk, kc_next, nc, row_tiles * col_tiles);
         }
@@ -354,7 +361,8 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
             int nr = nc - jr < NR ? nc - jr : NR;
             // the sliver of B the kernel reads, packed or in place; an edge
             // tile needs it packed, once
-            float *bpacked = bp + (size_t)jr * kc;
+            const float *bpacked = bp + (size_t)jr * kc;
+            if (b_packed) bpacked = b_packed + (size_t)(j0 + jr) / NR * NR * K + (size_t)k0 * NR;
             const float *bs = bpacked;
             size_t bks = NR;
             int packed = !b_in_place;
@@ -407,7 +415,7 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
                     if (ir < full_rows)  // a column edge on rows read in place: pack this sliver alone
                         matmul_pack(ap + (size_t)ir * kc, arow, am, ak, MR, kc, MR);
                     if (!packed) {
-                        matmul_pack(bpacked, bblk + jr, 1, bk, nr, kc, NR);
+                        matmul_pack(bp + (size_t)jr * kc, bblk + jr, 1, bk, nr, kc, NR);
                         packed = 1;
                     }
                     matmul_tile_edge(ct, ldc, st, lds, mr, nr, ap + (size_t)ir * kc, bpacked, kc);
@@ -418,6 +426,14 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
 }
 
 #define MATMUL_STREAM_BYTES (16u << 20)
+
+// B packed whole for all the tasks of one call: at most this much, about
+// what one core's L2 holds, so that the tasks find it in cache. The dweight
+// products' B (the layer's input, 768 KiB at d12) fits, fcproj's (3 MiB)
+// measured faster packed per task, in the cache of the core that uses it.
+#ifndef MATMUL_PACK_ONCE_BYTES
+#define MATMUL_PACK_ONCE_BYTES (1u << 20)
+#endif
 
 // how many mc x nc blocks cover C[M,J]
 static size_t matmul_tasks(int M, int J, int mc, int nc) {
@@ -468,11 +484,35 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
     // dout read from memory once, not once per panel).
     int mblocks = (M + mc - 1) / mc, jblocks = (J + nc - 1) / nc, ntasks = mblocks * jblocks;
     int panels_first = M > J;
-    #pragma omp parallel for schedule(dynamic) if (ntasks > 1)
-    for (int t = 0; t < ntasks; t++) {
-        int m0 = (panels_first ? t / jblocks : t % mblocks) * mc, j0 = (panels_first ? t % jblocks : t / mblocks) * nc;
-        int mrows = M - m0 < mc ? M - m0 : mc, ncols = J - j0 < nc ? J - j0 : nc;
-        matmul_task(c, (size_t)ldc, set, init, a, am, ak, b, bk, bj, m0, mrows, j0, ncols, K, prefetch_a, prefetch_b);
+    // B packed once for all the row blocks, when there are several, B would
+    // be packed anyway and it is small: each row block packing its own copy
+    // repeated the copy as many times as there are row blocks, 197 for the
+    // logits' dweight. Only B along j, a copy: a transposed B (the forward)
+    // measured faster packed per task, hot in the cache of the core that
+    // packed it.
+    int slivers = (J + NR - 1) / NR;
+    size_t packed_floats = (size_t)slivers * NR * K;
+    float *b_packed = NULL;
+    if (mblocks > 1 && bj == 1 && mc > MATMUL_B_IN_PLACE_ROWS && packed_floats * sizeof(float) <= MATMUL_PACK_ONCE_BYTES)
+        b_packed = matmul_scratch(MATMUL_SHARED_SCRATCH, packed_floats);
+    #pragma omp parallel if (ntasks > 1)
+    {
+        // sliver s holds columns [s * NR, s * NR + NR) of B over all of K:
+        // b_packed[s][k][NR], so a block of k of it is kc x NR contiguous
+        if (b_packed) {
+            #pragma omp for schedule(static)
+            for (int s = 0; s < slivers; s++) {
+                int cols = J - s * NR < NR ? J - s * NR : NR;
+                matmul_pack(b_packed + (size_t)s * NR * K, b + (size_t)s * NR * bj, bj, bk, cols, K, NR);
+            }
+        }
+        #pragma omp for schedule(dynamic)
+        for (int t = 0; t < ntasks; t++) {
+            int m0 = (panels_first ? t / jblocks : t % mblocks) * mc, j0 = (panels_first ? t % jblocks : t / mblocks) * nc;
+            int mrows = M - m0 < mc ? M - m0 : mc, ncols = J - j0 < nc ? J - j0 : nc;
+            matmul_task(c, (size_t)ldc, set, init, a, am, ak, b, bk, bj, b_packed, m0, mrows, j0, ncols, K, prefetch_a,
+                        prefetch_b);
+        }
     }
 }
 
