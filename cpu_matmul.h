@@ -289,7 +289,7 @@ typedef struct {
     const char *base;
     size_t stride;
     int rows, lines_per_row;
-    int next_line;       // the next of rows * lines_per_row lines to ask for
+    int row, line;       // the next line to ask for: line `line` of row `row`
     int lines_per_tile;  // spread over the tiles that run before the region is read
 } MatmulAhead;
 
@@ -299,15 +299,18 @@ static void matmul_ahead_start(MatmulAhead *ah, const float *base, size_t stride
     ah->stride = stride_floats * sizeof(float);
     ah->rows = rows;
     ah->lines_per_row = (row_floats * (int)sizeof(float) + 63) / 64;
-    ah->next_line = 0;
+    ah->row = 0;
+    ah->line = 0;
     ah->lines_per_tile = (rows * ah->lines_per_row + tiles - 1) / tiles;
 }
 
 static inline void matmul_ahead_step(MatmulAhead *ah) {
-    int total = ah->rows * ah->lines_per_row;
-    for (int i = 0; i < ah->lines_per_tile && ah->next_line < total; i++, ah->next_line++) {
-        int row = ah->next_line / ah->lines_per_row, line = ah->next_line % ah->lines_per_row;
-        __builtin_prefetch(ah->base + (size_t)row * ah->stride + (size_t)line * 64);
+    for (int i = 0; i < ah->lines_per_tile && ah->row < ah->rows; i++) {
+        __builtin_prefetch(ah->base + (size_t)ah->row * ah->stride + (size_t)ah->line * 64);
+        if (++ah->line == ah->lines_per_row) {
+            ah->line = 0;
+            ah->row++;
+        }
     }
 }
 
@@ -344,7 +347,7 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
     int a_in_place = ak == 1 || am == 1, full_rows = a_in_place ? mc / MR * MR : 0;
     int b_in_place = b_packed == NULL && bj == 1 && mc <= MATMUL_B_IN_PLACE_ROWS;
     int row_tiles = (mc + MR - 1) / MR, col_tiles = (nc + NR - 1) / NR;
-    MatmulAhead ahead = {NULL, 0, 0, 0, 0, 0};
+    MatmulAhead ahead = {NULL, 0, 0, 0, 0, 0, 0};
     for (int k0 = 0; k0 < K; k0 += KC) {
         int kc = K - k0 < KC ? K - k0 : KC, kc_next = K - k0 - KC < KC ? K - k0 - KC : KC;
         const float *bblk = b + (size_t)j0 * bj + (size_t)k0 * bk;
