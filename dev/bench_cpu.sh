@@ -7,7 +7,8 @@
 # (the best of the two). Then, when `torch` can be imported ($PYTHON, default
 # python3), the same models, settings and thread count in PyTorch eager
 # (dev/train_gpt2.py --bench) and the ratio of the step times; otherwise a
-# line saying it skipped. Steps: $STEPS (default 8), the first left out.
+# line saying it skipped. Steps: $STEPS (default 8), the first left out of
+# the best and median and shown on its own.
 #
 # The machine may be shared: each figure is the best step and the median
 # step, and the peak is the best of its runs, so compare figures of one run.
@@ -44,15 +45,17 @@ done
 peak_after=$(peak)
 peak=$(echo "$peak_before $peak_after" | awk '{ print ($1 > $2) ? $1 : $2 }')
 echo "FMA peak: $peak GFLOP/s on $threads threads (before $peak_before, after $peak_after)"
-printf "%-6s | %9s %9s | %8s %8s | %8s\n" model "best ms" "median ms" "tok/s" "GFLOP/s" "% peak"
+printf "%-6s | %9s %9s | %8s %8s | %8s | %9s\n" model "best ms" "median ms" "tok/s" "GFLOP/s" "% peak" "first ms"
 for m in "${models[@]}"; do
     IFS='|' read -r name _ _ <<<"$m"
-    # step lines: "step N/M | loss | norm | lr | X ms | Y tok/s | Z GFLOP/s"; the first one warms up
-    grep '^step' "$tmp/$name.txt" | tail -n +2 | sed -E 's/.*\| ([0-9.]+) ms \| ([0-9]+) tok\/s \| ([0-9.]+) GFLOP.*/\1 \2 \3/' |
-        sort -n | awk -v name="$name" -v peak="$peak" '{ ms[NR] = $1; tok[NR] = $2; gf[NR] = $3 }
+    # step lines: "step N/M | loss | norm | lr | X ms | Y tok/s | Z GFLOP/s"; the first one warms up and
+    # is shown apart: it maps the memory the later steps reuse
+    steps_ms() { grep '^step' "$tmp/$name.txt" | sed -E 's/.*\| ([0-9.]+) ms \| ([0-9]+) tok\/s \| ([0-9.]+) GFLOP.*/\1 \2 \3/'; }
+    first=$(steps_ms | head -n 1 | awk '{ print $1 }')
+    steps_ms | tail -n +2 | sort -n | awk -v name="$name" -v peak="$peak" -v first="$first" '{ ms[NR] = $1; tok[NR] = $2; gf[NR] = $3 }
             END { if (NR == 0) { print name ": no steps"; exit 1 }
-                  printf("%-6s | %9.1f %9.1f | %8.0f %8.1f | %7.1f%%\n", name, ms[1], ms[int((NR + 1) / 2)],
-                         tok[1], gf[1], 100 * gf[1] / peak) }' | tee "$tmp/$name.c"
+                  printf("%-6s | %9.1f %9.1f | %8.0f %8.1f | %7.1f%% | %9.1f\n", name, ms[1], ms[int((NR + 1) / 2)],
+                         tok[1], gf[1], 100 * gf[1] / peak, first) }' | tee "$tmp/$name.c"
 done
 
 if ! "$python" -c 'import torch' 2>/dev/null; then
