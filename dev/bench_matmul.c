@@ -118,8 +118,8 @@ int main(int argc, char **argv) {
         float *b = (float *)malloc((size_t)OC * sizeof(float));
         float *out = (float *)malloc((size_t)N * OC * sizeof(float));
         float *dout = (float *)malloc((size_t)N * OC * sizeof(float));
-        float *dinp = (float *)calloc((size_t)N * IC, sizeof(float));
-        float *dw = (float *)calloc((size_t)OC * IC, sizeof(float));
+        float *dinp = (float *)malloc((size_t)N * IC * sizeof(float));
+        float *dw = (float *)malloc((size_t)OC * IC * sizeof(float));
         unsigned seed = 42u + s;
         fill(inp, (size_t)N * IC, &seed);
         fill(w, (size_t)OC * IC, &seed);
@@ -130,10 +130,11 @@ int main(int argc, char **argv) {
             double t[MAX_RUNS];
             for (int r = -1; r < runs; r++) {  // run -1 warms pages and caches
                 double t0 = bench_now();
-                // the calls of matmul_forward and matmul_backward, one by one
+                // the calls of matmul_forward and matmul_backward, one by one,
+                // dweight as in a step's first micro-batch, which writes it
                 if (p == 0) matmul_blocked_set(out, OC, b, inp, IC, 1, w, 1, IC, N, OC, IC);
-                if (p == 1) matmul_blocked(dinp, IC, dout, OC, 1, w, IC, 1, N, IC, OC);
-                if (p == 2) matmul_blocked(dw, IC, dout, 1, OC, inp, IC, 1, OC, IC, N);
+                if (p == 1) matmul_blocked_set(dinp, IC, NULL, dout, OC, 1, w, IC, 1, N, IC, OC);
+                if (p == 2) matmul_blocked_set(dw, IC, NULL, dout, 1, OC, inp, IC, 1, OC, IC, N);
                 if (r >= 0) t[r] = bench_now() - t0;
             }
             qsort(t, runs, sizeof(double), compare_doubles);
