@@ -2,6 +2,8 @@
  * checkpoint.h: what a training checkpoint is on disk, and how one is found,
  * sealed, verified and pruned. Both trainers use it; how a rank writes its
  * own part of the tensors stays in the trainer (train_gpt2.c: gpt2_save).
+ * The final model, <out>/model_SSSSSSSS.bin, is written the same way
+ * (ckpt_write_model).
  *
  * A checkpoint of step S (S optimizer steps done) is the directory
  * <out>/ckpt_SSSSSSSS (8 digits) holding:
@@ -1048,15 +1050,16 @@ static int ckpt_model_save_sealed(const char *path, const uint8_t key[32], const
     return rc;
 }
 
-// how a trainer takes part in ckpt_write_job: sum adds one float over every
-// rank of the job (an all-reduce; the caller gives its waits room for the
-// writes and the seal); part writes this rank's share of model.bin and
-// optim.bin in dir, files at full size, and fsyncs them: 0 or an errno (it
+// how a trainer takes part in ckpt_write_job and ckpt_write_model: sum adds
+// one float over every rank of the job (an all-reduce; the caller gives its
+// waits room for the writes and the seal); part writes this rank's share of
+// the model file at model_path and, when optim_path is not NULL, of
+// optim.bin there, files at full size, and fsyncs them: 0 or an errno (it
 // opens them with ckpt_out_open and cipher, which sealed files need);
-// encrypt: -enc, the files sealed
+// encrypt: the files sealed (-enc 1 for a checkpoint, -enc 2 for the final model)
 typedef struct {
     float (*sum)(void *ctx, float x);
-    int (*part)(void *ctx, const char *dir, const AeadFileKey *cipher);
+    int (*part)(void *ctx, const char *model_path, const char *optim_path, const AeadFileKey *cipher);
     void *ctx;
     int rank;
     int encrypt;
@@ -1075,8 +1078,11 @@ static int ckpt_write_job(const CkptJob *job, const char *out_dir, int keep, con
     const AeadFileKey *sealed = job->encrypt ? &cipher : NULL;
     float failed = job->sum(job->ctx, rank0 && ckpt_begin(out_dir, st, sealed, err, sizeof(err)) != 0);
     if (failed == 0) {
+        char model_path[4200], optim_path[4200];
         ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial");
-        int e = job->part(job->ctx, dir, &cipher);
+        snprintf(model_path, sizeof(model_path), "%s/model.bin", dir);
+        snprintf(optim_path, sizeof(optim_path), "%s/optim.bin", dir);
+        int e = job->part(job->ctx, model_path, optim_path, sealed);
         if (e != 0) errorf(err, sizeof(err), "rank %d: %s: write: %s", job->rank, dir, strerror(e));
         failed = job->sum(job->ctx, e != 0);
         if (failed == 0 && rank0 && ckpt_seal(out_dir, st->step, key, sealed, err, sizeof(err)) != 0) failed = 1;
@@ -1096,9 +1102,71 @@ static int ckpt_write_job(const CkptJob *job, const char *out_dir, int keep, con
     return failed == 0 ? 0 : -1;
 }
 
+// rank 0, before the ranks write the final model: the temporary file tmp
+// made anew at its full size, header in, sealed under cipher when given. A
+// file left there by a write cut short gives way; a link planted there is
+// refused and left as it is, like the other files the trainer writes in -o
+// (files.h's fopen_nofollow), never removed nor written through.
+static int ckpt_model_begin(const char *tmp, const GPT2Config *c, const AeadFileKey *cipher, char *err, size_t errlen) {
+    struct stat st;
+    if (lstat(tmp, &st) == 0 && S_ISLNK(st.st_mode)) return errorf(err, errlen, "%s: a symbolic link, not followed here", tmp);
+    unlink(tmp);
+    int32_t h[HEADER_INTS];
+    model_fill_header(h, c, 3);
+    int rc = ckpt_make_file(AT_FDCWD, tmp, tmp, h, sizeof(h), ckpt_file_bytes(0, c), cipher, err, errlen);
+    if (rc != 0) unlink(tmp);
+    return rc;
+}
+
+// rank 0, once every rank's part of tmp is in (and fsynced): a sealed file's
+// chunk tags, then tmp renamed to path and out_dir fsynced, so that the name
+// is the whole file's once this returns
+static int ckpt_model_finish(const char *tmp, const char *path, const char *out_dir, const AeadFileKey *cipher,
+                             char *err, size_t errlen) {
+    if (cipher != NULL && ckpt_seal_tags(tmp, cipher, NULL, NULL, err, errlen) != 0) return -1;
+    if (rename(tmp, path) != 0) return errorf(err, errlen, "%s: rename to %s: %s", tmp, path, strerror(errno));
+    if (ckpt_fsync_dir(out_dir) != 0) return errorf(err, errlen, "%s: fsync: %s", out_dir, strerror(errno));
+    return 0;
+}
+
+// the final model, out_dir/model_SSSSSSSS.bin (into path), by every rank of
+// a job (both trainers): llm.c's v3 file of the fp32 parameters, the bytes of
+// a checkpoint's model.bin, sealed when job->encrypt (-enc 2). It is written
+// as ckpt_write_job writes a checkpoint, with the same three agreements:
+// rank 0 made PATH.tmp; every rank wrote its part there; rank 0 sealed it
+// and renamed it into place. So no rank gathers the whole model, and a
+// reader never sees a part. Unlike a checkpoint it is one file with no
+// MANIFEST (llm.c reads it as it is), so there is no directory to build
+// and nothing to prune. Every rank returns the same verdict, 0 when the
+// file is complete; on a failure PATH.tmp is gone.
+static int ckpt_write_model(const CkptJob *job, const char *out_dir, int steps, const GPT2Config *c,
+                            const uint8_t key[32], char *path, size_t pathlen) {
+    int rank0 = job->rank == 0;
+    char err[1200] = "", tmp[4200];
+    snprintf(path, pathlen, "%s/model_%08d.bin", out_dir, steps);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    AeadFileKey cipher;
+    if (job->encrypt) aead_file_key(&cipher, key);
+    const AeadFileKey *sealed = job->encrypt ? &cipher : NULL;
+    float failed = job->sum(job->ctx, rank0 && ckpt_model_begin(tmp, c, sealed, err, sizeof(err)) != 0);
+    if (failed == 0) {
+        int e = job->part(job->ctx, tmp, NULL, sealed);
+        if (e != 0) errorf(err, sizeof(err), "rank %d: %s: write: %s", job->rank, tmp, strerror(e));
+        failed = job->sum(job->ctx, e != 0);
+        if (failed == 0 && rank0 && ckpt_model_finish(tmp, path, out_dir, sealed, err, sizeof(err)) != 0) failed = 1;
+        if (!rank0 && e == 0) err[0] = '\0';  // rank 0 speaks for the job; a rank that failed, for itself
+        failed = job->sum(job->ctx, rank0 ? failed : 0.0f);
+        if (failed != 0 && rank0) unlink(tmp);  // rank 0 made it: not a link refused above
+    }
+    if (job->encrypt) aead_file_key_wipe(&cipher);
+    if (err[0] != '\0') fprintf(stderr, "final model of step %d failed: %s\n", steps, err);
+    return failed == 0 ? 0 : -1;
+}
+
 // the room a job's waits need while a checkpoint is written: every rank's
 // share and rank 0's hash of all 12 bytes per parameter, at 0.1 GB/s (the
-// portable SHA-256's speed), on top of -to
+// portable SHA-256's speed), on top of -to. The final model, a third of
+// those bytes (the parameters alone), needs a third of it.
 static double ckpt_wait_room(const GPT2Config *c) { return 12.0 * (double)param_count(c) / 1e8; }
 
 // the line a resumed run starts with (ck NULL: nothing to resume from;

@@ -300,6 +300,19 @@ static void test_encrypted(const char *layout, const char *name) {
     uint8_t key[32], *dec = NULL;
     uint64_t dec_n = 0;
     char pa[300], pp[300], err[1024];
+    // the final model, every rank writing its part (ckpt_write_model)
+    uint8_t *x = NULL, *y = NULL;
+    uint64_t xn = 0, yn = 0;
+    snprintf(pa, sizeof(pa), "%s/model_00000040.bin", a);
+    snprintf(pp, sizeof(pp), "%s/model_00000040.bin", p);
+    int same_final = read_key(a, key) == 0 && ckpt_read_file(pa, key, 1 << 30, &x, &xn, err, sizeof(err)) == 0 &&
+                     ckpt_read_file(pp, key, 1 << 30, &y, &yn, err, sizeof(err)) == 0 && xn == yn &&
+                     memcmp(x, y, xn) == 0;
+    free(x);
+    free(y);
+    check(same_final && !exists("%s/model_%08d.bin.tmp", a, 40) && !exists("%s/model_%08d.bin.tmp", p, 40),
+          "%s: the sealed final model decrypts to the plain run's, byte for byte, and no .tmp is left %s", name,
+          same_final ? "" : err);
     snprintf(pa, sizeof(pa), "%s/ckpt_00000020/optim.bin", a);
     snprintf(pp, sizeof(pp), "%s/ckpt_00000020/optim.bin", p);
     size_t plain_n = 0;
@@ -580,6 +593,17 @@ static void test_encrypted_init(void) {
     check(r.status == 0 && same_steps(&ref, &r, 0, 4),
           "-e of the sealed final model with -o holding the job.key that sealed it: the same losses (exit %d) %s",
           r.status, r.status != 0 ? r.out : "");
+
+    // export_hf with the job's key: the files that exporting the plain model gives
+    char hf_plain[300], hf_sealed[300], cmd[2000];
+    snprintf(hf_plain, sizeof(hf_plain), "%s/init_hf_plain", dir);
+    snprintf(hf_sealed, sizeof(hf_sealed), "%s/init_hf_sealed", dir);
+    snprintf(cmd, sizeof(cmd), "./export_hf -i %s -o %s > /dev/null && ./export_hf -i %s --key-file %s -o %s > /dev/null",
+             pp, hf_plain, model, key_path, hf_sealed);
+    int exported = system(cmd) == 0;
+    check(exported && files_equal(hf_plain, hf_sealed, "model.safetensors") &&
+          files_equal(hf_plain, hf_sealed, "config.json"),
+          "export_hf --key-file of the trainer's sealed final model: the plain one's model.safetensors and config.json");
 
     struct { const char *what, *setup, *flags; } cases[] = {
         {"no key", "rm -rf %1$s", ""},
