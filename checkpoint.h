@@ -1023,33 +1023,6 @@ static int ckpt_begin(const char *out_dir, const CkptState *s, const AeadFileKey
     return rc;
 }
 
-// the final model sealed (-enc 2): model_save's fp32 file, encrypted, to
-// PATH.tmp first and then renamed into place
-static int ckpt_model_save_sealed(const char *path, const uint8_t key[32], const GPT2Config *c, const float *params,
-                                  char *err, size_t errlen) {
-    char tmp[4200];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    AeadFileKey cipher;
-    aead_file_key(&cipher, key);
-    int32_t h[HEADER_INTS];
-    model_fill_header(h, c, 3);
-    unlink(tmp);
-    int rc = ckpt_make_file(AT_FDCWD, tmp, tmp, h, sizeof(h), ckpt_file_bytes(0, c), &cipher, err, errlen);
-    if (rc == 0) {
-        CkptOut out;
-        int e = ckpt_out_open(&out, tmp, &cipher);
-        if (e == 0 && ckpt_out_pwrite(&out, params, param_count(c) * sizeof(float), sizeof(h)) != 0) e = errno;
-        int closed = ckpt_out_close(&out, 0);
-        if (e == 0) e = closed;
-        if (e != 0) rc = errorf(err, errlen, "%s: write: %s", tmp, strerror(e));
-    }
-    if (rc == 0) rc = ckpt_seal_tags(tmp, &cipher, NULL, NULL, err, errlen);
-    if (rc == 0 && rename(tmp, path) != 0) rc = errorf(err, errlen, "%s: rename to %s: %s", tmp, path, strerror(errno));
-    if (rc != 0) unlink(tmp);
-    aead_file_key_wipe(&cipher);
-    return rc;
-}
-
 // how a trainer takes part in ckpt_write_job and ckpt_write_model: sum adds
 // one float over every rank of the job (an all-reduce; the caller gives its
 // waits room for the writes and the seal); part writes this rank's share of
