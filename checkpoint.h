@@ -606,21 +606,14 @@ static int ckpt_sealed_model_header(const void *h, uint64_t plain_bytes, const c
     return 0;
 }
 
-// the parameters of a checkpoint's model.bin, sealed or not, as model_load
-// gives them (a malloc'd fp32 array; c filled from the header), or NULL
-// with err set
-static float *ckpt_model_load(const char *path, const uint8_t key[32], GPT2Config *c, char *err, size_t errlen) {
-    int sealed = 0, fd = ckpt_open_read(path, 1, &sealed, err, errlen);
-    if (fd < 0) return NULL;
-    if (!sealed) {
-        close(fd);
-        return model_load(path, c, err, errlen);
-    }
+// the parameters of the sealed model file open at fd (path, for messages;
+// ckpt_open_read said it is sealed), decrypted whole, as model_load gives
+// them (a malloc'd fp32 array; c filled from the header), or NULL with err set
+static float *ckpt_sealed_model_read(int fd, const char *path, const uint8_t key[32], GPT2Config *c, char *err,
+                                     size_t errlen) {
     uint8_t *bytes;
     uint64_t n;
-    int rc = ckpt_read_fd(fd, 1, path, key, (uint64_t)1 << 40, &bytes, &n, err, errlen);
-    close(fd);
-    if (rc != 0) return NULL;
+    if (ckpt_read_fd(fd, 1, path, key, (uint64_t)1 << 40, &bytes, &n, err, errlen) != 0) return NULL;
     if (ckpt_sealed_model_header(bytes, n, path, c, err, errlen) != 0) {
         free(bytes);
         return NULL;
@@ -628,6 +621,20 @@ static float *ckpt_model_load(const char *path, const uint8_t key[32], GPT2Confi
     memmove(bytes, bytes + HEADER_INTS * 4, (size_t)(n - HEADER_INTS * 4));
     float *params = (float *)realloc(bytes, (size_t)(n - HEADER_INTS * 4));
     return params != NULL ? params : (float *)bytes;
+}
+
+// the parameters of a model file, sealed or not (a link followed, as -e
+// and export_hf -i read theirs), as model_load gives them, or NULL with err set
+static float *ckpt_model_load(const char *path, const uint8_t key[32], GPT2Config *c, char *err, size_t errlen) {
+    int sealed = 0, fd = ckpt_open_read(path, 1, &sealed, err, errlen);
+    if (fd < 0) return NULL;
+    if (!sealed) {
+        close(fd);
+        return model_load(path, c, err, errlen);
+    }
+    float *params = ckpt_sealed_model_read(fd, path, key, c, err, errlen);
+    close(fd);
+    return params;
 }
 
 // whether the model header at h (HEADER_INTS) is version 3 of shape c;
