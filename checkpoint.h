@@ -637,27 +637,29 @@ static float *ckpt_model_load(const char *path, const uint8_t key[32], GPT2Confi
     return params;
 }
 
-// whether the model header at h (HEADER_INTS) is version 3 of shape c;
-// 0, or -1 with err naming path and what differs
-static int ckpt_model_header_is(const int32_t *h, const GPT2Config *c, const char *path, char *err, size_t errlen) {
+// whether the model header at h (HEADER_INTS) is version 3 of shape c,
+// which shape_of gave; 0, or -1 with err naming path and what differs
+static int ckpt_model_header_is(const int32_t *h, const GPT2Config *c, const char *shape_of, const char *path,
+                                char *err, size_t errlen) {
     GPT2Config got;
     int version = 0;
     int rc = ckpt_parse_model_header(h, path, &got, &version, err, errlen);
     if (rc == 0 && (version != 3 || got.L != c->L || got.C != c->C || got.NH != c->NH || got.V != c->V ||
                     got.Vp != c->Vp || got.maxT != c->maxT))
-        rc = errorf(err, errlen, "%s: header version %d, L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, but the checkpoint's "
-                    "state.bin says version 3, L=%d C=%d NH=%d V=%d Vp=%d maxT=%d", path, version, got.L, got.C, got.NH,
-                    got.V, got.Vp, got.maxT, c->L, c->C, c->NH, c->V, c->Vp, c->maxT);
+        rc = errorf(err, errlen, "%s: header version %d, L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, but %s says version 3, "
+                    "L=%d C=%d NH=%d V=%d Vp=%d maxT=%d", path, version, got.L, got.C, got.NH, got.V, got.Vp, got.maxT,
+                    shape_of, c->L, c->C, c->NH, c->V, c->Vp, c->maxT);
     return rc;
 }
 
-// of the sealed model.bin at fd, the chunks holding what the rank of shard
+// of the sealed model file at fd, the chunks holding what the rank of shard
 // s and units ut reads (ckpt_mark_chunks, whole units), each checked and
-// decrypted, into a calloc'd array of the parameters of shape c; NULL with
-// err set. The other elements stay zero, and their pages, never touched,
-// take no memory.
+// decrypted, into a calloc'd array of the parameters of shape c (which
+// shape_of gave, for the messages); NULL with err set. The other elements
+// stay zero, and their pages, never touched, take no memory.
 static float *ckpt_model_decrypt_part(int fd, const char *path, const uint8_t key[32], const GPT2Config *c,
-                                      const Shard *s, const UnitTable *ut, char *err, size_t errlen) {
+                                      const char *shape_of, const Shard *s, const UnitTable *ut, char *err,
+                                      size_t errlen) {
     const uint64_t header = HEADER_INTS * 4;
     AeadFileKey fk;
     AeadFile af;
@@ -666,9 +668,9 @@ static float *ckpt_model_decrypt_part(int fd, const char *path, const uint8_t ke
     float *params = NULL;
     int rc = aead_file_read_header(fd, &af, &fk, path, err, errlen);
     if (rc == 0 && (af.plain_bytes != ckpt_file_bytes(0, c) || af.chunk_bytes < header))
-        rc = errorf(err, errlen, "%s: %llu bytes sealed in chunks of %llu, but the checkpoint's model needs %llu in "
+        rc = errorf(err, errlen, "%s: %llu bytes sealed in chunks of %llu, but the shape %s says needs %llu in "
                     "chunks of at least %llu", path, (unsigned long long)af.plain_bytes,
-                    (unsigned long long)af.chunk_bytes, (unsigned long long)ckpt_file_bytes(0, c),
+                    (unsigned long long)af.chunk_bytes, shape_of, (unsigned long long)ckpt_file_bytes(0, c),
                     (unsigned long long)header);
     if (rc == 0) {
         need = (uint8_t *)calloc((size_t)af.chunks, 1);
@@ -682,7 +684,7 @@ static float *ckpt_model_decrypt_part(int fd, const char *path, const uint8_t ke
         if (!need[i]) continue;
         uint64_t start = i * af.chunk_bytes, len = aead_file_chunk_len(&af, i), skip = i == 0 ? header : 0;
         rc = aead_file_read_chunk(fd, &af, &fk, i, chunk, path, err, errlen);
-        if (rc == 0 && i == 0) rc = ckpt_model_header_is((const int32_t *)chunk, c, path, err, errlen);
+        if (rc == 0 && i == 0) rc = ckpt_model_header_is((const int32_t *)chunk, c, shape_of, path, err, errlen);
         if (rc == 0) memcpy((uint8_t *)params + start + skip - header, chunk + skip, (size_t)(len - skip));
     }
     if (chunk != NULL) secure_wipe(chunk, (size_t)af.chunk_bytes);
@@ -708,7 +710,7 @@ static float *ckpt_model_load_part(const char *path, const uint8_t key[32], GPT2
         close(fd);
         return model_load(path, c, err, errlen);
     }
-    float *params = ckpt_model_decrypt_part(fd, path, key, c, s, ut, err, errlen);
+    float *params = ckpt_model_decrypt_part(fd, path, key, c, "the checkpoint's state.bin", s, ut, err, errlen);
     close(fd);
     return params;
 }
@@ -766,11 +768,20 @@ static int ckpt_init_config(const Options *o, GPT2Config *c, int *sealed, char *
     return ckpt_sealed_model_header(h, f.plain_bytes, o->init, c, err, errlen);
 }
 
-// the parameters of -e's sealed model, as ckpt_model_load gives them
-static float *ckpt_init_load(const Options *o, GPT2Config *c, char *err, size_t errlen) {
+// the parameters of -e's sealed model on the rank of shard s and units ut,
+// as a resume reads a sealed model.bin (ckpt_model_load_part): only the
+// chunks holding its units are decrypted, and the other ranks' elements
+// stay zero. c is the shape ckpt_init_config read from the file's header.
+static float *ckpt_init_load(const Options *o, const GPT2Config *c, const Shard *s, const UnitTable *ut, char *err,
+                             size_t errlen) {
     uint8_t key[32];
     if (ckpt_init_key(o, key, err, errlen) != 0) return NULL;
-    float *params = ckpt_model_load(o->init, key, c, err, errlen);
+    float *params = NULL;
+    int sealed = 0, fd = ckpt_open_read(o->init, 1, &sealed, err, errlen);
+    if (fd >= 0 && !sealed) errorf(err, errlen, "flag -e %s: no longer a sealed model (changed since the start?)", o->init);
+    if (fd >= 0 && sealed)
+        params = ckpt_model_decrypt_part(fd, o->init, key, c, "its header at the start", s, ut, err, errlen);
+    if (fd >= 0) close(fd);
     secure_wipe(key, sizeof(key));
     return params;
 }
