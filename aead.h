@@ -886,24 +886,39 @@ static inline int aead_file_write_tags(int fd, const AeadFile *f, const AeadFile
     return 0;
 }
 
-// the whole file: header, then every byte (encrypted through a 1 MiB
-// bounce buffer), then the tags; with sha, the file's SHA-256 too, from
-// the read that makes the tags. The file at fd is empty, open for reading
-// and writing; fsync and close are the caller's.
+// the whole file from one buffer, front to back in one pass: the header,
+// then each chunk encrypted in memory, tagged (and, with sha, hashed) from
+// there and written, then the tag table. Nothing is read back, as
+// aead_file_write_tags must for a file that several writers filled. With
+// sha, the file's SHA-256 (header, ciphertext, tags). The file at fd is
+// empty, open for writing; fsync and close are the caller's.
 static inline int aead_file_write_all(int fd, const AeadFileKey *k, const void *plain, uint64_t n,
                                       uint64_t chunk_bytes, uint8_t sha[32], const char *path, char *err,
                                       size_t errlen) {
     AeadFile f;
     if (aead_file_new(&f, k, n, chunk_bytes, path, err, errlen) != 0) return -1;
-    size_t bounce_bytes = 1u << 20;
-    uint8_t *bounce = (uint8_t *)malloc(bounce_bytes);
-    if (bounce == NULL) return errorf(err, errlen, "%s: out of memory", path);
-    int e = pwrite_all(fd, f.header, sizeof(f.header), 0) != 0 ? errno : 0;
-    if (e == 0 && ftruncate(fd, (off_t)aead_file_bytes(n, chunk_bytes)) != 0) e = errno;
-    if (e == 0 && aead_file_pwrite(fd, &f, k, plain, (size_t)n, 0, bounce, bounce_bytes) != 0) e = errno;
-    free(bounce);
-    if (e != 0) return errorf(err, errlen, "%s: write: %s", path, strerror(e));
-    return aead_file_write_tags(fd, &f, k, sha, path, err, errlen);
+    size_t table_bytes = (size_t)f.chunks * AEAD_TAG_BYTES;
+    uint8_t *tags = (uint8_t *)malloc(table_bytes), *buf = (uint8_t *)malloc((size_t)chunk_bytes);
+    int e = tags == NULL || buf == NULL ? ENOMEM : 0;
+    Sha256 hash;
+    sha256_init(&hash);
+    sha256_update(&hash, f.header, AEAD_FILE_HEADER_BYTES);
+    if (e == 0 && pwrite_all(fd, f.header, AEAD_FILE_HEADER_BYTES, 0) != 0) e = errno;
+    for (uint64_t i = 0; i < f.chunks && e == 0; i++) {
+        size_t len = (size_t)aead_file_chunk_len(&f, i);
+        aead_file_ctr(&f, k, i * chunk_bytes, (const uint8_t *)plain + i * chunk_bytes, buf, len);
+        aead_file_chunk_tag(&f, k, i, buf, tags + AEAD_TAG_BYTES * i);
+        if (sha != NULL) sha256_update(&hash, buf, len);
+        if (pwrite_all(fd, buf, len, AEAD_FILE_HEADER_BYTES + i * chunk_bytes) != 0) e = errno;
+    }
+    if (e == 0 && pwrite_all(fd, tags, table_bytes, AEAD_FILE_HEADER_BYTES + n) != 0) e = errno;
+    if (e == 0 && sha != NULL) {
+        sha256_update(&hash, tags, table_bytes);
+        sha256_final(&hash, sha);
+    }
+    free(tags);
+    free(buf);
+    return e == 0 ? 0 : errorf(err, errlen, "%s: write: %s", path, strerror(e));
 }
 
 // chunk i of the sealed file at fd and its tag read into buf (chunk_bytes),

@@ -2,6 +2,8 @@
  * checkpoint.h: what a training checkpoint is on disk, and how one is found,
  * sealed, verified and pruned. Both trainers use it; how a rank writes its
  * own part of the tensors stays in the trainer (train_gpt2.c: gpt2_save).
+ * The final model, <out>/model_SSSSSSSS.bin, is written the same way
+ * (ckpt_write_model).
  *
  * A checkpoint of step S (S optimizer steps done) is the directory
  * <out>/ckpt_SSSSSSSS (8 digits) holding:
@@ -604,21 +606,14 @@ static int ckpt_sealed_model_header(const void *h, uint64_t plain_bytes, const c
     return 0;
 }
 
-// the parameters of a checkpoint's model.bin, sealed or not, as model_load
-// gives them (a malloc'd fp32 array; c filled from the header), or NULL
-// with err set
-static float *ckpt_model_load(const char *path, const uint8_t key[32], GPT2Config *c, char *err, size_t errlen) {
-    int sealed = 0, fd = ckpt_open_read(path, 1, &sealed, err, errlen);
-    if (fd < 0) return NULL;
-    if (!sealed) {
-        close(fd);
-        return model_load(path, c, err, errlen);
-    }
+// the parameters of the sealed model file open at fd (path, for messages;
+// ckpt_open_read said it is sealed), decrypted whole, as model_load gives
+// them (a malloc'd fp32 array; c filled from the header), or NULL with err set
+static float *ckpt_sealed_model_read(int fd, const char *path, const uint8_t key[32], GPT2Config *c, char *err,
+                                     size_t errlen) {
     uint8_t *bytes;
     uint64_t n;
-    int rc = ckpt_read_fd(fd, 1, path, key, (uint64_t)1 << 40, &bytes, &n, err, errlen);
-    close(fd);
-    if (rc != 0) return NULL;
+    if (ckpt_read_fd(fd, 1, path, key, (uint64_t)1 << 40, &bytes, &n, err, errlen) != 0) return NULL;
     if (ckpt_sealed_model_header(bytes, n, path, c, err, errlen) != 0) {
         free(bytes);
         return NULL;
@@ -628,27 +623,43 @@ static float *ckpt_model_load(const char *path, const uint8_t key[32], GPT2Confi
     return params != NULL ? params : (float *)bytes;
 }
 
-// whether the model header at h (HEADER_INTS) is version 3 of shape c;
-// 0, or -1 with err naming path and what differs
-static int ckpt_model_header_is(const int32_t *h, const GPT2Config *c, const char *path, char *err, size_t errlen) {
+// the parameters of a model file, sealed or not (a link followed, as -e
+// and export_hf -i read theirs), as model_load gives them, or NULL with err set
+static float *ckpt_model_load(const char *path, const uint8_t key[32], GPT2Config *c, char *err, size_t errlen) {
+    int sealed = 0, fd = ckpt_open_read(path, 1, &sealed, err, errlen);
+    if (fd < 0) return NULL;
+    if (!sealed) {
+        close(fd);
+        return model_load(path, c, err, errlen);
+    }
+    float *params = ckpt_sealed_model_read(fd, path, key, c, err, errlen);
+    close(fd);
+    return params;
+}
+
+// whether the model header at h (HEADER_INTS) is version 3 of shape c,
+// which shape_of gave; 0, or -1 with err naming path and what differs
+static int ckpt_model_header_is(const int32_t *h, const GPT2Config *c, const char *shape_of, const char *path,
+                                char *err, size_t errlen) {
     GPT2Config got;
     int version = 0;
     int rc = ckpt_parse_model_header(h, path, &got, &version, err, errlen);
     if (rc == 0 && (version != 3 || got.L != c->L || got.C != c->C || got.NH != c->NH || got.V != c->V ||
                     got.Vp != c->Vp || got.maxT != c->maxT))
-        rc = errorf(err, errlen, "%s: header version %d, L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, but the checkpoint's "
-                    "state.bin says version 3, L=%d C=%d NH=%d V=%d Vp=%d maxT=%d", path, version, got.L, got.C, got.NH,
-                    got.V, got.Vp, got.maxT, c->L, c->C, c->NH, c->V, c->Vp, c->maxT);
+        rc = errorf(err, errlen, "%s: header version %d, L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, but %s says version 3, "
+                    "L=%d C=%d NH=%d V=%d Vp=%d maxT=%d", path, version, got.L, got.C, got.NH, got.V, got.Vp, got.maxT,
+                    shape_of, c->L, c->C, c->NH, c->V, c->Vp, c->maxT);
     return rc;
 }
 
-// of the sealed model.bin at fd, the chunks holding what the rank of shard
+// of the sealed model file at fd, the chunks holding what the rank of shard
 // s and units ut reads (ckpt_mark_chunks, whole units), each checked and
-// decrypted, into a calloc'd array of the parameters of shape c; NULL with
-// err set. The other elements stay zero, and their pages, never touched,
-// take no memory.
+// decrypted, into a calloc'd array of the parameters of shape c (which
+// shape_of gave, for the messages); NULL with err set. The other elements
+// stay zero, and their pages, never touched, take no memory.
 static float *ckpt_model_decrypt_part(int fd, const char *path, const uint8_t key[32], const GPT2Config *c,
-                                      const Shard *s, const UnitTable *ut, char *err, size_t errlen) {
+                                      const char *shape_of, const Shard *s, const UnitTable *ut, char *err,
+                                      size_t errlen) {
     const uint64_t header = HEADER_INTS * 4;
     AeadFileKey fk;
     AeadFile af;
@@ -657,9 +668,9 @@ static float *ckpt_model_decrypt_part(int fd, const char *path, const uint8_t ke
     float *params = NULL;
     int rc = aead_file_read_header(fd, &af, &fk, path, err, errlen);
     if (rc == 0 && (af.plain_bytes != ckpt_file_bytes(0, c) || af.chunk_bytes < header))
-        rc = errorf(err, errlen, "%s: %llu bytes sealed in chunks of %llu, but the checkpoint's model needs %llu in "
+        rc = errorf(err, errlen, "%s: %llu bytes sealed in chunks of %llu, but the shape %s says needs %llu in "
                     "chunks of at least %llu", path, (unsigned long long)af.plain_bytes,
-                    (unsigned long long)af.chunk_bytes, (unsigned long long)ckpt_file_bytes(0, c),
+                    (unsigned long long)af.chunk_bytes, shape_of, (unsigned long long)ckpt_file_bytes(0, c),
                     (unsigned long long)header);
     if (rc == 0) {
         need = (uint8_t *)calloc((size_t)af.chunks, 1);
@@ -673,7 +684,7 @@ static float *ckpt_model_decrypt_part(int fd, const char *path, const uint8_t ke
         if (!need[i]) continue;
         uint64_t start = i * af.chunk_bytes, len = aead_file_chunk_len(&af, i), skip = i == 0 ? header : 0;
         rc = aead_file_read_chunk(fd, &af, &fk, i, chunk, path, err, errlen);
-        if (rc == 0 && i == 0) rc = ckpt_model_header_is((const int32_t *)chunk, c, path, err, errlen);
+        if (rc == 0 && i == 0) rc = ckpt_model_header_is((const int32_t *)chunk, c, shape_of, path, err, errlen);
         if (rc == 0) memcpy((uint8_t *)params + start + skip - header, chunk + skip, (size_t)(len - skip));
     }
     if (chunk != NULL) secure_wipe(chunk, (size_t)af.chunk_bytes);
@@ -699,7 +710,7 @@ static float *ckpt_model_load_part(const char *path, const uint8_t key[32], GPT2
         close(fd);
         return model_load(path, c, err, errlen);
     }
-    float *params = ckpt_model_decrypt_part(fd, path, key, c, s, ut, err, errlen);
+    float *params = ckpt_model_decrypt_part(fd, path, key, c, "the checkpoint's state.bin", s, ut, err, errlen);
     close(fd);
     return params;
 }
@@ -757,11 +768,20 @@ static int ckpt_init_config(const Options *o, GPT2Config *c, int *sealed, char *
     return ckpt_sealed_model_header(h, f.plain_bytes, o->init, c, err, errlen);
 }
 
-// the parameters of -e's sealed model, as ckpt_model_load gives them
-static float *ckpt_init_load(const Options *o, GPT2Config *c, char *err, size_t errlen) {
+// the parameters of -e's sealed model on the rank of shard s and units ut,
+// as a resume reads a sealed model.bin (ckpt_model_load_part): only the
+// chunks holding its units are decrypted, and the other ranks' elements
+// stay zero. c is the shape ckpt_init_config read from the file's header.
+static float *ckpt_init_load(const Options *o, const GPT2Config *c, const Shard *s, const UnitTable *ut, char *err,
+                             size_t errlen) {
     uint8_t key[32];
     if (ckpt_init_key(o, key, err, errlen) != 0) return NULL;
-    float *params = ckpt_model_load(o->init, key, c, err, errlen);
+    float *params = NULL;
+    int sealed = 0, fd = ckpt_open_read(o->init, 1, &sealed, err, errlen);
+    if (fd >= 0 && !sealed) errorf(err, errlen, "flag -e %s: no longer a sealed model (changed since the start?)", o->init);
+    if (fd >= 0 && sealed)
+        params = ckpt_model_decrypt_part(fd, o->init, key, c, "its header at the start", s, ut, err, errlen);
+    if (fd >= 0) close(fd);
     secure_wipe(key, sizeof(key));
     return params;
 }
@@ -1021,42 +1041,16 @@ static int ckpt_begin(const char *out_dir, const CkptState *s, const AeadFileKey
     return rc;
 }
 
-// the final model sealed (-enc 2): model_save's fp32 file, encrypted, to
-// PATH.tmp first and then renamed into place
-static int ckpt_model_save_sealed(const char *path, const uint8_t key[32], const GPT2Config *c, const float *params,
-                                  char *err, size_t errlen) {
-    char tmp[4200];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    AeadFileKey cipher;
-    aead_file_key(&cipher, key);
-    int32_t h[HEADER_INTS];
-    model_fill_header(h, c, 3);
-    unlink(tmp);
-    int rc = ckpt_make_file(AT_FDCWD, tmp, tmp, h, sizeof(h), ckpt_file_bytes(0, c), &cipher, err, errlen);
-    if (rc == 0) {
-        CkptOut out;
-        int e = ckpt_out_open(&out, tmp, &cipher);
-        if (e == 0 && ckpt_out_pwrite(&out, params, param_count(c) * sizeof(float), sizeof(h)) != 0) e = errno;
-        int closed = ckpt_out_close(&out, 0);
-        if (e == 0) e = closed;
-        if (e != 0) rc = errorf(err, errlen, "%s: write: %s", tmp, strerror(e));
-    }
-    if (rc == 0) rc = ckpt_seal_tags(tmp, &cipher, NULL, NULL, err, errlen);
-    if (rc == 0 && rename(tmp, path) != 0) rc = errorf(err, errlen, "%s: rename to %s: %s", tmp, path, strerror(errno));
-    if (rc != 0) unlink(tmp);
-    aead_file_key_wipe(&cipher);
-    return rc;
-}
-
-// how a trainer takes part in ckpt_write_job: sum adds one float over every
-// rank of the job (an all-reduce; the caller gives its waits room for the
-// writes and the seal); part writes this rank's share of model.bin and
-// optim.bin in dir, files at full size, and fsyncs them: 0 or an errno (it
+// how a trainer takes part in ckpt_write_job and ckpt_write_model: sum adds
+// one float over every rank of the job (an all-reduce; the caller gives its
+// waits room for the writes and the seal); part writes this rank's share of
+// the model file at model_path and, when optim_path is not NULL, of
+// optim.bin there, files at full size, and fsyncs them: 0 or an errno (it
 // opens them with ckpt_out_open and cipher, which sealed files need);
-// encrypt: -enc, the files sealed
+// encrypt: the files sealed (-enc 1 for a checkpoint, -enc 2 for the final model)
 typedef struct {
     float (*sum)(void *ctx, float x);
-    int (*part)(void *ctx, const char *dir, const AeadFileKey *cipher);
+    int (*part)(void *ctx, const char *model_path, const char *optim_path, const AeadFileKey *cipher);
     void *ctx;
     int rank;
     int encrypt;
@@ -1075,8 +1069,11 @@ static int ckpt_write_job(const CkptJob *job, const char *out_dir, int keep, con
     const AeadFileKey *sealed = job->encrypt ? &cipher : NULL;
     float failed = job->sum(job->ctx, rank0 && ckpt_begin(out_dir, st, sealed, err, sizeof(err)) != 0);
     if (failed == 0) {
+        char model_path[4200], optim_path[4200];
         ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial");
-        int e = job->part(job->ctx, dir, &cipher);
+        snprintf(model_path, sizeof(model_path), "%s/model.bin", dir);
+        snprintf(optim_path, sizeof(optim_path), "%s/optim.bin", dir);
+        int e = job->part(job->ctx, model_path, optim_path, sealed);
         if (e != 0) errorf(err, sizeof(err), "rank %d: %s: write: %s", job->rank, dir, strerror(e));
         failed = job->sum(job->ctx, e != 0);
         if (failed == 0 && rank0 && ckpt_seal(out_dir, st->step, key, sealed, err, sizeof(err)) != 0) failed = 1;
@@ -1096,9 +1093,71 @@ static int ckpt_write_job(const CkptJob *job, const char *out_dir, int keep, con
     return failed == 0 ? 0 : -1;
 }
 
+// rank 0, before the ranks write the final model: the temporary file tmp
+// made anew at its full size, header in, sealed under cipher when given. A
+// file left there by a write cut short gives way; a link planted there is
+// refused and left as it is, like the other files the trainer writes in -o
+// (files.h's fopen_nofollow), never removed nor written through.
+static int ckpt_model_begin(const char *tmp, const GPT2Config *c, const AeadFileKey *cipher, char *err, size_t errlen) {
+    struct stat st;
+    if (lstat(tmp, &st) == 0 && S_ISLNK(st.st_mode)) return errorf(err, errlen, "%s: a symbolic link, not followed here", tmp);
+    unlink(tmp);
+    int32_t h[HEADER_INTS];
+    model_fill_header(h, c, 3);
+    int rc = ckpt_make_file(AT_FDCWD, tmp, tmp, h, sizeof(h), ckpt_file_bytes(0, c), cipher, err, errlen);
+    if (rc != 0) unlink(tmp);
+    return rc;
+}
+
+// rank 0, once every rank's part of tmp is in (and fsynced): a sealed file's
+// chunk tags, then tmp renamed to path and out_dir fsynced, so that the name
+// is the whole file's once this returns
+static int ckpt_model_finish(const char *tmp, const char *path, const char *out_dir, const AeadFileKey *cipher,
+                             char *err, size_t errlen) {
+    if (cipher != NULL && ckpt_seal_tags(tmp, cipher, NULL, NULL, err, errlen) != 0) return -1;
+    if (rename(tmp, path) != 0) return errorf(err, errlen, "%s: rename to %s: %s", tmp, path, strerror(errno));
+    if (ckpt_fsync_dir(out_dir) != 0) return errorf(err, errlen, "%s: fsync: %s", out_dir, strerror(errno));
+    return 0;
+}
+
+// the final model, out_dir/model_SSSSSSSS.bin (into path), by every rank of
+// a job (both trainers): llm.c's v3 file of the fp32 parameters, the bytes of
+// a checkpoint's model.bin, sealed when job->encrypt (-enc 2). It is written
+// as ckpt_write_job writes a checkpoint, with the same three agreements:
+// rank 0 made PATH.tmp; every rank wrote its part there; rank 0 sealed it
+// and renamed it into place. So no rank gathers the whole model, and a
+// reader never sees a part. Unlike a checkpoint it is one file with no
+// MANIFEST (llm.c reads it as it is), so there is no directory to build
+// and nothing to prune. Every rank returns the same verdict, 0 when the
+// file is complete; on a failure PATH.tmp is gone.
+static int ckpt_write_model(const CkptJob *job, const char *out_dir, int steps, const GPT2Config *c,
+                            const uint8_t key[32], char *path, size_t pathlen) {
+    int rank0 = job->rank == 0;
+    char err[1200] = "", tmp[4200];
+    snprintf(path, pathlen, "%s/model_%08d.bin", out_dir, steps);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    AeadFileKey cipher;
+    if (job->encrypt) aead_file_key(&cipher, key);
+    const AeadFileKey *sealed = job->encrypt ? &cipher : NULL;
+    float failed = job->sum(job->ctx, rank0 && ckpt_model_begin(tmp, c, sealed, err, sizeof(err)) != 0);
+    if (failed == 0) {
+        int e = job->part(job->ctx, tmp, NULL, sealed);
+        if (e != 0) errorf(err, sizeof(err), "rank %d: %s: write: %s", job->rank, tmp, strerror(e));
+        failed = job->sum(job->ctx, e != 0);
+        if (failed == 0 && rank0 && ckpt_model_finish(tmp, path, out_dir, sealed, err, sizeof(err)) != 0) failed = 1;
+        if (!rank0 && e == 0) err[0] = '\0';  // rank 0 speaks for the job; a rank that failed, for itself
+        failed = job->sum(job->ctx, rank0 ? failed : 0.0f);
+        if (failed != 0 && rank0) unlink(tmp);  // rank 0 made it: not a link refused above
+    }
+    if (job->encrypt) aead_file_key_wipe(&cipher);
+    if (err[0] != '\0') fprintf(stderr, "final model of step %d failed: %s\n", steps, err);
+    return failed == 0 ? 0 : -1;
+}
+
 // the room a job's waits need while a checkpoint is written: every rank's
 // share and rank 0's hash of all 12 bytes per parameter, at 0.1 GB/s (the
-// portable SHA-256's speed), on top of -to
+// portable SHA-256's speed), on top of -to. The final model, a third of
+// those bytes (the parameters alone), needs a third of it.
 static double ckpt_wait_room(const GPT2Config *c) { return 12.0 * (double)param_count(c) / 1e8; }
 
 // the line a resumed run starts with (ck NULL: nothing to resume from;

@@ -10,7 +10,7 @@
  * model_load). A model the trainer sealed (-enc 2, or a checkpoint of -enc 1)
  * is read with the key of the job that sealed it, --key-file: the trainer's
  * --key-file, or the job.key in its -o directory (checkpoint.h's
- * ckpt_model_load, as the trainer's -e reads it). Out, in the -o directory:
+ * ckpt_sealed_model_read, as the trainer's -e reads it). Out, in the -o directory:
  *   model.safetensors  the 12L + 4 tensors, named as in the Hub's "gpt2"
  *                      checkpoint (GPT2Model's names, which GPT2LMHeadModel
  *                      loads too, tying lm_head to wte)
@@ -50,7 +50,7 @@
  * a key file that is not one).
  */
 #define _GNU_SOURCE  // strdup
-#include "checkpoint.h"  // ckpt_key, ckpt_is_sealed, ckpt_model_load
+#include "checkpoint.h"  // ckpt_key, ckpt_open_read, ckpt_sealed_model_read
 #include "errors.h"      // errorf
 #include "gpt2.h"        // GPT2Config, model_load, param_count
 #include "secure.h"      // secure_wipe
@@ -354,22 +354,27 @@ static int write_tokenizer(const ExportOptions *o, const GPT2Config *c, char *er
 
 // the parameters of -i, as model_load gives them, and c its shape: a plain
 // model file, or one the trainer sealed, read under the checkpoint key that
-// --key-file names (ckpt_key, as the trainer takes it). NULL with err set
-// and *status the exit status.
+// --key-file names (ckpt_key, as the trainer takes it). One open tells which
+// and, for a sealed file, reads it. NULL with err set and *status the exit status.
 static float *load_model(const ExportOptions *o, GPT2Config *c, int *status, char *err, size_t errlen) {
     *status = 1;
-    if (!ckpt_is_sealed(o->in)) return model_load(o->in, c, err, errlen);
+    int sealed = 0, fd = ckpt_open_read(o->in, 1, &sealed, NULL, 0);
+    if (!sealed) {  // plain, or not there: model_load reads it or says why
+        if (fd >= 0) close(fd);
+        return model_load(o->in, c, err, errlen);
+    }
     *status = 2;
+    float *params = NULL;
+    uint8_t key[32];
     if (o->key_file == NULL) {
         errorf(err, errlen, "%s: sealed by the trainer's -enc: give the key of the job that wrote it with --key-file "
                "(the run's --key-file, or the job.key in its -o directory)", o->in);
-        return NULL;
+    } else if (ckpt_key(NULL, o->key_file, 0, key, err, errlen) == 0) {
+        *status = 1;
+        params = ckpt_sealed_model_read(fd, o->in, key, c, err, errlen);
+        secure_wipe(key, sizeof(key));
     }
-    uint8_t key[32];
-    if (ckpt_key(NULL, o->key_file, 0, key, err, errlen) != 0) return NULL;
-    *status = 1;
-    float *params = ckpt_model_load(o->in, key, c, err, errlen);
-    secure_wipe(key, sizeof(key));
+    close(fd);
     return params;
 }
 

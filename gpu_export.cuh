@@ -158,22 +158,19 @@ static int gpt2_write_share(GPT2 *m, CkptOut *model, CkptOut *optim) {
     return sc.error;
 }
 
-// writes this rank's part of model.bin (and, with optim, optim.bin) in dir,
-// files that rank 0 made at full size (sealed ones under cipher), and
-// fsyncs them; 0, or an errno
-static int write_part(GPT2 *m, const char *dir, const char *model_name, int optim, const AeadFileKey *cipher) {
-    char path[4200];
+// writes this rank's part of the model file at model_path (and, unless
+// optim_path is NULL, of optim.bin there), files that rank 0 made at full
+// size (sealed ones under cipher), and fsyncs them; 0, or an errno
+static int write_part(GPT2 *m, const char *model_path, const char *optim_path, const AeadFileKey *cipher) {
     CkptOut model, adam;
-    snprintf(path, sizeof(path), "%s/%s", dir, model_name);
-    int e = ckpt_out_open(&model, path, cipher);
+    int e = ckpt_out_open(&model, model_path, cipher);
     memset(&adam, 0, sizeof(adam));
     adam.fd = -1;
-    if (optim) {
-        snprintf(path, sizeof(path), "%s/optim.bin", dir);
-        int e_optim = ckpt_out_open(&adam, path, cipher);
+    if (optim_path != NULL) {
+        int e_optim = ckpt_out_open(&adam, optim_path, cipher);
         if (e == 0) e = e_optim;
     }
-    if (e == 0) e = gpt2_write_share(m, &model, optim ? &adam : NULL);
+    if (e == 0) e = gpt2_write_share(m, &model, optim_path != NULL ? &adam : NULL);
     int closed = ckpt_out_close(&model, e == 0);
     if (e == 0) e = closed;
     closed = ckpt_out_close(&adam, e == 0);

@@ -465,6 +465,14 @@ static void test_sliced_writes(void) {
     if (read_ok) sha256(whole, whole_bytes, want);
     check(read_ok && memcmp(sha, want, 32) == 0,
           "%s: the SHA-256 from the tag pass is the sealed file's", aead_impl_name());
+    // aead_file_write_all makes the tags and the SHA-256 in its one pass
+    fd = open(path, O_RDWR | O_TRUNC | O_CLOEXEC);
+    rc = fd < 0 || aead_file_write_all(fd, &k, plain, n, chunk, sha, path, err, sizeof(err)) != 0;
+    read_ok = rc == 0 && pread_all(fd, whole, whole_bytes, 0) == 0;
+    if (fd >= 0) close(fd);
+    if (read_ok) sha256(whole, whole_bytes, want);
+    check(read_ok && memcmp(sha, want, 32) == 0 && reads_back(path, &k, plain, n, err, sizeof(err)),
+          "%s: aead_file_write_all's file reads back, and its SHA-256 is the file's %s", aead_impl_name(), err);
     free(whole);
     unlink(path);
     free(plain);

@@ -300,6 +300,19 @@ static void test_encrypted(const char *layout, const char *name) {
     uint8_t key[32], *dec = NULL;
     uint64_t dec_n = 0;
     char pa[300], pp[300], err[1024];
+    // the final model, every rank writing its part (ckpt_write_model)
+    uint8_t *x = NULL, *y = NULL;
+    uint64_t xn = 0, yn = 0;
+    snprintf(pa, sizeof(pa), "%s/model_00000040.bin", a);
+    snprintf(pp, sizeof(pp), "%s/model_00000040.bin", p);
+    int same_final = read_key(a, key) == 0 && ckpt_read_file(pa, key, 1 << 30, &x, &xn, err, sizeof(err)) == 0 &&
+                     ckpt_read_file(pp, key, 1 << 30, &y, &yn, err, sizeof(err)) == 0 && xn == yn &&
+                     memcmp(x, y, xn) == 0;
+    free(x);
+    free(y);
+    check(same_final && !exists("%s/model_%08d.bin.tmp", a, 40) && !exists("%s/model_%08d.bin.tmp", p, 40),
+          "%s: the sealed final model decrypts to the plain run's, byte for byte, and no .tmp is left %s", name,
+          same_final ? "" : err);
     snprintf(pa, sizeof(pa), "%s/ckpt_00000020/optim.bin", a);
     snprintf(pp, sizeof(pp), "%s/ckpt_00000020/optim.bin", p);
     size_t plain_n = 0;
@@ -359,9 +372,10 @@ static int write_sealed_file(const char *path, const uint8_t key[32], const uint
 }
 
 // a sealed model.bin of 14 chunks, loaded by the ranks of several layouts
-// as a resume does: each gets its units as unit_fill gives them from the
-// plain array, having decrypted fewer chunks than all where it holds part
-// of the layers (pp 2); a header of another shape is refused
+// as a resume does, and as -e does (ckpt_init_load, the key from
+// --key-file): each gets its units as unit_fill gives them from the plain
+// array, having decrypted fewer chunks than all where it holds part of the
+// layers (pp 2); a header of another shape is refused
 static void test_model_slices(void) {
     GPT2Config c = {.maxT = 64, .V = 1000, .Vp = 1024, .L = 4, .NH = 4, .C = 256};
     size_t N = param_count(&c), bytes = (size_t)ckpt_file_bytes(0, &c);
@@ -373,16 +387,25 @@ static void test_model_slices(void) {
     char path[300], err[1024];
     snprintf(path, sizeof(path), "%s/slices_model.bin", dir);
     int ok = write_sealed_file(path, key, plain, bytes, err, sizeof(err)) == 0;
-    if (!check(ok, "a sealed model.bin of %zu bytes (%s)", bytes, ok ? "ok" : err)) { free(plain); return; }
+    char key_path[300];
+    snprintf(key_path, sizeof(key_path), "%s/slices.key", dir);
+    ok = ok && key_write_file(key_path, key, err, sizeof(err)) == 0;
+    if (!check(ok, "a sealed model.bin of %zu bytes and its key file (%s)", bytes, ok ? "ok" : err)) { free(plain); return; }
+    Options o;
+    memset(&o, 0, sizeof(o));
+    o.init = path;
+    o.key_file = key_path;
     struct { int dp, tp, pp; } layouts[] = {{1, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 2}};
-    for (int k = 0; k < 4; k++) {
-        int dp = layouts[k].dp, tp = layouts[k].tp, pp = layouts[k].pp, world = dp * tp * pp, same = 1;
+    for (int k = 0; k < 8; k++) {
+        int by_init = k >= 4;  // -e's ckpt_init_load; before, a resume's ckpt_model_load_part
+        int dp = layouts[k % 4].dp, tp = layouts[k % 4].tp, pp = layouts[k % 4].pp, world = dp * tp * pp, same = 1;
         for (int rank = 0; rank < world && same; rank++) {
             Shard s = shard_for(&c, tp, rank % tp, pp, rank / tp % pp, dp, rank / (tp * pp));
             UnitTable ut;
             GPT2Config got = c;
             same = unit_table(&ut, &c, &s, 1) == 0;
-            float *params = same ? ckpt_model_load_part(path, key, &got, &s, &ut, err, sizeof(err)) : NULL;
+            float *params = !same ? NULL : by_init ? ckpt_init_load(&o, &got, &s, &ut, err, sizeof(err))
+                                                   : ckpt_model_load_part(path, key, &got, &s, &ut, err, sizeof(err));
             float *a = (float *)malloc(unit_table_largest(&ut) * sizeof(float));
             float *b = (float *)malloc(unit_table_largest(&ut) * sizeof(float));
             same = params != NULL;
@@ -400,8 +423,8 @@ static void test_model_slices(void) {
             free(b);
             free(ut.units);
         }
-        check(same, "dp %d tp %d pp %d: each rank's units from the sealed model.bin, as from the plain array%s %s", dp,
-              tp, pp, pp == 2 ? ", other stages' chunks left undecrypted" : "", same ? "" : err);
+        check(same, "dp %d tp %d pp %d%s: each rank's units from the sealed model.bin, as from the plain array%s %s", dp,
+              tp, pp, by_init ? ", as -e" : "", pp == 2 ? ", other stages' chunks left undecrypted" : "", same ? "" : err);
     }
     GPT2Config other = c;
     other.L = 2;  // its file would be shorter: refused before any chunk is read
@@ -580,6 +603,29 @@ static void test_encrypted_init(void) {
     check(r.status == 0 && same_steps(&ref, &r, 0, 4),
           "-e of the sealed final model with -o holding the job.key that sealed it: the same losses (exit %d) %s",
           r.status, r.status != 0 ? r.out : "");
+
+    // with two stages, each rank decrypting only the chunks of its layers
+    static Run ref_pp, r_pp;
+    snprintf(b, sizeof(b), "%s/init_plain_pp", dir);
+    snprintf(args, sizeof(args), "-e %s -np 2 -pp 2", pp);
+    run(&ref_pp, b, 4, args);
+    snprintf(b, sizeof(b), "%s/init_sealed_pp", dir);
+    snprintf(args, sizeof(args), "-e %s --key-file %s -np 2 -pp 2", model, key_path);
+    run(&r_pp, b, 4, args);
+    check(ref_pp.status == 0 && r_pp.status == 0 && same_steps(&ref_pp, &r_pp, 0, 4),
+          "-e of the sealed final model, pp 2: the losses and norms of -e of the plain one (exit %d, %d) %s",
+          ref_pp.status, r_pp.status, r_pp.status != 0 ? r_pp.out : "");
+
+    // export_hf with the job's key: the files that exporting the plain model gives
+    char hf_plain[300], hf_sealed[300], cmd[2000];
+    snprintf(hf_plain, sizeof(hf_plain), "%s/init_hf_plain", dir);
+    snprintf(hf_sealed, sizeof(hf_sealed), "%s/init_hf_sealed", dir);
+    snprintf(cmd, sizeof(cmd), "./export_hf -i %s -o %s > /dev/null && ./export_hf -i %s --key-file %s -o %s > /dev/null",
+             pp, hf_plain, model, key_path, hf_sealed);
+    int exported = system(cmd) == 0;
+    check(exported && files_equal(hf_plain, hf_sealed, "model.safetensors") &&
+          files_equal(hf_plain, hf_sealed, "config.json"),
+          "export_hf --key-file of the trainer's sealed final model: the plain one's model.safetensors and config.json");
 
     struct { const char *what, *setup, *flags; } cases[] = {
         {"no key", "rm -rf %1$s", ""},

@@ -9,7 +9,7 @@
  *
  *   make test_export export_hf && ./test_export
  */
-#include "checkpoint.h"  // ckpt_model_save_sealed, key_generate, key_write_file; includes gpt2.h
+#include "checkpoint.h"  // ckpt_is_sealed, key_generate, key_write_file; includes gpt2.h, aead.h
 #include "json.h"
 #include "test.h"
 
@@ -286,6 +286,27 @@ static int same_file(const char *a, const char *b) {
     return same;
 }
 
+// a v3 model file of params and shape c, sealed under key's cipher key as
+// the trainer's -enc 2 seals its final model: 0, or -1 with err set
+static int save_sealed_model(const char *path, const uint8_t key[32], const GPT2Config *c, const float *params,
+                             char *err, size_t errlen) {
+    size_t header = HEADER_INTS * sizeof(int32_t), n = param_count(c) * sizeof(float);
+    uint8_t *plain = (uint8_t *)malloc(header + n);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    AeadFileKey fk;
+    aead_file_key(&fk, key);
+    int rc = plain != NULL && fd >= 0 ? 0 : errorf(err, errlen, "%s: cannot make it", path);
+    if (rc == 0) {
+        model_fill_header((int32_t *)plain, c, 3);
+        memcpy(plain + header, params, n);
+        rc = aead_file_write_all(fd, &fk, plain, header + n, AEAD_FILE_CHUNK_BYTES, NULL, path, err, errlen);
+    }
+    if (fd >= 0) close(fd);
+    aead_file_key_wipe(&fk);
+    free(plain);
+    return rc;
+}
+
 // check_sealed: params sealed as the trainer's -enc 2 seals its final model
 // export, given the job's key with --key-file, to the very bytes that
 // exporting the plain model (already in plain_dir) gives; without the key,
@@ -300,7 +321,7 @@ static void check_sealed(const float *params, const char *plain_dir) {
     snprintf(dir, sizeof(dir), "%s/hf_sealed", tmp_dir);
     int ok = key_generate(key, err, sizeof(err)) == 0 && key_write_file(key_file, key, err, sizeof(err)) == 0 &&
              key_generate(other, err, sizeof(err)) == 0 && key_write_file(other_file, other, err, sizeof(err)) == 0 &&
-             ckpt_model_save_sealed(model, key, &shape, params, err, sizeof(err)) == 0;
+             save_sealed_model(model, key, &shape, params, err, sizeof(err)) == 0;
     if (!check(ok && ckpt_is_sealed(model), "a sealed model and its job key (%s)", ok ? "ok" : err)) return;
 
     snprintf(cmd, sizeof(cmd), "./export_hf -i %s --key-file %s -o %s", model, key_file, dir);

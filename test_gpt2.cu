@@ -710,13 +710,16 @@ static void test_ckpt_device(void) {
         const AeadFileKey *sealed = k == 4 ? &cipher : NULL;
         int good = ckpt_begin(dir, &st, sealed, err, sizeof(err)) == 0;
         ckpt_dir_name(ck_dir, sizeof(ck_dir), dir, st.step, ".partial");
+        char model_path[900], optim_path[900];
+        snprintf(model_path, sizeof(model_path), "%s/model.bin", ck_dir);
+        snprintf(optim_path, sizeof(optim_path), "%s/optim.bin", ck_dir);
         for (int rank = 0; rank < world && good; rank++) {
             Grid g;
             grid_init(&g, world, tp, pp, rank, err, sizeof(err));
             GPT2 r;
             gpt2_init_rank(&r, &c, params, 0, 1, 8, 1, 0, &g, zero, 1, NULL);
             good = gpt2_load_optimizer(&r, src, key, 7, err, sizeof(err)) == 0 &&
-                   write_part(&r, ck_dir, "model.bin", 1, &cipher) == 0;
+                   write_part(&r, model_path, optim_path, &cipher) == 0;
             gpt2_free(&r);
         }
         good = good && ckpt_seal(dir, st.step, key, sealed, err, sizeof(err)) == 0;

@@ -907,7 +907,7 @@ static float *tensor_view(const GPT2 *m, float *const *unit_data, int t, int lay
 // straight into the whole tensors of model.bin and optim.bin, so the files do
 // not depend on the layout and no rank ever holds the whole model or state.
 
-typedef struct { GPT2 *m; CkptOut model, optim; int error; size_t N; } SaveCtx;
+typedef struct { GPT2 *m; CkptOut model, optim; int error, with_optim; size_t N; } SaveCtx;
 
 // where element j of unit u lives on this rank: in the whole unit (offset)
 // or, when the array is sharded over dp, in my 1/dp of it (shard_offset)
@@ -923,24 +923,24 @@ static void save_run(const OwnedRun *r, void *ctx) {
     const float *mo = unit_elem(m, m->m, zero >= 1, r->u, r->j), *vo = unit_elem(m, m->v, zero >= 1, r->u, r->j);
     size_t bytes = r->n * sizeof(float), at = HEADER_INTS * 4 + r->g * sizeof(float);
     if (sc->error == 0 && (ckpt_out_pwrite(&sc->model, p, bytes, at) != 0 ||
-                           ckpt_out_pwrite(&sc->optim, mo, bytes, at) != 0 ||
-                           ckpt_out_pwrite(&sc->optim, vo, bytes, at + sc->N * sizeof(float)) != 0))
+                           (sc->with_optim && (ckpt_out_pwrite(&sc->optim, mo, bytes, at) != 0 ||
+                                               ckpt_out_pwrite(&sc->optim, vo, bytes, at + sc->N * sizeof(float)) != 0))))
         sc->error = errno;
 }
 
-// this rank's share of model.bin and optim.bin in dir (ckpt_write_job's part;
-// cipher: for files rank 0 made sealed)
-static int save_part(void *ctx, const char *dir, const AeadFileKey *cipher) {
+// this rank's share of the model file at model_path and, unless optim_path
+// is NULL (the final model), of optim.bin (ckpt_write_job's and
+// ckpt_write_model's part; cipher: for files rank 0 made sealed)
+static int save_part(void *ctx, const char *model_path, const char *optim_path, const AeadFileKey *cipher) {
     GPT2 *m = (GPT2 *)ctx;
-    char path[4200];
     SaveCtx sc;
     memset(&sc, 0, sizeof(sc));
     sc.m = m;
     sc.N = param_count(&m->config);
-    snprintf(path, sizeof(path), "%s/model.bin", dir);
-    sc.error = ckpt_out_open(&sc.model, path, cipher);
-    snprintf(path, sizeof(path), "%s/optim.bin", dir);
-    int e = ckpt_out_open(&sc.optim, path, cipher);
+    sc.optim.fd = -1;
+    sc.with_optim = optim_path != NULL;
+    sc.error = ckpt_out_open(&sc.model, model_path, cipher);
+    int e = sc.with_optim ? ckpt_out_open(&sc.optim, optim_path, cipher) : 0;
     if (sc.error == 0) sc.error = e;
     if (sc.error == 0) for_each_owned(&m->config, &m->shard, &m->ut, 1, save_run, &sc);
     e = ckpt_out_close(&sc.model, sc.error == 0);
@@ -964,6 +964,20 @@ static int gpt2_save(GPT2 *m, const char *out_dir, int keep, const CkptState *st
     double timeout = comm_set_timeout(par->comm, 0.0);
     comm_set_timeout(par->comm, timeout + ckpt_wait_room(&m->config));
     int rc = ckpt_write_job(&job, out_dir, keep, st, key);
+    comm_set_timeout(par->comm, timeout);
+    return rc;
+}
+
+// the final model, DIR/model_SSSSSSSS.bin into path (checkpoint.h's
+// ckpt_write_model: every rank writes its part, as for a checkpoint's
+// model.bin); sealed under the checkpoint key with encrypt (-enc 2)
+static int gpt2_write_model(GPT2 *m, const char *out_dir, int steps, const uint8_t key[32], int encrypt, char *path,
+                            size_t pathlen) {
+    const Parallel *par = m->par;
+    CkptJob job = {save_sum, save_part, m, par->grid.rank, encrypt};
+    double timeout = comm_set_timeout(par->comm, 0.0);
+    comm_set_timeout(par->comm, timeout + ckpt_wait_room(&m->config) / 3);
+    int rc = ckpt_write_model(&job, out_dir, steps, &m->config, key, path, pathlen);
     comm_set_timeout(par->comm, timeout);
     return rc;
 }
@@ -1124,30 +1138,6 @@ static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng)
         fflush(stdout);
     }
     printf("\n---\n");
-}
-
-// the final model, DIR/model_SSSSSSSS.bin: the parameters of every rank,
-// assembled on all of them (ZeRO-3 gathers each unit), written by rank 0;
-// sealed under the checkpoint key when key is given (-enc 2)
-static int gpt2_write_model(GPT2 *m, const char *out_dir, int steps, const uint8_t *key, char *path, size_t pathlen) {
-    char err[1024];
-    float *full = (float *)xcalloc(param_count(&m->config), sizeof(float), "full model");
-    for (int u = 0; u < m->ut.n; u++) unit_acquire(m, u);
-    gpt2_export(m, m->unit_params, full);
-    for (int u = 0; u < m->ut.n; u++) unit_release(m, u);
-    group_allreduce(m->par, &m->par->world, full, param_count(&m->config));
-    snprintf(path, pathlen, "%s/model_%08d.bin", out_dir, steps);
-    int rc = 0;
-    int failed = 0;
-    if (m->par->grid.rank == 0)
-        failed = key != NULL ? ckpt_model_save_sealed(path, key, &m->config, full, err, sizeof(err))
-                             : model_save(path, &m->config, full, 0, err, sizeof(err));
-    if (failed != 0) {
-        fprintf(stderr, "%s\n", err);
-        rc = -1;
-    }
-    free(full);
-    return rc;
 }
 
 // every K steps: the data-parallel replicas compare a SHA-256 of each of
@@ -1404,8 +1394,8 @@ int main(int argc, char **argv) {
         if (rank0) report_final(&job, &last);
     }
     if (job.opt.out_dir && !stopped) {
-        const uint8_t *seal_with = job.opt.encrypt >= 2 ? job.ckpt_key : NULL;
-        if (gpt2_write_model(&model, job.opt.out_dir, job.steps, seal_with, path, sizeof(path)) != 0) return 1;
+        int sealed = job.opt.encrypt >= 2;
+        if (gpt2_write_model(&model, job.opt.out_dir, job.steps, job.ckpt_key, sealed, path, sizeof(path)) != 0) return 1;
         if (rank0) printf("wrote %s\n", path);
     }
     if (par.comm) {

@@ -1231,9 +1231,9 @@ static float ckpt_sum(void *ctx, float x) {
     return world_sum(k->m, k->par, x);
 }
 
-static int ckpt_part(void *ctx, const char *dir, const AeadFileKey *cipher) {
+static int ckpt_part(void *ctx, const char *model_path, const char *optim_path, const AeadFileKey *cipher) {
     CkptCtx *k = (CkptCtx *)ctx;
-    return write_part(k->m, dir, "model.bin", 1, cipher);
+    return write_part(k->m, model_path, optim_path, cipher);
 }
 
 // the checkpoint of step st->step: checkpoint.h's ckpt_write_job, as
@@ -1250,47 +1250,19 @@ static int gpt2_checkpoint(GPT2 *m, Parallel *par, const char *out_dir, int keep
     return rc;
 }
 
-// the final model, DIR/model_SSSSSSSS.bin: llm.c's v3 file of the fp32
-// master weights (the same bytes as a checkpoint's model.bin), every rank
-// writing what it owns into a temporary file that rank 0 then renames;
-// sealed under the checkpoint key when key is given (-enc 2), rank 0 then
-// making the chunk tags before the rename
-static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int steps, const uint8_t *key, char *path,
-                            size_t pathlen) {
-    int rank0 = par->grid.rank == 0;
-    static const uint8_t no_key[32] = {0};  // without -enc 2 the file is plain and the cipher unused
-    AeadFileKey cipher;
-    aead_file_key(&cipher, key != NULL ? key : no_key);
-    char err[1200] = "", name[64], tmp[64], tmp_path[4200];
-    snprintf(name, sizeof(name), "model_%08d.bin", steps);
-    snprintf(tmp, sizeof(tmp), "%s.tmp", name);
-    snprintf(tmp_path, sizeof(tmp_path), "%s/%s", out_dir, tmp);
-    snprintf(path, pathlen, "%s/%s", out_dir, name);
-    double timeout = par->nccl->timeout_s;  // the ranks wait for each other's writes: 4 bytes per parameter
+// the final model, DIR/model_SSSSSSSS.bin into path: checkpoint.h's
+// ckpt_write_model, as train_gpt2.c's (every rank writes the fp32 master
+// weights it owns, as for a checkpoint's model.bin; rank 0 renames the file
+// into place); sealed under the checkpoint key with encrypt (-enc 2)
+static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int steps, const uint8_t key[32], int encrypt,
+                            char *path, size_t pathlen) {
+    CkptCtx ctx = {m, par};
+    CkptJob job = {ckpt_sum, ckpt_part, &ctx, par->grid.rank, encrypt};
+    double timeout = par->nccl->timeout_s;
     par->nccl->timeout_s = timeout + ckpt_wait_room(&m->config) / 3;
-    float failed = 0.0f;
-    if (rank0) {  // the file at its full size, header in
-        int32_t h[HEADER_INTS];
-        model_fill_header(h, &m->config, 3);
-        unlink(tmp_path);  // made anew with O_EXCL: a link planted there is not written through
-        failed = ckpt_make_file(AT_FDCWD, tmp_path, tmp_path, h, sizeof(h), ckpt_file_bytes(0, &m->config),
-                                key ? &cipher : NULL, err, sizeof(err)) != 0;
-    }
-    failed = world_sum(m, par, failed);
-    if (failed == 0) {  // every rank its part, then rank 0 seals (-enc 2) and renames
-        int e = write_part(m, out_dir, tmp, 0, &cipher);
-        if (e != 0) errorf(err, sizeof(err), "rank %d: %s: write: %s", par->grid.rank, tmp_path, strerror(e));
-        failed = world_sum(m, par, e != 0);
-        if (failed == 0 && rank0 && key != NULL && ckpt_seal_tags(tmp_path, &cipher, NULL, NULL, err, sizeof(err)) != 0) failed = 1;
-        if (failed == 0 && rank0 && (rename(tmp_path, path) != 0 || ckpt_fsync_dir(out_dir) != 0))
-            failed = 1, errorf(err, sizeof(err), "%s: rename: %s", path, strerror(errno));
-        failed = world_sum(m, par, rank0 ? failed : 0.0f);
-    }
-    if (failed != 0 && rank0) unlink(tmp_path);
-    aead_file_key_wipe(&cipher);
-    if (err[0] != '\0') fprintf(stderr, "train_gpt2cu: %s\n", err);
+    int rc = ckpt_write_model(&job, out_dir, steps, &m->config, key, path, pathlen);
     par->nccl->timeout_s = timeout;
-    return failed == 0 ? 0 : -1;
+    return rc;
 }
 
 // the checkpoint after `step`, written by every rank; 0, or -1 when it failed
@@ -1315,8 +1287,8 @@ static int final_model(GPT2 *m, Parallel *par, Job *job) {
     if (sample_due(job, job->steps)) sample(m, &job->tok, job->opt.gen_tokens, &job->sample_rng);
     if (rank0) report_final(job, &last);
     if (job->opt.out_dir == NULL) return 0;
-    const uint8_t *seal_with = job->opt.encrypt >= 2 ? job->ckpt_key : NULL;
-    if (gpt2_write_model(m, par, job->opt.out_dir, job->steps, seal_with, path, sizeof(path)) != 0) return -1;
+    int sealed = job->opt.encrypt >= 2;
+    if (gpt2_write_model(m, par, job->opt.out_dir, job->steps, job->ckpt_key, sealed, path, sizeof(path)) != 0) return -1;
     if (rank0) printf("wrote %s\n", path);
     return 0;
 }

@@ -276,25 +276,30 @@ static void start_rank(Job *job, const Grid *g) {
     job->total_batch = (long)job->opt.B * job->opt.T * g->dp * job->accum;
 }
 
-// the parameters: from the checkpoint being resumed (of a sealed one only
-// what this rank's part of the model g reads is decrypted), from -e's model
-// file (plain, or sealed by -enc 2: checkpoint.h's ckpt_init_load), or NULL
-// for the seeded init of -e's descriptor
+// the parameters: from the checkpoint being resumed, from -e's model file
+// (plain, or sealed by -enc 2), or NULL for the seeded init of -e's
+// descriptor. Of a sealed file (checkpoint.h's ckpt_model_load_part and
+// ckpt_init_load) only what this rank's part of the model g reads is
+// decrypted.
 static float *load_params(Job *job, const Grid *g) {
     char err[2048], path[1024];
     if (!job->resuming && job->random_init) return NULL;
     float *params = NULL;
+    if (!job->resuming && !job->init_sealed) {
+        params = model_load(job->opt.init, &job->config, err, sizeof(err));
+        if (params == NULL) die_usage(err);
+        return params;
+    }
+    Shard s = shard_for(&job->config, g->tp, g->tp_rank, g->pp, g->pp_rank, g->dp, g->dp_rank);
+    UnitTable ut;
+    if (unit_table(&ut, &job->config, &s, 1) != 0) die(1, "out of memory for the unit table");
     if (job->resuming) {
         snprintf(path, sizeof(path), "%s/model.bin", job->ck_dir);
-        Shard s = shard_for(&job->config, g->tp, g->tp_rank, g->pp, g->pp_rank, g->dp, g->dp_rank);
-        UnitTable ut;
-        if (unit_table(&ut, &job->config, &s, 1) != 0) die(1, "out of memory for the unit table");
         params = ckpt_model_load_part(path, job->ckpt_key, &job->config, &s, &ut, err, sizeof(err));
-        free(ut.units);
     } else {
-        params = job->init_sealed ? ckpt_init_load(&job->opt, &job->config, err, sizeof(err))
-                                  : model_load(job->opt.init, &job->config, err, sizeof(err));
+        params = ckpt_init_load(&job->opt, &job->config, &s, &ut, err, sizeof(err));
     }
+    free(ut.units);
     if (params == NULL) die_usage(err);
     return params;
 }
