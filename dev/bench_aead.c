@@ -111,15 +111,12 @@ static float bench_sum(void *ctx, float x) {
 }
 
 // the whole model and state in three writes, as one rank owning everything
-static int bench_part(void *ctx, const char *dir, const AeadFileKey *cipher) {
+static int bench_part(void *ctx, const char *model_path, const char *optim_path, const AeadFileKey *cipher) {
     const BenchModel *b = (const BenchModel *)ctx;
-    char path[4200];
     CkptOut model, optim;
     size_t header = HEADER_INTS * 4, bytes = b->N * sizeof(float);
-    snprintf(path, sizeof(path), "%s/model.bin", dir);
-    int e = ckpt_out_open(&model, path, cipher);
-    snprintf(path, sizeof(path), "%s/optim.bin", dir);
-    int e2 = ckpt_out_open(&optim, path, cipher);
+    int e = ckpt_out_open(&model, model_path, cipher);
+    int e2 = ckpt_out_open(&optim, optim_path, cipher);
     if (e == 0) e = e2;
     if (e == 0 && (ckpt_out_pwrite(&model, b->params, bytes, header) != 0 ||
                    ckpt_out_pwrite(&optim, b->m, bytes, header) != 0 ||
