@@ -40,7 +40,8 @@
  * - what comes from memory is asked for ahead (prefetched) while the kernel
  *   works on what it has: C's next tile, and A and B when they are far
  *   larger than the caches (the logits' weight and gradient), a sliver or a
- *   panel ahead.
+ *   panel ahead, and B when it is transposed as it is packed (the forward's
+ *   weight).
  */
 #ifndef LLM3D_CPU_MATMUL_H
 #define LLM3D_CPU_MATMUL_H
@@ -79,12 +80,14 @@
 #endif
 #define MATMUL_MC 256
 #define MATMUL_NC 192
+// column panels start at multiples of NR, where B packed whole has its slivers
+_Static_assert(MATMUL_NC % MATMUL_NR == 0, "MATMUL_NC must be a multiple of MATMUL_NR");
 
 // scratch for packed blocks, kept between calls: a fresh allocation per
 // call would be fresh pages, zeroed by the kernel, on every one of the ~100
 // products of a step. Two per thread: MATMUL_TASK_SCRATCH for a task's own
-// blocks, MATMUL_SHARED_SCRATCH for B packed whole by the calling thread and
-// read by all the call's threads.
+// blocks, MATMUL_SHARED_SCRATCH for B packed whole, the calling thread's,
+// which all the call's threads pack and read.
 enum { MATMUL_TASK_SCRATCH, MATMUL_SHARED_SCRATCH };
 static float *matmul_scratch(int which, size_t floats) {
     static __thread float *buf[2];
@@ -339,22 +342,22 @@ static inline void matmul_prefetch_next_c(const float *c, size_t ldc, int m0, in
 // one task: rows [m0, m0 + mc) by columns [j0, j0 + nc) of C, over all of K;
 // C's own values first (set = 0), or the row init (zeros if NULL; set = 1)
 static void matmul_task(float *c, size_t ldc, int set, const float *init, const float *a, size_t am, size_t ak,
-                        const float *b, size_t bk, size_t bj, const float *b_packed, int m0, int mc, int j0, int nc, int K,
+                        const float *b, size_t bk, size_t bj, const float *b_whole, int m0, int mc, int j0, int nc, int K,
                         int prefetch_a, int prefetch_b) {
     enum { MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC, VL = MATMUL_VL };
     int mc_pad = (mc + MR - 1) / MR * MR, nc_pad = (nc + NR - 1) / NR * NR;
     float *bp = matmul_scratch(MATMUL_TASK_SCRATCH, (size_t)(nc_pad + mc_pad) * KC), *ap = bp + (size_t)nc_pad * KC;
     // rows of A along k are read in place, except in a last partial sliver
     int a_in_place = ak == 1 || am == 1, full_rows = a_in_place ? mc / MR * MR : 0;
-    int b_in_place = b_packed == NULL && bj == 1 && mc <= MATMUL_B_IN_PLACE_ROWS;
+    int b_in_place = b_whole == NULL && bj == 1 && mc <= MATMUL_B_IN_PLACE_ROWS;
     int row_tiles = (mc + MR - 1) / MR, col_tiles = (nc + NR - 1) / NR;
     MatmulAhead ahead = {NULL, 0, 0, 0, 0, 0, 0};
     for (int k0 = 0; k0 < K; k0 += KC) {
         int kc = K - k0 < KC ? K - k0 : KC, kc_next = K - k0 - KC < KC ? K - k0 - KC : KC;
         const float *bblk = b + (size_t)j0 * bj + (size_t)k0 * bk;
-        if (!b_in_place && b_packed == NULL) matmul_pack(bp, bblk, bj, bk, nc, kc, NR);
+        if (!b_in_place && b_whole == NULL) matmul_pack(bp, bblk, bj, bk, nc, kc, NR);
         // packed: the next block of k's panel, over all the tiles of this one
-        if (prefetch_b && !b_in_place && b_packed == NULL && kc_next > 0) {
+        if (prefetch_b && !b_in_place && b_whole == NULL && kc_next > 0) {
             if (bk == 1) matmul_ahead_start(&ahead, bblk + KC, bj, nc, kc_next, row_tiles * col_tiles);
             else matmul_ahead_start(&ahead, bblk + (size_t)KC * bk, bk, kc_next, nc, row_tiles * col_tiles);
         }
@@ -365,9 +368,9 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
             int nr = nc - jr < NR ? nc - jr : NR;
             // the sliver of B the kernel reads, packed or in place; an edge
             // tile needs it packed, once
-            const float *bpacked = bp + (size_t)jr * kc;
-            if (b_packed) bpacked = b_packed + (size_t)(j0 + jr) / NR * NR * K + (size_t)k0 * NR;
-            const float *bs = bpacked;
+            const float *packed_sliver = bp + (size_t)jr * kc;
+            if (b_whole) packed_sliver = b_whole + (size_t)(j0 + jr) / NR * NR * K + (size_t)k0 * NR;
+            const float *bs = packed_sliver;
             size_t bks = NR;
             int packed = !b_in_place;
             if (b_in_place && nr % VL == 0) {
@@ -422,7 +425,7 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
                         matmul_pack(bp + (size_t)jr * kc, bblk + jr, 1, bk, nr, kc, NR);
                         packed = 1;
                     }
-                    matmul_tile_edge(ct, ldc, st, lds, mr, nr, ap + (size_t)ir * kc, bpacked, kc);
+                    matmul_tile_edge(ct, ldc, st, lds, mr, nr, ap + (size_t)ir * kc, packed_sliver, kc);
                 }
             }
         }
@@ -473,7 +476,7 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
     double least = -1.0;
     for (int m = MC; m >= 4 * MR; m /= 2)
         for (int n = NC; n >= NR; n -= NR) {
-            int smallest = m == 4 * MR && n == NR;
+            int smallest = m / 2 < 4 * MR && n == NR;  // the last of both loops
             if (matmul_tasks(M, J, m, n) < want && !smallest) continue;
             double row_blocks = (M + m - 1) / m, col_panels = (J + n - 1) / n;
             double reads = col_panels * M * K + row_blocks * K * J * b_cost;
@@ -510,25 +513,25 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
     // packed it.
     int slivers = (J + NR - 1) / NR;
     size_t packed_floats = (size_t)slivers * NR * K;
-    float *b_packed = NULL;
+    float *b_whole = NULL;
     if (mblocks > 1 && bj == 1 && mc > MATMUL_B_IN_PLACE_ROWS && packed_floats * sizeof(float) <= MATMUL_PACK_ONCE_BYTES)
-        b_packed = matmul_scratch(MATMUL_SHARED_SCRATCH, packed_floats);
+        b_whole = matmul_scratch(MATMUL_SHARED_SCRATCH, packed_floats);
     #pragma omp parallel if (ntasks > 1)
     {
         // sliver s holds columns [s * NR, s * NR + NR) of B over all of K:
-        // b_packed[s][k][NR], so a block of k of it is kc x NR contiguous
-        if (b_packed) {
+        // b_whole[s][k][NR], so a block of k of it is kc x NR contiguous
+        if (b_whole) {
             #pragma omp for schedule(static)
             for (int s = 0; s < slivers; s++) {
                 int cols = J - s * NR < NR ? J - s * NR : NR;
-                matmul_pack(b_packed + (size_t)s * NR * K, b + (size_t)s * NR * bj, bj, bk, cols, K, NR);
+                matmul_pack(b_whole + (size_t)s * NR * K, b + (size_t)s * NR * bj, bj, bk, cols, K, NR);
             }
         }
         #pragma omp for schedule(dynamic)
         for (int t = 0; t < ntasks; t++) {
             int m0 = (panels_first ? t / jblocks : t % mblocks) * mc, j0 = (panels_first ? t % jblocks : t / mblocks) * nc;
             int mrows = M - m0 < mc ? M - m0 : mc, ncols = J - j0 < nc ? J - j0 : nc;
-            matmul_task(c, (size_t)ldc, set, init, a, am, ak, b, bk, bj, b_packed, m0, mrows, j0, ncols, K, prefetch_a,
+            matmul_task(c, (size_t)ldc, set, init, a, am, ak, b, bk, bj, b_whole, m0, mrows, j0, ncols, K, prefetch_a,
                         prefetch_b);
         }
     }

@@ -179,16 +179,24 @@ static void test_matmul_fd(void) {
 // the three products of a Linear layer against sums in double, at shapes that
 // reach every path of cpu_matmul.h: rows past the last whole sliver of A,
 // columns past the last whole vector and past the last whole sliver of B,
-// B packed (many rows) and read in place (few), on 1 and 3 threads
+// B packed (many rows) and read in place (few), on 1 and 3 threads. The last
+// shape's dweight (M = 1600 rows in 7 blocks, K = 200 over two blocks of k)
+// packs B whole for all its row blocks, on 3 threads as on 1.
 static void test_matmul_shapes(void) {
-    int shapes[][3] = {{21, 112, 100}, {300, 100, 112}, {40, 200, 33}, {50, 100, 300}};  // N, C, OC
+    int shapes[][3] = {{21, 112, 100}, {300, 100, 112}, {40, 200, 33}, {50, 100, 300}, {200, 200, 1600}};  // N, C, OC
 #ifdef _OPENMP
     int before = omp_get_max_threads();
 #endif
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
         int N = shapes[s][0], C = shapes[s][1], OC = shapes[s][2];
-        float *inp = rand_array(N * C, 1.0f), *w = rand_array(OC * C, 1.0f), *b = rand_array(OC, 1.0f);
-        float *dout = rand_array(N * OC, 1.0f), *out = calloc(N * OC, 4), *dinp = calloc(N * C, 4);
+        // values of standard deviation `scale`, so that sums longer than 300
+        // terms (the last shape's dinp: 1600) have the size, and the
+        // rounding, of a 300-term sum at scale 1, for which 1e-4 was set
+        int longest = N > C ? N : C;
+        if (OC > longest) longest = OC;
+        float scale = longest > 300 ? sqrtf(300.0f / (float)longest) : 1.0f;
+        float *inp = rand_array(N * C, scale), *w = rand_array(OC * C, scale), *b = rand_array(OC, scale);
+        float *dout = rand_array(N * OC, scale), *out = calloc(N * OC, 4), *dinp = calloc(N * C, 4);
         float *dw = calloc(OC * C, 4), *db = calloc(OC, 4);
         for (int threads = 1; threads <= 3; threads += 2) {
 #ifdef _OPENMP

@@ -259,16 +259,16 @@ static void *xcalloc(size_t n, size_t size, const char *what) {
     return p;
 }
 
-// AdamW's moments: zeroed here, by all the threads at once, so that their
-// pages are mapped before the first step. calloc's pages are mapped at first
-// use instead, and AdamW reads m and v before it writes them: each of their
-// pages was mapped twice, the second time with a TLB flush sent to the other
-// cores, 8 s of system time in a d12 run's first step. The other arrays are
-// written before they are read, and some of the activation gradients never
-// are: mapping them here as well would add 78 MB to d12's peak memory.
+// the large arrays every step uses whole (parameters, gradients, AdamW's
+// moments, activations): zeroed here, by all the threads at once, so that
+// their pages are mapped before the first step. calloc's pages are mapped at
+// first use instead, one fault at a time, and AdamW reads m and v before it
+// writes them: each of their pages was mapped twice, the second time with a
+// TLB flush sent to the other cores. A d12 run's first step took 4.8 s and
+// 8.7 s of system time; now 0.6 to 1.0 s.
 static void *xcalloc_mapped(size_t n, size_t size, const char *what) {
     size_t bytes = n * size, chunk = (size_t)1 << 20;
-    if (bytes < chunk) return xcalloc(n, size, what);
+    if (bytes < chunk || n > SIZE_MAX / size) return xcalloc(n, size, what);  // calloc refuses an overflow
     char *p = (char *)malloc(bytes);
     if (p == NULL) {
         fprintf(stderr, "out of memory allocating %s (%zu x %zu bytes)\n", what, n, size);
@@ -311,18 +311,18 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, const Parallel *par, const 
     m->v = (float *)xcalloc_mapped(nopt, sizeof(float), "AdamW v");
     m->bytes_optimizer = 2 * nopt * sizeof(float);
     if (zero <= 1) {
-        m->grads = (float *)xcalloc(m->ut.num_local, sizeof(float), "gradients");
+        m->grads = (float *)xcalloc_mapped(m->ut.num_local, sizeof(float), "gradients");
         m->bytes_grads = m->ut.num_local * sizeof(float);
     } else {
-        m->grad_shard = (float *)xcalloc(m->ut.num_shard, sizeof(float), "gradient shard");
+        m->grad_shard = (float *)xcalloc_mapped(m->ut.num_shard, sizeof(float), "gradient shard");
         m->bytes_grads = m->ut.num_shard * sizeof(float);
     }
     float *unit_buf = NULL;
     if (zero <= 2) {
-        m->params = (float *)xcalloc(m->ut.num_local, sizeof(float), "parameters");
+        m->params = (float *)xcalloc_mapped(m->ut.num_local, sizeof(float), "parameters");
         m->bytes_params = m->ut.num_local * sizeof(float);
     } else {
-        m->param_shard = (float *)xcalloc(m->ut.num_shard, sizeof(float), "parameter shard");
+        m->param_shard = (float *)xcalloc_mapped(m->ut.num_shard, sizeof(float), "parameter shard");
         m->bytes_params = m->ut.num_shard * sizeof(float);
         unit_buf = (float *)xcalloc(unit_table_largest(&m->ut), sizeof(float), "unit");
     }
@@ -367,7 +367,11 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
     m->acts = (Acts *)xcalloc(nacts + 1, sizeof(Acts), "activation sets");
     for (int k = 0; k <= nacts; k++) {
         Acts *a = k < nacts ? &m->acts[k] : &m->dacts;
-        a->memory = (float *)xcalloc(total, sizeof(float), "activations");
+        // the activation gradients are mapped as they are first written: the
+        // backward never writes some of them (the probabilities', 51 MB at
+        // d12, for one), and mapping those would add 78 MB to d12's peak
+        a->memory = k < nacts ? (float *)xcalloc_mapped(total, sizeof(float), "activations")
+                              : (float *)xcalloc(total, sizeof(float), "activation gradients");
         float *p = a->memory;
         for (int i = 0; i < NUM_ACT_TENSORS; i++) { a->t[i] = p; p += z[i]; }
         a->inputs = (int *)xcalloc(BT, sizeof(int), "inputs");
@@ -1289,19 +1293,24 @@ static void print_rank_bytes(const GPT2 *m, const Parallel *par) {
     free(all);
 }
 
+// From the first step on, memory freed stays in the process for the next
+// allocation. ZeRO-2 and -3 allocate and free buffers of up to a unit's size
+// at every unit of every step (a gathered unit, a gradient bucket); glibc
+// would hand the large ones back to the kernel at each free and map fresh
+// pages at the next allocation: 600,000 page faults per step at d12, ZeRO-3
+// on 2 ranks. Not before the first step: the model as loaded is freed then,
+// and its pages go back to the kernel.
+static void keep_freed_memory(void) {
+#ifdef __GLIBC__
+    mallopt(M_MMAP_MAX, 0);
+    mallopt(M_TRIM_THRESHOLD, INT_MAX);
+#endif
+}
+
 int main(int argc, char **argv) {
     Job job;
     char err[1024], path[1024];
     trainer_name = "train_gpt2";
-#ifdef __GLIBC__
-    // ZeRO-2 and -3 allocate and free buffers of up to a unit's size at every
-    // unit of every step (a gathered unit, a gradient bucket). glibc would
-    // hand the large ones back to the kernel at each free and map fresh pages
-    // at the next allocation: 600,000 page faults per step at d12, ZeRO-3 on
-    // 2 ranks. Freed memory stays in the process for the next allocation.
-    mallopt(M_MMAP_MAX, 0);
-    mallopt(M_TRIM_THRESHOLD, INT_MAX);
-#endif
     // the job, checked once, by the launcher, before any rank starts
     TrainerBuild build = {"the CPU trainer", 0, 0};  // fp32 throughout, no fused GELU
     parse_flags(&job, argc, argv, "", &build);
@@ -1335,6 +1344,7 @@ int main(int argc, char **argv) {
     PipeStep *plan = step_plan(&job, &par.grid, &nops);
     AdamHyper hyper = {job.opt.lr, job.opt.beta1, job.opt.beta2, job.opt.eps, job.opt.weight_decay};
     if (rank0) announce_resume(&job, load_ms);
+    keep_freed_memory();
 
     // the training loop: one optimizer step per iteration
     int stopped = 0;
