@@ -991,7 +991,8 @@ static int ckpt_out_close(CkptOut *o, int sync) {
 // a new file `name` in the directory dfd (AT_FDCWD: a path) at its full size: the plaintext header
 // (header_bytes of it) in, the rest zero; sealed under cipher when given
 // (its own header, then the plaintext header encrypted at offset 0). 0, or
-// -1 with err naming path (the file's name for messages).
+// -1 with err naming path (the file's name for messages). A file this call
+// made and could not fill is removed; one that was there already is left.
 static int ckpt_make_file(int dfd, const char *name, const char *path, const void *header, size_t header_bytes,
                           uint64_t bytes, const AeadFileKey *cipher, char *err, size_t errlen) {
     AeadFile f;
@@ -1010,6 +1011,7 @@ static int ckpt_make_file(int dfd, const char *name, const char *path, const voi
     }
     if (e == 0 && fsync(fd) != 0) e = errno;
     if (fd >= 0 && close(fd) != 0 && e == 0) e = errno;
+    if (fd >= 0 && e != 0) unlinkat(dfd, name, 0);
     return e == 0 ? 0 : errorf(err, errlen, "%s: write: %s", path, strerror(e));
 }
 
@@ -1095,18 +1097,20 @@ static int ckpt_write_job(const CkptJob *job, const char *out_dir, int keep, con
 
 // rank 0, before the ranks write the final model: the temporary file tmp
 // made anew at its full size, header in, sealed under cipher when given. A
-// file left there by a write cut short gives way; a link planted there is
+// regular file left there by a write cut short gives way. A link there is
 // refused and left as it is, like the other files the trainer writes in -o
-// (files.h's fopen_nofollow), never removed nor written through.
+// (files.h's fopen_nofollow), never written through. One planted after the
+// check is left too: the create (O_EXCL) then fails and removes nothing.
+// Only a link swapped for the old regular file in the instant between its
+// check and its unlink would go; even then nothing is written through it.
 static int ckpt_model_begin(const char *tmp, const GPT2Config *c, const AeadFileKey *cipher, char *err, size_t errlen) {
     struct stat st;
-    if (lstat(tmp, &st) == 0 && S_ISLNK(st.st_mode)) return errorf(err, errlen, "%s: a symbolic link, not followed here", tmp);
-    unlink(tmp);
+    int there = lstat(tmp, &st) == 0;
+    if (there && S_ISLNK(st.st_mode)) return errorf(err, errlen, "%s: a symbolic link, not followed here", tmp);
+    if (there && S_ISREG(st.st_mode)) unlink(tmp);
     int32_t h[HEADER_INTS];
     model_fill_header(h, c, 3);
-    int rc = ckpt_make_file(AT_FDCWD, tmp, tmp, h, sizeof(h), ckpt_file_bytes(0, c), cipher, err, errlen);
-    if (rc != 0) unlink(tmp);
-    return rc;
+    return ckpt_make_file(AT_FDCWD, tmp, tmp, h, sizeof(h), ckpt_file_bytes(0, c), cipher, err, errlen);
 }
 
 // rank 0, once every rank's part of tmp is in (and fsynced): a sealed file's
