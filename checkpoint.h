@@ -1133,28 +1133,30 @@ static int ckpt_model_finish(const char *tmp, const char *path, const char *out_
 // reader never sees a part. Unlike a checkpoint it is one file with no
 // MANIFEST (llm.c reads it as it is), so there is no directory to build
 // and nothing to prune. Every rank returns the same verdict, 0 when the
-// file is complete; on a failure PATH.tmp is gone.
+// file is complete; on a failure PATH.tmp that rank 0 made is gone, and err
+// holds the line of rank 0, or of a rank whose own write failed, naming the
+// file and the reason (empty on the other ranks: one line per failure).
 static int ckpt_write_model(const CkptJob *job, const char *out_dir, int steps, const GPT2Config *c,
-                            const uint8_t key[32], char *path, size_t pathlen) {
+                            const uint8_t key[32], char *path, size_t pathlen, char *err, size_t errlen) {
     int rank0 = job->rank == 0;
-    char err[1200] = "", tmp[4200];
+    char tmp[4200];
+    err[0] = '\0';
     snprintf(path, pathlen, "%s/model_%08d.bin", out_dir, steps);
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
     AeadFileKey cipher;
     if (job->encrypt) aead_file_key(&cipher, key);
     const AeadFileKey *sealed = job->encrypt ? &cipher : NULL;
-    float failed = job->sum(job->ctx, rank0 && ckpt_model_begin(tmp, c, sealed, err, sizeof(err)) != 0);
+    float failed = job->sum(job->ctx, rank0 && ckpt_model_begin(tmp, c, sealed, err, errlen) != 0);
     if (failed == 0) {
         int e = job->part(job->ctx, tmp, NULL, sealed);
-        if (e != 0) errorf(err, sizeof(err), "rank %d: %s: write: %s", job->rank, tmp, strerror(e));
+        if (e != 0) errorf(err, errlen, "%s: rank %d's write: %s", tmp, job->rank, strerror(e));
         failed = job->sum(job->ctx, e != 0);
-        if (failed == 0 && rank0 && ckpt_model_finish(tmp, path, out_dir, sealed, err, sizeof(err)) != 0) failed = 1;
+        if (failed == 0 && rank0 && ckpt_model_finish(tmp, path, out_dir, sealed, err, errlen) != 0) failed = 1;
         if (!rank0 && e == 0) err[0] = '\0';  // rank 0 speaks for the job; a rank that failed, for itself
         failed = job->sum(job->ctx, rank0 ? failed : 0.0f);
         if (failed != 0 && rank0) unlink(tmp);  // rank 0 made it: not a link refused above
     }
     if (job->encrypt) aead_file_key_wipe(&cipher);
-    if (err[0] != '\0') fprintf(stderr, "final model of step %d failed: %s\n", steps, err);
     return failed == 0 ? 0 : -1;
 }
 
