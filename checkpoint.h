@@ -656,10 +656,12 @@ static int ckpt_model_header_is(const int32_t *h, const GPT2Config *c, const cha
 // s and units ut reads (ckpt_mark_chunks, whole units), each checked and
 // decrypted, into a calloc'd array of the parameters of shape c (which
 // shape_of gave, for the messages); NULL with err set. The other elements
-// stay zero, and their pages, never touched, take no memory.
+// stay zero, and their pages, never touched, take no memory. With want_id,
+// the file's id must be *want_id: the file checked earlier, not another
+// sealed under the same key.
 static float *ckpt_model_decrypt_part(int fd, const char *path, const uint8_t key[32], const GPT2Config *c,
-                                      const char *shape_of, const Shard *s, const UnitTable *ut, char *err,
-                                      size_t errlen) {
+                                      const char *shape_of, const uint64_t *want_id, const Shard *s,
+                                      const UnitTable *ut, char *err, size_t errlen) {
     const uint64_t header = HEADER_INTS * 4;
     AeadFileKey fk;
     AeadFile af;
@@ -667,6 +669,10 @@ static float *ckpt_model_decrypt_part(int fd, const char *path, const uint8_t ke
     uint8_t *need = NULL, *chunk = NULL;
     float *params = NULL;
     int rc = aead_file_read_header(fd, &af, &fk, path, err, errlen);
+    if (rc == 0 && want_id != NULL && af.file_id != *want_id)
+        rc = errorf(err, errlen, "%s: file id %016llx, but the file checked at the start had %016llx: another "
+                    "sealed file put in its place", path, (unsigned long long)af.file_id,
+                    (unsigned long long)*want_id);
     if (rc == 0 && (af.plain_bytes != ckpt_file_bytes(0, c) || af.chunk_bytes < header))
         rc = errorf(err, errlen, "%s: %llu bytes sealed in chunks of %llu, but the shape %s says needs %llu in "
                     "chunks of at least %llu", path, (unsigned long long)af.plain_bytes,
@@ -710,7 +716,7 @@ static float *ckpt_model_load_part(const char *path, const uint8_t key[32], GPT2
         close(fd);
         return model_load(path, c, err, errlen);
     }
-    float *params = ckpt_model_decrypt_part(fd, path, key, c, "the checkpoint's state.bin", s, ut, err, errlen);
+    float *params = ckpt_model_decrypt_part(fd, path, key, c, "the checkpoint's state.bin", NULL, s, ut, err, errlen);
     close(fd);
     return params;
 }
@@ -730,11 +736,14 @@ static int ckpt_init_key(const Options *o, uint8_t key[32], char *err, size_t er
 // the shape of -e's model file when it is sealed (-enc 2's final model):
 // its first chunk decrypted and the model header in it read, without
 // decrypting the rest, from the one open that also tells whether it is
-// sealed. 0 with *sealed set; 0 with *sealed = 0 when the file is not sealed
-// or cannot be opened, and then options_model_file reads it (or says why
-// not), so a plain file's error comes before any about the key; -1 with err
-// naming the file (another key: aead.h's "sealed with another key").
-static int ckpt_init_config(const Options *o, GPT2Config *c, int *sealed, char *err, size_t errlen) {
+// sealed. 0 with *sealed set, and *file_id the id in its sealed header,
+// which ckpt_init_load then requires; 0 with *sealed = 0 when the file is
+// not sealed or cannot be opened, and then options_model_file reads it (or
+// says why not), so a plain file's error comes before any about the key;
+// -1 with err naming the file (another key: aead.h's "sealed with another
+// key").
+static int ckpt_init_config(const Options *o, GPT2Config *c, int *sealed, uint64_t *file_id, char *err,
+                            size_t errlen) {
     *sealed = 0;
     int fd = ckpt_open_read(o->init, 1, sealed, NULL, 0);
     if (fd < 0 || !*sealed) {
@@ -765,22 +774,26 @@ static int ckpt_init_config(const Options *o, GPT2Config *c, int *sealed, char *
     close(fd);
     aead_file_key_wipe(&fk);
     if (rc != 0) return errorf(err, errlen, "flag -e: %s", why);
+    *file_id = f.file_id;
     return ckpt_sealed_model_header(h, f.plain_bytes, o->init, c, err, errlen);
 }
 
 // the parameters of -e's sealed model on the rank of shard s and units ut,
 // as a resume reads a sealed model.bin (ckpt_model_load_part): only the
 // chunks holding its units are decrypted, and the other ranks' elements
-// stay zero. c is the shape ckpt_init_config read from the file's header.
-static float *ckpt_init_load(const Options *o, const GPT2Config *c, const Shard *s, const UnitTable *ut, char *err,
-                             size_t errlen) {
+// stay zero. c is the shape and file_id the id ckpt_init_config read from
+// the file's header: the file opened again here must be that one, not
+// another model of the same shape sealed under the same key and put in its
+// place meanwhile, or the ranks could each load a part of another model.
+static float *ckpt_init_load(const Options *o, const GPT2Config *c, uint64_t file_id, const Shard *s,
+                             const UnitTable *ut, char *err, size_t errlen) {
     uint8_t key[32];
     if (ckpt_init_key(o, key, err, errlen) != 0) return NULL;
     float *params = NULL;
     int sealed = 0, fd = ckpt_open_read(o->init, 1, &sealed, err, errlen);
     if (fd >= 0 && !sealed) errorf(err, errlen, "flag -e %s: no longer a sealed model (changed since the start?)", o->init);
     if (fd >= 0 && sealed)
-        params = ckpt_model_decrypt_part(fd, o->init, key, c, "its header at the start", s, ut, err, errlen);
+        params = ckpt_model_decrypt_part(fd, o->init, key, c, "its header at the start", &file_id, s, ut, err, errlen);
     if (fd >= 0) close(fd);
     secure_wipe(key, sizeof(key));
     return params;

@@ -400,6 +400,14 @@ static void test_model_slices(void) {
     memset(&o, 0, sizeof(o));
     o.init = path;
     o.key_file = key_path;
+    GPT2Config checked;
+    int is_sealed = 0;
+    uint64_t file_id = 0;
+    ok = ckpt_init_config(&o, &checked, &is_sealed, &file_id, err, sizeof(err)) == 0 && is_sealed;
+    if (!check(ok, "ckpt_init_config of the sealed model.bin: sealed, its file id read (%s)", ok ? "ok" : err)) {
+        free(plain);
+        return;
+    }
     struct { int dp, tp, pp; } layouts[] = {{1, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 2}};
     for (int k = 0; k < 8; k++) {
         int by_init = k >= 4;  // -e's ckpt_init_load; before, a resume's ckpt_model_load_part
@@ -409,7 +417,7 @@ static void test_model_slices(void) {
             UnitTable ut;
             GPT2Config got = c;
             same = unit_table(&ut, &c, &s, 1) == 0;
-            float *params = !same ? NULL : by_init ? ckpt_init_load(&o, &got, &s, &ut, err, sizeof(err))
+            float *params = !same ? NULL : by_init ? ckpt_init_load(&o, &got, file_id, &s, &ut, err, sizeof(err))
                                                    : ckpt_model_load_part(path, key, &got, &s, &ut, err, sizeof(err));
             float *a = (float *)malloc(unit_table_largest(&ut) * sizeof(float));
             float *b = (float *)malloc(unit_table_largest(&ut) * sizeof(float));
@@ -450,6 +458,29 @@ static void test_model_slices(void) {
           "a model.bin whose header has another head count refused, naming both: %s", err);
     free(params);
     free(ut.units);
+    // -e: another model of the same shape, sealed under the same key, in the
+    // place of the one checked at the start: refused, naming both file ids
+    char other_path[300], ids[2][32];
+    snprintf(other_path, sizeof(other_path), "%s/slices_model_2.bin", dir);
+    ok = write_sealed_file(other_path, key, plain, bytes, err, sizeof(err)) == 0;
+    s = shard_for(&c, 1, 0, 1, 0, 1, 0);
+    unit_table(&ut, &c, &s, 1);
+    o.init = other_path;
+    uint64_t other_id = 0;
+    ok = ok && ckpt_init_config(&o, &checked, &is_sealed, &other_id, err, sizeof(err)) == 0 && other_id != file_id;
+    params = ok ? ckpt_init_load(&o, &c, file_id, &s, &ut, err, sizeof(err)) : NULL;
+    snprintf(ids[0], sizeof(ids[0]), "%016llx", (unsigned long long)file_id);
+    snprintf(ids[1], sizeof(ids[1]), "%016llx", (unsigned long long)other_id);
+    check(ok && params == NULL && strstr(err, other_path) != NULL && strstr(err, ids[0]) != NULL &&
+          strstr(err, ids[1]) != NULL, "-e: a sealed model of the same shape put in place of the one checked at the "
+          "start is refused, naming the file and both ids: %s", err);
+    free(params);
+    params = ok ? ckpt_init_load(&o, &c, other_id, &s, &ut, err, sizeof(err)) : NULL;
+    check(params != NULL, "-e: the same file, with the id read from it at the start, loads (%s)",
+          params != NULL ? "ok" : err);
+    free(params);
+    free(ut.units);
+    unlink(other_path);
     free(plain);
     unlink(path);
 }
@@ -582,11 +613,12 @@ static void test_encrypted_init(void) {
     snprintf(key_path, sizeof(key_path), "%s/job.key", a);
     int is_sealed = -1;
     o.init = pp;
-    int rc = ckpt_init_config(&o, &c, &is_sealed, err, sizeof(err));
+    uint64_t file_id = 0;
+    int rc = ckpt_init_config(&o, &c, &is_sealed, &file_id, err, sizeof(err));
     check(rc == 0 && is_sealed == 0, "ckpt_init_config of the plain model, no key given: not sealed (%d, %d)", rc, is_sealed);
     o.init = model;
     o.key_file = key_path;
-    rc = ckpt_init_config(&o, &c, &is_sealed, err, sizeof(err));
+    rc = ckpt_init_config(&o, &c, &is_sealed, &file_id, err, sizeof(err));
     check(rc == 0 && is_sealed == 1 && c.L == 2 && c.V == 256 && c.maxT == 32,
           "ckpt_init_config of the sealed model with its key: sealed, L=2 V=256 maxT=32 (%d, %d) %s", rc, is_sealed,
           rc != 0 ? err : "");
@@ -671,7 +703,8 @@ static void test_init_damaged_chunk(void) {
     o.key_file = key_path;
     GPT2Config c;
     int is_sealed = 0;
-    int rc = ckpt_init_config(&o, &c, &is_sealed, err, sizeof(err));
+    uint64_t file_id = 0;
+    int rc = ckpt_init_config(&o, &c, &is_sealed, &file_id, err, sizeof(err));
     if (!check(made.status == 0 && rc == 0 && is_sealed, "a sealed d4 final model (exit %d) %s", made.status,
                rc != 0 ? err : ""))
         return;
