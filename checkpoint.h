@@ -1148,7 +1148,8 @@ static int ckpt_model_finish(const char *tmp, const char *path, const char *out_
 // and nothing to prune. Every rank returns the same verdict, 0 when the
 // file is complete; on a failure PATH.tmp that rank 0 made is gone, and err
 // holds the line of rank 0, or of a rank whose own write failed, naming the
-// file and the reason (empty on the other ranks: one line per failure).
+// file and the reason (empty on the other ranks, so each failure is said
+// once).
 static int ckpt_write_model(const CkptJob *job, const char *out_dir, int steps, const GPT2Config *c,
                             const uint8_t key[32], char *path, size_t pathlen, char *err, size_t errlen) {
     int rank0 = job->rank == 0;
