@@ -656,10 +656,12 @@ static int ckpt_model_header_is(const int32_t *h, const GPT2Config *c, const cha
 // s and units ut reads (ckpt_mark_chunks, whole units), each checked and
 // decrypted, into a calloc'd array of the parameters of shape c (which
 // shape_of gave, for the messages); NULL with err set. The other elements
-// stay zero, and their pages, never touched, take no memory.
+// stay zero, and their pages, never touched, take no memory. With want_id,
+// the file's id must be *want_id: the file checked earlier, not another
+// sealed under the same key.
 static float *ckpt_model_decrypt_part(int fd, const char *path, const uint8_t key[32], const GPT2Config *c,
-                                      const char *shape_of, const Shard *s, const UnitTable *ut, char *err,
-                                      size_t errlen) {
+                                      const char *shape_of, const uint64_t *want_id, const Shard *s,
+                                      const UnitTable *ut, char *err, size_t errlen) {
     const uint64_t header = HEADER_INTS * 4;
     AeadFileKey fk;
     AeadFile af;
@@ -667,6 +669,10 @@ static float *ckpt_model_decrypt_part(int fd, const char *path, const uint8_t ke
     uint8_t *need = NULL, *chunk = NULL;
     float *params = NULL;
     int rc = aead_file_read_header(fd, &af, &fk, path, err, errlen);
+    if (rc == 0 && want_id != NULL && af.file_id != *want_id)
+        rc = errorf(err, errlen, "%s: file id %016llx, but the file checked at the start had %016llx: another "
+                    "sealed file put in its place", path, (unsigned long long)af.file_id,
+                    (unsigned long long)*want_id);
     if (rc == 0 && (af.plain_bytes != ckpt_file_bytes(0, c) || af.chunk_bytes < header))
         rc = errorf(err, errlen, "%s: %llu bytes sealed in chunks of %llu, but the shape %s says needs %llu in "
                     "chunks of at least %llu", path, (unsigned long long)af.plain_bytes,
@@ -710,7 +716,7 @@ static float *ckpt_model_load_part(const char *path, const uint8_t key[32], GPT2
         close(fd);
         return model_load(path, c, err, errlen);
     }
-    float *params = ckpt_model_decrypt_part(fd, path, key, c, "the checkpoint's state.bin", s, ut, err, errlen);
+    float *params = ckpt_model_decrypt_part(fd, path, key, c, "the checkpoint's state.bin", NULL, s, ut, err, errlen);
     close(fd);
     return params;
 }
@@ -730,11 +736,14 @@ static int ckpt_init_key(const Options *o, uint8_t key[32], char *err, size_t er
 // the shape of -e's model file when it is sealed (-enc 2's final model):
 // its first chunk decrypted and the model header in it read, without
 // decrypting the rest, from the one open that also tells whether it is
-// sealed. 0 with *sealed set; 0 with *sealed = 0 when the file is not sealed
-// or cannot be opened, and then options_model_file reads it (or says why
-// not), so a plain file's error comes before any about the key; -1 with err
-// naming the file (another key: aead.h's "sealed with another key").
-static int ckpt_init_config(const Options *o, GPT2Config *c, int *sealed, char *err, size_t errlen) {
+// sealed. 0 with *sealed set, and *file_id the id in its sealed header,
+// which ckpt_init_load then requires; 0 with *sealed = 0 when the file is
+// not sealed or cannot be opened, and then options_model_file reads it (or
+// says why not), so a plain file's error comes before any about the key;
+// -1 with err naming the file (another key: aead.h's "sealed with another
+// key").
+static int ckpt_init_config(const Options *o, GPT2Config *c, int *sealed, uint64_t *file_id, char *err,
+                            size_t errlen) {
     *sealed = 0;
     int fd = ckpt_open_read(o->init, 1, sealed, NULL, 0);
     if (fd < 0 || !*sealed) {
@@ -765,22 +774,26 @@ static int ckpt_init_config(const Options *o, GPT2Config *c, int *sealed, char *
     close(fd);
     aead_file_key_wipe(&fk);
     if (rc != 0) return errorf(err, errlen, "flag -e: %s", why);
+    *file_id = f.file_id;
     return ckpt_sealed_model_header(h, f.plain_bytes, o->init, c, err, errlen);
 }
 
 // the parameters of -e's sealed model on the rank of shard s and units ut,
 // as a resume reads a sealed model.bin (ckpt_model_load_part): only the
 // chunks holding its units are decrypted, and the other ranks' elements
-// stay zero. c is the shape ckpt_init_config read from the file's header.
-static float *ckpt_init_load(const Options *o, const GPT2Config *c, const Shard *s, const UnitTable *ut, char *err,
-                             size_t errlen) {
+// stay zero. c is the shape and file_id the id ckpt_init_config read from
+// the file's header: the file opened again here must be that one, not
+// another model of the same shape sealed under the same key and put in its
+// place meanwhile, or the ranks could each load a part of another model.
+static float *ckpt_init_load(const Options *o, const GPT2Config *c, uint64_t file_id, const Shard *s,
+                             const UnitTable *ut, char *err, size_t errlen) {
     uint8_t key[32];
     if (ckpt_init_key(o, key, err, errlen) != 0) return NULL;
     float *params = NULL;
     int sealed = 0, fd = ckpt_open_read(o->init, 1, &sealed, err, errlen);
     if (fd >= 0 && !sealed) errorf(err, errlen, "flag -e %s: no longer a sealed model (changed since the start?)", o->init);
     if (fd >= 0 && sealed)
-        params = ckpt_model_decrypt_part(fd, o->init, key, c, "its header at the start", s, ut, err, errlen);
+        params = ckpt_model_decrypt_part(fd, o->init, key, c, "its header at the start", &file_id, s, ut, err, errlen);
     if (fd >= 0) close(fd);
     secure_wipe(key, sizeof(key));
     return params;
@@ -991,7 +1004,8 @@ static int ckpt_out_close(CkptOut *o, int sync) {
 // a new file `name` in the directory dfd (AT_FDCWD: a path) at its full size: the plaintext header
 // (header_bytes of it) in, the rest zero; sealed under cipher when given
 // (its own header, then the plaintext header encrypted at offset 0). 0, or
-// -1 with err naming path (the file's name for messages).
+// -1 with err naming path (the file's name for messages). A file this call
+// made and could not fill is removed; one that was there already is left.
 static int ckpt_make_file(int dfd, const char *name, const char *path, const void *header, size_t header_bytes,
                           uint64_t bytes, const AeadFileKey *cipher, char *err, size_t errlen) {
     AeadFile f;
@@ -1010,6 +1024,7 @@ static int ckpt_make_file(int dfd, const char *name, const char *path, const voi
     }
     if (e == 0 && fsync(fd) != 0) e = errno;
     if (fd >= 0 && close(fd) != 0 && e == 0) e = errno;
+    if (fd >= 0 && e != 0) unlinkat(dfd, name, 0);
     return e == 0 ? 0 : errorf(err, errlen, "%s: write: %s", path, strerror(e));
 }
 
@@ -1095,18 +1110,20 @@ static int ckpt_write_job(const CkptJob *job, const char *out_dir, int keep, con
 
 // rank 0, before the ranks write the final model: the temporary file tmp
 // made anew at its full size, header in, sealed under cipher when given. A
-// file left there by a write cut short gives way; a link planted there is
+// regular file left there by a write cut short gives way. A link there is
 // refused and left as it is, like the other files the trainer writes in -o
-// (files.h's fopen_nofollow), never removed nor written through.
+// (files.h's fopen_nofollow), never written through. One planted after the
+// check is left too: the create (O_EXCL) then fails and removes nothing.
+// Only a link swapped for the old regular file in the instant between its
+// check and its unlink would go; even then nothing is written through it.
 static int ckpt_model_begin(const char *tmp, const GPT2Config *c, const AeadFileKey *cipher, char *err, size_t errlen) {
     struct stat st;
-    if (lstat(tmp, &st) == 0 && S_ISLNK(st.st_mode)) return errorf(err, errlen, "%s: a symbolic link, not followed here", tmp);
-    unlink(tmp);
+    int there = lstat(tmp, &st) == 0;
+    if (there && S_ISLNK(st.st_mode)) return errorf(err, errlen, "%s: a symbolic link, not followed here", tmp);
+    if (there && S_ISREG(st.st_mode)) unlink(tmp);
     int32_t h[HEADER_INTS];
     model_fill_header(h, c, 3);
-    int rc = ckpt_make_file(AT_FDCWD, tmp, tmp, h, sizeof(h), ckpt_file_bytes(0, c), cipher, err, errlen);
-    if (rc != 0) unlink(tmp);
-    return rc;
+    return ckpt_make_file(AT_FDCWD, tmp, tmp, h, sizeof(h), ckpt_file_bytes(0, c), cipher, err, errlen);
 }
 
 // rank 0, once every rank's part of tmp is in (and fsynced): a sealed file's
@@ -1129,28 +1146,31 @@ static int ckpt_model_finish(const char *tmp, const char *path, const char *out_
 // reader never sees a part. Unlike a checkpoint it is one file with no
 // MANIFEST (llm.c reads it as it is), so there is no directory to build
 // and nothing to prune. Every rank returns the same verdict, 0 when the
-// file is complete; on a failure PATH.tmp is gone.
+// file is complete; on a failure PATH.tmp that rank 0 made is gone, and err
+// holds the line of rank 0, or of a rank whose own write failed, naming the
+// file and the reason (empty on the other ranks, so each failure is said
+// once).
 static int ckpt_write_model(const CkptJob *job, const char *out_dir, int steps, const GPT2Config *c,
-                            const uint8_t key[32], char *path, size_t pathlen) {
+                            const uint8_t key[32], char *path, size_t pathlen, char *err, size_t errlen) {
     int rank0 = job->rank == 0;
-    char err[1200] = "", tmp[4200];
+    char tmp[4200];
+    err[0] = '\0';
     snprintf(path, pathlen, "%s/model_%08d.bin", out_dir, steps);
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
     AeadFileKey cipher;
     if (job->encrypt) aead_file_key(&cipher, key);
     const AeadFileKey *sealed = job->encrypt ? &cipher : NULL;
-    float failed = job->sum(job->ctx, rank0 && ckpt_model_begin(tmp, c, sealed, err, sizeof(err)) != 0);
+    float failed = job->sum(job->ctx, rank0 && ckpt_model_begin(tmp, c, sealed, err, errlen) != 0);
     if (failed == 0) {
         int e = job->part(job->ctx, tmp, NULL, sealed);
-        if (e != 0) errorf(err, sizeof(err), "rank %d: %s: write: %s", job->rank, tmp, strerror(e));
+        if (e != 0) errorf(err, errlen, "%s: rank %d's write: %s", tmp, job->rank, strerror(e));
         failed = job->sum(job->ctx, e != 0);
-        if (failed == 0 && rank0 && ckpt_model_finish(tmp, path, out_dir, sealed, err, sizeof(err)) != 0) failed = 1;
+        if (failed == 0 && rank0 && ckpt_model_finish(tmp, path, out_dir, sealed, err, errlen) != 0) failed = 1;
         if (!rank0 && e == 0) err[0] = '\0';  // rank 0 speaks for the job; a rank that failed, for itself
         failed = job->sum(job->ctx, rank0 ? failed : 0.0f);
         if (failed != 0 && rank0) unlink(tmp);  // rank 0 made it: not a link refused above
     }
     if (job->encrypt) aead_file_key_wipe(&cipher);
-    if (err[0] != '\0') fprintf(stderr, "final model of step %d failed: %s\n", steps, err);
     return failed == 0 ? 0 : -1;
 }
 

@@ -53,10 +53,11 @@
  * every shard is written as aead.h's sealed file instead: AES-256-GCM in
  * chunks of 1 MiB under a key derived from that key, a tag per chunk. The
  * shard is built in memory and written sealed, so no plaintext copy of it
- * reaches the disk; the MANIFEST lists the sealed bytes, hashed by the one
- * read back that makes the chunk tags. The tokenizer .bin
- * stays plain: it is GPT-2's public vocabulary. The trainer reads such
- * shards when given the same --key-file (dataloader.h, "Encrypted shards").
+ * reaches the disk; the MANIFEST lists the sealed bytes, hashed as each
+ * chunk is encrypted and tagged in memory on its way out (nothing is read
+ * back). The tokenizer .bin stays plain: it is GPT-2's public vocabulary.
+ * The trainer reads such shards when given the same --key-file
+ * (dataloader.h, "Encrypted shards").
  *
  * Exit status: 0 done, 1 runtime error (nothing is left behind), 2 bad flags.
  */
@@ -375,8 +376,8 @@ static const char *split_names[2] = {"val", "train"};
 
 // shard_finished: the one place where a shard file is complete, under its
 // final name. A plain one is hashed now, while its pages are still cached;
-// a sealed one was hashed by the read that made its tags (sealed_sha, of
-// its sealed_bytes). 0 ok, -1 with err set.
+// a sealed one was hashed as it was written (sealed_sha, of its
+// sealed_bytes). 0 ok, -1 with err set.
 static int shard_finished(ShardWriter *w, const uint8_t sealed_sha[32], uint64_t sealed_bytes, char *err,
                           size_t errlen) {
     const char *base = strrchr(w->path, '/') + 1;  // shard_open made path "<out_dir>/<base>"
@@ -407,7 +408,7 @@ static int shard_open(ShardWriter *w, char *err, size_t errlen) {
     int n = snprintf(w->path, sizeof(w->path), "%s/%s_%s_%06d.bin", w->out_dir, w->name, split_names[w->split], number);
     if (n < 0 || (size_t)n >= sizeof(w->path)) return errorf(err, errlen, "-o %s: output path too long", w->out_dir);
     snprintf(w->tmp_path, sizeof(w->tmp_path), "%s.tmp", w->path);
-    w->f = fopen(w->tmp_path, w->cipher != NULL ? "wb+" : "wb");  // sealing reads the chunks back for their tags
+    w->f = fopen(w->tmp_path, "wb");
     if (w->f == NULL) return errorf(err, errlen, "%s: cannot create: %s", w->tmp_path, strerror(errno));
     unsigned char header[SHARD_HEADER_BYTES] = {0};  // the count is filled in at the end
     w->in_shard = 0;
@@ -418,8 +419,8 @@ static int shard_open(ShardWriter *w, char *err, size_t errlen) {
 }
 
 // the sealed shard: the plaintext built in memory, encrypted into the empty
-// temporary file, and the file's SHA-256 into sha from the one read that
-// makes the chunk tags; 0 or -1 with err set
+// temporary file chunk by chunk, each tagged and hashed from memory as it
+// goes out, the file's SHA-256 into sha; 0 or -1 with err set
 static int shard_write_sealed(ShardWriter *w, uint8_t sha[32], char *err, size_t errlen) {
     return aead_file_write_all(fileno(w->f), w->cipher, w->plain, w->plain_bytes, AEAD_FILE_CHUNK_BYTES, sha,
                                w->tmp_path, err, errlen);

@@ -134,6 +134,20 @@ static char *read_text(const char *path) {
     return s;
 }
 
+// whether the files at a and b both open and hold the same bytes
+static int files_same(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int same = fa != NULL && fb != NULL;
+    char ba[1 << 14], bb[1 << 14];
+    for (size_t na = 1; same && na > 0;) {
+        na = fread(ba, 1, sizeof(ba), fa);
+        same = fread(bb, 1, sizeof(bb), fb) == na && memcmp(ba, bb, na) == 0;
+    }
+    if (fa != NULL) fclose(fa);
+    if (fb != NULL) fclose(fb);
+    return same;
+}
+
 typedef struct { int status; double seconds; char *out; int lines; } TrainerRun;
 
 // the line of out that holds `what` (else its last line), for messages
@@ -864,8 +878,9 @@ static void test_other_promises(void) {
     }
 
     // links at the names the trainer writes in -o: the final model's .tmp,
-    // the log, the checkpoint key; none is written through
-    char out[300], victim[300];
+    // the log, the checkpoint key; none is written through, and each is
+    // still there afterwards, with no final model written
+    char out[300], victim[300], link[400], model[400];
     snprintf(victim, sizeof(victim), "%s/victim_file", work);
     const char *names[3] = {"model_00000001.bin.tmp", "log.jsonl", "job.key"};
     for (int i = 0; i < 3; i++) {
@@ -877,12 +892,39 @@ static void test_other_promises(void) {
         snprintf(args, sizeof(args), "-x 1 -o %s", out);
         r = run_trainer(args, NULL, 20.0);
         char *text = read_text(victim);
-        check(strcmp(text, "precious\n") == 0 && r.status != 0 && strstr(r.out, "symbolic link") != NULL,
-              "-o: a link planted at %s is refused, not written through (exit %d): %s", names[i], r.status,
+        check(strcmp(text, "precious\n") == 0 && r.status != 0 && r.lines == 1 && strstr(r.out, "symbolic link") != NULL,
+              "-o: a link planted at %s is refused in one line, not written through (exit %d): %s", names[i], r.status,
               line_of(r.out, "symbolic link"));
+        snprintf(link, sizeof(link), "%s/%s", out, names[i]);
+        snprintf(model, sizeof(model), "%s/model_00000001.bin", out);
+        struct stat st;
+        check(lstat(link, &st) == 0 && S_ISLNK(st.st_mode) && access(model, F_OK) != 0,
+              "-o: the link planted at %s is still there, and no model_00000001.bin was written", names[i]);
         free(text);
         free(r.out);
     }
+
+    // a regular model_00000001.bin.tmp, left by a run killed while it wrote,
+    // gives way: the run ends well, with the model a clean run writes
+    char clean[300], clean_model[400];
+    snprintf(clean, sizeof(clean), "%s/out_clean", work);
+    snprintf(clean_model, sizeof(clean_model), "%s/model_00000001.bin", clean);
+    snprintf(out, sizeof(out), "%s/out_leftover", work);
+    snprintf(link, sizeof(link), "%s/model_00000001.bin.tmp", out);
+    snprintf(model, sizeof(model), "%s/model_00000001.bin", out);
+    mkdir(out, 0755);
+    FILE *junk = fopen(link, "w");
+    if (junk != NULL) { fputs("half a model from a killed run\n", junk); fclose(junk); }
+    snprintf(args, sizeof(args), "-x 1 -o %s", clean);
+    TrainerRun ref = run_trainer(args, NULL, 20.0);
+    snprintf(args, sizeof(args), "-x 1 -o %s", out);
+    r = run_trainer(args, NULL, 20.0);
+    int same = files_same(clean_model, model);
+    check(ref.status == 0 && r.status == 0 && access(link, F_OK) != 0 && same,
+          "-o: a regular model_00000001.bin.tmp left by a killed run is replaced: exit %d (a clean run %d), no .tmp "
+          "left, the model a clean run's: %s", r.status, ref.status, line_of(r.out, "train_gpt2:"));
+    free(ref.out);
+    free(r.out);
 }
 
 // ----------------------------------------------------------------------------

@@ -78,9 +78,8 @@ static void read_log(Run *r, const char *log) {
     if (f) fclose(f);
 }
 
-static void finish(Run *r, pid_t pid, const char *out_dir) {
-    int st;
-    waitpid(pid, &st, 0);
+// r from a run that ended with wait status st: its exit, output and log
+static void collect(Run *r, int st, const char *out_dir) {
     r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     char path[300];
     snprintf(path, sizeof(path), "%s/out.txt", dir);
@@ -90,6 +89,12 @@ static void finish(Run *r, pid_t pid, const char *out_dir) {
     if (f) fclose(f);
     snprintf(path, sizeof(path), "%s/log.jsonl", out_dir);
     read_log(r, path);
+}
+
+static void finish(Run *r, pid_t pid, const char *out_dir) {
+    int st;
+    waitpid(pid, &st, 0);
+    collect(r, st, out_dir);
 }
 
 // runs to the end: out_dir, steps, then more flags
@@ -395,6 +400,14 @@ static void test_model_slices(void) {
     memset(&o, 0, sizeof(o));
     o.init = path;
     o.key_file = key_path;
+    GPT2Config checked;
+    int is_sealed = 0;
+    uint64_t file_id = 0;
+    ok = ckpt_init_config(&o, &checked, &is_sealed, &file_id, err, sizeof(err)) == 0 && is_sealed;
+    if (!check(ok, "ckpt_init_config of the sealed model.bin: sealed, its file id read (%s)", ok ? "ok" : err)) {
+        free(plain);
+        return;
+    }
     struct { int dp, tp, pp; } layouts[] = {{1, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 2}};
     for (int k = 0; k < 8; k++) {
         int by_init = k >= 4;  // -e's ckpt_init_load; before, a resume's ckpt_model_load_part
@@ -404,7 +417,7 @@ static void test_model_slices(void) {
             UnitTable ut;
             GPT2Config got = c;
             same = unit_table(&ut, &c, &s, 1) == 0;
-            float *params = !same ? NULL : by_init ? ckpt_init_load(&o, &got, &s, &ut, err, sizeof(err))
+            float *params = !same ? NULL : by_init ? ckpt_init_load(&o, &got, file_id, &s, &ut, err, sizeof(err))
                                                    : ckpt_model_load_part(path, key, &got, &s, &ut, err, sizeof(err));
             float *a = (float *)malloc(unit_table_largest(&ut) * sizeof(float));
             float *b = (float *)malloc(unit_table_largest(&ut) * sizeof(float));
@@ -445,6 +458,29 @@ static void test_model_slices(void) {
           "a model.bin whose header has another head count refused, naming both: %s", err);
     free(params);
     free(ut.units);
+    // -e: another model of the same shape, sealed under the same key, in the
+    // place of the one checked at the start: refused, naming both file ids
+    char other_path[300], ids[2][32];
+    snprintf(other_path, sizeof(other_path), "%s/slices_model_2.bin", dir);
+    ok = write_sealed_file(other_path, key, plain, bytes, err, sizeof(err)) == 0;
+    s = shard_for(&c, 1, 0, 1, 0, 1, 0);
+    unit_table(&ut, &c, &s, 1);
+    o.init = other_path;
+    uint64_t other_id = 0;
+    ok = ok && ckpt_init_config(&o, &checked, &is_sealed, &other_id, err, sizeof(err)) == 0 && other_id != file_id;
+    params = ok ? ckpt_init_load(&o, &c, file_id, &s, &ut, err, sizeof(err)) : NULL;
+    snprintf(ids[0], sizeof(ids[0]), "%016llx", (unsigned long long)file_id);
+    snprintf(ids[1], sizeof(ids[1]), "%016llx", (unsigned long long)other_id);
+    check(ok && params == NULL && strstr(err, other_path) != NULL && strstr(err, ids[0]) != NULL &&
+          strstr(err, ids[1]) != NULL, "-e: a sealed model of the same shape put in place of the one checked at the "
+          "start is refused, naming the file and both ids: %s", err);
+    free(params);
+    params = ok ? ckpt_init_load(&o, &c, other_id, &s, &ut, err, sizeof(err)) : NULL;
+    check(params != NULL, "-e: the same file, with the id read from it at the start, loads (%s)",
+          params != NULL ? "ok" : err);
+    free(params);
+    free(ut.units);
+    unlink(other_path);
     free(plain);
     unlink(path);
 }
@@ -577,11 +613,12 @@ static void test_encrypted_init(void) {
     snprintf(key_path, sizeof(key_path), "%s/job.key", a);
     int is_sealed = -1;
     o.init = pp;
-    int rc = ckpt_init_config(&o, &c, &is_sealed, err, sizeof(err));
+    uint64_t file_id = 0;
+    int rc = ckpt_init_config(&o, &c, &is_sealed, &file_id, err, sizeof(err));
     check(rc == 0 && is_sealed == 0, "ckpt_init_config of the plain model, no key given: not sealed (%d, %d)", rc, is_sealed);
     o.init = model;
     o.key_file = key_path;
-    rc = ckpt_init_config(&o, &c, &is_sealed, err, sizeof(err));
+    rc = ckpt_init_config(&o, &c, &is_sealed, &file_id, err, sizeof(err));
     check(rc == 0 && is_sealed == 1 && c.L == 2 && c.V == 256 && c.maxT == 32,
           "ckpt_init_config of the sealed model with its key: sealed, L=2 V=256 maxT=32 (%d, %d) %s", rc, is_sealed,
           rc != 0 ? err : "");
@@ -645,6 +682,78 @@ static void test_encrypted_init(void) {
               "-e of the sealed final model, %s: refused in one line naming the file (exit %d, %d lines): %s",
               cases[i].what, r.status, lines, r.out);
     }
+}
+
+// -e of a sealed final model with one byte changed in a chunk that only
+// the second of two stages reads (d4: its 13 chunks hold layers apart):
+// under -np 2 -pp 2 the job is refused, exit 2, in one line naming the
+// file and the chunk, and ends at once, the first stage not left waiting
+// for the second (-to 5; the test gives up after 30 s)
+static void test_init_damaged_chunk(void) {
+    static Run made, r;
+    char a[200], b[200], model[300], args[1200], err[1024];
+    snprintf(a, sizeof(a), "%s/init_damaged", dir);
+    run(&made, a, 1, "-e d4 -enc 2");
+    snprintf(model, sizeof(model), "%s/model_00000001.bin", a);
+    Options o;
+    memset(&o, 0, sizeof(o));
+    char key_path[300];
+    snprintf(key_path, sizeof(key_path), "%s/job.key", a);
+    o.init = model;
+    o.key_file = key_path;
+    GPT2Config c;
+    int is_sealed = 0;
+    uint64_t file_id = 0;
+    int rc = ckpt_init_config(&o, &c, &is_sealed, &file_id, err, sizeof(err));
+    if (!check(made.status == 0 && rc == 0 && is_sealed, "a sealed d4 final model (exit %d) %s", made.status,
+               rc != 0 ? err : ""))
+        return;
+    // the chunks each stage reads, as ckpt_init_load marks them
+    AeadFile af = {.plain_bytes = ckpt_file_bytes(0, &c), .chunk_bytes = AEAD_FILE_CHUNK_BYTES};
+    af.chunks = aead_file_chunk_count(af.plain_bytes, AEAD_FILE_CHUNK_BYTES);
+    uint8_t *need[2];
+    for (int stage = 0; stage < 2; stage++) {
+        Shard s = shard_for(&c, 1, 0, 2, stage, 1, 0);
+        UnitTable ut;
+        need[stage] = (uint8_t *)calloc((size_t)af.chunks, 1);
+        if (unit_table(&ut, &c, &s, 1) == 0) ckpt_mark_chunks(&af, 1, &c, &s, &ut, 0, need[stage]);
+        free(ut.units);
+    }
+    uint64_t only1 = 0;
+    while (only1 < af.chunks && !(need[1][only1] && !need[0][only1])) only1++;
+    free(need[0]);
+    free(need[1]);
+    uint64_t at = AEAD_FILE_HEADER_BYTES + only1 * AEAD_FILE_CHUNK_BYTES + 99;
+    int fd = open(model, O_RDWR | O_CLOEXEC);
+    uint8_t byte = 0;
+    int flipped = only1 < af.chunks && fd >= 0 && pread(fd, &byte, 1, (off_t)at) == 1 &&
+                  (byte ^= 1, pwrite(fd, &byte, 1, (off_t)at) == 1);
+    if (fd >= 0) close(fd);
+    if (!check(flipped, "a byte changed in chunk %llu of %llu, which stage 1 reads and stage 0 does not",
+               (unsigned long long)only1, (unsigned long long)af.chunks))
+        return;
+    snprintf(b, sizeof(b), "%s/init_damaged_pp", dir);
+    snprintf(args, sizeof(args), "-o %s -x 4 -e %s --key-file %s -np 2 -pp 2 -to 5", b, model, key_path);
+    double t0 = now_s();
+    pid_t pid = start(args, 0);
+    int ended = 0, st = 0;
+    while (!ended && now_s() - t0 < 30) {
+        ended = waitpid(pid, &st, WNOHANG) == pid;
+        if (!ended) usleep(10000);
+    }
+    if (!ended) {
+        kill(-pid, SIGKILL);
+        waitpid(pid, &st, 0);
+    }
+    collect(&r, st, b);
+    int lines = 0;  // the trainer's error lines (the launcher's and rank 0's notes of rank 1's exit follow)
+    for (const char *q = r.out; (q = strstr(q, "train_gpt2:")) != NULL; q++) lines++;
+    char chunk_name[64];
+    snprintf(chunk_name, sizeof(chunk_name), "chunk %llu", (unsigned long long)only1);
+    const char *line = line_with(&r, "train_gpt2:");
+    check(ended && r.status == 2 && lines == 1 && strstr(line, model) != NULL && strstr(line, chunk_name) != NULL,
+          "-e of a sealed model with chunk %llu damaged, -np 2 -pp 2: refused in one line naming the file and the "
+          "chunk, exit %d after %.1f s: %s", (unsigned long long)only1, r.status, now_s() - t0, ended ? line : r.out);
 }
 
 // swaps chunks i and j (1 MiB each, with their tags) of a sealed file of a
@@ -928,6 +1037,7 @@ int main(void) {
     test_optim_slices();
     test_model_slices();
     test_encrypted_init();
+    test_init_damaged_chunk();
     test_keep();
     test_full_disk();
 

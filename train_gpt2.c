@@ -974,14 +974,16 @@ static int gpt2_save(GPT2 *m, const char *out_dir, int keep, const CkptState *st
 
 // the final model, DIR/model_SSSSSSSS.bin into path (checkpoint.h's
 // ckpt_write_model: every rank writes its part, as for a checkpoint's
-// model.bin); sealed under the checkpoint key with encrypt (-enc 2)
+// model.bin); sealed under the checkpoint key with encrypt (-enc 2). On a
+// failure err names the file and the reason on the rank that knows, and is
+// empty on the others.
 static int gpt2_write_model(GPT2 *m, const char *out_dir, int steps, const uint8_t key[32], int encrypt, char *path,
-                            size_t pathlen) {
+                            size_t pathlen, char *err, size_t errlen) {
     const Parallel *par = m->par;
     CkptJob job = {save_sum, save_part, m, par->grid.rank, encrypt};
     double timeout = comm_set_timeout(par->comm, 0.0);
     comm_set_timeout(par->comm, timeout + ckpt_wait_room(&m->config) / 3);
-    int rc = ckpt_write_model(&job, out_dir, steps, &m->config, key, path, pathlen);
+    int rc = ckpt_write_model(&job, out_dir, steps, &m->config, key, path, pathlen, err, errlen);
     comm_set_timeout(par->comm, timeout);
     return rc;
 }
@@ -1405,7 +1407,11 @@ int main(int argc, char **argv) {
     }
     if (job.opt.out_dir && !stopped) {
         int sealed = job.opt.encrypt >= 2;
-        if (gpt2_write_model(&model, job.opt.out_dir, job.steps, job.ckpt_key, sealed, path, sizeof(path)) != 0) return 1;
+        if (gpt2_write_model(&model, job.opt.out_dir, job.steps, job.ckpt_key, sealed, path, sizeof(path), err,
+                             sizeof(err)) != 0) {
+            if (err[0] != '\0') fprintf(stderr, "%s: %s\n", trainer_name, err);
+            return 1;
+        }
         if (rank0) printf("wrote %s\n", path);
     }
     if (par.comm) {

@@ -1253,14 +1253,16 @@ static int gpt2_checkpoint(GPT2 *m, Parallel *par, const char *out_dir, int keep
 // the final model, DIR/model_SSSSSSSS.bin into path: checkpoint.h's
 // ckpt_write_model, as train_gpt2.c's (every rank writes the fp32 master
 // weights it owns, as for a checkpoint's model.bin; rank 0 renames the file
-// into place); sealed under the checkpoint key with encrypt (-enc 2)
+// into place); sealed under the checkpoint key with encrypt (-enc 2). On a
+// failure err names the file and the reason on the rank that knows, and is
+// empty on the others.
 static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int steps, const uint8_t key[32], int encrypt,
-                            char *path, size_t pathlen) {
+                            char *path, size_t pathlen, char *err, size_t errlen) {
     CkptCtx ctx = {m, par};
     CkptJob job = {ckpt_sum, ckpt_part, &ctx, par->grid.rank, encrypt};
     double timeout = par->nccl->timeout_s;
     par->nccl->timeout_s = timeout + ckpt_wait_room(&m->config) / 3;
-    int rc = ckpt_write_model(&job, out_dir, steps, &m->config, key, path, pathlen);
+    int rc = ckpt_write_model(&job, out_dir, steps, &m->config, key, path, pathlen, err, errlen);
     par->nccl->timeout_s = timeout;
     return rc;
 }
@@ -1280,7 +1282,7 @@ static int checkpoint_after(GPT2 *m, Parallel *par, Job *job, int step) {
 // (sealed under -enc 2); 0, or -1 when the write failed
 static int final_model(GPT2 *m, Parallel *par, Job *job) {
     int rank0 = par->grid.rank == 0;
-    char path[1024];
+    char path[1024], err[1200];
     nccl_set_step(par->nccl, job->steps);
     LogLine last = final_line(job);
     run_evaluations(m, par, job, job->steps, &last);
@@ -1288,7 +1290,11 @@ static int final_model(GPT2 *m, Parallel *par, Job *job) {
     if (rank0) report_final(job, &last);
     if (job->opt.out_dir == NULL) return 0;
     int sealed = job->opt.encrypt >= 2;
-    if (gpt2_write_model(m, par, job->opt.out_dir, job->steps, job->ckpt_key, sealed, path, sizeof(path)) != 0) return -1;
+    if (gpt2_write_model(m, par, job->opt.out_dir, job->steps, job->ckpt_key, sealed, path, sizeof(path), err,
+                         sizeof(err)) != 0) {
+        if (err[0] != '\0') fprintf(stderr, "%s: %s\n", trainer_name, err);
+        return -1;
+    }
     if (rank0) printf("wrote %s\n", path);
     return 0;
 }

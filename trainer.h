@@ -61,6 +61,7 @@ typedef struct {
     GPT2Config config;       // the model's shape
     int random_init;         // 1: -e is a descriptor (the seeded init); 0: a model file
     int init_sealed;         // -e's model file is sealed (-enc 2's final model)
+    uint64_t init_file_id;   // its sealed header's file id, read at the start: each rank loads from that file
     Grid layout;             // the layout of -np -tp -pp, checked before any rank starts
     int accum;               // micro-batches per optimizer step on each data-parallel rank
     long total_batch;        // tokens per optimizer step, all ranks together
@@ -170,7 +171,7 @@ static void check_model(Job *job) {
     const GPT2Config *c = &job->config;
     job->init_sealed = 0;
     int rc = options_descriptor(o, &job->config, err, sizeof(err));  // -e dN, -ev -et -ec
-    if (rc == 0) rc = ckpt_init_config(o, &job->config, &job->init_sealed, err, sizeof(err));
+    if (rc == 0) rc = ckpt_init_config(o, &job->config, &job->init_sealed, &job->init_file_id, err, sizeof(err));
     if (rc == 0 && !job->init_sealed) rc = options_model_file(o, &job->config, err, sizeof(err));
     if (rc < 0) die_usage(err);
     job->random_init = rc;
@@ -297,7 +298,7 @@ static float *load_params(Job *job, const Grid *g) {
         snprintf(path, sizeof(path), "%s/model.bin", job->ck_dir);
         params = ckpt_model_load_part(path, job->ckpt_key, &job->config, &s, &ut, err, sizeof(err));
     } else {
-        params = ckpt_init_load(&job->opt, &job->config, &s, &ut, err, sizeof(err));
+        params = ckpt_init_load(&job->opt, &job->config, job->init_file_id, &s, &ut, err, sizeof(err));
     }
     free(ut.units);
     if (params == NULL) die_usage(err);
