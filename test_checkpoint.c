@@ -485,6 +485,22 @@ static void test_model_slices(void) {
     unlink(path);
 }
 
+// flips a bit in byte 99 of the first chunk that need1 marks and need0
+// does not (a chunk only the second reader decrypts); returns that chunk's
+// index, or `chunks` when there is none or the file could not be changed
+static uint64_t flip_in_chunk_only_second_reads(const char *path, const uint8_t *need0, const uint8_t *need1,
+                                                uint64_t chunks) {
+    uint64_t only1 = 0;
+    while (only1 < chunks && !(need1[only1] && !need0[only1])) only1++;
+    if (only1 == chunks) return chunks;
+    uint64_t at = AEAD_FILE_HEADER_BYTES + only1 * AEAD_FILE_CHUNK_BYTES + 99;
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    uint8_t byte = 0;
+    int flipped = fd >= 0 && pread(fd, &byte, 1, (off_t)at) == 1 && (byte ^= 1, pwrite(fd, &byte, 1, (off_t)at) == 1);
+    if (fd >= 0) close(fd);
+    return flipped ? only1 : chunks;
+}
+
 // a sealed optim.bin of 27 chunks, opened by ranks of several layouts: each
 // gets m and v of its units as unit_fill gives them from the plain array,
 // over its slice (all of a unit, or its 1/dp with ZeRO >= 1), having
@@ -552,14 +568,8 @@ static void test_optim_slices(void) {
     unit_table(&ut1, &c, &s1, 1);
     ckpt_mark_chunks(&af, 2, &c, &s0, &ut0, 0, need0);
     ckpt_mark_chunks(&af, 2, &c, &s1, &ut1, 0, need1);
-    uint64_t only1 = 0;
-    while (only1 < af.chunks && !(need1[only1] && !need0[only1])) only1++;
-    uint64_t at = AEAD_FILE_HEADER_BYTES + only1 * AEAD_FILE_CHUNK_BYTES + 99;
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    uint8_t byte = 0;
-    int flipped = only1 < af.chunks && fd >= 0 && pread(fd, &byte, 1, (off_t)at) == 1 &&
-                  (byte ^= 1, pwrite(fd, &byte, 1, (off_t)at) == 1);
-    if (fd >= 0) close(fd);
+    uint64_t only1 = flip_in_chunk_only_second_reads(path, need0, need1, af.chunks);
+    int flipped = only1 < af.chunks;
     OptimFile f;
     int opened = ckpt_optim_open(&f, path, key, &c, &s0, &ut0, 0, 5, err, sizeof(err)) == 0;
     if (opened) ckpt_optim_close(&f);
@@ -719,16 +729,10 @@ static void test_init_damaged_chunk(void) {
         if (unit_table(&ut, &c, &s, 1) == 0) ckpt_mark_chunks(&af, 1, &c, &s, &ut, 0, need[stage]);
         free(ut.units);
     }
-    uint64_t only1 = 0;
-    while (only1 < af.chunks && !(need[1][only1] && !need[0][only1])) only1++;
+    uint64_t only1 = flip_in_chunk_only_second_reads(model, need[0], need[1], af.chunks);
+    int flipped = only1 < af.chunks;
     free(need[0]);
     free(need[1]);
-    uint64_t at = AEAD_FILE_HEADER_BYTES + only1 * AEAD_FILE_CHUNK_BYTES + 99;
-    int fd = open(model, O_RDWR | O_CLOEXEC);
-    uint8_t byte = 0;
-    int flipped = only1 < af.chunks && fd >= 0 && pread(fd, &byte, 1, (off_t)at) == 1 &&
-                  (byte ^= 1, pwrite(fd, &byte, 1, (off_t)at) == 1);
-    if (fd >= 0) close(fd);
     if (!check(flipped, "a byte changed in chunk %llu of %llu, which stage 1 reads and stage 0 does not",
                (unsigned long long)only1, (unsigned long long)af.chunks))
         return;
