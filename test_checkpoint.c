@@ -760,6 +760,71 @@ static void test_init_damaged_chunk(void) {
           "chunk, exit %d after %.1f s: %s", (unsigned long long)only1, r.status, now_s() - t0, ended ? line : r.out);
 }
 
+// -e of a sealed final model replaced, between two ranks' start-up checks,
+// by another of the same shape sealed under the same key. mpirun's ranks,
+// joined by --rendezvous: rank 0 checks the file, then waits at the
+// rendezvous (its socket appears); the file is swapped; rank 1 starts and
+// checks the other. Once connected the ranks compare their file ids: rank
+// 1 refuses in one line naming the file and both ids, and both exit 2,
+// neither left waiting (the test gives each 30 s)
+static void test_init_swapped_between_ranks(void) {
+    static Run first, second;
+    char a[200], b[200], model[300], other[300], key_path[300], args[400], err[1024];
+    snprintf(a, sizeof(a), "%s/init_swap_a", dir);
+    snprintf(b, sizeof(b), "%s/init_swap_b", dir);
+    snprintf(key_path, sizeof(key_path), "%s/job.key", a);
+    run(&first, a, 1, "-e d4 -enc 2");
+    snprintf(args, sizeof(args), "-e d4 -enc 2 --key-file %s", key_path);
+    run(&second, b, 1, args);
+    snprintf(model, sizeof(model), "%s/model_00000001.bin", a);
+    snprintf(other, sizeof(other), "%s/model_00000001.bin", b);
+    Options o;
+    memset(&o, 0, sizeof(o));
+    o.key_file = key_path;
+    GPT2Config c;
+    int is_sealed = 0;
+    uint64_t id[2] = {0, 0};
+    o.init = model;
+    int rc = ckpt_init_config(&o, &c, &is_sealed, &id[0], err, sizeof(err));
+    o.init = other;
+    if (rc == 0) rc = ckpt_init_config(&o, &c, &is_sealed, &id[1], err, sizeof(err));
+    if (!check(first.status == 0 && second.status == 0 && rc == 0 && id[0] != id[1],
+               "two sealed d4 final models under one key, file ids %016llx and %016llx (exit %d, %d) %s",
+               (unsigned long long)id[0], (unsigned long long)id[1], first.status, second.status, rc != 0 ? err : ""))
+        return;
+    char cmd[5000], rank_cmd[2][2000];
+    for (int r = 0; r < 2; r++)
+        snprintf(rank_cmd[r], sizeof(rank_cmd[r]), "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=%d "
+                 "OMPI_COMM_WORLD_LOCAL_RANK=%d timeout 30 ./train_gpt2 %s -i '%s' -x 2 -e %s --key-file %s "
+                 "--rendezvous unix:%s/swap.sock -to 5 > %s/swap_rank%d.txt 2>&1", r, r, MODEL, shards, model,
+                 key_path, dir, dir, r);
+    snprintf(cmd, sizeof(cmd), "%s & i=0; while [ ! -S %s/swap.sock ] && [ $i -lt 3000 ]; do sleep 0.01; "
+             "i=$((i + 1)); done; mv %s %s; %s; r1=$?; wait $!; echo $? $r1 > %s/swap_status",
+             rank_cmd[0], dir, other, model, rank_cmd[1], dir);
+    int sys = system(cmd);
+    char path[300], *out[2], *status;
+    for (int r = 0; r < 2; r++) {
+        snprintf(path, sizeof(path), "%s/swap_rank%d.txt", dir, r);
+        out[r] = test_read_file(path, NULL);
+    }
+    snprintf(path, sizeof(path), "%s/swap_status", dir);
+    status = test_read_file(path, NULL);
+    char ids[2][32], want[1200];
+    for (int r = 0; r < 2; r++) snprintf(ids[r], sizeof(ids[r]), "%016llx", (unsigned long long)id[r]);
+    snprintf(want, sizeof(want), "train_gpt2: rank 1: %s: file id %s, but rank 0's start-up check read %s", model,
+             ids[1], ids[0]);
+    int lines = 0;  // the trainer's error lines, from either rank
+    for (int r = 0; r < 2; r++)
+        for (const char *q = out[r]; q != NULL && (q = strstr(q, "train_gpt2:")) != NULL; q++) lines++;
+    check(sys == 0 && status != NULL && strcmp(status, "2 2\n") == 0 && out[1] != NULL && strstr(out[1], want) != NULL &&
+          lines == 1, "-e swapped for another sealed model between rank 0's start-up check and rank 1's: the ranks "
+          "compare file ids once connected, rank 1 refuses in one line naming the file and both ids, and both exit 2 "
+          "(exits: %s): %s", status != NULL ? status : "none", out[1] != NULL ? out[1] : "(no output)");
+    free(out[0]);
+    free(out[1]);
+    free(status);
+}
+
 // swaps chunks i and j (1 MiB each, with their tags) of a sealed file of a
 // checkpoint of step 4 in out_dir
 static void swap_chunks(const char *out_dir, const char *name, int i, int j) {
@@ -1042,6 +1107,7 @@ int main(void) {
     test_model_slices();
     test_encrypted_init();
     test_init_damaged_chunk();
+    test_init_swapped_between_ranks();
     test_keep();
     test_full_disk();
 

@@ -342,7 +342,8 @@ static void watch_two_reports(int world, int pp, const float *all, char *lines, 
 }
 
 // the rules of the watch report and of the consistency check's verdict,
-// on numbers made up here (trainer.h's watch_judge, replicas_judge)
+// on numbers made up here (trainer.h's watch_judge, replicas_judge), and
+// of the ranks' file ids of a sealed -e (init_ids_judge)
 static void test_watch_rules(void) {
     Job job;
     memset(&job, 0, sizeof(job));
@@ -422,6 +423,19 @@ static void test_watch_rules(void) {
                             "(rank 4 differs from rank 0 first in layer 1 qkvw)") == 0, "replicas: no majority: %s", msg);
     free(d);
     free(ut.units);
+
+    // the ranks' file ids of a sealed -e, compared with rank 0's
+    uint64_t same[3] = {0x0123456789abcdefull, 0x0123456789abcdefull, 0x0123456789abcdefull};
+    uint64_t swapped[3] = {0x0123456789abcdefull, 0x0123456789abcdefull, 0xfedcba9876543210ull};
+    check(init_ids_judge("m.bin", same, 3, 2, msg, sizeof(msg)) == 0 && msg[0] == '\0',
+          "file ids: the same id on every rank is no refusal");
+    rc = init_ids_judge("m.bin", swapped, 3, 1, msg, sizeof(msg));
+    check(rc == 1 && msg[0] == '\0', "file ids: a rank whose id is rank 0's learns that one rank differs, and says "
+          "nothing: %d %s", rc, msg);
+    rc = init_ids_judge("m.bin", swapped, 3, 2, msg, sizeof(msg));
+    check(rc == 1 && strcmp(msg, "rank 2: m.bin: file id fedcba9876543210, but rank 0's start-up check read "
+                            "0123456789abcdef: the file was replaced between the ranks' checks") == 0,
+          "file ids: the rank that differs names the file and both ids: %s", msg);
 }
 
 // ranks started by an outside launcher (torchrun's variables) with no -np:

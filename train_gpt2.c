@@ -1241,6 +1241,26 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     }
 }
 
+// a sealed -e: the ranks all-gather the file ids their start-up checks
+// read, so that every rank loads from the file rank 0 checked (trainer.h's
+// init_ids_judge). Each rank that differs says so in one line; all wait
+// for those lines, then exit 2.
+static void agree_on_init_file(const Job *job, const Parallel *par) {
+    int world = par->grid.world, rank = par->grid.rank;
+    if (world == 1 || job->resuming || !job->init_sealed) return;
+    uint64_t *ids = (uint64_t *)xcalloc((size_t)world, sizeof(uint64_t), "the ranks' file ids");
+    ids[rank] = job->init_file_id;  // in place: 8 bytes travel as 2 floats
+    comm_allgather(par->comm, &par->world, (const float *)(ids + rank), (float *)ids, 2);
+    char err[2048];
+    int differ = init_ids_judge(job->opt.init, ids, world, rank, err, sizeof(err));
+    free(ids);
+    if (differ == 0) return;
+    if (err[0] != '\0') fprintf(stderr, "%s: %s\n", trainer_name, err);
+    fflush(stderr);
+    comm_barrier(par->comm, &par->world);
+    exit(2);
+}
+
 // at the end of a job of several ranks: one table, printed by rank 0, of
 // the payload bytes each rank sent by collective and by point-to-point
 // channel, and its peak transient bytes (ZeRO's buckets and gathered
@@ -1328,6 +1348,7 @@ int main(int argc, char **argv) {
     Parallel par;
     parallel_setup(&par, &job.opt, &job.fault, argc, argv);
     start_rank(&job, &par.grid);
+    agree_on_init_file(&job, &par);
     int rank0 = par.grid.rank == 0, dp = par.grid.dp, B = job.opt.B, T = job.opt.T, accum = job.accum;
     float *params = load_params(&job, &par.grid);
     open_data(&job, &par.grid);

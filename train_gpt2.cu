@@ -1061,6 +1061,33 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
         die(1, err);
 }
 
+// a sealed -e: the ranks all-gather the file ids their start-up checks
+// read, so that every rank loads from the file rank 0 checked (trainer.h's
+// init_ids_judge). Each rank that differs says so in one line; all wait
+// for those lines, then exit 2. The model is not built yet, so the ids
+// travel through a buffer of their own.
+static void agree_on_init_file(const Job *job, Parallel *par) {
+    int world = par->grid.world, rank = par->grid.rank;
+    if (world == 1 || job->resuming || !job->init_sealed) return;
+    size_t bytes = (size_t)world * sizeof(uint64_t);
+    uint64_t *ids = (uint64_t *)malloc(bytes), *d_ids = NULL;
+    if (ids == NULL) die(1, "out of memory for the ranks' file ids");
+    CUDA_CHECK(cudaMalloc((void **)&d_ids, bytes));
+    CUDA_CHECK(cudaMemcpy(d_ids + rank, &job->init_file_id, sizeof(uint64_t), cudaMemcpyHostToDevice));
+    nccl_allgather(par->nccl, &par->nccl->world, d_ids + rank, d_ids, 1, ncclUint64);
+    nccl_sync(par->nccl, par->nccl->stream, "the ranks' file ids");
+    CUDA_CHECK(cudaMemcpy(ids, d_ids, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(d_ids));
+    char err[2048];
+    int differ = init_ids_judge(job->opt.init, ids, world, rank, err, sizeof(err));
+    free(ids);
+    if (differ == 0) return;
+    if (err[0] != '\0') fprintf(stderr, "%s: %s\n", trainer_name, err);
+    fflush(stderr);
+    nccl_barrier(par->nccl, &par->nccl->world);
+    exit(2);
+}
+
 // pp > 1: the MAC state for a step's pipeline messages, made now, not
 // mid-run: room for the most messages a stage receives in one step, each as
 // large as the largest of them (an evaluation checks its messages batch by
@@ -1329,6 +1356,7 @@ int main(int argc, char **argv) {
     Parallel par;
     parallel_setup(&par, &job.opt, &job.fault, launch_argc, launch_argv);
     start_rank(&job, &par.grid);
+    agree_on_init_file(&job, &par);
     int rank0 = par.grid.rank == 0, dp = par.grid.dp, pp = par.grid.pp, B = job.opt.B, T = job.opt.T, accum = job.accum;
     float *params = load_params(&job, &par.grid);
     open_data(&job, &par.grid);

@@ -13,7 +13,7 @@
  *     parse_flags, parse_fault, check_model, check_batch_and_data,
  *     checkpoint_setup
  *   on each rank, after it joined the job:
- *     start_rank, load_params, open_data, open_tokenizer_and_log,
+ *     start_rank, init_ids_judge, load_params, open_data, open_tokenizer_and_log,
  *     activation_sets, step_plan, print_model_and_batch, announce_resume
  *   in the loop: next_batch, evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
  *     report_hellaswag, outlier_skip (llm.c's -sl -sg; steps not finite), nonfinite_stop,
@@ -275,6 +275,24 @@ static void start_rank(Job *job, const Grid *g) {
     job->accum = batch_accum(&job->opt, g->dp, err, sizeof(err));
     if (job->accum < 0) die_usage(err);
     job->total_batch = (long)job->opt.B * job->opt.T * g->dp * job->accum;
+}
+
+// init_ids_judge: each rank checked a sealed -e on its own at the start,
+// so a file swapped for another of the same shape and key between two
+// ranks' checks would have them load parts of different models. ids holds
+// every rank's file id, in rank order, gathered once the ranks are
+// connected. Returns the number of ranks whose id is not rank 0's, the same
+// on every rank; when this rank's is one of them, err names the file and
+// both ids (else err is empty).
+static int init_ids_judge(const char *path, const uint64_t *ids, int world, int rank, char *err, size_t errlen) {
+    int differ = 0;
+    err[0] = '\0';
+    for (int r = 1; r < world; r++) differ += ids[r] != ids[0];
+    if (ids[rank] != ids[0])
+        errorf(err, errlen, "rank %d: %s: file id %016llx, but rank 0's start-up check read %016llx: the file was "
+               "replaced between the ranks' checks", rank, path, (unsigned long long)ids[rank],
+               (unsigned long long)ids[0]);
+    return differ;
 }
 
 // the parameters: from the checkpoint being resumed, from -e's model file
