@@ -1251,12 +1251,9 @@ static void agree_on_init_file(const Job *job, const Parallel *par) {
     uint64_t *ids = (uint64_t *)xcalloc((size_t)world, sizeof(uint64_t), "the ranks' file ids");
     ids[rank] = job->init_file_id;  // in place: 8 bytes travel as 2 floats
     comm_allgather(par->comm, &par->world, (const float *)(ids + rank), (float *)ids, 2);
-    char err[2048];
-    int differ = init_ids_judge(job->opt.init, ids, world, rank, err, sizeof(err));
+    int refused = init_ids_refused(job, ids, world, rank);
     free(ids);
-    if (differ == 0) return;
-    if (err[0] != '\0') fprintf(stderr, "%s: %s\n", trainer_name, err);
-    fflush(stderr);
+    if (!refused) return;
     comm_barrier(par->comm, &par->world);
     exit(2);
 }

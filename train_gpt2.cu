@@ -1078,12 +1078,9 @@ static void agree_on_init_file(const Job *job, Parallel *par) {
     nccl_sync(par->nccl, par->nccl->stream, "the ranks' file ids");
     CUDA_CHECK(cudaMemcpy(ids, d_ids, bytes, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaFree(d_ids));
-    char err[2048];
-    int differ = init_ids_judge(job->opt.init, ids, world, rank, err, sizeof(err));
+    int refused = init_ids_refused(job, ids, world, rank);
     free(ids);
-    if (differ == 0) return;
-    if (err[0] != '\0') fprintf(stderr, "%s: %s\n", trainer_name, err);
-    fflush(stderr);
+    if (!refused) return;
     nccl_barrier(par->nccl, &par->nccl->world);
     exit(2);
 }

@@ -13,7 +13,7 @@
  *     parse_flags, parse_fault, check_model, check_batch_and_data,
  *     checkpoint_setup
  *   on each rank, after it joined the job:
- *     start_rank, init_ids_judge, load_params, open_data, open_tokenizer_and_log,
+ *     start_rank, init_ids_judge, init_ids_refused, load_params, open_data, open_tokenizer_and_log,
  *     activation_sets, step_plan, print_model_and_batch, announce_resume
  *   in the loop: next_batch, evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
  *     report_hellaswag, outlier_skip (llm.c's -sl -sg; steps not finite), nonfinite_stop,
@@ -293,6 +293,16 @@ static int init_ids_judge(const char *path, const uint64_t *ids, int world, int 
                "replaced between the ranks' checks", rank, path, (unsigned long long)ids[rank],
                (unsigned long long)ids[0]);
     return differ;
+}
+
+// after the ranks gathered their file ids: 1 when they disagree, with this
+// rank's line printed if its id is one that differs; else 0
+static int init_ids_refused(const Job *job, const uint64_t *ids, int world, int rank) {
+    char err[2048];
+    if (init_ids_judge(job->opt.init, ids, world, rank, err, sizeof(err)) == 0) return 0;
+    if (err[0] != '\0') fprintf(stderr, "%s: %s\n", trainer_name, err);
+    fflush(stderr);
+    return 1;
 }
 
 // the parameters: from the checkpoint being resumed, from -e's model file
