@@ -3,8 +3,9 @@
 # (L=4, C=128, NH=4, GPT-2 vocabulary), B=4, T=64, on $THREADS threads
 # (default: all cores). For each: ms/step, tokens/s, GFLOP/s (6 x parameters
 # per token + attention, the trainer's count) and the percentage of the FMA
-# peak, which dev/bench_kernels measures in the same run, before and after
-# (the best of the two). Then, when `torch` can be imported ($PYTHON, default
+# peak, which dev/bench_kernels measures in the same run, before, between and
+# after the models (the highest; a line says when they differ by more than
+# 20%, as on a busy machine). Then, when `torch` can be imported ($PYTHON, default
 # python3), the same models, settings and thread count in PyTorch eager
 # (dev/train_gpt2.py --bench) and the ratio of the step times; otherwise a
 # line saying it skipped. Steps: $STEPS (default 8), the first left out of
@@ -31,8 +32,11 @@ export OMP_NUM_THREADS=$threads
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
+# the peak before, between and after the runs: on a shared machine another
+# machine's work on the same cores lowers it for a while, and a low peak
+# would flatter the trainer, so the highest counts
 peak() { ./dev/bench_kernels peak | sed -E 's/fma peak ([0-9.]+) GFLOP.*/\1/'; }
-peak_before=$(peak)
+peaks=$(peak)
 
 # name, then the trainer's model flags and dev/train_gpt2.py's
 models=("d12|-e d12|--init d12" "small|-e d4 -ec 128|--init d4 --n-embd 128")
@@ -41,10 +45,12 @@ for m in "${models[@]}"; do
     # shellcheck disable=SC2086
     $trainer $cflags -b 4 -t 64 -x "$steps" -v 0 -s 0 -th "$threads" \
         -i "$dir/tiny_shakespeare_train_*.bin" > "$tmp/$name.txt"
+    peaks="$peaks $(peak)"
 done
-peak_after=$(peak)
-peak=$(echo "$peak_before $peak_after" | awk '{ print ($1 > $2) ? $1 : $2 }')
-echo "FMA peak: $peak GFLOP/s on $threads threads (before $peak_before, after $peak_after)"
+peak=$(echo "$peaks" | awk '{ m = $1; for (i = 2; i <= NF; i++) if ($i > m) m = $i; print m }')
+echo "FMA peak: $peak GFLOP/s on $threads threads (the highest of $peaks)"
+echo "$peaks" | awk '{ lo = hi = $1; for (i = 2; i <= NF; i++) { if ($i < lo) lo = $i; if ($i > hi) hi = $i }
+    if (hi > 1.2 * lo) printf("bench_cpu: the peaks differ by %.0f%%: the machine was busy, and the shares of the peak below may be off\n", 100 * (hi / lo - 1)) }'
 printf "%-6s | %9s %9s | %8s %8s | %8s | %9s\n" model "best ms" "median ms" "tok/s" "GFLOP/s" "% peak" "first ms"
 for m in "${models[@]}"; do
     IFS='|' read -r name _ _ <<<"$m"
