@@ -454,25 +454,20 @@ static size_t matmul_tasks(int M, int J, int mc, int nc) {
     return (size_t)((M + mc - 1) / mc) * (size_t)((J + nc - 1) / nc);
 }
 
-static void matmul_run(float *c, int ldc, int set, const float *init, const float *a, size_t am, size_t ak,
-                       const float *b, size_t bk, size_t bj, int M, int J, int K) {
+// the blocks' shape, mc x nc, for C[M,J] += A B over K on nthreads: of
+// those that make enough tasks to share (or the smallest, when none do), the
+// one that reads the least of A and B. Each column panel reads all of A's
+// rows and each row block all of B's columns, so the small model's dinp of
+// the logits (M = 256 rows, J = 128 columns, K = 50304) cuts rows, where
+// d12's products cut columns.
+static void matmul_blocks(int M, int J, int K, size_t bj, int nthreads, int a_from_memory, int b_from_memory,
+                          int *mc_out, int *nc_out) {
     enum { MR = MATMUL_MR, NR = MATMUL_NR, MC = MATMUL_MC, NC = MATMUL_NC };
-    int nthreads = 1;
-#ifdef _OPENMP
-    nthreads = omp_get_max_threads();
-#endif
-    // the blocks' shape: of those that make enough tasks to share (or the
-    // smallest, when none do), the one that reads the least of A and B. Each
-    // column panel reads all of A's rows and each row block all of B's
-    // columns, so the small model's dinp of the logits (M = 256 rows, J = 128
-    // columns, K = 50304) cuts rows, where d12's products cut columns.
     // Enough is 4 tasks per thread, so that a thread slowed by other work on
     // its core leaves little for the others to wait on; but 2 when both A and
     // B come from memory (the logits' dinp), where the larger blocks cut what
     // each task streams per multiply-add by a third: measured 6% faster at
     // d12 and 10% at the small model.
-    int a_from_memory = (size_t)M * K * sizeof(float) > MATMUL_STREAM_BYTES;
-    int b_from_memory = (size_t)K * J * sizeof(float) > MATMUL_STREAM_BYTES;
     size_t want = (a_from_memory && b_from_memory ? 2 : 4) * (size_t)nthreads;
     // A B read down its columns (the forward's weight) is transposed as each
     // row block packs it, which costs about two plain reads: counted twice,
@@ -493,7 +488,21 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
                 nc = n;
             }
         }
-    mc = mc / MR * MR;
+    *mc_out = mc / MR * MR;
+    *nc_out = nc;
+}
+
+static void matmul_run(float *c, int ldc, int set, const float *init, const float *a, size_t am, size_t ak,
+                       const float *b, size_t bk, size_t bj, int M, int J, int K) {
+    enum { NR = MATMUL_NR };
+    int nthreads = 1;
+#ifdef _OPENMP
+    nthreads = omp_get_max_threads();
+#endif
+    int a_from_memory = (size_t)M * K * sizeof(float) > MATMUL_STREAM_BYTES;
+    int b_from_memory = (size_t)K * J * sizeof(float) > MATMUL_STREAM_BYTES;
+    int mc, nc;
+    matmul_blocks(M, J, K, bj, nthreads, a_from_memory, b_from_memory, &mc, &nc);
     // A far larger than the caches (the logits' gradient, dout, 51 MB at
     // d12 or at the small model) comes from memory read in place: 8 rows far
     // apart at once, or for dweight 8 floats of each of kc rows, more streams
