@@ -1074,6 +1074,8 @@ static void agree_on_init_file(const Job *job, Parallel *par) {
     if (ids == NULL) die(1, "out of memory for the ranks' file ids");
     CUDA_CHECK(cudaMalloc((void **)&d_ids, bytes));
     CUDA_CHECK(cudaMemcpy(d_ids + rank, &job->init_file_id, sizeof(uint64_t), cudaMemcpyHostToDevice));
+    // on nccl->stream, which is still the default stream here (main sets the
+    // model's later), so the gather runs after the blocking copy above
     nccl_allgather(par->nccl, &par->nccl->world, d_ids + rank, d_ids, 1, ncclUint64);
     nccl_sync(par->nccl, par->nccl->stream, "the ranks' file ids");
     CUDA_CHECK(cudaMemcpy(ids, d_ids, bytes, cudaMemcpyDeviceToHost));

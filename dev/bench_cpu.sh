@@ -32,10 +32,15 @@ export OMP_NUM_THREADS=$threads
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# the peak before, between and after the runs: on a shared machine another
-# machine's work on the same cores lowers it for a while, and a low peak
+# the peak before, between and after the runs: on a shared machine other
+# tenants' work on the same cores lowers it for a while, and a low peak
 # would flatter the trainer, so the highest counts
-peak() { ./dev/bench_kernels peak | sed -E 's/fma peak ([0-9.]+) GFLOP.*/\1/'; }
+peak() {
+    local p
+    p=$(./dev/bench_kernels peak | sed -nE 's/fma peak ([0-9.]+) GFLOP.*/\1/p')
+    [[ $p =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "bench_cpu: dev/bench_kernels peak gave no FMA peak" >&2; exit 1; }
+    echo "$p"
+}
 peaks=$(peak)
 
 # name, then the trainer's model flags and dev/train_gpt2.py's
