@@ -356,6 +356,10 @@ static inline void comm_run(Comm *c, Xfer *s, Xfer *r) {
             // a dead peer ends the wait early (an outside launcher may not stop us)
             pid_t pid;
             if (comm_peer_exited(c, waiting, &pid)) {
+                // what it sent before it exited may have come in since the look above
+                int more = 0;
+                while (r != NULL && r->done < r->frames && comm_try_recv(c, r)) more = 1;
+                if (more) continue;
                 fprintf(stderr, "rank %d: rank %d (pid %d) has exited; this rank was waiting for it (%s, channel %s, step %ld)\n",
                         c->rank, waiting, (int)pid, c->op, channel_name(channel), c->step);
                 comm_die(c);
