@@ -845,79 +845,66 @@ static inline int aead_file_pwrite(int fd, const AeadFile *f, const AeadFileKey 
     return 0;
 }
 
-// once all the ciphertext is in: each chunk's tag, from the bytes on disk,
-// into the table at the end. With sha, the same read also gives the SHA-256
-// of the whole file (header, ciphertext, tags) for a manifest, so sealing
-// reads the file once. One thread does it all, chunk by chunk: SHA-256 runs
-// in file order anyway and is the slower half (GHASH is about 5 times
-// faster), and other threads would only wait for it, which OpenMP's waiting
-// threads do spinning, at a CPU's cost.
-static inline int aead_file_write_tags(int fd, const AeadFile *f, const AeadFileKey *k, uint8_t sha[32],
-                                       const char *path, char *err, size_t errlen) {
+// the chunk tags of the sealed file f at fd, into the table at its end, and
+// with sha the SHA-256 of the whole file (header, ciphertext, tags) for a
+// manifest. Each chunk comes either from plain, encrypted in memory and
+// written (the file written front to back from one buffer), or, when plain
+// is NULL, read back from the file (its ciphertext is in already, written by
+// several writers). One thread does it all, chunk by chunk: SHA-256 runs in
+// file order anyway and is the slower half (GHASH is about 5 times faster),
+// and other threads would only wait for it, which OpenMP's waiting threads
+// do spinning, at a CPU's cost. 0 or an errno.
+static inline int aead_file_seal_chunks(int fd, const AeadFile *f, const AeadFileKey *k, const uint8_t *plain,
+                                        uint8_t sha[32]) {
     size_t table_bytes = (size_t)f->chunks * AEAD_TAG_BYTES;
     uint8_t *tags = (uint8_t *)malloc(table_bytes), *buf = (uint8_t *)malloc((size_t)f->chunk_bytes);
-    if (tags == NULL || buf == NULL) {
-        free(tags);
-        free(buf);
-        return errorf(err, errlen, "%s: out of memory for %llu tags", path, (unsigned long long)f->chunks);
-    }
-    Sha256 hash;
-    sha256_init(&hash);
-    sha256_update(&hash, f->header, AEAD_FILE_HEADER_BYTES);
-    int failed = 0;
-    for (uint64_t i = 0; i < f->chunks && failed == 0; i++) {
-        size_t len = (size_t)aead_file_chunk_len(f, i);
-        if (pread_all(fd, buf, len, AEAD_FILE_HEADER_BYTES + i * f->chunk_bytes) != 0) {
-            failed = errno;
-            break;
-        }
-        if (sha != NULL) sha256_update(&hash, buf, len);
-        aead_file_chunk_tag(f, k, i, buf, tags + AEAD_TAG_BYTES * i);
-    }
-    if (failed == 0 && pwrite_all(fd, tags, table_bytes, AEAD_FILE_HEADER_BYTES + f->plain_bytes) != 0)
-        failed = errno;
-    if (failed == 0 && sha != NULL) {
-        sha256_update(&hash, tags, table_bytes);
-        sha256_final(&hash, sha);
-    }
-    free(tags);
-    free(buf);
-    if (failed != 0) return errorf(err, errlen, "%s: sealing the chunks: %s", path, strerror(failed));
-    return 0;
-}
-
-// the whole file from one buffer, front to back in one pass: the header,
-// then each chunk encrypted in memory, tagged (and, with sha, hashed) from
-// there and written, then the tag table. Nothing is read back, as
-// aead_file_write_tags must for a file that several writers filled. With
-// sha, the file's SHA-256 (header, ciphertext, tags). The file at fd is
-// empty, open for writing; fsync and close are the caller's.
-static inline int aead_file_write_all(int fd, const AeadFileKey *k, const void *plain, uint64_t n,
-                                      uint64_t chunk_bytes, uint8_t sha[32], const char *path, char *err,
-                                      size_t errlen) {
-    AeadFile f;
-    if (aead_file_new(&f, k, n, chunk_bytes, path, err, errlen) != 0) return -1;
-    size_t table_bytes = (size_t)f.chunks * AEAD_TAG_BYTES;
-    uint8_t *tags = (uint8_t *)malloc(table_bytes), *buf = (uint8_t *)malloc((size_t)chunk_bytes);
     int e = tags == NULL || buf == NULL ? ENOMEM : 0;
     Sha256 hash;
     sha256_init(&hash);
-    sha256_update(&hash, f.header, AEAD_FILE_HEADER_BYTES);
-    if (e == 0 && pwrite_all(fd, f.header, AEAD_FILE_HEADER_BYTES, 0) != 0) e = errno;
-    for (uint64_t i = 0; i < f.chunks && e == 0; i++) {
-        size_t len = (size_t)aead_file_chunk_len(&f, i);
-        aead_file_ctr(&f, k, i * chunk_bytes, (const uint8_t *)plain + i * chunk_bytes, buf, len);
-        aead_file_chunk_tag(&f, k, i, buf, tags + AEAD_TAG_BYTES * i);
+    if (sha != NULL) sha256_update(&hash, f->header, AEAD_FILE_HEADER_BYTES);
+    for (uint64_t i = 0; i < f->chunks && e == 0; i++) {
+        size_t len = (size_t)aead_file_chunk_len(f, i);
+        uint64_t at = AEAD_FILE_HEADER_BYTES + i * f->chunk_bytes;
+        if (plain != NULL) {
+            aead_file_ctr(f, k, i * f->chunk_bytes, plain + i * f->chunk_bytes, buf, len);
+            if (pwrite_all(fd, buf, len, at) != 0) e = errno;
+        } else if (pread_all(fd, buf, len, at) != 0) {
+            e = errno;
+        }
+        if (e != 0) break;
         if (sha != NULL) sha256_update(&hash, buf, len);
-        if (pwrite_all(fd, buf, len, AEAD_FILE_HEADER_BYTES + i * chunk_bytes) != 0) e = errno;
+        aead_file_chunk_tag(f, k, i, buf, tags + AEAD_TAG_BYTES * i);
     }
-    if (e == 0 && pwrite_all(fd, tags, table_bytes, AEAD_FILE_HEADER_BYTES + n) != 0) e = errno;
+    if (e == 0 && pwrite_all(fd, tags, table_bytes, AEAD_FILE_HEADER_BYTES + f->plain_bytes) != 0) e = errno;
     if (e == 0 && sha != NULL) {
         sha256_update(&hash, tags, table_bytes);
         sha256_final(&hash, sha);
     }
     free(tags);
     free(buf);
+    return e;
+}
+
+// once all the ciphertext is in: each chunk's tag, from the bytes on disk,
+// into the table at the end; with sha the file's SHA-256 from the same read
+static inline int aead_file_write_tags(int fd, const AeadFile *f, const AeadFileKey *k, uint8_t sha[32],
+                                       const char *path, char *err, size_t errlen) {
+    int e = aead_file_seal_chunks(fd, f, k, NULL, sha);
+    return e == 0 ? 0 : errorf(err, errlen, "%s: sealing the chunks: %s", path, strerror(e));
+}
+
+// the whole file from one buffer, front to back in one pass: the header,
+// then each chunk encrypted in memory, written and tagged (and, with sha,
+// hashed) from there, then the tag table. Nothing is read back, as
+// aead_file_write_tags must for a file that several writers filled. The
+// file at fd is empty, open for writing; fsync and close are the caller's.
+static inline int aead_file_write_all(int fd, const AeadFileKey *k, const void *plain, uint64_t n,
+                                      uint64_t chunk_bytes, uint8_t sha[32], const char *path, char *err,
+                                      size_t errlen) {
+    AeadFile f;
+    if (aead_file_new(&f, k, n, chunk_bytes, path, err, errlen) != 0) return -1;
+    int e = pwrite_all(fd, f.header, AEAD_FILE_HEADER_BYTES, 0) != 0 ? errno : 0;
+    if (e == 0) e = aead_file_seal_chunks(fd, &f, k, (const uint8_t *)plain, sha);
     return e == 0 ? 0 : errorf(err, errlen, "%s: write: %s", path, strerror(e));
 }
 

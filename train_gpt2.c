@@ -687,8 +687,8 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
     // (The attention weights' is never made: attention_backward goes from
     // dout to dqkv directly.)
     zero_floats(d->t[A_QKV], (size_t)s->nl * 3 * BT * m->shard.Cl);
-    if (s->last) zero_floats(block_input(m, d, s->nl), btc);
     if (s->last) {
+        zero_floats(block_input(m, d, s->nl), btc);
         float *lnf = unit_acquire(m, m->ut.u_lnf), *wte = unit_acquire(m, m->ut.u_wte);
         float *dlnf = unit_grad_begin(m, m->ut.u_lnf), *dwte = unit_grad_begin(m, m->ut.u_wte);
         vocab_parallel_cross_entropy_backward(d->t[A_LOGITS], a->t[A_PROBS], a->t[A_ROWSUM], a->targets, dloss, s->v0,
@@ -911,7 +911,7 @@ static float *tensor_view(const GPT2 *m, float *const *unit_data, int t, int lay
 // straight into the whole tensors of model.bin and optim.bin, so the files do
 // not depend on the layout and no rank ever holds the whole model or state.
 
-typedef struct { GPT2 *m; CkptOut model, optim; int error, with_optim; size_t N; } SaveCtx;
+typedef struct { GPT2 *m; CkptOut model, optim; int error; size_t N; } SaveCtx;  // optim.fd < 0: no optim.bin
 
 // where element j of unit u lives on this rank: in the whole unit (offset)
 // or, when the array is sharded over dp, in my 1/dp of it (shard_offset)
@@ -927,7 +927,7 @@ static void save_run(const OwnedRun *r, void *ctx) {
     const float *mo = unit_elem(m, m->m, zero >= 1, r->u, r->j), *vo = unit_elem(m, m->v, zero >= 1, r->u, r->j);
     size_t bytes = r->n * sizeof(float), at = HEADER_INTS * 4 + r->g * sizeof(float);
     if (sc->error == 0 && (ckpt_out_pwrite(&sc->model, p, bytes, at) != 0 ||
-                           (sc->with_optim && (ckpt_out_pwrite(&sc->optim, mo, bytes, at) != 0 ||
+                           (sc->optim.fd >= 0 && (ckpt_out_pwrite(&sc->optim, mo, bytes, at) != 0 ||
                                                ckpt_out_pwrite(&sc->optim, vo, bytes, at + sc->N * sizeof(float)) != 0))))
         sc->error = errno;
 }
@@ -942,9 +942,8 @@ static int save_part(void *ctx, const char *model_path, const char *optim_path, 
     sc.m = m;
     sc.N = param_count(&m->config);
     sc.optim.fd = -1;
-    sc.with_optim = optim_path != NULL;
     sc.error = ckpt_out_open(&sc.model, model_path, cipher);
-    int e = sc.with_optim ? ckpt_out_open(&sc.optim, optim_path, cipher) : 0;
+    int e = optim_path != NULL ? ckpt_out_open(&sc.optim, optim_path, cipher) : 0;
     if (sc.error == 0) sc.error = e;
     if (sc.error == 0) for_each_owned(&m->config, &m->shard, &m->ut, 1, save_run, &sc);
     e = ckpt_out_close(&sc.model, sc.error == 0);
