@@ -7,7 +7,7 @@
  * the exit status (1 if anything failed).
  *
  * test_run runs a program and keeps its output; test_read_file reads back a
- * file it wrote.
+ * file it wrote; test_files_same compares two files.
  *
  * Test data that must not be committed (tinyshakespeare, the GPT-2 BPE files,
  * crypto vectors) is read from test_data_path(): $LLM3D_DATA, else
@@ -99,6 +99,22 @@ static char *test_read_file(const char *path, size_t *len) {
     fclose(f);
     if (len != NULL) *len = got;
     return data;
+}
+
+// test_files_same: whether the files at a and b both open and hold the
+// same bytes, compared a block at a time (checkpoints are hundreds of MB)
+static int test_files_same(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int same = fa != NULL && fb != NULL;
+    static char ba[1 << 16], bb[1 << 16];
+    while (same) {
+        size_t na = fread(ba, 1, sizeof(ba), fa), nb = fread(bb, 1, sizeof(bb), fb);
+        same = na == nb && memcmp(ba, bb, na) == 0;
+        if (na == 0) break;
+    }
+    if (fa != NULL) fclose(fa);
+    if (fb != NULL) fclose(fb);
+    return same;
 }
 
 // test_write_shard: a token shard (dataloader.h's format) of ntok tokens < 256

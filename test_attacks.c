@@ -134,20 +134,6 @@ static char *read_text(const char *path) {
     return s;
 }
 
-// whether the files at a and b both open and hold the same bytes
-static int files_same(const char *a, const char *b) {
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    int same = fa != NULL && fb != NULL;
-    char ba[1 << 14], bb[1 << 14];
-    for (size_t na = 1; same && na > 0;) {
-        na = fread(ba, 1, sizeof(ba), fa);
-        same = fread(bb, 1, sizeof(bb), fb) == na && memcmp(ba, bb, na) == 0;
-    }
-    if (fa != NULL) fclose(fa);
-    if (fb != NULL) fclose(fb);
-    return same;
-}
-
 typedef struct { int status; double seconds; char *out; int lines; } TrainerRun;
 
 // the line of out that holds `what` (else its last line), for messages
@@ -919,7 +905,7 @@ static void test_other_promises(void) {
     TrainerRun ref = run_trainer(args, NULL, 20.0);
     snprintf(args, sizeof(args), "-x 1 -o %s", out);
     r = run_trainer(args, NULL, 20.0);
-    int same = files_same(clean_model, model);
+    int same = test_files_same(clean_model, model);
     check(ref.status == 0 && r.status == 0 && access(link, F_OK) != 0 && same,
           "-o: a regular model_00000001.bin.tmp left by a killed run is replaced: exit %d (a clean run %d), no .tmp "
           "left, the model a clean run's: %s", r.status, ref.status, line_of(r.out, "train_gpt2:"));

@@ -276,16 +276,6 @@ static void check_tokenizer_files(void) {
           "tokenizer_config.json (exit %d)", rc);
 }
 
-// same_file: whether the files at a and b hold the same bytes
-static int same_file(const char *a, const char *b) {
-    size_t la, lb;
-    unsigned char *x = (unsigned char *)test_read_file(a, &la), *y = (unsigned char *)test_read_file(b, &lb);
-    int same = x != NULL && y != NULL && la == lb && memcmp(x, y, la) == 0;
-    free(x);
-    free(y);
-    return same;
-}
-
 // a v3 model file of params and shape c, sealed under key's cipher key as
 // the trainer's -enc 2 seals its final model: 0, or -1 with err set
 static int save_sealed_model(const char *path, const uint8_t key[32], const GPT2Config *c, const float *params,
@@ -328,10 +318,10 @@ static void check_sealed(const float *params, const char *plain_dir) {
     int rc = run(cmd, out, sizeof(out));
     snprintf(a, sizeof(a), "%s/model.safetensors", plain_dir);
     snprintf(b, sizeof(b), "%s/model.safetensors", dir);
-    int same = rc == 0 && same_file(a, b);
+    int same = rc == 0 && test_files_same(a, b);
     snprintf(a, sizeof(a), "%s/config.json", plain_dir);
     snprintf(b, sizeof(b), "%s/config.json", dir);
-    check(same && same_file(a, b), "export_hf --key-file of the sealed model: model.safetensors and config.json "
+    check(same && test_files_same(a, b), "export_hf --key-file of the sealed model: model.safetensors and config.json "
           "byte for byte those of the plain model (exit %d) %.*s", rc, (int)strcspn(out, "\n"), out);
 
     // through a symbolic link, as a plain model is read
@@ -343,7 +333,7 @@ static void check_sealed(const float *params, const char *plain_dir) {
     rc = ok ? run(cmd, out, sizeof(out)) : -1;
     snprintf(a, sizeof(a), "%s/model.safetensors", plain_dir);
     strncat(b, "/model.safetensors", sizeof(b) - strlen(b) - 1);
-    check(rc == 0 && same_file(a, b), "export_hf --key-file of a symbolic link to the sealed model: the same "
+    check(rc == 0 && test_files_same(a, b), "export_hf --key-file of a symbolic link to the sealed model: the same "
           "model.safetensors (exit %d) %.*s", rc, (int)strcspn(out, "\n"), out);
 
     char none_file[128];
