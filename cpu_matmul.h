@@ -41,7 +41,10 @@
  *   works on what it has: C's next tile, and A and B when they are far
  *   larger than the caches (the logits' weight and gradient), a sliver or a
  *   panel ahead, and B when it is transposed as it is packed (the forward's
- *   weight).
+ *   weight);
+ * - the logits' forward is computed as its transpose, logits^T = wte inp^T,
+ *   so that the 154 MB weight is read in place and the small input is the
+ *   one transposed.
  */
 #ifndef LLM3D_CPU_MATMUL_H
 #define LLM3D_CPU_MATMUL_H
@@ -85,13 +88,14 @@ _Static_assert(MATMUL_NC % MATMUL_NR == 0, "MATMUL_NC must be a multiple of MATM
 
 // scratch for packed blocks, kept between calls: a fresh allocation per
 // call would be fresh pages, zeroed by the kernel, on every one of the ~100
-// products of a step. Two per thread: MATMUL_TASK_SCRATCH for a task's own
-// blocks, MATMUL_SHARED_SCRATCH for B packed whole, the calling thread's,
-// which all the call's threads pack and read.
-enum { MATMUL_TASK_SCRATCH, MATMUL_SHARED_SCRATCH };
+// products of a step. Three per thread: MATMUL_TASK_SCRATCH for a task's own
+// packed blocks, MATMUL_BLOCK_SCRATCH for a block of C summed transposed,
+// MATMUL_SHARED_SCRATCH for B packed whole, the calling thread's, which all
+// the call's threads pack and read.
+enum { MATMUL_TASK_SCRATCH, MATMUL_BLOCK_SCRATCH, MATMUL_SHARED_SCRATCH, MATMUL_SCRATCHES };
 static float *matmul_scratch(int which, size_t floats) {
-    static __thread float *buf[2];
-    static __thread size_t cap[2];
+    static __thread float *buf[MATMUL_SCRATCHES];
+    static __thread size_t cap[MATMUL_SCRATCHES];
     if (floats > cap[which]) {
         free(buf[which]);
         buf[which] = (float *)aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
@@ -138,6 +142,20 @@ static inline void matmul_transpose16(float *out, size_t ldo, const float *in, s
     for (int k = 0; k < 16; k++) _mm512_storeu_ps(out + k * ldo, t[k]);
 }
 #endif
+
+// dst[j][r] = src[r][j] for r < rows and j < cols, rows of src lds floats
+// apart and rows of dst ldd apart
+static void matmul_transpose(float *dst, size_t ldd, const float *src, size_t lds, int rows, int cols) {
+    int rows16 = 0, cols16 = 0;
+#ifdef MATMUL_TRANSPOSE16
+    rows16 = rows / 16 * 16;
+    cols16 = cols / 16 * 16;
+    for (int r0 = 0; r0 < rows16; r0 += 16)
+        for (int j0 = 0; j0 < cols16; j0 += 16) matmul_transpose16(dst + (size_t)j0 * ldd + r0, ldd, src + (size_t)r0 * lds + j0, lds);
+#endif
+    for (int j = 0; j < cols; j++)
+        for (int r = j < cols16 ? rows16 : 0; r < rows; r++) dst[(size_t)j * ldd + r] = src[(size_t)r * lds + j];
+}
 
 // pack rows [0, rows) of X, X(i,k) = x[i*xi + k*xk], k in [0, kc), into
 // slivers of W rows: dst[i / W][k][i % W], zeros past `rows`. When X runs
@@ -318,10 +336,10 @@ static inline void matmul_ahead_step(MatmulAhead *ah) {
     }
 }
 
-// asks for the C tile after tile (ir, jr) of the task's block, to be
-// written: rows ir + MR.. of the same sliver, else the top of the next
-// sliver; only its rows and columns inside the block
-static inline void matmul_prefetch_next_c(const float *c, size_t ldc, int m0, int mc, int j0, int nc, int ir, int jr) {
+// asks for the C tile after tile (ir, jr) of the task's mc x nc block,
+// whose top left is c, to be written: rows ir + MR.. of the same sliver,
+// else the top of the next sliver; only its rows and columns inside the block
+static inline void matmul_prefetch_next_c(const float *c, size_t ldc, int mc, int nc, int ir, int jr) {
     enum { MR = MATMUL_MR, NR = MATMUL_NR, LINE = 64 / (int)sizeof(float) };
     int row, col;
     if (ir + MR < mc) {
@@ -334,13 +352,14 @@ static inline void matmul_prefetch_next_c(const float *c, size_t ldc, int m0, in
         return;
     }
     int rows = mc - row < MR ? mc - row : MR, cols = nc - col < NR ? nc - col : NR;
-    const float *tile = c + (size_t)(m0 + row) * ldc + j0 + col;
+    const float *tile = c + (size_t)row * ldc + col;
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < cols; j += LINE) __builtin_prefetch(tile + (size_t)r * ldc + j, 1);
 }
 
-// one task: rows [m0, m0 + mc) by columns [j0, j0 + nc) of C, over all of K;
-// C's own values first (set = 0), or the row init (zeros if NULL; set = 1).
+// one task: rows [m0, m0 + mc) by columns [j0, j0 + nc) of C, over all of K,
+// c the block's top left; C's own values first (set = 0), or the row init
+// (zeros if NULL; set = 1).
 // next_j0, next_nc: the columns of the task this thread likely runs next
 // (next_j0 < 0: none), whose first panel of B the last block of k asks for
 static void matmul_task(float *c, size_t ldc, int set, const float *init, const float *a, size_t am, size_t ak,
@@ -393,7 +412,7 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
             }
             for (int ir = 0; ir < mc; ir += MR) {
                 int mr = mc - ir < MR ? mc - ir : MR;
-                float *ct = c + (size_t)(m0 + ir) * ldc + j0 + jr;
+                float *ct = c + (size_t)ir * ldc + jr;
                 // where the sums start: C, or on the first block of k the init row
                 const float *st = ct;
                 size_t lds = ldc;
@@ -417,7 +436,7 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
                 // C's next tile, down this sliver or atop the next: on the
                 // first block of k it comes from memory (the gradients were
                 // last touched a step ago); later blocks find it in L2
-                if (k0 == 0) matmul_prefetch_next_c(c, ldc, m0, mc, j0, nc, ir, jr);
+                if (k0 == 0) matmul_prefetch_next_c(c, ldc, mc, nc, ir, jr);
                 if (mr == MR && nr == NR) {
                     if (ir < full_rows && ak == 1) matmul_tile_rows(ct, ldc, st, lds, arow, am, bs, bks, kc);
                     else if (ir < full_rows) matmul_tile_cols(ct, ldc, st, lds, arow, ak, bs, bks, kc);
@@ -437,6 +456,24 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
             }
         }
     }
+}
+
+// one task of C = A B computed as C^T = B^T A^T (see matmul_run): a and b
+// are B^T and A^T, rows [m0, m0 + mc) of C^T are columns of C and columns
+// [j0, j0 + nc) are rows of C. The block of C^T is summed in scratch, laid
+// out as the kernel writes it, and transposed into C at the end: each
+// element of C is transposed once, where the weight's were once per row block.
+// C is set, C = init + A B: value r of the init row starts row r of the block.
+static void matmul_task_transposed(float *c, size_t ldc, const float *init, const float *a, size_t am, size_t ak,
+                                   const float *b, size_t bk, size_t bj, const float *b_whole, int m0, int mc, int j0,
+                                   int nc, int K, int prefetch_a) {
+    float *block = matmul_scratch(MATMUL_BLOCK_SCRATCH, (size_t)mc * nc);
+    if (init)
+        for (int r = 0; r < mc; r++)
+            for (int j = 0; j < nc; j++) block[(size_t)r * nc + j] = init[m0 + r];
+    // without init the kernel starts from zeros itself
+    matmul_task(block, nc, init == NULL, NULL, a, am, ak, b, bk, bj, b_whole, m0, mc, j0, nc, K, prefetch_a, 0, -1, 0);
+    matmul_transpose(c + (size_t)j0 * ldc + m0, ldc, block, nc, mc, nc);
 }
 
 #define MATMUL_STREAM_BYTES (16u << 20)
@@ -501,8 +538,34 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
 #endif
     int a_from_memory = (size_t)M * K * sizeof(float) > MATMUL_STREAM_BYTES;
     int b_from_memory = (size_t)K * J * sizeof(float) > MATMUL_STREAM_BYTES;
+    // The logits' forward, logits = inp wte^T, has a B read down its columns
+    // that is far larger than the caches (wte, 154 MB at d12) and fewer rows
+    // of A (the input's 256) than terms in each sum (768). Packing B would
+    // transpose all of wte on each call, a shuffle per four floats, waiting
+    // on memory. So it is computed transposed, logits^T = wte inp^T: wte
+    // becomes A, read in place along its rows, and the input is the one
+    // transposed, packed whole once. Each task sums a block of C^T and
+    // transposes it into C: M x J floats where B is K x J, a third as many
+    // at d12 (measured 5% faster). The small model's logits (K = 128) keep
+    // the old way. Every element is the same multiply-adds in the same
+    // order, so the result is the same bit for bit.
+    int transposed = set && bj != 1 && b_from_memory && M <= MATMUL_MC && M < K;
+    if (transposed) {
+        const float *a_was = a;
+        size_t am_was = am, ak_was = ak;
+        int M_was = M, a_was_from_memory = a_from_memory;
+        a = b, am = bj, ak = bk, M = J, a_from_memory = b_from_memory;
+        b = a_was, bk = ak_was, bj = am_was, J = M_was, b_from_memory = a_was_from_memory;
+    }
     int mc, nc;
-    matmul_blocks(M, J, K, bj, nthreads, a_from_memory, b_from_memory, &mc, &nc);
+    // transposed: all of C^T's columns, A's rows, in one panel, so that wte
+    // is read once
+    if (transposed) {
+        mc = MATMUL_MC;
+        nc = J;
+    } else {
+        matmul_blocks(M, J, K, bj, nthreads, a_from_memory, b_from_memory, &mc, &nc);
+    }
     // A far larger than the caches (the logits' gradient, dout, 51 MB at
     // d12 or at the small model) comes from memory read in place: 8 rows far
     // apart at once, or for dweight 8 floats of each of kc rows, more streams
@@ -526,11 +589,12 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
     // repeated the copy as many times as there are row blocks, 197 for the
     // logits' dweight. Only B along j, a copy: a transposed B (the forward)
     // measured faster packed per task, hot in the cache of the core that
-    // packed it.
+    // packed it. But the logits' forward computed transposed has the input
+    // as B, which every task reads whole: packed once.
     int slivers = (J + NR - 1) / NR;
     size_t packed_floats = (size_t)slivers * NR * K;
     float *b_whole = NULL;
-    if (mblocks > 1 && bj == 1 && mc > MATMUL_B_IN_PLACE_ROWS && packed_floats * sizeof(float) <= MATMUL_PACK_ONCE_BYTES)
+    if (transposed || (mblocks > 1 && bj == 1 && mc > MATMUL_B_IN_PLACE_ROWS && packed_floats * sizeof(float) <= MATMUL_PACK_ONCE_BYTES))
         b_whole = matmul_scratch(MATMUL_SHARED_SCRATCH, packed_floats);
     #pragma omp parallel if (ntasks > 1)
     {
@@ -557,8 +621,12 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
                 next_j0 = (panels_first ? next % jblocks : next / mblocks) * nc;
                 next_nc = J - next_j0 < nc ? J - next_j0 : nc;
             }
-            matmul_task(c, (size_t)ldc, set, init, a, am, ak, b, bk, bj, b_whole, m0, mrows, j0, ncols, K, prefetch_a,
-                        prefetch_b, next_j0, next_nc);
+            if (transposed)
+                matmul_task_transposed(c, (size_t)ldc, init, a, am, ak, b, bk, bj, b_whole, m0, mrows, j0, ncols, K,
+                                       prefetch_a);
+            else
+                matmul_task(c + (size_t)m0 * ldc + j0, (size_t)ldc, set, init, a, am, ak, b, bk, bj, b_whole, m0, mrows,
+                            j0, ncols, K, prefetch_a, prefetch_b, next_j0, next_nc);
         }
     }
 }
