@@ -751,20 +751,24 @@ static void test_init_damaged_chunk(void) {
 }
 
 // -e of a sealed final model replaced, between two ranks' start-up checks,
-// by another of the same shape sealed under the same key. mpirun's ranks,
-// joined by --rendezvous: rank 0 checks the file, then waits at the
-// rendezvous (its socket appears); the file is swapped; rank 1 starts and
-// checks the other. Once connected the ranks compare their file ids: rank
-// 1 refuses in one line naming the file and both ids, and both exit 2,
-// neither left waiting (the test gives each 30 s)
-static void test_init_swapped_between_ranks(void) {
+// by another of the same shape: sealed under the same key, or plain.
+// mpirun's ranks, joined by --rendezvous: rank 0 checks the file, then
+// waits at the rendezvous (its socket appears); the file is swapped; rank 1
+// starts and checks the other. Once connected the ranks compare what their
+// checks read: rank 1 refuses in one line naming the file and both, and
+// both exit 2, neither left waiting (the test gives each 30 s). Without the
+// comparison a plain file would leave rank 0 waiting at a collective rank 1
+// never joins.
+static void test_init_swapped_between_ranks(int other_sealed) {
     static Run first, second;
+    static int first_ran;  // the sealed model of rank 0, made once for both calls
     char a[200], b[200], model[300], other[300], key_path[300], args[400], err[1024];
     snprintf(a, sizeof(a), "%s/init_swap_a", dir);
-    snprintf(b, sizeof(b), "%s/init_swap_b", dir);
+    snprintf(b, sizeof(b), "%s/init_swap_%s", dir, other_sealed ? "sealed" : "plain");
     snprintf(key_path, sizeof(key_path), "%s/job.key", a);
-    run(&first, a, 1, "-e d4 -enc 2");
-    snprintf(args, sizeof(args), "-e d4 -enc 2 --key-file %s", key_path);
+    if (!first_ran) run(&first, a, 1, "-e d4 -enc 2");
+    first_ran = 1;
+    snprintf(args, sizeof(args), other_sealed ? "-e d4 -enc 2 --key-file %s" : "-e d4", key_path);
     run(&second, b, 1, args);
     snprintf(model, sizeof(model), "%s/model_00000001.bin", a);
     snprintf(other, sizeof(other), "%s/model_00000001.bin", b);
@@ -778,19 +782,20 @@ static void test_init_swapped_between_ranks(void) {
     int rc = ckpt_init_config(&o, &c, &is_sealed, &id[0], err, sizeof(err));
     o.init = other;
     if (rc == 0) rc = ckpt_init_config(&o, &c, &is_sealed, &id[1], err, sizeof(err));
-    if (!check(first.status == 0 && second.status == 0 && rc == 0 && id[0] != id[1],
-               "two sealed d4 final models under one key, file ids %016llx and %016llx (exit %d, %d) %s",
-               (unsigned long long)id[0], (unsigned long long)id[1], first.status, second.status, rc != 0 ? err : ""))
+    if (!check(first.status == 0 && second.status == 0 && rc == 0 && id[0] != id[1] && is_sealed == other_sealed,
+               "two d4 final models, sealed and %s, file ids %016llx and %016llx (exit %d, %d) %s",
+               other_sealed ? "sealed under the same key" : "plain", (unsigned long long)id[0],
+               (unsigned long long)id[1], first.status, second.status, rc != 0 ? err : ""))
         return;
     char cmd[5000], rank_cmd[2][2000];
     for (int r = 0; r < 2; r++)
         snprintf(rank_cmd[r], sizeof(rank_cmd[r]), "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=%d "
                  "OMPI_COMM_WORLD_LOCAL_RANK=%d timeout 30 ./train_gpt2 %s -i '%s' -x 2 -e %s --key-file %s "
-                 "--rendezvous unix:%s/swap.sock -to 5 > %s/swap_rank%d.txt 2>&1", r, r, MODEL, shards, model,
-                 key_path, dir, dir, r);
-    snprintf(cmd, sizeof(cmd), "%s & i=0; while [ ! -S %s/swap.sock ] && [ $i -lt 3000 ]; do sleep 0.01; "
+                 "--rendezvous unix:%s/swap%d.sock -to 5 > %s/swap_rank%d.txt 2>&1", r, r, MODEL, shards, model,
+                 key_path, dir, other_sealed, dir, r);
+    snprintf(cmd, sizeof(cmd), "%s & i=0; while [ ! -S %s/swap%d.sock ] && [ $i -lt 3000 ]; do sleep 0.01; "
              "i=$((i + 1)); done; mv %s %s; %s; r1=$?; wait $!; echo $? $r1 > %s/swap_status",
-             rank_cmd[0], dir, other, model, rank_cmd[1], dir);
+             rank_cmd[0], dir, other_sealed, other, model, rank_cmd[1], dir);
     int sys = system(cmd);
     char path[300], *out[2], *status;
     for (int r = 0; r < 2; r++) {
@@ -799,17 +804,19 @@ static void test_init_swapped_between_ranks(void) {
     }
     snprintf(path, sizeof(path), "%s/swap_status", dir);
     status = test_read_file(path, NULL);
-    char ids[2][32], want[1200];
-    for (int r = 0; r < 2; r++) snprintf(ids[r], sizeof(ids[r]), "%016llx", (unsigned long long)id[r]);
-    snprintf(want, sizeof(want), "train_gpt2: rank 1: %s: file id %s, but rank 0's start-up check read %s", model,
-             ids[1], ids[0]);
+    char read[2][64], want[1200];
+    for (int r = 0; r < 2; r++) snprintf(read[r], sizeof(read[r]), "file id %016llx", (unsigned long long)id[r]);
+    if (!other_sealed) snprintf(read[1], sizeof(read[1]), "a plain model file");
+    snprintf(want, sizeof(want), "train_gpt2: rank 1: %s: %s, but rank 0's start-up check read %s", model, read[1],
+             read[0]);
     int lines = 0;  // the trainer's error lines, from either rank
     for (int r = 0; r < 2; r++)
         for (const char *q = out[r]; q != NULL && (q = strstr(q, "train_gpt2:")) != NULL; q++) lines++;
     check(sys == 0 && status != NULL && strcmp(status, "2 2\n") == 0 && out[1] != NULL && strstr(out[1], want) != NULL &&
-          lines == 1, "-e swapped for another sealed model between rank 0's start-up check and rank 1's: the ranks "
-          "compare file ids once connected, rank 1 refuses in one line naming the file and both ids, and both exit 2 "
-          "(exits: %s): %s", status != NULL ? status : "none", out[1] != NULL ? out[1] : "(no output)");
+          lines == 1, "-e swapped for another %s model between rank 0's start-up check and rank 1's: the ranks "
+          "compare what they read once connected, rank 1 refuses in one line naming the file and both, and both "
+          "exit 2 (exits: %s): %s", other_sealed ? "sealed" : "plain", status != NULL ? status : "none",
+          out[1] != NULL ? out[1] : "(no output)");
     free(out[0]);
     free(out[1]);
     free(status);
@@ -1097,7 +1104,8 @@ int main(void) {
     test_model_slices();
     test_encrypted_init();
     test_init_damaged_chunk();
-    test_init_swapped_between_ranks();
+    test_init_swapped_between_ranks(1);
+    test_init_swapped_between_ranks(0);
     test_keep();
     test_full_disk();
 

@@ -424,18 +424,25 @@ static void test_watch_rules(void) {
     free(d);
     free(ut.units);
 
-    // the ranks' file ids of a sealed -e, compared with rank 0's
-    uint64_t same[3] = {0x0123456789abcdefull, 0x0123456789abcdefull, 0x0123456789abcdefull};
-    uint64_t swapped[3] = {0x0123456789abcdefull, 0x0123456789abcdefull, 0xfedcba9876543210ull};
-    check(init_ids_judge("m.bin", same, 3, 2, msg, sizeof(msg)) == 0 && msg[0] == '\0',
-          "file ids: the same id on every rank is no refusal");
+    // what the ranks' start-up checks read of -e's file, compared with rank
+    // 0's: two words each, sealed or not and the file id
+    uint64_t same[6] = {1, 0x0123456789abcdefull, 1, 0x0123456789abcdefull, 1, 0x0123456789abcdefull};
+    uint64_t swapped[6] = {1, 0x0123456789abcdefull, 1, 0x0123456789abcdefull, 1, 0xfedcba9876543210ull};
+    uint64_t plain[6] = {0, 0, 0, 0, 0, 0}, one_plain[6] = {1, 0x0123456789abcdefull, 0, 0, 1, 0x0123456789abcdefull};
+    check(init_ids_judge("m.bin", same, 3, 2, msg, sizeof(msg)) == 0 && msg[0] == '\0' &&
+          init_ids_judge("m.bin", plain, 3, 1, msg, sizeof(msg)) == 0 && msg[0] == '\0',
+          "file ids: the same id on every rank, or a plain file on every rank, is no refusal");
     rc = init_ids_judge("m.bin", swapped, 3, 1, msg, sizeof(msg));
     check(rc == 1 && msg[0] == '\0', "file ids: a rank whose id is rank 0's learns that one rank differs, and says "
           "nothing: %d %s", rc, msg);
     rc = init_ids_judge("m.bin", swapped, 3, 2, msg, sizeof(msg));
     check(rc == 1 && strcmp(msg, "rank 2: m.bin: file id fedcba9876543210, but rank 0's start-up check read "
-                            "0123456789abcdef: the file was replaced between the ranks' checks") == 0,
+                            "file id 0123456789abcdef: the file was replaced between the ranks' checks") == 0,
           "file ids: the rank that differs names the file and both ids: %s", msg);
+    rc = init_ids_judge("m.bin", one_plain, 3, 1, msg, sizeof(msg));
+    check(rc == 1 && strcmp(msg, "rank 1: m.bin: a plain model file, but rank 0's start-up check read file id "
+                            "0123456789abcdef: the file was replaced between the ranks' checks") == 0,
+          "file ids: a rank that read a plain file where rank 0 read a sealed one says so: %s", msg);
 }
 
 // ranks started by an outside launcher (torchrun's variables) with no -np:

@@ -1240,18 +1240,19 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     }
 }
 
-// a sealed -e: the ranks all-gather the file ids their start-up checks
+// -e of a model file: the ranks all-gather what their start-up checks
 // read, so that every rank loads from the file rank 0 checked (trainer.h's
 // init_ids_judge). Each rank that differs says so in one line; all wait
 // for those lines, then exit 2.
 static void agree_on_init_file(const Job *job, const Parallel *par) {
+    enum { W = INIT_MARK_WORDS };
     int world = par->grid.world, rank = par->grid.rank;
-    if (world == 1 || job->resuming || !job->init_sealed) return;
-    uint64_t *ids = (uint64_t *)xcalloc((size_t)world, sizeof(uint64_t), "the ranks' file ids");
-    ids[rank] = job->init_file_id;  // in place: 8 bytes travel as 2 floats
-    comm_allgather(par->comm, &par->world, (const float *)(ids + rank), (float *)ids, 2);
-    int refused = init_ids_refused(job, ids, world, rank);
-    free(ids);
+    if (world == 1 || job->resuming || job->random_init) return;
+    uint64_t *marks = (uint64_t *)xcalloc((size_t)world * W, sizeof(uint64_t), "the ranks' file marks");
+    init_mark(job, marks + rank * W);  // in place: each word travels as 2 floats
+    comm_allgather(par->comm, &par->world, (const float *)(marks + rank * W), (float *)marks, 2 * W);
+    int refused = init_ids_refused(job, marks, world, rank);
+    free(marks);
     if (!refused) return;
     comm_barrier(par->comm, &par->world);
     exit(2);

@@ -1061,27 +1061,29 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
         die(1, err);
 }
 
-// a sealed -e: the ranks all-gather the file ids their start-up checks
+// -e of a model file: the ranks all-gather what their start-up checks
 // read, so that every rank loads from the file rank 0 checked (trainer.h's
 // init_ids_judge). Each rank that differs says so in one line; all wait
-// for those lines, then exit 2. The model is not built yet, so the ids
+// for those lines, then exit 2. The model is not built yet, so the marks
 // travel through a buffer of their own.
 static void agree_on_init_file(const Job *job, Parallel *par) {
+    enum { W = INIT_MARK_WORDS };
     int world = par->grid.world, rank = par->grid.rank;
-    if (world == 1 || job->resuming || !job->init_sealed) return;
-    size_t bytes = (size_t)world * sizeof(uint64_t);
-    uint64_t *ids = (uint64_t *)malloc(bytes), *d_ids = NULL;
-    if (ids == NULL) die(1, "out of memory for the ranks' file ids");
-    CUDA_CHECK(cudaMalloc((void **)&d_ids, bytes));
-    CUDA_CHECK(cudaMemcpy(d_ids + rank, &job->init_file_id, sizeof(uint64_t), cudaMemcpyHostToDevice));
+    if (world == 1 || job->resuming || job->random_init) return;
+    size_t bytes = (size_t)world * W * sizeof(uint64_t);
+    uint64_t *marks = (uint64_t *)malloc(bytes), *d_marks = NULL, mine[W];
+    if (marks == NULL) die(1, "out of memory for the ranks' file marks");
+    init_mark(job, mine);
+    CUDA_CHECK(cudaMalloc((void **)&d_marks, bytes));
+    CUDA_CHECK(cudaMemcpy(d_marks + rank * W, mine, sizeof(mine), cudaMemcpyHostToDevice));
     // on nccl->stream, which is still the default stream here (main sets the
     // model's later), so the gather runs after the blocking copy above
-    nccl_allgather(par->nccl, &par->nccl->world, d_ids + rank, d_ids, 1, ncclUint64);
-    nccl_sync(par->nccl, par->nccl->stream, "the ranks' file ids");
-    CUDA_CHECK(cudaMemcpy(ids, d_ids, bytes, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaFree(d_ids));
-    int refused = init_ids_refused(job, ids, world, rank);
-    free(ids);
+    nccl_allgather(par->nccl, &par->nccl->world, d_marks + rank * W, d_marks, W, ncclUint64);
+    nccl_sync(par->nccl, par->nccl->stream, "the ranks' file marks");
+    CUDA_CHECK(cudaMemcpy(marks, d_marks, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(d_marks));
+    int refused = init_ids_refused(job, marks, world, rank);
+    free(marks);
     if (!refused) return;
     nccl_barrier(par->nccl, &par->nccl->world);
     exit(2);

@@ -277,29 +277,49 @@ static void start_rank(Job *job, const Grid *g) {
     job->total_batch = (long)job->opt.B * job->opt.T * g->dp * job->accum;
 }
 
-// init_ids_judge: each rank checked a sealed -e on its own at the start,
-// so a file swapped for another of the same shape and key between two
-// ranks' checks would have them load parts of different models. ids holds
-// every rank's file id, in rank order, gathered once the ranks are
-// connected. Returns the number of ranks whose id is not rank 0's, the same
-// on every rank; when this rank's is one of them, err names the file and
-// both ids (else err is empty).
-static int init_ids_judge(const char *path, const uint64_t *ids, int world, int rank, char *err, size_t errlen) {
+// init_ids_judge: each rank checked -e's model file on its own at the
+// start, so a file swapped between two ranks' checks would have them load
+// parts of different models, or one rank wait at a collective the other
+// never joins. What each check read is its mark, INIT_MARK_WORDS words:
+// 1 and the file id for a sealed file, 0 and 0 for a plain one (init_mark).
+// A plain file has no id, so one plain model swapped for another is not
+// caught: a plain file is not authenticated anyway. marks holds every
+// rank's mark, in rank order, gathered once the ranks are connected.
+// Returns the number of ranks whose mark is not rank 0's, the same on every
+// rank; when this rank's is one of them, err names the file and what each
+// check read (else err is empty).
+enum { INIT_MARK_WORDS = 2 };
+
+static void init_mark(const Job *job, uint64_t *mark) {
+    mark[0] = job->init_sealed != 0;
+    mark[1] = job->init_sealed ? job->init_file_id : 0;
+}
+
+static void init_mark_describe(const uint64_t *mark, char *out, size_t outlen) {
+    if (mark[0]) snprintf(out, outlen, "file id %016llx", (unsigned long long)mark[1]);
+    else snprintf(out, outlen, "a plain model file");
+}
+
+static int init_ids_judge(const char *path, const uint64_t *marks, int world, int rank, char *err, size_t errlen) {
+    enum { W = INIT_MARK_WORDS };
     int differ = 0;
     err[0] = '\0';
-    for (int r = 1; r < world; r++) differ += ids[r] != ids[0];
-    if (ids[rank] != ids[0])
-        errorf(err, errlen, "rank %d: %s: file id %016llx, but rank 0's start-up check read %016llx: the file was "
-               "replaced between the ranks' checks", rank, path, (unsigned long long)ids[rank],
-               (unsigned long long)ids[0]);
+    for (int r = 1; r < world; r++) differ += memcmp(marks + r * W, marks, W * sizeof(uint64_t)) != 0;
+    if (memcmp(marks + rank * W, marks, W * sizeof(uint64_t)) != 0) {
+        char mine[64], first[64];
+        init_mark_describe(marks + rank * W, mine, sizeof(mine));
+        init_mark_describe(marks, first, sizeof(first));
+        errorf(err, errlen, "rank %d: %s: %s, but rank 0's start-up check read %s: the file was replaced between "
+               "the ranks' checks", rank, path, mine, first);
+    }
     return differ;
 }
 
-// after the ranks gathered their file ids: 1 when they disagree, with this
-// rank's line printed if its id is one that differs; else 0
-static int init_ids_refused(const Job *job, const uint64_t *ids, int world, int rank) {
+// after the ranks gathered their marks: 1 when they disagree, with this
+// rank's line printed if its mark is one that differs; else 0
+static int init_ids_refused(const Job *job, const uint64_t *marks, int world, int rank) {
     char err[2048];
-    if (init_ids_judge(job->opt.init, ids, world, rank, err, sizeof(err)) == 0) return 0;
+    if (init_ids_judge(job->opt.init, marks, world, rank, err, sizeof(err)) == 0) return 0;
     if (err[0] != '\0') fprintf(stderr, "%s: %s\n", trainer_name, err);
     fflush(stderr);
     return 1;
