@@ -143,13 +143,6 @@ static int ckpt_open_read(const char *path, int follow, int *sealed, char *err, 
     return fd;
 }
 
-// whether the model file at path (a link followed) is one of aead.h's sealed files
-static int ckpt_is_sealed(const char *path) {
-    int sealed = 0, fd = ckpt_open_read(path, 1, &sealed, NULL, 0);
-    if (fd >= 0) close(fd);
-    return sealed;
-}
-
 // the whole plaintext of the checkpoint file open at fd (path; sealed as
 // ckpt_open_read said) in a malloc'd *out of *n bytes (at most max_bytes);
 // -1 with err set
