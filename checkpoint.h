@@ -143,13 +143,6 @@ static int ckpt_open_read(const char *path, int follow, int *sealed, char *err, 
     return fd;
 }
 
-// whether the model file at path (a link followed) is one of aead.h's sealed files
-static int ckpt_is_sealed(const char *path) {
-    int sealed = 0, fd = ckpt_open_read(path, 1, &sealed, NULL, 0);
-    if (fd >= 0) close(fd);
-    return sealed;
-}
-
 // the whole plaintext of the checkpoint file open at fd (path; sealed as
 // ckpt_open_read said) in a malloc'd *out of *n bytes (at most max_bytes);
 // -1 with err set
@@ -623,16 +616,32 @@ static float *ckpt_sealed_model_read(int fd, const char *path, const uint8_t key
     return params != NULL ? params : (float *)bytes;
 }
 
-// the parameters of a model file, sealed or not (a link followed, as -e
-// and export_hf -i read theirs), as model_load gives them, or NULL with err set
-static float *ckpt_model_load(const char *path, const uint8_t key[32], GPT2Config *c, char *err, size_t errlen) {
-    int sealed = 0, fd = ckpt_open_read(path, 1, &sealed, err, errlen);
-    if (fd < 0) return NULL;
-    if (!sealed) {
-        close(fd);
+// the parameters of the model file at path (a link followed, as export_hf
+// -i reads it), as model_load gives them, and c its shape: a plain model
+// file, or one the trainer sealed, read under the checkpoint key that
+// key_file names (the trainer's --key-file). One open tells which and, for
+// a sealed file, reads it; the key is read only then. NULL with err set, and
+// *no_key set when the file is sealed but key_file gives no key (none named,
+// or it cannot be read), which the caller reports as a flag error.
+static float *ckpt_model_load(const char *path, const char *key_file, GPT2Config *c, int *no_key, char *err,
+                              size_t errlen) {
+    *no_key = 0;
+    int sealed = 0, fd = ckpt_open_read(path, 1, &sealed, NULL, 0);
+    if (!sealed) {  // plain, or not there: model_load reads it or says why
+        if (fd >= 0) close(fd);
         return model_load(path, c, err, errlen);
     }
-    float *params = ckpt_sealed_model_read(fd, path, key, c, err, errlen);
+    float *params = NULL;
+    uint8_t key[32];
+    *no_key = 1;
+    if (key_file == NULL) {
+        errorf(err, errlen, "%s: sealed by the trainer's -enc: give the key of the job that wrote it with --key-file "
+               "(the run's --key-file, or the job.key in its -o directory)", path);
+    } else if (key_read_file(key_file, key, err, errlen) == 0) {
+        *no_key = 0;
+        params = ckpt_sealed_model_read(fd, path, key, c, err, errlen);
+        secure_wipe(key, sizeof(key));
+    }
     close(fd);
     return params;
 }
@@ -704,10 +713,11 @@ static float *ckpt_model_decrypt_part(int fd, const char *path, const uint8_t ke
     return params;
 }
 
-// ckpt_model_load on a rank that resumes: c is the checkpoint's shape
-// (ckpt_setup checked it against -e's), and of a sealed model.bin only the
-// chunks holding the units of shard s (ut) are decrypted; the elements of
-// other ranks stay zero. A plain one is read whole, as model_load does.
+// a checkpoint's model.bin, sealed under key or plain, read on a rank that
+// resumes: c is the checkpoint's shape (ckpt_setup checked it against
+// -e's), and of a sealed model.bin only the chunks holding the units of
+// shard s (ut) are decrypted; the elements of other ranks stay zero. A
+// plain one is read whole, as model_load does.
 static float *ckpt_model_load_part(const char *path, const uint8_t key[32], GPT2Config *c, const Shard *s,
                                    const UnitTable *ut, char *err, size_t errlen) {
     int sealed = 0, fd = ckpt_open_read(path, 0, &sealed, err, errlen);

@@ -10,7 +10,7 @@
  * model_load). A model the trainer sealed (-enc 2, or a checkpoint of -enc 1)
  * is read with the key of the job that sealed it, --key-file: the trainer's
  * --key-file, or the job.key in its -o directory (checkpoint.h's
- * ckpt_sealed_model_read, as the trainer's -e reads it). Out, in the -o directory:
+ * ckpt_model_load). Out, in the -o directory:
  *   model.safetensors  the 12L + 4 tensors, named as in the Hub's "gpt2"
  *                      checkpoint (GPT2Model's names, which GPT2LMHeadModel
  *                      loads too, tying lm_head to wte)
@@ -50,10 +50,8 @@
  * a key file that is not one).
  */
 #define _GNU_SOURCE  // strdup
-#include "checkpoint.h"  // ckpt_key, ckpt_open_read, ckpt_sealed_model_read
-#include "errors.h"      // errorf
-#include "gpt2.h"        // GPT2Config, model_load, param_count
-#include "secure.h"      // secure_wipe
+#include "checkpoint.h"  // ckpt_model_load
+#include "gpt2.h"        // GPT2Config, param_count
 #include "tokenizer.h"   // bpe_find_files
 
 #include <sys/stat.h>
@@ -349,35 +347,6 @@ static int write_tokenizer(const ExportOptions *o, const GPT2Config *c, char *er
     return write_text_file(path, json, err, errlen) == 0 ? 1 : -1;
 }
 
-// ----------------------------------------------------------------------------
-// reading
-
-// the parameters of -i, as model_load gives them, and c its shape: a plain
-// model file, or one the trainer sealed, read under the checkpoint key that
-// --key-file names (ckpt_key, as the trainer takes it). One open tells which
-// and, for a sealed file, reads it. NULL with err set and *status the exit status.
-static float *load_model(const ExportOptions *o, GPT2Config *c, int *status, char *err, size_t errlen) {
-    *status = 1;
-    int sealed = 0, fd = ckpt_open_read(o->in, 1, &sealed, NULL, 0);
-    if (!sealed) {  // plain, or not there: model_load reads it or says why
-        if (fd >= 0) close(fd);
-        return model_load(o->in, c, err, errlen);
-    }
-    *status = 2;
-    float *params = NULL;
-    uint8_t key[32];
-    if (o->key_file == NULL) {
-        errorf(err, errlen, "%s: sealed by the trainer's -enc: give the key of the job that wrote it with --key-file "
-               "(the run's --key-file, or the job.key in its -o directory)", o->in);
-    } else if (ckpt_key(NULL, o->key_file, 0, key, err, errlen) == 0) {
-        *status = 1;
-        params = ckpt_sealed_model_read(fd, o->in, key, c, err, errlen);
-        secure_wipe(key, sizeof(key));
-    }
-    close(fd);
-    return params;
-}
-
 int main(int argc, char **argv) {
     ExportOptions o;
     parse_options(&o, argc, argv);
@@ -385,9 +354,12 @@ int main(int argc, char **argv) {
     if (*(unsigned char *)&probe != 1) { fprintf(stderr, "export_hf: this host is big-endian; safetensors wants little-endian\n"); return 1; }
     char err[8192];
     GPT2Config c;
-    int status;
-    float *params = load_model(&o, &c, &status, err, sizeof(err));
-    if (params == NULL) { fprintf(stderr, "export_hf: %s\n", err); return status; }
+    int no_key;
+    float *params = ckpt_model_load(o.in, o.key_file, &c, &no_key, err, sizeof(err));
+    if (params == NULL) {  // a sealed model without a key from --key-file is a flag error
+        fprintf(stderr, "export_hf: %s\n", err);
+        return no_key ? 2 : 1;
+    }
     struct stat st;
     if (stat(o.out_dir, &st) != 0 && mkdir(o.out_dir, 0755) != 0) {
         fprintf(stderr, "export_hf: -o %s: cannot create directory: %s\n", o.out_dir, strerror(errno));

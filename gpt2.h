@@ -908,14 +908,6 @@ static int options_model_file(const Options *o, GPT2Config *c, char *err, size_t
     return rc != 0 ? -1 : 0;
 }
 
-// the model's shape from -e (a descriptor dN with -ev -et -ec, or a model
-// file's header): 1 for a descriptor (the seeded init), 0 for a file, -1
-// with err set
-static int options_model(const Options *o, GPT2Config *c, char *err, size_t errlen) {
-    int rc = options_descriptor(o, c, err, errlen);
-    return rc != 0 ? rc : options_model_file(o, c, err, errlen);
-}
-
 static int batch_accum(const Options *o, int dp, char *err, size_t errlen) {
     long BTdp = (long)o->B * o->T * dp;
     if (o->total_batch == 0)

@@ -258,7 +258,9 @@ static void test_refusals(void) {
 static int sealed(const char *fmt, const char *a, int step) {
     char path[400];
     snprintf(path, sizeof(path), fmt, a, step);
-    return ckpt_is_sealed(path);
+    int is_sealed = 0, fd = ckpt_open_read(path, 1, &is_sealed, NULL, 0);
+    if (fd >= 0) close(fd);
+    return is_sealed;
 }
 
 // the key of a directory's job.key
@@ -266,6 +268,29 @@ static int read_key(const char *out_dir, uint8_t key[32]) {
     char path[300], err[512];
     snprintf(path, sizeof(path), "%s/job.key", out_dir);
     return key_read_file(path, key, err, sizeof(err));
+}
+
+// whether the files at path_a and path_b, each read as a checkpoint's file
+// is (ckpt_read_file: decrypted under key if sealed, as it is if plain),
+// hold the same bytes; err set when one cannot be read
+static int same_plaintext(const char *path_a, const char *path_b, const uint8_t key[32], char *err, size_t errlen) {
+    uint8_t *x = NULL, *y = NULL;
+    uint64_t xn = 0, yn = 0;
+    int same = ckpt_read_file(path_a, key, 1 << 30, &x, &xn, err, errlen) == 0 &&
+               ckpt_read_file(path_b, key, 1 << 30, &y, &yn, err, errlen) == 0 && xn == yn && memcmp(x, y, xn) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+// the Options that ckpt_init_config and ckpt_init_load read: -e init and
+// --key-file key_file (NULL for none), the rest zero
+static Options init_options(const char *init, const char *key_file) {
+    Options o;
+    memset(&o, 0, sizeof(o));
+    o.init = init;
+    o.key_file = key_file;
+    return o;
 }
 
 // -enc: checkpoints (and with 2 the final model) sealed with AES-256-GCM; the
@@ -296,15 +321,9 @@ static void test_encrypted(const char *layout, const char *name) {
     uint64_t dec_n = 0;
     char pa[300], pp[300], err[1024];
     // the final model, every rank writing its part (ckpt_write_model)
-    uint8_t *x = NULL, *y = NULL;
-    uint64_t xn = 0, yn = 0;
     snprintf(pa, sizeof(pa), "%s/model_00000040.bin", a);
     snprintf(pp, sizeof(pp), "%s/model_00000040.bin", p);
-    int same_final = read_key(a, key) == 0 && ckpt_read_file(pa, key, 1 << 30, &x, &xn, err, sizeof(err)) == 0 &&
-                     ckpt_read_file(pp, key, 1 << 30, &y, &yn, err, sizeof(err)) == 0 && xn == yn &&
-                     memcmp(x, y, xn) == 0;
-    free(x);
-    free(y);
+    int same_final = read_key(a, key) == 0 && same_plaintext(pa, pp, key, err, sizeof(err));
     check(same_final && !exists("%s/model_%08d.bin.tmp", a, 40) && !exists("%s/model_%08d.bin.tmp", p, 40),
           "%s: the sealed final model decrypts to the plain run's, byte for byte, and no .tmp is left %s", name,
           same_final ? "" : err);
@@ -341,14 +360,9 @@ static void test_encrypted(const char *layout, const char *name) {
     // the last resume's checkpoint of step 40, decrypted: the plain run's bytes
     int same = read_key(b, key) == 0;
     for (int i = 0; i < 2 && same; i++) {
-        uint8_t *x = NULL, *y = NULL;
-        uint64_t xn = 0, yn = 0;
         snprintf(pa, sizeof(pa), "%s/ckpt_00000040/%s", b, ckpt_files[i]);
         snprintf(pp, sizeof(pp), "%s/ckpt_00000040/%s", p, ckpt_files[i]);
-        same = ckpt_read_file(pa, key, 1 << 30, &x, &xn, err, sizeof(err)) == 0 &&
-               ckpt_read_file(pp, key, 1 << 30, &y, &yn, err, sizeof(err)) == 0 && xn == yn && memcmp(x, y, xn) == 0;
-        free(x);
-        free(y);
+        same = same_plaintext(pa, pp, key, err, sizeof(err));
     }
     check(same, "%s: its model.bin and optim.bin of step 40 decrypt to the plain run's, byte for byte", name);
 }
@@ -386,10 +400,7 @@ static void test_model_slices(void) {
     snprintf(key_path, sizeof(key_path), "%s/slices.key", dir);
     ok = ok && key_write_file(key_path, key, err, sizeof(err)) == 0;
     if (!check(ok, "a sealed model.bin of %zu bytes and its key file (%s)", bytes, ok ? "ok" : err)) { free(plain); return; }
-    Options o;
-    memset(&o, 0, sizeof(o));
-    o.init = path;
-    o.key_file = key_path;
+    Options o = init_options(path, key_path);
     GPT2Config checked;
     int is_sealed = 0;
     uint64_t file_id = 0;
@@ -594,30 +605,23 @@ static void test_encrypted_init(void) {
                !sealed("%s/model_%08d.bin", p, 4), "a plain and a sealed final model of the same 4 steps (exit %d, %d)",
                plain.status, full.status))
         return;
-    uint8_t key[32], *x = NULL, *y = NULL;
-    uint64_t xn = 0, yn = 0;
+    uint8_t key[32];
     char pp[300];
     snprintf(pp, sizeof(pp), "%s/model_00000004.bin", p);
-    int same = read_key(a, key) == 0 && ckpt_read_file(model, key, 1 << 30, &x, &xn, err, sizeof(err)) == 0 &&
-               ckpt_read_file(pp, key, 1 << 30, &y, &yn, err, sizeof(err)) == 0 && xn == yn && memcmp(x, y, xn) == 0;
-    free(x);
-    free(y);
+    int same = read_key(a, key) == 0 && same_plaintext(model, pp, key, err, sizeof(err));
     check(same, "-enc 2's final model decrypts to the plain run's, byte for byte");
 
     // check_model opens -e once to learn both whether it is sealed and, if so,
     // its shape; a plain file is left to options_model_file, no key asked for
-    Options o;
-    memset(&o, 0, sizeof(o));
     GPT2Config c;
     char key_path[300];
     snprintf(key_path, sizeof(key_path), "%s/job.key", a);
     int is_sealed = -1;
-    o.init = pp;
+    Options o = init_options(pp, NULL);
     uint64_t file_id = 0;
     int rc = ckpt_init_config(&o, &c, &is_sealed, &file_id, err, sizeof(err));
     check(rc == 0 && is_sealed == 0, "ckpt_init_config of the plain model, no key given: not sealed (%d, %d)", rc, is_sealed);
-    o.init = model;
-    o.key_file = key_path;
+    o = init_options(model, key_path);
     rc = ckpt_init_config(&o, &c, &is_sealed, &file_id, err, sizeof(err));
     check(rc == 0 && is_sealed == 1 && c.L == 2 && c.V == 256 && c.maxT == 32,
           "ckpt_init_config of the sealed model with its key: sealed, L=2 V=256 maxT=32 (%d, %d) %s", rc, is_sealed,
@@ -695,12 +699,9 @@ static void test_init_damaged_chunk(void) {
     snprintf(a, sizeof(a), "%s/init_damaged", dir);
     run(&made, a, 1, "-e d4 -enc 2");
     snprintf(model, sizeof(model), "%s/model_00000001.bin", a);
-    Options o;
-    memset(&o, 0, sizeof(o));
     char key_path[300];
     snprintf(key_path, sizeof(key_path), "%s/job.key", a);
-    o.init = model;
-    o.key_file = key_path;
+    Options o = init_options(model, key_path);
     GPT2Config c;
     int is_sealed = 0;
     uint64_t file_id = 0;
@@ -772,15 +773,12 @@ static void test_init_swapped_between_ranks(int other_sealed) {
     run(&second, b, 1, args);
     snprintf(model, sizeof(model), "%s/model_00000001.bin", a);
     snprintf(other, sizeof(other), "%s/model_00000001.bin", b);
-    Options o;
-    memset(&o, 0, sizeof(o));
-    o.key_file = key_path;
     GPT2Config c;
     int is_sealed = 0;
     uint64_t id[2] = {0, 0};
-    o.init = model;
+    Options o = init_options(model, key_path);
     int rc = ckpt_init_config(&o, &c, &is_sealed, &id[0], err, sizeof(err));
-    o.init = other;
+    o = init_options(other, key_path);
     if (rc == 0) rc = ckpt_init_config(&o, &c, &is_sealed, &id[1], err, sizeof(err));
     if (!check(first.status == 0 && second.status == 0 && rc == 0 && id[0] != id[1] && is_sealed == other_sealed,
                "two d4 final models, sealed and %s, file ids %016llx and %016llx (exit %d, %d) %s",

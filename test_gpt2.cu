@@ -679,7 +679,7 @@ static int gpt2_load_optimizer_refuses_t(const GPT2Config *c, const float *param
 // must be the model and that state again, bit for bit, in the file order.
 // Layouts: dp 2 ZeRO-1, tp 2, pp 2, (2, 2, 2) ZeRO-3, dp 3 ZeRO-2.
 static void test_ckpt_device(void) {
-    char err[1024], dir[256], ck_dir[800], path[900], src[900];
+    char err[1024], dir[256], ck_dir[800], path[900], src[900], key_file[300];
     GPT2Config c;
     float *params = model_load(fixture_model, &c, err, sizeof(err));
     if (!check(params != NULL, "load %s (%s)", fixture_model, params ? "ok" : err)) return;
@@ -690,6 +690,8 @@ static void test_ckpt_device(void) {
     key_generate(key, err, sizeof(err));
     snprintf(dir, sizeof(dir), "/tmp/llm3d_test_ckptdev_XXXXXX");
     if (!check(mkdtemp(dir) != NULL, "mkdtemp %s", dir)) { free(params); free(want); free(file); return; }
+    snprintf(key_file, sizeof(key_file), "%s/test.key", dir);  // the key as export_hf's --key-file names it
+    key_write_file(key_file, key, err, sizeof(err));
     // the AdamW state to load: an optim.bin of t = 7 holding want
     snprintf(src, sizeof(src), "%s/source_optim.bin", dir);
     int32_t h[HEADER_INTS];
@@ -731,9 +733,11 @@ static void test_ckpt_device(void) {
             break;
         snprintf(path, sizeof(path), "%s/model.bin", ck_dir);
         GPT2Config c2;
-        float *saved = ckpt_model_load(path, key, &c2, err, sizeof(err));
+        int no_key;
+        float *saved = ckpt_model_load(path, key_file, &c2, &no_key, err, sizeof(err));
         snprintf(path, sizeof(path), "%s/optim.bin", ck_dir);
-        int was_sealed = ckpt_is_sealed(path);
+        int was_sealed = 0, fd = ckpt_open_read(path, 1, &was_sealed, NULL, 0);
+        if (fd >= 0) close(fd);
         uint8_t *optim_bytes = NULL;
         uint64_t optim_n = 0;
         int same_opt = ckpt_read_file(path, key, (uint64_t)1 << 40, &optim_bytes, &optim_n, err, sizeof(err)) == 0 &&
@@ -756,6 +760,7 @@ static void test_ckpt_device(void) {
         }
     }
     unlink(src);
+    unlink(key_file);
     ckpt_remove_dir(dir);
 }
 

@@ -52,7 +52,7 @@ static void test_flags(void) {
           o.final_frac == 0.0f && fabsf(o.weight_decay - 0.1f) < 1e-9f && o.val_every == 250 && o.val_batches == 20 &&
           o.sample_every == 20000 && o.gen_tokens == 144 && o.hellaswag == 1 && o.zero == 1 && o.ckpt_keep == 0 &&
           o.skip_loss_z == 4.0f && o.skip_norm_z == 3.5f && o.schedule == SCHED_WSD &&
-          options_model(&o, &c, err, sizeof(err)) == 1 && c.L == 12 && c.C == 768 && c.NH == 12,
+          options_descriptor(&o, &c, err, sizeof(err)) == 1 && c.L == 12 && c.C == 768 && c.NH == 12,
           "each lands where llm.c's does (gpt2:d12 is d12)");
     // llm.c's depths and shapes: d6 ... d84
     int depths[] = {6, 24, 36, 48, 60, 72, 84}, channels[] = {384, 1024, 1280, 1600, 1920, 2880, 3456},
@@ -85,7 +85,7 @@ static void test_flags(void) {
     check(parse(&o, "-lg run10.jsonl", err, sizeof(err)) == 0 && strcmp(o.log_file, "run10.jsonl") == 0,
           "-lg takes a file name");
     parse(&o, "-e gpt3:c768", err, sizeof(err));
-    check(options_model(&o, &c, err, sizeof(err)) == -1 && strstr(err, "llm.c's GPT-3 shapes are not implemented"),
+    check(options_descriptor(&o, &c, err, sizeof(err)) == -1 && strstr(err, "llm.c's GPT-3 shapes are not implemented"),
           "-e gpt3:c768 refused: %s", err);
     // what each build takes of -a -f -w -ge -nm
     TrainerBuild cpu = {"the CPU trainer", 0, 0}, bf16 = {"the bf16 build of train_gpt2cu", 1, 2},
