@@ -1057,19 +1057,36 @@ static int ckpt_begin(const char *out_dir, const CkptState *s, const AeadFileKey
 }
 
 // how a trainer takes part in ckpt_write_job and ckpt_write_model: sum adds
-// one float over every rank of the job (an all-reduce; the caller gives its
-// waits room for the writes and the seal); part writes this rank's share of
-// the model file at model_path and, when optim_path is not NULL, of
-// optim.bin there, files at full size, and fsyncs them: 0 or an errno (it
-// opens them with ckpt_out_open and cipher, which sealed files need);
+// one float over every rank of the job (an all-reduce); part writes this
+// rank's share of the model file at model_path and, when optim_path is not
+// NULL, of optim.bin there, files at full size, and fsyncs them: 0 or an
+// errno (it opens them with ckpt_out_open and cipher, which sealed files
+// need); set_timeout sets how long the job's waits last, sum's included, and
+// returns the timeout it replaces (shm_comm.h's comm_set_timeout does);
 // encrypt: the files sealed (-enc 1 for a checkpoint, -enc 2 for the final model)
 typedef struct {
     float (*sum)(void *ctx, float x);
     int (*part)(void *ctx, const char *model_path, const char *optim_path, const AeadFileKey *cipher);
+    double (*set_timeout)(void *ctx, double seconds);
     void *ctx;
     int rank;
     int encrypt;
 } CkptJob;
+
+// the room a job's waits need while a checkpoint is written: every rank's
+// share and rank 0's hash of all 12 bytes per parameter, at 0.1 GB/s (the
+// portable SHA-256's speed), on top of -to. The final model, a third of
+// those bytes (the parameters alone), needs a third of it.
+static double ckpt_wait_room(const GPT2Config *c) { return 12.0 * (double)param_count(c) / 1e8; }
+
+// makes the job's waits room seconds longer: in a write, rank 0 does
+// serial work while the others wait. Returns the timeout to put back.
+static double ckpt_wait_longer(const CkptJob *job, double room) {
+    // setting 0 reads the timeout in force: no wait comes before the next call
+    double timeout = job->set_timeout(job->ctx, 0.0);
+    job->set_timeout(job->ctx, timeout + room);
+    return timeout;
+}
 
 // the checkpoint of step st->step, by every rank of a job (both trainers):
 // three points where all ranks agree on a sum of failures: rank 0 made the
@@ -1082,6 +1099,7 @@ static int ckpt_write_job(const CkptJob *job, const char *out_dir, int keep, con
     AeadFileKey cipher;
     aead_file_key(&cipher, key);
     const AeadFileKey *sealed = job->encrypt ? &cipher : NULL;
+    double timeout = ckpt_wait_longer(job, ckpt_wait_room(&st->config));
     float failed = job->sum(job->ctx, rank0 && ckpt_begin(out_dir, st, sealed, err, sizeof(err)) != 0);
     if (failed == 0) {
         char model_path[4200], optim_path[4200];
@@ -1095,6 +1113,7 @@ static int ckpt_write_job(const CkptJob *job, const char *out_dir, int keep, con
         if (!rank0 && e == 0) err[0] = '\0';  // rank 0 speaks for the job; a rank that failed, for itself
         failed = job->sum(job->ctx, rank0 ? failed : 0.0f);
     }
+    job->set_timeout(job->ctx, timeout);
     if (failed == 0 && rank0) ckpt_prune(out_dir, st->step, keep);
     int dfd = failed != 0 && rank0 ? ckpt_dir_open(out_dir, NULL, 0) : -1;
     if (dfd >= 0) {
@@ -1160,6 +1179,7 @@ static int ckpt_write_model(const CkptJob *job, const char *out_dir, int steps, 
     AeadFileKey cipher;
     if (job->encrypt) aead_file_key(&cipher, key);
     const AeadFileKey *sealed = job->encrypt ? &cipher : NULL;
+    double timeout = ckpt_wait_longer(job, ckpt_wait_room(c) / 3);
     float failed = job->sum(job->ctx, rank0 && ckpt_model_begin(tmp, c, sealed, err, errlen) != 0);
     if (failed == 0) {
         int e = job->part(job->ctx, tmp, NULL, sealed);
@@ -1170,15 +1190,10 @@ static int ckpt_write_model(const CkptJob *job, const char *out_dir, int steps, 
         failed = job->sum(job->ctx, rank0 ? failed : 0.0f);
         if (failed != 0 && rank0) unlink(tmp);  // rank 0 made it: not a link refused above
     }
+    job->set_timeout(job->ctx, timeout);
     if (job->encrypt) aead_file_key_wipe(&cipher);
     return failed == 0 ? 0 : -1;
 }
-
-// the room a job's waits need while a checkpoint is written: every rank's
-// share and rank 0's hash of all 12 bytes per parameter, at 0.1 GB/s (the
-// portable SHA-256's speed), on top of -to. The final model, a third of
-// those bytes (the parameters alone), needs a third of it.
-static double ckpt_wait_room(const GPT2Config *c) { return 12.0 * (double)param_count(c) / 1e8; }
 
 // the line a resumed run starts with (ck NULL: nothing to resume from;
 // verify_ms < 0: the files were hashed by the launcher, not here)
