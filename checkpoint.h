@@ -1040,7 +1040,8 @@ static int ckpt_make_file(int dfd, const char *name, const char *path, const voi
 
 // rank 0, before the ranks write: an empty .partial directory with model.bin
 // and optim.bin at their full size (headers in, tensors zero) and state.bin;
-// sealed files under cipher when given
+// sealed files under cipher when given. On a failure the .partial directory
+// is removed again.
 static int ckpt_begin(const char *out_dir, const CkptState *s, const AeadFileKey *cipher, char *err, size_t errlen) {
     char name[64];
     ckpt_entry_name(name, s->step, ".partial");
@@ -1049,8 +1050,11 @@ static int ckpt_begin(const char *out_dir, const CkptState *s, const AeadFileKey
     ckpt_remove_at(dfd, name);
     int pfd = mkdirat(dfd, name, 0755) == 0 ? openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) : -1;
     int e = pfd < 0 ? errno : 0;
-    close(dfd);
-    if (pfd < 0) return errorf(err, errlen, "%s/%s: mkdir: %s", out_dir, name, strerror(e));
+    if (pfd < 0) {
+        ckpt_remove_at(dfd, name);
+        close(dfd);
+        return errorf(err, errlen, "%s/%s: mkdir: %s", out_dir, name, strerror(e));
+    }
     int32_t h[3][HEADER_INTS];
     model_fill_header(h[0], &s->config, 3);
     ckpt_optim_header(h[1], &s->config, s->adam_t);
@@ -1063,60 +1067,135 @@ static int ckpt_begin(const char *out_dir, const CkptState *s, const AeadFileKey
                             errlen);
     }
     close(pfd);
+    if (rc != 0) ckpt_remove_at(dfd, name);  // a checkpoint half made is never left
+    close(dfd);
     return rc;
 }
 
 // how a trainer takes part in ckpt_write_job and ckpt_write_model: sum adds
-// one float over every rank of the job (an all-reduce; the caller gives its
-// waits room for the writes and the seal); part writes this rank's share of
-// the model file at model_path and, when optim_path is not NULL, of
-// optim.bin there, files at full size, and fsyncs them: 0 or an errno (it
-// opens them with ckpt_out_open and cipher, which sealed files need);
+// one float over every rank of the job (an all-reduce); part writes this
+// rank's share of the model file at model_path and, when optim_path is not
+// NULL, of optim.bin there, files at full size, and fsyncs them: 0 or an
+// errno (it opens them with ckpt_out_open and cipher, which sealed files
+// need); set_timeout sets how long the job's waits last, sum's included, and
+// returns the timeout it replaces (shm_comm.h's comm_set_timeout does);
 // encrypt: the files sealed (-enc 1 for a checkpoint, -enc 2 for the final model)
 typedef struct {
     float (*sum)(void *ctx, float x);
     int (*part)(void *ctx, const char *model_path, const char *optim_path, const AeadFileKey *cipher);
+    double (*set_timeout)(void *ctx, double seconds);
     void *ctx;
     int rank;
     int encrypt;
 } CkptJob;
 
-// the checkpoint of step st->step, by every rank of a job (both trainers):
-// three points where all ranks agree on a sum of failures: rank 0 made the
-// files (ckpt_begin); every rank wrote its part; rank 0 sealed it. Every
-// rank returns the same verdict, 0 when the checkpoint is complete; on a
-// failure the .partial directory is gone and the older checkpoints stay.
-static int ckpt_write_job(const CkptJob *job, const char *out_dir, int keep, const CkptState *st, const uint8_t key[32]) {
+// the room a job's waits need while a checkpoint is written: every rank's
+// share and rank 0's hash of all 12 bytes per parameter, at 0.1 GB/s (the
+// portable SHA-256's speed), on top of -to. The final model, a third of
+// those bytes (the parameters alone), needs a third of it.
+static double ckpt_wait_room(const GPT2Config *c) { return 12.0 * (double)param_count(c) / 1e8; }
+
+// makes the job's waits room seconds longer: in a write, rank 0 does
+// serial work while the others wait. Returns the timeout to put back.
+static double ckpt_wait_longer(const CkptJob *job, double room) {
+    // setting 0 reads the timeout in force: no wait comes before the next call
+    double timeout = job->set_timeout(job->ctx, 0.0);
+    job->set_timeout(job->ctx, timeout + room);
+    return timeout;
+}
+
+// one write of files by every rank of a job, which ckpt_write_job and
+// ckpt_write_model share. arg is what rank 0's three steps take: begin
+// makes the files at their full size and leaves nothing behind when it
+// fails; finish seals them and renames them into place; abandon removes what
+// begin made. label is what a rank's failed write says before "write:
+// <reason>". room: the seconds the job's waits get on top of their timeout
+// meanwhile (ckpt_wait_room).
+typedef struct {
+    int (*begin)(const void *arg, const AeadFileKey *cipher, char *err, size_t errlen);
+    int (*finish)(const void *arg, const AeadFileKey *cipher, char *err, size_t errlen);
+    void (*abandon)(const void *arg);
+    const void *arg;
+    const char *model_path, *optim_path;
+    const char *label;
+    double room;
+} CkptWrite;
+
+// w by every rank, files sealed under cipher when it is not NULL. All ranks
+// agree on a sum of failures three times: once rank 0 began; once every rank
+// wrote its part of model_path and, unless it is NULL, of optim_path; once
+// rank 0 finished. Every rank returns the same verdict, 0 when the files are
+// complete; on a failure rank 0 abandons, and err holds the line of rank 0,
+// or of a rank whose own write failed (empty on the others, so each failure
+// is said once).
+static int ckpt_write_files(const CkptJob *job, const CkptWrite *w, const AeadFileKey *cipher, char *err,
+                            size_t errlen) {
     int rank0 = job->rank == 0;
-    char err[1200] = "", dir[4096];
-    AeadFileKey cipher;
-    aead_file_key(&cipher, key);
-    const AeadFileKey *sealed = job->encrypt ? &cipher : NULL;
-    float failed = job->sum(job->ctx, rank0 && ckpt_begin(out_dir, st, sealed, err, sizeof(err)) != 0);
+    double timeout = ckpt_wait_longer(job, w->room);
+    float failed = job->sum(job->ctx, rank0 && w->begin(w->arg, cipher, err, errlen) != 0);
     if (failed == 0) {
-        char model_path[4200], optim_path[4200];
-        ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial");
-        snprintf(model_path, sizeof(model_path), "%s/model.bin", dir);
-        snprintf(optim_path, sizeof(optim_path), "%s/optim.bin", dir);
-        int e = job->part(job->ctx, model_path, optim_path, sealed);
-        if (e != 0) errorf(err, sizeof(err), "rank %d: %s: write: %s", job->rank, dir, strerror(e));
+        int e = job->part(job->ctx, w->model_path, w->optim_path, cipher);
+        if (e != 0) errorf(err, errlen, "%s write: %s", w->label, strerror(e));
         failed = job->sum(job->ctx, e != 0);
-        if (failed == 0 && rank0 && ckpt_seal(out_dir, st->step, key, sealed, err, sizeof(err)) != 0) failed = 1;
+        if (failed == 0 && rank0 && w->finish(w->arg, cipher, err, errlen) != 0) failed = 1;
         if (!rank0 && e == 0) err[0] = '\0';  // rank 0 speaks for the job; a rank that failed, for itself
         failed = job->sum(job->ctx, rank0 ? failed : 0.0f);
+        if (failed != 0 && rank0) w->abandon(w->arg);
     }
-    if (failed == 0 && rank0) ckpt_prune(out_dir, st->step, keep);
-    int dfd = failed != 0 && rank0 ? ckpt_dir_open(out_dir, NULL, 0) : -1;
-    if (dfd >= 0) {
-        char name[64];
-        ckpt_entry_name(name, st->step, ".partial");
-        ckpt_remove_at(dfd, name);
-        close(dfd);
-    }
-    aead_file_key_wipe(&cipher);
-    if (err[0] != '\0') fprintf(stderr, "checkpoint of step %d failed: %s\n", st->step, err);
+    job->set_timeout(job->ctx, timeout);
     return failed == 0 ? 0 : -1;
 }
+
+// what rank 0 needs to begin, seal and abandon a checkpoint
+typedef struct { const char *out_dir; const CkptState *st; const uint8_t *key; } CkptDirWrite;
+
+static int ckpt_dir_begin(const void *arg, const AeadFileKey *cipher, char *err, size_t errlen) {
+    const CkptDirWrite *d = (const CkptDirWrite *)arg;
+    return ckpt_begin(d->out_dir, d->st, cipher, err, errlen);
+}
+
+static int ckpt_dir_seal(const void *arg, const AeadFileKey *cipher, char *err, size_t errlen) {
+    const CkptDirWrite *d = (const CkptDirWrite *)arg;
+    return ckpt_seal(d->out_dir, d->st->step, d->key, cipher, err, errlen);
+}
+
+// the .partial directory removed: the older checkpoints stay as they were
+static void ckpt_dir_abandon(const void *arg) {
+    const CkptDirWrite *d = (const CkptDirWrite *)arg;
+    int dfd = ckpt_dir_open(d->out_dir, NULL, 0);
+    if (dfd < 0) return;
+    char name[64];
+    ckpt_entry_name(name, d->st->step, ".partial");
+    ckpt_remove_at(dfd, name);
+    close(dfd);
+}
+
+// the checkpoint of step st->step, by every rank of a job (both trainers),
+// through ckpt_write_files: rank 0 made the files (ckpt_begin); every rank
+// wrote its part; rank 0 sealed it (ckpt_seal). Every rank returns the same
+// verdict, 0 when the checkpoint is complete; on a failure the .partial
+// directory is gone and the older checkpoints stay.
+static int ckpt_write_job(const CkptJob *job, const char *out_dir, int keep, const CkptState *st, const uint8_t key[32]) {
+    char err[1200] = "", dir[4096], model_path[4200], optim_path[4200], label[4300];
+    ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial");
+    snprintf(model_path, sizeof(model_path), "%s/model.bin", dir);
+    snprintf(optim_path, sizeof(optim_path), "%s/optim.bin", dir);
+    snprintf(label, sizeof(label), "rank %d: %s:", job->rank, dir);
+    AeadFileKey cipher;
+    aead_file_key(&cipher, key);
+    CkptDirWrite d = {out_dir, st, key};
+    CkptWrite w = {ckpt_dir_begin, ckpt_dir_seal, ckpt_dir_abandon, &d, model_path, optim_path, label,
+                   ckpt_wait_room(&st->config)};
+    int rc = ckpt_write_files(job, &w, job->encrypt ? &cipher : NULL, err, sizeof(err));
+    if (rc == 0 && job->rank == 0) ckpt_prune(out_dir, st->step, keep);
+    aead_file_key_wipe(&cipher);
+    if (err[0] != '\0') fprintf(stderr, "checkpoint of step %d failed: %s\n", st->step, err);
+    return rc;
+}
+
+// what rank 0 needs to begin, finish and abandon the final model: the
+// temporary file tmp it writes as, its name path in out_dir, the model's shape
+typedef struct { const char *tmp, *path, *out_dir; const GPT2Config *c; } CkptModelWrite;
 
 // rank 0, before the ranks write the final model: the temporary file tmp
 // made anew at its full size, header in, sealed under cipher when given. A
@@ -1126,69 +1205,58 @@ static int ckpt_write_job(const CkptJob *job, const char *out_dir, int keep, con
 // check is left too: the create (O_EXCL) then fails and removes nothing.
 // Only a link swapped for the old regular file in the instant between its
 // check and its unlink would go; even then nothing is written through it.
-static int ckpt_model_begin(const char *tmp, const GPT2Config *c, const AeadFileKey *cipher, char *err, size_t errlen) {
+static int ckpt_model_begin(const void *arg, const AeadFileKey *cipher, char *err, size_t errlen) {
+    const CkptModelWrite *f = (const CkptModelWrite *)arg;
     struct stat st;
-    int there = lstat(tmp, &st) == 0;
-    if (there && S_ISLNK(st.st_mode)) return errorf(err, errlen, "%s: a symbolic link, not followed here", tmp);
-    if (there && S_ISREG(st.st_mode)) unlink(tmp);
+    int there = lstat(f->tmp, &st) == 0;
+    if (there && S_ISLNK(st.st_mode)) return errorf(err, errlen, "%s: a symbolic link, not followed here", f->tmp);
+    if (there && S_ISREG(st.st_mode)) unlink(f->tmp);
     int32_t h[HEADER_INTS];
-    model_fill_header(h, c, 3);
-    return ckpt_make_file(AT_FDCWD, tmp, tmp, h, sizeof(h), ckpt_file_bytes(0, c), cipher, err, errlen);
+    model_fill_header(h, f->c, 3);
+    return ckpt_make_file(AT_FDCWD, f->tmp, f->tmp, h, sizeof(h), ckpt_file_bytes(0, f->c), cipher, err, errlen);
 }
 
 // rank 0, once every rank's part of tmp is in (and fsynced): a sealed file's
 // chunk tags, then tmp renamed to path and out_dir fsynced, so that the name
 // is the whole file's once this returns
-static int ckpt_model_finish(const char *tmp, const char *path, const char *out_dir, const AeadFileKey *cipher,
-                             char *err, size_t errlen) {
-    if (cipher != NULL && ckpt_seal_tags(tmp, cipher, NULL, NULL, err, errlen) != 0) return -1;
-    if (rename(tmp, path) != 0) return errorf(err, errlen, "%s: rename to %s: %s", tmp, path, strerror(errno));
-    if (ckpt_fsync_dir(out_dir) != 0) return errorf(err, errlen, "%s: fsync: %s", out_dir, strerror(errno));
+static int ckpt_model_finish(const void *arg, const AeadFileKey *cipher, char *err, size_t errlen) {
+    const CkptModelWrite *f = (const CkptModelWrite *)arg;
+    if (cipher != NULL && ckpt_seal_tags(f->tmp, cipher, NULL, NULL, err, errlen) != 0) return -1;
+    if (rename(f->tmp, f->path) != 0)
+        return errorf(err, errlen, "%s: rename to %s: %s", f->tmp, f->path, strerror(errno));
+    if (ckpt_fsync_dir(f->out_dir) != 0) return errorf(err, errlen, "%s: fsync: %s", f->out_dir, strerror(errno));
     return 0;
 }
+
+// rank 0 made tmp, so it is not a link that ckpt_model_begin refused
+static void ckpt_model_abandon(const void *arg) { unlink(((const CkptModelWrite *)arg)->tmp); }
 
 // the final model, out_dir/model_SSSSSSSS.bin (into path), by every rank of
 // a job (both trainers): llm.c's v3 file of the fp32 parameters, the bytes of
 // a checkpoint's model.bin, sealed when job->encrypt (-enc 2). It is written
-// as ckpt_write_job writes a checkpoint, with the same three agreements:
-// rank 0 made PATH.tmp; every rank wrote its part there; rank 0 sealed it
-// and renamed it into place. So no rank gathers the whole model, and a
-// reader never sees a part. Unlike a checkpoint it is one file with no
-// MANIFEST (llm.c reads it as it is), so there is no directory to build
-// and nothing to prune. Every rank returns the same verdict, 0 when the
-// file is complete; on a failure PATH.tmp that rank 0 made is gone, and err
-// holds the line of rank 0, or of a rank whose own write failed, naming the
-// file and the reason (empty on the other ranks, so each failure is said
-// once).
+// as a checkpoint is, through ckpt_write_files: every rank writes its part of
+// PATH.tmp, which rank 0 then renames into place. So no rank gathers the
+// whole model, and a reader never sees a part. Unlike a checkpoint it is one
+// file with no MANIFEST (llm.c reads it as it is), so there is no directory
+// to build and nothing to prune. Every rank returns the same verdict, 0
+// when the file is complete; on a failure PATH.tmp that rank 0 made is gone,
+// and err holds the line that ckpt_write_files says.
 static int ckpt_write_model(const CkptJob *job, const char *out_dir, int steps, const GPT2Config *c,
                             const uint8_t key[32], char *path, size_t pathlen, char *err, size_t errlen) {
-    int rank0 = job->rank == 0;
-    char tmp[4200];
+    char tmp[4200], label[4300];
     err[0] = '\0';
     snprintf(path, pathlen, "%s/model_%08d.bin", out_dir, steps);
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    snprintf(label, sizeof(label), "%s: rank %d's", tmp, job->rank);
     AeadFileKey cipher;
     if (job->encrypt) aead_file_key(&cipher, key);
-    const AeadFileKey *sealed = job->encrypt ? &cipher : NULL;
-    float failed = job->sum(job->ctx, rank0 && ckpt_model_begin(tmp, c, sealed, err, errlen) != 0);
-    if (failed == 0) {
-        int e = job->part(job->ctx, tmp, NULL, sealed);
-        if (e != 0) errorf(err, errlen, "%s: rank %d's write: %s", tmp, job->rank, strerror(e));
-        failed = job->sum(job->ctx, e != 0);
-        if (failed == 0 && rank0 && ckpt_model_finish(tmp, path, out_dir, sealed, err, errlen) != 0) failed = 1;
-        if (!rank0 && e == 0) err[0] = '\0';  // rank 0 speaks for the job; a rank that failed, for itself
-        failed = job->sum(job->ctx, rank0 ? failed : 0.0f);
-        if (failed != 0 && rank0) unlink(tmp);  // rank 0 made it: not a link refused above
-    }
+    CkptModelWrite f = {tmp, path, out_dir, c};
+    CkptWrite w = {ckpt_model_begin, ckpt_model_finish, ckpt_model_abandon, &f, tmp, NULL, label,
+                   ckpt_wait_room(c) / 3};
+    int rc = ckpt_write_files(job, &w, job->encrypt ? &cipher : NULL, err, errlen);
     if (job->encrypt) aead_file_key_wipe(&cipher);
-    return failed == 0 ? 0 : -1;
+    return rc;
 }
-
-// the room a job's waits need while a checkpoint is written: every rank's
-// share and rank 0's hash of all 12 bytes per parameter, at 0.1 GB/s (the
-// portable SHA-256's speed), on top of -to. The final model, a third of
-// those bytes (the parameters alone), needs a third of it.
-static double ckpt_wait_room(const GPT2Config *c) { return 12.0 * (double)param_count(c) / 1e8; }
 
 // the line a resumed run starts with (ck NULL: nothing to resume from;
 // verify_ms < 0: the files were hashed by the launcher, not here)

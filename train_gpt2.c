@@ -959,16 +959,17 @@ static float save_sum(void *ctx, float x) {
     return x;
 }
 
+// how long this rank's collectives wait (a write lengthens it for its own waits)
+static double save_set_timeout(void *ctx, double seconds) {
+    GPT2 *m = (GPT2 *)ctx;
+    return comm_set_timeout(m->par->comm, seconds);
+}
+
 // the checkpoint of step st->step (checkpoint.h's ckpt_write_job: every rank
 // writes its part; the same verdict on every rank, 0 = complete and sealed)
 static int gpt2_save(GPT2 *m, const char *out_dir, int keep, const CkptState *st, const uint8_t key[32], int encrypt) {
-    const Parallel *par = m->par;
-    CkptJob job = {save_sum, save_part, m, par->grid.rank, encrypt};
-    double timeout = comm_set_timeout(par->comm, 0.0);
-    comm_set_timeout(par->comm, timeout + ckpt_wait_room(&m->config));
-    int rc = ckpt_write_job(&job, out_dir, keep, st, key);
-    comm_set_timeout(par->comm, timeout);
-    return rc;
+    CkptJob job = {save_sum, save_part, save_set_timeout, m, m->par->grid.rank, encrypt};
+    return ckpt_write_job(&job, out_dir, keep, st, key);
 }
 
 // the final model, DIR/model_SSSSSSSS.bin into path (checkpoint.h's
@@ -978,13 +979,8 @@ static int gpt2_save(GPT2 *m, const char *out_dir, int keep, const CkptState *st
 // empty on the others.
 static int gpt2_write_model(GPT2 *m, const char *out_dir, int steps, const uint8_t key[32], int encrypt, char *path,
                             size_t pathlen, char *err, size_t errlen) {
-    const Parallel *par = m->par;
-    CkptJob job = {save_sum, save_part, m, par->grid.rank, encrypt};
-    double timeout = comm_set_timeout(par->comm, 0.0);
-    comm_set_timeout(par->comm, timeout + ckpt_wait_room(&m->config) / 3);
-    int rc = ckpt_write_model(&job, out_dir, steps, &m->config, key, path, pathlen, err, errlen);
-    comm_set_timeout(par->comm, timeout);
-    return rc;
+    CkptJob job = {save_sum, save_part, save_set_timeout, m, m->par->grid.rank, encrypt};
+    return ckpt_write_model(&job, out_dir, steps, &m->config, key, path, pathlen, err, errlen);
 }
 
 // AdamW's m and v for this rank's part from a checkpoint's optim.bin (the

@@ -1264,18 +1264,22 @@ static int ckpt_part(void *ctx, const char *model_path, const char *optim_path, 
     return write_part(k->m, model_path, optim_path, cipher);
 }
 
+// how long this rank's collectives wait (a write lengthens it for its own waits)
+static double ckpt_set_timeout(void *ctx, double seconds) {
+    CkptCtx *k = (CkptCtx *)ctx;
+    double old = k->par->nccl->timeout_s;
+    k->par->nccl->timeout_s = seconds;
+    return old;
+}
+
 // the checkpoint of step st->step: checkpoint.h's ckpt_write_job, as
 // train_gpt2.c's gpt2_save (rank 0 makes the files, every rank writes its
 // part, rank 0 seals; the same verdict on every rank, 0 = complete)
 static int gpt2_checkpoint(GPT2 *m, Parallel *par, const char *out_dir, int keep, const CkptState *st,
                            const uint8_t key[32], int encrypt) {
     CkptCtx ctx = {m, par};
-    CkptJob job = {ckpt_sum, ckpt_part, &ctx, par->grid.rank, encrypt};
-    double timeout = par->nccl->timeout_s;
-    par->nccl->timeout_s = timeout + ckpt_wait_room(&m->config);
-    int rc = ckpt_write_job(&job, out_dir, keep, st, key);
-    par->nccl->timeout_s = timeout;
-    return rc;
+    CkptJob job = {ckpt_sum, ckpt_part, ckpt_set_timeout, &ctx, par->grid.rank, encrypt};
+    return ckpt_write_job(&job, out_dir, keep, st, key);
 }
 
 // the final model, DIR/model_SSSSSSSS.bin into path: checkpoint.h's
@@ -1287,12 +1291,8 @@ static int gpt2_checkpoint(GPT2 *m, Parallel *par, const char *out_dir, int keep
 static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int steps, const uint8_t key[32], int encrypt,
                             char *path, size_t pathlen, char *err, size_t errlen) {
     CkptCtx ctx = {m, par};
-    CkptJob job = {ckpt_sum, ckpt_part, &ctx, par->grid.rank, encrypt};
-    double timeout = par->nccl->timeout_s;
-    par->nccl->timeout_s = timeout + ckpt_wait_room(&m->config) / 3;
-    int rc = ckpt_write_model(&job, out_dir, steps, &m->config, key, path, pathlen, err, errlen);
-    par->nccl->timeout_s = timeout;
-    return rc;
+    CkptJob job = {ckpt_sum, ckpt_part, ckpt_set_timeout, &ctx, par->grid.rank, encrypt};
+    return ckpt_write_model(&job, out_dir, steps, &m->config, key, path, pathlen, err, errlen);
 }
 
 // the checkpoint after `step`, written by every rank; 0, or -1 when it failed
