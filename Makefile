@@ -15,7 +15,10 @@ LDLIBS = -lm
 SIMD ?= native
 X86 := $(if $(findstring x86_64,$(shell $(CC) -dumpmachine)),yes)
 AVX2_FLAGS = -mno-avx512f
-SCALAR_FLAGS = -DLLM3D_SCALAR
+# scalar: no fused multiply-adds either. The compiler fuses a * b + c in
+# some copies of the plain loops and not in others, so a matmul's edge tiles
+# rounded unlike its full ones; unfused, every loop rounds the same way.
+SCALAR_FLAGS = -DLLM3D_SCALAR -ffp-contract=off
 ifeq ($(SIMD),avx2)
   CFLAGS += $(AVX2_FLAGS)
 else ifeq ($(SIMD),scalar)

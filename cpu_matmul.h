@@ -42,9 +42,9 @@
  *   larger than the caches (the logits' weight and gradient), a sliver or a
  *   panel ahead, and B when it is transposed as it is packed (the forward's
  *   weight);
- * - the logits' forward is computed as its transpose, logits^T = wte inp^T,
- *   so that the 154 MB weight is read in place and the small input is the
- *   one transposed.
+ * - the logits' forward (a weight over MATMUL_TRANSPOSE_BYTES) is computed
+ *   as its transpose, logits^T = wte inp^T, so that the 154 MB weight is
+ *   read in place and the small input is the one transposed.
  */
 #ifndef LLM3D_CPU_MATMUL_H
 #define LLM3D_CPU_MATMUL_H
@@ -478,6 +478,14 @@ static void matmul_task_transposed(float *c, size_t ldc, const float *init, cons
 
 #define MATMUL_STREAM_BYTES (16u << 20)
 
+// a forward's weight this large is read in place and the output transposed
+// instead (matmul_run): in GPT-2's sizes only the logits' weight, 154 MB at
+// d12, where the largest layer weight is d48's fc, 41 MB. Tests set it lower
+// to reach that path with small shapes.
+#ifndef MATMUL_TRANSPOSE_BYTES
+#define MATMUL_TRANSPOSE_BYTES (64u << 20)
+#endif
+
 // B packed whole for all the tasks of one call: at most this much, about
 // what one core's L2 holds, so that the tasks find it in cache. The dweight
 // products' B (the layer's input, 768 KiB at d12) fits, fcproj's (3 MiB)
@@ -547,9 +555,14 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
     // transposed, packed whole once. Each task sums a block of C^T and
     // transposes it into C: M x J floats where B is K x J, a third as many
     // at d12 (measured 5% faster). The small model's logits (K = 128) keep
-    // the old way. Every element is the same multiply-adds in the same
-    // order, so the result is the same bit for bit.
-    int transposed = set && bj != 1 && b_from_memory && M <= MATMUL_MC && M < K;
+    // the old way, and so do the layers' forwards, whose weights are smaller
+    // than MATMUL_TRANSPOSE_BYTES (at d12 they measured 1 to 13% slower this
+    // way). Every element is the same multiply-adds in the same order, so
+    // the result is the same bit for bit; and the choice depends on the
+    // shapes alone, never on the number of threads, so that a build whose
+    // edge tiles round differently still gives the same bits on any number.
+    int transposed = set && bj != 1 && (size_t)K * J * sizeof(float) > MATMUL_TRANSPOSE_BYTES && M <= MATMUL_MC &&
+                     M < K;
     if (transposed) {
         const float *a_was = a;
         size_t am_was = am, ak_was = ak;
@@ -558,10 +571,13 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
         b = a_was, bk = ak_was, bj = am_was, J = M_was, b_from_memory = a_was_from_memory;
     }
     int mc, nc;
-    // transposed: all of C^T's columns, A's rows, in one panel, so that wte
-    // is read once
+    // transposed: all of the input's rows, C^T's columns, in one panel, so
+    // that wte is read once; blocks of 256 rows of wte, fewer when that
+    // leaves too few for the threads to share (4 each, as matmul_blocks)
     if (transposed) {
         mc = MATMUL_MC;
+        while (mc / 2 >= 4 * MATMUL_MR && (M + mc - 1) / mc < 4 * nthreads) mc /= 2;
+        mc = mc / MATMUL_MR * MATMUL_MR;
         nc = J;
     } else {
         matmul_blocks(M, J, K, bj, nthreads, a_from_memory, b_from_memory, &mc, &nc);

@@ -762,13 +762,12 @@ static void test_init_damaged_chunk(void) {
 // never joins.
 static void test_init_swapped_between_ranks(int other_sealed) {
     static Run first, second;
-    static int first_ran;  // the sealed model of rank 0, made once for both calls
     char a[200], b[200], model[300], other[300], key_path[300], args[400], err[1024];
-    snprintf(a, sizeof(a), "%s/init_swap_a", dir);
-    snprintf(b, sizeof(b), "%s/init_swap_%s", dir, other_sealed ? "sealed" : "plain");
+    // each call its own pair: the swap below moves b's model onto a's
+    snprintf(a, sizeof(a), "%s/init_swap%d_a", dir, other_sealed);
+    snprintf(b, sizeof(b), "%s/init_swap%d_b", dir, other_sealed);
     snprintf(key_path, sizeof(key_path), "%s/job.key", a);
-    if (!first_ran) run(&first, a, 1, "-e d4 -enc 2");
-    first_ran = 1;
+    run(&first, a, 1, "-e d4 -enc 2");
     snprintf(args, sizeof(args), other_sealed ? "-e d4 -enc 2 --key-file %s" : "-e d4", key_path);
     run(&second, b, 1, args);
     snprintf(model, sizeof(model), "%s/model_00000001.bin", a);
@@ -805,8 +804,8 @@ static void test_init_swapped_between_ranks(int other_sealed) {
     char read[2][64], want[1200];
     for (int r = 0; r < 2; r++) snprintf(read[r], sizeof(read[r]), "file id %016llx", (unsigned long long)id[r]);
     if (!other_sealed) snprintf(read[1], sizeof(read[1]), "a plain model file");
-    snprintf(want, sizeof(want), "train_gpt2: rank 1: %s: %s, but rank 0's start-up check read %s", model, read[1],
-             read[0]);
+    snprintf(want, sizeof(want), "train_gpt2: rank 1 starts from %s, %s, but rank 0 from %s, %s: a file changed "
+             "between the ranks' start-up checks", model, read[1], model, read[0]);
     int lines = 0;  // the trainer's error lines, from either rank
     for (int r = 0; r < 2; r++)
         for (const char *q = out[r]; q != NULL && (q = strstr(q, "train_gpt2:")) != NULL; q++) lines++;

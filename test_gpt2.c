@@ -5,6 +5,9 @@
  * command line.
  */
 #define TESTING
+// the logits' transposed forward (cpu_matmul.h) from a 16 MiB weight, not
+// 64 MiB, so that test_matmul_shapes reaches it with a small shape
+#define MATMUL_TRANSPOSE_BYTES (16u << 20)
 #include "train_gpt2.c"
 #include "test.h"
 
@@ -184,8 +187,9 @@ static void test_matmul_fd(void) {
 // packs B whole for all its row blocks, on 3 threads as on 1.
 static void test_matmul_shapes(void) {
     // N, C, OC. The last has a weight over 16 MiB and fewer rows than
-    // columns of input, so its forward is computed transposed (cpu_matmul.h)
-    int shapes[][3] = {{21, 112, 100}, {300, 100, 112}, {40, 200, 33}, {50, 100, 300}, {200, 200, 1600}, {52, 64, 66000}};
+    // columns of input, so its forward is computed transposed (cpu_matmul.h):
+    // two blocks of k, and a last task of 119 rows of the weight
+    int shapes[][3] = {{21, 112, 100}, {300, 100, 112}, {40, 200, 33}, {50, 100, 300}, {200, 200, 1600}, {52, 160, 26999}};
 #ifdef _OPENMP
     int before = omp_get_max_threads();
 #endif
@@ -198,7 +202,7 @@ static void test_matmul_shapes(void) {
         double tol_dweight = 1e-4 * fmax(1.0, N / 300.0);
         float *inp = rand_array(N * C, 1.0f), *w = rand_array(OC * C, 1.0f), *b = rand_array(OC, 1.0f);
         float *dout = rand_array(N * OC, 1.0f), *out = calloc(N * OC, 4), *dinp = calloc(N * C, 4);
-        float *dw = calloc(OC * C, 4), *db = calloc(OC, 4);
+        float *dw = calloc(OC * C, 4), *db = calloc(OC, 4), *again = calloc(N * OC, 4);
         for (int threads = 1; threads <= 3; threads += 2) {
 #ifdef _OPENMP
             omp_set_num_threads(threads);
@@ -208,6 +212,13 @@ static void test_matmul_shapes(void) {
             memset(db, 0, (size_t)OC * 4);
             matmul_forward(out, inp, w, b, N, C, OC);
             matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, 0);
+            // the forward is the bias, then each term added in order, bit for
+            // bit, whichever way it is computed: the same as adding A B to C
+            // set to the bias (matmul_blocked, never transposed)
+            for (int n = 0; n < N; n++) memcpy(again + (size_t)n * OC, b, (size_t)OC * 4);
+            matmul_blocked(again, OC, inp, C, 1, w, 1, C, N, OC, C);
+            check(memcmp(out, again, (size_t)N * OC * 4) == 0, "matmul N=%d C=%d OC=%d on %d threads: the forward "
+                  "equals the bias plus A B added in order, bit for bit", N, C, OC, threads);
             double worst = 0.0;  // the largest error as a share of its tolerance
             for (int n = 0; n < N; n++)
                 for (int o = 0; o < OC; o++) {
@@ -244,7 +255,7 @@ static void test_matmul_shapes(void) {
                   "dbias within %.2f of their tolerances of double (1e-4 per 300 terms summed, at least 1e-4)", N, C,
                   OC, threads, worst);
         }
-        free(inp); free(w); free(b); free(dout); free(out); free(dinp); free(dw); free(db);
+        free(inp); free(w); free(b); free(dout); free(out); free(dinp); free(dw); free(db); free(again);
     }
 #ifdef _OPENMP
     omp_set_num_threads(before);

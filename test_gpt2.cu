@@ -691,7 +691,10 @@ static void test_ckpt_device(void) {
     snprintf(dir, sizeof(dir), "/tmp/llm3d_test_ckptdev_XXXXXX");
     if (!check(mkdtemp(dir) != NULL, "mkdtemp %s", dir)) { free(params); free(want); free(file); return; }
     snprintf(key_file, sizeof(key_file), "%s/test.key", dir);  // the key as export_hf's --key-file names it
-    key_write_file(key_file, key, err, sizeof(err));
+    if (!check(key_write_file(key_file, key, err, sizeof(err)) == 0, "write the key to %s (%s)", key_file, err)) {
+        free(params); free(want); free(file);
+        return;
+    }
     // the AdamW state to load: an optim.bin of t = 7 holding want
     snprintf(src, sizeof(src), "%s/source_optim.bin", dir);
     int32_t h[HEADER_INTS];

@@ -150,9 +150,9 @@ static void test_data_parallel(void) {
             long long save = 3 * 4;
             long long want_ar = (z == 0 ? 2 * ring + scalars : scalars) + save, want_rs = z == 0 ? 0 : ring;
             // ZeRO-3 gathers every unit for the forward and all but wpe for the backward;
-            // and at the start every rank gathers what the others read of -e's file,
-            // 16 bytes each (trainer.h's init_mark)
-            long long marks = (long long)(dp - 1) * 16;
+            // and at the start every rank gathers the others' start marks, 24 bytes
+            // each (trainer.h's start_mark)
+            long long marks = (long long)(dp - 1) * 24;
             long long want_ag = marks + (z == 0 ? 0 : z < 3 ? ring : 2 * ring - (long long)STEPS * (dp - 1) * 4 * c.maxT * c.C / dp);
             check(ar == want_ar && rs == want_rs && ag == want_ag,
                   "dp %d ZeRO-%d bytes: allreduce %lld (want %lld), reduce_scatter %lld (want %lld), allgather %lld (want %lld)",
@@ -184,8 +184,8 @@ static void test_tensor_pipeline(void) {
             long long BT = 32, C = 64, L = 2;
             // 2(tp-1)/tp = 1; the step's (norm, loss, stop) all-reduce is padded to 4 floats
             long long want = STEPS * ((4 * L + 2) * BT * C * 4 + 2 * BT * 4) + STEPS * 4 * 4;
-            // the loss's all-gather each step, and at the start -e's file marks, 16 bytes
-            long long want_ag = STEPS * BT * 4 + 16;
+            // the loss's all-gather each step, and at the start the start marks, 24 bytes
+            long long want_ag = STEPS * BT * 4 + 24;
             check(bytes_of(r.out, 1, "allreduce") == want && bytes_of(r.out, 1, "allgather") == want_ag,
                   "tp 2 bytes: allreduce %lld (want %lld), allgather %lld (want %lld)", bytes_of(r.out, 1, "allreduce"),
                   want, bytes_of(r.out, 1, "allgather"), want_ag);
@@ -348,7 +348,7 @@ static void watch_two_reports(int world, int pp, const float *all, char *lines, 
 
 // the rules of the watch report and of the consistency check's verdict,
 // on numbers made up here (trainer.h's watch_judge, replicas_judge), and
-// of the ranks' file ids of a sealed -e (init_ids_judge)
+// of the ranks' start marks (start_marks_judge)
 static void test_watch_rules(void) {
     Job job;
     memset(&job, 0, sizeof(job));
@@ -429,25 +429,32 @@ static void test_watch_rules(void) {
     free(d);
     free(ut.units);
 
-    // what the ranks' start-up checks read of -e's file, compared with rank
-    // 0's: two words each, sealed or not and the file id
-    uint64_t same[6] = {1, 0x0123456789abcdefull, 1, 0x0123456789abcdefull, 1, 0x0123456789abcdefull};
-    uint64_t swapped[6] = {1, 0x0123456789abcdefull, 1, 0x0123456789abcdefull, 1, 0xfedcba9876543210ull};
-    uint64_t plain[6] = {0, 0, 0, 0, 0, 0}, one_plain[6] = {1, 0x0123456789abcdefull, 0, 0, 1, 0x0123456789abcdefull};
-    check(init_ids_judge("m.bin", same, 3, 2, msg, sizeof(msg)) == 0 && msg[0] == '\0' &&
-          init_ids_judge("m.bin", plain, 3, 1, msg, sizeof(msg)) == 0 && msg[0] == '\0',
-          "file ids: the same id on every rank, or a plain file on every rank, is no refusal");
-    rc = init_ids_judge("m.bin", swapped, 3, 1, msg, sizeof(msg));
-    check(rc == 1 && msg[0] == '\0', "file ids: a rank whose id is rank 0's learns that one rank differs, and says "
-          "nothing: %d %s", rc, msg);
-    rc = init_ids_judge("m.bin", swapped, 3, 2, msg, sizeof(msg));
-    check(rc == 1 && strcmp(msg, "rank 2: m.bin: file id fedcba9876543210, but rank 0's start-up check read "
-                            "file id 0123456789abcdef: the file was replaced between the ranks' checks") == 0,
-          "file ids: the rank that differs names the file and both ids: %s", msg);
-    rc = init_ids_judge("m.bin", one_plain, 3, 1, msg, sizeof(msg));
-    check(rc == 1 && strcmp(msg, "rank 1: m.bin: a plain model file, but rank 0's start-up check read file id "
-                            "0123456789abcdef: the file was replaced between the ranks' checks") == 0,
-          "file ids: a rank that read a plain file where rank 0 read a sealed one says so: %s", msg);
+    // what each rank starts from, compared with rank 0: three words each,
+    // the checkpoint's step + 1, what -e is (0 seeded, 1 plain, 2 sealed) and
+    // a sealed file's id
+    uint64_t id = 0x0123456789abcdefull, other = 0xfedcba9876543210ull;
+    uint64_t same[9] = {0, 2, id, 0, 2, id, 0, 2, id}, swapped[9] = {0, 2, id, 0, 2, id, 0, 2, other};
+    uint64_t plain[9] = {0, 1, 0, 0, 1, 0, 0, 1, 0}, one_plain[9] = {0, 2, id, 0, 1, 0, 0, 2, id};
+    uint64_t resumed[9] = {5, 0, 0, 5, 0, 0, 5, 0, 0}, one_fresh[6] = {5, 0, 0, 0, 0, 0};
+    check(start_marks_judge("m.bin", same, 3, 2, msg, sizeof(msg)) == 0 && msg[0] == '\0' &&
+          start_marks_judge("m.bin", plain, 3, 1, msg, sizeof(msg)) == 0 && msg[0] == '\0' &&
+          start_marks_judge("m.bin", resumed, 3, 1, msg, sizeof(msg)) == 0 && msg[0] == '\0',
+          "start marks: the same sealed file, plain file or checkpoint on every rank is no refusal");
+    rc = start_marks_judge("m.bin", swapped, 3, 1, msg, sizeof(msg));
+    check(rc == 1 && msg[0] == '\0', "start marks: a rank whose mark is rank 0's learns that one rank differs, and "
+          "says nothing: %d %s", rc, msg);
+    rc = start_marks_judge("m.bin", swapped, 3, 2, msg, sizeof(msg));
+    check(rc == 1 && strcmp(msg, "rank 2 starts from m.bin, file id fedcba9876543210, but rank 0 from m.bin, file id "
+                            "0123456789abcdef: a file changed between the ranks' start-up checks") == 0,
+          "start marks: the rank that differs names the file and both ids: %s", msg);
+    rc = start_marks_judge("m.bin", one_plain, 3, 1, msg, sizeof(msg));
+    check(rc == 1 && strcmp(msg, "rank 1 starts from m.bin, a plain model file, but rank 0 from m.bin, file id "
+                            "0123456789abcdef: a file changed between the ranks' start-up checks") == 0,
+          "start marks: a rank that read a plain file where rank 0 read a sealed one says so: %s", msg);
+    rc = start_marks_judge("d4", one_fresh, 2, 1, msg, sizeof(msg));
+    check(rc == 1 && strcmp(msg, "rank 1 starts from the seeded init of d4, but rank 0 from the checkpoint of step 4: "
+                            "a file changed between the ranks' start-up checks") == 0,
+          "start marks: a rank that found no checkpoint where rank 0 resumes says so: %s", msg);
 }
 
 // ranks started by an outside launcher (torchrun's variables) with no -np:

@@ -1236,18 +1236,18 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     }
 }
 
-// -e of a model file: the ranks all-gather what their start-up checks
-// read, so that every rank loads from the file rank 0 checked (trainer.h's
-// init_ids_judge). Each rank that differs says so in one line; all wait
-// for those lines, then exit 2.
-static void agree_on_init_file(const Job *job, const Parallel *par) {
-    enum { W = INIT_MARK_WORDS };
+// the ranks all-gather their start marks, so that every rank starts from
+// what rank 0 does: the same checkpoint, or the file rank 0 checked
+// (trainer.h's start_mark). Each rank that differs says so in one line; all
+// wait for those lines, then exit 2.
+static void agree_on_start(const Job *job, const Parallel *par) {
+    enum { W = START_MARK_WORDS };
     int world = par->grid.world, rank = par->grid.rank;
-    if (world == 1 || job->resuming || job->random_init) return;
-    uint64_t *marks = (uint64_t *)xcalloc((size_t)world * W, sizeof(uint64_t), "the ranks' file marks");
-    init_mark(job, marks + rank * W);  // in place: each word travels as 2 floats
+    if (world == 1) return;
+    uint64_t *marks = (uint64_t *)xcalloc((size_t)world * W, sizeof(uint64_t), "the ranks' start marks");
+    start_mark(job, marks + rank * W);  // in place: each word travels as 2 floats
     comm_allgather(par->comm, &par->world, (const float *)(marks + rank * W), (float *)marks, 2 * W);
-    int refused = init_ids_refused(job, marks, world, rank);
+    int refused = start_marks_refused(job, marks, world, rank);
     free(marks);
     if (!refused) return;
     comm_barrier(par->comm, &par->world);
@@ -1341,7 +1341,7 @@ int main(int argc, char **argv) {
     Parallel par;
     parallel_setup(&par, &job.opt, &job.fault, argc, argv);
     start_rank(&job, &par.grid);
-    agree_on_init_file(&job, &par);
+    agree_on_start(&job, &par);
     int rank0 = par.grid.rank == 0, dp = par.grid.dp, B = job.opt.B, T = job.opt.T, accum = job.accum;
     float *params = load_params(&job, &par.grid);
     open_data(&job, &par.grid);

@@ -1061,28 +1061,28 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
         die(1, err);
 }
 
-// -e of a model file: the ranks all-gather what their start-up checks
-// read, so that every rank loads from the file rank 0 checked (trainer.h's
-// init_ids_judge). Each rank that differs says so in one line; all wait
-// for those lines, then exit 2. The model is not built yet, so the marks
-// travel through a buffer of their own.
-static void agree_on_init_file(const Job *job, Parallel *par) {
-    enum { W = INIT_MARK_WORDS };
+// the ranks all-gather their start marks, so that every rank starts from
+// what rank 0 does: the same checkpoint, or the file rank 0 checked
+// (trainer.h's start_mark). Each rank that differs says so in one line; all
+// wait for those lines, then exit 2. The model is not built yet, so the
+// marks travel through a buffer of their own.
+static void agree_on_start(const Job *job, Parallel *par) {
+    enum { W = START_MARK_WORDS };
     int world = par->grid.world, rank = par->grid.rank;
-    if (world == 1 || job->resuming || job->random_init) return;
+    if (world == 1) return;
     size_t bytes = (size_t)world * W * sizeof(uint64_t);
     uint64_t *marks = (uint64_t *)malloc(bytes), *d_marks = NULL, mine[W];
-    if (marks == NULL) die(1, "out of memory for the ranks' file marks");
-    init_mark(job, mine);
+    if (marks == NULL) die(1, "out of memory for the ranks' start marks");
+    start_mark(job, mine);
     CUDA_CHECK(cudaMalloc((void **)&d_marks, bytes));
     CUDA_CHECK(cudaMemcpy(d_marks + rank * W, mine, sizeof(mine), cudaMemcpyHostToDevice));
     // on nccl->stream, which is still the default stream here (main sets the
     // model's later), so the gather runs after the blocking copy above
     nccl_allgather(par->nccl, &par->nccl->world, d_marks + rank * W, d_marks, W, ncclUint64);
-    nccl_sync(par->nccl, par->nccl->stream, "the ranks' file marks");
+    nccl_sync(par->nccl, par->nccl->stream, "the ranks' start marks");
     CUDA_CHECK(cudaMemcpy(marks, d_marks, bytes, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaFree(d_marks));
-    int refused = init_ids_refused(job, marks, world, rank);
+    int refused = start_marks_refused(job, marks, world, rank);
     free(marks);
     if (!refused) return;
     nccl_barrier(par->nccl, &par->nccl->world);
@@ -1357,7 +1357,7 @@ int main(int argc, char **argv) {
     Parallel par;
     parallel_setup(&par, &job.opt, &job.fault, launch_argc, launch_argv);
     start_rank(&job, &par.grid);
-    agree_on_init_file(&job, &par);
+    agree_on_start(&job, &par);
     int rank0 = par.grid.rank == 0, dp = par.grid.dp, pp = par.grid.pp, B = job.opt.B, T = job.opt.T, accum = job.accum;
     float *params = load_params(&job, &par.grid);
     open_data(&job, &par.grid);

@@ -13,7 +13,7 @@
  *     parse_flags, parse_fault, check_model, check_batch_and_data,
  *     checkpoint_setup
  *   on each rank, after it joined the job:
- *     start_rank, init_ids_judge, init_ids_refused, load_params, open_data, open_tokenizer_and_log,
+ *     start_rank, start_mark, start_marks_judge, start_marks_refused, load_params, open_data, open_tokenizer_and_log,
  *     activation_sets, step_plan, print_model_and_batch, announce_resume
  *   in the loop: next_batch, evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
  *     report_hellaswag, outlier_skip (llm.c's -sl -sg; steps not finite), nonfinite_stop,
@@ -277,49 +277,54 @@ static void start_rank(Job *job, const Grid *g) {
     job->total_batch = (long)job->opt.B * job->opt.T * g->dp * job->accum;
 }
 
-// init_ids_judge: each rank checked -e's model file on its own at the
-// start, so a file swapped between two ranks' checks would have them load
-// parts of different models, or one rank wait at a collective the other
-// never joins. What each check read is its mark, INIT_MARK_WORDS words:
-// 1 and the file id for a sealed file, 0 and 0 for a plain one (init_mark).
-// A plain file has no id, so one plain model swapped for another is not
-// caught: a plain file is not authenticated anyway. marks holds every
-// rank's mark, in rank order, gathered once the ranks are connected.
+// What a rank starts from, as its own start-up checks found it: its start
+// mark, START_MARK_WORDS words. The checkpoint's step + 1 when it resumes
+// (else 0); then what -e gave it: 0 the seeded init, 1 a plain model file,
+// 2 a sealed one; and the sealed file's id (else 0). Each rank checks on its
+// own, so a file swapped or a checkpoint removed between two ranks' checks
+// would have them load parts of different models, or one rank wait at a
+// collective the other never joins; the ranks compare their marks once they
+// are connected. A plain file has no id, so one plain model swapped for
+// another is not caught: a plain file is not authenticated anyway.
+enum { START_MARK_WORDS = 3 };
+
+static void start_mark(const Job *job, uint64_t *mark) {
+    mark[0] = job->resuming ? (uint64_t)job->ck.step + 1 : 0;
+    mark[1] = job->resuming || job->random_init ? 0 : job->init_sealed ? 2 : 1;
+    mark[2] = mark[1] == 2 ? job->init_file_id : 0;
+}
+
+static void start_mark_describe(const uint64_t *mark, const char *init, char *out, size_t outlen) {
+    if (mark[0] > 0) snprintf(out, outlen, "the checkpoint of step %llu", (unsigned long long)(mark[0] - 1));
+    else if (mark[1] == 2) snprintf(out, outlen, "%s, file id %016llx", init, (unsigned long long)mark[2]);
+    else if (mark[1] == 1) snprintf(out, outlen, "%s, a plain model file", init);
+    else snprintf(out, outlen, "the seeded init of %s", init);
+}
+
+// start_marks_judge: marks holds every rank's start mark, in rank order.
 // Returns the number of ranks whose mark is not rank 0's, the same on every
-// rank; when this rank's is one of them, err names the file and what each
-// check read (else err is empty).
-enum { INIT_MARK_WORDS = 2 };
-
-static void init_mark(const Job *job, uint64_t *mark) {
-    mark[0] = job->init_sealed != 0;
-    mark[1] = job->init_sealed ? job->init_file_id : 0;
-}
-
-static void init_mark_describe(const uint64_t *mark, char *out, size_t outlen) {
-    if (mark[0]) snprintf(out, outlen, "file id %016llx", (unsigned long long)mark[1]);
-    else snprintf(out, outlen, "a plain model file");
-}
-
-static int init_ids_judge(const char *path, const uint64_t *marks, int world, int rank, char *err, size_t errlen) {
-    enum { W = INIT_MARK_WORDS };
+// rank; when this rank's is one of them, err says what each started from
+// (else err is empty).
+static int start_marks_judge(const char *init, const uint64_t *marks, int world, int rank, char *err, size_t errlen) {
+    enum { W = START_MARK_WORDS };
     int differ = 0;
     err[0] = '\0';
     for (int r = 1; r < world; r++) differ += memcmp(marks + r * W, marks, W * sizeof(uint64_t)) != 0;
     if (memcmp(marks + rank * W, marks, W * sizeof(uint64_t)) != 0) {
-        char mine[64], first[64];
-        init_mark_describe(marks + rank * W, mine, sizeof(mine));
-        init_mark_describe(marks, first, sizeof(first));
-        errorf(err, errlen, "rank %d: %s: %s, but rank 0's start-up check read %s: the file was replaced between "
-               "the ranks' checks", rank, path, mine, first);
+        char mine[1200], first[1200];
+        start_mark_describe(marks + rank * W, init, mine, sizeof(mine));
+        start_mark_describe(marks, init, first, sizeof(first));
+        errorf(err, errlen, "rank %d starts from %s, but rank 0 from %s: a file changed between the ranks' "
+               "start-up checks", rank, mine, first);
     }
     return differ;
 }
 
-// after the ranks gathered their marks: 1 when they disagree, with this
-// rank's line printed if its mark is one that differs; else 0
-static int init_ids_refused(const Job *job, const uint64_t *marks, int world, int rank) {
-    char err[2048];
-    if (init_ids_judge(job->opt.init, marks, world, rank, err, sizeof(err)) == 0) return 0;
+// after the ranks gathered their start marks: 1 when they disagree, with
+// this rank's line printed if its mark is one that differs; else 0
+static int start_marks_refused(const Job *job, const uint64_t *marks, int world, int rank) {
+    char err[3000];
+    if (start_marks_judge(job->opt.init, marks, world, rank, err, sizeof(err)) == 0) return 0;
     if (err[0] != '\0') fprintf(stderr, "%s: %s\n", trainer_name, err);
     fflush(stderr);
     return 1;
