@@ -224,6 +224,9 @@ static inline __attribute__((always_inline)) void matmul_tile(float *c, size_t l
         for (int v = 0; v < nv; v++) memcpy(c + r * ldc + v * VL, &acc[r][v], sizeof(matmul_vec));
 }
 #else
+// The plain loop. Built with -ffp-contract=off (the Makefile's SIMD=scalar):
+// GCC fuses a * b + c in some inlined copies of it and not in others, and the
+// edge tiles would then round unlike the full ones.
 static inline void matmul_tile(float *c, size_t ldc, const float *s, size_t lds, const float *a, size_t ars,
                                size_t aks, const float *bp, size_t bks, int kc, int nv) {
     float acc[MATMUL_MR][MATMUL_NR];
