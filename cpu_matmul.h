@@ -151,7 +151,8 @@ static void matmul_transpose(float *dst, size_t ldd, const float *src, size_t ld
     rows16 = rows / 16 * 16;
     cols16 = cols / 16 * 16;
     for (int r0 = 0; r0 < rows16; r0 += 16)
-        for (int j0 = 0; j0 < cols16; j0 += 16) matmul_transpose16(dst + (size_t)j0 * ldd + r0, ldd, src + (size_t)r0 * lds + j0, lds);
+        for (int j0 = 0; j0 < cols16; j0 += 16)
+            matmul_transpose16(dst + (size_t)j0 * ldd + r0, ldd, src + (size_t)r0 * lds + j0, lds);
 #endif
     for (int j = 0; j < cols; j++)
         for (int r = j < cols16 ? rows16 : 0; r < rows; r++) dst[(size_t)j * ldd + r] = src[(size_t)r * lds + j];
