@@ -32,6 +32,8 @@
 #      fp32 ones (the build also gates on ptxas: no kernel may spill)
 #   8. the PyTorch peer (torch.compile, bf16) at the benchmark's B; ours with
 #      -fa 0; the fp32 kernel checks
+#   9. a profile (Nsight Compute): the kernels of two d12 steps at the
+#      benchmark's B, their GPU time summed by name; a measurement, not a gate
 #
 # Each piece is "ok", "FAIL", or "SKIP" (past the deadline, or something it
 # needs is missing): skipped for time is not failed. The whole run keeps to
@@ -539,4 +541,41 @@ fi
 for k in $KERNELS; do
     [ -x "dev/cuda/${k}_fp32_check" ] && run "${k}_fp32_check" 60 "dev/cuda/${k}_fp32_check"
 done
+
+# ---------------------------------------------------------------------------
+# where the time goes: every kernel of two d12 steps at the benchmark's B,
+# timed one at a time by Nsight Compute, summed by name. A measurement, not a
+# gate: without ncu, or where it cannot read the GPU, it is skipped.
+phase "profile: a d12 step's kernels (ncu)"
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+if [ -z "$BENCH_B" ]; then skip "profile: no benchmark B"
+elif [ -z "$NCU" ]; then skip "profile: no ncu"
+elif ! limit=$(time_left 120); then skip "profile: past the ${DEADLINE}s deadline"
+else
+    timeout -k 5 "$limit" "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+        --kernel-name-base function --log-file "$LOGS/profile.csv" \
+        ./train_gpt2cu -e d12 -b "$BENCH_B" -t 1024 -x 2 -v 0 -s 0 -i "$WORK/bench_train_*.bin" \
+        > "$LOGS/profile.log" 2>&1
+    rc=$?
+    if python3 - "$LOGS/profile.csv" > "$WORK/profile.txt" <<'EOF'
+import csv, sys
+scale = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0, "s": 1e3, "second": 1e3}
+rows = [l for l in open(sys.argv[1]) if l.startswith('"')]
+ms, calls = {}, {}
+for r in csv.DictReader(rows):
+    if r.get("Metric Name") != "gpu__time_duration.sum": continue
+    name = r["Kernel Name"][:60]
+    ms[name] = ms.get(name, 0.0) + float(r["Metric Value"].replace(",", "")) * scale[r["Metric Unit"]]
+    calls[name] = calls.get(name, 0) + 1
+total = sum(ms.values())
+if total == 0: sys.exit(1)
+gemm = sum(v for k, v in ms.items() if any(w in k.lower() for w in ("gemm", "xmma", "cutlass", "nvjet", "sm90")))
+print(f"   {sum(calls.values())} kernels, {total:.1f} ms of GPU time over 2 steps (init included); GEMMs {100 * gemm / total:.1f}%")
+for k in sorted(ms, key=ms.get, reverse=True)[:15]:
+    print(f"   {100 * ms[k] / total:5.1f}% {ms[k] / 2:8.2f} ms/step {calls[k]:5d} calls  {k}")
+EOF
+    then pass "profile (ncu, exit $rc): the kernels of 2 steps at B=$BENCH_B"; tee -a "$SUMMARY" < "$WORK/profile.txt"
+    else skip "profile: ncu gave no kernel times (exit $rc): $(cat "$LOGS/profile.log" "$LOGS/profile.csv" 2>/dev/null | grep -m1 -iE 'error|fail' | cut -c1-120)"
+    fi
+fi
 finish
