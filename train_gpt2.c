@@ -259,6 +259,23 @@ static void *xcalloc(size_t n, size_t size, const char *what) {
     return p;
 }
 
+// asks the kernel to back the 2 MiB-aligned part of [p, p + bytes) with 2 MiB
+// pages (transparent huge pages, granted on request where the system's
+// setting is "madvise", the usual one). The matmuls read 8 rows of the
+// logits' gradient 201 KB apart at once and the weights 3 KB a row: with 4
+// KiB pages nearly every sliver of a tile is a TLB miss. Measured 1 to 3%
+// a step (d12 and the small model); the peak memory is the same, since the
+// backward never writes the activation gradients' untouched 2 MiB pages.
+static void advise_huge_pages(void *p, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+    uintptr_t huge = (uintptr_t)2 << 20, start = ((uintptr_t)p + huge - 1) / huge * huge;
+    uintptr_t end = ((uintptr_t)p + bytes) / huge * huge;
+    if (end > start) madvise((void *)start, end - start, MADV_HUGEPAGE);
+#else
+    (void)p, (void)bytes;
+#endif
+}
+
 // the large arrays every step uses whole (parameters, gradients, AdamW's
 // moments, activations): zeroed here, by all the threads at once, so that
 // their pages are mapped before the first step. calloc's pages are mapped at
@@ -274,6 +291,7 @@ static void *xcalloc_mapped(size_t n, size_t size, const char *what) {
         fprintf(stderr, "out of memory allocating %s (%zu x %zu bytes)\n", what, n, size);
         exit(1);
     }
+    advise_huge_pages(p, bytes);
     size_t chunks = (bytes + chunk - 1) / chunk;
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < chunks; i++) memset(p + i * chunk, 0, i + 1 < chunks ? chunk : bytes - i * chunk);
@@ -372,6 +390,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
         // d12, for one), and mapping those would add 78 MB to d12's peak
         a->memory = k < nacts ? (float *)xcalloc_mapped(total, sizeof(float), "activations")
                               : (float *)xcalloc(total, sizeof(float), "activation gradients");
+        if (k == nacts) advise_huge_pages(a->memory, total * sizeof(float));
         float *p = a->memory;
         for (int i = 0; i < NUM_ACT_TENSORS; i++) { a->t[i] = p; p += z[i]; }
         a->inputs = (int *)xcalloc(BT, sizeof(int), "inputs");
