@@ -38,7 +38,7 @@
 // the tied wte: the first and the last stage swap their gradients and both
 // add (a + b = b + a, so both ends stay bit-identical). The message leaves
 // from a copy in tied_peer, as when its MAC tag needed room after the
-// payload; sending mine itself should do now, but has not run on a GPU.
+// payload; sending mine itself should do now, but that has not been tried.
 static void tied_exchange(GPT2 *m) {
     const Shard *s = &m->shard;
     size_t n = tied_elems(m), bytes = n * sizeof(floatX);

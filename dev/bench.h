@@ -84,7 +84,7 @@ static double bench_fma_peak_once(void) {
             // the rate the matmul kernel reaches
 #if defined(__x86_64__) || defined(__i386__)
             __asm__ volatile("" : "+v"(mul), "+v"(add));
-#else
+#elif defined(__aarch64__)
             __asm__ volatile("" : "+w"(mul), "+w"(add));  // AArch64's SIMD registers
 #endif
         }

@@ -547,7 +547,7 @@ done
 # timed one at a time by Nsight Compute, summed by name. A measurement, not a
 # gate: without ncu, or where it cannot read the GPU, it is skipped.
 phase "profile: a d12 step's kernels (ncu)"
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | sort -V | tail -n 1)
 if [ -z "$BENCH_B" ]; then skip "profile: no benchmark B"
 elif [ -z "$NCU" ]; then skip "profile: no ncu"
 elif ! limit=$(time_left 120); then skip "profile: past the ${DEADLINE}s deadline"
@@ -563,8 +563,8 @@ scale = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "m
 rows = [l for l in open(sys.argv[1]) if l.startswith('"')]
 ms, calls = {}, {}
 for r in csv.DictReader(rows):
-    if r.get("Metric Name") != "gpu__time_duration.sum": continue
-    name = r["Kernel Name"][:60]
+    if r.get("Metric Name") != "gpu__time_duration.sum" or r.get("Metric Unit") not in scale: continue
+    name = r["Kernel Name"][:90]
     ms[name] = ms.get(name, 0.0) + float(r["Metric Value"].replace(",", "")) * scale[r["Metric Unit"]]
     calls[name] = calls.get(name, 0) + 1
 total = sum(ms.values())
@@ -574,7 +574,11 @@ print(f"   {sum(calls.values())} kernels, {total:.1f} ms of GPU time over 2 step
 for k in sorted(ms, key=ms.get, reverse=True)[:15]:
     print(f"   {100 * ms[k] / total:5.1f}% {ms[k] / 2:8.2f} ms/step {calls[k]:5d} calls  {k}")
 EOF
-    then pass "profile (ncu, exit $rc): the kernels of 2 steps at B=$BENCH_B"; tee -a "$SUMMARY" < "$WORK/profile.txt"
+    then
+        # a run cut short still says where its time went, as a skip
+        if [ $rc -eq 0 ]; then pass "profile (ncu): the kernels of 2 steps at B=$BENCH_B"
+        else skip "profile: ncu exited $rc (timed out?): the kernels it timed before that"; fi
+        tee -a "$SUMMARY" < "$WORK/profile.txt"
     else skip "profile: ncu gave no kernel times (exit $rc): $(cat "$LOGS/profile.log" "$LOGS/profile.csv" 2>/dev/null | grep -m1 -iE 'error|fail' | cut -c1-120)"
     fi
 fi
