@@ -95,6 +95,10 @@ typedef struct {
     uint64_t data[4];   // DataLoaderState: epoch, shard_pos, sample_pos, rng
     uint64_t sample_rng;
     int np, tp, pp, zero;
+    // not in state.bin: the checkpoint's id, the first 8 bytes (little-endian)
+    // of the SHA-256 of its manifest's three file digests, so that two
+    // checkpoints of one step from different runs have different ids
+    uint64_t id;
 } CkptState;
 
 static void ckpt_put_u64(int32_t *h, uint64_t x) { h[0] = (int32_t)(uint32_t)x; h[1] = (int32_t)(uint32_t)(x >> 32); }
@@ -526,7 +530,12 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, C
     if (manifest_read(&m, dir, "MANIFEST", key, why, sizeof(why)) != 0)
         return errorf(err, errlen, "checkpoint %s: %s (written with another key? pass it with --key-file)", dir, why);
     int rc = 0;
+    uint64_t id = 0;
+    Sha256 digests;
+    sha256_init(&digests);
     for (int i = 0; i < 3 && rc == 0; i++) {
+        const ManifestEntry *listed = manifest_find(&m, ckpt_files[i]);
+        if (listed != NULL) sha256_update(&digests, listed->sha, sizeof(listed->sha));
         if (hash_files) {
             rc = manifest_verify_file(&m, dir, ckpt_files[i], why, sizeof(why));
             if (rc != 0) errorf(err, errlen, "checkpoint %s: %s", dir, why);
@@ -541,6 +550,9 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, C
     }
     manifest_free(&m);
     if (rc != 0) return -1;
+    uint8_t digest[32];
+    sha256_final(&digests, digest);
+    for (int i = 7; i >= 0; i--) id = id << 8 | digest[i];
     char path[4096];
     snprintf(path, sizeof(path), "%s/state.bin", dir);
     int32_t h[HEADER_INTS];
@@ -561,6 +573,7 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, C
     for (int i = 0; i < 4; i++) s->data[i] = ckpt_get_u64(h + 16 + 2 * i);
     s->sample_rng = ckpt_get_u64(h + 24);
     s->np = h[26]; s->tp = h[27]; s->pp = h[28]; s->zero = h[29];
+    s->id = id;
     if (check_config(&s->config, path, why, sizeof(why)) != 0) return errorf(err, errlen, "%s", why);
     for (int i = 0; i < 2; i++) {  // the manifest vouches for the bytes; the shape must also agree
         uint64_t bytes_now = 0;

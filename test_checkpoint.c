@@ -185,6 +185,18 @@ static void test_bit_exact(const char *layout, const char *name) {
           "%s: the final model.bin and optim.bin are byte-identical", name);
 }
 
+// the id ckpt_verify gives the checkpoint of `step` under run directory d
+// (its job.key), or 0 when it does not verify
+static uint64_t checkpoint_id(const char *d, int step) {
+    char path[300], err[2048];
+    uint8_t key[32];
+    CkptState st;
+    snprintf(path, sizeof(path), "%s/job.key", d);
+    if (key_read_file(path, key, err, sizeof(err)) != 0) return 0;
+    snprintf(path, sizeof(path), "%s/ckpt_%08d", d, step);
+    return ckpt_verify(path, key, 1, &st, err, sizeof(err)) == 0 ? st.id : 0;
+}
+
 // a checkpoint of (dp, tp, pp, ZeRO) = (2, 2, 2, 1) resumes under other layouts
 static void test_other_layouts(void) {
     static Run full, r;
@@ -199,7 +211,7 @@ static void test_other_layouts(void) {
     for (int i = 0; i < 4; i++) {
         snprintf(b, sizeof(b), "%s/layout_%d", dir, i);
         sh("rm -rf %s && mkdir -p %s && cp -r %s/ckpt_00000010 %s/job.key %s/", b, b, a, a, b);
-        snprintf(args, sizeof(args), "-y 1 %s", layouts[i]);
+        snprintf(args, sizeof(args), "-y 1 -n 10 %s", layouts[i]);  // -n 10: a step-20 checkpoint of its own
         run(&r, b, 20, args);
         if (!check(r.status == 0 && r.nsteps == 20, "(2,2,2) checkpoint resumes under %s (exit %d)", layouts[i], r.status)) {
             printf("%s\n", r.out);
@@ -209,6 +221,15 @@ static void test_other_layouts(void) {
         check(w <= 1e-5f, "resumed under %s: worst loss/norm difference from the uninterrupted run %.2e (<= 1e-5)",
               layouts[i], w);
     }
+    // the checkpoints' ids (the ranks' start marks): a copy has its original's,
+    // and a step-20 checkpoint of another run, near as its numbers are, another
+    snprintf(b, sizeof(b), "%s/layout_0", dir);
+    uint64_t copied = checkpoint_id(b, 10), original = checkpoint_id(a, 10);
+    uint64_t mine = checkpoint_id(a, 20), other_run = checkpoint_id(b, 20);
+    check(original != 0 && copied == original && mine != 0 && other_run != 0 && other_run != mine,
+          "checkpoint ids: step 10 %016llx, its copy %016llx; step 20 %016llx, another run's step 20 %016llx",
+          (unsigned long long)original, (unsigned long long)copied, (unsigned long long)mine,
+          (unsigned long long)other_run);
 }
 
 // each damage is refused with one line that names the file, and exit 2

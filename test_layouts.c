@@ -431,11 +431,12 @@ static void test_watch_rules(void) {
 
     // what each rank starts from, compared with rank 0: three words each,
     // the checkpoint's step + 1, what -e is (0 seeded, 1 plain, 2 sealed) and
-    // a sealed file's id
+    // the checkpoint's id or a sealed file's
     uint64_t id = 0x0123456789abcdefull, other = 0xfedcba9876543210ull;
     uint64_t same[9] = {0, 2, id, 0, 2, id, 0, 2, id}, swapped[9] = {0, 2, id, 0, 2, id, 0, 2, other};
     uint64_t plain[9] = {0, 1, 0, 0, 1, 0, 0, 1, 0}, one_plain[9] = {0, 2, id, 0, 1, 0, 0, 2, id};
-    uint64_t resumed[9] = {5, 0, 0, 5, 0, 0, 5, 0, 0}, one_fresh[6] = {5, 0, 0, 0, 0, 0};
+    uint64_t resumed[9] = {5, 0, id, 5, 0, id, 5, 0, id}, one_fresh[6] = {5, 0, id, 0, 0, 0};
+    uint64_t stale[6] = {5, 0, id, 5, 0, other};
     check(start_marks_judge("m.bin", same, 3, 2, msg, sizeof(msg)) == 0 && msg[0] == '\0' &&
           start_marks_judge("m.bin", plain, 3, 1, msg, sizeof(msg)) == 0 && msg[0] == '\0' &&
           start_marks_judge("m.bin", resumed, 3, 1, msg, sizeof(msg)) == 0 && msg[0] == '\0',
@@ -452,9 +453,14 @@ static void test_watch_rules(void) {
                             "0123456789abcdef: a file changed between the ranks' start-up checks") == 0,
           "start marks: a rank that read a plain file where rank 0 read a sealed one says so: %s", msg);
     rc = start_marks_judge("d4", one_fresh, 2, 1, msg, sizeof(msg));
-    check(rc == 1 && strcmp(msg, "rank 1 starts from the seeded init of d4, but rank 0 from the checkpoint of step 4: "
-                            "a file changed between the ranks' start-up checks") == 0,
+    check(rc == 1 && strcmp(msg, "rank 1 starts from the seeded init of d4, but rank 0 from the checkpoint of step 4, "
+                            "id 0123456789abcdef: a file changed between the ranks' start-up checks") == 0,
           "start marks: a rank that found no checkpoint where rank 0 resumes says so: %s", msg);
+    rc = start_marks_judge("d4", stale, 2, 1, msg, sizeof(msg));
+    check(rc == 1 && strcmp(msg, "rank 1 starts from the checkpoint of step 4, id fedcba9876543210, but rank 0 from the "
+                            "checkpoint of step 4, id 0123456789abcdef: a file changed between the ranks' start-up "
+                            "checks") == 0,
+          "start marks: two checkpoints of the same step (another run's on one node) are told apart: %s", msg);
 }
 
 // ranks started by an outside launcher (torchrun's variables) with no -np:

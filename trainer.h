@@ -280,22 +280,26 @@ static void start_rank(Job *job, const Grid *g) {
 // What a rank starts from, as its own start-up checks found it: its start
 // mark, START_MARK_WORDS words. The checkpoint's step + 1 when it resumes
 // (else 0); then what -e gave it: 0 the seeded init, 1 a plain model file,
-// 2 a sealed one; and the sealed file's id (else 0). Each rank checks on its
-// own, so a file swapped or a checkpoint removed between two ranks' checks
-// would have them load parts of different models, or one rank wait at a
-// collective the other never joins; the ranks compare their marks once they
-// are connected. A plain file has no id, so one plain model swapped for
+// 2 a sealed one; and an id: the checkpoint's (CkptState's id, from its
+// manifest), or the sealed file's, else 0. Each rank checks on its own, so a
+// file swapped or a checkpoint removed between two ranks' checks, or ranks
+// on two nodes finding different checkpoints of the same step (one node's
+// left from an earlier run), would have them load parts of different models,
+// or one rank wait at a collective the other never joins; the ranks compare
+// their marks once they are connected. A plain file has no id, so one plain model swapped for
 // another is not caught: a plain file is not authenticated anyway.
 enum { START_MARK_WORDS = 3 };
 
 static void start_mark(const Job *job, uint64_t *mark) {
     mark[0] = job->resuming ? (uint64_t)job->ck.step + 1 : 0;
     mark[1] = job->resuming || job->random_init ? 0 : job->init_sealed ? 2 : 1;
-    mark[2] = mark[1] == 2 ? job->init_file_id : 0;
+    mark[2] = job->resuming ? job->ck.id : mark[1] == 2 ? job->init_file_id : 0;
 }
 
 static void start_mark_describe(const uint64_t *mark, const char *init, char *out, size_t outlen) {
-    if (mark[0] > 0) snprintf(out, outlen, "the checkpoint of step %llu", (unsigned long long)(mark[0] - 1));
+    if (mark[0] > 0)
+        snprintf(out, outlen, "the checkpoint of step %llu, id %016llx", (unsigned long long)(mark[0] - 1),
+                 (unsigned long long)mark[2]);
     else if (mark[1] == 2) snprintf(out, outlen, "%s, file id %016llx", init, (unsigned long long)mark[2]);
     else if (mark[1] == 1) snprintf(out, outlen, "%s, a plain model file", init);
     else snprintf(out, outlen, "the seeded init of %s", init);
@@ -646,7 +650,7 @@ static CkptState checkpoint_state(const Job *job, int done, int adam_t, const Gr
     dataloader_get_state(&job->train, &pos);
     CkptState st = {done, adam_t, job->config, o->B, o->T, (int)job->total_batch, job->steps, o->seed, o->shuffle,
                     {pos.epoch, pos.shard_pos, pos.sample_pos, pos.rng}, job->sample_rng,
-                    g->world, g->tp, g->pp, zero};
+                    g->world, g->tp, g->pp, zero, 0};  // its id comes from the manifest once written
     return st;
 }
 
