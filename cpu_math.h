@@ -35,7 +35,8 @@ typedef float vec_f __attribute__((vector_size(VEC_LANES * sizeof(float))));
 typedef int32_t vec_i __attribute__((vector_size(VEC_LANES * sizeof(int32_t))));
 // the same vector at any float's address: loaded and stored whole, where a
 // memcpy is expanded at the width -mtune prefers (cpu_matmul.h says more)
-typedef float vec_f_unaligned __attribute__((vector_size(VEC_LANES * sizeof(float)), aligned(sizeof(float)), may_alias));
+typedef float vec_f_unaligned
+    __attribute__((vector_size(VEC_LANES * sizeof(float)), aligned(sizeof(float)), may_alias));
 
 static inline vec_f vec_load(const float *p) { return *(const vec_f_unaligned *)p; }
 

@@ -286,8 +286,9 @@ static void start_rank(Job *job, const Grid *g) {
 // on two nodes finding different checkpoints of the same step (one node's
 // left from an earlier run), would have them load parts of different models,
 // or one rank wait at a collective the other never joins; the ranks compare
-// their marks once they are connected. A plain file has no id, so one plain model swapped for
-// another is not caught: a plain file is not authenticated anyway.
+// their marks once they are connected. A plain file has no id, so one plain
+// model swapped for another is not caught: a plain file is not authenticated
+// anyway.
 enum { START_MARK_WORDS = 3 };
 
 static void start_mark(const Job *job, uint64_t *mark) {
