@@ -3,6 +3,7 @@
 # short slot on one GPU (written for one H200: CUDA, PyTorch, no network).
 #
 #   ./dev/gpu_check.sh          # OUT=DIR for the results (default /tmp/llm3d_gpu_check)
+#   QUICK=1 ./dev/gpu_check.sh  # for turns on a kernel: phases 1-3, 7 and 9 only
 #
 # What it leaves in $OUT is two files, so that it all comes back from a
 # machine that returns only a few: summary.txt (also printed as it goes) and
@@ -50,6 +51,10 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/llm3d_gpu_check}
 DEADLINE=${DEADLINE:-420}
+# QUICK=1: what a change to a kernel needs, in about a third of the time: the
+# builds, the fixtures, the benchmark, the kernel checks (without the
+# sanitizers) and the profile; each other phase says it is skipped
+QUICK=${QUICK:-0}
 mkdir -p "$OUT"
 LOGS=$(mktemp -d /tmp/llm3d_gpu_logs.XXXXXX)
 WORK=$(mktemp -d /tmp/llm3d_gpu_work.XXXXXX)  # shards, checkpoints: nothing big comes back
@@ -91,12 +96,14 @@ collect() {
     done
 }
 
-# phase NAME: closes the phase before (its time in the summary), opens this one
+# phase NAME [full]: closes the phase before (its time in the summary), opens
+# this one. ON is 1 when it runs: always, but for a "full" phase under QUICK=1
 phase() {
     [ -n "$PHASE" ] && say "   ($PHASE: $(( $(date +%s) - PHASE_T0 ))s)"
     archive
-    PHASE=$1 PHASE_T0=$(date +%s)
+    PHASE=$1 PHASE_T0=$(date +%s) ON=1
     [ -n "$PHASE" ] && say "== $PHASE (at $(elapsed)s)"
+    if [ "${2:-}" = full ] && [ "$QUICK" = 1 ]; then ON=0; skip "$PHASE: QUICK=1"; fi
 }
 
 finish() {
@@ -336,8 +343,10 @@ layouts() {  # layouts PREC BOUND: the one-rank runs first, then every layout ag
     for z in 1 3; do background layout $p $b grid222_z$z "$GRID" "-np 8 -tp 2 -pp 2 -z $z"; done
     collect
 }
-phase "layouts on one GPU, fp32 (within 1e-5 of one rank)"
-if [ -x ./train_gpt2cu_fp32 ]; then layouts fp32 1e-5; else skip "fp32 layouts: train_gpt2cu_fp32 not built"; fi
+phase "layouts on one GPU, fp32 (within 1e-5 of one rank)" full
+if [ $ON = 1 ]; then
+    if [ -x ./train_gpt2cu_fp32 ]; then layouts fp32 1e-5; else skip "fp32 layouts: train_gpt2cu_fp32 not built"; fi
+fi
 # faults: the job ends (not exit 0) after steps 0-2, naming the culprit
 # (kill: 2 or 3 steps, as in test_layouts: the launcher may stop rank 0
 # before it logs step 2)
@@ -390,8 +399,8 @@ check_drift() {
         fail "consistency check: exit $rc, $steps steps logged, rank 2 $(grep -qF "$want" "$log.log" && echo named || echo 'not named') (see check_drift.log)"
     fi
 }
-phase "faults on one GPU"
-if [ -x ./train_gpt2cu ]; then
+phase "faults on one GPU" full
+if [ $ON = 1 ] && [ -x ./train_gpt2cu ]; then
     background fault tamper "-pp 2 -fault tamper:0:3" "from rank 0, channel activation, step 3" 3
     background fault replay "-pp 2 -fault replay:0:3" "from rank 0, channel activation, step 3" 3
     background fault kill "-fault kill:1:3" "rank 1" 2
@@ -400,8 +409,8 @@ if [ -x ./train_gpt2cu ]; then
     background check_drift
     collect
 fi
-phase "layouts on one GPU, bf16 (within 2e-2 of one rank)"
-if [ -x ./train_gpt2cu ]; then
+phase "layouts on one GPU, bf16 (within 2e-2 of one rank)" full
+if [ $ON = 1 ] && [ -x ./train_gpt2cu ]; then
     for base in "$DP2" "$TP" "$PP2" "$GRID"; do background one_rank bf16 "$base"; done
     collect
     background layout bf16 2e-2 dp2_z3 "$DP2" "-np 2 -z 3"
@@ -412,12 +421,12 @@ if [ -x ./train_gpt2cu ]; then
 fi
 
 # ---------------------------------------------------------------------------
-phase "fp32: fixtures, the CPU trainer, checkpoints across trainers"
+phase "fp32: fixtures, the CPU trainer, checkpoints across trainers" full
 CK="$WORK/ckpt"
 mkdir -p "$CK"
 CROSS="-e d2 -ev 512 -et 64 -t 64 -b 4 -l 1e-3 -v 0 -s 0 $SMALL"
-if [ -x ./test_gpt2cu_fp32 ]; then run test_gpt2cu_fp32 120 ./test_gpt2cu_fp32; fi
-if [ -x ./train_gpt2cu_fp32 ] && [ -x ./train_gpt2 ]; then
+if [ $ON = 1 ] && [ -x ./test_gpt2cu_fp32 ]; then run test_gpt2cu_fp32 120 ./test_gpt2cu_fp32; fi
+if [ $ON = 1 ] && [ -x ./train_gpt2cu_fp32 ] && [ -x ./train_gpt2 ]; then
     # the same 10 steps on both: losses within 1e-4
     run cross_gpu 60 ./train_gpt2cu_fp32 $CROSS -x 10 -lg "$LOGS/cross_gpu.jsonl" &&
     run cross_cpu 120 ./train_gpt2 $CROSS -x 10 -lg "$LOGS/cross_cpu.jsonl" &&
@@ -433,9 +442,9 @@ if [ -x ./train_gpt2cu_fp32 ] && [ -x ./train_gpt2 ]; then
 fi
 
 # ---------------------------------------------------------------------------
-phase "NCCL with one rank; checkpoints and SIGTERM"
+phase "NCCL with one rank; checkpoints and SIGTERM" full
 NC="-e d2 -ev 512 -et 64 -t 64 -b 4 -x 8 -l 1e-3 -v 4 -m 2 -s 0 $SMALL"
-if [ -x ./train_gpt2cu ]; then
+if [ $ON = 1 ] && [ -x ./train_gpt2cu ]; then
     # bf16: ZeRO 1-3 of one rank against ZeRO-0; fp32: bit for bit
     for z in 0 1 2 3; do run nccl_z$z 60 ./train_gpt2cu $NC -np 1 -z $z -lg "$LOGS/nccl_z$z.jsonl"; done
     for z in 1 2 3; do compare 1e-2 "NCCL one rank, bf16 ZeRO-$z against ZeRO-0" "$LOGS/nccl_z0.jsonl" "$LOGS/nccl_z$z.jsonl"; done
@@ -501,7 +510,9 @@ for k in $KERNELS; do
     if [ -x "dev/cuda/${k}_check" ]; then run "${k}_check" 60 "dev/cuda/${k}_check"; else skip "${k}_check: not built"; fi
 done
 grep -h '^time ' "$LOGS"/*_check.log 2>/dev/null | sed 's/^/   /' >> "$SUMMARY"
-if command -v compute-sanitizer > /dev/null; then
+if [ "$QUICK" = 1 ]; then
+    skip "compute-sanitizer: QUICK=1"
+elif command -v compute-sanitizer > /dev/null; then
     for tool in memcheck racecheck; do
         for k in $KERNELS; do
             [ -x "dev/cuda/${k}_check" ] || continue
@@ -520,15 +531,17 @@ else
 fi
 
 # ---------------------------------------------------------------------------
-phase "the PyTorch peer, -fa 0, fp32 kernel checks"
-if [ -n "$BENCH_B" ] && [ $HAVE_TORCH = 1 ]; then
+phase "the PyTorch peer, -fa 0, fp32 kernel checks" full
+if [ $ON = 0 ]; then
+    :
+elif [ -n "$BENCH_B" ] && [ $HAVE_TORCH = 1 ]; then
     run torch_bench 150 python3 dev/train_gpt2.py --bench --device cuda --compile --dtype-train bf16 \
         -B "$BENCH_B" -T 1024 --init d12 --steps 30 &&
     grep -h '^bench:' "$LOGS/torch_bench.log" | sed 's/^/   pytorch (torch.compile, bf16) /' | tee -a "$SUMMARY"
 elif [ -n "$BENCH_B" ]; then
     skip "torch_bench: no PyTorch with CUDA here"
 fi
-if [ -n "$BENCH_B" ]; then
+if [ $ON = 1 ] && [ -n "$BENCH_B" ]; then
     run "bench_fa0" 90 ./train_gpt2cu -e d12 -b "$BENCH_B" -t 1024 -x 12 -v 0 -s 0 -fa 0 \
         -i "$WORK/bench_train_*.bin" -lg "$LOGS/bench_fa0.jsonl" &&
     python3 - "$LOGS/bench_fa0.jsonl" <<'EOF' | tee -a "$SUMMARY"
@@ -539,7 +552,7 @@ print(f"   train_gpt2cu -fa 0: ms/step {ms:.2f} tokens/s {rows[0]['tokens'] / ms
 EOF
 fi
 for k in $KERNELS; do
-    [ -x "dev/cuda/${k}_fp32_check" ] && run "${k}_fp32_check" 60 "dev/cuda/${k}_fp32_check"
+    [ $ON = 1 ] && [ -x "dev/cuda/${k}_fp32_check" ] && run "${k}_fp32_check" 60 "dev/cuda/${k}_fp32_check"
 done
 
 # ---------------------------------------------------------------------------
