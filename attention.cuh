@@ -411,8 +411,7 @@ attention_forward_tc_kernel(floatX *out, float *lse, const floatX *qkv, int T, i
             l_hi += p[2] + p[3] + p[6] + p[7];
             uint32_t pa[4] = {pack_bf16(p[0], p[1]), pack_bf16(p[2], p[3]), pack_bf16(p[4], p[5]), pack_bf16(p[6], p[7])};
             #pragma unroll
-            #pragma unroll
-        for (int d = 0; d < DN; d++) {
+            for (int d = 0; d < DN; d++) {
                 const __nv_bfloat16 *vr = &svt[d * 8 + gid][kk * 16 + 2 * tig];
                 mma_16816(o[d], pa, pair_at(vr), pair_at(vr + 8));
             }
