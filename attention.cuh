@@ -490,8 +490,7 @@ attention_backward_dq_tc_kernel(floatX *dqkv, const floatX *qkv, const floatX *d
             }
             uint32_t dsa[4] = {pack_bf16(ds[0], ds[1]), pack_bf16(ds[2], ds[3]), pack_bf16(ds[4], ds[5]), pack_bf16(ds[6], ds[7])};
             #pragma unroll
-            #pragma unroll
-        for (int d = 0; d < DN; d++) {
+            for (int d = 0; d < DN; d++) {
                 const __nv_bfloat16 *kr = &skt[d * 8 + gid][kk * 16 + 2 * tig];
                 mma_16816(dq[d], dsa, pair_at(kr), pair_at(kr + 8));
             }
@@ -570,8 +569,7 @@ attention_backward_dkdv_tc_kernel(floatX *dqkv, const floatX *qkv, const floatX 
             uint32_t pa[4] = {pack_bf16(p[0], p[1]), pack_bf16(p[2], p[3]), pack_bf16(p[4], p[5]), pack_bf16(p[6], p[7])};
             uint32_t dsa[4] = {pack_bf16(ds[0], ds[1]), pack_bf16(ds[2], ds[3]), pack_bf16(ds[4], ds[5]), pack_bf16(ds[6], ds[7])};
             #pragma unroll
-            #pragma unroll
-        for (int d = 0; d < DN; d++) {
+            for (int d = 0; d < DN; d++) {
                 const __nv_bfloat16 *dr = &sdot[d * 8 + gid][kk * 16 + 2 * tig], *qr = &sqt[d * 8 + gid][kk * 16 + 2 * tig];
                 mma_16816(dv[d], pa, pair_at(dr), pair_at(dr + 8));
                 mma_16816(dk[d], dsa, pair_at(qr), pair_at(qr + 8));
