@@ -1,10 +1,10 @@
 /*
  * bench_kernels.c: the CPU trainer's memory-bound kernels against what the
  * machine can do, measured in the same run (dev/bench.h): AdamW and the grad
- * norm's sum of squares in GB/s against the copy bandwidth, GELU and the
+ * norm's sum of squares in GB/s against the memory bandwidth, GELU and the
  * cross-entropy's exp in elements per ns, attention and LayerNorm in ms at
  * one d12 layer's shapes. With the argument "peak" it prints
- * only the FMA peak and the copy bandwidth (for dev/bench_cpu.sh).
+ * only the FMA peak and the memory bandwidth (for dev/bench_cpu.sh).
  *
  *   make dev/bench_kernels && ./dev/bench_kernels [peak]
  *
@@ -25,16 +25,17 @@ static float *filled(size_t n, float scale) {
 }
 
 int main(int argc, char **argv) {
-    double peak = bench_fma_peak(5), copy = bench_copy_bandwidth(3);
+    double peak = bench_fma_peak(5), memory = bench_memory_bandwidth(3);
     int nthreads = 1;
 #ifdef _OPENMP
     nthreads = omp_get_max_threads();
 #endif
     if (argc > 1 && strcmp(argv[1], "peak") == 0) {
-        printf("fma peak %.1f GFLOP/s, copy %.1f GB/s, %d threads\n", peak, copy, nthreads);
+        printf("fma peak %.1f GFLOP/s, memory %.1f GB/s, %d threads\n", peak, memory, nthreads);
         return 0;
     }
-    printf("%d threads; FMA peak %.1f GFLOP/s, copy bandwidth %.1f GB/s (read + written)\n", nthreads, peak, copy);
+    printf("%d threads; FMA peak %.1f GFLOP/s, memory bandwidth %.1f GB/s (y += x: read + written)\n", nthreads, peak,
+           memory);
 
     // AdamW over 32M parameters (GPT-2 124M has 124M): reads params, grads,
     // m and v, writes params, m and v
@@ -50,8 +51,8 @@ int main(int argc, char **argv) {
         if (t < best) best = t;
     }
     double gbs = 7.0 * n * sizeof(float) / best * 1e-9;
-    printf("adamw        %6.1f ms for %zuM params: %6.1f GB/s, %5.1f%% of copy\n", best * 1e3, n >> 20, gbs,
-           100.0 * gbs / copy);
+    printf("adamw        %6.1f ms for %zuM params: %6.1f GB/s, %5.1f%% of memory\n", best * 1e3, n >> 20, gbs,
+           100.0 * gbs / memory);
     best = 1e30;
     double sink = 0.0;
     for (int r = 0; r < RUNS; r++) {
@@ -61,8 +62,8 @@ int main(int argc, char **argv) {
         if (t < best) best = t;
     }
     gbs = (double)n * sizeof(float) / best * 1e-9;
-    printf("sum_squares  %6.1f ms for %zuM floats: %6.1f GB/s, %5.1f%% of copy (sum %.3e)\n", best * 1e3, n >> 20, gbs,
-           100.0 * gbs / copy, sink / RUNS);
+    printf("sum_squares  %6.1f ms for %zuM floats: %6.1f GB/s, %5.1f%% of memory (sum %.3e)\n", best * 1e3, n >> 20,
+           gbs, 100.0 * gbs / memory, sink / RUNS);
     free(p); free(g); free(m); free(v);
 
     // GELU over the d12 fc activations of B=4, T=64 (256 x 3072), and the
