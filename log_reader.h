@@ -7,7 +7,7 @@
  *   log_record_read  one line, a JSON object, into a LogRecord
  *   log_read         every line of a file, each handed to the tool's function
  *
- * The log is what the trainers write (gpt2.h's log_step): one JSON object a
+ * The log is what the trainers write (gpt2.h's log_line): one JSON object a
  * line, with "step" (required, from 0) and any of "loss", "val_loss", "lr",
  * "ms", "tokens" and "hellaswag". A field that is missing or null (not
  * measured) reads as NAN; other fields are read past. Blank lines are skipped.

@@ -15,7 +15,7 @@
  * FineWeb: on other data (tinyshakespeare) give --baselines none.
  *
  * The log: one JSON object per line, as the trainers write it (gpt2.h's
- * log_step): "step" (required, from 0), and any of "loss", "val_loss", "lr",
+ * log_line): "step" (required, from 0), and any of "loss", "val_loss", "lr",
  * "ms" (the step's time), "tokens" (tokens seen when the step is done: the
  * batch times step + 1; throughput is a step's tokens / ms), and "hellaswag" (accuracy as a
  * fraction, as llm.c logs it; a value above 1 is taken as a percentage).

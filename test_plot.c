@@ -31,7 +31,7 @@ static void write_log(const char *path, int steps, double offset, int with_hella
         else if (s % 25 == 1) fprintf(f, ", \"val_loss\": null");  // not measured, said so
         if (with_hellaswag && (s % 50 == 0 || s == steps - 1)) fprintf(f, ", \"hellaswag\": %.4f", 0.25 + 0.0005 * s);
         fprintf(f, ", \"norm\": 1.5, \"lr\": %.6e, \"ms\": %.3f", 1e-3 * (s < 10 ? (s + 1) / 10.0 : 1.0), 100.0 + s % 7);
-        if (with_tokens) fprintf(f, ", \"tokens\": %d", 4096 * (s + 1));  // tokens seen, as log_step writes it
+        if (with_tokens) fprintf(f, ", \"tokens\": %d", 4096 * (s + 1));  // tokens seen, as log_line writes it
         fprintf(f, ", \"extra\": {\"nested\": [1, \"x\"]}}\n");
         if (s == 3) fprintf(f, "\n");  // a blank line is read past
     }

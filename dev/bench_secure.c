@@ -105,7 +105,7 @@ int main(int argc, char **argv) {
     if (argc >= 2 && (sscanf(argv[1], "%lf", &seconds) != 1 || seconds <= 0 || seconds > 60)) bad = 1;
     if (argc >= 3 && (sscanf(argv[2], "%d", &runs) != 1 || runs < 1 || runs > MAX_RUNS)) bad = 1;
     if (bad) {
-        fprintf(stderr, "usage: %s [seconds per run, 0..60, default 0.2] [runs, 1..%d, default 5]\n", argv[0], MAX_RUNS);
+        fprintf(stderr, "usage: %s [seconds per run, above 0 and at most 60, default 0.2] [runs, 1..%d, default 5]\n", argv[0], MAX_RUNS);
         return 2;
     }
     size_t sizes[] = {64, 4096, 1 << 20, 64 << 20};

@@ -5,7 +5,7 @@
  *
  *   dev/compare_logs RUN.jsonl REF.jsonl [--prefix] [--window N] [--train-tol X] [--val-tol X]
  *
- * Both are JSON-lines logs as the trainers write them (gpt2.h's log_step):
+ * Both are JSON-lines logs as the trainers write them (gpt2.h's log_line):
  * "step", "loss" and, where measured, "val_loss". Three findings:
  *   - whether the losses are identical as logged (6 decimals) at every step:
  *     what the same machine, compiler and thread count give;

@@ -3,7 +3,7 @@
 # short slot on one GPU (written for one H200: CUDA, PyTorch, no network).
 #
 #   ./dev/gpu_check.sh          # OUT=DIR for the results (default /tmp/llm3d_gpu_check)
-#   QUICK=1 ./dev/gpu_check.sh  # for turns on a kernel: phases 1-3, 7 and 9 only
+#   QUICK=1 ./dev/gpu_check.sh  # for turns on a kernel: phases 0-3, 7 (no sanitizers) and 9
 #
 # What it leaves in $OUT is two files, so that it all comes back from a
 # machine that returns only a few: summary.txt (also printed as it goes) and
