@@ -91,8 +91,8 @@ static int gpu_options_take(GpuOptions *g, int *argc, char **argv, char *err, si
 // bf16 dense tensor-core peak of the GPU, in FLOP/s; 0 when not in the table
 static double gpu_peak_flops(const char *name) {
     if (strstr(name, "H200") != NULL) return 989e12;
-    if (strstr(name, "H100") != NULL) return strstr(name, "PCIe") != NULL ? 756e12 : 989e12;
-    if (strstr(name, "H800") != NULL) return 989e12;
+    if (strstr(name, "H100") != NULL || strstr(name, "H800") != NULL)
+        return strstr(name, "PCIe") != NULL ? 756e12 : 989e12;
     if (strstr(name, "A100") != NULL || strstr(name, "A800") != NULL) return 312e12;
     return 0.0;
 }

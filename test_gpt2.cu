@@ -432,9 +432,10 @@ static void test_init_spec(void) {
 
 static void test_peak_table(void) {
     check(gpu_peak_flops("NVIDIA H200") == 989e12 && gpu_peak_flops("NVIDIA H100 80GB HBM3") == 989e12 &&
-          gpu_peak_flops("NVIDIA H100 PCIe") == 756e12 && gpu_peak_flops("NVIDIA A100-SXM4-80GB") == 312e12 &&
-          gpu_peak_flops("NVIDIA GeForce RTX 4090") == 0.0,
-          "bf16 peak table: H200/H100 SXM 989, H100 PCIe 756, A100 312 TFLOPS, unknown n/a");
+          gpu_peak_flops("NVIDIA H100 PCIe") == 756e12 && gpu_peak_flops("NVIDIA H800") == 989e12 &&
+          gpu_peak_flops("NVIDIA H800 PCIe") == 756e12 && gpu_peak_flops("NVIDIA A100-SXM4-80GB") == 312e12 &&
+          gpu_peak_flops("NVIDIA A800-SXM4-80GB") == 312e12 && gpu_peak_flops("NVIDIA GeForce RTX 4090") == 0.0,
+          "bf16 peak table: H200, H100/H800 SXM 989, H100/H800 PCIe 756, A100/A800 312 TFLOPS, unknown n/a");
     GPT2Config c;
     config_from_descriptor(&c, "d12", 50257, 1024);
     double f = flops_per_token(&c, 1024);

@@ -28,11 +28,12 @@
 #   6. NCCL with one rank: ZeRO 0-3 agree (fp32: bit for bit); checkpoints
 #      resume byte-identical; sealed checkpoints (-enc 1) give the plain
 #      run's losses and resume bit-exact; SIGTERM checkpoints and exits 0
-#   7. kernel checks (bf16), then compute-sanitizer memcheck and racecheck
-#      over them at small shapes (LLM3D_CHECK_SMALL=1), memcheck over the
-#      fp32 ones (the build also gates on ptxas: no kernel may spill)
+#   7. kernel checks (bf16 and fp32), then compute-sanitizer memcheck and
+#      racecheck over the bf16 ones at small shapes (LLM3D_CHECK_SMALL=1),
+#      memcheck over the fp32 ones (the build also gates on ptxas: no kernel
+#      may spill)
 #   8. the PyTorch peer (torch.compile, bf16) at the benchmark's B; ours with
-#      -fa 0; the fp32 kernel checks
+#      -fa 0
 #   9. a profile (Nsight Compute): the kernels of two d12 steps at the
 #      benchmark's B, their GPU time summed by name; a measurement, not a gate
 #
@@ -55,6 +56,7 @@ DEADLINE=${DEADLINE:-420}
 # builds, the fixtures, the benchmark, the kernel checks (without the
 # sanitizers) and the profile; each other phase says it is skipped
 QUICK=${QUICK:-0}
+case $QUICK in 0|1) ;; *) echo "gpu_check: QUICK=$QUICK: give 0 or 1"; exit 2 ;; esac
 mkdir -p "$OUT"
 LOGS=$(mktemp -d /tmp/llm3d_gpu_logs.XXXXXX)
 WORK=$(mktemp -d /tmp/llm3d_gpu_work.XXXXXX)  # shards, checkpoints: nothing big comes back
@@ -199,11 +201,13 @@ build() {  # build NAME CMD...: in the background, log in $LOGS/build_NAME.log
 }
 build train_gpt2cu $NVCC train_gpt2.cu $LIBS -o train_gpt2cu
 build test_gpt2cu $NVCC test_gpt2.cu $LIBS -o test_gpt2cu
-build train_gpt2cu_fp32 $NVCC -DENABLE_FP32 train_gpt2.cu $LIBS -o train_gpt2cu_fp32
-build test_gpt2cu_fp32 $NVCC -DENABLE_FP32 test_gpt2.cu $LIBS -o test_gpt2cu_fp32
+if [ "$QUICK" = 0 ]; then  # only the phases QUICK=1 skips use these
+    build train_gpt2cu_fp32 $NVCC -DENABLE_FP32 train_gpt2.cu $LIBS -o train_gpt2cu_fp32
+    build test_gpt2cu_fp32 $NVCC -DENABLE_FP32 test_gpt2.cu $LIBS -o test_gpt2cu_fp32
+fi
 build kernels make -C dev/cuda -j6 NVCC="$NVCC_BIN" ARCH="$ARCH $NCCL_FLAGS" NVCC_LDLIBS="$LIBS"
 build kernels_fp32 make -C dev/cuda -j6 NVCC="$NVCC_BIN" ARCH="$ARCH $NCCL_FLAGS" NVCC_LDLIBS="$LIBS" PRECISION=FP32
-build cpu make -j4 train_gpt2 prepare_data
+[ "$QUICK" = 0 ] && build cpu make -j4 train_gpt2 prepare_data
 # ptxas's register report of every kernel in both builds: none may spill
 build ptxas_bf16 $NVCC -Xptxas -v -c train_gpt2.cu -o "$WORK/ptxas_bf16.o"
 build ptxas_fp32 $NVCC -DENABLE_FP32 -Xptxas -v -c train_gpt2.cu -o "$WORK/ptxas_fp32.o"
@@ -504,10 +508,13 @@ if [ $ON = 1 ] && [ -x ./train_gpt2cu ]; then
 fi
 
 # ---------------------------------------------------------------------------
-phase "kernel checks (bf16), compute-sanitizer at small shapes"
+phase "kernel checks (bf16, fp32), compute-sanitizer at small shapes"
 KERNELS="encoder layernorm attention classifier adamw gelu matmul mac"
 for k in $KERNELS; do
     if [ -x "dev/cuda/${k}_check" ]; then run "${k}_check" 60 "dev/cuda/${k}_check"; else skip "${k}_check: not built"; fi
+done
+for k in $KERNELS; do
+    [ -x "dev/cuda/${k}_fp32_check" ] && run "${k}_fp32_check" 60 "dev/cuda/${k}_fp32_check"
 done
 grep -h '^time ' "$LOGS"/*_check.log 2>/dev/null | sed 's/^/   /' >> "$SUMMARY"
 if [ "$QUICK" = 1 ]; then
@@ -531,7 +538,7 @@ else
 fi
 
 # ---------------------------------------------------------------------------
-phase "the PyTorch peer, -fa 0, fp32 kernel checks" full
+phase "the PyTorch peer, -fa 0" full
 if [ $ON = 0 ]; then
     :
 elif [ -n "$BENCH_B" ] && [ $HAVE_TORCH = 1 ]; then
@@ -551,9 +558,6 @@ ms = statistics.median(r["ms"] for r in rows[3:])
 print(f"   train_gpt2cu -fa 0: ms/step {ms:.2f} tokens/s {rows[0]['tokens'] / ms * 1000:.0f}")
 EOF
 fi
-for k in $KERNELS; do
-    [ $ON = 1 ] && [ -x "dev/cuda/${k}_fp32_check" ] && run "${k}_fp32_check" 60 "dev/cuda/${k}_fp32_check"
-done
 
 # ---------------------------------------------------------------------------
 # where the time goes: every kernel of two d12 steps at the benchmark's B,
