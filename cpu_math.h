@@ -19,7 +19,6 @@
 #define LLM3D_CPU_MATH_H
 
 #include <stdint.h>
-#include <string.h>
 
 #if defined(__GNUC__) && !defined(LLM3D_SCALAR)
 #define VEC_MATH 1

@@ -16,11 +16,11 @@
  * it. More threads than CPUs would each count a whole core: the sum is then
  * scaled to the CPUs online. The memory bandwidth is each thread adding its
  * part of one array far larger than the caches into another in place,
- * counted as bytes read plus bytes written. The machine may be shared, so take the best of several runs, and
- * measure both before and after the thing being timed. Built with
- * -DBENCH_CPU_TIME, bench_now counts only the CPU time the process got, which
- * on a busy machine compares code more steadily (with one thread: with more,
- * it counts their waits at barriers too).
+ * counted as bytes read plus bytes written. The machine may be shared, so
+ * take the best of several runs, and measure both before and after the thing
+ * being timed. Built with -DBENCH_CPU_TIME, bench_now counts only the CPU
+ * time the process got, which on a busy machine compares code more steadily
+ * (with one thread: with more, it counts their waits at barriers too).
  */
 #ifndef LLM3D_DEV_BENCH_H
 #define LLM3D_DEV_BENCH_H

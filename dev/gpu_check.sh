@@ -539,14 +539,14 @@ fi
 
 # ---------------------------------------------------------------------------
 phase "the PyTorch peer, -fa 0" full
-if [ $ON = 0 ]; then
-    :
-elif [ -n "$BENCH_B" ] && [ $HAVE_TORCH = 1 ]; then
-    run torch_bench 150 python3 dev/train_gpt2.py --bench --device cuda --compile --dtype-train bf16 \
-        -B "$BENCH_B" -T 1024 --init d12 --steps 30 &&
-    grep -h '^bench:' "$LOGS/torch_bench.log" | sed 's/^/   pytorch (torch.compile, bf16) /' | tee -a "$SUMMARY"
-elif [ -n "$BENCH_B" ]; then
-    skip "torch_bench: no PyTorch with CUDA here"
+if [ $ON = 1 ] && [ -n "$BENCH_B" ]; then
+    if [ $HAVE_TORCH = 1 ]; then
+        run torch_bench 150 python3 dev/train_gpt2.py --bench --device cuda --compile --dtype-train bf16 \
+            -B "$BENCH_B" -T 1024 --init d12 --steps 30 &&
+        grep -h '^bench:' "$LOGS/torch_bench.log" | sed 's/^/   pytorch (torch.compile, bf16) /' | tee -a "$SUMMARY"
+    else
+        skip "torch_bench: no PyTorch with CUDA here"
+    fi
 fi
 if [ $ON = 1 ] && [ -n "$BENCH_B" ]; then
     run "bench_fa0" 90 ./train_gpt2cu -e d12 -b "$BENCH_B" -t 1024 -x 12 -v 0 -s 0 -fa 0 \
