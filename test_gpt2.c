@@ -182,14 +182,17 @@ static void test_matmul_fd(void) {
 // the three products of a Linear layer against sums in double, at shapes that
 // reach every path of cpu_matmul.h: rows past the last whole sliver of A,
 // columns past the last whole vector and past the last whole sliver of B,
-// B packed (many rows) and read in place (few), on 1 and 3 threads. The last
-// shape's dweight (M = 1600 rows in 7 blocks, K = 200 over two blocks of k)
-// packs B whole for all its row blocks, on 3 threads as on 1.
+// B packed (many rows) and read in place (few), on 1 and 3 threads. The
+// fifth shape's dweight (M = 1600 rows in 7 blocks, K = 200 over two blocks of
+// k) packs B whole for all its row blocks, on 3 threads as on 1. dweight's A,
+// dout transposed, is transposed whole first in all but the last shape,
+// whose dout is over 16 MiB and read down its columns where it is.
 static void test_matmul_shapes(void) {
-    // N, C, OC. The last has a weight over 16 MiB and fewer rows than
+    // N, C, OC. The sixth has a weight over 16 MiB and fewer rows than
     // columns of input, so its forward is computed transposed (cpu_matmul.h):
     // two blocks of k, and a last task of 119 rows of the weight
-    int shapes[][3] = {{21, 112, 100}, {300, 100, 112}, {40, 200, 33}, {50, 100, 300}, {200, 200, 1600}, {52, 160, 26999}};
+    int shapes[][3] = {{21, 112, 100}, {300, 100, 112}, {40, 200, 33}, {50, 100, 300},
+                       {200, 200, 1600}, {52, 160, 26999}, {170, 16, 25000}};
 #ifdef _OPENMP
     int before = omp_get_max_threads();
 #endif
@@ -203,6 +206,7 @@ static void test_matmul_shapes(void) {
         float *inp = rand_array(N * C, 1.0f), *w = rand_array(OC * C, 1.0f), *b = rand_array(OC, 1.0f);
         float *dout = rand_array(N * OC, 1.0f), *out = calloc(N * OC, 4), *dinp = calloc(N * C, 4);
         float *dw = calloc(OC * C, 4), *db = calloc(OC, 4), *again = calloc(N * OC, 4);
+        float *dinp1 = calloc(N * C, 4), *dw1 = calloc(OC * C, 4);  // one thread's, to compare with three's
         for (int threads = 1; threads <= 3; threads += 2) {
 #ifdef _OPENMP
             omp_set_num_threads(threads);
@@ -212,6 +216,14 @@ static void test_matmul_shapes(void) {
             memset(db, 0, (size_t)OC * 4);
             matmul_forward(out, inp, w, b, N, C, OC);
             matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, 0);
+            if (threads == 1) {
+                memcpy(dinp1, dinp, (size_t)N * C * 4);
+                memcpy(dw1, dw, (size_t)OC * C * 4);
+            } else {
+                check(memcmp(dinp, dinp1, (size_t)N * C * 4) == 0 && memcmp(dw, dw1, (size_t)OC * C * 4) == 0,
+                      "matmul N=%d C=%d OC=%d: dinp and dweight on %d threads equal one thread's, bit for bit", N, C,
+                      OC, threads);
+            }
             // the forward is the bias, then each term added in order, bit for
             // bit, whichever way it is computed: the same as adding A B to C
             // set to the bias (matmul_blocked, never transposed)
@@ -256,6 +268,7 @@ static void test_matmul_shapes(void) {
                   OC, threads, worst);
         }
         free(inp); free(w); free(b); free(dout); free(out); free(dinp); free(dw); free(db); free(again);
+        free(dinp1); free(dw1);
     }
 #ifdef _OPENMP
     omp_set_num_threads(before);
