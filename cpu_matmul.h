@@ -41,8 +41,7 @@
  * - what comes from memory is asked for ahead (prefetched) while the kernel
  *   works on what it has: C's next tile, and A and B when they are far
  *   larger than the caches (the logits' weight and gradient), a sliver or a
- *   panel ahead, and B when it is transposed as it is packed (the forward's
- *   weight);
+ *   panel ahead, and B whenever a task packs it (the layers' weights);
  * - the logits' forward (a weight over MATMUL_TRANSPOSE_BYTES) is computed
  *   as its transpose, logits^T = wte inp^T, so that the 154 MB weight is
  *   read in place and the small input is the one transposed.
@@ -307,9 +306,12 @@ static const float matmul_zeros[MATMUL_NR];
 // the kernel reads, so B can be read where it is. Packing still pays when the
 // block has many rows of A to reuse each packed sliver: then the kernel reads
 // contiguous slivers, where B's own rows, a multiple of 512 bytes apart,
-// fight for the same few sets of L1. With at most MC / 2 rows (the dinp
-// products on 2 threads, the small model's logits above all) the copy costs
-// more than it saves.
+// fight for the same few sets of L1. With at most MC / 2 rows the copy costs
+// more than it saves, but only where B is small (the small model's dinp
+// products) or comes from memory anyway (its logits' dinp): d12's layer
+// weights, 2 to 9 MB, read in place by the dinp products, kept the tiles at
+// 52 to 56% of the peak on the Xeon; packed, and asked for ahead as they are
+// packed, 67 to 72%, the dinp products about 10% faster with the copy.
 #ifndef MATMUL_B_IN_PLACE_ROWS
 #define MATMUL_B_IN_PLACE_ROWS (MATMUL_MC / 2)
 #endif
@@ -317,8 +319,8 @@ static const float matmul_zeros[MATMUL_NR];
 // B far larger than the caches (the logits' weight, 154 MB at d12) comes
 // from memory, and the kernel would wait on it: while one panel of B (packed)
 // or one sliver (read in place) is worked on, the tiles ask for the next one
-// a few cache lines each, so that it is in cache when its turn comes. The
-// forward's weight, transposed as it is packed, is asked for the same way.
+// a few cache lines each, so that it is in cache when its turn comes. Any B
+// that a task packs (the layers' weights) is asked for the same way.
 // A region of `rows` rows of `row_floats` floats, `stride` floats apart.
 typedef struct {
     const char *base;
@@ -376,14 +378,13 @@ static inline void matmul_prefetch_next_c(const float *c, size_t ldc, int mc, in
 // next_j0, next_nc: the columns of the task this thread likely runs next
 // (next_j0 < 0: none), whose first panel of B the last block of k asks for
 static void matmul_task(float *c, size_t ldc, int set, const float *init, const float *a, size_t am, size_t ak,
-                        const float *b, size_t bk, size_t bj, const float *b_whole, int m0, int mc, int j0, int nc, int K,
-                        int prefetch_a, int prefetch_b, int next_j0, int next_nc) {
+                        const float *b, size_t bk, size_t bj, const float *b_whole, int b_in_place, int m0, int mc, int j0,
+                        int nc, int K, int prefetch_a, int prefetch_b, int next_j0, int next_nc) {
     enum { MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC, VL = MATMUL_VL };
     int mc_pad = (mc + MR - 1) / MR * MR, nc_pad = (nc + NR - 1) / NR * NR;
     float *bp = matmul_scratch(MATMUL_TASK_SCRATCH, (size_t)(nc_pad + mc_pad) * KC), *ap = bp + (size_t)nc_pad * KC;
     // rows of A along k are read in place, except in a last partial sliver
     int a_in_place = ak == 1 || am == 1, full_rows = a_in_place ? mc / MR * MR : 0;
-    int b_in_place = b_whole == NULL && bj == 1 && mc <= MATMUL_B_IN_PLACE_ROWS;
     int row_tiles = (mc + MR - 1) / MR, col_tiles = (nc + NR - 1) / NR;
     MatmulAhead ahead = {NULL, 0, 0, 0, 0, 0, 0};
     for (int k0 = 0; k0 < K; k0 += KC) {
@@ -392,10 +393,10 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
         if (!b_in_place && b_whole == NULL) matmul_pack(bp, bblk, bj, bk, nc, kc, NR);
         // packed: the next block of k's panel, over all the tiles of this
         // one; on the last block, the next task's first panel
-        if (prefetch_b && !b_in_place && b_whole == NULL && kc_next > 0) {
+        if (!b_in_place && b_whole == NULL && kc_next > 0) {
             if (bk == 1) matmul_ahead_start(&ahead, bblk + KC, bj, nc, kc_next, row_tiles * col_tiles);
             else matmul_ahead_start(&ahead, bblk + (size_t)KC * bk, bk, kc_next, nc, row_tiles * col_tiles);
-        } else if (prefetch_b && !b_in_place && b_whole == NULL && next_j0 >= 0) {
+        } else if (!b_in_place && b_whole == NULL && next_j0 >= 0) {
             int kc_first = K < KC ? K : KC;
             if (bk == 1) matmul_ahead_start(&ahead, b + (size_t)next_j0 * bj, bj, next_nc, kc_first, row_tiles * col_tiles);
             else matmul_ahead_start(&ahead, b + next_j0, bk, kc_first, next_nc, row_tiles * col_tiles);
@@ -445,7 +446,7 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
                     else
                         for (int k = 0; k < kc; k++) __builtin_prefetch(arow + MR + (size_t)k * ak);
                 }
-                if (prefetch_b) matmul_ahead_step(&ahead);
+                matmul_ahead_step(&ahead);
                 // C's next tile, down this sliver or atop the next: on the
                 // first block of k it comes from memory (the gradients were
                 // last touched a step ago); later blocks find it in L2
@@ -485,7 +486,7 @@ static void matmul_task_transposed(float *c, size_t ldc, const float *init, cons
         for (int r = 0; r < mc; r++)
             for (int j = 0; j < nc; j++) block[(size_t)r * nc + j] = init[m0 + r];
     // without init the kernel starts from zeros itself
-    matmul_task(block, nc, init == NULL, NULL, a, am, ak, b, bk, bj, b_whole, m0, mc, j0, nc, K, prefetch_a, 0, -1, 0);
+    matmul_task(block, nc, init == NULL, NULL, a, am, ak, b, bk, bj, b_whole, 0, m0, mc, j0, nc, K, prefetch_a, 0, -1, 0);
     matmul_transpose(c + (size_t)j0 * ldc + m0, ldc, block, nc, mc, nc);
 }
 
@@ -603,12 +604,13 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
     // apart at once, or for dweight 8 floats of each of kc rows, more streams
     // than the hardware prefetcher keeps up with, so the task asks for them
     // ahead. Elsewhere A is in L2 or L3 already and the requests only cost.
-    // B as large (the logits' weight) is asked for a sliver or a panel ahead
-    // (MatmulAhead), and so is a B transposed as it is packed (the forward's
-    // weight) whatever its size: the transpose reads 16 of its rows at once,
-    // far apart, which the hardware prefetcher does not follow (fc's and
-    // fcproj's forward measured 5% faster).
-    int prefetch_a = (ak == 1 || am == 1) && a_from_memory, prefetch_b = b_from_memory || bj != 1;
+    // B as large (the logits' weight), read in place, is asked for a sliver
+    // ahead (MatmulAhead). A B packed per task is asked for a panel ahead
+    // whatever its size: the copy reads kc or nc of its rows at once, far
+    // apart, which the hardware prefetcher does not follow (fc's and fcproj's
+    // forward measured 5% faster; d12's dinp products, whose packing took 14
+    // to 18% of their time, 6 to 7%).
+    int prefetch_a = (ak == 1 || am == 1) && a_from_memory, prefetch_b = b_from_memory;
     // The order of the tasks: tasks next to each other run at about the same
     // time and share what they read in cache. Row blocks first, so that
     // they share a panel of B, unless A is the larger: then the column
@@ -628,6 +630,10 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
     float *b_whole = NULL;
     if (transposed || (mblocks > 1 && bj == 1 && mc > MATMUL_B_IN_PLACE_ROWS && packed_floats * sizeof(float) <= MATMUL_PACK_ONCE_BYTES))
         b_whole = matmul_scratch(MATMUL_SHARED_SCRATCH, packed_floats);
+    // else B along j is read in place by blocks of few rows, when it is small
+    // or from memory anyway (MATMUL_B_IN_PLACE_ROWS)
+    int b_small = (size_t)K * J * sizeof(float) <= MATMUL_PACK_ONCE_BYTES;
+    int b_in_place = !transposed && b_whole == NULL && bj == 1 && mc <= MATMUL_B_IN_PLACE_ROWS && (b_small || b_from_memory);
     // A read down its columns (dweight's, A = dout transposed) is transposed
     // whole first, by all the threads, into a_rows, and then read along its
     // rows like the other products' A. Read in place, each k of a tile is 8
@@ -676,8 +682,8 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
                 matmul_task_transposed(c, (size_t)ldc, init, a, am, ak, b, bk, bj, b_whole, m0, mrows, j0, ncols, K,
                                        prefetch_a);
             else
-                matmul_task(c + (size_t)m0 * ldc + j0, (size_t)ldc, set, init, a, am, ak, b, bk, bj, b_whole, m0, mrows,
-                            j0, ncols, K, prefetch_a, prefetch_b, next_j0, next_nc);
+                matmul_task(c + (size_t)m0 * ldc + j0, (size_t)ldc, set, init, a, am, ak, b, bk, bj, b_whole, b_in_place, m0,
+                            mrows, j0, ncols, K, prefetch_a, prefetch_b, next_j0, next_nc);
         }
     }
 }
