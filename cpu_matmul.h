@@ -30,9 +30,9 @@
  *   it is instead;
  * - A is read where it is, along its rows (the forward and dinp products);
  *   packing it as well measured slower. dweight's A, dout transposed, is
- *   transposed whole first, by all the threads, then read the same way
- *   (but the logits', too large). Only a last sliver of fewer than MR rows
- *   is packed, zero-padded;
+ *   transposed whole first, by all the threads, then read the same way; the
+ *   logits' dout, too large for that, is transposed by each task a block at
+ *   a time. Only a last sliver of fewer than MR rows is packed, zero-padded;
  * - the threads share out (row block, column panel) tasks of C, disjoint and
  *   cache-line sized, so no two threads write the same line; dynamically,
  *   because the machine may have other work on one of its cores. The blocks
@@ -250,8 +250,9 @@ static inline void matmul_tile(float *c, size_t ldc, const float *s, size_t lds,
 }
 #endif
 
-// the two ways of reading A, each compiled with its strides known where they
-// can be, so that the inner loop's addressing is simple. B is a sliver whose
+// the two ways of reading A, packed or along its rows in place, each
+// compiled with its strides known where they can be, so that the inner
+// loop's addressing is simple. B is a sliver whose
 // rows of NR floats are bks apart: NR when packed (compiled apart, with the
 // stride a constant), B's own row stride when read in place.
 enum { MATMUL_NV = MATMUL_NR / MATMUL_VL };
@@ -265,11 +266,6 @@ static void matmul_tile_rows(float *c, size_t ldc, const float *s, size_t lds, c
     if (bks == MATMUL_NR) matmul_tile(c, ldc, s, lds, a, lda, 1, bp, MATMUL_NR, kc, MATMUL_NV);
     else matmul_tile(c, ldc, s, lds, a, lda, 1, bp, bks, kc, MATMUL_NV);
 }
-static void matmul_tile_cols(float *c, size_t ldc, const float *s, size_t lds, const float *a, size_t lda,
-                             const float *bp, size_t bks, int kc) {
-    if (bks == MATMUL_NR) matmul_tile(c, ldc, s, lds, a, 1, lda, bp, MATMUL_NR, kc, MATMUL_NV);
-    else matmul_tile(c, ldc, s, lds, a, 1, lda, bp, bks, kc, MATMUL_NV);
-}
 
 // the same at C's right edge when the columns left are whole vectors (the
 // small model's 128 = 48 + 48 + 32): nv of them, 1 or 2 (NV is at most 3),
@@ -278,11 +274,6 @@ static void matmul_tile_rows_narrow(float *c, size_t ldc, const float *s, size_t
                                     const float *bp, size_t bks, int kc, int nv) {
     if (nv == 1) matmul_tile(c, ldc, s, lds, a, lda, 1, bp, bks, kc, 1);
     else matmul_tile(c, ldc, s, lds, a, lda, 1, bp, bks, kc, 2);
-}
-static void matmul_tile_cols_narrow(float *c, size_t ldc, const float *s, size_t lds, const float *a, size_t lda,
-                                    const float *bp, size_t bks, int kc, int nv) {
-    if (nv == 1) matmul_tile(c, ldc, s, lds, a, 1, lda, bp, bks, kc, 1);
-    else matmul_tile(c, ldc, s, lds, a, 1, lda, bp, bks, kc, 2);
 }
 
 // a tile over the edge of C (fewer than MR rows or NR columns left): through
@@ -382,9 +373,14 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
                         int nc, int K, int prefetch_a, int prefetch_b, int next_j0, int next_nc) {
     enum { MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC, VL = MATMUL_VL };
     int mc_pad = (mc + MR - 1) / MR * MR, nc_pad = (nc + NR - 1) / NR * NR;
-    float *bp = matmul_scratch(MATMUL_TASK_SCRATCH, (size_t)(nc_pad + mc_pad) * KC), *ap = bp + (size_t)nc_pad * KC;
-    // rows of A along k are read in place, except in a last partial sliver
+    float *bp = matmul_scratch(MATMUL_TASK_SCRATCH, (size_t)(nc_pad + 2 * mc_pad) * KC), *ap = bp + (size_t)nc_pad * KC;
+    float *at = ap + (size_t)mc_pad * KC;
+    // rows of A along k are read in place, except in a last partial sliver.
+    // A read down its columns (the logits' dweight, whose dout matmul_run
+    // does not transpose whole) is transposed here, a block of k at a time,
+    // into at, and read along its rows from there.
     int a_in_place = ak == 1 || am == 1, full_rows = a_in_place ? mc / MR * MR : 0;
+    int a_cols = ak != 1 && am == 1;
     int row_tiles = (mc + MR - 1) / MR, col_tiles = (nc + NR - 1) / NR;
     MatmulAhead ahead = {NULL, 0, 0, 0, 0, 0, 0};
     for (int k0 = 0; k0 < K; k0 += KC) {
@@ -404,6 +400,14 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
         const float *ablk = a + (size_t)m0 * am + (size_t)k0 * ak;
         if (full_rows < mc)
             matmul_pack(ap + (size_t)full_rows * kc, ablk + (size_t)full_rows * am, am, ak, mc - full_rows, kc, MR);
+        // the block's rows of A along k, ars floats apart
+        const float *arows = ablk;
+        size_t ars = am;
+        if (a_cols) {
+            matmul_transpose(at, (size_t)kc, ablk, ak, kc, full_rows);
+            arows = at;
+            ars = (size_t)kc;
+        }
         for (int jr = 0; jr < nc; jr += NR) {
             int nr = nc - jr < NR ? nc - jr : NR;
             // the sliver of B the kernel reads, packed or in place; an edge
@@ -434,33 +438,25 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
                     st = init ? init + j0 + jr : matmul_zeros;
                     lds = 0;
                 }
-                const float *arow = ablk + (size_t)ir * am;
-                // A from memory: ask for the next sliver while this one is
-                // being worked on, a cache line at a time: its MR rows, or
-                // its MR columns on each of the kc rows of A transposed
-                if (prefetch_a && jr == 0 && ir + 2 * MR <= full_rows) {
-                    if (ak == 1)
-                        for (int r = MR; r < 2 * MR; r++)
-                            for (int k = 0; k < kc; k += 64 / (int)sizeof(float))
-                                __builtin_prefetch(arow + (size_t)r * am + k);
-                    else
-                        for (int k = 0; k < kc; k++) __builtin_prefetch(arow + MR + (size_t)k * ak);
-                }
+                const float *arow = arows + (size_t)ir * ars;
+                // A from memory: ask for the next sliver's MR rows while this
+                // one is being worked on, a cache line at a time
+                if (prefetch_a && jr == 0 && ir + 2 * MR <= full_rows)
+                    for (int r = MR; r < 2 * MR; r++)
+                        for (int k = 0; k < kc; k += 64 / (int)sizeof(float)) __builtin_prefetch(arow + (size_t)r * ars + k);
                 matmul_ahead_step(&ahead);
                 // C's next tile, down this sliver or atop the next: on the
                 // first block of k it comes from memory (the gradients were
                 // last touched a step ago); later blocks find it in L2
                 if (k0 == 0) matmul_prefetch_next_c(c, ldc, mc, nc, ir, jr);
                 if (mr == MR && nr == NR) {
-                    if (ir < full_rows && ak == 1) matmul_tile_rows(ct, ldc, st, lds, arow, am, bs, bks, kc);
-                    else if (ir < full_rows) matmul_tile_cols(ct, ldc, st, lds, arow, ak, bs, bks, kc);
+                    if (ir < full_rows) matmul_tile_rows(ct, ldc, st, lds, arow, ars, bs, bks, kc);
                     else matmul_tile_packed(ct, ldc, st, lds, ap + (size_t)ir * kc, bs, bks, kc);
                 } else if (mr == MR && nr % VL == 0 && ir < full_rows) {
-                    if (ak == 1) matmul_tile_rows_narrow(ct, ldc, st, lds, arow, am, bs, bks, kc, nr / VL);
-                    else matmul_tile_cols_narrow(ct, ldc, st, lds, arow, ak, bs, bks, kc, nr / VL);
+                    matmul_tile_rows_narrow(ct, ldc, st, lds, arow, ars, bs, bks, kc, nr / VL);
                 } else {
                     if (ir < full_rows)  // a column edge on rows read in place: pack this sliver alone
-                        matmul_pack(ap + (size_t)ir * kc, arow, am, ak, MR, kc, MR);
+                        matmul_pack(ap + (size_t)ir * kc, arow, ars, 1, MR, kc, MR);
                     if (!packed) {
                         matmul_pack(bp + (size_t)jr * kc, bblk + jr, 1, bk, nr, kc, NR);
                         packed = 1;
@@ -600,17 +596,18 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
         matmul_blocks(M, J, K, bj, nthreads, a_from_memory, b_from_memory, &mc, &nc);
     }
     // A far larger than the caches (the logits' gradient, dout, 51 MB at
-    // d12 or at the small model) comes from memory read in place: 8 rows far
-    // apart at once, or for dweight 8 floats of each of kc rows, more streams
-    // than the hardware prefetcher keeps up with, so the task asks for them
-    // ahead. Elsewhere A is in L2 or L3 already and the requests only cost.
+    // d12 or at the small model) comes from memory read in place, 8 rows far
+    // apart at once, more streams than the hardware prefetcher keeps up
+    // with, so the task asks for them ahead (the logits' dinp; their dweight
+    // transposes its blocks of dout, asking for them ahead measured no
+    // faster). Elsewhere A is in L2 or L3 already and the requests only cost.
     // B as large (the logits' weight), read in place, is asked for a sliver
     // ahead (MatmulAhead). A B packed per task is asked for a panel ahead
     // whatever its size: the copy reads kc or nc of its rows at once, far
     // apart, which the hardware prefetcher does not follow (fc's and fcproj's
     // forward measured 5% faster; d12's dinp products, whose packing took 14
     // to 18% of their time, 6 to 7%).
-    int prefetch_a = (ak == 1 || am == 1) && a_from_memory, prefetch_b = b_from_memory;
+    int prefetch_a = ak == 1 && a_from_memory, prefetch_b = b_from_memory;
     // The order of the tasks: tasks next to each other run at about the same
     // time and share what they read in cache. Row blocks first, so that
     // they share a panel of B, unless A is the larger: then the column
@@ -640,8 +637,10 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
     // floats of another row of dout, rows a multiple of 1 KiB apart: the
     // tile's A fell in a few sets of L1 and a new page at every k. The
     // transposed copy made the d12 layers' dweight products 10 to 15%
-    // faster, the copy included. Not the logits' (A of 51 MB at d12, larger
-    // than MATMUL_STREAM_BYTES): measured no faster, for 51 MB more memory.
+    // faster, the copy included. The logits' dout (51 MB at d12, over
+    // MATMUL_STREAM_BYTES) would take as much more memory and measured no
+    // faster: each task transposes its own blocks of it instead
+    // (matmul_task; 48 to 53% of the peak, the d12 step 1.5% faster).
     float *a_rows = NULL;
     if (am == 1 && ak != 1 && (size_t)M * K * sizeof(float) <= MATMUL_STREAM_BYTES)
         a_rows = matmul_scratch(MATMUL_A_SCRATCH, (size_t)M * K);

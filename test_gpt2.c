@@ -186,13 +186,15 @@ static void test_matmul_fd(void) {
 // fifth shape's dweight (M = 1600 rows in 7 blocks, K = 200 over two blocks of
 // k) packs B whole for all its row blocks, on 3 threads as on 1. dweight's A,
 // dout transposed, is transposed whole first in all but the last shape,
-// whose dout is over 16 MiB and read down its columns where it is.
+// whose dout is over 16 MiB: there each task transposes its blocks of it,
+// and the last row of its last block of rows (25001 = 8 x 3125 + 1) is
+// packed apart.
 static void test_matmul_shapes(void) {
     // N, C, OC. The sixth has a weight over 16 MiB and fewer rows than
     // columns of input, so its forward is computed transposed (cpu_matmul.h):
     // two blocks of k, and a last task of 119 rows of the weight
     int shapes[][3] = {{21, 112, 100}, {300, 100, 112}, {40, 200, 33}, {50, 100, 300},
-                       {200, 200, 1600}, {52, 160, 26999}, {170, 16, 25000}};
+                       {200, 200, 1600}, {52, 160, 26999}, {170, 16, 25001}};
 #ifdef _OPENMP
     int before = omp_get_max_threads();
 #endif
