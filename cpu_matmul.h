@@ -26,8 +26,8 @@
  *   reads it, contiguous and zero-padded; the panel is reused by every row of
  *   the block. A small B that many row blocks would each pack (dweight's) is
  *   packed whole, once per call, for all of them. When the block has few
- *   rows and B's rows already run along j (dinp, dweight), B is read where
- *   it is instead;
+ *   rows, B's rows already run along j (dinp, dweight) and B is small or
+ *   comes from memory anyway, B is read where it is instead;
  * - A is read where it is, along its rows (the forward and dinp products);
  *   packing it as well measured slower. dweight's A, dout transposed, is
  *   transposed whole first, by all the threads, then read the same way; the
@@ -41,7 +41,7 @@
  * - what comes from memory is asked for ahead (prefetched) while the kernel
  *   works on what it has: C's next tile, and A and B when they are far
  *   larger than the caches (the logits' weight and gradient), a sliver or a
- *   panel ahead, and B whenever a task packs it (the layers' weights);
+ *   panel ahead, and B whenever a task packs it;
  * - the logits' forward (a weight over MATMUL_TRANSPOSE_BYTES) is computed
  *   as its transpose, logits^T = wte inp^T, so that the 154 MB weight is
  *   read in place and the small input is the one transposed.
@@ -89,7 +89,7 @@ _Static_assert(MATMUL_NC % MATMUL_NR == 0, "MATMUL_NC must be a multiple of MATM
 // scratch for packed blocks, kept between calls: a fresh allocation per
 // call would be fresh pages, zeroed by the kernel, on every one of the ~100
 // products of a step. Four per thread: MATMUL_TASK_SCRATCH for a task's own
-// packed blocks, MATMUL_BLOCK_SCRATCH for a block of C summed transposed,
+// packed blocks and its block of A transposed, MATMUL_BLOCK_SCRATCH for a block of C summed transposed,
 // MATMUL_SHARED_SCRATCH for B packed whole and MATMUL_A_SCRATCH for A
 // transposed whole, the calling thread's, which all the call's threads fill
 // and read.
@@ -250,9 +250,9 @@ static inline void matmul_tile(float *c, size_t ldc, const float *s, size_t lds,
 }
 #endif
 
-// the two ways of reading A, packed or along its rows in place, each
-// compiled with its strides known where they can be, so that the inner
-// loop's addressing is simple. B is a sliver whose
+// the two ways of reading A, packed or along its rows (A's own, or a
+// transposed copy's), each compiled with its strides known where they can
+// be, so that the inner loop's addressing is simple. B is a sliver whose
 // rows of NR floats are bks apart: NR when packed (compiled apart, with the
 // stride a constant), B's own row stride when read in place.
 enum { MATMUL_NV = MATMUL_NR / MATMUL_VL };
@@ -269,7 +269,7 @@ static void matmul_tile_rows(float *c, size_t ldc, const float *s, size_t lds, c
 
 // the same at C's right edge when the columns left are whole vectors (the
 // small model's 128 = 48 + 48 + 32): nv of them, 1 or 2 (NV is at most 3),
-// rows still read in place
+// A still read along its rows
 static void matmul_tile_rows_narrow(float *c, size_t ldc, const float *s, size_t lds, const float *a, size_t lda,
                                     const float *bp, size_t bks, int kc, int nv) {
     if (nv == 1) matmul_tile(c, ldc, s, lds, a, lda, 1, bp, bks, kc, 1);
@@ -311,7 +311,7 @@ static const float matmul_zeros[MATMUL_NR];
 // from memory, and the kernel would wait on it: while one panel of B (packed)
 // or one sliver (read in place) is worked on, the tiles ask for the next one
 // a few cache lines each, so that it is in cache when its turn comes. Any B
-// that a task packs (the layers' weights) is asked for the same way.
+// that a task packs is asked for the same way.
 // A region of `rows` rows of `row_floats` floats, `stride` floats apart.
 typedef struct {
     const char *base;
@@ -366,6 +366,9 @@ static inline void matmul_prefetch_next_c(const float *c, size_t ldc, int mc, in
 // one task: rows [m0, m0 + mc) by columns [j0, j0 + nc) of C, over all of K,
 // c the block's top left; C's own values first (set = 0), or the row init
 // (zeros if NULL; set = 1).
+// b_whole: B packed whole by matmul_run, or NULL; b_in_place: B read where
+// it is (else the task packs its panels). prefetch_a, prefetch_b: A, or B
+// read in place, far larger than the caches, asked for ahead.
 // next_j0, next_nc: the columns of the task this thread likely runs next
 // (next_j0 < 0: none), whose first panel of B the last block of k asks for
 static void matmul_task(float *c, size_t ldc, int set, const float *init, const float *a, size_t am, size_t ak,
@@ -640,7 +643,8 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
     // faster, the copy included. The logits' dout (51 MB at d12, over
     // MATMUL_STREAM_BYTES) would take as much more memory and measured no
     // faster: each task transposes its own blocks of it instead
-    // (matmul_task; 48 to 53% of the peak, the d12 step 1.5% faster).
+    // (matmul_task; 52 to 55% of the peak where it was 48 to 50% read in
+    // place, the d12 step about 1% faster).
     float *a_rows = NULL;
     if (am == 1 && ak != 1 && (size_t)M * K * sizeof(float) <= MATMUL_STREAM_BYTES)
         a_rows = matmul_scratch(MATMUL_A_SCRATCH, (size_t)M * K);
