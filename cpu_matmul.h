@@ -89,10 +89,10 @@ _Static_assert(MATMUL_NC % MATMUL_NR == 0, "MATMUL_NC must be a multiple of MATM
 // scratch for packed blocks, kept between calls: a fresh allocation per
 // call would be fresh pages, zeroed by the kernel, on every one of the ~100
 // products of a step. Four per thread: MATMUL_TASK_SCRATCH for a task's own
-// packed blocks and its block of A transposed, MATMUL_BLOCK_SCRATCH for a block of C summed transposed,
-// MATMUL_SHARED_SCRATCH for B packed whole and MATMUL_A_SCRATCH for A
-// transposed whole, the calling thread's, which all the call's threads fill
-// and read.
+// packed blocks and its block of A transposed, MATMUL_BLOCK_SCRATCH for a
+// block of C summed transposed, MATMUL_SHARED_SCRATCH for B packed whole and
+// MATMUL_A_SCRATCH for A transposed whole, the calling thread's, which all
+// the call's threads fill and read.
 enum { MATMUL_TASK_SCRATCH, MATMUL_BLOCK_SCRATCH, MATMUL_SHARED_SCRATCH, MATMUL_A_SCRATCH, MATMUL_SCRATCHES };
 static float *matmul_scratch(int which, size_t floats) {
     static __thread float *buf[MATMUL_SCRATCHES];

@@ -183,14 +183,14 @@ static void test_matmul_fd(void) {
 // reach every path of cpu_matmul.h: rows past the last whole sliver of A,
 // columns past the last whole vector and past the last whole sliver of B,
 // B packed (many rows, or a B over 1 MiB) and read in place (few rows of a
-// small B, or of one over 16 MiB), on 1 and 3 threads. The
-// fifth shape's dweight (M = 1600 rows in 7 blocks, K = 200 over two blocks of
-// k) packs B whole for all its row blocks, on 3 threads as on 1. dweight's A,
-// dout transposed, is transposed whole first in all but the last shape,
-// whose dout is over 16 MiB: there each task transposes its blocks of it,
-// its 50 columns end in an edge tile (48 + 2 with AVX-512), and the last
-// rows of its last block, past a whole sliver (25001 = 8 x 3125 + 1 with
-// AVX-512), are packed apart.
+// small B, or of one over 16 MiB), on 1 and 3 threads. The fifth shape's
+// dweight (M = 1600 rows in 7 blocks, K = 200 over two blocks of k) packs B
+// whole for all its row blocks, on 3 threads as on 1. dweight's A, dout
+// transposed, is transposed whole first in all but the last shape, whose
+// dout is over 16 MiB: there each task transposes its blocks of it, its 50
+// columns end in an edge tile (48 + 2 with AVX-512), and the last rows of its
+// last block, past a whole sliver (25001 = 8 x 3125 + 1 with AVX-512), are
+// packed apart.
 static void test_matmul_shapes(void) {
     // N, C, OC. The sixth has a weight over 16 MiB and fewer rows than
     // columns of input, so its forward is computed transposed (cpu_matmul.h):
