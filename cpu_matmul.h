@@ -302,7 +302,7 @@ static const float matmul_zeros[MATMUL_NR];
 // products) or comes from memory anyway (its logits' dinp): d12's layer
 // weights, 2 to 9 MB, read in place by the dinp products, kept the tiles at
 // 52 to 56% of the peak on the Xeon; packed, and asked for ahead as they are
-// packed, 67 to 72%, the dinp products about 10% faster with the copy.
+// packed, 66 to 70%, the dinp products about 10% faster with the copy.
 #ifndef MATMUL_B_IN_PLACE_ROWS
 #define MATMUL_B_IN_PLACE_ROWS (MATMUL_MC / 2)
 #endif
@@ -553,6 +553,49 @@ static void matmul_blocks(int M, int J, int K, size_t bj, int nthreads, int a_fr
     *nc_out = nc;
 }
 
+// whether C = init + A B is computed transposed, C^T = B^T A^T. The logits'
+// forward, logits = inp wte^T, has a B read down its columns that is far
+// larger than the caches (wte, 154 MB at d12) and fewer rows of A (the
+// input's 256) than terms in each sum (768). Packing B would transpose all
+// of wte on each call, a shuffle per four floats, waiting on memory. So it
+// is computed transposed, logits^T = wte inp^T: wte becomes A, read in place
+// along its rows, and the input is the one transposed, packed whole once.
+// Each task sums a block of C^T and transposes it into C: M x J floats where
+// B is K x J, a third as many at d12 (measured 5% faster). The small model's
+// logits (K = 128) keep the old way, and so do the layers' forwards, whose
+// weights are smaller than MATMUL_TRANSPOSE_BYTES (at d12 they measured 1 to
+// 13% slower this way on Zen 5, and no faster on the Xeon). Every element is
+// the same multiply-adds in the same order, so the result is the same bit
+// for bit; and the choice depends on the shapes alone, never on the number
+// of threads, so that a build whose edge tiles round differently still gives
+// the same bits on any number.
+static int matmul_computes_transposed(int set, size_t bj, int M, int J, int K) {
+    return set && bj != 1 && (size_t)K * J * sizeof(float) > MATMUL_TRANSPOSE_BYTES && M <= MATMUL_MC && M < K;
+}
+
+// A read down its columns (dweight's, A = dout transposed: A(m,k) =
+// a[k*ak + m]), M x K, copied into a_rows along its rows, a_rows[m*K + k], by
+// the threads of the enclosing parallel region. 16 rows of dout at a time,
+// each read along its length: twice as fast on average as 16 columns at a
+// time, which read 16 floats of every row.
+static void matmul_transpose_whole(float *a_rows, const float *a, size_t ak, int M, int K) {
+    #pragma omp for schedule(static)
+    for (int k0 = 0; k0 < K; k0 += 16)
+        matmul_transpose(a_rows + k0, (size_t)K, a + (size_t)k0 * ak, ak, K - k0 < 16 ? K - k0 : 16, M);
+}
+
+// B[K,J] packed whole by the threads of the enclosing parallel region:
+// sliver s holds columns [s * NR, s * NR + NR) over all of K,
+// b_whole[s][k][NR], so that a block of k of it is kc x NR contiguous
+static void matmul_pack_whole(float *b_whole, const float *b, size_t bk, size_t bj, int J, int K) {
+    enum { NR = MATMUL_NR };
+    #pragma omp for schedule(static)
+    for (int s = 0; s < (J + NR - 1) / NR; s++) {
+        int cols = J - s * NR < NR ? J - s * NR : NR;
+        matmul_pack(b_whole + (size_t)s * NR * K, b + (size_t)s * NR * bj, bj, bk, cols, K, NR);
+    }
+}
+
 static void matmul_run(float *c, int ldc, int set, const float *init, const float *a, size_t am, size_t ak,
                        const float *b, size_t bk, size_t bj, int M, int J, int K) {
     enum { NR = MATMUL_NR };
@@ -562,23 +605,7 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
 #endif
     int a_from_memory = (size_t)M * K * sizeof(float) > MATMUL_STREAM_BYTES;
     int b_from_memory = (size_t)K * J * sizeof(float) > MATMUL_STREAM_BYTES;
-    // The logits' forward, logits = inp wte^T, has a B read down its columns
-    // that is far larger than the caches (wte, 154 MB at d12) and fewer rows
-    // of A (the input's 256) than terms in each sum (768). Packing B would
-    // transpose all of wte on each call, a shuffle per four floats, waiting
-    // on memory. So it is computed transposed, logits^T = wte inp^T: wte
-    // becomes A, read in place along its rows, and the input is the one
-    // transposed, packed whole once. Each task sums a block of C^T and
-    // transposes it into C: M x J floats where B is K x J, a third as many
-    // at d12 (measured 5% faster). The small model's logits (K = 128) keep
-    // the old way, and so do the layers' forwards, whose weights are smaller
-    // than MATMUL_TRANSPOSE_BYTES (at d12 they measured 1 to 13% slower this
-    // way). Every element is the same multiply-adds in the same order, so
-    // the result is the same bit for bit; and the choice depends on the
-    // shapes alone, never on the number of threads, so that a build whose
-    // edge tiles round differently still gives the same bits on any number.
-    int transposed = set && bj != 1 && (size_t)K * J * sizeof(float) > MATMUL_TRANSPOSE_BYTES && M <= MATMUL_MC &&
-                     M < K;
+    int transposed = matmul_computes_transposed(set, bj, M, J, K);
     if (transposed) {
         const float *a_was = a;
         size_t am_was = am, ak_was = ak;
@@ -644,7 +671,7 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
     // MATMUL_STREAM_BYTES) would take as much more memory and measured no
     // faster: each task transposes its own blocks of it instead
     // (matmul_task; 52 to 55% of the peak where it was 48 to 50% read in
-    // place, the d12 step about 1% faster).
+    // place).
     float *a_rows = NULL;
     if (am == 1 && ak != 1 && (size_t)M * K * sizeof(float) <= MATMUL_STREAM_BYTES)
         a_rows = matmul_scratch(MATMUL_A_SCRATCH, (size_t)M * K);
@@ -653,23 +680,8 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
     if (a_rows) a = a_rows, am = (size_t)K, ak = 1;
     #pragma omp parallel if (ntasks > 1)
     {
-        // 16 rows of dout at a time, each read along its length: twice as
-        // fast on average as 16 columns at a time, which read 16 floats of
-        // every row
-        if (a_rows) {
-            #pragma omp for schedule(static)
-            for (int k0 = 0; k0 < K; k0 += 16)
-                matmul_transpose(a_rows + k0, (size_t)K, a_cols + (size_t)k0 * a_cols_ld, a_cols_ld, K - k0 < 16 ? K - k0 : 16, M);
-        }
-        // sliver s holds columns [s * NR, s * NR + NR) of B over all of K:
-        // b_whole[s][k][NR], so a block of k of it is kc x NR contiguous
-        if (b_whole) {
-            #pragma omp for schedule(static)
-            for (int s = 0; s < slivers; s++) {
-                int cols = J - s * NR < NR ? J - s * NR : NR;
-                matmul_pack(b_whole + (size_t)s * NR * K, b + (size_t)s * NR * bj, bj, bk, cols, K, NR);
-            }
-        }
+        if (a_rows) matmul_transpose_whole(a_rows, a_cols, a_cols_ld, M, K);
+        if (b_whole) matmul_pack_whole(b_whole, b, bk, bj, J, K);
         #pragma omp for schedule(dynamic)
         for (int t = 0; t < ntasks; t++) {
             int m0 = (panels_first ? t / jblocks : t % mblocks) * mc, j0 = (panels_first ? t % jblocks : t / mblocks) * nc;
