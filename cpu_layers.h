@@ -6,7 +6,8 @@
  * layernorm_forward, layernorm_backward; matmul_forward, matmul_backward
  * (the Linear layer, on cpu_matmul.h); gelu_forward, gelu_backward;
  * residual_forward, residual_backward; crossentropy_rowmax,
- * crossentropy_exp, crossentropy_finish, crossentropy_backward.
+ * crossentropy_exp, crossentropy_softmax (the two at once), crossentropy_finish,
+ * crossentropy_backward.
  * Attention is in cpu_attention.h; train_gpt2.c puts them together.
  */
 #ifndef LLM3D_CPU_LAYERS_H
@@ -292,48 +293,69 @@ static void residual_backward(float *da, const float *dout, size_t N) {
 // the loss and the backward divide as they read them, which saves a pass
 // over the B*T*V floats.
 
+// the largest real logit of one row
+static float crossentropy_row_max(const float *z, int nreal) {
+    float m = -INFINITY;
+    int i = 0;
+#ifdef VEC_MATH
+    if (nreal >= VEC_LANES) {
+        vec_f mv = vec_load(z);
+        for (; i + VEC_LANES <= nreal; i += VEC_LANES) mv = vec_max(mv, vec_load(z + i));
+        m = vec_max_lane(mv);
+    }
+#endif
+    for (; i < nreal; i++) if (z[i] > m) m = z[i];
+    return m;
+}
+
+// returns the sum of one row's exp(z - max), which it writes to p (zeros in
+// the padding columns)
+static float crossentropy_row_exp(float *p, const float *z, float max, int Vl, int nreal) {
+    float sum = 0.0f;
+    int i = 0;
+#ifdef VEC_MATH
+    // VEC_LANES running sums, added in a fixed order at the end
+    vec_f sums_v = vec_splat(0.0f), max_v = vec_splat(max);
+    for (; i + VEC_LANES <= nreal; i += VEC_LANES) {
+        vec_f e = vec_exp(vec_load(z + i) - max_v);
+        vec_store(p + i, e);
+        sums_v += e;
+    }
+    sum = vec_sum(sums_v);
+#endif
+    for (; i < nreal; i++) {
+        p[i] = expf(z[i] - max);
+        sum += p[i];
+    }
+    for (int i = nreal; i < Vl; i++) p[i] = 0.0f;
+    return sum;
+}
+
 // pass 1: the largest real logit of each row
 static void crossentropy_rowmax(float *maxes, const float *logits, int N, int Vl, int nreal) {
     #pragma omp parallel for schedule(dynamic)
-    for (int n = 0; n < N; n++) {
-        const float *z = logits + (size_t)n * Vl;
-        float m = -INFINITY;
-        int i = 0;
-#ifdef VEC_MATH
-        if (nreal >= VEC_LANES) {
-            vec_f mv = vec_load(z);
-            for (; i + VEC_LANES <= nreal; i += VEC_LANES) mv = vec_max(mv, vec_load(z + i));
-            m = vec_max_lane(mv);
-        }
-#endif
-        for (; i < nreal; i++) if (z[i] > m) m = z[i];
-        maxes[n] = m;
-    }
+    for (int n = 0; n < N; n++) maxes[n] = crossentropy_row_max(logits + (size_t)n * Vl, nreal);
 }
 
-// pass 2: unnormalized probabilities exp(z - max) and their row sums
+// pass 2: unnormalized probabilities exp(z - max) and their row sums; probs
+// may be the logits themselves, overwritten
 static void crossentropy_exp(float *probs, float *sums, const float *logits, const float *maxes, int N, int Vl, int nreal) {
+    #pragma omp parallel for schedule(dynamic)
+    for (int n = 0; n < N; n++)
+        sums[n] = crossentropy_row_exp(probs + (size_t)n * Vl, logits + (size_t)n * Vl, maxes[n], Vl, nreal);
+}
+
+// passes 1 and 2 row by row, when one rank holds the whole vocabulary: the
+// exponentials read the row again while it is still in L2 (201 KB at GPT-2's
+// vocabulary), so the logits come from memory once, not twice. The same
+// operations in the same order as the two passes: the same bits. probs may
+// be the logits, as in crossentropy_exp.
+static void crossentropy_softmax(float *maxes, float *probs, float *sums, const float *logits, int N, int Vl, int nreal) {
     #pragma omp parallel for schedule(dynamic)
     for (int n = 0; n < N; n++) {
         const float *z = logits + (size_t)n * Vl;
-        float *p = probs + (size_t)n * Vl, sum = 0.0f;
-        int i = 0;
-#ifdef VEC_MATH
-        // VEC_LANES running sums, added in a fixed order at the end
-        vec_f sums_v = vec_splat(0.0f), max_v = vec_splat(maxes[n]);
-        for (; i + VEC_LANES <= nreal; i += VEC_LANES) {
-            vec_f e = vec_exp(vec_load(z + i) - max_v);
-            vec_store(p + i, e);
-            sums_v += e;
-        }
-        sum = vec_sum(sums_v);
-#endif
-        for (; i < nreal; i++) {
-            p[i] = expf(z[i] - maxes[n]);
-            sum += p[i];
-        }
-        for (int i = nreal; i < Vl; i++) p[i] = 0.0f;
-        sums[n] = sum;
+        maxes[n] = crossentropy_row_max(z, nreal);
+        sums[n] = crossentropy_row_exp(probs + (size_t)n * Vl, z, maxes[n], Vl, nreal);
     }
 }
 
@@ -348,16 +370,25 @@ static void crossentropy_finish(float *losses, const float *probs, const float *
 }
 
 // dlogits = (probs / sums - onehot(target)) * dloss, dloss the same for every
-// position, and zero in the padding columns: written, not added to
+// position, and zero in the padding columns: written, not added to. dlogits
+// may be probs itself, turned into its gradient in place, which saves
+// writing a second buffer as large (51 MB at d12).
 static void crossentropy_backward(float *dlogits, const float *probs, const float *sums, const int *targets,
                                   float dloss, int v0, int N, int Vl, int nreal) {
     #pragma omp parallel for schedule(dynamic)
     for (int n = 0; n < N; n++) {
-        float *dz = dlogits + (size_t)n * Vl;
+        float *dz = dlogits + (size_t)n * Vl, sum = sums[n];
         const float *p = probs + (size_t)n * Vl;
-        int col = targets[n] - v0;
-        for (int i = 0; i < nreal; i++) dz[i] = (p[i] / sums[n] - (i == col ? 1.0f : 0.0f)) * dloss;
+        int col = targets[n] - v0, has_target = col >= 0 && col < nreal;
+        float p_target = has_target ? p[col] : 0.0f;  // read before dz overwrites it
+        int i = 0;
+#ifdef VEC_MATH
+        vec_f sum_v = vec_splat(sum), dloss_v = vec_splat(dloss);
+        for (; i + VEC_LANES <= nreal; i += VEC_LANES) vec_store(dz + i, vec_load(p + i) / sum_v * dloss_v);
+#endif
+        for (; i < nreal; i++) dz[i] = p[i] / sum * dloss;
         for (int i = nreal; i < Vl; i++) dz[i] = 0.0f;
+        if (has_target) dz[col] = (p_target / sum - 1.0f) * dloss;
     }
 }
 

@@ -215,7 +215,7 @@ static LayerParams layer_params_at(const GPT2Config *c, const Shard *s, float *b
 enum {
     A_ENCODED, A_LN1, A_LN1_MEAN, A_LN1_RSTD, A_QKV, A_ATTY, A_ATT, A_ATTPROJ, A_RESIDUAL2,
     A_LN2, A_LN2_MEAN, A_LN2_RSTD, A_FCH, A_FCH_GELU, A_FCPROJ, A_RESIDUAL3,
-    A_LNF, A_LNF_MEAN, A_LNF_RSTD, A_LOGITS, A_PROBS, A_LOSSES, A_ROWMAX, A_ROWSUM, NUM_ACT_TENSORS
+    A_LNF, A_LNF_MEAN, A_LNF_RSTD, A_LOGITS, A_LOSSES, A_ROWMAX, A_ROWSUM, NUM_ACT_TENSORS
 };
 
 typedef struct {
@@ -380,7 +380,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
     z[A_FCPROJ] = nl * BT * C; z[A_RESIDUAL3] = nl * BT * C;
     if (s->last) {
         z[A_LNF] = BT * C; z[A_LNF_MEAN] = BT; z[A_LNF_RSTD] = BT;
-        z[A_LOGITS] = BT * s->Vl; z[A_PROBS] = BT * s->Vl; z[A_LOSSES] = BT; z[A_ROWMAX] = BT; z[A_ROWSUM] = BT;
+        z[A_LOGITS] = BT * s->Vl; z[A_LOSSES] = BT; z[A_ROWMAX] = BT; z[A_ROWSUM] = BT;
     }
     size_t total = 0;
     for (int i = 0; i < NUM_ACT_TENSORS; i++) total += z[i];
@@ -389,8 +389,9 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
     for (int k = 0; k <= nacts; k++) {
         Acts *a = k < nacts ? &m->acts[k] : &m->dacts;
         // the activation gradients are mapped as they are first written: the
-        // backward never writes some of them (the probabilities', 51 MB at
-        // d12, for one), and mapping those would add 78 MB to d12's peak
+        // backward never writes some of them (the logits', 51 MB at d12,
+        // made in place of the probabilities), and mapping those would add
+        // to d12's peak
         a->memory = k < nacts ? (float *)xcalloc_mapped(total, sizeof(float), "activations")
                               : (float *)xcalloc(total, sizeof(float), "activation gradients");
         if (k == nacts) advise_huge_pages(a->memory, total * sizeof(float));
@@ -579,14 +580,19 @@ static void vocab_parallel_embedding_backward(float *dwte, float *dwpe, const fl
 }
 
 // losses[N]: every position's loss, on every tp rank, from this rank's Vl
-// columns of the logits (nreal of them real, from global column v0). probs
-// keeps this rank's columns of the softmax for the backward; maxes and sums
-// (N each) end as the rows' global maximum and sum of exponentials.
-static void vocab_parallel_cross_entropy_forward(const Parallel *par, float *losses, float *probs, float *maxes,
-                                                 float *sums, const float *logits, const int *targets, int v0, int N,
-                                                 int Vl, int nreal) {
-    crossentropy_rowmax(maxes, logits, N, Vl, nreal);
-    if (par->tp.size > 1) {  // every slice's row maxima, to every rank (the communicator only sums)
+// columns of the logits (nreal of them real, from global column v0), which
+// become this rank's columns of the softmax in place, kept for the backward:
+// rewriting the lines just read costs no read for ownership, and no second
+// buffer (51 MB at d12). maxes and sums (N each) end as the rows' global
+// maximum and sum of exponentials.
+static void vocab_parallel_cross_entropy_forward(const Parallel *par, float *losses, float *maxes, float *sums,
+                                                 float *logits, const int *targets, int v0, int N, int Vl, int nreal) {
+    float *probs = logits;
+    if (par->tp.size == 1) {
+        crossentropy_softmax(maxes, probs, sums, logits, N, Vl, nreal);
+    } else {
+        crossentropy_rowmax(maxes, logits, N, Vl, nreal);
+        // every slice's row maxima, to every rank (the communicator only sums)
         float *all = (float *)xcalloc((size_t)N * par->tp.size, sizeof(float), "row maxima");
         comm_allgather(par->comm, &par->tp, maxes, all, N);
         for (int n = 0; n < N; n++) {
@@ -594,9 +600,9 @@ static void vocab_parallel_cross_entropy_forward(const Parallel *par, float *los
             for (int r = 0; r < par->tp.size; r++) maxes[n] = fmaxf(maxes[n], all[(size_t)r * N + n]);
         }
         free(all);
+        crossentropy_exp(probs, sums, logits, maxes, N, Vl, nreal);
+        tp_reduce(par, sums, N);
     }
-    crossentropy_exp(probs, sums, logits, maxes, N, Vl, nreal);
-    tp_reduce(par, sums, N);
     crossentropy_finish(losses, probs, sums, targets, v0, N, Vl, nreal);
     tp_reduce(par, losses, N);  // each loss came from the one rank holding its target
 }
@@ -666,7 +672,9 @@ static void embed_forward(GPT2 *m, Acts *a) {
     if (!s->last) unit_release(m, m->ut.u_wte);  // one stage: wte stays for the head
 }
 
-// final LayerNorm, logits over my vocabulary rows, the loss (mean over B*T)
+// final LayerNorm, logits over my vocabulary rows, the loss (mean over B*T).
+// With the loss the logits become the softmax in place, so a caller that
+// reads the logits (sampling, a test) runs without it.
 static void head_forward(GPT2 *m, Acts *a, int with_loss) {
     const Shard *s = &m->shard;
     int BT = m->B * m->T, C = m->config.C;
@@ -676,8 +684,8 @@ static void head_forward(GPT2 *m, Acts *a, int with_loss) {
     unit_release(m, m->ut.u_lnf);
     unit_release(m, m->ut.u_wte);
     if (!with_loss) return;
-    vocab_parallel_cross_entropy_forward(m->par, a->t[A_LOSSES], a->t[A_PROBS], a->t[A_ROWMAX], a->t[A_ROWSUM],
-                                         a->t[A_LOGITS], a->targets, s->v0, BT, s->Vl, s->nreal);
+    vocab_parallel_cross_entropy_forward(m->par, a->t[A_LOSSES], a->t[A_ROWMAX], a->t[A_ROWSUM], a->t[A_LOGITS],
+                                         a->targets, s->v0, BT, s->Vl, s->nreal);
     double sum = 0.0;
     for (int i = 0; i < BT; i++) sum += a->t[A_LOSSES][i];
     a->mean_loss = (float)(sum / BT);
@@ -713,9 +721,13 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
         zero_floats(block_input(m, d, s->nl), btc);
         float *lnf = unit_acquire(m, m->ut.u_lnf), *wte = unit_acquire(m, m->ut.u_wte);
         float *dlnf = unit_grad_begin(m, m->ut.u_lnf), *dwte = unit_grad_begin(m, m->ut.u_wte);
-        vocab_parallel_cross_entropy_backward(d->t[A_LOGITS], a->t[A_PROBS], a->t[A_ROWSUM], a->targets, dloss, s->v0,
-                                              BT, s->Vl, s->nreal);
-        column_parallel_backward(m->par, d->t[A_LNF], dwte, NULL, d->t[A_LOGITS], a->t[A_LNF], wte, BT, C, s->Vl,
+        // the probabilities, in the logits' place since the forward, become
+        // the logits' gradient in place: nothing reads them after, and the
+        // gradient's own buffer is never touched
+        float *dlogits = a->t[A_LOGITS];
+        vocab_parallel_cross_entropy_backward(dlogits, a->t[A_LOGITS], a->t[A_ROWSUM], a->targets, dloss, s->v0, BT,
+                                              s->Vl, s->nreal);
+        column_parallel_backward(m->par, d->t[A_LNF], dwte, NULL, dlogits, a->t[A_LNF], wte, BT, C, s->Vl,
                                  m->grads_fresh);
         layernorm_backward(block_input(m, d, s->nl), dlnf, dlnf + C, d->t[A_LNF], block_input(m, a, s->nl),
                            lnf, a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], BT, C, m->grads_fresh);
