@@ -291,7 +291,9 @@ static void residual_backward(float *da, const float *dout, size_t N) {
 // Between the passes the ranks combine their row maxima and row sums. The
 // probabilities are kept as exp(z - max), not divided by their row's sum:
 // the loss and the backward divide as they read them, which saves a pass
-// over the B*T*V floats.
+// over the B*T*V floats. With one rank passes 1 and 2 run row by row
+// (crossentropy_softmax). The probabilities may be written over the logits,
+// and their gradient over the probabilities: the trainer keeps one buffer.
 
 // the largest real logit of one row
 static float crossentropy_row_max(const float *z, int nreal) {

@@ -366,10 +366,14 @@ static void test_crossentropy_same_bits(void) {
     int same = memcmp(fused, probs, sizeof(float) * N * Vp) == 0 && memcmp(fused_sums, sums, sizeof(sums)) == 0 &&
                memcmp(fused_maxes, maxes, sizeof(maxes)) == 0;
     check(same, "crossentropy_softmax: the same bits as crossentropy_rowmax then crossentropy_exp");
+    memcpy(dlogits, logits, sizeof(float) * N * Vp);  // and over the logits, as the trainer runs it
+    crossentropy_softmax(fused_maxes, dlogits, fused_sums, dlogits, N, Vp, V);
+    check(memcmp(dlogits, probs, sizeof(float) * N * Vp) == 0, "crossentropy_softmax in place: the same bits");
     crossentropy_backward(dlogits, probs, sums, targets, 0.25f, 0, N, Vp, V);
     crossentropy_backward(fused, fused, sums, targets, 0.25f, 0, N, Vp, V);
     check(memcmp(fused, dlogits, sizeof(float) * N * Vp) == 0, "crossentropy_backward in place: the same bits");
-    check(dlogits[36 + Vp] < 0.0f && dlogits[1] > 0.0f, "crossentropy_backward: the target's gradient negative, the others positive");
+    check(dlogits[36 + Vp] < 0.0f && dlogits[1] > 0.0f,
+          "crossentropy_backward: the target's gradient negative, the others positive");
     free(logits); free(probs); free(fused); free(dlogits);
 }
 

@@ -265,7 +265,7 @@ static void *xcalloc(size_t n, size_t size, const char *what) {
 // the logits' gradient 201 KB apart at once and the weights 3 KB a row: with
 // 4 KiB pages each of those rows is on a page of its own, a TLB entry each.
 // Measured 1 to 3% a step (d12 and the small model). The peak memory stays
-// about the same (2.43 GB at d12): the activation gradients' 2 MiB pages
+// about the same (2.33 GB at d12): the activation gradients' 2 MiB pages
 // that the backward never writes stay unmapped, and only those it writes in
 // part are mapped whole. Where the setting is "always" the kernel does this
 // unasked.

@@ -88,8 +88,9 @@ int main(int argc, char **argv) {
     float maxes[256], sums[256], losses[256];
     int targets[256];
     for (int i = 0; i < N; i++) targets[i] = (i * 7919) % 50257;
-    // one rank's forward (rowmax and exp fused row by row) and the backward
-    // in place over the probabilities, as a step runs them
+    // one rank's forward (rowmax and exp fused row by row) into a buffer of
+    // its own (a step writes over the logits, which here must stay for the
+    // next round), and the backward in place over the probabilities
     double bs = 1e30, bbw = 1e30;
     for (int r = 0; r < RUNS; r++) {
         double t0 = bench_now();
