@@ -392,7 +392,6 @@ static void test_crossentropy_fd(void) {
         for (int i = V; i < Vp; i++) padded_zero &= dlogits[n * Vp + i] == 0.0f && c.probs[n * Vp + i] == 0.0f;
     check(padded_zero, "crossentropy: padded columns get probability 0 and gradient 0");
     free(r); free(out); free(dlogits); free(c.logits); free(c.probs);
-    test_crossentropy_same_bits();
 }
 
 // the whole model: d(mean loss)/d(parameter) for a few entries of every tensor
@@ -736,6 +735,7 @@ int main(void) {
     test_gelu_fd();
     test_attention_fd();
     test_crossentropy_fd();
+    test_crossentropy_same_bits();
     test_model_fd();
     test_thread_count();
     test_model_files();
