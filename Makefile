@@ -152,7 +152,6 @@ fuzz: $(FUZZERS)
 
 bench: train_gpt2 prepare_data dev/bench_secure dev/bench_aead dev/bench_matmul dev/bench_kernels
 	./dev/bench_cpu.sh
-	./dev/bench_matmul
 	./dev/bench_kernels
 	./dev/bench_secure
 	./dev/bench_aead

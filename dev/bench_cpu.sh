@@ -9,7 +9,10 @@
 # python3), the same models, settings and thread count in PyTorch eager
 # (dev/train_gpt2.py --bench) and the ratio of the step times; otherwise a
 # line saying it skipped. Steps: $STEPS (default 8), the first left out of
-# the best and median and shown on its own.
+# the best and median and shown on its own. Last, the matmuls alone at d12's
+# shapes (dev/bench_matmul), and beside each, when `torch` imports, PyTorch's
+# own matmul at the same shape and threads (dev/bench_matmul_torch.py: MKL in
+# the usual x86 builds), both as shares of bench_matmul's peak.
 #
 # The machine may be shared: each figure is the best step and the median
 # step, and the peak is the best of its runs, so compare figures of one run.
@@ -69,12 +72,14 @@ for m in "${models[@]}"; do
                          tok[1], gf[1], 100 * gf[1] / peak, first) }' | tee "$tmp/$name.c"
 done
 
+have_torch=1
 if ! "$python" -c 'import torch' 2>/dev/null; then
     echo "PyTorch: skipped, $python cannot import torch (pip install torch numpy)"
-    exit 0
+    have_torch=0
 fi
-echo "PyTorch $("$python" -c 'import torch; print(torch.__version__)') eager, $threads threads, same models and settings (random tokens):"
+[ $have_torch = 1 ] && echo "PyTorch $("$python" -c 'import torch; print(torch.__version__)') eager, $threads threads, same models and settings (random tokens):"
 for m in "${models[@]}"; do
+    [ $have_torch = 1 ] || break
     IFS='|' read -r name _ pflags <<<"$m"
     # shellcheck disable=SC2086
     "$python" dev/train_gpt2.py $pflags -B 4 -T 64 --steps "$steps" --bench --bench-warmup 1 --lr 3e-4 \
@@ -85,3 +90,24 @@ for m in "${models[@]}"; do
             END { printf("%-6s | PyTorch best %.1f ms, median %.1f ms | trainer best %.1f ms | PyTorch / trainer = %.2f\n",
                          name, ms[1], ms[int((NR + 1) / 2)], c, ms[1] / c) }'
 done
+
+# the matmuls alone: bench_matmul's table, with PyTorch's figures for the same
+# product on its right when there are any (its lines: shape product best median)
+echo "The matmuls alone, $threads threads (dev/bench_matmul; torch: dev/bench_matmul_torch.py, best, % of the same peak, median):"
+./dev/bench_matmul > "$tmp/mm.txt"
+: > "$tmp/mm.torch.txt"
+if [ $have_torch = 1 ]; then "$python" dev/bench_matmul_torch.py > "$tmp/mm.torch.txt"; fi
+awk -v torch="$tmp/mm.torch.txt" '
+    BEGIN { while ((getline line < torch) > 0) if (split(line, f, " ") == 4) { best[f[1] " " f[2]] = f[3]; med[f[1] " " f[2]] = f[4]; n++ } }
+    /FMA peak/ { match($0, /FMA peak [0-9.]+/); peak = substr($0, RSTART + 9, RLENGTH - 9) }
+    /^shape/ && n > 0 { width = length($0); printf("%s | %7s %7s %7s %6s\n", $0, "torch", "% peak", "(median)", "/ ours"); next }
+    /^[a-z]+ +[0-9]+ +[0-9]+ \|/ { shape = $1 }
+    / \| (forward|dinp|dweight) / {
+        for (i = 1; i <= NF; i++) if ($i == "forward" || $i == "dinp" || $i == "dweight") { product = $i; ours = $(i + 1) }
+        key = shape " " product
+        if ((key in best) && peak > 0) {
+            printf("%-*s | %7.1f %5.1f%% %7.1f %5.2fx\n", width, $0, best[key], 100 * best[key] / peak, med[key], best[key] / ours)
+            next
+        }
+    }
+    { print }' "$tmp/mm.txt"
