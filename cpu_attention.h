@@ -34,10 +34,42 @@
 #define ATT_WIDTH 1
 #endif
 
+// ATT_ROWS rows by ATT_VECS vectors of output at once: with AVX-512 that is
+// 16 sums in registers, enough to keep both FMA units busy while each waits
+// on its last multiply-add; AVX2's 16 registers hold 8 of them and the loads.
+#if VEC_LANES == 16
+#define ATT_VECS 4
+#else
+#define ATT_VECS 2
+#endif
+
+#ifdef VEC_MATH
+// rows xrow[0..ATT_ROWS) (nr of them real, the rest repeat row 0) times y,
+// nv vectors wide: out[r][v] += sum over k of xrow[r][k*xk] y[k][v]
+static inline __attribute__((always_inline)) void attention_block(float *out, size_t ldo, const float *const *xrow,
+                                                                  size_t xk, int nr, const float *y, size_t ldy, int K,
+                                                                  int nv) {
+    vec_f acc[ATT_ROWS][ATT_VECS];
+    for (int r = 0; r < ATT_ROWS; r++)
+        for (int v = 0; v < nv; v++) acc[r][v] = vec_load(out + (size_t)(r < nr ? r : 0) * ldo + v * VEC_LANES);
+    for (int k = 0; k < K; k++) {
+        vec_f yk[ATT_VECS];
+        for (int v = 0; v < nv; v++) yk[v] = vec_load(y + (size_t)k * ldy + v * VEC_LANES);
+        for (int r = 0; r < ATT_ROWS; r++) {
+            float xr = xrow[r][(size_t)k * xk];
+            for (int v = 0; v < nv; v++) acc[r][v] += xr * yk[v];
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int v = 0; v < nv; v++) vec_store(out + (size_t)r * ldo + v * VEC_LANES, acc[r][v]);
+}
+#endif
+
 // out[r*ldo + c] += sum_k x[r*xr + k*xk] y[k*ldy + c] for r < rows, c < ncols,
 // each element its old value first, then k = 0, 1, ..., K-1 one multiply-add
-// at a time. The vectors run along c, ATT_ROWS rows at once sharing each load
-// of y; when ncols is not a whole number of vectors, plain loops.
+// at a time. The vectors run along c, ATT_ROWS rows by ATT_VECS vectors at
+// once, the rows sharing each load of y; when ncols is not a whole number of
+// vectors, plain loops.
 static void attention_product(float *out, size_t ldo, const float *x, size_t xr, size_t xk, int rows,
                               const float *y, size_t ldy, int ncols, int K) {
     for (int r0 = 0; r0 < rows; r0 += ATT_ROWS) {
@@ -45,14 +77,16 @@ static void attention_product(float *out, size_t ldo, const float *x, size_t xr,
 #ifdef VEC_MATH
         const float *xrow[ATT_ROWS];
         for (int r = 0; r < ATT_ROWS; r++) xrow[r] = x + (size_t)(r0 + (r < nr ? r : 0)) * xr;  // spare rows: row r0 again
-        for (; ncols % VEC_LANES == 0 && c < ncols; c += VEC_LANES) {
-            vec_f acc[ATT_ROWS];
-            for (int r = 0; r < ATT_ROWS; r++) acc[r] = vec_load(out + (size_t)(r0 + (r < nr ? r : 0)) * ldo + c);
-            for (int k = 0; k < K; k++) {
-                vec_f yk = vec_load(y + (size_t)k * ldy + c);
-                for (int r = 0; r < ATT_ROWS; r++) acc[r] += xrow[r][(size_t)k * xk] * yk;
-            }
-            for (int r = 0; r < nr; r++) vec_store(out + (size_t)(r0 + r) * ldo + c, acc[r]);
+        float *o = out + (size_t)r0 * ldo;
+        // the nv of each call a constant, so that the sums stay in registers
+        for (; ncols % VEC_LANES == 0 && c < ncols; c += ATT_VECS * VEC_LANES) {
+            int nv = (ncols - c) / VEC_LANES < ATT_VECS ? (ncols - c) / VEC_LANES : ATT_VECS;
+            if (nv == ATT_VECS) attention_block(o + c, ldo, xrow, xk, nr, y + c, ldy, K, ATT_VECS);
+            else if (nv == 1) attention_block(o + c, ldo, xrow, xk, nr, y + c, ldy, K, 1);
+#if ATT_VECS == 4
+            else if (nv == 2) attention_block(o + c, ldo, xrow, xk, nr, y + c, ldy, K, 2);
+            else attention_block(o + c, ldo, xrow, xk, nr, y + c, ldy, K, 3);
+#endif
         }
 #endif
         for (; c < ncols; c++)
@@ -105,12 +139,12 @@ static void attention_softmax(float *a, float *s, int t, int T, float scale) {
 }
 
 // a task's scratch: one head's keys or values transposed (hs x Tp) and
-// ATT_ROWS rows of scores; one per thread, kept between calls, as the
-// matmul's packed blocks are (a fresh one per task is fresh pages at T = 1024)
-static float *attention_scratch(int hs, int Tp) {
+// `rows` rows of scores; one per thread, kept between calls, as the matmul's
+// packed blocks are (a fresh one per task is fresh pages at T = 1024)
+static float *attention_scratch(int hs, int Tp, int rows) {
     static __thread float *buf;
     static __thread size_t cap;
-    size_t floats = (size_t)(hs + ATT_ROWS) * Tp;
+    size_t floats = (size_t)(hs + rows) * Tp;
     if (floats > cap) {
         free(buf);
         buf = (float *)malloc(floats * sizeof(float));
@@ -130,7 +164,7 @@ static void attention_forward(float *out, float *att, const float *qkv, int B, i
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
             const float *q = qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;  // position 0's
-            float *kt = attention_scratch(hs, Tp), *scores = kt + (size_t)hs * Tp;
+            float *kt = attention_scratch(hs, Tp, ATT_ROWS), *scores = kt + (size_t)hs * Tp;
             float *a = att + ((size_t)b * NH + h) * T * T;
             float *o = out + (size_t)b * T * C + h * hs;
             attention_transpose(kt, k, T, Tp, hs, C3);
@@ -147,6 +181,11 @@ static void attention_forward(float *out, float *att, const float *qkv, int B, i
         }
 }
 
+// The gradient of every score first, a T x T block per (b, h); then dv, dq
+// and dk, each a product over a whole row or column of it. Each sum keeps
+// the order it had when they were added block by block (t = 0, 1, ...),
+// and starts where its terms stop being zeros: dv[t2] and dk[t2] gather from
+// t >= t2 only, from the start of t2's block of ATT_ROWS rows on.
 static void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                int B, int T, int C, int NH) {
     int hs = C / NH, C3 = 3 * C, Tp = (T + ATT_WIDTH - 1) / ATT_WIDTH * ATT_WIDTH;
@@ -158,27 +197,34 @@ static void attention_backward(float *dqkv, const float *dout, const float *qkv,
             const float *q = qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
             float *dq = dqkv + (size_t)b * T * C3 + h * hs, *dk = dq + C, *dv = dq + 2 * C;
             const float *a = att + ((size_t)b * NH + h) * T * T, *d = dout + (size_t)b * T * C + h * hs;
-            float *vt = attention_scratch(hs, Tp), *dpre = vt + (size_t)hs * Tp;
+            float *vt = attention_scratch(hs, Tp, T), *dpre = vt + (size_t)hs * Tp;
             attention_transpose(vt, v, T, Tp, hs, C3);
             for (int t0 = 0; t0 < T; t0 += ATT_ROWS) {
                 int rows = T - t0 < ATT_ROWS ? T - t0 : ATT_ROWS, n = t0 + rows;
                 int nvec = (n + ATT_WIDTH - 1) / ATT_WIDTH * ATT_WIDTH;
-                // through the weighted sum of values: datt[t][t2] = d[t] . v[t2], dv[t2] += a[t][t2] d[t]
-                memset(dpre, 0, (size_t)ATT_ROWS * Tp * sizeof(float));
-                attention_product(dpre, Tp, d + (size_t)t0 * C, C, 1, rows, vt, Tp, nvec, hs);
-                attention_product(dv, C3, a + (size_t)t0 * T, 1, T, n, d + (size_t)t0 * C, C, hs, rows);
+                float *dp0 = dpre + (size_t)t0 * Tp;
+                // through the weighted sum of values: datt[t][t2] = d[t] . v[t2]
+                memset(dp0, 0, (size_t)rows * Tp * sizeof(float));
+                attention_product(dp0, Tp, d + (size_t)t0 * C, C, 1, rows, vt, Tp, nvec, hs);
                 // through the softmax: dpre = a (datt - sum over t2 of datt a), scaled; zero past t
                 for (int r = 0; r < rows; r++) {
                     int t = t0 + r;
                     const float *at = a + (size_t)t * T;
-                    float *dp = dpre + (size_t)r * Tp, dot = 0.0f;
+                    float *dp = dp0 + (size_t)r * Tp, dot = 0.0f;
                     for (int t2 = 0; t2 <= t; t2++) dot += dp[t2] * at[t2];
                     for (int t2 = 0; t2 <= t; t2++) dp[t2] = at[t2] * (dp[t2] - dot) * scale;
                     for (int t2 = t + 1; t2 < n; t2++) dp[t2] = 0.0f;
                 }
-                // then the scaled dot products: dq[t] += dpre[t][t2] k[t2], dk[t2] += dpre[t][t2] q[t]
-                attention_product(dq + (size_t)t0 * C3, C3, dpre, Tp, 1, rows, k, C3, hs, n);
-                attention_product(dk, C3, dpre, 1, Tp, n, q + (size_t)t0 * C3, C3, hs, rows);
+            }
+            for (int t0 = 0; t0 < T; t0 += ATT_ROWS) {
+                int rows = T - t0 < ATT_ROWS ? T - t0 : ATT_ROWS, n = t0 + rows;
+                // dv[t2] += a[t][t2] d[t] and dk[t2] += dpre[t][t2] q[t], t2 in this block, t from t0 on
+                attention_product(dv + (size_t)t0 * C3, C3, a + (size_t)t0 * T + t0, 1, T, rows, d + (size_t)t0 * C, C, hs,
+                                  T - t0);
+                attention_product(dk + (size_t)t0 * C3, C3, dpre + (size_t)t0 * Tp + t0, 1, Tp, rows, q + (size_t)t0 * C3, C3,
+                                  hs, T - t0);
+                // dq[t] += dpre[t][t2] k[t2], t in this block, t2 < n
+                attention_product(dq + (size_t)t0 * C3, C3, dpre + (size_t)t0 * Tp, Tp, 1, rows, k, C3, hs, n);
             }
         }
 }

@@ -330,6 +330,74 @@ static void test_gelu_fd(void) {
     fd_check("gelu dinp", &layer, r, c.inp, dx, N * C, 1e-3f);
 }
 
+// attention forward and backward against plain loops in double, at head
+// sizes that reach each way the products cut their columns: 1, 3, 4 and 5
+// vectors of 16 (and of 8), none (12), and T not a multiple of ATT_ROWS.
+// The backward adds to what dqkv holds.
+static void test_attention_reference(void) {
+    struct { int B, T, C, NH; } shapes[] = {{2, 13, 32, 2}, {1, 9, 96, 2}, {1, 64, 128, 2}, {1, 11, 160, 2}, {2, 7, 24, 2}};
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+        int B = shapes[i].B, T = shapes[i].T, C = shapes[i].C, NH = shapes[i].NH, hs = C / NH, C3 = 3 * C;
+        float *qkv = rand_array(B * T * C3, 1.0f), *dout = rand_array(B * T * C, 1.0f), *dqkv = rand_array(B * T * C3, 1.0f);
+        float *att = calloc((size_t)B * NH * T * T, 4), *out = calloc((size_t)B * T * C, 4);
+        double *ref_out = calloc((size_t)B * T * C, sizeof(double)), *ref_d = calloc((size_t)B * T * C3, sizeof(double));
+        double *p = calloc((size_t)T * T, sizeof(double)), *ds = calloc((size_t)T * T, sizeof(double));
+        for (int j = 0; j < B * T * C3; j++) ref_d[j] = dqkv[j];
+        double scale = 1.0 / sqrt((double)hs);
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < NH; h++) {
+                const float *q = qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C, *d = dout + (size_t)b * T * C + h * hs;
+                double *dq = ref_d + (size_t)b * T * C3 + h * hs, *dk = dq + C, *dv = dq + 2 * C;
+                for (int t = 0; t < T; t++) {
+                    double maxv = -1e300, sum = 0.0;
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        double s = 0.0;
+                        for (int e = 0; e < hs; e++) s += (double)q[t * C3 + e] * k[t2 * C3 + e];
+                        p[t * T + t2] = s * scale;
+                        if (p[t * T + t2] > maxv) maxv = p[t * T + t2];
+                    }
+                    for (int t2 = 0; t2 <= t; t2++) sum += p[t * T + t2] = exp(p[t * T + t2] - maxv);
+                    for (int t2 = 0; t2 <= t; t2++) p[t * T + t2] /= sum;
+                    for (int e = 0; e < hs; e++) {
+                        double o = 0.0;
+                        for (int t2 = 0; t2 <= t; t2++) o += p[t * T + t2] * v[t2 * C3 + e];
+                        ref_out[((size_t)b * T + t) * C + h * hs + e] = o;
+                    }
+                    // the scores' gradient: ds = p (dp - sum of dp p), dp[t2] = d[t] . v[t2]
+                    double dot = 0.0;
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        double dp = 0.0;
+                        for (int e = 0; e < hs; e++) dp += (double)d[t * C + e] * v[t2 * C3 + e];
+                        ds[t * T + t2] = dp;
+                        dot += dp * p[t * T + t2];
+                    }
+                    for (int t2 = 0; t2 <= t; t2++) ds[t * T + t2] = p[t * T + t2] * (ds[t * T + t2] - dot) * scale;
+                    for (int t2 = 0; t2 <= t; t2++)
+                        for (int e = 0; e < hs; e++) {
+                            dv[t2 * C3 + e] += p[t * T + t2] * d[t * C + e];
+                            dq[t * C3 + e] += ds[t * T + t2] * k[t2 * C3 + e];
+                            dk[t2 * C3 + e] += ds[t * T + t2] * q[t * C3 + e];
+                        }
+                }
+            }
+        attention_forward(out, att, qkv, B, T, C, NH);
+        attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
+        double worst_out = 0.0, worst_d = 0.0, big_out = 1e-30, big_d = 1e-30;
+        for (int j = 0; j < B * T * C; j++) {
+            worst_out = fmax(worst_out, fabs(out[j] - ref_out[j]));
+            big_out = fmax(big_out, fabs(ref_out[j]));
+        }
+        for (int j = 0; j < B * T * C3; j++) {
+            worst_d = fmax(worst_d, fabs(dqkv[j] - ref_d[j]));
+            big_d = fmax(big_d, fabs(ref_d[j]));
+        }
+        check(worst_out / big_out < 1e-5 && worst_d / big_d < 1e-5,
+              "attention B=%d T=%d C=%d NH=%d (head size %d): out and dqkv (added to) within %.1e and %.1e of double, "
+              "relative to their largest (< 1e-5)", B, T, C, NH, hs, worst_out / big_out, worst_d / big_d);
+        free(qkv); free(dout); free(dqkv); free(att); free(out); free(ref_out); free(ref_d); free(p); free(ds);
+    }
+}
+
 typedef struct { float *qkv, *att; int B, T, C, NH; } AttCtx;
 static void att_fwd(void *p, float *out) { AttCtx *c = p; attention_forward(out, c->att, c->qkv, c->B, c->T, c->C, c->NH); }
 
@@ -734,6 +802,7 @@ int main(void) {
     test_fresh_grads();
     test_gelu_fd();
     test_attention_fd();
+    test_attention_reference();
     test_crossentropy_fd();
     test_crossentropy_same_bits();
     test_model_fd();
