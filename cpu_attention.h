@@ -139,8 +139,9 @@ static void attention_softmax(float *a, float *s, int t, int T, float scale) {
 }
 
 // a task's scratch: one head's keys or values transposed (hs x Tp) and
-// `rows` rows of scores; one per thread, kept between calls, as the matmul's
-// packed blocks are (a fresh one per task is fresh pages at T = 1024)
+// `rows` rows of scores, ATT_ROWS for the forward and all T for the
+// backward (4.4 MB at T = 1024); one per thread, kept between calls, as the
+// matmul's packed blocks are (a fresh one per task is fresh pages at T = 1024)
 static float *attention_scratch(int hs, int Tp, int rows) {
     static __thread float *buf;
     static __thread size_t cap;
@@ -181,11 +182,12 @@ static void attention_forward(float *out, float *att, const float *qkv, int B, i
         }
 }
 
-// The gradient of every score first, a T x T block per (b, h); then dv, dq
-// and dk, each a product over a whole row or column of it. Each sum keeps
-// the order it had when they were added block by block (t = 0, 1, ...),
-// and starts where its terms stop being zeros: dv[t2] and dk[t2] gather from
-// t >= t2 only, from the start of t2's block of ATT_ROWS rows on.
+// The gradient of every score first, a T x T block per (b, h); then dv, dk
+// and dq, one product per block of ATT_ROWS rows of each: dv[t2] and dk[t2]
+// sum down column t2 of the weights and of the scores' gradient, dq[t] along
+// row t of the latter. Each sum has the terms and the order it had when
+// they were added block by block (t = 0, 1, ...): dv[t2] and dk[t2] start
+// at the first row of t2's block, since every t < t2 has a zero weight.
 static void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                int B, int T, int C, int NH) {
     int hs = C / NH, C3 = 3 * C, Tp = (T + ATT_WIDTH - 1) / ATT_WIDTH * ATT_WIDTH;

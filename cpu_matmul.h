@@ -521,19 +521,18 @@ static size_t matmul_tasks(int M, int J, int mc, int nc) {
 static void matmul_blocks(int M, int J, int K, size_t bj, int nthreads, int a_from_memory, int b_from_memory,
                           int *mc_out, int *nc_out) {
     enum { MR = MATMUL_MR, NR = MATMUL_NR, MC = MATMUL_MC, NC = MATMUL_NC };
-    // Enough is 2 tasks per thread, so that a thread slowed by other work on
-    // its core leaves the others less to wait on than a half. 4 cut d12's
-    // attproj and fcproj forwards and the dinp products of qkv, attproj and
-    // fc into twice as many blocks of half the size, each packing or
-    // reading as much B per multiply-add twice over: with 2 those products
-    // measured 4 to 14% faster on the Xeon (medians of two sets of 5 and 6
-    // interleaved rounds), the d12 step about 1 to 3%. Also 2 when both A and
-    // B come from memory (the logits' dinp), where the larger blocks cut what
-    // each task streams per multiply-add by a third: measured 6% faster at
-    // d12 and 10% at the small model. And 1 when all of C's columns fit in
-    // one panel as well (the small model's dinp, J = 128): then more tasks
-    // can only cut rows, and each row block streams all of B, 26 MB, again
-    // (measured 19% faster).
+    // Enough is 2 tasks per thread: a thread slowed by other work on its
+    // core then leaves the others at most half its share to wait on. More
+    // tasks cost more than they balance, since a block of half the size
+    // packs or reads as much B per multiply-add twice over: with 4 per
+    // thread d12's attproj and fcproj forwards and the dinp products of qkv,
+    // attproj and fc ran 4 to 14% slower on the Xeon (medians of two sets of
+    // 5 and 6 interleaved rounds), the step 1 to 3%, and the logits' dinp,
+    // whose A and B both come from memory, 6% at d12 and 10% at the small
+    // model. But 1 per thread when A and B come from memory and all of C's
+    // columns fit in one panel (the small model's dinp, J = 128): then more
+    // tasks can only cut rows, and each row block streams all of B, 26 MB,
+    // again (measured 19% faster).
     size_t want = (a_from_memory && b_from_memory && J <= NC ? 1 : 2) * (size_t)nthreads;
     // A B read down its columns (the forward's weight) is transposed as each
     // row block packs it, which costs about two plain reads: counted twice,

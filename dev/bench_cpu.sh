@@ -24,7 +24,7 @@ python=${PYTHON:-python3}
 trainer=${TRAINER:-./train_gpt2}  # another build of the trainer, to compare before and after
 data=${LLM3D_DATA:-../shared/data}
 dir=dev/data/tinyshakespeare
-for prog in train_gpt2 prepare_data dev/bench_kernels; do
+for prog in train_gpt2 prepare_data dev/bench_kernels dev/bench_matmul; do
     [ -x $prog ] || { echo "bench_cpu: no ./$prog; run 'make' first"; exit 1; }
 done
 if ! ls $dir/tiny_shakespeare_train_*.bin >/dev/null 2>&1; then
@@ -77,9 +77,11 @@ if ! "$python" -c 'import torch' 2>/dev/null; then
     echo "PyTorch: skipped, $python cannot import torch (pip install torch numpy)"
     have_torch=0
 fi
-[ $have_torch = 1 ] && echo "PyTorch $("$python" -c 'import torch; print(torch.__version__)') eager, $threads threads, same models and settings (random tokens):"
+if [ "$have_torch" = 1 ]; then
+    echo "PyTorch $("$python" -c 'import torch; print(torch.__version__)') eager, $threads threads, same models and settings (random tokens):"
+fi
 for m in "${models[@]}"; do
-    [ $have_torch = 1 ] || break
+    [ "$have_torch" = 1 ] || break
     IFS='|' read -r name _ pflags <<<"$m"
     # shellcheck disable=SC2086
     "$python" dev/train_gpt2.py $pflags -B 4 -T 64 --steps "$steps" --bench --bench-warmup 1 --lr 3e-4 \
@@ -96,18 +98,30 @@ done
 echo "The matmuls alone, $threads threads (dev/bench_matmul; torch: dev/bench_matmul_torch.py, best, % of the same peak, median):"
 ./dev/bench_matmul > "$tmp/mm.txt"
 : > "$tmp/mm.torch.txt"
-if [ $have_torch = 1 ]; then "$python" dev/bench_matmul_torch.py > "$tmp/mm.torch.txt"; fi
+if [ "$have_torch" = 1 ] && ! "$python" dev/bench_matmul_torch.py > "$tmp/mm.torch.txt"; then
+    echo "bench_cpu: dev/bench_matmul_torch.py failed; the table has our figures only" >&2
+    : > "$tmp/mm.torch.txt"
+fi
 awk -v torch="$tmp/mm.torch.txt" '
     BEGIN { while ((getline line < torch) > 0) if (split(line, f, " ") == 4) { best[f[1] " " f[2]] = f[3]; med[f[1] " " f[2]] = f[4]; n++ } }
     /FMA peak/ { match($0, /FMA peak [0-9.]+/); peak = substr($0, RSTART + 9, RLENGTH - 9) }
     /^shape/ && n > 0 { width = length($0); printf("%s | %7s %7s %7s %6s\n", $0, "torch", "% peak", "(median)", "/ ours"); next }
-    /^[a-z]+ +[0-9]+ +[0-9]+ \|/ { shape = $1 }
+    /^N=/ { N = substr($1, 3) + 0 }
+    /^[a-z]+ +[0-9]+ +[0-9]+ \|/ { shape = $1; IC = $2; OC = $3 }
+    /^ +[0-9]+ +[0-9]+ \|/ { IC = $1; OC = $2 }
     / \| (forward|dinp|dweight) / {
         for (i = 1; i <= NF; i++) if ($i == "forward" || $i == "dinp" || $i == "dweight") { product = $i; ours = $(i + 1) }
         key = shape " " product
-        if ((key in best) && peak > 0) {
-            printf("%-*s | %7.1f %5.1f%% %7.1f %5.2fx\n", width, $0, best[key], 100 * best[key] / peak, med[key], best[key] / ours)
+        if ((key in best) && peak + 0 > 0) {
+            printf("%s | %7.1f %5.1f%% %7.1f %5.2fx\n", sprintf("%-" width "s", $0), best[key], 100 * best[key] / peak,
+                   med[key], best[key] / ours)
+            # weighed as bench_matmul weighs its own last line: 12 layers and the logits
+            flops = 2.0 * N * IC * OC * (shape == "logits" ? 1 : 12)
+            step_flops += flops
+            step_s += flops / (med[key] * 1e9)
             next
         }
     }
-    { print }' "$tmp/mm.txt"
+    { print }
+    END { if (step_s > 0) printf("torch, the same weighing (medians): %.0f ms, %.1f GFLOP/s, %.1f%% of peak\n", 1e3 * step_s,
+                                 step_flops / step_s * 1e-9, 100 * step_flops / step_s * 1e-9 / peak) }' "$tmp/mm.txt"

@@ -8,8 +8,9 @@ the shapes and products dev/bench_matmul times, so that the two can be set side 
 The same arguments as dev/bench_matmul (runs 7, N = B*T = 256, C = 768 by default) and the same
 products of a Linear layer, in fp32 on $OMP_NUM_THREADS threads (all cores when unset):
 forward out = b + inp w^T, dinp = dout w, dweight = dout^T inp, each into a preallocated output, as
-the trainer writes them. Prints one line per product, "shape product best median" in GFLOP/s, the
-best and the median of `runs` timed calls after one that warms the caches.
+the trainer writes them. Prints a line naming torch's version and settings, then one line per
+product, "shape product best median" in GFLOP/s, the best and the median of `runs` timed calls after
+one that warms the caches.
 """
 import os
 import statistics
