@@ -30,7 +30,7 @@
  *   comes from memory anyway, B is read where it is instead;
  * - A is read where it is, along its rows (the forward and dinp products);
  *   packing it as well measured slower. dweight's A, dout transposed, is
- *   transposed whole first, by all the threads, then read the same way; the
+ *   packed whole first, by all the threads, into slivers of MR rows; the
  *   logits' dout, too large for that, is transposed by each task a block at
  *   a time. Only a last sliver of fewer than MR rows is packed, zero-padded;
  * - the threads share out (row block, column panel) tasks of C, disjoint and
@@ -91,7 +91,7 @@ _Static_assert(MATMUL_NC % MATMUL_NR == 0, "MATMUL_NC must be a multiple of MATM
 // products of a step. Four per thread: MATMUL_TASK_SCRATCH for a task's own
 // packed blocks and its block of A transposed, MATMUL_BLOCK_SCRATCH for a
 // block of C summed transposed, MATMUL_SHARED_SCRATCH for B packed whole and
-// MATMUL_A_SCRATCH for A transposed whole, the calling thread's, which all
+// MATMUL_A_SCRATCH for A packed whole, the calling thread's, which all
 // the call's threads fill and read.
 enum { MATMUL_TASK_SCRATCH, MATMUL_BLOCK_SCRATCH, MATMUL_SHARED_SCRATCH, MATMUL_A_SCRATCH, MATMUL_SCRATCHES };
 static float *matmul_scratch(int which, size_t floats) {
@@ -275,6 +275,12 @@ static void matmul_tile_rows_narrow(float *c, size_t ldc, const float *s, size_t
     if (nv == 1) matmul_tile(c, ldc, s, lds, a, lda, 1, bp, bks, kc, 1);
     else matmul_tile(c, ldc, s, lds, a, lda, 1, bp, bks, kc, 2);
 }
+// and with A packed (dweight's)
+static void matmul_tile_packed_narrow(float *c, size_t ldc, const float *s, size_t lds, const float *ap,
+                                      const float *bp, size_t bks, int kc, int nv) {
+    if (nv == 1) matmul_tile(c, ldc, s, lds, ap, 1, MATMUL_MR, bp, bks, kc, 1);
+    else matmul_tile(c, ldc, s, lds, ap, 1, MATMUL_MR, bp, bks, kc, 2);
+}
 
 // a tile over the edge of C (fewer than MR rows or NR columns left): through
 // a full-size copy, whose extra rows and columns are thrown away. Rows of A
@@ -372,18 +378,20 @@ static inline void matmul_prefetch_next_c(const float *c, size_t ldc, int mc, in
 // next_j0, next_nc: the columns of the task this thread likely runs next
 // (next_j0 < 0: none), whose first panel of B the last block of k asks for
 static void matmul_task(float *c, size_t ldc, int set, const float *init, const float *a, size_t am, size_t ak,
-                        const float *b, size_t bk, size_t bj, const float *b_whole, int b_in_place, int m0, int mc, int j0,
-                        int nc, int K, int prefetch_a, int prefetch_b, int next_j0, int next_nc) {
+                        const float *a_whole, int M_pad, const float *b, size_t bk, size_t bj, const float *b_whole,
+                        int b_in_place, int m0, int mc, int j0, int nc, int K, int prefetch_a, int prefetch_b, int next_j0,
+                        int next_nc) {
     enum { MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC, VL = MATMUL_VL };
     int mc_pad = (mc + MR - 1) / MR * MR, nc_pad = (nc + NR - 1) / NR * NR;
     float *bp = matmul_scratch(MATMUL_TASK_SCRATCH, (size_t)(nc_pad + 2 * mc_pad) * KC), *ap = bp + (size_t)nc_pad * KC;
     float *at = ap + (size_t)mc_pad * KC;
     // rows of A along k are read in place, except in a last partial sliver.
-    // A read down its columns (the logits' dweight, whose dout matmul_run
-    // does not transpose whole) is transposed here, a block of k at a time,
-    // into at, and read along its rows from there.
-    int a_in_place = ak == 1 || am == 1, full_rows = a_in_place ? mc / MR * MR : 0;
-    int a_cols = ak != 1 && am == 1;
+    // A read down its columns is packed whole by matmul_run (the layers'
+    // dweight), or else (the logits', whose dout is too large for that)
+    // transposed here, a block of k at a time, into at, and read along its
+    // rows from there.
+    int a_in_place = a_whole == NULL && (ak == 1 || am == 1), full_rows = a_in_place ? mc / MR * MR : 0;
+    int a_cols = a_whole == NULL && ak != 1 && am == 1;
     int row_tiles = (mc + MR - 1) / MR, col_tiles = (nc + NR - 1) / NR;
     MatmulAhead ahead = {NULL, 0, 0, 0, 0, 0, 0};
     for (int k0 = 0; k0 < K; k0 += KC) {
@@ -401,7 +409,11 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
             else matmul_ahead_start(&ahead, b + next_j0, bk, kc_first, next_nc, row_tiles * col_tiles);
         }
         const float *ablk = a + (size_t)m0 * am + (size_t)k0 * ak;
-        if (full_rows < mc)
+        // the block's packed slivers of A, apk + ir * kc: A's own packed
+        // whole, or the task's for the rows not read in place
+        const float *apk = ap;
+        if (a_whole) apk = a_whole + (size_t)k0 * M_pad + (size_t)m0 * kc;
+        else if (full_rows < mc)
             matmul_pack(ap + (size_t)full_rows * kc, ablk + (size_t)full_rows * am, am, ak, mc - full_rows, kc, MR);
         // the block's rows of A along k, ars floats apart
         const float *arows = ablk;
@@ -454,9 +466,11 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
                 if (k0 == 0) matmul_prefetch_next_c(c, ldc, mc, nc, ir, jr);
                 if (mr == MR && nr == NR) {
                     if (ir < full_rows) matmul_tile_rows(ct, ldc, st, lds, arow, ars, bs, bks, kc);
-                    else matmul_tile_packed(ct, ldc, st, lds, ap + (size_t)ir * kc, bs, bks, kc);
+                    else matmul_tile_packed(ct, ldc, st, lds, apk + (size_t)ir * kc, bs, bks, kc);
                 } else if (mr == MR && nr % VL == 0 && ir < full_rows) {
                     matmul_tile_rows_narrow(ct, ldc, st, lds, arow, ars, bs, bks, kc, nr / VL);
+                } else if (mr == MR && nr % VL == 0 && a_whole) {
+                    matmul_tile_packed_narrow(ct, ldc, st, lds, apk + (size_t)ir * kc, bs, bks, kc, nr / VL);
                 } else {
                     if (ir < full_rows)  // a column edge on rows read in place: pack this sliver alone
                         matmul_pack(ap + (size_t)ir * kc, arow, ars, 1, MR, kc, MR);
@@ -464,7 +478,7 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
                         matmul_pack(bp + (size_t)jr * kc, bblk + jr, 1, bk, nr, kc, NR);
                         packed = 1;
                     }
-                    matmul_tile_edge(ct, ldc, st, lds, mr, nr, ap + (size_t)ir * kc, packed_sliver, kc);
+                    matmul_tile_edge(ct, ldc, st, lds, mr, nr, apk + (size_t)ir * kc, packed_sliver, kc);
                 }
             }
         }
@@ -485,7 +499,8 @@ static void matmul_task_transposed(float *c, size_t ldc, const float *init, cons
         for (int r = 0; r < mc; r++)
             for (int j = 0; j < nc; j++) block[(size_t)r * nc + j] = init[m0 + r];
     // without init the kernel starts from zeros itself
-    matmul_task(block, nc, init == NULL, NULL, a, am, ak, b, bk, bj, b_whole, 0, m0, mc, j0, nc, K, prefetch_a, 0, -1, 0);
+    matmul_task(block, nc, init == NULL, NULL, a, am, ak, NULL, 0, b, bk, bj, b_whole, 0, m0, mc, j0, nc, K, prefetch_a, 0,
+                -1, 0);
     matmul_transpose(c + (size_t)j0 * ldc + m0, ldc, block, nc, mc, nc);
 }
 
@@ -578,14 +593,20 @@ static int matmul_computes_transposed(int set, size_t bj, int M, int J, int K) {
 }
 
 // A read down its columns (dweight's, A = dout transposed: A(m,k) =
-// a[k*ak + m]), M x K, copied into a_rows along its rows, a_rows[m*K + k], by
-// the threads of the enclosing parallel region. 16 rows of dout at a time,
-// each read along its length: twice as fast on average as 16 columns at a
-// time, which read 16 floats of every row.
-static void matmul_transpose_whole(float *a_rows, const float *a, size_t ak, int M, int K) {
+// a[k*ak + m]), M x K, packed whole by the threads of the enclosing
+// parallel region: for each block of k, k0 = 0, KC, ..., its slivers of MR
+// rows, a_whole[k0 * M_pad + s * MR * kc + k * MR + r], zeros past M. Each
+// k of a sliver is MR floats side by side in a row of dout: a plain copy.
+static void matmul_pack_a_whole(float *a_whole, const float *a, size_t ak, int M, int K) {
+    enum { MR = MATMUL_MR, KC = MATMUL_KC };
+    int M_pad = (M + MR - 1) / MR * MR, slivers = M_pad / MR, kblocks = (K + KC - 1) / KC;
     #pragma omp for schedule(static)
-    for (int k0 = 0; k0 < K; k0 += 16)
-        matmul_transpose(a_rows + k0, (size_t)K, a + (size_t)k0 * ak, ak, K - k0 < 16 ? K - k0 : 16, M);
+    for (int u = 0; u < kblocks * slivers; u++) {
+        int k0 = u / slivers * KC, s = u % slivers, kc = K - k0 < KC ? K - k0 : KC;
+        int rows = M - s * MR < MR ? M - s * MR : MR;
+        matmul_pack(a_whole + (size_t)k0 * M_pad + (size_t)s * MR * kc, a + (size_t)s * MR + (size_t)k0 * ak, 1, ak, rows,
+                    kc, MR);
+    }
 }
 
 // B[K,J] packed whole by the threads of the enclosing parallel region:
@@ -665,26 +686,25 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
     // or from memory anyway (MATMUL_B_IN_PLACE_ROWS)
     int b_small = (size_t)K * J * sizeof(float) <= MATMUL_PACK_ONCE_BYTES;
     int b_in_place = !transposed && b_whole == NULL && bj == 1 && mc <= MATMUL_B_IN_PLACE_ROWS && (b_small || b_from_memory);
-    // A read down its columns (dweight's, A = dout transposed) is transposed
-    // whole first, by all the threads, into a_rows, and then read along its
-    // rows like the other products' A. Read in place, each k of a tile is 8
-    // floats of another row of dout, rows a multiple of 1 KiB apart: the
-    // tile's A fell in a few sets of L1 and a new page at every k. The
-    // transposed copy made the d12 layers' dweight products 10 to 15%
-    // faster, the copy included. The logits' dout (51 MB at d12, over
-    // MATMUL_STREAM_BYTES) would take as much more memory and measured no
-    // faster: each task transposes its own blocks of it instead
-    // (matmul_task; 52 to 55% of the peak where it was 48 to 50% read in
-    // place).
-    float *a_rows = NULL;
+    // A read down its columns (dweight's, A = dout transposed) is packed
+    // whole first, by all the threads, into a_whole, and the tasks read it
+    // from there. Read in place, each k of a tile is 8 floats of another row
+    // of dout, rows a multiple of 1 KiB apart: the tile's A fell in a few
+    // sets of L1 and a new page at every k. A copy transposed along its rows
+    // made the d12 layers' dweight products 10 to 15% faster, the copy
+    // included; packed into slivers, a plain copy, they are 3 to 7% faster
+    // again (three sets of 4 to 6 interleaved rounds of bench_matmul). The
+    // logits' dout (51 MB at d12, over MATMUL_STREAM_BYTES) would take as much
+    // more memory and measured no faster: each task transposes its own
+    // blocks of it instead (matmul_task; 52 to 55% of the peak where it was
+    // 48 to 50% read in place).
+    float *a_whole = NULL;
+    int M_pad = (M + MATMUL_MR - 1) / MATMUL_MR * MATMUL_MR;
     if (am == 1 && ak != 1 && (size_t)M * K * sizeof(float) <= MATMUL_STREAM_BYTES)
-        a_rows = matmul_scratch(MATMUL_A_SCRATCH, (size_t)M * K);
-    const float *a_cols = a;
-    size_t a_cols_ld = ak;
-    if (a_rows) a = a_rows, am = (size_t)K, ak = 1;
+        a_whole = matmul_scratch(MATMUL_A_SCRATCH, (size_t)M_pad * K);
     #pragma omp parallel if (ntasks > 1)
     {
-        if (a_rows) matmul_transpose_whole(a_rows, a_cols, a_cols_ld, M, K);
+        if (a_whole) matmul_pack_a_whole(a_whole, a, ak, M, K);
         if (b_whole) matmul_pack_whole(b_whole, b, bk, bj, J, K);
         #pragma omp for schedule(dynamic)
         for (int t = 0; t < ntasks; t++) {
@@ -704,8 +724,8 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
                 matmul_task_transposed(c, (size_t)ldc, init, a, am, ak, b, bk, bj, b_whole, m0, mrows, j0, ncols, K,
                                        prefetch_a);
             else
-                matmul_task(c + (size_t)m0 * ldc + j0, (size_t)ldc, set, init, a, am, ak, b, bk, bj, b_whole, b_in_place, m0,
-                            mrows, j0, ncols, K, prefetch_a, prefetch_b, next_j0, next_nc);
+                matmul_task(c + (size_t)m0 * ldc + j0, (size_t)ldc, set, init, a, am, ak, a_whole, M_pad, b, bk, bj, b_whole,
+                            b_in_place, m0, mrows, j0, ncols, K, prefetch_a, prefetch_b, next_j0, next_nc);
         }
     }
 }
