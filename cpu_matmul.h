@@ -372,6 +372,8 @@ static inline void matmul_prefetch_next_c(const float *c, size_t ldc, int mc, in
 // one task: rows [m0, m0 + mc) by columns [j0, j0 + nc) of C, over all of K,
 // c the block's top left; C's own values first (set = 0), or the row init
 // (zeros if NULL; set = 1).
+// a_whole: A packed whole by matmul_run (matmul_pack_a_whole, its rows
+// padded to M_pad), or NULL.
 // b_whole: B packed whole by matmul_run, or NULL; b_in_place: B read where
 // it is (else the task packs its panels). prefetch_a, prefetch_b: A, or B
 // read in place, far larger than the caches, asked for ahead.
