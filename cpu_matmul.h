@@ -599,9 +599,9 @@ static int matmul_computes_transposed(int set, size_t bj, int M, int J, int K) {
 // parallel region: for each block of k, k0 = 0, KC, ..., its slivers of MR
 // rows, a_whole[k0 * M_pad + s * MR * kc + k * MR + r], zeros past M. Each
 // k of a sliver is MR floats side by side in a row of dout: a plain copy.
-static void matmul_pack_a_whole(float *a_whole, const float *a, size_t ak, int M, int K) {
+static void matmul_pack_a_whole(float *a_whole, int M_pad, const float *a, size_t ak, int M, int K) {
     enum { MR = MATMUL_MR, KC = MATMUL_KC };
-    int M_pad = (M + MR - 1) / MR * MR, slivers = M_pad / MR, kblocks = (K + KC - 1) / KC;
+    int slivers = M_pad / MR, kblocks = (K + KC - 1) / KC;
     #pragma omp for schedule(static)
     for (int u = 0; u < kblocks * slivers; u++) {
         int k0 = u / slivers * KC, s = u % slivers, kc = K - k0 < KC ? K - k0 : KC;
@@ -694,8 +694,9 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
     // of dout, rows a multiple of 1 KiB apart: the tile's A fell in a few
     // sets of L1 and a new page at every k. A copy transposed along its rows
     // made the d12 layers' dweight products 10 to 15% faster, the copy
-    // included; packed into slivers, a plain copy, they are 3 to 7% faster
-    // again (three sets of 4 to 6 interleaved rounds of bench_matmul). The
+    // included; packed into slivers, a plain copy, 3 to 9% faster again in
+    // three of four sets of 4 to 6 interleaved rounds of bench_matmul (in the
+    // first, fcproj's 19% slower), the training step the same within noise. The
     // logits' dout (51 MB at d12, over MATMUL_STREAM_BYTES) would take as much
     // more memory and measured no faster: each task transposes its own
     // blocks of it instead (matmul_task; 52 to 55% of the peak where it was
@@ -706,7 +707,7 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
         a_whole = matmul_scratch(MATMUL_A_SCRATCH, (size_t)M_pad * K);
     #pragma omp parallel if (ntasks > 1)
     {
-        if (a_whole) matmul_pack_a_whole(a_whole, a, ak, M, K);
+        if (a_whole) matmul_pack_a_whole(a_whole, M_pad, a, ak, M, K);
         if (b_whole) matmul_pack_whole(b_whole, b, bk, bj, J, K);
         #pragma omp for schedule(dynamic)
         for (int t = 0; t < ntasks; t++) {
