@@ -41,7 +41,7 @@
  * - what comes from memory is asked for ahead (prefetched) while the kernel
  *   works on what it has: C's next tile, and A and B when they are far
  *   larger than the caches (the logits' weight and gradient), a sliver or a
- *   panel ahead, and B whenever a task packs it;
+ *   panel ahead (the weight into L2), and B whenever a task packs it;
  * - the logits' forward (a weight over MATMUL_TRANSPOSE_BYTES) is computed
  *   as its transpose, logits^T = wte inp^T, so that the 154 MB weight is
  *   read in place and the small input is the one transposed.
@@ -220,7 +220,7 @@ static inline __attribute__((always_inline)) void matmul_tile(float *c, size_t l
     enum { MR = MATMUL_MR, NV = MATMUL_NR / MATMUL_VL, VL = MATMUL_VL };
     // the loops in and out of the registers unrolled whole: left to itself
     // GCC 12 wrote the tile out through the stack, a copy of C's 24 vectors
-    // per tile (the d12 products 1 to 5% faster unrolled)
+    // per tile (unrolled, the d12 products 0.3 to 5% faster, none slower)
     matmul_vec acc[MR][NV];
     #pragma GCC unroll 16
     for (int r = 0; r < MR; r++)
@@ -345,12 +345,12 @@ static void matmul_ahead_start(MatmulAhead *ah, const float *base, size_t stride
     ah->lines_per_tile = (rows * ah->lines_per_row + tiles - 1) / tiles;
 }
 
-// A B from memory is asked for into L2 only: a request into L1 holds one
-// of its few line buffers until the line comes from memory, and with A's
-// streams asked for too the kernel waited on them. Into L2, the logits'
-// dinp alone ran 2 to 4% faster in most runs, the d12 step 1.0 to 1.2% and
-// the small model's 0.8% (interleaved runs). A packed B already in L2 or L3
-// comes quickly: into L1.
+// A B from memory is asked for into L2 only. A request into L1 holds one of
+// L1's few line buffers until the line arrives from memory, which is likely
+// why the kernel waited when A's streams were asked for too. Into L2, the
+// logits' dinp alone ran 3 to 4% faster in four of five sets (no faster in
+// the fifth), the d12 step 1.0 to 1.2% and the small model's 0.8%
+// (interleaved runs). A packed B already in L2 or L3 comes quickly: into L1.
 static inline void matmul_ahead_step(MatmulAhead *ah, int from_memory) {
     for (int i = 0; i < ah->lines_per_tile && ah->row < ah->rows; i++) {
         const char *line = ah->base + (size_t)ah->row * ah->stride + (size_t)ah->line * 64;
