@@ -41,7 +41,7 @@
  * - what comes from memory is asked for ahead (prefetched) while the kernel
  *   works on what it has: C's next tile, and A and B when they are far
  *   larger than the caches (the logits' weight and gradient), a sliver or a
- *   panel ahead (the weight into L2), and B whenever a task packs it;
+ *   panel ahead, and B whenever a task packs it; all of it into L2 only;
  * - the logits' forward (a weight over MATMUL_TRANSPOSE_BYTES) is computed
  *   as its transpose, logits^T = wte inp^T, so that the 154 MB weight is
  *   read in place and the small input is the one transposed.
@@ -163,7 +163,9 @@ static void matmul_transpose(float *dst, size_t ldd, const float *src, size_t ld
 // slivers of W rows: dst[i / W][k][i % W], zeros past `rows`. When X runs
 // along i (xi == 1) each k is a contiguous copy, done k by k so that X is
 // read a whole row at a time; otherwise (xk == 1) it is a transpose.
-static inline __attribute__((always_inline)) void matmul_pack(float *dst, const float *x, size_t xi, size_t xk, int rows, int kc, int W) {
+// A whole row of a sliver is one memcpy, a single vector move: as a loop of
+// floats GCC 12 loaded it a float at a time, even with restrict.
+static inline __attribute__((always_inline)) void matmul_pack(float *restrict dst, const float *restrict x, size_t xi, size_t xk, int rows, int kc, int W) {
     int padded = (rows + W - 1) / W * W;
     if (xi == 1) {
         for (int k = 0; k < kc; k++) {
@@ -171,7 +173,7 @@ static inline __attribute__((always_inline)) void matmul_pack(float *dst, const 
             for (int i0 = 0; i0 < padded; i0 += W) {
                 float *d = dst + (size_t)i0 * kc + (size_t)k * W;
                 if (i0 + W <= rows) {
-                    for (int i = 0; i < W; i++) d[i] = sk[i0 + i];
+                    memcpy(d, sk + i0, (size_t)W * sizeof(float));
                 } else {
                     for (int i = 0; i < W; i++) d[i] = i0 + i < rows ? sk[i0 + i] : 0.0f;
                 }
@@ -345,17 +347,19 @@ static void matmul_ahead_start(MatmulAhead *ah, const float *base, size_t stride
     ah->lines_per_tile = (rows * ah->lines_per_row + tiles - 1) / tiles;
 }
 
-// A B from memory is asked for into L2 only. A request into L1 holds one of
-// L1's few line buffers until the line arrives from memory, which is likely
-// why the kernel waited when A's streams were asked for too. Into L2, the
-// logits' dinp alone ran 3 to 4% faster in four of five sets (no faster in
-// the fifth), the d12 step 1.0 to 1.2% and the small model's 0.8%
-// (interleaved runs). A packed B already in L2 or L3 comes quickly: into L1.
-static inline void matmul_ahead_step(MatmulAhead *ah, int from_memory) {
+// Everything the matmul asks for ahead goes into L2 only (locality 2:
+// prefetcht1), A, B and C alike. A request into L1 holds one of L1's few
+// line buffers until the line arrives, from memory or L3, which is likely
+// why the thread waited on them: in a profile of the d12 step they took a
+// third of the matmul's time outside the kernel. Into L2, the logits'
+// weight alone made their dinp 3 to 4% faster in four of five sets and the
+// d12 step 1.0 to 1.2%; then the panels that tasks pack, the d12 step 2.0%
+// and the small model's 0.9%; then the logits' dout, A of their dinp, the
+// small model's 3 to 7% (interleaved runs on the Xeon, the median and the
+// lower quartile of 40 to 190 steps). C's tiles: matmul_prefetch_next_c.
+static inline void matmul_ahead_step(MatmulAhead *ah) {
     for (int i = 0; i < ah->lines_per_tile && ah->row < ah->rows; i++) {
-        const char *line = ah->base + (size_t)ah->row * ah->stride + (size_t)ah->line * 64;
-        if (from_memory) __builtin_prefetch(line, 0, 2);
-        else __builtin_prefetch(line);
+        __builtin_prefetch(ah->base + (size_t)ah->row * ah->stride + (size_t)ah->line * 64, 0, 2);
         if (++ah->line == ah->lines_per_row) {
             ah->line = 0;
             ah->row++;
@@ -365,8 +369,16 @@ static inline void matmul_ahead_step(MatmulAhead *ah, int from_memory) {
 
 // asks for the C tile after tile (ir, jr) of the task's mc x nc block,
 // whose top left is c, to be written: rows ir + MR.. of the same sliver,
-// else the top of the next sliver; only its rows and columns inside the block
-static inline void matmul_prefetch_next_c(const float *c, size_t ldc, int mc, int nc, int ir, int jr) {
+// else the top of the next sliver; only its rows and columns inside the block.
+// Asked for to be read, into L2: a line that no other core holds arrives
+// there exclusive, so the store that follows costs no more than after a
+// request to write, and L1's line buffers stay free. Measured against
+// asking for nothing, the d12 step 2.0% faster in one set of 10 interleaved
+// rounds (median 844 against 861 ms), 7.8% in another. always_inline:
+// a function that only asks for lines has no effect that GCC can see, so
+// GCC 12 took it for a pure function and dropped every call to it that it
+// did not inline; the step ran without these requests until this was found.
+static inline __attribute__((always_inline)) void matmul_prefetch_next_c(const float *c, size_t ldc, int mc, int nc, int ir, int jr) {
     enum { MR = MATMUL_MR, NR = MATMUL_NR, LINE = 64 / (int)sizeof(float) };
     int row, col;
     if (ir + MR < mc) {
@@ -381,7 +393,7 @@ static inline void matmul_prefetch_next_c(const float *c, size_t ldc, int mc, in
     int rows = mc - row < MR ? mc - row : MR, cols = nc - col < NR ? nc - col : NR;
     const float *tile = c + (size_t)row * ldc + col;
     for (int r = 0; r < rows; r++)
-        for (int j = 0; j < cols; j += LINE) __builtin_prefetch(tile + (size_t)r * ldc + j, 1);
+        for (int j = 0; j < cols; j += LINE) __builtin_prefetch(tile + (size_t)r * ldc + j, 0, 2);
 }
 
 // one task: rows [m0, m0 + mc) by columns [j0, j0 + nc) of C, over all of K,
@@ -475,8 +487,8 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
                 // one is being worked on, a cache line at a time
                 if (prefetch_a && jr == 0 && ir + 2 * MR <= full_rows)
                     for (int r = MR; r < 2 * MR; r++)
-                        for (int k = 0; k < kc; k += 64 / (int)sizeof(float)) __builtin_prefetch(arow + (size_t)r * ars + k);
-                matmul_ahead_step(&ahead, prefetch_b);
+                        for (int k = 0; k < kc; k += 64 / (int)sizeof(float)) __builtin_prefetch(arow + (size_t)r * ars + k, 0, 2);
+                matmul_ahead_step(&ahead);
                 // C's next tile, down this sliver or atop the next: on the
                 // first block of k it comes from memory (the gradients were
                 // last touched a step ago); later blocks find it in L2
