@@ -164,8 +164,9 @@ static void matmul_transpose(float *dst, size_t ldd, const float *src, size_t ld
 // slivers of W rows: dst[i / W][k][i % W], zeros past `rows`. When X runs
 // along i (xi == 1) each k is a contiguous copy, done k by k so that X is
 // read a whole row at a time; otherwise (xk == 1) it is a transpose.
-// A whole row of a sliver is one memcpy, a single vector move: as a loop of
-// floats GCC 12 loaded it a float at a time, even with restrict.
+// Each k of a full sliver is one memcpy, whole vectors (one for A's 8
+// floats, three for B's 48): as a loop of floats GCC 12 loaded it a float
+// at a time, even with restrict.
 static inline __attribute__((always_inline)) void matmul_pack(float *restrict dst, const float *restrict x, size_t xi, size_t xk, int rows, int kc, int W) {
     int padded = (rows + W - 1) / W * W;
     if (xi == 1) {
@@ -348,16 +349,11 @@ static void matmul_ahead_start(MatmulAhead *ah, const float *base, size_t stride
     ah->lines_per_tile = (rows * ah->lines_per_row + tiles - 1) / tiles;
 }
 
-// Everything the matmul asks for ahead goes into L2 only (locality 2:
-// prefetcht1), A, B and C alike. A request into L1 holds one of L1's few
-// line buffers until the line arrives, from memory or L3, which is likely
-// why the thread waited on them: in a profile of the d12 step they took a
-// third of the matmul's time outside the kernel. Into L2, the logits'
-// weight alone made their dinp 3 to 4% faster in four of five sets and the
-// d12 step 1.0 to 1.2%; then the panels that tasks pack, the d12 step 2.0%
-// and the small model's 0.9%; then the logits' dout, A of their dinp, the
-// small model's 3 to 7% (interleaved runs on the Xeon, the median and the
-// lower quartile of 40 to 190 steps). C's tiles: matmul_prefetch_next_c.
+// Everything the matmul asks for ahead, A, B and C alike, goes into L2 only
+// (locality 2: prefetcht1). A request into L1 holds one of L1's few line
+// buffers until the line arrives from memory or L3, which is likely why the
+// thread waited on these requests: in a profile of the d12 step the waits
+// took a third of the matmul's time outside the kernel (figures in README).
 static inline void matmul_ahead_step(MatmulAhead *ah) {
     for (int i = 0; i < ah->lines_per_tile && ah->row < ah->rows; i++) {
         __builtin_prefetch(ah->base + (size_t)ah->row * ah->stride + (size_t)ah->line * 64, 0, 2);
@@ -369,16 +365,14 @@ static inline void matmul_ahead_step(MatmulAhead *ah) {
 }
 
 // asks for the C tile after tile (ir, jr) of the task's mc x nc block,
-// whose top left is c, to be written: rows ir + MR.. of the same sliver,
-// else the top of the next sliver; only its rows and columns inside the block.
-// Asked for to be read, into L2: a line that no other core holds arrives
-// there exclusive, so the store that follows costs no more than after a
-// request to write, and L1's line buffers stay free. Measured against
-// asking for nothing, the d12 step 2.0% faster in one set of 10 interleaved
-// rounds (median 844 against 861 ms), 7.8% in another. always_inline:
-// a function that only asks for lines has no effect that GCC can see, so
-// GCC 12 took it for a pure function and dropped every call to it that it
-// did not inline; the step ran without these requests until this was found.
+// whose top left is c: rows ir + MR.. of the same sliver, else the top of
+// the next sliver; only its rows and columns inside the block. Asked for
+// to be read, into L2 (see matmul_ahead_step): the kernel reads C first,
+// and where it only writes it (C = init + A B, first block of k) a line no
+// other core holds arrives exclusive, so the store needs nothing more.
+// always_inline: a function that only asks for lines has no effect GCC
+// can see, so GCC 12 took it for a pure function and dropped every call to
+// it that it did not inline.
 static inline __attribute__((always_inline)) void matmul_prefetch_next_c(const float *c, size_t ldc, int mc, int nc, int ir, int jr) {
     enum { MR = MATMUL_MR, NR = MATMUL_NR, LINE = 64 / (int)sizeof(float) };
     int row, col;
