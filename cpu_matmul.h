@@ -617,6 +617,17 @@ static void matmul_blocks(int M, int J, int K, size_t bj, int nthreads, int a_fr
     *nc_out = nc;
 }
 
+// the blocks of C^T when computed transposed (M rows of wte, J of the
+// input's): all of the input's rows, C^T's columns, in one panel, so that
+// wte is read once; blocks of 256 rows of wte, fewer when that leaves too
+// few for the threads to share (2 each, as matmul_blocks)
+static void matmul_blocks_transposed(int M, int J, int nthreads, int *mc_out, int *nc_out) {
+    int mc = MATMUL_MC;
+    while (mc / 2 >= 4 * MATMUL_MR && (M + mc - 1) / mc < 2 * nthreads) mc /= 2;
+    *mc_out = mc / MATMUL_MR * MATMUL_MR;
+    *nc_out = J;
+}
+
 // whether C = init + A B is computed transposed, C^T = B^T A^T. The logits'
 // forward, logits = inp wte^T, has a B read down its columns that is far
 // larger than the caches (wte, 154 MB at d12) and fewer rows of A (the
@@ -684,17 +695,8 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
         b = a_was, bk = ak_was, bj = am_was, J = M_was, b_from_memory = a_was_from_memory;
     }
     int mc, nc;
-    // transposed: all of the input's rows, C^T's columns, in one panel, so
-    // that wte is read once; blocks of 256 rows of wte, fewer when that
-    // leaves too few for the threads to share (2 each, as matmul_blocks)
-    if (transposed) {
-        mc = MATMUL_MC;
-        while (mc / 2 >= 4 * MATMUL_MR && (M + mc - 1) / mc < 2 * nthreads) mc /= 2;
-        mc = mc / MATMUL_MR * MATMUL_MR;
-        nc = J;
-    } else {
-        matmul_blocks(M, J, K, bj, nthreads, a_from_memory, b_from_memory, &mc, &nc);
-    }
+    if (transposed) matmul_blocks_transposed(M, J, nthreads, &mc, &nc);
+    else matmul_blocks(M, J, K, bj, nthreads, a_from_memory, b_from_memory, &mc, &nc);
     // A far larger than the caches (the logits' gradient, dout, 51 MB at
     // d12 or at the small model) comes from memory read in place, 8 rows far
     // apart at once, more streams than the hardware prefetcher keeps up
@@ -752,7 +754,8 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
     // transposed by the tasks, and then each task takes a whole row block,
     // all its column panels, when the block's rows of A, for all of K, fit
     // beside B packed whole in L2 (matmul_task_row_block; the logits'
-    // dweight at d12 measured 15% faster, medians of 8 interleaved rounds).
+    // dweight at d12 measured 15% and 18% faster in two sets of 8
+    // interleaved rounds, medians).
     int row_blocks = am == 1 && ak != 1 && a_whole == NULL && jblocks > 1 &&
                      (size_t)mc * K * sizeof(float) <= MATMUL_PACK_ONCE_BYTES / 2;
     int jtasks = row_blocks ? 1 : jblocks;
