@@ -16,9 +16,11 @@
 
 #define RUNS 5
 
+// allocated as the trainer allocates its large arrays (xcalloc_mapped:
+// aligned, on huge pages where they are granted), since misaligned vectors
+// alone slowed AdamW by 40% on Zen 4
 static float *filled(size_t n, float scale) {
-    float *x = (float *)malloc(n * sizeof(float));
-    if (x == NULL) { fprintf(stderr, "bench_kernels: out of memory for %zu floats\n", n); exit(1); }
+    float *x = (float *)xcalloc_mapped(n, sizeof(float), "a benchmark's array");
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) x[i] = scale * (float)((long)((i * 2654435761u) % 2001) - 1000) / 1000.0f;
     return x;

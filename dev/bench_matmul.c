@@ -113,13 +113,13 @@ int main(int argc, char **argv) {
     double step_s = 0.0, flops_step = 0.0;
     for (int s = 0; s < nshapes; s++) {
         int IC = shapes[s].IC, OC = shapes[s].OC;
-        float *inp = (float *)malloc((size_t)N * IC * sizeof(float));
-        float *w = (float *)malloc((size_t)OC * IC * sizeof(float));
-        float *b = (float *)malloc((size_t)OC * sizeof(float));
-        float *out = (float *)malloc((size_t)N * OC * sizeof(float));
-        float *dout = (float *)malloc((size_t)N * OC * sizeof(float));
-        float *dinp = (float *)malloc((size_t)N * IC * sizeof(float));
-        float *dw = (float *)malloc((size_t)OC * IC * sizeof(float));
+        float *inp = (float *)xcalloc_mapped((size_t)N * IC, sizeof(float), "inp");
+        float *w = (float *)xcalloc_mapped((size_t)OC * IC, sizeof(float), "w");
+        float *b = (float *)xcalloc_mapped((size_t)OC, sizeof(float), "b");
+        float *out = (float *)xcalloc_mapped((size_t)N * OC, sizeof(float), "out");
+        float *dout = (float *)xcalloc_mapped((size_t)N * OC, sizeof(float), "dout");
+        float *dinp = (float *)xcalloc_mapped((size_t)N * IC, sizeof(float), "dinp");
+        float *dw = (float *)xcalloc_mapped((size_t)OC * IC, sizeof(float), "dw");
         unsigned seed = 42u + s;
         fill(inp, (size_t)N * IC, &seed);
         fill(w, (size_t)OC * IC, &seed);
