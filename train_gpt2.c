@@ -63,33 +63,26 @@ static void zero_floats(float *x, size_t n) {
 // The gradient is multiplied by grad_scale as it is read (the clipping of the
 // global norm: 1 when there is none), which saves a pass over the gradients.
 // One pass over params, grads, m and v: memory-bound, vectorised by the
-// compiler. Within a chunk of 16384 a line of each array is asked for 4 KiB
-// ahead, which measured faster than the hardware prefetcher alone.
-#define ADAMW_GROUP 16    // floats: a cache line of each array
-#define ADAMW_AHEAD 1024  // floats: 4 KiB ahead
+// compiler. Chunks of 64K floats, 256 KiB of each array, so that each
+// thread's four streams run long enough for the hardware prefetcher. On
+// Zen 4, with the arrays aligned, that beat 16K-float chunks whose lines
+// were asked for 4 KiB ahead in software: 124M parameters in 53.4 ms
+// against 64.7 (medians of 3 interleaved runs); the software requests were
+// the slower part (61.9 ms with 64K chunks, asked for 8 KiB ahead).
 static void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, float grad_scale,
                          float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
     float bc1 = 1.0f - powf(beta1, (float)t), bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
     float step_size = lr / bc1;
-    size_t chunk = 16384, nchunks = (n + chunk - 1) / chunk;
+    size_t chunk = 65536, nchunks = (n + chunk - 1) / chunk;
     #pragma omp parallel for schedule(dynamic) if (nchunks > 1)
     for (size_t c = 0; c < nchunks; c++) {
         size_t lo = c * chunk, hi = n - lo < chunk ? n : lo + chunk;
-        for (size_t i0 = lo; i0 < hi; i0 += ADAMW_GROUP) {
-            size_t i1 = hi - i0 < ADAMW_GROUP ? hi : i0 + ADAMW_GROUP, ahead = i0 + ADAMW_AHEAD;
-            if (ahead < hi) {
-                __builtin_prefetch(params + ahead, 1);
-                __builtin_prefetch(grads + ahead);
-                __builtin_prefetch(m + ahead, 1);
-                __builtin_prefetch(v + ahead, 1);
-            }
-            for (size_t i = i0; i < i1; i++) {
-                float g = grads[i] * grad_scale;
-                m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-                v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-                params[i] *= 1.0f - lr * weight_decay;
-                params[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
-            }
+        for (size_t i = lo; i < hi; i++) {
+            float g = grads[i] * grad_scale;
+            m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+            v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+            params[i] *= 1.0f - lr * weight_decay;
+            params[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
         }
     }
 }
