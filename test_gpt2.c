@@ -690,6 +690,37 @@ static void test_fresh_grads(void) {
     free(got);
 }
 
+// the large arrays start on a cache line, and so does every activation
+// tensor, at a B*T of 76 that is no multiple of 16; xcalloc_mapped's memory
+// is zeroed and aligned below 1 MiB, above it and for no elements at all
+static void test_aligned_arrays(void) {
+    GPT2Config c = {.maxT = 32, .V = 301, .Vp = 320, .L = 2, .NH = 5, .C = 80};
+    GPT2 model;
+    Parallel par;
+    build_single(&model, &par, &c, init_full(&c, 3, 1, 1, 1), 4, 19);
+    const float *arrays[] = {model.params, model.grads, model.m, model.v};
+    int bad = 0, tensors = 0;
+    for (int i = 0; i < 4; i++) bad += (uintptr_t)arrays[i] % 64 != 0;
+    for (int k = 0; k <= model.nacts; k++) {
+        const Acts *a = k < model.nacts ? &model.acts[k] : &model.dacts;
+        for (int t = 0; t < NUM_ACT_TENSORS; t++, tensors++) bad += (uintptr_t)a->t[t] % 64 != 0;
+    }
+    check(bad == 0, "params, grads, m, v and %d activation tensors at B=4 T=19 start on a cache line (%d do not)",
+          tensors, bad);
+    gpt2_free(&model);
+    size_t counts[] = {0, 3, 1000, ((size_t)1 << 18) + 5};  // floats: up to 1 MiB and 20 bytes
+    for (int i = 0; i < 4; i++) {
+        size_t n = counts[i], nonzero = 0;
+        float *x = (float *)xcalloc_mapped(n, sizeof(float), "test array");
+        for (size_t j = 0; j < n; j++) nonzero += x[j] != 0.0f;
+        check(x != NULL && (uintptr_t)x % 64 == 0 && nonzero == 0,
+              "xcalloc_mapped(%zu floats): aligned to 64 bytes (address %% 64 = %d), all zero (%zu are not)", n,
+              (int)((uintptr_t)x % 64), nonzero);
+        for (size_t j = 0; j < n; j++) x[j] = 1.0f;  // every byte is ours to write
+        free(x);
+    }
+}
+
 static void test_thread_count(void) {
 #ifndef _OPENMP
     skip("built without OpenMP: one thread only");
@@ -804,6 +835,7 @@ int main(void) {
     test_matmul_shapes();
     test_sum_squares();
     test_fresh_grads();
+    test_aligned_arrays();
     test_gelu_fd();
     test_attention_fd();
     test_attention_reference();
