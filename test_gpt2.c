@@ -692,7 +692,8 @@ static void test_fresh_grads(void) {
 
 // the large arrays start on a cache line, and so does every activation
 // tensor, at a B*T of 76 that is no multiple of 16; xcalloc_mapped's memory
-// is zeroed and aligned below 1 MiB, above it and for no elements at all
+// is zeroed and aligned for no elements at all, below 1 MiB (to a cache
+// line) and above it (to 2 MiB, a huge page)
 static void test_aligned_arrays(void) {
     GPT2Config c = {.maxT = 32, .V = 301, .Vp = 320, .L = 2, .NH = 5, .C = 80};
     GPT2 model;
@@ -708,14 +709,14 @@ static void test_aligned_arrays(void) {
     check(bad == 0, "params, grads, m, v and %d activation tensors at B=4 T=19 start on a cache line (%d do not)",
           tensors, bad);
     gpt2_free(&model);
-    size_t counts[] = {0, 3, 1000, ((size_t)1 << 18) + 5};  // floats: up to 1 MiB and 20 bytes
+    size_t counts[] = {0, 3, 1000, ((size_t)1 << 18) + 5};  // floats; the largest is 1 MiB and 20 bytes
     for (int i = 0; i < 4; i++) {
-        size_t n = counts[i], nonzero = 0;
+        size_t n = counts[i], nonzero = 0, align = i < 3 ? 64 : (size_t)2 << 20;
         float *x = (float *)xcalloc_mapped(n, sizeof(float), "test array");
         for (size_t j = 0; j < n; j++) nonzero += x[j] != 0.0f;
-        check(x != NULL && (uintptr_t)x % 64 == 0 && nonzero == 0,
-              "xcalloc_mapped(%zu floats): aligned to 64 bytes (address %% 64 = %d), all zero (%zu are not)", n,
-              (int)((uintptr_t)x % 64), nonzero);
+        check(x != NULL && (uintptr_t)x % align == 0 && nonzero == 0,
+              "xcalloc_mapped(%zu floats): aligned to %zu bytes (address %% %zu = %zu), all zero (%zu are not)", n,
+              align, align, (size_t)((uintptr_t)x % align), nonzero);
         for (size_t j = 0; j < n; j++) x[j] = 1.0f;  // every byte is ours to write
         free(x);
     }

@@ -113,13 +113,13 @@ static double bench_fma_peak(int runs) {
 
 // memory bandwidth, GB/s over all threads: y += x over two arrays of 256 MiB,
 // each thread its own part, counted as the bytes read (x and y) and written
-// (y), both aligned to a cache line. In place, as AdamW and the norm work: a copy into a third array would
+// (y), both aligned to a cache line as the trainer's arrays are. In place,
+// as AdamW and the norm work: a copy into a third array would
 // also read each line of the destination before writing it (the cache's read
 // for ownership), traffic that a count of bytes read and written leaves out,
 // and AdamW then measured at 176 to 177% of it.
 static double bench_memory_bandwidth(int runs) {
     size_t n = (size_t)64 << 20;
-    // aligned to a cache line, as the trainer's arrays are (malloc's start 16 bytes into a page)
     float *x = (float *)aligned_alloc(64, n * sizeof(float)), *y = (float *)aligned_alloc(64, n * sizeof(float));
     if (x == NULL || y == NULL) { free(x); free(y); return 0.0; }
     double best = 0.0;
