@@ -353,7 +353,7 @@ static void matmul_ahead_start(MatmulAhead *ah, const float *base, size_t stride
 // (locality 2: prefetcht1). A request into L1 holds one of L1's few line
 // buffers until the line arrives from memory or L3, which is likely why the
 // thread waited on these requests: in a profile of the d12 step the waits
-// took a third of the matmul's time outside the kernel (figures in README).
+// took a third of the matmul's time outside the kernel.
 static inline void matmul_ahead_step(MatmulAhead *ah) {
     for (int i = 0; i < ah->lines_per_tile && ah->row < ah->rows; i++) {
         __builtin_prefetch(ah->base + (size_t)ah->row * ah->stride + (size_t)ah->line * 64, 0, 2);
