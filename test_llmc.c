@@ -10,8 +10,9 @@
  * that mpirun starts without --rendezvous stops with one line saying what
  * to add, and with it joins the others. llm.c's outlier guard (-sl, -sg):
  * its z-scores against a direct computation, and the updates it skips.
- * And the user's run: -h shows every flag's default, the step line ends in
- * an ETA, and a job of several ranks ends with one table of their bytes.
+ * And the user's run: -h shows every flag's default, the step line has an
+ * ETA and ends in the MFU, and a job of several ranks ends with one table
+ * of their bytes.
  */
 #include "trainer.h"
 #include "test.h"
@@ -197,7 +198,7 @@ static void test_mpirun(const char *exe) {
           "the ranks' bytes: one table with a row per rank and no all-zero column");
 }
 
-// -h: every flag with its default; the step line's ETA
+// -h: every flag with its default; the step line's ETA and MFU
 static void test_usage(const char *exe) {
     char cmd[1024], out[65536];
     snprintf(cmd, sizeof(cmd), "%s -h 2>&1", exe);
@@ -215,8 +216,13 @@ static void test_usage(const char *exe) {
     snprintf(cmd, sizeof(cmd), "%s -e d2 -ev 256 -et 16 -ec 32 -b 2 -t 16 -x 2 -v 0 -s 0 -th 1 -i %s/tiny_train.bin 2>&1",
              exe, dir);
     rc = run(cmd, out, sizeof(out));
-    check(rc == 0 && strstr(out, "GFLOP/s | ETA ") != NULL && strstr(out, "| ETA 0s\n"), "the step line ends in an ETA, "
-          "0s at the last step");
+    const char *last = strstr(out, "| ETA 0s | MFU ");
+    float mfu = -1.0f;
+    if (last != NULL && sscanf(last, "| ETA 0s | MFU %f%%\n", &mfu) != 1) mfu = -1.0f;
+    check(rc == 0 && strstr(out, "GFLOP/s | ETA ") != NULL && last != NULL && mfu > 0.0f && mfu < 100.0f &&
+          strstr(out, "FMA peak: ") != NULL && strstr(out, "(the MFU's denominator)\n") != NULL,
+          "the step line has an ETA, 0s at the last step, and ends in the MFU, here %.1f%%, against the FMA peak "
+          "printed before the first step", mfu);
 }
 
 // ----------------------------------------------------------------------------

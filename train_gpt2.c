@@ -38,6 +38,7 @@
 #include "parallel.h"
 #include "checkpoint.h"
 #include "cpu_matmul.h"
+#include "cpu_peak.h"
 #include "cpu_math.h"
 #include "cpu_layers.h"
 #include "cpu_attention.h"
@@ -1375,6 +1376,20 @@ static void keep_freed_memory(void) {
 #endif
 }
 
+// the MFU's denominator, FLOP/s: the FMA peak of all the job's threads on
+// this machine (cpu_peak.h), measured by rank 0 before the first step, and
+// printed
+static double job_fma_peak(int world) {
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    double peak = cpu_fma_peak(world * threads, 3);
+    printf("FMA peak: %.1f GFLOP/s for the job's %d threads, %d per rank (the MFU's denominator)\n", peak,
+           world * threads, threads);
+    return peak * 1e9;
+}
+
 int main(int argc, char **argv) {
     Job job;
     char err[1024], path[1024];
@@ -1413,6 +1428,7 @@ int main(int argc, char **argv) {
     PipeStep *plan = step_plan(&job, &par.grid, &nops);
     AdamHyper hyper = {job.opt.lr, job.opt.beta1, job.opt.beta2, job.opt.eps, job.opt.weight_decay};
     if (rank0) announce_resume(&job, load_ms);
+    double peak = rank0 ? job_fma_peak(par.grid.world) : 0.0;
     keep_freed_memory();
 
     // the training loop: one optimizer step per iteration
@@ -1445,8 +1461,7 @@ int main(int argc, char **argv) {
         watch_step_end(&watch, line.ms, comm_wait_ms(par.comm));
         if (watch_due(&watch, step)) watch_report(&par, &watch, step, &line);
         if (rank0) {
-            report_step(&job, &line, &guard);
-            printf("\n");  // (the GPU trainer ends its line with the MFU)
+            print_mfu(&job, report_step(&job, &line, &guard), peak);
             watch_print(&watch);
         }
         if (nonfinite_stop(&job, &line, rank0)) {

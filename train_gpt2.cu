@@ -1113,15 +1113,6 @@ static void print_device(const cudaDeviceProp *prop, double peak, const GpuOptio
            m->act_bytes / 1073741824.0);
 }
 
-// the end of rank 0's step line: the model FLOPs utilization of all the
-// GPUs at tok_s tokens per second (peak: one GPU's; 0 when not known)
-static void print_mfu(const Job *job, double tok_s, double peak, int world) {
-    double fpt = flops_per_token(&job->config, job->opt.T);
-    if (peak > 0) printf(" | MFU %.1f%%\n", 100.0 * tok_s * fpt / (peak * world));
-    else printf(" | MFU n/a\n");
-    fflush(stdout);
-}
-
 // the layout line (rank 0), then one line per rank, in rank order, from the rank itself
 static void print_layout(const GPT2 *m, Parallel *par, const Options *o, int accum, int device) {
     const Grid *g = &par->grid;
@@ -1423,7 +1414,7 @@ int main(int argc, char **argv) {
         watch_step_end(&watch, line.ms, 0.0);  // its wait is read at the report, once the GPU has done it
         if (watch_due(&watch, step)) watch_report(&model, &par, &watch, &waited, step, &line);
         if (rank0) {
-            print_mfu(&job, report_step(&job, &line, &guard), peak, par.grid.world);
+            print_mfu(&job, report_step(&job, &line, &guard), peak * par.grid.world);  // peak: one GPU's
             watch_print(&watch);
         }
         if (nonfinite_stop(&job, &line, rank0)) {

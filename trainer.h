@@ -17,7 +17,7 @@
  *     activation_sets, step_plan, print_model_and_batch, announce_resume
  *   in the loop: next_batch, evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
  *     report_hellaswag, outlier_skip (llm.c's -sl -sg; steps not finite), nonfinite_stop,
- *     report_step, checkpoint_state, print_checkpoint_written
+ *     report_step, print_mfu, checkpoint_state, print_checkpoint_written
  *   after the last step: final_line, report_final
  *   the watch report (-wr): Watch, watch_init, watch_step_begin,
  *     watch_step_end, watch_add_wait, watch_due, watch_pack, watch_judge, watch_print,
@@ -608,8 +608,8 @@ static const char *format_duration(double s, char *buf, size_t len) {
     return buf;
 }
 
-// rank 0's line for a step, up to its ETA (the GPU trainer ends it with its
-// MFU), and the step's JSON log entry (l: its numbers; the tokens are filled
+// rank 0's line for a step, up to its ETA (print_mfu ends it), and the
+// step's JSON log entry (l: its numbers; the tokens are filled
 // in here); with -sl or -sg, the z-scores of g too, as llm.c prints them.
 // The ETA: the rest of the steps at this launch's pace so far, its
 // evaluations and checkpoints included. Returns the tokens per second.
@@ -629,6 +629,16 @@ static double report_step(Job *job, LogLine *l, const OutlierGuard *g) {
     l->tokens = job->total_batch * (l->step + 1);
     log_line(job->logf, l);
     return tok_s;
+}
+
+// the end of rank 0's step line: the model FLOPs utilization of the whole
+// job at tok_s tokens per second, against peak, the FLOP/s that all its
+// ranks can do together (0 when not known)
+static void print_mfu(const Job *job, double tok_s, double peak) {
+    double fpt = flops_per_token(&job->config, job->opt.T);
+    if (peak > 0) printf(" | MFU %.1f%%\n", 100.0 * tok_s * fpt / peak);
+    else printf(" | MFU n/a\n");
+    fflush(stdout);
 }
 
 // the line after the last step (l: from final_line, its val loss and

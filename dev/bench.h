@@ -3,18 +3,11 @@
  * machine and in the run where they measure them.
  *
  * defines: bench_now (seconds), bench_fma_peak (GFLOP/s), bench_memory_bandwidth
- * (GB/s), bench_best (the largest of a few runs).
+ * (GB/s).
  *
  * The peak is what this build's vector FMAs can do on all of OpenMP's
- * threads: each thread runs 12 independent chains of vector multiply-adds
- * (two FMA units with a latency of four cycles need eight in flight) on
- * registers only. Each thread's rate is its multiply-adds over the CPU time
- * it got, and the peak is the sum of those rates: what the cores do while
- * they run this code. Wall-clock time would count the time another program
- * held a core, and the peak of a busy machine would come out low (from 190
- * to 490 GFLOP/s on the same 2 cores), flattering whatever is compared with
- * it. More threads than CPUs would each count a whole core: the sum is then
- * scaled to the CPUs online. The memory bandwidth is each thread adding its
+ * threads, measured by CPU time as cpu_peak.h says (the trainer's MFU is
+ * against the same measure). The memory bandwidth is each thread adding its
  * part of one array far larger than the caches into another in place,
  * counted as bytes read plus bytes written. The machine may be shared, so
  * take the best of several runs, and measure both before and after the thing
@@ -25,6 +18,7 @@
 #ifndef LLM3D_DEV_BENCH_H
 #define LLM3D_DEV_BENCH_H
 
+#include "../cpu_peak.h"
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -43,72 +37,13 @@ static double bench_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-#if defined(__AVX512F__)
-#define BENCH_VL 16
-#elif defined(__AVX__)
-#define BENCH_VL 8
-#else
-#define BENCH_VL 4
-#endif
-#define BENCH_CHAINS 12
-
-typedef float bench_vec __attribute__((vector_size(BENCH_VL * sizeof(float))));
-
-// one thread's CPU time, seconds
-static double bench_thread_time(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-// one run of the FMA peak, GFLOP/s over all threads
-static double bench_fma_peak_once(void) {
-    const long iters = 4000000;
-    double rate = 0.0;  // the sum of the threads' GFLOP/s
-    float sink = 0.0f;
-    #pragma omp parallel reduction(+ : sink, rate)
-    {
-        bench_vec acc[BENCH_CHAINS], mul, add;
-        for (int i = 0; i < BENCH_VL; i++) {
-            mul[i] = 0.9999999f;
-            add[i] = 1e-7f;
-        }
-        for (int c = 0; c < BENCH_CHAINS; c++)
-            for (int i = 0; i < BENCH_VL; i++) acc[c][i] = (float)(c + i);
-        double t0 = bench_thread_time();
-        for (long it = 0; it < iters; it++) {
-            for (int c = 0; c < BENCH_CHAINS; c++) acc[c] = acc[c] * mul + add;  // one FMA each
-            // keeps the compiler from folding the loop, and mul and add in
-            // registers: with add read from memory by every FMA (as GCC 12
-            // did when mul alone was named) the loop ran at two thirds of
-            // the rate the matmul kernel reaches
-#if defined(__x86_64__) || defined(__i386__)
-            __asm__ volatile("" : "+v"(mul), "+v"(add));
-#elif defined(__aarch64__)
-            __asm__ volatile("" : "+w"(mul), "+w"(add));  // AArch64's SIMD registers
-#endif
-        }
-        double t = bench_thread_time() - t0;
-        for (int c = 0; c < BENCH_CHAINS; c++) sink += acc[c][0];
-        rate += (double)iters * BENCH_CHAINS * BENCH_VL * 2.0 / (t > 1e-9 ? t : 1e-9) * 1e-9;
-    }
-    if (sink == 12345.0f) rate += 1e-9;  // uses the result
+// the FMA peak of all of OpenMP's threads (cpu_peak.h), the best of `runs`
+static double bench_fma_peak(int runs) {
     int nthreads = 1;
 #ifdef _OPENMP
     nthreads = omp_get_max_threads();
 #endif
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (cpus > 0 && nthreads > cpus) rate *= (double)cpus / nthreads;
-    return rate;
-}
-
-static double bench_fma_peak(int runs) {
-    double best = 0.0;
-    for (int r = 0; r < runs; r++) {
-        double g = bench_fma_peak_once();
-        if (g > best) best = g;
-    }
-    return best;
+    return cpu_fma_peak(nthreads, runs);
 }
 
 // memory bandwidth, GB/s over all threads: y += x over two arrays of 256 MiB,
