@@ -2,7 +2,7 @@
  * cpu_peak.h: this machine's FMA peak, measured where it is used: what the
  * CPU trainer's MFU and the CPU benchmarks' shares of the peak are against.
  *
- * defines: cpu_fma_peak(threads, runs), in GFLOP/s.
+ * defines: cpu_count, cpu_fma_peak(threads, runs) in GFLOP/s.
  *
  * Each of OpenMP's threads runs 12 independent chains of this build's
  * vector multiply-adds (two FMA units with a latency of four cycles need
@@ -12,8 +12,9 @@
  * program held a core, and the peak of a busy machine would come out low
  * (from 190 to 490 GFLOP/s on the same 2 cores), flattering whatever is
  * compared with it. The peak of `threads` threads is their mean rate times
- * threads, at most one per CPU online, since more threads than CPUs share
- * the cores. The machine may be shared, so it is the best of `runs` runs.
+ * the smaller of threads and the CPUs this process may run on: more threads
+ * than CPUs share the cores. The machine may be shared, so the rate is the
+ * best of `runs` runs.
  */
 #ifndef LLM3D_CPU_PEAK_H
 #define LLM3D_CPU_PEAK_H
@@ -82,15 +83,25 @@ static double cpu_fma_rate_per_thread(void) {
     return rate / nthreads;
 }
 
+// the CPUs this process may run on: OpenMP's count follows the affinity
+// mask (taskset, a container's cpuset), where sysconf counts them all
+static int cpu_count(void) {
+#ifdef _OPENMP
+    return omp_get_num_procs();
+#else
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return cpus > 0 ? (int)cpus : 1;
+#endif
+}
+
 static double cpu_fma_peak(int threads, int runs) {
     double best = 0.0;
     for (int r = 0; r < runs; r++) {
         double g = cpu_fma_rate_per_thread();
         if (g > best) best = g;
     }
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (cpus > 0 && threads > cpus) threads = (int)cpus;
-    return best * threads;
+    int cpus = cpu_count();
+    return best * (threads < cpus ? threads : cpus);
 }
 
 #endif

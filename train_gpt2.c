@@ -1377,16 +1377,21 @@ static void keep_freed_memory(void) {
 }
 
 // the MFU's denominator, FLOP/s: the FMA peak of all the job's threads on
-// this machine (cpu_peak.h), measured by rank 0 before the first step, and
-// printed
-static double job_fma_peak(int world) {
-    int threads = 1;
+// this machine (cpu_peak.h), measured before the first step and printed by
+// rank 0. Every rank measures at once, each on its own threads, so that
+// rank 0's threads share the cores as they do in the steps; alone, on a
+// machine with two hardware threads per core, they could have a core each.
+static double job_fma_peak(Parallel *par) {
+    int threads = 1, all = par->grid.world;
 #ifdef _OPENMP
     threads = omp_get_max_threads();
 #endif
-    double peak = cpu_fma_peak(world * threads, 3);
-    printf("FMA peak: %.1f GFLOP/s for the job's %d threads, %d per rank (the MFU's denominator)\n", peak,
-           world * threads, threads);
+    all *= threads;
+    if (par->comm) comm_barrier(par->comm, &par->world);
+    double peak = cpu_fma_peak(all, 3);
+    int cpus = cpu_count();
+    if (par->grid.rank == 0)
+        printf("FMA peak: %.1f GFLOP/s for %d threads on %d CPUs (the MFU's denominator)\n", peak, all, cpus);
     return peak * 1e9;
 }
 
@@ -1428,7 +1433,7 @@ int main(int argc, char **argv) {
     PipeStep *plan = step_plan(&job, &par.grid, &nops);
     AdamHyper hyper = {job.opt.lr, job.opt.beta1, job.opt.beta2, job.opt.eps, job.opt.weight_decay};
     if (rank0) announce_resume(&job, load_ms);
-    double peak = rank0 ? job_fma_peak(par.grid.world) : 0.0;
+    double peak = job_fma_peak(&par);
     keep_freed_memory();
 
     // the training loop: one optimizer step per iteration

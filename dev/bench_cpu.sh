@@ -62,7 +62,7 @@ echo "$peaks" | awk '{ lo = hi = $1; for (i = 2; i <= NF; i++) { if ($i < lo) lo
 printf "%-6s | %9s %9s | %8s %8s | %8s | %9s\n" model "best ms" "median ms" "tok/s" "GFLOP/s" "% peak" "first ms"
 for m in "${models[@]}"; do
     IFS='|' read -r name _ _ <<<"$m"
-    # step lines: "step N/M | loss | norm | lr | X ms | Y tok/s | Z GFLOP/s"; the first one warms up and
+    # step lines: "step N/M | loss | norm | lr | X ms | Y tok/s | Z GFLOP/s | ETA | MFU"; the first one warms up and
     # is shown apart: it maps the memory the later steps reuse
     steps_ms() { grep '^step' "$tmp/$name.txt" | sed -E 's/.*\| ([0-9.]+) ms \| ([0-9]+) tok\/s \| ([0-9.]+) GFLOP.*/\1 \2 \3/'; }
     first=$(steps_ms | head -n 1 | awk '{ print $1 }')
