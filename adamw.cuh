@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(NORM_THREADS) sumsq_add_kernel(float *partial,
 }
 
 // ----------------------------------------------------------------------------
-// AdamW in PyTorch's order (as train_gpt2.c's adamw_update), on the fp32
+// AdamW in PyTorch's order (as cpu_optimizer.h's adamw_update), on the fp32
 // master weights; the floatX copy the model computes with is rounded from
 // them. The clip scale (as torch.nn.utils.clip_grad_norm_) is folded in,
 // computed from the norm on the device, so the host never waits for it.

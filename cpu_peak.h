@@ -48,9 +48,10 @@ static double cpu_fma_rate_per_thread(void) {
     const long iters = 4000000;
     double rate = 0.0;  // the sum of the threads' GFLOP/s
     float sink = 0.0f;
-    int nthreads = 1;
-    #pragma omp parallel reduction(+ : sink, rate)
+    int nthreads = 0;
+    #pragma omp parallel reduction(+ : sink, rate, nthreads)
     {
+        nthreads += 1;
         cpu_peak_vec acc[CPU_PEAK_CHAINS], mul, add;
         for (int i = 0; i < CPU_PEAK_VL; i++) {
             mul[i] = 0.9999999f;
@@ -74,10 +75,6 @@ static double cpu_fma_rate_per_thread(void) {
         double t = cpu_thread_time() - t0;
         for (int c = 0; c < CPU_PEAK_CHAINS; c++) sink += acc[c][0];
         rate += (double)iters * CPU_PEAK_CHAINS * CPU_PEAK_VL * 2.0 / (t > 1e-9 ? t : 1e-9) * 1e-9;
-#ifdef _OPENMP
-        #pragma omp single
-        nthreads = omp_get_num_threads();
-#endif
     }
     if (sink == 12345.0f) rate += 1e-9;  // uses the result
     return rate / nthreads;

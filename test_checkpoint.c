@@ -885,12 +885,16 @@ static void test_encrypted_refusals(void) {
     if (!check(good.status == 0 && sealed("%s/ckpt_%08d/optim.bin", a, 4), "a sealed checkpoint of step 4 to damage"))
         return;
     // optim.bin of d2: 1024 + 8 N bytes (N = 497,408 here: over 3 chunks of 1 MiB)
-    struct { const char *what, *damage, *expect; } cases[] = {
-        {"a changed byte", NULL, "optim.bin: sha256"},  // a bit of byte 5000 flipped
-        {"chunks 0 and 1 swapped", NULL, "optim.bin: sha256"},
-        {"a file cut short", "truncate -s -16 %s/ckpt_00000004/optim.bin", "optim.bin: size"},
-        {"no key: job.key gone", "rm %s/job.key", "job.key is missing, but"},
-        {"another key", "rm %1$s/job.key && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > %1$s/job.key && "
+    // how each case damages the copy: a shell command (damage, %s its
+    // directory), or flipping a bit of optim.bin's byte 5000, or swapping
+    // its chunks 0 and 1
+    enum { SHELL, FLIP_BIT, SWAP_CHUNKS };
+    struct { const char *what; int how; const char *damage, *expect; } cases[] = {
+        {"a changed byte", FLIP_BIT, NULL, "optim.bin: sha256"},
+        {"chunks 0 and 1 swapped", SWAP_CHUNKS, NULL, "optim.bin: sha256"},
+        {"a file cut short", SHELL, "truncate -s -16 %s/ckpt_00000004/optim.bin", "optim.bin: size"},
+        {"no key: job.key gone", SHELL, "rm %s/job.key", "job.key is missing, but"},
+        {"another key", SHELL, "rm %1$s/job.key && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > %1$s/job.key && "
          "echo >> %1$s/job.key && chmod 600 %1$s/job.key", "another key"},
     };
     for (int i = 0; i < (int)(sizeof(cases) / sizeof(cases[0])); i++) {
@@ -898,8 +902,9 @@ static void test_encrypted_refusals(void) {
         sh("rm -rf %s && mkdir -p %s && cp -r %s/ckpt_00000004 %s/job.key %s/", b, b, a, a, b);
         char damaged[300];
         snprintf(damaged, sizeof(damaged), "%s/ckpt_00000004/optim.bin", b);
-        if (cases[i].damage != NULL) sh(cases[i].damage, b);
-        else if (i == 0) check(flip_bit(damaged, 5000), "sealed checkpoint: a bit of optim.bin's byte 5000 flipped");
+        if (cases[i].how == SHELL) sh(cases[i].damage, b);
+        else if (cases[i].how == FLIP_BIT)
+            check(flip_bit(damaged, 5000), "sealed checkpoint: a bit of optim.bin's byte 5000 flipped");
         else swap_chunks(b, "optim.bin", 0, 1);
         run(&r, b, 8, "-y 1");
         int lines = 0;
