@@ -43,18 +43,21 @@ OPENSSL := $(shell printf '\043include <openssl/evp.h>\nint main(void){return EV
 # CUDA when nvcc is found: sm_80 (A100) and sm_90 (H100/H200)
 NVCC := $(shell command -v nvcc 2>/dev/null)
 # LLM3D_NCCL: nccl_comm.h's NCCL backend, for data parallel across GPUs
-NVCC_FLAGS = -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -DLLM3D_NCCL
+NVCC_FLAGS = -O3 -std=c++17 -I. -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -DLLM3D_NCCL
 NVCC_LDLIBS = -lcublas -lcublasLt -lnccl
 PRECISION ?= BF16
 ifeq ($(PRECISION),FP32)
   NVCC_FLAGS += -DENABLE_FP32
 endif
 
-CPU_PROGRAMS = train_gpt2 prepare_data export_hf plot_log dev/bench_secure dev/bench_aead dev/bench_matmul dev/bench_kernels \
-               dev/pipeline_chart dev/compare_logs
-CPU_TESTS = test_gpt2 test_secure test_aead test_dataloader test_tokenizer test_parallel test_layouts test_checkpoint \
-            test_prepare_data test_export test_plot test_hellaswag test_llmc test_attacks test_gpt2_scalar $(if $(X86),test_gpt2_avx2)
-CUDA_PROGRAMS = train_gpt2cu test_gpt2cu test_host_mode
+# Programs stay at the root where the docs call them (./train_gpt2,
+# ./prepare_data); tests and tools build beside their sources under dev/.
+CPU_PROGRAMS = train_gpt2 prepare_data export_hf plot_log dev/bench_secure dev/bench_aead dev/bench_matmul \
+               dev/bench_kernels dev/bench_tokenizer dev/pipeline_chart dev/compare_logs
+CPU_TESTS = test_gpt2 $(addprefix dev/test/,test_secure test_aead test_dataloader test_tokenizer test_parallel \
+            test_layouts test_checkpoint test_prepare_data test_export test_plot test_hellaswag test_llmc \
+            test_attacks test_gpt2_scalar $(if $(X86),test_gpt2_avx2))
+CUDA_PROGRAMS = train_gpt2cu test_gpt2cu dev/test/test_host_mode
 
 ifneq ($(NVCC),)
 all: $(CPU_PROGRAMS) $(CPU_TESTS) $(CUDA_PROGRAMS)
@@ -63,74 +66,77 @@ all: $(CPU_PROGRAMS) $(CPU_TESTS)
 	@echo "nvcc not found: skipping $(CUDA_PROGRAMS)"
 endif
 
-HEADERS = $(wildcard *.h)
-CUDA_HEADERS = $(wildcard *.cuh)
+# every include is a path from the root
+CFLAGS += -I.
+HEADERS = $(wildcard *.h llm3d/*.h llm3d/*/*.h)
+CUDA_HEADERS = $(wildcard llm3d/cuda/*.cuh llm3d/cuda/*/*.cuh)
+TEST_HEADERS = dev/test/test.h
 
 train_gpt2: train_gpt2.c $(HEADERS)
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
-prepare_data: prepare_data.c $(HEADERS)
+prepare_data: dev/data/prepare_data.c dev/data/prepare_hellaswag.h $(HEADERS)
 	$(CC) $(CFLAGS) -pthread $< $(LDLIBS) -o $@
 
-export_hf: export_hf.c $(HEADERS)
+export_hf: dev/eval/export_hf.c $(HEADERS)
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
-plot_log: plot_log.c errors.h json.h log_reader.h
+plot_log: dev/plot_log.c llm3d/errors.h llm3d/json.h llm3d/log_reader.h
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
-dev/bench_secure: dev/bench_secure.c secure.h files.h errors.h
-	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
-
-dev/bench_aead: dev/bench_aead.c dev/bench.h $(HEADERS)
-	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
-
-dev/bench_matmul: dev/bench_matmul.c dev/bench.h train_gpt2.c $(HEADERS)
-	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
-
-dev/bench_kernels: dev/bench_kernels.c dev/bench.h train_gpt2.c $(HEADERS)
-	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
-
-dev/compare_logs: dev/compare_logs.c errors.h json.h log_reader.h
-	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
-
-dev/pipeline_chart: dev/pipeline_chart.c pipeline.h secure.h files.h errors.h
-	$(CC) $(CFLAGS) -I. $< $(LDLIBS) -o $@
-
-test_%: test_%.c test.h $(HEADERS)
+dev/bench_%: dev/bench_%.c dev/bench.h train_gpt2.c $(HEADERS)
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
-test_gpt2: train_gpt2.c
+dev/compare_logs: dev/compare_logs.c llm3d/errors.h llm3d/json.h llm3d/log_reader.h
+	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
-test_aead: test_aead.c test.h $(HEADERS)
+dev/pipeline_chart: dev/pipeline_chart.c $(HEADERS)
+	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
+
+test_gpt2: test_gpt2.c train_gpt2.c $(TEST_HEADERS) $(HEADERS)
+	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
+
+dev/test/test_%: dev/test/test_%.c $(TEST_HEADERS) $(HEADERS)
+	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
+
+dev/test/test_hellaswag: train_gpt2.c dev/data/prepare_hellaswag.h
+
+dev/test/test_aead: dev/test/test_aead.c $(TEST_HEADERS) $(HEADERS)
 	$(CC) $(CFLAGS) $(if $(OPENSSL),-DLLM3D_OPENSSL) $< $(LDLIBS) $(if $(OPENSSL),-lcrypto) -o $@
-test_hellaswag: train_gpt2.c
 
 # test_gpt2 on the other vector paths (see SIMD above)
-test_gpt2_avx2: test_gpt2.c test.h train_gpt2.c $(HEADERS)
+dev/test/test_gpt2_avx2: test_gpt2.c train_gpt2.c $(TEST_HEADERS) $(HEADERS)
 	$(CC) $(CFLAGS) $(AVX2_FLAGS) $< $(LDLIBS) -o $@
 
-test_gpt2_scalar: test_gpt2.c test.h train_gpt2.c $(HEADERS)
+dev/test/test_gpt2_scalar: test_gpt2.c train_gpt2.c $(TEST_HEADERS) $(HEADERS)
 	$(CC) $(CFLAGS) $(SCALAR_FLAGS) $< $(LDLIBS) -o $@
 
 train_gpt2cu: train_gpt2.cu $(HEADERS) $(CUDA_HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LDLIBS) -o $@
 
-test_gpt2cu: test_gpt2.cu train_gpt2.cu test.h $(HEADERS) $(CUDA_HEADERS)
-	$(NVCC) $(NVCC_FLAGS) test_gpt2.cu $(NVCC_LDLIBS) -o $@
+test_gpt2cu: test_gpt2.cu train_gpt2.cu $(TEST_HEADERS) $(HEADERS) $(CUDA_HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LDLIBS) -o $@
+
+# the fp32 builds, as dev/gpu_check.sh runs them beside the bf16 ones
+train_gpt2cu_fp32: train_gpt2.cu $(HEADERS) $(CUDA_HEADERS)
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 $< $(NVCC_LDLIBS) -o $@
+
+test_gpt2cu_fp32: test_gpt2.cu train_gpt2.cu $(TEST_HEADERS) $(HEADERS) $(CUDA_HEADERS)
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 $< $(NVCC_LDLIBS) -o $@
 
 # nccl_comm.h's host mode under the test's stand-in CUDA runtime (no GPU
 # needed): libcudart shared, so the test's own cudaMemcpyAsync and the rest
 # take the place of the library's (found through the toolkit's lib64); no
 # device code runs, so PTX for one arch
-test_host_mode: test_host_mode.cu test.h $(HEADERS)
-	$(NVCC) -O2 -std=c++17 -gencode arch=compute_80,code=compute_80 -cudart shared \
+dev/test/test_host_mode: dev/test/test_host_mode.cu $(TEST_HEADERS) $(HEADERS)
+	$(NVCC) -O2 -std=c++17 -I. -gencode arch=compute_80,code=compute_80 -cudart shared \
 		-Xlinker -rpath -Xlinker $(dir $(NVCC))../lib64 $< -lnccl -o $@
 
 # with nvcc, test_gpt2cu too: its host-side checks (flags, files, layouts)
 # run anywhere, and its GPU checks say they skip when there is no device;
 # and test_host_mode, which needs no device at all
 ifneq ($(NVCC),)
-  TESTS = $(CPU_TESTS) test_gpt2cu test_host_mode
+  TESTS = $(CPU_TESTS) test_gpt2cu dev/test/test_host_mode
   TEST_DEPS = train_gpt2 prepare_data export_hf plot_log dev/compare_logs train_gpt2cu
 else
   TESTS = $(CPU_TESTS)
@@ -138,7 +144,7 @@ else
 endif
 
 test: $(TESTS) $(TEST_DEPS)
-	@./dev/run_tests.sh $(addprefix ./,$(TESTS))
+	@./dev/test/run_tests.sh $(addprefix ./,$(TESTS))
 
 # fuzz targets (clang with libFuzzer); `make fuzz` replays the corpora and
 # runs each target for FUZZ_SECONDS
@@ -158,7 +164,7 @@ bench: train_gpt2 prepare_data dev/bench_secure dev/bench_aead dev/bench_matmul 
 	./dev/bench_checkpoint.sh
 
 clean:
-	rm -f $(CPU_PROGRAMS) $(CPU_TESTS) $(CUDA_PROGRAMS) $(FUZZERS)
+	rm -f $(CPU_PROGRAMS) $(CPU_TESTS) $(CUDA_PROGRAMS) train_gpt2cu_fp32 test_gpt2cu_fp32 $(FUZZERS)
 
 run: train_gpt2 prepare_data plot_log
 	./dev/run.sh

@@ -83,8 +83,8 @@
 #define _DEFAULT_SOURCE
 #endif
 
-#include "aead.h"     // first: sealed (encrypted) shards; it brings secure.h's sha256
-#include "manifest.h" // manifest_read, manifest_find
+#include "llm3d/secure/aead.h"     // first: sealed (encrypted) shards; it brings secure.h's sha256
+#include "llm3d/secure/manifest.h" // manifest_read, manifest_find
 
 #include <errno.h>
 #include <fcntl.h>
@@ -98,8 +98,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "errors.h"
-#include "files.h"     // pread_all
+#include "llm3d/errors.h"
+#include "llm3d/files.h"     // pread_all
 
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1

@@ -24,10 +24,10 @@
 #ifndef LLM3D_PARALLEL_H
 #define LLM3D_PARALLEL_H
 
-#include "grid.h"
-#include "pipeline.h"
-#include "launcher.h"
-#include "shm_comm.h"
-#include "nccl_comm.h"
+#include "llm3d/parallel/grid.h"
+#include "llm3d/parallel/pipeline.h"
+#include "llm3d/parallel/launcher.h"
+#include "llm3d/parallel/shm_comm.h"
+#include "llm3d/parallel/nccl_comm.h"
 
 #endif

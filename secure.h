@@ -85,8 +85,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "errors.h"
-#include "files.h"  // read_all
+#include "llm3d/errors.h"
+#include "llm3d/files.h"  // read_all
 // C11 atomics; C++ (the CUDA trainer includes this header) spells them in std::
 #ifdef __cplusplus
 #include <atomic>

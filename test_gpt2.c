@@ -9,7 +9,7 @@
 // 64 MiB, so that test_matmul_shapes reaches it with a small shape
 #define MATMUL_TRANSPOSE_BYTES (16u << 20)
 #include "train_gpt2.c"
-#include "test.h"
+#include "dev/test/test.h"
 
 #include <sys/wait.h>
 

@@ -10,9 +10,9 @@
  */
 #define TESTING
 #include "train_gpt2.cu"
-#include "chunkmac.h"
-#include "gpu_setup.cuh"
-#include "test.h"
+#include "llm3d/secure/chunkmac.h"
+#include "llm3d/cuda/gpu_setup.cuh"
+#include "dev/test/test.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

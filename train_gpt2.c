@@ -33,19 +33,19 @@
 #include <omp.h>
 #endif
 
-#include "gpt2.h"
+#include "llm3d/gpt2.h"
 #include "secure.h"
 #include "parallel.h"
-#include "checkpoint.h"
-#include "cpu_matmul.h"
-#include "cpu_peak.h"
-#include "cpu_math.h"
-#include "cpu_layers.h"
-#include "cpu_attention.h"
-#include "cpu_optimizer.h"
+#include "llm3d/checkpoint.h"
+#include "llm3d/cpu/cpu_matmul.h"
+#include "llm3d/cpu/cpu_peak.h"
+#include "llm3d/cpu/cpu_math.h"
+#include "llm3d/cpu/cpu_layers.h"
+#include "llm3d/cpu/cpu_attention.h"
+#include "llm3d/cpu/cpu_optimizer.h"
 #ifndef TESTING
 #include "dataloader.h"
-#include "tokenizer.h"
+#include "llm3d/tokenizer.h"
 #endif
 
 // ----------------------------------------------------------------------------
@@ -947,7 +947,7 @@ static int gpt2_load_optimizer(GPT2 *m, const char *path, const uint8_t key[32],
 // ----------------------------------------------------------------------------
 // the trainer
 
-#include "trainer.h"
+#include "llm3d/trainer.h"
 
 // one step's forwards and backwards in the order of the pipeline schedule,
 // and the messages between neighbouring stages in the order of its plan

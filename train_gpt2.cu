@@ -4,9 +4,11 @@
  *
  * The same model, loop, flags, printed lines and JSON log as train_gpt2.c,
  * with hand-written kernels (the .cuh files, forward and backward side by
- * side) and the GEMMs through cuBLASLt. Four parts of this file are in files
- * of their own: gpu_optimizer.cuh, gpu_export.cuh, gpu_checks.cuh and
- * gpu_eval.cuh. doc/gpu.md has the longer story.
+ * side, in llm3d/cuda/) and the GEMMs through cuBLASLt. Four parts of this
+ * file are in files of their own, in llm3d/cuda/train_gpt2cu/: optimizer.cuh,
+ * export.cuh, checks.cuh and eval.cuh. They are not headers: each uses this
+ * file's static functions and is included where its callees are defined.
+ * doc/gpu.md has the longer story.
  *
  * Precision. The default build is bf16 mixed precision: parameters,
  * activations and gradients in bf16, fp32 master weights and fp32 AdamW m/v;
@@ -39,26 +41,26 @@
 #ifndef LLM3D_NCCL
 #define LLM3D_NCCL  // nccl_comm.h's NCCL backend: the GPU trainer always runs on it
 #endif
-#include "gpt2.h"
-#include "files.h"  // write_all
+#include "llm3d/gpt2.h"
+#include "llm3d/files.h"  // write_all
 #include "dataloader.h"
-#include "tokenizer.h"
+#include "llm3d/tokenizer.h"
 #include "parallel.h"
-#include "checkpoint.h"
+#include "llm3d/checkpoint.h"
 
 // the kernels and their launchers, one file per layer
-#include "cuda_common.cuh"
-#include "matmul.cuh"
-#include "encoder.cuh"
-#include "layernorm.cuh"
-#include "gelu.cuh"
-#include "attention.cuh"
-#include "classifier.cuh"
-#include "adamw.cuh"
-#include "init.cuh"
+#include "llm3d/cuda/cuda_common.cuh"
+#include "llm3d/cuda/matmul.cuh"
+#include "llm3d/cuda/encoder.cuh"
+#include "llm3d/cuda/layernorm.cuh"
+#include "llm3d/cuda/gelu.cuh"
+#include "llm3d/cuda/attention.cuh"
+#include "llm3d/cuda/classifier.cuh"
+#include "llm3d/cuda/adamw.cuh"
+#include "llm3d/cuda/init.cuh"
 
 // the shape rules, the GPU-only flags and the peak FLOPs table, all host-side
-#include "gpu_setup.cuh"
+#include "llm3d/cuda/gpu_setup.cuh"
 
 // one micro-batch as it travels to the device: inputs, targets and the
 // encoder backward's token buckets, one contiguous int array
@@ -233,7 +235,7 @@ typedef struct {
     int overlap;                         // dp > 1: gradients reduced on the side stream (nccl_side_*) during the backward
     int last_micro;                      // the backward at work is the step's last micro-batch's
     floatX *reduced;                     // ZeRO-2/3: one unit's reduced chunk
-    // the checks' buffers (gpu_checks.cuh's checks_alloc; NULL when that check is off)
+    // the checks' buffers (train_gpt2cu/checks.cuh's checks_alloc; NULL when that check is off)
     uint8_t *digests, *digests_host;     // -ck, dp > 1: the SHA-256 of every tensor of every replica (32 * tensors * dp
                                          // bytes), on the device for the all-gather and on the host for the verdict
     floatX *unit_host;                   // -ck, dp > 1: the unit being hashed, on the host (the largest unit's size)
@@ -986,22 +988,23 @@ static double gpt2_loss_sum(GPT2 *m) {
     return (float)(gpt2_loss_sum(m) / ((double)m->B * m->T * nbatches));
 }
 
-#include "gpu_optimizer.cuh"
+#include "llm3d/cuda/train_gpt2cu/optimizer.cuh"
 
-#include "gpu_export.cuh"
+#include "llm3d/cuda/train_gpt2cu/export.cuh"
 
 // ----------------------------------------------------------------------------
 // the trainer: trainer.h has what train_gpt2.c's main() does too, around
 // the loop; here is what the GPU does in it
 
-#include "trainer.h"
+#include "llm3d/trainer.h"
 
 #ifndef TESTING
 // ----------------------------------------------------------------------------
 // the job: one process per rank, any (dp, tp, pp) layout, over NCCL with one
-// GPU per rank, or over the host backend where ranks share a GPU (doc/gpu.md). The model's collectives are in the model section; here
-// are the pipeline's messages, the step's end, the checks and evaluation
-// (gpu_checks.cuh, gpu_eval.cuh) and the files.
+// GPU per rank, or over the host backend where ranks share a GPU
+// (doc/gpu.md). The model's collectives are in the model section; here are
+// the pipeline's messages, the step's end, the checks and evaluation
+// (train_gpt2cu/checks.cuh and eval.cuh) and the files.
 
 typedef struct {
     Launch launch;
@@ -1217,7 +1220,7 @@ static float gpt2_step_loss(GPT2 *m, Parallel *par, int accum, int *stop) {
     return (float)loss;
 }
 
-#include "gpu_checks.cuh"
+#include "llm3d/cuda/train_gpt2cu/checks.cuh"
 
 // the sum over the world of one float per rank (the ranks' verdicts on a
 // file), through the flag slot
@@ -1231,7 +1234,7 @@ static float world_sum(GPT2 *m, Parallel *par, float x) {
     return *h;
 }
 
-#include "gpu_eval.cuh"
+#include "llm3d/cuda/train_gpt2cu/eval.cuh"
 
 // the step's update after gpt2_step_loss, unless it is not finite or -sl or
 // -sg skip it, and its norm and skip into l. The norm is read first, to

@@ -18,7 +18,7 @@
 #ifndef LLM3D_DEV_BENCH_H
 #define LLM3D_DEV_BENCH_H
 
-#include "../cpu_peak.h"
+#include "llm3d/cpu/cpu_peak.h"
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>

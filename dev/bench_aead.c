@@ -22,8 +22,8 @@
  * CPU time, more so on a busy machine: OMP_WAIT_POLICY=passive measures
  * the work alone.
  */
-#include "../checkpoint.h"
-#include "bench.h"
+#include "llm3d/checkpoint.h"
+#include "dev/bench.h"
 
 #include <stdio.h>
 

@@ -11,8 +11,8 @@
  * Best of 5 runs each, wall-clock, all of OpenMP's threads.
  */
 #define TESTING
-#include "../train_gpt2.c"
-#include "bench.h"
+#include "train_gpt2.c"
+#include "dev/bench.h"
 
 #define RUNS 5
 

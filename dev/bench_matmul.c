@@ -20,8 +20,8 @@
  * outputs, relative to the largest |reference| of that output.
  */
 #define TESTING
-#include "../train_gpt2.c"
-#include "bench.h"
+#include "train_gpt2.c"
+#include "dev/bench.h"
 
 #define MAX_RUNS 21
 

@@ -17,7 +17,7 @@
  * result, so a block takes at least 32 times that instruction's latency.
  * Compare with `openssl speed -evp sha256` run at the same time.
  */
-#include "../secure.h"
+#include "secure.h"
 
 #include <time.h>
 

@@ -1,7 +1,7 @@
 /*
  * bench_tokenizer.c: how fast tokenizer.h encodes, on one core.
  *
- *   gcc -O2 -Wall -Wextra dev/bench_tokenizer.c -o bench_tokenizer && ./bench_tokenizer [text.txt ...]
+ *   make dev/bench_tokenizer && ./dev/bench_tokenizer [text.txt ...]
  *
  * Default input: tinyshakespeare.txt from $LLM3D_DATA or ../shared/data. For
  * each file it reports the token count and the encode speed in MB of text
@@ -14,7 +14,7 @@
 
 #include <time.h>
 
-#include "../tokenizer.h"
+#include "llm3d/tokenizer.h"
 
 #define RUNS 5
 

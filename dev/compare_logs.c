@@ -24,8 +24,8 @@
  * Exit status: 0 within tolerance, 1 not (or steps missing), 2 bad flags or
  * an unreadable log.
  */
-#include "json.h"
-#include "log_reader.h"
+#include "llm3d/json.h"
+#include "llm3d/log_reader.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -190,7 +190,7 @@ python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && HAVE_
 say "   torch: $([ $HAVE_TORCH = 1 ] && python3 -c 'import torch; print(torch.__version__)' || echo 'none (its peer benchmark is skipped)')"
 SM=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' .')
 ARCH="-gencode arch=compute_${SM},code=sm_${SM}"
-NVCC="$NVCC_BIN -O3 -std=c++17 $ARCH -DLLM3D_NCCL $NCCL_FLAGS"
+NVCC="$NVCC_BIN -O3 -std=c++17 -I. $ARCH -DLLM3D_NCCL $NCCL_FLAGS"
 LIBS="-lcublas -lcublasLt $NCCL_LIBS"
 
 # ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@
  * block until the peer receives. doc/parallel.md shows its output for
  * P = 4, M = 8.
  */
-#include "pipeline.h"
+#include "llm3d/parallel/pipeline.h"
 
 #include <stdarg.h>
 

@@ -31,7 +31,7 @@ if [ -f "$text" ] && [ -f "$enc" ] && [ -f "$bpe" ]; then
     model="-e d4 -ec 128 -ev 50257 -et 64"
 else
     echo "run: no tinyshakespeare or GPT-2 files here and no network: training on the project's own sources, byte-level tokens"
-    cat ./*.c ./*.h README.md doc/*.md > "$out/sources.txt"
+    cat ./*.c ./*.h llm3d/*.h llm3d/*/*.h README.md doc/*.md > "$out/sources.txt"
     ./prepare_data -i "$out/sources.txt" -o "$out" -n tiny -v 16384 --bytes || exit 1
     model="-e d4 -ec 128 -ev 256 -et 64"
 fi

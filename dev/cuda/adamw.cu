@@ -3,8 +3,8 @@
  * with the clip folded in, on fp32 master weights, against the CPU (the
  * CPU trainer's order of operations).
  */
-#include "../../adamw.cuh"
-#include "common.h"
+#include "llm3d/cuda/adamw.cuh"
+#include "dev/cuda/common.h"
 
 typedef struct {
     floatX *params, *grads;

@@ -4,8 +4,8 @@
  * head sizes and sequence lengths that are not multiples of the tiles; then
  * timed at GPT-2 124M's shape.
  */
-#include "../../attention.cuh"
-#include "common.h"
+#include "llm3d/cuda/attention.cuh"
+#include "dev/cuda/common.h"
 
 // out (B,T,C) and dqkv (B,T,3C) from qkv (B,T,3C) and dout (B,T,C)
 static void cpu_attention(float *out, float *dqkv, const float *qkv, const float *dout, int B, int T, int NH, int HS) {

@@ -2,8 +2,8 @@
  * classifier.cu: the fused softmax + cross-entropy + gradient over the
  * logits, in place, padded columns ignored, against the CPU.
  */
-#include "../../classifier.cuh"
-#include "common.h"
+#include "llm3d/cuda/classifier.cuh"
+#include "dev/cuda/common.h"
 
 typedef struct {
     floatX *logits;

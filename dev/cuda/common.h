@@ -6,8 +6,8 @@
  *
  * Each check includes the trainer's own kernel file, so it tests the kernels
  * the trainer runs, not copies of them:
- *     #include "../../layernorm.cuh"
- *     #include "common.h"
+ *     #include "llm3d/cuda/layernorm.cuh"
+ *     #include "dev/cuda/common.h"
  */
 #ifndef LLM3D_CUDA_COMMON_H
 #define LLM3D_CUDA_COMMON_H
@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../test.h"
-#include "../../gpt2.h"         // counter_normal, float_to_bf16
-#include "../../cuda_common.cuh"
+#include "dev/test/test.h"
+#include "llm3d/gpt2.h"         // counter_normal, float_to_bf16
+#include "llm3d/cuda/cuda_common.cuh"
 
 // a bf16 build compares against references computed on the same rounded
 // inputs, so what is left is output rounding and summation order

@@ -2,8 +2,8 @@
  * encoder.cu: the token + position embedding, forward and backward (the
  * deterministic token-bucket scatter into dwte), against the CPU.
  */
-#include "../../encoder.cuh"
-#include "common.h"
+#include "llm3d/cuda/encoder.cuh"
+#include "dev/cuda/common.h"
 
 typedef struct {
     floatX *out, *dwte, *dwpe, *dout;

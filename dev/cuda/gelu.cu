@@ -3,8 +3,8 @@
  * the backward's recompute, against the CPU trainer's formula. The bf16
  * build's fused cuBLASLt GELU epilogue is checked in matmul.cu.
  */
-#include "../../gelu.cuh"
-#include "common.h"
+#include "llm3d/cuda/gelu.cuh"
+#include "dev/cuda/common.h"
 
 typedef struct {
     floatX *out, *d;

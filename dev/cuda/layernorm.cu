@@ -3,9 +3,9 @@
  * and the backward (dinp, then dweight/dbias as deterministic column sums),
  * against the CPU.
  */
-#include "../../layernorm.cuh"
-#include "../../matmul.cuh"  // colsum_splits
-#include "common.h"
+#include "llm3d/cuda/layernorm.cuh"
+#include "llm3d/cuda/matmul.cuh"  // colsum_splits
+#include "dev/cuda/common.h"
 
 static void cpu_layernorm(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b, int N, int C) {
     for (int n = 0; n < N; n++) {

@@ -5,9 +5,9 @@
  * a few chunk sizes, and the chunk sizes of the NCCL backend's MAC'd messages. The kernels' per-thread code is __host__ __device__,
  * so without a GPU this still checks it, run on the CPU.
  */
-#include "../../chunkmac.h"
-#include "../../parallel.h"  // nccl_mac_chunk_bytes
-#include "common.h"
+#include "llm3d/secure/chunkmac.h"
+#include "parallel.h"  // nccl_mac_chunk_bytes
+#include "dev/cuda/common.h"
 
 static double mac_now_ms(void) {
     struct timespec ts;

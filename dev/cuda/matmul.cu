@@ -4,8 +4,8 @@
  * dweight accumulation) and the bias-gradient column sums, against the CPU;
  * then timed at GPT-2 124M's shapes.
  */
-#include "../../matmul.cuh"
-#include "common.h"
+#include "llm3d/cuda/matmul.cuh"
+#include "dev/cuda/common.h"
 
 static float cpu_gelu(float x) {
     const float k = 0.7978845608028654f;

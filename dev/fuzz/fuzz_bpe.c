@@ -15,7 +15,7 @@
  * pre-tokenizer's pieces tile the text, and encoding the two sides of
  * bpe_split_point's cut gives the same ids as encoding the whole.
  */
-#include "../../tokenizer.h"
+#include "llm3d/tokenizer.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -11,7 +11,7 @@
  * corpus/frame are sealed that way (test_secure -corpus dev/fuzz/corpus).
  * Besides "no crash", it checks what must always hold, and aborts if not.
  */
-#include "../../secure.h"
+#include "secure.h"
 
 static void must(int ok, const char *what) {
     if (!ok) {

@@ -11,7 +11,7 @@
  * reach the line parser. Whatever parses must print back to the same bytes:
  * the format has one spelling.
  */
-#include "../../manifest.h"
+#include "llm3d/secure/manifest.h"
 
 static void must(int ok, const char *what) {
     if (!ok) {

@@ -10,7 +10,7 @@
  * The input is a shard file. The vocab size and micro-batch shape come from
  * the header's free ints ([3] and [4]), so the fuzzer can steer them too.
  */
-#include "../../dataloader.h"
+#include "dataloader.h"
 
 #include <assert.h>
 

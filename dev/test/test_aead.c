@@ -1,0 +1,506 @@
+/*
+ * test_aead.c: aead.h's AES-256-GCM and sealed files, on both paths (the
+ * portable one forced, AES-NI on 128-bit registers, and VAES on 512-bit
+ * ones, where the CPU has them).
+ *
+ * Known answers: FIPS 197's AES-256 example (appendix C.3) and the AES-256
+ * test cases 13 to 18 of McGrew and Viega's GCM specification ("The
+ * Galois/Counter Mode of Operation", the document NIST's SP 800-38D builds
+ * on). Then round trips of many lengths, every single-bit flip refused, and,
+ * where OpenSSL's header is found at build time, the same inputs sealed by
+ * OpenSSL's EVP_aes_256_gcm (the Makefile adds -DLLM3D_OPENSSL -lcrypto).
+ */
+#include "llm3d/secure/aead.h"
+#include "dev/test/test.h"
+
+#ifdef LLM3D_OPENSSL
+#include <openssl/evp.h>
+#endif
+
+static int unhex(const char *hex, uint8_t *out) {
+    size_t n = strlen(hex) / 2;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        sscanf(hex + 2 * i, "%2x", &v);
+        out[i] = (uint8_t)v;
+    }
+    return (int)n;
+}
+
+typedef struct { const char *name, *key, *iv, *aad, *plain, *cipher, *tag; } GcmCase;
+
+static const char *const key_feffe = "feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308";
+static const char *const plain_d931 =
+    "d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a72"
+    "1c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b39";  // + "1aafd255" in case 15
+static const char *const aad_feed = "feedfacedeadbeeffeedfacedeadbeefabaddad2";
+
+static void test_known_answers(void) {
+    static const char *const zero_key = "0000000000000000000000000000000000000000000000000000000000000000";
+    char plain64[200];
+    snprintf(plain64, sizeof(plain64), "%s1aafd255", plain_d931);
+    GcmCase cases[6] = {
+        {"case 13 (empty)", zero_key, "000000000000000000000000", "", "", "", "530f8afbc74536b9a963b4f1c4cb738b"},
+        {"case 14 (one zero block)", zero_key, "000000000000000000000000", "", "00000000000000000000000000000000",
+         "cea7403d4d606b6e074ec5d3baf39d18", "d0d1c8a799996bf0265b98b5d48ab919"},
+        {"case 15 (64 bytes)", key_feffe, "cafebabefacedbaddecaf888", "", plain64,
+         "522dc1f099567d07f47f37a32a84427d643a8cdcbfe5c0c97598a2bd2555d1aa"
+         "8cb08e48590dbb3da7b08b1056828838c5f61e6393ba7a0abcc9f662898015ad",
+         "b094dac5d93471bdec1a502270e3cc6c"},
+        {"case 16 (60 bytes, aad)", key_feffe, "cafebabefacedbaddecaf888", aad_feed, plain_d931,
+         "522dc1f099567d07f47f37a32a84427d643a8cdcbfe5c0c97598a2bd2555d1aa"
+         "8cb08e48590dbb3da7b08b1056828838c5f61e6393ba7a0abcc9f662",
+         "76fc6ece0f4e1768cddf8853bb2d551b"},
+        {"case 17 (8-byte iv)", key_feffe, "cafebabefacedbad", aad_feed, plain_d931,
+         "c3762df1ca787d32ae47c13bf19844cbaf1ae14d0b976afac52ff7d79bba9de0"
+         "feb582d33934a4f0954cc2363bc73f7862ac430e64abe499f47c9b1f",
+         "3a337dbf46a792c45e454913fe2ea8f2"},
+        {"case 18 (60-byte iv)", key_feffe,
+         "9313225df88406e555909c5aff5269aa6a7a9538534f7da1e4c303d2a318a728c3c0c95156809539fcf0e2429a6b5254"
+         "16aedbf5a0de6a57a637b39b",
+         aad_feed, plain_d931,
+         "5a8def2f0c9e53f1f75d7853659e2a20eeb2b22aafde6419a058ab4f6f746bf4"
+         "0fc0c3b780f244452da3ebf1c5d82cdea2418997200ef82e44ae7e3f",
+         "a44a8266ee1c8eb0c8b5d4cf5ae9f19a"},
+    };
+    for (int c = 0; c < 6; c++) {
+        const GcmCase *t = &cases[c];
+        uint8_t key[32], iv[64], aad[64], plain[64], want[64], want_tag[16], got[64], tag[16], back[64];
+        unhex(t->key, key);
+        int ivlen = unhex(t->iv, iv), aadlen = unhex(t->aad, aad), len = unhex(t->plain, plain);
+        unhex(t->cipher, want);
+        unhex(t->tag, want_tag);
+        AeadKey k;
+        aead_init(&k, key);
+        aead_seal(&k, iv, (size_t)ivlen, aad, (size_t)aadlen, plain, got, (size_t)len, tag);
+        check(memcmp(got, want, (size_t)len) == 0 && memcmp(tag, want_tag, 16) == 0, "%s: GCM %s: ciphertext and tag",
+              aead_impl_name(), t->name);
+        int opened = aead_open(&k, iv, (size_t)ivlen, aad, (size_t)aadlen, want, back, (size_t)len, want_tag);
+        check(opened == 0 && memcmp(back, plain, (size_t)len) == 0, "%s: GCM %s: opens to the plaintext",
+              aead_impl_name(), t->name);
+        aead_wipe(&k);
+    }
+    // FIPS 197 appendix C.3: one AES-256 block
+    uint8_t key[32], in[16], want[16], out[16];
+    unhex("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f", key);
+    unhex("00112233445566778899aabbccddeeff", in);
+    unhex("8ea2b7ca516745bfeafc49904b496089", want);
+    AeadKey k;
+    aead_init(&k, key);
+    aead_aes_one(&k, in, out);
+    check(memcmp(out, want, 16) == 0, "%s: FIPS 197 C.3 AES-256 block", aead_impl_name());
+    aead_wipe(&k);
+}
+
+// a fixed stream of test bytes (splitmix64), so a failure repeats
+static uint64_t test_rng = 0x243f6a8885a308d3ull;
+static uint64_t next_random(void) {
+    uint64_t z = (test_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static void fill_random(uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)next_random();
+}
+
+// seal and open lengths around the block size, the 8-block batch and a page,
+// on the path in force; and a message sealed on one path opens on the other
+static void test_round_trips(void) {
+    static const size_t lengths[] = {0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 4095, 4096 + 3, (3u << 20) + 5};
+    uint8_t key[32], iv[12], aad[37], tag[16];
+    fill_random(key, 32);
+    fill_random(iv, 12);
+    fill_random(aad, sizeof(aad));
+    AeadKey k;
+    aead_init(&k, key);
+    int bad = 0, crossed = 0, n = (int)(sizeof(lengths) / sizeof(lengths[0]));
+    for (int i = 0; i < n; i++) {
+        size_t len = lengths[i];
+        uint8_t *plain = (uint8_t *)malloc(len + 1), *ct = (uint8_t *)malloc(len + 1), *back = (uint8_t *)malloc(len + 1);
+        fill_random(plain, len);
+        aead_seal(&k, iv, 12, aad, sizeof(aad), plain, ct, len, tag);
+        if (aead_open(&k, iv, 12, aad, sizeof(aad), ct, back, len, tag) != 0 || memcmp(back, plain, len) != 0) bad++;
+        // in place, as sealed files decrypt
+        memcpy(back, ct, len);
+        if (aead_open(&k, iv, 12, aad, sizeof(aad), back, back, len, tag) != 0 || memcmp(back, plain, len) != 0) bad++;
+        if (aead_has_aesni()) {  // the portable path must read it too (or, from it, the best one)
+            int portable = strcmp(aead_impl_name(), "portable") == 0;
+            aead_force_portable(!portable);
+            if (aead_open(&k, iv, 12, aad, sizeof(aad), ct, back, len, tag) != 0 || memcmp(back, plain, len) != 0) crossed++;
+            aead_force_portable(portable);
+        }
+        free(plain); free(ct); free(back);
+    }
+    check(bad == 0, "%s: %d lengths from 0 to 3 MiB + 5 seal and open back (%d wrong)", aead_impl_name(), n, bad);
+    if (aead_has_aesni())
+        check(crossed == 0, "%s: what it sealed opens on %s (%d wrong)", aead_impl_name(),
+              strcmp(aead_impl_name(), "portable") == 0 ? "the fastest path" : "the portable path", crossed);
+    // every length to 1100 (each tail after the 8- and 16-block loops) and
+    // two whole chunks: the same ciphertext and tag as the portable path, byte
+    // for byte, so the fast paths are held to a reference without OpenSSL
+    if (aead_has_aesni() && strcmp(aead_impl_name(), "portable") != 0) {
+        static const size_t longer[] = {(1u << 20) - 1, (2u << 20) + 17};
+        int differ = 0, tried = 0;
+        for (size_t i = 0; i <= 1100 + 2; i++) {
+            size_t len = i <= 1100 ? i : longer[i - 1101];
+            uint8_t *plain = (uint8_t *)malloc(len + 1), *fast = (uint8_t *)malloc(len + 1);
+            uint8_t *slow = (uint8_t *)malloc(len + 1), fast_tag[16], slow_tag[16];
+            fill_random(plain, len);
+            aead_seal(&k, iv, 12, aad, i % sizeof(aad), plain, fast, len, fast_tag);
+            aead_force_portable(1);
+            aead_seal(&k, iv, 12, aad, i % sizeof(aad), plain, slow, len, slow_tag);
+            aead_force_portable(0);
+            differ += memcmp(fast, slow, len) != 0 || memcmp(fast_tag, slow_tag, 16) != 0;
+            tried++;
+            free(plain); free(fast); free(slow);
+        }
+        check(differ == 0, "%s: every length 0 to 1100 and two of about 1 and 2 MiB seal as the portable path does, "
+              "ciphertext and tag (%d of %d differ)", aead_impl_name(), differ, tried);
+    }
+    // aead_ctr from any offset is a slice of the whole keystream
+    uint8_t plain[300], whole[300], part[300];
+    fill_random(plain, sizeof(plain));
+    aead_ctr(&k, iv, 12, 0, plain, whole, sizeof(plain));
+    int slices_bad = 0;
+    for (size_t at = 0; at < sizeof(plain); at += 7) {
+        aead_ctr(&k, iv, 12, at, plain + at, part, sizeof(plain) - at);
+        if (memcmp(part, whole + at, sizeof(plain) - at) != 0) slices_bad++;
+    }
+    check(slices_bad == 0, "%s: the keystream from any byte offset is that slice of the whole (%d wrong)",
+          aead_impl_name(), slices_bad);
+    aead_wipe(&k);
+}
+
+// every single-bit change of ciphertext, tag, aad or nonce is refused, and
+// nothing of the plaintext comes out
+static void test_bit_flips(void) {
+    uint8_t key[32], iv[12], aad[20], plain[65], ct[65], tag[16], back[65];
+    fill_random(key, 32);
+    fill_random(iv, 12);
+    fill_random(aad, sizeof(aad));
+    fill_random(plain, sizeof(plain));
+    AeadKey k;
+    aead_init(&k, key);
+    aead_seal(&k, iv, 12, aad, sizeof(aad), plain, ct, sizeof(plain), tag);
+    uint8_t *parts[4] = {ct, tag, aad, iv};
+    size_t sizes[4] = {sizeof(ct), sizeof(tag), sizeof(aad), sizeof(iv)};
+    const char *names[4] = {"ciphertext", "tag", "aad", "nonce"};
+    for (int p = 0; p < 4; p++) {
+        int accepted = 0, leaked = 0;
+        for (size_t bit = 0; bit < 8 * sizes[p]; bit++) {
+            parts[p][bit / 8] ^= (uint8_t)(1 << (bit % 8));
+            memset(back, 0xaa, sizeof(back));
+            if (aead_open(&k, iv, 12, aad, sizeof(aad), ct, back, sizeof(ct), tag) == 0) accepted++;
+            for (size_t i = 0; i < sizeof(back); i++) leaked += back[i] != 0;
+            parts[p][bit / 8] ^= (uint8_t)(1 << (bit % 8));
+        }
+        check(accepted == 0 && leaked == 0, "%s: each of the %zu one-bit changes of the %s is refused (%d accepted, %d "
+              "bytes out)", aead_impl_name(), 8 * sizes[p], names[p], accepted, leaked);
+    }
+    check(aead_open(&k, iv, 12, aad, sizeof(aad), ct, back, sizeof(ct), tag) == 0 && memcmp(back, plain, 65) == 0,
+          "%s: unchanged, it opens", aead_impl_name());
+    aead_wipe(&k);
+}
+
+#ifdef LLM3D_OPENSSL
+// OpenSSL's AES-256-GCM on the same key, nonce, aad and plaintext
+static int openssl_seal(const uint8_t key[32], const uint8_t *iv, int ivlen, const uint8_t *aad, int aadlen,
+                        const uint8_t *plain, int len, uint8_t *out, uint8_t tag[16]) {
+    EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+    int n = 0, ok = c != NULL && EVP_EncryptInit_ex(c, EVP_aes_256_gcm(), NULL, NULL, NULL) == 1 &&
+                     EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_IVLEN, ivlen, NULL) == 1 &&
+                     EVP_EncryptInit_ex(c, NULL, NULL, key, iv) == 1 &&
+                     (aadlen == 0 || EVP_EncryptUpdate(c, NULL, &n, aad, aadlen) == 1) &&
+                     EVP_EncryptUpdate(c, out, &n, plain, len) == 1 && EVP_EncryptFinal_ex(c, out + n, &n) == 1 &&
+                     EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, 16, tag) == 1;
+    EVP_CIPHER_CTX_free(c);
+    return ok ? 0 : -1;
+}
+
+static void test_openssl(void) {
+    enum { MAX_LEN = 70000 };
+    uint8_t *plain = (uint8_t *)malloc(MAX_LEN), *ours = (uint8_t *)malloc(MAX_LEN), *theirs = (uint8_t *)malloc(MAX_LEN);
+    int cases = 0, differ = 0, failed = 0;
+    for (int i = 0; i < 301 + 200; i++) {
+        // every length 0..300, then 200 random ones up to 70000; aad 0..99
+        // bytes; a 12-byte nonce, and every 10th case another length
+        int len = i <= 300 ? i : (int)(next_random() % MAX_LEN), aadlen = (int)(next_random() % 100);
+        int ivlen = i % 10 == 9 ? 1 + (int)(next_random() % 64) : 12;
+        uint8_t key[32], iv[64], aad[100], tag_ours[16], tag_theirs[16];
+        fill_random(key, 32);
+        fill_random(iv, (size_t)ivlen);
+        fill_random(aad, (size_t)aadlen);
+        fill_random(plain, (size_t)len);
+        AeadKey k;
+        aead_init(&k, key);
+        aead_seal(&k, iv, (size_t)ivlen, aad, (size_t)aadlen, plain, ours, (size_t)len, tag_ours);
+        aead_wipe(&k);
+        if (openssl_seal(key, iv, ivlen, aad, aadlen, plain, len, theirs, tag_theirs) != 0) {
+            failed++;
+            continue;
+        }
+        cases++;
+        if (memcmp(ours, theirs, (size_t)len) != 0 || memcmp(tag_ours, tag_theirs, 16) != 0) {
+            if (differ++ == 0) printf("      first difference: length %d, aad %d, iv %d\n", len, aadlen, ivlen);
+        }
+    }
+    check(failed == 0 && differ == 0, "%s: the same as OpenSSL's EVP_aes_256_gcm on %d random cases (every length "
+          "0..300 and 200 up to 70000; %d differ, %d OpenSSL errors)", aead_impl_name(), cases, differ, failed);
+    free(plain); free(ours); free(theirs);
+}
+#endif
+
+// ----------------------------------------------------------------------------
+// sealed files
+
+static const char *tmp_dir(void) {
+    static char dir[64];
+    if (dir[0] == '\0') {
+        snprintf(dir, sizeof(dir), "/tmp/test_aead_XXXXXX");
+        if (mkdtemp(dir) == NULL) { perror("mkdtemp"); exit(1); }
+    }
+    return dir;
+}
+
+static int write_sealed(const char *path, const AeadFileKey *k, const uint8_t *plain, uint64_t n, uint64_t chunk) {
+    char err[512];
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return -1;
+    int rc = aead_file_write_all(fd, k, plain, n, chunk, NULL, path, err, sizeof(err));
+    if (rc != 0) printf("      %s\n", err);
+    close(fd);
+    return rc;
+}
+
+static uint8_t *read_file_bytes(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = (uint8_t *)malloc(*n + 1);
+    *n = fread(b, 1, *n, f);
+    fclose(f);
+    return b;
+}
+
+static void write_file_bytes(const char *path, const uint8_t *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    fwrite(b, 1, n, f);
+    fclose(f);
+}
+
+// whether path reads back as plain[0..n); err gets the reader's line
+static int reads_back(const char *path, const AeadFileKey *k, const uint8_t *plain, uint64_t n, char *err, size_t errlen) {
+    uint8_t *got;
+    uint64_t got_n;
+    err[0] = '\0';
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    int rc = aead_file_read_fd(fd, k, &got, &got_n, path, err, errlen);
+    close(fd);
+    if (rc != 0) return 0;
+    int same = got_n == n && (n == 0 || memcmp(got, plain, (size_t)n) == 0);
+    free(got);
+    return same;
+}
+
+static void test_sealed_files(void) {
+    uint8_t key[32], other[32];
+    fill_random(key, 32);
+    fill_random(other, 32);
+    AeadFileKey k, wrong;
+    aead_file_key(&k, key);
+    aead_file_key(&wrong, other);
+    char path[256], err[1024];
+    snprintf(path, sizeof(path), "%s/sealed.bin", tmp_dir());
+    const uint64_t chunk = 4096;
+    static const uint64_t sizes[] = {0, 1, 4095, 4096, 4097, 3 * 4096 + 5, 8 * 4096};
+    uint8_t *plain = (uint8_t *)malloc(8 * 4096);
+    fill_random(plain, 8 * 4096);
+    int bad = 0;
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        size_t file_n;
+        if (write_sealed(path, &k, plain, sizes[i], chunk) != 0) { bad++; continue; }
+        uint8_t *file = read_file_bytes(path, &file_n);
+        if (file_n != aead_file_bytes(sizes[i], chunk) || !reads_back(path, &k, plain, sizes[i], err, sizeof(err)) ||
+            (sizes[i] >= 16 && memmem(file, file_n, plain, 16) != NULL))  // no plaintext on disk
+            bad++;
+        free(file);
+    }
+    check(bad == 0, "%s: sealed files of 0 to 8 chunks of 4 KiB write and read back, no plaintext in them (%d wrong)",
+          aead_impl_name(), bad);
+
+    // random access: every range within a few chunks
+    const uint64_t n = 3 * 4096 + 5;
+    write_sealed(path, &k, plain, n, chunk);
+    int fd = open(path, O_RDONLY | O_CLOEXEC), range_bad = 0;
+    AeadFile f;
+    uint8_t *buf = (uint8_t *)malloc(n), *chunk_buf = (uint8_t *)malloc(chunk);
+    if (aead_file_read_header(fd, &f, &k, path, err, sizeof(err)) != 0) range_bad++;
+    for (uint64_t at = 0; at < n && range_bad == 0; at += 1021)
+        for (uint64_t len = 0; at + len <= n; len += 2039)
+            if (aead_file_read_range(fd, &f, &k, at, len, buf, chunk_buf, path, err, sizeof(err)) != 0 ||
+                memcmp(buf, plain + at, (size_t)len) != 0)
+                range_bad++;
+    close(fd);
+    check(range_bad == 0, "%s: any byte range of a sealed file reads back alone (%d wrong)", aead_impl_name(), range_bad);
+
+    // damage: every bit of the header and of a tag, bytes of each chunk
+    size_t file_n;
+    uint8_t *good = read_file_bytes(path, &file_n), *copy = (uint8_t *)malloc(file_n + 4096);
+    int accepted = 0;
+    for (int bit = 0; bit < 8 * AEAD_FILE_HEADER_BYTES; bit++) {
+        memcpy(copy, good, file_n);
+        copy[bit / 8] ^= (uint8_t)(1 << (bit % 8));
+        write_file_bytes(path, copy, file_n);
+        accepted += reads_back(path, &k, plain, n, err, sizeof(err));
+    }
+    check(accepted == 0, "%s: each of the 512 one-bit changes of a sealed file's header is refused (%d accepted)",
+          aead_impl_name(), accepted);
+    accepted = 0;
+    for (uint64_t c = 0; c < 4; c++)
+        for (int bit = 0; bit < 8 * 16; bit += 3) {
+            memcpy(copy, good, file_n);
+            copy[AEAD_FILE_HEADER_BYTES + n + 16 * c + bit / 8] ^= (uint8_t)(1 << (bit % 8));
+            write_file_bytes(path, copy, file_n);
+            accepted += reads_back(path, &k, plain, n, err, sizeof(err));
+        }
+    for (uint64_t at = 0; at < n; at += 97) {
+        memcpy(copy, good, file_n);
+        copy[AEAD_FILE_HEADER_BYTES + at] ^= (uint8_t)(1 << (at % 8));
+        write_file_bytes(path, copy, file_n);
+        accepted += reads_back(path, &k, plain, n, err, sizeof(err));
+    }
+    check(accepted == 0, "%s: one-bit changes of the tags and of the ciphertext are refused (%d accepted)",
+          aead_impl_name(), accepted);
+    check(strstr(err, "chunk") != NULL && strstr(err, path) != NULL, "the refusal names the file and the chunk: %s", err);
+
+    // two chunks swapped, with their tags
+    memcpy(copy, good, file_n);
+    memcpy(copy + AEAD_FILE_HEADER_BYTES, good + AEAD_FILE_HEADER_BYTES + chunk, chunk);
+    memcpy(copy + AEAD_FILE_HEADER_BYTES + chunk, good + AEAD_FILE_HEADER_BYTES, chunk);
+    memcpy(copy + AEAD_FILE_HEADER_BYTES + n, good + AEAD_FILE_HEADER_BYTES + n + 16, 16);
+    memcpy(copy + AEAD_FILE_HEADER_BYTES + n + 16, good + AEAD_FILE_HEADER_BYTES + n, 16);
+    write_file_bytes(path, copy, file_n);
+    check(!reads_back(path, &k, plain, n, err, sizeof(err)) && strstr(err, "chunk 0") != NULL,
+          "two chunks swapped (tags too) are refused: %s", err);
+
+    // cut short at a chunk boundary, the header and tag table made to fit:
+    // the old last-but-one chunk is not marked last, and the header differs
+    memcpy(copy, good, file_n);
+    uint64_t cut = 2 * chunk;
+    put_u64(copy + 16, cut);
+    memcpy(copy + AEAD_FILE_HEADER_BYTES + cut, good + AEAD_FILE_HEADER_BYTES + n, 32);
+    write_file_bytes(path, copy, (size_t)aead_file_bytes(cut, chunk));
+    check(!reads_back(path, &k, plain, cut, err, sizeof(err)), "cut to 2 whole chunks, header and tags fitted: refused: %s", err);
+    write_file_bytes(path, good, file_n - 1);
+    check(!reads_back(path, &k, plain, n, err, sizeof(err)) && strstr(err, "truncated") != NULL,
+          "one byte short: refused: %s", err);
+    memcpy(copy, good, file_n);
+    copy[file_n] = 0;
+    write_file_bytes(path, copy, file_n + 1);
+    check(!reads_back(path, &k, plain, n, err, sizeof(err)), "one byte longer: refused: %s", err);
+
+    // a chunk from another file sealed under the same key
+    char other_path[256];
+    snprintf(other_path, sizeof(other_path), "%s/other.bin", tmp_dir());
+    write_sealed(other_path, &k, plain, n, chunk);
+    size_t other_n;
+    uint8_t *other_file = read_file_bytes(other_path, &other_n);
+    check(memcmp(other_file + 24, good + 24, 8) != 0 && memcmp(other_file + 64, good + 64, 64) != 0,
+          "the same bytes sealed again get a fresh file id, so other ciphertext");
+    memcpy(copy, good, file_n);
+    memcpy(copy + AEAD_FILE_HEADER_BYTES + chunk, other_file + AEAD_FILE_HEADER_BYTES + chunk, chunk);
+    memcpy(copy + AEAD_FILE_HEADER_BYTES + n + 16, other_file + AEAD_FILE_HEADER_BYTES + n + 16, 16);
+    write_file_bytes(path, copy, file_n);
+    check(!reads_back(path, &k, plain, n, err, sizeof(err)) && strstr(err, "chunk 1") != NULL,
+          "a chunk (and its tag) from another file of the same key: refused: %s", err);
+
+    // another key
+    write_file_bytes(path, good, file_n);
+    check(reads_back(path, &k, plain, n, err, sizeof(err)), "restored, it reads back");
+    check(!reads_back(path, &wrong, plain, n, err, sizeof(err)) && strstr(err, "another key") != NULL,
+          "under another key: refused: %s", err);
+    free(good); free(copy); free(other_file); free(buf); free(chunk_buf); free(plain);
+    unlink(path);
+    unlink(other_path);
+    aead_file_key_wipe(&k);
+    aead_file_key_wipe(&wrong);
+}
+
+// ranks write their own slices at any offsets, then one seals the tags:
+// the same file as sealing it whole (but for the file id)
+static void test_sliced_writes(void) {
+    uint8_t key[32];
+    fill_random(key, 32);
+    AeadFileKey k;
+    aead_file_key(&k, key);
+    char path[256], err[512];
+    snprintf(path, sizeof(path), "%s/sliced.bin", tmp_dir());
+    const uint64_t n = 5 * 4096 + 77, chunk = 4096;
+    uint8_t *plain = (uint8_t *)malloc(n), bounce[64 << 10];
+    fill_random(plain, n);
+    AeadFile f;
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), rc = fd < 0;
+    rc |= aead_file_new(&f, &k, n, chunk, path, err, sizeof(err));
+    rc |= pwrite_all(fd, f.header, sizeof(f.header), 0);
+    rc |= ftruncate(fd, (off_t)aead_file_bytes(n, chunk));
+    for (uint64_t at = n; at > 0;) {  // from the end, in odd-sized slices
+        uint64_t len = at < 3001 ? at : 3001;
+        at -= len;
+        rc |= aead_file_pwrite(fd, &f, &k, plain + at, (size_t)len, at, bounce, sizeof(bounce));
+    }
+    uint8_t sha[32], want[32];
+    rc |= aead_file_write_tags(fd, &f, &k, sha, path, err, sizeof(err));
+    close(fd);
+    check(rc == 0 && reads_back(path, &k, plain, n, err, sizeof(err)),
+          "%s: a sealed file written in slices out of order, then its tags, reads back %s", aead_impl_name(), err);
+    // the SHA-256 made while tagging is the whole file's, tags included
+    size_t whole_bytes = (size_t)aead_file_bytes(n, chunk);
+    uint8_t *whole = (uint8_t *)malloc(whole_bytes);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    int read_ok = fd >= 0 && pread_all(fd, whole, whole_bytes, 0) == 0;
+    if (fd >= 0) close(fd);
+    if (read_ok) sha256(whole, whole_bytes, want);
+    check(read_ok && memcmp(sha, want, 32) == 0,
+          "%s: the SHA-256 from the tag pass is the sealed file's", aead_impl_name());
+    // aead_file_write_all makes the tags and the SHA-256 in its one pass
+    fd = open(path, O_RDWR | O_TRUNC | O_CLOEXEC);
+    rc = fd < 0 || aead_file_write_all(fd, &k, plain, n, chunk, sha, path, err, sizeof(err)) != 0;
+    read_ok = rc == 0 && pread_all(fd, whole, whole_bytes, 0) == 0;
+    if (fd >= 0) close(fd);
+    if (read_ok) sha256(whole, whole_bytes, want);
+    check(read_ok && memcmp(sha, want, 32) == 0 && reads_back(path, &k, plain, n, err, sizeof(err)),
+          "%s: aead_file_write_all's file reads back, and its SHA-256 is the file's %s", aead_impl_name(), err);
+    free(whole);
+    unlink(path);
+    free(plain);
+    aead_file_key_wipe(&k);
+}
+
+int main(void) {
+    // the paths: portable (forced), AES-NI on 128-bit registers (forced
+    // narrow), and VAES on 512-bit ones, as far as this CPU has them
+    int paths = !aead_has_aesni() ? 1 : aead_has_vaes() ? 3 : 2;
+    if (paths == 1) skip("AES-NI with PCLMULQDQ: this CPU has none; the portable path only");
+    for (int p = 0; p < paths; p++) {
+        aead_force_portable(p == 0);
+        aead_force_narrow(p == 1);
+        test_known_answers();
+        test_round_trips();
+        test_bit_flips();
+#ifdef LLM3D_OPENSSL
+        test_openssl();
+#endif
+        test_sealed_files();
+        test_sliced_writes();
+    }
+#ifndef LLM3D_OPENSSL
+    skip("OpenSSL cross-check: <openssl/evp.h> was not found when this test was built (install libssl-dev)");
+#endif
+    aead_force_portable(0);
+    aead_force_narrow(0);
+    rmdir(tmp_dir());
+    return test_summary();
+}

@@ -1,0 +1,952 @@
+/*
+ * test_attacks.c: attacks on a job, kept as repeatable cases. Each case
+ * plays the attacker (another user of the machine, or a faulty environment)
+ * against the real code: the rendezvous, the launcher and ./train_gpt2
+ * itself, and checks that the promise of doc/security.md holds.
+ *
+ * Cases that need another user run that part in a forked child that drops
+ * to uid/gid 65534 (nobody) when this runs as root; elsewhere they skip with
+ * a line, or play the attacker as this user where the attack does not rest
+ * on the uid. Every case is bounded in time (children are killed at their
+ * deadline) and works in a fresh directory under $TMPDIR or /tmp, removed at
+ * the end with all it holds.
+ *
+ * defines: the helpers (a work directory, free ports, other-user children,
+ * trainer runs with a deadline), then one function per attack, in the order
+ * of doc/security.md's "Attacks tested".
+ */
+#define _GNU_SOURCE
+#include "llm3d/gpt2.h"
+#include "parallel.h"
+#include "dev/test/test.h"
+
+#include <dirent.h>
+#include <ftw.h>
+#include <grp.h>
+#include <math.h>
+#include <sys/stat.h>
+
+static char work[256];                  // this run's directory
+static const char *OTHER_USER = "uid 65534";
+#define NOBODY 65534
+
+// ----------------------------------------------------------------------------
+// helpers
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st; (void)flag; (void)ftw;
+    return remove(path);
+}
+
+static void remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static int is_root(void) { return geteuid() == 0; }
+
+// drop_to_nobody: in a forked child only; 0 done, -1 not possible
+static int drop_to_nobody(void) {
+    if (!is_root()) return -1;
+    return setgroups(0, NULL) == 0 && setgid(NOBODY) == 0 && setuid(NOBODY) == 0 ? 0 : -1;
+}
+
+// free_port: a loopback TCP port the kernel just handed out and we let go
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t sl = sizeof(sa);
+    bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    getsockname(fd, (struct sockaddr *)&sa, &sl);
+    close(fd);
+    return (int)ntohs(sa.sin_port);
+}
+
+// wait_child: the exit status of pid (128 + signal when killed), killing it
+// (and its process group, when it leads one) after timeout_s: then -1
+static int wait_child(pid_t pid, double timeout_s) {
+    double t0 = par_now();
+    for (;;) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (par_now() - t0 > timeout_s) {
+            kill(-pid, SIGKILL);
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return -1;
+        }
+        par_sleep(0.005);
+    }
+}
+
+// read_byte: one byte from fd within timeout_s, or 0
+static char read_byte(int fd, double timeout_s) {
+    char c = 0;
+    if (par_wait_fd(fd, POLLIN, par_now() + timeout_s) == 1 && read(fd, &c, 1) != 1) c = 0;
+    return c;
+}
+
+// the ranks' environment of every launcher we know, cleared before we set ours
+static const char *RANK_ENV[] = {
+    "LLM3D_RANK", "LLM3D_WORLD", "LLM3D_LOCAL_RANK", "LLM3D_RENDEZVOUS", "LLM3D_KEY_FD", "LLM3D_LAUNCHER_PID",
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+};
+
+// the tiny job every trainer run here trains: a d2 model on one shard
+static char shard[300], key_path[300];
+static const char *TINY = "-e d2 -ev 256 -et 32 -b 2 -t 16 -d 128 -l 1e-3 -v 0 -s 0 -th 1";
+
+// spawn_trainer: ./train_gpt2 TINY -i shard, then args (a command line split
+// on spaces), with env entries "K=V" (NULL-terminated) added, stdout and
+// stderr into out_path, in a process group of its own
+static pid_t spawn_trainer(const char *args, const char *const *env, const char *out_path) {
+    char line[2048];
+    snprintf(line, sizeof(line), "./train_gpt2 %s -i %s %s", TINY, shard, args);
+    char *argv[64];
+    int n = 0;
+    for (char *tok = strtok(line, " "); tok != NULL && n < 63; tok = strtok(NULL, " ")) argv[n++] = tok;
+    argv[n] = NULL;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid != 0) {
+        if (pid > 0) setpgid(pid, pid);
+        return pid;
+    }
+    setpgid(0, 0);
+    for (size_t i = 0; i < sizeof(RANK_ENV) / sizeof(RANK_ENV[0]); i++) unsetenv(RANK_ENV[i]);
+    for (int i = 0; env != NULL && env[i] != NULL; i++) putenv((char *)env[i]);
+    int fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execv(argv[0], argv);
+    _exit(127);
+}
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char *s = (char *)calloc(1, 65536);
+    if (f != NULL) {
+        size_t n = fread(s, 1, 65535, f);
+        s[n] = '\0';
+        fclose(f);
+    }
+    return s;
+}
+
+typedef struct { int status; double seconds; char *out; int lines; } TrainerRun;
+
+// the line of out that holds `what` (else its last line), for messages
+static const char *line_of(const char *out, const char *what) {
+    static char line[600];
+    const char *p = strstr(out, what);
+    if (p == NULL) {
+        size_t n = strlen(out);
+        while (n > 0 && out[n - 1] == '\n') n--;
+        p = out + n;
+        while (p > out && p[-1] != '\n') p--;
+    }
+    while (p > out && p[-1] != '\n') p--;
+    size_t k = strcspn(p, "\n");
+    snprintf(line, sizeof(line), "%.*s", (int)(k < sizeof(line) - 1 ? k : sizeof(line) - 1), p);
+    return line;
+}
+
+// run_trainer: spawn_trainer, waited for at most timeout_s (status -1 then);
+// lines: the output's lines that name the trainer (its error lines)
+static TrainerRun run_trainer(const char *args, const char *const *env, double timeout_s) {
+    char out_path[300];
+    snprintf(out_path, sizeof(out_path), "%s/trainer.out", work);
+    double t0 = par_now();
+    TrainerRun r;
+    r.status = wait_child(spawn_trainer(args, env, out_path), timeout_s);
+    r.seconds = par_now() - t0;
+    r.out = read_text(out_path);
+    r.lines = 0;
+    for (const char *p = r.out; (p = strstr(p, "train_gpt2:")) != NULL; p++) r.lines++;
+    return r;
+}
+
+// ----------------------------------------------------------------------------
+// the rendezvous: a hello captured from one job, replayed into the next
+
+// the squatter: listens on port first, plays the root to the rank that
+// connects (a challenge of its own, then it records the hello), and replays
+// the hello into the real root at port2. Tells the parent 'r' when it
+// listens, then how the real root took the replay: 'A' answered, 'R'
+// rejected, 'T' nothing within 3 s, 'E' the attack itself failed.
+static void squatter(int port, int port2, int report) {
+    char result = 'E';
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_port = htons((uint16_t)port);
+    int one = 1, lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(lfd, 4) != 0) goto done;
+    if (write(report, "r", 1) != 1) goto done;
+    if (par_wait_fd(lfd, POLLIN, par_now() + 5.0) != 1) goto done;
+    int fd = accept(lfd, NULL, NULL);
+    if (fd < 0) goto done;
+    uint8_t msg[4 + RDV_MAX_MSG], challenge[5 + 16];
+    put_u32(challenge, 17);
+    challenge[4] = 'C';
+    key_generate(msg, NULL, 0);
+    memcpy(challenge + 5, msg, 16);
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    if (par_send_all(fd, challenge, sizeof(challenge), par_now() + 2.0) != 0 ||
+        par_recv_all(fd, msg, 4, par_now() + 3.0) != 0 || get_u32(msg) > RDV_MAX_MSG ||
+        par_recv_all(fd, msg + 4, get_u32(msg), par_now() + 3.0) != 0)
+        goto done;
+    close(fd);
+    size_t hello_len = 4 + get_u32(msg);
+    // the replay, into the next job's root
+    char spec[64];
+    snprintf(spec, sizeof(spec), "tcp:127.0.0.1:%d", port2);
+    RdvAddr a;
+    char err[256];
+    if (rdv_parse(spec, &a, err, sizeof(err)) != 0) goto done;
+    fd = rdv_connect(&a, par_now() + 3.0, err, sizeof(err));
+    if (fd < 0) goto done;
+    uint8_t in[4 + RDV_MAX_MSG];
+    // a root that speaks first (a challenge) is heard out and ignored
+    if (par_wait_fd(fd, POLLIN, par_now() + 0.5) == 1 && par_recv_all(fd, in, 4, par_now() + 1.0) == 0)
+        par_recv_all(fd, in + 4, get_u32(in) <= RDV_MAX_MSG ? get_u32(in) : 0, par_now() + 1.0);
+    if (par_send_all(fd, msg, hello_len, par_now() + 2.0) != 0) goto done;
+    int rc = par_recv_all(fd, in, 5, par_now() + 3.0);
+    result = rc == 0 ? (char)in[4] : rc == -3 ? 'T' : 'R';  // a root that hangs up has refused it
+    close(fd);
+done:
+    if (write(report, &result, 1) != 1) _exit(1);
+    _exit(0);
+}
+
+// a rank joining spec as rank of 2; exit 0 when it joined
+static pid_t honest_rank(const char *spec, const uint8_t key[32], int rank, double timeout_s) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid != 0) return pid;
+    RdvAnswer ans;
+    char err[512];
+    _exit(rdv_join(spec, key, job_id_from_key(key), rank, 2, rank, NULL, timeout_s, &ans, err, sizeof(err)) == 0 ? 0 : 1);
+}
+
+// Another user squats the TCP port of a job (first to bind it), so a rank of
+// that job hands it a hello sealed with the job's --key-file. The next job of
+// that key file must refuse the hello when it is replayed, and its real rank
+// 1 must still get in.
+static void test_hello_replay(void) {
+    uint8_t key[32];
+    key_generate(key, NULL, 0);
+    int port = free_port(), port2 = free_port();
+    char spec[64], spec2[64], err[512];
+    snprintf(spec, sizeof(spec), "tcp:127.0.0.1:%d", port);
+    snprintf(spec2, sizeof(spec2), "tcp:127.0.0.1:%d", port2);
+    RdvServer *s = (RdvServer *)calloc(1, sizeof(RdvServer));
+    if (rdv_server_open(s, spec2, 2, key, "/llm3d-attack", 10.0, err, sizeof(err)) != 0) {
+        check(0, "hello replay: the next job's root listens on %s: %s", spec2, err);
+        free(s);
+        return;
+    }
+    int pipefd[2];
+    if (pipe(pipefd) != 0) return;
+    fflush(NULL);
+    pid_t att = fork();
+    if (att == 0) {
+        close(pipefd[0]);
+        if (is_root() && drop_to_nobody() != 0) _exit(3);
+        squatter(port, port2, pipefd[1]);
+    }
+    close(pipefd[1]);
+    const char *who = is_root() ? OTHER_USER : "this user (not root: no other uid)";
+    pid_t victim = -1;
+    if (read_byte(pipefd[0], 5.0) == 'r') victim = honest_rank(spec, key, 1, 3.0);
+    // serve the next job while the squatter replays what it caught
+    char result = 0;
+    double t0 = par_now();
+    while (result == 0 && par_now() - t0 < 8.0) {
+        rdv_server_step(s, -1, 20);
+        if (par_wait_fd(pipefd[0], POLLIN, par_now() + 0.001) == 1) result = read_byte(pipefd[0], 0.1);
+    }
+    close(pipefd[0]);
+    if (victim > 0) wait_child(victim, 5.0);
+    wait_child(att, 5.0);
+    check(result == 'R' && s->joined == 0 && strstr(s->last_reject, "replayed") != NULL,
+          "hello replay by %s: a hello captured on a squatted port is refused by the next job (reply '%c', %d joined): "
+          "\"%s\"", who, result ? result : '?', s->joined, s->last_reject);
+    pid_t r0 = honest_rank(spec2, key, 0, 5.0), r1 = honest_rank(spec2, key, 1, 5.0);
+    t0 = par_now();
+    while (!s->answered && par_now() - t0 < 6.0) rdv_server_step(s, -1, 20);
+    int s0 = wait_child(r0, 5.0), s1 = wait_child(r1, 5.0);
+    check(s->answered && s0 == 0 && s1 == 0, "hello replay: the real ranks 0 and 1 still join that job (%d %d)", s0, s1);
+    rdv_server_close(s);
+    free(s);
+}
+
+// ----------------------------------------------------------------------------
+// the shared-memory segment of an outside-launched rank 0 that fails
+
+// shm_names: how many names of pid's segments /dev/shm holds, waiting up to
+// wait_s for there to be `want`; with sweep set, it then unlinks them (a
+// failing case leaves nothing behind)
+static int shm_names(pid_t pid, int want, double wait_s, int sweep) {
+    char prefix[64], path[320];
+    snprintf(prefix, sizeof(prefix), "llm3d-%d-", (int)pid);
+    double t0 = par_now();
+    for (;;) {
+        int n = 0, last = par_now() - t0 > wait_s;
+        DIR *d = opendir("/dev/shm");
+        struct dirent *e;
+        while (d != NULL && (e = readdir(d)) != NULL) {
+            if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+            n++;
+            snprintf(path, sizeof(path), "/dev/shm/%.256s", e->d_name);
+            if (sweep && last) unlink(path);
+        }
+        if (d != NULL) closedir(d);
+        if (n == want || last) return n;
+        par_sleep(0.02);
+    }
+}
+
+// rank 0 of an outside launch whose rank 1 is refused (another key): rank 0
+// serves and waits, the rendezvous times out after 1 s, and it exits 1, as a
+// trainer's die() does
+static void rank0_times_out(const char *spec) {
+    Launch L;
+    memset(&L, 0, sizeof(L));
+    L.mode = LAUNCH_RANK;
+    L.world = 2;
+    snprintf(L.rendezvous, sizeof(L.rendezvous), "%s", spec);
+    char err[512];
+    if (key_read_file(key_path, L.key, err, sizeof(err)) != 0 || launch_serve(&L, 1.0, err, sizeof(err)) != 0) _exit(2);
+    uint8_t other[32];
+    key_generate(other, NULL, 0);
+    if (fork() == 0) {
+        RdvAnswer ans;
+        _exit(rdv_join(spec, other, job_id_from_key(other), 1, 2, 1, NULL, 2.0, &ans, err, sizeof(err)) == 0);
+    }
+    Grid g;
+    Comm *c;
+    if (grid_init(&g, 2, 1, 1, 0, err, sizeof(err)) != 0) _exit(2);
+    if (comm_init(&c, &g, L.key, spec, 1.0, NULL, err, sizeof(err)) != 0) exit(1);
+    _exit(3);
+}
+
+static void test_segment_leaks(void) {
+    char spec[sizeof(((Launch *)0)->rendezvous)];
+    snprintf(spec, sizeof(spec), "unix:%.200s/leak.sock", work);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) rank0_times_out(spec);
+    int st = wait_child(pid, 15.0);
+    int left = shm_names(pid, 0, 2.0, 1);
+    check(st == 1 && left == 0, "segment: rank 0 whose rank 1 was refused and whose rendezvous timed out exits %d "
+          "and leaves %d segment name(s) in /dev/shm", st, left);
+
+    // the trainer itself, as rank 0 of an outside launch that never completes
+    const int sigs[2] = {SIGTERM, SIGKILL};
+    for (int i = 0; i < 2; i++) {
+        char args[1024], out_path[300];
+        snprintf(args, sizeof(args), "-x 2 -to 5 --rendezvous %s --key-file %s", spec, key_path);
+        snprintf(out_path, sizeof(out_path), "%s/trainer.out", work);
+        const char *env[] = {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", NULL};
+        pid = spawn_trainer(args, env, out_path);
+        int made = shm_names(pid, 1, 5.0, 0);
+        kill(pid, sigs[i]);
+        st = wait_child(pid, 5.0);
+        left = shm_names(pid, 0, 2.0, 1);
+        check(made == 1 && st == 128 + sigs[i] && left == 0, "segment: train_gpt2 as rank 0, %s during the rendezvous "
+              "(status %d): %d segment name(s) left of %d", strsignal(sigs[i]), st, left, made);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the output directory (-o): links planted in it, and who may write in it
+
+static int exists(const char *fmt, const char *a, const char *b) {
+    char path[700];
+    snprintf(path, sizeof(path), fmt, a, b);
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+// victim: a directory of files that no trainer run should ever touch
+static void make_victim(const char *dir) {
+    char path[400];
+    mkdir(dir, 0755);
+    snprintf(path, sizeof(path), "%s/precious.txt", dir);
+    FILE *f = fopen(path, "w");
+    if (f != NULL) fclose(f);
+}
+
+// plant: a symbolic link at dir/name to target, made by another user when
+// `other` is set and this runs as root (else by this user); 0 when made
+static int plant(const char *dir, const char *name, const char *target, int other) {
+    char path[400];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (other && is_root() && drop_to_nobody() != 0) _exit(3);
+        _exit(symlink(target, path) == 0 ? 0 : 1);
+    }
+    return wait_child(pid, 5.0);
+}
+
+// can_open_as_nobody: whether another user can open path to read
+static int can_open_as_nobody(const char *path) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (drop_to_nobody() != 0) _exit(3);
+        _exit(open(path, O_RDONLY) >= 0 ? 0 : 1);
+    }
+    return wait_child(pid, 5.0) == 0;
+}
+
+static void test_output_dir(void) {
+    char out[300], victim[300], victim2[300], lock_target[300], args[700];
+    snprintf(victim, sizeof(victim), "%s/victim", work);
+    snprintf(victim2, sizeof(victim2), "%s/victim2", work);
+    make_victim(victim);
+    make_victim(victim2);
+
+    // links named like checkpoints, planted after a first run: pruning
+    // removes the links, not what they point to
+    snprintf(out, sizeof(out), "%s/out_links", work);
+    snprintf(args, sizeof(args), "-o %s -x 1 -n 1", out);
+    TrainerRun r = run_trainer(args, NULL, 30.0);
+    free(r.out);
+    plant(out, "ckpt_00000099", victim, 0);
+    plant(out, "ckpt_00000098.partial", victim2, 0);
+    snprintf(args, sizeof(args), "-o %s -x 3 -n 1 -nk 1", out);
+    r = run_trainer(args, NULL, 30.0);
+    check(r.status == 0 && exists("%s/%s", victim, "precious.txt") && exists("%s/%s", victim2, "precious.txt") &&
+          !exists("%s/%s", out, "ckpt_00000099") && !exists("%s/%s", out, "ckpt_00000098.partial") &&
+          exists("%s/%s", out, "ckpt_00000003"),
+          "-o: links named ckpt_00000099 and ckpt_00000098.partial are removed by pruning, and the directories they "
+          "point to keep their files (exit %d)", r.status);
+    free(r.out);
+
+    // a LOCK link: the trainer neither follows it nor creates its target
+    snprintf(out, sizeof(out), "%s/out_lock", work);
+    snprintf(lock_target, sizeof(lock_target), "%s/created_through_lock", work);
+    mkdir(out, 0755);
+    plant(out, "LOCK", lock_target, 0);
+    snprintf(args, sizeof(args), "-o %s -x 1", out);
+    r = run_trainer(args, NULL, 30.0);
+    check(r.status != 0 && r.lines == 1 && strstr(r.out, "LOCK is a symbolic link") != NULL &&
+          !exists("%s%s", lock_target, ""), "-o: a LOCK link is refused and its target not created (exit %d): %s",
+          r.status, line_of(r.out, "train_gpt2:"));
+    free(r.out);
+
+    // a directory others may write in: refused before anything is read or written in it
+    snprintf(out, sizeof(out), "%s/out_shared", work);
+    snprintf(args, sizeof(args), "-o %s -x 1 -n 1", out);
+    r = run_trainer(args, NULL, 30.0);
+    free(r.out);
+    chmod(out, 0777);
+    int planted = plant(out, "ckpt_00000099", victim, 1);
+    snprintf(args, sizeof(args), "-o %s -x 3 -n 1 -nk 1", out);
+    r = run_trainer(args, NULL, 30.0);
+    check(planted == 0 && r.status == 2 && r.lines == 1 && strstr(r.out, "group or others may write") != NULL &&
+          exists("%s/%s", victim, "precious.txt"), "-o of mode 0777, a link planted by %s: refused (exit %d): %s",
+          is_root() ? OTHER_USER : "this user", r.status, line_of(r.out, "train_gpt2:"));
+    free(r.out);
+
+    if (!is_root()) {
+        skip("-o owned by another user, and LOCK against another user: need root to make one");
+        return;
+    }
+    snprintf(out, sizeof(out), "%s/out_theirs", work);
+    mkdir(out, 0755);
+    if (chown(out, NOBODY, NOBODY) != 0) check(0, "chown %s", out);
+    snprintf(args, sizeof(args), "-o %s -x 1", out);
+    r = run_trainer(args, NULL, 30.0);
+    check(r.status == 2 && r.lines == 1 && strstr(r.out, "owned by uid 65534") != NULL,
+          "-o owned by %s: refused (exit %d): %s", OTHER_USER, r.status, line_of(r.out, "train_gpt2:"));
+    free(r.out);
+
+    // a LOCK that others can open (an older run made it 0644) is made 0600
+    snprintf(out, sizeof(out), "%s/out_lock_mode", work);
+    mkdir(out, 0755);
+    char lock[400];
+    snprintf(lock, sizeof(lock), "%s/LOCK", out);
+    close(open(lock, O_RDWR | O_CREAT, 0644));
+    chmod(lock, 0644);
+    int before = can_open_as_nobody(lock);
+    snprintf(args, sizeof(args), "-o %s -x 1", out);
+    r = run_trainer(args, NULL, 30.0);
+    struct stat st;
+    int mode = stat(lock, &st) == 0 ? (int)(st.st_mode & 0777) : -1;
+    check(before && r.status == 0 && mode == 0600 && !can_open_as_nobody(lock),
+          "-o: LOCK can no longer be opened by %s, who could flock it and block every job there (mode %04o, exit %d)",
+          OTHER_USER, mode, r.status);
+    free(r.out);
+}
+
+// ----------------------------------------------------------------------------
+// FIFOs where files are read: refused at once, not waited on in open()
+
+static void test_fifos(void) {
+    char fifo[300], dir[300], pattern[320], second[320], args[900];
+    snprintf(fifo, sizeof(fifo), "%s/fifo.bin", work);
+    snprintf(dir, sizeof(dir), "%s/fifo_data", work);
+    snprintf(pattern, sizeof(pattern), "%s/*.bin", dir);
+    snprintf(second, sizeof(second), "%s/b.bin", dir);
+    mkdir(dir, 0755);
+    mkfifo(fifo, 0600);
+    mkfifo(second, 0600);  // matched by the pattern, beside a good shard
+    char good[320];
+    snprintf(good, sizeof(good), "%s/a.bin", dir);
+    test_write_shard(good, 4096);
+    struct { const char *what; char args[600]; const char *path; } cases[4];
+    cases[0].what = "-e (a model file)";
+    snprintf(cases[0].args, sizeof(cases[0].args), "-x 1 -e %s", fifo);
+    cases[0].path = fifo;
+    cases[1].what = "-i (a shard the pattern matches, no MANIFEST)";
+    snprintf(cases[1].args, sizeof(cases[1].args), "-x 1 -i %s", pattern);
+    cases[1].path = second;
+    cases[2].what = "-j (the val shards)";
+    snprintf(cases[2].args, sizeof(cases[2].args), "-x 1 -v 1 -j %s", fifo);
+    cases[2].path = fifo;
+    cases[3].what = "-tk (the tokenizer)";
+    snprintf(cases[3].args, sizeof(cases[3].args), "-x 2 -s 1 -tk %s", fifo);
+    cases[3].path = fifo;
+    for (int i = 0; i < 4; i++) {
+        snprintf(args, sizeof(args), "%s", cases[i].args);
+        TrainerRun r = run_trainer(args, NULL, 5.0);
+        char want[400];
+        snprintf(want, sizeof(want), "%s: not a regular file", cases[i].path);
+        check(r.status == 2 && r.lines == 1 && strstr(r.out, want) != NULL,
+              "a FIFO given to %s: refused at once (exit %d in %.1f s): %s", cases[i].what, r.status, r.seconds, line_of(r.out, "train_gpt2:"));
+        free(r.out);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// a shard changed under a running job: tokens written in place, a truncation
+
+// lines_in: how many lines the file at path holds
+static int lines_in(const char *path) {
+    FILE *f = fopen(path, "r");
+    int n = 0, c;
+    while (f != NULL && (c = fgetc(f)) != EOF) n += c == '\n';
+    if (f != NULL) fclose(f);
+    return n;
+}
+
+// change_while_training: trains on a copy of the shard for many steps; once
+// two steps are logged, `change` alters the copy. Returns the run.
+static TrainerRun change_while_training(const char *name, void (*change)(const char *path)) {
+    char data[300], log[300], args[900], out_path[300];
+    snprintf(data, sizeof(data), "%s/%s.bin", work, name);
+    snprintf(log, sizeof(log), "%s/%s.jsonl", work, name);
+    snprintf(out_path, sizeof(out_path), "%s/trainer.out", work);
+    test_write_shard(data, 4096);
+    unlink(log);
+    snprintf(args, sizeof(args), "-x 100000 -i %s -lg %s", data, log);  // the later -i wins
+    double t0 = par_now();
+    pid_t pid = spawn_trainer(args, NULL, out_path);
+    while (lines_in(log) < 2 && par_now() - t0 < 10.0 && waitpid(pid, NULL, WNOHANG) == 0) par_sleep(0.01);
+    change(data);
+    TrainerRun r;
+    r.status = wait_child(pid, 20.0);
+    r.seconds = par_now() - t0;
+    r.out = read_text(out_path);
+    r.lines = 0;
+    for (const char *p = r.out; (p = strstr(p, "train_gpt2:")) != NULL; p++) r.lines++;
+    return r;
+}
+
+static void write_ffff_in_place(const char *path) {
+    int fd = open(path, O_WRONLY);
+    uint16_t big[4096];
+    for (int i = 0; i < 4096; i++) big[i] = 0xFFFF;
+    if (fd < 0 || pwrite(fd, big, sizeof(big), 1024) != (ssize_t)sizeof(big)) check(0, "write %s", path);
+    if (fd >= 0) close(fd);
+}
+
+static void truncate_to_header(const char *path) {
+    if (truncate(path, 1024) != 0) check(0, "truncate %s", path);
+}
+
+static void test_shard_changes(void) {
+    TrainerRun r = change_while_training("inplace", write_ffff_in_place);
+    check(r.status == 1 && r.lines == 1 && strstr(r.out, "is 65535, not < vocab_size 256") != NULL &&
+          strstr(r.out, "changed after it was checked") != NULL,
+          "a shard whose tokens become 0xFFFF in place mid-run: the run ends with one line (exit %d): %s", r.status,
+          line_of(r.out, "train_gpt2:"));
+    free(r.out);
+    r = change_while_training("truncated", truncate_to_header);
+    check(r.status == 1 && r.lines == 1 && strstr(r.out, "changed after it was checked") != NULL,
+          "a shard truncated mid-run: one line, not SIGBUS (exit %d): %s", r.status, line_of(r.out, "train_gpt2:"));
+    free(r.out);
+}
+
+// ----------------------------------------------------------------------------
+// flags that can be checked before launch are: one usage line, exit 2
+
+static void test_flags_before_launch(void) {
+    TrainerRun r = run_trainer("-x 2 -np 2 -fault tamper:99:1", NULL, 20.0);
+    check(r.status == 2 && r.lines == 1 && strstr(r.out, "-fault tamper:99:1: rank 99 is not in this job of 2 ranks") &&
+          strstr(r.out, "exited") == NULL, "-np 2 -fault tamper:99:1: a usage error before any rank starts (exit %d): %s",
+          r.status, line_of(r.out, "train_gpt2:"));
+    free(r.out);
+
+    // an outside launcher (torchrun's variables) of 3 ranks, and -np 4: -np is to blame
+    char args[1400];
+    snprintf(args, sizeof(args), "-x 2 -np 4 -v 1 -j %s --rendezvous unix:%s/np.sock --key-file %s", shard, work, key_path);
+    const char *env[] = {"RANK=0", "WORLD_SIZE=3", "LOCAL_RANK=0", NULL};
+    r = run_trainer(args, env, 20.0);
+    check(r.status == 2 && r.lines == 1 && strstr(r.out, "-np 4, but the launcher (torchrun) says the world is 3") &&
+          r.seconds < 5.0, "-np 4 under an outside launcher of 3 ranks: refused, blaming -np (exit %d, %.1f s): %s",
+          r.status, r.seconds, line_of(r.out, "train_gpt2:"));
+    free(r.out);
+}
+
+// ----------------------------------------------------------------------------
+// stop signals: none lost between fork and exec, or while the job is checked
+
+// rank_mask_main: what a rank of the launcher runs here (this program, again):
+// it writes the signals it was blocking on entry, from /proc/self/status,
+// into DIR/mask.RANK
+static int rank_mask_main(const char *dir) {
+    char line[256], path[400];
+    unsigned long long blocked = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+        if (strncmp(line, "SigBlk:", 7) == 0) blocked = strtoull(line + 7, NULL, 16);
+    if (f != NULL) fclose(f);
+    snprintf(path, sizeof(path), "%s/mask.%s", dir, getenv("LLM3D_RANK"));
+    f = fopen(path, "w");
+    if (f == NULL) return 1;
+    fprintf(f, "%llx\n", blocked);
+    return fclose(f) == 0 ? 0 : 1;
+}
+
+static void test_stop_signals(void) {
+    // the ranks of our launcher start with the stop signals held
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char *argv[] = {(char *)"test_attacks", (char *)"rank-mask", work, NULL};
+        Launch L;
+        char err[512];
+        for (size_t i = 0; i < sizeof(RANK_ENV) / sizeof(RANK_ENV[0]); i++) unsetenv(RANK_ENV[i]);
+        parallel_main(3, argv, 2, NULL, NULL, 5.0, &L, err, sizeof(err));  // the launcher: never returns
+        _exit(3);
+    }
+    int st = wait_child(pid, 20.0);
+    unsigned long long want = 1ull << (SIGINT - 1) | 1ull << (SIGTERM - 1) | 1ull << (SIGHUP - 1), got[2] = {0, 0};
+    for (int r = 0; r < 2; r++) {
+        char path[400];
+        snprintf(path, sizeof(path), "%s/mask.%d", work, r);
+        char *text = read_text(path);
+        got[r] = strtoull(text, NULL, 16);
+        free(text);
+    }
+    check(st == 0 && (got[0] & want) == want && (got[1] & want) == want,
+          "stop signals: the launcher's ranks begin with SIGINT, SIGTERM and SIGHUP held, so one sent between fork and "
+          "exec is not lost (blocked %llx %llx, launcher exit %d)", got[0], got[1], st);
+
+    // SIGINT to a launcher early in its life: the ranks stop cleanly, with a checkpoint, or (before the
+    // launcher has a handler at all) the launcher dies of it before any rank exists
+    const double delays_ms[6] = {0, 2, 5, 10, 20, 40};
+    int bad = 0;
+    char what[600] = "";
+    for (int i = 0; i < 6; i++) {
+        char out_dir[300], args[700], out_path[300];
+        snprintf(out_dir, sizeof(out_dir), "%s/sigint_%d", work, i);
+        snprintf(out_path, sizeof(out_path), "%s/trainer.out", work);
+        snprintf(args, sizeof(args), "-np 2 -x 300 -o %s", out_dir);
+        pid = spawn_trainer(args, NULL, out_path);
+        par_sleep(delays_ms[i] / 1000.0);
+        kill(pid, SIGINT);
+        st = wait_child(pid, 30.0);
+        char *out = read_text(out_path);
+        int clean = st == 0 && strstr(out, "stopped by a signal") != NULL && strstr(out, "killed by signal") == NULL;
+        int early = st == 128 + SIGINT && strstr(out, "rank") == NULL;
+        if (!clean && !early) {
+            bad++;
+            size_t n = strlen(what);
+            snprintf(what + n, sizeof(what) - n, " [%.0f ms: exit %d, %s]", delays_ms[i], st,
+                     strstr(out, "killed by signal") ? "a rank killed by the signal" :
+                     strstr(out, "stopped by a signal") ? "stopped" : "the run went on to its end");
+        }
+        free(out);
+    }
+    check(bad == 0, "stop signals: SIGINT to the launcher 0 to 40 ms after its start stops the job cleanly every time%s",
+          what);
+}
+
+// ----------------------------------------------------------------------------
+// a rank merely stopped (SIGSTOP) is named as stopped, not as a rank that
+// disagrees on the order of calls
+
+static void test_stopped_rank(void) {
+    size_t bytes = SHM_HEADER_BYTES + 2 * SHM_RANK_BYTES;
+    uint8_t *mem = (uint8_t *)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (!check(mem != MAP_FAILED, "stopped rank: shared memory for two rank blocks")) return;
+    memset(mem, 0, bytes);
+    Comm c;
+    memset(&c, 0, sizeof(c));
+    c.rank = 0;
+    c.world = 2;
+    c.base = mem;
+    ShmRank *me = comm_rank_block(&c, 0), *peer = comm_rank_block(&c, 1);
+    me->pid = (uint32_t)getpid();
+    me->pid_ns = par_pid_ns();
+    me->waiting_for = 1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        // rank 1 was waiting for rank 0 in an all-reduce when it was stopped
+        peer->pid = (uint32_t)getpid();
+        peer->pid_ns = par_pid_ns();
+        peer->wait_op = COMM_ALLREDUCE;
+        peer->wait_step = 5;
+        __atomic_store_n(&peer->waiting_for, 0, __ATOMIC_SEQ_CST);
+        raise(SIGSTOP);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, WUNTRACED);
+    char blame[400];
+    comm_blame(&c, 1, blame, sizeof(blame));
+    check(WIFSTOPPED(status) && strstr(blame, "is stopped") != NULL && strstr(blame, "disagree") == NULL,
+          "stopped rank: a rank stopped while it waited for this one is named as stopped:%s", blame);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    munmap(mem, bytes);
+
+    // the same in a job: rank 1 of train_gpt2 -np 2 stopped after two steps
+    char log[300], args[700], out_path[300], children[100];
+    snprintf(log, sizeof(log), "%s/stopped.jsonl", work);
+    snprintf(out_path, sizeof(out_path), "%s/trainer.out", work);
+    snprintf(args, sizeof(args), "-np 2 -x 100000 -to 1 -lg %s", log);
+    pid = spawn_trainer(args, NULL, out_path);
+    double t0 = par_now();
+    while (lines_in(log) < 2 && par_now() - t0 < 10.0 && waitpid(pid, NULL, WNOHANG) == 0) par_sleep(0.01);
+    snprintf(children, sizeof(children), "/proc/%d/task/%d/children", (int)pid, (int)pid);
+    char *kids = read_text(children);
+    int rank0 = 0, rank1 = 0;
+    sscanf(kids, "%d %d", &rank0, &rank1);  // in the order forked: rank 0, then rank 1
+    free(kids);
+    if (rank1 > 0) kill(rank1, SIGSTOP);
+    int st = wait_child(pid, 20.0);
+    if (rank1 > 0) kill(rank1, SIGKILL);
+    char *out = read_text(out_path);
+    check(rank1 > 0 && st == 1 && strstr(out, "rank 1 (pid") != NULL && strstr(out, "is stopped") != NULL &&
+          strstr(out, "disagree") == NULL, "stopped rank: in a job of 2, rank 0's timeout names rank 1 as stopped "
+          "(exit %d): %s", st, line_of(out, "timeout after"));
+    free(out);
+}
+
+// ----------------------------------------------------------------------------
+// a shard too short for one micro-batch: warned about once per job, however
+// many times the job opens its data
+
+static int count_of(const char *text, const char *what) {
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, what)) != NULL; p++) n++;
+    return n;
+}
+
+static void test_tiny_shard_warning(void) {
+    char dir[300], tiny[320], big[320], args[900];
+    snprintf(dir, sizeof(dir), "%s/tiny_data", work);
+    mkdir(dir, 0755);
+    snprintf(tiny, sizeof(tiny), "%s/a_tiny.bin", dir);
+    snprintf(big, sizeof(big), "%s/b_big.bin", dir);
+    test_write_shard(tiny, 10);
+    test_write_shard(big, 4096);
+    const char *how[2] = {"", "-np 2"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof(args), "-x 1 %s -i %s/*.bin", how[i], dir);
+        TrainerRun r = run_trainer(args, NULL, 30.0);
+        int n = count_of(r.out, "a_tiny.bin: 10 tokens");
+        check(r.status == 0 && n == 1, "a shard of 10 tokens (%s): one warning about it (%d printed, exit %d)",
+              i == 0 ? "one process" : "a launcher of 2 ranks", n, r.status);
+        free(r.out);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// a model whose weights hold a NaN: the first step is not applied, and the
+// run ends with a line naming it, instead of training on with a loss of nan
+
+static void test_nan_weights(void) {
+    GPT2Config c;
+    memset(&c, 0, sizeof(c));
+    char path[300], err[512];
+    snprintf(path, sizeof(path), "%s/nan_model.bin", work);
+    if (!check(config_from_descriptor(&c, "d2", 256, 32) == 0, "NaN weights: the d2 shape")) return;
+    size_t n = param_count(&c);
+    float *p = (float *)malloc(n * sizeof(float));
+    uint64_t x = 7;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = ((float)(x >> 40) / (float)(1 << 24) - 0.5f) * 0.04f;
+    }
+    p[n / 2] = NAN;
+    int saved = model_save(path, &c, p, 0, err, sizeof(err));
+    free(p);
+    if (!check(saved == 0, "NaN weights: a model file with one NaN: %s", saved ? err : "")) return;
+    const char *how[2] = {"", "-np 2"};
+    for (int i = 0; i < 2; i++) {
+        char args[700];
+        snprintf(args, sizeof(args), "-x 3 %s -e %s", how[i], path);
+        TrainerRun r = run_trainer(args, NULL, 30.0);
+        check(r.status == 1 && r.lines == 1 && strstr(r.out, "train_gpt2: step 0: loss ") != NULL &&
+              strstr(r.out, "not finite") != NULL && strstr(r.out, "step    1/") == NULL,
+              "NaN weights (%s): step 0 is not applied and the run ends there (exit %d): %s",
+              i == 0 ? "one process" : "-np 2", r.status, line_of(r.out, "train_gpt2:"));
+        free(r.out);
+    }
+    // under llm.c's outlier guard such a step is skipped like an outlier, and the run goes on
+    char args[700];
+    snprintf(args, sizeof(args), "-x 3 -sl 3 -e %s", path);
+    TrainerRun r = run_trainer(args, NULL, 30.0);
+    int skips = count_of(r.out, "skipping update due to a loss or grad norm that is not finite");
+    check(r.status == 0 && skips == 3, "NaN weights under -sl 3: every step skipped, the run goes on (%d skips, exit %d)",
+          skips, r.status);
+    free(r.out);
+}
+
+// ----------------------------------------------------------------------------
+// promises that held already, kept as cases: the segment and the key file
+// against another user, and links where the trainer writes into -o
+
+static void test_other_promises(void) {
+    // another user cannot open a job's shared-memory segment
+    if (is_root()) {
+        char name[COMM_NAME_BYTES], err[512];
+        int made = shm_create(name, 2, 1, err, sizeof(err)) == 0;
+        if (!made) check(0, "segment: made for a look by another user: %s", err);
+        if (made) {
+            fflush(NULL);
+            pid_t pid = fork();
+            if (pid == 0) {
+                if (drop_to_nobody() != 0) _exit(3);
+                int fd = shm_open(name, O_RDONLY, 0);
+                _exit(fd < 0 && errno == EACCES ? 0 : 1);
+            }
+            int st = wait_child(pid, 5.0);
+            shm_unlink(name);
+            check(st == 0, "segment: %s cannot open it (exit %d)", OTHER_USER, st);
+        }
+    } else {
+        skip("segment against another user: needs root to be one");
+    }
+
+    // a key file others can read, or that another user owns, is refused
+    char key2[300], args[900];
+    snprintf(key2, sizeof(key2), "%s/open.key", work);
+    uint8_t key[32];
+    key_generate(key, NULL, 0);
+    key_write_file(key2, key, NULL, 0);
+    chmod(key2, 0644);
+    snprintf(args, sizeof(args), "-x 1 -np 2 --key-file %s", key2);
+    TrainerRun r = run_trainer(args, NULL, 20.0);
+    check(r.status == 2 && r.lines == 1 && strstr(r.out, "lets group or others at it") != NULL,
+          "--key-file of mode 0644: refused (exit %d): %s", r.status, line_of(r.out, "train_gpt2:"));
+    free(r.out);
+    if (is_root()) {
+        chmod(key2, 0600);
+        if (chown(key2, NOBODY, NOBODY) != 0) check(0, "chown %s", key2);
+        r = run_trainer(args, NULL, 20.0);
+        check(r.status == 2 && r.lines == 1 && strstr(r.out, "owned by uid 65534") != NULL,
+              "--key-file owned by %s: refused (exit %d): %s", OTHER_USER, r.status, line_of(r.out, "train_gpt2:"));
+        free(r.out);
+    }
+
+    // links at the names the trainer writes in -o: the final model's .tmp,
+    // the log, the checkpoint key; none is written through, and each is
+    // still there afterwards, with no final model written
+    char out[300], victim[300], link[400], model[400];
+    snprintf(victim, sizeof(victim), "%s/victim_file", work);
+    const char *names[3] = {"model_00000001.bin.tmp", "log.jsonl", "job.key"};
+    for (int i = 0; i < 3; i++) {
+        FILE *f = fopen(victim, "w");
+        if (f != NULL) { fputs("precious\n", f); fclose(f); }
+        snprintf(out, sizeof(out), "%s/out_write_%d", work, i);
+        mkdir(out, 0755);
+        plant(out, names[i], victim, 0);
+        snprintf(args, sizeof(args), "-x 1 -o %s", out);
+        r = run_trainer(args, NULL, 20.0);
+        char *text = read_text(victim);
+        check(strcmp(text, "precious\n") == 0 && r.status != 0 && r.lines == 1 && strstr(r.out, "symbolic link") != NULL,
+              "-o: a link planted at %s is refused in one line, not written through (exit %d): %s", names[i], r.status,
+              line_of(r.out, "symbolic link"));
+        snprintf(link, sizeof(link), "%s/%s", out, names[i]);
+        snprintf(model, sizeof(model), "%s/model_00000001.bin", out);
+        struct stat st;
+        check(lstat(link, &st) == 0 && S_ISLNK(st.st_mode) && access(model, F_OK) != 0,
+              "-o: the link planted at %s is still there, and no model_00000001.bin was written", names[i]);
+        free(text);
+        free(r.out);
+    }
+
+    // a regular model_00000001.bin.tmp, left by a run killed while it wrote,
+    // gives way: the run ends well, with the model a clean run writes
+    char clean[300], clean_model[400];
+    snprintf(clean, sizeof(clean), "%s/out_clean", work);
+    snprintf(clean_model, sizeof(clean_model), "%s/model_00000001.bin", clean);
+    snprintf(out, sizeof(out), "%s/out_leftover", work);
+    snprintf(link, sizeof(link), "%s/model_00000001.bin.tmp", out);
+    snprintf(model, sizeof(model), "%s/model_00000001.bin", out);
+    mkdir(out, 0755);
+    FILE *junk = fopen(link, "w");
+    if (junk != NULL) { fputs("half a model from a killed run\n", junk); fclose(junk); }
+    snprintf(args, sizeof(args), "-x 1 -o %s", clean);
+    TrainerRun ref = run_trainer(args, NULL, 20.0);
+    snprintf(args, sizeof(args), "-x 1 -o %s", out);
+    r = run_trainer(args, NULL, 20.0);
+    int same = test_files_same(clean_model, model);
+    check(ref.status == 0 && r.status == 0 && access(link, F_OK) != 0 && same,
+          "-o: a regular model_00000001.bin.tmp left by a killed run is replaced: exit %d (a clean run %d), no .tmp "
+          "left, the model a clean run's: %s", r.status, ref.status, line_of(r.out, "train_gpt2:"));
+    free(ref.out);
+    free(r.out);
+}
+
+// ----------------------------------------------------------------------------
+
+int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "rank-mask") == 0) return rank_mask_main(argv[2]);
+    const char *tmp = getenv("TMPDIR");
+    snprintf(work, sizeof(work), "%s/llm3d-attacks-XXXXXX", tmp != NULL && tmp[0] != '\0' && strlen(tmp) < 200 ? tmp : "/tmp");
+    if (mkdtemp(work) == NULL) {
+        check(0, "mkdtemp %s: %s", work, strerror(errno));
+        return test_summary();
+    }
+    chmod(work, 0755);  // the other user's children reach into it
+    signal(SIGPIPE, SIG_IGN);
+    if (access("./train_gpt2", X_OK) != 0) {
+        check(0, "./train_gpt2 is not built (make train_gpt2)");
+        return test_summary();
+    }
+    snprintf(shard, sizeof(shard), "%s/data.bin", work);
+    snprintf(key_path, sizeof(key_path), "%s/job.key", work);
+    uint8_t key[32];
+    char err[256];
+    if (!check(test_write_shard(shard, 4096) == 0 && key_generate(key, err, sizeof(err)) == 0 &&
+               key_write_file(key_path, key, err, sizeof(err)) == 0, "a shard and a key file in %s", work))
+        return test_summary();
+    test_hello_replay();
+    test_segment_leaks();
+    test_output_dir();
+    test_fifos();
+    test_shard_changes();
+    test_flags_before_launch();
+    test_stop_signals();
+    test_stopped_rank();
+    test_tiny_shard_warning();
+    test_nan_weights();
+    test_other_promises();
+    remove_tree(work);
+    return test_summary();
+}

@@ -1,0 +1,354 @@
+/*
+ * test_hellaswag.c: HellaSwag (hellaswag.h, prepare_hellaswag.h, -h 1).
+ *
+ * A small file in llm.c's eval format, written here: read back field by
+ * field, and refused with one line for each kind of damage; its examples
+ * split over data-parallel ranks and packed into batches; scored from the
+ * CPU model's per-token losses, against a brute-force scorer that runs
+ * every completion alone and takes its mean loss from the logits (a
+ * log-softmax in double, not the trainer's cross-entropy); and the accuracy
+ * that ./train_gpt2 -h 1 logs, in one rank and in parallel layouts, against
+ * that brute force. Then `./prepare_data hellaswag` on a few JSON lines:
+ * the fields, the escapes and GPT-2's tokens of a HellaSwag context.
+ */
+#define TESTING
+#include "train_gpt2.c"
+#include "dev/data/prepare_hellaswag.h"
+#include "dev/test/test.h"
+
+#include <sys/wait.h>
+
+#define NEX 13     // examples: uneven over 2 and 4 ranks
+#define MODEL_T 32
+#define MODEL_B 8
+static const char *fixture_model = "dev/fixtures/tiny_model.bin";  // V 500, maxT 32
+static char dir[128];
+
+// NEX examples of 2 to 4 completions with random tokens below V
+static uint16_t pool[NEX][5][16];
+static void make_examples(HsExample *ex, int V) {
+    uint64_t x = 42;
+    for (int i = 0; i < NEX; i++) {
+        HsExample *e = &ex[i];
+        memset(e, 0, sizeof(*e));
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        e->ncomp = 2 + (int)((x >> 40) % 3);
+        e->label = (int)((x >> 20) % (uint64_t)e->ncomp);
+        e->ctx_len = 1 + (int)((x >> 50) % 10);
+        for (int c = -1; c < e->ncomp; c++) {
+            uint16_t *t = pool[i][c + 1];
+            int len = c < 0 ? e->ctx_len : 1 + (int)((x >> (30 + 3 * c)) % 8);
+            for (int k = 0; k < len; k++) {
+                x = x * 6364136223846793005ull + 1442695040888963407ull;
+                t[k] = (uint16_t)((x >> 33) % (uint64_t)V);
+            }
+            if (c < 0) e->ctx = t;
+            else e->comp[c] = t, e->comp_len[c] = len;
+        }
+    }
+}
+
+static int same_example(const HsExample *a, const HsExample *b) {
+    if (a->label != b->label || a->ncomp != b->ncomp || a->ctx_len != b->ctx_len ||
+        memcmp(a->ctx, b->ctx, (size_t)a->ctx_len * 2) != 0)
+        return 0;
+    for (int c = 0; c < a->ncomp; c++)
+        if (a->comp_len[c] != b->comp_len[c] || memcmp(a->comp[c], b->comp[c], (size_t)a->comp_len[c] * 2) != 0) return 0;
+    return 1;
+}
+
+// ----------------------------------------------------------------------------
+// the file
+
+// the file's bytes with one uint16 of the examples (word w after the header)
+// set to v, or the header's int32 h set to v (w < 0: -1 - h), written to
+// path; cut > 0: only that many bytes from the end kept off
+static void write_patched(const char *good, const char *path, long w, uint32_t v, long cut) {
+    FILE *f = fopen(good, "rb");
+    char buf[65536];
+    size_t n = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    if (w >= 0) memcpy(buf + 1024 + 2 * w, &(uint16_t){(uint16_t)v}, 2);
+    else memcpy(buf + 4 * (-1 - w), &(int32_t){(int32_t)v}, 4);
+    if (cut > 0) n -= (size_t)cut;
+    if (cut < 0) memset(buf + n, 0, (size_t)-cut), n += (size_t)-cut;
+    f = fopen(path, "wb");
+    fwrite(buf, 1, n, f);
+    fclose(f);
+}
+
+static void test_file(const HsExample *ex, const char *good) {
+    char err[1024], bad[300];
+    HsSet s;
+    int rc = hs_read(&s, good, 500, MODEL_T, MODEL_B, err, sizeof(err));
+    if (!check(rc == 0 && s.n == NEX, "read back %d examples%s%s", rc == 0 ? s.n : 0, rc ? ": " : "", rc ? err : ""))
+        return;
+    int same = 1;
+    for (int i = 0; i < NEX; i++) same &= same_example(&s.ex[i], &ex[i]);
+    check(same && s.max_ncomp == 4, "every field of every example as written (most completions %d)", s.max_ncomp);
+    FILE *f = fopen(good, "rb");
+    int32_t h[256] = {0};
+    size_t got = fread(h, 4, 256, f);
+    check(got == 256 && h[0] == 20240522 && h[1] == 1 && h[2] == NEX && h[3] > 0, "header: magic "
+          "20240522, version 1, %d examples, longest %d bytes", h[2], h[3]);
+    fclose(f);
+    hs_free(&s);
+    // each kind of damage: one line naming it
+    snprintf(bad, sizeof(bad), "%s/bad.bin", dir);
+    long first_comp_len = 6 + ex[0].ctx_len;
+    struct { long w; uint32_t v; long cut; int V, T, B; const char *want; } cases[] = {
+        {-1, 20240520, 0, 500, MODEL_T, MODEL_B, "header magic 20240520"},
+        {-3, 99, 0, 500, MODEL_T, MODEL_B, "header says 99 examples"},
+        {0, 7, 0, 500, MODEL_T, MODEL_B, "example 0: starts with 7"},
+        {2, 5, 0, 500, MODEL_T, MODEL_B, "example 0: its index field says 5"},
+        {3, 9, 0, 500, MODEL_T, MODEL_B, "example 0: label 9"},
+        {5, 0, 0, 500, MODEL_T, MODEL_B, "example 0: an empty context"},
+        {first_comp_len, 0, 0, 500, MODEL_T, MODEL_B, "example 0: completion 0 is empty"},
+        {6, 499, 0, 499, MODEL_T, MODEL_B, "token 499 is not below the model's vocab size 499"},
+        {-1, 20240522, 0, 500, 4, MODEL_B, "exceed T = 4 (flag -t)"},
+        {-1, 20240522, 0, 500, MODEL_T, 3, "flag -b: B = 3 rows"},
+        {-1, 20240522, 6, 500, MODEL_T, MODEL_B, "runs past the end of the file"},
+        {-1, 20240522, -2, 500, MODEL_T, MODEL_B, "bytes follow the last of the header's 13 examples"},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        write_patched(good, bad, cases[k].w, cases[k].v, cases[k].cut);
+        rc = hs_read(&s, bad, cases[k].V, cases[k].T, cases[k].B, err, sizeof(err));
+        check(rc == -1 && strstr(err, cases[k].want) != NULL && strchr(err, '\n') == NULL && strstr(err, bad) != NULL,
+              "refused, naming the file: %s", err);
+    }
+}
+
+// every example on exactly one rank, in order; every rank the same number of batches
+static void test_split(const HsSet *s) {
+    for (int dp = 1; dp <= 5; dp++) {
+        int covered = 0, ok = 1, nb = hs_batches(s, dp, MODEL_B), most = 0;
+        for (int r = 0; r < dp; r++) {
+            int lo, hi, rank_nb = 0;
+            hs_rank_range(s->n, dp, r, &lo, &hi);
+            ok &= lo == covered || lo == hi;
+            covered = hi > covered ? hi : covered;
+            for (int k = lo; k < hi; rank_nb++) k += hs_fits(s, k, hi, MODEL_B);
+            most = rank_nb > most ? rank_nb : most;
+        }
+        check(ok && covered == s->n && nb == most, "dp %d: the ranks' examples cover all %d once, in %d batches each",
+              dp, s->n, nb);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// scoring
+
+// the brute force: each completion alone in row 0 after its context, its
+// mean loss from the logits; the answer of each example into pred
+static void brute_force(GPT2 *m, const HsSet *s, int *pred) {
+    Acts *a = &m->acts[0];
+    int V = m->config.V, Vp = m->config.Vp, T = m->T;
+    for (int i = 0; i < s->n; i++) {
+        const HsExample *e = &s->ex[i];
+        double best = 0.0;
+        for (int c = 0; c < e->ncomp; c++) {
+            memset(a->inputs, 0, (size_t)m->B * T * sizeof(int));
+            for (int t = 0; t < e->ctx_len; t++) a->inputs[t] = e->ctx[t];
+            for (int t = 0; t < e->comp_len[c]; t++) a->inputs[e->ctx_len + t] = e->comp[c][t];
+            stage_forward(m, a, 0);
+            double sum = 0.0;
+            for (int t = 0; t < e->comp_len[c]; t++) {
+                const float *z = a->t[A_LOGITS] + (size_t)(e->ctx_len - 1 + t) * Vp;
+                double mx = z[0], se = 0.0;
+                for (int v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+                for (int v = 0; v < V; v++) se += exp(z[v] - mx);
+                sum += mx + log(se) - z[e->comp[c][t]];
+            }
+            double mean = sum / e->comp_len[c];
+            if (c == 0 || mean < best) best = mean, pred[i] = c;
+        }
+    }
+}
+
+static float test_scoring(const HsSet *s) {
+    char err[512];
+    GPT2Config c;
+    float *params = model_load(fixture_model, &c, err, sizeof(err));
+    if (params == NULL) {
+        check(0, "load %s: %s", fixture_model, err);
+        return -1.0f;
+    }
+    GPT2 m;
+    Parallel par;
+    par_single(&par);
+    gpt2_build(&m, &c, &par, params, 0);
+    free(params);
+    gpt2_alloc_activations(&m, MODEL_B, MODEL_T, 1);
+    int brute[NEX], packed[NEX], right = 0, counted = 0, batches = 0;
+    brute_force(&m, s, brute);
+    HsBatch hb;
+    hs_batch_init(&hb, MODEL_B, MODEL_T);
+    Acts *a = &m.acts[0];
+    for (int next = 0; next < s->n; batches++) {
+        hs_batch_fill(s, &next, s->n, &hb, a->inputs, a->targets);
+        stage_forward(&m, a, 1);
+        counted += hs_batch_score(s, &hb, a->t[A_LOSSES], packed + hb.first);
+    }
+    hs_batch_free(&hb);
+    int same = 1;
+    for (int i = 0; i < s->n; i++) {
+        same &= packed[i] == brute[i];
+        right += brute[i] == s->ex[i].label;
+    }
+    check(same && counted == right, "packed into %d batches of %d rows, scored from the losses: the brute force's "
+          "answers, %d of %d right", batches, MODEL_B, counted, s->n);
+    gpt2_free(&m);
+    return (float)right / s->n;
+}
+
+// ----------------------------------------------------------------------------
+// the trainer
+
+// runs ./train_gpt2 with args; its output into out; the "hellaswag" of the
+// log lines of steps 0..7 into acc (-1 when absent)
+static int run_trainer(const char *args, float acc[8], char *out, size_t outlen) {
+    char cmd[2048], log[300], line[1024];
+    snprintf(log, sizeof(log), "%s/log.jsonl", dir);
+    unlink(log);
+    snprintf(cmd, sizeof(cmd), "timeout 120 ./train_gpt2 -e %s -b %d -t %d -i '%s/train.bin' -j '%s/train.bin' -lg %s "
+             "-s 0 -th 1 %s 2>&1", fixture_model, MODEL_B, MODEL_T, dir, dir, log, args);
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(out, 1, outlen - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    for (int k = 0; k < 8; k++) acc[k] = -1.0f;
+    FILE *f = fopen(log, "r");
+    while (f && fgets(line, sizeof(line), f)) {
+        char *h = strstr(line, "\"hellaswag\": ");
+        int step = atoi(line + 9);  // {"step": N
+        if (strncmp(line, "{\"step\": ", 9) == 0 && step >= 0 && step < 8 && h != NULL) acc[step] = strtof(h + 13, NULL);
+    }
+    if (f) fclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static void test_trainer(const char *file, float brute_acc) {
+    if (access("./train_gpt2", X_OK) != 0) { skip("./train_gpt2 not built"); return; }
+    char args[600], out[65536], want[64];
+    snprintf(want, sizeof(want), "HellaSwag: %d/%d = ", (int)lroundf(brute_acc * NEX), NEX);
+    // lr 0: one step leaves the model as it was, so the final evaluation scores the fixture
+    const char *layouts[] = {"", "-np 2", "-np 2 -tp 2", "-np 4 -pp 2 -z 3", "-np 4 -z 1"};
+    for (int k = 0; k < 5; k++) {
+        snprintf(args, sizeof(args), "-l 0 -x 1 -v 1 -m 1 -h 1 -hf %s %s", file, layouts[k]);
+        float acc[8];
+        int rc = run_trainer(args, acc, out, sizeof(out));
+        int ok = check(rc == 0 && fabsf(acc[1] - brute_acc) < 1e-6f && strstr(out, want) != NULL,
+                       "train_gpt2 -h 1 %s: the final model's HellaSwag %.6f in the log (brute force %.6f), '%s' printed",
+                       layouts[k][0] ? layouts[k] : "(one rank)", acc[1], brute_acc, want);
+        if (!ok) printf("%s\n", out);
+    }
+    // HellaSwag runs with the evaluations after step 0 (as llm.c's): -v 2 -x 4 logs it at steps 2 and 4 only
+    snprintf(args, sizeof(args), "-x 4 -v 2 -m 1 -h 1 -hf %s", file);
+    float a[8];
+    int rc = run_trainer(args, a, out, sizeof(out));
+    check(rc == 0 && a[0] < 0 && a[1] < 0 && a[2] >= 0 && a[3] < 0 && a[4] >= 0,
+          "-v 2 -x 4: HellaSwag logged at steps 2 and 4 (the final model), not at 0, 1 or 3");
+    // the flag itself
+    struct { const char *args, *want; int rc; } cli[] = {
+        {"-h 2", "flag -h: 2 is out of range [0, 1]", 2},
+        {"-h 1 -hf /nonexistent.bin", "/nonexistent.bin: cannot open HellaSwag file", 2},
+        {"-h", "usage:", 0},
+        {"--help", "usage:", 0},
+        {"-x 1 -h -b 8", "usage:", 0},
+    };
+    for (size_t i = 0; i < sizeof(cli) / sizeof(cli[0]); i++) {
+        rc = run_trainer(cli[i].args, a, out, sizeof(out));
+        check(rc == cli[i].rc && strstr(out, cli[i].want) != NULL, "train_gpt2 %s -> exit %d, '%s'", cli[i].args, rc,
+              cli[i].want);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// prepare_data hellaswag
+
+static void test_prepare(void) {
+    char enc[512], voc[512], cmd[2048], path[300], err[1024];
+    if (!test_data_path("gpt2/encoder.json", enc, sizeof(enc)) || !test_data_path("gpt2/vocab.bpe", voc, sizeof(voc))) {
+        skip("prepare_data hellaswag: no GPT-2 BPE files in the test data");
+        return;
+    }
+    if (access("./prepare_data", X_OK) != 0) { skip("./prepare_data not built"); return; }
+    snprintf(path, sizeof(path), "%s/hs_val.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "{\"ind\": 24, \"ctx\": \"A man is sitting on a roof. he\", \"split\": \"val\", \"label\": 3, "
+               "\"endings\": [\"is using wrap to wrap a pair of skis.\", \"is ripping level tiles off.\", "
+               "\"is holding a rubik's cube.\", \"starts pulling up roofing on a roof.\"], \"n\": [1, {\"x\": null}]}\n"
+               "\n"
+               "{\"ctx\": \"caf\\u00e9 \\\"q\\\" \\ud83d\\ude00\", \"label\": 0, \"endings\": [\"a\\tb\", \"<|endoftext|>\"]}\n");
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "./prepare_data hellaswag -i %s -o %s/hs --encoder %s --vocab %s > %s/prep.txt 2>&1",
+             path, dir, enc, voc, dir);
+    if (!check(system(cmd) == 0, "prepare_data hellaswag on 2 JSON lines and a blank one")) return;
+    snprintf(path, sizeof(path), "%s/hs/hs_val.bin", dir);
+    HsSet s;
+    int rc = hs_read(&s, path, 50257, 1024, 4, err, sizeof(err));
+    if (!check(rc == 0 && s.n == 2, "its file, named after the input, reads back%s%s", rc ? ": " : "", rc ? err : ""))
+        return;
+    // GPT-2's tokens of the context (tiktoken's "gpt2"), written down
+    static const uint16_t roof[] = {32, 582, 318, 5586, 319, 257, 9753, 13, 339};
+    Bpe bpe;
+    bpe_load(&bpe, enc, voc, err, sizeof(err));
+    int *ids;
+    size_t n;
+    const char *texts[] = {" is holding a rubik's cube.", "caf\xc3\xa9 \"q\" \xf0\x9f\x98\x80", " <|endoftext|>"};
+    int same[3];
+    const HsExample *got[3] = {&s.ex[0], &s.ex[1], &s.ex[1]};
+    for (int k = 0; k < 3; k++) {
+        bpe_encode(&bpe, texts[k], strlen(texts[k]), 0, &ids, &n);
+        const uint16_t *t = k == 0 ? got[k]->comp[2] : k == 1 ? got[k]->ctx : got[k]->comp[1];
+        int len = k == 0 ? got[k]->comp_len[2] : k == 1 ? got[k]->ctx_len : got[k]->comp_len[1];
+        same[k] = len == (int)n;
+        for (int i = 0; same[k] && i < len; i++) same[k] &= t[i] == ids[i];
+        free(ids);
+    }
+    bpe_free(&bpe);
+    check(s.ex[0].ctx_len == 9 && memcmp(s.ex[0].ctx, roof, sizeof(roof)) == 0 && s.ex[0].label == 3 &&
+          s.ex[0].ncomp == 4, "example 0: the context's GPT-2 tokens, label 3, 4 endings");
+    check(same[0] && same[1] && same[2] && s.ex[1].label == 0 && s.ex[1].ncomp == 2,
+          "endings with a space before them, JSON escapes and surrogate pairs decoded, <|endoftext|> as plain text");
+    hs_free(&s);
+    // a bad line: one line naming the file, the line and the field
+    snprintf(path, sizeof(path), "%s/bad.jsonl", dir);
+    f = fopen(path, "w");
+    fprintf(f, "{\"ctx\": \"a\", \"label\": 0, \"endings\": [\"b\"]}\n{\"ctx\": \"a\", \"endings\": [\"b\"]}\n");
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "./prepare_data hellaswag -i %s -o %s/hs --encoder %s --vocab %s 2>&1", path, dir, enc, voc);
+    FILE *p = popen(cmd, "r");
+    char out[1024] = "";
+    size_t got_n = fread(out, 1, sizeof(out) - 1, p);
+    out[got_n] = '\0';
+    int st = pclose(p);
+    check(WIFEXITED(st) && WEXITSTATUS(st) == 2 && strstr(out, "bad.jsonl:2: no field label") != NULL,
+          "a line without a label: exit 2, '%.*s'", (int)strcspn(out, "\n"), out);
+}
+
+int main(void) {
+    snprintf(dir, sizeof(dir), "/tmp/llm3d_hellaswag_XXXXXX");
+    if (mkdtemp(dir) == NULL) { check(0, "mkdtemp"); return test_summary(); }
+    HsExample ex[NEX];
+    make_examples(ex, 500);
+    char good[300], err[512], shard[300];
+    snprintf(good, sizeof(good), "%s/hs.bin", dir);
+    snprintf(shard, sizeof(shard), "%s/train.bin", dir);
+    int wrote = hs_write(good, ex, NEX, err, sizeof(err)) == 0;
+    if (check(wrote, "write %d examples%s%s", NEX, wrote ? "" : ": ", wrote ? "" : err)) {
+        test_file(ex, good);
+        HsSet s;
+        if (hs_read(&s, good, 500, MODEL_T, MODEL_B, err, sizeof(err)) == 0) {
+            test_split(&s);
+            float acc = test_scoring(&s);
+            if (acc >= 0 && check(test_write_shard(shard, 40000) == 0, "a shard in %s", dir)) test_trainer(good, acc);
+            hs_free(&s);
+        }
+    }
+    test_prepare();
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0) printf("could not remove %s\n", dir);
+    return test_summary();
+}

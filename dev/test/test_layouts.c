@@ -1,0 +1,527 @@
+/*
+ * test_layouts.c: the trainer under parallel layouts against one rank.
+ *
+ * Runs ./train_gpt2 as real processes (-np) on tiny models: data parallel
+ * with every ZeRO stage, tensor parallel, pipelines under both schedules,
+ * the 3D grid; each 10 steps against the single-rank run of the same global
+ * batch (losses and grad norms within 1e-5), the bytes each rank sent
+ * against the formulas, the fault switch (tamper, replay, kill, stall), the
+ * watch report naming a rank slowed on purpose (slow), and the consistency
+ * check naming a rank whose parameters changed (drift).
+ */
+#include "llm3d/gpt2.h"
+#include "llm3d/trainer.h"  // the rules of the watch report and the consistency check
+#include "dev/test/test.h"
+
+#include <sys/wait.h>
+#include <time.h>
+
+#define STEPS 10
+static char dir[128], shards[160];
+
+typedef struct {
+    int ok, status, nsteps;
+    float loss[STEPS], norm[STEPS];
+    double seconds;
+    char out[65536];
+} Run;
+
+static void run(Run *r, const char *args) {
+    char cmd[1024], log[300];
+    snprintf(log, sizeof(log), "%s/log.jsonl", dir);
+    unlink(log);
+    snprintf(cmd, sizeof(cmd), "timeout 120 ./train_gpt2 -x %d -v 0 -s 0 -th 1 -i '%s' -lg %s %s 2>&1", STEPS, shards, log, args);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(r->out, 1, sizeof(r->out) - 1, p);
+    r->out[n] = '\0';
+    int st = pclose(p);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    r->seconds = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    r->nsteps = 0;
+    FILE *f = fopen(log, "r");
+    char line[512];
+    while (f && fgets(line, sizeof(line), f) && r->nsteps < STEPS) {
+        char *l = strstr(line, "\"loss\": "), *m = strstr(line, "\"norm\": ");
+        if (l && m) {
+            r->loss[r->nsteps] = strtof(l + 8, NULL);
+            r->norm[r->nsteps] = strtof(m + 8, NULL);
+            r->nsteps++;
+        }
+    }
+    if (f) fclose(f);
+    r->ok = r->status == 0 && r->nsteps == STEPS;
+}
+
+// worst |difference| of losses and norms between two runs
+static float worst_diff(const Run *a, const Run *b) {
+    float w = 0.0f;
+    for (int i = 0; i < STEPS; i++) {
+        w = fmaxf(w, fabsf(a->loss[i] - b->loss[i]));
+        w = fmaxf(w, fabsf(a->norm[i] - b->norm[i]));
+    }
+    return w;
+}
+
+static void compare(const Run *base, const char *model, const char *layout, const char *batch) {
+    static Run r;
+    char args[512];
+    snprintf(args, sizeof(args), "%s %s %s", model, batch, layout);
+    run(&r, args);
+    if (!check(r.ok, "%s: ran %d steps (exit %d) in %.1f s", layout, r.nsteps, r.status, r.seconds)) {
+        printf("%s\n", r.out);
+        return;
+    }
+    float w = worst_diff(base, &r);
+    check(w <= 1e-5f, "%s: worst loss/norm difference from one rank %.2e (<= 1e-5)", layout, w);
+}
+
+// bytes rank `rank` sent for counter `name` ("allreduce", "activation", ...)
+// from the table rank 0 prints at the end of a job: a title line, a header
+// of the columns (those 0 on every rank are left out: 0), a row per rank;
+// -1 when there is no table or no row for the rank
+static long long bytes_of(const char *out, int rank, const char *name) {
+    const char *p = strstr(out, "bytes sent by each rank");
+    if (p == NULL || (p = strchr(p, '\n')) == NULL) return -1;
+    char header[1024], row[1024];
+    const char *end = strchr(++p, '\n');
+    if (end == NULL || end - p >= (long)sizeof(header)) return -1;
+    snprintf(header, sizeof(header), "%.*s", (int)(end - p), p);
+    // the column of name: count the header's words before it ("peak transient" is the last, two words)
+    char key[64];
+    snprintf(key, sizeof(key), " %s", name);
+    const char *at = strstr(header, key);
+    if (at == NULL || (at[strlen(key)] != ' ' && at[strlen(key)] != '\0')) return 0;
+    int col = 0;
+    for (const char *q = header; q < at; q++) col += q[0] != ' ' && (q[1] == ' ' || q[1] == '\0');
+    for (int r = 0; r <= rank; r++) {
+        p = end + 1;
+        if ((end = strchr(p, '\n')) == NULL) return -1;
+    }
+    snprintf(row, sizeof(row), "%.*s", (int)(end - p), p);
+    char *save, *tok = strtok_r(row, " ", &save);
+    if (tok == NULL || atoi(tok) != rank) return -1;
+    for (int c = 0; c < col && tok != NULL; c++) tok = strtok_r(NULL, " ", &save);
+    return tok != NULL ? atoll(tok) : -1;
+}
+
+static void test_data_parallel(void) {
+    const char *model = "-e dev/fixtures/tiny_model.bin";
+    GPT2Config c = {.maxT = 32, .V = 500, .Vp = 512, .L = 2, .NH = 4, .C = 64};
+    long long N = (long long)param_count(&c);
+    for (int dp = 2; dp <= 4; dp *= 2) {
+        static Run base;
+        char batch[64];
+        snprintf(batch, sizeof(batch), "-b 2 -t 16 -d %d", 2 * 16 * dp);
+        char args[256];
+        snprintf(args, sizeof(args), "%s %s", model, batch);
+        run(&base, args);
+        if (!check(base.ok, "one rank, %s: %d steps", batch, base.nsteps)) { printf("%s\n", base.out); return; }
+        unsigned char *ref = NULL;
+        long ref_n = 0;
+        for (int z = 0; z <= 3; z++) {
+            static Run r;
+            snprintf(args, sizeof(args), "%s %s -np %d -z %d -o %s/z%d", model, batch, dp, z, dir, z);
+            run(&r, args);
+            if (!check(r.ok, "dp %d ZeRO-%d ran (exit %d, %.1f s)", dp, z, r.status, r.seconds)) { printf("%s\n", r.out); continue; }
+            check(worst_diff(&base, &r) <= 1e-5f, "dp %d ZeRO-%d: worst loss/norm diff from one rank %.2e", dp, z,
+                  worst_diff(&base, &r));
+            // the final model: ZeRO-1/2/3 bit-identical to ZeRO-0 (same reduction order)
+            char path[400];
+            snprintf(path, sizeof(path), "%s/z%d/model_%08d.bin", dir, z, STEPS);
+            FILE *f = fopen(path, "rb");
+            unsigned char *buf = NULL;
+            long n = 0;
+            if (f) { fseek(f, 0, SEEK_END); n = ftell(f); rewind(f); buf = malloc(n); n = (long)fread(buf, 1, n, f); fclose(f); }
+            if (z == 0) { ref = buf; ref_n = n; }
+            else { check(buf && n == ref_n && memcmp(buf, ref, n) == 0, "dp %d ZeRO-%d final parameters bit-identical to ZeRO-0", dp, z); free(buf); }
+            // bytes per rank over the run, payload only: ring formulas, plus the
+            // per-step all-reduce of (norm, loss, stop) padded to a multiple of the ranks
+            long long nscalar = (3 + dp - 1) / dp * dp;
+            long long ring = (long long)STEPS * (dp - 1) * 4 * N / dp, scalars = (long long)STEPS * 2 * (dp - 1) * 4 * nscalar / dp;
+            long long ar = bytes_of(r.out, dp - 1, "allreduce"), rs = bytes_of(r.out, dp - 1, "reduce_scatter");
+            long long ag = bytes_of(r.out, dp - 1, "allgather");
+            // and at the end, -o's final model: every rank writes its own part
+            // (checkpoint.h's ckpt_write_model), so no parameters travel, only its
+            // three one-float agreements, of which the last rank sends the one float
+            // in each (the all-gather half of the ring)
+            long long save = 3 * 4;
+            long long want_ar = (z == 0 ? 2 * ring + scalars : scalars) + save, want_rs = z == 0 ? 0 : ring;
+            // ZeRO-3 gathers every unit for the forward and all but wpe for the backward;
+            // and at the start every rank gathers the others' start marks, 24 bytes
+            // each (trainer.h's start_mark)
+            long long marks = (long long)(dp - 1) * 24;
+            long long want_ag = marks + (z == 0 ? 0 : z < 3 ? ring : 2 * ring - (long long)STEPS * (dp - 1) * 4 * c.maxT * c.C / dp);
+            check(ar == want_ar && rs == want_rs && ag == want_ag,
+                  "dp %d ZeRO-%d bytes: allreduce %lld (want %lld), reduce_scatter %lld (want %lld), allgather %lld (want %lld)",
+                  dp, z, ar, want_ar, rs, want_rs, ag, want_ag);
+            // memory per rank against ZeRO's formulas
+            char want[160];
+            long long P = 4 * N, G = z >= 2 ? 4 * N / dp : 4 * N, O = z >= 1 ? 8 * N / dp : 8 * N;
+            if (z == 3) P = 4 * N / dp;
+            snprintf(want, sizeof(want), "bytes: params %lld grads %lld optimizer %lld", P, G, O);
+            check(strstr(r.out, want) != NULL, "dp %d ZeRO-%d memory per rank: %s", dp, z, want);
+        }
+        free(ref);
+    }
+}
+
+static void test_tensor_pipeline(void) {
+    const char *tiny = "-e dev/fixtures/tiny_model.bin";                 // L=2, NH=4, C=64, V=500
+    const char *deep = "-e d4 -ec 64 -ev 256 -et 16";                    // L=4, NH=4, C=64, V=256
+    static Run base;
+    run(&base, "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 32");
+    check(base.ok, "one rank, tiny model, one micro-batch");
+    for (int tp = 2; tp <= 4; tp *= 2) {
+        char lay[64];
+        snprintf(lay, sizeof(lay), "-np %d -tp %d", tp, tp);
+        compare(&base, tiny, lay, "-b 2 -t 16 -d 32");
+        if (tp == 2) {  // 4 all-reduces of B*T*C per layer + embedding + head, plus the vocab-parallel loss
+            static Run r;
+            run(&r, "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 32 -np 2 -tp 2");
+            long long BT = 32, C = 64, L = 2;
+            // 2(tp-1)/tp = 1; the step's (norm, loss, stop) all-reduce is padded to 4 floats
+            long long want = STEPS * ((4 * L + 2) * BT * C * 4 + 2 * BT * 4) + STEPS * 4 * 4;
+            // the loss's all-gather each step, and at the start the start marks, 24 bytes
+            long long want_ag = STEPS * BT * 4 + 24;
+            check(bytes_of(r.out, 1, "allreduce") == want && bytes_of(r.out, 1, "allgather") == want_ag,
+                  "tp 2 bytes: allreduce %lld (want %lld), allgather %lld (want %lld)", bytes_of(r.out, 1, "allreduce"),
+                  want, bytes_of(r.out, 1, "allgather"), want_ag);
+        }
+    }
+    for (int M = 1; M <= 8; M *= 2) {
+        char batch[64];
+        snprintf(batch, sizeof(batch), "-b 1 -t 16 -d %d", 16 * M);
+        static Run b2, b4;
+        char args[256];
+        snprintf(args, sizeof(args), "%s %s", tiny, batch);
+        run(&b2, args);
+        snprintf(args, sizeof(args), "%s %s", deep, batch);
+        run(&b4, args);
+        if (!check(b2.ok && b4.ok, "one rank, %d micro-batches", M)) continue;
+        for (int ps = 0; ps < 2; ps++) {
+            const char *sched = ps ? "1f1b" : "gpipe";
+            char lay[64];
+            snprintf(lay, sizeof(lay), "-np 2 -pp 2 -ps %s -mb %d", sched, M);
+            compare(&b2, tiny, lay, batch);
+            snprintf(lay, sizeof(lay), "-np 4 -pp 4 -ps %s -mb %d", sched, M);
+            compare(&b4, deep, lay, batch);
+        }
+        if (M == 4) {  // activations forward and their gradients back: B*T*C per micro-batch per boundary
+            static Run r;
+            snprintf(args, sizeof(args), "%s %s -np 4 -pp 4", deep, batch);
+            run(&r, args);
+            long long per = (long long)STEPS * M * 16 * 64 * 4;
+            check(bytes_of(r.out, 0, "activation") == per && bytes_of(r.out, 0, "gradient") == 0 &&
+                  bytes_of(r.out, 1, "activation") == per && bytes_of(r.out, 1, "gradient") == per &&
+                  bytes_of(r.out, 3, "activation") == 0 && bytes_of(r.out, 3, "gradient") == per,
+                  "pp 4 bytes: B*T*C per micro-batch per boundary each way (%lld per rank and direction)", per);
+        }
+    }
+    // a message larger than the ring between two ranks (8 slots of 64 KiB):
+    // at 1f1b's crossings, neighbours must exchange rather than both send first
+    static Run big;
+    const char *wide = "-e d2 -ec 16 -ev 256 -et 16 -b 520 -t 16 -d 16640";  // B*T*C*4 = 532480 bytes
+    run(&big, wide);
+    if (check(big.ok, "one rank, 532480-byte activations, 2 micro-batches"))
+        compare(&big, "", "-np 2 -pp 2 -ps 1f1b -mb 2 -to 20", wide);
+    static Run b8;
+    run(&b8, "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 128");
+    for (int z = 1; z <= 3; z += 2) {
+        char lay[64];
+        snprintf(lay, sizeof(lay), "-np 8 -tp 2 -pp 2 -z %d", z);
+        compare(&b8, tiny, lay, "-b 2 -t 16 -d 128");
+    }
+}
+
+static void test_faults(void) {
+    static Run r;
+    const char *base = "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 64 -np 2 -to 3";
+    const char *cases[][3] = {
+        {"-pp 2 -fault tamper:0:3", "from rank 0, channel activation, step 3", "tamper"},
+        {"-pp 2 -fault replay:0:3", "from rank 0, channel activation, step 3", "replay"},
+        {"-fault kill:1:3", "rank 1", "kill"},
+        {"-fault stall:1:3", "rank 1", "stall"},
+    };
+    for (int i = 0; i < 4; i++) {
+        char args[256];
+        snprintf(args, sizeof(args), "%s %s", base, cases[i][0]);
+        run(&r, args);
+        // steps 0..2 completed, step 3 never updated. A killed rank 1 reaches
+        // step 3 as soon as step 2's last all-reduce is done, and the launcher
+        // then stops rank 0 at once, which on a busy machine can be before rank
+        // 0 has logged step 2: there, 2 or 3 steps logged; elsewhere exactly 3.
+        int least = i == 2 ? 2 : 3;
+        check(r.status != 0 && r.nsteps >= least && r.nsteps <= 3 && strstr(r.out, cases[i][1]) != NULL && r.seconds < 20,
+              "%s: job ends (exit %d) after %d steps in %.1f s, naming '%s'", cases[i][2], r.status, r.nsteps, r.seconds,
+              cases[i][1]);
+        if (r.status == 0 || strstr(r.out, cases[i][1]) == NULL) printf("%s\n", r.out);
+    }
+    run(&r, "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 64 -np 2 -ck 2");
+    check(r.ok, "data-parallel consistency check every 2 steps passes on an honest run");
+}
+
+// whether a line of the last run's log holds needle (and also, unless NULL)
+static int log_has(const char *needle, const char *also) {
+    char path[300], line[4096];
+    snprintf(path, sizeof(path), "%s/log.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    int found = 0;
+    while (f != NULL && !found && fgets(line, sizeof(line), f) != NULL) found = strstr(line, needle) != NULL && (also == NULL || strstr(line, also) != NULL);
+    if (f != NULL) fclose(f);
+    return found;
+}
+
+// the watch report (-wr, trainer.h): rank 2 slowed by 300 ms a step from
+// step 3 is named a straggler once two reports in a row saw it (with -wr 3,
+// the reports after steps 5 and 8, each of 3 slow steps), on stdout and in
+// the log; the same job without the fault reports nothing. The slowdown is
+// some 6 times a step's compute, far above the noise of a busy machine, so
+// noise can neither hide it nor fake one.
+static void test_watch(void) {
+    static Run r;
+    const char *job = "-e d2 -ec 128 -ev 500 -et 64 -b 4 -t 64 -np 4 -wr 3";  // some 50 ms of compute a step
+    char args[256];
+    snprintf(args, sizeof(args), "%s -fault slow:2:3", job);
+    run(&r, args);
+    int named = strstr(r.out, "step 8: rank 2 is a straggler: compute ") != NULL && strstr(r.out, "for 2 reports") != NULL;
+    int others = strstr(r.out, "rank 0 is a straggler") || strstr(r.out, "rank 1 is a straggler") ||
+                 strstr(r.out, "rank 3 is a straggler");
+    check(r.ok && named && !others && log_has("{\"step\": 8,", "\"stragglers\": [2], \"compute_ms\": ["),
+          "-fault slow:2:3 -wr 3 on 4 ranks: 'step 8: rank 2 is a straggler', and \"stragglers\": [2] in step 8's log line "
+          "(exit %d, %d steps)", r.status, r.nsteps);
+    if (!named || others) printf("%s\n", r.out);
+    run(&r, job);
+    int quiet = strstr(r.out, "straggler") == NULL && strstr(r.out, "waits unusually") == NULL;
+    check(r.ok && quiet && !log_has("stragglers", NULL) && !log_has("waiting", NULL) && !log_has("compute_ms", NULL),
+          "the same job without the fault: no watch line, no watch field in the log (exit %d)", r.status);
+    if (!quiet) printf("%s\n", r.out);
+    run(&r, "-e d2 -ec 64 -ev 500 -et 32 -np 2 -fault slow:2:3");
+    check(r.status == 2 && strstr(r.out, "-fault slow:2:3: rank 2 is not in this job of 2 ranks") != NULL &&
+          strstr(r.out, "step") == NULL, "-np 2 -fault slow:2:3: one usage line before any rank starts (exit %d)", r.status);
+}
+
+// -ck names the replica that changed: -fault drift:2:3 adds to one
+// parameter of rank 2 at the start of step 3, where -ck 1's check finds it
+// and says which rank differs from the majority and where, then the job
+// ends before step 3 is trained; of two replicas neither can be blamed,
+// and the line says so
+static void test_drift(void) {
+    static Run r;
+    const char *base = "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -ck 1";
+    char args[256];
+    snprintf(args, sizeof(args), "%s -d 128 -np 4 -fault drift:2:3", base);
+    run(&r, args);
+    const char *want = "step 3: data-parallel replicas disagree: the parameters of rank 2 differ from those of ranks 0, 1, 3 "
+                       "(the majority of the 4 replicas), first in wte";
+    check(r.status == 1 && r.nsteps == 3 && strstr(r.out, want) != NULL,
+          "-np 4 -ck 1 -fault drift:2:3: '%s' (exit %d, %d steps)", want, r.status, r.nsteps);
+    if (strstr(r.out, want) == NULL) printf("%s\n", r.out);
+    snprintf(args, sizeof(args), "%s -d 64 -np 2 -fault drift:1:2", base);
+    run(&r, args);
+    want = "step 2: data-parallel replicas disagree: the parameters of rank 1 differ from those of rank 0, first in wte; "
+           "with two replicas there is no majority to say which one changed";
+    check(r.status == 1 && r.nsteps == 2 && strstr(r.out, want) != NULL,
+          "-np 2 -ck 1 -fault drift:1:2: '%s' (exit %d, %d steps)", want, r.status, r.nsteps);
+    if (strstr(r.out, want) == NULL) printf("%s\n", r.out);
+}
+
+// rank 0's watch of `world` ranks in `pp` stages, given the same numbers at
+// two reports in a row, long enough a run to name a rank: the second's lines
+static void watch_two_reports(int world, int pp, const float *all, char *lines, size_t len) {
+    Job job;
+    memset(&job, 0, sizeof(job));
+    job.opt.watch_every = 3;
+    Grid g;
+    char err[256];
+    grid_init(&g, world, 1, pp, 0, err, sizeof(err));
+    Watch w;
+    watch_init(&w, &job, &g);
+    LogLine l = {0, 1, 0, 0, 0, -1, -1, 0, 0, NULL, NULL};
+    watch_judge(&w, 2, all, &l);
+    watch_judge(&w, 5, all, &l);
+    snprintf(lines, len, "%s", w.lines);
+    watch_free(&w);
+}
+
+// the rules of the watch report and of the consistency check's verdict,
+// on numbers made up here (trainer.h's watch_judge, replicas_judge), and
+// of the ranks' start marks (start_marks_judge)
+static void test_watch_rules(void) {
+    Job job;
+    memset(&job, 0, sizeof(job));
+    job.opt.watch_every = 3;
+    Grid g;
+    char err[256];
+    grid_init(&g, 4, 1, 1, 0, err, sizeof(err));
+    Watch w;
+    watch_init(&w, &job, &g);
+    float slow[] = {50, 300, 52, 290, 350, 10, 49, 310};
+    LogLine l = {0, 1, 0, 0, 0, -1, -1, 0, 0, NULL, NULL};
+    watch_judge(&w, 2, slow, &l);
+    check(w.lines[0] == '\0' && l.watch == NULL, "watch: one slow report is not yet a straggler");
+    watch_judge(&w, 5, slow, &l);
+    check(strcmp(w.lines, "step 5: rank 2 is a straggler: compute 350 ms/step against a median of 51 ms (6.9x), for 2 "
+                 "reports\n") == 0 && l.watch != NULL &&
+          strcmp(l.watch, "\"stragglers\": [2], \"compute_ms\": [50.0, 52.0, 350.0, 49.0], \"wait_ms\": [300.0, 290.0, "
+                 "10.0, 310.0]") == 0, "watch: the second slow report in a row names rank 2: %s / %s", w.lines,
+          l.watch ? l.watch : "(no fields)");
+    float calm[] = {50, 10, 52, 9, 51, 10, 49, 11};
+    l.watch = NULL;
+    watch_judge(&w, 8, calm, &l);
+    check(w.lines[0] == '\0' && l.watch == NULL, "watch: a calm report ends the run of slow ones");
+    watch_judge(&w, 11, slow, &l);
+    check(w.lines[0] == '\0', "watch: after a calm report, one slow report is again not enough");
+    float waits[] = {50, 10, 52, 9, 51, 11, 49, 200};
+    watch_judge(&w, 14, waits, &l);
+    watch_judge(&w, 17, waits, &l);
+    check(strstr(w.lines, "step 17: rank 3 waits unusually: 200 ms/step in communication against a median of 10 ms") != NULL &&
+          strstr(l.watch, "\"waiting\": [3]") != NULL, "watch: a rank that waits for what its peers do not: %s", w.lines);
+    float noise[] = {6, 10, 6, 10, 10, 6, 6, 10};
+    watch_judge(&w, 20, noise, &l);
+    watch_judge(&w, 23, noise, &l);
+    check(w.lines[0] == '\0', "watch: 4 ms above the median is under WATCH_MIN_MS, not a straggler");
+    watch_free(&w);
+    // two stages: the last holds the head and computes more; its ranks are compared with each other only
+    grid_init(&g, 4, 1, 2, 0, err, sizeof(err));
+    watch_init(&w, &job, &g);
+    float stages[] = {40, 100, 130, 10, 41, 99, 129, 11};  // stage of rank r: r % 2
+    watch_judge(&w, 2, stages, &l);
+    watch_judge(&w, 5, stages, &l);
+    check(w.lines[0] == '\0', "watch: a pipeline stage that does more work is not a straggler: %s", w.lines);
+    watch_free(&w);
+    // three ranks a stage: the median is each stage's own
+    char lines[512];
+    float stage_slow[] = {40, 100, 130, 10, 41, 99, 129, 11, 40, 100, 400, 12};  // rank 5 slow in stage 1
+    watch_two_reports(6, 2, stage_slow, lines, sizeof(lines));
+    check(strcmp(lines, "step 5: rank 5 is a straggler: compute 400 ms/step against a median of 130 ms (3.1x), for 2 "
+                 "reports\n") == 0, "watch: a straggler against its own stage's median: %s", lines);
+    // each stage one rank: its peers are all the ranks
+    float one_each[] = {40, 10, 200, 10};
+    watch_two_reports(2, 2, one_each, lines, sizeof(lines));
+    check(strcmp(lines, "step 5: rank 1 is a straggler: compute 200 ms/step against a median of 120 ms (1.7x), for 2 "
+                 "reports\n") == 0, "watch: with one rank a stage, the median is over all the ranks: %s", lines);
+    grid_init(&g, 1, 1, 1, 0, err, sizeof(err));
+    watch_init(&w, &job, &g);
+    check(w.every == 0 && !watch_due(&w, 2), "watch: one rank makes no reports");
+
+    // the consistency check's verdict, over the units of a 2-layer model on one stage
+    GPT2Config c = {.maxT = 32, .V = 500, .Vp = 512, .L = 2, .NH = 4, .C = 64};
+    Shard sh = shard_for(&c, 1, 0, 1, 0, 4, 0);
+    UnitTable ut;
+    unit_table(&ut, &c, &sh, 1);
+    int n = unit_table_tensors(&ut), ranks[4] = {0, 4, 8, 12};
+    check(n == 2 + 2 * 12 + 2, "the units hold wte, wpe, 12 tensors a layer and lnf's 2: %d", n);
+    uint8_t *d = (uint8_t *)calloc((size_t)4 * n * 32, 1);
+    char msg[2048];
+    check(replicas_judge(d, 4, n, ranks, &ut, &sh, msg, sizeof(msg)) == 0, "replicas: the same copies agree");
+    d[(size_t)1 * n * 32 + (2 + 12 + 2) * 32] ^= 1;  // rank 4's layer 1 qkvw
+    d[(size_t)1 * n * 32 + (n - 1) * 32] ^= 1;       // and its lnfb
+    int rc = replicas_judge(d, 4, n, ranks, &ut, &sh, msg, sizeof(msg));
+    check(rc == 1 && strcmp(msg, "the parameters of rank 4 differ from those of ranks 0, 8, 12 (the majority of the 4 "
+                            "replicas), first in layer 1 qkvw") == 0, "replicas: one of 4 named: %s", msg);
+    d[(size_t)3 * n * 32 + (n - 1) * 32] ^= 1;  // rank 12's lnfb too: three copies, none held by most
+    rc = replicas_judge(d, 4, n, ranks, &ut, &sh, msg, sizeof(msg));
+    check(rc == 1 && strcmp(msg, "the 4 replicas hold 3 different copies and no majority: ranks 0, 8; rank 4; rank 12 "
+                            "(rank 4 differs from rank 0 first in layer 1 qkvw)") == 0, "replicas: no majority: %s", msg);
+    free(d);
+    free(ut.units);
+
+    // what each rank starts from, compared with rank 0: three words each,
+    // the checkpoint's step + 1, what -e is (0 seeded, 1 plain, 2 sealed) and
+    // the checkpoint's id or a sealed file's
+    uint64_t id = 0x0123456789abcdefull, other = 0xfedcba9876543210ull;
+    uint64_t same[9] = {0, 2, id, 0, 2, id, 0, 2, id}, swapped[9] = {0, 2, id, 0, 2, id, 0, 2, other};
+    uint64_t plain[9] = {0, 1, 0, 0, 1, 0, 0, 1, 0}, one_plain[9] = {0, 2, id, 0, 1, 0, 0, 2, id};
+    uint64_t resumed[9] = {5, 0, id, 5, 0, id, 5, 0, id}, one_fresh[6] = {5, 0, id, 0, 0, 0};
+    uint64_t stale[6] = {5, 0, id, 5, 0, other};
+    check(start_marks_judge("m.bin", same, 3, 2, msg, sizeof(msg)) == 0 && msg[0] == '\0' &&
+          start_marks_judge("m.bin", plain, 3, 1, msg, sizeof(msg)) == 0 && msg[0] == '\0' &&
+          start_marks_judge("m.bin", resumed, 3, 1, msg, sizeof(msg)) == 0 && msg[0] == '\0',
+          "start marks: the same sealed file, plain file or checkpoint on every rank is no refusal");
+    rc = start_marks_judge("m.bin", swapped, 3, 1, msg, sizeof(msg));
+    check(rc == 1 && msg[0] == '\0', "start marks: a rank whose mark is rank 0's learns that one rank differs, and "
+          "says nothing: %d %s", rc, msg);
+    rc = start_marks_judge("m.bin", swapped, 3, 2, msg, sizeof(msg));
+    check(rc == 1 && strcmp(msg, "rank 2 starts from m.bin, file id fedcba9876543210, but rank 0 from m.bin, file id "
+                            "0123456789abcdef: a file changed between the ranks' start-up checks") == 0,
+          "start marks: the rank that differs names the file and both ids: %s", msg);
+    rc = start_marks_judge("m.bin", one_plain, 3, 1, msg, sizeof(msg));
+    check(rc == 1 && strcmp(msg, "rank 1 starts from m.bin, a plain model file, but rank 0 from m.bin, file id "
+                            "0123456789abcdef: a file changed between the ranks' start-up checks") == 0,
+          "start marks: a rank that read a plain file where rank 0 read a sealed one says so: %s", msg);
+    rc = start_marks_judge("d4", one_fresh, 2, 1, msg, sizeof(msg));
+    check(rc == 1 && strcmp(msg, "rank 1 starts from the seeded init of d4, but rank 0 from the checkpoint of step 4, "
+                            "id 0123456789abcdef: a file changed between the ranks' start-up checks") == 0,
+          "start marks: a rank that found no checkpoint where rank 0 resumes says so: %s", msg);
+    rc = start_marks_judge("d4", stale, 2, 1, msg, sizeof(msg));
+    check(rc == 1 && strcmp(msg, "rank 1 starts from the checkpoint of step 4, id fedcba9876543210, but rank 0 from the "
+                            "checkpoint of step 4, id 0123456789abcdef: a file changed between the ranks' start-up "
+                            "checks") == 0,
+          "start marks: two checkpoints of the same step (another run's on one node) are told apart: %s", msg);
+}
+
+// ranks started by an outside launcher (torchrun's variables) with no -np:
+// the trainer takes the world from WORLD_SIZE, so -d splits over 2 ranks
+static void test_outside_launcher(void) {
+    static Run one, two;
+    const char *model = "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 64";
+    run(&one, model);
+    if (!check(one.ok, "one rank, %s", model)) return;
+    char key[200], cmd[4096], log[300];
+    snprintf(key, sizeof(key), "%s/job.key", dir);
+    snprintf(log, sizeof(log), "%s/log.jsonl", dir);
+    snprintf(cmd, sizeof(cmd), "umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > %s; echo >> %s", key, key);
+    if (system(cmd) != 0) { check(0, "make a key file"); return; }
+    unlink(log);
+    const char *flags = "-x %d -v 0 -s 0 -th 1 -i '%s' --rendezvous unix:%s/rdv.sock --key-file %s %s";
+    char f[1024];
+    snprintf(f, sizeof(f), flags, STEPS, shards, dir, key, model);
+    snprintf(cmd, sizeof(cmd),
+             "cd . && (RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 timeout 60 ./train_gpt2 %s > %s/out1.txt 2>&1 & "
+             "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 timeout 60 ./train_gpt2 %s -lg %s > %s/out0.txt 2>&1; a=$?; wait $!; "
+             "exit $((a + $?)))", f, dir, f, log, dir);
+    int st = system(cmd);
+    two.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    snprintf(cmd, sizeof(cmd), "%s/out0.txt", dir);
+    FILE *o = fopen(cmd, "r");
+    size_t n = o ? fread(two.out, 1, sizeof(two.out) - 1, o) : 0;
+    two.out[n] = '\0';
+    if (o) fclose(o);
+    two.nsteps = 0;
+    FILE *lf = fopen(log, "r");
+    char line[512];
+    while (lf && fgets(line, sizeof(line), lf) && two.nsteps < STEPS) {
+        char *l = strstr(line, "\"loss\": "), *m = strstr(line, "\"norm\": ");
+        if (l && m) { two.loss[two.nsteps] = strtof(l + 8, NULL); two.norm[two.nsteps] = strtof(m + 8, NULL); two.nsteps++; }
+    }
+    if (lf) fclose(lf);
+    check(two.status == 0 && two.nsteps == STEPS && strstr(two.out, "x dp 2 = 64 tokens") != NULL,
+          "torchrun-style ranks without -np: world 2 from WORLD_SIZE, 64 tokens per step (exit %d, %d steps)", two.status,
+          two.nsteps);
+    check(two.nsteps == STEPS && worst_diff(&one, &two) <= 1e-5f, "torchrun-style ranks: worst difference from one rank %.2e",
+          two.nsteps == STEPS ? worst_diff(&one, &two) : -1.0f);
+}
+
+int main(void) {
+    if (access("./train_gpt2", X_OK) != 0) { skip("./train_gpt2 not built"); return test_summary(); }
+    snprintf(dir, sizeof(dir), "/tmp/llm3d_layouts_XXXXXX");
+    if (mkdtemp(dir) == NULL) { check(0, "mkdtemp"); return test_summary(); }
+    snprintf(shards, sizeof(shards), "%s/train_*.bin", dir);
+    char path[300];
+    snprintf(path, sizeof(path), "%s/train_000000.bin", dir);
+    if (!check(test_write_shard(path, 40000) == 0, "a 40000-token shard in %s", dir)) return test_summary();
+    test_data_parallel();
+    test_tensor_pipeline();
+    test_faults();
+    test_watch_rules();
+    test_watch();
+    test_drift();
+    test_outside_launcher();
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0) printf("could not remove %s\n", dir);
+    return test_summary();
+}

@@ -1,0 +1,293 @@
+/*
+ * test_llmc.c: llm.c's command lines mean the same here.
+ *
+ * Every flag of llm.c's train_gpt2.cu (its usage text and its parser) is in
+ * gpt2.h's table, and each either means what it means in llm.c or is
+ * refused with one line saying what differs; -lg no longer takes a number
+ * for a file name. llm.c's GPT-2 124M command (scripts/run_gpt2_124M.sh)
+ * runs unchanged on the CPU trainer with a small -e: it starts, evaluates,
+ * checkpoints, and, run again as llm.c's retry loop does, resumes. A rank
+ * that mpirun starts without --rendezvous stops with one line saying what
+ * to add, and with it joins the others. llm.c's outlier guard (-sl, -sg):
+ * its z-scores against a direct computation, and the updates it skips.
+ * And the user's run: -h shows every flag's default, the step line has an
+ * ETA and ends in the MFU, and a job of several ranks ends with one table
+ * of their bytes.
+ */
+#include "llm3d/trainer.h"
+#include "dev/test/test.h"
+
+#include <sys/wait.h>
+
+static char dir[128];
+
+// ----------------------------------------------------------------------------
+// the flags
+
+// parses the flag/value pairs of args (space separated) into o
+static int parse(Options *o, const char *args, char *err, size_t errlen) {
+    static char buf[512];  // o keeps pointers into it
+    char *argv[64] = {"train_gpt2"};
+    int argc = 1;
+    snprintf(buf, sizeof(buf), "%s", args);
+    for (char *t = strtok(buf, " "); t != NULL && argc < 63; t = strtok(NULL, " ")) argv[argc++] = t;
+    options_defaults(o);
+    err[0] = '\0';
+    return options_parse(o, argc, argv, err, errlen);
+}
+
+static void test_flags(void) {
+    char err[1024];
+    Options o;
+    // llm.c's every flag with a value its scripts use: taken, meaning the same
+    struct { const char *args; int ok; } taken[] = {
+        {"-i a_*.bin -j b_*.bin -e d12 -o out -n 5000 -nk 0 -nm 0 -y 1", 1},
+        {"-b 64 -t 1024 -d 524288 -x 18865 -k cosine -l 0.0006 -u 700 -q 0.0 -c 0.1 -sl 5 -sg 5", 1},
+        {"-v 250 -m 20 -s 20000 -g 144 -h 1 -a 0 -ge 0 -z 1 -r 0 -w 1 -f 0", 1},
+    };
+    for (int k = 0; k < 3; k++) check(parse(&o, taken[k].args, err, sizeof(err)) == 0, "llm.c's %s: taken", taken[k].args);
+    parse(&o, "-b 64 -t 1024 -d 524288 -l 0.0006 -u 700 -q 0.0 -c 0.1 -v 250 -m 20 -s 20000 -g 144 -h 1 -z 1 -nk 0 -sl 4 "
+          "-sg 3.5 -k wsd -e gpt2:d12", err, sizeof(err));
+    GPT2Config c;
+    check(o.B == 64 && o.T == 1024 && o.total_batch == 524288 && fabsf(o.lr - 6e-4f) < 1e-9f && o.warmup == 700 &&
+          o.final_frac == 0.0f && fabsf(o.weight_decay - 0.1f) < 1e-9f && o.val_every == 250 && o.val_batches == 20 &&
+          o.sample_every == 20000 && o.gen_tokens == 144 && o.hellaswag == 1 && o.zero == 1 && o.ckpt_keep == 0 &&
+          o.skip_loss_z == 4.0f && o.skip_norm_z == 3.5f && o.schedule == SCHED_WSD &&
+          options_descriptor(&o, &c, err, sizeof(err)) == 1 && c.L == 12 && c.C == 768 && c.NH == 12,
+          "each lands where llm.c's does (gpt2:d12 is d12)");
+    // llm.c's depths and shapes: d6 ... d84
+    int depths[] = {6, 24, 36, 48, 60, 72, 84}, channels[] = {384, 1024, 1280, 1600, 1920, 2880, 3456},
+        heads[] = {6, 16, 20, 25, 30, 30, 36}, same = 1;
+    for (int k = 0; k < 7; k++) {
+        char d[16];
+        snprintf(d, sizeof(d), "d%d", depths[k]);
+        same &= config_from_descriptor(&c, d, 50257, 1024) == 0 && c.C == channels[k] && c.NH == heads[k];
+    }
+    check(same, "dN: llm.c's channels and heads for d6, d24, d36, d48, d60, d72, d84");
+    // refused, each with one line saying what llm.c means by it
+    struct { const char *args, *want; } refused[] = {
+        {"-pn 8", "flag -pn: llm.c's number of processes: refused (llm.c's multi-node setting; here one box starts"},
+        {"-pr 0", "flag -pr: llm.c's process rank"},
+        {"-pg 8", "flag -pg: llm.c's GPUs per node"},
+        {"-pi mpi", "flag -pi: llm.c's NCCL init method"},
+        {"-pm mpi", "flag -pm: llm.c's NCCL init method"},
+        {"-pf /tmp", "flag -pf: llm.c's fs path"},
+        {"-ps 10.0.0.1", "'10.0.0.1' is not one of {gpipe,1f1b} (llm.c's -ps is the server IP of its NCCL init"},
+        {"-pp /tmp", "flag -pp: '/tmp' is not an integer (llm.c's usage lists -pp as the fs path"},
+        {"-lg 10", "flag -lg: '10' looks like a number, not a log file's name (llm.c has no -lg; its parser reads -lg as -l"},
+        {"-r 2", "flag -r: 2 is out of range [0, 1] (llm.c's -r 2 also recomputes LayerNorm"},
+        {"-k step", "not one of {cosine,linear,constant,wsd}"},
+    };
+    for (size_t k = 0; k < sizeof(refused) / sizeof(refused[0]); k++) {
+        int rc = parse(&o, refused[k].args, err, sizeof(err));
+        check(rc == -1 && strstr(err, refused[k].want) != NULL && strchr(err, '\n') == NULL, "%s refused: %s",
+              refused[k].args, err);
+    }
+    check(parse(&o, "-lg run10.jsonl", err, sizeof(err)) == 0 && strcmp(o.log_file, "run10.jsonl") == 0,
+          "-lg takes a file name");
+    parse(&o, "-e gpt3:c768", err, sizeof(err));
+    check(options_descriptor(&o, &c, err, sizeof(err)) == -1 && strstr(err, "llm.c's GPT-3 shapes are not implemented"),
+          "-e gpt3:c768 refused: %s", err);
+    // what each build takes of -a -f -w -ge -nm
+    TrainerBuild cpu = {"the CPU trainer", 0, 0}, bf16 = {"the bf16 build of train_gpt2cu", 1, 2},
+                 fp32 = {"the fp32 build of train_gpt2cu", 0, 0};
+    struct { const char *args; const TrainerBuild *b; int ok; int ge; const char *want; } builds[] = {
+        {"-f 1", &bf16, 1, 2, NULL},
+        {"-f 1", &cpu, 0, 0, "flag -f 1: the CPU trainer computes in exact fp32, without TF32 (llm.c's -f 0)"},
+        {"-f 1", &fp32, 0, 0, "flag -f 1: the fp32 build of train_gpt2cu computes in exact fp32"},
+        {"-w 0", &bf16, 0, 0, "flag -w 0: the bf16 build of train_gpt2cu always keeps fp32 master weights"},
+        {"-w 0", &cpu, 1, 0, NULL},
+        {"-ge 1", &bf16, 1, 1, NULL},
+        {"-ge 0", &bf16, 1, 0, NULL},
+        {"-ge 2", &cpu, 0, 0, "flag -ge 2: the CPU trainer has no fused GELU (llm.c's -ge 0)"},
+        {"-a 1", &bf16, 0, 0, "flag -a 1: llm.c's overfit-one-batch debug mode is not implemented here"},
+        {"-nm 10000", &cpu, 0, 0, "flag -nm 10000: llm.c's major checkpoints are not implemented here; -nk 0 keeps"},
+    };
+    for (size_t k = 0; k < sizeof(builds) / sizeof(builds[0]); k++) {
+        parse(&o, builds[k].args, err, sizeof(err));
+        int rc = options_check_build(&o, builds[k].b, err, sizeof(err));
+        check(builds[k].ok ? rc == 0 && o.gelu_fusion == builds[k].ge : rc == -1 && strstr(err, builds[k].want) != NULL,
+              "%s on %s: %s", builds[k].args, builds[k].b->name, builds[k].ok ? "taken" : err);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the trainer
+
+// runs cmd (output into out); its exit status
+static int run(const char *cmd, char *out, size_t outlen) {
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(out, 1, outlen - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+// llm.c's scripts/run_gpt2_124M.sh, as it is but for -e (a small model
+// file) and -i -j -o (the test's shards and directory)
+static void test_llmc_command(const char *exe) {
+    char cmd[2048], out[65536], path[300], err[512];
+    // a model of llm.c's maxT 1024 small enough for this box: vocab 256, C 32, one layer
+    GPT2Config c = {.maxT = 1024, .V = 256, .Vp = 256, .L = 1, .NH = 1, .C = 32};
+    float *params = (float *)calloc(param_count(&c), sizeof(float));
+    for (size_t i = 0; i < param_count(&c); i++) params[i] = 0.02f * (float)((i * 2654435761u % 1000) / 500.0 - 1.0);
+    snprintf(path, sizeof(path), "%s/small.bin", dir);
+    int ok = model_save(path, &c, params, 0, err, sizeof(err)) == 0;
+    free(params);
+    snprintf(path, sizeof(path), "%s/data_train_000001.bin", dir);
+    ok = ok && test_write_shard(path, 524288 + 1) == 0;
+    snprintf(path, sizeof(path), "%s/data_val_000000.bin", dir);
+    ok = ok && test_write_shard(path, 65536 + 1) == 0;
+    if (!check(ok, "a small model (maxT 1024) and shards for one step of 524288 tokens in %s", dir)) return;
+    const char *llmc = "-i data_train_*.bin -j data_val_*.bin -o log124M -v 250 -s 20000 -g 144 -h 1 -b 64 -t 1024 "
+                       "-d 524288 -r 0 -z 1 -c 0.1 -l 0.0006 -q 0.0 -u 700 -n 5000 -y 1 -e small.bin";
+    // in the test's directory, where llm.c's default HellaSwag file is not
+    snprintf(cmd, sizeof(cmd), "cd %s && timeout 300 %s %s 2>&1", dir, exe, llmc);
+    int rc = run(cmd, out, sizeof(out));
+    int evals = 0;
+    for (const char *p = out; (p = strstr(p, "val loss")) != NULL; p++) evals++;
+    ok = check(rc == 0 && strstr(out, "8 micro-batches per step") && evals == 2 &&
+               strstr(out, "checkpoint log124M/ckpt_00000001 written") && strstr(out, "no HellaSwag file at") &&
+               strstr(out, "note: flag -s: no samples without a tokenizer"),
+               "llm.c's 124M command, unchanged but for -e: exit %d, 8 micro-batches a step, %d evaluations (step 0, "
+               "after the last), a checkpoint, one line each on HellaSwag and samples", rc, evals);
+    if (!ok) printf("%s\n", out);
+    snprintf(path, sizeof(path), "%s/log124M/log.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    char line[512], last[512] = "";
+    while (f && fgets(line, sizeof(line), f)) snprintf(last, sizeof(last), "%s", line);
+    if (f) fclose(f);
+    check(strncmp(last, "{\"step\": 1, \"val_loss\": ", 24) == 0, "its log ends with the final model's val loss: %s", last);
+    // llm.c's retry loop runs the same command again: it resumes from the checkpoint and evaluates once more
+    rc = run(cmd, out, sizeof(out));
+    ok = check(rc == 0 && strstr(out, "resum") != NULL && strstr(out, "val loss") != NULL,
+               "the same command again: resumes from step 1 and ends (exit %d)", rc);
+    if (!ok) printf("%s\n", out);
+}
+
+// ranks that mpirun starts: without --rendezvous one line says what to add;
+// with it (and a key file) they join one job
+static void test_mpirun(const char *exe) {
+    char cmd[4096], out[65536], key[300], shard[300];
+    snprintf(shard, sizeof(shard), "%s/tiny_train.bin", dir);
+    if (!check(test_write_shard(shard, 20000) == 0, "a shard")) return;
+    const char *model = "-e d2 -ev 256 -et 16 -ec 32 -b 2 -t 16 -x 3 -v 0 -s 0 -th 1";
+    snprintf(cmd, sizeof(cmd), "OMPI_COMM_WORLD_SIZE=8 OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_LOCAL_RANK=3 %s %s -i %s 2>&1",
+             exe, model, shard);
+    int rc = run(cmd, out, sizeof(out));
+    int lines = 0;
+    for (char *p = out; *p; p++) lines += *p == '\n';
+    check(rc == 2 && lines == 1 && strstr(out, "started by mpirun (Open MPI) as rank 3 of 8, but without --rendezvous: "
+                                           "add --rendezvous") != NULL, "under mpirun without --rendezvous: %s", out);
+    snprintf(key, sizeof(key), "%s/job.key", dir);
+    snprintf(cmd, sizeof(cmd), "umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > %s; echo >> %s", key, key);
+    if (system(cmd) != 0) { check(0, "a key file"); return; }
+    char flags[1200];
+    snprintf(flags, sizeof(flags), "%s -i %s --rendezvous unix:%s/rdv.sock --key-file %s", model, shard, dir, key);
+    snprintf(cmd, sizeof(cmd), "(OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_LOCAL_RANK=1 timeout 60 "
+             "%s %s > %s/r1.txt 2>&1 & OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_LOCAL_RANK=0 "
+             "timeout 60 %s %s 2>&1; a=$?; wait $!; exit $((a + $?)))", exe, flags, dir, exe, flags);
+    rc = run(cmd, out, sizeof(out));
+    check(rc == 0 && strstr(out, "x dp 2 = 64 tokens") != NULL && strstr(out, "step    2/3") != NULL,
+          "with --rendezvous and --key-file, mpirun's 2 ranks run one job of dp 2 (exit %d)", rc);
+    // the end of a job of several ranks: one table, a row per rank, the all-zero columns left out
+    const char *t = strstr(out, "bytes sent by each rank");
+    const char *header = t != NULL ? strchr(t, '\n') : NULL;
+    check(header != NULL && strncmp(header + 1, "rank  allreduce", 15) == 0 && strstr(header, "\n   0  ") != NULL &&
+          strstr(header, "\n   1  ") != NULL && strstr(header, "broadcast") == NULL && strstr(out, "rank 1 bytes") == NULL,
+          "the ranks' bytes: one table with a row per rank and no all-zero column");
+}
+
+// -h: every flag with its default; the step line's ETA and MFU
+static void test_usage(const char *exe) {
+    char cmd[1024], out[65536];
+    snprintf(cmd, sizeof(cmd), "%s -h 2>&1", exe);
+    int rc = run(cmd, out, sizeof(out)), all = 1;
+    for (int i = 0; i < NUM_OPTIONS; i++) {
+        char want[32];
+        snprintf(want, sizeof(want), "\n  %-13s ", option_specs[i].flag);
+        const char *line = strstr(out, want), *end = line != NULL ? strchr(line + 1, '\n') : NULL;
+        int has_default = end != NULL && end[-1] == ']';
+        all &= line != NULL && (has_default || option_specs[i].type == OPT_REFUSED);
+    }
+    check(rc == 0 && all && strstr(out, "micro-batch size B per data-parallel rank [4]") &&
+          strstr(out, "{cosine,linear,constant,wsd} [cosine]") && strstr(out, "peak learning rate [0.0003]"),
+          "-h: each of the %d flags with its default in brackets (-b [4], -k [cosine], -l [0.0003])", NUM_OPTIONS);
+    snprintf(cmd, sizeof(cmd), "%s -e d2 -ev 256 -et 16 -ec 32 -b 2 -t 16 -x 2 -v 0 -s 0 -th 1 -i %s/tiny_train.bin 2>&1",
+             exe, dir);
+    rc = run(cmd, out, sizeof(out));
+    const char *last = strstr(out, "| ETA 0s | MFU ");
+    float mfu = -1.0f;
+    if (last != NULL && sscanf(last, "| ETA 0s | MFU %f%%\n", &mfu) != 1) mfu = -1.0f;
+    check(rc == 0 && strstr(out, "GFLOP/s | ETA ") != NULL && last != NULL && mfu > 0.0f && mfu < 100.0f &&
+          strstr(out, "FMA peak: ") != NULL && strstr(out, "(the MFU's denominator)\n") != NULL,
+          "the step line has an ETA, 0s at the last step, and ends in the MFU, here %.1f%%, against the FMA peak "
+          "printed before the first step", mfu);
+}
+
+// ----------------------------------------------------------------------------
+// llm.c's outlier guard
+
+static void test_outliers(const char *exe) {
+    // the z-score against the window, the new value in it, computed directly
+    Outliers d;
+    memset(&d, 0, sizeof(d));
+    double xs[300], worst = 0.0;
+    int nan_until_full = 1;
+    for (int i = 0; i < 300; i++) {
+        xs[i] = 3.0 + sin(i * 0.37) + (i == 250 ? 5.0 : 0.0);
+        double z = outlier_zscore(&d, xs[i]);
+        if (i < OUTLIER_WINDOW) { nan_until_full &= isnan(z); continue; }
+        double mean = 0.0, var = 0.0;
+        for (int k = i - OUTLIER_WINDOW + 1; k <= i; k++) mean += xs[k] / OUTLIER_WINDOW;
+        for (int k = i - OUTLIER_WINDOW + 1; k <= i; k++) var += (xs[k] - mean) * (xs[k] - mean) / OUTLIER_WINDOW;
+        worst = fmax(worst, fabs(z - (xs[i] - mean) / sqrt(var)));
+    }
+    check(nan_until_full && worst < 1e-9, "z-scores: none until %d values, then (x - mean) / std of the last %d (worst "
+          "difference %.1e)", OUTLIER_WINDOW, OUTLIER_WINDOW, worst);
+    // the trainer: -sg so small that nearly any step above the window's mean is skipped
+    char cmd[2048], out[65536], log[300], shard[300], line[512];
+    snprintf(shard, sizeof(shard), "%s/tiny_train.bin", dir);
+    snprintf(log, sizeof(log), "%s/sg.jsonl", dir);
+    snprintf(cmd, sizeof(cmd), "%s -e dev/fixtures/tiny_model.bin -b 2 -t 16 -x 140 -v 0 -s 0 -th 1 -l 1e-3 -sg 0.01 "
+             "-i %s -lg %s 2>&1", exe, shard, log);
+    int rc = run(cmd, out, sizeof(out));
+    int skipped = 0, early = 0, steps = 0;
+    FILE *f = fopen(log, "r");
+    while (f && fgets(line, sizeof(line), f)) {
+        int step = atoi(line + 9);
+        if (strstr(line, "\"skipped\": \"norm\"") != NULL) skipped++, early += step < OUTLIER_WINDOW;
+        steps++;
+    }
+    if (f) fclose(f);
+    check(rc == 0 && steps == 140 && skipped > 0 && early == 0 && strstr(out, "skipping update due to grad z-score of"),
+          "-sg 0.01: %d of the steps after the first %d skip their update (logged \"skipped\", printed as llm.c does), "
+          "none before", skipped, OUTLIER_WINDOW);
+    // the step line shows the z-scores, as llm.c's does
+    snprintf(cmd, sizeof(cmd), "%s -e dev/fixtures/tiny_model.bin -b 2 -t 16 -x 3 -v 0 -s 0 -th 1 -sl 3 -sg 3 -i %s 2>&1",
+             exe, shard);
+    rc = run(cmd, out, sizeof(out));
+    check(rc == 0 && strstr(out, "(+nanz)") != NULL, "with -sl or -sg the step line shows the z-scores (nan until the "
+          "window is full)");
+}
+
+int main(void) {
+    char exe[600];
+    if (getcwd(exe, sizeof(exe) - 20) == NULL) return 1;
+    strcat(exe, "/train_gpt2");
+    snprintf(dir, sizeof(dir), "/tmp/llm3d_llmc_XXXXXX");
+    if (mkdtemp(dir) == NULL) { check(0, "mkdtemp"); return test_summary(); }
+    test_flags();
+    if (access(exe, X_OK) != 0) {
+        skip("./train_gpt2 not built");
+    } else {
+        test_llmc_command(exe);
+        test_mpirun(exe);
+        test_usage(exe);
+        test_outliers(exe);
+    }
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0) printf("could not remove %s\n", dir);
+    return test_summary();
+}

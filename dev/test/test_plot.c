@@ -1,0 +1,214 @@
+/*
+ * test_plot.c: plot_log, run as a program on small logs this test writes:
+ * the SVG is well formed, holds one polyline per series with a point per
+ * logged value, placed at the frame's edges for the first and last step, the
+ * baselines as labelled lines (or none), the HellaSwag panel only when a log
+ * has it; and its errors name the file and line. Then dev/compare_logs, the
+ * check of reference_cpu.sh, on the same kind of logs: identical, within
+ * its tolerances, outside them, and cut short.
+ *
+ *   make test_plot plot_log dev/compare_logs && ./test_plot
+ */
+#include "dev/test/test.h"
+
+static char tmp_dir[64];
+
+// run: cmd with its stdout and stderr into out; its exit status
+static int run(const char *cmd, char *out, size_t outlen) {
+    char log[128];
+    snprintf(log, sizeof(log), "%s/out.txt", tmp_dir);
+    return test_run(cmd, log, 1, out, outlen);
+}
+
+// write_log: steps 0..steps-1 with train loss, val loss every 25 steps and at
+// the last, HellaSwag (a fraction) every 50 when with_hellaswag
+static void write_log(const char *path, int steps, double offset, int with_hellaswag, int with_tokens) {
+    FILE *f = fopen(path, "w");
+    for (int s = 0; s < steps; s++) {
+        double loss = 4.0 + 6.0 / (1.0 + s / 10.0) + offset;
+        fprintf(f, "{\"step\": %d, \"loss\": %.6f", s, loss);
+        if (s % 25 == 0 || s == steps - 1) fprintf(f, ", \"val_loss\": %.6f", loss + 0.1);
+        else if (s % 25 == 1) fprintf(f, ", \"val_loss\": null");  // not measured, said so
+        if (with_hellaswag && (s % 50 == 0 || s == steps - 1)) fprintf(f, ", \"hellaswag\": %.4f", 0.25 + 0.0005 * s);
+        fprintf(f, ", \"norm\": 1.5, \"lr\": %.6e, \"ms\": %.3f", 1e-3 * (s < 10 ? (s + 1) / 10.0 : 1.0), 100.0 + s % 7);
+        if (with_tokens) fprintf(f, ", \"tokens\": %d", 4096 * (s + 1));  // tokens seen, as log_line writes it
+        fprintf(f, ", \"extra\": {\"nested\": [1, \"x\"]}}\n");
+        if (s == 3) fprintf(f, "\n");  // a blank line is read past
+    }
+    fclose(f);
+}
+
+// well_formed: every element opened in the SVG is closed, in order, and it is one <svg> element
+static int well_formed(const char *svg) {
+    char stack[64][32];
+    int depth = 0, roots = 0;
+    for (const char *p = strchr(svg, '<'); p != NULL; p = strchr(p + 1, '<')) {
+        const char *end = strchr(p, '>');
+        if (end == NULL) return 0;
+        if (p[1] == '/') {
+            size_t n = strcspn(p + 2, ">");
+            if (depth == 0 || strlen(stack[depth - 1]) != n || strncmp(stack[depth - 1], p + 2, n) != 0) return 0;
+            depth--;
+        } else if (end[-1] != '/') {
+            if (depth == 64) return 0;
+            size_t n = strcspn(p + 1, " >");
+            snprintf(stack[depth++], sizeof(stack[0]), "%.*s", (int)n, p + 1);
+            if (depth == 1) roots++;
+        }
+    }
+    return depth == 0 && roots == 1 && strncmp(svg, "<svg", 4) == 0;
+}
+
+// points_of: the number of points of the polyline of class cls, and its first and last x; -1 if absent
+static int points_of(const char *svg, const char *cls, double *first_x, double *last_x) {
+    char want[64];
+    snprintf(want, sizeof(want), "class=\"%s\"", cls);
+    const char *p = strstr(svg, want);
+    if (p == NULL || (p = strstr(p, "points=\"")) == NULL) return -1;
+    p += 8;
+    int n = 0;
+    while (*p != '"') {
+        double x, y;
+        int used;
+        if (sscanf(p, "%lf,%lf%n", &x, &y, &used) != 2) return -1;
+        if (n == 0) *first_x = x;
+        *last_x = x;
+        n++;
+        p += used;
+        while (*p == ' ') p++;
+    }
+    return n;
+}
+
+static int count(const char *s, const char *what) {
+    int n = 0;
+    for (const char *p = strstr(s, what); p != NULL; p = strstr(p + 1, what)) n++;
+    return n;
+}
+
+// dev/compare_logs against the 120-step log at path: itself, shifted by less
+// and by more than its tolerances, and cut to 60 steps
+static void test_compare_logs(const char *path) {
+    if (access("./dev/compare_logs", X_OK) != 0) {
+        skip("./dev/compare_logs not built");
+        return;
+    }
+    char near[128], far[128], val_far[128], cut[128], cmd[1024], out[4096];
+    snprintf(near, sizeof(near), "%s/near.jsonl", tmp_dir);
+    snprintf(far, sizeof(far), "%s/far.jsonl", tmp_dir);
+    snprintf(val_far, sizeof(val_far), "%s/val_far.jsonl", tmp_dir);
+    snprintf(cut, sizeof(cut), "%s/cut.jsonl", tmp_dir);
+    write_log(near, 120, 0.005, 0, 1);  // train and val 0.005 above: within 0.02 and 0.01
+    write_log(far, 120, 0.08, 0, 1);    // 0.08: outside both
+    write_log(cut, 60, 0.0, 1, 1);
+    FILE *f = fopen(val_far, "w");     // the train losses of path, one val loss 0.04 off
+    for (int s = 0; s < 120; s++) {
+        double loss = 4.0 + 6.0 / (1.0 + s / 10.0);
+        fprintf(f, "{\"step\": %d, \"loss\": %.6f", s, loss);
+        if (s % 25 == 0 || s == 119) fprintf(f, ", \"val_loss\": %.6f", loss + 0.1 + (s == 50 ? 0.04 : 0.0));
+        fprintf(f, "}\n");
+    }
+    fclose(f);
+    struct { const char *run, *flags, *want; int rc; } cases[] = {
+        {path, "", "every loss identical as logged", 0},
+        {near, "", "ok: the run reproduces", 0},
+        {far, "", "largest difference 0.0800 at step", 1},
+        {val_far, "", "largest difference 0.0400 at step 50", 1},
+        {val_far, "--val-tol 0.05", "ok: the run reproduces", 0},
+        {cut, "", "not a whole run", 1},
+        {cut, "--prefix", "train loss in 1 windows of 50 steps", 0},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        snprintf(cmd, sizeof(cmd), "./dev/compare_logs %s %s %s", cases[k].run, path, cases[k].flags);
+        int rc = run(cmd, out, sizeof(out));
+        check(rc == cases[k].rc && strstr(out, cases[k].want) != NULL, "compare_logs %s %s -> exit %d, says '%s'",
+              strrchr(cases[k].run, '/') + 1, cases[k].flags, rc, cases[k].want);
+    }
+}
+
+int main(void) {
+    snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/test_plot_XXXXXX");
+    if (mkdtemp(tmp_dir) == NULL) { printf("cannot make a temp dir\n"); return 1; }
+    if (access("./plot_log", X_OK) != 0) {
+        skip("./plot_log not built (run from the repo root after make)");
+        return test_summary();
+    }
+    char log[128], ref[128], svg_path[128], cmd[1024], out[4096];
+    snprintf(log, sizeof(log), "%s/run.jsonl", tmp_dir);
+    snprintf(ref, sizeof(ref), "%s/ref.jsonl", tmp_dir);
+    snprintf(svg_path, sizeof(svg_path), "%s/run.svg", tmp_dir);
+    write_log(log, 120, 0.0, 1, 1);
+    write_log(ref, 100, 0.2, 0, 1);
+
+    // the run and a reference, the GPT-2 baselines: written next to the log, as run.svg
+    snprintf(cmd, sizeof(cmd), "./plot_log %s -r %s --ref-label 'llm.c <ref> & co'", log, ref);
+    int rc = run(cmd, out, sizeof(out));
+    check(rc == 0 && strstr(out, svg_path) != NULL, "plot_log run.jsonl -r ref.jsonl -> exit %d, writes run.svg: %.*s", rc,
+          (int)strcspn(out, "\n"), out);
+    char *svg = test_read_file(svg_path, NULL);
+    if (!check(svg != NULL, "%s written", svg_path)) return test_summary();
+    check(well_formed(svg), "the SVG is one <svg> element with every element closed");
+    check(strstr(svg, "nan") == NULL && strstr(svg, "inf") == NULL, "no nan or inf anywhere in it");
+    double first = 0, last = 0;
+    int n = points_of(svg, "run train_loss", &first, &last);
+    check(n == 120, "train loss: one point per step (%d of 120)", n);
+    n = points_of(svg, "run val_loss", &first, &last);
+    check(n == 6 && first == 80.0 && last == 930.0, "val loss: 6 points (steps 0, 25, .., 100, 119; nulls skipped), from the "
+          "frame's left edge (x %.1f) to its right (x %.1f)", first, last);
+    n = points_of(svg, "run hellaswag", &first, &last);
+    check(n == 4, "HellaSwag: 4 points (%d)", n);
+    n = points_of(svg, "ref val_loss", &first, &last);
+    check(n == 5 && last < 930.0, "reference val loss: 5 points, ending before the run's last step (x %.1f)", last);
+    check(points_of(svg, "run lr", &first, &last) == 120 && points_of(svg, "run tokens_per_s", &first, &last) == 120,
+          "lr and tokens/s: one point per step");
+    check(strstr(svg, "39792 tokens/s mean") != NULL, "throughput: 4096 tokens per step over its ms (mean 39792 tokens/s)");
+    check(strstr(svg, "GPT-2 124M: 3.425 (FineWeb val)") != NULL && strstr(svg, "GPT-2 124M: 29.4%") != NULL &&
+          strstr(svg, "GPT-3 124M: 33.7%") != NULL && count(svg, "class=\"baseline\"") == 4,
+          "the baselines: GPT-2 124M val loss 3.425 and HellaSwag 29.4%%, GPT-3 124M 33.7%%, chance 25%%, as labelled lines");
+    check(strstr(svg, "llm.c &lt;ref&gt; &amp; co: val") != NULL, "the reference's label is in the legend, escaped for XML");
+    check(strstr(svg, "120 steps, val loss 4.") != NULL, "the header gives the steps and the last val loss");
+    free(svg);
+
+    // no baselines; no HellaSwag panel without HellaSwag; -o; --x tokens
+    snprintf(svg_path, sizeof(svg_path), "%s/other.svg", tmp_dir);
+    snprintf(cmd, sizeof(cmd), "./plot_log %s -o %s --baselines none --x tokens", ref, svg_path);
+    rc = run(cmd, out, sizeof(out));
+    svg = test_read_file(svg_path, NULL);
+    check(rc == 0 && svg != NULL && well_formed(svg) && strstr(svg, "3.425") == NULL && strstr(svg, "class=\"baseline\"") == NULL &&
+          strstr(svg, ">HellaSwag<") == NULL && strstr(svg, "tokens seen") != NULL,
+          "--baselines none --x tokens on a log without HellaSwag: no baseline lines, no HellaSwag panel, tokens on x (exit %d)", rc);
+    free(svg);
+
+    // errors: one line, naming the file and the line
+    char bad[128];
+    snprintf(bad, sizeof(bad), "%s/bad.jsonl", tmp_dir);
+    FILE *f = fopen(bad, "w");
+    fprintf(f, "{\"step\": 0, \"loss\": 5.0}\n{\"step\": 1, \"loss\": 4.9}\n{\"step\": 2, \"loss\": 4.8,}\n");
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "./plot_log %s", bad);
+    rc = run(cmd, out, sizeof(out));
+    check(rc == 1 && strstr(out, "bad.jsonl line 3 column 25: expected a string key") != NULL, "a bad line -> exit %d: %.*s", rc,
+          (int)strcspn(out, "\n"), out);
+    f = fopen(bad, "w");
+    fprintf(f, "{\"loss\": 5.0}\n");
+    fclose(f);
+    rc = run(cmd, out, sizeof(out));
+    check(rc == 1 && strstr(out, "line 1") != NULL && strstr(out, "no \"step\" field") != NULL, "a line without a step -> exit %d: %.*s",
+          rc, (int)strcspn(out, "\n"), out);
+    snprintf(cmd, sizeof(cmd), "./plot_log %s/none.jsonl", tmp_dir);
+    rc = run(cmd, out, sizeof(out));
+    check(rc == 1 && strstr(out, "none.jsonl: cannot open") != NULL, "a missing log -> exit %d", rc);
+    write_log(bad, 10, 0.0, 0, 0);
+    snprintf(cmd, sizeof(cmd), "./plot_log %s --x tokens", bad);
+    rc = run(cmd, out, sizeof(out));
+    check(rc == 1 && strstr(out, "no \"tokens\" field") != NULL, "--x tokens on a log without tokens -> exit %d", rc);
+    snprintf(cmd, sizeof(cmd), "./plot_log %s --baselines gpt3", log);
+    rc = run(cmd, out, sizeof(out));
+    check(rc == 2 && strstr(out, "--baselines 'gpt3'") != NULL, "--baselines gpt3 -> exit %d (flag error)", rc);
+
+    test_compare_logs(log);
+
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmp_dir);
+    if (system(cmd) != 0) printf("could not remove %s\n", tmp_dir);
+    return test_summary();
+}

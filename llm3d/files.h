@@ -1,0 +1,145 @@
+/*
+ * files.h: opening a file so that what is opened is what was meant, and
+ * reading or writing all of a buffer.
+ *
+ * defines:
+ *   open_regular    a file to read (data, a model, a tokenizer), refused
+ *                   unless it is a regular file
+ *   fopen_regular   the same, as a FILE *
+ *   fopen_nofollow  a file of the output directory (a log, a model file being
+ *                   written), never reached through a symbolic link, and
+ *                   refused unless it is a regular file
+ *   write_all       all n bytes to an fd, through short writes and EINTR
+ *   read_all        up to cap bytes from an fd, until it ends
+ *   pread_all       exactly n bytes at an offset (a file shorter is an error)
+ *   pwrite_all      all n bytes at an offset
+ *
+ * Why. open() of a FIFO blocks until someone opens the other end, so a FIFO
+ * given as (or matching) a data, model or tokenizer path would hang the
+ * trainer in open(); a device would be read forever. Each file is opened
+ * with O_NONBLOCK, which never blocks the open, then fstat decides: anything
+ * but a regular file is "not a regular file", at once.
+ *
+ * A directory that another user can write in (or once could) may hold a
+ * link planted where the trainer will write: following it would write, or
+ * truncate, a file the trainer never meant. O_NOFOLLOW refuses a link as the
+ * last part of the path. Files read may be links (a data directory of links
+ * to shards is common); files written in -o may not.
+ *
+ * Errors follow errors.h: one line naming the path.
+ */
+#ifndef LLM3D_FILES_H
+#define LLM3D_FILES_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "llm3d/errors.h"
+
+// file_open_checked: open(path, flags) without blocking, then kept only when
+// it is a regular file; the fd in blocking mode again, or -1 with err set.
+// what: the kind of file, for the message ("model file"), or "".
+static inline int file_open_checked(const char *path, int flags, const char *what, char *err, size_t errlen) {
+    int fd = open(path, flags | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == ELOOP && (flags & O_NOFOLLOW))
+        return errorf(err, errlen, "%s: a symbolic link, not followed here", path);
+    if (fd < 0 && errno == ENXIO)  // a FIFO opened to write that nobody reads
+        return errorf(err, errlen, "%s: not a regular file", path);
+    if (fd < 0) return errorf(err, errlen, "%s: cannot open%s%s: %s", path, what[0] ? " " : "", what, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return errorf(err, errlen, "%s: not a regular file", path);
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
+// open_regular: path opened to read; -1 with err set when it cannot be
+// opened or is not a regular file (what as for file_open_checked)
+static inline int open_regular(const char *path, const char *what, char *err, size_t errlen) {
+    return file_open_checked(path, O_RDONLY, what, err, errlen);
+}
+
+static inline FILE *file_fdopen(int fd, const char *path, const char *mode, char *err, size_t errlen) {
+    if (fd < 0) return NULL;
+    FILE *f = fdopen(fd, mode);
+    if (f == NULL) {
+        errorf(err, errlen, "%s: fdopen: %s", path, strerror(errno));
+        close(fd);
+    }
+    return f;
+}
+
+static inline FILE *fopen_regular(const char *path, const char *what, char *err, size_t errlen) {
+    return file_fdopen(open_regular(path, what, err, errlen), path, "rb", err, errlen);
+}
+
+// fopen_nofollow: mode "r", "w" or "a" (a "b" is allowed and means nothing
+// on Linux); NULL with err set when path is a link, not a regular file, or
+// cannot be opened
+static inline FILE *fopen_nofollow(const char *path, const char *mode, char *err, size_t errlen) {
+    int flags = mode[0] == 'w' ? O_WRONLY | O_CREAT | O_TRUNC : mode[0] == 'a' ? O_WRONLY | O_CREAT | O_APPEND : O_RDONLY;
+    return file_fdopen(file_open_checked(path, flags | O_NOFOLLOW, "", err, errlen), path, mode, err, errlen);
+}
+
+// read_all: up to cap bytes into buf, through short reads and EINTR, until
+// the fd ends; *got gets the bytes read (cap when it may hold more). 0, or -1
+// with errno set by the read that failed
+static inline int read_all(int fd, void *buf, size_t cap, size_t *got) {
+    uint8_t *p = (uint8_t *)buf;
+    *got = 0;
+    while (*got < cap) {
+        ssize_t r = read(fd, p + *got, cap - *got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) break;
+        *got += (size_t)r;
+    }
+    return 0;
+}
+
+// write_all: 0, or -1 with errno set by the write that failed
+static inline int write_all(int fd, const void *data, size_t n) {
+    const uint8_t *p = (const uint8_t *)data;
+    while (n > 0) {
+        ssize_t r = write(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        p += r; n -= (size_t)r;
+    }
+    return 0;
+}
+
+// pread_all: exactly n bytes at offset, through short reads and EINTR; 0, or
+// -1 with errno (EIO when the file ends first: it is shorter than its header
+// said)
+static inline int pread_all(int fd, void *buf, size_t n, uint64_t offset) {
+    uint8_t *p = (uint8_t *)buf;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, (off_t)offset);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) { if (r == 0) errno = EIO; return -1; }
+        p += r; n -= (size_t)r; offset += (uint64_t)r;
+    }
+    return 0;
+}
+
+// pwrite_all: all n bytes at offset; 0, or -1 with errno
+static inline int pwrite_all(int fd, const void *buf, size_t n, uint64_t offset) {
+    const uint8_t *p = (const uint8_t *)buf;
+    while (n > 0) {
+        ssize_t r = pwrite(fd, p, n, (off_t)offset);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) { if (r == 0) errno = EIO; return -1; }
+        p += r; n -= (size_t)r; offset += (uint64_t)r;
+    }
+    return 0;
+}
+
+#endif

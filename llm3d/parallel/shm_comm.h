@@ -1,0 +1,705 @@
+/*
+ * shm_comm.h: the host backend of the communicator: collectives and
+ * point-to-point messages between the rank processes of one box, through the
+ * shared-memory segment of launcher.h. Defines Comm, comm_init (joins the
+ * rendezvous and maps the segment), comm_allreduce, comm_reduce_scatter,
+ * comm_allgather, comm_broadcast, comm_barrier, comm_send, comm_recv,
+ * comm_sendrecv, the byte counters, the wait clock (comm_wait_ms) and
+ * wait_since, which both backends' wait clocks are read with, comm_free,
+ * and the reduction ops OP_SUM and OP_AVG that the NCCL backend takes too.
+ * Header-only (llm.c style): every function is static inline.
+ *
+ * One ring of COMM_SLOTS message slots per directed link in one
+ * shared-memory segment; every message is a frame (header | payload | HMAC
+ * tag) that the receiver checks before using a byte of it. Collectives are
+ * rings built from those messages: reduce-scatter and all-gather, all-reduce
+ * being one then the other. The reduction order is fixed by the group, so the
+ * same inputs give bit-identical outputs on every run and on every member.
+ * doc/parallel.md has the layout, the algorithms and their byte counts.
+ *
+ * Failure. The collective and point-to-point calls return nothing: a wait
+ * that sees no progress for timeout_s, a frame that fails its check, or a
+ * caller's wrong argument prints one line naming this rank, the peer, the
+ * operation, the channel and the step, and exits(1); the launcher then ends
+ * the job. comm_init returns errors.
+ */
+#ifndef LLM3D_SHM_COMM_H
+#define LLM3D_SHM_COMM_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include "secure.h"
+#include "llm3d/parallel/grid.h"
+#include "llm3d/parallel/launcher.h"  // the segment's layout, rdv_join, par_now
+
+#include <limits.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+
+// ----------------------------------------------------------------------------
+// the host communicator
+
+enum { COMM_ALLREDUCE = 0, COMM_REDUCE_SCATTER, COMM_ALLGATHER, COMM_BROADCAST, COMM_BARRIER,
+       COMM_P2P, COMM_NCOUNTERS = COMM_P2P + CH_COUNT };  // COMM_P2P + channel: bytes sent on that channel
+enum { OP_SUM = 0, OP_AVG = 1 };
+
+static inline const char *comm_counter_name(int i) {
+    static const char *names[COMM_P2P] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "barrier"};
+    if (i >= 0 && i < COMM_P2P) return names[i];
+    if (i >= COMM_P2P && i < COMM_NCOUNTERS) return channel_name(i - COMM_P2P);
+    return "unknown";
+}
+
+typedef struct Comm {
+    int rank, world;
+    long step;
+    double timeout_s;
+    Fault fault;
+    int fault_done;             // tamper and replay act on one frame only
+    Links links;
+    uint8_t *base;              // the mapped segment (NULL for world 1)
+    size_t map_bytes;
+    char shm_name[COMM_NAME_BYTES];
+    uint8_t blob[COMM_BLOB_BYTES];
+    uint64_t slot_stride, ring_stride, rings_offset;
+    uint8_t *frame;             // private copy of the frame being checked
+    float *scratch;             // reduce-scatter's two partial sums
+    size_t scratch_floats;
+    const char *op;             // the call in progress, for messages
+    int op_counter;
+    uint64_t sent[COMM_NCOUNTERS];
+    double wait_ms;             // time spent in comm_run, every call's one loop (comm_wait_ms)
+} Comm;
+
+// a transfer: one message of `bytes` to or from one peer, as
+// max(1, ceil(bytes / COMM_SLOT_PAYLOAD)) frames
+typedef struct Xfer {
+    int peer, channel;
+    uint32_t microbatch;
+    const uint8_t *src;         // send: the bytes
+    uint8_t *dst;               // recv: copy the bytes here, or ...
+    float *sum;                 // ... recv reducing: sum[j] = received[j] + addend[j]
+    const float *addend;
+    size_t bytes, frames, done;
+    const struct Xfer *gate;    // send: frame k waits until gate has received k + 1 (forwarding)
+} Xfer;
+
+static inline Xfer xfer_make(int peer, int channel, uint32_t microbatch, size_t bytes) {
+    Xfer x;
+    memset(&x, 0, sizeof(x));
+    x.peer = peer;
+    x.channel = channel;
+    x.microbatch = microbatch;
+    x.bytes = bytes;
+    x.frames = bytes == 0 ? 1 : (bytes + COMM_SLOT_PAYLOAD - 1) / COMM_SLOT_PAYLOAD;
+    return x;
+}
+
+static inline ShmRank *comm_rank_block(const Comm *c, int r) {
+    return (ShmRank *)(c->base + SHM_HEADER_BYTES + (size_t)r * SHM_RANK_BYTES);
+}
+
+static inline uint64_t par_pid_ns(void) {
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+// comm_peer_exited: 1 when rank r's process is known to be gone (same pid
+// namespace, and kill(pid, 0) says no such process)
+static inline int comm_peer_exited(const Comm *c, int r, pid_t *pid_out) {
+    ShmRank *b = comm_rank_block(c, r);
+    pid_t pid = (pid_t)__atomic_load_n(&b->pid, __ATOMIC_SEQ_CST);
+    uint64_t ns = __atomic_load_n(&b->pid_ns, __ATOMIC_SEQ_CST);
+    *pid_out = pid;
+    if (pid <= 0 || ns == 0 || ns != __atomic_load_n(&comm_rank_block(c, c->rank)->pid_ns, __ATOMIC_SEQ_CST)) return 0;
+    return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+// comm_peer_stopped: 1 when rank r's process is stopped (SIGSTOP, Ctrl-Z, a
+// debugger): its state in /proc/PID/stat is T or t. Same pid namespace only.
+static inline int comm_peer_stopped(const Comm *c, int r, pid_t *pid_out) {
+    ShmRank *b = comm_rank_block(c, r);
+    pid_t pid = (pid_t)__atomic_load_n(&b->pid, __ATOMIC_SEQ_CST);
+    uint64_t ns = __atomic_load_n(&b->pid_ns, __ATOMIC_SEQ_CST);
+    *pid_out = pid;
+    if (pid <= 0 || ns == 0 || ns != __atomic_load_n(&comm_rank_block(c, c->rank)->pid_ns, __ATOMIC_SEQ_CST)) return 0;
+    char path[64], text[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, text, sizeof(text) - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    text[n] = '\0';
+    const char *paren = strrchr(text, ')');  // "PID (COMM) STATE ...", and COMM may hold anything
+    return paren != NULL && paren[1] == ' ' && (paren[2] == 'T' || paren[2] == 't');
+}
+
+static inline uint8_t *comm_ring(const Comm *c, int src, int dst) {
+    return c->base + c->rings_offset + ((size_t)src * (size_t)c->world + (size_t)dst) * c->ring_stride;
+}
+
+static inline uint32_t *ring_head(uint8_t *ring) { return (uint32_t *)ring; }
+static inline uint32_t *ring_tail(uint8_t *ring) { return (uint32_t *)(ring + 64); }
+
+static inline uint8_t *ring_slot(const Comm *c, uint8_t *ring, uint32_t index) {
+    return ring + SHM_RING_CTL_BYTES + (size_t)(index % COMM_SLOTS) * c->slot_stride;
+}
+
+static inline void comm_ring_bell(const Comm *c, int r) {
+    uint32_t *bell = &comm_rank_block(c, r)->bell;
+    __atomic_fetch_add(bell, 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+// comm_die: the job cannot go on; the name is normally unlinked already
+static inline void comm_die(Comm *c) {
+    if (c != NULL && c->shm_name[0] != '\0') shm_unlink(c->shm_name);
+    exit(1);
+}
+
+static inline void comm_usage_die(Comm *c, const char *fmt, ...) {
+    char msg[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "rank %d: %s\n", c != NULL ? c->rank : 0, msg);
+    comm_die(c);
+}
+
+// comm_blame: follows who-waits-for-whom from peer, to name the rank that
+// stopped answering (a hint: the blocks are read without a lock)
+static inline void comm_blame(const Comm *c, int peer, char *out, size_t outlen) {
+    int r = peer;
+    size_t n = 0;
+    out[0] = '\0';
+    for (int hops = 0; hops < c->world && n < outlen; hops++) {
+        // a rank that gave up waiting (its own timeout) still points at whom it waited for
+        ShmRank *b = comm_rank_block(c, r);
+        int w = __atomic_load_n(&b->waiting_for, __ATOMIC_SEQ_CST);
+        pid_t pid;
+        if (comm_peer_stopped(c, r, &pid)) {
+            // what its block says is from before it stopped, and proves nothing about the order of calls
+            snprintf(out + n, outlen - n, "; rank %d (pid %d) is stopped (SIGSTOP, Ctrl-Z or a debugger)", r, (int)pid);
+            return;
+        }
+        int exited = comm_peer_exited(c, r, &pid);
+        if ((w < 0 || w >= c->world) && exited) {
+            snprintf(out + n, outlen - n, "; rank %d (pid %d) has exited", r, (int)pid);
+            return;
+        }
+        if (w < 0 || w >= c->world) {
+            snprintf(out + n, outlen - n, "; rank %d is not waiting in a collective: stopped, or still computing", r);
+            return;
+        }
+        if (w == c->rank) {
+            snprintf(out + n, outlen - n, "; rank %d waits for this rank: the ranks disagree on the order of calls", r);
+            return;
+        }
+        int op = (int)__atomic_load_n(&b->wait_op, __ATOMIC_SEQ_CST);
+        long long step = (long long)__atomic_load_n(&b->wait_step, __ATOMIC_SEQ_CST);
+        n += (size_t)snprintf(out + n, outlen - n, "; rank %d%s waits for rank %d (%s, step %lld)", r,
+                              exited ? " (exited)" : "", w, comm_counter_name(op), step);
+        r = w;
+    }
+}
+
+static inline void comm_timeout(Comm *c, int peer, int channel, double waited) {
+    char blame[400];
+    comm_blame(c, peer, blame, sizeof(blame));
+    fprintf(stderr, "rank %d: timeout after %.1f s waiting for rank %d (%s, channel %s, step %ld)%s\n", c->rank,
+            waited, peer, c->op, channel_name(channel), c->step, blame);
+    comm_die(c);
+}
+
+// comm_enter: the start of every call; where kill and stall faults act
+static inline void comm_enter(Comm *c, const char *op, int counter) {
+    c->op = op;
+    c->op_counter = counter;
+    if (!fault_fires(&c->fault, c->rank, c->step)) return;
+    if (c->fault.kind == FAULT_KILL) {
+        fprintf(stderr, "rank %d: fault kill at step %ld (%s): SIGKILL\n", c->rank, c->step, op);
+        raise(SIGKILL);
+    }
+    if (c->fault.kind == FAULT_STALL) {
+        fprintf(stderr, "rank %d: fault stall at step %ld (%s): no more answers\n", c->rank, c->step, op);
+        for (;;) pause();
+    }
+}
+
+// comm_try_send: puts the next frame of x into the ring to x->peer if a slot
+// is free; 1 when it did
+static inline int comm_try_send(Comm *c, Xfer *x) {
+    uint8_t *ring = comm_ring(c, c->rank, x->peer);
+    uint32_t head = __atomic_load_n(ring_head(ring), __ATOMIC_RELAXED);
+    uint32_t tail = __atomic_load_n(ring_tail(ring), __ATOMIC_ACQUIRE);
+    if (head - tail >= COMM_SLOTS) return 0;
+    uint8_t *slot = ring_slot(c, ring, head);
+    if (c->fault.kind == FAULT_REPLAY && !c->fault_done && head > 0 && fault_fires(&c->fault, c->rank, c->step)) {
+        // the previous frame on this link, byte for byte, is still in the slot before
+        const uint8_t *prev = ring_slot(c, ring, head - 1);
+        size_t prev_len = get_u32(prev);
+        if (prev_len > frame_bytes(COMM_SLOT_PAYLOAD)) prev_len = frame_bytes(COMM_SLOT_PAYLOAD);
+        memcpy(slot, prev, SHM_SLOT_PREFIX + prev_len);
+        c->fault_done = 1;
+        fprintf(stderr, "rank %d: fault replay: sent the previous frame to rank %d again (%s, channel %s, step %ld)\n",
+                c->rank, x->peer, c->op, channel_name(x->channel), c->step);
+        __atomic_store_n(ring_head(ring), head + 1, __ATOMIC_RELEASE);
+        comm_ring_bell(c, x->peer);
+        return 1;
+    }
+    size_t off = x->done * COMM_SLOT_PAYLOAD;
+    size_t len = x->bytes - off < COMM_SLOT_PAYLOAD ? x->bytes - off : COMM_SLOT_PAYLOAD;
+    uint8_t *frame = slot + SHM_SLOT_PREFIX;
+    if (frame_seal(&c->links, x->peer, x->channel, (uint64_t)c->step, x->microbatch, x->src + off, len, frame) != 0)
+        comm_usage_die(c, "%s: cannot seal a frame to rank %d", c->op, x->peer);
+    size_t flen = frame_bytes(len);
+    put_u32(slot, (uint32_t)flen);
+    if (c->fault.kind == FAULT_TAMPER && !c->fault_done && fault_fires(&c->fault, c->rank, c->step)) {
+        frame_tamper(frame, flen);
+        c->fault_done = 1;
+        fprintf(stderr, "rank %d: fault tamper: flipped a bit of a frame to rank %d (%s, channel %s, step %ld)\n",
+                c->rank, x->peer, c->op, channel_name(x->channel), c->step);
+    }
+    __atomic_store_n(ring_head(ring), head + 1, __ATOMIC_RELEASE);
+    comm_ring_bell(c, x->peer);
+    c->sent[c->op_counter == COMM_P2P ? COMM_P2P + x->channel : c->op_counter] += len;
+    x->done++;
+    return 1;
+}
+
+// comm_try_recv: takes the next frame from the ring of x->peer if there is
+// one, checks it, and uses its payload; 1 when it did
+static inline int comm_try_recv(Comm *c, Xfer *x) {
+    uint8_t *ring = comm_ring(c, x->peer, c->rank);
+    uint32_t head = __atomic_load_n(ring_head(ring), __ATOMIC_ACQUIRE);
+    uint32_t tail = __atomic_load_n(ring_tail(ring), __ATOMIC_RELAXED);
+    if (head == tail) return 0;
+    // copy the frame out first: what we check is then what we use, whatever
+    // the segment holds afterwards, and the sender gets its slot back sooner
+    const uint8_t *slot = ring_slot(c, ring, tail);
+    size_t flen = get_u32(slot);
+    if (flen > frame_bytes(COMM_SLOT_PAYLOAD)) flen = frame_bytes(COMM_SLOT_PAYLOAD);
+    memcpy(c->frame, slot + SHM_SLOT_PREFIX, flen);
+    __atomic_store_n(ring_tail(ring), tail + 1, __ATOMIC_RELEASE);
+    comm_ring_bell(c, x->peer);
+
+    size_t off = x->done * COMM_SLOT_PAYLOAD;
+    size_t len = x->bytes - off < COMM_SLOT_PAYLOAD ? x->bytes - off : COMM_SLOT_PAYLOAD;
+    char why[256];
+    const uint8_t *payload = NULL;
+    int bad = flen < FRAME_HEADER_BYTES;
+    if (bad) snprintf(why, sizeof(why), "from rank %d, channel %s, step %ld: truncated frame (%zu bytes)", x->peer,
+                      channel_name(x->channel), c->step, flen);
+    if (!bad) bad = frame_check_header(&c->links, c->frame, x->peer, x->channel, (uint64_t)c->step, x->microbatch, len,
+                                       why, sizeof(why)) != 0;
+    if (!bad) bad = frame_open(&c->links, c->frame, flen, x->peer, x->channel, (uint64_t)c->step, x->microbatch, len,
+                               &payload, why, sizeof(why)) != 0;
+    if (bad) {
+        fprintf(stderr, "rank %d: rejected a frame in %s: %s\n", c->rank, c->op, why);
+        comm_die(c);
+    }
+    if (x->sum != NULL) {
+        float *sum = x->sum + off / sizeof(float);
+        const float *add = x->addend + off / sizeof(float);
+        for (size_t j = 0; j < len / sizeof(float); j++) {
+            float v;
+            memcpy(&v, payload + j * sizeof(float), sizeof(float));
+            sum[j] = v + add[j];
+        }
+    } else if (len > 0) {
+        memcpy(x->dst + off, payload, len);
+    }
+    x->done++;
+    return 1;
+}
+
+// comm_run: moves s (may be NULL) and r (may be NULL) frame by frame until
+// both are done, interleaved, so a ring of ranks that all send and receive at
+// once never deadlocks however large the message. Times out after timeout_s
+// without progress.
+static inline void comm_run(Comm *c, Xfer *s, Xfer *r) {
+    ShmRank *mine = comm_rank_block(c, c->rank);
+    double last = par_now(), checked = last, entered = last;
+    for (;;) {
+        // the bell before looking: a change after this wakes the wait
+        uint32_t bell = __atomic_load_n(&mine->bell, __ATOMIC_SEQ_CST);
+        int pending = 0, moved = 0;
+        if (r != NULL && r->done < r->frames) {
+            pending = 1;
+            while (r->done < r->frames && comm_try_recv(c, r)) moved = 1;
+        }
+        if (s != NULL && s->done < s->frames) {
+            pending = 1;
+            while (s->done < s->frames && (s->gate == NULL || s->done < s->gate->done) && comm_try_send(c, s)) moved = 1;
+        }
+        if (!pending) {
+            __atomic_store_n(&mine->waiting_for, -1, __ATOMIC_SEQ_CST);
+            c->wait_ms += (par_now() - entered) * 1e3;
+            return;
+        }
+        if (moved) {
+            last = par_now();
+            continue;
+        }
+        int waiting = r != NULL && r->done < r->frames ? r->peer : s->peer;
+        int channel = r != NULL && r->done < r->frames ? r->channel : s->channel;
+        double now = par_now();
+        if (now - last >= c->timeout_s) comm_timeout(c, waiting, channel, now - last);
+        if (now - checked > 0.5) {
+            // a dead peer ends the wait early (an outside launcher may not stop us)
+            pid_t pid;
+            if (comm_peer_exited(c, waiting, &pid)) {
+                // what it sent before it exited may have come in since the look above
+                int more = 0;
+                while (r != NULL && r->done < r->frames && comm_try_recv(c, r)) more = 1;
+                if (more) continue;
+                fprintf(stderr, "rank %d: rank %d (pid %d) has exited; this rank was waiting for it (%s, channel %s, step %ld)\n",
+                        c->rank, waiting, (int)pid, c->op, channel_name(channel), c->step);
+                comm_die(c);
+            }
+            checked = now;
+        }
+        __atomic_store_n(&mine->wait_step, (int64_t)c->step, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&mine->wait_op, (uint32_t)c->op_counter, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&mine->waiting_for, waiting, __ATOMIC_SEQ_CST);
+        double left = c->timeout_s - (now - last);
+        if (left > 0.5) left = 0.5;
+        struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+        syscall(SYS_futex, &mine->bell, FUTEX_WAIT, bell, &ts, NULL, 0);
+    }
+}
+
+// comm_check_group: a group this rank belongs to, of ranks that exist
+static inline void comm_check_group(Comm *c, const Group *g, const char *op) {
+    int world = c != NULL ? c->world : 1, rank = c != NULL ? c->rank : 0;
+    if (g == NULL || g->size < 1 || g->size > GRID_MAX_WORLD || g->me < 0 || g->me >= g->size)
+        comm_usage_die(c, "%s: bad group (size %d, me %d)", op, g != NULL ? g->size : 0, g != NULL ? g->me : 0);
+    if (g->ranks[g->me] != rank)
+        comm_usage_die(c, "%s: group member %d is rank %d, not this rank %d", op, g->me, g->ranks[g->me], rank);
+    for (int i = 0; i < g->size; i++) {
+        if (g->ranks[i] < 0 || g->ranks[i] >= world)
+            comm_usage_die(c, "%s: group member %d is rank %d, outside the world of %d", op, i, g->ranks[i], world);
+    }
+}
+
+static inline int comm_next(const Group *g) { return g->ranks[(g->me + 1) % g->size]; }
+static inline int comm_prev(const Group *g) { return g->ranks[(g->me + g->size - 1) % g->size]; }
+static inline int comm_mod(int a, int n) { return ((a % n) + n) % n; }
+
+// comm_init_check: what both backends' set-up (comm_init, and nccl_init in
+// nccl_comm.h) require before they start: a timeout in range, a -fault rank
+// that is in the job, and a rendezvous address when there is more than one
+// rank to meet. 0, or -1 with err set.
+static inline int comm_init_check(const Grid *g, const char *rendezvous, double timeout_s, const Fault *fault, char *err,
+                                  size_t errlen) {
+    if (!(timeout_s > 0 && timeout_s <= 86400))
+        return errorf(err, errlen, "-to %g: the timeout must be > 0 and <= 86400 seconds", timeout_s);
+    if (fault_check_world(fault, g->world, err, errlen) != 0) return -1;
+    if (g->world > 1 && rendezvous == NULL)
+        return errorf(err, errlen, "rank %d: no rendezvous address for a job of %d ranks", g->rank, g->world);
+    return 0;
+}
+
+// comm_init: joins the job's rendezvous and maps its segment. For a world of
+// 1 there is nothing to join and every call is a local no-op or copy.
+static inline int comm_init(Comm **out, const Grid *g, const uint8_t key[32], const char *rendezvous, double timeout_s,
+                            const Fault *fault, char *err, size_t errlen) {
+    *out = NULL;
+    if (comm_init_check(g, rendezvous, timeout_s, fault, err, errlen) != 0) return -1;
+    Comm *c = (Comm *)calloc(1, sizeof(Comm));
+    if (c == NULL) return errorf(err, errlen, "comm_init: out of memory");
+    c->rank = g->rank;
+    c->world = g->world;
+    c->timeout_s = timeout_s;
+    c->op = "init";
+    if (fault != NULL) c->fault = *fault;
+    if (g->world == 1) {
+        *out = c;
+        return 0;
+    }
+    RdvAnswer ans;
+    if (rdv_join(rendezvous, key, job_id_from_key(key), g->rank, g->world, g->local_rank, NULL,
+                 timeout_s < RDV_MIN_TIMEOUT_S ? RDV_MIN_TIMEOUT_S : timeout_s, &ans, err, errlen) != 0) {
+        free(c);
+        return -1;
+    }
+    snprintf(c->shm_name, sizeof(c->shm_name), "%s", ans.shm_name);
+    memcpy(c->blob, ans.blob, COMM_BLOB_BYTES);
+    int fd = shm_open(c->shm_name, O_RDWR | O_CLOEXEC, 0);
+    ShmLayout lay = shm_layout(g->world);
+    struct stat st;
+    int e = fd < 0 ? errno : fstat(fd, &st) != 0 ? errno : 0;
+    if (e == 0 && (uint64_t)st.st_size != lay.total_bytes) e = EINVAL;
+    void *base = e == 0 ? mmap(NULL, lay.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (e == 0 && base == MAP_FAILED) e = errno;
+    if (fd >= 0) close(fd);
+    if (e != 0) {
+        free(c);
+        return errorf(err, errlen, "rank %d: shared memory %s (%llu bytes expected): %s", g->rank, ans.shm_name,
+                      (unsigned long long)lay.total_bytes, strerror(e));
+    }
+    ShmHeader *h = (ShmHeader *)base;
+    if (memcmp(h->magic, SHM_MAGIC, 8) != 0 || h->version != SHM_VERSION || h->world != (uint32_t)g->world ||
+        h->slots != COMM_SLOTS || h->slot_payload != COMM_SLOT_PAYLOAD || h->job_id != job_id_from_key(key) ||
+        h->ring_stride != lay.ring_stride || h->slot_stride != lay.slot_stride || h->rings_offset != lay.rings_offset) {
+        munmap(base, lay.total_bytes);
+        free(c);
+        return errorf(err, errlen, "rank %d: shared memory %s: header is not this job's (world %u, job id %016" PRIx64 ")",
+                      g->rank, ans.shm_name, h->world, h->job_id);
+    }
+    c->base = (uint8_t *)base;
+    c->map_bytes = lay.total_bytes;
+    c->slot_stride = lay.slot_stride;
+    c->ring_stride = lay.ring_stride;
+    c->rings_offset = lay.rings_offset;
+    ShmRank *mine = comm_rank_block(c, c->rank);
+    __atomic_store_n(&mine->waiting_for, -1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&mine->pid, (uint32_t)getpid(), __ATOMIC_SEQ_CST);
+    __atomic_store_n(&mine->pid_ns, par_pid_ns(), __ATOMIC_SEQ_CST);
+    if (__atomic_fetch_add(&h->mapped, 1, __ATOMIC_SEQ_CST) + 1 == (uint32_t)g->world) {
+        shm_unlink(c->shm_name);  // everyone has it mapped: nobody else can open it now
+        c->shm_name[0] = '\0';
+    }
+    c->frame = (uint8_t *)malloc(frame_bytes(COMM_SLOT_PAYLOAD));
+    if (c->frame == NULL || links_init(&c->links, key, g->rank, g->world) != 0) {
+        free(c->frame);
+        munmap(base, lay.total_bytes);
+        free(c);
+        return errorf(err, errlen, "rank %d: comm_init: out of memory", g->rank);
+    }
+    *out = c;
+    return 0;
+}
+
+static inline void comm_set_step(Comm *c, long step) {
+    if (c != NULL) c->step = step;
+}
+
+// comm_set_timeout: for a wait that is known to be long (one rank doing a
+// job's serial work while the others wait, as sealing a checkpoint); returns
+// the timeout it replaces
+static inline double comm_set_timeout(Comm *c, double seconds) {
+    if (c == NULL) return seconds;
+    double old = c->timeout_s;
+    c->timeout_s = seconds;
+    return old;
+}
+
+// comm_allreduce: ring reduce-scatter, then ring all-gather, in place.
+// Element range k = [n*k/size, n*(k+1)/size) is summed along the ring from
+// member k+1 to member k, always in that order: ((x[k+1] + x[k+2]) + ...) + x[k].
+static inline void comm_allreduce(Comm *c, const Group *grp, float *buf, size_t n, int op) {
+    comm_check_group(c, grp, "allreduce");
+    if (c != NULL) comm_enter(c, "allreduce", COMM_ALLREDUCE);
+    if (op != OP_SUM && op != OP_AVG) comm_usage_die(c, "allreduce: op %d is neither OP_SUM nor OP_AVG", op);
+    int size = grp->size, me = grp->me;
+    if (size == 1) return;
+    int next = comm_next(grp), prev = comm_prev(grp);
+    for (int s = 0; s < size - 1; s++) {
+        int ks = comm_mod(me - s - 1, size), kr = comm_mod(me - s - 2, size);
+        size_t s0 = n * (size_t)ks / (size_t)size, s1 = n * (size_t)(ks + 1) / (size_t)size;
+        size_t r0 = n * (size_t)kr / (size_t)size, r1 = n * (size_t)(kr + 1) / (size_t)size;
+        Xfer tx = xfer_make(next, CH_COLLECTIVE, 1 + COMM_ALLREDUCE, (s1 - s0) * sizeof(float));
+        Xfer rx = xfer_make(prev, CH_COLLECTIVE, 1 + COMM_ALLREDUCE, (r1 - r0) * sizeof(float));
+        tx.src = (const uint8_t *)(buf + s0);
+        rx.sum = buf + r0;
+        rx.addend = buf + r0;
+        comm_run(c, &tx, &rx);
+    }
+    size_t m0 = n * (size_t)me / (size_t)size, m1 = n * (size_t)(me + 1) / (size_t)size;
+    if (op == OP_AVG) for (size_t j = m0; j < m1; j++) buf[j] /= (float)size;
+    for (int s = 0; s < size - 1; s++) {
+        int ks = comm_mod(me - s, size), kr = comm_mod(me - s - 1, size);
+        size_t s0 = n * (size_t)ks / (size_t)size, s1 = n * (size_t)(ks + 1) / (size_t)size;
+        size_t r0 = n * (size_t)kr / (size_t)size, r1 = n * (size_t)(kr + 1) / (size_t)size;
+        Xfer tx = xfer_make(next, CH_COLLECTIVE, 1 + COMM_ALLREDUCE, (s1 - s0) * sizeof(float));
+        Xfer rx = xfer_make(prev, CH_COLLECTIVE, 1 + COMM_ALLREDUCE, (r1 - r0) * sizeof(float));
+        tx.src = (const uint8_t *)(buf + s0);
+        rx.dst = (uint8_t *)(buf + r0);
+        comm_run(c, &tx, &rx);
+    }
+}
+
+// comm_reduce_scatter: in holds size chunks of n_per_rank; out gets chunk
+// grp->me summed over the group, in allreduce's order. out may be
+// in + me * n_per_rank; otherwise the two must not overlap.
+static inline void comm_reduce_scatter(Comm *c, const Group *grp, const float *in, float *out, size_t n_per_rank, int op) {
+    comm_check_group(c, grp, "reduce_scatter");
+    if (c != NULL) comm_enter(c, "reduce_scatter", COMM_REDUCE_SCATTER);
+    if (op != OP_SUM && op != OP_AVG) comm_usage_die(c, "reduce_scatter: op %d is neither OP_SUM nor OP_AVG", op);
+    int size = grp->size, me = grp->me;
+    size_t n = n_per_rank;
+    if (size == 1) {
+        if (out != in) memmove(out, in, n * sizeof(float));
+        return;
+    }
+    if (c->scratch_floats < 2 * n) {
+        free(c->scratch);
+        c->scratch = (float *)malloc(2 * n * sizeof(float) + 1);
+        if (c->scratch == NULL) comm_usage_die(c, "reduce_scatter: out of memory for %zu floats", 2 * n);
+        c->scratch_floats = 2 * n;
+    }
+    int next = comm_next(grp), prev = comm_prev(grp);
+    const float *sending = in + (size_t)comm_mod(me - 1, size) * n;
+    for (int s = 0; s < size - 1; s++) {
+        int kr = comm_mod(me - s - 2, size);
+        float *sum = s == size - 2 ? out : c->scratch + (size_t)(s % 2) * n;
+        Xfer tx = xfer_make(next, CH_COLLECTIVE, 1 + COMM_REDUCE_SCATTER, n * sizeof(float));
+        Xfer rx = xfer_make(prev, CH_COLLECTIVE, 1 + COMM_REDUCE_SCATTER, n * sizeof(float));
+        tx.src = (const uint8_t *)sending;
+        rx.sum = sum;
+        rx.addend = in + (size_t)kr * n;
+        comm_run(c, &tx, &rx);
+        sending = sum;
+    }
+    if (op == OP_AVG) for (size_t j = 0; j < n; j++) out[j] /= (float)size;
+}
+
+// comm_allgather: out[k*n_per_rank ..] = member k's in; in may be out + me * n_per_rank
+static inline void comm_allgather(Comm *c, const Group *grp, const float *in, float *out, size_t n_per_rank) {
+    comm_check_group(c, grp, "allgather");
+    if (c != NULL) comm_enter(c, "allgather", COMM_ALLGATHER);
+    int size = grp->size, me = grp->me;
+    size_t n = n_per_rank;
+    if (out + (size_t)me * n != in) memmove(out + (size_t)me * n, in, n * sizeof(float));
+    if (size == 1) return;
+    int next = comm_next(grp), prev = comm_prev(grp);
+    for (int s = 0; s < size - 1; s++) {
+        int ks = comm_mod(me - s, size), kr = comm_mod(me - s - 1, size);
+        Xfer tx = xfer_make(next, CH_COLLECTIVE, 1 + COMM_ALLGATHER, n * sizeof(float));
+        Xfer rx = xfer_make(prev, CH_COLLECTIVE, 1 + COMM_ALLGATHER, n * sizeof(float));
+        tx.src = (const uint8_t *)(out + (size_t)ks * n);
+        rx.dst = (uint8_t *)(out + (size_t)kr * n);
+        comm_run(c, &tx, &rx);
+    }
+}
+
+// comm_broadcast: member root_index's bytes to every member, along the ring
+// from the root, each member forwarding a piece as soon as it has it
+static inline void comm_broadcast(Comm *c, const Group *grp, void *buf, size_t bytes, int root_index) {
+    comm_check_group(c, grp, "broadcast");
+    if (c != NULL) comm_enter(c, "broadcast", COMM_BROADCAST);
+    int size = grp->size;
+    if (root_index < 0 || root_index >= size)
+        comm_usage_die(c, "broadcast: root index %d is outside the group of %d", root_index, size);
+    if (size == 1) return;
+    int pos = comm_mod(grp->me - root_index, size);  // 0 is the root, size-1 the end of the chain
+    Xfer rx = xfer_make(comm_prev(grp), CH_COLLECTIVE, 1 + COMM_BROADCAST, bytes);
+    Xfer tx = xfer_make(comm_next(grp), CH_COLLECTIVE, 1 + COMM_BROADCAST, bytes);
+    rx.dst = (uint8_t *)buf;
+    tx.src = (const uint8_t *)buf;
+    if (pos != 0) tx.gate = &rx;
+    comm_run(c, pos == size - 1 ? NULL : &tx, pos == 0 ? NULL : &rx);
+}
+
+// comm_barrier: size-1 rounds of an empty message to the next member; after
+// round k a member has heard, through the chain, from the k+1 before it
+static inline void comm_barrier(Comm *c, const Group *grp) {
+    comm_check_group(c, grp, "barrier");
+    if (c != NULL) comm_enter(c, "barrier", COMM_BARRIER);
+    if (grp->size == 1) return;
+    for (int s = 0; s < grp->size - 1; s++) {
+        Xfer tx = xfer_make(comm_next(grp), CH_COLLECTIVE, 1 + COMM_BARRIER, 0);
+        Xfer rx = xfer_make(comm_prev(grp), CH_COLLECTIVE, 1 + COMM_BARRIER, 0);
+        comm_run(c, &tx, &rx);
+    }
+}
+
+static inline void comm_check_peer(Comm *c, const char *op, int peer, int channel) {
+    if (c == NULL) comm_usage_die(c, "%s: no communicator (a single process has no peers)", op);
+    if (peer < 0 || peer >= c->world || peer == c->rank)
+        comm_usage_die(c, "%s: peer rank %d is not another rank of the world of %d", op, peer, c->world);
+    if (channel < 0 || channel >= CH_COUNT || channel == CH_HELLO)
+        comm_usage_die(c, "%s: channel %d is not a message channel", op, channel);
+}
+
+// comm_send / comm_recv: one message on a channel, stamped with the step and
+// micro-batch; the receiver names the same channel, micro-batch and size.
+// Messages on a link arrive in the order sent. A send returns once every
+// piece is in the ring: one larger than COMM_SLOTS pieces needs the receiver
+// to be receiving; two ranks that exchange at once use comm_sendrecv.
+static inline void comm_send(Comm *c, int dst_rank, int channel, int microbatch, const void *buf, size_t bytes) {
+    comm_check_peer(c, "send", dst_rank, channel);
+    comm_enter(c, "send", COMM_P2P);
+    Xfer tx = xfer_make(dst_rank, channel, (uint32_t)microbatch, bytes);
+    tx.src = (const uint8_t *)buf;
+    comm_run(c, &tx, NULL);
+}
+
+static inline void comm_recv(Comm *c, int src_rank, int channel, int microbatch, void *buf, size_t bytes) {
+    comm_check_peer(c, "recv", src_rank, channel);
+    comm_enter(c, "recv", COMM_P2P);
+    Xfer rx = xfer_make(src_rank, channel, (uint32_t)microbatch, bytes);
+    rx.dst = (uint8_t *)buf;
+    comm_run(c, NULL, &rx);
+}
+
+// comm_sendrecv: a send and a receive that progress together (NCCL's grouped
+// send/recv pair), so neighbours exchanging large messages cannot deadlock
+static inline void comm_sendrecv(Comm *c, int dst_rank, int send_channel, int send_microbatch, const void *sendbuf,
+                                 size_t send_bytes, int src_rank, int recv_channel, int recv_microbatch, void *recvbuf,
+                                 size_t recv_bytes) {
+    comm_check_peer(c, "sendrecv", dst_rank, send_channel);
+    comm_check_peer(c, "sendrecv", src_rank, recv_channel);
+    comm_enter(c, "sendrecv", COMM_P2P);
+    Xfer tx = xfer_make(dst_rank, send_channel, (uint32_t)send_microbatch, send_bytes);
+    Xfer rx = xfer_make(src_rank, recv_channel, (uint32_t)recv_microbatch, recv_bytes);
+    tx.src = (const uint8_t *)sendbuf;
+    rx.dst = (uint8_t *)recvbuf;
+    comm_run(c, &tx, &rx);
+}
+
+// comm_wait_ms: the time this rank has spent in the communicator's calls so
+// far, in ms: waiting for its peers, and moving and checking the frames
+// (which are quick next to a wait). A rank slower than its peers waits
+// little; they wait for it. The trainers' watch report (trainer.h) reads it
+// around each step.
+static inline double comm_wait_ms(const Comm *c) { return c != NULL ? c->wait_ms : 0.0; }
+
+// wait_since: what a wait clock (comm_wait_ms, or nccl_comm.h's
+// nccl_wait_ms) ran since *mark, an earlier reading of it, in ms. *mark
+// becomes clock, so the next call counts from here.
+static inline double wait_since(double *mark, double clock) {
+    double ms = clock - *mark;
+    *mark = clock;
+    return ms;
+}
+
+// comm_get_bytes: payload bytes this rank has sent, per COMM_* counter
+// (headers and tags not counted)
+static inline void comm_get_bytes(const Comm *c, uint64_t out[COMM_NCOUNTERS]) {
+    for (int i = 0; i < COMM_NCOUNTERS; i++) out[i] = c != NULL ? c->sent[i] : 0;
+}
+
+static inline void comm_print_bytes(const Comm *c, FILE *f) {
+    uint64_t b[COMM_NCOUNTERS];
+    comm_get_bytes(c, b);
+    fprintf(f, "rank %d bytes sent:", c != NULL ? c->rank : 0);
+    for (int i = 0; i < COMM_P2P; i++) fprintf(f, " %s %" PRIu64, comm_counter_name(i), b[i]);
+    fprintf(f, " | p2p:");
+    for (int ch = 0; ch < CH_COUNT; ch++) {
+        if (ch != CH_HELLO) fprintf(f, " %s %" PRIu64, channel_name(ch), b[COMM_P2P + ch]);
+    }
+    fprintf(f, "\n");
+}
+
+static inline void comm_free(Comm *c) {
+    if (c == NULL) return;
+    if (c->base != NULL) {
+        if (c->shm_name[0] != '\0') shm_unlink(c->shm_name);
+        munmap(c->base, c->map_bytes);
+        links_free(&c->links);
+    }
+    free(c->frame);
+    free(c->scratch);
+    free(c);
+}
+
+#endif

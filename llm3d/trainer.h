@@ -1,0 +1,1057 @@
+/*
+ * trainer.h: what both trainers' main() do around the training loop, written
+ * once. train_gpt2.c and train_gpt2.cu call the same functions in the same
+ * order; what differs between them is what the hardware does: building the
+ * model, a step, an evaluation, a sample's forward, a checkpoint's writes.
+ *
+ * defines:
+ *   Job                  one run of a trainer: its flags, the model's shape,
+ *                        the batch and steps, the checkpoint it resumes, its
+ *                        data, tokenizer and log
+ *   trainer_name, die, die_usage, now_ms, flops_per_token
+ *   before any rank starts (so a bad job is refused once, by the launcher):
+ *     parse_flags, parse_fault, check_model, check_batch_and_data,
+ *     checkpoint_setup
+ *   on each rank, after it joined the job:
+ *     start_rank, start_mark, start_marks_judge, start_marks_refused, load_params, open_data, open_tokenizer_and_log,
+ *     activation_sets, step_plan, print_model_and_batch, announce_resume
+ *   in the loop: next_batch, evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
+ *     report_hellaswag, outlier_skip (llm.c's -sl -sg; steps not finite), nonfinite_stop,
+ *     report_step, print_mfu, checkpoint_state, print_checkpoint_written
+ *   after the last step: final_line, report_final
+ *   the watch report (-wr): Watch, watch_init, watch_step_begin,
+ *     watch_step_end, watch_add_wait, watch_due, watch_pack, watch_judge, watch_print,
+ *     watch_free; the faults the trainers act on: fault_slow_step,
+ *     fault_drift_due
+ *   the consistency check (-ck): unit_digests, replica_tensor_name,
+ *     replicas_judge, print_replicas_disagree
+ *   sampling: random_f32 (xorshift*), sample_token (inverse CDF of the softmax)
+ *   at the end: free_job
+ *
+ * Exit codes: 0 done (or -h), 2 a bad job (flags, files), 1 a failure while
+ * running. Every error is one line on stderr that starts with the program's
+ * name.
+ */
+#ifndef LLM3D_TRAINER_H
+#define LLM3D_TRAINER_H
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "llm3d/gpt2.h"
+#include "secure.h"
+#include "llm3d/checkpoint.h"
+#include "dataloader.h"
+#include "llm3d/tokenizer.h"
+#include "llm3d/hellaswag.h"
+#include "parallel.h"
+
+typedef struct {
+    Options opt;
+    Fault fault;             // -fault, for the ranks' communicators
+    GPT2Config config;       // the model's shape
+    int random_init;         // 1: -e is a descriptor (the seeded init); 0: a model file
+    int init_sealed;         // -e's model file is sealed (-enc 2's final model)
+    uint64_t init_file_id;   // its sealed header's file id, read at the start: each rank loads from that file
+    Grid layout;             // the layout of -np -tp -pp, checked before any rank starts
+    int accum;               // micro-batches per optimizer step on each data-parallel rank
+    long total_batch;        // tokens per optimizer step, all ranks together
+    int steps, start;        // the run's optimizer steps; the first one this launch does
+    // the checkpoint key, and the checkpoint this launch resumes from
+    uint8_t ckpt_key[32];
+    int resuming;
+    CkptState ck;
+    char ck_dir[800];        // -o is at most 700 bytes
+    double load_t0, verify_ms;  // when the checkpoint setup began; its verification's time
+    DataLoader train, val;
+    int data_open;           // train and val are open already: check_batch_and_data's, kept (dp 1, not a launcher)
+    int have_val, have_tok;  // an evaluation every -v steps; samples every -s steps
+    int val_batches;         // val batches per data-parallel rank per evaluation (-m, at most the split's)
+    HsSet hs;                // -h 1: the HellaSwag examples
+    int have_hs;
+    Tokenizer tok;
+    FILE *logf;              // rank 0's JSON-lines log, or NULL
+    double loop_t0;          // when this launch's first step began (report_step's ETA)
+    uint64_t sample_rng;     // xorshift* state, saved in checkpoints
+} Job;
+
+// "train_gpt2" or "train_gpt2cu": each main sets it first; every error line starts with it
+static const char *trainer_name = "train_gpt2";
+
+static void die(int status, const char *msg) {
+    fprintf(stderr, "%s: %s\n", trainer_name, msg);
+    exit(status);
+}
+
+static void die_usage(const char *msg) { die(2, msg); }
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+// FLOPs per token for forward + backward: 6 per parameter (lm_head included,
+// position embeddings excluded), plus attention's 6 * L * T * C (causal half of 12)
+static double flops_per_token(const GPT2Config *c, int T) {
+    double n = (double)param_count(c) - (double)c->maxT * c->C;
+    return 6.0 * n + 6.0 * c->L * (double)T * c->C;
+}
+
+// ----------------------------------------------------------------------------
+// the job, checked before any rank starts
+
+// a process that mpirun or torchrun started as one of several ranks joins
+// the others through --rendezvous; without it, it would run the whole job
+// alone, beside its copies (and with -np N each would start N more), so it
+// stops and says what to add
+static void check_outside_launch(const Options *o) {
+    static const char *launchers[][3] = {{"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "mpirun (Open MPI)"},
+                                         {"WORLD_SIZE", "RANK", "torchrun"}};
+    if (o->rendezvous != NULL || getenv("LLM3D_RANK") != NULL) return;
+    for (int k = 0; k < 2; k++) {
+        const char *size = getenv(launchers[k][0]), *rank = getenv(launchers[k][1]);
+        if (size == NULL || atoi(size) < 2) continue;
+        char msg[600];
+        snprintf(msg, sizeof(msg), "started by %s as rank %s of %s, but without --rendezvous: add --rendezvous "
+                 "tcp:127.0.0.1:29500 --key-file FILE, the same on every rank (doc/llmc.md, \"mpirun\"), or start one "
+                 "process with -np %s", launchers[k][2], rank != NULL ? rank : "?", size, size);
+        die_usage(msg);
+    }
+}
+
+// the flags (gpt2.h's table; more_usage: the trainer's own lines for -h;
+// build: what llm.c's -a -f -w -ge -nm may say), and the job's world: the
+// ranks of mpirun/srun/torchrun when they started us
+static void parse_flags(Job *job, int argc, char **argv, const char *more_usage, const TrainerBuild *build) {
+    char err[2048];
+    memset(job, 0, sizeof(*job));
+    options_defaults(&job->opt);
+    int rc = options_parse(&job->opt, argc, argv, err, sizeof(err));
+    if (rc == 1) {
+        options_usage(stdout, argv[0]);
+        fputs(more_usage, stdout);
+        exit(0);
+    }
+    if (rc != 0 || options_check_build(&job->opt, build, err, sizeof(err)) != 0) die_usage(err);
+    if (job->opt.ckpt_keep == 0) job->opt.ckpt_keep = INT_MAX;  // -nk 0: keep them all, as llm.c's
+    check_outside_launch(&job->opt);
+    // from here on a signal asks for a checkpoint (with -o), and a full disk
+    // fails a write (and says so) instead of killing the process
+    if (job->opt.out_dir) ckpt_catch_signals();
+    signal(SIGXFSZ, SIG_IGN);
+    int world = parallel_world(job->opt.np, job->opt.rendezvous, err, sizeof(err));
+    if (world < 0) die_usage(err);
+    job->opt.np = world;
+}
+
+// -fault, its rank one of the job's (the launcher refuses it, not the ranks)
+static void parse_fault(Job *job) {
+    char err[2048];
+    if (job->opt.fault && fault_parse(job->opt.fault, &job->fault, err, sizeof(err)) != 0) die_usage(err);
+    if (fault_check_world(&job->fault, job->opt.np, err, sizeof(err)) != 0) die_usage(err);
+}
+
+// the model's shape from -e (a descriptor, or a model file's header, sealed
+// or not), -t against its maxT, and the layout against the model. A sealed
+// file is opened once here, a plain one twice (the first open finds it is
+// not sealed).
+static void check_model(Job *job) {
+    char err[2048];
+    const Options *o = &job->opt;
+    const GPT2Config *c = &job->config;
+    job->init_sealed = 0;
+    int rc = options_descriptor(o, &job->config, err, sizeof(err));  // -e dN, -ev -et -ec
+    if (rc == 0) rc = ckpt_init_config(o, &job->config, &job->init_sealed, &job->init_file_id, err, sizeof(err));
+    if (rc == 0 && !job->init_sealed) rc = options_model_file(o, &job->config, err, sizeof(err));
+    if (rc < 0) die_usage(err);
+    job->random_init = rc;
+    if (o->T > c->maxT) {
+        snprintf(err, sizeof(err), "flag -t: T = %d exceeds the model's maxT = %d (%s)", o->T, c->maxT, o->init);
+        die_usage(err);
+    }
+    if (grid_init(&job->layout, o->np, o->tp, o->pp, 0, err, sizeof(err)) != 0) die_usage(err);
+    if (grid_check_model(&job->layout, c->L, c->NH, c->C, c->Vp, err, sizeof(err)) != 0) die_usage(err);
+}
+
+// -h 1: the HellaSwag file, -hf or llm.c's path. Like llm.c, a run without
+// the file at the default path goes on without HellaSwag (and says so, when
+// chatty); a file that -hf names must be there. It runs with the
+// evaluations, so -v 0 turns it off too.
+static void open_hellaswag(Job *job, int chatty) {
+    char err[2048];
+    const Options *o = &job->opt;
+    const char *path = o->hellaswag_file != NULL ? o->hellaswag_file : HS_DEFAULT_FILE;
+    job->have_hs = 0;
+    if (!o->hellaswag) return;
+    if (o->val_every == 0) {
+        if (chatty) printf("note: flag -h 1: HellaSwag runs with the evaluations, and -v 0 turns them off\n");
+        return;
+    }
+    if (o->hellaswag_file == NULL && access(path, F_OK) != 0) {
+        if (chatty)
+            printf("note: flag -h 1: no HellaSwag file at %s, so no HellaSwag in this run; make it with "
+                   "./prepare_data hellaswag (doc/llmc.md) or give -hf\n", path);
+        return;
+    }
+    if (hs_read(&job->hs, path, job->config.V, o->T, o->B, err, sizeof(err)) != 0) die_usage(err);
+    job->have_hs = 1;
+}
+
+// the key of encrypted shards (prepare_data --key-file): --key-file's, read
+// into key; NULL without the flag, and then a sealed shard is refused naming it
+static const uint8_t *data_key(const Options *o, uint8_t key[32]) {
+    char err[1024];
+    if (o->key_file == NULL) return NULL;
+    if (key_read_file(o->key_file, key, err, sizeof(err)) != 0) die_usage(err);
+    return key;
+}
+
+// the batch against the job's data-parallel size, and the data: both
+// streams open with this B and T and hold tokens below the model's V. With
+// dp 1 every rank reads the whole of both streams, so the loaders opened
+// for the check are the ones open_data would open: a rank keeps them, and
+// each shard is read, hashed and (sealed) decrypted once, not twice. A
+// launcher (-np above 1 without --rendezvous) frees them: it only waits for
+// its ranks, which open their own, and holding the data key is no use to it.
+static void check_batch_and_data(Job *job) {
+    char err[2048];
+    const Options *o = &job->opt;
+    int dp = job->layout.dp, V = job->config.V;
+    if (batch_accum(o, dp, err, sizeof(err)) < 0) die_usage(err);
+    if (parallel_launched_rank()) return;  // its launcher opened (and hashed) the data just now
+    uint8_t key_bytes[32];
+    const uint8_t *key = data_key(o, key_bytes);
+    int rc = dataloader_init_key(&job->train, o->train_pattern, o->B, o->T, 0, dp, o->shuffle, (uint64_t)o->seed, V,
+                                 key, err, sizeof(err));
+    job->have_val = o->val_every > 0;
+    if (rc == 0 && job->have_val)
+        rc = dataloader_init_key(&job->val, o->val_pattern, o->B, o->T, 0, dp, 0, 0, V, key, err, sizeof(err));
+    secure_wipe(key_bytes, sizeof(key_bytes));
+    if (rc != 0) die_usage(err);
+    int launcher = o->np > 1 && o->rendezvous == NULL;
+    job->data_open = dp == 1 && !launcher;
+    if (!job->data_open) {
+        dataloader_free(&job->train);
+        if (job->have_val) dataloader_free(&job->val);
+    }
+    open_hellaswag(job, 0);
+    if (job->have_hs) hs_free(&job->hs);
+}
+
+// the checkpoint key and, with -y or -ys, the checkpoint to resume from
+// (checkpoint.h's ckpt_setup), verified before any rank starts so that a
+// bad one is refused once; the step and the sampling RNG to start from
+static void checkpoint_setup(Job *job) {
+    char err[2048];
+    job->load_t0 = now_ms();
+    // the launcher hashes the files; the ranks it starts moments later check the seal and the sizes
+    int rc = ckpt_setup(&job->opt, &job->config, !parallel_launched_rank(), job->ckpt_key, &job->ck, job->ck_dir,
+                        sizeof(job->ck_dir), err, sizeof(err));
+    if (rc < 0) die_usage(err);
+    job->verify_ms = now_ms() - job->load_t0;
+    job->resuming = rc;
+    job->start = job->resuming ? job->ck.step : 0;
+    job->sample_rng = job->resuming ? job->ck.sample_rng : (uint64_t)job->opt.seed * 2654435761ull + 1;
+}
+
+// ----------------------------------------------------------------------------
+// this rank's run, once it has its place g in the job
+
+// rank 0 locks -o for the whole run; the batch for the layout the ranks
+// joined (an outside launcher's world may differ from -np)
+static void start_rank(Job *job, const Grid *g) {
+    char err[2048];
+    if (g->rank == 0 && job->opt.out_dir && ckpt_lock(job->opt.out_dir, err, sizeof(err)) != 0) die(1, err);
+    job->accum = batch_accum(&job->opt, g->dp, err, sizeof(err));
+    if (job->accum < 0) die_usage(err);
+    job->total_batch = (long)job->opt.B * job->opt.T * g->dp * job->accum;
+}
+
+// What a rank starts from, as its own start-up checks found it: its start
+// mark, START_MARK_WORDS words. The checkpoint's step + 1 when it resumes
+// (else 0); then what -e gave it: 0 the seeded init, 1 a plain model file,
+// 2 a sealed one; and an id: the checkpoint's (CkptState's id, from its
+// manifest), or the sealed file's, else 0. Each rank checks on its own, so a
+// file swapped or a checkpoint removed between two ranks' checks, or ranks
+// on two nodes finding different checkpoints of the same step (one node's
+// left from an earlier run), would have them load parts of different models,
+// or one rank wait at a collective the other never joins; the ranks compare
+// their marks once they are connected. A plain file has no id, so one plain
+// model swapped for another is not caught: a plain file is not authenticated
+// anyway.
+enum { START_MARK_WORDS = 3 };
+
+static void start_mark(const Job *job, uint64_t *mark) {
+    mark[0] = job->resuming ? (uint64_t)job->ck.step + 1 : 0;
+    mark[1] = job->resuming || job->random_init ? 0 : job->init_sealed ? 2 : 1;
+    mark[2] = job->resuming ? job->ck.id : mark[1] == 2 ? job->init_file_id : 0;
+}
+
+static void start_mark_describe(const uint64_t *mark, const char *init, char *out, size_t outlen) {
+    if (mark[0] > 0)
+        snprintf(out, outlen, "the checkpoint of step %llu, id %016llx", (unsigned long long)(mark[0] - 1),
+                 (unsigned long long)mark[2]);
+    else if (mark[1] == 2) snprintf(out, outlen, "%s, file id %016llx", init, (unsigned long long)mark[2]);
+    else if (mark[1] == 1) snprintf(out, outlen, "%s, a plain model file", init);
+    else snprintf(out, outlen, "the seeded init of %s", init);
+}
+
+// start_marks_judge: marks holds every rank's start mark, in rank order.
+// Returns the number of ranks whose mark is not rank 0's, the same on every
+// rank; when this rank's is one of them, err says what each started from
+// (else err is empty).
+static int start_marks_judge(const char *init, const uint64_t *marks, int world, int rank, char *err, size_t errlen) {
+    enum { W = START_MARK_WORDS };
+    int differ = 0;
+    err[0] = '\0';
+    for (int r = 1; r < world; r++) differ += memcmp(marks + r * W, marks, W * sizeof(uint64_t)) != 0;
+    if (memcmp(marks + rank * W, marks, W * sizeof(uint64_t)) != 0) {
+        char mine[1200], first[1200];
+        start_mark_describe(marks + rank * W, init, mine, sizeof(mine));
+        start_mark_describe(marks, init, first, sizeof(first));
+        errorf(err, errlen, "rank %d starts from %s, but rank 0 from %s: a file changed between the ranks' "
+               "start-up checks", rank, mine, first);
+    }
+    return differ;
+}
+
+// after the ranks gathered their start marks: 1 when they disagree, with
+// this rank's line printed if its mark is one that differs; else 0
+static int start_marks_refused(const Job *job, const uint64_t *marks, int world, int rank) {
+    char err[3000];
+    if (start_marks_judge(job->opt.init, marks, world, rank, err, sizeof(err)) == 0) return 0;
+    if (err[0] != '\0') fprintf(stderr, "%s: %s\n", trainer_name, err);
+    fflush(stderr);
+    return 1;
+}
+
+// the parameters: from the checkpoint being resumed, from -e's model file
+// (plain, or sealed by -enc 2), or NULL for the seeded init of -e's
+// descriptor. Of a sealed file (checkpoint.h's ckpt_model_load_part and
+// ckpt_init_load) only what this rank's part of the model g reads is
+// decrypted.
+static float *load_params(Job *job, const Grid *g) {
+    char err[2048], path[1024];
+    if (!job->resuming && job->random_init) return NULL;
+    float *params = NULL;
+    if (!job->resuming && !job->init_sealed) {
+        params = model_load(job->opt.init, &job->config, err, sizeof(err));
+        if (params == NULL) die_usage(err);
+        return params;
+    }
+    Shard s = shard_for(&job->config, g->tp, g->tp_rank, g->pp, g->pp_rank, g->dp, g->dp_rank);
+    UnitTable ut;
+    if (unit_table(&ut, &job->config, &s, 1) != 0) die(1, "out of memory for the unit table");
+    if (job->resuming) {
+        snprintf(path, sizeof(path), "%s/model.bin", job->ck_dir);
+        params = ckpt_model_load_part(path, job->ckpt_key, &job->config, &s, &ut, err, sizeof(err));
+    } else {
+        params = ckpt_init_load(&job->opt, &job->config, job->init_file_id, &s, &ut, err, sizeof(err));
+    }
+    free(ut.units);
+    if (params == NULL) die_usage(err);
+    return params;
+}
+
+// this rank's slices of the train and val streams (the tp and pp ranks of a
+// replica read the same), where the checkpoint left the train stream, and
+// the run's steps: -x, or one epoch
+static void open_data(Job *job, const Grid *g) {
+    char err[2048];
+    const Options *o = &job->opt;
+    int V = job->config.V;
+    if (!job->data_open) {  // dp 1 kept check_batch_and_data's loaders, which are these
+        uint8_t key_bytes[32];
+        const uint8_t *key = data_key(o, key_bytes);
+        int rc = dataloader_init_key(&job->train, o->train_pattern, o->B, o->T, g->dp_rank, g->dp, o->shuffle,
+                                     (uint64_t)o->seed, V, key, err, sizeof(err));
+        job->have_val = o->val_every > 0;
+        if (rc == 0 && job->have_val)
+            rc = dataloader_init_key(&job->val, o->val_pattern, o->B, o->T, g->dp_rank, g->dp, 0, 0, V, key, err,
+                                     sizeof(err));
+        secure_wipe(key_bytes, sizeof(key_bytes));
+        if (rc != 0) die_usage(err);
+    }
+    // -m: llm.c's val_max_steps, batches per rank; never more than the split
+    // holds, so that no val token is counted twice
+    if (job->have_val) {
+        long whole = dataloader_batches_per_epoch(&job->val);
+        if (whole < 1) {
+            errorf(err, sizeof(err), "flag -j: %s holds fewer than one batch of B*T = %d tokens per data-parallel rank "
+                   "(dp %d)", o->val_pattern, o->B * o->T, g->dp);
+            die_usage(err);
+        }
+        job->val_batches = o->val_batches < 0 || o->val_batches > whole ? (int)whole : o->val_batches;
+    }
+    open_hellaswag(job, g->rank == 0);
+    if (g->rank == 0) {  // once per job: the check before launch warned nobody
+        fputs(dataloader_warnings(&job->train), stderr);
+        if (job->have_val) fputs(dataloader_warnings(&job->val), stderr);
+    }
+    DataLoaderState pos = {job->ck.data[0], job->ck.data[1], job->ck.data[2], job->ck.data[3]};
+    if (job->resuming && dataloader_set_state(&job->train, &pos, err, sizeof(err)) != 0) die_usage(err);
+    job->steps = o->steps >= 0 ? o->steps : (int)(dataloader_batches_per_epoch(&job->train) / job->accum);
+    if (job->steps < 1) job->steps = 1;
+    if (job->resuming && job->ck.step > job->steps) {
+        errorf(err, sizeof(err), "flag -x: %d steps, but checkpoint %s is of step %d", job->steps, job->ck_dir,
+               job->ck.step);
+        die_usage(err);
+    }
+}
+
+// the tokenizer, when this run prints samples (one-rank runs only), and on
+// rank 0 the JSON-lines log: -lg, else DIR/log.jsonl of -o (ckpt_setup made
+// DIR); a resumed run keeps the lines of the steps before its checkpoint
+static void open_tokenizer_and_log(Job *job, const Grid *g) {
+    char err[2048], in_dir[1024];
+    const Options *o = &job->opt;
+    job->have_tok = o->tokenizer != NULL && o->sample_every > 0 && g->world == 1;
+    if (job->have_tok && tokenizer_load_bin(&job->tok, o->tokenizer, err, sizeof(err)) != 0) die_usage(err);
+    if (g->rank == 0 && o->sample_every > 0 && !job->have_tok) {  // (llm.c samples token ids without a tokenizer)
+        if (o->tokenizer == NULL) printf("note: flag -s: no samples without a tokenizer .bin (-tk)\n");
+        else printf("note: flag -tk: samples are printed by one-rank runs only; none in this run of %d ranks\n", g->world);
+    }
+    if (g->rank != 0 || (o->log_file == NULL && o->out_dir == NULL)) return;
+    const char *path = o->log_file;
+    if (path == NULL) {
+        snprintf(in_dir, sizeof(in_dir), "%s/log.jsonl", o->out_dir);
+        path = in_dir;
+    }
+    if (job->resuming && log_keep_before(path, job->ck.step, err, sizeof(err)) != 0) die_usage(err);
+    const char *mode = job->resuming ? "a" : "w";
+    // the log in -o is never reached through a link (checkpoint.h); -lg's path is the user's to choose
+    job->logf = o->log_file != NULL ? fopen(path, mode) : fopen_nofollow(path, mode, err, sizeof(err));
+    if (job->logf == NULL) {
+        if (o->log_file != NULL) errorf(err, sizeof(err), "%s: cannot create log file: %s", path, strerror(errno));
+        die_usage(err);
+    }
+}
+
+// the micro-batches whose activations this stage holds at once under the schedule
+static int activation_sets(const Job *job, const Grid *g) {
+    return pipeline_inflight(job->opt.pipe_schedule == PS_GPIPE, g->pp, g->pp_rank, job->accum);
+}
+
+// this stage's forwards and backwards of one step in the order of the
+// pipeline schedule, each with the messages around it (pipeline.h's
+// pipeline_plan); *n of them
+static PipeStep *step_plan(const Job *job, const Grid *g, int *n) {
+    size_t ops_max = 2 * (size_t)job->accum;
+    PipeOp *ops = (PipeOp *)calloc(ops_max, sizeof(PipeOp));
+    PipeStep *plan = (PipeStep *)calloc(ops_max, sizeof(PipeStep));
+    if (ops == NULL || plan == NULL) {
+        fprintf(stderr, "out of memory allocating the schedule of %d micro-batches\n", job->accum);
+        exit(1);
+    }
+    *n = pipeline_schedule(job->opt.pipe_schedule == PS_GPIPE, g->pp, g->pp_rank, job->accum, ops);
+    pipeline_plan(g->pp, g->pp_rank, ops, *n, plan);
+    free(ops);
+    return plan;
+}
+
+// rank 0's lines about the model and the batch
+static void print_model_and_batch(const Job *job, int dp) {
+    const GPT2Config *c = &job->config;
+    printf("model: L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters\n", c->L, c->C, c->NH, c->V, c->Vp, c->maxT,
+           param_count(c));
+    printf("batch: B=%d T=%d, %d micro-batches per step x dp %d = %ld tokens, %d steps\n", job->opt.B, job->opt.T,
+           job->accum, dp, job->total_batch, job->steps);
+}
+
+// rank 0's line on what this launch resumed (load_ms: the time to load the
+// parameters and the optimizer state, after their verification)
+static void announce_resume(const Job *job, double load_ms) {
+    double verify_ms = parallel_launched_rank() ? -1.0 : job->verify_ms;  // -1: its launcher hashed the files
+    ckpt_announce(&job->opt, job->resuming ? &job->ck : NULL, job->ck_dir, verify_ms, load_ms);
+}
+
+// the next micro-batch of a stream; a shard that changed since it was
+// checked (dataloader.h) ends the run with the loader's line
+static void next_batch(DataLoader *dl, int *inputs, int *targets) {
+    if (dataloader_next(dl, inputs, targets) != 0) die(1, dl->err);
+}
+
+// ----------------------------------------------------------------------------
+// llm.c's outlier guard (-sl, -sg): each step's loss and grad norm get a
+// z-score against a window of the last OUTLIER_WINDOW steps' values, the new
+// one included (none until the window is full); an update whose z-score is
+// above the flag's threshold is skipped. As in llm.c the windows start
+// afresh in each launch.
+//
+// A step whose loss or grad norm is not finite (NaN weights, an overflow, a
+// learning rate too high) never reaches the weights, guard or no guard: its
+// update is skipped ("not finite") and its values stay out of the windows,
+// which they would spoil for good. Under -sl or -sg the run goes on, as for
+// any outlier; without them it ends (nonfinite_stop).
+
+#define OUTLIER_WINDOW 128
+
+typedef struct {
+    double values[OUTLIER_WINDOW];
+    int count, next;
+    double sum, sumsq;
+} Outliers;
+
+// x's z-score once the window is full (NAN before); x enters the window
+static double outlier_zscore(Outliers *d, double x) {
+    if (d->count < OUTLIER_WINDOW) {
+        d->values[d->count++] = x;
+        d->sum += x;
+        d->sumsq += x * x;
+        return NAN;
+    }
+    double old = d->values[d->next];
+    d->values[d->next] = x;
+    d->next = (d->next + 1) % OUTLIER_WINDOW;
+    d->sum += x - old;
+    d->sumsq += x * x - old * old;
+    double mean = d->sum / OUTLIER_WINDOW, var = d->sumsq / OUTLIER_WINDOW - mean * mean;
+    return var > 0.0 ? (x - mean) / sqrt(var) : 0.0;
+}
+
+typedef struct {
+    Outliers loss, norm;
+    float loss_z, norm_z;     // the last step's z-scores (NAN: the window is not full yet)
+} OutlierGuard;
+
+static int outlier_guard_on(const Job *job) { return job->opt.skip_loss_z > 0 || job->opt.skip_norm_z > 0; }
+
+// this step's z-scores; "loss" or "norm" when -sl or -sg skips its update
+// (rank 0 says so, in llm.c's words), "not finite" for a step whose update
+// must not be applied at all (above), else NULL. Every rank has the same
+// loss and norm (all-reduced), so every rank decides the same.
+static const char *outlier_skip(const Job *job, OutlierGuard *g, float loss, float norm, int rank0) {
+    if (!isfinite(loss) || !isfinite(norm)) {
+        g->loss_z = g->norm_z = NAN;
+        if (outlier_guard_on(job) && rank0) printf("skipping update due to a loss or grad norm that is not finite\n");
+        return "not finite";
+    }
+    g->loss_z = (float)outlier_zscore(&g->loss, loss);
+    g->norm_z = (float)outlier_zscore(&g->norm, norm);
+    const char *what = NULL;
+    if (isfinite(g->loss_z) && job->opt.skip_loss_z > 0 && g->loss_z > job->opt.skip_loss_z) what = "loss";
+    else if (isfinite(g->norm_z) && job->opt.skip_norm_z > 0 && g->norm_z > job->opt.skip_norm_z) what = "norm";
+    if (what != NULL && rank0)
+        printf("skipping update due to %s z-score of %f\n", what[0] == 'l' ? "loss" : "grad",
+               what[0] == 'l' ? g->loss_z : g->norm_z);
+    return what;
+}
+
+// nonfinite_stop: whether the step of l, skipped as not finite, ends the
+// run (it does unless -sl or -sg is on); rank 0 then says so in one line,
+// and the caller waits for every rank (so the line is out before the
+// launcher hears of an exit) and exits 1
+static int nonfinite_stop(const Job *job, const LogLine *l, int rank0) {
+    if (l->skipped == NULL || strcmp(l->skipped, "not finite") != 0 || outlier_guard_on(job)) return 0;
+    if (rank0) {
+        fflush(stdout);
+        fprintf(stderr, "%s: step %d: loss %g, grad norm %g: not finite, so the step's update was not applied and "
+                "the run stops (NaN or huge weights, bad data, or a learning rate too high? -sl or -sg skip such "
+                "steps and go on)\n", trainer_name, l->step, l->loss, l->norm);
+    }
+    return 1;
+}
+
+// ----------------------------------------------------------------------------
+// the loop: what a step does besides training, and what it reports
+
+// the val loss before step 0, every -v steps, and after the last step
+// (step == steps: the final model, evaluated after the loop)
+static int evaluate_due(const Job *job, int step) {
+    return job->have_val && (step == job->steps || step % job->opt.val_every == 0);
+}
+
+// HellaSwag (-h 1) with the evaluations, after step 0 as in llm.c, and after the last step
+static int hellaswag_due(const Job *job, int step) {
+    return job->have_hs && (step == job->steps || (step > 0 && step % job->opt.val_every == 0));
+}
+
+// the accuracy of a HellaSwag evaluation that got `correct` examples right;
+// rank 0 prints llm.c's line for it
+static float report_hellaswag(const Job *job, float correct, int rank0) {
+    if (rank0) printf("HellaSwag: %d/%d = %f\n", (int)correct, job->hs.n, correct / job->hs.n);
+    return correct / job->hs.n;
+}
+
+// a sample every -s steps (not before any training), and after the last step
+static int sample_due(const Job *job, int step) {
+    return job->have_tok && (step == job->steps || (step > 0 && step % job->opt.sample_every == 0));
+}
+
+// the data-parallel replicas compare their parameters every -ck steps
+static int check_due(const Job *job, int step) {
+    return job->opt.check_every > 0 && step % job->opt.check_every == 0;
+}
+
+// a checkpoint after every -n steps, after the last, and when a signal stopped the run
+static int checkpoint_due(const Job *job, int step, int stopped) {
+    int done = step + 1;
+    return stopped || (job->opt.ckpt_every > 0 && (done % job->opt.ckpt_every == 0 || done == job->steps));
+}
+
+// a duration in seconds as 1h05m, 4m10s or 12s
+static const char *format_duration(double s, char *buf, size_t len) {
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, len, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(buf, len, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, len, "%lds", t);
+    return buf;
+}
+
+// rank 0's line for a step, up to its ETA (print_mfu ends it), and the
+// step's JSON log entry (l: its numbers; the tokens are filled
+// in here); with -sl or -sg, the z-scores of g too, as llm.c prints them.
+// The ETA: the rest of the steps at this launch's pace so far, its
+// evaluations and checkpoints included. Returns the tokens per second.
+static double report_step(Job *job, LogLine *l, const OutlierGuard *g) {
+    char eta[32];
+    double tok_s = job->total_batch / (l->ms / 1e3), now = now_ms();
+    if (l->step == job->start) job->loop_t0 = now - l->ms;
+    double per_step_s = (now - job->loop_t0) / 1e3 / (l->step - job->start + 1);
+    printf("step %4d/%d | loss %.6f", l->step, job->steps, l->loss);
+    if (outlier_guard_on(job)) printf(" (%+.2fz)", g->loss_z);
+    printf(" | norm %.4f", l->norm);
+    if (outlier_guard_on(job)) printf(" (%+.2fz)", g->norm_z);
+    printf(" | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s | ETA %s", l->lr, l->ms, tok_s,
+           tok_s * flops_per_token(&job->config, job->opt.T) / 1e9,
+           format_duration(per_step_s * (job->steps - l->step - 1), eta, sizeof(eta)));
+    l->trained = 1;
+    l->tokens = job->total_batch * (l->step + 1);
+    log_line(job->logf, l);
+    return tok_s;
+}
+
+// the end of rank 0's step line: the model FLOPs utilization of the whole
+// job at tok_s tokens per second, against peak, the FLOP/s that all its
+// ranks can do together (0 when not known)
+static void print_mfu(const Job *job, double tok_s, double peak) {
+    double fpt = flops_per_token(&job->config, job->opt.T);
+    if (peak > 0) printf(" | MFU %.1f%%\n", 100.0 * tok_s * fpt / peak);
+    else printf(" | MFU n/a\n");
+    fflush(stdout);
+}
+
+// the line after the last step (l: from final_line, its val loss and
+// HellaSwag accuracy filled in when measured): the final model's, in the
+// log, as llm.c evaluates once more after its last update
+static LogLine final_line(const Job *job) {
+    LogLine l = {job->steps, 0, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, job->total_batch * job->steps, NULL, NULL};
+    return l;
+}
+
+static void report_final(const Job *job, const LogLine *l) {
+    if (l->val_loss >= 0 || l->hellaswag >= 0) log_line(job->logf, l);
+}
+
+// what state.bin records after `done` steps (Adam's t: adam_t), the data
+// position and the sampling RNG included, and the layout that wrote it
+static CkptState checkpoint_state(const Job *job, int done, int adam_t, const Grid *g, int zero) {
+    const Options *o = &job->opt;
+    DataLoaderState pos;
+    dataloader_get_state(&job->train, &pos);
+    CkptState st = {done, adam_t, job->config, o->B, o->T, (int)job->total_batch, job->steps, o->seed, o->shuffle,
+                    {pos.epoch, pos.shard_pos, pos.sample_pos, pos.rng}, job->sample_rng,
+                    g->world, g->tp, g->pp, zero, 0};  // its id comes from the manifest once written
+    return st;
+}
+
+static void print_checkpoint_written(const Job *job, int done, double ms) {
+    printf("checkpoint %s/ckpt_%08d written in %.0f ms\n", job->opt.out_dir, done, ms);
+}
+
+// ----------------------------------------------------------------------------
+// the watch report (-wr N): a trainer that watches itself. Each rank times
+// every step (report_step's ms) and, within it, the time it spent in the
+// communicator's calls (wait: shm_comm.h's comm_wait_ms; the GPU trainer's
+// NCCL mode counts its NCCL kernels instead, nccl_comm.h's nccl_wait_ms);
+// compute is the rest. Every N steps the ranks all-gather their means over
+// the steps since the last report (two floats each, MAC'd like every
+// message), and rank 0 compares each rank with its peers, the ranks of its
+// pipeline stage, which do the same work (its tp peers and dp replicas; all
+// ranks when every stage is one rank):
+//   - a straggler: compute above WATCH_RATIO times the peers' median and
+//     at least WATCH_MIN_MS above it, in WATCH_REPORTS reports in a row. Its
+//     peers then wait for it, so it is the slow one, not they.
+//   - a rank that waits unusually: wait above WATCH_RATIO times the peers'
+//     median, at least WATCH_MIN_MS above it and above WATCH_WAIT_SHARE of
+//     its step, in WATCH_REPORTS reports in a row (a rank that waits for
+//     something its peers do not).
+// WATCH_MIN_MS keeps out what a busy machine's scheduler does to short
+// steps (a few ms), and the run of reports what one bad moment does.
+// Each is one line on stdout at every report while it lasts, and fields in
+// that step's log line; a report that finds nothing prints and logs nothing.
+// A job of one rank has nothing to compare and makes no reports.
+
+#define WATCH_RATIO 1.5
+#define WATCH_REPORTS 2
+#define WATCH_WAIT_SHARE 0.25
+#define WATCH_MIN_MS 5.0f
+#define WATCH_FLOATS 2          // what each rank sends: compute and wait, ms per step
+#define WATCH_LOG_ARRAYS 64     // the per-rank arrays go into the log up to this many ranks
+
+typedef struct {
+    int every;                  // -wr, 0 when off or for one rank
+    int world, tp, pp, rank;    // the job's grid: rank r's stage is (r / tp) % pp
+    int steps;                  // this rank: steps measured since the last report
+    double step_ms, wait_ms;    // their sums
+    double wait_before;         // the wait clock at the start of the step being measured
+    float *all;                 // every rank's WATCH_FLOATS (rank-major), where the report all-gathers them
+    int *slow_for, *wait_for;   // rank 0: the reports in a row in which each rank was slow / waited unusually
+    float *medians;             // rank 0: each group of peers' median compute and wait (pp x WATCH_FLOATS)
+    float *sorted;              // rank 0: one group's values being sorted for its median (world floats)
+    char *fields, *lines;       // rank 0: this report's log fields and lines ("" when nothing was found)
+    size_t fields_len, lines_len;
+} Watch;
+
+static void watch_init(Watch *w, const Job *job, const Grid *g) {
+    memset(w, 0, sizeof(*w));
+    w->every = g->world > 1 ? job->opt.watch_every : 0;
+    w->world = g->world;
+    w->tp = g->tp;
+    w->pp = g->pp;
+    w->rank = g->rank;
+    if (w->every == 0) return;
+    w->all = (float *)calloc((size_t)g->world * WATCH_FLOATS, sizeof(float));
+    if (w->all == NULL) die(1, "out of memory for the watch report");
+    if (g->rank != 0) return;
+    w->slow_for = (int *)calloc((size_t)g->world, sizeof(int));
+    w->wait_for = (int *)calloc((size_t)g->world, sizeof(int));
+    w->medians = (float *)calloc((size_t)g->pp * WATCH_FLOATS, sizeof(float));
+    w->sorted = (float *)calloc((size_t)g->world, sizeof(float));
+    w->fields_len = 200 + (size_t)g->world * 40;
+    w->lines_len = 200 + (size_t)g->world * 400;
+    w->fields = (char *)calloc(w->fields_len, 1);
+    w->lines = (char *)calloc(w->lines_len, 1);
+    if (w->slow_for == NULL || w->wait_for == NULL || w->medians == NULL || w->sorted == NULL || w->fields == NULL ||
+        w->lines == NULL)
+        die(1, "out of memory for the watch report");
+}
+
+// the step being measured starts (wait_now: the wait clock) and ends
+static void watch_step_begin(Watch *w, double wait_now) { w->wait_before = wait_now; }
+
+static void watch_step_end(Watch *w, double step_ms, double wait_now) {
+    w->steps++;
+    w->step_ms += step_ms;
+    w->wait_ms += wait_since(&w->wait_before, wait_now);
+}
+
+// for a trainer whose wait clock is read at the report rather than around
+// each step (the GPU trainer's: the GPU times its NCCL calls as it does
+// them): the wait of the steps since the last report
+static void watch_add_wait(Watch *w, double ms) { w->wait_ms += ms; }
+
+// a report after this step: every -wr steps, counted from step 0
+static int watch_due(const Watch *w, int step) { return w->every > 0 && (step + 1) % w->every == 0; }
+
+// this rank's compute and wait, ms per step since the last report, for the
+// all-gather; the sums start afresh
+static void watch_pack(Watch *w, float out[WATCH_FLOATS]) {
+    double n = w->steps > 0 ? w->steps : 1;
+    double wait = w->wait_ms < 0 ? 0 : w->wait_ms;
+    double compute = w->step_ms - wait;
+    out[0] = (float)((compute > 0 ? compute : 0) / n);
+    out[1] = (float)(wait / n);
+    w->steps = 0;
+    w->step_ms = w->wait_ms = 0.0;
+}
+
+static int watch_compare_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+// the group of peers rank r is compared with: its pipeline stage, or group
+// 0, all the ranks, when each stage is one rank
+static int watch_group(const Watch *w, int r) {
+    int alone = w->world / w->pp < 2;
+    return alone ? 0 : (r / w->tp) % w->pp;
+}
+
+// each group's median of value k (0 compute, 1 wait), once per report, into
+// w->medians[group * WATCH_FLOATS + k] (all: world x WATCH_FLOATS, rank-major)
+static void watch_peer_medians(Watch *w, const float *all) {
+    float *v = w->sorted;
+    for (int group = 0; group < w->pp; group++) {
+        for (int k = 0; k < WATCH_FLOATS; k++) {
+            int n = 0;
+            for (int q = 0; q < w->world; q++)
+                if (watch_group(w, q) == group) v[n++] = all[(size_t)q * WATCH_FLOATS + k];
+            if (n == 0) continue;  // each stage one rank: group 0 holds them all
+            qsort(v, (size_t)n, sizeof(float), watch_compare_float);
+            w->medians[group * WATCH_FLOATS + k] = n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
+        }
+    }
+}
+
+// appends to one of w's texts
+static void watch_add(char *buf, size_t len, const char *fmt, ...) {
+    size_t at = strlen(buf);
+    if (at + 1 >= len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + at, len - at, fmt, ap);
+    va_end(ap);
+}
+
+// the JSON array "name": [ranks whose count in `in_a_row` reached WATCH_REPORTS]
+static void watch_field_ranks(Watch *w, const char *name, const int *in_a_row) {
+    int any = 0;
+    for (int r = 0; r < w->world; r++) {
+        if (in_a_row[r] < WATCH_REPORTS) continue;
+        watch_add(w->fields, w->fields_len, any ? ", %d" : "%s\"%s\": [%d", w->fields[0] ? ", " : "", name, r);
+        any = 1;
+    }
+    if (any) watch_add(w->fields, w->fields_len, "]");
+}
+
+// rank 0, at a report after `step`: all holds every rank's two floats
+// (watch_pack). Judges each rank against its peers, keeps the runs of slow
+// and waiting reports, and when something is found fills the lines to print
+// (watch_print) and the log fields, which l then carries.
+static void watch_judge(Watch *w, int step, const float *all, LogLine *l) {
+    w->fields[0] = w->lines[0] = '\0';
+    watch_peer_medians(w, all);
+    for (int r = 0; r < w->world; r++) {
+        float compute = all[(size_t)r * WATCH_FLOATS], wait = all[(size_t)r * WATCH_FLOATS + 1];
+        const float *median = w->medians + (size_t)watch_group(w, r) * WATCH_FLOATS;
+        float mc = median[0], mw = median[1];
+        int slow = compute > WATCH_RATIO * mc && compute - mc >= WATCH_MIN_MS;
+        int waits = wait > WATCH_RATIO * mw && wait - mw >= WATCH_MIN_MS && wait > WATCH_WAIT_SHARE * (compute + wait);
+        w->slow_for[r] = slow ? w->slow_for[r] + 1 : 0;
+        w->wait_for[r] = waits ? w->wait_for[r] + 1 : 0;
+        if (w->slow_for[r] >= WATCH_REPORTS)
+            watch_add(w->lines, w->lines_len, "step %d: rank %d is a straggler: compute %.0f ms/step against a median "
+                      "of %.0f ms (%.1fx), for %d reports\n", step, r, compute, mc, mc > 0 ? compute / mc : 0.0f,
+                      w->slow_for[r]);
+        if (w->wait_for[r] >= WATCH_REPORTS)
+            watch_add(w->lines, w->lines_len, "step %d: rank %d waits unusually: %.0f ms/step in communication against "
+                      "a median of %.0f ms (%.1fx), for %d reports\n", step, r, wait, mw, mw > 0 ? wait / mw : 0.0f,
+                      w->wait_for[r]);
+    }
+    if (w->lines[0] == '\0') return;
+    watch_field_ranks(w, "stragglers", w->slow_for);
+    watch_field_ranks(w, "waiting", w->wait_for);
+    if (w->world <= WATCH_LOG_ARRAYS) {
+        for (int k = 0; k < WATCH_FLOATS; k++) {
+            watch_add(w->fields, w->fields_len, ", \"%s\": [", k == 0 ? "compute_ms" : "wait_ms");
+            for (int r = 0; r < w->world; r++)
+                watch_add(w->fields, w->fields_len, "%s%.1f", r ? ", " : "", all[(size_t)r * WATCH_FLOATS + k]);
+            watch_add(w->fields, w->fields_len, "]");
+        }
+    }
+    l->watch = w->fields;
+}
+
+// rank 0: the lines of the last report, if it found anything
+static void watch_print(Watch *w) {
+    if (w->lines == NULL || w->lines[0] == '\0') return;
+    fputs(w->lines, stdout);
+    fflush(stdout);
+    w->lines[0] = '\0';
+}
+
+static void watch_free(Watch *w) {
+    free(w->all);
+    free(w->slow_for);
+    free(w->wait_for);
+    free(w->medians);
+    free(w->sorted);
+    free(w->fields);
+    free(w->lines);
+    memset(w, 0, sizeof(*w));
+}
+
+// -fault slow:RANK:STEP: that rank sleeps FAULT_SLOW_MS in each of its steps
+// from STEP on, inside the step's time, as a straggler would compute
+static void fault_slow_step(const Job *job, int rank, int step) {
+    if (!fault_slow_fires(&job->fault, rank, step)) return;
+    if (step == job->fault.step || step == job->start)
+        fprintf(stderr, "rank %d: fault slow: %d ms more in every step from step %d on\n", rank, FAULT_SLOW_MS, step);
+    struct timespec ts = {FAULT_SLOW_MS / 1000, (long)(FAULT_SLOW_MS % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+// -fault drift:RANK:STEP: whether this rank changes one of its parameters
+// now, at the start of that step, before the step's consistency check
+// (-ck): the first element of its first unit grows by FAULT_DRIFT_DELTA, as
+// a bit flip in memory or a replica's bug would change it, unseen by the
+// training itself
+#define FAULT_DRIFT_DELTA 0.01f
+static int fault_drift_due(const Job *job, int rank, int step) {
+    if (job->fault.kind != FAULT_DRIFT || !fault_fires(&job->fault, rank, step)) return 0;
+    fprintf(stderr, "rank %d: fault drift: the first parameter of this rank's first unit changed by %g at step %d\n",
+            rank, FAULT_DRIFT_DELTA, step);
+    return 1;
+}
+
+// ----------------------------------------------------------------------------
+// the data-parallel consistency check (-ck K): every K steps each replica
+// hashes each of its parameter tensors (SHA-256 per tensor, in unit order:
+// gpt2.h's unit_table_tensors of them), the digests are all-gathered over the dp group
+// (MAC'd on the host backend), and replicas_judge says who differs: the
+// ranks whose copy differs from the majority's, or, with two replicas or
+// no majority, which copies differ from which, and the first tensor that
+// differs. The trainers gather; the hashing and the verdict are written
+// once, here.
+
+// unit_digests: the SHA-256 of each tensor of a unit of this kind, 32 bytes
+// each into out, from values, the unit's elements as this rank holds them
+// (elem bytes each: the trainers' floats differ); returns how many
+static int unit_digests(const GPT2Config *c, const Shard *s, int kind, const void *values, size_t elem, uint8_t *out) {
+    const uint8_t *p = (const uint8_t *)values;
+    int count = unit_tensor_count(kind);
+    for (int k = 0; k < count; k++) {
+        size_t bytes = local_tensor_size(c, s, unit_tensor(kind, k)) * elem;
+        Sha256 h;
+        sha256_init(&h);
+        sha256_update(&h, p, bytes);
+        sha256_final(&h, out + 32 * (size_t)k);
+        p += bytes;
+    }
+    return count;
+}
+
+// the name of tensor i of unit_table_tensors' order: "wte", "layer 3 qkvw"
+static const char *replica_tensor_name(const UnitTable *ut, const Shard *s, int i, char *buf, size_t len) {
+    for (int u = 0; u < ut->n; u++) {
+        int kind = ut->units[u].kind, n = unit_tensor_count(kind);
+        if (i >= n) {
+            i -= n;
+            continue;
+        }
+        if (kind >= U_LAYER0) snprintf(buf, len, "layer %d %s", unit_layer(s, &ut->units[u]), param_name(unit_tensor(kind, i)));
+        else snprintf(buf, len, "%s", param_name(unit_tensor(kind, i)));
+        return buf;
+    }
+    snprintf(buf, len, "tensor %d", i);
+    return buf;
+}
+
+// the ranks of dp members whose class is c (class_of: per member), as "ranks 0, 1, 3" or "rank 2"
+static void replica_list(const int *class_of, int c, const int *ranks, int dp, char *buf, size_t len) {
+    int count = 0;
+    for (int m = 0; m < dp; m++) count += class_of[m] == c;
+    snprintf(buf, len, "rank%s", count > 1 ? "s" : "");
+    int first = 1;
+    for (int m = 0; m < dp; m++) {
+        if (class_of[m] != c) continue;
+        size_t at = strlen(buf);
+        snprintf(buf + at, len - at, "%s%d", first ? " " : ", ", ranks[m]);
+        first = 0;
+    }
+}
+
+// replicas_judge: digests holds dp members' n tensor digests of 32 bytes
+// (member-major); ranks their world ranks. 0 when every copy is the same;
+// else 1 with msg naming who differs and the first tensor that differs.
+static int replicas_judge(const uint8_t *digests, int dp, int n, const int *ranks, const UnitTable *ut, const Shard *s,
+                          char *msg, size_t len) {
+    size_t stride = (size_t)n * 32;
+    int *class_of = (int *)calloc((size_t)dp, sizeof(int)), *size = (int *)calloc((size_t)dp, sizeof(int));
+    if (class_of == NULL || size == NULL) die(1, "out of memory for the consistency check");
+    int classes = 0;
+    for (int m = 0; m < dp; m++) {  // members with the same digests share a class, numbered by first member
+        class_of[m] = -1;
+        for (int q = 0; q < m && class_of[m] < 0; q++)
+            if (memcmp(digests + (size_t)q * stride, digests + (size_t)m * stride, stride) == 0) class_of[m] = class_of[q];
+        if (class_of[m] < 0) class_of[m] = classes++;
+        size[class_of[m]]++;
+    }
+    if (classes == 1) {
+        free(class_of);
+        free(size);
+        return 0;
+    }
+    int major = 0;
+    for (int c = 1; c < classes; c++) if (size[c] > size[major]) major = c;
+    int has_majority = 2 * size[major] > dp;
+    if (!has_majority) major = 0;  // compare with member 0's copy
+    // the first member outside the reference class, and the first tensor where it differs
+    int odd = 0;
+    while (class_of[odd] == major) odd++;
+    int ref = 0;
+    while (class_of[ref] != major) ref++;
+    int t = 0;
+    while (t < n && memcmp(digests + (size_t)odd * stride + (size_t)t * 32, digests + (size_t)ref * stride + (size_t)t * 32, 32) == 0) t++;
+    char name[96], others[1200], ones[1200];
+    replica_tensor_name(ut, s, t, name, sizeof(name));
+    if (has_majority) {
+        ones[0] = '\0';
+        int count = 0;
+        for (int m = 0; m < dp; m++) {
+            if (class_of[m] == major) continue;
+            size_t at = strlen(ones);
+            snprintf(ones + at, sizeof(ones) - at, "%s%d", count++ ? ", " : "", ranks[m]);
+        }
+        replica_list(class_of, major, ranks, dp, others, sizeof(others));
+        snprintf(msg, len, "the parameters of rank%s %s differ from those of %s (the majority of the %d replicas), first "
+                 "in %s", count > 1 ? "s" : "", ones, others, dp, name);
+    } else if (dp == 2) {
+        snprintf(msg, len, "the parameters of rank %d differ from those of rank %d, first in %s; with two replicas there "
+                 "is no majority to say which one changed", ranks[1], ranks[0], name);
+    } else {
+        size_t at = (size_t)snprintf(msg, len, "the %d replicas hold %d different copies and no majority:", dp, classes);
+        for (int c = 0; c < classes && at < len; c++) {
+            replica_list(class_of, c, ranks, dp, others, sizeof(others));
+            at += (size_t)snprintf(msg + at, len - at, "%s %s", c ? ";" : "", others);
+        }
+        if (at < len) snprintf(msg + at, len - at, " (rank %d differs from rank %d first in %s)", ranks[odd], ranks[ref], name);
+    }
+    free(class_of);
+    free(size);
+    return 1;
+}
+
+// the line that says the replicas disagree (msg: replicas_judge's), after
+// whatever stdout holds; the dp group's first member prints it
+static void print_replicas_disagree(int rank, int step, const char *msg) {
+    fflush(stdout);
+    fprintf(stderr, "rank %d: step %d: data-parallel replicas disagree: %s\n", rank, step, msg);
+    fflush(stderr);
+}
+
+// ----------------------------------------------------------------------------
+// sampling
+
+// xorshift*: a float in [0, 1); its state is one number
+static float random_f32(uint64_t *state) {
+    *state ^= *state >> 12; *state ^= *state << 25; *state ^= *state >> 27;
+    return (float)((*state * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f;
+}
+
+// the token drawn from the softmax of V logits by inverse CDF: the first
+// whose cumulative probability passes coin (in [0, 1))
+static int sample_token(const float *logits, int V, float coin) {
+    float maxv = -INFINITY, sum = 0.0f;
+    for (int i = 0; i < V; i++) if (logits[i] > maxv) maxv = logits[i];
+    for (int i = 0; i < V; i++) sum += expf(logits[i] - maxv);
+    float target = coin * sum, cdf = 0.0f;
+    for (int i = 0; i < V; i++) {
+        cdf += expf(logits[i] - maxv);
+        if (target < cdf) return i;
+    }
+    return V - 1;
+}
+
+// ----------------------------------------------------------------------------
+
+static void free_job(Job *job) {
+    if (job->logf) fclose(job->logf);
+    dataloader_free(&job->train);
+    if (job->have_val) dataloader_free(&job->val);
+    if (job->have_hs) hs_free(&job->hs);
+    if (job->have_tok) tokenizer_free(&job->tok);
+}
+
+#endif
