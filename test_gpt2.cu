@@ -20,7 +20,7 @@
 static const char *fixture_model = "dev/fixtures/tiny_model.bin";
 static const char *fixture_state = "dev/fixtures/tiny_state.bin";
 
-// Bounds. fp32: the project's numbers (README, doc/gpu.md: loss within 1e-5 of PyTorch). bf16: bf16 keeps 8
+// Bounds. fp32: the project's numbers (doc/gpu.md: loss within 1e-5 of PyTorch). bf16: bf16 keeps 8
 // significant bits, so every stored tensor is off by up to 2^-9 = 0.2% of its
 // value; a logit is a 64-term dot of such values after two blocks of them
 // (about 1e-3 of typical |logit| ~ 0.2, times a few), the loss inherits that

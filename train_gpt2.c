@@ -1,15 +1,21 @@
 /*
  * train_gpt2.c: GPT-2 training on the CPU, fp32, OpenMP.
  *
- * The reference trainer: readable first, fast second. The layers, each
- * forward beside its backward, are in cpu_layers.h and cpu_attention.h; here
- * the model (GPT2) holds its parameters, gradients, AdamW state and
- * activations as a few flat arrays; main() at the bottom is the whole
- * training loop. File formats and flags live in gpt2.h; what both
- * trainers do around the loop in trainer.h; the matmul and the vectorised
- * exp in cpu_matmul.h and cpu_math.h; the data in dataloader.h; the
- * tokenizer (for printing samples) in tokenizer.h; the ranks and their
- * messages in parallel.h's files.
+ * The reference trainer: readable first, fast second. Here the model (GPT2)
+ * holds its parameters, gradients, AdamW state and activations as a few flat
+ * arrays, and main() at the bottom is the whole training loop; train_gpt2.cu
+ * has the same functions under the same names. The rest, by path:
+ *   llm3d/cpu/       the layers, each forward beside its backward
+ *                    (cpu_layers.h, cpu_attention.h), the matmul
+ *                    (cpu_matmul.h), vector math (cpu_math.h), AdamW's
+ *                    passes (cpu_optimizer.h), the FMA peak (cpu_peak.h)
+ *   llm3d/gpt2.h     the model's shape, slicing and files; llm3d/flags.h the
+ *                    flags; llm3d/trainer.h what both trainers' main() do
+ *                    around the loop; llm3d/watch.h the -wr and -ck checks;
+ *                    llm3d/checkpoint.h the checkpoints
+ *   dataloader.h     the token shards; llm3d/tokenizer.h (samples)
+ *   parallel.h       the ranks and their messages (llm3d/parallel/)
+ *   secure.h         keys, MACs and frames (llm3d/secure/)
  *
  * Shapes: B batch, T time, C channels, NH heads, hs = C/NH head size,
  * L layers, V vocab, Vp padded vocab (the rows of wte), OC output channels.
@@ -127,6 +133,8 @@ typedef struct {
     size_t act_sizes[NUM_ACT_TENSORS];  // in floats, each rounded up to a cache line's 16
     int adam_t;
     int grads_fresh;           // the gradients hold nothing of this step yet: the backward writes them (gpt2_zero_grad)
+    float loss_sum;            // this step's micro-batch mean losses, summed (last stage; gpt2_zero_losses)
+    float norm;                // this step's grad norm, before clipping (gpt2_step_loss)
     float *digests;            // dp > 1: -ck's SHA-256 of every tensor of every replica, each 32 bytes as 8 floats (small: made whether or not -ck is on)
 } GPT2;
 
@@ -305,6 +313,14 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
     if (!s->last) m->grad_in = (float *)xcalloc(BT * C, sizeof(float), "incoming gradient");
     m->B = B;
     m->T = T;
+}
+
+// this rank's part of the model (gpt2_build) and nacts sets of
+// activations for micro-batches of B x T
+static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint64_t seed, int B, int T,
+                           const Parallel *par, int nacts) {
+    gpt2_build(m, c, par, full, seed);
+    gpt2_alloc_activations(m, B, T, nacts);
 }
 
 static void gpt2_free(GPT2 *m) {
@@ -679,6 +695,8 @@ static void gpt2_zero_grad(GPT2 *m) {
     if (m->grad_shard) zero_floats(m->grad_shard, m->ut.num_shard);
 }
 
+static void gpt2_zero_losses(GPT2 *m) { m->loss_sum = 0.0f; }
+
 static void gpt2_reduce_grads(GPT2 *m) {
     const Parallel *par = m->par;
     const Shard *s = &m->shard;
@@ -747,7 +765,7 @@ static void add_sumsq(GPT2 *m, const Run *r, void *ctx) {
     *(double *)ctx += sum_squares(r->grad, r->n);
 }
 
-typedef struct { float lr, beta1, beta2, eps, weight_decay; } AdamHyper;
+typedef struct { float lr, beta1, beta2, eps, weight_decay, grad_clip; } AdamHyper;
 typedef struct { const AdamHyper *h; float grad_scale; } AdamStep;
 
 static void adam_run(GPT2 *m, const Run *r, void *ctx) {
@@ -757,13 +775,14 @@ static void adam_run(GPT2 *m, const Run *r, void *ctx) {
                  param_is_matrix(r->tensor) ? h->weight_decay : 0.0f, m->adam_t);
 }
 
-// the step's gradients summed (gpt2_reduce_grads), and its grad norm and
-// loss, which every rank gets. *loss_sum: this rank's sum of micro-batch
-// mean losses; on return the step's loss. *stop: in, whether this rank was
-// asked to stop (a signal); out, whether any rank was, so that all stop
-// after the same step. Returns the grad norm before clipping.
-static float gpt2_loss_and_norm(GPT2 *m, float *loss_sum, int accum, int *stop) {
-    const Parallel *par = m->par;
+// the end of a step, after its pipeline run, up to the update: the
+// gradients summed (gpt2_reduce_grads), the grad norm before clipping (kept
+// for gpt2_last_norm), the loss and the stop requests, which every rank
+// gets. *stop: in, whether this rank was asked to stop (a signal); out,
+// whether any rank was, so that all stop after the same step. Returns the
+// step's mean loss; the loop then applies the update (gpt2_apply_update)
+// unless it is not finite or -sl or -sg skip it.
+static float gpt2_step_loss(GPT2 *m, const Parallel *par, int accum, int *stop) {
     const Shard *s = &m->shard;
     gpt2_reduce_grads(m);
     double sumsq = 0.0;
@@ -772,19 +791,22 @@ static float gpt2_loss_and_norm(GPT2 *m, float *loss_sum, int accum, int *stop) 
     // replica) and the stop requests, padded to a multiple of the ranks so
     // that the ring's chunks are even
     int world = par->world.size, n = (3 + world - 1) / world * world;
-    float all[GRID_MAX_WORLD + 2] = {(float)sumsq, s->last && s->tp_rank == 0 ? *loss_sum / accum / s->dp : 0.0f,
+    float all[GRID_MAX_WORLD + 2] = {(float)sumsq, s->last && s->tp_rank == 0 ? m->loss_sum / accum / s->dp : 0.0f,
                                      (float)*stop};
     group_allreduce(par, &par->world, all, (size_t)n);
-    *loss_sum = all[1];
     *stop = all[2] > 0.0f;
-    return sqrtf(all[0]);
+    m->norm = sqrtf(all[0]);
+    return all[1];
 }
 
-// AdamW on what this rank owns, the gradients clipped to max_norm given
+static float gpt2_last_norm(const GPT2 *m) { return m->norm; }
+
+// AdamW on what this rank owns, the gradients clipped to h->grad_clip given
 // their norm, and (ZeRO-1, 2) the updated parameters all-gathered
-static void gpt2_update(GPT2 *m, float norm, float max_norm, const AdamHyper *h) {
+static void gpt2_apply_update(GPT2 *m, const AdamHyper *h) {
     const Parallel *par = m->par;
     const Shard *s = &m->shard;
+    float norm = m->norm, max_norm = h->grad_clip;
     // clipping as torch.nn.utils.clip_grad_norm_, applied by AdamW as it reads the gradients
     AdamStep st = {h, max_norm > 0.0f && norm > max_norm ? max_norm / (norm + 1e-6f) : 1.0f};
     m->adam_t++;
@@ -801,12 +823,11 @@ static void gpt2_update(GPT2 *m, float norm, float max_norm, const AdamHyper *h)
     }
 }
 
-// the whole optimizer step (the trainer's loop runs the two halves, between
-// which a step not finite, -sl and -sg skip the update); returns the grad norm
-static float gpt2_step(GPT2 *m, float *loss_sum, int accum, float max_norm, const AdamHyper *h, int *stop) {
-    float norm = gpt2_loss_and_norm(m, loss_sum, accum, stop);
-    gpt2_update(m, norm, max_norm, h);
-    return norm;
+// the whole optimizer step on one rank (the tests): the norm, then AdamW
+static void gpt2_update(GPT2 *m, const AdamHyper *h) {
+    int stop = 0;
+    gpt2_step_loss(m, m->par, 1, &stop);
+    gpt2_apply_update(m, h);
 }
 
 // ----------------------------------------------------------------------------
@@ -903,7 +924,7 @@ static double save_set_timeout(void *ctx, double seconds) {
 
 // the checkpoint of step st->step (checkpoint.h's ckpt_write_job: every rank
 // writes its part; the same verdict on every rank, 0 = complete and sealed)
-static int gpt2_save(GPT2 *m, const char *out_dir, int keep, const CkptState *st, const uint8_t key[32], int encrypt) {
+static int gpt2_checkpoint(GPT2 *m, const char *out_dir, int keep, const CkptState *st, const uint8_t key[32], int encrypt) {
     CkptJob job = {save_sum, save_part, save_set_timeout, m, m->par->grid.rank, encrypt};
     return ckpt_write_job(&job, out_dir, keep, st, key);
 }
@@ -983,10 +1004,9 @@ static void pipe_send(GPT2 *m, PipeMsg out, PipeMsg in) {
                        in.channel, in.mb, pipe_buffer(m, in, 1), bytes);
 }
 
-// runs the plan's ops and messages; returns the sum of the micro-batches'
-// mean losses (last stage). dloss as for stage_backward.
-static float pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n, float dloss) {
-    float loss = 0.0f;
+// runs the plan's ops and messages; the micro-batches' mean losses add up
+// in m->loss_sum (last stage). dloss as for stage_backward.
+static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n, float dloss) {
     for (int k = 0; k < n; k++) {
         const PipeStep *st = &plan[k];
         Acts *a = &m->acts[st->op.mb % m->nacts];
@@ -994,13 +1014,12 @@ static float pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int 
         pipe_recv(m, st->recv);
         if (st->op.forward) {
             stage_forward(m, a, 1);
-            loss += a->mean_loss;
+            m->loss_sum += a->mean_loss;
         } else {
             stage_backward(m, a, dloss);
         }
         pipe_send(m, st->send, st->next_recv);
     }
-    return loss;
 }
 
 // the mean loss over `batches` micro-batches of the val stream on each
@@ -1049,8 +1068,8 @@ static float hellaswag_eval(GPT2 *m, const HsSet *hs) {
 
 // the evaluations due before step `step` (step == steps: the final model's),
 // printed by rank 0, into l: the val loss and HellaSwag
-static void run_evaluations(GPT2 *m, Job *job, int step, LogLine *l) {
-    int rank0 = m->par->grid.rank == 0;
+static void run_evaluations(GPT2 *m, const Parallel *par, Job *job, int step, LogLine *l) {
+    int rank0 = par->grid.rank == 0;
     if (evaluate_due(job, step)) {
         l->val_loss = evaluate(m, &job->val, job->val_batches);
         if (rank0) printf("val loss %.6f\n", l->val_loss);
@@ -1081,8 +1100,7 @@ static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng)
 // their parameter tensors (the digests travel MAC'd like every message);
 // trainer.h's replicas_judge names the rank that differs. The group's first
 // member says so, and the group waits for its line before it exits.
-static void consistency_check(GPT2 *m, int step) {
-    const Parallel *par = m->par;
+static void consistency_check(GPT2 *m, const Parallel *par, int step) {
     if (par->dp.size == 1) return;
     int n = unit_table_tensors(&m->ut), dp = par->dp.size, t = 0;
     float *all = m->digests, *mine = all + (size_t)n * 8 * par->dp.me;  // in place
@@ -1111,15 +1129,15 @@ static void drift_parameter(GPT2 *m) {
 
 // the watch report (trainer.h) after this step: every rank's compute and
 // wait per step all-gathered over the world; rank 0 judges
-static void watch_report(const Parallel *par, Watch *w, int step, LogLine *l) {
+static void watch_report(GPT2 *m, const Parallel *par, Watch *w, int step, LogLine *l) {
+    (void)m;  // as train_gpt2.cu's, which waits for the model's stream
     float *mine = w->all + (size_t)par->grid.rank * WATCH_FLOATS;  // in place
     watch_pack(w, mine);
     comm_allgather(par->comm, &par->world, mine, w->all, WATCH_FLOATS);
     if (par->grid.rank == 0) watch_judge(w, step, w->all, l);
 }
 
-static void print_layout(const GPT2 *m, const Options *o, int accum) {
-    const Parallel *par = m->par;
+static void print_layout(const GPT2 *m, const Parallel *par, const Options *o, int accum) {
     const Shard *s = &m->shard;
     const Grid *g = &par->grid;
     if (g->rank == 0)
@@ -1277,6 +1295,62 @@ static double job_fma_peak(Parallel *par) {
     return peak * 1e9;
 }
 
+// the step of the messages that follow (their frames carry it)
+static void set_step(Parallel *par, int step) {
+    if (par->comm) comm_set_step(par->comm, step);
+}
+
+// the watch report's clocks around a step: the time this rank waited for
+// its peers, read from the communicator's wait clock
+static void watch_begin(Parallel *par, Watch *w) { watch_step_begin(w, comm_wait_ms(par->comm)); }
+static void watch_end(Parallel *par, Watch *w, double ms) { watch_step_end(w, ms, comm_wait_ms(par->comm)); }
+
+// every rank here, so that a line printed before an exit is out
+static void world_barrier(GPT2 *m, Parallel *par) {
+    (void)m;
+    if (par->comm) comm_barrier(par->comm, &par->world);
+}
+
+// the step's update after gpt2_step_loss, unless it is not finite or -sl or
+// -sg skip it, and its norm and skip into l
+static void update_unless_skipped(GPT2 *m, Job *job, OutlierGuard *g, const AdamHyper *h, LogLine *l, int rank0) {
+    l->norm = gpt2_last_norm(m);
+    l->skipped = outlier_skip(job, g, l->loss, l->norm, rank0);
+    if (l->skipped == NULL) gpt2_apply_update(m, h);
+}
+
+// the checkpoint after `step`, written by every rank; 0, or -1 when it failed
+// (gpt2_checkpoint has said why)
+static int checkpoint_after(GPT2 *m, Parallel *par, Job *job, int step) {
+    CkptState st = checkpoint_state(job, step + 1, m->adam_t, &par->grid, par->zero);
+    double t0 = now_ms();
+    if (gpt2_checkpoint(m, job->opt.out_dir, job->opt.ckpt_keep, &st, job->ckpt_key, job->opt.encrypt >= 1) != 0)
+        return -1;
+    if (par->grid.rank == 0) print_checkpoint_written(job, step + 1, now_ms() - t0);
+    return 0;
+}
+
+// after the last step: the final model evaluated, sampled, and written to -o
+// (sealed under -enc 2); 0, or -1 when the write failed
+static int final_model(GPT2 *m, Parallel *par, Job *job) {
+    int rank0 = par->grid.rank == 0;
+    char path[1024], err[1200];
+    set_step(par, job->steps);
+    LogLine last = final_line(job);
+    run_evaluations(m, par, job, job->steps, &last);
+    if (sample_due(job, job->steps)) sample(m, &job->tok, job->opt.gen_tokens, &job->sample_rng);
+    if (rank0) report_final(job, &last);
+    if (job->opt.out_dir == NULL) return 0;
+    int sealed = job->opt.encrypt >= 2;
+    if (gpt2_write_model(m, job->opt.out_dir, job->steps, job->ckpt_key, sealed, path, sizeof(path), err,
+                         sizeof(err)) != 0) {
+        if (err[0] != '\0') fprintf(stderr, "%s: %s\n", trainer_name, err);
+        return -1;
+    }
+    if (rank0) printf("wrote %s\n", path);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     Job job;
     char err[1024], path[1024];
@@ -1302,20 +1376,19 @@ int main(int argc, char **argv) {
     open_data(&job, &par.grid);
     open_tokenizer_and_log(&job, &par.grid);
     GPT2 model;
-    gpt2_build(&model, &job.config, &par, params, (uint64_t)job.opt.seed);
+    gpt2_init_rank(&model, &job.config, params, (uint64_t)job.opt.seed, B, T, &par, activation_sets(&job, &par.grid));
     free(params);
     snprintf(path, sizeof(path), "%s/optim.bin", job.ck_dir);
     if (job.resuming && gpt2_load_optimizer(&model, path, job.ckpt_key, job.ck.adam_t, err, sizeof(err)) != 0)
         die_usage(err);
     double load_ms = now_ms() - job.load_t0 - job.verify_ms;
-    gpt2_alloc_activations(&model, B, T, activation_sets(&job, &par.grid));
-    if (rank0) print_model_and_batch(&job, dp);
-    print_layout(&model, &job.opt, accum);
     int nops;
     PipeStep *plan = step_plan(&job, &par.grid, &nops);
-    AdamHyper hyper = {job.opt.lr, job.opt.beta1, job.opt.beta2, job.opt.eps, job.opt.weight_decay};
+    AdamHyper hyper = {job.opt.lr, job.opt.beta1, job.opt.beta2, job.opt.eps, job.opt.weight_decay, job.opt.grad_clip};
+    if (rank0) print_model_and_batch(&job, dp);
+    print_layout(&model, &par, &job.opt, accum);
     if (rank0) announce_resume(&job, load_ms);
-    double peak = job_fma_peak(&par);
+    double peak = job_fma_peak(&par);  // the job's: all its threads'
     keep_freed_memory();
 
     // the training loop: one optimizer step per iteration
@@ -1325,73 +1398,49 @@ int main(int argc, char **argv) {
     Watch watch;
     watch_init(&watch, &job, &par.grid);
     for (int step = job.start; step < job.steps && !stopped; step++) {
-        if (par.comm) comm_set_step(par.comm, step);
+        set_step(&par, step);
         LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL, NULL};
-        run_evaluations(&model, &job, step, &line);
+        run_evaluations(&model, &par, &job, step, &line);
         if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
         if (fault_drift_due(&job, par.grid.rank, step)) drift_parameter(&model);
-        if (check_due(&job, step)) consistency_check(&model, step);
+        if (check_due(&job, step)) consistency_check(&model, &par, step);
 
         double t0 = now_ms();
-        watch_step_begin(&watch, comm_wait_ms(par.comm));
+        watch_begin(&par, &watch);
         fault_slow_step(&job, par.grid.rank, step);
         gpt2_zero_grad(&model);
-        float dloss = 1.0f / ((float)B * T * accum * dp);
-        line.loss = pipeline_run(&model, &job.train, plan, nops, dloss);  // one stage: F0 B0 F1 B1 ...
+        gpt2_zero_losses(&model);
+        float dloss = 1.0f / (float)((double)B * T * accum * dp);
+        pipeline_run(&model, &job.train, plan, nops, dloss);  // one stage: F0 B0 F1 B1 ...
         line.lr = lr_at_step(&job.opt, step, job.steps);
         hyper.lr = line.lr;
         stopped = ckpt_stop_signal != 0;
-        line.norm = gpt2_loss_and_norm(&model, &line.loss, accum, &stopped);
-        line.skipped = outlier_skip(&job, &guard, line.loss, line.norm, rank0);
-        if (line.skipped == NULL) gpt2_update(&model, line.norm, job.opt.grad_clip, &hyper);
+        line.loss = gpt2_step_loss(&model, &par, accum, &stopped);
+        update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0);
         line.ms = now_ms() - t0;
-        watch_step_end(&watch, line.ms, comm_wait_ms(par.comm));
-        if (watch_due(&watch, step)) watch_report(&par, &watch, step, &line);
+        watch_end(&par, &watch, line.ms);
+        if (watch_due(&watch, step)) watch_report(&model, &par, &watch, step, &line);
         if (rank0) {
             print_mfu(&job, report_step(&job, &line, &guard), peak);
             watch_print(&watch);
         }
         if (nonfinite_stop(&job, &line, rank0)) {
-            if (par.comm) comm_barrier(par.comm, &par.world);
+            world_barrier(&model, &par);
             exit(1);
         }
 
-        if (checkpoint_due(&job, step, stopped)) {
-            CkptState st = checkpoint_state(&job, step + 1, model.adam_t, &par.grid, par.zero);
-            double c0 = now_ms();
-            if (gpt2_save(&model, job.opt.out_dir, job.opt.ckpt_keep, &st, job.ckpt_key, job.opt.encrypt >= 1) != 0)
-                return 1;
-            if (rank0) print_checkpoint_written(&job, step + 1, now_ms() - c0);
-        }
+        if (checkpoint_due(&job, step, stopped) && checkpoint_after(&model, &par, &job, step) != 0) return 1;
         if (stopped && rank0) printf("stopped by a signal after step %d; resume with -y 1\n", step);
     }
 
-    // the final model, evaluated after the last update
-    if (!stopped) {
-        if (par.comm) comm_set_step(par.comm, job.steps);
-        LogLine last = final_line(&job);
-        run_evaluations(&model, &job, job.steps, &last);
-        if (sample_due(&job, job.steps)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
-        if (rank0) report_final(&job, &last);
-    }
-    if (job.opt.out_dir && !stopped) {
-        int sealed = job.opt.encrypt >= 2;
-        if (gpt2_write_model(&model, job.opt.out_dir, job.steps, job.ckpt_key, sealed, path, sizeof(path), err,
-                             sizeof(err)) != 0) {
-            if (err[0] != '\0') fprintf(stderr, "%s: %s\n", trainer_name, err);
-            return 1;
-        }
-        if (rank0) printf("wrote %s\n", path);
-    }
-    if (par.comm) {
-        print_rank_bytes(&model, &par);
-        comm_free(par.comm);
-    }
+    if (!stopped && final_model(&model, &par, &job) != 0) return 1;
+    if (par.comm) print_rank_bytes(&model, &par);
     watch_free(&watch);
-    launch_free(&par.launch);
     free_job(&job);
-    free(plan);
+    comm_free(par.comm);
     gpt2_free(&model);
+    free(plan);
+    launch_free(&par.launch);
     return 0;
 }
 #endif

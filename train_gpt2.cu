@@ -240,6 +240,7 @@ typedef struct {
                                          // bytes), on the device for the all-gather and on the host for the verdict
     floatX *unit_host;                   // -ck, dp > 1: the unit being hashed, on the host (the largest unit's size)
     float *watch_floats;                 // -wr: every rank's compute and wait per step (WATCH_FLOATS x world)
+    double waited;                       // -wr: the wait clock at the last watch report
     floatX **unit_params, **unit_grads;  // per unit: where its full values / gradients are now (NULL: not held)
     floatX *tied_peer;                   // pp > 1, first and last stage: my wte gradient out, the other end's in
     int B, T, recompute, fuse_gelu, attention_tc;
@@ -813,11 +814,64 @@ static void vocab_parallel_cross_entropy(GPT2 *m, floatX *logits, float *losses,
 }
 
 // ----------------------------------------------------------------------------
+// forward and backward of one block. Attention and the MLP each run a
+// column-parallel Linear (qkv, fc), this rank's share of the work (its heads,
+// its hidden units) and a row-parallel Linear (attproj, fcproj). As
+// train_gpt2.c's, with two fusions:
+// each LayerNorm is fused into the residual add before it, so the block's
+// forward starts from its ln1 (made by the previous block, or by the stage
+// for layer 0) and ends before its last residual add, which the stage fuses
+// with the next LayerNorm (the output of fcproj is left in sc.proj); GELU is
+// fused into fc's matmul where the build does (-ge).
+
+static void block_forward(GPT2 *m, LayerParams p, LayerActs l, const floatX *x) {
+    const Shard *s = &m->shard;
+    int B = m->B, T = m->T, C = m->config.C, Cl = s->Cl, BT = B * T;
+    Scratch *sc = &m->sc;
+    cudaStream_t st = m->stream;
+    column_parallel_forward(m, l.qkv, NULL, l.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
+    attention_forward(l.atty, l.lse, l.qkv, B, T, Cl, s->NHl, m->attention_tc, st);
+    row_parallel_forward(m, sc->proj, l.atty, p.attprojw, p.attprojb, BT, Cl, C);
+    residual_layernorm_forward(l.residual2, l.ln2, l.ln2_mean, l.ln2_rstd, x, sc->proj, p.ln2w, p.ln2b, BT, C, st);
+    if (m->fuse_gelu >= 1) {
+        column_parallel_forward(m, l.fch_gelu, l.fch, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
+    } else {
+        column_parallel_forward(m, l.fch, NULL, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
+        gelu_forward(l.fch_gelu, l.fch, 4 * (size_t)BT * Cl, st);
+    }
+    row_parallel_forward(m, sc->proj, l.fch_gelu, p.fcprojw, p.fcprojb, BT, 4 * Cl, C);
+}
+
+// sc.dresidual holds the gradient of the block's output on entering and
+// that of its input x on leaving; the gradients of its parameters add to g
+static void block_backward(GPT2 *m, LayerParams p, LayerParams g, LayerActs l, const floatX *x) {
+    const Shard *s = &m->shard;
+    int B = m->B, T = m->T, C = m->config.C, Cl = s->Cl, BT = B * T;
+    Scratch *sc = &m->sc;
+    cudaStream_t st = m->stream;
+    float *part = sc->colsum_partial;
+    if (m->recompute) gelu_forward(l.fch_gelu, l.fch, 4 * (size_t)BT * Cl, st);
+    // fcproj: d(its output) = dresidual; dbig = d(fch), my slice (through
+    // the GELU: fused into the matmul, or after it)
+    row_parallel_backward(m, sc->dbig, g.fcprojw, g.fcprojb, sc->dresidual, l.fch_gelu, p.fcprojw,
+                          m->fuse_gelu >= 2 ? l.fch : NULL, BT, 4 * Cl, C);
+    if (m->fuse_gelu < 2) gelu_backward(sc->dbig, l.fch, 4 * (size_t)BT * Cl, st);
+    // fc: dbtc = d(ln2), whole
+    column_parallel_backward(m, sc->dbtc, g.fcw, g.fcb, sc->dbig, l.ln2, p.fcw, BT, C, 4 * Cl);
+    layernorm_backward(sc->dresidual, g.ln2w, g.ln2b, part, sc->dbtc, l.residual2, p.ln2w, l.ln2_mean, l.ln2_rstd,
+                       BT, C, st);
+    // attproj: d(its output) = dresidual, now d(residual2); dbtc = d(atty), my heads
+    row_parallel_backward(m, sc->dbtc, g.attprojw, g.attprojb, sc->dresidual, l.atty, p.attprojw, NULL, BT, Cl, C);
+    attention_backward(sc->dbig, sc->delta, sc->dbtc, l.qkv, l.atty, l.lse, B, T, Cl, s->NHl, m->attention_tc, st);
+    // qkv: dbig = d(qkv), my heads; dbtc = d(ln1), whole
+    column_parallel_backward(m, sc->dbtc, g.qkvw, g.qkvb, sc->dbig, l.ln1, p.qkvw, BT, C, 3 * Cl);
+    layernorm_backward(sc->dresidual, g.ln1w, g.ln1b, part, sc->dbtc, x, p.ln1w, l.ln1_mean, l.ln1_rstd, BT, C, st);
+}
+
+// ----------------------------------------------------------------------------
 // a stage's forward and backward of one micro-batch. The first stage starts
 // from the tokens, the others from what the previous stage sent; the last
-// ends in the loss. In each block, attention and the MLP each run a
-// column-parallel Linear (qkv, fc), this rank's share of the work (its heads,
-// its hidden units) and a row-parallel Linear (attproj, fcproj).
+// ends in the loss.
 
 // FWD_LOGITS: logits only. FWD_LOSS: also sc.losses += the per-position
 // losses. FWD_TRAIN: also dlogits = dloss * d(loss)/d(logits) in place of
@@ -825,7 +879,7 @@ static void vocab_parallel_cross_entropy(GPT2 *m, floatX *logits, float *losses,
 static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
     const GPT2Config *c = &m->config;
     const Shard *s = &m->shard;
-    int B = m->B, T = m->T, C = c->C, Cl = s->Cl, BT = B * T;
+    int B = m->B, T = m->T, C = c->C, BT = B * T;
     size_t btc = (size_t)BT * C;
     Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
@@ -842,20 +896,10 @@ static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
     layernorm_forward(l0.ln1, l0.ln1_mean, l0.ln1_rstd, a->encoded, p.ln1w, p.ln1b, BT, C, st);
     for (int ll = 0; ll < s->nl; ll++) {
         LayerActs l = layer_acts(m, a, ll);
-        const floatX *x = block_input(m, a, ll);
-        column_parallel_forward(m, l.qkv, NULL, l.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
-        attention_forward(l.atty, l.lse, l.qkv, B, T, Cl, s->NHl, m->attention_tc, st);
-        row_parallel_forward(m, sc->proj, l.atty, p.attprojw, p.attprojb, BT, Cl, C);
-        residual_layernorm_forward(l.residual2, l.ln2, l.ln2_mean, l.ln2_rstd, x, sc->proj, p.ln2w, p.ln2b, BT, C, st);
-        if (m->fuse_gelu >= 1) {
-            column_parallel_forward(m, l.fch_gelu, l.fch, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
-        } else {
-            column_parallel_forward(m, l.fch, NULL, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
-            gelu_forward(l.fch_gelu, l.fch, 4 * (size_t)BT * Cl, st);
-        }
-        row_parallel_forward(m, sc->proj, l.fch_gelu, p.fcprojw, p.fcprojb, BT, 4 * Cl, C);
-        // the residual add, fused with the next LayerNorm: the next layer's
-        // ln1 or the final one (ZeRO-3 gathers that unit before dropping this one)
+        block_forward(m, p, l, block_input(m, a, ll));
+        // the block's last residual add, fused with the next LayerNorm: the
+        // next layer's ln1 or the final one (ZeRO-3 gathers that unit before
+        // dropping this one)
         int next = ll + 1 < s->nl ? u + 1 : s->last ? m->ut.u_lnf : -1;
         if (next < 0) {
             residual_forward(l.residual3, l.residual2, sc->proj, btc, st);
@@ -893,7 +937,7 @@ static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
 static void stage_backward(GPT2 *m, Acts *a) {
     const GPT2Config *c = &m->config;
     const Shard *s = &m->shard;
-    int B = m->B, T = m->T, C = c->C, Cl = s->Cl, BT = B * T;
+    int B = m->B, T = m->T, C = c->C, BT = B * T;
     size_t btc = (size_t)BT * C;
     Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
@@ -917,24 +961,7 @@ static void stage_backward(GPT2 *m, Acts *a) {
     for (int ll = s->nl - 1; ll >= 0; ll--) {
         int u = m->ut.u_layer0 + ll;
         LayerParams p = layer_params_at(c, s, unit_acquire(m, u)), g = layer_params_at(c, s, unit_grad_begin(m, u));
-        LayerActs l = layer_acts(m, a, ll);
-        const floatX *x = block_input(m, a, ll);
-        if (m->recompute) gelu_forward(l.fch_gelu, l.fch, 4 * (size_t)BT * Cl, st);
-        // fcproj: d(its output) = dresidual; dbig = d(fch), my slice (through
-        // the GELU: fused into the matmul, or after it)
-        row_parallel_backward(m, sc->dbig, g.fcprojw, g.fcprojb, sc->dresidual, l.fch_gelu, p.fcprojw,
-                              m->fuse_gelu >= 2 ? l.fch : NULL, BT, 4 * Cl, C);
-        if (m->fuse_gelu < 2) gelu_backward(sc->dbig, l.fch, 4 * (size_t)BT * Cl, st);
-        // fc: dbtc = d(ln2), whole
-        column_parallel_backward(m, sc->dbtc, g.fcw, g.fcb, sc->dbig, l.ln2, p.fcw, BT, C, 4 * Cl);
-        layernorm_backward(sc->dresidual, g.ln2w, g.ln2b, part, sc->dbtc, l.residual2, p.ln2w, l.ln2_mean, l.ln2_rstd,
-                           BT, C, st);
-        // attproj: d(its output) = dresidual, now d(residual2); dbtc = d(atty), my heads
-        row_parallel_backward(m, sc->dbtc, g.attprojw, g.attprojb, sc->dresidual, l.atty, p.attprojw, NULL, BT, Cl, C);
-        attention_backward(sc->dbig, sc->delta, sc->dbtc, l.qkv, l.atty, l.lse, B, T, Cl, s->NHl, m->attention_tc, st);
-        // qkv: dbig = d(qkv), my heads; dbtc = d(ln1), whole
-        column_parallel_backward(m, sc->dbtc, g.qkvw, g.qkvb, sc->dbig, l.ln1, p.qkvw, BT, C, 3 * Cl);
-        layernorm_backward(sc->dresidual, g.ln1w, g.ln1b, part, sc->dbtc, x, p.ln1w, l.ln1_mean, l.ln1_rstd, BT, C, st);
+        block_backward(m, p, g, layer_acts(m, a, ll), block_input(m, a, ll));
         unit_release(m, u);
         unit_grad_end(m, u);
         gpu_progress(m);
@@ -1164,6 +1191,7 @@ static void pipe_exchange(GPT2 *m, PipeMsg out, PipeMsg in) {
 // (pipeline.h's pipeline_plan, the same plan train_gpt2.c's pipeline_run
 // posts and test_parallel checks). dloss = 1 / (all positions of the step).
 static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n, float dloss) {
+    if (m->shard.pp > 1) nccl_mac_step_begin(m->nccl);  // the step's MAC'd messages, checked by gpt2_step_loss
     for (int k = 0; k < n; k++) {
         const PipeStep *st = &plan[k];
         Acts *a = &m->acts[st->op.mb % m->nacts];
@@ -1236,6 +1264,22 @@ static float world_sum(GPT2 *m, Parallel *par, float x) {
 
 #include "llm3d/cuda/train_gpt2cu/eval.cuh"
 
+// the step of the messages that follow (host mode's frames carry it)
+static void set_step(Parallel *par, int step) { nccl_set_step(par->nccl, step); }
+
+// the watch report's clocks around a step: NCCL's wait clock counts the
+// watched steps' waits, read at the report once the GPU has done them
+static void watch_begin(Parallel *par, Watch *w) {
+    if (w->every > 0) nccl_watch(par->nccl, 1);
+}
+static void watch_end(Parallel *par, Watch *w, double ms) {
+    if (w->every > 0) nccl_watch(par->nccl, 0);
+    watch_step_end(w, ms, 0.0);
+}
+
+// every rank here, so that a line printed before an exit is out
+static void world_barrier(GPT2 *m, Parallel *par) { world_sum(m, par, 0.0f); }
+
 // the step's update after gpt2_step_loss, unless it is not finite or -sl or
 // -sg skip it, and its norm and skip into l. The norm is read first, to
 // decide (a NaN must never reach the weights): the GPU waits for the host to
@@ -1305,7 +1349,7 @@ static int checkpoint_after(GPT2 *m, Parallel *par, Job *job, int step) {
 static int final_model(GPT2 *m, Parallel *par, Job *job) {
     int rank0 = par->grid.rank == 0;
     char path[1024], err[1200];
-    nccl_set_step(par->nccl, job->steps);
+    set_step(par, job->steps);
     LogLine last = final_line(job);
     run_evaluations(m, par, job, job->steps, &last);
     if (sample_due(job, job->steps)) sample(m, &job->tok, job->opt.gen_tokens, &job->sample_rng);
@@ -1360,7 +1404,7 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-    double peak = gpu_peak_flops(prop.name);
+    double peak = gpu_peak_flops(prop.name) * par.grid.world;  // the job's: one GPU's times the ranks
     GPT2 model;
     gpt2_init_rank(&model, &job.config, params, (uint64_t)job.opt.seed, B, T, gopt.recompute, gopt.attention_tc,
                    &par.grid, par.zero, activation_sets(&job, &par.grid), par.nccl);
@@ -1376,7 +1420,7 @@ int main(int argc, char **argv) {
     PipeStep *plan = step_plan(&job, &par.grid, &nops);
     AdamHyper hyper = {job.opt.lr, job.opt.beta1, job.opt.beta2, job.opt.eps, job.opt.weight_decay, job.opt.grad_clip};
     if (rank0) {
-        print_device(&prop, peak, &gopt, &model);
+        print_device(&prop, peak / par.grid.world, &gopt, &model);
         print_model_and_batch(&job, dp);
     }
     print_layout(&model, &par, &job.opt, accum, device);
@@ -1389,9 +1433,8 @@ int main(int argc, char **argv) {
     Watch watch;
     watch_init(&watch, &job, &par.grid);
     checks_alloc(&model, &job, &watch);
-    double waited = 0.0;  // the wait clock at the last watch report
     for (int step = job.start; step < job.steps && !stopped; step++) {
-        nccl_set_step(par.nccl, step);
+        set_step(&par, step);
         LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL, NULL};
         run_evaluations(&model, &par, &job, step, &line);
         if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
@@ -1400,11 +1443,10 @@ int main(int argc, char **argv) {
 
         gpu_sync(&model, "the step before");
         double t0 = now_ms();
-        if (watch.every > 0) nccl_watch(par.nccl, 1);
+        watch_begin(&par, &watch);
         fault_slow_step(&job, par.grid.rank, step);
         gpt2_zero_grad(&model);
         gpt2_zero_losses(&model);
-        if (pp > 1) nccl_mac_step_begin(par.nccl);
         float dloss = 1.0f / (float)((double)B * T * accum * dp);
         pipeline_run(&model, &job.train, plan, nops, dloss);  // one stage: F0 B0 F1 B1 ...
         line.lr = lr_at_step(&job.opt, step, job.steps);
@@ -1413,15 +1455,14 @@ int main(int argc, char **argv) {
         line.loss = gpt2_step_loss(&model, &par, accum, &stopped);
         update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0);
         line.ms = now_ms() - t0;
-        if (watch.every > 0) nccl_watch(par.nccl, 0);
-        watch_step_end(&watch, line.ms, 0.0);  // its wait is read at the report, once the GPU has done it
-        if (watch_due(&watch, step)) watch_report(&model, &par, &watch, &waited, step, &line);
+        watch_end(&par, &watch, line.ms);
+        if (watch_due(&watch, step)) watch_report(&model, &par, &watch, step, &line);
         if (rank0) {
-            print_mfu(&job, report_step(&job, &line, &guard), peak * par.grid.world);  // peak: one GPU's
+            print_mfu(&job, report_step(&job, &line, &guard), peak);
             watch_print(&watch);
         }
         if (nonfinite_stop(&job, &line, rank0)) {
-            world_sum(&model, &par, 0.0f);  // every rank here: the line is out before any exits
+            world_barrier(&model, &par);
             exit(1);
         }
 
@@ -1430,8 +1471,8 @@ int main(int argc, char **argv) {
     }
 
     if (!stopped && final_model(&model, &par, &job) != 0) return 1;
-    watch_free(&watch);
     checks_free(&model);
+    watch_free(&watch);
     free_job(&job);
     nccl_free(par.nccl);
     gpt2_free(&model);

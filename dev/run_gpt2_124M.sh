@@ -2,7 +2,7 @@
 # dev/run_gpt2_124M.sh: GPT-2 (124M) on FineWeb's 10B-token sample on one
 # 8-GPU box, with llm.c's recipe (its scripts/run_gpt2_124M.sh) unchanged:
 # the same flags mean the same here (doc/llmc.md). Shards as prepare_data
-# writes them (README, "Reproducing GPT-2"); HellaSwag's eval file as
+# writes them (doc/reproducing.md); HellaSwag's eval file as
 # `./prepare_data hellaswag` writes it.
 #
 #   DATA=data/fineweb10B OUT=log124M NP=8 ./dev/run_gpt2_124M.sh

@@ -176,9 +176,8 @@ static float test_scoring(const HsSet *s) {
     GPT2 m;
     Parallel par;
     par_single(&par);
-    gpt2_build(&m, &c, &par, params, 0);
+    gpt2_init_rank(&m, &c, params, 0, MODEL_B, MODEL_T, &par, 1);
     free(params);
-    gpt2_alloc_activations(&m, MODEL_B, MODEL_T, 1);
     int brute[NEX], packed[NEX], right = 0, counted = 0, batches = 0;
     brute_force(&m, s, brute);
     HsBatch hb;

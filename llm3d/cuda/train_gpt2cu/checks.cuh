@@ -74,11 +74,11 @@ static void drift_parameter(GPT2 *m) {
 
 // the watch report (trainer.h) after this step: the waits of the steps
 // since the last report, measured once the GPU has done them (nccl_wait_ms;
-// *waited: the clock at the last report), then every rank's compute and
+// m->waited: the clock at the last report), then every rank's compute and
 // wait per step all-gathered over the world; rank 0 judges
-static void watch_report(GPT2 *m, Parallel *par, Watch *w, double *waited, int step, LogLine *l) {
+static void watch_report(GPT2 *m, Parallel *par, Watch *w, int step, LogLine *l) {
     gpu_sync(m, "the watch report");
-    watch_add_wait(w, wait_since(waited, nccl_wait_ms(par->nccl)));
+    watch_add_wait(w, wait_since(&m->waited, nccl_wait_ms(par->nccl)));
     size_t at = (size_t)par->grid.rank * WATCH_FLOATS, bytes = (size_t)par->grid.world * WATCH_FLOATS * sizeof(float);
     float *host = w->all, *dev = m->watch_floats;
     watch_pack(w, host + at);
