@@ -1,6 +1,30 @@
 /*
  * dataloader.h: token shards in, micro-batches out.
  *
+ * defines:
+ *   DataLoader            the shards of a glob, checked, and this rank's place
+ *                         in their stream of micro-batches
+ *   DataLoaderState       the position of the next group of dp_size
+ *                         micro-batches, the same on every rank (what a
+ *                         checkpoint saves)
+ *   dataloader_init, dataloader_init_key
+ *                         every shard of a glob opened and checked (the second
+ *                         also takes the key of sealed shards)
+ *   dataloader_next       this rank's next micro-batch: inputs and targets
+ *   dataloader_reset      back to the first micro-batch of epoch 0
+ *   dataloader_get_state, dataloader_set_state
+ *                         the position, saved and continued from
+ *   dataloader_batches_per_epoch
+ *                         micro-batches per epoch per rank
+ *   dataloader_warnings   the lines about shards skipped, to print once
+ *   dataloader_free       everything closed and freed
+ *   SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS, SHARD_HEADER_BYTES
+ *                         the shard header's constants
+ *   shard_parse_header, shard_check_tokens, shard_any_at_least
+ *                         a shard's header and tokens checked in memory (also
+ *                         the fuzz target's entry points)
+ *   dl_below              a uniform draw in [0, n) from the shuffle PRNG
+ *
  * A shard is llm.c's format: a header of 256 little-endian int32 ([0] magic
  * 20240520, [1] version 1, [2] ntok) and then ntok uint16 tokens; the file
  * is exactly 1024 + 2*ntok bytes. doc/formats.md ("Token shards") has the

@@ -1,7 +1,10 @@
 /*
  * parallel.h: everything a trainer or a test needs to run as one rank of
- * many, in one include. It defines nothing itself; the pieces live in flat
- * files, each including what it uses, listed here in dependency order:
+ * many, in one include.
+ *
+ * defines: nothing itself; the pieces live in flat files under
+ * llm3d/parallel/, each including what it uses, listed here in dependency
+ * order:
  *
  *   grid.h       the rank grid (world = dp x pp x tp) and this rank's groups
  *   pipeline.h   the pipeline schedules, their message plans, the simulator

@@ -1,9 +1,16 @@
 /*
- * bf16.h: bf16 <-> fp32 on the host, the conversions everything that reads
- * or writes bf16 values shares: bf16_to_float (exact) and float_to_bf16
- * (round to nearest even, as the GPU's __float2bfloat16), and their array
- * forms bf16_widen and bf16_narrow. Used by gpt2.h (bf16 model files) and
- * nccl_comm.h (host mode's reductions of bf16 gradients).
+ * llm3d/bf16.h: bf16 <-> fp32 on the host, the conversions everything that
+ * reads or writes bf16 values shares.
+ *
+ * defines:
+ *   bf16_to_float   a bf16 as a float (exact)
+ *   float_to_bf16   a float as a bf16, rounded to nearest even, as the GPU's
+ *                   __float2bfloat16 (NaN stays NaN)
+ *   bf16_widen, bf16_narrow
+ *                   their array forms: n values at once
+ *
+ * Used by gpt2.h (bf16 model files) and nccl_comm.h (host mode's reductions
+ * of bf16 gradients).
  */
 #ifndef LLM3D_BF16_H
 #define LLM3D_BF16_H

@@ -1,9 +1,61 @@
 /*
- * checkpoint.h: what a training checkpoint is on disk, and how one is found,
- * sealed, verified and pruned. Both trainers use it; how a rank writes its
- * own part of the tensors stays in the trainer (train_gpt2.c: gpt2_save).
- * The final model, <out>/model_SSSSSSSS.bin, is written the same way
- * (ckpt_write_model).
+ * llm3d/checkpoint.h: what a training checkpoint is on disk, and how one is
+ * found, sealed, verified and pruned. Both trainers use it; how a rank writes
+ * its own part of the tensors stays in the trainer (train_gpt2.c:
+ * gpt2_save). The final model, <out>/model_SSSSSSSS.bin, is written the same
+ * way (ckpt_write_model).
+ *
+ * defines:
+ *   CkptState             everything state.bin holds: the step, Adam's t, the
+ *                         shape and batch, the data position, the sampling RNG
+ *   OPTIM_MAGIC, CKPT_STATE_MAGIC, ckpt_files
+ *                         optim.bin's and state.bin's magic; the three files
+ *   setting up a run:
+ *     ckpt_check_flags    the checkpoint flags against each other
+ *     ckpt_setup          the flags checked, -o made, the key read or made,
+ *                         and the checkpoint to resume from found and verified
+ *     ckpt_key            the checkpoint key: --key-file's, or <out>/job.key
+ *     ckpt_lock           one job at a time per output directory (DIR/LOCK)
+ *     ckpt_catch_signals, ckpt_stop_signal
+ *                         SIGINT, SIGTERM, SIGHUP: finish the step, write a
+ *                         checkpoint, exit 0
+ *   finding and reading:
+ *     ckpt_find           the checkpoint of a step, or the newest
+ *     ckpt_verify         a checkpoint directory checked against its MANIFEST,
+ *                         its state read
+ *     ckpt_open_read, ckpt_read_file
+ *                         a checkpoint file, sealed or plain: opened (and
+ *                         which it is), or its whole plaintext read
+ *     ckpt_model_load     a model file the user names (-e, export_hf -i),
+ *                         sealed or plain
+ *     ckpt_model_load_part
+ *                         a checkpoint's model.bin on a resuming rank: of a
+ *                         sealed one, only the chunks of its units decrypted
+ *     ckpt_init_config, ckpt_init_load
+ *                         -e's sealed model: its shape, then this rank's part
+ *     OptimFile, ckpt_optim_open, ckpt_optim_close
+ *                         optim.bin's m and v, mapped, or of a sealed one the
+ *                         chunks this rank reads, decrypted
+ *     ckpt_mark_chunks    the chunks of a sealed file that hold this rank's
+ *                         part
+ *     ckpt_file_bytes, ckpt_optim_header
+ *                         each file's size, and optim.bin's header, for a shape
+ *     ckpt_announce       the line a resumed run starts with
+ *   writing (every rank of a job, each its part):
+ *     CkptJob             how a trainer takes part: its sum over the ranks,
+ *                         its part of the files, its timeout
+ *     ckpt_write_job      a checkpoint: rank 0 begins, every rank writes its
+ *                         part, rank 0 seals; then the older ones are pruned
+ *     ckpt_write_model    the final model, the same way
+ *     CkptOut, ckpt_out_open, ckpt_out_pwrite, ckpt_out_close
+ *                         one file open for a rank's writes at plaintext
+ *                         offsets, encrypted at their places when sealed
+ *     ckpt_begin, ckpt_seal
+ *                         rank 0's steps: the .partial directory made, then
+ *                         sealed and given its final name
+ *     ckpt_dir_name, ckpt_entry_name, ckpt_remove_dir
+ *                         a checkpoint directory's path and name, and its
+ *                         removal (the tests clean up with it)
  *
  * A checkpoint of step S (S optimizer steps done) is the directory
  * <out>/ckpt_SSSSSSSS (8 digits) holding:

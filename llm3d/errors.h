@@ -1,5 +1,9 @@
 /*
- * errors.h: the project's error convention, and errorf, its one helper.
+ * llm3d/errors.h: the project's error convention, and errorf, its one helper.
+ *
+ * defines:
+ *   errorf   one line formatted into err (cut to errlen bytes, always
+ *            terminated), and -1 returned
  *
  * A function that can fail takes char *err, size_t errlen as its last two
  * parameters. On failure it writes one line into err that names the file,

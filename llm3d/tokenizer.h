@@ -1,5 +1,34 @@
 /*
- * tokenizer.h: GPT-2's byte-level BPE tokenizer, both directions.
+ * llm3d/tokenizer.h: GPT-2's byte-level BPE tokenizer, both directions.
+ *
+ * defines:
+ *   decode side:
+ *     Tokenizer, tokenizer_load_bin, tokenizer_free
+ *                           llm.c's tokenizer .bin, loaded and checked
+ *     tokenizer_decode      the bytes of a token id
+ *     tokenizer_write_bytes_bin
+ *                           the byte-level tokenizer's .bin
+ *   encode side:
+ *     Bpe, bpe_load, bpe_free
+ *                           the encoder from encoder.json and vocab.bpe
+ *     bpe_find_files        where GPT-2's encoder.json and vocab.bpe are
+ *     bpe_encode            text to ids ("<|endoftext|>", BPE_EOT_TEXT, the
+ *                           EOT id when allow_special)
+ *     BpeOut, bpe_encode_ordinary
+ *                           text without special tokens to ids, appended to a
+ *                           growing array
+ *     bpe_split_point       a cut where a large text can be encoded in blocks
+ *     bpe_pretoken_end      the end of a pre-tokenizer piece
+ *     bpe_token_bytes       the raw bytes of a token id
+ *     bpe_write_tokenizer_bin
+ *                           llm.c's tokenizer .bin for this vocabulary
+ *     bpe_byte_map          GPT-2's bytes_to_unicode, as a map back to bytes
+ *   the helpers both use:
+ *     utf8_decode, utf8_encode, unicode_class
+ *                           UTF-8 and the pre-tokenizer's character classes
+ *     tok_read_file         a whole file into a buffer, up to a size
+ *     tok_get_u32le, tok_put_u32le
+ *                           little-endian uint32 in bytes
  *
  * Decode side (the trainers): a Tokenizer loaded from llm.c's tokenizer .bin
  * maps a token id to its bytes. Encode side (prepare_data): a Bpe loaded from

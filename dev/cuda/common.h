@@ -4,6 +4,28 @@
  * (test.h's check), a timer, and the small-shapes switch (small_shapes,
  * shape_size: LLM3D_CHECK_SMALL=1).
  *
+ * defines:
+ *   IS_BF16                   whether floatX is bf16 (the references are then
+ *                             computed on the same rounded inputs)
+ *   host_to_floatx, round_to_floatx
+ *                             a float as floatX, and as the float it rounds to
+ *   host_random               n normal values times scale, rounded to floatX
+ *                             (deterministic in seed)
+ *   to_device, to_device_f32, to_device_int
+ *                             a host array copied into a new device array
+ *                             (floats as floatX, floats, ints)
+ *   to_host, to_host_f32      a device array (floatX, float) copied back into a
+ *                             new host array of floats
+ *   compare                   got against want: the worst difference relative
+ *                             to the largest |want| below tol, one ok/FAIL line
+ *   small_shapes, shape_size  the small-shapes switch: a check's size, full
+ *                             normally, small under LLM3D_CHECK_SMALL
+ *   require_gpu               whether there is a CUDA device (a skip when
+ *                             not); prints the device and the build
+ *   TimedLaunch, time_ms      the mean milliseconds of one call of a launch,
+ *                             after one warm-up call
+ *   print_time                a "time" line: ms, GB/s and TFLOPS
+ *
  * Each check includes the trainer's own kernel file, so it tests the kernels
  * the trainer runs, not copies of them:
  *     #include "llm3d/cuda/layernorm.cuh"

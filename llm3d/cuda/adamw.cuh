@@ -1,9 +1,16 @@
 /*
- * adamw.cuh: the optimizer step on the device. Defines the global gradient
- * norm (sumsq_add_kernel, sumsq_final_kernel, global_norm), the AdamW update
- * with the clip folded in (adamw_kernel), the floatX copy of the master
- * weights (copy_to_floatx_kernel), and add_into_kernel, which adds up the
- * gradient pieces of the ZeRO shards and the tied wte.
+ * llm3d/cuda/adamw.cuh: the optimizer step on the device.
+ *
+ * defines:
+ *   global_norm            the global gradient norm: per-block partial sums
+ *                          on a fixed grid, then one final block
+ *   sumsq_add_kernel, sumsq_final_kernel, NORM_BLOCKS, NORM_THREADS
+ *                          its two passes and its grid (the trainer adds
+ *                          many runs into the same partials)
+ *   adamw_kernel           the AdamW update, with the clip folded in
+ *   copy_to_floatx_kernel  the floatX copy of the master weights
+ *   add_into_kernel        dst += src: adds up the gradient pieces of the
+ *                          ZeRO shards and the tied wte
  */
 #ifndef LLM3D_ADAMW_CUH
 #define LLM3D_ADAMW_CUH

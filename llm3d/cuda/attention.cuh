@@ -1,9 +1,20 @@
 /*
- * attention.cuh: causal self-attention, flash style. Defines the kernels on
- * fp32 FMA (every build, head sizes 16 to 128) and on tensor cores (bf16
- * build, head sizes 16 to 64), and attention_forward and attention_backward,
- * which pick them; attention_supports and attention_tc_supports say which
- * head sizes each covers.
+ * llm3d/cuda/attention.cuh: causal self-attention, flash style.
+ *
+ * defines:
+ *   attention_forward, attention_backward
+ *                          the launchers, which pick the kernels: on tensor
+ *                          cores when asked and the head size allows
+ *   attention_supports     the head sizes the kernels cover
+ *   attention_tc_supports  the head sizes the tensor-core kernels cover
+ *   attention_forward_kernel, attention_backward_dq_kernel,
+ *   attention_backward_dkdv_kernel, attention_delta_kernel
+ *                          the kernels on fp32 FMA (every build, head sizes
+ *                          16 to 128)
+ *   attention_forward_tc_kernel, attention_backward_dq_tc_kernel,
+ *   attention_backward_dkdv_tc_kernel
+ *                          the kernels on tensor cores (bf16 build, head
+ *                          sizes 16 to 64)
  */
 #ifndef LLM3D_ATTENTION_CUH
 #define LLM3D_ATTENTION_CUH

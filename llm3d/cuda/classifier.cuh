@@ -1,9 +1,16 @@
 /*
- * classifier.cuh: softmax and cross-entropy over the vocabulary, with the
- * gradient written over the logits. Defines the fused classifier (one rank
- * holds every logit of a row) and the vocabulary-parallel one
- * (classifier_stats_kernel, then classifier_tp_kernel once the ranks have
- * swapped their row statistics).
+ * llm3d/cuda/classifier.cuh: softmax and cross-entropy over the vocabulary,
+ * with the gradient written over the logits.
+ *
+ * defines:
+ *   classifier, classifier_kernel
+ *                        the fused classifier (one rank holds every logit of
+ *                        a row)
+ *   classifier_stats_kernel, classifier_tp_kernel
+ *                        the vocabulary-parallel one: classifier_stats_kernel,
+ *                        then classifier_tp_kernel once the ranks have
+ *                        swapped their row statistics
+ *   CLASSIFIER_THREADS   the block size the three kernels are built for
  */
 #ifndef LLM3D_CLASSIFIER_CUH
 #define LLM3D_CLASSIFIER_CUH

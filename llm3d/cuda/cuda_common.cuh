@@ -1,9 +1,21 @@
 /*
- * cuda_common.cuh: what every GPU kernel file shares. Defines floatX (bf16 in
- * the default build, fp32 under -DENABLE_FP32), the 16-byte Pack the kernels
- * load and store at a time, floatx_to_host_float, the CUDA_CHECK and
- * CUBLAS_CHECK error checks, the grid sizes ceil_div and grid_for, and the
- * fixed-order sums inside a warp and a block.
+ * llm3d/cuda/cuda_common.cuh: what every GPU kernel file shares.
+ *
+ * defines:
+ *   floatX, precision_name, CUBLAS_FLOATX
+ *                          bf16 in the default build, fp32 under
+ *                          -DENABLE_FP32; its name and its cuBLAS type
+ *   to_f, to_x             a floatX as a float and back, on the device
+ *   PACK, Pack, load_pack, store_pack
+ *                          the 16 bytes of floatX the kernels load and store
+ *                          at a time
+ *   load4, store4          4 consecutive floatX as a float4
+ *   floatx_to_host_float   a floatX read back from the device, as a float
+ *   CUDA_CHECK, CUBLAS_CHECK
+ *                          the error checks: a failed call is one line and
+ *                          exit(1)
+ *   ceil_div, grid_for     the grid sizes
+ *   warp_sum, block_sum    the fixed-order sums inside a warp and a block
  */
 #ifndef LLM3D_CUDA_COMMON_CUH
 #define LLM3D_CUDA_COMMON_CUH

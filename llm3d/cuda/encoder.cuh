@@ -1,8 +1,14 @@
 /*
- * encoder.cuh: the token and position embeddings. Defines the forward
- * (encoder_forward: wte row plus wpe row, for this rank's vocabulary rows)
- * and the backward (encoder_backward: dwpe as a sum over the batch, dwte one
- * block per token over the host's token_buckets, so no atomics).
+ * llm3d/cuda/encoder.cuh: the token and position embeddings.
+ *
+ * defines:
+ *   encoder_forward    the forward: wte row plus wpe row, for this rank's
+ *                      vocabulary rows
+ *   encoder_backward   the backward: dwpe as a sum over the batch, dwte one
+ *                      block per token over the host's token_buckets, so no
+ *                      atomics
+ *   token_buckets      the positions of each token of this rank's rows,
+ *                      grouped by token on the host (a stable counting sort)
  */
 #ifndef LLM3D_ENCODER_CUH
 #define LLM3D_ENCODER_CUH

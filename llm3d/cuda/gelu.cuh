@@ -1,6 +1,11 @@
 /*
- * gelu.cuh: GELU, tanh approximation. Defines gelu_forward and
- * gelu_backward; the bf16 build's forward is matmul.cuh's epilogue instead.
+ * llm3d/cuda/gelu.cuh: GELU, tanh approximation.
+ *
+ * defines:
+ *   gelu_forward    out = gelu(inp), elementwise
+ *   gelu_backward   d *= gelu'(inp), in place: dout in, dinp out
+ *
+ * The bf16 build's forward is matmul.cuh's epilogue instead.
  */
 #ifndef LLM3D_GELU_CUH
 #define LLM3D_GELU_CUH

@@ -1,7 +1,11 @@
 /*
- * init.cuh: the seeded parameter init on the device. Defines init_spec (how
- * each tensor is filled) and init_tensor_kernel, gpt2.h's param_init_value
- * ported to the GPU.
+ * llm3d/cuda/init.cuh: the seeded parameter init on the device.
+ *
+ * defines:
+ *   InitSpec, init_spec   how each tensor is filled: a constant, or std times
+ *                         a normal for the first random_count elements
+ *   init_tensor_kernel    one tensor filled so, gpt2.h's param_init_value
+ *                         ported to the GPU
  */
 #ifndef LLM3D_INIT_CUH
 #define LLM3D_INIT_CUH

@@ -1,8 +1,15 @@
 /*
- * layernorm.cuh: LayerNorm and the residual add. Defines layernorm_forward,
- * residual_forward, residual_layernorm_forward (the two fused in one pass)
- * and layernorm_backward, whose weight and bias gradients are matmul.cuh's
- * column sums.
+ * llm3d/cuda/layernorm.cuh: LayerNorm and the residual add.
+ *
+ * defines:
+ *   layernorm_forward    LayerNorm over C, one warp per row; saves the mean
+ *                        and 1/std
+ *   residual_forward     the residual add, out = a + b
+ *   residual_layernorm_forward
+ *                        the two fused in one pass
+ *   layernorm_backward   dinp += the LayerNorm backward of dout, and the
+ *                        weight and bias gradients, which are matmul.cuh's
+ *                        column sums
  */
 #ifndef LLM3D_LAYERNORM_CUH
 #define LLM3D_LAYERNORM_CUH

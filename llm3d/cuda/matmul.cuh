@@ -1,10 +1,18 @@
 /*
- * matmul.cuh: the GEMMs and the column sums of the linear layers. Defines
- * Blas (a cuBLASLt handle, its workspace and stream), matmul_forward (with
- * the bias and GELU epilogues), matmul_backward_dinp and
- * matmul_backward_dweight on cuBLASLt, and the deterministic column sums
- * (column_sums_kernel, add_column_partials_kernel) behind bias_backward and
- * layernorm.cuh's weight and bias gradients.
+ * llm3d/cuda/matmul.cuh: the GEMMs and the column sums of the linear layers.
+ *
+ * defines:
+ *   Blas                     a cuBLASLt handle, its workspace and stream
+ *   matmul_forward           out = inp weight^T on cuBLASLt, with the bias
+ *                            and GELU epilogues
+ *   matmul_backward_dinp     dinp = dout weight on cuBLASLt (times
+ *                            gelu'(pre_gelu) when given)
+ *   matmul_backward_dweight  dweight += dout^T inp on cuBLASLt
+ *   bias_backward            dbias += the column sums of dout
+ *   column_sums_kernel, add_column_partials_kernel, colsum_splits, COLSUM_*
+ *                            the deterministic column sums behind
+ *                            bias_backward and layernorm.cuh's weight and
+ *                            bias gradients
  */
 #ifndef LLM3D_MATMUL_CUH
 #define LLM3D_MATMUL_CUH

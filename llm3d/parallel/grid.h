@@ -1,8 +1,21 @@
 /*
- * grid.h: the rank grid and this rank's groups. Defines Grid (world = dp x
- * pp x tp ranks and this rank's coordinates), Group (the ranks of one
- * dimension), grid_init, grid_check_model, grid_rank, grid_groups and
- * grid_split. Header-only (llm.c style): every function is static inline.
+ * llm3d/parallel/grid.h: the rank grid and this rank's groups.
+ *
+ * defines:
+ *   Grid               world = dp x pp x tp ranks and this rank's coordinates
+ *   Group              the ranks of one dimension
+ *   GRID_MAX_WORLD     the most ranks a Group holds
+ *   grid_init          the layout of world ranks and this rank's place in it
+ *   grid_check_model   the splits the model must allow (heads, the MLP's 4C
+ *                      columns and the padded vocabulary across tp, a layer
+ *                      per stage)
+ *   grid_rank          the rank at (dp_rank, pp_rank, tp_rank)
+ *   grid_groups        this rank's groups: world, dp, tp and pp
+ *   grid_split, GRID_DP, GRID_TP, GRID_PP
+ *                      the (color, key) that puts this rank in its group of
+ *                      one dimension when a communicator is split
+ *
+ * Header-only (llm.c style): every function is static inline.
  *
  * rank = ((dp_rank * pp) + pp_rank) * tp + tp_rank: tensor-parallel ranks
  * adjacent, then pipeline stages, then data-parallel replicas. A Group lists

@@ -1,13 +1,30 @@
 /*
- * pipeline.h: the pipeline schedules and their messages, the same for both
- * trainers. Defines pipeline_schedule (the order of a stage's forwards and
- * backwards, gpipe or 1f1b), pipeline_inflight and pipeline_bubble,
- * pipeline_play and pipeline_simulate (the stages played against each other
- * in time, for the tests and dev/pipeline_chart), pipeline_plan (the
- * messages a stage posts around each op, sends paired with receives) and
- * pipeline_check (the plans played with sends that block, which finds a
- * mismatch or a deadlock). Pure C with no I/O: it knows stages and
- * micro-batches, not ranks, models or transports.
+ * llm3d/parallel/pipeline.h: the pipeline schedules and their messages, the
+ * same for both trainers.
+ *
+ * defines:
+ *   PipeOp, pipe_op       one op of a stage: a forward or a backward of a
+ *                         micro-batch
+ *   pipeline_schedule     the order of a stage's forwards and backwards,
+ *                         gpipe or 1f1b
+ *   pipeline_inflight     the activation sets a stage needs
+ *   pipeline_bubble       the idle fraction of a step
+ *   pipeline_find         where an op sits in a stage's ops
+ *   pipeline_play, pipeline_simulate
+ *                         the stages played against each other in time, for
+ *                         the tests and dev/pipeline_chart
+ *   PipeMsg, PIPE_NONE, pipe_input, pipe_output
+ *                         a message to or from a stage (or none): what an op
+ *                         needs first, and what it hands on
+ *   PipeStep, pipeline_plan
+ *                         the messages a stage posts around each op, sends
+ *                         paired with receives
+ *   pipeline_plan_text    a stage's plan as text, "F0s F1x B0 rB1"
+ *   pipeline_check        the plans played with sends that block, which finds
+ *                         a mismatch or a deadlock
+ *
+ * Pure C with no I/O: it knows stages and micro-batches, not ranks, models
+ * or transports.
  * Header-only (llm.c style): every function is static inline.
  */
 #ifndef LLM3D_PIPELINE_H

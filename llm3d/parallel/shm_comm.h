@@ -1,12 +1,28 @@
 /*
- * shm_comm.h: the host backend of the communicator: collectives and
- * point-to-point messages between the rank processes of one box, through the
- * shared-memory segment of launcher.h. Defines Comm, comm_init (joins the
- * rendezvous and maps the segment), comm_allreduce, comm_reduce_scatter,
- * comm_allgather, comm_broadcast, comm_barrier, comm_send, comm_recv,
- * comm_sendrecv, the byte counters, the wait clock (comm_wait_ms) and
- * wait_since, which both backends' wait clocks are read with, comm_free,
- * and the reduction ops OP_SUM and OP_AVG that the NCCL backend takes too.
+ * llm3d/parallel/shm_comm.h: the host backend of the communicator:
+ * collectives and point-to-point messages between the rank processes of one
+ * box, through the shared-memory segment of launcher.h.
+ *
+ * defines:
+ *   Comm                  one rank's communicator
+ *   comm_init             joins the rendezvous and maps the segment
+ *   comm_init_check       what both backends' set-up require first
+ *   comm_allreduce, comm_reduce_scatter, comm_allgather, comm_broadcast,
+ *   comm_barrier          the collectives over a Group
+ *   comm_send, comm_recv, comm_sendrecv
+ *                         point-to-point messages on a channel
+ *   comm_set_step, comm_set_timeout
+ *                         the step messages are stamped with; a longer
+ *                         timeout for a wait known to be long
+ *   COMM_ALLREDUCE .. COMM_P2P, COMM_NCOUNTERS, comm_counter_name,
+ *   comm_get_bytes, comm_print_bytes
+ *                         the byte counters
+ *   comm_wait_ms          the wait clock
+ *   wait_since            what a wait clock ran since a mark: both backends'
+ *                         wait clocks are read with it
+ *   comm_free             the communicator closed and freed
+ *   OP_SUM, OP_AVG        the reduction ops, which the NCCL backend takes too
+ *
  * Header-only (llm.c style): every function is static inline.
  *
  * One ring of COMM_SLOTS message slots per directed link in one
