@@ -1311,7 +1311,7 @@ static double ckpt_set_timeout(void *ctx, double seconds) {
 }
 
 // the checkpoint of step st->step: checkpoint.h's ckpt_write_job, as
-// train_gpt2.c's gpt2_save (rank 0 makes the files, every rank writes its
+// train_gpt2.c's (rank 0 makes the files, every rank writes its
 // part, rank 0 seals; the same verdict on every rank, 0 = complete)
 static int gpt2_checkpoint(GPT2 *m, Parallel *par, const char *out_dir, int keep, const CkptState *st,
                            const uint8_t key[32], int encrypt) {

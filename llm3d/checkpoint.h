@@ -1,8 +1,8 @@
 /*
  * llm3d/checkpoint.h: what a training checkpoint is on disk, and how one is
  * found, sealed, verified and pruned. Both trainers use it; how a rank writes
- * its own part of the tensors stays in the trainer (train_gpt2.c:
- * gpt2_save). The final model, <out>/model_SSSSSSSS.bin, is written the same
+ * its own part of the tensors stays in the trainer (gpt2_checkpoint in
+ * both). The final model, <out>/model_SSSSSSSS.bin, is written the same
  * way (ckpt_write_model).
  *
  * defines:

@@ -16,7 +16,7 @@ Unicode White_Space property. Python's `re` (str.isspace) also counts
 U+001C..U+001F (the information separators) as space; `regex` and tiktoken do
 not, so neither do we.
 
-Usage: python3 dev/data/gen_unicode_table.py [out.h]   (default: unicode_table.h)
+Usage: python3 dev/data/gen_unicode_table.py [out.h]   (default: llm3d/unicode_table.h)
 """
 import sys
 import unicodedata
@@ -73,7 +73,7 @@ def cross_check_with_regex_module():
 
 
 def main():
-    out_path = sys.argv[1] if len(sys.argv) > 1 else "unicode_table.h"
+    out_path = sys.argv[1] if len(sys.argv) > 1 else "llm3d/unicode_table.h"
     note = cross_check_with_regex_module()
     ranges = class_ranges()
     counts = {cls: sum(last - first + 1 for first, last, c in ranges if c == cls)
