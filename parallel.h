@@ -9,12 +9,14 @@
  *   grid.h       the rank grid (world = dp x pp x tp) and this rank's groups
  *   pipeline.h   the pipeline schedules, their message plans, the simulator
  *                and the checker that plays the plans with blocking sends
- *   launcher.h   the launcher, the authenticated rendezvous, the
- *                shared-memory segment, parallel_main and parallel_join
+ *   rendezvous.h the authenticated rendezvous and the shared-memory
+ *                segment it hands out
+ *   launcher.h   the launcher, parallel_main and parallel_join
  *   shm_comm.h   the host backend: collectives and point-to-point messages
  *                between the ranks of one box, through that segment
  *   nccl_comm.h  which GPU a rank binds to, the MAC'd messages' headers, and
- *                the NCCL backend (CUDA builds, -DLLM3D_NCCL)
+ *                the NCCL backend (CUDA builds, -DLLM3D_NCCL), with its host
+ *                mode (host_mode.h) for ranks that share a GPU
  *
  * doc/parallel.md is the long form: the grid formula with an example, the
  * launch and rendezvous sequence, the shared-memory layout, the collective
@@ -29,6 +31,7 @@
 
 #include "llm3d/parallel/grid.h"
 #include "llm3d/parallel/pipeline.h"
+#include "llm3d/parallel/rendezvous.h"
 #include "llm3d/parallel/launcher.h"
 #include "llm3d/parallel/shm_comm.h"
 #include "llm3d/parallel/nccl_comm.h"

@@ -1,8 +1,18 @@
 /*
- * secure.h: SHA-256, HMAC-SHA256, per-job keys, authenticated frames between
- * ranks, and the -fault switch. Header-only (llm.c style):
+ * secure.h: SHA-256, HMAC-SHA256, per-job keys and authenticated frames
+ * between ranks. Header-only (llm.c style):
  * every function is static inline, so any number of translation units may
  * include it and -Wall stays quiet about the ones a unit does not call.
+ *
+ * defines:
+ *   small helpers: secure_wipe, to_hex, hex_decode, put_u16..64, get_u16..64
+ *   SHA-256: Sha256, sha256_init, sha256_update, sha256_final, sha256, cpu_has
+ *   HMAC-SHA256: Hmac, hmac_init, hmac_update, hmac_final, hmac_sha256,
+ *     hmac_keyed, tag_equal
+ *   keys: key_generate, key_read_file, key_write_file, key_read_fd,
+ *     key_write_fd, job_id_from_key, secure_harden_process
+ *   frames: CH_* (channels), FrameHeader, Links, links_init, frame_bytes,
+ *     frame_seal, frame_check_header, frame_open
  *
  * Include it before any system header, or build with -std=gnu11 or
  * -D_GNU_SOURCE: it needs POSIX (fsync, O_NOFOLLOW, ...) even under -std=c11.
@@ -52,13 +62,9 @@
  * replayed, reordered and dropped messages alike.
  *
  * Built on these: manifest.h (the sealed lists of a checkpoint's or a data
- * set's files) and chunkmac.h (the tag of a large payload, computed on a GPU).
- *
- * Faults (-fault KIND:RANK:STEP): tamper flips a bit of an outgoing frame
- * (frame_tamper), replay resends a frame under an already used sequence number
- * (links_rewind_send), kill and stall are acted on by the parallel layer; slow
- * (a straggler from STEP on: fault_slow_fires) and drift (one parameter
- * changed on one rank) by the trainers.
+ * set's files), chunkmac.h (the tag of a large payload, computed on a GPU)
+ * and fault.h (-fault KIND:RANK:STEP: a tampered or replayed frame, a rank
+ * killed, stalled or slow, a parameter drifted), all in llm3d/secure/.
  *
  * Errors follow errors.h: functions that can fail return 0 or -1 and write one
  * line into err (naming the file, field or flag, and the value); err may be NULL.
@@ -816,101 +822,6 @@ static inline int frame_open(Links *l, const uint8_t *frame, size_t frame_len, i
         return frame_reject(err, errlen, src, channel, step, "reserved header fields are not zero");
     l->recv_seq[src]++;
     *payload = frame + FRAME_HEADER_BYTES;
-    return 0;
-}
-
-// ----------------------------------------------------------------------------
-// fault injection: -fault KIND:RANK:STEP
-
-enum { FAULT_NONE = 0, FAULT_TAMPER, FAULT_REPLAY, FAULT_KILL, FAULT_STALL, FAULT_SLOW, FAULT_DRIFT };
-
-#define FAULT_SLOW_MS 300  // what slow adds to each step of its rank: far above any noise of a shared machine
-
-typedef struct { int kind; int rank; long step; } Fault;
-
-static inline const char *fault_name(int kind) {
-    static const char *names[] = {"none", "tamper", "replay", "kill", "stall", "slow", "drift"};
-    return kind >= FAULT_NONE && kind <= FAULT_DRIFT ? names[kind] : "unknown";
-}
-
-// fault_number: a decimal in [0, max], nothing else
-static inline int fault_number(const char *s, size_t n, long max, long *out) {
-    if (n == 0 || n > 18) return -1;
-    long v = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] < '0' || s[i] > '9') return -1;
-        v = v * 10 + (s[i] - '0');
-    }
-    if (v > max) return -1;
-    *out = v;
-    return 0;
-}
-
-// fault_parse: "tamper:1:5" and the like; RANK is checked against the world
-// by the caller, who knows it
-static inline int fault_parse(const char *spec, Fault *f, char *err, size_t errlen) {
-    f->kind = FAULT_NONE; f->rank = -1; f->step = -1;
-    if (spec == NULL) return errorf(err, errlen, "-fault: missing value; expected KIND:RANK:STEP");
-    const char *c1 = strchr(spec, ':');
-    const char *c2 = c1 != NULL ? strchr(c1 + 1, ':') : NULL;
-    if (c1 == NULL || c2 == NULL || strchr(c2 + 1, ':') != NULL)
-        return errorf(err, errlen, "-fault '%s': expected KIND:RANK:STEP, e.g. tamper:1:5", spec);
-    size_t kind_len = (size_t)(c1 - spec);
-    int kind = FAULT_NONE;
-    for (int k = FAULT_TAMPER; k <= FAULT_DRIFT; k++) {
-        if (strlen(fault_name(k)) == kind_len && strncmp(spec, fault_name(k), kind_len) == 0) kind = k;
-    }
-    if (kind == FAULT_NONE)
-        return errorf(err, errlen, "-fault '%s': KIND '%.*s' is not one of tamper, replay, kill, stall, slow, drift",
-                      spec, (int)kind_len, spec);
-    long rank, step;
-    if (fault_number(c1 + 1, (size_t)(c2 - c1 - 1), LINKS_MAX_WORLD - 1, &rank) != 0)
-        return errorf(err, errlen, "-fault '%s': RANK '%.*s' is not a rank 0..%d",
-                      spec, (int)(c2 - c1 - 1), c1 + 1, LINKS_MAX_WORLD - 1);
-    if (fault_number(c2 + 1, strlen(c2 + 1), 999999999999L, &step) != 0)
-        return errorf(err, errlen, "-fault '%s': STEP '%s' is not a step 0..999999999999", spec, c2 + 1);
-    f->kind = kind; f->rank = (int)rank; f->step = step;
-    return 0;
-}
-
-// fault_check_world: the fault's rank must be one of the job's world ranks
-static inline int fault_check_world(const Fault *f, int world, char *err, size_t errlen) {
-    if (f == NULL || f->kind == FAULT_NONE || (f->rank >= 0 && f->rank < world)) return 0;
-    return errorf(err, errlen, "-fault %s:%d:%ld: rank %d is not in this job of %d ranks", fault_name(f->kind), f->rank,
-                  f->step, f->rank, world);
-}
-
-static inline int fault_fires(const Fault *f, int rank, long step) {
-    return f != NULL && f->kind != FAULT_NONE && f->rank == rank && f->step == step;
-}
-
-// fault_slow_fires: slow acts on every step of its rank from its step on
-static inline int fault_slow_fires(const Fault *f, int rank, long step) {
-    return f != NULL && f->kind == FAULT_SLOW && f->rank == rank && step >= f->step;
-}
-
-// frame_tamper: flip a bit in the middle of the payload, or in the header pad
-// when there is no payload, so the receiver's tag check is what catches it
-static inline void frame_tamper(uint8_t *frame, size_t frame_len) {
-    if (frame_len < FRAME_HEADER_BYTES) {
-        if (frame_len > 0) frame[0] ^= 0x01;
-        return;
-    }
-    uint64_t len = get_u64(frame + 48);
-    if (len > 0 && frame_len >= FRAME_HEADER_BYTES + FRAME_TAG_BYTES &&
-        len <= frame_len - FRAME_HEADER_BYTES - FRAME_TAG_BYTES) {
-        frame[FRAME_HEADER_BYTES + len / 2] ^= 0x01;
-    } else {
-        frame[56] ^= 0x01;
-    }
-}
-
-// links_rewind_send: the next frame to dst reuses the sequence number of the
-// previous one, which is what a replay looks like to the receiver (a valid
-// tag on a sequence number it already consumed). -1 if nothing was sent yet.
-static inline int links_rewind_send(Links *l, int dst) {
-    if (dst < 0 || dst >= l->world || l->send_seq[dst] == 0) return -1;
-    l->send_seq[dst]--;
     return 0;
 }
 

@@ -40,6 +40,7 @@
 #endif
 
 #include "llm3d/gpt2.h"
+#include "llm3d/flags.h"
 #include "secure.h"
 #include "parallel.h"
 #include "llm3d/checkpoint.h"
@@ -969,6 +970,7 @@ static int gpt2_load_optimizer(GPT2 *m, const char *path, const uint8_t key[32],
 // the trainer
 
 #include "llm3d/trainer.h"
+#include "llm3d/watch.h"
 
 // one step's forwards and backwards in the order of the pipeline schedule,
 // and the messages between neighbouring stages in the order of its plan

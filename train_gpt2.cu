@@ -42,6 +42,7 @@
 #define LLM3D_NCCL  // nccl_comm.h's NCCL backend: the GPU trainer always runs on it
 #endif
 #include "llm3d/gpt2.h"
+#include "llm3d/flags.h"
 #include "llm3d/files.h"  // write_all
 #include "dataloader.h"
 #include "llm3d/tokenizer.h"
@@ -1024,6 +1025,7 @@ static double gpt2_loss_sum(GPT2 *m) {
 // the loop; here is what the GPU does in it
 
 #include "llm3d/trainer.h"
+#include "llm3d/watch.h"
 
 #ifndef TESTING
 // ----------------------------------------------------------------------------

@@ -130,6 +130,7 @@
 #include "llm3d/errors.h"
 #include "llm3d/files.h"
 #include "llm3d/gpt2.h"
+#include "llm3d/flags.h"  // Options
 #include "llm3d/secure/manifest.h"  // sealing a checkpoint's files
 #include "secure.h"    // keys
 

@@ -12,6 +12,7 @@
  * Besides "no crash", it checks what must always hold, and aborts if not.
  */
 #include "secure.h"
+#include "llm3d/secure/fault.h"  // frame_tamper
 
 static void must(int ok, const char *what) {
     if (!ok) {

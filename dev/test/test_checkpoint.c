@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include "llm3d/checkpoint.h"
 #include "llm3d/gpt2.h"
+#include "llm3d/flags.h"  // Options
 #include "dev/test/test.h"
 
 #include <fcntl.h>

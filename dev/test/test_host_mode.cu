@@ -22,6 +22,7 @@
  */
 #define LLM3D_NCCL
 #include "llm3d/parallel/nccl_comm.h"
+#include "llm3d/secure/fault.h"  // fault_parse
 #include "dev/test/test.h"
 
 #include <sys/wait.h>

@@ -10,7 +10,8 @@
  * check naming a rank whose parameters changed (drift).
  */
 #include "llm3d/gpt2.h"
-#include "llm3d/trainer.h"  // the rules of the watch report and the consistency check
+#include "llm3d/trainer.h"  // Job
+#include "llm3d/watch.h"    // the rules of the watch report and the consistency check
 #include "dev/test/test.h"
 
 #include <sys/wait.h>

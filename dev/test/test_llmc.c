@@ -14,6 +14,7 @@
  * ETA and ends in the MFU, and a job of several ranks ends with one table
  * of their bytes.
  */
+#include "llm3d/flags.h"
 #include "llm3d/trainer.h"
 #include "dev/test/test.h"
 

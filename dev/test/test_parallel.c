@@ -14,6 +14,8 @@
  * Build: gcc -O2 -Wall -Wextra -std=gnu11 test_parallel.c -lm -o test_parallel
  */
 #include "parallel.h"
+#include "llm3d/secure/fault.h"  // fault_parse
+#include "llm3d/bf16.h"          // host mode's bf16 sums
 #include "dev/test/test.h"
 
 #include <math.h>

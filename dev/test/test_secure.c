@@ -10,6 +10,7 @@
  */
 #include "secure.h"  // first: it sets the POSIX feature macro
 #include "llm3d/secure/chunkmac.h"
+#include "llm3d/secure/fault.h"
 #include "llm3d/files.h"  // write_all
 #include "llm3d/secure/manifest.h"
 #include "dev/test/test.h"

@@ -45,9 +45,9 @@ static int gpu_check_shapes(const GPT2Config *c, int B, int T, int tp, const cha
     return 0;
 }
 
-// GPU flags taken out of argv before gpt2.h's options_parse sees it (argv is
+// GPU flags taken out of argv before flags.h's options_parse sees it (argv is
 // flag/value pairs): -fa, which the CPU trainer has no use for, and -r, which
-// gpt2.h's table lists for both (the CPU trainer takes it and keeps every
+// flags.h's table lists for both (the CPU trainer takes it and keeps every
 // activation anyway)
 typedef struct {
     int recompute;     // -r: 1 = recompute GELU in the backward instead of keeping it per layer

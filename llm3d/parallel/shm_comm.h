@@ -1,7 +1,7 @@
 /*
  * llm3d/parallel/shm_comm.h: the host backend of the communicator:
  * collectives and point-to-point messages between the rank processes of one
- * box, through the shared-memory segment of launcher.h.
+ * box, through the shared-memory segment of rendezvous.h.
  *
  * defines:
  *   Comm                  one rank's communicator
@@ -47,8 +47,9 @@
 #endif
 
 #include "secure.h"
+#include "llm3d/secure/fault.h"  // Fault: kill, stall, tamper and replay act here
 #include "llm3d/parallel/grid.h"
-#include "llm3d/parallel/launcher.h"  // the segment's layout, rdv_join, par_now
+#include "llm3d/parallel/rendezvous.h"  // the segment's layout, rdv_join, par_now
 
 #include <limits.h>
 #include <linux/futex.h>

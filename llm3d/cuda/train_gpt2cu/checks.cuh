@@ -4,11 +4,11 @@
  *
  * defines:
  *   consistency_check   -ck: the data-parallel replicas compare a SHA-256
- *                       of each parameter tensor; trainer.h hashes and judges
+ *                       of each parameter tensor; watch.h hashes and judges
  *   drift_parameter     -fault drift: one parameter changed on this rank, so
  *                       that the check above has something to find
  *   watch_report        -wr: every rank's compute and wait per step,
- *                       gathered for trainer.h's watch_judge
+ *                       gathered for watch.h's watch_judge
  *   checks_alloc        the buffers of the two checks, sized once, and
  *   checks_free         freed at the end
  *
@@ -25,11 +25,12 @@
 #include <stdlib.h>
 
 #include "llm3d/parallel/nccl_comm.h"  // nccl_allgather, nccl_wait_ms, nccl_barrier; wait_since (shm_comm.h)
-#include "llm3d/trainer.h"    // unit_digests, replicas_judge, print_replicas_disagree, Watch, watch_judge
+#include "llm3d/trainer.h"    // Job
+#include "llm3d/watch.h"      // unit_digests, replicas_judge, print_replicas_disagree, Watch, watch_judge
 
 // every K steps (-ck): the data-parallel replicas compare a SHA-256 of each
 // of the parameter tensors they compute with (ZeRO-3 gathers each unit),
-// all-gathered over the dp group; trainer.h's replicas_judge names the rank
+// all-gathered over the dp group; watch.h's replicas_judge names the rank
 // that differs, the group's first member says so, and the job ends (as
 // train_gpt2.c's)
 static void consistency_check(GPT2 *m, Parallel *par, int step) {
@@ -72,7 +73,7 @@ static void drift_parameter(GPT2 *m) {
     CUDA_CHECK(cudaMemcpy(param_at(m, 0, j), &x, sizeof(x), cudaMemcpyHostToDevice));
 }
 
-// the watch report (trainer.h) after this step: the waits of the steps
+// the watch report (watch.h) after this step: the waits of the steps
 // since the last report, measured once the GPU has done them (nccl_wait_ms;
 // m->waited: the clock at the last report), then every rank's compute and
 // wait per step all-gathered over the world; rank 0 judges
@@ -92,7 +93,7 @@ static void watch_report(GPT2 *m, Parallel *par, Watch *w, int step, LogLine *l)
 // the buffers of the checks above, sized once before the first step and
 // kept to the end (checks_free). The copy of a unit is as large as the
 // largest unit, so it is made only when -ck is on. The watch report's
-// floats on the host are the Watch's (trainer.h); these are the device's.
+// floats on the host are the Watch's (watch.h); these are the device's.
 static void checks_alloc(GPT2 *m, const Job *job, const Watch *w) {
     int dp = m->shard.dp;
     if (job->opt.check_every > 0 && dp > 1) {

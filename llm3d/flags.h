@@ -1,0 +1,324 @@
+/*
+ * flags.h: the trainers' command line, one table of flags (option_specs)
+ * from which the usage, the parsing and the range checks are all made.
+ *
+ * defines:
+ *   Options              every flag's value (SCHED_* for -k, PS_* for -ps)
+ *   OptionSpec, option_specs, NUM_OPTIONS
+ *                        the table: each flag's type, field, range, help, and
+ *                        what llm.c means by it where that differs
+ *   options_defaults     the values before any flag
+ *   options_usage        -h: every flag, what it does and its default
+ *   options_parse        argv into Options; one line into err on any problem
+ *   TrainerBuild, options_check_build
+ *                        llm.c's -a -f -w -ge -nm checked against what a
+ *                        trainer build does
+ *
+ * gpt2.h reads the flags into the model's shape and the batch
+ * (options_descriptor, batch_accum) and the learning rate (lr_at_step).
+ * Errors follow errors.h.
+ */
+#ifndef LLM3D_FLAGS_H
+#define LLM3D_FLAGS_H
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm3d/errors.h"
+
+// ---------------------------------------------------------------------------
+// the command line: one table, so usage, parsing and range checks agree.
+// It holds every flag of llm.c's train_gpt2.cu too: each means here what it
+// means there, or is refused with one line saying what differs
+// (doc/llmc.md has them all).
+
+enum { OPT_INT, OPT_FLOAT, OPT_STR, OPT_CHOICE, OPT_REFUSED };
+enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD };
+enum { PS_GPIPE, PS_1F1B };
+
+typedef struct {
+    const char *train_pattern, *val_pattern, *init, *out_dir, *log_file, *tokenizer;
+    int init_vocab, init_maxT, init_channels;
+    int B, T, total_batch, steps;
+    float lr, final_frac, weight_decay, beta1, beta2, eps, grad_clip;
+    int warmup, schedule;
+    float skip_loss_z, skip_norm_z;  // -sl -sg: skip an update whose loss / grad norm z-score is above (0 = off)
+    int shuffle, seed;
+    int val_every, val_batches, sample_every, gen_tokens;
+    int hellaswag;                 // -h 1: HellaSwag at every evaluation
+    const char *hellaswag_file;    // -hf, NULL: HS_DEFAULT_FILE of hellaswag.h
+    int ckpt_every, ckpt_keep, resume, resume_step;
+    int encrypt;                   // -enc: 1 checkpoints sealed (AES-256-GCM), 2 the final model too
+    int np, tp, pp, zero, microbatches, pipe_schedule, check_every;
+    int watch_every;               // -wr: each rank's compute and wait times compared every N steps (0 = off)
+    float timeout;
+    const char *fault, *rendezvous, *key_file;
+    int threads;
+    int host_backend;
+    int recompute;                 // -r (the GPU trainer takes it out of argv first)
+    // llm.c's switches for what a build here does one way: options_check_build
+    int overfit_batch, tf32, master_weights, gelu_fusion, major_every;  // -a -f -w -ge -nm
+} Options;
+
+typedef struct {
+    const char *flag;
+    int type;
+    size_t offset;       // into Options
+    double min, max;     // for OPT_INT and OPT_FLOAT
+    const char *choices; // for OPT_CHOICE: comma separated, value = index
+    const char *help;
+    const char *llmc;    // where llm.c's flag of this name means something else: what, added to its errors
+    const char *dflt;    // the default in words, where its value alone does not say it (-h prints it)
+} OptionSpec;
+
+#define LLMC_MULTINODE "llm.c's multi-node setting; here one box starts its ranks with -np N, and ranks started by " \
+                       "mpirun, srun or torchrun join with --rendezvous ADDR --key-file FILE (doc/llmc.md)"
+
+static const OptionSpec option_specs[] = {
+    {"-i", OPT_STR, offsetof(Options, train_pattern), 0, 0, NULL, "train shards (glob)", NULL, NULL},
+    {"-j", OPT_STR, offsetof(Options, val_pattern), 0, 0, NULL, "val shards (glob)", NULL, NULL},
+    {"-e", OPT_STR, offsetof(Options, init), 0, 0, NULL,
+     "init: model .bin file, or descriptor dN or gpt2:dN (d12 = GPT-2 124M; llm.c's shapes)", NULL, NULL},
+    {"-ev", OPT_INT, offsetof(Options, init_vocab), 1, 1 << 24, NULL, "vocab size for a dN init", NULL, NULL},
+    {"-et", OPT_INT, offsetof(Options, init_maxT), 1, 1 << 20, NULL, "max sequence length for a dN init", NULL, NULL},
+    {"-ec", OPT_INT, offsetof(Options, init_channels), 0, 1 << 16, NULL, "channels for a dN init (0 = GPT-2's)", NULL, NULL},
+    {"-o", OPT_STR, offsetof(Options, out_dir), 0, 0, NULL,
+     "output dir for the log, checkpoints and the final model", NULL, "none"},
+    {"-lg", OPT_STR, offsetof(Options, log_file), 0, 0, NULL, "JSON-lines log file",
+     "llm.c has no -lg; its parser reads -lg as -l, the learning rate", "<-o>/log.jsonl, none without -o"},
+    {"-tk", OPT_STR, offsetof(Options, tokenizer), 0, 0, NULL, "tokenizer .bin for printing samples", NULL, "none"},
+    {"-b", OPT_INT, offsetof(Options, B), 1, 1 << 16, NULL, "micro-batch size B per data-parallel rank", NULL, NULL},
+    {"-t", OPT_INT, offsetof(Options, T), 1, 1 << 20, NULL, "sequence length T", NULL, NULL},
+    {"-d", OPT_INT, offsetof(Options, total_batch), -1, 1 << 30, NULL, "total batch in tokens (-1 = B*T*dp*mb)", NULL, NULL},
+    {"-x", OPT_INT, offsetof(Options, steps), -1, 1 << 30, NULL, "optimizer steps (-1 = one epoch)", NULL, NULL},
+    {"-l", OPT_FLOAT, offsetof(Options, lr), 0, 10, NULL, "peak learning rate", NULL, NULL},
+    {"-u", OPT_INT, offsetof(Options, warmup), 0, 1 << 30, NULL, "warmup steps (linear, from lr/u)", NULL, NULL},
+    {"-q", OPT_FLOAT, offsetof(Options, final_frac), 0, 1, NULL, "final lr as a fraction of the peak", NULL, NULL},
+    {"-k", OPT_CHOICE, offsetof(Options, schedule), 0, 0, "cosine,linear,constant,wsd",
+     "lr schedule (llm.c's: constant has no warmup, wsd decays the last 20% as 1 - sqrt)", NULL, NULL},
+    {"-c", OPT_FLOAT, offsetof(Options, weight_decay), 0, 10, NULL, "AdamW weight decay (2-D weights only)", NULL, NULL},
+    {"-b1", OPT_FLOAT, offsetof(Options, beta1), 0, 0.999999, NULL, "AdamW beta1", NULL, NULL},
+    {"-b2", OPT_FLOAT, offsetof(Options, beta2), 0, 0.999999999, NULL, "AdamW beta2", NULL, NULL},
+    {"-ep", OPT_FLOAT, offsetof(Options, eps), 0, 1, NULL, "AdamW epsilon", NULL, NULL},
+    {"-gc", OPT_FLOAT, offsetof(Options, grad_clip), 0, 1e9, NULL, "clip the global grad norm to this (0 = off)", NULL, NULL},
+    {"-sl", OPT_FLOAT, offsetof(Options, skip_loss_z), 0, 1e9, NULL,
+     "skip an update whose loss is more than this many std above the last 128 steps' mean (0 = off)", NULL, NULL},
+    {"-sg", OPT_FLOAT, offsetof(Options, skip_norm_z), 0, 1e9, NULL,
+     "skip an update whose grad norm is more than this many std above the last 128 steps' mean (0 = off)", NULL, NULL},
+    {"-sh", OPT_INT, offsetof(Options, shuffle), 0, 1, NULL, "shuffle the training data (0/1)", NULL, NULL},
+    {"-sd", OPT_INT, offsetof(Options, seed), 0, 2147483647, NULL, "seed (init, shuffle, sampling)", NULL, NULL},
+    {"-v", OPT_INT, offsetof(Options, val_every), 0, 1 << 30, NULL,
+     "evaluate every N steps and after the last (0 = never)", NULL, NULL},
+    {"-m", OPT_INT, offsetof(Options, val_batches), -1, 1 << 30, NULL,
+     "val batches per data-parallel rank per evaluation, at most the split's (-1 = the whole split)", NULL, NULL},
+    {"-h", OPT_INT, offsetof(Options, hellaswag), 0, 1, NULL,
+     "HellaSwag accuracy at every evaluation after step 0 and after the last (0/1; -h alone or --help: this help)", NULL, NULL},
+    {"-hf", OPT_STR, offsetof(Options, hellaswag_file), 0, 0, NULL,
+     "HellaSwag file, llm.c's eval format (the default is skipped when missing)", NULL, "dev/data/hellaswag/hellaswag_val.bin"},
+    {"-s", OPT_INT, offsetof(Options, sample_every), 0, 1 << 30, NULL,
+     "sample every N steps and after the last (0 = never; needs -tk and one rank)", NULL, NULL},
+    {"-g", OPT_INT, offsetof(Options, gen_tokens), 1, 1 << 20, NULL, "sample length: tokens, the first one EOT", NULL, NULL},
+    {"-n", OPT_INT, offsetof(Options, ckpt_every), 0, 1 << 30, NULL,
+     "checkpoint into -o every N steps and at the end (0 = off)", NULL, NULL},
+    {"-nk", OPT_INT, offsetof(Options, ckpt_keep), 0, 1 << 30, NULL, "checkpoints to keep, the newest (0 = all)", NULL, NULL},
+    {"-nm", OPT_INT, offsetof(Options, major_every), 0, 1 << 30, NULL,
+     "llm.c's major checkpoints: 0 only here (-nk 0 keeps them all)", NULL, NULL},
+    {"-y", OPT_INT, offsetof(Options, resume), 0, 1, NULL,
+     "resume from the latest checkpoint in -o (0/1; none yet: start afresh)", NULL, NULL},
+    {"-ys", OPT_INT, offsetof(Options, resume_step), -1, 1 << 30, NULL,
+     "resume from the checkpoint of this step in -o (-1 = off)", NULL, NULL},
+    {"-enc", OPT_INT, offsetof(Options, encrypt), 0, 2, NULL,
+     "encrypt at rest (AES-256-GCM, under the checkpoint key): 1 checkpoints, 2 the final model too (0 = off; "
+     "a resume reads either)", NULL, NULL},
+    {"-np", OPT_INT, offsetof(Options, np), 1, 256, NULL, "ranks (processes)", NULL, NULL},
+    {"-tp", OPT_INT, offsetof(Options, tp), 1, 256, NULL, "tensor-parallel size", NULL, NULL},
+    {"-pp", OPT_INT, offsetof(Options, pp), 1, 256, NULL, "pipeline stages",
+     "llm.c's usage lists -pp as the fs path of its NCCL init, which its parser reads as -pf", NULL},
+    {"-z", OPT_INT, offsetof(Options, zero), 0, 3, NULL, "ZeRO stage 0-3", NULL, NULL},
+    {"-mb", OPT_INT, offsetof(Options, microbatches), 1, 1 << 16, NULL, "micro-batches per pipeline step", NULL, NULL},
+    {"-ps", OPT_CHOICE, offsetof(Options, pipe_schedule), 0, 0, "gpipe,1f1b", "pipeline schedule",
+     "llm.c's -ps is the server IP of its NCCL init; " LLMC_MULTINODE, NULL},
+    {"-to", OPT_FLOAT, offsetof(Options, timeout), 0.1, 3600, NULL, "seconds any wait between ranks may take", NULL, NULL},
+    {"-ck", OPT_INT, offsetof(Options, check_every), 0, 1 << 30, NULL,
+     "data-parallel consistency check every K steps (0 = off)", NULL, NULL},
+    {"-wr", OPT_INT, offsetof(Options, watch_every), 0, 1 << 30, NULL,
+     "watch report every N steps: a line and a log field for a straggler or a rank that waits unusually (0 = off)",
+     NULL, NULL},
+    {"-fault", OPT_STR, offsetof(Options, fault), 0, 0, NULL,
+     "fault injection KIND:RANK:STEP (tamper, replay, kill, stall, slow, drift)", NULL, "none"},
+    {"--rendezvous", OPT_STR, offsetof(Options, rendezvous), 0, 0, NULL,
+     "unix:PATH or tcp:HOST:PORT, for ranks started by mpirun, srun or torchrun", NULL, "none"},
+    {"--key-file", OPT_STR, offsetof(Options, key_file), 0, 0, NULL,
+     "job key file (mode 0600), the same for every rank; also the key of encrypted shards", NULL, "a fresh key per launch; checkpoints: <-o>/job.key"},
+    {"-th", OPT_INT, offsetof(Options, threads), 0, 1024, NULL, "OpenMP threads per rank (0 = the cores / ranks)", NULL, NULL},
+    {"-hb", OPT_INT, offsetof(Options, host_backend), 0, 1, NULL,
+     "train_gpt2cu: 1 = ranks talk through the host backend, not NCCL (ranks sharing a GPU always do)", NULL, NULL},
+    {"-r", OPT_INT, offsetof(Options, recompute), 0, 1, NULL,
+     "recompute GELU in the backward (0/1; the CPU trainer keeps every activation either way)",
+     "llm.c's -r 2 also recomputes LayerNorm, which this trainer does not", NULL},
+    {"-ge", OPT_INT, offsetof(Options, gelu_fusion), -1, 2, NULL,
+     "GELU fused into the matmuls: 0 none, 1 forward, 2 both (-1 = as built: bf16 GPU 2, else 0, the only choice)", NULL, NULL},
+    {"-f", OPT_INT, offsetof(Options, tf32), -1, 1, NULL,
+     "TF32 matmuls (-1 = as built; the bf16 GPU build's GEMMs are bf16 and take 0 or 1, the fp32 trainers 0 only)", NULL, NULL},
+    {"-w", OPT_INT, offsetof(Options, master_weights), -1, 1, NULL,
+     "fp32 master weights (-1 = as built; the bf16 GPU build keeps them, 1 only; fp32 trainers 0 or 1)", NULL, NULL},
+    {"-a", OPT_INT, offsetof(Options, overfit_batch), 0, 1, NULL,
+     "llm.c's overfit-one-batch debug switch: 0 only here", NULL, NULL},
+    {"-pn", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's number of processes: refused", LLMC_MULTINODE, NULL},
+    {"-pr", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's process rank: refused", LLMC_MULTINODE, NULL},
+    {"-pg", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's GPUs per node: refused", LLMC_MULTINODE, NULL},
+    {"-pi", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's NCCL init method: refused", LLMC_MULTINODE, NULL},
+    {"-pm", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's NCCL init method (as its usage spells it): refused", LLMC_MULTINODE, NULL},
+    {"-pf", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's fs path for its NCCL init: refused", LLMC_MULTINODE, NULL},
+};
+#define NUM_OPTIONS ((int)(sizeof(option_specs) / sizeof(option_specs[0])))
+
+static void options_defaults(Options *o) {
+    memset(o, 0, sizeof(*o));
+    o->train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train_*.bin";
+    o->val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val_*.bin";
+    o->init = "d12";
+    o->init_vocab = 50257;
+    o->init_maxT = 1024;
+    o->B = 4; o->T = 1024; o->total_batch = -1; o->steps = -1;
+    o->lr = 3e-4f; o->warmup = 0; o->final_frac = 1.0f; o->schedule = SCHED_COSINE;
+    o->weight_decay = 0.0f; o->beta1 = 0.9f; o->beta2 = 0.95f; o->eps = 1e-8f; o->grad_clip = 1.0f;
+    o->skip_loss_z = 0.0f; o->skip_norm_z = 0.0f;
+    o->shuffle = 0; o->seed = 1337;
+    o->val_every = 20; o->val_batches = 20; o->sample_every = 20; o->gen_tokens = 64;
+    o->ckpt_every = 0; o->ckpt_keep = 2; o->resume = 0; o->resume_step = -1;
+    o->np = 1; o->tp = 1; o->pp = 1; o->zero = 0; o->microbatches = 1; o->pipe_schedule = PS_1F1B;
+    o->timeout = 30.0f; o->check_every = 0; o->watch_every = 20; o->host_backend = 0;
+    o->recompute = 1; o->tf32 = -1; o->master_weights = -1; o->gelu_fusion = -1;
+}
+
+// -h: every flag, what it does and its default (in brackets)
+static void options_usage(FILE *f, const char *prog) {
+    Options d;
+    options_defaults(&d);
+    fprintf(f, "usage: %s [flags], each flag followed by its value; [its default]\n", prog);
+    for (int i = 0; i < NUM_OPTIONS; i++) {
+        const OptionSpec *s = &option_specs[i];
+        const char *at = (const char *)&d + s->offset;
+        char value[80];
+        if (s->dflt != NULL) snprintf(value, sizeof(value), "%s", s->dflt);
+        else if (s->type == OPT_INT) snprintf(value, sizeof(value), "%d", *(const int *)at);
+        else if (s->type == OPT_FLOAT) snprintf(value, sizeof(value), "%g", *(const float *)at);
+        else if (s->type == OPT_STR) snprintf(value, sizeof(value), "%s", *(const char *const *)at);
+        else if (s->type == OPT_CHOICE) {  // the choice at the default's index
+            const char *p = s->choices;
+            for (int k = 0; k < *(const int *)at && strchr(p, ',') != NULL; k++) p = strchr(p, ',') + 1;
+            snprintf(value, sizeof(value), "%.*s", (int)strcspn(p, ","), p);
+        }
+        fprintf(f, "  %-13s %s", s->flag, s->help);
+        if (s->type == OPT_CHOICE) fprintf(f, " {%s}", s->choices);
+        if (s->type != OPT_REFUSED) fprintf(f, " [%s]", value);
+        fprintf(f, "\n");
+    }
+    fprintf(f, "  %-13s this help\n", "--help");
+}
+
+// 1 and the index if value is one of the comma-separated choices
+static int choice_index(const char *choices, const char *value, int *index) {
+    size_t n = strlen(value);
+    int k = 0;
+    for (const char *p = choices; *p; k++) {
+        const char *q = strchr(p, ',');
+        size_t len = q ? (size_t)(q - p) : strlen(p);
+        if (len == n && strncmp(p, value, n) == 0) { *index = k; return 1; }
+        p += len + (q ? 1 : 0);
+    }
+    return 0;
+}
+
+// 1 if v reads whole as a number (strtod's syntax)
+static int looks_numeric(const char *v) {
+    char *end;
+    errno = 0;
+    (void)strtod(v, &end);
+    return end != v && *end == '\0';
+}
+
+// err's line for flag s, with what llm.c means by the flag when that differs
+static int flag_error(char *err, size_t errlen, const OptionSpec *s) {
+    size_t n = strlen(err);
+    if (s->llmc != NULL && n + 4 < errlen) snprintf(err + n, errlen - n, " (%s)", s->llmc);
+    return -1;
+}
+
+// parses argv into o; on any problem writes one line into err and returns -1
+static int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
+    for (int a = 1; a < argc; a += 2) {
+        const char *flag = argv[a];
+        // -h with a value is llm.c's HellaSwag switch; alone (last, or before another flag) it asks for help
+        int help = strcmp(flag, "--help") == 0 || (strcmp(flag, "-h") == 0 && (a + 1 >= argc || argv[a + 1][0] == '-'));
+        if (help) { err[0] = '\0'; return 1; }
+        const OptionSpec *s = NULL;
+        for (int i = 0; i < NUM_OPTIONS; i++)
+            if (strcmp(option_specs[i].flag, flag) == 0) s = &option_specs[i];
+        if (s == NULL) return errorf(err, errlen, "unknown flag %s (see -h)", flag);
+        if (s->type == OPT_REFUSED) {
+            errorf(err, errlen, "flag %s: %s", flag, s->help);
+            return flag_error(err, errlen, s);
+        }
+        if (a + 1 >= argc) return errorf(err, errlen, "flag %s needs a value", flag);
+        const char *val = argv[a + 1];
+        char *dst = (char *)o + s->offset, *end;
+        if (s->type == OPT_STR) {
+            if (val[0] == '\0') return errorf(err, errlen, "flag %s: empty value", flag);
+            if (strcmp(flag, "-lg") == 0 && looks_numeric(val)) {  // llm.c's "-lg 10" is a learning rate
+                errorf(err, errlen, "flag -lg: '%s' looks like a number, not a log file's name", val);
+                return flag_error(err, errlen, s);
+            }
+            *(const char **)dst = val;
+        } else if (s->type == OPT_CHOICE) {
+            if (!choice_index(s->choices, val, (int *)dst)) {
+                errorf(err, errlen, "flag %s: '%s' is not one of {%s}", flag, val, s->choices);
+                return flag_error(err, errlen, s);
+            }
+        } else {
+            errno = 0;
+            double v = s->type == OPT_INT ? (double)strtol(val, &end, 10) : strtod(val, &end);
+            if (end == val || *end != '\0' || errno != 0 || v != v) {
+                errorf(err, errlen, "flag %s: '%s' is not %s", flag, val, s->type == OPT_INT ? "an integer" : "a number");
+                return flag_error(err, errlen, s);
+            }
+            if (v < s->min || v > s->max) {
+                errorf(err, errlen, "flag %s: %s is out of range [%g, %g]", flag, val, s->min, s->max);
+                return flag_error(err, errlen, s);
+            }
+            if (s->type == OPT_INT) *(int *)dst = (int)v; else *(float *)dst = (float)v;
+        }
+    }
+    return 0;
+}
+
+// what a trainer build does where llm.c's -a -f -w -ge -nm choose
+typedef struct {
+    const char *name;   // for the error lines: "the CPU trainer", ...
+    int bf16;           // bf16 GEMMs (so -f means nothing) and fp32 master weights (so -w 0 cannot be)
+    int gelu_fusion;    // what -ge -1 means: 2 (forward and backward) or 0 (none, the only choice then)
+} TrainerBuild;
+
+// llm.c's switches checked against what build b does: each value taken
+// means what it means in llm.c, the others are refused; -ge -1 resolved
+static int options_check_build(Options *o, const TrainerBuild *b, char *err, size_t errlen) {
+    if (o->overfit_batch != 0)
+        return errorf(err, errlen, "flag -a 1: llm.c's overfit-one-batch debug mode is not implemented here");
+    if (o->major_every != 0)
+        return errorf(err, errlen, "flag -nm %d: llm.c's major checkpoints are not implemented here; -nk 0 keeps "
+                      "every checkpoint", o->major_every);
+    if (o->tf32 == 1 && !b->bf16)
+        return errorf(err, errlen, "flag -f 1: %s computes in exact fp32, without TF32 (llm.c's -f 0)", b->name);
+    if (o->master_weights == 0 && b->bf16)
+        return errorf(err, errlen, "flag -w 0: %s always keeps fp32 master weights (llm.c's -w 1)", b->name);
+    if (o->gelu_fusion < 0) o->gelu_fusion = b->gelu_fusion;
+    if (o->gelu_fusion > 0 && b->gelu_fusion == 0)
+        return errorf(err, errlen, "flag -ge %d: %s has no fused GELU (llm.c's -ge 0)", o->gelu_fusion, b->name);
+    return 0;
+}
+
+#endif

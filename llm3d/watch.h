@@ -1,0 +1,386 @@
+/*
+ * watch.h: the job watching itself, between its steps. The rules are
+ * written once, here; each trainer gathers what they judge over its own
+ * communicator (train_gpt2.c's watch_report and consistency_check,
+ * llm3d/cuda/train_gpt2cu/checks.cuh's).
+ *
+ * defines:
+ *   the watch report (-wr): Watch, watch_init, watch_step_begin,
+ *     watch_step_end, watch_add_wait, watch_due, watch_pack, watch_judge,
+ *     watch_print, watch_free
+ *   the faults that make work for it and for the check below, which the
+ *     trainers act on: fault_slow_step (-fault slow), fault_drift_due
+ *     (-fault drift)
+ *   the consistency check (-ck): unit_digests, replica_tensor_name,
+ *     replica_list, replicas_judge, print_replicas_disagree
+ */
+#ifndef LLM3D_WATCH_H
+#define LLM3D_WATCH_H
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "llm3d/trainer.h"       // Job, die
+#include "llm3d/gpt2.h"          // LogLine, Shard, UnitTable, unit_tensor, param_name
+#include "secure.h"              // sha256
+#include "llm3d/secure/fault.h"  // fault_fires, fault_slow_fires
+#include "llm3d/parallel/grid.h"
+#include "llm3d/parallel/shm_comm.h"  // wait_since
+
+// ----------------------------------------------------------------------------
+// the watch report (-wr N): a trainer that watches itself. Each rank times
+// every step (report_step's ms) and, within it, the time it spent in the
+// communicator's calls (wait: shm_comm.h's comm_wait_ms; the GPU trainer's
+// NCCL mode counts its NCCL kernels instead, nccl_comm.h's nccl_wait_ms);
+// compute is the rest. Every N steps the ranks all-gather their means over
+// the steps since the last report (two floats each, MAC'd like every
+// message), and rank 0 compares each rank with its peers, the ranks of its
+// pipeline stage, which do the same work (its tp peers and dp replicas; all
+// ranks when every stage is one rank):
+//   - a straggler: compute above WATCH_RATIO times the peers' median and
+//     at least WATCH_MIN_MS above it, in WATCH_REPORTS reports in a row. Its
+//     peers then wait for it, so it is the slow one, not they.
+//   - a rank that waits unusually: wait above WATCH_RATIO times the peers'
+//     median, at least WATCH_MIN_MS above it and above WATCH_WAIT_SHARE of
+//     its step, in WATCH_REPORTS reports in a row (a rank that waits for
+//     something its peers do not).
+// WATCH_MIN_MS keeps out what a busy machine's scheduler does to short
+// steps (a few ms), and the run of reports what one bad moment does.
+// Each is one line on stdout at every report while it lasts, and fields in
+// that step's log line; a report that finds nothing prints and logs nothing.
+// A job of one rank has nothing to compare and makes no reports.
+
+#define WATCH_RATIO 1.5
+#define WATCH_REPORTS 2
+#define WATCH_WAIT_SHARE 0.25
+#define WATCH_MIN_MS 5.0f
+#define WATCH_FLOATS 2          // what each rank sends: compute and wait, ms per step
+#define WATCH_LOG_ARRAYS 64     // the per-rank arrays go into the log up to this many ranks
+
+typedef struct {
+    int every;                  // -wr, 0 when off or for one rank
+    int world, tp, pp, rank;    // the job's grid: rank r's stage is (r / tp) % pp
+    int steps;                  // this rank: steps measured since the last report
+    double step_ms, wait_ms;    // their sums
+    double wait_before;         // the wait clock at the start of the step being measured
+    float *all;                 // every rank's WATCH_FLOATS (rank-major), where the report all-gathers them
+    int *slow_for, *wait_for;   // rank 0: the reports in a row in which each rank was slow / waited unusually
+    float *medians;             // rank 0: each group of peers' median compute and wait (pp x WATCH_FLOATS)
+    float *sorted;              // rank 0: one group's values being sorted for its median (world floats)
+    char *fields, *lines;       // rank 0: this report's log fields and lines ("" when nothing was found)
+    size_t fields_len, lines_len;
+} Watch;
+
+static void watch_init(Watch *w, const Job *job, const Grid *g) {
+    memset(w, 0, sizeof(*w));
+    w->every = g->world > 1 ? job->opt.watch_every : 0;
+    w->world = g->world;
+    w->tp = g->tp;
+    w->pp = g->pp;
+    w->rank = g->rank;
+    if (w->every == 0) return;
+    w->all = (float *)calloc((size_t)g->world * WATCH_FLOATS, sizeof(float));
+    if (w->all == NULL) die(1, "out of memory for the watch report");
+    if (g->rank != 0) return;
+    w->slow_for = (int *)calloc((size_t)g->world, sizeof(int));
+    w->wait_for = (int *)calloc((size_t)g->world, sizeof(int));
+    w->medians = (float *)calloc((size_t)g->pp * WATCH_FLOATS, sizeof(float));
+    w->sorted = (float *)calloc((size_t)g->world, sizeof(float));
+    w->fields_len = 200 + (size_t)g->world * 40;
+    w->lines_len = 200 + (size_t)g->world * 400;
+    w->fields = (char *)calloc(w->fields_len, 1);
+    w->lines = (char *)calloc(w->lines_len, 1);
+    if (w->slow_for == NULL || w->wait_for == NULL || w->medians == NULL || w->sorted == NULL || w->fields == NULL ||
+        w->lines == NULL)
+        die(1, "out of memory for the watch report");
+}
+
+// the step being measured starts (wait_now: the wait clock) and ends
+static void watch_step_begin(Watch *w, double wait_now) { w->wait_before = wait_now; }
+
+static void watch_step_end(Watch *w, double step_ms, double wait_now) {
+    w->steps++;
+    w->step_ms += step_ms;
+    w->wait_ms += wait_since(&w->wait_before, wait_now);
+}
+
+// for a trainer whose wait clock is read at the report rather than around
+// each step (the GPU trainer's: the GPU times its NCCL calls as it does
+// them): the wait of the steps since the last report
+static void watch_add_wait(Watch *w, double ms) { w->wait_ms += ms; }
+
+// a report after this step: every -wr steps, counted from step 0
+static int watch_due(const Watch *w, int step) { return w->every > 0 && (step + 1) % w->every == 0; }
+
+// this rank's compute and wait, ms per step since the last report, for the
+// all-gather; the sums start afresh
+static void watch_pack(Watch *w, float out[WATCH_FLOATS]) {
+    double n = w->steps > 0 ? w->steps : 1;
+    double wait = w->wait_ms < 0 ? 0 : w->wait_ms;
+    double compute = w->step_ms - wait;
+    out[0] = (float)((compute > 0 ? compute : 0) / n);
+    out[1] = (float)(wait / n);
+    w->steps = 0;
+    w->step_ms = w->wait_ms = 0.0;
+}
+
+static int watch_compare_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+// the group of peers rank r is compared with: its pipeline stage, or group
+// 0, all the ranks, when each stage is one rank
+static int watch_group(const Watch *w, int r) {
+    int alone = w->world / w->pp < 2;
+    return alone ? 0 : (r / w->tp) % w->pp;
+}
+
+// each group's median of value k (0 compute, 1 wait), once per report, into
+// w->medians[group * WATCH_FLOATS + k] (all: world x WATCH_FLOATS, rank-major)
+static void watch_peer_medians(Watch *w, const float *all) {
+    float *v = w->sorted;
+    for (int group = 0; group < w->pp; group++) {
+        for (int k = 0; k < WATCH_FLOATS; k++) {
+            int n = 0;
+            for (int q = 0; q < w->world; q++)
+                if (watch_group(w, q) == group) v[n++] = all[(size_t)q * WATCH_FLOATS + k];
+            if (n == 0) continue;  // each stage one rank: group 0 holds them all
+            qsort(v, (size_t)n, sizeof(float), watch_compare_float);
+            w->medians[group * WATCH_FLOATS + k] = n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
+        }
+    }
+}
+
+// appends to one of w's texts
+static void watch_add(char *buf, size_t len, const char *fmt, ...) {
+    size_t at = strlen(buf);
+    if (at + 1 >= len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + at, len - at, fmt, ap);
+    va_end(ap);
+}
+
+// the JSON array "name": [ranks whose count in `in_a_row` reached WATCH_REPORTS]
+static void watch_field_ranks(Watch *w, const char *name, const int *in_a_row) {
+    int any = 0;
+    for (int r = 0; r < w->world; r++) {
+        if (in_a_row[r] < WATCH_REPORTS) continue;
+        watch_add(w->fields, w->fields_len, any ? ", %d" : "%s\"%s\": [%d", w->fields[0] ? ", " : "", name, r);
+        any = 1;
+    }
+    if (any) watch_add(w->fields, w->fields_len, "]");
+}
+
+// rank 0, at a report after `step`: all holds every rank's two floats
+// (watch_pack). Judges each rank against its peers, keeps the runs of slow
+// and waiting reports, and when something is found fills the lines to print
+// (watch_print) and the log fields, which l then carries.
+static void watch_judge(Watch *w, int step, const float *all, LogLine *l) {
+    w->fields[0] = w->lines[0] = '\0';
+    watch_peer_medians(w, all);
+    for (int r = 0; r < w->world; r++) {
+        float compute = all[(size_t)r * WATCH_FLOATS], wait = all[(size_t)r * WATCH_FLOATS + 1];
+        const float *median = w->medians + (size_t)watch_group(w, r) * WATCH_FLOATS;
+        float mc = median[0], mw = median[1];
+        int slow = compute > WATCH_RATIO * mc && compute - mc >= WATCH_MIN_MS;
+        int waits = wait > WATCH_RATIO * mw && wait - mw >= WATCH_MIN_MS && wait > WATCH_WAIT_SHARE * (compute + wait);
+        w->slow_for[r] = slow ? w->slow_for[r] + 1 : 0;
+        w->wait_for[r] = waits ? w->wait_for[r] + 1 : 0;
+        if (w->slow_for[r] >= WATCH_REPORTS)
+            watch_add(w->lines, w->lines_len, "step %d: rank %d is a straggler: compute %.0f ms/step against a median "
+                      "of %.0f ms (%.1fx), for %d reports\n", step, r, compute, mc, mc > 0 ? compute / mc : 0.0f,
+                      w->slow_for[r]);
+        if (w->wait_for[r] >= WATCH_REPORTS)
+            watch_add(w->lines, w->lines_len, "step %d: rank %d waits unusually: %.0f ms/step in communication against "
+                      "a median of %.0f ms (%.1fx), for %d reports\n", step, r, wait, mw, mw > 0 ? wait / mw : 0.0f,
+                      w->wait_for[r]);
+    }
+    if (w->lines[0] == '\0') return;
+    watch_field_ranks(w, "stragglers", w->slow_for);
+    watch_field_ranks(w, "waiting", w->wait_for);
+    if (w->world <= WATCH_LOG_ARRAYS) {
+        for (int k = 0; k < WATCH_FLOATS; k++) {
+            watch_add(w->fields, w->fields_len, ", \"%s\": [", k == 0 ? "compute_ms" : "wait_ms");
+            for (int r = 0; r < w->world; r++)
+                watch_add(w->fields, w->fields_len, "%s%.1f", r ? ", " : "", all[(size_t)r * WATCH_FLOATS + k]);
+            watch_add(w->fields, w->fields_len, "]");
+        }
+    }
+    l->watch = w->fields;
+}
+
+// rank 0: the lines of the last report, if it found anything
+static void watch_print(Watch *w) {
+    if (w->lines == NULL || w->lines[0] == '\0') return;
+    fputs(w->lines, stdout);
+    fflush(stdout);
+    w->lines[0] = '\0';
+}
+
+static void watch_free(Watch *w) {
+    free(w->all);
+    free(w->slow_for);
+    free(w->wait_for);
+    free(w->medians);
+    free(w->sorted);
+    free(w->fields);
+    free(w->lines);
+    memset(w, 0, sizeof(*w));
+}
+
+// -fault slow:RANK:STEP: that rank sleeps FAULT_SLOW_MS in each of its steps
+// from STEP on, inside the step's time, as a straggler would compute
+static void fault_slow_step(const Job *job, int rank, int step) {
+    if (!fault_slow_fires(&job->fault, rank, step)) return;
+    if (step == job->fault.step || step == job->start)
+        fprintf(stderr, "rank %d: fault slow: %d ms more in every step from step %d on\n", rank, FAULT_SLOW_MS, step);
+    struct timespec ts = {FAULT_SLOW_MS / 1000, (long)(FAULT_SLOW_MS % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+// -fault drift:RANK:STEP: whether this rank changes one of its parameters
+// now, at the start of that step, before the step's consistency check
+// (-ck): the first element of its first unit grows by FAULT_DRIFT_DELTA, as
+// a bit flip in memory or a replica's bug would change it, unseen by the
+// training itself
+#define FAULT_DRIFT_DELTA 0.01f
+static int fault_drift_due(const Job *job, int rank, int step) {
+    if (job->fault.kind != FAULT_DRIFT || !fault_fires(&job->fault, rank, step)) return 0;
+    fprintf(stderr, "rank %d: fault drift: the first parameter of this rank's first unit changed by %g at step %d\n",
+            rank, FAULT_DRIFT_DELTA, step);
+    return 1;
+}
+
+// ----------------------------------------------------------------------------
+// the data-parallel consistency check (-ck K): every K steps each replica
+// hashes each of its parameter tensors (SHA-256 per tensor, in unit order:
+// gpt2.h's unit_table_tensors of them), the digests are all-gathered over the dp group
+// (MAC'd on the host backend), and replicas_judge says who differs: the
+// ranks whose copy differs from the majority's, or, with two replicas or
+// no majority, which copies differ from which, and the first tensor that
+// differs. The trainers gather; the hashing and the verdict are written
+// once, here.
+
+// unit_digests: the SHA-256 of each tensor of a unit of this kind, 32 bytes
+// each into out, from values, the unit's elements as this rank holds them
+// (elem bytes each: the trainers' floats differ); returns how many
+static int unit_digests(const GPT2Config *c, const Shard *s, int kind, const void *values, size_t elem, uint8_t *out) {
+    const uint8_t *p = (const uint8_t *)values;
+    int count = unit_tensor_count(kind);
+    for (int k = 0; k < count; k++) {
+        size_t bytes = local_tensor_size(c, s, unit_tensor(kind, k)) * elem;
+        Sha256 h;
+        sha256_init(&h);
+        sha256_update(&h, p, bytes);
+        sha256_final(&h, out + 32 * (size_t)k);
+        p += bytes;
+    }
+    return count;
+}
+
+// the name of tensor i of unit_table_tensors' order: "wte", "layer 3 qkvw"
+static const char *replica_tensor_name(const UnitTable *ut, const Shard *s, int i, char *buf, size_t len) {
+    for (int u = 0; u < ut->n; u++) {
+        int kind = ut->units[u].kind, n = unit_tensor_count(kind);
+        if (i >= n) {
+            i -= n;
+            continue;
+        }
+        if (kind >= U_LAYER0) snprintf(buf, len, "layer %d %s", unit_layer(s, &ut->units[u]), param_name(unit_tensor(kind, i)));
+        else snprintf(buf, len, "%s", param_name(unit_tensor(kind, i)));
+        return buf;
+    }
+    snprintf(buf, len, "tensor %d", i);
+    return buf;
+}
+
+// the ranks of dp members whose class is c (class_of: per member), as "ranks 0, 1, 3" or "rank 2"
+static void replica_list(const int *class_of, int c, const int *ranks, int dp, char *buf, size_t len) {
+    int count = 0;
+    for (int m = 0; m < dp; m++) count += class_of[m] == c;
+    snprintf(buf, len, "rank%s", count > 1 ? "s" : "");
+    int first = 1;
+    for (int m = 0; m < dp; m++) {
+        if (class_of[m] != c) continue;
+        size_t at = strlen(buf);
+        snprintf(buf + at, len - at, "%s%d", first ? " " : ", ", ranks[m]);
+        first = 0;
+    }
+}
+
+// replicas_judge: digests holds dp members' n tensor digests of 32 bytes
+// (member-major); ranks their world ranks. 0 when every copy is the same;
+// else 1 with msg naming who differs and the first tensor that differs.
+static int replicas_judge(const uint8_t *digests, int dp, int n, const int *ranks, const UnitTable *ut, const Shard *s,
+                          char *msg, size_t len) {
+    size_t stride = (size_t)n * 32;
+    int *class_of = (int *)calloc((size_t)dp, sizeof(int)), *size = (int *)calloc((size_t)dp, sizeof(int));
+    if (class_of == NULL || size == NULL) die(1, "out of memory for the consistency check");
+    int classes = 0;
+    for (int m = 0; m < dp; m++) {  // members with the same digests share a class, numbered by first member
+        class_of[m] = -1;
+        for (int q = 0; q < m && class_of[m] < 0; q++)
+            if (memcmp(digests + (size_t)q * stride, digests + (size_t)m * stride, stride) == 0) class_of[m] = class_of[q];
+        if (class_of[m] < 0) class_of[m] = classes++;
+        size[class_of[m]]++;
+    }
+    if (classes == 1) {
+        free(class_of);
+        free(size);
+        return 0;
+    }
+    int major = 0;
+    for (int c = 1; c < classes; c++) if (size[c] > size[major]) major = c;
+    int has_majority = 2 * size[major] > dp;
+    if (!has_majority) major = 0;  // compare with member 0's copy
+    // the first member outside the reference class, and the first tensor where it differs
+    int odd = 0;
+    while (class_of[odd] == major) odd++;
+    int ref = 0;
+    while (class_of[ref] != major) ref++;
+    int t = 0;
+    while (t < n && memcmp(digests + (size_t)odd * stride + (size_t)t * 32, digests + (size_t)ref * stride + (size_t)t * 32, 32) == 0) t++;
+    char name[96], others[1200], ones[1200];
+    replica_tensor_name(ut, s, t, name, sizeof(name));
+    if (has_majority) {
+        ones[0] = '\0';
+        int count = 0;
+        for (int m = 0; m < dp; m++) {
+            if (class_of[m] == major) continue;
+            size_t at = strlen(ones);
+            snprintf(ones + at, sizeof(ones) - at, "%s%d", count++ ? ", " : "", ranks[m]);
+        }
+        replica_list(class_of, major, ranks, dp, others, sizeof(others));
+        snprintf(msg, len, "the parameters of rank%s %s differ from those of %s (the majority of the %d replicas), first "
+                 "in %s", count > 1 ? "s" : "", ones, others, dp, name);
+    } else if (dp == 2) {
+        snprintf(msg, len, "the parameters of rank %d differ from those of rank %d, first in %s; with two replicas there "
+                 "is no majority to say which one changed", ranks[1], ranks[0], name);
+    } else {
+        size_t at = (size_t)snprintf(msg, len, "the %d replicas hold %d different copies and no majority:", dp, classes);
+        for (int c = 0; c < classes && at < len; c++) {
+            replica_list(class_of, c, ranks, dp, others, sizeof(others));
+            at += (size_t)snprintf(msg + at, len - at, "%s %s", c ? ";" : "", others);
+        }
+        if (at < len) snprintf(msg + at, len - at, " (rank %d differs from rank %d first in %s)", ranks[odd], ranks[ref], name);
+    }
+    free(class_of);
+    free(size);
+    return 1;
+}
+
+// the line that says the replicas disagree (msg: replicas_judge's), after
+// whatever stdout holds; the dp group's first member prints it
+static void print_replicas_disagree(int rank, int step, const char *msg) {
+    fflush(stdout);
+    fprintf(stderr, "rank %d: step %d: data-parallel replicas disagree: %s\n", rank, step, msg);
+    fflush(stderr);
+}
+
+#endif
