@@ -1100,7 +1100,7 @@ static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng)
 
 // every K steps: the data-parallel replicas compare a SHA-256 of each of
 // their parameter tensors (the digests travel MAC'd like every message);
-// trainer.h's replicas_judge names the rank that differs. The group's first
+// watch.h's replicas_judge names the rank that differs. The group's first
 // member says so, and the group waits for its line before it exits.
 static void consistency_check(GPT2 *m, const Parallel *par, int step) {
     if (par->dp.size == 1) return;

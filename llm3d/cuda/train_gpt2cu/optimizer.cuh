@@ -33,7 +33,8 @@
 // reduce-scatter, 2 and 3: reduce-scatter of every micro-batch's bucket);
 // here the tied wte's two halves are added, then the global norm over the
 // world and clipping, AdamW on what this rank owns, and (ZeRO-1, 2) the
-// updated parameters all-gathered. As train_gpt2.c's gpt2_step.
+// updated parameters all-gathered. As train_gpt2.c's gpt2_step_loss and
+// gpt2_apply_update.
 
 // the tied wte: the first and the last stage swap their gradients and both
 // add (a + b = b + a, so both ends stay bit-identical). The message leaves
