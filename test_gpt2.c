@@ -10,8 +10,7 @@
 #define MATMUL_TRANSPOSE_BYTES (16u << 20)
 #include "train_gpt2.c"
 #include "dev/test/test.h"
-
-#include <sys/wait.h>
+#include "dev/test/test_run.h"
 
 static const char *fixture_model = "dev/fixtures/tiny_model.bin";
 static const char *fixture_model_bf16 = "dev/fixtures/tiny_model_bf16.bin";
@@ -797,17 +796,6 @@ static void test_flags(void) {
 }
 
 // the real binary: bad flags and files exit 2 with one line naming them
-static int run_trainer(const char *args, char *out, size_t outlen) {
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "./train_gpt2 %s 2>&1", args);
-    FILE *p = popen(cmd, "r");
-    if (p == NULL) return -1;
-    size_t n = fread(out, 1, outlen - 1, p);
-    out[n] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 static void test_cli(void) {
     if (access("./train_gpt2", X_OK) != 0) { skip("./train_gpt2 not built"); return; }
     char out[4096];
@@ -820,9 +808,9 @@ static void test_cli(void) {
         {"-e d2 -ev 64 -et 16 -t 8 -b 2 -d 0", "flag -d: 0 tokens per step"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        int rc = run_trainer(cases[i].args, out, sizeof(out));
-        int lines = 0;
-        for (char *p = out; *p; p++) lines += *p == '\n';
+        char cmd[1024];
+        snprintf(cmd, sizeof(cmd), "./train_gpt2 %s", cases[i].args);
+        int rc = test_run(cmd, 1, out, sizeof(out)), lines = test_count(out, "\n");
         check(rc == 2 && strstr(out, cases[i].want) != NULL && lines == 1, "train_gpt2 %s -> exit %d, %d line: %.*s",
               cases[i].args, rc, lines, (int)strcspn(out, "\n"), out);
     }

@@ -2,9 +2,9 @@
  * fuzz_bpe.c: libFuzzer target for tokenizer.h's GPT-2 encoder (bpe_encode,
  * the pre-tokenizer and the piece cache), with the real GPT-2 vocabulary.
  *
- *   clang -g -O1 -fsanitize=fuzzer,address dev/fuzz/fuzz_bpe.c -o fuzz_bpe
- *   ./fuzz_bpe -max_total_time=20 dev/fuzz/corpus/bpe   # fuzz
- *   ./fuzz_bpe -runs=0 dev/fuzz/corpus/bpe              # replay the corpus
+ *   make dev/fuzz/fuzz_bpe
+ *   ./dev/fuzz/fuzz_bpe -max_total_time=20 dev/fuzz/corpus/bpe   # fuzz
+ *   ./dev/fuzz/fuzz_bpe -runs=0 dev/fuzz/corpus/bpe              # replay the corpus
  *
  * Run from the repo root: encoder.json and vocab.bpe are loaded once from
  * $LLM3D_DATA/gpt2, else ../shared/data/gpt2; without them it exits with a

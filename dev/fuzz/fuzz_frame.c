@@ -2,9 +2,9 @@
  * fuzz_frame.c: libFuzzer target for the frame parser (frame_check_header,
  * frame_open) and the seal/open round trip.
  *
- *   clang -g -O1 -fsanitize=fuzzer,address -o fuzz_frame dev/fuzz/fuzz_frame.c
- *   ./fuzz_frame -max_total_time=20 dev/fuzz/corpus/frame  # fuzz
- *   ./fuzz_frame -runs=0 dev/fuzz/corpus/frame             # replay the seeds only (CI)
+ *   make dev/fuzz/fuzz_frame
+ *   ./dev/fuzz/fuzz_frame -max_total_time=20 dev/fuzz/corpus/frame  # fuzz
+ *   ./dev/fuzz/fuzz_frame -runs=0 dev/fuzz/corpus/frame             # replay the seeds only (CI)
  *
  * The key is the bytes 0, 1, ..., 31; the receiver is rank 1 of 4 waiting for
  * rank 2 on the activation channel, step 7, micro-batch 0. The seeds in

@@ -1,9 +1,9 @@
 /*
  * fuzz_manifest.c: libFuzzer target for manifest_parse.
  *
- *   clang -g -O1 -fsanitize=fuzzer,address -o fuzz_manifest dev/fuzz/fuzz_manifest.c
- *   ./fuzz_manifest -max_total_time=20 dev/fuzz/corpus/manifest   # fuzz
- *   ./fuzz_manifest -runs=0 dev/fuzz/corpus/manifest             # replay the seeds only (CI)
+ *   make dev/fuzz/fuzz_manifest
+ *   ./dev/fuzz/fuzz_manifest -max_total_time=20 dev/fuzz/corpus/manifest   # fuzz
+ *   ./dev/fuzz/fuzz_manifest -runs=0 dev/fuzz/corpus/manifest             # replay the seeds only (CI)
  *
  * A random input almost never carries a valid tag, which would stop the
  * parser at its first check. So each input is parsed twice: as it is, and as

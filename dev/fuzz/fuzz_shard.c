@@ -3,9 +3,9 @@
  * dataloader.h, first on memory and then through the whole file path
  * (open, mmap, validate, read a few micro-batches).
  *
- *   clang -g -O1 -fsanitize=fuzzer,address -o fuzz_shard dev/fuzz/fuzz_shard.c
- *   ./fuzz_shard -max_total_time=20 dev/fuzz/corpus/shard   # fuzz
- *   ./fuzz_shard -runs=0 dev/fuzz/corpus/shard              # replay the corpus
+ *   make dev/fuzz/fuzz_shard
+ *   ./dev/fuzz/fuzz_shard -max_total_time=20 dev/fuzz/corpus/shard   # fuzz
+ *   ./dev/fuzz/fuzz_shard -runs=0 dev/fuzz/corpus/shard              # replay the corpus
  *
  * The input is a shard file. The vocab size and micro-batch shape come from
  * the header's free ints ([3] and [4]), so the fuzzer can steer them too.

@@ -12,6 +12,7 @@
  */
 #include "llm3d/secure/aead.h"
 #include "dev/test/test.h"
+#include "dev/test/test_run.h"
 
 #ifdef LLM3D_OPENSSL
 #include <openssl/evp.h>
@@ -256,9 +257,9 @@ static void test_openssl(void) {
 
 static const char *tmp_dir(void) {
     static char dir[64];
-    if (dir[0] == '\0') {
-        snprintf(dir, sizeof(dir), "/tmp/test_aead_XXXXXX");
-        if (mkdtemp(dir) == NULL) { perror("mkdtemp"); exit(1); }
+    if (dir[0] == '\0' && test_make_dir(dir, sizeof(dir), "/tmp/test_aead_XXXXXX") != 0) {
+        perror("mkdtemp");
+        exit(1);
     }
     return dir;
 }
@@ -271,23 +272,6 @@ static int write_sealed(const char *path, const AeadFileKey *k, const uint8_t *p
     if (rc != 0) printf("      %s\n", err);
     close(fd);
     return rc;
-}
-
-static uint8_t *read_file_bytes(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = (uint8_t *)malloc(*n + 1);
-    *n = fread(b, 1, *n, f);
-    fclose(f);
-    return b;
-}
-
-static void write_file_bytes(const char *path, const uint8_t *b, size_t n) {
-    FILE *f = fopen(path, "wb");
-    fwrite(b, 1, n, f);
-    fclose(f);
 }
 
 // whether path reads back as plain[0..n); err gets the reader's line
@@ -322,7 +306,7 @@ static void test_sealed_files(void) {
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         size_t file_n;
         if (write_sealed(path, &k, plain, sizes[i], chunk) != 0) { bad++; continue; }
-        uint8_t *file = read_file_bytes(path, &file_n);
+        uint8_t *file = (uint8_t *)test_read_file(path, &file_n);
         if (file_n != aead_file_bytes(sizes[i], chunk) || !reads_back(path, &k, plain, sizes[i], err, sizeof(err)) ||
             (sizes[i] >= 16 && memmem(file, file_n, plain, 16) != NULL))  // no plaintext on disk
             bad++;
@@ -348,12 +332,12 @@ static void test_sealed_files(void) {
 
     // damage: every bit of the header and of a tag, bytes of each chunk
     size_t file_n;
-    uint8_t *good = read_file_bytes(path, &file_n), *copy = (uint8_t *)malloc(file_n + 4096);
+    uint8_t *good = (uint8_t *)test_read_file(path, &file_n), *copy = (uint8_t *)malloc(file_n + 4096);
     int accepted = 0;
     for (int bit = 0; bit < 8 * AEAD_FILE_HEADER_BYTES; bit++) {
         memcpy(copy, good, file_n);
         copy[bit / 8] ^= (uint8_t)(1 << (bit % 8));
-        write_file_bytes(path, copy, file_n);
+        test_write_file(path, copy, file_n);
         accepted += reads_back(path, &k, plain, n, err, sizeof(err));
     }
     check(accepted == 0, "%s: each of the 512 one-bit changes of a sealed file's header is refused (%d accepted)",
@@ -363,13 +347,13 @@ static void test_sealed_files(void) {
         for (int bit = 0; bit < 8 * 16; bit += 3) {
             memcpy(copy, good, file_n);
             copy[AEAD_FILE_HEADER_BYTES + n + 16 * c + bit / 8] ^= (uint8_t)(1 << (bit % 8));
-            write_file_bytes(path, copy, file_n);
+            test_write_file(path, copy, file_n);
             accepted += reads_back(path, &k, plain, n, err, sizeof(err));
         }
     for (uint64_t at = 0; at < n; at += 97) {
         memcpy(copy, good, file_n);
         copy[AEAD_FILE_HEADER_BYTES + at] ^= (uint8_t)(1 << (at % 8));
-        write_file_bytes(path, copy, file_n);
+        test_write_file(path, copy, file_n);
         accepted += reads_back(path, &k, plain, n, err, sizeof(err));
     }
     check(accepted == 0, "%s: one-bit changes of the tags and of the ciphertext are refused (%d accepted)",
@@ -382,7 +366,7 @@ static void test_sealed_files(void) {
     memcpy(copy + AEAD_FILE_HEADER_BYTES + chunk, good + AEAD_FILE_HEADER_BYTES, chunk);
     memcpy(copy + AEAD_FILE_HEADER_BYTES + n, good + AEAD_FILE_HEADER_BYTES + n + 16, 16);
     memcpy(copy + AEAD_FILE_HEADER_BYTES + n + 16, good + AEAD_FILE_HEADER_BYTES + n, 16);
-    write_file_bytes(path, copy, file_n);
+    test_write_file(path, copy, file_n);
     check(!reads_back(path, &k, plain, n, err, sizeof(err)) && strstr(err, "chunk 0") != NULL,
           "two chunks swapped (tags too) are refused: %s", err);
 
@@ -392,14 +376,14 @@ static void test_sealed_files(void) {
     uint64_t cut = 2 * chunk;
     put_u64(copy + 16, cut);
     memcpy(copy + AEAD_FILE_HEADER_BYTES + cut, good + AEAD_FILE_HEADER_BYTES + n, 32);
-    write_file_bytes(path, copy, (size_t)aead_file_bytes(cut, chunk));
+    test_write_file(path, copy, (size_t)aead_file_bytes(cut, chunk));
     check(!reads_back(path, &k, plain, cut, err, sizeof(err)), "cut to 2 whole chunks, header and tags fitted: refused: %s", err);
-    write_file_bytes(path, good, file_n - 1);
+    test_write_file(path, good, file_n - 1);
     check(!reads_back(path, &k, plain, n, err, sizeof(err)) && strstr(err, "truncated") != NULL,
           "one byte short: refused: %s", err);
     memcpy(copy, good, file_n);
     copy[file_n] = 0;
-    write_file_bytes(path, copy, file_n + 1);
+    test_write_file(path, copy, file_n + 1);
     check(!reads_back(path, &k, plain, n, err, sizeof(err)), "one byte longer: refused: %s", err);
 
     // a chunk from another file sealed under the same key
@@ -407,18 +391,18 @@ static void test_sealed_files(void) {
     snprintf(other_path, sizeof(other_path), "%s/other.bin", tmp_dir());
     write_sealed(other_path, &k, plain, n, chunk);
     size_t other_n;
-    uint8_t *other_file = read_file_bytes(other_path, &other_n);
+    uint8_t *other_file = (uint8_t *)test_read_file(other_path, &other_n);
     check(memcmp(other_file + 24, good + 24, 8) != 0 && memcmp(other_file + 64, good + 64, 64) != 0,
           "the same bytes sealed again get a fresh file id, so other ciphertext");
     memcpy(copy, good, file_n);
     memcpy(copy + AEAD_FILE_HEADER_BYTES + chunk, other_file + AEAD_FILE_HEADER_BYTES + chunk, chunk);
     memcpy(copy + AEAD_FILE_HEADER_BYTES + n + 16, other_file + AEAD_FILE_HEADER_BYTES + n + 16, 16);
-    write_file_bytes(path, copy, file_n);
+    test_write_file(path, copy, file_n);
     check(!reads_back(path, &k, plain, n, err, sizeof(err)) && strstr(err, "chunk 1") != NULL,
           "a chunk (and its tag) from another file of the same key: refused: %s", err);
 
     // another key
-    write_file_bytes(path, good, file_n);
+    test_write_file(path, good, file_n);
     check(reads_back(path, &k, plain, n, err, sizeof(err)), "restored, it reads back");
     check(!reads_back(path, &wrong, plain, n, err, sizeof(err)) && strstr(err, "another key") != NULL,
           "under another key: refused: %s", err);
@@ -501,6 +485,6 @@ int main(void) {
 #endif
     aead_force_portable(0);
     aead_force_narrow(0);
-    rmdir(tmp_dir());
+    test_remove_dir(tmp_dir());
     return test_summary();
 }

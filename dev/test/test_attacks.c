@@ -11,17 +11,17 @@
  * deadline) and works in a fresh directory under $TMPDIR or /tmp, removed at
  * the end with all it holds.
  *
- * defines: the helpers (a work directory, free ports, other-user children,
- * trainer runs with a deadline), then one function per attack, in the order
- * of doc/security.md's "Attacks tested".
+ * defines: the helpers (other-user children, trainer runs with a deadline,
+ * on test_run.h's), then one function per attack, in the order of
+ * doc/security.md's "Attacks tested".
  */
 #define _GNU_SOURCE
 #include "llm3d/gpt2.h"
 #include "parallel.h"
 #include "dev/test/test.h"
+#include "dev/test/test_run.h"
 
 #include <dirent.h>
-#include <ftw.h>
 #include <grp.h>
 #include <math.h>
 #include <sys/stat.h>
@@ -33,50 +33,12 @@ static const char *OTHER_USER = "uid 65534";
 // ----------------------------------------------------------------------------
 // helpers
 
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st; (void)flag; (void)ftw;
-    return remove(path);
-}
-
-static void remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
 static int is_root(void) { return geteuid() == 0; }
 
 // drop_to_nobody: in a forked child only; 0 done, -1 not possible
 static int drop_to_nobody(void) {
     if (!is_root()) return -1;
     return setgroups(0, NULL) == 0 && setgid(NOBODY) == 0 && setuid(NOBODY) == 0 ? 0 : -1;
-}
-
-// free_port: a loopback TCP port the kernel just handed out and we let go
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t sl = sizeof(sa);
-    bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-    getsockname(fd, (struct sockaddr *)&sa, &sl);
-    close(fd);
-    return (int)ntohs(sa.sin_port);
-}
-
-// wait_child: the exit status of pid (128 + signal when killed), killing it
-// (and its process group, when it leads one) after timeout_s: then -1
-static int wait_child(pid_t pid, double timeout_s) {
-    double t0 = par_now();
-    for (;;) {
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (par_now() - t0 > timeout_s) {
-            kill(-pid, SIGKILL);
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return -1;
-        }
-        par_sleep(0.005);
-    }
 }
 
 // read_byte: one byte from fd within timeout_s, or 0
@@ -86,20 +48,13 @@ static char read_byte(int fd, double timeout_s) {
     return c;
 }
 
-// the ranks' environment of every launcher we know, cleared before we set ours
-static const char *RANK_ENV[] = {
-    "LLM3D_RANK", "LLM3D_WORLD", "LLM3D_LOCAL_RANK", "LLM3D_RENDEZVOUS", "LLM3D_KEY_FD", "LLM3D_LAUNCHER_PID",
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-};
-
 // the tiny job every trainer run here trains: a d2 model on one shard
 static char shard[300], key_path[300];
 static const char *TINY = "-e d2 -ev 256 -et 32 -b 2 -t 16 -d 128 -l 1e-3 -v 0 -s 0 -th 1";
 
 // spawn_trainer: ./train_gpt2 TINY -i shard, then args (a command line split
 // on spaces), with env entries "K=V" (NULL-terminated) added, stdout and
-// stderr into out_path, in a process group of its own
+// stderr into a new out_path, in a process group of its own (test_spawn)
 static pid_t spawn_trainer(const char *args, const char *const *env, const char *out_path) {
     char line[2048];
     snprintf(line, sizeof(line), "./train_gpt2 %s -i %s %s", TINY, shard, args);
@@ -107,64 +62,30 @@ static pid_t spawn_trainer(const char *args, const char *const *env, const char 
     int n = 0;
     for (char *tok = strtok(line, " "); tok != NULL && n < 63; tok = strtok(NULL, " ")) argv[n++] = tok;
     argv[n] = NULL;
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid != 0) {
-        if (pid > 0) setpgid(pid, pid);
-        return pid;
-    }
-    setpgid(0, 0);
-    for (size_t i = 0; i < sizeof(RANK_ENV) / sizeof(RANK_ENV[0]); i++) unsetenv(RANK_ENV[i]);
-    for (int i = 0; env != NULL && env[i] != NULL; i++) putenv((char *)env[i]);
-    int fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    execv(argv[0], argv);
-    _exit(127);
-}
-
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    char *s = (char *)calloc(1, 65536);
-    if (f != NULL) {
-        size_t n = fread(s, 1, 65535, f);
-        s[n] = '\0';
-        fclose(f);
-    }
-    return s;
+    unlink(out_path);
+    return test_spawn(argv, env, out_path, NULL);
 }
 
 typedef struct { int status; double seconds; char *out; int lines; } TrainerRun;
 
-// the line of out that holds `what` (else its last line), for messages
-static const char *line_of(const char *out, const char *what) {
-    static char line[600];
-    const char *p = strstr(out, what);
-    if (p == NULL) {
-        size_t n = strlen(out);
-        while (n > 0 && out[n - 1] == '\n') n--;
-        p = out + n;
-        while (p > out && p[-1] != '\n') p--;
-    }
-    while (p > out && p[-1] != '\n') p--;
-    size_t k = strcspn(p, "\n");
-    snprintf(line, sizeof(line), "%.*s", (int)(k < sizeof(line) - 1 ? k : sizeof(line) - 1), p);
-    return line;
+// trainer_ended: r of the trainer pid, started at t0 with its output into
+// out_path, waited for at most timeout_s (status -1 then); lines: the
+// output's lines that name the trainer (its error lines)
+static TrainerRun trainer_ended(pid_t pid, double t0, const char *out_path, double timeout_s) {
+    TrainerRun r;
+    r.status = test_wait(pid, timeout_s, NULL);
+    r.seconds = test_now() - t0;
+    r.out = test_read_text(out_path);
+    r.lines = test_count(r.out, "train_gpt2:");
+    return r;
 }
 
-// run_trainer: spawn_trainer, waited for at most timeout_s (status -1 then);
-// lines: the output's lines that name the trainer (its error lines)
+// run_trainer: spawn_trainer, then trainer_ended
 static TrainerRun run_trainer(const char *args, const char *const *env, double timeout_s) {
     char out_path[300];
     snprintf(out_path, sizeof(out_path), "%s/trainer.out", work);
-    double t0 = par_now();
-    TrainerRun r;
-    r.status = wait_child(spawn_trainer(args, env, out_path), timeout_s);
-    r.seconds = par_now() - t0;
-    r.out = read_text(out_path);
-    r.lines = 0;
-    for (const char *p = r.out; (p = strstr(p, "train_gpt2:")) != NULL; p++) r.lines++;
-    return r;
+    double t0 = test_now();
+    return trainer_ended(spawn_trainer(args, env, out_path), t0, out_path, timeout_s);
 }
 
 // ----------------------------------------------------------------------------
@@ -239,7 +160,7 @@ static pid_t honest_rank(const char *spec, const uint8_t key[32], int rank, doub
 static void test_hello_replay(void) {
     uint8_t key[32];
     key_generate(key, NULL, 0);
-    int port = free_port(), port2 = free_port();
+    int port = test_free_port(), port2 = test_free_port();
     char spec[64], spec2[64], err[512];
     snprintf(spec, sizeof(spec), "tcp:127.0.0.1:%d", port);
     snprintf(spec2, sizeof(spec2), "tcp:127.0.0.1:%d", port2);
@@ -270,15 +191,15 @@ static void test_hello_replay(void) {
         if (par_wait_fd(pipefd[0], POLLIN, par_now() + 0.001) == 1) result = read_byte(pipefd[0], 0.1);
     }
     close(pipefd[0]);
-    if (victim > 0) wait_child(victim, 5.0);
-    wait_child(att, 5.0);
+    if (victim > 0) test_wait(victim, 5.0, NULL);
+    test_wait(att, 5.0, NULL);
     check(result == 'R' && s->joined == 0 && strstr(s->last_reject, "replayed") != NULL,
           "hello replay by %s: a hello captured on a squatted port is refused by the next job (reply '%c', %d joined): "
           "\"%s\"", who, result ? result : '?', s->joined, s->last_reject);
     pid_t r0 = honest_rank(spec2, key, 0, 5.0), r1 = honest_rank(spec2, key, 1, 5.0);
     t0 = par_now();
     while (!s->answered && par_now() - t0 < 6.0) rdv_server_step(s, -1, 20);
-    int s0 = wait_child(r0, 5.0), s1 = wait_child(r1, 5.0);
+    int s0 = test_wait(r0, 5.0, NULL), s1 = test_wait(r1, 5.0, NULL);
     check(s->answered && s0 == 0 && s1 == 0, "hello replay: the real ranks 0 and 1 still join that job (%d %d)", s0, s1);
     rdv_server_close(s);
     free(s);
@@ -340,7 +261,7 @@ static void test_segment_leaks(void) {
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) rank0_times_out(spec);
-    int st = wait_child(pid, 15.0);
+    int st = test_wait(pid, 15.0, NULL);
     int left = shm_names(pid, 0, 2.0, 1);
     check(st == 1 && left == 0, "segment: rank 0 whose rank 1 was refused and whose rendezvous timed out exits %d "
           "and leaves %d segment name(s) in /dev/shm", st, left);
@@ -355,7 +276,7 @@ static void test_segment_leaks(void) {
         pid = spawn_trainer(args, env, out_path);
         int made = shm_names(pid, 1, 5.0, 0);
         kill(pid, sigs[i]);
-        st = wait_child(pid, 5.0);
+        st = test_wait(pid, 5.0, NULL);
         left = shm_names(pid, 0, 2.0, 1);
         check(made == 1 && st == 128 + sigs[i] && left == 0, "segment: train_gpt2 as rank 0, %s during the rendezvous "
               "(status %d): %d segment name(s) left of %d", strsignal(sigs[i]), st, left, made);
@@ -364,13 +285,6 @@ static void test_segment_leaks(void) {
 
 // ----------------------------------------------------------------------------
 // the output directory (-o): links planted in it, and who may write in it
-
-static int exists(const char *fmt, const char *a, const char *b) {
-    char path[700];
-    snprintf(path, sizeof(path), fmt, a, b);
-    struct stat st;
-    return lstat(path, &st) == 0;
-}
 
 // victim: a directory of files that no trainer run should ever touch
 static void make_victim(const char *dir) {
@@ -392,7 +306,7 @@ static int plant(const char *dir, const char *name, const char *target, int othe
         if (other && is_root() && drop_to_nobody() != 0) _exit(3);
         _exit(symlink(target, path) == 0 ? 0 : 1);
     }
-    return wait_child(pid, 5.0);
+    return test_wait(pid, 5.0, NULL);
 }
 
 // can_open_as_nobody: whether another user can open path to read
@@ -403,7 +317,7 @@ static int can_open_as_nobody(const char *path) {
         if (drop_to_nobody() != 0) _exit(3);
         _exit(open(path, O_RDONLY) >= 0 ? 0 : 1);
     }
-    return wait_child(pid, 5.0) == 0;
+    return test_wait(pid, 5.0, NULL) == 0;
 }
 
 static void test_output_dir(void) {
@@ -423,9 +337,9 @@ static void test_output_dir(void) {
     plant(out, "ckpt_00000098.partial", victim2, 0);
     snprintf(args, sizeof(args), "-o %s -x 3 -n 1 -nk 1", out);
     r = run_trainer(args, NULL, 30.0);
-    check(r.status == 0 && exists("%s/%s", victim, "precious.txt") && exists("%s/%s", victim2, "precious.txt") &&
-          !exists("%s/%s", out, "ckpt_00000099") && !exists("%s/%s", out, "ckpt_00000098.partial") &&
-          exists("%s/%s", out, "ckpt_00000003"),
+    check(r.status == 0 && test_exists("%s/%s", victim, "precious.txt") && test_exists("%s/%s", victim2, "precious.txt") &&
+          !test_exists("%s/%s", out, "ckpt_00000099") && !test_exists("%s/%s", out, "ckpt_00000098.partial") &&
+          test_exists("%s/%s", out, "ckpt_00000003"),
           "-o: links named ckpt_00000099 and ckpt_00000098.partial are removed by pruning, and the directories they "
           "point to keep their files (exit %d)", r.status);
     free(r.out);
@@ -438,8 +352,8 @@ static void test_output_dir(void) {
     snprintf(args, sizeof(args), "-o %s -x 1", out);
     r = run_trainer(args, NULL, 30.0);
     check(r.status != 0 && r.lines == 1 && strstr(r.out, "LOCK is a symbolic link") != NULL &&
-          !exists("%s%s", lock_target, ""), "-o: a LOCK link is refused and its target not created (exit %d): %s",
-          r.status, line_of(r.out, "train_gpt2:"));
+          !test_exists("%s%s", lock_target, ""), "-o: a LOCK link is refused and its target not created (exit %d): %s",
+          r.status, test_line_of(r.out, "train_gpt2:"));
     free(r.out);
 
     // a directory others may write in: refused before anything is read or written in it
@@ -452,8 +366,8 @@ static void test_output_dir(void) {
     snprintf(args, sizeof(args), "-o %s -x 3 -n 1 -nk 1", out);
     r = run_trainer(args, NULL, 30.0);
     check(planted == 0 && r.status == 2 && r.lines == 1 && strstr(r.out, "group or others may write") != NULL &&
-          exists("%s/%s", victim, "precious.txt"), "-o of mode 0777, a link planted by %s: refused (exit %d): %s",
-          is_root() ? OTHER_USER : "this user", r.status, line_of(r.out, "train_gpt2:"));
+          test_exists("%s/%s", victim, "precious.txt"), "-o of mode 0777, a link planted by %s: refused (exit %d): %s",
+          is_root() ? OTHER_USER : "this user", r.status, test_line_of(r.out, "train_gpt2:"));
     free(r.out);
 
     if (!is_root()) {
@@ -466,7 +380,7 @@ static void test_output_dir(void) {
     snprintf(args, sizeof(args), "-o %s -x 1", out);
     r = run_trainer(args, NULL, 30.0);
     check(r.status == 2 && r.lines == 1 && strstr(r.out, "owned by uid 65534") != NULL,
-          "-o owned by %s: refused (exit %d): %s", OTHER_USER, r.status, line_of(r.out, "train_gpt2:"));
+          "-o owned by %s: refused (exit %d): %s", OTHER_USER, r.status, test_line_of(r.out, "train_gpt2:"));
     free(r.out);
 
     // a LOCK that others can open (an older run made it 0644) is made 0600
@@ -521,7 +435,8 @@ static void test_fifos(void) {
         char want[400];
         snprintf(want, sizeof(want), "%s: not a regular file", cases[i].path);
         check(r.status == 2 && r.lines == 1 && strstr(r.out, want) != NULL,
-              "a FIFO given to %s: refused at once (exit %d in %.1f s): %s", cases[i].what, r.status, r.seconds, line_of(r.out, "train_gpt2:"));
+              "a FIFO given to %s: refused at once (exit %d in %.1f s): %s", cases[i].what, r.status, r.seconds,
+              test_line_of(r.out, "train_gpt2:"));
         free(r.out);
     }
 }
@@ -531,10 +446,9 @@ static void test_fifos(void) {
 
 // lines_in: how many lines the file at path holds
 static int lines_in(const char *path) {
-    FILE *f = fopen(path, "r");
-    int n = 0, c;
-    while (f != NULL && (c = fgetc(f)) != EOF) n += c == '\n';
-    if (f != NULL) fclose(f);
+    char *text = test_read_text(path);
+    int n = test_count(text, "\n");
+    free(text);
     return n;
 }
 
@@ -548,17 +462,11 @@ static TrainerRun change_while_training(const char *name, void (*change)(const c
     test_write_shard(data, 4096);
     unlink(log);
     snprintf(args, sizeof(args), "-x 100000 -i %s -lg %s", data, log);  // the later -i wins
-    double t0 = par_now();
+    double t0 = test_now();
     pid_t pid = spawn_trainer(args, NULL, out_path);
-    while (lines_in(log) < 2 && par_now() - t0 < 10.0 && waitpid(pid, NULL, WNOHANG) == 0) par_sleep(0.01);
+    while (lines_in(log) < 2 && test_now() - t0 < 10.0 && waitpid(pid, NULL, WNOHANG) == 0) par_sleep(0.01);
     change(data);
-    TrainerRun r;
-    r.status = wait_child(pid, 20.0);
-    r.seconds = par_now() - t0;
-    r.out = read_text(out_path);
-    r.lines = 0;
-    for (const char *p = r.out; (p = strstr(p, "train_gpt2:")) != NULL; p++) r.lines++;
-    return r;
+    return trainer_ended(pid, t0, out_path, 20.0);
 }
 
 static void write_ffff_in_place(const char *path) {
@@ -578,11 +486,11 @@ static void test_shard_changes(void) {
     check(r.status == 1 && r.lines == 1 && strstr(r.out, "is 65535, not < vocab_size 256") != NULL &&
           strstr(r.out, "changed after it was checked") != NULL,
           "a shard whose tokens become 0xFFFF in place mid-run: the run ends with one line (exit %d): %s", r.status,
-          line_of(r.out, "train_gpt2:"));
+          test_line_of(r.out, "train_gpt2:"));
     free(r.out);
     r = change_while_training("truncated", truncate_to_header);
     check(r.status == 1 && r.lines == 1 && strstr(r.out, "changed after it was checked") != NULL,
-          "a shard truncated mid-run: one line, not SIGBUS (exit %d): %s", r.status, line_of(r.out, "train_gpt2:"));
+          "a shard truncated mid-run: one line, not SIGBUS (exit %d): %s", r.status, test_line_of(r.out, "train_gpt2:"));
     free(r.out);
 }
 
@@ -593,7 +501,7 @@ static void test_flags_before_launch(void) {
     TrainerRun r = run_trainer("-x 2 -np 2 -fault tamper:99:1", NULL, 20.0);
     check(r.status == 2 && r.lines == 1 && strstr(r.out, "-fault tamper:99:1: rank 99 is not in this job of 2 ranks") &&
           strstr(r.out, "exited") == NULL, "-np 2 -fault tamper:99:1: a usage error before any rank starts (exit %d): %s",
-          r.status, line_of(r.out, "train_gpt2:"));
+          r.status, test_line_of(r.out, "train_gpt2:"));
     free(r.out);
 
     // an outside launcher (torchrun's variables) of 3 ranks, and -np 4: -np is to blame
@@ -603,7 +511,7 @@ static void test_flags_before_launch(void) {
     r = run_trainer(args, env, 20.0);
     check(r.status == 2 && r.lines == 1 && strstr(r.out, "-np 4, but the launcher (torchrun) says the world is 3") &&
           r.seconds < 5.0, "-np 4 under an outside launcher of 3 ranks: refused, blaming -np (exit %d, %.1f s): %s",
-          r.status, r.seconds, line_of(r.out, "train_gpt2:"));
+          r.status, r.seconds, test_line_of(r.out, "train_gpt2:"));
     free(r.out);
 }
 
@@ -635,16 +543,16 @@ static void test_stop_signals(void) {
         char *argv[] = {(char *)"test_attacks", (char *)"rank-mask", work, NULL};
         Launch L;
         char err[512];
-        for (size_t i = 0; i < sizeof(RANK_ENV) / sizeof(RANK_ENV[0]); i++) unsetenv(RANK_ENV[i]);
+        test_clear_rank_env();
         parallel_main(3, argv, 2, NULL, NULL, 5.0, &L, err, sizeof(err));  // the launcher: never returns
         _exit(3);
     }
-    int st = wait_child(pid, 20.0);
+    int st = test_wait(pid, 20.0, NULL);
     unsigned long long want = 1ull << (SIGINT - 1) | 1ull << (SIGTERM - 1) | 1ull << (SIGHUP - 1), got[2] = {0, 0};
     for (int r = 0; r < 2; r++) {
         char path[400];
         snprintf(path, sizeof(path), "%s/mask.%d", work, r);
-        char *text = read_text(path);
+        char *text = test_read_text(path);
         got[r] = strtoull(text, NULL, 16);
         free(text);
     }
@@ -665,8 +573,8 @@ static void test_stop_signals(void) {
         pid = spawn_trainer(args, NULL, out_path);
         par_sleep(delays_ms[i] / 1000.0);
         kill(pid, SIGINT);
-        st = wait_child(pid, 30.0);
-        char *out = read_text(out_path);
+        st = test_wait(pid, 30.0, NULL);
+        char *out = test_read_text(out_path);
         int clean = st == 0 && strstr(out, "stopped by a signal") != NULL && strstr(out, "killed by signal") == NULL;
         int early = st == 128 + SIGINT && strstr(out, "rank") == NULL;
         if (!clean && !early) {
@@ -731,29 +639,23 @@ static void test_stopped_rank(void) {
     double t0 = par_now();
     while (lines_in(log) < 2 && par_now() - t0 < 10.0 && waitpid(pid, NULL, WNOHANG) == 0) par_sleep(0.01);
     snprintf(children, sizeof(children), "/proc/%d/task/%d/children", (int)pid, (int)pid);
-    char *kids = read_text(children);
+    char *kids = test_read_text(children);
     int rank0 = 0, rank1 = 0;
     sscanf(kids, "%d %d", &rank0, &rank1);  // in the order forked: rank 0, then rank 1
     free(kids);
     if (rank1 > 0) kill(rank1, SIGSTOP);
-    int st = wait_child(pid, 20.0);
+    int st = test_wait(pid, 20.0, NULL);
     if (rank1 > 0) kill(rank1, SIGKILL);
-    char *out = read_text(out_path);
+    char *out = test_read_text(out_path);
     check(rank1 > 0 && st == 1 && strstr(out, "rank 1 (pid") != NULL && strstr(out, "is stopped") != NULL &&
           strstr(out, "disagree") == NULL, "stopped rank: in a job of 2, rank 0's timeout names rank 1 as stopped "
-          "(exit %d): %s", st, line_of(out, "timeout after"));
+          "(exit %d): %s", st, test_line_of(out, "timeout after"));
     free(out);
 }
 
 // ----------------------------------------------------------------------------
 // a shard too short for one micro-batch: warned about once per job, however
 // many times the job opens its data
-
-static int count_of(const char *text, const char *what) {
-    int n = 0;
-    for (const char *p = text; (p = strstr(p, what)) != NULL; p++) n++;
-    return n;
-}
 
 static void test_tiny_shard_warning(void) {
     char dir[300], tiny[320], big[320], args[900];
@@ -767,7 +669,7 @@ static void test_tiny_shard_warning(void) {
     for (int i = 0; i < 2; i++) {
         snprintf(args, sizeof(args), "-x 1 %s -i %s/*.bin", how[i], dir);
         TrainerRun r = run_trainer(args, NULL, 30.0);
-        int n = count_of(r.out, "a_tiny.bin: 10 tokens");
+        int n = test_count(r.out, "a_tiny.bin: 10 tokens");
         check(r.status == 0 && n == 1, "a shard of 10 tokens (%s): one warning about it (%d printed, exit %d)",
               i == 0 ? "one process" : "a launcher of 2 ranks", n, r.status);
         free(r.out);
@@ -803,14 +705,14 @@ static void test_nan_weights(void) {
         check(r.status == 1 && r.lines == 1 && strstr(r.out, "train_gpt2: step 0: loss ") != NULL &&
               strstr(r.out, "not finite") != NULL && strstr(r.out, "step    1/") == NULL,
               "NaN weights (%s): step 0 is not applied and the run ends there (exit %d): %s",
-              i == 0 ? "one process" : "-np 2", r.status, line_of(r.out, "train_gpt2:"));
+              i == 0 ? "one process" : "-np 2", r.status, test_line_of(r.out, "train_gpt2:"));
         free(r.out);
     }
     // under llm.c's outlier guard such a step is skipped like an outlier, and the run goes on
     char args[700];
     snprintf(args, sizeof(args), "-x 3 -sl 3 -e %s", path);
     TrainerRun r = run_trainer(args, NULL, 30.0);
-    int skips = count_of(r.out, "skipping update due to a loss or grad norm that is not finite");
+    int skips = test_count(r.out, "skipping update due to a loss or grad norm that is not finite");
     check(r.status == 0 && skips == 3, "NaN weights under -sl 3: every step skipped, the run goes on (%d skips, exit %d)",
           skips, r.status);
     free(r.out);
@@ -834,7 +736,7 @@ static void test_other_promises(void) {
                 int fd = shm_open(name, O_RDONLY, 0);
                 _exit(fd < 0 && errno == EACCES ? 0 : 1);
             }
-            int st = wait_child(pid, 5.0);
+            int st = test_wait(pid, 5.0, NULL);
             shm_unlink(name);
             check(st == 0, "segment: %s cannot open it (exit %d)", OTHER_USER, st);
         }
@@ -852,14 +754,14 @@ static void test_other_promises(void) {
     snprintf(args, sizeof(args), "-x 1 -np 2 --key-file %s", key2);
     TrainerRun r = run_trainer(args, NULL, 20.0);
     check(r.status == 2 && r.lines == 1 && strstr(r.out, "lets group or others at it") != NULL,
-          "--key-file of mode 0644: refused (exit %d): %s", r.status, line_of(r.out, "train_gpt2:"));
+          "--key-file of mode 0644: refused (exit %d): %s", r.status, test_line_of(r.out, "train_gpt2:"));
     free(r.out);
     if (is_root()) {
         chmod(key2, 0600);
         if (chown(key2, NOBODY, NOBODY) != 0) check(0, "chown %s", key2);
         r = run_trainer(args, NULL, 20.0);
         check(r.status == 2 && r.lines == 1 && strstr(r.out, "owned by uid 65534") != NULL,
-              "--key-file owned by %s: refused (exit %d): %s", OTHER_USER, r.status, line_of(r.out, "train_gpt2:"));
+              "--key-file owned by %s: refused (exit %d): %s", OTHER_USER, r.status, test_line_of(r.out, "train_gpt2:"));
         free(r.out);
     }
 
@@ -877,10 +779,10 @@ static void test_other_promises(void) {
         plant(out, names[i], victim, 0);
         snprintf(args, sizeof(args), "-x 1 -o %s", out);
         r = run_trainer(args, NULL, 20.0);
-        char *text = read_text(victim);
+        char *text = test_read_text(victim);
         check(strcmp(text, "precious\n") == 0 && r.status != 0 && r.lines == 1 && strstr(r.out, "symbolic link") != NULL,
               "-o: a link planted at %s is refused in one line, not written through (exit %d): %s", names[i], r.status,
-              line_of(r.out, "symbolic link"));
+              test_line_of(r.out, "symbolic link"));
         snprintf(link, sizeof(link), "%s/%s", out, names[i]);
         snprintf(model, sizeof(model), "%s/model_00000001.bin", out);
         struct stat st;
@@ -908,7 +810,7 @@ static void test_other_promises(void) {
     int same = test_files_same(clean_model, model);
     check(ref.status == 0 && r.status == 0 && access(link, F_OK) != 0 && same,
           "-o: a regular model_00000001.bin.tmp left by a killed run is replaced: exit %d (a clean run %d), no .tmp "
-          "left, the model a clean run's: %s", r.status, ref.status, line_of(r.out, "train_gpt2:"));
+          "left, the model a clean run's: %s", r.status, ref.status, test_line_of(r.out, "train_gpt2:"));
     free(ref.out);
     free(r.out);
 }
@@ -918,8 +820,10 @@ static void test_other_promises(void) {
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "rank-mask") == 0) return rank_mask_main(argv[2]);
     const char *tmp = getenv("TMPDIR");
-    snprintf(work, sizeof(work), "%s/llm3d-attacks-XXXXXX", tmp != NULL && tmp[0] != '\0' && strlen(tmp) < 200 ? tmp : "/tmp");
-    if (mkdtemp(work) == NULL) {
+    char pattern[256];
+    snprintf(pattern, sizeof(pattern), "%s/llm3d-attacks-XXXXXX",
+             tmp != NULL && tmp[0] != '\0' && strlen(tmp) < 200 ? tmp : "/tmp");
+    if (test_make_dir(work, sizeof(work), pattern) != 0) {
         check(0, "mkdtemp %s: %s", work, strerror(errno));
         return test_summary();
     }
@@ -947,6 +851,6 @@ int main(int argc, char **argv) {
     test_tiny_shard_warning();
     test_nan_weights();
     test_other_promises();
-    remove_tree(work);
+    test_remove_dir(work);
     return test_summary();
 }

@@ -13,13 +13,10 @@
 #include "llm3d/gpt2.h"
 #include "llm3d/flags.h"  // Options
 #include "dev/test/test.h"
+#include "dev/test/test_run.h"
 
-#include <fcntl.h>
-#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
 
 #define MAX_STEPS 64
 static char dir[128], shards[160];
@@ -31,12 +28,6 @@ typedef struct {
     char loss[MAX_STEPS][16], norm[MAX_STEPS][16];  // as printed: compared as text, bit for bit
     char out[65536]; // stdout and stderr
 } Run;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 // starts ./train_gpt2 with the shared flags and `args`, output into dir/out.txt;
 // a file size limit when fsize > 0
@@ -66,28 +57,27 @@ static void read_log(Run *r, const char *log) {
     char line[512];
     int first = 1;
     while (f && fgets(line, sizeof(line), f)) {
-        int step = -1;
-        char *s = strstr(line, "\"step\": "), *l = strstr(line, "\"loss\": "), *n = strstr(line, "\"norm\": ");
-        if (s) step = atoi(s + 8);
+        const char *s = test_log_value(line, "step"), *l = test_log_value(line, "loss");
+        const char *n = test_log_value(line, "norm");
+        int step = s != NULL ? atoi(s) : -1;
         if (first && step > 0 && step < MAX_STEPS) r->nsteps = step;
         first = 0;
         if (step < 0 || step >= MAX_STEPS || !l || !n || step != r->nsteps) { r->nsteps = -1; break; }
-        sscanf(l + 8, "%15[^,]", r->loss[step]);
-        sscanf(n + 8, "%15[^,]", r->norm[step]);
+        sscanf(l, "%15[^,]", r->loss[step]);
+        sscanf(n, "%15[^,]", r->norm[step]);
         r->nsteps++;
     }
     if (f) fclose(f);
 }
 
-// r from a run that ended with wait status st: its exit, output and log
-static void collect(Run *r, int st, const char *out_dir) {
-    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+// r from a run that ended with status (test_exit_status's): its exit, output and log
+static void collect(Run *r, int status, const char *out_dir) {
+    r->status = status;
     char path[300];
     snprintf(path, sizeof(path), "%s/out.txt", dir);
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(r->out, 1, sizeof(r->out) - 1, f) : 0;
-    r->out[n] = '\0';
-    if (f) fclose(f);
+    char *out = test_read_text(path);
+    snprintf(r->out, sizeof(r->out), "%s", out);
+    free(out);
     snprintf(path, sizeof(path), "%s/log.jsonl", out_dir);
     read_log(r, path);
 }
@@ -95,7 +85,7 @@ static void collect(Run *r, int st, const char *out_dir) {
 static void finish(Run *r, pid_t pid, const char *out_dir) {
     int st;
     waitpid(pid, &st, 0);
-    collect(r, st, out_dir);
+    collect(r, test_exit_status(st), out_dir);
 }
 
 // runs to the end: out_dir, steps, then more flags
@@ -138,23 +128,6 @@ static int files_equal(const char *dir_a, const char *dir_b, const char *name) {
     return test_files_same(pa, pb);
 }
 
-static int exists(const char *fmt, const char *a, int step) {
-    char path[400];
-    snprintf(path, sizeof(path), fmt, a, step);
-    return access(path, F_OK) == 0;
-}
-
-// the first line of r->out that holds `what` (for the messages)
-static const char *line_with(const Run *r, const char *what) {
-    static char line[400];
-    const char *p = strstr(r->out, what);
-    if (p == NULL) return "(none)";
-    while (p > r->out && p[-1] != '\n') p--;
-    size_t n = strcspn(p, "\n");
-    snprintf(line, sizeof(line), "%.*s", (int)(n < 399 ? n : 399), p);
-    return line;
-}
-
 // ---------------------------------------------------------------------------
 
 // a run that stops at step 20 (its checkpoint copied alone into a fresh
@@ -177,7 +150,7 @@ static void test_bit_exact(const char *layout, const char *name) {
           "%s: resumed from step 20 and ran to 40 (exit %d, %d log lines)", name, resumed.status, resumed.nsteps);
     check(same_steps(&full, &resumed, 20, 40), "%s: steps 20..39 print the same losses and norms as the uninterrupted run",
           name);
-    check(full.nsteps == 40 && exists("%s/ckpt_%08d/MANIFEST", a, 40) && exists("%s/ckpt_%08d/MANIFEST", b, 40),
+    check(full.nsteps == 40 && test_exists("%s/ckpt_%08d/MANIFEST", a, 40) && test_exists("%s/ckpt_%08d/MANIFEST", b, 40),
           "%s: both runs end with a sealed checkpoint of step 40", name);
     char fa[300], fb[300];
     snprintf(fa, sizeof(fa), "%s/ckpt_00000040", a);
@@ -239,7 +212,8 @@ static void test_refusals(void) {
     char a[200], b[200], k[300];
     snprintf(a, sizeof(a), "%s/refuse_src", dir);
     run(&good, a, 4, "-n 4");
-    if (!check(good.status == 0 && exists("%s/ckpt_%08d/MANIFEST", a, 4), "a checkpoint of step 4 to damage")) return;
+    if (!check(good.status == 0 && test_exists("%s/ckpt_%08d/MANIFEST", a, 4), "a checkpoint of step 4 to damage"))
+        return;
     struct { const char *what, *damage, *expect, *flags; } cases[] = {
         {"a truncated optim.bin", "truncate -s -4 %s/ckpt_00000004/optim.bin", "optim.bin: size", ""},
         {"a changed byte in model.bin", "printf 'x' | dd of=%s/ckpt_00000004/model.bin bs=1 seek=5000 conv=notrunc 2>/dev/null",
@@ -262,10 +236,9 @@ static void test_refusals(void) {
         char args[200];
         snprintf(args, sizeof(args), "-y 1 %s", cases[i].flags);
         run(&r, b, 8, args);
-        int lines = 0;
-        for (const char *p = r.out; *p; p++) lines += *p == '\n';
+        int lines = test_count(r.out, "\n");
         check(r.status == 2 && lines == 1 && strstr(r.out, cases[i].expect) != NULL,
-              "%s: refused (exit %d, %d line): %s", cases[i].what, r.status, lines, line_with(&r, "train_gpt2"));
+              "%s: refused (exit %d, %d line): %s", cases[i].what, r.status, lines, test_line_of(r.out, "train_gpt2"));
     }
     // another job's checkpoint resumes when --key-file names that job's key,
     // on several ranks too (their launcher takes the job key from the file)
@@ -346,23 +319,18 @@ static void test_encrypted(const char *layout, const char *name) {
     snprintf(pa, sizeof(pa), "%s/model_00000040.bin", a);
     snprintf(pp, sizeof(pp), "%s/model_00000040.bin", p);
     int same_final = read_key(a, key) == 0 && same_plaintext(pa, pp, key, err, sizeof(err));
-    check(same_final && !exists("%s/model_%08d.bin.tmp", a, 40) && !exists("%s/model_%08d.bin.tmp", p, 40),
+    check(same_final && !test_exists("%s/model_%08d.bin.tmp", a, 40) && !test_exists("%s/model_%08d.bin.tmp", p, 40),
           "%s: the sealed final model decrypts to the plain run's, byte for byte, and no .tmp is left %s", name,
           same_final ? "" : err);
     snprintf(pa, sizeof(pa), "%s/ckpt_00000020/optim.bin", a);
     snprintf(pp, sizeof(pp), "%s/ckpt_00000020/optim.bin", p);
-    size_t plain_n = 0;
-    FILE *f = fopen(pp, "rb");
-    uint8_t *plain_bytes = (uint8_t *)malloc(8 << 20);
-    if (f != NULL) plain_n = fread(plain_bytes, 1, 8 << 20, f), fclose(f);
+    size_t plain_n = 0, sealed_n = 0;
+    char *plain_bytes = test_read_file(pp, &plain_n);
     int ok = read_key(a, key) == 0 && ckpt_read_file(pa, key, 1 << 30, &dec, &dec_n, err, sizeof(err)) == 0;
     check(ok && dec_n == plain_n && memcmp(dec, plain_bytes, plain_n) == 0,
           "%s: optim.bin decrypts to the plain run's optim.bin, byte for byte %s", name, ok ? "" : err);
     free(dec);
-    f = fopen(pa, "rb");
-    uint8_t *sealed_bytes = (uint8_t *)malloc(8 << 20);
-    size_t sealed_n = f != NULL ? fread(sealed_bytes, 1, 8 << 20, f) : 0;
-    if (f != NULL) fclose(f);
+    char *sealed_bytes = test_read_file(pa, &sealed_n);
     check(sealed_n > 4096 && plain_n > 4096 && memmem(sealed_bytes, sealed_n, plain_bytes + 2048, 64) == NULL,
           "%s: the sealed optim.bin holds none of its plaintext", name);
     free(plain_bytes);
@@ -708,8 +676,7 @@ static void test_encrypted_init(void) {
         snprintf(flags, sizeof(flags), cases[i].flags, b);
         snprintf(args, sizeof(args), "-e %s %s", model, flags);
         run(&r, b, 4, args);
-        int lines = 0;
-        for (const char *q = r.out; *q; q++) lines += *q == '\n';
+        int lines = test_count(r.out, "\n");
         check(r.status == 2 && lines == 1 && strstr(r.out, model) != NULL,
               "-e of the sealed final model, %s: refused in one line naming the file (exit %d, %d lines): %s",
               cases[i].what, r.status, lines, r.out);
@@ -757,26 +724,17 @@ static void test_init_damaged_chunk(void) {
         return;
     snprintf(b, sizeof(b), "%s/init_damaged_pp", dir);
     snprintf(args, sizeof(args), "-o %s -x 4 -e %s --key-file %s -np 2 -pp 2 -to 5", b, model, key_path);
-    double t0 = now_s();
-    pid_t pid = start(args, 0);
-    int ended = 0, st = 0;
-    while (!ended && now_s() - t0 < 30) {
-        ended = waitpid(pid, &st, WNOHANG) == pid;
-        if (!ended) usleep(10000);
-    }
-    if (!ended) {
-        kill(-pid, SIGKILL);
-        waitpid(pid, &st, 0);
-    }
-    collect(&r, st, b);
-    int lines = 0;  // the trainer's error lines (the launcher's and rank 0's notes of rank 1's exit follow)
-    for (const char *q = r.out; (q = strstr(q, "train_gpt2:")) != NULL; q++) lines++;
+    double t0 = test_now();
+    int status = test_wait(start(args, 0), 30, NULL), ended = status != -1;
+    collect(&r, status, b);
+    // the trainer's error lines (the launcher's and rank 0's notes of rank 1's exit follow)
+    int lines = test_count(r.out, "train_gpt2:");
     char chunk_name[64];
     snprintf(chunk_name, sizeof(chunk_name), "chunk %llu", (unsigned long long)only1);
-    const char *line = line_with(&r, "train_gpt2:");
+    const char *line = test_line_of(r.out, "train_gpt2:");
     check(ended && r.status == 2 && lines == 1 && strstr(line, model) != NULL && strstr(line, chunk_name) != NULL,
           "-e of a sealed model with chunk %llu damaged, -np 2 -pp 2: refused in one line naming the file and the "
-          "chunk, exit %d after %.1f s: %s", (unsigned long long)only1, r.status, now_s() - t0, ended ? line : r.out);
+          "chunk, exit %d after %.1f s: %s", (unsigned long long)only1, r.status, test_now() - t0, ended ? line : r.out);
 }
 
 // -e of a sealed final model replaced, between two ranks' start-up checks,
@@ -834,9 +792,7 @@ static void test_init_swapped_between_ranks(int other_sealed) {
     if (!other_sealed) snprintf(read[1], sizeof(read[1]), "a plain model file");
     snprintf(want, sizeof(want), "train_gpt2: rank 1 starts from %s, %s, but rank 0 from %s, %s: a file changed "
              "between the ranks' start-up checks", model, read[1], model, read[0]);
-    int lines = 0;  // the trainer's error lines, from either rank
-    for (int r = 0; r < 2; r++)
-        for (const char *q = out[r]; q != NULL && (q = strstr(q, "train_gpt2:")) != NULL; q++) lines++;
+    int lines = test_count(out[0], "train_gpt2:") + test_count(out[1], "train_gpt2:");  // the trainer's error lines
     check(sys == 0 && status != NULL && strcmp(status, "2 2\n") == 0 && out[1] != NULL && strstr(out[1], want) != NULL &&
           lines == 1, "-e swapped for another %s model between rank 0's start-up check and rank 1's: the ranks "
           "compare what they read once connected, rank 1 refuses in one line naming the file and both, and both "
@@ -908,11 +864,10 @@ static void test_encrypted_refusals(void) {
             check(flip_bit(damaged, 5000), "sealed checkpoint: a bit of optim.bin's byte 5000 flipped");
         else swap_chunks(b, "optim.bin", 0, 1);
         run(&r, b, 8, "-y 1");
-        int lines = 0;
-        for (const char *p = r.out; *p; p++) lines += *p == '\n';
+        int lines = test_count(r.out, "\n");
         check(r.status == 2 && lines == 1 && strstr(r.out, cases[i].expect) != NULL,
               "sealed checkpoint, %s: refused (exit %d, %d line): %s", cases[i].what, r.status, lines,
-              line_with(&r, "train_gpt2"));
+              test_line_of(r.out, "train_gpt2"));
         if (i > 2) continue;
         // the same damage read past the MANIFEST: the tags refuse it
         uint8_t key[32], *bytes = NULL;
@@ -935,13 +890,13 @@ static void test_keep(void) {
     run(&r, a, 10, "-n 2 -nk 2 -y 1");
     check(r.status == 0 && strstr(r.out, "starting from step 0") != NULL, "-y 1 without a checkpoint starts from step 0");
     int kept = 0;
-    for (int s = 2; s <= 10; s += 2) kept += exists("%s/ckpt_%08d/MANIFEST", a, s) ? 1 << (s / 2) : 0;
+    for (int s = 2; s <= 10; s += 2) kept += test_exists("%s/ckpt_%08d/MANIFEST", a, s) ? 1 << (s / 2) : 0;
     check(kept == (1 << 4 | 1 << 5), "-n 2 -nk 2 over 10 steps keeps exactly ckpt 8 and 10 (mask 0x%x)", kept);
-    check(!exists("%s/ckpt_%08d.partial", a, 10), "no .partial directory is left behind");
+    check(!test_exists("%s/ckpt_%08d.partial", a, 10), "no .partial directory is left behind");
     // checkpoints need a directory
     finish(&r, start("-x 2 -n 1", 0), a);
     check(r.status == 2 && strstr(r.out, "give it with -o DIR") != NULL, "-n without -o is refused: %s",
-          line_with(&r, "train_gpt2"));
+          test_line_of(r.out, "train_gpt2"));
     // -ys picks an older one than the newest; its log lines after step 8 go
     run(&r, a, 10, "-ys 8");
     check(r.status == 0 && strstr(r.out, "ckpt_00000008: step 8") != NULL && r.nsteps == 10,
@@ -949,14 +904,14 @@ static void test_keep(void) {
     // its first checkpoint drops the abandoned run's newer one (so -y 1 never
     // goes back to it) and keeps itself, also with -nk 1
     run(&r, a, 10, "-ys 8 -n 1 -nk 1 -x 9");
-    check(r.status == 0 && exists("%s/ckpt_%08d/MANIFEST", a, 9) && !exists("%s/ckpt_%08d", a, 10) &&
-              !exists("%s/ckpt_%08d", a, 8),
+    check(r.status == 0 && test_exists("%s/ckpt_%08d/MANIFEST", a, 9) && !test_exists("%s/ckpt_%08d", a, 10) &&
+              !test_exists("%s/ckpt_%08d", a, 8),
           "after -ys 8 -nk 1: ckpt 9 kept, the newer ckpt 10 and the older ckpt 8 deleted (exit %d)", r.status);
     // a checkpoint directory without a MANIFEST is passed over, and pruned
     sh("mkdir -p %s/ckpt_00000050 && touch %s/ckpt_00000050/model.bin", a, a);
     run(&r, a, 11, "-y 1 -n 1");
     check(r.status == 0 && strstr(r.out, "ckpt_00000009: step 9") != NULL && strstr(r.out, "passed over") != NULL &&
-              !exists("%s/ckpt_%08d", a, 50),
+              !test_exists("%s/ckpt_%08d", a, 50),
           "a ckpt directory without MANIFEST is passed over and then removed (exit %d)", r.status);
     // one job per directory
     char args[300];
@@ -966,7 +921,7 @@ static void test_keep(void) {
     snprintf(args, sizeof(args), "-o %s -x 5000 -n 0", a);  // outlasts the check, ends if we do not
     pid_t first = start(args, 0);
     static Run seen;
-    for (double t0 = now_s(); now_s() - t0 < 60 && waitpid(first, NULL, WNOHANG) == 0;) {
+    for (double t0 = test_now(); test_now() - t0 < 60 && waitpid(first, NULL, WNOHANG) == 0;) {
         read_log(&seen, log);  // it logs only once it holds the lock
         if (seen.nsteps >= 1) break;
         usleep(5000);
@@ -981,7 +936,7 @@ static void test_keep(void) {
     kill(first, SIGKILL);
     waitpid(first, NULL, 0);
     check(second.status == 1 && strstr(second.out, "another job is using") != NULL, "a second job in the same -o: %s",
-          line_with(&second, "another job"));
+          test_line_of(second.out, "another job"));
 }
 
 // SIGTERM: the step finishes, a checkpoint is written, exit 0; resuming ends
@@ -1009,7 +964,7 @@ static void test_sigterm(const char *layout, const Run *ref, const char *name) {
     finish(&r, pid, a);
     const char *p = strstr(r.out, "stopped by a signal after step ");
     int step = p ? atoi(p + 31) : -1;
-    check(r.status == 0 && step >= 0 && exists("%s/ckpt_%08d/MANIFEST", a, step + 1),
+    check(r.status == 0 && step >= 0 && test_exists("%s/ckpt_%08d/MANIFEST", a, step + 1),
           "%s: SIGTERM finishes step %d, checkpoints it and exits 0 (exit %d)", name, step, r.status);
     snprintf(args, sizeof(args), "-y 1 %s", layout);
     run(&fin, a, 40, args);
@@ -1024,14 +979,16 @@ static void test_full_disk(void) {
     snprintf(a, sizeof(a), "%s/full", dir);
     sh("rm -rf %s", a);
     run(&r, a, 2, "-n 2");
-    if (!check(r.status == 0 && exists("%s/ckpt_%08d/MANIFEST", a, 2), "a checkpoint of step 2 before the disk fills")) return;
+    if (!check(r.status == 0 && test_exists("%s/ckpt_%08d/MANIFEST", a, 2), "a checkpoint of step 2 before the disk fills"))
+        return;
     // model.bin (1.7 MB) fits under the limit, optim.bin (3.5 MB) does not
     char args[300];
     snprintf(args, sizeof(args), "-o %s -x 6 -n 2 -y 1", a);
     finish(&r, start(args, 2500000), a);
     check(r.status == 1 && strstr(r.out, "checkpoint of step 4 failed") != NULL && strstr(r.out, "File too large") != NULL,
-          "a file size limit: exit %d, %s", r.status, line_with(&r, "failed"));
-    check(!exists("%s/ckpt_%08d", a, 4) && !exists("%s/ckpt_%08d.partial", a, 4), "no checkpoint of step 4, not even a part");
+          "a file size limit: exit %d, %s", r.status, test_line_of(r.out, "failed"));
+    check(!test_exists("%s/ckpt_%08d", a, 4) && !test_exists("%s/ckpt_%08d.partial", a, 4),
+          "no checkpoint of step 4, not even a part");
     run(&after, a, 6, "-n 2 -y 1");
     check(after.status == 0 && strstr(after.out, "ckpt_00000002: step 2") != NULL && after.nsteps == 6,
           "the checkpoint of step 2 is intact and resumes (exit %d)", after.status);
@@ -1049,9 +1006,9 @@ static void test_kills(const char *layout, const char *name, unsigned seed) {
     char a[200], ref_dir[200], args[300];
     snprintf(ref_dir, sizeof(ref_dir), "%s/kill_ref_%d", dir, layout[0] != '\0');
     snprintf(args, sizeof(args), "-n 1 %s", layout);
-    double t0 = now_s();
+    double t0 = test_now();
     run(&ref, ref_dir, 40, args);
-    double window_us = (now_s() - t0) / 15 * 1e6;
+    double window_us = (test_now() - t0) / 15 * 1e6;
     if (!check(ref.status == 0 && ref.nsteps == 40, "%s: an uninterrupted run to time and compare (%.2f s)", name,
                window_us * 15 / 1e6))
         return;
@@ -1064,30 +1021,30 @@ static void test_kills(const char *layout, const char *name, unsigned seed) {
     int complete = 0;  // a complete checkpoint exists
     for (int i = 0; i < 20; i++) {
         pid_t pid = start(args, 0);
-        t0 = now_s();
+        t0 = test_now();
         // the window was timed once, and a machine that got busier since could
         // see every kill land before the first checkpoint: until one exists,
         // the kill waits for it (each later run still starts up, so kills land
         // in start-up too)
         for (int w = 0; !complete && w < 6000 && waitpid(pid, NULL, WNOHANG) == 0; w++) {
-            for (int s = 1; s <= 40 && !complete; s++) complete = exists("%s/ckpt_%08d", a, s);
+            for (int s = 1; s <= 40 && !complete; s++) complete = test_exists("%s/ckpt_%08d", a, s);
             if (!complete) usleep(10000);
         }
         // the window shrinks with the steps left: a machine faster now than
         // when the window was timed must not finish the run before 20 kills
         int newest = 0;
-        for (int s = 40; s >= 1 && newest == 0; s--) newest = exists("%s/ckpt_%08d", a, s) ? s : 0;
+        for (int s = 40; s >= 1 && newest == 0; s--) newest = test_exists("%s/ckpt_%08d", a, s) ? s : 0;
         usleep((useconds_t)(window_us * (40 - newest) / 40 * rand() / RAND_MAX));
         if (waitpid(pid, NULL, WNOHANG) == pid) { finished = 1; break; }
         kill(-pid, SIGKILL);  // the whole group: the trainer, or the launcher and its ranks
         waitpid(pid, NULL, 0);
         sh("rm -f /dev/shm/llm3d-%d-*", (int)pid);  // a killed launcher's segment (the shell exec'd it)
-        run_s += now_s() - t0;
+        run_s += test_now() - t0;
         kills++;
         usleep(20000);
         // a .partial directory that this run left: the kill came during a write
         for (int s = 1; s <= 40; s++) {
-            int there = exists("%s/ckpt_%08d.partial", a, s);
+            int there = test_exists("%s/ckpt_%08d.partial", a, s);
             mid_write += there && !partial[s];
             partial[s] = there;
         }
@@ -1097,7 +1054,7 @@ static void test_kills(const char *layout, const char *name, unsigned seed) {
            finished ? "; the run finished before the next kill" : "");
     check(kills == 20, "%s: %d SIGKILLs in a row%s", name, kills, finished ? " (the run ended first)" : "");
     check(strstr(r.out, "resuming from") != NULL, "%s: the last run resumed from a checkpoint the kills left: %s", name,
-          line_with(&r, "resuming"));
+          test_line_of(r.out, "resuming"));
     check(r.status == 0 && r.nsteps == 40 && same_steps(&ref, &r, 0, 40),
           "%s: after the kills, all 40 steps print the uninterrupted run's losses and norms (exit %d)", name, r.status);
     char fa[300], fb[300];
@@ -1112,8 +1069,7 @@ int main(void) {
         skip("./train_gpt2 is not built (run from the repository's root)");
         return test_summary();
     }
-    snprintf(dir, sizeof(dir), "/tmp/llm3d_test_checkpoint_XXXXXX");
-    if (mkdtemp(dir) == NULL) {
+    if (test_make_dir(dir, sizeof(dir), "/tmp/llm3d_test_checkpoint_XXXXXX") != 0) {
         check(0, "mkdtemp %s: %s", dir, strerror(errno));
         return test_summary();
     }
@@ -1154,6 +1110,6 @@ int main(void) {
     }
     test_kills("", "one rank", 1);
     test_kills("-np 2 -z 1", "dp 2", 2);
-    sh("rm -rf %s", dir);
+    test_remove_dir(dir);
     return test_summary();
 }

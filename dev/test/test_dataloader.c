@@ -1,8 +1,8 @@
 /*
  * test_dataloader.c: dataloader.h against shards it writes into a temp dir.
  *
- *   gcc -O2 -Wall -Wextra -o test_dataloader test_dataloader.c && ./test_dataloader
- *   ./test_dataloader --bench   # time to open a 100M-token shard (written in /tmp, then deleted)
+ *   make dev/test/test_dataloader prepare_data train_gpt2 && ./dev/test/test_dataloader
+ *   ./dev/test/test_dataloader --bench   # time to open a 100M-token shard (written in /tmp, then deleted)
  *
  * Token i of test shard s is s*1000 + i, so a window's first token says which
  * shard and sample it came from.
@@ -10,12 +10,7 @@
 #include "dataloader.h"
 #include "llm3d/secure/manifest.h"
 #include "dev/test/test.h"
-
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/time.h>
-#include <sys/wait.h>
-#include <time.h>
+#include "dev/test/test_run.h"
 
 static char tmpdir[256];
 
@@ -49,33 +44,6 @@ static void write_shard(const char *name, int shard, size_t ntok) {
         exit(1);
     }
     free(t);
-}
-
-static void tmp_path(char *out, size_t outlen, const char *name) {
-    snprintf(out, outlen, "%.255s/%.120s", tmpdir, name);
-}
-
-static void remove_dir(const char *dir) {
-    char pattern[512];
-    for (int pass = 0; pass < 4; pass++) {
-        // and the hidden files (a failed write's .NAME.tmp.PID)
-        snprintf(pattern, sizeof(pattern), pass % 2 ? "%s/.[!.]*" : "%s/*", dir);
-        glob_t g;
-        if (glob(pattern, GLOB_NOSORT, NULL, &g) == 0) {
-            for (size_t i = 0; i < g.gl_pathc; i++) {
-                struct stat st;
-                if (lstat(g.gl_pathv[i], &st) == 0 && S_ISDIR(st.st_mode)) {
-                    char sub[600];
-                    snprintf(sub, sizeof(sub), "%s", g.gl_pathv[i]);
-                    remove_dir(sub);
-                } else {
-                    unlink(g.gl_pathv[i]);
-                }
-            }
-        }
-        globfree(&g);
-    }
-    rmdir(dir);
 }
 
 // ----------------------------------------------------------------------------
@@ -156,7 +124,7 @@ static void test_layout(void) {
     // one long window, to check inputs/targets beyond a toy size
     write_shard("long/x.bin", 7, 900);
     char pattern[512], err[512];
-    tmp_path(pattern, sizeof(pattern), "long/*.bin");
+    test_path(pattern, sizeof(pattern), tmpdir, "long/*.bin");
     if (check(dataloader_init(&dl, pattern, 4, 50, 0, 1, 0, 0, TV, err, sizeof(err)) == 0, "long: open (%s)", err)) {
         int in[200], tg[200], good = 1;
         check(dataloader_batches_per_epoch(&dl) == 4, "long: 900 tokens hold 4 windows of 201, got %ld",
@@ -365,7 +333,7 @@ static void expect_init_error(const char *what, const char *pattern, int B, int 
 
 static void one_file_dir(const char *dir, char *pattern, size_t len) {
     char path[400];
-    tmp_path(path, sizeof(path), dir);
+    test_path(path, sizeof(path), tmpdir, dir);
     mkdir(path, 0700);
     snprintf(pattern, len, "%s/*.bin", path);
 }
@@ -375,22 +343,22 @@ static void test_errors(void) {
     uint16_t toks[64];
     for (int i = 0; i < 64; i++) toks[i] = (uint16_t)i;
 
-    tmp_path(pattern, sizeof(pattern), "nothing/*.bin");
+    test_path(pattern, sizeof(pattern), tmpdir, "nothing/*.bin");
     expect_init_error("empty glob", pattern, TB, TT, 0, 1, TV, "no files match", pattern, NULL);
 
     one_file_dir("dangling", pattern, sizeof(pattern));
-    tmp_path(path, sizeof(path), "dangling/x.bin");
+    test_path(path, sizeof(path), tmpdir, "dangling/x.bin");
     check(symlink("/nonexistent/llm3d/shard.bin", path) == 0, "error setup: dangling symlink");
     expect_init_error("unreadable file (dangling link)", pattern, TB, TT, 0, 1, TV, path, "cannot open", NULL);
 
     one_file_dir("isdir", pattern, sizeof(pattern));
-    tmp_path(path, sizeof(path), "isdir/sub.bin");
+    test_path(path, sizeof(path), tmpdir, "isdir/sub.bin");
     mkdir(path, 0700);
     expect_init_error("a directory matches", pattern, TB, TT, 0, 1, TV, path, "not a regular file", NULL);
 
     if (geteuid() != 0) {
         one_file_dir("noperm", pattern, sizeof(pattern));
-        tmp_path(path, sizeof(path), "noperm/x.bin");
+        test_path(path, sizeof(path), tmpdir, "noperm/x.bin");
         write_raw(path, SHARD_MAGIC, 1, 64, toks, 64);
         chmod(path, 0);
         expect_init_error("unreadable file (mode 000)", pattern, TB, TT, 0, 1, TV, path, "cannot open", NULL);
@@ -399,7 +367,7 @@ static void test_errors(void) {
     }
 
     one_file_dir("short", pattern, sizeof(pattern));
-    tmp_path(path, sizeof(path), "short/x.bin");
+    test_path(path, sizeof(path), tmpdir, "short/x.bin");
     FILE *f = fopen(path, "wb");
     int32_t head[3] = {SHARD_MAGIC, 1, 0};
     fwrite(head, sizeof(head), 1, f);
@@ -407,17 +375,17 @@ static void test_errors(void) {
     expect_init_error("file shorter than the header", pattern, TB, TT, 0, 1, TV, path, "12 bytes", "1024-byte");
 
     one_file_dir("magic", pattern, sizeof(pattern));
-    tmp_path(path, sizeof(path), "magic/x.bin");
+    test_path(path, sizeof(path), tmpdir, "magic/x.bin");
     write_raw(path, 20240801, 1, 64, toks, 64);
     expect_init_error("wrong magic", pattern, TB, TT, 0, 1, TV, path, "magic) is 20240801", "20240520");
 
     one_file_dir("version", pattern, sizeof(pattern));
-    tmp_path(path, sizeof(path), "version/x.bin");
+    test_path(path, sizeof(path), tmpdir, "version/x.bin");
     write_raw(path, SHARD_MAGIC, 7, 64, toks, 64);
     expect_init_error("wrong version", pattern, TB, TT, 0, 1, TV, path, "version) is 7", NULL);
 
     one_file_dir("trunc", pattern, sizeof(pattern));
-    tmp_path(path, sizeof(path), "trunc/x.bin");
+    test_path(path, sizeof(path), tmpdir, "trunc/x.bin");
     write_raw(path, SHARD_MAGIC, 1, 64, toks, 63);
     expect_init_error("truncated shard (ntok vs size)", pattern, TB, TT, 0, 1, TV, path, "ntok) is 64", "1152 bytes");
     {
@@ -428,18 +396,18 @@ static void test_errors(void) {
     }
 
     one_file_dir("long", pattern, sizeof(pattern));
-    tmp_path(path, sizeof(path), "long/x.bin");
+    test_path(path, sizeof(path), tmpdir, "long/x.bin");
     write_raw(path, SHARD_MAGIC, 1, 10, toks, 64);
     expect_init_error("ntok smaller than the file", pattern, TB, TT, 0, 1, TV, path, "needs a file of 1044 bytes", "file is 1152 bytes");
 
     one_file_dir("neg", pattern, sizeof(pattern));
-    tmp_path(path, sizeof(path), "neg/x.bin");
+    test_path(path, sizeof(path), tmpdir, "neg/x.bin");
     write_raw(path, SHARD_MAGIC, 1, -5, toks, 0);
     expect_init_error("negative ntok", pattern, TB, TT, 0, 1, TV, path, "ntok) is -5", NULL);
 
     // token >= V: the bad one sits past the first check block, so the block logic is exercised
     one_file_dir("vocab", pattern, sizeof(pattern));
-    tmp_path(path, sizeof(path), "vocab/x.bin");
+    test_path(path, sizeof(path), tmpdir, "vocab/x.bin");
     {
         size_t n = 20000;
         uint16_t *big = (uint16_t *)calloc(n, sizeof(uint16_t));
@@ -486,10 +454,10 @@ static void test_errors(void) {
 
     // shorter than one batch: one shard of 64 tokens with B*T+1 = 65
     one_file_dir("tiny", pattern, sizeof(pattern));
-    tmp_path(path, sizeof(path), "tiny/x.bin");
+    test_path(path, sizeof(path), tmpdir, "tiny/x.bin");
     write_raw(path, SHARD_MAGIC, 1, 64, toks, 64);
     expect_init_error("only shard shorter than one batch", pattern, 8, 8, 0, 1, TV, path, "64 tokens", "65");
-    tmp_path(path, sizeof(path), "tiny/y.bin");
+    test_path(path, sizeof(path), tmpdir, "tiny/y.bin");
     write_raw(path, SHARD_MAGIC, 1, 30, toks, 30);
     expect_init_error("every shard shorter than one batch", pattern, 8, 8, 0, 1, TV, "none of the 2 files", "65", NULL);
     DataLoader dl;
@@ -512,9 +480,9 @@ static void test_errors(void) {
 
     // a bad shard among good ones fails the whole open (no silent skipping of corrupt data)
     one_file_dir("mixed", pattern, sizeof(pattern));
-    tmp_path(path, sizeof(path), "mixed/a.bin");
+    test_path(path, sizeof(path), tmpdir, "mixed/a.bin");
     write_raw(path, SHARD_MAGIC, 1, 64, toks, 64);
-    tmp_path(path, sizeof(path), "mixed/b.bin");
+    test_path(path, sizeof(path), tmpdir, "mixed/b.bin");
     write_raw(path, 1, 1, 64, toks, 64);
     expect_init_error("one bad shard among good ones", pattern, TB, TT, 0, 1, TV, path, "magic) is 1", NULL);
 
@@ -543,7 +511,7 @@ static void write_manifest(const char *dir, const char *const *names, int n, con
 
 static void test_manifest(void) {
     char dir[400], pattern[512], all[512], path[512], err[1024];
-    tmp_path(dir, sizeof(dir), "sealed");
+    test_path(dir, sizeof(dir), tmpdir, "sealed");
     mkdir(dir, 0700);
     write_shard("sealed/s0.bin", 0, 100);
     write_shard("sealed/s1.bin", 1, 57);
@@ -610,40 +578,18 @@ static void test_manifest(void) {
 // prepare_data end to end: the MANIFEST it writes, and the loader refusing
 // shards changed after it
 
-// run_program: program with args (stdout and stderr into log); its exit
-// status, or -1 if it could not run or took over 30 s (then killed)
-static int run_program(const char *program, char *const *args, const char *log) {
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(127);
-        execv(program, args);
-        _exit(127);
-    }
-    struct timespec tick = {0, 10 * 1000 * 1000};
-    for (int waited = 0; waited < 3000; waited++) {
-        int status;
-        pid_t done = waitpid(pid, &status, WNOHANG);
-        if (done == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        if (done < 0) return -1;
-        nanosleep(&tick, NULL);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
+// run_program: the program args[0] with args (stdout and stderr into a new
+// log); its exit status, or -1 if it took over 30 s (then killed)
+static int run_program(char *const *args, const char *log) {
+    unlink(log);
+    return test_wait(test_spawn(args, NULL, log, NULL), 30.0, NULL);
 }
 
-static int run_prepare_data(char *const *args, const char *log) { return run_program("./prepare_data", args, log); }
-
 static int file_contains(const char *path, const char *needle) {
-    char text[8192];
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return 0;
-    size_t n = fread(text, 1, sizeof(text) - 1, f);
-    fclose(f);
-    text[n] = '\0';
-    return strstr(text, needle) != NULL;
+    char *text = test_read_text(path);
+    int found = strstr(text, needle) != NULL;
+    free(text);
+    return found;
 }
 
 static void flip_byte(const char *path, long offset) {
@@ -675,16 +621,16 @@ static void test_prepare_data(void) {
     // 6000 bytes of text, byte-level tokens: val is bytes 0..999, then train
     // shards of 1500, 1500, 1500, 500 tokens
     char dir[400], input[512], log[512], err[1024];
-    tmp_path(dir, sizeof(dir), "prepared");
-    tmp_path(input, sizeof(input), "prepared_input.txt");
-    tmp_path(log, sizeof(log), "prepare_data.log");
+    test_path(dir, sizeof(dir), tmpdir, "prepared");
+    test_path(input, sizeof(input), tmpdir, "prepared_input.txt");
+    test_path(log, sizeof(log), tmpdir, "prepare_data.log");
     char text[6001];
     for (int i = 0; i < 6000; i++) text[i] = (char)(i % 61 == 60 ? '\n' : 'a' + (i * 7 + i / 61) % 26);
     FILE *f = fopen(input, "wb");
     fwrite(text, 1, 6000, f);
     fclose(f);
     char *args[] = {"./prepare_data", "-i", input, "-o", dir, "-n", "tiny", "-v", "1000", "-s", "1500", "--bytes", NULL};
-    int rc = run_prepare_data(args, log);
+    int rc = run_program(args, log);
     if (!check(rc == 0, "prepare_data: exit status %d (log %s)", rc, log)) return;
 
     // the MANIFEST verifies and lists every file written, with its size
@@ -760,7 +706,7 @@ static void test_prepare_data(void) {
 
     // a second dataset in the same directory: both stay listed
     args[6] = "other";
-    rc = run_prepare_data(args, log);
+    rc = run_program(args, log);
     rc = rc == 0 ? manifest_read(&m, dir, "MANIFEST", NULL, err, sizeof(err)) : -1;
     check(rc == 0 && m.n == 12, "prepare_data: -n other next to tiny: MANIFEST lists both (%d files)", rc == 0 ? m.n : -1);
     if (rc == 0) manifest_free(&m);
@@ -771,7 +717,7 @@ static void test_prepare_data(void) {
     // a rerun with longer shards writes 2 train shards: the 2 stale ones are named, and refused
     args[6] = "tiny";
     args[10] = "2500";
-    rc = run_prepare_data(args, log);
+    rc = run_program(args, log);
     snprintf(stray, sizeof(stray), "%s/tiny_train_000002.bin", dir);
     check(rc == 0 && file_contains(log, stray) && file_contains(log, "from an earlier run"),
           "prepare_data: rerun warns that %s is stale (exit %d)", stray, rc);
@@ -786,47 +732,29 @@ static void test_prepare_data(void) {
     snprintf(mpath, sizeof(mpath), "%s/MANIFEST", dir);
     flip_byte(mpath, 40);
     args[6] = "third";
-    rc = run_prepare_data(args, log);
+    rc = run_program(args, log);
     snprintf(third, sizeof(third), "%s/third_val_000000.bin", dir);
     check(rc == 1 && file_contains(log, mpath) && file_contains(log, "tag does not match") && access(third, F_OK) != 0,
           "prepare_data: a changed MANIFEST in -o stops the run, exit %d, nothing written", rc);
     char *bad_name[] = {"./prepare_data", "-i", input, "-o", dir, "-n", "a b", "--bytes", NULL};
-    rc = run_prepare_data(bad_name, log);
+    rc = run_program(bad_name, log);
     check(rc == 2 && file_contains(log, "-n 'a b'"), "prepare_data: -n 'a b' (not a manifest name) is a flag error, exit %d", rc);
 }
 
 // ----------------------------------------------------------------------------
 // encrypted shards: prepare_data --key-file, read with the key
 
-// a key file of the trainer's kind: 64 hex digits, mode 0600
+// a key file of the trainer's kind, of a key made from fill
 static void write_key_file(const char *path, uint8_t key[32], uint8_t fill) {
-    char hex[66];
     for (int i = 0; i < 32; i++) key[i] = (uint8_t)(fill + 37 * i);
-    to_hex(key, 32, hex);
-    hex[64] = '\n';
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (fd < 0 || write(fd, hex, 65) != 65) printf("      cannot write %s\n", path);
-    if (fd >= 0) close(fd);
-}
-
-static uint8_t *read_whole(const char *path, size_t *n) {
-    struct stat st;
-    *n = 0;
-    if (stat(path, &st) != 0) return NULL;
-    uint8_t *buf = (uint8_t *)malloc((size_t)st.st_size + 1);
-    FILE *f = fopen(path, "rb");
-    if (f == NULL || buf == NULL) { if (f) fclose(f); free(buf); return NULL; }
-    *n = fread(buf, 1, (size_t)st.st_size, f);
-    fclose(f);
-    return buf;
+    if (test_write_key_file(path, key) != 0) printf("      cannot write %s\n", path);
 }
 
 // the loss lines of a trainer's -lg log, without their times
 static char *losses_of(const char *log_path) {
     size_t n;
-    char *text = (char *)read_whole(log_path, &n);
+    char *text = test_read_file(log_path, &n);
     if (text == NULL) return NULL;
-    text[n] = '\0';
     char *out = (char *)calloc(n + 1, 1), *w = out;
     for (char *line = text; *line != '\0';) {
         char *nl = strchr(line, '\n'), *ms = strstr(line, ", \"ms\"");
@@ -854,12 +782,12 @@ static void test_encrypted_shards(void) {
     // 2.5 MB of text, byte-level: a val shard of 20000 tokens and train
     // shards of 1.2M tokens (3 chunks of 1 MiB each) and the last of 80000
     char plain_dir[400], sealed_dir[400], input[512], log[512], key_path[512], other_path[512], err[1024];
-    tmp_path(plain_dir, sizeof(plain_dir), "enc_plain");
-    tmp_path(sealed_dir, sizeof(sealed_dir), "enc_sealed");
-    tmp_path(input, sizeof(input), "enc_input.txt");
-    tmp_path(log, sizeof(log), "enc.log");
-    tmp_path(key_path, sizeof(key_path), "data.key");
-    tmp_path(other_path, sizeof(other_path), "other.key");
+    test_path(plain_dir, sizeof(plain_dir), tmpdir, "enc_plain");
+    test_path(sealed_dir, sizeof(sealed_dir), tmpdir, "enc_sealed");
+    test_path(input, sizeof(input), tmpdir, "enc_input.txt");
+    test_path(log, sizeof(log), tmpdir, "enc.log");
+    test_path(key_path, sizeof(key_path), tmpdir, "data.key");
+    test_path(other_path, sizeof(other_path), tmpdir, "other.key");
     uint8_t key[32], other[32];
     write_key_file(key_path, key, 1);
     write_key_file(other_path, other, 2);
@@ -873,8 +801,8 @@ static void test_encrypted_shards(void) {
                           "--bytes", NULL};
     char *sealed_args[] = {"./prepare_data", "-i", input, "-o", sealed_dir, "-n", "d", "-v", "20000", "-s", "1200000",
                            "--bytes", "--key-file", key_path, NULL};
-    int rc = run_prepare_data(plain_args, log);
-    if (rc == 0) rc = run_prepare_data(sealed_args, log);
+    int rc = run_program(plain_args, log);
+    if (rc == 0) rc = run_program(sealed_args, log);
     if (!check(rc == 0, "encrypted shards: prepare_data with and without --key-file (exit %d, log %s)", rc, log)) {
         free(text);
         return;
@@ -882,10 +810,10 @@ static void test_encrypted_shards(void) {
 
     // a key file that is not there: a flag error naming it, before any shard is written
     char missing[512], missing_dir[512];
-    tmp_path(missing, sizeof(missing), "no.key");
-    tmp_path(missing_dir, sizeof(missing_dir), "enc_none");
+    test_path(missing, sizeof(missing), tmpdir, "no.key");
+    test_path(missing_dir, sizeof(missing_dir), tmpdir, "enc_none");
     char *missing_args[] = {"./prepare_data", "-i", input, "-o", missing_dir, "--bytes", "--key-file", missing, NULL};
-    rc = run_prepare_data(missing_args, log);
+    rc = run_program(missing_args, log);
     char none_written[600];
     snprintf(none_written, sizeof(none_written), "%s/enc_input_train_000000.bin", missing_dir);
     check(rc == 2 && file_contains(log, missing) && access(none_written, F_OK) != 0,
@@ -900,7 +828,7 @@ static void test_encrypted_shards(void) {
         char path[700];
         snprintf(path, sizeof(path), "%s/%s", sealed_dir, m.e[i].name);
         size_t n;
-        uint8_t *bytes = read_whole(path, &n);
+        uint8_t *bytes = (uint8_t *)test_read_file(path, &n);
         uint64_t ntok = strstr(m.e[i].name, "val") ? 20000 : strstr(m.e[i].name, "000002") ? 80000 : 1200000;
         sealed_ok = bytes != NULL && aead_file_is_sealed(bytes, n) && n == m.e[i].size &&
                     n == aead_file_bytes(SHARD_HEADER_BYTES + 2 * ntok, AEAD_FILE_CHUNK_BYTES) &&
@@ -988,17 +916,17 @@ static void test_encrypted_shards(void) {
     char plain_val[512], sealed_val[512], plain_log[512], sealed_log[512], run_log[512];
     snprintf(plain_val, sizeof(plain_val), "%s/d_val_*.bin", plain_dir);
     snprintf(sealed_val, sizeof(sealed_val), "%s/d_val_*.bin", sealed_dir);
-    tmp_path(plain_log, sizeof(plain_log), "enc_plain.jsonl");
-    tmp_path(sealed_log, sizeof(sealed_log), "enc_sealed.jsonl");
-    tmp_path(run_log, sizeof(run_log), "enc_train.log");
+    test_path(plain_log, sizeof(plain_log), tmpdir, "enc_plain.jsonl");
+    test_path(sealed_log, sizeof(sealed_log), tmpdir, "enc_sealed.jsonl");
+    test_path(run_log, sizeof(run_log), tmpdir, "enc_train.log");
     char *train_plain[] = {"./train_gpt2", "-e", "d2", "-ec", "32", "-ev", "256", "-et", "16", "-b", "2", "-t", "16",
                            "-x", "4", "-v", "2", "-m", "1", "-s", "0", "-th", "1", "-sd", "7", "-i", plain_train,
                            "-j", plain_val, "-lg", plain_log, NULL};
     char *train_sealed[] = {"./train_gpt2", "-e", "d2", "-ec", "32", "-ev", "256", "-et", "16", "-b", "2", "-t", "16",
                             "-x", "4", "-v", "2", "-m", "1", "-s", "0", "-th", "1", "-sd", "7", "-i", sealed_train,
                             "-j", sealed_val, "-lg", sealed_log, "--key-file", key_path, NULL};
-    rc = run_program("./train_gpt2", train_plain, run_log);
-    if (rc == 0) rc = run_program("./train_gpt2", train_sealed, run_log);
+    rc = run_program(train_plain, run_log);
+    if (rc == 0) rc = run_program(train_sealed, run_log);
     char *want = rc == 0 ? losses_of(plain_log) : NULL, *got = rc == 0 ? losses_of(sealed_log) : NULL;
     check(want != NULL && got != NULL && strlen(want) > 100 && strcmp(want, got) == 0,
           "encrypted shards: a short CPU run gives the same losses, bit for bit, as on the plain shards (exit %d, log %s)",
@@ -1007,7 +935,7 @@ static void test_encrypted_shards(void) {
     free(got);
     // and without the key, the trainer says which file and exits as a usage error
     train_sealed[31] = NULL;
-    rc = run_program("./train_gpt2", train_sealed, run_log);
+    rc = run_program(train_sealed, run_log);
     check(rc == 2 && file_contains(run_log, shard) && file_contains(run_log, "--key-file"),
           "encrypted shards: the trainer without --key-file: one line naming the shard, exit %d", rc);
     free(text);
@@ -1059,18 +987,13 @@ static void test_real_text(void) {
         skip("real text: %s not found", src);
         return;
     }
-    FILE *f = fopen(src, "rb");
-    if (!check(f != NULL, "real text: open %s", src)) return;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *text = (uint8_t *)malloc((size_t)n);
-    uint16_t *toks = (uint16_t *)malloc((size_t)n * sizeof(uint16_t));
-    size_t got = fread(text, 1, (size_t)n, f);
-    fclose(f);
+    size_t got;
+    uint8_t *text = (uint8_t *)test_read_file(src, &got);
+    if (!check(text != NULL, "real text: open %s", src)) return;
+    uint16_t *toks = (uint16_t *)malloc(got * sizeof(uint16_t));
     for (size_t i = 0; i < got; i++) toks[i] = text[i];
     char dir[400], path[512], pattern[512], err[512];
-    tmp_path(dir, sizeof(dir), "shakes");
+    test_path(dir, sizeof(dir), tmpdir, "shakes");
     mkdir(dir, 0700);
     snprintf(path, sizeof(path), "%s/train_000.bin", dir);
     snprintf(pattern, sizeof(pattern), "%s/train_*.bin", dir);
@@ -1101,12 +1024,6 @@ static void test_real_text(void) {
 // ----------------------------------------------------------------------------
 // benchmark: open (validate) a 100M-token shard
 
-static double now_s(void) {
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    return (double)tv.tv_sec + 1e-6 * (double)tv.tv_usec;
-}
-
 static int bench(void) {
     const size_t ntok = 100u * 1000u * 1000u;
     char path[300];
@@ -1122,17 +1039,17 @@ static int bench(void) {
     double best = 1e9;
     for (int rep = 0; rep < 5; rep++) {
         DataLoader dl;
-        double t0 = now_s();
+        double t0 = test_now();
         rc = dataloader_init(&dl, path, 8, 1024, 0, 1, 0, 0, 50257, err, sizeof(err));
-        double dt = now_s() - t0;
+        double dt = test_now() - t0;
         if (rc != 0) { fprintf(stderr, "bench: %s\n", err); break; }
         if (dt < best) best = dt;
         printf("open 100M-token shard (200 MB, file in page cache): %.3f s\n", dt);
         if (rep == 4) {
             int *in = (int *)malloc(8 * 1024 * sizeof(int)), *tg = (int *)malloc(8 * 1024 * sizeof(int));
-            double t1 = now_s();
+            double t1 = test_now();
             for (int i = 0; i < 1000; i++) dataloader_next(&dl, in, tg);
-            printf("next(): %.1f us per B=8 T=1024 micro-batch\n", (now_s() - t1) * 1e3);
+            printf("next(): %.1f us per B=8 T=1024 micro-batch\n", (test_now() - t1) * 1e3);
             free(in); free(tg);
         }
         dataloader_free(&dl);
@@ -1142,9 +1059,9 @@ static int bench(void) {
     uint16_t *mem = (uint16_t *)malloc(ntok * sizeof(uint16_t));
     FILE *f = fopen(path, "rb");
     if (mem != NULL && f != NULL && fseek(f, SHARD_HEADER_BYTES, SEEK_SET) == 0 && fread(mem, 2, ntok, f) == ntok) {
-        double t0 = now_s();
+        double t0 = test_now();
         int bad = shard_check_tokens(mem, ntok, 50257, path, err, sizeof(err));
-        double dt = now_s() - t0;
+        double dt = test_now() - t0;
         printf("token check loop alone: %.3f s (%.2f Gtok/s)%s\n", dt, (double)ntok / dt / 1e9, bad ? " (bad?)" : "");
     }
     if (f != NULL) fclose(f);
@@ -1155,9 +1072,9 @@ static int bench(void) {
     write_manifest(tmpdir, names, 1, NULL);
     double best_sealed = 1e9;
     for (int rep = 0; rep < 5 && rc == 0; rep++) {
-        double t0 = now_s();
+        double t0 = test_now();
         rc = dataloader_init(&dl, path, 8, 1024, 0, 1, 0, 0, 50257, err, sizeof(err));
-        double dt = now_s() - t0;
+        double dt = test_now() - t0;
         if (rc != 0) { fprintf(stderr, "bench: %s\n", err); break; }
         if (dt < best_sealed) best_sealed = dt;
         dataloader_free(&dl);
@@ -1169,26 +1086,25 @@ static int bench(void) {
 }
 
 int main(int argc, char **argv) {
-    snprintf(tmpdir, sizeof(tmpdir), "/tmp/llm3d_test_dataloader_XXXXXX");
-    if (mkdtemp(tmpdir) == NULL) {
+    if (test_make_dir(tmpdir, sizeof(tmpdir), "/tmp/llm3d_test_dataloader_XXXXXX") != 0) {
         fprintf(stderr, "test_dataloader: mkdtemp %s: %s\n", tmpdir, strerror(errno));
         return 1;
     }
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
         int rc = bench();
-        remove_dir(tmpdir);
+        test_remove_dir(tmpdir);
         return rc;
     }
     char dir[512];
-    tmp_path(dir, sizeof(dir), "main");
+    test_path(dir, sizeof(dir), tmpdir, "main");
     mkdir(dir, 0700);
-    tmp_path(dir, sizeof(dir), "long");
+    test_path(dir, sizeof(dir), tmpdir, "long");
     mkdir(dir, 0700);
     write_shard("main/a.bin", 0, 100);
     write_shard("main/b.bin", 1, 57);
     write_shard("main/c.bin", 2, 9);
     write_shard("main/e.bin", 4, 17);
-    tmp_path(main_glob, sizeof(main_glob), "main/*.bin");
+    test_path(main_glob, sizeof(main_glob), tmpdir, "main/*.bin");
 
     test_layout();
     test_shuffle();
@@ -1201,6 +1117,6 @@ int main(int argc, char **argv) {
     test_encrypted_shards();
     test_real_text();
 
-    remove_dir(tmpdir);
+    test_remove_dir(tmpdir);
     return test_summary();
 }

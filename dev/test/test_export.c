@@ -7,23 +7,17 @@
  * trainer's -enc 2 seals it (read with --key-file, refused without), and its
  * errors.
  *
- *   make test_export export_hf && ./test_export
+ *   make dev/test/test_export export_hf && ./dev/test/test_export
  */
 #include "llm3d/checkpoint.h"  // ckpt_open_read, key_generate, key_write_file; includes gpt2.h, aead.h
 #include "llm3d/json.h"
 #include "dev/test/test.h"
+#include "dev/test/test_run.h"
 
 static char tmp_dir[64];
 
 // a shape with every dimension different, so a swapped one shows: V=300 is padded to Vp=384
 static const GPT2Config shape = {.maxT = 16, .V = 300, .Vp = 384, .L = 2, .NH = 2, .C = 8};
-
-// run: cmd with its stdout and stderr into out; its exit status
-static int run(const char *cmd, char *out, size_t outlen) {
-    char log[128];
-    snprintf(log, sizeof(log), "%s/out.txt", tmp_dir);
-    return test_run(cmd, log, 1, out, outlen);
-}
 
 // A tensor as the header lists it.
 typedef struct {
@@ -260,17 +254,10 @@ static void check_tokenizer_files(void) {
     model_save(model, &gpt2_vocab, params, 0, err, sizeof(err));
     free(params);
     snprintf(cmd, sizeof(cmd), "./export_hf -i %s -o %s --encoder %s --vocab %s", model, dir, enc, voc);
-    int rc = run(cmd, out, sizeof(out));
+    int rc = test_run(cmd, 1, out, sizeof(out));
     const char *from[2] = {enc, voc}, *to[2] = {"vocab.json", "merges.txt"};
     int same = rc == 0;
-    for (int k = 0; same && k < 2; k++) {
-        size_t la, lb;
-        snprintf(path, sizeof(path), "%s/%s", dir, to[k]);
-        unsigned char *a = (unsigned char *)test_read_file(from[k], &la), *b = (unsigned char *)test_read_file(path, &lb);
-        same = a != NULL && b != NULL && la == lb && memcmp(a, b, la) == 0;
-        free(a);
-        free(b);
-    }
+    for (int k = 0; same && k < 2; k++) same = test_files_same(from[k], test_path(path, sizeof(path), dir, to[k]));
     snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
     check(same && access(path, R_OK) == 0, "V = 50257: vocab.json and merges.txt are encoder.json and vocab.bpe, plus "
           "tokenizer_config.json (exit %d)", rc);
@@ -317,7 +304,7 @@ static void check_sealed(const float *params, const char *plain_dir) {
     if (!check(ok && is_sealed, "a sealed model and its job key (%s)", ok ? "ok" : err)) return;
 
     snprintf(cmd, sizeof(cmd), "./export_hf -i %s --key-file %s -o %s", model, key_file, dir);
-    int rc = run(cmd, out, sizeof(out));
+    int rc = test_run(cmd, 1, out, sizeof(out));
     snprintf(a, sizeof(a), "%s/model.safetensors", plain_dir);
     snprintf(b, sizeof(b), "%s/model.safetensors", dir);
     int same = rc == 0 && test_files_same(a, b);
@@ -332,7 +319,7 @@ static void check_sealed(const float *params, const char *plain_dir) {
     snprintf(b, sizeof(b), "%s/hf_link", tmp_dir);
     ok = symlink(model, link) == 0;
     snprintf(cmd, sizeof(cmd), "./export_hf -i %s --key-file %s -o %s", link, key_file, b);
-    rc = ok ? run(cmd, out, sizeof(out)) : -1;
+    rc = ok ? test_run(cmd, 1, out, sizeof(out)) : -1;
     snprintf(a, sizeof(a), "%s/model.safetensors", plain_dir);
     strncat(b, "/model.safetensors", sizeof(b) - strlen(b) - 1);
     check(rc == 0 && test_files_same(a, b), "export_hf --key-file of a symbolic link to the sealed model: the same "
@@ -349,9 +336,8 @@ static void check_sealed(const float *params, const char *plain_dir) {
         char flags[256] = "";
         if (cases[i].key_file != NULL) snprintf(flags, sizeof(flags), "--key-file %s", cases[i].key_file);
         snprintf(cmd, sizeof(cmd), "./export_hf -i %s %s -o %s/hf_refused", model, flags, tmp_dir);
-        rc = run(cmd, out, sizeof(out));
-        int lines = 0;
-        for (const char *q = out; *q; q++) lines += *q == '\n';
+        rc = test_run(cmd, 1, out, sizeof(out));
+        int lines = test_count(out, "\n");
         check(rc == cases[i].status && lines == 1 && strstr(out, cases[i].names) != NULL && strstr(out, cases[i].says) != NULL,
               "the sealed model, %s: refused in one line naming %s (exit %d, %d lines): %.*s", cases[i].what,
               cases[i].names == model ? "the model" : "the key file", rc, lines, (int)strcspn(out, "\n"), out);
@@ -359,8 +345,10 @@ static void check_sealed(const float *params, const char *plain_dir) {
 }
 
 int main(void) {
-    snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/test_export_XXXXXX");
-    if (mkdtemp(tmp_dir) == NULL) { printf("cannot make a temp dir\n"); return 1; }
+    if (test_make_dir(tmp_dir, sizeof(tmp_dir), "/tmp/test_export_XXXXXX") != 0) {
+        printf("cannot make a temp dir\n");
+        return 1;
+    }
     if (access("./export_hf", X_OK) != 0) {
         skip("./export_hf not built (run from the repo root after make)");
         return test_summary();
@@ -385,14 +373,14 @@ int main(void) {
         return test_summary();
 
     snprintf(cmd, sizeof(cmd), "./export_hf -i %s -o %s", model, dir);
-    int rc = run(cmd, out, sizeof(out));
+    int rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 0 && strstr(out, "no tokenizer files: the model has 300 tokens") != NULL, "export_hf f32 -> exit %d: %.*s", rc,
           (int)strcspn(out, "\n"), out);
     check_export(dir, params, 0);
     check_config_json(dir);
 
     snprintf(cmd, sizeof(cmd), "./export_hf -i %s -o %s --dtype bf16", model, dir16);
-    rc = run(cmd, out, sizeof(out));
+    rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 0, "export_hf --dtype bf16 -> exit %d", rc);
     check_export(dir16, params, 1);
 
@@ -400,7 +388,7 @@ int main(void) {
     float *rounded = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) rounded[i] = round_bf16(params[i]);
     snprintf(cmd, sizeof(cmd), "./export_hf -i %s -o %s", model5, dir5);
-    rc = run(cmd, out, sizeof(out));
+    rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 0, "export_hf on a version 5 (bf16) model file -> exit %d", rc);
     check_export(dir5, rounded, 0);
 
@@ -409,23 +397,22 @@ int main(void) {
 
     // errors: one line, the file named
     snprintf(cmd, sizeof(cmd), "./export_hf -i %s/none.bin -o %s", tmp_dir, dir);
-    rc = run(cmd, out, sizeof(out));
+    rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 1 && strstr(out, "none.bin: cannot open model file") != NULL, "a missing model -> exit %d: %.*s", rc,
           (int)strcspn(out, "\n"), out);
     FILE *f = fopen(model, "r+b");
     fputc(0, f);  // the magic's low byte
     fclose(f);
     snprintf(cmd, sizeof(cmd), "./export_hf -i %s -o %s", model, dir);
-    rc = run(cmd, out, sizeof(out));
+    rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 1 && strstr(out, "header field magic") != NULL, "a model file with a bad magic -> exit %d: %.*s", rc,
           (int)strcspn(out, "\n"), out);
     snprintf(cmd, sizeof(cmd), "./export_hf -i %s -o %s --dtype f16", model, dir);
-    rc = run(cmd, out, sizeof(out));
+    rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 2 && strstr(out, "--dtype 'f16'") != NULL, "--dtype f16 -> exit %d (flag error)", rc);
 
     free(params);
     free(rounded);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmp_dir);
-    if (system(cmd) != 0) printf("could not remove %s\n", tmp_dir);
+    test_remove_dir(tmp_dir);
     return test_summary();
 }

@@ -15,8 +15,7 @@
 #include "train_gpt2.c"
 #include "dev/data/prepare_hellaswag.h"
 #include "dev/test/test.h"
-
-#include <sys/wait.h>
+#include "dev/test/test_run.h"
 
 #define NEX 13     // examples: uneven over 2 and 4 ranks
 #define MODEL_T 32
@@ -210,20 +209,17 @@ static int run_trainer(const char *args, float acc[8], char *out, size_t outlen)
     snprintf(log, sizeof(log), "%s/log.jsonl", dir);
     unlink(log);
     snprintf(cmd, sizeof(cmd), "timeout 120 ./train_gpt2 -e %s -b %d -t %d -i '%s/train.bin' -j '%s/train.bin' -lg %s "
-             "-s 0 -th 1 %s 2>&1", fixture_model, MODEL_B, MODEL_T, dir, dir, log, args);
-    FILE *p = popen(cmd, "r");
-    size_t n = fread(out, 1, outlen - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
+             "-s 0 -th 1 %s", fixture_model, MODEL_B, MODEL_T, dir, dir, log, args);
+    int rc = test_run(cmd, 1, out, outlen);
     for (int k = 0; k < 8; k++) acc[k] = -1.0f;
     FILE *f = fopen(log, "r");
     while (f && fgets(line, sizeof(line), f)) {
-        char *h = strstr(line, "\"hellaswag\": ");
-        int step = atoi(line + 9);  // {"step": N
-        if (strncmp(line, "{\"step\": ", 9) == 0 && step >= 0 && step < 8 && h != NULL) acc[step] = strtof(h + 13, NULL);
+        const char *s = test_log_value(line, "step"), *h = test_log_value(line, "hellaswag");
+        int step = s != NULL ? atoi(s) : -1;
+        if (step >= 0 && step < 8 && h != NULL) acc[step] = strtof(h, NULL);
     }
     if (f) fclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    return rc;
 }
 
 static void test_trainer(const char *file, float brute_acc) {
@@ -316,19 +312,18 @@ static void test_prepare(void) {
     f = fopen(path, "w");
     fprintf(f, "{\"ctx\": \"a\", \"label\": 0, \"endings\": [\"b\"]}\n{\"ctx\": \"a\", \"endings\": [\"b\"]}\n");
     fclose(f);
-    snprintf(cmd, sizeof(cmd), "./prepare_data hellaswag -i %s -o %s/hs --encoder %s --vocab %s 2>&1", path, dir, enc, voc);
-    FILE *p = popen(cmd, "r");
-    char out[1024] = "";
-    size_t got_n = fread(out, 1, sizeof(out) - 1, p);
-    out[got_n] = '\0';
-    int st = pclose(p);
-    check(WIFEXITED(st) && WEXITSTATUS(st) == 2 && strstr(out, "bad.jsonl:2: no field label") != NULL,
+    snprintf(cmd, sizeof(cmd), "./prepare_data hellaswag -i %s -o %s/hs --encoder %s --vocab %s", path, dir, enc, voc);
+    char out[1024];
+    rc = test_run(cmd, 1, out, sizeof(out));
+    check(rc == 2 && strstr(out, "bad.jsonl:2: no field label") != NULL,
           "a line without a label: exit 2, '%.*s'", (int)strcspn(out, "\n"), out);
 }
 
 int main(void) {
-    snprintf(dir, sizeof(dir), "/tmp/llm3d_hellaswag_XXXXXX");
-    if (mkdtemp(dir) == NULL) { check(0, "mkdtemp"); return test_summary(); }
+    if (test_make_dir(dir, sizeof(dir), "/tmp/llm3d_hellaswag_XXXXXX") != 0) {
+        check(0, "mkdtemp");
+        return test_summary();
+    }
     HsExample ex[NEX];
     make_examples(ex, 500);
     char good[300], err[512], shard[300];
@@ -346,8 +341,6 @@ int main(void) {
         }
     }
     test_prepare();
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    if (system(cmd) != 0) printf("could not remove %s\n", dir);
+    test_remove_dir(dir);
     return test_summary();
 }

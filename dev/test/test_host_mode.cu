@@ -17,15 +17,15 @@
  * trainer's are: `child coll` runs every collective on fp32, bf16 and bytes
  * in a dp 2 x tp 2 grid against the sums expected, the overlapped calls and
  * the MAC'd messages; `child pipe` sends a pipeline message a step under
- * each of the four faults. Built with nvcc -cudart shared, so that the
- * stand-ins here take the place of libcudart's functions of the same names.
+ * each of the four faults. Built with nvcc -cudart shared (make
+ * dev/test/test_host_mode), so that the stand-ins here take the place of
+ * libcudart's functions of the same names.
  */
 #define LLM3D_NCCL
 #include "llm3d/parallel/nccl_comm.h"
 #include "llm3d/secure/fault.h"  // fault_parse
 #include "dev/test/test.h"
-
-#include <sys/wait.h>
+#include "dev/test/test_run.h"
 
 // ----------------------------------------------------------------------------
 // the stand-in CUDA runtime (host code only: the device pass has its own)
@@ -205,14 +205,6 @@ const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no er
 // ----------------------------------------------------------------------------
 // the ranks
 
-static int rank_failures;
-
-static void rlog(int rank, const char *name, int ok) {
-    printf("R %d %s %s\n", rank, name, ok ? "ok" : "FAIL");
-    fflush(stdout);
-    if (!ok) rank_failures++;
-}
-
 static void *dev_alloc(size_t bytes) {
     void *p = NULL;
     cudaMalloc(&p, bytes);
@@ -234,7 +226,7 @@ static void run_collectives(NcclComm *c, const Grid *g) {
     nccl_allreduce(c, &c->world, f, n, ncclFloat32, OP_SUM);
     int ok = 1;
     for (size_t i = 0; i < n; i++) ok &= f[i] == (float)(1000 * (world * (world - 1) / 2) + world * (int)i);
-    rlog(r, "allreduce_fp32", ok);
+    test_rank_check(r, "allreduce_fp32", ok, "");
 
     // bf16: 1, 2^-8, 2^-8, 0 summed in fp32 and rounded once: 1 + 2^-7
     uint16_t *h = (uint16_t *)dev_alloc(8 * sizeof(uint16_t));
@@ -243,12 +235,12 @@ static void run_collectives(NcclComm *c, const Grid *g) {
     nccl_allreduce(c, &c->world, h, 8, ncclBfloat16, OP_SUM);
     ok = 1;
     for (int i = 0; i < 8; i++) ok &= h[i] == 0x3F81;
-    rlog(r, "allreduce_bf16_one_rounding", ok);
+    test_rank_check(r, "allreduce_bf16_one_rounding", ok, "");
     for (int i = 0; i < 8; i++) h[i] = bf((float)r);
     nccl_allreduce(c, &c->world, h, 8, ncclBfloat16, OP_AVG);
     ok = 1;
     for (int i = 0; i < 8; i++) ok &= h[i] == bf(1.5f);
-    rlog(r, "allreduce_bf16_avg", ok);
+    test_rank_check(r, "allreduce_bf16_avg", ok, "");
 
     // reduce-scatter over dp, fp32, out of place and in place
     size_t m = 300;
@@ -257,12 +249,12 @@ static void run_collectives(NcclComm *c, const Grid *g) {
     nccl_reduce_scatter(c, &c->dp, in, out, m, ncclFloat32, OP_SUM);
     ok = 1;
     for (size_t i = 0; i < m; i++) ok &= out[i] == (float)(dp->ranks[0] + dp->ranks[1] + 2 * (int)(dp->me * m + i));
-    rlog(r, "reduce_scatter_fp32", ok);
+    test_rank_check(r, "reduce_scatter_fp32", ok, "");
     for (size_t i = 0; i < 2 * m; i++) in[i] = (float)(r + (int)i);
     nccl_reduce_scatter(c, &c->dp, in, in + dp->me * m, m, ncclFloat32, OP_SUM);
     ok = 1;
     for (size_t i = 0; i < m; i++) ok &= in[dp->me * m + i] == out[i];
-    rlog(r, "reduce_scatter_fp32_in_place", ok);
+    test_rank_check(r, "reduce_scatter_fp32_in_place", ok, "");
 
     // reduce-scatter over tp, bf16 (small integers: exact)
     uint16_t *hin = (uint16_t *)dev_alloc(2 * 16 * sizeof(uint16_t)), *hout = (uint16_t *)dev_alloc(16 * sizeof(uint16_t));
@@ -270,7 +262,7 @@ static void run_collectives(NcclComm *c, const Grid *g) {
     nccl_reduce_scatter(c, &c->tp, hin, hout, 16, ncclBfloat16, OP_SUM);
     ok = 1;
     for (int i = 0; i < 16; i++) ok &= hout[i] == bf((float)(tp->ranks[0] + tp->ranks[1] + 2 * (tp->me * 16 + i)));
-    rlog(r, "reduce_scatter_bf16", ok);
+    test_rank_check(r, "reduce_scatter_bf16", ok, "");
 
     // all-gather of 3 bf16 per rank (6 bytes: pieces padded in the staging), in place
     uint16_t *gath = (uint16_t *)dev_alloc((size_t)world * 3 * sizeof(uint16_t));
@@ -279,7 +271,7 @@ static void run_collectives(NcclComm *c, const Grid *g) {
     ok = 1;
     for (int k = 0; k < world; k++)
         for (int i = 0; i < 3; i++) ok &= gath[k * 3 + i] == bf((float)(k * 10 + i));
-    rlog(r, "allgather_bf16_odd", ok);
+    test_rank_check(r, "allgather_bf16_odd", ok, "");
 
     // all-gather of 5 bytes per rank over tp (the consistency check's digests are bytes)
     uint8_t *bin = (uint8_t *)dev_alloc(5), *bout = (uint8_t *)dev_alloc(10);
@@ -288,7 +280,7 @@ static void run_collectives(NcclComm *c, const Grid *g) {
     ok = 1;
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < 5; i++) ok &= bout[k * 5 + i] == (uint8_t)(tp->ranks[k] * 16 + i);
-    rlog(r, "allgather_bytes", ok);
+    test_rank_check(r, "allgather_bytes", ok, "");
 
     // broadcast from tp member 1
     float *bc = (float *)dev_alloc(50 * sizeof(float));
@@ -296,10 +288,10 @@ static void run_collectives(NcclComm *c, const Grid *g) {
     nccl_broadcast(c, &c->tp, bc, 50, ncclFloat32, 1);
     ok = 1;
     for (int i = 0; i < 50; i++) ok &= bc[i] == (float)(tp->ranks[1] * 7 + i);
-    rlog(r, "broadcast", ok);
+    test_rank_check(r, "broadcast", ok, "");
 
     nccl_barrier(c, &c->world);
-    rlog(r, "barrier", 1);
+    test_rank_check(r, "barrier", 1, "");
 
     // the overlapped calls: done when they return; the drain waits for c->side
     for (int i = 0; i < 8; i++) h[i] = bf((float)(r + i));
@@ -315,7 +307,7 @@ static void run_collectives(NcclComm *c, const Grid *g) {
     nccl_side_drain(c);
     for (size_t i = 0; i < m; i++) ok &= out[i] == (float)(dp->ranks[0] + dp->ranks[1] + 2 * (int)(dp->me * m + i));
     for (int i = 0; i < 50; i++) ok &= bc[i] == 0.0f;
-    rlog(r, "side_calls", ok && c->side_pending == 0);
+    test_rank_check(r, "side_calls", ok && c->side_pending == 0, "");
 
     // MAC'd messages around the world's ring, with the tag room the trainer leaves
     size_t bytes = 1000;
@@ -327,7 +319,7 @@ static void run_collectives(NcclComm *c, const Grid *g) {
     ok = 1;
     for (size_t i = 0; i < bytes; i++) ok &= rbuf[i] == (uint8_t)(prev * 31 + i);
     char err[256];
-    rlog(r, "sendrecv_mac", ok && nccl_mac_step_check(c, err, sizeof(err)) == 0);
+    test_rank_check(r, "sendrecv_mac", ok && nccl_mac_step_check(c, err, sizeof(err)) == 0, "");
 
     // one-sided messages: 0 -> 1 and 2 -> 3
     memset(rbuf, 0, bytes);
@@ -335,8 +327,8 @@ static void run_collectives(NcclComm *c, const Grid *g) {
     else nccl_recv(c, r - 1, CH_GRADIENT, 1, rbuf, bytes);
     ok = 1;
     for (size_t i = 0; i < bytes && r % 2 == 1; i++) ok &= rbuf[i] == (uint8_t)((r - 1) * 31 + i);
-    rlog(r, "send_recv", ok);
-    rlog(r, "staging_copies", fake_errors == 0);
+    test_rank_check(r, "send_recv", ok, "");
+    test_rank_check(r, "staging_copies", fake_errors == 0, "");
 }
 
 // a pipeline message from rank 0 to rank 1 and a loss all-reduce, a step at a time
@@ -357,47 +349,42 @@ static void run_pipe(NcclComm *c, const Grid *g) {
         for (size_t i = 0; i < bytes; i++) ok &= buf[i] == (uint8_t)(step + i);
         char name[32];
         snprintf(name, sizeof(name), "step_%ld", step);
-        rlog(r, name, ok);
+        test_rank_check(r, name, ok, "");
     }
 }
 
 // a rank: child MODE -np N -to S [-fault KIND:RANK:STEP], started by the launcher
 static int child_main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    const char *mode = argv[2], *fault_spec = NULL;
-    int np = 1;
-    double to = 10.0;
-    for (int i = 3; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "-np") == 0) np = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "-to") == 0) to = atof(argv[i + 1]);
-        else if (strcmp(argv[i], "-fault") == 0) fault_spec = argv[i + 1];
-    }
+    TestChild a;
+    if (test_child_args(&a, argc, argv, 10.0) != 0) return 2;
+    const char *mode = a.mode;
     char err[512];
     Fault fault = {FAULT_NONE, -1, -1};
-    if (fault_spec != NULL && fault_parse(fault_spec, &fault, err, sizeof(err)) != 0) {
+    if (a.fault != NULL && fault_parse(a.fault, &fault, err, sizeof(err)) != 0) {
         fprintf(stderr, "%s\n", err);
         return 2;
     }
     Launch L;
     Grid g;
     int tp = strcmp(mode, "coll") == 0 ? 2 : 1, pp = strcmp(mode, "pipe") == 0 ? 2 : 1;
-    int rc = parallel_join(argc, argv, np, tp, pp, NULL, NULL, to, &L, &g, err, sizeof(err));
+    int rc = parallel_join(argc, argv, a.np, tp, pp, NULL, NULL, a.to, &L, &g, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "%s\n", err);
         return rc;
     }
     NcclComm *c;
-    if (nccl_init(&c, &g, L.key, L.rendezvous, to, &fault, 1, err, sizeof(err)) != 0) {
+    if (nccl_init(&c, &g, L.key, L.rendezvous, a.to, &fault, 1, err, sizeof(err)) != 0) {
         fprintf(stderr, "rank %d: %s\n", g.rank, err);
         return 1;
     }
     cudaStreamCreate(&c->stream);  // as the trainer hands over the model's stream
-    rlog(g.rank, "host_mode", c->host != NULL && c->world.comm == NULL && c->fault.kind == FAULT_NONE);
+    test_rank_check(g.rank, "host_mode", c->host != NULL && c->world.comm == NULL && c->fault.kind == FAULT_NONE, "");
     if (strcmp(mode, "coll") == 0) run_collectives(c, &g);
     else run_pipe(c, &g);
     nccl_free(c);
     launch_free(&L);
-    return rank_failures > 0 ? 1 : 0;
+    return test_rank_failures > 0 ? 1 : 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -410,19 +397,9 @@ typedef struct { int status; char out[65536]; } Job;
 // run_job: ./test_host_mode child MODE -np N -to S [-fault F], stdout and stderr together
 static void run_job(Job *j, const char *mode, int np, const char *to, const char *fault) {
     char cmd[5000];
-    snprintf(cmd, sizeof(cmd), "timeout 60 %s child %s -np %d -to %s %s %s 2>&1", self_exe, mode, np, to,
+    snprintf(cmd, sizeof(cmd), "timeout 60 %s child %s -np %d -to %s %s %s", self_exe, mode, np, to,
              fault != NULL ? "-fault" : "", fault != NULL ? fault : "");
-    FILE *p = popen(cmd, "r");
-    size_t n = p != NULL ? fread(j->out, 1, sizeof(j->out) - 1, p) : 0;
-    j->out[n] = '\0';
-    int st = p != NULL ? pclose(p) : -1;
-    j->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-static int rank_line(const char *out, int rank, const char *name) {
-    char want[128];
-    snprintf(want, sizeof(want), "R %d %s ok\n", rank, name);
-    return strstr(out, want) != NULL;
+    j->status = test_run(cmd, 1, j->out, sizeof(j->out));
 }
 
 static void test_collectives(void) {
@@ -434,7 +411,7 @@ static void test_collectives(void) {
                            "sendrecv_mac", "send_recv", "staging_copies"};
     for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
         int ranks = 0;
-        for (int r = 0; r < 4; r++) ranks += rank_line(j.out, r, names[k]);
+        for (int r = 0; r < 4; r++) ranks += test_rank_ok(j.out, r, names[k]);
         check(ranks == 4, "host mode, dp 2 x tp 2: %s on %d of 4 ranks", names[k], ranks);
     }
     int bytes_lines = 0;
@@ -454,7 +431,7 @@ static void test_collectives(void) {
 static void test_faults(void) {
     static Job j;
     run_job(&j, "pipe", 2, "2", NULL);
-    check(j.status == 0 && rank_line(j.out, 1, "step_5"), "host mode, pipeline of 2: 6 steps without a fault (exit %d)",
+    check(j.status == 0 && test_rank_ok(j.out, 1, "step_5"), "host mode, pipeline of 2: 6 steps without a fault (exit %d)",
           j.status);
     const char *cases[][3] = {
         {"tamper:0:3", "from rank 0, channel activation, step 3", "tamper"},
@@ -464,7 +441,7 @@ static void test_faults(void) {
     };
     for (int i = 0; i < 4; i++) {
         run_job(&j, "pipe", 2, "2", cases[i][0]);
-        int ok = j.status != 0 && rank_line(j.out, 1, "step_2") && !rank_line(j.out, 1, "step_3") &&
+        int ok = j.status != 0 && test_rank_ok(j.out, 1, "step_2") && !test_rank_ok(j.out, 1, "step_3") &&
                  strstr(j.out, cases[i][1]) != NULL && strstr(j.out, "(nccl ") == NULL;
         check(ok, "host mode, %s: the job ends (exit %d) after step 2, naming '%s', the fault acting once", cases[i][2],
               j.status, cases[i][1]);
@@ -475,9 +452,7 @@ static void test_faults(void) {
 int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "child") == 0) return child_main(argc, argv);
     setvbuf(stdout, NULL, _IOLBF, 0);
-    ssize_t n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
-    if (n <= 0) snprintf(self_exe, sizeof(self_exe), "%s", argv[0]);
-    else self_exe[n] = '\0';
+    test_self_exe(self_exe, sizeof(self_exe), argv[0]);
     test_collectives();
     test_faults();
     return test_summary();

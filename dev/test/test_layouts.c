@@ -13,9 +13,7 @@
 #include "llm3d/trainer.h"  // Job
 #include "llm3d/watch.h"    // the rules of the watch report and the consistency check
 #include "dev/test/test.h"
-
-#include <sys/wait.h>
-#include <time.h>
+#include "dev/test/test_run.h"
 
 #define STEPS 10
 static char dir[128], shards[160];
@@ -27,32 +25,31 @@ typedef struct {
     char out[65536];
 } Run;
 
-static void run(Run *r, const char *args) {
-    char cmd[1024], log[300];
-    snprintf(log, sizeof(log), "%s/log.jsonl", dir);
-    unlink(log);
-    snprintf(cmd, sizeof(cmd), "timeout 120 ./train_gpt2 -x %d -v 0 -s 0 -th 1 -i '%s' -lg %s %s 2>&1", STEPS, shards, log, args);
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    FILE *p = popen(cmd, "r");
-    size_t n = fread(r->out, 1, sizeof(r->out) - 1, p);
-    r->out[n] = '\0';
-    int st = pclose(p);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    r->seconds = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
-    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+// read_losses: the loss and norm of the log's first STEPS lines that have both
+static void read_losses(Run *r, const char *log) {
     r->nsteps = 0;
     FILE *f = fopen(log, "r");
     char line[512];
     while (f && fgets(line, sizeof(line), f) && r->nsteps < STEPS) {
-        char *l = strstr(line, "\"loss\": "), *m = strstr(line, "\"norm\": ");
+        const char *l = test_log_value(line, "loss"), *m = test_log_value(line, "norm");
         if (l && m) {
-            r->loss[r->nsteps] = strtof(l + 8, NULL);
-            r->norm[r->nsteps] = strtof(m + 8, NULL);
+            r->loss[r->nsteps] = strtof(l, NULL);
+            r->norm[r->nsteps] = strtof(m, NULL);
             r->nsteps++;
         }
     }
     if (f) fclose(f);
+}
+
+static void run(Run *r, const char *args) {
+    char cmd[1024], log[300];
+    snprintf(log, sizeof(log), "%s/log.jsonl", dir);
+    unlink(log);
+    snprintf(cmd, sizeof(cmd), "timeout 120 ./train_gpt2 -x %d -v 0 -s 0 -th 1 -i '%s' -lg %s %s", STEPS, shards, log, args);
+    double t0 = test_now();
+    r->status = test_run(cmd, 1, r->out, sizeof(r->out));
+    r->seconds = test_now() - t0;
+    read_losses(r, log);
     r->ok = r->status == 0 && r->nsteps == STEPS;
 }
 
@@ -120,8 +117,8 @@ static void test_data_parallel(void) {
         snprintf(args, sizeof(args), "%s %s", model, batch);
         run(&base, args);
         if (!check(base.ok, "one rank, %s: %d steps", batch, base.nsteps)) { printf("%s\n", base.out); return; }
-        unsigned char *ref = NULL;
-        long ref_n = 0;
+        char *ref = NULL;
+        size_t ref_n = 0;
         for (int z = 0; z <= 3; z++) {
             static Run r;
             snprintf(args, sizeof(args), "%s %s -np %d -z %d -o %s/z%d", model, batch, dp, z, dir, z);
@@ -132,10 +129,8 @@ static void test_data_parallel(void) {
             // the final model: ZeRO-1/2/3 bit-identical to ZeRO-0 (same reduction order)
             char path[400];
             snprintf(path, sizeof(path), "%s/z%d/model_%08d.bin", dir, z, STEPS);
-            FILE *f = fopen(path, "rb");
-            unsigned char *buf = NULL;
-            long n = 0;
-            if (f) { fseek(f, 0, SEEK_END); n = ftell(f); rewind(f); buf = malloc(n); n = (long)fread(buf, 1, n, f); fclose(f); }
+            size_t n = 0;
+            char *buf = test_read_file(path, &n);
             if (z == 0) { ref = buf; ref_n = n; }
             else { check(buf && n == ref_n && memcmp(buf, ref, n) == 0, "dp %d ZeRO-%d final parameters bit-identical to ZeRO-0", dp, z); free(buf); }
             // bytes per rank over the run, payload only: ring formulas, plus the
@@ -474,8 +469,7 @@ static void test_outside_launcher(void) {
     char key[200], cmd[4096], log[300];
     snprintf(key, sizeof(key), "%s/job.key", dir);
     snprintf(log, sizeof(log), "%s/log.jsonl", dir);
-    snprintf(cmd, sizeof(cmd), "umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > %s; echo >> %s", key, key);
-    if (system(cmd) != 0) { check(0, "make a key file"); return; }
+    if (test_random_key_file(key) != 0) { check(0, "make a key file"); return; }
     unlink(log);
     const char *flags = "-x %d -v 0 -s 0 -th 1 -i '%s' --rendezvous unix:%s/rdv.sock --key-file %s %s";
     char f[1024];
@@ -484,21 +478,12 @@ static void test_outside_launcher(void) {
              "cd . && (RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 timeout 60 ./train_gpt2 %s > %s/out1.txt 2>&1 & "
              "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 timeout 60 ./train_gpt2 %s -lg %s > %s/out0.txt 2>&1; a=$?; wait $!; "
              "exit $((a + $?)))", f, dir, f, log, dir);
-    int st = system(cmd);
-    two.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    two.status = test_exit_status(system(cmd));
     snprintf(cmd, sizeof(cmd), "%s/out0.txt", dir);
-    FILE *o = fopen(cmd, "r");
-    size_t n = o ? fread(two.out, 1, sizeof(two.out) - 1, o) : 0;
-    two.out[n] = '\0';
-    if (o) fclose(o);
-    two.nsteps = 0;
-    FILE *lf = fopen(log, "r");
-    char line[512];
-    while (lf && fgets(line, sizeof(line), lf) && two.nsteps < STEPS) {
-        char *l = strstr(line, "\"loss\": "), *m = strstr(line, "\"norm\": ");
-        if (l && m) { two.loss[two.nsteps] = strtof(l + 8, NULL); two.norm[two.nsteps] = strtof(m + 8, NULL); two.nsteps++; }
-    }
-    if (lf) fclose(lf);
+    char *out0 = test_read_text(cmd);
+    snprintf(two.out, sizeof(two.out), "%s", out0);
+    free(out0);
+    read_losses(&two, log);
     check(two.status == 0 && two.nsteps == STEPS && strstr(two.out, "x dp 2 = 64 tokens") != NULL,
           "torchrun-style ranks without -np: world 2 from WORLD_SIZE, 64 tokens per step (exit %d, %d steps)", two.status,
           two.nsteps);
@@ -508,8 +493,10 @@ static void test_outside_launcher(void) {
 
 int main(void) {
     if (access("./train_gpt2", X_OK) != 0) { skip("./train_gpt2 not built"); return test_summary(); }
-    snprintf(dir, sizeof(dir), "/tmp/llm3d_layouts_XXXXXX");
-    if (mkdtemp(dir) == NULL) { check(0, "mkdtemp"); return test_summary(); }
+    if (test_make_dir(dir, sizeof(dir), "/tmp/llm3d_layouts_XXXXXX") != 0) {
+        check(0, "mkdtemp");
+        return test_summary();
+    }
     snprintf(shards, sizeof(shards), "%s/train_*.bin", dir);
     char path[300];
     snprintf(path, sizeof(path), "%s/train_000000.bin", dir);
@@ -521,8 +508,6 @@ int main(void) {
     test_watch();
     test_drift();
     test_outside_launcher();
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    if (system(cmd) != 0) printf("could not remove %s\n", dir);
+    test_remove_dir(dir);
     return test_summary();
 }

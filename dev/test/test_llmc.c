@@ -17,8 +17,7 @@
 #include "llm3d/flags.h"
 #include "llm3d/trainer.h"
 #include "dev/test/test.h"
-
-#include <sys/wait.h>
+#include "dev/test/test_run.h"
 
 static char dir[128];
 
@@ -115,15 +114,6 @@ static void test_flags(void) {
 // ----------------------------------------------------------------------------
 // the trainer
 
-// runs cmd (output into out); its exit status
-static int run(const char *cmd, char *out, size_t outlen) {
-    FILE *p = popen(cmd, "r");
-    size_t n = fread(out, 1, outlen - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
 // llm.c's scripts/run_gpt2_124M.sh, as it is but for -e (a small model
 // file) and -i -j -o (the test's shards and directory)
 static void test_llmc_command(const char *exe) {
@@ -143,10 +133,9 @@ static void test_llmc_command(const char *exe) {
     const char *llmc = "-i data_train_*.bin -j data_val_*.bin -o log124M -v 250 -s 20000 -g 144 -h 1 -b 64 -t 1024 "
                        "-d 524288 -r 0 -z 1 -c 0.1 -l 0.0006 -q 0.0 -u 700 -n 5000 -y 1 -e small.bin";
     // in the test's directory, where llm.c's default HellaSwag file is not
-    snprintf(cmd, sizeof(cmd), "cd %s && timeout 300 %s %s 2>&1", dir, exe, llmc);
-    int rc = run(cmd, out, sizeof(out));
-    int evals = 0;
-    for (const char *p = out; (p = strstr(p, "val loss")) != NULL; p++) evals++;
+    snprintf(cmd, sizeof(cmd), "cd %s && timeout 300 %s %s", dir, exe, llmc);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    int evals = test_count(out, "val loss");
     ok = check(rc == 0 && strstr(out, "8 micro-batches per step") && evals == 2 &&
                strstr(out, "checkpoint log124M/ckpt_00000001 written") && strstr(out, "no HellaSwag file at") &&
                strstr(out, "note: flag -s: no samples without a tokenizer"),
@@ -160,7 +149,7 @@ static void test_llmc_command(const char *exe) {
     if (f) fclose(f);
     check(strncmp(last, "{\"step\": 1, \"val_loss\": ", 24) == 0, "its log ends with the final model's val loss: %s", last);
     // llm.c's retry loop runs the same command again: it resumes from the checkpoint and evaluates once more
-    rc = run(cmd, out, sizeof(out));
+    rc = test_run(cmd, 1, out, sizeof(out));
     ok = check(rc == 0 && strstr(out, "resum") != NULL && strstr(out, "val loss") != NULL,
                "the same command again: resumes from step 1 and ends (exit %d)", rc);
     if (!ok) printf("%s\n", out);
@@ -173,22 +162,20 @@ static void test_mpirun(const char *exe) {
     snprintf(shard, sizeof(shard), "%s/tiny_train.bin", dir);
     if (!check(test_write_shard(shard, 20000) == 0, "a shard")) return;
     const char *model = "-e d2 -ev 256 -et 16 -ec 32 -b 2 -t 16 -x 3 -v 0 -s 0 -th 1";
-    snprintf(cmd, sizeof(cmd), "OMPI_COMM_WORLD_SIZE=8 OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_LOCAL_RANK=3 %s %s -i %s 2>&1",
+    snprintf(cmd, sizeof(cmd), "OMPI_COMM_WORLD_SIZE=8 OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_LOCAL_RANK=3 %s %s -i %s",
              exe, model, shard);
-    int rc = run(cmd, out, sizeof(out));
-    int lines = 0;
-    for (char *p = out; *p; p++) lines += *p == '\n';
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    int lines = test_count(out, "\n");
     check(rc == 2 && lines == 1 && strstr(out, "started by mpirun (Open MPI) as rank 3 of 8, but without --rendezvous: "
                                            "add --rendezvous") != NULL, "under mpirun without --rendezvous: %s", out);
     snprintf(key, sizeof(key), "%s/job.key", dir);
-    snprintf(cmd, sizeof(cmd), "umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > %s; echo >> %s", key, key);
-    if (system(cmd) != 0) { check(0, "a key file"); return; }
+    if (test_random_key_file(key) != 0) { check(0, "a key file"); return; }
     char flags[1200];
     snprintf(flags, sizeof(flags), "%s -i %s --rendezvous unix:%s/rdv.sock --key-file %s", model, shard, dir, key);
     snprintf(cmd, sizeof(cmd), "(OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_LOCAL_RANK=1 timeout 60 "
              "%s %s > %s/r1.txt 2>&1 & OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_LOCAL_RANK=0 "
              "timeout 60 %s %s 2>&1; a=$?; wait $!; exit $((a + $?)))", exe, flags, dir, exe, flags);
-    rc = run(cmd, out, sizeof(out));
+    rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 0 && strstr(out, "x dp 2 = 64 tokens") != NULL && strstr(out, "step    2/3") != NULL,
           "with --rendezvous and --key-file, mpirun's 2 ranks run one job of dp 2 (exit %d)", rc);
     // the end of a job of several ranks: one table, a row per rank, the all-zero columns left out
@@ -202,8 +189,8 @@ static void test_mpirun(const char *exe) {
 // -h: every flag with its default; the step line's ETA and MFU
 static void test_usage(const char *exe) {
     char cmd[1024], out[65536];
-    snprintf(cmd, sizeof(cmd), "%s -h 2>&1", exe);
-    int rc = run(cmd, out, sizeof(out)), all = 1;
+    snprintf(cmd, sizeof(cmd), "%s -h", exe);
+    int rc = test_run(cmd, 1, out, sizeof(out)), all = 1;
     for (int i = 0; i < NUM_OPTIONS; i++) {
         char want[32];
         snprintf(want, sizeof(want), "\n  %-13s ", option_specs[i].flag);
@@ -214,9 +201,9 @@ static void test_usage(const char *exe) {
     check(rc == 0 && all && strstr(out, "micro-batch size B per data-parallel rank [4]") &&
           strstr(out, "{cosine,linear,constant,wsd} [cosine]") && strstr(out, "peak learning rate [0.0003]"),
           "-h: each of the %d flags with its default in brackets (-b [4], -k [cosine], -l [0.0003])", NUM_OPTIONS);
-    snprintf(cmd, sizeof(cmd), "%s -e d2 -ev 256 -et 16 -ec 32 -b 2 -t 16 -x 2 -v 0 -s 0 -th 1 -i %s/tiny_train.bin 2>&1",
+    snprintf(cmd, sizeof(cmd), "%s -e d2 -ev 256 -et 16 -ec 32 -b 2 -t 16 -x 2 -v 0 -s 0 -th 1 -i %s/tiny_train.bin",
              exe, dir);
-    rc = run(cmd, out, sizeof(out));
+    rc = test_run(cmd, 1, out, sizeof(out));
     const char *last = strstr(out, "| ETA 0s | MFU ");
     float mfu = -1.0f;
     if (last != NULL && sscanf(last, "| ETA 0s | MFU %f%%\n", &mfu) != 1) mfu = -1.0f;
@@ -251,12 +238,13 @@ static void test_outliers(const char *exe) {
     snprintf(shard, sizeof(shard), "%s/tiny_train.bin", dir);
     snprintf(log, sizeof(log), "%s/sg.jsonl", dir);
     snprintf(cmd, sizeof(cmd), "%s -e dev/fixtures/tiny_model.bin -b 2 -t 16 -x 140 -v 0 -s 0 -th 1 -l 1e-3 -sg 0.01 "
-             "-i %s -lg %s 2>&1", exe, shard, log);
-    int rc = run(cmd, out, sizeof(out));
+             "-i %s -lg %s", exe, shard, log);
+    int rc = test_run(cmd, 1, out, sizeof(out));
     int skipped = 0, early = 0, steps = 0;
     FILE *f = fopen(log, "r");
     while (f && fgets(line, sizeof(line), f)) {
-        int step = atoi(line + 9);
+        const char *s = test_log_value(line, "step");
+        int step = s != NULL ? atoi(s) : 0;
         if (strstr(line, "\"skipped\": \"norm\"") != NULL) skipped++, early += step < OUTLIER_WINDOW;
         steps++;
     }
@@ -265,9 +253,9 @@ static void test_outliers(const char *exe) {
           "-sg 0.01: %d of the steps after the first %d skip their update (logged \"skipped\", printed as llm.c does), "
           "none before", skipped, OUTLIER_WINDOW);
     // the step line shows the z-scores, as llm.c's does
-    snprintf(cmd, sizeof(cmd), "%s -e dev/fixtures/tiny_model.bin -b 2 -t 16 -x 3 -v 0 -s 0 -th 1 -sl 3 -sg 3 -i %s 2>&1",
+    snprintf(cmd, sizeof(cmd), "%s -e dev/fixtures/tiny_model.bin -b 2 -t 16 -x 3 -v 0 -s 0 -th 1 -sl 3 -sg 3 -i %s",
              exe, shard);
-    rc = run(cmd, out, sizeof(out));
+    rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 0 && strstr(out, "(+nanz)") != NULL, "with -sl or -sg the step line shows the z-scores (nan until the "
           "window is full)");
 }
@@ -276,8 +264,10 @@ int main(void) {
     char exe[600];
     if (getcwd(exe, sizeof(exe) - 20) == NULL) return 1;
     strcat(exe, "/train_gpt2");
-    snprintf(dir, sizeof(dir), "/tmp/llm3d_llmc_XXXXXX");
-    if (mkdtemp(dir) == NULL) { check(0, "mkdtemp"); return test_summary(); }
+    if (test_make_dir(dir, sizeof(dir), "/tmp/llm3d_llmc_XXXXXX") != 0) {
+        check(0, "mkdtemp");
+        return test_summary();
+    }
     test_flags();
     if (access(exe, X_OK) != 0) {
         skip("./train_gpt2 not built");
@@ -287,8 +277,6 @@ int main(void) {
         test_usage(exe);
         test_outliers(exe);
     }
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    if (system(cmd) != 0) printf("could not remove %s\n", dir);
+    test_remove_dir(dir);
     return test_summary();
 }

@@ -11,12 +11,13 @@
  * and "H <rank> <name> <hash>" for results that must be bit-identical on
  * every rank; the test reads those back and asserts on them.
  *
- * Build: gcc -O2 -Wall -Wextra -std=gnu11 test_parallel.c -lm -o test_parallel
+ * Build: make dev/test/test_parallel
  */
 #include "parallel.h"
 #include "llm3d/secure/fault.h"  // fault_parse
 #include "llm3d/bf16.h"          // host mode's bf16 sums
 #include "dev/test/test.h"
+#include "dev/test/test_run.h"
 
 #include <math.h>
 #include <sys/stat.h>
@@ -62,20 +63,7 @@ static const char *COLL_HASHES[] = {"allreduce_order", "allgather", "broadcast"}
 #define NCOLL_HASHES (int)(sizeof(COLL_HASHES) / sizeof(COLL_HASHES[0]))
 
 // ----------------------------------------------------------------------------
-// the rank side
-
-static int rank_failures;
-
-static void rlog(int rank, const char *name, int ok, const char *fmt, ...) {
-    char detail[256] = "";
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(detail, sizeof(detail), fmt, ap);
-    va_end(ap);
-    printf("R %d %s %s %s\n", rank, name, ok ? "ok" : "FAIL", detail);
-    fflush(stdout);
-    if (!ok) rank_failures++;
-}
+// the rank side: test_rank_check's "R" lines, and these "H" lines
 
 static void hlog(int rank, const char *name, const void *p, size_t n) {
     printf("H %d %s %016llx\n", rank, name, (unsigned long long)fnv1a(p, n));
@@ -99,8 +87,6 @@ static int bytes_delta_ok(const Comm *c, const uint64_t before[COMM_NCOUNTERS], 
     return 1;
 }
 
-static double now_s(void) { return par_now(); }
-
 static void run_collectives(Comm *c, const Grid *g) {
     Group world;
     grid_groups(g, &world, NULL, NULL, NULL);
@@ -120,12 +106,13 @@ static void run_collectives(Comm *c, const Grid *g) {
         for (int q = 0; q < W; q++) want += exact_value(q, i);
         if (buf[i] != want) bad++;
     }
-    rlog(r, "allreduce_sum", bad == 0, "%zu of %zu wrong", bad, N);
+    test_rank_check(r, "allreduce_sum", bad == 0, "%zu of %zu wrong", bad, N);
     // uneven chunks: member i sends everything but chunks i and i+1, twice over
     size_t c_me = N * (size_t)(me + 1) / W - N * (size_t)me / W;
     size_t c_nx = N * (size_t)((me + 1) % W + 1) / W - N * (size_t)((me + 1) % W) / W;
-    rlog(r, "allreduce_bytes_uneven", bytes_delta_ok(c, before, COMM_ALLREDUCE, 4 * (2 * N - c_me - c_nx), why, sizeof(why)),
-         "%s", why);
+    test_rank_check(r, "allreduce_bytes_uneven",
+                    bytes_delta_ok(c, before, COMM_ALLREDUCE, 4 * (2 * N - c_me - c_nx), why, sizeof(why)),
+                    "%s", why);
     for (size_t i = 0; i < N; i++) buf[i] = exact_value(r, i);
     comm_allreduce(c, &world, buf, N, OP_AVG);
     bad = 0;
@@ -134,7 +121,7 @@ static void run_collectives(Comm *c, const Grid *g) {
         for (int q = 0; q < W; q++) want += exact_value(q, i);
         if (buf[i] != want / (float)W) bad++;
     }
-    rlog(r, "allreduce_avg", bad == 0, "%zu of %zu wrong", bad, N);
+    test_rank_check(r, "allreduce_avg", bad == 0, "%zu of %zu wrong", bad, N);
     free(buf);
 
     // all-reduce of arbitrary floats, several frames per chunk: the result is
@@ -150,10 +137,10 @@ static void run_collectives(Comm *c, const Grid *g) {
             if (memcmp(&want, &x[i], 4) != 0) bad++;
         }
     }
-    rlog(r, "allreduce_order", bad == 0, "%zu of %zu differ from the ring order", bad, N);
+    test_rank_check(r, "allreduce_order", bad == 0, "%zu of %zu differ from the ring order", bad, N);
     hlog(r, "allreduce_order", x, N * sizeof(float));
     comm_allreduce(c, &world, y, N, OP_SUM);
-    rlog(r, "allreduce_rerun", memcmp(x, y, N * sizeof(float)) == 0, "second run bit-identical");
+    test_rank_check(r, "allreduce_rerun", memcmp(x, y, N * sizeof(float)) == 0, "second run bit-identical");
     free(x);
     free(y);
 
@@ -162,8 +149,9 @@ static void run_collectives(Comm *c, const Grid *g) {
     buf = (float *)calloc(N, sizeof(float));
     comm_get_bytes(c, before);
     comm_allreduce(c, &world, buf, N, OP_SUM);
-    rlog(r, "allreduce_bytes", bytes_delta_ok(c, before, COMM_ALLREDUCE, 2 * (uint64_t)(W - 1) * 4 * N / W, why, sizeof(why)),
-         "%s", why);
+    test_rank_check(r, "allreduce_bytes",
+                    bytes_delta_ok(c, before, COMM_ALLREDUCE, 2 * (uint64_t)(W - 1) * 4 * N / W, why, sizeof(why)),
+                    "%s", why);
     free(buf);
 
     // reduce-scatter: my chunk, in ring order; the average; in place
@@ -172,16 +160,17 @@ static void run_collectives(Comm *c, const Grid *g) {
     for (size_t i = 0; i < (size_t)W * n; i++) in[i] = test_value(200 + (uint64_t)r, i);
     comm_get_bytes(c, before);
     comm_reduce_scatter(c, &world, in, out, n, OP_SUM);
-    rlog(r, "reduce_scatter_bytes", bytes_delta_ok(c, before, COMM_REDUCE_SCATTER, (uint64_t)(W - 1) * 4 * n, why, sizeof(why)),
-         "%s", why);
+    test_rank_check(r, "reduce_scatter_bytes",
+                    bytes_delta_ok(c, before, COMM_REDUCE_SCATTER, (uint64_t)(W - 1) * 4 * n, why, sizeof(why)),
+                    "%s", why);
     bad = 0;
     for (size_t i = 0; i < n; i++) {
         float want = ring_sum(W, me, 200, (size_t)me * n + i);
         if (memcmp(&want, &out[i], 4) != 0) bad++;
     }
-    rlog(r, "reduce_scatter", bad == 0, "%zu of %zu differ", bad, n);
+    test_rank_check(r, "reduce_scatter", bad == 0, "%zu of %zu differ", bad, n);
     comm_reduce_scatter(c, &world, in, in + (size_t)me * n, n, OP_SUM);
-    rlog(r, "reduce_scatter_inplace", memcmp(out, in + (size_t)me * n, n * sizeof(float)) == 0, "out = in + me*n");
+    test_rank_check(r, "reduce_scatter_inplace", memcmp(out, in + (size_t)me * n, n * sizeof(float)) == 0, "out = in + me*n");
     for (size_t i = 0; i < (size_t)W * n; i++) in[i] = exact_value(r, i);
     comm_reduce_scatter(c, &world, in, out, n, OP_AVG);
     bad = 0;
@@ -190,7 +179,7 @@ static void run_collectives(Comm *c, const Grid *g) {
         for (int q = 0; q < W; q++) want += exact_value(q, (size_t)me * n + i);
         if (out[i] != want / (float)W) bad++;
     }
-    rlog(r, "reduce_scatter_avg", bad == 0, "%zu of %zu wrong", bad, n);
+    test_rank_check(r, "reduce_scatter_avg", bad == 0, "%zu of %zu wrong", bad, n);
     free(in);
     free(out);
 
@@ -201,12 +190,13 @@ static void run_collectives(Comm *c, const Grid *g) {
     for (size_t i = 0; i < n; i++) in[i] = (float)(r * 100000 + (int)i);
     comm_get_bytes(c, before);
     comm_allgather(c, &world, in, out, n);
-    rlog(r, "allgather_bytes", bytes_delta_ok(c, before, COMM_ALLGATHER, (uint64_t)(W - 1) * 4 * n, why, sizeof(why)),
-         "%s", why);
+    test_rank_check(r, "allgather_bytes",
+                    bytes_delta_ok(c, before, COMM_ALLGATHER, (uint64_t)(W - 1) * 4 * n, why, sizeof(why)),
+                    "%s", why);
     bad = 0;
     for (int q = 0; q < W; q++)
         for (size_t i = 0; i < n; i++) if (out[(size_t)q * n + i] != (float)(q * 100000 + (int)i)) bad++;
-    rlog(r, "allgather", bad == 0, "%zu of %zu wrong", bad, (size_t)W * n);
+    test_rank_check(r, "allgather", bad == 0, "%zu of %zu wrong", bad, (size_t)W * n);
     hlog(r, "allgather", out, (size_t)W * n * sizeof(float));
     free(in);
     free(out);
@@ -219,24 +209,24 @@ static void run_collectives(Comm *c, const Grid *g) {
     comm_broadcast(c, &world, b, nb, W - 1);
     // every member forwards except the one just before the root in ring order
     uint64_t want_b = me == W - 2 || W == 1 ? 0 : nb;
-    rlog(r, "broadcast_bytes", bytes_delta_ok(c, before, COMM_BROADCAST, want_b, why, sizeof(why)), "%s", why);
+    test_rank_check(r, "broadcast_bytes", bytes_delta_ok(c, before, COMM_BROADCAST, want_b, why, sizeof(why)), "%s", why);
     bad = 0;
     for (size_t i = 0; i < nb; i++) if (b[i] != (uint8_t)(i * 7 + 3)) bad++;
-    rlog(r, "broadcast", bad == 0, "%zu of %zu bytes wrong", bad, nb);
+    test_rank_check(r, "broadcast", bad == 0, "%zu of %zu bytes wrong", bad, nb);
     hlog(r, "broadcast", b, nb);
     uint64_t word = me == 0 ? 0x1122334455667788ull : 0;
     comm_broadcast(c, &world, &word, sizeof(word), 0);
-    rlog(r, "broadcast_root0", word == 0x1122334455667788ull, "%016llx", (unsigned long long)word);
+    test_rank_check(r, "broadcast_root0", word == 0x1122334455667788ull, "%016llx", (unsigned long long)word);
     free(b);
 
     // barrier: member k arrives k x 30 ms late; nobody may leave before the
     // last one arrived (CLOCK_MONOTONIC is one clock for every process)
     par_sleep(0.03 * me);
     comm_get_bytes(c, before);
-    double arrive = now_s();
+    double arrive = test_now();
     comm_barrier(c, &world);
-    double leave = now_s();
-    rlog(r, "barrier_bytes", bytes_delta_ok(c, before, COMM_BARRIER, 0, why, sizeof(why)), "%s", why);
+    double leave = test_now();
+    test_rank_check(r, "barrier_bytes", bytes_delta_ok(c, before, COMM_BARRIER, 0, why, sizeof(why)), "%s", why);
     float mine[2], all[2 * GRID_MAX_WORLD];
     memcpy(mine, &arrive, sizeof(arrive));
     comm_allgather(c, &world, mine, all, 2);
@@ -246,7 +236,7 @@ static void run_collectives(Comm *c, const Grid *g) {
         memcpy(&t, &all[2 * q], sizeof(t));
         if (t > last) last = t;
     }
-    rlog(r, "barrier", leave >= last, "left %.4f s after the last arrival", leave - last);
+    test_rank_check(r, "barrier", leave >= last, "left %.4f s after the last arrival", leave - last);
 
     // point to point on several channels, sizes 0, 8, 1000 and 100000 bytes
     int next = comm_next(&world), prev = comm_prev(&world);
@@ -269,17 +259,17 @@ static void run_collectives(Comm *c, const Grid *g) {
     for (size_t i = 0; i < na; i++) if (got[i] != (uint8_t)(prev + i)) bad++;
     for (int i = 0; i < 250; i++) if (grad_in[i] != (float)(next * 1000 + i)) bad++;
     if (ctl_in != 0xC0DE0000ull + (uint64_t)prev) bad++;
-    rlog(r, "p2p", bad == 0, "%zu wrong", bad);
+    test_rank_check(r, "p2p", bad == 0, "%zu wrong", bad);
     uint64_t now[COMM_NCOUNTERS];
     comm_get_bytes(c, now);
     int ok = now[COMM_P2P + CH_ACTIVATION] - before[COMM_P2P + CH_ACTIVATION] == na &&
              now[COMM_P2P + CH_GRADIENT] - before[COMM_P2P + CH_GRADIENT] == sizeof(grad) &&
              now[COMM_P2P + CH_CONTROL] - before[COMM_P2P + CH_CONTROL] == sizeof(ctl) &&
              now[COMM_ALLREDUCE] == before[COMM_ALLREDUCE];
-    rlog(r, "p2p_bytes", ok, "activation %llu gradient %llu control %llu",
-         (unsigned long long)(now[COMM_P2P + CH_ACTIVATION] - before[COMM_P2P + CH_ACTIVATION]),
-         (unsigned long long)(now[COMM_P2P + CH_GRADIENT] - before[COMM_P2P + CH_GRADIENT]),
-         (unsigned long long)(now[COMM_P2P + CH_CONTROL] - before[COMM_P2P + CH_CONTROL]));
+    test_rank_check(r, "p2p_bytes", ok, "activation %llu gradient %llu control %llu",
+                    (unsigned long long)(now[COMM_P2P + CH_ACTIVATION] - before[COMM_P2P + CH_ACTIVATION]),
+                    (unsigned long long)(now[COMM_P2P + CH_GRADIENT] - before[COMM_P2P + CH_GRADIENT]),
+                    (unsigned long long)(now[COMM_P2P + CH_CONTROL] - before[COMM_P2P + CH_CONTROL]));
     free(act);
     free(got);
 
@@ -290,10 +280,10 @@ static void run_collectives(Comm *c, const Grid *g) {
     for (size_t i = 0; i < big; i++) sb[i] = (uint8_t)(i * 13 + (size_t)r);
     comm_get_bytes(c, before);
     comm_sendrecv(c, next, CH_PARAM, 7, sb, big, prev, CH_PARAM, 7, rb, big);
-    rlog(r, "sendrecv_bytes", bytes_delta_ok(c, before, COMM_P2P + CH_PARAM, big, why, sizeof(why)), "%s", why);
+    test_rank_check(r, "sendrecv_bytes", bytes_delta_ok(c, before, COMM_P2P + CH_PARAM, big, why, sizeof(why)), "%s", why);
     bad = 0;
     for (size_t i = 0; i < big; i++) if (rb[i] != (uint8_t)(i * 13 + (size_t)prev)) bad++;
-    rlog(r, "sendrecv_big", bad == 0, "%zu of %zu wrong", bad, big);
+    test_rank_check(r, "sendrecv_big", bad == 0, "%zu of %zu wrong", bad, big);
     ok = 1;
     if (r == 0) comm_send(c, 1, CH_CHECK, 0, sb, big);
     if (r == 1) {
@@ -301,7 +291,7 @@ static void run_collectives(Comm *c, const Grid *g) {
         comm_recv(c, 0, CH_CHECK, 0, rb, big);
         for (size_t i = 0; i < big; i++) ok &= rb[i] == (uint8_t)(i * 13);
     }
-    rlog(r, "send_big", ok, "rank 0 -> 1, %zu bytes", big);
+    test_rank_check(r, "send_big", ok, "rank 0 -> 1, %zu bytes", big);
     free(sb);
     free(rb);
 
@@ -320,8 +310,8 @@ static void run_collectives(Comm *c, const Grid *g) {
             for (int k = 0; k < dp.size; k++) wd += exact_value(dp.ranks[k], (size_t)i);
             if (v[i] != wt || w[i] != wd) bad++;
         }
-        rlog(r, "subgroups", bad == 0, "tp {%d,%d} dp {%d,%d}: %zu wrong", tp.ranks[0], tp.ranks[1], dp.ranks[0],
-             dp.ranks[1], bad);
+        test_rank_check(r, "subgroups", bad == 0, "tp {%d,%d} dp {%d,%d}: %zu wrong", tp.ranks[0], tp.ranks[1], dp.ranks[0],
+                        dp.ranks[1], bad);
     }
     comm_barrier(c, &world);
 }
@@ -350,7 +340,7 @@ static void run_steps(Comm *c, const Grid *g) {
         for (int i = 0; i < 5000; i++) if (got[i] != (uint8_t)(step + comm_prev(&world) + i)) bad++;
         comm_barrier(c, &world);
     }
-    rlog(r, "steps", bad == 0, "%zu wrong", bad);
+    test_rank_check(r, "steps", bad == 0, "%zu wrong", bad);
 }
 
 // intruder: a process that tries to join a running job; exits 0 if rejected
@@ -378,39 +368,30 @@ static void run_intruders(Comm *c, const Grid *g, const Launch *L) {
         uint8_t other[32];
         key_generate(other, NULL, 0);
         uint64_t job = job_id_from_key(L->key);
-        rlog(r, "intruder_key", intruder(L->rendezvous, other, job_id_from_key(other), 1, g->world), "wrong key");
-        rlog(r, "intruder_job", intruder(L->rendezvous, L->key, job ^ 0x5a5a, 1, g->world), "right key, wrong job id");
-        rlog(r, "intruder_world", intruder(L->rendezvous, L->key, job, 1, g->world + 1), "wrong world size");
-        rlog(r, "intruder_late", intruder(L->rendezvous, L->key, job, 1, g->world), "duplicate rank after all joined");
+        test_rank_check(r, "intruder_key", intruder(L->rendezvous, other, job_id_from_key(other), 1, g->world), "wrong key");
+        test_rank_check(r, "intruder_job", intruder(L->rendezvous, L->key, job ^ 0x5a5a, 1, g->world),
+                        "right key, wrong job id");
+        test_rank_check(r, "intruder_world", intruder(L->rendezvous, L->key, job, 1, g->world + 1), "wrong world size");
+        test_rank_check(r, "intruder_late", intruder(L->rendezvous, L->key, job, 1, g->world),
+                        "duplicate rank after all joined");
     }
     comm_allreduce(c, &world, v, 100, OP_SUM);  // and runs on
-    rlog(r, "job_runs_on", v[0] == (float)(g->world * g->world), "%g", v[0]);
+    test_rank_check(r, "job_runs_on", v[0] == (float)(g->world * g->world), "%g", v[0]);
 }
 
 static int child_main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    const char *mode = argv[2], *rdv = NULL, *keyf = NULL, *fault_spec = NULL;
-    int np = 1;
-    double to = 5.0;
-    for (int i = 3; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "-np") == 0) np = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "-to") == 0) to = atof(argv[i + 1]);
-        else if (strcmp(argv[i], "-fault") == 0) fault_spec = argv[i + 1];
-        else if (strcmp(argv[i], "--rendezvous") == 0) rdv = argv[i + 1];
-        else if (strcmp(argv[i], "--key-file") == 0) keyf = argv[i + 1];
-        else {
-            fprintf(stderr, "test_parallel child: unknown flag %s\n", argv[i]);
-            return 2;
-        }
-    }
+    TestChild a;
+    if (test_child_args(&a, argc, argv, 5.0) != 0) return 2;
+    const char *mode = a.mode;
     char err[512];
     Fault fault = {FAULT_NONE, -1, -1};
-    if (fault_spec != NULL && fault_parse(fault_spec, &fault, err, sizeof(err)) != 0) {
+    if (a.fault != NULL && fault_parse(a.fault, &fault, err, sizeof(err)) != 0) {
         fprintf(stderr, "%s\n", err);
         return 2;
     }
     Launch L;
-    int rc = parallel_main(argc, argv, np, rdv, keyf, to, &L, err, sizeof(err));
+    int rc = parallel_main(argc, argv, a.np, a.rendezvous, a.key_file, a.to, &L, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "%s\n", err);
         return rc;
@@ -427,7 +408,7 @@ static int child_main(int argc, char **argv) {
     }
     g.local_rank = L.local_rank;
     Comm *c;
-    if (comm_init(&c, &g, L.key, L.rendezvous, to, &fault, err, sizeof(err)) != 0) {
+    if (comm_init(&c, &g, L.key, L.rendezvous, a.to, &fault, err, sizeof(err)) != 0) {
         fprintf(stderr, "rank %d: %s\n", L.rank, err);
         return 1;
     }
@@ -438,7 +419,7 @@ static int child_main(int argc, char **argv) {
     else if (strcmp(mode, "intruder") == 0) run_intruders(c, &g, &L);
     comm_free(c);
     launch_free(&L);
-    return rank_failures > 0 ? 1 : 0;
+    return test_rank_failures > 0 ? 1 : 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -447,60 +428,16 @@ static int child_main(int argc, char **argv) {
 static char self_exe[4096];
 static char work_dir[256];
 
-static const char *RANK_ENV[] = {
-    "LLM3D_RANK", "LLM3D_WORLD", "LLM3D_LOCAL_RANK", "LLM3D_RENDEZVOUS", "LLM3D_KEY_FD", "LLM3D_LAUNCHER_PID",
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-};
-
-static void clear_rank_env(void) {
-    for (size_t i = 0; i < sizeof(RANK_ENV) / sizeof(RANK_ENV[0]); i++) unsetenv(RANK_ENV[i]);
-}
-
 // spawn: this program with args (NULL-terminated, after argv[0]), env
 // entries "K=V" (NULL-terminated), stdout and stderr appended to the files
+// (test_spawn)
 static pid_t spawn(const char *const *args, const char *const *env, const char *out_path, const char *err_path) {
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid != 0) return pid;
-    clear_rank_env();
-    for (int i = 0; env != NULL && env[i] != NULL; i++) putenv((char *)env[i]);
-    int o = open(out_path, O_WRONLY | O_CREAT | O_APPEND, 0600), e = open(err_path, O_WRONLY | O_CREAT | O_APPEND, 0600);
-    dup2(o, 1);
-    dup2(e, 2);
     char *argv[32];
     int n = 0;
     argv[n++] = self_exe;
     for (int i = 0; args[i] != NULL && n < 31; i++) argv[n++] = (char *)args[i];
     argv[n] = NULL;
-    execv(self_exe, argv);
-    _exit(127);
-}
-
-// wait_for: the exit status of pid, killing it after timeout_s (-1 then)
-static int wait_for(pid_t pid, double timeout_s, double *elapsed) {
-    double t0 = par_now();
-    for (;;) {
-        int status;
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid) {
-            if (elapsed != NULL) *elapsed = par_now() - t0;
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        }
-        if (par_now() - t0 > timeout_s) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            if (elapsed != NULL) *elapsed = par_now() - t0;
-            return -1;
-        }
-        par_sleep(0.005);
-    }
-}
-
-// read_text: the file's text, or "" when there is none
-static char *read_text(const char *path) {
-    char *s = test_read_file(path, NULL);
-    return s != NULL ? s : strdup("");
+    return test_spawn(argv, env, out_path, err_path);
 }
 
 typedef struct { int status; double elapsed; char *out, *err; } Job;
@@ -521,9 +458,9 @@ static Job run_job(const char *mode, int np, const char *to, const char *fault) 
     }
     Job j;
     pid_t pid = spawn(args, NULL, out_path, err_path);
-    j.status = wait_for(pid, 40.0, &j.elapsed);
-    j.out = read_text(out_path);
-    j.err = read_text(err_path);
+    j.status = test_wait(pid, 40.0, &j.elapsed);
+    j.out = test_read_text(out_path);
+    j.err = test_read_text(err_path);
     return j;
 }
 
@@ -538,13 +475,11 @@ static void check_rank_lines(const char *what, const char *out, int world, const
         int ranks_ok = 0;
         char detail[256] = "";
         for (int r = 0; r < world; r++) {
-            char want[128];
-            snprintf(want, sizeof(want), "R %d %s ok", r, names[k]);
-            const char *p = strstr(out, want);
-            if (p != NULL && (p[strlen(want)] == ' ' || p[strlen(want)] == '\n')) {
+            if (test_rank_ok(out, r, names[k])) {
                 ranks_ok++;
                 continue;
             }
+            char want[128];
             snprintf(want, sizeof(want), "R %d %s FAIL", r, names[k]);
             const char *f = strstr(out, want);
             if (f != NULL && detail[0] == '\0') {
@@ -648,7 +583,7 @@ static void test_launch_env(const char *key_path, const uint8_t key[32]) {
     char *argv[] = {self_exe, NULL};
     Launch L;
     char err[512];
-    clear_rank_env();
+    test_clear_rank_env();
     int rc = parallel_main(1, argv, 1, NULL, NULL, 5.0, &L, err, sizeof(err));
     check(rc == 0 && L.mode == LAUNCH_SINGLE && L.world == 1 && L.rank == 0 && !key_is_zero(L.key),
           "launch: -np 1, no environment: a single process with its own key");
@@ -659,7 +594,7 @@ static void test_launch_env(const char *key_path, const uint8_t key[32]) {
     rc = parallel_main(1, argv, 1, NULL, NULL, 5.0, &L, err, sizeof(err));
     check(rc == 0 && L.mode == LAUNCH_SINGLE, "launch: Slurm variables without --rendezvous are not a rank");
     launch_free(&L);
-    clear_rank_env();
+    test_clear_rank_env();
 
     setenv("LLM3D_RANK", "1", 1);
     setenv("LLM3D_WORLD", "2", 1);
@@ -671,7 +606,7 @@ static void test_launch_env(const char *key_path, const uint8_t key[32]) {
     setenv("LLM3D_RANK", "2", 1);
     rc = parallel_main(1, argv, 1, NULL, NULL, 5.0, &L, err, sizeof(err));
     check(rc == PARALLEL_USAGE && strstr(err, "LLM3D_RANK=2 is not below LLM3D_WORLD=2"), "launch error: %s", err);
-    clear_rank_env();
+    test_clear_rank_env();
 
     rc = parallel_main(1, argv, 1, "unix:/tmp/nowhere.sock", key_path, 5.0, &L, err, sizeof(err));
     check(rc == PARALLEL_USAGE && strstr(err, "no rank in the environment"), "launch error: %s", err);
@@ -697,7 +632,7 @@ static void test_launch_env(const char *key_path, const uint8_t key[32]) {
     unsetenv("WORLD_SIZE");
     rc = parallel_main(1, argv, 1, "unix:/tmp/nowhere.sock", key_path, 5.0, &L, err, sizeof(err));
     check(rc == PARALLEL_USAGE && strstr(err, "RANK=1 is set but WORLD_SIZE is not"), "launch error: %s", err);
-    clear_rank_env();
+    test_clear_rank_env();
 
     setenv("OMPI_COMM_WORLD_RANK", "2", 1);
     setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
@@ -706,7 +641,7 @@ static void test_launch_env(const char *key_path, const uint8_t key[32]) {
     check(rc == 0 && L.rank == 2 && L.world == 4 && L.local_rank == 1 && strcmp(L.source, "Open MPI") == 0,
           "launch: Open MPI variables: rank 2 of 4, local 1");
     launch_free(&L);
-    clear_rank_env();
+    test_clear_rank_env();
     setenv("SLURM_PROCID", "3", 1);
     setenv("SLURM_NTASKS", "8", 1);
     setenv("SLURM_LOCALID", "3", 1);
@@ -714,7 +649,7 @@ static void test_launch_env(const char *key_path, const uint8_t key[32]) {
     check(rc == 0 && L.rank == 3 && L.world == 8 && L.local_rank == 3 && strcmp(L.source, "Slurm") == 0,
           "launch: Slurm variables: rank 3 of 8");
     launch_free(&L);
-    clear_rank_env();
+    test_clear_rank_env();
 }
 
 // client: a forked process joining spec; exit 0 joined (and the answer holds
@@ -765,7 +700,7 @@ static void test_rendezvous_server(const uint8_t key[32]) {
         int before = s->rejected;
         pid_t b = client(spec, bad[i].key, bad[i].job, bad[i].rank, bad[i].world, "/llm3d-test", 0);
         serve_until(s, &s->rejected, before + 1);
-        int st = wait_for(b, 5.0, NULL);
+        int st = test_wait(b, 5.0, NULL);
         check(s->rejected == before + 1 && strstr(s->last_reject, bad[i].reason) != NULL && st == 2,
               "rendezvous rejects and logs '%s': \"%s\", client status %d", bad[i].reason, s->last_reject, st);
     }
@@ -776,7 +711,7 @@ static void test_rendezvous_server(const uint8_t key[32]) {
         int before = s->rejected;
         pid_t b = client(spec, key, job, 1, 3, "/llm3d-test", 1);
         serve_until(s, &s->rejected, before + 1);
-        int st = wait_for(b, 5.0, NULL);
+        int st = test_wait(b, 5.0, NULL);
         check(s->rejected == before + 1 && strstr(s->last_reject, "uid 65534") != NULL && st == 2,
               "rendezvous rejects another uid: \"%s\", client status %d", s->last_reject, st);
         chmod(work_dir, 0700);
@@ -787,12 +722,12 @@ static void test_rendezvous_server(const uint8_t key[32]) {
     pid_t b = client(spec, key, job, 1, 3, "/llm3d-test", 0);
     pid_t c = client(spec, key, job, 2, 3, "/llm3d-test", 0);
     check(serve_until(s, &s->answered, 1), "rendezvous: all 3 joined and were answered");
-    int sa = wait_for(a, 5.0, NULL), sb = wait_for(b, 5.0, NULL), sc = wait_for(c, 5.0, NULL);
+    int sa = test_wait(a, 5.0, NULL), sb = test_wait(b, 5.0, NULL), sc = test_wait(c, 5.0, NULL);
     check(sa == 0 && sb == 0 && sc == 0, "rendezvous: each rank got the segment name and rank 0's blob (%d %d %d)", sa, sb, sc);
     int before = s->rejected;
     pid_t d = client(spec, key, job, 2, 3, "/llm3d-test", 0);
     serve_until(s, &s->rejected, before + 1);
-    int sd = wait_for(d, 5.0, NULL);
+    int sd = test_wait(d, 5.0, NULL);
     check(strstr(s->last_reject, "late joiner") != NULL && sd == 2, "rendezvous rejects a late joiner: \"%s\"", s->last_reject);
     rdv_server_close(s);
     struct stat st;
@@ -890,8 +825,8 @@ static void test_outside_launch(const char *key_path) {
     pid_t p1 = spawn(args, env1, out_path, err_path);
     par_sleep(0.2);
     pid_t p0 = spawn(args, env0, out_path, err_path);
-    int s0 = wait_for(p0, 30, NULL), s1 = wait_for(p1, 30, NULL), s2 = wait_for(p2, 30, NULL);
-    char *out = read_text(out_path), *err = read_text(err_path);
+    int s0 = test_wait(p0, 30, NULL), s1 = test_wait(p1, 30, NULL), s2 = test_wait(p2, 30, NULL);
+    char *out = test_read_text(out_path), *err = test_read_text(err_path);
     check(s0 == 0 && s1 == 0 && s2 == 0, "outside launch (unix, LLM3D_* / torchrun / Open MPI): ranks exit %d %d %d%s%s", s0,
           s1, s2, s0 || s1 || s2 ? ": " : "", s0 || s1 || s2 ? err : "");
     check(strstr(out, "R 0 launch ok source LLM3D_*") && strstr(out, "R 1 launch ok source torchrun") &&
@@ -902,13 +837,7 @@ static void test_outside_launch(const char *key_path) {
     free(err);
 
     // tcp on loopback, Slurm's variables; a port the kernel just handed out
-    int probe = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof(sa);
-    bind(probe, (struct sockaddr *)&sa, sizeof(sa));
-    getsockname(probe, (struct sockaddr *)&sa, &sl);
-    close(probe);
-    snprintf(spec, sizeof(spec), "tcp:127.0.0.1:%d", (int)ntohs(sa.sin_port));
+    snprintf(spec, sizeof(spec), "tcp:127.0.0.1:%d", test_free_port());
     unlink(out_path);
     unlink(err_path);
     const char *targs[] = {"child", "steps", "-to", "5", "--rendezvous", spec, "--key-file", key_path, NULL};
@@ -916,10 +845,10 @@ static void test_outside_launch(const char *key_path) {
     const char *t0[] = {"SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_LOCALID=0", NULL};
     p1 = spawn(targs, t1, out_path, err_path);
     p0 = spawn(targs, t0, out_path, err_path);
-    s0 = wait_for(p0, 30, NULL);
-    s1 = wait_for(p1, 30, NULL);
-    out = read_text(out_path);
-    err = read_text(err_path);
+    s0 = test_wait(p0, 30, NULL);
+    s1 = test_wait(p1, 30, NULL);
+    out = test_read_text(out_path);
+    err = test_read_text(err_path);
     check(s0 == 0 && s1 == 0, "outside launch (%s, Slurm): ranks exit %d %d%s%s", spec, s0, s1, s0 || s1 ? ": " : "",
           s0 || s1 ? err : "");
     const char *steps[] = {"steps"};
@@ -1371,11 +1300,8 @@ int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "child") == 0) return child_main(argc, argv);
     (void)test_data_path;  // this test makes its own data
     setvbuf(stdout, NULL, _IOLBF, 0);
-    ssize_t n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
-    if (n <= 0) snprintf(self_exe, sizeof(self_exe), "%s", argv[0]);
-    else self_exe[n] = '\0';
-    snprintf(work_dir, sizeof(work_dir), "/tmp/test_parallel-XXXXXX");
-    if (mkdtemp(work_dir) == NULL) {
+    test_self_exe(self_exe, sizeof(self_exe), argv[0]);
+    if (test_make_dir(work_dir, sizeof(work_dir), "/tmp/test_parallel-XXXXXX") != 0) {
         fprintf(stderr, "test_parallel: mkdtemp: %s\n", strerror(errno));
         return 1;
     }
@@ -1402,8 +1328,6 @@ int main(int argc, char **argv) {
     test_intruders();
     test_outside_launch(key_path);
     printf("(%.1f s)\n", par_now() - t0);
-    char cmd[400];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", work_dir);
-    if (system(cmd) != 0) fprintf(stderr, "test_parallel: could not remove %s\n", work_dir);
+    test_remove_dir(work_dir);
     return test_summary();
 }

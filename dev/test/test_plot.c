@@ -7,18 +7,12 @@
  * check of reference_cpu.sh, on the same kind of logs: identical, within
  * its tolerances, outside them, and cut short.
  *
- *   make test_plot plot_log dev/compare_logs && ./test_plot
+ *   make dev/test/test_plot plot_log dev/compare_logs && ./dev/test/test_plot
  */
 #include "dev/test/test.h"
+#include "dev/test/test_run.h"
 
 static char tmp_dir[64];
-
-// run: cmd with its stdout and stderr into out; its exit status
-static int run(const char *cmd, char *out, size_t outlen) {
-    char log[128];
-    snprintf(log, sizeof(log), "%s/out.txt", tmp_dir);
-    return test_run(cmd, log, 1, out, outlen);
-}
 
 // write_log: steps 0..steps-1 with train loss, val loss every 25 steps and at
 // the last, HellaSwag (a fraction) every 50 when with_hellaswag
@@ -80,12 +74,6 @@ static int points_of(const char *svg, const char *cls, double *first_x, double *
     return n;
 }
 
-static int count(const char *s, const char *what) {
-    int n = 0;
-    for (const char *p = strstr(s, what); p != NULL; p = strstr(p + 1, what)) n++;
-    return n;
-}
-
 // dev/compare_logs against the 120-step log at path: itself, shifted by less
 // and by more than its tolerances, and cut to 60 steps
 static void test_compare_logs(const char *path) {
@@ -120,15 +108,17 @@ static void test_compare_logs(const char *path) {
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         snprintf(cmd, sizeof(cmd), "./dev/compare_logs %s %s %s", cases[k].run, path, cases[k].flags);
-        int rc = run(cmd, out, sizeof(out));
+        int rc = test_run(cmd, 1, out, sizeof(out));
         check(rc == cases[k].rc && strstr(out, cases[k].want) != NULL, "compare_logs %s %s -> exit %d, says '%s'",
               strrchr(cases[k].run, '/') + 1, cases[k].flags, rc, cases[k].want);
     }
 }
 
 int main(void) {
-    snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/test_plot_XXXXXX");
-    if (mkdtemp(tmp_dir) == NULL) { printf("cannot make a temp dir\n"); return 1; }
+    if (test_make_dir(tmp_dir, sizeof(tmp_dir), "/tmp/test_plot_XXXXXX") != 0) {
+        printf("cannot make a temp dir\n");
+        return 1;
+    }
     if (access("./plot_log", X_OK) != 0) {
         skip("./plot_log not built (run from the repo root after make)");
         return test_summary();
@@ -142,7 +132,7 @@ int main(void) {
 
     // the run and a reference, the GPT-2 baselines: written next to the log, as run.svg
     snprintf(cmd, sizeof(cmd), "./plot_log %s -r %s --ref-label 'llm.c <ref> & co'", log, ref);
-    int rc = run(cmd, out, sizeof(out));
+    int rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 0 && strstr(out, svg_path) != NULL, "plot_log run.jsonl -r ref.jsonl -> exit %d, writes run.svg: %.*s", rc,
           (int)strcspn(out, "\n"), out);
     char *svg = test_read_file(svg_path, NULL);
@@ -163,7 +153,7 @@ int main(void) {
           "lr and tokens/s: one point per step");
     check(strstr(svg, "39792 tokens/s mean") != NULL, "throughput: 4096 tokens per step over its ms (mean 39792 tokens/s)");
     check(strstr(svg, "GPT-2 124M: 3.425 (FineWeb val)") != NULL && strstr(svg, "GPT-2 124M: 29.4%") != NULL &&
-          strstr(svg, "GPT-3 124M: 33.7%") != NULL && count(svg, "class=\"baseline\"") == 4,
+          strstr(svg, "GPT-3 124M: 33.7%") != NULL && test_count(svg, "class=\"baseline\"") == 4,
           "the baselines: GPT-2 124M val loss 3.425 and HellaSwag 29.4%%, GPT-3 124M 33.7%%, chance 25%%, as labelled lines");
     check(strstr(svg, "llm.c &lt;ref&gt; &amp; co: val") != NULL, "the reference's label is in the legend, escaped for XML");
     check(strstr(svg, "120 steps, val loss 4.") != NULL, "the header gives the steps and the last val loss");
@@ -172,7 +162,7 @@ int main(void) {
     // no baselines; no HellaSwag panel without HellaSwag; -o; --x tokens
     snprintf(svg_path, sizeof(svg_path), "%s/other.svg", tmp_dir);
     snprintf(cmd, sizeof(cmd), "./plot_log %s -o %s --baselines none --x tokens", ref, svg_path);
-    rc = run(cmd, out, sizeof(out));
+    rc = test_run(cmd, 1, out, sizeof(out));
     svg = test_read_file(svg_path, NULL);
     check(rc == 0 && svg != NULL && well_formed(svg) && strstr(svg, "3.425") == NULL && strstr(svg, "class=\"baseline\"") == NULL &&
           strstr(svg, ">HellaSwag<") == NULL && strstr(svg, "tokens seen") != NULL,
@@ -186,29 +176,28 @@ int main(void) {
     fprintf(f, "{\"step\": 0, \"loss\": 5.0}\n{\"step\": 1, \"loss\": 4.9}\n{\"step\": 2, \"loss\": 4.8,}\n");
     fclose(f);
     snprintf(cmd, sizeof(cmd), "./plot_log %s", bad);
-    rc = run(cmd, out, sizeof(out));
+    rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 1 && strstr(out, "bad.jsonl line 3 column 25: expected a string key") != NULL, "a bad line -> exit %d: %.*s", rc,
           (int)strcspn(out, "\n"), out);
     f = fopen(bad, "w");
     fprintf(f, "{\"loss\": 5.0}\n");
     fclose(f);
-    rc = run(cmd, out, sizeof(out));
+    rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 1 && strstr(out, "line 1") != NULL && strstr(out, "no \"step\" field") != NULL, "a line without a step -> exit %d: %.*s",
           rc, (int)strcspn(out, "\n"), out);
     snprintf(cmd, sizeof(cmd), "./plot_log %s/none.jsonl", tmp_dir);
-    rc = run(cmd, out, sizeof(out));
+    rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 1 && strstr(out, "none.jsonl: cannot open") != NULL, "a missing log -> exit %d", rc);
     write_log(bad, 10, 0.0, 0, 0);
     snprintf(cmd, sizeof(cmd), "./plot_log %s --x tokens", bad);
-    rc = run(cmd, out, sizeof(out));
+    rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 1 && strstr(out, "no \"tokens\" field") != NULL, "--x tokens on a log without tokens -> exit %d", rc);
     snprintf(cmd, sizeof(cmd), "./plot_log %s --baselines gpt3", log);
-    rc = run(cmd, out, sizeof(out));
+    rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 2 && strstr(out, "--baselines 'gpt3'") != NULL, "--baselines gpt3 -> exit %d (flag error)", rc);
 
     test_compare_logs(log);
 
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmp_dir);
-    if (system(cmd) != 0) printf("could not remove %s\n", tmp_dir);
+    test_remove_dir(tmp_dir);
     return test_summary();
 }

@@ -4,7 +4,7 @@
  * writes. (Its older behaviour, text files, splits and the MANIFEST, is
  * tested in test_tokenizer.c and test_dataloader.c.)
  *
- *   make test_prepare_data prepare_data && ./test_prepare_data
+ *   make dev/test/test_prepare_data prepare_data && ./dev/test/test_prepare_data
  *
  * The byte-level checks need no data; the GPT-2 ones read encoder.json,
  * vocab.bpe and tinyshakespeare.txt from test_data_path() and skip without.
@@ -12,6 +12,7 @@
 #define _GNU_SOURCE  // memmem
 #include "llm3d/json.h"
 #include "dev/test/test.h"
+#include "dev/test/test_run.h"
 #include "llm3d/tokenizer.h"
 
 #include <dirent.h>
@@ -20,19 +21,6 @@
 #include <sys/stat.h>
 
 static char tmp_dir[64];
-
-static const char *tmp_path(const char *name, char *out, size_t outlen) {
-    snprintf(out, outlen, "%s/%s", tmp_dir, name);
-    return out;
-}
-
-static void write_file(const char *path, const void *data, size_t len) {
-    FILE *f = fopen(path, "wb");
-    if (f == NULL || fwrite(data, 1, len, f) != len || fclose(f) != 0) {
-        printf("cannot write %s\n", path);
-        exit(1);
-    }
-}
 
 // ----------------------------------------------------------------------------
 // json.h
@@ -109,19 +97,6 @@ static void test_json(void) {
 // ----------------------------------------------------------------------------
 // prepare_data, run as a program
 
-// run: the command with stdout to /dev/null and stderr into errout; its exit status
-static int run(const char *cmd, char *errout, size_t errlen) {
-    char log[256];
-    tmp_path("stderr.txt", log, sizeof(log));
-    return test_run(cmd, log, 0, errout, errlen);
-}
-
-static int count_lines(const char *s) {
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
-}
-
 static int not_dot(const struct dirent *e) { return e->d_name[0] != '.'; }
 
 // same_dirs: dir_a and dir_b hold files of the same names and bytes, and at least want_files of them
@@ -133,34 +108,14 @@ static int same_dirs(const char *dir_a, const char *dir_b, int want_files) {
         char a[512], b[512];
         snprintf(a, sizeof(a), "%s/%s", dir_a, na[k]->d_name);
         snprintf(b, sizeof(b), "%s/%s", dir_b, nb[k]->d_name);
-        size_t la, lb;
-        unsigned char *da = (unsigned char *)test_read_file(a, &la), *db = (unsigned char *)test_read_file(b, &lb);
-        same = strcmp(na[k]->d_name, nb[k]->d_name) == 0 && da != NULL && db != NULL && la == lb && memcmp(da, db, la) == 0;
+        same = strcmp(na[k]->d_name, nb[k]->d_name) == 0 && test_files_same(a, b);
         if (!same) printf("      %s and %s differ\n", a, b);
-        free(da);
-        free(db);
     }
     for (int k = 0; k < n; k++) free(na[k]);
     for (int k = 0; k < m; k++) free(nb[k]);
     if (n >= 0) free(na);
     if (m >= 0) free(nb);
     return same;
-}
-
-// shard_tokens: the tokens of a shard (header checked), or NULL
-static uint16_t *shard_tokens(const char *path, size_t *n) {
-    size_t len;
-    unsigned char *data = (unsigned char *)test_read_file(path, &len);
-    *n = 0;
-    if (data == NULL || len < 1024 || tok_get_u32le(data) != 20240520 || len != 1024 + 2 * (size_t)tok_get_u32le(data + 8)) {
-        free(data);
-        return NULL;
-    }
-    *n = (len - 1024) / 2;
-    uint16_t *t = malloc(*n * 2 + 2);
-    for (size_t i = 0; i < *n; i++) t[i] = (uint16_t)(data[1024 + 2 * i] | data[1025 + 2 * i] << 8);
-    free(data);
-    return t;
 }
 
 // json_escape: text as the body of a JSON string, escaping what must be and,
@@ -183,8 +138,8 @@ static void json_escape(const unsigned char *text, size_t n, FILE *f) {
 static void test_jsonl_and_directory(void) {
     static const char *docs[3] = {"First \"doc\" \\ with\nlines\n", "second: caf\xc3\xa9 \xf0\x9f\x98\x80 / tab\t.", "3"};
     char jsonl[128], dir[128], path[256], out_j[128], out_d[128], cmd[2048], err[4096];
-    tmp_path("docs.jsonl", jsonl, sizeof(jsonl));
-    tmp_path("docs_dir", dir, sizeof(dir));
+    test_path(jsonl, sizeof(jsonl), tmp_dir, "docs.jsonl");
+    test_path(dir, sizeof(dir), tmp_dir, "docs_dir");
     mkdir(dir, 0755);
     FILE *f = fopen(jsonl, "wb");
     for (int k = 0; k < 3; k++) {
@@ -192,18 +147,18 @@ static void test_jsonl_and_directory(void) {
         json_escape((const unsigned char *)docs[k], strlen(docs[k]), f);
         fprintf(f, k == 1 ? "\", \"score\": -0.5}\r\n" : "\"}\n");
         snprintf(path, sizeof(path), "%s/doc%d.txt", dir, k);
-        write_file(path, docs[k], strlen(docs[k]));
+        test_write_file(path, docs[k], strlen(docs[k]));
     }
     fclose(f);
     snprintf(path, sizeof(path), "%s/.hidden", dir);  // left out, as dot-names are
-    write_file(path, "not a document", 14);
-    tmp_path("out_jsonl", out_j, sizeof(out_j));
-    tmp_path("out_dir", out_d, sizeof(out_d));
+    test_write_file(path, "not a document", 14);
+    test_path(out_j, sizeof(out_j), tmp_dir, "out_jsonl");
+    test_path(out_d, sizeof(out_d), tmp_dir, "out_dir");
     snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s -n d -v 10 --bytes -t 2", jsonl, out_j);
-    int rc = run(cmd, err, sizeof(err));
+    int rc = test_run(cmd, 0, err, sizeof(err));
     check(rc == 0, "prepare_data -i docs.jsonl --bytes -> exit %d %.*s", rc, (int)strcspn(err, "\n"), err);
     snprintf(cmd, sizeof(cmd), "./prepare_data -i %s/ -o %s -v 10 --bytes -t 3 -n d", dir, out_d);
-    rc = run(cmd, err, sizeof(err));
+    rc = test_run(cmd, 0, err, sizeof(err));
     check(rc == 0, "prepare_data -i docs_dir/ --bytes -> exit %d %.*s", rc, (int)strcspn(err, "\n"), err);
     check(same_dirs(out_j, out_d, 4), "a .jsonl file and a directory of the same documents give the same shards and MANIFEST");
 
@@ -219,7 +174,7 @@ static void test_jsonl_and_directory(void) {
     char val_path[256], train_path[256];
     snprintf(val_path, sizeof(val_path), "%s/d_val_000000.bin", out_j);
     snprintf(train_path, sizeof(train_path), "%s/d_train_000000.bin", out_j);
-    uint16_t *val = shard_tokens(val_path, &n_val), *train = shard_tokens(train_path, &n_train);
+    uint16_t *val = test_read_shard(val_path, &n_val), *train = test_read_shard(train_path, &n_train);
     int same = val != NULL && train != NULL && n_val == 10 && n_val + n_train == n_want;
     for (size_t i = 0; same && i < n_want; i++) same = (i < n_val ? val[i] : train[i - n_val]) == want[i];
     check(same, "JSON lines: EOT + each decoded document, in order (%zu tokens, want %zu)", n_val + n_train, n_want);
@@ -228,16 +183,16 @@ static void test_jsonl_and_directory(void) {
 
     // -e 0 given: no EOT; one text file alone: no EOT either (the old default)
     snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s -n e0 -v 5 -e 0 --bytes", jsonl, out_j);
-    rc = run(cmd, err, sizeof(err));
+    rc = test_run(cmd, 0, err, sizeof(err));
     snprintf(train_path, sizeof(train_path), "%s/e0_val_000000.bin", out_j);
-    val = shard_tokens(train_path, &n_val);
+    val = test_read_shard(train_path, &n_val);
     check(rc == 0 && val != NULL && n_val == 5 && val[0] == 'F' && val[4] == 't', "JSON lines with -e 0: no EOT before the first document");
     free(val);
     snprintf(path, sizeof(path), "%s/doc0.txt", dir);
     snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s -n one -v 1 --bytes", path, out_j);
-    rc = run(cmd, err, sizeof(err));
+    rc = test_run(cmd, 0, err, sizeof(err));
     snprintf(val_path, sizeof(val_path), "%s/one_val_000000.bin", out_j);
-    val = shard_tokens(val_path, &n_val);
+    val = test_read_shard(val_path, &n_val);
     check(rc == 0 && val != NULL && n_val == 1 && val[0] == 'F', "one text file: -e defaults to 0 as before");
     free(val);
 }
@@ -256,47 +211,47 @@ static void test_jsonl_errors(void) {
         {"open.jsonl", "{\"text\": \"a}\n{\"text\": \"b\"}\n", "line 1 column 13 (file byte 12): string not closed"},
     };
     char out[128], path[128], cmd[2048], err[4096];
-    tmp_path("out_errors", out, sizeof(out));
+    test_path(out, sizeof(out), tmp_dir, "out_errors");
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
-        tmp_path(cases[k].name, path, sizeof(path));
-        write_file(path, cases[k].text, strlen(cases[k].text));
+        test_path(path, sizeof(path), tmp_dir, cases[k].name);
+        test_write_file(path, cases[k].text, strlen(cases[k].text));
         snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s -v 1 --bytes --block 64", path, out);
-        int rc = run(cmd, err, sizeof(err));
+        int rc = test_run(cmd, 0, err, sizeof(err));
         char manifest[256];
         snprintf(manifest, sizeof(manifest), "%s/MANIFEST", out);
-        check(rc == 1 && count_lines(err) == 1 && strstr(err, cases[k].want) != NULL && access(manifest, F_OK) != 0,
+        check(rc == 1 && test_count(err, "\n") == 1 && strstr(err, cases[k].want) != NULL && access(manifest, F_OK) != 0,
               "%s -> exit %d, one line: %.*s", cases[k].name, rc, (int)strcspn(err, "\n"), err);
     }
-    tmp_path("data.jsonl.gz", path, sizeof(path));
-    write_file(path, "x", 1);
+    test_path(path, sizeof(path), tmp_dir, "data.jsonl.gz");
+    test_write_file(path, "x", 1);
     snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s --bytes", path, out);
-    int rc = run(cmd, err, sizeof(err));
+    int rc = test_run(cmd, 0, err, sizeof(err));
     check(rc == 1 && strstr(err, "a .gz file is not text") != NULL, "a .gz input is refused -> exit %d: %.*s", rc,
           (int)strcspn(err, "\n"), err);
-    tmp_path("empty_dir", path, sizeof(path));
+    test_path(path, sizeof(path), tmp_dir, "empty_dir");
     mkdir(path, 0755);
     snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s --bytes", path, out);
-    rc = run(cmd, err, sizeof(err));
+    rc = test_run(cmd, 0, err, sizeof(err));
     check(rc == 1 && strstr(err, "no files in it") != NULL, "an empty directory is refused -> exit %d: %.*s", rc,
           (int)strcspn(err, "\n"), err);
     snprintf(cmd, sizeof(cmd), "./prepare_data -i x --val-shard -v 5");
-    rc = run(cmd, err, sizeof(err));
+    rc = test_run(cmd, 0, err, sizeof(err));
     check(rc == 2 && strstr(err, "--val-shard and -v") != NULL, "--val-shard with -v is a flag error -> exit %d", rc);
     snprintf(cmd, sizeof(cmd), "./prepare_data -i x -t 0");
-    rc = run(cmd, err, sizeof(err));
+    rc = test_run(cmd, 0, err, sizeof(err));
     check(rc == 2 && strstr(err, "-t '0'") != NULL, "-t 0 is a flag error -> exit %d", rc);
 }
 
 // --val-shard: llm.c's fineweb.py names, the first whole shard val
 static void test_val_shard_names(void) {
     char text[128], out[128], cmd[2048], err[4096];
-    tmp_path("names.jsonl", text, sizeof(text));
+    test_path(text, sizeof(text), tmp_dir, "names.jsonl");
     FILE *f = fopen(text, "wb");
     for (int k = 0; k < 50; k++) fprintf(f, "{\"text\": \"document %02d.\"}\n", k);  // 12 bytes + EOT each: 650 tokens
     fclose(f);
-    tmp_path("out_names", out, sizeof(out));
+    test_path(out, sizeof(out), tmp_dir, "out_names");
     snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s -n fineweb --val-shard -s 300 --bytes -t 1", text, out);
-    int rc = run(cmd, err, sizeof(err));
+    int rc = test_run(cmd, 0, err, sizeof(err));
     check(rc == 0, "--val-shard -s 300 -> exit %d %.*s", rc, (int)strcspn(err, "\n"), err);
     const char *want[] = {"fineweb_val_000000.bin", "fineweb_train_000001.bin", "fineweb_train_000002.bin"};
     size_t want_n[] = {300, 300, 50};
@@ -305,7 +260,7 @@ static void test_val_shard_names(void) {
         char path[256];
         size_t n;
         snprintf(path, sizeof(path), "%s/%s", out, want[k]);
-        uint16_t *t = shard_tokens(path, &n);
+        uint16_t *t = test_read_shard(path, &n);
         ok = ok && t != NULL && n == want_n[k];
         free(t);
     }
@@ -315,9 +270,9 @@ static void test_val_shard_names(void) {
 
     // the same on 4 threads in blocks of 64 bytes (a few lines each): the same bytes
     char many[128];
-    tmp_path("out_names_t4", many, sizeof(many));
+    test_path(many, sizeof(many), tmp_dir, "out_names_t4");
     snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s -n fineweb --val-shard -s 300 --bytes -t 4 --block 64", text, many);
-    rc = run(cmd, err, sizeof(err));
+    rc = test_run(cmd, 0, err, sizeof(err));
     check(rc == 0 && same_dirs(out, many, 5), "--bytes: -t 4 in 64-byte blocks writes what -t 1 in one block wrote");
 }
 
@@ -334,7 +289,7 @@ static void test_threads_gpt2(void) {
     size_t len;
     unsigned char *text = (unsigned char *)test_read_file(text_path, &len);
     char jsonl[128], cmd[4096], err[4096];
-    tmp_path("shakespeare.jsonl", jsonl, sizeof(jsonl));
+    test_path(jsonl, sizeof(jsonl), tmp_dir, "shakespeare.jsonl");
     FILE *f = fopen(jsonl, "wb");
     size_t n_docs = 0, *starts = malloc((len / 2 + 2) * sizeof(size_t));
     for (size_t at = 0; at < len; n_docs++) {  // a document per paragraph, up to a blank line
@@ -352,14 +307,14 @@ static void test_threads_gpt2(void) {
     struct { const char *input, *tag; } inputs[2] = {{text_path, "text file"}, {jsonl, "JSON lines"}};
     for (int k = 0; k < 2; k++) {
         char one[128], many[128];
-        tmp_path(k ? "t1_jsonl" : "t1_text", one, sizeof(one));
-        tmp_path(k ? "t3_jsonl" : "t3_text", many, sizeof(many));
+        test_path(one, sizeof(one), tmp_dir, k ? "t1_jsonl" : "t1_text");
+        test_path(many, sizeof(many), tmp_dir, k ? "t3_jsonl" : "t3_text");
         const char *common = "-n s --val-shard -s 100000 -e 1";
         snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s %s -t 1 --encoder %s --vocab %s", inputs[k].input, one, common, enc, voc);
-        int rc1 = run(cmd, err, sizeof(err));
+        int rc1 = test_run(cmd, 0, err, sizeof(err));
         snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s %s -t 3 --block 5000 --encoder %s --vocab %s", inputs[k].input, many,
                  common, enc, voc);
-        int rc3 = run(cmd, err, sizeof(err));
+        int rc3 = test_run(cmd, 0, err, sizeof(err));
         check(rc1 == 0 && rc3 == 0 && same_dirs(one, many, 6),
               "%s: -t 1 in one 1 MB block and -t 3 in 5000-byte blocks write the same shards", inputs[k].tag);
     }
@@ -373,8 +328,8 @@ static void test_threads_gpt2(void) {
     for (int s = 0; s < 5; s++) {
         char path[1024];
         size_t n;
-        snprintf(path, sizeof(path), "%s/s_%s_%06d.bin", tmp_path("t1_jsonl", msg, sizeof(msg)), s ? "train" : "val", s);
-        uint16_t *t = shard_tokens(path, &n);
+        snprintf(path, sizeof(path), "%s/t1_jsonl/s_%s_%06d.bin", tmp_dir, s ? "train" : "val", s);
+        uint16_t *t = test_read_shard(path, &n);
         got = realloc(got, (n_got + n + 1) * sizeof(uint16_t));
         if (t != NULL) memcpy(got + n_got, t, n * sizeof(uint16_t));
         n_got += n;
@@ -434,9 +389,9 @@ static void test_input_swapped_for_fifo(void) {
         skip("no GPT-2 files: the input swapped for a FIFO");
         return;
     }
-    tmp_path("swapped.txt", input, sizeof(input));
-    tmp_path("swapped_out", out, sizeof(out));
-    write_file(input, "a regular file, at first\n", 25);
+    test_path(input, sizeof(input), tmp_dir, "swapped.txt");
+    test_path(out, sizeof(out), tmp_dir, "swapped_out");
+    test_write_file(input, "a regular file, at first\n", 25);
     snprintf(argv_enc, sizeof(argv_enc), "%s", enc);
     snprintf(argv_voc, sizeof(argv_voc), "%s", voc);
     int p[2];
@@ -494,8 +449,10 @@ static void test_input_swapped_for_fifo(void) {
 }
 
 int main(void) {
-    snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/test_prepare_data_XXXXXX");
-    if (mkdtemp(tmp_dir) == NULL) { printf("cannot make a temp dir\n"); return 1; }
+    if (test_make_dir(tmp_dir, sizeof(tmp_dir), "/tmp/test_prepare_data_XXXXXX") != 0) {
+        printf("cannot make a temp dir\n");
+        return 1;
+    }
     test_json();
     if (access("./prepare_data", X_OK) != 0) {
         skip("./prepare_data not built (run from the repo root after make)");
@@ -506,8 +463,6 @@ int main(void) {
         test_threads_gpt2();
         test_input_swapped_for_fifo();
     }
-    char cmd[128];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmp_dir);
-    if (system(cmd) != 0) printf("could not remove %s\n", tmp_dir);
+    test_remove_dir(tmp_dir);
     return test_summary();
 }

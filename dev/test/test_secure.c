@@ -3,8 +3,8 @@
  * vectors, the openssl command, and every way a frame, key file or manifest
  * can be wrong.
  *
- *   gcc -O2 -Wall -Wextra -o test_secure test_secure.c && ./test_secure
- *   ./test_secure -corpus dev/fuzz/corpus   # (re)writes the fuzz seed corpora
+ *   make dev/test/test_secure && ./dev/test/test_secure
+ *   ./dev/test/test_secure -corpus dev/fuzz/corpus   # (re)writes the fuzz seed corpora
  *
  * Run from the repo root; vectors come from test_data_path() (../shared/data).
  */
@@ -14,6 +14,7 @@
 #include "llm3d/files.h"  // write_all
 #include "llm3d/secure/manifest.h"
 #include "dev/test/test.h"
+#include "dev/test/test_run.h"
 
 #include <dirent.h>
 #include <sys/types.h>
@@ -112,10 +113,7 @@ static void rng_fill(uint8_t *p, size_t n) { for (size_t i = 0; i < n; i++) p[i]
 
 static void write_bytes(const char *dir, const char *name, const void *data, size_t n) {
     char path[512];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    fwrite(data, 1, n, f);
-    fclose(f);
+    test_write_file(test_path(path, sizeof(path), dir, name), data, n);
 }
 
 // for the cross-checks against the openssl command: a fresh directory for its
@@ -1220,10 +1218,7 @@ static int write_corpus(const char *dir) {
         tx.send_seq[1] = 0;
         frame_seal(&tx, 1, CH_ACTIVATION, 7, 0, payload, frames[i].len, frame);
         snprintf(path, sizeof(path), "%s/frame/%s", dir, frames[i].name);
-        FILE *f = fopen(path, "wb");
-        if (f == NULL) { fprintf(stderr, "test_secure -corpus: cannot write %s\n", path); return 1; }
-        fwrite(frame, 1, frame_bytes(frames[i].len), f);
-        fclose(f);
+        test_write_file(path, frame, frame_bytes(frames[i].len));
     }
     links_free(&tx);
     const char *h64 = "6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d";
@@ -1236,10 +1231,7 @@ static int write_corpus(const char *dir) {
         size_t n = mans[i].seal ? seal_text(mans[i].text, NULL, sealed, sizeof(sealed))
                                 : (size_t)snprintf(sealed, sizeof(sealed), "%s", mans[i].text);
         snprintf(path, sizeof(path), "%s/manifest/%s", dir, mans[i].name);
-        FILE *f = fopen(path, "wb");
-        if (f == NULL) { fprintf(stderr, "test_secure -corpus: cannot write %s\n", path); return 1; }
-        fwrite(sealed, 1, n, f);
-        fclose(f);
+        test_write_file(path, sealed, n);
     }
     printf("wrote seeds under %s/frame and %s/manifest\n", dir, dir);
     return 0;

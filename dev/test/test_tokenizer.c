@@ -10,7 +10,7 @@
  * encoder.json / vocab.bpe / .bin files; and prepare_data end to end
  * (shards, split, EOT, bad flags), when ./prepare_data has been built.
  *
- * Build: gcc -O2 -Wall -Wextra test_tokenizer.c -o test_tokenizer
+ * Build: make dev/test/test_tokenizer prepare_data
  * Run from the repo root; data from $LLM3D_DATA or ../shared/data.
  */
 #define _POSIX_C_SOURCE 200809L  // mkdtemp, popen
@@ -19,23 +19,12 @@
 #include <sys/stat.h>
 
 #include "dev/test/test.h"
+#include "dev/test/test_run.h"
 #include "llm3d/tokenizer.h"
 
 static char tmp_dir[64];
 
-static const char *tmp_path(const char *name, char *out, size_t outlen) {
-    snprintf(out, outlen, "%s/%s", tmp_dir, name);
-    return out;
-}
-
-static void write_file(const char *path, const void *data, size_t len) {
-    FILE *f = fopen(path, "wb");
-    if (f == NULL) { printf("cannot write %s\n", path); exit(1); }
-    fwrite(data, 1, len, f);
-    fclose(f);
-}
-
-static void write_text(const char *path, const char *text) { write_file(path, text, strlen(text)); }
+static void write_text(const char *path, const char *text) { test_write_file(path, text, strlen(text)); }
 
 // one_line_error: the failure message is non-empty, one line, and names the file
 static int one_line_error(const char *err, const char *path) {
@@ -371,7 +360,7 @@ static void test_special(Bpe *bpe) {
 
 static void test_bin(Bpe *bpe) {
     char path[256], err[512];
-    tmp_path("gpt2_tokenizer.bin", path, sizeof(path));
+    test_path(path, sizeof(path), tmp_dir, "gpt2_tokenizer.bin");
     if (!check(bpe_write_tokenizer_bin(bpe, path, err, sizeof(err)) == 0, "bpe_write_tokenizer_bin %s", path)) {
         printf("      %s\n", err);
         return;
@@ -407,7 +396,7 @@ static void test_bin(Bpe *bpe) {
 
 static void test_bytes_bin(void) {
     char path[256], err[512];
-    tmp_path("bytes_tokenizer.bin", path, sizeof(path));
+    test_path(path, sizeof(path), tmp_dir, "bytes_tokenizer.bin");
     check(tokenizer_write_bytes_bin(path, err, sizeof(err)) == 0, "tokenizer_write_bytes_bin");
     Tokenizer t;
     if (!check(tokenizer_load_bin(&t, path, err, sizeof(err)) == 0, "load the byte-level .bin")) return;
@@ -423,8 +412,8 @@ static void test_bytes_bin(void) {
 
 static void expect_bin_error(const char *name, const unsigned char *data, size_t len, const char *want_text) {
     char path[256], err[512] = "";
-    tmp_path(name, path, sizeof(path));
-    write_file(path, data, len);
+    test_path(path, sizeof(path), tmp_dir, name);
+    test_write_file(path, data, len);
     Tokenizer t;
     int rc = tokenizer_load_bin(&t, path, err, sizeof(err));
     check(rc != 0 && one_line_error(err, path) && strstr(err, want_text) != NULL, "bad .bin (%s): %s", name, err);
@@ -433,7 +422,7 @@ static void expect_bin_error(const char *name, const unsigned char *data, size_t
 static void test_bad_bin(void) {
     char path[256], err[512] = "";
     Tokenizer t;
-    tmp_path("no_such.bin", path, sizeof(path));
+    test_path(path, sizeof(path), tmp_dir, "no_such.bin");
     check(tokenizer_load_bin(&t, path, err, sizeof(err)) != 0 && one_line_error(err, path), "missing .bin: %s", err);
     // a good two-token file, then broken copies of it
     unsigned char good[1024 + 5] = {0};
@@ -442,8 +431,8 @@ static void test_bad_bin(void) {
     tok_put_u32le(good + 8, 2);
     tok_put_u32le(good + 12, 1);
     memcpy(good + 1024, "\x01" "a" "\x02" "bc", 5);
-    tmp_path("good.bin", path, sizeof(path));
-    write_file(path, good, sizeof(good));
+    test_path(path, sizeof(path), tmp_dir, "good.bin");
+    test_write_file(path, good, sizeof(good));
     int rc = tokenizer_load_bin(&t, path, err, sizeof(err));
     int len;
     const char *s = rc == 0 ? tokenizer_decode(&t, 1, &len) : NULL;
@@ -501,10 +490,10 @@ static void expect_load_error(const char *what, const char *encoder, const char 
 
 static void test_bad_bpe_files(void) {
     char enc[256], voc[256], bad[256], missing[256];
-    tmp_path("tiny_encoder.json", enc, sizeof(enc));
-    tmp_path("tiny_vocab.bpe", voc, sizeof(voc));
-    tmp_path("bad_file", bad, sizeof(bad));
-    tmp_path("missing_file", missing, sizeof(missing));
+    test_path(enc, sizeof(enc), tmp_dir, "tiny_encoder.json");
+    test_path(voc, sizeof(voc), tmp_dir, "tiny_vocab.bpe");
+    test_path(bad, sizeof(bad), tmp_dir, "bad_file");
+    test_path(missing, sizeof(missing), tmp_dir, "missing_file");
     write_tiny_encoder(enc, ", \"<|endoftext|>\": 258");
     write_text(voc, "#version: 0.2\na b\nab c\n");
     Bpe b;
@@ -588,12 +577,12 @@ static void test_bad_bpe_files(void) {
     unsigned char *data;
     size_t size;
     if (tok_read_file(real_voc, (size_t)1 << 30, &data, &size, err, sizeof(err)) == 0) {
-        write_file(bad, data, size / 2);
+        test_write_file(bad, data, size / 2);
         expect_load_error("real vocab.bpe cut in half", real_enc, bad, bad, "");
         free(data);
     }
     if (tok_read_file(real_enc, (size_t)1 << 30, &data, &size, err, sizeof(err)) == 0) {
-        write_file(bad, data, size / 2);
+        test_write_file(bad, data, size / 2);
         expect_load_error("real encoder.json cut in half", bad, real_voc, bad, "");
         free(data);
     }
@@ -601,35 +590,6 @@ static void test_bad_bpe_files(void) {
 
 // ----------------------------------------------------------------------------
 // prepare_data, run as a program
-
-// run: the command with stdout to /dev/null and stderr into errout; its exit status
-static int run(const char *cmd, char *errout, size_t errlen) {
-    char log[256];
-    tmp_path("stderr.txt", log, sizeof(log));
-    return test_run(cmd, log, 0, errout, errlen);
-}
-
-static int count_lines(const char *s) {
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
-}
-
-// read_shard: the tokens of a shard file, checking its header; NULL if bad
-static uint16_t *read_shard(const char *path, size_t *ntok) {
-    unsigned char *data;
-    size_t size;
-    char err[512];
-    *ntok = 0;
-    if (tok_read_file(path, (size_t)1 << 30, &data, &size, err, sizeof(err)) != 0) return NULL;
-    if (size < 1024 || tok_get_u32le(data) != 20240520 || tok_get_u32le(data + 4) != 1 ||
-        size != 1024 + 2 * (size_t)tok_get_u32le(data + 8)) { free(data); return NULL; }
-    *ntok = tok_get_u32le(data + 8);
-    uint16_t *tokens = malloc(*ntok * 2 + 2);
-    for (size_t i = 0; i < *ntok; i++) tokens[i] = (uint16_t)(data[1024 + 2 * i] | (data[1025 + 2 * i] << 8));
-    free(data);
-    return tokens;
-}
 
 // read_split: the tokens of <dir>/<name>_<split>_000000.bin, _000001, ...
 // joined, or NULL if a shard is bad, or holds more than max tokens, or holds
@@ -644,7 +604,7 @@ static uint16_t *read_split(const char *dir, const char *name, const char *split
         snprintf(path, sizeof(path), "%s/%s_%s_%06d.bin", dir, name, split, *n_shards);
         if (access(path, F_OK) != 0) break;
         size_t n;
-        uint16_t *tokens = read_shard(path, &n);
+        uint16_t *tokens = test_read_shard(path, &n);
         ok = tokens != NULL && n <= max && last == max;
         if (ok) {
             all = realloc(all, (*ntok + n + 1) * sizeof(uint16_t));
@@ -661,8 +621,8 @@ static uint16_t *read_split(const char *dir, const char *name, const char *split
 // flags and runtime errors; needs no data
 static void test_prepare_data_errors(void) {
     char out[256], cmd[2048], err[4096], text_path[256];
-    tmp_path("shards_err", out, sizeof(out));
-    tmp_path("small.txt", text_path, sizeof(text_path));
+    test_path(out, sizeof(out), tmp_dir, "shards_err");
+    test_path(text_path, sizeof(text_path), tmp_dir, "small.txt");
     write_text(text_path, "a few words of text\n");
     struct { const char *args; const char *want; } usage_cases[] = {
         {"", "no input"},
@@ -679,44 +639,45 @@ static void test_prepare_data_errors(void) {
     };
     for (size_t k = 0; k < sizeof(usage_cases) / sizeof(usage_cases[0]); k++) {
         snprintf(cmd, sizeof(cmd), "./prepare_data %s", usage_cases[k].args);
-        int rc = run(cmd, err, sizeof(err));
-        check(rc == 2 && count_lines(err) == 1 && strstr(err, usage_cases[k].want) != NULL, "prepare_data %s -> exit %d: %.*s",
+        int rc = test_run(cmd, 0, err, sizeof(err));
+        check(rc == 2 && test_count(err, "\n") == 1 && strstr(err, usage_cases[k].want) != NULL, "prepare_data %s -> exit %d: %.*s",
               usage_cases[k].args, rc, (int)strcspn(err, "\n"), err);
     }
     snprintf(cmd, sizeof(cmd), "./prepare_data -i %s/nonexistent.txt -o %s --bytes", tmp_dir, out);
-    int rc = run(cmd, err, sizeof(err));
-    check(rc == 1 && count_lines(err) == 1 && strstr(err, "-i ") != NULL && strstr(err, "nonexistent.txt") != NULL,
+    int rc = test_run(cmd, 0, err, sizeof(err));
+    check(rc == 1 && test_count(err, "\n") == 1 && strstr(err, "-i ") != NULL && strstr(err, "nonexistent.txt") != NULL,
           "missing input -> exit %d: %.*s", rc, (int)strcspn(err, "\n"), err);
     snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s -n small --bytes -v 1000", text_path, out);
-    rc = run(cmd, err, sizeof(err));
+    rc = test_run(cmd, 0, err, sizeof(err));
     char path[512];
     snprintf(path, sizeof(path), "%s/small_val_000000.bin", out);
-    check(rc == 1 && count_lines(err) == 1 && strstr(err, "train split would be empty") != NULL && access(path, F_OK) != 0,
+    check(rc == 1 && test_count(err, "\n") == 1 && strstr(err, "train split would be empty") != NULL && access(path, F_OK) != 0,
           "-v above the token count -> exit %d, no shard left behind: %.*s", rc, (int)strcspn(err, "\n"), err);
     snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s --encoder %s/missing.json --vocab %s/missing.bpe", text_path, out,
              tmp_dir, tmp_dir);
-    rc = run(cmd, err, sizeof(err));
-    check(rc == 1 && count_lines(err) == 1 && strstr(err, "missing.json: cannot open") != NULL, "missing --encoder -> exit %d: %.*s",
+    rc = test_run(cmd, 0, err, sizeof(err));
+    check(rc == 1 && test_count(err, "\n") == 1 && strstr(err, "missing.json: cannot open") != NULL,
+          "missing --encoder -> exit %d: %.*s",
           rc, (int)strcspn(err, "\n"), err);
     snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s --bytes", text_path, text_path);
-    rc = run(cmd, err, sizeof(err));
-    check(rc == 1 && count_lines(err) == 1 && strstr(err, "not a directory") != NULL, "-o naming a file -> exit %d: %.*s", rc,
+    rc = test_run(cmd, 0, err, sizeof(err));
+    check(rc == 1 && test_count(err, "\n") == 1 && strstr(err, "not a directory") != NULL, "-o naming a file -> exit %d: %.*s", rc,
           (int)strcspn(err, "\n"), err);
 }
 
 // --bytes with EOT and small shards, on two made-up documents; needs no data
 static void test_prepare_data_bytes(void) {
     char doc1[256], doc2[256], out[256], cmd[2048], err[4096];
-    tmp_path("doc1.txt", doc1, sizeof(doc1));
-    tmp_path("doc2.txt", doc2, sizeof(doc2));
-    tmp_path("shards_bytes", out, sizeof(out));
+    test_path(doc1, sizeof(doc1), tmp_dir, "doc1.txt");
+    test_path(doc2, sizeof(doc2), tmp_dir, "doc2.txt");
+    test_path(out, sizeof(out), tmp_dir, "shards_bytes");
     unsigned char text1[3000], text2[2000];
     for (size_t i = 0; i < sizeof(text1); i++) text1[i] = (unsigned char)("the first document\n"[i % 19]);
     for (size_t i = 0; i < sizeof(text2); i++) text2[i] = (unsigned char)(1 + (i * 7) % 255);  // every byte but 0
-    write_file(doc1, text1, sizeof(text1));
-    write_file(doc2, text2, sizeof(text2));
+    test_write_file(doc1, text1, sizeof(text1));
+    test_write_file(doc2, text2, sizeof(text2));
     snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -i %s -o %s -n b --bytes -e 1 -v 500 -s 1000", doc1, doc2, out);
-    int rc = run(cmd, err, sizeof(err));
+    int rc = test_run(cmd, 0, err, sizeof(err));
     if (!check(rc == 0, "prepare_data --bytes -e 1 on two documents -> exit %d %.*s", rc, rc ? (int)strcspn(err, "\n") : 0, err))
         return;
     // the stream: EOT (0), document 1, EOT, document 2
@@ -754,9 +715,9 @@ static void test_prepare_data_gpt2(void) {
         return;
     }
     char out[256], cmd[2048], err[4096];
-    tmp_path("shards_gpt2", out, sizeof(out));
+    test_path(out, sizeof(out), tmp_dir, "shards_gpt2");
     snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s -n tiny -e 1 -s 100000 --encoder %s --vocab %s", text_path, out, enc, voc);
-    int rc = run(cmd, err, sizeof(err));
+    int rc = test_run(cmd, 0, err, sizeof(err));
     if (!check(rc == 0, "prepare_data on tinyshakespeare -> exit %d %.*s", rc, rc ? (int)strcspn(err, "\n") : 0, err)) return;
     size_t n_val, n_train;
     int val_shards, train_shards;
@@ -798,8 +759,10 @@ static void test_prepare_data(void) {
 }
 
 int main(void) {
-    snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/test_tokenizer_XXXXXX");
-    if (mkdtemp(tmp_dir) == NULL) { printf("cannot make a temp dir\n"); return 1; }
+    if (test_make_dir(tmp_dir, sizeof(tmp_dir), "/tmp/test_tokenizer_XXXXXX") != 0) {
+        printf("cannot make a temp dir\n");
+        return 1;
+    }
     test_unicode();
     test_utf8();
     test_pretokenizer();
@@ -824,8 +787,6 @@ int main(void) {
     }
     test_prepare_data();
 
-    char cmd[128];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmp_dir);
-    if (system(cmd) != 0) printf("could not remove %s\n", tmp_dir);
+    test_remove_dir(tmp_dir);
     return test_summary();
 }
