@@ -123,7 +123,7 @@ static void test_layout(void) {
 
     // one long window, to check inputs/targets beyond a toy size
     write_shard("long/x.bin", 7, 900);
-    char pattern[512], err[512];
+    char pattern[512], err[512] = "ok";
     test_path(pattern, sizeof(pattern), tmpdir, "long/*.bin");
     if (check(dataloader_init(&dl, pattern, 4, 50, 0, 1, 0, 0, TV, err, sizeof(err)) == 0, "long: open (%s)", err)) {
         int in[200], tg[200], good = 1;

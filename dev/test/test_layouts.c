@@ -270,7 +270,7 @@ static int log_has(const char *needle, const char *also) {
     return found;
 }
 
-// the watch report (-wr, trainer.h): rank 2 slowed by 300 ms a step from
+// the watch report (-wr, watch.h): rank 2 slowed by 300 ms a step from
 // step 3 is named a straggler once two reports in a row saw it (with -wr 3,
 // the reports after steps 5 and 8, each of 3 slow steps), on stdout and in
 // the log; the same job without the fault reports nothing. The slowdown is
@@ -343,7 +343,7 @@ static void watch_two_reports(int world, int pp, const float *all, char *lines, 
 }
 
 // the rules of the watch report and of the consistency check's verdict,
-// on numbers made up here (trainer.h's watch_judge, replicas_judge), and
+// on numbers made up here (watch.h's watch_judge, replicas_judge), and
 // of the ranks' start marks (start_marks_judge)
 static void test_watch_rules(void) {
     Job job;

@@ -2,7 +2,7 @@
  * test_llmc.c: llm.c's command lines mean the same here.
  *
  * Every flag of llm.c's train_gpt2.cu (its usage text and its parser) is in
- * gpt2.h's table, and each either means what it means in llm.c or is
+ * flags.h's table, and each either means what it means in llm.c or is
  * refused with one line saying what differs; -lg no longer takes a number
  * for a file name. llm.c's GPT-2 124M command (scripts/run_gpt2_124M.sh)
  * runs unchanged on the CPU trainer with a small -e: it starts, evaluates,

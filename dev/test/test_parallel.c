@@ -1,7 +1,7 @@
 /*
  * test_parallel.c: the rank grid (grid.h), the pipeline schedules and plans
- * (pipeline.h), the launcher and the rendezvous (launcher.h) and the host
- * communicator (shm_comm.h), with real processes.
+ * (pipeline.h), the launcher and the rendezvous (launcher.h, rendezvous.h)
+ * and the host communicator (shm_comm.h), with real processes.
  *
  * Run without arguments it is the test: in-process checks (grid math, flag
  * and environment handling, the rendezvous server against forked clients),

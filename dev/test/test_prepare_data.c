@@ -321,7 +321,7 @@ static void test_threads_gpt2(void) {
 
     // the JSON-lines shards are EOT + bpe_encode(paragraph), paragraph after paragraph
     Bpe bpe;
-    char msg[512];
+    char msg[512] = "ok";
     if (!check(bpe_load(&bpe, enc, voc, msg, sizeof(msg)) == 0, "bpe_load (%s)", msg)) { free(starts); free(text); return; }
     uint16_t *got = NULL;
     size_t n_got = 0;
