@@ -9,6 +9,10 @@
  * on). Then round trips of many lengths, every single-bit flip refused, and,
  * where OpenSSL's header is found at build time, the same inputs sealed by
  * OpenSSL's EVP_aes_256_gcm (the Makefile adds -DLLM3D_OPENSSL -lcrypto).
+ * Sealed files: written and read back, damage refused, and their bytes
+ * rebuilt from doc/formats.md's layout with one-buffer GCM (ours, and
+ * OpenSSL's where found), so that the format itself, each chunk's own
+ * nonce included, is held to its description and not only to its reader.
  */
 #include "llm3d/secure/aead.h"
 #include "dev/test/test.h"
@@ -16,6 +20,7 @@
 
 #ifdef LLM3D_OPENSSL
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #endif
 
 static int unhex(const char *hex, uint8_t *out) {
@@ -413,6 +418,186 @@ static void test_sealed_files(void) {
     aead_file_key_wipe(&wrong);
 }
 
+// ----------------------------------------------------------------------------
+// the sealed file's bytes, rebuilt from its documented layout
+
+// one buffer's AES-256-GCM with a 12-byte nonce, and HMAC-SHA256: the two
+// primitives a sealed file is made of, from aead.h and secure.h, or from
+// OpenSSL
+typedef struct {
+    const char *name;
+    int (*seal)(const uint8_t key[32], const uint8_t nonce[12], const uint8_t *aad, int aadlen, const uint8_t *plain,
+                int len, uint8_t *out, uint8_t tag[16]);
+    void (*mac)(const uint8_t key[32], const char *label, uint8_t out[32]);
+} Primitives;
+
+static int our_seal(const uint8_t key[32], const uint8_t nonce[12], const uint8_t *aad, int aadlen,
+                    const uint8_t *plain, int len, uint8_t *out, uint8_t tag[16]) {
+    AeadKey k;
+    aead_init(&k, key);
+    aead_seal(&k, nonce, 12, aad, (size_t)aadlen, plain, out, (size_t)len, tag);
+    aead_wipe(&k);
+    return 0;
+}
+
+static void our_mac(const uint8_t key[32], const char *label, uint8_t out[32]) {
+    hmac_sha256(key, 32, label, strlen(label), out);
+}
+
+#ifdef LLM3D_OPENSSL
+static int openssl_seal12(const uint8_t key[32], const uint8_t nonce[12], const uint8_t *aad, int aadlen,
+                          const uint8_t *plain, int len, uint8_t *out, uint8_t tag[16]) {
+    return openssl_seal(key, nonce, 12, aad, aadlen, plain, len, out, tag);
+}
+
+static void openssl_mac(const uint8_t key[32], const char *label, uint8_t out[32]) {
+    unsigned int n = 32;
+    if (HMAC(EVP_sha256(), key, 32, (const unsigned char *)label, strlen(label), out, &n) == NULL) memset(out, 0, 32);
+}
+#endif
+
+static void le_put(uint8_t *p, uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+// the sealed file of plain[0..n) in chunks of chunk bytes under key, with
+// the file id file_id (random when written, so taken from the file under
+// test), laid out as doc/formats.md says, with p's primitives and none of
+// aead.h's file code or constants: malloc'd, its size into *len
+static uint8_t *build_sealed(const Primitives *p, const uint8_t key[32], uint64_t file_id, const uint8_t *plain,
+                             uint64_t n, uint32_t chunk, size_t *len) {
+    uint64_t chunks = n == 0 ? 1 : (n + chunk - 1) / chunk;
+    *len = (size_t)(64 + n + 16 * chunks);
+    uint8_t *file = (uint8_t *)calloc(1, *len), cipher_key[32], key_id[32];
+    p->mac(key, "llm3d at-rest AES-256-GCM key 1", cipher_key);
+    p->mac(cipher_key, "llm3d at-rest key id 1", key_id);
+    memcpy(file, "llm3dgcm", 8);
+    le_put(file + 8, 1, 4);         // version
+    le_put(file + 12, chunk, 4);
+    le_put(file + 16, n, 8);        // plain_bytes
+    le_put(file + 24, file_id, 8);
+    memcpy(file + 32, key_id, 8);   // the HMAC's first 8 bytes; 40..63 stay zero
+    for (uint64_t i = 0; i < chunks; i++) {
+        uint8_t nonce[12], aad[80];
+        le_put(nonce, file_id, 8);
+        le_put(nonce + 8, i, 4);
+        memcpy(aad, file, 64);
+        le_put(aad + 64, i, 8);
+        le_put(aad + 72, i + 1 == chunks, 8);
+        uint64_t at = i * chunk, bytes = n - at < chunk ? n - at : chunk;
+        if (n == 0) bytes = 0;
+        if (p->seal(cipher_key, nonce, aad, 80, plain + at, (int)bytes, file + 64 + at, file + 64 + n + 16 * i) != 0) {
+            free(file);
+            return NULL;
+        }
+    }
+    return file;
+}
+
+// equal plaintext in every chunk: every chunk's ciphertext differs from
+// every other's (each chunk its own nonce, so its own keystream; under one
+// nonce for all they would be the same bytes). Two 4 KiB ciphertexts of
+// independent keystreams agree in about 16 bytes (1 in 256); 100 or more
+// has a probability far below 1e-30.
+static void test_chunk_nonces(void) {
+    enum { CHUNK = 4096, CHUNKS = 3 };
+    uint8_t key[32];
+    fill_random(key, 32);
+    AeadFileKey k;
+    aead_file_key(&k, key);
+    uint8_t *plain = (uint8_t *)malloc(CHUNKS * CHUNK);
+    for (int i = 0; i < CHUNKS * CHUNK; i++) plain[i] = (uint8_t)(i % CHUNK * 7);  // chunk 0 again and again
+    char path[256], err[512];
+    snprintf(path, sizeof(path), "%s/equal_chunks.bin", tmp_dir());
+    size_t file_n = 0;
+    uint8_t *file = write_sealed(path, &k, plain, CHUNKS * CHUNK, CHUNK) == 0 ? (uint8_t *)test_read_file(path, &file_n)
+                                                                            : NULL;
+    int most_equal = CHUNK;
+    if (file != NULL && file_n == aead_file_bytes(CHUNKS * CHUNK, CHUNK)) {
+        most_equal = 0;
+        for (int a = 0; a < CHUNKS; a++)
+            for (int b = a + 1; b < CHUNKS; b++) {
+                int equal = 0;
+                for (int i = 0; i < CHUNK; i++)
+                    equal += file[AEAD_FILE_HEADER_BYTES + a * CHUNK + i] == file[AEAD_FILE_HEADER_BYTES + b * CHUNK + i];
+                if (equal > most_equal) most_equal = equal;
+            }
+    }
+    check(most_equal < 100 && reads_back(path, &k, plain, CHUNKS * CHUNK, err, sizeof(err)),
+          "%s: %d chunks of equal plaintext seal to different ciphertexts (at most %d of %d bytes alike in any two)",
+          aead_impl_name(), CHUNKS, most_equal, CHUNK);
+    free(file);
+    free(plain);
+    unlink(path);
+    aead_file_key_wipe(&k);
+}
+
+// a sealed file, byte for byte, as doc/formats.md lays it out (header
+// fields, nonce = file_id || chunk index, aad = header || index || last),
+// rebuilt with aead.h's one-buffer GCM (held to the published vectors
+// above), and with OpenSSL's where it was found: files of 3 chunks (the last
+// short), 2 whole chunks and none (one empty chunk), written whole, and
+// one written in slices with its tags after
+static void test_sealed_layout(void) {
+    enum { CHUNK = 4096 };
+    static const uint64_t sizes[] = {2 * CHUNK + 1000, 2 * CHUNK, 0, 2 * CHUNK + 1000};
+    Primitives with[2] = {{"aead.h's one-buffer GCM", our_seal, our_mac}};
+    int nwith = 1;
+#ifdef LLM3D_OPENSSL
+    with[nwith++] = (Primitives){"OpenSSL's EVP_aes_256_gcm and HMAC", openssl_seal12, openssl_mac};
+#endif
+    uint8_t key[32], *plain = (uint8_t *)malloc(3 * CHUNK);
+    fill_random(key, 32);
+    fill_random(plain, 3 * CHUNK);
+    AeadFileKey k;
+    aead_file_key(&k, key);
+    char path[256], err[512];
+    snprintf(path, sizeof(path), "%s/layout.bin", tmp_dir());
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+        uint64_t n = sizes[s];
+        int sliced = s == 3, rc;
+        if (!sliced) {
+            rc = write_sealed(path, &k, plain, n, CHUNK);
+        } else {  // as ranks write a checkpoint: slices at their places, then the tags
+            AeadFile f;
+            uint8_t bounce[1000];
+            int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+            rc = fd < 0 || aead_file_new(&f, &k, n, CHUNK, path, err, sizeof(err)) != 0 ||
+                 pwrite_all(fd, f.header, AEAD_FILE_HEADER_BYTES, 0) != 0;
+            for (uint64_t at = 0; rc == 0 && at < n; at += 3001) {
+                size_t len = (size_t)(n - at < 3001 ? n - at : 3001);
+                rc = aead_file_pwrite(fd, &f, &k, plain + at, len, at, bounce, sizeof(bounce));
+            }
+            if (rc == 0) rc = aead_file_write_tags(fd, &f, &k, NULL, path, err, sizeof(err));
+            if (fd >= 0) close(fd);
+        }
+        size_t file_n = 0;
+        uint8_t *file = rc == 0 ? (uint8_t *)test_read_file(path, &file_n) : NULL;
+        for (int w = 0; w < nwith; w++) {
+            size_t want_n = 0;
+            uint64_t file_id = 0;
+            for (int i = 0; file != NULL && file_n >= 32 && i < 8; i++) file_id |= (uint64_t)file[24 + i] << (8 * i);
+            uint8_t *want = file != NULL ? build_sealed(&with[w], key, file_id, plain, n, CHUNK, &want_n) : NULL;
+            size_t first_diff = 0;
+            while (want != NULL && first_diff < want_n && first_diff < file_n && want[first_diff] == file[first_diff])
+                first_diff++;
+            check(want != NULL && file_n == want_n && first_diff == want_n,
+                  "%s: a sealed file of %llu bytes (%llu chunk(s)%s) is, byte for byte, the layout rebuilt with %s "
+                  "(%zu and %zu bytes, alike for the first %zu)", aead_impl_name(), (unsigned long long)n,
+                  (unsigned long long)(n == 0 ? 1 : (n + CHUNK - 1) / CHUNK), sliced ? ", written in slices" : "",
+                  with[w].name, file_n, want_n, first_diff);
+            free(want);
+        }
+        free(file);
+    }
+#ifndef LLM3D_OPENSSL
+    skip("the sealed layout against OpenSSL: <openssl/evp.h> was not found when this test was built");
+#endif
+    unlink(path);
+    free(plain);
+    aead_file_key_wipe(&k);
+}
+
 // ranks write their own slices at any offsets, then one seals the tags:
 // the same file as sealing it whole (but for the file id)
 static void test_sliced_writes(void) {
@@ -479,6 +664,8 @@ int main(void) {
 #endif
         test_sealed_files();
         test_sliced_writes();
+        test_chunk_nonces();
+        test_sealed_layout();
     }
 #ifndef LLM3D_OPENSSL
     skip("OpenSSL cross-check: <openssl/evp.h> was not found when this test was built (install libssl-dev)");

@@ -4,11 +4,13 @@
  * On a tiny model (d2: L=2 C=128 NH=2, V=256) and a synthetic shard:
  * bit-exact resume (one rank and parallel layouts), resume under other
  * layouts, the refusals (truncated, changed, another key, another shape,
- * a missing file), encrypted checkpoints (-enc), -e of a sealed final
- * model, keeping the last K, SIGTERM, a file size limit, and 20 SIGKILLs
- * at random moments in a row.
+ * a missing file), encrypted checkpoints (-enc), a changed byte in each
+ * file, plain and sealed, a shuffled resume at positions deep in the
+ * data, -e of a sealed final model, keeping the last K, SIGTERM, a file
+ * size limit, and 20 SIGKILLs at random moments in a row.
  */
 #define _GNU_SOURCE
+#include "dataloader.h"  // the position a checkpoint saves, recomputed
 #include "llm3d/checkpoint.h"
 #include "llm3d/gpt2.h"
 #include "llm3d/flags.h"  // Options
@@ -881,6 +883,167 @@ static void test_encrypted_refusals(void) {
     }
 }
 
+// a changed byte in any one file of a checkpoint, plain or sealed (-enc 1),
+// is refused by the MANIFEST with one line naming that file and its digest,
+// as the top of checkpoint.h promises. The bytes are ones that only the
+// MANIFEST vouches for: a weight in model.bin, a moment in optim.bin, and a
+// reserved word of state.bin's header (byte 1000: no field reads it, so a
+// MANIFEST check that skipped state.bin would let the run resume as if
+// nothing had happened). Sealed, the same plaintext byte's ciphertext is
+// changed, and there a second lock holds too: read past the MANIFEST
+// (ckpt_read_file), each file's chunk tag refuses it, naming the chunk.
+// That second lock is why a sealed state.bin stays refused even when the
+// MANIFEST skips it; the check on the line ("<file>: sha256") tells the two
+// apart.
+static void test_changed_byte_every_file(void) {
+    static Run src, r;
+    for (int enc = 0; enc < 2; enc++) {
+        const char *kind = enc ? "sealed" : "plain";
+        char a[200], b[200];
+        snprintf(a, sizeof(a), "%s/changed_src_%d", dir, enc);
+        run(&src, a, 4, enc ? "-n 4 -enc 1" : "-n 4");
+        if (!check(src.status == 0 && test_exists("%s/ckpt_%08d/MANIFEST", a, 4) &&
+                       sealed("%s/ckpt_%08d/state.bin", a, 4) == enc,
+                   "a %s checkpoint of step 4 to change a byte of (exit %d)", kind, src.status))
+            continue;
+        for (int f = 0; f < 3; f++) {
+            snprintf(b, sizeof(b), "%s/changed_%d_%d", dir, enc, f);
+            sh("rm -rf %s && mkdir -p %s && cp -r %s/ckpt_00000004 %s/job.key %s/", b, b, a, a, b);
+            char path[300], expect[64];
+            snprintf(path, sizeof(path), "%s/ckpt_00000004/%s", b, ckpt_files[f]);
+            uint64_t plain_at = f == 2 ? 1000 : 5000, at = plain_at + (enc ? AEAD_FILE_HEADER_BYTES : 0);
+            int flipped = flip_bit(path, at);
+            run(&r, b, 8, "-y 1");
+            snprintf(expect, sizeof(expect), "%s: sha256", ckpt_files[f]);
+            int lines = test_count(r.out, "\n");
+            check(flipped && r.status == 2 && lines == 1 && strstr(r.out, expect) != NULL,
+                  "%s checkpoint, a bit of %s's byte %llu flipped: the MANIFEST refuses it (exit %d, %d line): %s",
+                  kind, ckpt_files[f], (unsigned long long)at, r.status, lines, test_line_of(r.out, "train_gpt2"));
+            if (!enc) continue;
+            uint8_t key[32], *bytes = NULL;
+            uint64_t n = 0;
+            char err[1024] = "";
+            int refused = read_key(b, key) == 0 && ckpt_read_file(path, key, 1 << 30, &bytes, &n, err, sizeof(err)) != 0;
+            free(bytes);
+            check(refused && strstr(err, path) != NULL && strstr(err, "chunk 0 of") != NULL,
+                  "sealed checkpoint, %s changed: its chunk tag refuses it too, past the MANIFEST: %s", ckpt_files[f],
+                  err);
+        }
+    }
+}
+
+// writes tokens[0..n) as a shard at path (test_run.h's format)
+static void write_tokens(const char *path, const uint16_t *tokens, size_t n) {
+    uint8_t *data = (uint8_t *)calloc(1, 1024 + 2 * n);
+    int32_t h[3] = {20240520, 1, (int32_t)n};
+    memcpy(data, h, sizeof(h));
+    memcpy(data + 1024, tokens, 2 * n);
+    test_write_file(path, data, 1024 + 2 * n);
+    free(data);
+}
+
+// the data position a checkpoint saves, where every word of it matters: the
+// run shuffles (-sh 1) three shards of 7, 10 and 4 micro-batches (21 an
+// epoch; each step takes 4), so its checkpoints of steps 3, 6, 9 and 12
+// stand mid-shard in epochs 0, 1, 1 and 2: past step 3 the epoch and the
+// rng (the epoch's permutation key) differ from a fresh start's too. Each
+// checkpoint's four words are the position a DataLoader reaches after as
+// many micro-batches; a run resumed from each prints the uninterrupted
+// run's losses and norms, bit for bit, and writes the same checkpoint of
+// step 15: model.bin, optim.bin and state.bin (whose epoch a resume that
+// lost it would get wrong, though the batches come out the same). And the
+// position does not depend on the ranks: resumed on 2 ranks from step 9,
+// the losses are the one-rank run's (to rounding: the sum over
+// micro-batches is grouped otherwise) and step 15's position is its.
+// (test_dataloader resumes the loader itself at every position, on 1 to 3
+// ranks.)
+static void test_resume_shuffled(void) {
+    static Run full, r;
+    char data[200], path[300], saved_shards[sizeof(shards)];
+    snprintf(data, sizeof(data), "%s/shuf", dir);
+    mkdir(data, 0700);
+    size_t ntok = 0;
+    uint16_t *tokens = test_read_shard(test_path(path, sizeof(path), dir, "train_000.bin"), &ntok);
+    static const int windows[3] = {7, 10, 4};
+    for (int s = 0; s < 3 && tokens != NULL && ntok >= 40000; s++) {  // from different places: no two alike
+        snprintf(path, sizeof(path), "%s/piece_%d.bin", data, s);
+        write_tokens(path, tokens + 10007 * s, (size_t)windows[s] * 32 + 1);
+    }
+    free(tokens);
+    if (!check(ntok >= 40000, "three shards of 7, 10 and 4 micro-batches cut from the test's shard")) return;
+    snprintf(saved_shards, sizeof(saved_shards), "%s", shards);
+    snprintf(shards, sizeof(shards), "%.140s/piece_*.bin", data);  // start() reads these, until put back below
+    char a[200], b[200], args[300];
+    const char *flags = "-sh 1 -n 3 -nk 0";
+    snprintf(a, sizeof(a), "%s/shuffled_full", dir);
+    run(&full, a, 15, flags);
+    uint8_t key[32];
+    if (!check(full.status == 0 && full.nsteps == 15 && test_exists("%s/ckpt_%08d/MANIFEST", a, 15) &&
+                   read_key(a, key) == 0,
+               "-sh 1: 15 steps over 3 shards, a checkpoint every 3 (exit %d)", full.status)) {
+        printf("%s\n", full.out);
+        snprintf(shards, sizeof(shards), "%s", saved_shards);
+        return;
+    }
+    char err[1024] = "";
+    CkptState st, last;
+    memset(&last, 0, sizeof(last));
+    snprintf(path, sizeof(path), "%s/ckpt_00000015", a);
+    int have_last = ckpt_verify(path, key, 1, &last, err, sizeof(err)) == 0;
+    for (int k = 3; k <= 12; k += 3) {
+        // the saved position against the DataLoader's after 4k micro-batches
+        memset(&st, 0, sizeof(st));
+        snprintf(path, sizeof(path), "%s/ckpt_%08d", a, k);
+        int ok = ckpt_verify(path, key, 1, &st, err, sizeof(err)) == 0;
+        DataLoader dl;
+        DataLoaderState want = {0, 0, 0, 0};
+        if (ok && dataloader_init(&dl, shards, 2, 16, 0, 1, 1, (uint64_t)st.seed, 256, err, sizeof(err)) == 0) {
+            int in[32], tg[32];
+            for (int i = 0; i < 4 * k && ok; i++) ok = dataloader_next(&dl, in, tg) == 0;
+            dataloader_get_state(&dl, &want);
+            dataloader_free(&dl);
+        } else {
+            ok = 0;
+        }
+        uint64_t *got = st.data;
+        check(ok && st.shuffle == 1 && got[0] == want.epoch && got[1] == want.shard_pos && got[2] == want.sample_pos &&
+              got[3] == want.rng && want.epoch == (uint64_t)(4 * k / 21) && want.sample_pos > 0,
+              "ckpt %d saves the position after %d micro-batches: epoch %llu shard_pos %llu sample_pos %llu rng "
+              "%016llx (the loader's: %llu %llu %llu %016llx) %s", k, 4 * k, (unsigned long long)got[0],
+              (unsigned long long)got[1], (unsigned long long)got[2], (unsigned long long)got[3],
+              (unsigned long long)want.epoch, (unsigned long long)want.shard_pos,
+              (unsigned long long)want.sample_pos, (unsigned long long)want.rng, ok ? "" : err);
+        // resumed from it, alone in a fresh directory
+        snprintf(b, sizeof(b), "%s/shuffled_from_%d", dir, k);
+        sh("rm -rf %s && mkdir -p %s && cp -r %s/ckpt_%08d %s/job.key %s/", b, b, a, k, a, b);
+        snprintf(args, sizeof(args), "-y 1 %s", flags);
+        run(&r, b, 15, args);
+        check(r.status == 0 && strstr(r.out, "resuming from") != NULL && same_steps(&full, &r, k, 15),
+              "-sh 1: resumed from step %d (epoch %llu), steps %d..14 print the uninterrupted run's losses and norms "
+              "(exit %d)", k, (unsigned long long)got[0], k, r.status);
+        char fa[300], fb[300];
+        snprintf(fa, sizeof(fa), "%s/ckpt_00000015", a);
+        snprintf(fb, sizeof(fb), "%s/ckpt_00000015", b);
+        check(files_equal(fa, fb, "model.bin") && files_equal(fa, fb, "optim.bin") && files_equal(fa, fb, "state.bin"),
+              "-sh 1: resumed from step %d, its checkpoint of step 15 is the uninterrupted run's, state.bin too", k);
+    }
+    // step 9's checkpoint (epoch 1) resumed on 2 ranks
+    snprintf(b, sizeof(b), "%s/shuffled_dp2", dir);
+    sh("rm -rf %s && mkdir -p %s && cp -r %s/ckpt_00000009 %s/job.key %s/", b, b, a, a, b);
+    snprintf(args, sizeof(args), "-y 1 -np 2 %s", flags);
+    run(&r, b, 15, args);
+    float w = worst_diff(&full, &r, 9, 15);
+    memset(&st, 0, sizeof(st));
+    snprintf(path, sizeof(path), "%s/ckpt_00000015", b);
+    int have_dp2 = ckpt_verify(path, key, 1, &st, err, sizeof(err)) == 0;
+    check(r.status == 0 && strstr(r.out, "resuming from") != NULL && w <= 1e-5f && have_last && have_dp2 &&
+          memcmp(st.data, last.data, sizeof(st.data)) == 0,
+          "-sh 1: step 9's checkpoint resumed on 2 ranks: losses and norms within %.1e of the one-rank run's (<= 1e-5), "
+          "and step 15's position (epoch %llu, shard_pos %llu, sample_pos %llu) its (exit %d)", w,
+          (unsigned long long)st.data[0], (unsigned long long)st.data[1], (unsigned long long)st.data[2], r.status);
+    snprintf(shards, sizeof(shards), "%s", saved_shards);
+}
+
 // -nk 2 keeps the newest two; -y 1 with nothing to resume starts afresh
 static void test_keep(void) {
     static Run r;
@@ -1088,6 +1251,8 @@ int main(void) {
     test_encrypted("", "one rank");
     test_encrypted("-np 2 -z 1", "dp 2 ZeRO-1");
     test_encrypted_refusals();
+    test_changed_byte_every_file();
+    test_resume_shuffled();
     test_optim_slices();
     test_model_slices();
     test_encrypted_init();

@@ -5,7 +5,10 @@
  *   ./dev/test/test_dataloader --bench   # time to open a 100M-token shard (written in /tmp, then deleted)
  *
  * Token i of test shard s is s*1000 + i, so a window's first token says which
- * shard and sample it came from.
+ * shard and sample it came from. Besides the layout, shuffle, data
+ * parallelism and resume at chosen points: a resume at every position over
+ * three epochs on 1 to 3 ranks, and the shuffle's orders against the
+ * uniform distribution (chi-square).
  */
 #include "dataloader.h"
 #include "llm3d/secure/manifest.h"
@@ -314,6 +317,207 @@ static void test_resume(void) {
     read_ids(&one, after, 1);
     check(after[0].shard == 0 && after[0].sample == 0, "resume: a refused state leaves the loader where it was");
     dataloader_free(&one);
+}
+
+// a resume at every position the stream reaches over three epochs and a
+// bit: after every step of a run of R = 1, 2, 3 ranks, each shuffle, the
+// state saved, set on fresh loaders of R' = 1, 2, 3 ranks (the state is the
+// same on every rank and does not depend on dp_size), and their next
+// batches compared with the uninterrupted single-rank stream, and their
+// state after them with that stream's. Every position means every word of
+// the state matters somewhere: sample_pos mid-shard, shard_pos past the
+// first shard, epoch and rng past the first epoch (shuffled, the rng is the
+// epoch's permutation key; the epoch also keys the loader's cached orders,
+// and a later checkpoint saves it). The resumed loaders read across at
+// least one epoch seam from every position.
+enum { RESUME_UPTO = 3 * NSAMPLES + 4, RESUME_READ = NSAMPLES + 5 };
+static void test_resume_everywhere(void) {
+    enum { TOTAL = RESUME_UPTO + RESUME_READ + 3 };  // R2 ranks read up to RESUME_READ + 2
+    static SampleId stream[TOTAL];
+    static DataLoaderState states[TOTAL + 1];  // states[g]: the position before global batch g
+    char err[256];
+    for (int shuffle = 0; shuffle <= 1; shuffle++) {
+        DataLoader one;
+        if (open_main(&one, 0, 1, shuffle, 31) != 0) {
+            check(0, "resume everywhere: shuffle %d: open", shuffle);
+            return;
+        }
+        for (int g = 0; g < TOTAL; g++) {
+            dataloader_get_state(&one, &states[g]);
+            read_ids(&one, &stream[g], 1);
+        }
+        dataloader_get_state(&one, &states[TOTAL]);
+        // the stream reaches each of the four words' values: epochs 0..3,
+        // every shard_pos, sample_pos past 0, rng keys of several epochs
+        int max_epoch = 0, max_shard = 0, mid_shard = 0;
+        for (int g = 0; g < RESUME_UPTO; g++) {
+            if ((int)states[g].epoch > max_epoch) max_epoch = (int)states[g].epoch;
+            if ((int)states[g].shard_pos > max_shard) max_shard = (int)states[g].shard_pos;
+            mid_shard += states[g].sample_pos > 0;
+        }
+        check(max_epoch == 3 && max_shard == 3 && mid_shard > 40 && states[NSAMPLES].rng != states[0].rng,
+              "resume everywhere: shuffle %d: positions 0..%d reach epoch %d, shard_pos %d, %d mid-shard, and the "
+              "rng changes with the epoch", shuffle, RESUME_UPTO - 1, max_epoch, max_shard, mid_shard);
+        for (int R = 1; R <= 3; R++) {
+            // the R-rank run, uninterrupted: after each step every rank holds
+            // the single-rank state of global position k*R
+            DataLoader run[3];
+            int opened = 0, same_state = 1, k_last = RESUME_UPTO / R;
+            for (int r = 0; r < R; r++) opened += open_main(&run[r], r, R, shuffle, 31) == 0;
+            if (opened != R) {
+                check(0, "resume everywhere: shuffle %d: open %d ranks", shuffle, R);
+                return;
+            }
+            int bad[4] = {0, 0, 0, 0}, first_bad_k[4] = {-1, -1, -1, -1}, first_bad_rank[4] = {0, 0, 0, 0};
+            for (int k = 0; k <= k_last; k++) {
+                DataLoaderState st;
+                dataloader_get_state(&run[0], &st);
+                for (int r = 0; r < R; r++) {
+                    DataLoaderState mine;
+                    dataloader_get_state(&run[r], &mine);
+                    if (memcmp(&mine, &states[k * R], sizeof(mine)) != 0) same_state = 0;
+                }
+                // resumed here by R2 fresh ranks
+                for (int R2 = 1; R2 <= 3; R2++) {
+                    int n = (RESUME_READ + R2 - 1) / R2;  // so that the R2 ranks read RESUME_READ or more
+                    for (int r = 0; r < R2; r++) {
+                        DataLoader dl;
+                        if (open_main(&dl, r, R2, shuffle, 31) != 0) { bad[R2]++; continue; }
+                        int ok = dataloader_set_state(&dl, &st, err, sizeof(err)) == 0;
+                        DataLoaderState set;
+                        dataloader_get_state(&dl, &set);
+                        ok = ok && memcmp(&set, &st, sizeof(st)) == 0;
+                        SampleId got[RESUME_READ];
+                        read_ids(&dl, got, n);
+                        for (int i = 0; i < n && ok; i++) {
+                            SampleId want = stream[k * R + i * R2 + r];
+                            ok = got[i].shard == want.shard && got[i].sample == want.sample && got[i].shard >= 0;
+                        }
+                        DataLoaderState after;
+                        dataloader_get_state(&dl, &after);
+                        ok = ok && memcmp(&after, &states[k * R + n * R2], sizeof(after)) == 0;
+                        if (!ok && bad[R2]++ == 0) { first_bad_k[R2] = k; first_bad_rank[R2] = r; }
+                        dataloader_free(&dl);
+                    }
+                }
+                // the run's next step
+                for (int r = 0; r < R; r++) {
+                    SampleId id;
+                    read_ids(&run[r], &id, 1);
+                }
+            }
+            for (int r = 0; r < R; r++) dataloader_free(&run[r]);
+            check(same_state, "resume everywhere: shuffle %d, %d ranks: after each of %d steps every rank's state is "
+                  "the single-rank state at that global position", shuffle, R, k_last + 1);
+            for (int R2 = 1; R2 <= 3; R2++) {
+                char first[64] = "";
+                if (bad[R2] > 0) snprintf(first, sizeof(first), "; the first at step %d, rank %d", first_bad_k[R2],
+                                          first_bad_rank[R2]);
+                check(bad[R2] == 0, "resume everywhere: shuffle %d: the state after each of steps 0..%d of %d rank(s), "
+                      "set on %d fresh rank(s): state as set, next %d global batches and the state after them as "
+                      "uninterrupted (%d wrong%s)", shuffle, k_last, R, R2, RESUME_READ, bad[R2], first);
+            }
+        }
+        // and set on a loader that has read ahead already (its cached orders
+        // are of later epochs): every position, from the last back to 0
+        int warm_bad = 0, warm_first = -1;
+        for (int g = RESUME_UPTO - 1; g >= 0; g--) {
+            int ok = dataloader_set_state(&one, &states[g], err, sizeof(err)) == 0;
+            SampleId got[RESUME_READ];
+            read_ids(&one, got, RESUME_READ);
+            ok = ok && same_ids(got, &stream[g], RESUME_READ);
+            DataLoaderState after;
+            dataloader_get_state(&one, &after);
+            ok = ok && memcmp(&after, &states[g + RESUME_READ], sizeof(after)) == 0;
+            if (!ok && warm_bad++ == 0) warm_first = g;
+        }
+        check(warm_bad == 0, "resume everywhere: shuffle %d: a used loader set back to each position %d..0 reads the "
+              "next %d batches, and is then where the uninterrupted one is (%d wrong, the first at %d)", shuffle,
+              RESUME_UPTO - 1, RESUME_READ, warm_bad, warm_first);
+        dataloader_free(&one);
+    }
+}
+
+// the index of the permutation p of 0..3 among the 24 (its Lehmer code);
+// -1 when p is not a permutation
+static int perm4_index(const int p[4]) {
+    int seen = 0, index = 0;
+    for (int i = 0; i < 4; i++) {
+        if (p[i] < 0 || p[i] > 3 || (seen >> p[i] & 1)) return -1;
+        int smaller_later = 0;
+        for (int j = i + 1; j < 4; j++) smaller_later += p[j] < p[i];
+        index = index * (4 - i) + smaller_later;
+        seen |= 1 << p[i];
+    }
+    return index;
+}
+
+// the shuffle is uniform: over 24,000 epochs (10 fixed seeds, 2,400 epochs
+// each; every epoch draws from a fresh key) each of the 24 orders of 4
+// items comes up about 1,000 times. Pearson's chi-square against the uniform
+// counts has 23 degrees of freedom; the bound 110 is exceeded by a uniform
+// shuffle with probability 2.5e-13 (regularized upper gamma Q(11.5, 55)), so
+// the check fails falsely with probability < 1e-9 even allowing for the
+// approximation of the counts by the chi-square law. The seeds are fixed, so
+// its outcome never changes from run to run. A biased shuffle lands far
+// above: Sattolo's algorithm (drawing j from [0, i) instead of [0, i]) gives
+// only the 6 cyclic orders, a chi-square near 72,000; and no item ever stays
+// in its place, which is checked on its own.
+// Both shuffles: the shard order (4 shards of one sample each) and the
+// sample order inside a shard (one shard of 4 samples), each alone.
+static void test_shuffle_uniform(void) {
+    enum { SEEDS = 10, EPOCHS = 2400, CELLS = 24 };
+    char dir[400], pattern[512], err[512];
+    const char *what[2] = {"shard order (4 shards of 1 sample)", "sample order (1 shard of 4 samples)"};
+    for (int kind = 0; kind < 2; kind++) {
+        test_path(dir, sizeof(dir), tmpdir, kind == 0 ? "uniform_shards" : "uniform_samples");
+        mkdir(dir, 0700);
+        if (kind == 0) {
+            for (int s = 0; s < 4; s++) {
+                char name[64];
+                snprintf(name, sizeof(name), "uniform_shards/s%d.bin", s);
+                write_shard(name, 10 + s, TB * TT + 1);
+            }
+        } else {
+            write_shard("uniform_samples/x.bin", 20, 4 * TB * TT + 1);
+        }
+        snprintf(pattern, sizeof(pattern), "%s/*.bin", dir);
+        long counts[CELLS] = {0}, fixed_points = 0, bad = 0;
+        for (int seed = 1; seed <= SEEDS; seed++) {
+            DataLoader dl;
+            if (dataloader_init(&dl, pattern, TB, TT, 0, 1, 1, (uint64_t)seed, TV, err, sizeof(err)) != 0) {
+                check(0, "uniform: %s: open (%s)", what[kind], err);
+                return;
+            }
+            for (int e = 0; e < EPOCHS; e++) {
+                SampleId ids[4];
+                read_ids(&dl, ids, 4);
+                int p[4];
+                for (int i = 0; i < 4; i++) p[i] = kind == 0 ? ids[i].shard - 10 : ids[i].sample;
+                int index = perm4_index(p);
+                if (index < 0) { bad++; continue; }
+                counts[index]++;
+                for (int i = 0; i < 4; i++) fixed_points += p[i] == i;
+            }
+            dataloader_free(&dl);
+        }
+        double expected = (double)SEEDS * EPOCHS / CELLS, chi2 = 0.0;
+        long least = counts[0], most = counts[0];
+        for (int c = 0; c < CELLS; c++) {
+            chi2 += (counts[c] - expected) * (counts[c] - expected) / expected;
+            if (counts[c] < least) least = counts[c];
+            if (counts[c] > most) most = counts[c];
+        }
+        check(bad == 0, "uniform: %s: each of %d epochs is an order of the 4 (%ld not)", what[kind], SEEDS * EPOCHS, bad);
+        check(chi2 < 110.0, "uniform: %s: the 24 orders over %d epochs: chi-square %.1f < 110 (23 degrees of freedom; "
+              "counts %ld..%ld, %.0f expected)", what[kind], SEEDS * EPOCHS, chi2, least, most, expected);
+        // a uniform shuffle leaves an item in place with probability 1/4:
+        // 24,000 expected (sd 155: a random order's fixed points have
+        // variance 1), so 23,000..25,000 is 6.4 sd either way, a false
+        // failure under 1e-9; none under Sattolo's
+        check(fixed_points > 23000 && fixed_points < 25000, "uniform: %s: %ld items left in place of %d (24000 "
+              "expected)", what[kind], fixed_points, 4 * SEEDS * EPOCHS);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -1110,6 +1314,8 @@ int main(int argc, char **argv) {
     test_shuffle();
     test_data_parallel();
     test_resume();
+    test_resume_everywhere();
+    test_shuffle_uniform();
     test_errors();
     test_read_only();
     test_manifest();
