@@ -174,15 +174,13 @@ static void advise_huge_pages(void *p, size_t bytes) {
 // before the first step. calloc's pages are mapped at first use instead,
 // one fault at a time, and AdamW reads m and v before it writes them: each
 // of their pages was mapped twice, the second time with a TLB flush sent to
-// the other cores. A d12 run's first step took 4.8 s and 8.7 s of system
-// time; now 0.6 to 1.0 s.
+// the other cores. A d12 run's first step took 4.8 s; now 0.6 to 1.0 s.
 // Aligned to a cache line, and those of 1 MiB or more to 2 MiB, so that
 // huge pages back the whole array. malloc's large blocks start 16 bytes
 // into a page: every vector of 16 floats then spans two cache lines, and
 // on Zen 4, which loads it as two halves, one half spans two lines as well.
 // There AdamW over 124M parameters took 103.5 ms misaligned and 62.0 ms
-// aligned, and the d12 step 1110.3 ms and 1031.5 ms (medians of 4
-// interleaved rounds).
+// aligned (doc/cpu.md has the step's figures).
 static void *xcalloc_mapped(size_t n, size_t size, const char *what) {
     size_t huge = (size_t)2 << 20, large = (size_t)1 << 20, chunk = (size_t)1 << 20;
     size_t bytes = n * size, align = bytes < large ? 64 : huge, rounded = 0;

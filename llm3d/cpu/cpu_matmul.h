@@ -45,6 +45,12 @@
  * - the logits' forward (a weight over MATMUL_TRANSPOSE_BYTES) is computed
  *   as its transpose, logits^T = wte inp^T, so that the 154 MB weight is
  *   read in place and the small input is the one transposed.
+ *
+ * matmul_plan makes these choices once per call, from the shapes and the
+ * number of threads, into a MatmulPlan that every task reads; matmul_run
+ * hands the tasks to the threads. The comments give each choice's reason
+ * and the figure that decided it; doc/cpu.md has all the measurements, with
+ * their machines and sets.
  */
 #ifndef LLM3D_CPU_MATMUL_H
 #define LLM3D_CPU_MATMUL_H
@@ -317,9 +323,8 @@ static const float matmul_zeros[MATMUL_NR];
 // fight for the same few sets of L1. With at most MC / 2 rows the copy costs
 // more than it saves, but only where B is small (the small model's dinp
 // products) or comes from memory anyway (its logits' dinp): d12's layer
-// weights, 2 to 9 MB, read in place by the dinp products, kept the tiles at
-// 52 to 56% of the peak on the Xeon; packed, and asked for ahead as they are
-// packed, 66 to 70%, the dinp products about 10% faster with the copy.
+// weights, 2 to 9 MB, packed and asked for ahead as they are packed, made
+// its dinp products about 10% faster than read in place.
 #ifndef MATMUL_B_IN_PLACE_ROWS
 #define MATMUL_B_IN_PLACE_ROWS (MATMUL_MC / 2)
 #endif
@@ -391,23 +396,58 @@ static inline __attribute__((always_inline)) void matmul_prefetch_next_c(const f
         for (int j = 0; j < cols; j += LINE) __builtin_prefetch(tile + (size_t)r * ldc + j, 0, 2);
 }
 
-// one task: rows [m0, m0 + mc) by columns [j0, j0 + nc) of C, over all of K,
-// c the block's top left; C's own values first (set = 0), or the row init
-// (zeros if NULL; set = 1).
-// a_whole: A packed whole by matmul_run (matmul_pack_a_whole, its rows
-// padded to M_pad), or NULL.
-// b_whole: B packed whole by matmul_run, or NULL; b_in_place: B read where
-// it is (else the task packs its panels). prefetch_a, prefetch_b: A, or B
-// read in place, far larger than the caches, asked for ahead.
-// next_j0, next_nc: the columns of the task this thread likely runs next
-// (next_j0 < 0: none), whose first panel of B the last block of k asks for.
+// How one call computes its product, chosen once by matmul_plan before any
+// task runs and read by all of them: the product itself, the blocks it is
+// cut into, what is packed for all the tasks at once, and what is asked for
+// ahead.
+typedef struct {
+    // C = init + A B (set = 1; init a row of J values, zeros if NULL) or
+    // C += A B (set = 0), C[M,J], A[M,K], B[K,J], C(m,j) = c[m*ldc + j],
+    // A(m,k) = a[m*am + k*ak], B(k,j) = b[k*bk + j*bj]. When computed
+    // transposed, a and b are B^T and A^T and M and J are swapped; c, ldc
+    // and init stay C's.
+    float *c;
+    size_t ldc;
+    int set;
+    const float *init;
+    const float *a;
+    size_t am, ak;
+    const float *b;
+    size_t bk, bj;
+    int M, J, K;
+    int nthreads;
+    int transposed;  // C^T = B^T A^T (matmul_computes_transposed)
+    // the tasks, ntasks of them, mblocks down by jtasks across: a task is a
+    // block of mc rows by nc columns of C, or with row_blocks (jtasks = 1) a
+    // whole row block, panel after panel. panels_first: tasks next to each
+    // other share a row block of A, else a column panel of B.
+    int mc, nc, mblocks, jtasks, ntasks;
+    int panels_first, row_blocks;
+    // A packed whole (matmul_pack_a_whole, its rows padded to M_pad), or
+    // NULL; B packed whole (matmul_pack_whole), or NULL; b_in_place: B read
+    // where it is, else each task packs its panels
+    float *a_whole;
+    int M_pad;
+    float *b_whole;
+    int b_in_place;
+    // A, or B read in place, far larger than the caches: asked for ahead
+    int prefetch_a, prefetch_b;
+} MatmulPlan;
+
+// one task of p's product: rows [m0, m0 + mc) by columns [j0, j0 + nc) of
+// C, over all of K, c the block's top left; C's own values first (p->set =
+// 0), or the row p->init (zeros if NULL; p->set = 1).
+// next_j0: the first column of the task this thread likely runs next (< 0:
+// none), whose first panel of B the last block of k asks for.
 // a_rows: A read down its columns, already transposed by the caller
 // (matmul_task_row_block), a row of K floats per row of the block, or NULL.
-static void matmul_task(float *c, size_t ldc, int set, const float *init, const float *a, size_t am, size_t ak,
-                        const float *a_whole, int M_pad, const float *b, size_t bk, size_t bj, const float *b_whole,
-                        int b_in_place, int m0, int mc, int j0, int nc, int K, int prefetch_a, int prefetch_b, int next_j0,
-                        int next_nc, const float *a_rows) {
+static void matmul_task(const MatmulPlan *p, float *c, int m0, int mc, int j0, int nc, int next_j0,
+                        const float *a_rows) {
     enum { MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC, VL = MATMUL_VL };
+    // the strides, in every address below
+    const float *a = p->a, *b = p->b;
+    size_t ldc = p->ldc, am = p->am, ak = p->ak, bk = p->bk, bj = p->bj;
+    int K = p->K;
     int mc_pad = (mc + MR - 1) / MR * MR, nc_pad = (nc + NR - 1) / NR * NR;
     float *bp = matmul_scratch(MATMUL_TASK_SCRATCH, (size_t)(nc_pad + 2 * mc_pad) * KC), *ap = bp + (size_t)nc_pad * KC;
     float *at = ap + (size_t)mc_pad * KC;
@@ -416,21 +456,23 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
     // dweight), or else (the logits', whose dout is too large for that)
     // transposed by the caller (a_rows) or here, a block of k at a time,
     // into at, and read along its rows from there.
-    int a_in_place = a_whole == NULL && (ak == 1 || am == 1), full_rows = a_in_place ? mc / MR * MR : 0;
-    int a_cols = a_whole == NULL && ak != 1 && am == 1;
+    int a_in_place = p->a_whole == NULL && (ak == 1 || am == 1), full_rows = a_in_place ? mc / MR * MR : 0;
+    int a_cols = p->a_whole == NULL && ak != 1 && am == 1;
+    // B packed here, a panel per block of k
+    int b_packs = !p->b_in_place && p->b_whole == NULL;
     int row_tiles = (mc + MR - 1) / MR, col_tiles = (nc + NR - 1) / NR;
     MatmulAhead ahead = {NULL, 0, 0, 0, 0, 0, 0};
     for (int k0 = 0; k0 < K; k0 += KC) {
         int kc = K - k0 < KC ? K - k0 : KC, kc_next = K - k0 - KC < KC ? K - k0 - KC : KC;
         const float *bblk = b + (size_t)j0 * bj + (size_t)k0 * bk;
-        if (!b_in_place && b_whole == NULL) matmul_pack(bp, bblk, bj, bk, nc, kc, NR);
+        if (b_packs) matmul_pack(bp, bblk, bj, bk, nc, kc, NR);
         // packed: the next block of k's panel, over all the tiles of this
         // one; on the last block, the next task's first panel
-        if (!b_in_place && b_whole == NULL && kc_next > 0) {
+        if (b_packs && kc_next > 0) {
             if (bk == 1) matmul_ahead_start(&ahead, bblk + KC, bj, nc, kc_next, row_tiles * col_tiles);
             else matmul_ahead_start(&ahead, bblk + (size_t)KC * bk, bk, kc_next, nc, row_tiles * col_tiles);
-        } else if (!b_in_place && b_whole == NULL && next_j0 >= 0) {
-            int kc_first = K < KC ? K : KC;
+        } else if (b_packs && next_j0 >= 0) {
+            int kc_first = K < KC ? K : KC, next_nc = p->J - next_j0 < p->nc ? p->J - next_j0 : p->nc;
             if (bk == 1) matmul_ahead_start(&ahead, b + (size_t)next_j0 * bj, bj, next_nc, kc_first, row_tiles * col_tiles);
             else matmul_ahead_start(&ahead, b + next_j0, bk, kc_first, next_nc, row_tiles * col_tiles);
         }
@@ -438,7 +480,7 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
         // the block's packed slivers of A, apk + ir * kc: A's own packed
         // whole, or the task's for the rows not read in place
         const float *apk = ap;
-        if (a_whole) apk = a_whole + (size_t)k0 * M_pad + (size_t)m0 * kc;
+        if (p->a_whole) apk = p->a_whole + (size_t)k0 * p->M_pad + (size_t)m0 * kc;
         else if (full_rows < mc)
             matmul_pack(ap + (size_t)full_rows * kc, ablk + (size_t)full_rows * am, am, ak, mc - full_rows, kc, MR);
         // the block's rows of A along k, ars floats apart
@@ -457,16 +499,16 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
             // the sliver of B the kernel reads, packed or in place; an edge
             // tile needs it packed, once
             const float *packed_sliver = bp + (size_t)jr * kc;
-            if (b_whole) packed_sliver = b_whole + (size_t)(j0 + jr) / NR * NR * K + (size_t)k0 * NR;
+            if (p->b_whole) packed_sliver = p->b_whole + (size_t)(j0 + jr) / NR * NR * K + (size_t)k0 * NR;
             const float *bs = packed_sliver;
             size_t bks = NR;
-            int packed = !b_in_place;
-            if (b_in_place && nr % VL == 0) {
+            int packed = !p->b_in_place;
+            if (p->b_in_place && nr % VL == 0) {
                 bs = bblk + jr;
                 bks = bk;
             }
             // in place: the next sliver, this block's or the next block's first
-            if (prefetch_b && b_in_place) {
+            if (p->prefetch_b && p->b_in_place) {
                 int nr_next = nc - jr - NR < NR ? nc - jr - NR : NR;
                 if (jr + NR < nc) matmul_ahead_start(&ahead, bblk + jr + NR, bk, kc, nr_next, row_tiles);
                 else if (kc_next > 0) matmul_ahead_start(&ahead, bblk + (size_t)KC * bk, bk, kc_next, nc < NR ? nc : NR, row_tiles);
@@ -478,14 +520,14 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
                 // where the sums start: C, or on the first block of k the init row
                 const float *st = ct;
                 size_t lds = ldc;
-                if (set && k0 == 0) {
-                    st = init ? init + j0 + jr : matmul_zeros;
+                if (p->set && k0 == 0) {
+                    st = p->init ? p->init + j0 + jr : matmul_zeros;
                     lds = 0;
                 }
                 const float *arow = arows + (size_t)ir * ars;
                 // A from memory: ask for the next sliver's MR rows while this
                 // one is being worked on, a cache line at a time
-                if (prefetch_a && jr == 0 && ir + 2 * MR <= full_rows)
+                if (p->prefetch_a && jr == 0 && ir + 2 * MR <= full_rows)
                     for (int r = MR; r < 2 * MR; r++)
                         for (int k = 0; k < kc; k += 64 / (int)sizeof(float)) __builtin_prefetch(arow + (size_t)r * ars + k, 0, 2);
                 matmul_ahead_step(&ahead);
@@ -498,7 +540,7 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
                     else matmul_tile_packed(ct, ldc, st, lds, apk + (size_t)ir * kc, bs, bks, kc);
                 } else if (mr == MR && nr % VL == 0 && ir < full_rows) {
                     matmul_tile_rows_narrow(ct, ldc, st, lds, arow, ars, bs, bks, kc, nr / VL);
-                } else if (mr == MR && nr % VL == 0 && a_whole) {
+                } else if (mr == MR && nr % VL == 0 && p->a_whole) {
                     matmul_tile_packed_narrow(ct, ldc, st, lds, apk + (size_t)ir * kc, bs, bks, kc, nr / VL);
                 } else {
                     if (ir < full_rows)  // a column edge on rows read in place: pack this sliver alone
@@ -514,23 +556,26 @@ static void matmul_task(float *c, size_t ldc, int set, const float *init, const 
     }
 }
 
-// one task of C = A B computed as C^T = B^T A^T (see matmul_run): a and b
-// are B^T and A^T, rows [m0, m0 + mc) of C^T are columns of C and columns
-// [j0, j0 + nc) are rows of C. The block of C^T is summed in scratch, laid
-// out as the kernel writes it, and transposed into C at the end: each
-// element of C is transposed once, where the weight's were once per row block.
-// C is set, C = init + A B: value r of the init row starts row r of the block.
-static void matmul_task_transposed(float *c, size_t ldc, const float *init, const float *a, size_t am, size_t ak,
-                                   const float *b, size_t bk, size_t bj, const float *b_whole, int m0, int mc, int j0,
-                                   int nc, int K, int prefetch_a) {
+// one task of C = A B computed as C^T = B^T A^T (see matmul_plan): p's a
+// and b are B^T and A^T, rows [m0, m0 + mc) of C^T are columns of C and
+// columns [j0, j0 + nc) are rows of C. The block of C^T is summed in
+// scratch, laid out as the kernel writes it, and transposed into C at the
+// end: each element of C is transposed once, where the weight's were once
+// per row block. C is set, C = init + A B: value r of the init row starts
+// row r of the block.
+static void matmul_task_transposed(const MatmulPlan *p, int m0, int mc, int j0, int nc) {
     float *block = matmul_scratch(MATMUL_BLOCK_SCRATCH, (size_t)mc * nc);
-    if (init)
+    if (p->init)
         for (int r = 0; r < mc; r++)
-            for (int j = 0; j < nc; j++) block[(size_t)r * nc + j] = init[m0 + r];
-    // without init the kernel starts from zeros itself
-    matmul_task(block, nc, init == NULL, NULL, a, am, ak, NULL, 0, b, bk, bj, b_whole, 0, m0, mc, j0, nc, K, prefetch_a, 0,
-                -1, 0, NULL);
-    matmul_transpose(c + (size_t)j0 * ldc + m0, ldc, block, nc, mc, nc);
+            for (int j = 0; j < nc; j++) block[(size_t)r * nc + j] = p->init[m0 + r];
+    // the block's sums go to the scratch, rows nc apart, from the init
+    // values just written; without init the kernel starts from zeros itself
+    MatmulPlan into_block = *p;
+    into_block.ldc = (size_t)nc;
+    into_block.set = p->init == NULL;
+    into_block.init = NULL;
+    matmul_task(&into_block, block, m0, mc, j0, nc, -1, NULL);
+    matmul_transpose(p->c + (size_t)j0 * p->ldc + m0, p->ldc, block, nc, mc, nc);
 }
 
 // A task of the logits' dweight, C = dout^T inp: rows [m0, m0 + mc) of C,
@@ -539,20 +584,17 @@ static void matmul_task_transposed(float *c, size_t ldc, const float *init, cons
 // once, and every panel reads them: a task per panel transposed them once
 // per panel (4 times at d12) and read the block of dout as many times. The
 // full rows only; a last partial sliver is packed by matmul_task.
-static void matmul_task_row_block(float *c, size_t ldc, int set, const float *init, const float *a, size_t ak,
-                                  const float *b, size_t bk, size_t bj, const float *b_whole, int b_in_place, int m0, int mc,
-                                  int J, int nc, int K, int prefetch_b) {
-    float *a_rows = matmul_scratch(MATMUL_BLOCK_SCRATCH, (size_t)mc * K);
-    matmul_transpose(a_rows, (size_t)K, a + m0, ak, K, mc / MATMUL_MR * MATMUL_MR);
-    for (int j0 = 0; j0 < J; j0 += nc)
-        matmul_task(c + (size_t)m0 * ldc + j0, ldc, set, init, a, 1, ak, NULL, 0, b, bk, bj, b_whole, b_in_place, m0, mc, j0,
-                    J - j0 < nc ? J - j0 : nc, K, 0, prefetch_b, -1, 0, a_rows);
+static void matmul_task_row_block(const MatmulPlan *p, int m0, int mc) {
+    float *a_rows = matmul_scratch(MATMUL_BLOCK_SCRATCH, (size_t)mc * p->K);
+    matmul_transpose(a_rows, (size_t)p->K, p->a + m0, p->ak, p->K, mc / MATMUL_MR * MATMUL_MR);
+    for (int j0 = 0; j0 < p->J; j0 += p->nc)
+        matmul_task(p, p->c + (size_t)m0 * p->ldc + j0, m0, mc, j0, p->J - j0 < p->nc ? p->J - j0 : p->nc, -1, a_rows);
 }
 
 #define MATMUL_STREAM_BYTES (16u << 20)
 
 // a forward's weight this large is read in place and the output transposed
-// instead (matmul_run): in GPT-2's sizes only the logits' weight, 154 MB at
+// instead (matmul_plan): in GPT-2's sizes only the logits' weight, 154 MB at
 // d12, where the largest layer weight is d48's fc, 41 MB. Tests set it lower
 // to reach that path with small shapes.
 #ifndef MATMUL_TRANSPOSE_BYTES
@@ -585,19 +627,15 @@ static void matmul_blocks(int M, int J, int K, size_t bj, int nthreads, int a_fr
     // core then leaves the others at most half its share to wait on. More
     // tasks cost more than they balance, since a block of half the size
     // packs or reads as much B per multiply-add twice over: with 4 per
-    // thread d12's attproj and fcproj forwards and the dinp products of qkv,
-    // attproj and fc ran 4 to 14% slower on the Xeon (medians of two sets of
-    // 5 and 6 interleaved rounds), the step 1 to 3%, and the logits' dinp,
-    // whose A and B both come from memory, 6% at d12 and 10% at the small
-    // model. But 1 per thread when A and B come from memory and all of C's
-    // columns fit in one panel (the small model's dinp, J = 128): then more
-    // tasks can only cut rows, and each row block streams all of B, 26 MB,
-    // again (measured 19% faster).
+    // thread d12's step ran 1 to 3% slower. But 1 per thread when A and B
+    // come from memory and all of C's columns fit in one panel (the small
+    // model's dinp, J = 128): then more tasks can only cut rows, and each
+    // row block streams all of B, 26 MB, again (measured 19% faster).
     size_t want = (a_from_memory && b_from_memory && J <= NC ? 1 : 2) * (size_t)nthreads;
     // A B read down its columns (the forward's weight) is transposed as each
     // row block packs it, which costs about two plain reads: counted twice,
     // the forward keeps its 256 rows in one block (attproj's measured 14%
-    // faster, fcproj's 5%).
+    // faster).
     double b_cost = bj == 1 ? 1.0 : 2.0;
     int mc = MC, nc = NC;
     double least = -1.0;
@@ -638,12 +676,12 @@ static void matmul_blocks_transposed(int M, int J, int nthreads, int *mc_out, in
 // Each task sums a block of C^T and transposes it into C: M x J floats where
 // B is K x J, a third as many at d12 (measured 5% faster). The small model's
 // logits (K = 128) keep the old way, and so do the layers' forwards, whose
-// weights are smaller than MATMUL_TRANSPOSE_BYTES (at d12 they measured 1 to
-// 13% slower this way on Zen 5, and no faster on the Xeon). Every element is
-// the same multiply-adds in the same order, so the result is the same bit
-// for bit; and the choice depends on the shapes alone, never on the number
-// of threads, so that a build whose edge tiles round differently still gives
-// the same bits on any number.
+// weights are smaller than MATMUL_TRANSPOSE_BYTES (at d12 they measured up
+// to 13% slower this way). Every element is the same multiply-adds in the
+// same order, so the result is the same bit for bit; and the choice depends
+// on the shapes alone, never on the number of threads, so that a build
+// whose edge tiles round differently still gives the same bits on any
+// number.
 static int matmul_computes_transposed(int set, size_t bj, int M, int J, int K) {
     return set && bj != 1 && (size_t)K * J * sizeof(float) > MATMUL_TRANSPOSE_BYTES && M <= MATMUL_MC && M < K;
 }
@@ -677,8 +715,11 @@ static void matmul_pack_whole(float *b_whole, const float *b, size_t bk, size_t 
     }
 }
 
-static void matmul_run(float *c, int ldc, int set, const float *init, const float *a, size_t am, size_t ak,
-                       const float *b, size_t bk, size_t bj, int M, int J, int K) {
+// the plan of C = init + A B (set) or C += A B on this call's threads: the
+// blocks, the task order, what is packed once for all the tasks (in the
+// calling thread's scratch) and what is asked for ahead
+static MatmulPlan matmul_plan(float *c, int ldc, int set, const float *init, const float *a, size_t am, size_t ak,
+                              const float *b, size_t bk, size_t bj, int M, int J, int K) {
     enum { NR = MATMUL_NR };
     int nthreads = 1;
 #ifdef _OPENMP
@@ -706,16 +747,15 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
     // B as large (the logits' weight), read in place, is asked for a sliver
     // ahead (MatmulAhead). A B packed per task is asked for a panel ahead
     // whatever its size: the copy reads kc or nc of its rows at once, far
-    // apart, which the hardware prefetcher does not follow (fc's and fcproj's
-    // forward measured 5% faster; d12's dinp products, whose packing took 14
-    // to 18% of their time, 6 to 7%).
+    // apart, which the hardware prefetcher does not follow (d12's dinp
+    // products, whose packing took 14 to 18% of their time, 6 to 7% faster).
     int prefetch_a = ak == 1 && a_from_memory, prefetch_b = b_from_memory;
     // The order of the tasks: tasks next to each other run at about the same
     // time and share what they read in cache. Row blocks first, so that
     // they share a panel of B, unless A is the larger: then the column
     // panels first, sharing a block of A (the dweight products, whose A,
     // dout transposed, has OC rows).
-    int mblocks = (M + mc - 1) / mc, jblocks = (J + nc - 1) / nc, ntasks = mblocks * jblocks;
+    int mblocks = (M + mc - 1) / mc, jblocks = (J + nc - 1) / nc;
     int panels_first = M > J;
     // B packed once for all the row blocks, when there are several, B would
     // be packed anyway and it is small: each row block packing its own copy
@@ -737,15 +777,13 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
     // whole first, by all the threads, into a_whole, and the tasks read it
     // from there. Read in place, each k of a tile is 8 floats of another row
     // of dout, rows a multiple of 1 KiB apart: the tile's A fell in a few
-    // sets of L1 and a new page at every k. A copy transposed along its rows
-    // made the d12 layers' dweight products 10 to 15% faster, the copy
-    // included; packed into slivers, a plain copy, 3 to 9% faster again in
-    // three of four sets of 4 to 6 interleaved rounds of bench_matmul (in the
-    // first, fcproj's 19% slower), the training step the same within noise. The
-    // logits' dout (51 MB at d12, over MATMUL_STREAM_BYTES) would take as much
-    // more memory and measured no faster: each task transposes its own
-    // blocks of it instead (matmul_task; 52 to 55% of the peak where it was
-    // 48 to 50% read in place).
+    // sets of L1 and a new page at every k. Copied first, transposed along
+    // its rows, the d12 layers' dweight products ran 10 to 15% faster, the
+    // copy included; packed into slivers, a plain copy, faster again in
+    // three of four sets. The logits' dout (51 MB at d12, over
+    // MATMUL_STREAM_BYTES) would take as much more memory and measured no
+    // faster: each task transposes its own blocks of it instead
+    // (matmul_task).
     float *a_whole = NULL;
     int M_pad = (M + MATMUL_MR - 1) / MATMUL_MR * MATMUL_MR;
     if (am == 1 && ak != 1 && (size_t)M * K * sizeof(float) <= MATMUL_STREAM_BYTES)
@@ -754,39 +792,50 @@ static void matmul_run(float *c, int ldc, int set, const float *init, const floa
     // transposed by the tasks, and then each task takes a whole row block,
     // all its column panels, when the block's rows of A, for all of K, fit
     // beside B packed whole in L2 (matmul_task_row_block; the logits'
-    // dweight at d12 measured 15% and 18% faster in two sets of 8
-    // interleaved rounds, medians).
+    // dweight at d12 measured 15 to 18% faster).
     int row_blocks = am == 1 && ak != 1 && a_whole == NULL && jblocks > 1 &&
                      (size_t)mc * K * sizeof(float) <= MATMUL_PACK_ONCE_BYTES / 2;
     int jtasks = row_blocks ? 1 : jblocks;
-    ntasks = mblocks * jtasks;
-    #pragma omp parallel if (ntasks > 1)
+    MatmulPlan p = {
+        .c = c, .ldc = (size_t)ldc, .set = set, .init = init,
+        .a = a, .am = am, .ak = ak, .b = b, .bk = bk, .bj = bj, .M = M, .J = J, .K = K,
+        .nthreads = nthreads, .transposed = transposed,
+        .mc = mc, .nc = nc, .mblocks = mblocks, .jtasks = jtasks, .ntasks = mblocks * jtasks,
+        .panels_first = panels_first, .row_blocks = row_blocks,
+        .a_whole = a_whole, .M_pad = M_pad, .b_whole = b_whole, .b_in_place = b_in_place,
+        .prefetch_a = prefetch_a, .prefetch_b = prefetch_b,
+    };
+    return p;
+}
+
+// the first row and the first column of C that task t covers, in p's order
+static int matmul_task_m0(const MatmulPlan *p, int t) {
+    return (p->panels_first ? t / p->jtasks : t % p->mblocks) * p->mc;
+}
+static int matmul_task_j0(const MatmulPlan *p, int t) {
+    return (p->panels_first ? t % p->jtasks : t / p->mblocks) * p->nc;
+}
+
+static void matmul_run(float *c, int ldc, int set, const float *init, const float *a, size_t am, size_t ak,
+                       const float *b, size_t bk, size_t bj, int M, int J, int K) {
+    MatmulPlan p = matmul_plan(c, ldc, set, init, a, am, ak, b, bk, bj, M, J, K);
+    #pragma omp parallel if (p.ntasks > 1)
     {
-        if (a_whole) matmul_pack_a_whole(a_whole, M_pad, a, ak, M, K);
-        if (b_whole) matmul_pack_whole(b_whole, b, bk, bj, J, K);
+        if (p.a_whole) matmul_pack_a_whole(p.a_whole, p.M_pad, p.a, p.ak, p.M, p.K);
+        if (p.b_whole) matmul_pack_whole(p.b_whole, p.b, p.bk, p.bj, p.J, p.K);
         #pragma omp for schedule(dynamic)
-        for (int t = 0; t < ntasks; t++) {
-            int m0 = (panels_first ? t / jtasks : t % mblocks) * mc, j0 = (panels_first ? t % jtasks : t / mblocks) * nc;
-            int mrows = M - m0 < mc ? M - m0 : mc, ncols = J - j0 < nc ? J - j0 : nc;
+        for (int t = 0; t < p.ntasks; t++) {
+            int m0 = matmul_task_m0(&p, t), j0 = matmul_task_j0(&p, t);
+            int mrows = p.M - m0 < p.mc ? p.M - m0 : p.mc, ncols = p.J - j0 < p.nc ? p.J - j0 : p.nc;
             // the task this thread likely takes next: with tasks of equal size
             // the threads take turns, so nthreads further on. A wrong guess
             // costs a panel brought into cache for nothing, or for the
             // other thread. Measured: the logits' forward 10 to 25% faster,
             // where each task's first panel came cold from memory.
-            int next = t + nthreads, next_j0 = -1, next_nc = 0;
-            if (next < ntasks) {
-                next_j0 = (panels_first ? next % jtasks : next / mblocks) * nc;
-                next_nc = J - next_j0 < nc ? J - next_j0 : nc;
-            }
-            if (row_blocks)
-                matmul_task_row_block(c, (size_t)ldc, set, init, a, ak, b, bk, bj, b_whole, b_in_place, m0, mrows, J, nc, K,
-                                      prefetch_b);
-            else if (transposed)
-                matmul_task_transposed(c, (size_t)ldc, init, a, am, ak, b, bk, bj, b_whole, m0, mrows, j0, ncols, K,
-                                       prefetch_a);
-            else
-                matmul_task(c + (size_t)m0 * ldc + j0, (size_t)ldc, set, init, a, am, ak, a_whole, M_pad, b, bk, bj, b_whole,
-                            b_in_place, m0, mrows, j0, ncols, K, prefetch_a, prefetch_b, next_j0, next_nc, NULL);
+            int next = t + p.nthreads, next_j0 = next < p.ntasks ? matmul_task_j0(&p, next) : -1;
+            if (p.row_blocks) matmul_task_row_block(&p, m0, mrows);
+            else if (p.transposed) matmul_task_transposed(&p, m0, mrows, j0, ncols);
+            else matmul_task(&p, p.c + (size_t)m0 * p.ldc + j0, m0, mrows, j0, ncols, next_j0, NULL);
         }
     }
 }

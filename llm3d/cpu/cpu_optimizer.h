@@ -27,13 +27,10 @@ static void zero_floats(float *x, size_t n) {
 // global norm: 1 when there is none), which saves a pass over the gradients.
 // One pass over params, grads, m and v: memory-bound, vectorised by the
 // compiler. Chunks of 64K floats, 256 KiB of each array, so that each
-// thread's four streams run long enough for the hardware prefetcher.
-// Earlier, with the arrays misaligned, 16K-float chunks whose lines were
-// asked for 4 KiB ahead in software measured 5 to 20% faster than without
-// the requests (on a Zen 5 machine). On Zen 4, with the arrays aligned,
-// 124M parameters took 53.4 ms this way against 64.7 ms that way (medians
-// of 3 interleaved runs). Most of the difference was the requests: 64K
-// chunks with lines asked for 8 KiB ahead took 61.9 ms.
+// thread's four streams run long enough for the hardware prefetcher, and
+// no lines asked for ahead in software: with the arrays aligned, 124M
+// parameters took 53.4 ms this way against 64.7 ms in 16K chunks asked
+// for 4 KiB ahead (doc/cpu.md has the earlier figures).
 static void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, float grad_scale,
                          float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
     float bc1 = 1.0f - powf(beta1, (float)t), bc2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
@@ -60,8 +57,8 @@ static void adamw_update(float *params, const float *grads, float *m, float *v, 
 // slower than memory: a task sums two blocks side by side, so that two
 // chains are in flight, without changing either. The two streams are asked
 // for ahead: the hardware prefetcher alone left the pass at about half the
-// bandwidth AdamW reaches. On Zen 4, with the arrays aligned, they made no
-// difference (about 19 ms over 124M floats either way).
+// bandwidth AdamW reaches (with the arrays aligned, on Zen 4, they made no
+// difference).
 #define SUMSQ_BLOCK 8192
 #define SUMSQ_AHEAD 1024  // floats
 typedef double sumsq_lanes __attribute__((vector_size(8 * sizeof(double))));
