@@ -18,7 +18,8 @@
  *     ckpt_lock           one job at a time per output directory (DIR/LOCK)
  *     ckpt_catch_signals, ckpt_stop_signal
  *                         SIGINT, SIGTERM, SIGHUP: finish the step, write a
- *                         checkpoint, exit 0
+ *                         checkpoint, exit 0 (SIGINT and SIGHUP ignored on
+ *                         entry stay ignored)
  *   finding and reading:
  *     ckpt_find           the checkpoint of a step, or the newest
  *     ckpt_verify         a checkpoint directory checked against its MANIFEST,
@@ -1379,11 +1380,22 @@ static int ckpt_lock(const char *out_dir, char *err, size_t errlen) {
 // user pressing Ctrl-C twice expects. A launcher's ranks get the first
 // Ctrl-C both from the terminal (SIGINT) and from it (SIGTERM): one each.
 //
-// The three are also blocked here, and stay so while the job is checked:
-// the process does not yet know whether it will train (then parallel_main
-// unblocks them, and one that came meanwhile reaches this handler) or be a
-// launcher (which reads them from its signalfd, the held one included). A
-// flag set in a process that turns out to be the launcher would be lost.
+// SIGINT and SIGHUP that the process was started with ignored stay ignored,
+// as is the Unix convention for a program that catches them: a shell starts
+// a background job (`cmd &` without job control) with SIGINT ignored so that
+// a Ctrl-C meant for the foreground leaves it running, and nohup ignores
+// SIGHUP so that closing the terminal does too; a trainer that caught them
+// anyway would stop such a job. SIGTERM is always caught: it is how our
+// launcher, schedulers and kill ask a job to stop, and nothing ignores it on
+// a job's behalf. (The launcher leaves the ignored ones out of its signalfd
+// too: launcher.h's par_stop_signals.)
+//
+// Those it catches are also blocked here, and stay so while the job is
+// checked: the process does not yet know whether it will train (then
+// parallel_main unblocks them, and one that came meanwhile reaches this
+// handler) or be a launcher (which reads them from its signalfd, the held
+// one included). A flag set in a process that turns out to be the launcher
+// would be lost.
 static volatile sig_atomic_t ckpt_stop_signal;
 static void ckpt_on_signal(int sig) { ckpt_stop_signal = sig; }
 
@@ -1396,6 +1408,10 @@ static void ckpt_catch_signals(void) {
     sigemptyset(&held);
     int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
     for (int i = 0; i < 3; i++) {
+        struct sigaction was;
+        if (sigs[i] != SIGTERM && sigaction(sigs[i], NULL, &was) == 0 && !(was.sa_flags & SA_SIGINFO) &&
+            was.sa_handler == SIG_IGN)
+            continue;  // ignored on entry: left so, and not held (held, it would be queued rather than dropped)
         sigaction(sigs[i], &sa, NULL);
         sigaddset(&held, sigs[i]);
     }

@@ -66,6 +66,49 @@ static pid_t spawn_trainer(const char *args, const char *const *env, const char 
     return test_spawn(argv, env, out_path, NULL);
 }
 
+// spawn_trainer_signals: spawn_trainer without env, but its SIGINT and SIGHUP
+// set in the child before the exec, whatever this test was started with: at
+// their defaults (ignored 0), as an interactive shell starts a command, or
+// ignored (1), as a shell starts a background job (SIGINT) and nohup does
+// (SIGHUP); and neither held. The trainer keeps ignoring what it was
+// started ignoring (checkpoint.h's ckpt_catch_signals), so a test started as
+// a background job would otherwise pass its ignored SIGINT on. test_spawn's
+// child, with the two set, which test_spawn cannot do: set in this process
+// around it they would reach this test too. They are held from before the
+// fork until the child has set them: a signal the test sends at once then
+// waits for the child's disposition, where it would have met this test's
+static pid_t spawn_trainer_signals(const char *args, const char *out_path, int ignored) {
+    char line[2048];
+    snprintf(line, sizeof(line), "./train_gpt2 %s -i %s %s", TINY, shard, args);
+    char *argv[64];
+    int n = 0;
+    for (char *tok = strtok(line, " "); tok != NULL && n < 63; tok = strtok(NULL, " ")) argv[n++] = tok;
+    argv[n] = NULL;
+    unlink(out_path);
+    sigset_t two, old;
+    sigemptyset(&two);
+    sigaddset(&two, SIGINT);
+    sigaddset(&two, SIGHUP);
+    sigprocmask(SIG_BLOCK, &two, &old);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid != 0) {
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        if (pid > 0) setpgid(pid, pid);  // a group of its own, so that test_wait's kill reaches the ranks
+        return pid;
+    }
+    setpgid(0, 0);
+    test_clear_rank_env();
+    signal(SIGINT, ignored ? SIG_IGN : SIG_DFL);
+    signal(SIGHUP, ignored ? SIG_IGN : SIG_DFL);
+    sigprocmask(SIG_UNBLOCK, &two, NULL);  // one that came since the fork is delivered now, to that disposition
+    int out = open(out_path, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    if (out < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0) _exit(127);
+    if (out > 2) close(out);
+    execv(argv[0], argv);
+    _exit(127);
+}
+
 typedef struct { int status; double seconds; char *out; int lines; } TrainerRun;
 
 // trainer_ended: r of the trainer pid, started at t0 with its output into
@@ -544,6 +587,10 @@ static void test_stop_signals(void) {
         Launch L;
         char err[512];
         test_clear_rank_env();
+        // as from an interactive shell: SIGINT or SIGHUP ignored here (this
+        // test started in the background) would stay so, and not be held
+        signal(SIGINT, SIG_DFL);
+        signal(SIGHUP, SIG_DFL);
         parallel_main(3, argv, 2, NULL, NULL, 5.0, &L, err, sizeof(err));  // the launcher: never returns
         _exit(3);
     }
@@ -570,7 +617,7 @@ static void test_stop_signals(void) {
         snprintf(out_dir, sizeof(out_dir), "%s/sigint_%d", work, i);
         snprintf(out_path, sizeof(out_path), "%s/trainer.out", work);
         snprintf(args, sizeof(args), "-np 2 -x 300 -o %s", out_dir);
-        pid = spawn_trainer(args, NULL, out_path);
+        pid = spawn_trainer_signals(args, out_path, 0);
         par_sleep(delays_ms[i] / 1000.0);
         kill(pid, SIGINT);
         st = test_wait(pid, 30.0, NULL);
@@ -588,6 +635,46 @@ static void test_stop_signals(void) {
     }
     check(bad == 0, "stop signals: SIGINT to the launcher 0 to 40 ms after its start stops the job cleanly every time%s",
           what);
+
+    // a job started with SIGINT and SIGHUP ignored (`train_gpt2 ... &` from a
+    // script, nohup) keeps ignoring them, the launcher and its ranks alike:
+    // the two sent to its process group, as a terminal sends them, it trains
+    // on for 5 more steps; SIGTERM still stops it cleanly. Caught, either
+    // would stop it after the step in progress: at most two more logged, the
+    // one that may end between reading the log and the kill, and that one
+    for (int np = 1; np <= 2; np++) {
+        char out_dir[300], args[700], out_path[300], log[400];
+        snprintf(out_dir, sizeof(out_dir), "%s/sigign_%d", work, np);
+        snprintf(out_path, sizeof(out_path), "%s/trainer.out", work);
+        snprintf(log, sizeof(log), "%s/log.jsonl", out_dir);
+        snprintf(args, sizeof(args), "-np %d -x 100000 -o %s", np, out_dir);
+        pid = spawn_trainer_signals(args, out_path, 1);
+        int logged = 0, at_signal = -1, ended = 0;
+        for (double t0 = test_now(); !ended && test_now() - t0 < 30.0; par_sleep(0.005)) {
+            char *text = test_read_text(log);
+            logged = test_count(text, "\n");
+            free(text);
+            if (at_signal < 0 && logged >= 2) {
+                at_signal = logged;
+                kill(-pid, SIGINT);
+                kill(-pid, SIGHUP);
+            }
+            if (at_signal >= 0 && logged >= at_signal + 5) break;
+            ended = waitpid(pid, &st, WNOHANG) != 0;
+        }
+        if (!ended) kill(pid, SIGTERM);
+        st = ended ? test_exit_status(st) : test_wait(pid, 30.0, NULL);
+        char *out = test_read_text(out_path);
+        int stopped = st == 0 && strstr(out, "stopped by a signal") != NULL && strstr(out, "killed by signal") == NULL &&
+                      (np == 1 || (strstr(out, "launcher: got signal 15;") != NULL && strstr(out, "got signal 2;") == NULL &&
+                                   strstr(out, "got signal 1;") == NULL));
+        check(at_signal >= 0 && !ended && logged >= at_signal + 5 && stopped,
+              "stop signals: %s started with SIGINT and SIGHUP ignored trains on through both (%d steps logged when "
+              "they were sent, %d later, %s), and stops cleanly on SIGTERM (exit %d: %s)",
+              np == 1 ? "a trainer" : "a launcher of 2 ranks", at_signal, logged, ended ? "ended" : "running", st,
+              test_line_of(out, "stopped by a signal"));
+        free(out);
+    }
 }
 
 // ----------------------------------------------------------------------------

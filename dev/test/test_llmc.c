@@ -9,7 +9,9 @@
  * checkpoints, and, run again as llm.c's retry loop does, resumes. A rank
  * that mpirun starts without --rendezvous stops with one line saying what
  * to add, and with it joins the others. llm.c's outlier guard (-sl, -sg):
- * its z-scores against a direct computation, and the updates it skips.
+ * its z-scores against a direct computation, the updates it skips, which
+ * change nothing, and a resume after a skipped update, bit for bit the
+ * uninterrupted run.
  * And the user's run: -h shows every flag's default, the step line has an
  * ETA and ends in the MFU, and a job of several ranks ends with one table
  * of their bytes.
@@ -260,6 +262,115 @@ static void test_outliers(const char *exe) {
           "window is full)");
 }
 
+// the log's steps: each one's loss and norm as printed, and whether -sl or
+// -sg skipped its update
+#define SKIP_STEPS 140
+typedef struct {
+    int n;
+    char loss[SKIP_STEPS][24], norm[SKIP_STEPS][24];
+    int skipped[SKIP_STEPS];
+} StepLog;
+
+static void read_step_log(StepLog *s, const char *path) {
+    memset(s, 0, sizeof(*s));
+    FILE *f = fopen(path, "r");
+    char line[512];
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        const char *st = test_log_value(line, "step"), *l = test_log_value(line, "loss"), *m = test_log_value(line, "norm");
+        int step = st != NULL ? atoi(st) : -1;
+        if (l == NULL || m == NULL || step != s->n || s->n == SKIP_STEPS) continue;  // a line out of order stops the count
+        snprintf(s->loss[step], sizeof(s->loss[step]), "%.*s", (int)strcspn(l, ","), l);
+        snprintf(s->norm[step], sizeof(s->norm[step]), "%.*s", (int)strcspn(m, ","), m);
+        s->skipped[step] = strstr(line, "\"skipped\": ") != NULL;
+        s->n++;
+    }
+    if (f != NULL) fclose(f);
+}
+
+// whether DIR_A/ckpt_<step>/name and DIR_B/ckpt_<step2>/name hold the same bytes
+static int ckpt_files_same(const char *a, int step_a, const char *b, int step_b, const char *name) {
+    char pa[400], pb[400];
+    snprintf(pa, sizeof(pa), "%s/ckpt_%08d/%s", a, step_a, name);
+    snprintf(pb, sizeof(pb), "%s/ckpt_%08d/%s", b, step_b, name);
+    return test_files_same(pa, pb);
+}
+
+// an update that -sg skips: it changes nothing, and a resume after it goes on
+// as if uninterrupted. A skipped step is where Adam's t (state.bin's adam_t)
+// and the step count part: a resume that took t from the step would use the
+// wrong bias correction from there on, and an update applied though logged
+// as skipped would change the weights and the moments. The windows of -sl
+// and -sg start afresh in each launch, so the resumed part must be one that
+// skips nothing in the uninterrupted run either: the run is cut after a
+// skipped step s that a step not skipped follows, and both runs end before
+// the next skip (at `end`; the run of SKIP_STEPS when there is none). Which
+// steps skip depends on the last bits of the norms, so it is read from the
+// log rather than assumed. The default schedule is constant (-q 1), so -x
+// changes no learning rate and a run of fewer steps is the first steps of a
+// longer one.
+static void test_skip_resume(const char *exe) {
+    char cmd[2048], out[65536], shard[300], a[300], p[300], path[400];
+    snprintf(shard, sizeof(shard), "%s/tiny_train.bin", dir);
+    snprintf(a, sizeof(a), "%s/skip_whole", dir);
+    snprintf(p, sizeof(p), "%s/skip_cut", dir);
+    const char *flags = "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -v 0 -s 0 -th 1 -l 1e-3 -sg 0.01 -nk 0";
+    // the whole run, with a checkpoint at its end
+    snprintf(cmd, sizeof(cmd), "%s %s -i %s -x %d -n %d -o %s", exe, flags, shard, SKIP_STEPS, SKIP_STEPS, a);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    static StepLog whole, resumed;
+    read_step_log(&whole, test_path(path, sizeof(path), a, "log.jsonl"));
+    int s = -1, end = SKIP_STEPS;
+    for (int i = whole.n - 2; i >= 0 && s < 0; i--) if (whole.skipped[i] && !whole.skipped[i + 1]) s = i;
+    for (int i = s + 2; s >= 0 && i < whole.n && end == SKIP_STEPS; i++) if (whole.skipped[i]) end = i;
+    if (!check(rc == 0 && whole.n == SKIP_STEPS && s >= 128,
+               "-sg 0.01, %d steps: step %d's update is the last skipped one with one applied after it, after the "
+               "window of 128 steps (exit %d)", whole.n, s, rc)) {
+        printf("%s\n", out);
+        return;
+    }
+    if (end < SKIP_STEPS) {  // the uninterrupted run ends before the next skip too
+        snprintf(a, sizeof(a), "%s/skip_whole_%d", dir, end);
+        snprintf(cmd, sizeof(cmd), "%s %s -i %s -x %d -n %d -o %s", exe, flags, shard, end, end, a);
+        rc = test_run(cmd, 1, out, sizeof(out));
+        read_step_log(&whole, test_path(path, sizeof(path), a, "log.jsonl"));
+        if (!check(rc == 0 && whole.n == end, "the uninterrupted run of %d steps, before the next skip (exit %d)", end, rc))
+            return;
+    }
+    // the same run cut after step s, with checkpoints before and after it (-n s: after s steps; and after the last, s + 1)
+    snprintf(cmd, sizeof(cmd), "%s %s -i %s -x %d -n %d -o %s", exe, flags, shard, s + 1, s, p);
+    rc = test_run(cmd, 1, out, sizeof(out));
+    if (!check(rc == 0 && test_exists("%s/ckpt_%08d", p, s) && test_exists("%s/ckpt_%08d", p, s + 1),
+               "the run cut after step %d: checkpoints after %d and %d steps (exit %d)", s, s, s + 1, rc)) {
+        printf("%s\n", out);
+        return;
+    }
+    check(ckpt_files_same(p, s, p, s + 1, "model.bin") && ckpt_files_same(p, s, p, s + 1, "optim.bin"),
+          "step %d's skipped update leaves the parameters and AdamW's m, v and t as they were: model.bin and optim.bin "
+          "of the checkpoints before and after it are byte-identical", s);
+    // resumed from after the skip to the end: the uninterrupted run's losses, norms and bytes
+    snprintf(cmd, sizeof(cmd), "%s %s -i %s -x %d -n %d -o %s -y 1", exe, flags, shard, end, end, p);
+    rc = test_run(cmd, 1, out, sizeof(out));
+    read_step_log(&resumed, test_path(path, sizeof(path), p, "log.jsonl"));
+    int differ = -1;
+    for (int i = 0; i < end && differ < 0; i++)
+        if (i >= resumed.n || strcmp(whole.loss[i], resumed.loss[i]) != 0 || strcmp(whole.norm[i], resumed.norm[i]) != 0 ||
+            whole.skipped[i] != resumed.skipped[i])
+            differ = i;
+    int ok = check(rc == 0 && strstr(out, "resum") != NULL && resumed.n == end && differ < 0,
+                   "resumed after the skipped step %d to step %d: the log's %d losses, norms and skips are the "
+                   "uninterrupted run's (exit %d, first difference at step %d)", s, end, resumed.n, rc, differ);
+    if (!ok) printf("%s\n", test_line_of(out, "train_gpt2:"));
+    if (differ >= 0 && differ < resumed.n)
+        printf("step %d: loss %s norm %s, uninterrupted %s %s\n", differ, resumed.loss[differ], resumed.norm[differ],
+               whole.loss[differ], whole.norm[differ]);
+    char ma[400], mp[400];
+    snprintf(ma, sizeof(ma), "%s/model_%08d.bin", a, end);
+    snprintf(mp, sizeof(mp), "%s/model_%08d.bin", p, end);
+    check(test_files_same(ma, mp) && ckpt_files_same(a, end, p, end, "model.bin") &&
+          ckpt_files_same(a, end, p, end, "optim.bin"),
+          "and its final model and last checkpoint's model.bin and optim.bin are the uninterrupted run's, byte for byte");
+}
+
 int main(void) {
     char exe[600];
     if (getcwd(exe, sizeof(exe) - 20) == NULL) return 1;
@@ -276,6 +387,7 @@ int main(void) {
         test_mpirun(exe);
         test_usage(exe);
         test_outliers(exe);
+        test_skip_resume(exe);
     }
     test_remove_dir(dir);
     return test_summary();

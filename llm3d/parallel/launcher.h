@@ -15,6 +15,7 @@
  *                          torchrun, Open MPI, Slurm)
  *   par_stop_signals, par_unblock_stop_signals
  *                          SIGINT, SIGTERM and SIGHUP, which ask a job to stop
+ *                          (SIGINT and SIGHUP not where they are ignored)
  * Header-only (llm.c style): every function is static inline.
  *
  * Linux only (signalfd, PR_SET_PDEATHSIG). Builds with -std=gnu11, or
@@ -185,12 +186,22 @@ static inline int launcher_socket_dir(char *dir, size_t dirlen, char *spec, size
 }
 
 // the signals that ask a job to stop: a trainer with -o catches them and
-// checkpoints (checkpoint.h); a launcher passes the first on to its ranks
+// checkpoints (checkpoint.h); a launcher passes the first on to its ranks.
+// SIGTERM always; SIGINT and SIGHUP unless they are ignored here, as they
+// are when the process was started so (a background job of a shell, nohup)
+// and ckpt_catch_signals left them: such a job keeps ignoring them. Left
+// out, they are never held, so they are dropped as they come (a held one,
+// even ignored, would be queued and read from the launcher's signalfd), and
+// a rank inherits them ignored across its exec
 static inline void par_stop_signals(sigset_t *set) {
     sigemptyset(set);
-    sigaddset(set, SIGINT);
     sigaddset(set, SIGTERM);
-    sigaddset(set, SIGHUP);
+    int maybe[2] = {SIGINT, SIGHUP};
+    for (int i = 0; i < 2; i++) {
+        struct sigaction now;
+        if (sigaction(maybe[i], NULL, &now) == 0 && !(now.sa_flags & SA_SIGINFO) && now.sa_handler == SIG_IGN) continue;
+        sigaddset(set, maybe[i]);
+    }
 }
 
 // par_unblock_stop_signals: a process that trains takes the stop signals
