@@ -163,10 +163,17 @@ bench: train_gpt2 prepare_data dev/bench_secure dev/bench_aead dev/bench_matmul 
 	./dev/bench_aead
 	./dev/bench_checkpoint.sh
 
+# mutation testing (README, Contributing): dev/mutate/mutate.sh plants each
+# mutant of dev/mutate/mutants.txt in a copy of the tree and runs the tests
+# that should kill it. About an hour on two cores: not part of `make test` or CI.
+# MUTANTS=a,b runs those; QUICK=1 leaves out the slowest test programs.
+mutate:
+	@MUTANTS="$(MUTANTS)" QUICK="$(QUICK)" ./dev/mutate/mutate.sh
+
 clean:
 	rm -f $(CPU_PROGRAMS) $(CPU_TESTS) $(CUDA_PROGRAMS) train_gpt2cu_fp32 test_gpt2cu_fp32 $(FUZZERS)
 
 run: train_gpt2 prepare_data plot_log
 	./dev/run.sh
 
-.PHONY: all test fuzz bench clean run
+.PHONY: all test fuzz bench clean run mutate
