@@ -1406,7 +1406,7 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-    double peak = gpu_peak_flops(prop.name) * par.grid.world;  // the job's: one GPU's times the ranks
+    double gpu_peak = gpu_peak_flops(prop.name), peak = gpu_peak * par.grid.world;  // the job's: all its GPUs'
     GPT2 model;
     gpt2_init_rank(&model, &job.config, params, (uint64_t)job.opt.seed, B, T, gopt.recompute, gopt.attention_tc,
                    &par.grid, par.zero, activation_sets(&job, &par.grid), par.nccl);
@@ -1422,7 +1422,7 @@ int main(int argc, char **argv) {
     PipeStep *plan = step_plan(&job, &par.grid, &nops);
     AdamHyper hyper = {job.opt.lr, job.opt.beta1, job.opt.beta2, job.opt.eps, job.opt.weight_decay, job.opt.grad_clip};
     if (rank0) {
-        print_device(&prop, peak / par.grid.world, &gopt, &model);
+        print_device(&prop, gpu_peak, &gopt, &model);
         print_model_and_batch(&job, dp);
     }
     print_layout(&model, &par, &job.opt, accum, device);

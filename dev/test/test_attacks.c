@@ -54,8 +54,9 @@ static const char *TINY = "-e d2 -ev 256 -et 32 -b 2 -t 16 -d 128 -l 1e-3 -v 0 -
 
 // spawn_trainer: ./train_gpt2 TINY -i shard, then args (a command line split
 // on spaces), with env entries "K=V" (NULL-terminated) added, stdout and
-// stderr into a new out_path, in a process group of its own (test_spawn)
-static pid_t spawn_trainer(const char *args, const char *const *env, const char *out_path) {
+// stderr into a new out_path, in a process group of its own; SIGINT and
+// SIGHUP at their defaults, or ignored with ignore_stop (test_spawn_with)
+static pid_t spawn_trainer_with(const char *args, const char *const *env, const char *out_path, int ignore_stop) {
     char line[2048];
     snprintf(line, sizeof(line), "./train_gpt2 %s -i %s %s", TINY, shard, args);
     char *argv[64];
@@ -63,50 +64,11 @@ static pid_t spawn_trainer(const char *args, const char *const *env, const char 
     for (char *tok = strtok(line, " "); tok != NULL && n < 63; tok = strtok(NULL, " ")) argv[n++] = tok;
     argv[n] = NULL;
     unlink(out_path);
-    return test_spawn(argv, env, out_path, NULL);
+    return test_spawn_with(argv, env, out_path, NULL, ignore_stop);
 }
 
-// spawn_trainer_signals: spawn_trainer without env, but its SIGINT and SIGHUP
-// set in the child before the exec, whatever this test was started with: at
-// their defaults (ignored 0), as an interactive shell starts a command, or
-// ignored (1), as a shell starts a background job (SIGINT) and nohup does
-// (SIGHUP); and neither held. The trainer keeps ignoring what it was
-// started ignoring (checkpoint.h's ckpt_catch_signals), so a test started as
-// a background job would otherwise pass its ignored SIGINT on. test_spawn's
-// child, with the two set, which test_spawn cannot do: set in this process
-// around it they would reach this test too. They are held from before the
-// fork until the child has set them: a signal the test sends at once then
-// waits for the child's disposition, where it would have met this test's
-static pid_t spawn_trainer_signals(const char *args, const char *out_path, int ignored) {
-    char line[2048];
-    snprintf(line, sizeof(line), "./train_gpt2 %s -i %s %s", TINY, shard, args);
-    char *argv[64];
-    int n = 0;
-    for (char *tok = strtok(line, " "); tok != NULL && n < 63; tok = strtok(NULL, " ")) argv[n++] = tok;
-    argv[n] = NULL;
-    unlink(out_path);
-    sigset_t two, old;
-    sigemptyset(&two);
-    sigaddset(&two, SIGINT);
-    sigaddset(&two, SIGHUP);
-    sigprocmask(SIG_BLOCK, &two, &old);
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid != 0) {
-        sigprocmask(SIG_SETMASK, &old, NULL);
-        if (pid > 0) setpgid(pid, pid);  // a group of its own, so that test_wait's kill reaches the ranks
-        return pid;
-    }
-    setpgid(0, 0);
-    test_clear_rank_env();
-    signal(SIGINT, ignored ? SIG_IGN : SIG_DFL);
-    signal(SIGHUP, ignored ? SIG_IGN : SIG_DFL);
-    sigprocmask(SIG_UNBLOCK, &two, NULL);  // one that came since the fork is delivered now, to that disposition
-    int out = open(out_path, O_WRONLY | O_CREAT | O_APPEND, 0600);
-    if (out < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0) _exit(127);
-    if (out > 2) close(out);
-    execv(argv[0], argv);
-    _exit(127);
+static pid_t spawn_trainer(const char *args, const char *const *env, const char *out_path) {
+    return spawn_trainer_with(args, env, out_path, 0);
 }
 
 typedef struct { int status; double seconds; char *out; int lines; } TrainerRun;
@@ -617,7 +579,7 @@ static void test_stop_signals(void) {
         snprintf(out_dir, sizeof(out_dir), "%s/sigint_%d", work, i);
         snprintf(out_path, sizeof(out_path), "%s/trainer.out", work);
         snprintf(args, sizeof(args), "-np 2 -x 300 -o %s", out_dir);
-        pid = spawn_trainer_signals(args, out_path, 0);
+        pid = spawn_trainer_with(args, NULL, out_path, 0);
         par_sleep(delays_ms[i] / 1000.0);
         kill(pid, SIGINT);
         st = test_wait(pid, 30.0, NULL);
@@ -648,7 +610,7 @@ static void test_stop_signals(void) {
         snprintf(out_path, sizeof(out_path), "%s/trainer.out", work);
         snprintf(log, sizeof(log), "%s/log.jsonl", out_dir);
         snprintf(args, sizeof(args), "-np %d -x 100000 -o %s", np, out_dir);
-        pid = spawn_trainer_signals(args, out_path, 1);
+        pid = spawn_trainer_with(args, NULL, out_path, 1);
         int logged = 0, at_signal = -1, ended = 0;
         for (double t0 = test_now(); !ended && test_now() - t0 < 30.0; par_sleep(0.005)) {
             char *text = test_read_text(log);

@@ -25,7 +25,7 @@
  *   test_random_key_file
  *   test_log_value                       a field of a line of the trainer's log
  *   test_run                             a shell command's output and exit status
- *   test_clear_rank_env, test_spawn,     child processes, waited for with a deadline
+ *   test_clear_rank_env, test_spawn, test_spawn_with,     child processes, waited for with a deadline
  *   test_wait, test_free_port,
  *   test_self_exe
  *   TestChild, test_child_args,          a test's own ranks
@@ -308,15 +308,27 @@ static void test_clear_rank_env(void) {
     for (size_t i = 0; i < sizeof(test_rank_env) / sizeof(test_rank_env[0]); i++) unsetenv(test_rank_env[i]);
 }
 
-// test_spawn: the program argv[0] with argv (NULL-terminated), started in a
-// process group of its own (so that test_wait's kill reaches what it starts
-// too), with the rank variables cleared and env's "NAME=VALUE" entries
+// test_spawn_with: the program argv[0] with argv (NULL-terminated), started
+// in a process group of its own (so that test_wait's kill reaches what it
+// starts too), with the rank variables cleared and env's "NAME=VALUE" entries
 // (NULL-terminated; NULL for none) set; its stdout appended to the file
-// out_path, its stderr to err_path (NULL: to out_path too). Its pid, or -1
-static pid_t test_spawn(char *const *argv, const char *const *env, const char *out_path, const char *err_path) {
+// out_path, its stderr to err_path (NULL: to out_path too). Its SIGINT and
+// SIGHUP start at their defaults, or ignored with ignore_stop (as a shell
+// starts a background job, and nohup), whatever this test was started with:
+// the trainer keeps ignoring what it starts ignoring. The two are held from
+// before the fork until the child has set them, so that a signal sent at
+// once meets the child's disposition, not this test's. Its pid, or -1
+static pid_t test_spawn_with(char *const *argv, const char *const *env, const char *out_path, const char *err_path,
+                             int ignore_stop) {
+    sigset_t stop, old;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGHUP);
+    sigprocmask(SIG_BLOCK, &stop, &old);
     fflush(NULL);  // else the child would print again what this process still buffers
     pid_t pid = fork();
     if (pid != 0) {
+        sigprocmask(SIG_SETMASK, &old, NULL);
         if (pid > 0) setpgid(pid, pid);  // as the child does: whichever runs first, the group exists before a kill
         return pid;
     }
@@ -330,6 +342,9 @@ static pid_t test_spawn(char *const *argv, const char *const *env, const char *o
         *eq = '\0';
         setenv(entry, eq + 1, 1);
     }
+    signal(SIGINT, ignore_stop ? SIG_IGN : SIG_DFL);
+    signal(SIGHUP, ignore_stop ? SIG_IGN : SIG_DFL);
+    sigprocmask(SIG_SETMASK, &old, NULL);  // one sent since the fork is delivered now, to that disposition
     int out = open(out_path, O_WRONLY | O_CREAT | O_APPEND, 0600);
     int err = err_path != NULL ? open(err_path, O_WRONLY | O_CREAT | O_APPEND, 0600) : out;
     if (out < 0 || err < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0) _exit(127);
@@ -337,6 +352,11 @@ static pid_t test_spawn(char *const *argv, const char *const *env, const char *o
     if (err > 2 && err != out) close(err);
     execv(argv[0], argv);
     _exit(127);
+}
+
+// test_spawn: test_spawn_with, SIGINT and SIGHUP at their defaults
+static pid_t test_spawn(char *const *argv, const char *const *env, const char *out_path, const char *err_path) {
+    return test_spawn_with(argv, env, out_path, err_path, 0);
 }
 
 // test_wait: the exit status of the child pid (test_exit_status), waiting at
