@@ -773,7 +773,7 @@ static void test_flags(void) {
         {{"-x"}, "flag -x needs a value"},
         {{"-z", "4"}, "-z: 4 is out of range"},
         {{"-l", "nan"}, "-l: 'nan' is not a number"},
-        {{"-hb", "2"}, "-hb: 2 is out of range [0, 1]"},
+        {{"-hb", "3"}, "-hb: 3 is out of range [0, 2]"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char *argv[5] = {"train_gpt2"};

@@ -270,6 +270,141 @@ static void test_gpu_flags(void) {
     check(g.attention_tc == !IS_FP32_BUILD, "-fa defaults to %d in the %s build", !IS_FP32_BUILD, precision_name);
 }
 
+// -hb 2, NCCL where ranks share a GPU: when it applies, what it refuses, the
+// NCCL_HOSTID each rank sets
+static void test_shared_nccl_flags(void) {
+    char err[512], a[64], b[64], c[64];
+    check(!gpu_host_mode(2, 1, 8, 1) && !gpu_host_mode(2, 0, 2, 1) && !gpu_host_mode(2, 1, 1, 1),
+          "-hb 2: NCCL, also where our launcher's 8 ranks share 1 GPU");
+    check(gpu_host_mode(0, 1, 8, 1) && gpu_host_mode(1, 1, 1, 1) && !gpu_host_mode(0, 1, 2, 2),
+          "without -hb 2 the rule stays: host mode where ranks share a GPU or -hb 1, else NCCL");
+    check(gpu_hostid_check(2, NULL, err, sizeof(err)) == 0 && gpu_hostid_check(0, "x", err, sizeof(err)) == 0 &&
+              gpu_hostid_check(1, "x", err, sizeof(err)) == 0,
+          "NCCL_HOSTID matters to -hb 2 only");
+    int rc = gpu_hostid_check(2, "box7", err, sizeof(err));
+    check(rc == -1 && strcmp(err, "flag -hb 2: NCCL_HOSTID is set in the environment ('box7'); -hb 2 gives each rank "
+                                  "its own, to make NCCL treat it as a node of its own: unset NCCL_HOSTID") == 0,
+          "-hb 2 refuses an NCCL_HOSTID set already, in one line: %s", err);
+    check(gpu_hostid_check(2, "", err, sizeof(err)) == -1 && strstr(err, "('')") != NULL,
+          "-hb 2 refuses an empty NCCL_HOSTID too (NCCL would take it): %s", err);
+    gpu_nccl_hostid(0x0123456789abcdefULL, 0, a, sizeof(a));
+    gpu_nccl_hostid(0x0123456789abcdefULL, 7, b, sizeof(b));
+    gpu_nccl_hostid(0x0123456789abcdeeULL, 7, c, sizeof(c));
+    check(strcmp(a, "llm3d-0123456789abcdef-rank0") == 0 && strcmp(b, "llm3d-0123456789abcdef-rank7") == 0 &&
+              strcmp(b, c) != 0,
+          "NCCL_HOSTID: one per rank and per job: %s, %s, %s", a, b, c);
+    GpuOptions g;
+    char a0[] = "train_gpt2cu", a1[] = "-hb", a2[] = "2";
+    char *argv[4] = {a0, a1, a2, NULL};
+    int argc = 3;
+    Options o;
+    options_defaults(&o);
+    check(gpu_options_take(&g, &argc, argv, err, sizeof(err)) == 0 && argc == 3 &&
+              options_parse(&o, argc, argv, err, sizeof(err)) == 0 && o.host_backend == GPU_HB_NCCL_SHARED,
+          "-hb 2 reaches options_parse and is taken");
+}
+
+// the board: a fake segment's rank blocks, as nccl_blame reads them
+static uint8_t *board_fake(int world) {
+    return (uint8_t *)calloc(1, SHM_HEADER_BYTES + (size_t)world * SHM_RANK_BYTES);
+}
+
+static void board_rank(uint8_t *board, int r, pid_t pid, int at_sync, const char *op, const char *group, long step) {
+    ShmRank *b = nccl_board_block(board, r);
+    b->pid = (uint32_t)pid;
+    b->pid_ns = par_pid_ns();
+    nccl_board_wait(board, r, at_sync);
+    if (op != NULL) nccl_board_enter(board, r, op, group, step);
+}
+
+static void test_nccl_blame(void) {
+    char out[700];
+    pid_t me = getpid();
+    // a pid that has exited: a child, reaped
+    pid_t gone = fork();
+    if (gone == 0) _exit(0);
+    waitpid(gone, NULL, 0);
+    uint8_t *board = board_fake(5);
+    board_rank(board, 0, me, 1, "allreduce", "world", 3);                        // this rank, at its watchdog
+    board_rank(board, 1, me, 0, "allreduce (overlapped)", "dp (overlapped)", 3);  // stalled in a call
+    board_rank(board, 2, me, 1, "allreduce", "world", 3);                        // waits too
+    board_rank(board, 3, gone, 0, "sendrecv", NULL, 2);                          // has exited
+    // rank 4: no block (another node)
+    nccl_blame(board, 5, 0, out, sizeof(out));
+    char want3[80];
+    snprintf(want3, sizeof(want3), "; rank 3 (pid %d) has exited", (int)gone);
+    const char *want1 = "; rank 1 is not waiting for its GPU: stalled, or still computing (its last NCCL call: "
+                        "allreduce (overlapped) on the dp (overlapped) group, step 3)";
+    check(strncmp(out, want1, strlen(want1)) == 0 &&
+              strstr(out, want3) != NULL && strstr(out, "rank 2") == NULL && strstr(out, "rank 4") == NULL &&
+              strstr(out, "rank 0") == NULL,
+          "the watchdog's blame names the rank not waiting (with its last call) and the one that "
+          "exited, not the waiting ones, itself or ranks off this node: %s", out);
+    // every other rank waits: the order of calls
+    board_rank(board, 1, me, 1, "broadcast", "dp", 4);
+    board_rank(board, 3, me, 1, "allgather", "tp", 4);
+    nccl_blame(board, 5, 0, out, sizeof(out));
+    check(strcmp(out, "; every other rank on this node waits for its GPU too: the ranks disagree on the order of NCCL "
+                      "calls, or NCCL itself is stuck") == 0, "every peer waiting: %s", out);
+    free(board);
+    // at most NCCL_BLAME_MAX named, the rest counted; a rank that has made no call yet
+    board = board_fake(6);
+    for (int r = 0; r < 6; r++) board_rank(board, r, me, r == 2, r == 5 ? NULL : "barrier", "world", 0);
+    nccl_blame(board, 6, 2, out, sizeof(out));
+    check(strstr(out, "; rank 0 is not") == out && strstr(out, "rank 1 is not") != NULL &&
+              strstr(out, "rank 3 is not") != NULL && strstr(out, "rank 4") == NULL &&
+              strstr(out, "rank 5") == NULL && strstr(out, "; and 2 more") != NULL,
+          "blame: 3 ranks named, then how many more: %s", out);
+    nccl_blame(board, 6, 0, out, sizeof(out));
+    check(strstr(out, "; rank 5 is not waiting for its GPU and has made no NCCL call yet") == NULL &&
+              strstr(out, "and 1 more") != NULL, "blame with the 4th rank off the list: %s", out);
+    free(board);
+    board = board_fake(2);
+    board_rank(board, 1, me, 0, NULL, NULL, 0);
+    nccl_blame(board, 2, 0, out, sizeof(out));
+    check(strcmp(out, "; rank 1 is not waiting for its GPU and has made no NCCL call yet") == 0,
+          "blame before any call: %s", out);
+    free(board);
+    nccl_blame(NULL, 4, 0, out, sizeof(out));
+    check(out[0] == '\0', "no board (a rank on another node): no blame");
+}
+
+// nccl_board_map on a real segment (rendezvous.h's shm_create): this job's
+// mapped by every rank, then the name is gone; another job's refused
+static void test_nccl_board_map(void) {
+    char name[COMM_NAME_BYTES], err[512];
+    uint64_t job = 0x1122334455667788ULL;
+    if (!check(shm_create(name, 2, job, err, sizeof(err)) == 0, "a segment for 2 ranks: %s", err)) return;
+    size_t bytes0 = 0, bytes1 = 0, bytes_x = 0;
+    uint8_t *other = nccl_board_map(name, 2, 0, job + 1, &bytes_x);
+    uint8_t *wrong_world = nccl_board_map(name, 3, 0, job, &bytes_x);
+    uint8_t *b0 = nccl_board_map(name, 2, 0, job, &bytes0);
+    int fd = shm_open(name, O_RDONLY, 0);
+    int still_named = fd >= 0;
+    if (fd >= 0) close(fd);
+    uint8_t *b1 = nccl_board_map(name, 2, 1, job, &bytes1);
+    fd = shm_open(name, O_RDONLY, 0);
+    int gone = fd < 0 && errno == ENOENT;
+    if (fd >= 0) close(fd);
+    check(other == NULL && wrong_world == NULL && b0 != NULL && b1 != NULL && still_named && gone &&
+              bytes0 == shm_layout(2).rings_offset,
+          "the board: another job's or world's segment refused; this one mapped (header and rank blocks only), its "
+          "name unlinked by the last rank to map it");
+    if (b0 != NULL && b1 != NULL) {
+        // an op longer than the field is cut; no group: point to point
+        nccl_board_enter(b1, 1, "send_mac to rank 0 (activation, micro-batch 12)", NULL, 9);
+        nccl_board_wait(b0, 0, 1);
+        char out[300];
+        nccl_blame(b0, 2, 0, out, sizeof(out));
+        check(strcmp(out, "; rank 1 is not waiting for its GPU: stalled, or still computing (its last NCCL call: "
+                          "send_mac to rank 0 (activation,, step 9)") == 0 && nccl_board_block(b0, 1)->pid == (uint32_t)getpid(),
+              "one rank's call seen through the other's mapping: %s", out);
+    }
+    if (b0 != NULL) munmap(b0, bytes0);
+    if (b1 != NULL) munmap(b1, bytes1);
+    if (!gone) shm_unlink(name);
+}
+
 static void test_shapes(void) {
     char err[512];
     GPT2Config c;
@@ -488,6 +623,7 @@ static void test_cli(void) {
     snprintf(hs_case, sizeof(hs_case), "-e %s -t 8", model_path);
     struct { const char *args, *want; } cases[] = {
         {"-r 3", "-r: '3' is not 0 or 1"},
+        {"-hb 3", "-hb: 3 is out of range [0, 2]"},
         {"-t abc", "-t: 'abc' is not an integer"},
         {"-q 2", "-q: 2 is out of range"},
         // ranks that outnumber the GPUs share them (host mode); with no GPU at all, the launcher refuses
@@ -511,6 +647,13 @@ static void test_cli(void) {
               cases[i].args, rc, lines, (int)strcspn(out, "\n"), out);
     }
     unlink(model_path);
+    // -hb 2 where NCCL_HOSTID is set already: refused by the process that would launch, before any rank
+    setenv("NCCL_HOSTID", "box7", 1);
+    int rc_hb = run_trainer("-hb 2 -np 2 -e d2 -ev 64 -et 16 -t 8", out, sizeof(out));
+    unsetenv("NCCL_HOSTID");
+    check(rc_hb == 2 && count_lines(out) == 1 && strstr(out, "flag -hb 2: NCCL_HOSTID is set in the environment") != NULL,
+          "train_gpt2cu -hb 2 with NCCL_HOSTID set -> exit %d, %d line: %.*s", rc_hb, count_lines(out),
+          (int)strcspn(out, "\n"), out);
     // a good command line: trains on a GPU, exits 1 with one line without one
     write_shard(shard_path, 4 * 8 * 2 + 1, 64);
     snprintf(args, sizeof(args), "-e d2 -ev 64 -et 16 -t 8 -b 4 -x 2 -v 0 -i %s", shard_path);
@@ -1133,6 +1276,9 @@ int main(void) {
     test_unit_layout();
     test_ckpt_cli();
     test_gpu_flags();
+    test_shared_nccl_flags();
+    test_nccl_blame();
+    test_nccl_board_map();
     test_shapes();
     test_buffer_plan();
     test_token_buckets();

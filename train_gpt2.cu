@@ -1082,14 +1082,17 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess) ndev = 0;
     int host_mode = gpu_host_mode(o->host_backend, parallel_launched_rank(), par->grid.world, ndev);
-    int device = gpu_for_rank(L->local_rank, ndev, gpu_own_visible(L), host_mode, err, sizeof(err));
+    // -hb 2: NCCL, and ranks may share GPUs as in host mode (each its own NCCL node, nccl_join)
+    int shared_nccl = o->host_backend == GPU_HB_NCCL_SHARED;
+    int device = gpu_for_rank(L->local_rank, ndev, gpu_own_visible(L), host_mode || shared_nccl, err, sizeof(err));
     if (device < 0) {
         fprintf(stderr, "train_gpt2cu: rank %d: %s%s%s\n", L->rank, err, e != cudaSuccess ? ": " : "",
                 e != cudaSuccess ? cudaGetErrorString(e) : "");
         exit(1);
     }
     CUDA_CHECK(cudaSetDevice(device));
-    if (nccl_init(&par->nccl, &par->grid, L->key, L->rendezvous, o->timeout, fault, host_mode, err, sizeof(err)) != 0)
+    int mode = host_mode ? 1 : shared_nccl ? GPU_HB_NCCL_SHARED : 0;
+    if (nccl_init(&par->nccl, &par->grid, L->key, L->rendezvous, o->timeout, fault, mode, err, sizeof(err)) != 0)
         die(1, err);
 }
 
@@ -1385,6 +1388,7 @@ int main(int argc, char **argv) {
 #endif
     parse_flags(&job, argc, argv, gpu_usage_lines, &build);
     if (ckpt_check_flags(&job.opt, err, sizeof(err)) != 0) die_usage(err);  // before a launcher counts the GPUs
+    if (gpu_hostid_check(job.opt.host_backend, getenv("NCCL_HOSTID"), err, sizeof(err)) != 0) die_usage(err);
     check_launch_gpus(&job.opt);
     parse_fault(&job);
     check_model(&job);

@@ -3,7 +3,7 @@
 # short slot on one GPU (written for one H200: CUDA, PyTorch, no network).
 #
 #   ./dev/gpu_check.sh          # OUT=DIR for the results (default /tmp/llm3d_gpu_check)
-#   QUICK=1 ./dev/gpu_check.sh  # for turns on a kernel: phases 0-3, 7 (no sanitizers) and 9
+#   QUICK=1 ./dev/gpu_check.sh  # for turns on a kernel: phases 0, 1, 3, 4, 10 (no sanitizers) and 12
 #
 # What it leaves in $OUT is two files, so that it all comes back from a
 # machine that returns only a few: summary.txt (also printed as it goes) and
@@ -15,32 +15,53 @@
 #      libnccl.so.2 of a Python wheel such as nvidia-nccl-cu13), else one line
 #      and exit 3 before anything is built
 #   1. build, all at once, for this GPU's architecture only
-#   2. test_gpt2cu (bf16): the trainer against the PyTorch fixtures
-#   3. benchmark: GPT-2 124M (d12), T = 1024, 30 steps, random tokens: gates
+#   2. the NCCL probe: can NCCL run 2, 4 and 8 ranks on this one GPU? With
+#      -hb 2 each rank is an NCCL node of its own (NCCL_HOSTID), joined by
+#      NCCL's network transport; dp 2, 4 and 8 for 4 steps each, with NCCL's
+#      version and transport and a step's time. Phases 5 and 6 run their NCCL
+#      cases up to the most ranks that ran here (NCCL_RANKS)
+#   3. test_gpt2cu (bf16): the trainer against the PyTorch fixtures
+#   4. benchmark: GPT-2 124M (d12), T = 1024, 30 steps, random tokens: gates
 #      on step 0's loss (near ln 50257) and on its fall; tokens/s and MFU
-#   4. every layout of test_layouts on this one GPU (its ranks share the
-#      device, so they talk through the shared-memory host backend): fp32
-#      within 1e-5 of one rank, bf16 within 2e-2 (see "bf16 bound" below);
-#      tamper, replay, kill and stall end the job; the watch report (-wr)
-#      names a rank slowed on purpose, -ck a replica changed on purpose
-#   5. fp32: test_gpt2cu_fp32; the GPU against the CPU trainer (10 steps
+#   5. over real NCCL (-hb 2), the ranks on this one GPU: every layout of
+#      test_layouts, fp32 within 1e-5 of one rank, a bf16 subset within
+#      2e-2; tamper and replay of a MAC'd pipeline message refused ("does
+#      not verify"), kill and stall ending the job with the culprit named,
+#      -wr naming a slowed rank from NCCL's wait clocks, -ck a drifted replica
+#   6. over real NCCL: checkpoints of 8 ranks ((2, 2, 2), ZeRO 1 and 3, fp32)
+#      resumed bit for bit by the same layout, by one rank (1e-5) and by the
+#      CPU trainer; SIGTERM of an 8-rank job; 2 ranks started by a script,
+#      torchrun and mpirun (each where the machine has it), --rendezvous
+#   7. the layouts of phase 5 in host mode (the default where ranks share a
+#      GPU: they talk through the shared-memory host backend), with their
+#      faults, the watch report and the consistency check
+#   8. fp32: test_gpt2cu_fp32; the GPU against the CPU trainer (10 steps
 #      within 1e-4); a checkpoint of each resumed by the other
-#   6. NCCL with one rank: ZeRO 0-3 agree (fp32: bit for bit); checkpoints
+#   9. NCCL with one rank: ZeRO 0-3 agree (fp32: bit for bit); checkpoints
 #      resume byte-identical; sealed checkpoints (-enc 1) give the plain
 #      run's losses and resume bit-exact; SIGTERM checkpoints and exits 0
-#   7. kernel checks (bf16 and fp32), then compute-sanitizer memcheck and
+#  10. kernel checks (bf16 and fp32), then compute-sanitizer memcheck and
 #      racecheck over the bf16 ones at small shapes (LLM3D_CHECK_SMALL=1),
 #      memcheck over the fp32 ones (the build also gates on ptxas: no kernel
 #      may spill)
-#   8. the PyTorch peer (torch.compile, bf16) at the benchmark's B; ours with
+#  11. the PyTorch peer (torch.compile, bf16) at the benchmark's B; ours with
 #      -fa 0
-#   9. a profile (Nsight Compute): the kernels of two d12 steps at the
+#  12. a profile (Nsight Compute): the kernels of two d12 steps at the
 #      benchmark's B, their GPU time summed by name; a measurement, not a gate
 #
 # Each piece is "ok", "FAIL", or "SKIP" (past the deadline, or something it
 # needs is missing): skipped for time is not failed. The whole run keeps to
-# DEADLINE seconds (default 420, builds included). Exit status: 0 when
-# nothing failed, 1 when something did, 3 when the preflight stopped it.
+# DEADLINE seconds (default 420, builds included), and phases 5 and 6 to
+# NCCL_UNTIL seconds from the start (default DEADLINE - 140), so that the
+# phases after them keep their time. Exit status: 0 when nothing failed, 1
+# when something did, 3 when the preflight stopped it.
+#
+# Cases run side by side, JOBS at once (default 4), and NCCL cases while
+# their ranks together stay within RANKS (default 16: each rank is a
+# process with its own CUDA context and NCCL's threads, on 16 cores).
+# DRYRUN=1 (dev/gpu_check_dryrun.sh sets it): the trainers are stand-ins
+# that run the CPU trainer, so a check for a line only NCCL prints looks
+# for the host backend's line instead.
 #
 # bf16 bound: a layout changes the order in which bf16 gradients are summed
 # (per tp slice, per pipeline micro-batch, per data-parallel shard), and
@@ -52,6 +73,8 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/llm3d_gpu_check}
 DEADLINE=${DEADLINE:-420}
+NCCL_UNTIL=${NCCL_UNTIL:-$((DEADLINE - 140))}
+DRYRUN=${DRYRUN:-0}
 # QUICK=1: what a change to a kernel needs, in about a third of the time: the
 # builds, the fixtures, the benchmark, the kernel checks (without the
 # sanitizers) and the profile; each other phase says it is skipped
@@ -77,14 +100,25 @@ skip() { if [ -n "${VERDICT:-}" ]; then echo "SKIP $*" >> "$VERDICT"; else NSKIP
 
 # background CMD...: CMD (a function of this script) as one case in the
 # background, at most JOBS at once (the small layout runs leave most of the
-# GPU and the cores idle, so several share the machine); collect waits for
-# them all and counts their verdicts in the order they started
+# GPU and the cores idle, so several share the machine), and with W=N before
+# it (an NCCL case of N ranks) while the weights of those running stay
+# within RANKS; collect waits for them all and counts their verdicts in the
+# order they started
 JOBS=${JOBS:-4}
+RANKS=${RANKS:-16}
 NCASE=0
+declare -A CASE_W
 background() {
-    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+    local w=${W:-1} p running load
+    for (( ; ; )); do
+        running=0 load=0
+        for p in $(jobs -rp); do running=$((running + 1)) load=$((load + ${CASE_W[$p]:-1})); done
+        if [ "$running" -lt "$JOBS" ] && { [ $((load + w)) -le "$RANKS" ] || [ "$running" -eq 0 ]; }; then break; fi
+        wait -n
+    done
     NCASE=$((NCASE + 1))
     ( VERDICT=$(printf '%s/verdict_%04d' "$WORK" "$NCASE"); : > "$VERDICT"; "$@" ) &
+    CASE_W[$!]=$w
 }
 collect() {
     wait
@@ -236,6 +270,329 @@ EOF
 SMALL="-i $WORK/small_train_*.bin -j $WORK/small_train_*.bin"
 
 # ---------------------------------------------------------------------------
+# what the layout, fault and checkpoint phases share.
+# compare BOUND WHAT REF LOG [resumed]: LOG's losses (and with BOUND < 1e-3
+# grad norms) within BOUND of REF's, step by step. LOG has REF's steps; with
+# "resumed", the steps it has (a run resumed from a checkpoint logs its own)
+compare() {
+    local out
+    out=$(python3 - "$@" <<'EOF'
+import json, sys
+bound, what, ref_path, got_path = float(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+resumed = len(sys.argv) > 5
+# the steps' lines; the final model's line after the last step (a val loss
+# alone, with -v) has no train loss to compare
+load = lambda p: {r["step"]: r for r in map(json.loads, open(p)) if "loss" in r}
+try:
+    ref, got = load(ref_path), load(got_path)
+except (OSError, ValueError, KeyError) as e:
+    print(f"FAIL {what}: {type(e).__name__} {e}"); sys.exit(0)
+keys = ["loss", "norm"] if bound < 1e-3 else ["loss"]
+if not got or not set(got) <= set(ref) or (not resumed and set(got) != set(ref)):
+    print(f"FAIL {what}: steps {sorted(got)[:3]}... ({len(got)}) against {len(ref)} of the reference"); sys.exit(0)
+worst = max(abs(got[s][k] - ref[s][k]) for s in got for k in keys)
+print(f"{'ok' if worst <= bound else 'FAIL'} {what}: steps {min(got)}-{max(got)}, worst {'/'.join(keys)} difference {worst:.2e} (bound {bound:g})")
+EOF
+)
+    case $out in ok*) pass "${out#ok }" ;; *) fail "${out#FAIL }" ;; esac
+}
+# A case of several ranks on this one GPU runs in one of two modes: "host"
+# (host mode, the default where ranks share a GPU: the host backend) or
+# "nccl" (-hb 2: real NCCL, each rank an NCCL node of its own). mode_flag:
+# the trainer's flag for a mode; mode_tag: the prefix of its cases' names;
+# wt: the weight of a case of N ranks in background (NCCL's count)
+mode_flag() { if [ "$1" = nccl ]; then echo "-hb 2"; fi; }
+mode_tag() { if [ "$1" = nccl ]; then echo "nccl_"; fi; }
+wt() { if [ "$1" = nccl ]; then echo "$2"; else echo 1; fi; }
+np_of() { local n; n=$(echo " $* " | sed -n 's/.* -np \([0-9][0-9]*\) .*/\1/p'); echo "${n:-1}"; }
+# nccl_fits MODE NP NAME: 0 when a case of NP ranks may run in MODE: in nccl
+# mode no more ranks than the probe (phase 2) ran, else NAME is skipped
+NCCL_RANKS=0
+nccl_fits() {
+    if [ "$1" != nccl ] || [ "$2" -le "$NCCL_RANKS" ]; then return 0; fi
+    skip "$3: needs $2 NCCL ranks on this GPU; the probe ran ${NCCL_RANKS}"
+    return 1
+}
+# nccl_ran MODE NAME: in nccl mode, that NAME's log shows the job over NCCL
+# (rank 0's -hb 2 line, and no host mode), else a failure; a dry run's CPU
+# trainer prints neither
+nccl_ran() {
+    if [ "$1" != nccl ] || [ "$DRYRUN" = 1 ]; then return 0; fi
+    if grep -q '^NCCL with -hb 2: ' "$LOGS/$2.log" && ! grep -q '^host mode: ' "$LOGS/$2.log"; then return 0; fi
+    fail "$2: it ran, but not over NCCL (no -hb 2 line from rank 0; see $2.log)"
+    return 1
+}
+# want NCCL_LINE DRY_LINE: what a check over NCCL looks for; in a dry run
+# the CPU trainer's host backend prints DRY_LINE instead
+want() { if [ "$DRYRUN" = 1 ]; then echo "$2"; else echo "$1"; fi; }
+
+# layouts: test_layouts' cases. Each runs 10 steps with the same global
+# batch as its one-rank run, which runs once (a later phase reuses it).
+ref_of() { echo "$LOGS/${1}_one_$(echo "$2" | tr -c 'a-z0-9' '_').jsonl"; }
+one_rank() {  # one_rank PREC BASE_ARGS
+    local bin=./train_gpt2cu ref
+    [ "$1" = fp32 ] && bin=./train_gpt2cu_fp32
+    ref=$(ref_of "$1" "$2")
+    [ -s "$ref" ] && return 0
+    run "$(basename "$ref" .jsonl)" 60 $bin -x 10 -v 0 -s 0 $SMALL $2 -lg "$ref"
+}
+layout() {  # layout PREC BOUND NAME BASE_ARGS LAYOUT_ARGS [MODE]
+    local prec=$1 bound=$2 base=$4 lay=$5 mode=${6:-host} bin=./train_gpt2cu ref name
+    name="${prec}_$(mode_tag "$mode")$3"
+    [ "$prec" = fp32 ] && bin=./train_gpt2cu_fp32
+    ref=$(ref_of "$prec" "$base")
+    if [ ! -s "$ref" ]; then skip "$name: no one-rank run to compare with"; return; fi
+    nccl_fits "$mode" "$(np_of $lay)" "$name" || return
+    run "$name" 90 $bin -x 10 -v 0 -s 0 $SMALL $base $lay $(mode_flag "$mode") -lg "$LOGS/$name.jsonl" &&
+        nccl_ran "$mode" "$name" && compare "$bound" "$prec $(mode_tag "$mode")$3" "$ref" "$LOGS/$name.jsonl"
+}
+TINY="-e dev/fixtures/tiny_model.bin"      # L=2 NH=4 C=64 V=500
+DEEP="-e d4 -ec 64 -ev 256 -et 16"          # L=4 NH=4 C=64 V=256
+DP2="$TINY -b 2 -t 16 -d 64" DP4="$TINY -b 2 -t 16 -d 128" TP="$TINY -b 2 -t 16 -d 32"
+PP2="$TINY -b 1 -t 16 -d 64" PP4="$DEEP -b 1 -t 16 -d 64" GRID="$TINY -b 2 -t 16 -d 128"
+layouts() {  # layouts PREC BOUND [MODE]: the one-rank runs first, then every layout against its own
+    local p=$1 b=$2 m=${3:-host} base z s
+    for base in "$DP2" "$DP4" "$TP" "$PP2" "$PP4"; do background one_rank $p "$base"; done  # GRID = DP4
+    collect
+    for z in 0 1 2 3; do W=$(wt $m 2) background layout $p $b dp2_z$z "$DP2" "-np 2 -z $z" $m; done
+    for z in 0 1 2 3; do W=$(wt $m 4) background layout $p $b dp4_z$z "$DP4" "-np 4 -z $z" $m; done
+    W=$(wt $m 2) background layout $p $b tp2 "$TP" "-np 2 -tp 2" $m
+    W=$(wt $m 4) background layout $p $b tp4 "$TP" "-np 4 -tp 4" $m
+    for s in gpipe 1f1b; do
+        W=$(wt $m 2) background layout $p $b pp2_$s "$PP2" "-np 2 -pp 2 -ps $s -mb 4" $m
+        W=$(wt $m 4) background layout $p $b pp4_$s "$PP4" "-np 4 -pp 4 -ps $s -mb 4" $m
+    done
+    for z in 1 3; do W=$(wt $m 8) background layout $p $b grid222_z$z "$GRID" "-np 8 -tp 2 -pp 2 -z $z" $m; done
+    collect
+}
+layouts_bf16() {  # layouts_bf16 [MODE]: a subset of them in bf16, within 2e-2 (the "bf16 bound" above)
+    local m=${1:-host} base
+    for base in "$DP2" "$TP" "$PP2" "$GRID"; do background one_rank bf16 "$base"; done
+    collect
+    W=$(wt $m 2) background layout bf16 2e-2 dp2_z3 "$DP2" "-np 2 -z 3" $m
+    W=$(wt $m 2) background layout bf16 2e-2 tp2 "$TP" "-np 2 -tp 2" $m
+    W=$(wt $m 2) background layout bf16 2e-2 pp2_1f1b "$PP2" "-np 2 -pp 2 -ps 1f1b -mb 4" $m
+    W=$(wt $m 8) background layout bf16 2e-2 grid222_z1 "$GRID" "-np 8 -tp 2 -pp 2 -z 1" $m
+    collect
+}
+
+# faults: the job ends (not exit 0) after steps 0-2, naming the culprit
+# (kill: 2 or 3 steps, as in test_layouts: the launcher may stop rank 0
+# before it logs step 2)
+fault() {  # fault NAME ARGS EXPECT LEAST [MODE]
+    local mode=${5:-host} name args expect=$3 least=$4 limit
+    name="$(mode_tag "$mode")$1" args="$2 $(mode_flag "$mode")"
+    if ! limit=$(time_left 30); then skip "fault $name: past the deadline"; return; fi
+    timeout -k 5 "$limit" ./train_gpt2cu -x 10 -v 0 -s 0 $SMALL $TINY -b 2 -t 16 -d 64 -np 2 -to 3 $args \
+        -lg "$LOGS/fault_$name.jsonl" > "$LOGS/fault_$name.log" 2>&1
+    local rc=$? steps
+    steps=$(wc -l < "$LOGS/fault_$name.jsonl" 2>/dev/null || echo 0)
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$steps" -ge "$least" ] && [ "$steps" -le 3 ] &&
+       grep -q "$expect" "$LOGS/fault_$name.log"; then
+        pass "fault $name: exit $rc after $steps steps: $(grep -m1 "$expect" "$LOGS/fault_$name.log" | cut -c1-140)"
+    else
+        fail "fault $name: exit $rc, $steps steps logged, '$expect' $(grep -q "$expect" "$LOGS/fault_$name.log" && echo named || echo 'not named')"
+    fi
+}
+# the watch report (-wr 3): rank 1 of 4, slowed by 300 ms a step from step
+# 3, is named a straggler at the report after step 8 (two slow reports in a
+# row, as in test_layouts), on stdout and in step 8's log line, and no other
+# rank is; the job ends normally. Over NCCL the waits are NCCL's wait clocks.
+watch_slow() {  # watch_slow [MODE]
+    local mode=${1:-host} limit log name
+    name="$(mode_tag "$mode")watch_slow" log=$LOGS/$name
+    nccl_fits "$mode" 4 "$name" || return
+    if ! limit=$(time_left 30); then skip "$name: past the deadline"; return; fi
+    timeout -k 5 "$limit" ./train_gpt2cu -x 9 -v 0 -s 0 $SMALL $DP4 -np 4 -wr 3 -fault slow:1:3 $(mode_flag "$mode") \
+        -lg "$log.jsonl" > "$log.log" 2>&1
+    local rc=$? named others logged
+    named=$(grep -c "step 8: rank 1 is a straggler: compute .* for 2 reports" "$log.log")
+    others=$(grep -cE "rank [023] is a straggler" "$log.log")
+    logged=$(grep -c '^{"step": 8,.*"stragglers": \[1\], "compute_ms": \[' "$log.jsonl" 2>/dev/null)
+    if [ $rc -eq 0 ] && [ "$named" -ge 1 ] && [ "$others" -eq 0 ] && [ "${logged:-0}" -eq 1 ]; then
+        pass "$name, -wr 3 -fault slow:1:3 on 4 ranks: $(grep -m1 'rank 1 is a straggler' "$log.log" | cut -c1-140)"
+    else
+        fail "$name: exit $rc, rank 1 named $named times, other ranks $others, step 8's log fields ${logged:-0} (see $name.log)"
+    fi
+}
+# -ck 1: rank 2 of 4 replicas, one parameter changed at step 3, is named by
+# the consistency check before step 3 trains; exit 1 after steps 0-2
+check_drift() {  # check_drift [MODE]
+    local mode=${1:-host} limit log name
+    local want="step 3: data-parallel replicas disagree: the parameters of rank 2 differ from those of ranks 0, 1, 3 (the majority of the 4 replicas), first in wte"
+    name="$(mode_tag "$mode")check_drift" log=$LOGS/$name
+    nccl_fits "$mode" 4 "$name" || return
+    if ! limit=$(time_left 30); then skip "$name: past the deadline"; return; fi
+    timeout -k 5 "$limit" ./train_gpt2cu -x 10 -v 0 -s 0 $SMALL $DP4 -np 4 -ck 1 -fault drift:2:3 $(mode_flag "$mode") \
+        -lg "$log.jsonl" > "$log.log" 2>&1
+    local rc=$? steps
+    steps=$(wc -l < "$log.jsonl" 2>/dev/null || echo 0)
+    if [ $rc -eq 1 ] && [ "$steps" -eq 3 ] && grep -qF "$want" "$log.log"; then
+        pass "$name, -ck 1 -fault drift:2:3 on 4 replicas: exit 1 after 3 steps, rank 2 named"
+    else
+        fail "$name: exit $rc, $steps steps logged, rank 2 $(grep -qF "$want" "$log.log" && echo named || echo 'not named') (see $name.log)"
+    fi
+}
+faults() {  # faults [MODE]: tamper, replay, kill, stall, the watch report and the consistency check
+    local m=${1:-host}
+    if [ "$m" = nccl ]; then
+        # over NCCL a MAC'd pipeline message is checked at the step's end,
+        # before the update: the receiver's "does not verify" line; a stalled
+        # rank is named by the watchdog of the rank waiting for it (the board)
+        local mac
+        mac=$(want "activation message of micro-batch 0 from rank 0 (.* bytes, step 3) does not verify" \
+                   "from rank 0, channel activation, step 3")
+        W=2 background fault tamper "-pp 2 -fault tamper:0:3" "$mac" 3 nccl
+        W=2 background fault replay "-pp 2 -fault replay:0:3" "$mac" 3 nccl
+        W=2 background fault kill "-fault kill:1:3" "rank 1 killed by signal 9" 2 nccl
+        W=2 background fault stall "-fault stall:1:3" "$(want "rank 1 is not waiting for its GPU" "waiting for rank 1")" 3 nccl
+    else
+        background fault tamper "-pp 2 -fault tamper:0:3" "from rank 0, channel activation, step 3" 3
+        background fault replay "-pp 2 -fault replay:0:3" "from rank 0, channel activation, step 3" 3
+        background fault kill "-fault kill:1:3" "rank 1" 2
+        background fault stall "-fault stall:1:3" "rank 1" 3
+    fi
+    W=$(wt $m 4) background watch_slow $m
+    W=$(wt $m 4) background check_drift $m
+    collect
+}
+
+# checkpoints and signals
+CK="$WORK/ckpt"
+mkdir -p "$CK"
+# sigterm_check NAME ARGS: SIGTERM once the run is under way (after step
+# 5): every rank finishes the step, the checkpoint is written, exit 0, and
+# no rank failed on the way. Not under timeout, which would pass the signal
+# on twice (to the trainer and to its process group), and a second signal
+# kills.
+sigterm_check() {
+    local name=$1 args=$2 limit pid rc
+    if ! limit=$(time_left 60); then skip "SIGTERM ($name): past the deadline"; return; fi
+    ./train_gpt2cu $args -x 100000 -o "$CK/$name" > "$LOGS/$name.log" 2>&1 &
+    pid=$!
+    for _ in $(seq $((limit * 5))); do
+        grep -q "^step  *5/" "$LOGS/$name.log" && break
+        kill -0 $pid 2>/dev/null || break
+        sleep 0.2
+    done
+    kill -TERM $pid 2>/dev/null
+    for _ in $(seq $((limit * 5))); do kill -0 $pid 2>/dev/null || break; sleep 0.2; done
+    kill -KILL $pid 2>/dev/null; wait $pid; rc=$?
+    if [ $rc -eq 0 ] && grep -q "stopped by a signal after step" "$LOGS/$name.log" &&
+       ! grep -qE "^rank [0-9]+ (exited with status|killed by signal)" "$LOGS/$name.log" &&
+       ls -d "$CK/$name"/ckpt_* > /dev/null 2>&1; then
+        pass "SIGTERM ($name): $(grep -m1 'stopped by a signal' "$LOGS/$name.log")"
+    else
+        fail "SIGTERM ($name): exit $rc (see $name.log)"
+    fi
+}
+# nccl_ckpt Z: fp32, (2, 2, 2) with ZeRO-Z over NCCL, 8 steps with a
+# checkpoint after steps 3 and 7 (ckpt_00000004, ckpt_00000008), every rank
+# writing its part; the step-4 checkpoint then resumed by the same layout
+# (bit for bit: the losses and norms, step 8's model.bin and optim.bin), by
+# one rank (within 1e-5: another layout sums in another order) and by the
+# CPU trainer (its step 4 within 2e-5, as in phase 8)
+nccl_ckpt() {
+    local z=$1 d="$WORK/ckpt_nccl_z$1" name="nccl_ck_z$1" x
+    local args="$GRID -v 0 -s 0 $SMALL -x 8 -n 4" lay="-np 8 -tp 2 -pp 2 -z $1 -hb 2"
+    run $name 120 ./train_gpt2cu_fp32 $args $lay -o "$d/full" -lg "$LOGS/$name.jsonl" && nccl_ran nccl $name || return
+    for x in same one cpu; do mkdir -p "$d/$x" && cp -r "$d/full/ckpt_00000004" "$d/full/job.key" "$d/$x/"; done
+    if run ${name}_resumed 120 ./train_gpt2cu_fp32 $args $lay -o "$d/same" -y 1 -lg "$LOGS/${name}_resumed.jsonl"; then
+        compare 0 "8 NCCL ranks, ZeRO-$z: resumed by the same layout from step 4, the same losses and norms" \
+            "$LOGS/$name.jsonl" "$LOGS/${name}_resumed.jsonl" resumed
+        if cmp -s "$d/full/ckpt_00000008/model.bin" "$d/same/ckpt_00000008/model.bin" &&
+           cmp -s "$d/full/ckpt_00000008/optim.bin" "$d/same/ckpt_00000008/optim.bin"; then
+            pass "8 NCCL ranks, ZeRO-$z: step 8's model.bin and optim.bin byte-identical, uninterrupted and resumed"
+        else
+            fail "8 NCCL ranks, ZeRO-$z: step 8's checkpoint differs between the uninterrupted and the resumed run"
+        fi
+    fi
+    run ${name}_on_one 60 ./train_gpt2cu_fp32 $args -o "$d/one" -y 1 -lg "$LOGS/${name}_on_one.jsonl" &&
+        compare 1e-5 "8 NCCL ranks, ZeRO-$z: the step-4 checkpoint resumed by one rank" \
+            "$LOGS/$name.jsonl" "$LOGS/${name}_on_one.jsonl" resumed
+    if [ -x ./train_gpt2 ]; then
+        run ${name}_on_cpu 120 ./train_gpt2 $GRID -v 0 -s 0 $SMALL -x 5 -o "$d/cpu" -y 1 -lg "$LOGS/${name}_on_cpu.jsonl" &&
+            compare 2e-5 "8 NCCL ranks, ZeRO-$z: the step-4 checkpoint resumed by the CPU trainer" \
+                "$LOGS/$name.jsonl" "$LOGS/${name}_on_cpu.jsonl" resumed
+    else
+        skip "${name}_on_cpu: train_gpt2 not built"
+    fi
+}
+# outside NAME LAUNCHER...: dp 2 over NCCL (-hb 2), its 2 ranks started by
+# LAUNCHER, joined by --rendezvous and --key-file; fp32 within 1e-5 of one
+# rank. launch_script.sh: the launcher a script is, with torchrun's variables.
+cat > "$WORK/launch_script.sh" <<'EOF'
+#!/usr/bin/env bash
+for r in 0 1; do RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 "$@" & done
+rc=0
+for p in $(jobs -p); do wait "$p" || rc=1; done
+exit $rc
+EOF
+chmod +x "$WORK/launch_script.sh"
+outside() {
+    local name=$1 ref dir; shift
+    ref=$(ref_of fp32 "$DP2") dir="$WORK/$name"
+    if [ ! -s "$ref" ]; then skip "$name: no one-rank run to compare with"; return; fi
+    mkdir -p "$dir" && chmod 700 "$dir"
+    (umask 077; python3 -c 'import secrets; print(secrets.token_hex(32))' > "$dir/job.key")
+    run "$name" 90 "$@" ./train_gpt2cu_fp32 -x 10 -v 0 -s 0 $SMALL $DP2 -np 2 -hb 2 \
+        --rendezvous "unix:$dir/rdv.sock" --key-file "$dir/job.key" -lg "$LOGS/$name.jsonl" &&
+        nccl_ran nccl "$name" && compare 1e-5 "fp32 $name" "$ref" "$LOGS/$name.jsonl"
+}
+
+# ---------------------------------------------------------------------------
+# NCCL where ranks share this GPU (-hb 2): the probe. dp 2, 4 and 8 over NCCL
+# on the one GPU, 4 steps each, with NCCL's own log (NCCL_DEBUG=INFO): which
+# sizes run, NCCL's version and transport, how many ranks read their
+# NCCL_HOSTID, and a step's time. Phases 5 and 6 run NCCL cases of up to the
+# most ranks that ran here (NCCL_RANKS). Should 2 ranks fail with InfiniBand
+# in NCCL's log (its loopback between two "nodes" on one GPU), they are tried
+# again over sockets (NCCL_IB_DISABLE=1), and the rest keeps that.
+phase "the NCCL probe: 2, 4 and 8 ranks on this one GPU (-hb 2)" full
+probe() {  # probe N [VAR=VALUE...]: dp N over NCCL, 4 steps; the trainer's exit status
+    local n=$1; shift
+    run "nccl_probe_np$n" 60 env NCCL_DEBUG=INFO "$@" ./train_gpt2cu -x 4 -v 0 -s 0 $SMALL $TINY -b 2 -t 16 \
+        -d $((32 * n)) -np "$n" -hb 2 -to 20 -lg "$LOGS/nccl_probe_np$n.jsonl"
+}
+probe_report() {  # probe_report N: what NCCL's log and the step log say
+    python3 - "$1" "$LOGS/nccl_probe_np$1.log" "$LOGS/nccl_probe_np$1.jsonl" <<'EOF' | tee -a "$SUMMARY"
+import json, re, statistics, sys
+n, log, steps = sys.argv[1], open(sys.argv[2], errors="replace").read(), sys.argv[3]
+version = re.search(r"NCCL version (\S+)", log)
+via = sorted(set(re.findall(r" via (\S+?)(?:/\d+)?(?:\s|$)", log)))
+hostid = len(re.findall(r"NCCL_HOSTID set by environment to llm3d-", log))
+try:
+    ms = [r["ms"] for r in map(json.loads, open(steps)) if "loss" in r][1:]
+    step = f"{statistics.median(ms):.1f} ms a step (median of steps 1-{len(ms)})" if ms else "no step times"
+except (OSError, ValueError, KeyError):
+    step = "no step log"
+print(f"   {n} ranks: NCCL {version.group(1) if version else '?'}, transport {', '.join(via) or '?'}, "
+      f"NCCL_HOSTID read by {hostid} of {n} ranks, {step}")
+EOF
+}
+if [ $ON = 1 ] && [ -x ./train_gpt2cu ]; then
+    for n in 2 4 8; do
+        probe $n
+        rc=$?
+        if [ $rc -ne 0 ] && [ $rc -ne 77 ] && [ $n = 2 ] && grep -q 'NET/IB' "$LOGS/nccl_probe_np2.log"; then
+            say "   2 ranks failed with InfiniBand in NCCL's log: again over sockets (NCCL_IB_DISABLE=1)"
+            mv "$LOGS/nccl_probe_np2.log" "$LOGS/nccl_probe_np2_ib.log"
+            probe 2 NCCL_IB_DISABLE=1
+            rc=$?
+            [ $rc -eq 0 ] && export NCCL_IB_DISABLE=1
+        fi
+        if [ $rc -ne 0 ]; then
+            grep -q "Duplicate GPU" "$LOGS/nccl_probe_np$n.log" 2>/dev/null &&
+                say "   NCCL refused $n ranks on one GPU (Duplicate GPU detected): it did not take their NCCL_HOSTID"
+            break
+        fi
+        nccl_ran nccl "nccl_probe_np$n" || break
+        NCCL_RANKS=$n
+        probe_report $n
+    done
+    say "   NCCL cases below: up to $NCCL_RANKS ranks on this GPU"
+fi
+# ---------------------------------------------------------------------------
 phase "bf16 against the PyTorch fixtures"
 if [ -x ./test_gpt2cu ]; then run test_gpt2cu 120 ./test_gpt2cu; else skip "test_gpt2cu: not built"; fi
 
@@ -284,150 +641,72 @@ else
     fail "benchmark: train_gpt2cu did not run at any B (see bench_B*.log)"
 fi
 
+
 # ---------------------------------------------------------------------------
-# layouts on one GPU: test_layouts' cases, ranks sharing the device. Each
-# case runs 10 steps with the same global batch as its one-rank run.
-# compare BOUND WHAT REF LOG [resumed]: LOG's losses (and with BOUND < 1e-3
-# grad norms) within BOUND of REF's, step by step. LOG has REF's steps; with
-# "resumed", the steps it has (a run resumed from a checkpoint logs its own)
-compare() {
-    local out
-    out=$(python3 - "$@" <<'EOF'
-import json, sys
-bound, what, ref_path, got_path = float(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-resumed = len(sys.argv) > 5
-# the steps' lines; the final model's line after the last step (a val loss
-# alone, with -v) has no train loss to compare
-load = lambda p: {r["step"]: r for r in map(json.loads, open(p)) if "loss" in r}
-try:
-    ref, got = load(ref_path), load(got_path)
-except (OSError, ValueError, KeyError) as e:
-    print(f"FAIL {what}: {type(e).__name__} {e}"); sys.exit(0)
-keys = ["loss", "norm"] if bound < 1e-3 else ["loss"]
-if not got or not set(got) <= set(ref) or (not resumed and set(got) != set(ref)):
-    print(f"FAIL {what}: steps {sorted(got)[:3]}... ({len(got)}) against {len(ref)} of the reference"); sys.exit(0)
-worst = max(abs(got[s][k] - ref[s][k]) for s in got for k in keys)
-print(f"{'ok' if worst <= bound else 'FAIL'} {what}: steps {min(got)}-{max(got)}, worst {'/'.join(keys)} difference {worst:.2e} (bound {bound:g})")
-EOF
-)
-    case $out in ok*) pass "${out#ok }" ;; *) fail "${out#FAIL }" ;; esac
-}
-# the one-rank run of a batch shape BASE, and a layout of it
-ref_of() { echo "$LOGS/${1}_one_$(echo "$2" | tr -c 'a-z0-9' '_').jsonl"; }
-one_rank() {  # one_rank PREC BASE_ARGS
-    local bin=./train_gpt2cu ref
-    [ "$1" = fp32 ] && bin=./train_gpt2cu_fp32
-    ref=$(ref_of "$1" "$2")
-    run "$(basename "$ref" .jsonl)" 60 $bin -x 10 -v 0 -s 0 $SMALL $2 -lg "$ref"
-}
-layout() {  # layout PREC BOUND NAME BASE_ARGS LAYOUT_ARGS
-    local prec=$1 bound=$2 name=$3 base=$4 lay=$5 bin=./train_gpt2cu ref
-    [ "$prec" = fp32 ] && bin=./train_gpt2cu_fp32
-    ref=$(ref_of "$prec" "$base")
-    if [ ! -s "$ref" ]; then skip "${prec}_$name: no one-rank run to compare with"; return; fi
-    run "${prec}_$name" 90 $bin -x 10 -v 0 -s 0 $SMALL $base $lay -lg "$LOGS/${prec}_$name.jsonl" &&
-        compare "$bound" "$prec $name" "$ref" "$LOGS/${prec}_$name.jsonl"
-}
-TINY="-e dev/fixtures/tiny_model.bin"      # L=2 NH=4 C=64 V=500
-DEEP="-e d4 -ec 64 -ev 256 -et 16"          # L=4 NH=4 C=64 V=256
-DP2="$TINY -b 2 -t 16 -d 64" DP4="$TINY -b 2 -t 16 -d 128" TP="$TINY -b 2 -t 16 -d 32"
-PP2="$TINY -b 1 -t 16 -d 64" PP4="$DEEP -b 1 -t 16 -d 64" GRID="$TINY -b 2 -t 16 -d 128"
-layouts() {  # layouts PREC BOUND: the one-rank runs first, then every layout against its own
-    local p=$1 b=$2 base z s
-    for base in "$DP2" "$DP4" "$TP" "$PP2" "$PP4"; do background one_rank $p "$base"; done  # GRID = DP4
-    collect
-    for z in 0 1 2 3; do background layout $p $b dp2_z$z "$DP2" "-np 2 -z $z"; done
-    for z in 0 1 2 3; do background layout $p $b dp4_z$z "$DP4" "-np 4 -z $z"; done
-    background layout $p $b tp2 "$TP" "-np 2 -tp 2"
-    background layout $p $b tp4 "$TP" "-np 4 -tp 4"
-    for s in gpipe 1f1b; do
-        background layout $p $b pp2_$s "$PP2" "-np 2 -pp 2 -ps $s -mb 4"
-        background layout $p $b pp4_$s "$PP4" "-np 4 -pp 4 -ps $s -mb 4"
-    done
-    for z in 1 3; do background layout $p $b grid222_z$z "$GRID" "-np 8 -tp 2 -pp 2 -z $z"; done
-    collect
-}
-phase "layouts on one GPU, fp32 (within 1e-5 of one rank)" full
-if [ $ON = 1 ]; then
-    if [ -x ./train_gpt2cu_fp32 ]; then layouts fp32 1e-5; else skip "fp32 layouts: train_gpt2cu_fp32 not built"; fi
-fi
-# faults: the job ends (not exit 0) after steps 0-2, naming the culprit
-# (kill: 2 or 3 steps, as in test_layouts: the launcher may stop rank 0
-# before it logs step 2)
-fault() {  # fault NAME ARGS EXPECT LEAST
-    local name=$1 args=$2 expect=$3 least=$4 limit
-    if ! limit=$(time_left 30); then skip "fault $name: past the deadline"; return; fi
-    timeout -k 5 "$limit" ./train_gpt2cu -x 10 -v 0 -s 0 $SMALL $TINY -b 2 -t 16 -d 64 -np 2 -to 3 $args \
-        -lg "$LOGS/fault_$name.jsonl" > "$LOGS/fault_$name.log" 2>&1
-    local rc=$? steps
-    steps=$(wc -l < "$LOGS/fault_$name.jsonl" 2>/dev/null || echo 0)
-    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$steps" -ge "$least" ] && [ "$steps" -le 3 ] &&
-       grep -q "$expect" "$LOGS/fault_$name.log"; then
-        pass "fault $name: exit $rc after $steps steps: $(grep -m1 "$expect" "$LOGS/fault_$name.log" | cut -c1-140)"
-    else
-        fail "fault $name: exit $rc, $steps steps logged, '$expect' $(grep -q "$expect" "$LOGS/fault_$name.log" && echo named || echo 'not named')"
+# over real NCCL (-hb 2), the ranks on this one GPU: what phase 7 runs in
+# host mode, and what host mode cannot show: NCCL's collectives and
+# messages, the MAC kernels and the step's tag swap, the watchdog, NCCL's
+# wait clocks. Phases 5 and 6 keep to NCCL_UNTIL, not DEADLINE.
+phase "over NCCL (-hb 2): layouts (fp32 within 1e-5, bf16 2e-2), faults" full
+DEADLINE_ALL=$DEADLINE
+DEADLINE=$NCCL_UNTIL
+if [ $ON = 1 ] && [ "$NCCL_RANKS" -lt 2 ]; then
+    skip "NCCL layouts and faults: the probe ran no NCCL job of 2 ranks on this GPU"
+elif [ $ON = 1 ]; then
+    if [ -x ./train_gpt2cu_fp32 ]; then layouts fp32 1e-5 nccl; else skip "fp32 NCCL layouts: train_gpt2cu_fp32 not built"; fi
+    if [ -x ./train_gpt2cu ]; then
+        layouts_bf16 nccl
+        faults nccl
     fi
-}
-# the watch report (-wr 3): rank 1 of 4, slowed by 300 ms a step from step
-# 3, is named a straggler at the report after step 8 (two slow reports in a
-# row, as in test_layouts), on stdout and in step 8's log line, and no other
-# rank is; the job ends normally
-watch_slow() {
-    local limit log=$LOGS/watch_slow
-    if ! limit=$(time_left 30); then skip "watch report: past the deadline"; return; fi
-    timeout -k 5 "$limit" ./train_gpt2cu -x 9 -v 0 -s 0 $SMALL $DP4 -np 4 -wr 3 -fault slow:1:3 \
-        -lg "$log.jsonl" > "$log.log" 2>&1
-    local rc=$? named others logged
-    named=$(grep -c "step 8: rank 1 is a straggler: compute .* for 2 reports" "$log.log")
-    others=$(grep -cE "rank [023] is a straggler" "$log.log")
-    logged=$(grep -c '^{"step": 8,.*"stragglers": \[1\], "compute_ms": \[' "$log.jsonl" 2>/dev/null)
-    if [ $rc -eq 0 ] && [ "$named" -ge 1 ] && [ "$others" -eq 0 ] && [ "${logged:-0}" -eq 1 ]; then
-        pass "watch report, -wr 3 -fault slow:1:3 on 4 ranks: $(grep -m1 'rank 1 is a straggler' "$log.log" | cut -c1-140)"
-    else
-        fail "watch report: exit $rc, rank 1 named $named times, other ranks $others, step 8's log fields ${logged:-0} (see watch_slow.log)"
-    fi
-}
-# -ck 1: rank 2 of 4 replicas, one parameter changed at step 3, is named by
-# the consistency check before step 3 trains; exit 1 after steps 0-2
-check_drift() {
-    local limit log=$LOGS/check_drift
-    local want="step 3: data-parallel replicas disagree: the parameters of rank 2 differ from those of ranks 0, 1, 3 (the majority of the 4 replicas), first in wte"
-    if ! limit=$(time_left 30); then skip "consistency check: past the deadline"; return; fi
-    timeout -k 5 "$limit" ./train_gpt2cu -x 10 -v 0 -s 0 $SMALL $DP4 -np 4 -ck 1 -fault drift:2:3 \
-        -lg "$log.jsonl" > "$log.log" 2>&1
-    local rc=$? steps
-    steps=$(wc -l < "$log.jsonl" 2>/dev/null || echo 0)
-    if [ $rc -eq 1 ] && [ "$steps" -eq 3 ] && grep -qF "$want" "$log.log"; then
-        pass "consistency check, -ck 1 -fault drift:2:3 on 4 replicas: exit 1 after 3 steps, rank 2 named"
-    else
-        fail "consistency check: exit $rc, $steps steps logged, rank 2 $(grep -qF "$want" "$log.log" && echo named || echo 'not named') (see check_drift.log)"
-    fi
-}
-phase "faults on one GPU" full
-if [ $ON = 1 ] && [ -x ./train_gpt2cu ]; then
-    background fault tamper "-pp 2 -fault tamper:0:3" "from rank 0, channel activation, step 3" 3
-    background fault replay "-pp 2 -fault replay:0:3" "from rank 0, channel activation, step 3" 3
-    background fault kill "-fault kill:1:3" "rank 1" 2
-    background fault stall "-fault stall:1:3" "rank 1" 3
-    background watch_slow
-    background check_drift
-    collect
-fi
-phase "layouts on one GPU, bf16 (within 2e-2 of one rank)" full
-if [ $ON = 1 ] && [ -x ./train_gpt2cu ]; then
-    for base in "$DP2" "$TP" "$PP2" "$GRID"; do background one_rank bf16 "$base"; done
-    collect
-    background layout bf16 2e-2 dp2_z3 "$DP2" "-np 2 -z 3"
-    background layout bf16 2e-2 tp2 "$TP" "-np 2 -tp 2"
-    background layout bf16 2e-2 pp2_1f1b "$PP2" "-np 2 -pp 2 -ps 1f1b -mb 4"
-    background layout bf16 2e-2 grid222_z1 "$GRID" "-np 8 -tp 2 -pp 2 -z 1"
-    collect
 fi
 
 # ---------------------------------------------------------------------------
+phase "over NCCL (-hb 2): checkpoints of 8 ranks, SIGTERM, outside launchers" full
+if [ $ON = 1 ] && [ "$NCCL_RANKS" -lt 2 ]; then
+    skip "NCCL checkpoints, SIGTERM and outside launchers: the probe ran no NCCL job of 2 ranks on this GPU"
+elif [ $ON = 1 ]; then
+    if [ ! -x ./train_gpt2cu_fp32 ]; then
+        skip "NCCL checkpoints: train_gpt2cu_fp32 not built"
+    elif nccl_fits nccl 8 "NCCL checkpoints of 8 ranks"; then
+        W=8 background nccl_ckpt 1
+        W=8 background nccl_ckpt 3
+    fi
+    if [ -x ./train_gpt2cu ] && nccl_fits nccl 8 "SIGTERM of 8 NCCL ranks"; then
+        W=8 background sigterm_check nccl_term "$GRID -v 0 -s 0 $SMALL -np 8 -tp 2 -pp 2 -z 1 -hb 2"
+    fi
+    collect
+    if [ -x ./train_gpt2cu_fp32 ]; then
+        one_rank fp32 "$DP2"
+        W=2 background outside outside_script "$WORK/launch_script.sh"
+        if command -v torchrun > /dev/null; then
+            W=2 background outside outside_torchrun torchrun --standalone --nnodes 1 --nproc-per-node 2 --no-python
+        else
+            skip "outside_torchrun: no torchrun here"
+        fi
+        if command -v mpirun > /dev/null && mpirun --version 2>&1 | grep -q "Open MPI"; then
+            W=2 background outside outside_mpirun env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+                mpirun -np 2 --oversubscribe --bind-to none
+        else
+            skip "outside_mpirun: no Open MPI mpirun here"
+        fi
+        collect
+    fi
+fi
+DEADLINE=$DEADLINE_ALL
+
+# ---------------------------------------------------------------------------
+# host mode: the same layouts with the ranks sharing this GPU as they do by
+# default, through the shared-memory host backend
+phase "host mode: layouts (fp32 within 1e-5, bf16 2e-2), faults" full
+if [ $ON = 1 ]; then
+    if [ -x ./train_gpt2cu_fp32 ]; then layouts fp32 1e-5; else skip "fp32 layouts: train_gpt2cu_fp32 not built"; fi
+    if [ -x ./train_gpt2cu ]; then
+        faults
+        layouts_bf16
+    fi
+fi
+# ---------------------------------------------------------------------------
 phase "fp32: fixtures, the CPU trainer, checkpoints across trainers" full
-CK="$WORK/ckpt"
-mkdir -p "$CK"
 CROSS="-e d2 -ev 512 -et 64 -t 64 -b 4 -l 1e-3 -v 0 -s 0 $SMALL"
 if [ $ON = 1 ] && [ -x ./test_gpt2cu_fp32 ]; then run test_gpt2cu_fp32 120 ./test_gpt2cu_fp32; fi
 if [ $ON = 1 ] && [ -x ./train_gpt2cu_fp32 ] && [ -x ./train_gpt2 ]; then
@@ -487,24 +766,7 @@ if [ $ON = 1 ] && [ -x ./train_gpt2cu ]; then
             else fail "-enc 1: $plain of the 9 checkpoint files are not sealed"; fi
         fi
     fi
-    # SIGTERM once the run is under way: it finishes the step, checkpoints,
-    # exits 0. Not under timeout, which would pass the signal on twice (to
-    # the trainer and to its process group), and a second signal kills.
-    if limit=$(time_left 60); then
-        ./train_gpt2cu $RES -x 100000 -o "$CK/term" > "$LOGS/ck_term.log" 2>&1 &
-        pid=$!
-        for _ in $(seq 150); do grep -q "^step  *5/" "$LOGS/ck_term.log" && break; sleep 0.2; done
-        kill -TERM $pid
-        for _ in $(seq $((limit * 5))); do kill -0 $pid 2>/dev/null || break; sleep 0.2; done
-        kill -KILL $pid 2>/dev/null; wait $pid; rc=$?
-        if [ $rc -eq 0 ] && grep -q "stopped by a signal after step" "$LOGS/ck_term.log" && ls -d "$CK"/term/ckpt_* > /dev/null 2>&1; then
-            pass "SIGTERM: $(grep -m1 'stopped by a signal' "$LOGS/ck_term.log")"
-        else
-            fail "SIGTERM: exit $rc (see ck_term.log)"
-        fi
-    else
-        skip "SIGTERM: past the deadline"
-    fi
+    sigterm_check ck_term "$RES"
 fi
 
 # ---------------------------------------------------------------------------

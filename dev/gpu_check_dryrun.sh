@@ -3,11 +3,14 @@
 # GPU, to find the script's own mistakes before a short GPU slot is spent on
 # them. Stand-ins on PATH: nvidia-smi reports one "Fake H200"; nvcc writes,
 # for every trainer it is asked to build, a wrapper that runs the CPU
-# trainer with the same flags (less the GPU-only -hb, -r, -fa), and for every
-# test or kernel check a program that prints one passing line. So the
-# layouts, faults, checkpoints and comparisons run for real on the CPU
-# trainer; the d12 benchmark fails on purpose (too slow on a CPU); NCCL
-# comes from the system or the script's search.
+# trainer with the same flags (less the GPU-only -hb, -r, -fa, with their
+# values: -hb 1 or 2 alike), and for every test or kernel check a program
+# that prints one passing line. So the layouts, faults, checkpoints and
+# comparisons run for real on the CPU trainer, the NCCL phases (-hb 2) too,
+# over its host backend: DRYRUN=1 tells gpu_check.sh to look there for the
+# host backend's lines where it wants NCCL's, and torchrun and mpirun count
+# as missing unless the machine has them. The d12 benchmark fails on purpose
+# (too slow on a CPU); NCCL comes from the system or the script's search.
 #
 #   ./dev/gpu_check_dryrun.sh     # summary in /tmp/llm3d_gpu_dryrun/out/summary.txt
 set -u
@@ -48,7 +51,7 @@ esac
 chmod +x "$out"
 NVCC
 chmod +x "$top/bin/"*
-(cd "$top/repo" && PATH="$top/bin:$PATH" OUT="$top/out" ./dev/gpu_check.sh)
+(cd "$top/repo" && PATH="$top/bin:$PATH" OUT="$top/out" DRYRUN=1 ./dev/gpu_check.sh)
 rc=$?
 git worktree remove --force "$top/repo"
 echo "gpu_check_dryrun: gpu_check exited $rc; its summary: $top/out/summary.txt"

@@ -57,7 +57,7 @@ typedef struct {
     float timeout;
     const char *fault, *rendezvous, *key_file;
     int threads;
-    int host_backend;
+    int host_backend;              // -hb (train_gpt2cu): 0 its rule, 1 host mode, 2 NCCL where ranks share a GPU
     int recompute;                 // -r (the GPU trainer takes it out of argv first)
     // llm.c's switches for what a build here does one way: options_check_build
     int overfit_batch, tf32, master_weights, gelu_fusion, major_every;  // -a -f -w -ge -nm
@@ -154,8 +154,9 @@ static const OptionSpec option_specs[] = {
     {"--key-file", OPT_STR, offsetof(Options, key_file), 0, 0, NULL,
      "job key file (mode 0600), the same for every rank; also the key of encrypted shards", NULL, "a fresh key per launch; checkpoints: <-o>/job.key"},
     {"-th", OPT_INT, offsetof(Options, threads), 0, 1024, NULL, "OpenMP threads per rank (0 = the cores / ranks)", NULL, NULL},
-    {"-hb", OPT_INT, offsetof(Options, host_backend), 0, 1, NULL,
-     "train_gpt2cu: 1 = ranks talk through the host backend, not NCCL (ranks sharing a GPU always do)", NULL, NULL},
+    {"-hb", OPT_INT, offsetof(Options, host_backend), 0, 2, NULL,
+     "train_gpt2cu: 1 = ranks talk through the host backend, not NCCL (ranks sharing a GPU do by default); "
+     "2 = NCCL even where ranks share a GPU, to verify it (slow)", NULL, NULL},
     {"-r", OPT_INT, offsetof(Options, recompute), 0, 1, NULL,
      "recompute GELU in the backward (0/1; the CPU trainer keeps every activation either way)",
      "llm.c's -r 2 also recomputes LayerNorm, which this trainer does not", NULL},

@@ -7,6 +7,12 @@
  *     gpu_host_mode        NCCL, or the host backend for ranks that share a GPU
  *     gpu_for_rank, gpu_own_visible
  *                          which GPU a rank binds to
+ *     GPU_HB_NCCL_SHARED, gpu_hostid_check, gpu_nccl_hostid
+ *                          -hb 2: NCCL even where ranks share a GPU, each
+ *                          rank an NCCL node of its own (NCCL_HOSTID)
+ *     nccl_board_map, nccl_board_enter, nccl_board_wait, nccl_blame
+ *                          each rank's last NCCL call in the job's segment,
+ *                          so a watchdog that times out names the rank
  *     nccl_mac_chunk_bytes, mac_send_header, mac_recv_header
  *                          the headers of the MAC'd point-to-point messages
  *   in CUDA builds only (-DLLM3D_NCCL), the backend:
@@ -55,8 +61,13 @@
 // and see the same GPUs, so every rank decides alike. Ranks of an outside
 // launcher may span nodes, which the host backend cannot reach, so they
 // share GPUs only when asked.
+// asked is -hb: 1 asks for host mode, GPU_HB_NCCL_SHARED (2) for NCCL even
+// where ranks share a GPU (below), 0 leaves it to the rule above.
+#define GPU_HB_NCCL_SHARED 2
+
 static inline int gpu_host_mode(int asked, int our_launcher, int world, int ndevices) {
-    if (asked) return 1;
+    if (asked == 1) return 1;
+    if (asked == GPU_HB_NCCL_SHARED) return 0;
     return our_launcher && ndevices >= 1 && world > ndevices;
 }
 
@@ -74,7 +85,8 @@ static inline int gpu_for_rank(int local_rank, int ndevices, int own_gpu, int sh
     if (shared) return local_rank % ndevices;
     if (local_rank >= ndevices)
         return errorf(err, errlen, "local rank %d has no GPU of its own: this node has %d (one rank per GPU; "
-                      "-hb 1 lets ranks share GPUs through the host backend)", local_rank, ndevices);
+                      "-hb 1 lets ranks share GPUs through the host backend, -hb 2 over NCCL, to verify it)",
+                      local_rank, ndevices);
     return local_rank;
 }
 
@@ -83,6 +95,167 @@ static inline int gpu_for_rank(int local_rank, int ndevices, int own_gpu, int sh
 static inline int gpu_own_visible(const Launch *L) {
     const char *v = getenv("CUDA_VISIBLE_DEVICES");
     return L->source != NULL && strcmp(L->source, "LLM3D_*") != 0 && v != NULL && v[0] != '\0' && strchr(v, ',') == NULL;
+}
+
+// ----------------------------------------------------------------------------
+// -hb 2: NCCL even where ranks share a GPU. It is there to run the NCCL path
+// of every layout on fewer GPUs than ranks (one, in the device check), to
+// verify it, not for speed. NCCL refuses two ranks on one device ("Duplicate
+// GPU detected") only when they also share a host hash, and it takes that
+// hash from the environment variable NCCL_HOSTID when it is set, once per
+// process, at its first call that needs it. So each rank sets one of its own
+// before NCCL starts (nccl_join): NCCL then sees every rank as a node of its
+// own with one GPU, and connects them through its network transport
+// (sockets over loopback, or InfiniBand's), never shared memory or P2P: real
+// NCCL, milliseconds a call. doc/gpu.md, "NCCL where ranks share a GPU".
+
+// gpu_hostid_check: 0 when -hb (hb) can have its way here, else -1 with err
+// set. env is NCCL_HOSTID's value (NULL: unset). -hb 2 sets NCCL_HOSTID in
+// every rank, so one the user set already (even empty: NCCL takes "" as
+// the host's name) is refused rather than silently replaced.
+static inline int gpu_hostid_check(int hb, const char *env, char *err, size_t errlen) {
+    if (hb != GPU_HB_NCCL_SHARED || env == NULL) return 0;
+    return errorf(err, errlen, "flag -hb 2: NCCL_HOSTID is set in the environment ('%.40s'); -hb 2 gives each rank its "
+                  "own, to make NCCL treat it as a node of its own: unset NCCL_HOSTID", env);
+}
+
+// gpu_nccl_hostid: rank's NCCL_HOSTID under -hb 2, "llm3d-<job id>-rank<r>":
+// one per rank of the job, whatever node or GPU it is on, and naming the job
+// where NCCL logs it (NCCL_DEBUG=INFO). The job id is secure.h's
+// job_id_from_key, which every frame header carries in the clear.
+static inline void gpu_nccl_hostid(uint64_t job_id, int rank, char *out, size_t outlen) {
+    snprintf(out, outlen, "llm3d-%016" PRIx64 "-rank%d", job_id, rank);
+}
+
+// ----------------------------------------------------------------------------
+// the board: the NCCL watchdog's view of the job's other ranks. A rank whose
+// host has waited -to seconds for its GPU (nccl_sync_until) knows that some
+// peer is missing from an NCCL call, not which one: NCCL does not say. So in
+// NCCL mode every rank keeps, in its ShmRank block of the job's shared-memory
+// segment (rendezvous.h: the one host mode runs its rings in), the last NCCL
+// call it entered and its step (nccl_board_enter), and whether its host is
+// waiting for its GPU (nccl_board_wait). A rank that stopped calling NCCL
+// (a stall, a hang, a rank still computing) is then the one not waiting,
+// and the watchdog's line names it (nccl_blame), as host mode's names the
+// rank it waits for. Only the header and the rank blocks are mapped, not the
+// rings. A rank on another node cannot open the segment: it has no board
+// (NULL) and blames nobody, and nobody sees it.
+
+#define NCCL_BOARD_AT_SYNC (-2)   // ShmRank.waiting_for while the rank's host waits for its GPU
+#define NCCL_BLAME_MAX 3          // ranks named in one line
+
+static inline ShmRank *nccl_board_block(uint8_t *board, int r) {
+    return (ShmRank *)(board + SHM_HEADER_BYTES + (size_t)r * SHM_RANK_BYTES);
+}
+
+// nccl_board_map: the header and rank blocks of the segment shm_name of this
+// job (world ranks, job_id), with rank me's block filled in and counted as
+// mapped (the last rank to map it unlinks the name, as comm_init does);
+// NULL when it cannot be opened or is not this job's. *bytes: the length
+// mapped, for munmap.
+static inline uint8_t *nccl_board_map(const char *shm_name, int world, int me, uint64_t job_id, size_t *bytes) {
+    ShmLayout lay = shm_layout(world);
+    int fd = shm_open(shm_name, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) return NULL;
+    struct stat st;
+    void *base = fstat(fd, &st) == 0 && (uint64_t)st.st_size == lay.total_bytes
+                     ? mmap(NULL, lay.rings_offset, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    close(fd);
+    if (base == MAP_FAILED) return NULL;
+    ShmHeader *h = (ShmHeader *)base;
+    if (memcmp(h->magic, SHM_MAGIC, 8) != 0 || h->version != SHM_VERSION || h->world != (uint32_t)world ||
+        h->job_id != job_id || h->rings_offset != lay.rings_offset || me < 0 || me >= world) {
+        munmap(base, lay.rings_offset);
+        return NULL;
+    }
+    ShmRank *mine = nccl_board_block((uint8_t *)base, me);
+    mine->nccl_last[0] = '\0';
+    __atomic_store_n(&mine->waiting_for, -1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&mine->pid, (uint32_t)getpid(), __ATOMIC_SEQ_CST);
+    __atomic_store_n(&mine->pid_ns, par_pid_ns(), __ATOMIC_SEQ_CST);
+    if (__atomic_fetch_add(&h->mapped, 1, __ATOMIC_SEQ_CST) + 1 == (uint32_t)world) shm_unlink(shm_name);
+    *bytes = lay.rings_offset;
+    return (uint8_t *)base;
+}
+
+// the groups a call can be on, by name, as the board keeps them (wait_op): 0 for none (point to point)
+static const char *const nccl_board_groups[] = {"", "world", "dp", "tp", "pp", "dp (overlapped)"};
+#define NCCL_BOARD_NGROUPS ((int)(sizeof(nccl_board_groups) / sizeof(nccl_board_groups[0])))
+
+// nccl_board_enter: rank me entered an NCCL call, op, on the group named
+// group (NULL: point to point), at step. A hint read by other processes
+// without a lock: op is cut to its field and a reader ends it itself.
+static inline void nccl_board_enter(uint8_t *board, int me, const char *op, const char *group, long step) {
+    if (board == NULL) return;
+    ShmRank *b = nccl_board_block(board, me);
+    char text[sizeof(b->nccl_last)];
+    snprintf(text, sizeof(text), "%s", op);
+    memcpy(b->nccl_last, text, sizeof(text));
+    uint32_t code = 0;
+    for (int k = 1; k < NCCL_BOARD_NGROUPS && group != NULL; k++)
+        if (strcmp(group, nccl_board_groups[k]) == 0) code = (uint32_t)k;
+    __atomic_store_n(&b->wait_op, code, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&b->wait_step, (int64_t)step, __ATOMIC_SEQ_CST);
+}
+
+// nccl_board_wait: rank me's host starts (on 1) or stops (on 0) waiting for its GPU
+static inline void nccl_board_wait(uint8_t *board, int me, int on) {
+    if (board == NULL) return;
+    __atomic_store_n(&nccl_board_block(board, me)->waiting_for, on ? NCCL_BOARD_AT_SYNC : -1, __ATOMIC_SEQ_CST);
+}
+
+// nccl_blame: what the board says of the other ranks, for the line of rank
+// me's watchdog: the ranks (NCCL_BLAME_MAX at most) that have exited, are
+// stopped, or are not waiting for their GPU (stalled, hung, or still
+// computing: with the last NCCL call each entered); when every other rank
+// waits too, that they disagree on the order of calls. Ranks that never
+// wrote a block (on another node) are left out; empty without a board.
+static inline void nccl_blame(uint8_t *board, int world, int me, char *out, size_t outlen) {
+    out[0] = '\0';
+    if (board == NULL || outlen == 0) return;
+    Comm view;  // comm_peer_exited and comm_peer_stopped read the blocks through a Comm
+    memset(&view, 0, sizeof(view));
+    view.base = board;
+    view.rank = me;
+    view.world = world;
+    size_t n = 0;
+    int seen = 0, waiting = 0, named = 0, more = 0;
+    for (int r = 0; r < world; r++) {
+        ShmRank *b = nccl_board_block(board, r);
+        if (r == me || __atomic_load_n(&b->pid, __ATOMIC_SEQ_CST) == 0) continue;
+        seen++;
+        char line[200], last[sizeof(b->nccl_last) + 1];
+        memcpy(last, b->nccl_last, sizeof(b->nccl_last));
+        last[sizeof(b->nccl_last)] = '\0';
+        long long step = (long long)__atomic_load_n(&b->wait_step, __ATOMIC_SEQ_CST);
+        uint32_t code = __atomic_load_n(&b->wait_op, __ATOMIC_SEQ_CST);
+        char group[40] = "";
+        if (code > 0 && code < (uint32_t)NCCL_BOARD_NGROUPS)
+            snprintf(group, sizeof(group), " on the %s group", nccl_board_groups[code]);
+        pid_t pid;
+        if (comm_peer_stopped(&view, r, &pid))
+            snprintf(line, sizeof(line), "; rank %d (pid %d) is stopped (SIGSTOP, Ctrl-Z or a debugger)", r, (int)pid);
+        else if (comm_peer_exited(&view, r, &pid))
+            snprintf(line, sizeof(line), "; rank %d (pid %d) has exited", r, (int)pid);
+        else if (__atomic_load_n(&b->waiting_for, __ATOMIC_SEQ_CST) == NCCL_BOARD_AT_SYNC) {
+            waiting++;
+            continue;
+        } else if (last[0] == '\0')
+            snprintf(line, sizeof(line), "; rank %d is not waiting for its GPU and has made no NCCL call yet", r);
+        else
+            snprintf(line, sizeof(line), "; rank %d is not waiting for its GPU: stalled, or still computing (its last "
+                     "NCCL call: %s%s, step %lld)", r, last, group, step);
+        if (named == NCCL_BLAME_MAX) {
+            more++;
+            continue;
+        }
+        named++;
+        if (n < outlen) n += (size_t)snprintf(out + n, outlen - n, "%s", line);
+    }
+    if (more > 0 && n < outlen) n += (size_t)snprintf(out + n, outlen - n, "; and %d more", more);
+    if (named == 0 && seen > 0 && waiting == seen && n < outlen)
+        snprintf(out + n, outlen - n, "; every other rank on this node waits for its GPU too: the ranks disagree on the "
+                 "order of NCCL calls, or NCCL itself is stuck");
 }
 
 // ----------------------------------------------------------------------------
@@ -282,6 +455,11 @@ typedef struct {
     int wait_pairs;           // pairs recorded and not yet summed
     double wait_ms;           // summed so far
     double host_wait_at;      // host mode: comm_wait_ms when the watched step began
+    // NCCL mode: this rank's board (the job's segment's header and rank
+    // blocks, nccl_board_map), NULL when the segment is out of reach
+    uint8_t *board;
+    size_t board_bytes;
+    int own_hostid;           // -hb 2: this rank set its own NCCL_HOSTID (for the errors' hints)
 } NcclComm;
 
 static inline void nccl_abort_all(NcclComm *c) {
@@ -294,7 +472,7 @@ static inline void nccl_abort_all(NcclComm *c) {
 
 // nccl_fail: one line, every communicator aborted, exit 1
 static inline void nccl_fail(NcclComm *c, const char *fmt, ...) {
-    char msg[300];
+    char msg[900];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
@@ -334,7 +512,11 @@ static inline ncclResult_t nccl_settle(ncclComm_t comm, double deadline) {
 static inline void nccl_queued(NcclComm *c, const NcclGroup *g, ncclResult_t r) {
     if (r != ncclSuccess && r != ncclInProgress) nccl_fail(c, "%s: %s", ncclGetErrorString(r), ncclGetLastError(g->comm));
     ncclResult_t state = r == ncclInProgress ? nccl_settle(g->comm, par_now() + c->timeout_s) : ncclSuccess;
-    if (state == ncclInProgress) nccl_fail(c, "not launched within %.1f s", c->timeout_s);
+    if (state == ncclInProgress) {
+        char blame[600];
+        nccl_blame(c->board, c->world.group.size, c->rank, blame, sizeof(blame));
+        nccl_fail(c, "not launched within %.1f s%s", c->timeout_s, blame);
+    }
     if (state != ncclSuccess) nccl_fail(c, "%s: %s", ncclGetErrorString(state), ncclGetLastError(g->comm));
     snprintf(c->last, sizeof(c->last), "%s%s", c->op, c->what);
 }
@@ -362,17 +544,23 @@ static inline void nccl_sync_until(NcclComm *c, cudaError_t (*query)(void *), vo
     double start = par_now();
     c->op = "sync";
     snprintf(c->what, sizeof(c->what), " (%s)", what);
+    nccl_board_wait(c->board, c->rank, 1);
     for (;;) {
         nccl_poll_errors(c);
         cudaError_t e = query(arg);
-        if (e == cudaSuccess) return;
+        if (e == cudaSuccess) break;
         if (e != cudaErrorNotReady) nccl_fail(c, "CUDA: %s", cudaGetErrorString(e));
         double now = par_now();
-        if (now - start > c->timeout_s)
+        if (now - start > c->timeout_s) {
+            // the board names the peers that are not waiting with this one
+            char blame[600];
+            nccl_blame(c->board, c->world.group.size, c->rank, blame, sizeof(blame));
             nccl_fail(c, "timeout after %.1f s waiting for the GPU, whose last NCCL call queued was %s: a peer died, "
-                      "stopped, or called something else", now - start, c->last[0] ? c->last : "none");
+                      "stopped, or called something else%s", now - start, c->last[0] ? c->last : "none", blame);
+        }
         par_sleep(NCCL_POLL_S);
     }
+    nccl_board_wait(c->board, c->rank, 0);
 }
 
 static inline cudaError_t nccl_query_stream(void *s) { return cudaStreamQuery((cudaStream_t)s); }
@@ -394,6 +582,7 @@ static inline void nccl_enter(NcclComm *c, const char *op, const NcclGroup *g) {
     c->op = op;
     c->what[0] = '\0';
     if (g != NULL) snprintf(c->what, sizeof(c->what), " on the %s group", g->name);
+    nccl_board_enter(c->board, c->rank, op, g != NULL ? g->name : NULL, c->step);  // before a stall or kill below
     // host mode: the host backend waits with the caller's timeout of the moment (a checkpoint lengthens it)
     if (c->host != NULL) comm_set_timeout(c->host, c->timeout_s);
     if (!fault_fires(&c->fault, c->rank, c->step)) return;
@@ -560,20 +749,34 @@ static inline int nccl_split(NcclComm *c, const Grid *grid, int dim, NcclGroup *
 
 // nccl_join: the NCCL communicators of this rank's world, dp, tp and pp
 // groups, and dp_side, a second one of the dp group for the side stream. A
-// world of one needs no rendezvous: the id never leaves the process. 0, or
-// -1 with err set and no communicator left.
+// world of one needs no rendezvous: the id never leaves the process. With
+// own_hostid (-hb 2), this rank's own NCCL_HOSTID first, before any NCCL
+// call: NCCL reads it once per process. The board, where the segment is
+// in reach. 0, or -1 with err set and no communicator left.
 static inline int nccl_join(NcclComm *c, const Grid *g, const uint8_t key[32], const char *rendezvous, double setup_s,
-                            char *err, size_t errlen) {
+                            int own_hostid, char *err, size_t errlen) {
+    if (own_hostid) {
+        char hostid[64];
+        if (gpu_hostid_check(GPU_HB_NCCL_SHARED, getenv("NCCL_HOSTID"), err, errlen) != 0) return -1;
+        gpu_nccl_hostid(job_id_from_key(key), g->rank, hostid, sizeof(hostid));
+        if (setenv("NCCL_HOSTID", hostid, 1) != 0)
+            return errorf(err, errlen, "rank %d: flag -hb 2: setenv NCCL_HOSTID: %s", g->rank, strerror(errno));
+        c->own_hostid = 1;
+    }
+    // what an NCCL error means under -hb 2: each rank is a node, so NCCL needs its network transport
+    const char *hint = own_hostid ? " (-hb 2: every rank is an NCCL node of its own, joined by NCCL's network "
+                                    "transport; NCCL_DEBUG=INFO says which it tried)" : "";
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));
     ncclResult_t r = g->rank == 0 ? ncclGetUniqueId(&id) : ncclSuccess;
-    if (r != ncclSuccess) return errorf(err, errlen, "rank 0: ncclGetUniqueId: %s", ncclGetErrorString(r));
+    if (r != ncclSuccess) return errorf(err, errlen, "rank 0: ncclGetUniqueId: %s%s", ncclGetErrorString(r), hint);
     if (g->world > 1) {
         RdvAnswer ans;
         if (rdv_join(rendezvous, key, job_id_from_key(key), g->rank, g->world, g->local_rank,
                      g->rank == 0 ? (const uint8_t *)&id : NULL, setup_s, &ans, err, errlen) != 0)
             return -1;
         memcpy(&id, ans.blob, sizeof(id));
+        c->board = nccl_board_map(ans.shm_name, g->world, g->rank, job_id_from_key(key), &c->board_bytes);
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -584,8 +787,8 @@ static inline int nccl_join(NcclComm *c, const Grid *g, const uint8_t key[32], c
     if (r != ncclSuccess || c->world.comm == NULL) {
         if (c->world.comm != NULL) ncclCommAbort(c->world.comm);
         c->world.comm = NULL;
-        return errorf(err, errlen, "rank %d: ncclCommInitRankConfig for %d ranks: %s", g->rank, g->world,
-                      r == ncclInProgress ? "not every rank joined in time" : ncclGetErrorString(r));
+        return errorf(err, errlen, "rank %d: ncclCommInitRankConfig for %d ranks: %s%s", g->rank, g->world,
+                      r == ncclInProgress ? "not every rank joined in time" : ncclGetErrorString(r), hint);
     }
     if (nccl_split(c, g, GRID_DP, &c->dp, "dp", deadline, err, errlen) != 0 ||
         nccl_split(c, g, GRID_TP, &c->tp, "tp", deadline, err, errlen) != 0 ||
@@ -598,13 +801,17 @@ static inline int nccl_join(NcclComm *c, const Grid *g, const uint8_t key[32], c
 }
 
 // nccl_init: this rank's side of the job, after cudaSetDevice has bound its
-// GPU (gpu_for_rank). NCCL mode: the communicators (nccl_join). Host mode
-// (host_mode, from gpu_host_mode): none; the host backend joins instead
-// (shm_comm.h's comm_init, with the same key, rendezvous, timeout and fault).
-// Either way the side stream and the MAC state's streams and events.
+// GPU (gpu_for_rank). mode: 0 NCCL, 1 host mode (from gpu_host_mode),
+// GPU_HB_NCCL_SHARED NCCL with this rank's own NCCL_HOSTID (-hb 2, where
+// ranks may share a GPU). NCCL: the communicators (nccl_join). Host mode:
+// none; the host backend joins instead (shm_comm.h's comm_init, with the
+// same key, rendezvous, timeout and fault). Either way the side stream and
+// the MAC state's streams and events.
 static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32], const char *rendezvous,
-                            double timeout_s, const Fault *fault, int host_mode, char *err, size_t errlen) {
+                            double timeout_s, const Fault *fault, int mode, char *err, size_t errlen) {
     *out = NULL;
+    int host_mode = mode == 1;
+    if (mode < 0 || mode > GPU_HB_NCCL_SHARED) return errorf(err, errlen, "nccl_init: mode %d is not 0, 1 or 2", mode);
     if (comm_init_check(g, rendezvous, timeout_s, fault, err, errlen) != 0) return -1;
     NcclComm *c = (NcclComm *)calloc(1, sizeof(NcclComm));
     if (c == NULL) return errorf(err, errlen, "nccl_init: out of memory");
@@ -625,8 +832,9 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
     c->dp_side.name = "dp (overlapped)";
     double setup_s = timeout_s < RDV_MIN_TIMEOUT_S ? RDV_MIN_TIMEOUT_S : timeout_s;
     int rc = host_mode ? comm_init(&c->host, g, key, rendezvous, timeout_s, fault, err, errlen)
-                       : nccl_join(c, g, key, rendezvous, setup_s, err, errlen);
+                       : nccl_join(c, g, key, rendezvous, setup_s, mode == GPU_HB_NCCL_SHARED, err, errlen);
     if (rc != 0) {
+        if (c->board != NULL) munmap(c->board, c->board_bytes);
         free(c);
         return -1;
     }
@@ -645,6 +853,7 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
     int links_ok = e == cudaSuccess && (host_mode || links_init(&c->links, key, g->rank, g->world) == 0);
     if (!links_ok) {
         nccl_abort_all(c);
+        if (c->board != NULL) munmap(c->board, c->board_bytes);
         comm_free(c->host);
         cudaFree(c->one);
         free(c);
@@ -654,6 +863,9 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
     if (host_mode && g->rank == 0)
         printf("host mode: the %d ranks talk through the host backend (shared memory, staged through pinned "
                "buffers), not NCCL\n", g->world);
+    if (c->own_hostid && g->rank == 0 && g->world > 1)
+        printf("NCCL with -hb 2: the %d ranks are NCCL nodes of their own (NCCL_HOSTID per rank), joined by NCCL's "
+               "network transport even where they share a GPU: to verify the NCCL path, not for speed\n", g->world);
     *out = c;
     return 0;
 }
@@ -1186,6 +1398,7 @@ static inline void nccl_free(NcclComm *c) {
     free(c->wait_events);
     cudaStreamDestroy(c->side);
     free(c->mac_recvs);
+    if (c->board != NULL) munmap(c->board, c->board_bytes);
     links_free(&c->links);  // wipes the key and its HMAC state
     free(c);
 }

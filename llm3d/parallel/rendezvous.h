@@ -296,12 +296,14 @@ typedef struct {
 
 typedef struct {
     uint32_t bell;          // bumped by whoever changes a ring this rank may be waiting on
-    int32_t waiting_for;    // the rank this one is blocked on, -1 when not blocked
-    int64_t wait_step;
-    uint32_t wait_op;       // COMM_* counter index of the blocked call
+    int32_t waiting_for;    // the rank this one is blocked on, -1 when not blocked (NCCL mode: -2 while its
+                            // host waits for its GPU, NCCL_BOARD_AT_SYNC)
+    int64_t wait_step;      // the step of that wait (NCCL mode: of the last call entered)
+    uint32_t wait_op;       // COMM_* counter index of the blocked call (NCCL mode: the last call's group)
     uint32_t pid;
     uint64_t pid_ns;        // inode of /proc/self/ns/pid: pids compare only within one
-    uint8_t pad[SHM_RANK_BYTES - 32];
+    char nccl_last[SHM_RANK_BYTES - 32];  // NCCL mode: the last call this rank entered, for the
+                                          // watchdog's line (nccl_comm.h's nccl_blame); host mode: unused
 } ShmRank;
 
 static_assert(sizeof(ShmRank) == SHM_RANK_BYTES, "one ShmRank per 64-byte line");
