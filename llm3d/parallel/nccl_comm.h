@@ -863,9 +863,13 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
     if (host_mode && g->rank == 0)
         printf("host mode: the %d ranks talk through the host backend (shared memory, staged through pinned "
                "buffers), not NCCL\n", g->world);
-    if (c->own_hostid && g->rank == 0 && g->world > 1)
+    if (c->own_hostid && g->rank == 0 && g->world > 1) {
+        // a line of its own in a log the ranks share, whole whatever NCCL_DEBUG wrote before it
+        fflush(stdout);
         printf("NCCL with -hb 2: the %d ranks are NCCL nodes of their own (NCCL_HOSTID per rank), joined by NCCL's "
                "network transport even where they share a GPU: to verify the NCCL path, not for speed\n", g->world);
+        fflush(stdout);
+    }
     *out = c;
     return 0;
 }
