@@ -1031,8 +1031,9 @@ static double gpt2_loss_sum(GPT2 *m) {
 // ----------------------------------------------------------------------------
 // the job: one process per rank, any (dp, tp, pp) layout, over NCCL with one
 // GPU per rank, or over the host backend where ranks share a GPU, or with
-// -hb 2 over NCCL there too, each rank an NCCL node of its own (doc/gpu.md). The model's collectives are in the model section; here are
-// the pipeline's messages, the step's end, the checks and evaluation
+// -hb 2 over NCCL there too, each rank an NCCL node of its own (doc/gpu.md).
+// The model's collectives are in the model section; here are the pipeline's
+// messages, the step's end, the checks and evaluation
 // (train_gpt2cu/checks.cuh and eval.cuh) and the files.
 
 typedef struct {
