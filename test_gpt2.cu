@@ -372,9 +372,10 @@ static void test_nccl_blame(void) {
 // nccl_board_map on a real segment (rendezvous.h's shm_create): this job's
 // mapped by every rank, then the name is gone; another job's refused
 static void test_nccl_board_map(void) {
-    char name[COMM_NAME_BYTES], err[512];
+    char name[COMM_NAME_BYTES], err[512] = "";
     uint64_t job = 0x1122334455667788ULL;
-    if (!check(shm_create(name, 2, job, err, sizeof(err)) == 0, "a segment for 2 ranks: %s", err)) return;
+    int made = shm_create(name, 2, job, err, sizeof(err)) == 0;
+    if (!check(made, "a segment for 2 ranks (shm_create)%s%s", made ? "" : ": ", err)) return;
     size_t bytes0 = 0, bytes1 = 0, bytes_x = 0;
     uint8_t *other = nccl_board_map(name, 2, 0, job + 1, &bytes_x);
     uint8_t *wrong_world = nccl_board_map(name, 3, 0, job, &bytes_x);
