@@ -632,7 +632,7 @@ static int dl_check_args(const char *pattern, int B, int T, int dp_rank, int dp_
 
 // dl_warn: one more line for dl->warnings (dropped when out of memory)
 __attribute__((format(printf, 2, 3)))
-static void dl_warn(DataLoader *dl, const char *fmt, ...) {
+static __attribute__((format(printf, 2, 3))) void dl_warn(DataLoader *dl, const char *fmt, ...) {
     char line[600];
     va_list ap;
     va_start(ap, fmt);

@@ -750,7 +750,7 @@ static inline int frame_seal(Links *l, int dst, int channel, uint64_t step, uint
 // frame_reject: "from rank 3, channel activation, step 12: <reason>", naming
 // the link the receiver was waiting on (the header itself is untrusted)
 __attribute__((format(printf, 6, 7)))
-static inline int frame_reject(char *err, size_t errlen, int src, int channel, uint64_t step, const char *fmt, ...) {
+static inline __attribute__((format(printf, 6, 7))) int frame_reject(char *err, size_t errlen, int src, int channel, uint64_t step, const char *fmt, ...) {
     if (err == NULL || errlen == 0) return -1;
     int n = snprintf(err, errlen, "from rank %d, channel %s, step %" PRIu64 ": ", src, channel_name(channel), step);
     if (n >= 0 && (size_t)n < errlen) {

@@ -30,7 +30,7 @@ static int parse_int(const char *s, int lo, int hi) {
 }
 
 // one line naming the argument and its value; exit status 2
-static int usage(const char *fmt, ...) {
+static __attribute__((format(printf, 1, 2))) int usage(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "pipeline_chart: ");

@@ -37,6 +37,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,9 +85,12 @@ static void usage(FILE *f) {
             "  --title TEXT       the title (default: the log's file name)\n");
 }
 
-static void usage_error(const char *fmt, const char *a) {
+static __attribute__((format(printf, 1, 2))) void usage_error(const char *fmt, ...) {
     fprintf(stderr, "plot_log: ");
-    fprintf(stderr, fmt, a);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
     fprintf(stderr, " (see -h)\n");
     exit(2);
 }
@@ -119,7 +123,7 @@ static void parse_options(PlotOptions *o, int argc, char **argv) {
             o->x_tokens = strcmp(value, "tokens") == 0;
         }
     }
-    if (o->log == NULL) usage_error("no log given%s", "");
+    if (o->log == NULL) usage_error("no log given");
 }
 
 // ----------------------------------------------------------------------------

@@ -29,7 +29,7 @@
 // errorf: format one line into err (cut to errlen bytes, always terminated)
 // and return -1. The format attribute lets the compiler check the arguments.
 __attribute__((format(printf, 3, 4)))
-static inline int errorf(char *err, size_t errlen, const char *fmt, ...) {
+static inline __attribute__((format(printf, 3, 4))) int errorf(char *err, size_t errlen, const char *fmt, ...) {
     if (err != NULL && errlen > 0) {
         va_list ap;
         va_start(ap, fmt);

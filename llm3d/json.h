@@ -56,7 +56,7 @@ static inline void json_init(JsonReader *j, const void *text, size_t n) {
     j->err_pos = 0;
 }
 
-static inline int json_fail(JsonReader *j, const char *fmt, ...) {
+static inline __attribute__((format(printf, 2, 3))) int json_fail(JsonReader *j, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(j->err, sizeof(j->err), fmt, ap);

@@ -156,8 +156,8 @@ static void watch_peer_medians(Watch *w, const float *all) {
     }
 }
 
-// appends to one of w's texts
-static void watch_add(char *buf, size_t len, const char *fmt, ...) {
+// appends to one of w's texts (format checked as printf's)
+static __attribute__((format(printf, 3, 4))) void watch_add(char *buf, size_t len, const char *fmt, ...) {
     size_t at = strlen(buf);
     if (at + 1 >= len) return;
     va_list ap;
@@ -171,7 +171,8 @@ static void watch_field_ranks(Watch *w, const char *name, const int *in_a_row) {
     int any = 0;
     for (int r = 0; r < w->world; r++) {
         if (in_a_row[r] < WATCH_REPORTS) continue;
-        watch_add(w->fields, w->fields_len, any ? ", %d" : "%s\"%s\": [%d", w->fields[0] ? ", " : "", name, r);
+        if (!any) watch_add(w->fields, w->fields_len, "%s\"%s\": [", w->fields[0] ? ", " : "", name);
+        watch_add(w->fields, w->fields_len, "%s%d", any ? ", " : "", r);
         any = 1;
     }
     if (any) watch_add(w->fields, w->fields_len, "]");

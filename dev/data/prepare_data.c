@@ -67,6 +67,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,9 +138,12 @@ static void usage(FILE *f) {
             DEFAULT_BLOCK_BYTES);
 }
 
-static void usage_error(const char *fmt, const char *a, const char *b) {
+static __attribute__((format(printf, 1, 2))) void usage_error(const char *fmt, ...) {
     fprintf(stderr, "prepare_data: ");
-    fprintf(stderr, fmt, a, b);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
     fprintf(stderr, " (see -h)\n");
     exit(2);
 }
@@ -208,10 +212,10 @@ static void parse_options(Options *o, int argc, char **argv, char *name_buf, siz
                     strcmp(flag, "-v") == 0 || strcmp(flag, "-e") == 0 || strcmp(flag, "-s") == 0 ||
                     strcmp(flag, "-t") == 0 || strcmp(flag, "--field") == 0 || strcmp(flag, "--block") == 0 ||
                     strcmp(flag, "--encoder") == 0 || strcmp(flag, "--vocab") == 0 || strcmp(flag, "--key-file") == 0;
-        if (!known) usage_error("unknown flag '%s'%s", flag, "");
-        if (i + 1 >= argc) usage_error("%s needs a value%s", flag, "");
+        if (!known) usage_error("unknown flag '%s'", flag);
+        if (i + 1 >= argc) usage_error("%s needs a value", flag);
         const char *value = argv[++i];
-        if (value[0] == '\0') usage_error("%s: empty value%s", flag, "");
+        if (value[0] == '\0') usage_error("%s: empty value", flag);
         if (strcmp(flag, "-i") == 0) o->inputs[o->n_inputs++] = value;
         else if (strcmp(flag, "-o") == 0) o->out_dir = value;
         else if (strcmp(flag, "-n") == 0) o->name = value;
@@ -225,11 +229,11 @@ static void parse_options(Options *o, int argc, char **argv, char *name_buf, siz
         else if (strcmp(flag, "--key-file") == 0) o->key_file = value;
         else o->vocab_path = value;
     }
-    if (o->n_inputs == 0) usage_error("no input: give at least one -i PATH%s%s", "", "");
-    if (o->bytes && (o->encoder_path || o->vocab_path)) usage_error("--bytes and --encoder/--vocab exclude each other%s%s", "", "");
+    if (o->n_inputs == 0) usage_error("no input: give at least one -i PATH");
+    if (o->bytes && (o->encoder_path || o->vocab_path)) usage_error("--bytes and --encoder/--vocab exclude each other");
     if ((o->encoder_path == NULL) != (o->vocab_path == NULL))
         usage_error("%s given without %s", o->encoder_path ? "--encoder" : "--vocab", o->encoder_path ? "--vocab" : "--encoder");
-    if (o->val_shard && v_given) usage_error("--val-shard and -v exclude each other: the val split is the first shard (-s)%s%s", "", "");
+    if (o->val_shard && v_given) usage_error("--val-shard and -v exclude each other: the val split is the first shard (-s)");
     if (o->val_shard) o->val_tokens = o->shard_tokens;
     if (o->name == NULL) o->name = default_name(o->inputs[0], name_buf, name_len);
     if (!name_ok(o->name)) usage_error("-n '%s': want a file name prefix of 1..238 of [A-Za-z0-9._+-], not starting "

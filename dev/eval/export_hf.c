@@ -87,9 +87,12 @@ static void usage(FILE *f) {
             "                   or the job.key in its -o directory (read only when MODEL.bin is sealed)\n");
 }
 
-static void usage_error(const char *fmt, const char *a) {
+static __attribute__((format(printf, 1, 2))) void usage_error(const char *fmt, ...) {
     fprintf(stderr, "export_hf: ");
-    fprintf(stderr, fmt, a);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
     fprintf(stderr, " (see -h)\n");
     exit(2);
 }
@@ -114,10 +117,10 @@ static void parse_options(ExportOptions *o, int argc, char **argv) {
         else if (strcmp(value, "bf16") == 0) o->bf16 = 1;
         else usage_error("--dtype '%s': want f32 or bf16", value);
     }
-    if (o->in == NULL) usage_error("no model: give -i FILE%s", "");
-    if (o->out_dir == NULL) usage_error("no output directory: give -o DIR%s", "");
+    if (o->in == NULL) usage_error("no model: give -i FILE");
+    if (o->out_dir == NULL) usage_error("no output directory: give -o DIR");
     if ((o->encoder == NULL) != (o->vocab == NULL)) usage_error("%s given alone: give --encoder and --vocab together", o->encoder ? "--encoder" : "--vocab");
-    if (o->no_tokenizer && o->encoder != NULL) usage_error("--no-tokenizer and --encoder/--vocab exclude each other%s", "");
+    if (o->no_tokenizer && o->encoder != NULL) usage_error("--no-tokenizer and --encoder/--vocab exclude each other");
 }
 
 // ----------------------------------------------------------------------------

@@ -32,7 +32,7 @@ static void test_vprint(const char *tag, const char *fmt, va_list ap) {
 }
 
 // check: one assertion; returns ok so callers can stop a dependent sequence
-static int check(int ok, const char *fmt, ...) {
+static __attribute__((format(printf, 2, 3))) int check(int ok, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     test_vprint(ok ? "ok" : "FAIL", fmt, ap);
@@ -41,7 +41,7 @@ static int check(int ok, const char *fmt, ...) {
     return ok;
 }
 
-static void skip(const char *fmt, ...) {
+static __attribute__((format(printf, 1, 2))) void skip(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     test_vprint("skip", fmt, ap);

@@ -114,7 +114,7 @@ static float worst_diff(const Run *a, const Run *b, int from, int to) {
     return w;
 }
 
-static void sh(const char *fmt, ...) {
+static __attribute__((format(printf, 1, 2))) void sh(const char *fmt, ...) {
     char cmd[2048];
     va_list ap;
     va_start(ap, fmt);

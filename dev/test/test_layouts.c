@@ -391,6 +391,14 @@ static void test_watch_rules(void) {
     watch_judge(&w, 20, noise, &l);
     watch_judge(&w, 23, noise, &l);
     check(w.lines[0] == '\0', "watch: 4 ms above the median is under WATCH_MIN_MS, not a straggler");
+    // two stragglers and two ranks that wait: every rank number in the log fields is right
+    float two[] = {50, 300, 400, 10, 52, 290, 350, 10};
+    l.watch = NULL;
+    watch_judge(&w, 26, two, &l);
+    watch_judge(&w, 29, two, &l);
+    const char *both = "\"stragglers\": [1, 3], \"waiting\": [0, 2], \"compute_ms\": [";
+    check(l.watch != NULL && strncmp(l.watch, both, strlen(both)) == 0,
+          "watch: two stragglers and two waiting ranks, each list's numbers right: %s", l.watch ? l.watch : "(no fields)");
     watch_free(&w);
     // two stages: the last holds the head and computes more; its ranks are compared with each other only
     grid_init(&g, 4, 1, 2, 0, err, sizeof(err));

@@ -152,7 +152,7 @@ static int test_files_same(const char *a, const char *b) {
 
 // test_exists: whether there is a file at the path that fmt and what follows
 // make (printf's way): a directory, or a link even where it leads nowhere
-static int test_exists(const char *fmt, ...) {
+static __attribute__((format(printf, 1, 2))) int test_exists(const char *fmt, ...) {
     char path[1024];
     va_list ap;
     va_start(ap, fmt);
@@ -448,7 +448,7 @@ static int test_child_args(TestChild *c, int argc, char **argv, double default_t
 // FAILs, for the rank's exit status.
 static int test_rank_failures;
 
-static void test_rank_check(int rank, const char *name, int ok, const char *fmt, ...) {
+static __attribute__((format(printf, 4, 5))) void test_rank_check(int rank, const char *name, int ok, const char *fmt, ...) {
     char detail[256] = "";
     va_list ap;
     va_start(ap, fmt);

@@ -471,7 +471,7 @@ static inline void nccl_abort_all(NcclComm *c) {
 }
 
 // nccl_fail: one line, every communicator aborted, exit 1
-static inline void nccl_fail(NcclComm *c, const char *fmt, ...) {
+static inline __attribute__((format(printf, 2, 3))) void nccl_fail(NcclComm *c, const char *fmt, ...) {
     char msg[900];
     va_list ap;
     va_start(ap, fmt);

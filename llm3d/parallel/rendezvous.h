@@ -589,7 +589,7 @@ static inline void rdv_server_drop(RdvServer *s, int i) {
 }
 
 // rdv_server_reject: logs one line, tells the peer why, hangs up
-static inline void rdv_server_reject(RdvServer *s, int i, const char *fmt, ...) {
+static inline __attribute__((format(printf, 3, 4))) void rdv_server_reject(RdvServer *s, int i, const char *fmt, ...) {
     char reason[200];
     va_list ap;
     va_start(ap, fmt);

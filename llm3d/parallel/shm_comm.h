@@ -180,7 +180,7 @@ static inline void comm_die(Comm *c) {
     exit(1);
 }
 
-static inline void comm_usage_die(Comm *c, const char *fmt, ...) {
+static inline __attribute__((format(printf, 2, 3))) void comm_usage_die(Comm *c, const char *fmt, ...) {
     char msg[300];
     va_list ap;
     va_start(ap, fmt);
