@@ -81,13 +81,13 @@ prepare_data: dev/data/prepare_data.c dev/data/prepare_hellaswag.h $(HEADERS)
 export_hf: dev/eval/export_hf.c $(HEADERS)
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
-plot_log: dev/plot_log.c llm3d/errors.h llm3d/json.h llm3d/log_reader.h
+plot_log: dev/plot_log.c llm3d/errors.h llm3d/files.h llm3d/json.h llm3d/log_reader.h
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
 dev/bench_%: dev/bench_%.c dev/bench.h train_gpt2.c $(HEADERS)
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
-dev/compare_logs: dev/compare_logs.c llm3d/errors.h llm3d/json.h llm3d/log_reader.h
+dev/compare_logs: dev/compare_logs.c llm3d/errors.h llm3d/files.h llm3d/json.h llm3d/log_reader.h
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
 dev/pipeline_chart: dev/pipeline_chart.c $(HEADERS)

@@ -26,12 +26,16 @@
  * the x axis instead of the step, so runs with different batch sizes line up.
  * The loss axis leaves out the losses of the first 10% of the steps when it
  * picks its range (they start near ln V = 10.8 and would flatten the rest);
- * lines that leave a panel are cut at its edge.
+ * lines that leave a panel are cut at its edge, and a note over the panel
+ * ("cut at the axis: 9 points above (up to 10.8)") says so. The header's
+ * step count is of the steps trained: the final val loss that a run of
+ * -x N logs as step N is not one.
  *
  * Exit status: 0 written, 1 a file could not be read or written, 2 bad flags.
  */
 #define _GNU_SOURCE  // strdup
 #include "llm3d/errors.h"
+#include "llm3d/files.h"
 #include "llm3d/json.h"
 #include "llm3d/log_reader.h"
 
@@ -65,7 +69,8 @@ typedef struct {
     const char *path, *label;
     Series train, val, hellaswag, lr, tokens_per_s;
     double tokens_per_step;     // from the first "tokens" seen, 0 if none
-    double last_step;
+    double last_step;           // the last step of any line
+    double last_trained;        // the last step with a train loss, -1 if none
 } RunLog;
 
 typedef struct {
@@ -171,6 +176,7 @@ static int run_log_add(void *ctx, const LogRecord *l, JsonReader *j) {
     if (!isnan(l->ms) && !isnan(per_step) && l->ms > 0) bad |= series_add(&r->tokens_per_s, step, per_step / (l->ms / 1000.0));
     if (bad) return json_fail(j, "out of memory");
     if (step > r->last_step) r->last_step = step;
+    if (!isnan(l->loss) && step > r->last_trained) r->last_trained = step;
     return 0;
 }
 
@@ -178,6 +184,7 @@ static int run_log_add(void *ctx, const LogRecord *l, JsonReader *j) {
 static int run_log_read(const char *path, RunLog *r, char *err, size_t errlen) {
     memset(r, 0, sizeof(*r));
     r->path = path;
+    r->last_trained = -1;
     long lines = 0;
     int rc = log_read(path, run_log_add, r, &lines, err, errlen);
     if (rc == 0 && r->train.n + r->val.n + r->hellaswag.n == 0)
@@ -341,6 +348,31 @@ static void draw_legend(FILE *f, const Frame *fr, const Line *lines, int n_lines
     }
 }
 
+// draw_clipped_note: when some points of the lines lie outside the frame's
+// y range (the loss axis leaves out the first steps' losses), a line over
+// the frame's top right corner says how many and how far, so that a line
+// cut at an edge is not read as the data's own shape
+static void draw_clipped_note(FILE *f, const Frame *fr, const Line *lines, int n_lines) {
+    int above = 0, below = 0;
+    double high = -INFINITY, low = INFINITY;
+    for (int k = 0; k < n_lines; k++)
+        for (int i = 0; i < lines[k].s->n; i++) {
+            double y = lines[k].s->y[i];
+            if (y > fr->y1) { above++; high = fmax(high, y); }
+            if (y < fr->y0) { below++; low = fmin(low, y); }
+        }
+    if (above + below == 0) return;
+    char note[200];
+    int n = snprintf(note, sizeof(note), "cut at the axis:");
+    if (above > 0) n += snprintf(note + n, sizeof(note) - (size_t)n, " %d point%s above (up to %.4g)", above, above == 1 ? "" : "s", high);
+    if (below > 0) snprintf(note + n, sizeof(note) - (size_t)n, "%s %d point%s below (down to %.4g)", above > 0 ? "," : "", below,
+                            below == 1 ? "" : "s", low);
+    fprintf(f, "<text class=\"clipped\" x=\"%d\" y=\"%d\" font-size=\"11\" fill=\"#a33\" text-anchor=\"end\">",
+            fr->left + fr->width, fr->top - 14);
+    xml_text(f, note);
+    fprintf(f, "</text>\n");
+}
+
 // draw_panel: one chart at vertical offset top
 static void draw_panel(FILE *f, int top, int id, const char *title, const char *ylabel, const char *xlabel, const Line *lines,
                        int n_lines, const Mark *marks, int n_marks) {
@@ -352,6 +384,7 @@ static void draw_panel(FILE *f, int top, int id, const char *title, const char *
     for (int k = 0; k < n_marks; k++) draw_mark(f, &fr, &marks[k]);
     for (int k = 0; k < n_lines; k++) draw_line(f, &fr, &lines[k], id);
     draw_legend(f, &fr, lines, n_lines);
+    draw_clipped_note(f, &fr, lines, n_lines);
 }
 
 // ----------------------------------------------------------------------------
@@ -362,9 +395,11 @@ static const char *base_name(const char *path) {
     return slash ? slash + 1 : path;
 }
 
-// summary: the run's headline numbers, for the header line
+// summary: the run's headline numbers, for the header line. The steps are
+// those trained (0 .. the last with a train loss): a run of -x 200 logs steps
+// 0..199 and then its final val loss as step 200, which is not a step trained.
 static void summary(const RunLog *r, char *out, size_t outlen) {
-    int n = snprintf(out, outlen, "%.0f steps", r->last_step + 1);
+    int n = snprintf(out, outlen, "%.0f steps", (r->last_trained >= 0 ? r->last_trained : r->last_step) + 1);
     if (r->val.n > 0) {
         double best = r->val.y[0];
         for (int i = 1; i < r->val.n; i++) best = fmin(best, r->val.y[i]);
@@ -411,10 +446,9 @@ static int write_svg(const PlotOptions *o, const char *out_path, const RunLog *r
     int has_hella = run->hellaswag.n > 0 || rs[2]->n > 0;
     int panels = 3 + has_hella, height = HEADER_HEIGHT + panels * PANEL_HEIGHT;
 
-    char tmp[4200];
-    snprintf(tmp, sizeof(tmp), "%.4000s.tmp", out_path);
-    FILE *f = fopen(tmp, "w");
-    if (f == NULL) { fprintf(stderr, "plot_log: %s: cannot create: %s\n", tmp, strerror(errno)); return -1; }
+    char tmp[4200], err[4400];
+    FILE *f = fopen_tmp(out_path, tmp, sizeof(tmp), err, sizeof(err));  // never written through a link planted there
+    if (f == NULL) { fprintf(stderr, "plot_log: %s\n", err); return -1; }
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
                "font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"#fafafa\"/>\n",
             WIDTH, height, WIDTH, height);
@@ -444,11 +478,8 @@ static int write_svg(const PlotOptions *o, const char *out_path, const RunLog *r
     top += PANEL_HEIGHT;
     draw_panel(f, top, id++, "Throughput", "tokens/s", xlabel, tps, 2, NULL, 0);
     fprintf(f, "</svg>\n");
-    int ok = !ferror(f);
-    if (fclose(f) != 0) ok = 0;
-    if (!ok || rename(tmp, out_path) != 0) {
-        fprintf(stderr, "plot_log: %s: cannot write: %s\n", out_path, strerror(errno));
-        remove(tmp);
+    if (fclose_rename(f, tmp, out_path, err, sizeof(err)) != 0) {
+        fprintf(stderr, "plot_log: %s\n", err);
         return -1;
     }
     return 0;

@@ -6,9 +6,13 @@
  *   open_regular    a file to read (data, a model, a tokenizer), refused
  *                   unless it is a regular file
  *   fopen_regular   the same, as a FILE *
- *   fopen_nofollow  a file of the output directory (a log, a model file being
- *                   written), never reached through a symbolic link, and
- *                   refused unless it is a regular file
+ *   fopen_nofollow  a file of the output directory that is kept open (the
+ *                   trainer's log), never reached through a symbolic link,
+ *                   and refused unless it is a regular file
+ *   fopen_tmp,      a file written whole and then put in place: PATH.tmp
+ *   fclose_rename,  made anew (never through a link, never an old file
+ *   fclose_abandon  reused), then renamed to PATH, or removed
+ *   write_file      a whole file from one buffer, that way
  *   write_all       all n bytes to an fd, through short writes and EINTR
  *   read_all        up to cap bytes from an fd, until it ends
  *   pread_all       exactly n bytes at an offset (a file shorter is an error)
@@ -21,10 +25,15 @@
  * but a regular file is "not a regular file", at once.
  *
  * A directory that another user can write in (or once could) may hold a
- * link planted where the trainer will write: following it would write, or
- * truncate, a file the trainer never meant. O_NOFOLLOW refuses a link as the
+ * link planted where a program will write: following it would write, or
+ * truncate, a file the program never meant. O_NOFOLLOW refuses a link as the
  * last part of the path. Files read may be links (a data directory of links
- * to shards is common); files written in -o may not.
+ * to shards is common); files written may not. Every file a program writes
+ * whole (shards, a model, a plot, a tokenizer) goes through fopen_tmp: its
+ * PATH.tmp is created with O_CREAT | O_EXCL | O_NOFOLLOW, so that neither a
+ * symbolic link nor a hard link planted there (to a file another user owns)
+ * is ever written through, and the rename onto PATH replaces whatever is at
+ * PATH, a link included, without touching what a link points to.
  *
  * Errors follow errors.h: one line naming the path.
  */
@@ -86,6 +95,72 @@ static inline FILE *fopen_regular(const char *path, const char *what, char *err,
 static inline FILE *fopen_nofollow(const char *path, const char *mode, char *err, size_t errlen) {
     int flags = mode[0] == 'w' ? O_WRONLY | O_CREAT | O_TRUNC : mode[0] == 'a' ? O_WRONLY | O_CREAT | O_APPEND : O_RDONLY;
     return file_fdopen(file_open_checked(path, flags | O_NOFOLLOW, "", err, errlen), path, mode, err, errlen);
+}
+
+// fopen_tmp: PATH.tmp, made anew to write what fclose_rename then puts at
+// path: created exclusively, never through a link (O_CREAT | O_EXCL |
+// O_NOFOLLOW), mode 0644 less the umask. A regular file of that name, left by
+// a run cut short, gives way first (unlink removes a name, never what another
+// name of the file holds); a link or anything else there is refused and left
+// as it is. tmp (tmplen bytes) gets the name. NULL with err set.
+static inline FILE *fopen_tmp(const char *path, char *tmp, size_t tmplen, char *err, size_t errlen) {
+    int n = snprintf(tmp, tmplen, "%s.tmp", path);
+    if (n < 0 || (size_t)n >= tmplen) {
+        errorf(err, errlen, "%.200s...: path too long", path);
+        return NULL;
+    }
+    struct stat st;
+    if (lstat(tmp, &st) == 0 && S_ISREG(st.st_mode)) unlink(tmp);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == EEXIST && lstat(tmp, &st) == 0) {
+        errorf(err, errlen, "%s: %s, not followed here", tmp, S_ISLNK(st.st_mode) ? "a symbolic link" : "not a regular file");
+        return NULL;
+    }
+    if (fd < 0) {
+        errorf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+        return NULL;
+    }
+    return file_fdopen(fd, tmp, "wb", err, errlen);
+}
+
+// fclose_abandon: f of fopen_tmp closed and its tmp removed (after an error)
+static inline void fclose_abandon(FILE *f, const char *tmp) {
+    if (f != NULL) fclose(f);
+    unlink(tmp);
+}
+
+// fclose_rename: f of fopen_tmp (named tmp) flushed, fsynced and closed,
+// then renamed to path, which it replaces whatever is there (a link is
+// replaced itself; what it points to is not touched). A write that failed
+// on f (ferror) or fails now leaves nothing: tmp is removed. 0, or -1 with
+// err set.
+static inline int fclose_rename(FILE *f, const char *tmp, const char *path, char *err, size_t errlen) {
+    int bad = ferror(f) || fflush(f) != 0 || fsync(fileno(f)) != 0;
+    int saved = errno;
+    if (fclose(f) != 0 && !bad) {
+        bad = 1;
+        saved = errno;
+    }
+    if (bad) {
+        unlink(tmp);
+        return errorf(err, errlen, "%s: write error: %s", tmp, strerror(saved));
+    }
+    if (rename(tmp, path) != 0) {
+        saved = errno;
+        unlink(tmp);
+        return errorf(err, errlen, "%s: cannot rename to %s: %s", tmp, path, strerror(saved));
+    }
+    return 0;
+}
+
+// write_file: the n bytes of data as the file at path, through fopen_tmp and
+// fclose_rename; 0, or -1 with err set
+static inline int write_file(const char *path, const void *data, size_t n, char *err, size_t errlen) {
+    char tmp[4200];
+    FILE *f = fopen_tmp(path, tmp, sizeof(tmp), err, errlen);
+    if (f == NULL) return -1;
+    fwrite(data, 1, n, f);  // a failure shows in ferror, which fclose_rename reads
+    return fclose_rename(f, tmp, path, err, errlen);
 }
 
 // read_all: up to cap bytes into buf, through short reads and EINTR, until

@@ -267,11 +267,11 @@ static void model_fill_header(int32_t h[HEADER_INTS], const GPT2Config *c, int v
 }
 
 // writes a v3 (fp32) model file; version 5 (bf16) when bf16 != 0. It goes
-// to PATH.tmp first and is renamed into place: readers never see a part.
+// to PATH.tmp first and is renamed into place: readers never see a part, and
+// no link planted at either name is written through (files.h's fopen_tmp).
 static int model_save(const char *path, const GPT2Config *c, const float *params, int bf16, char *err, size_t errlen) {
     char tmp[4200];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *f = fopen_nofollow(tmp, "wb", err, errlen);  // a link planted at PATH.tmp is not written through
+    FILE *f = fopen_tmp(path, tmp, sizeof(tmp), err, errlen);
     if (f == NULL) return -1;
     int32_t h[HEADER_INTS];
     model_fill_header(h, c, bf16 ? 5 : 3);
@@ -287,13 +287,12 @@ static int model_save(const char *path, const GPT2Config *c, const float *params
             ok = fwrite(buf, 2, k, f) == k;
         }
     }
-    if (fclose(f) != 0) ok = 0;
-    if (!ok || rename(tmp, path) != 0) {
-        errorf(err, errlen, "%s: write failed: %s", path, strerror(errno));
-        remove(tmp);
+    if (!ok) {
+        errorf(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
+        fclose_abandon(f, tmp);
         return -1;
     }
-    return 0;
+    return fclose_rename(f, tmp, path, err, errlen);
 }
 
 // ---------------------------------------------------------------------------
@@ -310,7 +309,8 @@ static int read_exact(FILE *f, void *dst, size_t elem, size_t n) { return fread(
 
 static int debug_state_load(DebugState *s, const char *path, size_t num_params) {
     memset(s, 0, sizeof(*s));
-    FILE *f = fopen(path, "rb");
+    char err[512];
+    FILE *f = fopen_regular(path, "", err, sizeof(err));
     if (f == NULL) return -1;
     int32_t h[HEADER_INTS];
     int ok = read_exact(f, h, 4, HEADER_INTS) && h[0] == STATE_MAGIC && h[1] == 2 && h[2] > 0 && h[3] > 0 &&
@@ -703,13 +703,14 @@ static void log_line(FILE *f, const LogLine *l) {
 
 // on resume from step `step`: keeps the log's lines of the steps before it,
 // so the log reads as one run however often the job was stopped
+// (read as the log is opened: never through a link, never a FIFO's wait)
 static int log_keep_before(const char *path, int step, char *err, size_t errlen) {
-    FILE *f = fopen(path, "r");
-    if (f == NULL && errno == ENOENT) return 0;  // nothing logged yet
-    if (f == NULL) return errorf(err, errlen, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (lstat(path, &st) != 0 && errno == ENOENT) return 0;  // nothing logged yet
+    FILE *f = fopen_nofollow(path, "r", err, errlen);
+    if (f == NULL) return -1;
     char tmp[4200], line[4096];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *out = fopen_nofollow(tmp, "w", err, errlen);
+    FILE *out = fopen_tmp(path, tmp, sizeof(tmp), err, errlen);
     if (out == NULL) {
         fclose(f);
         return -1;
@@ -719,9 +720,7 @@ static int log_keep_before(const char *path, int step, char *err, size_t errlen)
         if (p != NULL && atoi(p + 8) < step) fputs(line, out);
     }
     fclose(f);
-    int bad = fclose(out) != 0;
-    if (bad || rename(tmp, path) != 0) return errorf(err, errlen, "%.1000s: rewrite failed", path);
-    return 0;
+    return fclose_rename(out, tmp, path, err, errlen);
 }
 
 #endif

@@ -49,8 +49,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "llm3d/errors.h"
+#include "llm3d/files.h"
 
 #define HS_MAGIC 20240522
 #define HS_VERSION 1
@@ -58,6 +61,7 @@
 #define HS_START 65535
 #define HS_MAX_COMPLETIONS 16   // HellaSwag has 4; llm.c's reader takes 4 only
 #define HS_MAX_FILE_BYTES (1L << 30)
+#define HS_FIRST_WORDS 32767    // what hs_read reads before the first example's check: the most one example holds
 #define HS_DEFAULT_FILE "dev/data/hellaswag/hellaswag_val.bin"  // where llm.c's hellaswag.py puts it
 
 typedef struct {
@@ -129,107 +133,94 @@ static int hs_parse_example(const char *path, int i, const uint16_t *w, size_t n
 }
 
 // reads and checks path: every example, for a model of vocab V run at
-// sequence length T with B rows a batch
+// sequence length T with B rows a batch. The first example is read and
+// checked before the rest, so that a file that is not one is refused after
+// its header and at most HS_FIRST_WORDS words, not after up to
+// HS_MAX_FILE_BYTES.
 static int hs_read(HsSet *s, const char *path, int V, int T, int B, char *err, size_t errlen) {
     memset(s, 0, sizeof(*s));
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return errorf(err, errlen, "%s: cannot open HellaSwag file: %s", path, strerror(errno));
+    int fd = open_regular(path, "HellaSwag file", err, errlen);  // a FIFO is refused, not waited on
+    if (fd < 0) return -1;
     int32_t h[HS_HEADER_INTS];
-    long size = -1;
-    if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
-    if (size < (long)sizeof(h) || size > HS_MAX_FILE_BYTES || fseek(f, 0, SEEK_SET) != 0 ||
-        fread(h, sizeof(h), 1, f) != 1) {
-        fclose(f);
+    struct stat st;
+    long size = fstat(fd, &st) == 0 ? (long)st.st_size : -1;
+    if (size < (long)sizeof(h) || size > HS_MAX_FILE_BYTES || pread_all(fd, h, sizeof(h), 0) != 0) {
+        close(fd);
         return errorf(err, errlen, "%s: %ld bytes: not a HellaSwag file (a 1024-byte header, at most %ld bytes)", path,
                       size, HS_MAX_FILE_BYTES);
     }
     if (h[0] != HS_MAGIC || h[1] != HS_VERSION) {
-        fclose(f);
+        close(fd);
         return errorf(err, errlen, "%s: header magic %d version %d, expected %d version %d (llm.c's eval file)", path,
                       h[0], h[1], HS_MAGIC, HS_VERSION);
     }
     size_t n = (size_t)(size - (long)sizeof(h)) / 2;
     if (h[2] < 1 || (size - (long)sizeof(h)) % 2 != 0 || (size_t)h[2] > n / 6) {
-        fclose(f);
+        close(fd);
         return errorf(err, errlen, "%s: header says %d examples in %ld bytes after it", path, h[2], size - (long)sizeof(h));
     }
     s->n = h[2];
     s->words = (uint16_t *)malloc(n * sizeof(uint16_t));
     s->ex = (HsExample *)calloc((size_t)s->n, sizeof(HsExample));
-    if (s->words == NULL || s->ex == NULL || fread(s->words, sizeof(uint16_t), n, f) != n) {
-        fclose(f);
-        hs_free(s);
-        return errorf(err, errlen, "%s: cannot read %zu bytes of examples", path, 2 * n);
-    }
-    fclose(f);
-    size_t at = 0;
-    for (int i = 0; i < s->n; i++) {
-        size_t used = 0;
-        if (hs_parse_example(path, i, s->words + at, n - at, V, T, &s->ex[i], &used, err, errlen) != 0) {
-            hs_free(s);
-            return -1;
-        }
+    size_t first = n < HS_FIRST_WORDS ? n : HS_FIRST_WORDS, used = 0;
+    int rc = s->words == NULL || s->ex == NULL ? errorf(err, errlen, "%s: out of memory for %zu bytes", path, 2 * n) : 0;
+    if (rc == 0 && pread_all(fd, s->words, 2 * first, sizeof(h)) != 0)
+        rc = errorf(err, errlen, "%s: cannot read its first example: %s", path, strerror(errno));
+    if (rc == 0) rc = hs_parse_example(path, 0, s->words, first, V, T, &s->ex[0], &used, err, errlen);
+    if (rc == 0 && pread_all(fd, s->words + first, 2 * (n - first), sizeof(h) + 2 * first) != 0)
+        rc = errorf(err, errlen, "%s: cannot read %zu bytes of examples: %s", path, 2 * n, strerror(errno));
+    close(fd);
+    size_t at = used;
+    s->max_ncomp = s->ex != NULL ? s->ex[0].ncomp : 0;
+    for (int i = 1; rc == 0 && i < s->n; i++) {
+        rc = hs_parse_example(path, i, s->words + at, n - at, V, T, &s->ex[i], &used, err, errlen);
         at += used;
-        if (s->ex[i].ncomp > s->max_ncomp) s->max_ncomp = s->ex[i].ncomp;
+        if (rc == 0 && s->ex[i].ncomp > s->max_ncomp) s->max_ncomp = s->ex[i].ncomp;
     }
-    if (at != n) {
-        errorf(err, errlen, "%s: %zu bytes follow the last of the header's %d examples", path, 2 * (n - at), s->n);
-        hs_free(s);
-        return -1;
-    }
-    if (s->max_ncomp > B) {
-        errorf(err, errlen, "flag -b: B = %d rows, but %s has examples of %d completions, one row each", B, path,
-               s->max_ncomp);
-        hs_free(s);
-        return -1;
-    }
-    return 0;
+    if (rc == 0 && at != n)
+        rc = errorf(err, errlen, "%s: %zu bytes follow the last of the header's %d examples", path, 2 * (n - at), s->n);
+    if (rc == 0 && s->max_ncomp > B)
+        rc = errorf(err, errlen, "flag -b: B = %d rows, but %s has examples of %d completions, one row each", B, path,
+                    s->max_ncomp);
+    if (rc != 0) hs_free(s);
+    return rc;
 }
 
 // writes n examples to path (the header's longest-example field included).
 // The examples' pointers may point anywhere; the file is written whole or
-// not at all (a temporary name, renamed when complete).
+// not at all, never through a link (files.h's fopen_tmp and fclose_rename).
 static int hs_write(const char *path, const HsExample *ex, int n, char *err, size_t errlen) {
     if (n < 1 || n > 65535) return errorf(err, errlen, "%s: %d examples; the file's index field holds 1..65535", path, n);
-    char tmp[4200];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (f == NULL) return errorf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
     int32_t h[HS_HEADER_INTS] = {HS_MAGIC, HS_VERSION, n, 0};
     size_t longest = 0;
     for (int i = 0; i < n; i++) {
         size_t words = 6 + (size_t)ex[i].ctx_len;
         for (int c = 0; c < ex[i].ncomp; c++) words += 1 + (size_t)ex[i].comp_len[c];
-        if (2 * words > 65535) {
-            fclose(f);
-            remove(tmp);
+        if (2 * words > 65535)
             return errorf(err, errlen, "%s: example %d takes %zu bytes; its byte count field holds 65535", path, i,
                           2 * words);
-        }
         if (2 * words > longest) longest = 2 * words;
     }
     h[3] = (int32_t)longest;
-    int bad = fwrite(h, sizeof(h), 1, f) != 1;
-    for (int i = 0; i < n && !bad; i++) {
+    char tmp[4200];
+    FILE *f = fopen_tmp(path, tmp, sizeof(tmp), err, errlen);
+    if (f == NULL) return -1;
+    fwrite(h, sizeof(h), 1, f);  // a failed write shows in ferror, which fclose_rename reads
+    for (int i = 0; i < n; i++) {
         const HsExample *e = &ex[i];
         size_t words = 6 + (size_t)e->ctx_len;
         for (int c = 0; c < e->ncomp; c++) words += 1 + (size_t)e->comp_len[c];
         uint16_t head[6] = {HS_START, (uint16_t)(2 * words), (uint16_t)i, (uint16_t)e->label, (uint16_t)e->ncomp,
                             (uint16_t)e->ctx_len};
-        bad |= fwrite(head, sizeof(head), 1, f) != 1;
-        bad |= fwrite(e->ctx, sizeof(uint16_t), (size_t)e->ctx_len, f) != (size_t)e->ctx_len;
-        for (int c = 0; c < e->ncomp && !bad; c++) {
+        fwrite(head, sizeof(head), 1, f);
+        fwrite(e->ctx, sizeof(uint16_t), (size_t)e->ctx_len, f);
+        for (int c = 0; c < e->ncomp; c++) {
             uint16_t len = (uint16_t)e->comp_len[c];
-            bad |= fwrite(&len, sizeof(len), 1, f) != 1;
-            bad |= fwrite(e->comp[c], sizeof(uint16_t), len, f) != len;
+            fwrite(&len, sizeof(len), 1, f);
+            fwrite(e->comp[c], sizeof(uint16_t), len, f);
         }
     }
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        remove(tmp);
-        return errorf(err, errlen, "%s: write failed: %s", path, strerror(errno));
-    }
-    return 0;
+    return fclose_rename(f, tmp, path, err, errlen);
 }
 
 // the examples [*lo, *hi) of data-parallel rank r of dp

@@ -26,6 +26,7 @@
 #include <sys/types.h>
 
 #include "llm3d/errors.h"
+#include "llm3d/files.h"
 #include "llm3d/json.h"
 
 typedef struct {
@@ -66,8 +67,8 @@ typedef int (*LogUse)(void *ctx, const LogRecord *r, JsonReader *j);
 // until the first line that fails; *lines (when not NULL) gets the number of
 // lines read. 0, or -1 with err naming the file and line
 static int log_read(const char *path, LogUse use, void *ctx, long *lines, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return errorf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f = fopen_regular(path, "", err, errlen);  // a FIFO is refused, not waited on
+    if (f == NULL) return -1;
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;

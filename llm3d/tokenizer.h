@@ -405,7 +405,8 @@ static inline const char *tokenizer_decode(const Tokenizer *t, int id, int *len)
     return t->token_bytes + t->token_offset[id];
 }
 
-// tok_write_bin: the .bin for V tokens; token i is bytes[offset[i]..offset[i+1])
+// tok_write_bin: the .bin for V tokens; token i is bytes[offset[i]..offset[i+1]),
+// written whole under a temporary name and renamed into place
 static inline int tok_write_bin(const char *path, int vocab, int eot, const unsigned char *bytes,
                                 const uint32_t *offset, char *err, size_t errlen) {
     for (int i = 0; i < vocab; i++) {
@@ -413,25 +414,21 @@ static inline int tok_write_bin(const char *path, int vocab, int eot, const unsi
         if (len < 1 || len > BPE_MAX_TOKEN_BYTES)
             return errorf(err, errlen, "%s: token %d has %u bytes, the format allows 1..255", path, i, len);
     }
-    FILE *f = fopen(path, "wb");
-    if (f == NULL) return errorf(err, errlen, "%s: cannot create: %s", path, strerror(errno));
+    char tmp[4200];
+    FILE *f = fopen_tmp(path, tmp, sizeof(tmp), err, errlen);  // never written through a link planted at path
+    if (f == NULL) return -1;
     unsigned char header[TOKENIZER_HEADER_BYTES] = {0};
     tok_put_u32le(header, TOKENIZER_MAGIC);
     tok_put_u32le(header + 4, TOKENIZER_VERSION);
     tok_put_u32le(header + 8, (uint32_t)vocab);
     tok_put_u32le(header + 12, (uint32_t)eot);
-    int ok = fwrite(header, 1, sizeof(header), f) == sizeof(header);
-    for (int i = 0; ok && i < vocab; i++) {
+    fwrite(header, 1, sizeof(header), f);  // a failed write shows in ferror, which fclose_rename reads
+    for (int i = 0; i < vocab; i++) {
         unsigned char len = (unsigned char)(offset[i + 1] - offset[i]);
-        ok = fputc(len, f) != EOF && fwrite(bytes + offset[i], 1, len, f) == len;
+        fputc(len, f);
+        fwrite(bytes + offset[i], 1, len, f);
     }
-    int saved_errno = errno;
-    if (fclose(f) != 0 && ok) { ok = 0; saved_errno = errno; }
-    if (!ok) {
-        remove(path);
-        return errorf(err, errlen, "%s: write error: %s", path, strerror(saved_errno));
-    }
-    return 0;
+    return fclose_rename(f, tmp, path, err, errlen);
 }
 
 // tokenizer_write_bytes_bin: the byte-level tokenizer: V = 256, token i = byte i, EOT = 0

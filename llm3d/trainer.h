@@ -427,10 +427,13 @@ static void open_tokenizer_and_log(Job *job, const Grid *g) {
     }
     if (job->resuming && log_keep_before(path, job->ck.step, err, sizeof(err)) != 0) die_usage(err);
     const char *mode = job->resuming ? "a" : "w";
-    // the log in -o is never reached through a link (checkpoint.h); -lg's path is the user's to choose
-    job->logf = o->log_file != NULL ? fopen(path, mode) : fopen_nofollow(path, mode, err, sizeof(err));
+    // the log, in -o or at -lg's path, is never reached through a link: one
+    // planted there would have the trainer append to, or truncate, its target
+    job->logf = fopen_nofollow(path, mode, err, sizeof(err));
     if (job->logf == NULL) {
-        if (o->log_file != NULL) errorf(err, sizeof(err), "%s: cannot create log file: %s", path, strerror(errno));
+        char why[sizeof(err)];
+        snprintf(why, sizeof(why), "%s", err);
+        if (o->log_file != NULL) errorf(err, sizeof(err), "flag -lg: %s", why);
         die_usage(err);
     }
 }

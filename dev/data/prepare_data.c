@@ -333,8 +333,9 @@ static void input_list_free(InputList *l) {
 }
 
 // check_paths: the inputs, listed into *l, and the output directory, made if
-// missing. 0 ok, 1 error.
-static int check_paths(const Options *o, InputList *l) {
+// missing (*made_dir 1 then, so that a failed run removes it again). 0 ok, 1 error.
+static int check_paths(const Options *o, InputList *l, int *made_dir) {
+    *made_dir = 0;
     memset(l, 0, sizeof(*l));
     for (int k = 0; k < o->n_inputs; k++) {
         int before = l->n;
@@ -347,6 +348,7 @@ static int check_paths(const Options *o, InputList *l) {
             fprintf(stderr, "prepare_data: -o %s: cannot create directory: %s\n", o->out_dir, strerror(errno));
             return 1;
         }
+        *made_dir = 1;
     } else if (!S_ISDIR(st.st_mode)) {
         fprintf(stderr, "prepare_data: -o %s: exists and is not a directory\n", o->out_dir);
         return 1;
@@ -411,9 +413,8 @@ static int shard_open(ShardWriter *w, char *err, size_t errlen) {
     int number = w->shards[w->split] + (w->split == 1 && w->numbers_across ? w->shards[0] : 0);
     int n = snprintf(w->path, sizeof(w->path), "%s/%s_%s_%06d.bin", w->out_dir, w->name, split_names[w->split], number);
     if (n < 0 || (size_t)n >= sizeof(w->path)) return errorf(err, errlen, "-o %s: output path too long", w->out_dir);
-    snprintf(w->tmp_path, sizeof(w->tmp_path), "%s.tmp", w->path);
-    w->f = fopen(w->tmp_path, "wb");
-    if (w->f == NULL) return errorf(err, errlen, "%s: cannot create: %s", w->tmp_path, strerror(errno));
+    w->f = fopen_tmp(w->path, w->tmp_path, sizeof(w->tmp_path), err, errlen);  // never through a link planted in -o
+    if (w->f == NULL) return -1;
     unsigned char header[SHARD_HEADER_BYTES] = {0};  // the count is filled in at the end
     w->in_shard = 0;
     w->plain_bytes = 0;
@@ -435,23 +436,17 @@ static int shard_close(ShardWriter *w, char *err, size_t errlen) {
     tok_put_u32le(header, SHARD_MAGIC);
     tok_put_u32le(header + 4, SHARD_VERSION);
     tok_put_u32le(header + 8, (uint32_t)w->in_shard);
-    // fsync before the rename: after a crash, a shard under its final name is whole
-    int ok, saved_errno;
+    // fclose_rename fsyncs before the rename: after a crash, a shard under its final name is whole
     uint8_t sealed_sha[32] = {0};
     if (w->cipher != NULL) {
         memcpy(w->plain, header, sizeof(header));
-        if (shard_write_sealed(w, sealed_sha, err, errlen) != 0) return -1;
-        ok = fsync(fileno(w->f)) == 0;
-    } else {
-        ok = fseek(w->f, 0, SEEK_SET) == 0 && fwrite(header, 1, sizeof(header), w->f) == sizeof(header) &&
-             fflush(w->f) == 0 && fsync(fileno(w->f)) == 0;
+        if (shard_write_sealed(w, sealed_sha, err, errlen) != 0) return -1;  // shard_abort removes the file
+    } else if (fseek(w->f, 0, SEEK_SET) != 0 || fwrite(header, 1, sizeof(header), w->f) != sizeof(header)) {
+        return errorf(err, errlen, "%s: write error: %s", w->tmp_path, strerror(errno));
     }
-    saved_errno = errno;
-    if (fclose(w->f) != 0 && ok) { ok = 0; saved_errno = errno; }
+    FILE *f = w->f;
     w->f = NULL;
-    if (!ok) return errorf(err, errlen, "%s: write error: %s", w->tmp_path, strerror(saved_errno));
-    if (rename(w->tmp_path, w->path) != 0)
-        return errorf(err, errlen, "%s: cannot rename to %s: %s", w->tmp_path, w->path, strerror(errno));
+    if (fclose_rename(f, w->tmp_path, w->path, err, errlen) != 0) return -1;
     if (w->n_done == w->cap_done) {
         int cap = w->cap_done ? 2 * w->cap_done : 16;
         char **bigger = realloc(w->done, (size_t)cap * sizeof(char *));
@@ -1108,7 +1103,7 @@ int main(int argc, char **argv) {
     InputList inputs;
     Bpe bpe;
     Manifest old = {0, NULL};
-    int rc = check_paths(&o, &inputs);
+    int made_dir, rc = check_paths(&o, &inputs, &made_dir);
     if (o.eot_between < 0) o.eot_between = inputs.many_documents;
     if (rc == 0) rc = read_old_manifest(o.out_dir, &old);
     if (rc == 0 && !o.bytes) rc = load_bpe(&o, &bpe);
@@ -1116,6 +1111,7 @@ int main(int argc, char **argv) {
         rc = write_dataset(&o, &inputs, o.bytes ? NULL : &bpe, &old);
         if (!o.bytes) bpe_free(&bpe);
     }
+    if (rc != 0 && made_dir) rmdir(o.out_dir);  // nothing left behind: write_dataset emptied it
     manifest_free(&old);
     input_list_free(&inputs);
     free(o.inputs);

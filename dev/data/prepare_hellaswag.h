@@ -14,7 +14,9 @@
  * being the input's file name without its extension: hellaswag_val.jsonl
  * becomes dev/data/hellaswag/hellaswag_val.bin, where the trainers' -h 1
  * looks for it. The BPE files come from --encoder and --vocab, else from
- * $LLM3D_DATA/gpt2/.
+ * where prepare_data looks: $LLM3D_DATA/gpt2/, else ../shared/data/gpt2/.
+ * A key given twice in a line, or a label that is not a JSON integer, is an
+ * error naming the line and the field.
  *
  * defines: prepare_hellaswag_main (and its JSON reader: HsJson, hj_*)
  *
@@ -139,13 +141,22 @@ static int hj_skip(HsJson *j, int depth) {
     return j->p > start ? 0 : -1;
 }
 
-// an integer value (HellaSwag's labels); -1 if there is none
+// a JSON integer (HellaSwag's labels): an optional '-', then 0 or digits
+// not starting with 0, up to 9 of them, ended by what may follow a value;
+// -1 for anything else ("+1", "1abc", "01", "1.0", "1e0", "\"1\"")
 static int hj_int(HsJson *j, long *v) {
     hj_space(j);
-    char *e;
-    *v = strtol(j->p, &e, 10);
-    if (e == j->p || e > j->end) return -1;
-    j->p = e;
+    const char *p = j->p;
+    int neg = p < j->end && *p == '-';
+    p += neg;
+    const char *digits = p;
+    long x = 0;
+    while (p < j->end && *p >= '0' && *p <= '9' && p - digits < 10) x = 10 * x + (*p++ - '0');
+    size_t n = (size_t)(p - digits);
+    if (n == 0 || n > 9 || (n > 1 && digits[0] == '0')) return -1;
+    if (p < j->end && strchr(",}] \t\r", *p) == NULL) return -1;
+    *v = neg ? -x : x;
+    j->p = p;
     return 0;
 }
 
@@ -186,6 +197,9 @@ static int hs_parse_line(Bpe *bpe, HsJson *j, const char *where, HsExample *e, c
     if (!hj_take(j, '{')) return errorf(err, errlen, "%s: not a JSON object", where);
     do {
         if (hj_string(j) != 0 || !hj_take(j, ':')) return errorf(err, errlen, "%s: a malformed key", where);
+        int again = (strcmp(j->text, "ctx") == 0 && have_ctx) || (strcmp(j->text, "label") == 0 && have_label) ||
+                    (strcmp(j->text, "endings") == 0 && have_endings);
+        if (again) return errorf(err, errlen, "%s: field %s appears twice", where, j->text);
         if (strcmp(j->text, "ctx") == 0) {
             if (hj_string(j) != 0) return errorf(err, errlen, "%s: field ctx is not a JSON string", where);
             snprintf(what, sizeof(what), "%.560s: field ctx", where);
@@ -314,11 +328,13 @@ static int prepare_hellaswag_main(int argc, char **argv) {
     }
     if (in == NULL) return hs_usage("no input: give -i hellaswag_val.jsonl");
     if ((encoder == NULL) != (vocab == NULL)) return hs_usage("give --encoder and --vocab together");
-    if (encoder == NULL) {
-        const char *data = getenv("LLM3D_DATA");
-        if (data == NULL || data[0] == '\0') return hs_usage("no --encoder and --vocab, and $LLM3D_DATA is not set");
-        snprintf(enc_buf, sizeof(enc_buf), "%s/gpt2/encoder.json", data);
-        snprintf(voc_buf, sizeof(voc_buf), "%s/gpt2/vocab.bpe", data);
+    if (encoder == NULL) {  // where prepare_data looks (tokenizer.h's bpe_find_files)
+        if (bpe_find_files(enc_buf, voc_buf, sizeof(enc_buf)) != 0) {
+            const char *data = getenv("LLM3D_DATA");
+            snprintf(err, sizeof(err), "no gpt2/encoder.json + gpt2/vocab.bpe in $LLM3D_DATA (%s) or ../shared/data; "
+                     "give --encoder and --vocab", data != NULL && data[0] != '\0' ? data : "unset");
+            return hs_usage(err);
+        }
         encoder = enc_buf;
         vocab = voc_buf;
     }
@@ -340,11 +356,14 @@ static int prepare_hellaswag_main(int argc, char **argv) {
     int n = 0, rc = tok_read_file(in, HS_MAX_JSONL_BYTES, &text, &size, err, sizeof(err)) != 0 ? 2 : 0;
     if (rc == 0) rc = hs_parse_jsonl(&bpe, in, (char *)text, size, &ex, &n, err, sizeof(err));
     snprintf(path, sizeof(path), "%s/%s.bin", out_dir, name);
-    if (rc == 0 && mkdir(out_dir, 0755) != 0 && errno != EEXIST) {
+    int made_dir = 0;
+    if (rc == 0 && mkdir(out_dir, 0755) == 0) made_dir = 1;
+    else if (rc == 0 && errno != EEXIST) {
         rc = 1;
         errorf(err, sizeof(err), "%s: cannot make the directory: %s", out_dir, strerror(errno));
     }
     if (rc == 0 && hs_write(path, ex, n, err, sizeof(err)) != 0) rc = 1;
+    if (rc != 0 && made_dir) rmdir(out_dir);  // nothing left behind
     if (rc == 0) printf("prepare_data hellaswag: %d examples from %s into %s\n", n, in, path);
     else fprintf(stderr, "prepare_data hellaswag: %s\n", err);
     hs_free_parsed(ex, n);

@@ -224,11 +224,10 @@ static int write_safetensors(const char *path, const GPT2Config *c, const float 
     float *values = malloc(largest * sizeof(float));
     uint16_t *halves = malloc(largest * sizeof(uint16_t));
     char tmp[4200];
-    snprintf(tmp, sizeof(tmp), "%.4000s.tmp", path);
-    FILE *f = header != NULL && values != NULL && halves != NULL ? fopen(tmp, "wb") : NULL;
+    FILE *f = NULL;
+    if (header == NULL || values == NULL || halves == NULL) snprintf(err, errlen, "out of memory");
+    else f = fopen_tmp(path, tmp, sizeof(tmp), err, errlen);  // never written through a link planted in -o
     int ok = f != NULL;
-    if (!ok) snprintf(err, errlen, header == NULL || values == NULL || halves == NULL ? "out of memory" : "%s: cannot create: %s",
-                      tmp, strerror(errno));
     unsigned char size_bytes[8];
     put_u64le(size_bytes, header_len);
     ok = ok && fwrite(size_bytes, 1, 8, f) == 8 && fwrite(header, 1, header_len, f) == header_len;
@@ -242,16 +241,7 @@ static int write_safetensors(const char *path, const GPT2Config *c, const float 
             ok = fwrite(values, 4, count, f) == count;
         }
     }
-    if (f != NULL) {
-        if (ok) ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
-        if (fclose(f) != 0) ok = 0;
-        if (!ok) snprintf(err, errlen, "%s: write error: %s", tmp, strerror(errno));
-        else if (rename(tmp, path) != 0) {
-            snprintf(err, errlen, "%s: cannot rename into place: %s", tmp, strerror(errno));
-            ok = 0;
-        }
-        if (!ok) remove(tmp);
-    }
+    if (f != NULL) ok = fclose_rename(f, tmp, path, err, errlen) == 0;  // a failed fwrite shows in its ferror
     free(list);
     free(header);
     free(values);
@@ -261,34 +251,29 @@ static int write_safetensors(const char *path, const GPT2Config *c, const float 
 
 // write_text_file: PATH holding text, through a temporary name
 static int write_text_file(const char *path, const char *text, char *err, size_t errlen) {
-    char tmp[4200];
-    snprintf(tmp, sizeof(tmp), "%.4000s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    size_t n = strlen(text);
-    int ok = f != NULL && fwrite(text, 1, n, f) == n;
-    if (f != NULL && fclose(f) != 0) ok = 0;
-    if (ok && rename(tmp, path) == 0) return 0;
-    snprintf(err, errlen, "%s: cannot write: %s", path, strerror(errno));
-    remove(tmp);
-    return -1;
+    return write_file(path, text, strlen(text), err, errlen);
 }
 
+// copy_file: the file at from (a regular file: a FIFO is refused, not waited
+// on) copied to to, through a temporary name
 static int copy_file(const char *from, const char *to, char *err, size_t errlen) {
-    FILE *in = fopen(from, "rb");
-    if (in == NULL) { snprintf(err, errlen, "%s: cannot open: %s", from, strerror(errno)); return -1; }
+    FILE *in = fopen_regular(from, "", err, errlen);
+    if (in == NULL) return -1;
     char tmp[4200], buf[1 << 16];
-    snprintf(tmp, sizeof(tmp), "%.4000s.tmp", to);
-    FILE *out = fopen(tmp, "wb");
-    int ok = out != NULL;
+    FILE *out = fopen_tmp(to, tmp, sizeof(tmp), err, errlen);
+    if (out == NULL) {
+        fclose(in);
+        return -1;
+    }
     size_t got;
-    while (ok && (got = fread(buf, 1, sizeof(buf), in)) > 0) ok = fwrite(buf, 1, got, out) == got;
-    ok = ok && !ferror(in);
+    while ((got = fread(buf, 1, sizeof(buf), in)) > 0 && fwrite(buf, 1, got, out) == got) {}
+    int bad = ferror(in);
     fclose(in);
-    if (out != NULL && fclose(out) != 0) ok = 0;
-    if (ok && rename(tmp, to) == 0) return 0;
-    snprintf(err, errlen, "%s: cannot copy to %s: %s", from, to, strerror(errno));
-    remove(tmp);
-    return -1;
+    if (bad) {
+        fclose_abandon(out, tmp);
+        return errorf(err, errlen, "%s: read error", from);
+    }
+    return fclose_rename(out, tmp, to, err, errlen);
 }
 
 // write_config: DIR/config.json, GPT2Config's fields for this shape

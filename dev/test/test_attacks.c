@@ -361,6 +361,22 @@ static void test_output_dir(void) {
           r.status, test_line_of(r.out, "train_gpt2:"));
     free(r.out);
 
+    // -lg given a link to a file outside: refused in one line, the file untouched
+    char lg_link[400], victim_file[400];
+    snprintf(lg_link, sizeof(lg_link), "%s/lg_link.jsonl", work);
+    snprintf(victim_file, sizeof(victim_file), "%s/precious.txt", victim);
+    test_write_file(victim_file, "precious\n", 9);
+    int lg_planted = plant(work, "lg_link.jsonl", victim_file, 0);
+    snprintf(args, sizeof(args), "-x 1 -lg %s", lg_link);
+    r = run_trainer(args, NULL, 30.0);
+    char *kept = test_read_text(victim_file);
+    check(lg_planted == 0 && r.status == 2 && r.lines == 1 && strstr(r.out, "flag -lg: ") != NULL &&
+          strstr(r.out, "lg_link.jsonl: a symbolic link") != NULL && strcmp(kept, "precious\n") == 0,
+          "-lg a link to a file outside: refused, the file untouched (exit %d): %s", r.status,
+          test_line_of(r.out, "train_gpt2:"));
+    free(kept);
+    free(r.out);
+
     // a directory others may write in: refused before anything is read or written in it
     snprintf(out, sizeof(out), "%s/out_shared", work);
     snprintf(args, sizeof(args), "-o %s -x 1 -n 1", out);
@@ -421,7 +437,7 @@ static void test_fifos(void) {
     char good[320];
     snprintf(good, sizeof(good), "%s/a.bin", dir);
     test_write_shard(good, 4096);
-    struct { const char *what; char args[600]; const char *path; } cases[4];
+    struct { const char *what; char args[600]; const char *path; } cases[7];
     cases[0].what = "-e (a model file)";
     snprintf(cases[0].args, sizeof(cases[0].args), "-x 1 -e %s", fifo);
     cases[0].path = fifo;
@@ -434,7 +450,16 @@ static void test_fifos(void) {
     cases[3].what = "-tk (the tokenizer)";
     snprintf(cases[3].args, sizeof(cases[3].args), "-x 2 -s 1 -tk %s", fifo);
     cases[3].path = fifo;
-    for (int i = 0; i < 4; i++) {
+    cases[4].what = "-hf (the HellaSwag file)";
+    snprintf(cases[4].args, sizeof(cases[4].args), "-x 1 -v 1 -h 1 -j %s -hf %s", shard, fifo);
+    cases[4].path = fifo;
+    cases[5].what = "-hf, to the launcher of -np 2";
+    snprintf(cases[5].args, sizeof(cases[5].args), "-x 1 -v 1 -h 1 -j %s -np 2 -hf %s", shard, fifo);
+    cases[5].path = fifo;
+    cases[6].what = "-lg (the log, opened to write)";
+    snprintf(cases[6].args, sizeof(cases[6].args), "-x 1 -lg %s", fifo);
+    cases[6].path = fifo;
+    for (int i = 0; i < 7; i++) {
         snprintf(args, sizeof(args), "%s", cases[i].args);
         TrainerRun r = run_trainer(args, NULL, 5.0);
         char want[400];

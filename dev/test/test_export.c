@@ -5,7 +5,7 @@
  * tensors against the model file's (the transposed ones included), config.json,
  * the bf16 rounding, a v5 (bf16) model file in, a model sealed as the
  * trainer's -enc 2 seals it (read with --key-file, refused without), and its
- * errors.
+ * errors: FIFOs where it reads, links planted where it writes.
  *
  *   make dev/test/test_export export_hf && ./dev/test/test_export
  */
@@ -344,6 +344,82 @@ static void check_sealed(const float *params, const char *plain_dir) {
     }
 }
 
+// what export_hf reads, given as a FIFO: refused at once, not waited on;
+// and links planted in its -o directory: the files it writes replace a link
+// at their names and never write through one, and a link at a temporary
+// name is refused. model: a plain model of the test's shape.
+static void check_fifos_and_links(const char *model) {
+    char fifo[128], text[128], gpt2_model[128], sealed[128], cmd[2048], out[4096], err[256];
+    snprintf(fifo, sizeof(fifo), "%s/fifo", tmp_dir);
+    snprintf(sealed, sizeof(sealed), "%s/model_sealed.bin", tmp_dir);
+    snprintf(text, sizeof(text), "%s/some.txt", tmp_dir);
+    snprintf(gpt2_model, sizeof(gpt2_model), "%s/model_v50257.bin", tmp_dir);
+    test_write_file(text, "{}\n", 3);  // copied as it is: the tokenizer files are not parsed here
+    GPT2Config gpt2_vocab = {.maxT = 8, .V = 50257, .Vp = 50304, .L = 1, .NH = 1, .C = 4};
+    float *params = calloc(param_count(&gpt2_vocab), sizeof(float));
+    int made = mkfifo(fifo, 0600) == 0 && params != NULL && model_save(gpt2_model, &gpt2_vocab, params, 0, err, sizeof(err)) == 0;
+    free(params);
+    if (!check(made, "a FIFO and a model of GPT-2's vocab for export_hf")) return;
+    struct { const char *what, *args; int rc; } cases[] = {
+        {"-i", "-i FIFO -o DIR", 1},
+        {"--encoder", "-i GPT2 --encoder FIFO --vocab TEXT -o DIR", 1},
+        {"--vocab", "-i GPT2 --encoder TEXT --vocab FIFO -o DIR", 1},
+        {"--key-file", "-i SEAL --key-file FIFO -o DIR", 2},  // check_sealed's model: the key is read for a sealed one
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        char args[1024] = "";
+        for (const char *p = cases[k].args; *p != '\0';) {  // the words in capitals are the paths
+            const char *word = strncmp(p, "FIFO", 4) == 0 ? fifo : strncmp(p, "GPT2", 4) == 0 ? gpt2_model
+                             : strncmp(p, "TEXT", 4) == 0 ? text : strncmp(p, "SEAL", 4) == 0 ? sealed : NULL;
+            if (strncmp(p, "DIR", 3) == 0) {
+                snprintf(args + strlen(args), sizeof(args) - strlen(args), "%s/hf_fifo%zu", tmp_dir, k);
+                p += 3;
+            } else if (word != NULL) {
+                snprintf(args + strlen(args), sizeof(args) - strlen(args), "%s", word);
+                p += 4;
+            } else {
+                snprintf(args + strlen(args), sizeof(args) - strlen(args), "%c", *p++);
+            }
+        }
+        snprintf(cmd, sizeof(cmd), "timeout -s KILL 10 ./export_hf %s", args);
+        double t0 = test_now();
+        int rc = test_run(cmd, 0, out, sizeof(out));
+        char want[200];
+        snprintf(want, sizeof(want), "%s: not a regular file", fifo);
+        check(rc == cases[k].rc && strstr(out, want) != NULL && test_count(out, "\n") == 1,
+              "export_hf %s FIFO: refused at once (exit %d in %.1f s): %.*s", cases[k].what, rc, test_now() - t0,
+              (int)strcspn(out, "\n"), out);
+    }
+
+    // links at every name export_hf writes, to files outside -o
+    char dir[128], victim[128], path[256], link[256];
+    snprintf(dir, sizeof(dir), "%s/hf_links", tmp_dir);
+    snprintf(victim, sizeof(victim), "%s/victim.txt", tmp_dir);
+    mkdir(dir, 0755);
+    test_write_file(victim, "precious\n", 9);
+    const char *names[] = {"model.safetensors", "config.json", "vocab.json", "merges.txt", "tokenizer_config.json"};
+    int planted = 1;
+    for (int k = 0; k < 5; k++) planted &= symlink(victim, test_path(path, sizeof(path), dir, names[k])) == 0;
+    snprintf(cmd, sizeof(cmd), "./export_hf -i %s --encoder %s --vocab %s -o %s", gpt2_model, text, text, dir);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    char *kept = test_read_text(victim);
+    int regular = 1;
+    struct stat st;
+    for (int k = 0; k < 5; k++) regular &= lstat(test_path(path, sizeof(path), dir, names[k]), &st) == 0 && S_ISREG(st.st_mode);
+    check(planted && rc == 0 && regular && strcmp(kept, "precious\n") == 0, "-o with links planted at its five file "
+          "names: each replaced by export_hf's file, the file they pointed to untouched (exit %d)", rc);
+    free(kept);
+    // a link at a temporary name: refused in one line, never followed
+    snprintf(link, sizeof(link), "%s/model.safetensors.tmp", dir);
+    planted = symlink(victim, link) == 0;
+    snprintf(cmd, sizeof(cmd), "./export_hf -i %s -o %s", model, dir);
+    rc = test_run(cmd, 1, out, sizeof(out));
+    kept = test_read_text(victim);
+    check(planted && rc == 1 && strcmp(kept, "precious\n") == 0 && strstr(out, "model.safetensors.tmp: a symbolic link") != NULL,
+          "a link planted at model.safetensors.tmp: refused, not followed (exit %d): %.*s", rc, (int)strcspn(out, "\n"), out);
+    free(kept);
+}
+
 int main(void) {
     if (test_make_dir(tmp_dir, sizeof(tmp_dir), "/tmp/test_export_XXXXXX") != 0) {
         printf("cannot make a temp dir\n");
@@ -394,6 +470,7 @@ int main(void) {
 
     check_tokenizer_files();
     check_sealed(params, dir);
+    check_fifos_and_links(model);
 
     // errors: one line, the file named
     snprintf(cmd, sizeof(cmd), "./export_hf -i %s/none.bin -o %s", tmp_dir, dir);

@@ -9,7 +9,9 @@
  * log-softmax in double, not the trainer's cross-entropy); and the accuracy
  * that ./train_gpt2 -h 1 logs, in one rank and in parallel layouts, against
  * that brute force. Then `./prepare_data hellaswag` on a few JSON lines:
- * the fields, the escapes and GPT-2's tokens of a HellaSwag context.
+ * the fields, the escapes and GPT-2's tokens of a HellaSwag context, and
+ * what it refuses (a key twice, a label that is not a JSON integer, a FIFO,
+ * links planted where it writes).
  */
 #define TESTING
 #include "train_gpt2.c"
@@ -76,6 +78,53 @@ static void write_patched(const char *good, const char *path, long w, uint32_t v
     fclose(f);
 }
 
+// this process's bytes read so far (/proc/self/io's rchar), or -1
+static long long bytes_read_so_far(void) {
+    FILE *f = fopen("/proc/self/io", "r");
+    char line[128];
+    long long n = -1;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+        if (strncmp(line, "rchar: ", 7) == 0) n = atoll(line + 7);
+    if (f != NULL) fclose(f);
+    return n;
+}
+
+// what hs_read reads before it refuses a file: a FIFO is refused at once,
+// not waited on; a 64 MiB file whose first example is bad after at most
+// its header and one example's worth of bytes, not all of it
+static void test_read_bounds(const char *good) {
+    char fifo[300], big[300], err[1024];
+    HsSet s;
+    snprintf(fifo, sizeof(fifo), "%s/fifo.bin", dir);
+    if (mkfifo(fifo, 0600) == 0) {
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {  // a child, so that a read that waits on the FIFO ends at the deadline
+            int rc = hs_read(&s, fifo, 500, MODEL_T, MODEL_B, err, sizeof(err));
+            _exit(rc == -1 && strstr(err, "fifo.bin: not a regular file") != NULL ? 0 : 1);
+        }
+        double waited = 0;
+        int status = test_wait(pid, 10.0, &waited);
+        check(status == 0, "hs_read of a FIFO: refused at once as not a regular file (status %d in %.1f s)", status, waited);
+        unlink(fifo);
+    } else {
+        skip("mkfifo %s", fifo);
+    }
+    snprintf(big, sizeof(big), "%s/big.bin", dir);
+    write_patched(good, big, 0, 7, 0);  // the first example's start mark spoilt
+    long long before = bytes_read_so_far();
+    if (before < 0 || truncate(big, 64L << 20) != 0) {
+        skip("no /proc/self/io, or a 64 MiB file: what hs_read reads first");
+        return;
+    }
+    before = bytes_read_so_far();
+    int rc = hs_read(&s, big, 500, MODEL_T, MODEL_B, err, sizeof(err));
+    long long read = bytes_read_so_far() - before;
+    check(rc == -1 && strstr(err, "example 0: starts with 7") != NULL && read < (1 << 20),
+          "a 64 MiB file with a bad first example: refused after reading %lld bytes (under 1 MiB): %s", read, err);
+    unlink(big);
+}
+
 static void test_file(const HsExample *ex, const char *good) {
     char err[1024], bad[300];
     HsSet s;
@@ -115,6 +164,7 @@ static void test_file(const HsExample *ex, const char *good) {
         check(rc == -1 && strstr(err, cases[k].want) != NULL && strchr(err, '\n') == NULL && strstr(err, bad) != NULL,
               "refused, naming the file: %s", err);
     }
+    test_read_bounds(good);
 }
 
 // every example on exactly one rank, in order; every rank the same number of batches
@@ -261,6 +311,86 @@ static void test_trainer(const char *file, float brute_acc) {
 // ----------------------------------------------------------------------------
 // prepare_data hellaswag
 
+// prepare_data hellaswag, what it takes and leaves: each field once, a
+// label that is a JSON integer and nothing else; after an error no -o
+// directory it made; without --encoder and --vocab, the BPE files where
+// prepare_data finds them; a FIFO as -i refused at once; links planted
+// where it writes never written through
+static void test_prepare_input_checks(const char *enc, const char *voc) {
+    char path[300], out_dir[300], cmd[2048], out[1024];
+    snprintf(path, sizeof(path), "%s/in.jsonl", dir);
+    snprintf(out_dir, sizeof(out_dir), "%s/hs_fresh", dir);
+    struct { const char *line, *want; } cases[] = {
+        {"{\"ctx\": \"a\", \"label\": 0, \"endings\": [\"b\"], \"endings\": [\"c\", \"d\"]}", "in.jsonl:1: field endings appears twice"},
+        {"{\"ctx\": \"a\", \"ctx\": \"b\", \"label\": 0, \"endings\": [\"b\"]}", "in.jsonl:1: field ctx appears twice"},
+        {"{\"ctx\": \"a\", \"label\": 0, \"label\": 1, \"endings\": [\"b\", \"c\"]}", "in.jsonl:1: field label appears twice"},
+        {"{\"ctx\": \"a\", \"label\": +1, \"endings\": [\"b\", \"c\"]}", "in.jsonl:1: field label is not an integer"},
+        {"{\"ctx\": \"a\", \"label\": 1abc, \"endings\": [\"b\", \"c\"]}", "in.jsonl:1: field label is not an integer"},
+        {"{\"ctx\": \"a\", \"label\": 01, \"endings\": [\"b\", \"c\"]}", "in.jsonl:1: field label is not an integer"},
+        {"{\"ctx\": \"a\", \"label\": 1.0, \"endings\": [\"b\", \"c\"]}", "in.jsonl:1: field label is not an integer"},
+        {"{\"ctx\": \"a\", \"label\": \"1\", \"endings\": [\"b\", \"c\"]}", "in.jsonl:1: field label is not an integer"},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        char text[300];
+        snprintf(text, sizeof(text), "%s\n", cases[k].line);
+        test_write_file(path, text, strlen(text));
+        snprintf(cmd, sizeof(cmd), "./prepare_data hellaswag -i %s -o %s --encoder %s --vocab %s", path, out_dir, enc, voc);
+        int rc = test_run(cmd, 1, out, sizeof(out));
+        check(rc == 2 && strstr(out, cases[k].want) != NULL && test_count(out, "\n") == 1 && !test_exists("%s", out_dir),
+              "%s: exit %d, one line, no -o directory left: %.*s", cases[k].line, rc, (int)strcspn(out, "\n"), out);
+    }
+    const char *good = "{\"ctx\": \"a\", \"label\": 1, \"endings\": [\"b\", \"c\"]}\n";
+    test_write_file(path, good, strlen(good));
+    // no --encoder and --vocab: found where prepare_data finds them (here ../shared/data, the test data's default)
+    char shared[300];
+    snprintf(shared, sizeof(shared), "../shared/data/gpt2/encoder.json");
+    if (access(shared, R_OK) == 0 && access("../shared/data/gpt2/vocab.bpe", R_OK) == 0) {
+        snprintf(cmd, sizeof(cmd), "env -u LLM3D_DATA ./prepare_data hellaswag -i %s -o %s", path, out_dir);
+        int rc = test_run(cmd, 1, out, sizeof(out));
+        char bin[400];
+        snprintf(bin, sizeof(bin), "%s/in.bin", out_dir);
+        check(rc == 0 && access(bin, R_OK) == 0, "no --encoder and --vocab, $LLM3D_DATA unset: the BPE files of "
+              "../shared/data/gpt2, as prepare_data finds them (exit %d): %.*s", rc, (int)strcspn(out, "\n"), out);
+    } else {
+        skip("the default data folder ../shared/data has no GPT-2 BPE files: prepare_data hellaswag without --encoder");
+    }
+    // a FIFO as the input
+    char fifo[300];
+    snprintf(fifo, sizeof(fifo), "%s/in_fifo.jsonl", dir);
+    if (mkfifo(fifo, 0600) == 0) {
+        snprintf(cmd, sizeof(cmd), "timeout -s KILL 10 ./prepare_data hellaswag -i %s -o %s --encoder %s --vocab %s", fifo,
+                 out_dir, enc, voc);
+        double t0 = test_now();
+        int rc = test_run(cmd, 1, out, sizeof(out));
+        check(rc == 2 && strstr(out, "in_fifo.jsonl: not a regular file") != NULL, "prepare_data hellaswag -i FIFO: "
+              "refused at once (exit %d in %.1f s): %.*s", rc, test_now() - t0, (int)strcspn(out, "\n"), out);
+        unlink(fifo);
+    }
+    // links planted at the file's name and at its temporary name, to a file outside
+    char victim[300], link[400];
+    snprintf(victim, sizeof(victim), "%s/victim.txt", dir);
+    test_write_file(victim, "precious\n", 9);
+    mkdir(out_dir, 0755);
+    snprintf(link, sizeof(link), "%s/in.bin", out_dir);
+    unlink(link);
+    int planted = symlink(victim, link) == 0;
+    snprintf(cmd, sizeof(cmd), "./prepare_data hellaswag -i %s -o %s --encoder %s --vocab %s", path, out_dir, enc, voc);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    char *kept = test_read_text(victim);
+    struct stat st;
+    check(planted && rc == 0 && strcmp(kept, "precious\n") == 0 && lstat(link, &st) == 0 && S_ISREG(st.st_mode),
+          "a link planted at the output's name: replaced by the file, the file it pointed to untouched (exit %d)", rc);
+    free(kept);
+    snprintf(link, sizeof(link), "%s/in.bin.tmp", out_dir);
+    planted = symlink(victim, link) == 0;
+    rc = test_run(cmd, 1, out, sizeof(out));
+    kept = test_read_text(victim);
+    check(planted && rc == 1 && strcmp(kept, "precious\n") == 0 && strstr(out, "in.bin.tmp: a symbolic link") != NULL,
+          "a link planted at the output's temporary name: refused, not followed (exit %d): %.*s", rc,
+          (int)strcspn(out, "\n"), out);
+    free(kept);
+}
+
 static void test_prepare(void) {
     char enc[512], voc[512], cmd[2048], path[300], err[1024];
     if (!test_data_path("gpt2/encoder.json", enc, sizeof(enc)) || !test_data_path("gpt2/vocab.bpe", voc, sizeof(voc))) {
@@ -317,6 +447,7 @@ static void test_prepare(void) {
     rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 2 && strstr(out, "bad.jsonl:2: no field label") != NULL,
           "a line without a label: exit 2, '%.*s'", (int)strcspn(out, "\n"), out);
+    test_prepare_input_checks(enc, voc);
 }
 
 int main(void) {

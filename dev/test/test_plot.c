@@ -5,12 +5,16 @@
  * baselines as labelled lines (or none), the HellaSwag panel only when a log
  * has it; and its errors name the file and line. Then dev/compare_logs, the
  * check of reference_cpu.sh, on the same kind of logs: identical, within
- * its tolerances, outside them, and cut short.
+ * its tolerances, outside them, and cut short. Last, the header's step
+ * count, the note of lines cut at an axis, FIFOs given as logs and links
+ * planted where the SVG goes.
  *
  *   make dev/test/test_plot plot_log dev/compare_logs && ./dev/test/test_plot
  */
 #include "dev/test/test.h"
 #include "dev/test/test_run.h"
+
+#include <sys/stat.h>
 
 static char tmp_dir[64];
 
@@ -114,6 +118,101 @@ static void test_compare_logs(const char *path) {
     }
 }
 
+// the steps in the header: a run of -x 200 logs steps 0..199 and then its
+// final val loss as step 200; the header counts 200 steps. And the note that
+// a panel's lines are cut at its axis, there only when they are.
+static void test_header_and_cuts(void) {
+    char log[128], flat[128], svg_path[128], cmd[1024], out[4096];
+    snprintf(log, sizeof(log), "%s/x200.jsonl", tmp_dir);
+    snprintf(flat, sizeof(flat), "%s/flat.jsonl", tmp_dir);
+    FILE *f = fopen(log, "w");
+    FILE *g = fopen(flat, "w");
+    for (int s = 0; s < 200; s++) {
+        fprintf(f, "{\"step\": %d, \"loss\": %.6f%s}\n", s, 4.0 + 6.0 / (1.0 + s / 10.0), s % 50 == 0 ? ", \"val_loss\": 5.0" : "");
+        fprintf(g, "{\"step\": %d, \"loss\": %.6f}\n", s, 3.0 + 0.001 * (s % 3));
+    }
+    fprintf(f, "{\"step\": 200, \"val_loss\": 4.5}\n");
+    fclose(f);
+    fclose(g);
+    snprintf(svg_path, sizeof(svg_path), "%s/x200.svg", tmp_dir);
+    snprintf(cmd, sizeof(cmd), "./plot_log %s --baselines none", log);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    char *svg = test_read_text(svg_path);
+    const char *cut = strstr(svg, "class=\"clipped\"");
+    check(rc == 0 && strstr(svg, ">200 steps, val loss 4.5000 last") != NULL,
+          "-x 200's log (steps 0..199, then the final val loss as step 200): the header says 200 steps (exit %d)", rc);
+    check(rc == 0 && cut != NULL && strstr(cut, "cut at the axis: ") != NULL && strstr(cut, " above (up to 10)") != NULL,
+          "the loss panel, whose axis leaves out the first steps' losses, says that its lines are cut there: %.80s",
+          cut != NULL ? cut : "(no note)");
+    free(svg);
+    snprintf(svg_path, sizeof(svg_path), "%s/flat.svg", tmp_dir);
+    snprintf(cmd, sizeof(cmd), "./plot_log %s --baselines none", flat);
+    rc = test_run(cmd, 1, out, sizeof(out));
+    svg = test_read_text(svg_path);
+    check(rc == 0 && strstr(svg, "<svg") != NULL && strstr(svg, "class=\"clipped\"") == NULL,
+          "a log whose losses all fit the axis: no note of a cut (exit %d)", rc);
+    free(svg);
+}
+
+// files that are not what they seem: a FIFO where a log is read is refused
+// at once, not waited on; links planted where the SVG goes are never written
+// through
+static void test_fifos_and_links(const char *log) {
+    char fifo[128], cmd[1024], out[4096], victim[128], link[160], svg[128];
+    snprintf(fifo, sizeof(fifo), "%s/fifo.jsonl", tmp_dir);
+    if (mkfifo(fifo, 0600) != 0) {
+        skip("mkfifo %s", fifo);
+        return;
+    }
+    struct { const char *what, *cmd; int rc; } cases[] = {  // compare_logs: 2 for an unreadable log
+        {"plot_log FIFO", "./plot_log %s", 1},
+        {"plot_log LOG -r FIFO", "./plot_log LOG -r %s", 1},
+        {"compare_logs FIFO LOG", "./dev/compare_logs %s LOG", 2},
+        {"compare_logs LOG FIFO", "./dev/compare_logs LOG %s", 2},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        char form[256], *at;
+        snprintf(form, sizeof(form), "timeout -s KILL 10 %s", cases[k].cmd);
+        if ((at = strstr(form, "LOG")) != NULL) {  // the good log in place of LOG
+            char rest[256];
+            snprintf(rest, sizeof(rest), "%s", at + 3);
+            snprintf(at, sizeof(form) - (size_t)(at - form), "%s%s", log, rest);
+        }
+        snprintf(cmd, sizeof(cmd), form, fifo);
+        double t0 = test_now();
+        int rc = test_run(cmd, 1, out, sizeof(out));
+        char want[200];
+        snprintf(want, sizeof(want), "%s: not a regular file", fifo);
+        check(rc == cases[k].rc && strstr(out, want) != NULL && test_count(out, "\n") == 1,
+              "%s: refused at once (exit %d in %.1f s): %.*s", cases[k].what, rc, test_now() - t0,
+              (int)strcspn(out, "\n"), out);
+    }
+
+    // a link at the SVG's name, to a file outside: replaced by the SVG, the file untouched
+    snprintf(victim, sizeof(victim), "%s/victim.txt", tmp_dir);
+    snprintf(svg, sizeof(svg), "%s/linked.svg", tmp_dir);
+    test_write_file(victim, "precious\n", 9);
+    if (symlink(victim, svg) != 0) check(0, "symlink %s", svg);
+    snprintf(cmd, sizeof(cmd), "./plot_log %s -o %s", log, svg);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    char *kept = test_read_text(victim), *drawn = test_read_text(svg);
+    struct stat st;
+    check(rc == 0 && strcmp(kept, "precious\n") == 0 && lstat(svg, &st) == 0 && S_ISREG(st.st_mode) &&
+          strncmp(drawn, "<svg", 4) == 0, "-o through a planted link: the link is replaced by the SVG, the file it "
+          "pointed to keeps its bytes (exit %d)", rc);
+    free(kept);
+    free(drawn);
+    // a link at SVG.tmp: refused in one line, never written through
+    snprintf(link, sizeof(link), "%s.tmp", svg);
+    if (symlink(victim, link) != 0) check(0, "symlink %s", link);
+    rc = test_run(cmd, 1, out, sizeof(out));
+    kept = test_read_text(victim);
+    check(rc == 1 && strcmp(kept, "precious\n") == 0 && strstr(out, "linked.svg.tmp: a symbolic link") != NULL &&
+          test_count(out, "\n") == 1, "a link planted at the SVG's temporary name: refused, not followed (exit %d): %.*s",
+          rc, (int)strcspn(out, "\n"), out);
+    free(kept);
+}
+
 int main(void) {
     if (test_make_dir(tmp_dir, sizeof(tmp_dir), "/tmp/test_plot_XXXXXX") != 0) {
         printf("cannot make a temp dir\n");
@@ -197,6 +296,8 @@ int main(void) {
     check(rc == 2 && strstr(out, "--baselines 'gpt3'") != NULL, "--baselines gpt3 -> exit %d (flag error)", rc);
 
     test_compare_logs(log);
+    test_header_and_cuts();
+    test_fifos_and_links(log);
 
     test_remove_dir(tmp_dir);
     return test_summary();

@@ -1,7 +1,8 @@
 /*
  * test_prepare_data.c: json.h, and prepare_data's JSON lines, directories,
  * threads and llm.c's shard names, run as a program on files this test
- * writes. (Its older behaviour, text files, splits and the MANIFEST, is
+ * writes, and what it does with FIFOs given to read and links planted where
+ * it writes. (Its older behaviour, text files, splits and the MANIFEST, is
  * tested in test_tokenizer.c and test_dataloader.c.)
  *
  *   make dev/test/test_prepare_data prepare_data && ./dev/test/test_prepare_data
@@ -219,9 +220,22 @@ static void test_jsonl_errors(void) {
         int rc = test_run(cmd, 0, err, sizeof(err));
         char manifest[256];
         snprintf(manifest, sizeof(manifest), "%s/MANIFEST", out);
-        check(rc == 1 && test_count(err, "\n") == 1 && strstr(err, cases[k].want) != NULL && access(manifest, F_OK) != 0,
-              "%s -> exit %d, one line: %.*s", cases[k].name, rc, (int)strcspn(err, "\n"), err);
+        check(rc == 1 && test_count(err, "\n") == 1 && strstr(err, cases[k].want) != NULL && access(manifest, F_OK) != 0 &&
+              !test_exists("%s", out), "%s -> exit %d, one line, and the -o directory it made is gone: %.*s",
+              cases[k].name, rc, (int)strcspn(err, "\n"), err);
     }
+    // a directory that was there before stays, as it was
+    char kept[128];
+    test_path(kept, sizeof(kept), tmp_dir, "out_errors_kept");
+    mkdir(kept, 0755);
+    test_path(path, sizeof(path), tmp_dir, cases[0].name);
+    snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s -v 1 --bytes --block 64", path, kept);
+    int kept_rc = test_run(cmd, 0, err, sizeof(err));
+    DIR *d = opendir(kept);
+    int entries = 0;
+    for (struct dirent *e = d != NULL ? readdir(d) : NULL; e != NULL; e = readdir(d)) entries += not_dot(e);
+    if (d != NULL) closedir(d);
+    check(kept_rc == 1 && d != NULL && entries == 0, "an input error into an -o that was there: it stays, empty (exit %d)", kept_rc);
     test_path(path, sizeof(path), tmp_dir, "data.jsonl.gz");
     test_write_file(path, "x", 1);
     snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s --bytes", path, out);
@@ -448,6 +462,82 @@ static void test_input_swapped_for_fifo(void) {
     unlink(input);
 }
 
+// What prepare_data reads, given as a FIFO: refused at once, not waited on.
+// And links planted in its -o directory, to a file outside: the shards and
+// the tokenizer .bin replace a link at their names, never writing through
+// it, and a link at a shard's temporary name is refused in one line.
+static void test_fifos_and_links(void) {
+    char fifo[128], text[128], out[128], victim[128], path[256], cmd[2048], err[4096];
+    test_path(fifo, sizeof(fifo), tmp_dir, "fifo");
+    test_path(text, sizeof(text), tmp_dir, "plain.txt");
+    test_path(victim, sizeof(victim), tmp_dir, "victim.txt");
+    test_write_file(text, "some plain text to tokenize, long enough for two splits\n", 56);
+    if (!check(mkfifo(fifo, 0600) == 0, "mkfifo %s", fifo)) return;
+    char enc[256], voc[256];
+    int have_bpe = test_data_path("gpt2/encoder.json", enc, sizeof(enc)) && test_data_path("gpt2/vocab.bpe", voc, sizeof(voc));
+    struct { const char *what, *form; int rc, bpe; } cases[] = {
+        {"-i", "-i %s --bytes", 1, 0},
+        {"--key-file", "-i TEXT --bytes --key-file %s", 2, 0},
+        {"--encoder", "-i TEXT --encoder %s --vocab TEXT", 1, 0},
+        {"--vocab", "-i TEXT --encoder ENC --vocab %s", 1, 1},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        if (cases[k].bpe && !have_bpe) {
+            skip("no GPT-2 encoder.json: prepare_data --vocab FIFO");
+            continue;
+        }
+        char form[512], args[1024];  // TEXT and ENC: a plain input and GPT-2's encoder.json
+        snprintf(form, sizeof(form), "%s", cases[k].form);
+        for (char *at; (at = strstr(form, "TEXT")) != NULL || (at = strstr(form, "ENC")) != NULL;) {
+            int enc_word = strncmp(at, "ENC", 3) == 0;
+            char rest[512];
+            snprintf(rest, sizeof(rest), "%s", at + (enc_word ? 3 : 4));
+            snprintf(at, sizeof(form) - (size_t)(at - form), "%s%s", enc_word ? enc : text, rest);
+        }
+        snprintf(args, sizeof(args), form, fifo);
+        snprintf(cmd, sizeof(cmd), "timeout -s KILL 10 ./prepare_data %s -o %s/out_fifo", args, tmp_dir);
+        double t0 = test_now();
+        int rc = test_run(cmd, 0, err, sizeof(err));
+        char want[200];
+        snprintf(want, sizeof(want), "%s: not a regular file", fifo);
+        check(rc == cases[k].rc && strstr(err, want) != NULL && test_count(err, "\n") == 1,
+              "prepare_data %s FIFO: refused at once (exit %d in %.1f s): %.*s", cases[k].what, rc, test_now() - t0,
+              (int)strcspn(err, "\n"), err);
+    }
+
+    // links at the names of the shards and the tokenizer, planted before the run
+    test_path(out, sizeof(out), tmp_dir, "out_links");
+    mkdir(out, 0755);
+    test_write_file(victim, "precious\n", 9);
+    const char *names[] = {"ln_val_000000.bin", "ln_train_000000.bin", "ln_tokenizer.bin"};
+    int planted = 1;
+    for (int k = 0; k < 3; k++) planted &= symlink(victim, test_path(path, sizeof(path), out, names[k])) == 0;
+    snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s -n ln -v 8 --bytes", text, out);
+    int rc = test_run(cmd, 0, err, sizeof(err));
+    char *kept = test_read_text(victim);
+    int regular = 1;
+    struct stat st;
+    for (int k = 0; k < 3; k++) regular &= lstat(test_path(path, sizeof(path), out, names[k]), &st) == 0 && S_ISREG(st.st_mode);
+    size_t n = 0;
+    uint16_t *val = test_read_shard(test_path(path, sizeof(path), out, names[0]), &n);
+    check(planted && rc == 0 && regular && strcmp(kept, "precious\n") == 0 && val != NULL && n == 8,
+          "-o with links planted at the shards' and the tokenizer's names: each replaced by prepare_data's file (val: "
+          "%zu tokens), the file they pointed to untouched (exit %d): %.*s", n, rc, (int)strcspn(err, "\n"), err);
+    free(val);
+    free(kept);
+    // a link at a shard's temporary name: refused in one line, never followed
+    char link[300];
+    snprintf(link, sizeof(link), "%s/ln_train_000000.bin.tmp", out);
+    planted = symlink(victim, link) == 0;
+    rc = test_run(cmd, 0, err, sizeof(err));
+    kept = test_read_text(victim);
+    check(planted && rc == 1 && strcmp(kept, "precious\n") == 0 && strstr(err, "ln_train_000000.bin.tmp: a symbolic link") != NULL &&
+          test_count(err, "\n") == 1, "a link planted at a shard's temporary name: refused, not followed (exit %d): %.*s",
+          rc, (int)strcspn(err, "\n"), err);
+    free(kept);
+    unlink(fifo);
+}
+
 int main(void) {
     if (test_make_dir(tmp_dir, sizeof(tmp_dir), "/tmp/test_prepare_data_XXXXXX") != 0) {
         printf("cannot make a temp dir\n");
@@ -462,6 +552,7 @@ int main(void) {
         test_val_shard_names();
         test_threads_gpt2();
         test_input_swapped_for_fifo();
+        test_fifos_and_links();
     }
     test_remove_dir(tmp_dir);
     return test_summary();
