@@ -5,12 +5,15 @@
 # tokens (vocab 256). Then prepares shards and trains a small model for a few
 # minutes on this machine's cores, printing val loss and a sample, and last
 # draws the run's log as an SVG (plot_log) and says where it is.
+# For the tests: LLM3D_QUICKSTART moves dev/data/quickstart, LLM3D_NO_FETCH=1
+# keeps it off the network.
 set -u
 cd "$(dirname "$0")/.."
 data=${LLM3D_DATA:-../shared/data}
-out=dev/data/quickstart
+out=${LLM3D_QUICKSTART:-dev/data/quickstart}
 mkdir -p "$out"
 fetch() {  # fetch URL FILE SHA256
+    [ "${LLM3D_NO_FETCH:-0}" = 1 ] && return 1
     command -v curl >/dev/null || return 1
     curl -fsSL --max-time 60 "$1" -o "$2.tmp" 2>/dev/null || { rm -f "$2.tmp"; return 1; }
     echo "$3  $2.tmp" | sha256sum -c --quiet - 2>/dev/null || { echo "run: $1: SHA-256 mismatch"; rm -f "$2.tmp"; return 1; }
@@ -30,7 +33,8 @@ if [ -f "$text" ] && [ -f "$enc" ] && [ -f "$bpe" ]; then
     ./prepare_data -i "$text" -o "$out" -n tiny --encoder "$enc" --vocab "$bpe" || exit 1
     model="-e d4 -ec 128 -ev 50257 -et 64"
 else
-    echo "run: no tinyshakespeare or GPT-2 files here and no network: training on the project's own sources, byte-level tokens"
+    echo "run: no tinyshakespeare.txt, gpt2/encoder.json and gpt2/vocab.bpe in $data (\$LLM3D_DATA, default ../shared/data)" \
+        "or $out, and none could be fetched: training on the project's own sources, byte-level tokens"
     cat ./*.c ./*.h llm3d/*.h llm3d/*/*.h README.md doc/*.md > "$out/sources.txt"
     ./prepare_data -i "$out/sources.txt" -o "$out" -n tiny -v 16384 --bytes || exit 1
     model="-e d4 -ec 128 -ev 256 -et 64"

@@ -179,8 +179,9 @@ static const OptionSpec option_specs[] = {
 
 static void options_defaults(Options *o) {
     memset(o, 0, sizeof(*o));
-    o->train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train_*.bin";
-    o->val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val_*.bin";
+    // llm.c's tinyshakespeare.py names (tiny_shakespeare_train.bin) and prepare_data's (..._train_000000.bin)
+    o->train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train*.bin";
+    o->val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val*.bin";
     o->init = "d12";
     o->init_vocab = 50257;
     o->init_maxT = 1024;

@@ -205,6 +205,21 @@ static void open_hellaswag(Job *job, int chatty) {
     job->have_hs = 1;
 }
 
+// data_hint: err, the loaders' error, with how to make the default data
+// when a pattern that matched nothing is the default one: where the first
+// run in a fresh clone ends
+static void data_hint(const Options *o, char *err, size_t errlen) {
+    Options d;
+    options_defaults(&d);
+    int default_data = (strcmp(o->train_pattern, d.train_pattern) == 0 && strstr(err, d.train_pattern) != NULL) ||
+                       (strcmp(o->val_pattern, d.val_pattern) == 0 && strstr(err, d.val_pattern) != NULL);
+    size_t n = strlen(err);
+    if (!default_data || strstr(err, "no files match") == NULL || n + 1 >= errlen) return;
+    snprintf(err + n, errlen - n, "; this default data is made by ./prepare_data -i tinyshakespeare.txt -o "
+             "dev/data/tinyshakespeare -n tiny_shakespeare (make run fetches the text and does it all), or give -i "
+             "and -j");
+}
+
 // the key of encrypted shards (prepare_data --key-file): --key-file's, read
 // into key; NULL without the flag, and then a sealed shard is refused naming it
 static const uint8_t *data_key(const Options *o, uint8_t key[32]) {
@@ -235,6 +250,7 @@ static void check_batch_and_data(Job *job) {
     if (rc == 0 && job->have_val)
         rc = dataloader_init_key(&job->val, o->val_pattern, o->B, o->T, 0, dp, 0, 0, V, key, err, sizeof(err));
     secure_wipe(key_bytes, sizeof(key_bytes));
+    if (rc != 0) data_hint(o, err, sizeof(err));
     if (rc != 0) die_usage(err);
     int launcher = o->np > 1 && o->rendezvous == NULL;
     job->data_open = dp == 1 && !launcher;

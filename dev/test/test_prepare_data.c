@@ -538,6 +538,68 @@ static void test_fifos_and_links(void) {
     unlink(fifo);
 }
 
+// A new user's first runs. ./train_gpt2 in a fresh clone (no data at the
+// default glob) says in its one line which prepare_data command makes that
+// data; made so, the default globs find it, and they find llm.c's
+// tinyshakespeare.py names (tiny_shakespeare_train.bin, _val.bin) too. And
+// make run's offline fallback (dev/run.sh) says where it looked, $LLM3D_DATA
+// included, then trains.
+static void test_first_run(void) {
+    char cwd[1024], fresh[256], data[300], text[256], cmd[4096], err[4096], from[400], to[400];
+    if (access("./train_gpt2", X_OK) != 0 || getcwd(cwd, sizeof(cwd)) == NULL) {
+        skip("./train_gpt2 not built: the first run's data");
+        return;
+    }
+    test_path(fresh, sizeof(fresh), tmp_dir, "fresh_clone");
+    mkdir(fresh, 0755);
+    const char *tiny = "-e d2 -ev 256 -et 32 -b 2 -t 16 -d 32 -x 1 -v 1 -m 1 -s 0 -th 1";
+    snprintf(cmd, sizeof(cmd), "cd %s && %s/train_gpt2 %s", fresh, cwd, tiny);
+    int rc = test_run(cmd, 1, err, sizeof(err));
+    check(rc == 2 && test_count(err, "\n") == 1 && strstr(err, "no files match dev/data/tinyshakespeare/") != NULL &&
+          strstr(err, "./prepare_data -i tinyshakespeare.txt -o dev/data/tinyshakespeare -n tiny_shakespeare") != NULL,
+          "a fresh clone's first ./train_gpt2: one line with the prepare_data command that makes the default data "
+          "(exit %d): %.*s", rc, (int)strcspn(err, "\n"), err);
+    test_path(text, sizeof(text), tmp_dir, "first_text.txt");
+    FILE *f = fopen(text, "w");
+    for (int k = 0; k < 200; k++) fprintf(f, "line %d of a small text for a first run.\n", k);
+    fclose(f);
+    snprintf(data, sizeof(data), "%s/dev/data/tinyshakespeare", fresh);
+    snprintf(cmd, sizeof(cmd), "mkdir -p %s/dev/data && ./prepare_data -i %s -o %s -n tiny_shakespeare -v 256 --bytes && "
+             "cd %s && %s/train_gpt2 %s", fresh, text, data, fresh, cwd, tiny);
+    rc = test_run(cmd, 1, err, sizeof(err));
+    check(rc == 0, "made by that command, the default globs find the data (exit %d): %s", rc, test_line_of(err, "train_gpt2:"));
+    // llm.c's names, without our MANIFEST
+    const char *split[2] = {"train", "val"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(from, sizeof(from), "%s/tiny_shakespeare_%s_000000.bin", data, split[k]);
+        snprintf(to, sizeof(to), "%s/tiny_shakespeare_%s.bin", data, split[k]);
+        rename(from, to);
+    }
+    snprintf(from, sizeof(from), "%s/MANIFEST", data);
+    unlink(from);
+    snprintf(cmd, sizeof(cmd), "cd %s && %s/train_gpt2 %s", fresh, cwd, tiny);
+    rc = test_run(cmd, 1, err, sizeof(err));
+    check(rc == 0, "llm.c's tiny_shakespeare_train.bin and tiny_shakespeare_val.bin: found by the default globs (exit %d): %s",
+          rc, test_line_of(err, "train_gpt2:"));
+
+    // make run with no data where it looks and no network
+    if (access("./plot_log", X_OK) != 0) {
+        skip("./plot_log not built: make run's offline fallback");
+        return;
+    }
+    char nodata[256], quick[256];
+    test_path(nodata, sizeof(nodata), tmp_dir, "no_data_here");
+    test_path(quick, sizeof(quick), tmp_dir, "quickstart");
+    snprintf(cmd, sizeof(cmd), "LLM3D_DATA=%s LLM3D_QUICKSTART=%s LLM3D_NO_FETCH=1 STEPS=1 ./dev/run.sh", nodata, quick);
+    rc = test_run(cmd, 1, err, sizeof(err));
+    char want[700], svg[300];
+    snprintf(want, sizeof(want), "run: no tinyshakespeare.txt, gpt2/encoder.json and gpt2/vocab.bpe in %s ($LLM3D_DATA, "
+             "default ../shared/data) or %s", nodata, quick);
+    snprintf(svg, sizeof(svg), "%s/run/plot.svg", quick);
+    check(rc == 0 && strstr(err, want) != NULL && access(svg, R_OK) == 0, "make run's offline fallback says where it "
+          "looked ($LLM3D_DATA), then trains one step and plots it (exit %d): %s", rc, test_line_of(err, "run: no"));
+}
+
 int main(void) {
     if (test_make_dir(tmp_dir, sizeof(tmp_dir), "/tmp/test_prepare_data_XXXXXX") != 0) {
         printf("cannot make a temp dir\n");
@@ -553,6 +615,7 @@ int main(void) {
         test_threads_gpt2();
         test_input_swapped_for_fifo();
         test_fifos_and_links();
+        test_first_run();
     }
     test_remove_dir(tmp_dir);
     return test_summary();
