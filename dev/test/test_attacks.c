@@ -437,7 +437,7 @@ static void test_fifos(void) {
     char good[320];
     snprintf(good, sizeof(good), "%s/a.bin", dir);
     test_write_shard(good, 4096);
-    struct { const char *what; char args[600]; const char *path; } cases[7];
+    struct { const char *what; char args[700]; const char *path; } cases[7];
     cases[0].what = "-e (a model file)";
     snprintf(cases[0].args, sizeof(cases[0].args), "-x 1 -e %s", fifo);
     cases[0].path = fifo;
