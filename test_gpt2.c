@@ -1,8 +1,8 @@
 /*
- * test_gpt2.c: the CPU trainer against the PyTorch reference (dev/fixtures,
- * made by dev/train_gpt2.py), each layer's backward against finite
- * differences, the model files, the seeded init, the lr schedule and the
- * command line.
+ * test_gpt2.c: the CPU trainer against the PyTorch reference (the two
+ * fixtures of dev/fixtures, made by dev/train_gpt2.py), each layer's
+ * backward against finite differences, the model files, the seeded init,
+ * the lr schedule and the command line.
  */
 #define TESTING
 // the logits' transposed forward (cpu_matmul.h) from a 16 MiB weight, not
@@ -15,6 +15,11 @@
 static const char *fixture_model = "dev/fixtures/tiny_model.bin";
 static const char *fixture_model_bf16 = "dev/fixtures/tiny_model_bf16.bin";
 static const char *fixture_state = "dev/fixtures/tiny_state.bin";
+// a second, smaller fixture whose LayerNorm weights and biases are seeded
+// noise, not 1 and 0 (dev/fixtures/README.md): at 1 and 0 a LayerNorm
+// backward that used dout for weight * dout gave PyTorch's gradients exactly
+static const char *fixture_ln_model = "dev/fixtures/tiny_ln_model.bin";
+static const char *fixture_ln_state = "dev/fixtures/tiny_ln_state.bin";
 
 // ----------------------------------------------------------------------------
 // the PyTorch comparison
@@ -26,15 +31,49 @@ static void build_single(GPT2 *model, Parallel *par, const GPT2Config *c, float 
     free(full);
 }
 
-static void test_against_pytorch(void) {
+// the LayerNorm tensors of a fixture made with --random-ln: no weight 1 and
+// no bias 0, and spread as 1 + 0.2 N(0,1) and 0.1 N(0,1) are (RMS of w - 1
+// over 0.1, of b over 0.05), so that a fixture made again without the option
+// fails here, not by passing the gradient checks it exists for
+static void check_random_layernorms(const char *path, const GPT2Config *c, const float *params) {
+    size_t sizes[NUM_PARAM_TENSORS], off[NUM_PARAM_TENSORS + 1] = {0};
+    param_sizes(c, sizes);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) off[t + 1] = off[t] + sizes[t];
+    int tensors[] = {P_LN1W, P_LN1B, P_LN2W, P_LN2B, P_LNFW, P_LNFB};
+    for (int k = 0; k < 6; k++) {
+        int t = tensors[k];
+        float trivial = k % 2 == 0 ? 1.0f : 0.0f, least_rms = k % 2 == 0 ? 0.1f : 0.05f;
+        size_t equal = 0;
+        double sq = 0.0;
+        for (size_t i = 0; i < sizes[t]; i++) {
+            float d = params[off[t] + i] - trivial;
+            equal += d == 0.0f;
+            sq += (double)d * d;
+        }
+        double rms = sqrt(sq / sizes[t]);
+        check(equal == 0 && rms > least_rms, "%s: %-4s is not all %g: %zu of %zu elements equal it, RMS of the "
+              "difference %.3f (> %.2f)", path, param_name(t), trivial, equal, sizes[t], rms, least_rms);
+    }
+}
+
+// the CPU trainer on a fixture's batch: logits, loss and every gradient
+// tensor against PyTorch's, then the fixture's AdamW steps against its losses
+// and grad norms. random_ln: the fixture must have seeded LayerNorm tensors.
+static void test_against_pytorch(const char *model_path, const char *state_path, int random_ln) {
     char err[512];
     GPT2Config c;
-    float *params = model_load(fixture_model, &c, err, sizeof(err));
-    if (!check(params != NULL, "load %s (%s)", fixture_model, params ? "ok" : err)) return;
-    check(c.V % VOCAB_PAD != 0 && c.Vp > c.V, "fixture exercises padded vocab rows (V=%d Vp=%d)", c.V, c.Vp);
+    float *params = model_load(model_path, &c, err, sizeof(err));
+    if (!check(params != NULL, "load %s (%s)", model_path, params ? "ok" : err)) return;
+    check(c.V % VOCAB_PAD != 0 && c.Vp > c.V, "%s exercises padded vocab rows (V=%d Vp=%d)", model_path, c.V, c.Vp);
+    if (random_ln) check_random_layernorms(model_path, &c, params);
     size_t n = param_count(&c);
     DebugState s;
-    if (!check(debug_state_load(&s, fixture_state, n) == 0, "load %s", fixture_state)) return;
+    if (!check(debug_state_load(&s, state_path, n) == 0, "load %s", state_path)) {
+        free(params);
+        return;
+    }
+    const char *name = strrchr(state_path, '/') ? strrchr(state_path, '/') + 1 : state_path;  // in each line
+    printf("%s against %s: B=%d T=%d, %d steps\n", model_path, state_path, s.B, s.T, s.nsteps);
     GPT2 model;
     Parallel par;
     build_single(&model, &par, &c, params, s.B, s.T);
@@ -50,9 +89,9 @@ static void test_against_pytorch(void) {
             float diff = fabsf(a->t[A_LOGITS][bt * c.Vp + i] - s.logits[bt * c.V + i]);
             if (diff > worst) worst = diff;
         }
-    check(worst < 1e-4f, "logits vs PyTorch: worst abs diff %.3e (< 1e-4)", worst);
+    check(worst < 1e-4f, "%s: logits vs PyTorch: worst abs diff %.3e (< 1e-4)", name, worst);
     stage_forward(&model, a, 1);
-    check(fabsf(a->mean_loss - s.loss) < 1e-5f, "loss %.7f vs PyTorch %.7f: diff %.3e (< 1e-5)",
+    check(fabsf(a->mean_loss - s.loss) < 1e-5f, "%s: loss %.7f vs PyTorch %.7f: diff %.3e (< 1e-5)", name,
           a->mean_loss, s.loss, fabsf(a->mean_loss - s.loss));
 
     gpt2_zero_grad(&model);
@@ -71,8 +110,8 @@ static void test_against_pytorch(void) {
         }
         float rel = maxref > 0 ? maxdiff / maxref : maxdiff;
         if (rel > worst_rel) worst_rel = rel;
-        check(rel < 1e-4f, "grad %-8s vs PyTorch: worst diff %.3e = %.2e of its largest |g| %.3e", param_name(t),
-              maxdiff, rel, maxref);
+        check(rel < 1e-4f, "%s: grad %-8s vs PyTorch: worst diff %.3e = %.2e of its largest |g| %.3e", name,
+              param_name(t), maxdiff, rel, maxref);
         off += sizes[t];
     }
     printf("worst gradient error: %.2e of the tensor's largest value\n", worst_rel);
@@ -95,10 +134,12 @@ static void test_against_pytorch(void) {
         if (dn > worst_norm) worst_norm = dn;
         clipped += norm > s.grad_clip;
     }
-    check(clipped > 0 && clipped < s.nsteps, "the steps exercise clipping both ways (%d of %d clipped at %.2f)", clipped,
-          s.nsteps, s.grad_clip);
-    check(worst_loss < 1e-5f, "%d AdamW steps: worst loss diff vs PyTorch %.3e (< 1e-5)", s.nsteps, worst_loss);
-    check(worst_norm < 1e-4f, "%d AdamW steps: worst relative grad-norm diff %.3e (< 1e-4)", s.nsteps, worst_norm);
+    check(clipped > 0 && clipped < s.nsteps, "%s: the steps exercise clipping both ways (%d of %d clipped at %.2f)",
+          name, clipped, s.nsteps, s.grad_clip);
+    check(worst_loss < 1e-5f, "%s: %d AdamW steps: worst loss diff vs PyTorch %.3e (< 1e-5)", name, s.nsteps,
+          worst_loss);
+    check(worst_norm < 1e-4f, "%s: %d AdamW steps: worst relative grad-norm diff %.3e (< 1e-4)", name, s.nsteps,
+          worst_norm);
     debug_state_free(&s);
     gpt2_free(&model);
 }
@@ -817,7 +858,8 @@ static void test_cli(void) {
 }
 
 int main(void) {
-    test_against_pytorch();
+    test_against_pytorch(fixture_model, fixture_state, 0);
+    test_against_pytorch(fixture_ln_model, fixture_ln_state, 1);
     test_layernorm_fd();
     test_matmul_fd();
     test_matmul_shapes();

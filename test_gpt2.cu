@@ -1,6 +1,6 @@
 /*
- * test_gpt2.cu: the GPU trainer against the PyTorch reference (the same
- * dev/fixtures as test_gpt2.c), its determinism, its save/reload, its seeded
+ * test_gpt2.cu: the GPU trainer against the PyTorch reference (the main
+ * fixture of dev/fixtures, as test_gpt2.c), its determinism, its save/reload, its seeded
  * init; and, on any machine (no GPU needed), its host code: flags, shape
  * checks, buffer plan, token buckets, init rules, peak table, command line,
  * and the MAC of NCCL pipeline messages (chunk size, header, kernel code).

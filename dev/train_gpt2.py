@@ -2,7 +2,8 @@
 train_gpt2.py: the PyTorch reference that llm3d's C and CUDA trainers are tested against.
 
 It builds the same GPT-2 (fp32, tied lm_head, tanh GELU, no dropout), initialises it from a
-descriptor and a seed or loads an llm.c model file, and writes:
+descriptor and a seed or loads an llm.c model file (--random-ln then sets its LayerNorm weights and
+biases to seeded noise instead of 1 and 0), and writes:
   --write-model FILE   an llm.c model file (version 3 = fp32, 5 = bf16 with --dtype bf16)
   --write-state FILE   an llm.c debug-state file: one batch, its logits, loss and every gradient,
                        then the losses and grad norms of --steps AdamW steps on that same batch
@@ -74,6 +75,19 @@ def init_params(cfg, seed):
             t.normal_(0.0, std, generator=gen)
         params[name] = t
     return params
+
+
+def randomize_layernorms(params, seed):
+    """LayerNorm weights 1 + 0.2 N(0,1) and biases 0.1 N(0,1), in place, from their own generator.
+
+    At init every LayerNorm weight is 1 and bias 0, so a backward that uses dout where it should
+    use weight * dout (or forgets the bias) gives the same gradients as a correct one: a fixture
+    made with these values tells them apart."""
+    gen = torch.Generator().manual_seed(seed)
+    for name in ("ln1w", "ln1b", "ln2w", "ln2b", "lnfw", "lnfb"):
+        t = params[name]
+        noise = torch.randn(t.shape, generator=gen)
+        t.copy_(1.0 + 0.2 * noise if name.endswith("w") else 0.1 * noise)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -437,6 +451,10 @@ def parse_args(argv):
     ap.add_argument("--vocab", type=int, default=50257, help="V for --init")
     ap.add_argument("--max-seq", type=int, default=1024, help="maxT for --init")
     ap.add_argument("--seed", type=int, default=1337, help="init seed")
+    ap.add_argument("--random-ln", action="store_true",
+                    help="after --init or --load, set the LayerNorm weights (ln1w, ln2w, lnfw) to "
+                         "1 + 0.2 N(0,1) and biases to 0.1 N(0,1), drawn from a generator seeded "
+                         "with --seed, instead of 1 and 0, so the fixture's gradients depend on them")
     ap.add_argument("--write-model", help="write the model to this file")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="--write-model dtype")
     ap.add_argument("--write-state", help="write the debug state to this file")
@@ -507,6 +525,8 @@ def main(argv):
             params = init_params(cfg, args.seed)
         else:
             cfg, params, _ = read_model(args.load)
+        if args.random_ln:
+            randomize_layernorms(params, args.seed)
         if args.T > cfg.maxT:
             ap.error(f"-T {args.T}: larger than the model's maxT {cfg.maxT}")
         print(f"model: {cfg}, {sum(t.numel() for t in params.values())} parameters")
