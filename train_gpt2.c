@@ -1010,9 +1010,9 @@ static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n
     for (int k = 0; k < n; k++) {
         const PipeStep *st = &plan[k];
         Acts *a = &m->acts[st->op.mb % m->nacts];
-        if (st->op.forward) next_batch(train, a->inputs, a->targets);
+        if (st->op.kind == PIPE_F) next_batch(train, a->inputs, a->targets);
         pipe_recv(m, st->recv);
-        if (st->op.forward) {
+        if (st->op.kind == PIPE_F) {
             stage_forward(m, a, 1);
             m->loss_sum += a->mean_loss;
         } else {
@@ -1027,12 +1027,13 @@ static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n
 static float evaluate(GPT2 *m, DataLoader *val, int batches) {
     dataloader_reset(val);
     float sum = 0.0f;
+    PipeLayout line = pipe_layout(PIPE_GPIPE, m->shard.pp, batches, 1);  // forwards only: down the stages in a line
     for (int i = 0; i < batches; i++) {
         Acts *a = &m->acts[i % m->nacts];
         next_batch(val, a->inputs, a->targets);
-        pipe_recv(m, pipe_input(m->shard.pp, m->shard.pp_rank, pipe_op(1, i)));
+        pipe_recv(m, pipe_input(&line, m->shard.pp_rank, pipe_op(PIPE_F, i, 0)));
         stage_forward(m, a, 1);
-        pipe_send(m, pipe_output(m->shard.pp, m->shard.pp_rank, pipe_op(1, i)), PIPE_NONE);
+        pipe_send(m, pipe_output(&line, m->shard.pp_rank, pipe_op(PIPE_F, i, 0)), PIPE_NONE);
         if (m->shard.last && m->shard.tp_rank == 0) sum += a->mean_loss;
     }
     group_allreduce(m->par, &m->par->world, &sum, 1);
@@ -1053,12 +1054,13 @@ static float hellaswag_eval(GPT2 *m, const HsSet *hs) {
         exit(1);
     }
     float correct = 0.0f;
+    PipeLayout line = pipe_layout(PIPE_GPIPE, s->pp, nb, 1);  // forwards only: down the stages in a line
     for (int i = 0; i < nb; i++) {
         Acts *a = &m->acts[i % m->nacts];
         hs_batch_fill(hs, &next, hi, &hb, a->inputs, a->targets);
-        pipe_recv(m, pipe_input(s->pp, s->pp_rank, pipe_op(1, i)));
+        pipe_recv(m, pipe_input(&line, s->pp_rank, pipe_op(PIPE_F, i, 0)));
         stage_forward(m, a, 1);
-        pipe_send(m, pipe_output(s->pp, s->pp_rank, pipe_op(1, i)), PIPE_NONE);
+        pipe_send(m, pipe_output(&line, s->pp_rank, pipe_op(PIPE_F, i, 0)), PIPE_NONE);
         if (s->last && s->tp_rank == 0) correct += (float)hs_batch_score(hs, &hb, a->t[A_LOSSES], NULL);
     }
     hs_batch_free(&hb);
@@ -1140,10 +1142,10 @@ static void watch_report(GPT2 *m, const Parallel *par, Watch *w, int step, LogLi
 static void print_layout(const GPT2 *m, const Parallel *par, const Options *o, int accum) {
     const Shard *s = &m->shard;
     const Grid *g = &par->grid;
+    PipeLayout pl = job_pipeline(o, g->pp, accum);
     if (g->rank == 0)
         printf("layout: %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, schedule %s, %d micro-batches per step, bubble %.3f\n",
-               g->world, g->dp, g->tp, g->pp, par->zero, o->pipe_schedule == PS_GPIPE ? "gpipe" : "1f1b", accum,
-               pipeline_bubble(g->pp, accum));
+               g->world, g->dp, g->tp, g->pp, par->zero, pipeline_name(pl.schedule), accum, pipeline_bubble(&pl));
     // one line per rank, in rank order, from the rank itself
     for (int r = 0; r < g->world; r++) {
         if (r == g->rank)

@@ -1152,11 +1152,11 @@ static void print_device(const cudaDeviceProp *prop, double peak, const GpuOptio
 // the layout line (rank 0), then one line per rank, in rank order, from the rank itself
 static void print_layout(const GPT2 *m, Parallel *par, const Options *o, int accum, int device) {
     const Grid *g = &par->grid;
+    PipeLayout pl = job_pipeline(o, g->pp, accum);
     if (g->rank == 0)
         printf("layout: %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s schedule with %d micro-batches "
                "(bubble %.3f), NCCL %d.%d.%d\n", g->world, g->dp, g->tp, g->pp, par->zero,
-               o->pipe_schedule == PS_GPIPE ? "gpipe" : "1f1b", accum, pipeline_bubble(g->pp, accum), NCCL_MAJOR,
-               NCCL_MINOR, NCCL_PATCH);
+               pipeline_name(pl.schedule), accum, pipeline_bubble(&pl), NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
     for (int r = 0; r < g->world; r++) {
         if (r == g->rank)
             printf("rank %d (dp %d, pp %d, tp %d): GPU %d, layers [%d, %d), %zu parameters here, "
@@ -1201,13 +1201,13 @@ static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n
     for (int k = 0; k < n; k++) {
         const PipeStep *st = &plan[k];
         Acts *a = &m->acts[st->op.mb % m->nacts];
-        if (st->op.forward) {
+        if (st->op.kind == PIPE_F) {
             next_batch(train, m->inputs, m->targets);
             gpt2_stage_batch(m, a, 1);
         }
         pipe_exchange(m, PIPE_NONE, st->recv);
-        m->last_micro = !st->op.forward && st->op.mb == n / 2 - 1;  // n = 2M ops
-        if (st->op.forward) stage_forward(m, a, FWD_TRAIN, dloss);
+        m->last_micro = st->op.kind == PIPE_B && st->op.mb == n / 2 - 1;  // n = 2M ops
+        if (st->op.kind == PIPE_F) stage_forward(m, a, FWD_TRAIN, dloss);
         else stage_backward(m, a);
         pipe_exchange(m, st->send, st->next_recv);
     }

@@ -14,7 +14,7 @@
  *     checkpoint_setup
  *   on each rank, after it joined the job:
  *     start_rank, start_mark, start_marks_judge, start_marks_refused, load_params, open_data, open_tokenizer_and_log,
- *     activation_sets, step_plan, print_model_and_batch, announce_resume
+ *     job_pipeline, activation_sets, step_plan, print_model_and_batch, announce_resume
  *   in the loop: next_batch, evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
  *     report_hellaswag, outlier_skip (llm.c's -sl -sg; steps not finite), nonfinite_stop,
  *     report_step, print_mfu, checkpoint_state, print_checkpoint_written
@@ -454,25 +454,31 @@ static void open_tokenizer_and_log(Job *job, const Grid *g) {
     }
 }
 
+// the step's pipeline (pipeline.h) from -ps, -pp and the micro-batches per step
+static PipeLayout job_pipeline(const Options *o, int pp, int accum) {
+    return pipe_layout(o->pipe_schedule == PS_GPIPE ? PIPE_GPIPE : PIPE_1F1B, pp, accum, 1);
+}
+
 // the micro-batches whose activations this stage holds at once under the schedule
 static int activation_sets(const Job *job, const Grid *g) {
-    return pipeline_inflight(job->opt.pipe_schedule == PS_GPIPE, g->pp, g->pp_rank, job->accum);
+    PipeLayout pl = job_pipeline(&job->opt, g->pp, job->accum);
+    return pipeline_inflight(&pl, g->pp_rank);
 }
 
 // this stage's forwards and backwards of one step in the order of the
 // pipeline schedule, each with the messages around it (pipeline.h's
 // pipeline_plan); *n of them
 static PipeStep *step_plan(const Job *job, const Grid *g, int *n) {
-    size_t ops_max = 2 * (size_t)job->accum;
-    PipeOp *ops = (PipeOp *)calloc(ops_max, sizeof(PipeOp));
-    PipeStep *plan = (PipeStep *)calloc(ops_max, sizeof(PipeStep));
-    if (ops == NULL || plan == NULL) {
+    PipeLayout pl = job_pipeline(&job->opt, g->pp, job->accum);
+    PipeOp *ops = (PipeOp *)calloc((size_t)pipeline_ops(&pl), sizeof(PipeOp));
+    PipeStep *plan = (PipeStep *)calloc((size_t)pipeline_plan_max(&pl), sizeof(PipeStep));
+    int nops = ops != NULL && plan != NULL ? pipeline_schedule(&pl, g->pp_rank, ops) : 0;
+    *n = ops != NULL && plan != NULL ? pipeline_plan(&pl, g->pp_rank, ops, nops, plan) : -1;
+    free(ops);
+    if (*n < 0) {
         fprintf(stderr, "out of memory allocating the schedule of %d micro-batches\n", job->accum);
         exit(1);
     }
-    *n = pipeline_schedule(job->opt.pipe_schedule == PS_GPIPE, g->pp, g->pp_rank, job->accum, ops);
-    pipeline_plan(g->pp, g->pp_rank, ops, *n, plan);
-    free(ops);
     return plan;
 }
 

@@ -865,20 +865,24 @@ static void test_outside_launch(const char *key_path) {
 static const char *ops_text(const PipeOp *ops, int n, char *buf, size_t len) {
     size_t at = 0;
     buf[0] = '\0';
-    for (int i = 0; i < n && at < len; i++)
-        at += snprintf(buf + at, len - at, "%s%c%d", i ? " " : "", ops[i].forward ? 'F' : 'B', ops[i].mb);
+    for (int i = 0; i < n && at < len; i++) {
+        char op[32];
+        at += snprintf(buf + at, len - at, "%s%s", i ? " " : "", pipe_op_text(ops[i], op, sizeof(op)));
+    }
     return buf;
 }
 
-// one stage's list: each micro-batch once forward and once backward, the
-// forward first, forwards and backwards each in micro-batch order (the
-// trainer's activation set mb % nacts relies on that). *peak gets the most
-// micro-batches held between their forward and backward at any point.
+// one stage's list for one chunk: each micro-batch once forward and once
+// backward, the forward first, forwards and backwards each in micro-batch
+// order (the trainer's activation set mb % nacts relies on that). *peak
+// gets the most micro-batches held between their forward and backward at
+// any point.
 static int schedule_errors(const PipeOp *ops, int n, int M, int *peak) {
     int errors = n != 2 * M, next_f = 0, next_b = 0, held = 0;
     *peak = 0;
     for (int i = 0; i < n; i++) {
-        if (ops[i].forward) {
+        errors += ops[i].chunk != 0 || (ops[i].kind != PIPE_F && ops[i].kind != PIPE_B);
+        if (ops[i].kind == PIPE_F) {
             errors += ops[i].mb != next_f++;
             held++;
         } else {
@@ -892,20 +896,22 @@ static int schedule_errors(const PipeOp *ops, int n, int M, int *peak) {
 
 // the simulator's times, checked on their own: no op starts before 0, a
 // stage runs one op at a time, and every op starts after its inputs ended
-static int timeline_errors(int pp, int M, int f_time, int b_time, const PipeOp *ops, const int *start) {
-    int n = 2 * M, errors = 0;
+// (for one chunk per stage: F k after F k of the stage before, B k after
+// B k of the stage after and its own F k)
+static int timeline_errors(const PipeLayout *pl, int f_time, int b_time, const PipeOp *ops, const int *start) {
+    int pp = pl->pp, n = pipeline_ops(pl), errors = 0;
     for (int s = 0; s < pp; s++)
         for (int i = 0; i < n; i++) {
             const PipeOp *op = &ops[s * n + i];
-            int t = start[s * n + i];
+            int t = start[s * n + i], forward = op->kind == PIPE_F;
             errors += t < 0;
-            if (i > 0) errors += t < start[s * n + i - 1] + (ops[s * n + i - 1].forward ? f_time : b_time);
-            int from = op->forward ? s - 1 : s + 1, dur = op->forward ? f_time : b_time;
+            if (i > 0) errors += t < start[s * n + i - 1] + (ops[s * n + i - 1].kind == PIPE_F ? f_time : b_time);
+            int from = forward ? s - 1 : s + 1, dur = forward ? f_time : b_time;
             if (from >= 0 && from < pp) {
-                int j = pipeline_find(ops + from * n, n, op->forward, op->mb);
+                int j = pipeline_find(ops + from * n, n, *op);
                 errors += j < 0 || t < start[from * n + j] + dur;
             }
-            if (!op->forward) errors += t < start[s * n + pipeline_find(ops + s * n, n, 1, op->mb)] + f_time;
+            if (!forward) errors += t < start[s * n + pipeline_find(ops + s * n, n, pipe_op(PIPE_F, op->mb, 0))] + f_time;
         }
     return errors;
 }
@@ -928,19 +934,20 @@ static void test_pipeline_schedules(void) {
         for (int pp = 1; pp <= MAXP; pp++) {
             int bad_list = 0, bad_sets = 0, stuck = 0, bad_times = 0, bad_bubble = 0, bad_slow_b = 0;
             for (int M = 1; M <= MAXM; M++) {
-                int n = 2 * M, end = pipeline_simulate(gpipe, pp, M, 1, 1, ops, start);
+                PipeLayout pl = pipe_layout(gpipe ? PIPE_GPIPE : PIPE_1F1B, pp, M, 1);
+                int n = 2 * M, end = pipeline_simulate(&pl, 1, 1, 0, ops, start, NULL);
                 for (int s = 0; s < pp; s++) {
                     int peak;
-                    bad_list += schedule_errors(ops + s * n, pipeline_schedule(gpipe, pp, s, M, ops + s * n), M, &peak) != 0;
-                    bad_sets += peak != pipeline_inflight(gpipe, pp, s, M);
+                    bad_list += schedule_errors(ops + s * n, pipeline_schedule(&pl, s, ops + s * n), M, &peak) != 0;
+                    bad_sets += peak != pipeline_inflight(&pl, s);
                 }
                 if (end < 0) { stuck++; continue; }
-                bad_times += timeline_errors(pp, M, 1, 1, ops, start) != 0;
+                bad_times += timeline_errors(&pl, 1, 1, ops, start) != 0;
                 long idle = (long)pp * end - (long)pp * M * 2;  // stage-time units with nothing to run
                 bad_bubble += idle * (M + pp - 1) != (long)(pp - 1) * pp * end ||
-                              fabs((double)idle / ((double)pp * end) - pipeline_bubble(pp, M)) > 1e-12;
-                end = pipeline_simulate(gpipe, pp, M, 1, 2, ops, start);
-                bad_slow_b += end != 3 * (M + pp - 1) || timeline_errors(pp, M, 1, 2, ops, start) != 0;
+                              fabs((double)idle / ((double)pp * end) - pipeline_bubble(&pl)) > 1e-12;
+                end = pipeline_simulate(&pl, 1, 2, 0, ops, start, NULL);
+                bad_slow_b += end != 3 * (M + pp - 1) || timeline_errors(&pl, 1, 2, ops, start) != 0;
             }
             check(bad_list + bad_sets + stuck + bad_times + bad_bubble + bad_slow_b == 0,
                   "pipeline %s pp %d, M 1..%d: lists (bad %d), peak sets = pipeline_inflight (bad %d), deadlocks %d, "
@@ -960,7 +967,8 @@ static void test_pipeline_schedules(void) {
         {1, 3, 2, 3, "F0 F1 F2 B0 B1 B2"},
     };
     for (size_t k = 0; k < sizeof(lists) / sizeof(lists[0]); k++) {
-        int n = pipeline_schedule(lists[k].gpipe, lists[k].pp, lists[k].stage, lists[k].M, ops);
+        PipeLayout pl = pipe_layout(lists[k].gpipe ? PIPE_GPIPE : PIPE_1F1B, lists[k].pp, lists[k].M, 1);
+        int n = pipeline_schedule(&pl, lists[k].stage, ops);
         ops_text(ops, n, text, sizeof(text));
         check(strcmp(text, lists[k].want) == 0, "pipeline %s pp %d stage %d M %d: %s (want %s)",
               lists[k].gpipe ? "gpipe" : "1f1b", lists[k].pp, lists[k].stage, lists[k].M, text, lists[k].want);
@@ -969,31 +977,39 @@ static void test_pipeline_schedules(void) {
     // two time lines by hand. 1f1b pp 2 M 3, F = B = 1: stage 0 runs
     // F0 F1 B0 F2 B1 B2, stage 1 F0 B0 F1 B1 F2 B2; stage 0's B0 waits for
     // stage 1's B0 (ends at 3), its B2 for stage 1's B2 (ends at 7)
-    int want1[] = {0, 1, 3, 4, 5, 7, 1, 2, 3, 4, 5, 6}, same = 1;
-    int end = pipeline_simulate(0, 2, 3, 1, 1, ops, start);
+    int want1[] = {0, 1, 3, 4, 5, 7, 1, 2, 3, 4, 5, 6}, same = 1, idle[2];
+    PipeLayout pl = pipe_layout(PIPE_1F1B, 2, 3, 1);
+    int end = pipeline_simulate(&pl, 1, 1, 0, ops, start, idle);
     for (int i = 0; i < 12; i++) same &= start[i] == want1[i];
-    check(end == 8 && same, "pipeline 1f1b pp 2 M 3 F=B=1: starts %d %d %d %d %d %d | %d %d %d %d %d %d, ends at %d (want 8)",
-          start[0], start[1], start[2], start[3], start[4], start[5], start[6], start[7], start[8], start[9], start[10],
-          start[11], end);
+    check(end == 8 && same && idle[0] == 2 && idle[1] == 2,
+          "pipeline 1f1b pp 2 M 3 F=B=1: starts %d %d %d %d %d %d | %d %d %d %d %d %d, ends at %d (want 8), idle %d %d "
+          "(want 2 2)", start[0], start[1], start[2], start[3], start[4], start[5], start[6], start[7], start[8], start[9],
+          start[10], start[11], end, idle[0], idle[1]);
     // gpipe pp 2 M 2, F = 1, B = 2: stage 1 runs B0 at 3 and B1 at 5, so
     // stage 0's B0 waits until 5 and its B1 until 7; the step ends at 9 = (2+1)(1+2)
     int want2[] = {0, 1, 5, 7, 1, 2, 3, 5};
     same = 1;
-    end = pipeline_simulate(1, 2, 2, 1, 2, ops, start);
+    pl = pipe_layout(PIPE_GPIPE, 2, 2, 1);
+    end = pipeline_simulate(&pl, 1, 1, 1, ops, start, NULL);  // no W: B takes b + w
     for (int i = 0; i < 8; i++) same &= start[i] == want2[i];
     check(end == 9 && same, "pipeline gpipe pp 2 M 2 F=1 B=2: starts %d %d %d %d | %d %d %d %d, ends at %d (want 9)",
           start[0], start[1], start[2], start[3], start[4], start[5], start[6], start[7], end);
 
     // the simulator finds deadlocks: stage 0 wants B1 before F1, but B1
     // needs stage 1's F1, which needs stage 0's F1
-    PipeOp cycle[] = {{1, 0}, {0, 1}, {1, 1}, {0, 0}, {1, 0}, {1, 1}, {0, 1}, {0, 0}};
-    check(pipeline_play(2, 2, 1, 1, cycle, start) == -1 && start[0] == 0 && start[1] == -1 && start[4] == 1 && start[5] == -1,
+    PipeOp cycle[] = {pipe_op(PIPE_F, 0, 0), pipe_op(PIPE_B, 1, 0), pipe_op(PIPE_F, 1, 0), pipe_op(PIPE_B, 0, 0),
+                      pipe_op(PIPE_F, 0, 0), pipe_op(PIPE_F, 1, 0), pipe_op(PIPE_B, 1, 0), pipe_op(PIPE_B, 0, 0)};
+    pl = pipe_layout(PIPE_1F1B, 2, 2, 1);
+    check(pipeline_play(&pl, 1, 1, 0, cycle, start, NULL) == -1 && start[0] == 0 && start[1] == -1 && start[4] == 1 &&
+          start[5] == -1,
           "pipeline deadlock found: stage 0 'F0 B1 F1 B0' against stage 1 'F0 F1 B1 B0' (F0s run at %d and %d, then stuck)",
           start[0], start[4]);
-    PipeOp backwards_first[] = {{0, 0}, {1, 0}};
-    check(pipeline_play(1, 1, 1, 1, backwards_first, start) == -1, "pipeline deadlock found: one stage 'B0 F0'");
-    check(pipeline_simulate(1, 0, 4, 1, 1, ops, start) == -1 && pipeline_simulate(0, 4, 0, 1, 1, ops, start) == -1,
-          "pipeline_simulate refuses pp 0 and M 0");
+    PipeOp backwards_first[] = {pipe_op(PIPE_B, 0, 0), pipe_op(PIPE_F, 0, 0)};
+    pl = pipe_layout(PIPE_1F1B, 1, 1, 1);
+    check(pipeline_play(&pl, 1, 1, 0, backwards_first, start, NULL) == -1, "pipeline deadlock found: one stage 'B0 F0'");
+    PipeLayout no_stages = pipe_layout(PIPE_GPIPE, 0, 4, 1), no_mbs = pipe_layout(PIPE_1F1B, 4, 0, 1);
+    check(pipeline_simulate(&no_stages, 1, 1, 0, ops, start, NULL) == -1 &&
+          pipeline_simulate(&no_mbs, 1, 1, 0, ops, start, NULL) == -1, "pipeline_simulate refuses pp 0 and M 0");
 }
 
 // ----------------------------------------------------------------------------
@@ -1002,23 +1018,23 @@ static void test_pipeline_schedules(void) {
 // until the peer receives
 
 static int same_msg(PipeMsg a, int peer, int channel, int mb) {
-    return peer < 0 ? a.peer < 0 : a.peer == peer && a.channel == channel && a.mb == mb;
+    return peer < 0 ? a.peer < 0 : a.peer == peer && a.channel == channel && a.mb == mb && a.chunk == 0;
 }
 
-// one stage's plan against the definitions, worked out here on their own:
-// every op gets its input once before it runs (a forward from stage-1, a
-// backward from stage+1, none at the edges), alone or with the previous
-// op's exchange, and sends its output (a forward to stage+1, a backward to
-// stage-1); an exchange's receive is the next op's input, from the peer the
-// send goes to
+// one stage's plan (one chunk per stage) against the definitions, worked
+// out here on their own: every op gets its input once before it runs (a
+// forward from stage-1, a backward from stage+1, none at the edges, a W
+// none), alone or with the previous op's exchange, and sends its output (a
+// forward to stage+1, a backward to stage-1); an exchange's receive is the
+// next op's input, from the peer the send goes to
 static int plan_errors(int pp, int s, const PipeOp *ops, const PipeStep *plan, int n) {
     int errors = 0;
     for (int i = 0; i < n; i++) {
         const PipeStep *st = &plan[i];
-        int f = ops[i].forward, mb = ops[i].mb;
-        errors += st->op.forward != f || st->op.mb != mb;
-        int in_peer = f ? (s > 0 ? s - 1 : -1) : (s < pp - 1 ? s + 1 : -1);
-        int out_peer = f ? (s < pp - 1 ? s + 1 : -1) : (s > 0 ? s - 1 : -1);
+        int f = ops[i].kind == PIPE_F, w = ops[i].kind == PIPE_W, mb = ops[i].mb;
+        errors += st->op.kind != ops[i].kind || st->op.mb != mb || st->op.chunk != 0;
+        int in_peer = w ? -1 : f ? (s > 0 ? s - 1 : -1) : (s < pp - 1 ? s + 1 : -1);
+        int out_peer = w ? -1 : f ? (s < pp - 1 ? s + 1 : -1) : (s > 0 ? s - 1 : -1);
         int channel = f ? CH_ACTIVATION : CH_GRADIENT;
         int came = i > 0 && plan[i - 1].next_recv.peer >= 0;
         if (came) errors += !same_msg(plan[i - 1].next_recv, in_peer, channel, mb) || st->recv.peer >= 0;
@@ -1040,10 +1056,11 @@ static void unpair(PipeStep *plan, int n) {
 
 // every stage's schedule and plan (pp x n each); returns n
 static int make_plans(int gpipe, int pp, int M, PipeOp *ops, PipeStep *plans) {
+    PipeLayout pl = pipe_layout(gpipe ? PIPE_GPIPE : PIPE_1F1B, pp, M, 1);
     int n = 2 * M;
     for (int s = 0; s < pp; s++) {
-        pipeline_schedule(gpipe, pp, s, M, ops + s * n);
-        pipeline_plan(pp, s, ops + s * n, n, plans + s * n);
+        pipeline_schedule(&pl, s, ops + s * n);
+        pipeline_plan(&pl, s, ops + s * n, n, plans + s * n);
     }
     return n;
 }
@@ -1063,13 +1080,14 @@ static void test_pipeline_plans(void) {
         for (int pp = 1; pp <= MAXP; pp++) {
             int bad_plan = 0, failed = 0, naive_wrong = 0;
             for (int M = 1; M <= MAXM; M++) {
+                PipeLayout pl = pipe_layout(gpipe ? PIPE_GPIPE : PIPE_1F1B, pp, M, 1);
                 int n = make_plans(gpipe, pp, M, ops, plans);
                 for (int s = 0; s < pp; s++) bad_plan += plan_errors(pp, s, ops + s * n, plans + s * n, n) != 0;
-                int got = pipeline_check(pp, n, plans, err, sizeof(err));
+                int got = pipeline_check(&pl, n, NULL, plans, err, sizeof(err));
                 if (got != 2 * (pp - 1) * M && failed++ == 0) printf("      M %d: %d messages: %s\n", M, got, err);
                 for (int s = 0; s < pp; s++) unpair(plans + s * n, n);
                 int stuck = !gpipe && pp >= 2 && M >= 2;
-                got = pipeline_check(pp, n, plans, err, sizeof(err));
+                got = pipeline_check(&pl, n, NULL, plans, err, sizeof(err));
                 naive_wrong += stuck ? got != -1 || strncmp(err, "deadlock: ", 10) != 0 : got != 2 * (pp - 1) * M;
             }
             check(bad_plan + failed + naive_wrong == 0,
@@ -1093,44 +1111,337 @@ static void test_pipeline_plans(void) {
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         int pp = cases[k].pp, n = make_plans(cases[k].gpipe, pp, cases[k].M, ops, plans);
+        PipeLayout pl = pipe_layout(cases[k].gpipe ? PIPE_GPIPE : PIPE_1F1B, pp, cases[k].M, 1);
         for (int s = 0; s < pp; s++) {
-            pipeline_plan_text(plans + s * n, n, text, sizeof(text));
+            pipeline_plan_text(s, plans + s * n, n, text, sizeof(text));
             check(strcmp(text, cases[k].want[s]) == 0, "pipeline plan %s pp %d M %d stage %d: %s (want %s)",
                   cases[k].gpipe ? "gpipe" : "1f1b", pp, cases[k].M, s, text, cases[k].want[s]);
         }
-        int got = pipeline_check(pp, n, plans, err, sizeof(err));
+        int got = pipeline_check(&pl, n, NULL, plans, err, sizeof(err));
         check(got == 2 * (pp - 1) * cases[k].M, "pipeline plan %s pp %d M %d: checked, %d messages",
               cases[k].gpipe ? "gpipe" : "1f1b", pp, cases[k].M, got);
     }
 
     // the checker's failures, worded. Unpaired 1f1b pp 2 M 2: both stages
     // send first and wait for each other
+    PipeLayout pp2 = pipe_layout(PIPE_1F1B, 2, 2, 1), pp3 = pipe_layout(PIPE_1F1B, 3, 1, 1);
     int n = make_plans(0, 2, 2, ops, plans);
     for (int s = 0; s < 2; s++) unpair(plans + s * n, n);
     const char *want = "deadlock: stage 0 at F1 sends activation 1 to stage 1; stage 1 at B0 sends gradient 0 to stage 0";
-    check(pipeline_check(2, n, plans, err, sizeof(err)) == -1 && strcmp(err, want) == 0, "pipeline_check: %s", err);
+    check(pipeline_check(&pp2, n, NULL, plans, err, sizeof(err)) == -1 && strcmp(err, want) == 0, "pipeline_check: %s", err);
     // a wrong micro-batch: stage 1 (1f1b pp 2 M 3) sends gradient 1 where
     // stage 0 waits for gradient 0
     n = make_plans(0, 2, 3, ops, plans);
     plans[n + 1].send.mb = 1;
     want = "mismatch: stage 1 sends gradient 1 as its message 0 to stage 0, which receives gradient 0";
-    check(pipeline_check(2, n, plans, err, sizeof(err)) == -1 && strcmp(err, want) == 0, "pipeline_check: %s", err);
+    check(pipeline_check(&pp2, n, NULL, plans, err, sizeof(err)) == -1 && strcmp(err, want) == 0, "pipeline_check: %s", err);
     // a wrong channel: stage 0's F0 sends a gradient
     n = make_plans(0, 2, 3, ops, plans);
     plans[0].send.channel = CH_GRADIENT;
     want = "mismatch: stage 0 sends gradient 0 as its message 0 to stage 1, which receives activation 0";
-    check(pipeline_check(2, n, plans, err, sizeof(err)) == -1 && strcmp(err, want) == 0, "pipeline_check: %s", err);
+    check(pipeline_check(&pp2, n, NULL, plans, err, sizeof(err)) == -1 && strcmp(err, want) == 0, "pipeline_check: %s", err);
     // out of order, though both sides agree: gpipe pp 2 M 2 with the
     // forwards swapped on both stages
     n = make_plans(1, 2, 2, ops, plans);
     plans[0].send.mb = 1, plans[1].send.mb = 0, plans[n].recv.mb = 1, plans[n + 1].recv.mb = 0;
     want = "mismatch: stage 0 sends activation 1 as its message 0 to stage 1, which receives activation 1";
-    check(pipeline_check(2, n, plans, err, sizeof(err)) == -1 && strcmp(err, want) == 0, "pipeline_check: %s", err);
+    check(pipeline_check(&pp2, n, NULL, plans, err, sizeof(err)) == -1 && strcmp(err, want) == 0, "pipeline_check: %s", err);
     // a send to a stage that is not a neighbour
     n = make_plans(0, 3, 1, ops, plans);
     plans[0].send.peer = 2;
     want = "stage 0 step 0 (F0): sends to stage 2, not a neighbour";
-    check(pipeline_check(3, n, plans, err, sizeof(err)) == -1 && strcmp(err, want) == 0, "pipeline_check: %s", err);
+    check(pipeline_check(&pp3, n, NULL, plans, err, sizeof(err)) == -1 && strcmp(err, want) == 0, "pipeline_check: %s", err);
+}
+
+// ----------------------------------------------------------------------------
+// every schedule on every layout the flags allow (pp 1..8, M 1..32, V 1..4;
+// pipeline_validate says which): the lists, the activation sets, the time
+// line and its bubble, the plans and their messages
+
+enum { LAY_MAXP = 8, LAY_MAXM = 32, LAY_MAXV = 4, LAY_OPS = 3 * LAY_MAXM * LAY_MAXV };
+
+// one stage's list under any schedule: every (kind, mb, chunk) of the
+// layout once (W only where the backward is split), F before B before W of
+// the same micro-batch and chunk, and each kind on each chunk in micro-
+// batch order. *peak: the most (mb, chunk) sets held at once, each from its
+// F to its B, or to its W where the backward is split.
+static int list_errors(const PipeLayout *pl, const PipeOp *ops, int n, int *peak) {
+    int M = pl->M, V = pl->V, split = pipeline_splits_backward(pl), errors = n != pipeline_ops(pl), held = 0;
+    int next[3][PIPE_MAXV] = {{0}};  // the next micro-batch of each kind on each chunk
+    *peak = 0;
+    for (int i = 0; i < n; i++) {
+        PipeOp op = ops[i];
+        if (op.kind < PIPE_F || op.kind > PIPE_W || (op.kind == PIPE_W && !split) || op.chunk < 0 || op.chunk >= V) {
+            errors++;
+            continue;
+        }
+        errors += op.mb != next[op.kind][op.chunk]++;
+        if (op.kind != PIPE_F) errors += op.mb >= next[op.kind - 1][op.chunk];  // its F (its B) ran before
+        held += op.kind == PIPE_F ? 1 : op.kind == (split ? PIPE_W : PIPE_B) ? -1 : 0;
+        if (held > *peak) *peak = held;
+    }
+    for (int k = PIPE_F; k <= PIPE_W; k++)
+        for (int c = 0; c < V; c++) errors += next[k][c] != (k == PIPE_W && !split ? 0 : M);
+    return errors;
+}
+
+// the time line on its own, for any layout: a stage runs one op at a time,
+// and an op starts once its input has ended: F k on part t after F k on
+// part t-1, B k after B k on part t+1 and its own F k, W k after its own
+// B k. where: scratch for (stage, kind, chunk, mb) -> index.
+static int times_errors(const PipeLayout *pl, int f, int b, int w, const PipeOp *ops, const int *start, int *where) {
+    int pp = pl->pp, M = pl->M, V = pl->V, n = pipeline_ops(pl), parts = pp * V, errors = 0;
+    int full_b = pipeline_splits_backward(pl) ? b : b + w;
+    for (int s = 0; s < pp; s++)
+        for (int i = 0; i < n; i++) where[((s * 3 + ops[s * n + i].kind) * V + ops[s * n + i].chunk) * M + ops[s * n + i].mb] = s * n + i;
+    for (int s = 0; s < pp; s++)
+        for (int i = 0; i < n; i++) {
+            PipeOp op = ops[s * n + i];
+            int t = start[s * n + i], dur[3] = {f, full_b, w};
+            errors += t < 0 || (i > 0 && t < start[s * n + i - 1] + dur[ops[s * n + i - 1].kind]);
+            int part = pipeline_part(pl, s, op.chunk), from = -1, chunk = 0, kind = op.kind;
+            if (op.kind == PIPE_F && part > 0) pipeline_place(pl, part - 1, &from, &chunk);
+            if (op.kind == PIPE_B && part < parts - 1) pipeline_place(pl, part + 1, &from, &chunk);
+            if (from >= 0) {
+                int j = where[((from * 3 + kind) * V + chunk) * M + op.mb];
+                errors += t < start[j] + dur[kind];
+            }
+            if (op.kind != PIPE_F) {  // its own F (B) on the same chunk
+                int j = where[((s * 3 + kind - 1) * V + op.chunk) * M + op.mb];
+                errors += t < start[j] + dur[kind - 1];
+            }
+        }
+    return errors;
+}
+
+// one stage's plan against the definitions, for any layout, worked out
+// here on their own: its steps with an op run exactly the stage's ops in
+// order; every op's input (pipe_input: none for the first part's F, the
+// last part's B and every W) is received exactly once, before the op, and
+// its output (pipe_output) sent exactly once, after it; nothing else is
+// sent or received; an exchange pairs a send with a receive from another
+// stage, never a hand-off. got, made: scratch of 2 x V x M.
+static int plan_def_errors(const PipeLayout *pl, int s, const PipeOp *ops, int n, const PipeStep *plan, int steps,
+                           int *got, int *made) {
+    int M = pl->M, V = pl->V, errors = 0, op_at = 0, received = 0, sent = 0, inputs = 0, outputs = 0;
+    for (int i = 0; i < 2 * V * M; i++) got[i] = made[i] = 0;
+    for (int k = 0; k < steps; k++) {
+        const PipeStep *st = &plan[k];
+        PipeMsg rs[2] = {st->recv, st->next_recv};
+        if (st->recv.peer >= 0) {
+            int slot = ((st->recv.channel == CH_GRADIENT) * V + st->recv.chunk) * M + st->recv.mb;
+            errors += got[slot]++ != 0;
+            received++;
+        }
+        if (st->op.kind != PIPE_MSG) {
+            errors += op_at >= n || st->op.kind != ops[op_at].kind || st->op.mb != ops[op_at].mb ||
+                      st->op.chunk != ops[op_at].chunk;
+            op_at++;
+            PipeMsg in = pipe_input(pl, s, st->op), out = pipe_output(pl, s, st->op);
+            if (in.peer >= 0) {
+                inputs++;
+                errors += got[((in.channel == CH_GRADIENT) * V + in.chunk) * M + in.mb] != 1;
+            }
+            if (out.peer >= 0) {
+                outputs++;
+                made[((out.channel == CH_GRADIENT) * V + out.chunk) * M + out.mb] = 1;  // keyed by the receiver's chunk
+            }
+        }
+        if (st->send.peer >= 0) {
+            int slot = ((st->send.channel == CH_GRADIENT) * V + st->send.chunk) * M + st->send.mb;
+            errors += made[slot] != 1;  // made by an op before, and sent once
+            made[slot] = 2;
+            sent++;
+        }
+        if (rs[1].peer >= 0) {
+            errors += st->send.peer < 0 || st->send.peer == s || rs[1].peer == s;
+            errors += got[((rs[1].channel == CH_GRADIENT) * V + rs[1].chunk) * M + rs[1].mb]++ != 0;
+            received++;
+        }
+    }
+    return errors + (op_at != n) + (received != inputs) + (sent != outputs);
+}
+
+static void test_pipeline_layouts(void) {
+    static PipeOp ops[LAY_MAXP * LAY_OPS];
+    static int start[LAY_MAXP * LAY_OPS], where[LAY_MAXP * LAY_OPS];
+    static PipeStep plans[LAY_MAXP * (3 * LAY_OPS + 1)];
+    int steps[LAY_MAXP], idle[LAY_MAXP], got[2 * LAY_MAXV * LAY_MAXM], made[2 * LAY_MAXV * LAY_MAXM];
+    char err[512];
+    // 1f1b's peak sets (over the stages) for each pp and M, for zbh1 and zbv to match
+    int peak_1f1b[LAY_MAXP + 1][LAY_MAXM + 1];
+    for (int sched = 0; sched < PIPE_SCHEDULES; sched++) {
+        int layouts = 0, bad_list = 0, bad_sets = 0, bad_peak = 0, stuck = 0, bad_times = 0, bad_bubble = 0, bad_costs = 0;
+        int bad_plan = 0, failed = 0, bad_messages = 0;
+        for (int pv = 1; pv <= LAY_MAXV; pv++)
+            for (int pp = 1; pp <= LAY_MAXP; pp++)
+                for (int M = 1; M <= LAY_MAXM; M++) {
+                    if (pipeline_validate((PipeSchedule)sched, pp, M, pv, 0, err, sizeof(err)) != 0) continue;
+                    PipeLayout pl = pipe_layout((PipeSchedule)sched, pp, M, pv);
+                    int V = pl.V, n = pipeline_ops(&pl), stride = pipeline_plan_max(&pl), peak_all = 0;
+                    layouts++;
+                    for (int s = 0; s < pp; s++) {
+                        int peak;
+                        bad_list += list_errors(&pl, ops + s * n, pipeline_schedule(&pl, s, ops + s * n), &peak) != 0;
+                        bad_sets += peak != pipeline_inflight(&pl, s);
+                        if (peak > peak_all) peak_all = peak;
+                    }
+                    // zbh1 holds as many sets as 1f1b's first stage; zbv
+                    // twice as many of half the layers
+                    if (sched == PIPE_1F1B) peak_1f1b[pp][M] = peak_all;
+                    if (sched == PIPE_ZBH1) bad_peak += peak_all != peak_1f1b[pp][M];
+                    if (sched == PIPE_ZBV) bad_peak += peak_all != 2 * peak_1f1b[pp][M];
+                    // F = B = W = 1: the bubble of pipeline_bubble_formula, exactly
+                    int end = pipeline_simulate(&pl, 1, 1, 1, ops, start, idle);
+                    if (end < 0) {
+                        stuck++;
+                        continue;
+                    }
+                    bad_times += times_errors(&pl, 1, 1, 1, ops, start, where) != 0;
+                    long num, den, idle_all = 0, busy = (long)M * V * 3;
+                    for (int s = 0; s < pp; s++) idle_all += idle[s];
+                    bad_bubble += pipeline_bubble_formula(&pl, &num, &den) != 0 || idle_all != (long)pp * (end - busy) ||
+                                  idle_all * den != num * pp * end;
+                    // other costs: the formula where it holds at any ratio
+                    // (one chunk per stage's F and B, or interleaved's); the
+                    // zero bubble schedules between the work and 1f1b's step
+                    // (zbv's ops are half a stage's)
+                    int costs[2][3] = {{1, 2, 1}, {2, 3, 1}};
+                    for (int c = 0; c < 2; c++) {
+                        int f = costs[c][0], b = costs[c][1], w = costs[c][2];
+                        end = pipeline_simulate(&pl, f, b, w, ops, start, NULL);
+                        long work = (long)M * V * (f + b + w), line = (long)(M + pp - 1) * (f + b + w);
+                        if (sched <= PIPE_INTERLEAVED) bad_costs += end != (long)(M * V + pp - 1) * (f + b + w);
+                        else bad_costs += end < work || end > (sched == PIPE_ZBV ? 2 : 1) * line;
+                        bad_times += end < 0 || times_errors(&pl, f, b, w, ops, start, where) != 0;
+                    }
+                    // the plans: as defined, and played with blocking sends
+                    // every message matched: 2 (pp V - 1) M part boundaries
+                    // crossed, zbv's 2M turns within the last stage not
+                    // counted
+                    pipeline_simulate(&pl, 1, 1, 1, ops, start, NULL);
+                    for (int s = 0; s < pp; s++) {
+                        steps[s] = pipeline_plan(&pl, s, ops + s * n, n, plans + s * stride);
+                        bad_plan += steps[s] < 0 || steps[s] > stride ||
+                                    plan_def_errors(&pl, s, ops + s * n, n, plans + s * stride, steps[s], got, made) != 0;
+                        if (V == 1) bad_plan += steps[s] != n || plan_errors(pp, s, ops + s * n, plans + s * stride, n) != 0;
+                    }
+                    int messages = pipeline_check(&pl, stride, steps, plans, err, sizeof(err));
+                    if (messages < 0 && failed++ == 0) printf("      pp %d M %d V %d: %s\n", pp, M, V, err);
+                    bad_messages += messages >= 0 && messages != 2 * (pp * V - 1) * M - (sched == PIPE_ZBV ? 2 * M : 0);
+                }
+        check(layouts > 0 && bad_list + bad_sets + bad_peak + stuck + bad_times + bad_bubble + bad_costs == 0,
+              "pipeline %s, %d layouts: lists (bad %d), peak sets = pipeline_inflight (bad %d)%s (bad %d), deadlocks %d, "
+              "ops after their inputs (bad %d), bubble = pipeline_bubble_formula at F=B=W (bad %d), at other costs (bad %d)",
+              pipeline_name((PipeSchedule)sched), layouts, bad_list, bad_sets,
+              sched == PIPE_ZBH1 ? ", = 1f1b's" : sched == PIPE_ZBV ? ", = twice 1f1b's" : "", bad_peak, stuck, bad_times,
+              bad_bubble, bad_costs);
+        check(bad_plan + failed + bad_messages == 0,
+              "pipeline plan %s: as defined (bad %d), no deadlock or mismatch with blocking sends (bad %d), "
+              "2 (pp V - 1) M messages less zbv's turns (bad %d)",
+              pipeline_name((PipeSchedule)sched), bad_plan, failed, bad_messages);
+    }
+
+    // lists by hand from the definitions in pipeline.h
+    struct { PipeSchedule sched; int pp, stage, M, pv; const char *want; } lists[] = {
+        // interleaved pp 2 V 2: micro-batches in groups of 2, chunk 0's
+        // forwards then chunk 1's; backwards chunk 1 first. Stage 0's
+        // warm-up 2(2-0-1) + (2-1)2 = 4 is all of M V = 4 at M 2
+        {PIPE_INTERLEAVED, 2, 0, 2, 2, "F0 F1 F0.1 F1.1 B0.1 B1.1 B0 B1"},
+        {PIPE_INTERLEAVED, 2, 1, 2, 2, "F0 F1 F0.1 B0.1 F1.1 B1.1 B0 B1"},  // warm-up 2
+        {PIPE_INTERLEAVED, 2, 1, 4, 2, "F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3"},
+        // zbh1 pp 2 M 3: round x runs F(x), B(x - (1 - stage)), W(x - 1)
+        {PIPE_ZBH1, 2, 0, 3, 1, "F0 F1 B0 W0 F2 B1 W1 B2 W2"},
+        {PIPE_ZBH1, 2, 1, 3, 1, "F0 B0 F1 B1 W0 F2 B2 W1 W2"},
+        // zbv pp 2 M 3, laid out for max(3, 2pp-1) = 3. Stage 0: 3 chunk-0
+        // forwards; 2 rounds of F, B, W on chunk 1; one steady round with
+        // no chunk-0 forward left (B0 W0 then F B W on chunk 1); then the
+        // drain's B and W on chunk 0.
+        {PIPE_ZBV, 2, 0, 3, 1, "F0 F1 F2 F0.1 B0.1 W0.1 F1.1 B1.1 W1.1 B0 W0 F2.1 B2.1 W2.1 B1 W1 B2 W2"},
+        // stage 1: 1 chunk-0 forward; F on chunk 1 then on chunk 0; one
+        // round of F, B, W on chunk 1; a steady round; the drain: B on chunk
+        // 0 then chunk 1, B and W on chunk 0, the put-off W of chunk 1, of
+        // chunk 0
+        {PIPE_ZBV, 2, 1, 3, 1, "F0 F0.1 F1 F1.1 B0.1 W0.1 F2 B0 W0 F2.1 B1.1 W1.1 B1 B2.1 B2 W1 W2.1 W2"},
+        {PIPE_ZBV, 1, 0, 1, 1, "F0 F0.1 B0.1 W0.1 B0 W0"},
+    };
+    char text[512];
+    for (size_t k = 0; k < sizeof(lists) / sizeof(lists[0]); k++) {
+        PipeLayout pl = pipe_layout(lists[k].sched, lists[k].pp, lists[k].M, lists[k].pv);
+        int n = pipeline_schedule(&pl, lists[k].stage, ops);
+        ops_text(ops, n, text, sizeof(text));
+        check(strcmp(text, lists[k].want) == 0, "pipeline %s pp %d stage %d M %d: %s (want %s)",
+              pipeline_name(lists[k].sched), lists[k].pp, lists[k].stage, lists[k].M, text, lists[k].want);
+    }
+    // where the chunks sit: interleaved's chunk c of stage s is part c pp + s,
+    // zbv's chunk 1 comes back up
+    PipeLayout il = pipe_layout(PIPE_INTERLEAVED, 4, 4, 3), zv = pipe_layout(PIPE_ZBV, 4, 8, 1);
+    int st0, ch0, st1, ch1;
+    pipeline_place(&il, 9, &st0, &ch0);
+    pipeline_place(&zv, 6, &st1, &ch1);
+    check(pipeline_part(&il, 1, 2) == 9 && st0 == 1 && ch0 == 2 && pipeline_part(&zv, 1, 1) == 6 && st1 == 1 && ch1 == 1 &&
+          pipeline_part(&zv, 3, 0) == 3 && pipeline_part(&zv, 3, 1) == 4,
+          "pipeline parts: interleaved pp 4 stage 1 chunk 2 = part 9 (stage %d chunk %d); zbv pp 4 stage 1 chunk 1 = part 6 "
+          "(stage %d chunk %d), the last stage holds parts 3 and 4", st0, ch0, st1, ch1);
+
+    // zbv on one stage: every message a hand-off within it. F0 hands its
+    // output to chunk 1 (l after), F0.1 takes it (l before), B0.1 hands the
+    // gradient back, B0 takes it; the transport carries nothing
+    PipeLayout one = pipe_layout(PIPE_ZBV, 1, 1, 1);
+    int n = pipeline_schedule(&one, 0, ops), m = pipeline_plan(&one, 0, ops, n, plans);
+    pipeline_plan_text(0, plans, m, text, sizeof(text));
+    int got_messages = pipeline_check(&one, m, NULL, plans, err, sizeof(err));
+    check(strcmp(text, "F0l lF0.1 B0.1l W0.1 lB0 W0") == 0 && got_messages == 0,
+          "pipeline plan zbv pp 1 M 1: %s (want F0l lF0.1 B0.1l W0.1 lB0 W0), %d messages", text, got_messages);
+    // a hand-off taken before it is made waits forever
+    PipeStep first = plans[0];
+    plans[0] = plans[1], plans[1] = first;
+    const char *want = "deadlock: stage 0 at F0.1 takes activation 0 for chunk 1 from itself";
+    check(pipeline_check(&one, m, NULL, plans, err, sizeof(err)) == -1 && strcmp(err, want) == 0, "pipeline_check: %s", err);
+
+    // why the plans with chunks follow one order of all messages: made as
+    // for one chunk (each input received just before its op), interleaved's
+    // ring deadlocks, and zbv's stage 1 wants a gradient where stage 0 sends
+    // it the activation it ran before
+    PipeLayout ring = pipe_layout(PIPE_INTERLEAVED, 3, 3, 2), vee = pipe_layout(PIPE_ZBV, 2, 3, 1);
+    n = pipeline_ops(&ring);
+    for (int s = 0; s < 3; s++) {
+        pipeline_schedule(&ring, s, ops + s * n);
+        pipe_plan_line(&ring, s, ops + s * n, n, plans + s * n);
+    }
+    check(pipeline_check(&ring, n, NULL, plans, err, sizeof(err)) == -1 && strncmp(err, "deadlock: ", 10) == 0,
+          "pipeline interleaved pp 3 M 3 V 2 planned as for one chunk: %s", err);
+    n = pipeline_ops(&vee);
+    for (int s = 0; s < 2; s++) {
+        pipeline_schedule(&vee, s, ops + s * n);
+        pipe_plan_line(&vee, s, ops + s * n, n, plans + s * n);
+    }
+    want = "mismatch: stage 0 sends activation 2 as its message 2 to stage 1, which receives gradient 0 for chunk 1";
+    check(pipeline_check(&vee, n, NULL, plans, err, sizeof(err)) == -1 && strcmp(err, want) == 0,
+          "pipeline zbv pp 2 M 3 planned as for one chunk: %s", err);
+
+    // the flags' check: one line, naming the flag and the value
+    struct { PipeSchedule sched; int pp, M, pv, L; const char *want; } flags[] = {
+        {PIPE_1F1B, 4, 8, 1, 12, ""},
+        {PIPE_INTERLEAVED, 4, 8, 2, 8, ""},
+        {PIPE_ZBV, 4, 3, 1, 8, ""},
+        {PIPE_INTERLEAVED, 1, 4, 2, 12, "-ps interleaved needs -pp 2 or more (got -pp 1)"},
+        {PIPE_INTERLEAVED, 4, 8, 1, 12, "-ps interleaved needs -pv 2 or more (got -pv 1; with one chunk it is 1f1b)"},
+        {PIPE_INTERLEAVED, 4, 6, 2, 12, "-ps interleaved needs micro-batches per step a multiple of -pp 4 (got 6)"},
+        {PIPE_INTERLEAVED, 4, 8, 2, 6, "-ps interleaved -pp 4: 6 layers cannot fill 4 stages x 2 chunks"},
+        {PIPE_ZBV, 4, 8, 1, 7, "-ps zbv -pp 4: 7 layers cannot fill 4 stages x 2 chunks"},
+        {PIPE_ZBH1, 2, 8, 2, 12, "-pv 2: only -ps interleaved takes chunks per stage (-ps zbh1 holds 1)"},
+        {PIPE_INTERLEAVED, 2, 8, 9, 36, "-pv 9: chunks of layers per stage are 1..8"},
+    };
+    for (size_t k = 0; k < sizeof(flags) / sizeof(flags[0]); k++) {
+        err[0] = '\0';
+        int rc = pipeline_validate(flags[k].sched, flags[k].pp, flags[k].M, flags[k].pv, flags[k].L, err, sizeof(err));
+        int ok = flags[k].want[0] == '\0' ? rc == 0 : rc == -1 && strcmp(err, flags[k].want) == 0;
+        check(ok, "pipeline_validate -ps %s -pp %d, %d micro-batches, -pv %d, %d layers: %d '%s' (want '%s')",
+              pipeline_name(flags[k].sched), flags[k].pp, flags[k].M, flags[k].pv, flags[k].L, rc, err, flags[k].want);
+    }
+    check(pipeline_parse("zbv") == PIPE_ZBV && pipeline_parse("interleaved") == PIPE_INTERLEAVED &&
+          pipeline_parse("1F1B") == -1, "pipeline_parse: names of pipeline_name");
 }
 
 // ----------------------------------------------------------------------------
@@ -1320,6 +1631,7 @@ int main(int argc, char **argv) {
     test_bf16_host_sums();
     test_pipeline_schedules();
     test_pipeline_plans();
+    test_pipeline_layouts();
     test_addresses();
     test_launch_env(key_path, key);
     test_rendezvous_server(key);

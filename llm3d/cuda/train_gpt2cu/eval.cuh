@@ -35,9 +35,10 @@ static void eval_forward(GPT2 *m, Parallel *par, int i) {
     Acts *a = &m->acts[i % m->nacts];
     gpt2_stage_batch(m, a, 0);
     if (s->pp > 1) nccl_mac_step_begin(par->nccl);
-    pipe_exchange(m, PIPE_NONE, pipe_input(s->pp, s->pp_rank, pipe_op(1, i)));
+    PipeLayout line = pipe_layout(PIPE_GPIPE, s->pp, i + 1, 1);  // forwards only: down the stages in a line
+    pipe_exchange(m, PIPE_NONE, pipe_input(&line, s->pp_rank, pipe_op(PIPE_F, i, 0)));
     stage_forward(m, a, FWD_LOSS, 0.0f);
-    pipe_exchange(m, pipe_output(s->pp, s->pp_rank, pipe_op(1, i)), PIPE_NONE);
+    pipe_exchange(m, pipe_output(&line, s->pp_rank, pipe_op(PIPE_F, i, 0)), PIPE_NONE);
     mac_check_or_exit(m, par, "in an evaluation");
 }
 
