@@ -1350,6 +1350,11 @@ static void test_pipeline_layouts(void) {
         {PIPE_INTERLEAVED, 2, 0, 2, 2, "F0 F1 F0.1 F1.1 B0.1 B1.1 B0 B1"},
         {PIPE_INTERLEAVED, 2, 1, 2, 2, "F0 F1 F0.1 B0.1 F1.1 B1.1 B0 B1"},  // warm-up 2
         {PIPE_INTERLEAVED, 2, 1, 4, 2, "F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3"},
+        // pp 4 M 8 stage 0: warm-up 2(4-0-1) + (2-1)4 = 10 of the 16
+        // forwards (groups of 4: mbs 0-3 on chunk 0, on chunk 1, then 4-7)
+        {PIPE_INTERLEAVED, 4, 0, 8, 2,
+         "F0 F1 F2 F3 F0.1 F1.1 F2.1 F3.1 F4 F5 F6 B0.1 F7 B1.1 F4.1 B2.1 F5.1 B3.1 F6.1 B0 F7.1 B1 B2 B3 "
+         "B4.1 B5.1 B6.1 B7.1 B4 B5 B6 B7"},
         // zbh1 pp 2 M 3: round x runs F(x), B(x - (1 - stage)), W(x - 1)
         {PIPE_ZBH1, 2, 0, 3, 1, "F0 F1 B0 W0 F2 B1 W1 B2 W2"},
         {PIPE_ZBH1, 2, 1, 3, 1, "F0 B0 F1 B1 W0 F2 B2 W1 W2"},
