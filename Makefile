@@ -44,7 +44,7 @@ OPENSSL := $(shell printf '\043include <openssl/evp.h>\nint main(void){return EV
 NVCC := $(shell command -v nvcc 2>/dev/null)
 # LLM3D_NCCL: nccl_comm.h's NCCL backend, for data parallel across GPUs
 NVCC_FLAGS = -O3 -std=c++17 -I. -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -DLLM3D_NCCL
-NVCC_LDLIBS = -lcublas -lcublasLt -lnccl
+NVCC_LDLIBS = -lcublas -lcublasLt -lnccl -ldl
 PRECISION ?= BF16
 ifeq ($(PRECISION),FP32)
   NVCC_FLAGS += -DENABLE_FP32

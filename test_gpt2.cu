@@ -566,6 +566,12 @@ static void test_init_spec(void) {
     check(bad == 0, "init rules of the device kernel match param_init_value (%zu of %zu differ%s)", bad, tried, first);
 }
 
+static int count_newlines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
 static void test_peak_table(void) {
     check(gpu_peak_flops("NVIDIA H200") == 989e12 && gpu_peak_flops("NVIDIA H100 80GB HBM3") == 989e12 &&
           gpu_peak_flops("NVIDIA H100 PCIe") == 756e12 && gpu_peak_flops("NVIDIA H800") == 989e12 &&
@@ -576,6 +582,43 @@ static void test_peak_table(void) {
     config_from_descriptor(&c, "d12", 50257, 1024);
     double f = flops_per_token(&c, 1024);
     check(fabs(f - (6.0 * (124475904.0 - 1024 * 768) + 6.0 * 12 * 1024 * 768)) < 1.0, "d12 FLOPs per token %.4g", f);
+}
+
+// llm.c's -lg N: the line of GPU stats, and the one line where NVML cannot be had
+static void test_gpu_stats(void) {
+    GpuSample r = {97, 41, -1, 1755, 1980, 612, 700, 66, 87, 0x4};
+    char line[512], why[160];
+    gpu_stats_format(&r, line, sizeof(line));
+    check(strcmp(line, "gpu: compute 97% | memory 41% | fan - | 1755 / 1980 MHz | 612 / 700 W | 66 / 87 C | clocks "
+                 "held by: power cap") == 0, "-lg: the GPU stats line: %s", line);
+    check(strcmp(gpu_stats_throttle(0, why, sizeof(why)), "none") == 0 &&
+          strcmp(gpu_stats_throttle(0x41, why, sizeof(why)), "idle, thermal (hardware)") == 0 &&
+          strcmp(gpu_stats_throttle(0x10000, why, sizeof(why)), "other (0x10000)") == 0 &&
+          strcmp(gpu_stats_throttle(-1, why, sizeof(why)), "-") == 0,
+          "-lg: what holds the clocks, from NVML's mask: none; idle, thermal (hardware); other bits; unknown");
+    // no NVML: one line, and no stats (no GPU is touched before the library is found)
+    struct { const char *lib, *want; } cases[] = {
+        {"/nonexistent/libnvidia-ml.so.1", "note: flag -lg 5: no GPU stats: NVML is absent (/nonexistent/libnvidia-ml.so.1"},
+        {"libm.so.6", "note: flag -lg 5: no GPU stats: the library lacks calls this trainer reads (libm.so.6)"},
+    };
+    for (int k = 0; k < 2; k++) {
+        FILE *f = tmpfile();
+        GpuStats st;
+        gpu_stats_open(&st, 5, 0, cases[k].lib, f);
+        char said[512] = "";
+        rewind(f);
+        size_t n = fread(said, 1, sizeof(said) - 1, f);
+        said[n] = '\0';
+        fclose(f);
+        check(st.lib == NULL && strncmp(said, cases[k].want, strlen(cases[k].want)) == 0 && count_newlines(said) == 1,
+              "-lg 5 with %s: one line, no stats: %s", cases[k].lib, said);
+    }
+    FILE *f = tmpfile();
+    GpuStats st;
+    gpu_stats_open(&st, 0, 0, "/nonexistent/libnvidia-ml.so.1", f);
+    long said = ftell(f);
+    fclose(f);
+    check(st.lib == NULL && said == 0, "no -lg: NVML is not looked for, nothing said");
 }
 
 // ----------------------------------------------------------------------------
@@ -1285,6 +1328,7 @@ int main(void) {
     test_token_buckets();
     test_init_spec();
     test_peak_table();
+    test_gpu_stats();
     test_mac_chunk_bytes();
     test_mac_header();
     test_mac_kernel_code();

@@ -829,6 +829,26 @@ static void gpt2_update(GPT2 *m, const AdamHyper *h) {
     gpt2_apply_update(m, h);
 }
 
+static void add_param_sumsq(GPT2 *m, const Run *r, void *ctx) {
+    (void)m;
+    *(double *)ctx += sum_squares(r->param, r->n);
+}
+
+// whether every parameter this rank updates is finite, the same answer on
+// every rank (one all-reduce): checked after each update and before the
+// parameters are written, so that a NaN the loss cannot show (one in wte's
+// padded rows, which no logit reads) still stops the run. A NaN or an
+// infinity makes the sum of squares (in double: finite floats' squares
+// cannot overflow it) NaN or infinite.
+static int gpt2_params_finite(GPT2 *m) {
+    const Parallel *par = m->par;
+    double sumsq = 0.0;
+    for_each_run(m, add_param_sumsq, &sumsq, 0);
+    float all[GRID_MAX_WORLD] = {isfinite(sumsq) ? 0.0f : 1.0f};  // one each, padded to the ranks (the ring's chunks)
+    group_allreduce(par, &par->world, all, (size_t)par->world.size);
+    return all[0] == 0.0f;
+}
+
 // ----------------------------------------------------------------------------
 // export and checkpoints: through gpt2.h's for_each_owned
 
@@ -1053,9 +1073,12 @@ static float hellaswag_eval(GPT2 *m, const HsSet *hs) {
         fprintf(stderr, "out of memory allocating a HellaSwag batch\n");
         exit(1);
     }
+    Progress progress;
+    progress_start(&progress, m->par->grid.rank == 0, nb);
     float correct = 0.0f;
     PipeLayout line = pipe_layout(PIPE_GPIPE, s->pp, nb, 1);  // forwards only: down the stages in a line
     for (int i = 0; i < nb; i++) {
+        progress_tick(&progress, i);
         Acts *a = &m->acts[i % m->nacts];
         hs_batch_fill(hs, &next, hi, &hb, a->inputs, a->targets);
         pipe_recv(m, pipe_input(&line, s->pp_rank, pipe_op(PIPE_F, i, 0)));
@@ -1064,6 +1087,7 @@ static float hellaswag_eval(GPT2 *m, const HsSet *hs) {
         if (s->last && s->tp_rank == 0) correct += (float)hs_batch_score(hs, &hb, a->t[A_LOSSES], NULL);
     }
     hs_batch_free(&hb);
+    progress_end(&progress);
     group_allreduce(m->par, &m->par->world, &correct, 1);
     return correct;
 }
@@ -1278,23 +1302,36 @@ static void keep_freed_memory(void) {
 #endif
 }
 
-// the MFU's denominator, FLOP/s: the FMA peak of all the job's threads on
-// this machine (cpu_peak.h), measured before the first step and printed by
-// rank 0. Every rank measures at once, each on its own threads, so that
-// rank 0's threads share the cores as they do in the steps; alone, on a
-// machine with two hardware threads per core, they could have a core each.
+// the MFU's denominator, FLOP/s: the FMA peak of all the job's threads
+// (cpu_peak.h), measured before the first step and printed by rank 0. Every
+// rank measures at once, each on its own threads, so that the ranks'
+// threads share the cores as they do in the steps; alone, on a machine with
+// two hardware threads per core, they could have a core each. The ranks'
+// records (their threads, rates and CPU sets) are all-gathered, and every
+// rank adds them up alike (cpu_job_peak): the CPUs of the job, not rank 0's.
 static double job_fma_peak(Parallel *par) {
-    int threads = 1, all = par->grid.world;
+    int threads = 1, world = par->grid.world, all_threads, cpus;
 #ifdef _OPENMP
     threads = omp_get_max_threads();
 #endif
-    all *= threads;
     if (par->comm) comm_barrier(par->comm, &par->world);
-    double peak = cpu_fma_peak(all, 3);
-    int cpus = cpu_count();
+    float *all = (float *)xcalloc((size_t)world * CPU_RANK_FLOATS, sizeof(float), "the ranks' CPU records");
+    float *mine = all + (size_t)par->grid.rank * CPU_RANK_FLOATS;  // in place
+    cpu_rank_record(mine, threads, cpu_fma_rate(3));
+    if (par->comm) comm_allgather(par->comm, &par->world, mine, all, CPU_RANK_FLOATS);
+    double peak = cpu_job_peak(all, world, &all_threads, &cpus);
+    free(all);
     if (par->grid.rank == 0)
-        printf("FMA peak: %.1f GFLOP/s for %d threads on %d CPUs (the MFU's denominator)\n", peak, all, cpus);
+        printf("FMA peak: %.1f GFLOP/s for %d threads on %d CPUs (the MFU's denominator)\n", peak, all_threads, cpus);
     return peak * 1e9;
+}
+
+// -lg N, llm.c's GPU stats every N steps: taken, as llm.c's scripts give
+// it, and said once to mean nothing here (train_gpt2cu prints them)
+static void note_gpu_stats(const Job *job) {
+    if (job->opt.gpu_stats_every > 0)
+        printf("note: flag -lg %d: llm.c's GPU stats every %d steps; the CPU trainer has no GPU, so it prints none\n",
+               job->opt.gpu_stats_every, job->opt.gpu_stats_every);
 }
 
 // the step of the messages that follow (their frames carry it)
@@ -1314,16 +1351,26 @@ static void world_barrier(GPT2 *m, Parallel *par) {
 }
 
 // the step's update after gpt2_step_loss, unless it is not finite or -sl or
-// -sg skip it, and its norm and skip into l
-static void update_unless_skipped(GPT2 *m, Job *job, OutlierGuard *g, const AdamHyper *h, LogLine *l, int rank0) {
+// -sg skip it, and its norm and skip into l; 1 when the update made a
+// parameter that is not finite (nonfinite_stop then ends the run), else 0
+static int update_unless_skipped(GPT2 *m, Job *job, OutlierGuard *g, const AdamHyper *h, LogLine *l, int rank0) {
     l->norm = gpt2_last_norm(m);
     l->skipped = outlier_skip(job, g, l->loss, l->norm, rank0);
-    if (l->skipped == NULL) gpt2_apply_update(m, h);
+    if (l->skipped != NULL) return 0;
+    gpt2_apply_update(m, h);
+    return !gpt2_params_finite(m);
 }
 
 // the checkpoint after `step`, written by every rank; 0, or -1 when it failed
 // (gpt2_checkpoint has said why)
 static int checkpoint_after(GPT2 *m, Parallel *par, Job *job, int step) {
+    if (!gpt2_params_finite(m)) {
+        char what[64];
+        snprintf(what, sizeof(what), "the checkpoint after step %d", step);
+        print_not_written(what, par->grid.rank == 0);
+        world_barrier(m, par);
+        return -1;
+    }
     CkptState st = checkpoint_state(job, step + 1, m->adam_t, &par->grid, par->zero);
     double t0 = now_ms();
     if (gpt2_checkpoint(m, job->opt.out_dir, job->opt.ckpt_keep, &st, job->ckpt_key, job->opt.encrypt >= 1) != 0)
@@ -1333,7 +1380,8 @@ static int checkpoint_after(GPT2 *m, Parallel *par, Job *job, int step) {
 }
 
 // after the last step: the final model evaluated, sampled, and written to -o
-// (sealed under -enc 2); 0, or -1 when the write failed
+// (sealed under -enc 2), then llm.c's DONE_<steps> beside it; 0, or -1 when
+// a write failed or the parameters are not finite
 static int final_model(GPT2 *m, Parallel *par, Job *job) {
     int rank0 = par->grid.rank == 0;
     char path[1024], err[1200];
@@ -1342,7 +1390,12 @@ static int final_model(GPT2 *m, Parallel *par, Job *job) {
     run_evaluations(m, par, job, job->steps, &last);
     if (sample_due(job, job->steps)) sample(m, &job->tok, job->opt.gen_tokens, &job->sample_rng);
     if (rank0) report_final(job, &last);
-    if (job->opt.out_dir == NULL) return 0;
+    if (job->opt.out_dir == NULL || job->steps == 0) return 0;  // -x 0 evaluates only, and writes no model
+    if (!gpt2_params_finite(m)) {
+        print_not_written("the final model", rank0);
+        world_barrier(m, par);
+        return -1;
+    }
     int sealed = job->opt.encrypt >= 2;
     if (gpt2_write_model(m, job->opt.out_dir, job->steps, job->ckpt_key, sealed, path, sizeof(path), err,
                          sizeof(err)) != 0) {
@@ -1350,6 +1403,10 @@ static int final_model(GPT2 *m, Parallel *par, Job *job) {
         return -1;
     }
     if (rank0) printf("wrote %s\n", path);
+    if (rank0 && write_done(job, err, sizeof(err)) != 0) {
+        fprintf(stderr, "%s: %s\n", trainer_name, err);
+        return -1;
+    }
     return 0;
 }
 
@@ -1390,6 +1447,7 @@ int main(int argc, char **argv) {
     if (rank0) print_model_and_batch(&job, dp);
     print_layout(&model, &par, &job.opt, accum);
     if (rank0) announce_resume(&job, load_ms);
+    if (rank0) note_gpu_stats(&job);
     double peak = job_fma_peak(&par);  // the job's: all its threads'
     keep_freed_memory();
 
@@ -1418,7 +1476,7 @@ int main(int argc, char **argv) {
         hyper.lr = line.lr;
         stopped = ckpt_stop_signal != 0;
         line.loss = gpt2_step_loss(&model, &par, accum, &stopped);
-        update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0);
+        int broken = update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0);
         line.ms = now_ms() - t0;
         watch_end(&par, &watch, line.ms);
         if (watch_due(&watch, step)) watch_report(&model, &par, &watch, step, &line);
@@ -1426,7 +1484,7 @@ int main(int argc, char **argv) {
             print_mfu(&job, report_step(&job, &line, &guard), peak);
             watch_print(&watch);
         }
-        if (nonfinite_stop(&job, &line, rank0)) {
+        if (nonfinite_stop(&job, &line, broken, rank0)) {
             world_barrier(&model, &par);
             exit(1);
         }

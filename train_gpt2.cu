@@ -62,6 +62,7 @@
 
 // the shape rules, the GPU-only flags and the peak FLOPs table, all host-side
 #include "llm3d/cuda/gpu_setup.cuh"
+#include "llm3d/cuda/gpu_stats.cuh"
 
 // one micro-batch as it travels to the device: inputs, targets and the
 // encoder backward's token buckets, one contiguous int array
@@ -1270,6 +1271,34 @@ static float world_sum(GPT2 *m, Parallel *par, float x) {
 
 #include "llm3d/cuda/train_gpt2cu/eval.cuh"
 
+static void add_param_sumsq(GPT2 *m, const Run *r, void *ctx) {
+    (void)ctx;
+    sumsq_add_kernel<<<NORM_BLOCKS, NORM_THREADS, 0, m->stream>>>(m->sc.norm_partial, param_at(m, r->u, r->j), r->n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// whether every parameter this rank updates is finite, the same answer on
+// every rank, as train_gpt2.c's: checked after each update and before the
+// parameters are written. The partial sums of squares (the norm's, free
+// once AdamW has read the norm) come back to the host, which adds them in
+// double: a NaN or an infinity makes the sum NaN or infinite.
+static int gpt2_params_finite(GPT2 *m) {
+    float partial[NORM_BLOCKS];
+    CUDA_CHECK(cudaMemsetAsync(m->sc.norm_partial, 0, NORM_BLOCKS * sizeof(float), m->stream));
+    for_each_run(m, add_param_sumsq, NULL, 0);
+    CUDA_CHECK(cudaMemcpyAsync(partial, m->sc.norm_partial, sizeof(partial), cudaMemcpyDeviceToHost, m->stream));
+    gpu_sync(m, "the parameters' check");
+    double sum = 0.0;
+    for (int i = 0; i < NORM_BLOCKS; i++) sum += partial[i];
+    float *slot = m->sc.losses + (size_t)m->B * m->T, *h = m->pinned + (size_t)m->B * m->T + 2;
+    *h = isfinite(sum) ? 0.0f : 1.0f;
+    CUDA_CHECK(cudaMemcpyAsync(slot, h, sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    if (m->grid.world > 1) nccl_allreduce(m->nccl, &m->nccl->world, slot, 1, ncclFloat32, OP_SUM);
+    CUDA_CHECK(cudaMemcpyAsync(h, slot, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    gpu_sync(m, "the ranks' parameter checks");
+    return *h == 0.0f;
+}
+
 // the step of the messages that follow (host mode's frames carry it)
 static void set_step(Parallel *par, int step) { nccl_set_step(par->nccl, step); }
 
@@ -1289,11 +1318,15 @@ static void world_barrier(GPT2 *m, Parallel *par) { world_sum(m, par, 0.0f); }
 // the step's update after gpt2_step_loss, unless it is not finite or -sl or
 // -sg skip it, and its norm and skip into l. The norm is read first, to
 // decide (a NaN must never reach the weights): the GPU waits for the host to
-// queue AdamW, tens of microseconds a step.
-static void update_unless_skipped(GPT2 *m, Job *job, OutlierGuard *g, const AdamHyper *h, LogLine *l, int rank0) {
+// queue AdamW, tens of microseconds a step. 1 when the update made a
+// parameter that is not finite (nonfinite_stop then ends the run), else 0;
+// that check is one more pass over the parameters and a wait for it.
+static int update_unless_skipped(GPT2 *m, Job *job, OutlierGuard *g, const AdamHyper *h, LogLine *l, int rank0) {
     l->norm = gpt2_last_norm(m);
     l->skipped = outlier_skip(job, g, l->loss, l->norm, rank0);
-    if (l->skipped == NULL) gpt2_apply_update(m, h);
+    if (l->skipped != NULL) return 0;
+    gpt2_apply_update(m, h);
+    return !gpt2_params_finite(m);
 }
 
 typedef struct { GPT2 *m; Parallel *par; } CkptCtx;
@@ -1342,6 +1375,13 @@ static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int ste
 // the checkpoint after `step`, written by every rank; 0, or -1 when it failed
 // (gpt2_checkpoint has said why)
 static int checkpoint_after(GPT2 *m, Parallel *par, Job *job, int step) {
+    if (!gpt2_params_finite(m)) {
+        char what[64];
+        snprintf(what, sizeof(what), "the checkpoint after step %d", step);
+        print_not_written(what, par->grid.rank == 0);
+        world_barrier(m, par);
+        return -1;
+    }
     CkptState st = checkpoint_state(job, step + 1, m->adam_t, &par->grid, par->zero);
     double t0 = now_ms();
     if (gpt2_checkpoint(m, par, job->opt.out_dir, job->opt.ckpt_keep, &st, job->ckpt_key, job->opt.encrypt >= 1) != 0)
@@ -1351,7 +1391,8 @@ static int checkpoint_after(GPT2 *m, Parallel *par, Job *job, int step) {
 }
 
 // after the last step: the final model evaluated, sampled, and written to -o
-// (sealed under -enc 2); 0, or -1 when the write failed
+// (sealed under -enc 2), then llm.c's DONE_<steps> beside it; 0, or -1 when
+// a write failed or the parameters are not finite
 static int final_model(GPT2 *m, Parallel *par, Job *job) {
     int rank0 = par->grid.rank == 0;
     char path[1024], err[1200];
@@ -1360,7 +1401,12 @@ static int final_model(GPT2 *m, Parallel *par, Job *job) {
     run_evaluations(m, par, job, job->steps, &last);
     if (sample_due(job, job->steps)) sample(m, &job->tok, job->opt.gen_tokens, &job->sample_rng);
     if (rank0) report_final(job, &last);
-    if (job->opt.out_dir == NULL) return 0;
+    if (job->opt.out_dir == NULL || job->steps == 0) return 0;  // -x 0 evaluates only, and writes no model
+    if (!gpt2_params_finite(m)) {
+        print_not_written("the final model", rank0);
+        world_barrier(m, par);
+        return -1;
+    }
     int sealed = job->opt.encrypt >= 2;
     if (gpt2_write_model(m, par, job->opt.out_dir, job->steps, job->ckpt_key, sealed, path, sizeof(path), err,
                          sizeof(err)) != 0) {
@@ -1368,6 +1414,10 @@ static int final_model(GPT2 *m, Parallel *par, Job *job) {
         return -1;
     }
     if (rank0) printf("wrote %s\n", path);
+    if (rank0 && write_done(job, err, sizeof(err)) != 0) {
+        fprintf(stderr, "%s: %s\n", trainer_name, err);
+        return -1;
+    }
     return 0;
 }
 
@@ -1432,6 +1482,8 @@ int main(int argc, char **argv) {
     }
     print_layout(&model, &par, &job.opt, accum, device);
     if (rank0) announce_resume(&job, load_ms);
+    GpuStats gpu_stats;  // -lg N: llm.c's GPU stats, rank 0's GPU, through NVML where it is found
+    gpu_stats_open(&gpu_stats, rank0 ? job.opt.gpu_stats_every : 0, device, NULL, stdout);
 
     // the training loop: one optimizer step per iteration
     int stopped = 0;
@@ -1460,15 +1512,16 @@ int main(int argc, char **argv) {
         hyper.lr = line.lr;
         stopped = ckpt_stop_signal != 0;
         line.loss = gpt2_step_loss(&model, &par, accum, &stopped);
-        update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0);
+        int broken = update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0);
         line.ms = now_ms() - t0;
         watch_end(&par, &watch, line.ms);
         if (watch_due(&watch, step)) watch_report(&model, &par, &watch, step, &line);
         if (rank0) {
             print_mfu(&job, report_step(&job, &line, &guard), peak);
+            if (gpu_stats_due(&job, step)) gpu_stats_print(&gpu_stats);
             watch_print(&watch);
         }
-        if (nonfinite_stop(&job, &line, rank0)) {
+        if (nonfinite_stop(&job, &line, broken, rank0)) {
             world_barrier(&model, &par);
             exit(1);
         }

@@ -41,6 +41,7 @@ enum { PS_GPIPE, PS_1F1B };
 
 typedef struct {
     const char *train_pattern, *val_pattern, *init, *out_dir, *log_file, *tokenizer;
+    int gpu_stats_every;           // -lg N (an integer): llm.c's GPU stats every N steps (0 or below = off)
     int init_vocab, init_maxT, init_channels;
     int B, T, total_batch, steps;
     float lr, final_frac, weight_decay, beta1, beta2, eps, grad_clip;
@@ -87,22 +88,29 @@ static const OptionSpec option_specs[] = {
     {"-ec", OPT_INT, offsetof(Options, init_channels), 0, 1 << 16, NULL, "channels for a dN init (0 = GPT-2's)", NULL, NULL},
     {"-o", OPT_STR, offsetof(Options, out_dir), 0, 0, NULL,
      "output dir for the log, checkpoints and the final model", NULL, "none"},
-    {"-lg", OPT_STR, offsetof(Options, log_file), 0, 0, NULL, "JSON-lines log file",
-     "llm.c has no -lg; its parser reads -lg as -l, the learning rate", "<-o>/log.jsonl, none without -o"},
+    {"-lg", OPT_STR, offsetof(Options, log_file), 0, 0, NULL,
+     "JSON-lines log file; told apart by its value, -lg N (an integer) is llm.c's: GPU stats every N steps "
+     "(train_gpt2cu, with NVML; a log file named as a number: -lg ./N)",
+     "llm.c's -lg N prints GPU stats every N steps", "<-o>/log.jsonl, none without -o; GPU stats off"},
     {"-tk", OPT_STR, offsetof(Options, tokenizer), 0, 0, NULL, "tokenizer .bin for printing samples", NULL, "none"},
     {"-b", OPT_INT, offsetof(Options, B), 1, 1 << 16, NULL, "micro-batch size B per data-parallel rank", NULL, NULL},
     {"-t", OPT_INT, offsetof(Options, T), 1, 1 << 20, NULL, "sequence length T", NULL, NULL},
     {"-d", OPT_INT, offsetof(Options, total_batch), -1, 1 << 30, NULL, "total batch in tokens (-1 = B*T*dp*mb)", NULL, NULL},
-    {"-x", OPT_INT, offsetof(Options, steps), -1, 1 << 30, NULL, "optimizer steps (-1 = one epoch)", NULL, NULL},
+    {"-x", OPT_INT, offsetof(Options, steps), -1, 1 << 30, NULL,
+     "optimizer steps (-1 = one epoch; 0 = evaluate only, as llm.c: val loss, -h, -s; no model or checkpoint written)",
+     NULL, NULL},
     {"-l", OPT_FLOAT, offsetof(Options, lr), 0, 10, NULL, "peak learning rate", NULL, NULL},
     {"-u", OPT_INT, offsetof(Options, warmup), 0, 1 << 30, NULL, "warmup steps (linear, from lr/u)", NULL, NULL},
     {"-q", OPT_FLOAT, offsetof(Options, final_frac), 0, 1, NULL, "final lr as a fraction of the peak", NULL, NULL},
     {"-k", OPT_CHOICE, offsetof(Options, schedule), 0, 0, "cosine,linear,constant,wsd",
      "lr schedule (llm.c's: constant has no warmup, wsd decays the last 20% as 1 - sqrt)", NULL, NULL},
     {"-c", OPT_FLOAT, offsetof(Options, weight_decay), 0, 10, NULL, "AdamW weight decay (2-D weights only)", NULL, NULL},
-    {"-b1", OPT_FLOAT, offsetof(Options, beta1), 0, 0.999999, NULL, "AdamW beta1", NULL, NULL},
-    {"-b2", OPT_FLOAT, offsetof(Options, beta2), 0, 0.999999999, NULL, "AdamW beta2", NULL, NULL},
-    {"-ep", OPT_FLOAT, offsetof(Options, eps), 0, 1, NULL, "AdamW epsilon", NULL, NULL},
+    // the ranges hold their floats too: 0.9999999 is a float below 1 (a beta
+    // of 1 divides by 1 - 1^t = 0), and no value from 1e-30 up rounds to 0
+    {"-b1", OPT_FLOAT, offsetof(Options, beta1), 0, 0.9999999, NULL, "AdamW beta1 (below 1)", NULL, NULL},
+    {"-b2", OPT_FLOAT, offsetof(Options, beta2), 0, 0.9999999, NULL, "AdamW beta2 (below 1)", NULL, NULL},
+    {"-ep", OPT_FLOAT, offsetof(Options, eps), 1e-30, 1, NULL,
+     "AdamW epsilon (above 0: the untrained padded rows' update is 0 / epsilon)", NULL, NULL},
     {"-gc", OPT_FLOAT, offsetof(Options, grad_clip), 0, 1e9, NULL, "clip the global grad norm to this (0 = off)", NULL, NULL},
     {"-sl", OPT_FLOAT, offsetof(Options, skip_loss_z), 0, 1e9, NULL,
      "skip an update whose loss is more than this many std above the last 128 steps' mean (0 = off)", NULL, NULL},
@@ -139,7 +147,9 @@ static const OptionSpec option_specs[] = {
      "llm.c's usage lists -pp as the fs path of its NCCL init, which its parser reads as -pf", NULL},
     {"-z", OPT_INT, offsetof(Options, zero), 0, 3, NULL, "ZeRO stage 0-3", NULL, NULL},
     {"-mb", OPT_INT, offsetof(Options, microbatches), 1, 1 << 16, NULL, "micro-batches per pipeline step", NULL, NULL},
-    {"-ps", OPT_CHOICE, offsetof(Options, pipe_schedule), 0, 0, "gpipe,1f1b", "pipeline schedule",
+    {"-ps", OPT_CHOICE, offsetof(Options, pipe_schedule), 0, 0, "gpipe,1f1b",
+     "pipeline schedule; told apart by its value, an address (with '.' or ':') is llm.c's -ps, its NCCL server "
+     "address: refused",
      "llm.c's -ps is the server IP of its NCCL init; " LLMC_MULTINODE, NULL},
     {"-to", OPT_FLOAT, offsetof(Options, timeout), 0.1, 3600, NULL, "seconds any wait between ranks may take", NULL, NULL},
     {"-ck", OPT_INT, offsetof(Options, check_every), 0, 1 << 30, NULL,
@@ -179,6 +189,7 @@ static const OptionSpec option_specs[] = {
 
 static void options_defaults(Options *o) {
     memset(o, 0, sizeof(*o));
+    o->gpu_stats_every = -1;  // llm.c's default: off
     // llm.c's tinyshakespeare.py names (tiny_shakespeare_train.bin) and prepare_data's (..._train_000000.bin)
     o->train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train*.bin";
     o->val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val*.bin";
@@ -244,6 +255,21 @@ static int looks_numeric(const char *v) {
     return end != v && *end == '\0';
 }
 
+// 1 if v reads whole as a decimal integer (strtol's syntax) that fits an int
+static int looks_integer(const char *v, long *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end != '\0' || errno != 0 || x < -2147483647L || x > 2147483647L) return 0;
+    *out = x;
+    return 1;
+}
+
+// 1 if v is an address as llm.c's -ps takes one (an IPv4 or IPv6 address, a
+// host name with a dot, host:port): it holds '.' or ':', which no name of a
+// pipeline schedule does
+static int looks_like_address(const char *v) { return strchr(v, '.') != NULL || strchr(v, ':') != NULL; }
+
 // err's line for flag s, with what llm.c means by the flag when that differs
 static int flag_error(char *err, size_t errlen, const OptionSpec *s) {
     size_t n = strlen(err);
@@ -271,12 +297,24 @@ static int options_parse(Options *o, int argc, char **argv, char *err, size_t er
         char *dst = (char *)o + s->offset, *end;
         if (s->type == OPT_STR) {
             if (val[0] == '\0') return errorf(err, errlen, "flag %s: empty value", flag);
-            if (strcmp(flag, "-lg") == 0 && looks_numeric(val)) {  // llm.c's "-lg 10" is a learning rate
-                errorf(err, errlen, "flag -lg: '%s' looks like a number, not a log file's name", val);
-                return flag_error(err, errlen, s);
+            long n;
+            if (strcmp(flag, "-lg") == 0 && looks_integer(val, &n)) {  // llm.c's -lg N: GPU stats every N steps
+                if (n > (1 << 30)) return errorf(err, errlen, "flag -lg: %s steps between GPU stats is out of range "
+                                                 "[-1, %d]", val, 1 << 30);
+                o->gpu_stats_every = (int)n;
+                continue;
             }
+            if (strcmp(flag, "-lg") == 0 && looks_numeric(val))
+                return errorf(err, errlen, "flag -lg: '%s' is neither an integer (llm.c's -lg N: GPU stats every N "
+                              "steps) nor a log file's name (a file named so: -lg ./%s)", val, val);
             *(const char **)dst = val;
         } else if (s->type == OPT_CHOICE) {
+            // llm.c's -ps ADDRESS: its multi-node setting, told apart from a schedule's name by its value
+            if (strcmp(flag, "-ps") == 0 && !choice_index(s->choices, val, (int *)dst) && looks_like_address(val))
+                return errorf(err, errlen, "flag -ps %s: an address, llm.c's NCCL server address (its -pi tcp), a "
+                              "multi-node setting not taken here: one box starts its ranks with -np N, and ranks that "
+                              "mpirun, srun or torchrun start join with --rendezvous tcp:HOST:PORT --key-file FILE "
+                              "(doc/llmc.md); here -ps names the pipeline schedule {%s}", val, s->choices);
             if (!choice_index(s->choices, val, (int *)dst)) {
                 errorf(err, errlen, "flag %s: '%s' is not one of {%s}", flag, val, s->choices);
                 return flag_error(err, errlen, s);
@@ -289,7 +327,7 @@ static int options_parse(Options *o, int argc, char **argv, char *err, size_t er
                 return flag_error(err, errlen, s);
             }
             if (v < s->min || v > s->max) {
-                errorf(err, errlen, "flag %s: %s is out of range [%g, %g]", flag, val, s->min, s->max);
+                errorf(err, errlen, "flag %s: %s is out of range [%.9g, %.9g]", flag, val, s->min, s->max);
                 return flag_error(err, errlen, s);
             }
             if (s->type == OPT_INT) *(int *)dst = (int)v; else *(float *)dst = (float)v;

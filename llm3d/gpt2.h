@@ -17,7 +17,8 @@
  *     for_each_owned)
  *   from the flags: options_descriptor, options_model_file, batch_accum,
  *     lr_at_step
- *   the log: LogLine, log_line, log_keep_before
+ *   the log: LogLine, log_line (non-finite values as null; a failed write
+ *     reported), log_number, log_measured, log_keep_before
  *
  * ---------------------------------------------------------------------------
  * File headers (all little-endian; every header is 256 x int32 = 1024 bytes)
@@ -687,18 +688,44 @@ typedef struct {
     const char *watch;       // more fields, from the watch report (watch.h), as JSON ("\"straggler\": 2, ..."), or NULL
 } LogLine;
 
-static void log_line(FILE *f, const LogLine *l) {
-    if (f == NULL) return;
+// one numeric field, ", \"name\": value": JSON has no NaN or infinity, so a
+// value that is not finite is null (Python's json and plot_log read it)
+static void log_number(FILE *f, const char *name, const char *fmt, double x) {
+    fprintf(f, ", \"%s\": ", name);
+    if (isfinite(x)) fprintf(f, fmt, x);
+    else fputs("null", f);
+}
+
+// "measured": a val loss or accuracy of NaN was measured (a broken model),
+// and is logged as null; only the sentinel below 0 means "not measured"
+static int log_measured(float x) { return !(x < 0.0f); }
+
+// writes l as one line and flushes it: 0, or -1 with errno set when the
+// line did not reach the file whole (a full disk, /dev/full). What was
+// written of a failed line is cut off again where the file can be cut, so
+// that the log ends with a whole line; the caller ends the run.
+static int log_line(FILE *f, const LogLine *l) {
+    if (f == NULL) return 0;
+    long start = ftell(f);
+    errno = 0;
     fprintf(f, "{\"step\": %d", l->step);
-    if (l->trained) fprintf(f, ", \"loss\": %.6f", l->loss);
-    if (l->val_loss >= 0) fprintf(f, ", \"val_loss\": %.6f", l->val_loss);
-    if (l->hellaswag >= 0) fprintf(f, ", \"hellaswag\": %.6f", l->hellaswag);
-    if (l->trained) fprintf(f, ", \"norm\": %.6f, \"lr\": %.6e, \"ms\": %.3f", l->norm, l->lr, l->ms);
+    if (l->trained) log_number(f, "loss", "%.6f", l->loss);
+    if (log_measured(l->val_loss)) log_number(f, "val_loss", "%.6f", l->val_loss);
+    if (log_measured(l->hellaswag)) log_number(f, "hellaswag", "%.6f", l->hellaswag);
+    if (l->trained) {
+        log_number(f, "norm", "%.6f", l->norm);
+        log_number(f, "lr", "%.6e", l->lr);
+        log_number(f, "ms", "%.3f", l->ms);
+    }
     fprintf(f, ", \"tokens\": %ld", l->tokens);
     if (l->skipped != NULL) fprintf(f, ", \"skipped\": \"%s\"", l->skipped);
     if (l->watch != NULL) fprintf(f, ", %s", l->watch);
     fprintf(f, "}\n");
-    fflush(f);
+    if (fflush(f) == 0 && !ferror(f)) return 0;
+    int saved = errno != 0 ? errno : EIO;
+    if (start >= 0 && ftruncate(fileno(f), (off_t)start) != 0) {}  // a device such as /dev/full cannot be cut
+    errno = saved;
+    return -1;
 }
 
 // on resume from step `step`: keeps the log's lines of the steps before it,

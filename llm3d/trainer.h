@@ -14,11 +14,12 @@
  *     checkpoint_setup
  *   on each rank, after it joined the job:
  *     start_rank, start_mark, start_marks_judge, start_marks_refused, load_params, open_data, open_tokenizer_and_log,
- *     job_pipeline, activation_sets, step_plan, print_model_and_batch, announce_resume
+ *     job_pipeline, gpu_stats_due (llm.c's -lg N), activation_sets, step_plan, print_model_and_batch, announce_resume
  *   in the loop: next_batch, evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
+ *     Progress, progress_due, progress_start, progress_tick, progress_end (HellaSwag's, as llm.c's),
  *     report_hellaswag, outlier_skip (llm.c's -sl -sg; steps not finite), nonfinite_stop,
- *     report_step, print_mfu, checkpoint_state, print_checkpoint_written
- *   after the last step: final_line, report_final
+ *     print_not_written, log_write, report_step, print_mfu, checkpoint_state, print_checkpoint_written
+ *   after the last step: final_line, report_final, write_done (llm.c's DONE_<steps>)
  *   sampling: random_f32 (xorshift*), sample_token (inverse CDF of the softmax)
  *   at the end: free_job
  *
@@ -78,6 +79,7 @@ typedef struct {
     int have_hs;
     Tokenizer tok;
     FILE *logf;              // rank 0's JSON-lines log, or NULL
+    char log_path[1100];     // its name, for the line that says a write to it failed
     double loop_t0;          // when this launch's first step began (report_step's ETA)
     uint64_t sample_rng;     // xorshift* state, saved in checkpoints
 } Job;
@@ -414,8 +416,9 @@ static void open_data(Job *job, const Grid *g) {
     }
     DataLoaderState pos = {job->ck.data[0], job->ck.data[1], job->ck.data[2], job->ck.data[3]};
     if (job->resuming && dataloader_set_state(&job->train, &pos, err, sizeof(err)) != 0) die_usage(err);
+    // -x 0 evaluates only, as in llm.c; one epoch is at least one step
     job->steps = o->steps >= 0 ? o->steps : (int)(dataloader_batches_per_epoch(&job->train) / job->accum);
-    if (job->steps < 1) job->steps = 1;
+    if (o->steps < 0 && job->steps < 1) job->steps = 1;
     if (job->resuming && job->ck.step > job->steps) {
         errorf(err, sizeof(err), "flag -x: %d steps, but checkpoint %s is of step %d", job->steps, job->ck_dir,
                job->ck.step);
@@ -431,6 +434,9 @@ static void open_tokenizer_and_log(Job *job, const Grid *g) {
     const Options *o = &job->opt;
     job->have_tok = o->tokenizer != NULL && o->sample_every > 0 && g->world == 1;
     if (job->have_tok && tokenizer_load_bin(&job->tok, o->tokenizer, err, sizeof(err)) != 0) die_usage(err);
+    if (g->rank == 0 && job->have_tok && o->gen_tokens > o->T)  // sample() stops at T: the model reads T positions
+        printf("note: flag -g %d: a sample is at most -t %d tokens here (the model reads T positions at a time), so "
+               "each is %d tokens\n", o->gen_tokens, o->T, o->T);
     if (g->rank == 0 && o->sample_every > 0 && !job->have_tok) {  // (llm.c samples token ids without a tokenizer)
         if (o->tokenizer == NULL) printf("note: flag -s: no samples without a tokenizer .bin (-tk)\n");
         else printf("note: flag -tk: samples are printed by one-rank runs only; none in this run of %d ranks\n", g->world);
@@ -442,6 +448,7 @@ static void open_tokenizer_and_log(Job *job, const Grid *g) {
         path = in_dir;
     }
     if (job->resuming && log_keep_before(path, job->ck.step, err, sizeof(err)) != 0) die_usage(err);
+    snprintf(job->log_path, sizeof(job->log_path), "%s", path);
     const char *mode = job->resuming ? "a" : "w";
     // the log, in -o or at -lg's path, is never reached through a link: one
     // planted there would have the trainer append to, or truncate, its target
@@ -457,6 +464,11 @@ static void open_tokenizer_and_log(Job *job, const Grid *g) {
 // the step's pipeline (pipeline.h) from -ps, -pp and the micro-batches per step
 static PipeLayout job_pipeline(const Options *o, int pp, int accum) {
     return pipe_layout(o->pipe_schedule == PS_GPIPE ? PIPE_GPIPE : PIPE_1F1B, pp, accum, 1);
+}
+
+// -lg N: GPU stats after every N steps (llm.c's -lg); train_gpt2cu prints them
+static int gpu_stats_due(const Job *job, int step) {
+    return job->opt.gpu_stats_every > 0 && (step + 1) % job->opt.gpu_stats_every == 0;
 }
 
 // the micro-batches whose activations this stage holds at once under the schedule
@@ -487,8 +499,8 @@ static void print_model_and_batch(const Job *job, int dp) {
     const GPT2Config *c = &job->config;
     printf("model: L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters\n", c->L, c->C, c->NH, c->V, c->Vp, c->maxT,
            param_count(c));
-    printf("batch: B=%d T=%d, %d micro-batches per step x dp %d = %ld tokens, %d steps\n", job->opt.B, job->opt.T,
-           job->accum, dp, job->total_batch, job->steps);
+    printf("batch: B=%d T=%d, %d micro-batches per step x dp %d = %ld tokens, %d steps%s\n", job->opt.B, job->opt.T,
+           job->accum, dp, job->total_batch, job->steps, job->steps == 0 ? " (-x 0: evaluate only)" : "");
 }
 
 // rank 0's line on what this launch resumed (load_ms: the time to load the
@@ -570,11 +582,22 @@ static const char *outlier_skip(const Job *job, OutlierGuard *g, float loss, flo
     return what;
 }
 
-// nonfinite_stop: whether the step of l, skipped as not finite, ends the
-// run (it does unless -sl or -sg is on); rank 0 then says so in one line,
-// and the caller waits for every rank (so the line is out before the
+// nonfinite_stop: whether the step of l ends the run: its loss or norm was
+// not finite and skipped as such (it does unless -sl or -sg is on), or its
+// update made a parameter that is not finite (params_broken: always, since
+// the model is spoilt and must not be written). Rank 0 then says so in one
+// line, and the caller waits for every rank (so the line is out before the
 // launcher hears of an exit) and exits 1
-static int nonfinite_stop(const Job *job, const LogLine *l, int rank0) {
+static int nonfinite_stop(const Job *job, const LogLine *l, int params_broken, int rank0) {
+    if (params_broken) {
+        if (rank0) {
+            fflush(stdout);
+            fprintf(stderr, "%s: step %d: the update made parameters that are not finite (NaN or infinity), so the "
+                    "run stops and writes nothing more (-l %g, -ep %g)\n", trainer_name, l->step, job->opt.lr,
+                    job->opt.eps);
+        }
+        return 1;
+    }
     if (l->skipped == NULL || strcmp(l->skipped, "not finite") != 0 || outlier_guard_on(job)) return 0;
     if (rank0) {
         fflush(stdout);
@@ -583,6 +606,15 @@ static int nonfinite_stop(const Job *job, const LogLine *l, int rank0) {
                 "steps and go on)\n", trainer_name, l->step, l->loss, l->norm);
     }
     return 1;
+}
+
+// rank 0's line when what was to be written (a checkpoint, the final model)
+// is not, because the parameters are not finite (a model file given with
+// a NaN, its steps skipped under -sl or -sg): no file keeps such a model
+static void print_not_written(const char *what, int rank0) {
+    if (!rank0) return;
+    fflush(stdout);
+    fprintf(stderr, "%s: %s not written: the parameters are not finite (NaN or infinity)\n", trainer_name, what);
 }
 
 // ----------------------------------------------------------------------------
@@ -597,6 +629,55 @@ static int evaluate_due(const Job *job, int step) {
 // HellaSwag (-h 1) with the evaluations, after step 0 as in llm.c, and after the last step
 static int hellaswag_due(const Job *job, int step) {
     return job->have_hs && (step == job->steps || (step > 0 && step % job->opt.val_every == 0));
+}
+
+// HellaSwag's progress on rank 0, as llm.c prints it ("evaluating
+// HellaSwag: i/n", in batches): 10,042 examples take long on a CPU, and
+// should not pass in silence. On a terminal one line is rewritten in place
+// (\r) every 10 batches, as llm.c's, and wiped at the end; into a file or
+// a pipe (a log) a whole line at most every PROGRESS_EVERY_S seconds, so
+// that a long evaluation leaves a few lines there, not one per batch, and
+// a short one none.
+#define PROGRESS_EVERY_S 10.0
+
+typedef struct {
+    int on, tty, n;     // printing at all (rank 0); to a terminal; the batches
+    double last_ms;     // when the last line was printed (or the start)
+    int shown;          // a terminal line is on screen
+} Progress;
+
+// whether batch i of n is shown: on a terminal every 10th; elsewhere when
+// PROGRESS_EVERY_S have passed since the last line (now and last in ms)
+static int progress_due(int tty, int i, double now_ms_, double last_ms) {
+    if (tty) return i % 10 == 0;
+    return now_ms_ - last_ms >= PROGRESS_EVERY_S * 1e3;
+}
+
+static void progress_start(Progress *p, int on, int n) {
+    p->on = on;
+    p->tty = on && isatty(fileno(stdout));
+    p->n = n;
+    p->last_ms = now_ms();
+    p->shown = 0;
+}
+
+// before batch i of the evaluation
+static void progress_tick(Progress *p, int i) {
+    if (!p->on) return;
+    double now = now_ms();
+    if (!progress_due(p->tty, i, now, p->last_ms)) return;
+    if (p->tty) printf("\revaluating HellaSwag: %d/%d", i, p->n);
+    else printf("evaluating HellaSwag: %d/%d\n", i, p->n);
+    fflush(stdout);
+    p->last_ms = now;
+    p->shown = p->tty;
+}
+
+// the terminal's line wiped, so that the result's line starts clean
+static void progress_end(Progress *p) {
+    if (!p->shown) return;
+    printf("\r%*s\r", 48, "");
+    fflush(stdout);
 }
 
 // the accuracy of a HellaSwag evaluation that got `correct` examples right;
@@ -631,6 +712,17 @@ static const char *format_duration(double s, char *buf, size_t len) {
     return buf;
 }
 
+// a line of the JSON log; a write that fails (a full disk, -lg /dev/full)
+// ends the run with one line and exit 1: a log that silently lost lines
+// would be taken for the whole run
+static void log_write(const Job *job, const LogLine *l) {
+    if (log_line(job->logf, l) == 0) return;
+    char msg[1400];
+    snprintf(msg, sizeof(msg), "%s: cannot write the log: %s (at step %d)", job->log_path, strerror(errno), l->step);
+    fflush(stdout);
+    die(1, msg);
+}
+
 // rank 0's line for a step, up to its ETA (print_mfu ends it), and the
 // step's JSON log entry (l: its numbers; the tokens are filled
 // in here); with -sl or -sg, the z-scores of g too, as llm.c prints them.
@@ -641,6 +733,9 @@ static double report_step(Job *job, LogLine *l, const OutlierGuard *g) {
     double tok_s = job->total_batch / (l->ms / 1e3), now = now_ms();
     if (l->step == job->start) job->loop_t0 = now - l->ms;
     double per_step_s = (now - job->loop_t0) / 1e3 / (l->step - job->start + 1);
+    l->trained = 1;
+    l->tokens = job->total_batch * (l->step + 1);
+    log_write(job, l);  // first: a failed write's line then follows whole lines of stdout
     printf("step %4d/%d | loss %.6f", l->step, job->steps, l->loss);
     if (outlier_guard_on(job)) printf(" (%+.2fz)", g->loss_z);
     printf(" | norm %.4f", l->norm);
@@ -648,9 +743,6 @@ static double report_step(Job *job, LogLine *l, const OutlierGuard *g) {
     printf(" | lr %.2e | %.1f ms | %.0f tok/s | %.1f GFLOP/s | ETA %s", l->lr, l->ms, tok_s,
            tok_s * flops_per_token(&job->config, job->opt.T) / 1e9,
            format_duration(per_step_s * (job->steps - l->step - 1), eta, sizeof(eta)));
-    l->trained = 1;
-    l->tokens = job->total_batch * (l->step + 1);
-    log_line(job->logf, l);
     return tok_s;
 }
 
@@ -673,7 +765,7 @@ static LogLine final_line(const Job *job) {
 }
 
 static void report_final(const Job *job, const LogLine *l) {
-    if (l->val_loss >= 0 || l->hellaswag >= 0) log_line(job->logf, l);
+    if (log_measured(l->val_loss) || log_measured(l->hellaswag)) log_write(job, l);
 }
 
 // what state.bin records after `done` steps (Adam's t: adam_t), the data
@@ -690,6 +782,20 @@ static CkptState checkpoint_state(const Job *job, int done, int adam_t, const Gr
 
 static void print_checkpoint_written(const Job *job, int done, double ms) {
     printf("checkpoint %s/ckpt_%08d written in %.0f ms\n", job->opt.out_dir, done, ms);
+}
+
+// llm.c's mark of a run that is over: an empty file DONE_<steps>, the step
+// count in 8 digits as llm.c names it (DONE_00018865), in -o once the final
+// model is written. llm.c's scripts (scripts/run_gpt2_124M.sh) start the
+// trainer again and again until it is there. Rank 0 writes it, never through
+// a link; 0, or -1 with err set
+static int write_done(const Job *job, char *err, size_t errlen) {
+    char path[1100];
+    snprintf(path, sizeof(path), "%s/DONE_%08d", job->opt.out_dir, job->steps);
+    int fd = file_open_checked(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, "", err, errlen);
+    if (fd < 0) return -1;
+    if (close(fd) != 0) return errorf(err, errlen, "%s: cannot write: %s", path, strerror(errno));
+    return 0;
 }
 
 // ----------------------------------------------------------------------------

@@ -17,6 +17,7 @@
  */
 #define _GNU_SOURCE
 #include "llm3d/gpt2.h"
+#include "llm3d/json.h"
 #include "parallel.h"
 #include "dev/test/test.h"
 #include "dev/test/test_run.h"
@@ -91,6 +92,24 @@ static TrainerRun run_trainer(const char *args, const char *const *env, double t
     snprintf(out_path, sizeof(out_path), "%s/trainer.out", work);
     double t0 = test_now();
     return trainer_ended(spawn_trainer(args, env, out_path), t0, out_path, timeout_s);
+}
+
+// the lines of the log at path: how many, and how many are not one whole
+// JSON object each (json.h's grammar: NaN is not JSON)
+static int log_lines(const char *path, int *bad) {
+    char *text = test_read_text(path);
+    int n = 0;
+    *bad = 0;
+    for (char *line = text; *line != '\0'; n++) {
+        char *end = strchr(line, '\n');
+        size_t len = end != NULL ? (size_t)(end - line) : strlen(line);
+        JsonReader j;
+        json_init(&j, line, len);
+        if (end == NULL || json_peek(&j) != '{' || json_skip_value(&j) != 0 || json_at_end(&j) != 0) (*bad)++;
+        line += len + (end != NULL);
+    }
+    free(text);
+    return n;
 }
 
 // ----------------------------------------------------------------------------
@@ -782,14 +801,110 @@ static void test_nan_weights(void) {
               i == 0 ? "one process" : "-np 2", r.status, test_line_of(r.out, "train_gpt2:"));
         free(r.out);
     }
-    // under llm.c's outlier guard such a step is skipped like an outlier, and the run goes on
-    char args[700];
-    snprintf(args, sizeof(args), "-x 3 -sl 3 -e %s", path);
+    // under llm.c's outlier guard such a step is skipped like an outlier, and the run goes on; its log is
+    // JSON, the loss and norm of each step null (JSON has no NaN)
+    char args[700], log[300], odir[300];
+    snprintf(log, sizeof(log), "%s/nan.jsonl", work);
+    snprintf(args, sizeof(args), "-x 3 -sl 3 -e %s -lg %s", path, log);
     TrainerRun r = run_trainer(args, NULL, 30.0);
-    int skips = test_count(r.out, "skipping update due to a loss or grad norm that is not finite");
+    int skips = test_count(r.out, "skipping update due to a loss or grad norm that is not finite"), bad;
+    int lines = log_lines(log, &bad);
+    char *text = test_read_text(log);
     check(r.status == 0 && skips == 3, "NaN weights under -sl 3: every step skipped, the run goes on (%d skips, exit %d)",
           skips, r.status);
+    check(lines == 3 && bad == 0 && test_count(text, "\"norm\": null") == 3 && strstr(text, "nan") == NULL,
+          "and its log is JSON: %d lines, %d not JSON, the norms null: %s", lines, bad, test_line_of(text, "norm"));
+    free(text);
     free(r.out);
+    // with -o, the model it would write holds the NaN: not written, one line, exit 1
+    snprintf(odir, sizeof(odir), "%s/nan_out", work);
+    snprintf(args, sizeof(args), "-x 2 -sl 3 -e %s -o %s", path, odir);
+    r = run_trainer(args, NULL, 30.0);
+    check(r.status == 1 && r.lines == 1 && strstr(r.out, "train_gpt2: the final model not written: the parameters are "
+                                                  "not finite") != NULL &&
+          !test_exists("%s/model_00000002.bin", odir) && !test_exists("%s/DONE_00000002", odir),
+          "NaN weights under -sl 3 with -o: the final model is not written, one line, exit 1 (exit %d): %s", r.status,
+          test_line_of(r.out, "train_gpt2:"));
+    free(r.out);
+    snprintf(args, sizeof(args), "-x 2 -n 1 -sl 3 -e %s -o %s", path, odir);
+    r = run_trainer(args, NULL, 30.0);
+    check(r.status == 1 && r.lines == 1 && strstr(r.out, "train_gpt2: the checkpoint after step 0 not written: the "
+                                                  "parameters are not finite") != NULL &&
+          !test_exists("%s/ckpt_00000001", odir),
+          "and -n 1: the checkpoint after step 0 is not written either, exit 1 (exit %d): %s", r.status,
+          test_line_of(r.out, "train_gpt2:"));
+    free(r.out);
+    // AdamW's epsilon of 0 divides 0 by 0 in rows that never train: refused before any rank starts
+    r = run_trainer("-x 1 -ep 0", NULL, 30.0);
+    check(r.status == 2 && r.lines == 1 && strstr(r.out, "flag -ep: 0 is out of range [1e-30, 1]") != NULL,
+          "-ep 0: refused in one line, exit 2 (exit %d): %s", r.status, test_line_of(r.out, "train_gpt2:"));
+    free(r.out);
+}
+
+// ----------------------------------------------------------------------------
+// the log: a write that fails ends the run, and every line is JSON
+
+static void test_log_writes(void) {
+    // a log that cannot be written at all: -lg /dev/full
+    TrainerRun r = run_trainer("-x 3 -lg /dev/full", NULL, 30.0);
+    check(r.status == 1 && r.lines == 1 && strstr(r.out, "train_gpt2: /dev/full: cannot write the log: No space left on "
+                                                  "device (at step 0)") != NULL,
+          "-lg /dev/full: the run ends at the first line it cannot write, in one line, exit 1 (exit %d): %s", r.status,
+          test_line_of(r.out, "train_gpt2:"));
+    free(r.out);
+    // a disk that fills up mid-run: a file size limit of 4 KiB (ulimit -f 4) lets some lines through, then a
+    // write fails; the run ends there and the log keeps whole lines only. (Its output goes to a pipe, which
+    // the limit does not reach.)
+    char log[300], cmd[1200], out[65536];
+    snprintf(log, sizeof(log), "%s/full.jsonl", work);
+    snprintf(cmd, sizeof(cmd), "ulimit -f 4 && exec timeout 60 ./train_gpt2 %s -i %s -x 200 -lg %s", TINY, shard, log);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    int bad, n = log_lines(log, &bad);
+    struct stat st;
+    check(rc == 1 && test_count(out, "train_gpt2:") == 1 && strstr(out, "cannot write the log: File too large") != NULL &&
+          n > 10 && n < 200 && bad == 0 && stat(log, &st) == 0 && st.st_size <= 4096 && strstr(out, "step  199/200") == NULL,
+          "the log's file full after %d lines: the run ends there in one line, exit 1 (exit %d), and the log holds "
+          "whole JSON lines only (%d not): %s", n, rc, bad, test_line_of(out, "train_gpt2:"));
+}
+
+// an update that makes a parameter infinite from finite everything else:
+// 1e37 in a padded row of wte (V 250 padded to 256 rows), which no logit of
+// the loss reads and no gradient reaches, and -l 10 -c 10, whose weight
+// decay multiplies it by 1 - 100. The loss and the norm stay finite; the
+// run must stop at that update, not save it (as -ep 0's 0 / 0 in those rows
+// once was saved)
+static void test_nan_update(void) {
+    GPT2Config c;
+    memset(&c, 0, sizeof(c));
+    char path[300], err[512], odir[300], args[900];
+    snprintf(path, sizeof(path), "%s/huge_padded.bin", work);
+    if (!check(config_from_descriptor(&c, "d2", 250, 32) == 0 && c.Vp == 256, "a padded row: d2, V 250, Vp 256"))
+        return;
+    size_t n = param_count(&c);
+    float *p = (float *)calloc(n, sizeof(float));
+    uint64_t x = 11;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = ((float)(x >> 40) / (float)(1 << 24) - 0.5f) * 0.04f;
+    }
+    for (size_t i = (size_t)c.V * c.C; i < (size_t)c.Vp * c.C; i++) p[i] = 0.0f;  // wte's padded rows, as files hold them
+    p[(size_t)(c.V + 3) * c.C + 5] = 1e37f;
+    int saved = model_save(path, &c, p, 0, err, sizeof(err));
+    free(p);
+    if (!check(saved == 0, "a model file with 1e37 in wte's padded row 253: %s", saved ? err : "")) return;
+    const char *how[3] = {"", "-np 2", "-sl 3"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(odir, sizeof(odir), "%s/nan_update_%d", work, i);
+        snprintf(args, sizeof(args), "-x 1 -l 10 -c 10 %s -e %s -o %s", how[i], path, odir);
+        TrainerRun r = run_trainer(args, NULL, 30.0);
+        check(r.status == 1 && r.lines == 1 && strstr(r.out, "step    0/1 | loss ") != NULL &&
+              strstr(r.out, "train_gpt2: step 0: the update made parameters that are not finite") != NULL &&
+              !test_exists("%s/model_00000001.bin", odir) && !test_exists("%s/DONE_00000001", odir),
+              "an update that overflows a padded row (%s): loss and norm finite, the run stops at step 0's update, "
+              "writes no model, exit 1 (exit %d): %s", i == 0 ? "one process" : how[i], r.status,
+              test_line_of(r.out, "train_gpt2:"));
+        free(r.out);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -924,6 +1039,8 @@ int main(int argc, char **argv) {
     test_stopped_rank();
     test_tiny_shard_warning();
     test_nan_weights();
+    test_nan_update();
+    test_log_writes();
     test_other_promises();
     test_remove_dir(work);
     return test_summary();

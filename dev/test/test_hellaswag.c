@@ -19,6 +19,9 @@
 #include "dev/test/test.h"
 #include "dev/test/test_run.h"
 
+#include <poll.h>
+#include <sys/ioctl.h>
+
 #define NEX 13     // examples: uneven over 2 and 4 ranks
 #define MODEL_T 32
 #define MODEL_B 8
@@ -308,6 +311,59 @@ static void test_trainer(const char *file, float brute_acc) {
     }
 }
 
+// a pseudo-terminal: its master's fd, and its slave's path into name (for
+// test_spawn to open as the child's stdout); -1 where there is none
+static int open_pty(char *name, size_t len) {
+    int fd = open("/dev/ptmx", O_RDWR | O_NOCTTY), unlock = 0, n = -1;
+    if (fd >= 0 && (ioctl(fd, TIOCSPTLCK, &unlock) != 0 || ioctl(fd, TIOCGPTN, &n) != 0)) {
+        close(fd);
+        fd = -1;
+    }
+    if (fd >= 0) snprintf(name, len, "/dev/pts/%d", n);
+    return fd;
+}
+
+// HellaSwag's progress, as llm.c prints it: on a terminal the line
+// "evaluating HellaSwag: i/n" rewritten in place (\r), wiped before the
+// result; into a pipe (a short evaluation) nothing
+static void test_progress(const char *file) {
+    char slave[64], cmd[1200], out[65536];
+    int master = open_pty(slave, sizeof(slave));
+    if (master < 0) { skip("HellaSwag's progress on a terminal: no pseudo-terminal here"); return; }
+    char args[600];
+    snprintf(args, sizeof(args), "./train_gpt2 -e %s -b %d -t %d -i %s/train.bin -j %s/train.bin -s 0 -th 1 -l 0 -x 2 "
+             "-v 1 -m 1 -h 1 -hf %s", fixture_model, MODEL_B, MODEL_T, dir, dir, file);
+    char *argv[64];
+    int n = 0;
+    for (char *t = strtok(args, " "); t != NULL && n < 63; t = strtok(NULL, " ")) argv[n++] = t;
+    argv[n] = NULL;
+    pid_t pid = test_spawn(argv, NULL, slave, NULL);
+    size_t got = 0;
+    int status = -1;
+    double t0 = test_now();
+    for (;;) {  // read the terminal until the child is gone and its output read (EIO), at most 60 s
+        struct pollfd pfd = {master, POLLIN, 0};
+        ssize_t k = 0;
+        if (poll(&pfd, 1, 100) == 1) k = read(master, out + got, sizeof(out) - 1 - got);
+        if (k > 0) { got += (size_t)k; continue; }
+        if (status < 0 && waitpid(pid, &status, WNOHANG) == pid) status = test_exit_status(status);
+        if ((status >= 0 && k < 0) || test_now() - t0 > 60.0 || got == sizeof(out) - 1) break;
+    }
+    out[got] = '\0';
+    close(master);
+    if (status < 0) status = test_wait(pid, 5.0, NULL);
+    int shown = test_count(out, "\revaluating HellaSwag: 0/");  // (after step 0: at steps 1 and 2)
+    check(status == 0 && shown == 2 && strstr(out, "\r                                                \rHellaSwag: ") != NULL,
+          "-h 1 on a terminal: \"evaluating HellaSwag: 0/n\" at each of the 2 evaluations, in place (\\r), then "
+          "wiped for the result (%d shown, exit %d)", shown, status);
+    // into a pipe, a short evaluation prints no progress at all
+    snprintf(cmd, sizeof(cmd), "timeout 60 ./train_gpt2 -e %s -b %d -t %d -i %s/train.bin -j %s/train.bin -s 0 -th 1 "
+             "-l 0 -x 2 -v 1 -m 1 -h 1 -hf %s", fixture_model, MODEL_B, MODEL_T, dir, dir, file);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    check(rc == 0 && strstr(out, "evaluating HellaSwag") == NULL && test_count(out, "\nHellaSwag: ") == 2,
+          "-h 1 into a pipe: a short evaluation prints its result only, no progress lines (exit %d)", rc);
+}
+
 // ----------------------------------------------------------------------------
 // prepare_data hellaswag
 
@@ -467,7 +523,10 @@ int main(void) {
         if (hs_read(&s, good, 500, MODEL_T, MODEL_B, err, sizeof(err)) == 0) {
             test_split(&s);
             float acc = test_scoring(&s);
-            if (acc >= 0 && check(test_write_shard(shard, 40000) == 0, "a shard in %s", dir)) test_trainer(good, acc);
+            if (acc >= 0 && check(test_write_shard(shard, 40000) == 0, "a shard in %s", dir)) {
+                test_trainer(good, acc);
+                if (access("./train_gpt2", X_OK) == 0) test_progress(good);
+            }
             hs_free(&s);
         }
     }

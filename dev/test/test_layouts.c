@@ -13,6 +13,7 @@
 #include "llm3d/gpt2.h"
 #include "llm3d/trainer.h"  // Job
 #include "llm3d/watch.h"    // the rules of the watch report and the consistency check
+#include "llm3d/cpu/cpu_peak.h"  // CPU_RANK_FLOATS: the CPU records the ranks all-gather
 #include "dev/test/test.h"
 #include "dev/test/test_run.h"
 
@@ -156,11 +157,15 @@ static void test_data_parallel(void) {
             // three one-float agreements, of which the last rank sends the one float
             // in each (the all-gather half of the ring)
             long long save = 3 * 4;
-            long long want_ar = (z == 0 ? 2 * ring + scalars : scalars) + save, want_rs = z == 0 ? 0 : ring;
+            // after each update and before the final model is written, the ranks'
+            // verdicts on their parameters (gpt2_params_finite): one float each, dp in all
+            long long finite = (long long)(STEPS + 1) * 2 * (dp - 1) * 4;
+            long long want_ar = (z == 0 ? 2 * ring + scalars : scalars) + save + finite, want_rs = z == 0 ? 0 : ring;
             // ZeRO-3 gathers every unit for the forward and all but wpe for the backward;
             // and at the start every rank gathers the others' start marks, 24 bytes
-            // each (trainer.h's start_mark)
-            long long marks = (long long)(dp - 1) * 24;
+            // each (trainer.h's start_mark), and their CPU records for the FMA
+            // peak (cpu_peak.h's cpu_rank_record)
+            long long marks = (long long)(dp - 1) * (24 + CPU_RANK_FLOATS * 4);
             long long want_ag = marks + (z == 0 ? 0 : z < 3 ? ring : 2 * ring - (long long)STEPS * (dp - 1) * 4 * wpe / dp);
             check(ar == want_ar && rs == want_rs && ag == want_ag,
                   "dp %d ZeRO-%d bytes: allreduce %lld (want %lld), reduce_scatter %lld (want %lld), allgather %lld (want %lld)",
@@ -190,10 +195,12 @@ static void test_tensor_pipeline(void) {
             static Run r;
             run(&r, "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 32 -np 2 -tp 2");
             long long BT = 32, C = 64, L = 2;
-            // 2(tp-1)/tp = 1; the step's (norm, loss, stop) all-reduce is padded to 4 floats
-            long long want = STEPS * ((4 * L + 2) * BT * C * 4 + 2 * BT * 4) + STEPS * 4 * 4;
-            // the loss's all-gather each step, and at the start the start marks, 24 bytes
-            long long want_ag = STEPS * BT * 4 + 24;
+            // 2(tp-1)/tp = 1; the step's (norm, loss, stop) all-reduce is padded to 4 floats,
+            // and its parameter check's to 2
+            long long want = STEPS * ((4 * L + 2) * BT * C * 4 + 2 * BT * 4) + STEPS * 4 * 4 + STEPS * 2 * 4;
+            // the loss's all-gather each step, and at the start the start marks, 24 bytes, and
+            // the CPU records for the FMA peak
+            long long want_ag = STEPS * BT * 4 + 24 + CPU_RANK_FLOATS * 4;
             check(bytes_of(r.out, 1, "allreduce") == want && bytes_of(r.out, 1, "allgather") == want_ag,
                   "tp 2 bytes: allreduce %lld (want %lld), allgather %lld (want %lld)", bytes_of(r.out, 1, "allreduce"),
                   want, bytes_of(r.out, 1, "allgather"), want_ag);

@@ -3,21 +3,28 @@
  *
  * Every flag of llm.c's train_gpt2.cu (its usage text and its parser) is in
  * flags.h's table, and each either means what it means in llm.c or is
- * refused with one line saying what differs; -lg no longer takes a number
- * for a file name. llm.c's GPT-2 124M command (scripts/run_gpt2_124M.sh)
- * runs unchanged on the CPU trainer with a small -e: it starts, evaluates,
- * checkpoints, and, run again as llm.c's retry loop does, resumes. A rank
+ * refused with one line saying what differs; -lg and -ps are told apart
+ * from llm.c's by their values (-lg N: llm.c's GPU stats; -ps ADDRESS:
+ * llm.c's server, refused), -x 0 evaluates only, and AdamW's -ep and betas
+ * are refused where they divide by 0. llm.c's GPT-2 124M command
+ * (scripts/run_gpt2_124M.sh) runs unchanged on the CPU trainer with a small
+ * -e, under that script's loop, which ends once the trainer wrote
+ * DONE_<steps>: it starts, evaluates, checkpoints, and, run again, resumes
+ * without training a step. A rank
  * that mpirun starts without --rendezvous stops with one line saying what
  * to add, and with it joins the others. llm.c's outlier guard (-sl, -sg):
  * its z-scores against a direct computation, the updates it skips, which
  * change nothing, and a resume after a skipped update, bit for bit the
  * uninterrupted run.
  * And the user's run: -h shows every flag's default, the step line has an
- * ETA and ends in the MFU, and a job of several ranks ends with one table
- * of their bytes.
+ * ETA and ends in the MFU, whose peak is of the job's CPUs (ranks bound to a
+ * core each, as mpirun binds them, count both cores), a -g above -t is
+ * said, HellaSwag shows its progress, and a job of several ranks ends with
+ * one table of their bytes.
  */
 #include "llm3d/flags.h"
 #include "llm3d/trainer.h"
+#include "llm3d/cpu/cpu_peak.h"
 #include "dev/test/test.h"
 #include "dev/test/test_run.h"
 
@@ -74,9 +81,16 @@ static void test_flags(void) {
         {"-pi mpi", "flag -pi: llm.c's NCCL init method"},
         {"-pm mpi", "flag -pm: llm.c's NCCL init method"},
         {"-pf /tmp", "flag -pf: llm.c's fs path"},
-        {"-ps 10.0.0.1", "'10.0.0.1' is not one of {gpipe,1f1b} (llm.c's -ps is the server IP of its NCCL init"},
+        {"-ps 10.0.0.1", "flag -ps 10.0.0.1: an address, llm.c's NCCL server address (its -pi tcp), a multi-node "
+                         "setting not taken here"},
+        {"-ps node1:29500", "flag -ps node1:29500: an address, llm.c's NCCL server address"},
+        {"-ps gpip", "flag -ps: 'gpip' is not one of {gpipe,1f1b} (llm.c's -ps is the server IP of its NCCL init"},
         {"-pp /tmp", "flag -pp: '/tmp' is not an integer (llm.c's usage lists -pp as the fs path"},
-        {"-lg 10", "flag -lg: '10' looks like a number, not a log file's name (llm.c has no -lg; its parser reads -lg as -l"},
+        {"-lg 0.5", "flag -lg: '0.5' is neither an integer (llm.c's -lg N: GPU stats every N steps) nor a log file's name"},
+        {"-ep 0", "flag -ep: 0 is out of range [1e-30, 1]"},
+        {"-ep 1e-50", "flag -ep: 1e-50 is out of range [1e-30, 1]"},
+        {"-b2 0.999999999", "flag -b2: 0.999999999 is out of range [0, 0.9999999]"},
+        {"-b1 1", "flag -b1: 1 is out of range [0, 0.9999999]"},
         {"-r 2", "flag -r: 2 is out of range [0, 1] (llm.c's -r 2 also recomputes LayerNorm"},
         {"-k step", "not one of {cosine,linear,constant,wsd}"},
     };
@@ -85,8 +99,18 @@ static void test_flags(void) {
         check(rc == -1 && strstr(err, refused[k].want) != NULL && strchr(err, '\n') == NULL, "%s refused: %s",
               refused[k].args, err);
     }
-    check(parse(&o, "-lg run10.jsonl", err, sizeof(err)) == 0 && strcmp(o.log_file, "run10.jsonl") == 0,
-          "-lg takes a file name");
+    check(parse(&o, "-lg run10.jsonl", err, sizeof(err)) == 0 && strcmp(o.log_file, "run10.jsonl") == 0 &&
+          o.gpu_stats_every == -1, "-lg takes a file name");
+    // -lg and -ps are told apart from llm.c's by their values
+    check(parse(&o, "-lg 10", err, sizeof(err)) == 0 && o.log_file == NULL && o.gpu_stats_every == 10 &&
+          parse(&o, "-lg -1", err, sizeof(err)) == 0 && o.log_file == NULL && o.gpu_stats_every == -1 &&
+          parse(&o, "-lg ./10", err, sizeof(err)) == 0 && strcmp(o.log_file, "./10") == 0 && o.gpu_stats_every == -1,
+          "-lg 10 is llm.c's GPU stats every 10 steps (no log file), -lg -1 llm.c's off, -lg ./10 a log file");
+    check(parse(&o, "-ps gpipe", err, sizeof(err)) == 0 && o.pipe_schedule == PS_GPIPE &&
+          parse(&o, "-x 0", err, sizeof(err)) == 0 && o.steps == 0 &&
+          parse(&o, "-ep 1e-30 -b2 0.9999999", err, sizeof(err)) == 0 && o.eps > 0.0f && o.beta2 < 1.0f,
+          "-ps gpipe is ours, -x 0 is taken (evaluate only), -ep 1e-30 and -b2 0.9999999 are taken (their floats "
+          "above 0, below 1)");
     parse(&o, "-e gpt3:c768", err, sizeof(err));
     check(options_descriptor(&o, &c, err, sizeof(err)) == -1 && strstr(err, "llm.c's GPT-3 shapes are not implemented"),
           "-e gpt3:c768 refused: %s", err);
@@ -113,6 +137,19 @@ static void test_flags(void) {
     }
 }
 
+// HellaSwag's progress: on a terminal every 10th batch, as llm.c's; into a
+// file or a pipe a line at most every PROGRESS_EVERY_S seconds
+static void test_progress(void) {
+    int tty_ok = progress_due(1, 0, 0.0, 0.0) && !progress_due(1, 9, 0.0, 0.0) && progress_due(1, 10, 0.0, 0.0) &&
+                 progress_due(1, 2510, 0.0, 0.0);
+    double every = PROGRESS_EVERY_S * 1e3;
+    int file_ok = !progress_due(0, 0, 1000.0, 1000.0) && !progress_due(0, 10, 1000.0 + every - 1, 1000.0) &&
+                  progress_due(0, 11, 1000.0 + every, 1000.0);
+    check(tty_ok && file_ok && PROGRESS_EVERY_S >= 5.0 && PROGRESS_EVERY_S <= 60.0,
+          "HellaSwag's progress: on a terminal batches 0, 10, 20 ...; elsewhere a line when %.0f s have passed since "
+          "the last, not before", PROGRESS_EVERY_S);
+}
+
 // ----------------------------------------------------------------------------
 // the trainer
 
@@ -134,9 +171,16 @@ static void test_llmc_command(const char *exe) {
     if (!check(ok, "a small model (maxT 1024) and shards for one step of 524288 tokens in %s", dir)) return;
     const char *llmc = "-i data_train_*.bin -j data_val_*.bin -o log124M -v 250 -s 20000 -g 144 -h 1 -b 64 -t 1024 "
                        "-d 524288 -r 0 -z 1 -c 0.1 -l 0.0006 -q 0.0 -u 700 -n 5000 -y 1 -e small.bin";
-    // in the test's directory, where llm.c's default HellaSwag file is not
-    snprintf(cmd, sizeof(cmd), "cd %s && timeout 300 %s %s", dir, exe, llmc);
+    // in the test's directory, where llm.c's default HellaSwag file is not,
+    // under llm.c's loop of run_gpt2_124M.sh: it starts the trainer until
+    // DONE_<steps> is in -o (here at most 3 times, and says how often)
+    snprintf(cmd, sizeof(cmd), "cd %s && n=0; while true; do if [ -f log124M/DONE_00000001 ]; then echo \"launches: $n\"; "
+             "break; fi; [ $n -ge 3 ] && { echo \"launches: $n, no DONE_00000001\"; exit 9; }; n=$((n + 1)); "
+             "timeout 300 %s %s || exit $?; done", dir, exe, llmc);
     int rc = test_run(cmd, 1, out, sizeof(out));
+    check(rc == 0 && strstr(out, "launches: 1\n") != NULL,
+          "llm.c's loop (run_gpt2_124M.sh) ends after one launch: it wrote log124M/DONE_00000001 (exit %d, %s)", rc,
+          test_line_of(out, "launches:"));
     int evals = test_count(out, "val loss");
     ok = check(rc == 0 && strstr(out, "8 micro-batches per step") && evals == 2 &&
                strstr(out, "checkpoint log124M/ckpt_00000001 written") && strstr(out, "no HellaSwag file at") &&
@@ -150,11 +194,92 @@ static void test_llmc_command(const char *exe) {
     while (f && fgets(line, sizeof(line), f)) snprintf(last, sizeof(last), "%s", line);
     if (f) fclose(f);
     check(strncmp(last, "{\"step\": 1, \"val_loss\": ", 24) == 0, "its log ends with the final model's val loss: %s", last);
-    // llm.c's retry loop runs the same command again: it resumes from the checkpoint and evaluates once more
+    // the same command again (a retry of a finished run): it resumes from the last checkpoint, evaluates
+    // once more and ends, without training a step
+    snprintf(cmd, sizeof(cmd), "cd %s && timeout 300 %s %s", dir, exe, llmc);
     rc = test_run(cmd, 1, out, sizeof(out));
-    ok = check(rc == 0 && strstr(out, "resum") != NULL && strstr(out, "val loss") != NULL,
-               "the same command again: resumes from step 1 and ends (exit %d)", rc);
+    ok = check(rc == 0 && strstr(out, "resum") != NULL && strstr(out, "val loss") != NULL &&
+               strstr(out, "step    ") == NULL && test_exists("%s/log124M/DONE_00000001", dir),
+               "the same command again: resumes from step 1, trains no step, and ends (exit %d)", rc);
     if (!ok) printf("%s\n", out);
+}
+
+// -x 0: llm.c's evaluation without training: the val loss, and nothing
+// written in -o but the log (no step, no checkpoint, no model, no DONE)
+static void test_eval_only(const char *exe) {
+    char cmd[2048], out[65536], odir[300], path[400];
+    snprintf(odir, sizeof(odir), "%s/eval_only", dir);
+    snprintf(cmd, sizeof(cmd), "%s -e d2 -ev 256 -et 16 -ec 32 -b 2 -t 16 -x 0 -v 5 -n 1 -s 0 -th 1 -i %s/tiny_train.bin "
+             "-j %s/tiny_train.bin -o %s", exe, dir, dir, odir);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    snprintf(path, sizeof(path), "%s/log.jsonl", odir);
+    char *log = test_read_text(path);
+    check(rc == 0 && test_count(out, "val loss ") == 1 && strstr(out, "step    ") == NULL &&
+          strstr(out, "0 steps (-x 0: evaluate only)") != NULL && !test_exists("%s/model_00000000.bin", odir) &&
+          !test_exists("%s/ckpt_00000000", odir) && !test_exists("%s/ckpt_00000001", odir) &&
+          !test_exists("%s/DONE_00000000", odir) && strncmp(log, "{\"step\": 0, \"val_loss\": ", 24) == 0 &&
+          test_count(log, "\n") == 1,
+          "-x 0 -n 1: the val loss once, no step trained, no checkpoint, model or DONE file; the log has the one "
+          "evaluation (exit %d): %s", rc, log);
+    free(log);
+}
+
+// llm.c's -lg N on the CPU trainer: taken, said once to mean nothing here,
+// and no log file named N
+static void test_gpu_stats_flag(const char *exe) {
+    char cmd[2048], out[65536];
+    snprintf(cmd, sizeof(cmd), "cd %s && %s -e d2 -ev 256 -et 16 -ec 32 -b 2 -t 16 -x 4 -v 0 -s 0 -th 1 "
+             "-i tiny_train.bin -lg 2", dir, exe);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    check(rc == 0 && test_count(out, "note: flag -lg 2: llm.c's GPU stats every 2 steps; the CPU trainer has no GPU") == 1 &&
+          !test_exists("%s/2", dir) && strstr(out, "step    3/4") != NULL,
+          "-lg 2: llm.c's GPU stats, one line that the CPU trainer has none, no log file '2', the run goes on (exit %d)",
+          rc);
+}
+
+// -g above -t: a sample is at most T tokens, and one line says so
+static void test_sample_length(const char *exe) {
+    char cmd[2048], out[65536], tok[300], err[512];
+    snprintf(tok, sizeof(tok), "%s/bytes_tok.bin", dir);
+    if (!check(tokenizer_write_bytes_bin(tok, err, sizeof(err)) == 0, "a tokenizer of 256 bytes: %s", err)) return;
+    snprintf(cmd, sizeof(cmd), "%s -e d2 -ev 256 -et 16 -ec 32 -b 2 -t 16 -x 1 -v 0 -s 1 -g 40 -tk %s -th 1 "
+             "-i %s/tiny_train.bin", exe, tok, dir);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    check(rc == 0 && test_count(out, "note: flag -g 40: a sample is at most -t 16 tokens here") == 1 &&
+          strstr(out, "generating:") != NULL, "-g 40 -t 16: one line says a sample is at most 16 tokens (exit %d): %s",
+          rc, test_line_of(out, "note: flag -g"));
+}
+
+// the MFU's peak is the job's: the union of its ranks' CPU sets on each machine
+static void test_job_peak(void) {
+    float rec[4][CPU_RANK_FLOATS];
+    int threads, cpus;
+    // records as cpu_rank_record makes them: host hash, threads, rate, CPU set
+    struct { const char *what; int n; int host[4], threads[4]; unsigned set[4]; double want; int want_cpus; } cases[] = {
+        {"2 ranks bound to a core each (mpirun's default)", 2, {1, 1}, {1, 1}, {0x1, 0x2}, 2 * 10.0, 2},
+        {"2 unbound ranks of 2 threads on 2 CPUs", 2, {1, 1}, {2, 2}, {0x3, 0x3}, 2 * 10.0, 2},
+        {"2 ranks of 1 thread, each free on 4 CPUs", 2, {1, 1}, {1, 1}, {0xf, 0xf}, 2 * 10.0, 4},
+        {"2 machines of 2 bound ranks each", 4, {1, 1, 2, 2}, {1, 1, 1, 1}, {0x1, 0x2, 0x1, 0x2}, 4 * 10.0, 4},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        memset(rec, 0, sizeof(rec));
+        for (int r = 0; r < cases[k].n; r++) {
+            rec[r][0] = (float)cases[k].host[r];
+            rec[r][3] = (float)cases[k].threads[r];
+            rec[r][4] = 10.0f;
+            rec[r][5] = (float)cases[k].set[r];
+        }
+        double peak = cpu_job_peak(&rec[0][0], cases[k].n, &threads, &cpus);
+        check(fabs(peak - cases[k].want) < 1e-9 && cpus == cases[k].want_cpus,
+              "job peak, %s: %.0f GFLOP/s on %d CPUs (want %.0f on %d)", cases[k].what, peak, cpus, cases[k].want,
+              cases[k].want_cpus);
+    }
+    // this process's own record: its CPU set has as many CPUs as OpenMP counts
+    float mine[CPU_RANK_FLOATS];
+    cpu_rank_record(mine, 1, 10.0);
+    cpu_job_peak(mine, 1, &threads, &cpus);
+    check(cpus == cpu_count() && threads == 1, "this process's record: %d CPUs in its set, as cpu_count says %d", cpus,
+          cpu_count());
 }
 
 // ranks that mpirun starts: without --rendezvous one line says what to add;
@@ -174,12 +299,23 @@ static void test_mpirun(const char *exe) {
     if (test_random_key_file(key) != 0) { check(0, "a key file"); return; }
     char flags[1200];
     snprintf(flags, sizeof(flags), "%s -i %s --rendezvous unix:%s/rdv.sock --key-file %s", model, shard, dir, key);
+    // each rank bound to a CPU of its own, as mpirun binds them by default
+    // (where this test may run on CPUs 0 and 1): the MFU's peak is of both CPUs
+    uint64_t words[CPU_SET_MAX / 64];
+    int bind = cpu_affinity(words) == 0 && (words[0] & 3) == 3 && system("taskset -c 0 true >/dev/null 2>&1") == 0;
     snprintf(cmd, sizeof(cmd), "(OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_LOCAL_RANK=1 timeout 60 "
-             "%s %s > %s/r1.txt 2>&1 & OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_LOCAL_RANK=0 "
-             "timeout 60 %s %s 2>&1; a=$?; wait $!; exit $((a + $?)))", exe, flags, dir, exe, flags);
+             "%s %s %s > %s/r1.txt 2>&1 & OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_LOCAL_RANK=0 "
+             "timeout 60 %s %s %s 2>&1; a=$?; wait $!; exit $((a + $?)))", bind ? "taskset -c 1" : "", exe, flags, dir,
+             bind ? "taskset -c 0" : "", exe, flags);
     rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 0 && strstr(out, "x dp 2 = 64 tokens") != NULL && strstr(out, "step    2/3") != NULL,
           "with --rendezvous and --key-file, mpirun's 2 ranks run one job of dp 2 (exit %d)", rc);
+    if (bind)
+        check(strstr(out, "GFLOP/s for 2 threads on 2 CPUs (the MFU's denominator)") != NULL,
+              "ranks bound to CPU 0 and CPU 1: the MFU's peak is of 2 CPUs, the job's, not rank 0's one: %s",
+              test_line_of(out, "FMA peak"));
+    else
+        skip("the MFU's peak under bound ranks: needs CPUs 0 and 1 and taskset");
     // the end of a job of several ranks: one table, a row per rank, the all-zero columns left out
     const char *t = strstr(out, "bytes sent by each rank");
     const char *header = t != NULL ? strchr(t, '\n') : NULL;
@@ -380,12 +516,17 @@ int main(void) {
         return test_summary();
     }
     test_flags();
+    test_job_peak();
+    test_progress();
     if (access(exe, X_OK) != 0) {
         skip("./train_gpt2 not built");
     } else {
         test_llmc_command(exe);
         test_mpirun(exe);
         test_usage(exe);
+        test_eval_only(exe);
+        test_gpu_stats_flag(exe);
+        test_sample_length(exe);
         test_outliers(exe);
         test_skip_resume(exe);
     }

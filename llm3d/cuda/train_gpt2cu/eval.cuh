@@ -69,8 +69,11 @@ static float hellaswag_eval(GPT2 *m, Parallel *par, const HsSet *hs) {
         fprintf(stderr, "train_gpt2cu: out of memory allocating a HellaSwag batch\n");
         exit(1);
     }
+    Progress progress;
+    progress_start(&progress, par->grid.rank == 0, nb);
     float correct = 0.0f;
     for (int i = 0; i < nb; i++) {
+        progress_tick(&progress, i);
         hs_batch_fill(hs, &next, hi, &hb, m->inputs, m->targets);
         gpt2_zero_losses(m);
         eval_forward(m, par, i);
@@ -80,6 +83,7 @@ static float hellaswag_eval(GPT2 *m, Parallel *par, const HsSet *hs) {
         if (s->tp_rank == 0) correct += (float)hs_batch_score(hs, &hb, m->pinned, NULL);
     }
     hs_batch_free(&hb);
+    progress_end(&progress);
     return world_sum(m, par, correct);
 }
 
