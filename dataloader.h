@@ -18,17 +18,22 @@
  *                         micro-batches per epoch per rank
  *   dataloader_warnings   the lines about shards skipped, to print once
  *   dataloader_free       everything closed and freed
- *   SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS, SHARD_HEADER_BYTES
+ *   SHARD_MAGIC, SHARD_VERSION, SHARD_VERSION_SEALED, SHARD_HEADER_INTS,
+ *   SHARD_HEADER_BYTES, SHARD_NAME_OFFSET, SHARD_NAME_MAX
  *                         the shard header's constants
  *   shard_parse_header, shard_check_tokens, shard_any_at_least
  *                         a shard's header and tokens checked in memory (also
  *                         the fuzz target's entry points)
+ *   shard_parse_version, shard_check_name
+ *                         a sealed shard's plaintext header, and the file name
+ *                         in it against the one it is read under
  *   dl_below              a uniform draw in [0, n) from the shuffle PRNG
  *
  * A shard is llm.c's format: a header of 256 little-endian int32 ([0] magic
  * 20240520, [1] version 1, [2] ntok) and then ntok uint16 tokens; the file
- * is exactly 1024 + 2*ntok bytes. doc/formats.md ("Token shards") has the
- * full description.
+ * is exactly 1024 + 2*ntok bytes. The plaintext of a sealed shard is version
+ * 2: the same, with its file name in the header ([3] its length, its bytes
+ * from byte 16). doc/formats.md ("Token shards") has the full description.
  *
  * The loader opens every file of a glob O_RDONLY and never writes. On open
  * it reads each file once, checking its header and every token (< vocab
@@ -94,7 +99,11 @@
  * chunk is decrypted per window, as without the cache. A sealed shard
  * without a key, or under another key, is one line naming the file; a
  * changed byte fails its chunk's tag, named with the file, at open or, when
- * changed later, when that chunk is next decrypted.
+ * changed later, when that chunk is next decrypted. Its plaintext header
+ * holds the file name it was made under (shard_check_name), which must be
+ * the name it is read under: a shard copied over another (val over train),
+ * two swapped, or one renamed, is refused, MANIFEST rewritten or not, since
+ * only the key's holder can make a shard with another name in it.
  *
  * Needs POSIX glob(3): include this header first, or build with gnu11 /
  * -D_DEFAULT_SOURCE. Assumes a little-endian host for the token array
@@ -126,9 +135,12 @@
 #include "llm3d/files.h"     // pread_all
 
 #define SHARD_MAGIC 20240520
-#define SHARD_VERSION 1
+#define SHARD_VERSION 1          // a plain shard: llm.c's format
+#define SHARD_VERSION_SEALED 2   // the plaintext of a sealed shard: its file name is in the header
 #define SHARD_HEADER_INTS 256
 #define SHARD_HEADER_BYTES (SHARD_HEADER_INTS * 4)
+#define SHARD_NAME_OFFSET 16     // version 2: header[3] is the name's length, its bytes start here
+#define SHARD_NAME_MAX 255
 
 // ----------------------------------------------------------------------------
 // shard validation, on memory (also the fuzz target's entry points)
@@ -138,12 +150,11 @@ static int32_t shard_read_i32(const uint8_t *p) {
     return (int32_t)v;
 }
 
-// shard_parse_header: checks a shard's header (magic, version, ntok against
-// the file size len) and returns its token count in *ntok. buf holds the
-// file's first min(len, 1024) bytes (the whole file will do). name is only
-// used in the error message. 0 on success, -1 with err set.
-static int shard_parse_header(const uint8_t *buf, size_t len, const char *name,
-                              uint64_t *ntok, char *err, size_t errlen) {
+// shard_parse_version: shard_parse_header for a shard of version `expect`:
+// SHARD_VERSION for a plain shard, SHARD_VERSION_SEALED for the plaintext of
+// a sealed one (whose file name shard_check_name then checks)
+static int shard_parse_version(const uint8_t *buf, size_t len, const char *name, int expect, uint64_t *ntok, char *err,
+                               size_t errlen) {
     *ntok = 0;
     if (len < SHARD_HEADER_BYTES)
         return errorf(err, errlen, "%s: file is %zu bytes, shorter than the %d-byte shard header",
@@ -153,8 +164,14 @@ static int shard_parse_header(const uint8_t *buf, size_t len, const char *name,
     int32_t count = shard_read_i32(buf + 8);
     if (magic != SHARD_MAGIC)
         return errorf(err, errlen, "%s: header[0] (magic) is %d, expected %d", name, (int)magic, SHARD_MAGIC);
-    if (version != SHARD_VERSION)
-        return errorf(err, errlen, "%s: header[1] (version) is %d, expected %d", name, (int)version, SHARD_VERSION);
+    if (expect == SHARD_VERSION_SEALED && version == SHARD_VERSION)
+        return errorf(err, errlen, "%s: header[1] (version) is 1, expected 2: a sealed shard made before sealed shards "
+                      "were bound to their file names; make it again with prepare_data --key-file", name);
+    if (expect == SHARD_VERSION && version == SHARD_VERSION_SEALED)
+        return errorf(err, errlen, "%s: header[1] (version) is 2, expected 1: version 2 is the plaintext of a sealed "
+                      "shard, and this file is not sealed", name);
+    if (version != expect)
+        return errorf(err, errlen, "%s: header[1] (version) is %d, expected %d", name, (int)version, expect);
     if (count < 0)
         return errorf(err, errlen, "%s: header[2] (ntok) is %d, must be >= 0", name, (int)count);
     uint64_t want = (uint64_t)SHARD_HEADER_BYTES + 2 * (uint64_t)count;
@@ -162,6 +179,34 @@ static int shard_parse_header(const uint8_t *buf, size_t len, const char *name,
         return errorf(err, errlen, "%s: header[2] (ntok) is %d, which needs a file of %llu bytes, but the file is %zu bytes",
                       name, (int)count, (unsigned long long)want, len);
     *ntok = (uint64_t)count;
+    return 0;
+}
+
+// shard_parse_header: checks a plain shard's header (magic, version, ntok
+// against the file size len) and returns its token count in *ntok. buf holds
+// the file's first min(len, 1024) bytes (the whole file will do). name is
+// only used in the error message. 0 on success, -1 with err set.
+static int shard_parse_header(const uint8_t *buf, size_t len, const char *name,
+                              uint64_t *ntok, char *err, size_t errlen) {
+    return shard_parse_version(buf, len, name, SHARD_VERSION, ntok, err, errlen);
+}
+
+// shard_check_name: the file name a sealed shard was made under (header[3]
+// bytes from byte 16 of its plaintext header, which its first chunk's tag
+// vouches for) must be the base name of path, where it is read now. So a
+// shard copied over another (val over train), two shards swapped, or one
+// renamed, is refused: without the key no one can make a shard with another
+// name in it. 0, or -1 with err naming the file and both names.
+static int shard_check_name(const uint8_t header[SHARD_HEADER_BYTES], const char *path, char *err, size_t errlen) {
+    int32_t n = shard_read_i32(header + 12);
+    const char *slash = strrchr(path, '/'), *base = slash != NULL ? slash + 1 : path;
+    const char *bound = (const char *)header + SHARD_NAME_OFFSET;
+    if (n < 1 || n > SHARD_NAME_MAX || !manifest_name_ok(bound, (size_t)n))
+        return errorf(err, errlen, "%s: header[3] (the sealed shard's name length) is %d, or its name is not 1..%d of "
+                      "[A-Za-z0-9._+-]", path, (int)n, SHARD_NAME_MAX);
+    if (strlen(base) != (size_t)n || memcmp(base, bound, (size_t)n) != 0)
+        return errorf(err, errlen, "%s: this sealed shard was made as %.*s, not as %s: a shard renamed, or copied over "
+                      "another, is refused", path, (int)n, bound, base);
     return 0;
 }
 
@@ -579,7 +624,10 @@ static int dl_check_shard(DataShard *s, int fd, const char *path, int vocab_size
         return errorf(err, errlen, "%s: SHA-256 %.16s..., but the manifest %s says %.16s...: the file was changed",
                       path, got_hex, manifest_path, want_hex);
     }
-    if ((s->sealed || !header_checked) && shard_parse_header(header, (size_t)plain_bytes, path, &ntok, err, errlen) != 0)
+    if (s->sealed && (shard_parse_version(header, (size_t)plain_bytes, path, SHARD_VERSION_SEALED, &ntok, err,
+                                          errlen) != 0 || shard_check_name(header, path, err, errlen) != 0))
+        return -1;
+    if (!s->sealed && !header_checked && shard_parse_header(header, (size_t)plain_bytes, path, &ntok, err, errlen) != 0)
         return -1;
     if (bad != UINT64_MAX) return shard_bad_token(path, bad, bad_value, vocab_size, "", err, errlen);
     s->dev = st.st_dev;

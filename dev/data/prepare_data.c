@@ -51,7 +51,9 @@
  *
  * Encryption at rest. With --key-file (the trainer's flag, the same file),
  * every shard is written as aead.h's sealed file instead: AES-256-GCM in
- * chunks of 1 MiB under a key derived from that key, a tag per chunk. The
+ * chunks of 1 MiB under a key derived from that key, a tag per chunk. Its
+ * plaintext is the shard with version 2 in its header and its file name in
+ * it too, so that the trainer refuses it under any other name. The
  * shard is built in memory and written sealed, so no plaintext copy of it
  * reaches the disk; the MANIFEST lists the sealed bytes, hashed as each
  * chunk is encrypted and tagged in memory on its way out (nothing is read
@@ -82,6 +84,8 @@
 
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
+#define SHARD_VERSION_SEALED 2            // a sealed shard's plaintext: its file name in the header (dataloader.h)
+#define SHARD_NAME_OFFSET 16
 #define SHARD_HEADER_BYTES 1024
 #define DEFAULT_VAL_TOKENS 32768          // llm.c's tinyshakespeare split
 #define DEFAULT_SHARD_TOKENS 100000000LL  // llm.c's fineweb shard size
@@ -434,12 +438,20 @@ static int shard_write_sealed(ShardWriter *w, uint8_t sha[32], char *err, size_t
 static int shard_close(ShardWriter *w, char *err, size_t errlen) {
     unsigned char header[12];
     tok_put_u32le(header, SHARD_MAGIC);
-    tok_put_u32le(header + 4, SHARD_VERSION);
+    tok_put_u32le(header + 4, w->cipher != NULL ? SHARD_VERSION_SEALED : SHARD_VERSION);
     tok_put_u32le(header + 8, (uint32_t)w->in_shard);
     // fclose_rename fsyncs before the rename: after a crash, a shard under its final name is whole
     uint8_t sealed_sha[32] = {0};
     if (w->cipher != NULL) {
+        // the file name goes into the plaintext header, under the chunk tags:
+        // the loader refuses the shard under any other name (val copied over
+        // train, two shards swapped), which only the key's holder could forge
+        const char *base = strrchr(w->path, '/') + 1;  // shard_open made path "<out_dir>/<base>"
+        size_t name_len = strlen(base);
+        if (name_len > 255) return errorf(err, errlen, "%s: name over 255 bytes", w->path);
         memcpy(w->plain, header, sizeof(header));
+        tok_put_u32le(w->plain + sizeof(header), (uint32_t)name_len);
+        memcpy(w->plain + SHARD_NAME_OFFSET, base, name_len);
         if (shard_write_sealed(w, sealed_sha, err, errlen) != 0) return -1;  // shard_abort removes the file
     } else if (fseek(w->f, 0, SEEK_SET) != 0 || fwrite(header, 1, sizeof(header), w->f) != sizeof(header)) {
         return errorf(err, errlen, "%s: write error: %s", w->tmp_path, strerror(errno));

@@ -21,6 +21,7 @@
 #include "parallel.h"
 #include "dev/test/test.h"
 #include "dev/test/test_run.h"
+#include "llm3d/secure/manifest.h"  // an attacker's MANIFEST, under the public all-zero key
 
 #include <dirent.h>
 #include <grp.h>
@@ -544,6 +545,82 @@ static void test_shard_changes(void) {
 }
 
 // ----------------------------------------------------------------------------
+// sealed data shards put in one another's places by someone who can write
+// the data directory but not read the key: val copied over train, two train
+// shards swapped, a shard renamed, each with the MANIFEST rewritten under
+// its public all-zero key, as anyone can
+
+// remanifest: dir's MANIFEST made anew from the files there now, as an
+// attacker without the key can
+static int remanifest(const char *dir) {
+    Manifest m = {0, NULL};
+    char err[512];
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int rc = d != NULL ? 0 : -1;
+    while (rc == 0 && (e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.' && strcmp(e->d_name, "MANIFEST") != 0) rc = manifest_add_file(&m, dir, e->d_name, err, sizeof(err));
+    if (d != NULL) closedir(d);
+    if (rc == 0) rc = manifest_write(&m, dir, "MANIFEST", NULL, err, sizeof(err));
+    manifest_free(&m);
+    return rc;
+}
+
+static void test_sealed_shard_places(void) {
+    if (access("./prepare_data", X_OK) != 0) {
+        check(0, "sealed shards: ./prepare_data is not built (make prepare_data)");
+        return;
+    }
+    // 60000 bytes of text: a val shard of 5000 tokens, train shards of 20000, 20000 and 15000
+    char text[300], dir[300], cmd[2000], out[4096];
+    snprintf(text, sizeof(text), "%s/sealed.txt", work);
+    snprintf(dir, sizeof(dir), "%s/sealed", work);
+    char *bytes = (char *)malloc(60000);
+    for (int i = 0; i < 60000; i++) bytes[i] = (char)(i % 53 == 52 ? '\n' : 'a' + (i * 7 + i / 53) % 26);
+    test_write_file(text, bytes, 60000);
+    free(bytes);
+    snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s -n d -v 5000 -s 20000 --bytes --key-file %s", text, dir,
+             key_path);
+    int rc = test_run(cmd, 0, out, sizeof(out));
+    if (rc != 0 || !test_exists("%s/d_train_000002.bin", dir)) {
+        check(0, "sealed shards: prepare_data --key-file (exit %d): %s", rc, out);
+        return;
+    }
+    struct { const char *what, *shell, *named, *made_as; } cases[4] = {
+        {"the honest set", "true", NULL, NULL},
+        {"val copied over train", "cp d_val_000000.bin d_train_000001.bin", "d_train_000001.bin", "d_val_000000.bin"},
+        {"two train shards swapped", "mv d_train_000000.bin t && mv d_train_000002.bin d_train_000000.bin && "
+         "mv t d_train_000002.bin", "d_train_000000.bin", "d_train_000002.bin"},
+        {"a shard renamed (train 2 as 1)", "rm d_train_000001.bin && mv d_train_000002.bin d_train_000001.bin",
+         "d_train_000001.bin", "d_train_000002.bin"},
+    };
+    for (int i = 0; i < 4; i++) {
+        char copy[300], args[900], named[400], made_as[200];
+        snprintf(copy, sizeof(copy), "%s/sealed_%d", work, i);
+        snprintf(cmd, sizeof(cmd), "rm -rf %s && cp -r %s %s && cd %s && %s", copy, dir, copy, copy, cases[i].shell);
+        rc = test_run(cmd, 1, out, sizeof(out));
+        if (rc == 0 && i > 0) rc = remanifest(copy);
+        if (rc != 0) {
+            check(0, "sealed shards, %s: set up (%s)", cases[i].what, out);
+            continue;
+        }
+        snprintf(args, sizeof(args), "-x 2 -i %s/d_train_*.bin --key-file %s", copy, key_path);  // the later -i wins
+        TrainerRun r = run_trainer(args, NULL, 30.0);
+        if (cases[i].named == NULL) {
+            check(r.status == 0 && r.lines == 0, "sealed shards, %s: trains (exit %d): %s", cases[i].what, r.status,
+                  test_line_of(r.out, "train_gpt2:"));
+        } else {
+            snprintf(named, sizeof(named), "%s/%s: this sealed shard was made as", copy, cases[i].named);
+            snprintf(made_as, sizeof(made_as), "made as %s,", cases[i].made_as);
+            check(r.status == 2 && r.lines == 1 && strstr(r.out, named) != NULL && strstr(r.out, made_as) != NULL,
+                  "sealed shards, %s, MANIFEST rewritten: refused in one line naming the file and the name it was "
+                  "made as (exit %d): %s", cases[i].what, r.status, test_line_of(r.out, "train_gpt2:"));
+        }
+        free(r.out);
+    }
+}
+
+// ----------------------------------------------------------------------------
 // flags that can be checked before launch are: one usage line, exit 2
 
 static void test_flags_before_launch(void) {
@@ -1034,6 +1111,7 @@ int main(int argc, char **argv) {
     test_output_dir();
     test_fifos();
     test_shard_changes();
+    test_sealed_shard_places();
     test_flags_before_launch();
     test_stop_signals();
     test_stopped_rank();

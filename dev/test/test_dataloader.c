@@ -978,6 +978,48 @@ static int loads(DataLoader *dl, const char *pattern, int B, int T, const uint8_
     return dataloader_init_key(dl, pattern, B, T, 0, 1, 0, 0, 256, key, err, errlen) == 0;
 }
 
+// a sealed shard of version 1 (made before sealed shards held their file
+// name) is refused with a line that says so; its name written as version 2
+// reads, and under another name is refused naming both
+static void test_old_sealed_version(const uint8_t key[32]) {
+    enum { NTOK = 100 };
+    uint8_t plain[SHARD_HEADER_BYTES + 2 * NTOK];
+    memset(plain, 0, sizeof(plain));
+    int32_t h[3] = {SHARD_MAGIC, SHARD_VERSION, NTOK};
+    memcpy(plain, h, sizeof(h));
+    for (int i = 0; i < NTOK; i++) plain[SHARD_HEADER_BYTES + 2 * i] = (uint8_t)i;
+    AeadFileKey fk;
+    aead_file_key(&fk, key);
+    char dir[400], path[512], err[1024];
+    test_path(dir, sizeof(dir), tmpdir, "enc_versions");
+    mkdir(dir, 0755);
+    snprintf(path, sizeof(path), "%s/v_000000.bin", dir);
+    const char *names[3] = {NULL, "v_000000.bin", "v_000001.bin"};
+    const char *want[3] = {"header[1] (version) is 1, expected 2: a sealed shard made before", NULL,
+                           "this sealed shard was made as v_000001.bin, not as v_000000.bin"};
+    for (int k = 0; k < 3; k++) {
+        if (names[k] != NULL) {  // version 2, the name from byte 16, its length in header[3]
+            int32_t v2[4] = {SHARD_MAGIC, SHARD_VERSION_SEALED, NTOK, (int32_t)strlen(names[k])};
+            memcpy(plain, v2, sizeof(v2));
+            memcpy(plain + SHARD_NAME_OFFSET, names[k], strlen(names[k]));
+        }
+        unlink(path);
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+        int written = fd >= 0 && aead_file_write_all(fd, &fk, plain, sizeof(plain), AEAD_FILE_CHUNK_BYTES, NULL, path,
+                                                      err, sizeof(err)) == 0;
+        if (fd >= 0) close(fd);
+        DataLoader dl;
+        int rc = written && loads(&dl, path, 1, 8, key, err, sizeof(err));
+        if (want[k] == NULL)
+            check(rc, "encrypted shards: version 2 under the name it was made as reads (%s)", rc ? "ok" : err);
+        else
+            check(written && !rc && strstr(err, path) != NULL && strstr(err, want[k]) != NULL,
+                  "encrypted shards: %s refused, naming the file: %s", k == 0 ? "version 1" : "another name", err);
+        if (rc) dataloader_free(&dl);
+    }
+    aead_file_key_wipe(&fk);
+}
+
 static void test_encrypted_shards(void) {
     if (access("./prepare_data", X_OK) != 0) {
         skip("encrypted shards: ./prepare_data not built here (make test runs it from the repo root)");
@@ -1110,6 +1152,7 @@ static void test_encrypted_shards(void) {
           "encrypted shards: a flipped byte refused at open, naming the file and the chunk: %s", err);
     if (rc) dataloader_free(&b);
     flip_byte(shard, AEAD_FILE_HEADER_BYTES + (1 << 20) + 5);
+    test_old_sealed_version(key);
 
     // bit-identical losses from a short CPU run on each set (train and val)
     if (access("./train_gpt2", X_OK) != 0) {
