@@ -10,6 +10,7 @@
  *   HMAC-SHA256: Hmac, hmac_init, hmac_update, hmac_final, hmac_sha256,
  *     hmac_keyed, tag_equal
  *   keys: key_generate, key_read_file, key_write_file, key_read_fd,
+ *         key_read_opened, key_write_opened (the same on an open file),
  *     key_write_fd, job_id_from_key, secure_harden_process
  *   frames: CH_* (channels), FrameHeader, Links, links_init, frame_bytes,
  *     frame_seal, frame_check_header, frame_open
@@ -493,13 +494,12 @@ static inline int key_file_check(int fd, const char *path, char *err, size_t err
     return 0;
 }
 
-static inline int key_read_file(const char *path, uint8_t key[32], char *err, size_t errlen) {
+// key_read_opened: the key of the key file open at fd (path: its name in
+// messages), checked as key_read_file does; closes fd
+static inline int key_read_opened(int fd, const char *path, uint8_t key[32], char *err, size_t errlen) {
     int rc = -1;
     char text[68];
     size_t n = 0;
-    // O_NONBLOCK: a FIFO at that path must not block the open; it fails S_ISREG in key_file_check
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return errorf(err, errlen, "key file %s: %s", path, strerror(errno));
     if (key_file_check(fd, path, err, errlen) != 0) goto done;
     if (read_all(fd, text, sizeof(text), &n) != 0) {
         errorf(err, errlen, "key file %s: read: %s", path, strerror(errno));
@@ -522,10 +522,16 @@ done:
     return rc;
 }
 
-static inline int key_write_file(const char *path, const uint8_t key[32], char *err, size_t errlen) {
-    // O_EXCL: never overwrite a key, nor follow a symlink someone planted there
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) return errorf(err, errlen, "key file %s: create: %s", path, strerror(errno));
+static inline int key_read_file(const char *path, uint8_t key[32], char *err, size_t errlen) {
+    // O_NONBLOCK: a FIFO at that path must not block the open; it fails S_ISREG in key_file_check
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return errorf(err, errlen, "key file %s: %s", path, strerror(errno));
+    return key_read_opened(fd, path, key, err, errlen);
+}
+
+// key_write_opened: the key into the new, empty file open at fd, fsync'd;
+// closes fd. 0, or an errno (the caller removes the file)
+static inline int key_write_opened(int fd, const uint8_t key[32]) {
     char text[65];
     to_hex(key, KEY_BYTES, text);
     text[64] = '\n';
@@ -540,6 +546,14 @@ static inline int key_write_file(const char *path, const uint8_t key[32], char *
     if (e == 0 && fsync(fd) != 0) e = errno;
     secure_wipe(text, sizeof(text));
     if (close(fd) != 0 && e == 0) e = errno;
+    return e;
+}
+
+static inline int key_write_file(const char *path, const uint8_t key[32], char *err, size_t errlen) {
+    // O_EXCL: never overwrite a key, nor follow a symlink someone planted there
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return errorf(err, errlen, "key file %s: create: %s", path, strerror(errno));
+    int e = key_write_opened(fd, key);
     if (e != 0) {
         unlink(path);
         return errorf(err, errlen, "key file %s: write: %s", path, strerror(e));

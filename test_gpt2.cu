@@ -913,7 +913,7 @@ static void test_ckpt_device(void) {
             GPT2 r;
             gpt2_init_rank(&r, &c, params, 0, 1, 8, 1, 0, &g, zero, 1, NULL);
             good = gpt2_load_optimizer(&r, src, key, 7, err, sizeof(err)) == 0 &&
-                   write_part(&r, model_path, optim_path, &cipher) == 0;
+                   write_part(&r, AT_FDCWD, model_path, optim_path, &cipher) == 0;
             gpt2_free(&r);
         }
         good = good && ckpt_seal(dir, st.step, key, sealed, err, sizeof(err)) == 0;

@@ -908,18 +908,18 @@ static void save_run(const OwnedRun *r, void *ctx) {
         sc->error = errno;
 }
 
-// this rank's share of the model file at model_path and, unless optim_path
-// is NULL (the final model), of optim.bin (ckpt_write_job's and
-// ckpt_write_model's part; cipher: for files rank 0 made sealed)
-static int save_part(void *ctx, const char *model_path, const char *optim_path, const AeadFileKey *cipher) {
+// this rank's share of the model file model_name and, unless optim_name
+// is NULL (the final model), of optim.bin, both in -o (dfd) (ckpt_write_job's
+// and ckpt_write_model's part; cipher: for files rank 0 made sealed)
+static int save_part(void *ctx, int dfd, const char *model_name, const char *optim_name, const AeadFileKey *cipher) {
     GPT2 *m = (GPT2 *)ctx;
     SaveCtx sc;
     memset(&sc, 0, sizeof(sc));
     sc.m = m;
     sc.N = param_count(&m->config);
     sc.optim.fd = -1;
-    sc.error = ckpt_out_open(&sc.model, model_path, cipher);
-    int e = optim_path != NULL ? ckpt_out_open(&sc.optim, optim_path, cipher) : 0;
+    sc.error = ckpt_out_open_at(&sc.model, dfd, model_name, cipher);
+    int e = optim_name != NULL ? ckpt_out_open_at(&sc.optim, dfd, optim_name, cipher) : 0;
     if (sc.error == 0) sc.error = e;
     if (sc.error == 0) for_each_owned(&m->config, &m->shard, &m->ut, 1, save_run, &sc);
     e = ckpt_out_close(&sc.model, sc.error == 0);
@@ -943,9 +943,10 @@ static double save_set_timeout(void *ctx, double seconds) {
 
 // the checkpoint of step st->step (checkpoint.h's ckpt_write_job: every rank
 // writes its part; the same verdict on every rank, 0 = complete and sealed)
-static int gpt2_checkpoint(GPT2 *m, const char *out_dir, int keep, const CkptState *st, const uint8_t key[32], int encrypt) {
+static int gpt2_checkpoint(GPT2 *m, int out_fd, const char *out_dir, int keep, const CkptState *st, const uint8_t key[32],
+                           int encrypt) {
     CkptJob job = {save_sum, save_part, save_set_timeout, m, m->par->grid.rank, encrypt};
-    return ckpt_write_job(&job, out_dir, keep, st, key);
+    return ckpt_write_job(&job, out_fd, out_dir, keep, st, key);
 }
 
 // the final model, DIR/model_SSSSSSSS.bin into path (checkpoint.h's
@@ -953,10 +954,10 @@ static int gpt2_checkpoint(GPT2 *m, const char *out_dir, int keep, const CkptSta
 // model.bin); sealed under the checkpoint key with encrypt (-enc 2). On a
 // failure err names the file and the reason on the rank that knows, and is
 // empty on the others.
-static int gpt2_write_model(GPT2 *m, const char *out_dir, int steps, const uint8_t key[32], int encrypt, char *path,
-                            size_t pathlen, char *err, size_t errlen) {
+static int gpt2_write_model(GPT2 *m, int out_fd, const char *out_dir, int steps, const uint8_t key[32], int encrypt,
+                            char *path, size_t pathlen, char *err, size_t errlen) {
     CkptJob job = {save_sum, save_part, save_set_timeout, m, m->par->grid.rank, encrypt};
-    return ckpt_write_model(&job, out_dir, steps, &m->config, key, path, pathlen, err, errlen);
+    return ckpt_write_model(&job, out_fd, out_dir, steps, &m->config, key, path, pathlen, err, errlen);
 }
 
 // AdamW's m and v for this rank's part from a checkpoint's optim.bin (the
@@ -1373,7 +1374,7 @@ static int checkpoint_after(GPT2 *m, Parallel *par, Job *job, int step) {
     }
     CkptState st = checkpoint_state(job, step + 1, m->adam_t, &par->grid, par->zero);
     double t0 = now_ms();
-    if (gpt2_checkpoint(m, job->opt.out_dir, job->opt.ckpt_keep, &st, job->ckpt_key, job->opt.encrypt >= 1) != 0)
+    if (gpt2_checkpoint(m, job->out_fd, job->opt.out_dir, job->opt.ckpt_keep, &st, job->ckpt_key, job->opt.encrypt >= 1) != 0)
         return -1;
     if (par->grid.rank == 0) print_checkpoint_written(job, step + 1, now_ms() - t0);
     return 0;
@@ -1397,7 +1398,7 @@ static int final_model(GPT2 *m, Parallel *par, Job *job) {
         return -1;
     }
     int sealed = job->opt.encrypt >= 2;
-    if (gpt2_write_model(m, job->opt.out_dir, job->steps, job->ckpt_key, sealed, path, sizeof(path), err,
+    if (gpt2_write_model(m, job->out_fd, job->opt.out_dir, job->steps, job->ckpt_key, sealed, path, sizeof(path), err,
                          sizeof(err)) != 0) {
         if (err[0] != '\0') fprintf(stderr, "%s: %s\n", trainer_name, err);
         return -1;

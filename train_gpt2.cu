@@ -1336,9 +1336,9 @@ static float ckpt_sum(void *ctx, float x) {
     return world_sum(k->m, k->par, x);
 }
 
-static int ckpt_part(void *ctx, const char *model_path, const char *optim_path, const AeadFileKey *cipher) {
+static int ckpt_part(void *ctx, int dfd, const char *model_name, const char *optim_name, const AeadFileKey *cipher) {
     CkptCtx *k = (CkptCtx *)ctx;
-    return write_part(k->m, model_path, optim_path, cipher);
+    return write_part(k->m, dfd, model_name, optim_name, cipher);
 }
 
 // how long this rank's collectives wait (a write lengthens it for its own waits)
@@ -1352,11 +1352,11 @@ static double ckpt_set_timeout(void *ctx, double seconds) {
 // the checkpoint of step st->step: checkpoint.h's ckpt_write_job, as
 // train_gpt2.c's (rank 0 makes the files, every rank writes its
 // part, rank 0 seals; the same verdict on every rank, 0 = complete)
-static int gpt2_checkpoint(GPT2 *m, Parallel *par, const char *out_dir, int keep, const CkptState *st,
+static int gpt2_checkpoint(GPT2 *m, Parallel *par, int out_fd, const char *out_dir, int keep, const CkptState *st,
                            const uint8_t key[32], int encrypt) {
     CkptCtx ctx = {m, par};
     CkptJob job = {ckpt_sum, ckpt_part, ckpt_set_timeout, &ctx, par->grid.rank, encrypt};
-    return ckpt_write_job(&job, out_dir, keep, st, key);
+    return ckpt_write_job(&job, out_fd, out_dir, keep, st, key);
 }
 
 // the final model, DIR/model_SSSSSSSS.bin into path: checkpoint.h's
@@ -1365,11 +1365,11 @@ static int gpt2_checkpoint(GPT2 *m, Parallel *par, const char *out_dir, int keep
 // into place); sealed under the checkpoint key with encrypt (-enc 2). On a
 // failure err names the file and the reason on the rank that knows, and is
 // empty on the others.
-static int gpt2_write_model(GPT2 *m, Parallel *par, const char *out_dir, int steps, const uint8_t key[32], int encrypt,
-                            char *path, size_t pathlen, char *err, size_t errlen) {
+static int gpt2_write_model(GPT2 *m, Parallel *par, int out_fd, const char *out_dir, int steps, const uint8_t key[32],
+                            int encrypt, char *path, size_t pathlen, char *err, size_t errlen) {
     CkptCtx ctx = {m, par};
     CkptJob job = {ckpt_sum, ckpt_part, ckpt_set_timeout, &ctx, par->grid.rank, encrypt};
-    return ckpt_write_model(&job, out_dir, steps, &m->config, key, path, pathlen, err, errlen);
+    return ckpt_write_model(&job, out_fd, out_dir, steps, &m->config, key, path, pathlen, err, errlen);
 }
 
 // the checkpoint after `step`, written by every rank; 0, or -1 when it failed
@@ -1384,7 +1384,8 @@ static int checkpoint_after(GPT2 *m, Parallel *par, Job *job, int step) {
     }
     CkptState st = checkpoint_state(job, step + 1, m->adam_t, &par->grid, par->zero);
     double t0 = now_ms();
-    if (gpt2_checkpoint(m, par, job->opt.out_dir, job->opt.ckpt_keep, &st, job->ckpt_key, job->opt.encrypt >= 1) != 0)
+    if (gpt2_checkpoint(m, par, job->out_fd, job->opt.out_dir, job->opt.ckpt_keep, &st, job->ckpt_key,
+                        job->opt.encrypt >= 1) != 0)
         return -1;
     if (par->grid.rank == 0) print_checkpoint_written(job, step + 1, now_ms() - t0);
     return 0;
@@ -1408,7 +1409,7 @@ static int final_model(GPT2 *m, Parallel *par, Job *job) {
         return -1;
     }
     int sealed = job->opt.encrypt >= 2;
-    if (gpt2_write_model(m, par, job->opt.out_dir, job->steps, job->ckpt_key, sealed, path, sizeof(path), err,
+    if (gpt2_write_model(m, par, job->out_fd, job->opt.out_dir, job->steps, job->ckpt_key, sealed, path, sizeof(path), err,
                          sizeof(err)) != 0) {
         if (err[0] != '\0') fprintf(stderr, "%s: %s\n", trainer_name, err);
         return -1;

@@ -12,16 +12,23 @@
  *                         optim.bin's and state.bin's magic; the three files
  *   setting up a run:
  *     ckpt_check_flags    the checkpoint flags against each other
- *     ckpt_setup          the flags checked, -o made, the key read or made,
- *                         and the checkpoint to resume from found and verified
- *     ckpt_key            the checkpoint key: --key-file's, or <out>/job.key
- *     ckpt_lock           one job at a time per output directory (DIR/LOCK)
+ *     ckpt_setup          the flags checked, -o made and held open, its lock
+ *                         taken, the key read or made, and the checkpoint to
+ *                         resume from found and verified under the lock
+ *     ckpt_dir_open       -o opened, checked to be this user's alone
+ *     ckpt_key_at, ckpt_key
+ *                         the checkpoint key: --key-file's, or <out>/job.key
+ *     ckpt_lock_at, ckpt_lock_is
+ *                         one job at a time per output directory (DIR/LOCK,
+ *                         which names its holder's pid); a rank's check that
+ *                         its launcher holds it
  *     ckpt_catch_signals, ckpt_stop_signal
  *                         SIGINT, SIGTERM, SIGHUP: finish the step, write a
  *                         checkpoint, exit 0 (SIGINT and SIGHUP ignored on
  *                         entry stay ignored)
  *   finding and reading:
- *     ckpt_find           the checkpoint of a step, or the newest
+ *     ckpt_find_at, ckpt_find
+ *                         the checkpoint of a step, or the newest
  *     ckpt_verify         a checkpoint directory checked against its MANIFEST,
  *                         its state read
  *     ckpt_open_read, ckpt_read_file
@@ -48,10 +55,10 @@
  *     ckpt_write_job      a checkpoint: rank 0 begins, every rank writes its
  *                         part, rank 0 seals; then the older ones are pruned
  *     ckpt_write_model    the final model, the same way
- *     CkptOut, ckpt_out_open, ckpt_out_pwrite, ckpt_out_close
+ *     CkptOut, ckpt_out_open_at, ckpt_out_open, ckpt_out_pwrite, ckpt_out_close
  *                         one file open for a rank's writes at plaintext
  *                         offsets, encrypted at their places when sealed
- *     ckpt_begin, ckpt_seal
+ *     ckpt_begin_at, ckpt_seal_at (ckpt_begin, ckpt_seal: by path, for tests)
  *                         rank 0's steps: the .partial directory made, then
  *                         sealed and given its final name
  *     ckpt_dir_name, ckpt_entry_name, ckpt_remove_dir
@@ -86,9 +93,14 @@
  * The output directory must be this user's alone: one owned by another user,
  * or that group or others may write in, is refused (they could plant a link
  * named like a checkpoint, which pruning would follow into the directory it
- * points to, or a LOCK). Everything in it is handled relative to a directory
- * fd and never through a link: a link named ckpt_SSSSSSSS is not a
- * checkpoint, and pruning removes the link itself.
+ * points to, or a LOCK), and so is a link as -o. Each process of a job opens
+ * -o once at its start (ckpt_setup) and holds that fd for the whole run:
+ * everything in it is created, renamed, listed and removed relative to the
+ * fd, never by the path again and never through a link. So -o swapped for
+ * another directory (or a link to one) while the job runs, by someone who
+ * can write its parent, changes nothing: the job goes on in the directory it
+ * checked. A link named ckpt_SSSSSSSS is not a checkpoint, and pruning
+ * removes the link itself.
  *
  * Encryption at rest (-enc 1; -enc 2 also the final model): the three files
  * are aead.h's sealed files instead, each chunk AES-256-GCM under a key
@@ -415,9 +427,24 @@ static int ckpt_is_partial(const char *name) {
 
 // ckpt_dir_open: -o as a directory fd, once it is known to be this user's
 // alone (see the top of this file); -1 with err set otherwise, or when it
-// cannot be opened (errno then says why)
+// cannot be opened (errno then says why). -o itself must not be a link
+// (trailing slashes or not): a trainer holds this fd for its whole run and
+// does everything in -o relative to it, and a link would let whoever can
+// write its parent choose the directory at the start as well.
 static int ckpt_dir_open(const char *out_dir, char *err, size_t errlen) {
-    int fd = open(out_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    char trimmed[4096];
+    size_t n = strlen(out_dir);
+    while (n > 1 && out_dir[n - 1] == '/') n--;
+    if (n >= sizeof(trimmed)) return errorf(err, errlen, "flag -o: the directory's path is too long");
+    memcpy(trimmed, out_dir, n);
+    trimmed[n] = '\0';
+    int fd = open(trimmed, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat lst;
+    if (fd < 0 && (errno == ELOOP || errno == ENOTDIR) && lstat(trimmed, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+        errno = ELOOP;
+        return errorf(err, errlen, "flag -o: %s is a symbolic link: not followed, as the files in it are not; give the "
+                      "directory it points to", out_dir);
+    }
     if (fd < 0) return errorf(err, errlen, "flag -o: cannot open directory %s: %s", out_dir, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -455,14 +482,6 @@ static int ckpt_has_manifest_at(int dfd, int step) {
     return fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
-static int ckpt_has_manifest(const char *out_dir, int step) {
-    int dfd = ckpt_dir_open(out_dir, NULL, 0);
-    if (dfd < 0) return 0;
-    int has = ckpt_has_manifest_at(dfd, step);
-    close(dfd);
-    return has;
-}
-
 // the steps of the checkpoint directories in -o (dfd), newest first: real
 // directories only, never a link; their count, or -1. *steps is malloc'd.
 static int ckpt_list_at(int dfd, int **steps) {
@@ -492,17 +511,6 @@ static int ckpt_list_at(int dfd, int **steps) {
         for (int j = i; j > 0 && (*steps)[j] > (*steps)[j - 1]; j--) {
             int t = (*steps)[j]; (*steps)[j] = (*steps)[j - 1]; (*steps)[j - 1] = t;
         }
-    return n;
-}
-
-// the same for the directory out_dir: 0 when it does not exist, -1 (errno
-// set) when it cannot be read or is not this user's alone
-static int ckpt_list(const char *out_dir, int **steps) {
-    *steps = NULL;
-    int dfd = ckpt_dir_open(out_dir, NULL, 0);
-    if (dfd < 0) return errno == ENOENT ? 0 : -1;
-    int n = ckpt_list_at(dfd, steps);
-    close(dfd);
     return n;
 }
 
@@ -546,32 +554,48 @@ static int ckpt_remove_dir(const char *path) {
     return rc;
 }
 
-static int ckpt_fsync_dir(const char *path) {
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    close(fd);
-    return rc;
-}
-
-// the checkpoint key (see the top of this file); creates <out>/job.key when
-// create is set and there is none yet
-static int ckpt_key(const char *out_dir, const char *key_file, int create, uint8_t key[32], char *err, size_t errlen) {
+// the checkpoint key (see the top of this file): --key-file's, else
+// job.key in -o, open at dfd (out_dir: its name in messages), which is made
+// there when create is set and there is none yet
+static int ckpt_key_at(int dfd, const char *out_dir, const char *key_file, int create, uint8_t key[32], char *err,
+                       size_t errlen) {
     if (key_file != NULL) return key_read_file(key_file, key, err, errlen);
     char path[4096];
     snprintf(path, sizeof(path), "%s/job.key", out_dir);
     struct stat st;
-    int there = lstat(path, &st) == 0;
+    int there = fstatat(dfd, "job.key", &st, AT_SYMLINK_NOFOLLOW) == 0;
     if (there && S_ISLNK(st.st_mode))
         return errorf(err, errlen, "%s: a symbolic link: the checkpoint key must be a file of %s itself", path, out_dir);
-    if (there || !create) return key_read_file(path, key, err, errlen);
-    int *steps, n = ckpt_list(out_dir, &steps);
+    if (there || !create) {
+        int fd = openat(dfd, "job.key", O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) return errorf(err, errlen, "key file %s: %s", path, strerror(errno));
+        return key_read_opened(fd, path, key, err, errlen);
+    }
+    int *steps, n = ckpt_list_at(dfd, &steps);
     free(steps);
     if (n > 0)  // a new key would silently disown every checkpoint here
         return errorf(err, errlen, "%s is missing, but %s holds %d checkpoint(s) sealed with it: put it back, or "
                       "pass the key with --key-file", path, out_dir, n);
     if (key_generate(key, err, errlen) != 0) return -1;
-    return key_write_file(path, key, err, errlen);
+    // O_EXCL: never overwrite a key, nor follow a link planted there
+    int fd = openat(dfd, "job.key", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return errorf(err, errlen, "key file %s: create: %s", path, strerror(errno));
+    int e = key_write_opened(fd, key);
+    if (e != 0) {
+        unlinkat(dfd, "job.key", 0);
+        return errorf(err, errlen, "key file %s: write: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+// the same, read only, with -o given by its path (-e's sealed model)
+static int ckpt_key(const char *out_dir, const char *key_file, uint8_t key[32], char *err, size_t errlen) {
+    if (key_file != NULL) return key_read_file(key_file, key, err, errlen);
+    int dfd = ckpt_dir_open(out_dir, err, errlen);
+    if (dfd < 0) return -1;
+    int rc = ckpt_key_at(dfd, out_dir, NULL, 0, key, err, errlen);
+    close(dfd);
+    return rc;
 }
 
 // checks that the checkpoint directory dir verifies under key and reads its
@@ -805,7 +829,7 @@ static int ckpt_init_key(const Options *o, uint8_t key[32], char *err, size_t er
     if (o->key_file == NULL && o->out_dir == NULL)
         return errorf(err, errlen, "flag -e %s: an encrypted model (-enc 2): give the key of the job that wrote it "
                       "with --key-file, or its directory with -o", o->init);
-    if (ckpt_key(o->out_dir, o->key_file, 0, key, why, sizeof(why)) != 0)
+    if (ckpt_key(o->out_dir, o->key_file, key, why, sizeof(why)) != 0)
         return errorf(err, errlen, "flag -e %s: an encrypted model, but no key for it: %s", o->init, why);
     return 0;
 }
@@ -879,15 +903,15 @@ static float *ckpt_init_load(const Options *o, const GPT2Config *c, uint64_t fil
 // the checkpoint to resume from: want_step >= 0 that step, else the newest.
 // Returns 1 with *s and dir filled, 0 when want_step < 0 and there is none,
 // -1 with err set otherwise.
-static int ckpt_find(const char *out_dir, int want_step, const uint8_t key[32], int thorough, CkptState *s, char *dir,
-                     size_t dirlen, char *err, size_t errlen) {
-    int *steps, n = ckpt_list(out_dir, &steps);
+static int ckpt_find_at(int dfd, const char *out_dir, int want_step, const uint8_t key[32], int thorough, CkptState *s,
+                        char *dir, size_t dirlen, char *err, size_t errlen) {
+    int *steps, n = ckpt_list_at(dfd, &steps);
     if (n < 0) return errorf(err, errlen, "flag -o: cannot read directory %s: %s", out_dir, strerror(errno));
     int step = -1;
     for (int i = 0; i < n && step < 0; i++) {
         if (want_step >= 0 && steps[i] != want_step) continue;
         ckpt_dir_name(dir, dirlen, out_dir, steps[i], "");
-        if (ckpt_has_manifest(out_dir, steps[i])) step = steps[i];
+        if (ckpt_has_manifest_at(dfd, steps[i])) step = steps[i];
         else if (thorough) fprintf(stderr, "%s: no MANIFEST, so not a checkpoint (a delete cut short?); passed over\n", dir);
     }
     free(steps);
@@ -901,6 +925,17 @@ static int ckpt_find(const char *out_dir, int want_step, const uint8_t key[32], 
     return 1;
 }
 
+// the same with -o given by its path (0 when it does not exist)
+static int ckpt_find(const char *out_dir, int want_step, const uint8_t key[32], int thorough, CkptState *s, char *dir,
+                     size_t dirlen, char *err, size_t errlen) {
+    int dfd = ckpt_dir_open(out_dir, err, errlen);
+    if (dfd < 0 && errno == ENOENT && want_step < 0) return 0;
+    if (dfd < 0) return -1;
+    int rc = ckpt_find_at(dfd, out_dir, want_step, key, thorough, s, dir, dirlen, err, errlen);
+    close(dfd);
+    return rc;
+}
+
 // the checkpoint flags against each other (a trainer may call it early, before
 // the model's shape is known; ckpt_setup calls it too)
 static int ckpt_check_flags(const Options *o, char *err, size_t errlen) {
@@ -912,16 +947,90 @@ static int ckpt_check_flags(const Options *o, char *err, size_t errlen) {
     return 0;
 }
 
-// what both trainers do before any rank starts (so that a bad job is refused
-// once, by the launcher): checks the checkpoint flags, makes -o, reads or
-// makes the checkpoint key and, with -y or -ys, finds and verifies the
-// checkpoint to resume from, which must hold the model of config c (from -e)
-// and have been written with the same -b and -t. Returns 1 when resuming (ck
-// and dir filled in), 0 when not (no -o, no -y/-ys, or -y and no checkpoint
-// yet), -1 with one line in err.
+// the pid a LOCK file holds ("PID\n", written by the job that holds it), or
+// 0 when it holds none
+static long ckpt_lock_pid(int fd) {
+    char text[24];
+    ssize_t n = pread(fd, text, sizeof(text) - 1, 0);
+    if (n <= 0) return 0;
+    text[n] = '\0';
+    char *end;
+    long pid = strtol(text, &end, 10);
+    return end != text && *end == '\n' && pid > 0 ? pid : 0;
+}
 
-static int ckpt_setup(const Options *o, const GPT2Config *c, int thorough, uint8_t key[32], CkptState *ck, char *dir,
-                      size_t dirlen, char *err, size_t errlen) {
+// ckpt_lock_at: one job at a time per output directory (open at dfd; out_dir
+// its name in messages). The job's first process (a single one, our
+// launcher, or rank 0 of an outside launch) takes an flock on LOCK before
+// it looks at any checkpoint, writes its pid into it, and holds it until it
+// ends (the kernel drops it then, a kill included); our launcher's ranks
+// run inside its hold (they die with it). A second job is refused at once,
+// naming the holder. LOCK is this user's file of mode 0600, never a link:
+// anyone who can open a file can flock it, and so block every job in the
+// directory. The lock's fd (>= 0), or -1 with err set.
+static int ckpt_lock_at(int dfd, const char *out_dir, char *err, size_t errlen) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/LOCK", out_dir);
+    int fd = openat(dfd, "LOCK", O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == ELOOP) return errorf(err, errlen, "flag -o: %s is a symbolic link: not followed; remove it", path);
+    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
+    struct stat st;
+    const char *wrong = fstat(fd, &st) != 0 ? strerror(errno) : !S_ISREG(st.st_mode) ? "not a regular file"
+                        : st.st_uid != geteuid() ? "owned by another user" : NULL;
+    if (wrong == NULL && (st.st_mode & 077) != 0 && fchmod(fd, 0600) != 0) wrong = strerror(errno);
+    if (wrong != NULL) {
+        close(fd);
+        return errorf(err, errlen, "flag -o: %s: %s; remove it", path, wrong);
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        long pid = ckpt_lock_pid(fd);
+        close(fd);
+        if (e != EWOULDBLOCK) return errorf(err, errlen, "flag -o: %s: flock: %s", path, strerror(e));
+        char holder[48] = "a process";
+        if (pid > 0) snprintf(holder, sizeof(holder), "pid %ld", pid);
+        return errorf(err, errlen, "flag -o: another job is using %s: %s holds %s; one job per directory (resume "
+                      "with -y 1 once it has ended)", out_dir, holder, path);
+    }
+    char text[24];
+    int n = snprintf(text, sizeof(text), "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite_all(fd, text, (size_t)n, 0) != 0) {
+        int e = errno;
+        close(fd);
+        return errorf(err, errlen, "%s: write: %s", path, strerror(e));
+    }
+    return fd;
+}
+
+// ckpt_lock_is: a rank of our launcher checks that the -o it opened (dfd)
+// is the one its launcher (pid launcher) locked: LOCK there names that pid
+// and is held. So a directory put in -o's place between the launcher's
+// start and the rank's is refused, not written into. 0, or -1 with err set.
+static int ckpt_lock_is(int dfd, const char *out_dir, long launcher, char *err, size_t errlen) {
+    int fd = openat(dfd, "LOCK", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    long pid = fd >= 0 ? ckpt_lock_pid(fd) : 0;
+    int held = fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    if (fd >= 0) close(fd);  // a shared lock it took goes with the close
+    if (pid != launcher || !held)
+        return errorf(err, errlen, "flag -o: %s is not the directory the launcher (pid %ld) locked (its LOCK names pid "
+                      "%ld, %s): was it replaced since the start?", out_dir, launcher, pid, held ? "held" : "not held");
+    return 0;
+}
+
+// what both trainers do before any rank starts (so that a bad job is refused
+// once, by the launcher): checks the checkpoint flags, makes -o and opens it
+// (*out_fd, held for the whole run: everything in -o is done relative to
+// it), takes -o's lock (lock: see ckpt_lock_at) or, in a rank of our
+// launcher (launcher: its pid, else 0), checks that the launcher holds it,
+// reads or makes the checkpoint key and, with -y or -ys, finds and verifies
+// the checkpoint to resume from, under the lock, which must hold the model
+// of config c (from -e) and have been written with the same -b and -t.
+// Returns 1 when resuming (ck and dir filled in), 0 when not (no -o, no
+// -y/-ys, or -y and no checkpoint yet), -1 with one line in err for a bad
+// flag, -2 when another job holds -o (exit 1, not a usage error).
+static int ckpt_setup(const Options *o, const GPT2Config *c, int thorough, int lock, long launcher, int *out_fd,
+                      uint8_t key[32], CkptState *ck, char *dir, size_t dirlen, char *err, size_t errlen) {
+    *out_fd = -1;
     if (ckpt_check_flags(o, err, errlen) != 0) return -1;
     if (o->out_dir == NULL) return 0;
     if (strlen(o->out_dir) > 700) return errorf(err, errlen, "flag -o: the directory's path is over 700 bytes");
@@ -929,10 +1038,12 @@ static int ckpt_setup(const Options *o, const GPT2Config *c, int thorough, uint8
         return errorf(err, errlen, "flag -o: cannot create directory %s: %s", o->out_dir, strerror(errno));
     int dfd = ckpt_dir_open(o->out_dir, err, errlen);
     if (dfd < 0) return -1;
-    close(dfd);
-    if (ckpt_key(o->out_dir, o->key_file, 1, key, err, errlen) != 0) return -1;
+    *out_fd = dfd;
+    if (lock && ckpt_lock_at(dfd, o->out_dir, err, errlen) < 0) return -2;  // its fd stays open: the lock lives as long as this process
+    if (launcher > 0 && ckpt_lock_is(dfd, o->out_dir, launcher, err, errlen) != 0) return -2;
+    if (ckpt_key_at(dfd, o->out_dir, o->key_file, 1, key, err, errlen) != 0) return -1;
     if (!o->resume && o->resume_step < 0) return 0;
-    int found = ckpt_find(o->out_dir, o->resume_step, key, thorough, ck, dir, dirlen, err, errlen);
+    int found = ckpt_find_at(dfd, o->out_dir, o->resume_step, key, thorough, ck, dir, dirlen, err, errlen);
     if (found <= 0) return found;
     const GPT2Config *k = &ck->config;
     if (k->L != c->L || k->C != c->C || k->NH != c->NH || k->V != c->V || k->Vp != c->Vp || k->maxT != c->maxT)
@@ -957,9 +1068,7 @@ static int ckpt_setup(const Options *o, const GPT2Config *c, int thorough, uint8
 // earlier step: -y 1 must not go back to them), directories without a
 // MANIFEST, any .partial left by a kill, and links or files that carry a
 // checkpoint's name (the links themselves, never what they point to).
-static void ckpt_prune(const char *out_dir, int newest, int keep) {
-    int dfd = ckpt_dir_open(out_dir, NULL, 0);
-    if (dfd < 0) return;
+static void ckpt_prune(int dfd, int newest, int keep) {
     int *steps, n = ckpt_list_at(dfd, &steps), kept = 0;
     char name[64];
     for (int i = 0; i < n; i++) {
@@ -980,14 +1089,13 @@ static void ckpt_prune(const char *out_dir, int newest, int keep) {
     if (d != NULL) closedir(d);
     else if (fd >= 0) close(fd);
     fsync(dfd);
-    close(dfd);
 }
 
 // a sealed file's chunk tags, once every rank's part is in, and an fsync;
 // with sha and size, the file's SHA-256 and size too, from the same read
-static int ckpt_seal_tags(const char *path, const AeadFileKey *cipher, uint8_t sha[32], uint64_t *size, char *err,
-                          size_t errlen) {
-    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+static int ckpt_seal_tags(int dfd, const char *name, const char *path, const AeadFileKey *cipher, uint8_t sha[32],
+                          uint64_t *size, char *err, size_t errlen) {
+    int fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
     AeadFile f;
     int rc = aead_file_read_header(fd, &f, cipher, path, err, errlen);
@@ -1001,43 +1109,48 @@ static int ckpt_seal_tags(const char *path, const AeadFileKey *cipher, uint8_t s
 // rank 0, once every rank's part is in: seals the .partial directory of step
 // `step` and gives it its final name. With cipher, each file's chunk tags are
 // made in the same read that hashes it for the MANIFEST.
-static int ckpt_seal(const char *out_dir, int step, const uint8_t key[32], const AeadFileKey *cipher, char *err,
-                     size_t errlen) {
+static int ckpt_seal_at(int dfd, const char *out_dir, int step, const uint8_t key[32], const AeadFileKey *cipher,
+                        char *err, size_t errlen) {
     char partial[4096], partial_name[64], final_name[64];
     ckpt_dir_name(partial, sizeof(partial), out_dir, step, ".partial");
     ckpt_entry_name(partial_name, step, ".partial");
     ckpt_entry_name(final_name, step, "");
+    int pfd = openat(dfd, partial_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (pfd < 0) return errorf(err, errlen, "%s: %s", partial, strerror(errno));
     Manifest m = {0, NULL};
-    for (int i = 0; i < 3; i++) {
-        int rc = 0;
+    int rc = 0;
+    for (int i = 0; i < 3 && rc == 0; i++) {
         if (cipher != NULL) {
             char path[4200];
             uint8_t sha[32];
             uint64_t size = 0;
             snprintf(path, sizeof(path), "%s/%s", partial, ckpt_files[i]);
-            rc = ckpt_seal_tags(path, cipher, sha, &size, err, errlen);
+            rc = ckpt_seal_tags(pfd, ckpt_files[i], path, cipher, sha, &size, err, errlen);
             if (rc == 0) rc = manifest_add_entry(&m, ckpt_files[i], size, sha, err, errlen);
         } else {
-            rc = manifest_add_file(&m, partial, ckpt_files[i], err, errlen);
+            rc = manifest_add_file_at(&m, pfd, partial, ckpt_files[i], err, errlen);
         }
-        if (rc != 0) { manifest_free(&m); return -1; }
     }
-    int rc = manifest_write(&m, partial, "MANIFEST", key, err, errlen);
+    if (rc == 0) rc = manifest_write_at(&m, pfd, partial, "MANIFEST", key, err, errlen);
     manifest_free(&m);
+    close(pfd);
     if (rc != 0) return -1;
+    // a checkpoint of this step from an earlier attempt (resumed from before it) gives way
+    if (ckpt_remove_at(dfd, final_name) != 0)
+        return errorf(err, errlen, "%s/%s: cannot replace: %s", out_dir, final_name, strerror(errno));
+    if (renameat(dfd, partial_name, dfd, final_name) != 0 || fsync(dfd) != 0)
+        return errorf(err, errlen, "%s: rename to %s: %s", partial, final_name, strerror(errno));
+    return 0;
+}
+
+// the same with -o given by its path (the tests)
+static int ckpt_seal(const char *out_dir, int step, const uint8_t key[32], const AeadFileKey *cipher, char *err,
+                     size_t errlen) {
     int dfd = ckpt_dir_open(out_dir, err, errlen);
     if (dfd < 0) return -1;
-    // a checkpoint of this step from an earlier attempt (resumed from before it) gives way
-    if (ckpt_remove_at(dfd, final_name) != 0) {
-        int e = errno;
-        close(dfd);
-        return errorf(err, errlen, "%s/%s: cannot replace: %s", out_dir, final_name, strerror(e));
-    }
-    rc = renameat(dfd, partial_name, dfd, final_name) == 0 && fsync(dfd) == 0 ? 0 : -1;
-    int e = errno;
+    int rc = ckpt_seal_at(dfd, out_dir, step, key, cipher, err, errlen);
     close(dfd);
-    if (rc != 0) return errorf(err, errlen, "%s: rename to %s: %s", partial, final_name, strerror(e));
-    return 0;
+    return rc;
 }
 
 // one checkpoint file open for a rank's writes, at plaintext offsets: a
@@ -1046,10 +1159,11 @@ static int ckpt_seal(const char *out_dir, int step, const uint8_t key[32], const
 #define CKPT_BOUNCE_BYTES (4u << 20)
 typedef struct { int fd, sealed; AeadFile file; const AeadFileKey *cipher; uint8_t *bounce; } CkptOut;
 
-// 0, or an errno (EBADMSG: a sealed file's header is not for this key)
-static int ckpt_out_open(CkptOut *o, const char *path, const AeadFileKey *cipher) {
+// the file `name` of the directory open at dfd (AT_FDCWD: a path); 0, or
+// an errno (EBADMSG: a sealed file's header is not for this key)
+static int ckpt_out_open_at(CkptOut *o, int dfd, const char *name, const AeadFileKey *cipher) {
     memset(o, 0, sizeof(*o));
-    o->fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    o->fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (o->fd < 0) return errno;
     uint8_t first[8];
     o->sealed = pread_all(o->fd, first, sizeof(first), 0) == 0 && aead_file_is_sealed(first, sizeof(first));
@@ -1057,8 +1171,12 @@ static int ckpt_out_open(CkptOut *o, const char *path, const AeadFileKey *cipher
     o->cipher = cipher;
     o->bounce = (uint8_t *)malloc(CKPT_BOUNCE_BYTES);
     if (o->bounce == NULL) return ENOMEM;
-    if (cipher == NULL || aead_file_read_header(o->fd, &o->file, cipher, path, NULL, 0) != 0) return EBADMSG;
+    if (cipher == NULL || aead_file_read_header(o->fd, &o->file, cipher, name, NULL, 0) != 0) return EBADMSG;
     return 0;
+}
+
+static int ckpt_out_open(CkptOut *o, const char *path, const AeadFileKey *cipher) {
+    return ckpt_out_open_at(o, AT_FDCWD, path, cipher);
 }
 
 // n bytes at plaintext offset `offset`; -1 with errno
@@ -1109,17 +1227,15 @@ static int ckpt_make_file(int dfd, const char *name, const char *path, const voi
 // and optim.bin at their full size (headers in, tensors zero) and state.bin;
 // sealed files under cipher when given. On a failure the .partial directory
 // is removed again.
-static int ckpt_begin(const char *out_dir, const CkptState *s, const AeadFileKey *cipher, char *err, size_t errlen) {
+static int ckpt_begin_at(int dfd, const char *out_dir, const CkptState *s, const AeadFileKey *cipher, char *err,
+                         size_t errlen) {
     char name[64];
     ckpt_entry_name(name, s->step, ".partial");
-    int dfd = ckpt_dir_open(out_dir, err, errlen);
-    if (dfd < 0) return -1;
     ckpt_remove_at(dfd, name);
     int pfd = mkdirat(dfd, name, 0755) == 0 ? openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) : -1;
     int e = pfd < 0 ? errno : 0;
     if (pfd < 0) {
         ckpt_remove_at(dfd, name);
-        close(dfd);
         return errorf(err, errlen, "%s/%s: mkdir: %s", out_dir, name, strerror(e));
     }
     int32_t h[3][HEADER_INTS];
@@ -1135,21 +1251,30 @@ static int ckpt_begin(const char *out_dir, const CkptState *s, const AeadFileKey
     }
     close(pfd);
     if (rc != 0) ckpt_remove_at(dfd, name);  // a checkpoint half made is never left
+    return rc;
+}
+
+// the same with -o given by its path (the tests)
+static int ckpt_begin(const char *out_dir, const CkptState *s, const AeadFileKey *cipher, char *err, size_t errlen) {
+    int dfd = ckpt_dir_open(out_dir, err, errlen);
+    if (dfd < 0) return -1;
+    int rc = ckpt_begin_at(dfd, out_dir, s, cipher, err, errlen);
     close(dfd);
     return rc;
 }
 
 // how a trainer takes part in ckpt_write_job and ckpt_write_model: sum adds
 // one float over every rank of the job (an all-reduce); part writes this
-// rank's share of the model file at model_path and, when optim_path is not
-// NULL, of optim.bin there, files at full size, and fsyncs them: 0 or an
-// errno (it opens them with ckpt_out_open and cipher, which sealed files
-// need); set_timeout sets how long the job's waits last, sum's included, and
+// rank's share of the model file model_name and, when optim_name is not
+// NULL, of optim.bin there, both named relative to the directory fd dfd
+// (-o, held open since the start), files at full size, and fsyncs them: 0
+// or an errno (it opens them with ckpt_out_open_at and cipher, which sealed
+// files need); set_timeout sets how long the job's waits last, sum's included, and
 // returns the timeout it replaces (shm_comm.h's comm_set_timeout does);
 // encrypt: the files sealed (-enc 1 for a checkpoint, -enc 2 for the final model)
 typedef struct {
     float (*sum)(void *ctx, float x);
-    int (*part)(void *ctx, const char *model_path, const char *optim_path, const AeadFileKey *cipher);
+    int (*part)(void *ctx, int dfd, const char *model_name, const char *optim_name, const AeadFileKey *cipher);
     double (*set_timeout)(void *ctx, double seconds);
     void *ctx;
     int rank;
@@ -1183,14 +1308,15 @@ typedef struct {
     int (*finish)(const void *arg, const AeadFileKey *cipher, char *err, size_t errlen);
     void (*abandon)(const void *arg);
     const void *arg;
-    const char *model_path, *optim_path;
+    int dfd;                           // -o, which the names below are relative to
+    const char *model_name, *optim_name;
     const char *label;
     double room;
 } CkptWrite;
 
 // w by every rank, files sealed under cipher when it is not NULL. All ranks
 // agree on a sum of failures three times: once rank 0 began; once every rank
-// wrote its part of model_path and, unless it is NULL, of optim_path; once
+// wrote its part of model_name and, unless it is NULL, of optim_name; once
 // rank 0 finished. Every rank returns the same verdict, 0 when the files are
 // complete; on a failure rank 0 abandons, and err holds the line of rank 0,
 // or of a rank whose own write failed (empty on the others, so each failure
@@ -1201,7 +1327,7 @@ static int ckpt_write_files(const CkptJob *job, const CkptWrite *w, const AeadFi
     double timeout = ckpt_wait_longer(job, w->room);
     float failed = job->sum(job->ctx, rank0 && w->begin(w->arg, cipher, err, errlen) != 0);
     if (failed == 0) {
-        int e = job->part(job->ctx, w->model_path, w->optim_path, cipher);
+        int e = job->part(job->ctx, w->dfd, w->model_name, w->optim_name, cipher);
         if (e != 0) errorf(err, errlen, "%s write: %s", w->label, strerror(e));
         failed = job->sum(job->ctx, e != 0);
         if (failed == 0 && rank0 && w->finish(w->arg, cipher, err, errlen) != 0) failed = 1;
@@ -1214,58 +1340,59 @@ static int ckpt_write_files(const CkptJob *job, const CkptWrite *w, const AeadFi
 }
 
 // what rank 0 needs to begin, seal and abandon a checkpoint
-typedef struct { const char *out_dir; const CkptState *st; const uint8_t *key; } CkptDirWrite;
+typedef struct { int dfd; const char *out_dir; const CkptState *st; const uint8_t *key; } CkptDirWrite;
 
 static int ckpt_dir_begin(const void *arg, const AeadFileKey *cipher, char *err, size_t errlen) {
     const CkptDirWrite *d = (const CkptDirWrite *)arg;
-    return ckpt_begin(d->out_dir, d->st, cipher, err, errlen);
+    return ckpt_begin_at(d->dfd, d->out_dir, d->st, cipher, err, errlen);
 }
 
 static int ckpt_dir_seal(const void *arg, const AeadFileKey *cipher, char *err, size_t errlen) {
     const CkptDirWrite *d = (const CkptDirWrite *)arg;
-    return ckpt_seal(d->out_dir, d->st->step, d->key, cipher, err, errlen);
+    return ckpt_seal_at(d->dfd, d->out_dir, d->st->step, d->key, cipher, err, errlen);
 }
 
 // the .partial directory removed: the older checkpoints stay as they were
 static void ckpt_dir_abandon(const void *arg) {
     const CkptDirWrite *d = (const CkptDirWrite *)arg;
-    int dfd = ckpt_dir_open(d->out_dir, NULL, 0);
-    if (dfd < 0) return;
     char name[64];
     ckpt_entry_name(name, d->st->step, ".partial");
-    ckpt_remove_at(dfd, name);
-    close(dfd);
+    ckpt_remove_at(d->dfd, name);
 }
 
-// the checkpoint of step st->step, by every rank of a job (both trainers),
-// through ckpt_write_files: rank 0 made the files (ckpt_begin); every rank
-// wrote its part; rank 0 sealed it (ckpt_seal). Every rank returns the same
-// verdict, 0 when the checkpoint is complete; on a failure the .partial
-// directory is gone and the older checkpoints stay.
-static int ckpt_write_job(const CkptJob *job, const char *out_dir, int keep, const CkptState *st, const uint8_t key[32]) {
-    char err[1200] = "", dir[4096], model_path[4200], optim_path[4200], label[4300];
+// the checkpoint of step st->step into -o (out_fd, held open since the
+// start; out_dir its name in messages), by every rank of a job (both
+// trainers), through ckpt_write_files: rank 0 made the files (ckpt_begin_at);
+// every rank wrote its part; rank 0 sealed it (ckpt_seal_at). Every rank
+// returns the same verdict, 0 when the checkpoint is complete; on a failure
+// the .partial directory is gone and the older checkpoints stay.
+static int ckpt_write_job(const CkptJob *job, int out_fd, const char *out_dir, int keep, const CkptState *st,
+                          const uint8_t key[32]) {
+    char err[1200] = "", dir[4096], partial[64], model_name[128], optim_name[128], label[4300];
     ckpt_dir_name(dir, sizeof(dir), out_dir, st->step, ".partial");
-    snprintf(model_path, sizeof(model_path), "%s/model.bin", dir);
-    snprintf(optim_path, sizeof(optim_path), "%s/optim.bin", dir);
+    ckpt_entry_name(partial, st->step, ".partial");
+    snprintf(model_name, sizeof(model_name), "%s/model.bin", partial);
+    snprintf(optim_name, sizeof(optim_name), "%s/optim.bin", partial);
     snprintf(label, sizeof(label), "rank %d: %s:", job->rank, dir);
     AeadFileKey cipher;
     aead_file_key(&cipher, key);
-    CkptDirWrite d = {out_dir, st, key};
-    CkptWrite w = {ckpt_dir_begin, ckpt_dir_seal, ckpt_dir_abandon, &d, model_path, optim_path, label,
+    CkptDirWrite d = {out_fd, out_dir, st, key};
+    CkptWrite w = {ckpt_dir_begin, ckpt_dir_seal, ckpt_dir_abandon, &d, out_fd, model_name, optim_name, label,
                    ckpt_wait_room(&st->config)};
     int rc = ckpt_write_files(job, &w, job->encrypt ? &cipher : NULL, err, sizeof(err));
-    if (rc == 0 && job->rank == 0) ckpt_prune(out_dir, st->step, keep);
+    if (rc == 0 && job->rank == 0) ckpt_prune(out_fd, st->step, keep);
     aead_file_key_wipe(&cipher);
     if (err[0] != '\0') fprintf(stderr, "checkpoint of step %d failed: %s\n", st->step, err);
     return rc;
 }
 
-// what rank 0 needs to begin, finish and abandon the final model: the
-// temporary file tmp it writes as, its name path in out_dir, the model's shape
-typedef struct { const char *tmp, *path, *out_dir; const GPT2Config *c; } CkptModelWrite;
+// what rank 0 needs to begin, finish and abandon the final model: -o (dfd,
+// out_dir its name), the temporary file's name tmp_name in it (tmp its path,
+// for messages), the final name and path, the model's shape
+typedef struct { int dfd; const char *out_dir, *tmp_name, *tmp, *name, *path; const GPT2Config *c; } CkptModelWrite;
 
-// rank 0, before the ranks write the final model: the temporary file tmp
-// made anew at its full size, header in, sealed under cipher when given. A
+// rank 0, before the ranks write the final model: the temporary file made
+// anew at its full size, header in, sealed under cipher when given. A
 // regular file left there by a write cut short gives way. A link there is
 // refused and left as it is, like the other files the trainer writes in -o
 // (files.h's fopen_nofollow), never written through. One planted after the
@@ -1275,50 +1402,56 @@ typedef struct { const char *tmp, *path, *out_dir; const GPT2Config *c; } CkptMo
 static int ckpt_model_begin(const void *arg, const AeadFileKey *cipher, char *err, size_t errlen) {
     const CkptModelWrite *f = (const CkptModelWrite *)arg;
     struct stat st;
-    int there = lstat(f->tmp, &st) == 0;
+    int there = fstatat(f->dfd, f->tmp_name, &st, AT_SYMLINK_NOFOLLOW) == 0;
     if (there && S_ISLNK(st.st_mode)) return errorf(err, errlen, "%s: a symbolic link, not followed here", f->tmp);
-    if (there && S_ISREG(st.st_mode)) unlink(f->tmp);
+    if (there && S_ISREG(st.st_mode)) unlinkat(f->dfd, f->tmp_name, 0);
     int32_t h[HEADER_INTS];
     model_fill_header(h, f->c, 3);
-    return ckpt_make_file(AT_FDCWD, f->tmp, f->tmp, h, sizeof(h), ckpt_file_bytes(0, f->c), cipher, err, errlen);
+    return ckpt_make_file(f->dfd, f->tmp_name, f->tmp, h, sizeof(h), ckpt_file_bytes(0, f->c), cipher, err, errlen);
 }
 
-// rank 0, once every rank's part of tmp is in (and fsynced): a sealed file's
-// chunk tags, then tmp renamed to path and out_dir fsynced, so that the name
-// is the whole file's once this returns
+// rank 0, once every rank's part of the temporary file is in (and
+// fsynced): a sealed file's chunk tags, then the file renamed to its final
+// name and -o fsynced, so that the name is the whole file's once this returns
 static int ckpt_model_finish(const void *arg, const AeadFileKey *cipher, char *err, size_t errlen) {
     const CkptModelWrite *f = (const CkptModelWrite *)arg;
-    if (cipher != NULL && ckpt_seal_tags(f->tmp, cipher, NULL, NULL, err, errlen) != 0) return -1;
-    if (rename(f->tmp, f->path) != 0)
+    if (cipher != NULL && ckpt_seal_tags(f->dfd, f->tmp_name, f->tmp, cipher, NULL, NULL, err, errlen) != 0) return -1;
+    if (renameat(f->dfd, f->tmp_name, f->dfd, f->name) != 0)
         return errorf(err, errlen, "%s: rename to %s: %s", f->tmp, f->path, strerror(errno));
-    if (ckpt_fsync_dir(f->out_dir) != 0) return errorf(err, errlen, "%s: fsync: %s", f->out_dir, strerror(errno));
+    if (fsync(f->dfd) != 0) return errorf(err, errlen, "%s: fsync: %s", f->out_dir, strerror(errno));
     return 0;
 }
 
-// rank 0 made tmp, so it is not a link that ckpt_model_begin refused
-static void ckpt_model_abandon(const void *arg) { unlink(((const CkptModelWrite *)arg)->tmp); }
+// rank 0 made the temporary file, so it is not a link that ckpt_model_begin refused
+static void ckpt_model_abandon(const void *arg) {
+    const CkptModelWrite *f = (const CkptModelWrite *)arg;
+    unlinkat(f->dfd, f->tmp_name, 0);
+}
 
 // the final model, out_dir/model_SSSSSSSS.bin (into path), by every rank of
-// a job (both trainers): llm.c's v3 file of the fp32 parameters, the bytes of
-// a checkpoint's model.bin, sealed when job->encrypt (-enc 2). It is written
-// as a checkpoint is, through ckpt_write_files: every rank writes its part of
-// PATH.tmp, which rank 0 then renames into place. So no rank gathers the
-// whole model, and a reader never sees a part. Unlike a checkpoint it is one
-// file with no MANIFEST (llm.c reads it as it is), so there is no directory
-// to build and nothing to prune. Every rank returns the same verdict, 0
-// when the file is complete; on a failure PATH.tmp that rank 0 made is gone,
-// and err holds the line that ckpt_write_files says.
-static int ckpt_write_model(const CkptJob *job, const char *out_dir, int steps, const GPT2Config *c,
+// a job (both trainers), in -o held open at out_fd: llm.c's v3 file of the
+// fp32 parameters, the bytes of a checkpoint's model.bin, sealed when
+// job->encrypt (-enc 2). It is written as a checkpoint is, through
+// ckpt_write_files: every rank writes its part of NAME.tmp, which rank 0
+// then renames into place. So no rank gathers the whole model, and a reader
+// never sees a part. Unlike a checkpoint it is one file with no MANIFEST
+// (llm.c reads it as it is), so there is no directory to build and nothing
+// to prune. Every rank returns the same verdict, 0 when the file is
+// complete; on a failure the .tmp that rank 0 made is gone, and err holds
+// the line that ckpt_write_files says.
+static int ckpt_write_model(const CkptJob *job, int out_fd, const char *out_dir, int steps, const GPT2Config *c,
                             const uint8_t key[32], char *path, size_t pathlen, char *err, size_t errlen) {
-    char tmp[4200], label[4300];
+    char name[64], tmp_name[72], tmp[4200], label[4300];
     err[0] = '\0';
-    snprintf(path, pathlen, "%s/model_%08d.bin", out_dir, steps);
+    snprintf(name, sizeof(name), "model_%08d.bin", steps);
+    snprintf(tmp_name, sizeof(tmp_name), "%s.tmp", name);
+    snprintf(path, pathlen, "%s/%s", out_dir, name);
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
     snprintf(label, sizeof(label), "%s: rank %d's", tmp, job->rank);
     AeadFileKey cipher;
     if (job->encrypt) aead_file_key(&cipher, key);
-    CkptModelWrite f = {tmp, path, out_dir, c};
-    CkptWrite w = {ckpt_model_begin, ckpt_model_finish, ckpt_model_abandon, &f, tmp, NULL, label,
+    CkptModelWrite f = {out_fd, out_dir, tmp_name, tmp, name, path, c};
+    CkptWrite w = {ckpt_model_begin, ckpt_model_finish, ckpt_model_abandon, &f, out_fd, tmp_name, NULL, label,
                    ckpt_wait_room(c) / 3};
     int rc = ckpt_write_files(job, &w, job->encrypt ? &cipher : NULL, err, errlen);
     if (job->encrypt) aead_file_key_wipe(&cipher);
@@ -1336,42 +1469,6 @@ static void ckpt_announce(const Options *o, const CkptState *ck, const char *dir
                ck->step, ck->np, ck->tp, ck->pp, ck->zero, verified, load_ms);
     else if (o->resume || o->resume_step >= 0)
         printf("no checkpoint in %s yet: starting from step 0\n", o->out_dir);
-}
-
-// one job at a time per output directory: rank 0 holds an flock on
-// DIR/LOCK for the whole run (the kernel drops it when the process ends, a
-// kill included). A previous job's ranks may take a moment to die, so this
-// waits up to 5 s before it gives up. LOCK is this user's file of mode 0600,
-// never a link: anyone who can open a file can flock it, and so block every
-// job in the directory.
-static int ckpt_lock(const char *out_dir, char *err, size_t errlen) {
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/LOCK", out_dir);
-    int dfd = ckpt_dir_open(out_dir, err, errlen);
-    if (dfd < 0) return -1;
-    int fd = openat(dfd, "LOCK", O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
-    int e = errno;
-    close(dfd);
-    if (fd < 0 && e == ELOOP) return errorf(err, errlen, "flag -o: %s is a symbolic link: not followed; remove it", path);
-    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(e));
-    struct stat st;
-    const char *wrong = fstat(fd, &st) != 0 ? strerror(errno) : !S_ISREG(st.st_mode) ? "not a regular file"
-                        : st.st_uid != geteuid() ? "owned by another user" : NULL;
-    if (wrong == NULL && (st.st_mode & 077) != 0 && fchmod(fd, 0600) != 0) wrong = strerror(errno);
-    if (wrong != NULL) {
-        close(fd);
-        return errorf(err, errlen, "flag -o: %s: %s; remove it", path, wrong);
-    }
-    for (int tries = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; tries++) {
-        if (errno != EWOULDBLOCK || tries == 100) {
-            int e = errno;
-            close(fd);
-            return errorf(err, errlen, "flag -o: another job is using %s (%s is locked: %s); one job per directory",
-                          out_dir, path, strerror(e));
-        }
-        usleep(50000);
-    }
-    return 0;  // fd stays open: the lock lives as long as this process
 }
 
 // set by SIGINT, SIGTERM and SIGHUP when there is an -o to checkpoint into:

@@ -67,6 +67,7 @@ typedef struct {
     int steps, start;        // the run's optimizer steps; the first one this launch does
     // the checkpoint key, and the checkpoint this launch resumes from
     uint8_t ckpt_key[32];
+    int out_fd;              // -o, opened once at the start and held: everything in it is done relative to it
     int resuming;
     CkptState ck;
     char ck_dir[800];        // -o is at most 700 bytes
@@ -264,15 +265,34 @@ static void check_batch_and_data(Job *job) {
     if (job->have_hs) hs_free(&job->hs);
 }
 
-// the checkpoint key and, with -y or -ys, the checkpoint to resume from
-// (checkpoint.h's ckpt_setup), verified before any rank starts so that a
-// bad one is refused once; the step and the sampling RNG to start from
+// whether this process is the one that holds -o's lock for the job: a
+// single process, our launcher (its ranks run inside its hold), or rank 0 of
+// an outside launch (--rendezvous)
+static int holds_out_lock(const Options *o) {
+    if (parallel_launched_rank()) return 0;
+    if (o->rendezvous == NULL) return 1;
+    Launch L;
+    char err[512];
+    memset(&L, 0, sizeof(L));
+    return par_env_rank(&L, 1, err, sizeof(err)) == 1 && L.rank == 0;
+}
+
+// -o opened and held (job->out_fd), its lock taken by the process that
+// holds it for the job (holds_out_lock; a rank of our launcher checks that
+// its launcher holds it), the checkpoint key and, with -y or -ys, the
+// checkpoint to resume from, chosen only under that lock (checkpoint.h's
+// ckpt_setup), verified before any rank starts so that a bad one is refused
+// once; the step and the sampling RNG to start from. A second job on the
+// same -o is refused at once (exit 1), naming the lock's holder.
 static void checkpoint_setup(Job *job) {
     char err[2048];
     job->load_t0 = now_ms();
+    const char *launcher = getenv("LLM3D_LAUNCHER_PID");
     // the launcher hashes the files; the ranks it starts moments later check the seal and the sizes
-    int rc = ckpt_setup(&job->opt, &job->config, !parallel_launched_rank(), job->ckpt_key, &job->ck, job->ck_dir,
+    int rc = ckpt_setup(&job->opt, &job->config, !parallel_launched_rank(), holds_out_lock(&job->opt),
+                        launcher != NULL ? atol(launcher) : 0, &job->out_fd, job->ckpt_key, &job->ck, job->ck_dir,
                         sizeof(job->ck_dir), err, sizeof(err));
+    if (rc == -2) die(1, err);
     if (rc < 0) die_usage(err);
     job->verify_ms = now_ms() - job->load_t0;
     job->resuming = rc;
@@ -283,11 +303,10 @@ static void checkpoint_setup(Job *job) {
 // ----------------------------------------------------------------------------
 // this rank's run, once it has its place g in the job
 
-// rank 0 locks -o for the whole run; the batch for the layout the ranks
-// joined (an outside launcher's world may differ from -np)
+// the batch for the layout the ranks joined (an outside launcher's world
+// may differ from -np)
 static void start_rank(Job *job, const Grid *g) {
     char err[2048];
-    if (g->rank == 0 && job->opt.out_dir && ckpt_lock(job->opt.out_dir, err, sizeof(err)) != 0) die(1, err);
     job->accum = batch_accum(&job->opt, g->dp, err, sizeof(err));
     if (job->accum < 0) die_usage(err);
     job->total_batch = (long)job->opt.B * job->opt.T * g->dp * job->accum;

@@ -21,6 +21,7 @@
 #include "parallel.h"
 #include "dev/test/test.h"
 #include "dev/test/test_run.h"
+#include "llm3d/checkpoint.h"        // ckpt_list_at: the checkpoints a run left
 #include "llm3d/secure/manifest.h"  // an attacker's MANIFEST, under the public all-zero key
 
 #include <dirent.h>
@@ -85,6 +86,14 @@ static TrainerRun trainer_ended(pid_t pid, double t0, const char *out_path, doub
     r.out = test_read_text(out_path);
     r.lines = test_count(r.out, "train_gpt2:");
     return r;
+}
+
+// lines_in: how many lines the file at path holds
+static int lines_in(const char *path) {
+    char *text = test_read_text(path);
+    int n = test_count(text, "\n");
+    free(text);
+    return n;
 }
 
 // run_trainer: spawn_trainer, then trainer_ended
@@ -443,6 +452,106 @@ static void test_output_dir(void) {
 }
 
 // ----------------------------------------------------------------------------
+// -o swapped mid-run for a link to another job's directory, by someone who
+// can write its parent; a second job started on -o while the first runs
+
+// snapshot: every name under dir and a checksum of every file's bytes, as text
+static void snapshot(const char *dir, char *out, size_t outlen) {
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "cd %s && find . | sort && find . -type f | sort | xargs cksum", dir);
+    if (test_run(cmd, 1, out, outlen) != 0) snprintf(out, outlen, "(no snapshot of %s)", dir);
+}
+
+// wait_lines: until the file at path holds n lines, the process pid ended,
+// or timeout_s passed; the lines it holds
+static int wait_lines(const char *path, int n, pid_t pid, double timeout_s) {
+    double t0 = test_now();
+    int have;
+    while ((have = lines_in(path)) < n && test_now() - t0 < timeout_s && waitpid(pid, NULL, WNOHANG) == 0)
+        par_sleep(0.01);
+    return have;
+}
+
+static void test_output_dir_swapped(void) {
+    // the other job's directory: checkpoints 2 and 3 and a final model
+    char other[300], out[300], moved[300], log[400], args[900], before[8192], after[8192], out_path[300];
+    snprintf(other, sizeof(other), "%s/other_job", work);
+    snprintf(out, sizeof(out), "%s/swapped_job", work);
+    snprintf(moved, sizeof(moved), "%s/swapped_job.moved", work);
+    snprintf(log, sizeof(log), "%s/log.jsonl", moved);
+    snprintf(out_path, sizeof(out_path), "%s/swapped.out", work);
+    snprintf(args, sizeof(args), "-o %s -x 3 -n 1", other);
+    TrainerRun r = run_trainer(args, NULL, 30.0);
+    free(r.out);
+    if (!check(r.status == 0 && test_exists("%s/ckpt_00000003/MANIFEST", other), "-o swapped: the other job ran (exit %d)",
+               r.status))
+        return;
+    snapshot(other, before, sizeof(before));
+    // this job checkpoints every step; once it has logged 3 steps, -o is
+    // renamed away and a link to the other job's directory put in its place
+    snprintf(args, sizeof(args), "-o %s -x 100000 -n 1", out);
+    double t0 = test_now();
+    pid_t pid = spawn_trainer(args, NULL, out_path);
+    char in_out[400];
+    snprintf(in_out, sizeof(in_out), "%s/log.jsonl", out);
+    int at_swap = wait_lines(in_out, 3, pid, 20.0);
+    int swapped = at_swap >= 3 && rename(out, moved) == 0 && symlink(other, out) == 0;
+    int later = swapped ? wait_lines(log, at_swap + 3, pid, 20.0) : 0;
+    kill(pid, SIGTERM);  // it finishes the step, checkpoints and ends
+    r = trainer_ended(pid, t0, out_path, 30.0);
+    snapshot(other, after, sizeof(after));
+    int *steps = NULL, dfd = open(moved, O_RDONLY | O_DIRECTORY), n = dfd >= 0 ? ckpt_list_at(dfd, &steps) : 0;
+    int newest = n > 0 ? steps[0] : -1;
+    free(steps);
+    if (dfd >= 0) close(dfd);
+    check(swapped && later >= at_swap + 3 && r.status == 0 && strcmp(before, after) == 0 && newest >= later,
+          "-o renamed and a link to another job's directory put in its place after %d steps: the job goes on in its "
+          "own directory (checkpoint %d there, %d steps logged, exit %d) and the other's is untouched (%s): %s",
+          at_swap, newest, later, r.status, strcmp(before, after) == 0 ? "same names and bytes" : "CHANGED",
+          test_line_of(r.out, "train_gpt2:"));
+    free(r.out);
+}
+
+static void test_second_job(void) {
+    // a first job holds -o; a second one, -y 1, is refused at once naming
+    // the holder (a single process; a launcher of 2 ranks), exit 1
+    const char *layouts[2] = {"", "-np 2"};
+    for (int k = 0; k < 2; k++) {
+        char out[300], in_out[400], args[900], out_path[300], want[800];
+        snprintf(out, sizeof(out), "%s/second_%d", work, k);
+        snprintf(in_out, sizeof(in_out), "%s/log.jsonl", out);
+        snprintf(out_path, sizeof(out_path), "%s/first_%d.out", work, k);
+        snprintf(args, sizeof(args), "-o %s -x 100000 -n 1 %s", out, layouts[k]);
+        double t0 = test_now();
+        pid_t first = spawn_trainer(args, NULL, out_path);
+        int ran = wait_lines(in_out, 2, first, 20.0) >= 2;
+        snprintf(args, sizeof(args), "-o %s -x 100000 -n 1 -y 1 %s", out, layouts[k]);
+        TrainerRun second = run_trainer(args, NULL, 20.0);
+        kill(first, SIGTERM);
+        TrainerRun r = trainer_ended(first, t0, out_path, 30.0);
+        snprintf(want, sizeof(want), "another job is using %s: pid %d holds %s/LOCK", out, (int)first, out);
+        check(ran && second.status == 1 && second.lines == 1 && strstr(second.out, want) != NULL && second.seconds < 3.0 &&
+              r.status == 0, "a second job with -y 1 on -o while a first (%s) holds it: refused at once naming the "
+              "holder (exit %d in %.1f s; the first ended %d): %s", k == 0 ? "one process" : "a launcher of 2 ranks",
+              second.status, second.seconds, r.status, test_line_of(second.out, "train_gpt2:"));
+        free(second.out);
+        free(r.out);
+        // once the first has stopped, -y 1 goes on from its newest checkpoint
+        int *steps = NULL, dfd = open(out, O_RDONLY | O_DIRECTORY), n = dfd >= 0 ? ckpt_list_at(dfd, &steps) : 0;
+        int newest = n > 0 ? steps[0] : -1;
+        free(steps);
+        if (dfd >= 0) close(dfd);
+        char resumed[400];
+        snprintf(args, sizeof(args), "-o %s -x %d -n 1 -y 1 %s", out, newest + 1, layouts[k]);
+        snprintf(resumed, sizeof(resumed), "ckpt_%08d: step %d", newest, newest);
+        r = run_trainer(args, NULL, 30.0);
+        check(newest > 0 && r.status == 0 && strstr(r.out, resumed) != NULL,
+              "then -y 1 resumes from the first job's newest checkpoint, %d (exit %d)", newest, r.status);
+        free(r.out);
+    }
+}
+
+// ----------------------------------------------------------------------------
 // FIFOs where files are read: refused at once, not waited on in open()
 
 static void test_fifos(void) {
@@ -493,14 +602,6 @@ static void test_fifos(void) {
 
 // ----------------------------------------------------------------------------
 // a shard changed under a running job: tokens written in place, a truncation
-
-// lines_in: how many lines the file at path holds
-static int lines_in(const char *path) {
-    char *text = test_read_text(path);
-    int n = test_count(text, "\n");
-    free(text);
-    return n;
-}
 
 // change_while_training: trains on a copy of the shard for many steps; once
 // two steps are logged, `change` alters the copy. Returns the run.
@@ -1109,6 +1210,8 @@ int main(int argc, char **argv) {
     test_hello_replay();
     test_segment_leaks();
     test_output_dir();
+    test_output_dir_swapped();
+    test_second_job();
     test_fifos();
     test_shard_changes();
     test_sealed_shard_places();

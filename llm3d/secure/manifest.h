@@ -4,13 +4,17 @@
  *
  * defines:
  *   Manifest, ManifestEntry   the parsed list: name, size and SHA-256 of each file
- *   manifest_add_file         hash a file and add it to a manifest
+ *   manifest_add_file, manifest_add_file_at
+ *                             hash a file (by path, or in a directory fd) and add it
  *   manifest_add_entry        add a file hashed elsewhere (a sealed file's one read)
- *   manifest_write            the canonical text, sealed, written atomically
+ *   manifest_write, manifest_write_at
+ *                             the canonical text, sealed, written atomically
  *   manifest_read             read, check the tag, parse
  *   manifest_verify_file      is this file the one the manifest lists?
- *   write_file_atomic         readers see the old file or the whole new one
- *   sha256_file, path_join    what those need
+ *   write_file_atomic, write_file_atomic_at
+ *                             readers see the old file or the whole new one
+ *   sha256_file, sha256_fd, path_join
+ *                             what those need
  *
  * A manifest is a text file listing the files of a directory (a checkpoint,
  * a set of data shards), written last and atomically. Lines end in "\n" only:
@@ -63,10 +67,12 @@ static inline int path_join(char *out, size_t outlen, const char *dir, const cha
     return 0;
 }
 
-// write_file_atomic: readers see the old file or the whole new one, never a
-// part, even across a crash: temporary name, fsync, rename, fsync the directory
-static inline int write_file_atomic(const char *dir, const char *name, const void *data, size_t n,
-                                    char *err, size_t errlen) {
+// write_file_atomic_at: write_file_atomic in the directory open at dfd (dir:
+// its name in messages), every step relative to dfd: what it writes lands
+// in that directory, whatever its path names by then, and never through a
+// link (the temporary is made O_EXCL | O_NOFOLLOW)
+static inline int write_file_atomic_at(int dfd, const char *dir, const char *name, const void *data, size_t n,
+                                       char *err, size_t errlen) {
     if (name == NULL || name[0] == '\0' || strchr(name, '/') != NULL)
         return errorf(err, errlen, "write_file_atomic: name '%s' must be a plain file name", name ? name : "");
     const char *d = dir != NULL && dir[0] != '\0' ? dir : ".";
@@ -75,34 +81,41 @@ static inline int write_file_atomic(const char *dir, const char *name, const voi
     if (tn < 0 || (size_t)tn >= sizeof(tmpname)) return errorf(err, errlen, "%s/%s: name too long", d, name);
     if (path_join(path, sizeof(path), d, name, err, errlen) != 0) return -1;
     if (path_join(tmp, sizeof(tmp), d, tmpname, err, errlen) != 0) return -1;
-    unlink(tmp);  // a leftover from a crashed run with the same pid
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    unlinkat(dfd, tmpname, 0);  // a leftover from a crashed run with the same pid
+    int fd = openat(dfd, tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) return errorf(err, errlen, "%s: create: %s", tmp, strerror(errno));
     int e = 0;
     if (write_all(fd, data, n) != 0) e = errno;
     if (e == 0 && fsync(fd) != 0) e = errno;
     if (close(fd) != 0 && e == 0) e = errno;
     if (e != 0) {
-        unlink(tmp);
+        unlinkat(dfd, tmpname, 0);
         return errorf(err, errlen, "%s: write: %s", tmp, strerror(e));
     }
-    if (rename(tmp, path) != 0) {
+    if (renameat(dfd, tmpname, dfd, name) != 0) {
         e = errno;
-        unlink(tmp);
+        unlinkat(dfd, tmpname, 0);
         return errorf(err, errlen, "%s: rename to %s: %s", tmp, path, strerror(e));
     }
-    int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) return errorf(err, errlen, "%s: open directory to fsync: %s", d, strerror(errno));
-    if (fsync(dfd) != 0) e = errno;
-    close(dfd);
-    if (e != 0) return errorf(err, errlen, "%s: fsync directory: %s", d, strerror(e));
+    if (fsync(dfd) != 0) return errorf(err, errlen, "%s: fsync directory: %s", d, strerror(errno));
     return 0;
 }
 
-// sha256_file: hash a regular file; *size gets the bytes hashed
-static inline int sha256_file(const char *path, uint8_t out[32], uint64_t *size, char *err, size_t errlen) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
+// write_file_atomic: readers see the old file or the whole new one, never a
+// part, even across a crash: temporary name, fsync, rename, fsync the directory
+static inline int write_file_atomic(const char *dir, const char *name, const void *data, size_t n,
+                                    char *err, size_t errlen) {
+    const char *d = dir != NULL && dir[0] != '\0' ? dir : ".";
+    int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return errorf(err, errlen, "%s: open directory: %s", d, strerror(errno));
+    int rc = write_file_atomic_at(dfd, d, name, data, n, err, errlen);
+    close(dfd);
+    return rc;
+}
+
+// sha256_fd: hash the regular file open at fd (path: its name in messages);
+// *size gets the bytes hashed. Closes fd.
+static inline int sha256_fd(int fd, const char *path, uint8_t out[32], uint64_t *size, char *err, size_t errlen) {
     int rc = -1;
     uint8_t *buf = NULL;
     uint64_t total = 0;
@@ -136,6 +149,13 @@ done:
     free(buf);
     close(fd);
     return rc;
+}
+
+// sha256_file: hash a regular file; *size gets the bytes hashed
+static inline int sha256_file(const char *path, uint8_t out[32], uint64_t *size, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
+    return sha256_fd(fd, path, out, size, err, errlen);
 }
 
 static inline int manifest_name_ok(const char *name, size_t n) {
@@ -203,6 +223,20 @@ static inline int manifest_add_file(Manifest *m, const char *dir, const char *na
     return manifest_add_entry(m, name, size, sha, err, errlen);
 }
 
+// manifest_add_file_at: manifest_add_file for the file `name` of the
+// directory open at dfd (dir: its name in messages), never through a link
+static inline int manifest_add_file_at(Manifest *m, int dfd, const char *dir, const char *name, char *err,
+                                       size_t errlen) {
+    char path[4096];
+    uint8_t sha[32];
+    uint64_t size = 0;
+    if (path_join(path, sizeof(path), dir, name, err, errlen) != 0) return -1;
+    int fd = openat(dfd, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
+    if (sha256_fd(fd, path, sha, &size, err, errlen) != 0) return -1;
+    return manifest_add_entry(m, name, size, sha, err, errlen);
+}
+
 // manifest_format: the canonical text, tag line included; *text is malloc'd
 static inline int manifest_format(const Manifest *m, const uint8_t key[32], char **text, size_t *len,
                                   char *err, size_t errlen) {
@@ -232,6 +266,18 @@ static inline int manifest_format(const Manifest *m, const uint8_t key[32], char
     *text = out;
     *len = n;
     return 0;
+}
+
+// manifest_write_at: manifest_write into the directory open at dfd (dir:
+// its name in messages)
+static inline int manifest_write_at(const Manifest *m, int dfd, const char *dir, const char *manifest_name,
+                                    const uint8_t key[32], char *err, size_t errlen) {
+    char *text = NULL;
+    size_t len = 0;
+    if (manifest_format(m, key, &text, &len, err, errlen) != 0) return -1;
+    int rc = write_file_atomic_at(dfd, dir, manifest_name, text, len, err, errlen);
+    free(text);
+    return rc;
 }
 
 static inline int manifest_write(const Manifest *m, const char *dir, const char *manifest_name, const uint8_t key[32],

@@ -158,19 +158,19 @@ static int gpt2_write_share(GPT2 *m, CkptOut *model, CkptOut *optim) {
     return sc.error;
 }
 
-// writes this rank's part of the model file at model_path (and, unless
-// optim_path is NULL, of optim.bin there), files that rank 0 made at full
-// size (sealed ones under cipher), and fsyncs them; 0, or an errno
-static int write_part(GPT2 *m, const char *model_path, const char *optim_path, const AeadFileKey *cipher) {
+// writes this rank's part of the model file model_name (and, unless
+// optim_name is NULL, of optim.bin), both in -o (dfd), files that rank 0
+// made at full size (sealed ones under cipher), and fsyncs them; 0, or an errno
+static int write_part(GPT2 *m, int dfd, const char *model_name, const char *optim_name, const AeadFileKey *cipher) {
     CkptOut model, adam;
-    int e = ckpt_out_open(&model, model_path, cipher);
+    int e = ckpt_out_open_at(&model, dfd, model_name, cipher);
     memset(&adam, 0, sizeof(adam));
     adam.fd = -1;
-    if (optim_path != NULL) {
-        int e_optim = ckpt_out_open(&adam, optim_path, cipher);
+    if (optim_name != NULL) {
+        int e_optim = ckpt_out_open_at(&adam, dfd, optim_name, cipher);
         if (e == 0) e = e_optim;
     }
-    if (e == 0) e = gpt2_write_share(m, &model, optim_path != NULL ? &adam : NULL);
+    if (e == 0) e = gpt2_write_share(m, &model, optim_name != NULL ? &adam : NULL);
     int closed = ckpt_out_close(&model, e == 0);
     if (e == 0) e = closed;
     closed = ckpt_out_close(&adam, e == 0);
