@@ -240,6 +240,79 @@ static void test_hello_replay(void) {
 }
 
 // ----------------------------------------------------------------------------
+// the rendezvous: a flood of idle connections to a TCP root
+
+// flooder: connects to port until the root listens (10 s at most), then
+// opens `n` connections in all, says nothing on any, tells the parent 'r'
+// (or 'E' when the root never listened) and holds them until the parent
+// closes `hold`
+static void flooder(int port, int n, int report, int hold) {
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_port = htons((uint16_t)port);
+    int open_ = 0;
+    double t0 = par_now();
+    while (open_ < n && par_now() - t0 < 10.0) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+            open_++;  // left open, silent: the fd is never closed till the end
+            continue;
+        }
+        if (fd >= 0) close(fd);
+        par_sleep(0.01);
+    }
+    char c = open_ == n ? 'r' : 'E';
+    if (write(report, &c, 1) != 1) _exit(1);
+    read_byte(hold, 60.0);
+    _exit(0);
+}
+
+// Another local user opens 100 idle connections to rank 0's TCP rendezvous
+// once it listens (more than the RDV_MAX_PENDING the root keeps waiting),
+// then rank 1 starts. The job must still start and finish: the root drops
+// the oldest silent connection for a new one and any silent one after
+// RDV_HELLO_S, and says so in a bounded number of lines
+static void test_idle_flood(void) {
+    int port = test_free_port();
+    char args[1200], out0[300], out1[300];
+    snprintf(args, sizeof(args), "-x 2 -to 10 --rendezvous tcp:127.0.0.1:%d --key-file %s", port, key_path);
+    snprintf(out0, sizeof(out0), "%s/flood0.out", work);
+    snprintf(out1, sizeof(out1), "%s/flood1.out", work);
+    int rep[2], hold[2];
+    if (pipe(rep) != 0 || pipe(hold) != 0) return;
+    const char *env0[] = {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", NULL};
+    const char *env1[] = {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1", NULL};
+    double t0 = test_now();
+    pid_t r0 = spawn_trainer(args, env0, out0), r1 = -1;
+    fflush(NULL);
+    pid_t att = fork();
+    if (att == 0) {
+        close(rep[0]);
+        close(hold[1]);
+        if (is_root() && drop_to_nobody() != 0) _exit(3);
+        flooder(port, 100, rep[1], hold[0]);
+    }
+    close(rep[1]);
+    close(hold[0]);
+    char ready = read_byte(rep[0], 12.0);
+    if (ready == 'r') r1 = spawn_trainer(args, env1, out1);
+    TrainerRun a = trainer_ended(r0, t0, out0, 40.0), b = trainer_ended(r1, t0, out1, 40.0);
+    close(hold[1]);  // the flooder lets go
+    close(rep[0]);
+    test_wait(att, 5.0, NULL);
+    int drops = test_count(a.out, "rendezvous: dropped");
+    check(ready == 'r' && a.status == 0 && b.status == 0 && strstr(a.out, "step    1/2") != NULL && drops >= 1 &&
+          drops <= RDV_DROPS_LOGGED, "idle flood by %s: 100 silent connections to rank 0's tcp rendezvous, then rank 1: "
+          "the job starts and ends (%c, exit %d %d, %.1f s, %d lines of drops): %s", is_root() ? OTHER_USER : "this user",
+          ready ? ready : '?', a.status, b.status, a.seconds, drops,
+          test_line_of(b.status != 0 ? b.out : a.out, b.status != 0 ? "rendezvous" : "dropped"));
+    free(a.out);
+    free(b.out);
+}
+
+// ----------------------------------------------------------------------------
 // the shared-memory segment of an outside-launched rank 0 that fails
 
 // shm_names: how many names of pid's segments /dev/shm holds, waiting up to
@@ -1208,6 +1281,7 @@ int main(int argc, char **argv) {
                key_write_file(key_path, key, err, sizeof(err)) == 0, "a shard and a key file in %s", work))
         return test_summary();
     test_hello_replay();
+    test_idle_flood();
     test_segment_leaks();
     test_output_dir();
     test_output_dir_swapped();

@@ -15,7 +15,9 @@
  *   RdvServer, rdv_server_open, rdv_server_step, rdv_server_close
  *                          the server (the launcher, or rank 0 of an outside
  *                          launch)
- *   rdv_join               the client: one hello, one answer
+ *   rdv_join, rdv_join_once
+ *                          the client: one hello, one answer (tried again
+ *                          when the root drops the connection unanswered)
  * Header-only (llm.c style): every function is static inline.
  *
  * Linux only (SO_PEERCRED, /dev/shm). Builds with -std=gnu11, or -std=c11
@@ -28,6 +30,11 @@
  * root rejects, and logs one line for, a peer of another uid, a wrong key, a
  * wrong job id, a wrong world size, a replayed hello, a duplicate rank and a
  * late joiner, and keeps serving the good ones for as long as the job runs.
+ * A connection silent for RDV_HELLO_S after its challenge is dropped, and
+ * when RDV_MAX_PENDING wait for their hello the oldest makes room for a new
+ * one: a flood of idle connections (anyone may connect to a TCP port) cannot
+ * keep the real ranks out, who send their hello at once and, dropped all
+ * the same, connect again.
  *
  * The segment is here, not in shm_comm.h, because the launcher (or rank 0 of
  * an outside launch) creates it before any rank joins, and the rendezvous
@@ -65,6 +72,8 @@
 #define COMM_NAME_BYTES 64          // shared-memory segment name, NUL included
 #define RDV_MIN_TIMEOUT_S 10.0      // starting N processes can take longer than one collective
 #define RDV_MAX_PENDING 64          // connections that have not yet sent a complete hello
+#define RDV_HELLO_S 2.0             // how long one may stay silent after its challenge (a rank answers at once)
+#define RDV_DROPS_LOGGED 16         // drops of such connections logged, one line each, before the rest go unsaid
 #define RDV_MAX_MSG 4096            // bytes of one rendezvous message
 
 // ----------------------------------------------------------------------------
@@ -540,6 +549,7 @@ typedef struct {
     RdvConn pending[RDV_MAX_PENDING];
     int rejected;                   // rejections so far, and the last reason (the tests read them)
     char last_reject[256];
+    int dropped;                    // connections dropped without a complete hello (silent, or evicted)
 } RdvServer;
 
 // rdv_server_open: listens on spec for world ranks; shm_name is what the
@@ -586,6 +596,17 @@ static inline void rdv_server_drop(RdvServer *s, int i) {
     close(s->pending[i].fd);
     s->pending[i] = s->pending[s->npending - 1];
     s->npending--;
+}
+
+// rdv_server_drop_idle: drops pending[i], which sent no complete hello in
+// time (why), with a line for each of the first RDV_DROPS_LOGGED: a flood
+// of idle connections must not flood the log too
+static inline void rdv_server_drop_idle(RdvServer *s, int i, const char *why) {
+    s->dropped++;
+    if (s->dropped <= RDV_DROPS_LOGGED)
+        fprintf(stderr, "rendezvous: dropped %s: %s%s\n", s->pending[i].who, why,
+                s->dropped == RDV_DROPS_LOGGED ? " (further drops of idle connections go unlogged)" : "");
+    rdv_server_drop(s, i);
 }
 
 // rdv_server_reject: logs one line, tells the peer why, hangs up
@@ -739,6 +760,13 @@ static inline void rdv_server_accept(RdvServer *s) {
                 snprintf(s->last_reject, sizeof(s->last_reject), "uid %u is not this job's user (uid %u)",
                          (unsigned)cred.uid, (unsigned)geteuid());
                 s->rejected++;
+                // told why, it does not take the hang-up for a drop to try again after
+                uint8_t msg[5 + sizeof(s->last_reject)];
+                size_t n = strlen(s->last_reject);
+                put_u32(msg, (uint32_t)(1 + n));
+                msg[4] = 'R';
+                memcpy(msg + 5, s->last_reject, n);
+                par_send_all(fd, msg, 5 + n, par_now() + 0.5);
                 close(fd);
                 continue;
             }
@@ -749,9 +777,16 @@ static inline void rdv_server_accept(RdvServer *s) {
             snprintf(who, sizeof(who), "%s:%u", ip, (unsigned)ntohs(in->sin_port));
         }
         if (s->npending == RDV_MAX_PENDING) {
-            fprintf(stderr, "rendezvous: dropped %s: %d connections already wait for their hello\n", who, RDV_MAX_PENDING);
-            close(fd);
-            continue;
+            // the table is full of connections that have said nothing yet: the
+            // oldest goes, not the newcomer. A rank sends its hello within
+            // moments of connecting, so idle connections, however many,
+            // cannot keep the real ranks out
+            int oldest = 0;
+            for (int k = 1; k < s->npending; k++)
+                if (s->pending[k].deadline < s->pending[oldest].deadline) oldest = k;
+            char why[96];
+            snprintf(why, sizeof(why), "the oldest of %d connections without a hello, for a new one", RDV_MAX_PENDING);
+            rdv_server_drop_idle(s, oldest, why);
         }
         // the challenge: 20 bytes into a fresh socket's empty buffer, so
         // the send does not wait
@@ -773,7 +808,7 @@ static inline void rdv_server_accept(RdvServer *s) {
         RdvConn *cn = &s->pending[s->npending++];
         cn->fd = fd;
         cn->got = 0;
-        cn->deadline = par_now() + s->timeout_s;
+        cn->deadline = par_now() + (s->timeout_s < RDV_HELLO_S ? s->timeout_s : RDV_HELLO_S);
         memcpy(cn->challenge, rnd, RDV_NONCE_BYTES);
         snprintf(cn->who, sizeof(cn->who), "%s", who);
     }
@@ -815,8 +850,10 @@ static inline void rdv_server_expire(RdvServer *s) {
     double now = par_now();
     for (int i = s->npending - 1; i >= 0; i--) {
         if (now > s->pending[i].deadline) {
-            fprintf(stderr, "rendezvous: dropped %s: no complete hello within %.1f s\n", s->pending[i].who, s->timeout_s);
-            rdv_server_drop(s, i);
+            char why[64];
+            snprintf(why, sizeof(why), "no complete hello within %.1f s of its challenge",
+                     s->timeout_s < RDV_HELLO_S ? s->timeout_s : RDV_HELLO_S);
+            rdv_server_drop_idle(s, i, why);
         }
     }
     if (s->answered || s->expired || now <= s->join_deadline) return;
@@ -868,7 +905,8 @@ static inline int rdv_server_step(RdvServer *s, int extra_fd, int timeout_ms) {
 // the rendezvous client: one hello, one answer
 
 // rdv_read_msg: one u32 length | body message of 1..RDV_MAX_MSG bytes from
-// the root into in (body at in + 4); its length, or -1 with err set
+// the root into in (body at in + 4); its length, or -1 with err set (-2:
+// the root closed the connection without a word)
 static inline long rdv_read_msg(int fd, const char *spec, int rank, const char *what, uint8_t in[4 + RDV_MAX_MSG],
                                 double deadline, double timeout_s, char *err, size_t errlen) {
     int rc = par_recv_all(fd, in, 4, deadline);
@@ -876,9 +914,11 @@ static inline long rdv_read_msg(int fd, const char *spec, int rank, const char *
     if (rc == 0 && (n < 1 || n > RDV_MAX_MSG))
         return errorf(err, errlen, "rendezvous %s: %s of %u bytes (1..%d)", spec, what, (unsigned)n, RDV_MAX_MSG);
     if (rc == 0) rc = par_recv_all(fd, in + 4, n, deadline);
-    if (rc != 0)
-        return errorf(err, errlen, "rendezvous %s: rank %d waiting %.1f s for the root's %s: %s", spec, rank, timeout_s,
-                      what, par_io_error(rc));
+    if (rc != 0) {
+        errorf(err, errlen, "rendezvous %s: rank %d waiting %.1f s for the root's %s: %s", spec, rank, timeout_s,
+               what, par_io_error(rc));
+        return rc == -2 ? -2 : -1;
+    }
     if (in[4] == 'R') {
         char reason[201];
         size_t m = n - 1 < 200 ? n - 1 : 200;
@@ -889,9 +929,52 @@ static inline long rdv_read_msg(int fd, const char *spec, int rank, const char *
     return (long)n;
 }
 
+// rdv_join_once: one connection to the root: its challenge, our hello h,
+// its answer (into in, its length returned). -1 with err set; -2 when the
+// root dropped the connection before a word of its answer (a root that
+// idle connections crowd drops the oldest: rdv_server_accept), which is
+// worth another try
+static inline long rdv_join_once(const RdvAddr *addr, const char *spec, const uint8_t key[32], RdvHello *h,
+                                 Links *hl, uint8_t in[4 + RDV_MAX_MSG], double deadline, double timeout_s,
+                                 char *err, size_t errlen) {
+    int fd = rdv_connect(addr, deadline, err, errlen);
+    if (fd < 0) return -1;
+    // the root speaks first: this connection's challenge, which the hello's tag covers
+    long n = rdv_read_msg(fd, spec, h->rank, "challenge", in, deadline, timeout_s, err, errlen);
+    if (n >= 0 && (n != 1 + RDV_NONCE_BYTES || in[4] != 'C'))
+        n = errorf(err, errlen, "rendezvous %s: the root's first message is not a challenge ('C' and %d bytes)", spec,
+                   RDV_NONCE_BYTES);
+    if (n < 0) {
+        close(fd);
+        return n;
+    }
+    memcpy(h->challenge, in + 5, RDV_NONCE_BYTES);
+    if (links_init(hl, key, h->rank, h->world + 1) != 0) {
+        close(fd);
+        return errorf(err, errlen, "rendezvous %s: links for rank %d of %d", spec, h->rank, h->world);
+    }
+    hl->job_id = h->job_id;
+    uint8_t payload[HELLO_BYTES];
+    rdv_hello_write(h, payload);
+    uint8_t msg[8 + FRAME_HEADER_BYTES + HELLO_BYTES + FRAME_TAG_BYTES];
+    put_u32(msg, (uint32_t)(sizeof(msg) - 4));
+    put_u32(msg + 4, (uint32_t)h->rank);
+    frame_seal(hl, h->world, CH_HELLO, 0, 0, payload, HELLO_BYTES, msg + 8);
+    int rc = par_send_all(fd, msg, sizeof(msg), deadline);
+    if (rc == 0) n = rdv_read_msg(fd, spec, h->rank, "answer", in, deadline, timeout_s, err, errlen);
+    else {
+        errorf(err, errlen, "rendezvous %s: rank %d sending its hello: %s", spec, h->rank, par_io_error(rc));
+        n = rc == -2 ? -2 : -1;
+    }
+    close(fd);
+    if (n < 0) links_free(hl);
+    return n;
+}
+
 // rdv_join: joins the job at spec as rank of world. job_id is normally
 // job_id_from_key(key) (the tests pass others); blob_in (rank 0's, may be
-// NULL) is what every rank gets back in ans->blob.
+// NULL) is what every rank gets back in ans->blob. A connection the root
+// drops before it answers is tried again, until timeout_s.
 static inline int rdv_join(const char *spec, const uint8_t key[32], uint64_t job_id, int rank, int world,
                            int local_rank, const uint8_t *blob_in, double timeout_s, RdvAnswer *ans,
                            char *err, size_t errlen) {
@@ -913,39 +996,13 @@ static inline int rdv_join(const char *spec, const uint8_t key[32], uint64_t job
     if (blob_in != NULL) memcpy(h.blob, blob_in, COMM_BLOB_BYTES);
 
     double deadline = par_now() + timeout_s;
-    int fd = rdv_connect(&addr, deadline, err, errlen);
-    if (fd < 0) return -1;
-    // the root speaks first: this connection's challenge, which the hello's tag covers
     uint8_t in[4 + RDV_MAX_MSG];
-    long n = rdv_read_msg(fd, spec, rank, "challenge", in, deadline, timeout_s, err, errlen);
-    if (n >= 0 && (n != 1 + RDV_NONCE_BYTES || in[4] != 'C'))
-        n = errorf(err, errlen, "rendezvous %s: the root's first message is not a challenge ('C' and %d bytes)", spec,
-                   RDV_NONCE_BYTES);
-    if (n < 0) {
-        close(fd);
-        return -1;
-    }
-    memcpy(h.challenge, in + 5, RDV_NONCE_BYTES);
     Links hl;
-    if (links_init(&hl, key, rank, world + 1) != 0) {
-        close(fd);
-        return errorf(err, errlen, "rendezvous %s: links for rank %d of %d", spec, rank, world);
-    }
-    hl.job_id = job_id;
-    uint8_t payload[HELLO_BYTES];
-    rdv_hello_write(&h, payload);
-    uint8_t msg[8 + FRAME_HEADER_BYTES + HELLO_BYTES + FRAME_TAG_BYTES];
-    put_u32(msg, (uint32_t)(sizeof(msg) - 4));
-    put_u32(msg + 4, (uint32_t)rank);
-    frame_seal(&hl, world, CH_HELLO, 0, 0, payload, HELLO_BYTES, msg + 8);
-    int rc = par_send_all(fd, msg, sizeof(msg), deadline);
-    if (rc == 0) n = rdv_read_msg(fd, spec, rank, "answer", in, deadline, timeout_s, err, errlen);
-    else n = errorf(err, errlen, "rendezvous %s: rank %d sending its hello: %s", spec, rank, par_io_error(rc));
-    close(fd);
-    if (n < 0) {
-        links_free(&hl);
-        return -1;
-    }
+    long n;
+    while ((n = rdv_join_once(&addr, spec, key, &h, &hl, in, deadline, timeout_s, err, errlen)) == -2 &&
+           par_now() < deadline)
+        par_sleep(0.02);
+    if (n < 0) return -1;
     const uint8_t *p = NULL;
     char why[256];
     if (in[4] != 'A' || frame_open(&hl, in + 5, (size_t)n - 1, world, CH_HELLO, 0, 0, ANSWER_BYTES, &p, why, sizeof(why)) != 0) {
