@@ -1190,7 +1190,8 @@ static void print_layout(const GPT2 *m, const Parallel *par, const Options *o, i
 static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, int argc, char **argv) {
     char err[512];
     memset(par, 0, sizeof(*par));
-    int rc = parallel_join(argc, argv, o->np, o->tp, o->pp, o->rendezvous, o->key_file, o->timeout, &par->launch,
+    LaunchMeet meet = job_meet(o);
+    int rc = parallel_join(argc, argv, o->np, o->tp, o->pp, o->rendezvous, o->key_file, &meet, o->timeout, &par->launch,
                            &par->grid, err, sizeof(err));
     if (rc != 0) die(rc, err);
     Launch *L = &par->launch;

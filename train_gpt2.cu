@@ -1051,7 +1051,8 @@ typedef struct {
 // would otherwise take the signals it waits for on its signalfd.
 static void check_launch_gpus(const Options *o) {
     char err[512], msg[600];
-    int launcher = getenv("LLM3D_RANK") == NULL && o->rendezvous == NULL && o->np > 1;
+    LaunchMeet meet = job_meet(o);
+    int launcher = parallel_will_launch(o->np, o->rendezvous, o->key_file, &meet);
     if (!launcher) return;
     fflush(NULL);
     pid_t pid = fork();
@@ -1075,7 +1076,8 @@ static void check_launch_gpus(const Options *o) {
 static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, int argc, char **argv) {
     char err[512];
     memset(par, 0, sizeof(*par));
-    int rc = parallel_join(argc, argv, o->np, o->tp, o->pp, o->rendezvous, o->key_file, o->timeout, &par->launch,
+    LaunchMeet meet = job_meet(o);
+    int rc = parallel_join(argc, argv, o->np, o->tp, o->pp, o->rendezvous, o->key_file, &meet, o->timeout, &par->launch,
                            &par->grid, err, sizeof(err));
     if (rc != 0) die(rc, err);
     Launch *L = &par->launch;

@@ -577,14 +577,25 @@ static int ckpt_key_at(int dfd, const char *out_dir, const char *key_file, int c
         return errorf(err, errlen, "%s is missing, but %s holds %d checkpoint(s) sealed with it: put it back, or "
                       "pass the key with --key-file", path, out_dir, n);
     if (key_generate(key, err, errlen) != 0) return -1;
-    // O_EXCL: never overwrite a key, nor follow a link planted there
-    int fd = openat(dfd, "job.key", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0) return errorf(err, errlen, "key file %s: create: %s", path, strerror(errno));
+    // the ranks of an outside launch may all get here at once: the first key
+    // in place is every rank's. Each writes its own whole under a name of its
+    // own (O_EXCL, never through a link) and links it into place (linkat never
+    // replaces a file), so no rank reads a key half written, nor keeps one
+    // that lost the race
+    char tmp[64];
+    snprintf(tmp, sizeof(tmp), "job.key.%d.tmp", (int)getpid());
+    unlinkat(dfd, tmp, 0);
+    int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return errorf(err, errlen, "key file %s/%s: create: %s", out_dir, tmp, strerror(errno));
     int e = key_write_opened(fd, key);
-    if (e != 0) {
-        unlinkat(dfd, "job.key", 0);
-        return errorf(err, errlen, "key file %s: write: %s", path, strerror(e));
+    if (e == 0) e = linkat(dfd, tmp, dfd, "job.key", 0) == 0 ? 0 : errno;
+    unlinkat(dfd, tmp, 0);
+    if (e == EEXIST) {  // another rank's key came first: take it
+        fd = openat(dfd, "job.key", O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) return errorf(err, errlen, "key file %s: %s", path, strerror(errno));
+        return key_read_opened(fd, path, key, err, errlen);
     }
+    if (e != 0) return errorf(err, errlen, "key file %s: write: %s", path, strerror(e));
     return 0;
 }
 

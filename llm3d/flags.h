@@ -3,7 +3,7 @@
  * from which the usage, the parsing and the range checks are all made.
  *
  * defines:
- *   Options              every flag's value (SCHED_* for -k, PS_* for -ps)
+ *   Options              every flag's value (SCHED_* for -k, PS_* for -ps, PI_* for -pi)
  *   OptionSpec, option_specs, NUM_OPTIONS
  *                        the table: each flag's type, field, range, help, and
  *                        what llm.c means by it where that differs
@@ -38,6 +38,7 @@
 enum { OPT_INT, OPT_FLOAT, OPT_STR, OPT_CHOICE, OPT_REFUSED };
 enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD };
 enum { PS_GPIPE, PS_1F1B };
+enum { PI_MPI, PI_TCP, PI_FS };  // llm.c's -pi: how the ranks of an outside launch meet (launcher.h)
 
 typedef struct {
     const char *train_pattern, *val_pattern, *init, *out_dir, *log_file, *tokenizer;
@@ -59,6 +60,12 @@ typedef struct {
     const char *fault, *rendezvous, *key_file;
     int threads;
     int host_backend;              // -hb (train_gpt2cu): 0 its rule, 1 host mode, 2 NCCL where ranks share a GPU
+    // llm.c's multi-node flags: the world and rank where no launcher's variables say them, and how the
+    // ranks meet without --rendezvous (launcher.h's LaunchMeet)
+    int llmc_procs, llmc_rank, llmc_gpus;  // -pn -pr -pg (0 and -1: not given)
+    int llmc_init;                         // -pi (-pm): PI_*
+    const char *llmc_fs_path;              // -pf
+    const char *llmc_server;               // -ps when its value is an IPv4 address, not a schedule
     int recompute;                 // -r (the GPU trainer takes it out of argv first)
     // llm.c's switches for what a build here does one way: options_check_build
     int overfit_batch, tf32, master_weights, gelu_fusion, major_every;  // -a -f -w -ge -nm
@@ -75,8 +82,6 @@ typedef struct {
     const char *dflt;    // the default in words, where its value alone does not say it (-h prints it)
 } OptionSpec;
 
-#define LLMC_MULTINODE "llm.c's multi-node setting; here one box starts its ranks with -np N, and ranks started by " \
-                       "mpirun, srun or torchrun join with --rendezvous ADDR --key-file FILE (doc/llmc.md)"
 
 static const OptionSpec option_specs[] = {
     {"-i", OPT_STR, offsetof(Options, train_pattern), 0, 0, NULL, "train shards (glob)", NULL, NULL},
@@ -148,9 +153,8 @@ static const OptionSpec option_specs[] = {
     {"-z", OPT_INT, offsetof(Options, zero), 0, 3, NULL, "ZeRO stage 0-3", NULL, NULL},
     {"-mb", OPT_INT, offsetof(Options, microbatches), 1, 1 << 16, NULL, "micro-batches per pipeline step", NULL, NULL},
     {"-ps", OPT_CHOICE, offsetof(Options, pipe_schedule), 0, 0, "gpipe,1f1b",
-     "pipeline schedule; told apart by its value, an address (with '.' or ':') is llm.c's -ps, its NCCL server "
-     "address: refused",
-     "llm.c's -ps is the server IP of its NCCL init; " LLMC_MULTINODE, NULL},
+     "pipeline schedule; or, an IPv4 address[:port] instead of a schedule's name, llm.c's server for -pi tcp",
+     "llm.c's -ps is the server address of its -pi tcp: an IPv4 address, which is taken as such here", NULL},
     {"-to", OPT_FLOAT, offsetof(Options, timeout), 0.1, 3600, NULL, "seconds any wait between ranks may take", NULL, NULL},
     {"-ck", OPT_INT, offsetof(Options, check_every), 0, 1 << 30, NULL,
      "data-parallel consistency check every K steps (0 = off)", NULL, NULL},
@@ -178,12 +182,19 @@ static const OptionSpec option_specs[] = {
      "fp32 master weights (-1 = as built; the bf16 GPU build keeps them, 1 only; fp32 trainers 0 or 1)", NULL, NULL},
     {"-a", OPT_INT, offsetof(Options, overfit_batch), 0, 1, NULL,
      "llm.c's overfit-one-batch debug switch: 0 only here", NULL, NULL},
-    {"-pn", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's number of processes: refused", LLMC_MULTINODE, NULL},
-    {"-pr", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's process rank: refused", LLMC_MULTINODE, NULL},
-    {"-pg", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's GPUs per node: refused", LLMC_MULTINODE, NULL},
-    {"-pi", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's NCCL init method: refused", LLMC_MULTINODE, NULL},
-    {"-pm", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's NCCL init method (as its usage spells it): refused", LLMC_MULTINODE, NULL},
-    {"-pf", OPT_REFUSED, 0, 0, 0, NULL, "llm.c's fs path for its NCCL init: refused", LLMC_MULTINODE, NULL},
+    {"-pn", OPT_INT, offsetof(Options, llmc_procs), 1, 256, NULL,
+     "llm.c's number of processes: the world, where no launcher's variables say it", NULL, "the launcher's"},
+    {"-pr", OPT_INT, offsetof(Options, llmc_rank), 0, 255, NULL,
+     "llm.c's process rank: this process's, where no launcher's variables say it", NULL, "the launcher's"},
+    {"-pg", OPT_INT, offsetof(Options, llmc_gpus), 1, 256, NULL,
+     "llm.c's GPUs per node: with -pn -pr, the local rank is -pr % -pg, and -pn above -pg spans nodes", NULL, NULL},
+    {"-pi", OPT_CHOICE, offsetof(Options, llmc_init), 0, 0, "mpi,tcp,fs",
+     "llm.c's init method: how the ranks of mpirun, srun or torchrun meet without --rendezvous: mpi, on one box, "
+     "in -o; tcp, at -ps ADDR, with --key-file; fs, in the folder -pf (doc/llmc.md)", NULL, NULL},
+    {"-pm", OPT_CHOICE, offsetof(Options, llmc_init), 0, 0, "mpi,tcp,fs", "-pi, as llm.c's usage spells it", NULL, NULL},
+    {"-pf", OPT_STR, offsetof(Options, llmc_fs_path), 0, 0, NULL,
+     "llm.c's fs path: for -pi fs, the folder where the ranks meet, shared by their nodes, private to the user", NULL,
+     NULL},
 };
 #define NUM_OPTIONS ((int)(sizeof(option_specs) / sizeof(option_specs[0])))
 
@@ -206,6 +217,7 @@ static void options_defaults(Options *o) {
     o->np = 1; o->tp = 1; o->pp = 1; o->zero = 0; o->microbatches = 1; o->pipe_schedule = PS_1F1B;
     o->timeout = 30.0f; o->check_every = 0; o->watch_every = 20; o->host_backend = 0;
     o->recompute = 1; o->tf32 = -1; o->master_weights = -1; o->gelu_fusion = -1;
+    o->llmc_procs = 0; o->llmc_rank = -1; o->llmc_gpus = 8; o->llmc_init = PI_MPI; o->llmc_fs_path = "/tmp";
 }
 
 // -h: every flag, what it does and its default (in brackets)
@@ -265,10 +277,20 @@ static int looks_integer(const char *v, long *out) {
     return 1;
 }
 
-// 1 if v is an address as llm.c's -ps takes one (an IPv4 or IPv6 address, a
-// host name with a dot, host:port): it holds '.' or ':', which no name of a
-// pipeline schedule does
-static int looks_like_address(const char *v) { return strchr(v, '.') != NULL || strchr(v, ':') != NULL; }
+// 1 if v is an IPv4 address, dotted, with an optional :PORT: llm.c's -ps
+// (the numbers' ranges are the rendezvous's to check)
+static int looks_ipv4(const char *v) {
+    int dots = 0, digits = 0;
+    for (; *v != '\0' && *v != ':'; v++) {
+        if (*v == '.' && digits > 0) { dots++; digits = 0; }
+        else if (*v >= '0' && *v <= '9' && digits < 3) digits++;
+        else return 0;
+    }
+    if (dots != 3 || digits == 0) return 0;
+    if (*v == ':' && v[1] == '\0') return 0;
+    for (v += *v == ':'; *v != '\0'; v++) if (*v < '0' || *v > '9') return 0;
+    return 1;
+}
 
 // err's line for flag s, with what llm.c means by the flag when that differs
 static int flag_error(char *err, size_t errlen, const OptionSpec *s) {
@@ -309,14 +331,14 @@ static int options_parse(Options *o, int argc, char **argv, char *err, size_t er
                               "steps) nor a log file's name (a file named so: -lg ./%s)", val, val);
             *(const char **)dst = val;
         } else if (s->type == OPT_CHOICE) {
-            // llm.c's -ps ADDRESS: its multi-node setting, told apart from a schedule's name by its value
-            if (strcmp(flag, "-ps") == 0 && !choice_index(s->choices, val, (int *)dst) && looks_like_address(val))
-                return errorf(err, errlen, "flag -ps %s: an address, llm.c's NCCL server address (its -pi tcp), a "
-                              "multi-node setting not taken here: one box starts its ranks with -np N, and ranks that "
-                              "mpirun, srun or torchrun start join with --rendezvous tcp:HOST:PORT --key-file FILE "
-                              "(doc/llmc.md); here -ps names the pipeline schedule {%s}", val, s->choices);
+            int is_schedule = strcmp(flag, "-ps") == 0;  // ours, or llm.c's server: told apart by the value
+            if (is_schedule && !choice_index(s->choices, val, (int *)dst) && looks_ipv4(val)) {
+                o->llmc_server = val;
+                continue;
+            }
             if (!choice_index(s->choices, val, (int *)dst)) {
-                errorf(err, errlen, "flag %s: '%s' is not one of {%s}", flag, val, s->choices);
+                errorf(err, errlen, "flag %s: '%s' is not one of {%s}%s", flag, val, s->choices,
+                       is_schedule ? " nor an IPv4 address" : "");
                 return flag_error(err, errlen, s);
             }
         } else {

@@ -111,23 +111,19 @@ static double flops_per_token(const GPT2Config *c, int T) {
 // ----------------------------------------------------------------------------
 // the job, checked before any rank starts
 
-// a process that mpirun or torchrun started as one of several ranks joins
-// the others through --rendezvous; without it, it would run the whole job
-// alone, beside its copies (and with -np N each would start N more), so it
-// stops and says what to add
-static void check_outside_launch(const Options *o) {
-    static const char *launchers[][3] = {{"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "mpirun (Open MPI)"},
-                                         {"WORLD_SIZE", "RANK", "torchrun"}};
-    if (o->rendezvous != NULL || getenv("LLM3D_RANK") != NULL) return;
-    for (int k = 0; k < 2; k++) {
-        const char *size = getenv(launchers[k][0]), *rank = getenv(launchers[k][1]);
-        if (size == NULL || atoi(size) < 2) continue;
-        char msg[600];
-        snprintf(msg, sizeof(msg), "started by %s as rank %s of %s, but without --rendezvous: add --rendezvous "
-                 "tcp:127.0.0.1:29500 --key-file FILE, the same on every rank (doc/llmc.md, \"mpirun\"), or start one "
-                 "process with -np %s", launchers[k][2], rank != NULL ? rank : "?", size, size);
-        die_usage(msg);
-    }
+// how the ranks of an outside launch meet without --rendezvous: llm.c's
+// multi-node flags and -o (launcher.h's meet_plan)
+static LaunchMeet job_meet(const Options *o) {
+    LaunchMeet m;
+    memset(&m, 0, sizeof(m));
+    m.out_dir = o->out_dir;
+    m.procs = o->llmc_procs;
+    m.rank = o->llmc_rank;
+    m.gpus = o->llmc_gpus;
+    m.init = o->llmc_init == PI_TCP ? MEET_TCP : o->llmc_init == PI_FS ? MEET_FS : MEET_MPI;
+    m.fs_path = o->llmc_fs_path;
+    m.server = o->llmc_server;
+    return m;
 }
 
 // the flags (flags.h's table; more_usage: the trainer's own lines for -h;
@@ -145,12 +141,14 @@ static void parse_flags(Job *job, int argc, char **argv, const char *more_usage,
     }
     if (rc != 0 || options_check_build(&job->opt, build, err, sizeof(err)) != 0) die_usage(err);
     if (job->opt.ckpt_keep == 0) job->opt.ckpt_keep = INT_MAX;  // -nk 0: keep them all, as llm.c's
-    check_outside_launch(&job->opt);
     // from here on a signal asks for a checkpoint (with -o), and a full disk
     // fails a write (and says so) instead of killing the process
     if (job->opt.out_dir) ckpt_catch_signals();
     signal(SIGXFSZ, SIG_IGN);
-    int world = parallel_world(job->opt.np, job->opt.rendezvous, err, sizeof(err));
+    // the job's world: an outside launcher's (mpirun, srun, torchrun), checked against -np, -pn and the way
+    // its ranks meet (a rank started without --rendezvous or -o is refused here, once), or -np
+    LaunchMeet meet = job_meet(&job->opt);
+    int world = parallel_world(job->opt.np, job->opt.rendezvous, job->opt.key_file, &meet, err, sizeof(err));
     if (world < 0) die_usage(err);
     job->opt.np = world;
 }
@@ -255,7 +253,8 @@ static void check_batch_and_data(Job *job) {
     secure_wipe(key_bytes, sizeof(key_bytes));
     if (rc != 0) data_hint(o, err, sizeof(err));
     if (rc != 0) die_usage(err);
-    int launcher = o->np > 1 && o->rendezvous == NULL;
+    LaunchMeet meet = job_meet(o);
+    int launcher = parallel_will_launch(o->np, o->rendezvous, o->key_file, &meet);
     job->data_open = dp == 1 && !launcher;
     if (!job->data_open) {
         dataloader_free(&job->train);

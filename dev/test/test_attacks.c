@@ -28,6 +28,7 @@
 #include <grp.h>
 #include <math.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 
 static char work[256];                  // this run's directory
 static const char *OTHER_USER = "uid 65534";
@@ -310,6 +311,116 @@ static void test_idle_flood(void) {
           test_line_of(b.status != 0 ? b.out : a.out, b.status != 0 ? "rendezvous" : "dropped"));
     free(a.out);
     free(b.out);
+}
+
+// ----------------------------------------------------------------------------
+// the ranks of mpirun without --rendezvous: their meeting place in -o
+
+// the Open MPI variables of rank r of 2, job 4242, one box
+static const char *const *ompi_env(int r) {
+    static const char *env[2][6] = {
+        {"OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_LOCAL_RANK=0",
+         "OMPI_COMM_WORLD_LOCAL_SIZE=2", "OMPI_MCA_ess_base_jobid=4242", NULL},
+        {"OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_LOCAL_RANK=1",
+         "OMPI_COMM_WORLD_LOCAL_SIZE=2", "OMPI_MCA_ess_base_jobid=4242", NULL},
+    };
+    return env[r];
+}
+
+// Rank 0 of mpirun's job makes DIR/llm3d-rendezvous-ompi-4242 in -o, the
+// other ranks take the key and the socket from it. Planted there first, a
+// directory of mode 0755, another user's, a link, or a key others may read
+// is refused at once (not waited on, never trusted); a meeting directory
+// that a killed job left (its socket dead) is swept by the next job, and a
+// job leaves none of its own.
+static void test_meeting_place(void) {
+    char o[300], place[400], path[100], args[1200];  // path: a unix socket's, at most 107 bytes
+    snprintf(o, sizeof(o), "%s/meet", work);
+    mkdir(o, 0700);
+    snprintf(place, sizeof(place), "%s/llm3d-rendezvous-ompi-4242", o);
+    snprintf(args, sizeof(args), "-x 2 -to 3 -o %s", o);
+    struct { const char *what, *want; int rank, other, mode, link, key_mode; } planted[] = {
+        {"a directory of mode 0755", "mode 0755 lets group or others in: not this job's meeting place; refused", 1, 0,
+         0755, 0, 0600},
+        {"another user's directory", "owned by uid 65534, not by this user", 1, 1, 0700, 0, 0600},
+        {"another user's directory, met by rank 0", "owned by uid 65534, not by this user", 0, 1, 0700, 0, 0600},
+        {"a link to a directory", "a symbolic link: not this job's meeting place; refused", 1, 0, 0700, 1, 0600},
+        {"a key of mode 0644", "mode 0644 lets group or others at it", 1, 0, 0700, 0, 0644},
+    };
+    for (size_t k = 0; k < sizeof(planted) / sizeof(planted[0]); k++) {
+        if (planted[k].other && !is_root()) {
+            skip("meeting place: %s: needs root to be another user", planted[k].what);
+            continue;
+        }
+        test_remove_dir(place);
+        char target[300];
+        snprintf(target, sizeof(target), "%s/elsewhere", work);
+        test_remove_dir(target);
+        mkdir(planted[k].link ? target : place, planted[k].mode);
+        chmod(planted[k].link ? target : place, planted[k].mode);
+        snprintf(path, sizeof(path), "%.80s/key", planted[k].link ? target : place);
+        uint8_t key[32];
+        key_generate(key, NULL, 0);
+        test_write_key_file(path, key);
+        chmod(path, planted[k].key_mode);
+        snprintf(path, sizeof(path), "%.80s/rendezvous.sock", planted[k].link ? target : place);
+        int sfd = socket(AF_UNIX, SOCK_STREAM, 0);  // a socket nobody will answer on
+        struct sockaddr_un un;
+        memset(&un, 0, sizeof(un));
+        un.sun_family = AF_UNIX;
+        snprintf(un.sun_path, sizeof(un.sun_path), "%s", path);
+        if (sfd >= 0) {
+            bind(sfd, (struct sockaddr *)&un, sizeof(un));
+            close(sfd);
+        }
+        if (planted[k].link && symlink(target, place) != 0) check(0, "a link at %s", place);
+        if (planted[k].other && (chown(place, NOBODY, NOBODY) != 0)) check(0, "chown %s", place);
+        TrainerRun r = run_trainer(args, ompi_env(planted[k].rank), 20.0);
+        check(r.status == 1 && r.lines == 1 && strstr(r.out, planted[k].want) != NULL && r.seconds < 3.0,
+              "meeting place: %s planted in -o: rank %d refuses it in one line, at once (exit %d, %.1f s): %s",
+              planted[k].what, planted[k].rank, r.status, r.seconds, test_line_of(r.out, "train_gpt2:"));
+        free(r.out);
+        test_remove_dir(place);
+        test_remove_dir(target);
+    }
+
+    // a killed job's meeting directory, its socket dead: swept by the next job, which leaves none of its own
+    char stale[400];
+    snprintf(stale, sizeof(stale), "%s/llm3d-rendezvous-ompi-4141", o);
+    mkdir(stale, 0700);
+    snprintf(path, sizeof(path), "%.80s/rendezvous.sock", stale);
+    int sfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un un;
+    memset(&un, 0, sizeof(un));
+    un.sun_family = AF_UNIX;
+    snprintf(un.sun_path, sizeof(un.sun_path), "%s", path);
+    int bound = sfd >= 0 && bind(sfd, (struct sockaddr *)&un, sizeof(un)) == 0;
+    if (sfd >= 0) close(sfd);
+    snprintf(path, sizeof(path), "%.80s/key", stale);
+    uint8_t key[32];
+    key_generate(key, NULL, 0);
+    test_write_key_file(path, key);
+    char out0[300], out1[300];
+    snprintf(out0, sizeof(out0), "%s/meet0.out", work);
+    snprintf(out1, sizeof(out1), "%s/meet1.out", work);
+    double t0 = test_now();
+    pid_t p1 = spawn_trainer(args, ompi_env(1), out1), p0 = spawn_trainer(args, ompi_env(0), out0);
+    TrainerRun a = trainer_ended(p0, t0, out0, 30.0), b = trainer_ended(p1, t0, out1, 30.0);
+    check(bound && a.status == 0 && b.status == 0 && !test_exists("%s", stale) && !test_exists("%s", place),
+          "meeting place: mpirun's 2 ranks meet in -o (exit %d %d); a killed job's directory is swept (%s), and theirs "
+          "removed (%s)%s%s", a.status, b.status, test_exists("%s", stale) ? "no" : "yes",
+          test_exists("%s", place) ? "no" : "yes", a.status || b.status ? ": " : "",
+          a.status || b.status ? test_line_of(a.status ? a.out : b.out, "train_gpt2:") : "");
+    free(a.out);
+    free(b.out);
+
+    // -pi tcp without a shared secret: refused before anything starts
+    snprintf(args, sizeof(args), "-x 2 -pi tcp -ps 127.0.0.1:%d", test_free_port());
+    TrainerRun r = run_trainer(args, ompi_env(1), 20.0);
+    check(r.status == 2 && r.lines == 1 && strstr(r.out, "-pi tcp: ranks that meet over TCP prove they belong to the "
+                                                  "job with a shared secret: add --key-file FILE") != NULL,
+          "-pi tcp without --key-file: refused (exit %d): %s", r.status, test_line_of(r.out, "train_gpt2:"));
+    free(r.out);
 }
 
 // ----------------------------------------------------------------------------
@@ -848,7 +959,7 @@ static void test_stop_signals(void) {
         // test started in the background) would stay so, and not be held
         signal(SIGINT, SIG_DFL);
         signal(SIGHUP, SIG_DFL);
-        parallel_main(3, argv, 2, NULL, NULL, 5.0, &L, err, sizeof(err));  // the launcher: never returns
+        parallel_main(3, argv, 2, NULL, NULL, NULL, 5.0, &L, err, sizeof(err));  // the launcher: never returns
         _exit(3);
     }
     int st = test_wait(pid, 20.0, NULL);
@@ -1282,6 +1393,7 @@ int main(int argc, char **argv) {
         return test_summary();
     test_hello_replay();
     test_idle_flood();
+    test_meeting_place();
     test_segment_leaks();
     test_output_dir();
     test_output_dir_swapped();

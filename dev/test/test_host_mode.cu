@@ -368,7 +368,7 @@ static int child_main(int argc, char **argv) {
     Launch L;
     Grid g;
     int tp = strcmp(mode, "coll") == 0 ? 2 : 1, pp = strcmp(mode, "pipe") == 0 ? 2 : 1;
-    int rc = parallel_join(argc, argv, a.np, tp, pp, NULL, NULL, a.to, &L, &g, err, sizeof(err));
+    int rc = parallel_join(argc, argv, a.np, tp, pp, NULL, NULL, NULL, a.to, &L, &g, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "%s\n", err);
         return rc;

@@ -4,15 +4,16 @@
  * Every flag of llm.c's train_gpt2.cu (its usage text and its parser) is in
  * flags.h's table, and each either means what it means in llm.c or is
  * refused with one line saying what differs; -lg and -ps are told apart
- * from llm.c's by their values (-lg N: llm.c's GPU stats; -ps ADDRESS:
- * llm.c's server, refused), -x 0 evaluates only, and AdamW's -ep and betas
- * are refused where they divide by 0. llm.c's GPT-2 124M command
+ * from llm.c's by their values (-lg N: llm.c's GPU stats; -ps IPv4: llm.c's
+ * server for -pi tcp), -x 0 evaluates only, and AdamW's -ep and betas are
+ * refused where they divide by 0. llm.c's GPT-2 124M command
  * (scripts/run_gpt2_124M.sh) runs unchanged on the CPU trainer with a small
  * -e, under that script's loop, which ends once the trainer wrote
  * DONE_<steps>: it starts, evaluates, checkpoints, and, run again, resumes
- * without training a step. A rank
- * that mpirun starts without --rendezvous stops with one line saying what
- * to add, and with it joins the others. llm.c's outlier guard (-sl, -sg):
+ * without training a step. Ranks that mpirun starts meet in -o without flags
+ * of ours (without -o one line says what to add), or through --rendezvous;
+ * llm.c's -pn -pr -pg -pi fs -pf meet in the folder, on one box and over
+ * TCP; each trains what -np does. llm.c's outlier guard (-sl, -sg):
  * its z-scores against a direct computation, the updates it skips, which
  * change nothing, and a resume after a skipped update, bit for bit the
  * uninterrupted run.
@@ -22,6 +23,8 @@
  * said, HellaSwag shows its progress, and a job of several ranks ends with
  * one table of their bytes.
  */
+#include <dirent.h>
+
 #include "llm3d/flags.h"
 #include "llm3d/trainer.h"
 #include "llm3d/cpu/cpu_peak.h"
@@ -75,16 +78,11 @@ static void test_flags(void) {
     check(same, "dN: llm.c's channels and heads for d6, d24, d36, d48, d60, d72, d84");
     // refused, each with one line saying what llm.c means by it
     struct { const char *args, *want; } refused[] = {
-        {"-pn 8", "flag -pn: llm.c's number of processes: refused (llm.c's multi-node setting; here one box starts"},
-        {"-pr 0", "flag -pr: llm.c's process rank"},
-        {"-pg 8", "flag -pg: llm.c's GPUs per node"},
-        {"-pi mpi", "flag -pi: llm.c's NCCL init method"},
-        {"-pm mpi", "flag -pm: llm.c's NCCL init method"},
-        {"-pf /tmp", "flag -pf: llm.c's fs path"},
-        {"-ps 10.0.0.1", "flag -ps 10.0.0.1: an address, llm.c's NCCL server address (its -pi tcp), a multi-node "
-                         "setting not taken here"},
-        {"-ps node1:29500", "flag -ps node1:29500: an address, llm.c's NCCL server address"},
-        {"-ps gpip", "flag -ps: 'gpip' is not one of {gpipe,1f1b} (llm.c's -ps is the server IP of its NCCL init"},
+        {"-pn 0", "flag -pn: 0 is out of range [1, 256]"},
+        {"-pi nccl", "flag -pi: 'nccl' is not one of {mpi,tcp,fs}"},
+        {"-ps 10.0.0", "flag -ps: '10.0.0' is not one of {gpipe,1f1b} nor an IPv4 address (llm.c's -ps is the server "
+                       "address of its -pi tcp"},
+        {"-ps 1fb1", "flag -ps: '1fb1' is not one of {gpipe,1f1b} nor an IPv4 address"},
         {"-pp /tmp", "flag -pp: '/tmp' is not an integer (llm.c's usage lists -pp as the fs path"},
         {"-lg 0.5", "flag -lg: '0.5' is neither an integer (llm.c's -lg N: GPU stats every N steps) nor a log file's name"},
         {"-ep 0", "flag -ep: 0 is out of range [1e-30, 1]"},
@@ -111,6 +109,20 @@ static void test_flags(void) {
           parse(&o, "-ep 1e-30 -b2 0.9999999", err, sizeof(err)) == 0 && o.eps > 0.0f && o.beta2 < 1.0f,
           "-ps gpipe is ours, -x 0 is taken (evaluate only), -ep 1e-30 and -b2 0.9999999 are taken (their floats "
           "above 0, below 1)");
+    check(parse(&o, "-lg run10.jsonl", err, sizeof(err)) == 0 && strcmp(o.log_file, "run10.jsonl") == 0,
+          "-lg takes a file name");
+    // llm.c's multi-node flags, as its scripts give them; -ps told apart by its value
+    int rc = parse(&o, "-pn 16 -pr 9 -pg 8 -pi fs -pf /shared/sync -ps 1f1b", err, sizeof(err));
+    check(rc == 0 && o.llmc_procs == 16 && o.llmc_rank == 9 && o.llmc_gpus == 8 && o.llmc_init == PI_FS &&
+          strcmp(o.llmc_fs_path, "/shared/sync") == 0 && o.pipe_schedule == PS_1F1B && o.llmc_server == NULL,
+          "llm.c's -pn -pr -pg -pi fs -pf taken; -ps 1f1b is the pipeline schedule: %s", err);
+    rc = parse(&o, "-pm tcp -ps 10.0.0.1 -ps gpipe", err, sizeof(err));
+    check(rc == 0 && o.llmc_init == PI_TCP && o.llmc_server != NULL && strcmp(o.llmc_server, "10.0.0.1") == 0 &&
+          o.pipe_schedule == PS_GPIPE, "-pm tcp (llm.c's usage's -pi), -ps 10.0.0.1 llm.c's server, -ps gpipe ours: %s",
+          err);
+    rc = parse(&o, "-pi tcp -ps 192.168.1.7:29500", err, sizeof(err));
+    check(rc == 0 && strcmp(o.llmc_server, "192.168.1.7:29500") == 0 && o.pipe_schedule == PS_1F1B,
+          "-ps 192.168.1.7:29500: llm.c's server, with a port; the schedule keeps its default: %s", err);
     parse(&o, "-e gpt3:c768", err, sizeof(err));
     check(options_descriptor(&o, &c, err, sizeof(err)) == -1 && strstr(err, "llm.c's GPT-3 shapes are not implemented"),
           "-e gpt3:c768 refused: %s", err);
@@ -282,8 +294,8 @@ static void test_job_peak(void) {
           cpu_count());
 }
 
-// ranks that mpirun starts: without --rendezvous one line says what to add;
-// with it (and a key file) they join one job
+// ranks that mpirun starts: without --rendezvous and without -o one line
+// says what to add; with --rendezvous (and a key file) they join one job
 static void test_mpirun(const char *exe) {
     char cmd[4096], out[65536], key[300], shard[300];
     snprintf(shard, sizeof(shard), "%s/tiny_train.bin", dir);
@@ -293,8 +305,9 @@ static void test_mpirun(const char *exe) {
              exe, model, shard);
     int rc = test_run(cmd, 1, out, sizeof(out));
     int lines = test_count(out, "\n");
-    check(rc == 2 && lines == 1 && strstr(out, "started by mpirun (Open MPI) as rank 3 of 8, but without --rendezvous: "
-                                           "add --rendezvous") != NULL, "under mpirun without --rendezvous: %s", out);
+    check(rc == 2 && lines == 1 && strstr(out, "started by Open MPI as rank 3 of 8 without --rendezvous: give -o DIR, "
+                                           "where the ranks of one box meet, or --rendezvous") != NULL,
+          "under mpirun without --rendezvous and without -o: %s", out);
     snprintf(key, sizeof(key), "%s/job.key", dir);
     if (test_random_key_file(key) != 0) { check(0, "a key file"); return; }
     char flags[1200];
@@ -423,6 +436,66 @@ static void read_step_log(StepLog *s, const char *path) {
     if (f != NULL) fclose(f);
 }
 
+// ranks started as llm.c's scripts start them, with none of our flags: by
+// mpirun on one box with -o (Open MPI's variables, as mpirun sets them),
+// and by llm.c's -pn -pr -pi fs -pf (an srun job's id in the environment),
+// on one box and as if across nodes (-pg 1: they meet over TCP). Each trains
+// what -np 2 trains, loss for loss, and leaves no meeting directory behind
+static void test_mpirun_meets(const char *exe) {
+    char cmd[8192], out[65536], flags[2000], shard[300], path[500];
+    snprintf(shard, sizeof(shard), "%s/tiny_train.bin", dir);
+    const char *model = "-e d2 -ev 256 -et 16 -ec 32 -b 2 -t 16 -x 3 -v 0 -s 0 -th 1";
+    snprintf(cmd, sizeof(cmd), "%s %s -i %s -np 2 -o %s/np2", exe, model, shard, dir);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    StepLog want, got;
+    snprintf(path, sizeof(path), "%s/np2/log.jsonl", dir);
+    read_step_log(&want, path);
+    if (!check(rc == 0 && want.n == 3, "-np 2: 3 steps (exit %d)", rc)) return;
+    struct { const char *name, *env0, *env1, *extra, *out; } runs[] = {
+        {"mpirun -np 2 with -o",
+         "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_LOCAL_RANK=0 OMPI_COMM_WORLD_LOCAL_SIZE=2 "
+         "OMPI_MCA_ess_base_jobid=3141",
+         "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_LOCAL_RANK=1 OMPI_COMM_WORLD_LOCAL_SIZE=2 "
+         "OMPI_MCA_ess_base_jobid=3141", "", "ompi"},
+        {"-pn 2 -pr R -pi fs -pf DIR", "SLURM_JOB_ID=77 SLURM_STEP_ID=0", "SLURM_JOB_ID=77 SLURM_STEP_ID=0",
+         "-pi fs -pf %s/sync -pn 2", "fs"},
+        {"-pn 2 -pr R -pg 1 -pi fs -pf DIR (nodes: TCP)", "SLURM_JOB_ID=78 SLURM_STEP_ID=0",
+         "SLURM_JOB_ID=78 SLURM_STEP_ID=0", "-pi fs -pf %s/sync -pn 2 -pg 1", "fstcp"},
+    };
+    snprintf(path, sizeof(path), "%s/sync", dir);
+    mkdir(path, 0700);
+    for (size_t k = 0; k < sizeof(runs) / sizeof(runs[0]); k++) {
+        char extra[600], o[400];
+        snprintf(extra, sizeof(extra), runs[k].extra, dir);
+        snprintf(o, sizeof(o), "%s/%s", dir, runs[k].out);
+        int fs = runs[k].extra[0] != '\0';
+        snprintf(flags, sizeof(flags), "%s -i %s -o %s %s", model, shard, o, extra);
+        snprintf(cmd, sizeof(cmd), "(%s timeout 60 %s %s %s > %s/r1.txt 2>&1 & %s timeout 60 %s %s %s 2>&1; a=$?; wait $!; "
+                 "exit $((a + $?)))", runs[k].env1, exe, flags, fs ? "-pr 1" : "", dir, runs[k].env0, exe, flags,
+                 fs ? "-pr 0" : "");
+        rc = test_run(cmd, 1, out, sizeof(out));
+        snprintf(path, sizeof(path), "%s/log.jsonl", o);
+        read_step_log(&got, path);
+        int same = got.n == want.n;
+        for (int i = 0; i < got.n && same; i++)
+            same = strcmp(got.loss[i], want.loss[i]) == 0 && strcmp(got.norm[i], want.norm[i]) == 0;
+        char r1[300], where[400];
+        snprintf(r1, sizeof(r1), "%s/r1.txt", dir);
+        snprintf(where, sizeof(where), fs ? "%s/sync" : "%s", fs ? dir : o);
+        char *r1_out = test_read_text(r1);
+        DIR *d = opendir(where);
+        int meets = d == NULL;
+        struct dirent *e;
+        while (d != NULL && (e = readdir(d)) != NULL) meets += strncmp(e->d_name, "llm3d-rendezvous-", 17) == 0;
+        if (d != NULL) closedir(d);
+        check(rc == 0 && same && meets == 0 && strstr(out, "x dp 2 = 64 tokens") != NULL,
+              "%s: 2 ranks, none of our flags, train what -np 2 trains (exit %d, %d of %d steps, the same losses and "
+              "norms: %s), and leave %d meeting directories%s%s", runs[k].name, rc, got.n, want.n, same ? "yes" : "no",
+              meets, rc != 0 ? ": " : "", rc != 0 ? test_line_of(strlen(r1_out) ? r1_out : out, "train_gpt2:") : "");
+        free(r1_out);
+    }
+}
+
 // whether DIR_A/ckpt_<step>/name and DIR_B/ckpt_<step2>/name hold the same bytes
 static int ckpt_files_same(const char *a, int step_a, const char *b, int step_b, const char *name) {
     char pa[400], pb[400];
@@ -523,6 +596,7 @@ int main(void) {
     } else {
         test_llmc_command(exe);
         test_mpirun(exe);
+        test_mpirun_meets(exe);
         test_usage(exe);
         test_eval_only(exe);
         test_gpu_stats_flag(exe);

@@ -4,7 +4,8 @@
  * and the host communicator (shm_comm.h), with real processes.
  *
  * Run without arguments it is the test: in-process checks (grid math, flag
- * and environment handling, the rendezvous server against forked clients),
+ * and environment handling, how ranks of outside launchers meet without
+ * --rendezvous, the rendezvous server against forked clients),
  * then jobs of this same program started through parallel_main:
  *     ./test_parallel child MODE -np N [-to S] [-fault K:R:S] [--rendezvous A --key-file F]
  * The ranks of a job print one line per check, "R <rank> <name> ok|FAIL ...",
@@ -391,7 +392,7 @@ static int child_main(int argc, char **argv) {
         return 2;
     }
     Launch L;
-    int rc = parallel_main(argc, argv, a.np, a.rendezvous, a.key_file, a.to, &L, err, sizeof(err));
+    int rc = parallel_main(argc, argv, a.np, a.rendezvous, a.key_file, NULL, a.to, &L, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "%s\n", err);
         return rc;
@@ -584,60 +585,60 @@ static void test_launch_env(const char *key_path, const uint8_t key[32]) {
     Launch L;
     char err[512];
     test_clear_rank_env();
-    int rc = parallel_main(1, argv, 1, NULL, NULL, 5.0, &L, err, sizeof(err));
+    int rc = parallel_main(1, argv, 1, NULL, NULL, NULL, 5.0, &L, err, sizeof(err));
     check(rc == 0 && L.mode == LAUNCH_SINGLE && L.world == 1 && L.rank == 0 && !key_is_zero(L.key),
           "launch: -np 1, no environment: a single process with its own key");
     launch_free(&L);
 
     setenv("SLURM_PROCID", "1", 1);
     setenv("SLURM_NTASKS", "4", 1);
-    rc = parallel_main(1, argv, 1, NULL, NULL, 5.0, &L, err, sizeof(err));
+    rc = parallel_main(1, argv, 1, NULL, NULL, NULL, 5.0, &L, err, sizeof(err));
     check(rc == 0 && L.mode == LAUNCH_SINGLE, "launch: Slurm variables without --rendezvous are not a rank");
     launch_free(&L);
     test_clear_rank_env();
 
     setenv("LLM3D_RANK", "1", 1);
     setenv("LLM3D_WORLD", "2", 1);
-    rc = parallel_main(1, argv, 1, NULL, NULL, 5.0, &L, err, sizeof(err));
+    rc = parallel_main(1, argv, 1, NULL, NULL, NULL, 5.0, &L, err, sizeof(err));
     check(rc == PARALLEL_USAGE && strstr(err, "LLM3D_RENDEZVOUS"), "launch error: %s", err);
     setenv("LLM3D_RANK", "x", 1);
-    rc = parallel_main(1, argv, 1, NULL, NULL, 5.0, &L, err, sizeof(err));
+    rc = parallel_main(1, argv, 1, NULL, NULL, NULL, 5.0, &L, err, sizeof(err));
     check(rc == PARALLEL_USAGE && strstr(err, "LLM3D_RANK='x'"), "launch error: %s", err);
     setenv("LLM3D_RANK", "2", 1);
-    rc = parallel_main(1, argv, 1, NULL, NULL, 5.0, &L, err, sizeof(err));
+    rc = parallel_main(1, argv, 1, NULL, NULL, NULL, 5.0, &L, err, sizeof(err));
     check(rc == PARALLEL_USAGE && strstr(err, "LLM3D_RANK=2 is not below LLM3D_WORLD=2"), "launch error: %s", err);
     test_clear_rank_env();
 
-    rc = parallel_main(1, argv, 1, "unix:/tmp/nowhere.sock", key_path, 5.0, &L, err, sizeof(err));
+    rc = parallel_main(1, argv, 1, "unix:/tmp/nowhere.sock", key_path, NULL, 5.0, &L, err, sizeof(err));
     check(rc == PARALLEL_USAGE && strstr(err, "no rank in the environment"), "launch error: %s", err);
-    rc = parallel_main(1, argv, 2, "bogus", key_path, 5.0, &L, err, sizeof(err));
+    rc = parallel_main(1, argv, 2, "bogus", key_path, NULL, 5.0, &L, err, sizeof(err));
     check(rc == PARALLEL_USAGE && strstr(err, "--rendezvous 'bogus'"), "launch error: %s", err);
-    rc = parallel_main(1, argv, 0, NULL, NULL, 5.0, &L, err, sizeof(err));
+    rc = parallel_main(1, argv, 0, NULL, NULL, NULL, 5.0, &L, err, sizeof(err));
     check(rc == PARALLEL_USAGE && strstr(err, "-np 0"), "launch error: %s", err);
-    rc = parallel_main(1, argv, 2, NULL, NULL, 0.0, &L, err, sizeof(err));
+    rc = parallel_main(1, argv, 2, NULL, NULL, NULL, 0.0, &L, err, sizeof(err));
     check(rc == PARALLEL_USAGE && strstr(err, "-to 0"), "launch error: %s", err);
 
     setenv("RANK", "1", 1);
     setenv("WORLD_SIZE", "3", 1);
     setenv("LOCAL_RANK", "0", 1);
-    rc = parallel_main(1, argv, 1, "unix:/tmp/nowhere.sock", NULL, 5.0, &L, err, sizeof(err));
+    rc = parallel_main(1, argv, 1, "unix:/tmp/nowhere.sock", NULL, NULL, 5.0, &L, err, sizeof(err));
     check(rc == PARALLEL_USAGE && strstr(err, "no --key-file"), "launch error: %s", err);
-    rc = parallel_main(1, argv, 4, "unix:/tmp/nowhere.sock", key_path, 5.0, &L, err, sizeof(err));
+    rc = parallel_main(1, argv, 4, "unix:/tmp/nowhere.sock", key_path, NULL, 5.0, &L, err, sizeof(err));
     check(rc == PARALLEL_USAGE && strstr(err, "-np 4") && strstr(err, "3"), "launch error: %s", err);
-    rc = parallel_main(1, argv, 3, "unix:/tmp/nowhere.sock", key_path, 5.0, &L, err, sizeof(err));
+    rc = parallel_main(1, argv, 3, "unix:/tmp/nowhere.sock", key_path, NULL, 5.0, &L, err, sizeof(err));
     check(rc == 0 && L.mode == LAUNCH_RANK && L.rank == 1 && L.world == 3 && L.local_rank == 0 &&
           strcmp(L.source, "torchrun") == 0 && memcmp(L.key, key, 32) == 0 && L.server == NULL,
           "launch: torchrun variables + --rendezvous + --key-file: rank 1 of 3, local 0, key from the file");
     launch_free(&L);
     unsetenv("WORLD_SIZE");
-    rc = parallel_main(1, argv, 1, "unix:/tmp/nowhere.sock", key_path, 5.0, &L, err, sizeof(err));
+    rc = parallel_main(1, argv, 1, "unix:/tmp/nowhere.sock", key_path, NULL, 5.0, &L, err, sizeof(err));
     check(rc == PARALLEL_USAGE && strstr(err, "RANK=1 is set but WORLD_SIZE is not"), "launch error: %s", err);
     test_clear_rank_env();
 
     setenv("OMPI_COMM_WORLD_RANK", "2", 1);
     setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
     setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
-    rc = parallel_main(1, argv, 1, "unix:/tmp/nowhere.sock", key_path, 5.0, &L, err, sizeof(err));
+    rc = parallel_main(1, argv, 1, "unix:/tmp/nowhere.sock", key_path, NULL, 5.0, &L, err, sizeof(err));
     check(rc == 0 && L.rank == 2 && L.world == 4 && L.local_rank == 1 && strcmp(L.source, "Open MPI") == 0,
           "launch: Open MPI variables: rank 2 of 4, local 1");
     launch_free(&L);
@@ -645,10 +646,83 @@ static void test_launch_env(const char *key_path, const uint8_t key[32]) {
     setenv("SLURM_PROCID", "3", 1);
     setenv("SLURM_NTASKS", "8", 1);
     setenv("SLURM_LOCALID", "3", 1);
-    rc = parallel_main(1, argv, 1, "unix:/tmp/nowhere.sock", key_path, 5.0, &L, err, sizeof(err));
+    rc = parallel_main(1, argv, 1, "unix:/tmp/nowhere.sock", key_path, NULL, 5.0, &L, err, sizeof(err));
     check(rc == 0 && L.rank == 3 && L.world == 8 && L.local_rank == 3 && strcmp(L.source, "Slurm") == 0,
           "launch: Slurm variables: rank 3 of 8");
     launch_free(&L);
+    test_clear_rank_env();
+}
+
+// test_meet_plan: how the ranks of an outside launcher meet without
+// --rendezvous (meet_plan), decided from their variables and llm.c's flags
+static void test_meet_plan(const char *key_path) {
+    struct {
+        const char *name, *env;   // the variables, "K=V" separated by spaces
+        LaunchMeet m;
+        int want;                 // meet_plan's return
+        int by_dir, one_box, world, rank, local;
+        const char *dir_name, *err;
+    } cases[] = {
+        {"mpirun on one box, -o", "OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=1 "
+         "OMPI_COMM_WORLD_LOCAL_SIZE=4 PMIX_NAMESPACE=prterun-box-123@1", {"/out", 0, -1, 8, MEET_MPI, "/tmp", NULL},
+         1, 1, 1, 4, 1, 1, "llm3d-rendezvous-ompi-prterun-box-123_1", NULL},
+        {"mpirun without -o", "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_SIZE=2 "
+         "OMPI_MCA_ess_base_jobid=9", {NULL, 0, -1, 8, MEET_MPI, "/tmp", NULL}, -1, 0, 0, 0, 0, 0, NULL,
+         "give -o DIR, where the ranks of one box meet"},
+        {"mpirun on two nodes, -pi mpi", "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=16 OMPI_COMM_WORLD_LOCAL_SIZE=8 "
+         "OMPI_MCA_ess_base_jobid=9", {"/out", 0, -1, 8, MEET_MPI, "/tmp", NULL}, -1, 0, 0, 0, 0, 0, NULL,
+         "the ranks span nodes, and llm.c's -pi mpi needs MPI, which this trainer does not link"},
+        {"mpirun without a job id", "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_SIZE=2",
+         {"/out", 0, -1, 8, MEET_MPI, "/tmp", NULL}, -1, 0, 0, 0, 0, 0, NULL,
+         "no job id in the environment (PMIX_NAMESPACE"},
+        {"an sbatch script (no srun step): not a rank", "SLURM_PROCID=0 SLURM_NTASKS=4 SLURM_JOB_ID=5",
+         {"/out", 0, -1, 8, MEET_MPI, "/tmp", NULL}, 0, 0, 0, 0, 0, 0, NULL, NULL},
+        {"an srun step on one node", "SLURM_PROCID=2 SLURM_NTASKS=4 SLURM_LOCALID=2 SLURM_STEP_ID=3 "
+         "SLURM_STEP_NUM_TASKS=4 SLURM_STEP_NUM_NODES=1 SLURM_JOB_ID=5", {"/out", 0, -1, 8, MEET_MPI, "/tmp", NULL},
+         1, 1, 1, 4, 2, 2, "llm3d-rendezvous-slurm-5.3", NULL},
+        {"torchrun on one node", "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 TORCHELASTIC_RUN_ID=abc "
+         "MASTER_PORT=29500", {"/out", 0, -1, 8, MEET_MPI, "/tmp", NULL}, 1, 1, 1, 2, 1, 1,
+         "llm3d-rendezvous-torchrun-abc.29500", NULL},
+        {"llm.c's -pn 16 -pr 9 -pi fs (an srun job)", "SLURM_JOB_ID=5 SLURM_STEP_ID=0",
+         {NULL, 16, 9, 8, MEET_FS, "/shared", NULL}, 1, 1, 0, 16, 9, 1, "llm3d-rendezvous-slurm-5.0", NULL},
+        {"llm.c's -pr 3 -pn 2", "", {NULL, 2, 3, 8, MEET_MPI, "/tmp", NULL}, -1, 0, 0, 0, 0, 0, NULL,
+         "flag -pr 3: not below -pn 2"},
+        {"-pn 4 against mpirun's 2", "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2",
+         {"/out", 4, -1, 8, MEET_MPI, "/tmp", NULL}, -1, 0, 0, 0, 0, 0, NULL,
+         "flag -pn 4, but the launcher (Open MPI) says the world is 2"},
+        {"-pi tcp -ps ADDR --key-file", "", {NULL, 2, 1, 8, MEET_TCP, "/tmp", "10.1.2.3"}, 1, 0, 1, 2, 1, 1, NULL, NULL},
+        {"-pi tcp without -ps", "", {NULL, 2, 1, 8, MEET_TCP, "/tmp", NULL}, -1, 0, 0, 0, 0, 0, NULL,
+         "-pi tcp: add -ps ADDR"},
+        {"-ps ADDR without -pi tcp", "", {"/out", 2, 1, 8, MEET_MPI, "/tmp", "10.1.2.3"}, -1, 0, 0, 0, 0, 0, NULL,
+         "flag -ps 10.1.2.3: llm.c's server address is for -pi tcp only"},
+        {"no launcher, no -pn: not a rank", "", {"/out", 0, -1, 8, MEET_MPI, "/tmp", NULL}, 0, 0, 0, 0, 0, 0, NULL,
+         NULL},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        test_clear_rank_env();
+        char env[512];
+        snprintf(env, sizeof(env), "%s", cases[k].env);
+        for (char *t = strtok(env, " "); t != NULL; t = strtok(NULL, " ")) {
+            char *eq = strchr(t, '=');
+            *eq = '\0';
+            setenv(t, eq + 1, 1);
+        }
+        Launch L;
+        memset(&L, 0, sizeof(L));
+        L.source = "none";
+        MeetPlan plan;
+        char err[512] = "";
+        int rc = meet_plan(&cases[k].m, NULL, key_path, 1, &L, &plan, err, sizeof(err));
+        int ok = rc == cases[k].want;
+        if (ok && rc == 1)
+            ok = plan.by_dir == cases[k].by_dir && plan.one_box == cases[k].one_box && L.world == cases[k].world &&
+                 L.rank == cases[k].rank && L.local_rank == cases[k].local &&
+                 (cases[k].dir_name == NULL || strcmp(plan.name, cases[k].dir_name) == 0) &&
+                 (plan.by_dir || strcmp(plan.spec, "tcp:10.1.2.3:12345") == 0);
+        if (ok && rc < 0) ok = strstr(err, cases[k].err) != NULL && strchr(err, '\n') == NULL;
+        check(ok, "meet plan: %s: %d (rank %d of %d, local %d, %s, %s%s) %s", cases[k].name, rc, L.rank, L.world,
+              L.local_rank, plan.by_dir ? plan.name : plan.spec, plan.one_box ? "one box" : "nodes", "", err);
+    }
     test_clear_rank_env();
 }
 
@@ -1639,6 +1713,7 @@ int main(int argc, char **argv) {
     test_pipeline_layouts();
     test_addresses();
     test_launch_env(key_path, key);
+    test_meet_plan(key_path);
     test_rendezvous_server(key);
     test_launcher_jobs();
     test_faults();

@@ -302,6 +302,10 @@ static const char *const test_rank_env[] = {
     "LLM3D_RANK", "LLM3D_WORLD", "LLM3D_LOCAL_RANK", "LLM3D_RENDEZVOUS", "LLM3D_KEY_FD", "LLM3D_LAUNCHER_PID",
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+    // and what says where the ranks are and which launch they belong to (launcher.h's meet_plan)
+    "OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES",
+    "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_JOB_ID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid",
+    "TORCHELASTIC_RUN_ID", "MASTER_PORT",
 };
 
 static void test_clear_rank_env(void) {

@@ -3,7 +3,7 @@
  * copies of this program, and how each process learns what it is.
  *
  * defines:
- *   Launch, parallel_main, parallel_world, parallel_launched_rank,
+ *   Launch, parallel_main, parallel_world, parallel_will_launch, parallel_launched_rank,
  *   parallel_join          what a trainer's main() calls, first thing
  *   launcher_run           the launcher: the key, the socket, the segment,
  *                          the ranks (fork and exec), the rendezvous served,
@@ -13,6 +13,12 @@
  *   par_env_int, par_env_rank
  *                          rank and world from the environment (LLM3D_*,
  *                          torchrun, Open MPI, Slurm)
+ *   LaunchMeet, MeetPlan, meet_plan, meet_host, meet_join, meet_close (and
+ *   their helpers meet_outside_rank, meet_one_box, meet_job_id, meet_dir_check,
+ *   meet_write, meet_read, meet_live, meet_sweep, meet_my_address)
+ *                          ranks of mpirun, srun or torchrun without
+ *                          --rendezvous, and llm.c's -pn -pr -pg -pi -pf -ps:
+ *                          how they meet
  *   par_stop_signals, par_unblock_stop_signals
  *                          SIGINT, SIGTERM and SIGHUP, which ask a job to stop
  *                          (SIGINT and SIGHUP not where they are ignored)
@@ -27,7 +33,9 @@
  * and no rank in the environment: it starts N copies of this program and
  * serves the rendezvous, and never returns), a rank (started by that launcher,
  * or by mpirun / srun / torchrun / a script, with --rendezvous and
- * --key-file), or the single process of a one-rank run. The ranks then find
+ * --key-file, or without them: then rank 0 makes a private directory in -o,
+ * or llm.c's -pf, with a fresh key and its socket, and the others take them
+ * from there), or the single process of a one-rank run. The ranks then find
  * each other through rendezvous.h.
  *
  * The set-up calls return errors: parallel_main and parallel_join
@@ -44,7 +52,11 @@
 #include "llm3d/parallel/grid.h"
 #include "llm3d/parallel/rendezvous.h"  // RdvServer, rdv_parse, shm_create, par_now
 
+#include <ctype.h>
+#include <dirent.h>
+#include <ifaddrs.h>
 #include <limits.h>
+#include <net/if.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -71,6 +83,10 @@ typedef struct {
     RdvServer *server;          // rank 0 of an outside launch serves the rendezvous ...
     pthread_t server_thread;    // ... from this thread, until launch_free
     int server_stop;            // set by launch_free (atomic), read by the thread
+    int meet;                   // 1: the ranks met in a directory (launch_meet): the fds below are open
+    int meet_made;              // ... which this process (rank 0) made, and removes in launch_free
+    int meet_parent, meet_dir;  // the folder (-o, -pf) and the meeting directory in it
+    char meet_name[128];        // the meeting directory's name in the folder
 } Launch;
 
 // par_env_int: *out from the decimal in env name, within [lo, hi]; 0 when
@@ -117,6 +133,36 @@ static inline int par_env_rank(Launch *L, int foreign, char *err, size_t errlen)
     return 0;
 }
 
+// ----------------------------------------------------------------------------
+// meeting without --rendezvous (the ranks of mpirun, srun and torchrun, and
+// llm.c's multi-node flags): rank 0 makes a private directory in a folder
+// (-o, or -pf), named for the launch, with a fresh job key and its
+// rendezvous socket (or TCP address) in it; the other ranks wait for them
+
+enum { MEET_MPI = 0, MEET_TCP = 1, MEET_FS = 2 };  // llm.c's -pi, in flags.h's order (PI_*)
+#define MEET_TCP_PORT 12345                       // llm.c's port for -pi tcp, where -ps names none
+#define MEET_PREFIX "llm3d-rendezvous-"
+
+// what a meeting directory may hold: rank 0 removes these, and only these
+static const char *const meet_files[] = {"key", "key.tmp", "address", "address.tmp", "rendezvous.sock"};
+
+// meet_clear: empties the meeting directory dfd of what rank 0 puts there
+static inline void meet_clear(int dfd) {
+    for (size_t i = 0; i < sizeof(meet_files) / sizeof(meet_files[0]); i++) unlinkat(dfd, meet_files[i], 0);
+}
+
+// meet_close: forgets the meeting directory; rank 0, which made it, removes
+// it (after its socket: rdv_server_close unlinks that through meet_dir)
+static inline void meet_close(Launch *L) {
+    if (L->meet_made) {
+        meet_clear(L->meet_dir);
+        unlinkat(L->meet_parent, L->meet_name, AT_REMOVEDIR);
+    }
+    close(L->meet_dir);
+    close(L->meet_parent);
+    L->meet = L->meet_made = 0;
+}
+
 static inline void *rdv_server_thread(void *arg) {
     Launch *L = (Launch *)arg;
     while (!__atomic_load_n(&L->server_stop, __ATOMIC_SEQ_CST)) rdv_server_step(L->server, -1, 100);
@@ -129,10 +175,11 @@ static inline void launch_free(Launch *L) {
         __atomic_store_n(&L->server_stop, 1, __ATOMIC_SEQ_CST);
         pthread_join(L->server_thread, NULL);
         shm_unlink(L->server->shm_name);  // normally gone already: the last rank to map it unlinks it
-        rdv_server_close(L->server);
+        rdv_server_close(L->server);  // the socket goes first: its path runs through meet_dir
         free(L->server);
         L->server = NULL;
     }
+    if (L->meet) meet_close(L);
     secure_wipe(L->key, sizeof(L->key));
 }
 
@@ -162,6 +209,408 @@ static inline int launch_serve(Launch *L, double timeout_s, char *err, size_t er
         return errorf(err, errlen, "rendezvous: pthread_create: %s", strerror(e));
     }
     return 0;
+}
+
+// LaunchMeet: the flags that say how the ranks of an outside launch meet
+// when no --rendezvous does (a trainer fills it from its flags)
+typedef struct {
+    const char *out_dir;        // -o: where the ranks of one box meet under -pi mpi (NULL: none)
+    int procs, rank, gpus;      // llm.c's -pn -pr -pg (0, -1: not given): the world and rank where no
+                                // launcher's variables say them, and -pn above -pg spans nodes
+    int init;                   // llm.c's -pi: MEET_MPI, MEET_TCP or MEET_FS
+    const char *fs_path;        // -pf: the folder of -pi fs
+    const char *server;         // -ps: rank 0's IPv4 address[:port] for -pi tcp (NULL: none)
+} LaunchMeet;
+
+// MeetPlan: where this rank meets the others (meet_plan)
+typedef struct {
+    int by_dir;                 // 1: in a directory of `folder`; 0: at spec, with --key-file's key
+    const char *folder, *flag;  // -o or -pf, and which of the two it is, for messages
+    char name[128];             // the meeting directory's name: MEET_PREFIX and the launch's id
+    int one_box;                // 1: a unix socket in the directory; 0: TCP, its address in the directory
+    char spec[256];             // by_dir 0: the rendezvous address
+} MeetPlan;
+
+// meet_outside_rank: rank, world and local rank of a process that an
+// outside launcher started, from its variables (torchrun, Open MPI, an srun
+// step), else from llm.c's -pn -pr -pg; 1 found, 0 none, -1 err set
+static inline int meet_outside_rank(Launch *L, const LaunchMeet *m, char *err, size_t errlen) {
+    int found = par_env_rank(L, 1, err, errlen);
+    if (found < 0) return -1;
+    // Slurm's variables are set in an sbatch script too, where one process starts its ranks with -np;
+    // only the tasks of an srun step are the ranks themselves
+    if (found && strcmp(L->source, "Slurm") == 0 && (getenv("SLURM_STEP_ID") == NULL ||
+                                                     getenv("SLURM_STEP_NUM_TASKS") == NULL))
+        found = 0;
+    if (found) {
+        if (m->procs > 0 && m->procs != L->world)
+            return errorf(err, errlen, "flag -pn %d, but the launcher (%s) says the world is %d", m->procs, L->source,
+                          L->world);
+        if (m->rank >= 0 && m->rank != L->rank)
+            return errorf(err, errlen, "flag -pr %d, but the launcher (%s) says this is rank %d", m->rank, L->source,
+                          L->rank);
+        return 1;
+    }
+    if (m->procs <= 0 && m->rank < 0) return 0;
+    L->world = m->procs > 0 ? m->procs : 1;  // llm.c's defaults: -pn 1, -pr 0
+    L->rank = m->rank >= 0 ? m->rank : 0;
+    if (L->rank >= L->world) return errorf(err, errlen, "flag -pr %d: not below -pn %d", L->rank, L->world);
+    L->local_rank = L->rank % m->gpus;
+    L->source = "llm.c's -pn -pr";
+    return 1;
+}
+
+// meet_one_box: whether every rank runs on this box, as the launcher says
+// (Open MPI's local size, torchrun's local world size, the nodes of a Slurm
+// step), else as llm.c's -pn and -pg do (no more processes than GPUs a node)
+static inline int meet_one_box(const Launch *L, const LaunchMeet *m) {
+    const char *v = NULL;
+    if (strcmp(L->source, "Open MPI") == 0) v = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (strcmp(L->source, "torchrun") == 0) v = getenv("LOCAL_WORLD_SIZE");
+    if (strcmp(L->source, "Slurm") == 0) {
+        const char *nodes = getenv("SLURM_STEP_NUM_NODES");
+        if (nodes == NULL) nodes = getenv("SLURM_NNODES");
+        if (nodes == NULL) nodes = getenv("SLURM_JOB_NUM_NODES");
+        if (nodes != NULL) return atoi(nodes) == 1;
+    }
+    if (v != NULL) return atoi(v) == L->world;
+    return L->world <= m->gpus;
+}
+
+// meet_job_id: a name every rank of this launch shares, and no other
+// launch: Open MPI's job (PMIX_NAMESPACE, or OMPI_MCA_ess_base_jobid),
+// Slurm's job and step, torchrun's run id and port; that of the launcher
+// whose variables gave the rank first. 0 when there is none.
+static inline int meet_job_id(const Launch *L, char *out, size_t outlen) {
+    const char *ompi = getenv("PMIX_NAMESPACE") != NULL ? getenv("PMIX_NAMESPACE") : getenv("OMPI_MCA_ess_base_jobid");
+    const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
+    const char *run = getenv("TORCHELASTIC_RUN_ID"), *port = getenv("MASTER_PORT");
+    char id[200];
+    int is_ompi = strcmp(L->source, "Open MPI") == 0, is_slurm = strcmp(L->source, "Slurm") == 0;
+    int is_torch = strcmp(L->source, "torchrun") == 0, any = !is_ompi && !is_slurm && !is_torch;
+    if ((is_ompi || any) && ompi != NULL) snprintf(id, sizeof(id), "ompi-%.150s", ompi);
+    else if ((is_slurm || any) && job != NULL) snprintf(id, sizeof(id), "slurm-%.80s.%.80s", job, step ? step : "");
+    else if ((is_torch || any) && run != NULL) snprintf(id, sizeof(id), "torchrun-%.80s.%.80s", run, port ? port : "");
+    else return 0;
+    // a file name, whatever the launcher put in its variables
+    size_t n = 0;
+    for (const char *p = id; *p != '\0' && n + 1 < outlen && n < 100; p++, n++)
+        out[n] = (isalnum((unsigned char)*p) || *p == '.' || *p == '-') ? *p : '_';
+    out[n] = '\0';
+    return 1;
+}
+
+// meet_plan: how a process that an outside launcher started, without
+// --rendezvous, meets the others. 0: it is not such a process (no
+// launcher's variables, nor -pn, say it is one of several), nothing to do;
+// 1: plan filled in, and L's rank, world, local rank and source; -1: a
+// usage error in err, one line that says what to give instead.
+static inline int meet_plan(const LaunchMeet *m, const char *rendezvous, const char *key_file, int np, Launch *L,
+                            MeetPlan *plan, char *err, size_t errlen) {
+    memset(plan, 0, sizeof(*plan));
+    if (m == NULL || getenv("LLM3D_RANK") != NULL) return 0;
+    if (m->server != NULL && m->init != MEET_TCP)
+        return errorf(err, errlen, "flag -ps %s: llm.c's server address is for -pi tcp only (-ps also takes a pipeline "
+                      "schedule's name)", m->server);
+    if (rendezvous != NULL) {
+        if (m->init != MEET_MPI)
+            return errorf(err, errlen, "flag -pi %s: --rendezvous %s already says where the ranks meet",
+                          m->init == MEET_TCP ? "tcp" : "fs", rendezvous);
+        return 0;
+    }
+    int found = meet_outside_rank(L, m, err, errlen);
+    if (found <= 0) return found;
+    if (L->world == 1) return 0;
+    if (np > 1 && np != L->world)
+        return errorf(err, errlen, "-np %d, but the launcher (%s) says the world is %d", np, L->source, L->world);
+    plan->one_box = meet_one_box(L, m);
+    char who[160];
+    snprintf(who, sizeof(who), "started by %s as rank %d of %d without --rendezvous", L->source, L->rank, L->world);
+    if (m->init == MEET_TCP) {
+        if (key_file == NULL)
+            return errorf(err, errlen, "%s: -pi tcp: ranks that meet over TCP prove they belong to the job with a "
+                          "shared secret: add --key-file FILE, the same on every rank (mode 0600)", who);
+        if (m->server == NULL)
+            return errorf(err, errlen, "%s: -pi tcp: add -ps ADDR, rank 0's IPv4 address (llm.c's server address)", who);
+        if (strchr(m->server, ':') != NULL) snprintf(plan->spec, sizeof(plan->spec), "tcp:%.200s", m->server);
+        else snprintf(plan->spec, sizeof(plan->spec), "tcp:%.200s:%d", m->server, MEET_TCP_PORT);
+        RdvAddr a;
+        if (rdv_parse(plan->spec, &a, err, errlen) != 0) return -1;
+        return 1;
+    }
+    if (m->init == MEET_MPI && !plan->one_box)
+        return errorf(err, errlen, "%s: the ranks span nodes, and llm.c's -pi mpi needs MPI, which this trainer does "
+                      "not link: meet with -pi fs -pf SHARED_DIR, -pi tcp -ps ADDR --key-file FILE, or --rendezvous "
+                      "ADDR --key-file FILE", who);
+    plan->by_dir = 1;
+    plan->folder = m->init == MEET_FS ? m->fs_path : m->out_dir;
+    plan->flag = m->init == MEET_FS ? "-pf" : "-o";
+    if (plan->folder == NULL)
+        return errorf(err, errlen, "%s: give -o DIR, where the ranks of one box meet, or --rendezvous ADDR --key-file "
+                      "FILE (doc/llmc.md, \"mpirun\")", who);
+    char id[128];
+    if (!meet_job_id(L, id, sizeof(id)))
+        return errorf(err, errlen, "%s: no job id in the environment (PMIX_NAMESPACE, OMPI_MCA_ess_base_jobid, "
+                      "SLURM_JOB_ID, TORCHELASTIC_RUN_ID) to name where the ranks meet in %s: pass --rendezvous ADDR "
+                      "--key-file FILE", who, plan->folder);
+    snprintf(plan->name, sizeof(plan->name), MEET_PREFIX "%.100s", id);
+    return 1;
+}
+
+// meet_dir_check: the meeting directory fd (path, for messages) must be
+// this user's and private: another user's, or one that group or others
+// may enter, is not this job's, whoever made it
+static inline int meet_dir_check(int fd, const char *path, char *err, size_t errlen) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) return errorf(err, errlen, "%s: fstat: %s", path, strerror(errno));
+    if (st.st_uid != geteuid())
+        return errorf(err, errlen, "%s: owned by uid %u, not by this user (uid %u): not this job's meeting place; "
+                      "refused", path, (unsigned)st.st_uid, (unsigned)geteuid());
+    if ((st.st_mode & 077) != 0)
+        return errorf(err, errlen, "%s: mode %04o lets group or others in: not this job's meeting place; refused",
+                      path, (unsigned)(st.st_mode & 07777));
+    return 0;
+}
+
+// meet_not_dir: what the entry name of parent is, that openat(O_DIRECTORY |
+// O_NOFOLLOW) refused with errno e: a link (which it never follows), not a
+// directory, or e's message
+static inline const char *meet_not_dir(int parent, const char *name, int e) {
+    struct stat st;
+    if (e == ELOOP || (fstatat(parent, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)))
+        return "a symbolic link";
+    return e == ENOTDIR ? "not a directory" : strerror(e);
+}
+
+// meet_write: text as the file name in the directory dfd, mode 0600, whole
+// or not at all: written to name.tmp, then renamed, so that a rank never
+// reads half of it
+static inline int meet_write(int dfd, const char *name, const char *text, const char *shown, char *err, size_t errlen) {
+    char tmp[64];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", name);
+    unlinkat(dfd, tmp, 0);
+    int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return errorf(err, errlen, "%s/%s: %s", shown, tmp, strerror(errno));
+    size_t n = strlen(text), done = 0;
+    int e = 0;
+    while (e == 0 && done < n) {
+        ssize_t r = write(fd, text + done, n - done);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) e = errno; else done += (size_t)r;
+    }
+    if (e == 0 && fsync(fd) != 0) e = errno;
+    if (close(fd) != 0 && e == 0) e = errno;
+    if (e == 0 && renameat(dfd, tmp, dfd, name) != 0) e = errno;
+    if (e != 0) {
+        unlinkat(dfd, tmp, 0);
+        return errorf(err, errlen, "%s/%s: %s", shown, name, strerror(e));
+    }
+    return 0;
+}
+
+// meet_read: the file name of the directory dfd (not a link, a regular
+// file of this user's, mode 0600) into buf, NUL-terminated; 1 read, 0 not
+// there yet, -1 err set
+static inline int meet_read(int dfd, const char *name, char *buf, size_t buflen, const char *shown, char *err,
+                            size_t errlen) {
+    char path[600];
+    snprintf(path, sizeof(path), "%.560s/%.30s", shown, name);
+    int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) return 0;
+    if (fd < 0) return errorf(err, errlen, "%s: %s", path, errno == ELOOP ? "a symbolic link: refused" : strerror(errno));
+    size_t n = 0;
+    int rc = key_file_check(fd, path, err, errlen);
+    if (rc == 0 && read_all(fd, buf, buflen - 1, &n) != 0) rc = errorf(err, errlen, "%s: read: %s", path, strerror(errno));
+    close(fd);
+    buf[rc == 0 ? n : 0] = '\0';
+    return rc == 0 ? 1 : -1;
+}
+
+// meet_live: whether a root listens on the socket in the directory dfd
+static inline int meet_live(int dfd) {
+    char spec[64];
+    snprintf(spec, sizeof(spec), "unix:/proc/self/fd/%d/rendezvous.sock", dfd);
+    RdvAddr a;
+    struct sockaddr_storage ss;
+    if (rdv_parse(spec, &a, NULL, 0) != 0) return 0;
+    socklen_t sl = rdv_sockaddr(&a, &ss);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int live = fd >= 0 && connect(fd, (struct sockaddr *)&ss, sl) == 0;
+    if (fd >= 0) close(fd);
+    return live;
+}
+
+// meet_sweep: removes the meeting directories of earlier launches that
+// ended without removing theirs (killed): this user's, whose socket nobody
+// listens on. One whose rank 0 is still starting has no socket yet, and one
+// that met over TCP none at all: those are left alone.
+static inline void meet_sweep(int parent, const char *mine) {
+    int fd = dup(parent);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (d == NULL) {
+        if (fd >= 0) close(fd);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, MEET_PREFIX, strlen(MEET_PREFIX)) != 0 || strcmp(e->d_name, mine) == 0) continue;
+        struct stat st;
+        int sub = openat(parent, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (sub < 0) continue;
+        int stale = fstat(sub, &st) == 0 && st.st_uid == geteuid() &&
+                    fstatat(sub, "rendezvous.sock", &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISSOCK(st.st_mode) &&
+                    !meet_live(sub);
+        if (stale) meet_clear(sub);
+        close(sub);
+        if (stale) unlinkat(parent, e->d_name, AT_REMOVEDIR);
+    }
+    closedir(d);
+}
+
+// meet_my_address: an IPv4 address of this box that the ranks of other
+// nodes may reach: its first interface up that is not loopback
+static inline void meet_my_address(char *out, size_t outlen) {
+    snprintf(out, outlen, "127.0.0.1");
+    struct ifaddrs *all = NULL;
+    if (getifaddrs(&all) != 0) return;
+    for (struct ifaddrs *i = all; i != NULL; i = i->ifa_next) {
+        if (i->ifa_addr == NULL || i->ifa_addr->sa_family != AF_INET) continue;
+        if (!(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
+        inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, out, (socklen_t)outlen);
+        break;
+    }
+    freeifaddrs(all);
+}
+
+// meet_open_folder: the folder of the plan, opened (L->meet_parent)
+static inline int meet_open_folder(Launch *L, const MeetPlan *plan, char *err, size_t errlen) {
+    L->meet_parent = open(plan->folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (L->meet_parent < 0)
+        return errorf(err, errlen, "flag %s %s: %s", plan->flag, plan->folder, strerror(errno));
+    snprintf(L->meet_name, sizeof(L->meet_name), "%s", plan->name);
+    return 0;
+}
+
+// meet_host: rank 0 makes the meeting directory (0700, created here and
+// never through a link), the job key in it, and serves the rendezvous on a
+// socket in it (one box) or on TCP, its address written beside the key
+static inline int meet_host(Launch *L, const MeetPlan *plan, double timeout_s, char *err, size_t errlen) {
+    char shown[600];
+    snprintf(shown, sizeof(shown), "%s/%s", plan->folder, plan->name);
+    if (meet_open_folder(L, plan, err, errlen) != 0) return -1;
+    meet_sweep(L->meet_parent, plan->name);
+    int made = mkdirat(L->meet_parent, plan->name, 0700) == 0, e = errno;
+    if (!made && e == EEXIST) {
+        // this launch's name, left by a launch of the same id that was killed, or planted
+        int old = openat(L->meet_parent, plan->name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (old < 0) {
+            errorf(err, errlen, "%s: %s: not this job's meeting place; refused", shown,
+                   meet_not_dir(L->meet_parent, plan->name, errno));
+            close(L->meet_parent);
+            return -1;
+        }
+        int rc = meet_dir_check(old, shown, err, errlen);
+        if (rc == 0 && meet_live(old))
+            rc = errorf(err, errlen, "%s: another job of this id is meeting there", shown);
+        if (rc == 0) meet_clear(old);
+        close(old);
+        if (rc != 0) {
+            close(L->meet_parent);
+            return -1;
+        }
+        unlinkat(L->meet_parent, plan->name, AT_REMOVEDIR);
+        made = mkdirat(L->meet_parent, plan->name, 0700) == 0;
+        e = errno;
+    }
+    if (!made) {
+        close(L->meet_parent);
+        return errorf(err, errlen, "%s: mkdir: %s", shown, strerror(e));
+    }
+    L->meet_dir = openat(L->meet_parent, plan->name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (L->meet_dir < 0) {
+        e = errno;
+        unlinkat(L->meet_parent, plan->name, AT_REMOVEDIR);
+        close(L->meet_parent);
+        return errorf(err, errlen, "%s: %s", shown, strerror(e));
+    }
+    L->meet = L->meet_made = 1;
+    char text[80];
+    if (meet_dir_check(L->meet_dir, shown, err, errlen) != 0 || key_generate(L->key, err, errlen) != 0) return -1;
+    to_hex(L->key, KEY_BYTES, text);
+    snprintf(text + 64, sizeof(text) - 64, "\n");
+    int rc = meet_write(L->meet_dir, "key", text, shown, err, errlen);
+    secure_wipe(text, sizeof(text));
+    if (rc != 0) return -1;
+    // the socket's path runs through this process's fd of the directory: short whatever -o's length
+    // (a unix socket's path is at most 107 bytes), and always the directory checked just now
+    if (plan->one_box) snprintf(L->rendezvous, sizeof(L->rendezvous), "unix:/proc/self/fd/%d/rendezvous.sock", L->meet_dir);
+    else snprintf(L->rendezvous, sizeof(L->rendezvous), "tcp:0.0.0.0:0");
+    if (launch_serve(L, timeout_s, err, errlen) != 0) return -1;
+    if (!plan->one_box) {
+        char ip[INET_ADDRSTRLEN], addr[96];
+        meet_my_address(ip, sizeof(ip));
+        snprintf(addr, sizeof(addr), "tcp:%s:%d\n", ip, L->server->addr.port);
+        if (meet_write(L->meet_dir, "address", addr, shown, err, errlen) != 0) return -1;
+        snprintf(L->rendezvous, sizeof(L->rendezvous), "tcp:127.0.0.1:%d", L->server->addr.port);
+    }
+    return 0;
+}
+
+// meet_join: a rank other than 0 waits, up to timeout_s, for rank 0's
+// meeting directory, checks it is this user's and private, and takes the
+// key and the rendezvous address from it
+static inline int meet_join(Launch *L, const MeetPlan *plan, double timeout_s, char *err, size_t errlen) {
+    char shown[600];
+    snprintf(shown, sizeof(shown), "%s/%s", plan->folder, plan->name);
+    if (meet_open_folder(L, plan, err, errlen) != 0) return -1;
+    double deadline = par_now() + timeout_s;
+    for (;;) {
+        int fd = openat(L->meet_parent, plan->name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), got = 0;
+        if (fd < 0 && errno != ENOENT) {
+            errorf(err, errlen, "%s: %s: not this job's meeting place; refused", shown,
+                   meet_not_dir(L->meet_parent, plan->name, errno));
+            close(L->meet_parent);
+            return -1;
+        }
+        char text[300];
+        if (fd >= 0) got = meet_dir_check(fd, shown, err, errlen) == 0 ? meet_read(fd, "key", text, sizeof(text), shown,
+                                                                                     err, errlen) : -1;
+        if (got == 1) {
+            size_t n = strlen(text);
+            if (!(n == 64 || (n == 65 && text[64] == '\n')) || hex_decode(text, 32, L->key, 0) != 0 || key_is_zero(L->key))
+                got = errorf(err, errlen, "%s/key: not 64 hex digits of a key", shown);
+        }
+        secure_wipe(text, sizeof(text));
+        struct stat st;
+        if (got == 1 && fstatat(fd, "rendezvous.sock", &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISSOCK(st.st_mode)) {
+            snprintf(L->rendezvous, sizeof(L->rendezvous), "unix:/proc/self/fd/%d/rendezvous.sock", fd);
+        } else if (got == 1) {
+            got = meet_read(fd, "address", text, sizeof(text), shown, err, errlen);
+            text[strcspn(text, "\n")] = '\0';
+            RdvAddr a;
+            if (got == 1 && (strncmp(text, "tcp:", 4) != 0 || rdv_parse(text, &a, err, errlen) != 0))
+                got = errorf(err, errlen, "%s/address: '%.60s' is not tcp:HOST:PORT", shown, text);
+            if (got == 1) snprintf(L->rendezvous, sizeof(L->rendezvous), "%s", text);
+        }
+        if (got == 1 && L->rendezvous[0] != '\0') {
+            L->meet_dir = fd;
+            L->meet = 1;
+            return 0;
+        }
+        if (fd >= 0) close(fd);
+        if (got < 0) {
+            close(L->meet_parent);
+            secure_wipe(L->key, sizeof(L->key));
+            return -1;
+        }
+        if (par_now() > deadline) {
+            close(L->meet_parent);
+            secure_wipe(L->key, sizeof(L->key));
+            return errorf(err, errlen, "rank %d: no key and rendezvous from rank 0 in %s within %.0f s (-to)", L->rank,
+                          shown, timeout_s);
+        }
+        par_sleep(0.02);
+    }
 }
 
 // launcher_stop: SIGTERM to every live rank, then SIGKILL after the grace period
@@ -406,13 +855,16 @@ static inline int launcher_run(char **argv, int np, double timeout_s, const char
 //   --rendezvous given                      a rank of an outside launcher: rank and world from
 //                                            RANK/WORLD_SIZE/LOCAL_RANK (torchrun), OMPI_COMM_WORLD_*,
 //                                            or SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; --key-file
+//   an outside launcher's world above 1     a rank that meets the others as meet (llm.c's -pi and
+//   (its variables, or llm.c's -pn)          the rest) says: in a directory of -o or -pf (meet_plan,
+//                                            meet_host, meet_join), or at -ps with --key-file
 //   otherwise, -np > 1                      the launcher
 //   otherwise                               a single process (world 1)
 //
 // Rank 0 serves the rendezvous itself (a thread) unless LLM3D_LAUNCHER_PID
 // says our launcher does.
 static inline int parallel_main(int argc, char **argv, int np, const char *rendezvous, const char *key_file,
-                                double timeout_s, Launch *L, char *err, size_t errlen) {
+                                const LaunchMeet *meet, double timeout_s, Launch *L, char *err, size_t errlen) {
     memset(L, 0, sizeof(*L));
     L->source = "none";
     (void)argc;
@@ -428,6 +880,28 @@ static inline int parallel_main(int argc, char **argv, int np, const char *rende
         RdvAddr a;
         if (rdv_parse(rendezvous, &a, err, errlen) != 0) return PARALLEL_USAGE;
     }
+    double rdv_timeout = timeout_s < RDV_MIN_TIMEOUT_S ? RDV_MIN_TIMEOUT_S : timeout_s;
+    MeetPlan plan;
+    int planned = meet_plan(meet, rendezvous, key_file, np, L, &plan, err, errlen);
+    if (planned < 0) return PARALLEL_USAGE;
+    if (planned) {
+        L->mode = LAUNCH_RANK;
+        if (!plan.by_dir) {  // -pi tcp: as --rendezvous
+            snprintf(L->rendezvous, sizeof(L->rendezvous), "%s", plan.spec);
+            if (key_read_file(key_file, L->key, err, errlen) != 0) return PARALLEL_USAGE;
+            if (L->rank == 0 && launch_serve(L, rdv_timeout, err, errlen) != 0) return PARALLEL_RUNTIME;
+        } else if (L->rank == 0) {
+            if (meet_host(L, &plan, rdv_timeout, err, errlen) != 0) {
+                launch_free(L);
+                return PARALLEL_RUNTIME;
+            }
+        } else if (meet_join(L, &plan, rdv_timeout, err, errlen) != 0) {
+            return PARALLEL_RUNTIME;
+        }
+        par_unblock_stop_signals();
+        return 0;
+    }
+    L->source = "none";
     int own = getenv("LLM3D_RANK") != NULL;
     int found = par_env_rank(L, rendezvous != NULL && !own, err, errlen);
     if (found < 0) return PARALLEL_USAGE;
@@ -444,7 +918,7 @@ static inline int parallel_main(int argc, char **argv, int np, const char *rende
             par_unblock_stop_signals();
             return 0;
         }
-        return launcher_run(argv, np, timeout_s < RDV_MIN_TIMEOUT_S ? RDV_MIN_TIMEOUT_S : timeout_s, key_file, err, errlen);
+        return launcher_run(argv, np, rdv_timeout, key_file, err, errlen);
     }
     const char *spec = rendezvous != NULL ? rendezvous : getenv("LLM3D_RENDEZVOUS");
     if (spec == NULL) {
@@ -479,8 +953,7 @@ static inline int parallel_main(int argc, char **argv, int np, const char *rende
     }
     L->mode = LAUNCH_RANK;
     if (L->rank == 0 && getenv("LLM3D_LAUNCHER_PID") == NULL) {
-        if (launch_serve(L, timeout_s < RDV_MIN_TIMEOUT_S ? RDV_MIN_TIMEOUT_S : timeout_s, err, errlen) != 0)
-            return PARALLEL_RUNTIME;
+        if (launch_serve(L, rdv_timeout, err, errlen) != 0) return PARALLEL_RUNTIME;
     }
     par_unblock_stop_signals();
     return 0;
@@ -492,9 +965,13 @@ static inline int parallel_main(int argc, char **argv, int np, const char *rende
 // launcher's world when --rendezvous is given and its variables are set,
 // else np. -1 with err set when -np > 1 names another world than the
 // outside launcher's, or its variables are malformed.
-static inline int parallel_world(int np, const char *rendezvous, char *err, size_t errlen) {
+static inline int parallel_world(int np, const char *rendezvous, const char *key_file, const LaunchMeet *meet,
+                                 char *err, size_t errlen) {
     Launch L;
     memset(&L, 0, sizeof(L));
+    MeetPlan plan;
+    int planned = meet_plan(meet, rendezvous, key_file, np, &L, &plan, err, errlen);
+    if (planned != 0) return planned < 0 ? -1 : L.world;
     int foreign = rendezvous != NULL && getenv("LLM3D_RANK") == NULL;
     int found = foreign ? par_env_rank(&L, 1, err, errlen) : 0;
     if (found < 0) return -1;
@@ -502,6 +979,18 @@ static inline int parallel_world(int np, const char *rendezvous, char *err, size
     if (np > 1 && np != L.world)
         return errorf(err, errlen, "-np %d, but the launcher (%s) says the world is %d", np, L.source, L.world);
     return L.world;
+}
+
+// parallel_will_launch: whether parallel_main will make this process the
+// launcher of np ranks (not a rank of an outside launcher's)
+static inline int parallel_will_launch(int np, const char *rendezvous, const char *key_file, const LaunchMeet *meet) {
+    if (np <= 1 || rendezvous != NULL || getenv("LLM3D_RANK") != NULL) return 0;
+    Launch L;
+    memset(&L, 0, sizeof(L));
+    L.source = "none";
+    MeetPlan plan;
+    char err[8];
+    return meet_plan(meet, rendezvous, key_file, np, &L, &plan, err, sizeof(err)) == 0;
 }
 
 // parallel_launched_rank: whether this process is a rank our own launcher
@@ -513,8 +1002,9 @@ static inline int parallel_launched_rank(void) { return getenv("LLM3D_LAUNCHER_P
 // world = dp x pp x tp ranks. Returns 0, or PARALLEL_USAGE / PARALLEL_RUNTIME
 // with err set.
 static inline int parallel_join(int argc, char **argv, int np, int tp, int pp, const char *rendezvous,
-                                const char *key_file, double timeout_s, Launch *L, Grid *g, char *err, size_t errlen) {
-    int rc = parallel_main(argc, argv, np, rendezvous, key_file, timeout_s, L, err, errlen);
+                                const char *key_file, const LaunchMeet *meet, double timeout_s, Launch *L, Grid *g,
+                                char *err, size_t errlen) {
+    int rc = parallel_main(argc, argv, np, rendezvous, key_file, meet, timeout_s, L, err, errlen);
     if (rc != 0) return rc;
     int world = L->mode == LAUNCH_RANK ? L->world : 1;
     if (grid_init(g, world, tp, pp, L->rank, err, errlen) != 0) return PARALLEL_USAGE;

@@ -6,7 +6,7 @@
  *   par_now, par_sleep     the clocks, which both backends use too
  *   par_wait_fd, par_send_all, par_recv_all, par_io_error
  *                          sockets with deadlines
- *   RdvAddr, rdv_parse, rdv_connect, rdv_listen
+ *   RdvAddr, rdv_parse, rdv_parse_port, rdv_connect, rdv_listen
  *                          addresses: unix:PATH or tcp:HOST:PORT
  *   ShmHeader, ShmRank, shm_layout, shm_create
  *                          the shared-memory segment the host backend runs on
@@ -154,7 +154,9 @@ typedef struct {
     int port;
 } RdvAddr;
 
-static inline int rdv_parse(const char *spec, RdvAddr *a, char *err, size_t errlen) {
+// rdv_parse_port: rdv_parse, and tcp:HOST:0 too with any_port (a root that
+// takes the port the kernel gives it: rdv_server_open)
+static inline int rdv_parse_port(const char *spec, int any_port, RdvAddr *a, char *err, size_t errlen) {
     memset(a, 0, sizeof(*a));
     if (spec == NULL || spec[0] == '\0')
         return errorf(err, errlen, "--rendezvous: missing value; expected unix:PATH or tcp:HOST:PORT");
@@ -184,12 +186,16 @@ static inline int rdv_parse(const char *spec, RdvAddr *a, char *err, size_t errl
         const char *p = colon + 1;
         if (*p == '\0') port = -1;
         for (; *p != '\0' && port >= 0; p++) port = (*p >= '0' && *p <= '9' && port < 100000) ? port * 10 + (*p - '0') : -1;
-        if (port < 1 || port > 65535)
+        if (port < (any_port ? 0 : 1) || port > 65535)
             return errorf(err, errlen, "--rendezvous '%s': port '%s' is not 1..65535", spec, colon + 1);
         a->port = (int)port;
         return 0;
     }
     return errorf(err, errlen, "--rendezvous '%s': expected unix:PATH or tcp:HOST:PORT", spec);
+}
+
+static inline int rdv_parse(const char *spec, RdvAddr *a, char *err, size_t errlen) {
+    return rdv_parse_port(spec, 0, a, err, errlen);
 }
 
 static inline socklen_t rdv_sockaddr(const RdvAddr *a, struct sockaddr_storage *ss) {
@@ -553,20 +559,27 @@ typedef struct {
 } RdvServer;
 
 // rdv_server_open: listens on spec for world ranks; shm_name is what the
-// answers hand out
+// answers hand out. tcp:HOST:0 takes a port the kernel picks: s->addr.port
+// and s->addr.spec say which
 static inline int rdv_server_open(RdvServer *s, const char *spec, int world, const uint8_t key[32],
                                   const char *shm_name, double timeout_s, char *err, size_t errlen) {
     memset(s, 0, sizeof(*s));
     s->listen_fd = -1;
     if (world < 1 || world > GRID_MAX_WORLD)
         return errorf(err, errlen, "rendezvous: world %d out of range 1..%d", world, GRID_MAX_WORLD);
-    if (rdv_parse(spec, &s->addr, err, errlen) != 0) return -1;
+    if (rdv_parse_port(spec, 1, &s->addr, err, errlen) != 0) return -1;
     if (links_init(&s->links, key, world, world + 1) != 0)
         return errorf(err, errlen, "rendezvous: links for world %d", world);
     s->listen_fd = rdv_listen(&s->addr, err, errlen);
     if (s->listen_fd < 0) {
         links_free(&s->links);
         return -1;
+    }
+    if (!s->addr.is_unix && s->addr.port == 0) {
+        struct sockaddr_in in;
+        socklen_t sl = sizeof(in);
+        if (getsockname(s->listen_fd, (struct sockaddr *)&in, &sl) == 0) s->addr.port = ntohs(in.sin_port);
+        snprintf(s->addr.spec, sizeof(s->addr.spec), "tcp:%s:%d", s->addr.host, s->addr.port);
     }
     s->world = world;
     s->job_id = job_id_from_key(key);
