@@ -266,14 +266,15 @@ static void check_batch_and_data(Job *job) {
 
 // whether this process is the one that holds -o's lock for the job: a
 // single process, our launcher (its ranks run inside its hold), or rank 0 of
-// an outside launch (--rendezvous)
+// an outside launch (mpirun, srun, torchrun, or llm.c's -pn -pr), whether
+// its ranks meet through --rendezvous or in -o
 static int holds_out_lock(const Options *o) {
     if (parallel_launched_rank()) return 0;
-    if (o->rendezvous == NULL) return 1;
     Launch L;
     char err[512];
     memset(&L, 0, sizeof(L));
-    return par_env_rank(&L, 1, err, sizeof(err)) == 1 && L.rank == 0;
+    LaunchMeet meet = job_meet(o);
+    return meet_outside_rank(&L, &meet, err, sizeof(err)) != 1 || L.rank == 0;
 }
 
 // -o opened and held (job->out_fd), its lock taken by the process that
