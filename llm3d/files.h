@@ -8,7 +8,8 @@
  *   fopen_regular   the same, as a FILE *
  *   fopen_nofollow  a file of the output directory that is kept open (the
  *                   trainer's log), never reached through a symbolic link,
- *                   and refused unless it is a regular file
+ *                   and refused unless it is a regular file (or, written,
+ *                   a character device such as /dev/null)
  *   fopen_tmp,      a file written whole and then put in place: PATH.tmp
  *   fclose_rename,  made anew (never through a link, never an old file
  *   fclose_abandon  reused), then renamed to PATH, or removed
@@ -51,7 +52,8 @@
 #include "llm3d/errors.h"
 
 // file_open_checked: open(path, flags) without blocking, then kept only when
-// it is a regular file; the fd in blocking mode again, or -1 with err set.
+// it is a regular file (or, opened only to write, a character device); the
+// fd in blocking mode again, or -1 with err set.
 // what: the kind of file, for the message ("model file"), or "".
 static inline int file_open_checked(const char *path, int flags, const char *what, char *err, size_t errlen) {
     int fd = open(path, flags | O_NONBLOCK | O_CLOEXEC, 0644);
@@ -60,8 +62,11 @@ static inline int file_open_checked(const char *path, int flags, const char *wha
     if (fd < 0 && errno == ENXIO)  // a FIFO opened to write that nobody reads
         return errorf(err, errlen, "%s: not a regular file", path);
     if (fd < 0) return errorf(err, errlen, "%s: cannot open%s%s: %s", path, what[0] ? " " : "", what, strerror(errno));
+    // a character device written to (the log at /dev/null) never blocks, and
+    // a write that fails there ends the run as on a full disk
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    int device_ok = (flags & O_ACCMODE) == O_WRONLY;
+    if (fstat(fd, &st) != 0 || !(S_ISREG(st.st_mode) || (device_ok && S_ISCHR(st.st_mode)))) {
         close(fd);
         return errorf(err, errlen, "%s: not a regular file", path);
     }
