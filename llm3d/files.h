@@ -6,13 +6,18 @@
  *   open_regular    a file to read (data, a model, a tokenizer), refused
  *                   unless it is a regular file
  *   fopen_regular   the same, as a FILE *
- *   fopen_nofollow  a file of the output directory that is kept open (the
+ *   fopen_nofollow, fopen_nofollow_at
+ *                   a file of the output directory that is kept open (the
  *                   trainer's log), never reached through a symbolic link,
  *                   and refused unless it is a regular file (or, written,
  *                   a character device such as /dev/null)
+ *   file_open_checked_at
+ *                   the same as an fd, any flags (the trainer's DONE file)
  *   fopen_tmp,      a file written whole and then put in place: PATH.tmp
  *   fclose_rename,  made anew (never through a link, never an old file
  *   fclose_abandon  reused), then renamed to PATH, or removed
+ *   fopen_tmp_at, fclose_rename_at
+ *                   the same in a directory held open (the trainer's -o)
  *   write_file      a whole file from one buffer, that way
  *   write_all       all n bytes to an fd, through short writes and EINTR
  *   read_all        up to cap bytes from an fd, until it ends
@@ -36,6 +41,11 @@
  * is ever written through, and the rename onto PATH replaces whatever is at
  * PATH, a link included, without touching what a link points to.
  *
+ * The _at forms take a directory fd and a name in it (AT_FDCWD and a path
+ * for the plain forms), and the path that messages name: a directory that
+ * a program holds open stays the one it checked, even when its path is
+ * renamed away and a link put there (checkpoint.h's -o).
+ *
  * Errors follow errors.h: one line naming the path.
  */
 #ifndef LLM3D_FILES_H
@@ -51,12 +61,13 @@
 
 #include "llm3d/errors.h"
 
-// file_open_checked: open(path, flags) without blocking, then kept only when
-// it is a regular file (or, opened only to write, a character device); the
-// fd in blocking mode again, or -1 with err set.
-// what: the kind of file, for the message ("model file"), or "".
-static inline int file_open_checked(const char *path, int flags, const char *what, char *err, size_t errlen) {
-    int fd = open(path, flags | O_NONBLOCK | O_CLOEXEC, 0644);
+// file_open_checked_at: openat(dfd, name, flags) without blocking, then
+// kept only when it is a regular file (or, opened only to write, a
+// character device); the fd in blocking mode again, or -1 with err set
+// naming path. what: the kind of file, for the message ("model file"), or "".
+static inline int file_open_checked_at(int dfd, const char *name, const char *path, int flags, const char *what,
+                                       char *err, size_t errlen) {
+    int fd = openat(dfd, name, flags | O_NONBLOCK | O_CLOEXEC, 0644);
     if (fd < 0 && errno == ELOOP && (flags & O_NOFOLLOW))
         return errorf(err, errlen, "%s: a symbolic link, not followed here", path);
     if (fd < 0 && errno == ENXIO)  // a FIFO opened to write that nobody reads
@@ -72,6 +83,11 @@ static inline int file_open_checked(const char *path, int flags, const char *wha
     }
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     return fd;
+}
+
+// file_open_checked: the same for a path
+static inline int file_open_checked(const char *path, int flags, const char *what, char *err, size_t errlen) {
+    return file_open_checked_at(AT_FDCWD, path, path, flags, what, err, errlen);
 }
 
 // open_regular: path opened to read; -1 with err set when it cannot be
@@ -94,30 +110,39 @@ static inline FILE *fopen_regular(const char *path, const char *what, char *err,
     return file_fdopen(open_regular(path, what, err, errlen), path, "rb", err, errlen);
 }
 
-// fopen_nofollow: mode "r", "w" or "a" (a "b" is allowed and means nothing
-// on Linux); NULL with err set when path is a link, not a regular file, or
-// cannot be opened
-static inline FILE *fopen_nofollow(const char *path, const char *mode, char *err, size_t errlen) {
+// fopen_nofollow_at: name in the directory dfd (path in messages), mode
+// "r", "w" or "a" (a "b" is allowed and means nothing on Linux); NULL with
+// err set when it is a link, not a regular file, or cannot be opened
+static inline FILE *fopen_nofollow_at(int dfd, const char *name, const char *path, const char *mode, char *err,
+                                      size_t errlen) {
     int flags = mode[0] == 'w' ? O_WRONLY | O_CREAT | O_TRUNC : mode[0] == 'a' ? O_WRONLY | O_CREAT | O_APPEND : O_RDONLY;
-    return file_fdopen(file_open_checked(path, flags | O_NOFOLLOW, "", err, errlen), path, mode, err, errlen);
+    return file_fdopen(file_open_checked_at(dfd, name, path, flags | O_NOFOLLOW, "", err, errlen), path, mode, err,
+                       errlen);
 }
 
-// fopen_tmp: PATH.tmp, made anew to write what fclose_rename then puts at
-// path: created exclusively, never through a link (O_CREAT | O_EXCL |
-// O_NOFOLLOW), mode 0644 less the umask. A regular file of that name, left by
-// a run cut short, gives way first (unlink removes a name, never what another
-// name of the file holds); a link or anything else there is refused and left
-// as it is. tmp (tmplen bytes) gets the name. NULL with err set.
-static inline FILE *fopen_tmp(const char *path, char *tmp, size_t tmplen, char *err, size_t errlen) {
-    int n = snprintf(tmp, tmplen, "%s.tmp", path);
-    if (n < 0 || (size_t)n >= tmplen) {
+static inline FILE *fopen_nofollow(const char *path, const char *mode, char *err, size_t errlen) {
+    return fopen_nofollow_at(AT_FDCWD, path, path, mode, err, errlen);
+}
+
+// fopen_tmp_at: NAME.tmp in the directory dfd, made anew to write what
+// fclose_rename_at then puts at name: created exclusively, never through a
+// link (O_CREAT | O_EXCL | O_NOFOLLOW), mode 0644 less the umask. A regular
+// file of that name, left by a run cut short, gives way first (unlink
+// removes a name, never what another name of the file holds); a link or
+// anything else there is refused and left as it is. path is name's path,
+// for messages; tmp (tmplen bytes) gets PATH.tmp. NULL with err set.
+static inline FILE *fopen_tmp_at(int dfd, const char *name, const char *path, char *tmp, size_t tmplen, char *err,
+                                 size_t errlen) {
+    char tmp_name[4200];
+    int n = snprintf(tmp, tmplen, "%s.tmp", path), m = snprintf(tmp_name, sizeof(tmp_name), "%s.tmp", name);
+    if (n < 0 || (size_t)n >= tmplen || m < 0 || (size_t)m >= sizeof(tmp_name)) {
         errorf(err, errlen, "%.200s...: path too long", path);
         return NULL;
     }
     struct stat st;
-    if (lstat(tmp, &st) == 0 && S_ISREG(st.st_mode)) unlink(tmp);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0 && errno == EEXIST && lstat(tmp, &st) == 0) {
+    if (fstatat(dfd, tmp_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) unlinkat(dfd, tmp_name, 0);
+    int fd = openat(dfd, tmp_name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == EEXIST && fstatat(dfd, tmp_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
         errorf(err, errlen, "%s: %s, not followed here", tmp, S_ISLNK(st.st_mode) ? "a symbolic link" : "not a regular file");
         return NULL;
     }
@@ -128,18 +153,27 @@ static inline FILE *fopen_tmp(const char *path, char *tmp, size_t tmplen, char *
     return file_fdopen(fd, tmp, "wb", err, errlen);
 }
 
+// fopen_tmp: the same for a path
+static inline FILE *fopen_tmp(const char *path, char *tmp, size_t tmplen, char *err, size_t errlen) {
+    return fopen_tmp_at(AT_FDCWD, path, path, tmp, tmplen, err, errlen);
+}
+
 // fclose_abandon: f of fopen_tmp closed and its tmp removed (after an error)
 static inline void fclose_abandon(FILE *f, const char *tmp) {
     if (f != NULL) fclose(f);
     unlink(tmp);
 }
 
-// fclose_rename: f of fopen_tmp (named tmp) flushed, fsynced and closed,
-// then renamed to path, which it replaces whatever is there (a link is
-// replaced itself; what it points to is not touched). A write that failed
-// on f (ferror) or fails now leaves nothing: tmp is removed. 0, or -1 with
-// err set.
-static inline int fclose_rename(FILE *f, const char *tmp, const char *path, char *err, size_t errlen) {
+// fclose_rename_at: f of fopen_tmp_at (NAME.tmp in dfd, tmp its path)
+// flushed, fsynced and closed, then renamed to name, which it replaces
+// whatever is there (a link is replaced itself; what it points to is not
+// touched). A write that failed on f (ferror) or fails now leaves nothing:
+// the temporary file is removed. path: name's path, for messages. 0, or -1
+// with err set.
+static inline int fclose_rename_at(FILE *f, int dfd, const char *name, const char *tmp, const char *path, char *err,
+                                   size_t errlen) {
+    char tmp_name[4200];
+    snprintf(tmp_name, sizeof(tmp_name), "%s.tmp", name);  // fopen_tmp_at checked that it fits
     int bad = ferror(f) || fflush(f) != 0 || fsync(fileno(f)) != 0;
     int saved = errno;
     if (fclose(f) != 0 && !bad) {
@@ -147,15 +181,20 @@ static inline int fclose_rename(FILE *f, const char *tmp, const char *path, char
         saved = errno;
     }
     if (bad) {
-        unlink(tmp);
+        unlinkat(dfd, tmp_name, 0);
         return errorf(err, errlen, "%s: write error: %s", tmp, strerror(saved));
     }
-    if (rename(tmp, path) != 0) {
+    if (renameat(dfd, tmp_name, dfd, name) != 0) {
         saved = errno;
-        unlink(tmp);
+        unlinkat(dfd, tmp_name, 0);
         return errorf(err, errlen, "%s: cannot rename to %s: %s", tmp, path, strerror(saved));
     }
     return 0;
+}
+
+// fclose_rename: the same for f of fopen_tmp (named tmp) and path
+static inline int fclose_rename(FILE *f, const char *tmp, const char *path, char *err, size_t errlen) {
+    return fclose_rename_at(f, AT_FDCWD, path, tmp, path, err, errlen);
 }
 
 // write_file: the n bytes of data as the file at path, through fopen_tmp and

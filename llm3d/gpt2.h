@@ -729,15 +729,17 @@ static int log_line(FILE *f, const LogLine *l) {
 }
 
 // on resume from step `step`: keeps the log's lines of the steps before it,
-// so the log reads as one run however often the job was stopped
-// (read as the log is opened: never through a link, never a FIFO's wait)
-static int log_keep_before(const char *path, int step, char *err, size_t errlen) {
+// so the log reads as one run however often the job was stopped. The log
+// is name in the directory dfd (-o held open; AT_FDCWD for -lg's path),
+// path in messages; read as it is opened, never through a link, never a
+// FIFO's wait, and rewritten whole in its place (files.h's fopen_tmp_at)
+static int log_keep_before(int dfd, const char *name, const char *path, int step, char *err, size_t errlen) {
     struct stat st;
-    if (lstat(path, &st) != 0 && errno == ENOENT) return 0;  // nothing logged yet
-    FILE *f = fopen_nofollow(path, "r", err, errlen);
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT) return 0;  // nothing logged yet
+    FILE *f = fopen_nofollow_at(dfd, name, path, "r", err, errlen);
     if (f == NULL) return -1;
     char tmp[4200], line[4096];
-    FILE *out = fopen_tmp(path, tmp, sizeof(tmp), err, errlen);
+    FILE *out = fopen_tmp_at(dfd, name, path, tmp, sizeof(tmp), err, errlen);
     if (out == NULL) {
         fclose(f);
         return -1;
@@ -747,7 +749,7 @@ static int log_keep_before(const char *path, int step, char *err, size_t errlen)
         if (p != NULL && atoi(p + 8) < step) fputs(line, out);
     }
     fclose(f);
-    return fclose_rename(out, tmp, path, err, errlen);
+    return fclose_rename_at(out, dfd, name, tmp, path, err, errlen);
 }
 
 #endif

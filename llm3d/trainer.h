@@ -446,8 +446,10 @@ static void open_data(Job *job, const Grid *g) {
 }
 
 // the tokenizer, when this run prints samples (one-rank runs only), and on
-// rank 0 the JSON-lines log: -lg, else DIR/log.jsonl of -o (ckpt_setup made
-// DIR); a resumed run keeps the lines of the steps before its checkpoint
+// rank 0 the JSON-lines log: -lg's path, else log.jsonl in -o, opened,
+// trimmed and renamed relative to -o held open (job->out_fd), never by -o's
+// path again; a resumed run keeps the lines of the steps before its
+// checkpoint
 static void open_tokenizer_and_log(Job *job, const Grid *g) {
     char err[2048], in_dir[1024];
     const Options *o = &job->opt;
@@ -461,17 +463,20 @@ static void open_tokenizer_and_log(Job *job, const Grid *g) {
         else printf("note: flag -tk: samples are printed by one-rank runs only; none in this run of %d ranks\n", g->world);
     }
     if (g->rank != 0 || (o->log_file == NULL && o->out_dir == NULL)) return;
-    const char *path = o->log_file;
+    const char *path = o->log_file, *name = o->log_file;
+    int dfd = AT_FDCWD;
     if (path == NULL) {
         snprintf(in_dir, sizeof(in_dir), "%s/log.jsonl", o->out_dir);
         path = in_dir;
+        name = "log.jsonl";
+        dfd = job->out_fd;
     }
-    if (job->resuming && log_keep_before(path, job->ck.step, err, sizeof(err)) != 0) die_usage(err);
+    if (job->resuming && log_keep_before(dfd, name, path, job->ck.step, err, sizeof(err)) != 0) die_usage(err);
     snprintf(job->log_path, sizeof(job->log_path), "%s", path);
     const char *mode = job->resuming ? "a" : "w";
     // the log, in -o or at -lg's path, is never reached through a link: one
     // planted there would have the trainer append to, or truncate, its target
-    job->logf = fopen_nofollow(path, mode, err, sizeof(err));
+    job->logf = fopen_nofollow_at(dfd, name, path, mode, err, sizeof(err));
     if (job->logf == NULL) {
         char why[sizeof(err)];
         snprintf(why, sizeof(why), "%s", err);
@@ -806,12 +811,14 @@ static void print_checkpoint_written(const Job *job, int done, double ms) {
 // llm.c's mark of a run that is over: an empty file DONE_<steps>, the step
 // count in 8 digits as llm.c names it (DONE_00018865), in -o once the final
 // model is written. llm.c's scripts (scripts/run_gpt2_124M.sh) start the
-// trainer again and again until it is there. Rank 0 writes it, never through
-// a link; 0, or -1 with err set
+// trainer again and again until it is there. Rank 0 writes it in -o held
+// open (job->out_fd), as the model beside it, never through a link; 0, or
+// -1 with err set
 static int write_done(const Job *job, char *err, size_t errlen) {
-    char path[1100];
-    snprintf(path, sizeof(path), "%s/DONE_%08d", job->opt.out_dir, job->steps);
-    int fd = file_open_checked(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, "", err, errlen);
+    char name[32], path[1100];
+    snprintf(name, sizeof(name), "DONE_%08d", job->steps);
+    snprintf(path, sizeof(path), "%s/%s", job->opt.out_dir, name);
+    int fd = file_open_checked_at(job->out_fd, name, path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, "", err, errlen);
     if (fd < 0) return -1;
     if (close(fd) != 0) return errorf(err, errlen, "%s: cannot write: %s", path, strerror(errno));
     return 0;

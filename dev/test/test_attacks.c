@@ -656,6 +656,63 @@ static int wait_lines(const char *path, int n, pid_t pid, double timeout_s) {
     return have;
 }
 
+// still_running: whether pid has not ended, without reaping it (its waiter
+// still gets its status)
+static int still_running(pid_t pid) {
+    siginfo_t info;
+    memset(&info, 0, sizeof(info));
+    return waitid(P_PID, (id_t)pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == 0;
+}
+
+// -o swapped at the start, after the job opened it and before it opened
+// its log: rank 0 of an outside launch opens -o, locks it and waits at the
+// rendezvous for rank 1, which is when -o is renamed away and a link to the
+// other job's directory put in its place; rank 1 then joins, given the
+// directory's new name. The log, made anew, and DONE_<steps> at the end are
+// in the job's own directory, and the other's is untouched (its log not
+// truncated, no DONE there)
+static void test_output_dir_swapped_at_start(const char *other) {
+    char out[300], moved[300], lock[400], spec[300], args[1200], out0[300], out1[300], want[32];
+    char before[8192], after[8192];
+    snprintf(out, sizeof(out), "%s/swapped_start", work);
+    snprintf(moved, sizeof(moved), "%s/swapped_start.moved", work);
+    snprintf(lock, sizeof(lock), "%s/LOCK", out);
+    snprintf(spec, sizeof(spec), "unix:%s/swap.sock", work);
+    snprintf(out0, sizeof(out0), "%s/swapped_start_0.out", work);
+    snprintf(out1, sizeof(out1), "%s/swapped_start_1.out", work);
+    snapshot(other, before, sizeof(before));
+    const char *env0[] = {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", NULL};
+    const char *env1[] = {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1", NULL};
+    snprintf(args, sizeof(args), "-x 2 -o %s --rendezvous %s --key-file %s", out, spec, key_path);
+    double t0 = test_now();
+    pid_t p0 = spawn_trainer(args, env0, out0);
+    // LOCK names rank 0 once it holds -o open; it then waits for rank 1
+    snprintf(want, sizeof(want), "%d\n", (int)p0);
+    int named = 0;
+    while (!named && test_now() - t0 < 20.0 && still_running(p0)) {
+        char *text = test_read_text(lock);
+        named = text != NULL && strcmp(text, want) == 0;
+        free(text);
+        if (!named) par_sleep(0.01);
+    }
+    int swapped = named && rename(out, moved) == 0 && symlink(other, out) == 0;
+    snprintf(args, sizeof(args), "-x 2 -o %s --rendezvous %s --key-file %s", moved, spec, key_path);
+    pid_t p1 = spawn_trainer(args, env1, out1);
+    TrainerRun r1 = trainer_ended(p1, t0, out1, 30.0);
+    TrainerRun r0 = trainer_ended(p0, t0, out0, 30.0);
+    snapshot(other, after, sizeof(after));
+    char log[400];
+    snprintf(log, sizeof(log), "%s/log.jsonl", moved);
+    int logged = lines_in(log), done = test_exists("%s/DONE_00000002", moved);
+    check(swapped && r0.status == 0 && r1.status == 0 && logged == 2 && done && strcmp(before, after) == 0,
+          "-o renamed and a link to another job's directory put in its place as rank 0 waits for rank 1: the log "
+          "(%d lines) and DONE_00000002 (%s) are in the job's own directory, and the other's is untouched (%s); exit %d "
+          "and %d: %s", logged, done ? "there" : "missing", strcmp(before, after) == 0 ? "same names and bytes" : "CHANGED",
+          r0.status, r1.status, test_line_of(r0.out, "train_gpt2:"));
+    free(r0.out);
+    free(r1.out);
+}
+
 static void test_output_dir_swapped(void) {
     // the other job's directory: checkpoints 2 and 3 and a final model
     char other[300], out[300], moved[300], log[400], args[900], before[8192], after[8192], out_path[300];
@@ -694,6 +751,7 @@ static void test_output_dir_swapped(void) {
           at_swap, newest, later, r.status, strcmp(before, after) == 0 ? "same names and bytes" : "CHANGED",
           test_line_of(r.out, "train_gpt2:"));
     free(r.out);
+    test_output_dir_swapped_at_start(other);
 }
 
 static void test_second_job(void) {
