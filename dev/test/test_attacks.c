@@ -574,6 +574,24 @@ static void test_output_dir(void) {
           r.status, test_line_of(r.out, "train_gpt2:"));
     free(r.out);
 
+    // -o itself a link (to a directory of this user's, trailing slash or not): refused in one line, at start,
+    // nothing made in the directory it points to
+    char link_dir[300], link_arg[320];
+    snprintf(link_dir, sizeof(link_dir), "%s/out_is_link", work);
+    int linked = plant(work, "out_is_link", victim, 0) == 0;
+    for (int slash = 0; slash < 2; slash++) {
+        snprintf(link_arg, sizeof(link_arg), "%s%s", link_dir, slash ? "/" : "");
+        snprintf(args, sizeof(args), "-o %s -x 1", link_arg);
+        r = run_trainer(args, NULL, 30.0);
+        char want[400];
+        snprintf(want, sizeof(want), "train_gpt2: flag -o: %s is a symbolic link: not followed", link_arg);
+        check(linked && r.status == 2 && r.lines == 1 && strstr(r.out, want) != NULL && !test_exists("%s/LOCK", victim) &&
+              !test_exists("%s/job.key", victim) && !test_exists("%s/log.jsonl", victim),
+              "-o a link to a directory%s: refused in one line, exit 2, nothing made there (exit %d): %s",
+              slash ? ", with a trailing slash" : "", r.status, test_line_of(r.out, "train_gpt2:"));
+        free(r.out);
+    }
+
     // -lg given a link to a file outside: refused in one line, the file untouched
     char lg_link[400], victim_file[400];
     snprintf(lg_link, sizeof(lg_link), "%s/lg_link.jsonl", work);
