@@ -835,11 +835,12 @@ static void add_param_sumsq(GPT2 *m, const Run *r, void *ctx) {
 }
 
 // whether every parameter this rank updates is finite, the same answer on
-// every rank (one all-reduce): checked after each update and before the
-// parameters are written, so that a NaN the loss cannot show (one in wte's
-// padded rows, which no logit reads) still stops the run. A NaN or an
-// infinity makes the sum of squares (in double: finite floats' squares
-// cannot overflow it) NaN or infinite.
+// every rank (one all-reduce): checked before the parameters are written (a
+// checkpoint, the final model), not after every update, so that a NaN the
+// loss cannot show (one in wte's padded rows, which no logit reads) never
+// reaches a file, at no cost to a step. A NaN or an infinity makes the sum
+// of squares (in double: finite floats' squares cannot overflow it) NaN or
+// infinite.
 static int gpt2_params_finite(GPT2 *m) {
     const Parallel *par = m->par;
     double sumsq = 0.0;
@@ -1353,14 +1354,11 @@ static void world_barrier(GPT2 *m, Parallel *par) {
 }
 
 // the step's update after gpt2_step_loss, unless it is not finite or -sl or
-// -sg skip it, and its norm and skip into l; 1 when the update made a
-// parameter that is not finite (nonfinite_stop then ends the run), else 0
-static int update_unless_skipped(GPT2 *m, Job *job, OutlierGuard *g, const AdamHyper *h, LogLine *l, int rank0) {
+// -sg skip it, and its norm and skip into l
+static void update_unless_skipped(GPT2 *m, Job *job, OutlierGuard *g, const AdamHyper *h, LogLine *l, int rank0) {
     l->norm = gpt2_last_norm(m);
     l->skipped = outlier_skip(job, g, l->loss, l->norm, rank0);
-    if (l->skipped != NULL) return 0;
-    gpt2_apply_update(m, h);
-    return !gpt2_params_finite(m);
+    if (l->skipped == NULL) gpt2_apply_update(m, h);
 }
 
 // the checkpoint after `step`, written by every rank; 0, or -1 when it failed
@@ -1478,7 +1476,7 @@ int main(int argc, char **argv) {
         hyper.lr = line.lr;
         stopped = ckpt_stop_signal != 0;
         line.loss = gpt2_step_loss(&model, &par, accum, &stopped);
-        int broken = update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0);
+        update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0);
         line.ms = now_ms() - t0;
         watch_end(&par, &watch, line.ms);
         if (watch_due(&watch, step)) watch_report(&model, &par, &watch, step, &line);
@@ -1486,7 +1484,7 @@ int main(int argc, char **argv) {
             print_mfu(&job, report_step(&job, &line, &guard), peak);
             watch_print(&watch);
         }
-        if (nonfinite_stop(&job, &line, broken, rank0)) {
+        if (nonfinite_stop(&job, &line, rank0)) {
             world_barrier(&model, &par);
             exit(1);
         }

@@ -1280,10 +1280,11 @@ static void add_param_sumsq(GPT2 *m, const Run *r, void *ctx) {
 }
 
 // whether every parameter this rank updates is finite, the same answer on
-// every rank, as train_gpt2.c's: checked after each update and before the
-// parameters are written. The partial sums of squares (the norm's, free
-// once AdamW has read the norm) come back to the host, which adds them in
-// double: a NaN or an infinity makes the sum NaN or infinite.
+// every rank, as train_gpt2.c's: checked before the parameters are written
+// (a checkpoint, the final model), never in a step, which would cost a pass
+// and a wait. The partial sums of squares (the norm's, free once AdamW has
+// read the norm) come back to the host, which adds them in double: a NaN or
+// an infinity makes the sum NaN or infinite.
 static int gpt2_params_finite(GPT2 *m) {
     float partial[NORM_BLOCKS];
     CUDA_CHECK(cudaMemsetAsync(m->sc.norm_partial, 0, NORM_BLOCKS * sizeof(float), m->stream));
@@ -1320,15 +1321,11 @@ static void world_barrier(GPT2 *m, Parallel *par) { world_sum(m, par, 0.0f); }
 // the step's update after gpt2_step_loss, unless it is not finite or -sl or
 // -sg skip it, and its norm and skip into l. The norm is read first, to
 // decide (a NaN must never reach the weights): the GPU waits for the host to
-// queue AdamW, tens of microseconds a step. 1 when the update made a
-// parameter that is not finite (nonfinite_stop then ends the run), else 0;
-// that check is one more pass over the parameters and a wait for it.
-static int update_unless_skipped(GPT2 *m, Job *job, OutlierGuard *g, const AdamHyper *h, LogLine *l, int rank0) {
+// queue AdamW, tens of microseconds a step.
+static void update_unless_skipped(GPT2 *m, Job *job, OutlierGuard *g, const AdamHyper *h, LogLine *l, int rank0) {
     l->norm = gpt2_last_norm(m);
     l->skipped = outlier_skip(job, g, l->loss, l->norm, rank0);
-    if (l->skipped != NULL) return 0;
-    gpt2_apply_update(m, h);
-    return !gpt2_params_finite(m);
+    if (l->skipped == NULL) gpt2_apply_update(m, h);
 }
 
 typedef struct { GPT2 *m; Parallel *par; } CkptCtx;
@@ -1515,7 +1512,7 @@ int main(int argc, char **argv) {
         hyper.lr = line.lr;
         stopped = ckpt_stop_signal != 0;
         line.loss = gpt2_step_loss(&model, &par, accum, &stopped);
-        int broken = update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0);
+        update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0);
         line.ms = now_ms() - t0;
         watch_end(&par, &watch, line.ms);
         if (watch_due(&watch, step)) watch_report(&model, &par, &watch, step, &line);
@@ -1524,7 +1521,7 @@ int main(int argc, char **argv) {
             if (gpu_stats_due(&job, step)) gpu_stats_print(&gpu_stats);
             watch_print(&watch);
         }
-        if (nonfinite_stop(&job, &line, broken, rank0)) {
+        if (nonfinite_stop(&job, &line, rank0)) {
             world_barrier(&model, &par);
             exit(1);
         }

@@ -607,21 +607,13 @@ static const char *outlier_skip(const Job *job, OutlierGuard *g, float loss, flo
 }
 
 // nonfinite_stop: whether the step of l ends the run: its loss or norm was
-// not finite and skipped as such (it does unless -sl or -sg is on), or its
-// update made a parameter that is not finite (params_broken: always, since
-// the model is spoilt and must not be written). Rank 0 then says so in one
-// line, and the caller waits for every rank (so the line is out before the
-// launcher hears of an exit) and exits 1
-static int nonfinite_stop(const Job *job, const LogLine *l, int params_broken, int rank0) {
-    if (params_broken) {
-        if (rank0) {
-            fflush(stdout);
-            fprintf(stderr, "%s: step %d: the update made parameters that are not finite (NaN or infinity), so the "
-                    "run stops and writes nothing more (-l %g, -ep %g)\n", trainer_name, l->step, job->opt.lr,
-                    job->opt.eps);
-        }
-        return 1;
-    }
+// not finite and skipped as such (it does unless -sl or -sg is on). Rank 0
+// then says so in one line, and the caller waits for every rank (so the
+// line is out before the launcher hears of an exit) and exits 1. Parameters
+// that are not finite while the loss and norm are (one in wte's padded
+// rows, which no logit reads) are not looked for in a step: the trainers
+// check them before they write them (print_not_written), which ends the run
+static int nonfinite_stop(const Job *job, const LogLine *l, int rank0) {
     if (l->skipped == NULL || strcmp(l->skipped, "not finite") != 0 || outlier_guard_on(job)) return 0;
     if (rank0) {
         fflush(stdout);
@@ -634,7 +626,8 @@ static int nonfinite_stop(const Job *job, const LogLine *l, int params_broken, i
 
 // rank 0's line when what was to be written (a checkpoint, the final model)
 // is not, because the parameters are not finite (a model file given with
-// a NaN, its steps skipped under -sl or -sg): no file keeps such a model
+// a NaN, its steps skipped under -sl or -sg; an update that overflowed a
+// padded row of wte): no file keeps such a model, and the run ends, exit 1
 static void print_not_written(const char *what, int rank0) {
     if (!rank0) return;
     fflush(stdout);

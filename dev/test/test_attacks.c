@@ -1308,9 +1308,10 @@ static void test_log_writes(void) {
 // an update that makes a parameter infinite from finite everything else:
 // 1e37 in a padded row of wte (V 250 padded to 256 rows), which no logit of
 // the loss reads and no gradient reaches, and -l 10 -c 10, whose weight
-// decay multiplies it by 1 - 100. The loss and the norm stay finite; the
-// run must stop at that update, not save it (as -ep 0's 0 / 0 in those rows
-// once was saved)
+// decay multiplies it by 1 - 100. The loss and the norm stay finite, so the
+// step goes on; what must not happen is a file holding it (as -ep 0's 0 / 0
+// in those rows once was saved): the parameters are checked before each
+// write, not after each update, and the run ends there, one line, exit 1
 static void test_nan_update(void) {
     GPT2Config c;
     memset(&c, 0, sizeof(c));
@@ -1336,13 +1337,24 @@ static void test_nan_update(void) {
         snprintf(args, sizeof(args), "-x 1 -l 10 -c 10 %s -e %s -o %s", how[i], path, odir);
         TrainerRun r = run_trainer(args, NULL, 30.0);
         check(r.status == 1 && r.lines == 1 && strstr(r.out, "step    0/1 | loss ") != NULL &&
-              strstr(r.out, "train_gpt2: step 0: the update made parameters that are not finite") != NULL &&
+              strstr(r.out, "train_gpt2: the final model not written: the parameters are not finite") != NULL &&
               !test_exists("%s/model_00000001.bin", odir) && !test_exists("%s/DONE_00000001", odir),
-              "an update that overflows a padded row (%s): loss and norm finite, the run stops at step 0's update, "
-              "writes no model, exit 1 (exit %d): %s", i == 0 ? "one process" : how[i], r.status,
+              "an update that overflows a padded row (%s): loss and norm finite, step 0 trained, then the final "
+              "model not written, one line, exit 1 (exit %d): %s", i == 0 ? "one process" : how[i], r.status,
               test_line_of(r.out, "train_gpt2:"));
         free(r.out);
     }
+    // a checkpoint after that update is not written either
+    snprintf(odir, sizeof(odir), "%s/nan_update_ckpt", work);
+    snprintf(args, sizeof(args), "-x 2 -n 1 -l 10 -c 10 -np 2 -e %s -o %s", path, odir);
+    TrainerRun r = run_trainer(args, NULL, 30.0);
+    check(r.status == 1 && r.lines == 1 && strstr(r.out, "train_gpt2: the checkpoint after step 0 not written: the "
+                                                  "parameters are not finite") != NULL &&
+          strstr(r.out, "step    1/2") == NULL && !test_exists("%s/ckpt_00000001", odir) &&
+          !test_exists("%s/ckpt_00000001.partial", odir),
+          "and -n 1 -np 2: the checkpoint after step 0 not written, the run ends there, one line, exit 1 (exit %d): %s",
+          r.status, test_line_of(r.out, "train_gpt2:"));
+    free(r.out);
 }
 
 // ----------------------------------------------------------------------------
