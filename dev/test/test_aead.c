@@ -411,6 +411,22 @@ static void test_sealed_files(void) {
     check(reads_back(path, &k, plain, n, err, sizeof(err)), "restored, it reads back");
     check(!reads_back(path, &wrong, plain, n, err, sizeof(err)) && strstr(err, "another key") != NULL,
           "under another key: refused: %s", err);
+
+    // an empty file still has one chunk, and its tag is checked: each bit of
+    // it flipped is refused
+    write_sealed(path, &k, plain, 0, chunk);
+    uint8_t *empty = (uint8_t *)test_read_file(path, &file_n);
+    accepted = 0;
+    for (int bit = 0; empty != NULL && file_n == AEAD_FILE_HEADER_BYTES + 16 && bit < 8 * 16; bit++) {
+        empty[AEAD_FILE_HEADER_BYTES + bit / 8] ^= (uint8_t)(1 << (bit % 8));
+        test_write_file(path, empty, file_n);
+        accepted += reads_back(path, &k, plain, 0, err, sizeof(err));
+        empty[AEAD_FILE_HEADER_BYTES + bit / 8] ^= (uint8_t)(1 << (bit % 8));
+    }
+    check(empty != NULL && file_n == AEAD_FILE_HEADER_BYTES + 16 && accepted == 0 && strstr(err, "chunk 0") != NULL,
+          "an empty sealed file (%zu bytes): each of the 128 one-bit changes of its one tag is refused "
+          "(%d accepted): %s", file_n, accepted, err);
+    free(empty);
     free(good); free(copy); free(other_file); free(buf); free(chunk_buf); free(plain);
     unlink(path);
     unlink(other_path);

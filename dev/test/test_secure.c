@@ -567,6 +567,18 @@ static void test_frames(void) {
         if (frame_open(&rx, f, fb, 2, CH_ACTIVATION, 12, 3, LEN, &got, err, sizeof(err)) == -1 && rx.recv_seq[2] == seq) tag_refused++;
     }
     check(tag_refused == 32, "a flipped bit in each of the 32 tag bytes refused (%d of 32): %s", tag_refused, err);
+    // a key holder's frame with a nonzero reserved field, tagged right: a
+    // sender of a future format, refused by the header check, not the tag
+    int reserved_at[] = {36, 39};
+    for (int i = 0; i < 2; i++) {
+        seal_next(&tx, &rx, 1, CH_ACTIVATION, 12, 3, LEN, payload, f);
+        f[reserved_at[i]] = 0x01;
+        hmac_sha256(frame_key, 32, f, 64 + LEN, f + 64 + LEN);
+        err[0] = '\0';
+        rc = frame_open(&rx, f, fb, 2, CH_ACTIVATION, 12, 3, LEN, &got, err, sizeof(err));
+        check(rc == -1 && strstr(err, "reserved header fields are not zero") && rx.recv_seq[2] == seq,
+              "a tagged frame with header byte %d (reserved) set refused: %s", reserved_at[i], err);
+    }
 
     seal_next(&tx, &rx, 1, CH_ACTIVATION, 12, 3, LEN, payload, f);
     check(frame_open(&rx, f, fb, 2, CH_ACTIVATION, 12, 3, LEN, &got, err, sizeof(err)) == 0, "a fresh frame opens");
