@@ -1415,7 +1415,7 @@ int main(int argc, char **argv) {
     char err[1024], path[1024];
     trainer_name = "train_gpt2";
     // the job, checked once, by the launcher, before any rank starts
-    TrainerBuild build = {"the CPU trainer", 0, 0};  // fp32 throughout, no fused GELU
+    TrainerBuild build = {"the CPU trainer", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B};  // fp32 throughout, no fused GELU
     parse_flags(&job, argc, argv, "", &build);
 #ifdef _OPENMP
     if (job.opt.threads > 0) omp_set_num_threads(job.opt.threads);

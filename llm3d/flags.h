@@ -37,7 +37,7 @@
 
 enum { OPT_INT, OPT_FLOAT, OPT_STR, OPT_CHOICE, OPT_REFUSED };
 enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD };
-enum { PS_GPIPE, PS_1F1B };
+enum { PS_GPIPE, PS_1F1B, PS_INTERLEAVED, PS_ZBH1, PS_ZBV };  // pipeline.h's PipeSchedule, in its order
 enum { PI_MPI, PI_TCP, PI_FS };  // llm.c's -pi: how the ranks of an outside launch meet (launcher.h)
 
 typedef struct {
@@ -55,6 +55,7 @@ typedef struct {
     int ckpt_every, ckpt_keep, resume, resume_step;
     int encrypt;                   // -enc: 1 checkpoints sealed (AES-256-GCM), 2 the final model too
     int np, tp, pp, zero, microbatches, pipe_schedule, check_every;
+    int pipe_chunks;               // -pv: chunks of layers per pipeline rank (-ps interleaved)
     int watch_every;               // -wr: each rank's compute and wait times compared every N steps (0 = off)
     float timeout;
     const char *fault, *rendezvous, *key_file;
@@ -152,9 +153,11 @@ static const OptionSpec option_specs[] = {
      "llm.c's usage lists -pp as the fs path of its NCCL init, which its parser reads as -pf", NULL},
     {"-z", OPT_INT, offsetof(Options, zero), 0, 3, NULL, "ZeRO stage 0-3", NULL, NULL},
     {"-mb", OPT_INT, offsetof(Options, microbatches), 1, 1 << 16, NULL, "micro-batches per pipeline step", NULL, NULL},
-    {"-ps", OPT_CHOICE, offsetof(Options, pipe_schedule), 0, 0, "gpipe,1f1b",
-     "pipeline schedule; or, an IPv4 address[:port] instead of a schedule's name, llm.c's server for -pi tcp",
+    {"-ps", OPT_CHOICE, offsetof(Options, pipe_schedule), 0, 0, "gpipe,1f1b,interleaved,zbh1,zbv",
+     "pipeline schedule (interleaved: -pv chunks per rank; zbh1, zbv: the backward split in B and W); or, an IPv4 address[:port] instead of a schedule's name, llm.c's server for -pi tcp",
      "llm.c's -ps is the server address of its -pi tcp: an IPv4 address, which is taken as such here", NULL},
+    {"-pv", OPT_INT, offsetof(Options, pipe_chunks), 1, 8, NULL,
+     "chunks of layers per pipeline rank, for -ps interleaved (2 or more there; zbv holds 2 of itself)", NULL, NULL},
     {"-to", OPT_FLOAT, offsetof(Options, timeout), 0.1, 3600, NULL, "seconds any wait between ranks may take", NULL, NULL},
     {"-ck", OPT_INT, offsetof(Options, check_every), 0, 1 << 30, NULL,
      "data-parallel consistency check every K steps (0 = off)", NULL, NULL},
@@ -215,6 +218,7 @@ static void options_defaults(Options *o) {
     o->val_every = 20; o->val_batches = 20; o->sample_every = 20; o->gen_tokens = 64;
     o->ckpt_every = 0; o->ckpt_keep = 2; o->resume = 0; o->resume_step = -1;
     o->np = 1; o->tp = 1; o->pp = 1; o->zero = 0; o->microbatches = 1; o->pipe_schedule = PS_1F1B;
+    o->pipe_chunks = 1;
     o->timeout = 30.0f; o->check_every = 0; o->watch_every = 20; o->host_backend = 0;
     o->recompute = 1; o->tf32 = -1; o->master_weights = -1; o->gelu_fusion = -1;
     o->llmc_procs = 0; o->llmc_rank = -1; o->llmc_gpus = 8; o->llmc_init = PI_MPI; o->llmc_fs_path = "/tmp";
@@ -257,6 +261,18 @@ static int choice_index(const char *choices, const char *value, int *index) {
         p += len + (q ? 1 : 0);
     }
     return 0;
+}
+
+// the choices whose bit is set in mask, ", " between them, into buf
+static void choice_names(const char *choices, unsigned mask, char *buf, size_t len) {
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int k = 0; *choices && k < 32 && at < len; k++) {
+        const char *q = strchr(choices, ',');
+        int n = q ? (int)(q - choices) : (int)strlen(choices);
+        if (mask >> k & 1u) at += (size_t)snprintf(buf + at, len - at, "%s%.*s", at ? ", " : "", n, choices);
+        choices += n + (q ? 1 : 0);
+    }
 }
 
 // 1 if v reads whole as a number (strtod's syntax)
@@ -363,6 +379,7 @@ typedef struct {
     const char *name;   // for the error lines: "the CPU trainer", ...
     int bf16;           // bf16 GEMMs (so -f means nothing) and fp32 master weights (so -w 0 cannot be)
     int gelu_fusion;    // what -ge -1 means: 2 (forward and backward) or 0 (none, the only choice then)
+    unsigned schedules; // the -ps schedules it runs: bit PS_* set
 } TrainerBuild;
 
 // llm.c's switches checked against what build b does: each value taken
@@ -377,6 +394,15 @@ static int options_check_build(Options *o, const TrainerBuild *b, char *err, siz
         return errorf(err, errlen, "flag -f 1: %s computes in exact fp32, without TF32 (llm.c's -f 0)", b->name);
     if (o->master_weights == 0 && b->bf16)
         return errorf(err, errlen, "flag -w 0: %s always keeps fp32 master weights (llm.c's -w 1)", b->name);
+    if (!(b->schedules >> o->pipe_schedule & 1u)) {
+        const char *choices = "";
+        char name[32], runs[128];
+        for (int i = 0; i < NUM_OPTIONS; i++)
+            if (strcmp(option_specs[i].flag, "-ps") == 0) choices = option_specs[i].choices;
+        choice_names(choices, 1u << o->pipe_schedule, name, sizeof(name));
+        choice_names(choices, b->schedules, runs, sizeof(runs));
+        return errorf(err, errlen, "flag -ps %s: %s does not run this schedule yet (it runs %s)", name, b->name, runs);
+    }
     if (o->gelu_fusion < 0) o->gelu_fusion = b->gelu_fusion;
     if (o->gelu_fusion > 0 && b->gelu_fusion == 0)
         return errorf(err, errlen, "flag -ge %d: %s has no fused GELU (llm.c's -ge 0)", o->gelu_fusion, b->name);

@@ -241,7 +241,10 @@ static void check_batch_and_data(Job *job) {
     char err[2048];
     const Options *o = &job->opt;
     int dp = job->layout.dp, V = job->config.V;
-    if (batch_accum(o, dp, err, sizeof(err)) < 0) die_usage(err);
+    int accum = batch_accum(o, dp, err, sizeof(err));
+    if (accum < 0) die_usage(err);
+    if (pipeline_validate((PipeSchedule)o->pipe_schedule, o->pp, accum, o->pipe_chunks, job->config.L, err, sizeof(err)) != 0)
+        die_usage(err);
     if (parallel_launched_rank()) return;  // its launcher opened (and hashed) the data just now
     uint8_t key_bytes[32];
     const uint8_t *key = data_key(o, key_bytes);
@@ -487,7 +490,7 @@ static void open_tokenizer_and_log(Job *job, const Grid *g) {
 
 // the step's pipeline (pipeline.h) from -ps, -pp and the micro-batches per step
 static PipeLayout job_pipeline(const Options *o, int pp, int accum) {
-    return pipe_layout(o->pipe_schedule == PS_GPIPE ? PIPE_GPIPE : PIPE_1F1B, pp, accum, 1);
+    return pipe_layout((PipeSchedule)o->pipe_schedule, pp, accum, o->pipe_chunks);
 }
 
 // -lg N: GPU stats after every N steps (llm.c's -lg); train_gpt2cu prints them

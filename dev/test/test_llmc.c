@@ -80,9 +80,9 @@ static void test_flags(void) {
     struct { const char *args, *want; } refused[] = {
         {"-pn 0", "flag -pn: 0 is out of range [1, 256]"},
         {"-pi nccl", "flag -pi: 'nccl' is not one of {mpi,tcp,fs}"},
-        {"-ps 10.0.0", "flag -ps: '10.0.0' is not one of {gpipe,1f1b} nor an IPv4 address (llm.c's -ps is the server "
+        {"-ps 10.0.0", "flag -ps: '10.0.0' is not one of {gpipe,1f1b,interleaved,zbh1,zbv} nor an IPv4 address (llm.c's -ps is the server "
                        "address of its -pi tcp"},
-        {"-ps 1fb1", "flag -ps: '1fb1' is not one of {gpipe,1f1b} nor an IPv4 address"},
+        {"-ps 1fb1", "flag -ps: '1fb1' is not one of {gpipe,1f1b,interleaved,zbh1,zbv} nor an IPv4 address"},
         {"-pp /tmp", "flag -pp: '/tmp' is not an integer (llm.c's usage lists -pp as the fs path"},
         {"-lg 0.5", "flag -lg: '0.5' is neither an integer (llm.c's -lg N: GPU stats every N steps) nor a log file's name"},
         {"-ep 0", "flag -ep: 0 is out of range [1e-30, 1]"},
@@ -97,6 +97,11 @@ static void test_flags(void) {
         check(rc == -1 && strstr(err, refused[k].want) != NULL && strchr(err, '\n') == NULL, "%s refused: %s",
               refused[k].args, err);
     }
+    check(parse(&o, "-ps interleaved -pv 3", err, sizeof(err)) == 0 && o.pipe_schedule == PS_INTERLEAVED &&
+              o.pipe_chunks == 3 && parse(&o, "-ps zbv", err, sizeof(err)) == 0 && o.pipe_schedule == PS_ZBV &&
+              o.pipe_chunks == 1 && parse(&o, "-pv 9", err, sizeof(err)) == -1 &&
+              strstr(err, "flag -pv: 9 is out of range [1, 8]") != NULL,
+          "-ps interleaved -pv 3 and -ps zbv taken (PS_* in pipeline.h's order), -pv 9 refused: %s", err);
     check(parse(&o, "-lg run10.jsonl", err, sizeof(err)) == 0 && strcmp(o.log_file, "run10.jsonl") == 0 &&
           o.gpu_stats_every == -1, "-lg takes a file name");
     // -lg and -ps are told apart from llm.c's by their values
@@ -127,8 +132,9 @@ static void test_flags(void) {
     check(options_descriptor(&o, &c, err, sizeof(err)) == -1 && strstr(err, "llm.c's GPT-3 shapes are not implemented"),
           "-e gpt3:c768 refused: %s", err);
     // what each build takes of -a -f -w -ge -nm
-    TrainerBuild cpu = {"the CPU trainer", 0, 0}, bf16 = {"the bf16 build of train_gpt2cu", 1, 2},
-                 fp32 = {"the fp32 build of train_gpt2cu", 0, 0};
+    TrainerBuild cpu = {"the CPU trainer", 0, 0, 3}, bf16 = {"the bf16 build of train_gpt2cu", 1, 2, 3},
+                 fp32 = {"the fp32 build of train_gpt2cu", 0, 0, 3},
+                 cpu_zb = {"the CPU trainer", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_ZBH1};
     struct { const char *args; const TrainerBuild *b; int ok; int ge; const char *want; } builds[] = {
         {"-f 1", &bf16, 1, 2, NULL},
         {"-f 1", &cpu, 0, 0, "flag -f 1: the CPU trainer computes in exact fp32, without TF32 (llm.c's -f 0)"},
@@ -139,6 +145,11 @@ static void test_flags(void) {
         {"-ge 0", &bf16, 1, 0, NULL},
         {"-ge 2", &cpu, 0, 0, "flag -ge 2: the CPU trainer has no fused GELU (llm.c's -ge 0)"},
         {"-a 1", &bf16, 0, 0, "flag -a 1: llm.c's overfit-one-batch debug mode is not implemented here"},
+        {"-ps zbh1", &cpu_zb, 1, 0, NULL},
+        {"-ps zbv", &bf16, 0, 0, "flag -ps zbv: the bf16 build of train_gpt2cu does not run this schedule yet (it runs "
+                                 "gpipe, 1f1b)"},
+        {"-ps interleaved -pv 2", &cpu, 0, 0, "flag -ps interleaved: the CPU trainer does not run this schedule yet "
+                                                 "(it runs gpipe, 1f1b)"},
         {"-nm 10000", &cpu, 0, 0, "flag -nm 10000: llm.c's major checkpoints are not implemented here; -nk 0 keeps"},
     };
     for (size_t k = 0; k < sizeof(builds) / sizeof(builds[0]); k++) {
