@@ -130,6 +130,7 @@ typedef struct {
     int B, T, nacts;
     Acts *acts;                // nacts sets, a micro-batch uses set mb % nacts
     Acts dacts;
+    Acts *dsets;               // with the backward split (gpt2_split_backward): nacts sets of activation gradients, kept from a micro-batch's B to its W; else NULL
     float *grad_in;            // B*T*C: the gradient of this stage's output, from the next stage
     size_t act_sizes[NUM_ACT_TENSORS];  // in floats, each rounded up to a cache line's 16
     int adam_t;
@@ -265,6 +266,45 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, const Parallel *par, const 
         m->digests = (float *)xcalloc((size_t)unit_table_tensors(&m->ut) * 8 * m->shard.dp, sizeof(float), "digests");
 }
 
+// one set of activations (grad 0) or of their gradients (grad 1) of
+// `total` floats, laid out as m->act_sizes says
+static void acts_alloc(GPT2 *m, Acts *a, int grad, size_t total) {
+    size_t BT = (size_t)m->B * m->T;
+    // the activation gradients are mapped as they are first written: the
+    // backward never writes some of them (the logits', 51 MB at d12, made
+    // in place of the probabilities), and mapping those would add to d12's
+    // peak. calloc's block is aligned by hand: it is 16 floats longer, and
+    // the tensors start at its first cache line.
+    if (!grad) {
+        a->memory = (float *)xcalloc_mapped(total, sizeof(float), "activations");
+        a->block = a->memory;
+    } else {
+        a->block = xcalloc(total + 16, sizeof(float), "activation gradients");
+        a->memory = (float *)(((uintptr_t)a->block + 63) / 64 * 64);
+        advise_huge_pages(a->memory, total * sizeof(float));
+    }
+    float *p = a->memory;
+    for (int i = 0; i < NUM_ACT_TENSORS; i++) { a->t[i] = p; p += m->act_sizes[i]; }
+    a->inputs = (int *)xcalloc(BT, sizeof(int), "inputs");
+    a->targets = (int *)xcalloc(BT, sizeof(int), "targets");
+}
+
+static size_t acts_total(const GPT2 *m) {
+    size_t total = 0;
+    for (int i = 0; i < NUM_ACT_TENSORS; i++) total += m->act_sizes[i];
+    return total;
+}
+
+static void acts_free(Acts *a) { free(a->block); free(a->inputs); free(a->targets); }
+
+// a backward split in B and W (pipeline schedules zbh1, zbv): each activation
+// set gets its own set of activation gradients, which a micro-batch's B
+// writes and its W reads
+static void gpt2_split_backward(GPT2 *m) {
+    m->dsets = (Acts *)xcalloc(m->nacts, sizeof(Acts), "activation gradient sets");
+    for (int k = 0; k < m->nacts; k++) acts_alloc(m, &m->dsets[k], 1, acts_total(m));
+}
+
 static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
     const GPT2Config *c = &m->config;
     const Shard *s = &m->shard;
@@ -287,31 +327,12 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
         z[i] = (z[i] + 15) / 16 * 16;
         total += z[i];
     }
-    m->nacts = nacts;
-    m->acts = (Acts *)xcalloc(nacts + 1, sizeof(Acts), "activation sets");
-    for (int k = 0; k <= nacts; k++) {
-        Acts *a = k < nacts ? &m->acts[k] : &m->dacts;
-        // the activation gradients are mapped as they are first written: the
-        // backward never writes some of them (the logits', 51 MB at d12,
-        // made in place of the probabilities), and mapping those would add
-        // to d12's peak. calloc's block is aligned by hand: it is 16 floats
-        // longer, and the tensors start at its first cache line.
-        if (k < nacts) {
-            a->memory = (float *)xcalloc_mapped(total, sizeof(float), "activations");
-            a->block = a->memory;
-        } else {
-            a->block = xcalloc(total + 16, sizeof(float), "activation gradients");
-            a->memory = (float *)(((uintptr_t)a->block + 63) / 64 * 64);
-            advise_huge_pages(a->memory, total * sizeof(float));
-        }
-        float *p = a->memory;
-        for (int i = 0; i < NUM_ACT_TENSORS; i++) { a->t[i] = p; p += z[i]; }
-        a->inputs = (int *)xcalloc(BT, sizeof(int), "inputs");
-        a->targets = (int *)xcalloc(BT, sizeof(int), "targets");
-    }
-    if (!s->last) m->grad_in = (float *)xcalloc(BT * C, sizeof(float), "incoming gradient");
     m->B = B;
     m->T = T;
+    m->nacts = nacts;
+    m->acts = (Acts *)xcalloc(nacts + 1, sizeof(Acts), "activation sets");
+    for (int k = 0; k <= nacts; k++) acts_alloc(m, k < nacts ? &m->acts[k] : &m->dacts, k == nacts, total);
+    if (!s->last) m->grad_in = (float *)xcalloc(BT * C, sizeof(float), "incoming gradient");
 }
 
 // this rank's part of the model (gpt2_build) and nacts sets of
@@ -324,10 +345,9 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
 
 static void gpt2_free(GPT2 *m) {
     free(m->params); free(m->grads); free(m->param_shard); free(m->grad_shard); free(m->m); free(m->v);
-    for (int k = 0; k <= m->nacts; k++) {
-        Acts *a = k < m->nacts ? &m->acts[k] : &m->dacts;
-        free(a->block); free(a->inputs); free(a->targets);
-    }
+    for (int k = 0; k <= m->nacts; k++) acts_free(k < m->nacts ? &m->acts[k] : &m->dacts);
+    for (int k = 0; m->dsets != NULL && k < m->nacts; k++) acts_free(&m->dsets[k]);
+    free(m->dsets);
     if (m->par->zero == 3)
         for (int u = 0; u < m->ut.n; u++) free(m->unit_params[u]);
     free(m->grad_in);
@@ -453,7 +473,7 @@ static void column_parallel_forward(float *out, const float *inp, const float *w
 static void column_parallel_backward(const Parallel *par, float *dinp, float *dweight, float *dbias, const float *dout,
                                      const float *inp, const float *weight, int N, int IC, int OCl, int fresh) {
     matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OCl, fresh);
-    tp_copy_backward(par, dinp, (size_t)N * IC);
+    if (dinp != NULL) tp_copy_backward(par, dinp, (size_t)N * IC);  // NULL: the weights' part alone
 }
 
 static void add_bias(float *out, const float *bias, int N, int OC) {
@@ -553,22 +573,36 @@ static void block_forward(GPT2 *m, LayerParams p, LayerActs a, const float *x) {
     residual_forward(a.residual3, a.residual2, a.fcproj, btc);
 }
 
+// which part of a backward to run: all of it, or with the backward split
+// (pipeline schedules with W ops) the input's gradient (B) or the weights'
+// (W). B leaves in the layer's activation gradients (d) all that W reads:
+// each Linear's output gradient and each LayerNorm's, which no later part
+// of the backward writes over.
+enum { BACK_ALL, BACK_INPUT, BACK_WEIGHTS };
+
 // from the gradient of the block's output (d.residual3) to that of its input
-// x, dx (+=), and of its parameters g (+=, or = in the step's first backward)
-static void block_backward(GPT2 *m, LayerParams p, LayerParams g, LayerActs a, LayerActs d, const float *x, float *dx) {
+// x, dx (+=), and of its parameters g (+=, or = in the step's first backward);
+// part: BACK_INPUT leaves g alone, BACK_WEIGHTS reads d and writes g alone
+// (p unused), in the same order
+static void block_backward(GPT2 *m, LayerParams p, LayerParams g, LayerActs a, LayerActs d, const float *x, float *dx,
+                           int part) {
     const Parallel *par = m->par;
     int B = m->B, T = m->T, C = m->config.C, Cl = m->shard.Cl, BT = B * T, fresh = m->grads_fresh;
+    int in = part != BACK_WEIGHTS;
     size_t btc = (size_t)BT * C;
-    residual_backward(d.residual2, d.residual3, btc);  // fcproj's gradient is d.residual3 itself
-    row_parallel_backward(d.fch_gelu, g.fcprojw, g.fcprojb, d.residual3, a.fch_gelu, p.fcprojw, BT, 4 * Cl, C, fresh);
-    gelu_backward(d.fch, a.fch, d.fch_gelu, 4 * (size_t)BT * Cl);
-    column_parallel_backward(par, d.ln2, g.fcw, g.fcb, d.fch, a.ln2, p.fcw, BT, C, 4 * Cl, fresh);
-    layernorm_backward(d.residual2, g.ln2w, g.ln2b, d.ln2, a.residual2, p.ln2w, a.ln2_mean, a.ln2_rstd, BT, C, fresh);
-    residual_backward(dx, d.residual2, btc);  // attproj's gradient is d.residual2 itself
-    row_parallel_backward(d.atty, g.attprojw, g.attprojb, d.residual2, a.atty, p.attprojw, BT, Cl, C, fresh);
-    attention_backward(d.qkv, d.atty, a.qkv, a.att, B, T, Cl, m->shard.NHl);
-    column_parallel_backward(par, d.ln1, g.qkvw, g.qkvb, d.qkv, a.ln1, p.qkvw, BT, C, 3 * Cl, fresh);
-    layernorm_backward(dx, g.ln1w, g.ln1b, d.ln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd, BT, C, fresh);
+    if (part == BACK_INPUT) memset(&g, 0, sizeof(g));  // NULL: no weight gradients
+    if (in) residual_backward(d.residual2, d.residual3, btc);  // fcproj's gradient is d.residual3 itself
+    row_parallel_backward(in ? d.fch_gelu : NULL, g.fcprojw, g.fcprojb, d.residual3, a.fch_gelu, p.fcprojw, BT, 4 * Cl,
+                          C, fresh);
+    if (in) gelu_backward(d.fch, a.fch, d.fch_gelu, 4 * (size_t)BT * Cl);
+    column_parallel_backward(par, in ? d.ln2 : NULL, g.fcw, g.fcb, d.fch, a.ln2, p.fcw, BT, C, 4 * Cl, fresh);
+    layernorm_backward(in ? d.residual2 : NULL, g.ln2w, g.ln2b, d.ln2, a.residual2, p.ln2w, a.ln2_mean, a.ln2_rstd, BT,
+                       C, fresh);
+    if (in) residual_backward(dx, d.residual2, btc);  // attproj's gradient is d.residual2 itself
+    row_parallel_backward(in ? d.atty : NULL, g.attprojw, g.attprojb, d.residual2, a.atty, p.attprojw, BT, Cl, C, fresh);
+    if (in) attention_backward(d.qkv, d.atty, a.qkv, a.att, B, T, Cl, m->shard.NHl);
+    column_parallel_backward(par, in ? d.ln1 : NULL, g.qkvw, g.qkvb, d.qkv, a.ln1, p.qkvw, BT, C, 3 * Cl, fresh);
+    layernorm_backward(in ? dx : NULL, g.ln1w, g.ln1b, d.ln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd, BT, C, fresh);
 }
 
 // ----------------------------------------------------------------------------
@@ -620,12 +654,15 @@ static void stage_forward(GPT2 *m, Acts *a, int with_loss) {
     if (s->last) head_forward(m, a, with_loss);
 }
 
-// dloss = d(objective)/d(loss at one position): 1 / (all positions of the step)
-static void stage_backward(GPT2 *m, Acts *a, float dloss) {
+// dloss = d(objective)/d(loss at one position): 1 / (all positions of the
+// step). d: the activation gradients (m->dacts, or with the backward split
+// the micro-batch's own, which its W reads). part: BACK_ALL, or BACK_INPUT
+// then later BACK_WEIGHTS (block_backward): the head's, the layers' and the
+// embeddings' weight gradients all wait for W, in the same order.
+static void stage_backward_part(GPT2 *m, Acts *a, Acts *d, float dloss, int part) {
     const Shard *s = &m->shard;
     const GPT2Config *c = &m->config;
-    Acts *d = &m->dacts;
-    int B = m->B, T = m->T, C = c->C, BT = B * T;
+    int B = m->B, T = m->T, C = c->C, BT = B * T, in = part != BACK_WEIGHTS, wt = part != BACK_INPUT;
     size_t btc = (size_t)BT * C;
     // most activation gradients are written by the one layer that makes
     // them (cpu_layers.h); two are added to and start cleared: qkv's, which
@@ -633,43 +670,56 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) {
     // the last block, which only the final LayerNorm's backward adds to.
     // (The attention weights' is never made: attention_backward goes from
     // dout to dqkv directly.)
-    zero_floats(d->t[A_QKV], (size_t)s->nl * 3 * BT * m->shard.Cl);
+    if (in) zero_floats(d->t[A_QKV], (size_t)s->nl * 3 * BT * m->shard.Cl);
     if (s->last) {
-        zero_floats(block_input(m, d, s->nl), btc);
-        float *lnf = unit_acquire(m, m->ut.u_lnf), *wte = unit_acquire(m, m->ut.u_wte);
-        float *dlnf = unit_grad_begin(m, m->ut.u_lnf), *dwte = unit_grad_begin(m, m->ut.u_wte);
+        if (in) zero_floats(block_input(m, d, s->nl), btc);
+        float *lnf = in ? unit_acquire(m, m->ut.u_lnf) : NULL, *wte = in ? unit_acquire(m, m->ut.u_wte) : NULL;
+        float *dlnf = wt ? unit_grad_begin(m, m->ut.u_lnf) : NULL, *dwte = wt ? unit_grad_begin(m, m->ut.u_wte) : NULL;
         // the probabilities, in the logits' place since the forward, become
-        // the logits' gradient in place: nothing reads them after, and the
-        // gradient's own buffer is never touched
+        // the logits' gradient in place: nothing reads them after (but a
+        // split backward's W), and the gradient's own buffer is never touched
         float *dlogits = a->t[A_LOGITS];
-        vocab_parallel_cross_entropy_backward(dlogits, a->t[A_LOGITS], a->t[A_ROWSUM], a->targets, dloss, s->v0, BT,
-                                              s->Vl, s->nreal);
-        column_parallel_backward(m->par, d->t[A_LNF], dwte, NULL, dlogits, a->t[A_LNF], wte, BT, C, s->Vl,
+        if (in)
+            vocab_parallel_cross_entropy_backward(dlogits, a->t[A_LOGITS], a->t[A_ROWSUM], a->targets, dloss, s->v0, BT,
+                                                  s->Vl, s->nreal);
+        column_parallel_backward(m->par, in ? d->t[A_LNF] : NULL, dwte, NULL, dlogits, a->t[A_LNF], wte, BT, C, s->Vl,
                                  m->grads_fresh);
-        layernorm_backward(block_input(m, d, s->nl), dlnf, dlnf + C, d->t[A_LNF], block_input(m, a, s->nl),
-                           lnf, a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], BT, C, m->grads_fresh);
-        unit_release(m, m->ut.u_lnf);
-        unit_release(m, m->ut.u_wte);
-        unit_grad_end(m, m->ut.u_lnf);
-        if (!s->first) unit_grad_end(m, m->ut.u_wte);
-    } else {
+        layernorm_backward(in ? block_input(m, d, s->nl) : NULL, dlnf, dlnf != NULL ? dlnf + C : NULL, d->t[A_LNF],
+                           block_input(m, a, s->nl), lnf, a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], BT, C, m->grads_fresh);
+        if (in) {
+            unit_release(m, m->ut.u_lnf);
+            unit_release(m, m->ut.u_wte);
+        }
+        if (wt) {
+            unit_grad_end(m, m->ut.u_lnf);
+            if (!s->first) unit_grad_end(m, m->ut.u_wte);
+        }
+    } else if (in) {
         memcpy(block_input(m, d, s->nl), m->grad_in, btc * sizeof(float));
     }
     for (int ll = s->nl - 1; ll >= 0; ll--) {
         int u = m->ut.u_layer0 + ll;
-        LayerParams p = layer_params_at(c, s, unit_acquire(m, u)), g = layer_params_at(c, s, unit_grad_begin(m, u));
-        block_backward(m, p, g, layer_acts(m, a, ll), layer_acts(m, d, ll), block_input(m, a, ll), block_input(m, d, ll));
-        unit_release(m, u);
-        unit_grad_end(m, u);
+        LayerParams p, g;
+        memset(&p, 0, sizeof(p));
+        memset(&g, 0, sizeof(g));
+        if (in) p = layer_params_at(c, s, unit_acquire(m, u));
+        if (wt) g = layer_params_at(c, s, unit_grad_begin(m, u));
+        block_backward(m, p, g, layer_acts(m, a, ll), layer_acts(m, d, ll), block_input(m, a, ll), block_input(m, d, ll),
+                       part);
+        if (in) unit_release(m, u);
+        if (wt) unit_grad_end(m, u);
     }
-    if (s->first) {
+    if (s->first && wt) {
         float *dwte = unit_grad_begin(m, m->ut.u_wte), *dwpe = unit_grad_begin(m, m->ut.u_wpe);
         vocab_parallel_embedding_backward(dwte, dwpe, d->t[A_ENCODED], a->inputs, s->v0, s->Vl, B, T, C);
         unit_grad_end(m, m->ut.u_wpe);
         unit_grad_end(m, m->ut.u_wte);
     }
-    m->grads_fresh = 0;
+    if (wt) m->grads_fresh = 0;
 }
+
+// the whole backward of micro-batch a, through m->dacts
+static void stage_backward(GPT2 *m, Acts *a, float dloss) { stage_backward_part(m, a, &m->dacts, dloss, BACK_ALL); }
 
 // ----------------------------------------------------------------------------
 // the optimizer step: gradients summed over data-parallel ranks (ZeRO-0:
@@ -1002,10 +1052,14 @@ static int gpt2_load_optimizer(GPT2 *m, const char *path, const uint8_t key[32],
 // where a message's B*T*C floats live: an activation arrives as the
 // micro-batch's block input and leaves as its stage output; a gradient
 // arrives in grad_in and leaves from the gradient of the stage's input
+// the activation gradients of micro-batch mb's backward: its own set where
+// the backward is split (its W reads them later), else the one shared set
+static Acts *grads_of(GPT2 *m, int mb) { return m->dsets != NULL ? &m->dsets[mb % m->nacts] : &m->dacts; }
+
 static float *pipe_buffer(GPT2 *m, PipeMsg msg, int incoming) {
     Acts *a = &m->acts[msg.mb % m->nacts];
     if (msg.channel == CH_ACTIVATION) return incoming ? a->t[A_ENCODED] : block_input(m, a, m->shard.nl);
-    return incoming ? m->grad_in : m->dacts.t[A_ENCODED];
+    return incoming ? m->grad_in : grads_of(m, msg.mb)->t[A_ENCODED];
 }
 
 static void pipe_recv(GPT2 *m, PipeMsg in) {
@@ -1037,8 +1091,10 @@ static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n
         if (st->op.kind == PIPE_F) {
             stage_forward(m, a, 1);
             m->loss_sum += a->mean_loss;
-        } else {
+        } else if (m->dsets == NULL) {
             stage_backward(m, a, dloss);
+        } else {  // the backward split: B the input's gradient, W later the weights'
+            stage_backward_part(m, a, grads_of(m, st->op.mb), dloss, st->op.kind == PIPE_W ? BACK_WEIGHTS : BACK_INPUT);
         }
         pipe_send(m, st->send, st->next_recv);
     }
@@ -1415,7 +1471,7 @@ int main(int argc, char **argv) {
     char err[1024], path[1024];
     trainer_name = "train_gpt2";
     // the job, checked once, by the launcher, before any rank starts
-    TrainerBuild build = {"the CPU trainer", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B};  // fp32 throughout, no fused GELU
+    TrainerBuild build = {"the CPU trainer", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_ZBH1};  // fp32 throughout, no fused GELU
     parse_flags(&job, argc, argv, "", &build);
 #ifdef _OPENMP
     if (job.opt.threads > 0) omp_set_num_threads(job.opt.threads);
@@ -1436,6 +1492,8 @@ int main(int argc, char **argv) {
     open_tokenizer_and_log(&job, &par.grid);
     GPT2 model;
     gpt2_init_rank(&model, &job.config, params, (uint64_t)job.opt.seed, B, T, &par, activation_sets(&job, &par.grid));
+    PipeLayout layout = job_pipeline(&job.opt, par.grid.pp, accum);
+    if (pipeline_splits_backward(&layout)) gpt2_split_backward(&model);
     free(params);
     snprintf(path, sizeof(path), "%s/optim.bin", job.ck_dir);
     if (job.resuming && gpt2_load_optimizer(&model, path, job.ckpt_key, job.ck.adam_t, err, sizeof(err)) != 0)

@@ -120,43 +120,55 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
 // dx for one row, and the row's terms of dweight and dbias added to pw, pb
 static void layernorm_backward_row(float *dx, float *pw, float *pb, const float *d, const float *x,
                                    const float *weight, float m, float s, int C) {
-    // dnorm = d * weight; dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm))
+    // dnorm = d * weight; dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)).
+    // dx NULL: the weights' sums alone; pw NULL: dx alone (a split backward's W and B)
     float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
     int i = 0;
+    if (dx != NULL) {
 #ifdef VEC_MATH
-    vec_f sum1 = vec_splat(0.0f), sum2 = vec_splat(0.0f);
-    for (; i + VEC_LANES <= C; i += VEC_LANES) {
-        vec_f norm = (vec_load(x + i) - m) * s, dnorm = vec_load(weight + i) * vec_load(d + i);
-        sum1 += dnorm;
-        sum2 += dnorm * norm;
-    }
-    dnorm_mean = vec_sum(sum1);
-    dnorm_norm_mean = vec_sum(sum2);
+        vec_f sum1 = vec_splat(0.0f), sum2 = vec_splat(0.0f);
+        for (; i + VEC_LANES <= C; i += VEC_LANES) {
+            vec_f norm = (vec_load(x + i) - m) * s, dnorm = vec_load(weight + i) * vec_load(d + i);
+            sum1 += dnorm;
+            sum2 += dnorm * norm;
+        }
+        dnorm_mean = vec_sum(sum1);
+        dnorm_norm_mean = vec_sum(sum2);
 #endif
-    for (; i < C; i++) {
-        float norm = (x[i] - m) * s, dnorm = weight[i] * d[i];
-        dnorm_mean += dnorm;
-        dnorm_norm_mean += dnorm * norm;
+        for (; i < C; i++) {
+            float norm = (x[i] - m) * s, dnorm = weight[i] * d[i];
+            dnorm_mean += dnorm;
+            dnorm_norm_mean += dnorm * norm;
+        }
+        dnorm_mean /= C;
+        dnorm_norm_mean /= C;
     }
-    dnorm_mean /= C;
-    dnorm_norm_mean /= C;
     i = 0;
 #ifdef VEC_MATH
     for (; i + VEC_LANES <= C; i += VEC_LANES) {
-        vec_f di = vec_load(d + i), norm = (vec_load(x + i) - m) * s, dnorm = vec_load(weight + i) * di;
-        vec_store(pb + i, vec_load(pb + i) + di);
-        vec_store(pw + i, vec_load(pw + i) + norm * di);
-        vec_store(dx + i, vec_load(dx + i) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
+        vec_f di = vec_load(d + i), norm = (vec_load(x + i) - m) * s;
+        if (pw != NULL) {
+            vec_store(pb + i, vec_load(pb + i) + di);
+            vec_store(pw + i, vec_load(pw + i) + norm * di);
+        }
+        if (dx != NULL)
+            vec_store(dx + i, vec_load(dx + i) + (vec_load(weight + i) * di - dnorm_mean - norm * dnorm_norm_mean) * s);
     }
 #endif
     for (; i < C; i++) {
-        float norm = (x[i] - m) * s, dnorm = weight[i] * d[i];
-        pb[i] += d[i];
-        pw[i] += norm * d[i];
-        dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        float norm = (x[i] - m) * s;
+        if (pw != NULL) {
+            pb[i] += d[i];
+            pw[i] += norm * d[i];
+        }
+        if (dx != NULL) dx[i] += (weight[i] * d[i] - dnorm_mean - norm * dnorm_norm_mean) * s;
     }
 }
 
+// dinp += the input's gradient, dweight and dbias += the weights' (fresh:
+// =). A split backward (pipeline schedules with W ops) calls it twice: with
+// dweight NULL for the input's gradient (B), then with dinp NULL for the
+// weights' (W); each part computes what the whole call does, bit for bit.
 static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                const float *weight, const float *mean, const float *rstd, int N, int C, int fresh) {
     // dweight/dbias are sums over all N rows: each block of LN_BLOCK rows
@@ -164,19 +176,23 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
     // partials are added in block order: the same sums whatever the number
     // of threads
     int nblocks = (N + LN_BLOCK - 1) / LN_BLOCK;
-    float *partial = (float *)calloc((size_t)nblocks * 2 * C, sizeof(float));
-    if (partial == NULL) {
-        fprintf(stderr, "train_gpt2: out of memory for %d x %d LayerNorm partial sums\n", nblocks, 2 * C);
-        exit(1);
+    float *partial = NULL;
+    if (dweight != NULL) {
+        partial = (float *)calloc((size_t)nblocks * 2 * C, sizeof(float));
+        if (partial == NULL) {
+            fprintf(stderr, "train_gpt2: out of memory for %d x %d LayerNorm partial sums\n", nblocks, 2 * C);
+            exit(1);
+        }
     }
     #pragma omp parallel for schedule(dynamic)
     for (int blk = 0; blk < nblocks; blk++) {
-        float *pw = partial + (size_t)blk * 2 * C, *pb = pw + C;
+        float *pw = partial != NULL ? partial + (size_t)blk * 2 * C : NULL, *pb = pw != NULL ? pw + C : NULL;
         int end = (blk + 1) * LN_BLOCK < N ? (blk + 1) * LN_BLOCK : N;
         for (int n = blk * LN_BLOCK; n < end; n++)
-            layernorm_backward_row(dinp + (size_t)n * C, pw, pb, dout + (size_t)n * C, inp + (size_t)n * C, weight,
-                                   mean[n], rstd[n], C);
+            layernorm_backward_row(dinp != NULL ? dinp + (size_t)n * C : NULL, pw, pb, dout + (size_t)n * C,
+                                   inp + (size_t)n * C, weight, mean[n], rstd[n], C);
     }
+    if (partial == NULL) return;
     for (int i = 0; i < C; i++) {
         float w = fresh ? 0.0f : dweight[i], b = fresh ? 0.0f : dbias[i];
         for (int blk = 0; blk < nblocks; blk++) {
@@ -199,10 +215,13 @@ static void matmul_forward(float *out, const float *inp, const float *weight, co
     matmul_blocked_set(out, OC, bias, inp, IC, 1, weight, 1, IC, N, OC, IC);
 }
 
+// dinp NULL: the weights' part alone (a split backward's W); dweight NULL:
+// dinp alone (its B), with dbias left as it is
 static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int N, int IC, int OC, int fresh) {
     // dinp[N,IC] = dout[N,OC] @ weight[OC,IC]
-    matmul_blocked_set(dinp, IC, NULL, dout, OC, 1, weight, IC, 1, N, IC, OC);
+    if (dinp != NULL) matmul_blocked_set(dinp, IC, NULL, dout, OC, 1, weight, IC, 1, N, IC, OC);
+    if (dweight == NULL) return;
     // dweight[OC,IC] += dout^T[OC,N] @ inp[N,IC] (fresh: =)
     if (fresh) matmul_blocked_set(dweight, IC, NULL, dout, 1, OC, inp, IC, 1, OC, IC, N);
     else matmul_blocked(dweight, IC, dout, 1, OC, inp, IC, 1, OC, IC, N);
