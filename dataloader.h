@@ -347,6 +347,7 @@ typedef struct {
     size_t chunk_buf_bytes;
     int chunk_shard;
     uint64_t chunk_index;
+    uint64_t chunks_decrypted;  // chunks read, checked and decrypted for windows so far (the tests count them)
     char err[1024];
     char *warnings;             // lines about the shards skipped, or NULL
 } DataLoader;
@@ -862,6 +863,7 @@ static int dl_read_sealed(DataLoader *dl, int shard, uint64_t offset, size_t n, 
                 return -1;
             dl->chunk_shard = shard;
             dl->chunk_index = i;
+            dl->chunks_decrypted++;
         }
         memcpy(out, dl->chunk_buf + within, take);
         out += take; offset += take; n -= take;

@@ -1101,10 +1101,20 @@ static void test_encrypted_shards(void) {
     if (check(opened, "encrypted shards: the loader opens them with the key (%s)", opened ? "ok" : err)) {
         long batches = dataloader_batches_per_epoch(&a);
         int same = batches == dataloader_batches_per_epoch(&b) && batches > 300;
-        for (long k = 0; k < batches && same; k++)
+        uint64_t decrypted = b.chunks_decrypted, most = 0;
+        for (long k = 0; k < batches && same; k++) {
+            uint64_t before = b.chunks_decrypted;
             same = dataloader_next(&a, in_a, tg_a) == 0 && dataloader_next(&b, in_b, tg_b) == 0 &&
                    memcmp(in_a, in_b, sizeof(in_a)) == 0 && memcmp(tg_a, tg_b, sizeof(tg_a)) == 0;
+            most = b.chunks_decrypted - before > most ? b.chunks_decrypted - before : most;
+        }
         check(same, "encrypted shards: the same %ld batches as the plain shards (%s)", batches, b.err);
+        // in order, a 16 KiB window inside the 1 MiB chunk held decrypts nothing new, and one that
+        // runs past it only the next: each chunk of the 3 shards (3 + 3 + 1) once in the epoch
+        decrypted = b.chunks_decrypted - decrypted;
+        check(same && decrypted == 7 && most == 1, "encrypted shards: an epoch of %ld batches decrypts each of the 7 "
+              "chunks once (%llu decrypted, at most %llu for one batch)", batches, (unsigned long long)decrypted,
+              (unsigned long long)most);
         // a byte changed after the open, in a chunk the loader decrypts only
         // later (it holds chunk 0 of the shard): the batch that reaches that
         // chunk is refused, naming it
