@@ -58,6 +58,8 @@
  *     CkptOut, ckpt_out_open_at, ckpt_out_open, ckpt_out_pwrite, ckpt_out_close
  *                         one file open for a rank's writes at plaintext
  *                         offsets, encrypted at their places when sealed
+ *     ckpt_ghash_append, ckpt_ghash_sum, ckpt_seal_tags
+ *                         a sealed file's tags from its writers' GHASH shares
  *     ckpt_begin_at, ckpt_seal_at (ckpt_begin, ckpt_seal: by path, for tests)
  *                         rank 0's steps: the .partial directory made, then
  *                         sealed and given its final name
@@ -107,9 +109,11 @@
  * derived from the checkpoint key, so a copy of the volume without the key
  * tells nothing but the sizes. Each file's first bytes say which it is, so
  * any run reads either kind; the MANIFEST (over the sealed bytes) stays as it
- * is. A rank encrypts what it writes at its place; once all have, rank 0
- * reads each file once for both each chunk's tag and the MANIFEST's
- * SHA-256 of it. A resuming rank decrypts only the chunks that hold its
+ * is. A rank encrypts what it writes at its place and, in the same pass,
+ * makes its GHASH shares of the chunks' tags, which it appends to NAME.ghash
+ * (ckpt_ghash_append); once all have, rank 0 adds them up into the tags and
+ * reads each file once for the MANIFEST's SHA-256, as for a plain
+ * checkpoint (ckpt_seal_tags). A resuming rank decrypts only the chunks that hold its
  * part of model.bin and optim.bin (ckpt_mark_chunks), each checked against
  * its tag. doc/security.md has more.
  *
