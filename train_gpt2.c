@@ -65,6 +65,7 @@ typedef struct {
     Group world, dp, tp, pp;
     Group tied;      // the first and the last pipeline stage of my (dp, tp): they share wte
     int zero;        // ZeRO stage 0-3
+    PipeLayout pipe; // the schedule's placement of the model's parts on the stages (its M is not used)
     Launch launch;   // how this process was started (its key, its rendezvous)
 } Parallel;
 
@@ -74,6 +75,7 @@ static void par_single(Parallel *par) {
     grid_init(&par->grid, 1, 1, 1, 0, err, sizeof(err));
     grid_groups(&par->grid, &par->world, &par->dp, &par->tp, &par->pp);
     par->tied = par->pp;
+    par->pipe = pipe_layout(PIPE_GPIPE, 1, 1, 1);
 }
 
 static void group_allreduce(const Parallel *par, const Group *g, float *buf, size_t n) {
@@ -109,7 +111,9 @@ typedef struct {
     void *block;               // what to free: memory itself, or for the gradients calloc's block that holds it
     float *t[NUM_ACT_TENSORS];
     int *inputs, *targets;     // B*T each
-    float mean_loss;           // of this micro-batch (last stage)
+    float mean_loss;           // of this micro-batch (on the last part)
+    float *grad_in;            // B*T*C: the gradient of the chunk's output, from the part after (NULL on a
+                               // stage that holds only the last part); per set, as it may come before its B
 } Acts;
 
 typedef struct { float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *attproj, *residual2,
@@ -128,13 +132,16 @@ typedef struct {
     float **unit_params, **unit_grads;  // per unit: where its full values / gradients are now (NULL when not held)
     size_t bytes_params, bytes_grads, bytes_optimizer, bytes_transient_peak, bytes_transient;
     int B, T, nacts;
-    Acts *acts;                // nacts sets, a micro-batch uses set mb % nacts
+    Acts *acts;                // nacts sets, each sized for the stage's largest chunk; in a step, a micro-batch
+                               // on a chunk takes one from set_of (pipeline_run), outside the steps set i % nacts
     Acts dacts;
     Acts *dsets;               // with the backward split (gpt2_split_backward): nacts sets of activation gradients, kept from a micro-batch's B to its W; else NULL
-    float *grad_in;            // B*T*C: the gradient of this stage's output, from the next stage
+    int steps_M, *set_of;      // the step's micro-batches; set_of[mb * V + chunk]: its set, -1 when none (gpt2_pipeline)
+    int *set_busy;             // nacts: whether a set is taken
     size_t act_sizes[NUM_ACT_TENSORS];  // in floats, each rounded up to a cache line's 16
     int adam_t;
-    int grads_fresh;           // the gradients hold nothing of this step yet: the backward writes them (gpt2_zero_grad)
+    int grads_fresh;           // bit k: chunk k's gradients hold nothing of this step yet, so its backward
+                               // writes them (gpt2_zero_grad sets all; 0: every backward adds)
     float loss_sum;            // this step's micro-batch mean losses, summed (last stage; gpt2_zero_losses)
     float norm;                // this step's grad norm, before clipping (gpt2_step_loss)
     float *digests;            // dp > 1: -ck's SHA-256 of every tensor of every replica, each 32 bytes as 8 floats (small: made whether or not -ck is on)
@@ -215,6 +222,11 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, const Parallel *par, const 
     m->par = par;
     const Grid *g = &par->grid;
     m->shard = shard_for(c, g->tp, g->tp_rank, g->pp, g->pp_rank, g->dp, g->dp_rank);
+    if (par->pipe.V > 1) {  // the stage's chunks where the schedule places them
+        int parts[SHARD_MAXV];
+        for (int k = 0; k < par->pipe.V; k++) parts[k] = pipeline_part(&par->pipe, g->pp_rank, k);
+        shard_set_chunks(&m->shard, c, par->pipe.V, parts);
+    }
     if (unit_table(&m->ut, c, &m->shard, 1) != 0) {
         fprintf(stderr, "out of memory allocating the unit table\n");
         exit(1);
@@ -295,7 +307,7 @@ static size_t acts_total(const GPT2 *m) {
     return total;
 }
 
-static void acts_free(Acts *a) { free(a->block); free(a->inputs); free(a->targets); }
+static void acts_free(Acts *a) { free(a->block); free(a->inputs); free(a->targets); free(a->grad_in); }
 
 // a backward split in B and W (pipeline schedules zbh1, zbv): each activation
 // set gets its own set of activation gradients, which a micro-batch's B
@@ -308,7 +320,7 @@ static void gpt2_split_backward(GPT2 *m) {
 static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
     const GPT2Config *c = &m->config;
     const Shard *s = &m->shard;
-    size_t BT = (size_t)B * T, C = c->C, nl = s->nl, Cl = s->Cl;
+    size_t BT = (size_t)B * T, C = c->C, nl = (size_t)shard_max_chunk(s), Cl = s->Cl;
     size_t *z = m->act_sizes;
     memset(z, 0, sizeof(m->act_sizes));
     z[A_ENCODED] = BT * C;  // the stage's input: the embeddings, or what the previous stage sent
@@ -332,7 +344,17 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
     m->nacts = nacts;
     m->acts = (Acts *)xcalloc(nacts + 1, sizeof(Acts), "activation sets");
     for (int k = 0; k <= nacts; k++) acts_alloc(m, k < nacts ? &m->acts[k] : &m->dacts, k == nacts, total);
-    if (!s->last) m->grad_in = (float *)xcalloc(BT * C, sizeof(float), "incoming gradient");
+    for (int k = 0; k < nacts && (!s->last || s->nchunks > 1); k++)
+        m->acts[k].grad_in = (float *)xcalloc(BT * C, sizeof(float), "incoming gradient");
+    m->set_busy = (int *)xcalloc(nacts, sizeof(int), "activation set marks");
+}
+
+// the step's shape: M micro-batches on the stage's chunks, each taking an
+// activation set of its own from its first message or op to its last op
+static void gpt2_pipeline(GPT2 *m, int M) {
+    m->steps_M = M;
+    m->set_of = (int *)xcalloc((size_t)M * m->shard.nchunks, sizeof(int), "activation set map");
+    for (int i = 0; i < M * m->shard.nchunks; i++) m->set_of[i] = -1;
 }
 
 // this rank's part of the model (gpt2_build) and nacts sets of
@@ -350,7 +372,7 @@ static void gpt2_free(GPT2 *m) {
     free(m->dsets);
     if (m->par->zero == 3)
         for (int u = 0; u < m->ut.n; u++) free(m->unit_params[u]);
-    free(m->grad_in);
+    free(m->set_of); free(m->set_busy);
     free(m->digests);
     free(m->acts); free(m->ut.units); free(m->unit_params); free(m->unit_grads);
 }
@@ -368,7 +390,7 @@ static LayerActs layer_acts(const GPT2 *m, const Acts *a, int ll) {
     return v;
 }
 
-// the residual stream entering local layer ll (ll = nl: leaving the stage)
+// the residual stream entering the chunk's layer ll (ll = its nl: leaving the chunk)
 static float *block_input(const GPT2 *m, const Acts *a, int ll) {
     size_t btc = (size_t)m->B * m->T * m->config.C;
     return ll == 0 ? a->t[A_ENCODED] : a->t[A_RESIDUAL3] + (ll - 1) * btc;
@@ -585,9 +607,9 @@ enum { BACK_ALL, BACK_INPUT, BACK_WEIGHTS };
 // part: BACK_INPUT leaves g alone, BACK_WEIGHTS reads d and writes g alone
 // (p unused), in the same order
 static void block_backward(GPT2 *m, LayerParams p, LayerParams g, LayerActs a, LayerActs d, const float *x, float *dx,
-                           int part) {
+                           int part, int fresh) {
     const Parallel *par = m->par;
-    int B = m->B, T = m->T, C = m->config.C, Cl = m->shard.Cl, BT = B * T, fresh = m->grads_fresh;
+    int B = m->B, T = m->T, C = m->config.C, Cl = m->shard.Cl, BT = B * T;
     int in = part != BACK_WEIGHTS;
     size_t btc = (size_t)BT * C;
     if (part == BACK_INPUT) memset(&g, 0, sizeof(g));  // NULL: no weight gradients
@@ -626,11 +648,11 @@ static void embed_forward(GPT2 *m, Acts *a) {
 // final LayerNorm, logits over my vocabulary rows, the loss (mean over B*T).
 // With the loss the logits become the softmax in place, so a caller that
 // reads the logits (sampling, a test) runs without it.
-static void head_forward(GPT2 *m, Acts *a, int with_loss) {
+static void head_forward(GPT2 *m, Acts *a, int nl, int with_loss) {
     const Shard *s = &m->shard;
     int BT = m->B * m->T, C = m->config.C;
     float *lnf = unit_acquire(m, m->ut.u_lnf), *wte = unit_acquire(m, m->ut.u_wte);
-    layernorm_forward(a->t[A_LNF], a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], block_input(m, a, s->nl), lnf, lnf + C, BT, C);
+    layernorm_forward(a->t[A_LNF], a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], block_input(m, a, nl), lnf, lnf + C, BT, C);
     column_parallel_forward(a->t[A_LOGITS], a->t[A_LNF], wte, NULL, BT, C, s->Vl);
     unit_release(m, m->ut.u_lnf);
     unit_release(m, m->ut.u_wte);
@@ -642,16 +664,30 @@ static void head_forward(GPT2 *m, Acts *a, int with_loss) {
     a->mean_loss = (float)(sum / BT);
 }
 
-static void stage_forward(GPT2 *m, Acts *a, int with_loss) {
+// whether chunk k of this stage holds the model's first / last part
+static int chunk_first(const Shard *s, int k) { return s->chunk[k].part == 0; }
+static int chunk_last(const Shard *s, int k) { return s->chunk[k].part == s->pp * s->nchunks - 1; }
+
+// the forward of chunk k on set a: the embeddings on part 0, the chunk's
+// layers (units u_layer0 + its offset among the stage's layers), the head on
+// the last part
+static void chunk_forward(GPT2 *m, Acts *a, int k, int with_loss) {
     const Shard *s = &m->shard;
-    if (s->first) embed_forward(m, a);
-    for (int ll = 0; ll < s->nl; ll++) {
-        int u = m->ut.u_layer0 + ll;
+    const ShardChunk *ch = &s->chunk[k];
+    if (chunk_first(s, k)) embed_forward(m, a);
+    for (int ll = 0; ll < ch->nl; ll++) {
+        int u = m->ut.u_layer0 + ch->off + ll;
         LayerParams p = layer_params_at(&m->config, s, unit_acquire(m, u));
         block_forward(m, p, layer_acts(m, a, ll), block_input(m, a, ll));
         unit_release(m, u);
     }
-    if (s->last) head_forward(m, a, with_loss);
+    if (chunk_last(s, k)) head_forward(m, a, ch->nl, with_loss);
+}
+
+// the stage's whole forward (one chunk; several only on one rank, pp = 1,
+// where they follow each other)
+static void stage_forward(GPT2 *m, Acts *a, int with_loss) {
+    for (int k = 0; k < m->shard.nchunks; k++) chunk_forward(m, a, k, with_loss);
 }
 
 // dloss = d(objective)/d(loss at one position): 1 / (all positions of the
@@ -659,10 +695,11 @@ static void stage_forward(GPT2 *m, Acts *a, int with_loss) {
 // the micro-batch's own, which its W reads). part: BACK_ALL, or BACK_INPUT
 // then later BACK_WEIGHTS (block_backward): the head's, the layers' and the
 // embeddings' weight gradients all wait for W, in the same order.
-static void stage_backward_part(GPT2 *m, Acts *a, Acts *d, float dloss, int part) {
+static void chunk_backward(GPT2 *m, Acts *a, Acts *d, float dloss, int part, int k) {
     const Shard *s = &m->shard;
     const GPT2Config *c = &m->config;
     int B = m->B, T = m->T, C = c->C, BT = B * T, in = part != BACK_WEIGHTS, wt = part != BACK_INPUT;
+    int nl = s->chunk[k].nl, fresh = m->grads_fresh >> k & 1;
     size_t btc = (size_t)BT * C;
     // most activation gradients are written by the one layer that makes
     // them (cpu_layers.h); two are added to and start cleared: qkv's, which
@@ -670,9 +707,9 @@ static void stage_backward_part(GPT2 *m, Acts *a, Acts *d, float dloss, int part
     // the last block, which only the final LayerNorm's backward adds to.
     // (The attention weights' is never made: attention_backward goes from
     // dout to dqkv directly.)
-    if (in) zero_floats(d->t[A_QKV], (size_t)s->nl * 3 * BT * m->shard.Cl);
-    if (s->last) {
-        if (in) zero_floats(block_input(m, d, s->nl), btc);
+    if (in) zero_floats(d->t[A_QKV], (size_t)nl * 3 * BT * m->shard.Cl);
+    if (chunk_last(s, k)) {
+        if (in) zero_floats(block_input(m, d, nl), btc);
         float *lnf = in ? unit_acquire(m, m->ut.u_lnf) : NULL, *wte = in ? unit_acquire(m, m->ut.u_wte) : NULL;
         float *dlnf = wt ? unit_grad_begin(m, m->ut.u_lnf) : NULL, *dwte = wt ? unit_grad_begin(m, m->ut.u_wte) : NULL;
         // the probabilities, in the logits' place since the forward, become
@@ -683,9 +720,9 @@ static void stage_backward_part(GPT2 *m, Acts *a, Acts *d, float dloss, int part
             vocab_parallel_cross_entropy_backward(dlogits, a->t[A_LOGITS], a->t[A_ROWSUM], a->targets, dloss, s->v0, BT,
                                                   s->Vl, s->nreal);
         column_parallel_backward(m->par, in ? d->t[A_LNF] : NULL, dwte, NULL, dlogits, a->t[A_LNF], wte, BT, C, s->Vl,
-                                 m->grads_fresh);
-        layernorm_backward(in ? block_input(m, d, s->nl) : NULL, dlnf, dlnf != NULL ? dlnf + C : NULL, d->t[A_LNF],
-                           block_input(m, a, s->nl), lnf, a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], BT, C, m->grads_fresh);
+                                 fresh);
+        layernorm_backward(in ? block_input(m, d, nl) : NULL, dlnf, dlnf != NULL ? dlnf + C : NULL, d->t[A_LNF],
+                           block_input(m, a, nl), lnf, a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], BT, C, fresh);
         if (in) {
             unit_release(m, m->ut.u_lnf);
             unit_release(m, m->ut.u_wte);
@@ -695,31 +732,31 @@ static void stage_backward_part(GPT2 *m, Acts *a, Acts *d, float dloss, int part
             if (!s->first) unit_grad_end(m, m->ut.u_wte);
         }
     } else if (in) {
-        memcpy(block_input(m, d, s->nl), m->grad_in, btc * sizeof(float));
+        memcpy(block_input(m, d, nl), a->grad_in, btc * sizeof(float));
     }
-    for (int ll = s->nl - 1; ll >= 0; ll--) {
-        int u = m->ut.u_layer0 + ll;
+    for (int ll = nl - 1; ll >= 0; ll--) {
+        int u = m->ut.u_layer0 + s->chunk[k].off + ll;
         LayerParams p, g;
         memset(&p, 0, sizeof(p));
         memset(&g, 0, sizeof(g));
         if (in) p = layer_params_at(c, s, unit_acquire(m, u));
         if (wt) g = layer_params_at(c, s, unit_grad_begin(m, u));
         block_backward(m, p, g, layer_acts(m, a, ll), layer_acts(m, d, ll), block_input(m, a, ll), block_input(m, d, ll),
-                       part);
+                       part, fresh);
         if (in) unit_release(m, u);
         if (wt) unit_grad_end(m, u);
     }
-    if (s->first && wt) {
+    if (chunk_first(s, k) && wt) {
         float *dwte = unit_grad_begin(m, m->ut.u_wte), *dwpe = unit_grad_begin(m, m->ut.u_wpe);
         vocab_parallel_embedding_backward(dwte, dwpe, d->t[A_ENCODED], a->inputs, s->v0, s->Vl, B, T, C);
         unit_grad_end(m, m->ut.u_wpe);
         unit_grad_end(m, m->ut.u_wte);
     }
-    if (wt) m->grads_fresh = 0;
+    if (wt) m->grads_fresh &= ~(1 << k);
 }
 
-// the whole backward of micro-batch a, through m->dacts
-static void stage_backward(GPT2 *m, Acts *a, float dloss) { stage_backward_part(m, a, &m->dacts, dloss, BACK_ALL); }
+// the whole backward of micro-batch a, through m->dacts (one chunk per stage)
+static void stage_backward(GPT2 *m, Acts *a, float dloss) { chunk_backward(m, a, &m->dacts, dloss, BACK_ALL, 0); }
 
 // ----------------------------------------------------------------------------
 // the optimizer step: gradients summed over data-parallel ranks (ZeRO-0:
@@ -735,7 +772,7 @@ static void stage_backward(GPT2 *m, Acts *a, float dloss) { stage_backward_part(
 // shard, which is cleared.
 static void gpt2_zero_grad(GPT2 *m) {
     const Shard *s = &m->shard;
-    m->grads_fresh = 1;
+    m->grads_fresh = (1 << s->nchunks) - 1;
     if (m->grads && s->first) {
         const Unit *wpe = &m->ut.units[m->ut.u_wpe], *wte = &m->ut.units[m->ut.u_wte];
         zero_floats(m->grads + wpe->offset, wpe->padded);
@@ -923,7 +960,7 @@ static void gpt2_export(GPT2 *m, float *const *unit_data, float *full) {
 static float *tensor_view(const GPT2 *m, float *const *unit_data, int t, int layer) {
     for (int u = 0; u < m->ut.n; u++) {
         const Unit *un = &m->ut.units[u];
-        if (un->kind >= U_LAYER0 && un->kind - U_LAYER0 + m->shard.l0 != layer) continue;
+        if (un->kind >= U_LAYER0 && unit_layer(&m->shard, un) != layer) continue;
         float *p = unit_data[u];
         for (int k = 0; k < unit_tensor_count(un->kind); k++) {
             if (unit_tensor(un->kind, k) == t) return p;
@@ -1047,26 +1084,83 @@ static int gpt2_load_optimizer(GPT2 *m, const char *path, const uint8_t key[32],
 // (pipeline.h's pipeline_plan): an op's input received alone before it, or
 // with the previous op's send as one exchange, where two neighbours would
 // otherwise both send first and wait on each other once a message outgrows
-// the ring. pipeline_check plays these plans in test_parallel.
+// the ring. With chunks (-ps interleaved) the plan follows one order of all
+// the step's messages, so an input may come an op or more before its op.
+// pipeline_check plays these plans in test_parallel.
+//
+// Activation sets: micro-batch mb on chunk k takes a free set at its first
+// receive or op and gives it back after its last op (its B; its W where
+// the backward is split), so that an early input has somewhere to land;
+// pipeline_plan_sets counts the sets a plan needs that way. A set holds its
+// incoming gradient too (grad_in), as that may come before the B.
 
-// where a message's B*T*C floats live: an activation arrives as the
-// micro-batch's block input and leaves as its stage output; a gradient
-// arrives in grad_in and leaves from the gradient of the stage's input
-// the activation gradients of micro-batch mb's backward: its own set where
-// the backward is split (its W reads them later), else the one shared set
-static Acts *grads_of(GPT2 *m, int mb) { return m->dsets != NULL ? &m->dsets[mb % m->nacts] : &m->dacts; }
-
-static float *pipe_buffer(GPT2 *m, PipeMsg msg, int incoming) {
-    Acts *a = &m->acts[msg.mb % m->nacts];
-    if (msg.channel == CH_ACTIVATION) return incoming ? a->t[A_ENCODED] : block_input(m, a, m->shard.nl);
-    return incoming ? m->grad_in : grads_of(m, msg.mb)->t[A_ENCODED];
+// the set of mb on chunk k, taken from the free ones when it has none yet
+static Acts *set_take(GPT2 *m, int mb, int k) {
+    int key = mb * m->shard.nchunks + k;
+    if (m->set_of[key] < 0) {
+        int i = 0;
+        while (i < m->nacts && m->set_busy[i]) i++;
+        if (i == m->nacts) {  // pipeline_plan_sets sized them: a plan the count does not know
+            fprintf(stderr, "rank %d: micro-batch %d on chunk %d finds none of the %d activation sets free\n",
+                    m->par->grid.rank, mb, k, m->nacts);
+            exit(1);
+        }
+        m->set_busy[i] = 1;
+        m->set_of[key] = i;
+    }
+    return &m->acts[m->set_of[key]];
 }
+
+// the set index of mb on chunk k, which it must hold
+static int set_index(const GPT2 *m, int mb, int k) {
+    int i = m->set_of[mb * m->shard.nchunks + k];
+    if (i < 0) {
+        fprintf(stderr, "rank %d: micro-batch %d on chunk %d holds no activation set\n", m->par->grid.rank, mb, k);
+        exit(1);
+    }
+    return i;
+}
+
+static void set_give_back(GPT2 *m, int mb, int k) {
+    int key = mb * m->shard.nchunks + k;
+    m->set_busy[set_index(m, mb, k)] = 0;
+    m->set_of[key] = -1;
+}
+
+// the activation gradients of mb's backward on chunk k: its own set where
+// the backward is split (its W reads them later), else the one shared set
+static Acts *grads_of(GPT2 *m, int mb, int k) { return m->dsets != NULL ? &m->dsets[set_index(m, mb, k)] : &m->dacts; }
+
+// my chunk that sends msg: the part before (an activation) or after (a
+// gradient) the receiver's part
+static int sender_chunk(const GPT2 *m, PipeMsg msg) {
+    const PipeLayout *pl = &m->par->pipe;
+    int part = pipeline_part(pl, msg.peer, msg.chunk) + (msg.channel == CH_ACTIVATION ? -1 : 1), stage, k;
+    pipeline_place(pl, part, &stage, &k);
+    return k;
+}
+
+// where a message's B*T*C floats live: an activation arrives as the set's
+// block input and leaves as the chunk's output; a gradient arrives in the
+// set's grad_in and leaves from the gradient of the chunk's input
+static float *pipe_buffer(GPT2 *m, PipeMsg msg, int incoming) {
+    if (incoming) {
+        Acts *a = msg.channel == CH_ACTIVATION ? set_take(m, msg.mb, msg.chunk) : &m->acts[set_index(m, msg.mb, msg.chunk)];
+        return msg.channel == CH_ACTIVATION ? a->t[A_ENCODED] : a->grad_in;
+    }
+    int k = sender_chunk(m, msg);
+    if (msg.channel == CH_ACTIVATION) return block_input(m, &m->acts[set_index(m, msg.mb, k)], m->shard.chunk[k].nl);
+    return grads_of(m, msg.mb, k)->t[A_ENCODED];
+}
+
+// the frame's tag: the micro-batch and the receiver's chunk (the micro-batch itself with one chunk)
+static int pipe_tag(const GPT2 *m, PipeMsg msg) { return msg.mb * m->shard.nchunks + msg.chunk; }
 
 static void pipe_recv(GPT2 *m, PipeMsg in) {
     if (in.peer < 0) return;
     const Parallel *par = m->par;
     size_t bytes = (size_t)m->B * m->T * m->config.C * sizeof(float);
-    comm_recv(par->comm, stage_rank(par, in.peer), in.channel, in.mb, pipe_buffer(m, in, 1), bytes);
+    comm_recv(par->comm, stage_rank(par, in.peer), in.channel, pipe_tag(m, in), pipe_buffer(m, in, 1), bytes);
 }
 
 // sends out; with a message in (an exchange), receives it at the same time
@@ -1075,28 +1169,73 @@ static void pipe_send(GPT2 *m, PipeMsg out, PipeMsg in) {
     const Parallel *par = m->par;
     size_t bytes = (size_t)m->B * m->T * m->config.C * sizeof(float);
     int peer = stage_rank(par, out.peer);
-    if (in.peer < 0) comm_send(par->comm, peer, out.channel, out.mb, pipe_buffer(m, out, 0), bytes);
-    else comm_sendrecv(par->comm, peer, out.channel, out.mb, pipe_buffer(m, out, 0), bytes, stage_rank(par, in.peer),
-                       in.channel, in.mb, pipe_buffer(m, in, 1), bytes);
+    if (in.peer < 0) comm_send(par->comm, peer, out.channel, pipe_tag(m, out), pipe_buffer(m, out, 0), bytes);
+    else comm_sendrecv(par->comm, peer, out.channel, pipe_tag(m, out), pipe_buffer(m, out, 0), bytes,
+                       stage_rank(par, in.peer), in.channel, pipe_tag(m, in), pipe_buffer(m, in, 1), bytes);
 }
 
 // runs the plan's ops and messages; the micro-batches' mean losses add up
-// in m->loss_sum (last stage). dloss as for stage_backward.
+// in m->loss_sum (the last part). dloss as for chunk_backward. Every stage
+// reads each micro-batch from the stream once, at its F on chunk 0 (in
+// micro-batch order on every schedule); its later chunks copy the tokens
+// from that set, which it holds until its last B.
 static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n, float dloss) {
-    for (int k = 0; k < n; k++) {
-        const PipeStep *st = &plan[k];
-        Acts *a = &m->acts[st->op.mb % m->nacts];
-        if (st->op.kind == PIPE_F) next_batch(train, a->inputs, a->targets);
+    const Shard *s = &m->shard;
+    size_t BT = (size_t)m->B * m->T;
+    for (int i = 0; i < n; i++) {
+        const PipeStep *st = &plan[i];
+        PipeOp op = st->op;
         pipe_recv(m, st->recv);
-        if (st->op.kind == PIPE_F) {
-            stage_forward(m, a, 1);
-            m->loss_sum += a->mean_loss;
-        } else if (m->dsets == NULL) {
-            stage_backward(m, a, dloss);
-        } else {  // the backward split: B the input's gradient, W later the weights'
-            stage_backward_part(m, a, grads_of(m, st->op.mb), dloss, st->op.kind == PIPE_W ? BACK_WEIGHTS : BACK_INPUT);
+        if (op.kind == PIPE_F) {
+            Acts *a = set_take(m, op.mb, op.chunk);
+            if (op.chunk == 0) {
+                next_batch(train, a->inputs, a->targets);
+            } else {
+                const Acts *a0 = &m->acts[set_index(m, op.mb, 0)];
+                memcpy(a->inputs, a0->inputs, BT * sizeof(int));
+                memcpy(a->targets, a0->targets, BT * sizeof(int));
+            }
+            chunk_forward(m, a, op.chunk, 1);
+            if (chunk_last(s, op.chunk)) m->loss_sum += a->mean_loss;
+        } else if (op.kind == PIPE_B || op.kind == PIPE_W) {
+            Acts *a = &m->acts[set_index(m, op.mb, op.chunk)];
+            int part = m->dsets == NULL ? BACK_ALL : op.kind == PIPE_W ? BACK_WEIGHTS : BACK_INPUT;
+            chunk_backward(m, a, grads_of(m, op.mb, op.chunk), dloss, part, op.chunk);
+            // the set's last op: a send after it reads the shared gradients
+            // (dacts) or, split, the B's own set, still held until the W
+            if (part != BACK_INPUT) set_give_back(m, op.mb, op.chunk);
         }
         pipe_send(m, st->send, st->next_recv);
+    }
+}
+
+// the forward of batch i, set a, through the model's parts in model order
+// (the evaluations): each of my chunks receives its input from the part
+// before, runs, and sends its output to the part after; the frames tagged
+// as in a step
+static void forward_in_model_order(GPT2 *m, Acts *a, int i) {
+    const Shard *s = &m->shard;
+    const PipeLayout *pl = &m->par->pipe;
+    size_t bytes = (size_t)m->B * m->T * m->config.C * sizeof(float);
+    int P = s->pp * s->nchunks;
+    for (int p = 0; p < P; p++) {
+        int stage, k, peer, peer_chunk;
+        pipeline_place(pl, p, &stage, &k);
+        if (stage != s->pp_rank) continue;
+        if (p > 0) {
+            pipeline_place(pl, p - 1, &peer, &peer_chunk);
+            if (peer != stage)
+                comm_recv(m->par->comm, stage_rank(m->par, peer), CH_ACTIVATION, i * s->nchunks + k, a->t[A_ENCODED], bytes);
+            else  // a hand-off between two chunks of mine, in the one set
+                memmove(a->t[A_ENCODED], block_input(m, a, s->chunk[peer_chunk].nl), bytes);
+        }
+        chunk_forward(m, a, k, 1);
+        if (p < P - 1) {
+            pipeline_place(pl, p + 1, &peer, &peer_chunk);
+            if (peer != stage)
+                comm_send(m->par->comm, stage_rank(m->par, peer), CH_ACTIVATION, i * s->nchunks + peer_chunk,
+                          block_input(m, a, s->chunk[k].nl), bytes);
+        }
     }
 }
 
@@ -1105,13 +1244,10 @@ static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n
 static float evaluate(GPT2 *m, DataLoader *val, int batches) {
     dataloader_reset(val);
     float sum = 0.0f;
-    PipeLayout line = pipe_layout(PIPE_GPIPE, m->shard.pp, batches, 1);  // forwards only: down the stages in a line
     for (int i = 0; i < batches; i++) {
         Acts *a = &m->acts[i % m->nacts];
         next_batch(val, a->inputs, a->targets);
-        pipe_recv(m, pipe_input(&line, m->shard.pp_rank, pipe_op(PIPE_F, i, 0)));
-        stage_forward(m, a, 1);
-        pipe_send(m, pipe_output(&line, m->shard.pp_rank, pipe_op(PIPE_F, i, 0)), PIPE_NONE);
+        forward_in_model_order(m, a, i);
         if (m->shard.last && m->shard.tp_rank == 0) sum += a->mean_loss;
     }
     group_allreduce(m->par, &m->par->world, &sum, 1);
@@ -1134,14 +1270,11 @@ static float hellaswag_eval(GPT2 *m, const HsSet *hs) {
     Progress progress;
     progress_start(&progress, m->par->grid.rank == 0, nb);
     float correct = 0.0f;
-    PipeLayout line = pipe_layout(PIPE_GPIPE, s->pp, nb, 1);  // forwards only: down the stages in a line
     for (int i = 0; i < nb; i++) {
         progress_tick(&progress, i);
         Acts *a = &m->acts[i % m->nacts];
         hs_batch_fill(hs, &next, hi, &hb, a->inputs, a->targets);
-        pipe_recv(m, pipe_input(&line, s->pp_rank, pipe_op(PIPE_F, i, 0)));
-        stage_forward(m, a, 1);
-        pipe_send(m, pipe_output(&line, s->pp_rank, pipe_op(PIPE_F, i, 0)), PIPE_NONE);
+        forward_in_model_order(m, a, i);
         if (s->last && s->tp_rank == 0) correct += (float)hs_batch_score(hs, &hb, a->t[A_LOSSES], NULL);
     }
     hs_batch_free(&hb);
@@ -1221,19 +1354,33 @@ static void watch_report(GPT2 *m, const Parallel *par, Watch *w, int step, LogLi
     if (par->grid.rank == 0) watch_judge(w, step, w->all, l);
 }
 
+// the stage's layers: "0..3", with chunks "0..1 (part 0), 4..5 (part 2)"
+static const char *chunk_list(const Shard *s, char *buf, size_t len) {
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < s->nchunks && at < len; k++) {
+        const ShardChunk *ch = &s->chunk[k];
+        if (s->nchunks == 1) at += (size_t)snprintf(buf + at, len - at, "%d..%d", ch->l0, ch->l0 + ch->nl - 1);
+        else at += (size_t)snprintf(buf + at, len - at, "%s%d..%d (part %d)", k ? ", " : "", ch->l0, ch->l0 + ch->nl - 1, ch->part);
+    }
+    return buf;
+}
+
 static void print_layout(const GPT2 *m, const Parallel *par, const Options *o, int accum) {
     const Shard *s = &m->shard;
     const Grid *g = &par->grid;
     PipeLayout pl = job_pipeline(o, g->pp, accum);
+    char chunks[256];
     if (g->rank == 0)
         printf("layout: %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, schedule %s, %d micro-batches per step, bubble %.3f\n",
                g->world, g->dp, g->tp, g->pp, par->zero, pipeline_name(pl.schedule), accum, pipeline_bubble(&pl));
     // one line per rank, in rank order, from the rank itself
     for (int r = 0; r < g->world; r++) {
         if (r == g->rank)
-            printf("rank %d (dp %d, pp %d, tp %d): layers %d..%d%s%s, heads %d..%d, vocab rows %d..%d, "
+            printf("rank %d (dp %d, pp %d, tp %d): layers %s%s%s, heads %d..%d, vocab rows %d..%d, "
                    "bytes: params %zu grads %zu optimizer %zu (%zu elements, shard %zu)\n",
-                   g->rank, g->dp_rank, g->pp_rank, g->tp_rank, s->l0, s->l1 - 1, s->first ? " +embeddings" : "",
+                   g->rank, g->dp_rank, g->pp_rank, g->tp_rank, chunk_list(s, chunks, sizeof(chunks)),
+                   s->first ? " +embeddings" : "",
                    s->last ? " +head" : "", s->tp_rank * s->NHl, (s->tp_rank + 1) * s->NHl - 1, s->v0, s->v0 + s->Vl - 1,
                    m->bytes_params, m->bytes_grads, m->bytes_optimizer,
                    m->ut.num_local, m->ut.num_shard);
@@ -1253,6 +1400,7 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     if (rc != 0) die(rc, err);
     Launch *L = &par->launch;
     par->zero = o->zero;
+    par->pipe = pipe_layout((PipeSchedule)o->pipe_schedule, par->grid.pp, 1, o->pipe_chunks);
     grid_groups(&par->grid, &par->world, &par->dp, &par->tp, &par->pp);
     // the tied-embedding group: the two ends of my pipeline
     Group *t = &par->tied;
@@ -1471,7 +1619,7 @@ int main(int argc, char **argv) {
     char err[1024], path[1024];
     trainer_name = "train_gpt2";
     // the job, checked once, by the launcher, before any rank starts
-    TrainerBuild build = {"the CPU trainer", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_ZBH1};  // fp32 throughout, no fused GELU
+    TrainerBuild build = {"the CPU trainer", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_INTERLEAVED | 1u << PS_ZBH1};  // fp32 throughout, no fused GELU
     parse_flags(&job, argc, argv, "", &build);
 #ifdef _OPENMP
     if (job.opt.threads > 0) omp_set_num_threads(job.opt.threads);
@@ -1490,17 +1638,20 @@ int main(int argc, char **argv) {
     float *params = load_params(&job, &par.grid);
     open_data(&job, &par.grid);
     open_tokenizer_and_log(&job, &par.grid);
-    GPT2 model;
-    gpt2_init_rank(&model, &job.config, params, (uint64_t)job.opt.seed, B, T, &par, activation_sets(&job, &par.grid));
+    int nops;
+    PipeStep *plan = step_plan(&job, &par.grid, &nops);
     PipeLayout layout = job_pipeline(&job.opt, par.grid.pp, accum);
+    int nacts = activation_sets(&job, &par.grid), plan_sets = pipeline_plan_sets(&layout, plan, nops);
+    if (layout.V > 1 && plan_sets > nacts) nacts = plan_sets;  // inputs that come before their F
+    GPT2 model;
+    gpt2_init_rank(&model, &job.config, params, (uint64_t)job.opt.seed, B, T, &par, nacts);
+    gpt2_pipeline(&model, accum);
     if (pipeline_splits_backward(&layout)) gpt2_split_backward(&model);
     free(params);
     snprintf(path, sizeof(path), "%s/optim.bin", job.ck_dir);
     if (job.resuming && gpt2_load_optimizer(&model, path, job.ckpt_key, job.ck.adam_t, err, sizeof(err)) != 0)
         die_usage(err);
     double load_ms = now_ms() - job.load_t0 - job.verify_ms;
-    int nops;
-    PipeStep *plan = step_plan(&job, &par.grid, &nops);
     AdamHyper hyper = {job.opt.lr, job.opt.beta1, job.opt.beta2, job.opt.eps, job.opt.weight_decay, job.opt.grad_clip};
     if (rank0) print_model_and_batch(&job, dp);
     print_layout(&model, &par, &job.opt, accum);

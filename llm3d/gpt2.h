@@ -11,7 +11,8 @@
  *   the seeded init: counter_normal, param_init_value, config_from_descriptor
  *   model files: check_config, model_read_header, model_load, model_save
  *   the debug state: DebugState, debug_state_load, debug_state_free
- *   a rank's slice: Shard, shard_for, local_tensor_size, local_to_global,
+ *   a rank's slice: Shard, ShardChunk, SHARD_MAXV, shard_for, shard_set_chunks,
+ *                   shard_part_layers, shard_layer, shard_max_chunk, local_tensor_size, local_to_global,
  *     tensor_is_replicated, tensor_counted_here; its units (Unit, UnitTable,
  *     unit_table, unit_fill, ...) and their walks (for_each_unit_part,
  *     for_each_owned)
@@ -354,10 +355,18 @@ static void debug_state_free(DebugState *s) {
 // parallel files: they are the model's tensor layout, and grid.h and the
 // backends know no model.
 
+// one chunk of a stage's layers: the model part it is (pipeline.h's
+// pipeline_part), its model layers [l0, l0 + nl), and where they start
+// among the rank's own layers (its units U_LAYER0 + off ..)
+enum { SHARD_MAXV = 8 };  // chunks per stage, at most (pipeline.h's PIPE_MAXV)
+typedef struct { int part, l0, nl, off; } ShardChunk;
+
 typedef struct {
     int tp, tp_rank, pp, pp_rank, dp, dp_rank;
-    int l0, l1, nl;            // this stage's layers [l0, l1)
-    int first, last;           // this stage holds the embeddings / the head
+    int l0, l1, nl;            // nl: this rank's layers in all; [l0, l1): chunk 0's model layers
+    int first, last;           // this stage holds the embeddings (part 0) / the head (the last part)
+    int nchunks;               // chunks of layers on this stage (pipeline.h's V; 1 but for -ps interleaved)
+    ShardChunk chunk[SHARD_MAXV];
     int Cl, NHl, Vl, v0;       // local widths: C/tp channels of attention, NH/tp heads, Vp/tp rows of wte from v0
     int nreal;                 // of the Vl vocabulary rows, those that are real tokens
 } Shard;
@@ -383,18 +392,60 @@ static const int layer_tensors[12] = {
     P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB, P_LN2W, P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB,
 };
 
-// grid coordinates -> this rank's shard of the model. Stages are contiguous
+// the model layers [*l0, *l0 + *nl) of part `part` of `parts`: contiguous and
+// balanced, the first L % parts parts get one layer more
+static void shard_part_layers(int L, int parts, int part, int *l0, int *nl) {
+    int base = L / parts, extra = L % parts;
+    *l0 = part * base + (part < extra ? part : extra);
+    *nl = base + (part < extra ? 1 : 0);
+}
+
+// the stage's chunks: V of them, chunk k the model part parts[k] of the pp
+// x V parts (pipeline.h's pipeline_part: the trainers pass its answers, so
+// that this file knows no schedule). The rank's own layers are the chunks'
+// in chunk order; units, files and the norm follow them through shard_layer.
+// With V = 1 and parts[0] = pp_rank, what shard_for makes.
+static void shard_set_chunks(Shard *s, const GPT2Config *c, int V, const int *parts) {
+    int P = s->pp * V;
+    s->nchunks = V;
+    s->nl = 0;
+    s->first = s->last = 0;
+    for (int k = 0; k < V; k++) {
+        ShardChunk *ch = &s->chunk[k];
+        ch->part = parts[k];
+        shard_part_layers(c->L, P, parts[k], &ch->l0, &ch->nl);
+        ch->off = s->nl;
+        s->nl += ch->nl;
+        if (parts[k] == 0) s->first = 1;
+        if (parts[k] == P - 1) s->last = 1;
+    }
+    s->l0 = s->chunk[0].l0;
+    s->l1 = s->chunk[0].l0 + s->chunk[0].nl;
+}
+
+// the model's layer of this rank's layer ll (0..nl-1): the one map from a
+// rank's layers to the model's (units, init, files, tensor views)
+static int shard_layer(const Shard *s, int ll) {
+    int k = 0;
+    while (k + 1 < s->nchunks && ll >= s->chunk[k + 1].off) k++;
+    return s->chunk[k].l0 + ll - s->chunk[k].off;
+}
+
+// the most layers a chunk of this stage holds (activation sets are sized for it)
+static int shard_max_chunk(const Shard *s) {
+    int n = 0;
+    for (int k = 0; k < s->nchunks; k++) n = s->chunk[k].nl > n ? s->chunk[k].nl : n;
+    return n;
+}
+
+// grid coordinates -> this rank's shard of the model, one chunk per stage
+// (shard_set_chunks re-cuts it for -ps interleaved). Stages are contiguous
 // and balanced: the first L % pp stages get one layer more.
 static Shard shard_for(const GPT2Config *c, int tp, int tp_rank, int pp, int pp_rank, int dp, int dp_rank) {
     Shard s;
     memset(&s, 0, sizeof(s));
     s.tp = tp; s.tp_rank = tp_rank; s.pp = pp; s.pp_rank = pp_rank; s.dp = dp; s.dp_rank = dp_rank;
-    int base = c->L / pp, extra = c->L % pp;
-    s.l0 = pp_rank * base + (pp_rank < extra ? pp_rank : extra);
-    s.l1 = s.l0 + base + (pp_rank < extra ? 1 : 0);
-    s.nl = s.l1 - s.l0;
-    s.first = pp_rank == 0;
-    s.last = pp_rank == pp - 1;
+    shard_set_chunks(&s, c, 1, &pp_rank);
     s.Cl = c->C / tp;
     s.NHl = c->NH / tp;
     s.Vl = c->Vp / tp;
@@ -521,7 +572,7 @@ static size_t unit_index(const UnitTable *ut, const Shard *s, int u, size_t j, i
 }
 
 // the model's layer of unit u (0 for the others)
-static int unit_layer(const Shard *s, const Unit *un) { return un->kind >= U_LAYER0 ? s->l0 + un->kind - U_LAYER0 : 0; }
+static int unit_layer(const Shard *s, const Unit *un) { return un->kind >= U_LAYER0 ? shard_layer(s, un->kind - U_LAYER0) : 0; }
 
 // the value of each local element of unit u, in dst (un->size floats): from
 // the full model `full` (file layout) or, when full is NULL, from the seeded init

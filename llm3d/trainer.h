@@ -14,6 +14,7 @@
  *     checkpoint_setup
  *   on each rank, after it joined the job:
  *     start_rank, start_mark, start_marks_judge, start_marks_refused, load_params, open_data, open_tokenizer_and_log,
+ *     job_parts, job_shard (a rank's shard with its stage's chunks),
  *     job_pipeline, gpu_stats_due (llm.c's -lg N), activation_sets, step_plan, print_model_and_batch, announce_resume
  *   in the loop: next_batch, evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
  *     Progress, progress_due, progress_start, progress_tick, progress_end (HellaSwag's, as llm.c's),
@@ -373,6 +374,22 @@ static int start_marks_refused(const Job *job, const uint64_t *marks, int world,
     return 1;
 }
 
+// the model parts (pipeline.h's pipeline_part) that stage pp_rank's chunks
+// hold under the job's schedule, in parts[]; returns the chunks (V)
+static int job_parts(const Options *o, int pp, int pp_rank, int *parts) {
+    PipeLayout pl = pipe_layout((PipeSchedule)o->pipe_schedule, pp, 1, o->pipe_chunks);
+    for (int k = 0; k < pl.V; k++) parts[k] = pipeline_part(&pl, pp_rank, k);
+    return pl.V;
+}
+
+// this rank's shard of the model: its grid place and its stage's chunks
+static Shard job_shard(const Job *job, const Grid *g) {
+    Shard s = shard_for(&job->config, g->tp, g->tp_rank, g->pp, g->pp_rank, g->dp, g->dp_rank);
+    int parts[SHARD_MAXV];
+    shard_set_chunks(&s, &job->config, job_parts(&job->opt, g->pp, g->pp_rank, parts), parts);
+    return s;
+}
+
 // the parameters: from the checkpoint being resumed, from -e's model file
 // (plain, or sealed by -enc 2), or NULL for the seeded init of -e's
 // descriptor. Of a sealed file (checkpoint.h's ckpt_model_load_part and
@@ -387,7 +404,7 @@ static float *load_params(Job *job, const Grid *g) {
         if (params == NULL) die_usage(err);
         return params;
     }
-    Shard s = shard_for(&job->config, g->tp, g->tp_rank, g->pp, g->pp_rank, g->dp, g->dp_rank);
+    Shard s = job_shard(job, g);
     UnitTable ut;
     if (unit_table(&ut, &job->config, &s, 1) != 0) die(1, "out of memory for the unit table");
     if (job->resuming) {

@@ -35,6 +35,8 @@
  *                         the messages a stage posts around each op, sends
  *                         paired with receives; with chunks, in one order
  *                         of all the step's messages
+ *   pipeline_plan_sets    the activation sets a stage's plan holds at once,
+ *                         early inputs counted
  *   pipeline_plan_text    a stage's plan as text, "F0s F1x B0 rB1"
  *   pipeline_check        the plans played with sends that block, which finds
  *                         a mismatch or a deadlock
@@ -702,6 +704,43 @@ static inline int pipe_plan_ordered(const PipeLayout *pl, int stage, int n, Pipe
 // memory
 static inline int pipeline_plan(const PipeLayout *pl, int stage, const PipeOp *ops, int n, PipeStep *plan) {
     return pl->V > 1 ? pipe_plan_ordered(pl, stage, n, plan) : pipe_plan_line(pl, stage, ops, n, plan);
+}
+
+// the activation sets a stage's plan holds at once, when micro-batch mb on
+// chunk k takes a set at its first receive or op and gives it back after
+// its last op (its B, or its W where the backward is split): with chunks an
+// input may come before its F, which pipeline_inflight does not count. A
+// step posts its receive, runs its op, then posts its send and the receive
+// paired with it. Returns the peak, or -1 out of memory.
+static inline int pipeline_plan_sets(const PipeLayout *pl, const PipeStep *plan, int n) {
+    int V = pl->V, held = 0, peak = 0, split = pipeline_splits_backward(pl);
+    char *holds = (char *)calloc((size_t)pl->M * V, 1);
+    if (holds == NULL) return -1;
+    for (int i = 0; i < n; i++) {
+        const PipeStep *st = &plan[i];
+        PipeMsg in[2] = {st->recv, st->next_recv};
+        for (int j = 0; j < 2; j++) {
+            if (j == 0 || st->send.peer >= 0) {
+                PipeMsg m = in[j];
+                if (m.peer >= 0 && m.channel == CH_ACTIVATION && !holds[m.mb * V + m.chunk]) {
+                    holds[m.mb * V + m.chunk] = 1;
+                    peak = ++held > peak ? held : peak;
+                }
+            }
+            if (j == 1) break;
+            PipeOp op = st->op;
+            if (op.kind == PIPE_F && !holds[op.mb * V + op.chunk]) {
+                holds[op.mb * V + op.chunk] = 1;
+                peak = ++held > peak ? held : peak;
+            }
+            if ((op.kind == PIPE_B && !split) || op.kind == PIPE_W) {
+                holds[op.mb * V + op.chunk] = 0;
+                held--;
+            }
+        }
+    }
+    free(holds);
+    return peak;
 }
 
 // stage `stage`'s plan as text, "F0s F1x B0 rB1": each op (pipe_op_text)
