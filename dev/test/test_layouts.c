@@ -4,8 +4,8 @@
  * Runs ./train_gpt2 as real processes (-np) on tiny models: data parallel
  * with every ZeRO stage on 2, 3 and 4 ranks (3 divides no unit of the tiny
  * model, so its shards are padded), tensor parallel, pipelines under the
- * schedules the CPU trainer runs (gpipe, 1f1b, zbh1; a checkpoint of one
- * resumed under another), the 3D grid; each 10 steps against the
+ * schedules the CPU trainer runs (gpipe, 1f1b, zbh1, interleaved with 2 and 3
+ * chunks per stage; a checkpoint of one resumed under another), the 3D grid; each 10 steps against the
  * single-rank run of the same global batch (losses and grad norms within 1e-5), the bytes each rank
  * sent against the formulas, the fault switch (tamper, replay, kill, stall), the
  * watch report naming a rank slowed on purpose (slow), and the consistency
@@ -280,6 +280,72 @@ static void test_schedule_resume(void) {
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", out);
     if (system(cmd) != 0) printf("note: could not remove %s\n", out);
+}
+
+// -ps interleaved: V chunks of layers per stage, chunk c of stage r the
+// model's part c*pp + r, each micro-batch round the stages V times; 10 steps
+// against one rank for M = pp and 2pp, on 4 layers (pp 2 V 2) and 6 (pp 2
+// V 3, pp 3 V 2), under ZeRO-1 and -3 with dp 2; a checkpoint written under
+// interleaved resumes under 1f1b and the other way (the files hold whole
+// tensors, placed through each layout's own chunk list)
+static void test_interleaved(void) {
+    const char *deep = "-e d4 -ec 64 -ev 256 -et 16";   // L=4
+    const char *six = "-e d6 -ec 96 -ev 256 -et 16";    // L=6, NH=6
+    static const struct { const char *model; int pp, V; } cases[] = {{NULL, 2, 2}, {NULL, 2, 3}, {NULL, 3, 2}};
+    for (int i = 0; i < 3; i++) {
+        const char *model = i == 0 ? deep : six;
+        int pp = cases[i].pp, V = cases[i].V;
+        for (int M = pp; M <= 2 * pp; M += pp) {
+            static Run base;
+            char batch[64], args[256], lay[96];
+            snprintf(batch, sizeof(batch), "-b 1 -t 16 -d %d", 16 * M);
+            snprintf(args, sizeof(args), "%s %s", model, batch);
+            run(&base, args);
+            if (!check(base.ok, "one rank, %d layers, %d micro-batches", i == 0 ? 4 : 6, M)) continue;
+            snprintf(lay, sizeof(lay), "-np %d -pp %d -ps interleaved -pv %d -mb %d", pp, pp, V, M);
+            compare(&base, model, lay, batch);
+        }
+    }
+    static Run b4;
+    run(&b4, "-e d4 -ec 64 -ev 256 -et 16 -b 1 -t 16 -d 64");
+    if (check(b4.ok, "one rank, 4 layers, 64 tokens a step")) {
+        compare(&b4, deep, "-np 4 -pp 2 -z 1 -ps interleaved -pv 2 -mb 2", "-b 1 -t 16 -d 64");
+        compare(&b4, deep, "-np 4 -pp 2 -z 3 -ps interleaved -pv 2 -mb 2", "-b 1 -t 16 -d 64");
+    }
+    // the val loss walks the parts in model order: the same lines as one rank's
+    static Run v1, v2;
+    char a[512];
+    snprintf(a, sizeof(a), "-e d4 -ec 64 -ev 256 -et 16 -b 1 -t 16 -d 64 -v 5 -m 2 -j '%s'", shards);
+    run(&v1, a);
+    snprintf(a + strlen(a), sizeof(a) - strlen(a), " -np 2 -pp 2 -ps interleaved -pv 2 -mb 4");
+    run(&v2, a);
+    const char *val = strstr(v1.out, "val loss "), *end = val != NULL ? strchr(val, '\n') : NULL;
+    char line[64] = "";
+    if (end != NULL) snprintf(line, sizeof(line), "%.*s", (int)(end - val), val);
+    check(v1.ok && v2.ok && line[0] != '\0' && strstr(v2.out, line) != NULL,
+          "pp 2 V 2: the first val loss as one rank's (\"%s\")", line);
+    // a checkpoint of step 5 under one schedule, resumed under the other
+    const char *args = "-e d4 -ec 64 -ev 256 -et 16 -b 1 -t 16 -d 64";
+    const char *from[2] = {"-ps interleaved -pv 2", "-ps 1f1b"}, *to[2] = {"-ps 1f1b", "-ps interleaved -pv 2"};
+    for (int d = 0; d < 2 && b4.ok; d++) {
+        static Run first, resumed;
+        char out[200];
+        snprintf(out, sizeof(out), "%s/il_ckpt%d", dir, d);
+        snprintf(a, sizeof(a), "%s -np 2 -pp 2 -mb 4 %s -n 5 -o %s", args, from[d], out);
+        run(&first, a);
+        snprintf(a, sizeof(a), "%s -np 2 -pp 2 -mb 4 %s -ys 5 -o %s", args, to[d], out);
+        run(&resumed, a);
+        int ok = first.ok && resumed.status == 0 && strstr(resumed.out, "resum") != NULL && resumed.nsteps == 5;
+        float w = 0.0f;
+        for (int k = 0; ok && k < 5; k++)
+            w = fmaxf(w, fmaxf(fabsf(resumed.loss[k] - b4.loss[5 + k]), fabsf(resumed.norm[k] - b4.norm[5 + k])));
+        if (!check(ok && w <= 1e-5f, "a checkpoint of step 5 under %s resumed under %s: steps 5..9 within %.2e of one "
+                   "rank's (exit %d, %d steps, <= 1e-5)", from[d], to[d], w, resumed.status, resumed.nsteps))
+            printf("%s\n%s\n", first.out, resumed.out);
+        char cmd[300];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", out);
+        if (system(cmd) != 0) printf("note: could not remove %s\n", out);
+    }
 }
 
 static void test_faults(void) {
@@ -562,6 +628,7 @@ int main(void) {
     test_data_parallel();
     test_tensor_pipeline();
     test_schedule_resume();
+    test_interleaved();
     test_faults();
     test_watch_rules();
     test_watch();
