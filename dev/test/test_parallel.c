@@ -1346,7 +1346,7 @@ static void test_pipeline_layouts(void) {
     int peak_1f1b[LAY_MAXP + 1][LAY_MAXM + 1];
     for (int sched = 0; sched < PIPE_SCHEDULES; sched++) {
         int layouts = 0, bad_list = 0, bad_sets = 0, bad_peak = 0, stuck = 0, bad_times = 0, bad_bubble = 0, bad_costs = 0;
-        int bad_plan = 0, failed = 0, bad_messages = 0;
+        int bad_plan = 0, failed = 0, bad_messages = 0, bad_plan_sets = 0;
         for (int pv = 1; pv <= LAY_MAXV; pv++)
             for (int pp = 1; pp <= LAY_MAXP; pp++)
                 for (int M = 1; M <= LAY_MAXM; M++) {
@@ -1399,6 +1399,11 @@ static void test_pipeline_layouts(void) {
                         bad_plan += steps[s] < 0 || steps[s] > stride ||
                                     plan_def_errors(&pl, s, ops + s * n, n, plans + s * stride, steps[s], got, made) != 0;
                         if (V == 1) bad_plan += steps[s] != n || plan_errors(pp, s, ops + s * n, plans + s * stride, n) != 0;
+                        // the sets the trainer takes at a first receive or op: one chunk, the
+                        // list's own; with chunks early receives add some, never past M V
+                        int sets = pipeline_plan_sets(&pl, plans + s * stride, steps[s] > 0 ? steps[s] : 0);
+                        bad_plan_sets += V == 1 ? sets != pipeline_inflight(&pl, s)
+                                                : sets < pipeline_inflight(&pl, s) || sets > M * V;
                     }
                     int messages = pipeline_check(&pl, stride, steps, plans, err, sizeof(err));
                     if (messages < 0 && failed++ == 0) printf("      pp %d M %d V %d: %s\n", pp, M, V, err);
@@ -1410,10 +1415,11 @@ static void test_pipeline_layouts(void) {
               pipeline_name((PipeSchedule)sched), layouts, bad_list, bad_sets,
               sched == PIPE_ZBH1 ? ", = 1f1b's" : sched == PIPE_ZBV ? ", = twice 1f1b's" : "", bad_peak, stuck, bad_times,
               bad_bubble, bad_costs);
-        check(bad_plan + failed + bad_messages == 0,
-              "pipeline plan %s: as defined (bad %d), no deadlock or mismatch with blocking sends (bad %d), "
+        check(bad_plan + failed + bad_messages + bad_plan_sets == 0,
+              "pipeline plan %s: as defined (bad %d), sets held (pipeline_plan_sets) as the list's with one chunk, "
+              "from it to M V with chunks (bad %d), no deadlock or mismatch with blocking sends (bad %d), "
               "2 (pp V - 1) M messages less zbv's turns (bad %d)",
-              pipeline_name((PipeSchedule)sched), bad_plan, failed, bad_messages);
+              pipeline_name((PipeSchedule)sched), bad_plan, bad_plan_sets, failed, bad_messages);
     }
 
     // lists by hand from the definitions in pipeline.h
