@@ -1641,10 +1641,8 @@ int main(int argc, char **argv) {
     int nops;
     PipeStep *plan = step_plan(&job, &par.grid, &nops);
     PipeLayout layout = job_pipeline(&job.opt, par.grid.pp, accum);
-    int nacts = activation_sets(&job, &par.grid), plan_sets = pipeline_plan_sets(&layout, plan, nops);
-    if (layout.V > 1 && plan_sets > nacts) nacts = plan_sets;  // inputs that come before their F
     GPT2 model;
-    gpt2_init_rank(&model, &job.config, params, (uint64_t)job.opt.seed, B, T, &par, nacts);
+    gpt2_init_rank(&model, &job.config, params, (uint64_t)job.opt.seed, B, T, &par, activation_sets(&job, &par.grid));
     gpt2_pipeline(&model, accum);
     if (pipeline_splits_backward(&layout)) gpt2_split_backward(&model);
     free(params);

@@ -15,7 +15,7 @@
  *   on each rank, after it joined the job:
  *     start_rank, start_mark, start_marks_judge, start_marks_refused, load_params, open_data, open_tokenizer_and_log,
  *     job_parts, job_shard (a rank's shard with its stage's chunks),
- *     job_pipeline, gpu_stats_due (llm.c's -lg N), activation_sets, step_plan, print_model_and_batch, announce_resume
+ *     job_pipeline, gpu_stats_due (llm.c's -lg N), step_plan, activation_sets, print_model_and_batch, announce_resume
  *   in the loop: next_batch, evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
  *     Progress, progress_due, progress_start, progress_tick, progress_end (HellaSwag's, as llm.c's),
  *     report_hellaswag, outlier_skip (llm.c's -sl -sg; steps not finite), nonfinite_stop,
@@ -515,11 +515,6 @@ static int gpu_stats_due(const Job *job, int step) {
     return job->opt.gpu_stats_every > 0 && (step + 1) % job->opt.gpu_stats_every == 0;
 }
 
-// the micro-batches whose activations this stage holds at once under the schedule
-static int activation_sets(const Job *job, const Grid *g) {
-    PipeLayout pl = job_pipeline(&job->opt, g->pp, job->accum);
-    return pipeline_inflight(&pl, g->pp_rank);
-}
 
 // this stage's forwards and backwards of one step in the order of the
 // pipeline schedule, each with the messages around it (pipeline.h's
@@ -536,6 +531,22 @@ static PipeStep *step_plan(const Job *job, const Grid *g, int *n) {
         exit(1);
     }
     return plan;
+}
+
+// the micro-batches whose activations this stage holds at once under the schedule
+// (with chunks of layers, the plan's early receives can hold one more set
+// than the list alone: pipeline_plan_sets counts them)
+static int activation_sets(const Job *job, const Grid *g) {
+    PipeLayout pl = job_pipeline(&job->opt, g->pp, job->accum);
+    int sets = pipeline_inflight(&pl, g->pp_rank);
+    if (pl.V > 1) {
+        int nops;
+        PipeStep *plan = step_plan(job, g, &nops);
+        int plan_sets = pipeline_plan_sets(&pl, plan, nops);
+        free(plan);
+        if (plan_sets > sets) sets = plan_sets;
+    }
+    return sets;
 }
 
 // rank 0's lines about the model and the batch
