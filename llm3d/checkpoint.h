@@ -58,8 +58,6 @@
  *     CkptOut, ckpt_out_open_at, ckpt_out_open, ckpt_out_pwrite, ckpt_out_close
  *                         one file open for a rank's writes at plaintext
  *                         offsets, encrypted at their places when sealed
- *     ckpt_ghash_append, ckpt_ghash_sum, ckpt_seal_tags
- *                         a sealed file's tags from its writers' GHASH shares
  *     ckpt_begin_at, ckpt_seal_at (ckpt_begin, ckpt_seal: by path, for tests)
  *                         rank 0's steps: the .partial directory made, then
  *                         sealed and given its final name
@@ -109,11 +107,9 @@
  * derived from the checkpoint key, so a copy of the volume without the key
  * tells nothing but the sizes. Each file's first bytes say which it is, so
  * any run reads either kind; the MANIFEST (over the sealed bytes) stays as it
- * is. A rank encrypts what it writes at its place and, in the same pass,
- * makes its GHASH shares of the chunks' tags, which it appends to NAME.ghash
- * (ckpt_ghash_append); once all have, rank 0 adds them up into the tags and
- * reads each file once for the MANIFEST's SHA-256, as for a plain
- * checkpoint (ckpt_seal_tags). A resuming rank decrypts only the chunks that hold its
+ * is. A rank encrypts what it writes at its place; once all have, rank 0
+ * reads each file once for both each chunk's tag and the MANIFEST's
+ * SHA-256 of it. A resuming rank decrypts only the chunks that hold its
  * part of model.bin and optim.bin (ckpt_mark_chunks), each checked against
  * its tag. doc/security.md has more.
  *
@@ -1106,135 +1102,17 @@ static void ckpt_prune(int dfd, int newest, int keep) {
     fsync(dfd);
 }
 
-// GHASH shares (aead.h's aead_file_ctr_sums): every writer of a sealed
-// file (rank 0's header in ckpt_make_file, then each rank's part through
-// CkptOut) hashes what it encrypts as it encrypts it and, once its part is
-// written, appends its shares of the chunks' hashes to NAME.ghash beside the
-// file: one record each, "llm3dgh1", the file's id (8 bytes), then 16 bytes
-// per chunk. Rank 0 adds the records up into the tags (ckpt_seal_tags), so
-// it reads a sealed file back only for the MANIFEST's SHA-256, as it reads a
-// plain one, and a sealed final model not at all; the .ghash file is gone
-// once the file is sealed. The tags then vouch for what the ranks encrypted,
-// not for whatever is on disk when rank 0 seals.
-#define CKPT_GHASH_MAGIC "llm3dgh1"
-
-static void ckpt_ghash_name(char out[4200], const char *name) { snprintf(out, 4200, "%s.ghash", name); }
-
-// one writer's record for the sealed file f (sums: 16 bytes per chunk)
-// appended to NAME.ghash in dfd; create: the first writer's, which makes
-// the file anew (rank 0's, before the others write). 0 or an errno.
-static int ckpt_ghash_append(int dfd, const char *name, const AeadFile *f, const uint8_t *sums, int create) {
-    char gname[4200];
-    ckpt_ghash_name(gname, name);
-    if (create) unlinkat(dfd, gname, 0);  // one a write cut short left
-    int fd = openat(dfd, gname, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0), 0600);
-    if (fd < 0) return errno;
-    size_t n = 16 + (size_t)f->chunks * 16;
-    uint8_t *record = (uint8_t *)malloc(n);
-    int e = record == NULL ? ENOMEM : 0;
-    if (e == 0) {
-        memcpy(record, CKPT_GHASH_MAGIC, 8);
-        put_u64(record + 8, f->file_id);
-        memcpy(record + 16, sums, n - 16);
-        // one write with O_APPEND: each record lands whole after the others, in any order
-        ssize_t w = write(fd, record, n);
-        e = w == (ssize_t)n ? 0 : w < 0 ? errno : EIO;
-    }
-    free(record);
-    if (close(fd) != 0 && e == 0) e = errno;
-    return e;
-}
-
-// the records of NAME.ghash in dfd added up into sums (f's chunks x 16
-// bytes): 0, 1 when there is no such file, or -1 with err naming it and
-// what is wrong (a record cut short, another file's)
-static int ckpt_ghash_sum(int dfd, const char *name, const char *path, const AeadFile *f, uint8_t *sums, char *err,
-                          size_t errlen) {
-    char gname[4200];
-    ckpt_ghash_name(gname, name);
-    int fd = openat(dfd, gname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0 && errno == ENOENT) return 1;
-    if (fd < 0) return errorf(err, errlen, "%s.ghash: %s", path, strerror(errno));
-    struct stat st;
-    size_t record = 16 + (size_t)f->chunks * 16;
-    int rc = fstat(fd, &st) == 0 ? 0 : errorf(err, errlen, "%s.ghash: %s", path, strerror(errno));
-    if (rc == 0 && (st.st_size == 0 || (uint64_t)st.st_size % record != 0))
-        rc = errorf(err, errlen, "%s.ghash: %lld bytes, not whole records of %zu for the file's %llu chunks", path,
-                    (long long)st.st_size, record, (unsigned long long)f->chunks);
-    uint8_t *buf = rc == 0 ? (uint8_t *)malloc(record) : NULL;
-    if (rc == 0 && buf == NULL) rc = errorf(err, errlen, "%s.ghash: out of memory", path);
-    memset(sums, 0, (size_t)f->chunks * 16);
-    for (uint64_t r = 0; rc == 0 && r < (uint64_t)st.st_size / record; r++) {
-        if (pread_all(fd, buf, record, r * record) != 0)
-            rc = errorf(err, errlen, "%s.ghash: read: %s", path, strerror(errno));
-        else if (memcmp(buf, CKPT_GHASH_MAGIC, 8) != 0 || get_u64(buf + 8) != f->file_id)
-            rc = errorf(err, errlen, "%s.ghash: record %llu is not one of this file's (id %016llx)", path,
-                        (unsigned long long)r, (unsigned long long)f->file_id);
-        for (size_t b = 0; rc == 0 && b < record - 16; b++) sums[b] ^= buf[16 + b];
-    }
-    free(buf);
-    close(fd);
-    return rc;
-}
-
-// the SHA-256 of the file at fd, size bytes, read front to back
-static int ckpt_sha_fd(int fd, uint64_t size, uint8_t sha[32]) {
-    const size_t piece = 1u << 20;
-    uint8_t *buf = (uint8_t *)malloc(piece);
-    if (buf == NULL) return ENOMEM;
-    Sha256 h;
-    sha256_init(&h);
-    int e = 0;
-    for (uint64_t at = 0; at < size && e == 0; at += piece) {
-        size_t n = size - at < piece ? (size_t)(size - at) : piece;
-        if (pread_all(fd, buf, n, at) != 0) e = errno;
-        else sha256_update(&h, buf, n);
-    }
-    if (e == 0) sha256_final(&h, sha);
-    free(buf);
-    return e;
-}
-
 // a sealed file's chunk tags, once every rank's part is in, and an fsync;
-// with sha and size, the file's SHA-256 and size too. The tags come from
-// the writers' GHASH shares in NAME.ghash, which is then removed; a file
-// without one (written some other way) is read back for them, in the same
-// read as its SHA-256.
+// with sha and size, the file's SHA-256 and size too, from the same read
 static int ckpt_seal_tags(int dfd, const char *name, const char *path, const AeadFileKey *cipher, uint8_t sha[32],
                           uint64_t *size, char *err, size_t errlen) {
     int fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
     AeadFile f;
-    uint8_t *sums = NULL, *tags = NULL;
-    int rc = aead_file_read_header(fd, &f, cipher, path, err, errlen), shared = 0;
-    if (rc == 0) {
-        sums = (uint8_t *)malloc((size_t)f.chunks * 16);
-        tags = (uint8_t *)malloc((size_t)f.chunks * 16);
-        if (sums == NULL || tags == NULL) rc = errorf(err, errlen, "%s: out of memory for the tags", path);
-    }
-    if (rc == 0) {
-        int got = ckpt_ghash_sum(dfd, name, path, &f, sums, err, errlen);
-        rc = got < 0 ? -1 : 0;
-        shared = got == 0;
-    }
-    if (rc == 0 && shared) {
-        aead_file_tags_from_sums(&f, cipher, sums, tags);
-        if (pwrite_all(fd, tags, (size_t)f.chunks * 16, AEAD_FILE_HEADER_BYTES + f.plain_bytes) != 0)
-            rc = errorf(err, errlen, "%s: write the tags: %s", path, strerror(errno));
-        int e = rc == 0 && sha != NULL ? ckpt_sha_fd(fd, aead_file_bytes(f.plain_bytes, f.chunk_bytes), sha) : 0;
-        if (e != 0) rc = errorf(err, errlen, "%s: read: %s", path, strerror(e));
-    } else if (rc == 0) {
-        rc = aead_file_write_tags(fd, &f, cipher, sha, path, err, errlen);
-    }
+    int rc = aead_file_read_header(fd, &f, cipher, path, err, errlen);
+    if (rc == 0) rc = aead_file_write_tags(fd, &f, cipher, sha, path, err, errlen);
     if (rc == 0 && fsync(fd) != 0) rc = errorf(err, errlen, "%s: fsync: %s", path, strerror(errno));
-    if (rc == 0 && shared) {
-        char gname[4200];
-        ckpt_ghash_name(gname, name);
-        unlinkat(dfd, gname, 0);
-    }
     if (rc == 0 && size != NULL) *size = aead_file_bytes(f.plain_bytes, f.chunk_bytes);
-    free(sums);
-    free(tags);
     close(fd);
     return rc;
 }
@@ -1289,23 +1167,13 @@ static int ckpt_seal(const char *out_dir, int step, const uint8_t key[32], const
 // one checkpoint file open for a rank's writes, at plaintext offsets: a
 // plain file, or a sealed one (its header says), whose writes are then
 // encrypted at their places through a bounce buffer
-// (and its GHASH shares, appended to NAME.ghash when it is closed)
 #define CKPT_BOUNCE_BYTES (4u << 20)
-typedef struct {
-    int fd, sealed, dfd;
-    AeadFile file;
-    const AeadFileKey *cipher;
-    uint8_t *bounce, *sums;  // sums: this writer's GHASH shares, 16 bytes per chunk
-    char name[4096];
-} CkptOut;
+typedef struct { int fd, sealed; AeadFile file; const AeadFileKey *cipher; uint8_t *bounce; } CkptOut;
 
 // the file `name` of the directory open at dfd (AT_FDCWD: a path); 0, or
 // an errno (EBADMSG: a sealed file's header is not for this key)
 static int ckpt_out_open_at(CkptOut *o, int dfd, const char *name, const AeadFileKey *cipher) {
     memset(o, 0, sizeof(*o));
-    if (strlen(name) >= sizeof(o->name)) return ENAMETOOLONG;
-    snprintf(o->name, sizeof(o->name), "%s", name);
-    o->dfd = dfd;
     o->fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (o->fd < 0) return errno;
     uint8_t first[8];
@@ -1315,8 +1183,7 @@ static int ckpt_out_open_at(CkptOut *o, int dfd, const char *name, const AeadFil
     o->bounce = (uint8_t *)malloc(CKPT_BOUNCE_BYTES);
     if (o->bounce == NULL) return ENOMEM;
     if (cipher == NULL || aead_file_read_header(o->fd, &o->file, cipher, name, NULL, 0) != 0) return EBADMSG;
-    o->sums = (uint8_t *)calloc((size_t)o->file.chunks, 16);
-    return o->sums == NULL ? ENOMEM : 0;
+    return 0;
 }
 
 static int ckpt_out_open(CkptOut *o, const char *path, const AeadFileKey *cipher) {
@@ -1326,17 +1193,14 @@ static int ckpt_out_open(CkptOut *o, const char *path, const AeadFileKey *cipher
 // n bytes at plaintext offset `offset`; -1 with errno
 static int ckpt_out_pwrite(CkptOut *o, const void *buf, size_t n, size_t offset) {
     if (!o->sealed) return pwrite_all(o->fd, buf, n, offset);
-    return aead_file_pwrite(o->fd, &o->file, o->cipher, buf, n, offset, o->bounce, CKPT_BOUNCE_BYTES, o->sums);
+    return aead_file_pwrite(o->fd, &o->file, o->cipher, buf, n, offset, o->bounce, CKPT_BOUNCE_BYTES);
 }
 
-// fsync (when sync: the writes went well) and close, and of a sealed file
-// this writer's GHASH shares appended to NAME.ghash; 0, or an errno
+// fsync (when sync) and close; 0, or an errno
 static int ckpt_out_close(CkptOut *o, int sync) {
     int e = 0;
     if (o->fd >= 0 && sync && fsync(o->fd) != 0) e = errno;
     if (o->fd >= 0 && close(o->fd) != 0 && e == 0) e = errno;
-    if (o->fd >= 0 && sync && e == 0 && o->sums != NULL) e = ckpt_ghash_append(o->dfd, o->name, &o->file, o->sums, 0);
-    free(o->sums);
     free(o->bounce);
     memset(o, 0, sizeof(*o));
     o->fd = -1;
@@ -1358,24 +1222,15 @@ static int ckpt_make_file(int dfd, const char *name, const char *path, const voi
     if (e == 0 && cipher == NULL) {
         if (write_all(fd, header, header_bytes) != 0) e = errno;
         if (e == 0 && ftruncate(fd, (off_t)bytes) != 0) e = errno;
-    } else if (e == 0) {  // the header's GHASH shares start NAME.ghash, which the ranks' then join
-        uint8_t bounce[4096], *sums = (uint8_t *)calloc((size_t)f.chunks, 16);
-        if (sums == NULL) e = ENOMEM;
-        if (e == 0 && write_all(fd, f.header, sizeof(f.header)) != 0) e = errno;
+    } else if (e == 0) {
+        uint8_t bounce[4096];
+        if (write_all(fd, f.header, sizeof(f.header)) != 0) e = errno;
         if (e == 0 && ftruncate(fd, (off_t)aead_file_bytes(bytes, AEAD_FILE_CHUNK_BYTES)) != 0) e = errno;
-        if (e == 0 && aead_file_pwrite(fd, &f, cipher, header, header_bytes, 0, bounce, sizeof(bounce), sums) != 0)
-            e = errno;
-        if (e == 0) e = ckpt_ghash_append(dfd, name, &f, sums, 1);
-        free(sums);
+        if (e == 0 && aead_file_pwrite(fd, &f, cipher, header, header_bytes, 0, bounce, sizeof(bounce)) != 0) e = errno;
     }
     if (e == 0 && fsync(fd) != 0) e = errno;
     if (fd >= 0 && close(fd) != 0 && e == 0) e = errno;
-    if (fd >= 0 && e != 0) {
-        char gname[4200];
-        ckpt_ghash_name(gname, name);
-        unlinkat(dfd, name, 0);
-        if (cipher != NULL) unlinkat(dfd, gname, 0);
-    }
+    if (fd >= 0 && e != 0) unlinkat(dfd, name, 0);
     return e == 0 ? 0 : errorf(err, errlen, "%s: write: %s", path, strerror(e));
 }
 
@@ -1581,10 +1436,7 @@ static int ckpt_model_finish(const void *arg, const AeadFileKey *cipher, char *e
 // rank 0 made the temporary file, so it is not a link that ckpt_model_begin refused
 static void ckpt_model_abandon(const void *arg) {
     const CkptModelWrite *f = (const CkptModelWrite *)arg;
-    char gname[4200];
-    ckpt_ghash_name(gname, f->tmp_name);
     unlinkat(f->dfd, f->tmp_name, 0);
-    unlinkat(f->dfd, gname, 0);
 }
 
 // the final model, out_dir/model_SSSSSSSS.bin (into path), by every rank of

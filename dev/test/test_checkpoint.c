@@ -500,86 +500,6 @@ static uint64_t flip_in_chunk_only_second_reads(const char *path, const uint8_t 
     return flip_bit(path, AEAD_FILE_HEADER_BYTES + only1 * AEAD_FILE_CHUNK_BYTES + 99) ? only1 : chunks;
 }
 
-// a sealed checkpoint written as ranks write one (ckpt_begin, two writers'
-// halves of model.bin and optim.bin through CkptOut, the split mid-block,
-// ckpt_seal), its tags made from the writers' GHASH shares: each file's
-// NAME.ghash holds one record per writer (rank 0's header, then the two)
-// until the seal, none is left after it, and the files read back. With a
-// bit of model.bin's ciphertext changed on disk between the writes and the
-// seal, the seal's MANIFEST (hashed from the disk) takes it in, but the
-// chunk's tag, made from what the writers encrypted, refuses it.
-static void test_seal_from_shares(void) {
-    GPT2Config c = {.maxT = 64, .V = 1000, .Vp = 1024, .L = 2, .NH = 2, .C = 128};
-    size_t N = param_count(&c), half = N / 2 + 1, header = HEADER_INTS * 4;
-    float *plain = (float *)malloc(3 * N * sizeof(float));
-    for (size_t j = 0; j < 3 * N; j++) plain[j] = (float)j * 0.25f - 7.0f;
-    uint8_t key[32];
-    for (int i = 0; i < 32; i++) key[i] = (uint8_t)(5 * i + 2);
-    AeadFileKey cipher;
-    aead_file_key(&cipher, key);
-    for (int damage = 0; damage < 2; damage++) {
-        char out[300], partial[400], model[500], optim[500], ghash[520], final_model[500], err[1024] = "";
-        snprintf(out, sizeof(out), "%s/shares_%d", dir, damage);
-        mkdir(out, 0700);
-        CkptState st;
-        memset(&st, 0, sizeof(st));
-        st.step = 3; st.adam_t = 3; st.config = c; st.B = 1; st.T = 8; st.np = 2; st.tp = 1; st.pp = 1;
-        int ok = ckpt_begin(out, &st, &cipher, err, sizeof(err)) == 0;
-        ckpt_dir_name(partial, sizeof(partial), out, st.step, ".partial");
-        snprintf(model, sizeof(model), "%s/model.bin", partial);
-        snprintf(optim, sizeof(optim), "%s/optim.bin", partial);
-        for (int w = 0; w < 2 && ok; w++) {  // two writers, each its half of every array
-            size_t lo = w == 0 ? 0 : half, hi = w == 0 ? half : N;
-            CkptOut mo, oo;
-            ok = ckpt_out_open(&mo, model, &cipher) == 0 && ckpt_out_open(&oo, optim, &cipher) == 0 &&
-                 ckpt_out_pwrite(&mo, plain + lo, (hi - lo) * 4, header + 4 * lo) == 0 &&
-                 ckpt_out_pwrite(&oo, plain + N + lo, (hi - lo) * 4, header + 4 * lo) == 0 &&
-                 ckpt_out_pwrite(&oo, plain + 2 * N + lo, (hi - lo) * 4, header + 4 * (N + lo)) == 0;
-            ok = ckpt_out_close(&mo, ok) == 0 && ok;
-            ok = ckpt_out_close(&oo, ok) == 0 && ok;
-        }
-        snprintf(ghash, sizeof(ghash), "%s.ghash", model);
-        struct stat gs;
-        uint64_t chunks = aead_file_chunk_count(header + 4 * N, AEAD_FILE_CHUNK_BYTES);
-        int records = ok && stat(ghash, &gs) == 0 ? (int)(gs.st_size / (16 + 16 * chunks)) : 0;
-        if (damage) ok = ok && flip_bit(model, AEAD_FILE_HEADER_BYTES + header + 4 * half + 1);
-        ok = ok && ckpt_seal(out, st.step, key, &cipher, err, sizeof(err)) == 0;
-        char final_dir[400];
-        ckpt_dir_name(final_dir, sizeof(final_dir), out, st.step, "");
-        snprintf(final_model, sizeof(final_model), "%s/model.bin", final_dir);
-        int left = test_exists("%s/model.bin.ghash", final_dir) || test_exists("%s/optim.bin.ghash", final_dir) ||
-                   test_exists("%s/state.bin.ghash", final_dir);
-        uint8_t *bytes = NULL;
-        uint64_t n = 0;
-        CkptState got;
-        char found[400], why[1024] = "";
-        int verified = ok && ckpt_find(out, st.step, key, 1, &got, found, sizeof(found), why, sizeof(why)) == 1;
-        int model_ok = ok && ckpt_read_file(final_model, key, 1 << 30, &bytes, &n, why, sizeof(why)) == 0 &&
-                       n == header + 4 * N && memcmp(bytes + header, plain, 4 * N) == 0;
-        free(bytes);
-        bytes = NULL;
-        snprintf(final_model, sizeof(final_model), "%s/optim.bin", final_dir);
-        int optim_ok = ok && ckpt_read_file(final_model, key, 1 << 30, &bytes, &n, err, sizeof(err)) == 0 &&
-                       n == header + 8 * N && memcmp(bytes + header, plain + N, 8 * N) == 0;
-        free(bytes);
-        if (!damage)
-            check(ok && records == 3 && !left && verified && model_ok && optim_ok,
-                  "a sealed checkpoint by two writers (split mid-block): model.bin.ghash holds %d records (3: the "
-                  "header's and the two writers'), none is left after the seal, and it verifies and reads back (%s)",
-                  records, ok ? why : err);
-        char chunk_name[64];  // the chunk of the changed byte
-        snprintf(chunk_name, sizeof(chunk_name), "chunk %llu of",
-                 (unsigned long long)((header + 4 * half + 1) / AEAD_FILE_CHUNK_BYTES));
-        if (damage)
-            check(ok && records == 3 && verified && !model_ok && strstr(why, chunk_name) != NULL && optim_ok,
-                  "a bit of model.bin's ciphertext changed between the writes and the seal: the MANIFEST, hashed "
-                  "from the disk, takes it in, but the chunk's tag, from the writers' shares, refuses it: %s",
-                  ok ? why : err);
-    }
-    aead_file_key_wipe(&cipher);
-    free(plain);
-}
-
 // a sealed optim.bin of 27 chunks, opened by ranks of several layouts: each
 // gets m and v of its units as unit_fill gives them from the plain array,
 // over its slice (all of a unit, or its 1/dp with ZeRO >= 1), having
@@ -1333,7 +1253,6 @@ int main(void) {
     test_encrypted_refusals();
     test_changed_byte_every_file();
     test_resume_shuffled();
-    test_seal_from_shares();
     test_optim_slices();
     test_model_slices();
     test_encrypted_init();
