@@ -25,6 +25,7 @@
  *   test_random_key_file
  *   test_log_value                       a field of a line of the trainer's log
  *   test_run                             a shell command's output and exit status
+ *   test_fifo_refused                    a command given a FIFO refused it at once
  *   test_clear_rank_env, test_spawn, test_spawn_with,     child processes, waited for with a deadline
  *   test_wait, test_free_port,
  *   test_self_exe
@@ -291,6 +292,20 @@ static int test_run(const char *cmd, int with_stdout, char *out, size_t outlen) 
     while (fread(rest, 1, sizeof(rest), p) > 0) {}
     int status = pclose(p);
     return status == -1 ? -1 : test_exit_status(status);
+}
+
+// test_fifo_refused: runs cmd as test_run does, where cmd names the FIFO
+// fifo among its paths; 1 when it was refused at once as it should be: exit
+// status want_rc and one line naming the FIFO as not a regular file. *rc and
+// *secs get the exit status and the time it took, for the check's message
+static int test_fifo_refused(const char *cmd, int with_stdout, const char *fifo, int want_rc, char *out,
+                             size_t outlen, int *rc, double *secs) {
+    double t0 = test_now();
+    *rc = test_run(cmd, with_stdout, out, outlen);
+    *secs = test_now() - t0;
+    char want[600];
+    snprintf(want, sizeof(want), "%s: not a regular file", fifo);
+    return *rc == want_rc && strstr(out, want) != NULL && test_count(out, "\n") == 1;
 }
 
 // ----------------------------------------------------------------------------
