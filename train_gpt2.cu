@@ -1524,6 +1524,7 @@ int main(int argc, char **argv) {
         stopped = ckpt_stop_signal != 0;
         line.loss = gpt2_step_loss(&model, &par, accum, &stopped);
         update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0);
+        gpu_sync(&model, "the step's update");  // so that ms covers AdamW's GPU time too
         line.ms = now_ms() - t0;
         watch_end(&par, &watch, line.ms);
         if (watch_due(&watch, step)) watch_report(&model, &par, &watch, step, &line);

@@ -3,6 +3,7 @@
 # short slot on one GPU (written for one H200: CUDA, PyTorch, no network).
 #
 #   ./dev/gpu_check.sh          # OUT=DIR for the results (default /tmp/llm3d_gpu_check)
+#   LLMC_DIR=DIR ./dev/gpu_check.sh  # with llm.c's GPU trainer in DIR as a speed peer
 #   QUICK=1 ./dev/gpu_check.sh  # for turns on a kernel: phases 0, 1, 3, 4, 10 (no sanitizers) and 12
 #
 # What it leaves in $OUT is two files, so that it all comes back from a
@@ -44,8 +45,10 @@
 #      racecheck over the bf16 ones at small shapes (LLM3D_CHECK_SMALL=1),
 #      memcheck over the fp32 ones (the build also gates on ptxas: no kernel
 #      may spill)
-#  11. the PyTorch peer (torch.compile, bf16) at the benchmark's B; ours with
-#      -fa 0
+#  11. the peers at the benchmark's B and T on the same GPU: PyTorch
+#      (torch.compile, bf16) and llm.c's train_gpt2cu with cuDNN attention
+#      (built from LLMC_DIR, a copy of llm.c; skipped with a line without it):
+#      ms per step, tokens/s, peak GPU memory, ours / theirs; ours with -fa 0
 #  12. a profile (Nsight Compute): the kernels of two d12 steps at the
 #      benchmark's B, their GPU time summed by name; a measurement, not a gate
 #
@@ -181,6 +184,22 @@ run() {
     return $rc
 }
 
+# the GPU's memory in use while a benchmark runs, sampled by nvidia-smi every
+# 100 ms: mem_watch NAME starts it, mem_peak NAME stops it and prints the
+# peak less what was in use before the start, in MiB ("n/a" without samples)
+mem_watch() {
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -n 1 > "$WORK/mem_$1.base"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 100 > "$WORK/mem_$1.csv" 2>/dev/null &
+    MEM_PID=$!
+}
+mem_peak() {
+    kill "$MEM_PID" 2>/dev/null; wait "$MEM_PID" 2>/dev/null
+    local base peak
+    base=$(grep -E '^ *[0-9]+ *$' "$WORK/mem_$1.base" | head -n 1 | tr -d ' ')
+    peak=$(grep -E '^ *[0-9]+ *$' "$WORK/mem_$1.csv" | sort -n | tail -n 1 | tr -d ' ')
+    if [ -n "$base" ] && [ -n "$peak" ]; then echo "$((peak - base))"; else echo "n/a"; fi
+}
+
 # ---------------------------------------------------------------------------
 phase "preflight"
 if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
@@ -242,6 +261,49 @@ fi
 build kernels make -C dev/cuda -j6 NVCC="$NVCC_BIN" ARCH="$ARCH $NCCL_FLAGS" NVCC_LDLIBS="$LIBS"
 build kernels_fp32 make -C dev/cuda -j6 NVCC="$NVCC_BIN" ARCH="$ARCH $NCCL_FLAGS" NVCC_LDLIBS="$LIBS" PRECISION=FP32
 [ "$QUICK" = 0 ] && build cpu make -j4 train_gpt2 prepare_data
+# llm.c's GPU trainer, the speed peer of phase 11, from a copy of llm.c in
+# LLMC_DIR (its train_gpt2.cu, llmc/ and Makefile, with cudnn-frontend/include
+# beside them), built in $WORK with cuDNN flash attention (USE_CUDNN=1). cuDNN
+# comes from the system or from the nvidia-cudnn wheel, NVML from the driver;
+# without any of them the peer is skipped, with the reason, in phase 11
+LLMC_WHY="" LLMC_LIB=""
+find_cudnn() {  # prints "INCLUDE_DIR LIB_DIR" of a cuDNN 9, or nothing
+    local d w
+    for d in "$CUDA_HOME_GUESS" /usr /usr/local/cuda; do
+        for w in lib64 lib lib/x86_64-linux-gnu; do
+            if [ -f "$d/include/cudnn.h" ] && ls "$d/$w"/libcudnn.so* > /dev/null 2>&1; then echo "$d/include $d/$w"; return; fi
+        done
+    done
+    for d in $(python3 -c 'import nvidia.cudnn as c; print(" ".join(c.__path__))' 2>/dev/null); do
+        if [ -f "$d/include/cudnn.h" ] && [ -f "$d/lib/libcudnn.so.9" ]; then echo "$d/include $d/lib"; return; fi
+    done
+}
+find_nvml() {  # prints the path of the driver's libnvidia-ml.so.1, or nothing
+    local f
+    f=$(ldconfig -p 2>/dev/null | grep -m1 'libnvidia-ml\.so\.1 ' | sed 's/.*=> //')
+    [ -z "$f" ] && f=$(ls /usr/local/nvidia/lib64/libnvidia-ml.so.1 /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 2>/dev/null | head -n 1)
+    echo "$f"
+}
+if [ "$QUICK" = 1 ]; then LLMC_WHY="QUICK=1"
+elif [ -z "${LLMC_DIR:-}" ]; then LLMC_WHY="LLMC_DIR is not set (a copy of llm.c's GPU trainer)"
+elif [ ! -f "$LLMC_DIR/train_gpt2.cu" ] || [ ! -d "$LLMC_DIR/cudnn-frontend/include" ]; then
+    LLMC_WHY="LLMC_DIR=$LLMC_DIR holds no train_gpt2.cu with cudnn-frontend/include"
+else
+    read -r CUDNN_INC LLMC_LIB <<< "$(find_cudnn)"
+    NVML=$(find_nvml)
+    if [ -z "$LLMC_LIB" ]; then LLMC_WHY="no cuDNN 9 (cudnn.h and libcudnn) on the system or in a wheel"
+    elif [ -z "$NVML" ]; then LLMC_WHY="no libnvidia-ml.so.1 (NVML) found"
+    else
+        # -lcudnn and -lnvidia-ml want unversioned names: links of our own
+        mkdir -p "$WORK/llmc_libs"
+        ln -sf "$(ls "$LLMC_LIB"/libcudnn.so* | head -n 1)" "$WORK/llmc_libs/libcudnn.so"
+        ln -sf "$NVML" "$WORK/llmc_libs/libnvidia-ml.so"
+        cp -r "$LLMC_DIR" "$WORK/llmc"
+        build llmc make -C "$WORK/llmc" train_gpt2cu USE_CUDNN=1 NO_MULTI_GPU=1 GPU_COMPUTE_CAPABILITY="$SM" \
+            NVCC="$NVCC_BIN" NVCC_INCLUDES="-Icudnn-frontend/include -I$CUDNN_INC" \
+            NVCC_LDFLAGS="-L$WORK/llmc_libs -L$LLMC_LIB -Xlinker -rpath=$LLMC_LIB -lcublas -lcublasLt -lcudnn -lnvrtc -lnvidia-ml"
+    fi
+fi
 # ptxas's register report of every kernel in both builds: none may spill
 build ptxas_bf16 $NVCC -Xptxas -v -c train_gpt2.cu -o "$WORK/ptxas_bf16.o"
 build ptxas_fp32 $NVCC -DENABLE_FP32 -Xptxas -v -c train_gpt2.cu -o "$WORK/ptxas_fp32.o"
@@ -250,6 +312,7 @@ for f in "$WORK"/build_*.rc; do
     name=$(basename "$f" .rc)
     if [ "$(cat "$f")" = "0" ]; then pass "$name"; else fail "$name: $(grep -m1 -E 'error' "$LOGS/$name.log" | cut -c1-160)"; fi
 done
+[ -z "$LLMC_WHY" ] && [ ! -x "$WORK/llmc/train_gpt2cu" ] && LLMC_WHY="its build failed (build_llmc.log)"
 for prec in bf16 fp32; do
     spills=$(grep -E '[1-9][0-9]* bytes spill (stores|loads)' "$LOGS/build_ptxas_$prec.log" 2>/dev/null | wc -l)
     if [ ! -s "$LOGS/build_ptxas_$prec.log" ]; then skip "register spills ($prec): no ptxas report"
@@ -618,9 +681,11 @@ EOF
 BENCH_B=""
 if [ -x ./train_gpt2cu ]; then
     for B in 64 32 16 8; do
+        mem_watch ours
         run "bench_B$B" 120 ./train_gpt2cu -e d12 -b $B -t 1024 -x 30 -v 0 -s 0 \
             -i "$WORK/bench_train_*.bin" -lg "$LOGS/bench_B$B.jsonl"
         rc=$?
+        mem_peak ours > "$WORK/mem_ours.peak"
         if [ $rc -eq 0 ]; then BENCH_B=$B; break; fi
         grep -q "out of GPU memory" "$LOGS/bench_B$B.log" || break  # only memory is worth a smaller B
     done
@@ -628,7 +693,7 @@ fi
 if [ -n "$BENCH_B" ]; then
     # gates: step 0 of a fresh model near ln(50257) = 10.825, the loss falling
     # (random tokens: towards ln 50257 from above), and the figures
-    python3 - "$LOGS/bench_B$BENCH_B.jsonl" "$LOGS/bench_B$BENCH_B.log" > "$WORK/bench.txt" <<'EOF'
+    python3 - "$LOGS/bench_B$BENCH_B.jsonl" "$LOGS/bench_B$BENCH_B.log" "$WORK/ms_ours" > "$WORK/bench.txt" <<'EOF'
 import json, math, re, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 ms = statistics.median(r["ms"] for r in rows[3:])  # steps 0-2 warm cuBLASLt up
@@ -641,6 +706,7 @@ print(f"{'ok' if near else 'FAIL'} step 0 loss {first:.3f} (ln 50257 = {math.log
 print(f"{'ok' if last < first else 'FAIL'} loss falls: {first:.3f} -> {last:.3f} over {len(rows)} steps")
 print(f"figures train_gpt2cu B={sys.argv[1].split('_B')[-1].split('.')[0]}: ms/step {ms:.2f} tokens/s {tokens / ms * 1000:.0f} "
       f"MFU {mfu_s} (B*T = {tokens}, median of steps 3-{len(rows) - 1})")
+open(sys.argv[3], "w").write(f"{ms:.3f} {mfu_s.rstrip('%')}\n")
 EOF
     while read -r verdict rest; do
         case $verdict in ok) pass "$rest" ;; FAIL) fail "$rest" ;; *) say "   $rest" ;; esac
@@ -823,15 +889,64 @@ else
 fi
 
 # ---------------------------------------------------------------------------
-phase "the PyTorch peer, -fa 0" full
+# the peers at the benchmark's B and T, one after the other on the same GPU:
+# ms per step (the median of the steady steps), tokens/s, the peak GPU
+# memory in use (mem_watch), and ours / theirs for each
+phase "the peers: PyTorch and llm.c; -fa 0" full
 if [ $ON = 1 ] && [ -n "$BENCH_B" ]; then
     if [ $HAVE_TORCH = 1 ]; then
+        mem_watch torch
         run torch_bench 150 python3 dev/train_gpt2.py --bench --device cuda --compile --dtype-train bf16 \
-            -B "$BENCH_B" -T 1024 --init d12 --steps 30 &&
-        grep -h '^bench:' "$LOGS/torch_bench.log" | sed 's/^/   pytorch (torch.compile, bf16) /' | tee -a "$SUMMARY"
+            -B "$BENCH_B" -T 1024 --init d12 --steps 30
+        rc=$?
+        mem_peak torch > "$WORK/mem_torch.peak"
+        [ $rc -eq 0 ] && grep -h '^bench:' "$LOGS/torch_bench.log" | head -n 1 | sed 's/.*ms\/step \([0-9.]*\).*/\1/' \
+            > "$WORK/ms_torch"
     else
         skip "torch_bench: no PyTorch with CUDA here"
     fi
+    if [ -n "$LLMC_WHY" ]; then
+        skip "llm.c peer: $LLMC_WHY"
+    else
+        # llm.c's 124M recipe (scripts/run_gpt2_124M.sh) on one GPU: -r 0 -z 0,
+        # no gradient accumulation; -v 1000 -m 1: one val batch at the first and
+        # last step, outside its timed steps (its -v 0 divides by zero)
+        mem_watch llmc
+        run llmc_bench 150 env LD_LIBRARY_PATH="$LLMC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$WORK/llmc/train_gpt2cu" \
+            -i "$WORK/bench_train_*.bin" -j "$WORK/bench_train_000000.bin" -e d12 -b "$BENCH_B" -t 1024 \
+            -d $((BENCH_B * 1024)) -r 0 -z 0 -l 0.0006 -u 700 -c 0.1 -x 30 -v 1000 -m 1 -s 0 -h 0
+        rc=$?
+        mem_peak llmc > "$WORK/mem_llmc.peak"
+        # its step lines: "step N/M | loss | norm | lr | X ms | Y% bf16 MFU | Z tok/s"; the median from step 4
+        [ $rc -eq 0 ] && python3 - "$LOGS/llmc_bench.log" > "$WORK/ms_llmc" <<'EOF'
+import re, statistics, sys
+steps = re.findall(r"^step +(\d+)/\d+ \|.*\| ([0-9.]+) ms \| ([0-9.]+)% bf16 MFU", open(sys.argv[1]).read(), re.M)
+steady = [(float(ms), float(mfu)) for n, ms, mfu in steps if int(n) > 3]
+if steady:
+    print(f"{statistics.median(m for m, _ in steady):.3f} {statistics.median(f for _, f in steady):.1f}")
+EOF
+    fi
+    python3 - "$WORK" "$BENCH_B" <<'EOF' | tee -a "$SUMMARY"
+import os, sys
+work, B = sys.argv[1], int(sys.argv[2])
+def read(name):
+    try: return open(os.path.join(work, name)).read().split()
+    except OSError: return []
+ours, ours_mem = read("ms_ours"), read("mem_ours.peak")
+for name, label in (("ours", "train_gpt2cu"), ("torch", "PyTorch (torch.compile, bf16)"), ("llmc", "llm.c (cuDNN attention)")):
+    ms, mem = read("ms_" + name), read("mem_" + name + ".peak")
+    if not ms:
+        print(f"   {label}: no figures")
+        continue
+    line = f"   {label:30s} ms/step {float(ms[0]):8.2f} tokens/s {B * 1024 / float(ms[0]) * 1000:8.0f}"
+    line += f" MFU {ms[1]}%" if len(ms) > 1 else ""
+    line += f" peak GPU memory {mem[0] if mem else 'n/a'} MiB"
+    if name != "ours" and ours:
+        line += f"; ours/{name}: ms {float(ours[0]) / float(ms[0]):.3f}"
+        if ours_mem and mem and ours_mem[0].isdigit() and mem[0].isdigit() and int(mem[0]) > 0:
+            line += f", memory {int(ours_mem[0]) / int(mem[0]):.3f}"
+    print(line)
+EOF
 fi
 if [ $ON = 1 ] && [ -n "$BENCH_B" ]; then
     run "bench_fa0" 90 ./train_gpt2cu -e d12 -b "$BENCH_B" -t 1024 -x 12 -v 0 -s 0 -fa 0 \

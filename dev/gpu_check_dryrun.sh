@@ -51,7 +51,8 @@ esac
 chmod +x "$out"
 NVCC
 chmod +x "$top/bin/"*
-(cd "$top/repo" && PATH="$top/bin:$PATH" OUT="$top/out" DRYRUN=1 ./dev/gpu_check.sh)
+# no llm.c peer: the nvcc stand-in would build it as a CPU trainer
+(cd "$top/repo" && env -u LLMC_DIR PATH="$top/bin:$PATH" OUT="$top/out" DRYRUN=1 ./dev/gpu_check.sh)
 rc=$?
 git worktree remove --force "$top/repo"
 echo "gpu_check_dryrun: gpu_check exited $rc; its summary: $top/out/summary.txt"

@@ -133,18 +133,29 @@ attention_forward_kernel(floatX *out, float *lse, const floatX *qkv, int T, int 
     }
 }
 
-// delta[b,h,t] = dout[b,t,h,:] . out[b,t,h,:], the softmax backward's row term
+// delta[b,h,t] = dout[b,t,h,:] . out[b,t,h,:], the softmax backward's row
+// term. HS / PACK threads a row (2 to 32, a power of 2), each one 16-byte pack
+// of out and of dout, summed across them by shuffles: a warp's loads are
+// contiguous (512 bytes of each at HS = 64), where one thread a row read 8
+// bytes 128 bytes apart. Threads past the last row take part in the shuffles.
 __global__ void attention_delta_kernel(float *delta, const floatX *out, const floatX *dout, int B, int T, int NH,
                                        int HS) {
+    int G = HS / PACK;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * T * NH) return;
-    int h = (int)(idx % NH);
-    size_t bt = idx / NH;
-    int b = (int)(bt / T), t = (int)(bt % T), C = NH * HS;
-    const floatX *o = out + bt * C + h * HS, *d = dout + bt * C + h * HS;
+    size_t row = idx / G;  // (b, t, h) in out's order: (b * T + t) * NH + h
+    int part = (int)(idx % G);
+    int live = row < (size_t)B * T * NH;
     float sum = 0.0f;
-    for (int i = 0; i < HS; i += 4) sum += dot4(load4(o + i), load4(d + i));
-    delta[((size_t)b * NH + h) * T + t] = sum;
+    if (live) {
+        Pack o = load_pack(out + row * HS + part * PACK), d = load_pack(dout + row * HS + part * PACK);
+        for (int k = 0; k < PACK; k++) sum += to_f(o.v[k]) * to_f(d.v[k]);
+    }
+    for (int offset = G / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (live && part == 0) {
+        int h = (int)(row % NH);
+        size_t bt = row / NH;
+        delta[((bt / T) * NH + h) * T + bt % T] = sum;
+    }
 }
 
 // dq for a tile of query rows, walking the key tiles in its past. With
@@ -688,7 +699,8 @@ static void attention_forward(floatX *out, float *lse, const floatX *qkv, int B,
 static void attention_backward(floatX *dqkv, float *delta, const floatX *dout, const floatX *qkv, const floatX *out,
                                const float *lse, int B, int T, int C, int NH, int tc, cudaStream_t stream) {
     int HS = C / NH;
-    attention_delta_kernel<<<ceil_div((long)B * T * NH, 256), 256, 0, stream>>>(delta, out, dout, B, T, NH, HS);
+    attention_delta_kernel<<<ceil_div((long)B * T * NH * (HS / PACK), 256), 256, 0, stream>>>(delta, out, dout, B, T, NH,
+                                                                                               HS);
     CUDA_CHECK(cudaGetLastError());
     AttentionCall a = {};
     a.backward = 1;

@@ -16,6 +16,7 @@
  *                          exit(1)
  *   ceil_div, grid_for     the grid sizes
  *   warp_sum, block_sum    the fixed-order sums inside a warp and a block
+ *   block_max              the largest value over a block
  */
 #ifndef LLM3D_CUDA_COMMON_CUH
 #define LLM3D_CUDA_COMMON_CUH
@@ -131,6 +132,19 @@ static __device__ float block_sum(float v) {
     __syncthreads();
     v = lane < nwarps ? shared[lane] : 0.0f;
     return warp_sum(v);
+}
+
+// the largest v over the block (as block_sum); every thread gets it
+static __device__ float block_max(float v) {
+    __shared__ float shared[32];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();  // shared may still be read by a previous call
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? shared[lane] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
 }
 
 #endif
