@@ -297,8 +297,9 @@ attention_backward_dkdv_kernel(floatX *dqkv, const floatX *qkv, const floatX *do
 // and data layout as the kernels above, with the four products per tile
 // (S = Q K^T, O += P V, dP = dO V^T, dQ/dK/dV += dS K / dS^T Q / P^T dO) as
 // mma.sync m16n8k16 (bf16 inputs, fp32 accumulators). A warp owns 16 rows; a
-// block is 4 warps = 64 rows; the other side's tile (64 rows) sits in shared
-// memory in bf16, row-major and, where a product needs it, transposed.
+// block is 4 warps = 64 rows; the other side's tiles (64 rows) sit in shared
+// memory in bf16, two of each: cp.async copies the next tile while the block
+// computes on this one.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16 .bf16), lane = 4 * gid + tig:
 //   A (16x16, row-major): a0 = A[gid][2tig..2tig+1], a1 = A[gid+8][2tig..],
@@ -308,8 +309,13 @@ attention_backward_dkdv_kernel(floatX *dqkv, const floatX *qkv, const floatX *do
 // so two C tiles side by side (16 x 16) are, packed to bf16, exactly an A
 // fragment: the softmax stays in registers between the two products. Each
 // 32-bit register holds two bf16, the lower-indexed one in the low half.
-// Shared rows are padded by 8 bf16 so the 8 rows a B fragment reads fall in
-// 8 different bank groups.
+// Every tile sits in shared memory row-major, as it lies in memory. A B
+// fragment of a row-major tile's transpose (V in P V, K in dS K, dO in P^T
+// dO, Q in dS^T Q) comes from ldmatrix .trans, which hands each lane the
+// column pair the fragment wants, so no tile is ever stored transposed
+// (scalar 2-byte stores into a transposed tile were 8-way bank-conflicted).
+// Shared rows are padded by 8 bf16 so the 8 rows one 8x8 matrix of ldmatrix,
+// or one B fragment, reads fall in 8 different bank groups.
 
 constexpr int TC_ROWS = 64;         // rows per block, 16 per warp
 constexpr int TC_THREADS = 128;
@@ -329,6 +335,22 @@ static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 static __device__ __forceinline__ uint32_t pair_at(const __nv_bfloat16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
 
+// the B fragments of two 8-column tiles of the transpose of 16 rows of a
+// row-major shared tile, its columns col..col+7 and col+8..col+15: b[0], b[1]
+// for the first, b[2], b[3] for the second. rows points at the first of the
+// 16 rows. Lane l names row l % 16 at column col + (l / 16) * 8: lanes 0-7 and
+// 8-15 the two 8x8 matrices of the first tile (rows 0-7 and 8-15), lanes
+// 16-31 those of the second; .trans gives lane 4 * gid + tig the pair of rows
+// (2 tig, 2 tig + 1) in column gid of each: b0 and b1 of mma's B fragment.
+template <int LD>
+static __device__ __forceinline__ void ldmatrix_trans_x4(uint32_t b[4], const __nv_bfloat16 (*rows)[LD], int col, int lane) {
+    uint32_t addr = (uint32_t)__cvta_generic_to_shared(&rows[lane % 16][col + (lane / 16) * 8]);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
 // the A fragments of rows r_lo = row0 + gid and r_hi = r_lo + 8 of a (rows,
 // HS) slice with row stride ld, for the HS/16 k-steps
 template <int HS>
@@ -344,20 +366,26 @@ static __device__ __forceinline__ void load_a_rows(uint32_t a[][4], const __nv_b
     }
 }
 
-// copies rows row0..row0+63 (clamped to T-1) of one head's HS columns into
-// shared memory: row-major into rm (if not NULL) and transposed into tr (if
-// not NULL). src points at the head's column 0 of sequence row 0.
+// cp.async: 16 bytes from global to shared memory without a trip through
+// registers. The copies a thread issued before cp_async_commit form a group;
+// cp_async_wait<N> returns once all but the newest N of its groups landed.
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    uint32_t addr = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(src) : "memory");
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// starts copying rows row0..row0+63 (clamped to T-1) of one head's HS columns
+// into shared memory, row-major, 16 bytes at a time (cp.async: they land by
+// a later cp_async_wait). src points at the head's column 0 of sequence row 0.
 template <int HS>
-static __device__ __forceinline__ void load_tile(__nv_bfloat16 (*rm)[HS + TC_PAD], __nv_bfloat16 (*tr)[TC_ROWS + TC_PAD],
-                                                 const __nv_bfloat16 *src, size_t ld, int row0, int T) {
+static __device__ __forceinline__ void load_tile(__nv_bfloat16 (*rm)[HS + TC_PAD], const __nv_bfloat16 *src, size_t ld,
+                                                 int row0, int T) {
     for (int idx = threadIdx.x; idx < TC_ROWS * HS / 8; idx += TC_THREADS) {
         int j = idx / (HS / 8), c = (idx % (HS / 8)) * 8, row = min(row0 + j, T - 1);
-        uint4 v = *reinterpret_cast<const uint4 *>(src + (size_t)row * ld + c);
-        if (rm != NULL) *reinterpret_cast<uint4 *>(&rm[j][c]) = v;
-        if (tr != NULL) {
-            const __nv_bfloat16 *e = reinterpret_cast<const __nv_bfloat16 *>(&v);
-            for (int k = 0; k < 8; k++) tr[c + k][j] = e[k];
-        }
+        cp_async16(&rm[j][c], src + (size_t)row * ld + c);
     }
 }
 
@@ -365,8 +393,8 @@ template <int HS>
 __global__ void __launch_bounds__(TC_THREADS)
 attention_forward_tc_kernel(floatX *out, float *lse, const floatX *qkv, int T, int NH) {
     constexpr int KS = HS / 16, DN = HS / 8;  // k-steps over the head, 8-column tiles of the head
-    __shared__ __align__(16) __nv_bfloat16 sk[TC_ROWS][HS + TC_PAD];
-    __shared__ __align__(16) __nv_bfloat16 svt[HS][TC_ROWS + TC_PAD];
+    __shared__ __align__(16) __nv_bfloat16 sk_buf[2][TC_ROWS][HS + TC_PAD];  // two tiles: one computed on,
+    __shared__ __align__(16) __nv_bfloat16 sv_buf[2][TC_ROWS][HS + TC_PAD];  // the next one landing
     int C = NH * HS, C3 = 3 * C;
     int qtile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
@@ -379,12 +407,21 @@ attention_forward_tc_kernel(floatX *out, float *lse, const floatX *qkv, int T, i
     float o[DN][4];
     for (int d = 0; d < DN; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;  // l: this thread's columns only
-    int kend = min(T, (qtile + 1) * TC_ROWS);
-    for (int k0 = 0; k0 < kend; k0 += TC_ROWS) {
+    int ntiles = (min(T, (qtile + 1) * TC_ROWS) + TC_ROWS - 1) / TC_ROWS;  // the key tiles in the block's past
+    load_tile<HS>(sk_buf[0], seq + C, C3, 0, T);
+    load_tile<HS>(sv_buf[0], seq + 2 * C, C3, 0, T);
+    cp_async_commit();
+    for (int it = 0; it < ntiles; it++) {
+        int k0 = it * TC_ROWS, buf = it & 1;
+        if (it + 1 < ntiles) {  // the next tile's copies fly while this one is computed on
+            load_tile<HS>(sk_buf[buf ^ 1], seq + C, C3, k0 + TC_ROWS, T);
+            load_tile<HS>(sv_buf[buf ^ 1], seq + 2 * C, C3, k0 + TC_ROWS, T);
+        }
+        cp_async_commit();  // (an empty group on the last tile keeps the count)
+        cp_async_wait<1>();  // every group but the newest landed: this tile's
         __syncthreads();
-        load_tile<HS>(sk, NULL, seq + C, C3, k0, T);
-        load_tile<HS>(NULL, svt, seq + 2 * C, C3, k0, T);
-        __syncthreads();
+        __nv_bfloat16(*sk)[HS + TC_PAD] = sk_buf[buf];
+        __nv_bfloat16(*sv)[HS + TC_PAD] = sv_buf[buf];
         float s[8][4];
         float mx_lo = m_lo, mx_hi = m_hi;
         #pragma unroll
@@ -433,11 +470,14 @@ attention_forward_tc_kernel(floatX *out, float *lse, const floatX *qkv, int T, i
             l_hi += p[2] + p[3] + p[6] + p[7];
             uint32_t pa[4] = {pack_bf16(p[0], p[1]), pack_bf16(p[2], p[3]), pack_bf16(p[4], p[5]), pack_bf16(p[6], p[7])};
             #pragma unroll
-            for (int d = 0; d < DN; d++) {
-                const __nv_bfloat16 *vr = &svt[d * 8 + gid][kk * 16 + 2 * tig];
-                mma_16816(o[d], pa, pair_at(vr), pair_at(vr + 8));
+            for (int d = 0; d < DN; d += 2) {
+                uint32_t vb[4];
+                ldmatrix_trans_x4<HS + TC_PAD>(vb, &sv[kk * 16], d * 8, lane);
+                mma_16816(o[d], pa, vb[0], vb[1]);
+                mma_16816(o[d + 1], pa, vb[2], vb[3]);
             }
         }
+        __syncthreads();  // every warp is done with this tile before the next iteration copies into it
     }
     for (int off = 1; off < 4; off *= 2) {
         l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
@@ -463,9 +503,8 @@ __global__ void __launch_bounds__(TC_THREADS)
 attention_backward_dq_tc_kernel(floatX *dqkv, const floatX *qkv, const floatX *dout, const float *lse,
                                 const float *delta, int T, int NH) {
     constexpr int KS = HS / 16, DN = HS / 8;
-    __shared__ __align__(16) __nv_bfloat16 sk[TC_ROWS][HS + TC_PAD];
-    __shared__ __align__(16) __nv_bfloat16 sv[TC_ROWS][HS + TC_PAD];
-    __shared__ __align__(16) __nv_bfloat16 skt[HS][TC_ROWS + TC_PAD];
+    __shared__ __align__(16) __nv_bfloat16 sk_buf[2][TC_ROWS][HS + TC_PAD];  // as the forward's
+    __shared__ __align__(16) __nv_bfloat16 sv_buf[2][TC_ROWS][HS + TC_PAD];
     int C = NH * HS, C3 = 3 * C;
     int qtile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
@@ -482,12 +521,21 @@ attention_backward_dq_tc_kernel(floatX *dqkv, const floatX *qkv, const floatX *d
     float dl_lo = delta[stat + rl_lo], dl_hi = delta[stat + rl_hi];
     float dq[DN][4];
     for (int d = 0; d < DN; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
-    int kend = min(T, (qtile + 1) * TC_ROWS);
-    for (int k0 = 0; k0 < kend; k0 += TC_ROWS) {
+    int ntiles = (min(T, (qtile + 1) * TC_ROWS) + TC_ROWS - 1) / TC_ROWS;
+    load_tile<HS>(sk_buf[0], seq + C, C3, 0, T);
+    load_tile<HS>(sv_buf[0], seq + 2 * C, C3, 0, T);
+    cp_async_commit();
+    for (int it = 0; it < ntiles; it++) {
+        int k0 = it * TC_ROWS, buf = it & 1;
+        if (it + 1 < ntiles) {
+            load_tile<HS>(sk_buf[buf ^ 1], seq + C, C3, k0 + TC_ROWS, T);
+            load_tile<HS>(sv_buf[buf ^ 1], seq + 2 * C, C3, k0 + TC_ROWS, T);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
         __syncthreads();
-        load_tile<HS>(sk, skt, seq + C, C3, k0, T);
-        load_tile<HS>(sv, NULL, seq + 2 * C, C3, k0, T);
-        __syncthreads();
+        __nv_bfloat16(*sk)[HS + TC_PAD] = sk_buf[buf];
+        __nv_bfloat16(*sv)[HS + TC_PAD] = sv_buf[buf];
         #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
             if (k0 + kk * 16 > row0 + 15) break;
@@ -512,11 +560,14 @@ attention_backward_dq_tc_kernel(floatX *dqkv, const floatX *qkv, const floatX *d
             }
             uint32_t dsa[4] = {pack_bf16(ds[0], ds[1]), pack_bf16(ds[2], ds[3]), pack_bf16(ds[4], ds[5]), pack_bf16(ds[6], ds[7])};
             #pragma unroll
-            for (int d = 0; d < DN; d++) {
-                const __nv_bfloat16 *kr = &skt[d * 8 + gid][kk * 16 + 2 * tig];
-                mma_16816(dq[d], dsa, pair_at(kr), pair_at(kr + 8));
+            for (int d = 0; d < DN; d += 2) {
+                uint32_t kb[4];
+                ldmatrix_trans_x4<HS + TC_PAD>(kb, &sk[kk * 16], d * 8, lane);
+                mma_16816(dq[d], dsa, kb[0], kb[1]);
+                mma_16816(dq[d + 1], dsa, kb[2], kb[3]);
             }
         }
+        __syncthreads();  // every warp is done with this tile before the next iteration copies into it
     }
     float inv_sqrt = 1.0f / sqrtf((float)HS);
     floatX *dst = dqkv + (size_t)b * T * C3 + h * HS + 2 * tig;
@@ -535,11 +586,9 @@ __global__ void __launch_bounds__(TC_THREADS)
 attention_backward_dkdv_tc_kernel(floatX *dqkv, const floatX *qkv, const floatX *dout, const float *lse,
                                   const float *delta, int T, int NH) {
     constexpr int KS = HS / 16, DN = HS / 8;
-    __shared__ __align__(16) __nv_bfloat16 sq[TC_ROWS][HS + TC_PAD];
-    __shared__ __align__(16) __nv_bfloat16 sdo[TC_ROWS][HS + TC_PAD];
-    __shared__ __align__(16) __nv_bfloat16 sqt[HS][TC_ROWS + TC_PAD];
-    __shared__ __align__(16) __nv_bfloat16 sdot[HS][TC_ROWS + TC_PAD];
-    __shared__ float slse[TC_ROWS], sdelta[TC_ROWS];
+    __shared__ __align__(16) __nv_bfloat16 sq_buf[2][TC_ROWS][HS + TC_PAD];  // two tiles, as the forward's
+    __shared__ __align__(16) __nv_bfloat16 sdo_buf[2][TC_ROWS][HS + TC_PAD];
+    __shared__ float slse_buf[2][TC_ROWS], sdelta_buf[2][TC_ROWS];
     int C = NH * HS, C3 = 3 * C;
     int ktile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
@@ -555,16 +604,28 @@ attention_backward_dkdv_tc_kernel(floatX *dqkv, const floatX *qkv, const floatX 
     float dk[DN][4], dv[DN][4];
     for (int d = 0; d < DN; d++)
         for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.0f;
-    for (int q0 = ktile * TC_ROWS; q0 < T; q0 += TC_ROWS) {
-        __syncthreads();
-        load_tile<HS>(sq, sqt, seq, C3, q0, T);
-        load_tile<HS>(sdo, sdot, dseq, C, q0, T);
-        for (int j = threadIdx.x; j < TC_ROWS; j += TC_THREADS) {
-            int tq = min(q0 + j, T - 1);
-            slse[j] = lse[stat + tq];
-            sdelta[j] = delta[stat + tq];
+    // the query tiles from the block's own on: tile it's rows, statistics
+    // and all, go into buffer it & 1 while tile it - 1 is computed on
+    int ntiles = (T - ktile * TC_ROWS + TC_ROWS - 1) / TC_ROWS;
+    for (int it = -1; it < ntiles; it++) {
+        int q0 = (ktile + it) * TC_ROWS, buf = it & 1;
+        if (it + 1 < ntiles) {
+            int next = q0 + TC_ROWS, nbuf = (it + 1) & 1;
+            load_tile<HS>(sq_buf[nbuf], seq, C3, next, T);
+            load_tile<HS>(sdo_buf[nbuf], dseq, C, next, T);
+            for (int j = threadIdx.x; j < TC_ROWS; j += TC_THREADS) {
+                int tq = min(next + j, T - 1);
+                slse_buf[nbuf][j] = lse[stat + tq];
+                sdelta_buf[nbuf][j] = delta[stat + tq];
+            }
         }
+        cp_async_commit();
+        if (it < 0) continue;  // the first tile's copies only
+        cp_async_wait<1>();
         __syncthreads();
+        __nv_bfloat16(*sq)[HS + TC_PAD] = sq_buf[buf];
+        __nv_bfloat16(*sdo)[HS + TC_PAD] = sdo_buf[buf];
+        const float *slse = slse_buf[buf], *sdelta = sdelta_buf[buf];
         #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
             if (q0 + kk * 16 + 15 < row0) continue;  // warp-uniform: these queries see none of the warp's keys
@@ -591,12 +652,17 @@ attention_backward_dkdv_tc_kernel(floatX *dqkv, const floatX *qkv, const floatX 
             uint32_t pa[4] = {pack_bf16(p[0], p[1]), pack_bf16(p[2], p[3]), pack_bf16(p[4], p[5]), pack_bf16(p[6], p[7])};
             uint32_t dsa[4] = {pack_bf16(ds[0], ds[1]), pack_bf16(ds[2], ds[3]), pack_bf16(ds[4], ds[5]), pack_bf16(ds[6], ds[7])};
             #pragma unroll
-            for (int d = 0; d < DN; d++) {
-                const __nv_bfloat16 *dr = &sdot[d * 8 + gid][kk * 16 + 2 * tig], *qr = &sqt[d * 8 + gid][kk * 16 + 2 * tig];
-                mma_16816(dv[d], pa, pair_at(dr), pair_at(dr + 8));
-                mma_16816(dk[d], dsa, pair_at(qr), pair_at(qr + 8));
+            for (int d = 0; d < DN; d += 2) {
+                uint32_t db[4], qb[4];
+                ldmatrix_trans_x4<HS + TC_PAD>(db, &sdo[kk * 16], d * 8, lane);
+                ldmatrix_trans_x4<HS + TC_PAD>(qb, &sq[kk * 16], d * 8, lane);
+                mma_16816(dv[d], pa, db[0], db[1]);
+                mma_16816(dv[d + 1], pa, db[2], db[3]);
+                mma_16816(dk[d], dsa, qb[0], qb[1]);
+                mma_16816(dk[d + 1], dsa, qb[2], qb[3]);
             }
         }
+        __syncthreads();  // every warp is done with this tile before the next iteration copies into it
     }
     float inv_sqrt = 1.0f / sqrtf((float)HS);
     floatX *dst = dqkv + (size_t)b * T * C3 + h * HS + 2 * tig;
