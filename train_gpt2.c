@@ -1178,14 +1178,18 @@ static void pipe_send(GPT2 *m, PipeMsg out, PipeMsg in) {
 // in m->loss_sum (the last part). dloss as for chunk_backward. Every stage
 // reads each micro-batch from the stream once, at its F on chunk 0 (in
 // micro-batch order on every schedule); its later chunks copy the tokens
-// from that set, which it holds until its last B.
-static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n, float dloss) {
+// from that set, which it holds until its last B. t gets the step's times
+// (watch.h's PipeTimes: each op's, the messages', the end) for the bubble.
+static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n, float dloss, PipeTimes *t) {
     const Shard *s = &m->shard;
     size_t BT = (size_t)m->B * m->T;
+    pipe_times_start(t);
+    double at = now_ms(), was;
     for (int i = 0; i < n; i++) {
         const PipeStep *st = &plan[i];
         PipeOp op = st->op;
         pipe_recv(m, st->recv);
+        was = at, at = now_ms(), t->msg_ms += at - was;
         if (op.kind == PIPE_F) {
             Acts *a = set_take(m, op.mb, op.chunk);
             if (op.chunk == 0) {
@@ -1205,8 +1209,12 @@ static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n
             // (dacts) or, split, the B's own set, still held until the W
             if (part != BACK_INPUT) set_give_back(m, op.mb, op.chunk);
         }
+        was = at, at = now_ms();
+        if (op.kind != PIPE_MSG) pipe_times_add(t, op.kind, at - was);
         pipe_send(m, st->send, st->next_recv);
+        was = at, at = now_ms(), t->msg_ms += at - was;
     }
+    t->end_ms = at;
 }
 
 // the forward of batch i, set a, through the model's parts in model order
@@ -1352,6 +1360,17 @@ static void watch_report(GPT2 *m, const Parallel *par, Watch *w, int step, LogLi
     watch_pack(w, mine);
     comm_allgather(par->comm, &par->world, mine, w->all, WATCH_FLOATS);
     if (par->grid.rank == 0) watch_judge(w, step, w->all, l);
+}
+
+// the pipeline's bubble after this step (pp > 1; watch.h's PipeMeter):
+// every rank's times all-gathered over the world; rank 0 judges, into l
+static void bubble_report(GPT2 *m, const Parallel *par, PipeMeter *pm, int step, LogLine *l) {
+    (void)m;
+    if (!pm->on) return;
+    float *mine = pm->all + (size_t)par->grid.rank * PIPE_METER_FLOATS;  // in place
+    pipe_meter_pack(pm, mine);
+    comm_allgather(par->comm, &par->world, mine, pm->all, PIPE_METER_FLOATS);
+    if (par->grid.rank == 0) pipe_meter_judge(pm, step, pm->all, l);
 }
 
 // the stage's layers: "0..3", with chunks "0..1 (part 0), 4..5 (part 2)"
@@ -1664,9 +1683,11 @@ int main(int argc, char **argv) {
     memset(&guard, 0, sizeof(guard));
     Watch watch;
     watch_init(&watch, &job, &par.grid);
+    PipeMeter meter;
+    pipe_meter_init(&meter, &job, &par.grid, 1);
     for (int step = job.start; step < job.steps && !stopped; step++) {
         set_step(&par, step);
-        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL, NULL};
+        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL, NULL, NULL};
         run_evaluations(&model, &par, &job, step, &line);
         if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
         if (fault_drift_due(&job, par.grid.rank, step)) drift_parameter(&model);
@@ -1678,7 +1699,7 @@ int main(int argc, char **argv) {
         gpt2_zero_grad(&model);
         gpt2_zero_losses(&model);
         float dloss = 1.0f / (float)((double)B * T * accum * dp);
-        pipeline_run(&model, &job.train, plan, nops, dloss);  // one stage: F0 B0 F1 B1 ...
+        pipeline_run(&model, &job.train, plan, nops, dloss, &meter.step);  // one stage: F0 B0 F1 B1 ...
         line.lr = lr_at_step(&job.opt, step, job.steps);
         hyper.lr = line.lr;
         stopped = ckpt_stop_signal != 0;
@@ -1687,6 +1708,7 @@ int main(int argc, char **argv) {
         line.ms = now_ms() - t0;
         watch_end(&par, &watch, line.ms);
         if (watch_due(&watch, step)) watch_report(&model, &par, &watch, step, &line);
+        bubble_report(&model, &par, &meter, step, &line);
         if (rank0) {
             print_mfu(&job, report_step(&job, &line, &guard), peak);
             watch_print(&watch);
@@ -1701,7 +1723,9 @@ int main(int argc, char **argv) {
     }
 
     if (!stopped && final_model(&model, &par, &job) != 0) return 1;
+    pipe_meter_print(&meter);
     if (par.comm) print_rank_bytes(&model, &par);
+    pipe_meter_free(&meter);
     watch_free(&watch);
     free_job(&job);
     comm_free(par.comm);

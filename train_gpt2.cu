@@ -1208,7 +1208,11 @@ static void pipe_exchange(GPT2 *m, PipeMsg out, PipeMsg in) {
 // and the messages between neighbouring stages in the order of its plan
 // (pipeline.h's pipeline_plan, the same plan train_gpt2.c's pipeline_run
 // posts and test_parallel checks). dloss = 1 / (all positions of the step).
-static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n, float dloss) {
+// t (watch.h's PipeTimes, the CPU trainer's measure of the bubble) stays
+// empty: the kernels run ahead of the host, so host clocks around the ops
+// would time their queueing, not their work.
+static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n, float dloss, PipeTimes *t) {
+    pipe_times_start(t);
     if (m->shard.pp > 1) nccl_mac_step_begin(m->nccl);  // the step's MAC'd messages, checked by gpt2_step_loss
     for (int k = 0; k < n; k++) {
         const PipeStep *st = &plan[k];
@@ -1322,6 +1326,12 @@ static void watch_begin(Parallel *par, Watch *w) {
 static void watch_end(Parallel *par, Watch *w, double ms) {
     if (w->every > 0) nccl_watch(par->nccl, 0);
     watch_step_end(w, ms, 0.0);
+}
+
+// the pipeline's bubble after this step: not measured here (pipeline_run;
+// pipe_meter_init's measured is 0, so the meter is off), as train_gpt2.c's
+static void bubble_report(GPT2 *m, const Parallel *par, PipeMeter *pm, int step, LogLine *l) {
+    (void)m, (void)par, (void)pm, (void)step, (void)l;
 }
 
 // every rank here, so that a line printed before an exit is out
@@ -1502,10 +1512,12 @@ int main(int argc, char **argv) {
     memset(&guard, 0, sizeof(guard));
     Watch watch;
     watch_init(&watch, &job, &par.grid);
+    PipeMeter meter;
+    pipe_meter_init(&meter, &job, &par.grid, 0);
     checks_alloc(&model, &job, &watch);
     for (int step = job.start; step < job.steps && !stopped; step++) {
         set_step(&par, step);
-        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL, NULL};
+        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL, NULL, NULL};
         run_evaluations(&model, &par, &job, step, &line);
         if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
         if (fault_drift_due(&job, par.grid.rank, step)) drift_parameter(&model);
@@ -1518,7 +1530,7 @@ int main(int argc, char **argv) {
         gpt2_zero_grad(&model);
         gpt2_zero_losses(&model);
         float dloss = 1.0f / (float)((double)B * T * accum * dp);
-        pipeline_run(&model, &job.train, plan, nops, dloss);  // one stage: F0 B0 F1 B1 ...
+        pipeline_run(&model, &job.train, plan, nops, dloss, &meter.step);  // one stage: F0 B0 F1 B1 ...
         line.lr = lr_at_step(&job.opt, step, job.steps);
         hyper.lr = line.lr;
         stopped = ckpt_stop_signal != 0;
@@ -1528,6 +1540,7 @@ int main(int argc, char **argv) {
         line.ms = now_ms() - t0;
         watch_end(&par, &watch, line.ms);
         if (watch_due(&watch, step)) watch_report(&model, &par, &watch, step, &line);
+        bubble_report(&model, &par, &meter, step, &line);
         if (rank0) {
             print_mfu(&job, report_step(&job, &line, &guard), peak);
             if (gpu_stats_due(&job, step)) gpu_stats_print(&gpu_stats);
@@ -1543,7 +1556,9 @@ int main(int argc, char **argv) {
     }
 
     if (!stopped && final_model(&model, &par, &job) != 0) return 1;
+    pipe_meter_print(&meter);
     checks_free(&model);
+    pipe_meter_free(&meter);
     watch_free(&watch);
     free_job(&job);
     nccl_free(par.nccl);

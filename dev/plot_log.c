@@ -6,7 +6,10 @@
  *              [--baselines gpt2|none] [--x step|tokens] [--title TEXT]
  *
  * Panels, top to bottom: the loss (train, and val where measured), HellaSwag
- * accuracy (when a log has it), the learning rate, and throughput in tokens/s.
+ * accuracy (when a log has it), the learning rate, throughput in tokens/s,
+ * and a pipeline's bubble (when a log has it: the CPU trainer's pp > 1 runs
+ * log each step's idle share measured, "bubble", and the simulator's for
+ * the step's op costs, "bubble_sim"; drawn in %).
  * A reference run (-r, another log) is drawn dashed in lighter colours on the
  * same axes, and with --baselines gpt2 (the default) the published numbers to
  * beat are labelled horizontal lines: OpenAI's GPT-2 124M reaches a val loss
@@ -17,8 +20,8 @@
  * The log: one JSON object per line, as the trainers write it (gpt2.h's
  * log_line): "step" (required, from 0), and any of "loss", "val_loss", "lr",
  * "ms" (the step's time), "tokens" (tokens seen when the step is done: the
- * batch times step + 1; throughput is a step's tokens / ms), and "hellaswag" (accuracy as a
- * fraction, as llm.c logs it; a value above 1 is taken as a percentage).
+ * batch times step + 1; throughput is a step's tokens / ms), "hellaswag" (accuracy as a
+ * fraction, as llm.c logs it; a value above 1 is taken as a percentage), "bubble" and "bubble_sim".
  * Other fields are read past. A line that is not such an object stops the
  * tool with its file and line.
  *
@@ -67,7 +70,7 @@ typedef struct {
 
 typedef struct {
     const char *path, *label;
-    Series train, val, hellaswag, lr, tokens_per_s;
+    Series train, val, hellaswag, lr, tokens_per_s, bubble, bubble_sim;
     double tokens_per_step;     // from the first "tokens" seen, 0 if none
     double last_step;           // the last step of any line
     double last_trained;        // the last step with a train loss, -1 if none
@@ -160,6 +163,8 @@ static void run_log_free(RunLog *r) {
     series_free(&r->hellaswag);
     series_free(&r->lr);
     series_free(&r->tokens_per_s);
+    series_free(&r->bubble);
+    series_free(&r->bubble_sim);
 }
 
 // run_log_add: one line's numbers into r (log_read calls it for each line)
@@ -174,6 +179,8 @@ static int run_log_add(void *ctx, const LogRecord *l, JsonReader *j) {
     if (!isnan(l->hellaswag)) bad |= series_add(&r->hellaswag, step, l->hellaswag <= 1.0 ? 100.0 * l->hellaswag : l->hellaswag);
     if (!isnan(l->lr)) bad |= series_add(&r->lr, step, l->lr);
     if (!isnan(l->ms) && !isnan(per_step) && l->ms > 0) bad |= series_add(&r->tokens_per_s, step, per_step / (l->ms / 1000.0));
+    if (!isnan(l->bubble)) bad |= series_add(&r->bubble, step, 100.0 * l->bubble);
+    if (!isnan(l->bubble_sim)) bad |= series_add(&r->bubble_sim, step, 100.0 * l->bubble_sim);
     if (bad) return json_fail(j, "out of memory");
     if (step > r->last_step) r->last_step = step;
     if (!isnan(l->loss) && step > r->last_trained) r->last_trained = step;
@@ -195,8 +202,8 @@ static int run_log_read(const char *path, RunLog *r, char *err, size_t errlen) {
 
 // to_tokens: the x values as tokens seen when the step is done, instead of steps
 static void to_tokens(RunLog *r) {
-    Series *all[5] = {&r->train, &r->val, &r->hellaswag, &r->lr, &r->tokens_per_s};
-    for (int k = 0; k < 5; k++)
+    Series *all[7] = {&r->train, &r->val, &r->hellaswag, &r->lr, &r->tokens_per_s, &r->bubble, &r->bubble_sim};
+    for (int k = 0; k < 7; k++)
         for (int i = 0; i < all[k]->n; i++) all[k]->x[i] = (all[k]->x[i] + 1) * r->tokens_per_step;
 }
 
@@ -415,8 +422,11 @@ static void summary(const RunLog *r, char *out, size_t outlen) {
 
 static int write_svg(const PlotOptions *o, const char *out_path, const RunLog *run, const RunLog *ref) {
     static const Series empty = {NULL, NULL, 0, 0};
-    const Series *rs[5] = {&empty, &empty, &empty, &empty, &empty};
-    if (ref != NULL) { rs[0] = &ref->train; rs[1] = &ref->val; rs[2] = &ref->hellaswag; rs[3] = &ref->lr; rs[4] = &ref->tokens_per_s; }
+    const Series *rs[6] = {&empty, &empty, &empty, &empty, &empty, &empty};
+    if (ref != NULL) {
+        rs[0] = &ref->train, rs[1] = &ref->val, rs[2] = &ref->hellaswag, rs[3] = &ref->lr, rs[4] = &ref->tokens_per_s;
+        rs[5] = &ref->bubble;
+    }
     const char *ref_name = ref == NULL ? "" : o->ref_label ? o->ref_label : base_name(ref->path);
     char ref_train[300], ref_val[300], ref_other[300];
     snprintf(ref_train, sizeof(ref_train), "%s: train", ref_name);
@@ -443,8 +453,11 @@ static int write_svg(const PlotOptions *o, const char *out_path, const RunLog *r
     Line lr[2] = {{&run->lr, "learning rate", "#ff7f0e", NULL, 1.5, 0, 0, "run lr"}, {rs[3], ref_other, "#ffbf87", "6,4", 1.5, 0, 0, "ref lr"}};
     Line tps[2] = {{&run->tokens_per_s, "tokens/s", "#9467bd", NULL, 1.0, 0, 0, "run tokens_per_s"},
                    {rs[4], ref_other, "#c9b3de", "6,4", 1.0, 0, 0, "ref tokens_per_s"}};
-    int has_hella = run->hellaswag.n > 0 || rs[2]->n > 0;
-    int panels = 3 + has_hella, height = HEADER_HEIGHT + panels * PANEL_HEIGHT;
+    Line bubble[3] = {{&run->bubble, "measured", "#8c564b", NULL, 1.5, 0, 0, "run bubble"},
+                      {&run->bubble_sim, "simulated for the step's op costs", "#17becf", "4,3", 1.5, 0, 0, "run bubble_sim"},
+                      {rs[5], ref_other, "#c49c94", "6,4", 1.5, 0, 0, "ref bubble"}};
+    int has_hella = run->hellaswag.n > 0 || rs[2]->n > 0, has_bubble = run->bubble.n > 0 || rs[5]->n > 0;
+    int panels = 3 + has_hella + has_bubble, height = HEADER_HEIGHT + panels * PANEL_HEIGHT;
 
     char tmp[4200], err[4400];
     FILE *f = fopen_tmp(out_path, tmp, sizeof(tmp), err, sizeof(err));  // never written through a link planted there
@@ -477,6 +490,8 @@ static int write_svg(const PlotOptions *o, const char *out_path, const RunLog *r
     draw_panel(f, top, id++, "Learning rate", "lr", xlabel, lr, 2, NULL, 0);
     top += PANEL_HEIGHT;
     draw_panel(f, top, id++, "Throughput", "tokens/s", xlabel, tps, 2, NULL, 0);
+    top += PANEL_HEIGHT;
+    if (has_bubble) draw_panel(f, top, id++, "Pipeline bubble", "idle share (%)", xlabel, bubble, 3, NULL, 0);
     fprintf(f, "</svg>\n");
     if (fclose_rename(f, tmp, out_path, err, sizeof(err)) != 0) {
         fprintf(stderr, "plot_log: %s\n", err);

@@ -724,7 +724,8 @@ static float lr_at_step(const Options *o, int step, int total) {
 // tokens trained on so far (its own included), and "skipped" when -sl or -sg
 // skipped its update, or it was not applied as not finite; on a step where the
 // watch report (-wr) found a straggler or a rank that waits unusually, its
-// fields (watch.h, watch_judge). After the last step one more
+// fields (watch.h, watch_judge); with pp > 1 on the CPU trainer, the
+// pipeline's bubble measured and simulated (watch.h, pipe_meter_judge). After the last step one more
 // line, {"step": steps, "val_loss", "hellaswag", "tokens"}, evaluates the
 // final model.
 typedef struct {
@@ -737,6 +738,7 @@ typedef struct {
     long tokens;
     const char *skipped;     // "loss" or "norm": -sl or -sg skipped the step's update; "not finite"; else NULL
     const char *watch;       // more fields, from the watch report (watch.h), as JSON ("\"straggler\": 2, ..."), or NULL
+    const char *pipe;        // more fields, the pipeline's bubble (watch.h's PipeMeter: "\"bubble\": 0.1, ..."), or NULL
 } LogLine;
 
 // one numeric field, ", \"name\": value": JSON has no NaN or infinity, so a
@@ -771,6 +773,7 @@ static int log_line(FILE *f, const LogLine *l) {
     fprintf(f, ", \"tokens\": %ld", l->tokens);
     if (l->skipped != NULL) fprintf(f, ", \"skipped\": \"%s\"", l->skipped);
     if (l->watch != NULL) fprintf(f, ", %s", l->watch);
+    if (l->pipe != NULL) fprintf(f, ", %s", l->pipe);
     fprintf(f, "}\n");
     if (fflush(f) == 0 && !ferror(f)) return 0;
     int saved = errno != 0 ? errno : EIO;

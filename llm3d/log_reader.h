@@ -9,7 +9,9 @@
  *
  * The log is what the trainers write (gpt2.h's log_line): one JSON object a
  * line, with "step" (required, from 0) and any of "loss", "val_loss", "lr",
- * "ms", "tokens" and "hellaswag". A field that is missing or null (not
+ * "ms", "tokens", "hellaswag", and a pipeline's "bubble" and "bubble_sim"
+ * (its idle share measured, and the simulator's for the step's op costs;
+ * watch.h's PipeMeter). A field that is missing or null (not
  * measured) reads as NAN; other fields are read past. Blank lines are skipped.
  *
  * Errors follow errors.h: one line naming the file, and for a bad line its
@@ -30,16 +32,16 @@
 #include "llm3d/json.h"
 
 typedef struct {
-    double step, loss, val_loss, hellaswag, lr, ms, tokens;
+    double step, loss, val_loss, hellaswag, lr, ms, tokens, bubble, bubble_sim;
 } LogRecord;
 
 // log_record_read: the line under j into r; -1 with j->err set when it is not
 // an object, a field it names is not a number or null, or there is no "step"
 static int log_record_read(JsonReader *j, LogRecord *r, JsonBuf *key) {
-    r->step = r->loss = r->val_loss = r->hellaswag = r->lr = r->ms = r->tokens = NAN;
+    r->step = r->loss = r->val_loss = r->hellaswag = r->lr = r->ms = r->tokens = r->bubble = r->bubble_sim = NAN;
     struct { const char *name; double *to; } fields[] = {
         {"step", &r->step}, {"loss", &r->loss}, {"val_loss", &r->val_loss}, {"hellaswag", &r->hellaswag},
-        {"lr", &r->lr}, {"ms", &r->ms}, {"tokens", &r->tokens},
+        {"lr", &r->lr}, {"ms", &r->ms}, {"tokens", &r->tokens}, {"bubble", &r->bubble}, {"bubble_sim", &r->bubble_sim},
     };
     int index = 0, more;
     if (json_peek(j) != '{') return json_fail(j, "a line must be a JSON object");

@@ -808,7 +808,7 @@ static void print_mfu(const Job *job, double tok_s, double peak) {
 // HellaSwag accuracy filled in when measured): the final model's, in the
 // log, as llm.c evaluates once more after its last update
 static LogLine final_line(const Job *job) {
-    LogLine l = {job->steps, 0, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, job->total_batch * job->steps, NULL, NULL};
+    LogLine l = {job->steps, 0, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, job->total_batch * job->steps, NULL, NULL, NULL};
     return l;
 }
 

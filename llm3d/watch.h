@@ -13,6 +13,9 @@
  *     (-fault drift)
  *   the consistency check (-ck): unit_digests, replica_tensor_name,
  *     replica_list, replicas_judge, print_replicas_disagree
+ *   the pipeline's bubble measured (pp > 1): PipeTimes, pipe_times_start,
+ *     pipe_times_add, PipeMeter, PIPE_METER_FLOATS, pipe_meter_init,
+ *     pipe_meter_pack, pipe_meter_judge, pipe_meter_print, pipe_meter_free
  */
 #ifndef LLM3D_WATCH_H
 #define LLM3D_WATCH_H
@@ -30,6 +33,7 @@
 #include "llm3d/secure/fault.h"  // fault_fires, fault_slow_fires
 #include "llm3d/parallel/grid.h"
 #include "llm3d/parallel/shm_comm.h"  // wait_since
+#include "llm3d/parallel/pipeline.h"  // pipeline_simulated_bubble
 
 // ----------------------------------------------------------------------------
 // the watch report (-wr N): a trainer that watches itself. Each rank times
@@ -233,6 +237,179 @@ static void watch_free(Watch *w) {
     free(w->fields);
     free(w->lines);
     memset(w, 0, sizeof(*w));
+}
+
+// ----------------------------------------------------------------------------
+// the pipeline's bubble, measured (pp > 1), beside the simulator's for the
+// same costs. Each rank times its pipeline step (pipeline_run): each op (F,
+// B, W, the data a forward reads included) is busy; the pipeline's
+// messages (its receives alone, its exchanges, its sends; almost all of it
+// waiting in the receives: a send returns once its message is in the ring)
+// are idle, and so is its tail, the time from its last message to the end
+// of the latest stage's (a stage that is done while others still run, as
+// 1f1b's last stage at the drain). So, as the simulator has it
+// (pipeline_play), idle + busy is the step's pipeline time on every stage,
+// and a stage's bubble is idle / (idle + busy). The ranks' ends are read
+// on one clock: the host backend's ranks share one box's monotonic clock.
+// Collectives inside an op (tp's all-reduces, ZeRO's gathers) are part of
+// the op. After each step the ranks all-gather their figures
+// (PIPE_METER_FLOATS each) and rank 0 judges: the measured bubble, the mean
+// over the ranks of their bubbles (every stage has tp x dp ranks, so the
+// mean over the stages), and its most; the op costs, each kind's mean over
+// all the ops of all the ranks, in whole microseconds; and the simulator's
+// bubble for those costs (pipeline_simulated_bubble: the mean, and the
+// most, of its stages' idle / step). The step's log line gets "bubble",
+// "bubble_sim" and "op_us"; at the end rank 0 prints the run's figures, the
+// launch's first step left out when more followed (it maps the pages).
+
+// a rank's pipeline step, timed by its trainer's pipeline_run
+typedef struct {
+    double op_ms[3];  // the F, B and W ops' time (PIPE_F, PIPE_B, PIPE_W)
+    int op_n[3];      // how many of each
+    double msg_ms;    // in the pipeline's messages
+    double end_ms;    // when the step's last message was done (now_ms: one clock for the box)
+} PipeTimes;
+
+static void pipe_times_start(PipeTimes *t) { memset(t, 0, sizeof(*t)); }
+
+// an op of kind `kind` (PIPE_F, PIPE_B, PIPE_W) that took ms
+static void pipe_times_add(PipeTimes *t, int kind, double ms) {
+    t->op_ms[kind] += ms;
+    t->op_n[kind]++;
+}
+
+// what each rank sends after a step: busy and message ms, its end (a
+// double as two floats: a monotonic clock in ms outgrows a float's 24 bits),
+// then each kind's ms and count
+enum { PM_BUSY, PM_MSG, PM_END_HI, PM_END_LO, PM_OPS, PIPE_METER_FLOATS = PM_OPS + 6 };
+
+typedef struct {
+    int on;                       // pp > 1 (and this trainer measures: pipe_meter_init's measured)
+    int world, rank;
+    PipeLayout pl;                // the step's schedule, with its micro-batches
+    PipeTimes step;               // this rank's step, filled by pipeline_run
+    float *all;                   // every rank's PIPE_METER_FLOATS, where the trainer all-gathers them
+    // rank 0: the run's sums, [0] over every step measured, [1] over those after the launch's first
+    int steps, first_step, last_step;
+    double *busy[2], *idle[2];    // per rank, ms
+    double op_ms[2][3], op_n[2][3];
+    char fields[160];             // the step's log fields
+} PipeMeter;
+
+// measured: whether the trainer times its pipeline steps (the CPU trainer
+// does; train_gpt2cu's kernels run ahead of the host, so it does not yet)
+static void pipe_meter_init(PipeMeter *pm, const Job *job, const Grid *g, int measured) {
+    memset(pm, 0, sizeof(*pm));
+    pm->on = measured && g->pp > 1;
+    pm->world = g->world;
+    pm->rank = g->rank;
+    pm->pl = pipe_layout((PipeSchedule)job->opt.pipe_schedule, g->pp, job->accum, job->opt.pipe_chunks);
+    if (!pm->on) return;
+    pm->all = (float *)calloc((size_t)g->world * PIPE_METER_FLOATS, sizeof(float));
+    for (int k = 0; k < 2 && g->rank == 0; k++) {
+        pm->busy[k] = (double *)calloc((size_t)g->world, sizeof(double));
+        pm->idle[k] = (double *)calloc((size_t)g->world, sizeof(double));
+        if (pm->busy[k] == NULL || pm->idle[k] == NULL) die(1, "out of memory for the bubble's figures");
+    }
+    if (pm->all == NULL) die(1, "out of memory for the bubble's figures");
+}
+
+// this rank's step for the all-gather
+static void pipe_meter_pack(const PipeMeter *pm, float out[PIPE_METER_FLOATS]) {
+    const PipeTimes *t = &pm->step;
+    double busy = t->op_ms[0] + t->op_ms[1] + t->op_ms[2];
+    out[PM_BUSY] = (float)busy;
+    out[PM_MSG] = (float)t->msg_ms;
+    out[PM_END_HI] = (float)t->end_ms;
+    out[PM_END_LO] = (float)(t->end_ms - (double)out[PM_END_HI]);
+    for (int k = 0; k < 3; k++) {
+        out[PM_OPS + 2 * k] = (float)t->op_ms[k];
+        out[PM_OPS + 2 * k + 1] = (float)t->op_n[k];
+    }
+}
+
+// the op costs in whole microseconds from ms and counts of each kind: F and
+// B at least 1, W 0 where the schedule has none
+static void pipe_meter_costs(const double *ms, const double *n, int us[3]) {
+    for (int k = 0; k < 3; k++) {
+        double x = n[k] > 0 ? 1e3 * ms[k] / n[k] : 0.0;
+        us[k] = x > 1e8 ? 100000000 : (int)(x + 0.5);
+        if (k < 2 && us[k] < 1) us[k] = 1;
+    }
+}
+
+// the simulator's bubble (mean and most) for costs us; -1 for both when
+// the step would not fit the simulator's int microseconds
+static void pipe_meter_simulate(const PipeMeter *pm, const int us[3], double *mean, double *most) {
+    double span = ((double)us[0] + us[1] + us[2]) * pipeline_ops(&pm->pl) * pm->pl.pp;
+    *mean = *most = -1.0;
+    if (span < 1e9) pipeline_simulated_bubble(&pm->pl, us[0], us[1], us[2], mean, most);
+}
+
+// rank 0, after step `step`: all holds every rank's figures (rank-major).
+// Adds them to the run's sums and gives l the step's log fields.
+static void pipe_meter_judge(PipeMeter *pm, int step, const float *all, LogLine *l) {
+    double last = -1e300, sum = 0.0, ms[3] = {0, 0, 0}, n[3] = {0, 0, 0};
+    for (int r = 0; r < pm->world; r++) {
+        const float *x = all + (size_t)r * PIPE_METER_FLOATS;
+        double end = (double)x[PM_END_HI] + (double)x[PM_END_LO];
+        last = end > last ? end : last;
+    }
+    int later = pm->steps > 0;  // the launch's first step goes into [0] only
+    for (int r = 0; r < pm->world; r++) {
+        const float *x = all + (size_t)r * PIPE_METER_FLOATS;
+        double idle = x[PM_MSG] + (last - ((double)x[PM_END_HI] + (double)x[PM_END_LO])), busy = x[PM_BUSY];
+        sum += idle + busy > 0 ? idle / (idle + busy) : 0.0;
+        for (int k = 0; k <= later; k++) {
+            pm->busy[k][r] += busy;
+            pm->idle[k][r] += idle;
+        }
+        for (int j = 0; j < 3; j++) {
+            ms[j] += x[PM_OPS + 2 * j];
+            n[j] += x[PM_OPS + 2 * j + 1];
+            for (int k = 0; k <= later; k++) {
+                pm->op_ms[k][j] += x[PM_OPS + 2 * j];
+                pm->op_n[k][j] += x[PM_OPS + 2 * j + 1];
+            }
+        }
+    }
+    if (pm->steps++ == 0) pm->first_step = step;
+    pm->last_step = step;
+    int us[3];
+    double sim, sim_most;
+    pipe_meter_costs(ms, n, us);
+    pipe_meter_simulate(pm, us, &sim, &sim_most);
+    snprintf(pm->fields, sizeof(pm->fields), "\"bubble\": %.4f, \"bubble_sim\": %.4f, \"op_us\": [%d, %d, %d]",
+             sum / pm->world, sim, us[0], us[1], us[2]);
+    if (sim < 0) snprintf(pm->fields, sizeof(pm->fields), "\"bubble\": %.4f", sum / pm->world);
+    l->pipe = pm->fields;
+}
+
+// rank 0, at the end of the run: the run's measured bubble beside the
+// simulator's for its mean op costs (and the formula's, F = B = W), one line
+static void pipe_meter_print(const PipeMeter *pm) {
+    if (!pm->on || pm->rank != 0 || pm->steps == 0) return;
+    int k = pm->steps > 1, us[3];
+    double mean = 0.0, most = 0.0, sim, sim_most;
+    for (int r = 0; r < pm->world; r++) {
+        double idle = pm->idle[k][r], busy = pm->busy[k][r], x = idle + busy > 0 ? idle / (idle + busy) : 0.0;
+        mean += x / pm->world;
+        most = x > most ? x : most;
+    }
+    pipe_meter_costs(pm->op_ms[k], pm->op_n[k], us);
+    pipe_meter_simulate(pm, us, &sim, &sim_most);
+    printf("pipeline bubble (%s, pp %d, %d micro-batches), steps %d..%d%s: measured %.4f mean, %.4f most of a rank; simulated %.4f mean, "
+           "%.4f most, for F %d us, B %d us, W %d us (the ops' mean costs in this run); %.4f by the formula (F = B = W)\n",
+           pipeline_name(pm->pl.schedule), pm->pl.pp, pm->pl.M, k ? pm->first_step + 1 : pm->first_step, pm->last_step,
+           k ? " (the launch's first left out)" : "", mean, most, sim, sim_most, us[0], us[1], us[2],
+           pipeline_bubble(&pm->pl));
+    fflush(stdout);
+}
+
+static void pipe_meter_free(PipeMeter *pm) {
+    free(pm->all);
+    for (int k = 0; k < 2; k++) free(pm->busy[k]), free(pm->idle[k]);
+    memset(pm, 0, sizeof(*pm));
 }
 
 // -fault slow:RANK:STEP: that rank sleeps FAULT_SLOW_MS in each of its steps

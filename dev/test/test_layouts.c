@@ -282,6 +282,77 @@ static void test_schedule_resume(void) {
     if (system(cmd) != 0) printf("note: could not remove %s\n", out);
 }
 
+// the bubble the simulator gives for costs f, b, w, recomputed here from
+// the stages' idle times (pipeline_simulate): the mean and the most of the
+// stages' idle / step
+static void simulated_bubble(const PipeLayout *pl, int f, int b, int w, double *mean, double *most) {
+    int n = pipeline_ops(pl), idle[8];
+    PipeOp *ops = (PipeOp *)calloc((size_t)pl->pp * n, sizeof(PipeOp));
+    int *start = (int *)calloc((size_t)pl->pp * n, sizeof(int));
+    int end = pipeline_simulate(pl, f, b, w, ops, start, idle);
+    *mean = 0.0, *most = -1.0;
+    for (int s = 0; end > 0 && s < pl->pp; s++) {
+        *mean += (double)idle[s] / end / pl->pp;
+        *most = fmax(*most, (double)idle[s] / end);
+    }
+    free(ops), free(start);
+}
+
+// the measured bubble (watch.h's PipeMeter): a pp 2 run prints its
+// measured bubble, a share in [0, 1), beside the simulator's for the op
+// costs it prints, which must be what pipeline.h gives for them; and each
+// step's log line has the step's, its simulated one matching its op_us.
+// 1f1b (no W: its B is the whole backward) and zbh1 (W ops of their own).
+static void test_bubble(void) {
+    const char *scheds[2] = {"1f1b", "zbh1"};
+    for (int i = 0; i < 2; i++) {
+        static Run r;
+        char a[512], log[300];
+        int M = 4;
+        snprintf(a, sizeof(a), "-e d4 -ec 64 -ev 256 -et 16 -b 1 -t 16 -d %d -np 2 -pp 2 -ps %s -mb %d", 16 * M,
+                 scheds[i], M);
+        run(&r, a);
+        PipeLayout pl = pipe_layout((PipeSchedule)pipeline_parse(scheds[i]), 2, M, 1);
+        double mean = -1, most = -1, sim = -1, sim_most = -1, want = -2, want_most = -2;
+        int f = 0, b = 0, w = -1;
+        const char *p = strstr(r.out, "pipeline bubble (");
+        p = p != NULL ? strstr(p, ": measured ") : NULL;
+        int got = p != NULL ? sscanf(p, ": measured %lf mean, %lf most of a rank; simulated %lf mean, %lf most, for F %d "
+                                     "us, B %d us, W %d us", &mean, &most, &sim, &sim_most, &f, &b, &w) : 0;
+        if (got == 7) simulated_bubble(&pl, f, b, w, &want, &want_most);
+        if (!check(r.ok && got == 7 && mean >= 0 && mean < 1 && most >= mean && most < 1,
+                   "%s pp 2: the measured bubble printed, %.4f mean and %.4f most, in [0, 1) (exit %d)", scheds[i], mean,
+                   most, r.status))
+            printf("%s\n", r.out);
+        check(got == 7 && (w == 0) == (i == 0) && fabs(sim - want) <= 5e-5 && fabs(sim_most - want_most) <= 5e-5,
+              "%s pp 2: simulated %.4f mean, %.4f most, for F %d B %d W %d us: pipeline.h gives %.4f, %.4f", scheds[i],
+              sim, sim_most, f, b, w, want, want_most);
+        // the log: every step's measured bubble, and its simulated one for its own costs
+        snprintf(log, sizeof(log), "%s/log.jsonl", dir);
+        FILE *fl = fopen(log, "r");
+        char line[1024];
+        int steps = 0, good = 0;
+        while (fl != NULL && fgets(line, sizeof(line), fl) != NULL) {
+            const char *bm = test_log_value(line, "bubble"), *bs = test_log_value(line, "bubble_sim");
+            const char *us = test_log_value(line, "op_us");
+            if (test_log_value(line, "loss") == NULL) continue;
+            steps++;
+            int lf, lb, lw;
+            if (bm == NULL || bs == NULL || us == NULL || sscanf(us, "[%d, %d, %d]", &lf, &lb, &lw) != 3) continue;
+            double x = strtod(bm, NULL), y = strtod(bs, NULL);
+            simulated_bubble(&pl, lf, lb, lw, &want, &want_most);
+            good += x >= 0 && x < 1 && fabs(y - want) <= 5e-5;
+        }
+        if (fl != NULL) fclose(fl);
+        check(steps == STEPS && good == steps, "%s pp 2: %d of %d log lines with a measured bubble in [0, 1) and the "
+              "simulator's for their op_us", scheds[i], good, steps);
+    }
+    // one rank has no pipeline to measure: no line, no fields
+    static Run one;
+    run(&one, "-e d4 -ec 64 -ev 256 -et 16 -b 1 -t 16 -d 64");
+    check(one.ok && strstr(one.out, "pipeline bubble") == NULL, "one rank: no pipeline bubble printed");
+}
+
 // -ps interleaved: V chunks of layers per stage, chunk c of stage r the
 // model's part c*pp + r, each micro-batch round the stages V times; 10 steps
 // against one rank for M = pp and 2pp, on 4 layers (pp 2 V 2) and 6 (pp 2
@@ -451,7 +522,7 @@ static void watch_two_reports(int world, int pp, const float *all, char *lines, 
     grid_init(&g, world, 1, pp, 0, err, sizeof(err));
     Watch w;
     watch_init(&w, &job, &g);
-    LogLine l = {0, 1, 0, 0, 0, -1, -1, 0, 0, NULL, NULL};
+    LogLine l = {0, 1, 0, 0, 0, -1, -1, 0, 0, NULL, NULL, NULL};
     watch_judge(&w, 2, all, &l);
     watch_judge(&w, 5, all, &l);
     snprintf(lines, len, "%s", w.lines);
@@ -471,7 +542,7 @@ static void test_watch_rules(void) {
     Watch w;
     watch_init(&w, &job, &g);
     float slow[] = {50, 300, 52, 290, 350, 10, 49, 310};
-    LogLine l = {0, 1, 0, 0, 0, -1, -1, 0, 0, NULL, NULL};
+    LogLine l = {0, 1, 0, 0, 0, -1, -1, 0, 0, NULL, NULL, NULL};
     watch_judge(&w, 2, slow, &l);
     check(w.lines[0] == '\0' && l.watch == NULL, "watch: one slow report is not yet a straggler");
     watch_judge(&w, 5, slow, &l);
@@ -615,7 +686,15 @@ static void test_outside_launcher(void) {
           two.nsteps == STEPS ? worst_diff(&one, &two) : -1.0f);
 }
 
-int main(void) {
+// ./dev/test/test_layouts [NAME]: every test, or those whose name holds NAME
+// (test_layouts bubble), for a quick look at one part
+int main(int argc, char **argv) {
+    static const struct { const char *name; void (*run)(void); } tests[] = {
+        {"data_parallel", test_data_parallel}, {"tensor_pipeline", test_tensor_pipeline},
+        {"schedule_resume", test_schedule_resume}, {"bubble", test_bubble}, {"interleaved", test_interleaved},
+        {"faults", test_faults}, {"watch_rules", test_watch_rules}, {"watch", test_watch}, {"drift", test_drift},
+        {"outside_launcher", test_outside_launcher},
+    };
     if (access("./train_gpt2", X_OK) != 0) { skip("./train_gpt2 not built"); return test_summary(); }
     if (test_make_dir(dir, sizeof(dir), "/tmp/llm3d_layouts_XXXXXX") != 0) {
         check(0, "mkdtemp");
@@ -625,15 +704,8 @@ int main(void) {
     char path[300];
     snprintf(path, sizeof(path), "%s/train_000000.bin", dir);
     if (!check(test_write_shard(path, 40000) == 0, "a 40000-token shard in %s", dir)) return test_summary();
-    test_data_parallel();
-    test_tensor_pipeline();
-    test_schedule_resume();
-    test_interleaved();
-    test_faults();
-    test_watch_rules();
-    test_watch();
-    test_drift();
-    test_outside_launcher();
+    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++)
+        if (argc < 2 || strstr(tests[i].name, argv[1]) != NULL) tests[i].run();
     test_remove_dir(dir);
     return test_summary();
 }

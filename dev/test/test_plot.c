@@ -30,6 +30,8 @@ static void write_log(const char *path, int steps, double offset, int with_hella
         if (with_hellaswag && (s % 50 == 0 || s == steps - 1)) fprintf(f, ", \"hellaswag\": %.4f", 0.25 + 0.0005 * s);
         fprintf(f, ", \"norm\": 1.5, \"lr\": %.6e, \"ms\": %.3f", 1e-3 * (s < 10 ? (s + 1) / 10.0 : 1.0), 100.0 + s % 7);
         if (with_tokens) fprintf(f, ", \"tokens\": %d", 4096 * (s + 1));  // tokens seen, as log_line writes it
+        if (with_hellaswag)  // a pipeline's bubble, as the CPU trainer logs it with pp > 1
+            fprintf(f, ", \"bubble\": %.4f, \"bubble_sim\": 0.2000, \"op_us\": [10, 20, 0]", 0.25 - 0.0002 * s);
         fprintf(f, ", \"extra\": {\"nested\": [1, \"x\"]}}\n");
         if (s == 3) fprintf(f, "\n");  // a blank line is read past
     }
@@ -247,6 +249,9 @@ int main(void) {
     check(n == 5 && last < 930.0, "reference val loss: 5 points, ending before the run's last step (x %.1f)", last);
     check(points_of(svg, "run lr", &first, &last) == 120 && points_of(svg, "run tokens_per_s", &first, &last) == 120,
           "lr and tokens/s: one point per step");
+    check(points_of(svg, "run bubble", &first, &last) == 120 && points_of(svg, "run bubble_sim", &first, &last) == 120 &&
+              strstr(svg, ">Pipeline bubble<") != NULL,
+          "a pipeline's bubble, measured and simulated: a panel of its own, one point per step");
     check(strstr(svg, "39792 tokens/s mean") != NULL, "throughput: 4096 tokens per step over its ms (mean 39792 tokens/s)");
     check(strstr(svg, "GPT-2 124M: 3.425 (FineWeb val)") != NULL && strstr(svg, "GPT-2 124M: 29.4%") != NULL &&
           strstr(svg, "GPT-3 124M: 33.7%") != NULL && test_count(svg, "class=\"baseline\"") == 4,
@@ -261,8 +266,9 @@ int main(void) {
     rc = test_run(cmd, 1, out, sizeof(out));
     svg = test_read_file(svg_path, NULL);
     check(rc == 0 && svg != NULL && well_formed(svg) && strstr(svg, "3.425") == NULL && strstr(svg, "class=\"baseline\"") == NULL &&
-          strstr(svg, ">HellaSwag<") == NULL && strstr(svg, "tokens seen") != NULL,
-          "--baselines none --x tokens on a log without HellaSwag: no baseline lines, no HellaSwag panel, tokens on x (exit %d)", rc);
+          strstr(svg, ">HellaSwag<") == NULL && strstr(svg, ">Pipeline bubble<") == NULL && strstr(svg, "tokens seen") != NULL,
+          "--baselines none --x tokens on a log without HellaSwag or a bubble: no baseline lines, no HellaSwag or bubble "
+          "panel, tokens on x (exit %d)", rc);
     free(svg);
 
     // errors: one line, naming the file and the line

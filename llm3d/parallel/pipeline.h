@@ -27,6 +27,9 @@
  *                         the stages played against each other in time, for
  *                         the tests and dev/pipeline_chart, and for the
  *                         trainers to set a measured bubble against
+ *   pipeline_simulated_bubble
+ *                         the simulator's bubble for given F, B, W costs:
+ *                         the mean and the most of the stages' idle shares
  *   PipeMsg, PIPE_NONE, pipe_input, pipe_output
  *                         a message to or from a stage (or none, or a hand-
  *                         off within the stage): what an op needs first, and
@@ -482,6 +485,33 @@ static inline int pipeline_simulate(const PipeLayout *pl, int f, int b, int w, P
     for (int s = 0; s < pl->pp; s++)
         if (pipeline_schedule(pl, s, ops + (size_t)s * n) != n) return -1;
     return pipeline_play(pl, f, b, w, ops, start, idle);
+}
+
+// pipeline_simulated_bubble: the bubble the simulator predicts for F, B
+// and W costs f, b, w (w 0 where the schedule has no W: then b is the whole
+// backward), defined as for a measured one: each stage's idle over the
+// step's time (idle + busy = the step's end on every stage), into *mean
+// (over the stages) and *max (the most of any stage; NULL: not wanted).
+// 0, or -1 when the layout cannot be played or memory runs out.
+static inline int pipeline_simulated_bubble(const PipeLayout *pl, int f, int b, int w, double *mean, double *max) {
+    int pp = pl->pp, n = pipeline_ops(pl), rc = -1;
+    PipeOp *ops = (PipeOp *)malloc(sizeof(PipeOp) * (size_t)(pp > 0 ? pp : 1) * (n > 0 ? n : 1));
+    int *start = (int *)malloc(sizeof(int) * (size_t)(pp > 0 ? pp : 1) * (n > 0 ? n : 1));
+    int *idle = (int *)malloc(sizeof(int) * (size_t)(pp > 0 ? pp : 1));
+    int end = ops != NULL && start != NULL && idle != NULL ? pipeline_simulate(pl, f, b, w, ops, start, idle) : -1;
+    if (end > 0) {
+        double sum = 0.0, most = 0.0;
+        for (int s = 0; s < pp; s++) {
+            double x = (double)idle[s] / end;
+            sum += x;
+            most = x > most ? x : most;
+        }
+        *mean = sum / pp;
+        if (max != NULL) *max = most;
+        rc = 0;
+    }
+    free(ops), free(start), free(idle);
+    return rc;
 }
 
 // the message plan: which messages a stage posts around each op, and which
