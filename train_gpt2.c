@@ -1084,8 +1084,9 @@ static int gpt2_load_optimizer(GPT2 *m, const char *path, const uint8_t key[32],
 // (pipeline.h's pipeline_plan): an op's input received alone before it, or
 // with the previous op's send as one exchange, where two neighbours would
 // otherwise both send first and wait on each other once a message outgrows
-// the ring. With chunks (-ps interleaved) the plan follows one order of all
-// the step's messages, so an input may come an op or more before its op.
+// the ring. With chunks (-ps interleaved, zbv) the plan follows one order of all
+// the step's messages, so an input may come an op or more before its op;
+// zbv's turn within the last stage is a hand-off, a copy (pipe_hand_off).
 // pipeline_check plays these plans in test_parallel.
 //
 // Activation sets: micro-batch mb on chunk k takes a free set at its first
@@ -1156,10 +1157,26 @@ static float *pipe_buffer(GPT2 *m, PipeMsg msg, int incoming) {
 // the frame's tag: the micro-batch and the receiver's chunk (the micro-batch itself with one chunk)
 static int pipe_tag(const GPT2 *m, PipeMsg msg) { return msg.mb * m->shard.nchunks + msg.chunk; }
 
+// a hand-off between two of my chunks (zbv's turn, part pp-1 to part pp
+// and back, within the last stage; every message on one stage), which
+// the transport never sees: the message's floats copied from where the
+// sending chunk leaves them to where the receiving chunk reads them, at
+// the end where the sender's floats are sure to be there. An activation
+// at the receive: the sending chunk's set is held until that micro-batch's
+// backward there, which comes after the receiving chunk's forward. A
+// gradient at the send: the sending chunk may give its set back (its W)
+// before the receiving chunk's B, whose set has been held since its F.
+static void pipe_hand_off(GPT2 *m, PipeMsg msg, int at_send) {
+    size_t bytes = (size_t)m->B * m->T * m->config.C * sizeof(float);
+    if ((msg.channel == CH_ACTIVATION) == at_send) return;  // done at the other end
+    memcpy(pipe_buffer(m, msg, 1), pipe_buffer(m, msg, 0), bytes);
+}
+
 static void pipe_recv(GPT2 *m, PipeMsg in) {
     if (in.peer < 0) return;
     const Parallel *par = m->par;
     size_t bytes = (size_t)m->B * m->T * m->config.C * sizeof(float);
+    if (in.peer == m->shard.pp_rank) return pipe_hand_off(m, in, 0);
     comm_recv(par->comm, stage_rank(par, in.peer), in.channel, pipe_tag(m, in), pipe_buffer(m, in, 1), bytes);
 }
 
@@ -1168,6 +1185,7 @@ static void pipe_send(GPT2 *m, PipeMsg out, PipeMsg in) {
     if (out.peer < 0) return;
     const Parallel *par = m->par;
     size_t bytes = (size_t)m->B * m->T * m->config.C * sizeof(float);
+    if (out.peer == m->shard.pp_rank) return pipe_hand_off(m, out, 1);  // never in an exchange (pipeline_check)
     int peer = stage_rank(par, out.peer);
     if (in.peer < 0) comm_send(par->comm, peer, out.channel, pipe_tag(m, out), pipe_buffer(m, out, 0), bytes);
     else comm_sendrecv(par->comm, peer, out.channel, pipe_tag(m, out), pipe_buffer(m, out, 0), bytes,
@@ -1421,12 +1439,17 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     par->zero = o->zero;
     par->pipe = pipe_layout((PipeSchedule)o->pipe_schedule, par->grid.pp, 1, o->pipe_chunks);
     grid_groups(&par->grid, &par->world, &par->dp, &par->tp, &par->pp);
-    // the tied-embedding group: the two ends of my pipeline
+    // the tied-embedding group: the stages of my pipeline that hold the
+    // model's first part and its last; one rank where they are the same
+    // stage (zbv's stage 0, and one stage)
     Group *t = &par->tied;
-    t->size = par->pp.size > 1 ? 2 : 1;
-    t->ranks[0] = par->pp.ranks[0];
-    t->ranks[1] = par->pp.ranks[par->pp.size - 1];
-    t->me = par->grid.pp_rank == 0 ? 0 : 1;
+    int first, last, chunk;
+    pipeline_place(&par->pipe, 0, &first, &chunk);
+    pipeline_place(&par->pipe, par->pipe.pp * par->pipe.V - 1, &last, &chunk);
+    t->size = first != last ? 2 : 1;
+    t->ranks[0] = par->pp.ranks[first];
+    t->ranks[1] = par->pp.ranks[last];
+    t->me = par->grid.pp_rank == first ? 0 : 1;
     int world = par->grid.world;
     if (world > 1) {
 #ifdef _OPENMP
@@ -1638,7 +1661,7 @@ int main(int argc, char **argv) {
     char err[1024], path[1024];
     trainer_name = "train_gpt2";
     // the job, checked once, by the launcher, before any rank starts
-    TrainerBuild build = {"the CPU trainer", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_INTERLEAVED | 1u << PS_ZBH1};  // fp32 throughout, no fused GELU
+    TrainerBuild build = {"the CPU trainer", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_INTERLEAVED | 1u << PS_ZBH1 | 1u << PS_ZBV};  // fp32 throughout, no fused GELU
     parse_flags(&job, argc, argv, "", &build);
 #ifdef _OPENMP
     if (job.opt.threads > 0) omp_set_num_threads(job.opt.threads);

@@ -5,7 +5,8 @@
  * with every ZeRO stage on 2, 3 and 4 ranks (3 divides no unit of the tiny
  * model, so its shards are padded), tensor parallel, pipelines under the
  * schedules the CPU trainer runs (gpipe, 1f1b, zbh1, interleaved with 2 and 3
- * chunks per stage; a checkpoint of one resumed under another), the 3D grid; each 10 steps against the
+ * chunks per stage, zbv; a checkpoint of one resumed under another), the measured bubble
+ * beside the simulator's, the 3D grid; each 10 steps against the
  * single-rank run of the same global batch (losses and grad norms within 1e-5), the bytes each rank
  * sent against the formulas, the fault switch (tamper, replay, kill, stall), the
  * watch report naming a rank slowed on purpose (slow), and the consistency
@@ -353,6 +354,88 @@ static void test_bubble(void) {
     check(one.ok && strstr(one.out, "pipeline bubble") == NULL, "one rank: no pipeline bubble printed");
 }
 
+// -ps zbv: two chunks per stage placed as a V (chunk 0 of stage s is part s,
+// chunk 1 part 2pp-1-s), so the last stage hands its chunk 0's output to
+// its chunk 1 and the gradient back (hand-offs, which the transport never
+// carries), and stage 0 holds the first part and the last: the tied wte's
+// two uses on one rank, with no all-reduce between stages. 10 steps against
+// one rank at pp 2 and 4, M 1..8; under ZeRO 0-3 with dp 2; with tp 2 and
+// on the (2,2,2) grid; a checkpoint of zbv resumed under 1f1b and the
+// other way; one stage (every message a hand-off)
+static void test_zbv(void) {
+    const char *deep = "-e d4 -ec 64 -ev 256 -et 16";   // L=4: pp 2 x 2 chunks of 1 layer
+    const char *eight = "-e d8 -ec 64 -ev 256 -et 16";  // L=8: pp 4 x 2 chunks of 1 layer
+    for (int M = 1; M <= 8; M *= 2) {
+        static Run b2, b4;
+        char batch[64], args[256], lay[96];
+        snprintf(batch, sizeof(batch), "-b 1 -t 16 -d %d", 16 * M);
+        snprintf(args, sizeof(args), "%s %s", deep, batch);
+        run(&b2, args);
+        snprintf(args, sizeof(args), "%s %s", eight, batch);
+        run(&b4, args);
+        if (!check(b2.ok && b4.ok, "one rank, 4 and 8 layers, %d micro-batches", M)) continue;
+        snprintf(lay, sizeof(lay), "-np 2 -pp 2 -ps zbv -mb %d", M);
+        compare(&b2, deep, lay, batch);
+        snprintf(lay, sizeof(lay), "-np 4 -pp 4 -ps zbv -mb %d", M);
+        compare(&b4, eight, lay, batch);
+        if (M == 4) {
+            snprintf(lay, sizeof(lay), "-ps zbv -mb %d", M);  // one stage: F0 hands on to F0.1, B0.1 back to B0
+            compare(&b2, deep, lay, batch);
+        }
+    }
+    static Run b8;
+    run(&b8, "-e d4 -ec 64 -ev 256 -et 16 -b 1 -t 16 -d 128");
+    if (check(b8.ok, "one rank, 4 layers, 128 tokens a step")) {
+        static Run b64;  // dp 2 x 2 micro-batches: ZeRO-3 gathers each unit at each op
+        run(&b64, "-e d4 -ec 64 -ev 256 -et 16 -b 1 -t 16 -d 64");
+        for (int z = 0; z <= 3 && b64.ok; z++) {
+            char lay[96];
+            snprintf(lay, sizeof(lay), "-np 4 -pp 2 -z %d -ps zbv -mb 2", z);
+            compare(&b64, deep, lay, "-b 1 -t 16 -d 64");
+        }
+        compare(&b8, deep, "-np 4 -tp 2 -pp 2 -ps zbv -mb 8", "-b 1 -t 16 -d 128");
+        compare(&b8, deep, "-np 8 -tp 2 -pp 2 -z 1 -ps zbv -mb 4", "-b 1 -t 16 -d 128");
+    }
+    // the tied wte on stage 0 alone: its two uses add up there, and the
+    // stages all-reduce only the step's norm, loss and stop flag (4 floats);
+    // 1f1b all-reduces the rank's wte slice between its two ends as well
+    static Run z, f;
+    const char *tied = "-e d4 -ec 64 -ev 256 -et 16 -b 1 -t 16 -d 64 -np 2 -pp 2 -mb 4";
+    char a[512];
+    snprintf(a, sizeof(a), "%s -ps zbv", tied);
+    run(&z, a);
+    snprintf(a, sizeof(a), "%s -ps 1f1b", tied);
+    run(&f, a);
+    long long step_sum = STEPS * 16, wte = STEPS * 256LL * 64 * 4;
+    check(z.ok && f.ok && strstr(z.out, "+embeddings +head") != NULL && bytes_of(z.out, 0, "allreduce") == step_sum &&
+          bytes_of(z.out, 1, "allreduce") == step_sum && bytes_of(f.out, 0, "allreduce") == step_sum + wte,
+          "zbv pp 2: stage 0 holds the embeddings and the head; all-reduce bytes %lld and %lld (want %lld: no tied "
+          "all-reduce), 1f1b's rank 0 %lld (want %lld)", bytes_of(z.out, 0, "allreduce"), bytes_of(z.out, 1, "allreduce"),
+          step_sum, bytes_of(f.out, 0, "allreduce"), step_sum + wte);
+    // a checkpoint of step 5 under one schedule, resumed under the other
+    const char *args = "-e d4 -ec 64 -ev 256 -et 16 -b 1 -t 16 -d 128";
+    const char *from[2] = {"-ps zbv", "-ps 1f1b"}, *to[2] = {"-ps 1f1b", "-ps zbv"};
+    for (int d = 0; d < 2 && b8.ok; d++) {
+        static Run first, resumed;
+        char out[200];
+        snprintf(out, sizeof(out), "%s/zbv_ckpt%d", dir, d);
+        snprintf(a, sizeof(a), "%s -np 2 -pp 2 -mb 8 %s -n 5 -o %s", args, from[d], out);
+        run(&first, a);
+        snprintf(a, sizeof(a), "%s -np 2 -pp 2 -mb 8 %s -ys 5 -o %s", args, to[d], out);
+        run(&resumed, a);
+        int ok = first.ok && resumed.status == 0 && strstr(resumed.out, "resum") != NULL && resumed.nsteps == 5;
+        float w = 0.0f;
+        for (int k = 0; ok && k < 5; k++)
+            w = fmaxf(w, fmaxf(fabsf(resumed.loss[k] - b8.loss[5 + k]), fabsf(resumed.norm[k] - b8.norm[5 + k])));
+        if (!check(ok && w <= 1e-5f, "a checkpoint of step 5 under %s resumed under %s: steps 5..9 within %.2e of one "
+                   "rank's (exit %d, %d steps, <= 1e-5)", from[d], to[d], w, resumed.status, resumed.nsteps))
+            printf("%s\n%s\n", first.out, resumed.out);
+        char cmd[300];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", out);
+        if (system(cmd) != 0) printf("note: could not remove %s\n", out);
+    }
+}
+
 // -ps interleaved: V chunks of layers per stage, chunk c of stage r the
 // model's part c*pp + r, each micro-batch round the stages V times; 10 steps
 // against one rank for M = pp and 2pp, on 4 layers (pp 2 V 2) and 6 (pp 2
@@ -691,7 +774,7 @@ static void test_outside_launcher(void) {
 int main(int argc, char **argv) {
     static const struct { const char *name; void (*run)(void); } tests[] = {
         {"data_parallel", test_data_parallel}, {"tensor_pipeline", test_tensor_pipeline},
-        {"schedule_resume", test_schedule_resume}, {"bubble", test_bubble}, {"interleaved", test_interleaved},
+        {"schedule_resume", test_schedule_resume}, {"bubble", test_bubble}, {"zbv", test_zbv}, {"interleaved", test_interleaved},
         {"faults", test_faults}, {"watch_rules", test_watch_rules}, {"watch", test_watch}, {"drift", test_drift},
         {"outside_launcher", test_outside_launcher},
     };
