@@ -138,6 +138,12 @@ typedef struct {
     Acts *dsets;               // with the backward split (gpt2_split_backward): nacts sets of activation gradients, kept from a micro-batch's B to its W; else NULL
     int steps_M, *set_of;      // the step's micro-batches; set_of[mb * V + chunk]: its set, -1 when none (gpt2_pipeline)
     int *set_busy;             // nacts: whether a set is taken
+    // a stage that holds the last part in one of several chunks: the
+    // logits (B*T*Vl floats each, the largest tensor of a set at GPT-2's
+    // vocabulary) in nheads blocks of their own, lent to the sets of that
+    // chunk from its F to its last op (head_take); nheads 0: each set has its own
+    float *heads;
+    int nheads, *head_busy, *head_of;  // head_of[set]: its block, -1 when none
     size_t act_sizes[NUM_ACT_TENSORS];  // in floats, each rounded up to a cache line's 16
     int adam_t;
     int grads_fresh;           // bit k: chunk k's gradients hold nothing of this step yet, so its backward
@@ -317,6 +323,39 @@ static void gpt2_split_backward(GPT2 *m) {
     for (int k = 0; k < m->nacts; k++) acts_alloc(m, &m->dsets[k], 1, acts_total(m));
 }
 
+// n blocks of logits for the sets of the last part's chunk (nheads)
+static void gpt2_heads(GPT2 *m, int n) {
+    size_t floats = ((size_t)m->B * m->T * m->shard.Vl + 15) / 16 * 16;
+    free(m->heads);
+    free(m->head_busy);
+    m->heads = (float *)xcalloc_mapped((size_t)n * floats, sizeof(float), "logits");
+    m->head_busy = (int *)xcalloc(n, sizeof(int), "logits block marks");
+    m->nheads = n;
+}
+
+// set i's logits from a free block, if it has none (with nheads 0 it has its own)
+static void head_take(GPT2 *m, int i) {
+    if (m->nheads == 0 || m->head_of[i] >= 0) return;
+    int h = 0;
+    while (h < m->nheads && m->head_busy[h]) h++;
+    if (h == m->nheads) {  // gpt2_pipeline counted them from the schedule: a schedule the count does not know
+        fprintf(stderr, "rank %d: activation set %d finds none of the %d logits blocks free\n", m->par->grid.rank, i,
+                m->nheads);
+        exit(1);
+    }
+    size_t floats = ((size_t)m->B * m->T * m->shard.Vl + 15) / 16 * 16;
+    m->head_busy[h] = 1;
+    m->head_of[i] = h;
+    m->acts[i].t[A_LOGITS] = m->heads + (size_t)h * floats;
+}
+
+static void head_give_back(GPT2 *m, int i) {
+    if (m->nheads == 0 || m->head_of[i] < 0) return;
+    m->head_busy[m->head_of[i]] = 0;
+    m->head_of[i] = -1;
+    m->acts[i].t[A_LOGITS] = NULL;
+}
+
 static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
     const GPT2Config *c = &m->config;
     const Shard *s = &m->shard;
@@ -334,6 +373,8 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
         z[A_LNF] = BT * C; z[A_LNF_MEAN] = BT; z[A_LNF_RSTD] = BT;
         z[A_LOGITS] = BT * s->Vl; z[A_LOSSES] = BT; z[A_ROWMAX] = BT; z[A_ROWSUM] = BT;
     }
+    int lent = s->last && s->nchunks > 1;  // the logits in blocks of their own (gpt2_heads), not in every set
+    if (lent) z[A_LOGITS] = 0;
     size_t total = 0;
     for (int i = 0; i < NUM_ACT_TENSORS; i++) {
         z[i] = (z[i] + 15) / 16 * 16;
@@ -347,14 +388,35 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
     for (int k = 0; k < nacts && (!s->last || s->nchunks > 1); k++)
         m->acts[k].grad_in = (float *)xcalloc(BT * C, sizeof(float), "incoming gradient");
     m->set_busy = (int *)xcalloc(nacts, sizeof(int), "activation set marks");
+    m->head_of = (int *)xcalloc(nacts, sizeof(int), "logits block marks");
+    for (int k = 0; k < nacts; k++) m->head_of[k] = -1;
+    for (int k = 0; k < nacts && lent; k++) m->acts[k].t[A_LOGITS] = NULL;  // none until head_take
+    if (lent) gpt2_heads(m, 1);  // for the evaluations; a step's schedule may want more (gpt2_pipeline)
 }
 
 // the step's shape: M micro-batches on the stage's chunks, each taking an
-// activation set of its own from its first message or op to its last op
+// activation set of its own from its first message or op to its last op;
+// and on a stage whose chunk k holds the last part among others, as many
+// logits blocks as the schedule holds micro-batches on k at once, each
+// from its F there to its last op there (its B, or its W where the
+// backward is split)
 static void gpt2_pipeline(GPT2 *m, int M) {
+    const Shard *s = &m->shard;
     m->steps_M = M;
-    m->set_of = (int *)xcalloc((size_t)M * m->shard.nchunks, sizeof(int), "activation set map");
-    for (int i = 0; i < M * m->shard.nchunks; i++) m->set_of[i] = -1;
+    m->set_of = (int *)xcalloc((size_t)M * s->nchunks, sizeof(int), "activation set map");
+    for (int i = 0; i < M * s->nchunks; i++) m->set_of[i] = -1;
+    if (m->nheads == 0) return;
+    PipeLayout pl = m->par->pipe;
+    pl.M = M;
+    PipeOp *ops = (PipeOp *)xcalloc((size_t)pipeline_ops(&pl), sizeof(PipeOp), "the schedule");
+    int n = pipeline_schedule(&pl, s->pp_rank, ops), held = 0, most = 1, split = pipeline_splits_backward(&pl);
+    for (int i = 0; i < n; i++) {
+        if (s->chunk[ops[i].chunk].part != s->pp * s->nchunks - 1) continue;
+        if (ops[i].kind == PIPE_F) most = ++held > most ? held : most;
+        if (ops[i].kind == PIPE_W || (ops[i].kind == PIPE_B && !split)) held--;
+    }
+    free(ops);
+    gpt2_heads(m, most);
 }
 
 // this rank's part of the model (gpt2_build) and nacts sets of
@@ -373,6 +435,7 @@ static void gpt2_free(GPT2 *m) {
     if (m->par->zero == 3)
         for (int u = 0; u < m->ut.n; u++) free(m->unit_params[u]);
     free(m->set_of); free(m->set_busy);
+    free(m->heads); free(m->head_busy); free(m->head_of);
     free(m->digests);
     free(m->acts); free(m->ut.units); free(m->unit_params); free(m->unit_grads);
 }
@@ -1124,6 +1187,7 @@ static int set_index(const GPT2 *m, int mb, int k) {
 
 static void set_give_back(GPT2 *m, int mb, int k) {
     int key = mb * m->shard.nchunks + k;
+    head_give_back(m, set_index(m, mb, k));
     m->set_busy[set_index(m, mb, k)] = 0;
     m->set_of[key] = -1;
 }
@@ -1217,6 +1281,7 @@ static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n
                 memcpy(a->inputs, a0->inputs, BT * sizeof(int));
                 memcpy(a->targets, a0->targets, BT * sizeof(int));
             }
+            if (chunk_last(s, op.chunk)) head_take(m, set_index(m, op.mb, op.chunk));
             chunk_forward(m, a, op.chunk, 1);
             if (chunk_last(s, op.chunk)) m->loss_sum += a->mean_loss;
         } else if (op.kind == PIPE_B || op.kind == PIPE_W) {
@@ -1255,7 +1320,9 @@ static void forward_in_model_order(GPT2 *m, Acts *a, int i) {
             else  // a hand-off between two chunks of mine, in the one set
                 memmove(a->t[A_ENCODED], block_input(m, a, s->chunk[peer_chunk].nl), bytes);
         }
+        if (p == P - 1) head_take(m, (int)(a - m->acts));  // between steps: every logits block is free
         chunk_forward(m, a, k, 1);
+        if (p == P - 1) head_give_back(m, (int)(a - m->acts));
         if (p < P - 1) {
             pipeline_place(pl, p + 1, &peer, &peer_chunk);
             if (peer != stage)
@@ -1324,6 +1391,7 @@ static void run_evaluations(GPT2 *m, const Parallel *par, Job *job, int step, Lo
 static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng) {
     int B = m->B, T = m->T, V = m->config.V, Vp = m->config.Vp;
     Acts *a = &m->acts[0];
+    head_take(m, 0);  // between steps: every logits block is free
     for (int i = 0; i < B * T; i++) a->inputs[i] = tok->eot_token;
     int n = gen_tokens < T ? gen_tokens : T;
     printf("generating:\n---\n");
@@ -1336,6 +1404,7 @@ static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng)
         if (s != NULL) fwrite(s, 1, len, stdout);
         fflush(stdout);
     }
+    head_give_back(m, 0);
     printf("\n---\n");
 }
 
@@ -1407,7 +1476,10 @@ static void print_layout(const GPT2 *m, const Parallel *par, const Options *o, i
     const Shard *s = &m->shard;
     const Grid *g = &par->grid;
     PipeLayout pl = job_pipeline(o, g->pp, accum);
-    char chunks[256];
+    char chunks[256], lent[96] = "";
+    if (m->nheads > 0)  // the head's chunk among others: its logits lent to its sets (gpt2_pipeline)
+        snprintf(lent, sizeof(lent), ", logits lent from %d buffer%s to %d activation sets", m->nheads,
+                 m->nheads == 1 ? "" : "s", m->nacts);
     if (g->rank == 0)
         printf("layout: %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, schedule %s, %d micro-batches per step, bubble %.3f\n",
                g->world, g->dp, g->tp, g->pp, par->zero, pipeline_name(pl.schedule), accum, pipeline_bubble(&pl));
@@ -1415,12 +1487,12 @@ static void print_layout(const GPT2 *m, const Parallel *par, const Options *o, i
     for (int r = 0; r < g->world; r++) {
         if (r == g->rank)
             printf("rank %d (dp %d, pp %d, tp %d): layers %s%s%s, heads %d..%d, vocab rows %d..%d, "
-                   "bytes: params %zu grads %zu optimizer %zu (%zu elements, shard %zu)\n",
+                   "bytes: params %zu grads %zu optimizer %zu (%zu elements, shard %zu)%s\n",
                    g->rank, g->dp_rank, g->pp_rank, g->tp_rank, chunk_list(s, chunks, sizeof(chunks)),
                    s->first ? " +embeddings" : "",
                    s->last ? " +head" : "", s->tp_rank * s->NHl, (s->tp_rank + 1) * s->NHl - 1, s->v0, s->v0 + s->Vl - 1,
                    m->bytes_params, m->bytes_grads, m->bytes_optimizer,
-                   m->ut.num_local, m->ut.num_shard);
+                   m->ut.num_local, m->ut.num_shard, lent);
         fflush(stdout);
         if (g->world > 1) comm_barrier(par->comm, &par->world);
     }

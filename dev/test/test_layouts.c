@@ -412,6 +412,35 @@ static void test_zbv(void) {
           "zbv pp 2: stage 0 holds the embeddings and the head; all-reduce bytes %lld and %lld (want %lld: no tied "
           "all-reduce), 1f1b's rank 0 %lld (want %lld)", bytes_of(z.out, 0, "allreduce"), bytes_of(z.out, 1, "allreduce"),
           step_sum, bytes_of(f.out, 0, "allreduce"), step_sum + wte);
+    // the logits: on a stage whose chunk holds the last part among others,
+    // lent only to that chunk's sets, as many as the schedule holds there
+    // at once (F to W), not one in each of the stage's sets
+    static const struct { const char *ps; int pp, M, stage; } heads[] = {{"zbv", 2, 8, 0}, {"interleaved -pv 2", 2, 4, 1},
+                                                                         {"zbv", 4, 8, 0}, {"interleaved -pv 2", 4, 8, 3}};
+    for (int i = 0; i < 4; i++) {
+        static Run h;
+        const char *model = heads[i].pp == 2 ? deep : eight;
+        int M = heads[i].M, pp = heads[i].pp, blocks = -1, sets = -1, want = 0, held = 0;
+        snprintf(a, sizeof(a), "%s -b 1 -t 16 -d %d -np %d -pp %d -mb %d -ps %s", model, 16 * M, pp, pp, M, heads[i].ps);
+        run(&h, a);
+        PipeLayout pl = pipe_layout((PipeSchedule)pipeline_parse(heads[i].ps[0] == 'z' ? "zbv" : "interleaved"), pp, M, 2);
+        PipeOp ops[64];
+        int n = pipeline_schedule(&pl, heads[i].stage, ops), split = pipeline_splits_backward(&pl);
+        for (int k = 0; k < n; k++) {
+            if (pipeline_part(&pl, heads[i].stage, ops[k].chunk) != 2 * pp - 1) continue;
+            if (ops[k].kind == PIPE_F) want = ++held > want ? held : want;
+            if (ops[k].kind == PIPE_W || (ops[k].kind == PIPE_B && !split)) held--;
+        }
+        char key[64];
+        snprintf(key, sizeof(key), "rank %d (dp 0, pp %d", heads[i].stage, heads[i].stage);
+        const char *line = strstr(h.out, key), *p = line != NULL ? strstr(line, "logits lent from ") : NULL;
+        const char *to = p != NULL ? strstr(p, " to ") : NULL;
+        if (p != NULL && p < strchr(line, '\n') && sscanf(p, "logits lent from %d buffer", &blocks) == 1 && to != NULL)
+            sscanf(to, " to %d activation sets", &sets);
+        check(h.ok && blocks == want && sets > blocks, "-ps %s pp %d M %d: stage %d's logits in %d buffers (want %d, "
+              "the most of its last part's micro-batches between F and W) for %d sets", heads[i].ps, pp, M,
+              heads[i].stage, blocks, want, sets);
+    }
     // a checkpoint of step 5 under one schedule, resumed under the other
     const char *args = "-e d4 -ec 64 -ev 256 -et 16 -b 1 -t 16 -d 128";
     const char *from[2] = {"-ps zbv", "-ps 1f1b"}, *to[2] = {"-ps 1f1b", "-ps zbv"};
