@@ -1240,7 +1240,10 @@ static void pipe_recv(GPT2 *m, PipeMsg in) {
     if (in.peer < 0) return;
     const Parallel *par = m->par;
     size_t bytes = (size_t)m->B * m->T * m->config.C * sizeof(float);
-    if (in.peer == m->shard.pp_rank) return pipe_hand_off(m, in, 0);
+    if (in.peer == m->shard.pp_rank) {
+        pipe_hand_off(m, in, 0);
+        return;
+    }
     comm_recv(par->comm, stage_rank(par, in.peer), in.channel, pipe_tag(m, in), pipe_buffer(m, in, 1), bytes);
 }
 
@@ -1249,7 +1252,10 @@ static void pipe_send(GPT2 *m, PipeMsg out, PipeMsg in) {
     if (out.peer < 0) return;
     const Parallel *par = m->par;
     size_t bytes = (size_t)m->B * m->T * m->config.C * sizeof(float);
-    if (out.peer == m->shard.pp_rank) return pipe_hand_off(m, out, 1);  // never in an exchange (pipeline_check)
+    if (out.peer == m->shard.pp_rank) {  // never in an exchange (pipeline_check)
+        pipe_hand_off(m, out, 1);
+        return;
+    }
     int peer = stage_rank(par, out.peer);
     if (in.peer < 0) comm_send(par->comm, peer, out.channel, pipe_tag(m, out), pipe_buffer(m, out, 0), bytes);
     else comm_sendrecv(par->comm, peer, out.channel, pipe_tag(m, out), pipe_buffer(m, out, 0), bytes,
