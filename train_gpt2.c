@@ -65,6 +65,7 @@ typedef struct {
     Group world, dp, tp, pp;
     Group tied;      // the first and the last pipeline stage of my (dp, tp): they share wte
     int zero;        // ZeRO stage 0-3
+    int sp;          // sequence parallelism (-sp 1, with tp > 1): see "sequence parallel" below
     PipeLayout pipe; // the schedule's placement of the model's parts on the stages (its M is not used)
     Launch launch;   // how this process was started (its key, its rendezvous)
 } Parallel;
@@ -112,7 +113,7 @@ typedef struct {
     float *t[NUM_ACT_TENSORS];
     int *inputs, *targets;     // B*T each
     float mean_loss;           // of this micro-batch (on the last part)
-    float *grad_in;            // B*T*C: the gradient of the chunk's output, from the part after (NULL on a
+    float *grad_in;            // rows*C: the gradient of the chunk's output, from the part after (NULL on a
                                // stage that holds only the last part); per set, as it may come before its B
 } Acts;
 
@@ -132,6 +133,12 @@ typedef struct {
     float **unit_params, **unit_grads;  // per unit: where its full values / gradients are now (NULL when not held)
     size_t bytes_params, bytes_grads, bytes_optimizer, bytes_transient_peak, bytes_transient;
     int B, T, nacts;
+    // the positions of a micro-batch that the sequence-parallel region holds
+    // here (the LayerNorms, the residual stream, the row-parallel outputs, the
+    // embeddings' output): rows [row0, row0 + rows) of its B*T, all of them
+    // (row0 0, rows B*T) without -sp
+    int sp, rows, row0;
+    float *sp_whole, *sp_partial;  // -sp 1: B*T*C each, an op's gathered input and its sums before the scatter
     Acts *acts;                // nacts sets, each sized for the stage's largest chunk; in a step, a micro-batch
                                // on a chunk takes one from set_of (pipeline_run), outside the steps set i % nacts
     Acts dacts;
@@ -359,18 +366,24 @@ static void head_give_back(GPT2 *m, int i) {
 static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
     const GPT2Config *c = &m->config;
     const Shard *s = &m->shard;
-    size_t BT = (size_t)B * T, C = c->C, nl = (size_t)shard_max_chunk(s), Cl = s->Cl;
+    const Parallel *par = m->par;
+    m->sp = par->sp && par->tp.size > 1;
+    m->rows = m->sp ? B * T / par->tp.size : B * T;  // trainer.h's check_model: B*T splits by tp
+    m->row0 = m->sp ? par->tp.me * m->rows : 0;
+    // the sequence-parallel region's tensors hold R positions (all B*T without -sp);
+    // the tensor-parallel ones (qkv, attention, fc) and the head's all B*T
+    size_t BT = (size_t)B * T, R = m->rows, C = c->C, nl = (size_t)shard_max_chunk(s), Cl = s->Cl;
     size_t *z = m->act_sizes;
     memset(z, 0, sizeof(m->act_sizes));
-    z[A_ENCODED] = BT * C;  // the stage's input: the embeddings, or what the previous stage sent
-    z[A_LN1] = nl * BT * C; z[A_LN1_MEAN] = nl * BT; z[A_LN1_RSTD] = nl * BT;
+    z[A_ENCODED] = R * C;  // the stage's input: the embeddings, or what the previous stage sent
+    z[A_LN1] = nl * R * C; z[A_LN1_MEAN] = nl * R; z[A_LN1_RSTD] = nl * R;
     z[A_QKV] = nl * BT * 3 * Cl; z[A_ATTY] = nl * BT * Cl; z[A_ATT] = nl * B * s->NHl * T * T;
-    z[A_ATTPROJ] = nl * BT * C; z[A_RESIDUAL2] = nl * BT * C;
-    z[A_LN2] = nl * BT * C; z[A_LN2_MEAN] = nl * BT; z[A_LN2_RSTD] = nl * BT;
+    z[A_ATTPROJ] = nl * R * C; z[A_RESIDUAL2] = nl * R * C;
+    z[A_LN2] = nl * R * C; z[A_LN2_MEAN] = nl * R; z[A_LN2_RSTD] = nl * R;
     z[A_FCH] = nl * BT * 4 * Cl; z[A_FCH_GELU] = nl * BT * 4 * Cl;
-    z[A_FCPROJ] = nl * BT * C; z[A_RESIDUAL3] = nl * BT * C;
-    if (s->last) {
-        z[A_LNF] = BT * C; z[A_LNF_MEAN] = BT; z[A_LNF_RSTD] = BT;
+    z[A_FCPROJ] = nl * R * C; z[A_RESIDUAL3] = nl * R * C;
+    if (s->last) {  // the final LayerNorm's output whole: the head takes the gathered layout (sp_head_input)
+        z[A_LNF] = BT * C; z[A_LNF_MEAN] = R; z[A_LNF_RSTD] = R;
         z[A_LOGITS] = BT * s->Vl; z[A_LOSSES] = BT; z[A_ROWMAX] = BT; z[A_ROWSUM] = BT;
     }
     int lent = s->last && s->nchunks > 1;  // the logits in blocks of their own (gpt2_heads), not in every set
@@ -386,7 +399,11 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
     m->acts = (Acts *)xcalloc(nacts + 1, sizeof(Acts), "activation sets");
     for (int k = 0; k <= nacts; k++) acts_alloc(m, k < nacts ? &m->acts[k] : &m->dacts, k == nacts, total);
     for (int k = 0; k < nacts && (!s->last || s->nchunks > 1); k++)
-        m->acts[k].grad_in = (float *)xcalloc(BT * C, sizeof(float), "incoming gradient");
+        m->acts[k].grad_in = (float *)xcalloc(R * C, sizeof(float), "incoming gradient");
+    if (m->sp) {
+        m->sp_whole = (float *)xcalloc_mapped(BT * C, sizeof(float), "gathered positions");
+        m->sp_partial = (float *)xcalloc_mapped(BT * C, sizeof(float), "partial sums");
+    }
     m->set_busy = (int *)xcalloc(nacts, sizeof(int), "activation set marks");
     m->head_of = (int *)xcalloc(nacts, sizeof(int), "logits block marks");
     for (int k = 0; k < nacts; k++) m->head_of[k] = -1;
@@ -436,27 +453,29 @@ static void gpt2_free(GPT2 *m) {
         for (int u = 0; u < m->ut.n; u++) free(m->unit_params[u]);
     free(m->set_of); free(m->set_busy);
     free(m->heads); free(m->head_busy); free(m->head_of);
+    free(m->sp_whole); free(m->sp_partial);
     free(m->digests);
     free(m->acts); free(m->ut.units); free(m->unit_params); free(m->unit_grads);
 }
 
 static LayerActs layer_acts(const GPT2 *m, const Acts *a, int ll) {
-    size_t BT = (size_t)m->B * m->T, C = m->config.C, Cl = m->shard.Cl, btc = BT * C;
+    size_t BT = (size_t)m->B * m->T, C = m->config.C, Cl = m->shard.Cl, R = m->rows, rc = R * C;
     size_t att = (size_t)m->B * m->shard.NHl * m->T * m->T;
     float *const *t = a->t;
     LayerActs v = {
-        t[A_LN1] + ll * btc, t[A_LN1_MEAN] + ll * BT, t[A_LN1_RSTD] + ll * BT, t[A_QKV] + ll * 3 * BT * Cl,
-        t[A_ATTY] + ll * BT * Cl, t[A_ATT] + ll * att, t[A_ATTPROJ] + ll * btc,
-        t[A_RESIDUAL2] + ll * btc, t[A_LN2] + ll * btc, t[A_LN2_MEAN] + ll * BT, t[A_LN2_RSTD] + ll * BT,
-        t[A_FCH] + ll * 4 * BT * Cl, t[A_FCH_GELU] + ll * 4 * BT * Cl, t[A_FCPROJ] + ll * btc, t[A_RESIDUAL3] + ll * btc,
+        t[A_LN1] + ll * rc, t[A_LN1_MEAN] + ll * R, t[A_LN1_RSTD] + ll * R, t[A_QKV] + ll * 3 * BT * Cl,
+        t[A_ATTY] + ll * BT * Cl, t[A_ATT] + ll * att, t[A_ATTPROJ] + ll * rc,
+        t[A_RESIDUAL2] + ll * rc, t[A_LN2] + ll * rc, t[A_LN2_MEAN] + ll * R, t[A_LN2_RSTD] + ll * R,
+        t[A_FCH] + ll * 4 * BT * Cl, t[A_FCH_GELU] + ll * 4 * BT * Cl, t[A_FCPROJ] + ll * rc, t[A_RESIDUAL3] + ll * rc,
     };
     return v;
 }
 
-// the residual stream entering the chunk's layer ll (ll = its nl: leaving the chunk)
+// the residual stream entering the chunk's layer ll (ll = its nl: leaving the
+// chunk): this rank's rows of it (gpt2_alloc_activations)
 static float *block_input(const GPT2 *m, const Acts *a, int ll) {
-    size_t btc = (size_t)m->B * m->T * m->config.C;
-    return ll == 0 ? a->t[A_ENCODED] : a->t[A_RESIDUAL3] + (ll - 1) * btc;
+    size_t rc = (size_t)m->rows * m->config.C;
+    return ll == 0 ? a->t[A_ENCODED] : a->t[A_RESIDUAL3] + (ll - 1) * rc;
 }
 
 // ----------------------------------------------------------------------------
@@ -591,7 +610,7 @@ static void vocab_parallel_embedding_forward(const Parallel *par, float *out, co
                                              const float *wpe, int v0, int Vl, int B, int T, int C) {
     encoder_forward(out, inp, wte, v0, Vl, B, T, C);
     tp_reduce(par, out, (size_t)B * T * C);
-    encoder_add_positions(out, wpe, B, T, C);
+    encoder_add_positions(out, wpe, 0, B * T, T, C);
 }
 
 // no communication: a position's gradient goes to its token's row of wte
@@ -638,24 +657,136 @@ static void vocab_parallel_cross_entropy_backward(float *dlogits, const float *p
 }
 
 // ----------------------------------------------------------------------------
+// sequence parallel (-sp 1, Megatron's): between a row-parallel Linear and
+// the next column-parallel one every tp rank used to hold the same (B,T,C)
+// tensors: the residual stream, the LayerNorms' inputs and outputs, the
+// row-parallel outputs, the embeddings' output. There every op is per
+// position, so the tp ranks split the positions instead: rank r of the
+// group holds rows [r R, (r+1) R) of the B*T rows, R = B*T/tp (m->row0,
+// m->rows). The activations are (B,T,C) row-major, so a rank's rows are one
+// contiguous block, and the collectives move whole blocks without packing.
+//
+// f and g change into their sequence-parallel forms:
+//   before a column-parallel Linear, an all-gather along the positions
+//      (sp_gather) in the forward, whose backward is a reduce-scatter of
+//      the input's gradient (sp_reduce_scatter): the ranks' partial sums,
+//      each rank keeping the sum over its own rows;
+//   after a row-parallel Linear, a reduce-scatter of the partial sums in
+//      the forward, whose backward is an all-gather of the output's
+//      gradient.
+// A ring all-reduce is a reduce-scatter then an all-gather, so each pair of
+// Linears moves what it moved before, each way. The gathered input of a
+// column-parallel Linear is not kept: its weights' gradient gathers it again
+// in the backward (one all-gather more per column-parallel Linear, as in
+// Megatron), so that no whole (B,T,C) tensor stays on a rank between its
+// forward and its backward.
+//
+// The embedding sums the ranks' lookups with a reduce-scatter, so each rank
+// gets its own rows, to which it adds wpe; its backward gathers the
+// gradient, so that each rank adds the whole micro-batch into its rows of
+// wte and into wpe (wpe's gradient comes out whole, as without -sp). The
+// head takes the gathered layout: the final LayerNorm runs on this rank's
+// rows, whose output is all-gathered and kept whole (A_LNF) for the
+// lm_head and its backward; the vocab-parallel cross-entropy is unchanged,
+// every position's loss on every tp rank. A LayerNorm's weight and bias
+// gradients come from this rank's rows only: the step sums them over the tp
+// group (sp_sum_layernorm_grads).
+
+// every tp rank's rows of a (B*T, C) tensor, whole: whole[B*T*C] from
+// mine[R*C] (mine may be whole + row0 * C, in place)
+static void sp_gather(const GPT2 *m, float *whole, const float *mine) {
+    size_t rc = (size_t)m->rows * m->config.C;
+    comm_allgather(m->par->comm, &m->par->tp, mine, whole, rc);
+}
+
+// the sum over the tp ranks of partial[B*T*C], this rank's rows of it:
+// mine[R*C] (mine may be partial + row0 * C, in place)
+static void sp_reduce_scatter(const GPT2 *m, float *mine, const float *partial) {
+    size_t rc = (size_t)m->rows * m->config.C;
+    comm_reduce_scatter(m->par->comm, &m->par->tp, partial, mine, rc, OP_SUM);
+}
+
+// out[B*T,OCl] from this rank's rows of the input, inp[R,IC], gathered first
+static void sp_column_parallel_forward(GPT2 *m, float *out, const float *inp, const float *weight, const float *bias,
+                                       int IC, int OCl) {
+    sp_gather(m, m->sp_whole, inp);
+    matmul_forward(out, m->sp_whole, weight, bias, m->B * m->T, IC, OCl);
+}
+
+// dweight, dbias += this rank's slice, from the input gathered again; dinp
+// [R,IC]: the input's gradient on this rank's rows, summed over the tp ranks
+// (a reduce-scatter of each rank's part). NULL dinp: the weights' part alone;
+// NULL dweight: dinp alone, and no gather
+static void sp_column_parallel_backward(GPT2 *m, float *dinp, float *dweight, float *dbias, const float *dout,
+                                        const float *inp, const float *weight, int IC, int OCl, int fresh) {
+    if (dweight != NULL) sp_gather(m, m->sp_whole, inp);
+    matmul_backward(dinp != NULL ? m->sp_partial : NULL, dweight, dbias, dout, m->sp_whole, weight, m->B * m->T, IC,
+                    OCl, fresh);
+    if (dinp != NULL) sp_reduce_scatter(m, dinp, m->sp_partial);
+}
+
+// out[R,OC]: this rank's rows of inp[B*T,ICl] @ weight^T summed over the tp
+// ranks (a reduce-scatter), then + bias
+static void sp_row_parallel_forward(GPT2 *m, float *out, const float *inp, const float *weight, const float *bias,
+                                    int ICl, int OC) {
+    matmul_forward(m->sp_partial, inp, weight, NULL, m->B * m->T, ICl, OC);
+    sp_reduce_scatter(m, out, m->sp_partial);
+    add_bias(out, bias, m->rows, OC);
+}
+
+// dout[R,OC], this rank's rows of the output's gradient, gathered whole; then
+// as row_parallel_backward (dbias whole, as without -sp: every rank sums all
+// the rows)
+static void sp_row_parallel_backward(GPT2 *m, float *dinp, float *dweight, float *dbias, const float *dout,
+                                     const float *inp, const float *weight, int ICl, int OC, int fresh) {
+    sp_gather(m, m->sp_whole, dout);
+    matmul_backward(dinp, dweight, dbias, m->sp_whole, inp, weight, m->B * m->T, ICl, OC, fresh);
+}
+
+// out[R,C]: this rank's rows of the embeddings, the lookups of the tp ranks
+// summed by a reduce-scatter, then + wpe at each row's position
+static void sp_vocab_parallel_embedding_forward(GPT2 *m, float *out, const int *inp, const float *wte, const float *wpe,
+                                                int v0, int Vl) {
+    int B = m->B, T = m->T, C = m->config.C;
+    encoder_forward(m->sp_partial, inp, wte, v0, Vl, B, T, C);
+    sp_reduce_scatter(m, out, m->sp_partial);
+    encoder_add_positions(out, wpe, m->row0, m->rows, T, C);
+}
+
+// dout[R,C], this rank's rows of the embeddings' gradient, gathered whole:
+// then as vocab_parallel_embedding_backward (wpe's gradient whole)
+static void sp_vocab_parallel_embedding_backward(GPT2 *m, float *dwte, float *dwpe, const float *dout, const int *inp,
+                                                 int v0, int Vl) {
+    sp_gather(m, m->sp_whole, dout);
+    encoder_backward(dwte, dwpe, m->sp_whole, inp, v0, Vl, m->B, m->T, m->config.C);
+}
+
+// ----------------------------------------------------------------------------
 // forward and backward of one block. Attention and the MLP each run a
 // column-parallel Linear (qkv, fc), this rank's share of the work (its heads,
 // its hidden units) and a row-parallel Linear (attproj, fcproj).
 
+// The LayerNorms and the residual adds run on this rank's rows (m->rows:
+// all B*T without -sp); the Linears' sequence-parallel forms gather and
+// scatter those rows.
 static void block_forward(GPT2 *m, LayerParams p, LayerActs a, const float *x) {
     const Parallel *par = m->par;
-    int B = m->B, T = m->T, C = m->config.C, Cl = m->shard.Cl, BT = B * T;
-    size_t btc = (size_t)BT * C;
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, BT, C);
-    column_parallel_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
+    int B = m->B, T = m->T, C = m->config.C, Cl = m->shard.Cl, BT = B * T, R = m->rows;
+    size_t rc = (size_t)R * C;
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, R, C);
+    if (m->sp) sp_column_parallel_forward(m, a.qkv, a.ln1, p.qkvw, p.qkvb, C, 3 * Cl);
+    else column_parallel_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
     attention_forward(a.atty, a.att, a.qkv, B, T, Cl, m->shard.NHl);
-    row_parallel_forward(par, a.attproj, a.atty, p.attprojw, p.attprojb, BT, Cl, C);
-    residual_forward(a.residual2, x, a.attproj, btc);
-    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, BT, C);
-    column_parallel_forward(a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
+    if (m->sp) sp_row_parallel_forward(m, a.attproj, a.atty, p.attprojw, p.attprojb, Cl, C);
+    else row_parallel_forward(par, a.attproj, a.atty, p.attprojw, p.attprojb, BT, Cl, C);
+    residual_forward(a.residual2, x, a.attproj, rc);
+    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, R, C);
+    if (m->sp) sp_column_parallel_forward(m, a.fch, a.ln2, p.fcw, p.fcb, C, 4 * Cl);
+    else column_parallel_forward(a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
     gelu_forward(a.fch_gelu, a.fch, 4 * (size_t)BT * Cl);
-    row_parallel_forward(par, a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, BT, 4 * Cl, C);
-    residual_forward(a.residual3, a.residual2, a.fcproj, btc);
+    if (m->sp) sp_row_parallel_forward(m, a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, 4 * Cl, C);
+    else row_parallel_forward(par, a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, BT, 4 * Cl, C);
+    residual_forward(a.residual3, a.residual2, a.fcproj, rc);
 }
 
 // which part of a backward to run: all of it, or with the backward split
@@ -672,22 +803,33 @@ enum { BACK_ALL, BACK_INPUT, BACK_WEIGHTS };
 static void block_backward(GPT2 *m, LayerParams p, LayerParams g, LayerActs a, LayerActs d, const float *x, float *dx,
                            int part, int fresh) {
     const Parallel *par = m->par;
-    int B = m->B, T = m->T, C = m->config.C, Cl = m->shard.Cl, BT = B * T;
+    int B = m->B, T = m->T, C = m->config.C, Cl = m->shard.Cl, BT = B * T, R = m->rows;
     int in = part != BACK_WEIGHTS;
-    size_t btc = (size_t)BT * C;
+    size_t rc = (size_t)R * C;
     if (part == BACK_INPUT) memset(&g, 0, sizeof(g));  // NULL: no weight gradients
-    if (in) residual_backward(d.residual2, d.residual3, btc);  // fcproj's gradient is d.residual3 itself
-    row_parallel_backward(in ? d.fch_gelu : NULL, g.fcprojw, g.fcprojb, d.residual3, a.fch_gelu, p.fcprojw, BT, 4 * Cl,
-                          C, fresh);
+    if (in) residual_backward(d.residual2, d.residual3, rc);  // fcproj's gradient is d.residual3 itself
+    if (m->sp)
+        sp_row_parallel_backward(m, in ? d.fch_gelu : NULL, g.fcprojw, g.fcprojb, d.residual3, a.fch_gelu, p.fcprojw,
+                                 4 * Cl, C, fresh);
+    else
+        row_parallel_backward(in ? d.fch_gelu : NULL, g.fcprojw, g.fcprojb, d.residual3, a.fch_gelu, p.fcprojw, BT,
+                              4 * Cl, C, fresh);
     if (in) gelu_backward(d.fch, a.fch, d.fch_gelu, 4 * (size_t)BT * Cl);
-    column_parallel_backward(par, in ? d.ln2 : NULL, g.fcw, g.fcb, d.fch, a.ln2, p.fcw, BT, C, 4 * Cl, fresh);
-    layernorm_backward(in ? d.residual2 : NULL, g.ln2w, g.ln2b, d.ln2, a.residual2, p.ln2w, a.ln2_mean, a.ln2_rstd, BT,
+    if (m->sp) sp_column_parallel_backward(m, in ? d.ln2 : NULL, g.fcw, g.fcb, d.fch, a.ln2, p.fcw, C, 4 * Cl, fresh);
+    else column_parallel_backward(par, in ? d.ln2 : NULL, g.fcw, g.fcb, d.fch, a.ln2, p.fcw, BT, C, 4 * Cl, fresh);
+    layernorm_backward(in ? d.residual2 : NULL, g.ln2w, g.ln2b, d.ln2, a.residual2, p.ln2w, a.ln2_mean, a.ln2_rstd, R,
                        C, fresh);
-    if (in) residual_backward(dx, d.residual2, btc);  // attproj's gradient is d.residual2 itself
-    row_parallel_backward(in ? d.atty : NULL, g.attprojw, g.attprojb, d.residual2, a.atty, p.attprojw, BT, Cl, C, fresh);
+    if (in) residual_backward(dx, d.residual2, rc);  // attproj's gradient is d.residual2 itself
+    if (m->sp)
+        sp_row_parallel_backward(m, in ? d.atty : NULL, g.attprojw, g.attprojb, d.residual2, a.atty, p.attprojw, Cl, C,
+                                 fresh);
+    else
+        row_parallel_backward(in ? d.atty : NULL, g.attprojw, g.attprojb, d.residual2, a.atty, p.attprojw, BT, Cl, C,
+                              fresh);
     if (in) attention_backward(d.qkv, d.atty, a.qkv, a.att, B, T, Cl, m->shard.NHl);
-    column_parallel_backward(par, in ? d.ln1 : NULL, g.qkvw, g.qkvb, d.qkv, a.ln1, p.qkvw, BT, C, 3 * Cl, fresh);
-    layernorm_backward(in ? dx : NULL, g.ln1w, g.ln1b, d.ln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd, BT, C, fresh);
+    if (m->sp) sp_column_parallel_backward(m, in ? d.ln1 : NULL, g.qkvw, g.qkvb, d.qkv, a.ln1, p.qkvw, C, 3 * Cl, fresh);
+    else column_parallel_backward(par, in ? d.ln1 : NULL, g.qkvw, g.qkvb, d.qkv, a.ln1, p.qkvw, BT, C, 3 * Cl, fresh);
+    layernorm_backward(in ? dx : NULL, g.ln1w, g.ln1b, d.ln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd, R, C, fresh);
 }
 
 // ----------------------------------------------------------------------------
@@ -703,19 +845,25 @@ static void embed_forward(GPT2 *m, Acts *a) {
     const Shard *s = &m->shard;
     int B = m->B, T = m->T, C = m->config.C;
     float *wte = unit_acquire(m, m->ut.u_wte), *wpe = unit_acquire(m, m->ut.u_wpe);
-    vocab_parallel_embedding_forward(m->par, a->t[A_ENCODED], a->inputs, wte, wpe, s->v0, s->Vl, B, T, C);
+    if (m->sp) sp_vocab_parallel_embedding_forward(m, a->t[A_ENCODED], a->inputs, wte, wpe, s->v0, s->Vl);
+    else vocab_parallel_embedding_forward(m->par, a->t[A_ENCODED], a->inputs, wte, wpe, s->v0, s->Vl, B, T, C);
     unit_release(m, m->ut.u_wpe);
     if (!s->last) unit_release(m, m->ut.u_wte);  // one stage: wte stays for the head
 }
 
 // final LayerNorm, logits over my vocabulary rows, the loss (mean over B*T).
 // With the loss the logits become the softmax in place, so a caller that
-// reads the logits (sampling, a test) runs without it.
+// reads the logits (sampling, a test) runs without it. Under -sp the head
+// takes the gathered layout: the LayerNorm's output on this rank's rows,
+// all-gathered in place into A_LNF, which stays whole for the backward; the
+// logits, the loss and its all-reduces are then those without -sp.
 static void head_forward(GPT2 *m, Acts *a, int nl, int with_loss) {
     const Shard *s = &m->shard;
     int BT = m->B * m->T, C = m->config.C;
     float *lnf = unit_acquire(m, m->ut.u_lnf), *wte = unit_acquire(m, m->ut.u_wte);
-    layernorm_forward(a->t[A_LNF], a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], block_input(m, a, nl), lnf, lnf + C, BT, C);
+    float *mine = a->t[A_LNF] + (size_t)m->row0 * C;
+    layernorm_forward(mine, a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], block_input(m, a, nl), lnf, lnf + C, m->rows, C);
+    if (m->sp) sp_gather(m, a->t[A_LNF], mine);
     column_parallel_forward(a->t[A_LOGITS], a->t[A_LNF], wte, NULL, BT, C, s->Vl);
     unit_release(m, m->ut.u_lnf);
     unit_release(m, m->ut.u_wte);
@@ -763,7 +911,7 @@ static void chunk_backward(GPT2 *m, Acts *a, Acts *d, float dloss, int part, int
     const GPT2Config *c = &m->config;
     int B = m->B, T = m->T, C = c->C, BT = B * T, in = part != BACK_WEIGHTS, wt = part != BACK_INPUT;
     int nl = s->chunk[k].nl, fresh = m->grads_fresh >> k & 1;
-    size_t btc = (size_t)BT * C;
+    size_t rc = (size_t)m->rows * C;
     // most activation gradients are written by the one layer that makes
     // them (cpu_layers.h); two are added to and start cleared: qkv's, which
     // attention_backward gathers, and on the last stage the gradient leaving
@@ -772,7 +920,7 @@ static void chunk_backward(GPT2 *m, Acts *a, Acts *d, float dloss, int part, int
     // dout to dqkv directly.)
     if (in) zero_floats(d->t[A_QKV], (size_t)nl * 3 * BT * m->shard.Cl);
     if (chunk_last(s, k)) {
-        if (in) zero_floats(block_input(m, d, nl), btc);
+        if (in) zero_floats(block_input(m, d, nl), rc);
         float *lnf = in ? unit_acquire(m, m->ut.u_lnf) : NULL, *wte = in ? unit_acquire(m, m->ut.u_wte) : NULL;
         float *dlnf = wt ? unit_grad_begin(m, m->ut.u_lnf) : NULL, *dwte = wt ? unit_grad_begin(m, m->ut.u_wte) : NULL;
         // the probabilities, in the logits' place since the forward, become
@@ -782,10 +930,19 @@ static void chunk_backward(GPT2 *m, Acts *a, Acts *d, float dloss, int part, int
         if (in)
             vocab_parallel_cross_entropy_backward(dlogits, a->t[A_LOGITS], a->t[A_ROWSUM], a->targets, dloss, s->v0, BT,
                                                   s->Vl, s->nreal);
-        column_parallel_backward(m->par, in ? d->t[A_LNF] : NULL, dwte, NULL, dlogits, a->t[A_LNF], wte, BT, C, s->Vl,
-                                 fresh);
-        layernorm_backward(in ? block_input(m, d, nl) : NULL, dlnf, dlnf != NULL ? dlnf + C : NULL, d->t[A_LNF],
-                           block_input(m, a, nl), lnf, a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], BT, C, fresh);
+        // -sp: the head's input was gathered and kept (head_forward), so its
+        // weights need no gather; its gradient is summed over the tp ranks
+        // onto each rank's rows, in place
+        float *dmine = d->t[A_LNF] + (size_t)m->row0 * C;
+        if (m->sp) {
+            matmul_backward(in ? d->t[A_LNF] : NULL, dwte, NULL, dlogits, a->t[A_LNF], wte, BT, C, s->Vl, fresh);
+            if (in) sp_reduce_scatter(m, dmine, d->t[A_LNF]);
+        } else {
+            column_parallel_backward(m->par, in ? d->t[A_LNF] : NULL, dwte, NULL, dlogits, a->t[A_LNF], wte, BT, C,
+                                     s->Vl, fresh);
+        }
+        layernorm_backward(in ? block_input(m, d, nl) : NULL, dlnf, dlnf != NULL ? dlnf + C : NULL, dmine,
+                           block_input(m, a, nl), lnf, a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], m->rows, C, fresh);
         if (in) {
             unit_release(m, m->ut.u_lnf);
             unit_release(m, m->ut.u_wte);
@@ -795,7 +952,7 @@ static void chunk_backward(GPT2 *m, Acts *a, Acts *d, float dloss, int part, int
             if (!s->first) unit_grad_end(m, m->ut.u_wte);
         }
     } else if (in) {
-        memcpy(block_input(m, d, nl), a->grad_in, btc * sizeof(float));
+        memcpy(block_input(m, d, nl), a->grad_in, rc * sizeof(float));
     }
     for (int ll = nl - 1; ll >= 0; ll--) {
         int u = m->ut.u_layer0 + s->chunk[k].off + ll;
@@ -811,7 +968,8 @@ static void chunk_backward(GPT2 *m, Acts *a, Acts *d, float dloss, int part, int
     }
     if (chunk_first(s, k) && wt) {
         float *dwte = unit_grad_begin(m, m->ut.u_wte), *dwpe = unit_grad_begin(m, m->ut.u_wpe);
-        vocab_parallel_embedding_backward(dwte, dwpe, d->t[A_ENCODED], a->inputs, s->v0, s->Vl, B, T, C);
+        if (m->sp) sp_vocab_parallel_embedding_backward(m, dwte, dwpe, d->t[A_ENCODED], a->inputs, s->v0, s->Vl);
+        else vocab_parallel_embedding_backward(dwte, dwpe, d->t[A_ENCODED], a->inputs, s->v0, s->Vl, B, T, C);
         unit_grad_end(m, m->ut.u_wpe);
         unit_grad_end(m, m->ut.u_wte);
     }
@@ -906,6 +1064,41 @@ static void for_each_run(GPT2 *m, RunFn fn, void *ctx, int my_chunk) {
     }
 }
 
+// -sp 1: each LayerNorm's weight and bias gradients came from this rank's
+// rows only, so the step sums them over the tp group: the runs of every
+// LayerNorm tensor this rank updates, packed into one buffer, one
+// all-reduce, unpacked. Every tp rank walks the same units, which hold the
+// same tensors at the same offsets, so the runs line up.
+typedef struct { float *buf; size_t n; int unpack; } NormGrads;
+
+static int is_layernorm(int t) {
+    return t == P_LN1W || t == P_LN1B || t == P_LN2W || t == P_LN2B || t == P_LNFW || t == P_LNFB;
+}
+
+static void norm_grads_run(GPT2 *m, const Run *r, void *ctx) {
+    (void)m;
+    NormGrads *ng = (NormGrads *)ctx;
+    if (!is_layernorm(r->tensor)) return;
+    if (ng->buf != NULL && !ng->unpack) memcpy(ng->buf + ng->n, r->grad, r->n * sizeof(float));
+    if (ng->buf != NULL && ng->unpack) memcpy(r->grad, ng->buf + ng->n, r->n * sizeof(float));
+    ng->n += r->n;
+}
+
+static void sp_sum_layernorm_grads(GPT2 *m) {
+    if (!m->sp) return;
+    NormGrads ng = {NULL, 0, 0};
+    for_each_run(m, norm_grads_run, &ng, 0);  // counts them
+    ng.buf = (float *)xcalloc(ng.n, sizeof(float), "LayerNorm gradients");
+    size_t n = ng.n;
+    ng.n = 0;
+    for_each_run(m, norm_grads_run, &ng, 0);
+    group_allreduce(m->par, &m->par->tp, ng.buf, n);
+    ng.n = 0;
+    ng.unpack = 1;
+    for_each_run(m, norm_grads_run, &ng, 0);
+    free(ng.buf);
+}
+
 static void add_sumsq(GPT2 *m, const Run *r, void *ctx) {
     const Shard *s = &m->shard;
     // count each gradient once in the job: replicas over tp and the tied
@@ -934,6 +1127,7 @@ static void adam_run(GPT2 *m, const Run *r, void *ctx) {
 static float gpt2_step_loss(GPT2 *m, const Parallel *par, int accum, int *stop) {
     const Shard *s = &m->shard;
     gpt2_reduce_grads(m);
+    sp_sum_layernorm_grads(m);
     double sumsq = 0.0;
     for_each_run(m, add_sumsq, &sumsq, 1);
     // one all-reduce for the norm, the loss (each counted on one rank per
@@ -1205,9 +1399,11 @@ static int sender_chunk(const GPT2 *m, PipeMsg msg) {
     return k;
 }
 
-// where a message's B*T*C floats live: an activation arrives as the set's
-// block input and leaves as the chunk's output; a gradient arrives in the
-// set's grad_in and leaves from the gradient of the chunk's input
+// where a message's rows*C floats live (B*T*C, or under -sp this rank's
+// rows, which go to the same tp rank of the next stage): an activation
+// arrives as the set's block input and leaves as the chunk's output; a
+// gradient arrives in the set's grad_in and leaves from the gradient of the
+// chunk's input
 static float *pipe_buffer(GPT2 *m, PipeMsg msg, int incoming) {
     if (incoming) {
         Acts *a = msg.channel == CH_ACTIVATION ? set_take(m, msg.mb, msg.chunk) : &m->acts[set_index(m, msg.mb, msg.chunk)];
@@ -1231,7 +1427,7 @@ static int pipe_tag(const GPT2 *m, PipeMsg msg) { return msg.mb * m->shard.nchun
 // gradient at the send: the sending chunk may give its set back (its W)
 // before the receiving chunk's B, whose set has been held since its F.
 static void pipe_hand_off(GPT2 *m, PipeMsg msg, int at_send) {
-    size_t bytes = (size_t)m->B * m->T * m->config.C * sizeof(float);
+    size_t bytes = (size_t)m->rows * m->config.C * sizeof(float);  // -sp: my rows
     if ((msg.channel == CH_ACTIVATION) == at_send) return;  // done at the other end
     memcpy(pipe_buffer(m, msg, 1), pipe_buffer(m, msg, 0), bytes);
 }
@@ -1239,7 +1435,7 @@ static void pipe_hand_off(GPT2 *m, PipeMsg msg, int at_send) {
 static void pipe_recv(GPT2 *m, PipeMsg in) {
     if (in.peer < 0) return;
     const Parallel *par = m->par;
-    size_t bytes = (size_t)m->B * m->T * m->config.C * sizeof(float);
+    size_t bytes = (size_t)m->rows * m->config.C * sizeof(float);  // -sp: my rows, to and from my tp rank's peer
     if (in.peer == m->shard.pp_rank) {
         pipe_hand_off(m, in, 0);
         return;
@@ -1251,7 +1447,7 @@ static void pipe_recv(GPT2 *m, PipeMsg in) {
 static void pipe_send(GPT2 *m, PipeMsg out, PipeMsg in) {
     if (out.peer < 0) return;
     const Parallel *par = m->par;
-    size_t bytes = (size_t)m->B * m->T * m->config.C * sizeof(float);
+    size_t bytes = (size_t)m->rows * m->config.C * sizeof(float);
     if (out.peer == m->shard.pp_rank) {  // never in an exchange (pipeline_check)
         pipe_hand_off(m, out, 1);
         return;
@@ -1313,7 +1509,7 @@ static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n
 static void forward_in_model_order(GPT2 *m, Acts *a, int i) {
     const Shard *s = &m->shard;
     const PipeLayout *pl = &m->par->pipe;
-    size_t bytes = (size_t)m->B * m->T * m->config.C * sizeof(float);
+    size_t bytes = (size_t)m->rows * m->config.C * sizeof(float);
     int P = s->pp * s->nchunks;
     for (int p = 0; p < P; p++) {
         int stage, k, peer, peer_chunk;
@@ -1515,6 +1711,7 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     if (rc != 0) die(rc, err);
     Launch *L = &par->launch;
     par->zero = o->zero;
+    par->sp = o->sp;
     par->pipe = pipe_layout((PipeSchedule)o->pipe_schedule, par->grid.pp, 1, o->pipe_chunks);
     grid_groups(&par->grid, &par->world, &par->dp, &par->tp, &par->pp);
     // the tied-embedding group: the stages of my pipeline that hold the
@@ -1739,7 +1936,8 @@ int main(int argc, char **argv) {
     char err[1024], path[1024];
     trainer_name = "train_gpt2";
     // the job, checked once, by the launcher, before any rank starts
-    TrainerBuild build = {"the CPU trainer", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_INTERLEAVED | 1u << PS_ZBH1 | 1u << PS_ZBV};  // fp32 throughout, no fused GELU
+    TrainerBuild build = {"the CPU trainer", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_INTERLEAVED | 1u << PS_ZBH1 | 1u << PS_ZBV,
+                          1};  // fp32 throughout, no fused GELU
     parse_flags(&job, argc, argv, "", &build);
 #ifdef _OPENMP
     if (job.opt.threads > 0) omp_set_num_threads(job.opt.threads);

@@ -1452,9 +1452,9 @@ int main(int argc, char **argv) {
     if (gpu_options_take(&gopt, &argc, argv, err, sizeof(err)) != 0) die_usage(err);
     // the job, checked once, by the launcher, before any rank starts or a GPU is touched
 #ifdef ENABLE_FP32
-    TrainerBuild build = {"the fp32 build of train_gpt2cu", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B};  // exact fp32, GELU unfused
+    TrainerBuild build = {"the fp32 build of train_gpt2cu", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B, 0};  // exact fp32, GELU unfused, no -sp yet
 #else
-    TrainerBuild build = {"the bf16 build of train_gpt2cu", 1, 2, 1u << PS_GPIPE | 1u << PS_1F1B};  // bf16 GEMMs, GELU fused both ways
+    TrainerBuild build = {"the bf16 build of train_gpt2cu", 1, 2, 1u << PS_GPIPE | 1u << PS_1F1B, 0};  // bf16 GEMMs, GELU fused both ways, no -sp yet
 #endif
     parse_flags(&job, argc, argv, gpu_usage_lines, &build);
     if (ckpt_check_flags(&job.opt, err, sizeof(err)) != 0) die_usage(err);  // before a launcher counts the GPUs

@@ -11,8 +11,8 @@
  *   options_usage        -h: every flag, what it does and its default
  *   options_parse        argv into Options; one line into err on any problem
  *   TrainerBuild, options_check_build
- *                        llm.c's -a -f -w -ge -nm checked against what a
- *                        trainer build does
+ *                        llm.c's -a -f -w -ge -nm, -ps and -sp checked
+ *                        against what a trainer build does
  *
  * gpt2.h reads the flags into the model's shape and the batch
  * (options_descriptor, batch_accum) and the learning rate (lr_at_step).
@@ -55,6 +55,7 @@ typedef struct {
     int ckpt_every, ckpt_keep, resume, resume_step;
     int encrypt;                   // -enc: 1 checkpoints sealed (AES-256-GCM), 2 the final model too
     int np, tp, pp, zero, microbatches, pipe_schedule, check_every;
+    int sp;                        // -sp 1: sequence parallelism with tp (trainer.h's check_model checks it)
     int pipe_chunks;               // -pv: chunks of layers per pipeline rank (-ps interleaved)
     int watch_every;               // -wr: each rank's compute and wait times compared every N steps (0 = off)
     float timeout;
@@ -152,6 +153,9 @@ static const OptionSpec option_specs[] = {
     {"-pp", OPT_INT, offsetof(Options, pp), 1, 256, NULL, "pipeline stages",
      "llm.c's usage lists -pp as the fs path of its NCCL init, which its parser reads as -pf", NULL},
     {"-z", OPT_INT, offsetof(Options, zero), 0, 3, NULL, "ZeRO stage 0-3", NULL, NULL},
+    {"-sp", OPT_INT, offsetof(Options, sp), 0, 1, NULL,
+     "sequence parallelism with -tp above 1: the LayerNorms, the residual stream and the embeddings' output hold "
+     "B*T/tp of the positions on each tp rank (0/1)", NULL, NULL},
     {"-mb", OPT_INT, offsetof(Options, microbatches), 1, 1 << 16, NULL, "micro-batches per pipeline step", NULL, NULL},
     {"-ps", OPT_CHOICE, offsetof(Options, pipe_schedule), 0, 0, "gpipe,1f1b,interleaved,zbh1,zbv",
      "pipeline schedule (interleaved: -pv chunks per rank; zbh1, zbv: the backward split in B and W); or, an IPv4 address[:port] instead of a schedule's name, llm.c's server for -pi tcp",
@@ -380,6 +384,7 @@ typedef struct {
     int bf16;           // bf16 GEMMs (so -f means nothing) and fp32 master weights (so -w 0 cannot be)
     int gelu_fusion;    // what -ge -1 means: 2 (forward and backward) or 0 (none, the only choice then)
     unsigned schedules; // the -ps schedules it runs: bit PS_* set
+    int sequence_parallel;  // whether it runs -sp 1
 } TrainerBuild;
 
 // llm.c's switches checked against what build b does: each value taken
@@ -403,6 +408,8 @@ static int options_check_build(Options *o, const TrainerBuild *b, char *err, siz
         choice_names(choices, b->schedules, runs, sizeof(runs));
         return errorf(err, errlen, "flag -ps %s: %s does not run this schedule yet (it runs %s)", name, b->name, runs);
     }
+    if (o->sp && !b->sequence_parallel)
+        return errorf(err, errlen, "flag -sp 1: %s does not run sequence parallelism yet (the CPU trainer, train_gpt2, does)", b->name);
     if (o->gelu_fusion < 0) o->gelu_fusion = b->gelu_fusion;
     if (o->gelu_fusion > 0 && b->gelu_fusion == 0)
         return errorf(err, errlen, "flag -ge %d: %s has no fused GELU (llm.c's -ge 0)", o->gelu_fusion, b->name);

@@ -162,9 +162,9 @@ static void parse_fault(Job *job) {
 }
 
 // the model's shape from -e (a descriptor, or a model file's header, sealed
-// or not), -t against its maxT, and the layout against the model. A sealed
-// file is opened once here, a plain one twice (the first open finds it is
-// not sealed).
+// or not), -t against its maxT, the layout against the model, and -sp
+// against -tp and the micro-batch. A sealed file is opened once here, a
+// plain one twice (the first open finds it is not sealed).
 static void check_model(Job *job) {
     char err[2048];
     const Options *o = &job->opt;
@@ -181,6 +181,17 @@ static void check_model(Job *job) {
     }
     if (grid_init(&job->layout, o->np, o->tp, o->pp, 0, err, sizeof(err)) != 0) die_usage(err);
     if (grid_check_model(&job->layout, c->L, c->NH, c->C, c->Vp, err, sizeof(err)) != 0) die_usage(err);
+    // -sp 1 splits each micro-batch's B*T positions into tp blocks of rows, one a tp rank
+    if (o->sp && job->layout.tp == 1) {
+        snprintf(err, sizeof(err), "flag -sp 1: sequence parallelism splits the positions among the tensor-parallel "
+                 "ranks, and -tp is 1");
+        die_usage(err);
+    }
+    if (o->sp && (long)o->B * o->T % job->layout.tp != 0) {
+        snprintf(err, sizeof(err), "flag -sp 1: the B*T = %d*%d = %ld positions of a micro-batch do not split into "
+                 "-tp %d equal blocks", o->B, o->T, (long)o->B * o->T, job->layout.tp);
+        die_usage(err);
+    }
 }
 
 // -h 1: the HellaSwag file, -hf or llm.c's path. Like llm.c, a run without

@@ -55,12 +55,13 @@ static void encoder_forward(float *out, const int *inp, const float *wte, int v0
     }
 }
 
-// + position embedding, once the token embeddings are complete
-static void encoder_add_positions(float *out, const float *wpe, int B, int T, int C) {
+// + position embedding, once the token embeddings are complete: out holds
+// N rows of the B*T, from row `first` (the row bt is position bt % T)
+static void encoder_add_positions(float *out, const float *wpe, int first, int N, int T, int C) {
     #pragma omp parallel for schedule(dynamic, 16)
-    for (int bt = 0; bt < B * T; bt++) {
-        const float *wpe_row = wpe + (size_t)(bt % T) * C;
-        float *o = out + (size_t)bt * C;
+    for (int n = 0; n < N; n++) {
+        const float *wpe_row = wpe + (size_t)((first + n) % T) * C;
+        float *o = out + (size_t)n * C;
         for (int i = 0; i < C; i++) o[i] += wpe_row[i];
     }
 }
