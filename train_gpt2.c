@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>  // getrusage: the peak resident memory
 #ifdef __GLIBC__
 #include <malloc.h>  // mallopt
 #endif
@@ -318,6 +319,22 @@ static size_t acts_total(const GPT2 *m) {
     size_t total = 0;
     for (int i = 0; i < NUM_ACT_TENSORS; i++) total += m->act_sizes[i];
     return total;
+}
+
+// the activation memory of this rank, in bytes: the forward's tensors in
+// its nacts sets (with the incoming gradients they hold), the activation
+// gradients (one set, or one per set where the backward is split), and
+// under -sp the two (B*T, C) buffers of the gathers and scatters. Under -sp
+// the sequence-parallel region's tensors hold rows/(B*T) = 1/tp of theirs.
+typedef struct { size_t acts, grads, sp_buffers; } ActBytes;
+
+static ActBytes gpt2_activation_bytes(const GPT2 *m) {
+    size_t set = acts_total(m) * sizeof(float), rc = (size_t)m->rows * m->config.C;
+    size_t grad_in = m->nacts > 0 && m->acts[0].grad_in != NULL ? rc * sizeof(float) : 0;
+    size_t heads = (size_t)m->nheads * (((size_t)m->B * m->T * m->shard.Vl + 15) / 16 * 16) * sizeof(float);  // lent logits
+    ActBytes b = {m->nacts * (set + grad_in) + heads, (m->dsets != NULL ? m->nacts + 1 : 1) * set,
+                  m->sp ? 2 * (size_t)m->B * m->T * m->config.C * sizeof(float) : 0};
+    return b;
 }
 
 static void acts_free(Acts *a) { free(a->block); free(a->inputs); free(a->targets); free(a->grad_in); }
@@ -1683,18 +1700,22 @@ static void print_layout(const GPT2 *m, const Parallel *par, const Options *o, i
         snprintf(lent, sizeof(lent), ", logits lent from %d buffer%s to %d activation sets", m->nheads,
                  m->nheads == 1 ? "" : "s", m->nacts);
     if (g->rank == 0)
-        printf("layout: %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, schedule %s, %d micro-batches per step, bubble %.3f\n",
-               g->world, g->dp, g->tp, g->pp, par->zero, pipeline_name(pl.schedule), accum, pipeline_bubble(&pl));
+        printf("layout: %d ranks = dp %d x tp %d x pp %d%s, ZeRO-%d, schedule %s, %d micro-batches per step, bubble %.3f\n",
+               g->world, g->dp, g->tp, g->pp, m->sp ? " (sequence parallel)" : "", par->zero, pipeline_name(pl.schedule),
+               accum, pipeline_bubble(&pl));
     // one line per rank, in rank order, from the rank itself
+    ActBytes act = gpt2_activation_bytes(m);
     for (int r = 0; r < g->world; r++) {
         if (r == g->rank)
             printf("rank %d (dp %d, pp %d, tp %d): layers %s%s%s, heads %d..%d, vocab rows %d..%d, "
-                   "bytes: params %zu grads %zu optimizer %zu (%zu elements, shard %zu)%s\n",
+                   "bytes: params %zu grads %zu optimizer %zu (%zu elements, shard %zu), "
+                   "activations %zu (%d sets, positions %d..%d) gradients %zu sp buffers %zu%s\n",
                    g->rank, g->dp_rank, g->pp_rank, g->tp_rank, chunk_list(s, chunks, sizeof(chunks)),
                    s->first ? " +embeddings" : "",
                    s->last ? " +head" : "", s->tp_rank * s->NHl, (s->tp_rank + 1) * s->NHl - 1, s->v0, s->v0 + s->Vl - 1,
                    m->bytes_params, m->bytes_grads, m->bytes_optimizer,
-                   m->ut.num_local, m->ut.num_shard, lent);
+                   m->ut.num_local, m->ut.num_shard, act.acts, m->nacts, m->row0, m->row0 + m->rows - 1, act.grads,
+                   act.sp_buffers, lent);
         fflush(stdout);
         if (g->world > 1) comm_barrier(par->comm, &par->world);
     }
@@ -1808,6 +1829,25 @@ static void print_rank_bytes(const GPT2 *m, const Parallel *par) {
         }
         fflush(stdout);
         free(v);
+    }
+    free(all);
+}
+
+// at the end of a job: each rank's peak resident memory (getrusage's
+// ru_maxrss, Linux's VmHWM), printed by rank 0 in one line: what the
+// activation figures of the layout lines come to, measured
+static void print_peak_memory(const Parallel *par) {
+    struct rusage ru;
+    float mine = getrusage(RUSAGE_SELF, &ru) == 0 ? (float)ru.ru_maxrss / 1024.0f : -1.0f;  // KiB to MiB
+    int world = par->grid.world;
+    float *all = (float *)xcalloc((size_t)world, sizeof(float), "peak memory");
+    all[par->grid.rank] = mine;
+    if (par->comm) comm_allgather(par->comm, &par->world, &mine, all, 1);
+    if (par->grid.rank == 0) {
+        printf("peak resident memory per rank (MiB):");
+        for (int r = 0; r < world; r++) printf(" %.1f", all[r]);
+        printf("\n");
+        fflush(stdout);
     }
     free(all);
 }
@@ -2024,6 +2064,7 @@ int main(int argc, char **argv) {
     if (!stopped && final_model(&model, &par, &job) != 0) return 1;
     pipe_meter_print(&meter);
     if (par.comm) print_rank_bytes(&model, &par);
+    print_peak_memory(&par);
     pipe_meter_free(&meter);
     watch_free(&watch);
     free_job(&job);

@@ -10,7 +10,8 @@
  * single-rank run of the same global batch (losses and grad norms within 1e-5), the bytes each rank
  * sent against the formulas, the fault switch (tamper, replay, kill, stall), the
  * watch report naming a rank slowed on purpose (slow), and the consistency
- * check naming a rank whose parameters changed (drift).
+ * check naming a rank whose parameters changed (drift); sequence parallelism
+ * (-sp 1) under all of these, its bytes and its memory.
  */
 #include "llm3d/gpt2.h"
 #include "llm3d/trainer.h"  // Job
@@ -557,6 +558,194 @@ static void test_faults(void) {
     check(r.ok, "data-parallel consistency check every 2 steps passes on an honest run");
 }
 
+// rank `rank`'s figure `name` ("activations", "gradients") from its layout
+// line ("rank R (dp ...): ... activations N ..."); -1 when it has none
+static long long layout_figure(const char *out, int rank, const char *name) {
+    char head[32], key[64];
+    snprintf(head, sizeof(head), "rank %d (dp ", rank);
+    snprintf(key, sizeof(key), " %s ", name);
+    const char *line = strstr(out, head), *end = line != NULL ? strchr(line, '\n') : NULL;
+    const char *at = line != NULL ? strstr(line, key) : NULL;
+    return at != NULL && (end == NULL || at < end) ? atoll(at + strlen(key)) : -1;
+}
+
+// a checkpoint of step 5 written by layout `from`, resumed by layout `to`:
+// steps 5..9 of the resumed run against `want`'s (an uninterrupted run);
+// exact: the losses and norms equal and the final model byte for byte
+// `want`'s (its own -o's final model, read before the resume); else within
+// 1e-5
+static void sp_resume(const Run *want, const char *want_model, size_t want_n, const char *args, const char *from,
+                      const char *to, int exact) {
+    static Run first, resumed;
+    char a[512], out[200], path[300];
+    snprintf(out, sizeof(out), "%s/sp_ckpt", dir);
+    snprintf(a, sizeof(a), "%s %s -n 5 -o %s", args, from, out);
+    run(&first, a);
+    snprintf(a, sizeof(a), "%s %s -ys 5 -o %s", args, to, out);
+    run(&resumed, a);
+    int ok = want->ok && first.ok && resumed.status == 0 && strstr(resumed.out, "resum") != NULL && resumed.nsteps == 5;
+    float w = 0.0f;
+    for (int k = 0; ok && k < 5; k++)
+        w = fmaxf(w, fmaxf(fabsf(resumed.loss[k] - want->loss[5 + k]), fabsf(resumed.norm[k] - want->norm[5 + k])));
+    if (exact) {
+        snprintf(path, sizeof(path), "%s/model_%08d.bin", out, STEPS);
+        size_t n = 0;
+        char *buf = test_read_file(path, &n);
+        ok = ok && w == 0.0f && buf != NULL && want_model != NULL && n == want_n && memcmp(buf, want_model, n) == 0;
+        free(buf);
+        check(ok, "a checkpoint of step 5 under '%s' resumed under '%s': steps 5..9 and the final model bit for bit "
+              "the uninterrupted run's (worst difference %.2e, exit %d, %d steps)", from, to, w, resumed.status,
+              resumed.nsteps);
+    } else {
+        ok = ok && w <= 1e-5f;
+        check(ok, "a checkpoint of step 5 under '%s' resumed under '%s': steps 5..9 within %.2e of one rank's (exit %d, "
+              "%d steps, <= 1e-5)", from, to, w, resumed.status, resumed.nsteps);
+    }
+    if (!ok) printf("%s\n%s\n", first.out, resumed.out);
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", out);
+    if (system(cmd) != 0) printf("note: could not remove %s\n", out);
+}
+
+// -sp 1, sequence parallelism: the sequence-parallel region's tensors hold
+// B*T/tp positions per tp rank. 10 steps against one rank under tp 2 and 4,
+// with dp 2 and every ZeRO stage, with pp 2 (gpipe, 1f1b, and zbh1, whose
+// split backward gathers again in its W), and (2,2,2); checkpoints resumed
+// with and without -sp; the bytes each rank sends against tp's without
+// -sp; the activation memory of the layout lines; the refusals
+static void test_sequence_parallel(void) {
+    const char *tiny = "-e dev/fixtures/tiny_model.bin";  // L=2, NH=4, C=64, V=500
+    static Run b32, b64, b128;
+    run(&b32, "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 32");
+    run(&b64, "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 64");
+    run(&b128, "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 128");
+    if (!check(b32.ok && b64.ok && b128.ok, "one rank, 32, 64 and 128 tokens a step")) return;
+    compare(&b32, tiny, "-np 2 -tp 2 -sp 1", "-b 2 -t 16 -d 32");
+    compare(&b32, tiny, "-np 4 -tp 4 -sp 1", "-b 2 -t 16 -d 32");
+    for (int z = 0; z <= 3; z++) {
+        char lay[64];
+        snprintf(lay, sizeof(lay), "-np 4 -tp 2 -sp 1 -z %d", z);
+        compare(&b64, tiny, lay, "-b 2 -t 16 -d 64");
+    }
+    compare(&b64, tiny, "-np 4 -tp 2 -pp 2 -sp 1 -ps 1f1b -mb 2", "-b 2 -t 16 -d 64");
+    compare(&b64, tiny, "-np 4 -tp 2 -pp 2 -sp 1 -ps zbh1 -mb 2", "-b 2 -t 16 -d 64");
+    compare(&b128, tiny, "-np 8 -tp 2 -pp 2 -sp 1 -z 1", "-b 2 -t 16 -d 128");
+
+    // gpipe on pp 2: and each stage sends its neighbour only its rows, B*T*C/tp a micro-batch
+    static Run r;
+    run(&r, "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 64 -np 4 -tp 2 -pp 2 -sp 1 -ps gpipe -mb 2");
+    long long per = (long long)STEPS * 2 * 32 * 64 * 4 / 2;
+    check(r.ok && worst_diff(&b64, &r) <= 1e-5f && bytes_of(r.out, 0, "activation") == per &&
+          bytes_of(r.out, 1, "activation") == per && bytes_of(r.out, 2, "gradient") == per &&
+          bytes_of(r.out, 3, "gradient") == per && bytes_of(r.out, 2, "activation") == 0,
+          "-tp 2 -pp 2 -sp 1 -ps gpipe: worst loss/norm difference from one rank %.2e (<= 1e-5); each tp rank sends its "
+          "rows only, %lld bytes each way (activation %lld, gradient %lld)", worst_diff(&b64, &r), per,
+          bytes_of(r.out, 0, "activation"), bytes_of(r.out, 2, "gradient"));
+
+    // the bytes each rank sends in the 10 steps of one micro-batch of B*T = 32 positions, tp 2 and 4:
+    // without -sp, (4L+2) all-reduces of B*T*C a micro-batch (4 a layer, the embedding, the head);
+    // with it each is a reduce-scatter and an all-gather of the same bytes in all, and besides, the
+    // column-parallel weights' gathers in the backward (2 a layer) and the LayerNorms' gradients
+    // summed over tp once a step ((4L+2) C floats). The loss's three passes (its row maxima
+    // all-gathered, its sums and losses all-reduced) and the step's (norm, loss, stop) are alike.
+    for (int tp = 2; tp <= 4; tp *= 2) {
+        static Run plain, sp;
+        char args[256];
+        snprintf(args, sizeof(args), "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 32 -np %d -tp %d", tp, tp);
+        run(&plain, args);
+        snprintf(args + strlen(args), sizeof(args) - strlen(args), " -sp 1");
+        run(&sp, args);
+        if (!check(plain.ok && sp.ok, "tp %d with and without -sp ran", tp)) continue;
+        long long S = STEPS, L = 2, BT = 32, C = 64, f = tp - 1, act = BT * C * 4, world = tp;
+        long long nscalar = (3 + world - 1) / world * world, start = (world - 1) * (24 + CPU_RANK_FLOATS * 4);
+        long long loss_ar = S * 2 * (2 * f * BT * 4 / tp), scalars = S * 2 * f * nscalar * 4 / tp;
+        long long loss_ag = S * f * BT * 4, regather = S * 2 * L * f * act / tp, norms = S * 2 * f * (4 * L + 2) * C * 4 / tp;
+        long long want_ar_tp = S * (4 * L + 2) * 2 * f * act / tp + loss_ar + scalars, want_ag_tp = loss_ag + start;
+        long long want_rs_sp = S * (4 * L + 2) * f * act / tp;
+        long long want_ag_sp = S * (4 * L + 2) * f * act / tp + regather + loss_ag + start;
+        long long want_ar_sp = loss_ar + scalars + norms;
+        long long ar_tp = bytes_of(plain.out, tp - 1, "allreduce"), ag_tp = bytes_of(plain.out, tp - 1, "allgather");
+        long long rs_tp = bytes_of(plain.out, tp - 1, "reduce_scatter");
+        long long ar_sp = bytes_of(sp.out, tp - 1, "allreduce"), ag_sp = bytes_of(sp.out, tp - 1, "allgather");
+        long long rs_sp = bytes_of(sp.out, tp - 1, "reduce_scatter");
+        check(ar_tp == want_ar_tp && ag_tp == want_ag_tp && rs_tp == 0 && ar_sp == want_ar_sp && ag_sp == want_ag_sp &&
+              rs_sp == want_rs_sp,
+              "tp %d bytes, rank %d: without -sp allreduce %lld (want %lld) allgather %lld (want %lld) reduce_scatter %lld "
+              "(want 0); with -sp allreduce %lld (want %lld) allgather %lld (want %lld) reduce_scatter %lld (want %lld)",
+              tp, tp - 1, ar_tp, want_ar_tp, ag_tp, want_ag_tp, rs_tp, ar_sp, want_ar_sp, ag_sp, want_ag_sp, rs_sp,
+              want_rs_sp);
+        // the activations' traffic alone: what -sp reduce-scatters and all-gathers, less the
+        // weights' gathers again, is what tp all-reduces, less the loss's and the step's
+        long long moved_sp = rs_sp + ag_sp - ag_tp - regather, moved_tp = ar_tp - (ar_sp - norms);
+        check(moved_sp == moved_tp && moved_tp == S * (4 * L + 2) * 2 * f * act / tp,
+              "tp %d: the activations' bytes a rank sends with -sp (%lld, reduce-scatters and all-gathers) equal those "
+              "without (%lld, all-reduces), %lld over 10 steps", tp, moved_sp, moved_tp,
+              S * (4 * L + 2) * 2 * f * act / tp);
+        // the activation memory of each rank: the sequence-parallel region's tensors shrink
+        // from B*T to B*T/tp positions: the embeddings' output and, a layer, six of (B*T, C)
+        // and the two LayerNorms' mean and 1/std; the final LayerNorm's mean and 1/std (each
+        // tensor rounded up to 16 floats, a cache line: these two hold 8 floats under tp 4)
+        long long R = BT / tp, R16 = (R + 15) / 16 * 16;
+        long long shrink = 4 * ((BT - R) * C * (1 + 6 * L) + (BT - R) * 4 * L + 2 * (BT - R16));
+        long long a_tp = layout_figure(plain.out, 0, "activations"), a_sp = layout_figure(sp.out, 0, "activations");
+        long long g_tp = layout_figure(plain.out, 0, "gradients"), g_sp = layout_figure(sp.out, 0, "gradients");
+        long long buf_sp = layout_figure(sp.out, 0, "buffers");
+        check(a_tp > 0 && a_tp - a_sp == shrink && g_tp - g_sp == shrink && buf_sp == 2 * act,
+              "tp %d activation memory per rank: %lld bytes with -sp, %lld without (%lld less, want %lld), gradients "
+              "alike (%lld, %lld), and two (B*T, C) buffers of %lld bytes for the gathers", tp, a_sp, a_tp, a_tp - a_sp,
+              shrink, g_sp, g_tp, buf_sp);
+        check(strstr(sp.out, "peak resident memory per rank (MiB):") != NULL, "tp %d: the peak resident memory per rank "
+              "printed", tp);
+    }
+
+    // checkpoints hold whole tensors whatever the layout: one written under -sp resumes bit for
+    // bit under -sp, and within 1e-5 of one rank without it; and the other way
+    const char *args = "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 32";
+    static Run whole;
+    char a[512], path[300], out[200];
+    snprintf(out, sizeof(out), "%s/sp_whole", dir);
+    snprintf(a, sizeof(a), "%s -np 2 -tp 2 -sp 1 -o %s", args, out);
+    run(&whole, a);
+    snprintf(path, sizeof(path), "%s/model_%08d.bin", out, STEPS);
+    size_t n = 0;
+    char *model = test_read_file(path, &n);
+    check(whole.ok && model != NULL && worst_diff(&b32, &whole) <= 1e-5f, "-np 2 -tp 2 -sp 1 -o: 10 steps and the final "
+          "model written");
+    sp_resume(&whole, model, n, args, "-np 2 -tp 2 -sp 1", "-np 2 -tp 2 -sp 1", 1);
+    free(model);
+    snprintf(a, sizeof(a), "rm -rf %s", out);
+    if (system(a) != 0) printf("note: could not remove %s\n", out);
+    sp_resume(&b32, NULL, 0, args, "-np 2 -tp 2 -sp 1", "-np 2 -tp 2", 0);
+    sp_resume(&b32, NULL, 0, args, "-np 2 -tp 2", "-np 4 -tp 4 -sp 1", 0);
+    sp_resume(&b32, NULL, 0, args, "-np 4 -tp 4 -sp 1", "", 0);
+
+    // refused at start in one line, before any rank starts
+    static const struct { const char *args, *want; } bad[] = {
+        {"-t 16 -sp 1", "flag -sp 1: sequence parallelism splits the positions among the tensor-parallel ranks, and -tp is 1"},
+        {"-np 2 -t 16 -sp 1", "flag -sp 1: sequence parallelism splits the positions among the tensor-parallel ranks, and -tp "
+                        "is 1"},
+        {"-np 4 -tp 4 -sp 1 -b 1 -t 15", "flag -sp 1: the B*T = 1*15 = 15 positions of a micro-batch do not split into "
+                                         "-tp 4 equal blocks"},
+        {"-np 4 -tp 4 -sp 1 -b 3 -t 6", "flag -sp 1: the B*T = 3*6 = 18 positions of a micro-batch do not split into "
+                                        "-tp 4 equal blocks"},
+        {"-np 2 -tp 2 -t 16 -sp 2", "flag -sp: 2 is out of range [0, 1]"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(a, sizeof(a), "%s %s", tiny, bad[i].args);
+        run(&r, a);
+        int lines = 0;
+        for (const char *p = r.out; *p; p++) lines += *p == '\n';
+        r.out[strcspn(r.out, "\n")] = '\0';
+        check(r.status == 2 && strstr(r.out, bad[i].want) != NULL && lines == 1, "%s: refused in one line, exit %d: %s",
+              bad[i].args, r.status, r.out);
+    }
+    // -b 3 -t 4: 12 positions in 2 blocks of 6, which split the second sequence: taken, and the
+    // positions added to the second block's rows are 2 3 0 1 2 3
+    static Run b12;
+    run(&b12, "-e dev/fixtures/tiny_model.bin -b 3 -t 4 -d 12");
+    if (check(b12.ok, "one rank, -b 3 -t 4")) compare(&b12, tiny, "-np 2 -tp 2 -sp 1", "-b 3 -t 4 -d 12");
+}
+
 // whether a line of the last run's log holds needle (and also, unless NULL)
 static int log_has(const char *needle, const char *also) {
     char path[300], line[4096];
@@ -801,7 +990,8 @@ static void test_outside_launcher(void) {
 // (test_layouts bubble), for a quick look at one part
 int main(int argc, char **argv) {
     static const struct { const char *name; void (*run)(void); } tests[] = {
-        {"data_parallel", test_data_parallel}, {"tensor_pipeline", test_tensor_pipeline},
+        {"sequence_parallel", test_sequence_parallel}, {"data_parallel", test_data_parallel},
+        {"tensor_pipeline", test_tensor_pipeline},
         {"schedule_resume", test_schedule_resume}, {"bubble", test_bubble}, {"zbv", test_zbv}, {"interleaved", test_interleaved},
         {"faults", test_faults}, {"watch_rules", test_watch_rules}, {"watch", test_watch}, {"drift", test_drift},
         {"outside_launcher", test_outside_launcher},
