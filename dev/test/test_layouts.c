@@ -642,6 +642,23 @@ static void test_sequence_parallel(void) {
           "rows only, %lld bytes each way (activation %lld, gradient %lld)", worst_diff(&b64, &r), per,
           bytes_of(r.out, 0, "activation"), bytes_of(r.out, 2, "gradient"));
 
+    // the val loss goes through the same forward (forward_in_model_order): one rank's, within 1e-5
+    static Run v1, v2;
+    char va[512];
+    snprintf(va, sizeof(va), "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 64 -v 5 -m 2 -j '%s'", shards);
+    run(&v1, va);
+    snprintf(va + strlen(va), sizeof(va) - strlen(va), " -np 4 -tp 2 -pp 2 -sp 1 -mb 2");
+    run(&v2, va);
+    const char *p1 = v1.out, *p2 = v2.out;
+    int nval = 0;
+    float vw = 0.0f;
+    while ((p1 = strstr(p1, "val loss ")) != NULL && (p2 = strstr(p2, "val loss ")) != NULL) {
+        vw = fmaxf(vw, fabsf(strtof(p1 + 9, NULL) - strtof(p2 + 9, NULL)));
+        p1 += 9, p2 += 9, nval++;
+    }
+    check(v1.ok && v2.ok && nval == 3 && vw <= 1e-5f, "-tp 2 -pp 2 -sp 1: the 3 val losses within %.2e of one rank's "
+          "(%d compared, <= 1e-5)", vw, nval);
+
     // the bytes each rank sends in the 10 steps of one micro-batch of B*T = 32 positions, tp 2 and 4:
     // without -sp, (4L+2) all-reduces of B*T*C a micro-batch (4 a layer, the embedding, the head);
     // with it each is a reduce-scatter and an all-gather of the same bytes in all, and besides, the
