@@ -396,6 +396,7 @@ static void test_zbv(void) {
         }
         compare(&b8, deep, "-np 4 -tp 2 -pp 2 -ps zbv -mb 8", "-b 1 -t 16 -d 128");
         compare(&b8, deep, "-np 8 -tp 2 -pp 2 -z 1 -ps zbv -mb 4", "-b 1 -t 16 -d 128");
+        compare(&b8, deep, "-np 4 -tp 2 -pp 2 -sp 1 -ps zbv -mb 8", "-b 1 -t 16 -d 128");  // hand-offs of my rows
     }
     // the tied wte on stage 0 alone: its two uses add up there, and the
     // stages all-reduce only the step's norm, loss and stop flag (4 floats);
@@ -494,6 +495,7 @@ static void test_interleaved(void) {
     if (check(b4.ok, "one rank, 4 layers, 64 tokens a step")) {
         compare(&b4, deep, "-np 4 -pp 2 -z 1 -ps interleaved -pv 2 -mb 2", "-b 1 -t 16 -d 64");
         compare(&b4, deep, "-np 4 -pp 2 -z 3 -ps interleaved -pv 2 -mb 2", "-b 1 -t 16 -d 64");
+        compare(&b4, deep, "-np 4 -tp 2 -pp 2 -sp 1 -ps interleaved -pv 2 -mb 4", "-b 1 -t 16 -d 64");
     }
     // the val loss walks the parts in model order: the same lines as one rank's
     static Run v1, v2;
