@@ -69,6 +69,8 @@ typedef struct {
     int sp;          // sequence parallelism (-sp 1, with tp > 1): see "sequence parallel" below
     PipeLayout pipe; // the schedule's placement of the model's parts on the stages (its M is not used)
     Launch launch;   // how this process was started (its key, its rendezvous)
+    Fault fault;     // -fault: poison acts here (poison_grads), the others in the communicator and the loop
+    int step;        // the step in progress (set_step)
 } Parallel;
 
 static void par_single(Parallel *par) {
@@ -80,8 +82,11 @@ static void par_single(Parallel *par) {
     par->pipe = pipe_layout(PIPE_GPIPE, 1, 1, 1);
 }
 
-static void group_allreduce(const Parallel *par, const Group *g, float *buf, size_t n) {
-    if (g->size > 1) comm_allreduce(par->comm, g, buf, n, OP_SUM);
+// what: the data, named by the line of a failed check (-ic 1)
+static void group_allreduce(const Parallel *par, const Group *g, float *buf, size_t n, const char *what) {
+    if (g->size == 1) return;
+    comm_set_label(par->comm, what);
+    comm_allreduce(par->comm, g, buf, n, OP_SUM);
 }
 
 // ----------------------------------------------------------------------------
@@ -159,6 +164,8 @@ typedef struct {
     float loss_sum;            // this step's micro-batch mean losses, summed (last stage; gpt2_zero_losses)
     float norm;                // this step's grad norm, before clipping (gpt2_step_loss)
     float *digests;            // dp > 1: -ck's SHA-256 of every tensor of every replica, each 32 bytes as 8 floats (small: made whether or not -ck is on)
+    float *rank_norms;         // dp > 1: every rank's own gradient norm this step, before the dp reduction (world floats)
+    char label[80];            // what the collective in progress carries (unit_label)
 } GPT2;
 
 static void *xcalloc(size_t n, size_t size, const char *what) {
@@ -288,8 +295,10 @@ static void gpt2_build(GPT2 *m, const GPT2Config *c, const Parallel *par, const 
         if (zero <= 1) m->unit_grads[u] = m->grads + un->offset;
     }
     free(unit_buf);
-    if (m->shard.dp > 1)  // each 32-byte digest travels as 8 floats, its bytes as they are
+    if (m->shard.dp > 1) {  // each 32-byte digest travels as 8 floats, its bytes as they are
         m->digests = (float *)xcalloc((size_t)unit_table_tensors(&m->ut) * 8 * m->shard.dp, sizeof(float), "digests");
+        m->rank_norms = (float *)xcalloc((size_t)par->world.size, sizeof(float), "the ranks' gradient norms");
+    }
 }
 
 // one set of activations (grad 0) or of their gradients (grad 1) of
@@ -472,6 +481,7 @@ static void gpt2_free(GPT2 *m) {
     free(m->heads); free(m->head_busy); free(m->head_of);
     free(m->sp_whole); free(m->sp_partial);
     free(m->digests);
+    free(m->rank_norms);
     free(m->acts); free(m->ut.units); free(m->unit_params); free(m->unit_grads);
 }
 
@@ -498,14 +508,27 @@ static float *block_input(const GPT2 *m, const Acts *a, int ll) {
 // ----------------------------------------------------------------------------
 // ZeRO: where a unit's full parameters come from and where its gradients go
 
+// "gradients of layer 3", "parameters of wte": what a collective of unit u
+// carries, for the line of a failed check (-ic 1); kept in m until the next
+static const char *unit_label(GPT2 *m, int u, const char *what) {
+    const Unit *un = &m->ut.units[u];
+    if (un->kind >= U_LAYER0)
+        snprintf(m->label, sizeof(m->label), "%s of layer %d", what, unit_layer(&m->shard, un));
+    else
+        snprintf(m->label, sizeof(m->label), "%s of %s", what, un->kind == U_WTE ? "wte" : un->kind == U_WPE ? "wpe" : "lnf");
+    return m->label;
+}
+
 // makes unit u's full parameters available (ZeRO-3: all-gathers them)
 static float *unit_acquire(GPT2 *m, int u) {
     if (m->par->zero < 3 || m->unit_params[u] != NULL) return m->unit_params[u];
     const Unit *un = &m->ut.units[u];
     float *full = (float *)xcalloc(un->padded, sizeof(float), "gathered unit");
     transient_add(m, (long)(un->padded * sizeof(float)));
-    if (m->shard.dp > 1) comm_allgather(m->par->comm, &m->par->dp, m->param_shard + un->shard_offset, full, un->padded / m->shard.dp);
-    else memcpy(full, m->param_shard + un->shard_offset, un->padded * sizeof(float));
+    if (m->shard.dp > 1) {
+        comm_set_label(m->par->comm, unit_label(m, u, "parameters"));
+        comm_allgather(m->par->comm, &m->par->dp, m->param_shard + un->shard_offset, full, un->padded / m->shard.dp);
+    } else memcpy(full, m->param_shard + un->shard_offset, un->padded * sizeof(float));
     m->unit_params[u] = full;
     return full;
 }
@@ -515,6 +538,13 @@ static void unit_release(GPT2 *m, int u) {
     free(m->unit_params[u]);
     m->unit_params[u] = NULL;
     transient_add(m, -(long)(m->ut.units[u].padded * sizeof(float)));
+}
+
+// -fault poison: this rank's gradients x100 from the fault's step on, as it
+// puts them into the data-parallel reduction: a rogue worker
+static void poison_grads(const Parallel *par, float *g, size_t n) {
+    if (!fault_poison_fires(&par->fault, par->grid.rank, par->step)) return;
+    for (size_t i = 0; i < n; i++) g[i] *= FAULT_POISON_SCALE;
 }
 
 // where unit u's gradients accumulate during a backward (ZeRO-2/3: a bucket)
@@ -534,6 +564,9 @@ static void unit_grad_end(GPT2 *m, int u) {
     float *mine = m->grad_shard + un->shard_offset;
     if (m->shard.dp > 1) {
         float *sum = (float *)xcalloc(chunk, sizeof(float), "reduced chunk");
+        poison_grads(m->par, m->unit_grads[u], un->padded);
+        comm_set_label(m->par->comm, unit_label(m, u, "gradients"));
+        comm_count_grads(m->par->comm);
         comm_reduce_scatter(m->par->comm, &m->par->dp, m->unit_grads[u], sum, chunk, OP_SUM);
         for (size_t i = 0; i < chunk; i++) mine[i] += sum[i];
         free(sum);
@@ -572,14 +605,14 @@ static void unit_grad_end(GPT2 *m, int u) {
 // so no rank ever holds all the logits.
 
 // the sum of the tp ranks' parts, in place on every rank: g's forward
-static void tp_reduce(const Parallel *par, float *buf, size_t n) {
-    group_allreduce(par, &par->tp, buf, n);
+static void tp_reduce(const Parallel *par, float *buf, size_t n, const char *what) {
+    group_allreduce(par, &par->tp, buf, n, what);
 }
 
 // f's backward: every tp rank used the whole input, so its gradient is the
 // sum of the ranks' parts
-static void tp_copy_backward(const Parallel *par, float *grad, size_t n) {
-    group_allreduce(par, &par->tp, grad, n);
+static void tp_copy_backward(const Parallel *par, float *grad, size_t n, const char *what) {
+    group_allreduce(par, &par->tp, grad, n, what);
 }
 
 // out[N,OCl] = inp[N,IC] @ weight^T + bias for this rank's OCl output
@@ -592,9 +625,10 @@ static void column_parallel_forward(float *out, const float *inp, const float *w
 // dweight, dbias += this rank's slice; dinp (zero on entry) ends as the whole
 // input's gradient, summed over the tp ranks
 static void column_parallel_backward(const Parallel *par, float *dinp, float *dweight, float *dbias, const float *dout,
-                                     const float *inp, const float *weight, int N, int IC, int OCl, int fresh) {
+                                     const float *inp, const float *weight, int N, int IC, int OCl, int fresh,
+                                     const char *what) {
     matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OCl, fresh);
-    if (dinp != NULL) tp_copy_backward(par, dinp, (size_t)N * IC);  // NULL: the weights' part alone
+    if (dinp != NULL) tp_copy_backward(par, dinp, (size_t)N * IC, what);  // NULL: the weights' part alone
 }
 
 static void add_bias(float *out, const float *bias, int N, int OC) {
@@ -607,9 +641,9 @@ static void add_bias(float *out, const float *bias, int N, int OC) {
 // (weight: its columns), summed over the tp ranks, then + bias: the bias is
 // replicated, so it is added once, after the sum
 static void row_parallel_forward(const Parallel *par, float *out, const float *inp, const float *weight,
-                                 const float *bias, int N, int ICl, int OC) {
+                                 const float *bias, int N, int ICl, int OC, const char *what) {
     matmul_forward(out, inp, weight, NULL, N, ICl, OC);
-    tp_reduce(par, out, (size_t)N * OC);
+    tp_reduce(par, out, (size_t)N * OC, what);
     add_bias(out, bias, N, OC);
 }
 
@@ -626,7 +660,7 @@ static void row_parallel_backward(float *dinp, float *dweight, float *dbias, con
 static void vocab_parallel_embedding_forward(const Parallel *par, float *out, const int *inp, const float *wte,
                                              const float *wpe, int v0, int Vl, int B, int T, int C) {
     encoder_forward(out, inp, wte, v0, Vl, B, T, C);
-    tp_reduce(par, out, (size_t)B * T * C);
+    tp_reduce(par, out, (size_t)B * T * C, "tensor-parallel embeddings");
     encoder_add_positions(out, wpe, 0, B * T, T, C);
 }
 
@@ -652,6 +686,7 @@ static void vocab_parallel_cross_entropy_forward(const Parallel *par, float *los
         crossentropy_rowmax(maxes, logits, N, Vl, nreal);
         // every slice's row maxima, to every rank (the communicator only sums)
         float *all = (float *)xcalloc((size_t)N * par->tp.size, sizeof(float), "row maxima");
+        comm_set_label(par->comm, "tensor-parallel row maxima of the logits");
         comm_allgather(par->comm, &par->tp, maxes, all, N);
         for (int n = 0; n < N; n++) {
             maxes[n] = -INFINITY;
@@ -659,10 +694,10 @@ static void vocab_parallel_cross_entropy_forward(const Parallel *par, float *los
         }
         free(all);
         crossentropy_exp(probs, sums, logits, maxes, N, Vl, nreal);
-        tp_reduce(par, sums, N);
+        tp_reduce(par, sums, N, "tensor-parallel softmax sums");
     }
     crossentropy_finish(losses, probs, sums, targets, v0, N, Vl, nreal);
-    tp_reduce(par, losses, N);  // each loss came from the one rank holding its target
+    tp_reduce(par, losses, N, "tensor-parallel losses");  // each loss came from the one rank holding its target
 }
 
 // dlogits = (probs / sums - onehot(target)) * dloss over this rank's
@@ -713,6 +748,7 @@ static void vocab_parallel_cross_entropy_backward(float *dlogits, const float *p
 // mine[R*C] (mine may be whole + row0 * C, in place)
 static void sp_gather(const GPT2 *m, float *whole, const float *mine) {
     size_t rc = (size_t)m->rows * m->config.C;
+    comm_set_label(m->par->comm, "sequence-parallel rows gathered");
     comm_allgather(m->par->comm, &m->par->tp, mine, whole, rc);
 }
 
@@ -720,6 +756,7 @@ static void sp_gather(const GPT2 *m, float *whole, const float *mine) {
 // mine[R*C] (mine may be partial + row0 * C, in place)
 static void sp_reduce_scatter(const GPT2 *m, float *mine, const float *partial) {
     size_t rc = (size_t)m->rows * m->config.C;
+    comm_set_label(m->par->comm, "sequence-parallel rows summed");
     comm_reduce_scatter(m->par->comm, &m->par->tp, partial, mine, rc, OP_SUM);
 }
 
@@ -795,14 +832,15 @@ static void block_forward(GPT2 *m, LayerParams p, LayerActs a, const float *x) {
     else column_parallel_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
     attention_forward(a.atty, a.att, a.qkv, B, T, Cl, m->shard.NHl);
     if (m->sp) sp_row_parallel_forward(m, a.attproj, a.atty, p.attprojw, p.attprojb, Cl, C);
-    else row_parallel_forward(par, a.attproj, a.atty, p.attprojw, p.attprojb, BT, Cl, C);
+    else row_parallel_forward(par, a.attproj, a.atty, p.attprojw, p.attprojb, BT, Cl, C, "tensor-parallel attproj outputs");
     residual_forward(a.residual2, x, a.attproj, rc);
     layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, R, C);
     if (m->sp) sp_column_parallel_forward(m, a.fch, a.ln2, p.fcw, p.fcb, C, 4 * Cl);
     else column_parallel_forward(a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
     gelu_forward(a.fch_gelu, a.fch, 4 * (size_t)BT * Cl);
     if (m->sp) sp_row_parallel_forward(m, a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, 4 * Cl, C);
-    else row_parallel_forward(par, a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, BT, 4 * Cl, C);
+    else row_parallel_forward(par, a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, BT, 4 * Cl, C,
+                              "tensor-parallel fcproj outputs");
     residual_forward(a.residual3, a.residual2, a.fcproj, rc);
 }
 
@@ -833,7 +871,8 @@ static void block_backward(GPT2 *m, LayerParams p, LayerParams g, LayerActs a, L
                               4 * Cl, C, fresh);
     if (in) gelu_backward(d.fch, a.fch, d.fch_gelu, 4 * (size_t)BT * Cl);
     if (m->sp) sp_column_parallel_backward(m, in ? d.ln2 : NULL, g.fcw, g.fcb, d.fch, a.ln2, p.fcw, C, 4 * Cl, fresh);
-    else column_parallel_backward(par, in ? d.ln2 : NULL, g.fcw, g.fcb, d.fch, a.ln2, p.fcw, BT, C, 4 * Cl, fresh);
+    else column_parallel_backward(par, in ? d.ln2 : NULL, g.fcw, g.fcb, d.fch, a.ln2, p.fcw, BT, C, 4 * Cl, fresh,
+                                  "tensor-parallel gradients of fc's input");
     layernorm_backward(in ? d.residual2 : NULL, g.ln2w, g.ln2b, d.ln2, a.residual2, p.ln2w, a.ln2_mean, a.ln2_rstd, R,
                        C, fresh);
     if (in) residual_backward(dx, d.residual2, rc);  // attproj's gradient is d.residual2 itself
@@ -845,7 +884,8 @@ static void block_backward(GPT2 *m, LayerParams p, LayerParams g, LayerActs a, L
                               fresh);
     if (in) attention_backward(d.qkv, d.atty, a.qkv, a.att, B, T, Cl, m->shard.NHl);
     if (m->sp) sp_column_parallel_backward(m, in ? d.ln1 : NULL, g.qkvw, g.qkvb, d.qkv, a.ln1, p.qkvw, C, 3 * Cl, fresh);
-    else column_parallel_backward(par, in ? d.ln1 : NULL, g.qkvw, g.qkvb, d.qkv, a.ln1, p.qkvw, BT, C, 3 * Cl, fresh);
+    else column_parallel_backward(par, in ? d.ln1 : NULL, g.qkvw, g.qkvb, d.qkv, a.ln1, p.qkvw, BT, C, 3 * Cl, fresh,
+                                  "tensor-parallel gradients of qkv's input");
     layernorm_backward(in ? dx : NULL, g.ln1w, g.ln1b, d.ln1, x, p.ln1w, a.ln1_mean, a.ln1_rstd, R, C, fresh);
 }
 
@@ -956,7 +996,7 @@ static void chunk_backward(GPT2 *m, Acts *a, Acts *d, float dloss, int part, int
             if (in) sp_reduce_scatter(m, dmine, d->t[A_LNF]);
         } else {
             column_parallel_backward(m->par, in ? d->t[A_LNF] : NULL, dwte, NULL, dlogits, a->t[A_LNF], wte, BT, C,
-                                     s->Vl, fresh);
+                                     s->Vl, fresh, "tensor-parallel gradients of the head's input");
         }
         layernorm_backward(in ? block_input(m, d, nl) : NULL, dlnf, dlnf != NULL ? dlnf + C : NULL, dmine,
                            block_input(m, a, nl), lnf, a->t[A_LNF_MEAN], a->t[A_LNF_RSTD], m->rows, C, fresh);
@@ -1028,14 +1068,18 @@ static void gpt2_reduce_grads(GPT2 *m) {
     // the tied wte: the first and the last stage add their gradients
     if (s->pp > 1 && m->ut.u_wte >= 0) {
         const Unit *un = &m->ut.units[m->ut.u_wte];
-        if (zero <= 1) group_allreduce(par, &par->tied, m->grads + un->offset, un->padded);
-        else group_allreduce(par, &par->tied, m->grad_shard + un->shard_offset, un->padded / s->dp);
+        if (zero <= 1) group_allreduce(par, &par->tied, m->grads + un->offset, un->padded, "the tied wte's gradients");
+        else group_allreduce(par, &par->tied, m->grad_shard + un->shard_offset, un->padded / s->dp,
+                             "the tied wte's gradients");
     }
     if (s->dp == 1 || zero >= 2) return;  // ZeRO-2/3 reduced each unit during the backward
     for (int u = 0; u < m->ut.n; u++) {
         const Unit *un = &m->ut.units[u];
         size_t chunk = un->padded / s->dp;
         float *g = m->grads + un->offset;
+        poison_grads(par, g, un->padded);
+        comm_set_label(par->comm, unit_label(m, u, "gradients"));
+        comm_count_grads(par->comm);
         if (zero == 0) {
             comm_allreduce(par->comm, &par->dp, g, un->padded, OP_SUM);
         } else {  // ZeRO-1: only my chunk of the sum is needed; it goes back in place
@@ -1109,7 +1153,7 @@ static void sp_sum_layernorm_grads(GPT2 *m) {
     size_t n = ng.n;
     ng.n = 0;
     for_each_run(m, norm_grads_run, &ng, 0);
-    group_allreduce(m->par, &m->par->tp, ng.buf, n);
+    group_allreduce(m->par, &m->par->tp, ng.buf, n, "sequence-parallel LayerNorm gradients");
     ng.n = 0;
     ng.unpack = 1;
     for_each_run(m, norm_grads_run, &ng, 0);
@@ -1148,18 +1192,26 @@ static float gpt2_step_loss(GPT2 *m, const Parallel *par, int accum, int *stop) 
     double sumsq = 0.0;
     for_each_run(m, add_sumsq, &sumsq, 1);
     // one all-reduce for the norm, the loss (each counted on one rank per
-    // replica) and the stop requests, padded to a multiple of the ranks so
-    // that the ring's chunks are even
-    int world = par->world.size, n = (3 + world - 1) / world * world;
-    float all[GRID_MAX_WORLD + 2] = {(float)sumsq, s->last && s->tp_rank == 0 ? m->loss_sum / accum / s->dp : 0.0f,
-                                     (float)*stop};
-    group_allreduce(par, &par->world, all, (size_t)n);
+    // replica) and the stop requests, and with dp > 1 every rank's own
+    // gradient sum of squares as it put them into the dp reduction (this
+    // rank's slot alone nonzero here, so the sum holds every rank's), padded
+    // to a multiple of the ranks so that the ring's chunks are even
+    int world = par->world.size, extra = s->dp > 1 ? world : 0, n = (3 + extra + world - 1) / world * world;
+    float all[2 * GRID_MAX_WORLD + 3] = {(float)sumsq, s->last && s->tp_rank == 0 ? m->loss_sum / accum / s->dp : 0.0f,
+                                         (float)*stop};
+    if (extra) all[3 + par->grid.rank] = (float)comm_grad_sumsq(par->comm);
+    group_allreduce(par, &par->world, all, (size_t)n, "the step's grad norm, loss and stop requests");
     *stop = all[2] > 0.0f;
     m->norm = sqrtf(all[0]);
+    for (int r = 0; r < extra; r++) m->rank_norms[r] = sqrtf(all[3 + r]);
     return all[1];
 }
 
 static float gpt2_last_norm(const GPT2 *m) { return m->norm; }
+
+// every rank's own gradient norm of the step, before the dp reduction
+// (gpt2_step_loss); NULL with dp 1
+static const float *gpt2_rank_norms(const GPT2 *m) { return m->rank_norms; }
 
 // AdamW on what this rank owns, the gradients clipped to h->grad_clip given
 // their norm, and (ZeRO-1, 2) the updated parameters all-gathered
@@ -1177,6 +1229,7 @@ static void gpt2_apply_update(GPT2 *m, const AdamHyper *h) {
             size_t chunk = un->padded / s->dp;
             float *mine = (float *)xcalloc(chunk, sizeof(float), "updated chunk");
             memcpy(mine, m->params + un->offset + s->dp_rank * chunk, chunk * sizeof(float));
+            comm_set_label(par->comm, unit_label(m, u, "updated parameters"));
             comm_allgather(par->comm, &par->dp, mine, m->params + un->offset, chunk);
             free(mine);
         }
@@ -1207,7 +1260,7 @@ static int gpt2_params_finite(GPT2 *m) {
     double sumsq = 0.0;
     for_each_run(m, add_param_sumsq, &sumsq, 0);
     float all[GRID_MAX_WORLD] = {isfinite(sumsq) ? 0.0f : 1.0f};  // one each, padded to the ranks (the ring's chunks)
-    group_allreduce(par, &par->world, all, (size_t)par->world.size);
+    group_allreduce(par, &par->world, all, (size_t)par->world.size, "the verdicts on the parameters");
     return all[0] == 0.0f;
 }
 
@@ -1293,7 +1346,7 @@ static int save_part(void *ctx, int dfd, const char *model_name, const char *opt
 
 static float save_sum(void *ctx, float x) {
     GPT2 *m = (GPT2 *)ctx;
-    group_allreduce(m->par, &m->par->world, &x, 1);
+    group_allreduce(m->par, &m->par->world, &x, 1, "the checkpoint's agreement");
     return x;
 }
 
@@ -1562,7 +1615,7 @@ static float evaluate(GPT2 *m, DataLoader *val, int batches) {
         forward_in_model_order(m, a, i);
         if (m->shard.last && m->shard.tp_rank == 0) sum += a->mean_loss;
     }
-    group_allreduce(m->par, &m->par->world, &sum, 1);
+    group_allreduce(m->par, &m->par->world, &sum, 1, "the val loss");
     return sum / ((float)batches * m->shard.dp);
 }
 
@@ -1591,7 +1644,7 @@ static float hellaswag_eval(GPT2 *m, const HsSet *hs) {
     }
     hs_batch_free(&hb);
     progress_end(&progress);
-    group_allreduce(m->par, &m->par->world, &correct, 1);
+    group_allreduce(m->par, &m->par->world, &correct, 1, "the HellaSwag count");
     return correct;
 }
 
@@ -1640,6 +1693,7 @@ static void consistency_check(GPT2 *m, const Parallel *par, int step) {
         t += unit_digests(&m->config, &m->shard, m->ut.units[u].kind, p, sizeof(float), (uint8_t *)(mine + 8 * (size_t)t));
         unit_release(m, u);
     }
+    comm_set_label(par->comm, "the parameters' digests");
     comm_allgather(par->comm, &par->dp, mine, all, (size_t)n * 8);
     char msg[4096];
     if (replicas_judge((const uint8_t *)all, dp, n, par->dp.ranks, &m->ut, &m->shard, msg, sizeof(msg))) {
@@ -1664,6 +1718,7 @@ static void watch_report(GPT2 *m, const Parallel *par, Watch *w, int step, LogLi
     (void)m;  // as train_gpt2.cu's, which waits for the model's stream
     float *mine = w->all + (size_t)par->grid.rank * WATCH_FLOATS;  // in place
     watch_pack(w, mine);
+    comm_set_label(par->comm, "the watch report's times");
     comm_allgather(par->comm, &par->world, mine, w->all, WATCH_FLOATS);
     if (par->grid.rank == 0) watch_judge(w, step, w->all, l);
 }
@@ -1675,6 +1730,7 @@ static void bubble_report(GPT2 *m, const Parallel *par, PipeMeter *pm, int step,
     if (!pm->on) return;
     float *mine = pm->all + (size_t)par->grid.rank * PIPE_METER_FLOATS;  // in place
     pipe_meter_pack(pm, mine);
+    comm_set_label(par->comm, "the pipeline meter's times");
     comm_allgather(par->comm, &par->world, mine, pm->all, PIPE_METER_FLOATS);
     if (par->grid.rank == 0) pipe_meter_judge(pm, step, pm->all, l);
 }
@@ -1733,6 +1789,7 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     Launch *L = &par->launch;
     par->zero = o->zero;
     par->sp = o->sp;
+    par->fault = *fault;
     par->pipe = pipe_layout((PipeSchedule)o->pipe_schedule, par->grid.pp, 1, o->pipe_chunks);
     grid_groups(&par->grid, &par->world, &par->dp, &par->tp, &par->pp);
     // the tied-embedding group: the stages of my pipeline that hold the
@@ -1758,6 +1815,7 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
         secure_harden_process();
         if (comm_init(&par->comm, &par->grid, L->key, L->rendezvous, o->timeout, fault, err, sizeof(err)) != 0)
             die(1, err);
+        comm_set_check(par->comm, o->check_collectives);
     }
 }
 
@@ -1901,6 +1959,10 @@ static void note_gpu_stats(const Job *job) {
 // the step of the messages that follow (their frames carry it)
 static void set_step(Parallel *par, int step) {
     if (par->comm) comm_set_step(par->comm, step);
+    par->step = step;
+    if (par->fault.kind == FAULT_POISON && fault_fires(&par->fault, par->grid.rank, step))
+        fprintf(stderr, "rank %d: fault poison: this rank's gradients x%g from step %d on\n", par->grid.rank,
+                FAULT_POISON_SCALE, step);
 }
 
 // the watch report's clocks around a step: the time this rank waited for
@@ -1916,9 +1978,12 @@ static void world_barrier(GPT2 *m, Parallel *par) {
 
 // the step's update after gpt2_step_loss, unless it is not finite or -sl or
 // -sg skip it, and its norm and skip into l
-static void update_unless_skipped(GPT2 *m, Job *job, OutlierGuard *g, const AdamHyper *h, LogLine *l, int rank0) {
+static void update_unless_skipped(GPT2 *m, Job *job, OutlierGuard *g, const AdamHyper *h, LogLine *l, int rank0,
+                                  int outliers) {
     l->norm = gpt2_last_norm(m);
-    l->skipped = outlier_skip(job, g, l->loss, l->norm, rank0);
+    // -gp skip, stop: a step with outlying gradients (grads_judge) is not applied, nor counted in -sl -sg's windows
+    if (outliers > 0 && job->opt.grad_policy != GP_WARN) l->skipped = "outlying gradients";
+    else l->skipped = outlier_skip(job, g, l->loss, l->norm, rank0);
     if (l->skipped == NULL) gpt2_apply_update(m, h);
 }
 
@@ -1976,8 +2041,9 @@ int main(int argc, char **argv) {
     char err[1024], path[1024];
     trainer_name = "train_gpt2";
     // the job, checked once, by the launcher, before any rank starts
+    // fp32 throughout, no fused GELU; checked collectives; sequence parallelism
     TrainerBuild build = {"the CPU trainer", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_INTERLEAVED | 1u << PS_ZBH1 | 1u << PS_ZBV,
-                          1};  // fp32 throughout, no fused GELU
+                          1, 1};
     parse_flags(&job, argc, argv, "", &build);
 #ifdef _OPENMP
     if (job.opt.threads > 0) omp_set_num_threads(job.opt.threads);
@@ -2024,9 +2090,11 @@ int main(int argc, char **argv) {
     watch_init(&watch, &job, &par.grid);
     PipeMeter meter;
     pipe_meter_init(&meter, &job, &par.grid, 1);
+    GradWatch grads;
+    grads_init(&grads, &par.grid);
     for (int step = job.start; step < job.steps && !stopped; step++) {
         set_step(&par, step);
-        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL, NULL, NULL};
+        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL, NULL, NULL, NULL};
         run_evaluations(&model, &par, &job, step, &line);
         if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
         if (fault_drift_due(&job, par.grid.rank, step)) drift_parameter(&model);
@@ -2043,7 +2111,8 @@ int main(int argc, char **argv) {
         hyper.lr = line.lr;
         stopped = ckpt_stop_signal != 0;
         line.loss = gpt2_step_loss(&model, &par, accum, &stopped);
-        update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0);
+        int outliers = grads_judge(&grads, gpt2_rank_norms(&model), step, job.opt.grad_policy, &line);
+        update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0, outliers);
         line.ms = now_ms() - t0;
         watch_end(&par, &watch, line.ms);
         if (watch_due(&watch, step)) watch_report(&model, &par, &watch, step, &line);
@@ -2051,8 +2120,9 @@ int main(int argc, char **argv) {
         if (rank0) {
             print_mfu(&job, report_step(&job, &line, &guard), peak);
             watch_print(&watch);
+            grads_print(&grads);
         }
-        if (nonfinite_stop(&job, &line, rank0)) {
+        if (nonfinite_stop(&job, &line, rank0) || grads_stop(&job, outliers)) {
             world_barrier(&model, &par);
             exit(1);
         }
@@ -2067,6 +2137,7 @@ int main(int argc, char **argv) {
     print_peak_memory(&par);
     pipe_meter_free(&meter);
     watch_free(&watch);
+    grads_free(&grads);
     free_job(&job);
     comm_free(par.comm);
     gpt2_free(&model);

@@ -1341,9 +1341,12 @@ static void world_barrier(GPT2 *m, Parallel *par) { world_sum(m, par, 0.0f); }
 // -sg skip it, and its norm and skip into l. The norm is read first, to
 // decide (a NaN must never reach the weights): the GPU waits for the host to
 // queue AdamW, tens of microseconds a step.
-static void update_unless_skipped(GPT2 *m, Job *job, OutlierGuard *g, const AdamHyper *h, LogLine *l, int rank0) {
+static void update_unless_skipped(GPT2 *m, Job *job, OutlierGuard *g, const AdamHyper *h, LogLine *l, int rank0,
+                                  int outliers) {
     l->norm = gpt2_last_norm(m);
-    l->skipped = outlier_skip(job, g, l->loss, l->norm, rank0);
+    // -gp skip, stop: a step with outlying gradients (grads_judge) is not applied, nor counted in -sl -sg's windows
+    if (outliers > 0 && job->opt.grad_policy != GP_WARN) l->skipped = "outlying gradients";
+    else l->skipped = outlier_skip(job, g, l->loss, l->norm, rank0);
     if (l->skipped == NULL) gpt2_apply_update(m, h);
 }
 
@@ -1452,9 +1455,9 @@ int main(int argc, char **argv) {
     if (gpu_options_take(&gopt, &argc, argv, err, sizeof(err)) != 0) die_usage(err);
     // the job, checked once, by the launcher, before any rank starts or a GPU is touched
 #ifdef ENABLE_FP32
-    TrainerBuild build = {"the fp32 build of train_gpt2cu", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B, 0};  // exact fp32, GELU unfused, no -sp yet
+    TrainerBuild build = {"the fp32 build of train_gpt2cu", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B, 0, 0};  // exact fp32, GELU unfused, no -sp yet
 #else
-    TrainerBuild build = {"the bf16 build of train_gpt2cu", 1, 2, 1u << PS_GPIPE | 1u << PS_1F1B, 0};  // bf16 GEMMs, GELU fused both ways, no -sp yet
+    TrainerBuild build = {"the bf16 build of train_gpt2cu", 1, 2, 1u << PS_GPIPE | 1u << PS_1F1B, 0, 0};  // bf16 GEMMs, GELU fused both ways, no -sp yet
 #endif
     parse_flags(&job, argc, argv, gpu_usage_lines, &build);
     if (ckpt_check_flags(&job.opt, err, sizeof(err)) != 0) die_usage(err);  // before a launcher counts the GPUs
@@ -1514,10 +1517,12 @@ int main(int argc, char **argv) {
     watch_init(&watch, &job, &par.grid);
     PipeMeter meter;
     pipe_meter_init(&meter, &job, &par.grid, 0);
+    GradWatch grads;
+    grads_init(&grads, &par.grid);
     checks_alloc(&model, &job, &watch);
     for (int step = job.start; step < job.steps && !stopped; step++) {
         set_step(&par, step);
-        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL, NULL, NULL};
+        LogLine line = {step, 1, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, 0, NULL, NULL, NULL, NULL};
         run_evaluations(&model, &par, &job, step, &line);
         if (sample_due(&job, step)) sample(&model, &job.tok, job.opt.gen_tokens, &job.sample_rng);
         if (fault_drift_due(&job, par.grid.rank, step)) drift_parameter(&model);
@@ -1535,7 +1540,8 @@ int main(int argc, char **argv) {
         hyper.lr = line.lr;
         stopped = ckpt_stop_signal != 0;
         line.loss = gpt2_step_loss(&model, &par, accum, &stopped);
-        update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0);
+        int outliers = grads_judge(&grads, gpt2_rank_norms(&model), step, job.opt.grad_policy, &line);
+        update_unless_skipped(&model, &job, &guard, &hyper, &line, rank0, outliers);
         gpu_sync(&model, "the step's update");  // so that ms covers AdamW's GPU time too
         line.ms = now_ms() - t0;
         watch_end(&par, &watch, line.ms);
@@ -1545,8 +1551,9 @@ int main(int argc, char **argv) {
             print_mfu(&job, report_step(&job, &line, &guard), peak);
             if (gpu_stats_due(&job, step)) gpu_stats_print(&gpu_stats);
             watch_print(&watch);
+            grads_print(&grads);
         }
-        if (nonfinite_stop(&job, &line, rank0)) {
+        if (nonfinite_stop(&job, &line, rank0) || grads_stop(&job, outliers)) {
             world_barrier(&model, &par);
             exit(1);
         }
@@ -1560,6 +1567,7 @@ int main(int argc, char **argv) {
     checks_free(&model);
     pipe_meter_free(&meter);
     watch_free(&watch);
+    grads_free(&grads);
     free_job(&job);
     nccl_free(par.nccl);
     gpt2_free(&model);

@@ -3,7 +3,8 @@
  * from which the usage, the parsing and the range checks are all made.
  *
  * defines:
- *   Options              every flag's value (SCHED_* for -k, PS_* for -ps, PI_* for -pi)
+ *   Options              every flag's value (SCHED_* for -k, PS_* for -ps, PI_* for -pi,
+ *                        GP_* for -gp)
  *   OptionSpec, option_specs, NUM_OPTIONS
  *                        the table: each flag's type, field, range, help, and
  *                        what llm.c means by it where that differs
@@ -11,7 +12,7 @@
  *   options_usage        -h: every flag, what it does and its default
  *   options_parse        argv into Options; one line into err on any problem
  *   TrainerBuild, options_check_build
- *                        llm.c's -a -f -w -ge -nm, -ps and -sp checked
+ *                        llm.c's -a -f -w -ge -nm, -ps, -sp and -ic checked
  *                        against what a trainer build does
  *
  * gpt2.h reads the flags into the model's shape and the batch
@@ -39,6 +40,7 @@ enum { OPT_INT, OPT_FLOAT, OPT_STR, OPT_CHOICE, OPT_REFUSED };
 enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD };
 enum { PS_GPIPE, PS_1F1B, PS_INTERLEAVED, PS_ZBH1, PS_ZBV };  // pipeline.h's PipeSchedule, in its order
 enum { PI_MPI, PI_TCP, PI_FS };  // llm.c's -pi: how the ranks of an outside launch meet (launcher.h)
+enum { GP_WARN, GP_SKIP, GP_STOP };  // -gp: what a step with a rank's outlying gradient norm gets (watch.h)
 
 typedef struct {
     const char *train_pattern, *val_pattern, *init, *out_dir, *log_file, *tokenizer;
@@ -58,6 +60,8 @@ typedef struct {
     int sp;                        // -sp 1: sequence parallelism with tp (trainer.h's check_model checks it)
     int pipe_chunks;               // -pv: chunks of layers per pipeline rank (-ps interleaved)
     int watch_every;               // -wr: each rank's compute and wait times compared every N steps (0 = off)
+    int check_collectives;         // -ic: 1 every collective checked with keyed sketches (-1: as built)
+    int grad_policy;               // -gp: GP_*
     float timeout;
     const char *fault, *rendezvous, *key_file;
     int threads;
@@ -168,8 +172,16 @@ static const OptionSpec option_specs[] = {
     {"-wr", OPT_INT, offsetof(Options, watch_every), 0, 1 << 30, NULL,
      "watch report every N steps: a line and a log field for a straggler or a rank that waits unusually (0 = off)",
      NULL, NULL},
+    {"-ic", OPT_INT, offsetof(Options, check_collectives), -1, 1, NULL,
+     "checked collectives: keyed sketches of each rank's part of every all-reduce, reduce-scatter and all-gather, "
+     "checked after it; a failure ends the job naming the collective and the rank (0/1; -1 = as built: the CPU "
+     "trainer 1, train_gpt2cu 0)", NULL, NULL},
+    {"-gp", OPT_CHOICE, offsetof(Options, grad_policy), 0, 0, "warn,skip,stop",
+     "a data-parallel rank whose own gradient norm is far above its peers' (poisoned?): warn, skip the step's "
+     "update, or stop the job", NULL, NULL},
     {"-fault", OPT_STR, offsetof(Options, fault), 0, 0, NULL,
-     "fault injection KIND:RANK:STEP (tamper, replay, kill, stall, slow, drift)", NULL, "none"},
+     "fault injection KIND:RANK:STEP (tamper, replay, kill, stall, slow, drift, corrupt, corrupt-low, poison)", NULL,
+     "none"},
     {"--rendezvous", OPT_STR, offsetof(Options, rendezvous), 0, 0, NULL,
      "unix:PATH or tcp:HOST:PORT, for ranks started by mpirun, srun or torchrun", NULL, "none"},
     {"--key-file", OPT_STR, offsetof(Options, key_file), 0, 0, NULL,
@@ -224,6 +236,7 @@ static void options_defaults(Options *o) {
     o->np = 1; o->tp = 1; o->pp = 1; o->zero = 0; o->microbatches = 1; o->pipe_schedule = PS_1F1B;
     o->pipe_chunks = 1;
     o->timeout = 30.0f; o->check_every = 0; o->watch_every = 20; o->host_backend = 0;
+    o->check_collectives = -1; o->grad_policy = GP_WARN;
     o->recompute = 1; o->tf32 = -1; o->master_weights = -1; o->gelu_fusion = -1;
     o->llmc_procs = 0; o->llmc_rank = -1; o->llmc_gpus = 8; o->llmc_init = PI_MPI; o->llmc_fs_path = "/tmp";
 }
@@ -385,6 +398,8 @@ typedef struct {
     int gelu_fusion;    // what -ge -1 means: 2 (forward and backward) or 0 (none, the only choice then)
     unsigned schedules; // the -ps schedules it runs: bit PS_* set
     int sequence_parallel;  // whether it runs -sp 1
+    int checks;         // it checks its collectives (-ic 1, the default then) and acts on -fault corrupt,
+                        // corrupt-low and poison
 } TrainerBuild;
 
 // llm.c's switches checked against what build b does: each value taken
@@ -410,6 +425,12 @@ static int options_check_build(Options *o, const TrainerBuild *b, char *err, siz
     }
     if (o->sp && !b->sequence_parallel)
         return errorf(err, errlen, "flag -sp 1: %s does not run sequence parallelism yet (the CPU trainer, train_gpt2, does)", b->name);
+    if (o->check_collectives < 0) o->check_collectives = b->checks;
+    if (o->check_collectives == 1 && !b->checks)
+        return errorf(err, errlen, "flag -ic 1: %s does not check its collectives yet (the CPU trainer does)", b->name);
+    if (o->grad_policy != GP_WARN && !b->checks)
+        return errorf(err, errlen, "flag -gp %s: %s does not gather its ranks' gradient norms yet (the CPU trainer "
+                      "does)", o->grad_policy == GP_SKIP ? "skip" : "stop", b->name);
     if (o->gelu_fusion < 0) o->gelu_fusion = b->gelu_fusion;
     if (o->gelu_fusion > 0 && b->gelu_fusion == 0)
         return errorf(err, errlen, "flag -ge %d: %s has no fused GELU (llm.c's -ge 0)", o->gelu_fusion, b->name);

@@ -724,7 +724,9 @@ static float lr_at_step(const Options *o, int step, int total) {
 // tokens trained on so far (its own included), and "skipped" when -sl or -sg
 // skipped its update, or it was not applied as not finite; on a step where the
 // watch report (-wr) found a straggler or a rank that waits unusually, its
-// fields (watch.h, watch_judge); with pp > 1 on the CPU trainer, the
+// fields (watch.h, watch_judge); on a step where a rank's own gradient norm
+// was far above its data-parallel peers', the rule's (watch.h, grads_judge),
+// and "skipped" says so under -gp skip; with pp > 1 on the CPU trainer, the
 // pipeline's bubble measured and simulated (watch.h, pipe_meter_judge). After the last step one more
 // line, {"step": steps, "val_loss", "hellaswag", "tokens"}, evaluates the
 // final model.
@@ -739,6 +741,7 @@ typedef struct {
     const char *skipped;     // "loss" or "norm": -sl or -sg skipped the step's update; "not finite"; else NULL
     const char *watch;       // more fields, from the watch report (watch.h), as JSON ("\"straggler\": 2, ..."), or NULL
     const char *pipe;        // more fields, the pipeline's bubble (watch.h's PipeMeter: "\"bubble\": 0.1, ..."), or NULL
+    const char *grads;       // more fields, from the gradient-norm rule (watch.h's grads_judge), as JSON, or NULL
 } LogLine;
 
 // one numeric field, ", \"name\": value": JSON has no NaN or infinity, so a
@@ -774,6 +777,7 @@ static int log_line(FILE *f, const LogLine *l) {
     if (l->skipped != NULL) fprintf(f, ", \"skipped\": \"%s\"", l->skipped);
     if (l->watch != NULL) fprintf(f, ", %s", l->watch);
     if (l->pipe != NULL) fprintf(f, ", %s", l->pipe);
+    if (l->grads != NULL) fprintf(f, ", %s", l->grads);
     fprintf(f, "}\n");
     if (fflush(f) == 0 && !ferror(f)) return 0;
     int saved = errno != 0 ? errno : EIO;

@@ -58,6 +58,7 @@
 typedef struct {
     Options opt;
     Fault fault;             // -fault, for the ranks' communicators
+    int checks_built;        // the trainer acts on -fault corrupt, corrupt-low and poison (TrainerBuild's checks)
     GPT2Config config;       // the model's shape
     int random_init;         // 1: -e is a descriptor (the seeded init); 0: a model file
     int init_sealed;         // -e's model file is sealed (-enc 2's final model)
@@ -141,6 +142,7 @@ static void parse_flags(Job *job, int argc, char **argv, const char *more_usage,
         exit(0);
     }
     if (rc != 0 || options_check_build(&job->opt, build, err, sizeof(err)) != 0) die_usage(err);
+    job->checks_built = build->checks;
     if (job->opt.ckpt_keep == 0) job->opt.ckpt_keep = INT_MAX;  // -nk 0: keep them all, as llm.c's
     // from here on a signal asks for a checkpoint (with -o), and a full disk
     // fails a write (and says so) instead of killing the process
@@ -159,6 +161,12 @@ static void parse_fault(Job *job) {
     char err[2048];
     if (job->opt.fault && fault_parse(job->opt.fault, &job->fault, err, sizeof(err)) != 0) die_usage(err);
     if (fault_check_world(&job->fault, job->opt.np, err, sizeof(err)) != 0) die_usage(err);
+    int k = job->fault.kind;
+    if ((k == FAULT_CORRUPT || k == FAULT_CORRUPT_LOW || k == FAULT_POISON) && !job->checks_built) {
+        snprintf(err, sizeof(err), "-fault %s: %s does not act on this fault yet (the CPU trainer does)", job->opt.fault,
+                 trainer_name);
+        die_usage(err);
+    }
 }
 
 // the model's shape from -e (a descriptor, or a model file's header, sealed
@@ -819,7 +827,7 @@ static void print_mfu(const Job *job, double tok_s, double peak) {
 // HellaSwag accuracy filled in when measured): the final model's, in the
 // log, as llm.c evaluates once more after its last update
 static LogLine final_line(const Job *job) {
-    LogLine l = {job->steps, 0, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, job->total_batch * job->steps, NULL, NULL, NULL};
+    LogLine l = {job->steps, 0, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, job->total_batch * job->steps, NULL, NULL, NULL, NULL};
     return l;
 }
 

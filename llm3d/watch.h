@@ -11,6 +11,8 @@
  *   the faults that make work for it and for the check below, which the
  *     trainers act on: fault_slow_step (-fault slow), fault_drift_due
  *     (-fault drift)
+ *   the gradient-norm rule (-gp, rogue workers): GRADS_RATIO, GradWatch,
+ *     grads_init, grads_judge, grads_print, grads_stop, grads_free
  *   the consistency check (-ck): unit_digests, replica_tensor_name,
  *     replica_list, replicas_judge, print_replicas_disagree
  *   the pipeline's bubble measured (pp > 1): PipeTimes, pipe_times_start,
@@ -20,6 +22,7 @@
 #ifndef LLM3D_WATCH_H
 #define LLM3D_WATCH_H
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -433,6 +436,113 @@ static int fault_drift_due(const Job *job, int rank, int step) {
     fprintf(stderr, "rank %d: fault drift: the first parameter of this rank's first unit changed by %g at step %d\n",
             rank, FAULT_DRIFT_DELTA, step);
     return 1;
+}
+
+// ----------------------------------------------------------------------------
+// rogue workers (-gp warn|skip|stop). Every step each rank's own gradient
+// norm, of what it puts into the data-parallel reduction, before it
+// (train_gpt2.c gathers them in the step's one all-reduce), is compared with
+// its data-parallel peers': the ranks that hold the same part of the model in
+// the other replicas (the same pipeline stage and tensor-parallel slice), so
+// the same work on other data. A rank whose norm is above GRADS_RATIO times
+// the median of its peers' norms (itself left out) is an outlier: a poisoned
+// or broken replica's gradients, about to be summed into everyone's update.
+// Not finite where the median is finite counts too. One step decides, so
+// that -gp skip and stop act on the step itself. Batches of the same data
+// vary a replica's norm by a few tens of percent, and a step's noise by
+// less than 2x in the runs measured (doc/security.md): 8x reports none of
+// that, and catches scaling by 8 or more. Each outlier is one line on
+// stdout (rank 0), and the step's log line gets "grad_outliers" (their
+// ranks) and "rank_norms" (every rank's, up to WATCH_LOG_ARRAYS ranks).
+// Every rank judges the same all-reduced numbers, so all agree on a skip.
+
+#define GRADS_RATIO 8.0f
+
+typedef struct {
+    int world, dp, tp, pp;
+    float *peers;               // one rank's peers' norms, sorted for the median (dp floats)
+    char *fields, *lines;       // this step's log fields and lines ("" when nothing was found)
+    size_t fields_len, lines_len;
+} GradWatch;
+
+static void grads_init(GradWatch *gw, const Grid *g) {
+    memset(gw, 0, sizeof(*gw));
+    gw->world = g->world;
+    gw->dp = g->dp;
+    gw->tp = g->tp;
+    gw->pp = g->pp;
+    gw->peers = (float *)calloc((size_t)g->dp, sizeof(float));
+    gw->fields_len = 200 + (size_t)g->world * 24;
+    gw->lines_len = 200 + (size_t)g->world * 400;
+    gw->fields = (char *)calloc(gw->fields_len, 1);
+    gw->lines = (char *)calloc(gw->lines_len, 1);
+    if (gw->peers == NULL || gw->fields == NULL || gw->lines == NULL) die(1, "out of memory for the gradient-norm rule");
+}
+
+// grads_judge: norms holds every rank's own gradient norm of the step
+// (world floats; NULL with dp 1: no peers, nothing to judge). Returns how
+// many ranks are outliers; their lines and log fields go into gw, which l
+// then carries. policy: -gp's, for the lines' ends.
+static int grads_judge(GradWatch *gw, const float *norms, int step, int policy, LogLine *l) {
+    gw->fields[0] = gw->lines[0] = '\0';
+    if (norms == NULL || gw->dp < 2) return 0;
+    int count = 0, stride = gw->tp * gw->pp;  // rank r's peers: r mod stride, + stride * d
+    for (int r = 0; r < gw->world; r++) {
+        int n = 0;
+        for (int d = 0; d < gw->dp; d++) {
+            int q = r % stride + d * stride;
+            if (q != r) gw->peers[n++] = norms[q];
+        }
+        qsort(gw->peers, (size_t)n, sizeof(float), watch_compare_float);
+        float median = n % 2 ? gw->peers[n / 2] : 0.5f * (gw->peers[n / 2 - 1] + gw->peers[n / 2]);
+        if (!isfinite(median) || norms[r] <= GRADS_RATIO * median) continue;  // NaN and inf fail the test: outliers
+        if (count++ == 0) watch_add(gw->fields, gw->fields_len, "\"grad_outliers\": [");
+        watch_add(gw->fields, gw->fields_len, "%s%d", count > 1 ? ", " : "", r);
+        char peers[200];
+        size_t at = 0;
+        for (int d = 0, k = 0; d < gw->dp && at < sizeof(peers); d++) {
+            int q = r % stride + d * stride;
+            if (q == r) continue;
+            at += (size_t)snprintf(peers + at, sizeof(peers) - at, k++ ? ", %d" : "%d", q);
+        }
+        static const char *act[] = {"the update is applied (-gp warn)", "the step's update is skipped (-gp skip)",
+                                    "the job stops before the step's update (-gp stop)"};
+        watch_add(gw->lines, gw->lines_len, "step %d: rank %d's own gradient norm %.4g is %.1fx the median %.4g of "
+                  "its data-parallel peers' (rank%s %s): poisoned or broken gradients? %s\n", step, r, norms[r],
+                  median > 0 ? norms[r] / median : INFINITY, median, gw->dp > 2 ? "s" : "", peers, act[policy]);
+    }
+    if (count == 0) return 0;
+    watch_add(gw->fields, gw->fields_len, "]");
+    if (gw->world <= WATCH_LOG_ARRAYS) {
+        watch_add(gw->fields, gw->fields_len, ", \"rank_norms\": [");
+        for (int r = 0; r < gw->world; r++) {
+            if (isfinite(norms[r])) watch_add(gw->fields, gw->fields_len, "%s%.4g", r ? ", " : "", norms[r]);
+            else watch_add(gw->fields, gw->fields_len, "%snull", r ? ", " : "");
+        }
+        watch_add(gw->fields, gw->fields_len, "]");
+    }
+    l->grads = gw->fields;
+    return count;
+}
+
+// rank 0: the lines of this step's verdict, if it found anything
+static void grads_print(GradWatch *gw) {
+    if (gw->lines == NULL || gw->lines[0] == '\0') return;
+    fputs(gw->lines, stdout);
+    fflush(stdout);
+    gw->lines[0] = '\0';
+}
+
+// -gp stop: whether the step's outliers end the job (their lines are out:
+// grads_print); the caller then waits for every rank and exits 1, before
+// the step's update (update_unless_skipped held it back) and any checkpoint
+static int grads_stop(const Job *job, int outliers) { return outliers > 0 && job->opt.grad_policy == GP_STOP; }
+
+static void grads_free(GradWatch *gw) {
+    free(gw->peers);
+    free(gw->fields);
+    free(gw->lines);
+    memset(gw, 0, sizeof(*gw));
 }
 
 // ----------------------------------------------------------------------------

@@ -150,8 +150,9 @@ static void test_data_parallel(void) {
             if (z == 0) { ref = buf; ref_n = n; }
             else { check(buf && n == ref_n && memcmp(buf, ref, n) == 0, "dp %d ZeRO-%d final parameters bit-identical to ZeRO-0", dp, z); free(buf); }
             // bytes per rank over the run, payload only: ring formulas, plus the
-            // per-step all-reduce of (norm, loss, stop) padded to a multiple of the ranks
-            long long nscalar = (3 + dp - 1) / dp * dp;
+            // per-step all-reduce of (norm, loss, stop) and each rank's own gradient
+            // sum of squares (dp > 1: the -gp rule's), padded to a multiple of the ranks
+            long long nscalar = (3 + dp + dp - 1) / dp * dp;
             long long ring = (long long)STEPS * (dp - 1) * 4 * N / dp, scalars = (long long)STEPS * 2 * (dp - 1) * 4 * nscalar / dp;
             long long ar = bytes_of(r.out, dp - 1, "allreduce"), rs = bytes_of(r.out, dp - 1, "reduce_scatter");
             long long ag = bytes_of(r.out, dp - 1, "allgather");

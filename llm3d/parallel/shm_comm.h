@@ -14,6 +14,12 @@
  *   comm_set_step, comm_set_timeout
  *                         the step messages are stamped with; a longer
  *                         timeout for a wait known to be long
+ *   comm_set_check, comm_set_label, comm_count_grads, comm_grad_sumsq,
+ *   comm_check_ms         checked collectives (-ic 1, sketch.h): on or off;
+ *                         what the next collective carries, for the line a
+ *                         failed check prints; the sum of squares of this
+ *                         rank's gradients as it put them into the
+ *                         collectives that reduce them; the checks' time
  *   COMM_ALLREDUCE .. COMM_P2P, COMM_NCOUNTERS, comm_counter_name,
  *   comm_get_bytes, comm_print_bytes
  *                         the byte counters
@@ -33,6 +39,15 @@
  * same inputs give bit-identical outputs on every run and on every member.
  * doc/parallel.md has the layout, the algorithms and their byte counts.
  *
+ * Checked collectives (comm_set_check). Each member sketches (sketch.h)
+ * every piece it sends, receives and sums in all-reduce, reduce-scatter and
+ * all-gather, frame by frame while the frame is in its cache; at the end the
+ * group all-gathers the records (CH_CHECK frames, MAC'd like the rest) and
+ * every member judges every hop alike. A failed check prints one line, from
+ * the group's first member, naming the step, the collective, its label and
+ * group, and the hop or the rank whose sum is wrong; the group then exits(1)
+ * before the caller sees the result. Broadcast and barrier are not checked.
+ *
  * Failure. The collective and point-to-point calls return nothing: a wait
  * that sees no progress for timeout_s, a frame that fails its check, or a
  * caller's wrong argument prints one line naming this rank, the peer, the
@@ -50,6 +65,7 @@
 #include "llm3d/secure/fault.h"  // Fault: kill, stall, tamper and replay act here
 #include "llm3d/parallel/grid.h"
 #include "llm3d/parallel/rendezvous.h"  // the segment's layout, rdv_join, par_now
+#include "llm3d/parallel/sketch.h"      // checked collectives: the keyed sketches and their verdict
 
 #include <limits.h>
 #include <linux/futex.h>
@@ -64,6 +80,7 @@
 enum { COMM_ALLREDUCE = 0, COMM_REDUCE_SCATTER, COMM_ALLGATHER, COMM_BROADCAST, COMM_BARRIER,
        COMM_P2P, COMM_NCOUNTERS = COMM_P2P + CH_COUNT };  // COMM_P2P + channel: bytes sent on that channel
 enum { OP_SUM = 0, OP_AVG = 1 };
+#define COMM_MAX_GROUPS 32      // groups one rank may run collectives on (world, dp, tp, pp, tied, ...)
 
 static inline const char *comm_counter_name(int i) {
     static const char *names[COMM_P2P] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "barrier"};
@@ -91,6 +108,18 @@ typedef struct Comm {
     int op_counter;
     uint64_t sent[COMM_NCOUNTERS];
     double wait_ms;             // time spent in comm_run, every call's one loop (comm_wait_ms)
+    // checked collectives (-ic 1)
+    int check;                  // on: every all-reduce, reduce-scatter and all-gather is sketched and judged
+    SketchGen *gen;             // the job's sketch key and the coefficients of the collective in progress
+    Sketch *rec, *recs;         // this member's record of it; every member's, gathered
+    size_t recs_cap;            // sketches recs holds
+    uint64_t group_id[COMM_MAX_GROUPS], group_calls[COMM_MAX_GROUPS];  // collectives so far on each group seen
+    int ngroups;
+    const char *label;          // what the next collective carries (comm_set_label), for a failure's line
+    int count_grads;            // the next collective reduces this rank's gradients (comm_count_grads)
+    double grad_sumsq;          // the sum of squares of what this rank put into those
+    double check_ms;            // time spent sketching, swapping the records and judging them
+    uint8_t *flipped;           // -fault corrupt, corrupt-low: the frame's payload with its bit flipped
 } Comm;
 
 // a transfer: one message of `bytes` to or from one peer, as
@@ -104,6 +133,12 @@ typedef struct Xfer {
     const float *addend;
     size_t bytes, frames, done;
     const struct Xfer *gate;    // send: frame k waits until gate has received k + 1 (forwarding)
+    // checked collectives: each frame's floats sketched as they pass, elements
+    // g0 + offset / 4 of the collective's vector
+    size_t g0;
+    Sketch *sk;                 // send: what is sent (full: with |r|.|x| and squares, an input);
+    int sk_full;                // recv: what arrived (a copy: after it lands in dst)
+    Sketch *sk_add, *sk_sum;    // recv reducing: the addend (full, read before the sum overwrites it) and the sum
 } Xfer;
 
 static inline Xfer xfer_make(int peer, int channel, uint32_t microbatch, size_t bytes) {
@@ -250,6 +285,52 @@ static inline void comm_enter(Comm *c, const char *op, int counter) {
     }
 }
 
+// comm_sketch: a piece of a checked collective's data into one of its
+// sketches, timed into check_ms
+static inline void comm_sketch(Comm *c, Sketch *sk, size_t g0, const float *x, size_t n, int full) {
+    double t0 = par_now();
+    sketch_add(sk, c->gen, g0, x, n, full);
+    c->check_ms += (par_now() - t0) * 1e3;
+}
+
+// comm_corrupt_due: -fault corrupt or corrupt-low acts on this frame: this
+// rank's first frame of data in an all-reduce, reduce-scatter or all-gather
+// of the fault's step
+static inline int comm_corrupt_due(const Comm *c, size_t len) {
+    int data_op = c->op_counter == COMM_ALLREDUCE || c->op_counter == COMM_REDUCE_SCATTER ||
+                  c->op_counter == COMM_ALLGATHER;
+    return (c->fault.kind == FAULT_CORRUPT || c->fault.kind == FAULT_CORRUPT_LOW) && !c->fault_done && data_op &&
+           len >= sizeof(float) && fault_fires(&c->fault, c->rank, c->step);
+}
+
+// comm_corrupt: a copy of the frame's payload with one bit flipped in its
+// float of largest magnitude (where a flip changes the most), sealed in its
+// place: the tag is right, the sketch was made of the bytes before
+static inline const uint8_t *comm_corrupt(Comm *c, const Xfer *x, const uint8_t *payload, size_t len) {
+    if (c->flipped == NULL && (c->flipped = (uint8_t *)malloc(COMM_SLOT_PAYLOAD)) == NULL)
+        comm_usage_die(c, "fault %s: out of memory", fault_name(c->fault.kind));
+    memcpy(c->flipped, payload, len);
+    size_t n = len / sizeof(float), at = 0;
+    float best = -1.0f;
+    for (size_t j = 0; j < n; j++) {
+        float v;
+        memcpy(&v, c->flipped + j * sizeof(float), sizeof(float));
+        if (fabsf(v) > best) { best = fabsf(v); at = j; }
+    }
+    uint32_t bits;
+    float before, after;
+    memcpy(&bits, c->flipped + at * sizeof(float), sizeof(bits));
+    memcpy(&before, &bits, sizeof(before));
+    bits ^= 1u << fault_flip_bit(c->fault.kind);
+    memcpy(&after, &bits, sizeof(after));
+    memcpy(c->flipped + at * sizeof(float), &bits, sizeof(bits));
+    c->fault_done = 1;
+    fprintf(stderr, "rank %d: fault %s: flipped bit %d of element %zu (%.9g to %.9g) in a frame to rank %d (%s, step %ld)\n",
+            c->rank, fault_name(c->fault.kind), fault_flip_bit(c->fault.kind), x->g0 + (size_t)(payload - x->src) /
+            sizeof(float) + at, before, after, x->peer, c->op, c->step);
+    return c->flipped;
+}
+
 // comm_try_send: puts the next frame of x into the ring to x->peer if a slot
 // is free; 1 when it did
 static inline int comm_try_send(Comm *c, Xfer *x) {
@@ -274,7 +355,11 @@ static inline int comm_try_send(Comm *c, Xfer *x) {
     size_t off = x->done * COMM_SLOT_PAYLOAD;
     size_t len = x->bytes - off < COMM_SLOT_PAYLOAD ? x->bytes - off : COMM_SLOT_PAYLOAD;
     uint8_t *frame = slot + SHM_SLOT_PREFIX;
-    if (frame_seal(&c->links, x->peer, x->channel, (uint64_t)c->step, x->microbatch, x->src + off, len, frame) != 0)
+    const uint8_t *payload = x->src + off;
+    if (x->sk != NULL) comm_sketch(c, x->sk, x->g0 + off / sizeof(float), (const float *)payload, len / sizeof(float),
+                                   x->sk_full);
+    if (comm_corrupt_due(c, len)) payload = comm_corrupt(c, x, payload, len);
+    if (frame_seal(&c->links, x->peer, x->channel, (uint64_t)c->step, x->microbatch, payload, len, frame) != 0)
         comm_usage_die(c, "%s: cannot seal a frame to rank %d", c->op, x->peer);
     size_t flen = frame_bytes(len);
     put_u32(slot, (uint32_t)flen);
@@ -322,16 +407,21 @@ static inline int comm_try_recv(Comm *c, Xfer *x) {
         fprintf(stderr, "rank %d: rejected a frame in %s: %s\n", c->rank, c->op, why);
         comm_die(c);
     }
+    size_t g = x->g0 + off / sizeof(float), m = len / sizeof(float);
     if (x->sum != NULL) {
         float *sum = x->sum + off / sizeof(float);
         const float *add = x->addend + off / sizeof(float);
-        for (size_t j = 0; j < len / sizeof(float); j++) {
+        if (x->sk_add != NULL) comm_sketch(c, x->sk_add, g, add, m, 1);  // the sum may overwrite it (in place)
+        if (x->sk != NULL) comm_sketch(c, x->sk, g, (const float *)payload, m, 0);
+        for (size_t j = 0; j < m; j++) {
             float v;
             memcpy(&v, payload + j * sizeof(float), sizeof(float));
             sum[j] = v + add[j];
         }
+        if (x->sk_sum != NULL) comm_sketch(c, x->sk_sum, g, sum, m, 0);
     } else if (len > 0) {
         memcpy(x->dst + off, payload, len);
+        if (x->sk != NULL) comm_sketch(c, x->sk, g, (const float *)(x->dst + off), m, 0);
     }
     x->done++;
     return 1;
@@ -485,12 +575,15 @@ static inline int comm_init(Comm **out, const Grid *g, const uint8_t key[32], co
         c->shm_name[0] = '\0';
     }
     c->frame = (uint8_t *)malloc(frame_bytes(COMM_SLOT_PAYLOAD));
-    if (c->frame == NULL || links_init(&c->links, key, g->rank, g->world) != 0) {
+    c->gen = (SketchGen *)malloc(sizeof(SketchGen));
+    if (c->frame == NULL || c->gen == NULL || links_init(&c->links, key, g->rank, g->world) != 0) {
         free(c->frame);
+        free(c->gen);
         munmap(base, lay.total_bytes);
         free(c);
         return errorf(err, errlen, "rank %d: comm_init: out of memory", g->rank);
     }
+    sketch_gen_init(c->gen, key);
     *out = c;
     return 0;
 }
@@ -509,6 +602,154 @@ static inline double comm_set_timeout(Comm *c, double seconds) {
     return old;
 }
 
+// ----------------------------------------------------------------------------
+// checked collectives (sketch.h)
+
+// comm_set_check: -ic 1 turns the checks on (off by default, and for world 1
+// there is nothing to check)
+static inline void comm_set_check(Comm *c, int on) {
+    if (c != NULL && c->gen != NULL) c->check = on != 0;
+}
+
+// comm_set_label: what the next collective carries ("dp gradients of layer
+// 3"), named by the line of a failed check; kept until that collective ends.
+// The caller keeps the string alive until then.
+static inline void comm_set_label(Comm *c, const char *label) {
+    if (c != NULL) c->label = label;
+}
+
+// comm_count_grads: the next collective reduces this rank's gradients: the
+// sum of squares of what this rank puts in is added to comm_grad_sumsq (from
+// the checks' own pass over it, or a pass of its own when they are off)
+static inline void comm_count_grads(Comm *c) {
+    if (c != NULL) c->count_grads = 1;
+}
+
+// comm_grad_sumsq: that sum since the last call, which starts it afresh
+static inline double comm_grad_sumsq(Comm *c) {
+    if (c == NULL) return 0.0;
+    double v = c->grad_sumsq;
+    c->grad_sumsq = 0.0;
+    return v;
+}
+
+// comm_check_ms: the time spent on the checks so far, in ms
+static inline double comm_check_ms(const Comm *c) { return c != NULL ? c->check_ms : 0.0; }
+
+// the group's number among those this rank ran collectives on, and how many
+// it ran there before: with the step, what makes each collective's r its own
+static inline uint64_t comm_group_call(Comm *c, const Group *grp, uint64_t *id) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the size and the ranks
+    h = (h ^ (uint64_t)grp->size) * 1099511628211ull;
+    for (int i = 0; i < grp->size; i++) h = (h ^ (uint64_t)(uint32_t)grp->ranks[i]) * 1099511628211ull;
+    *id = h;
+    for (int i = 0; i < c->ngroups; i++)
+        if (c->group_id[i] == h) return c->group_calls[i]++;
+    if (c->ngroups == COMM_MAX_GROUPS)
+        comm_usage_die(c, "%s: more than %d groups ran checked collectives on this rank", c->op, COMM_MAX_GROUPS);
+    c->group_id[c->ngroups] = h;
+    c->group_calls[c->ngroups] = 1;
+    c->ngroups++;
+    return 0;
+}
+
+// comm_check_begin: the checks of one collective over grp of n elements in
+// all (the vector r covers): r drawn, this member's record zeroed. 1 when
+// this collective is checked. A gradient count with the checks off makes its
+// own pass over the input (in, n_in floats) here.
+static inline int comm_check_begin(Comm *c, const Group *grp, int kind, size_t n, const float *in, size_t n_in) {
+    if (c->count_grads && !c->check) {
+        double q = 0.0;
+        for (size_t j = 0; j < n_in; j++) q += (double)in[j] * (double)in[j];
+        c->grad_sumsq += q;
+    }
+    if (!c->check) return 0;
+    double t0 = par_now();
+    size_t count = sketch_rec_count(grp->size), all = count * (size_t)grp->size;
+    if (c->recs_cap < all) {
+        free(c->recs);
+        c->recs = (Sketch *)malloc(all * sizeof(Sketch));
+        if (c->recs == NULL) comm_usage_die(c, "%s: out of memory for the checks' records", c->op);
+        c->recs_cap = all;
+    }
+    c->rec = c->recs + count * (size_t)grp->me;  // in place, for the all-gather of the records
+    memset(c->rec, 0, count * sizeof(Sketch));
+    uint64_t id, call = comm_group_call(c, grp, &id);
+    if (sketch_draw(c->gen, c->step, id, call, kind, n) != 0)
+        comm_usage_die(c, "%s: out of memory for the checks' coefficients (%zu elements)", c->op, n);
+    c->check_ms += (par_now() - t0) * 1e3;
+    return 1;
+}
+
+// a collective with nothing to check (a group of one): its label and count end
+static inline void comm_check_none(Comm *c) {
+    if (c == NULL) return;
+    c->label = NULL;
+    c->count_grads = 0;
+}
+
+// sketch i of this member's record when checking, else NULL
+static inline Sketch *comm_rec(const Comm *c, int checking, size_t i) { return checking ? c->rec + i : NULL; }
+
+// "ranks 0, 2, 4" (the first 16 of a larger group, then how many)
+static inline void comm_group_names(const Group *grp, char *buf, size_t len) {
+    size_t at = (size_t)snprintf(buf, len, "rank%s", grp->size > 1 ? "s" : "");
+    for (int i = 0; i < grp->size && i < 16 && at < len; i++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%d", i ? ", " : " ", grp->ranks[i]);
+    if (grp->size > 16 && at < len) snprintf(buf + at, len - at, ", ... (%d ranks)", grp->size);
+}
+
+// comm_check_end: the records all-gathered (CH_CHECK frames, counted as
+// that channel's bytes), judged alike by every member; on a failure the
+// group's first member prints the line, the group meets once more so that
+// the line is out before any member exits, and every member exits(1)
+static inline void comm_check_end(Comm *c, const Group *grp, int kind, size_t n, int checking) {
+    const char *label = c->label;
+    c->label = NULL;
+    int counting = c->count_grads;
+    c->count_grads = 0;
+    if (!checking) return;
+    double t0 = par_now();
+    int size = grp->size, me = grp->me, counter = c->op_counter;
+    size_t count = sketch_rec_count(size), bytes = count * sizeof(Sketch);
+    if (counting)
+        for (int k = 0; k < size; k++) c->grad_sumsq += c->rec[sketch_rec_in(size, k)].q;
+    c->op_counter = COMM_P2P;  // the records' bytes count under their channel, not the collective
+    for (int s = 0; s < size - 1; s++) {
+        int ks = comm_mod(me - s, size), kr = comm_mod(me - s - 1, size);
+        Xfer tx = xfer_make(comm_next(grp), CH_CHECK, (uint32_t)(1 + counter), bytes);
+        Xfer rx = xfer_make(comm_prev(grp), CH_CHECK, (uint32_t)(1 + counter), bytes);
+        tx.src = (const uint8_t *)(c->recs + (size_t)ks * count);
+        rx.dst = (uint8_t *)(c->recs + (size_t)kr * count);
+        comm_run(c, &tx, &rx);
+    }
+    c->op_counter = counter;
+    SketchCase sc;
+    sc.kind = kind;
+    sc.p = size;
+    sc.ranks = grp->ranks;
+    sc.n = n;
+    sc.recs = c->recs;
+    char why[700];
+    int bad = sketch_judge(&sc, why, sizeof(why));
+    c->check_ms += (par_now() - t0) * 1e3;
+    if (!bad) return;
+    if (me == 0) {
+        char names[200];
+        comm_group_names(grp, names, sizeof(names));
+        fflush(stdout);
+        fprintf(stderr, "rank %d: step %ld: checked %s%s%s over %s failed: %s\n", c->rank, c->step, c->op,
+                label != NULL ? " of " : "", label != NULL ? label : "", names, why);
+        fflush(stderr);
+    }
+    for (int s = 0; s < size - 1; s++) {  // comm_barrier's rounds, on the check channel
+        Xfer tx = xfer_make(comm_next(grp), CH_CHECK, 0, 0);
+        Xfer rx = xfer_make(comm_prev(grp), CH_CHECK, 0, 0);
+        comm_run(c, &tx, &rx);
+    }
+    comm_die(c);
+}
+
 // comm_allreduce: ring reduce-scatter, then ring all-gather, in place.
 // Element range k = [n*k/size, n*(k+1)/size) is summed along the ring from
 // member k+1 to member k, always in that order: ((x[k+1] + x[k+2]) + ...) + x[k].
@@ -517,7 +758,11 @@ static inline void comm_allreduce(Comm *c, const Group *grp, float *buf, size_t 
     if (c != NULL) comm_enter(c, "allreduce", COMM_ALLREDUCE);
     if (op != OP_SUM && op != OP_AVG) comm_usage_die(c, "allreduce: op %d is neither OP_SUM nor OP_AVG", op);
     int size = grp->size, me = grp->me;
-    if (size == 1) return;
+    if (size == 1) {
+        comm_check_none(c);
+        return;
+    }
+    int ck = comm_check_begin(c, grp, SK_ALLREDUCE, n, buf, n);
     int next = comm_next(grp), prev = comm_prev(grp);
     for (int s = 0; s < size - 1; s++) {
         int ks = comm_mod(me - s - 1, size), kr = comm_mod(me - s - 2, size);
@@ -526,8 +771,17 @@ static inline void comm_allreduce(Comm *c, const Group *grp, float *buf, size_t 
         Xfer tx = xfer_make(next, CH_COLLECTIVE, 1 + COMM_ALLREDUCE, (s1 - s0) * sizeof(float));
         Xfer rx = xfer_make(prev, CH_COLLECTIVE, 1 + COMM_ALLREDUCE, (r1 - r0) * sizeof(float));
         tx.src = (const uint8_t *)(buf + s0);
+        tx.g0 = s0;
+        if (s == 0) {  // my own chunk, as sent
+            tx.sk = comm_rec(c, ck, sketch_rec_in(size, ks));
+            tx.sk_full = 1;
+        }
         rx.sum = buf + r0;
         rx.addend = buf + r0;
+        rx.g0 = r0;
+        rx.sk = comm_rec(c, ck, sketch_rec_recv(size, s));
+        rx.sk_add = comm_rec(c, ck, sketch_rec_in(size, kr));
+        rx.sk_sum = comm_rec(c, ck, sketch_rec_out(size, s));
         comm_run(c, &tx, &rx);
     }
     size_t m0 = n * (size_t)me / (size_t)size, m1 = n * (size_t)(me + 1) / (size_t)size;
@@ -539,9 +793,14 @@ static inline void comm_allreduce(Comm *c, const Group *grp, float *buf, size_t 
         Xfer tx = xfer_make(next, CH_COLLECTIVE, 1 + COMM_ALLREDUCE, (s1 - s0) * sizeof(float));
         Xfer rx = xfer_make(prev, CH_COLLECTIVE, 1 + COMM_ALLREDUCE, (r1 - r0) * sizeof(float));
         tx.src = (const uint8_t *)(buf + s0);
+        tx.g0 = s0;
+        if (s == 0) tx.sk = comm_rec(c, ck, sketch_rec_own(size));  // my reduced chunk, as sent
         rx.dst = (uint8_t *)(buf + r0);
+        rx.g0 = r0;
+        rx.sk = comm_rec(c, ck, sketch_rec_got(size, s));
         comm_run(c, &tx, &rx);
     }
+    comm_check_end(c, grp, SK_ALLREDUCE, n, ck);
 }
 
 // comm_reduce_scatter: in holds size chunks of n_per_rank; out gets chunk
@@ -555,6 +814,7 @@ static inline void comm_reduce_scatter(Comm *c, const Group *grp, const float *i
     size_t n = n_per_rank;
     if (size == 1) {
         if (out != in) memmove(out, in, n * sizeof(float));
+        comm_check_none(c);
         return;
     }
     if (c->scratch_floats < 2 * n) {
@@ -563,20 +823,34 @@ static inline void comm_reduce_scatter(Comm *c, const Group *grp, const float *i
         if (c->scratch == NULL) comm_usage_die(c, "reduce_scatter: out of memory for %zu floats", 2 * n);
         c->scratch_floats = 2 * n;
     }
+    int ck = comm_check_begin(c, grp, SK_REDUCE_SCATTER, n * (size_t)size, in, n * (size_t)size);
     int next = comm_next(grp), prev = comm_prev(grp);
-    const float *sending = in + (size_t)comm_mod(me - 1, size) * n;
+    int k0 = comm_mod(me - 1, size);
+    const float *sending = in + (size_t)k0 * n;
+    size_t sending_g0 = (size_t)k0 * n;
     for (int s = 0; s < size - 1; s++) {
         int kr = comm_mod(me - s - 2, size);
         float *sum = s == size - 2 ? out : c->scratch + (size_t)(s % 2) * n;
         Xfer tx = xfer_make(next, CH_COLLECTIVE, 1 + COMM_REDUCE_SCATTER, n * sizeof(float));
         Xfer rx = xfer_make(prev, CH_COLLECTIVE, 1 + COMM_REDUCE_SCATTER, n * sizeof(float));
         tx.src = (const uint8_t *)sending;
+        tx.g0 = sending_g0;
+        if (s == 0) {  // my own chunk, as sent
+            tx.sk = comm_rec(c, ck, sketch_rec_in(size, k0));
+            tx.sk_full = 1;
+        }
         rx.sum = sum;
         rx.addend = in + (size_t)kr * n;
+        rx.g0 = (size_t)kr * n;
+        rx.sk = comm_rec(c, ck, sketch_rec_recv(size, s));
+        rx.sk_add = comm_rec(c, ck, sketch_rec_in(size, kr));
+        rx.sk_sum = comm_rec(c, ck, sketch_rec_out(size, s));
         comm_run(c, &tx, &rx);
         sending = sum;
+        sending_g0 = (size_t)kr * n;
     }
     if (op == OP_AVG) for (size_t j = 0; j < n; j++) out[j] /= (float)size;
+    comm_check_end(c, grp, SK_REDUCE_SCATTER, n, ck);
 }
 
 // comm_allgather: out[k*n_per_rank ..] = member k's in; in may be out + me * n_per_rank
@@ -586,16 +860,25 @@ static inline void comm_allgather(Comm *c, const Group *grp, const float *in, fl
     int size = grp->size, me = grp->me;
     size_t n = n_per_rank;
     if (out + (size_t)me * n != in) memmove(out + (size_t)me * n, in, n * sizeof(float));
-    if (size == 1) return;
+    if (size == 1) {
+        comm_check_none(c);
+        return;
+    }
+    int ck = comm_check_begin(c, grp, SK_ALLGATHER, n * (size_t)size, in, 0);
     int next = comm_next(grp), prev = comm_prev(grp);
     for (int s = 0; s < size - 1; s++) {
         int ks = comm_mod(me - s, size), kr = comm_mod(me - s - 1, size);
         Xfer tx = xfer_make(next, CH_COLLECTIVE, 1 + COMM_ALLGATHER, n * sizeof(float));
         Xfer rx = xfer_make(prev, CH_COLLECTIVE, 1 + COMM_ALLGATHER, n * sizeof(float));
         tx.src = (const uint8_t *)(out + (size_t)ks * n);
+        tx.g0 = (size_t)ks * n;
+        if (s == 0) tx.sk = comm_rec(c, ck, sketch_rec_own(size));
         rx.dst = (uint8_t *)(out + (size_t)kr * n);
+        rx.g0 = (size_t)kr * n;
+        rx.sk = comm_rec(c, ck, sketch_rec_got(size, s));
         comm_run(c, &tx, &rx);
     }
+    comm_check_end(c, grp, SK_ALLGATHER, n, ck);
 }
 
 // comm_broadcast: member root_index's bytes to every member, along the ring
@@ -714,6 +997,10 @@ static inline void comm_free(Comm *c) {
         munmap(c->base, c->map_bytes);
         links_free(&c->links);
     }
+    if (c->gen != NULL) sketch_gen_free(c->gen);
+    free(c->gen);
+    free(c->recs);
+    free(c->flipped);
     free(c->frame);
     free(c->scratch);
     free(c);

@@ -4,16 +4,23 @@
  *
  * defines:
  *   Fault, FAULT_* (the kinds), fault_name, fault_parse, fault_check_world
- *   fault_fires, fault_slow_fires   whether it acts on this rank at this step
+ *   fault_fires, fault_slow_fires, fault_poison_fires
+ *                                   whether it acts on this rank at this step
+ *   fault_flip_bit                  the bit corrupt and corrupt-low flip
  *   frame_tamper, links_rewind_send what tamper and replay do to a frame and
  *                                   to a link (secure.h's)
  *
  * tamper flips a bit of an outgoing frame (frame_tamper), replay resends a
  * frame under an already used sequence number (links_rewind_send), kill and
- * stall are acted on by the parallel layer; slow (a straggler from STEP on:
- * fault_slow_fires) and drift (one parameter changed on one rank) by the
- * trainers (watch.h). doc/security.md, "Fault injection", says what catches
- * each. Errors follow errors.h.
+ * stall are acted on by the parallel layer, and so is corrupt (corrupt-low):
+ * one bit flipped, an exponent bit (the lowest mantissa bit), in the data
+ * RANK puts into its first collective of STEP, after RANK's sketch of it and
+ * before the frame's tag, so that only the checked collectives (-ic 1) can
+ * see it. slow (a straggler from STEP on: fault_slow_fires), drift (one
+ * parameter changed on one rank) and poison (RANK's gradients x100 from STEP
+ * on: fault_poison_fires) are acted on by the trainers (watch.h).
+ * doc/security.md, "Fault injection", says what catches each. Errors follow
+ * errors.h.
  */
 #ifndef LLM3D_FAULT_H
 #define LLM3D_FAULT_H
@@ -28,15 +35,18 @@
 // ----------------------------------------------------------------------------
 // fault injection: -fault KIND:RANK:STEP
 
-enum { FAULT_NONE = 0, FAULT_TAMPER, FAULT_REPLAY, FAULT_KILL, FAULT_STALL, FAULT_SLOW, FAULT_DRIFT };
+enum { FAULT_NONE = 0, FAULT_TAMPER, FAULT_REPLAY, FAULT_KILL, FAULT_STALL, FAULT_SLOW, FAULT_DRIFT, FAULT_CORRUPT,
+       FAULT_CORRUPT_LOW, FAULT_POISON, FAULT_LAST = FAULT_POISON };
 
 #define FAULT_SLOW_MS 300  // what slow adds to each step of its rank: far above any noise of a shared machine
+#define FAULT_POISON_SCALE 100.0f  // what poison multiplies its rank's gradients by
 
 typedef struct { int kind; int rank; long step; } Fault;
 
 static inline const char *fault_name(int kind) {
-    static const char *names[] = {"none", "tamper", "replay", "kill", "stall", "slow", "drift"};
-    return kind >= FAULT_NONE && kind <= FAULT_DRIFT ? names[kind] : "unknown";
+    static const char *names[] = {"none", "tamper", "replay", "kill", "stall", "slow", "drift", "corrupt",
+                                  "corrupt-low", "poison"};
+    return kind >= FAULT_NONE && kind <= FAULT_LAST ? names[kind] : "unknown";
 }
 
 // fault_number: a decimal in [0, max], nothing else
@@ -63,12 +73,12 @@ static inline int fault_parse(const char *spec, Fault *f, char *err, size_t errl
         return errorf(err, errlen, "-fault '%s': expected KIND:RANK:STEP, e.g. tamper:1:5", spec);
     size_t kind_len = (size_t)(c1 - spec);
     int kind = FAULT_NONE;
-    for (int k = FAULT_TAMPER; k <= FAULT_DRIFT; k++) {
+    for (int k = FAULT_TAMPER; k <= FAULT_LAST; k++) {
         if (strlen(fault_name(k)) == kind_len && strncmp(spec, fault_name(k), kind_len) == 0) kind = k;
     }
     if (kind == FAULT_NONE)
-        return errorf(err, errlen, "-fault '%s': KIND '%.*s' is not one of tamper, replay, kill, stall, slow, drift",
-                      spec, (int)kind_len, spec);
+        return errorf(err, errlen, "-fault '%s': KIND '%.*s' is not one of tamper, replay, kill, stall, slow, drift, "
+                      "corrupt, corrupt-low, poison", spec, (int)kind_len, spec);
     long rank, step;
     if (fault_number(c1 + 1, (size_t)(c2 - c1 - 1), LINKS_MAX_WORLD - 1, &rank) != 0)
         return errorf(err, errlen, "-fault '%s': RANK '%.*s' is not a rank 0..%d",
@@ -94,6 +104,16 @@ static inline int fault_fires(const Fault *f, int rank, long step) {
 static inline int fault_slow_fires(const Fault *f, int rank, long step) {
     return f != NULL && f->kind == FAULT_SLOW && f->rank == rank && step >= f->step;
 }
+
+// fault_poison_fires: poison acts on every step of its rank from its step on
+static inline int fault_poison_fires(const Fault *f, int rank, long step) {
+    return f != NULL && f->kind == FAULT_POISON && f->rank == rank && step >= f->step;
+}
+
+// fault_flip_bit: the bit of a float that corrupt flips (30, the exponent's
+// highest: the value scaled by 2^128 or 2^-128, or made infinite) and
+// corrupt-low (0, the mantissa's lowest: one unit in the last place)
+static inline int fault_flip_bit(int kind) { return kind == FAULT_CORRUPT_LOW ? 0 : 30; }
 
 // frame_tamper: flip a bit in the middle of the payload, or in the header pad
 // when there is no payload, so the receiver's tag check is what catches it

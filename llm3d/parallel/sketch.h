@@ -1,0 +1,409 @@
+/*
+ * llm3d/parallel/sketch.h: checked collectives (-ic 1). Every rank makes
+ * keyed random sketches <r, x> of what it puts into a collective and of what
+ * it gets out, the ranks swap them after the collective, and each hop of the
+ * ring is checked against them: a sum within its rounding bound, data moved
+ * from one rank to the next bit for bit. shm_comm.h's collectives call it;
+ * doc/security.md, "Checked collectives", has the bound and what it means.
+ *
+ * defines:
+ *   Sketch                 two sketches of one vector, their |r|.|x| sums and
+ *                          the vector's sum of squares
+ *   SKETCH_BLOCK           K, the block of the coefficients' structure
+ *   SketchGen, sketch_gen_init, sketch_gen_free, sketch_draw
+ *                          the secret coefficients of one collective
+ *   sketch_add             a vector's piece into its sketch
+ *   sketch_eval_error, sketch_hop_bound, sketch_sum_bound
+ *                          the rounding bounds (fp32 hops, any p-term sum in
+ *                          fp32 or bf16)
+ *   SK_*, sketch_rec_count, sketch_rec_in .. sketch_rec_got, SketchCase,
+ *   sketch_judge           each rank's record of one collective, and the
+ *                          verdict on all the records of a group
+ *
+ * The coefficients. r_j = a[j / K] * b[j % K] for the element j of the
+ * collective's vector (K = SKETCH_BLOCK), two independent draws of a and b
+ * (sketch 0 and sketch 1), each coefficient +-(2^15 + m) / 2^16 with a random
+ * sign and m, from 16 bits of AES-256 in counter mode under a key derived
+ * from the job key (HMAC(job key, SKETCH_KEY_LABEL): the key of the frames'
+ * tags is never used as an AES key), with a nonce made for each collective
+ * (SHA-256 of the step, the group's ranks, the call's number on that group, the
+ * op and the length). So |r_j| lies in [1/4, 1), and only K + n/K random
+ * coefficients are drawn per collective, not n. Only ranks that hold the
+ * job key can compute r.
+ *
+ * Exactness. b[i] * x_j is exact in double (16 + 24 bits); the sums are
+ * rounded in double in one fixed order (8 lanes per block segment, a fixed
+ * tree, then one fma per segment), so the same values, cut into the same
+ * pieces, give the same sketch bit for bit on every rank: data that only
+ * moves (a ring hop, an all-gather) is compared exactly, and a sum within
+ * sketch_hop_bound.
+ */
+#ifndef LLM3D_SKETCH_H
+#define LLM3D_SKETCH_H
+
+#include "secure.h"               // first: hmac_sha256, put_u64, secure_wipe
+#include "llm3d/secure/aead.h"    // AES-256 in counter mode (aead_ctr)
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SKETCH_BLOCK 512          // K: b has K coefficients, a one per K elements
+#define SKETCH_KEY_LABEL "llm3d collective sketch key 1"
+#define SKETCH_NONCE_LABEL "llm3d collective sketch nonce 1"
+
+// what a rank computes of one vector (or piece of one): s[k] = <r_k, x>,
+// a[k] = sum |r_k| |x| (full pieces only), q = sum x^2 (full pieces only)
+typedef struct { double s[2], a[2], q; } Sketch;
+
+typedef struct {
+    AeadKey aes;                  // the job's sketch key (never the frames' HMAC key)
+    double b[4][SKETCH_BLOCK];    // b of sketch 0 and 1, then their magnitudes
+    double *a;                    // per block: a of sketch 0 and 1, interleaved
+    size_t blocks, cap;           // blocks drawn for this collective; room in a
+    uint16_t *stream;             // the keystream's words
+    size_t stream_cap;
+} SketchGen;
+
+static inline int sketch_gen_init(SketchGen *g, const uint8_t job_key[32]) {
+    memset(g, 0, sizeof(*g));
+    uint8_t k[32];
+    hmac_sha256(job_key, 32, SKETCH_KEY_LABEL, sizeof(SKETCH_KEY_LABEL) - 1, k);
+    aead_init(&g->aes, k);
+    secure_wipe(k, sizeof(k));
+    return 0;
+}
+
+static inline void sketch_gen_free(SketchGen *g) {
+    aead_wipe(&g->aes);
+    free(g->a);
+    free(g->stream);
+    memset(g, 0, sizeof(*g));
+}
+
+// a coefficient from 16 random bits: sign from the top bit, magnitude in [1/2, 1)
+static inline double sketch_coef(uint16_t w) {
+    double m = (double)(0x8000u | (w & 0x7fffu)) / 65536.0;
+    return (w & 0x8000u) ? -m : m;
+}
+
+// sketch_draw: the coefficients of one collective of n elements, from its
+// context (all the group's members pass the same): the step, a digest of the
+// group's ranks, the call's number on that group, the op. 0, or -1 when out
+// of memory.
+static inline int sketch_draw(SketchGen *g, long step, uint64_t group, uint64_t call, int op, size_t n) {
+    uint8_t ctx[sizeof(SKETCH_NONCE_LABEL) - 1 + 40], nonce[32];
+    size_t at = sizeof(SKETCH_NONCE_LABEL) - 1;
+    memcpy(ctx, SKETCH_NONCE_LABEL, at);
+    put_u64(ctx + at, (uint64_t)step);
+    put_u64(ctx + at + 8, group);
+    put_u64(ctx + at + 16, call);
+    put_u64(ctx + at + 24, (uint64_t)op);
+    put_u64(ctx + at + 32, (uint64_t)n);
+    // the nonce: the context's SHA-256, cut to 96 bits. It need only never
+    // repeat under the key (the key keeps r secret); two contexts of a job
+    // colliding in 96 bits is beyond any run's length
+    sha256(ctx, sizeof(ctx), nonce);
+    size_t blocks = (n + SKETCH_BLOCK - 1) / SKETCH_BLOCK, words = 2 * SKETCH_BLOCK + 2 * blocks;
+    if (blocks > g->cap) {
+        double *a = (double *)realloc(g->a, 2 * blocks * sizeof(double));
+        if (a == NULL) return -1;
+        g->a = a;
+        g->cap = blocks;
+    }
+    if (words > g->stream_cap) {
+        uint16_t *s = (uint16_t *)realloc(g->stream, words * sizeof(uint16_t));
+        if (s == NULL) return -1;
+        g->stream = s;
+        g->stream_cap = words;
+    }
+    memset(g->stream, 0, words * sizeof(uint16_t));
+    aead_ctr(&g->aes, nonce, AEAD_NONCE_BYTES, 0, g->stream, g->stream, words * sizeof(uint16_t));
+    for (int i = 0; i < SKETCH_BLOCK; i++) {
+        for (int k = 0; k < 2; k++) {
+            double c = sketch_coef(g->stream[2 * i + k]);
+            g->b[k][i] = c;
+            g->b[2 + k][i] = fabs(c);
+        }
+    }
+    for (size_t j = 0; j < 2 * blocks; j++) g->a[j] = sketch_coef(g->stream[2 * SKETCH_BLOCK + j]);
+    g->blocks = blocks;
+    return 0;
+}
+
+// one segment within a block: m elements from block offset off. Lane l sums
+// the elements i = l (mod 8) from the segment's start, the rest go to lane 0,
+// and the lanes meet in a fixed tree: the order is the segment's, never the
+// buffer's alignment or the build's vector width, so every build of a job
+// sketches alike. out: the two sums, then (full) the two |r|.|x| sums and the
+// sum of squares. GCC's and Clang's vector extension runs the 8 lanes as two
+// vectors of 4 doubles; the plain loop (-DLLM3D_SCALAR) adds in the same order.
+#if defined(__GNUC__) && !defined(LLM3D_SCALAR)
+typedef double sketch_d4 __attribute__((vector_size(32)));
+typedef long long sketch_l4 __attribute__((vector_size(32)));
+typedef float sketch_f4u __attribute__((vector_size(16), aligned(4), may_alias));
+typedef double sketch_d4u __attribute__((vector_size(32), aligned(8), may_alias));
+
+static inline sketch_d4 sketch_load4(const float *x) { return __builtin_convertvector(*(const sketch_f4u *)x, sketch_d4); }
+static inline sketch_d4 sketch_coef4(const double *b) { return *(const sketch_d4u *)b; }
+
+static inline void sketch_lanes8(const SketchGen *g, size_t off, const float *x, size_t m, int full, double lanes[5][8]) {
+    const double *b0 = g->b[0] + off, *b1 = g->b[1] + off, *m0 = g->b[2] + off, *m1 = g->b[3] + off;
+    sketch_d4 zero = {0, 0, 0, 0};
+    sketch_d4 s0l = zero, s0h = zero, s1l = zero, s1h = zero, a0l = zero, a0h = zero, a1l = zero, a1h = zero, ql = zero,
+              qh = zero;
+    const sketch_l4 abs_mask = {0x7fffffffffffffffLL, 0x7fffffffffffffffLL, 0x7fffffffffffffffLL, 0x7fffffffffffffffLL};
+    size_t i = 0;
+    if (full) {
+        for (; i + 8 <= m; i += 8) {
+            sketch_d4 vl = sketch_load4(x + i), vh = sketch_load4(x + i + 4);
+            sketch_d4 al = (sketch_d4)((sketch_l4)vl & abs_mask), ah = (sketch_d4)((sketch_l4)vh & abs_mask);
+            s0l += sketch_coef4(b0 + i) * vl; s0h += sketch_coef4(b0 + i + 4) * vh;
+            s1l += sketch_coef4(b1 + i) * vl; s1h += sketch_coef4(b1 + i + 4) * vh;
+            a0l += sketch_coef4(m0 + i) * al; a0h += sketch_coef4(m0 + i + 4) * ah;
+            a1l += sketch_coef4(m1 + i) * al; a1h += sketch_coef4(m1 + i + 4) * ah;
+            ql += vl * vl; qh += vh * vh;
+        }
+    } else {
+        for (; i + 8 <= m; i += 8) {
+            sketch_d4 vl = sketch_load4(x + i), vh = sketch_load4(x + i + 4);
+            s0l += sketch_coef4(b0 + i) * vl; s0h += sketch_coef4(b0 + i + 4) * vh;
+            s1l += sketch_coef4(b1 + i) * vl; s1h += sketch_coef4(b1 + i + 4) * vh;
+        }
+    }
+    sketch_d4 all[5][2] = {{s0l, s0h}, {s1l, s1h}, {a0l, a0h}, {a1l, a1h}, {ql, qh}};
+    for (int k = 0; k < 5; k++)
+        for (int l = 0; l < 8; l++) lanes[k][l] = all[k][l / 4][l % 4];
+    for (; i < m; i++) {
+        double v = (double)x[i];
+        lanes[0][0] += b0[i] * v;
+        lanes[1][0] += b1[i] * v;
+        if (full) {
+            lanes[2][0] += m0[i] * fabs(v);
+            lanes[3][0] += m1[i] * fabs(v);
+            lanes[4][0] += v * v;
+        }
+    }
+}
+#else
+static inline void sketch_lanes8(const SketchGen *g, size_t off, const float *x, size_t m, int full, double lanes[5][8]) {
+    const double *b0 = g->b[0] + off, *b1 = g->b[1] + off, *m0 = g->b[2] + off, *m1 = g->b[3] + off;
+    memset(lanes, 0, 5 * 8 * sizeof(double));
+    size_t whole = m / 8 * 8;
+    for (size_t i = 0; i < m; i++) {
+        int l = i < whole ? (int)(i % 8) : 0;
+        double v = (double)x[i];
+        lanes[0][l] += b0[i] * v;
+        lanes[1][l] += b1[i] * v;
+        if (full) {
+            lanes[2][l] += m0[i] * fabs(v);
+            lanes[3][l] += m1[i] * fabs(v);
+            lanes[4][l] += v * v;
+        }
+    }
+}
+#endif
+
+static inline void sketch_segment(const SketchGen *g, size_t off, const float *x, size_t m, int full, double out[5]) {
+    double lanes[5][8];
+    sketch_lanes8(g, off, x, m, full, lanes);
+    for (int k = 0; k < 5; k++) {
+        const double *v = lanes[k];
+        out[k] = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+    }
+}
+
+// sketch_add: elements g0 .. g0 + len - 1 of the collective's vector, whose
+// values are x, into acc (full: the |r|.|x| sums and the squares too). Each
+// block segment enters acc through one fma, so the result depends on the
+// values and on where the pieces are cut, nothing else.
+static inline void sketch_add(Sketch *acc, const SketchGen *g, size_t g0, const float *x, size_t len, int full) {
+    while (len > 0) {
+        size_t blk = g0 / SKETCH_BLOCK, off = g0 % SKETCH_BLOCK;
+        size_t m = SKETCH_BLOCK - off < len ? SKETCH_BLOCK - off : len;
+        double seg[5];
+        sketch_segment(g, off, x, m, full, seg);
+        double c0 = blk < g->blocks ? g->a[2 * blk] : 0.0, c1 = blk < g->blocks ? g->a[2 * blk + 1] : 0.0;
+        acc->s[0] = fma(c0, seg[0], acc->s[0]);
+        acc->s[1] = fma(c1, seg[1], acc->s[1]);
+        if (full) {
+            acc->a[0] = fma(fabs(c0), seg[2], acc->a[0]);
+            acc->a[1] = fma(fabs(c1), seg[3], acc->a[1]);
+            acc->q += seg[4];
+        }
+        x += m;
+        g0 += m;
+        len -= m;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the bounds. u = 2^-24 (fp32's unit roundoff), e(N) the relative error of a
+// sketch of N elements as sketch_add computes it, in double:
+//   e(N) <= (K/8 + 16 + 2N/K) 2^-53
+// (a lane's sum of at most K/8 + 7 exact products, 3 levels of the lanes'
+// tree, one fma per segment into a running sum of at most 2N/K + 2 segments,
+// as frames of 16384 elements cut at most N/K more segments than the blocks).
+// The products b * x are exact, so no term for them.
+
+static inline double sketch_eval_error(size_t n) {
+    return ((double)SKETCH_BLOCK / 8.0 + 16.0 + 2.0 * (double)n / SKETCH_BLOCK) * ldexp(1.0, -53);
+}
+
+// sketch_hop_bound: how far the sketch of one ring hop's sum z = fl(P + x)
+// (elementwise, fp32) may be from the sketches of P and x, when the chain
+// that made P and x added t + 1 inputs whose |r|.|x| sums total sum_a. Per
+// element |fl(P+x) - (P+x)| <= u |P + x| <= u (|P| + |x|), so
+//   |S(z) - S(P) - S(x)| <= u (A(P) + A(x)),  A(P) + A(x) <= (1+u)^t sum_a,
+// to which the three computed sketches' errors add e (A(z) + A(P) + A(x))
+// and the two subtractions 2^-52 of the same. n: the chunk's elements.
+static inline double sketch_hop_bound(double sum_a, int t, size_t n) {
+    double u = ldexp(1.0, -24), e = sketch_eval_error(n);
+    return (u + 3.0 * e + ldexp(1.0, -51)) * (1.0 + 2.0 * (t + 1) * u + 4.0 * e) * sum_a;
+}
+
+// sketch_sum_bound: the bound for a sum of p inputs made in any order with
+// a rounding after every addition (the ring's p - 1 additions, or NCCL's ring
+// or tree), of unit roundoff u (2^-24 for fp32; 2^-8 for bf16, whose sums
+// NCCL rounds to bf16 at every hop): |S(y) - sum_i S(x_i)| <= gamma(p-1) sum_a,
+// gamma(m) = m u / (1 - m u), plus the p + 1 sketches' evaluation errors.
+static inline double sketch_sum_bound(double sum_a, int p, double u, size_t n) {
+    double m = (double)(p - 1), e = sketch_eval_error(n);
+    double gamma = m * u / (1.0 - m * u);
+    return (gamma + (p + 2) * e + p * ldexp(1.0, -52)) * (1.0 + gamma) * sum_a;
+}
+
+// ----------------------------------------------------------------------------
+// the record: what one member of a group of p computed in one collective,
+// 4p - 2 sketches:
+//   in[k]    its input's chunk k (k = 0..p-1), full: sent at the reduce-
+//            scatter's hop 0 (chunk me-1) or added at hop s (chunk me-s-2)
+//   recv[s]  what it received at the reduce-scatter's hop s (s = 0..p-2)
+//   out[s]   the sum it made there; out[p-2] is its reduced chunk
+//   own      its chunk as it sent it at the all-gather's hop 0
+//   got[s]   what it received at the all-gather's hop s (chunk me-s-1)
+// A reduce-scatter fills in, recv, out; an all-gather own and got; an
+// all-reduce all.
+
+enum { SK_ALLREDUCE = 0, SK_REDUCE_SCATTER = 1, SK_ALLGATHER = 2 };
+
+static inline size_t sketch_rec_count(int p) { return (size_t)(4 * p - 2); }
+static inline size_t sketch_rec_in(int p, int k) { (void)p; return (size_t)k; }
+static inline size_t sketch_rec_recv(int p, int s) { return (size_t)(p + s); }
+static inline size_t sketch_rec_out(int p, int s) { return (size_t)(2 * p - 1 + s); }
+static inline size_t sketch_rec_own(int p) { return (size_t)(3 * p - 2); }
+static inline size_t sketch_rec_got(int p, int s) { return (size_t)(3 * p - 1 + s); }
+
+typedef struct {
+    int kind;                 // SK_*
+    int p;                    // the group's size
+    const int *ranks;         // its members' world ranks
+    size_t n;                 // all-reduce: the vector's elements; the others: each chunk's
+    const Sketch *recs;       // p records, member by member, sketch_rec_count(p) sketches each
+} SketchCase;
+
+static inline int sketch_mod(int a, int p) { return ((a % p) + p) % p; }
+
+// chunk k's elements [lo, hi)
+static inline void sketch_chunk(const SketchCase *c, int k, size_t *lo, size_t *hi) {
+    if (c->kind == SK_ALLREDUCE) {
+        *lo = c->n * (size_t)k / (size_t)c->p;
+        *hi = c->n * (size_t)(k + 1) / (size_t)c->p;
+    } else {
+        *lo = c->n * (size_t)k;
+        *hi = *lo + c->n;
+    }
+}
+
+static inline const Sketch *sketch_at(const SketchCase *c, int member, size_t i) {
+    return c->recs + (size_t)member * sketch_rec_count(c->p) + i;
+}
+
+// the same bits (data that only moved)
+static inline int sketch_same(const Sketch *x, const Sketch *y) {
+    return memcmp(x->s, y->s, sizeof(x->s)) == 0;
+}
+
+static inline int sketch_finite(const Sketch *x) {
+    return isfinite(x->s[0]) && isfinite(x->s[1]) && isfinite(x->a[0]) && isfinite(x->a[1]);
+}
+
+// sketch_judge: every check of one collective, on all the members' records.
+// 0 when all hold; else 1, and msg says the first that fails along the ring:
+// a piece changed between one member's sketch and the next one's (which
+// hop), or a sum off by more than its bound (which member's addition).
+// Every member judges the same records, so all reach the same verdict.
+static inline int sketch_judge(const SketchCase *c, char *msg, size_t len) {
+    int p = c->p;
+    const int *R = c->ranks;
+    const char *phase = c->kind == SK_ALLREDUCE ? " in the reduce-scatter" : "";
+    if (c->kind != SK_ALLGATHER) {
+        for (int k = 0; k < p; k++) {
+            size_t lo, hi;
+            sketch_chunk(c, k, &lo, &hi);
+            int q0 = sketch_mod(k + 1, p);
+            const Sketch *sent = sketch_at(c, q0, sketch_rec_in(p, k));  // what q0 put in, and sent at its hop 0
+            double sum_a[2] = {sent->a[0], sent->a[1]};
+            int finite_in = sketch_finite(sent);
+            for (int t = 1; t < p; t++) {
+                int q = sketch_mod(k + 1 + t, p), prev = sketch_mod(q - 1, p);
+                const Sketch *recv = sketch_at(c, q, sketch_rec_recv(p, t - 1));
+                const Sketch *in = sketch_at(c, q, sketch_rec_in(p, k));
+                const Sketch *out = sketch_at(c, q, sketch_rec_out(p, t - 1));
+                if (!sketch_same(recv, sent)) {
+                    snprintf(msg, len, "chunk %d (elements %zu..%zu)%s: what rank %d sent rank %d at hop %d differs "
+                             "from rank %d's sketch of it (%.9g, received as %.9g): it changed after rank %d made it "
+                             "(rank %d's memory, the link, or rank %d's copy)", k, lo, hi - 1, phase, R[prev], R[q], t - 1,
+                             R[prev], sent->s[0], recv->s[0], R[prev], R[prev], R[q]);
+                    return 1;
+                }
+                finite_in = finite_in && sketch_finite(in);
+                sum_a[0] += in->a[0];
+                sum_a[1] += in->a[1];
+                // inputs that are not finite make sums that are not either: the
+                // trainer's not-finite rule acts on them, not this check
+                if (finite_in) {
+                    for (int j = 0; j < 2; j++) {
+                        double diff = out->s[j] - recv->s[j] - in->s[j];
+                        double bound = sketch_hop_bound(sum_a[j], t, hi - lo);
+                        // a finite sum can overflow fp32 only when its inputs are that large
+                        int overflow = !isfinite(out->s[j]) && sum_a[j] >= 0.125 * FLT_MAX;
+                        if (!(fabs(diff) <= bound) && !overflow) {
+                            snprintf(msg, len, "chunk %d (elements %zu..%zu)%s: the sum rank %d made at hop %d (what "
+                                     "rank %d sent plus rank %d's own piece) is off by %.3g, more than its rounding "
+                                     "bound %.3g (sketch %d): rank %d's addition, or its piece after its sketch",
+                                     k, lo, hi - 1, phase, R[q], t - 1, R[prev], R[q], diff, bound, j, R[q]);
+                            return 1;
+                        }
+                    }
+                }
+                sent = out;
+            }
+        }
+    }
+    if (c->kind != SK_REDUCE_SCATTER) {
+        const char *ag = c->kind == SK_ALLREDUCE ? " in the all-gather" : "";
+        for (int k = 0; k < p; k++) {
+            size_t lo, hi;
+            sketch_chunk(c, k, &lo, &hi);
+            const Sketch *own = sketch_at(c, k, sketch_rec_own(p));
+            for (int t = 1; t < p; t++) {
+                int q = sketch_mod(k + t, p), prev = sketch_mod(q - 1, p);
+                const Sketch *got = sketch_at(c, q, sketch_rec_got(p, t - 1));
+                if (!sketch_same(got, own)) {
+                    snprintf(msg, len, "chunk %d (elements %zu..%zu)%s: rank %d's piece as rank %d received it from "
+                             "rank %d at hop %d differs from rank %d's sketch of it (%.9g, received as %.9g): it "
+                             "changed between rank %d and rank %d", k, lo, hi - 1, ag, R[k], R[q], R[prev], t - 1, R[k],
+                             own->s[0], got->s[0], R[prev], R[q]);
+                    return 1;
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+#endif
