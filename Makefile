@@ -55,7 +55,7 @@ endif
 CPU_PROGRAMS = train_gpt2 prepare_data export_hf plot_log dev/bench_secure dev/bench_aead dev/bench_matmul \
                dev/bench_kernels dev/bench_tokenizer dev/pipeline_chart dev/compare_logs
 CPU_TESTS = test_gpt2 $(addprefix dev/test/,test_secure test_aead test_dataloader test_tokenizer test_parallel \
-            test_layouts test_checkpoint test_prepare_data test_export test_plot test_hellaswag test_llmc \
+            test_layouts test_integrity test_checkpoint test_prepare_data test_export test_plot test_hellaswag test_llmc \
             test_attacks test_gpt2_scalar $(if $(X86),test_gpt2_avx2))
 CUDA_PROGRAMS = train_gpt2cu test_gpt2cu dev/test/test_host_mode
 

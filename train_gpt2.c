@@ -1841,9 +1841,10 @@ static void agree_on_start(const Job *job, const Parallel *par) {
 // the payload bytes each rank sent by collective and by point-to-point
 // channel, and its peak transient bytes (ZeRO's buckets and gathered
 // units), with the columns that are 0 on every rank left out. The counts
-// travel as floats, each in three 22-bit pieces, exact.
+// travel as floats, each in three 22-bit pieces, exact. Then rank 0's time
+// in the checked collectives per step of the `steps` trained.
 #define BYTES_PIECE 4194304.0  // 2^22
-static void print_rank_bytes(const GPT2 *m, const Parallel *par) {
+static void print_rank_bytes(const GPT2 *m, const Parallel *par, int steps) {
     enum { NCOL = COMM_NCOUNTERS + 1 };  // the counters, then the peak transient bytes
     int world = par->grid.world;
     uint64_t mine[NCOL];
@@ -1889,6 +1890,12 @@ static void print_rank_bytes(const GPT2 *m, const Parallel *par) {
         free(v);
     }
     free(all);
+    // what the checked collectives (-ic 1) cost rank 0: its sketches, the
+    // records' all-gathers and the verdicts, per step trained (dev/bench_ic.sh)
+    if (par->grid.rank == 0 && steps > 0 && comm_check_ms(par->comm) > 0) {
+        printf("checked collectives: %.2f ms per step on rank 0\n", comm_check_ms(par->comm) / steps);
+        fflush(stdout);
+    }
 }
 
 // at the end of a job: each rank's peak resident memory (getrusage's
@@ -2133,7 +2140,7 @@ int main(int argc, char **argv) {
 
     if (!stopped && final_model(&model, &par, &job) != 0) return 1;
     pipe_meter_print(&meter);
-    if (par.comm) print_rank_bytes(&model, &par);
+    if (par.comm) print_rank_bytes(&model, &par, job.steps - job.start);
     print_peak_memory(&par);
     pipe_meter_free(&meter);
     watch_free(&watch);

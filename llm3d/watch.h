@@ -507,9 +507,12 @@ static int grads_judge(GradWatch *gw, const float *norms, int step, int policy, 
         }
         static const char *act[] = {"the update is applied (-gp warn)", "the step's update is skipped (-gp skip)",
                                     "the job stops before the step's update (-gp stop)"};
-        watch_add(gw->lines, gw->lines_len, "step %d: rank %d's own gradient norm %.4g is %.1fx the median %.4g of "
-                  "its data-parallel peers' (rank%s %s): poisoned or broken gradients? %s\n", step, r, norms[r],
-                  median > 0 ? norms[r] / median : INFINITY, median, gw->dp > 2 ? "s" : "", peers, act[policy]);
+        char times[48];
+        if (isfinite(norms[r]) && median > 0) snprintf(times, sizeof(times), "%.1fx", norms[r] / median);
+        else snprintf(times, sizeof(times), "far above");
+        watch_add(gw->lines, gw->lines_len, "step %d: rank %d's own gradient norm %.4g is %s the median %.4g of its "
+                  "data-parallel peers' (rank%s %s): poisoned or broken gradients? %s\n", step, r, norms[r], times,
+                  median, gw->dp > 2 ? "s" : "", peers, act[policy]);
     }
     if (count == 0) return 0;
     watch_add(gw->fields, gw->fields_len, "]");

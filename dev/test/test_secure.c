@@ -895,17 +895,19 @@ static void test_faults(void) {
     struct { const char *spec; int kind, rank; long step; } good[] = {
         {"tamper:1:5", FAULT_TAMPER, 1, 5}, {"replay:0:0", FAULT_REPLAY, 0, 0},
         {"kill:3:100", FAULT_KILL, 3, 100}, {"stall:2:7", FAULT_STALL, 2, 7},
-        {"slow:2:3", FAULT_SLOW, 2, 3}, {"drift:1:0", FAULT_DRIFT, 1, 0},
+        {"slow:2:3", FAULT_SLOW, 2, 3}, {"drift:1:0", FAULT_DRIFT, 1, 0}, {"corrupt:1:4", FAULT_CORRUPT, 1, 4},
+        {"corrupt-low:0:2", FAULT_CORRUPT_LOW, 0, 2}, {"poison:3:7", FAULT_POISON, 3, 7},
     };
     char err[256];
-    for (int i = 0; i < 6; i++) {
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
         Fault f;
         int rc = fault_parse(good[i].spec, &f, err, sizeof(err));
         check(rc == 0 && f.kind == good[i].kind && f.rank == good[i].rank && f.step == good[i].step, "-fault %s", good[i].spec);
     }
     const char *bad[] = {"", "tamper", "tamper:1", "tamper:1:5:6", "boom:1:5", "tamper:-1:5", "tamper:1:x",
                          "tamper:1:", "tamper::5", "tamper:99999999999999999999:1", " tamper:1:5", "TAMPER:1:5",
-                         "tamper:1:5 ", "tamper:+1:5", "tamper:65536:1", "tamper:1:9999999999999"};
+                         "tamper:1:5 ", "tamper:+1:5", "tamper:65536:1", "tamper:1:9999999999999", "corrupt-:1:2",
+                         "corruptlow:1:2"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         Fault f = {FAULT_KILL, 0, 0};
         err[0] = '\0';
@@ -918,6 +920,10 @@ static void test_faults(void) {
     fault_parse("slow:2:3", &f, err, sizeof(err));
     check(fault_slow_fires(&f, 2, 3) && fault_slow_fires(&f, 2, 40) && !fault_slow_fires(&f, 2, 2) &&
           !fault_slow_fires(&f, 1, 3), "a slow fault acts on rank 2 from step 3 on");
+    fault_parse("poison:2:3", &f, err, sizeof(err));
+    check(fault_poison_fires(&f, 2, 3) && fault_poison_fires(&f, 2, 9) && !fault_poison_fires(&f, 2, 2) &&
+          !fault_poison_fires(&f, 0, 3) && fault_flip_bit(FAULT_CORRUPT) == 30 && fault_flip_bit(FAULT_CORRUPT_LOW) == 0,
+          "poison acts on rank 2 from step 3 on; corrupt flips bit 30, corrupt-low bit 0");
     Fault none = {FAULT_NONE, 0, 0};
     check(!fault_fires(&none, 0, 0) && !fault_fires(NULL, 0, 0), "no fault never fires");
 }

@@ -1,0 +1,594 @@
+/*
+ * test_integrity.c: the integrity of the collectives (-ic, sketch.h) and
+ * the gradient-norm rule for rogue workers (-gp, watch.h's grads_judge).
+ *
+ * In-process: the keyed coefficients (the same context gives the same r,
+ * another context another); a ring all-reduce played here the way
+ * shm_comm.h plays it (the same chunks, frames and sketches), judged by
+ * sketch_judge: honest rings with data made to round badly pass, and each
+ * kind of corruption is named (a piece changed between two ranks, by an
+ * exponent or by its lowest mantissa bit; a sum off by more than its bound;
+ * an all-gather piece changed), while a low-mantissa error inside a sum is
+ * below the bound and passes, as doc/security.md says; the fp32 and bf16
+ * bounds of a whole p-term sum against played sums; the rule's verdicts on
+ * made-up norms.
+ *
+ * Then ./train_gpt2 as real processes on a tiny model: -fault corrupt and
+ * corrupt-low caught and named on data parallel (ZeRO 0-3: all-reduce,
+ * reduce-scatter, all-gather), tensor parallel and both, with no update of
+ * that step and no checkpoint from it; the same fault with -ic 0 unseen;
+ * -fault poison named under -gp warn, skip and stop; and normal runs of the
+ * layouts, some beside a busy loop, with no failed check and no outlier.
+ */
+#include "llm3d/parallel/sketch.h"
+#include "llm3d/trainer.h"
+#include "llm3d/watch.h"
+#include "llm3d/bf16.h"
+#include "dev/test/test.h"
+#include "dev/test/test_run.h"
+
+#include <math.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+static uint64_t rng_state = 88172645463325252ull;
+
+static uint64_t rng_next(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static float rng_unit(void) { return (float)((double)(rng_next() >> 40) / (double)(1 << 24)) * 2.0f - 1.0f; }
+
+// ----------------------------------------------------------------------------
+// the coefficients
+
+static void test_coefficients(void) {
+    uint8_t key[32], other[32];
+    for (int i = 0; i < 32; i++) key[i] = (uint8_t)(i * 7 + 1), other[i] = (uint8_t)(i * 7 + 2);
+    static SketchGen g, h;
+    sketch_gen_init(&g, key);
+    sketch_gen_init(&h, key);
+    size_t n = 3 * SKETCH_BLOCK + 17;
+    sketch_draw(&g, 5, 42, 3, SK_ALLREDUCE, n);
+    sketch_draw(&h, 5, 42, 3, SK_ALLREDUCE, n);
+    int same = memcmp(g.b, h.b, sizeof(g.b)) == 0 && memcmp(g.a, h.a, 2 * g.blocks * sizeof(double)) == 0;
+    double lo = 1.0, hi = 0.0;
+    for (size_t j = 0; j < n; j++) {
+        double r = fabs(g.a[2 * (j / SKETCH_BLOCK)] * g.b[0][j % SKETCH_BLOCK]);
+        lo = fmin(lo, r);
+        hi = fmax(hi, r);
+    }
+    check(same && g.blocks == 4 && lo >= 0.25 && hi < 1.0,
+          "the same key and context draw the same r on two ranks; |r_j| in [%.3f, %.3f] within [1/4, 1)", lo, hi);
+    // another step, call, group, op or key: other coefficients
+    struct { long step; uint64_t group, call; int op; const uint8_t *key; const char *what; } ctx[] = {
+        {6, 42, 3, SK_ALLREDUCE, key, "step"}, {5, 43, 3, SK_ALLREDUCE, key, "group"},
+        {5, 42, 4, SK_ALLREDUCE, key, "call"}, {5, 42, 3, SK_ALLGATHER, key, "op"},
+        {5, 42, 3, SK_ALLREDUCE, other, "job key"},
+    };
+    for (size_t k = 0; k < sizeof(ctx) / sizeof(ctx[0]); k++) {
+        sketch_gen_free(&h);
+        sketch_gen_init(&h, ctx[k].key);
+        sketch_draw(&h, ctx[k].step, ctx[k].group, ctx[k].call, ctx[k].op, n);
+        int equal = 0;
+        for (int i = 0; i < SKETCH_BLOCK; i++) equal += g.b[0][i] == h.b[0][i];
+        check(equal < SKETCH_BLOCK / 8, "another %s draws another r (%d of %d b coefficients alike)", ctx[k].what,
+              equal, SKETCH_BLOCK);
+    }
+    // the sketch: the same values cut alike give the same bits, whatever
+    // the buffer's alignment; a changed element changes it
+    float *x = (float *)malloc((n + 1) * sizeof(float));
+    for (size_t j = 0; j < n; j++) x[j] = rng_unit();
+    memmove(x + 1, x, n * sizeof(float));  // the same values one float further on
+    Sketch a = {{0, 0}, {0, 0}, 0}, b = a, c = a;
+    sketch_add(&a, &g, 0, x + 1, 700, 1);
+    sketch_add(&a, &g, 700, x + 701, n - 700, 1);
+    float *y = (float *)malloc(n * sizeof(float));
+    memcpy(y, x + 1, n * sizeof(float));
+    sketch_add(&b, &g, 0, y, 700, 1);
+    sketch_add(&b, &g, 700, y + 700, n - 700, 1);
+    y[1000] = nextafterf(y[1000], 2.0f);
+    sketch_add(&c, &g, 0, y, 700, 1);
+    sketch_add(&c, &g, 700, y + 700, n - 700, 1);
+    double q = 0.0;
+    for (size_t j = 0; j < n; j++) q += (double)x[j + 1] * x[j + 1];
+    check(memcmp(&a, &b, sizeof(a)) == 0 && !sketch_same(&a, &c) && fabs(a.q - q) <= 1e-12 * q,
+          "a sketch: bit for bit the same from another buffer cut alike; one ulp of one element changes it; sum of "
+          "squares %.6g (%.6g)", a.q, q);
+    free(x);
+    free(y);
+    sketch_gen_free(&g);
+    sketch_gen_free(&h);
+}
+
+// ----------------------------------------------------------------------------
+// a ring all-reduce played as shm_comm.h plays it: chunk k = [n k/p, n (k+1)/p)
+// summed from member k+1 round to member k, then passed on; every transfer in
+// frames of COMM_SLOT_PAYLOAD bytes, each frame sketched as it passes
+
+#define FRAME_FLOATS (65536 / 4)
+
+enum { NO_FAULT, TRANSIT_EXP, TRANSIT_LOW, SUM_EXP, SUM_LOW, GATHER_EXP, INPUT_NAN };
+
+typedef struct { int kind, member, hop; } Injected;
+
+static void sketch_frames(Sketch *sk, const SketchGen *g, size_t g0, const float *x, size_t len, int full) {
+    for (size_t off = 0; off < len; off += FRAME_FLOATS)
+        sketch_add(sk, g, g0 + off, x + off, len - off < FRAME_FLOATS ? len - off : FRAME_FLOATS, full);
+}
+
+static void flip(float *v, int bit) {
+    uint32_t u;
+    memcpy(&u, v, 4);
+    u ^= 1u << bit;
+    memcpy(v, &u, 4);
+}
+
+static size_t largest(const float *x, size_t n) {
+    size_t at = 0;
+    for (size_t j = 1; j < n; j++) if (fabsf(x[j]) > fabsf(x[at])) at = j;
+    return at;
+}
+
+// plays the all-reduce of x (p members x n, member-major) into recs
+// (sketch_rec_count(p) per member), with one injected fault; the members'
+// buffers end reduced in x
+static void play_allreduce(const SketchGen *g, int p, size_t n, float *x, Sketch *recs, Injected f) {
+    size_t count = sketch_rec_count(p);
+    memset(recs, 0, (size_t)p * count * sizeof(Sketch));
+    float *wire = (float *)malloc((n / p + 2) * sizeof(float));
+    for (int s = 0; s < p - 1; s++) {  // reduce-scatter: every member sends, then receives, at each hop
+        for (int me = 0; me < p; me++) {
+            int prev = (me + p - 1) % p, kr = ((me - s - 2) % p + p) % p;
+            size_t r0 = n * (size_t)kr / p, r1 = n * (size_t)(kr + 1) / p, len = r1 - r0;
+            float *sent = x + (size_t)prev * n + r0, *mine = x + (size_t)me * n + r0;
+            Sketch *rec = recs + (size_t)me * count, *prec = recs + (size_t)prev * count;
+            if (s == 0) sketch_frames(prec + sketch_rec_in(p, kr), g, r0, sent, len, 1);  // prev's own chunk, as sent
+            memcpy(wire, sent, len * sizeof(float));
+            if (f.kind == TRANSIT_EXP && f.member == prev && f.hop == s) flip(wire + largest(wire, len), 30);
+            if (f.kind == TRANSIT_LOW && f.member == prev && f.hop == s) flip(wire + largest(wire, len), 0);
+            sketch_frames(rec + sketch_rec_in(p, kr), g, r0, mine, len, 1);
+            sketch_frames(rec + sketch_rec_recv(p, s), g, r0, wire, len, 0);
+            for (size_t j = 0; j < len; j++) mine[j] = wire[j] + mine[j];
+            if (f.kind == SUM_EXP && f.member == me && f.hop == s) flip(mine + largest(mine, len), 30);
+            if (f.kind == SUM_LOW && f.member == me && f.hop == s) flip(mine + largest(mine, len), 0);
+            sketch_frames(rec + sketch_rec_out(p, s), g, r0, mine, len, 0);
+        }
+    }
+    for (int s = 0; s < p - 1; s++) {  // all-gather
+        for (int me = 0; me < p; me++) {
+            int prev = (me + p - 1) % p, kr = ((me - s - 1) % p + p) % p;
+            size_t r0 = n * (size_t)kr / p, r1 = n * (size_t)(kr + 1) / p, len = r1 - r0;
+            float *sent = x + (size_t)prev * n + r0, *mine = x + (size_t)me * n + r0;
+            if (s == 0) sketch_frames(recs + (size_t)prev * count + sketch_rec_own(p), g, r0, sent, len, 0);
+            memcpy(mine, sent, len * sizeof(float));
+            if (f.kind == GATHER_EXP && f.member == prev && f.hop == s) flip(mine + largest(mine, len), 30);
+            sketch_frames(recs + (size_t)me * count + sketch_rec_got(p, s), g, r0, mine, len, 0);
+        }
+    }
+    free(wire);
+}
+
+// data that rounds badly: wide exponents, members that nearly cancel, zeros,
+// tiny and huge values, by kind
+static void fill(float *x, int p, size_t n, int kind) {
+    for (size_t j = 0; j < n; j++) {
+        float base = rng_unit();
+        for (int q = 0; q < p; q++) {
+            float v = rng_unit();
+            if (kind == 1) v = ldexpf(v, (int)(rng_next() % 60) - 30);
+            if (kind == 2) v = (q % 2 ? -base : base) * (1.0f + ldexpf(v, -18));  // near cancellation
+            if (kind == 3) v = j % 5 == 0 ? 0.0f : j % 5 == 1 ? ldexpf(v, -140) : j % 5 == 2 ? ldexpf(v, 100) : v;
+            x[(size_t)q * n + j] = v;
+        }
+    }
+}
+
+static int judge(int p, size_t n, const int *ranks, const Sketch *recs, char *msg, size_t len) {
+    SketchCase c;
+    c.kind = SK_ALLREDUCE;
+    c.p = p;
+    c.ranks = ranks;
+    c.n = n;
+    c.recs = recs;
+    msg[0] = '\0';
+    return sketch_judge(&c, msg, len);
+}
+
+static void test_ring_verdicts(void) {
+    uint8_t key[32] = {9, 8, 7};
+    static SketchGen g;
+    sketch_gen_init(&g, key);
+    int ranks[8] = {0, 2, 4, 6, 8, 10, 12, 14};
+    char msg[800];
+    // honest rings: no false alarm, on data made to round badly
+    int runs = 0, alarms = 0;
+    double worst = 0.0;
+    for (int p = 2; p <= 5; p++) {
+        size_t sizes[] = {1, 3, 1000, 2 * FRAME_FLOATS + 7};
+        for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+            size_t n = sizes[si] * (size_t)p + (size_t)si;
+            float *x = (float *)malloc((size_t)p * n * sizeof(float));
+            Sketch *recs = (Sketch *)malloc((size_t)p * sketch_rec_count(p) * sizeof(Sketch));
+            for (int kind = 0; kind < 4; kind++) {
+                for (int rep = 0; rep < (n > 10000 ? 2 : 12); rep++) {
+                    fill(x, p, n, kind);
+                    sketch_draw(&g, rep, (uint64_t)p, (uint64_t)kind, SK_ALLREDUCE, n);
+                    Injected none = {NO_FAULT, 0, 0};
+                    play_allreduce(&g, p, n, x, recs, none);
+                    runs++;
+                    if (judge(p, n, ranks, recs, msg, sizeof(msg))) {
+                        if (alarms++ == 0) printf("      first false alarm (p %d, n %zu, kind %d): %s\n", p, n, kind, msg);
+                    }
+                    // how close the hops came to their bounds
+                    size_t count = sketch_rec_count(p);
+                    for (int k = 0; k < p; k++) {
+                        size_t lo = n * (size_t)k / p, hi = n * (size_t)(k + 1) / p;
+                        double sum_a = recs[(size_t)((k + 1) % p) * count + sketch_rec_in(p, k)].a[0];
+                        for (int t = 1; t < p; t++) {
+                            int q = (k + 1 + t) % p;
+                            const Sketch *rq = recs + (size_t)q * count;
+                            sum_a += rq[sketch_rec_in(p, k)].a[0];
+                            double diff = rq[sketch_rec_out(p, t - 1)].s[0] - rq[sketch_rec_recv(p, t - 1)].s[0] -
+                                          rq[sketch_rec_in(p, k)].s[0];
+                            double bound = sketch_hop_bound(sum_a, t, hi - lo);
+                            if (bound > 0 && isfinite(diff)) worst = fmax(worst, fabs(diff) / bound);
+                        }
+                    }
+                }
+            }
+            free(x);
+            free(recs);
+        }
+    }
+    check(alarms == 0 && worst <= 1.0, "%d honest all-reduces (2 to 5 members, wide exponents, near cancellation, "
+          "zeros, denormals, 1e30s): %d false alarms; the largest hop error was %.3f of its bound", runs, alarms, worst);
+
+    // each fault, on 3 members of 3 chunks of 2 frames and more
+    int p = 3;
+    size_t n = 3 * (2 * FRAME_FLOATS + 100);
+    float *x = (float *)malloc((size_t)p * n * sizeof(float));
+    Sketch *recs = (Sketch *)malloc((size_t)p * sketch_rec_count(p) * sizeof(Sketch));
+    struct { Injected f; int caught; const char *want; } cases[] = {
+        {{TRANSIT_EXP, 1, 0}, 1, "what rank 2 sent rank 4 at hop 0 differs from rank 2's sketch of it"},
+        {{TRANSIT_LOW, 2, 1}, 1, "what rank 4 sent rank 0 at hop 1 differs from rank 4's sketch of it"},
+        {{SUM_EXP, 1, 1}, 1, "the sum rank 2 made at hop 1 (what rank 0 sent plus rank 2's own piece) is off by"},
+        {{SUM_LOW, 1, 1}, 0, NULL},  // one ulp of a sum: below the rounding bound, not caught
+        {{GATHER_EXP, 0, 1}, 1, "rank 4's piece as rank 2 received it from rank 0 at hop 1 differs from rank 4's sketch"},
+    };
+    const char *names[] = {"", "an exponent bit flipped in transit", "the lowest mantissa bit flipped in transit",
+                           "an exponent bit flipped in a member's sum before its sketch",
+                           "the lowest mantissa bit flipped in a member's sum before its sketch",
+                           "an exponent bit flipped in an all-gather's piece"};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        fill(x, p, n, 0);
+        sketch_draw(&g, 7, 1, k, SK_ALLREDUCE, n);
+        play_allreduce(&g, p, n, x, recs, cases[k].f);
+        int bad = judge(p, n, ranks, recs, msg, sizeof(msg));
+        if (cases[k].caught)
+            check(bad && strstr(msg, cases[k].want) != NULL, "%s: caught and named: %s", names[cases[k].f.kind], msg);
+        else
+            check(!bad, "%s: within the rounding bound, so not caught (%s)", names[cases[k].f.kind],
+                  bad ? msg : "no failure");
+    }
+    // an input that is not finite: the sums are not either, and the
+    // trainer's not-finite rule acts on them, not a failed check
+    fill(x, p, n, 0);
+    x[n + 5] = NAN;
+    sketch_draw(&g, 8, 1, 1, SK_ALLREDUCE, n);
+    Injected none = {NO_FAULT, 0, 0};
+    play_allreduce(&g, p, n, x, recs, none);
+    int nan_bad = judge(p, n, ranks, recs, msg, sizeof(msg));
+    check(!nan_bad, "a NaN in a member's input is not a failed check (%s)", nan_bad ? msg : "no failure");
+    // an overflow of finite inputs (3e38 + 3e38) is not one either
+    fill(x, p, n, 0);
+    x[7] = x[n + 7] = x[2 * n + 7] = 3e38f;
+    sketch_draw(&g, 9, 1, 1, SK_ALLREDUCE, n);
+    play_allreduce(&g, p, n, x, recs, none);
+    int inf_bad = judge(p, n, ranks, recs, msg, sizeof(msg));
+    check(!inf_bad && isinf(x[7]), "a sum of finite inputs that overflows to infinity is not a failed check (%s)",
+          inf_bad ? msg : "no failure");
+    // changes that are not one element: two elements moved against each
+    // other by the same amount, 200 draws of r: both sketches see every one
+    int missed = 0;
+    for (int rep = 0; rep < 200; rep++) {
+        fill(x, p, n, 0);
+        sketch_draw(&g, 100 + rep, 1, 1, SK_ALLREDUCE, n);
+        Sketch s0 = {{0, 0}, {0, 0}, 0}, s1 = s0;
+        sketch_frames(&s0, &g, 0, x, n / 3, 0);
+        x[10] += 0.5f;
+        x[11 + rep] -= 0.5f;
+        sketch_frames(&s1, &g, 0, x, n / 3, 0);
+        missed += fabs(s1.s[0] - s0.s[0]) < 1e-3 && fabs(s1.s[1] - s0.s[1]) < 1e-3;
+    }
+    check(missed == 0, "+0.5 on one element and -0.5 on another (sum unchanged): seen by the sketches in %d of 200 "
+          "draws of r", 200 - missed);
+    free(x);
+    free(recs);
+    sketch_gen_free(&g);
+}
+
+// the bound of a whole p-term sum (sketch_sum_bound), for fp32 and for bf16
+// rounded at every hop as NCCL's ring does, against sums played here
+static void test_sum_bounds(void) {
+    uint8_t key[32] = {1};
+    static SketchGen g;
+    sketch_gen_init(&g, key);
+    size_t n = 5000;
+    double worst[2] = {0, 0};
+    int over[2] = {0, 0}, runs = 0;
+    float *x = (float *)malloc(8 * n * sizeof(float)), *y = (float *)malloc(n * sizeof(float));
+    for (int p = 2; p <= 8; p++) {
+        for (int kind = 0; kind < 3; kind++) {
+            for (int rep = 0; rep < 6; rep++, runs++) {
+                fill(x, p, n, kind);
+                sketch_draw(&g, rep, (uint64_t)p, (uint64_t)kind, SK_ALLREDUCE, n);
+                for (int bf = 0; bf < 2; bf++) {
+                    if (bf) for (size_t j = 0; j < (size_t)p * n; j++) x[j] = bf16_to_float(float_to_bf16(x[j]));
+                    double sum_s = 0.0, sum_a = 0.0;
+                    for (int q = 0; q < p; q++) {
+                        Sketch s = {{0, 0}, {0, 0}, 0};
+                        sketch_add(&s, &g, 0, x + (size_t)q * n, n, 1);
+                        sum_s += s.s[0];
+                        sum_a += s.a[0];
+                    }
+                    for (size_t j = 0; j < n; j++) {
+                        float acc = x[j];
+                        for (int q = 1; q < p; q++) {
+                            acc = acc + x[(size_t)q * n + j];
+                            if (bf) acc = bf16_to_float(float_to_bf16(acc));
+                        }
+                        y[j] = acc;
+                    }
+                    Sketch sy = {{0, 0}, {0, 0}, 0};
+                    sketch_add(&sy, &g, 0, y, n, 0);
+                    double bound = sketch_sum_bound(sum_a, p, ldexp(1.0, bf ? -8 : -24), n);
+                    double ratio = bound > 0 ? fabs(sy.s[0] - sum_s) / bound : 0.0;
+                    worst[bf] = fmax(worst[bf], ratio);
+                    over[bf] += ratio > 1.0;
+                }
+            }
+        }
+    }
+    check(over[0] == 0 && over[1] == 0, "%d sums of 2 to 8 inputs: the whole sum within gamma(p-1) sum |r||x| in fp32 "
+          "(largest %.3f of it) and in bf16 rounded at every hop (largest %.3f of it)", runs, worst[0], worst[1]);
+    free(x);
+    free(y);
+    sketch_gen_free(&g);
+}
+
+// ----------------------------------------------------------------------------
+// the gradient-norm rule on made-up norms
+
+static int judge_norms(int world, int tp, int pp, const float *norms, char *lines, size_t len, char *fields,
+                       size_t flen) {
+    Grid grid;
+    char err[256];
+    grid_init(&grid, world, tp, pp, 0, err, sizeof(err));
+    GradWatch gw;
+    grads_init(&gw, &grid);
+    LogLine l = {3, 1, 0, 0, 0, -1, -1, 0, 0, NULL, NULL, NULL};
+    int n = grads_judge(&gw, norms, 3, GP_WARN, &l);
+    snprintf(lines, len, "%s", gw.lines);
+    snprintf(fields, flen, "%s", l.grads != NULL ? l.grads : "");
+    grads_free(&gw);
+    return n;
+}
+
+static void test_grads_rule(void) {
+    char lines[2048], fields[1024];
+    float poisoned[4] = {2.0f, 2.4f, 210.0f, 1.7f};
+    int n = judge_norms(4, 1, 1, poisoned, lines, sizeof(lines), fields, sizeof(fields));
+    check(n == 1 && strstr(lines, "step 3: rank 2's own gradient norm 210 is 105.0x the median 2 of its data-parallel "
+                                  "peers' (ranks 0, 1, 3)") != NULL &&
+          strcmp(fields, "\"grad_outliers\": [2], \"rank_norms\": [2, 2.4, 210, 1.7]") == 0,
+          "a rank at 100x its peers' median is named, in a line and in the log: %s / %s", lines, fields);
+    float high[4] = {2.0f, 2.4f, 15.5f, 1.7f};
+    n = judge_norms(4, 1, 1, high, lines, sizeof(lines), fields, sizeof(fields));
+    check(n == 0 && lines[0] == '\0' && fields[0] == '\0', "7.8x its peers' median is not an outlier (the rule: above "
+          "%.0fx)", GRADS_RATIO);
+    float two[2] = {3.0f, 300.0f};
+    n = judge_norms(2, 1, 1, two, lines, sizeof(lines), fields, sizeof(fields));
+    check(n == 1 && strstr(lines, "rank 1's own gradient norm 300 is 100.0x the median 3 of its data-parallel peers' "
+                                  "(rank 0)") != NULL, "two replicas: the one 100x the other is named: %s", lines);
+    float nan[3] = {1.0f, NAN, 1.2f};
+    n = judge_norms(3, 1, 1, nan, lines, sizeof(lines), fields, sizeof(fields));
+    check(n == 1 && strstr(lines, "rank 1's own gradient norm nan is far above the median 1.1") != NULL &&
+          strstr(fields, "null") != NULL,
+          "a norm that is not finite among finite peers is named: %s", lines);
+    // tp 2 x dp 2: the peers of rank 3 are rank 1 (the same slice), not rank 2;
+    // the tp slices may differ from each other by far
+    float grid[4] = {1.0f, 50.0f, 1.1f, 4000.0f};
+    n = judge_norms(4, 2, 1, grid, lines, sizeof(lines), fields, sizeof(fields));
+    check(n == 1 && strstr(lines, "rank 3's own gradient norm 4000 is 80.0x the median 50 of its data-parallel peers' "
+                                  "(rank 1)") != NULL,
+          "tp 2 x dp 2: each rank against the same slice of the other replicas: %s", lines);
+    check(judge_norms(2, 1, 1, NULL, lines, sizeof(lines), fields, sizeof(fields)) == 0 && lines[0] == '\0',
+          "dp 1 (no norms gathered): nothing judged");
+}
+
+// ----------------------------------------------------------------------------
+// the trainer
+
+#define STEPS 4
+static char dir[128], shards[160];
+
+typedef struct {
+    int status, nsteps;
+    char out[65536];
+} Run;
+
+static int log_steps(const char *log, const char *field, char *lines, size_t len) {
+    int n = 0;
+    FILE *f = fopen(log, "r");
+    char line[2048];
+    if (lines != NULL) lines[0] = '\0';
+    while (f != NULL && fgets(line, sizeof(line), f)) {
+        if (test_log_value(line, "loss") == NULL) continue;
+        n++;
+        if (field != NULL && strstr(line, field) != NULL && lines != NULL) {
+            size_t at = strlen(lines);
+            snprintf(lines + at, len - at, "%s", line);
+        }
+    }
+    if (f != NULL) fclose(f);
+    return n;
+}
+
+static void run(Run *r, const char *args, int steps) {
+    char cmd[1200], log[300];
+    snprintf(log, sizeof(log), "%s/log.jsonl", dir);
+    unlink(log);
+    snprintf(cmd, sizeof(cmd), "timeout 60 ./train_gpt2 -x %d -v 0 -s 0 -th 1 -to 10 -i '%s' -lg %s "
+             "-e dev/fixtures/tiny_model.bin -b 2 -t 16 %s", steps, shards, log, args);
+    r->status = test_run(cmd, 1, r->out, sizeof(r->out));
+    r->nsteps = log_steps(log, NULL, NULL, 0);
+}
+
+// -fault corrupt and corrupt-low: one bit flipped in what RANK puts into its
+// first collective of step 2, after its sketch, under a valid tag: the check
+// ends the job at that collective, before the step's update, naming it
+static void test_corrupt(void) {
+    static Run r;
+    struct { const char *args, *want, *detail; } cases[] = {
+        {"-d 64 -np 2 -fault corrupt:0:2", "rank 0: step 2: checked allreduce of gradients of wte over ranks 0, 1 failed",
+         "what rank 0 sent rank 1 at hop 0 differs from rank 0's sketch of it"},
+        {"-d 64 -np 2 -fault corrupt-low:1:2", "step 2: checked allreduce of gradients of wte over ranks 0, 1 failed",
+         "what rank 1 sent rank 0 at hop 0 differs from rank 1's sketch of it"},
+        {"-d 64 -np 2 -z 1 -fault corrupt:1:2", "step 2: checked reduce_scatter of gradients of wte over ranks 0, 1 failed",
+         "what rank 1 sent rank 0 at hop 0"},
+        {"-d 64 -np 2 -z 2 -fault corrupt:0:2", "step 2: checked reduce_scatter of gradients of",
+         "what rank 0 sent rank 1 at hop 0"},
+        {"-d 64 -np 2 -z 3 -fault corrupt:1:2", "step 2: checked allgather of parameters of wte over ranks 0, 1 failed",
+         "rank 1's piece as rank 0 received it from rank 1 at hop 0 differs"},
+        {"-d 32 -np 2 -tp 2 -fault corrupt:1:2", "step 2: checked allreduce of tensor-parallel embeddings over ranks 0, 1",
+         "what rank 1 sent rank 0 at hop 0"},
+        {"-d 32 -np 2 -tp 2 -fault corrupt-low:0:2", "step 2: checked allreduce of tensor-parallel embeddings over ranks 0, 1",
+         "what rank 0 sent rank 1 at hop 0"},
+        {"-d 96 -np 6 -tp 2 -z 1 -fault corrupt:5:2", "step 2: checked allreduce of tensor-parallel embeddings over ranks 4, 5",
+         "what rank 5 sent rank 4 at hop 0"},
+        {"-d 128 -np 4 -z 3 -fault corrupt:2:2", "step 2: checked allgather of parameters of wte over ranks 0, 1, 2, 3",
+         "rank 2's piece as rank 3 received it from rank 2 at hop 0 differs"},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        run(&r, cases[k].args, STEPS);
+        int named = strstr(r.out, cases[k].want) != NULL && strstr(r.out, cases[k].detail) != NULL;
+        check(r.status == 1 && named && r.nsteps == 2 && strstr(r.out, "fault corrupt") != NULL,
+              "%s: caught at step 2's collective, before its update (exit %d, %d steps logged): '%s ... %s'",
+              cases[k].args, r.status, r.nsteps, cases[k].want, cases[k].detail);
+        if (!named) printf("%s\n", r.out);
+    }
+    // the same flip with the checks off goes through: the step is applied
+    run(&r, "-d 64 -np 2 -ic 0 -fault corrupt:0:2", STEPS);
+    check(strstr(r.out, "fault corrupt: flipped bit 30") != NULL && strstr(r.out, "checked") == NULL && r.nsteps >= 3,
+          "-ic 0: the same flip is not seen, and step 2 is trained on it (exit %d, %d steps logged)", r.status,
+          r.nsteps);
+    // no checkpoint from the corrupted step: -n 1 writes one after each step
+    char args[400], path[400];
+    snprintf(args, sizeof(args), "-d 64 -np 2 -z 3 -n 1 -nk 0 -o %s/ck -fault corrupt:1:2", dir);
+    run(&r, args, STEPS);
+    snprintf(path, sizeof(path), "%s/ck/ckpt_00000002", dir);
+    int before = access(path, F_OK) == 0;
+    snprintf(path, sizeof(path), "%s/ck/ckpt_00000003", dir);
+    int after = access(path, F_OK) == 0;
+    snprintf(path, sizeof(path), "%s/ck/model_%08d.bin", dir, STEPS);
+    int model = access(path, F_OK) == 0;
+    check(r.status == 1 && before && !after && !model, "ZeRO-3 -n 1: the checkpoint after step 1 is there, none after step 2, "
+          "no final model (exit %d)", r.status);
+}
+
+// -fault poison: RANK's gradients x100 from STEP on, named by the rule
+static void test_poison(void) {
+    static Run r;
+    char log[300], lines[8192];
+    snprintf(log, sizeof(log), "%s/log.jsonl", dir);
+    run(&r, "-d 96 -np 3 -fault poison:2:2", 5);
+    int named = strstr(r.out, "step 2: rank 2's own gradient norm") && strstr(r.out, "step 4: rank 2's own gradient norm");
+    int others = strstr(r.out, "rank 0's own gradient norm") || strstr(r.out, "rank 1's own gradient norm") ||
+                 strstr(r.out, "step 1: rank 2");
+    int logged = log_steps(log, "\"grad_outliers\": [2], \"rank_norms\": [", lines, sizeof(lines));
+    check(r.status == 0 && named && !others && logged == 5 && strstr(lines, "{\"step\": 2,") != NULL &&
+          strstr(lines, "{\"step\": 1,") == NULL && strstr(lines, "skipped") == NULL,
+          "-np 3 -fault poison:2:2 (-gp warn): rank 2 named at steps 2..4, nobody else, the log's \"grad_outliers\": "
+          "[2]; the updates applied (exit %d)", r.status);
+    if (!named || others) printf("%s\n", r.out);
+    run(&r, "-d 96 -np 3 -gp skip -fault poison:2:2", 5);
+    log_steps(log, "\"skipped\": \"outlying gradients\"", lines, sizeof(lines));
+    check(r.status == 0 && r.nsteps == 5 && strstr(lines, "{\"step\": 2,") && strstr(lines, "{\"step\": 4,") &&
+          !strstr(lines, "{\"step\": 1,") && strstr(r.out, "the step's update is skipped (-gp skip)"),
+          "-gp skip: steps 2..4 not applied, \"skipped\": \"outlying gradients\" in the log, the run goes on (exit %d)",
+          r.status);
+    run(&r, "-d 96 -np 3 -gp stop -fault poison:2:2", 5);
+    check(r.status == 1 && r.nsteps == 3 && strstr(r.out, "the job stops before the step's update (-gp stop)"),
+          "-gp stop: the job stops at step 2, before its update (exit %d, %d steps logged)", r.status, r.nsteps);
+    // tp 2 x dp 2: the poisoned rank against the same slice of the other replica
+    run(&r, "-d 64 -np 4 -tp 2 -fault poison:3:2", 4);
+    check(r.status == 0 && strstr(r.out, "step 2: rank 3's own gradient norm") &&
+          strstr(r.out, "data-parallel peers' (rank 1)") && !strstr(r.out, "rank 2's own"),
+          "tp 2 x dp 2 -fault poison:3:2: rank 3 named against rank 1 (exit %d)", r.status);
+}
+
+// normal runs: no failed check, no outlier, on the layouts of test_layouts,
+// three times each, and again beside a busy loop on every core
+static void test_quiet(void) {
+    const char *layouts[] = {
+        "-d 64 -np 2", "-d 64 -np 2 -z 1", "-d 64 -np 2 -z 2", "-d 64 -np 2 -z 3", "-d 96 -np 3 -z 1",
+        "-d 96 -np 3 -z 3", "-d 128 -np 4 -z 2", "-d 32 -np 2 -tp 2", "-d 32 -np 4 -tp 4", "-d 32 -np 2 -pp 2",
+        "-d 128 -np 8 -tp 2 -pp 2 -z 1", "-d 64 -np 4 -pp 2 -z 3 -ps zbh1",
+    };
+    int n = (int)(sizeof(layouts) / sizeof(layouts[0])), runs = 0, bad = 0;
+    static Run r;
+    for (int busy = 0; busy < 2; busy++) {
+        pid_t spin[2] = {0, 0};
+        for (int k = 0; busy && k < 2; k++) {
+            spin[k] = fork();
+            if (spin[k] == 0) {
+                alarm(120);  // never outlives a test that dies
+                for (volatile unsigned long i = 0;; i++) {}
+            }
+        }
+        for (int rep = 0; rep < (busy ? 1 : 2); rep++) {
+            for (int k = 0; k < n; k++) {
+                run(&r, layouts[k], STEPS);
+                runs++;
+                int quiet = strstr(r.out, "checked") == NULL && strstr(r.out, "gradient norm") == NULL;
+                if (r.status != 0 || r.nsteps != STEPS || !quiet) {
+                    if (bad++ == 0) printf("      %s:\n%s\n", layouts[k], r.out);
+                }
+            }
+        }
+        for (int k = 0; busy && k < 2; k++) {
+            kill(spin[k], SIGKILL);
+            waitpid(spin[k], NULL, 0);
+        }
+    }
+    check(bad == 0, "%d normal runs of %d layouts with -ic 1 (the last %d beside two busy loops): %d with a failed check, "
+          "an outlier or an error", runs, n, n, bad);
+}
+
+int main(void) {
+    test_coefficients();
+    test_ring_verdicts();
+    test_sum_bounds();
+    test_grads_rule();
+    if (access("./train_gpt2", X_OK) != 0) {
+        skip("./train_gpt2 not built: the trainer's runs");
+        return test_summary();
+    }
+    if (test_make_dir(dir, sizeof(dir), "/tmp/llm3d_integrity_XXXXXX") != 0) {
+        check(0, "mkdtemp");
+        return test_summary();
+    }
+    snprintf(shards, sizeof(shards), "%s/train_*.bin", dir);
+    char path[300];
+    snprintf(path, sizeof(path), "%s/train_000000.bin", dir);
+    if (!check(test_write_shard(path, 40000) == 0, "a 40000-token shard in %s", dir)) return test_summary();
+    test_corrupt();
+    test_poison();
+    test_quiet();
+    test_remove_dir(dir);
+    return test_summary();
+}
