@@ -2048,7 +2048,8 @@ int main(int argc, char **argv) {
     char err[1024], path[1024];
     trainer_name = "train_gpt2";
     // the job, checked once, by the launcher, before any rank starts
-    // fp32 throughout, no fused GELU; checked collectives; sequence parallelism
+    // fp32 throughout, no fused GELU; checked collectives (-ic 1) and the
+    // gradient-norm rule's gather; sequence parallelism
     TrainerBuild build = {"the CPU trainer", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_INTERLEAVED | 1u << PS_ZBH1 | 1u << PS_ZBV,
                           1, 1};
     parse_flags(&job, argc, argv, "", &build);

@@ -442,7 +442,7 @@ static void run(Run *r, const char *args, int steps) {
     char cmd[1200], log[300];
     snprintf(log, sizeof(log), "%s/log.jsonl", dir);
     unlink(log);
-    snprintf(cmd, sizeof(cmd), "timeout 60 ./train_gpt2 -x %d -v 0 -s 0 -th 1 -to 10 -i '%s' -lg %s "
+    snprintf(cmd, sizeof(cmd), "timeout 60 ./train_gpt2 -ic 1 -x %d -v 0 -s 0 -th 1 -to 10 -i '%s' -lg %s "
              "-e dev/fixtures/tiny_model.bin -b 2 -t 16 %s", steps, shards, log, args);
     r->status = test_run(cmd, 1, r->out, sizeof(r->out));
     r->nsteps = log_steps(log, NULL, NULL, 0);
@@ -483,7 +483,7 @@ static void test_corrupt(void) {
     }
     // the same flip with the checks off goes through: the step is applied
     run(&r, "-d 64 -np 2 -ic 0 -fault corrupt:0:2", STEPS);
-    check(strstr(r.out, "fault corrupt: flipped bit 30") != NULL && strstr(r.out, "checked") == NULL && r.nsteps >= 3,
+    check(strstr(r.out, "fault corrupt: flipped bit 30") != NULL && strstr(r.out, " failed: chunk") == NULL && r.nsteps >= 3,
           "-ic 0: the same flip is not seen, and step 2 is trained on it (exit %d, %d steps logged)", r.status,
           r.nsteps);
     // no checkpoint from the corrupted step: -n 1 writes one after each step
@@ -521,6 +521,11 @@ static void test_poison(void) {
           !strstr(lines, "{\"step\": 1,") && strstr(r.out, "the step's update is skipped (-gp skip)"),
           "-gp skip: steps 2..4 not applied, \"skipped\": \"outlying gradients\" in the log, the run goes on (exit %d)",
           r.status);
+    // the checks off: the norms come from the frames as they pass, not the sketches
+    run(&r, "-d 96 -np 3 -z 2 -ic 0 -fault poison:2:2", 4);
+    check(r.status == 0 && strstr(r.out, "step 2: rank 2's own gradient norm") && strstr(r.out, "step 3: rank 2's own") &&
+          !strstr(r.out, "step 1: rank 2") && !strstr(r.out, "rank 0's own") && !strstr(r.out, "rank 1's own"),
+          "-ic 0, ZeRO-2: rank 2 named at steps 2 and 3, nobody else (exit %d)", r.status);
     run(&r, "-d 96 -np 3 -gp stop -fault poison:2:2", 5);
     check(r.status == 1 && r.nsteps == 3 && strstr(r.out, "the job stops before the step's update (-gp stop)"),
           "-gp stop: the job stops at step 2, before its update (exit %d, %d steps logged)", r.status, r.nsteps);
@@ -554,7 +559,7 @@ static void test_quiet(void) {
             for (int k = 0; k < n; k++) {
                 run(&r, layouts[k], STEPS);
                 runs++;
-                int quiet = strstr(r.out, "checked") == NULL && strstr(r.out, "gradient norm") == NULL;
+                int quiet = strstr(r.out, " failed: chunk") == NULL && strstr(r.out, "gradient norm") == NULL;
                 if (r.status != 0 || r.nsteps != STEPS || !quiet) {
                     if (bad++ == 0) printf("      %s:\n%s\n", layouts[k], r.out);
                 }

@@ -164,15 +164,15 @@ static void test_flags(void) {
               "%s on %s: %s", builds[k].args, builds[k].b->name, builds[k].ok ? "taken" : err);
     }
     // -ic and -gp: checked collectives and the gradient-norm rule are the CPU
-    // trainer's (on by default there); the GPU builds refuse asking for them
+    // trainer's (-ic off by default: its cost); the GPU builds refuse asking for them
     struct { const char *args; const TrainerBuild *b; int ic; const char *want; } checks[] = {
-        {"-b 4", &cpu, 1, NULL},
-        {"-ic 0", &cpu, 0, NULL},
+        {"-b 4", &cpu, 0, NULL},
+        {"-ic 1", &cpu, 1, NULL},
         {"-b 4", &bf16, 0, NULL},
         {"-ic 0 -gp warn", &fp32, 0, NULL},
         {"-ic 1", &bf16, 0, "flag -ic 1: the bf16 build of train_gpt2cu does not check its collectives yet"},
         {"-gp skip", &fp32, 0, "flag -gp skip: the fp32 build of train_gpt2cu does not gather its ranks' gradient norms"},
-        {"-gp stop", &cpu, 1, NULL},
+        {"-gp stop -ic 1", &cpu, 1, NULL},
     };
     for (size_t k = 0; k < sizeof(checks) / sizeof(checks[0]); k++) {
         parse(&o, checks[k].args, err, sizeof(err));

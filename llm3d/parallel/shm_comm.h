@@ -139,6 +139,8 @@ typedef struct Xfer {
     Sketch *sk;                 // send: what is sent (full: with |r|.|x| and squares, an input);
     int sk_full;                // recv: what arrived (a copy: after it lands in dst)
     Sketch *sk_add, *sk_sum;    // recv reducing: the addend (full, read before the sum overwrites it) and the sum
+    int squares;                // checks off, gradients counted: this rank's input (send: what is sent; recv
+                                // reducing: the addend) into grad_sumsq as it passes
 } Xfer;
 
 static inline Xfer xfer_make(int peer, int channel, uint32_t microbatch, size_t bytes) {
@@ -358,6 +360,7 @@ static inline int comm_try_send(Comm *c, Xfer *x) {
     const uint8_t *payload = x->src + off;
     if (x->sk != NULL) comm_sketch(c, x->sk, x->g0 + off / sizeof(float), (const float *)payload, len / sizeof(float),
                                    x->sk_full);
+    if (x->squares) c->grad_sumsq += sketch_sumsq((const float *)payload, len / sizeof(float));
     if (comm_corrupt_due(c, len)) payload = comm_corrupt(c, x, payload, len);
     if (frame_seal(&c->links, x->peer, x->channel, (uint64_t)c->step, x->microbatch, payload, len, frame) != 0)
         comm_usage_die(c, "%s: cannot seal a frame to rank %d", c->op, x->peer);
@@ -412,6 +415,7 @@ static inline int comm_try_recv(Comm *c, Xfer *x) {
         float *sum = x->sum + off / sizeof(float);
         const float *add = x->addend + off / sizeof(float);
         if (x->sk_add != NULL) comm_sketch(c, x->sk_add, g, add, m, 1);  // the sum may overwrite it (in place)
+        if (x->squares) c->grad_sumsq += sketch_sumsq(add, m);
         if (x->sk != NULL) comm_sketch(c, x->sk, g, (const float *)payload, m, 0);
         for (size_t j = 0; j < m; j++) {
             float v;
@@ -620,7 +624,7 @@ static inline void comm_set_label(Comm *c, const char *label) {
 
 // comm_count_grads: the next collective reduces this rank's gradients: the
 // sum of squares of what this rank puts in is added to comm_grad_sumsq (from
-// the checks' own pass over it, or a pass of its own when they are off)
+// the checks' sketch of it, or with the checks off as its frames pass)
 static inline void comm_count_grads(Comm *c) {
     if (c != NULL) c->count_grads = 1;
 }
@@ -655,14 +659,8 @@ static inline uint64_t comm_group_call(Comm *c, const Group *grp, uint64_t *id) 
 
 // comm_check_begin: the checks of one collective over grp of n elements in
 // all (the vector r covers): r drawn, this member's record zeroed. 1 when
-// this collective is checked. A gradient count with the checks off makes its
-// own pass over the input (in, n_in floats) here.
-static inline int comm_check_begin(Comm *c, const Group *grp, int kind, size_t n, const float *in, size_t n_in) {
-    if (c->count_grads && !c->check) {
-        double q = 0.0;
-        for (size_t j = 0; j < n_in; j++) q += (double)in[j] * (double)in[j];
-        c->grad_sumsq += q;
-    }
+// this collective is checked.
+static inline int comm_check_begin(Comm *c, const Group *grp, int kind, size_t n) {
     if (!c->check) return 0;
     double t0 = par_now();
     size_t count = sketch_rec_count(grp->size), all = count * (size_t)grp->size;
@@ -762,7 +760,7 @@ static inline void comm_allreduce(Comm *c, const Group *grp, float *buf, size_t 
         comm_check_none(c);
         return;
     }
-    int ck = comm_check_begin(c, grp, SK_ALLREDUCE, n, buf, n);
+    int ck = comm_check_begin(c, grp, SK_ALLREDUCE, n), squares = c->count_grads && !ck;
     int next = comm_next(grp), prev = comm_prev(grp);
     for (int s = 0; s < size - 1; s++) {
         int ks = comm_mod(me - s - 1, size), kr = comm_mod(me - s - 2, size);
@@ -775,7 +773,9 @@ static inline void comm_allreduce(Comm *c, const Group *grp, float *buf, size_t 
         if (s == 0) {  // my own chunk, as sent
             tx.sk = comm_rec(c, ck, sketch_rec_in(size, ks));
             tx.sk_full = 1;
+            tx.squares = squares;
         }
+        rx.squares = squares;
         rx.sum = buf + r0;
         rx.addend = buf + r0;
         rx.g0 = r0;
@@ -823,7 +823,7 @@ static inline void comm_reduce_scatter(Comm *c, const Group *grp, const float *i
         if (c->scratch == NULL) comm_usage_die(c, "reduce_scatter: out of memory for %zu floats", 2 * n);
         c->scratch_floats = 2 * n;
     }
-    int ck = comm_check_begin(c, grp, SK_REDUCE_SCATTER, n * (size_t)size, in, n * (size_t)size);
+    int ck = comm_check_begin(c, grp, SK_REDUCE_SCATTER, n * (size_t)size), squares = c->count_grads && !ck;
     int next = comm_next(grp), prev = comm_prev(grp);
     int k0 = comm_mod(me - 1, size);
     const float *sending = in + (size_t)k0 * n;
@@ -838,7 +838,9 @@ static inline void comm_reduce_scatter(Comm *c, const Group *grp, const float *i
         if (s == 0) {  // my own chunk, as sent
             tx.sk = comm_rec(c, ck, sketch_rec_in(size, k0));
             tx.sk_full = 1;
+            tx.squares = squares;
         }
+        rx.squares = squares;
         rx.sum = sum;
         rx.addend = in + (size_t)kr * n;
         rx.g0 = (size_t)kr * n;
@@ -864,7 +866,7 @@ static inline void comm_allgather(Comm *c, const Group *grp, const float *in, fl
         comm_check_none(c);
         return;
     }
-    int ck = comm_check_begin(c, grp, SK_ALLGATHER, n * (size_t)size, in, 0);
+    int ck = comm_check_begin(c, grp, SK_ALLGATHER, n * (size_t)size);
     int next = comm_next(grp), prev = comm_prev(grp);
     for (int s = 0; s < size - 1; s++) {
         int ks = comm_mod(me - s, size), kr = comm_mod(me - s - 1, size);

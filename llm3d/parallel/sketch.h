@@ -13,6 +13,8 @@
  *   SketchGen, sketch_gen_init, sketch_gen_free, sketch_draw
  *                          the secret coefficients of one collective
  *   sketch_add             a vector's piece into its sketch
+ *   sketch_sumsq           a piece's sum of squares alone (the gradient-norm
+ *                          rule's, when the checks are off)
  *   sketch_eval_error, sketch_hop_bound, sketch_sum_bound
  *                          the rounding bounds (fp32 hops, any p-term sum in
  *                          fp32 or bf16)
@@ -214,6 +216,28 @@ static inline void sketch_segment(const SketchGen *g, size_t off, const float *x
         const double *v = lanes[k];
         out[k] = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
     }
+}
+
+// sketch_sumsq: sum x^2 over n floats, in double, 8 lanes: what the
+// gradient-norm rule reads of a rank's input when the checks (which make it
+// with their sketch) are off
+static inline double sketch_sumsq(const float *x, size_t n) {
+    double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t i = 0;
+#if defined(__GNUC__) && !defined(LLM3D_SCALAR)
+    sketch_d4 ql = {0, 0, 0, 0}, qh = {0, 0, 0, 0};
+    for (; i + 8 <= n; i += 8) {
+        sketch_d4 vl = sketch_load4(x + i), vh = sketch_load4(x + i + 4);
+        ql += vl * vl;
+        qh += vh * vh;
+    }
+    for (int l = 0; l < 4; l++) {
+        lanes[l] = ql[l];
+        lanes[4 + l] = qh[l];
+    }
+#endif
+    for (; i < n; i++) lanes[i % 8] += (double)x[i] * (double)x[i];
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
 // sketch_add: elements g0 .. g0 + len - 1 of the collective's vector, whose
