@@ -370,7 +370,7 @@ static int judge_norms(int world, int tp, int pp, const float *norms, char *line
     grid_init(&grid, world, tp, pp, 0, err, sizeof(err));
     GradWatch gw;
     grads_init(&gw, &grid);
-    LogLine l = {3, 1, 0, 0, 0, -1, -1, 0, 0, NULL, NULL, NULL};
+    LogLine l = {3, 1, 0, 0, 0, -1, -1, 0, 0, NULL, NULL, NULL, NULL};
     int n = grads_judge(&gw, norms, 3, GP_WARN, &l);
     snprintf(lines, len, "%s", gw.lines);
     snprintf(fields, flen, "%s", l.grads != NULL ? l.grads : "");

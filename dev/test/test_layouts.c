@@ -842,7 +842,7 @@ static void watch_two_reports(int world, int pp, const float *all, char *lines, 
     grid_init(&g, world, 1, pp, 0, err, sizeof(err));
     Watch w;
     watch_init(&w, &job, &g);
-    LogLine l = {0, 1, 0, 0, 0, -1, -1, 0, 0, NULL, NULL, NULL};
+    LogLine l = {0, 1, 0, 0, 0, -1, -1, 0, 0, NULL, NULL, NULL, NULL};
     watch_judge(&w, 2, all, &l);
     watch_judge(&w, 5, all, &l);
     snprintf(lines, len, "%s", w.lines);
@@ -862,7 +862,7 @@ static void test_watch_rules(void) {
     Watch w;
     watch_init(&w, &job, &g);
     float slow[] = {50, 300, 52, 290, 350, 10, 49, 310};
-    LogLine l = {0, 1, 0, 0, 0, -1, -1, 0, 0, NULL, NULL, NULL};
+    LogLine l = {0, 1, 0, 0, 0, -1, -1, 0, 0, NULL, NULL, NULL, NULL};
     watch_judge(&w, 2, slow, &l);
     check(w.lines[0] == '\0' && l.watch == NULL, "watch: one slow report is not yet a straggler");
     watch_judge(&w, 5, slow, &l);

@@ -132,9 +132,10 @@ static void test_flags(void) {
     check(options_descriptor(&o, &c, err, sizeof(err)) == -1 && strstr(err, "llm.c's GPT-3 shapes are not implemented"),
           "-e gpt3:c768 refused: %s", err);
     // what each build takes of -a -f -w -ge -nm
-    TrainerBuild cpu = {"the CPU trainer", 0, 0, 3, 1}, bf16 = {"the bf16 build of train_gpt2cu", 1, 2, 3, 0},
-                 fp32 = {"the fp32 build of train_gpt2cu", 0, 0, 3, 0},
-                 cpu_zb = {"the CPU trainer", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_ZBH1, 1};
+    // (name, bf16, GELU fusion, schedules, sequence parallelism, checked collectives)
+    TrainerBuild cpu = {"the CPU trainer", 0, 0, 3, 1, 1}, bf16 = {"the bf16 build of train_gpt2cu", 1, 2, 3, 0, 0},
+                 fp32 = {"the fp32 build of train_gpt2cu", 0, 0, 3, 0, 0},
+                 cpu_zb = {"the CPU trainer", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_ZBH1, 1, 1};
     struct { const char *args; const TrainerBuild *b; int ok; int ge; const char *want; } builds[] = {
         {"-f 1", &bf16, 1, 2, NULL},
         {"-f 1", &cpu, 0, 0, "flag -f 1: the CPU trainer computes in exact fp32, without TF32 (llm.c's -f 0)"},
