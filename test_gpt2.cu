@@ -431,13 +431,14 @@ static void test_shapes(void) {
           "Vp/tp not a multiple of 8 refused: %s", err);
 }
 
-// the activation sets and scratch of one rank (act_slices, scratch_slices)
-static size_t plan_bytes(const GPT2Config *c, const Shard *sh, int B, int T, int recompute, int nacts, int *nslices,
-                         int *aligned, Acts *a0, Scratch *sc, BufferSlice *s) {
+// the activation sets and scratch of one rank (act_slices, scratch_slices),
+// whose sequence-parallel region holds R rows (B*T without -sp)
+static size_t plan_bytes(const GPT2Config *c, const Shard *sh, int B, int T, int R, int recompute, int nacts,
+                         int *nslices, int *aligned, Acts *a0, Scratch *sc, BufferSlice *s) {
     static Acts sets[8];
     int n = 0;
-    for (int k = 0; k < nacts; k++) n = act_slices(k == 0 ? a0 : &sets[k], c, sh, B, T, recompute, s, n);
-    n = scratch_slices(sc, c, sh, B, T, s, n);
+    for (int k = 0; k < nacts; k++) n = act_slices(k == 0 ? a0 : &sets[k], c, sh, B, T, R, recompute, s, n);
+    n = scratch_slices(sc, c, sh, B, T, R, s, n);
     size_t total = buffer_plan(s, n), want = 0;
     *aligned = 1;
     for (int i = 0; i < n; i++) {
@@ -459,7 +460,7 @@ static void test_buffer_plan(void) {
     for (int r = 0; r < 2; r++) {
         Acts a;
         Scratch sc;
-        sizes[r] = plan_bytes(&c, &one, B, T, r, 1, &n, &aligned, &a, &sc, s);
+        sizes[r] = plan_bytes(&c, &one, B, T, B * T, r, 1, &n, &aligned, &a, &sc, s);
         check(aligned, "recompute %d: %d slices, 256-aligned, disjoint, %zu bytes", r, n, sizes[r]);
         if (r == 0) {
             int found = 0;
@@ -481,7 +482,7 @@ static void test_buffer_plan(void) {
     Scratch sc;
     memset(&a, 0, sizeof(a));
     Shard mid = shard_for(&c, 2, 1, 4, 1, 1, 0);
-    plan_bytes(&c, &mid, B, T, 1, 3, &n, &aligned, &a, &sc, s);
+    plan_bytes(&c, &mid, B, T, B * T, 1, 3, &n, &aligned, &a, &sc, s);
     int found = 0;
     for (int i = 0; i < n; i++) {
         if (s[i].ptr == (void **)&a.qkv) found += s[i].bytes == 3 * BT * 3 * 384 * X;
@@ -492,16 +493,95 @@ static void test_buffer_plan(void) {
           "%d slices", n);
     // gpipe with 8 micro-batches keeps 8 sets on the last stage: the plan grows with them
     Shard last = shard_for(&c, 1, 0, 2, 1, 1, 0);
-    plan_bytes(&c, &last, 1, 64, 1, 8, &n, &aligned, &a, &sc, s);
+    plan_bytes(&c, &last, 1, 64, 64, 1, 8, &n, &aligned, &a, &sc, s);
     check(aligned && n == 8 * 19 + 11 && n <= 8 * ACT_SLICES + SCRATCH_SLICES,
           "the last stage of pp 2 with 8 sets in flight: %d slices, within the plan's room", n);
     // d12 at B=64 T=1024 in bf16 needs about 25 GB: fits an 80 GB A100/H100
     if (sizeof(floatX) == 2) {
-        size_t total = plan_bytes(&c, &one, 64, 1024, 1, 1, &n, &aligned, &a, &sc, s);
+        size_t total = plan_bytes(&c, &one, 64, 1024, 64 * 1024, 1, 1, &n, &aligned, &a, &sc, s);
         check(total > 20e9 && total < 30e9, "d12 B=64 T=1024 activations: %.1f GB", total / 1e9);
     }
     check(colsum_splits(64) == 1 && colsum_splits(65536) == 128 && colsum_splits(1 << 30) == COLSUM_MAX_SPLITS,
           "column-sum splits: 1, 128, capped at %d", COLSUM_MAX_SPLITS);
+}
+
+// -sp 1: d12 at B=4, T=1024 over tp 4, one stage. The tp ranks' blocks of
+// rows (sp_rows) tile the B*T positions in tp-rank order; in the buffer plan
+// every tensor of the sequence-parallel region (the residual stream, the
+// LayerNorms' outputs and statistics, the row-parallel output, the stage's
+// input and the gradients that travel between stages) holds 1/4 of its rows
+// and every other tensor is as without -sp; the two (B,T,C) buffers of the
+// gathers and scatters come in its place
+static void test_sp_buffer_plan(void) {
+    GPT2Config c;
+    config_from_descriptor(&c, "d12", 50257, 1024);
+    int B = 4, T = 1024, tp = 4, BT = B * T, covered = 0, tiles = 1, row0;
+    for (int r = 0; r < tp; r++) {
+        Shard sh = shard_for(&c, tp, r, 1, 0, 1, 0);
+        int rows = sp_rows(1, B, T, &sh, &row0);
+        tiles &= rows == BT / tp && row0 == covered;
+        covered += rows;
+        int whole = sp_rows(0, B, T, &sh, &row0);
+        tiles &= whole == BT && row0 == 0;
+    }
+    Shard one = shard_for(&c, 1, 0, 1, 0, 1, 0);
+    tiles &= sp_rows(1, B, T, &one, &row0) == BT && row0 == 0;
+    check(tiles && covered == BT, "-sp 1, tp 4: tp rank r holds rows [r B*T/4, (r+1) B*T/4), all %d covered; -sp 0 "
+          "or tp 1: all rows", covered);
+
+    Shard sh = shard_for(&c, tp, 2, 1, 0, 1, 0);
+    BufferSlice s[2][ACT_SLICES + SCRATCH_SLICES];
+    Acts a[2];
+    Scratch sc[2];
+    size_t total[2];
+    int n[2], aligned[2];
+    for (int k = 0; k < 2; k++) {  // k = 0: -sp 0, k = 1: -sp 1
+        memset(&a[k], 0, sizeof(Acts));
+        memset(&sc[k], 0, sizeof(Scratch));
+        int rows = sp_rows(k, B, T, &sh, &row0);
+        total[k] = plan_bytes(&c, &sh, B, T, rows, 1, 1, &n[k], &aligned[k], &a[k], &sc[k], s[k]);
+    }
+    // a slice by the field it fills: its offset in Acts, or in Scratch past sizeof(Acts)
+    size_t X = sizeof(floatX), F = sizeof(float), C = c.C, R = (size_t)BT / tp, BTs = BT;
+    size_t region[] = {offsetof(Acts, encoded), offsetof(Acts, ln1), offsetof(Acts, residual2), offsetof(Acts, ln2),
+                       offsetof(Acts, residual3), offsetof(Acts, ln1_mean), offsetof(Acts, ln1_rstd),
+                       offsetof(Acts, ln2_mean), offsetof(Acts, ln2_rstd), offsetof(Acts, lnf_mean),
+                       offsetof(Acts, lnf_rstd), sizeof(Acts) + offsetof(Scratch, proj),
+                       sizeof(Acts) + offsetof(Scratch, dresidual), sizeof(Acts) + offsetof(Scratch, grad_in)};
+    size_t nregion = sizeof(region) / sizeof(region[0]);
+    int shrunk = 0, same = 0, other = 0, sp_buffers = 0;
+    for (int i = 0; i < n[1]; i++) {
+        char *p = (char *)s[1][i].ptr;
+        int in_acts = p >= (char *)&a[1] && p < (char *)&a[1] + sizeof(Acts);
+        size_t field = in_acts ? (size_t)(p - (char *)&a[1]) : sizeof(Acts) + (size_t)(p - (char *)&sc[1]);
+        if (!in_acts && (s[1][i].ptr == (void **)&sc[1].sp_whole || s[1][i].ptr == (void **)&sc[1].sp_partial)) {
+            sp_buffers += s[1][i].bytes == BTs * C * X;
+            continue;
+        }
+        size_t without = 0;  // the same field's bytes in the plan without -sp
+        for (int j = 0; j < n[0]; j++) {
+            char *q = (char *)s[0][j].ptr;
+            int q_acts = q >= (char *)&a[0] && q < (char *)&a[0] + sizeof(Acts);
+            size_t f0 = q_acts ? (size_t)(q - (char *)&a[0]) : sizeof(Acts) + (size_t)(q - (char *)&sc[0]);
+            if (f0 == field) without = s[0][j].bytes;
+        }
+        int in_region = 0;
+        for (size_t k = 0; k < nregion; k++) in_region |= region[k] == field;
+        if (in_region) shrunk += without == (size_t)tp * s[1][i].bytes && without > 0;
+        else if (without == s[1][i].bytes) same++;
+        else other++;
+    }
+    check(aligned[0] && aligned[1] && n[1] == n[0] + 2 && shrunk == (int)nregion && other == 0 && same == n[0] - shrunk &&
+          sp_buffers == 2, "-sp 1 at d12, B=4, T=1024, tp 4: %d slices of the sequence-parallel region hold 1/4 of "
+          "their rows, %d as without -sp, and the 2 (B,T,C) buffers of the gathers (%d slices against %d)", shrunk,
+          same, n[1], n[0]);
+    // the saving, counted tensor by tensor: 49 (R,C) floatX of the region in
+    // the set (encoded, and ln1, residual2, ln2, residual3 for 12 layers), 50
+    // floats a row of LayerNorm statistics, 3 (R,C) of the scratch; less
+    // the 2 (B,T,C) buffers (every size here is a multiple of 256 bytes)
+    size_t saved = (BTs - R) * (49 * C * X + 50 * F + 3 * C * X) - 2 * BTs * C * X;
+    check(total[0] - total[1] == saved, "-sp 1 saves %zu bytes of the plan's %zu (%.3f of it left; %zu expected)",
+          total[0] - total[1], total[0], (double)total[1] / total[0], saved);
 }
 
 static int buckets_ok(const int *inputs, int BT, int v0, int Vl, int n, const int *start, const int *token,
@@ -683,6 +763,11 @@ static void test_cli(void) {
         {"-e d2 -ev 64 -et 16 -t 8 -ec 99", "flag -ec: 99 channels do not split into 2 heads"},
         // a rank of an outside launcher (no GPU count first): the layout against the model
         {"-e d2 -ev 64 -et 16 -t 8 -np 4 -pp 4 --rendezvous tcp:127.0.0.1:1", "-pp 4: the model has 2 layers (L)"},
+        // -sp 1 is run by both builds: refused, as by the CPU trainer, only where it cannot split the positions
+        {"-e d2 -ev 64 -et 16 -t 8 -sp 1", "flag -sp 1: sequence parallelism splits the positions among the "
+                                             "tensor-parallel ranks, and -tp is 1"},
+        {"-e d2 -ev 64 -et 16 -b 3 -t 5 -np 2 -tp 2 -sp 1 --rendezvous tcp:127.0.0.1:1",
+         "flag -sp 1: the B*T = 3*5 = 15 positions of a micro-batch do not split into -tp 2 equal blocks"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         int rc = run_trainer(cases[i].args, out, sizeof(out));
@@ -911,7 +996,7 @@ static void test_ckpt_device(void) {
             Grid g;
             grid_init(&g, world, tp, pp, rank, err, sizeof(err));
             GPT2 r;
-            gpt2_init_rank(&r, &c, params, 0, 1, 8, 1, 0, &g, zero, 1, NULL);
+            gpt2_init_rank(&r, &c, params, 0, 1, 8, 1, 0, &g, zero, 1, NULL, 0);
             good = gpt2_load_optimizer(&r, src, key, 7, err, sizeof(err)) == 0 &&
                    write_part(&r, AT_FDCWD, model_path, optim_path, &cipher) == 0;
             gpt2_free(&r);
@@ -1325,6 +1410,7 @@ int main(void) {
     test_nccl_board_map();
     test_shapes();
     test_buffer_plan();
+    test_sp_buffer_plan();
     test_token_buckets();
     test_init_spec();
     test_peak_table();

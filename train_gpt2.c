@@ -1132,14 +1132,10 @@ static void for_each_run(GPT2 *m, RunFn fn, void *ctx, int my_chunk) {
 // same tensors at the same offsets, so the runs line up.
 typedef struct { float *buf; size_t n; int unpack; } NormGrads;
 
-static int is_layernorm(int t) {
-    return t == P_LN1W || t == P_LN1B || t == P_LN2W || t == P_LN2B || t == P_LNFW || t == P_LNFB;
-}
-
 static void norm_grads_run(GPT2 *m, const Run *r, void *ctx) {
     (void)m;
     NormGrads *ng = (NormGrads *)ctx;
-    if (!is_layernorm(r->tensor)) return;
+    if (!param_is_layernorm(r->tensor)) return;
     if (ng->buf != NULL && !ng->unpack) memcpy(ng->buf + ng->n, r->grad, r->n * sizeof(float));
     if (ng->buf != NULL && ng->unpack) memcpy(r->grad, ng->buf + ng->n, r->n * sizeof(float));
     ng->n += r->n;

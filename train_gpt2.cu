@@ -88,32 +88,39 @@ static const ncclDataType_t NCCL_FLOATX = ncclBfloat16;
 // one micro-batch's activations on this stage: what its forward keeps for
 // its backward. encoded (the stage's input) and the last layer of residual3
 // (its output) are what pipeline messages carry (nccl_comm.h, nccl_sendrecv_mac).
+// Under -sp the tensors of the sequence-parallel region (encoded, ln1,
+// residual2, ln2, residual3 and the LayerNorms' statistics) hold R = B*T/tp
+// rows, this rank's block of the micro-batch's positions (GPT2's rows, row0);
+// (B,T) below reads R there. Without -sp R is B*T.
 typedef struct {
-    floatX *encoded;                            // (B,T,C): the embeddings, or what the previous stage sent
-    floatX *ln1, *qkv, *atty, *residual2;       // per local layer: (nl,B,T,C), (nl,B,T,3Cl), (nl,B,T,Cl), (nl,B,T,C)
-    floatX *ln2, *fch, *fch_gelu, *residual3;   // (nl,B,T,C), (nl,B,T,4Cl), (nl or 1,B,T,4Cl), (nl,B,T,C)
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;  // (nl,B,T)
+    floatX *encoded;                            // (R,C): the embeddings, or what the previous stage sent
+    floatX *ln1, *qkv, *atty, *residual2;       // per local layer: (nl,R,C), (nl,B,T,3Cl), (nl,B,T,Cl), (nl,R,C)
+    floatX *ln2, *fch, *fch_gelu, *residual3;   // (nl,R,C), (nl,B,T,4Cl), (nl or 1,B,T,4Cl), (nl,R,C)
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;  // (nl,R)
     float *lse;                                 // (nl,B,NHl,T)
-    floatX *lnf;                                // (B,T,C), last stage
-    float *lnf_mean, *lnf_rstd;                 // (B,T)
+    floatX *lnf;                                // (B,T,C), last stage: whole, the head takes the gathered layout
+    float *lnf_mean, *lnf_rstd;                 // (R)
     floatX *logits;                             // (B,T,Vl), last stage; FWD_TRAIN writes dlogits over them
     int *batch;                                 // the staged micro-batch (see Staging)
     Staging staged;                             // views of batch, once staged
 } Acts;
 
-// the backward's scratch (one backward runs at a time) and the step's sums
+// the backward's scratch (one backward runs at a time) and the step's sums;
+// R rows as in Acts
 typedef struct {
-    floatX *proj;               // (B,T,C): attproj, then fcproj output
-    floatX *dresidual;          // (B,T,C): the residual stream's gradient; after a stage's backward, that
+    floatX *proj;               // (R,C): attproj, then fcproj output
+    floatX *dresidual;          // (R,C): the residual stream's gradient; after a stage's backward, that
                                 // of the stage's input, which goes to the previous stage
-    floatX *grad_in;            // (B,T,C): the gradient of the stage's output, from the next stage
-    floatX *dbtc;               // (B,T,C): dlnf, dln2, datty, dln1
+    floatX *grad_in;            // (R,C): the gradient of the stage's output, from the next stage
+    floatX *dbtc;               // (B,T,C): dlnf, dln2, datty, dln1 (under -sp: R rows of dlnf, dln2, dln1)
     floatX *dbig;               // (B,T,4Cl): dfch, then dqkv
     float *delta;               // (B,NHl,T) attention backward scratch
     float *colsum_partial;      // colsum_splits(BT) * 4C
     float *losses;              // (B,T) summed over the step's micro-batches; then the stop flag (1 float)
     float2 *cls_stats;          // (tp,B,T): every vocabulary slice's row max and sum of exp
     float *norm_partial, *norm; // NORM_BLOCKS, 1
+    floatX *sp_whole;           // -sp only: (B,T,C), a gathered input or output gradient (sp_gather)
+    floatX *sp_partial;         // -sp only: (B,T,C), this rank's partial sums before a reduce-scatter
 } Scratch;
 
 // the ints of one staged micro-batch (Staging)
@@ -137,7 +144,7 @@ typedef struct {
 } BufferSlice;
 
 #define ACT_SLICES 20      // at most, per activation set (act_slices)
-#define SCRATCH_SLICES 12  // at most (scratch_slices)
+#define SCRATCH_SLICES 14  // at most (scratch_slices)
 
 static int add_slice(BufferSlice *s, int n, void **ptr, size_t bytes) {
     s[n].ptr = ptr;
@@ -146,28 +153,30 @@ static int add_slice(BufferSlice *s, int n, void **ptr, size_t bytes) {
     return n + 1;
 }
 
-// the slices of one activation set for (B, T) on this stage; returns the new count
-static int act_slices(Acts *a, const GPT2Config *c, const Shard *sh, int B, int T, int recompute, BufferSlice *s, int n) {
+// the slices of one activation set for (B, T) on this stage, whose
+// sequence-parallel region holds R rows (B*T without -sp); returns the new count
+static int act_slices(Acts *a, const GPT2Config *c, const Shard *sh, int B, int T, int R, int recompute, BufferSlice *s,
+                      int n) {
     int n0 = n;
-    size_t BT = (size_t)B * T, C = c->C, nl = sh->nl, Cl = sh->Cl, X = sizeof(floatX), F = sizeof(float);
-    n = add_slice(s, n, (void **)&a->encoded, BT * C * X);
-    n = add_slice(s, n, (void **)&a->ln1, nl * BT * C * X);
+    size_t BT = (size_t)B * T, Rs = (size_t)R, C = c->C, nl = sh->nl, Cl = sh->Cl, X = sizeof(floatX), F = sizeof(float);
+    n = add_slice(s, n, (void **)&a->encoded, Rs * C * X);
+    n = add_slice(s, n, (void **)&a->ln1, nl * Rs * C * X);
     n = add_slice(s, n, (void **)&a->qkv, nl * BT * 3 * Cl * X);
     n = add_slice(s, n, (void **)&a->atty, nl * BT * Cl * X);
-    n = add_slice(s, n, (void **)&a->residual2, nl * BT * C * X);
-    n = add_slice(s, n, (void **)&a->ln2, nl * BT * C * X);
+    n = add_slice(s, n, (void **)&a->residual2, nl * Rs * C * X);
+    n = add_slice(s, n, (void **)&a->ln2, nl * Rs * C * X);
     n = add_slice(s, n, (void **)&a->fch, nl * BT * 4 * Cl * X);
     n = add_slice(s, n, (void **)&a->fch_gelu, (recompute ? 1 : nl) * BT * 4 * Cl * X);
-    n = add_slice(s, n, (void **)&a->residual3, nl * BT * C * X);
-    n = add_slice(s, n, (void **)&a->ln1_mean, nl * BT * F);
-    n = add_slice(s, n, (void **)&a->ln1_rstd, nl * BT * F);
-    n = add_slice(s, n, (void **)&a->ln2_mean, nl * BT * F);
-    n = add_slice(s, n, (void **)&a->ln2_rstd, nl * BT * F);
+    n = add_slice(s, n, (void **)&a->residual3, nl * Rs * C * X);
+    n = add_slice(s, n, (void **)&a->ln1_mean, nl * Rs * F);
+    n = add_slice(s, n, (void **)&a->ln1_rstd, nl * Rs * F);
+    n = add_slice(s, n, (void **)&a->ln2_mean, nl * Rs * F);
+    n = add_slice(s, n, (void **)&a->ln2_rstd, nl * Rs * F);
     n = add_slice(s, n, (void **)&a->lse, nl * BT * sh->NHl * F);
     if (sh->last) {
-        n = add_slice(s, n, (void **)&a->lnf, BT * C * X);
-        n = add_slice(s, n, (void **)&a->lnf_mean, BT * F);
-        n = add_slice(s, n, (void **)&a->lnf_rstd, BT * F);
+        n = add_slice(s, n, (void **)&a->lnf, BT * C * X);  // whole: the final LayerNorm's output, gathered
+        n = add_slice(s, n, (void **)&a->lnf_mean, Rs * F);
+        n = add_slice(s, n, (void **)&a->lnf_rstd, Rs * F);
         n = add_slice(s, n, (void **)&a->logits, BT * sh->Vl * X);
     }
     n = add_slice(s, n, (void **)&a->batch, staging_ints((int)BT) * sizeof(int));
@@ -175,12 +184,14 @@ static int act_slices(Acts *a, const GPT2Config *c, const Shard *sh, int B, int 
     return n;
 }
 
-static int scratch_slices(Scratch *a, const GPT2Config *c, const Shard *sh, int B, int T, BufferSlice *s, int n) {
+// the scratch for (B, T), R rows as in act_slices; R below B*T (-sp) adds
+// the two (B,T,C) buffers of the gathers and scatters
+static int scratch_slices(Scratch *a, const GPT2Config *c, const Shard *sh, int B, int T, int R, BufferSlice *s, int n) {
     int n0 = n;
-    size_t BT = (size_t)B * T, C = c->C, Cl = sh->Cl, X = sizeof(floatX), F = sizeof(float);
-    n = add_slice(s, n, (void **)&a->proj, BT * C * X);
-    n = add_slice(s, n, (void **)&a->dresidual, BT * C * X);
-    n = add_slice(s, n, (void **)&a->grad_in, BT * C * X);
+    size_t BT = (size_t)B * T, Rs = (size_t)R, C = c->C, Cl = sh->Cl, X = sizeof(floatX), F = sizeof(float);
+    n = add_slice(s, n, (void **)&a->proj, Rs * C * X);
+    n = add_slice(s, n, (void **)&a->dresidual, Rs * C * X);
+    n = add_slice(s, n, (void **)&a->grad_in, Rs * C * X);
     n = add_slice(s, n, (void **)&a->dbtc, BT * C * X);
     n = add_slice(s, n, (void **)&a->dbig, BT * 4 * Cl * X);
     n = add_slice(s, n, (void **)&a->delta, BT * sh->NHl * F);
@@ -189,6 +200,10 @@ static int scratch_slices(Scratch *a, const GPT2Config *c, const Shard *sh, int 
     n = add_slice(s, n, (void **)&a->cls_stats, (size_t)sh->tp * BT * sizeof(float2));
     n = add_slice(s, n, (void **)&a->norm_partial, (size_t)NORM_BLOCKS * F);
     n = add_slice(s, n, (void **)&a->norm, F);
+    if (Rs < BT) {
+        n = add_slice(s, n, (void **)&a->sp_whole, BT * C * X);
+        n = add_slice(s, n, (void **)&a->sp_partial, BT * C * X);
+    }
     assert(n - n0 <= SCRATCH_SLICES);
     return n;
 }
@@ -246,6 +261,11 @@ typedef struct {
     floatX **unit_params, **unit_grads;  // per unit: where its full values / gradients are now (NULL: not held)
     floatX *tied_peer;                   // pp > 1, first and last stage: my wte gradient out, the other end's in
     int B, T, recompute, fuse_gelu, attention_tc;
+    // -sp 1 (with tp > 1): the sequence-parallel region (the LayerNorms, the
+    // residual stream, the row-parallel outputs, the embeddings' output)
+    // holds rows [row0, row0 + rows) of a micro-batch's B*T here; sp 0: all
+    // of them (row0 0, rows B*T). See "sequence parallel" below.
+    int sp, rows, row0;
     int nacts;                           // activation sets; micro-batch mb uses set mb % nacts
     Acts *acts;
     Scratch sc;
@@ -419,8 +439,8 @@ static void gpt2_alloc_activations(GPT2 *m, int nacts) {
     m->nacts = nacts;
     m->acts = (Acts *)host_alloc((size_t)nacts * sizeof(Acts), "activation sets");
     for (int k = 0; k < nacts; k++)
-        nslices = act_slices(&m->acts[k], c, &m->shard, m->B, m->T, m->recompute, slices, nslices);
-    nslices = scratch_slices(&m->sc, c, &m->shard, m->B, m->T, slices, nslices);
+        nslices = act_slices(&m->acts[k], c, &m->shard, m->B, m->T, m->rows, m->recompute, slices, nslices);
+    nslices = scratch_slices(&m->sc, c, &m->shard, m->B, m->T, m->rows, slices, nslices);
     m->act_bytes = buffer_plan(slices, nslices);
     m->act_memory = device_alloc(m->act_bytes, "activations");
     for (int i = 0; i < nslices; i++) *slices[i].ptr = (char *)m->act_memory + slices[i].offset;
@@ -442,12 +462,26 @@ static void gpt2_alloc_staging(GPT2 *m) {
     CUDA_CHECK(cudaEventRecord(m->staging_free, m->stream));
 }
 
+// -sp 1 (with tp > 1): the rows of a micro-batch's B*T that tp rank
+// s->tp_rank holds of the sequence-parallel region, [*row0, *row0 + rows),
+// returns rows: the tp_rank-th of tp equal contiguous blocks, in the order
+// in which NCCL's all-gather and reduce-scatter lay out the members of the
+// tp communicator; without -sp all of them (row0 0). trainer.h's check_model
+// has refused a B*T that does not split by tp.
+static int sp_rows(int sp, int B, int T, const Shard *s, int *row0) {
+    int rows = sp && s->tp > 1 ? B * T / s->tp : B * T;
+    *row0 = rows < B * T ? s->tp_rank * rows : 0;
+    return rows;
+}
+
 // this rank's part of the model on the device, from the full model `full`
 // (model-file layout, host fp32; not kept) or, when full is NULL, from the
 // seeded init; nacts activation sets for (B, T). g is this rank's place in
-// the grid (NULL: one rank), nccl its communicators (NULL outside a job).
+// the grid (NULL: one rank), nccl its communicators (NULL outside a job);
+// sp: -sp 1 (with tp > 1; trainer.h's check_model has checked that B*T
+// splits by tp).
 static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint64_t seed, int B, int T, int recompute,
-                           int attention_tc, const Grid *g, int zero, int nacts, NcclComm *nccl) {
+                           int attention_tc, const Grid *g, int zero, int nacts, NcclComm *nccl, int sp) {
     memset(m, 0, sizeof(*m));
     m->config = *c;
     char err[256];
@@ -465,6 +499,8 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
     m->num_params = param_count(c);
     m->B = B;
     m->T = T;
+    m->sp = sp && m->shard.tp > 1;
+    m->rows = sp_rows(sp, B, T, &m->shard, &m->row0);
     m->recompute = recompute;
     m->attention_tc = attention_tc;
 #ifdef ENABLE_FP32
@@ -487,7 +523,7 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
 // one rank, ZeRO-0, one activation set: what the tests build
 [[maybe_unused]] static void gpt2_init(GPT2 *m, const GPT2Config *c, const float *full, uint64_t seed, int B, int T,
                                        int recompute, int attention_tc) {
-    gpt2_init_rank(m, c, full, seed, B, T, recompute, attention_tc, NULL, 0, 1, NULL);
+    gpt2_init_rank(m, c, full, seed, B, T, recompute, attention_tc, NULL, 0, 1, NULL, 0);
 }
 
 // the backward split in B and W (zbh1, zbv) is not run by this trainer yet:
@@ -637,21 +673,23 @@ typedef struct {
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
 } LayerActs;
 
+// layer ll's views; the sequence-parallel region's R rows a layer (all B*T without -sp)
 static LayerActs layer_acts(const GPT2 *m, const Acts *a, int ll) {
-    size_t BT = (size_t)m->B * m->T, btc = BT * m->config.C, btl = BT * m->shard.Cl;
+    size_t BT = (size_t)m->B * m->T, R = m->rows, rc = R * m->config.C, btl = BT * m->shard.Cl;
     LayerActs s = {
-        a->ln1 + ll * btc, a->qkv + ll * 3 * btl, a->atty + ll * btl, a->residual2 + ll * btc, a->ln2 + ll * btc,
-        a->fch + ll * 4 * btl, a->fch_gelu + (m->recompute ? 0 : ll * 4 * btl), a->residual3 + ll * btc,
-        a->ln1_mean + ll * BT, a->ln1_rstd + ll * BT, a->ln2_mean + ll * BT, a->ln2_rstd + ll * BT,
+        a->ln1 + ll * rc, a->qkv + ll * 3 * btl, a->atty + ll * btl, a->residual2 + ll * rc, a->ln2 + ll * rc,
+        a->fch + ll * 4 * btl, a->fch_gelu + (m->recompute ? 0 : ll * 4 * btl), a->residual3 + ll * rc,
+        a->ln1_mean + ll * R, a->ln1_rstd + ll * R, a->ln2_mean + ll * R, a->ln2_rstd + ll * R,
         a->lse + ll * BT * m->shard.NHl,
     };
     return s;
 }
 
-// the residual stream entering local layer ll (ll = nl: the stage's output)
+// the residual stream entering local layer ll (ll = nl: the stage's output):
+// this rank's rows of it
 static floatX *block_input(const GPT2 *m, const Acts *a, int ll) {
-    size_t btc = (size_t)m->B * m->T * m->config.C;
-    return ll == 0 ? a->encoded : a->residual3 + (ll - 1) * btc;
+    size_t rc = (size_t)m->rows * m->config.C;
+    return ll == 0 ? a->encoded : a->residual3 + (ll - 1) * rc;
 }
 
 // copies m->inputs and ->targets (and, for training, the token buckets of
@@ -825,6 +863,109 @@ static void vocab_parallel_cross_entropy(GPT2 *m, floatX *logits, float *losses,
 }
 
 // ----------------------------------------------------------------------------
+// sequence parallel (-sp 1, Megatron's), as train_gpt2.c's: between a
+// row-parallel Linear and the next column-parallel one every tp rank used to
+// hold the same (B,T,C) tensors: the residual stream, the LayerNorms' inputs
+// and outputs, the row-parallel outputs, the embeddings' output. There every
+// op is per position, so the tp ranks split the positions instead: tp rank r
+// holds rows [r R, (r+1) R) of the B*T rows, R = B*T/tp (m->row0, m->rows),
+// one contiguous block, so NCCL's reduce-scatter and all-gather on the tp
+// communicator move whole blocks without packing (and host mode's the same
+// through the host backend).
+//
+// f and g change into their sequence-parallel forms:
+//   before a column-parallel Linear, an all-gather along the rows (sp_gather)
+//      in the forward; in the backward a reduce-scatter of the input's
+//      gradient (sp_reduce_scatter): each rank keeps the sum over its rows;
+//   after a row-parallel Linear, a reduce-scatter of the partial sums in the
+//      forward (tp rank 0's partial holds the bias, as without -sp); in the
+//      backward an all-gather of the output's gradient.
+// A ring all-reduce is a reduce-scatter then an all-gather, so each pair of
+// Linears moves what it moved before, each way. The gathered input of a
+// column-parallel Linear is not kept: its weights' gradient gathers it again
+// in the backward (one all-gather more per column-parallel Linear, as in
+// Megatron), so no whole (B,T,C) tensor of the region stays per activation
+// set; the gathers and the partial sums use two (B,T,C) scratch buffers,
+// sc.sp_whole and sc.sp_partial, one for the job.
+//
+// The embedding sums the ranks' lookups (with wpe on tp rank 0) by a
+// reduce-scatter, so each rank gets its own rows; its backward gathers the
+// gradient, so wte's and wpe's gradients come out as without -sp. The head
+// takes the gathered layout: the final LayerNorm runs on this rank's rows,
+// whose output is all-gathered in place into lnf and kept whole for the
+// lm_head and its backward; the vocab-parallel cross-entropy is unchanged.
+// The LayerNorms' weight and bias gradients come from this rank's rows only:
+// the step sums them over the tp group (sp_sum_layernorm_grads, optimizer.cuh).
+// Pipeline messages carry this rank's rows only, to the same tp rank of the
+// next stage.
+
+// every tp rank's rows of a (B*T, C) tensor: whole[B*T*C] from mine[R*C]
+// (mine may be whole + row0 * C: in place)
+static void sp_gather(GPT2 *m, floatX *whole, const floatX *mine) {
+    nccl_allgather(m->nccl, &m->nccl->tp, mine, whole, (size_t)m->rows * m->config.C, NCCL_FLOATX);
+}
+
+// the sum over the tp ranks of partial[B*T*C], this rank's rows of it: mine[R*C]
+static void sp_reduce_scatter(GPT2 *m, floatX *mine, const floatX *partial) {
+    nccl_reduce_scatter(m->nccl, &m->nccl->tp, partial, mine, (size_t)m->rows * m->config.C, NCCL_FLOATX, OP_SUM);
+}
+
+// out[B*T,OCl] (and pre_gelu, as column_parallel_forward) from this rank's
+// rows of the input, inp[R,IC], gathered first into sc.sp_whole
+static void sp_column_parallel_forward(GPT2 *m, floatX *out, floatX *pre_gelu, const floatX *inp, const floatX *weight,
+                                       const floatX *bias, int IC, int OCl) {
+    sp_gather(m, m->sc.sp_whole, inp);
+    matmul_forward(&m->blas, out, pre_gelu, m->sc.sp_whole, weight, bias, m->B * m->T, IC, OCl);
+}
+
+// dweight, dbias += this rank's slice, from the input inp[R,IC] gathered
+// again; dinp[R,IC]: the input's gradient on this rank's rows, the ranks'
+// parts summed by a reduce-scatter
+static void sp_column_parallel_backward(GPT2 *m, floatX *dinp, floatX *dweight, floatX *dbias, const floatX *dout,
+                                        const floatX *inp, const floatX *weight, int IC, int OCl) {
+    int BT = m->B * m->T;
+    sp_gather(m, m->sc.sp_whole, inp);
+    matmul_backward_dweight(&m->blas, dweight, dout, m->sc.sp_whole, BT, IC, OCl);
+    if (dbias) bias_backward(dbias, dout, m->sc.colsum_partial, BT, OCl, m->stream);
+    matmul_backward_dinp(&m->blas, m->sc.sp_partial, dout, weight, NULL, BT, IC, OCl);
+    sp_reduce_scatter(m, dinp, m->sc.sp_partial);
+}
+
+// out[R,OC]: this rank's rows of inp[B*T,ICl] @ weight^T summed over the tp
+// ranks (a reduce-scatter), + bias, which tp rank 0 adds to its partial sum
+static void sp_row_parallel_forward(GPT2 *m, floatX *out, const floatX *inp, const floatX *weight, const floatX *bias,
+                                    int ICl, int OC) {
+    matmul_forward(&m->blas, m->sc.sp_partial, NULL, inp, weight, tp_lead(m) ? bias : NULL, m->B * m->T, ICl, OC);
+    sp_reduce_scatter(m, out, m->sc.sp_partial);
+}
+
+// dout[R,OC], this rank's rows of the output's gradient, gathered whole;
+// then as row_parallel_backward (dbias from every row, as without -sp)
+static void sp_row_parallel_backward(GPT2 *m, floatX *dinp, floatX *dweight, floatX *dbias, const floatX *dout,
+                                     const floatX *inp, const floatX *weight, const floatX *pre_gelu, int ICl, int OC) {
+    sp_gather(m, m->sc.sp_whole, dout);
+    row_parallel_backward(m, dinp, dweight, dbias, m->sc.sp_whole, inp, weight, pre_gelu, m->B * m->T, ICl, OC);
+}
+
+// out[R,C]: this rank's rows of the embeddings: the tp ranks' lookups (wpe
+// added by tp rank 0) summed by a reduce-scatter
+static void sp_vocab_parallel_embedding_forward(GPT2 *m, floatX *out, const int *inp, const floatX *wte,
+                                                const floatX *wpe) {
+    const Shard *s = &m->shard;
+    encoder_forward(m->sc.sp_partial, inp, wte, tp_lead(m) ? wpe : NULL, s->v0, s->Vl, m->B, m->T, m->config.C,
+                    m->stream);
+    sp_reduce_scatter(m, out, m->sc.sp_partial);
+}
+
+// dout[R,C], this rank's rows of the embeddings' gradient, gathered whole;
+// then as vocab_parallel_embedding_backward
+static void sp_vocab_parallel_embedding_backward(GPT2 *m, floatX *dwte, floatX *dwpe, const floatX *dout,
+                                                 const Staging *staged) {
+    sp_gather(m, m->sc.sp_whole, dout);
+    vocab_parallel_embedding_backward(m, dwte, dwpe, m->sc.sp_whole, staged, m->B, m->T, m->config.C);
+}
+
+// ----------------------------------------------------------------------------
 // forward and backward of one block. Attention and the MLP each run a
 // column-parallel Linear (qkv, fc), this rank's share of the work (its heads,
 // its hidden units) and a row-parallel Linear (attproj, fcproj). As
@@ -833,50 +974,67 @@ static void vocab_parallel_cross_entropy(GPT2 *m, floatX *logits, float *losses,
 // forward starts from its ln1 (made by the previous block, or by the stage
 // for layer 0) and ends before its last residual add, which the stage fuses
 // with the next LayerNorm (the output of fcproj is left in sc.proj); GELU is
-// fused into fc's matmul where the build does (-ge).
+// fused into fc's matmul where the build does (-ge). The LayerNorms and the
+// residual adds run on this rank's rows (m->rows: all B*T without -sp); the
+// Linears' sequence-parallel forms gather and scatter those rows.
 
 static void block_forward(GPT2 *m, LayerParams p, LayerActs l, const floatX *x) {
     const Shard *s = &m->shard;
-    int B = m->B, T = m->T, C = m->config.C, Cl = s->Cl, BT = B * T;
+    int B = m->B, T = m->T, C = m->config.C, Cl = s->Cl, BT = B * T, R = m->rows;
     Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
-    column_parallel_forward(m, l.qkv, NULL, l.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
+    if (m->sp) sp_column_parallel_forward(m, l.qkv, NULL, l.ln1, p.qkvw, p.qkvb, C, 3 * Cl);
+    else column_parallel_forward(m, l.qkv, NULL, l.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl);
     attention_forward(l.atty, l.lse, l.qkv, B, T, Cl, s->NHl, m->attention_tc, st);
-    row_parallel_forward(m, sc->proj, l.atty, p.attprojw, p.attprojb, BT, Cl, C);
-    residual_layernorm_forward(l.residual2, l.ln2, l.ln2_mean, l.ln2_rstd, x, sc->proj, p.ln2w, p.ln2b, BT, C, st);
+    if (m->sp) sp_row_parallel_forward(m, sc->proj, l.atty, p.attprojw, p.attprojb, Cl, C);
+    else row_parallel_forward(m, sc->proj, l.atty, p.attprojw, p.attprojb, BT, Cl, C);
+    residual_layernorm_forward(l.residual2, l.ln2, l.ln2_mean, l.ln2_rstd, x, sc->proj, p.ln2w, p.ln2b, R, C, st);
     if (m->fuse_gelu >= 1) {
-        column_parallel_forward(m, l.fch_gelu, l.fch, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
+        if (m->sp) sp_column_parallel_forward(m, l.fch_gelu, l.fch, l.ln2, p.fcw, p.fcb, C, 4 * Cl);
+        else column_parallel_forward(m, l.fch_gelu, l.fch, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
     } else {
-        column_parallel_forward(m, l.fch, NULL, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
+        if (m->sp) sp_column_parallel_forward(m, l.fch, NULL, l.ln2, p.fcw, p.fcb, C, 4 * Cl);
+        else column_parallel_forward(m, l.fch, NULL, l.ln2, p.fcw, p.fcb, BT, C, 4 * Cl);
         gelu_forward(l.fch_gelu, l.fch, 4 * (size_t)BT * Cl, st);
     }
-    row_parallel_forward(m, sc->proj, l.fch_gelu, p.fcprojw, p.fcprojb, BT, 4 * Cl, C);
+    if (m->sp) sp_row_parallel_forward(m, sc->proj, l.fch_gelu, p.fcprojw, p.fcprojb, 4 * Cl, C);
+    else row_parallel_forward(m, sc->proj, l.fch_gelu, p.fcprojw, p.fcprojb, BT, 4 * Cl, C);
 }
 
 // sc.dresidual holds the gradient of the block's output on entering and
-// that of its input x on leaving; the gradients of its parameters add to g
+// that of its input x on leaving (this rank's rows of them under -sp); the
+// gradients of its parameters add to g
 static void block_backward(GPT2 *m, LayerParams p, LayerParams g, LayerActs l, const floatX *x) {
     const Shard *s = &m->shard;
-    int B = m->B, T = m->T, C = m->config.C, Cl = s->Cl, BT = B * T;
+    int B = m->B, T = m->T, C = m->config.C, Cl = s->Cl, BT = B * T, R = m->rows;
     Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
     float *part = sc->colsum_partial;
     if (m->recompute) gelu_forward(l.fch_gelu, l.fch, 4 * (size_t)BT * Cl, st);
     // fcproj: d(its output) = dresidual; dbig = d(fch), my slice (through
     // the GELU: fused into the matmul, or after it)
-    row_parallel_backward(m, sc->dbig, g.fcprojw, g.fcprojb, sc->dresidual, l.fch_gelu, p.fcprojw,
-                          m->fuse_gelu >= 2 ? l.fch : NULL, BT, 4 * Cl, C);
+    if (m->sp)
+        sp_row_parallel_backward(m, sc->dbig, g.fcprojw, g.fcprojb, sc->dresidual, l.fch_gelu, p.fcprojw,
+                                 m->fuse_gelu >= 2 ? l.fch : NULL, 4 * Cl, C);
+    else
+        row_parallel_backward(m, sc->dbig, g.fcprojw, g.fcprojb, sc->dresidual, l.fch_gelu, p.fcprojw,
+                              m->fuse_gelu >= 2 ? l.fch : NULL, BT, 4 * Cl, C);
     if (m->fuse_gelu < 2) gelu_backward(sc->dbig, l.fch, 4 * (size_t)BT * Cl, st);
-    // fc: dbtc = d(ln2), whole
-    column_parallel_backward(m, sc->dbtc, g.fcw, g.fcb, sc->dbig, l.ln2, p.fcw, BT, C, 4 * Cl);
+    // fc: dbtc = d(ln2), whole (-sp: my rows)
+    if (m->sp) sp_column_parallel_backward(m, sc->dbtc, g.fcw, g.fcb, sc->dbig, l.ln2, p.fcw, C, 4 * Cl);
+    else column_parallel_backward(m, sc->dbtc, g.fcw, g.fcb, sc->dbig, l.ln2, p.fcw, BT, C, 4 * Cl);
     layernorm_backward(sc->dresidual, g.ln2w, g.ln2b, part, sc->dbtc, l.residual2, p.ln2w, l.ln2_mean, l.ln2_rstd,
-                       BT, C, st);
+                       R, C, st);
     // attproj: d(its output) = dresidual, now d(residual2); dbtc = d(atty), my heads
-    row_parallel_backward(m, sc->dbtc, g.attprojw, g.attprojb, sc->dresidual, l.atty, p.attprojw, NULL, BT, Cl, C);
+    if (m->sp)
+        sp_row_parallel_backward(m, sc->dbtc, g.attprojw, g.attprojb, sc->dresidual, l.atty, p.attprojw, NULL, Cl, C);
+    else
+        row_parallel_backward(m, sc->dbtc, g.attprojw, g.attprojb, sc->dresidual, l.atty, p.attprojw, NULL, BT, Cl, C);
     attention_backward(sc->dbig, sc->delta, sc->dbtc, l.qkv, l.atty, l.lse, B, T, Cl, s->NHl, m->attention_tc, st);
-    // qkv: dbig = d(qkv), my heads; dbtc = d(ln1), whole
-    column_parallel_backward(m, sc->dbtc, g.qkvw, g.qkvb, sc->dbig, l.ln1, p.qkvw, BT, C, 3 * Cl);
-    layernorm_backward(sc->dresidual, g.ln1w, g.ln1b, part, sc->dbtc, x, p.ln1w, l.ln1_mean, l.ln1_rstd, BT, C, st);
+    // qkv: dbig = d(qkv), my heads; dbtc = d(ln1), whole (-sp: my rows)
+    if (m->sp) sp_column_parallel_backward(m, sc->dbtc, g.qkvw, g.qkvb, sc->dbig, l.ln1, p.qkvw, C, 3 * Cl);
+    else column_parallel_backward(m, sc->dbtc, g.qkvw, g.qkvb, sc->dbig, l.ln1, p.qkvw, BT, C, 3 * Cl);
+    layernorm_backward(sc->dresidual, g.ln1w, g.ln1b, part, sc->dbtc, x, p.ln1w, l.ln1_mean, l.ln1_rstd, R, C, st);
 }
 
 // ----------------------------------------------------------------------------
@@ -890,21 +1048,22 @@ static void block_backward(GPT2 *m, LayerParams p, LayerParams g, LayerActs l, c
 static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
     const GPT2Config *c = &m->config;
     const Shard *s = &m->shard;
-    int B = m->B, T = m->T, C = c->C, BT = B * T;
-    size_t btc = (size_t)BT * C;
+    int B = m->B, T = m->T, C = c->C, BT = B * T, R = m->rows;
+    size_t rc = (size_t)R * C;
     Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
 
     if (s->first) {
         floatX *wte = unit_acquire(m, m->ut.u_wte), *wpe = unit_acquire(m, m->ut.u_wpe);
-        vocab_parallel_embedding_forward(m, a->encoded, a->staged.inputs, wte, wpe, B, T, C);
+        if (m->sp) sp_vocab_parallel_embedding_forward(m, a->encoded, a->staged.inputs, wte, wpe);
+        else vocab_parallel_embedding_forward(m, a->encoded, a->staged.inputs, wte, wpe, B, T, C);
         unit_release(m, m->ut.u_wpe);
         if (!s->last) unit_release(m, m->ut.u_wte);  // one stage: wte stays for the head
     }
     int u = m->ut.u_layer0;
     LayerParams p = layer_params_at(c, s, unit_acquire(m, u));
     LayerActs l0 = layer_acts(m, a, 0);
-    layernorm_forward(l0.ln1, l0.ln1_mean, l0.ln1_rstd, a->encoded, p.ln1w, p.ln1b, BT, C, st);
+    layernorm_forward(l0.ln1, l0.ln1_mean, l0.ln1_rstd, a->encoded, p.ln1w, p.ln1b, R, C, st);
     for (int ll = 0; ll < s->nl; ll++) {
         LayerActs l = layer_acts(m, a, ll);
         block_forward(m, p, l, block_input(m, a, ll));
@@ -913,20 +1072,24 @@ static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
         // dropping this one)
         int next = ll + 1 < s->nl ? u + 1 : s->last ? m->ut.u_lnf : -1;
         if (next < 0) {
-            residual_forward(l.residual3, l.residual2, sc->proj, btc, st);
+            residual_forward(l.residual3, l.residual2, sc->proj, rc, st);
             unit_release(m, u);
             gpu_progress(m);
             break;
         }
         floatX *np = unit_acquire(m, next);
         if (next == m->ut.u_lnf) {
-            residual_layernorm_forward(l.residual3, a->lnf, a->lnf_mean, a->lnf_rstd, l.residual2, sc->proj, np, np + C,
-                                       BT, C, st);
+            // the head takes the gathered layout: my rows of the final
+            // LayerNorm's output, all-gathered in place into lnf (-sp)
+            floatX *lnf_mine = a->lnf + (size_t)m->row0 * C;
+            residual_layernorm_forward(l.residual3, lnf_mine, a->lnf_mean, a->lnf_rstd, l.residual2, sc->proj, np,
+                                       np + C, R, C, st);
+            if (m->sp) sp_gather(m, a->lnf, lnf_mine);
         } else {
             LayerParams pn = layer_params_at(c, s, np);
             LayerActs ln = layer_acts(m, a, ll + 1);
             residual_layernorm_forward(l.residual3, ln.ln1, ln.ln1_mean, ln.ln1_rstd, l.residual2, sc->proj, pn.ln1w,
-                                       pn.ln1b, BT, C, st);
+                                       pn.ln1b, R, C, st);
             p = pn;
         }
         unit_release(m, u);
@@ -948,8 +1111,8 @@ static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
 static void stage_backward(GPT2 *m, Acts *a) {
     const GPT2Config *c = &m->config;
     const Shard *s = &m->shard;
-    int B = m->B, T = m->T, C = c->C, BT = B * T;
-    size_t btc = (size_t)BT * C;
+    int B = m->B, T = m->T, C = c->C, BT = B * T, R = m->rows;
+    size_t rc = (size_t)R * C;
     Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
     float *part = sc->colsum_partial;
@@ -957,16 +1120,25 @@ static void stage_backward(GPT2 *m, Acts *a) {
     if (s->last) {  // logits = lnf @ wte^T, then the final LayerNorm
         floatX *wte = unit_acquire(m, m->ut.u_wte), *lnf = unit_acquire(m, m->ut.u_lnf);
         floatX *dwte = unit_grad_begin(m, m->ut.u_wte), *dlnf = unit_grad_begin(m, m->ut.u_lnf);
-        column_parallel_backward(m, sc->dbtc, dwte, NULL, a->logits, a->lnf, wte, BT, C, s->Vl);
-        CUDA_CHECK(cudaMemsetAsync(sc->dresidual, 0, btc * sizeof(floatX), st));
+        if (m->sp) {
+            // the head's input was gathered and kept (stage_forward), so its
+            // weights' gradient needs no gather; its own gradient is summed
+            // over the tp ranks onto my rows, into dbtc
+            matmul_backward_dweight(&m->blas, dwte, a->logits, a->lnf, BT, C, s->Vl);
+            matmul_backward_dinp(&m->blas, sc->sp_partial, a->logits, wte, NULL, BT, C, s->Vl);
+            sp_reduce_scatter(m, sc->dbtc, sc->sp_partial);
+        } else {
+            column_parallel_backward(m, sc->dbtc, dwte, NULL, a->logits, a->lnf, wte, BT, C, s->Vl);
+        }
+        CUDA_CHECK(cudaMemsetAsync(sc->dresidual, 0, rc * sizeof(floatX), st));
         layernorm_backward(sc->dresidual, dlnf, dlnf + C, part, sc->dbtc, block_input(m, a, s->nl), lnf, a->lnf_mean,
-                           a->lnf_rstd, BT, C, st);
+                           a->lnf_rstd, R, C, st);
         unit_release(m, m->ut.u_lnf);
         unit_release(m, m->ut.u_wte);
         unit_grad_end(m, m->ut.u_lnf);
         if (!s->first) unit_grad_end(m, m->ut.u_wte);
     } else {
-        CUDA_CHECK(cudaMemcpyAsync(sc->dresidual, sc->grad_in, btc * sizeof(floatX), cudaMemcpyDeviceToDevice, st));
+        CUDA_CHECK(cudaMemcpyAsync(sc->dresidual, sc->grad_in, rc * sizeof(floatX), cudaMemcpyDeviceToDevice, st));
     }
     // dresidual holds d(residual3 of layer ll) on entering, d(its input) on leaving
     for (int ll = s->nl - 1; ll >= 0; ll--) {
@@ -979,7 +1151,8 @@ static void stage_backward(GPT2 *m, Acts *a) {
     }
     if (s->first) {
         floatX *dwte = unit_grad_begin(m, m->ut.u_wte), *dwpe = unit_grad_begin(m, m->ut.u_wpe);
-        vocab_parallel_embedding_backward(m, dwte, dwpe, sc->dresidual, &a->staged, B, T, C);
+        if (m->sp) sp_vocab_parallel_embedding_backward(m, dwte, dwpe, sc->dresidual, &a->staged);
+        else vocab_parallel_embedding_backward(m, dwte, dwpe, sc->dresidual, &a->staged, B, T, C);
         unit_grad_end(m, m->ut.u_wpe);
         unit_grad_end(m, m->ut.u_wte);
     }
@@ -1140,10 +1313,11 @@ static void agree_on_start(const Job *job, Parallel *par) {
 // pp > 1: the MAC state for a step's pipeline messages, made now, not
 // mid-run: room for the most messages a stage receives in one step, each as
 // large as the largest of them (an evaluation checks its messages batch by
-// batch: one each)
+// batch: one each). An activation or its gradient is this rank's rows (all
+// B*T without -sp).
 static void reserve_pipeline_macs(GPT2 *m, Parallel *par, int accum) {
     char err[512];
-    size_t msg = (size_t)m->B * m->T * m->config.C * sizeof(floatX), tied = tied_elems(m) * sizeof(floatX);
+    size_t msg = (size_t)m->rows * m->config.C * sizeof(floatX), tied = tied_elems(m) * sizeof(floatX);
     int recvs = 2 * accum + 2;
     if (nccl_mac_reserve(par->nccl, recvs, msg > tied ? msg : tied, err, sizeof(err)) != 0) die(1, err);
 }
@@ -1165,23 +1339,41 @@ static void print_device(const cudaDeviceProp *prop, double peak, const GpuOptio
 static void print_layout(const GPT2 *m, Parallel *par, const Options *o, int accum, int device) {
     const Grid *g = &par->grid;
     PipeLayout pl = job_pipeline(o, g->pp, accum);
+    char rows[96] = "";  // -sp: this rank's positions of the sequence-parallel region
+    if (m->sp) snprintf(rows, sizeof(rows), ", positions %d..%d, %zu bytes of activations", m->row0,
+                        m->row0 + m->rows - 1, m->act_bytes);
     if (g->rank == 0)
-        printf("layout: %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s schedule with %d micro-batches "
-               "(bubble %.3f), NCCL %d.%d.%d\n", g->world, g->dp, g->tp, g->pp, par->zero,
-               pipeline_name(pl.schedule), accum, pipeline_bubble(&pl), NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+        printf("layout: %d ranks = dp %d x tp %d x pp %d%s, ZeRO-%d, %s schedule with %d micro-batches "
+               "(bubble %.3f), NCCL %d.%d.%d\n", g->world, g->dp, g->tp, g->pp, m->sp ? " (sequence parallel)" : "",
+               par->zero, pipeline_name(pl.schedule), accum, pipeline_bubble(&pl), NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
     for (int r = 0; r < g->world; r++) {
         if (r == g->rank)
             printf("rank %d (dp %d, pp %d, tp %d): GPU %d, layers [%d, %d), %zu parameters here, "
-                   "%.2f GiB of weights, gradients and AdamW state, %.2f GiB of activations (%d sets)\n", r,
+                   "%.2f GiB of weights, gradients and AdamW state, %.2f GiB of activations (%d sets)%s\n", r,
                    g->dp_rank, g->pp_rank, g->tp_rank, device, m->shard.l0, m->shard.l1, m->ut.num_local,
-                   m->param_bytes / 1073741824.0, m->act_bytes / 1073741824.0, m->nacts);
+                   m->param_bytes / 1073741824.0, m->act_bytes / 1073741824.0, m->nacts, rows);
         fflush(stdout);
         nccl_barrier(par->nccl, &par->nccl->world);
     }
 }
 
-// where a pipeline message's B*T*C floatX live (each with room for its MAC
-// tag after it): an activation arrives as the micro-batch's stage input and
+// at the end of a job, rank 0: what the CUDA allocator says of its GPU
+// (cudaMemGetInfo, total less free: every process on that GPU, the ranks
+// that share it in host mode or under -hb 2 included, and CUDA's and NCCL's
+// own buffers), beside the trainer's own counts in the layout lines. The
+// trainer allocates everything before the first step, so this is near the
+// peak.
+static void print_gpu_memory(const Parallel *par, int device) {
+    size_t free_bytes = 0, total = 0;
+    if (par->grid.rank != 0 || cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) return;
+    printf("GPU %d memory in use at the end: %.1f MiB of %.1f MiB (cudaMemGetInfo: every process on that GPU)\n",
+           device, (total - free_bytes) / 1048576.0, total / 1048576.0);
+    fflush(stdout);
+}
+
+// where a pipeline message's rows*C floatX live (B*T*C, or under -sp this
+// rank's rows, which go to the same tp rank of the next stage): an
+// activation arrives as the micro-batch's stage input and
 // leaves as its stage output; a gradient arrives in grad_in and leaves from
 // dresidual, the gradient of the stage's input
 static floatX *pipe_buffer(GPT2 *m, PipeMsg msg, int incoming) {
@@ -1197,7 +1389,7 @@ static int stage_rank(const GPT2 *m, int pp_rank) {
 // sends out and receives in (either may be none) as one exchange, MAC'd
 static void pipe_exchange(GPT2 *m, PipeMsg out, PipeMsg in) {
     if (out.peer < 0 && in.peer < 0) return;
-    size_t bytes = (size_t)m->B * m->T * m->config.C * sizeof(floatX);
+    size_t bytes = (size_t)m->rows * m->config.C * sizeof(floatX);  // -sp: my rows
     nccl_sendrecv_mac(m->nccl, out.peer < 0 ? -1 : stage_rank(m, out.peer), out.channel, out.mb,
                       out.peer < 0 ? NULL : pipe_buffer(m, out, 0), out.peer < 0 ? 0 : bytes,
                       in.peer < 0 ? -1 : stage_rank(m, in.peer), in.channel, in.mb,
@@ -1255,7 +1447,8 @@ static void mac_check_or_exit(GPT2 *m, Parallel *par, const char *when) {
 
 // the end of a step, after its pipeline run, up to the update: the
 // data-parallel sums drained (they ran during the backward), the tied wte's
-// halves swapped, the replicated gradients shared from tp rank 0, every MAC
+// halves swapped, under -sp the LayerNorms' gradients summed over tp, the
+// replicated gradients shared from tp rank 0, every MAC
 // tag of the step checked (before anything is applied), the loss and the
 // stop requests summed, the norm queued. Returns the step's mean loss; the
 // loop then applies the update (gpt2_apply_update) unless it is not finite
@@ -1263,6 +1456,7 @@ static void mac_check_or_exit(GPT2 *m, Parallel *par, const char *when) {
 static float gpt2_step_loss(GPT2 *m, Parallel *par, int accum, int *stop) {
     nccl_side_drain(par->nccl);  // the data-parallel sums, made during the backward
     tied_exchange(m);
+    sp_sum_layernorm_grads(m);
     if (m->shard.tp > 1) for_each_run(m, tp_share_run, NULL, 0);
     mac_check_or_exit(m, par, "the step is not applied");
     double loss = world_loss_sum(m, par, stop) / ((double)m->B * m->T * accum * m->shard.dp);
@@ -1455,9 +1649,9 @@ int main(int argc, char **argv) {
     if (gpu_options_take(&gopt, &argc, argv, err, sizeof(err)) != 0) die_usage(err);
     // the job, checked once, by the launcher, before any rank starts or a GPU is touched
 #ifdef ENABLE_FP32
-    TrainerBuild build = {"the fp32 build of train_gpt2cu", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B, 0, 0};  // exact fp32, GELU unfused, no -sp yet
+    TrainerBuild build = {"the fp32 build of train_gpt2cu", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B, 1, 0};  // exact fp32, GELU unfused
 #else
-    TrainerBuild build = {"the bf16 build of train_gpt2cu", 1, 2, 1u << PS_GPIPE | 1u << PS_1F1B, 0, 0};  // bf16 GEMMs, GELU fused both ways, no -sp yet
+    TrainerBuild build = {"the bf16 build of train_gpt2cu", 1, 2, 1u << PS_GPIPE | 1u << PS_1F1B, 1, 0};  // bf16 GEMMs, GELU fused both ways
 #endif
     parse_flags(&job, argc, argv, gpu_usage_lines, &build);
     if (ckpt_check_flags(&job.opt, err, sizeof(err)) != 0) die_usage(err);  // before a launcher counts the GPUs
@@ -1486,7 +1680,7 @@ int main(int argc, char **argv) {
     double gpu_peak = gpu_peak_flops(prop.name), peak = gpu_peak * par.grid.world;  // the job's: all its GPUs'
     GPT2 model;
     gpt2_init_rank(&model, &job.config, params, (uint64_t)job.opt.seed, B, T, gopt.recompute, gopt.attention_tc,
-                   &par.grid, par.zero, activation_sets(&job, &par.grid), par.nccl);
+                   &par.grid, par.zero, activation_sets(&job, &par.grid), par.nccl, job.opt.sp);
     PipeLayout layout = job_pipeline(&job.opt, par.grid.pp, accum);
     if (pipeline_splits_backward(&layout)) gpt2_split_backward(&model);
     free(params);
@@ -1564,6 +1758,7 @@ int main(int argc, char **argv) {
 
     if (!stopped && final_model(&model, &par, &job) != 0) return 1;
     pipe_meter_print(&meter);
+    print_gpu_memory(&par, device);
     checks_free(&model);
     pipe_meter_free(&meter);
     watch_free(&watch);

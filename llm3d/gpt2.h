@@ -7,7 +7,7 @@
  *
  * defines:
  *   GPT2Config, the parameter layout (P_*): param_name, param_sizes,
- *     param_count, param_is_matrix, pad_vocab
+ *     param_count, param_is_matrix, param_is_layernorm, pad_vocab
  *   the seeded init: counter_normal, param_init_value, config_from_descriptor
  *   model files: check_config, model_read_header, model_load, model_save
  *   the debug state: DebugState, debug_state_load, debug_state_free
@@ -123,6 +123,12 @@ static size_t param_count(const GPT2Config *c) {
 // weight decay applies to the 2-D matrices only, as in GPT-2 and llm.c
 static int param_is_matrix(int t) {
     return t == P_WTE || t == P_WPE || t == P_QKVW || t == P_ATTPROJW || t == P_FCW || t == P_FCPROJW;
+}
+
+// the LayerNorms' weights and biases: under -sp each tp rank's gradient of
+// them covers its own positions only, and the trainers sum them over tp
+static int param_is_layernorm(int t) {
+    return t == P_LN1W || t == P_LN1B || t == P_LN2W || t == P_LN2B || t == P_LNFW || t == P_LNFB;
 }
 
 static int pad_vocab(int V) { return (V + VOCAB_PAD - 1) / VOCAB_PAD * VOCAB_PAD; }

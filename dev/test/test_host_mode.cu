@@ -15,7 +15,8 @@
  *
  * Ranks are real processes started by launcher.h's launcher, as the
  * trainer's are: `child coll` runs every collective on fp32, bf16 and bytes
- * in a dp 2 x tp 2 grid against the sums expected, the overlapped calls and
+ * in a dp 2 x tp 2 grid against the sums expected (with -sp 1's reduce-scatter
+ * and in-place all-gather of blocks of rows), the overlapped calls and
  * the MAC'd messages; `child pipe` sends a pipeline message a step under
  * each of the four faults. Built with nvcc -cudart shared (make
  * dev/test/test_host_mode), so that the stand-ins here take the place of
@@ -282,6 +283,28 @@ static void run_collectives(NcclComm *c, const Grid *g) {
         for (int i = 0; i < 5; i++) ok &= bout[k * 5 + i] == (uint8_t)(tp->ranks[k] * 16 + i);
     test_rank_check(r, "allgather_bytes", ok, "");
 
+    // -sp 1's pair on the tp group, as train_gpt2.cu's sp_reduce_scatter and
+    // sp_gather make them: each rank's partial sums of B*T = 6 rows of C = 8
+    // bf16, reduce-scattered out of place into its own block of R = 3 rows,
+    // then those rows all-gathered in place (mine = whole + me * R * C, as
+    // the final LayerNorm's output is): every rank ends with the sums of all
+    // the rows, block k from tp member k
+    enum { SP_ROWS = 6, SP_C = 8, SP_R = SP_ROWS / 2 };
+    uint16_t *partial = (uint16_t *)dev_alloc(SP_ROWS * SP_C * sizeof(uint16_t));
+    uint16_t *whole = (uint16_t *)dev_alloc(SP_ROWS * SP_C * sizeof(uint16_t)), *rows = whole + tp->me * SP_R * SP_C;
+    for (int i = 0; i < SP_ROWS * SP_C; i++) partial[i] = bf((float)((r * 3 + i) % 16));
+    memset(whole, 0, SP_ROWS * SP_C * sizeof(uint16_t));
+    nccl_reduce_scatter(c, &c->tp, partial, rows, SP_R * SP_C, ncclBfloat16, OP_SUM);
+    ok = 1;
+    for (int i = 0; i < SP_R * SP_C; i++) {
+        int at = tp->me * SP_R * SP_C + i;
+        ok &= rows[i] == bf((float)((tp->ranks[0] * 3 + at) % 16 + (tp->ranks[1] * 3 + at) % 16));
+    }
+    nccl_allgather(c, &c->tp, rows, whole, SP_R * SP_C, ncclBfloat16);
+    for (int i = 0; i < SP_ROWS * SP_C; i++)
+        ok &= whole[i] == bf((float)((tp->ranks[0] * 3 + i) % 16 + (tp->ranks[1] * 3 + i) % 16));
+    test_rank_check(r, "sp_rows_bf16", ok, "");
+
     // broadcast from tp member 1
     float *bc = (float *)dev_alloc(50 * sizeof(float));
     for (int i = 0; i < 50; i++) bc[i] = (float)(r * 7 + i);
@@ -407,7 +430,7 @@ static void test_collectives(void) {
     run_job(&j, "coll", 4, "10", NULL);
     const char *names[] = {"host_mode", "allreduce_fp32", "allreduce_bf16_one_rounding", "allreduce_bf16_avg",
                            "reduce_scatter_fp32", "reduce_scatter_fp32_in_place", "reduce_scatter_bf16",
-                           "allgather_bf16_odd", "allgather_bytes", "broadcast", "barrier", "side_calls",
+                           "allgather_bf16_odd", "allgather_bytes", "sp_rows_bf16", "broadcast", "barrier", "side_calls",
                            "sendrecv_mac", "send_recv", "staging_copies"};
     for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
         int ranks = 0;

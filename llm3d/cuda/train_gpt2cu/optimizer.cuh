@@ -5,6 +5,8 @@
  *
  * defines:
  *   tied_exchange       the tied wte's gradient halves swapped and added
+ *   sp_sum_layernorm_grads
+ *                       -sp 1: the LayerNorms' gradients summed over tp
  *   Run, for_each_run   what this rank updates, one run of one tensor at a
  *                       time, under each ZeRO stage
  *   gpt2_norm           the global gradient norm, over the world
@@ -18,7 +20,7 @@
  * A part of train_gpt2.cu, not a header of its own: train_gpt2.cu includes
  * it after its model's forward and backward, and it uses that file's GPT2,
  * param_at, master_at, grad_at, adam_at, unit_lo, unit_chunk, tied_elems,
- * tp_share_from_lead and gpu_sync.
+ * tp_share_from_lead, gpu_sync and the tp communicator's nccl_allreduce.
  */
 #ifndef LLM3D_GPU_OPTIMIZER_CUH
 #define LLM3D_GPU_OPTIMIZER_CUH
@@ -108,6 +110,22 @@ static void adam_run(GPT2 *m, const Run *r, void *ctx) {
 static void tp_share_run(GPT2 *m, const Run *r, void *ctx) {
     (void)ctx;
     if (tensor_is_replicated(r->tensor)) tp_share_from_lead(m, grad_at(m, r->u, r->j), r->n);
+}
+
+// -sp 1: each LayerNorm's weight and bias gradients came from this rank's
+// rows only (train_gpt2.cu's "sequence parallel"), so the step sums them over
+// the tp group, after the data-parallel sums and before tp_share_run, one
+// all-reduce per run of a LayerNorm tensor. Every tp rank walks the same
+// units, which hold the same tensors at the same offsets (the LayerNorms are
+// whole on every tp rank), so the runs and the calls line up.
+static void sp_layernorm_run(GPT2 *m, const Run *r, void *ctx) {
+    (void)ctx;
+    if (param_is_layernorm(r->tensor))
+        nccl_allreduce(m->nccl, &m->nccl->tp, grad_at(m, r->u, r->j), r->n, NCCL_FLOATX, OP_SUM);
+}
+
+static void sp_sum_layernorm_grads(GPT2 *m) {
+    if (m->sp) for_each_run(m, sp_layernorm_run, NULL, 0);
 }
 
 // the norm (every rank gets it, in sc.norm on the device), queued on the stream
