@@ -28,7 +28,8 @@
 #      of a MAC'd pipeline message refused ("does not verify"), kill and
 #      stall ending the job with the culprit named, -wr naming a slowed rank
 #      from NCCL's wait clocks, -ck a drifted replica; then every layout of
-#      test_layouts, fp32 within 1e-5 of one rank, a bf16 subset within 2e-2
+#      test_layouts, fp32 within 1e-5 of one rank, a bf16 subset within 2e-2,
+#      sequence parallelism (-sp 1) among them: tp 2, tp 4 and (2, 2, 2)
 #   6. over real NCCL: checkpoints of 8 ranks ((2, 2, 2), ZeRO 1 and 3, fp32)
 #      resumed bit for bit by the same layout, by one rank (1e-5) and by the
 #      CPU trainer; SIGTERM of an 8-rank job; 2 ranks started by a script,
@@ -432,6 +433,10 @@ layouts() {  # layouts PREC BOUND [MODE]: the one-rank runs first, then every la
         W=$(wt $m 4) background layout $p $b pp4_$s "$PP4" "-np 4 -pp 4 -ps $s -mb 4" $m
     done
     for z in 1 3; do W=$(wt $m 8) background layout $p $b grid222_z$z "$GRID" "-np 8 -tp 2 -pp 2 -z $z" $m; done
+    # sequence parallelism (-sp 1): the rows of each micro-batch split among the tp ranks
+    W=$(wt $m 2) background layout $p $b tp2_sp "$TP" "-np 2 -tp 2 -sp 1" $m
+    W=$(wt $m 4) background layout $p $b tp4_sp "$TP" "-np 4 -tp 4 -sp 1" $m
+    W=$(wt $m 8) background layout $p $b grid222_z1_sp "$GRID" "-np 8 -tp 2 -pp 2 -z 1 -sp 1" $m
     collect
 }
 layouts_bf16() {  # layouts_bf16 [MODE]: a subset of them in bf16, within 2e-2 (the "bf16 bound" above)
@@ -442,6 +447,7 @@ layouts_bf16() {  # layouts_bf16 [MODE]: a subset of them in bf16, within 2e-2 (
     W=$(wt $m 2) background layout bf16 2e-2 tp2 "$TP" "-np 2 -tp 2" $m
     W=$(wt $m 2) background layout bf16 2e-2 pp2_1f1b "$PP2" "-np 2 -pp 2 -ps 1f1b -mb 4" $m
     W=$(wt $m 8) background layout bf16 2e-2 grid222_z1 "$GRID" "-np 8 -tp 2 -pp 2 -z 1" $m
+    W=$(wt $m 2) background layout bf16 2e-2 tp2_sp "$TP" "-np 2 -tp 2 -sp 1" $m
     collect
 }
 
