@@ -583,14 +583,9 @@ int main(void) {
         skip("./train_gpt2 not built: the trainer's runs");
         return test_summary();
     }
-    if (test_make_dir(dir, sizeof(dir), "/tmp/llm3d_integrity_XXXXXX") != 0) {
-        check(0, "mkdtemp");
+    if (!check(test_shard_dir(dir, sizeof(dir), shards, sizeof(shards), "/tmp/llm3d_integrity_XXXXXX", 40000) == 0,
+               "a 40000-token shard in a new folder %s", dir))
         return test_summary();
-    }
-    snprintf(shards, sizeof(shards), "%s/train_*.bin", dir);
-    char path[300];
-    snprintf(path, sizeof(path), "%s/train_000000.bin", dir);
-    if (!check(test_write_shard(path, 40000) == 0, "a 40000-token shard in %s", dir)) return test_summary();
     test_corrupt();
     test_poison();
     test_quiet();

@@ -356,6 +356,32 @@ static void test_bubble(void) {
     check(one.ok && strstr(one.out, "pipeline bubble") == NULL, "one rank: no pipeline bubble printed");
 }
 
+// a checkpoint of step 5 written under schedule sa resumed under sb, and
+// one of sb resumed under sa, on layout lay: steps 5..9 within 1e-5 of base,
+// one rank's 10 steps of args (tag names the checkpoint folders)
+static void cross_resume(const Run *base, const char *args, const char *lay, const char *sa, const char *sb,
+                         const char *tag) {
+    const char *from[2] = {sa, sb}, *to[2] = {sb, sa};
+    for (int d = 0; d < 2 && base->ok; d++) {
+        static Run first, resumed;
+        char a[512], out[200], cmd[300];
+        snprintf(out, sizeof(out), "%s/%s_ckpt%d", dir, tag, d);
+        snprintf(a, sizeof(a), "%s %s %s -n 5 -o %s", args, lay, from[d], out);
+        run(&first, a);
+        snprintf(a, sizeof(a), "%s %s %s -ys 5 -o %s", args, lay, to[d], out);
+        run(&resumed, a);
+        int ok = first.ok && resumed.status == 0 && strstr(resumed.out, "resum") != NULL && resumed.nsteps == 5;
+        float w = 0.0f;
+        for (int k = 0; ok && k < 5; k++)
+            w = fmaxf(w, fmaxf(fabsf(resumed.loss[k] - base->loss[5 + k]), fabsf(resumed.norm[k] - base->norm[5 + k])));
+        if (!check(ok && w <= 1e-5f, "a checkpoint of step 5 under %s resumed under %s: steps 5..9 within %.2e of one "
+                   "rank's (exit %d, %d steps, <= 1e-5)", from[d], to[d], w, resumed.status, resumed.nsteps))
+            printf("%s\n%s\n", first.out, resumed.out);
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", out);
+        if (system(cmd) != 0) printf("note: could not remove %s\n", out);
+    }
+}
+
 // -ps zbv: two chunks per stage placed as a V (chunk 0 of stage s is part s,
 // chunk 1 part 2pp-1-s), so the last stage hands its chunk 0's output to
 // its chunk 1 and the gradient back (hand-offs, which the transport never
@@ -443,28 +469,7 @@ static void test_zbv(void) {
               "the most of its last part's micro-batches between F and W) for %d sets", heads[i].ps, pp, M,
               heads[i].stage, blocks, want, sets);
     }
-    // a checkpoint of step 5 under one schedule, resumed under the other
-    const char *args = "-e d4 -ec 64 -ev 256 -et 16 -b 1 -t 16 -d 128";
-    const char *from[2] = {"-ps zbv", "-ps 1f1b"}, *to[2] = {"-ps 1f1b", "-ps zbv"};
-    for (int d = 0; d < 2 && b8.ok; d++) {
-        static Run first, resumed;
-        char out[200];
-        snprintf(out, sizeof(out), "%s/zbv_ckpt%d", dir, d);
-        snprintf(a, sizeof(a), "%s -np 2 -pp 2 -mb 8 %s -n 5 -o %s", args, from[d], out);
-        run(&first, a);
-        snprintf(a, sizeof(a), "%s -np 2 -pp 2 -mb 8 %s -ys 5 -o %s", args, to[d], out);
-        run(&resumed, a);
-        int ok = first.ok && resumed.status == 0 && strstr(resumed.out, "resum") != NULL && resumed.nsteps == 5;
-        float w = 0.0f;
-        for (int k = 0; ok && k < 5; k++)
-            w = fmaxf(w, fmaxf(fabsf(resumed.loss[k] - b8.loss[5 + k]), fabsf(resumed.norm[k] - b8.norm[5 + k])));
-        if (!check(ok && w <= 1e-5f, "a checkpoint of step 5 under %s resumed under %s: steps 5..9 within %.2e of one "
-                   "rank's (exit %d, %d steps, <= 1e-5)", from[d], to[d], w, resumed.status, resumed.nsteps))
-            printf("%s\n%s\n", first.out, resumed.out);
-        char cmd[300];
-        snprintf(cmd, sizeof(cmd), "rm -rf %s", out);
-        if (system(cmd) != 0) printf("note: could not remove %s\n", out);
-    }
+    cross_resume(&b8, "-e d4 -ec 64 -ev 256 -et 16 -b 1 -t 16 -d 128", "-np 2 -pp 2 -mb 8", "-ps zbv", "-ps 1f1b", "zbv");
 }
 
 // -ps interleaved: V chunks of layers per stage, chunk c of stage r the
@@ -510,28 +515,8 @@ static void test_interleaved(void) {
     if (end != NULL) snprintf(line, sizeof(line), "%.*s", (int)(end - val), val);
     check(v1.ok && v2.ok && line[0] != '\0' && strstr(v2.out, line) != NULL,
           "pp 2 V 2: the first val loss as one rank's (\"%s\")", line);
-    // a checkpoint of step 5 under one schedule, resumed under the other
-    const char *args = "-e d4 -ec 64 -ev 256 -et 16 -b 1 -t 16 -d 64";
-    const char *from[2] = {"-ps interleaved -pv 2", "-ps 1f1b"}, *to[2] = {"-ps 1f1b", "-ps interleaved -pv 2"};
-    for (int d = 0; d < 2 && b4.ok; d++) {
-        static Run first, resumed;
-        char out[200];
-        snprintf(out, sizeof(out), "%s/il_ckpt%d", dir, d);
-        snprintf(a, sizeof(a), "%s -np 2 -pp 2 -mb 4 %s -n 5 -o %s", args, from[d], out);
-        run(&first, a);
-        snprintf(a, sizeof(a), "%s -np 2 -pp 2 -mb 4 %s -ys 5 -o %s", args, to[d], out);
-        run(&resumed, a);
-        int ok = first.ok && resumed.status == 0 && strstr(resumed.out, "resum") != NULL && resumed.nsteps == 5;
-        float w = 0.0f;
-        for (int k = 0; ok && k < 5; k++)
-            w = fmaxf(w, fmaxf(fabsf(resumed.loss[k] - b4.loss[5 + k]), fabsf(resumed.norm[k] - b4.norm[5 + k])));
-        if (!check(ok && w <= 1e-5f, "a checkpoint of step 5 under %s resumed under %s: steps 5..9 within %.2e of one "
-                   "rank's (exit %d, %d steps, <= 1e-5)", from[d], to[d], w, resumed.status, resumed.nsteps))
-            printf("%s\n%s\n", first.out, resumed.out);
-        char cmd[300];
-        snprintf(cmd, sizeof(cmd), "rm -rf %s", out);
-        if (system(cmd) != 0) printf("note: could not remove %s\n", out);
-    }
+    cross_resume(&b4, "-e d4 -ec 64 -ev 256 -et 16 -b 1 -t 16 -d 64", "-np 2 -pp 2 -mb 4", "-ps interleaved -pv 2",
+                 "-ps 1f1b", "il");
 }
 
 static void test_faults(void) {
@@ -1017,14 +1002,9 @@ int main(int argc, char **argv) {
         {"outside_launcher", test_outside_launcher},
     };
     if (access("./train_gpt2", X_OK) != 0) { skip("./train_gpt2 not built"); return test_summary(); }
-    if (test_make_dir(dir, sizeof(dir), "/tmp/llm3d_layouts_XXXXXX") != 0) {
-        check(0, "mkdtemp");
+    if (!check(test_shard_dir(dir, sizeof(dir), shards, sizeof(shards), "/tmp/llm3d_layouts_XXXXXX", 40000) == 0,
+               "a 40000-token shard in a new folder %s", dir))
         return test_summary();
-    }
-    snprintf(shards, sizeof(shards), "%s/train_*.bin", dir);
-    char path[300];
-    snprintf(path, sizeof(path), "%s/train_000000.bin", dir);
-    if (!check(test_write_shard(path, 40000) == 0, "a 40000-token shard in %s", dir)) return test_summary();
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++)
         if (argc < 2 || strstr(tests[i].name, argv[1]) != NULL) tests[i].run();
     test_remove_dir(dir);

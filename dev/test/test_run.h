@@ -21,6 +21,7 @@
  *   test_exists
  *   test_count, test_line_of             looking into a program's output
  *   test_write_shard, test_read_shard    token shards (dataloader.h's format)
+ *   test_shard_dir                       a scratch directory holding one shard
  *   test_write_key_file,                 --key-file files
  *   test_random_key_file
  *   test_log_value                       a field of a line of the trainer's log
@@ -210,6 +211,17 @@ static int test_write_shard(const char *path, int ntok) {
         fwrite(&t, 2, 1, f);
     }
     return fclose(f) == 0 ? 0 : -1;
+}
+
+// test_shard_dir: a scratch directory from pattern (test_make_dir) holding
+// one shard of ntok tokens, train_000000.bin (test_write_shard), and in
+// shards the pattern a trainer's -i takes for it; 0, or -1
+static int test_shard_dir(char *dir, size_t dirlen, char *shards, size_t shardslen, const char *pattern, int ntok) {
+    char path[400];
+    if (test_make_dir(dir, dirlen, pattern) != 0) return -1;
+    snprintf(shards, shardslen, "%s/train_*.bin", dir);
+    snprintf(path, sizeof(path), "%s/train_000000.bin", dir);
+    return test_write_shard(path, ntok);
 }
 
 // test_read_shard: the tokens of the shard at path, malloc'd, their number
