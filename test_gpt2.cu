@@ -987,21 +987,41 @@ static void test_ckpt_device(void) {
         AeadFileKey cipher;
         aead_file_key(&cipher, key);
         const AeadFileKey *sealed = k == 4 ? &cipher : NULL;
-        int good = ckpt_begin(dir, &st, sealed, err, sizeof(err)) == 0;
+        CkptShare shares[3];  // rank 0's, then every rank's added up (checkpoint.h's ckpt_write_files)
+        memset(shares, 0, sizeof(shares));
+        int good = ckpt_begin(dir, &st, sealed, shares, err, sizeof(err)) == 0;
         ckpt_dir_name(ck_dir, sizeof(ck_dir), dir, st.step, ".partial");
         char model_path[900], optim_path[900];
         snprintf(model_path, sizeof(model_path), "%s/model.bin", ck_dir);
         snprintf(optim_path, sizeof(optim_path), "%s/optim.bin", ck_dir);
+        const char *names[2] = {model_path, optim_path};
+        uint64_t chunks[2];
+        size_t msg_bytes[2];
+        uint8_t *msgs[2];
+        for (int f = 0; f < 2; f++) {  // the other ranks' masked shares, as they would reach rank 0
+            chunks[f] = aead_file_chunk_count(ckpt_file_bytes(f, &c), AEAD_FILE_CHUNK_BYTES);
+            msg_bytes[f] = ckpt_share_msg_bytes(chunks[f]);
+            msgs[f] = (uint8_t *)calloc((size_t)world, msg_bytes[f]);
+        }
         for (int rank = 0; rank < world && good; rank++) {
             Grid g;
             grid_init(&g, world, tp, pp, rank, err, sizeof(err));
             GPT2 r;
+            CkptShare mine[2];
+            memset(mine, 0, sizeof(mine));
             gpt2_init_rank(&r, &c, params, 0, 1, 8, 1, 0, &g, zero, 1, NULL, 0);
             good = gpt2_load_optimizer(&r, src, key, 7, err, sizeof(err)) == 0 &&
-                   write_part(&r, AT_FDCWD, model_path, optim_path, &cipher) == 0;
+                   write_part(&r, AT_FDCWD, model_path, optim_path, &cipher, rank == 0 ? shares : mine) == 0;
+            for (int f = 0; f < 2 && sealed != NULL && rank > 0; f++)
+                ckpt_share_pack(&mine[f], key, names[f], rank, chunks[f], msgs[f] + (size_t)rank * msg_bytes[f]);
+            for (int f = 0; f < 2; f++) ckpt_share_free(&mine[f]);
             gpt2_free(&r);
         }
-        good = good && ckpt_seal(dir, st.step, key, sealed, err, sizeof(err)) == 0;
+        for (int f = 0; f < 2 && sealed != NULL; f++)
+            good = good && ckpt_shares_combine(&shares[f], msgs[f], world, key, names[f], names[f], err, sizeof(err)) == 0;
+        good = good && ckpt_seal(dir, st.step, key, sealed, shares, err, sizeof(err)) == 0;
+        for (int f = 0; f < 3; f++) ckpt_share_free(&shares[f]);
+        for (int f = 0; f < 2; f++) free(msgs[f]);
         aead_file_key_wipe(&cipher);
         CkptState got;
         good = good && ckpt_find(dir, st.step, key, 1, &got, ck_dir, sizeof(ck_dir), err, sizeof(err)) == 1;

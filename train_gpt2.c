@@ -1321,16 +1321,19 @@ static void save_run(const OwnedRun *r, void *ctx) {
 
 // this rank's share of the model file model_name and, unless optim_name
 // is NULL (the final model), of optim.bin, both in -o (dfd) (ckpt_write_job's
-// and ckpt_write_model's part; cipher: for files rank 0 made sealed)
-static int save_part(void *ctx, int dfd, const char *model_name, const char *optim_name, const AeadFileKey *cipher) {
+// and ckpt_write_model's part; cipher: for files rank 0 made sealed, their
+// GHASH shares into shares[0] and shares[1])
+static int save_part(void *ctx, int dfd, const char *model_name, const char *optim_name, const AeadFileKey *cipher,
+                     CkptShare *shares) {
     GPT2 *m = (GPT2 *)ctx;
     SaveCtx sc;
     memset(&sc, 0, sizeof(sc));
     sc.m = m;
     sc.N = param_count(&m->config);
     sc.optim.fd = -1;
-    sc.error = ckpt_out_open_at(&sc.model, dfd, model_name, cipher);
-    int e = optim_name != NULL ? ckpt_out_open_at(&sc.optim, dfd, optim_name, cipher) : 0;
+    sc.error = ckpt_out_open_at(&sc.model, dfd, model_name, cipher, shares != NULL ? &shares[0] : NULL);
+    int e = optim_name != NULL ? ckpt_out_open_at(&sc.optim, dfd, optim_name, cipher, shares != NULL ? &shares[1] : NULL)
+                               : 0;
     if (sc.error == 0) sc.error = e;
     if (sc.error == 0) for_each_owned(&m->config, &m->shard, &m->ut, 1, save_run, &sc);
     e = ckpt_out_close(&sc.model, sc.error == 0);
@@ -1346,6 +1349,17 @@ static float save_sum(void *ctx, float x) {
     return x;
 }
 
+// every rank's bytes to rank 0, in rank order (a checkpoint's masked GHASH
+// shares): messages on the control channel, each wait bounded by -to
+static void save_gather(void *ctx, const void *mine, void *all, size_t bytes) {
+    GPT2 *m = (GPT2 *)ctx;
+    const Parallel *par = m->par;
+    if (par->grid.world == 1) return;
+    if (par->grid.rank != 0) comm_send(par->comm, 0, CH_CONTROL, 0, mine, bytes);
+    else
+        for (int r = 1; r < par->grid.world; r++) comm_recv(par->comm, r, CH_CONTROL, 0, (uint8_t *)all + r * bytes, bytes);
+}
+
 // how long this rank's collectives wait (a write lengthens it for its own waits)
 static double save_set_timeout(void *ctx, double seconds) {
     GPT2 *m = (GPT2 *)ctx;
@@ -1356,7 +1370,8 @@ static double save_set_timeout(void *ctx, double seconds) {
 // writes its part; the same verdict on every rank, 0 = complete and sealed)
 static int gpt2_checkpoint(GPT2 *m, int out_fd, const char *out_dir, int keep, const CkptState *st, const uint8_t key[32],
                            int encrypt) {
-    CkptJob job = {save_sum, save_part, save_set_timeout, m, m->par->grid.rank, encrypt};
+    CkptJob job = {save_sum, save_part, save_gather, save_set_timeout, m, m->par->grid.rank, m->par->grid.world,
+                   encrypt};
     return ckpt_write_job(&job, out_fd, out_dir, keep, st, key);
 }
 
@@ -1367,7 +1382,8 @@ static int gpt2_checkpoint(GPT2 *m, int out_fd, const char *out_dir, int keep, c
 // empty on the others.
 static int gpt2_write_model(GPT2 *m, int out_fd, const char *out_dir, int steps, const uint8_t key[32], int encrypt,
                             char *path, size_t pathlen, char *err, size_t errlen) {
-    CkptJob job = {save_sum, save_part, save_set_timeout, m, m->par->grid.rank, encrypt};
+    CkptJob job = {save_sum, save_part, save_gather, save_set_timeout, m, m->par->grid.rank, m->par->grid.world,
+                   encrypt};
     return ckpt_write_model(&job, out_fd, out_dir, steps, &m->config, key, path, pathlen, err, errlen);
 }
 

@@ -1551,9 +1551,32 @@ static float ckpt_sum(void *ctx, float x) {
     return world_sum(k->m, k->par, x);
 }
 
-static int ckpt_part(void *ctx, int dfd, const char *model_name, const char *optim_name, const AeadFileKey *cipher) {
+static int ckpt_part(void *ctx, int dfd, const char *model_name, const char *optim_name, const AeadFileKey *cipher,
+                     CkptShare *shares) {
     CkptCtx *k = (CkptCtx *)ctx;
-    return write_part(k->m, dfd, model_name, optim_name, cipher);
+    return write_part(k->m, dfd, model_name, optim_name, cipher, shares);
+}
+
+// every rank's bytes to rank 0, in rank order (a checkpoint's masked GHASH
+// shares), through a device buffer: NCCL's (or host mode's) send and
+// receive, each wait bounded by -to
+static void ckpt_gather(void *ctx, const void *mine, void *all, size_t bytes) {
+    CkptCtx *k = (CkptCtx *)ctx;
+    int world = k->par->grid.world, rank = k->par->grid.rank;
+    if (world == 1) return;
+    uint8_t *dev = NULL;
+    CUDA_CHECK(cudaMalloc((void **)&dev, rank == 0 ? (size_t)world * bytes : bytes));
+    if (rank != 0) {
+        CUDA_CHECK(cudaMemcpyAsync(dev, mine, bytes, cudaMemcpyHostToDevice, k->par->nccl->stream));
+        nccl_sync(k->par->nccl, k->par->nccl->stream, "the checkpoint's GHASH shares");  // in place before a send
+        nccl_send(k->par->nccl, 0, CH_CONTROL, 0, dev, bytes);
+    } else {
+        for (int r = 1; r < world; r++) nccl_recv(k->par->nccl, r, CH_CONTROL, 0, dev + (size_t)r * bytes, bytes);
+    }
+    nccl_sync(k->par->nccl, k->par->nccl->stream, "the checkpoint's GHASH shares");
+    if (rank == 0)
+        CUDA_CHECK(cudaMemcpy((uint8_t *)all + bytes, dev + bytes, (size_t)(world - 1) * bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(dev));
 }
 
 // how long this rank's collectives wait (a write lengthens it for its own waits)
@@ -1570,7 +1593,8 @@ static double ckpt_set_timeout(void *ctx, double seconds) {
 static int gpt2_checkpoint(GPT2 *m, Parallel *par, int out_fd, const char *out_dir, int keep, const CkptState *st,
                            const uint8_t key[32], int encrypt) {
     CkptCtx ctx = {m, par};
-    CkptJob job = {ckpt_sum, ckpt_part, ckpt_set_timeout, &ctx, par->grid.rank, encrypt};
+    CkptJob job = {ckpt_sum, ckpt_part, ckpt_gather, ckpt_set_timeout, &ctx, par->grid.rank, par->grid.world,
+                   encrypt};
     return ckpt_write_job(&job, out_fd, out_dir, keep, st, key);
 }
 
@@ -1583,7 +1607,8 @@ static int gpt2_checkpoint(GPT2 *m, Parallel *par, int out_fd, const char *out_d
 static int gpt2_write_model(GPT2 *m, Parallel *par, int out_fd, const char *out_dir, int steps, const uint8_t key[32],
                             int encrypt, char *path, size_t pathlen, char *err, size_t errlen) {
     CkptCtx ctx = {m, par};
-    CkptJob job = {ckpt_sum, ckpt_part, ckpt_set_timeout, &ctx, par->grid.rank, encrypt};
+    CkptJob job = {ckpt_sum, ckpt_part, ckpt_gather, ckpt_set_timeout, &ctx, par->grid.rank, par->grid.world,
+                   encrypt};
     return ckpt_write_model(&job, out_fd, out_dir, steps, &m->config, key, path, pathlen, err, errlen);
 }
 

@@ -58,6 +58,10 @@
  *     CkptOut, ckpt_out_open_at, ckpt_out_open, ckpt_out_pwrite, ckpt_out_close
  *                         one file open for a rank's writes at plaintext
  *                         offsets, encrypted at their places when sealed
+ *     CkptShare, ckpt_share_free, ckpt_share_pack, ckpt_share_msg_bytes,
+ *     ckpt_shares_combine  a sealed file's GHASH shares: one writer's, masked
+ *                         for rank 0, and every writer's added up there
+ *     ckpt_seal_tags      a sealed file's tags from them
  *     ckpt_begin_at, ckpt_seal_at (ckpt_begin, ckpt_seal: by path, for tests)
  *                         rank 0's steps: the .partial directory made, then
  *                         sealed and given its final name
@@ -107,9 +111,13 @@
  * derived from the checkpoint key, so a copy of the volume without the key
  * tells nothing but the sizes. Each file's first bytes say which it is, so
  * any run reads either kind; the MANIFEST (over the sealed bytes) stays as it
- * is. A rank encrypts what it writes at its place; once all have, rank 0
- * reads each file once for both each chunk's tag and the MANIFEST's
- * SHA-256 of it. A resuming rank decrypts only the chunks that hold its
+ * is. A rank encrypts what it writes at its place and, in the same pass,
+ * hashes it: its GHASH shares of the chunks' tags, which go to rank 0 masked,
+ * over the job's communicator (never to disk, never in the clear: see
+ * "GHASH shares" below); once all have, rank 0 adds them up into the tags,
+ * refusing to seal unless every rank's shares came and cover every byte,
+ * and reads each file once for the MANIFEST's SHA-256, as for a plain
+ * checkpoint. A resuming rank decrypts only the chunks that hold its
  * part of model.bin and optim.bin (ckpt_mark_chunks), each checked against
  * its tag. doc/security.md has more.
  *
@@ -1102,26 +1110,245 @@ static void ckpt_prune(int dfd, int newest, int keep) {
     fsync(dfd);
 }
 
-// a sealed file's chunk tags, once every rank's part is in, and an fsync;
-// with sha and size, the file's SHA-256 and size too, from the same read
-static int ckpt_seal_tags(int dfd, const char *name, const char *path, const AeadFileKey *cipher, uint8_t sha[32],
-                          uint64_t *size, char *err, size_t errlen) {
+// ----------------------------------------------------------------------------
+// GHASH shares: how a sealed file that several ranks wrote gets its chunk
+// tags without being read back, and without a GHASH value ever written or
+// sent in the clear.
+//
+// Each writer hashes what it encrypts, in the same pass (aead.h's
+// aead_file_ctr_sums): its share of each chunk's GHASH, and how many bytes
+// of the chunk it wrote. A share is secret (aead.h says why: with the
+// ciphertext it gives H, and H forges tags), so it never leaves a rank as it
+// is. Rank r > 0 sends rank 0, over the job's communicator, each share XOR a
+// mask: AES-CTR's keystream under a key derived from the checkpoint key, the
+// file's id, its chunk count and its name, with the rank as the nonce
+// (ckpt_mask_key, ckpt_mask_xor). Rank 0 derives the same masks and takes
+// them off, so the masks of all writers sum (XOR) to zero, rank 0's own
+// being the sum of the others'; rank 0's share is never sent. What crosses
+// the communicator is therefore pseudorandom to anyone without the key,
+// every mask is used once (file ids are fresh, a rank sends once per file),
+// and only rank 0 learns the full GHASH S of a chunk, in memory, for the
+// moment it makes the tag S xor E_K(J0) (S with the tag would give E_K(J0)
+// and then an equation in H). Nothing of it is written anywhere.
+//
+// Rank 0 seals a file only when every rank's message is there, of this file
+// (its id and chunk count) and from that rank, and the bytes the writers
+// counted cover each chunk exactly; otherwise it refuses with one line
+// naming the file, the rank or the chunk. There is no fallback to reading
+// the file back for the tags.
+
+typedef struct {
+    uint64_t file_id, chunks;  // the sealed file the shares are of (chunks 0: none yet)
+    uint8_t *sums;             // 16 bytes a chunk: GHASH shares (secret, wiped when freed)
+    uint64_t *bytes;           // a chunk's plaintext bytes this writer encrypted (rank 0: all writers')
+    int ranks;                 // rank 0 after ckpt_shares_combine: how many writers rank_bytes holds
+    uint64_t *rank_bytes;      // ... and each one's bytes of each chunk (rank r's at r * chunks), for errors
+} CkptShare;
+
+static void ckpt_share_free(CkptShare *s) {
+    if (s->sums != NULL) secure_wipe(s->sums, (size_t)s->chunks * 16);
+    free(s->sums);
+    free(s->bytes);
+    free(s->rank_bytes);
+    memset(s, 0, sizeof(*s));
+}
+
+// s ready for the writes of the sealed file f: kept as it is when it is f's
+// already (rank 0 writes a file's header, then its part), else new. 0, or an
+// errno (EINVAL: s holds another file's shares)
+static int ckpt_share_start(CkptShare *s, const AeadFile *f) {
+    if (s->sums != NULL) return s->file_id == f->file_id && s->chunks == f->chunks ? 0 : EINVAL;
+    s->sums = (uint8_t *)calloc((size_t)f->chunks, 16);
+    s->bytes = (uint64_t *)calloc((size_t)f->chunks, sizeof(uint64_t));
+    if (s->sums == NULL || s->bytes == NULL) {
+        free(s->sums);
+        free(s->bytes);
+        memset(s, 0, sizeof(*s));
+        return ENOMEM;
+    }
+    s->file_id = f->file_id;
+    s->chunks = f->chunks;
+    return 0;
+}
+
+#define CKPT_MASK_LABEL "llm3d GHASH share mask 1"
+#define CKPT_SHARE_MAGIC "llm3dgs1"
+#define CKPT_SHARE_HEAD 32
+
+// the key of one file's masks: HMAC(HMAC(checkpoint key, LABEL), file id ||
+// chunks || name), as an AES key; name is the file's name in -o, which
+// every rank knows alike
+static void ckpt_mask_key(AeadKey *mk, const uint8_t key[32], uint64_t file_id, uint64_t chunks, const char *name) {
+    uint8_t k1[32], k2[32], msg[16 + 256];
+    size_t n = strlen(name) < 256 ? strlen(name) : 256;
+    hmac_sha256(key, 32, CKPT_MASK_LABEL, strlen(CKPT_MASK_LABEL), k1);
+    put_u64(msg, file_id);
+    put_u64(msg + 8, chunks);
+    memcpy(msg + 16, name, n);
+    hmac_sha256(k1, 32, msg, 16 + n, k2);
+    aead_init(mk, k2);
+    secure_wipe(k1, sizeof(k1));
+    secure_wipe(k2, sizeof(k2));
+}
+
+// out (16 bytes a chunk) XOR rank's masks: the keystream of nonce "rank"
+static void ckpt_mask_xor(const AeadKey *mk, int rank, uint64_t chunks, uint8_t *out) {
+    uint8_t iv[12] = {'m', 'a', 's', 'k'};
+    put_u32(iv + 4, (uint32_t)rank);
+    aead_ctr(mk, iv, sizeof(iv), 0, out, out, (size_t)chunks * 16);
+}
+
+// what rank r sends rank 0 for a file of `chunks` chunks
+static size_t ckpt_share_msg_bytes(uint64_t chunks) { return CKPT_SHARE_HEAD + (size_t)chunks * 24; }
+
+// rank's message into msg (ckpt_share_msg_bytes(chunks)): magic, the file's
+// id, its chunk count and the rank, then each chunk's share masked, then
+// each chunk's byte count. A share of another size (or none) goes as its
+// header alone, for rank 0 to refuse by name.
+static void ckpt_share_pack(const CkptShare *s, const uint8_t key[32], const char *name, int rank, uint64_t chunks,
+                            uint8_t *msg) {
+    memset(msg, 0, ckpt_share_msg_bytes(chunks));
+    memcpy(msg, CKPT_SHARE_MAGIC, 8);
+    put_u64(msg + 8, s->file_id);
+    put_u64(msg + 16, s->chunks);
+    put_u32(msg + 24, (uint32_t)rank);
+    if (s->sums == NULL || s->chunks != chunks) return;
+    AeadKey mk;
+    ckpt_mask_key(&mk, key, s->file_id, chunks, name);
+    memcpy(msg + CKPT_SHARE_HEAD, s->sums, (size_t)chunks * 16);
+    ckpt_mask_xor(&mk, rank, chunks, msg + CKPT_SHARE_HEAD);
+    for (uint64_t i = 0; i < chunks; i++) put_u64(msg + CKPT_SHARE_HEAD + chunks * 16 + 8 * i, s->bytes[i]);
+    aead_wipe(&mk);
+}
+
+// rank 0: the other ranks' messages (msgs: world of msg_bytes each, rank r's
+// at r; rank 0's own slot unused) added into its own share s, each one's
+// masks taken off, and every writer's bytes of each chunk kept for errors.
+// -1 with err naming the file (path), the rank and what is wrong.
+static int ckpt_shares_combine(CkptShare *s, const uint8_t *msgs, int world, const uint8_t key[32], const char *name,
+                               const char *path, char *err, size_t errlen) {
+    if (s->sums == NULL) return errorf(err, errlen, "%s: rank 0 has no GHASH shares of it: not sealed", path);
+    uint64_t chunks = s->chunks;
+    size_t msg_bytes = ckpt_share_msg_bytes(chunks);
+    s->rank_bytes = (uint64_t *)calloc((size_t)world * chunks, sizeof(uint64_t));
+    uint8_t *sums = (uint8_t *)malloc((size_t)chunks * 16);
+    if (s->rank_bytes == NULL || sums == NULL) {
+        free(sums);
+        return errorf(err, errlen, "%s: out of memory for %d ranks' GHASH shares", path, world);
+    }
+    s->ranks = world;
+    memcpy(s->rank_bytes, s->bytes, (size_t)chunks * sizeof(uint64_t));
+    AeadKey mk;
+    ckpt_mask_key(&mk, key, s->file_id, chunks, name);
+    int rc = 0;
+    for (int r = 1; r < world && rc == 0; r++) {
+        const uint8_t *m = msgs + (size_t)r * msg_bytes;
+        if (memcmp(m, CKPT_SHARE_MAGIC, 8) != 0 || get_u32(m + 24) != (uint32_t)r) {
+            rc = errorf(err, errlen, "%s: rank %d's GHASH shares did not arrive (no message of rank %d's): not sealed",
+                        path, r, r);
+        } else if (get_u64(m + 8) != s->file_id || get_u64(m + 16) != chunks) {
+            rc = errorf(err, errlen, "%s: rank %d's GHASH shares are of file id %016llx in %llu chunks, rank 0's of "
+                        "%016llx in %llu: not sealed", path, r, (unsigned long long)get_u64(m + 8),
+                        (unsigned long long)get_u64(m + 16), (unsigned long long)s->file_id, (unsigned long long)chunks);
+        } else {
+            memcpy(sums, m + CKPT_SHARE_HEAD, (size_t)chunks * 16);
+            ckpt_mask_xor(&mk, r, chunks, sums);
+            for (size_t b = 0; b < (size_t)chunks * 16; b++) s->sums[b] ^= sums[b];
+            for (uint64_t i = 0; i < chunks; i++) {
+                uint64_t n = get_u64(m + CKPT_SHARE_HEAD + chunks * 16 + 8 * i);
+                s->rank_bytes[(size_t)r * chunks + i] = n;
+                s->bytes[i] += n < AEAD_FILE_MAX_CHUNK_BYTES ? n : AEAD_FILE_MAX_CHUNK_BYTES;  // no wrap-around
+            }
+        }
+    }
+    secure_wipe(sums, (size_t)chunks * 16);
+    free(sums);
+    aead_wipe(&mk);
+    return rc;
+}
+
+// that the writers' bytes cover each chunk of f exactly once; else -1 with
+// err naming the file, the chunk and the ranks that wrote in it
+static int ckpt_shares_cover(const CkptShare *s, const AeadFile *f, const char *path, char *err, size_t errlen) {
+    for (uint64_t i = 0; i < f->chunks; i++) {
+        uint64_t len = aead_file_chunk_len(f, i);
+        if (s->bytes[i] == len) continue;
+        char who[160] = "";
+        size_t at = 0;
+        int ranks = s->ranks > 0 ? s->ranks : 1, named = 0;
+        for (int r = 0; r < ranks && at < sizeof(who) - 40; r++) {
+            uint64_t n = s->rank_bytes != NULL ? s->rank_bytes[(size_t)r * s->chunks + i] : s->bytes[i];
+            if (n == 0) continue;
+            at += (size_t)snprintf(who + at, sizeof(who) - at, "%srank %d: %llu", named++ ? ", " : "", r,
+                                   (unsigned long long)n);
+        }
+        return errorf(err, errlen, "%s: chunk %llu of %llu (plaintext bytes %llu..%llu): the writers' GHASH shares "
+                      "count %llu of its %llu bytes (%s): a rank's share is missing or doubled; not sealed", path,
+                      (unsigned long long)i, (unsigned long long)f->chunks, (unsigned long long)(i * f->chunk_bytes),
+                      (unsigned long long)(i * f->chunk_bytes + len), (unsigned long long)s->bytes[i],
+                      (unsigned long long)len, named ? who : "no rank wrote in it");
+    }
+    return 0;
+}
+
+// the SHA-256 of the file at fd, size bytes, read front to back
+static int ckpt_sha_fd(int fd, uint64_t size, uint8_t sha[32]) {
+    const size_t piece = 1u << 20;
+    uint8_t *buf = (uint8_t *)malloc(piece);
+    if (buf == NULL) return ENOMEM;
+    Sha256 h;
+    sha256_init(&h);
+    int e = 0;
+    for (uint64_t at = 0; at < size && e == 0; at += piece) {
+        size_t n = size - at < piece ? (size_t)(size - at) : piece;
+        if (pread_all(fd, buf, n, at) != 0) e = errno;
+        else sha256_update(&h, buf, n);
+    }
+    if (e == 0) sha256_final(&h, sha);
+    free(buf);
+    return e;
+}
+
+// a sealed file's chunk tags from the writers' shares (all of them, added
+// up: ckpt_shares_combine), once every rank's part is in, and an fsync;
+// with sha and size, the file's SHA-256 and size too, read back as a plain
+// checkpoint's are for its MANIFEST. Refused, with one line, unless the
+// shares are of this file and cover every byte of it once.
+static int ckpt_seal_tags(int dfd, const char *name, const char *path, const AeadFileKey *cipher, const CkptShare *share,
+                          uint8_t sha[32], uint64_t *size, char *err, size_t errlen) {
     int fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return errorf(err, errlen, "%s: %s", path, strerror(errno));
     AeadFile f;
+    uint8_t *tags = NULL;
     int rc = aead_file_read_header(fd, &f, cipher, path, err, errlen);
-    if (rc == 0) rc = aead_file_write_tags(fd, &f, cipher, sha, path, err, errlen);
+    if (rc == 0 && (share == NULL || share->sums == NULL || share->file_id != f.file_id || share->chunks != f.chunks))
+        rc = errorf(err, errlen, "%s: the writers' GHASH shares are not of this file (header: id %016llx, %llu chunks; "
+                    "shares: id %016llx, %llu chunks): not sealed", path, (unsigned long long)f.file_id,
+                    (unsigned long long)f.chunks, (unsigned long long)(share != NULL ? share->file_id : 0),
+                    (unsigned long long)(share != NULL ? share->chunks : 0));
+    if (rc == 0) rc = ckpt_shares_cover(share, &f, path, err, errlen);
+    if (rc == 0 && (tags = (uint8_t *)malloc((size_t)f.chunks * AEAD_TAG_BYTES)) == NULL)
+        rc = errorf(err, errlen, "%s: out of memory for the tags", path);
+    if (rc == 0) {
+        aead_file_tags_from_sums(&f, cipher, share->sums, tags);
+        if (pwrite_all(fd, tags, (size_t)f.chunks * AEAD_TAG_BYTES, AEAD_FILE_HEADER_BYTES + f.plain_bytes) != 0)
+            rc = errorf(err, errlen, "%s: write the tags: %s", path, strerror(errno));
+    }
+    int e = rc == 0 && sha != NULL ? ckpt_sha_fd(fd, aead_file_bytes(f.plain_bytes, f.chunk_bytes), sha) : 0;
+    if (e != 0) rc = errorf(err, errlen, "%s: read: %s", path, strerror(e));
     if (rc == 0 && fsync(fd) != 0) rc = errorf(err, errlen, "%s: fsync: %s", path, strerror(errno));
     if (rc == 0 && size != NULL) *size = aead_file_bytes(f.plain_bytes, f.chunk_bytes);
+    free(tags);
     close(fd);
     return rc;
 }
 
 // rank 0, once every rank's part is in: seals the .partial directory of step
 // `step` and gives it its final name. With cipher, each file's chunk tags are
-// made in the same read that hashes it for the MANIFEST.
+// made from shares[i] (ckpt_files' order: every writer's GHASH shares, added
+// up), and the file is read back for the MANIFEST, as a plain one is.
 static int ckpt_seal_at(int dfd, const char *out_dir, int step, const uint8_t key[32], const AeadFileKey *cipher,
-                        char *err, size_t errlen) {
+                        const CkptShare *shares, char *err, size_t errlen) {
     char partial[4096], partial_name[64], final_name[64];
     ckpt_dir_name(partial, sizeof(partial), out_dir, step, ".partial");
     ckpt_entry_name(partial_name, step, ".partial");
@@ -1136,7 +1363,8 @@ static int ckpt_seal_at(int dfd, const char *out_dir, int step, const uint8_t ke
             uint8_t sha[32];
             uint64_t size = 0;
             snprintf(path, sizeof(path), "%s/%s", partial, ckpt_files[i]);
-            rc = ckpt_seal_tags(pfd, ckpt_files[i], path, cipher, sha, &size, err, errlen);
+            rc = ckpt_seal_tags(pfd, ckpt_files[i], path, cipher, shares != NULL ? &shares[i] : NULL, sha, &size, err,
+                                errlen);
             if (rc == 0) rc = manifest_add_entry(&m, ckpt_files[i], size, sha, err, errlen);
         } else {
             rc = manifest_add_file_at(&m, pfd, partial, ckpt_files[i], err, errlen);
@@ -1155,24 +1383,28 @@ static int ckpt_seal_at(int dfd, const char *out_dir, int step, const uint8_t ke
 }
 
 // the same with -o given by its path (the tests)
-static int ckpt_seal(const char *out_dir, int step, const uint8_t key[32], const AeadFileKey *cipher, char *err,
-                     size_t errlen) {
+static int ckpt_seal(const char *out_dir, int step, const uint8_t key[32], const AeadFileKey *cipher,
+                     const CkptShare *shares, char *err, size_t errlen) {
     int dfd = ckpt_dir_open(out_dir, err, errlen);
     if (dfd < 0) return -1;
-    int rc = ckpt_seal_at(dfd, out_dir, step, key, cipher, err, errlen);
+    int rc = ckpt_seal_at(dfd, out_dir, step, key, cipher, shares, err, errlen);
     close(dfd);
     return rc;
 }
 
 // one checkpoint file open for a rank's writes, at plaintext offsets: a
 // plain file, or a sealed one (its header says), whose writes are then
-// encrypted at their places through a bounce buffer
+// encrypted at their places through a bounce buffer, their GHASH shares and
+// byte counts added into a CkptShare as they go
 #define CKPT_BOUNCE_BYTES (4u << 20)
-typedef struct { int fd, sealed; AeadFile file; const AeadFileKey *cipher; uint8_t *bounce; } CkptOut;
+typedef struct { int fd, sealed; AeadFile file; const AeadFileKey *cipher; uint8_t *bounce; CkptShare *share; } CkptOut;
 
-// the file `name` of the directory open at dfd (AT_FDCWD: a path); 0, or
-// an errno (EBADMSG: a sealed file's header is not for this key)
-static int ckpt_out_open_at(CkptOut *o, int dfd, const char *name, const AeadFileKey *cipher) {
+// the file `name` of the directory open at dfd (AT_FDCWD: a path); of a
+// sealed one, the shares go into share, which must be given (a sealed file
+// gets its tags from its writers' shares only). 0, or an errno (EBADMSG: a
+// sealed file's header is not for this key; EINVAL: no share, or share
+// holds another file's)
+static int ckpt_out_open_at(CkptOut *o, int dfd, const char *name, const AeadFileKey *cipher, CkptShare *share) {
     memset(o, 0, sizeof(*o));
     o->fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (o->fd < 0) return errno;
@@ -1180,23 +1412,26 @@ static int ckpt_out_open_at(CkptOut *o, int dfd, const char *name, const AeadFil
     o->sealed = pread_all(o->fd, first, sizeof(first), 0) == 0 && aead_file_is_sealed(first, sizeof(first));
     if (!o->sealed) return 0;
     o->cipher = cipher;
+    o->share = share;
     o->bounce = (uint8_t *)malloc(CKPT_BOUNCE_BYTES);
     if (o->bounce == NULL) return ENOMEM;
     if (cipher == NULL || aead_file_read_header(o->fd, &o->file, cipher, name, NULL, 0) != 0) return EBADMSG;
-    return 0;
+    return share == NULL ? EINVAL : ckpt_share_start(share, &o->file);
 }
 
-static int ckpt_out_open(CkptOut *o, const char *path, const AeadFileKey *cipher) {
-    return ckpt_out_open_at(o, AT_FDCWD, path, cipher);
+static int ckpt_out_open(CkptOut *o, const char *path, const AeadFileKey *cipher, CkptShare *share) {
+    return ckpt_out_open_at(o, AT_FDCWD, path, cipher, share);
 }
 
 // n bytes at plaintext offset `offset`; -1 with errno
 static int ckpt_out_pwrite(CkptOut *o, const void *buf, size_t n, size_t offset) {
     if (!o->sealed) return pwrite_all(o->fd, buf, n, offset);
-    return aead_file_pwrite(o->fd, &o->file, o->cipher, buf, n, offset, o->bounce, CKPT_BOUNCE_BYTES);
+    return aead_file_pwrite(o->fd, &o->file, o->cipher, buf, n, offset, o->bounce, CKPT_BOUNCE_BYTES, o->share->sums,
+                            o->share->bytes);
 }
 
-// fsync (when sync) and close; 0, or an errno
+// fsync (when sync) and close; 0, or an errno. The shares stay in the
+// CkptShare, for the job to send rank 0.
 static int ckpt_out_close(CkptOut *o, int sync) {
     int e = 0;
     if (o->fd >= 0 && sync && fsync(o->fd) != 0) e = errno;
@@ -1209,11 +1444,12 @@ static int ckpt_out_close(CkptOut *o, int sync) {
 
 // a new file `name` in the directory dfd (AT_FDCWD: a path) at its full size: the plaintext header
 // (header_bytes of it) in, the rest zero; sealed under cipher when given
-// (its own header, then the plaintext header encrypted at offset 0). 0, or
-// -1 with err naming path (the file's name for messages). A file this call
-// made and could not fill is removed; one that was there already is left.
+// (its own header, then the plaintext header encrypted at offset 0, its
+// GHASH shares the first in share). 0, or -1 with err naming path (the
+// file's name for messages). A file this call made and could not fill is
+// removed; one that was there already is left.
 static int ckpt_make_file(int dfd, const char *name, const char *path, const void *header, size_t header_bytes,
-                          uint64_t bytes, const AeadFileKey *cipher, char *err, size_t errlen) {
+                          uint64_t bytes, const AeadFileKey *cipher, CkptShare *share, char *err, size_t errlen) {
     AeadFile f;
     // the sealed header first: a file aead_file_new refuses is never made
     if (cipher != NULL && aead_file_new(&f, cipher, bytes, AEAD_FILE_CHUNK_BYTES, path, err, errlen) != 0) return -1;
@@ -1224,9 +1460,13 @@ static int ckpt_make_file(int dfd, const char *name, const char *path, const voi
         if (e == 0 && ftruncate(fd, (off_t)bytes) != 0) e = errno;
     } else if (e == 0) {
         uint8_t bounce[4096];
-        if (write_all(fd, f.header, sizeof(f.header)) != 0) e = errno;
+        ckpt_share_free(share);  // a share of a file made before (a write that failed) gives way
+        e = ckpt_share_start(share, &f);
+        if (e == 0 && write_all(fd, f.header, sizeof(f.header)) != 0) e = errno;
         if (e == 0 && ftruncate(fd, (off_t)aead_file_bytes(bytes, AEAD_FILE_CHUNK_BYTES)) != 0) e = errno;
-        if (e == 0 && aead_file_pwrite(fd, &f, cipher, header, header_bytes, 0, bounce, sizeof(bounce)) != 0) e = errno;
+        if (e == 0 && aead_file_pwrite(fd, &f, cipher, header, header_bytes, 0, bounce, sizeof(bounce), share->sums,
+                                       share->bytes) != 0)
+            e = errno;
     }
     if (e == 0 && fsync(fd) != 0) e = errno;
     if (fd >= 0 && close(fd) != 0 && e == 0) e = errno;
@@ -1236,10 +1476,11 @@ static int ckpt_make_file(int dfd, const char *name, const char *path, const voi
 
 // rank 0, before the ranks write: an empty .partial directory with model.bin
 // and optim.bin at their full size (headers in, tensors zero) and state.bin;
-// sealed files under cipher when given. On a failure the .partial directory
-// is removed again.
-static int ckpt_begin_at(int dfd, const char *out_dir, const CkptState *s, const AeadFileKey *cipher, char *err,
-                         size_t errlen) {
+// sealed files under cipher when given, rank 0's GHASH shares of what it
+// wrote in shares[i] (ckpt_files' order). On a failure the .partial
+// directory is removed again.
+static int ckpt_begin_at(int dfd, const char *out_dir, const CkptState *s, const AeadFileKey *cipher,
+                         CkptShare *shares, char *err, size_t errlen) {
     char name[64];
     ckpt_entry_name(name, s->step, ".partial");
     ckpt_remove_at(dfd, name);
@@ -1257,8 +1498,8 @@ static int ckpt_begin_at(int dfd, const char *out_dir, const CkptState *s, const
     for (int i = 0; i < 3 && rc == 0; i++) {
         char path[4200];
         snprintf(path, sizeof(path), "%s/%s/%s", out_dir, name, ckpt_files[i]);
-        rc = ckpt_make_file(pfd, ckpt_files[i], path, h[i], sizeof(h[i]), ckpt_file_bytes(i, &s->config), cipher, err,
-                            errlen);
+        rc = ckpt_make_file(pfd, ckpt_files[i], path, h[i], sizeof(h[i]), ckpt_file_bytes(i, &s->config), cipher,
+                            cipher != NULL ? &shares[i] : NULL, err, errlen);
     }
     close(pfd);
     if (rc != 0) ckpt_remove_at(dfd, name);  // a checkpoint half made is never left
@@ -1266,10 +1507,11 @@ static int ckpt_begin_at(int dfd, const char *out_dir, const CkptState *s, const
 }
 
 // the same with -o given by its path (the tests)
-static int ckpt_begin(const char *out_dir, const CkptState *s, const AeadFileKey *cipher, char *err, size_t errlen) {
+static int ckpt_begin(const char *out_dir, const CkptState *s, const AeadFileKey *cipher, CkptShare *shares, char *err,
+                      size_t errlen) {
     int dfd = ckpt_dir_open(out_dir, err, errlen);
     if (dfd < 0) return -1;
-    int rc = ckpt_begin_at(dfd, out_dir, s, cipher, err, errlen);
+    int rc = ckpt_begin_at(dfd, out_dir, s, cipher, shares, err, errlen);
     close(dfd);
     return rc;
 }
@@ -1279,16 +1521,23 @@ static int ckpt_begin(const char *out_dir, const CkptState *s, const AeadFileKey
 // rank's share of the model file model_name and, when optim_name is not
 // NULL, of optim.bin there, both named relative to the directory fd dfd
 // (-o, held open since the start), files at full size, and fsyncs them: 0
-// or an errno (it opens them with ckpt_out_open_at and cipher, which sealed
-// files need); set_timeout sets how long the job's waits last, sum's included, and
-// returns the timeout it replaces (shm_comm.h's comm_set_timeout does);
-// encrypt: the files sealed (-enc 1 for a checkpoint, -enc 2 for the final model)
+// or an errno (it opens them with ckpt_out_open_at, cipher and shares[0]
+// for the model, shares[1] for optim.bin, which sealed files need: shares
+// is NULL when cipher is); gather sends `bytes` at mine from every rank
+// r > 0 to rank 0, which gets them at all + r * bytes (all's first bytes
+// are left alone), over the job's communicator (world ranks; a wait with
+// the job's timeout); set_timeout sets how long the job's waits last, sum's
+// and gather's included, and returns the timeout it replaces (shm_comm.h's
+// comm_set_timeout does); encrypt: the files sealed (-enc 1 for a
+// checkpoint, -enc 2 for the final model)
 typedef struct {
     float (*sum)(void *ctx, float x);
-    int (*part)(void *ctx, int dfd, const char *model_name, const char *optim_name, const AeadFileKey *cipher);
+    int (*part)(void *ctx, int dfd, const char *model_name, const char *optim_name, const AeadFileKey *cipher,
+                CkptShare *shares);
+    void (*gather)(void *ctx, const void *mine, void *all, size_t bytes);
     double (*set_timeout)(void *ctx, double seconds);
     void *ctx;
-    int rank;
+    int rank, world;
     int encrypt;
 } CkptJob;
 
@@ -1309,43 +1558,84 @@ static double ckpt_wait_longer(const CkptJob *job, double room) {
 
 // one write of files by every rank of a job, which ckpt_write_job and
 // ckpt_write_model share. arg is what rank 0's three steps take: begin
-// makes the files at their full size and leaves nothing behind when it
-// fails; finish seals them and renames them into place; abandon removes what
+// makes the files at their full size (of sealed ones, its GHASH shares of
+// what it writes in them into shares, ckpt_files' order) and leaves nothing
+// behind when it fails; finish seals them (their tags from shares, every
+// writer's added up) and renames them into place; abandon removes what
 // begin made. label is what a rank's failed write says before "write:
 // <reason>". room: the seconds the job's waits get on top of their timeout
-// meanwhile (ckpt_wait_room).
+// meanwhile (ckpt_wait_room). model_bytes and optim_bytes: the files'
+// plaintext sizes, which every rank knows alike; key: the checkpoint key,
+// which the masks of the shares come from.
 typedef struct {
-    int (*begin)(const void *arg, const AeadFileKey *cipher, char *err, size_t errlen);
-    int (*finish)(const void *arg, const AeadFileKey *cipher, char *err, size_t errlen);
+    int (*begin)(const void *arg, const AeadFileKey *cipher, CkptShare *shares, char *err, size_t errlen);
+    int (*finish)(const void *arg, const AeadFileKey *cipher, const CkptShare *shares, char *err, size_t errlen);
     void (*abandon)(const void *arg);
     const void *arg;
     int dfd;                           // -o, which the names below are relative to
+    const char *out_dir;               // -o's name, for messages
     const char *model_name, *optim_name;
+    uint64_t model_bytes, optim_bytes;
+    const uint8_t *key;
     const char *label;
     double room;
 } CkptWrite;
 
+// every rank's GHASH shares of the model file and optim.bin to rank 0
+// (ckpt_share_pack, ckpt_shares_combine: masked on the way), whose
+// shares[0] and shares[1] then hold every writer's, added up. Every rank
+// calls it; 0, or on rank 0 -1 with err naming the file and the rank.
+static int ckpt_gather_shares(const CkptJob *job, const CkptWrite *w, CkptShare *shares, char *err, size_t errlen) {
+    int rc = 0;
+    for (int k = 0; k < 2 && job->world > 1; k++) {
+        const char *name = k == 0 ? w->model_name : w->optim_name;
+        if (name == NULL) continue;
+        uint64_t chunks = aead_file_chunk_count(k == 0 ? w->model_bytes : w->optim_bytes, AEAD_FILE_CHUNK_BYTES);
+        size_t bytes = ckpt_share_msg_bytes(chunks);
+        uint8_t *buf = (uint8_t *)calloc(job->rank == 0 ? (size_t)job->world : 1, bytes);
+        if (buf == NULL) {  // the others wait on this rank, until the job's timeout ends it
+            fprintf(stderr, "rank %d: out of memory for the GHASH shares of %s\n", job->rank, name);
+            exit(1);
+        }
+        if (job->rank != 0) ckpt_share_pack(&shares[k], w->key, name, job->rank, chunks, buf);
+        job->gather(job->ctx, buf, buf, bytes);
+        if (job->rank == 0 && rc == 0) {
+            char path[4300];
+            snprintf(path, sizeof(path), "%s/%s", w->out_dir, name);
+            rc = ckpt_shares_combine(&shares[k], buf, job->world, w->key, name, path, err, errlen);
+        }
+        free(buf);  // masked shares only: nothing to wipe
+    }
+    return rc;
+}
+
 // w by every rank, files sealed under cipher when it is not NULL. All ranks
 // agree on a sum of failures three times: once rank 0 began; once every rank
 // wrote its part of model_name and, unless it is NULL, of optim_name; once
-// rank 0 finished. Every rank returns the same verdict, 0 when the files are
-// complete; on a failure rank 0 abandons, and err holds the line of rank 0,
-// or of a rank whose own write failed (empty on the others, so each failure
-// is said once).
+// rank 0 finished. Between the last two, every rank's GHASH shares of a
+// sealed file go to rank 0 (ckpt_gather_shares), which makes the tags from
+// them. Every rank returns the same verdict, 0 when the files are complete;
+// on a failure rank 0 abandons, and err holds the line of rank 0, or of a
+// rank whose own write failed (empty on the others, so each failure is said
+// once). Every share is wiped before it returns.
 static int ckpt_write_files(const CkptJob *job, const CkptWrite *w, const AeadFileKey *cipher, char *err,
                             size_t errlen) {
     int rank0 = job->rank == 0;
+    CkptShare shares[3];
+    memset(shares, 0, sizeof(shares));
     double timeout = ckpt_wait_longer(job, w->room);
-    float failed = job->sum(job->ctx, rank0 && w->begin(w->arg, cipher, err, errlen) != 0);
+    float failed = job->sum(job->ctx, rank0 && w->begin(w->arg, cipher, shares, err, errlen) != 0);
     if (failed == 0) {
-        int e = job->part(job->ctx, w->dfd, w->model_name, w->optim_name, cipher);
+        int e = job->part(job->ctx, w->dfd, w->model_name, w->optim_name, cipher, cipher != NULL ? shares : NULL);
         if (e != 0) errorf(err, errlen, "%s write: %s", w->label, strerror(e));
         failed = job->sum(job->ctx, e != 0);
-        if (failed == 0 && rank0 && w->finish(w->arg, cipher, err, errlen) != 0) failed = 1;
+        if (failed == 0 && cipher != NULL && ckpt_gather_shares(job, w, shares, err, errlen) != 0) failed = 1;
+        if (failed == 0 && rank0 && w->finish(w->arg, cipher, shares, err, errlen) != 0) failed = 1;
         if (!rank0 && e == 0) err[0] = '\0';  // rank 0 speaks for the job; a rank that failed, for itself
         failed = job->sum(job->ctx, rank0 ? failed : 0.0f);
         if (failed != 0 && rank0) w->abandon(w->arg);
     }
+    for (int k = 0; k < 3; k++) ckpt_share_free(&shares[k]);
     job->set_timeout(job->ctx, timeout);
     return failed == 0 ? 0 : -1;
 }
@@ -1353,14 +1643,15 @@ static int ckpt_write_files(const CkptJob *job, const CkptWrite *w, const AeadFi
 // what rank 0 needs to begin, seal and abandon a checkpoint
 typedef struct { int dfd; const char *out_dir; const CkptState *st; const uint8_t *key; } CkptDirWrite;
 
-static int ckpt_dir_begin(const void *arg, const AeadFileKey *cipher, char *err, size_t errlen) {
+static int ckpt_dir_begin(const void *arg, const AeadFileKey *cipher, CkptShare *shares, char *err, size_t errlen) {
     const CkptDirWrite *d = (const CkptDirWrite *)arg;
-    return ckpt_begin_at(d->dfd, d->out_dir, d->st, cipher, err, errlen);
+    return ckpt_begin_at(d->dfd, d->out_dir, d->st, cipher, shares, err, errlen);
 }
 
-static int ckpt_dir_seal(const void *arg, const AeadFileKey *cipher, char *err, size_t errlen) {
+static int ckpt_dir_seal(const void *arg, const AeadFileKey *cipher, const CkptShare *shares, char *err,
+                         size_t errlen) {
     const CkptDirWrite *d = (const CkptDirWrite *)arg;
-    return ckpt_seal_at(d->dfd, d->out_dir, d->st->step, d->key, cipher, err, errlen);
+    return ckpt_seal_at(d->dfd, d->out_dir, d->st->step, d->key, cipher, shares, err, errlen);
 }
 
 // the .partial directory removed: the older checkpoints stay as they were
@@ -1388,7 +1679,8 @@ static int ckpt_write_job(const CkptJob *job, int out_fd, const char *out_dir, i
     AeadFileKey cipher;
     aead_file_key(&cipher, key);
     CkptDirWrite d = {out_fd, out_dir, st, key};
-    CkptWrite w = {ckpt_dir_begin, ckpt_dir_seal, ckpt_dir_abandon, &d, out_fd, model_name, optim_name, label,
+    CkptWrite w = {ckpt_dir_begin, ckpt_dir_seal, ckpt_dir_abandon, &d, out_fd, out_dir, model_name, optim_name,
+                   ckpt_file_bytes(0, &st->config), ckpt_file_bytes(1, &st->config), key, label,
                    ckpt_wait_room(&st->config)};
     int rc = ckpt_write_files(job, &w, job->encrypt ? &cipher : NULL, err, sizeof(err));
     if (rc == 0 && job->rank == 0) ckpt_prune(out_fd, st->step, keep);
@@ -1410,7 +1702,7 @@ typedef struct { int dfd; const char *out_dir, *tmp_name, *tmp, *name, *path; co
 // check is left too: the create (O_EXCL) then fails and removes nothing.
 // Only a link swapped for the old regular file in the instant between its
 // check and its unlink would go; even then nothing is written through it.
-static int ckpt_model_begin(const void *arg, const AeadFileKey *cipher, char *err, size_t errlen) {
+static int ckpt_model_begin(const void *arg, const AeadFileKey *cipher, CkptShare *shares, char *err, size_t errlen) {
     const CkptModelWrite *f = (const CkptModelWrite *)arg;
     struct stat st;
     int there = fstatat(f->dfd, f->tmp_name, &st, AT_SYMLINK_NOFOLLOW) == 0;
@@ -1418,15 +1710,19 @@ static int ckpt_model_begin(const void *arg, const AeadFileKey *cipher, char *er
     if (there && S_ISREG(st.st_mode)) unlinkat(f->dfd, f->tmp_name, 0);
     int32_t h[HEADER_INTS];
     model_fill_header(h, f->c, 3);
-    return ckpt_make_file(f->dfd, f->tmp_name, f->tmp, h, sizeof(h), ckpt_file_bytes(0, f->c), cipher, err, errlen);
+    return ckpt_make_file(f->dfd, f->tmp_name, f->tmp, h, sizeof(h), ckpt_file_bytes(0, f->c), cipher,
+                          cipher != NULL ? &shares[0] : NULL, err, errlen);
 }
 
 // rank 0, once every rank's part of the temporary file is in (and
-// fsynced): a sealed file's chunk tags, then the file renamed to its final
-// name and -o fsynced, so that the name is the whole file's once this returns
-static int ckpt_model_finish(const void *arg, const AeadFileKey *cipher, char *err, size_t errlen) {
+// fsynced): a sealed file's chunk tags (from the writers' shares, shares[0];
+// the file is not read back), then the file renamed to its final name and
+// -o fsynced, so that the name is the whole file's once this returns
+static int ckpt_model_finish(const void *arg, const AeadFileKey *cipher, const CkptShare *shares, char *err,
+                             size_t errlen) {
     const CkptModelWrite *f = (const CkptModelWrite *)arg;
-    if (cipher != NULL && ckpt_seal_tags(f->dfd, f->tmp_name, f->tmp, cipher, NULL, NULL, err, errlen) != 0) return -1;
+    if (cipher != NULL && ckpt_seal_tags(f->dfd, f->tmp_name, f->tmp, cipher, &shares[0], NULL, NULL, err, errlen) != 0)
+        return -1;
     if (renameat(f->dfd, f->tmp_name, f->dfd, f->name) != 0)
         return errorf(err, errlen, "%s: rename to %s: %s", f->tmp, f->path, strerror(errno));
     if (fsync(f->dfd) != 0) return errorf(err, errlen, "%s: fsync: %s", f->out_dir, strerror(errno));
@@ -1462,8 +1758,8 @@ static int ckpt_write_model(const CkptJob *job, int out_fd, const char *out_dir,
     AeadFileKey cipher;
     if (job->encrypt) aead_file_key(&cipher, key);
     CkptModelWrite f = {out_fd, out_dir, tmp_name, tmp, name, path, c};
-    CkptWrite w = {ckpt_model_begin, ckpt_model_finish, ckpt_model_abandon, &f, out_fd, tmp_name, NULL, label,
-                   ckpt_wait_room(c) / 3};
+    CkptWrite w = {ckpt_model_begin, ckpt_model_finish, ckpt_model_abandon, &f, out_fd, out_dir, tmp_name, NULL,
+                   ckpt_file_bytes(0, c), 0, key, label, ckpt_wait_room(c) / 3};
     int rc = ckpt_write_files(job, &w, job->encrypt ? &cipher : NULL, err, errlen);
     if (job->encrypt) aead_file_key_wipe(&cipher);
     return rc;

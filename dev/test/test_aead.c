@@ -257,6 +257,68 @@ static void test_openssl(void) {
 }
 #endif
 
+// seal and open in one pass (CTR and GHASH stitched) against the two halves
+// apart (aead_ctr, then aead_tag: separate CTR and GHASH code) and, where
+// found, OpenSSL: every length 0..300, and around each multiple of the
+// block groups (8 and 16 blocks: 128 and 256 bytes, and 64) up to 16 of
+// them, with aad of 0, 13 and 80 bytes; opened out of place and in place
+static void test_one_pass(void) {
+    size_t lengths[800], nlen = 0;
+    for (size_t n = 0; n <= 300; n++) lengths[nlen++] = n;
+    static const int near[] = {-17, -16, -15, -1, 1, 15, 16, 17};
+    for (size_t m = 64; m <= 256; m *= 2)
+        for (size_t g = 1; g <= 16; g++)
+            for (int d = -1; d < 8; d++) {
+                long n = (long)(g * m) + (d < 0 ? 0 : near[d]);
+                if (n > 300) lengths[nlen++] = (size_t)n;
+            }
+    lengths[nlen++] = (1u << 20) - 1;
+    lengths[nlen++] = (1u << 20) + 17;
+    uint8_t key[32], iv[12], aad[80];
+    fill_random(key, 32);
+    fill_random(iv, 12);
+    fill_random(aad, sizeof(aad));
+    AeadKey k;
+    aead_init(&k, key);
+    size_t most = (1u << 20) + 17;
+    uint8_t *plain = (uint8_t *)malloc(most), *one = (uint8_t *)malloc(most), *two = (uint8_t *)malloc(most);
+    uint8_t *back = (uint8_t *)malloc(most);
+    fill_random(plain, most);
+    int differ = 0, unopened = 0, openssl_differ = 0;
+    static const size_t aads[] = {0, 13, 80};
+    for (size_t c = 0; c < nlen; c++) {
+        size_t n = lengths[c], aadlen = aads[c % 3];
+        uint8_t tag_one[16], tag_two[16];
+        aead_seal(&k, iv, 12, aad, aadlen, plain, one, n, tag_one);
+        aead_ctr(&k, iv, 12, 0, plain, two, n);
+        aead_tag(&k, iv, 12, aad, aadlen, two, n, tag_two);
+        if (memcmp(one, two, n) != 0 || memcmp(tag_one, tag_two, 16) != 0) {
+            if (differ++ == 0) printf("      first difference: length %zu, aad %zu\n", n, aadlen);
+        }
+        memset(back, 0xee, n);
+        int opened = aead_open(&k, iv, 12, aad, aadlen, one, back, n, tag_one) == 0 && memcmp(back, plain, n) == 0;
+        opened = opened && aead_open(&k, iv, 12, aad, aadlen, two, two, n, tag_one) == 0 && memcmp(two, plain, n) == 0;
+        if (!opened && unopened++ == 0) printf("      first not opened: length %zu, aad %zu\n", n, aadlen);
+#ifdef LLM3D_OPENSSL
+        uint8_t tag_theirs[16];
+        if (openssl_seal(key, iv, 12, aad, (int)aadlen, plain, (int)n, two, tag_theirs) != 0 ||
+            memcmp(one, two, n) != 0 || memcmp(tag_one, tag_theirs, 16) != 0)
+            openssl_differ++;
+#endif
+    }
+    check(differ == 0 && unopened == 0 && openssl_differ == 0,
+          "%s: seal and open in one pass, on %zu lengths around the 4-, 8- and 16-block groups: the same as CTR "
+          "and GHASH apart%s (%d differ, %d not opened, %d differ from OpenSSL)", aead_impl_name(), nlen,
+#ifdef LLM3D_OPENSSL
+          " and as OpenSSL",
+#else
+          "",
+#endif
+          differ, unopened, openssl_differ);
+    free(plain); free(one); free(two); free(back);
+    aead_wipe(&k);
+}
+
 // ----------------------------------------------------------------------------
 // sealed files
 
@@ -582,7 +644,7 @@ static void test_sealed_layout(void) {
                  pwrite_all(fd, f.header, AEAD_FILE_HEADER_BYTES, 0) != 0;
             for (uint64_t at = 0; rc == 0 && at < n; at += 3001) {
                 size_t len = (size_t)(n - at < 3001 ? n - at : 3001);
-                rc = aead_file_pwrite(fd, &f, &k, plain + at, len, at, bounce, sizeof(bounce));
+                rc = aead_file_pwrite(fd, &f, &k, plain + at, len, at, bounce, sizeof(bounce), NULL, NULL);
             }
             if (rc == 0) rc = aead_file_write_tags(fd, &f, &k, NULL, path, err, sizeof(err));
             if (fd >= 0) close(fd);
@@ -634,7 +696,7 @@ static void test_sliced_writes(void) {
     for (uint64_t at = n; at > 0;) {  // from the end, in odd-sized slices
         uint64_t len = at < 3001 ? at : 3001;
         at -= len;
-        rc |= aead_file_pwrite(fd, &f, &k, plain + at, (size_t)len, at, bounce, sizeof(bounce));
+        rc |= aead_file_pwrite(fd, &f, &k, plain + at, (size_t)len, at, bounce, sizeof(bounce), NULL, NULL);
     }
     uint8_t sha[32], want[32];
     rc |= aead_file_write_tags(fd, &f, &k, sha, path, err, sizeof(err));
@@ -664,22 +726,97 @@ static void test_sliced_writes(void) {
     aead_file_key_wipe(&k);
 }
 
+// GHASH shares (aead_file_ctr_sums): a file written in random slices, odd
+// lengths at odd offsets, by three writers each adding its own shares, one
+// of them the header's first 1024 bytes; the shares added up make the very
+// tags that reading the file back makes (aead_file_write_tags), and the
+// file reads back with them. Files of 0 bytes, one block, one chunk, and
+// several chunks with a short last one.
+static void test_ghash_shares(void) {
+    uint8_t key[32];
+    fill_random(key, 32);
+    AeadFileKey k;
+    aead_file_key(&k, key);
+    char path[256], err[512] = "";
+    snprintf(path, sizeof(path), "%s/shares.bin", tmp_dir());
+    const uint64_t chunk = 4096;
+    static const uint64_t sizes[] = {0, 16, 4096, 5 * 4096 + 77};
+    int bad = 0;
+    for (int c = 0; c < 4; c++) {
+        uint64_t n = sizes[c];
+        AeadFile f;
+        uint8_t *plain = (uint8_t *)malloc(n + 1), bounce[1000];
+        fill_random(plain, n);
+        int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), rc = fd < 0;
+        rc |= aead_file_new(&f, &k, n, chunk, path, err, sizeof(err));
+        rc |= pwrite_all(fd, f.header, sizeof(f.header), 0);
+        rc |= ftruncate(fd, (off_t)aead_file_bytes(n, chunk));
+        size_t table = (size_t)f.chunks * 16;
+        uint8_t *sums[3], *total = (uint8_t *)calloc(table, 1), *tags = (uint8_t *)malloc(table);
+        uint8_t *want = (uint8_t *)malloc(table);
+        uint64_t *counts[3];
+        for (int w = 0; w < 3; w++) {
+            sums[w] = (uint8_t *)calloc(table, 1);
+            counts[w] = (uint64_t *)calloc((size_t)f.chunks, sizeof(uint64_t));
+        }
+        uint64_t at = 0;
+        if (n >= 1024) {  // the header, as ckpt_make_file writes it
+            rc |= aead_file_pwrite(fd, &f, &k, plain, 1024, 0, bounce, sizeof(bounce), sums[0], counts[0]);
+            at = 1024;
+        }
+        while (at < n) {
+            uint64_t len = 1 + next_random() % 700;
+            len = len < n - at ? len : n - at;
+            int w = (int)(next_random() % 3);
+            rc |= aead_file_pwrite(fd, &f, &k, plain + at, (size_t)len, at, bounce, sizeof(bounce), sums[w], counts[w]);
+            at += len;
+        }
+        for (int w = 0; w < 3; w++)
+            for (size_t b = 0; b < table; b++) total[b] ^= sums[w][b];
+        for (uint64_t i = 0; i < f.chunks; i++)  // every byte counted once, by the writer that wrote it
+            if (counts[0][i] + counts[1][i] + counts[2][i] != aead_file_chunk_len(&f, i)) rc |= 1;
+        aead_file_tags_from_sums(&f, &k, total, tags);
+        rc |= aead_file_write_tags(fd, &f, &k, NULL, path, err, sizeof(err));
+        rc |= pread_all(fd, want, table, AEAD_FILE_HEADER_BYTES + n);
+        if (fd >= 0) close(fd);
+        if (rc != 0 || memcmp(tags, want, table) != 0 || !reads_back(path, &k, plain, n, err, sizeof(err))) {
+            if (bad++ == 0) printf("      first wrong: %llu bytes %s\n", (unsigned long long)n, err);
+        }
+        for (int w = 0; w < 3; w++) {
+            free(sums[w]);
+            free(counts[w]);
+        }
+        free(total); free(tags); free(want); free(plain);
+    }
+    check(bad == 0, "%s: three writers' GHASH shares of a sealed file written in random slices make the tags that "
+          "reading it back makes, and count each chunk's bytes once, for files of 0, 16, 4096 and 20557 bytes "
+          "(%d wrong)", aead_impl_name(), bad);
+    unlink(path);
+    aead_file_key_wipe(&k);
+}
+
 int main(void) {
     // the paths: portable (forced), AES-NI on 128-bit registers (forced
-    // narrow), and VAES on 512-bit ones, as far as this CPU has them
-    int paths = !aead_has_aesni() ? 1 : aead_has_vaes() ? 3 : 2;
-    if (paths == 1) skip("AES-NI with PCLMULQDQ: this CPU has none; the portable path only");
-    for (int p = 0; p < paths; p++) {
+    // narrow), VAES on 256-bit ones (AVX-512 forced off) and on 512-bit
+    // ones, as far as this CPU has them
+    if (!aead_has_aesni()) skip("AES-NI with PCLMULQDQ: this CPU has none; the portable path only");
+    else if (!aead_has_vaes256()) skip("VAES with AVX2: this CPU has none; the 256-bit path untested here");
+    if (aead_has_aesni() && !aead_has_vaes()) skip("VAES with AVX-512: this CPU has none; the 512-bit path untested here");
+    for (int p = 0; p < 4; p++) {
+        if ((p >= 1 && !aead_has_aesni()) || (p == 2 && !aead_has_vaes256()) || (p == 3 && !aead_has_vaes())) continue;
         aead_force_portable(p == 0);
         aead_force_narrow(p == 1);
+        aead_force_avx2(p == 2);
         test_known_answers();
         test_round_trips();
         test_bit_flips();
 #ifdef LLM3D_OPENSSL
         test_openssl();
 #endif
+        test_one_pass();
         test_sealed_files();
         test_sliced_writes();
+        test_ghash_shares();
         test_chunk_nonces();
         test_sealed_layout();
     }
@@ -688,6 +825,7 @@ int main(void) {
 #endif
     aead_force_portable(0);
     aead_force_narrow(0);
+    aead_force_avx2(0);
     test_remove_dir(tmp_dir());
     return test_summary();
 }

@@ -500,6 +500,123 @@ static uint64_t flip_in_chunk_only_second_reads(const char *path, const uint8_t 
     return flip_bit(path, AEAD_FILE_HEADER_BYTES + only1 * AEAD_FILE_CHUNK_BYTES + 99) ? only1 : chunks;
 }
 
+// a sealed checkpoint written as two ranks write one (ckpt_begin, each
+// rank's half of model.bin and optim.bin through CkptOut, split mid-block,
+// rank 1's GHASH shares packed masked as it sends them to rank 0, which
+// takes the masks off: ckpt_shares_combine; ckpt_seal), its tags made from
+// the shares. What rank 1 sends is none of its shares as they are, and the
+// .partial directory holds the three files only. Then what must not seal:
+// a bit of ciphertext changed on disk between the writes and the seal (the
+// MANIFEST, hashed from the disk, takes it in; the chunk's tag, from what
+// the ranks encrypted, refuses it at read); rank 1's message missing; rank
+// 1's message of another file; rank 1 writing a float short (its chunk's
+// bytes not covered). Each refusal is one line naming the file and the
+// rank or the chunk, and leaves no MANIFEST: nothing falls back to reading
+// the file back.
+static void test_seal_from_shares(void) {
+    GPT2Config c = {.maxT = 64, .V = 1000, .Vp = 1024, .L = 2, .NH = 2, .C = 128};
+    size_t N = param_count(&c), half = N / 2 + 1, header = HEADER_INTS * 4;
+    float *plain = (float *)malloc(3 * N * sizeof(float));
+    for (size_t j = 0; j < 3 * N; j++) plain[j] = (float)j * 0.25f - 7.0f;
+    uint8_t key[32];
+    for (int i = 0; i < 32; i++) key[i] = (uint8_t)(5 * i + 2);
+    AeadFileKey cipher;
+    aead_file_key(&cipher, key);
+    enum { GOOD, DAMAGED, MISSING, OTHER_FILE, SHORT, CASES };
+    for (int kind = 0; kind < CASES; kind++) {
+        char out[300], partial[400], names[2][500], final_model[500], err[1024] = "";
+        snprintf(out, sizeof(out), "%s/shares_%d", dir, kind);
+        mkdir(out, 0700);
+        CkptState st;
+        memset(&st, 0, sizeof(st));
+        st.step = 3; st.adam_t = 3; st.config = c; st.B = 1; st.T = 8; st.np = 2; st.tp = 1; st.pp = 1;
+        CkptShare sh0[3], sh1[2];
+        memset(sh0, 0, sizeof(sh0));
+        memset(sh1, 0, sizeof(sh1));
+        int ok = ckpt_begin(out, &st, &cipher, sh0, err, sizeof(err)) == 0;
+        ckpt_dir_name(partial, sizeof(partial), out, st.step, ".partial");
+        snprintf(names[0], sizeof(names[0]), "%s/model.bin", partial);
+        snprintf(names[1], sizeof(names[1]), "%s/optim.bin", partial);
+        for (int w = 0; w < 2 && ok; w++) {  // two writers, each its half of every array
+            size_t lo = w == 0 ? 0 : half, hi = w == 0 ? half : N - (kind == SHORT);
+            CkptShare *sh = w == 0 ? sh0 : sh1;
+            CkptOut mo, oo;
+            ok = ckpt_out_open(&mo, names[0], &cipher, &sh[0]) == 0 && ckpt_out_open(&oo, names[1], &cipher, &sh[1]) == 0 &&
+                 ckpt_out_pwrite(&mo, plain + lo, (hi - lo) * 4, header + 4 * lo) == 0 &&
+                 ckpt_out_pwrite(&oo, plain + N + lo, (hi - lo) * 4, header + 4 * lo) == 0 &&
+                 ckpt_out_pwrite(&oo, plain + 2 * N + lo, (hi - lo) * 4, header + 4 * (N + lo)) == 0;
+            ok = ckpt_out_close(&mo, ok) == 0 && ok;
+            ok = ckpt_out_close(&oo, ok) == 0 && ok;
+        }
+        // rank 1's messages, as they cross the communicator, and rank 0 adding them in
+        int in_clear = 0, combined = ok;
+        for (int f = 0; f < 2 && ok; f++) {
+            uint64_t chunks = aead_file_chunk_count(ckpt_file_bytes(f, &c), AEAD_FILE_CHUNK_BYTES);
+            size_t bytes = ckpt_share_msg_bytes(chunks);
+            uint8_t *msgs = (uint8_t *)calloc(2, bytes);
+            if (kind != MISSING) ckpt_share_pack(&sh1[f], key, names[f], 1, chunks, msgs + bytes);
+            if (kind == OTHER_FILE) msgs[bytes + 8] ^= 1;  // its file id
+            for (uint64_t i = 0; i < chunks && kind == GOOD; i++)
+                in_clear += memcmp(msgs + bytes + CKPT_SHARE_HEAD + 16 * i, sh1[f].sums + 16 * i, 16) == 0;
+            if (combined && ckpt_shares_combine(&sh0[f], msgs, 2, key, names[f], names[f], err, sizeof(err)) != 0)
+                combined = 0;
+            free(msgs);
+        }
+        DIR *d = opendir(partial);
+        int entries = 0;
+        for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;) entries += e->d_name[0] != '.';
+        if (d != NULL) closedir(d);
+        if (kind == DAMAGED) ok = ok && flip_bit(names[0], AEAD_FILE_HEADER_BYTES + header + 4 * half + 1);
+        int sealed_ok = ok && combined && ckpt_seal(out, st.step, key, &cipher, sh0, err, sizeof(err)) == 0;
+        for (int f = 0; f < 3; f++) ckpt_share_free(&sh0[f]);
+        for (int f = 0; f < 2; f++) ckpt_share_free(&sh1[f]);
+        char final_dir[400];
+        ckpt_dir_name(final_dir, sizeof(final_dir), out, st.step, "");
+        snprintf(final_model, sizeof(final_model), "%s/model.bin", final_dir);
+        uint8_t *bytes = NULL;
+        uint64_t n = 0;
+        CkptState got;
+        char found[400], why[1024] = "";
+        int verified = sealed_ok && ckpt_find(out, st.step, key, 1, &got, found, sizeof(found), why, sizeof(why)) == 1;
+        int model_ok = sealed_ok && ckpt_read_file(final_model, key, 1 << 30, &bytes, &n, why, sizeof(why)) == 0 &&
+                       n == header + 4 * N && memcmp(bytes + header, plain, 4 * N) == 0;
+        free(bytes);
+        bytes = NULL;
+        snprintf(final_model, sizeof(final_model), "%s/optim.bin", final_dir);
+        int optim_ok = sealed_ok && ckpt_read_file(final_model, key, 1 << 30, &bytes, &n, err, sizeof(err)) == 0 &&
+                       n == header + 8 * N && memcmp(bytes + header, plain + N, 8 * N) == 0;
+        free(bytes);
+        int manifest = test_exists("%s/MANIFEST", partial) || test_exists("%s/MANIFEST", final_dir);
+        char chunk_name[64];  // the chunk of the changed byte
+        snprintf(chunk_name, sizeof(chunk_name), "chunk %llu of",
+                 (unsigned long long)((header + 4 * half + 1) / AEAD_FILE_CHUNK_BYTES));
+        if (kind == GOOD)
+            check(sealed_ok && in_clear == 0 && entries == 3 && verified && model_ok && optim_ok,
+                  "a sealed checkpoint by two ranks (split mid-block): rank 1 sends none of its GHASH shares as they "
+                  "are (%d in the clear), nothing but the three files is written (%d entries), and it seals from the "
+                  "shares, verifies and reads back (%s)", in_clear, entries, sealed_ok ? why : err);
+        if (kind == DAMAGED)
+            check(sealed_ok && verified && !model_ok && strstr(why, chunk_name) != NULL && optim_ok,
+                  "a bit of model.bin's ciphertext changed between the writes and the seal: the MANIFEST, hashed "
+                  "from the disk, takes it in, but the chunk's tag, from the ranks' shares, refuses it: %s",
+                  sealed_ok ? why : err);
+        if (kind == MISSING)
+            check(!sealed_ok && !manifest && strstr(err, "model.bin: rank 1's GHASH shares did not arrive") != NULL &&
+                  strchr(err, '\n') == NULL,
+                  "rank 1's shares missing: not sealed, no MANIFEST, one line naming the file and the rank: %s", err);
+        if (kind == OTHER_FILE)
+            check(!sealed_ok && !manifest && strstr(err, "model.bin: rank 1's GHASH shares are of file id") != NULL,
+                  "rank 1's shares of another file: not sealed, one line naming the file and the rank: %s", err);
+        if (kind == SHORT)
+            check(!sealed_ok && !manifest && strstr(err, "model.bin: chunk 2 of 3") != NULL &&
+                  strstr(err, "count 48124 of its 48128 bytes (rank 1: 48124)") != NULL && strchr(err, '\n') == NULL,
+                  "rank 1 writes a float short: not sealed, one line naming the file, the chunk and the ranks' "
+                  "counts: %s", err);
+    }
+    aead_file_key_wipe(&cipher);
+    free(plain);
+}
+
 // a sealed optim.bin of 27 chunks, opened by ranks of several layouts: each
 // gets m and v of its units as unit_fill gives them from the plain array,
 // over its slice (all of a unit, or its 1/dp with ZeRO >= 1), having
@@ -1253,6 +1370,7 @@ int main(void) {
     test_encrypted_refusals();
     test_changed_byte_every_file();
     test_resume_shuffled();
+    test_seal_from_shares();
     test_optim_slices();
     test_model_slices();
     test_encrypted_init();

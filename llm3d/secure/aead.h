@@ -8,24 +8,38 @@
  *
  * defines:
  *   AeadKey, aead_init, aead_wipe         the key schedule and GHASH's key
- *   aead_seal, aead_open                  one buffer: encrypt + tag, check + decrypt
+ *   aead_seal, aead_open                  one buffer: encrypt + tag, check + decrypt,
+ *                                         each in one pass (CTR and GHASH stitched)
  *   aead_ctr, aead_tag                    the two halves apart: the keystream from
  *                                         any byte offset, and the tag of a ciphertext
- *   aead_has_aesni, aead_has_vaes, aead_force_portable, aead_force_narrow,
- *   aead_impl_name                        which path runs (chosen at run time)
+ *   aead_ctr_ghash_j0, aead_ghash_update, aead_ghash_times_hpow, aead_tag_finish
+ *                                         the pass itself, from any offset; GHASH's
+ *                                         state carried, or moved by a power of H
+ *   aead_has_aesni, aead_has_vaes256, aead_has_vaes, aead_force_portable,
+ *   aead_force_narrow, aead_force_avx2, aead_impl_name
+ *                                         which path runs (chosen at run time)
  *   AeadFileKey, aead_file_key            the cipher key derived from a 32-byte key
  *   AeadFile, aead_file_*                 the sealed file: header, chunk nonces
- *                                         and AAD, writes at any plaintext offset,
- *                                         the tag table, whole reads and range reads
+ *                                         and AAD, writes at any plaintext offset
+ *                                         (with their GHASH shares: aead_file_ctr_sums,
+ *                                         aead_file_tags_from_sums), the tag table,
+ *                                         whole reads and range reads
  *
- * Three paths, picked at run time by CPUID like secure.h's SHA-256:
+ * Four paths, picked at run time by CPUID like secure.h's SHA-256:
  *   - VAES with VPCLMULQDQ on 512-bit registers (AVX-512): four blocks per
  *     instruction, 16 counter blocks in flight, GHASH over 16 blocks with one
  *     reduction (precomputed H^1..H^16); the last few blocks go the next way.
+ *     A seal or open takes 16 KiB at a time through CTR, then GHASH.
+ *   - the same on 256-bit registers (VAES and VPCLMULQDQ with AVX2, CPUs
+ *     without AVX-512): two blocks per instruction, 16 in flight; seal and
+ *     open stitched, as next.
  *   - AES-NI with PCLMULQDQ: eight counter blocks in flight, and GHASH over
- *     eight blocks at a time with one reduction. Only the functions of these
- *     two paths are compiled for their targets, so the file builds without
- *     -maes and under `make SIMD=scalar`.
+ *     eight blocks at a time with one reduction. A seal or open is one pass,
+ *     stitched: GHASH's products of one group's ciphertext run between the
+ *     AES rounds of the next (sealing) or the same (opening) group, on data
+ *     still in L1, rather than a second pass over the buffer. Only the
+ *     functions of these paths are compiled for their targets, so the file
+ *     builds without -maes and under `make SIMD=scalar`.
  *   - portable C for other CPUs. Its GHASH multiplies bit by bit with masks,
  *     so it takes the same time whatever the data. Its AES is NOT constant
  *     time: it looks up a 256-byte S-box, and which entries a block touches
@@ -59,6 +73,7 @@ typedef struct {
     uint8_t round_keys[15][16];  // AES-256's schedule, as FIPS 197 lays it out
     uint64_t h_hi, h_lo;         // GHASH's key H = AES(0), big-endian halves (portable path)
     uint8_t h_powers[16][16];    // H^1..H^16 for the AES-NI paths, in their own form (see below)
+    uint8_t h_squares[24][16];   // H^(2^j), GCM's bytes: H^e for any e < 2^24 (aead_ghash_times_hpow)
 } AeadKey;
 
 // ----------------------------------------------------------------------------
@@ -153,10 +168,10 @@ static inline void aead_store_be64(uint8_t *p, uint64_t x) {
     for (int i = 7; i >= 0; i--, x >>= 8) p[i] = (uint8_t)x;
 }
 
-// (*y_hi, *y_lo) = (y XOR block) * H
-static inline void aead_ghash_block_portable(const AeadKey *k, uint64_t *y_hi, uint64_t *y_lo, const uint8_t *block) {
-    uint64_t x_hi = *y_hi ^ aead_load_be64(block), x_lo = *y_lo ^ aead_load_be64(block + 8);
-    uint64_t z_hi = 0, z_lo = 0, v_hi = k->h_hi, v_lo = k->h_lo;
+// (*z_hi, *z_lo) = x * v
+static inline void aead_gf_mul_portable(uint64_t x_hi, uint64_t x_lo, uint64_t v_hi, uint64_t v_lo, uint64_t *z_hi_out,
+                                        uint64_t *z_lo_out) {
+    uint64_t z_hi = 0, z_lo = 0;
     for (int i = 0; i < 128; i++) {
         uint64_t bit = i < 64 ? x_hi >> (63 - i) : x_lo >> (127 - i);
         uint64_t take = 0 - (bit & 1);
@@ -166,8 +181,13 @@ static inline void aead_ghash_block_portable(const AeadKey *k, uint64_t *y_hi, u
         v_lo = (v_lo >> 1) | (v_hi << 63);
         v_hi = (v_hi >> 1) ^ (carry & 0xe100000000000000ull);
     }
-    *y_hi = z_hi;
-    *y_lo = z_lo;
+    *z_hi_out = z_hi;
+    *z_lo_out = z_lo;
+}
+
+// (*y_hi, *y_lo) = (y XOR block) * H
+static inline void aead_ghash_block_portable(const AeadKey *k, uint64_t *y_hi, uint64_t *y_lo, const uint8_t *block) {
+    aead_gf_mul_portable(*y_hi ^ aead_load_be64(block), *y_lo ^ aead_load_be64(block + 8), k->h_hi, k->h_lo, y_hi, y_lo);
 }
 
 // ----------------------------------------------------------------------------
@@ -321,6 +341,210 @@ static inline void aead_aes_one_ni(const AeadKey *k, const uint8_t in[16], uint8
     _mm_storeu_si128((__m128i *)out, aead_aes_block_ni(rk, _mm_loadu_si128((const __m128i *)in)));
     secure_wipe(rk, sizeof(rk));
 }
+
+// CTR and GHASH stitched: one group of 8 counter blocks through AES (out =
+// in XOR the keystream) and, between its rounds, GHASH's products over 8
+// blocks at `hash` whose ciphertext is known already (when decrypting, the
+// group's own input; when encrypting, the group before's output, just
+// written): y = (y + X1) H^8 + X2 H^7 + ... + X8 H, one reduction. The AES
+// unit and the carry-less multiplier then work side by side, on data still
+// in L1, instead of in two passes over the buffer. hash may be in (decrypting
+// in place): its blocks are loaded before out is stored.
+__attribute__((target("sse4.1,aes,pclmul")))
+static inline __m128i aead_ctr8_ghash8_ni(const __m128i rk[15], const __m128i hp[8], __m128i base, uint32_t ctr,
+                                          const uint8_t *in, uint8_t *out, const uint8_t *hash, __m128i y) {
+    __m128i b[8], lo = _mm_setzero_si128(), mid = lo, hi = lo;
+    for (int i = 0; i < 8; i++)
+        b[i] = _mm_xor_si128(_mm_insert_epi32(base, (int)__builtin_bswap32(ctr + (uint32_t)i), 3), rk[0]);
+#ifndef __CUDACC__  // nvcc's front end reads the host code too, and knows no GCC pragma
+#pragma GCC unroll 13
+#endif
+    for (int r = 1; r < 14; r++) {  // unrolled: the products then land between fixed rounds (2x faster here)
+        for (int i = 0; i < 8; i++) b[i] = _mm_aesenc_si128(b[i], rk[r]);
+        if (r <= 8) {  // one block's product per round, for the first eight rounds
+            __m128i x = aead_byte_reverse(_mm_loadu_si128((const __m128i *)(hash + 16 * (r - 1))));
+            if (r == 1) x = _mm_xor_si128(x, y);
+            aead_clmul_acc(x, hp[8 - r], &lo, &mid, &hi);
+        }
+    }
+    for (int i = 0; i < 8; i++) {
+        b[i] = _mm_aesenclast_si128(b[i], rk[14]);
+        __m128i x = _mm_loadu_si128((const __m128i *)(in + 16 * i));
+        _mm_storeu_si128((__m128i *)(out + 16 * i), _mm_xor_si128(x, b[i]));
+    }
+    return aead_clmul_finish(lo, mid, hi);
+}
+
+// out = in XOR the keystream from counter ctr (whole blocks), and y (GHASH's
+// state, reflected) carried over the ciphertext's blocks: in's when
+// decrypting, out's when encrypting. Returns the new y.
+__attribute__((target("sse4.1,aes,pclmul")))
+static inline __m128i aead_ctr_ghash_blocks_ni(const AeadKey *k, const uint8_t prefix[12], uint32_t ctr,
+                                               const uint8_t *in, uint8_t *out, size_t nblocks, int decrypt, __m128i y) {
+    __m128i rk[15], hp[8];
+    for (int r = 0; r < 15; r++) rk[r] = _mm_loadu_si128((const __m128i *)k->round_keys[r]);
+    for (int i = 0; i < 8; i++) hp[i] = _mm_loadu_si128((const __m128i *)k->h_powers[i]);
+    uint8_t base_bytes[16] = {0};
+    memcpy(base_bytes, prefix, 12);
+    __m128i base = _mm_loadu_si128((const __m128i *)base_bytes);
+    size_t groups = nblocks / 8;
+    if (decrypt) {
+        for (size_t g = 0; g < groups; g++, in += 128, out += 128, ctr += 8)
+            y = aead_ctr8_ghash8_ni(rk, hp, base, ctr, in, out, in, y);
+    } else if (groups > 0) {
+        // each group's ciphertext is hashed while the next group's AES runs; the first group
+        // has none to hash beside it, and the last is hashed after the loop
+        aead_ctr_blocks_ni(k, prefix, ctr, in, out, 8);
+        in += 128; out += 128; ctr += 8;
+        for (size_t g = 1; g < groups; g++, in += 128, out += 128, ctr += 8)
+            y = aead_ctr8_ghash8_ni(rk, hp, base, ctr, in, out, out - 128, y);
+        y = aead_ghash_ni(k, y, out - 128, 8);
+    }
+    size_t rest = nblocks % 8;
+    if (decrypt) y = aead_ghash_ni(k, y, in, rest);
+    aead_ctr_blocks_ni(k, prefix, ctr, in, out, rest);
+    if (!decrypt) y = aead_ghash_ni(k, y, out, rest);
+    secure_wipe(rk, sizeof(rk));
+    return y;
+}
+
+// The same on 256-bit registers (VAES and VPCLMULQDQ with AVX2, as CPUs
+// without AVX-512 have them): each instruction works on two blocks, one
+// per 128-bit lane, so a step takes 16 blocks in 8 registers. Lane l of a
+// register is block 2t + l of the step; the counter is kept little-endian
+// in each lane's last word, as on 512-bit registers.
+#define AEAD_YMM_TARGET "avx2,vaes,vpclmulqdq,sse4.1,aes,pclmul"
+
+__attribute__((target(AEAD_YMM_TARGET)))
+static inline void aead_round_keys_ymm(const AeadKey *k, __m256i rk[15]) {
+    for (int r = 0; r < 15; r++) rk[r] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)k->round_keys[r]));
+}
+
+// H^(16-2t-l) in lane l of hp[t]
+__attribute__((target(AEAD_YMM_TARGET)))
+static inline void aead_ghash_powers_ymm(const AeadKey *k, __m256i hp[8]) {
+    for (int t = 0; t < 8; t++)
+        hp[t] = _mm256_loadu2_m128i((const __m128i *)k->h_powers[14 - 2 * t], (const __m128i *)k->h_powers[15 - 2 * t]);
+}
+
+// the 16 counter blocks from ctr, each XOR the first round key
+__attribute__((target(AEAD_YMM_TARGET)))
+static inline void aead_counters_ymm(const uint32_t p[3], uint32_t ctr, __m256i rk0, __m256i b[8]) {
+    const __m256i swap_last = _mm256_broadcastsi128_si256(_mm_set_epi8(12, 13, 14, 15, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
+    const __m256i two = _mm256_set_epi32(2, 0, 0, 0, 2, 0, 0, 0);
+    __m256i c = _mm256_set_epi32((int)(ctr + 1), (int)p[2], (int)p[1], (int)p[0], (int)ctr, (int)p[2], (int)p[1], (int)p[0]);
+    for (int i = 0; i < 8; i++) {
+        b[i] = _mm256_xor_si256(_mm256_shuffle_epi8(c, swap_last), rk0);
+        c = _mm256_add_epi32(c, two);
+    }
+}
+
+// acc += x * h in both lanes, unreduced
+__attribute__((target(AEAD_YMM_TARGET)))
+static inline void aead_clmul_acc_ymm(__m256i x, __m256i h, __m256i *lo, __m256i *mid, __m256i *hi) {
+    *lo = _mm256_xor_si256(*lo, _mm256_clmulepi64_epi128(x, h, 0x00));
+    *hi = _mm256_xor_si256(*hi, _mm256_clmulepi64_epi128(x, h, 0x11));
+    *mid = _mm256_xor_si256(*mid, _mm256_xor_si256(_mm256_clmulepi64_epi128(x, h, 0x01), _mm256_clmulepi64_epi128(x, h, 0x10)));
+}
+
+// the two lanes' sums are one sum: fold them, then reduce once
+__attribute__((target(AEAD_YMM_TARGET)))
+static inline __m128i aead_clmul_finish_ymm(__m256i lo, __m256i mid, __m256i hi) {
+    return aead_clmul_finish(_mm_xor_si128(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1)),
+                             _mm_xor_si128(_mm256_castsi256_si128(mid), _mm256_extracti128_si256(mid, 1)),
+                             _mm_xor_si128(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1)));
+}
+
+// block pair t of the 16 at data, byte-reversed (and y added into block 0)
+__attribute__((target(AEAD_YMM_TARGET)))
+static inline __m256i aead_ghash_load_ymm(const uint8_t *data, int t, __m128i y) {
+    const __m256i reverse = _mm256_broadcastsi128_si256(_mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    __m256i x = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(data + 32 * t)), reverse);
+    return t == 0 ? _mm256_xor_si256(x, _mm256_inserti128_si256(_mm256_setzero_si256(), y, 0)) : x;
+}
+
+// out = in XOR the keystream from counter ctr, for whole groups of 16 blocks
+__attribute__((target(AEAD_YMM_TARGET)))
+static inline void aead_ctr_blocks_ymm(const AeadKey *k, const uint8_t prefix[12], uint32_t ctr, const uint8_t *in,
+                                       uint8_t *out, size_t groups) {
+    __m256i rk[15], b[8];
+    aead_round_keys_ymm(k, rk);
+    uint32_t p[3];
+    memcpy(p, prefix, 12);
+    for (; groups > 0; groups--, in += 256, out += 256, ctr += 16) {
+        aead_counters_ymm(p, ctr, rk[0], b);
+        for (int r = 1; r < 14; r++)
+            for (int i = 0; i < 8; i++) b[i] = _mm256_aesenc_epi128(b[i], rk[r]);
+        for (int i = 0; i < 8; i++) {
+            b[i] = _mm256_aesenclast_epi128(b[i], rk[14]);
+            _mm256_storeu_si256((__m256i *)(out + 32 * i),
+                                _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(in + 32 * i)), b[i]));
+        }
+    }
+    secure_wipe(rk, sizeof(rk));
+}
+
+// GHASH over whole groups of 16 blocks, one reduction each
+__attribute__((target(AEAD_YMM_TARGET)))
+static inline __m128i aead_ghash_ymm(const AeadKey *k, __m128i y, const uint8_t *data, size_t groups) {
+    __m256i hp[8];
+    aead_ghash_powers_ymm(k, hp);
+    for (; groups > 0; groups--, data += 256) {
+        __m256i lo = _mm256_setzero_si256(), mid = lo, hi = lo;
+        for (int t = 0; t < 8; t++) aead_clmul_acc_ymm(aead_ghash_load_ymm(data, t, y), hp[t], &lo, &mid, &hi);
+        y = aead_clmul_finish_ymm(lo, mid, hi);
+    }
+    return y;
+}
+
+// CTR and GHASH stitched as aead_ctr8_ghash8_ni, 16 blocks at a time
+__attribute__((target(AEAD_YMM_TARGET)))
+static inline __m128i aead_ctr16_ghash16_ymm(const __m256i rk[15], const __m256i hp[8], const uint32_t p[3],
+                                             uint32_t ctr, const uint8_t *in, uint8_t *out, const uint8_t *hash,
+                                             __m128i y) {
+    __m256i b[8], lo = _mm256_setzero_si256(), mid = lo, hi = lo;
+    aead_counters_ymm(p, ctr, rk[0], b);
+#ifndef __CUDACC__
+#pragma GCC unroll 13
+#endif
+    for (int r = 1; r < 14; r++) {
+        for (int i = 0; i < 8; i++) b[i] = _mm256_aesenc_epi128(b[i], rk[r]);
+        if (r <= 8) aead_clmul_acc_ymm(aead_ghash_load_ymm(hash, r - 1, y), hp[r - 1], &lo, &mid, &hi);
+    }
+    for (int i = 0; i < 8; i++) {
+        b[i] = _mm256_aesenclast_epi128(b[i], rk[14]);
+        __m256i x = _mm256_loadu_si256((const __m256i *)(in + 32 * i));
+        _mm256_storeu_si256((__m256i *)(out + 32 * i), _mm256_xor_si256(x, b[i]));
+    }
+    return aead_clmul_finish_ymm(lo, mid, hi);
+}
+
+// aead_ctr_ghash_blocks_ni on 256-bit registers: whole groups of 16 blocks
+// here, the rest there
+__attribute__((target(AEAD_YMM_TARGET)))
+static inline __m128i aead_ctr_ghash_blocks_ymm(const AeadKey *k, const uint8_t prefix[12], uint32_t ctr,
+                                                const uint8_t *in, uint8_t *out, size_t nblocks, int decrypt,
+                                                __m128i y) {
+    __m256i rk[15], hp[8];
+    aead_round_keys_ymm(k, rk);
+    aead_ghash_powers_ymm(k, hp);
+    uint32_t p[3];
+    memcpy(p, prefix, 12);
+    size_t groups = nblocks / 16;
+    if (decrypt) {
+        for (size_t g = 0; g < groups; g++, in += 256, out += 256, ctr += 16)
+            y = aead_ctr16_ghash16_ymm(rk, hp, p, ctr, in, out, in, y);
+    } else if (groups > 0) {  // each group hashed beside the next one's AES, as on 128-bit registers
+        aead_ctr_blocks_ymm(k, prefix, ctr, in, out, 1);
+        in += 256; out += 256; ctr += 16;
+        for (size_t g = 1; g < groups; g++, in += 256, out += 256, ctr += 16)
+            y = aead_ctr16_ghash16_ymm(rk, hp, p, ctr, in, out, out - 256, y);
+        y = aead_ghash_ymm(k, y, out - 256, 1);
+    }
+    secure_wipe(rk, sizeof(rk));
+    return aead_ctr_ghash_blocks_ni(k, prefix, ctr, in, out, nblocks % 16, decrypt, y);
+}
+
 // The same on 512-bit registers (VAES, VPCLMULQDQ): each instruction works
 // on four blocks, one per 128-bit lane, so a loop step takes 16 blocks.
 #define AEAD_WIDE_TARGET "avx512f,avx512bw,vaes,vpclmulqdq,sse4.1,aes,pclmul"
@@ -443,17 +667,50 @@ static atomic_int aead_narrow_forced;
 
 static inline int aead_has_vaes(void) { return cpu_has(&aead_cpu_has_vaes, aead_ask_vaes); }
 
+// the 256-bit path: VAES and VPCLMULQDQ with AVX2, and the OS saving the
+// AVX registers (XCR0: SSE and AVX states)
+static inline int aead_ask_vaes256(void) {
+    int yes = 0;
+#if SECURE_HAVE_X86
+    unsigned a, b, c, d;
+    if (aead_has_aesni() && __get_cpuid(1, &a, &b, &c, &d) && ((c >> 27) & 1) && ((c >> 28) & 1)) {
+        unsigned xcr0_lo;
+        __asm__ volatile("xgetbv" : "=a"(xcr0_lo) : "c"(0) : "edx");
+        if ((xcr0_lo & 0x6) == 0x6 && __get_cpuid_count(7, 0, &a, &b, &c, &d))
+            yes = ((b >> 5) & 1) && ((c >> 9) & 1) && ((c >> 10) & 1);
+    }
+#endif
+    return yes;
+}
+
+static atomic_int aead_cpu_has_vaes256;
+static atomic_int aead_avx2_forced;
+
+static inline int aead_has_vaes256(void) { return cpu_has(&aead_cpu_has_vaes256, aead_ask_vaes256); }
+
+// tests and benchmarks: 256-bit registers at most, where AVX-512's are there
+static inline void aead_force_avx2(int on) {
+    atomic_store_explicit(&aead_avx2_forced, on != 0, memory_order_relaxed);
+}
+
 // tests and benchmarks: AES-NI on 128-bit registers only, where VAES is there
 static inline void aead_force_narrow(int on) {
     atomic_store_explicit(&aead_narrow_forced, on != 0, memory_order_relaxed);
 }
 
 static inline int aead_use_wide(void) {
-    return aead_use_aesni() && !atomic_load_explicit(&aead_narrow_forced, memory_order_relaxed) && aead_has_vaes();
+    return aead_use_aesni() && !atomic_load_explicit(&aead_narrow_forced, memory_order_relaxed) &&
+           !atomic_load_explicit(&aead_avx2_forced, memory_order_relaxed) && aead_has_vaes();
+}
+
+// 256-bit registers: where they are the widest the CPU (or a test) allows
+static inline int aead_use_ymm(void) {
+    return aead_use_aesni() && !atomic_load_explicit(&aead_narrow_forced, memory_order_relaxed) && !aead_use_wide() &&
+           aead_has_vaes256();
 }
 
 static inline const char *aead_impl_name(void) {
-    return aead_use_wide() ? "vaes-512" : aead_use_aesni() ? "aes-ni" : "portable";
+    return aead_use_wide() ? "vaes-512" : aead_use_ymm() ? "vaes-256" : aead_use_aesni() ? "aes-ni" : "portable";
 }
 
 // ----------------------------------------------------------------------------
@@ -478,6 +735,12 @@ static inline void aead_init(AeadKey *k, const uint8_t key[32]) {
     aead_aes_block_portable(k, zero, h);
     k->h_hi = aead_load_be64(h);
     k->h_lo = aead_load_be64(h + 8);
+    uint64_t p_hi = k->h_hi, p_lo = k->h_lo;
+    for (int j = 0; j < 24; j++) {
+        aead_store_be64(k->h_squares[j], p_hi);
+        aead_store_be64(k->h_squares[j] + 8, p_lo);
+        aead_gf_mul_portable(p_hi, p_lo, p_hi, p_lo, &p_hi, &p_lo);
+    }
 #if SECURE_HAVE_X86
     if (aead_has_aesni()) aead_ghash_powers_ni(k);
 #endif
@@ -511,8 +774,9 @@ static inline void aead_ctr_j0(const AeadKey *k, const uint8_t j0[16], uint64_t 
     size_t whole = len / 16;
 #if SECURE_HAVE_X86
     if (aead_use_aesni()) {
-        size_t groups = aead_use_wide() ? whole / 16 : 0;
-        if (groups > 0) aead_ctr_blocks_wide(k, j0, ctr, src, dst, groups);
+        size_t groups = aead_use_wide() || aead_use_ymm() ? whole / 16 : 0;
+        if (groups > 0 && aead_use_wide()) aead_ctr_blocks_wide(k, j0, ctr, src, dst, groups);
+        else if (groups > 0) aead_ctr_blocks_ymm(k, j0, ctr, src, dst, groups);
         aead_ctr_blocks_ni(k, j0, ctr + (uint32_t)(16 * groups), src + 256 * groups, dst + 256 * groups,
                            whole - 16 * groups);
     } else
@@ -533,44 +797,107 @@ static inline void aead_ctr_j0(const AeadKey *k, const uint8_t j0[16], uint64_t 
     secure_wipe(stream, sizeof(stream));
 }
 
+// y (GHASH's state, as GCM's bytes) carried over data's blocks, the last
+// one zero-padded: y = (y + X) H for each block X in turn
+static inline void aead_ghash_update(const AeadKey *k, uint8_t y[16], const uint8_t *data, size_t len) {
+    uint8_t tail[16] = {0};
+    size_t blocks = len / 16;
+    if (len % 16 != 0) memcpy(tail, data + 16 * blocks, len % 16);
+#if SECURE_HAVE_X86
+    if (aead_use_aesni()) {
+        __m128i s = aead_byte_reverse(_mm_loadu_si128((const __m128i *)y));
+        size_t groups = aead_use_wide() || aead_use_ymm() ? blocks / 16 : 0;
+        if (groups > 0 && aead_use_wide()) s = aead_ghash_wide(k, s, data, groups);
+        else if (groups > 0) s = aead_ghash_ymm(k, s, data, groups);
+        s = aead_ghash_ni(k, s, data + 256 * groups, blocks - 16 * groups);
+        if (len % 16 != 0) s = aead_ghash_ni(k, s, tail, 1);
+        _mm_storeu_si128((__m128i *)y, aead_byte_reverse(s));
+        return;
+    }
+#endif
+    uint64_t y_hi = aead_load_be64(y), y_lo = aead_load_be64(y + 8);
+    for (size_t b = 0; b < blocks; b++) aead_ghash_block_portable(k, &y_hi, &y_lo, data + 16 * b);
+    if (len % 16 != 0) aead_ghash_block_portable(k, &y_hi, &y_lo, tail);
+    aead_store_be64(y, y_hi);
+    aead_store_be64(y + 8, y_lo);
+}
+
+// y = y * H^e (GCM's bytes), for 0 <= e < 2^24: a product per bit of e.
+// A writer that hashes a middle part of a message on its own (a slice of a
+// sealed file's chunk) moves its sum to where that part ends up with it.
+static inline void aead_ghash_times_hpow(const AeadKey *k, uint8_t y[16], uint64_t e) {
+    uint64_t y_hi = aead_load_be64(y), y_lo = aead_load_be64(y + 8);
+    for (int j = 0; j < 24 && e != 0; j++, e >>= 1)
+        if (e & 1) aead_gf_mul_portable(y_hi, y_lo, aead_load_be64(k->h_squares[j]), aead_load_be64(k->h_squares[j] + 8),
+                                        &y_hi, &y_lo);
+    aead_store_be64(y, y_hi);
+    aead_store_be64(y + 8, y_lo);
+}
+
 // GHASH of aad and ct (each zero-padded to whole blocks) and the block of
 // their bit lengths; out is the hash as GCM's bytes
 static inline void aead_ghash(const AeadKey *k, const uint8_t *aad, size_t aadlen, const uint8_t *ct, size_t len,
                               uint8_t out[16]) {
-    uint8_t lens[16], tail[16];
+    uint8_t lens[16];
     aead_store_be64(lens, (uint64_t)aadlen * 8);
     aead_store_be64(lens + 8, (uint64_t)len * 8);
-    const uint8_t *parts[2] = {aad, ct};
-    size_t sizes[2] = {aadlen, len};
+    memset(out, 0, 16);
+    aead_ghash_update(k, out, aad, aadlen);
+    aead_ghash_update(k, out, ct, len);
+    aead_ghash_update(k, out, lens, 16);
+}
+
+// out = in XOR the keystream of message j0 from byte `offset` on, as
+// aead_ctr_j0, and y (GHASH's state, GCM's bytes) carried over the
+// ciphertext (in when decrypting, out when encrypting) as its blocks sit in
+// the message: a block the bytes fill only partly is hashed with zeros in
+// the rest of it. From offset 0 that is aead_ghash_update over the
+// ciphertext; GHASH being linear, the parts of a message hashed apart, each
+// moved to its place (aead_ghash_times_hpow), add up to the whole's. The
+// AES-NI path makes both in one pass, stitched (aead_ctr_ghash_blocks_ni);
+// the others take 16 KiB at a time through CTR and then GHASH, in cache.
+static inline void aead_ctr_ghash_j0(const AeadKey *k, const uint8_t j0[16], uint64_t offset, const void *in,
+                                     void *out, size_t len, int decrypt, uint8_t y[16]) {
+    const uint8_t *src = (const uint8_t *)in;
+    uint8_t *dst = (uint8_t *)out, block[16];
+    size_t skip = (size_t)(offset % 16);
+    if (skip != 0 && len > 0) {  // the rest of a block begun before offset
+        size_t n = 16 - skip < len ? 16 - skip : len;
+        memset(block, 0, 16);
+        if (decrypt) memcpy(block + skip, src, n);
+        aead_ctr_j0(k, j0, offset, src, dst, n);
+        if (!decrypt) memcpy(block + skip, dst, n);
+        aead_ghash_update(k, y, block, 16);
+        src += n; dst += n; offset += n; len -= n;
+    }
+    size_t whole = len / 16 * 16;
 #if SECURE_HAVE_X86
-    if (aead_use_aesni()) {
-        __m128i y = _mm_setzero_si128();
-        int wide = aead_use_wide();
-        for (int p = 0; p < 2; p++) {
-            size_t blocks = sizes[p] / 16, groups = wide ? blocks / 16 : 0;
-            if (groups > 0) y = aead_ghash_wide(k, y, parts[p], groups);
-            y = aead_ghash_ni(k, y, parts[p] + 256 * groups, blocks - 16 * groups);
-            if (sizes[p] % 16 == 0) continue;
-            memset(tail, 0, 16);
-            memcpy(tail, parts[p] + sizes[p] / 16 * 16, sizes[p] % 16);
-            y = aead_ghash_ni(k, y, tail, 1);
-        }
-        y = aead_ghash_ni(k, y, lens, 1);
-        _mm_storeu_si128((__m128i *)out, aead_byte_reverse(y));
-        return;
-    }
+    if (aead_use_aesni() && !aead_use_wide()) {
+        uint32_t ctr = (uint32_t)aead_load_be64(j0 + 8) + 1 + (uint32_t)(offset / 16);
+        __m128i s = aead_byte_reverse(_mm_loadu_si128((const __m128i *)y));
+        s = aead_use_ymm() ? aead_ctr_ghash_blocks_ymm(k, j0, ctr, src, dst, whole / 16, decrypt, s)
+                           : aead_ctr_ghash_blocks_ni(k, j0, ctr, src, dst, whole / 16, decrypt, s);
+        _mm_storeu_si128((__m128i *)y, aead_byte_reverse(s));
+    } else
 #endif
-    uint64_t y_hi = 0, y_lo = 0;
-    for (int p = 0; p < 2; p++) {
-        for (size_t i = 0; i + 16 <= sizes[p]; i += 16) aead_ghash_block_portable(k, &y_hi, &y_lo, parts[p] + i);
-        if (sizes[p] % 16 == 0) continue;
-        memset(tail, 0, 16);
-        memcpy(tail, parts[p] + sizes[p] / 16 * 16, sizes[p] % 16);
-        aead_ghash_block_portable(k, &y_hi, &y_lo, tail);
+    {
+        for (size_t done = 0; done < whole;) {
+            size_t n = whole - done < 16384 ? whole - done : 16384;
+            if (decrypt) aead_ghash_update(k, y, src + done, n);
+            aead_ctr_j0(k, j0, offset + done, src + done, dst + done, n);
+            if (!decrypt) aead_ghash_update(k, y, dst + done, n);
+            done += n;
+        }
     }
-    aead_ghash_block_portable(k, &y_hi, &y_lo, lens);
-    aead_store_be64(out, y_hi);
-    aead_store_be64(out + 8, y_lo);
+    src += whole; dst += whole; offset += whole; len -= whole;
+    if (len > 0) {  // a last block, partly filled
+        memset(block, 0, 16);
+        if (decrypt) memcpy(block, src, len);
+        aead_ctr_j0(k, j0, offset, src, dst, len);
+        if (!decrypt) memcpy(block, dst, len);
+        aead_ghash_update(k, y, block, 16);
+    }
+    secure_wipe(block, sizeof(block));
 }
 
 static inline void aead_j0(const AeadKey *k, const uint8_t *iv, size_t ivlen, uint8_t j0[16]) {
@@ -607,26 +934,43 @@ static inline void aead_tag(const AeadKey *k, const uint8_t *iv, size_t ivlen, c
     aead_tag_j0(k, j0, aad, aadlen, ct, len, tag);
 }
 
+// GCM's tag from y, the GHASH state after aad and ciphertext: the length
+// block folded in, then XOR AES_K(J0)
+static inline void aead_tag_finish(const AeadKey *k, const uint8_t j0[16], uint8_t y[16], size_t aadlen, size_t len,
+                                   uint8_t tag[16]) {
+    uint8_t lens[16], mask[16];
+    aead_store_be64(lens, (uint64_t)aadlen * 8);
+    aead_store_be64(lens + 8, (uint64_t)len * 8);
+    aead_ghash_update(k, y, lens, 16);
+    aead_aes_one(k, j0, mask);
+    for (int i = 0; i < 16; i++) tag[i] = y[i] ^ mask[i];
+}
+
+// encrypt and tag in one pass over the data (aead_ctr_ghash_j0)
 static inline void aead_seal(const AeadKey *k, const uint8_t *iv, size_t ivlen, const void *aad, size_t aadlen,
                              const void *in, void *out, size_t len, uint8_t tag[16]) {
-    uint8_t j0[16];
+    uint8_t j0[16], y[16] = {0};
     aead_j0(k, iv, ivlen, j0);
-    aead_ctr_j0(k, j0, 0, in, out, len);
-    aead_tag_j0(k, j0, aad, aadlen, out, len, tag);
+    aead_ghash_update(k, y, (const uint8_t *)aad, aadlen);
+    aead_ctr_ghash_j0(k, j0, 0, in, out, len, 0, y);
+    aead_tag_finish(k, j0, y, aadlen, len, tag);
 }
 
 // 0 and the plaintext in out when the tag holds; else -1 and out zeroed
 // (nothing unauthenticated escapes). in and out may be the same buffer.
+// One pass decrypts into out and hashes the ciphertext as it goes; the
+// plaintext stays in out, the caller's, only once the tag is found good.
 static inline int aead_open(const AeadKey *k, const uint8_t *iv, size_t ivlen, const void *aad, size_t aadlen,
                             const void *in, void *out, size_t len, const uint8_t tag[16]) {
-    uint8_t j0[16], want[16];
+    uint8_t j0[16], y[16] = {0}, want[16];
     aead_j0(k, iv, ivlen, j0);
-    aead_tag_j0(k, j0, aad, aadlen, in, len, want);
+    aead_ghash_update(k, y, (const uint8_t *)aad, aadlen);
+    aead_ctr_ghash_j0(k, j0, 0, in, out, len, 1, y);
+    aead_tag_finish(k, j0, y, aadlen, len, want);
     if (!tag_equal(want, 16, tag, 16)) {
         memset(out, 0, len);
         return -1;
     }
-    aead_ctr_j0(k, j0, 0, in, out, len);
     return 0;
 }
 
@@ -799,21 +1143,84 @@ static inline void aead_file_chunk_tag(const AeadFile *f, const AeadFileKey *k, 
 }
 
 // chunk i in place: 0 when its tag holds (buf then plaintext), else -1 with
-// err naming the file and the chunk (buf then zeros)
+// err naming the file and the chunk (buf then zeros). One pass decrypts and
+// hashes the ciphertext (aead_ctr_ghash_j0); a chunk whose tag fails leaves
+// nothing of its plaintext behind.
 static inline int aead_file_open_chunk(const AeadFile *f, const AeadFileKey *k, uint64_t i, uint8_t *buf,
                                        const uint8_t tag[16], const char *path, char *err, size_t errlen) {
-    uint8_t want[16], j0[16];
+    uint8_t want[16], j0[16], aad[AEAD_FILE_AAD_BYTES], y[16] = {0};
     size_t len = (size_t)aead_file_chunk_len(f, i);
-    aead_file_chunk_tag(f, k, i, buf, want);
+    aead_file_j0(f, i, j0);
+    aead_file_aad(f, i, aad);
+    aead_ghash_update(&k->aes, y, aad, sizeof(aad));
+    aead_ctr_ghash_j0(&k->aes, j0, 0, buf, buf, len, 1, y);
+    aead_tag_finish(&k->aes, j0, y, sizeof(aad), len, want);
     if (!tag_equal(want, 16, tag, 16)) {
         memset(buf, 0, len);
         return errorf(err, errlen, "%s: chunk %llu of %llu (plaintext bytes %llu..%llu): tag does not match: the file "
                       "was changed, cut short or reordered", path, (unsigned long long)i, (unsigned long long)f->chunks,
                       (unsigned long long)(i * f->chunk_bytes), (unsigned long long)(i * f->chunk_bytes + len));
     }
-    aead_file_j0(f, i, j0);
-    aead_ctr_j0(&k->aes, j0, 0, buf, buf, len);
     return 0;
+}
+
+// GHASH shares: a writer that encrypts only some bytes of a chunk (a rank's
+// slice of a checkpoint) hashes them as it encrypts, while they are in
+// cache, and adds its share into sums[16 i], chunk i's; with every writer's
+// sums added (XOR), aead_file_tags_from_sums makes the tags without reading
+// the file back. GHASH is linear in the ciphertext: chunk i's hash is
+//   A H^(n+1) + C_0 H^n + ... + C_(n-1) H + L H
+// (A: the AAD's hash, C_b: its n ciphertext blocks, zero-padded, L: the
+// lengths), so a share is the sum of its blocks' C_b H^(n-b), each block
+// zero outside the bytes written, and shares of disjoint bytes add up.
+// counts[i] counts the bytes of chunk i written, so that whoever adds the
+// shares up can check that every byte was written exactly once (two writers
+// of the same bytes would cancel their shares; a byte nobody wrote would be
+// missing from the hash, and decrypt to garbage).
+//
+// A share is secret: with the ciphertext beside it, it is a polynomial in H
+// with known coefficients, and two of them give H, with which anyone forges
+// a tag of any file under this key. It must never be written, nor sent, as
+// it is (checkpoint.h masks it before it leaves a rank); this code wipes
+// the copies it makes.
+
+// out = in encrypted as plaintext bytes [offset, offset + len) of the file
+// (aead_file_ctr), each chunk's share added into sums and the bytes into
+// counts (NULL: not counted)
+static inline void aead_file_ctr_sums(const AeadFile *f, const AeadFileKey *k, uint64_t offset, const void *in,
+                                      void *out, size_t len, uint8_t *sums, uint64_t *counts) {
+    const uint8_t *src = (const uint8_t *)in;
+    uint8_t *dst = (uint8_t *)out, j0[16], y[16];
+    while (len > 0) {
+        uint64_t i = offset / f->chunk_bytes, within = offset % f->chunk_bytes;
+        size_t n = f->chunk_bytes - within < len ? (size_t)(f->chunk_bytes - within) : len;
+        memset(y, 0, 16);
+        aead_file_j0(f, i, j0);
+        aead_ctr_ghash_j0(&k->aes, j0, within, src, dst, n, 0, y);
+        // y = sum C_b H^(last - b + 1) over the blocks written; the share wants H^(blocks - b)
+        uint64_t blocks = (aead_file_chunk_len(f, i) + 15) / 16, last = (within + n - 1) / 16;
+        aead_ghash_times_hpow(&k->aes, y, blocks - 1 - last);
+        for (int b = 0; b < 16; b++) sums[16 * i + b] ^= y[b];
+        if (counts != NULL) counts[i] += n;
+        src += n; dst += n; offset += n; len -= n;
+    }
+    secure_wipe(y, sizeof(y));
+}
+
+// the tag table (16 bytes per chunk) from the sums of every writer's shares
+static inline void aead_file_tags_from_sums(const AeadFile *f, const AeadFileKey *k, const uint8_t *sums,
+                                            uint8_t *tags) {
+    for (uint64_t i = 0; i < f->chunks; i++) {
+        uint8_t j0[16], aad[AEAD_FILE_AAD_BYTES], y[16] = {0};
+        uint64_t len = aead_file_chunk_len(f, i);
+        aead_file_j0(f, i, j0);
+        aead_file_aad(f, i, aad);
+        aead_ghash_update(&k->aes, y, aad, sizeof(aad));
+        aead_ghash_times_hpow(&k->aes, y, (len + 15) / 16);
+        for (int b = 0; b < 16; b++) y[b] ^= sums[16 * i + b];
+        aead_tag_finish(&k->aes, j0, y, sizeof(aad), (size_t)len, tags + AEAD_TAG_BYTES * i);
+        secure_wipe(y, sizeof(y));  // the chunk's whole GHASH: with its tag, E_K(J0) and then H
+    }
 }
 
 // opens the sealed file at fd: header read, checked, and the size; 0 or -1
@@ -830,15 +1237,20 @@ static inline int aead_file_read_header(int fd, AeadFile *f, const AeadFileKey *
 }
 
 // writes plaintext bytes [offset, offset + n) of the file at fd, encrypted,
-// through bounce (bounce_bytes). One thread: CTR runs at several GB/s, and
-// more threads would spend the writes between their turns waiting, which
-// OpenMP's waiting threads do spinning, at a CPU's cost. 0, or -1 with errno.
+// through bounce (bounce_bytes), and with sums (not NULL) each chunk's GHASH
+// share of them added there and the bytes into counts (aead_file_ctr_sums).
+// The bounce buffer then holds ciphertext only. One thread: CTR runs at
+// several GB/s, and more threads would spend the writes between their turns
+// waiting, which OpenMP's waiting threads do spinning, at a CPU's cost. 0,
+// or -1 with errno.
 static inline int aead_file_pwrite(int fd, const AeadFile *f, const AeadFileKey *k, const void *plain, size_t n,
-                                   uint64_t offset, uint8_t *bounce, size_t bounce_bytes) {
+                                   uint64_t offset, uint8_t *bounce, size_t bounce_bytes, uint8_t *sums,
+                                   uint64_t *counts) {
     const uint8_t *src = (const uint8_t *)plain;
     for (size_t done = 0; done < n;) {
         size_t len = n - done < bounce_bytes ? n - done : bounce_bytes;
-        aead_file_ctr(f, k, offset + done, src + done, bounce, len);
+        if (sums != NULL) aead_file_ctr_sums(f, k, offset + done, src + done, bounce, len, sums, counts);
+        else aead_file_ctr(f, k, offset + done, src + done, bounce, len);
         if (pwrite_all(fd, bounce, len, AEAD_FILE_HEADER_BYTES + offset + done) != 0) return -1;
         done += len;
     }
@@ -865,15 +1277,21 @@ static inline int aead_file_seal_chunks(int fd, const AeadFile *f, const AeadFil
     for (uint64_t i = 0; i < f->chunks && e == 0; i++) {
         size_t len = (size_t)aead_file_chunk_len(f, i);
         uint64_t at = AEAD_FILE_HEADER_BYTES + i * f->chunk_bytes;
-        if (plain != NULL) {
-            aead_file_ctr(f, k, i * f->chunk_bytes, plain + i * f->chunk_bytes, buf, len);
+        if (plain != NULL) {  // encrypted and hashed in one pass (aead_ctr_ghash_j0)
+            uint8_t j0[16], aad[AEAD_FILE_AAD_BYTES], y[16] = {0};
+            aead_file_j0(f, i, j0);
+            aead_file_aad(f, i, aad);
+            aead_ghash_update(&k->aes, y, aad, sizeof(aad));
+            aead_ctr_ghash_j0(&k->aes, j0, 0, plain + i * f->chunk_bytes, buf, len, 0, y);
+            aead_tag_finish(&k->aes, j0, y, sizeof(aad), len, tags + AEAD_TAG_BYTES * i);
             if (pwrite_all(fd, buf, len, at) != 0) e = errno;
-        } else if (pread_all(fd, buf, len, at) != 0) {
+        } else if (pread_all(fd, buf, len, at) == 0) {
+            aead_file_chunk_tag(f, k, i, buf, tags + AEAD_TAG_BYTES * i);
+        } else {
             e = errno;
         }
         if (e != 0) break;
         if (sha != NULL) sha256_update(&hash, buf, len);
-        aead_file_chunk_tag(f, k, i, buf, tags + AEAD_TAG_BYTES * i);
     }
     if (e == 0 && pwrite_all(fd, tags, table_bytes, AEAD_FILE_HEADER_BYTES + f->plain_bytes) != 0) e = errno;
     if (e == 0 && sha != NULL) {

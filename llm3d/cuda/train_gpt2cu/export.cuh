@@ -160,14 +160,16 @@ static int gpt2_write_share(GPT2 *m, CkptOut *model, CkptOut *optim) {
 
 // writes this rank's part of the model file model_name (and, unless
 // optim_name is NULL, of optim.bin), both in -o (dfd), files that rank 0
-// made at full size (sealed ones under cipher), and fsyncs them; 0, or an errno
-static int write_part(GPT2 *m, int dfd, const char *model_name, const char *optim_name, const AeadFileKey *cipher) {
+// made at full size (sealed ones under cipher, their GHASH shares into
+// shares[0] and shares[1]), and fsyncs them; 0, or an errno
+static int write_part(GPT2 *m, int dfd, const char *model_name, const char *optim_name, const AeadFileKey *cipher,
+                      CkptShare *shares) {
     CkptOut model, adam;
-    int e = ckpt_out_open_at(&model, dfd, model_name, cipher);
+    int e = ckpt_out_open_at(&model, dfd, model_name, cipher, shares != NULL ? &shares[0] : NULL);
     memset(&adam, 0, sizeof(adam));
     adam.fd = -1;
     if (optim_name != NULL) {
-        int e_optim = ckpt_out_open_at(&adam, dfd, optim_name, cipher);
+        int e_optim = ckpt_out_open_at(&adam, dfd, optim_name, cipher, shares != NULL ? &shares[1] : NULL);
         if (e == 0) e = e_optim;
     }
     if (e == 0) e = gpt2_write_share(m, &model, optim_name != NULL ? &adam : NULL);
