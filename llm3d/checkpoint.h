@@ -589,10 +589,15 @@ static int ckpt_key_at(int dfd, const char *out_dir, const char *key_file, int c
     // in place is every rank's. Each writes its own whole under a name of its
     // own (O_EXCL, never through a link) and links it into place (linkat never
     // replaces a file), so no rank reads a key half written, nor keeps one
-    // that lost the race
-    char tmp[64];
-    snprintf(tmp, sizeof(tmp), "job.key.%d.tmp", (int)getpid());
-    unlinkat(dfd, tmp, 0);
+    // that lost the race. The name is 16 random hex digits, not the pid: the
+    // ranks of several nodes that share -o may have the same pid, and one
+    // would then take, or remove, the other's file
+    char tmp[64], hex[17];
+    uint8_t rnd[8];
+    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+        return errorf(err, errlen, "key file %s: getrandom for a temporary name: %s", path, strerror(errno));
+    to_hex(rnd, sizeof(rnd), hex);
+    snprintf(tmp, sizeof(tmp), "job.key.%s.tmp", hex);
     int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) return errorf(err, errlen, "key file %s/%s: create: %s", out_dir, tmp, strerror(errno));
     int e = key_write_opened(fd, key);

@@ -1161,6 +1161,42 @@ static void test_resume_shuffled(void) {
     snprintf(shards, sizeof(shards), "%s", saved_shards);
 }
 
+// job.key made while another node's rank, sharing -o and with this
+// process's pid, is writing its own temporary key file: that file (under
+// the name the pid alone would give, job.key.PID.tmp) is neither taken nor
+// removed, job.key is this process's whole key, and no temporary file of
+// its own is left. The name was job.key.PID.tmp: this process removed the
+// other's file and wrote its key under the same name.
+static void test_key_temp_name(void) {
+    char out[300], theirs[400], err[512] = "";
+    snprintf(out, sizeof(out), "%s/key_tmp", dir);
+    mkdir(out, 0700);
+    snprintf(theirs, sizeof(theirs), "%s/job.key.%d.tmp", out, (int)getpid());
+    FILE *f = fopen(theirs, "w");
+    int planted = f != NULL && fputs("another node's key, half written", f) >= 0;
+    if (f != NULL) planted &= fclose(f) == 0;
+    uint8_t key[32], again[32];
+    int dfd = ckpt_dir_open(out, err, sizeof(err));
+    int made = dfd >= 0 && ckpt_key_at(dfd, out, NULL, 1, key, err, sizeof(err)) == 0;
+    int read = made && ckpt_key_at(dfd, out, NULL, 0, again, err, sizeof(err)) == 0 && memcmp(key, again, 32) == 0;
+    if (dfd >= 0) close(dfd);
+    size_t n = 0;
+    char *left = test_read_file(theirs, &n);
+    int kept = left != NULL && n == strlen("another node's key, half written") &&
+               memcmp(left, "another node's key, half written", n) == 0;
+    free(left);
+    DIR *d = opendir(out);
+    int others = 0;
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
+        others += strncmp(e->d_name, "job.key.", 8) == 0 && strcmp(strrchr(theirs, '/') + 1, e->d_name) != 0;
+    if (d != NULL) closedir(d);
+    check(planted && made && read && kept && others == 0,
+          "job.key made beside another node's job.key.%d.tmp (the same pid): that file is left as it was (%s), the "
+          "key reads back (%s), and no temporary file of this process is left (%d) %s", (int)getpid(),
+          kept ? "yes" : "no", read ? "yes" : "no", others, err);
+    test_remove_dir(out);
+}
+
 // -nk 2 keeps the newest two; -y 1 with nothing to resume starts afresh
 static void test_keep(void) {
     static Run r;
@@ -1378,6 +1414,7 @@ int main(void) {
     test_init_swapped_between_ranks(1);
     test_init_swapped_between_ranks(0);
     test_keep();
+    test_key_temp_name();
     test_full_disk();
 
     static Run ref1, ref2;
