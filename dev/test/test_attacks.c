@@ -423,6 +423,121 @@ static void test_meeting_place(void) {
     free(r.out);
 }
 
+// holds_fd_to: whether process pid has a descriptor open on path (its
+// /proc/PID/fd links), waiting up to wait_s for it
+static int holds_fd_to(pid_t pid, const char *path, double wait_s) {
+    char fds[64], link[320], target[400];
+    snprintf(fds, sizeof(fds), "/proc/%d/fd", (int)pid);
+    double t0 = par_now();
+    do {
+        DIR *d = opendir(fds);
+        struct dirent *e;
+        int found = 0;
+        while (d != NULL && (e = readdir(d)) != NULL && !found) {
+            snprintf(link, sizeof(link), "%s/%s", fds, e->d_name);
+            ssize_t n = readlink(link, target, sizeof(target) - 1);
+            if (n > 0) target[n] = '\0';
+            found = n > 0 && strcmp(target, path) == 0;
+        }
+        if (d != NULL) closedir(d);
+        if (found) return 1;
+        par_sleep(0.002);
+    } while (par_now() - t0 < wait_s);
+    return 0;
+}
+
+// A meeting directory that a killed launch of the same id left (its key,
+// its dead socket), as torchrun's default id ("none", port 29500) repeats
+// from run to run: rank 1, started first, finds it before rank 0 replaces
+// it. It must not take that key and socket (it then waited on a dead socket
+// until -to and failed): it waits for rank 0's own directory, whose "live"
+// file rank 0 holds locked, and the two ranks meet.
+static void test_stale_meeting(void) {
+    char o[300], place[400], path[100], args[700], out0[300], out1[300];
+    snprintf(o, sizeof(o), "%s/stale_meet", work);
+    mkdir(o, 0700);
+    snprintf(place, sizeof(place), "%s/llm3d-rendezvous-ompi-4242", o);
+    test_remove_dir(place);
+    mkdir(place, 0700);
+    snprintf(path, sizeof(path), "%.80s/key", place);
+    uint8_t key[32];
+    key_generate(key, NULL, 0);
+    test_write_key_file(path, key);
+    snprintf(path, sizeof(path), "%.80s/rendezvous.sock", place);
+    int sfd = socket(AF_UNIX, SOCK_STREAM, 0);  // bound, never listened on: a killed root's
+    struct sockaddr_un un;
+    memset(&un, 0, sizeof(un));
+    un.sun_family = AF_UNIX;
+    snprintf(un.sun_path, sizeof(un.sun_path), "%s", path);
+    int bound = sfd >= 0 && bind(sfd, (struct sockaddr *)&un, sizeof(un)) == 0;
+    if (sfd >= 0) close(sfd);
+    snprintf(args, sizeof(args), "-x 2 -to 3 -o %s", o);
+    snprintf(out0, sizeof(out0), "%s/stale0.out", work);
+    snprintf(out1, sizeof(out1), "%s/stale1.out", work);
+    double t0 = test_now();
+    pid_t p1 = spawn_trainer(args, ompi_env(1), out1);
+    // rank 1 opens -o, where it looks for the meeting directory, and looks: then rank 0 starts
+    int looking = holds_fd_to(p1, o, 10.0);
+    par_sleep(0.05);
+    pid_t p0 = spawn_trainer(args, ompi_env(0), out0);
+    TrainerRun a = trainer_ended(p0, t0, out0, 40.0), b = trainer_ended(p1, t0, out1, 40.0);
+    check(bound && looking && a.status == 0 && b.status == 0 && !test_exists("%s", place),
+          "a killed launch's meeting directory of the same id, found by rank 1 first: not taken; the ranks meet in "
+          "rank 0's (exit %d %d, %.1f s)%s%s", a.status, b.status, b.seconds, a.status || b.status ? ": " : "",
+          a.status || b.status ? test_line_of(b.status ? b.out : a.out, "train_gpt2:") : "");
+    free(a.out);
+    free(b.out);
+    test_remove_dir(o);
+}
+
+// The folder the ranks meet in (-pf, or -o) must be this user's or root's,
+// and sticky where group or others may write in it: else they could move
+// the meeting directory away and another of this user's into its place.
+// Refused at once in one line: a folder of mode 0777, another user's; a
+// sticky 1777 folder (as /tmp) is where the ranks meet.
+static void test_meeting_folder(void) {
+    char f[300], args[700];
+    snprintf(f, sizeof(f), "%s/meet_folder", work);
+    snprintf(args, sizeof(args), "-x 2 -to 3 -pi fs -pf %s", f);
+    struct { const char *what, *want; int mode, other; } cases[] = {
+        {"mode 0777", "mode 0777: group or others may write in it and it is not sticky", 0777, 0},
+        {"mode 0775", "mode 0775: group or others may write in it and it is not sticky", 0775, 0},
+        {"another user's, mode 0755", "owned by uid 65534, neither this user", 0755, 1},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        if (cases[k].other && !is_root()) {
+            skip("meeting folder %s: needs root to be another user", cases[k].what);
+            continue;
+        }
+        test_remove_dir(f);
+        mkdir(f, 0700);
+        chmod(f, (mode_t)cases[k].mode);
+        if (cases[k].other && chown(f, NOBODY, NOBODY) != 0) check(0, "chown %s", f);
+        for (int rank = 0; rank < 2; rank++) {
+            TrainerRun r = run_trainer(args, ompi_env(rank), 20.0);
+            check(r.status == 1 && r.lines == 1 && strstr(r.out, cases[k].want) != NULL && r.seconds < 3.0,
+                  "meeting folder -pf of %s: rank %d refuses it in one line, at once (exit %d, %.1f s): %s",
+                  cases[k].what, rank, r.status, r.seconds, test_line_of(r.out, "train_gpt2:"));
+            free(r.out);
+        }
+    }
+    test_remove_dir(f);
+    mkdir(f, 0700);
+    chmod(f, 01777);
+    char out0[300], out1[300];
+    snprintf(out0, sizeof(out0), "%s/folder0.out", work);
+    snprintf(out1, sizeof(out1), "%s/folder1.out", work);
+    double t0 = test_now();
+    pid_t p1 = spawn_trainer(args, ompi_env(1), out1), p0 = spawn_trainer(args, ompi_env(0), out0);
+    TrainerRun a = trainer_ended(p0, t0, out0, 30.0), b = trainer_ended(p1, t0, out1, 30.0);
+    check(a.status == 0 && b.status == 0, "meeting folder -pf of mode 1777 (sticky, as /tmp): the ranks meet there "
+          "(exit %d %d)%s%s", a.status, b.status, a.status || b.status ? ": " : "",
+          a.status || b.status ? test_line_of(a.status ? a.out : b.out, "train_gpt2:") : "");
+    free(a.out);
+    free(b.out);
+    test_remove_dir(f);
+}
+
 // ----------------------------------------------------------------------------
 // the shared-memory segment of an outside-launched rank 0 that fails
 
@@ -1482,6 +1597,8 @@ int main(int argc, char **argv) {
     test_hello_replay();
     test_idle_flood();
     test_meeting_place();
+    test_stale_meeting();
+    test_meeting_folder();
     test_segment_leaks();
     test_output_dir();
     test_output_dir_swapped();

@@ -15,7 +15,8 @@
  *                          torchrun, Open MPI, Slurm)
  *   LaunchMeet, MeetPlan, meet_plan, meet_host, meet_join, meet_close (and
  *   their helpers meet_outside_rank, meet_one_box, meet_job_id, meet_dir_check,
- *   meet_write, meet_read, meet_live, meet_sweep, meet_my_address)
+ *   meet_write, meet_read, meet_live, meet_held, meet_sweep, meet_my_address,
+ *   meet_open_folder)
  *                          ranks of mpirun, srun or torchrun without
  *                          --rendezvous, and llm.c's -pn -pr -pg -pi -pf -ps:
  *                          how they meet
@@ -59,6 +60,7 @@
 #include <net/if.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
@@ -86,6 +88,7 @@ typedef struct {
     int meet;                   // 1: the ranks met in a directory (launch_meet): the fds below are open
     int meet_made;              // ... which this process (rank 0) made, and removes in launch_free
     int meet_parent, meet_dir;  // the folder (-o, -pf) and the meeting directory in it
+    int meet_lock;              // rank 0: the meeting directory's "live" file, flocked while it serves (-1: none)
     char meet_name[128];        // the meeting directory's name in the folder
 } Launch;
 
@@ -144,7 +147,7 @@ enum { MEET_MPI = 0, MEET_TCP = 1, MEET_FS = 2 };  // llm.c's -pi, in flags.h's 
 #define MEET_PREFIX "llm3d-rendezvous-"
 
 // what a meeting directory may hold: rank 0 removes these, and only these
-static const char *const meet_files[] = {"key", "key.tmp", "address", "address.tmp", "rendezvous.sock"};
+static const char *const meet_files[] = {"key", "key.tmp", "address", "address.tmp", "rendezvous.sock", "live"};
 
 // meet_clear: empties the meeting directory dfd of what rank 0 puts there
 static inline void meet_clear(int dfd) {
@@ -157,6 +160,8 @@ static inline void meet_close(Launch *L) {
     if (L->meet_made) {
         meet_clear(L->meet_dir);
         unlinkat(L->meet_parent, L->meet_name, AT_REMOVEDIR);
+        if (L->meet_lock >= 0) close(L->meet_lock);
+        L->meet_lock = -1;
     }
     close(L->meet_dir);
     close(L->meet_parent);
@@ -440,6 +445,24 @@ static inline int meet_live(int dfd) {
     return live;
 }
 
+// meet_held: whether the meeting directory dfd is this launch's rank 0's
+// now: 1 when its "live" file is flocked (rank 0 takes the lock before it
+// writes the key, and holds it for as long as it serves), 0 when the file
+// is missing or nobody holds it: a directory a killed launch of the same id
+// left (torchrun's default id, "none" and port 29500, repeats from run to
+// run), or one whose rank 0 has not got that far. Where the filesystem
+// has no locks (ENOLCK, EOPNOTSUPP) it cannot tell, and says 1, as before
+// there was a lock.
+static inline int meet_held(int dfd) {
+    int fd = openat(dfd, "live", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return 0;
+    int held = 1;
+    if (flock(fd, LOCK_SH | LOCK_NB) == 0) held = 0;  // ours now: nobody serves; close lets go
+    else if (errno == EWOULDBLOCK) held = 1;
+    close(fd);
+    return held;
+}
+
 // meet_sweep: removes the meeting directories of earlier launches that
 // ended without removing theirs (killed): this user's, whose socket nobody
 // listens on. One whose rank 0 is still starting has no socket yet, and one
@@ -482,11 +505,35 @@ static inline void meet_my_address(char *out, size_t outlen) {
     freeifaddrs(all);
 }
 
-// meet_open_folder: the folder of the plan, opened (L->meet_parent)
+// meet_open_folder: the folder of the plan, opened (L->meet_parent), when
+// no other user can rename or remove what rank 0 makes in it: the folder
+// must be this user's or root's, and one that group or others may write in
+// must be sticky (mode +t, as /tmp is), so that only the owner of an entry
+// (or of the folder: this user, or root) may rename or remove it. Otherwise
+// another user could move the meeting directory away and another directory
+// of this user's (a killed job's, with its old key) into its place, or just
+// remove it; refused with one line.
 static inline int meet_open_folder(Launch *L, const MeetPlan *plan, char *err, size_t errlen) {
     L->meet_parent = open(plan->folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (L->meet_parent < 0)
         return errorf(err, errlen, "flag %s %s: %s", plan->flag, plan->folder, strerror(errno));
+    struct stat st;
+    int rc = 0;
+    if (fstat(L->meet_parent, &st) != 0)
+        rc = errorf(err, errlen, "flag %s %s: fstat: %s", plan->flag, plan->folder, strerror(errno));
+    else if (st.st_uid != geteuid() && st.st_uid != 0)
+        rc = errorf(err, errlen, "flag %s %s: owned by uid %u, neither this user (uid %u) nor root: its owner could "
+                    "replace the ranks' meeting directory; refused", plan->flag, plan->folder, (unsigned)st.st_uid,
+                    (unsigned)geteuid());
+    else if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (st.st_mode & S_ISVTX) == 0)
+        rc = errorf(err, errlen, "flag %s %s: mode %04o: group or others may write in it and it is not sticky, so "
+                    "they could replace the ranks' meeting directory; chmod go-w or +t it; refused", plan->flag,
+                    plan->folder, (unsigned)(st.st_mode & 07777));
+    if (rc != 0) {
+        close(L->meet_parent);
+        L->meet_parent = -1;
+        return -1;
+    }
     snprintf(L->meet_name, sizeof(L->meet_name), "%s", plan->name);
     return 0;
 }
@@ -496,6 +543,7 @@ static inline int meet_open_folder(Launch *L, const MeetPlan *plan, char *err, s
 // socket in it (one box) or on TCP, its address written beside the key
 static inline int meet_host(Launch *L, const MeetPlan *plan, double timeout_s, char *err, size_t errlen) {
     char shown[600];
+    L->meet_lock = -1;
     snprintf(shown, sizeof(shown), "%s/%s", plan->folder, plan->name);
     if (meet_open_folder(L, plan, err, errlen) != 0) return -1;
     meet_sweep(L->meet_parent, plan->name);
@@ -536,6 +584,15 @@ static inline int meet_host(Launch *L, const MeetPlan *plan, double timeout_s, c
     L->meet = L->meet_made = 1;
     char text[80];
     if (meet_dir_check(L->meet_dir, shown, err, errlen) != 0 || key_generate(L->key, err, errlen) != 0) return -1;
+    // the lock that tells the other ranks this directory is served now (meet_held), taken before the key
+    // is in: a blocking flock, as a rank testing it holds it for an instant
+    L->meet_lock = openat(L->meet_dir, "live", O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (L->meet_lock < 0) return errorf(err, errlen, "%s/live: %s", shown, strerror(errno));
+    while (flock(L->meet_lock, LOCK_EX) != 0)
+        if (errno != EINTR) {
+            if (errno == ENOLCK || errno == EOPNOTSUPP) break;  // no locks here: the ranks cannot test it either
+            return errorf(err, errlen, "%s/live: flock: %s", shown, strerror(errno));
+        }
     to_hex(L->key, KEY_BYTES, text);
     snprintf(text + 64, sizeof(text) - 64, "\n");
     int rc = meet_write(L->meet_dir, "key", text, shown, err, errlen);
@@ -558,7 +615,8 @@ static inline int meet_host(Launch *L, const MeetPlan *plan, double timeout_s, c
 
 // meet_join: a rank other than 0 waits, up to timeout_s, for rank 0's
 // meeting directory, checks it is this user's and private, and takes the
-// key and the rendezvous address from it
+// key and the rendezvous address from it once rank 0 holds its lock
+// (meet_held): a killed launch's directory of the same name is waited past
 static inline int meet_join(Launch *L, const MeetPlan *plan, double timeout_s, char *err, size_t errlen) {
     char shown[600];
     snprintf(shown, sizeof(shown), "%s/%s", plan->folder, plan->name);
@@ -581,6 +639,13 @@ static inline int meet_join(Launch *L, const MeetPlan *plan, double timeout_s, c
                 got = errorf(err, errlen, "%s/key: not 64 hex digits of a key", shown);
         }
         secure_wipe(text, sizeof(text));
+        // a directory whose rank 0 does not hold its lock is a killed launch's, of the same id: its key and
+        // socket (or address) are dead, so it is never taken, only waited past, until this launch's rank 0
+        // has put its own in its place
+        if (got == 1 && !meet_held(fd)) {
+            got = 0;
+            secure_wipe(L->key, sizeof(L->key));
+        }
         struct stat st;
         if (got == 1 && fstatat(fd, "rendezvous.sock", &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISSOCK(st.st_mode)) {
             snprintf(L->rendezvous, sizeof(L->rendezvous), "unix:/proc/self/fd/%d/rendezvous.sock", fd);
