@@ -980,7 +980,9 @@ static inline int aead_open(const AeadKey *k, const uint8_t *iv, size_t ivlen, c
 // The ciphertext sits where the plaintext would, shifted by the header, so
 // a writer may encrypt and write any slice on its own (every rank its part
 // of a checkpoint); the tags, one per chunk, are made once the whole
-// ciphertext is in (aead_file_write_tags). Chunk i (chunk_bytes of the
+// ciphertext is in, from the writers' GHASH shares (aead_file_ctr_sums,
+// aead_file_tags_from_sums: checkpoint.h) or from the file read back
+// (aead_file_write_tags, which the tests check them against). Chunk i (chunk_bytes of the
 // plaintext, the last one shorter; an empty file has one empty chunk) is
 // AES-256-GCM with
 //   nonce = file_id (8 bytes, little-endian) || i (4 bytes, little-endian)
@@ -1261,8 +1263,8 @@ static inline int aead_file_pwrite(int fd, const AeadFile *f, const AeadFileKey 
 // with sha the SHA-256 of the whole file (header, ciphertext, tags) for a
 // manifest. Each chunk comes either from plain, encrypted in memory and
 // written (the file written front to back from one buffer), or, when plain
-// is NULL, read back from the file (its ciphertext is in already, written by
-// several writers). One thread does it all, chunk by chunk: SHA-256 runs in
+// is NULL, read back from the file (its ciphertext is in already; checkpoints
+// make their tags from their writers' shares instead, and never read back). One thread does it all, chunk by chunk: SHA-256 runs in
 // file order anyway and is the slower half (GHASH is about 5 times faster),
 // and other threads would only wait for it, which OpenMP's waiting threads
 // do spinning, at a CPU's cost. 0 or an errno.
