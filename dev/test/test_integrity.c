@@ -111,7 +111,7 @@ static void test_coefficients(void) {
 
 #define FRAME_FLOATS (65536 / 4)
 
-enum { NO_FAULT, TRANSIT_EXP, TRANSIT_LOW, SUM_EXP, SUM_LOW, GATHER_EXP, INPUT_NAN };
+enum { NO_FAULT, TRANSIT_EXP, TRANSIT_LOW, SUM_EXP, SUM_LOW, GATHER_EXP, REDUCED_EXP, REDUCED_LOW, INPUT_NAN };
 
 typedef struct { int kind, member, hop; } Injected;
 
@@ -157,6 +157,13 @@ static void play_allreduce(const SketchGen *g, int p, size_t n, float *x, Sketch
             if (f.kind == SUM_LOW && f.member == me && f.hop == s) flip(mine + largest(mine, len), 0);
             sketch_frames(rec + sketch_rec_out(p, s), g, r0, mine, len, 0);
         }
+    }
+    // a member's reduced chunk changed where it waits between its last sum
+    // (sketched) and the all-gather's first send (sketched again)
+    if (f.kind == REDUCED_EXP || f.kind == REDUCED_LOW) {
+        size_t r0 = n * (size_t)f.member / p, len = n * (size_t)(f.member + 1) / p - r0;
+        float *mine = x + (size_t)f.member * n + r0;
+        flip(mine + largest(mine, len), f.kind == REDUCED_EXP ? 30 : 0);
     }
     for (int s = 0; s < p - 1; s++) {  // all-gather
         for (int me = 0; me < p; me++) {
@@ -258,11 +265,17 @@ static void test_ring_verdicts(void) {
         {{SUM_EXP, 1, 1}, 1, "the sum rank 2 made at hop 1 (what rank 0 sent plus rank 2's own piece) is off by"},
         {{SUM_LOW, 1, 1}, 0, NULL},  // one ulp of a sum: below the rounding bound, not caught
         {{GATHER_EXP, 0, 1}, 1, "rank 4's piece as rank 2 received it from rank 0 at hop 1 differs from rank 4's sketch"},
+        {{REDUCED_EXP, 1, 0}, 1, "chunk 1 (elements 32868..65735): rank 2's reduced chunk as it sent it in the all-gather "
+                                 "differs from its last sum in the reduce-scatter"},
+        {{REDUCED_LOW, 2, 0}, 1, "chunk 2 (elements 65736..98603): rank 4's reduced chunk as it sent it in the all-gather "
+                                 "differs from its last sum in the reduce-scatter"},
     };
     const char *names[] = {"", "an exponent bit flipped in transit", "the lowest mantissa bit flipped in transit",
                            "an exponent bit flipped in a member's sum before its sketch",
                            "the lowest mantissa bit flipped in a member's sum before its sketch",
-                           "an exponent bit flipped in an all-gather's piece"};
+                           "an exponent bit flipped in an all-gather's piece",
+                           "an exponent bit flipped in a member's reduced chunk before the all-gather",
+                           "the lowest mantissa bit flipped in a member's reduced chunk before the all-gather"};
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         fill(x, p, n, 0);
         sketch_draw(&g, 7, 1, k, SK_ALLREDUCE, n);

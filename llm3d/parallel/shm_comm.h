@@ -784,8 +784,6 @@ static inline void comm_allreduce(Comm *c, const Group *grp, float *buf, size_t 
         rx.sk_sum = comm_rec(c, ck, sketch_rec_out(size, s));
         comm_run(c, &tx, &rx);
     }
-    size_t m0 = n * (size_t)me / (size_t)size, m1 = n * (size_t)(me + 1) / (size_t)size;
-    if (op == OP_AVG) for (size_t j = m0; j < m1; j++) buf[j] /= (float)size;
     for (int s = 0; s < size - 1; s++) {
         int ks = comm_mod(me - s, size), kr = comm_mod(me - s - 1, size);
         size_t s0 = n * (size_t)ks / (size_t)size, s1 = n * (size_t)(ks + 1) / (size_t)size;
@@ -800,6 +798,10 @@ static inline void comm_allreduce(Comm *c, const Group *grp, float *buf, size_t 
         rx.sk = comm_rec(c, ck, sketch_rec_got(size, s));
         comm_run(c, &tx, &rx);
     }
+    // the average after the gather, on every member alike (the same bits as
+    // dividing before it): the reduced chunk then travels as the sum that the
+    // checks tie to its reduce-scatter
+    if (op == OP_AVG) for (size_t j = 0; j < n; j++) buf[j] /= (float)size;
     comm_check_end(c, grp, SK_ALLREDUCE, n, ck);
 }
 

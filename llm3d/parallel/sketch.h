@@ -307,7 +307,8 @@ static inline double sketch_sum_bound(double sum_a, int p, double u, size_t n) {
 //            scatter's hop 0 (chunk me-1) or added at hop s (chunk me-s-2)
 //   recv[s]  what it received at the reduce-scatter's hop s (s = 0..p-2)
 //   out[s]   the sum it made there; out[p-2] is its reduced chunk
-//   own      its chunk as it sent it at the all-gather's hop 0
+//   own      its chunk as it sent it at the all-gather's hop 0 (an all-
+//            reduce's: out[p-2] again, bit for bit)
 //   got[s]   what it received at the all-gather's hop s (chunk me-s-1)
 // A reduce-scatter fills in, recv, out; an all-gather own and got; an
 // all-reduce all.
@@ -414,6 +415,15 @@ static inline int sketch_judge(const SketchCase *c, char *msg, size_t len) {
             size_t lo, hi;
             sketch_chunk(c, k, &lo, &hi);
             const Sketch *own = sketch_at(c, k, sketch_rec_own(p));
+            // an all-reduce's member k sends on the sum it made at the last hop:
+            // the same bits, or its chunk changed where it waited in between
+            const Sketch *last = sketch_at(c, k, sketch_rec_out(p, p - 2));
+            if (c->kind == SK_ALLREDUCE && !sketch_same(own, last)) {
+                snprintf(msg, len, "chunk %d (elements %zu..%zu): rank %d's reduced chunk as it sent it in the "
+                         "all-gather differs from its last sum in the reduce-scatter (%.17g, sent as %.17g): it changed "
+                         "in rank %d's memory in between", k, lo, hi - 1, R[k], last->s[0], own->s[0], R[k]);
+                return 1;
+            }
             for (int t = 1; t < p; t++) {
                 int q = sketch_mod(k + t, p), prev = sketch_mod(q - 1, p);
                 const Sketch *got = sketch_at(c, q, sketch_rec_got(p, t - 1));
