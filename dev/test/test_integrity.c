@@ -49,8 +49,8 @@ static void test_coefficients(void) {
     uint8_t key[32], other[32];
     for (int i = 0; i < 32; i++) key[i] = (uint8_t)(i * 7 + 1), other[i] = (uint8_t)(i * 7 + 2);
     static SketchGen g, h;
-    sketch_gen_init(&g, key);
-    sketch_gen_init(&h, key);
+    sketch_gen_init(&g, key, "/llm3d-1-a");
+    sketch_gen_init(&h, key, "/llm3d-1-a");
     size_t n = 3 * SKETCH_BLOCK + 17;
     sketch_draw(&g, 5, 42, 3, SK_ALLREDUCE, n);
     sketch_draw(&h, 5, 42, 3, SK_ALLREDUCE, n);
@@ -64,14 +64,16 @@ static void test_coefficients(void) {
     check(same && g.blocks == 4 && lo >= 0.25 && hi < 1.0,
           "the same key and context draw the same r on two ranks; |r_j| in [%.3f, %.3f] within [1/4, 1)", lo, hi);
     // another step, call, group, op or key: other coefficients
-    struct { long step; uint64_t group, call; int op; const uint8_t *key; const char *what; } ctx[] = {
-        {6, 42, 3, SK_ALLREDUCE, key, "step"}, {5, 43, 3, SK_ALLREDUCE, key, "group"},
-        {5, 42, 4, SK_ALLREDUCE, key, "call"}, {5, 42, 3, SK_ALLGATHER, key, "op"},
-        {5, 42, 3, SK_ALLREDUCE, other, "job key"},
+    // a launch: another segment name, as jobs that share a --key-file have
+    struct { long step; uint64_t group, call; int op; const uint8_t *key; const char *launch, *what; } ctx[] = {
+        {6, 42, 3, SK_ALLREDUCE, key, "/llm3d-1-a", "step"}, {5, 43, 3, SK_ALLREDUCE, key, "/llm3d-1-a", "group"},
+        {5, 42, 4, SK_ALLREDUCE, key, "/llm3d-1-a", "call"}, {5, 42, 3, SK_ALLGATHER, key, "/llm3d-1-a", "op"},
+        {5, 42, 3, SK_ALLREDUCE, other, "/llm3d-1-a", "job key"},
+        {5, 42, 3, SK_ALLREDUCE, key, "/llm3d-1-b", "launch of the same job key"},
     };
     for (size_t k = 0; k < sizeof(ctx) / sizeof(ctx[0]); k++) {
         sketch_gen_free(&h);
-        sketch_gen_init(&h, ctx[k].key);
+        sketch_gen_init(&h, ctx[k].key, ctx[k].launch);
         sketch_draw(&h, ctx[k].step, ctx[k].group, ctx[k].call, ctx[k].op, n);
         int equal = 0;
         for (int i = 0; i < SKETCH_BLOCK; i++) equal += g.b[0][i] == h.b[0][i];
@@ -208,7 +210,7 @@ static int judge(int p, size_t n, const int *ranks, const Sketch *recs, char *ms
 static void test_ring_verdicts(void) {
     uint8_t key[32] = {9, 8, 7};
     static SketchGen g;
-    sketch_gen_init(&g, key);
+    sketch_gen_init(&g, key, "/llm3d-2-a");
     int ranks[8] = {0, 2, 4, 6, 8, 10, 12, 14};
     char msg[800];
     // honest rings: no false alarm, on data made to round badly
@@ -329,7 +331,7 @@ static void test_ring_verdicts(void) {
 static void test_sum_bounds(void) {
     uint8_t key[32] = {1};
     static SketchGen g;
-    sketch_gen_init(&g, key);
+    sketch_gen_init(&g, key, "/llm3d-3-a");
     size_t n = 5000;
     double worst[2] = {0, 0};
     int over[2] = {0, 0}, runs = 0;

@@ -587,7 +587,7 @@ static inline int comm_init(Comm **out, const Grid *g, const uint8_t key[32], co
         free(c);
         return errorf(err, errlen, "rank %d: comm_init: out of memory", g->rank);
     }
-    sketch_gen_init(c->gen, key);
+    sketch_gen_init(c->gen, key, ans.shm_name);  // this launch's own: fresh random bits every rank got alike
     *out = c;
     return 0;
 }

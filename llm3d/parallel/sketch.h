@@ -27,7 +27,8 @@
  * (sketch 0 and sketch 1), each coefficient +-(2^15 + m) / 2^16 with a random
  * sign and m, from 16 bits of AES-256 in counter mode under a key derived
  * from the job key (HMAC(job key, SKETCH_KEY_LABEL): the key of the frames'
- * tags is never used as an AES key), with a nonce made for each collective
+ * tags is never used as an AES key) and the launch (sketch_gen_init), with a
+ * nonce made for each collective
  * (SHA-256 of the step, the group's ranks, the call's number on that group, the
  * op and the length). So |r_j| lies in [1/4, 1), and only K + n/K random
  * coefficients are drawn per collective, not n. Only ranks that hold the
@@ -70,10 +71,21 @@ typedef struct {
     size_t stream_cap;
 } SketchGen;
 
-static inline int sketch_gen_init(SketchGen *g, const uint8_t job_key[32]) {
+// sketch_gen_init: the sketch key of one launch of the job,
+// HMAC(job key, SKETCH_KEY_LABEL | launch). launch is what all the ranks of
+// this launch hold alike and no other launch does (shm_comm.h: the segment's
+// name, 64 fresh random bits, from the rendezvous's tagged answer): jobs that
+// share a --key-file, or a job started again, count the same steps and
+// calls, and without it would draw the same r, whose sketches an observer
+// of one run has seen. At most SKETCH_LAUNCH_MAX characters of it count.
+#define SKETCH_LAUNCH_MAX 64
+static inline int sketch_gen_init(SketchGen *g, const uint8_t job_key[32], const char *launch) {
     memset(g, 0, sizeof(*g));
-    uint8_t k[32];
-    hmac_sha256(job_key, 32, SKETCH_KEY_LABEL, sizeof(SKETCH_KEY_LABEL) - 1, k);
+    uint8_t msg[sizeof(SKETCH_KEY_LABEL) - 1 + SKETCH_LAUNCH_MAX], k[32];
+    size_t label = sizeof(SKETCH_KEY_LABEL) - 1, n = strnlen(launch, SKETCH_LAUNCH_MAX);
+    memcpy(msg, SKETCH_KEY_LABEL, label);
+    memcpy(msg + label, launch, n);
+    hmac_sha256(job_key, 32, msg, label + n, k);
     aead_init(&g->aes, k);
     secure_wipe(k, sizeof(k));
     return 0;
