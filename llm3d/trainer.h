@@ -167,6 +167,19 @@ static void parse_fault(Job *job) {
                  trainer_name);
         die_usage(err);
     }
+    // poison is for the gradient-norm rule, which compares data-parallel
+    // peers, and corrupt for a collective: a job without them would report
+    // the fault and show nothing of it (a bad layout is check_model's)
+    int tpp = job->opt.tp * job->opt.pp, dp = tpp > 0 ? job->opt.np / tpp : 0;
+    if (k == FAULT_POISON && tpp > 0 && dp < 2) {
+        snprintf(err, sizeof(err), "-fault %s: dp is %d (-np %d, -tp %d, -pp %d): no data-parallel peers for the "
+                 "gradient-norm rule to compare the rank with", job->opt.fault, dp, job->opt.np, job->opt.tp, job->opt.pp);
+        die_usage(err);
+    }
+    if ((k == FAULT_CORRUPT || k == FAULT_CORRUPT_LOW) && job->opt.np < 2) {
+        snprintf(err, sizeof(err), "-fault %s: -np %d runs no collective for it to corrupt", job->opt.fault, job->opt.np);
+        die_usage(err);
+    }
 }
 
 // the model's shape from -e (a descriptor, or a model file's header, sealed

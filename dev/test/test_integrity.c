@@ -544,6 +544,15 @@ static void test_poison(void) {
     run(&r, "-d 96 -np 3 -gp stop -fault poison:2:2", 5);
     check(r.status == 1 && r.nsteps == 3 && strstr(r.out, "the job stops before the step's update (-gp stop)"),
           "-gp stop: the job stops at step 2, before its update (exit %d, %d steps logged)", r.status, r.nsteps);
+    // a job where the fault could show nothing is refused before launch
+    run(&r, "-d 32 -np 2 -tp 2 -fault poison:1:1", 3);
+    check(r.status == 2 && strstr(r.out, "-fault poison:1:1: dp is 1 (-np 2, -tp 2, -pp 1)") != NULL &&
+          strstr(r.out, "fault poison: this rank's gradients") == NULL,
+          "-np 2 -tp 2 -fault poison:1:1 (dp 1, no peers): refused, exit 2 (exit %d)", r.status);
+    if (r.status != 2) printf("%s\n", r.out);
+    run(&r, "-d 32 -np 1 -fault corrupt:0:1", 3);
+    check(r.status == 2 && strstr(r.out, "-fault corrupt:0:1: -np 1 runs no collective") != NULL,
+          "-np 1 -fault corrupt:0:1 (no collective): refused, exit 2 (exit %d)", r.status);
     // tp 2 x dp 2: the poisoned rank against the same slice of the other replica
     run(&r, "-d 64 -np 4 -tp 2 -fault poison:3:2", 4);
     check(r.status == 0 && strstr(r.out, "step 2: rank 3's own gradient norm") &&
