@@ -289,6 +289,21 @@ static void test_ring_verdicts(void) {
             check(!bad, "%s: within the rounding bound, so not caught (%s)", names[cases[k].f.kind],
                   bad ? msg : "no failure");
     }
+    // one ulp in transit where the sketches are large (every element the
+    // sign of its r_j, so they add up): the line still shows two numbers
+    // that differ, or a reader would see the same value twice
+    sketch_draw(&g, 7, 1, 99, SK_ALLREDUCE, n);
+    for (int q = 0; q < p; q++)
+        for (size_t j = 0; j < n; j++)
+            x[(size_t)q * n + j] = g.a[2 * (j / SKETCH_BLOCK)] * g.b[0][j % SKETCH_BLOCK] < 0 ? -1.0f : 1.0f;
+    Injected low = {TRANSIT_LOW, 0, 0};
+    play_allreduce(&g, p, n, x, recs, low);
+    char was[64] = "", got[64] = "";
+    int low_bad = judge(p, n, ranks, recs, msg, sizeof(msg));
+    const char *at = strstr(msg, "sketch of it (");
+    if (at != NULL) sscanf(at, "sketch of it (%63[^,], received as %63[^)])", was, got);
+    check(low_bad && was[0] != '\0' && strcmp(was, got) != 0, "one ulp in transit on a sketch of %s: the line shows "
+          "it (%s against %s)", was, was, got);
     // an input that is not finite: the sums are not either, and the
     // trainer's not-finite rule acts on them, not a failed check
     fill(x, p, n, 0);

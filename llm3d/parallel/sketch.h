@@ -392,7 +392,7 @@ static inline int sketch_judge(const SketchCase *c, char *msg, size_t len) {
                 const Sketch *out = sketch_at(c, q, sketch_rec_out(p, t - 1));
                 if (!sketch_same(recv, sent)) {
                     snprintf(msg, len, "chunk %d (elements %zu..%zu)%s: what rank %d sent rank %d at hop %d differs "
-                             "from rank %d's sketch of it (%.9g, received as %.9g): it changed after rank %d made it "
+                             "from rank %d's sketch of it (%.17g, received as %.17g): it changed after rank %d made it "
                              "(rank %d's memory, the link, or rank %d's copy)", k, lo, hi - 1, phase, R[prev], R[q], t - 1,
                              R[prev], sent->s[0], recv->s[0], R[prev], R[prev], R[q]);
                     return 1;
@@ -441,7 +441,7 @@ static inline int sketch_judge(const SketchCase *c, char *msg, size_t len) {
                 const Sketch *got = sketch_at(c, q, sketch_rec_got(p, t - 1));
                 if (!sketch_same(got, own)) {
                     snprintf(msg, len, "chunk %d (elements %zu..%zu)%s: rank %d's piece as rank %d received it from "
-                             "rank %d at hop %d differs from rank %d's sketch of it (%.9g, received as %.9g): it "
+                             "rank %d at hop %d differs from rank %d's sketch of it (%.17g, received as %.17g): it "
                              "changed between rank %d and rank %d", k, lo, hi - 1, ag, R[k], R[q], R[prev], t - 1, R[k],
                              own->s[0], got->s[0], R[prev], R[q]);
                     return 1;
