@@ -455,6 +455,10 @@ static int fault_drift_due(const Job *job, int rank, int step) {
 // stdout (rank 0), and the step's log line gets "grad_outliers" (their
 // ranks) and "rank_norms" (every rank's, up to WATCH_LOG_ARRAYS ranks).
 // Every rank judges the same all-reduced numbers, so all agree on a skip.
+// Each norm is the one its rank reports of itself: a rank running code of
+// its own can report a plausible one beside poisoned gradients (doc/
+// security.md, "Rogue workers"), so the rule is for replicas that run as
+// written with bad gradients.
 
 #define GRADS_RATIO 8.0f
 
