@@ -689,6 +689,25 @@ static inline void comm_check_none(Comm *c) {
 // sketch i of this member's record when checking, else NULL
 static inline Sketch *comm_rec(const Comm *c, int checking, size_t i) { return checking ? c->rec + i : NULL; }
 
+// comm_reduce_hop_checks: what hop s of a ring reduce-scatter (the all-
+// reduce's first half too) sketches and counts: at hop 0 the chunk ks this
+// member sends, its own input (full: with |r|.|x| and squares); at every hop
+// what it receives, its own chunk kr that it adds (full) and the sum. squares:
+// the checks are off and the gradients counted, so its input's sum of
+// squares is taken as it passes instead.
+static inline void comm_reduce_hop_checks(const Comm *c, int checking, int squares, int size, int s, int ks, int kr,
+                                          Xfer *tx, Xfer *rx) {
+    if (s == 0) {
+        tx->sk = comm_rec(c, checking, sketch_rec_in(size, ks));
+        tx->sk_full = 1;
+        tx->squares = squares;
+    }
+    rx->squares = squares;
+    rx->sk = comm_rec(c, checking, sketch_rec_recv(size, s));
+    rx->sk_add = comm_rec(c, checking, sketch_rec_in(size, kr));
+    rx->sk_sum = comm_rec(c, checking, sketch_rec_out(size, s));
+}
+
 // "ranks 0, 2, 4" (the first 16 of a larger group, then how many)
 static inline void comm_group_names(const Group *grp, char *buf, size_t len) {
     size_t at = (size_t)snprintf(buf, len, "rank%s", grp->size > 1 ? "s" : "");
@@ -770,18 +789,10 @@ static inline void comm_allreduce(Comm *c, const Group *grp, float *buf, size_t 
         Xfer rx = xfer_make(prev, CH_COLLECTIVE, 1 + COMM_ALLREDUCE, (r1 - r0) * sizeof(float));
         tx.src = (const uint8_t *)(buf + s0);
         tx.g0 = s0;
-        if (s == 0) {  // my own chunk, as sent
-            tx.sk = comm_rec(c, ck, sketch_rec_in(size, ks));
-            tx.sk_full = 1;
-            tx.squares = squares;
-        }
-        rx.squares = squares;
         rx.sum = buf + r0;
         rx.addend = buf + r0;
         rx.g0 = r0;
-        rx.sk = comm_rec(c, ck, sketch_rec_recv(size, s));
-        rx.sk_add = comm_rec(c, ck, sketch_rec_in(size, kr));
-        rx.sk_sum = comm_rec(c, ck, sketch_rec_out(size, s));
+        comm_reduce_hop_checks(c, ck, squares, size, s, ks, kr, &tx, &rx);
         comm_run(c, &tx, &rx);
     }
     for (int s = 0; s < size - 1; s++) {
@@ -837,18 +848,10 @@ static inline void comm_reduce_scatter(Comm *c, const Group *grp, const float *i
         Xfer rx = xfer_make(prev, CH_COLLECTIVE, 1 + COMM_REDUCE_SCATTER, n * sizeof(float));
         tx.src = (const uint8_t *)sending;
         tx.g0 = sending_g0;
-        if (s == 0) {  // my own chunk, as sent
-            tx.sk = comm_rec(c, ck, sketch_rec_in(size, k0));
-            tx.sk_full = 1;
-            tx.squares = squares;
-        }
-        rx.squares = squares;
         rx.sum = sum;
         rx.addend = in + (size_t)kr * n;
         rx.g0 = (size_t)kr * n;
-        rx.sk = comm_rec(c, ck, sketch_rec_recv(size, s));
-        rx.sk_add = comm_rec(c, ck, sketch_rec_in(size, kr));
-        rx.sk_sum = comm_rec(c, ck, sketch_rec_out(size, s));
+        comm_reduce_hop_checks(c, ck, squares, size, s, k0, kr, &tx, &rx);
         comm_run(c, &tx, &rx);
         sending = sum;
         sending_g0 = (size_t)kr * n;
