@@ -10,8 +10,9 @@
  *   Sketch                 two sketches of one vector, their |r|.|x| sums and
  *                          the vector's sum of squares
  *   SKETCH_BLOCK           K, the block of the coefficients' structure
- *   SketchGen, sketch_gen_init, sketch_gen_free, sketch_draw
- *                          the secret coefficients of one collective
+ *   SketchGen, SKETCH_LAUNCH_MAX, sketch_gen_init, sketch_gen_free, sketch_draw
+ *                          the secret coefficients of one collective, under
+ *                          the key of one launch of the job
  *   sketch_add             a vector's piece into its sketch
  *   sketch_sumsq           a piece's sum of squares alone (the gradient-norm
  *                          rule's, when the checks are off)
