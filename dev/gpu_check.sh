@@ -42,7 +42,8 @@
 #   9. NCCL with one rank: ZeRO 0-3 agree (fp32: bit for bit); checkpoints
 #      resume byte-identical; sealed checkpoints (-enc 1) give the plain
 #      run's losses and resume bit-exact; SIGTERM checkpoints and exits 0
-#  10. kernel checks (bf16 and fp32), then compute-sanitizer memcheck and
+#  10. kernel checks (bf16 and fp32), test_aead on this machine's CPU (its
+#      AVX-512 VAES path), then compute-sanitizer memcheck and
 #      racecheck over the bf16 ones at small shapes (LLM3D_CHECK_SMALL=1),
 #      memcheck over the fp32 ones (the build also gates on ptxas: no kernel
 #      may spill)
@@ -261,7 +262,7 @@ if [ "$QUICK" = 0 ]; then  # only the phases QUICK=1 skips use these
 fi
 build kernels make -C dev/cuda -j6 NVCC="$NVCC_BIN" ARCH="$ARCH $NCCL_FLAGS" NVCC_LDLIBS="$LIBS"
 build kernels_fp32 make -C dev/cuda -j6 NVCC="$NVCC_BIN" ARCH="$ARCH $NCCL_FLAGS" NVCC_LDLIBS="$LIBS" PRECISION=FP32
-[ "$QUICK" = 0 ] && build cpu make -j4 train_gpt2 prepare_data
+[ "$QUICK" = 0 ] && build cpu make -j4 train_gpt2 prepare_data dev/test/test_aead
 # llm.c's GPU trainer, the speed peer of phase 11, from a copy of llm.c in
 # LLMC_DIR (its train_gpt2.cu, llmc/ and Makefile, with cudnn-frontend/include
 # beside them), built in $WORK with cuDNN flash attention (USE_CUDNN=1). cuDNN
@@ -878,6 +879,10 @@ for k in $KERNELS; do
     [ -x "dev/cuda/${k}_fp32_check" ] && run "${k}_fp32_check" 60 "dev/cuda/${k}_fp32_check"
 done
 grep -h '^time ' "$LOGS"/*_check.log 2>/dev/null | sed 's/^/   /' >> "$SUMMARY"
+# this machine's CPU: AES-GCM's paths as the checkpoints use them, the
+# 512-bit VAES one too where the CPU has AVX-512 (a development machine
+# without it skips that path)
+[ -x dev/test/test_aead ] && run test_aead_this_cpu 60 ./dev/test/test_aead
 if [ "$QUICK" = 1 ]; then
     skip "compute-sanitizer: QUICK=1"
 elif command -v compute-sanitizer > /dev/null; then
