@@ -1125,14 +1125,15 @@ static void ckpt_prune(int dfd, int newest, int keep) {
 // of the chunk it wrote. A share is secret (aead.h says why: with the
 // ciphertext it gives H, and H forges tags), so it never leaves a rank as it
 // is. Rank r > 0 sends rank 0, over the job's communicator, each share XOR a
-// mask: AES-CTR's keystream under a key derived from the checkpoint key, the
-// file's id, its chunk count and its name, with the rank as the nonce
+// mask: AES-CTR's keystream under a key derived from the checkpoint key, 16
+// random bytes the rank draws for this message (sent with it), the file's
+// id, its chunk count and its name, with the rank as the nonce
 // (ckpt_mask_key, ckpt_mask_xor). Rank 0 derives the same masks and takes
-// them off, so the masks of all writers sum (XOR) to zero, rank 0's own
-// being the sum of the others'; rank 0's share is never sent. What crosses
-// the communicator is therefore pseudorandom to anyone without the key,
-// every mask is used once (file ids are fresh, a rank sends once per file),
-// and only rank 0 learns the full GHASH S of a chunk, in memory, for the
+// them off; its own share is never sent. What crosses the communicator is
+// therefore pseudorandom to anyone without the key, and every mask is used
+// once: the random bytes are the sender's own, not the file id, which the
+// sender reads from a header that whoever can write -o can set to an older
+// file's. Only rank 0 learns the full GHASH S of a chunk, in memory, for the
 // moment it makes the tag S xor E_K(J0) (S with the tag would give E_K(J0)
 // and then an equation in H). Nothing of it is written anywhere.
 //
@@ -1177,20 +1178,29 @@ static int ckpt_share_start(CkptShare *s, const AeadFile *f) {
 }
 
 #define CKPT_MASK_LABEL "llm3d GHASH share mask 1"
-#define CKPT_SHARE_MAGIC "llm3dgs1"
-#define CKPT_SHARE_HEAD 32
+#define CKPT_SHARE_MAGIC "llm3dgs2"
+#define CKPT_SHARE_HEAD 48
+#define CKPT_SHARE_SALT 32  // where a message's 16 random bytes sit in its head
 
-// the key of one file's masks: HMAC(HMAC(checkpoint key, LABEL), file id ||
-// chunks || name), as an AES key; name is the file's name in -o, which
-// every rank knows alike
-static void ckpt_mask_key(AeadKey *mk, const uint8_t key[32], uint64_t file_id, uint64_t chunks, const char *name) {
-    uint8_t k1[32], k2[32], msg[16 + 256];
+// the key of one message's masks: HMAC(HMAC(checkpoint key, LABEL), salt ||
+// file id || chunks || name), as an AES key. name is the file's name in -o,
+// which every rank knows alike. salt is 16 bytes the sender draws for this
+// message alone (getrandom) and sends in the clear: the file id and chunk
+// count come from the file's header, which whoever can write -o can set to
+// an older file's (of the same name: a step written again after a resume),
+// and without the salt the sender would then mask its new shares with the
+// same keystream as the old ones, whose XOR an observer of the two
+// messages would read as the XOR of two shares: an equation in H.
+static void ckpt_mask_key(AeadKey *mk, const uint8_t key[32], const uint8_t salt[16], uint64_t file_id,
+                          uint64_t chunks, const char *name) {
+    uint8_t k1[32], k2[32], msg[32 + 256];
     size_t n = strlen(name) < 256 ? strlen(name) : 256;
     hmac_sha256(key, 32, CKPT_MASK_LABEL, strlen(CKPT_MASK_LABEL), k1);
-    put_u64(msg, file_id);
-    put_u64(msg + 8, chunks);
-    memcpy(msg + 16, name, n);
-    hmac_sha256(k1, 32, msg, 16 + n, k2);
+    memcpy(msg, salt, 16);
+    put_u64(msg + 16, file_id);
+    put_u64(msg + 24, chunks);
+    memcpy(msg + 32, name, n);
+    hmac_sha256(k1, 32, msg, 32 + n, k2);
     aead_init(mk, k2);
     secure_wipe(k1, sizeof(k1));
     secure_wipe(k2, sizeof(k2));
@@ -1207,19 +1217,21 @@ static void ckpt_mask_xor(const AeadKey *mk, int rank, uint64_t chunks, uint8_t 
 static size_t ckpt_share_msg_bytes(uint64_t chunks) { return CKPT_SHARE_HEAD + (size_t)chunks * 24; }
 
 // rank's message into msg (ckpt_share_msg_bytes(chunks)): magic, the file's
-// id, its chunk count and the rank, then each chunk's share masked, then
-// each chunk's byte count. A share of another size (or none) goes as its
-// header alone, for rank 0 to refuse by name.
+// id, its chunk count, the rank and a fresh salt, then each chunk's share
+// masked, then each chunk's byte count. A share of another size (or none)
+// goes as its head alone, for rank 0 to refuse by name; so does one whose
+// salt getrandom could not draw, with no magic (rank 0: "did not arrive").
 static void ckpt_share_pack(const CkptShare *s, const uint8_t key[32], const char *name, int rank, uint64_t chunks,
                             uint8_t *msg) {
     memset(msg, 0, ckpt_share_msg_bytes(chunks));
-    memcpy(msg, CKPT_SHARE_MAGIC, 8);
     put_u64(msg + 8, s->file_id);
     put_u64(msg + 16, s->chunks);
     put_u32(msg + 24, (uint32_t)rank);
+    if (getrandom(msg + CKPT_SHARE_SALT, 16, 0) != 16) return;
+    memcpy(msg, CKPT_SHARE_MAGIC, 8);
     if (s->sums == NULL || s->chunks != chunks) return;
     AeadKey mk;
-    ckpt_mask_key(&mk, key, s->file_id, chunks, name);
+    ckpt_mask_key(&mk, key, msg + CKPT_SHARE_SALT, s->file_id, chunks, name);
     memcpy(msg + CKPT_SHARE_HEAD, s->sums, (size_t)chunks * 16);
     ckpt_mask_xor(&mk, rank, chunks, msg + CKPT_SHARE_HEAD);
     for (uint64_t i = 0; i < chunks; i++) put_u64(msg + CKPT_SHARE_HEAD + chunks * 16 + 8 * i, s->bytes[i]);
@@ -1244,7 +1256,6 @@ static int ckpt_shares_combine(CkptShare *s, const uint8_t *msgs, int world, con
     s->ranks = world;
     memcpy(s->rank_bytes, s->bytes, (size_t)chunks * sizeof(uint64_t));
     AeadKey mk;
-    ckpt_mask_key(&mk, key, s->file_id, chunks, name);
     int rc = 0;
     for (int r = 1; r < world && rc == 0; r++) {
         const uint8_t *m = msgs + (size_t)r * msg_bytes;
@@ -1256,6 +1267,7 @@ static int ckpt_shares_combine(CkptShare *s, const uint8_t *msgs, int world, con
                         "%016llx in %llu: not sealed", path, r, (unsigned long long)get_u64(m + 8),
                         (unsigned long long)get_u64(m + 16), (unsigned long long)s->file_id, (unsigned long long)chunks);
         } else {
+            ckpt_mask_key(&mk, key, m + CKPT_SHARE_SALT, s->file_id, chunks, name);
             memcpy(sums, m + CKPT_SHARE_HEAD, (size_t)chunks * 16);
             ckpt_mask_xor(&mk, r, chunks, sums);
             for (size_t b = 0; b < (size_t)chunks * 16; b++) s->sums[b] ^= sums[b];

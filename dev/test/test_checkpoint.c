@@ -617,6 +617,82 @@ static void test_seal_from_shares(void) {
     free(plain);
 }
 
+// The masks of rank 1's GHASH shares are fresh even when the file id is
+// not. Rank 1 takes the file id from the header on disk, which whoever can
+// write -o may set, between rank 0 making the file and rank 1 opening it,
+// to the id of an older file of the same name (the same step written again
+// after a resume). Two writes of step 3: the second one's header is put
+// back to the first one's before rank 1 writes other data. XORed, rank 1's
+// two messages must not be the XOR of its two share vectors (with the
+// ciphertext on disk, that is an equation in H). Rank 0 still refuses the
+// second message (another file id).
+static void test_share_masks_fresh(void) {
+    GPT2Config c = {.maxT = 64, .V = 1000, .Vp = 1024, .L = 2, .NH = 2, .C = 128};
+    size_t N = param_count(&c), half = N / 2 + 1, header = HEADER_INTS * 4;
+    float *plain = (float *)malloc(N * sizeof(float));
+    uint8_t key[32], old_header[AEAD_FILE_HEADER_BYTES];
+    for (int i = 0; i < 32; i++) key[i] = (uint8_t)(3 * i + 1);
+    AeadFileKey cipher;
+    aead_file_key(&cipher, key);
+    char out[300], partial[400], name[500], err[1024] = "";
+    snprintf(out, sizeof(out), "%s/masks_fresh", dir);
+    mkdir(out, 0700);
+    CkptState st;
+    memset(&st, 0, sizeof(st));
+    st.step = 3; st.adam_t = 3; st.config = c; st.B = 1; st.T = 8; st.np = 2; st.tp = 1; st.pp = 1;
+    ckpt_dir_name(partial, sizeof(partial), out, st.step, ".partial");
+    snprintf(name, sizeof(name), "%s/model.bin", partial);
+    uint64_t chunks = aead_file_chunk_count(ckpt_file_bytes(0, &c), AEAD_FILE_CHUNK_BYTES);
+    size_t bytes = ckpt_share_msg_bytes(chunks);
+    uint8_t *msgs[2] = {(uint8_t *)calloc(2, bytes), (uint8_t *)calloc(2, bytes)};
+    uint8_t *sums[2] = {(uint8_t *)calloc(chunks, 16), (uint8_t *)calloc(chunks, 16)};
+    int ok = 1, refused = 0;
+    for (int attempt = 0; attempt < 2 && ok; attempt++) {
+        CkptShare sh0[3], sh1;
+        memset(sh0, 0, sizeof(sh0));
+        memset(&sh1, 0, sizeof(sh1));
+        ok = ckpt_begin(out, &st, &cipher, sh0, err, sizeof(err)) == 0;
+        int fd = ok ? open(name, O_RDWR) : -1;
+        if (attempt == 0) ok = ok && pread_all(fd, old_header, sizeof(old_header), 0) == 0;
+        else ok = ok && pwrite_all(fd, old_header, sizeof(old_header), 0) == 0;  // the attacker's replay
+        if (fd >= 0) close(fd);
+        for (size_t j = 0; j < N; j++) plain[j] = (float)j * 0.5f + (float)attempt;
+        CkptOut mo = {.fd = -1};
+        ok = ok && ckpt_out_open(&mo, name, &cipher, &sh1) == 0 &&
+             ckpt_out_pwrite(&mo, plain + half, (N - half) * 4, header + 4 * half) == 0;
+        ok = ckpt_out_close(&mo, ok) == 0 && ok;
+        if (ok) {
+            memcpy(sums[attempt], sh1.sums, (size_t)chunks * 16);
+            ckpt_share_pack(&sh1, key, name, 1, chunks, msgs[attempt] + bytes);
+        }
+        if (ok && attempt == 1)
+            refused = ckpt_shares_combine(&sh0[0], msgs[1], 2, key, name, name, err, sizeof(err)) != 0 &&
+                      strstr(err, "rank 1's GHASH shares are of file id") != NULL;
+        for (int f = 0; f < 3; f++) ckpt_share_free(&sh0[f]);
+        ckpt_share_free(&sh1);
+    }
+    int same_mask = 0;  // chunks whose masked difference is the shares' difference
+    for (uint64_t i = 0; i < chunks && ok; i++) {
+        uint8_t d_msg[16], d_sum[16];
+        for (int b = 0; b < 16; b++) {
+            d_msg[b] = msgs[0][bytes + CKPT_SHARE_HEAD + 16 * i + b] ^ msgs[1][bytes + CKPT_SHARE_HEAD + 16 * i + b];
+            d_sum[b] = sums[0][16 * i + b] ^ sums[1][16 * i + b];
+        }
+        same_mask += memcmp(d_msg, d_sum, 16) == 0;
+    }
+    check(ok && get_u64(msgs[0] + bytes + 8) == get_u64(msgs[1] + bytes + 8) && same_mask == 0 && refused,
+          "rank 1 writes step 3 twice, the second time under the first file's id (its header replayed on disk): "
+          "its two messages are masked apart (%d of %llu chunks share a mask), and rank 0 refuses the second: %s",
+          same_mask, (unsigned long long)chunks, err);
+    for (int a = 0; a < 2; a++) {
+        secure_wipe(sums[a], (size_t)chunks * 16);
+        free(sums[a]);
+        free(msgs[a]);
+    }
+    aead_file_key_wipe(&cipher);
+    free(plain);
+}
+
 // a sealed optim.bin of 27 chunks, opened by ranks of several layouts: each
 // gets m and v of its units as unit_fill gives them from the plain array,
 // over its slice (all of a unit, or its 1/dp with ZeRO >= 1), having
@@ -1407,6 +1483,7 @@ int main(void) {
     test_changed_byte_every_file();
     test_resume_shuffled();
     test_seal_from_shares();
+    test_share_masks_fresh();
     test_optim_slices();
     test_model_slices();
     test_encrypted_init();
