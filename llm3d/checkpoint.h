@@ -1124,18 +1124,21 @@ static void ckpt_prune(int dfd, int newest, int keep) {
 // aead_file_ctr_sums): its share of each chunk's GHASH, and how many bytes
 // of the chunk it wrote. A share is secret (aead.h says why: with the
 // ciphertext it gives H, and H forges tags), so it never leaves a rank as it
-// is. Rank r > 0 sends rank 0, over the job's communicator, each share XOR a
-// mask: AES-CTR's keystream under a key derived from the checkpoint key, 16
-// random bytes the rank draws for this message (sent with it), the file's
-// id, its chunk count and its name, with the rank as the nonce
-// (ckpt_mask_key, ckpt_mask_xor). Rank 0 derives the same masks and takes
-// them off; its own share is never sent. What crosses the communicator is
-// therefore pseudorandom to anyone without the key, and every mask is used
-// once: the random bytes are the sender's own, not the file id, which the
-// sender reads from a header that whoever can write -o can set to an older
-// file's. Only rank 0 learns the full GHASH S of a chunk, in memory, for the
-// moment it makes the tag S xor E_K(J0) (S with the tag would give E_K(J0)
-// and then an equation in H). Nothing of it is written anywhere.
+// is. Rank r > 0 sends rank 0, over the job's communicator, its shares and
+// byte counts sealed with AES-256-GCM (ckpt_share_pack): so each share goes
+// XOR a mask, the keystream, under a key derived from the checkpoint key,
+// 16 random bytes the rank draws for this message (sent with it), the
+// file's id, its chunk count and its name, with the rank as the nonce
+// (ckpt_mask_key, ckpt_mask_iv), and the message's tag lets rank 0 refuse
+// one changed on the way (NCCL's payloads carry no MAC). Rank 0 derives the
+// same key, checks the tag and takes the masks off; its own share is never
+// sent. What crosses the communicator is therefore pseudorandom to anyone
+// without the key, and every mask is used once: the random bytes are the
+// sender's own, not the file id, which the sender reads from a header that
+// whoever can write -o can set to an older file's. Only rank 0 learns the
+// full GHASH S of a chunk, in memory, for the moment it makes the tag S xor
+// E_K(J0) (S with the tag would give E_K(J0) and then an equation in H).
+// Nothing of it is written anywhere.
 //
 // Rank 0 seals a file only when every rank's message is there, of this file
 // (its id and chunk count) and from that rank, and the bytes the writers
@@ -1206,19 +1209,24 @@ static void ckpt_mask_key(AeadKey *mk, const uint8_t key[32], const uint8_t salt
     secure_wipe(k2, sizeof(k2));
 }
 
-// out (16 bytes a chunk) XOR rank's masks: the keystream of nonce "rank"
-static void ckpt_mask_xor(const AeadKey *mk, int rank, uint64_t chunks, uint8_t *out) {
-    uint8_t iv[12] = {'m', 'a', 's', 'k'};
+// the nonce of rank's message under its mask key
+static void ckpt_mask_iv(int rank, uint8_t iv[12]) {
+    memset(iv, 0, 12);
+    memcpy(iv, "mask", 4);
     put_u32(iv + 4, (uint32_t)rank);
-    aead_ctr(mk, iv, sizeof(iv), 0, out, out, (size_t)chunks * 16);
 }
 
-// what rank r sends rank 0 for a file of `chunks` chunks
-static size_t ckpt_share_msg_bytes(uint64_t chunks) { return CKPT_SHARE_HEAD + (size_t)chunks * 24; }
+// what rank r sends rank 0 for a file of `chunks` chunks: the head, the
+// body (a share and a byte count a chunk), the body's tag
+static size_t ckpt_share_msg_bytes(uint64_t chunks) { return CKPT_SHARE_HEAD + (size_t)chunks * 24 + AEAD_TAG_BYTES; }
 
-// rank's message into msg (ckpt_share_msg_bytes(chunks)): magic, the file's
-// id, its chunk count, the rank and a fresh salt, then each chunk's share
-// masked, then each chunk's byte count. A share of another size (or none)
+// rank's message into msg (ckpt_share_msg_bytes(chunks)): a head of magic,
+// the file's id, its chunk count, the rank and a fresh salt; then each
+// chunk's share and each chunk's byte count, sealed (AES-256-GCM) under the
+// message's mask key with the head as additional data, so that the shares
+// cross masked by the keystream, and a message changed on the way (NCCL's
+// payloads carry no MAC here) fails its tag at rank 0 rather than making
+// tags that fail at the next resume. A share of another size (or none)
 // goes as its head alone, for rank 0 to refuse by name; so does one whose
 // salt getrandom could not draw, with no magic (rank 0: "did not arrive").
 static void ckpt_share_pack(const CkptShare *s, const uint8_t key[32], const char *name, int rank, uint64_t chunks,
@@ -1231,26 +1239,31 @@ static void ckpt_share_pack(const CkptShare *s, const uint8_t key[32], const cha
     memcpy(msg, CKPT_SHARE_MAGIC, 8);
     if (s->sums == NULL || s->chunks != chunks) return;
     AeadKey mk;
+    uint8_t iv[12], *body = msg + CKPT_SHARE_HEAD;
+    size_t body_bytes = (size_t)chunks * 24;
     ckpt_mask_key(&mk, key, msg + CKPT_SHARE_SALT, s->file_id, chunks, name);
-    memcpy(msg + CKPT_SHARE_HEAD, s->sums, (size_t)chunks * 16);
-    ckpt_mask_xor(&mk, rank, chunks, msg + CKPT_SHARE_HEAD);
-    for (uint64_t i = 0; i < chunks; i++) put_u64(msg + CKPT_SHARE_HEAD + chunks * 16 + 8 * i, s->bytes[i]);
+    ckpt_mask_iv(rank, iv);
+    memcpy(body, s->sums, (size_t)chunks * 16);
+    for (uint64_t i = 0; i < chunks; i++) put_u64(body + chunks * 16 + 8 * i, s->bytes[i]);
+    aead_seal(&mk, iv, sizeof(iv), msg, CKPT_SHARE_HEAD, body, body, body_bytes, body + body_bytes);
     aead_wipe(&mk);
 }
 
 // rank 0: the other ranks' messages (msgs: world of msg_bytes each, rank r's
 // at r; rank 0's own slot unused) added into its own share s, each one's
-// masks taken off, and every writer's bytes of each chunk kept for errors.
-// -1 with err naming the file (path), the rank and what is wrong.
+// tag checked and masks taken off, and every writer's bytes of each chunk
+// kept for errors. -1 with err naming the file (path), the rank and what is
+// wrong.
 static int ckpt_shares_combine(CkptShare *s, const uint8_t *msgs, int world, const uint8_t key[32], const char *name,
                                const char *path, char *err, size_t errlen) {
     if (s->sums == NULL) return errorf(err, errlen, "%s: rank 0 has no GHASH shares of it: not sealed", path);
     uint64_t chunks = s->chunks;
     size_t msg_bytes = ckpt_share_msg_bytes(chunks);
     s->rank_bytes = (uint64_t *)calloc((size_t)world * chunks, sizeof(uint64_t));
-    uint8_t *sums = (uint8_t *)malloc((size_t)chunks * 16);
-    if (s->rank_bytes == NULL || sums == NULL) {
-        free(sums);
+    size_t body_bytes = (size_t)chunks * 24;
+    uint8_t *body = (uint8_t *)malloc(body_bytes), iv[12];
+    if (s->rank_bytes == NULL || body == NULL) {
+        free(body);
         return errorf(err, errlen, "%s: out of memory for %d ranks' GHASH shares", path, world);
     }
     s->ranks = world;
@@ -1262,24 +1275,31 @@ static int ckpt_shares_combine(CkptShare *s, const uint8_t *msgs, int world, con
         if (memcmp(m, CKPT_SHARE_MAGIC, 8) != 0 || get_u32(m + 24) != (uint32_t)r) {
             rc = errorf(err, errlen, "%s: rank %d's GHASH shares did not arrive (no message of rank %d's): not sealed",
                         path, r, r);
-        } else if (get_u64(m + 8) != s->file_id || get_u64(m + 16) != chunks) {
+            continue;
+        }
+        if (get_u64(m + 8) != s->file_id || get_u64(m + 16) != chunks) {
             rc = errorf(err, errlen, "%s: rank %d's GHASH shares are of file id %016llx in %llu chunks, rank 0's of "
                         "%016llx in %llu: not sealed", path, r, (unsigned long long)get_u64(m + 8),
                         (unsigned long long)get_u64(m + 16), (unsigned long long)s->file_id, (unsigned long long)chunks);
-        } else {
-            ckpt_mask_key(&mk, key, m + CKPT_SHARE_SALT, s->file_id, chunks, name);
-            memcpy(sums, m + CKPT_SHARE_HEAD, (size_t)chunks * 16);
-            ckpt_mask_xor(&mk, r, chunks, sums);
-            for (size_t b = 0; b < (size_t)chunks * 16; b++) s->sums[b] ^= sums[b];
-            for (uint64_t i = 0; i < chunks; i++) {
-                uint64_t n = get_u64(m + CKPT_SHARE_HEAD + chunks * 16 + 8 * i);
-                s->rank_bytes[(size_t)r * chunks + i] = n;
-                s->bytes[i] += n < AEAD_FILE_MAX_CHUNK_BYTES ? n : AEAD_FILE_MAX_CHUNK_BYTES;  // no wrap-around
-            }
+            continue;
+        }
+        ckpt_mask_key(&mk, key, m + CKPT_SHARE_SALT, s->file_id, chunks, name);
+        ckpt_mask_iv(r, iv);
+        if (aead_open(&mk, iv, sizeof(iv), m, CKPT_SHARE_HEAD, m + CKPT_SHARE_HEAD, body, body_bytes,
+                      m + CKPT_SHARE_HEAD + body_bytes) != 0) {
+            rc = errorf(err, errlen, "%s: rank %d's GHASH shares fail their tag: changed on the way: not sealed", path,
+                        r);
+            continue;
+        }
+        for (size_t b = 0; b < (size_t)chunks * 16; b++) s->sums[b] ^= body[b];
+        for (uint64_t i = 0; i < chunks; i++) {
+            uint64_t n = get_u64(body + chunks * 16 + 8 * i);
+            s->rank_bytes[(size_t)r * chunks + i] = n;
+            s->bytes[i] += n < AEAD_FILE_MAX_CHUNK_BYTES ? n : AEAD_FILE_MAX_CHUNK_BYTES;  // no wrap-around
         }
     }
-    secure_wipe(sums, (size_t)chunks * 16);
-    free(sums);
+    secure_wipe(body, body_bytes);
+    free(body);
     aead_wipe(&mk);
     return rc;
 }
