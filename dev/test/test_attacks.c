@@ -487,6 +487,32 @@ static void test_stale_meeting(void) {
           a.status || b.status ? test_line_of(b.status ? b.out : a.out, "train_gpt2:") : "");
     free(a.out);
     free(b.out);
+    // no rank 0 comes: rank 1 waits past the directory (a key and a file live that nobody locks) until its
+    // timeout, and says why in one line, not "no key" (also what a filesystem whose locks other nodes do not
+    // see gives); meet_join itself, as the trainer waits at least 10 s
+    mkdir(place, 0700);
+    snprintf(path, sizeof(path), "%.80s/key", place);
+    test_write_key_file(path, key);
+    snprintf(path, sizeof(path), "%.80s/live", place);
+    int live = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (live >= 0) close(live);
+    MeetPlan plan;
+    memset(&plan, 0, sizeof(plan));
+    plan.by_dir = plan.one_box = 1;
+    plan.folder = o;
+    plan.flag = "-o";
+    snprintf(plan.name, sizeof(plan.name), "llm3d-rendezvous-ompi-4242");
+    Launch L;
+    memset(&L, 0, sizeof(L));
+    L.rank = 1;
+    char why[1200] = "";
+    double t1 = test_now();
+    int joined = meet_join(&L, &plan, 0.3, why, sizeof(why)) == 0;
+    double waited = test_now() - t1;
+    check(live >= 0 && !joined && waited < 3.0 && strstr(why, "holds a key, but no process holds the lock on its file "
+          "live") != NULL && strstr(why, "local_lock") != NULL && strchr(why, '\n') == NULL,
+          "a killed launch's meeting directory and no rank 0: rank 1 waits its timeout and says why in one line "
+          "(%.1f s): %s", waited, why);
     test_remove_dir(o);
 }
 

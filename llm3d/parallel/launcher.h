@@ -622,6 +622,7 @@ static inline int meet_join(Launch *L, const MeetPlan *plan, double timeout_s, c
     snprintf(shown, sizeof(shown), "%s/%s", plan->folder, plan->name);
     if (meet_open_folder(L, plan, err, errlen) != 0) return -1;
     double deadline = par_now() + timeout_s;
+    int unheld = 0;  // the last look found a key whose directory nobody serves
     for (;;) {
         int fd = openat(L->meet_parent, plan->name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), got = 0;
         if (fd < 0 && errno != ENOENT) {
@@ -642,7 +643,8 @@ static inline int meet_join(Launch *L, const MeetPlan *plan, double timeout_s, c
         // a directory whose rank 0 does not hold its lock is a killed launch's, of the same id: its key and
         // socket (or address) are dead, so it is never taken, only waited past, until this launch's rank 0
         // has put its own in its place
-        if (got == 1 && !meet_held(fd)) {
+        unheld = got == 1 && !meet_held(fd);
+        if (unheld) {
             got = 0;
             secure_wipe(L->key, sizeof(L->key));
         }
@@ -671,6 +673,13 @@ static inline int meet_join(Launch *L, const MeetPlan *plan, double timeout_s, c
         if (par_now() > deadline) {
             close(L->meet_parent);
             secure_wipe(L->key, sizeof(L->key));
+            // a key there all along but no lock: a killed launch's directory that no rank 0 came to replace, or
+            // rank 0's on a filesystem whose locks this node does not see (NFS mounted with local_lock)
+            if (unheld)
+                return errorf(err, errlen, "rank %d: %s holds a key, but no process holds the lock on its file live "
+                              "within %g s (-to): a killed launch's directory that no rank 0 replaced, or one on a "
+                              "filesystem whose locks this node does not see (NFS mounted with local_lock)", L->rank,
+                              shown, timeout_s);
             return errorf(err, errlen, "rank %d: no key and rendezvous from rank 0 in %s within %.0f s (-to)", L->rank,
                           shown, timeout_s);
         }
