@@ -178,6 +178,41 @@ static void test_round_trips(void) {
     aead_wipe(&k);
 }
 
+// GCM's counter is the last 32 bits of the block, counted mod 2^32 (inc32):
+// a J0 of counter 2^32 - 20 (as an IV of another length than 12 can give)
+// wraps within 40 blocks, in the 16-block groups of the wide paths, the
+// 8-block groups of AES-NI and the single blocks. The keystream must be
+// each counter block through AES, built here one by one, from offset 0 and
+// from within a block, and the one-pass CTR with GHASH must give the same.
+static void test_counter_wrap(void) {
+    uint8_t key[32], j0[16], plain[16 * 41 + 5], want[sizeof(plain)], got[sizeof(plain)], y[16] = {0};
+    fill_random(key, 32);
+    fill_random(j0, 12);
+    put_u32(j0 + 12, __builtin_bswap32(0xffffffecu));
+    fill_random(plain, sizeof(plain));
+    AeadKey k;
+    aead_init(&k, key);
+    for (size_t b = 0; b * 16 < sizeof(plain); b++) {
+        uint8_t block[16], stream[16];
+        memcpy(block, j0, 12);
+        put_u32(block + 12, __builtin_bswap32(0xffffffecu + 1u + (uint32_t)b));
+        aead_aes_block_portable(&k, block, stream);
+        for (size_t i = 0; i < 16 && 16 * b + i < sizeof(plain); i++) want[16 * b + i] = plain[16 * b + i] ^ stream[i];
+    }
+    int bad = 0;
+    static const size_t offsets[] = {0, 3, 16, 250};
+    for (size_t o = 0; o < sizeof(offsets) / sizeof(offsets[0]); o++) {
+        size_t at = offsets[o], n = sizeof(plain) - at;
+        aead_ctr_j0(&k, j0, at, plain + at, got, n);
+        bad += memcmp(got, want + at, n) != 0;
+        aead_ctr_ghash_j0(&k, j0, at, plain + at, got, n, 0, y);
+        bad += memcmp(got, want + at, n) != 0;
+    }
+    check(bad == 0, "%s: the counter wraps mod 2^32 within a message (J0's counter 2^32 - 20, 661 bytes, from 4 "
+          "offsets): CTR, and CTR with GHASH, give AES of each counter block (%d wrong)", aead_impl_name(), bad);
+    aead_wipe(&k);
+}
+
 // every single-bit change of ciphertext, tag, aad or nonce is refused, and
 // nothing of the plaintext comes out
 static void test_bit_flips(void) {
@@ -809,6 +844,7 @@ int main(void) {
         aead_force_avx2(p == 2);
         test_known_answers();
         test_round_trips();
+        test_counter_wrap();
         test_bit_flips();
 #ifdef LLM3D_OPENSSL
         test_openssl();
