@@ -1141,8 +1141,8 @@ static void ckpt_prune(int dfd, int newest, int keep) {
 // Nothing of it is written anywhere.
 //
 // Rank 0 seals a file only when every rank's message is there, of this file
-// (its id and chunk count) and from that rank, and the bytes the writers
-// counted cover each chunk exactly; otherwise it refuses with one line
+// (its id and chunk count), from that rank and unchanged (its tag), and the
+// bytes the writers counted cover each chunk exactly; otherwise it refuses with one line
 // naming the file, the rank or the chunk. There is no fallback to reading
 // the file back for the tags.
 
