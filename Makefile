@@ -68,7 +68,7 @@ endif
 
 # every include is a path from the root
 CFLAGS += -I.
-HEADERS = $(wildcard *.h llm3d/*.h llm3d/*/*.h)
+HEADERS = $(wildcard *.h llm3d/*.h llm3d/*/*.h llm3d/*/*/*.h)
 CUDA_HEADERS = $(wildcard llm3d/cuda/*.cuh llm3d/cuda/*/*.cuh)
 TEST_HEADERS = dev/test/test.h dev/test/test_run.h
 
