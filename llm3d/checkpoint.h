@@ -1134,8 +1134,9 @@ static void ckpt_prune(int dfd, int newest, int keep) {
 // same key, checks the tag and takes the masks off; its own share is never
 // sent. What crosses the communicator is therefore pseudorandom to anyone
 // without the key, and every mask is used once: the random bytes are the
-// sender's own, not the file id, which the sender reads from a header that
-// whoever can write -o can set to an older file's. Only rank 0 learns the
+// sender's own, not the file id alone (which rank 0 makes, and a writer
+// requires of the header before it encrypts: ckpt_share_ids; the salt holds
+// even if that check were gone). Only rank 0 learns the
 // full GHASH S of a chunk, in memory, for the moment it makes the tag S xor
 // E_K(J0) (S with the tag would give E_K(J0) and then an equation in H).
 // Nothing of it is written anywhere.
@@ -1152,6 +1153,10 @@ typedef struct {
     uint64_t *bytes;           // a chunk's plaintext bytes this writer encrypted (rank 0: all writers')
     int ranks;                 // rank 0 after ckpt_shares_combine: how many writers rank_bytes holds
     uint64_t *rank_bytes;      // ... and each one's bytes of each chunk (rank r's at r * chunks), for errors
+    int want;                  // want_id is known: the id rank 0 made the file with, sent over the job's channel
+    uint64_t want_id;          // ... which the header must hold before this rank encrypts a byte under it
+    int stale;                 // the header held another id (stale_id): refused, nothing encrypted
+    uint64_t stale_id;
 } CkptShare;
 
 static void ckpt_share_free(CkptShare *s) {
@@ -1164,8 +1169,14 @@ static void ckpt_share_free(CkptShare *s) {
 
 // s ready for the writes of the sealed file f: kept as it is when it is f's
 // already (rank 0 writes a file's header, then its part), else new. 0, or an
-// errno (EINVAL: s holds another file's shares)
+// errno (EINVAL: s holds another file's shares; ESTALE: f's header does not
+// hold the id s->want_id that rank 0 made it with, s->stale set)
 static int ckpt_share_start(CkptShare *s, const AeadFile *f) {
+    if (s->want && f->file_id != s->want_id) {
+        s->stale = 1;
+        s->stale_id = f->file_id;
+        return ESTALE;
+    }
     if (s->sums != NULL) return s->file_id == f->file_id && s->chunks == f->chunks ? 0 : EINVAL;
     s->sums = (uint8_t *)calloc((size_t)f->chunks, 16);
     s->bytes = (uint64_t *)calloc((size_t)f->chunks, sizeof(uint64_t));
@@ -1438,9 +1449,13 @@ typedef struct { int fd, sealed; AeadFile file; const AeadFileKey *cipher; uint8
 
 // the file `name` of the directory open at dfd (AT_FDCWD: a path); of a
 // sealed one, the shares go into share, which must be given (a sealed file
-// gets its tags from its writers' shares only). 0, or an errno (EBADMSG: a
-// sealed file's header is not for this key; EINVAL: no share, or share
-// holds another file's)
+// gets its tags from its writers' shares only). When share->want, the
+// header must hold share->want_id: the header is in -o, which whoever can
+// write it may set meanwhile to an older file's (the same step written again
+// after a resume), and encrypting under that id would reuse the older file's
+// keystream. 0, or an errno (EBADMSG: a sealed file's header is not for this
+// key; EINVAL: no share, or share holds another file's; ESTALE: the header's
+// id is not want_id, share->stale set and nothing written)
 static int ckpt_out_open_at(CkptOut *o, int dfd, const char *name, const AeadFileKey *cipher, CkptShare *share) {
     memset(o, 0, sizeof(*o));
     o->fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
@@ -1646,8 +1661,42 @@ static int ckpt_gather_shares(const CkptJob *job, const CkptWrite *w, CkptShare 
     return rc;
 }
 
+// the ids of the sealed files rank 0 just made (shares[0] and, with
+// optim_name, shares[1]) to every rank, into their shares' want_id, before
+// any rank opens them: a rank must never take the id from the header in -o
+// (ckpt_out_open_at). They cross the job's own channel (MAC'd frames on the
+// host backend) as sums that only rank 0 adds to, 16 bits at a time, which
+// a float holds exactly. Every rank calls it, world 1 included.
+static void ckpt_share_ids(const CkptJob *job, const CkptWrite *w, CkptShare *shares) {
+    for (int k = 0; k < 2; k++) {
+        if ((k == 0 ? w->model_name : w->optim_name) == NULL) continue;
+        uint64_t id = job->rank == 0 ? shares[k].file_id : 0, got = 0;
+        for (int p = 0; p < 4; p++) {
+            float piece = job->sum(job->ctx, job->rank == 0 ? (float)((id >> (16 * p)) & 0xffff) : 0.0f);
+            got |= ((uint64_t)piece & 0xffff) << (16 * p);
+        }
+        shares[k].want = 1;
+        shares[k].want_id = got;
+    }
+}
+
+// one line for a rank that refused a header (ckpt_out_open_at's ESTALE);
+// 0 when none did
+static int ckpt_stale_error(const CkptJob *job, const CkptWrite *w, const CkptShare *shares, char *err,
+                            size_t errlen) {
+    for (int k = 0; k < 2; k++)
+        if (shares[k].stale)
+            return errorf(err, errlen, "%s/%s: rank %d: sealed file header field file_id = %016llx, but rank 0 made "
+                          "the file with id %016llx: another file's header put in its place; nothing encrypted under "
+                          "it", w->out_dir, k == 0 ? w->model_name : w->optim_name, job->rank,
+                          (unsigned long long)shares[k].stale_id, (unsigned long long)shares[k].want_id);
+    return 0;
+}
+
 // w by every rank, files sealed under cipher when it is not NULL. All ranks
-// agree on a sum of failures three times: once rank 0 began; once every rank
+// agree on a sum of failures three times: once rank 0 began (then rank 0's
+// ids of the sealed files reach every rank, ckpt_share_ids, and a rank whose
+// file's header holds another id refuses it); once every rank
 // wrote its part of model_name and, unless it is NULL, of optim_name; once
 // rank 0 finished. Between the last two, every rank's GHASH shares of a
 // sealed file go to rank 0 (ckpt_gather_shares), which makes the tags from
@@ -1662,9 +1711,11 @@ static int ckpt_write_files(const CkptJob *job, const CkptWrite *w, const AeadFi
     memset(shares, 0, sizeof(shares));
     double timeout = ckpt_wait_longer(job, w->room);
     float failed = job->sum(job->ctx, rank0 && w->begin(w->arg, cipher, shares, err, errlen) != 0);
+    if (failed == 0 && cipher != NULL) ckpt_share_ids(job, w, shares);
     if (failed == 0) {
         int e = job->part(job->ctx, w->dfd, w->model_name, w->optim_name, cipher, cipher != NULL ? shares : NULL);
-        if (e != 0) errorf(err, errlen, "%s write: %s", w->label, strerror(e));
+        if (e != 0 && ckpt_stale_error(job, w, shares, err, errlen) == 0)
+            errorf(err, errlen, "%s write: %s", w->label, strerror(e));
         failed = job->sum(job->ctx, e != 0);
         if (failed == 0 && cipher != NULL && ckpt_gather_shares(job, w, shares, err, errlen) != 0) failed = 1;
         if (failed == 0 && rank0 && w->finish(w->arg, cipher, shares, err, errlen) != 0) failed = 1;

@@ -17,6 +17,7 @@
 #include "dev/test/test.h"
 #include "dev/test/test_run.h"
 
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -696,6 +697,193 @@ static void test_share_masks_fresh(void) {
         free(msgs[a]);
     }
     aead_file_key_wipe(&cipher);
+    free(plain);
+}
+
+// Two ranks of a job as two processes (fork) joined by pipes, for
+// ckpt_write_job and ckpt_write_model as the trainers run them: the
+// CkptJob's sum and gather over the pipes, each wait bounded by 30 s. Each
+// rank writes its half of every array; rank 1 may first put an older file's
+// header back in place of the one rank 0 made (replay, relative to -o), and
+// then counts the bytes of its part on disk that are not zero (leaked).
+typedef struct {
+    int rank, to_peer, from_peer;
+    const float *plain;
+    size_t N;
+    const char *replay;
+    const uint8_t *old_header;
+    long leaked;
+    double timeout;
+} TwoRanks;
+
+static void peer_read(const TwoRanks *t, void *buf, size_t n) {
+    for (size_t got = 0; got < n;) {
+        struct pollfd p = {t->from_peer, POLLIN, 0};
+        ssize_t r = poll(&p, 1, 30000) == 1 ? read(t->from_peer, (uint8_t *)buf + got, n - got) : -1;
+        if (r <= 0) {
+            fprintf(stderr, "rank %d: its peer is silent or gone\n", t->rank);
+            _exit(3);
+        }
+        got += (size_t)r;
+    }
+}
+
+static float two_sum(void *ctx, float x) {
+    TwoRanks *t = (TwoRanks *)ctx;
+    float y = 0.0f;
+    if (write_all(t->to_peer, &x, sizeof(x)) != 0) _exit(3);
+    peer_read(t, &y, sizeof(y));
+    return x + y;
+}
+
+static void two_gather(void *ctx, const void *mine, void *all, size_t bytes) {
+    TwoRanks *t = (TwoRanks *)ctx;
+    if (t->rank == 1 && write_all(t->to_peer, mine, bytes) != 0) _exit(3);
+    if (t->rank == 0) peer_read(t, (uint8_t *)all + bytes, bytes);
+}
+
+static double two_set_timeout(void *ctx, double seconds) {
+    TwoRanks *t = (TwoRanks *)ctx;
+    double was = t->timeout;
+    if (seconds > 0) t->timeout = seconds;
+    return was;
+}
+
+static int two_part(void *ctx, int dfd, const char *model_name, const char *optim_name, const AeadFileKey *cipher,
+                    CkptShare *shares) {
+    TwoRanks *t = (TwoRanks *)ctx;
+    size_t half = t->N / 2 + 1, lo = t->rank == 0 ? 0 : half, hi = t->rank == 0 ? half : t->N;
+    size_t header = HEADER_INTS * 4, n = (hi - lo) * 4;
+    if (t->rank == 1 && t->replay != NULL) {  // whoever can write -o, between rank 0's begin and rank 1's open
+        int fd = openat(dfd, t->replay, O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || pwrite_all(fd, t->old_header, AEAD_FILE_HEADER_BYTES, 0) != 0) _exit(4);
+        close(fd);
+    }
+    CkptOut mo, oo;
+    memset(&oo, 0, sizeof(oo));
+    oo.fd = -1;
+    int e = ckpt_out_open_at(&mo, dfd, model_name, cipher, &shares[0]);
+    if (e == 0 && optim_name != NULL) e = ckpt_out_open_at(&oo, dfd, optim_name, cipher, &shares[1]);
+    if (e == 0 && ckpt_out_pwrite(&mo, t->plain + lo, n, header + 4 * lo) != 0) e = errno;
+    if (e == 0 && optim_name != NULL &&
+        (ckpt_out_pwrite(&oo, t->plain + t->N + lo, n, header + 4 * lo) != 0 ||
+         ckpt_out_pwrite(&oo, t->plain + 2 * t->N + lo, n, header + 4 * (t->N + lo)) != 0))
+        e = errno;
+    int c1 = ckpt_out_close(&mo, e == 0), c2 = ckpt_out_close(&oo, e == 0);
+    if (e == 0) e = c1 != 0 ? c1 : c2;
+    if (t->rank == 1 && t->replay != NULL) {
+        uint8_t *back = (uint8_t *)malloc(n);
+        int fd = openat(dfd, t->replay, O_RDONLY | O_CLOEXEC);
+        if (back == NULL || fd < 0 || pread_all(fd, back, n, AEAD_FILE_HEADER_BYTES + header + 4 * lo) != 0) _exit(4);
+        close(fd);
+        for (size_t i = 0; i < n; i++) t->leaked += back[i] != 0;
+        free(back);
+    }
+    return e;
+}
+
+// one write by the two ranks (a checkpoint of st, or with model the final
+// model of step st->step) into out (dfd); rc[r] is rank r's verdict,
+// *leaked rank 1's count, rank 1's stderr into out/rank1.err
+static void two_ranks_write(int model, int dfd, const char *out, const CkptState *st, const uint8_t key[32],
+                            const float *plain, const char *replay, const uint8_t *old_header, int rc[2],
+                            long *leaked) {
+    int a[2], b[2], res[2];
+    rc[0] = rc[1] = -2;
+    *leaked = -1;
+    if (pipe(a) != 0 || pipe(b) != 0 || pipe(res) != 0) return;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) return;
+    TwoRanks t = {pid == 0, pid == 0 ? b[1] : a[1], pid == 0 ? a[0] : b[0], plain, param_count(&st->config),
+                  pid == 0 ? replay : NULL, old_header, 0, 10.0};
+    if (pid == 0) {
+        char path[400];
+        snprintf(path, sizeof(path), "%s/rank1.err", out);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0 || dup2(fd, 2) < 0) _exit(5);
+    }
+    CkptJob job = {two_sum, two_part, two_gather, two_set_timeout, &t, t.rank, 2, 1};
+    char path[500], err[1200] = "";
+    int r = model ? ckpt_write_model(&job, dfd, out, st->step, &st->config, key, path, sizeof(path), err, sizeof(err))
+                  : ckpt_write_job(&job, dfd, out, 2, st, key);
+    if (model && err[0] != '\0') fprintf(stderr, "%s\n", err);
+    if (pid == 0) {
+        long got[2] = {r, t.leaked};
+        _exit(write_all(res[1], got, sizeof(got)) == 0 ? 0 : 6);
+    }
+    long got[2] = {-2, -1};
+    TwoRanks from = {0, -1, res[0], NULL, 0, NULL, NULL, 0, 0};
+    close(res[1]);
+    peer_read(&from, got, sizeof(got));
+    int status = 0;
+    waitpid(pid, &status, 0);
+    rc[0] = r;
+    rc[1] = WIFEXITED(status) && WEXITSTATUS(status) == 0 ? (int)got[0] : -3;
+    *leaked = got[1];
+    close(a[0]), close(a[1]), close(b[0]), close(b[1]), close(res[0]);
+}
+
+// Every rank encrypts under the file id rank 0 made, sent over the job's
+// channel, never under the id it reads from the header in -o: whoever can
+// write -o may put an older file's header there (the same step written
+// again after a resume), and a rank that took its id would encrypt under
+// the older file's keystream, so the two ciphertexts give the XOR of the
+// plaintexts. Step 3 written twice by two ranks, the second time with the
+// first one's header put back between rank 0 making the file and rank 1
+// opening it: rank 1 refuses in one line naming the file and both ids, and
+// not a byte of its part reaches the file; the first write stays. For a
+// checkpoint (optim.bin replayed) and for the final model (-enc 2).
+static void test_ids_from_rank0(void) {
+    GPT2Config c = {.maxT = 64, .V = 1000, .Vp = 1024, .L = 2, .NH = 2, .C = 128};
+    size_t N = param_count(&c);
+    float *plain = (float *)malloc(3 * N * sizeof(float));
+    for (size_t j = 0; j < 3 * N; j++) plain[j] = (float)j * 0.125f + 1.0f;
+    uint8_t key[32];
+    for (int i = 0; i < 32; i++) key[i] = (uint8_t)(7 * i + 3);
+    CkptState st;
+    memset(&st, 0, sizeof(st));
+    st.step = 3; st.adam_t = 3; st.config = c; st.B = 1; st.T = 8; st.np = 2; st.tp = 1; st.pp = 1;
+    for (int model = 0; model < 2; model++) {
+        char out[300], err[1024] = "", older[400], line[2048] = "";
+        snprintf(out, sizeof(out), "%s/ids_%d", dir, model);
+        mkdir(out, 0700);
+        int dfd = ckpt_dir_open(out, err, sizeof(err));
+        const char *replay = model ? "model_00000003.bin.tmp" : "ckpt_00000003.partial/optim.bin";
+        snprintf(older, sizeof(older), "%s/%s", out, model ? "model_00000003.bin" : "ckpt_00000003/optim.bin");
+        int rc1[2], rc2[2] = {-9, -9};
+        long leaked1, leaked2 = -1;
+        uint8_t old_header[AEAD_FILE_HEADER_BYTES];
+        two_ranks_write(model, dfd, out, &st, key, plain, NULL, NULL, rc1, &leaked1);
+        int fd = open(older, O_RDONLY | O_CLOEXEC);
+        int ok = fd >= 0 && pread_all(fd, old_header, sizeof(old_header), 0) == 0;
+        if (fd >= 0) close(fd);
+        if (ok) two_ranks_write(model, dfd, out, &st, key, plain, replay, old_header, rc2, &leaked2);
+        char path[400], want[64];
+        snprintf(path, sizeof(path), "%s/rank1.err", out);
+        FILE *f = fopen(path, "r");
+        size_t n = f != NULL ? fread(line, 1, sizeof(line) - 1, f) : 0;
+        line[n] = '\0';
+        if (f != NULL) fclose(f);
+        snprintf(want, sizeof(want), "file_id = %016llx, but rank 0 made the file with id",
+                 (unsigned long long)get_u64(old_header + 24));
+        uint8_t *bytes = NULL;
+        uint64_t got = 0;
+        int older_ok = ckpt_read_file(older, key, 1 << 30, &bytes, &got, err, sizeof(err)) == 0 &&
+                       got == HEADER_INTS * 4 + (model ? 4 : 8) * N &&
+                       memcmp(bytes + HEADER_INTS * 4, plain + (model ? 0 : N), (model ? 4 : 8) * N) == 0;
+        free(bytes);
+        int left = test_exists("%s/%s", out, model ? "model_00000003.bin.tmp" : "ckpt_00000003.partial");
+        check(ok && rc1[0] == 0 && rc1[1] == 0 && rc2[0] != 0 && rc2[1] != 0 && leaked2 == 0 && older_ok && !left &&
+                  strstr(line, replay) != NULL && strstr(line, want) != NULL && n > 0 && strchr(line, '\n') == line + n - 1,
+              "%s: step 3 written again by two ranks with the first one's header put back before rank 1 opens "
+              "it: rank 1 encrypts nothing under the older id (%ld bytes of its part written), refuses in one "
+              "line, the first write stays (verdicts %d %d, then %d %d): %s",
+              model ? "the final model" : "a checkpoint", leaked2, rc1[0], rc1[1], ok ? rc2[0] : -9,
+              ok ? rc2[1] : -9, line);
+        if (dfd >= 0) close(dfd);
+    }
     free(plain);
 }
 
@@ -1490,6 +1678,7 @@ int main(void) {
     test_resume_shuffled();
     test_seal_from_shares();
     test_share_masks_fresh();
+    test_ids_from_rank0();
     test_optim_slices();
     test_model_slices();
     test_encrypted_init();
