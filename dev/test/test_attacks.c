@@ -327,6 +327,19 @@ static const char *const *ompi_env(int r) {
     return env[r];
 }
 
+// a unix socket bound at path and closed, never listened on, as a killed
+// rank leaves it; 1 when it was bound
+static int dead_socket_at(const char *path) {
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un un;
+    memset(&un, 0, sizeof(un));
+    un.sun_family = AF_UNIX;
+    snprintf(un.sun_path, sizeof(un.sun_path), "%s", path);
+    int bound = fd >= 0 && bind(fd, (struct sockaddr *)&un, sizeof(un)) == 0;
+    if (fd >= 0) close(fd);
+    return bound;
+}
+
 // Rank 0 of mpirun's job makes DIR/llm3d-rendezvous-ompi-4242 in -o, the
 // other ranks take the key and the socket from it. Planted there first, a
 // directory of mode 0755, another user's, a link, or a key others may read
@@ -389,13 +402,7 @@ static void test_meeting_place(void) {
     snprintf(stale, sizeof(stale), "%s/llm3d-rendezvous-ompi-4141", o);
     mkdir(stale, 0700);
     snprintf(path, sizeof(path), "%.80s/rendezvous.sock", stale);
-    int sfd = socket(AF_UNIX, SOCK_STREAM, 0);
-    struct sockaddr_un un;
-    memset(&un, 0, sizeof(un));
-    un.sun_family = AF_UNIX;
-    snprintf(un.sun_path, sizeof(un.sun_path), "%s", path);
-    int bound = sfd >= 0 && bind(sfd, (struct sockaddr *)&un, sizeof(un)) == 0;
-    if (sfd >= 0) close(sfd);
+    int bound = dead_socket_at(path);
     snprintf(path, sizeof(path), "%.80s/key", stale);
     uint8_t key[32];
     key_generate(key, NULL, 0);
@@ -464,13 +471,7 @@ static void test_stale_meeting(void) {
     key_generate(key, NULL, 0);
     test_write_key_file(path, key);
     snprintf(path, sizeof(path), "%.80s/rendezvous.sock", place);
-    int sfd = socket(AF_UNIX, SOCK_STREAM, 0);  // bound, never listened on: a killed root's
-    struct sockaddr_un un;
-    memset(&un, 0, sizeof(un));
-    un.sun_family = AF_UNIX;
-    snprintf(un.sun_path, sizeof(un.sun_path), "%s", path);
-    int bound = sfd >= 0 && bind(sfd, (struct sockaddr *)&un, sizeof(un)) == 0;
-    if (sfd >= 0) close(sfd);
+    int bound = dead_socket_at(path);  // a killed root's
     snprintf(args, sizeof(args), "-x 2 -to 3 -o %s", o);
     snprintf(out0, sizeof(out0), "%s/stale0.out", work);
     snprintf(out1, sizeof(out1), "%s/stale1.out", work);
