@@ -832,117 +832,129 @@ static inline int pipe_count_slot(int p, PipeMsg m) {
     return (p * 2 + (m.channel == CH_GRADIENT)) * PIPE_MAXV + m.chunk;
 }
 
-static inline int pipeline_check(const PipeLayout *pl, int stride, const int *steps, const PipeStep *plans, char *err,
-                                 size_t errlen) {
-    int pp = pl->pp;
-    if (pp < 1 || pp > PIPE_CHECK_MAXP || stride < 0) {
-        snprintf(err, errlen, "pp %d, n %d: the checker takes pp 1..%d", pp, stride, PIPE_CHECK_MAXP);
+// the checker's state: stage s is at step at[s] (steps_of[s]: finished) in
+// phase[s]; sent[s], got[s]: that phase's send, receive has matched.
+// count[slot]: the messages so far into a chunk of a stage on a channel
+// (pipe_count_slot), taken[slot] how many of them a hand-off's receive has
+// taken
+typedef struct {
+    int pp, stride, ring, messages;
+    const PipeStep *plans;
+    int steps_of[PIPE_CHECK_MAXP], at[PIPE_CHECK_MAXP], phase[PIPE_CHECK_MAXP];
+    int sent[PIPE_CHECK_MAXP], got[PIPE_CHECK_MAXP];
+    int count[PIPE_CHECK_MAXP * 2 * PIPE_MAXV], taken[PIPE_CHECK_MAXP * 2 * PIPE_MAXV];
+} PipeCheck;
+
+static inline const PipeStep *pipe_check_step(const PipeCheck *c, int s) { return &c->plans[s * c->stride + c->at[s]]; }
+
+// what stage s has posted, if it may be posted at all: 0, or -1 with a line
+static inline int pipe_check_shape(const PipeCheck *c, int s, PipeMsg out, PipeMsg in, char *err, size_t errlen) {
+    int pp = c->pp;
+    char op[32];
+    pipe_op_text(pipe_check_step(c, s)->op, op, sizeof(op));
+    if ((out.peer >= 0 && (out.peer >= pp || pipe_count_slot(out.peer, out) < 0)) ||
+        (in.peer >= 0 && (in.peer >= pp || pipe_count_slot(s, in) < 0))) {
+        snprintf(err, errlen, "stage %d step %d (%s): a message with no such stage, channel or chunk", s, c->at[s], op);
         return -1;
     }
-    int steps_of[PIPE_CHECK_MAXP];  // stage s's steps
-    for (int s = 0; s < pp; s++) steps_of[s] = steps != NULL ? steps[s] : stride;
-    // stage s is at step at[s] (n: finished) in phase[s]; sent[s], got[s]:
-    // that phase's send, receive has matched. count[slot]: the messages so
-    // far into a chunk of a stage on a channel (pipe_count_slot), taken[slot]
-    // how many of them a hand-off's receive has taken
-    int at[PIPE_CHECK_MAXP], phase[PIPE_CHECK_MAXP], sent[PIPE_CHECK_MAXP], got[PIPE_CHECK_MAXP];
-    int count[PIPE_CHECK_MAXP * 2 * PIPE_MAXV], taken[PIPE_CHECK_MAXP * 2 * PIPE_MAXV];
-    for (int s = 0; s < pp; s++) at[s] = phase[s] = sent[s] = got[s] = 0;
-    for (int i = 0; i < pp * 2 * PIPE_MAXV; i++) count[i] = taken[i] = 0;
-    int messages = 0, ring = pl->schedule == PIPE_INTERLEAVED;
-    char op[32], a[64], b[64];
-    for (int progress = 1; progress;) {
-        progress = 0;
-        // every posted send that meets its peer's posted receive completes
-        // both; a hand-off completes at once, its receive once it is there
-        for (int s = 0; s < pp; s++) {
-            if (at[s] >= steps_of[s]) continue;
-            const PipeStep *st = &plans[s * stride + at[s]];
-            PipeMsg out, in;
-            pipe_posted(st, phase[s], &out, &in);
-            pipe_op_text(st->op, op, sizeof(op));
-            if ((out.peer >= 0 && (out.peer >= pp || pipe_count_slot(out.peer, out) < 0)) ||
-                (in.peer >= 0 && (in.peer >= pp || pipe_count_slot(s, in) < 0))) {
-                snprintf(err, errlen, "stage %d step %d (%s): a message with no such stage, channel or chunk", s, at[s], op);
-                return -1;
-            }
-            if (out.peer < 0 && in.peer >= 0 && phase[s] == 1) {
-                snprintf(err, errlen, "stage %d step %d (%s): an exchange's receive without a send", s, at[s], op);
-                return -1;
-            }
-            if ((out.peer == s && in.peer >= 0) || (phase[s] == 1 && in.peer == s)) {
-                snprintf(err, errlen, "stage %d step %d (%s): a hand-off within the stage in an exchange", s, at[s], op);
-                return -1;
-            }
-            if (in.peer == s && !got[s]) {
-                int slot = pipe_count_slot(s, in);
-                if (taken[slot] < count[slot]) {
-                    if (in.mb != taken[slot]) {
-                        snprintf(err, errlen, "mismatch: stage %d takes %s from itself, where its next hand-off there is micro-batch %d",
-                                 s, pipe_msg_text(in, a, sizeof(a)), taken[slot]);
-                        return -1;
-                    }
-                    got[s] = 1, taken[slot]++, progress = 1;
-                }
-            }
-            if (out.peer < 0 || sent[s]) continue;
-            int p = out.peer, slot = pipe_count_slot(p, out);
-            if (p == s) {  // a hand-off
-                if (out.mb != count[slot]) {
-                    snprintf(err, errlen, "mismatch: stage %d hands %s to itself as its hand-off %d", s,
-                             pipe_msg_text(out, a, sizeof(a)), count[slot]);
-                    return -1;
-                }
-                sent[s] = 1, count[slot]++, progress = 1;
-                continue;
-            }
-            int near = p == s - 1 || p == s + 1 || (ring && ((s == pp - 1 && p == 0) || (s == 0 && p == pp - 1)));
-            if (!near) {
-                snprintf(err, errlen, "stage %d step %d (%s): sends to stage %d, not a neighbour", s, at[s], op, p);
-                return -1;
-            }
-            if (at[p] >= steps_of[p] || got[p]) continue;
-            PipeMsg peer_out, want;
-            pipe_posted(&plans[p * stride + at[p]], phase[p], &peer_out, &want);
-            if (want.peer != s) continue;
-            if (want.channel != out.channel || want.mb != out.mb || want.chunk != out.chunk || out.mb != count[slot]) {
-                snprintf(err, errlen, "mismatch: stage %d sends %s as its message %d to stage %d, which receives %s", s,
-                         pipe_msg_text(out, a, sizeof(a)), count[slot], p, pipe_msg_text(want, b, sizeof(b)));
-                return -1;
-            }
-            sent[s] = got[p] = 1;
-            count[slot]++;
-            messages++;
-            progress = 1;
-        }
-        // every stage whose posted messages have all matched moves on
-        for (int s = 0; s < pp; s++) {
-            if (at[s] >= steps_of[s]) continue;
-            PipeMsg out, in;
-            pipe_posted(&plans[s * stride + at[s]], phase[s], &out, &in);
-            if ((out.peer >= 0 && !sent[s]) || (in.peer >= 0 && !got[s])) continue;
-            if (phase[s] == 0) phase[s] = 1;
-            else phase[s] = 0, at[s]++;
-            sent[s] = got[s] = 0;
-            progress = 1;
+    if (out.peer < 0 && in.peer >= 0 && c->phase[s] == 1) {
+        snprintf(err, errlen, "stage %d step %d (%s): an exchange's receive without a send", s, c->at[s], op);
+        return -1;
+    }
+    if ((out.peer == s && in.peer >= 0) || (c->phase[s] == 1 && in.peer == s)) {
+        snprintf(err, errlen, "stage %d step %d (%s): a hand-off within the stage in an exchange", s, c->at[s], op);
+        return -1;
+    }
+    if (out.peer >= 0 && out.peer != s) {
+        int p = out.peer;
+        int near = p == s - 1 || p == s + 1 || (c->ring && ((s == pp - 1 && p == 0) || (s == 0 && p == pp - 1)));
+        if (!near) {
+            snprintf(err, errlen, "stage %d step %d (%s): sends to stage %d, not a neighbour", s, c->at[s], op, p);
+            return -1;
         }
     }
-    // whoever has not finished is stuck: say what each one waits for
+    return 0;
+}
+
+// stage s's posted messages that can complete now, completed: a hand-off's
+// receive that finds its message, a hand-off, a send that meets its peer's
+// receive. 1 when one did, 0 when none, -1 with a line on a mismatch.
+static inline int pipe_check_match(PipeCheck *c, int s, PipeMsg out, PipeMsg in, char *err, size_t errlen) {
+    int progress = 0;
+    char a[64], b[64];
+    if (in.peer == s && !c->got[s]) {
+        int slot = pipe_count_slot(s, in);  // >= 0: pipe_check_shape
+        if (slot >= 0 && c->taken[slot] < c->count[slot]) {
+            if (in.mb != c->taken[slot]) {
+                snprintf(err, errlen, "mismatch: stage %d takes %s from itself, where its next hand-off there is micro-batch %d",
+                         s, pipe_msg_text(in, a, sizeof(a)), c->taken[slot]);
+                return -1;
+            }
+            c->got[s] = 1, c->taken[slot]++, progress = 1;
+        }
+    }
+    if (out.peer < 0 || c->sent[s]) return progress;
+    int p = out.peer, slot = pipe_count_slot(p, out);
+    if (slot < 0) return -1;  // pipe_check_shape said why
+    if (p == s) {  // a hand-off
+        if (out.mb != c->count[slot]) {
+            snprintf(err, errlen, "mismatch: stage %d hands %s to itself as its hand-off %d", s,
+                     pipe_msg_text(out, a, sizeof(a)), c->count[slot]);
+            return -1;
+        }
+        c->sent[s] = 1, c->count[slot]++;
+        return 1;
+    }
+    if (c->at[p] >= c->steps_of[p] || c->got[p]) return progress;
+    PipeMsg peer_out, want;
+    pipe_posted(pipe_check_step(c, p), c->phase[p], &peer_out, &want);
+    if (want.peer != s) return progress;
+    if (want.channel != out.channel || want.mb != out.mb || want.chunk != out.chunk || out.mb != c->count[slot]) {
+        snprintf(err, errlen, "mismatch: stage %d sends %s as its message %d to stage %d, which receives %s", s,
+                 pipe_msg_text(out, a, sizeof(a)), c->count[slot], p, pipe_msg_text(want, b, sizeof(b)));
+        return -1;
+    }
+    c->sent[s] = c->got[p] = 1;
+    c->count[slot]++;
+    c->messages++;
+    return 1;
+}
+
+// every stage whose posted messages have all matched moves on; 1 when one did
+static inline int pipe_check_advance(PipeCheck *c) {
+    int progress = 0;
+    for (int s = 0; s < c->pp; s++) {
+        if (c->at[s] >= c->steps_of[s]) continue;
+        PipeMsg out, in;
+        pipe_posted(pipe_check_step(c, s), c->phase[s], &out, &in);
+        if ((out.peer >= 0 && !c->sent[s]) || (in.peer >= 0 && !c->got[s])) continue;
+        if (c->phase[s] == 0) c->phase[s] = 1;
+        else c->phase[s] = 0, c->at[s]++;
+        c->sent[s] = c->got[s] = 0;
+        progress = 1;
+    }
+    return progress;
+}
+
+// the stages that have not finished, each with what it waits for, in err
+// ("deadlock: stage 1 at B3 receives ..."); returns how many
+static inline int pipe_check_stuck(const PipeCheck *c, char *err, size_t errlen) {
     int stuck = 0;
     size_t len = 0;
+    char op[32], a[64];
     if (errlen > 0) err[0] = '\0';
-    for (int s = 0; s < pp; s++) {
-        if (at[s] >= steps_of[s]) continue;
-        const PipeStep *st = &plans[s * stride + at[s]];
+    for (int s = 0; s < c->pp; s++) {
+        if (c->at[s] >= c->steps_of[s]) continue;
+        const PipeStep *st = pipe_check_step(c, s);
         PipeMsg out, in;
-        pipe_posted(st, phase[s], &out, &in);
+        pipe_posted(st, c->phase[s], &out, &in);
         if (len < errlen)
             len += (size_t)snprintf(err + len, errlen - len, "%sstage %d at %s", stuck ? "; " : "deadlock: ", s,
                                     pipe_op_text(st->op, op, sizeof(op)));
-        int sending = out.peer >= 0 && !sent[s];
+        int sending = out.peer >= 0 && !c->sent[s];
         if (sending && len < errlen)
             len += (size_t)snprintf(err + len, errlen - len, " sends %s to stage %d", pipe_msg_text(out, a, sizeof(a)), out.peer);
-        if (in.peer >= 0 && !got[s] && len < errlen) {
+        if (in.peer >= 0 && !c->got[s] && len < errlen) {
             if (in.peer == s)
                 len += (size_t)snprintf(err + len, errlen - len, "%s takes %s from itself", sending ? " and" : "",
                                         pipe_msg_text(in, a, sizeof(a)));
@@ -952,7 +964,36 @@ static inline int pipeline_check(const PipeLayout *pl, int stride, const int *st
         }
         stuck++;
     }
-    return stuck ? -1 : messages;
+    return stuck;
+}
+
+static inline int pipeline_check(const PipeLayout *pl, int stride, const int *steps, const PipeStep *plans, char *err,
+                                 size_t errlen) {
+    if (pl->pp < 1 || pl->pp > PIPE_CHECK_MAXP || stride < 0) {
+        snprintf(err, errlen, "pp %d, n %d: the checker takes pp 1..%d", pl->pp, stride, PIPE_CHECK_MAXP);
+        return -1;
+    }
+    PipeCheck c;
+    memset(&c, 0, sizeof(c));
+    c.pp = pl->pp, c.stride = stride, c.plans = plans, c.ring = pl->schedule == PIPE_INTERLEAVED;
+    for (int s = 0; s < c.pp; s++) c.steps_of[s] = steps != NULL ? steps[s] : stride;
+    for (int progress = 1; progress;) {
+        progress = 0;
+        // every posted send that meets its peer's posted receive completes
+        // both; a hand-off completes at once, its receive once it is there
+        for (int s = 0; s < c.pp; s++) {
+            if (c.at[s] >= c.steps_of[s]) continue;
+            PipeMsg out, in;
+            pipe_posted(pipe_check_step(&c, s), c.phase[s], &out, &in);
+            if (pipe_check_shape(&c, s, out, in, err, errlen) != 0) return -1;
+            int moved = pipe_check_match(&c, s, out, in, err, errlen);
+            if (moved < 0) return -1;
+            progress |= moved;
+        }
+        progress |= pipe_check_advance(&c);
+    }
+    // whoever has not finished is stuck
+    return pipe_check_stuck(&c, err, errlen) ? -1 : c.messages;
 }
 
 #endif
