@@ -517,6 +517,50 @@ static void test_stale_meeting(void) {
     test_remove_dir(o);
 }
 
+// A TCP meeting directory (no socket in it, its address in a file) whose
+// rank 0 is alive, holding the lock on its "live" file, as a job of the same
+// id over nodes leaves it while it runs: another launch's rank 0 of that id
+// must refuse it in one line, not clear it (its key, and the running job's
+// ranks that still read it). meet_host itself, with the lock held here.
+static void test_live_tcp_meeting(void) {
+    char o[300], place[400], path[500];
+    snprintf(o, sizeof(o), "%s/live_tcp_meet", work);
+    mkdir(o, 0700);
+    snprintf(place, sizeof(place), "%s/llm3d-rendezvous-ompi-4343", o);
+    test_remove_dir(place);
+    mkdir(place, 0700);
+    uint8_t key[32];
+    key_generate(key, NULL, 0);
+    snprintf(path, sizeof(path), "%s/key", place);
+    test_write_key_file(path, key);
+    snprintf(path, sizeof(path), "%s/address", place);
+    FILE *f = fopen(path, "w");
+    if (f != NULL) fputs("tcp:127.0.0.1:29500\n", f), fclose(f);
+    snprintf(path, sizeof(path), "%s/live", place);
+    int live = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+    int locked = live >= 0 && flock(live, LOCK_EX | LOCK_NB) == 0;
+    MeetPlan plan;
+    memset(&plan, 0, sizeof(plan));
+    plan.by_dir = 1;
+    plan.one_box = 0;
+    plan.folder = o;
+    plan.flag = "-o";
+    snprintf(plan.name, sizeof(plan.name), "llm3d-rendezvous-ompi-4343");
+    Launch L;
+    memset(&L, 0, sizeof(L));
+    L.world = 2;
+    char why[1200] = "";
+    int hosted = meet_host(&L, &plan, 1.0, why, sizeof(why)) == 0;
+    snprintf(path, sizeof(path), "%s/key", place);
+    int key_kept = test_exists("%s", path);
+    check(locked && !hosted && key_kept && strstr(why, "another job of this id is meeting there") != NULL &&
+          strchr(why, '\n') == NULL,
+          "a live TCP meeting directory of the same id (its lock held, no socket): another rank 0 refuses it in one "
+          "line and leaves its key (%s): %s", hosted ? "hosted" : "refused", why);
+    if (live >= 0) close(live);
+    test_remove_dir(o);
+}
+
 // The folder the ranks meet in (-pf, or -o) must be this user's or root's,
 // and sticky where group or others may write in it: else they could move
 // the meeting directory away and another of this user's into its place.
@@ -1625,6 +1669,7 @@ int main(int argc, char **argv) {
     test_idle_flood();
     test_meeting_place();
     test_stale_meeting();
+    test_live_tcp_meeting();
     test_meeting_folder();
     test_segment_leaks();
     test_output_dir();

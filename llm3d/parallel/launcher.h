@@ -15,8 +15,8 @@
  *                          torchrun, Open MPI, Slurm)
  *   LaunchMeet, MeetPlan, meet_plan, meet_host, meet_join, meet_close (and
  *   their helpers meet_outside_rank, meet_one_box, meet_job_id, meet_dir_check,
- *   meet_write, meet_read, meet_live, meet_held, meet_sweep, meet_my_address,
- *   meet_open_folder)
+ *   meet_write, meet_read, meet_live, meet_lock_state, meet_held, meet_sweep,
+ *   meet_my_address, meet_open_folder)
  *                          ranks of mpirun, srun or torchrun without
  *                          --rendezvous, and llm.c's -pn -pr -pg -pi -pf -ps:
  *                          how they meet
@@ -445,23 +445,28 @@ static inline int meet_live(int dfd) {
     return live;
 }
 
-// meet_held: whether the meeting directory dfd is this launch's rank 0's
-// now: 1 when its "live" file is flocked (rank 0 takes the lock before it
-// writes the key, and holds it for as long as it serves), 0 when the file
-// is missing or nobody holds it: a directory a killed launch of the same id
-// left (torchrun's default id, "none" and port 29500, repeats from run to
-// run), or one whose rank 0 has not got that far. Where the filesystem
-// has no locks (ENOLCK, EOPNOTSUPP) it cannot tell, and says 1, as before
-// there was a lock.
-static inline int meet_held(int dfd) {
+// meet_lock_state: whether the "live" file of the meeting directory dfd is
+// flocked (rank 0 takes the lock before it writes the key, and holds it for
+// as long as it serves): 1 held, 0 when the file is missing or nobody holds
+// it, -1 where the filesystem has no locks (ENOLCK, EOPNOTSUPP): it cannot
+// tell
+static inline int meet_lock_state(int dfd) {
     int fd = openat(dfd, "live", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return 0;
-    int held = 1;
-    if (flock(fd, LOCK_SH | LOCK_NB) == 0) held = 0;  // ours now: nobody serves; close lets go
-    else if (errno == EWOULDBLOCK) held = 1;
+    int state = -1;
+    if (flock(fd, LOCK_SH | LOCK_NB) == 0) state = 0;  // ours now: nobody serves; close lets go
+    else if (errno == EWOULDBLOCK) state = 1;
     close(fd);
-    return held;
+    return state;
 }
+
+// meet_held: whether the meeting directory dfd is this launch's rank 0's
+// now: 1 when its "live" file is flocked, 0 when the file is missing or
+// nobody holds it: a directory a killed launch of the same id left
+// (torchrun's default id, "none" and port 29500, repeats from run to run),
+// or one whose rank 0 has not got that far. Where the filesystem has no
+// locks it cannot tell, and says 1, as before there was a lock.
+static inline int meet_held(int dfd) { return meet_lock_state(dfd) != 0; }
 
 // meet_sweep: removes the meeting directories of earlier launches that
 // ended without removing theirs (killed): this user's, whose socket nobody
@@ -558,7 +563,8 @@ static inline int meet_host(Launch *L, const MeetPlan *plan, double timeout_s, c
             return -1;
         }
         int rc = meet_dir_check(old, shown, err, errlen);
-        if (rc == 0 && meet_live(old))
+        // live: its socket answers (one box), or its rank 0 holds the lock on "live" (TCP leaves no socket)
+        if (rc == 0 && (meet_live(old) || meet_lock_state(old) == 1))
             rc = errorf(err, errlen, "%s: another job of this id is meeting there", shown);
         if (rc == 0) meet_clear(old);
         close(old);
