@@ -53,6 +53,11 @@
 #      ms per step, tokens/s, peak GPU memory, ours / theirs; ours with -fa 0
 #  12. a profile (Nsight Compute): the kernels of two d12 steps at the
 #      benchmark's B, their GPU time summed by name; a measurement, not a gate
+#  13. the pipeline schedules' bubbles measured by the CPU trainer on this
+#      machine's cores (dev/bench_pipeline.sh, pp 4, M 8, one thread a rank):
+#      the bars of zbh1, interleaved and zbv against 1f1b's, each within 5
+#      points of its simulated value; it needs at least 8 cores, which the
+#      machines we are lent have and ours does not
 #
 # Each piece is "ok", "FAIL", or "SKIP" (past the deadline, or something it
 # needs is missing): skipped for time is not failed. The whole run keeps to
@@ -1012,6 +1017,36 @@ EOF
         else skip "profile: ncu exited $rc (timed out?): the kernels it timed before that"; fi
         tee -a "$SUMMARY" < "$WORK/profile.txt"
     else skip "profile: ncu gave no kernel times (exit $rc): $(cat "$LOGS/profile.log" "$LOGS/profile.csv" 2>/dev/null | grep -m1 -iE 'error|fail' | cut -c1-120)"
+    fi
+fi
+
+# ---------------------------------------------------------------------------
+# the pipeline schedules' bubbles, measured where there are cores enough: the
+# CPU trainer's ranks, one thread each, at pp 4 with 8 micro-batches. Two
+# ranks on one core wait for each other's time slices and count it as
+# bubble, so it needs twice pp cores (the NCCL phases are over by now). The
+# bars: zbh1's measured bubble at most half of 1f1b's, interleaved (-pv 2)
+# at most 0.6, zbv at most a quarter, each within 5 points of what the
+# simulator gives for the op costs measured in the same run.
+phase "pipeline bubbles on this machine's CPU cores" full
+if [ $ON = 1 ]; then
+    if [ ! -x ./train_gpt2 ]; then skip "pipeline bubbles: train_gpt2 not built"
+    elif [ "$(nproc)" -lt 8 ] && [ "${PIPE_BENCH:-0}" != 1 ]; then skip "pipeline bubbles: $(nproc) cores, 8 needed"
+    elif run pipeline_bench 100 env PP=4 M=8 STEPS=4 ROUNDS=2 ./dev/bench_pipeline.sh; then
+        # the bench's table: "schedule measured simulated formula of-1f1b's op costs"
+        awk '$1 ~ /^(gpipe|1f1b|interleaved|zbh1|zbv)$/ && NF >= 5 && $2 ~ /^[0-9.]+$/ { print $1, $2, $3, $5 }' \
+            "$LOGS/pipeline_bench.log" > "$WORK/bubbles.txt"
+        sed 's/^/   /' "$WORK/bubbles.txt" | tee -a "$SUMMARY" > /dev/null
+        while read -r sched measured simulated share; do
+            case $sched in zbh1) bar=0.5 ;; interleaved) bar=0.6 ;; zbv) bar=0.25 ;; *) continue ;; esac
+            if awk -v m="$measured" -v s="$simulated" -v r="$share" -v b="$bar" \
+                'BEGIN { d = m - s; if (d < 0) d = -d; exit !(r <= b && d <= 0.05) }'; then
+                pass "pipeline bubble of $sched: $measured measured, $simulated simulated, $share of 1f1b's (bar $bar)"
+            else
+                fail "pipeline bubble of $sched: $measured measured, $simulated simulated, $share of 1f1b's (bar $bar, within 0.05)"
+            fi
+        done < "$WORK/bubbles.txt"
+        [ -s "$WORK/bubbles.txt" ] || fail "pipeline bubbles: no table in the bench's output"
     fi
 fi
 finish
