@@ -453,6 +453,19 @@ static int holds_fd_to(pid_t pid, const char *path, double wait_s) {
     return 0;
 }
 
+// the plan of ranks meeting in a directory NAME in -o = folder, over a unix
+// socket (one_box) or TCP
+static MeetPlan meet_plan_in(const char *folder, const char *name, int one_box) {
+    MeetPlan plan;
+    memset(&plan, 0, sizeof(plan));
+    plan.by_dir = 1;
+    plan.one_box = one_box;
+    plan.folder = folder;
+    plan.flag = "-o";
+    snprintf(plan.name, sizeof(plan.name), "%s", name);
+    return plan;
+}
+
 // A meeting directory that a killed launch of the same id left (its key,
 // its dead socket), as torchrun's default id ("none", port 29500) repeats
 // from run to run: rank 1, started first, finds it before rank 0 replaces
@@ -497,12 +510,7 @@ static void test_stale_meeting(void) {
     snprintf(path, sizeof(path), "%.80s/live", place);
     int live = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
     if (live >= 0) close(live);
-    MeetPlan plan;
-    memset(&plan, 0, sizeof(plan));
-    plan.by_dir = plan.one_box = 1;
-    plan.folder = o;
-    plan.flag = "-o";
-    snprintf(plan.name, sizeof(plan.name), "llm3d-rendezvous-ompi-4242");
+    MeetPlan plan = meet_plan_in(o, "llm3d-rendezvous-ompi-4242", 1);
     Launch L;
     memset(&L, 0, sizeof(L));
     L.rank = 1;
@@ -539,13 +547,7 @@ static void test_live_tcp_meeting(void) {
     snprintf(path, sizeof(path), "%s/live", place);
     int live = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
     int locked = live >= 0 && flock(live, LOCK_EX | LOCK_NB) == 0;
-    MeetPlan plan;
-    memset(&plan, 0, sizeof(plan));
-    plan.by_dir = 1;
-    plan.one_box = 0;
-    plan.folder = o;
-    plan.flag = "-o";
-    snprintf(plan.name, sizeof(plan.name), "llm3d-rendezvous-ompi-4343");
+    MeetPlan plan = meet_plan_in(o, "llm3d-rendezvous-ompi-4343", 0);
     Launch L;
     memset(&L, 0, sizeof(L));
     L.world = 2;
