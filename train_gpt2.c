@@ -720,10 +720,21 @@ static void chunk_forward(GPT2 *m, Acts *a, int k, int with_loss) {
     if (chunk_last(s, k)) head_forward(m, a, ch->nl, with_loss);
 }
 
-// the stage's whole forward (one chunk; several only on one rank, pp = 1,
-// where they follow each other)
+// the stage's whole forward: one chunk, or on one rank (pp 1) several in
+// model order (-ps zbv's two, in a V), each taking the output of the one
+// before into the set's embeddings slot, as pipeline_run's hand-off does
 static void stage_forward(GPT2 *m, Acts *a, int with_loss) {
-    for (int k = 0; k < m->shard.nchunks; k++) chunk_forward(m, a, k, with_loss);
+    const Shard *s = &m->shard;
+    size_t bytes = (size_t)m->rows * m->config.C * sizeof(float);
+    for (int p = 0; p < s->nchunks; p++) {
+        int stage, k, before;
+        pipeline_place(&m->par->pipe, p, &stage, &k);
+        if (p > 0) {
+            pipeline_place(&m->par->pipe, p - 1, &stage, &before);
+            memmove(a->t[A_ENCODED], block_input(m, a, s->chunk[before].nl), bytes);
+        }
+        chunk_forward(m, a, k, with_loss);
+    }
 }
 
 // dloss = d(objective)/d(loss at one position): 1 / (all positions of the

@@ -472,6 +472,46 @@ static void test_zbv(void) {
     cross_resume(&b8, "-e d4 -ec 64 -ev 256 -et 16 -b 1 -t 16 -d 128", "-np 2 -pp 2 -mb 8", "-ps zbv", "-ps 1f1b", "zbv");
 }
 
+// the sample of one rank under -ps zbv (its two chunks on the one stage, in
+// a V) against -ps gpipe's, from one trained model file: the same text.
+// The sampler runs the stage's forward outside the pipeline; it fed the
+// second chunk the embeddings, not the first chunk's output. The model is
+// trained until its samples are of the shard's language (bytes 32 and
+// 97..130), so that a forward that skips layers shows in the text.
+static void test_zbv_sample(void) {
+    char tok[300], odir[300], cmd[1400], err[512], text[2][64];
+    snprintf(tok, sizeof(tok), "%s/bytes_tok.bin", dir);
+    snprintf(odir, sizeof(odir), "%s/zbv_sample", dir);
+    if (!check(tokenizer_write_bytes_bin(tok, err, sizeof(err)) == 0, "a tokenizer of 256 bytes: %s", err)) return;
+    static char out[65536];
+    snprintf(cmd, sizeof(cmd), "timeout 120 ./train_gpt2 -e d4 -ec 64 -ev 256 -et 16 -b 8 -t 16 -x 200 -l 0.01 -v 0 "
+             "-s 0 -th 1 -i '%s' -o %s", shards, odir);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    if (!check(rc == 0, "zbv sample: a model trained for 200 steps (exit %d): %s", rc, test_line_of(out, "train_gpt2")))
+        return;
+    const char *ps[2] = {"gpipe", "zbv"};
+    int language = 1;
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof(cmd), "timeout 60 ./train_gpt2 -e %s/model_00000200.bin -b 1 -t 16 -x 0 -v 0 -s 1 -g 16 "
+                 "-tk %s -th 1 -i '%s' -ps %s", odir, tok, shards, ps[i]);
+        rc = test_run(cmd, 1, out, sizeof(out));
+        const char *at = strstr(out, "generating:\n---\n");
+        const char *end = at != NULL ? strstr(at + 16, "\n---") : NULL;
+        size_t n = at != NULL && end != NULL && end - (at + 16) < 63 ? (size_t)(end - (at + 16)) : 0;
+        memcpy(text[i], at != NULL ? at + 16 : "", n);
+        text[i][n] = '\0';
+        for (size_t j = 0; i == 0 && j < n; j++) {
+            unsigned char c = (unsigned char)text[i][j];
+            if (c != 32 && (c < 97 || c > 130)) language = 0;
+        }
+        if (!check(rc == 0 && n == 15, "zbv sample: -ps %s samples 15 tokens (exit %d, %zu)", ps[i], rc, n)) return;
+    }
+    check(language && strcmp(text[0], text[1]) == 0,
+          "zbv sample: one rank's sample under -ps zbv is -ps gpipe's, from one model (%s of the shard's language): "
+          "'%s' and '%s'", language ? "gpipe's is" : "gpipe's is not", text[0], text[1]);
+    test_remove_dir(odir);
+}
+
 // -ps interleaved: V chunks of layers per stage, chunk c of stage r the
 // model's part c*pp + r, each micro-batch round the stages V times; 10 steps
 // against one rank for M = pp and 2pp, on 4 layers (pp 2 V 2) and 6 (pp 2
@@ -997,7 +1037,7 @@ int main(int argc, char **argv) {
     static const struct { const char *name; void (*run)(void); } tests[] = {
         {"sequence_parallel", test_sequence_parallel}, {"data_parallel", test_data_parallel},
         {"tensor_pipeline", test_tensor_pipeline},
-        {"schedule_resume", test_schedule_resume}, {"bubble", test_bubble}, {"zbv", test_zbv}, {"interleaved", test_interleaved},
+        {"schedule_resume", test_schedule_resume}, {"bubble", test_bubble}, {"zbv", test_zbv}, {"zbv_sample", test_zbv_sample}, {"interleaved", test_interleaved},
         {"faults", test_faults}, {"watch_rules", test_watch_rules}, {"watch", test_watch}, {"drift", test_drift},
         {"outside_launcher", test_outside_launcher},
     };
