@@ -151,6 +151,8 @@ typedef struct {
     Acts *dsets;               // with the backward split (gpt2_split_backward): nacts sets of activation gradients, kept from a micro-batch's B to its W; else NULL
     int steps_M, *set_of;      // the step's micro-batches; set_of[mb * V + chunk]: its set, -1 when none (gpt2_pipeline)
     int *set_busy;             // nacts: whether a set is taken
+    int sets_held, sets_peak;  // sets taken now, and the most at once over the run (print_peak_memory)
+    long rss_before_acts;      // resident bytes when the activations were about to be allocated, -1 unknown
     // a stage that holds the last part in one of several chunks: the
     // logits (B*T*Vl floats each, the largest tensor of a set at GPT-2's
     // vocabulary) in nheads blocks of their own, lent to the sets of that
@@ -228,6 +230,18 @@ static void *xcalloc_mapped(size_t n, size_t size, const char *what) {
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < chunks; i++) memset(p + i * chunk, 0, i + 1 < chunks ? chunk : bytes - i * chunk);
     return p;
+}
+
+// the process's resident memory now, in bytes (Linux's /proc/self/statm:
+// its second field, in pages); -1 where that cannot be read. The
+// activations' share of the peak (print_peak_memory) is measured from it.
+static long resident_bytes(void) {
+    long pages = -1, size = 0, page = sysconf(_SC_PAGESIZE);
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f == NULL) return -1;
+    if (fscanf(f, "%ld %ld", &size, &pages) != 2) pages = -1;
+    fclose(f);
+    return pages < 0 || page <= 0 ? -1 : pages * page;
 }
 
 static void transient_add(GPT2 *m, long bytes) {
@@ -330,19 +344,36 @@ static size_t acts_total(const GPT2 *m) {
     return total;
 }
 
+// the activation gradients' tensors that the backward writes (chunk_backward,
+// block_backward). It never writes the attention weights' (attention_backward
+// goes from dout to dqkv), attproj's and fcproj's (their residual's serve),
+// the LayerNorms' mean and 1/std, the logits' (made in place of the
+// probabilities) or the loss's: calloc's pages under those stay unmapped.
+static int act_grad_written(int i) {
+    return i == A_ENCODED || i == A_LN1 || i == A_QKV || i == A_ATTY || i == A_RESIDUAL2 || i == A_LN2 || i == A_FCH ||
+           i == A_FCH_GELU || i == A_RESIDUAL3 || i == A_LNF;
+}
+
 // the activation memory of this rank, in bytes: the forward's tensors in
 // its nacts sets (with the incoming gradients they hold), the activation
 // gradients (one set, or one per set where the backward is split), and
 // under -sp the two (B*T, C) buffers of the gathers and scatters. Under -sp
 // the sequence-parallel region's tensors hold rows/(B*T) = 1/tp of theirs.
-typedef struct { size_t acts, grads, sp_buffers; } ActBytes;
+// resident: what of that a training step maps, the prediction that
+// print_peak_memory measures: the forward's sets and the sp buffers whole
+// (xcalloc_mapped maps them at once), and of the gradient sets the backward
+// uses (the one shared set, or where the backward is split each forward
+// set's own, not the shared one) the tensors it writes
+typedef struct { size_t acts, grads, sp_buffers, resident; } ActBytes;
 
 static ActBytes gpt2_activation_bytes(const GPT2 *m) {
-    size_t set = acts_total(m) * sizeof(float), rc = (size_t)m->rows * m->config.C;
+    size_t set = acts_total(m) * sizeof(float), rc = (size_t)m->rows * m->config.C, written = 0;
     size_t grad_in = m->nacts > 0 && m->acts[0].grad_in != NULL ? rc * sizeof(float) : 0;
     size_t heads = (size_t)m->nheads * (((size_t)m->B * m->T * m->shard.Vl + 15) / 16 * 16) * sizeof(float);  // lent logits
+    for (int i = 0; i < NUM_ACT_TENSORS; i++) written += act_grad_written(i) ? m->act_sizes[i] * sizeof(float) : 0;
     ActBytes b = {m->nacts * (set + grad_in) + heads, (m->dsets != NULL ? m->nacts + 1 : 1) * set,
-                  m->sp ? 2 * (size_t)m->B * m->T * m->config.C * sizeof(float) : 0};
+                  m->sp ? 2 * (size_t)m->B * m->T * m->config.C * sizeof(float) : 0, 0};
+    b.resident = b.acts + b.sp_buffers + (m->dsets != NULL ? (size_t)m->nacts : 1) * written;
     return b;
 }
 
@@ -393,6 +424,7 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
     const GPT2Config *c = &m->config;
     const Shard *s = &m->shard;
     const Parallel *par = m->par;
+    m->rss_before_acts = resident_bytes();  // what the activations add to it: print_peak_memory
     m->sp = par->sp && par->tp.size > 1;
     m->rows = m->sp ? B * T / par->tp.size : B * T;  // trainer.h's check_model: B*T splits by tp
     m->row0 = m->sp ? par->tp.me * m->rows : 0;
@@ -1419,18 +1451,46 @@ static void print_rank_bytes(const GPT2 *m, const Parallel *par, int steps) {
 }
 
 // at the end of a job: each rank's peak resident memory (getrusage's
-// ru_maxrss, Linux's VmHWM), printed by rank 0 in one line: what the
-// activation figures of the layout lines come to, measured
-static void print_peak_memory(const Parallel *par) {
+// ru_maxrss, Linux's VmHWM), printed by rank 0, and beside it what the
+// activations come to on each rank: predicted, what a step maps of the sets
+// the plan holds at once (gpt2_activation_bytes' resident; the layout
+// lines' figures are what is allocated), and measured, the peak less what
+// was resident before the activations were allocated (the process, its
+// model and optimizer state, its communicator). What is mapped later and is
+// no activation (the communicator's rings as they fill, the step's scratch)
+// falls into the measured figure: dev/bench_pipeline.sh puts the two side
+// by side, and doc/parallel.md has its table. Last the most sets a step held
+// at once of those allocated: equal, the allocation is the plan's count.
+enum { MEM_PEAK, MEM_BEFORE, MEM_PREDICTED, MEM_SETS_HELD, MEM_SETS, MEM_FLOATS };
+
+static void print_peak_memory(const GPT2 *m, const Parallel *par) {
     struct rusage ru;
-    float mine = getrusage(RUSAGE_SELF, &ru) == 0 ? (float)ru.ru_maxrss / 1024.0f : -1.0f;  // KiB to MiB
+    const float mib = 1024.0f * 1024.0f;
+    float mine[MEM_FLOATS];
+    mine[MEM_PEAK] = getrusage(RUSAGE_SELF, &ru) == 0 ? (float)ru.ru_maxrss / 1024.0f : -1.0f;  // KiB to MiB
+    mine[MEM_BEFORE] = m->rss_before_acts >= 0 ? (float)m->rss_before_acts / mib : -1.0f;
+    mine[MEM_PREDICTED] = (float)gpt2_activation_bytes(m).resident / mib;
+    mine[MEM_SETS_HELD] = (float)m->sets_peak;
+    mine[MEM_SETS] = (float)m->nacts;
     int world = par->grid.world;
-    float *all = (float *)xcalloc((size_t)world, sizeof(float), "peak memory");
-    all[par->grid.rank] = mine;
-    if (par->comm) comm_allgather(par->comm, &par->world, &mine, all, 1);
+    float *all = (float *)xcalloc((size_t)world * MEM_FLOATS, sizeof(float), "peak memory");
+    memcpy(all + (size_t)par->grid.rank * MEM_FLOATS, mine, sizeof(mine));
+    if (par->comm) comm_allgather(par->comm, &par->world, mine, all, MEM_FLOATS);
     if (par->grid.rank == 0) {
         printf("peak resident memory per rank (MiB):");
-        for (int r = 0; r < world; r++) printf(" %.1f", all[r]);
+        for (int r = 0; r < world; r++) printf(" %.1f", all[r * MEM_FLOATS + MEM_PEAK]);
+        printf("\nactivation memory per rank (MiB): predicted");
+        for (int r = 0; r < world; r++) printf(" %.1f", all[r * MEM_FLOATS + MEM_PREDICTED]);
+        printf("; measured");
+        for (int r = 0; r < world; r++) {
+            const float *v = all + (size_t)r * MEM_FLOATS;
+            printf(" %.1f", v[MEM_BEFORE] >= 0 && v[MEM_PEAK] >= 0 ? v[MEM_PEAK] - v[MEM_BEFORE] : -1.0f);
+        }
+        printf(" (the peak less");
+        for (int r = 0; r < world; r++) printf(" %.1f", all[r * MEM_FLOATS + MEM_BEFORE]);
+        printf(" resident before them); sets held at most");
+        for (int r = 0; r < world; r++)
+            printf(" %d/%d", (int)all[r * MEM_FLOATS + MEM_SETS_HELD], (int)all[r * MEM_FLOATS + MEM_SETS]);
         printf("\n");
         fflush(stdout);
     }
@@ -1662,7 +1722,7 @@ int main(int argc, char **argv) {
     if (!stopped && final_model(&model, &par, &job) != 0) return 1;
     pipe_meter_print(&meter);
     if (par.comm) print_rank_bytes(&model, &par, job.steps - job.start);
-    print_peak_memory(&par);
+    print_peak_memory(&model, &par);
     pipe_meter_free(&meter);
     watch_free(&watch);
     grads_free(&grads);

@@ -6,7 +6,8 @@
  *
  * defines:
  *   set_take, set_index, set_give_back, grads_of
- *                        activation sets per (micro-batch, chunk)
+ *                        activation sets per (micro-batch, chunk), and the
+ *                        most a step held at once (sets_peak)
  *   sender_chunk, pipe_buffer, pipe_tag, pipe_hand_off, pipe_recv, pipe_send
  *                        the pipeline's messages
  *   pipeline_run         one step's ops and messages, by the plan
@@ -51,6 +52,7 @@ static Acts *set_take(GPT2 *m, int mb, int k) {
         }
         m->set_busy[i] = 1;
         m->set_of[key] = i;
+        if (++m->sets_held > m->sets_peak) m->sets_peak = m->sets_held;
     }
     return &m->acts[m->set_of[key]];
 }
@@ -70,6 +72,7 @@ static void set_give_back(GPT2 *m, int mb, int k) {
     head_give_back(m, set_index(m, mb, k));
     m->set_busy[set_index(m, mb, k)] = 0;
     m->set_of[key] = -1;
+    m->sets_held--;
 }
 
 // the activation gradients of mb's backward on chunk k: its own set where
