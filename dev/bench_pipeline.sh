@@ -21,6 +21,20 @@
 # a stage, 1 a chunk for interleaved and zbv), B=$B T=$T (default 4 x 128),
 # on a shard of random tokens below 256 that the script writes (with the
 # tests' dev/test/test_run.h).
+#
+# Then the activation memory per schedule and stage, from the last round's
+# runs (it does not depend on timing, so it needs no free cores): the
+# trainer's prediction (its end-of-run line: the activation sets the plan
+# holds at once, and the activation gradients the backward writes), the
+# rank's peak resident memory, their difference (the process's fixed part),
+# what was resident just before the activations were allocated (the fixed
+# part measured in the same run: the process, its model and AdamW state,
+# its communicator's mapping) and what is left, mapped after them and no
+# activation (the rings as messages touch them, the step's scratch). With
+# THP=off (the default) the trainers run without transparent huge pages
+# (prctl PR_SET_THP_DISABLE, inherited by the ranks), so each allocation
+# maps what it touches in 4 KiB pages; THP=on leaves the system's setting,
+# where each set maps whole 2 MiB pages, up to 2 MiB a set more.
 set -eu
 cd "$(dirname "$0")/.."
 pp=${PP:-4}
@@ -31,6 +45,7 @@ model=${MODEL:-"-e d8 -ec 256 -ev 256 -et 128"}
 B=${B:-4}
 T=${T:-128}
 trainer=${TRAINER:-./train_gpt2}
+thp=${THP:-off}
 [ -x "$trainer" ] || { echo "bench_pipeline: no $trainer; run 'make train_gpt2' first"; exit 1; }
 cores=$(nproc)
 if [ "$cores" -lt "$pp" ]; then
@@ -47,6 +62,20 @@ cat > "$tmp/shard.c" <<'EOF'
 int main(int argc, char **argv) { return argc == 3 && test_write_shard(argv[1], atoi(argv[2])) == 0 ? 0 : 1; }
 EOF
 cc -O1 -I. -o "$tmp/shard" "$tmp/shard.c" -lm
+# runs a command without transparent huge pages (THP=off), or as it is
+cat > "$tmp/thp.c" <<'EOF'
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    if (argc < 3 || (strcmp(argv[1], "off") == 0 && prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0)) return 1;
+    execvp(argv[2], argv + 2);
+    perror(argv[2]);
+    return 1;
+}
+EOF
+cc -O1 -o "$tmp/thp" "$tmp/thp.c"
 tokens=$(( (steps + 2) * M * B * T + 1 ))
 "$tmp/shard" "$tmp/train_000000.bin" "$tokens"
 
@@ -55,7 +84,7 @@ for ((round = 1; round <= rounds; round++)); do
     for s in "${schedules[@]}"; do
         name=${s%% *}
         # shellcheck disable=SC2086
-        if ! $trainer $model -b "$B" -t "$T" -d $((M * B * T)) -x "$steps" -v 0 -s 0 -th 1 \
+        if ! "$tmp/thp" "$thp" $trainer $model -b "$B" -t "$T" -d $((M * B * T)) -x "$steps" -v 0 -s 0 -th 1 \
             -i "$tmp/train_*.bin" -np "$pp" -pp "$pp" -mb "$M" -ps $s > "$tmp/out.txt" 2>&1; then
             echo "bench_pipeline: -ps $s failed:"; tail -5 "$tmp/out.txt"; exit 1
         fi
@@ -63,6 +92,20 @@ for ((round = 1; round <= rounds; round++)); do
         sed -nE 's/^pipeline bubble .*measured ([0-9.]+) mean.*simulated ([0-9.-]+) mean.*for (F [0-9]+ us, B [0-9]+ us, W [0-9]+ us).*; ([0-9.]+) by the formula.*/\1 \2 \4 \3/p' \
             "$tmp/out.txt" | sed "s/^/$name /" >> "$tmp/results.txt"
         echo "round $round/$rounds: $(tail -1 "$tmp/results.txt")"
+        # the memory lines: "peak resident memory per rank (MiB): a b ..." and "activation memory per
+        # rank (MiB): predicted a b ...; measured a b ... (the peak less a b ... resident before them);
+        # sets held at most k/n ..."; the last round's are kept
+        [ "$round" -lt "$rounds" ] || awk -v name="$name" '
+            /^peak resident memory per rank/ { sub(/.*: /, ""); np = split($0, peak, " ") }
+            /^activation memory per rank/ {
+                line = $0
+                sub(/.*predicted /, "", line); sub(/;.*/, "", line); split(line, pred, " ")
+                line = $0
+                sub(/.*the peak less /, "", line); sub(/ resident.*/, "", line); split(line, before, " ")
+                line = $0
+                sub(/.*sets held at most /, "", line); split(line, sets, " ")
+                for (r = 1; r <= np; r++) print name, r - 1, sets[r], pred[r], peak[r], before[r]
+            }' "$tmp/out.txt" >> "$tmp/memory.txt"
     done
 done
 
@@ -87,3 +130,11 @@ END {
         printf "%-12s %9.4f %10.4f %8.4f %12.2f  %s\n", s, m, median(sim[s]), formula[s], (base > 0 ? m / base : 0), costs[s]
     }
 }' "$tmp/results.txt"
+
+echo
+echo "activation memory per stage (MiB), pp $pp, M $M, transparent huge pages $thp: the trainer's prediction,"
+echo "the peak resident memory, their difference (the fixed part), the resident memory before the activations"
+echo "(the fixed part measured in the run) and what is left (mapped after the activations, none of them)"
+printf "%-12s %5s %9s %10s %9s %11s %8s %6s\n" schedule stage sets predicted "peak RSS" "difference" before left
+awk '{ printf "%-12s %5d %9s %10.1f %9.1f %11.1f %8.1f %6.1f\n", $1, $2, $3, $4, $5, $5 - $4, $6, $5 - $4 - $6 }' \
+    "$tmp/memory.txt"

@@ -11,7 +11,8 @@
  * sent against the formulas, the fault switch (tamper, replay, kill, stall), the
  * watch report naming a rank slowed on purpose (slow), and the consistency
  * check naming a rank whose parameters changed (drift); sequence parallelism
- * (-sp 1) under all of these, its bytes and its memory.
+ * (-sp 1) under all of these, its bytes and its memory; each schedule's
+ * activation memory per stage against its plan, predicted and measured.
  */
 #include "llm3d/gpt2.h"
 #include "llm3d/trainer.h"  // Job
