@@ -1033,8 +1033,9 @@ if [ $ON = 1 ]; then
     if [ ! -x ./train_gpt2 ]; then skip "pipeline bubbles: train_gpt2 not built"
     elif [ "$(nproc)" -lt 8 ] && [ "${PIPE_BENCH:-0}" != 1 ]; then skip "pipeline bubbles: $(nproc) cores, 8 needed"
     elif run pipeline_bench 100 env PP=4 M=8 STEPS=4 ROUNDS=2 ./dev/bench_pipeline.sh; then
-        # the bench's table: "schedule measured simulated formula of-1f1b's op costs"
-        awk '$1 ~ /^(gpipe|1f1b|interleaved|zbh1|zbv)$/ && NF >= 5 && $2 ~ /^[0-9.]+$/ { print $1, $2, $3, $5 }' \
+        # the bench's bubble table: "schedule measured simulated formula of-1f1b's op costs" (its memory
+        # table's rows, "schedule stage sets ...", have a whole number second)
+        awk '$1 ~ /^(gpipe|1f1b|interleaved|zbh1|zbv)$/ && NF >= 5 && $2 ~ /^[0-9]+[.][0-9]+$/ && $3 ~ /^-?[0-9]+[.][0-9]+$/ { print $1, $2, $3, $5 }' \
             "$LOGS/pipeline_bench.log" > "$WORK/bubbles.txt"
         sed 's/^/   /' "$WORK/bubbles.txt" | tee -a "$SUMMARY" > /dev/null
         while read -r sched measured simulated share; do
