@@ -494,7 +494,7 @@ static void test_buffer_plan(void) {
     // gpipe with 8 micro-batches keeps 8 sets on the last stage: the plan grows with them
     Shard last = shard_for(&c, 1, 0, 2, 1, 1, 0);
     plan_bytes(&c, &last, 1, 64, 64, 1, 8, &n, &aligned, &a, &sc, s);
-    check(aligned && n == 8 * 19 + 11 && n <= 8 * ACT_SLICES + SCRATCH_SLICES,
+    check(aligned && n == 8 * 19 + 10 && n <= 8 * ACT_SLICES + SCRATCH_SLICES,
           "the last stage of pp 2 with 8 sets in flight: %d slices, within the plan's room", n);
     // d12 at B=64 T=1024 in bf16 needs about 25 GB: fits an 80 GB A100/H100
     if (sizeof(floatX) == 2) {
@@ -547,7 +547,7 @@ static void test_sp_buffer_plan(void) {
                        offsetof(Acts, residual3), offsetof(Acts, ln1_mean), offsetof(Acts, ln1_rstd),
                        offsetof(Acts, ln2_mean), offsetof(Acts, ln2_rstd), offsetof(Acts, lnf_mean),
                        offsetof(Acts, lnf_rstd), sizeof(Acts) + offsetof(Scratch, proj),
-                       sizeof(Acts) + offsetof(Scratch, dresidual), sizeof(Acts) + offsetof(Scratch, grad_in)};
+                       sizeof(Acts) + offsetof(Scratch, dresidual)};
     size_t nregion = sizeof(region) / sizeof(region[0]);
     int shrunk = 0, same = 0, other = 0, sp_buffers = 0;
     for (int i = 0; i < n[1]; i++) {
@@ -577,11 +577,179 @@ static void test_sp_buffer_plan(void) {
           same, n[1], n[0]);
     // the saving, counted tensor by tensor: 49 (R,C) floatX of the region in
     // the set (encoded, and ln1, residual2, ln2, residual3 for 12 layers), 50
-    // floats a row of LayerNorm statistics, 3 (R,C) of the scratch; less
+    // floats a row of LayerNorm statistics, 2 (R,C) of the scratch; less
     // the 2 (B,T,C) buffers (every size here is a multiple of 256 bytes)
-    size_t saved = (BTs - R) * (49 * C * X + 50 * F + 3 * C * X) - 2 * BTs * C * X;
+    size_t saved = (BTs - R) * (49 * C * X + 50 * F + 2 * C * X) - 2 * BTs * C * X;
     check(total[0] - total[1] == saved, "-sp 1 saves %zu bytes of the plan's %zu (%.3f of it left; %zu expected)",
           total[0] - total[1], total[0], (double)total[1] / total[0], saved);
+}
+
+// the slice that fills field `field` of set a in s[0..n), its bytes; 0 when none does
+static size_t slice_bytes(const BufferSlice *s, int n, void **field) {
+    for (int i = 0; i < n; i++)
+        if (s[i].ptr == field) return s[i].bytes;
+    return 0;
+}
+
+// a receive of the plan walked as pipe_buffer takes its set: an activation
+// takes one (a failure when none is free), a gradient finds its B's set held
+static int walk_receive(GPT2 *m, PipeMsg in, int *held, int *peak) {
+    if (in.peer < 0) return 0;
+    int key = in.mb * m->shard.nchunks + in.chunk;
+    if (in.channel == CH_GRADIENT) return m->set_of[key] < 0;
+    if (m->set_of[key] >= 0) return 0;
+    if (*held == m->nacts) return 1;
+    set_take(m, in.mb, in.chunk);
+    *peak = ++*held > *peak ? *held : *peak;
+    return 0;
+}
+
+// -ps interleaved (-pv 2), zbh1 and zbv at pp 2 and 4, every stage, on an
+// 8-layer model: the stage's chunks of layers are where the schedule puts
+// them (rank_shard); an activation set holds the largest chunk's layers, its
+// incoming gradient unless the stage holds the last part alone, and the
+// logits unless they are lent (the last part one of several chunks); a
+// split backward's gradient set holds per layer all that W reads. Then
+// each stage's plan is walked through the trainer's own set bookkeeping
+// (set_take, set_give_back, head_take, as pipeline_run calls them, with the
+// sets trainer.h's activation_sets gives both trainers and the logits
+// blocks pipeline_shape counts): no op or message ever finds its set
+// missing or none free, and the peaks are those counts exactly
+static void test_pipeline_plans(void) {
+    GPT2Config c;
+    config_from_descriptor(&c, "d8", 256, 64);
+    int B = 1, T = 16, BT = B * T, layouts = 0, bad_slices = 0, bad_walk = 0, lent_seen = 0, split_seen = 0;
+    size_t X = sizeof(floatX), C = c.C;
+    static const struct { const char *ps; int pv; } scheds[] = {{"interleaved", 2}, {"zbh1", 1}, {"zbv", 1}};
+    for (int si = 0; si < 3; si++) for (int pp = 2; pp <= 4; pp += 2) for (int M = pp; M <= 3 * pp; M += pp) {
+        PipeSchedule ps = (PipeSchedule)pipeline_parse(scheds[si].ps);
+        Job job;
+        memset(&job, 0, sizeof(job));
+        job.opt.pipe_schedule = (int)ps;
+        job.opt.pipe_chunks = scheds[si].pv;
+        job.accum = M;
+        PipeLayout pl = job_pipeline(&job.opt, pp, M);
+        int split = pipeline_splits_backward(&pl);
+        layouts++;
+        for (int stage = 0; stage < pp; stage++) {
+            char err[256];
+            Grid g;
+            grid_init(&g, pp, 1, pp, stage, err, sizeof(err));
+            Shard sh = rank_shard(&c, &g, &pl);
+            int maxnl = shard_max_chunk(&sh), lent = sh.last && sh.nchunks > 1;
+            // the slices of one set and one gradient set
+            BufferSlice sl[ACT_SLICES + DACT_SLICES];
+            Acts a, d;
+            memset(&a, 0, sizeof(a));
+            memset(&d, 0, sizeof(d));
+            int n = act_slices(&a, &c, &sh, B, T, BT, 0, sl, 0);
+            int nd = dact_slices(&d, &c, &sh, B, T, BT, sl + n, 0);
+            int ok = sh.nchunks == pl.V && slice_bytes(sl, n, (void **)&a.qkv) == (size_t)maxnl * BT * 3 * C * X &&
+                     slice_bytes(sl, n, (void **)&a.residual3) == (size_t)maxnl * BT * C * X &&
+                     (slice_bytes(sl, n, (void **)&a.grad_in) > 0) == (!sh.last || sh.nchunks > 1) &&
+                     (slice_bytes(sl, n, (void **)&a.logits) > 0) == (sh.last && !lent) &&
+                     slice_bytes(sl + n, nd, (void **)&d.encoded) == (size_t)BT * C * X &&
+                     slice_bytes(sl + n, nd, (void **)&d.fch) == (size_t)maxnl * BT * 4 * C * X &&
+                     slice_bytes(sl + n, nd, (void **)&d.qkv) == (size_t)maxnl * BT * 3 * C * X &&
+                     slice_bytes(sl + n, nd, (void **)&d.ln1) == (size_t)maxnl * BT * C * X &&
+                     slice_bytes(sl + n, nd, (void **)&d.ln2) == (size_t)maxnl * BT * C * X &&
+                     slice_bytes(sl + n, nd, (void **)&d.residual2) == (size_t)maxnl * BT * C * X &&
+                     slice_bytes(sl + n, nd, (void **)&d.residual3) == (size_t)maxnl * BT * C * X &&
+                     (slice_bytes(sl + n, nd, (void **)&d.lnf) > 0) == sh.last;
+            int layers = 0;
+            for (int k = 0; k < sh.nchunks; k++) layers += sh.chunk[k].nl;
+            ok &= layers == sh.nl && sh.nl == c.L / pp;
+            if (!ok) {
+                bad_slices++;
+                printf("  -ps %s pp %d stage %d: a set's slices are not what the plan needs\n", scheds[si].ps, pp, stage);
+            }
+            lent_seen += lent;
+            // the model's host side, as gpt2_init_rank and gpt2_pipeline make it (no device memory)
+            GPT2 m;
+            memset(&m, 0, sizeof(m));
+            m.config = c;
+            m.grid = g;
+            m.pipe = pl;
+            m.shard = sh;
+            m.B = B, m.T = T, m.rows = BT;
+            m.nacts = activation_sets(&job, &g);
+            Acts sets[64], dsets[64];
+            memset(sets, 0, sizeof(sets));
+            if (m.nacts > 64) { bad_walk++; continue; }
+            m.acts = sets;
+            m.dsets = split ? dsets : NULL;
+            split_seen += split;
+            int busy[64] = {0}, head_of[64], head_busy[64] = {0};
+            for (int k = 0; k < 64; k++) head_of[k] = -1;
+            m.set_busy = busy;
+            m.head_of = head_of;
+            m.nheads = pipeline_shape(&m, M);
+            m.head_busy = head_busy;
+            static floatX fake_heads[1];  // head_take only computes where a block would start
+            m.heads = m.nheads > 0 ? fake_heads : NULL;
+            int nops;
+            PipeStep *plan = step_plan(&job, &g, &nops);
+            int peak = 0, held = 0, hpeak = 0, hheld = 0, fails = 0;
+            for (int i = 0; i < nops && !fails; i++) {
+                const PipeStep *st = &plan[i];
+                PipeOp op = st->op;
+                fails += walk_receive(&m, st->recv, &held, &peak);
+                if (op.kind == PIPE_F) {
+                    if (m.set_of[op.mb * sh.nchunks + op.chunk] < 0) {
+                        if (held == m.nacts) { fails++; break; }
+                        set_take(&m, op.mb, op.chunk);
+                        peak = ++held > peak ? held : peak;
+                    }
+                    if (chunk_last(&sh, op.chunk) && m.nheads > 0) {
+                        if (hheld == m.nheads) { fails++; break; }
+                        head_take(&m, set_index(&m, op.mb, op.chunk));
+                        hpeak = ++hheld > hpeak ? hheld : hpeak;
+                    }
+                } else if (op.kind == PIPE_B || op.kind == PIPE_W) {
+                    if (m.set_of[op.mb * sh.nchunks + op.chunk] < 0) { fails++; break; }
+                    int part = m.dsets == NULL ? BACK_ALL : op.kind == PIPE_W ? BACK_WEIGHTS : BACK_INPUT;
+                    if (part != BACK_INPUT) {
+                        if (m.nheads > 0 && m.head_of[set_index(&m, op.mb, op.chunk)] >= 0) hheld--;
+                        set_give_back(&m, op.mb, op.chunk);
+                        held--;
+                    }
+                }
+                // a send reads its chunk's set (an activation; split, a gradient's B set), held until after it
+                PipeMsg out = st->send;
+                if (out.peer >= 0 && (out.channel == CH_ACTIVATION || split) &&
+                    m.set_of[out.mb * sh.nchunks + sender_chunk(&m, out)] < 0)
+                    fails++;
+                if (out.peer >= 0) fails += walk_receive(&m, st->next_recv, &held, &peak);
+            }
+            if (fails || held != 0 || peak != m.nacts || (m.nheads > 0 && (hpeak != m.nheads || hheld != 0)) ||
+                (m.nheads > 0) != lent) {
+                bad_walk++;
+                printf("  -ps %s pp %d M %d stage %d: %d failures, %d sets at most of %d (%d left), %d logits blocks "
+                       "of %d\n", scheds[si].ps, pp, M, stage, fails, peak, m.nacts, held, hpeak, m.nheads);
+            }
+            free(plan);
+            free(m.set_of);
+        }
+    }
+    check(layouts == 18 && bad_slices == 0 && lent_seen > 0 && split_seen > 0,
+          "-ps interleaved -pv 2, zbh1, zbv at pp 2, 4, M pp to 3 pp (%d layouts): every stage's chunks, activation sets sized for its "
+          "largest chunk (grad_in, logits where not lent) and split gradient sets as the plan needs (%d wrong)",
+          layouts, bad_slices);
+    check(bad_walk == 0, "each stage's plan walked through set_take, head_take, set_give_back with activation_sets' "
+          "count: never short, the peaks exactly the sets and logits blocks allocated (%d wrong)", bad_walk);
+    // zbv's stage 0 holds the embeddings and the head: its embeddings' last W
+    // ends wte's gradient, so it must come after the head's (pipeline_shape exits otherwise)
+    int ordered = 0, tried = 0;
+    for (int pp = 1; pp <= 8; pp++) for (int M = 1; M <= 32; M++) {
+        PipeLayout pl = pipe_layout(PIPE_ZBV, pp, M, 1);
+        PipeOp *ops = (PipeOp *)malloc(sizeof(PipeOp) * (size_t)pipeline_ops(&pl));
+        int n = pipeline_schedule(&pl, 0, ops), at[2] = {-1, -1};
+        for (int i = 0; i < n; i++) if (ops[i].kind == PIPE_W) at[ops[i].chunk] = i;
+        ordered += at[0] > at[1];
+        tried++;
+        free(ops);
+    }
+    check(ordered == tried, "zbv, pp 1-8, M 1-32: stage 0's last W is the embeddings' chunk's in %d of %d", ordered, tried);
 }
 
 static int buckets_ok(const int *inputs, int BT, int v0, int Vl, int n, const int *start, const int *token,
@@ -768,6 +936,10 @@ static void test_cli(void) {
                                              "tensor-parallel ranks, and -tp is 1"},
         {"-e d2 -ev 64 -et 16 -b 3 -t 5 -np 2 -tp 2 -sp 1 --rendezvous tcp:127.0.0.1:1",
          "flag -sp 1: the B*T = 3*5 = 15 positions of a micro-batch do not split into -tp 2 equal blocks"},
+        // every schedule is run by both builds: -ps interleaved is refused, as by the CPU trainer, only where the
+        // plan cannot be made (before, "does not run this schedule yet")
+        {"-e d2 -ev 64 -et 16 -t 8 -np 2 -pp 2 -ps interleaved -pv 2 --rendezvous tcp:127.0.0.1:1",
+         "-ps interleaved needs micro-batches per step a multiple of -pp 2 (got 1)"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         int rc = run_trainer(cases[i].args, out, sizeof(out));
@@ -793,6 +965,19 @@ static void test_cli(void) {
     } else {
         check(rc == 1 && strstr(out, "no CUDA device") != NULL && count_lines(out) == 1,
               "without a GPU: exit %d, one line: %.*s", rc, (int)strcspn(out, "\n"), out);
+    }
+    // the split backward's schedules on one rank (zbv: two chunks, handing off within it), taken by the flag check
+    const char *split[] = {"-ps zbh1", "-ps zbv"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof(args), "-e d2 -ev 64 -et 16 -t 8 -b 4 -x 2 -v 0 -i %s %s", shard_path, split[k]);
+        rc = run_trainer(args, out, sizeof(out));
+        if (have_gpu())
+            check(rc == 0 && strstr(out, "step    1/2") != NULL, "train_gpt2cu %s trains 2 steps of d2 (exit %d)",
+                  split[k], rc);
+        else
+            check(rc == 1 && strstr(out, "no CUDA device") != NULL && count_lines(out) == 1,
+                  "train_gpt2cu %s without a GPU: past the flag check, exit %d, one line: %.*s", split[k], rc,
+                  (int)strcspn(out, "\n"), out);
     }
     unlink(shard_path);
 }
@@ -1009,7 +1194,7 @@ static void test_ckpt_device(void) {
             GPT2 r;
             CkptShare mine[2];
             memset(mine, 0, sizeof(mine));
-            gpt2_init_rank(&r, &c, params, 0, 1, 8, 1, 0, &g, zero, 1, NULL, 0);
+            gpt2_init_rank(&r, &c, params, 0, 1, 8, 1, 0, &g, NULL, zero, 1, NULL, 0);
             good = gpt2_load_optimizer(&r, src, key, 7, err, sizeof(err)) == 0 &&
                    write_part(&r, AT_FDCWD, model_path, optim_path, &cipher, rank == 0 ? shares : mine) == 0;
             for (int f = 0; f < 2 && sealed != NULL && rank > 0; f++)
@@ -1431,6 +1616,7 @@ int main(void) {
     test_shapes();
     test_buffer_plan();
     test_sp_buffer_plan();
+    test_pipeline_plans();
     test_token_buckets();
     test_init_spec();
     test_peak_table();

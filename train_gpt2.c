@@ -1287,18 +1287,6 @@ static void bubble_report(GPT2 *m, const Parallel *par, PipeMeter *pm, int step,
     if (par->grid.rank == 0) pipe_meter_judge(pm, step, pm->all, l);
 }
 
-// the stage's layers: "0..3", with chunks "0..1 (part 0), 4..5 (part 2)"
-static const char *chunk_list(const Shard *s, char *buf, size_t len) {
-    size_t at = 0;
-    buf[0] = '\0';
-    for (int k = 0; k < s->nchunks && at < len; k++) {
-        const ShardChunk *ch = &s->chunk[k];
-        if (s->nchunks == 1) at += (size_t)snprintf(buf + at, len - at, "%d..%d", ch->l0, ch->l0 + ch->nl - 1);
-        else at += (size_t)snprintf(buf + at, len - at, "%s%d..%d (part %d)", k ? ", " : "", ch->l0, ch->l0 + ch->nl - 1, ch->part);
-    }
-    return buf;
-}
-
 static void print_layout(const GPT2 *m, const Parallel *par, const Options *o, int accum) {
     const Shard *s = &m->shard;
     const Grid *g = &par->grid;
@@ -1318,7 +1306,7 @@ static void print_layout(const GPT2 *m, const Parallel *par, const Options *o, i
             printf("rank %d (dp %d, pp %d, tp %d): layers %s%s%s, heads %d..%d, vocab rows %d..%d, "
                    "bytes: params %zu grads %zu optimizer %zu (%zu elements, shard %zu), "
                    "activations %zu (%d sets, positions %d..%d) gradients %zu sp buffers %zu%s\n",
-                   g->rank, g->dp_rank, g->pp_rank, g->tp_rank, chunk_list(s, chunks, sizeof(chunks)),
+                   g->rank, g->dp_rank, g->pp_rank, g->tp_rank, shard_chunk_list(s, chunks, sizeof(chunks)),
                    s->first ? " +embeddings" : "",
                    s->last ? " +head" : "", s->tp_rank * s->NHl, (s->tp_rank + 1) * s->NHl - 1, s->v0, s->v0 + s->Vl - 1,
                    m->bytes_params, m->bytes_grads, m->bytes_optimizer,

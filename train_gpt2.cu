@@ -4,10 +4,11 @@
  *
  * The same model, loop, flags, printed lines and JSON log as train_gpt2.c,
  * with hand-written kernels (the .cuh files, forward and backward side by
- * side, in llm3d/cuda/) and the GEMMs through cuBLASLt. Four parts of this
+ * side, in llm3d/cuda/) and the GEMMs through cuBLASLt. Five parts of this
  * file are in files of their own, in llm3d/cuda/train_gpt2cu/: optimizer.cuh,
- * export.cuh, checks.cuh and eval.cuh. They are not headers: each uses this
- * file's static functions and is included where its callees are defined.
+ * export.cuh, pipeline_run.cuh, checks.cuh and eval.cuh. They are not
+ * headers: each uses this file's static functions and is included where its
+ * callees are defined.
  * doc/gpu.md has the longer story.
  *
  * Precision. The default build is bf16 mixed precision: parameters,
@@ -85,9 +86,13 @@ static const ncclDataType_t NCCL_FLOATX = ncclBfloat16;
 // of the op at work. All activations and scratch are carved from one device
 // allocation (buffer_plan), each slice 256-aligned.
 
-// one micro-batch's activations on this stage: what its forward keeps for
-// its backward. encoded (the stage's input) and the last layer of residual3
-// (its output) are what pipeline messages carry (nccl_comm.h, nccl_sendrecv_mac).
+// one micro-batch's activations on one chunk of this stage's layers (the
+// stage's one chunk but for -ps interleaved and zbv; a set is sized for the
+// largest chunk): what its forward keeps for its backward. encoded (the
+// chunk's input) and the last layer of residual3 (its output) are what
+// pipeline messages carry (nccl_comm.h, nccl_sendrecv_mac), and grad_in the
+// gradient that comes back. A split backward (-ps zbh1, zbv) keeps the
+// activation gradients its W reads in sets of the same type (dact_slices).
 // Under -sp the tensors of the sequence-parallel region (encoded, ln1,
 // residual2, ln2, residual3 and the LayerNorms' statistics) hold R = B*T/tp
 // rows, this rank's block of the micro-batch's positions (GPT2's rows, row0);
@@ -100,7 +105,11 @@ typedef struct {
     float *lse;                                 // (nl,B,NHl,T)
     floatX *lnf;                                // (B,T,C), last stage: whole, the head takes the gathered layout
     float *lnf_mean, *lnf_rstd;                 // (R)
-    floatX *logits;                             // (B,T,Vl), last stage; FWD_TRAIN writes dlogits over them
+    floatX *logits;                             // (B,T,Vl), last stage; FWD_TRAIN writes dlogits over them;
+                                                // lent (head_take) where the last part is one of several chunks
+    floatX *grad_in;                            // (R,C): the gradient of the chunk's output, from the part after
+                                                // (none where the stage holds the last part alone); per set, as
+                                                // with chunks it may come before the chunk's backward
     int *batch;                                 // the staged micro-batch (see Staging)
     Staging staged;                             // views of batch, once staged
 } Acts;
@@ -109,9 +118,8 @@ typedef struct {
 // R rows as in Acts
 typedef struct {
     floatX *proj;               // (R,C): attproj, then fcproj output
-    floatX *dresidual;          // (R,C): the residual stream's gradient; after a stage's backward, that
-                                // of the stage's input, which goes to the previous stage
-    floatX *grad_in;            // (R,C): the gradient of the stage's output, from the next stage
+    floatX *dresidual;          // (R,C): the residual stream's gradient; after a chunk's backward, that
+                                // of the chunk's input, which goes to the part before
     floatX *dbtc;               // (B,T,C): dlnf, dln2, datty, dln1 (under -sp: R rows of dlnf, dln2, dln1)
     floatX *dbig;               // (B,T,4Cl): dfch, then dqkv
     float *delta;               // (B,NHl,T) attention backward scratch
@@ -144,7 +152,8 @@ typedef struct {
 } BufferSlice;
 
 #define ACT_SLICES 20      // at most, per activation set (act_slices)
-#define SCRATCH_SLICES 14  // at most (scratch_slices)
+#define DACT_SLICES 8      // at most, per activation gradient set (dact_slices)
+#define SCRATCH_SLICES 13  // at most (scratch_slices)
 
 static int add_slice(BufferSlice *s, int n, void **ptr, size_t bytes) {
     s[n].ptr = ptr;
@@ -153,12 +162,19 @@ static int add_slice(BufferSlice *s, int n, void **ptr, size_t bytes) {
     return n + 1;
 }
 
+// whether the logits are lent to the sets (head_take) rather than in each:
+// where the last part is one of the stage's several chunks, only that
+// chunk's sets need them
+static int logits_lent(const Shard *sh) { return sh->last && sh->nchunks > 1; }
+
 // the slices of one activation set for (B, T) on this stage, whose
-// sequence-parallel region holds R rows (B*T without -sp); returns the new count
+// sequence-parallel region holds R rows (B*T without -sp), sized for the
+// stage's largest chunk of layers; returns the new count
 static int act_slices(Acts *a, const GPT2Config *c, const Shard *sh, int B, int T, int R, int recompute, BufferSlice *s,
                       int n) {
     int n0 = n;
-    size_t BT = (size_t)B * T, Rs = (size_t)R, C = c->C, nl = sh->nl, Cl = sh->Cl, X = sizeof(floatX), F = sizeof(float);
+    size_t BT = (size_t)B * T, Rs = (size_t)R, C = c->C, nl = (size_t)shard_max_chunk(sh), Cl = sh->Cl;
+    size_t X = sizeof(floatX), F = sizeof(float);
     n = add_slice(s, n, (void **)&a->encoded, Rs * C * X);
     n = add_slice(s, n, (void **)&a->ln1, nl * Rs * C * X);
     n = add_slice(s, n, (void **)&a->qkv, nl * BT * 3 * Cl * X);
@@ -177,10 +193,35 @@ static int act_slices(Acts *a, const GPT2Config *c, const Shard *sh, int B, int 
         n = add_slice(s, n, (void **)&a->lnf, BT * C * X);  // whole: the final LayerNorm's output, gathered
         n = add_slice(s, n, (void **)&a->lnf_mean, Rs * F);
         n = add_slice(s, n, (void **)&a->lnf_rstd, Rs * F);
-        n = add_slice(s, n, (void **)&a->logits, BT * sh->Vl * X);
+        if (!logits_lent(sh)) n = add_slice(s, n, (void **)&a->logits, BT * sh->Vl * X);
     }
+    if (!sh->last || sh->nchunks > 1) n = add_slice(s, n, (void **)&a->grad_in, Rs * C * X);
     n = add_slice(s, n, (void **)&a->batch, staging_ints((int)BT) * sizeof(int));
     assert(n - n0 <= ACT_SLICES);
+    return n;
+}
+
+// the slices of one set of activation gradients, for a backward split in B
+// and W (-ps zbh1, zbv): per layer what B leaves for W to read (blocks'
+// residual3 and residual2: the gradients of the residual stream after and
+// between the block's two halves, fcproj's and attproj's outputs'; fch:
+// fc's output's; qkv: qkv's; ln2, ln1: the LayerNorms' outputs'), encoded:
+// the chunk's input's (what B sends back, and the embeddings' W reads), and
+// on the last stage lnf: the final LayerNorm's output's, this rank's rows.
+// In the activations' layout, so layer_acts and block_input view both.
+static int dact_slices(Acts *d, const GPT2Config *c, const Shard *sh, int B, int T, int R, BufferSlice *s, int n) {
+    int n0 = n;
+    size_t BT = (size_t)B * T, Rs = (size_t)R, C = c->C, nl = (size_t)shard_max_chunk(sh), Cl = sh->Cl;
+    size_t X = sizeof(floatX);
+    n = add_slice(s, n, (void **)&d->encoded, Rs * C * X);
+    n = add_slice(s, n, (void **)&d->ln1, nl * Rs * C * X);
+    n = add_slice(s, n, (void **)&d->qkv, nl * BT * 3 * Cl * X);
+    n = add_slice(s, n, (void **)&d->residual2, nl * Rs * C * X);
+    n = add_slice(s, n, (void **)&d->ln2, nl * Rs * C * X);
+    n = add_slice(s, n, (void **)&d->fch, nl * BT * 4 * Cl * X);
+    n = add_slice(s, n, (void **)&d->residual3, nl * Rs * C * X);
+    if (sh->last) n = add_slice(s, n, (void **)&d->lnf, Rs * C * X);
+    assert(n - n0 <= DACT_SLICES);
     return n;
 }
 
@@ -191,7 +232,6 @@ static int scratch_slices(Scratch *a, const GPT2Config *c, const Shard *sh, int 
     size_t BT = (size_t)B * T, Rs = (size_t)R, C = c->C, Cl = sh->Cl, X = sizeof(floatX), F = sizeof(float);
     n = add_slice(s, n, (void **)&a->proj, Rs * C * X);
     n = add_slice(s, n, (void **)&a->dresidual, Rs * C * X);
-    n = add_slice(s, n, (void **)&a->grad_in, Rs * C * X);
     n = add_slice(s, n, (void **)&a->dbtc, BT * C * X);
     n = add_slice(s, n, (void **)&a->dbig, BT * 4 * Cl * X);
     n = add_slice(s, n, (void **)&a->delta, BT * sh->NHl * F);
@@ -225,6 +265,7 @@ static size_t buffer_plan(BufferSlice *s, int n) {
 typedef struct {
     GPT2Config config;
     Grid grid;                  // this rank's place in the job
+    PipeLayout pipe;            // the step's pipeline (pipeline.h): where the stage's chunks sit in the model
     Shard shard;
     UnitTable ut;
     int zero;
@@ -266,11 +307,24 @@ typedef struct {
     // holds rows [row0, row0 + rows) of a micro-batch's B*T here; sp 0: all
     // of them (row0 0, rows B*T). See "sequence parallel" below.
     int sp, rows, row0;
-    int nacts;                           // activation sets; micro-batch mb uses set mb % nacts
-    Acts *acts;
+    int nacts;                           // activation sets, each sized for the stage's largest chunk; in a step,
+    Acts *acts;                          // a micro-batch on a chunk takes one (set_of, pipeline_run); outside
+                                         // the steps, batch i uses set i % nacts
+    Acts *dsets;                         // with the backward split (gpt2_split_backward): nacts sets of
+                                         // activation gradients, kept from a micro-batch's B to its W; else NULL
+    int steps_M, *set_of;                // the step's micro-batches; set_of[mb * V + chunk]: its set, -1 when none
+    int *set_busy;                       // nacts: whether a set is taken
+    int last_mb[SHARD_MAXV];             // per chunk, the micro-batch of the step's last backward that writes
+                                         // its weights' gradients (its B, or its W where split): last_micro
+    // a stage that holds the last part in one of several chunks: the logits
+    // (B*T*Vl floatX each, the largest tensor of a set at GPT-2's vocabulary)
+    // in nheads blocks of their own, lent to the sets of that chunk from its
+    // F to its last op (head_take); nheads 0: each set has its own
+    floatX *heads;
+    int nheads, *head_busy, *head_of;    // head_of[set]: its block, -1 when none
     Scratch sc;
-    void *act_memory;
-    size_t act_bytes, param_bytes;
+    void *act_memory, *dact_memory;
+    size_t act_bytes, dact_bytes, param_bytes;
     int *inputs, *targets;               // host: the next micro-batch (B*T each)
     int *staging_host;                   // pinned: staging_ints(B*T)
     float *pinned;                       // pinned: B*T losses, then the stop flag, the norm, a verdict (and a spare)
@@ -311,9 +365,11 @@ static size_t unit_chunk(const GPT2 *m, int u) { return m->ut.units[u].padded / 
 static size_t unit_lo(const GPT2 *m, int u) { return (size_t)m->shard.dp_rank * unit_chunk(m, u); }
 
 // the elements of the tied wte message (tied_exchange): this rank's
-// gradient of wte, its shard under ZeRO-2/3; 0 on a stage without wte or with pp = 1
+// gradient of wte, its shard under ZeRO-2/3; 0 on a stage without wte, or
+// with both of its uses (pp = 1, or zbv's stage 0, which holds the first
+// part and the last)
 static size_t tied_elems(const GPT2 *m) {
-    if (m->shard.pp == 1 || m->ut.u_wte < 0) return 0;
+    if (m->ut.u_wte < 0 || (m->shard.first && m->shard.last)) return 0;
     return m->zero >= 2 ? unit_chunk(m, m->ut.u_wte) : m->ut.units[m->ut.u_wte].padded;
 }
 
@@ -429,8 +485,45 @@ static void gpt2_load_params(GPT2 *m, const float *full, uint64_t seed) {
     free(init);
 }
 
+// the bytes of one block of lent logits (gpt2_heads), 256-aligned as a slice
+static size_t head_bytes(const GPT2 *m) {
+    return ((size_t)m->B * m->T * m->shard.Vl * sizeof(floatX) + 255) / 256 * 256;
+}
+
+// n blocks of logits for the sets of the last part's chunk (nheads)
+static void gpt2_heads(GPT2 *m, int n) {
+    cudaFree(m->heads);
+    free(m->head_busy);
+    m->heads = (floatX *)device_alloc((size_t)n * head_bytes(m), "logits");
+    m->head_busy = (int *)host_alloc((size_t)n * sizeof(int), "logits block marks");
+    m->nheads = n;
+}
+
+// set i's logits from a free block, if it has none (with nheads 0 it has its own)
+static void head_take(GPT2 *m, int i) {
+    if (m->nheads == 0 || m->head_of[i] >= 0) return;
+    int h = 0;
+    while (h < m->nheads && m->head_busy[h]) h++;
+    if (h == m->nheads) {  // gpt2_pipeline counted them from the schedule: a schedule the count does not know
+        fprintf(stderr, "rank %d: activation set %d finds none of the %d logits blocks free\n", m->grid.rank, i,
+                m->nheads);
+        exit(1);
+    }
+    m->head_busy[h] = 1;
+    m->head_of[i] = h;
+    m->acts[i].logits = (floatX *)((char *)m->heads + (size_t)h * head_bytes(m));
+}
+
+static void head_give_back(GPT2 *m, int i) {
+    if (m->nheads == 0 || m->head_of[i] < 0) return;
+    m->head_busy[m->head_of[i]] = 0;
+    m->head_of[i] = -1;
+    m->acts[i].logits = NULL;
+}
+
 // the nacts activation sets in flight, then the scratch, in one device
-// allocation (buffer_plan)
+// allocation (buffer_plan); with the logits lent, one block of them for the
+// evaluations (a step's schedule may want more: gpt2_pipeline)
 static void gpt2_alloc_activations(GPT2 *m, int nacts) {
     const GPT2Config *c = &m->config;
     BufferSlice *slices = (BufferSlice *)host_alloc(((size_t)nacts * ACT_SLICES + SCRATCH_SLICES) * sizeof(BufferSlice),
@@ -445,6 +538,75 @@ static void gpt2_alloc_activations(GPT2 *m, int nacts) {
     m->act_memory = device_alloc(m->act_bytes, "activations");
     for (int i = 0; i < nslices; i++) *slices[i].ptr = (char *)m->act_memory + slices[i].offset;
     free(slices);
+    m->set_busy = (int *)host_alloc((size_t)nacts * sizeof(int), "activation set marks");
+    m->head_of = (int *)host_alloc((size_t)nacts * sizeof(int), "logits block marks");
+    for (int k = 0; k < nacts; k++) m->head_of[k] = -1;
+    if (logits_lent(&m->shard)) gpt2_heads(m, 1);
+}
+
+// a backward split in B and W (pipeline schedules zbh1, zbv): each
+// activation set gets its own set of activation gradients (dact_slices),
+// which a micro-batch's B writes and its W reads, in one device allocation
+static void gpt2_split_backward(GPT2 *m) {
+    BufferSlice *slices = (BufferSlice *)host_alloc((size_t)m->nacts * DACT_SLICES * sizeof(BufferSlice), "buffer plan");
+    int nslices = 0;
+    m->dsets = (Acts *)host_alloc((size_t)m->nacts * sizeof(Acts), "activation gradient sets");
+    for (int k = 0; k < m->nacts; k++)
+        nslices = dact_slices(&m->dsets[k], &m->config, &m->shard, m->B, m->T, m->rows, slices, nslices);
+    m->dact_bytes = buffer_plan(slices, nslices);
+    m->dact_memory = device_alloc(m->dact_bytes, "activation gradients");
+    for (int i = 0; i < nslices; i++) *slices[i].ptr = (char *)m->dact_memory + slices[i].offset;
+    free(slices);
+}
+
+// the step's shape: M micro-batches on the stage's chunks, each taking an
+// activation set of its own from its first message or op to its last op;
+// per chunk the micro-batch whose backward last writes its weights'
+// gradients (last_micro: the data-parallel sums of ZeRO-0/1 start there);
+// and on a stage whose chunk k holds the last part among others, as many
+// logits blocks as the schedule holds micro-batches on k at once, each
+// from its F there to its last op there (its B, or its W where the
+// backward is split). As train_gpt2.c's gpt2_pipeline; pipeline_shape is
+// its host part, which returns the logits blocks needed (0 where none are
+// lent) and exits where the plan breaks the order wte's gradient needs.
+static int pipeline_shape(GPT2 *m, int M) {
+    const Shard *s = &m->shard;
+    m->steps_M = M;
+    m->pipe.M = M;
+    free(m->set_of);
+    m->set_of = (int *)host_alloc((size_t)M * s->nchunks * sizeof(int), "activation set map");
+    for (int i = 0; i < M * s->nchunks; i++) m->set_of[i] = -1;
+    PipeOp *ops = (PipeOp *)host_alloc((size_t)pipeline_ops(&m->pipe) * sizeof(PipeOp), "the schedule");
+    int n = pipeline_schedule(&m->pipe, s->pp_rank, ops), held = 0, most = 1, split = pipeline_splits_backward(&m->pipe);
+    int at[SHARD_MAXV];  // where each chunk's last weight-writing op is in the list
+    for (int k = 0; k < SHARD_MAXV; k++) m->last_mb[k] = -1, at[k] = -1;
+    for (int i = 0; i < n; i++) {
+        int writes = ops[i].kind == PIPE_W || (ops[i].kind == PIPE_B && !split);
+        if (writes) m->last_mb[ops[i].chunk] = ops[i].mb, at[ops[i].chunk] = i;
+        if (s->chunk[ops[i].chunk].part != s->pp * s->nchunks - 1) continue;
+        if (ops[i].kind == PIPE_F) most = ++held > most ? held : most;
+        if (writes) held--;
+    }
+    free(ops);
+    // a stage with the first part and the last in two chunks (zbv's stage
+    // 0) sums both uses of wte into one gradient, which the embeddings'
+    // backward ends (chunk_backward): its last must come after the head's
+    int first = -1, last = -1;
+    for (int k = 0; k < s->nchunks; k++) {
+        if (s->chunk[k].part == 0) first = k;
+        if (s->chunk[k].part == s->pp * s->nchunks - 1) last = k;
+    }
+    if (first >= 0 && last >= 0 && first != last && at[first] < at[last]) {
+        fprintf(stderr, "rank %d: -ps %s: the head's last backward comes after the embeddings' on stage %d\n",
+                m->grid.rank, pipeline_name(m->pipe.schedule), s->pp_rank);
+        exit(1);
+    }
+    return logits_lent(s) ? most : 0;
+}
+
+static void gpt2_pipeline(GPT2 *m, int M) {
+    int heads = pipeline_shape(m, M);
+    if (heads > 0) gpt2_heads(m, heads);
 }
 
 // the host side of a micro-batch on its way to the device (inputs, targets,
@@ -474,21 +636,35 @@ static int sp_rows(int sp, int B, int T, const Shard *s, int *row0) {
     return rows;
 }
 
+// this rank's slice of the model: its stage's layers in one chunk, or in
+// the chunks where the schedule places them (interleaved, zbv)
+static Shard rank_shard(const GPT2Config *c, const Grid *g, const PipeLayout *pl) {
+    Shard s = shard_for(c, g->tp, g->tp_rank, g->pp, g->pp_rank, g->dp, g->dp_rank);
+    if (pl->V > 1) {
+        int parts[SHARD_MAXV];
+        for (int k = 0; k < pl->V; k++) parts[k] = pipeline_part(pl, g->pp_rank, k);
+        shard_set_chunks(&s, c, pl->V, parts);
+    }
+    return s;
+}
+
 // this rank's part of the model on the device, from the full model `full`
 // (model-file layout, host fp32; not kept) or, when full is NULL, from the
 // seeded init; nacts activation sets for (B, T). g is this rank's place in
-// the grid (NULL: one rank), nccl its communicators (NULL outside a job);
-// sp: -sp 1 (with tp > 1; trainer.h's check_model has checked that B*T
-// splits by tp).
+// the grid (NULL: one rank), pl the step's pipeline (NULL: one chunk a
+// stage), nccl its communicators (NULL outside a job); sp: -sp 1 (with tp >
+// 1; trainer.h's check_model has checked that B*T splits by tp).
 static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint64_t seed, int B, int T, int recompute,
-                           int attention_tc, const Grid *g, int zero, int nacts, NcclComm *nccl, int sp) {
+                           int attention_tc, const Grid *g, const PipeLayout *pl, int zero, int nacts, NcclComm *nccl,
+                           int sp) {
     memset(m, 0, sizeof(*m));
     m->config = *c;
     char err[256];
     if (g != NULL) m->grid = *g;
     else grid_init(&m->grid, 1, 1, 1, 0, err, sizeof(err));
     g = &m->grid;
-    m->shard = shard_for(c, g->tp, g->tp_rank, g->pp, g->pp_rank, g->dp, g->dp_rank);
+    m->pipe = pl != NULL ? *pl : pipe_layout(PIPE_1F1B, g->pp, 1, 1);
+    m->shard = rank_shard(c, g, &m->pipe);
     if (unit_table(&m->ut, c, &m->shard, UNIT_ALIGN) != 0) {
         fprintf(stderr, "out of memory allocating the unit table\n");
         exit(1);
@@ -523,16 +699,7 @@ static void gpt2_init_rank(GPT2 *m, const GPT2Config *c, const float *full, uint
 // one rank, ZeRO-0, one activation set: what the tests build
 [[maybe_unused]] static void gpt2_init(GPT2 *m, const GPT2Config *c, const float *full, uint64_t seed, int B, int T,
                                        int recompute, int attention_tc) {
-    gpt2_init_rank(m, c, full, seed, B, T, recompute, attention_tc, NULL, 0, 1, NULL, 0);
-}
-
-// the backward split in B and W (zbh1, zbv) is not run by this trainer yet:
-// its flag check refuses those schedules (TrainerBuild's schedules), so this
-// is reached only if that check is bypassed; kept so both mains read alike
-static void gpt2_split_backward(GPT2 *m) {
-    (void)m;
-    fprintf(stderr, "train_gpt2cu: the backward split (-ps zbh1, zbv) is not run by the GPU trainer yet\n");
-    exit(2);
+    gpt2_init_rank(m, c, full, seed, B, T, recompute, attention_tc, NULL, NULL, 0, 1, NULL, 0);
 }
 
 static void gpt2_free(GPT2 *m) {
@@ -547,7 +714,7 @@ static void gpt2_free(GPT2 *m) {
         cudaFree(m->bucket[k]);
         if (m->zero >= 2) cudaEventDestroy(m->bucket_done[k]);
     }
-    cudaFree(m->act_memory); cudaFree(m->blas.workspace);
+    cudaFree(m->act_memory); cudaFree(m->dact_memory); cudaFree(m->heads); cudaFree(m->blas.workspace);
     cublasLtDestroy(m->blas.handle);
     cudaFreeHost(m->staging_host);
     cudaFreeHost(m->pinned);
@@ -555,7 +722,8 @@ static void gpt2_free(GPT2 *m) {
     for (int k = 0; k < PROGRESS_MARKS; k++) cudaEventDestroy(m->progress[k]);
     cudaStreamDestroy(m->stream);
     free(m->inputs); free(m->targets); free(m->bucket_count);
-    free(m->acts); free(m->ut.units); free(m->unit_params); free(m->unit_grads);
+    free(m->set_of); free(m->set_busy); free(m->head_busy); free(m->head_of);
+    free(m->acts); free(m->dsets); free(m->ut.units); free(m->unit_params); free(m->unit_grads);
 }
 
 // ----------------------------------------------------------------------------
@@ -685,11 +853,32 @@ static LayerActs layer_acts(const GPT2 *m, const Acts *a, int ll) {
     return s;
 }
 
-// the residual stream entering local layer ll (ll = nl: the stage's output):
-// this rank's rows of it
+// the residual stream entering the chunk's layer ll (ll = its nl: leaving
+// the chunk): this rank's rows of it
 static floatX *block_input(const GPT2 *m, const Acts *a, int ll) {
     size_t rc = (size_t)m->rows * m->config.C;
     return ll == 0 ? a->encoded : a->residual3 + (ll - 1) * rc;
+}
+
+// where one layer's backward keeps its activation gradients: that of the
+// block's output (dres3), of the residual stream between its halves
+// (dres2), of fch, ln2, atty, qkv, ln1, and of its input (dx). With d NULL
+// the scratch, one backward at a time: the residual stream's gradient in
+// place in dresidual, the rest in dbig and dbtc. With a set d (a split
+// backward) the layer's own slices, which B writes and W reads, but atty's,
+// which only B reads.
+typedef struct { floatX *dres3, *dres2, *dfch, *dln2, *datty, *dqkv, *dln1, *dx; } LayerGrads;
+
+static LayerGrads layer_grads(GPT2 *m, Acts *d, int ll) {
+    Scratch *sc = &m->sc;
+    if (d == NULL) {
+        LayerGrads g = {sc->dresidual, sc->dresidual, sc->dbig, sc->dbtc, sc->dbtc, sc->dbig, sc->dbtc, sc->dresidual};
+        return g;
+    }
+    size_t BT = (size_t)m->B * m->T, rc = (size_t)m->rows * m->config.C, btl = BT * m->shard.Cl;
+    LayerGrads g = {block_input(m, d, ll + 1), d->residual2 + ll * rc, d->fch + ll * 4 * btl, d->ln2 + ll * rc,
+                    sc->dbtc, d->qkv + ll * 3 * btl, d->ln1 + ll * rc, block_input(m, d, ll)};
+    return g;
 }
 
 // copies m->inputs and ->targets (and, for training, the token buckets of
@@ -791,11 +980,14 @@ static void column_parallel_forward(GPT2 *m, floatX *out, floatX *pre_gelu, cons
 }
 
 // dweight, dbias += this rank's slice (dbias NULL: no bias); dinp = the
-// whole input's gradient, summed over the tp ranks
+// whole input's gradient, summed over the tp ranks. A backward split in B
+// and W runs one half: dweight NULL, the input's gradient alone (B); dinp
+// NULL, the weights' alone (W); so for the tp helpers below
 static void column_parallel_backward(GPT2 *m, floatX *dinp, floatX *dweight, floatX *dbias, const floatX *dout,
                                      const floatX *inp, const floatX *weight, int N, int IC, int OCl) {
-    matmul_backward_dweight(&m->blas, dweight, dout, inp, N, IC, OCl);
-    if (dbias) bias_backward(dbias, dout, m->sc.colsum_partial, N, OCl, m->stream);
+    if (dweight) matmul_backward_dweight(&m->blas, dweight, dout, inp, N, IC, OCl);
+    if (dweight && dbias) bias_backward(dbias, dout, m->sc.colsum_partial, N, OCl, m->stream);
+    if (dinp == NULL) return;
     matmul_backward_dinp(&m->blas, dinp, dout, weight, NULL, N, IC, OCl);
     tp_copy_backward(m, dinp, (size_t)N * IC);
 }
@@ -815,9 +1007,11 @@ static void row_parallel_forward(GPT2 *m, floatX *out, const floatX *inp, const 
 static void row_parallel_backward(GPT2 *m, floatX *dinp, floatX *dweight, floatX *dbias, const floatX *dout,
                                   const floatX *inp, const floatX *weight, const floatX *pre_gelu, int N, int ICl,
                                   int OC) {
-    matmul_backward_dweight(&m->blas, dweight, dout, inp, N, ICl, OC);
-    bias_backward(dbias, dout, m->sc.colsum_partial, N, OC, m->stream);
-    matmul_backward_dinp(&m->blas, dinp, dout, weight, pre_gelu, N, ICl, OC);
+    if (dweight) {
+        matmul_backward_dweight(&m->blas, dweight, dout, inp, N, ICl, OC);
+        bias_backward(dbias, dout, m->sc.colsum_partial, N, OC, m->stream);
+    }
+    if (dinp) matmul_backward_dinp(&m->blas, dinp, dout, weight, pre_gelu, N, ICl, OC);
 }
 
 // out[b,t,:] = wte[inp[b,t],:] + wpe[t,:] from this rank's rows [v0, v0 + Vl)
@@ -924,9 +1118,12 @@ static void sp_column_parallel_forward(GPT2 *m, floatX *out, floatX *pre_gelu, c
 static void sp_column_parallel_backward(GPT2 *m, floatX *dinp, floatX *dweight, floatX *dbias, const floatX *dout,
                                         const floatX *inp, const floatX *weight, int IC, int OCl) {
     int BT = m->B * m->T;
-    sp_gather(m, m->sc.sp_whole, inp);
-    matmul_backward_dweight(&m->blas, dweight, dout, m->sc.sp_whole, BT, IC, OCl);
-    if (dbias) bias_backward(dbias, dout, m->sc.colsum_partial, BT, OCl, m->stream);
+    if (dweight) {  // (B alone needs no gather)
+        sp_gather(m, m->sc.sp_whole, inp);
+        matmul_backward_dweight(&m->blas, dweight, dout, m->sc.sp_whole, BT, IC, OCl);
+        if (dbias) bias_backward(dbias, dout, m->sc.colsum_partial, BT, OCl, m->stream);
+    }
+    if (dinp == NULL) return;
     matmul_backward_dinp(&m->blas, m->sc.sp_partial, dout, weight, NULL, BT, IC, OCl);
     sp_reduce_scatter(m, dinp, m->sc.sp_partial);
 }
@@ -940,7 +1137,8 @@ static void sp_row_parallel_forward(GPT2 *m, floatX *out, const floatX *inp, con
 }
 
 // dout[R,OC], this rank's rows of the output's gradient, gathered whole;
-// then as row_parallel_backward (dbias from every row, as without -sp)
+// then as row_parallel_backward (dbias from every row, as without -sp);
+// B and W each gather it
 static void sp_row_parallel_backward(GPT2 *m, floatX *dinp, floatX *dweight, floatX *dbias, const floatX *dout,
                                      const floatX *inp, const floatX *weight, const floatX *pre_gelu, int ICl, int OC) {
     sp_gather(m, m->sc.sp_whole, dout);
@@ -1001,76 +1199,104 @@ static void block_forward(GPT2 *m, LayerParams p, LayerActs l, const floatX *x) 
     else row_parallel_forward(m, sc->proj, l.fch_gelu, p.fcprojw, p.fcprojb, BT, 4 * Cl, C);
 }
 
-// sc.dresidual holds the gradient of the block's output on entering and
-// that of its input x on leaving (this rank's rows of them under -sp); the
-// gradients of its parameters add to g
-static void block_backward(GPT2 *m, LayerParams p, LayerParams g, LayerActs l, const floatX *x) {
+// which part of a backward to run: all of it, or with the backward split
+// (pipeline schedules with W ops) the input's gradient (B) or the weights'
+// (W). B leaves in the layer's activation gradients (LayerGrads of a set)
+// all that W reads: each Linear's output gradient and each LayerNorm's,
+// which no later part of the backward writes over.
+enum { BACK_ALL, BACK_INPUT, BACK_WEIGHTS };
+
+// from the gradient of the block's output (d.dres3) to that of its input x
+// (d.dx; this rank's rows of them under -sp), and of its parameters g (+=).
+// part: BACK_INPUT leaves g alone, BACK_WEIGHTS reads d and writes g alone
+// (p unused), each in the order of BACK_ALL, which is the whole backward in
+// the scratch, d.dres3, d.dres2 and d.dx all sc.dresidual
+static void block_backward(GPT2 *m, LayerParams p, LayerParams g, LayerActs l, LayerGrads d, const floatX *x, int part) {
     const Shard *s = &m->shard;
     int B = m->B, T = m->T, C = m->config.C, Cl = s->Cl, BT = B * T, R = m->rows;
+    int in = part != BACK_WEIGHTS, wt = part != BACK_INPUT;
+    size_t rc = (size_t)R * C;
     Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
-    float *part = sc->colsum_partial;
-    if (m->recompute) gelu_forward(l.fch_gelu, l.fch, 4 * (size_t)BT * Cl, st);
-    // fcproj: d(its output) = dresidual; dbig = d(fch), my slice (through
-    // the GELU: fused into the matmul, or after it)
+    float *pt = sc->colsum_partial;
+    if (!wt) memset(&g, 0, sizeof(g));  // NULL: no weight gradients
+    if (m->recompute && wt) gelu_forward(l.fch_gelu, l.fch, 4 * (size_t)BT * Cl, st);  // fcproj's dweight reads it
+    // fcproj: d(its output) = dres3; dfch = d(fch), my slice (through the
+    // GELU: fused into the matmul, or after it)
     if (m->sp)
-        sp_row_parallel_backward(m, sc->dbig, g.fcprojw, g.fcprojb, sc->dresidual, l.fch_gelu, p.fcprojw,
+        sp_row_parallel_backward(m, in ? d.dfch : NULL, g.fcprojw, g.fcprojb, d.dres3, l.fch_gelu, p.fcprojw,
                                  m->fuse_gelu >= 2 ? l.fch : NULL, 4 * Cl, C);
     else
-        row_parallel_backward(m, sc->dbig, g.fcprojw, g.fcprojb, sc->dresidual, l.fch_gelu, p.fcprojw,
+        row_parallel_backward(m, in ? d.dfch : NULL, g.fcprojw, g.fcprojb, d.dres3, l.fch_gelu, p.fcprojw,
                               m->fuse_gelu >= 2 ? l.fch : NULL, BT, 4 * Cl, C);
-    if (m->fuse_gelu < 2) gelu_backward(sc->dbig, l.fch, 4 * (size_t)BT * Cl, st);
-    // fc: dbtc = d(ln2), whole (-sp: my rows)
-    if (m->sp) sp_column_parallel_backward(m, sc->dbtc, g.fcw, g.fcb, sc->dbig, l.ln2, p.fcw, C, 4 * Cl);
-    else column_parallel_backward(m, sc->dbtc, g.fcw, g.fcb, sc->dbig, l.ln2, p.fcw, BT, C, 4 * Cl);
-    layernorm_backward(sc->dresidual, g.ln2w, g.ln2b, part, sc->dbtc, l.residual2, p.ln2w, l.ln2_mean, l.ln2_rstd,
-                       R, C, st);
-    // attproj: d(its output) = dresidual, now d(residual2); dbtc = d(atty), my heads
+    if (in && m->fuse_gelu < 2) gelu_backward(d.dfch, l.fch, 4 * (size_t)BT * Cl, st);
+    // fc: dln2, whole (-sp: my rows)
+    if (m->sp) sp_column_parallel_backward(m, in ? d.dln2 : NULL, g.fcw, g.fcb, d.dfch, l.ln2, p.fcw, C, 4 * Cl);
+    else column_parallel_backward(m, in ? d.dln2 : NULL, g.fcw, g.fcb, d.dfch, l.ln2, p.fcw, BT, C, 4 * Cl);
+    // dres2 = dres3 + the LayerNorm's part (in place in the scratch)
+    if (in && d.dres2 != d.dres3)
+        CUDA_CHECK(cudaMemcpyAsync(d.dres2, d.dres3, rc * sizeof(floatX), cudaMemcpyDeviceToDevice, st));
+    layernorm_backward(in ? d.dres2 : NULL, g.ln2w, g.ln2b, pt, d.dln2, l.residual2, p.ln2w, l.ln2_mean, l.ln2_rstd, R,
+                       C, st);
+    // attproj: d(its output) = dres2; datty, my heads
     if (m->sp)
-        sp_row_parallel_backward(m, sc->dbtc, g.attprojw, g.attprojb, sc->dresidual, l.atty, p.attprojw, NULL, Cl, C);
+        sp_row_parallel_backward(m, in ? d.datty : NULL, g.attprojw, g.attprojb, d.dres2, l.atty, p.attprojw, NULL, Cl,
+                                 C);
     else
-        row_parallel_backward(m, sc->dbtc, g.attprojw, g.attprojb, sc->dresidual, l.atty, p.attprojw, NULL, BT, Cl, C);
-    attention_backward(sc->dbig, sc->delta, sc->dbtc, l.qkv, l.atty, l.lse, B, T, Cl, s->NHl, m->attention_tc, st);
-    // qkv: dbig = d(qkv), my heads; dbtc = d(ln1), whole (-sp: my rows)
-    if (m->sp) sp_column_parallel_backward(m, sc->dbtc, g.qkvw, g.qkvb, sc->dbig, l.ln1, p.qkvw, C, 3 * Cl);
-    else column_parallel_backward(m, sc->dbtc, g.qkvw, g.qkvb, sc->dbig, l.ln1, p.qkvw, BT, C, 3 * Cl);
-    layernorm_backward(sc->dresidual, g.ln1w, g.ln1b, part, sc->dbtc, x, p.ln1w, l.ln1_mean, l.ln1_rstd, R, C, st);
+        row_parallel_backward(m, in ? d.datty : NULL, g.attprojw, g.attprojb, d.dres2, l.atty, p.attprojw, NULL, BT, Cl,
+                              C);
+    if (in) attention_backward(d.dqkv, sc->delta, d.datty, l.qkv, l.atty, l.lse, B, T, Cl, s->NHl, m->attention_tc, st);
+    // qkv: dqkv, my heads; dln1, whole (-sp: my rows)
+    if (m->sp) sp_column_parallel_backward(m, in ? d.dln1 : NULL, g.qkvw, g.qkvb, d.dqkv, l.ln1, p.qkvw, C, 3 * Cl);
+    else column_parallel_backward(m, in ? d.dln1 : NULL, g.qkvw, g.qkvb, d.dqkv, l.ln1, p.qkvw, BT, C, 3 * Cl);
+    if (in && d.dx != d.dres2)
+        CUDA_CHECK(cudaMemcpyAsync(d.dx, d.dres2, rc * sizeof(floatX), cudaMemcpyDeviceToDevice, st));
+    layernorm_backward(in ? d.dx : NULL, g.ln1w, g.ln1b, pt, d.dln1, x, p.ln1w, l.ln1_mean, l.ln1_rstd, R, C, st);
 }
 
 // ----------------------------------------------------------------------------
-// a stage's forward and backward of one micro-batch. The first stage starts
-// from the tokens, the others from what the previous stage sent; the last
-// ends in the loss.
+// a chunk's forward and backward of one micro-batch (a stage holds one
+// chunk of layers, or V with -ps interleaved and zbv). The model's first
+// part starts from the tokens, the others from what the part before sent;
+// the last ends in the loss.
 
-// FWD_LOGITS: logits only. FWD_LOSS: also sc.losses += the per-position
-// losses. FWD_TRAIN: also dlogits = dloss * d(loss)/d(logits) in place of
-// the logits, for stage_backward. Set a holds the staged micro-batch.
-static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
+// whether chunk k of this stage holds the model's first / last part
+static int chunk_first(const Shard *s, int k) { return s->chunk[k].part == 0; }
+static int chunk_last(const Shard *s, int k) { return s->chunk[k].part == s->pp * s->nchunks - 1; }
+
+// the forward of chunk k on set a: the embeddings on part 0, the chunk's
+// layers (units u_layer0 + its offset among the stage's layers), the head
+// on the last part. FWD_LOGITS: logits only. FWD_LOSS: also sc.losses +=
+// the per-position losses. FWD_TRAIN: also dlogits = dloss *
+// d(loss)/d(logits) in place of the logits, for chunk_backward. Set a holds
+// the staged micro-batch.
+static void chunk_forward(GPT2 *m, Acts *a, int k, int mode, float dloss) {
     const GPT2Config *c = &m->config;
     const Shard *s = &m->shard;
+    const ShardChunk *ch = &s->chunk[k];
     int B = m->B, T = m->T, C = c->C, BT = B * T, R = m->rows;
     size_t rc = (size_t)R * C;
     Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
 
-    if (s->first) {
+    if (chunk_first(s, k)) {
         floatX *wte = unit_acquire(m, m->ut.u_wte), *wpe = unit_acquire(m, m->ut.u_wpe);
         if (m->sp) sp_vocab_parallel_embedding_forward(m, a->encoded, a->staged.inputs, wte, wpe);
         else vocab_parallel_embedding_forward(m, a->encoded, a->staged.inputs, wte, wpe, B, T, C);
         unit_release(m, m->ut.u_wpe);
         if (!s->last) unit_release(m, m->ut.u_wte);  // one stage: wte stays for the head
     }
-    int u = m->ut.u_layer0;
+    int u = m->ut.u_layer0 + ch->off;
     LayerParams p = layer_params_at(c, s, unit_acquire(m, u));
     LayerActs l0 = layer_acts(m, a, 0);
     layernorm_forward(l0.ln1, l0.ln1_mean, l0.ln1_rstd, a->encoded, p.ln1w, p.ln1b, R, C, st);
-    for (int ll = 0; ll < s->nl; ll++) {
+    for (int ll = 0; ll < ch->nl; ll++) {
         LayerActs l = layer_acts(m, a, ll);
         block_forward(m, p, l, block_input(m, a, ll));
         // the block's last residual add, fused with the next LayerNorm: the
         // next layer's ln1 or the final one (ZeRO-3 gathers that unit before
         // dropping this one)
-        int next = ll + 1 < s->nl ? u + 1 : s->last ? m->ut.u_lnf : -1;
+        int next = ll + 1 < ch->nl ? u + 1 : chunk_last(s, k) ? m->ut.u_lnf : -1;
         if (next < 0) {
             residual_forward(l.residual3, l.residual2, sc->proj, rc, st);
             unit_release(m, u);
@@ -1096,7 +1322,7 @@ static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
         u = next;
         gpu_progress(m);
     }
-    if (!s->last) return;
+    if (!chunk_last(s, k)) return;
     floatX *wte = unit_acquire(m, m->ut.u_wte);
     column_parallel_forward(m, a->logits, NULL, a->lnf, wte, NULL, BT, C, s->Vl);
     unit_release(m, m->ut.u_lnf);
@@ -1105,58 +1331,95 @@ static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
     vocab_parallel_cross_entropy(m, a->logits, sc->losses, a->staged.targets, dloss, BT, mode == FWD_TRAIN);
 }
 
-// the backward of set a's FWD_TRAIN forward; gradients accumulate (+=). On a
-// stage other than the last, sc.grad_in holds the gradient of its output; on
-// one other than the first, sc.dresidual ends as that of its input.
-static void stage_backward(GPT2 *m, Acts *a) {
+// the stage's whole forward of set a: one chunk; several only on one rank
+// (pp = 1, zbv's two), where each hands its output to the next in the set
+static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
+    const Shard *s = &m->shard;
+    size_t bytes = (size_t)m->rows * m->config.C * sizeof(floatX);
+    for (int k = 0; k < s->nchunks; k++) {
+        if (k > 0)
+            CUDA_CHECK(cudaMemcpyAsync(a->encoded, block_input(m, a, s->chunk[k - 1].nl), bytes,
+                                       cudaMemcpyDeviceToDevice, m->stream));
+        chunk_forward(m, a, k, mode, dloss);
+    }
+}
+
+// the backward of chunk k after set a's FWD_TRAIN forward; gradients
+// accumulate (+=). d: the activation gradients, NULL for the scratch (one
+// backward at a time), or with the backward split the micro-batch's own
+// set, which its W reads. part: BACK_ALL, or BACK_INPUT then later
+// BACK_WEIGHTS (block_backward): the head's, the layers' and the
+// embeddings' weight gradients all wait for W, in the same order. On a
+// chunk other than the last part, a->grad_in holds the gradient of its
+// output; on one other than the first part, the gradient of its input ends
+// in sc.dresidual (d NULL) or d->encoded, for the part before.
+static void chunk_backward(GPT2 *m, Acts *a, Acts *d, int part, int k) {
     const GPT2Config *c = &m->config;
     const Shard *s = &m->shard;
-    int B = m->B, T = m->T, C = c->C, BT = B * T, R = m->rows;
+    int B = m->B, T = m->T, C = c->C, BT = B * T, R = m->rows, nl = s->chunk[k].nl;
+    int in = part != BACK_WEIGHTS, wt = part != BACK_INPUT;
     size_t rc = (size_t)R * C;
     Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
-    float *part = sc->colsum_partial;
+    float *pt = sc->colsum_partial;
+    // the gradients of the chunk's output and, on the last part, of the
+    // final LayerNorm's output (my rows)
+    floatX *dout = d == NULL ? sc->dresidual : block_input(m, d, nl), *dlnf_out = d == NULL ? sc->dbtc : d->lnf;
 
-    if (s->last) {  // logits = lnf @ wte^T, then the final LayerNorm
-        floatX *wte = unit_acquire(m, m->ut.u_wte), *lnf = unit_acquire(m, m->ut.u_lnf);
-        floatX *dwte = unit_grad_begin(m, m->ut.u_wte), *dlnf = unit_grad_begin(m, m->ut.u_lnf);
+    if (chunk_last(s, k)) {  // logits = lnf @ wte^T, then the final LayerNorm
+        floatX *wte = in ? unit_acquire(m, m->ut.u_wte) : NULL, *lnf = in ? unit_acquire(m, m->ut.u_lnf) : NULL;
+        floatX *dwte = wt ? unit_grad_begin(m, m->ut.u_wte) : NULL, *dlnf = wt ? unit_grad_begin(m, m->ut.u_lnf) : NULL;
         if (m->sp) {
-            // the head's input was gathered and kept (stage_forward), so its
+            // the head's input was gathered and kept (chunk_forward), so its
             // weights' gradient needs no gather; its own gradient is summed
-            // over the tp ranks onto my rows, into dbtc
-            matmul_backward_dweight(&m->blas, dwte, a->logits, a->lnf, BT, C, s->Vl);
-            matmul_backward_dinp(&m->blas, sc->sp_partial, a->logits, wte, NULL, BT, C, s->Vl);
-            sp_reduce_scatter(m, sc->dbtc, sc->sp_partial);
+            // over the tp ranks onto my rows
+            if (wt) matmul_backward_dweight(&m->blas, dwte, a->logits, a->lnf, BT, C, s->Vl);
+            if (in) {
+                matmul_backward_dinp(&m->blas, sc->sp_partial, a->logits, wte, NULL, BT, C, s->Vl);
+                sp_reduce_scatter(m, dlnf_out, sc->sp_partial);
+            }
         } else {
-            column_parallel_backward(m, sc->dbtc, dwte, NULL, a->logits, a->lnf, wte, BT, C, s->Vl);
+            column_parallel_backward(m, in ? dlnf_out : NULL, dwte, NULL, a->logits, a->lnf, wte, BT, C, s->Vl);
         }
-        CUDA_CHECK(cudaMemsetAsync(sc->dresidual, 0, rc * sizeof(floatX), st));
-        layernorm_backward(sc->dresidual, dlnf, dlnf + C, part, sc->dbtc, block_input(m, a, s->nl), lnf, a->lnf_mean,
-                           a->lnf_rstd, R, C, st);
-        unit_release(m, m->ut.u_lnf);
-        unit_release(m, m->ut.u_wte);
-        unit_grad_end(m, m->ut.u_lnf);
-        if (!s->first) unit_grad_end(m, m->ut.u_wte);
-    } else {
-        CUDA_CHECK(cudaMemcpyAsync(sc->dresidual, sc->grad_in, rc * sizeof(floatX), cudaMemcpyDeviceToDevice, st));
+        if (in) CUDA_CHECK(cudaMemsetAsync(dout, 0, rc * sizeof(floatX), st));
+        layernorm_backward(in ? dout : NULL, dlnf, wt ? dlnf + C : NULL, pt, dlnf_out, block_input(m, a, nl), lnf,
+                           a->lnf_mean, a->lnf_rstd, R, C, st);
+        if (in) {
+            unit_release(m, m->ut.u_lnf);
+            unit_release(m, m->ut.u_wte);
+        }
+        if (wt) {
+            unit_grad_end(m, m->ut.u_lnf);
+            if (!s->first) unit_grad_end(m, m->ut.u_wte);
+        }
+    } else if (in) {
+        CUDA_CHECK(cudaMemcpyAsync(dout, a->grad_in, rc * sizeof(floatX), cudaMemcpyDeviceToDevice, st));
     }
-    // dresidual holds d(residual3 of layer ll) on entering, d(its input) on leaving
-    for (int ll = s->nl - 1; ll >= 0; ll--) {
-        int u = m->ut.u_layer0 + ll;
-        LayerParams p = layer_params_at(c, s, unit_acquire(m, u)), g = layer_params_at(c, s, unit_grad_begin(m, u));
-        block_backward(m, p, g, layer_acts(m, a, ll), block_input(m, a, ll));
-        unit_release(m, u);
-        unit_grad_end(m, u);
+    // the residual stream's gradient: d(residual3 of layer ll) on entering, d(its input) on leaving
+    for (int ll = nl - 1; ll >= 0; ll--) {
+        int u = m->ut.u_layer0 + s->chunk[k].off + ll;
+        LayerParams p, g;
+        memset(&p, 0, sizeof(p));
+        memset(&g, 0, sizeof(g));
+        if (in) p = layer_params_at(c, s, unit_acquire(m, u));
+        if (wt) g = layer_params_at(c, s, unit_grad_begin(m, u));
+        block_backward(m, p, g, layer_acts(m, a, ll), layer_grads(m, d, ll), block_input(m, a, ll), part);
+        if (in) unit_release(m, u);
+        if (wt) unit_grad_end(m, u);
         gpu_progress(m);
     }
-    if (s->first) {
+    if (chunk_first(s, k) && wt) {
         floatX *dwte = unit_grad_begin(m, m->ut.u_wte), *dwpe = unit_grad_begin(m, m->ut.u_wpe);
-        if (m->sp) sp_vocab_parallel_embedding_backward(m, dwte, dwpe, sc->dresidual, &a->staged);
-        else vocab_parallel_embedding_backward(m, dwte, dwpe, sc->dresidual, &a->staged, B, T, C);
+        floatX *dembed = d == NULL ? sc->dresidual : d->encoded;
+        if (m->sp) sp_vocab_parallel_embedding_backward(m, dwte, dwpe, dembed, &a->staged);
+        else vocab_parallel_embedding_backward(m, dwte, dwpe, dembed, &a->staged, B, T, C);
         unit_grad_end(m, m->ut.u_wpe);
         unit_grad_end(m, m->ut.u_wte);
     }
 }
+
+// the whole backward of set a, in the scratch (one chunk per stage)
+static void stage_backward(GPT2 *m, Acts *a) { chunk_backward(m, a, NULL, BACK_ALL, 0); }
 
 // one rank, one micro-batch in set 0 (the tests and sampling): stages
 // model->inputs and ->targets and runs the forward
@@ -1209,6 +1472,8 @@ static double gpt2_loss_sum(GPT2 *m) {
 
 #include "llm3d/trainer.h"
 #include "llm3d/watch.h"
+
+#include "llm3d/cuda/train_gpt2cu/pipeline_run.cuh"
 
 #ifndef TESTING
 // ----------------------------------------------------------------------------
@@ -1311,14 +1576,15 @@ static void agree_on_start(const Job *job, Parallel *par) {
 }
 
 // pp > 1: the MAC state for a step's pipeline messages, made now, not
-// mid-run: room for the most messages a stage receives in one step, each as
-// large as the largest of them (an evaluation checks its messages batch by
-// batch: one each). An activation or its gradient is this rank's rows (all
-// B*T without -sp).
+// mid-run: room for the most messages a stage receives in one step (each
+// micro-batch's activation and gradient on each of its chunks, the tied
+// wte's), each as large as the largest of them (an evaluation checks its
+// messages batch by batch: one a chunk). An activation or its gradient is
+// this rank's rows (all B*T without -sp).
 static void reserve_pipeline_macs(GPT2 *m, Parallel *par, int accum) {
     char err[512];
     size_t msg = (size_t)m->rows * m->config.C * sizeof(floatX), tied = tied_elems(m) * sizeof(floatX);
-    int recvs = 2 * accum + 2;
+    int recvs = 2 * accum * m->shard.nchunks + 2;
     if (nccl_mac_reserve(par->nccl, recvs, msg > tied ? msg : tied, err, sizeof(err)) != 0) die(1, err);
 }
 
@@ -1339,19 +1605,25 @@ static void print_device(const cudaDeviceProp *prop, double peak, const GpuOptio
 static void print_layout(const GPT2 *m, Parallel *par, const Options *o, int accum, int device) {
     const Grid *g = &par->grid;
     PipeLayout pl = job_pipeline(o, g->pp, accum);
-    char rows[96] = "";  // -sp: this rank's positions of the sequence-parallel region
+    char rows[96] = "", chunks[256], more[160] = "";  // -sp: this rank's positions of the sequence-parallel region
     if (m->sp) snprintf(rows, sizeof(rows), ", positions %d..%d, %zu bytes of activations", m->row0,
                         m->row0 + m->rows - 1, m->act_bytes);
+    size_t at = 0;
+    if (m->nheads > 0)  // the head's chunk among others: its logits lent to its sets (gpt2_pipeline)
+        at += (size_t)snprintf(more, sizeof(more), ", logits lent from %d buffer%s", m->nheads, m->nheads == 1 ? "" : "s");
+    if (m->dsets != NULL && at < sizeof(more))  // the split backward's activation gradients (gpt2_split_backward)
+        snprintf(more + at, sizeof(more) - at, ", %.2f GiB of activation gradients (%d sets)",
+                 m->dact_bytes / 1073741824.0, m->nacts);
     if (g->rank == 0)
         printf("layout: %d ranks = dp %d x tp %d x pp %d%s, ZeRO-%d, %s schedule with %d micro-batches "
                "(bubble %.3f), NCCL %d.%d.%d\n", g->world, g->dp, g->tp, g->pp, m->sp ? " (sequence parallel)" : "",
                par->zero, pipeline_name(pl.schedule), accum, pipeline_bubble(&pl), NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
     for (int r = 0; r < g->world; r++) {
         if (r == g->rank)
-            printf("rank %d (dp %d, pp %d, tp %d): GPU %d, layers [%d, %d), %zu parameters here, "
-                   "%.2f GiB of weights, gradients and AdamW state, %.2f GiB of activations (%d sets)%s\n", r,
-                   g->dp_rank, g->pp_rank, g->tp_rank, device, m->shard.l0, m->shard.l1, m->ut.num_local,
-                   m->param_bytes / 1073741824.0, m->act_bytes / 1073741824.0, m->nacts, rows);
+            printf("rank %d (dp %d, pp %d, tp %d): GPU %d, layers %s, %zu parameters here, "
+                   "%.2f GiB of weights, gradients and AdamW state, %.2f GiB of activations (%d sets)%s%s\n", r,
+                   g->dp_rank, g->pp_rank, g->tp_rank, device, shard_chunk_list(&m->shard, chunks, sizeof(chunks)),
+                   m->ut.num_local, m->param_bytes / 1073741824.0, m->act_bytes / 1073741824.0, m->nacts, rows, more);
         fflush(stdout);
         nccl_barrier(par->nccl, &par->nccl->world);
     }
@@ -1369,56 +1641,6 @@ static void print_gpu_memory(const Parallel *par, int device) {
     printf("GPU %d memory in use at the end: %.1f MiB of %.1f MiB (cudaMemGetInfo: every process on that GPU)\n",
            device, (total - free_bytes) / 1048576.0, total / 1048576.0);
     fflush(stdout);
-}
-
-// where a pipeline message's rows*C floatX live (B*T*C, or under -sp this
-// rank's rows, which go to the same tp rank of the next stage): an
-// activation arrives as the micro-batch's stage input and
-// leaves as its stage output; a gradient arrives in grad_in and leaves from
-// dresidual, the gradient of the stage's input
-static floatX *pipe_buffer(GPT2 *m, PipeMsg msg, int incoming) {
-    Acts *a = &m->acts[msg.mb % m->nacts];
-    if (msg.channel == CH_ACTIVATION) return incoming ? a->encoded : block_input(m, a, m->shard.nl);
-    return incoming ? m->sc.grad_in : m->sc.dresidual;
-}
-
-static int stage_rank(const GPT2 *m, int pp_rank) {
-    return grid_rank(&m->grid, m->shard.dp_rank, pp_rank, m->shard.tp_rank);
-}
-
-// sends out and receives in (either may be none) as one exchange, MAC'd
-static void pipe_exchange(GPT2 *m, PipeMsg out, PipeMsg in) {
-    if (out.peer < 0 && in.peer < 0) return;
-    size_t bytes = (size_t)m->rows * m->config.C * sizeof(floatX);  // -sp: my rows
-    nccl_sendrecv_mac(m->nccl, out.peer < 0 ? -1 : stage_rank(m, out.peer), out.channel, out.mb,
-                      out.peer < 0 ? NULL : pipe_buffer(m, out, 0), out.peer < 0 ? 0 : bytes,
-                      in.peer < 0 ? -1 : stage_rank(m, in.peer), in.channel, in.mb,
-                      in.peer < 0 ? NULL : pipe_buffer(m, in, 1), in.peer < 0 ? 0 : bytes);
-}
-
-// one step's forwards and backwards in the order of the pipeline schedule,
-// and the messages between neighbouring stages in the order of its plan
-// (pipeline.h's pipeline_plan, the same plan train_gpt2.c's pipeline_run
-// posts and test_parallel checks). dloss = 1 / (all positions of the step).
-// t (watch.h's PipeTimes, the CPU trainer's measure of the bubble) stays
-// empty: the kernels run ahead of the host, so host clocks around the ops
-// would time their queueing, not their work.
-static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n, float dloss, PipeTimes *t) {
-    pipe_times_start(t);
-    if (m->shard.pp > 1) nccl_mac_step_begin(m->nccl);  // the step's MAC'd messages, checked by gpt2_step_loss
-    for (int k = 0; k < n; k++) {
-        const PipeStep *st = &plan[k];
-        Acts *a = &m->acts[st->op.mb % m->nacts];
-        if (st->op.kind == PIPE_F) {
-            next_batch(train, m->inputs, m->targets);
-            gpt2_stage_batch(m, a, 1);
-        }
-        pipe_exchange(m, PIPE_NONE, st->recv);
-        m->last_micro = st->op.kind == PIPE_B && st->op.mb == n / 2 - 1;  // n = 2M ops
-        if (st->op.kind == PIPE_F) stage_forward(m, a, FWD_TRAIN, dloss);
-        else stage_backward(m, a);
-        pipe_exchange(m, st->send, st->next_recv);
-    }
 }
 
 // the sum over the world of this rank's losses (only the last stage has any;
@@ -1674,9 +1896,13 @@ int main(int argc, char **argv) {
     if (gpu_options_take(&gopt, &argc, argv, err, sizeof(err)) != 0) die_usage(err);
     // the job, checked once, by the launcher, before any rank starts or a GPU is touched
 #ifdef ENABLE_FP32
-    TrainerBuild build = {"the fp32 build of train_gpt2cu", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B, 1, 0};  // exact fp32, GELU unfused
+    // exact fp32, GELU unfused; every pipeline schedule; sequence parallelism
+    TrainerBuild build = {"the fp32 build of train_gpt2cu", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_INTERLEAVED | 1u << PS_ZBH1 | 1u << PS_ZBV,
+                          1, 0};
 #else
-    TrainerBuild build = {"the bf16 build of train_gpt2cu", 1, 2, 1u << PS_GPIPE | 1u << PS_1F1B, 1, 0};  // bf16 GEMMs, GELU fused both ways
+    // bf16 GEMMs, GELU fused both ways; every pipeline schedule; sequence parallelism
+    TrainerBuild build = {"the bf16 build of train_gpt2cu", 1, 2, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_INTERLEAVED | 1u << PS_ZBH1 | 1u << PS_ZBV,
+                          1, 0};
 #endif
     parse_flags(&job, argc, argv, gpu_usage_lines, &build);
     if (ckpt_check_flags(&job.opt, err, sizeof(err)) != 0) die_usage(err);  // before a launcher counts the GPUs
@@ -1703,10 +1929,13 @@ int main(int argc, char **argv) {
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     double gpu_peak = gpu_peak_flops(prop.name), peak = gpu_peak * par.grid.world;  // the job's: all its GPUs'
+    int nops;
+    PipeStep *plan = step_plan(&job, &par.grid, &nops);
+    PipeLayout layout = job_pipeline(&job.opt, par.grid.pp, accum);
     GPT2 model;
     gpt2_init_rank(&model, &job.config, params, (uint64_t)job.opt.seed, B, T, gopt.recompute, gopt.attention_tc,
-                   &par.grid, par.zero, activation_sets(&job, &par.grid), par.nccl, job.opt.sp);
-    PipeLayout layout = job_pipeline(&job.opt, par.grid.pp, accum);
+                   &par.grid, &layout, par.zero, activation_sets(&job, &par.grid), par.nccl, job.opt.sp);
+    gpt2_pipeline(&model, accum);
     if (pipeline_splits_backward(&layout)) gpt2_split_backward(&model);
     free(params);
     model.fuse_gelu = job.opt.gelu_fusion;  // -ge, checked against this build by parse_flags
@@ -1716,8 +1945,6 @@ int main(int argc, char **argv) {
     double load_ms = now_ms() - job.load_t0 - job.verify_ms;
     par.nccl->stream = model.stream;  // the collectives queue behind the model's kernels
     if (pp > 1) reserve_pipeline_macs(&model, &par, accum);
-    int nops;
-    PipeStep *plan = step_plan(&job, &par.grid, &nops);
     AdamHyper hyper = {job.opt.lr, job.opt.beta1, job.opt.beta2, job.opt.eps, job.opt.weight_decay, job.opt.grad_clip};
     if (rank0) {
         print_device(&prop, gpu_peak, &gopt, &model);

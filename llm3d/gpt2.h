@@ -12,7 +12,8 @@
  *   model files: check_config, model_read_header, model_load, model_save
  *   the debug state: DebugState, debug_state_load, debug_state_free
  *   a rank's slice: Shard, ShardChunk, SHARD_MAXV, shard_for, shard_set_chunks,
- *                   shard_part_layers, shard_layer, shard_max_chunk, local_tensor_size, local_to_global,
+ *                   shard_part_layers, shard_layer, shard_max_chunk, shard_chunk_list, local_tensor_size,
+ *                   local_to_global,
  *     tensor_is_replicated, tensor_counted_here; its units (Unit, UnitTable,
  *     unit_table, unit_fill, ...) and their walks (for_each_unit_part,
  *     for_each_owned)
@@ -442,6 +443,19 @@ static int shard_max_chunk(const Shard *s) {
     int n = 0;
     for (int k = 0; k < s->nchunks; k++) n = s->chunk[k].nl > n ? s->chunk[k].nl : n;
     return n;
+}
+
+// the stage's layers as text (the trainers' layout lines): "0..3", with
+// chunks "0..1 (part 0), 4..5 (part 2)"
+static const char *shard_chunk_list(const Shard *s, char *buf, size_t len) {
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < s->nchunks && at < len; k++) {
+        const ShardChunk *ch = &s->chunk[k];
+        if (s->nchunks == 1) at += (size_t)snprintf(buf + at, len - at, "%d..%d", ch->l0, ch->l0 + ch->nl - 1);
+        else at += (size_t)snprintf(buf + at, len - at, "%s%d..%d (part %d)", k ? ", " : "", ch->l0, ch->l0 + ch->nl - 1, ch->part);
+    }
+    return buf;
 }
 
 // grid coordinates -> this rank's shard of the model, one chunk per stage

@@ -9,7 +9,7 @@
  *                        the two fused in one pass
  *   layernorm_backward   dinp += the LayerNorm backward of dout, and the
  *                        weight and bias gradients, which are matmul.cuh's
- *                        column sums
+ *                        column sums (either part alone, for a split backward)
  */
 #ifndef LLM3D_LAYERNORM_CUH
 #define LLM3D_LAYERNORM_CUH
@@ -142,12 +142,17 @@ static void residual_layernorm_forward(floatX *residual, floatX *out, float *mea
     CUDA_CHECK(cudaGetLastError());
 }
 
-// dinp += d/dinp, dweight += ..., dbias += ...; partial: colsum_splits(N) * 2C floats
+// dinp += d/dinp, dweight += ..., dbias += ...; partial: colsum_splits(N) * 2C floats.
+// dinp NULL: the parameters' gradients alone; dweight NULL: dinp alone (a
+// backward split in B and W, train_gpt2.cu's BACK_INPUT and BACK_WEIGHTS)
 static void layernorm_backward(floatX *dinp, floatX *dweight, floatX *dbias, float *partial, const floatX *dout,
                                const floatX *inp, const floatX *weight, const float *mean, const float *rstd, int N,
                                int C, cudaStream_t stream) {
-    layernorm_backward_dinp_kernel<<<ceil_div(N, 8), 256, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
-    CUDA_CHECK(cudaGetLastError());
+    if (dinp != NULL) {
+        layernorm_backward_dinp_kernel<<<ceil_div(N, 8), 256, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+        CUDA_CHECK(cudaGetLastError());
+    }
+    if (dweight == NULL) return;
     int splits = colsum_splits(N);
     dim3 grid(ceil_div(C, COLSUM_COLS), splits);
     column_sums_kernel<<<grid, COLSUM_WARPS * 32, 0, stream>>>(partial, dout, inp, mean, rstd, N, C,

@@ -12,8 +12,9 @@
  *   sample            tokens sampled from the model, printed
  *
  * A part of train_gpt2.cu, not a header of its own: train_gpt2.cu includes
- * it after world_sum, and it uses that file's GPT2, Parallel, stage_forward,
- * pipe_exchange, world_loss_sum and world_sum.
+ * it after world_sum, and it uses that file's GPT2, Parallel,
+ * forward_in_model_order (pipeline_run.cuh), head_take, world_loss_sum and
+ * world_sum.
  */
 #ifndef LLM3D_GPU_EVAL_CUH
 #define LLM3D_GPU_EVAL_CUH
@@ -27,18 +28,14 @@
 #include "llm3d/trainer.h"     // Job, LogLine, evaluate_due, hellaswag_due
 
 // one micro-batch (staged from m->inputs, m->targets into set i's buffers)
-// forward through the pipeline as the i-th of an evaluation: its losses
-// add into sc.losses on the last stage; its messages are checked before
-// the next batch
+// forward through the pipeline as the i-th of an evaluation, its parts in
+// model order (forward_in_model_order): its losses add into sc.losses on
+// the last part; its messages are checked before the next batch
 static void eval_forward(GPT2 *m, Parallel *par, int i) {
-    const Shard *s = &m->shard;
     Acts *a = &m->acts[i % m->nacts];
     gpt2_stage_batch(m, a, 0);
-    if (s->pp > 1) nccl_mac_step_begin(par->nccl);
-    PipeLayout line = pipe_layout(PIPE_GPIPE, s->pp, i + 1, 1);  // forwards only: down the stages in a line
-    pipe_exchange(m, PIPE_NONE, pipe_input(&line, s->pp_rank, pipe_op(PIPE_F, i, 0)));
-    stage_forward(m, a, FWD_LOSS, 0.0f);
-    pipe_exchange(m, pipe_output(&line, s->pp_rank, pipe_op(PIPE_F, i, 0)), PIPE_NONE);
+    if (m->shard.pp > 1) nccl_mac_step_begin(par->nccl);
+    forward_in_model_order(m, a, i);
     mac_check_or_exit(m, par, "in an evaluation");
 }
 
@@ -106,6 +103,7 @@ static void sample(GPT2 *model, const Tokenizer *tok, int gen_tokens, uint64_t *
     floatX *row = (floatX *)host_alloc((size_t)Vp * sizeof(floatX), "sample logits");
     float *z = (float *)host_alloc((size_t)V * sizeof(float), "sample logits");
     int n = gen_tokens < T ? gen_tokens : T;
+    head_take(model, 0);  // between steps: every logits block is free
     printf("generating:\n---\n");
     for (int t = 1; t < n; t++) {
         gpt2_forward(model, FWD_LOGITS, 0.0f);
@@ -120,6 +118,7 @@ static void sample(GPT2 *model, const Tokenizer *tok, int gen_tokens, uint64_t *
         if (s != NULL) fwrite(s, 1, len, stdout);
         fflush(stdout);
     }
+    head_give_back(model, 0);
     printf("\n---\n");
     free(row);
     free(z);
