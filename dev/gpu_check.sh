@@ -29,7 +29,9 @@
 #      stall ending the job with the culprit named, -wr naming a slowed rank
 #      from NCCL's wait clocks, -ck a drifted replica; then every layout of
 #      test_layouts, fp32 within 1e-5 of one rank, a bf16 subset within 2e-2,
-#      sequence parallelism (-sp 1) among them: tp 2, tp 4 and (2, 2, 2)
+#      sequence parallelism (-sp 1) among them: tp 2, tp 4 and (2, 2, 2);
+#      and the schedules interleaved (-pv 2), zbh1 and zbv at pp 2 and 4
+#      (built without a GPU: first run here), zbv pp 2 in bf16 too
 #   6. over real NCCL: checkpoints of 8 ranks ((2, 2, 2), ZeRO 1 and 3, fp32)
 #      resumed bit for bit by the same layout, by one rank (1e-5) and by the
 #      CPU trainer; SIGTERM of an 8-rank job; 2 ranks started by a script,
@@ -424,11 +426,12 @@ layout() {  # layout PREC BOUND NAME BASE_ARGS LAYOUT_ARGS [MODE]
 }
 TINY="-e dev/fixtures/tiny_model.bin"      # L=2 NH=4 C=64 V=500
 DEEP="-e d4 -ec 64 -ev 256 -et 16"          # L=4 NH=4 C=64 V=256
+DEEP8="-e d8 -ec 128 -ev 256 -et 16"        # L=8 NH=8 C=128 V=256: pp 4 x 2 chunks
 DP2="$TINY -b 2 -t 16 -d 64" DP4="$TINY -b 2 -t 16 -d 128" TP="$TINY -b 2 -t 16 -d 32"
-PP2="$TINY -b 1 -t 16 -d 64" PP4="$DEEP -b 1 -t 16 -d 64" GRID="$TINY -b 2 -t 16 -d 128"
+PP2="$TINY -b 1 -t 16 -d 64" PP4="$DEEP -b 1 -t 16 -d 64" PP8="$DEEP8 -b 1 -t 16 -d 64" GRID="$TINY -b 2 -t 16 -d 128"
 layouts() {  # layouts PREC BOUND [MODE]: the one-rank runs first, then every layout against its own
     local p=$1 b=$2 m=${3:-host} base z s
-    for base in "$DP2" "$DP4" "$TP" "$PP2" "$PP4"; do background one_rank $p "$base"; done  # GRID = DP4
+    for base in "$DP2" "$DP4" "$TP" "$PP2" "$PP4" "$PP8"; do background one_rank $p "$base"; done  # GRID = DP4
     collect
     for z in 0 1 2 3; do W=$(wt $m 2) background layout $p $b dp2_z$z "$DP2" "-np 2 -z $z" $m; done
     for z in 0 1 2 3; do W=$(wt $m 4) background layout $p $b dp4_z$z "$DP4" "-np 4 -z $z" $m; done
@@ -437,6 +440,15 @@ layouts() {  # layouts PREC BOUND [MODE]: the one-rank runs first, then every la
     for s in gpipe 1f1b; do
         W=$(wt $m 2) background layout $p $b pp2_$s "$PP2" "-np 2 -pp 2 -ps $s -mb 4" $m
         W=$(wt $m 4) background layout $p $b pp4_$s "$PP4" "-np 4 -pp 4 -ps $s -mb 4" $m
+    done
+    # the schedules with chunks of layers or a split backward (built, first run here): interleaved
+    # (-pv 2) and zbv need pp x 2 layers, so pp 2 on d4 and pp 4 on d8; zbh1 on d4
+    for s in "interleaved -pv 2" zbh1 zbv; do
+        W=$(wt $m 2) background layout $p $b "pp2_${s%% *}" "$PP4" "-np 2 -pp 2 -ps $s -mb 4" $m
+    done
+    W=$(wt $m 4) background layout $p $b pp4_zbh1 "$PP4" "-np 4 -pp 4 -ps zbh1 -mb 4" $m
+    for s in "interleaved -pv 2" zbv; do
+        W=$(wt $m 4) background layout $p $b "pp4_${s%% *}" "$PP8" "-np 4 -pp 4 -ps $s -mb 4" $m
     done
     for z in 1 3; do W=$(wt $m 8) background layout $p $b grid222_z$z "$GRID" "-np 8 -tp 2 -pp 2 -z $z" $m; done
     # sequence parallelism (-sp 1): the rows of each micro-batch split among the tp ranks
@@ -447,9 +459,10 @@ layouts() {  # layouts PREC BOUND [MODE]: the one-rank runs first, then every la
 }
 layouts_bf16() {  # layouts_bf16 [MODE]: a subset of them in bf16, within 2e-2 (the "bf16 bound" above)
     local m=${1:-host} base
-    for base in "$DP2" "$TP" "$PP2" "$GRID"; do background one_rank bf16 "$base"; done
+    for base in "$DP2" "$TP" "$PP2" "$PP4" "$GRID"; do background one_rank bf16 "$base"; done
     collect
     W=$(wt $m 2) background layout bf16 2e-2 dp2_z3 "$DP2" "-np 2 -z 3" $m
+    W=$(wt $m 2) background layout bf16 2e-2 pp2_zbv "$PP4" "-np 2 -pp 2 -ps zbv -mb 4" $m  # chunks and the split backward
     W=$(wt $m 2) background layout bf16 2e-2 tp2 "$TP" "-np 2 -tp 2" $m
     W=$(wt $m 2) background layout bf16 2e-2 pp2_1f1b "$PP2" "-np 2 -pp 2 -ps 1f1b -mb 4" $m
     W=$(wt $m 8) background layout bf16 2e-2 grid222_z1 "$GRID" "-np 8 -tp 2 -pp 2 -z 1" $m
