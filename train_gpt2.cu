@@ -1280,6 +1280,9 @@ static void chunk_forward(GPT2 *m, Acts *a, int k, int mode, float dloss) {
     cudaStream_t st = m->stream;
 
     if (chunk_first(s, k)) {
+        // with chunks, a pooled set's encoded may hold what a receive put
+        // there for another chunk, its MAC check still to read it
+        if (s->nchunks > 1) nccl_mac_before_write(m->nccl, st, a->encoded, rc * sizeof(floatX));
         floatX *wte = unit_acquire(m, m->ut.u_wte), *wpe = unit_acquire(m, m->ut.u_wpe);
         if (m->sp) sp_vocab_parallel_embedding_forward(m, a->encoded, a->staged.inputs, wte, wpe);
         else vocab_parallel_embedding_forward(m, a->encoded, a->staged.inputs, wte, wpe, B, T, C);

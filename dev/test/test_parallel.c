@@ -1596,6 +1596,20 @@ static void test_gpu_host_mode(void) {
     check(!gpu_host_mode(0, 1, 4, 0), "no GPU: not host mode (the binding refuses the rank)");
 }
 
+// mac_unread_hit: a write waits for the MAC checks exactly where it
+// overlaps the last receive's buffer (nccl_mac_before_write: over NCCL with
+// chunks, the embedding into a pooled set, zbv's hand-offs)
+static void test_mac_unread_hit(void) {
+    static char buf[4096];
+    check(mac_unread_hit(buf, 1024, buf, 1024) && mac_unread_hit(buf + 512, 1024, buf, 1024) &&
+              mac_unread_hit(buf, 1024, buf + 1023, 1) && mac_unread_hit(buf + 100, 8, buf, 4096),
+          "a write into the last received buffer, or overlapping it, waits for its check");
+    check(!mac_unread_hit(buf, 1024, buf + 1024, 1024) && !mac_unread_hit(buf + 1024, 1024, buf, 1024) &&
+              !mac_unread_hit(NULL, 0, buf, 1024) && !mac_unread_hit(buf, 1024, buf, 0) &&
+              !mac_unread_hit(buf, 0, buf, 1024),
+          "a write beside it, with no receive unread, or of no bytes does not wait");
+}
+
 static uint32_t float_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -1713,6 +1727,7 @@ int main(int argc, char **argv) {
     test_grid_split();
     test_gpu_binding();
     test_gpu_host_mode();
+    test_mac_unread_hit();
     test_bf16_host_sums();
     test_pipeline_schedules();
     test_pipeline_plans();

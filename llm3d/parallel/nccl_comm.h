@@ -15,6 +15,7 @@
  *                          so a watchdog that times out names the rank
  *     nccl_mac_chunk_bytes, mac_send_header, mac_recv_header
  *                          the headers of the MAC'd point-to-point messages
+ *     mac_unread_hit       whether a write lands where a check may still read
  *   in CUDA builds only (-DLLM3D_NCCL), the backend:
  *     NcclComm, nccl_init, nccl_free
  *     nccl_allreduce, nccl_reduce_scatter, nccl_allgather, nccl_broadcast,
@@ -24,6 +25,8 @@
  *                          the point-to-point calls
  *     nccl_sendrecv_mac, nccl_mac_step_check
  *                          the MAC'd messages checked on the GPU
+ *     nccl_mac_before_write
+ *                          a write into a received buffer, after its check
  *     nccl_sync, nccl_sync_event
  *                          the watchdog, where the host waits
  *     nccl_watch, nccl_wait_ms
@@ -307,6 +310,16 @@ static inline void mac_recv_header(Links *l, int src, int channel, long step, in
     frame_header_make(out, l->job_id, src, l->rank, channel, step, microbatch, l->recv_seq[src]++, len);
 }
 
+// mac_unread_hit: whether a write of bytes at buf overlaps the last MAC'd
+// receive's buffer (unread: NULL for none), whose check may not have read
+// it yet. Every receive waits for the checks before it, so that one is the
+// only buffer a check may still be reading.
+static inline int mac_unread_hit(const void *unread, size_t unread_bytes, const void *buf, size_t bytes) {
+    if (unread == NULL || buf == NULL || unread_bytes == 0 || bytes == 0) return 0;
+    uintptr_t u = (uintptr_t)unread, b = (uintptr_t)buf;
+    return b < u + unread_bytes && u < b + bytes;
+}
+
 // The step's tags, pair by pair: a rank keeps the tags of the messages it
 // sends to each peer in the order sent, and the tags its checks compute for
 // the messages it receives from each peer in the order received; at the
@@ -439,6 +452,8 @@ typedef struct {
     cudaStream_t verify;
     cudaEvent_t received;   // on stream: the payload has arrived
     cudaEvent_t verify_read;// on verify: the last check's chunk kernel has read its payload
+    const void *unread;     // the last MAC'd receive's buffer, if stream has not waited for its check since
+    size_t unread_bytes;
     uint8_t *verify_scratch;
     size_t verify_scratch_bytes;
     // host mode (gpu_host_mode): no NCCL communicator is made; every call
@@ -1282,7 +1297,22 @@ static inline void nccl_sendrecv_mac(NcclComm *c, int dst_rank, int send_channel
         m->index = nccl_mac_count(c, &c->peers.received[m->peer]);
         mac_recv_header(&c->links, src_rank, recv_channel, c->step, recv_mb, recv_bytes, header);
         nccl_mac_check(c, header, recvbuf, recv_bytes, c->tags_want + mac_tag_offset(m->peer, m->index, c->mac_cap));
+        c->unread = recvbuf;  // the checks before it were waited for above
+        c->unread_bytes = recv_bytes;
     }
+}
+
+// nccl_mac_before_write: before the rank writes bytes at buf on stream s
+// other than by a receive (which waits itself), s waits for the MAC checks
+// if the last receive's buffer is there: a write that lands before its
+// check has read it would make the check refuse the step. Over NCCL with
+// chunks of layers a received buffer is written so: a pooled activation
+// set retaken for the embedding, zbv's hand-offs (pipeline_run.cuh).
+// verify_read covers every check queued, as they run in order on verify.
+static inline void nccl_mac_before_write(NcclComm *c, cudaStream_t s, const void *buf, size_t bytes) {
+    if (c == NULL || c->host != NULL || !mac_unread_hit(c->unread, c->unread_bytes, buf, bytes)) return;
+    nccl_check_cuda(c, cudaStreamWaitEvent(s, c->verify_read, 0), "ordering a write after the MAC checks");
+    c->unread = NULL;
 }
 
 // nccl_mac_step_begin: at the start of a step, before its first MAC'd message
@@ -1335,6 +1365,7 @@ static inline int nccl_mac_step_check(NcclComm *c, char *err, size_t errlen) {
     // both streams under the watchdog: the main one holds the swap, which waits on peers
     nccl_sync(c, c->stream, "the step's MAC tags");
     nccl_sync(c, c->verify, "the step's MAC checks");
+    c->unread = NULL;
     size_t bytes = mac_tag_offset(c->peers.n, 0, c->mac_cap), half = mac_tag_offset(NCCL_MAC_MAX_PEERS, 0, c->mac_cap);
     cudaError_t e = cudaMemcpy(c->tags_host, c->tags_want, bytes, cudaMemcpyDeviceToHost);
     if (e == cudaSuccess) e = cudaMemcpy(c->tags_host + half, c->tags_in, bytes, cudaMemcpyDeviceToHost);

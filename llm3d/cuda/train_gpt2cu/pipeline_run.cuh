@@ -49,6 +49,11 @@
 // activation_sets). A set holds its incoming gradient too (grad_in), as
 // that may come before the B. A set given back is free on the host at
 // once: the kernels that next write it queue behind those that read it.
+// One reader is on another stream: over NCCL a receive's MAC check reads
+// its buffer later, and only the next receive waits for it; a set's
+// writes other than receives (the embedding into a retaken set, a
+// hand-off's copy) wait for it where they land on that buffer
+// (nccl_mac_before_write).
 
 // the set of mb on chunk k, taken from the free ones when it has none yet
 static Acts *set_take(GPT2 *m, int mb, int k) {
@@ -135,8 +140,10 @@ static int pipe_tag(const GPT2 *m, PipeMsg msg) { return msg.mb * m->shard.nchun
 static void pipe_hand_off(GPT2 *m, PipeMsg msg, int at_send) {
     size_t bytes = (size_t)m->rows * m->config.C * sizeof(floatX);  // -sp: my rows
     if ((msg.channel == CH_ACTIVATION) == at_send) return;  // done at the other end
-    CUDA_CHECK(cudaMemcpyAsync(pipe_buffer(m, msg, 1), pipe_buffer(m, msg, 0), bytes, cudaMemcpyDeviceToDevice,
-                               m->stream));
+    // where a receive over NCCL may have just landed (the sets are pooled)
+    floatX *to = pipe_buffer(m, msg, 1);
+    nccl_mac_before_write(m->nccl, m->stream, to, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(to, pipe_buffer(m, msg, 0), bytes, cudaMemcpyDeviceToDevice, m->stream));
 }
 
 static void pipe_recv(GPT2 *m, PipeMsg in) {
@@ -238,9 +245,12 @@ static void forward_in_model_order(GPT2 *m, Acts *a, int i) {
             if (peer != stage)
                 nccl_sendrecv_mac(m->nccl, -1, CH_ACTIVATION, 0, NULL, 0, stage_rank(m, peer), CH_ACTIVATION,
                                   i * s->nchunks + k, a->encoded, bytes);
-            else  // a hand-off between two chunks of mine, in the one set
+            else {  // a hand-off between two chunks of mine, in the one set, where
+                    // the chunk before received over NCCL: its MAC check reads it first
+                nccl_mac_before_write(m->nccl, m->stream, a->encoded, bytes);
                 CUDA_CHECK(cudaMemcpyAsync(a->encoded, block_input(m, a, s->chunk[peer_chunk].nl), bytes,
                                            cudaMemcpyDeviceToDevice, m->stream));
+            }
         }
         if (p == P - 1) head_take(m, (int)(a - m->acts));  // between steps: every logits block is free
         chunk_forward(m, a, k, FWD_LOSS, 0.0f);
