@@ -752,6 +752,45 @@ static void test_pipeline_plans(void) {
     check(ordered == tried, "zbv, pp 1-8, M 1-32: stage 0's last W is the embeddings' chunk's in %d of %d", ordered, tried);
 }
 
+// gpt2_backward on one rank holding zbv's two chunks (as stage_forward
+// runs them for sampling): one set cannot hold both chunks' activations,
+// so it refuses with one line, exit 1, before any GPU work (in a child:
+// the host side of the model only, as gpt2_init_rank makes it)
+static void test_backward_chunks(void) {
+    GPT2Config c;
+    config_from_descriptor(&c, "d8", 256, 64);
+    Grid g;
+    char err[256], said[512] = "";
+    grid_init(&g, 1, 1, 1, 0, err, sizeof(err));
+    GPT2 m;
+    memset(&m, 0, sizeof(m));
+    m.config = c;
+    m.grid = g;
+    m.pipe = pipe_layout(PIPE_ZBV, 1, 1, 1);
+    m.shard = rank_shard(&c, &g, &m.pipe);
+    int fd[2];
+    if (pipe(fd) != 0) { check(0, "gpt2_backward with two chunks: a pipe"); return; }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fd[1], 2);
+        close(fd[0]);
+        gpt2_backward(&m);
+        _exit(0);
+    }
+    close(fd[1]);
+    ssize_t n = read(fd[0], said, sizeof(said) - 1);
+    said[n > 0 ? n : 0] = '\0';
+    close(fd[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    size_t len = strlen(said);
+    check(m.shard.nchunks == 2 && code == 1 && len > 0 && strchr(said, '\n') == said + len - 1 &&
+              strstr(said, "2 chunks of layers on one rank (-ps zbv)") != NULL,
+          "gpt2_backward on one rank with zbv's 2 chunks: one line, exit %d: %s", code, said);
+}
+
 static int buckets_ok(const int *inputs, int BT, int v0, int Vl, int n, const int *start, const int *token,
                       const int *pos, int *seen) {
     int ok = start[0] == 0;
@@ -1617,6 +1656,7 @@ int main(void) {
     test_buffer_plan();
     test_sp_buffer_plan();
     test_pipeline_plans();
+    test_backward_chunks();
     test_token_buckets();
     test_init_spec();
     test_peak_table();

@@ -1334,15 +1334,20 @@ static void chunk_forward(GPT2 *m, Acts *a, int k, int mode, float dloss) {
     vocab_parallel_cross_entropy(m, a->logits, sc->losses, a->staged.targets, dloss, BT, mode == FWD_TRAIN);
 }
 
-// the stage's whole forward of set a: one chunk; several only on one rank
-// (pp = 1, zbv's two), where each hands its output to the next in the set
+// the stage's whole forward of set a: one chunk, or on one rank (pp 1)
+// several in model order (-ps zbv's two, in a V), each taking the output of
+// the one before into the set's chunk input, as pipeline_run's hand-off does
 static void stage_forward(GPT2 *m, Acts *a, int mode, float dloss) {
     const Shard *s = &m->shard;
     size_t bytes = (size_t)m->rows * m->config.C * sizeof(floatX);
-    for (int k = 0; k < s->nchunks; k++) {
-        if (k > 0)
-            CUDA_CHECK(cudaMemcpyAsync(a->encoded, block_input(m, a, s->chunk[k - 1].nl), bytes,
+    for (int p = 0; p < s->nchunks; p++) {
+        int stage, k, before;
+        pipeline_place(&m->pipe, p, &stage, &k);
+        if (p > 0) {
+            pipeline_place(&m->pipe, p - 1, &stage, &before);
+            CUDA_CHECK(cudaMemcpyAsync(a->encoded, block_input(m, a, s->chunk[before].nl), bytes,
                                        cudaMemcpyDeviceToDevice, m->stream));
+        }
         chunk_forward(m, a, k, mode, dloss);
     }
 }
@@ -1421,8 +1426,18 @@ static void chunk_backward(GPT2 *m, Acts *a, Acts *d, int part, int k) {
     }
 }
 
-// the whole backward of set a, in the scratch (one chunk per stage)
-static void stage_backward(GPT2 *m, Acts *a) { chunk_backward(m, a, NULL, BACK_ALL, 0); }
+// the whole backward of set a, in the scratch. One chunk only: a set holds
+// one chunk's activations, so after stage_forward ran several (zbv on one
+// rank) the earlier chunks' are gone; pipeline_run gives each chunk a set.
+static void stage_backward(GPT2 *m, Acts *a) {
+    if (m->shard.nchunks != 1) {
+        fprintf(stderr, "train_gpt2cu: gpt2_backward: the model holds %d chunks of layers on one rank (-ps %s); "
+                "its backward runs one chunk per set: train it through pipeline_run\n", m->shard.nchunks,
+                pipeline_name(m->pipe.schedule));
+        exit(1);
+    }
+    chunk_backward(m, a, NULL, BACK_ALL, 0);
+}
 
 // one rank, one micro-batch in set 0 (the tests and sampling): stages
 // model->inputs and ->targets and runs the forward
