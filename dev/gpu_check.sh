@@ -31,14 +31,17 @@
 #      test_layouts, fp32 within 1e-5 of one rank, a bf16 subset within 2e-2,
 #      sequence parallelism (-sp 1) among them: tp 2, tp 4 and (2, 2, 2);
 #      and the schedules interleaved (-pv 2), zbh1 and zbv at pp 2 and 4
-#      (built without a GPU: first run here), zbv pp 2 in bf16 too
+#      (built without a GPU: first run here), zbv pp 2 in bf16 too, and with
+#      dp 2 (zbv ZeRO 1 and 3, interleaved ZeRO 2), tp 2 (zbh1) and (2, 2, 2)
+#      (zbv, ZeRO 1, -sp 1)
 #   6. over real NCCL: checkpoints of 8 ranks ((2, 2, 2), ZeRO 1 and 3, fp32)
 #      resumed bit for bit by the same layout, by one rank (1e-5) and by the
-#      CPU trainer; SIGTERM of an 8-rank job; 2 ranks started by a script,
+#      CPU trainer; a 1f1b checkpoint resumed under zbv (1e-5); SIGTERM of an 8-rank job; 2 ranks started by a script,
 #      torchrun and mpirun (each where the machine has it), --rendezvous
 #   7. the layouts of phase 5 in host mode (the default where ranks share a
-#      GPU: they talk through the shared-memory host backend), with their
-#      faults, the watch report and the consistency check
+#      GPU: they talk through the shared-memory host backend) and the resume
+#      across schedules, with their faults, the watch report and the
+#      consistency check
 #   8. fp32: test_gpt2cu_fp32; the GPU against the CPU trainer (10 steps
 #      within 1e-4); a checkpoint of each resumed by the other
 #   9. NCCL with one rank: ZeRO 0-3 agree (fp32: bit for bit); checkpoints
@@ -429,9 +432,10 @@ DEEP="-e d4 -ec 64 -ev 256 -et 16"          # L=4 NH=4 C=64 V=256
 DEEP8="-e d8 -ec 128 -ev 256 -et 16"        # L=8 NH=8 C=128 V=256: pp 4 x 2 chunks
 DP2="$TINY -b 2 -t 16 -d 64" DP4="$TINY -b 2 -t 16 -d 128" TP="$TINY -b 2 -t 16 -d 32"
 PP2="$TINY -b 1 -t 16 -d 64" PP4="$DEEP -b 1 -t 16 -d 64" PP8="$DEEP8 -b 1 -t 16 -d 64" GRID="$TINY -b 2 -t 16 -d 128"
+PPDP="$DEEP -b 1 -t 16 -d 128"              # 8 micro-batches: dp 2 x -mb 4 at pp 2, on 2 x 2 chunks
 layouts() {  # layouts PREC BOUND [MODE]: the one-rank runs first, then every layout against its own
     local p=$1 b=$2 m=${3:-host} base z s
-    for base in "$DP2" "$DP4" "$TP" "$PP2" "$PP4" "$PP8"; do background one_rank $p "$base"; done  # GRID = DP4
+    for base in "$DP2" "$DP4" "$TP" "$PP2" "$PP4" "$PP8" "$PPDP"; do background one_rank $p "$base"; done  # GRID = DP4
     collect
     for z in 0 1 2 3; do W=$(wt $m 2) background layout $p $b dp2_z$z "$DP2" "-np 2 -z $z" $m; done
     for z in 0 1 2 3; do W=$(wt $m 4) background layout $p $b dp4_z$z "$DP4" "-np 4 -z $z" $m; done
@@ -450,6 +454,14 @@ layouts() {  # layouts PREC BOUND [MODE]: the one-rank runs first, then every la
     for s in "interleaved -pv 2" zbv; do
         W=$(wt $m 4) background layout $p $b "pp4_${s%% *}" "$PP8" "-np 4 -pp 4 -ps $s -mb 4" $m
     done
+    # the same schedules through what only the GPU trainer has: the side stream's dp sums (ZeRO-1)
+    # and ZeRO-2/3's buckets against the deferred W ops, ZeRO-3's slots with wte kept by zbv's
+    # chunk 0 (stage 0 holds the embeddings and the head), tp's sums in B alone, -sp's gathers in
+    # W, and over NCCL the MAC checks of pooled activation sets beside dp and tp
+    for z in 1 3; do W=$(wt $m 4) background layout $p $b pp2dp2_zbv_z$z "$PPDP" "-np 4 -pp 2 -ps zbv -mb 4 -z $z" $m; done
+    W=$(wt $m 4) background layout $p $b pp2dp2_interleaved_z2 "$PPDP" "-np 4 -pp 2 -ps interleaved -pv 2 -mb 4 -z 2" $m
+    W=$(wt $m 4) background layout $p $b pp2tp2_zbh1 "$PP4" "-np 4 -tp 2 -pp 2 -ps zbh1 -mb 4" $m
+    W=$(wt $m 8) background layout $p $b grid222_zbv_z1_sp "$PPDP" "-np 8 -tp 2 -pp 2 -z 1 -sp 1 -ps zbv -mb 4" $m
     for z in 1 3; do W=$(wt $m 8) background layout $p $b grid222_z$z "$GRID" "-np 8 -tp 2 -pp 2 -z $z" $m; done
     # sequence parallelism (-sp 1): the rows of each micro-batch split among the tp ranks
     W=$(wt $m 2) background layout $p $b tp2_sp "$TP" "-np 2 -tp 2 -sp 1" $m
@@ -612,6 +624,24 @@ nccl_ckpt() {
     else
         skip "${name}_on_cpu: train_gpt2 not built"
     fi
+}
+# resume_across [MODE]: a checkpoint of one schedule resumed by another:
+# fp32, pp 2 with 1f1b for 8 steps, a checkpoint after step 3; its step-4
+# checkpoint resumed under zbv (each stage two chunks, the split backward),
+# its steps within 1e-5 of the run it left (the sums go in another order)
+resume_across() {
+    local m=${1:-host} name d args
+    name="$(mode_tag "$m")resume_1f1b_zbv" d="$WORK/$(mode_tag "$m")resume_1f1b_zbv"
+    nccl_fits "$m" 2 "$name" || return
+    args="$PP4 -v 0 -s 0 $SMALL -x 8 -n 4 -np 2 -pp 2 -mb 4 $(mode_flag "$m")"
+    mkdir -p "$d/zbv"
+    run "$name" 120 ./train_gpt2cu_fp32 $args -ps 1f1b -o "$d/full" -lg "$LOGS/$name.jsonl" && nccl_ran "$m" "$name" ||
+        return
+    cp -r "$d/full/ckpt_00000004" "$d/full/job.key" "$d/zbv/" &&
+        run "${name}_resumed" 120 ./train_gpt2cu_fp32 $args -ps zbv -o "$d/zbv" -y 1 -lg "$LOGS/${name}_resumed.jsonl" &&
+        nccl_ran "$m" "${name}_resumed" &&
+        compare 1e-5 "$(mode_tag "$m")pp 2: 1f1b's step-4 checkpoint resumed under zbv" "$LOGS/$name.jsonl" \
+            "$LOGS/${name}_resumed.jsonl" resumed
 }
 # outside NAME LAUNCHER...: dp 2 over NCCL (-hb 2), its 2 ranks started by
 # LAUNCHER, joined by --rendezvous and --key-file; fp32 within 1e-5 of one
@@ -784,6 +814,7 @@ elif [ $ON = 1 ]; then
         W=8 background nccl_ckpt 1
         W=8 background nccl_ckpt 3
     fi
+    [ -x ./train_gpt2cu_fp32 ] && W=2 background resume_across nccl
     if [ -x ./train_gpt2cu ] && nccl_fits nccl 8 "SIGTERM of 8 NCCL ranks"; then
         W=8 background sigterm_check nccl_term "$GRID -v 0 -s 0 $SMALL -np 8 -tp 2 -pp 2 -z 1 -hb 2"
     fi
@@ -812,7 +843,12 @@ DEADLINE=$DEADLINE_ALL
 # default, through the shared-memory host backend
 phase "host mode: layouts (fp32 within 1e-5, bf16 2e-2), faults" full
 if [ $ON = 1 ]; then
-    if [ -x ./train_gpt2cu_fp32 ]; then layouts fp32 1e-5; else skip "fp32 layouts: train_gpt2cu_fp32 not built"; fi
+    if [ -x ./train_gpt2cu_fp32 ]; then
+        layouts fp32 1e-5
+        resume_across
+    else
+        skip "fp32 layouts: train_gpt2cu_fp32 not built"
+    fi
     if [ -x ./train_gpt2cu ]; then
         faults
         layouts_bf16
