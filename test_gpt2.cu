@@ -685,8 +685,9 @@ static void test_pipeline_plans(void) {
             m.head_of = head_of;
             m.nheads = pipeline_shape(&m, M);
             m.head_busy = head_busy;
-            static floatX fake_heads[1];  // head_take only computes where a block would start
-            m.heads = m.nheads > 0 ? fake_heads : NULL;
+            // head_take only computes where a block starts: host bytes for the blocks to lie in
+            char *heads = m.nheads > 0 ? (char *)malloc((size_t)m.nheads * head_bytes(&m)) : NULL;
+            m.heads = (floatX *)heads;
             int nops;
             PipeStep *plan = step_plan(&job, &g, &nops);
             int peak = 0, held = 0, hpeak = 0, hheld = 0, fails = 0;
@@ -729,6 +730,7 @@ static void test_pipeline_plans(void) {
             }
             free(plan);
             free(m.set_of);
+            free(heads);
         }
     }
     check(layouts == 18 && bad_slices == 0 && lent_seen > 0 && split_seen > 0,

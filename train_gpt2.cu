@@ -1287,7 +1287,10 @@ static void chunk_forward(GPT2 *m, Acts *a, int k, int mode, float dloss) {
         if (m->sp) sp_vocab_parallel_embedding_forward(m, a->encoded, a->staged.inputs, wte, wpe);
         else vocab_parallel_embedding_forward(m, a->encoded, a->staged.inputs, wte, wpe, B, T, C);
         unit_release(m, m->ut.u_wpe);
-        if (!s->last) unit_release(m, m->ut.u_wte);  // one stage: wte stays for the head
+        // a stage that also holds the head (pp 1, zbv's stage 0) keeps wte for
+        // it; under zbv the head's B releases it and chunk 0's next F gathers
+        // it again (ZeRO-3: one all-gather more, at most 3 slots)
+        if (!s->last) unit_release(m, m->ut.u_wte);
     }
     int u = m->ut.u_layer0 + ch->off;
     LayerParams p = layer_params_at(c, s, unit_acquire(m, u));
