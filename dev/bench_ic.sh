@@ -3,20 +3,29 @@
 # B=4, T=64, dp 2 (-np 2), the same build with -ic 0 and -ic 1 in turn,
 # $RUNS runs of each (default 3), interleaved (0, 1, 0, 1, ...) so that a
 # busy machine's slow spells fall on both alike, $STEPS steps a run (default
-# 3; step 0, which warms up, left out). Prints the median step of each, their
-# difference, and the checks' own time per step as rank 0 measured it in the
-# -ic 1 runs ("checked collectives: X ms per step on rank 0": its sketches,
-# the records' all-gathers and the verdicts), against the -ic 0 median.
-# The difference of the medians holds the machine's noise; the checks' own
-# time does not, and is the figure to read on a shared machine.
+# 3; step 0, which warms up, left out). BEFORE=./other_build adds that
+# build's -ic 0 and -ic 1 runs to each round (before, then after), to
+# compare two builds on the same machine at the same time.
+#
+# Prints the median step of each, their difference, and the checks' own
+# cost per step on rank 0, which holds none of the machine's noise outside
+# the collectives: the trainer's line "checked collectives: X ms per step
+# on rank 0 in the checks' own passes, records and verdicts; Y ms in its
+# reducing receives' sums, sketched in the same pass" (-ic 1), and
+# "unchecked collectives: Y0 ms ... sums" (-ic 0): the cost is X + Y - Y0,
+# medians over the runs (the reducing receives make the sums either way, and
+# under -ic 1 sketch them in the same pass). A build whose lines lack Y and
+# Y0 (one that made every sketch in a pass of its own) costs X.
 set -eu
 cd "$(dirname "$0")/.."
 runs=${RUNS:-3}
 steps=${STEPS:-3}
 trainer=${TRAINER:-./train_gpt2}
+before=${BEFORE:-}
 data=${LLM3D_DATA:-../shared/data}
 dir=dev/data/tinyshakespeare
 [ -x "$trainer" ] || { echo "bench_ic: no $trainer; run 'make train_gpt2' first"; exit 1; }
+[ -z "$before" ] || [ -x "$before" ] || { echo "bench_ic: BEFORE=$before is not an executable"; exit 1; }
 if ! ls $dir/tiny_shakespeare_train_*.bin >/dev/null 2>&1; then
     [ -x ./prepare_data ] || { echo "bench_ic: no ./prepare_data; run 'make prepare_data' first"; exit 1; }
     [ -f "$data/tinyshakespeare.txt" ] || { echo "bench_ic: no $data/tinyshakespeare.txt; run 'make run' first"; exit 1; }
@@ -28,21 +37,42 @@ trap 'rm -rf "$tmp"' EXIT
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2];
                                              else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
+builds="after"
+[ -z "$before" ] || builds="before after"
 for r in $(seq 1 "$runs"); do
-    for ic in 0 1; do
-        "$trainer" -e d12 -b 4 -t 64 -np 2 -x "$steps" -v 0 -s 0 -ic $ic -i "$dir/tiny_shakespeare_train_*.bin" \
-            -lg "$tmp/log_${ic}_$r.jsonl" > "$tmp/out_${ic}_$r.txt" 2>&1 || { cat "$tmp/out_${ic}_$r.txt"; exit 1; }
-        # the steps after the first: their ms, one a line
-        sed -nE 's/.*"step": ([0-9]+),.*"ms": ([0-9.]+).*/\1 \2/p' "$tmp/log_${ic}_$r.jsonl" |
-            awk '$1 > 0 { print $2 }' >> "$tmp/ms_$ic.txt"
-        sed -nE 's/^checked collectives: ([0-9.]+) ms per step on rank 0$/\1/p' "$tmp/out_${ic}_$r.txt" >> "$tmp/check_$ic.txt"
-        echo "run $r -ic $ic: steps $(awk '$1 > 0 { printf "%s ", $2 }' <(sed -nE 's/.*"step": ([0-9]+),.*"ms": ([0-9.]+).*/\1 \2/p' "$tmp/log_${ic}_$r.jsonl"))ms"
+    for b in $builds; do
+        exe=$trainer
+        [ "$b" = after ] || exe=$before
+        for ic in 0 1; do
+            k="${b}_$ic"
+            "$exe" -e d12 -b 4 -t 64 -np 2 -x "$steps" -v 0 -s 0 -ic $ic -i "$dir/tiny_shakespeare_train_*.bin" \
+                -lg "$tmp/log_${k}_$r.jsonl" > "$tmp/out_${k}_$r.txt" 2>&1 || { cat "$tmp/out_${k}_$r.txt"; exit 1; }
+            # the steps after the first: their ms, one a line
+            steps_ms=$(sed -nE 's/.*"step": ([0-9]+),.*"ms": ([0-9.]+).*/\1 \2/p' "$tmp/log_${k}_$r.jsonl" |
+                       awk '$1 > 0 { print $2 }')
+            echo "$steps_ms" >> "$tmp/ms_$k.txt"
+            out="$tmp/out_${k}_$r.txt"
+            x=$(sed -nE 's/^checked collectives: ([0-9.]+) ms per step on rank 0.*/\1/p' "$out")
+            y=$(sed -nE 's/^(checked|unchecked) collectives: .* ([0-9.]+) ms in its reducing receives.*/\2/p;
+                       s/^unchecked collectives: ([0-9.]+) ms per step on rank 0 in its reducing receives.*/\1/p' "$out")
+            [ "$ic" = 0 ] || echo "${x:-nan}" >> "$tmp/check_$k.txt"
+            echo "${y:-0}" >> "$tmp/sum_$k.txt"
+            echo "run $r $b -ic $ic: steps $(echo $steps_ms) ms; checks ${x:--} ms, receives' sums ${y:--} ms per step"
+        done
     done
 done
-off=$(median < "$tmp/ms_0.txt")
-on=$(median < "$tmp/ms_1.txt")
-check=$(median < "$tmp/check_1.txt")
 echo "d12, B=4, T=64, dp 2, $runs runs of $steps steps each way, step 0 left out:"
-awk -v off="$off" -v on="$on" -v c="$check" 'BEGIN {
-    printf "  median step: -ic 0 %.1f ms, -ic 1 %.1f ms (%+.2f%%)\n", off, on, 100 * (on - off) / off
-    printf "  the checks themselves (rank 0, -ic 1): %.2f ms per step, %.3f%% of the -ic 0 median step\n", c, 100 * c / off }'
+for b in $builds; do
+    off=$(median < "$tmp/ms_${b}_0.txt")
+    on=$(median < "$tmp/ms_${b}_1.txt")
+    x=$(median < "$tmp/check_${b}_1.txt")
+    y1=$(median < "$tmp/sum_${b}_1.txt")
+    y0=$(median < "$tmp/sum_${b}_0.txt")
+    label=""
+    [ -z "$before" ] || label="$b ($([ "$b" = after ] && echo "$trainer" || echo "$before")): "
+    awk -v off="$off" -v on="$on" -v x="$x" -v y1="$y1" -v y0="$y0" -v label="$label" 'BEGIN {
+        c = x + y1 - y0
+        printf "  %smedian step: -ic 0 %.1f ms, -ic 1 %.1f ms (%+.2f%%)\n", label, off, on, 100 * (on - off) / off
+        printf "  %sthe checks themselves (rank 0): %.2f ms per step (own passes %.2f, receives %.2f against %.2f), " \
+               "%.3f%% of the -ic 0 median step\n", label, c, x, y1, y0, 100 * c / off }'
+done

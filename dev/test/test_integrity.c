@@ -107,13 +107,121 @@ static void test_coefficients(void) {
 }
 
 // ----------------------------------------------------------------------------
+// the sketch as doc/security.md defines it, one element at a time: per block
+// segment, lane l sums b[i] x_i of the elements i = l (mod 8) of the whole
+// octets, lane 0 the rest, the lanes meet in ((0+1)+(2+3))+((4+5)+(6+7)),
+// and the segment enters the sketch through one fma with its block's a.
+// Every build's sketch_add and sketch_reduce must give these bits.
+#define FRAME_FLOATS (65536 / 4)  // a frame's floats (COMM_SLOT_PAYLOAD)
+
+static void reference_sketch(Sketch *acc, const SketchGen *g, size_t g0, const float *x, size_t len) {
+    while (len > 0) {
+        size_t blk = g0 / SKETCH_BLOCK, off = g0 % SKETCH_BLOCK;
+        size_t m = SKETCH_BLOCK - off < len ? SKETCH_BLOCK - off : len, whole = m / 8 * 8;
+        double lanes[5][8] = {{0}};
+        for (size_t i = 0; i < m; i++) {
+            int l = i < whole ? (int)(i % 8) : 0;
+            double v = x[i];
+            lanes[0][l] += g->b[0][off + i] * v;
+            lanes[1][l] += g->b[1][off + i] * v;
+            lanes[2][l] += g->b[2][off + i] * fabs(v);
+            lanes[3][l] += g->b[3][off + i] * fabs(v);
+            lanes[4][l] += v * v;
+        }
+        double seg[5];
+        for (int k = 0; k < 5; k++) {
+            const double *w = lanes[k];
+            seg[k] = ((w[0] + w[1]) + (w[2] + w[3])) + ((w[4] + w[5]) + (w[6] + w[7]));
+        }
+        double c0 = g->a[2 * blk], c1 = g->a[2 * blk + 1];
+        acc->s[0] = fma(c0, seg[0], acc->s[0]);
+        acc->s[1] = fma(c1, seg[1], acc->s[1]);
+        acc->a[0] = fma(fabs(c0), seg[2], acc->a[0]);
+        acc->a[1] = fma(fabs(c1), seg[3], acc->a[1]);
+        acc->q += seg[4];
+        x += m;
+        g0 += m;
+        len -= m;
+    }
+}
+
+static int same_sketch(const Sketch *x, const Sketch *y, int full) {
+    return memcmp(x->s, y->s, sizeof(x->s)) == 0 &&
+           (!full || (memcmp(x->a, y->a, sizeof(x->a)) == 0 && memcmp(&x->q, &y->q, sizeof(x->q)) == 0));
+}
+
+// a reducing receive's one pass (sketch_reduce; sketch_sum_sumsq with the
+// checks off): the same sum bits as the plain fp32 loop, in place or not,
+// and the same sketch bits as the definition, whatever the pieces' cuts
+static void test_fused_pass(void) {
+    uint8_t key[32] = {4, 2};
+    static SketchGen g;
+    sketch_gen_init(&g, key, "/llm3d-4-a");
+    size_t cap = FRAME_FLOATS + 13;
+    sketch_draw(&g, 1, 1, 1, SK_ALLREDUCE, cap + 4 * SKETCH_BLOCK);
+    float *v = (float *)malloc(cap * sizeof(float)), *a = (float *)malloc(cap * sizeof(float));
+    float *a0 = (float *)malloc(cap * sizeof(float)), *z = (float *)malloc(cap * sizeof(float));
+    float *want = (float *)malloc(cap * sizeof(float));
+    size_t lens[] = {1, 7, 8, 9, 100, 511, 512, 513, 1029, FRAME_FLOATS, FRAME_FLOATS + 13};
+    size_t starts[] = {0, 3, 509, 3 * SKETCH_BLOCK + 100};
+    int cases = 0, sums_bad = 0, sketches_bad = 0, squares_bad = 0;
+    for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+        for (size_t si = 0; si < sizeof(starts) / sizeof(starts[0]); si++) {
+            for (int inplace = 0; inplace < 2; inplace++) {
+                size_t len = lens[li], g0 = starts[si], cut = len / 3;  // two pieces, as frames cut a transfer
+                for (size_t j = 0; j < len; j++) {
+                    v[j] = ldexpf(rng_unit(), (int)(rng_next() % 40) - 20);
+                    a0[j] = j % 11 == 0 ? -v[j] : ldexpf(rng_unit(), (int)(rng_next() % 40) - 20);
+                    want[j] = v[j] + a0[j];
+                }
+                Sketch zero = {{0, 0}, {0, 0}, 0}, rv = zero, ra = zero, rz = zero, fv = zero, fa = zero, fz = zero;
+                Sketch sv = zero, sa = zero, sz = zero;
+                for (int piece = 0; piece < 2; piece++) {  // the definition and sketch_add, cut alike
+                    size_t at = piece ? cut : 0, m = piece ? len - cut : cut;
+                    reference_sketch(&rv, &g, g0 + at, v + at, m);
+                    reference_sketch(&ra, &g, g0 + at, a0 + at, m);
+                    reference_sketch(&rz, &g, g0 + at, want + at, m);
+                    sketch_add(&sv, &g, g0 + at, v + at, m, 0);
+                    sketch_add(&sa, &g, g0 + at, a0 + at, m, 1);
+                    sketch_add(&sz, &g, g0 + at, want + at, m, 0);
+                }
+                memcpy(a, a0, len * sizeof(float));
+                float *out = inplace ? a : z;
+                sketch_reduce(&fv, &fa, &fz, &g, g0, v, a, out, cut);
+                sketch_reduce(&fv, &fa, &fz, &g, g0 + cut, v + cut, a + cut, out + cut, len - cut);
+                cases++;
+                sums_bad += memcmp(out, want, len * sizeof(float)) != 0;
+                sketches_bad += !same_sketch(&rv, &sv, 0) || !same_sketch(&ra, &sa, 1) || !same_sketch(&rz, &sz, 0) ||
+                                !same_sketch(&rv, &fv, 0) || !same_sketch(&ra, &fa, 1) || !same_sketch(&rz, &fz, 0);
+                // with the checks off: the sum and sketch_sumsq's squares of the addend
+                memcpy(a, a0, len * sizeof(float));
+                double q = sketch_sum_sumsq(v, a, inplace ? a : z, len), want_q = sketch_sumsq(a0, len);
+                squares_bad += memcmp(&q, &want_q, sizeof(q)) != 0 || memcmp(inplace ? a : z, want, len * sizeof(float));
+            }
+        }
+    }
+    check(cases > 0 && sums_bad == 0 && squares_bad == 0, "%d reducing passes (1 to %d elements from block offsets 0 "
+          "to 3K+100, in place and not, in two pieces): the fp32 sums bit for bit the plain loop's (%d differ), and "
+          "with the checks off the addend's sum of squares sketch_sumsq's (%d differ)", cases, FRAME_FLOATS + 13,
+          sums_bad, squares_bad);
+    check(sketches_bad == 0, "the same %d: sketch_add's and sketch_reduce's sketches of what arrived, the addend (with "
+          "|r|.|x| and squares) and the sum, bit for bit the definition's (8 lanes, the fixed tree, one fma per "
+          "segment) (%d differ)", cases, sketches_bad);
+    free(v);
+    free(a);
+    free(a0);
+    free(z);
+    free(want);
+    sketch_gen_free(&g);
+}
+
+// ----------------------------------------------------------------------------
 // a ring all-reduce played as shm_comm.h plays it: chunk k = [n k/p, n (k+1)/p)
 // summed from member k+1 round to member k, then passed on; every transfer in
 // frames of COMM_SLOT_PAYLOAD bytes, each frame sketched as it passes
 
-#define FRAME_FLOATS (65536 / 4)
-
-enum { NO_FAULT, TRANSIT_EXP, TRANSIT_LOW, SUM_EXP, SUM_LOW, GATHER_EXP, REDUCED_EXP, REDUCED_LOW, INPUT_NAN };
+enum { NO_FAULT, TRANSIT_EXP, TRANSIT_LOW, SUM_EXP, SUM_LOW, GATHER_EXP, REDUCED_EXP, REDUCED_LOW, INPUT_NAN,
+       TRANSIT_NAN_BITS, TRANSIT_TO_NAN, TRANSIT_FROM_NAN };
 
 typedef struct { int kind, member, hop; } Injected;
 
@@ -135,6 +243,20 @@ static size_t largest(const float *x, size_t n) {
     return at;
 }
 
+static size_t first_nan(const float *x, size_t n) {
+    size_t at = 0;
+    while (at + 1 < n && !isnan(x[at])) at++;
+    return at;
+}
+
+// a NaN with payload bits: another payload is another NaN, bit for bit
+static float nan_with(uint32_t payload) {
+    uint32_t u = 0x7fc00000u | (payload & 0x3fffffu);
+    float v;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
 // plays the all-reduce of x (p members x n, member-major) into recs
 // (sketch_rec_count(p) per member), with one injected fault; the members'
 // buffers end reduced in x
@@ -150,14 +272,26 @@ static void play_allreduce(const SketchGen *g, int p, size_t n, float *x, Sketch
             Sketch *rec = recs + (size_t)me * count, *prec = recs + (size_t)prev * count;
             if (s == 0) sketch_frames(prec + sketch_rec_in(p, kr), g, r0, sent, len, 1);  // prev's own chunk, as sent
             memcpy(wire, sent, len * sizeof(float));
-            if (f.kind == TRANSIT_EXP && f.member == prev && f.hop == s) flip(wire + largest(wire, len), 30);
-            if (f.kind == TRANSIT_LOW && f.member == prev && f.hop == s) flip(wire + largest(wire, len), 0);
-            sketch_frames(rec + sketch_rec_in(p, kr), g, r0, mine, len, 1);
-            sketch_frames(rec + sketch_rec_recv(p, s), g, r0, wire, len, 0);
-            for (size_t j = 0; j < len; j++) mine[j] = wire[j] + mine[j];
-            if (f.kind == SUM_EXP && f.member == me && f.hop == s) flip(mine + largest(mine, len), 30);
-            if (f.kind == SUM_LOW && f.member == me && f.hop == s) flip(mine + largest(mine, len), 0);
-            sketch_frames(rec + sketch_rec_out(p, s), g, r0, mine, len, 0);
+            int here = f.member == prev && f.hop == s;
+            if (f.kind == TRANSIT_EXP && here) flip(wire + largest(wire, len), 30);
+            if (f.kind == TRANSIT_LOW && here) flip(wire + largest(wire, len), 0);
+            if (f.kind == TRANSIT_NAN_BITS && here) flip(wire + first_nan(wire, len), 0);  // another NaN
+            if (f.kind == TRANSIT_TO_NAN && here) wire[largest(wire, len)] = NAN;
+            if (f.kind == TRANSIT_FROM_NAN && here) wire[first_nan(wire, len)] = 1.0f;
+            if (f.kind == SUM_EXP || f.kind == SUM_LOW) {
+                // the sum changed in memory before its sketch: the passes apart
+                sketch_frames(rec + sketch_rec_in(p, kr), g, r0, mine, len, 1);
+                sketch_frames(rec + sketch_rec_recv(p, s), g, r0, wire, len, 0);
+                for (size_t j = 0; j < len; j++) mine[j] = wire[j] + mine[j];
+                if (f.member == me && f.hop == s) flip(mine + largest(mine, len), f.kind == SUM_EXP ? 30 : 0);
+                sketch_frames(rec + sketch_rec_out(p, s), g, r0, mine, len, 0);
+            } else {
+                // shm_comm.h's one pass per frame
+                for (size_t off = 0; off < len; off += FRAME_FLOATS)
+                    sketch_reduce(rec + sketch_rec_recv(p, s), rec + sketch_rec_in(p, kr), rec + sketch_rec_out(p, s),
+                                  g, r0 + off, wire + off, mine + off, mine + off,
+                                  len - off < FRAME_FLOATS ? len - off : FRAME_FLOATS);
+            }
         }
     }
     // a member's reduced chunk changed where it waits between its last sum
@@ -254,7 +388,7 @@ static void test_ring_verdicts(void) {
         }
     }
     check(alarms == 0 && worst <= 1.0, "%d honest all-reduces (2 to 5 members, wide exponents, near cancellation, "
-          "zeros, denormals, 1e30s): %d false alarms; the largest hop error was %.3f of its bound", runs, alarms, worst);
+          "zeros, denormals, 1e30s): %d false alarms; the largest hop error was %.6f of its bound", runs, alarms, worst);
 
     // each fault, on 3 members of 3 chunks of 2 frames and more
     int p = 3;
@@ -313,6 +447,42 @@ static void test_ring_verdicts(void) {
     play_allreduce(&g, p, n, x, recs, none);
     int nan_bad = judge(p, n, ranks, recs, msg, sizeof(msg));
     check(!nan_bad, "a NaN in a member's input is not a failed check (%s)", nan_bad ? msg : "no failure");
+    // NaNs by their bits: data that is not finite at both ends of a hop is
+    // not a change in transit (its NaNs' payloads, which of two NaNs a sum
+    // keeps, may differ), while finite data that arrives not finite, or the
+    // reverse, is. Member 1 sends its input's chunk 0 at hop 0.
+    struct { int kind, caught; const char *what; } nans[] = {
+        {TRANSIT_NAN_BITS, 0, "a NaN that arrives as another NaN (its payload changed)"},
+        {TRANSIT_FROM_NAN, 1, "a NaN that arrives as 1.0"},
+        {TRANSIT_TO_NAN, 1, "a finite element that arrives as a NaN"},
+    };
+    for (size_t k = 0; k < sizeof(nans) / sizeof(nans[0]); k++) {
+        fill(x, p, n, 0);
+        if (nans[k].kind != TRANSIT_TO_NAN) x[n + 5] = nan_with(1);
+        sketch_draw(&g, 10, 1, k, SK_ALLREDUCE, n);
+        Injected f = {nans[k].kind, 1, 0};
+        play_allreduce(&g, p, n, x, recs, f);
+        int bad = judge(p, n, ranks, recs, msg, sizeof(msg));
+        if (nans[k].caught)
+            check(bad && strstr(msg, "what rank 2 sent rank 4 at hop 0 differs from rank 2's sketch of it") != NULL,
+                  "%s: caught as a change in transit: %s", nans[k].what, msg);
+        else
+            check(!bad, "%s: not a failed check, the data being not finite at both ends (%s)", nans[k].what,
+                  bad ? msg : "no failure");
+    }
+    // NaNs of other payloads and infinities of both signs in every member's
+    // input, several to a lane: an honest ring passes
+    fill(x, p, n, 0);
+    for (int q = 0; q < p; q++)
+        for (int j = 0; j < 6; j++) {
+            size_t at = (size_t)q * n + (size_t)j * 8 + (size_t)q * (n / p);
+            x[at] = j % 3 == 2 ? (j % 2 ? INFINITY : -INFINITY) : nan_with((uint32_t)(q * 64 + j + 1));
+        }
+    sketch_draw(&g, 11, 1, 1, SK_ALLREDUCE, n);
+    play_allreduce(&g, p, n, x, recs, none);
+    int nans_bad = judge(p, n, ranks, recs, msg, sizeof(msg));
+    check(!nans_bad, "NaNs of %d payloads and infinities in every member's input: not a failed check (%s)", 4 * p,
+          nans_bad ? msg : "no failure");
     // an overflow of finite inputs (3e38 + 3e38) is not one either
     fill(x, p, n, 0);
     x[7] = x[n + 7] = x[2 * n + 7] = 3e38f;
@@ -615,6 +785,7 @@ static void test_quiet(void) {
 
 int main(void) {
     test_coefficients();
+    test_fused_pass();
     test_ring_verdicts();
     test_sum_bounds();
     test_grads_rule();

@@ -15,11 +15,13 @@
  *                         the step messages are stamped with; a longer
  *                         timeout for a wait known to be long
  *   comm_set_check, comm_set_label, comm_count_grads, comm_grad_sumsq,
- *   comm_check_ms         checked collectives (-ic 1, sketch.h): on or off;
+ *   comm_check_ms, comm_sum_ms
+ *                         checked collectives (-ic 1, sketch.h): on or off;
  *                         what the next collective carries, for the line a
  *                         failed check prints; the sum of squares of this
  *                         rank's gradients as it put them into the
- *                         collectives that reduce them; the checks' time
+ *                         collectives that reduce them; the checks' time,
+ *                         and the reducing receives' (which share a pass)
  *   COMM_ALLREDUCE .. COMM_P2P, COMM_NCOUNTERS, comm_counter_name,
  *   comm_get_bytes, comm_print_bytes
  *                         the byte counters
@@ -119,6 +121,7 @@ typedef struct Comm {
     int count_grads;            // the next collective reduces this rank's gradients (comm_count_grads)
     double grad_sumsq;          // the sum of squares of what this rank put into those
     double check_ms;            // time spent sketching, swapping the records and judging them
+    double sum_ms;              // time in the reducing receives' sums (with their sketches, when checking)
     uint8_t *flipped;           // -fault corrupt, corrupt-low: the frame's payload with its bit flipped
 } Comm;
 
@@ -357,12 +360,9 @@ static inline int comm_try_send(Comm *c, Xfer *x) {
     size_t off = x->done * COMM_SLOT_PAYLOAD;
     size_t len = x->bytes - off < COMM_SLOT_PAYLOAD ? x->bytes - off : COMM_SLOT_PAYLOAD;
     uint8_t *frame = slot + SHM_SLOT_PREFIX;
-    const uint8_t *payload = x->src + off;
-    if (x->sk != NULL) comm_sketch(c, x->sk, x->g0 + off / sizeof(float), (const float *)payload, len / sizeof(float),
-                                   x->sk_full);
-    if (x->squares) c->grad_sumsq += sketch_sumsq((const float *)payload, len / sizeof(float));
-    if (comm_corrupt_due(c, len)) payload = comm_corrupt(c, x, payload, len);
-    if (frame_seal(&c->links, x->peer, x->channel, (uint64_t)c->step, x->microbatch, payload, len, frame) != 0)
+    const uint8_t *payload = x->src + off, *sealed = payload;
+    if (comm_corrupt_due(c, len)) sealed = comm_corrupt(c, x, payload, len);
+    if (frame_seal(&c->links, x->peer, x->channel, (uint64_t)c->step, x->microbatch, sealed, len, frame) != 0)
         comm_usage_die(c, "%s: cannot seal a frame to rank %d", c->op, x->peer);
     size_t flen = frame_bytes(len);
     put_u32(slot, (uint32_t)flen);
@@ -374,6 +374,12 @@ static inline int comm_try_send(Comm *c, Xfer *x) {
     }
     __atomic_store_n(ring_head(ring), head + 1, __ATOMIC_RELEASE);
     comm_ring_bell(c, x->peer);
+    // the piece's sketch (of its bytes as they were, a -fault flip left out)
+    // or its squares: once the frame is out, so the peer need not wait for
+    // them, and while the seal's pass has left the piece in this core's cache
+    if (x->sk != NULL) comm_sketch(c, x->sk, x->g0 + off / sizeof(float), (const float *)payload, len / sizeof(float),
+                                   x->sk_full);
+    if (x->squares) c->grad_sumsq += sketch_sumsq((const float *)payload, len / sizeof(float));
     c->sent[c->op_counter == COMM_P2P ? COMM_P2P + x->channel : c->op_counter] += len;
     x->done++;
     return 1;
@@ -412,17 +418,20 @@ static inline int comm_try_recv(Comm *c, Xfer *x) {
     }
     size_t g = x->g0 + off / sizeof(float), m = len / sizeof(float);
     if (x->sum != NULL) {
+        // one pass: the addend comes from memory once, the sketches (or the
+        // squares) taken of what is in registers; the sum may overwrite the
+        // addend (in place). Timed apart (sum_ms) from the checks' own
+        // passes: its sum is the work of an unchecked receive too
         float *sum = x->sum + off / sizeof(float);
         const float *add = x->addend + off / sizeof(float);
-        if (x->sk_add != NULL) comm_sketch(c, x->sk_add, g, add, m, 1);  // the sum may overwrite it (in place)
-        if (x->squares) c->grad_sumsq += sketch_sumsq(add, m);
-        if (x->sk != NULL) comm_sketch(c, x->sk, g, (const float *)payload, m, 0);
-        for (size_t j = 0; j < m; j++) {
-            float v;
-            memcpy(&v, payload + j * sizeof(float), sizeof(float));
-            sum[j] = v + add[j];
-        }
-        if (x->sk_sum != NULL) comm_sketch(c, x->sk_sum, g, sum, m, 0);
+        double t0 = par_now();
+        if (x->sk != NULL && x->sk_add != NULL && x->sk_sum != NULL)
+            sketch_reduce(x->sk, x->sk_add, x->sk_sum, c->gen, g, (const float *)payload, add, sum, m);
+        else if (x->squares)
+            c->grad_sumsq += sketch_sum_sumsq((const float *)payload, add, sum, m);
+        else
+            for (size_t j = 0; j < m; j++) sum[j] = ((const float *)payload)[j] + add[j];
+        c->sum_ms += (par_now() - t0) * 1e3;
     } else if (len > 0) {
         memcpy(x->dst + off, payload, len);
         if (x->sk != NULL) comm_sketch(c, x->sk, g, (const float *)(x->dst + off), m, 0);
@@ -637,8 +646,15 @@ static inline double comm_grad_sumsq(Comm *c) {
     return v;
 }
 
-// comm_check_ms: the time spent on the checks so far, in ms
+// comm_check_ms: the time spent on the checks so far, in ms: the sketches
+// made in passes of their own, the coefficients, the records and verdicts
 static inline double comm_check_ms(const Comm *c) { return c != NULL ? c->check_ms : 0.0; }
+
+// comm_sum_ms: the time spent in the reducing receives' passes so far, in
+// ms: the sums, and with the checks on the sketches made in the same pass.
+// What the checks cost beyond comm_check_ms is this less its figure with
+// the checks off (dev/bench_ic.sh)
+static inline double comm_sum_ms(const Comm *c) { return c != NULL ? c->sum_ms : 0.0; }
 
 // the group's number among those this rank ran collectives on, and how many
 // it ran there before: with the step, what makes each collective's r its own

@@ -14,13 +14,19 @@
  *                          the secret coefficients of one collective, under
  *                          the key of one launch of the job
  *   sketch_add             a vector's piece into its sketch
- *   sketch_sumsq           a piece's sum of squares alone (the gradient-norm
- *                          rule's, when the checks are off)
+ *   sketch_reduce          a reducing receive's one pass: the sum of what
+ *                          arrived and the member's own piece, with the
+ *                          sketches of all three
+ *   sketch_sumsq, sketch_sum_sumsq
+ *                          a piece's sum of squares alone (the gradient-norm
+ *                          rule's, when the checks are off), and with a
+ *                          reducing receive's sum in the same pass
  *   sketch_eval_error, sketch_hop_bound, sketch_sum_bound
  *                          the rounding bounds (fp32 hops, any p-term sum in
  *                          fp32 or bf16)
  *   SK_*, sketch_rec_count, sketch_rec_in .. sketch_rec_got, SketchCase,
- *   sketch_judge           each rank's record of one collective, and the
+ *   sketch_same, sketch_moved, sketch_judge
+ *                          each rank's record of one collective, and the
  *                          verdict on all the records of a group
  *
  * The coefficients. r_j = a[j / K] * b[j % K] for the element j of the
@@ -153,29 +159,44 @@ static inline int sketch_draw(SketchGen *g, long step, uint64_t group, uint64_t 
 // the elements i = l (mod 8) from the segment's start, the rest go to lane 0,
 // and the lanes meet in a fixed tree: the order is the segment's, never the
 // buffer's alignment or the build's vector width, so every build of a job
-// sketches alike. out: the two sums, then (full) the two |r|.|x| sums and the
-// sum of squares. GCC's and Clang's vector extension runs the 8 lanes as two
-// vectors of 4 doubles; the plain loop (-DLLM3D_SCALAR) adds in the same order.
+// sketches alike. A segment's sums of one vector: the two sketches, then
+// (full) the two |r|.|x| sums and the sum of squares. GCC's and Clang's
+// vector extension runs the 8 lanes as two vectors of 4 doubles; the plain
+// loops (-DLLM3D_SCALAR) add in the same order.
+//
+// sketch_segment sums one vector; sketch_segment_reduce is a reducing
+// receive's one pass: z = v + a in fp32 (stored; z may be a), with the sums
+// of v, of a (full) and of z, each alike to sketch_segment's of that vector,
+// while the three are in registers: the addend is read from memory once,
+// where three passes (and the sum's own) read it, and the payload, twice.
 #if defined(__GNUC__) && !defined(LLM3D_SCALAR)
 typedef double sketch_d4 __attribute__((vector_size(32)));
 typedef long long sketch_l4 __attribute__((vector_size(32)));
+typedef float sketch_f4 __attribute__((vector_size(16)));
 typedef float sketch_f4u __attribute__((vector_size(16), aligned(4), may_alias));
 typedef double sketch_d4u __attribute__((vector_size(32), aligned(8), may_alias));
 
-static inline sketch_d4 sketch_load4(const float *x) { return __builtin_convertvector(*(const sketch_f4u *)x, sketch_d4); }
+static inline sketch_d4 sketch_cvt4(sketch_f4 x) { return __builtin_convertvector(x, sketch_d4); }
+static inline sketch_d4 sketch_load4(const float *x) { return sketch_cvt4(*(const sketch_f4u *)x); }
 static inline sketch_d4 sketch_coef4(const double *b) { return *(const sketch_d4u *)b; }
+static inline sketch_d4 sketch_abs4(sketch_d4 v) {
+    const sketch_l4 mask = {0x7fffffffffffffffLL, 0x7fffffffffffffffLL, 0x7fffffffffffffffLL, 0x7fffffffffffffffLL};
+    return (sketch_d4)((sketch_l4)v & mask);
+}
+// the tree of lanes 0-3 (l) and 4-7 (h)
+static inline double sketch_tree(sketch_d4 l, sketch_d4 h) {
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((h[0] + h[1]) + (h[2] + h[3]));
+}
 
-static inline void sketch_lanes8(const SketchGen *g, size_t off, const float *x, size_t m, int full, double lanes[5][8]) {
+static inline void sketch_segment(const SketchGen *g, size_t off, const float *x, size_t m, int full, double out[5]) {
     const double *b0 = g->b[0] + off, *b1 = g->b[1] + off, *m0 = g->b[2] + off, *m1 = g->b[3] + off;
-    sketch_d4 zero = {0, 0, 0, 0};
-    sketch_d4 s0l = zero, s0h = zero, s1l = zero, s1h = zero, a0l = zero, a0h = zero, a1l = zero, a1h = zero, ql = zero,
-              qh = zero;
-    const sketch_l4 abs_mask = {0x7fffffffffffffffLL, 0x7fffffffffffffffLL, 0x7fffffffffffffffLL, 0x7fffffffffffffffLL};
+    sketch_d4 s0l = {0, 0, 0, 0}, s0h = s0l, s1l = s0l, s1h = s0l, a0l = s0l, a0h = s0l, a1l = s0l, a1h = s0l,
+              ql = s0l, qh = s0l;
     size_t i = 0;
     if (full) {
         for (; i + 8 <= m; i += 8) {
             sketch_d4 vl = sketch_load4(x + i), vh = sketch_load4(x + i + 4);
-            sketch_d4 al = (sketch_d4)((sketch_l4)vl & abs_mask), ah = (sketch_d4)((sketch_l4)vh & abs_mask);
+            sketch_d4 al = sketch_abs4(vl), ah = sketch_abs4(vh);
             s0l += sketch_coef4(b0 + i) * vl; s0h += sketch_coef4(b0 + i + 4) * vh;
             s1l += sketch_coef4(b1 + i) * vl; s1h += sketch_coef4(b1 + i + 4) * vh;
             a0l += sketch_coef4(m0 + i) * al; a0h += sketch_coef4(m0 + i + 4) * ah;
@@ -189,24 +210,88 @@ static inline void sketch_lanes8(const SketchGen *g, size_t off, const float *x,
             s1l += sketch_coef4(b1 + i) * vl; s1h += sketch_coef4(b1 + i + 4) * vh;
         }
     }
-    sketch_d4 all[5][2] = {{s0l, s0h}, {s1l, s1h}, {a0l, a0h}, {a1l, a1h}, {ql, qh}};
-    for (int k = 0; k < 5; k++)
-        for (int l = 0; l < 8; l++) lanes[k][l] = all[k][l / 4][l % 4];
     for (; i < m; i++) {
         double v = (double)x[i];
-        lanes[0][0] += b0[i] * v;
-        lanes[1][0] += b1[i] * v;
+        s0l[0] += b0[i] * v;
+        s1l[0] += b1[i] * v;
         if (full) {
-            lanes[2][0] += m0[i] * fabs(v);
-            lanes[3][0] += m1[i] * fabs(v);
-            lanes[4][0] += v * v;
+            a0l[0] += m0[i] * fabs(v);
+            a1l[0] += m1[i] * fabs(v);
+            ql[0] += v * v;
         }
     }
+    out[0] = sketch_tree(s0l, s0h);
+    out[1] = sketch_tree(s1l, s1h);
+    if (full) {
+        out[2] = sketch_tree(a0l, a0h);
+        out[3] = sketch_tree(a1l, a1h);
+        out[4] = sketch_tree(ql, qh);
+    }
+}
+
+static inline void sketch_segment_reduce(const SketchGen *g, size_t off, const float *v, const float *a, float *z,
+                                         size_t m, double sv[2], double sa[5], double sz[2]) {
+    // two loops over the segment (at most K floats, in L1 after the first):
+    // the sum and a's sums, then v's and z's; all 18 vectors of lanes at
+    // once would not fit the registers
+    const double *b0 = g->b[0] + off, *b1 = g->b[1] + off, *m0 = g->b[2] + off, *m1 = g->b[3] + off;
+    size_t whole = m / 8 * 8;
+    sketch_d4 x0l = {0, 0, 0, 0}, x0h = x0l, x1l = x0l, x1h = x0l, a0l = x0l, a0h = x0l, a1l = x0l, a1h = x0l,
+              ql = x0l, qh = x0l;
+    for (size_t i = 0; i < whole; i += 8) {
+        sketch_f4 afl = *(const sketch_f4u *)(a + i), afh = *(const sketch_f4u *)(a + i + 4);
+        *(sketch_f4u *)(z + i) = *(const sketch_f4u *)(v + i) + afl;  // a read first: z may be a
+        *(sketch_f4u *)(z + i + 4) = *(const sketch_f4u *)(v + i + 4) + afh;
+        sketch_d4 dl = sketch_cvt4(afl), dh = sketch_cvt4(afh);
+        x0l += sketch_coef4(b0 + i) * dl; x0h += sketch_coef4(b0 + i + 4) * dh;
+        x1l += sketch_coef4(b1 + i) * dl; x1h += sketch_coef4(b1 + i + 4) * dh;
+        ql += dl * dl; qh += dh * dh;
+        dl = sketch_abs4(dl), dh = sketch_abs4(dh);
+        a0l += sketch_coef4(m0 + i) * dl; a0h += sketch_coef4(m0 + i + 4) * dh;
+        a1l += sketch_coef4(m1 + i) * dl; a1h += sketch_coef4(m1 + i + 4) * dh;
+    }
+    sketch_d4 v0l = {0, 0, 0, 0}, v0h = v0l, v1l = v0l, v1h = v0l, z0l = v0l, z0h = v0l, z1l = v0l, z1h = v0l;
+    for (size_t i = 0; i < whole; i += 8) {
+        sketch_d4 c0l = sketch_coef4(b0 + i), c0h = sketch_coef4(b0 + i + 4);
+        sketch_d4 c1l = sketch_coef4(b1 + i), c1h = sketch_coef4(b1 + i + 4);
+        sketch_d4 dl = sketch_load4(v + i), dh = sketch_load4(v + i + 4);
+        v0l += c0l * dl; v0h += c0h * dh; v1l += c1l * dl; v1h += c1h * dh;
+        dl = sketch_load4(z + i), dh = sketch_load4(z + i + 4);
+        z0l += c0l * dl; z0h += c0h * dh; z1l += c1l * dl; z1h += c1h * dh;
+    }
+    for (size_t i = whole; i < m; i++) {
+        float vf = v[i], af = a[i], zf = vf + af;
+        z[i] = zf;
+        double dv = (double)vf, da = (double)af, dz = (double)zf;
+        v0l[0] += b0[i] * dv;
+        v1l[0] += b1[i] * dv;
+        x0l[0] += b0[i] * da;
+        x1l[0] += b1[i] * da;
+        a0l[0] += m0[i] * fabs(da);
+        a1l[0] += m1[i] * fabs(da);
+        ql[0] += da * da;
+        z0l[0] += b0[i] * dz;
+        z1l[0] += b1[i] * dz;
+    }
+    sv[0] = sketch_tree(v0l, v0h);
+    sv[1] = sketch_tree(v1l, v1h);
+    sa[0] = sketch_tree(x0l, x0h);
+    sa[1] = sketch_tree(x1l, x1h);
+    sa[2] = sketch_tree(a0l, a0h);
+    sa[3] = sketch_tree(a1l, a1h);
+    sa[4] = sketch_tree(ql, qh);
+    sz[0] = sketch_tree(z0l, z0h);
+    sz[1] = sketch_tree(z1l, z1h);
 }
 #else
-static inline void sketch_lanes8(const SketchGen *g, size_t off, const float *x, size_t m, int full, double lanes[5][8]) {
+static inline double sketch_tree8(const double v[8]) {
+    return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
+static inline void sketch_segment(const SketchGen *g, size_t off, const float *x, size_t m, int full, double out[5]) {
     const double *b0 = g->b[0] + off, *b1 = g->b[1] + off, *m0 = g->b[2] + off, *m1 = g->b[3] + off;
-    memset(lanes, 0, 5 * 8 * sizeof(double));
+    double lanes[5][8];
+    memset(lanes, 0, sizeof(lanes));
     size_t whole = m / 8 * 8;
     for (size_t i = 0; i < m; i++) {
         int l = i < whole ? (int)(i % 8) : 0;
@@ -219,17 +304,39 @@ static inline void sketch_lanes8(const SketchGen *g, size_t off, const float *x,
             lanes[4][l] += v * v;
         }
     }
+    for (int k = 0; k < (full ? 5 : 2); k++) out[k] = sketch_tree8(lanes[k]);
+}
+
+static inline void sketch_segment_reduce(const SketchGen *g, size_t off, const float *v, const float *a, float *z,
+                                         size_t m, double sv[2], double sa[5], double sz[2]) {
+    const double *b0 = g->b[0] + off, *b1 = g->b[1] + off, *m0 = g->b[2] + off, *m1 = g->b[3] + off;
+    double lv[2][8], la[5][8], lz[2][8];
+    memset(lv, 0, sizeof(lv));
+    memset(la, 0, sizeof(la));
+    memset(lz, 0, sizeof(lz));
+    size_t whole = m / 8 * 8;
+    for (size_t i = 0; i < m; i++) {
+        int l = i < whole ? (int)(i % 8) : 0;
+        float vf = v[i], af = a[i], zf = vf + af;  // a read before z, which may be a, is written
+        z[i] = zf;
+        double dv = (double)vf, da = (double)af, dz = (double)zf;
+        lv[0][l] += b0[i] * dv;
+        lv[1][l] += b1[i] * dv;
+        la[0][l] += b0[i] * da;
+        la[1][l] += b1[i] * da;
+        la[2][l] += m0[i] * fabs(da);
+        la[3][l] += m1[i] * fabs(da);
+        la[4][l] += da * da;
+        lz[0][l] += b0[i] * dz;
+        lz[1][l] += b1[i] * dz;
+    }
+    for (int k = 0; k < 2; k++) {
+        sv[k] = sketch_tree8(lv[k]);
+        sz[k] = sketch_tree8(lz[k]);
+    }
+    for (int k = 0; k < 5; k++) sa[k] = sketch_tree8(la[k]);
 }
 #endif
-
-static inline void sketch_segment(const SketchGen *g, size_t off, const float *x, size_t m, int full, double out[5]) {
-    double lanes[5][8];
-    sketch_lanes8(g, off, x, m, full, lanes);
-    for (int k = 0; k < 5; k++) {
-        const double *v = lanes[k];
-        out[k] = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
-    }
-}
 
 // sketch_sumsq: sum x^2 over n floats, in double, 8 lanes: what the
 // gradient-norm rule reads of a rank's input when the checks (which make it
@@ -253,6 +360,47 @@ static inline double sketch_sumsq(const float *x, size_t n) {
     return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
+// sketch_sum_sumsq: a reducing receive's pass when the checks are off and
+// the gradients counted: z = v + a (fp32; z may be a), returning sum a^2 as
+// sketch_sumsq makes it of a, in the same pass
+static inline double sketch_sum_sumsq(const float *v, const float *a, float *z, size_t n) {
+    double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t i = 0;
+#if defined(__GNUC__) && !defined(LLM3D_SCALAR)
+    sketch_d4 ql = {0, 0, 0, 0}, qh = {0, 0, 0, 0};
+    for (; i + 8 <= n; i += 8) {
+        sketch_f4 al = *(const sketch_f4u *)(a + i), ah = *(const sketch_f4u *)(a + i + 4);
+        *(sketch_f4u *)(z + i) = *(const sketch_f4u *)(v + i) + al;  // a read first: z may be a
+        *(sketch_f4u *)(z + i + 4) = *(const sketch_f4u *)(v + i + 4) + ah;
+        sketch_d4 dl = sketch_cvt4(al), dh = sketch_cvt4(ah);
+        ql += dl * dl;
+        qh += dh * dh;
+    }
+    for (int l = 0; l < 4; l++) {
+        lanes[l] = ql[l];
+        lanes[4 + l] = qh[l];
+    }
+#endif
+    for (; i < n; i++) {
+        float af = a[i];
+        z[i] = v[i] + af;
+        lanes[i % 8] += (double)af * (double)af;
+    }
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
+// a segment's sums into acc: one fma each, with block blk's coefficient
+static inline void sketch_take(Sketch *acc, const SketchGen *g, size_t blk, const double seg[5], int full) {
+    double c0 = blk < g->blocks ? g->a[2 * blk] : 0.0, c1 = blk < g->blocks ? g->a[2 * blk + 1] : 0.0;
+    acc->s[0] = fma(c0, seg[0], acc->s[0]);
+    acc->s[1] = fma(c1, seg[1], acc->s[1]);
+    if (full) {
+        acc->a[0] = fma(fabs(c0), seg[2], acc->a[0]);
+        acc->a[1] = fma(fabs(c1), seg[3], acc->a[1]);
+        acc->q += seg[4];
+    }
+}
+
 // sketch_add: elements g0 .. g0 + len - 1 of the collective's vector, whose
 // values are x, into acc (full: the |r|.|x| sums and the squares too). Each
 // block segment enters acc through one fma, so the result depends on the
@@ -261,17 +409,32 @@ static inline void sketch_add(Sketch *acc, const SketchGen *g, size_t g0, const 
     while (len > 0) {
         size_t blk = g0 / SKETCH_BLOCK, off = g0 % SKETCH_BLOCK;
         size_t m = SKETCH_BLOCK - off < len ? SKETCH_BLOCK - off : len;
-        double seg[5];
+        double seg[5] = {0, 0, 0, 0, 0};
         sketch_segment(g, off, x, m, full, seg);
-        double c0 = blk < g->blocks ? g->a[2 * blk] : 0.0, c1 = blk < g->blocks ? g->a[2 * blk + 1] : 0.0;
-        acc->s[0] = fma(c0, seg[0], acc->s[0]);
-        acc->s[1] = fma(c1, seg[1], acc->s[1]);
-        if (full) {
-            acc->a[0] = fma(fabs(c0), seg[2], acc->a[0]);
-            acc->a[1] = fma(fabs(c1), seg[3], acc->a[1]);
-            acc->q += seg[4];
-        }
+        sketch_take(acc, g, blk, seg, full);
         x += m;
+        g0 += m;
+        len -= m;
+    }
+}
+
+// sketch_reduce: a reducing receive's piece, elements g0 .. g0 + len - 1:
+// z = v + a (fp32; z may be a, not otherwise overlap it), in one pass, with
+// v into sv (what arrived), a into sa (full: the member's own input) and z
+// into sz (the sum), each bit for bit what sketch_add makes of that vector
+static inline void sketch_reduce(Sketch *sv, Sketch *sa, Sketch *sz, const SketchGen *g, size_t g0, const float *v,
+                                 const float *a, float *z, size_t len) {
+    while (len > 0) {
+        size_t blk = g0 / SKETCH_BLOCK, off = g0 % SKETCH_BLOCK;
+        size_t m = SKETCH_BLOCK - off < len ? SKETCH_BLOCK - off : len;
+        double segv[5], sega[5], segz[5];
+        sketch_segment_reduce(g, off, v, a, z, m, segv, sega, segz);
+        sketch_take(sv, g, blk, segv, 0);
+        sketch_take(sa, g, blk, sega, 1);
+        sketch_take(sz, g, blk, segz, 0);
+        v += m;
+        a += m;
+        z += m;
         g0 += m;
         len -= m;
     }
@@ -369,6 +532,17 @@ static inline int sketch_finite(const Sketch *x) {
     return isfinite(x->s[0]) && isfinite(x->s[1]) && isfinite(x->a[0]) && isfinite(x->a[1]);
 }
 
+// sketch_moved: data that only moved arrived as it left: the same bits, or
+// both sketches not finite. A sketch of finite floats is always finite (|r|
+// < 1, sums in double), so both ends saw data that is not finite: a NaN's
+// bits (its payload, which of two NaNs an addition keeps) are no sign of a
+// change in transit, and the trainer's not-finite rule acts on such data.
+// Finite data that arrived not finite, or the reverse, is a change.
+static inline int sketch_moved(const Sketch *sent, const Sketch *got) {
+    if (sketch_same(sent, got)) return 1;
+    return !(isfinite(sent->s[0]) && isfinite(sent->s[1])) && !(isfinite(got->s[0]) && isfinite(got->s[1]));
+}
+
 // sketch_judge: every check of one collective, on all the members' records.
 // 0 when all hold; else 1, and msg says the first that fails along the ring:
 // a piece changed between one member's sketch and the next one's (which
@@ -391,7 +565,7 @@ static inline int sketch_judge(const SketchCase *c, char *msg, size_t len) {
                 const Sketch *recv = sketch_at(c, q, sketch_rec_recv(p, t - 1));
                 const Sketch *in = sketch_at(c, q, sketch_rec_in(p, k));
                 const Sketch *out = sketch_at(c, q, sketch_rec_out(p, t - 1));
-                if (!sketch_same(recv, sent)) {
+                if (!sketch_moved(sent, recv)) {
                     snprintf(msg, len, "chunk %d (elements %zu..%zu)%s: what rank %d sent rank %d at hop %d differs "
                              "from rank %d's sketch of it (%.17g, received as %.17g): it changed after rank %d made it "
                              "(rank %d's memory, the link, or rank %d's copy)", k, lo, hi - 1, phase, R[prev], R[q], t - 1,
@@ -431,7 +605,7 @@ static inline int sketch_judge(const SketchCase *c, char *msg, size_t len) {
             // an all-reduce's member k sends on the sum it made at the last hop:
             // the same bits, or its chunk changed where it waited in between
             const Sketch *last = sketch_at(c, k, sketch_rec_out(p, p - 2));
-            if (c->kind == SK_ALLREDUCE && !sketch_same(own, last)) {
+            if (c->kind == SK_ALLREDUCE && !sketch_moved(last, own)) {
                 snprintf(msg, len, "chunk %d (elements %zu..%zu): rank %d's reduced chunk as it sent it in the "
                          "all-gather differs from its last sum in the reduce-scatter (%.17g, sent as %.17g): it changed "
                          "in rank %d's memory in between", k, lo, hi - 1, R[k], last->s[0], own->s[0], R[k]);
@@ -440,7 +614,7 @@ static inline int sketch_judge(const SketchCase *c, char *msg, size_t len) {
             for (int t = 1; t < p; t++) {
                 int q = sketch_mod(k + t, p), prev = sketch_mod(q - 1, p);
                 const Sketch *got = sketch_at(c, q, sketch_rec_got(p, t - 1));
-                if (!sketch_same(got, own)) {
+                if (!sketch_moved(own, got)) {
                     snprintf(msg, len, "chunk %d (elements %zu..%zu)%s: rank %d's piece as rank %d received it from "
                              "rank %d at hop %d differs from rank %d's sketch of it (%.17g, received as %.17g): it "
                              "changed between rank %d and rank %d", k, lo, hi - 1, ag, R[k], R[q], R[prev], t - 1, R[k],
