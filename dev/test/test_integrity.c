@@ -108,10 +108,11 @@ static void test_coefficients(void) {
 
 // ----------------------------------------------------------------------------
 // the sketch as doc/security.md defines it, one element at a time: per block
-// segment, lane l sums b[i] x_i of the elements i = l (mod 8) of the whole
-// octets, lane 0 the rest, the lanes meet in ((0+1)+(2+3))+((4+5)+(6+7)),
-// and the segment enters the sketch through one fma with its block's a.
-// Every build's sketch_add and sketch_reduce must give these bits.
+// segment, lane l sums b[i] x_i (and |x_i|, x_i^2) of the elements i = l
+// (mod 8) of the whole octets, lane 0 the rest, the lanes meet in
+// ((0+1)+(2+3))+((4+5)+(6+7)), and the segment enters the sketch through one
+// fma with its block's a (|a| for the |x| sums). Every build's sketch_add and
+// sketch_reduce must give these bits.
 #define FRAME_FLOATS (65536 / 4)  // a frame's floats (COMM_SLOT_PAYLOAD)
 
 static void reference_sketch(Sketch *acc, const SketchGen *g, size_t g0, const float *x, size_t len) {
@@ -124,8 +125,7 @@ static void reference_sketch(Sketch *acc, const SketchGen *g, size_t g0, const f
             double v = x[i];
             lanes[0][l] += g->b[0][off + i] * v;
             lanes[1][l] += g->b[1][off + i] * v;
-            lanes[2][l] += g->b[2][off + i] * fabs(v);
-            lanes[3][l] += g->b[3][off + i] * fabs(v);
+            lanes[2][l] += fabs(v);
             lanes[4][l] += v * v;
         }
         double seg[5];
@@ -137,7 +137,7 @@ static void reference_sketch(Sketch *acc, const SketchGen *g, size_t g0, const f
         acc->s[0] = fma(c0, seg[0], acc->s[0]);
         acc->s[1] = fma(c1, seg[1], acc->s[1]);
         acc->a[0] = fma(fabs(c0), seg[2], acc->a[0]);
-        acc->a[1] = fma(fabs(c1), seg[3], acc->a[1]);
+        acc->a[1] = fma(fabs(c1), seg[2], acc->a[1]);
         acc->q += seg[4];
         x += m;
         g0 += m;
@@ -145,9 +145,10 @@ static void reference_sketch(Sketch *acc, const SketchGen *g, size_t g0, const f
     }
 }
 
+// full: 2 with the |x| bounds and the squares, 1 with the bounds
 static int same_sketch(const Sketch *x, const Sketch *y, int full) {
-    return memcmp(x->s, y->s, sizeof(x->s)) == 0 &&
-           (!full || (memcmp(x->a, y->a, sizeof(x->a)) == 0 && memcmp(&x->q, &y->q, sizeof(x->q)) == 0));
+    return memcmp(x->s, y->s, sizeof(x->s)) == 0 && (full < 1 || memcmp(x->a, y->a, sizeof(x->a)) == 0) &&
+           (full < 2 || memcmp(&x->q, &y->q, sizeof(x->q)) == 0);
 }
 
 // a reducing receive's one pass (sketch_reduce; sketch_sum_sumsq with the
@@ -175,7 +176,7 @@ static void test_fused_pass(void) {
                     want[j] = v[j] + a0[j];
                 }
                 Sketch zero = {{0, 0}, {0, 0}, 0}, rv = zero, ra = zero, rz = zero, fv = zero, fa = zero, fz = zero;
-                Sketch sv = zero, sa = zero, sz = zero;
+                Sketch sv = zero, sa = zero, sz = zero, piece[3], first[3], rp[3] = {zero, zero, zero};
                 for (int piece = 0; piece < 2; piece++) {  // the definition and sketch_add, cut alike
                     size_t at = piece ? cut : 0, m = piece ? len - cut : cut;
                     reference_sketch(&rv, &g, g0 + at, v + at, m);
@@ -187,12 +188,18 @@ static void test_fused_pass(void) {
                 }
                 memcpy(a, a0, len * sizeof(float));
                 float *out = inplace ? a : z;
-                sketch_reduce(&fv, &fa, &fz, &g, g0, v, a, out, cut);
-                sketch_reduce(&fv, &fa, &fz, &g, g0 + cut, v + cut, a + cut, out + cut, len - cut);
+                sketch_reduce(&fv, &fa, &fz, first, &g, g0, v, a, out, cut);
+                sketch_reduce(&fv, &fa, &fz, piece, &g, g0 + cut, v + cut, a + cut, out + cut, len - cut);
+                // the second piece alone, from zero
+                reference_sketch(&rp[0], &g, g0 + cut, v + cut, len - cut);
+                reference_sketch(&rp[1], &g, g0 + cut, a0 + cut, len - cut);
+                reference_sketch(&rp[2], &g, g0 + cut, want + cut, len - cut);
                 cases++;
                 sums_bad += memcmp(out, want, len * sizeof(float)) != 0;
-                sketches_bad += !same_sketch(&rv, &sv, 0) || !same_sketch(&ra, &sa, 1) || !same_sketch(&rz, &sz, 0) ||
-                                !same_sketch(&rv, &fv, 0) || !same_sketch(&ra, &fa, 1) || !same_sketch(&rz, &fz, 0);
+                sketches_bad += !same_sketch(&rv, &sv, 0) || !same_sketch(&ra, &sa, 2) || !same_sketch(&rz, &sz, 0) ||
+                                !same_sketch(&rv, &fv, 1) || !same_sketch(&ra, &fa, 2) || !same_sketch(&rz, &fz, 0) ||
+                                !same_sketch(&rp[0], &piece[0], 1) || !same_sketch(&rp[1], &piece[1], 2) ||
+                                !same_sketch(&rp[2], &piece[2], 0);
                 // with the checks off: the sum and sketch_sumsq's squares of the addend
                 memcpy(a, a0, len * sizeof(float));
                 double q = sketch_sum_sumsq(v, a, inplace ? a : z, len), want_q = sketch_sumsq(a0, len);
@@ -204,9 +211,9 @@ static void test_fused_pass(void) {
           "to 3K+100, in place and not, in two pieces): the fp32 sums bit for bit the plain loop's (%d differ), and "
           "with the checks off the addend's sum of squares sketch_sumsq's (%d differ)", cases, FRAME_FLOATS + 13,
           sums_bad, squares_bad);
-    check(sketches_bad == 0, "the same %d: sketch_add's and sketch_reduce's sketches of what arrived, the addend (with "
-          "|r|.|x| and squares) and the sum, bit for bit the definition's (8 lanes, the fixed tree, one fma per "
-          "segment) (%d differ)", cases, sketches_bad);
+    check(sketches_bad == 0, "the same %d: sketch_add's and sketch_reduce's sketches of what arrived (with its |x| "
+          "bounds), the addend (with its bounds and squares) and the sum, bit for bit the definition's (8 lanes, the "
+          "fixed tree, one fma per segment), for the whole and for a piece alone (%d differ)", cases, sketches_bad);
     free(v);
     free(a);
     free(a0);
@@ -221,7 +228,11 @@ static void test_fused_pass(void) {
 // frames of COMM_SLOT_PAYLOAD bytes, each frame sketched as it passes
 
 enum { NO_FAULT, TRANSIT_EXP, TRANSIT_LOW, SUM_EXP, SUM_LOW, GATHER_EXP, REDUCED_EXP, REDUCED_LOW, INPUT_NAN,
-       TRANSIT_NAN_BITS, TRANSIT_TO_NAN, TRANSIT_FROM_NAN };
+       TRANSIT_NAN_BITS, TRANSIT_TO_NAN, TRANSIT_FROM_NAN, SUM_BY };
+
+// SUM_BY: the largest element of a hop's sum moved by this much (a change
+// between a frame's rounding bound and its chunk's)
+static float sum_by = 0.0f;
 
 typedef struct { int kind, member, hop; } Injected;
 
@@ -278,19 +289,38 @@ static void play_allreduce(const SketchGen *g, int p, size_t n, float *x, Sketch
             if (f.kind == TRANSIT_NAN_BITS && here) flip(wire + first_nan(wire, len), 0);  // another NaN
             if (f.kind == TRANSIT_TO_NAN && here) wire[largest(wire, len)] = NAN;
             if (f.kind == TRANSIT_FROM_NAN && here) wire[first_nan(wire, len)] = 1.0f;
-            if (f.kind == SUM_EXP || f.kind == SUM_LOW) {
-                // the sum changed in memory before its sketch: the passes apart
+            if (f.kind == SUM_EXP || f.kind == SUM_LOW || f.kind == SUM_BY) {
+                // the sum changed in memory before its sketch: the passes apart,
+                // each frame's own sketches too
+                float *add = (float *)malloc(len * sizeof(float));
+                memcpy(add, mine, len * sizeof(float));
                 sketch_frames(rec + sketch_rec_in(p, kr), g, r0, mine, len, 1);
                 sketch_frames(rec + sketch_rec_recv(p, s), g, r0, wire, len, 0);
                 for (size_t j = 0; j < len; j++) mine[j] = wire[j] + mine[j];
-                if (f.member == me && f.hop == s) flip(mine + largest(mine, len), f.kind == SUM_EXP ? 30 : 0);
+                if (f.member == me && f.hop == s) {
+                    size_t at = largest(mine, len);
+                    if (f.kind == SUM_BY) mine[at] += mine[at] < 0 ? -sum_by : sum_by;
+                    else flip(mine + at, f.kind == SUM_EXP ? 30 : 0);
+                }
                 sketch_frames(rec + sketch_rec_out(p, s), g, r0, mine, len, 0);
+                for (size_t off = 0; off < len; off += FRAME_FLOATS) {
+                    size_t m = len - off < FRAME_FLOATS ? len - off : FRAME_FLOATS;
+                    Sketch piece[3] = {{{0, 0}, {0, 0}, 0}, {{0, 0}, {0, 0}, 0}, {{0, 0}, {0, 0}, 0}};
+                    sketch_add(&piece[0], g, r0 + off, wire + off, m, 1);
+                    sketch_add(&piece[1], g, r0 + off, add + off, m, 1);
+                    sketch_add(&piece[2], g, r0 + off, mine + off, m, 0);
+                    sketch_piece_note(rec + sketch_rec_frame(p, s), piece, r0 + off, m);
+                }
+                free(add);
             } else {
                 // shm_comm.h's one pass per frame
-                for (size_t off = 0; off < len; off += FRAME_FLOATS)
+                for (size_t off = 0; off < len; off += FRAME_FLOATS) {
+                    size_t m = len - off < FRAME_FLOATS ? len - off : FRAME_FLOATS;
+                    Sketch piece[3];
                     sketch_reduce(rec + sketch_rec_recv(p, s), rec + sketch_rec_in(p, kr), rec + sketch_rec_out(p, s),
-                                  g, r0 + off, wire + off, mine + off, mine + off,
-                                  len - off < FRAME_FLOATS ? len - off : FRAME_FLOATS);
+                                  piece, g, r0 + off, wire + off, mine + off, mine + off, m);
+                    sketch_piece_note(rec + sketch_rec_frame(p, s), piece, r0 + off, m);
+                }
             }
         }
     }
@@ -349,7 +379,7 @@ static void test_ring_verdicts(void) {
     char msg[800];
     // honest rings: no false alarm, on data made to round badly
     int runs = 0, alarms = 0;
-    double worst = 0.0;
+    double worst = 0.0, worst_frame = 0.0;
     for (int p = 2; p <= 5; p++) {
         size_t sizes[] = {1, 3, 1000, 2 * FRAME_FLOATS + 7};
         for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
@@ -379,6 +409,7 @@ static void test_ring_verdicts(void) {
                                           rq[sketch_rec_in(p, k)].s[0];
                             double bound = sketch_hop_bound(sum_a, t, hi - lo);
                             if (bound > 0 && isfinite(diff)) worst = fmax(worst, fabs(diff) / bound);
+                            worst_frame = fmax(worst_frame, rq[sketch_rec_frame(p, t - 1)].s[0]);
                         }
                     }
                 }
@@ -387,8 +418,9 @@ static void test_ring_verdicts(void) {
             free(recs);
         }
     }
-    check(alarms == 0 && worst <= 1.0, "%d honest all-reduces (2 to 5 members, wide exponents, near cancellation, "
-          "zeros, denormals, 1e30s): %d false alarms; the largest hop error was %.6f of its bound", runs, alarms, worst);
+    check(alarms == 0 && worst <= 1.0 && worst_frame <= 1.0, "%d honest all-reduces (2 to 5 members, wide exponents, "
+          "near cancellation, zeros, denormals, 1e30s): %d false alarms; the largest hop error was %.4f of its bound, "
+          "the largest frame's %.4f of its own", runs, alarms, worst, worst_frame);
 
     // each fault, on 3 members of 3 chunks of 2 frames and more
     int p = 3;
@@ -422,6 +454,43 @@ static void test_ring_verdicts(void) {
         else
             check(!bad, "%s: within the rounding bound, so not caught (%s)", names[cases[k].f.kind],
                   bad ? msg : "no failure");
+    }
+    // a sum off by more than its frame's bound but less than its chunk's: a
+    // chunk of 64 frames on 2 members, its largest element moved by 16 times
+    // the largest frame bound (so by 4 at least, |r| >= 1/4, in its frame,
+    // and 1/4 of the chunk's bound at most): the frames catch it, naming the
+    // frame; the chunk's check alone (the records' frame entries cleared) does not
+    {
+        int p2 = 2;
+        size_t n2 = (size_t)p2 * 64 * FRAME_FLOATS, half = n2 / 2;
+        float *x2 = (float *)malloc((size_t)p2 * n2 * sizeof(float));
+        Sketch *recs2 = (Sketch *)malloc((size_t)p2 * sketch_rec_count(p2) * sizeof(Sketch));
+        fill(x2, p2, n2, 0);
+        sketch_draw(&g, 12, 2, 1, SK_ALLREDUCE, n2);
+        // member 1 adds member 0's chunk 1 to its own at hop 0: each frame's bound
+        double fb = 0.0;
+        for (size_t off = half; off < n2; off += FRAME_FLOATS) {
+            Sketch v = {{0, 0}, {0, 0}, 0}, a = v;
+            sketch_add(&v, &g, off, x2 + off, FRAME_FLOATS, 1);
+            sketch_add(&a, &g, off, x2 + n2 + off, FRAME_FLOATS, 1);
+            for (int j = 0; j < 2; j++) fb = fmax(fb, sketch_hop_bound(v.a[j] + a.a[j], 0, FRAME_FLOATS));
+        }
+        sum_by = (float)(16.0 * fb);
+        Injected by = {SUM_BY, 1, 0};
+        play_allreduce(&g, p2, n2, x2, recs2, by);
+        int frame_bad = judge(p2, n2, ranks, recs2, msg, sizeof(msg));
+        const Sketch *in0 = recs2 + sketch_rec_in(p2, 1), *in1 = recs2 + sketch_rec_count(p2) + sketch_rec_in(p2, 1);
+        double cb = sketch_hop_bound(in0->a[0] + in1->a[0], 1, half);
+        check(frame_bad && strstr(msg, "the sum rank 2 made at hop 0 (what rank 0 sent plus rank 2's own piece) is off "
+              "by") != NULL && strstr(msg, "in its frame of elements") != NULL, "a sum's element moved by %.3g (its "
+              "frame's bound %.3g, its chunk's %.3g): caught and named frame by frame: %s", sum_by, fb, cb, msg);
+        for (int q = 0; q < p2; q++)
+            memset(recs2 + (size_t)q * sketch_rec_count(p2) + sketch_rec_frame(p2, 0), 0, sizeof(Sketch));
+        int chunk_bad = judge(p2, n2, ranks, recs2, msg, sizeof(msg));
+        check(!chunk_bad, "the same change is within its chunk's bound: the chunk's check alone passes it (%s)",
+              chunk_bad ? msg : "no failure");
+        free(x2);
+        free(recs2);
     }
     // one ulp in transit where the sketches are large (every element the
     // sign of its r_j, so they add up): the line still shows two numbers

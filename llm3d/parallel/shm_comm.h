@@ -142,6 +142,7 @@ typedef struct Xfer {
     Sketch *sk;                 // send: what is sent (full: with |r|.|x| and squares, an input);
     int sk_full;                // recv: what arrived (a copy: after it lands in dst)
     Sketch *sk_add, *sk_sum;    // recv reducing: the addend (full, read before the sum overwrites it) and the sum
+    Sketch *sk_frame;           // recv reducing: the worst of its frames' sums, each checked on its own
     int squares;                // checks off, gradients counted: this rank's input (send: what is sent; recv
                                 // reducing: the addend) into grad_sumsq as it passes
 } Xfer;
@@ -425,9 +426,12 @@ static inline int comm_try_recv(Comm *c, Xfer *x) {
         float *sum = x->sum + off / sizeof(float);
         const float *add = x->addend + off / sizeof(float);
         double t0 = par_now();
-        if (x->sk != NULL && x->sk_add != NULL && x->sk_sum != NULL)
-            sketch_reduce(x->sk, x->sk_add, x->sk_sum, c->gen, g, (const float *)payload, add, sum, m);
-        else if (x->squares)
+        if (x->sk != NULL && x->sk_add != NULL && x->sk_sum != NULL) {
+            Sketch piece[3];  // this frame's own: its sum checked within its own bound
+            sketch_reduce(x->sk, x->sk_add, x->sk_sum, x->sk_frame != NULL ? piece : NULL, c->gen, g,
+                          (const float *)payload, add, sum, m);
+            if (x->sk_frame != NULL) sketch_piece_note(x->sk_frame, piece, g, m);
+        } else if (x->squares)
             c->grad_sumsq += sketch_sum_sumsq((const float *)payload, add, sum, m);
         else
             for (size_t j = 0; j < m; j++) sum[j] = ((const float *)payload)[j] + add[j];
@@ -708,7 +712,8 @@ static inline Sketch *comm_rec(const Comm *c, int checking, size_t i) { return c
 // comm_reduce_hop_checks: what hop s of a ring reduce-scatter (the all-
 // reduce's first half too) sketches and counts: at hop 0 the chunk ks this
 // member sends, its own input (full: with |r|.|x| and squares); at every hop
-// what it receives, its own chunk kr that it adds (full) and the sum. squares:
+// what it receives, its own chunk kr that it adds (full) and the sum, and
+// each frame's sum on its own (the worst into the record). squares:
 // the checks are off and the gradients counted, so its input's sum of
 // squares is taken as it passes instead.
 static inline void comm_reduce_hop_checks(const Comm *c, int checking, int squares, int size, int s, int ks, int kr,
@@ -722,6 +727,7 @@ static inline void comm_reduce_hop_checks(const Comm *c, int checking, int squar
     rx->sk = comm_rec(c, checking, sketch_rec_recv(size, s));
     rx->sk_add = comm_rec(c, checking, sketch_rec_in(size, kr));
     rx->sk_sum = comm_rec(c, checking, sketch_rec_out(size, s));
+    rx->sk_frame = comm_rec(c, checking, sketch_rec_frame(size, s));
 }
 
 // "ranks 0, 2, 4" (the first 16 of a larger group, then how many)

@@ -24,7 +24,11 @@
  *   sketch_eval_error, sketch_hop_bound, sketch_sum_bound
  *                          the rounding bounds (fp32 hops, any p-term sum in
  *                          fp32 or bf16)
- *   SK_*, sketch_rec_count, sketch_rec_in .. sketch_rec_got, SketchCase,
+ *   SK_*, sketch_rec_count, sketch_rec_in .. sketch_rec_frame, SketchCase,
+ *   SKETCH_PLAIN .. SKETCH_SQUARES
+ *                          what a segment's pass sums besides the sketches
+ *   sketch_piece_ratio, sketch_piece_note
+ *                          a reducing receive's frame checked on its own
  *   sketch_same, sketch_moved, sketch_judge
  *                          each rank's record of one collective, and the
  *                          verdict on all the records of a group
@@ -65,13 +69,15 @@
 #define SKETCH_KEY_LABEL "llm3d collective sketch key 1"
 #define SKETCH_NONCE_LABEL "llm3d collective sketch nonce 1"
 
-// what a rank computes of one vector (or piece of one): s[k] = <r_k, x>,
-// a[k] = sum |r_k| |x| (full pieces only), q = sum x^2 (full pieces only)
+// what a rank computes of one vector (or piece of one): s[k] = <r_k, x>;
+// a[k] = sum over blocks of |a_k[block]| (sum |x_j| over the block's
+// elements), a bound of sum |r_k| |x| (|b| < 1), for inputs and what a
+// reducing receive got; q = sum x^2 (inputs only)
 typedef struct { double s[2], a[2], q; } Sketch;
 
 typedef struct {
     AeadKey aes;                  // the job's sketch key (never the frames' HMAC key)
-    double b[4][SKETCH_BLOCK];    // b of sketch 0 and 1, then their magnitudes
+    double b[2][SKETCH_BLOCK];    // b of sketch 0 and 1
     double *a;                    // per block: a of sketch 0 and 1, interleaved
     size_t blocks, cap;           // blocks drawn for this collective; room in a
     uint16_t *stream;             // the keystream's words
@@ -147,7 +153,6 @@ static inline int sketch_draw(SketchGen *g, long step, uint64_t group, uint64_t 
         for (int k = 0; k < 2; k++) {
             double c = sketch_coef(g->stream[2 * i + k]);
             g->b[k][i] = c;
-            g->b[2 + k][i] = fabs(c);
         }
     }
     for (size_t j = 0; j < 2 * blocks; j++) g->a[j] = sketch_coef(g->stream[2 * SKETCH_BLOCK + j]);
@@ -159,16 +164,20 @@ static inline int sketch_draw(SketchGen *g, long step, uint64_t group, uint64_t 
 // the elements i = l (mod 8) from the segment's start, the rest go to lane 0,
 // and the lanes meet in a fixed tree: the order is the segment's, never the
 // buffer's alignment or the build's vector width, so every build of a job
-// sketches alike. A segment's sums of one vector: the two sketches, then
-// (full) the two |r|.|x| sums and the sum of squares. GCC's and Clang's
-// vector extension runs the 8 lanes as two vectors of 4 doubles; the plain
-// loops (-DLLM3D_SCALAR) add in the same order.
+// sketches alike. A segment's sums of one vector, out[4]: the two sketches
+// sum b[i] x_i, then (level 1) the magnitudes sum |x_i|, then (level 2) the
+// squares sum x_i^2. GCC's and Clang's vector extension runs the 8 lanes as
+// two vectors of 4 doubles; the plain loops (-DLLM3D_SCALAR) add in the same
+// order. The magnitudes are summed unweighted (|b| < 1 bounds them), by
+// adds, not multiplies: the multiplier units are what a pass runs out of.
 //
 // sketch_segment sums one vector; sketch_segment_reduce is a reducing
 // receive's one pass: z = v + a in fp32 (stored; z may be a), with the sums
-// of v, of a (full) and of z, each alike to sketch_segment's of that vector,
-// while the three are in registers: the addend is read from memory once,
-// where three passes (and the sum's own) read it, and the payload, twice.
+// of v (level 1), of a (level 2) and of z (level 0), each alike to
+// sketch_segment's of that vector, while the segment is in L1: the addend
+// is read from memory once, where three passes and the sum's own read it.
+enum { SKETCH_PLAIN = 0, SKETCH_MAGNITUDES = 1, SKETCH_SQUARES = 2 };
+
 #if defined(__GNUC__) && !defined(LLM3D_SCALAR)
 typedef double sketch_d4 __attribute__((vector_size(32)));
 typedef long long sketch_l4 __attribute__((vector_size(32)));
@@ -176,8 +185,16 @@ typedef float sketch_f4 __attribute__((vector_size(16)));
 typedef float sketch_f4u __attribute__((vector_size(16), aligned(4), may_alias));
 typedef double sketch_d4u __attribute__((vector_size(32), aligned(8), may_alias));
 
-static inline sketch_d4 sketch_cvt4(sketch_f4 x) { return __builtin_convertvector(x, sketch_d4); }
-static inline sketch_d4 sketch_load4(const float *x) { return sketch_cvt4(*(const sketch_f4u *)x); }
+// 4 floats to doubles, element by element: GCC 12 makes one vcvtps2pd of
+// this, but splits __builtin_convertvector's in two halves and an insert
+static inline sketch_d4 sketch_cvt4(sketch_f4 x) {
+    sketch_d4 d = {(double)x[0], (double)x[1], (double)x[2], (double)x[3]};
+    return d;
+}
+static inline sketch_d4 sketch_load4(const float *x) {
+    sketch_d4 d = {(double)x[0], (double)x[1], (double)x[2], (double)x[3]};
+    return d;
+}
 static inline sketch_d4 sketch_coef4(const double *b) { return *(const sketch_d4u *)b; }
 static inline sketch_d4 sketch_abs4(sketch_d4 v) {
     const sketch_l4 mask = {0x7fffffffffffffffLL, 0x7fffffffffffffffLL, 0x7fffffffffffffffLL, 0x7fffffffffffffffLL};
@@ -188,20 +205,24 @@ static inline double sketch_tree(sketch_d4 l, sketch_d4 h) {
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((h[0] + h[1]) + (h[2] + h[3]));
 }
 
-static inline void sketch_segment(const SketchGen *g, size_t off, const float *x, size_t m, int full, double out[5]) {
-    const double *b0 = g->b[0] + off, *b1 = g->b[1] + off, *m0 = g->b[2] + off, *m1 = g->b[3] + off;
-    sketch_d4 s0l = {0, 0, 0, 0}, s0h = s0l, s1l = s0l, s1h = s0l, a0l = s0l, a0h = s0l, a1l = s0l, a1h = s0l,
-              ql = s0l, qh = s0l;
+static inline void sketch_segment(const SketchGen *g, size_t off, const float *x, size_t m, int level, double out[4]) {
+    const double *b0 = g->b[0] + off, *b1 = g->b[1] + off;
+    sketch_d4 s0l = {0, 0, 0, 0}, s0h = s0l, s1l = s0l, s1h = s0l, ml = s0l, mh = s0l, ql = s0l, qh = s0l;
     size_t i = 0;
-    if (full) {
+    if (level == SKETCH_SQUARES) {
         for (; i + 8 <= m; i += 8) {
             sketch_d4 vl = sketch_load4(x + i), vh = sketch_load4(x + i + 4);
-            sketch_d4 al = sketch_abs4(vl), ah = sketch_abs4(vh);
             s0l += sketch_coef4(b0 + i) * vl; s0h += sketch_coef4(b0 + i + 4) * vh;
             s1l += sketch_coef4(b1 + i) * vl; s1h += sketch_coef4(b1 + i + 4) * vh;
-            a0l += sketch_coef4(m0 + i) * al; a0h += sketch_coef4(m0 + i + 4) * ah;
-            a1l += sketch_coef4(m1 + i) * al; a1h += sketch_coef4(m1 + i + 4) * ah;
+            ml += sketch_abs4(vl); mh += sketch_abs4(vh);
             ql += vl * vl; qh += vh * vh;
+        }
+    } else if (level == SKETCH_MAGNITUDES) {
+        for (; i + 8 <= m; i += 8) {
+            sketch_d4 vl = sketch_load4(x + i), vh = sketch_load4(x + i + 4);
+            s0l += sketch_coef4(b0 + i) * vl; s0h += sketch_coef4(b0 + i + 4) * vh;
+            s1l += sketch_coef4(b1 + i) * vl; s1h += sketch_coef4(b1 + i + 4) * vh;
+            ml += sketch_abs4(vl); mh += sketch_abs4(vh);
         }
     } else {
         for (; i + 8 <= m; i += 8) {
@@ -214,30 +235,23 @@ static inline void sketch_segment(const SketchGen *g, size_t off, const float *x
         double v = (double)x[i];
         s0l[0] += b0[i] * v;
         s1l[0] += b1[i] * v;
-        if (full) {
-            a0l[0] += m0[i] * fabs(v);
-            a1l[0] += m1[i] * fabs(v);
-            ql[0] += v * v;
-        }
+        if (level >= SKETCH_MAGNITUDES) ml[0] += fabs(v);
+        if (level >= SKETCH_SQUARES) ql[0] += v * v;
     }
     out[0] = sketch_tree(s0l, s0h);
     out[1] = sketch_tree(s1l, s1h);
-    if (full) {
-        out[2] = sketch_tree(a0l, a0h);
-        out[3] = sketch_tree(a1l, a1h);
-        out[4] = sketch_tree(ql, qh);
-    }
+    out[2] = sketch_tree(ml, mh);
+    out[3] = sketch_tree(ql, qh);
 }
 
 static inline void sketch_segment_reduce(const SketchGen *g, size_t off, const float *v, const float *a, float *z,
-                                         size_t m, double sv[2], double sa[5], double sz[2]) {
+                                         size_t m, double sv[4], double sa[4], double sz[4]) {
     // two loops over the segment (at most K floats, in L1 after the first):
     // the sum and a's sums, then v's and z's; all 18 vectors of lanes at
     // once would not fit the registers
-    const double *b0 = g->b[0] + off, *b1 = g->b[1] + off, *m0 = g->b[2] + off, *m1 = g->b[3] + off;
+    const double *b0 = g->b[0] + off, *b1 = g->b[1] + off;
     size_t whole = m / 8 * 8;
-    sketch_d4 x0l = {0, 0, 0, 0}, x0h = x0l, x1l = x0l, x1h = x0l, a0l = x0l, a0h = x0l, a1l = x0l, a1h = x0l,
-              ql = x0l, qh = x0l;
+    sketch_d4 x0l = {0, 0, 0, 0}, x0h = x0l, x1l = x0l, x1h = x0l, xml = x0l, xmh = x0l, ql = x0l, qh = x0l;
     for (size_t i = 0; i < whole; i += 8) {
         sketch_f4 afl = *(const sketch_f4u *)(a + i), afh = *(const sketch_f4u *)(a + i + 4);
         *(sketch_f4u *)(z + i) = *(const sketch_f4u *)(v + i) + afl;  // a read first: z may be a
@@ -245,17 +259,17 @@ static inline void sketch_segment_reduce(const SketchGen *g, size_t off, const f
         sketch_d4 dl = sketch_cvt4(afl), dh = sketch_cvt4(afh);
         x0l += sketch_coef4(b0 + i) * dl; x0h += sketch_coef4(b0 + i + 4) * dh;
         x1l += sketch_coef4(b1 + i) * dl; x1h += sketch_coef4(b1 + i + 4) * dh;
+        xml += sketch_abs4(dl); xmh += sketch_abs4(dh);
         ql += dl * dl; qh += dh * dh;
-        dl = sketch_abs4(dl), dh = sketch_abs4(dh);
-        a0l += sketch_coef4(m0 + i) * dl; a0h += sketch_coef4(m0 + i + 4) * dh;
-        a1l += sketch_coef4(m1 + i) * dl; a1h += sketch_coef4(m1 + i + 4) * dh;
     }
-    sketch_d4 v0l = {0, 0, 0, 0}, v0h = v0l, v1l = v0l, v1h = v0l, z0l = v0l, z0h = v0l, z1l = v0l, z1h = v0l;
+    sketch_d4 v0l = {0, 0, 0, 0}, v0h = v0l, v1l = v0l, v1h = v0l, vml = v0l, vmh = v0l;
+    sketch_d4 z0l = v0l, z0h = v0l, z1l = v0l, z1h = v0l;
     for (size_t i = 0; i < whole; i += 8) {
         sketch_d4 c0l = sketch_coef4(b0 + i), c0h = sketch_coef4(b0 + i + 4);
         sketch_d4 c1l = sketch_coef4(b1 + i), c1h = sketch_coef4(b1 + i + 4);
         sketch_d4 dl = sketch_load4(v + i), dh = sketch_load4(v + i + 4);
         v0l += c0l * dl; v0h += c0h * dh; v1l += c1l * dl; v1h += c1h * dh;
+        vml += sketch_abs4(dl); vmh += sketch_abs4(dh);
         dl = sketch_load4(z + i), dh = sketch_load4(z + i + 4);
         z0l += c0l * dl; z0h += c0h * dh; z1l += c1l * dl; z1h += c1h * dh;
     }
@@ -265,32 +279,34 @@ static inline void sketch_segment_reduce(const SketchGen *g, size_t off, const f
         double dv = (double)vf, da = (double)af, dz = (double)zf;
         v0l[0] += b0[i] * dv;
         v1l[0] += b1[i] * dv;
+        vml[0] += fabs(dv);
         x0l[0] += b0[i] * da;
         x1l[0] += b1[i] * da;
-        a0l[0] += m0[i] * fabs(da);
-        a1l[0] += m1[i] * fabs(da);
+        xml[0] += fabs(da);
         ql[0] += da * da;
         z0l[0] += b0[i] * dz;
         z1l[0] += b1[i] * dz;
     }
     sv[0] = sketch_tree(v0l, v0h);
     sv[1] = sketch_tree(v1l, v1h);
+    sv[2] = sketch_tree(vml, vmh);
+    sv[3] = 0.0;
     sa[0] = sketch_tree(x0l, x0h);
     sa[1] = sketch_tree(x1l, x1h);
-    sa[2] = sketch_tree(a0l, a0h);
-    sa[3] = sketch_tree(a1l, a1h);
-    sa[4] = sketch_tree(ql, qh);
+    sa[2] = sketch_tree(xml, xmh);
+    sa[3] = sketch_tree(ql, qh);
     sz[0] = sketch_tree(z0l, z0h);
     sz[1] = sketch_tree(z1l, z1h);
+    sz[2] = sz[3] = 0.0;
 }
 #else
 static inline double sketch_tree8(const double v[8]) {
     return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
-static inline void sketch_segment(const SketchGen *g, size_t off, const float *x, size_t m, int full, double out[5]) {
-    const double *b0 = g->b[0] + off, *b1 = g->b[1] + off, *m0 = g->b[2] + off, *m1 = g->b[3] + off;
-    double lanes[5][8];
+static inline void sketch_segment(const SketchGen *g, size_t off, const float *x, size_t m, int level, double out[4]) {
+    const double *b0 = g->b[0] + off, *b1 = g->b[1] + off;
+    double lanes[4][8];
     memset(lanes, 0, sizeof(lanes));
     size_t whole = m / 8 * 8;
     for (size_t i = 0; i < m; i++) {
@@ -298,19 +314,16 @@ static inline void sketch_segment(const SketchGen *g, size_t off, const float *x
         double v = (double)x[i];
         lanes[0][l] += b0[i] * v;
         lanes[1][l] += b1[i] * v;
-        if (full) {
-            lanes[2][l] += m0[i] * fabs(v);
-            lanes[3][l] += m1[i] * fabs(v);
-            lanes[4][l] += v * v;
-        }
+        if (level >= SKETCH_MAGNITUDES) lanes[2][l] += fabs(v);
+        if (level >= SKETCH_SQUARES) lanes[3][l] += v * v;
     }
-    for (int k = 0; k < (full ? 5 : 2); k++) out[k] = sketch_tree8(lanes[k]);
+    for (int k = 0; k < 4; k++) out[k] = sketch_tree8(lanes[k]);
 }
 
 static inline void sketch_segment_reduce(const SketchGen *g, size_t off, const float *v, const float *a, float *z,
-                                         size_t m, double sv[2], double sa[5], double sz[2]) {
-    const double *b0 = g->b[0] + off, *b1 = g->b[1] + off, *m0 = g->b[2] + off, *m1 = g->b[3] + off;
-    double lv[2][8], la[5][8], lz[2][8];
+                                         size_t m, double sv[4], double sa[4], double sz[4]) {
+    const double *b0 = g->b[0] + off, *b1 = g->b[1] + off;
+    double lv[4][8], la[4][8], lz[4][8];
     memset(lv, 0, sizeof(lv));
     memset(la, 0, sizeof(la));
     memset(lz, 0, sizeof(lz));
@@ -322,19 +335,19 @@ static inline void sketch_segment_reduce(const SketchGen *g, size_t off, const f
         double dv = (double)vf, da = (double)af, dz = (double)zf;
         lv[0][l] += b0[i] * dv;
         lv[1][l] += b1[i] * dv;
+        lv[2][l] += fabs(dv);
         la[0][l] += b0[i] * da;
         la[1][l] += b1[i] * da;
-        la[2][l] += m0[i] * fabs(da);
-        la[3][l] += m1[i] * fabs(da);
-        la[4][l] += da * da;
+        la[2][l] += fabs(da);
+        la[3][l] += da * da;
         lz[0][l] += b0[i] * dz;
         lz[1][l] += b1[i] * dz;
     }
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 4; k++) {
         sv[k] = sketch_tree8(lv[k]);
+        sa[k] = sketch_tree8(la[k]);
         sz[k] = sketch_tree8(lz[k]);
     }
-    for (int k = 0; k < 5; k++) sa[k] = sketch_tree8(la[k]);
 }
 #endif
 
@@ -389,29 +402,30 @@ static inline double sketch_sum_sumsq(const float *v, const float *a, float *z, 
     return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
-// a segment's sums into acc: one fma each, with block blk's coefficient
-static inline void sketch_take(Sketch *acc, const SketchGen *g, size_t blk, const double seg[5], int full) {
+// a segment's sums into acc, with block blk's coefficients: one fma each
+static inline void sketch_take(Sketch *acc, const SketchGen *g, size_t blk, const double seg[4], int level) {
     double c0 = blk < g->blocks ? g->a[2 * blk] : 0.0, c1 = blk < g->blocks ? g->a[2 * blk + 1] : 0.0;
     acc->s[0] = fma(c0, seg[0], acc->s[0]);
     acc->s[1] = fma(c1, seg[1], acc->s[1]);
-    if (full) {
+    if (level >= SKETCH_MAGNITUDES) {
         acc->a[0] = fma(fabs(c0), seg[2], acc->a[0]);
-        acc->a[1] = fma(fabs(c1), seg[3], acc->a[1]);
-        acc->q += seg[4];
+        acc->a[1] = fma(fabs(c1), seg[2], acc->a[1]);
     }
+    if (level >= SKETCH_SQUARES) acc->q += seg[3];
 }
 
 // sketch_add: elements g0 .. g0 + len - 1 of the collective's vector, whose
-// values are x, into acc (full: the |r|.|x| sums and the squares too). Each
-// block segment enters acc through one fma, so the result depends on the
-// values and on where the pieces are cut, nothing else.
+// values are x, into acc (full: the |r|.|x| bounds and the squares too).
+// Each block segment enters acc through one fma, so the result depends on
+// the values and on where the pieces are cut, nothing else.
 static inline void sketch_add(Sketch *acc, const SketchGen *g, size_t g0, const float *x, size_t len, int full) {
+    int level = full ? SKETCH_SQUARES : SKETCH_PLAIN;
     while (len > 0) {
         size_t blk = g0 / SKETCH_BLOCK, off = g0 % SKETCH_BLOCK;
         size_t m = SKETCH_BLOCK - off < len ? SKETCH_BLOCK - off : len;
-        double seg[5] = {0, 0, 0, 0, 0};
-        sketch_segment(g, off, x, m, full, seg);
-        sketch_take(acc, g, blk, seg, full);
+        double seg[4];
+        sketch_segment(g, off, x, m, level, seg);
+        sketch_take(acc, g, blk, seg, level);
         x += m;
         g0 += m;
         len -= m;
@@ -420,18 +434,27 @@ static inline void sketch_add(Sketch *acc, const SketchGen *g, size_t g0, const 
 
 // sketch_reduce: a reducing receive's piece, elements g0 .. g0 + len - 1:
 // z = v + a (fp32; z may be a, not otherwise overlap it), in one pass, with
-// v into sv (what arrived), a into sa (full: the member's own input) and z
-// into sz (the sum), each bit for bit what sketch_add makes of that vector
-static inline void sketch_reduce(Sketch *sv, Sketch *sa, Sketch *sz, const SketchGen *g, size_t g0, const float *v,
-                                 const float *a, float *z, size_t len) {
+// v into sv (what arrived, with its |r|.|x| bounds), a into sa (full: the
+// member's own input) and z into sz (the sum), each's sketch bit for bit
+// what sketch_add makes of that vector. piece (when not NULL): the same
+// three of this piece alone, from zero, for its own sum check
+// (sketch_piece_ratio).
+static inline void sketch_reduce(Sketch *sv, Sketch *sa, Sketch *sz, Sketch piece[3], const SketchGen *g, size_t g0,
+                                 const float *v, const float *a, float *z, size_t len) {
+    if (piece != NULL) memset(piece, 0, 3 * sizeof(Sketch));
     while (len > 0) {
         size_t blk = g0 / SKETCH_BLOCK, off = g0 % SKETCH_BLOCK;
         size_t m = SKETCH_BLOCK - off < len ? SKETCH_BLOCK - off : len;
-        double segv[5], sega[5], segz[5];
+        double segv[4], sega[4], segz[4];
         sketch_segment_reduce(g, off, v, a, z, m, segv, sega, segz);
-        sketch_take(sv, g, blk, segv, 0);
-        sketch_take(sa, g, blk, sega, 1);
-        sketch_take(sz, g, blk, segz, 0);
+        sketch_take(sv, g, blk, segv, SKETCH_MAGNITUDES);
+        sketch_take(sa, g, blk, sega, SKETCH_SQUARES);
+        sketch_take(sz, g, blk, segz, SKETCH_PLAIN);
+        if (piece != NULL) {
+            sketch_take(&piece[0], g, blk, segv, SKETCH_MAGNITUDES);
+            sketch_take(&piece[1], g, blk, sega, SKETCH_SQUARES);
+            sketch_take(&piece[2], g, blk, segz, SKETCH_PLAIN);
+        }
         v += m;
         a += m;
         z += m;
@@ -447,7 +470,9 @@ static inline void sketch_reduce(Sketch *sv, Sketch *sa, Sketch *sz, const Sketc
 // (a lane's sum of at most K/8 + 7 exact products, 3 levels of the lanes'
 // tree, one fma per segment into a running sum of at most 2N/K + 2 segments,
 // as frames of 16384 elements cut at most N/K more segments than the blocks).
-// The products b * x are exact, so no term for them.
+// The products b * x are exact, so no term for them. The |r|.|x| bounds A
+// (Sketch's a) are sums of the same shape, of |x| (|b| < 1 dropped, so A
+// is at most 2x, some 1.4x on average, sum |r| |x|).
 
 static inline double sketch_eval_error(size_t n) {
     return ((double)SKETCH_BLOCK / 8.0 + 16.0 + 2.0 * (double)n / SKETCH_BLOCK) * ldexp(1.0, -53);
@@ -460,6 +485,8 @@ static inline double sketch_eval_error(size_t n) {
 //   |S(z) - S(P) - S(x)| <= u (A(P) + A(x)),  A(P) + A(x) <= (1+u)^t sum_a,
 // to which the three computed sketches' errors add e (A(z) + A(P) + A(x))
 // and the two subtractions 2^-52 of the same. n: the chunk's elements.
+// With t = 0 and sum_a = A(P) + A(x) of one piece's own sketches, the bound
+// of that piece's sums alone (sketch_piece_ratio).
 static inline double sketch_hop_bound(double sum_a, int t, size_t n) {
     double u = ldexp(1.0, -24), e = sketch_eval_error(n);
     return (u + 3.0 * e + ldexp(1.0, -51)) * (1.0 + 2.0 * (t + 1) * u + 4.0 * e) * sum_a;
@@ -478,7 +505,7 @@ static inline double sketch_sum_bound(double sum_a, int p, double u, size_t n) {
 
 // ----------------------------------------------------------------------------
 // the record: what one member of a group of p computed in one collective,
-// 4p - 2 sketches:
+// 5p - 3 sketches:
 //   in[k]    its input's chunk k (k = 0..p-1), full: sent at the reduce-
 //            scatter's hop 0 (chunk me-1) or added at hop s (chunk me-s-2)
 //   recv[s]  what it received at the reduce-scatter's hop s (s = 0..p-2)
@@ -486,17 +513,22 @@ static inline double sketch_sum_bound(double sum_a, int p, double u, size_t n) {
 //   own      its chunk as it sent it at the all-gather's hop 0 (an all-
 //            reduce's: out[p-2] again, bit for bit)
 //   got[s]   what it received at the all-gather's hop s (chunk me-s-1)
-// A reduce-scatter fills in, recv, out; an all-gather own and got; an
-// all-reduce all.
+//   frame[s] not a sketch: the worst of the sums it made at the reduce-
+//            scatter's hop s, checked frame by frame (sketch_piece_note):
+//            s[0] |diff| / bound (0 when none), s[1] the diff, a[0] the
+//            bound, a[1] the frame's first element, q its elements
+// A reduce-scatter fills in, recv, out, frame; an all-gather own and got;
+// an all-reduce all.
 
 enum { SK_ALLREDUCE = 0, SK_REDUCE_SCATTER = 1, SK_ALLGATHER = 2 };
 
-static inline size_t sketch_rec_count(int p) { return (size_t)(4 * p - 2); }
+static inline size_t sketch_rec_count(int p) { return (size_t)(5 * p - 3); }
 static inline size_t sketch_rec_in(int p, int k) { (void)p; return (size_t)k; }
 static inline size_t sketch_rec_recv(int p, int s) { return (size_t)(p + s); }
 static inline size_t sketch_rec_out(int p, int s) { return (size_t)(2 * p - 1 + s); }
 static inline size_t sketch_rec_own(int p) { return (size_t)(3 * p - 2); }
 static inline size_t sketch_rec_got(int p, int s) { return (size_t)(3 * p - 1 + s); }
+static inline size_t sketch_rec_frame(int p, int s) { return (size_t)(4 * p - 2 + s); }
 
 typedef struct {
     int kind;                 // SK_*
@@ -530,6 +562,47 @@ static inline int sketch_same(const Sketch *x, const Sketch *y) {
 
 static inline int sketch_finite(const Sketch *x) {
     return isfinite(x->s[0]) && isfinite(x->s[1]) && isfinite(x->a[0]) && isfinite(x->a[1]);
+}
+
+// sketch_piece_ratio: a reducing receive's piece of n elements, from its
+// own sketches piece[3] (what arrived, the addend, the sum; sketch_reduce):
+// how far the sum's sketch is from the other two's, over the piece's
+// rounding bound (sketch_hop_bound with t = 0), for the worse of the two
+// sketches, whose figures go to diff and bound. At most 1 when the sums
+// hold. A frame's bound is some 2^-24 of its 16K elements' |x| sums, where
+// the chunk's, checked too, grows with the chunk: a wrong element a frame
+// sees can hide in the rounding a chunk of millions allows. 0 for inputs
+// not finite (the trainer's not-finite rule acts on them) and for a sum
+// that overflowed from inputs that large.
+static inline double sketch_piece_ratio(const Sketch piece[3], size_t n, double *diff, double *bound) {
+    double worst = 0.0;
+    *diff = *bound = 0.0;
+    if (!sketch_finite(&piece[0]) || !sketch_finite(&piece[1])) return 0.0;
+    for (int j = 0; j < 2; j++) {
+        double sum_a = piece[0].a[j] + piece[1].a[j];
+        double d = piece[2].s[j] - piece[0].s[j] - piece[1].s[j], b = sketch_hop_bound(sum_a, 0, n);
+        if (!isfinite(piece[2].s[j]) && sum_a >= 0.125 * FLT_MAX) continue;
+        double r = fabs(d) <= b ? (b > 0.0 ? fabs(d) / b : 0.0) : (b > 0.0 && isfinite(d) ? fabs(d) / b : INFINITY);
+        if (r > worst) {
+            worst = r;
+            *diff = d;
+            *bound = b;
+        }
+    }
+    return worst;
+}
+
+// sketch_piece_note: a piece's ratio (elements g0 .. g0 + n - 1) into the
+// worst of its hop, the record's frame[s]
+static inline void sketch_piece_note(Sketch *worst, const Sketch piece[3], size_t g0, size_t n) {
+    double diff, bound, r = sketch_piece_ratio(piece, n, &diff, &bound);
+    if (r > worst->s[0]) {
+        worst->s[0] = r;
+        worst->s[1] = diff;
+        worst->a[0] = bound;
+        worst->a[1] = (double)g0;
+        worst->q = (double)n;
+    }
 }
 
 // sketch_moved: data that only moved arrived as it left: the same bits, or
@@ -591,6 +664,16 @@ static inline int sketch_judge(const SketchCase *c, char *msg, size_t len) {
                             return 1;
                         }
                     }
+                }
+                // the same sum, frame by frame, each within its own bound
+                const Sketch *fr = sketch_at(c, q, sketch_rec_frame(p, t - 1));
+                if (!(fr->s[0] <= 1.0)) {
+                    snprintf(msg, len, "chunk %d (elements %zu..%zu)%s: the sum rank %d made at hop %d (what rank %d "
+                             "sent plus rank %d's own piece) is off by %.3g in its frame of elements %.0f..%.0f, more "
+                             "than that frame's rounding bound %.3g: rank %d's addition, or its piece after its sketch",
+                             k, lo, hi - 1, phase, R[q], t - 1, R[prev], R[q], fr->s[1], fr->a[1], fr->a[1] + fr->q - 1,
+                             fr->a[0], R[q]);
+                    return 1;
                 }
                 sent = out;
             }
