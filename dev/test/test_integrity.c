@@ -850,6 +850,20 @@ static void test_quiet(void) {
     }
     check(bad == 0, "%d normal runs of %d layouts with -ic 1 (the last %d beside two busy loops): %d with a failed check, "
           "an outlier or an error", runs, n, n, bad);
+    // what the checks cost, as rank 0 prints it at the end (dev/bench_ic.sh
+    // reads these lines): the checks' own passes, and the reducing receives'
+    // sums, sketched in their pass under -ic 1, plain under -ic 0
+    double x = -1, y = -1, y0 = -1;
+    run(&r, "-d 64 -np 2", STEPS);
+    const char *line = strstr(r.out, "checked collectives: ");
+    if (line != NULL) sscanf(line, "checked collectives: %lf ms per step on rank 0 in the checks' own passes, records "
+                             "and verdicts; %lf ms in its reducing receives' sums, sketched in the same pass", &x, &y);
+    run(&r, "-d 64 -np 2 -ic 0", STEPS);
+    line = strstr(r.out, "unchecked collectives: ");
+    if (line != NULL) sscanf(line, "unchecked collectives: %lf ms per step on rank 0 in its reducing receives' sums", &y0);
+    check(x > 0 && y > 0 && y0 > 0 && strstr(r.out, "checked collectives: ") == strstr(r.out, "unchecked collectives: ") + 2,
+          "the end of a job: -ic 1 prints the checks' own %.3f ms and the receives' %.3f ms per step on rank 0; -ic 0 "
+          "the receives' %.3f ms alone", x, y, y0);
 }
 
 int main(void) {
