@@ -15,7 +15,9 @@
 # "unchecked collectives: Y0 ms ... sums" (-ic 0): the cost is X + Y - Y0,
 # medians over the runs (the reducing receives make the sums either way, and
 # under -ic 1 sketch them in the same pass). A build whose lines lack Y and
-# Y0 (one that made every sketch in a pass of its own) costs X.
+# Y0 (one that made every sketch in a pass of its own) costs X. Then each
+# round's cost against its own -ic 0 run, and their median: on a shared
+# machine whose load swings between rounds, the figure to read.
 set -eu
 cd "$(dirname "$0")/.."
 runs=${RUNS:-3}
@@ -51,12 +53,20 @@ for r in $(seq 1 "$runs"); do
             steps_ms=$(sed -nE 's/.*"step": ([0-9]+),.*"ms": ([0-9.]+).*/\1 \2/p' "$tmp/log_${k}_$r.jsonl" |
                        awk '$1 > 0 { print $2 }')
             echo "$steps_ms" >> "$tmp/ms_$k.txt"
+            echo "$steps_ms" | median > "$tmp/run_ms_${k}_$r.txt"
             out="$tmp/out_${k}_$r.txt"
             x=$(sed -nE 's/^checked collectives: ([0-9.]+) ms per step on rank 0.*/\1/p' "$out")
             y=$(sed -nE 's/^(checked|unchecked) collectives: .* ([0-9.]+) ms in its reducing receives.*/\2/p;
                        s/^unchecked collectives: ([0-9.]+) ms per step on rank 0 in its reducing receives.*/\1/p' "$out")
             [ "$ic" = 0 ] || echo "${x:-nan}" >> "$tmp/check_$k.txt"
             echo "${y:-0}" >> "$tmp/sum_$k.txt"
+            echo "${y:-0}" > "$tmp/run_sum_${k}_$r.txt"
+            # this round's cost against its own -ic 0 run: the machine's load
+            # moves both alike within a round, where it moves the medians apart
+            if [ "$ic" = 1 ]; then
+                awk -v x="${x:-nan}" -v y1="${y:-0}" -v y0="$(cat "$tmp/run_sum_${b}_0_$r.txt")" \
+                    -v off="$(cat "$tmp/run_ms_${b}_0_$r.txt")" 'BEGIN { print 100 * (x + y1 - y0) / off }' >> "$tmp/ratio_$b.txt"
+            fi
             echo "run $r $b -ic $ic: steps $(echo $steps_ms) ms; checks ${x:--} ms, receives' sums ${y:--} ms per step"
         done
     done
@@ -75,4 +85,6 @@ for b in $builds; do
         printf "  %smedian step: -ic 0 %.1f ms, -ic 1 %.1f ms (%+.2f%%)\n", label, off, on, 100 * (on - off) / off
         printf "  %sthe checks themselves (rank 0): %.2f ms per step (own passes %.2f, receives %.2f against %.2f), " \
                "%.3f%% of the -ic 0 median step\n", label, c, x, y1, y0, 100 * c / off }'
+    echo "  ${label}each round's checks against its own -ic 0 run's median step: $(sort -g "$tmp/ratio_$b.txt" |
+        awk '{ printf "%.2f%% ", $1 }')(median $(median < "$tmp/ratio_$b.txt")%)"
 done
