@@ -3,22 +3,27 @@
  * the gradient-norm rule for rogue workers (-gp, watch.h's grads_judge).
  *
  * In-process: the keyed coefficients (the same context gives the same r,
- * another context another); a ring all-reduce played here the way
- * shm_comm.h plays it (the same chunks, frames and sketches), judged by
- * sketch_judge: honest rings with data made to round badly pass, and each
- * kind of corruption is named (a piece changed between two ranks, by an
- * exponent or by its lowest mantissa bit; a sum off by more than its bound;
- * an all-gather piece changed), while a low-mantissa error inside a sum is
- * below the bound and passes, as doc/security.md says; the fp32 and bf16
- * bounds of a whole p-term sum against played sums; the rule's verdicts on
- * made-up norms.
+ * another context another); the sketch against its definition written out
+ * element by element, and a reducing receive's one pass (sketch_reduce,
+ * sketch_sum_sumsq) against the plain sum and the passes apart; a ring
+ * all-reduce played here the way shm_comm.h plays it (the same chunks,
+ * frames and sketches), judged by sketch_judge: honest rings with data made
+ * to round badly pass, and each kind of corruption is named (a piece changed
+ * between two ranks, by an exponent or by its lowest mantissa bit; a sum off
+ * by more than its bound, or by more than its frame's bound only; an
+ * all-gather piece changed; finite data turned NaN in transit or the
+ * reverse), while a low-mantissa error inside a sum is below the bound and
+ * passes, as doc/security.md says, and so does a NaN whose bits changed; the
+ * fp32 and bf16 bounds of a whole p-term sum against played sums; the rule's
+ * verdicts on made-up norms.
  *
  * Then ./train_gpt2 as real processes on a tiny model: -fault corrupt and
  * corrupt-low caught and named on data parallel (ZeRO 0-3: all-reduce,
  * reduce-scatter, all-gather), tensor parallel and both, with no update of
  * that step and no checkpoint from it; the same fault with -ic 0 unseen;
  * -fault poison named under -gp warn, skip and stop; and normal runs of the
- * layouts, some beside a busy loop, with no failed check and no outlier.
+ * layouts, some beside a busy loop, with no failed check and no outlier;
+ * the lines that say what the checks cost (dev/bench_ic.sh reads them).
  */
 #include "llm3d/parallel/sketch.h"
 #include "llm3d/trainer.h"

@@ -7,12 +7,14 @@
  * doc/security.md, "Checked collectives", has the bound and what it means.
  *
  * defines:
- *   Sketch                 two sketches of one vector, their |r|.|x| sums and
- *                          the vector's sum of squares
+ *   Sketch                 two sketches of one vector, bounds of their
+ *                          |r|.|x| sums and the vector's sum of squares
  *   SKETCH_BLOCK           K, the block of the coefficients' structure
  *   SketchGen, SKETCH_LAUNCH_MAX, sketch_gen_init, sketch_gen_free, sketch_draw
  *                          the secret coefficients of one collective, under
  *                          the key of one launch of the job
+ *   SKETCH_PLAIN .. SKETCH_SQUARES
+ *                          what a segment's pass sums besides the sketches
  *   sketch_add             a vector's piece into its sketch
  *   sketch_reduce          a reducing receive's one pass: the sum of what
  *                          arrived and the member's own piece, with the
@@ -24,11 +26,9 @@
  *   sketch_eval_error, sketch_hop_bound, sketch_sum_bound
  *                          the rounding bounds (fp32 hops, any p-term sum in
  *                          fp32 or bf16)
- *   SK_*, sketch_rec_count, sketch_rec_in .. sketch_rec_frame, SketchCase,
- *   SKETCH_PLAIN .. SKETCH_SQUARES
- *                          what a segment's pass sums besides the sketches
  *   sketch_piece_ratio, sketch_piece_note
  *                          a reducing receive's frame checked on its own
+ *   SK_*, sketch_rec_count, sketch_rec_in .. sketch_rec_frame, SketchCase,
  *   sketch_same, sketch_moved, sketch_judge
  *                          each rank's record of one collective, and the
  *                          verdict on all the records of a group
@@ -48,9 +48,10 @@
  * Exactness. b[i] * x_j is exact in double (16 + 24 bits); the sums are
  * rounded in double in one fixed order (8 lanes per block segment, a fixed
  * tree, then one fma per segment), so the same values, cut into the same
- * pieces, give the same sketch bit for bit on every rank: data that only
- * moves (a ring hop, an all-gather) is compared exactly, and a sum within
- * sketch_hop_bound.
+ * pieces, give the same sketch bit for bit on every rank and in every
+ * build (vector, scalar, -O0): data that only moves (a ring hop, an
+ * all-gather) is compared exactly, and a sum within sketch_hop_bound, for
+ * its chunk and for each frame of it.
  */
 #ifndef LLM3D_SKETCH_H
 #define LLM3D_SKETCH_H
