@@ -124,7 +124,8 @@ typedef struct {
     floatX *dbig;               // (B,T,4Cl): dfch, then dqkv
     float *delta;               // (B,NHl,T) attention backward scratch
     float *colsum_partial;      // colsum_splits(BT) * 4C
-    float *losses;              // (B,T) summed over the step's micro-batches; then the stop flag (1 float)
+    float *losses;              // (B,T) summed over the step's micro-batches; then the stop flag (1 float), then
+                                // with dp > 1 every rank's own gradient sum of squares (world floats)
     float2 *cls_stats;          // (tp,B,T): every vocabulary slice's row max and sum of exp
     float *norm_partial, *norm; // NORM_BLOCKS, 1
     floatX *sp_whole;           // -sp only: (B,T,C), a gathered input or output gradient (sp_gather)
@@ -236,7 +237,7 @@ static int scratch_slices(Scratch *a, const GPT2Config *c, const Shard *sh, int 
     n = add_slice(s, n, (void **)&a->dbig, BT * 4 * Cl * X);
     n = add_slice(s, n, (void **)&a->delta, BT * sh->NHl * F);
     n = add_slice(s, n, (void **)&a->colsum_partial, (size_t)colsum_splits((int)BT) * 4 * C * F);
-    n = add_slice(s, n, (void **)&a->losses, (BT + 1) * F);
+    n = add_slice(s, n, (void **)&a->losses, (BT + 1 + GRID_MAX_WORLD) * F);
     n = add_slice(s, n, (void **)&a->cls_stats, (size_t)sh->tp * BT * sizeof(float2));
     n = add_slice(s, n, (void **)&a->norm_partial, (size_t)NORM_BLOCKS * F);
     n = add_slice(s, n, (void **)&a->norm, F);
@@ -327,7 +328,9 @@ typedef struct {
     size_t act_bytes, dact_bytes, param_bytes;
     int *inputs, *targets;               // host: the next micro-batch (B*T each)
     int *staging_host;                   // pinned: staging_ints(B*T)
-    float *pinned;                       // pinned: B*T losses, then the stop flag, the norm, a verdict (and a spare)
+    float *pinned;                       // pinned: B*T losses, then the stop flag, the norm, a verdict (and a spare),
+                                         // then every rank's own gradient norm (GRID_MAX_WORLD floats)
+    const float *rank_norms;             // dp > 1: those norms of the last step (in pinned), else NULL
     int *bucket_count;                   // host scratch: V + 1
     cudaEvent_t staging_free;            // the last copy out of staging_host is done
     Blas blas;
@@ -618,7 +621,7 @@ static void gpt2_alloc_staging(GPT2 *m) {
     m->targets = (int *)host_alloc(BT * sizeof(int), "targets");
     m->bucket_count = (int *)host_alloc((size_t)(m->config.V + 1) * sizeof(int), "token counts");
     CUDA_CHECK(cudaMallocHost((void **)&m->staging_host, staging_ints((int)BT) * sizeof(int)));
-    CUDA_CHECK(cudaMallocHost((void **)&m->pinned, (BT + 4) * sizeof(float)));
+    CUDA_CHECK(cudaMallocHost((void **)&m->pinned, (BT + 4 + GRID_MAX_WORLD) * sizeof(float)));
     CUDA_CHECK(cudaEventCreateWithFlags(&m->staging_free, cudaEventDisableTiming));
     for (int k = 0; k < PROGRESS_MARKS; k++) CUDA_CHECK(cudaEventCreateWithFlags(&m->progress[k], cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(m->staging_free, m->stream));
@@ -756,11 +759,15 @@ static floatX *unit_acquire(GPT2 *m, int u) {
     assert(k < UNIT_SLOTS && "more units held at once than UNIT_SLOTS");
     const Unit *un = &m->ut.units[u];
     size_t chunk = unit_chunk(m, u);
-    if (m->shard.dp > 1)
+    if (m->shard.dp > 1) {
+        char label[64];
+        snprintf(label, sizeof(label), "the parameters of unit %d", u);
+        nccl_set_label(m->nccl, label);
         nccl_allgather(m->nccl, &m->nccl->dp, m->param_shard + un->shard_offset, m->slot[k], chunk, NCCL_FLOATX);
-    else
+    } else {
         CUDA_CHECK(cudaMemcpyAsync(m->slot[k], m->param_shard + un->shard_offset, chunk * sizeof(floatX),
                                    cudaMemcpyDeviceToDevice, m->stream));
+    }
     m->slot_unit[k] = u;
     m->unit_params[u] = m->slot[k];
     return m->slot[k];
@@ -788,6 +795,15 @@ static floatX *unit_grad_begin(GPT2 *m, int u) {
     return m->bucket[k];
 }
 
+// the next collective reduces unit u's gradients over dp: named for the
+// checks (-ic 1), counted for the -gp rule, scaled by -fault poison
+static void unit_grads_counted(GPT2 *m, int u) {
+    char label[64];
+    snprintf(label, sizeof(label), "the gradients of unit %d", u);
+    nccl_set_label(m->nccl, label);
+    nccl_count_grads(m->nccl);
+}
+
 // the unit's backward is done for this micro-batch. ZeRO-2/3: its bucket is
 // reduce-scattered over the data-parallel ranks and my chunk added to my
 // shard. ZeRO-0/1, after the step's last micro-batch: its gradients are
@@ -798,6 +814,7 @@ static void unit_grad_end(GPT2 *m, int u) {
     size_t chunk = unit_chunk(m, u);
     if (m->zero <= 1) {
         if (!m->overlap || !m->last_micro) return;
+        unit_grads_counted(m, u);
         if (m->zero == 0) nccl_side_allreduce(m->nccl, m->grads + un->offset, un->padded, NCCL_FLOATX, OP_SUM);
         else nccl_side_reduce_scatter(m->nccl, m->grads + un->offset, m->grads + un->offset + unit_lo(m, u), chunk,
                                       NCCL_FLOATX, OP_SUM);
@@ -809,6 +826,7 @@ static void unit_grad_end(GPT2 *m, int u) {
     cudaStream_t st = m->stream;
     const floatX *mine = m->bucket[k];
     if (m->overlap) {
+        unit_grads_counted(m, u);
         nccl_side_reduce_scatter(m->nccl, m->bucket[k], m->reduced, chunk, NCCL_FLOATX, OP_SUM);
         st = m->nccl->side;
         mine = m->reduced;
@@ -950,13 +968,17 @@ static int tp_lead(const GPT2 *m) { return m->shard.tp_rank == 0; }
 
 // the sum of the tp ranks' parts, in place on every rank: g's forward
 static void tp_reduce(GPT2 *m, floatX *buf, size_t n) {
-    if (m->shard.tp > 1) nccl_allreduce(m->nccl, &m->nccl->tp, buf, n, NCCL_FLOATX, OP_SUM);
+    if (m->shard.tp == 1) return;
+    nccl_set_label(m->nccl, "tensor-parallel partial sums");
+    nccl_allreduce(m->nccl, &m->nccl->tp, buf, n, NCCL_FLOATX, OP_SUM);
 }
 
 // f's backward: every tp rank used the whole input, so its gradient is the
 // sum of the ranks' parts
 static void tp_copy_backward(GPT2 *m, floatX *grad, size_t n) {
-    if (m->shard.tp > 1) nccl_allreduce(m->nccl, &m->nccl->tp, grad, n, NCCL_FLOATX, OP_SUM);
+    if (m->shard.tp == 1) return;
+    nccl_set_label(m->nccl, "tensor-parallel input gradients");
+    nccl_allreduce(m->nccl, &m->nccl->tp, grad, n, NCCL_FLOATX, OP_SUM);
 }
 
 // tp > 1: a replicated tensor's gradient (LayerNorms, projection biases,
@@ -1566,6 +1588,7 @@ static void parallel_setup(Parallel *par, const Options *o, const Fault *fault, 
     int mode = host_mode ? 1 : shared_nccl ? GPU_HB_NCCL_SHARED : 0;
     if (nccl_init(&par->nccl, &par->grid, L->key, L->rendezvous, o->timeout, fault, mode, err, sizeof(err)) != 0)
         die(1, err);
+    nccl_set_check(par->nccl, o->check_collectives);
 }
 
 // the ranks all-gather their start marks, so that every rank starts from
@@ -1672,9 +1695,17 @@ static double world_loss_sum(GPT2 *m, Parallel *par, int *stop) {
     size_t BT = (size_t)m->B * m->T;
     m->pinned[BT] = stop != NULL && *stop ? 1.0f : 0.0f;  // (the stream reads it before the sum comes back over it)
     CUDA_CHECK(cudaMemcpyAsync(m->sc.losses + BT, m->pinned + BT, sizeof(float), cudaMemcpyHostToDevice, m->stream));
-    if (par->grid.world > 1) nccl_allreduce(par->nccl, &par->nccl->world, m->sc.losses, BT + 1, ncclFloat32, OP_SUM);
+    // dp > 1: every rank's own gradient sum of squares (-gp), in the same all-reduce
+    int world = par->grid.world, extra = m->shard.dp > 1 ? world : 0;
+    float *norms = m->pinned + BT + 4;
+    if (extra) nccl_grad_sumsq_slots(par->nccl, m->sc.losses + BT + 1, m->stream);
+    if (world > 1) nccl_allreduce(par->nccl, &par->nccl->world, m->sc.losses, BT + 1 + extra, ncclFloat32, OP_SUM);
+    if (extra)
+        CUDA_CHECK(cudaMemcpyAsync(norms, m->sc.losses + BT + 1, extra * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     double sum = gpt2_loss_sum(m);  // waits for the stream; the summed flag lands in pinned[BT]
     if (stop != NULL) *stop = m->pinned[BT] > 0.0f;
+    for (int r = 0; r < extra; r++) norms[r] = sqrtf(norms[r]);
+    m->rank_norms = extra ? norms : NULL;
     return sum;
 }
 
@@ -1702,6 +1733,7 @@ static float gpt2_step_loss(GPT2 *m, Parallel *par, int accum, int *stop) {
     sp_sum_layernorm_grads(m);
     if (m->shard.tp > 1) for_each_run(m, tp_share_run, NULL, 0);
     mac_check_or_exit(m, par, "the step is not applied");
+    nccl_check_point(par->nccl);  // -ic 1: the step's checked collectives judged; a failure exits here
     double loss = world_loss_sum(m, par, stop) / ((double)m->B * m->T * accum * m->shard.dp);
     gpt2_norm(m);
     return (float)loss;
@@ -1736,6 +1768,7 @@ static void add_param_sumsq(GPT2 *m, const Run *r, void *ctx) {
 // read the norm) come back to the host, which adds them in double: a NaN or
 // an infinity makes the sum NaN or infinite.
 static int gpt2_params_finite(GPT2 *m) {
+    nccl_check_point(m->nccl);  // -ic 1: no file is written from collectives that fail their checks
     float partial[NORM_BLOCKS];
     CUDA_CHECK(cudaMemsetAsync(m->sc.norm_partial, 0, NORM_BLOCKS * sizeof(float), m->stream));
     for_each_run(m, add_param_sumsq, NULL, 0);
@@ -1917,13 +1950,13 @@ int main(int argc, char **argv) {
     if (gpu_options_take(&gopt, &argc, argv, err, sizeof(err)) != 0) die_usage(err);
     // the job, checked once, by the launcher, before any rank starts or a GPU is touched
 #ifdef ENABLE_FP32
-    // exact fp32, GELU unfused; every pipeline schedule; sequence parallelism
+    // exact fp32, GELU unfused; every pipeline schedule; sequence parallelism; checked collectives (-ic 1)
     TrainerBuild build = {"the fp32 build of train_gpt2cu", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_INTERLEAVED | 1u << PS_ZBH1 | 1u << PS_ZBV,
-                          1, 0};
+                          1, 1};
 #else
-    // bf16 GEMMs, GELU fused both ways; every pipeline schedule; sequence parallelism
+    // bf16 GEMMs, GELU fused both ways; every pipeline schedule; sequence parallelism; checked collectives (-ic 1)
     TrainerBuild build = {"the bf16 build of train_gpt2cu", 1, 2, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_INTERLEAVED | 1u << PS_ZBH1 | 1u << PS_ZBV,
-                          1, 0};
+                          1, 1};
 #endif
     parse_flags(&job, argc, argv, gpu_usage_lines, &build);
     if (ckpt_check_flags(&job.opt, err, sizeof(err)) != 0) die_usage(err);  // before a launcher counts the GPUs

@@ -24,8 +24,18 @@
  * -fault poison named under -gp warn, skip and stop; and normal runs of the
  * layouts, some beside a busy loop, with no failed check and no outlier;
  * the lines that say what the checks cost (dev/bench_ic.sh reads them).
+ *
+ * The NCCL side (nccl_check.h), on the host: the coefficients as the GPU
+ * reads them (floats) are sketch.h's bit for bit; the GPU kernel's order of
+ * sums (nchk_sketch_ref) within sketch_eval_error of sketch_add's; NCCL's
+ * all-reduce, reduce-scatter and all-gather played here in fp32 and in bf16
+ * rounded at every hop, judged by nchk_judge: honest ones pass, a flipped
+ * exponent bit in an input after its sketch, a member's copy changed, an
+ * all-gather owner's piece changed are caught and named as the sketches
+ * allow; a low-mantissa flip in an fp32 sum is below the bound and passes.
  */
 #include "llm3d/parallel/sketch.h"
+#include "llm3d/parallel/nccl_check.h"
 #include "llm3d/trainer.h"
 #include "llm3d/watch.h"
 #include "llm3d/bf16.h"
@@ -871,12 +881,225 @@ static void test_quiet(void) {
           "the receives' %.3f ms alone", x, y, y0);
 }
 
+// ----------------------------------------------------------------------------
+// the NCCL side (nccl_check.h), on the host
+
+// the coefficients as floats (nchk_coef_pack) are sketch.h's, bit for bit,
+// and the GPU's order of sums (nchk_sketch_ref) is within sketch_eval_error
+// of sketch_add's, for pieces cut anywhere in the blocks
+static void test_nccl_coefficients(void) {
+    uint8_t key[32] = {4, 4, 4};
+    static SketchGen g;
+    sketch_gen_init(&g, key, "/llm3d-4-a");
+    size_t n = 7 * SKETCH_BLOCK + 301;
+    sketch_draw(&g, 3, 77, 5, SK_REDUCE_SCATTER, n);
+    float *coef = (float *)malloc(nchk_coef_count(g.blocks) * sizeof(float));
+    nchk_coef_pack(&g, coef);
+    int exact = nchk_coef_count(g.blocks) == 2 * SKETCH_BLOCK + 2 * g.blocks;
+    for (size_t j = 0; j < n; j++) {
+        double r0 = g.a[2 * (j / SKETCH_BLOCK)] * g.b[0][j % SKETCH_BLOCK];
+        double r1 = g.a[2 * (j / SKETCH_BLOCK) + 1] * g.b[1][j % SKETCH_BLOCK];
+        double f0 = (double)coef[2 * SKETCH_BLOCK + 2 * (j / SKETCH_BLOCK)] * (double)coef[j % SKETCH_BLOCK];
+        double f1 = (double)coef[2 * SKETCH_BLOCK + 2 * (j / SKETCH_BLOCK) + 1] *
+                    (double)coef[SKETCH_BLOCK + j % SKETCH_BLOCK];
+        exact = exact && memcmp(&r0, &f0, sizeof(r0)) == 0 && memcmp(&r1, &f1, sizeof(r1)) == 0;
+    }
+    float *x = (float *)malloc(n * sizeof(float));
+    for (size_t j = 0; j < n; j++) x[j] = ldexpf(rng_unit(), (int)(rng_next() % 40) - 20);
+    size_t cuts[][2] = {{0, n}, {1, 600}, {511, 2}, {700, 3000}, {SKETCH_BLOCK, 3 * SKETCH_BLOCK}, {n - 5, 5}};
+    double worst = 0.0;
+    int within = 1, same = 1;
+    for (size_t c = 0; c < sizeof(cuts) / sizeof(cuts[0]); c++) {
+        size_t g0 = cuts[c][0], len = cuts[c][1];
+        Sketch ref = nchk_sketch_ref(x + g0, g0, len, coef, 1), host = {{0, 0}, {0, 0}, 0};
+        sketch_add(&host, &g, g0, x + g0, len, 1);
+        Sketch again = nchk_sketch_ref(x + g0, g0, len, coef, 1);
+        same = same && memcmp(&ref, &again, sizeof(ref)) == 0;
+        for (int k = 0; k < 2; k++) {
+            double e = 2 * sketch_eval_error(len) * host.a[k] + 1e-300;
+            double d = fabs(ref.s[k] - host.s[k]) / e;
+            worst = fmax(worst, d);
+            within = within && d <= 1.0 && fabs(ref.a[k] - host.a[k]) <= e;
+        }
+        within = within && fabs(ref.q - host.q) <= 2 * sketch_eval_error(len) * host.q;
+        Sketch q_only = nchk_sketch_ref(x + g0, g0, len, NULL, 1);
+        within = within && q_only.s[0] == 0.0 && q_only.a[1] == 0.0 && q_only.q == ref.q;
+    }
+    check(exact, "the GPU's coefficients: %zu floats, every r_j = a[j/K] b[j%%K] of sketch.h's draw bit for bit",
+          nchk_coef_count(g.blocks));
+    check(within && same, "the GPU kernel's order of sums (nchk_sketch_ref) against sketch_add on 6 pieces cut "
+          "anywhere: within both sketches' evaluation errors (largest %.3f of their sum), the same bits twice, the "
+          "squares alone without coefficients", worst);
+    free(x);
+    free(coef);
+    sketch_gen_free(&g);
+}
+
+// what a played collective does wrong, if anything
+typedef struct {
+    int input_member;     // -1, or this member's input gets flip_bit of element input_elem flipped after its sketch
+    size_t input_elem;
+    int copy_member;      // -1, or this member's output gets flip_bit of element copy_elem flipped before its sketch
+    size_t copy_elem;
+    int flip_bit;         // of an fp32 value (bf16: the same bit of its top half)
+} NcclMishap;
+
+static float flip_float(float v, int bit, int bf) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u ^= 1u << (bf && bit < 16 ? bit + 16 : bit);
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+// one collective of kind over p members of n (nchk_judge's n) played as NCCL
+// plays it (the sums rounded at every hop; bf16: to bf16), the records made
+// in the GPU's order (nchk_sketch_ref); nchk_judge's verdict, its line in msg
+static int nccl_play(int kind, int p, size_t n, int bf, int data, const NcclMishap *m, char *msg, size_t len) {
+    uint8_t key[32] = {5};
+    static SketchGen g;
+    sketch_gen_init(&g, key, "/llm3d-5-a");
+    size_t in_len = kind == SK_ALLGATHER ? n : kind == SK_ALLREDUCE ? n : (size_t)p * n;
+    size_t out_len = kind == SK_ALLGATHER ? (size_t)p * n : n, total = kind == SK_ALLREDUCE ? n : (size_t)p * n;
+    sketch_draw(&g, 1, 2, 3, kind, total);
+    float *coef = (float *)malloc(nchk_coef_count(g.blocks) * sizeof(float));
+    nchk_coef_pack(&g, coef);
+    float *x = (float *)malloc((size_t)p * in_len * sizeof(float)), *y = (float *)malloc((size_t)p * out_len * sizeof(float));
+    fill(x, p, in_len, data);
+    if (bf) for (size_t j = 0; j < (size_t)p * in_len; j++) x[j] = bf16_to_float(float_to_bf16(x[j]));
+    Sketch *recs = (Sketch *)calloc((size_t)p * nchk_rec_count(p), sizeof(Sketch));
+    SketchCase sc = {kind, p, NULL, n, NULL};
+    for (int q = 0; q < p; q++) {
+        Sketch *rec = recs + (size_t)q * nchk_rec_count(p);
+        float *xq = x + (size_t)q * in_len;
+        if (kind == SK_ALLGATHER) {
+            rec[nchk_rec_in(p, q)] = nchk_sketch_ref(xq, (size_t)q * n, n, coef, 1);
+        } else {
+            for (int k = 0; k < p; k++) {
+                size_t lo, hi;
+                sketch_chunk(&sc, k, &lo, &hi);
+                rec[nchk_rec_in(p, k)] = nchk_sketch_ref(xq + lo, lo, hi - lo, coef, 1);
+            }
+        }
+    }
+    if (m != NULL && m->input_member >= 0)
+        x[(size_t)m->input_member * in_len + m->input_elem] =
+            flip_float(x[(size_t)m->input_member * in_len + m->input_elem], m->flip_bit, bf);
+    // the sums, in a ring's order from the member after the chunk's owner
+    for (int q = 0; q < p; q++) {
+        float *yq = y + (size_t)q * out_len;
+        for (size_t j = 0; j < out_len; j++) {
+            if (kind == SK_ALLGATHER) {
+                yq[j] = x[(j / n) * in_len + j % n];
+                continue;
+            }
+            size_t e = kind == SK_ALLREDUCE ? j : (size_t)q * n + j;  // the element of the vector
+            int owner = q;  // the chunk's (an all-reduce's: the one e lies in)
+            if (kind == SK_ALLREDUCE)
+                for (owner = 0; n * (size_t)(owner + 1) / (size_t)p <= e; owner++) {}
+            float acc = x[(size_t)((owner + 1) % p) * in_len + e];
+            for (int t = 2; t <= p; t++) {
+                acc = acc + x[(size_t)((owner + t) % p) * in_len + e];
+                if (bf) acc = bf16_to_float(float_to_bf16(acc));
+            }
+            yq[j] = acc;
+        }
+    }
+    if (m != NULL && m->copy_member >= 0)
+        y[(size_t)m->copy_member * out_len + m->copy_elem] =
+            flip_float(y[(size_t)m->copy_member * out_len + m->copy_elem], m->flip_bit, bf);
+    for (int q = 0; q < p; q++) {
+        Sketch *rec = recs + (size_t)q * nchk_rec_count(p);
+        float *yq = y + (size_t)q * out_len;
+        if (kind == SK_REDUCE_SCATTER) {
+            rec[nchk_rec_out(p, q)] = nchk_sketch_ref(yq, (size_t)q * n, n, coef, 0);
+        } else {
+            for (int k = 0; k < p; k++) {
+                size_t lo, hi;
+                sketch_chunk(&sc, k, &lo, &hi);
+                rec[nchk_rec_out(p, k)] = nchk_sketch_ref(yq + lo, lo, hi - lo, coef, 0);
+            }
+        }
+    }
+    int ranks[8];
+    for (int q = 0; q < p; q++) ranks[q] = 10 + q;
+    NchkCase c = {kind, p, ranks, n, nchk_unit_roundoff(bf), 0, recs};
+    msg[0] = '\0';
+    int bad = nchk_judge(&c, msg, len);
+    free(recs);
+    free(x);
+    free(y);
+    free(coef);
+    sketch_gen_free(&g);
+    return bad;
+}
+
+static void test_nccl_verdicts(void) {
+    static const char *kinds[] = {"all-reduce", "reduce-scatter", "all-gather"};
+    char msg[800];
+    int runs = 0, false_alarms = 0;
+    for (int kind = 0; kind < 3; kind++)
+        for (int p = 2; p <= 8; p *= 2)
+            for (int bf = 0; bf < 2; bf++)
+                for (int data = 0; data < 4; data++, runs++)
+                    if (nccl_play(kind, p, 1500 + 37 * (size_t)p, bf, data, NULL, msg, sizeof(msg)))
+                        false_alarms++, printf("      %s p %d bf16 %d data %d: %s\n", kinds[kind], p, bf, data, msg);
+    check(false_alarms == 0, "%d honest NCCL collectives (all-reduce, reduce-scatter, all-gather; 2, 4, 8 members; "
+          "fp32 and bf16 rounded at every hop; data that rounds badly): %d failed a check", runs, false_alarms);
+
+    // an exponent bit of an input flipped after its sketch: every rank's sum is off, whoever flipped it
+    NcclMishap flip = {1, 900, -1, 0, 30};
+    for (int bf = 0; bf < 2; bf++) {
+        int bad = nccl_play(SK_ALLREDUCE, 4, 3000, bf, 0, &flip, msg, sizeof(msg));
+        check(bad && strstr(msg, "chunk 1 (elements 750..1499): the sum is off by") != NULL &&
+                  strstr(msg, "on every rank") != NULL,
+              "all-reduce (%s), rank 11's input flipped after its sketch: caught: %s", bf ? "bf16" : "fp32", msg);
+    }
+    // one member's copy of a sum changed: that member named
+    NcclMishap copy = {-1, 0, 2, 100, 30};
+    int bad = nccl_play(SK_ALLREDUCE, 4, 3000, 1, 0, &copy, msg, sizeof(msg));
+    check(bad && strstr(msg, "chunk 0 (elements 0..749): rank 12's copy of the sum is off by") != NULL &&
+              strstr(msg, "changed on its way to rank 12") != NULL,
+          "all-reduce (bf16), rank 12's copy of chunk 0 changed: named: %s", msg);
+    // reduce-scatter: the shard the flipped piece lands in is named
+    NcclMishap rs = {0, 1500 + 17, -1, 0, 30};
+    bad = nccl_play(SK_REDUCE_SCATTER, 3, 1500, 0, 0, &rs, msg, sizeof(msg));
+    check(bad && strstr(msg, "piece 1 (elements 1500..2999), rank 11's shard: the sum it got is off by") != NULL,
+          "reduce-scatter (fp32), rank 10's piece 1 flipped after its sketch: caught in rank 11's shard: %s", msg);
+    // all-gather: an owner's piece changed after its sketch, and a copy changed on its way
+    NcclMishap owner = {2, 40, -1, 0, 30};
+    bad = nccl_play(SK_ALLGATHER, 4, 700, 1, 0, &owner, msg, sizeof(msg));
+    check(bad && strstr(msg, "piece 2 (elements 1400..2099): every rank's copy of rank 12's piece") != NULL &&
+              strstr(msg, "changed in rank 12's memory") != NULL,
+          "all-gather (bf16), rank 12's piece changed after its sketch: rank 12 named: %s", msg);
+    NcclMishap way = {-1, 0, 3, 700 + 5, 0};
+    bad = nccl_play(SK_ALLGATHER, 4, 700, 0, 0, &way, msg, sizeof(msg));
+    check(bad && strstr(msg, "piece 1 (elements 700..1399): rank 11's piece as rank 13 holds it differs") != NULL,
+          "all-gather (fp32), one low mantissa bit of rank 11's piece changed on its way to rank 13: exact, so "
+          "named: %s", msg);
+    // the lowest mantissa bit of an input, inside a sum: below the fp32 bound, as doc/security.md says
+    NcclMishap low = {1, 900, -1, 0, 0};
+    bad = nccl_play(SK_ALLREDUCE, 4, 3000, 0, 0, &low, msg, sizeof(msg));
+    check(!bad, "all-reduce (fp32), the lowest mantissa bit of an input flipped after its sketch: within the rounding "
+          "bound, not caught (%s)", bad ? msg : "passes");
+    // the record's layout: 2p sketches, inputs then outputs
+    int layout = 1;
+    for (int p = 1; p <= 8; p++)
+        for (int k = 0; k < p; k++)
+            layout = layout && nchk_rec_count(p) == (size_t)(2 * p) && nchk_rec_in(p, k) == (size_t)k &&
+                     nchk_rec_out(p, k) == (size_t)(p + k);
+    check(layout && sizeof(Sketch) == 5 * sizeof(double), "the GPU's record: 2p sketches of 5 doubles (in[k] at k, "
+          "out[k] at p + k), the layout its kernels write");
+}
+
 int main(void) {
     test_coefficients();
     test_fused_pass();
     test_ring_verdicts();
     test_sum_bounds();
     test_grads_rule();
+    test_nccl_coefficients();
+    test_nccl_verdicts();
     if (access("./train_gpt2", X_OK) != 0) {
         skip("./train_gpt2 not built: the trainer's runs");
         return test_summary();

@@ -31,6 +31,15 @@
  *                          the watchdog, where the host waits
  *     nccl_watch, nccl_wait_ms
  *                          the wait clock of the watch report
+ *     nccl_set_check, nccl_set_label, nccl_count_grads, nccl_grad_sumsq_slots,
+ *     nccl_check_point     checked collectives (-ic 1, nccl_check.h): on or
+ *                          off (host mode: the host backend's); what the next
+ *                          collective carries; this rank's gradients counted
+ *                          for the -gp rule and their sum of squares; the
+ *                          step's records gathered and judged
+ *     NchkCall, NchkState, nchk_before, nchk_after and their helpers
+ *                          the hooks around each collective (-fault corrupt
+ *                          and poison act there too)
  *   and includes its host mode (host_mode.h), where the same calls go
  *   through shm_comm.h's host backend, staged through pinned buffers.
  * Header-only (llm.c style): every function is static inline.
@@ -52,6 +61,7 @@
 #include "llm3d/parallel/launcher.h"    // Launch
 #include "llm3d/parallel/rendezvous.h"  // rdv_join, par_now, COMM_BLOB_BYTES
 #include "llm3d/parallel/shm_comm.h"  // OP_SUM, OP_AVG, comm_init_check; the host backend of host mode
+#include "llm3d/parallel/nccl_check.h"  // checked collectives over NCCL: records, verdicts, kernels
 
 // ----------------------------------------------------------------------------
 // the GPU trainer's side: one GPU per rank, or ranks that share GPUs.
@@ -404,6 +414,42 @@ typedef struct {
     const char *name;       // "world", "dp", "tp", "pp", for messages
 } NcclGroup;
 
+// checked collectives over NCCL (-ic 1, nccl_check.h): one checked call of
+// the period since the last check point
+#define NCHK_GROUPS 5   // world, dp, tp, pp, dp (overlapped): where records are kept, the check point's order
+typedef struct {
+    const char *op;     // "allreduce", "reduce_scatter", "allgather"
+    int kind, group;    // SK_*; the group's index (nchk_group_index)
+    int avg, bf16;      // the op averaged; the values are bf16 (else fp32)
+    long step;
+    size_t n, at;       // NchkCase's n; its record's index among the group's of this period
+    size_t coef;        // its coefficients' offset in the period's arena
+    char label[96];     // what it carried (nccl_set_label)
+} NchkCall;
+
+typedef struct {
+    int on;                          // NCCL mode and -ic 1 (host mode: the host backend's checks)
+    SketchGen *gen;                  // the job's sketch key (nccl_join), the last draw's coefficients
+    uint64_t group_digest[NCHK_GROUPS], group_calls[NCHK_GROUPS];  // checked calls so far on each group: the draws' numbers
+    int ngroups;
+    NchkCall *calls;                 // this period's, in the order queued
+    int ncalls, calls_cap;
+    size_t nrec[NCHK_GROUPS], rec_cap[NCHK_GROUPS];
+    double *rec[NCHK_GROUPS];        // device: this member's records, [rec_cap][2p sketches][5]
+    double *all, *all_host;          // device and pinned: every group's records gathered at the check point
+    size_t all_cap;
+    float *coef, *coef_host;         // device and pinned: the period's coefficients
+    size_t coef_cap, coef_used;
+    double *partial[2];              // device: the sketch kernel's block sums, for the main stream and the side
+    double *grad_q;                  // device: the sum of squares of this rank's counted gradients (-gp)
+    double *flip;                    // device: what -fault corrupt flipped (index, before, after)
+    float *verdict;                  // device: the world's count of failed checks
+    char label[96], cur_label[96];   // the next collective's (nccl_set_label); the one in progress
+    int count;                       // the next collective reduces this rank's gradients (nccl_count_grads)
+    Fault poison;                    // -fault poison, in both modes
+    int corrupt_done;                // -fault corrupt has flipped its bit
+} NchkState;
+
 typedef struct {
     int rank;
     long step;
@@ -475,6 +521,7 @@ typedef struct {
     uint8_t *board;
     size_t board_bytes;
     int own_hostid;           // -hb 2: this rank set its own NCCL_HOSTID (for the errors' hints)
+    NchkState chk;            // checked collectives (-ic 1), the ranks' gradient norms (-gp), -fault corrupt, poison
 } NcclComm;
 
 static inline void nccl_abort_all(NcclComm *c) {
@@ -792,6 +839,10 @@ static inline int nccl_join(NcclComm *c, const Grid *g, const uint8_t key[32], c
             return -1;
         memcpy(&id, ans.blob, sizeof(id));
         c->board = nccl_board_map(ans.shm_name, g->world, g->rank, job_id_from_key(key), &c->board_bytes);
+        // the checks' sketch key, this launch's own as in the host backend (nccl_set_check turns them on)
+        c->chk.gen = (SketchGen *)malloc(sizeof(SketchGen));
+        if (c->chk.gen == NULL) return errorf(err, errlen, "rank %d: nccl_join: out of memory", g->rank);
+        sketch_gen_init(c->chk.gen, key, ans.shm_name);
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -838,6 +889,8 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
     // never fire. Host mode: the host backend acts on the fault, as in the
     // CPU trainer, and this layer keeps none, so nothing fires twice.
     if (fault != NULL && !host_mode) c->fault = *fault;
+    // poison acts on the trainer's gradients before they reach either backend
+    if (fault != NULL && fault->kind == FAULT_POISON) c->chk.poison = *fault;
     grid_groups(g, &c->world.group, &c->dp.group, &c->tp.group, &c->pp.group);
     c->dp_side.group = c->dp.group;
     c->world.name = "world";
@@ -892,11 +945,306 @@ static inline int nccl_init(NcclComm **out, const Grid *g, const uint8_t key[32]
 static inline void nccl_set_step(NcclComm *c, long step) {
     c->step = step;
     comm_set_step(c->host, step);  // host mode: its frames carry the step
+    if (fault_fires(&c->chk.poison, c->rank, step))
+        fprintf(stderr, "rank %d: fault poison: this rank's gradients x%g from step %ld on\n", c->rank,
+                FAULT_POISON_SCALE, step);
+}
+
+// ----------------------------------------------------------------------------
+// checked collectives over NCCL (-ic 1; nccl_check.h has the records, the
+// order of the sums and the verdict). Around each all-reduce, reduce-scatter
+// and all-gather of fp32 or bf16 values (nchk_before, nchk_after): the
+// coefficients drawn on the host (sketch.h's sketch_draw, under the job's
+// sketch key, this launch's, as the host backend's) and copied to the GPU
+// through a pinned arena, the input sketched on the call's stream before it,
+// the output after it, into this member's records on the GPU. Nothing waits:
+// the records are all-gathered and judged at the step's check point
+// (nccl_check_point, before the update), where the host waits anyway. Host
+// mode turns the host backend's own checks on instead. The same hooks count
+// this rank's gradients for the -gp rule (nccl_count_grads, with or without
+// the checks: the sum of squares of what it puts into the dp reductions),
+// scale them under -fault poison, and flip -fault corrupt's bit in a sender's
+// buffer between its sketch and the call.
+
+#define NCHK_COEF_MIN (1u << 22)   // floats of the coefficients' arena at first (16 MiB on each side)
+
+// nccl_set_check: -ic 1 (after nccl_init): the host backend's checks in
+// host mode, else this layer's (a world of one has nothing to check)
+static inline void nccl_set_check(NcclComm *c, int on) {
+    if (c == NULL) return;
+    if (c->host != NULL) comm_set_check(c->host, on);
+    else c->chk.on = on != 0 && c->chk.gen != NULL && c->world.group.size > 1;
+}
+
+// nccl_set_label: what the next collective carries ("the gradients of unit
+// 3"), named by the line of a failed check; copied
+static inline void nccl_set_label(NcclComm *c, const char *label) {
+    if (c != NULL) snprintf(c->chk.label, sizeof(c->chk.label), "%s", label);
+}
+
+// nccl_count_grads: the next collective reduces this rank's gradients over
+// the dp group: their sum of squares, as this rank puts them in, counts
+// towards nccl_grad_sumsq_slots (and -fault poison scales them first)
+static inline void nccl_count_grads(NcclComm *c) {
+    if (c != NULL) c->chk.count = 1;
+}
+
+static inline int nchk_group_index(NcclComm *c, const NcclGroup *g) {
+    const NcclGroup *gs[NCHK_GROUPS] = {&c->world, &c->dp, &c->tp, &c->pp, &c->dp_side};
+    for (int i = 0; i < NCHK_GROUPS; i++)
+        if (gs[i] == g) return i;
+    nccl_fail(c, "checked collectives: a group that is not this rank's world, dp, tp or pp");
+    return 0;
+}
+
+// the communicator the check point gathers group i's records over: dp's for
+// the overlapped reductions' (on the main stream, after they are drained)
+static inline const NcclGroup *nchk_gather_group(const NcclComm *c, int i) {
+    const NcclGroup *gs[NCHK_GROUPS] = {&c->world, &c->dp, &c->tp, &c->pp, &c->dp};
+    return gs[i];
+}
+
+static inline void nchk_malloc(NcclComm *c, void **p, size_t bytes, const char *what) {
+    nccl_check_cuda(c, cudaMalloc(p, bytes), what);
+}
+
+// the device buffers every hook needs, made at the first one
+static inline void nchk_buffers(NcclComm *c) {
+    if (c->chk.grad_q != NULL) return;
+    size_t partial = (size_t)c->world.group.size * NCHK_BLOCKS * 5 * sizeof(double);
+    for (int k = 0; k < 2; k++) nchk_malloc(c, (void **)&c->chk.partial[k], partial, "the checks' block sums");
+    nchk_malloc(c, (void **)&c->chk.grad_q, sizeof(double), "the gradients' sum of squares");
+    nchk_malloc(c, (void **)&c->chk.flip, 3 * sizeof(double), "the fault's flip");
+    nchk_malloc(c, (void **)&c->chk.verdict, sizeof(float), "the checks' verdict");
+    nccl_check_cuda(c, cudaMemset(c->chk.grad_q, 0, sizeof(double)), "the gradients' sum of squares");
+}
+
+// both streams drained: what the arenas and records held for the kernels queued so far is free
+static inline void nchk_quiesce(NcclComm *c, const char *what) {
+    nccl_sync(c, c->stream, what);
+    nccl_sync(c, c->side, what);
+}
+
+// nchk_coef_take: room for count floats of coefficients in the arenas; the
+// offset. A full arena waits for the GPU and starts over (a bigger one if needed).
+static inline size_t nchk_coef_take(NcclComm *c, size_t count) {
+    NchkState *k = &c->chk;
+    if (k->coef_used + count <= k->coef_cap) {
+        k->coef_used += count;
+        return k->coef_used - count;
+    }
+    nchk_quiesce(c, "the checks' coefficients");
+    if (count > k->coef_cap) {
+        cudaFree(k->coef);
+        cudaFreeHost(k->coef_host);
+        k->coef_cap = count > NCHK_COEF_MIN ? 2 * count : NCHK_COEF_MIN;
+        nchk_malloc(c, (void **)&k->coef, k->coef_cap * sizeof(float), "the checks' coefficients");
+        nccl_check_cuda(c, cudaHostAlloc((void **)&k->coef_host, k->coef_cap * sizeof(float), cudaHostAllocDefault),
+                        "the checks' coefficients");
+    }
+    k->coef_used = count;
+    return 0;
+}
+
+// nchk_record: a new record of group i (2p sketches, zeroed on stream st):
+// its index. Records grow by doubling, once the GPU is done with the old ones.
+static inline size_t nchk_record(NcclComm *c, int i, int p, cudaStream_t st) {
+    NchkState *k = &c->chk;
+    size_t each = nchk_rec_count(p) * 5 * sizeof(double);
+    if (k->nrec[i] == k->rec_cap[i]) {
+        size_t cap = k->rec_cap[i] ? 2 * k->rec_cap[i] : 256;
+        double *grown = NULL;
+        nchk_quiesce(c, "the checks' records");
+        nchk_malloc(c, (void **)&grown, cap * each, "the checks' records");
+        if (k->nrec[i] > 0)
+            nccl_check_cuda(c, cudaMemcpy(grown, k->rec[i], k->nrec[i] * each, cudaMemcpyDeviceToDevice),
+                            "the checks' records");
+        cudaFree(k->rec[i]);
+        k->rec[i] = grown;
+        k->rec_cap[i] = cap;
+    }
+    size_t at = k->nrec[i]++;
+    nccl_check_cuda(c, cudaMemsetAsync(k->rec[i] + at * nchk_rec_count(p) * 5, 0, each, st), "the checks' records");
+    return at;
+}
+
+// the draw's call number: the checked calls so far on this group (by its
+// digest, so dp and its overlapped communicator count as one group)
+static inline uint64_t nchk_call_number(NcclComm *c, uint64_t digest) {
+    NchkState *k = &c->chk;
+    for (int i = 0; i < k->ngroups; i++)
+        if (k->group_digest[i] == digest) return k->group_calls[i]++;
+    if (k->ngroups == NCHK_GROUPS) nccl_fail(c, "checked collectives: more than %d groups", NCHK_GROUPS);
+    k->group_digest[k->ngroups] = digest;
+    k->group_calls[k->ngroups++] = 1;
+    return 0;
+}
+
+// the sketch kernel and its final pass on stream st: `parts` pieces of x
+// (nchk_sketch_kernel's chunked and first), their records into dst (NULL:
+// none), their squares into *q_acc (NULL: none)
+static inline void nchk_sketch(NcclComm *c, cudaStream_t st, const void *x, ncclDataType_t type, size_t n, int parts,
+                               int chunked, size_t first, const float *coef, int full, double *dst, double *q_acc) {
+    double *partial = c->chk.partial[st == c->side ? 1 : 0];
+    dim3 grid(NCHK_BLOCKS, (unsigned)parts);
+    if (type == ncclBfloat16)
+        nchk_sketch_kernel<<<grid, NCHK_THREADS, 0, st>>>(partial, (const __nv_bfloat16 *)x, n, parts, chunked, first,
+                                                          coef, full);
+    else
+        nchk_sketch_kernel<<<grid, NCHK_THREADS, 0, st>>>(partial, (const float *)x, n, parts, chunked, first, coef,
+                                                          full);
+    nchk_final_kernel<<<1, NCHK_BLOCKS, 0, st>>>(dst, partial, parts, q_acc);
+    nccl_check_cuda(c, cudaGetLastError(), "the checks' sketch");
+}
+
+// -fault corrupt, corrupt-low: this rank's first fp32 or bf16 collective of
+// the fault's step gets one bit flipped in the largest of the first
+// NCHK_FLIP_SCAN values it puts in (x, len of them), after its sketch, before
+// the call; the host waits to say what changed (a fault's run only)
+static inline void nchk_corrupt(NcclComm *c, const NcclGroup *g, void *x, size_t len, ncclDataType_t type,
+                                cudaStream_t st) {
+    int kind = c->fault.kind;
+    if ((kind != FAULT_CORRUPT && kind != FAULT_CORRUPT_LOW) || c->chk.corrupt_done || len == 0 ||
+        !fault_fires(&c->fault, c->rank, c->step))
+        return;
+    c->chk.corrupt_done = 1;
+    nchk_buffers(c);
+    int bit = fault_flip_bit(kind);
+    if (type == ncclBfloat16) bit = bit >= 16 ? bit - 16 : bit;  // bf16: the top half of an fp32's bits
+    if (type == ncclBfloat16) nchk_flip_kernel<<<1, 1024, 0, st>>>((__nv_bfloat16 *)x, len, bit, c->chk.flip);
+    else nchk_flip_kernel<<<1, 1024, 0, st>>>((float *)x, len, bit, c->chk.flip);
+    nccl_check_cuda(c, cudaGetLastError(), "the fault's flip");
+    double info[3] = {0, 0, 0};
+    nccl_sync(c, st, "the fault's flip");
+    nccl_check_cuda(c, cudaMemcpy(info, c->chk.flip, sizeof(info), cudaMemcpyDeviceToHost), "the fault's flip");
+    fprintf(stderr, "rank %d: fault %s: flipped bit %d of element %zu (%.9g to %.9g) of its input to nccl %s on the %s "
+            "group (step %ld)\n", c->rank, fault_name(kind), bit, (size_t)info[0], info[1], info[2], c->op, g->name,
+            c->step);
+}
+
+// nchk_before: the start of a collective of kind on group g over in (its
+// input: an all-reduce's n, a reduce-scatter's p pieces of n, an
+// all-gather's own piece of n), on stream st. Returns the index of its
+// checked call, or -1 when it is not checked. Host mode: the label and the
+// count go to the host backend, which checks and counts itself.
+static inline int nchk_before(NcclComm *c, const NcclGroup *g, int kind, void *in, size_t n, ncclDataType_t type,
+                              int op, cudaStream_t st) {
+    NchkState *k = &c->chk;
+    int count = k->count, p = g->group.size, me = g->group.me;
+    k->count = 0;
+    memcpy(k->cur_label, k->label, sizeof(k->label));
+    k->label[0] = '\0';
+    int floats = type == ncclFloat32 || type == ncclBfloat16;
+    size_t total = kind == SK_ALLREDUCE ? n : n * (size_t)p, in_len = kind == SK_ALLGATHER ? n : total;
+    if (count && floats && fault_poison_fires(&k->poison, c->rank, c->step) && in_len > 0) {
+        if (type == ncclBfloat16) nchk_scale_kernel<<<256, 256, 0, st>>>((__nv_bfloat16 *)in, in_len, FAULT_POISON_SCALE);
+        else nchk_scale_kernel<<<256, 256, 0, st>>>((float *)in, in_len, FAULT_POISON_SCALE);
+        nccl_check_cuda(c, cudaGetLastError(), "the fault's poison");
+    }
+    if (c->host != NULL) {
+        if (count) comm_count_grads(c->host);
+        if (k->cur_label[0]) comm_set_label(c->host, k->cur_label);
+        return -1;
+    }
+    if (!floats || p == 1) return -1;
+    if (!k->on) {
+        if (count) {  // the -gp rule's sum of squares alone
+            nchk_buffers(c);
+            nchk_sketch(c, st, in, type, in_len, 1, 1, 0, NULL, 1, NULL, k->grad_q);
+        }
+        nchk_corrupt(c, g, in, in_len, type, st);
+        return -1;
+    }
+    nchk_buffers(c);
+    uint64_t digest = comm_group_digest(&g->group), call = nchk_call_number(c, digest);
+    if (sketch_draw(k->gen, c->step, digest, call, kind, total) != 0)
+        nccl_fail(c, "out of memory for the checks' coefficients (%zu elements)", total);
+    size_t ncoef = nchk_coef_count(k->gen->blocks), off = nchk_coef_take(c, ncoef);
+    nchk_coef_pack(k->gen, k->coef_host + off);
+    nccl_check_cuda(c, cudaMemcpyAsync(k->coef + off, k->coef_host + off, ncoef * sizeof(float), cudaMemcpyHostToDevice,
+                                       st), "the checks' coefficients");
+    if (k->ncalls == k->calls_cap) {
+        int cap = k->calls_cap ? 2 * k->calls_cap : 256;
+        NchkCall *grown = (NchkCall *)realloc(k->calls, (size_t)cap * sizeof(NchkCall));
+        if (grown == NULL) nccl_fail(c, "out of memory for the checked calls");
+        k->calls = grown;
+        k->calls_cap = cap;
+    }
+    int i = nchk_group_index(c, g);
+    NchkCall *call_rec = &k->calls[k->ncalls];
+    call_rec->op = c->op;
+    call_rec->kind = kind;
+    call_rec->group = i;
+    call_rec->avg = op == OP_AVG;
+    call_rec->bf16 = type == ncclBfloat16;
+    call_rec->step = c->step;
+    call_rec->n = n;
+    call_rec->at = nchk_record(c, i, p, st);
+    call_rec->coef = off;
+    memcpy(call_rec->label, k->cur_label, sizeof(call_rec->label));
+    double *rec = k->rec[i] + call_rec->at * nchk_rec_count(p) * 5;
+    double *q = count ? k->grad_q : NULL;
+    const float *coef = k->coef + off;
+    if (kind == SK_ALLGATHER)
+        nchk_sketch(c, st, in, type, n, 1, 0, (size_t)me, coef, 1, rec + nchk_rec_in(p, me) * 5, q);
+    else
+        nchk_sketch(c, st, in, type, n, p, kind == SK_ALLREDUCE, 0, coef, 1, rec + nchk_rec_in(p, 0) * 5, q);
+    nchk_corrupt(c, g, in, in_len, type, st);
+    return k->ncalls++;
+}
+
+// nchk_after: the output of checked call idx (from nchk_before) sketched
+// on stream st, behind the call
+static inline void nchk_after(NcclComm *c, int idx, const NcclGroup *g, const void *out, ncclDataType_t type,
+                              cudaStream_t st) {
+    if (idx < 0) return;
+    NchkState *k = &c->chk;
+    const NchkCall *call = &k->calls[idx];
+    int p = g->group.size, me = g->group.me;
+    double *rec = k->rec[call->group] + call->at * nchk_rec_count(p) * 5;
+    const float *coef = k->coef + call->coef;
+    if (call->kind == SK_REDUCE_SCATTER)
+        nchk_sketch(c, st, out, type, call->n, 1, 0, (size_t)me, coef, 0, rec + nchk_rec_out(p, me) * 5, NULL);
+    else
+        nchk_sketch(c, st, out, type, call->n, p, call->kind == SK_ALLREDUCE, 0, coef, 0, rec + nchk_rec_out(p, 0) * 5,
+                    NULL);
+}
+
+// nccl_grad_sumsq_slots: slots[world] on the device (stream st): zeros, and
+// in this rank's slot the sum of squares of the gradients it counted since
+// the last call (nccl_count_grads), which starts afresh. The caller sums the
+// slots over the world in a collective it makes anyway, and every rank then
+// holds every rank's own gradient norm (the -gp rule's). The overlapped
+// reductions must be drained first (nccl_side_drain).
+static inline void nccl_grad_sumsq_slots(NcclComm *c, float *slots, cudaStream_t st) {
+    double v = 0.0;
+    if (c->host != NULL) v = comm_grad_sumsq(c->host);
+    else nchk_buffers(c);
+    nchk_slots_kernel<<<1, 256, 0, st>>>(slots, c->world.group.size, c->rank, v, c->host != NULL ? NULL : c->chk.grad_q);
+    nccl_check_cuda(c, cudaGetLastError(), "the gradients' sums of squares");
+}
+
+// nchk_free: the checks' buffers (nccl_free)
+static inline void nchk_free(NcclComm *c) {
+    NchkState *k = &c->chk;
+    for (int i = 0; i < NCHK_GROUPS; i++) cudaFree(k->rec[i]);
+    for (int i = 0; i < 2; i++) cudaFree(k->partial[i]);
+    cudaFree(k->all);
+    cudaFreeHost(k->all_host);
+    cudaFree(k->coef);
+    cudaFreeHost(k->coef_host);
+    cudaFree(k->grad_q);
+    cudaFree(k->flip);
+    cudaFree(k->verdict);
+    free(k->calls);
+    if (k->gen != NULL) sketch_gen_free(k->gen);
+    free(k->gen);
 }
 
 // nccl_allreduce: buf (n elements of type) summed or averaged over the group, in place
 static inline void nccl_allreduce(NcclComm *c, const NcclGroup *g, void *buf, size_t n, ncclDataType_t type, int op) {
     nccl_enter(c, "allreduce", g);
+    int checked = nchk_before(c, g, SK_ALLREDUCE, buf, n, type, op, c->stream);
     if (c->host != NULL) {
         host_allreduce(c, g, buf, n, type, op);
         return;
@@ -906,6 +1254,7 @@ static inline void nccl_allreduce(NcclComm *c, const NcclGroup *g, void *buf, si
     nccl_order_main(c);
     nccl_queued(c, g, ncclAllReduce(buf, buf, n, type, red, g->comm, c->stream));
     nccl_wait_mark(c, 1);
+    nchk_after(c, checked, g, buf, type, c->stream);
 }
 
 // nccl_reduce_scatter: in holds size chunks of n_per_rank; out gets chunk
@@ -913,6 +1262,7 @@ static inline void nccl_allreduce(NcclComm *c, const NcclGroup *g, void *buf, si
 static inline void nccl_reduce_scatter(NcclComm *c, const NcclGroup *g, const void *in, void *out, size_t n_per_rank,
                                        ncclDataType_t type, int op) {
     nccl_enter(c, "reduce_scatter", g);
+    int checked = nchk_before(c, g, SK_REDUCE_SCATTER, (void *)in, n_per_rank, type, op, c->stream);
     if (c->host != NULL) {
         host_reduce_scatter(c, g, in, out, n_per_rank, type, op);
         return;
@@ -922,12 +1272,14 @@ static inline void nccl_reduce_scatter(NcclComm *c, const NcclGroup *g, const vo
     nccl_order_main(c);
     nccl_queued(c, g, ncclReduceScatter(in, out, n_per_rank, type, red, g->comm, c->stream));
     nccl_wait_mark(c, 1);
+    nchk_after(c, checked, g, out, type, c->stream);
 }
 
 // nccl_allgather: out[k * n_per_rank ..] = member k's in; in may be out + me * n_per_rank
 static inline void nccl_allgather(NcclComm *c, const NcclGroup *g, const void *in, void *out, size_t n_per_rank,
                                   ncclDataType_t type) {
     nccl_enter(c, "allgather", g);
+    int checked = nchk_before(c, g, SK_ALLGATHER, (void *)in, n_per_rank, type, OP_SUM, c->stream);
     if (c->host != NULL) {
         host_allgather(c, g, in, out, n_per_rank, type);
         return;
@@ -936,6 +1288,7 @@ static inline void nccl_allgather(NcclComm *c, const NcclGroup *g, const void *i
     nccl_order_main(c);
     nccl_queued(c, g, ncclAllGather(in, out, n_per_rank, type, g->comm, c->stream));
     nccl_wait_mark(c, 1);
+    nchk_after(c, checked, g, out, type, c->stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -970,24 +1323,30 @@ static inline void nccl_side_enter(NcclComm *c, const char *op) {
 // nccl_side_allreduce: as nccl_allreduce over the dp group, overlapped
 static inline void nccl_side_allreduce(NcclComm *c, void *buf, size_t n, ncclDataType_t type, int op) {
     nccl_side_enter(c, "allreduce (overlapped)");
+    // host mode: the staging copies run on c->stream, so the checks' hooks do too
+    int checked = nchk_before(c, &c->dp_side, SK_ALLREDUCE, buf, n, type, op, c->host != NULL ? c->stream : c->side);
     if (c->host != NULL) {
         host_allreduce(c, &c->dp_side, buf, n, type, op);
         c->side_pending++;  // nccl_side_drain still waits for what the caller queues on c->side
         return;
     }
     nccl_side_queued(c, ncclAllReduce(buf, buf, n, type, nccl_redop(c, op), c->dp_side.comm, c->side));
+    nchk_after(c, checked, &c->dp_side, buf, type, c->side);
 }
 
 // nccl_side_reduce_scatter: as nccl_reduce_scatter over the dp group, overlapped
 static inline void nccl_side_reduce_scatter(NcclComm *c, const void *in, void *out, size_t n_per_rank,
                                             ncclDataType_t type, int op) {
     nccl_side_enter(c, "reduce_scatter (overlapped)");
+    int checked = nchk_before(c, &c->dp_side, SK_REDUCE_SCATTER, (void *)in, n_per_rank, type, op,
+                              c->host != NULL ? c->stream : c->side);
     if (c->host != NULL) {
         host_reduce_scatter(c, &c->dp_side, in, out, n_per_rank, type, op);
         c->side_pending++;
         return;
     }
     nccl_side_queued(c, ncclReduceScatter(in, out, n_per_rank, type, nccl_redop(c, op), c->dp_side.comm, c->side));
+    nchk_after(c, checked, &c->dp_side, out, type, c->side);
 }
 
 // nccl_side_drain: returns once every side call (and every kernel the caller
@@ -996,6 +1355,93 @@ static inline void nccl_side_drain(NcclComm *c) {
     if (c->side_pending == 0) return;
     nccl_sync(c, c->side, "the overlapped gradient reductions");  // every communicator's errors, not only dp_side's
     c->side_pending = 0;
+}
+
+// nccl_check_point: every checked call since the last check point judged,
+// by every member of its group alike: the records all-gathered group by
+// group (world, dp, tp, pp, then the overlapped reductions' over dp), judged
+// on the host in the order queued, and the verdicts summed over the world,
+// so that every rank stops or none. A failure: one line from the group's
+// first member naming the step, the collective, its label and group, and
+// what the sketches show, and every rank exits(1) before the caller applies
+// anything. Every rank calls it at the same points (the step's end, before
+// the update; before the parameters are written). Host mode: nothing to do,
+// the host backend judged each call at its end.
+static inline void nccl_check_point(NcclComm *c) {
+    if (c == NULL || c->host != NULL || !c->chk.on) return;
+    NchkState *k = &c->chk;
+    nccl_side_drain(c);
+    nchk_buffers(c);
+    size_t off[NCHK_GROUPS], total = 0;
+    for (int i = 0; i < NCHK_GROUPS; i++) {
+        int p = nchk_gather_group(c, i)->group.size;
+        off[i] = total;
+        total += (size_t)p * k->nrec[i] * nchk_rec_count(p) * 5;
+    }
+    if (total > k->all_cap) {
+        nccl_sync(c, c->stream, "the checks' records");
+        cudaFree(k->all);
+        cudaFreeHost(k->all_host);
+        k->all_cap = 2 * total;
+        nchk_malloc(c, (void **)&k->all, k->all_cap * sizeof(double), "the checks' records");
+        nccl_check_cuda(c, cudaHostAlloc((void **)&k->all_host, k->all_cap * sizeof(double), cudaHostAllocDefault),
+                        "the checks' records");
+    }
+    for (int i = 0; i < NCHK_GROUPS; i++) {
+        const NcclGroup *g = nchk_gather_group(c, i);
+        size_t each = k->nrec[i] * nchk_rec_count(g->group.size) * 5;
+        if (each == 0 || g->group.size == 1) continue;
+        nccl_enter(c, "allgather (the checks' records)", g);
+        nccl_order_main(c);
+        nccl_queued(c, g, ncclAllGather(k->rec[i], k->all + off[i], each, ncclFloat64, g->comm, c->stream));
+    }
+    if (total > 0)
+        nccl_check_cuda(c, cudaMemcpyAsync(k->all_host, k->all, total * sizeof(double), cudaMemcpyDeviceToHost,
+                                           c->stream), "the checks' records");
+    nccl_sync(c, c->stream, "the checks' records");
+    float bad = 0.0f;
+    Sketch recs[64];
+    for (int j = 0; j < k->ncalls && bad == 0.0f; j++) {
+        const NchkCall *call = &k->calls[j];
+        const NcclGroup *g = call->group == 4 ? &c->dp_side : nchk_gather_group(c, call->group);
+        int p = g->group.size;
+        size_t count = nchk_rec_count(p), nrec = k->nrec[call->group];
+        Sketch *mine = (size_t)p * count <= sizeof(recs) / sizeof(recs[0]) ? recs
+                                                                             : (Sketch *)malloc((size_t)p * count * sizeof(Sketch));
+        if (mine == NULL) nccl_fail(c, "out of memory for the checks' verdict");
+        for (int q = 0; q < p; q++)
+            memcpy(mine + (size_t)q * count, k->all_host + off[call->group] + ((size_t)q * nrec + call->at) * count * 5,
+                   count * sizeof(Sketch));
+        NchkCase nc = {call->kind, p, g->group.ranks, call->n, nchk_unit_roundoff(call->bf16), call->avg, mine};
+        char why[700];
+        if (nchk_judge(&nc, why, sizeof(why))) {
+            bad = 1.0f;
+            if (g->group.me == 0) {
+                char names[200];
+                comm_group_names(&g->group, names, sizeof(names));
+                fflush(stdout);
+                fprintf(stderr, "rank %d: step %ld: checked %s%s%s over the %s group (%s) failed: %s\n", c->rank,
+                        call->step, call->op, call->label[0] ? " of " : "", call->label, g->name, names, why);
+                fflush(stderr);
+            }
+        }
+        if (mine != recs) free(mine);
+    }
+    // the world's verdict, so that every rank stops at this point or none
+    nccl_enter(c, "allreduce (the checks' verdict)", &c->world);
+    nccl_check_cuda(c, cudaMemcpy(k->verdict, &bad, sizeof(float), cudaMemcpyHostToDevice), "the checks' verdict");
+    nccl_order_main(c);
+    nccl_queued(c, &c->world, ncclAllReduce(k->verdict, k->verdict, 1, ncclFloat32, ncclSum, c->world.comm, c->stream));
+    nccl_sync(c, c->stream, "the checks' verdict");
+    nccl_check_cuda(c, cudaMemcpy(&bad, k->verdict, sizeof(float), cudaMemcpyDeviceToHost), "the checks' verdict");
+    if (bad > 0.0f) {
+        fflush(stdout);
+        nccl_abort_all(c);
+        exit(1);
+    }
+    k->ncalls = 0;
+    for (int i = 0; i < NCHK_GROUPS; i++) k->nrec[i] = 0;
+    k->coef_used = 0;  // the GPU is past every kernel that read them
 }
 
 // nccl_broadcast: buf (n elements of type) from the group's member root to all, in place
@@ -1415,6 +1861,7 @@ static inline void nccl_free(NcclComm *c) {
     } else {
         nccl_finalize(c);
     }
+    nchk_free(c);
     cudaFreeHost(c->pinned);
     free(c->wide);
     cudaFree(c->one);

@@ -15,7 +15,7 @@
  *                         the step messages are stamped with; a longer
  *                         timeout for a wait known to be long
  *   comm_set_check, comm_set_label, comm_count_grads, comm_grad_sumsq,
- *   comm_check_ms, comm_sum_ms
+ *   comm_check_ms, comm_sum_ms, comm_group_digest
  *                         checked collectives (-ic 1, sketch.h): on or off;
  *                         what the next collective carries, for the line a
  *                         failed check prints; the sum of squares of this
@@ -660,12 +660,19 @@ static inline double comm_check_ms(const Comm *c) { return c != NULL ? c->check_
 // the checks off (dev/bench_ic.sh)
 static inline double comm_sum_ms(const Comm *c) { return c != NULL ? c->sum_ms : 0.0; }
 
-// the group's number among those this rank ran collectives on, and how many
-// it ran there before: with the step, what makes each collective's r its own
-static inline uint64_t comm_group_call(Comm *c, const Group *grp, uint64_t *id) {
+// comm_group_digest: what names a group in the draw of its collectives' r
+// (nccl_comm.h's checks draw with it too)
+static inline uint64_t comm_group_digest(const Group *grp) {
     uint64_t h = 1469598103934665603ull;  // FNV-1a over the size and the ranks
     h = (h ^ (uint64_t)grp->size) * 1099511628211ull;
     for (int i = 0; i < grp->size; i++) h = (h ^ (uint64_t)(uint32_t)grp->ranks[i]) * 1099511628211ull;
+    return h;
+}
+
+// the group's number among those this rank ran collectives on, and how many
+// it ran there before: with the step, what makes each collective's r its own
+static inline uint64_t comm_group_call(Comm *c, const Group *grp, uint64_t *id) {
+    uint64_t h = comm_group_digest(grp);
     *id = h;
     for (int i = 0; i < c->ngroups; i++)
         if (c->group_id[i] == h) return c->group_calls[i]++;

@@ -14,8 +14,8 @@
  *                       clipping and AdamW, then the ZeRO-1/2 all-gather
  *   gpt2_update         the whole step on one rank (the tests)
  *   gpt2_last_norm      the norm, read back to the host
- *   gpt2_rank_norms     each rank's own gradient norm (watch.h's -gp rule):
- *                       not gathered here yet, so NULL
+ *   gpt2_rank_norms     each rank's own gradient norm (watch.h's -gp rule),
+ *                       as train_gpt2.cu's world_loss_sum gathered them
  *
  * A part of train_gpt2.cu, not a header of its own: train_gpt2.cu includes
  * it after its model's forward and backward, and it uses that file's GPT2,
@@ -167,12 +167,8 @@ static float gpt2_last_norm(GPT2 *m) {
     return *norm;
 }
 
-// each rank's own gradient norm before the dp reduction, for the -gp rule:
-// the CPU trainer gathers them; this one does not yet (it refuses -gp skip,
-// stop and -fault poison), so there is nothing to judge
-static const float *gpt2_rank_norms(const GPT2 *m) {
-    (void)m;
-    return NULL;
-}
+// each rank's own gradient norm of the step before the dp reduction, for
+// the -gp rule (gathered in world_loss_sum's all-reduce); NULL with dp 1
+static const float *gpt2_rank_norms(const GPT2 *m) { return m->rank_norms; }
 
 #endif  // LLM3D_GPU_OPTIMIZER_CUH
