@@ -1020,6 +1020,17 @@ static void test_cli(void) {
                   "train_gpt2cu %s without a GPU: past the flag check, exit %d, one line: %.*s", split[k], rc,
                   (int)strcspn(out, "\n"), out);
     }
+    // the checks are built (TrainerBuild's checks): -ic 1, -gp skip and stop,
+    // -fault corrupt and poison pass the flag checks as in the CPU trainer
+    const char *built[] = {"-ic 1 -gp skip", "-gp stop", "-np 2 -ic 1 -fault corrupt:1:1", "-np 2 -fault poison:0:1"};
+    for (size_t i = 0; i < sizeof(built) / sizeof(built[0]); i++) {
+        snprintf(args, sizeof(args), "-e d2 -ev 64 -et 16 -t 8 -b 4 -x 2 -v 0 -i %s %s", shard_path, built[i]);
+        rc = run_trainer(args, out, sizeof(out));
+        int ran = have_gpu() ? rc == 0 || (rc == 1 && strstr(out, "step") != NULL)
+                             : rc == 1 && strstr(out, "no CUDA device") != NULL;
+        check(rc != 2 && ran && strstr(out, "yet (the CPU trainer does)") == NULL,
+              "train_gpt2cu %s: taken, not refused (exit %d): %.*s", built[i], rc, (int)strcspn(out, "\n"), out);
+    }
     unlink(shard_path);
 }
 

@@ -27,21 +27,24 @@
 #   5. over real NCCL (-hb 2), the ranks on this one GPU: tamper and replay
 #      of a MAC'd pipeline message refused ("does not verify"), kill and
 #      stall ending the job with the culprit named, -wr naming a slowed rank
-#      from NCCL's wait clocks, -ck a drifted replica; then every layout of
+#      from NCCL's wait clocks, -ck a drifted replica, -ic 1 catching and
+#      naming -fault corrupt (dp 2 ZeRO-1 and tp 2: exit 1, no checkpoint
+#      from that step), -gp naming -fault poison; then every layout of
 #      test_layouts, fp32 within 1e-5 of one rank, a bf16 subset within 2e-2,
 #      sequence parallelism (-sp 1) among them: tp 2, tp 4 and (2, 2, 2);
-#      and the schedules interleaved (-pv 2), zbh1 and zbv at pp 2 and 4
+#      the schedules interleaved (-pv 2), zbh1 and zbv at pp 2 and 4
 #      (built without a GPU: first run here), zbv pp 2 in bf16 too, and with
 #      dp 2 (zbv ZeRO 1 and 3, interleaved ZeRO 2), tp 2 (zbh1) and (2, 2, 2)
-#      (zbv, ZeRO 1, -sp 1)
+#      (zbv, ZeRO 1, -sp 1); and dp 2 ZeRO-1 and tp 2 with -ic 1 (checked
+#      collectives: no false alarm)
 #   6. over real NCCL: checkpoints of 8 ranks ((2, 2, 2), ZeRO 1 and 3, fp32)
 #      resumed bit for bit by the same layout, by one rank (1e-5) and by the
 #      CPU trainer; a 1f1b checkpoint resumed under zbv (1e-5); SIGTERM of an 8-rank job; 2 ranks started by a script,
 #      torchrun and mpirun (each where the machine has it), --rendezvous
 #   7. the layouts of phase 5 in host mode (the default where ranks share a
 #      GPU: they talk through the shared-memory host backend) and the resume
-#      across schedules, with their faults, the watch report and the
-#      consistency check
+#      across schedules, with their faults, the watch report, the
+#      consistency check, -ic 1 and -gp
 #   8. fp32: test_gpt2cu_fp32; the GPU against the CPU trainer (10 steps
 #      within 1e-4); a checkpoint of each resumed by the other
 #   9. NCCL with one rank: ZeRO 0-3 agree (fp32: bit for bit); checkpoints
@@ -467,6 +470,9 @@ layouts() {  # layouts PREC BOUND [MODE]: the one-rank runs first, then every la
     W=$(wt $m 2) background layout $p $b tp2_sp "$TP" "-np 2 -tp 2 -sp 1" $m
     W=$(wt $m 4) background layout $p $b tp4_sp "$TP" "-np 4 -tp 4 -sp 1" $m
     W=$(wt $m 8) background layout $p $b grid222_z1_sp "$GRID" "-np 8 -tp 2 -pp 2 -z 1 -sp 1" $m
+    # checked collectives (-ic 1): the same losses as without, no false alarm
+    W=$(wt $m 2) background layout $p $b ic_dp2_z1 "$DP2" "-np 2 -z 1 -ic 1" $m
+    W=$(wt $m 2) background layout $p $b ic_tp2 "$TP" "-np 2 -tp 2 -ic 1" $m
     collect
 }
 layouts_bf16() {  # layouts_bf16 [MODE]: a subset of them in bf16, within 2e-2 (the "bf16 bound" above)
@@ -479,6 +485,9 @@ layouts_bf16() {  # layouts_bf16 [MODE]: a subset of them in bf16, within 2e-2 (
     W=$(wt $m 2) background layout bf16 2e-2 pp2_1f1b "$PP2" "-np 2 -pp 2 -ps 1f1b -mb 4" $m
     W=$(wt $m 8) background layout bf16 2e-2 grid222_z1 "$GRID" "-np 8 -tp 2 -pp 2 -z 1" $m
     W=$(wt $m 2) background layout bf16 2e-2 tp2_sp "$TP" "-np 2 -tp 2 -sp 1" $m
+    # checked collectives in bf16: the bound of sums rounded at every hop, no false alarm
+    W=$(wt $m 2) background layout bf16 2e-2 ic_dp2_z1 "$DP2" "-np 2 -z 1 -ic 1" $m
+    W=$(wt $m 2) background layout bf16 2e-2 ic_tp2 "$TP" "-np 2 -tp 2 -ic 1" $m
     collect
 }
 
@@ -539,6 +548,47 @@ check_drift() {  # check_drift [MODE]
         fail "$name: exit $rc, $steps steps logged, rank 2 $(grep -qF "$want" "$log.log" && echo named || echo 'not named') (see $name.log)"
     fi
 }
+# -ic 1 -fault corrupt:1:3: the bit rank 1 flips in its input to a
+# collective of step 3 (after its sketch) is caught at that step's check,
+# named (the step, the collective, its group), exit 1 after steps 0-2, and no
+# checkpoint from step 3 (-n 1 writes one after every step: the one after
+# step 2 is there, none after step 3). LAYOUT: dp 2 ZeRO-1 or tp 2.
+check_corrupt() {  # check_corrupt NAME LAYOUT [MODE]
+    local mode=${3:-host} limit log name dir
+    name="$(mode_tag "$mode")ic_corrupt_$1" log=$LOGS/$name dir=$CK/$name
+    if ! limit=$(time_left 30); then skip "$name: past the deadline"; return; fi
+    rm -rf "$dir"
+    timeout -k 5 "$limit" ./train_gpt2cu -x 10 -v 0 -s 0 $SMALL $2 -ic 1 -n 1 -nk 0 -o "$dir" -fault corrupt:1:3 \
+        $(mode_flag "$mode") -lg "$log.jsonl" > "$log.log" 2>&1
+    local rc=$? steps named flipped
+    steps=$(wc -l < "$log.jsonl" 2>/dev/null || echo 0)
+    named=$(grep -m1 "step 3: checked .* failed: " "$log.log")
+    flipped=$(grep -c "fault corrupt: flipped bit" "$log.log")
+    if [ $rc -eq 1 ] && [ "$steps" -eq 3 ] && [ -n "$named" ] && [ "$flipped" -ge 1 ] &&
+       [ -e "$dir/ckpt_00000003" ] && [ ! -e "$dir/ckpt_00000004" ]; then
+        pass "$name: exit 1 after 3 steps, no checkpoint from step 3: $(echo "$named" | cut -c1-150)"
+    else
+        fail "$name: exit $rc, $steps steps logged, $([ -n "$named" ] && echo named || echo 'not named'), $flipped flips, checkpoints $(ls "$dir" 2>/dev/null | tr '\n' ' ') (see $name.log)"
+    fi
+}
+# -fault poison:1:3 (-gp warn, the default): rank 1's gradients x100 from
+# step 3 on are named by the gradient-norm rule at steps 3 and 4, nobody
+# else; the updates are applied, exit 0
+check_poison() {  # check_poison [MODE]
+    local mode=${1:-host} limit log name
+    name="$(mode_tag "$mode")gp_poison" log=$LOGS/$name
+    if ! limit=$(time_left 30); then skip "$name: past the deadline"; return; fi
+    timeout -k 5 "$limit" ./train_gpt2cu -x 5 -v 0 -s 0 $SMALL $DP2 -np 2 -fault poison:1:3 $(mode_flag "$mode") \
+        -lg "$log.jsonl" > "$log.log" 2>&1
+    local rc=$? named others
+    named=$(grep -cE "step [34]: rank 1's own gradient norm" "$log.log")
+    others=$(grep -cE "rank 0's own gradient norm|step [012]: rank 1's own" "$log.log")
+    if [ $rc -eq 0 ] && [ "$named" -eq 2 ] && [ "$others" -eq 0 ]; then
+        pass "$name, -fault poison:1:3 on dp 2: $(grep -m1 "rank 1's own gradient norm" "$log.log" | cut -c1-150)"
+    else
+        fail "$name: exit $rc, rank 1 named at $named of steps 3-4, $others other lines (see $name.log)"
+    fi
+}
 faults() {  # faults [MODE]: tamper, replay, kill, stall, the watch report and the consistency check
     local m=${1:-host}
     if [ "$m" = nccl ]; then
@@ -560,6 +610,10 @@ faults() {  # faults [MODE]: tamper, replay, kill, stall, the watch report and t
     fi
     W=$(wt $m 4) background watch_slow $m
     W=$(wt $m 4) background check_drift $m
+    # checked collectives (-ic 1) and the gradient-norm rule (-gp)
+    W=$(wt $m 2) background check_corrupt dp2_z1 "$DP2 -np 2 -z 1" $m
+    W=$(wt $m 2) background check_corrupt tp2 "$TP -np 2 -tp 2" $m
+    W=$(wt $m 2) background check_poison $m
     collect
 }
 

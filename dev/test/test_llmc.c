@@ -133,8 +133,9 @@ static void test_flags(void) {
           "-e gpt3:c768 refused: %s", err);
     // what each build takes of -a -f -w -ge -nm
     // (name, bf16, GELU fusion, schedules, sequence parallelism, checked collectives)
-    TrainerBuild cpu = {"the CPU trainer", 0, 0, 3, 1, 1}, bf16 = {"the bf16 build of train_gpt2cu", 1, 2, 3, 1, 0},
-                 fp32 = {"the fp32 build of train_gpt2cu", 0, 0, 3, 1, 0},
+    TrainerBuild cpu = {"the CPU trainer", 0, 0, 3, 1, 1}, bf16 = {"the bf16 build of train_gpt2cu", 1, 2, 3, 1, 1},
+                 fp32 = {"the fp32 build of train_gpt2cu", 0, 0, 3, 1, 1},
+                 no_ic = {"a build without checked collectives", 1, 2, 3, 1, 0},  // none is, now that both trainers check
                  cpu_zb = {"the CPU trainer", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_ZBH1, 1, 1},
                  no_sp = {"a build without -sp", 0, 0, 3, 0, 0};  // none is, now that both trainers run it
     struct { const char *args; const TrainerBuild *b; int ok; int ge; const char *want; } builds[] = {
@@ -165,15 +166,17 @@ static void test_flags(void) {
         check(builds[k].ok ? rc == 0 && o.gelu_fusion == builds[k].ge : rc == -1 && strstr(err, builds[k].want) != NULL,
               "%s on %s: %s", builds[k].args, builds[k].b->name, builds[k].ok ? "taken" : err);
     }
-    // -ic and -gp: checked collectives and the gradient-norm rule are the CPU
-    // trainer's (-ic off by default: its cost); the GPU builds refuse asking for them
+    // -ic and -gp: checked collectives and the gradient-norm rule, in every
+    // trainer (-ic off by default: its cost); a build without them refuses them
     struct { const char *args; const TrainerBuild *b; int ic; const char *want; } checks[] = {
         {"-b 4", &cpu, 0, NULL},
         {"-ic 1", &cpu, 1, NULL},
         {"-b 4", &bf16, 0, NULL},
         {"-ic 0 -gp warn", &fp32, 0, NULL},
-        {"-ic 1", &bf16, 0, "flag -ic 1: the bf16 build of train_gpt2cu does not check its collectives yet"},
-        {"-gp skip", &fp32, 0, "flag -gp skip: the fp32 build of train_gpt2cu does not gather its ranks' gradient norms"},
+        {"-ic 1", &bf16, 1, NULL},
+        {"-ic 1 -gp skip", &fp32, 1, NULL},
+        {"-ic 1", &no_ic, 0, "flag -ic 1: a build without checked collectives does not check its collectives yet"},
+        {"-gp skip", &no_ic, 0, "flag -gp skip: a build without checked collectives does not gather its ranks' gradient norms"},
         {"-gp stop -ic 1", &cpu, 1, NULL},
     };
     for (size_t k = 0; k < sizeof(checks) / sizeof(checks[0]); k++) {
