@@ -370,6 +370,7 @@ static void fill(float *x, int p, size_t n, int kind) {
             if (kind == 1) v = ldexpf(v, (int)(rng_next() % 60) - 30);
             if (kind == 2) v = (q % 2 ? -base : base) * (1.0f + ldexpf(v, -18));  // near cancellation
             if (kind == 3) v = j % 5 == 0 ? 0.0f : j % 5 == 1 ? ldexpf(v, -140) : j % 5 == 2 ? ldexpf(v, 100) : v;
+            if (kind == 4) v *= 4.0f;  // O(1) values, half of them 2 or more (a model's activations)
             x[(size_t)q * n + j] = v;
         }
     }
@@ -938,11 +939,13 @@ static void test_nccl_coefficients(void) {
 // what a played collective does wrong, if anything
 typedef struct {
     int input_member;     // -1, or this member's input gets flip_bit of element input_elem flipped after its sketch
-    size_t input_elem;
+    size_t input_elem;    // NCHK_PICK: the one the fault's kernel picks (nchk_flip_pick)
     int copy_member;      // -1, or this member's output gets flip_bit of element copy_elem flipped before its sketch
     size_t copy_elem;
     int flip_bit;         // of an fp32 value (bf16: the same bit of its top half)
 } NcclMishap;
+
+#define NCHK_PICK ((size_t)-1)
 
 static float flip_float(float v, int bit, int bf) {
     uint32_t u;
@@ -982,9 +985,12 @@ static int nccl_play(int kind, int p, size_t n, int bf, int data, const NcclMish
             }
         }
     }
-    if (m != NULL && m->input_member >= 0)
-        x[(size_t)m->input_member * in_len + m->input_elem] =
-            flip_float(x[(size_t)m->input_member * in_len + m->input_elem], m->flip_bit, bf);
+    if (m != NULL && m->input_member >= 0) {
+        float *xm = x + (size_t)m->input_member * in_len;
+        size_t at = m->input_elem;
+        if (at == NCHK_PICK) at = nchk_flip_pick(xm, in_len < NCHK_FLIP_SCAN ? in_len : NCHK_FLIP_SCAN, m->flip_bit == 0);
+        xm[at] = flip_float(xm[at], m->flip_bit, bf);
+    }
     // the sums, in a ring's order from the member after the chunk's owner
     for (int q = 0; q < p; q++) {
         float *yq = y + (size_t)q * out_len;
@@ -1055,6 +1061,21 @@ static void test_nccl_verdicts(void) {
                   strstr(msg, "on every rank") != NULL,
               "all-reduce (%s), rank 11's input flipped after its sketch: caught: %s", bf ? "bf16" : "fp32", msg);
     }
+    // -fault corrupt's own choice on O(1) values, half of them 2 or more: bit 30 of a value >= 2 would take it
+    // to about 0, a change below a bf16 chunk's bound; the value it picks is below 1 and scales by 2^128
+    int caught = 0, plays = 0;
+    for (int bf = 0; bf < 2; bf++)
+        for (size_t n = 3000; n <= 3000000; n *= 10, plays++) {
+            NcclMishap pick = {1, NCHK_PICK, -1, 0, 30};
+            caught += nccl_play(SK_ALLREDUCE, 4, n, bf, 4, &pick, msg, sizeof(msg)) && strstr(msg, "on every rank");
+        }
+    float big[] = {3.0f, -2.5f, 0.75f, -0.9f, 1.5f, 0.0f}, high[] = {2.0f, 4.0f, -8.0f, 1.25f};
+    float only_big[] = {2.0f, -8.0f, 4.0f}, tiny[] = {0.0f, 1e-40f, 0.0f};
+    int picks = nchk_flip_pick(big, 6, 0) == 3 && nchk_flip_pick(big, 6, 1) == 0 && nchk_flip_pick(high, 4, 0) == 3 &&
+                nchk_flip_pick(only_big, 3, 0) == 1 && nchk_flip_pick(tiny, 3, 0) == 1;
+    check(caught == plays && picks, "-fault corrupt's bit 30 on data of 2 or more (all-reduce of 4, fp32 and bf16, "
+          "3000 to 3e6 elements): %d of %d caught; it picks the largest value below 1 (corrupt-low: the largest)",
+          caught, plays);
     // one member's copy of a sum changed: that member named
     NcclMishap copy = {-1, 0, 2, 100, 30};
     int bad = nccl_play(SK_ALLREDUCE, 4, 3000, 1, 0, &copy, msg, sizeof(msg));

@@ -17,6 +17,8 @@
  *                          sketch.h's coefficients as the GPU reads them
  *                          (floats: each one exact)
  *     nchk_sketch_ref      the GPU kernel's sums, in its order, on the host
+ *     nchk_flip_key, nchk_flip_pick
+ *                          which value -fault corrupt (corrupt-low) flips
  *     nchk_unit_roundoff   u of a sum of fp32 or bf16 values
  *     NchkCase, nchk_judge the verdict on a group's records of one collective
  *   in CUDA builds (__CUDACC__), the kernels:
@@ -84,7 +86,13 @@
 #define NCHK_BLOCKS 128                         // the sketch kernel's blocks per piece, fixed
 #define NCHK_THREADS 256                        // 8 warps a block
 #define NCHK_WARPS (NCHK_BLOCKS * (NCHK_THREADS / 32))
-#define NCHK_FLIP_SCAN 16384                    // -fault corrupt flips the largest of a rank's first this many values
+#define NCHK_FLIP_SCAN 16384                    // -fault corrupt flips one of a rank's first this many values (nchk_flip_key)
+
+#ifdef __CUDACC__
+#define NCHK_HOST_DEVICE __host__ __device__    // nchk_flip_key: the same rule in the kernel and on the host
+#else
+#define NCHK_HOST_DEVICE
+#endif
 
 static inline size_t nchk_rec_count(int p) { return (size_t)(2 * p); }
 static inline size_t nchk_rec_in(int p, int k) { (void)p; return (size_t)k; }
@@ -103,6 +111,36 @@ static inline void nchk_coef_pack(const SketchGen *g, float *out) {
 }
 
 static inline double nchk_unit_roundoff(int bf16) { return ldexp(1.0, bf16 ? -8 : -24); }
+
+// nchk_flip_key: which value -fault corrupt (low 0) or corrupt-low (low 1)
+// flips: the first of the largest key. corrupt-low: the largest magnitude
+// (its last place is the largest change bit 0 can make). corrupt flips bit
+// 30, the exponent's highest, which scales a value below 1 by 2^128 but
+// takes one of 2 or more to about 0, a change of its own size, which a bf16
+// bound over many such values can hide: so the largest value below 1 (a
+// zero or a subnormal only when no other is below 1: it becomes 2 to 4);
+// then any in [1, 2) (made infinite or NaN); only when every value is 2 or
+// more (or not finite), the largest of them. Keys: [0, 1), -1, [-2.5, -2), -3.
+static inline NCHK_HOST_DEVICE float nchk_flip_key(float v, int low) {
+    float a = fabsf(v);
+    if (low) return a;
+    if (a < 1.0f) return a;
+    if (a < 2.0f) return -1.0f;
+    if (a <= FLT_MAX) return -2.0f - 1.0f / a;
+    return -3.0f;
+}
+
+// nchk_flip_pick: the index the flip kernel picks among x[0 .. n) (all of
+// them: the caller cuts at NCHK_FLIP_SCAN), on the host
+static inline size_t nchk_flip_pick(const float *x, size_t n, int low) {
+    size_t at = 0;
+    float best = -4.0f;
+    for (size_t i = 0; i < n; i++) {
+        float key = nchk_flip_key(x[i], low);
+        if (key > best) best = key, at = i;
+    }
+    return at;
+}
 
 // nchk_sketch_ref: the sketch of x[0 .. len) as elements g0 .. g0 + len - 1
 // of the vector, in nchk_sketch_kernel's order (full: with |r|.|x| and the
@@ -381,17 +419,18 @@ __global__ void nchk_scale_kernel(T *x, size_t n, float scale) {
 }
 
 // nchk_flip_kernel: one block of 1024 threads: bit `bit` flipped in the value
-// of largest magnitude among x[0 .. min(n, NCHK_FLIP_SCAN)) (the first such);
-// info: its index, its value before and after
+// of x[0 .. min(n, NCHK_FLIP_SCAN)) of largest nchk_flip_key (low: the
+// corrupt-low fault's key; the first such); info: its index, its value
+// before and after
 template <typename T>
-__global__ void __launch_bounds__(1024) nchk_flip_kernel(T *x, size_t n, int bit, double *info) {
+__global__ void __launch_bounds__(1024) nchk_flip_kernel(T *x, size_t n, int bit, int low, double *info) {
     __shared__ float best[1024];
     __shared__ int at[1024];
     size_t m = n < NCHK_FLIP_SCAN ? n : NCHK_FLIP_SCAN;
-    float b = -1.0f;
+    float b = -4.0f;
     int a = 0;
     for (size_t i = threadIdx.x; i < m; i += 1024) {
-        float v = fabsf((float)x[i]);
+        float v = nchk_flip_key((float)x[i], low);
         if (v > b) b = v, a = (int)i;
     }
     best[threadIdx.x] = b;
@@ -408,17 +447,22 @@ __global__ void __launch_bounds__(1024) nchk_flip_kernel(T *x, size_t n, int bit
     }
     if (threadIdx.x == 0 && m > 0) {
         int i = at[0];
-        double before = (double)(float)x[i];
+        T before = x[i], after = before;
         if (sizeof(T) == 4) {
-            unsigned int *u = (unsigned int *)(x + i);
-            *u ^= 1u << bit;
+            unsigned int u;
+            memcpy(&u, &before, 4);
+            u ^= 1u << bit;
+            memcpy(&after, &u, 4);
         } else {
-            unsigned short *u = (unsigned short *)(x + i);
-            *u = (unsigned short)(*u ^ (1u << bit));
+            unsigned short u;
+            memcpy(&u, &before, 2);
+            u = (unsigned short)(u ^ (1u << bit));
+            memcpy(&after, &u, 2);
         }
+        x[i] = after;
         info[0] = (double)i;
-        info[1] = before;
-        info[2] = (double)(float)x[i];
+        info[1] = (double)(float)before;
+        info[2] = (double)(float)after;
     }
 }
 

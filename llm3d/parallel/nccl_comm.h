@@ -1098,8 +1098,8 @@ static inline void nchk_sketch(NcclComm *c, cudaStream_t st, const void *x, nccl
 }
 
 // -fault corrupt, corrupt-low: this rank's first fp32 or bf16 collective of
-// the fault's step gets one bit flipped in the largest of the first
-// NCHK_FLIP_SCAN values it puts in (x, len of them), after its sketch, before
+// the fault's step gets one bit flipped in one of the first NCHK_FLIP_SCAN
+// values it puts in (x, len of them; nchk_flip_key's), after its sketch, before
 // the call; the host waits to say what changed (a fault's run only)
 static inline void nchk_corrupt(NcclComm *c, const NcclGroup *g, void *x, size_t len, ncclDataType_t type,
                                 cudaStream_t st) {
@@ -1111,8 +1111,9 @@ static inline void nchk_corrupt(NcclComm *c, const NcclGroup *g, void *x, size_t
     nchk_buffers(c);
     int bit = fault_flip_bit(kind);
     if (type == ncclBfloat16) bit = bit >= 16 ? bit - 16 : bit;  // bf16: the top half of an fp32's bits
-    if (type == ncclBfloat16) nchk_flip_kernel<<<1, 1024, 0, st>>>((__nv_bfloat16 *)x, len, bit, c->chk.flip);
-    else nchk_flip_kernel<<<1, 1024, 0, st>>>((float *)x, len, bit, c->chk.flip);
+    int low = kind == FAULT_CORRUPT_LOW;
+    if (type == ncclBfloat16) nchk_flip_kernel<<<1, 1024, 0, st>>>((__nv_bfloat16 *)x, len, bit, low, c->chk.flip);
+    else nchk_flip_kernel<<<1, 1024, 0, st>>>((float *)x, len, bit, low, c->chk.flip);
     nccl_check_cuda(c, cudaGetLastError(), "the fault's flip");
     double info[3] = {0, 0, 0};
     nccl_sync(c, st, "the fault's flip");

@@ -111,8 +111,12 @@ static inline int fault_poison_fires(const Fault *f, int rank, long step) {
 }
 
 // fault_flip_bit: the bit of a float that corrupt flips (30, the exponent's
-// highest: the value scaled by 2^128 or 2^-128, or made infinite) and
-// corrupt-low (0, the mantissa's lowest: one unit in the last place)
+// highest: a value below 1 scaled by 2^128, one in [1, 2) made infinite or
+// NaN, one of 2 or more scaled by 2^-128, a change of its own size that a
+// bf16 sum's rounding bound can hide: nccl_check.h's nchk_flip_key picks a
+// value below 1 on the GPU; the host backend compares what moved exactly, so
+// any flip is seen there) and corrupt-low (0, the mantissa's lowest: one
+// unit in the last place)
 static inline int fault_flip_bit(int kind) { return kind == FAULT_CORRUPT_LOW ? 0 : 30; }
 
 // frame_tamper: flip a bit in the middle of the payload, or in the header pad
