@@ -472,10 +472,38 @@ static void test_faults(void) {
     }
 }
 
+// the checked collectives' hooks wait for the GPU inside a call (the first
+// checked call's coefficients, a record grown, the fault's flip) through
+// nccl_sync, which names itself the call in progress: the call's name must
+// come back, or its record, the fault's line and the watchdog's last call
+// say "sync". One communicator over NCCL (no host backend), no peers: only
+// the hooks' buffers and waits, which the stand-in runtime runs.
+static void test_check_waits(void) {
+    static NcclComm c;
+    memset(&c, 0, sizeof(c));
+    c.timeout_s = 5.0;
+    cudaStreamCreate(&c.stream);
+    cudaStreamCreate(&c.side);
+    c.dp.name = "dp";
+    nccl_enter(&c, "reduce_scatter", &c.dp);
+    size_t off = nchk_coef_take(&c, 1000);  // the first: waits, then allocates
+    int kept = strcmp(c.op, "reduce_scatter") == 0 && strcmp(c.what, " on the dp group") == 0;
+    size_t at = 0;
+    for (int r = 0; r < 257; r++) at = nchk_record(&c, 1, 2, c.stream);  // grows at 0 and 256: waits twice
+    kept = kept && strcmp(c.op, "reduce_scatter") == 0 && strcmp(c.what, " on the dp group") == 0;
+    check(kept && off == 0 && at == 256 && c.chk.rec_cap[1] == 512 && c.chk.coef_cap >= 1000,
+          "the checks' waits inside a call (coefficients, records grown twice): the call is still named '%s%s'", c.op,
+          c.what);
+    nchk_free(&c);
+    cudaStreamDestroy(c.stream);
+    cudaStreamDestroy(c.side);
+}
+
 int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "child") == 0) return child_main(argc, argv);
     setvbuf(stdout, NULL, _IOLBF, 0);
     test_self_exe(self_exe, sizeof(self_exe), argv[0]);
+    test_check_waits();
     test_collectives();
     test_faults();
     return test_summary();

@@ -1019,10 +1019,23 @@ static inline void nchk_buffers(NcclComm *c) {
     nccl_check_cuda(c, cudaMemset(c->chk.grad_q, 0, sizeof(double)), "the gradients' sum of squares");
 }
 
+// nchk_wait: a host wait inside a collective's hooks. nccl_sync names itself
+// the call in progress (for its own watchdog's line); the collective's name
+// comes back after, so that its record, the fault's line and the watchdog's
+// last call queued (nccl_queued) name the collective, not the wait
+static inline void nchk_wait(NcclComm *c, cudaStream_t st, const char *what) {
+    const char *op = c->op;
+    char call_what[sizeof(c->what)];
+    memcpy(call_what, c->what, sizeof(call_what));
+    nccl_sync(c, st, what);
+    c->op = op;
+    memcpy(c->what, call_what, sizeof(call_what));
+}
+
 // both streams drained: what the arenas and records held for the kernels queued so far is free
 static inline void nchk_quiesce(NcclComm *c, const char *what) {
-    nccl_sync(c, c->stream, what);
-    nccl_sync(c, c->side, what);
+    nchk_wait(c, c->stream, what);
+    nchk_wait(c, c->side, what);
 }
 
 // nchk_coef_take: room for count floats of coefficients in the arenas; the
@@ -1116,7 +1129,7 @@ static inline void nchk_corrupt(NcclComm *c, const NcclGroup *g, void *x, size_t
     else nchk_flip_kernel<<<1, 1024, 0, st>>>((float *)x, len, bit, low, c->chk.flip);
     nccl_check_cuda(c, cudaGetLastError(), "the fault's flip");
     double info[3] = {0, 0, 0};
-    nccl_sync(c, st, "the fault's flip");
+    nchk_wait(c, st, "the fault's flip");
     nccl_check_cuda(c, cudaMemcpy(info, c->chk.flip, sizeof(info), cudaMemcpyDeviceToHost), "the fault's flip");
     fprintf(stderr, "rank %d: fault %s: flipped bit %d of element %zu (%.9g to %.9g) of its input to nccl %s on the %s "
             "group (step %ld)\n", c->rank, fault_name(kind), bit, (size_t)info[0], info[1], info[2], c->op, g->name,
