@@ -1662,6 +1662,137 @@ static void test_hellaswag_device(void) {
     if (system(args) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
+// ----------------------------------------------------------------------------
+// the checked collectives' kernels (nccl_check.h) against their host copies,
+// bit for bit: what test_integrity's played collectives stand on
+
+// one call of the sketch kernel and its final pass over `parts` pieces of
+// x_host (n, chunked, first: nchk_sketch_kernel's), as T on the device; 1
+// when every piece's 5 sums and the squares' running total are the host
+// reference's bits
+template <typename T>
+static int nchk_kernel_case(const float *x_host, size_t count, size_t n, int parts, int chunked, size_t first,
+                            const float *coef_host, size_t ncoef, int full) {
+    T *x = NULL;
+    float *coef = NULL;
+    double *partial = NULL, *dst = NULL, *q = NULL;
+    T *staged = (T *)malloc(count * sizeof(T));
+    float *back = (float *)malloc(count * sizeof(float));  // the values as T holds them
+    for (size_t i = 0; i < count; i++) {
+        staged[i] = (T)x_host[i];
+        back[i] = (float)staged[i];
+    }
+    CUDA_CHECK(cudaMalloc(&x, count * sizeof(T)));
+    CUDA_CHECK(cudaMalloc(&coef, ncoef * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&partial, (size_t)parts * NCHK_BLOCKS * 5 * sizeof(double)));
+    CUDA_CHECK(cudaMalloc(&dst, (size_t)parts * 5 * sizeof(double)));
+    CUDA_CHECK(cudaMalloc(&q, sizeof(double)));
+    CUDA_CHECK(cudaMemcpy(x, staged, count * sizeof(T), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(coef, coef_host, ncoef * sizeof(float), cudaMemcpyHostToDevice));
+    double q0 = 0.25;  // a running total from earlier calls
+    CUDA_CHECK(cudaMemcpy(q, &q0, sizeof(double), cudaMemcpyHostToDevice));
+    dim3 grid(NCHK_BLOCKS, (unsigned)parts);
+    nchk_sketch_kernel<<<grid, NCHK_THREADS>>>(partial, x, n, parts, chunked, first, coef_host ? coef : NULL, full);
+    nchk_final_kernel<<<1, NCHK_BLOCKS>>>(dst, partial, parts, q);
+    CUDA_CHECK(cudaGetLastError());
+    Sketch *got = (Sketch *)malloc((size_t)parts * sizeof(Sketch));
+    double q_got = 0.0, q_want = q0;
+    CUDA_CHECK(cudaMemcpy(got, dst, (size_t)parts * sizeof(Sketch), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(&q_got, q, sizeof(double), cudaMemcpyDeviceToHost));
+    int same = 1;
+    for (int k = 0; k < parts; k++) {
+        size_t lo = chunked ? n * (size_t)k / (size_t)parts : (size_t)k * n;
+        size_t len = chunked ? n * (size_t)(k + 1) / (size_t)parts - lo : n;
+        size_t g0 = chunked ? lo : (first + (size_t)k) * n;
+        Sketch want = nchk_sketch_ref(back + lo, g0, len, coef_host, full);
+        same = same && memcmp(&want, &got[k], sizeof(Sketch)) == 0;
+        q_want += want.q;
+    }
+    same = same && memcmp(&q_want, &q_got, sizeof(double)) == 0;
+    CUDA_CHECK(cudaFree(x));
+    CUDA_CHECK(cudaFree(coef));
+    CUDA_CHECK(cudaFree(partial));
+    CUDA_CHECK(cudaFree(dst));
+    CUDA_CHECK(cudaFree(q));
+    free(staged);
+    free(back);
+    free(got);
+    return same;
+}
+
+static void test_nchk_kernels(void) {
+    uint8_t key[32] = {4, 4, 4};
+    static SketchGen g;
+    sketch_gen_init(&g, key, "/llm3d-4-a");
+    size_t K = SKETCH_BLOCK, n = 98 * 8 * K + 301;  // past every block of the grid's first round
+    sketch_draw(&g, 3, 77, 5, SK_ALLREDUCE, n);
+    size_t ncoef = nchk_coef_count(g.blocks);
+    float *coef = (float *)malloc(ncoef * sizeof(float)), *x = (float *)malloc(n * sizeof(float));
+    nchk_coef_pack(&g, coef);
+    uint64_t s = 0x2545f4914f6cdd1dull;
+    for (size_t j = 0; j < n; j++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        float u = (float)((s >> 40) & 0xffffff) / 16777216.0f - 0.5f;
+        x[j] = ldexpf(u, (int)((s >> 20) % 40) - 20);
+    }
+    int fp32 = 1, bf16 = 1;
+    for (int parts = 1; parts <= 4; parts++)
+        for (int full = 0; full < 2; full++) {
+            fp32 = fp32 && nchk_kernel_case<float>(x, n, n, parts, 1, 0, coef, ncoef, full);
+            bf16 = bf16 && nchk_kernel_case<__nv_bfloat16>(x, n, n, parts, 1, 0, coef, ncoef, full);
+        }
+    // pieces of 1000 that are the vector's 2nd, 3rd and 4th (first 2: cut inside the K-blocks); the squares alone
+    fp32 = fp32 && nchk_kernel_case<float>(x, 3000, 1000, 3, 0, 2, coef, ncoef, 1);
+    bf16 = bf16 && nchk_kernel_case<__nv_bfloat16>(x, 3000, 1000, 3, 0, 2, coef, ncoef, 1);
+    fp32 = fp32 && nchk_kernel_case<float>(x, n, n, 2, 1, 0, NULL, 0, 1);
+    bf16 = bf16 && nchk_kernel_case<__nv_bfloat16>(x, n, n, 2, 1, 0, NULL, 0, 1);
+    check(fp32 && bf16, "nchk_sketch_kernel and nchk_final_kernel: every piece's sketch and the squares' total, fp32 "
+          "(%d) and bf16 (%d), bit for bit nchk_sketch_ref's (1 to 4 chunks of %zu, pieces at the vector's 2000, "
+          "full and not, the squares alone)", fp32, bf16, n);
+
+    // the corrupt fault's pick on the device, as on the host (values of 2 or more beside ones below 1)
+    float *xs = (float *)malloc(20000 * sizeof(float));
+    for (size_t j = 0; j < 20000; j++) xs[j] = x[j] * 64.0f;
+    float *d_x = NULL;
+    double *info = NULL, got[3];
+    CUDA_CHECK(cudaMalloc(&d_x, 20000 * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&info, 3 * sizeof(double)));
+    int picks = 1;
+    for (int low = 0; low < 2; low++) {
+        CUDA_CHECK(cudaMemcpy(d_x, xs, 20000 * sizeof(float), cudaMemcpyHostToDevice));
+        nchk_flip_kernel<<<1, 1024>>>(d_x, 20000, low ? 0 : 30, low, info);
+        CUDA_CHECK(cudaMemcpy(got, info, sizeof(got), cudaMemcpyDeviceToHost));
+        size_t want = nchk_flip_pick(xs, NCHK_FLIP_SCAN, low);
+        float after = 0.0f;
+        CUDA_CHECK(cudaMemcpy(&after, d_x + want, sizeof(float), cudaMemcpyDeviceToHost));
+        picks = picks && (size_t)got[0] == want && got[1] == (double)xs[want] && got[2] == (double)after &&
+                after != xs[want] && (low || fabsf(after) > 1e30f);
+    }
+    check(picks, "nchk_flip_kernel: flips the value nchk_flip_pick names (corrupt: below 1, now over 1e30; "
+          "corrupt-low: the largest), and reports it before and after");
+
+    // the -gp slots: zeros, and this rank's sum of squares taken from the running total, which starts afresh
+    float *slots = NULL, got_slots[5];
+    double *acc = NULL, acc_after = 1.0, v = 42.5;
+    CUDA_CHECK(cudaMalloc(&slots, 5 * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&acc, sizeof(double)));
+    CUDA_CHECK(cudaMemset(slots, 0x7f, 5 * sizeof(float)));
+    CUDA_CHECK(cudaMemcpy(acc, &v, sizeof(double), cudaMemcpyHostToDevice));
+    nchk_slots_kernel<<<1, 256>>>(slots, 5, 3, 0.0, acc);
+    CUDA_CHECK(cudaMemcpy(got_slots, slots, sizeof(got_slots), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(&acc_after, acc, sizeof(double), cudaMemcpyDeviceToHost));
+    check(got_slots[0] == 0 && got_slots[1] == 0 && got_slots[2] == 0 && got_slots[3] == 42.5f && got_slots[4] == 0 &&
+          acc_after == 0.0, "nchk_slots_kernel: rank 3's slot holds its sum of squares, the others 0, the total reset");
+    CUDA_CHECK(cudaFree(d_x));
+    CUDA_CHECK(cudaFree(info));
+    CUDA_CHECK(cudaFree(slots));
+    CUDA_CHECK(cudaFree(acc));
+    free(xs);
+    free(x);
+    free(coef);
+    sketch_gen_free(&g);
+}
+
 int main(void) {
     test_unit_layout();
     test_ckpt_cli();
@@ -1689,9 +1820,10 @@ int main(void) {
         test_device_init();
         test_ckpt_device();
         test_hellaswag_device();
+        test_nchk_kernels();
     } else {
-        skip("no CUDA device: the fixture comparison, determinism, save/reload, device-init, checkpoint and HellaSwag "
-             "tests");
+        skip("no CUDA device: the fixture comparison, determinism, save/reload, device-init, checkpoint, HellaSwag "
+             "and checked collectives' kernel tests");
     }
     return test_summary();
 }

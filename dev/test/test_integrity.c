@@ -936,6 +936,47 @@ static void test_nccl_coefficients(void) {
     sketch_gen_free(&g);
 }
 
+// nchk_sketch_ref's order pinned by sums whose value a different order
+// changes: one big value B and four 1s, which B + 1 loses (an ulp of B is 4,
+// and a tie goes to the even B), so the result is B + 4 only where the order
+// meets the 1s in pairs before B, and B where it adds them to B one by one.
+// With every coefficient 1 the sketches are the plain sum (B = 2^54); with
+// none, the squares (B = 2^27 squared).
+static int order_case(size_t len, size_t g0, size_t big, const size_t ones[4], double want_over_b) {
+    float *x = (float *)calloc(len, sizeof(float));
+    size_t blocks = (g0 + len) / SKETCH_BLOCK + 1;
+    float *coef = (float *)malloc(nchk_coef_count(blocks) * sizeof(float));
+    for (size_t i = 0; i < nchk_coef_count(blocks); i++) coef[i] = 1.0f;
+    for (int k = 0; k < 4; k++) x[ones[k] - g0] = 1.0f;
+    x[big - g0] = 0x1p54f;
+    Sketch s = nchk_sketch_ref(x, g0, len, coef, 1);
+    x[big - g0] = 0x1p27f;
+    Sketch q = nchk_sketch_ref(x, g0, len, NULL, 1);
+    double want = 0x1p54 + want_over_b;
+    free(x);
+    free(coef);
+    return s.s[0] == want && s.s[1] == want && s.a[0] == want && s.a[1] == want && q.q == want;
+}
+
+static void test_nccl_order(void) {
+    size_t K = SKETCH_BLOCK, W = NCHK_THREADS / 32;
+    // the lanes' tree (16, 8, 4, 2, 1 apart): lanes 1 + 17 and 9 + 25, then together, then to lane 0; a piece that
+    // starts inside a block: lanes go by the vector's index
+    size_t g0 = 3 * K + 100, l0 = 3 * K + 128;
+    size_t lanes[4] = {l0 + 1, l0 + 17, l0 + 9, l0 + 25};
+    // the warps' tree in a block ((0 1) (2 3)) ((4 5) (6 7)): segment w is warp w's
+    size_t warps[4] = {4 * K, 5 * K, 6 * K, 7 * K};
+    // the blocks' tree (64, 32, ..., 1 apart): blocks 1 + 65 and 33 + 97, then together, then to block 0
+    size_t blocks[4] = {1 * W * K, 65 * W * K, 33 * W * K, 97 * W * K};
+    // one warp's segments w, w + NCHK_WARPS, ... in turn (one by one: the 1s are lost)
+    size_t wraps[4] = {1 * NCHK_WARPS * K, 2 * NCHK_WARPS * K, 3 * NCHK_WARPS * K, 4 * NCHK_WARPS * K};
+    int lane_ok = order_case(2 * K, g0, l0, lanes, 4.0), warp_ok = order_case(8 * K, 0, 0, warps, 4.0);
+    int block_ok = order_case(98 * W * K, 0, 0, blocks, 4.0), wrap_ok = order_case(4 * NCHK_WARPS * K + 1, 0, 0, wraps, 0.0);
+    check(lane_ok && warp_ok && block_ok && wrap_ok, "the GPU kernel's order of sums (nchk_sketch_ref) pinned: 2^54 "
+          "and four 1s give 2^54 + 4 through the lanes' tree (%d), the warps' (%d) and the blocks' (%d), and 2^54 "
+          "along one warp's segments (%d)", lane_ok, warp_ok, block_ok, wrap_ok);
+}
+
 // what a played collective does wrong, if anything
 typedef struct {
     int input_member;     // -1, or this member's input gets flip_bit of element input_elem flipped after its sketch
@@ -943,6 +984,12 @@ typedef struct {
     int copy_member;      // -1, or this member's output gets flip_bit of element copy_elem flipped before its sketch
     size_t copy_elem;
     int flip_bit;         // of an fp32 value (bf16: the same bit of its top half)
+    double ratio;         // not 0: input_elem gets, instead of a flip, the change that moves its chunk's sum, on the
+                          // sketch it moves most, by ratio times (p - 1) u of the chunk's |r|.|x| sum (the bound's
+                          // main term, computed here from sketch.h's draw, not by nccl_check.h)
+    int avg;              // the op averages, as NCCL's does (each input times 1/avg_by rounded, then summed)
+    int avg_by;           // what it divides by: p, or a wrong member count
+    double got;           // out: the change ratio makes, after rounding to the values' type
 } NcclMishap;
 
 #define NCHK_PICK ((size_t)-1)
@@ -958,7 +1005,7 @@ static float flip_float(float v, int bit, int bf) {
 // one collective of kind over p members of n (nchk_judge's n) played as NCCL
 // plays it (the sums rounded at every hop; bf16: to bf16), the records made
 // in the GPU's order (nchk_sketch_ref); nchk_judge's verdict, its line in msg
-static int nccl_play(int kind, int p, size_t n, int bf, int data, const NcclMishap *m, char *msg, size_t len) {
+static int nccl_play(int kind, int p, size_t n, int bf, int data, NcclMishap *m, char *msg, size_t len) {
     uint8_t key[32] = {5};
     static SketchGen g;
     sketch_gen_init(&g, key, "/llm3d-5-a");
@@ -967,7 +1014,7 @@ static int nccl_play(int kind, int p, size_t n, int bf, int data, const NcclMish
     sketch_draw(&g, 1, 2, 3, kind, total);
     float *coef = (float *)malloc(nchk_coef_count(g.blocks) * sizeof(float));
     nchk_coef_pack(&g, coef);
-    float *x = (float *)malloc((size_t)p * in_len * sizeof(float)), *y = (float *)malloc((size_t)p * out_len * sizeof(float));
+    float *x = (float *)malloc((size_t)p * in_len * sizeof(float)), *y = (float *)calloc((size_t)p * out_len, sizeof(float));
     fill(x, p, in_len, data);
     if (bf) for (size_t j = 0; j < (size_t)p * in_len; j++) x[j] = bf16_to_float(float_to_bf16(x[j]));
     Sketch *recs = (Sketch *)calloc((size_t)p * nchk_rec_count(p), sizeof(Sketch));
@@ -989,7 +1036,33 @@ static int nccl_play(int kind, int p, size_t n, int bf, int data, const NcclMish
         float *xm = x + (size_t)m->input_member * in_len;
         size_t at = m->input_elem;
         if (at == NCHK_PICK) at = nchk_flip_pick(xm, in_len < NCHK_FLIP_SCAN ? in_len : NCHK_FLIP_SCAN, m->flip_bit == 0);
-        xm[at] = flip_float(xm[at], m->flip_bit, bf);
+        if (m->ratio == 0.0) {
+            xm[at] = flip_float(xm[at], m->flip_bit, bf);
+        } else {
+            // the element's chunk: an all-reduce's k-th p-th of n, a reduce-scatter's k-th piece of n
+            size_t e = at, K = SKETCH_BLOCK, clo, chi;
+            if (kind == SK_ALLREDUCE) {
+                size_t k = 0;
+                while (n * (k + 1) / (size_t)p <= e) k++;
+                clo = n * k / (size_t)p, chi = n * (k + 1) / (size_t)p;
+            } else {
+                clo = e / n * n, chi = clo + n;
+            }
+            double worst = 0.0, r[2];
+            for (int j = 0; j < 2; j++) {
+                double A = 0.0;
+                for (int q = 0; q < p; q++)
+                    for (size_t i = clo; i < chi; i++)
+                        A += fabs(g.a[2 * (i / K) + j] * g.b[j][i % K]) * fabs((double)x[(size_t)q * in_len + i]);
+                r[j] = g.a[2 * (e / K) + j] * g.b[j][e % K];
+                double b = (p - 1) * (bf ? 0x1p-8 : 0x1p-24) * A;
+                worst = fmax(worst, fabs(r[j]) / b);
+            }
+            float was = xm[e], now = was + (float)(m->ratio / worst);
+            if (bf) now = bf16_to_float(float_to_bf16(now));
+            xm[e] = now;
+            m->got = ((double)now - (double)was) * worst;
+        }
     }
     // the sums, in a ring's order from the member after the chunk's owner
     for (int q = 0; q < p; q++) {
@@ -1003,9 +1076,17 @@ static int nccl_play(int kind, int p, size_t n, int bf, int data, const NcclMish
             int owner = q;  // the chunk's (an all-reduce's: the one e lies in)
             if (kind == SK_ALLREDUCE)
                 for (owner = 0; n * (size_t)(owner + 1) / (size_t)p <= e; owner++) {}
-            float acc = x[(size_t)((owner + 1) % p) * in_len + e];
-            for (int t = 2; t <= p; t++) {
-                acc = acc + x[(size_t)((owner + t) % p) * in_len + e];
+            // an average: NCCL's multiplies each input by 1/p in the values' type first
+            float scale = m != NULL && m->avg ? 1.0f / (float)m->avg_by : 1.0f;
+            if (bf) scale = bf16_to_float(float_to_bf16(scale));
+            float acc = 0.0f;
+            for (int t = 1; t <= p; t++) {
+                float v = x[(size_t)((owner + t) % p) * in_len + e];
+                if (scale != 1.0f) {
+                    v *= scale;
+                    if (bf) v = bf16_to_float(float_to_bf16(v));
+                }
+                acc = t == 1 ? v : acc + v;
                 if (bf) acc = bf16_to_float(float_to_bf16(acc));
             }
             yq[j] = acc;
@@ -1029,7 +1110,7 @@ static int nccl_play(int kind, int p, size_t n, int bf, int data, const NcclMish
     }
     int ranks[8];
     for (int q = 0; q < p; q++) ranks[q] = 10 + q;
-    NchkCase c = {kind, p, ranks, n, nchk_unit_roundoff(bf), 0, recs};
+    NchkCase c = {kind, p, ranks, n, nchk_unit_roundoff(bf), m != NULL && m->avg, recs};
     msg[0] = '\0';
     int bad = nchk_judge(&c, msg, len);
     free(recs);
@@ -1054,7 +1135,7 @@ static void test_nccl_verdicts(void) {
           "fp32 and bf16 rounded at every hop; data that rounds badly): %d failed a check", runs, false_alarms);
 
     // an exponent bit of an input flipped after its sketch: every rank's sum is off, whoever flipped it
-    NcclMishap flip = {1, 900, -1, 0, 30};
+    NcclMishap flip = {.input_member = 1, .input_elem = 900, .copy_member = -1, .flip_bit = 30};
     for (int bf = 0; bf < 2; bf++) {
         int bad = nccl_play(SK_ALLREDUCE, 4, 3000, bf, 0, &flip, msg, sizeof(msg));
         check(bad && strstr(msg, "chunk 1 (elements 750..1499): the sum is off by") != NULL &&
@@ -1066,7 +1147,7 @@ static void test_nccl_verdicts(void) {
     int caught = 0, plays = 0;
     for (int bf = 0; bf < 2; bf++)
         for (size_t n = 3000; n <= 3000000; n *= 10, plays++) {
-            NcclMishap pick = {1, NCHK_PICK, -1, 0, 30};
+            NcclMishap pick = {.input_member = 1, .input_elem = NCHK_PICK, .copy_member = -1, .flip_bit = 30};
             caught += nccl_play(SK_ALLREDUCE, 4, n, bf, 4, &pick, msg, sizeof(msg)) && strstr(msg, "on every rank");
         }
     float big[] = {3.0f, -2.5f, 0.75f, -0.9f, 1.5f, 0.0f}, high[] = {2.0f, 4.0f, -8.0f, 1.25f};
@@ -1077,32 +1158,69 @@ static void test_nccl_verdicts(void) {
           "3000 to 3e6 elements): %d of %d caught; it picks the largest value below 1 (corrupt-low: the largest)",
           caught, plays);
     // one member's copy of a sum changed: that member named
-    NcclMishap copy = {-1, 0, 2, 100, 30};
+    NcclMishap copy = {.input_member = -1, .copy_member = 2, .copy_elem = 100, .flip_bit = 30};
     int bad = nccl_play(SK_ALLREDUCE, 4, 3000, 1, 0, &copy, msg, sizeof(msg));
     check(bad && strstr(msg, "chunk 0 (elements 0..749): rank 12's copy of the sum is off by") != NULL &&
               strstr(msg, "changed on its way to rank 12") != NULL,
           "all-reduce (bf16), rank 12's copy of chunk 0 changed: named: %s", msg);
     // reduce-scatter: the shard the flipped piece lands in is named
-    NcclMishap rs = {0, 1500 + 17, -1, 0, 30};
+    NcclMishap rs = {.input_member = 0, .input_elem = 1500 + 17, .copy_member = -1, .flip_bit = 30};
     bad = nccl_play(SK_REDUCE_SCATTER, 3, 1500, 0, 0, &rs, msg, sizeof(msg));
     check(bad && strstr(msg, "piece 1 (elements 1500..2999), rank 11's shard: the sum it got is off by") != NULL,
           "reduce-scatter (fp32), rank 10's piece 1 flipped after its sketch: caught in rank 11's shard: %s", msg);
     // all-gather: an owner's piece changed after its sketch, and a copy changed on its way
-    NcclMishap owner = {2, 40, -1, 0, 30};
+    NcclMishap owner = {.input_member = 2, .input_elem = 40, .copy_member = -1, .flip_bit = 30};
     bad = nccl_play(SK_ALLGATHER, 4, 700, 1, 0, &owner, msg, sizeof(msg));
     check(bad && strstr(msg, "piece 2 (elements 1400..2099): every rank's copy of rank 12's piece") != NULL &&
               strstr(msg, "changed in rank 12's memory") != NULL,
           "all-gather (bf16), rank 12's piece changed after its sketch: rank 12 named: %s", msg);
-    NcclMishap way = {-1, 0, 3, 700 + 5, 0};
+    NcclMishap way = {.input_member = -1, .copy_member = 3, .copy_elem = 700 + 5, .flip_bit = 0};
     bad = nccl_play(SK_ALLGATHER, 4, 700, 0, 0, &way, msg, sizeof(msg));
     check(bad && strstr(msg, "piece 1 (elements 700..1399): rank 11's piece as rank 13 holds it differs") != NULL,
           "all-gather (fp32), one low mantissa bit of rank 11's piece changed on its way to rank 13: exact, so "
           "named: %s", msg);
     // the lowest mantissa bit of an input, inside a sum: below the fp32 bound, as doc/security.md says
-    NcclMishap low = {1, 900, -1, 0, 0};
+    NcclMishap low = {.input_member = 1, .input_elem = 900, .copy_member = -1, .flip_bit = 0};
     bad = nccl_play(SK_ALLREDUCE, 4, 3000, 0, 0, &low, msg, sizeof(msg));
     check(!bad, "all-reduce (fp32), the lowest mantissa bit of an input flipped after its sketch: within the rounding "
           "bound, not caught (%s)", bad ? msg : "passes");
+    // the bound's size: one input changed after its sketch by twice the bound's main term (on the sketch it moves
+    // most) is caught, by half of it is not, in fp32 and bf16, all-reduce and reduce-scatter
+    int tight = 1;
+    for (int kind = 0; kind < 2; kind++)
+        for (int bf = 0; bf < 2; bf++)
+            for (int side = 0; side < 2; side++) {
+                NcclMishap move = {.input_member = 2, .input_elem = kind == SK_ALLREDUCE ? 1700 : 1500 + 333, .copy_member = -1,
+                                   .ratio = side ? 2.0 : 0.5};
+                int caught_now = nccl_play(kind, 4, kind == SK_ALLREDUCE ? 3000 : 1500, bf, 0, &move, msg, sizeof(msg));
+                int want = side == 1;
+                int near = fabs(move.got / move.ratio - 1.0) < 0.01;  // bf16's rounding of the changed value
+                if (caught_now != want || !near) {
+                    tight = 0;
+                    printf("      %s %s, change %.4g of the bound: %s\n", kind == SK_ALLREDUCE ? "all-reduce" :
+                           "reduce-scatter", bf ? "bf16" : "fp32", move.got, caught_now ? msg : "passed");
+                }
+            }
+    check(tight, "the bound's size: an input changed after its sketch by 2x (p - 1) u of its chunk's |r|.|x| sum "
+          "caught, by 0.5x passes (all-reduce and reduce-scatter of 4, fp32 and bf16)");
+    // an average: honest ones pass (p a power of 2 or not: 1/p rounded); one divided by p - 1 members is caught in
+    // fp32. In bf16 it is not, on data like these: the sketch of a whole chunk off by a factor grows as the root of
+    // its length (r's random signs), the bound as its length, and 2^-8 (p - 1) of it is wider than a third of it
+    int avg_ok = 1;
+    for (int p = 3; p <= 4; p++)
+        for (int bf = 0; bf < 2; bf++)
+            for (int data = 0; data < 4; data += 1 + (data == 1)) {  // not 2's cancellation: its sum is about 0
+                NcclMishap honest = {.input_member = -1, .copy_member = -1, .avg = 1, .avg_by = p};
+                NcclMishap wrong = {.input_member = -1, .copy_member = -1, .avg = 1, .avg_by = p - 1};
+                int h = nccl_play(SK_ALLREDUCE, p, 1500, bf, data, &honest, msg, sizeof(msg));
+                if (h) printf("      honest average of %d, bf16 %d, data %d: %s\n", p, bf, data, msg);
+                avg_ok = avg_ok && !h;
+                if (bf) continue;
+                int w = nccl_play(SK_ALLREDUCE, p, 1500, bf, data, &wrong, msg, sizeof(msg));
+                avg_ok = avg_ok && w && strstr(msg, "on every rank") != NULL;
+            }
+    check(avg_ok, "averages (all-reduce of 3 and 4, fp32 and bf16, 3 kinds of data, 1/p rounded to the type): honest "
+          "ones pass; fp32 ones divided by p - 1 members are caught");
     // the record's layout: 2p sketches, inputs then outputs
     int layout = 1;
     for (int p = 1; p <= 8; p++)
@@ -1120,6 +1238,7 @@ int main(void) {
     test_sum_bounds();
     test_grads_rule();
     test_nccl_coefficients();
+    test_nccl_order();
     test_nccl_verdicts();
     if (access("./train_gpt2", X_OK) != 0) {
         skip("./train_gpt2 not built: the trainer's runs");
