@@ -596,9 +596,8 @@ static size_t slice_bytes(const BufferSlice *s, int n, void **field) {
 // takes one (a failure when none is free), a gradient finds its B's set held
 static int walk_receive(GPT2 *m, PipeMsg in, int *held, int *peak) {
     if (in.peer < 0) return 0;
-    int key = in.mb * m->shard.nchunks + in.chunk;
-    if (in.channel == CH_GRADIENT) return m->set_of[key] < 0;
-    if (m->set_of[key] >= 0) return 0;
+    if (in.channel == CH_GRADIENT) return pipe_sets_index(&m->sets, in.mb, in.chunk) < 0;
+    if (pipe_sets_index(&m->sets, in.mb, in.chunk) >= 0) return 0;
     if (*held == m->nacts) return 1;
     set_take(m, in.mb, in.chunk);
     *peak = ++*held > *peak ? *held : *peak;
@@ -680,9 +679,8 @@ static void test_pipeline_plans(void) {
             m.acts = sets;
             m.dsets = split ? dsets : NULL;
             split_seen += split;
-            int busy[64] = {0}, head_of[64], head_busy[64] = {0};
+            int head_of[64], head_busy[64] = {0};
             for (int k = 0; k < 64; k++) head_of[k] = -1;
-            m.set_busy = busy;
             m.head_of = head_of;
             m.nheads = pipeline_shape(&m, M);
             m.head_busy = head_busy;
@@ -697,7 +695,7 @@ static void test_pipeline_plans(void) {
                 PipeOp op = st->op;
                 fails += walk_receive(&m, st->recv, &held, &peak);
                 if (op.kind == PIPE_F) {
-                    if (m.set_of[op.mb * sh.nchunks + op.chunk] < 0) {
+                    if (pipe_sets_index(&m.sets, op.mb, op.chunk) < 0) {
                         if (held == m.nacts) { fails++; break; }
                         set_take(&m, op.mb, op.chunk);
                         peak = ++held > peak ? held : peak;
@@ -708,7 +706,7 @@ static void test_pipeline_plans(void) {
                         hpeak = ++hheld > hpeak ? hheld : hpeak;
                     }
                 } else if (op.kind == PIPE_B || op.kind == PIPE_W) {
-                    if (m.set_of[op.mb * sh.nchunks + op.chunk] < 0) { fails++; break; }
+                    if (pipe_sets_index(&m.sets, op.mb, op.chunk) < 0) { fails++; break; }
                     int part = m.dsets == NULL ? BACK_ALL : op.kind == PIPE_W ? BACK_WEIGHTS : BACK_INPUT;
                     if (part != BACK_INPUT) {
                         if (m.nheads > 0 && m.head_of[set_index(&m, op.mb, op.chunk)] >= 0) hheld--;
@@ -719,18 +717,18 @@ static void test_pipeline_plans(void) {
                 // a send reads its chunk's set (an activation; split, a gradient's B set), held until after it
                 PipeMsg out = st->send;
                 if (out.peer >= 0 && (out.channel == CH_ACTIVATION || split) &&
-                    m.set_of[out.mb * sh.nchunks + sender_chunk(&m, out)] < 0)
+                    pipe_sets_index(&m.sets, out.mb, sender_chunk(&m, out)) < 0)
                     fails++;
                 if (out.peer >= 0) fails += walk_receive(&m, st->next_recv, &held, &peak);
             }
-            if (fails || held != 0 || peak != m.nacts || (m.nheads > 0 && (hpeak != m.nheads || hheld != 0)) ||
+            if (fails || held != 0 || peak != m.nacts || m.sets.peak != peak || m.sets.held != 0 || (m.nheads > 0 && (hpeak != m.nheads || hheld != 0)) ||
                 (m.nheads > 0) != lent) {
                 bad_walk++;
                 printf("  -ps %s pp %d M %d stage %d: %d failures, %d sets at most of %d (%d left), %d logits blocks "
                        "of %d\n", scheds[si].ps, pp, M, stage, fails, peak, m.nacts, held, hpeak, m.nheads);
             }
             free(plan);
-            free(m.set_of);
+            pipe_sets_free(&m.sets);
             free(heads);
         }
     }

@@ -146,12 +146,11 @@ typedef struct {
     int sp, rows, row0;
     float *sp_whole, *sp_partial;  // -sp 1: B*T*C each, an op's gathered input and its sums before the scatter
     Acts *acts;                // nacts sets, each sized for the stage's largest chunk; in a step, a micro-batch
-                               // on a chunk takes one from set_of (pipeline_run), outside the steps set i % nacts
+                               // on a chunk takes one from sets (pipeline_run), outside the steps set i % nacts
     Acts dacts;
     Acts *dsets;               // with the backward split (gpt2_split_backward): nacts sets of activation gradients, kept from a micro-batch's B to its W; else NULL
-    int steps_M, *set_of;      // the step's micro-batches; set_of[mb * V + chunk]: its set, -1 when none (gpt2_pipeline)
-    int *set_busy;             // nacts: whether a set is taken
-    int sets_held, sets_peak;  // sets taken now, and the most at once over the run (print_peak_memory)
+    int steps_M;               // the step's micro-batches (gpt2_pipeline)
+    PipeSets sets;             // the set each (micro-batch, chunk) holds in a step; its peak: print_peak_memory
     long rss_before_acts;      // resident bytes when the activations were about to be allocated, -1 unknown
     // a stage that holds the last part in one of several chunks: the
     // logits (B*T*Vl floats each, the largest tensor of a set at GPT-2's
@@ -462,7 +461,6 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
         m->sp_whole = (float *)xcalloc_mapped(BT * C, sizeof(float), "gathered positions");
         m->sp_partial = (float *)xcalloc_mapped(BT * C, sizeof(float), "partial sums");
     }
-    m->set_busy = (int *)xcalloc(nacts, sizeof(int), "activation set marks");
     m->head_of = (int *)xcalloc(nacts, sizeof(int), "logits block marks");
     for (int k = 0; k < nacts; k++) m->head_of[k] = -1;
     for (int k = 0; k < nacts && lent; k++) m->acts[k].t[A_LOGITS] = NULL;  // none until head_take
@@ -478,8 +476,10 @@ static void gpt2_alloc_activations(GPT2 *m, int B, int T, int nacts) {
 static void gpt2_pipeline(GPT2 *m, int M) {
     const Shard *s = &m->shard;
     m->steps_M = M;
-    m->set_of = (int *)xcalloc((size_t)M * s->nchunks, sizeof(int), "activation set map");
-    for (int i = 0; i < M * s->nchunks; i++) m->set_of[i] = -1;
+    if (pipe_sets_init(&m->sets, m->nacts, s->nchunks, M) != 0) {
+        fprintf(stderr, "out of memory for the activation set map\n");
+        exit(1);
+    }
     if (m->nheads == 0) return;
     PipeLayout pl = m->par->pipe;
     pl.M = M;
@@ -509,7 +509,7 @@ static void gpt2_free(GPT2 *m) {
     free(m->dsets);
     if (m->par->zero == 3)
         for (int u = 0; u < m->ut.n; u++) free(m->unit_params[u]);
-    free(m->set_of); free(m->set_busy);
+    pipe_sets_free(&m->sets);
     free(m->heads); free(m->head_busy); free(m->head_of);
     free(m->sp_whole); free(m->sp_partial);
     free(m->digests);
@@ -1467,7 +1467,7 @@ static void print_peak_memory(const GPT2 *m, const Parallel *par) {
     mine[MEM_PEAK] = getrusage(RUSAGE_SELF, &ru) == 0 ? (float)ru.ru_maxrss / 1024.0f : -1.0f;  // KiB to MiB
     mine[MEM_BEFORE] = m->rss_before_acts >= 0 ? (float)m->rss_before_acts / mib : -1.0f;
     mine[MEM_PREDICTED] = (float)gpt2_activation_bytes(m).resident / mib;
-    mine[MEM_SETS_HELD] = (float)m->sets_peak;
+    mine[MEM_SETS_HELD] = (float)m->sets.peak;
     mine[MEM_SETS] = (float)m->nacts;
     int world = par->grid.world;
     float *all = (float *)xcalloc((size_t)world * MEM_FLOATS, sizeof(float), "peak memory");

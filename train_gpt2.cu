@@ -309,12 +309,12 @@ typedef struct {
     // of them (row0 0, rows B*T). See "sequence parallel" below.
     int sp, rows, row0;
     int nacts;                           // activation sets, each sized for the stage's largest chunk; in a step,
-    Acts *acts;                          // a micro-batch on a chunk takes one (set_of, pipeline_run); outside
+    Acts *acts;                          // a micro-batch on a chunk takes one (sets, pipeline_run); outside
                                          // the steps, batch i uses set i % nacts
     Acts *dsets;                         // with the backward split (gpt2_split_backward): nacts sets of
                                          // activation gradients, kept from a micro-batch's B to its W; else NULL
-    int steps_M, *set_of;                // the step's micro-batches; set_of[mb * V + chunk]: its set, -1 when none
-    int *set_busy;                       // nacts: whether a set is taken
+    int steps_M;                         // the step's micro-batches (pipeline_shape)
+    PipeSets sets;                       // the set each (micro-batch, chunk) holds in a step (pipeline.h)
     int last_mb[SHARD_MAXV];             // per chunk, the micro-batch of the step's last backward that writes
                                          // its weights' gradients (its B, or its W where split): last_micro
     // a stage that holds the last part in one of several chunks: the logits
@@ -541,7 +541,6 @@ static void gpt2_alloc_activations(GPT2 *m, int nacts) {
     m->act_memory = device_alloc(m->act_bytes, "activations");
     for (int i = 0; i < nslices; i++) *slices[i].ptr = (char *)m->act_memory + slices[i].offset;
     free(slices);
-    m->set_busy = (int *)host_alloc((size_t)nacts * sizeof(int), "activation set marks");
     m->head_of = (int *)host_alloc((size_t)nacts * sizeof(int), "logits block marks");
     for (int k = 0; k < nacts; k++) m->head_of[k] = -1;
     if (logits_lent(&m->shard)) gpt2_heads(m, 1);
@@ -576,9 +575,11 @@ static int pipeline_shape(GPT2 *m, int M) {
     const Shard *s = &m->shard;
     m->steps_M = M;
     m->pipe.M = M;
-    free(m->set_of);
-    m->set_of = (int *)host_alloc((size_t)M * s->nchunks * sizeof(int), "activation set map");
-    for (int i = 0; i < M * s->nchunks; i++) m->set_of[i] = -1;
+    pipe_sets_free(&m->sets);
+    if (pipe_sets_init(&m->sets, m->nacts, s->nchunks, M) != 0) {
+        fprintf(stderr, "out of memory for the activation set map\n");
+        exit(1);
+    }
     PipeOp *ops = (PipeOp *)host_alloc((size_t)pipeline_ops(&m->pipe) * sizeof(PipeOp), "the schedule");
     int n = pipeline_schedule(&m->pipe, s->pp_rank, ops), held = 0, most = 1, split = pipeline_splits_backward(&m->pipe);
     int at[SHARD_MAXV];  // where each chunk's last weight-writing op is in the list
@@ -725,7 +726,7 @@ static void gpt2_free(GPT2 *m) {
     for (int k = 0; k < PROGRESS_MARKS; k++) cudaEventDestroy(m->progress[k]);
     cudaStreamDestroy(m->stream);
     free(m->inputs); free(m->targets); free(m->bucket_count);
-    free(m->set_of); free(m->set_busy); free(m->head_busy); free(m->head_of);
+    pipe_sets_free(&m->sets); free(m->head_busy); free(m->head_of);
     free(m->acts); free(m->dsets); free(m->ut.units); free(m->unit_params); free(m->unit_grads);
 }
 

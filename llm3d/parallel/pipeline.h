@@ -38,6 +38,10 @@
  *                         the messages a stage posts around each op, sends
  *                         paired with receives; with chunks, in one order
  *                         of all the step's messages
+ *   PipeSets, pipe_sets_init, pipe_sets_take, pipe_sets_index,
+ *   pipe_sets_give_back, pipe_sets_free
+ *                         which activation set each micro-batch holds on
+ *                         each chunk in a step (both trainers' pipeline_run)
  *   pipeline_plan_sets    the activation sets a stage's plan holds at once,
  *                         early inputs counted
  *   pipeline_plan_text    a stage's plan as text, "F0s F1x B0 rB1"
@@ -736,40 +740,86 @@ static inline int pipeline_plan(const PipeLayout *pl, int stage, const PipeOp *o
     return pl->V > 1 ? pipe_plan_ordered(pl, stage, n, plan) : pipe_plan_line(pl, stage, ops, n, plan);
 }
 
-// the activation sets a stage's plan holds at once, when micro-batch mb on
-// chunk k takes a set at its first receive or op and gives it back after
-// its last op (its B, or its W where the backward is split): with chunks an
-// input may come before its F, which pipeline_inflight does not count. A
-// step posts its receive, runs its op, then posts its send and the receive
+// PipeSets: which activation set each micro-batch holds on each chunk of a
+// stage in a step, as both trainers' pipeline_run keep it and
+// pipeline_plan_sets counts it: micro-batch mb on chunk k takes the first
+// free set at its first receive or op (pipe_sets_take) and gives it back
+// after its last op (pipe_sets_give_back: its B, or its W where the backward
+// is split). With chunks an input may come before its F, which
+// pipeline_inflight does not count.
+typedef struct {
+    int nsets, nchunks, M;
+    int *set_of;     // M * nchunks: the set (mb, chunk) holds, -1 when none
+    int *busy;       // nsets: whether a set is taken
+    int held, peak;  // sets taken now, and the most at once so far
+} PipeSets;
+
+// nsets sets for M micro-batches on nchunks chunks, none taken; 0, or -1 out
+// of memory (s then holds nothing)
+static inline int pipe_sets_init(PipeSets *s, int nsets, int nchunks, int M) {
+    memset(s, 0, sizeof(*s));
+    s->set_of = (int *)malloc((size_t)M * nchunks * sizeof(int));
+    s->busy = (int *)calloc((size_t)(nsets > 0 ? nsets : 1), sizeof(int));
+    if (s->set_of == NULL || s->busy == NULL) {
+        free(s->set_of), free(s->busy);
+        memset(s, 0, sizeof(*s));
+        return -1;
+    }
+    for (int i = 0; i < M * nchunks; i++) s->set_of[i] = -1;
+    s->nsets = nsets, s->nchunks = nchunks, s->M = M;
+    return 0;
+}
+
+static inline void pipe_sets_free(PipeSets *s) {
+    free(s->set_of), free(s->busy);
+    memset(s, 0, sizeof(*s));
+}
+
+// the set micro-batch mb holds on chunk k, -1 when none
+static inline int pipe_sets_index(const PipeSets *s, int mb, int k) { return s->set_of[mb * s->nchunks + k]; }
+
+// the set of mb on chunk k, taken from the free ones when it holds none yet;
+// -1 when none is free
+static inline int pipe_sets_take(PipeSets *s, int mb, int k) {
+    int key = mb * s->nchunks + k;
+    if (s->set_of[key] >= 0) return s->set_of[key];
+    int i = 0;
+    while (i < s->nsets && s->busy[i]) i++;
+    if (i == s->nsets) return -1;
+    s->busy[i] = 1;
+    s->set_of[key] = i;
+    if (++s->held > s->peak) s->peak = s->held;
+    return i;
+}
+
+// mb's set on chunk k free again (nothing when it holds none)
+static inline void pipe_sets_give_back(PipeSets *s, int mb, int k) {
+    int key = mb * s->nchunks + k;
+    if (s->set_of[key] < 0) return;
+    s->busy[s->set_of[key]] = 0;
+    s->set_of[key] = -1;
+    s->held--;
+}
+
+// the activation sets a stage's plan holds at once (PipeSets' rule). A step
+// posts its receive, runs its op, then posts its send and the receive
 // paired with it. Returns the peak, or -1 out of memory.
 static inline int pipeline_plan_sets(const PipeLayout *pl, const PipeStep *plan, int n) {
-    int V = pl->V, held = 0, peak = 0, split = pipeline_splits_backward(pl);
-    char *holds = (char *)calloc((size_t)pl->M * V, 1);
-    if (holds == NULL) return -1;
+    int split = pipeline_splits_backward(pl);
+    PipeSets sets;
+    if (pipe_sets_init(&sets, pl->M * pl->V, pl->V, pl->M) != 0) return -1;
     for (int i = 0; i < n; i++) {
         const PipeStep *st = &plan[i];
-        PipeMsg in[2] = {st->recv, st->next_recv};
-        for (int j = 0; j < 2; j++) {
-            if (j == 0 || st->send.peer >= 0) {
-                PipeMsg m = in[j];
-                if (m.peer >= 0 && m.channel == CH_ACTIVATION && !holds[m.mb * V + m.chunk]) {
-                    holds[m.mb * V + m.chunk] = 1;
-                    peak = ++held > peak ? held : peak;
-                }
-            }
-            if (j == 1) break;
-            PipeOp op = st->op;
-            if (op.kind == PIPE_F && !holds[op.mb * V + op.chunk]) {
-                holds[op.mb * V + op.chunk] = 1;
-                peak = ++held > peak ? held : peak;
-            }
-            if ((op.kind == PIPE_B && !split) || op.kind == PIPE_W) {
-                holds[op.mb * V + op.chunk] = 0;
-                held--;
-            }
-        }
+        PipeOp op = st->op;
+        if (st->recv.peer >= 0 && st->recv.channel == CH_ACTIVATION) pipe_sets_take(&sets, st->recv.mb, st->recv.chunk);
+        if (op.kind == PIPE_F) pipe_sets_take(&sets, op.mb, op.chunk);
+        if ((op.kind == PIPE_B && !split) || op.kind == PIPE_W) pipe_sets_give_back(&sets, op.mb, op.chunk);
+        PipeMsg next = st->next_recv;
+        if (st->send.peer >= 0 && next.peer >= 0 && next.channel == CH_ACTIVATION)
+            pipe_sets_take(&sets, next.mb, next.chunk);
     }
-    free(holds);
+    int peak = sets.peak;
+    pipe_sets_free(&sets);
     return peak;
 }
 

@@ -57,24 +57,18 @@
 
 // the set of mb on chunk k, taken from the free ones when it has none yet
 static Acts *set_take(GPT2 *m, int mb, int k) {
-    int key = mb * m->shard.nchunks + k;
-    if (m->set_of[key] < 0) {
-        int i = 0;
-        while (i < m->nacts && m->set_busy[i]) i++;
-        if (i == m->nacts) {  // pipeline_plan_sets sized them: a plan the count does not know
-            fprintf(stderr, "rank %d: micro-batch %d on chunk %d finds none of the %d activation sets free\n",
-                    m->grid.rank, mb, k, m->nacts);
-            exit(1);
-        }
-        m->set_busy[i] = 1;
-        m->set_of[key] = i;
+    int i = pipe_sets_take(&m->sets, mb, k);
+    if (i < 0) {  // pipeline_plan_sets sized them: a plan the count does not know
+        fprintf(stderr, "rank %d: micro-batch %d on chunk %d finds none of the %d activation sets free\n",
+                m->grid.rank, mb, k, m->nacts);
+        exit(1);
     }
-    return &m->acts[m->set_of[key]];
+    return &m->acts[i];
 }
 
 // the set index of mb on chunk k, which it must hold
 static int set_index(const GPT2 *m, int mb, int k) {
-    int i = m->set_of[mb * m->shard.nchunks + k];
+    int i = pipe_sets_index(&m->sets, mb, k);
     if (i < 0) {
         fprintf(stderr, "rank %d: micro-batch %d on chunk %d holds no activation set\n", m->grid.rank, mb, k);
         exit(1);
@@ -83,10 +77,8 @@ static int set_index(const GPT2 *m, int mb, int k) {
 }
 
 static void set_give_back(GPT2 *m, int mb, int k) {
-    int key = mb * m->shard.nchunks + k;
     head_give_back(m, set_index(m, mb, k));
-    m->set_busy[set_index(m, mb, k)] = 0;
-    m->set_of[key] = -1;
+    pipe_sets_give_back(&m->sets, mb, k);
 }
 
 // the activation gradients of mb's backward on chunk k: its own set where
