@@ -844,6 +844,8 @@ static void test_cli(void) {
         {"-t abc", "-t: 'abc' is not an integer"},
         {"-q 2", "-q: 2 is out of range"},
         {"-e /nonexistent.bin", "/nonexistent.bin: cannot open"},
+        {"-e d0", "flag -e d0: a descriptor dN takes a depth N from 1 to 128"},
+        {"-e gpt2:d200", "flag -e gpt2:d200: a descriptor dN takes a depth N from 1 to 128"},
         {"-e dev/fixtures/tiny_model.bin -t 64", "T = 64 exceeds the model's maxT = 32"},
         {"-e d2 -ev 64 -et 16 -t 8 -b 2 -i '/nonexistent/*.bin'", "/nonexistent/*.bin"},
         {"-e d2 -ev 64 -et 16 -t 8 -b 2 -d 0", "flag -d: 0 tokens per step"},

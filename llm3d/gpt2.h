@@ -57,6 +57,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>  // access: -e names a file or a descriptor
 
 #include "llm3d/bf16.h"
 #include "llm3d/errors.h"
@@ -687,7 +688,15 @@ static int options_descriptor(const Options *o, GPT2Config *c, char *err, size_t
     if (strncmp(o->init, "gpt3:", 5) == 0)
         return errorf(err, errlen, "flag -e %s: llm.c's GPT-3 shapes are not implemented here; give dN, with -ec and -et "
                       "for other shapes", o->init);
-    if (config_from_descriptor(c, o->init, o->init_vocab, o->init_maxT) != 0) return 0;
+    if (config_from_descriptor(c, o->init, o->init_vocab, o->init_maxT) != 0) {
+        // "d0", "gpt2:d200": a descriptor's form with a depth it does not take, and no file of that name
+        const char *d = strncmp(o->init, "gpt2:", 5) == 0 ? o->init + 5 : o->init;
+        int shaped = d[0] == 'd' && d[1] != '\0' && strspn(d + 1, "0123456789") == strlen(d + 1);
+        if (shaped && access(o->init, F_OK) != 0)
+            return errorf(err, errlen, "flag -e %s: a descriptor dN takes a depth N from 1 to 128, and no model file "
+                          "of that name exists", o->init);
+        return 0;
+    }
     if (o->init_channels > 0) c->C = o->init_channels;
     if (c->C % c->NH != 0) return errorf(err, errlen, "flag -ec: %d channels do not split into %d heads", c->C, c->NH);
     return 1;
