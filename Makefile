@@ -11,7 +11,8 @@ LDLIBS = -lm
 # SIMD: which vector code the CPU programs use. native (the default): what
 # this machine has; avx2: AVX2 even where AVX-512 is there; scalar: plain
 # loops and libm (cpu_math.h, cpu_matmul.h). `make test` also builds and runs
-# test_gpt2 in the other two, so every path is tested.
+# test_gpt2 in the other two, and test_integrity's sketches in scalar, so
+# every path is tested.
 SIMD ?= native
 X86 := $(if $(findstring x86_64,$(shell $(CC) -dumpmachine)),yes)
 AVX2_FLAGS = -mno-avx512f
@@ -56,7 +57,7 @@ CPU_PROGRAMS = train_gpt2 prepare_data export_hf plot_log dev/bench_secure dev/b
                dev/bench_kernels dev/bench_tokenizer dev/pipeline_chart dev/compare_logs
 CPU_TESTS = test_gpt2 $(addprefix dev/test/,test_secure test_aead test_dataloader test_tokenizer test_parallel \
             test_layouts test_integrity test_checkpoint test_prepare_data test_export test_plot test_hellaswag test_llmc \
-            test_attacks test_gpt2_scalar $(if $(X86),test_gpt2_avx2))
+            test_attacks test_gpt2_scalar test_integrity_scalar $(if $(X86),test_gpt2_avx2))
 CUDA_PROGRAMS = train_gpt2cu test_gpt2cu dev/test/test_host_mode
 
 ifneq ($(NVCC),)
@@ -109,6 +110,10 @@ dev/test/test_gpt2_avx2: test_gpt2.c train_gpt2.c $(TEST_HEADERS) $(HEADERS)
 	$(CC) $(CFLAGS) $(AVX2_FLAGS) $< $(LDLIBS) -o $@
 
 dev/test/test_gpt2_scalar: test_gpt2.c train_gpt2.c $(TEST_HEADERS) $(HEADERS)
+	$(CC) $(CFLAGS) $(SCALAR_FLAGS) $< $(LDLIBS) -o $@
+
+# sketch.h's plain loops (SIMD=scalar builds) against the same definition
+dev/test/test_integrity_scalar: dev/test/test_integrity.c $(TEST_HEADERS) $(HEADERS)
 	$(CC) $(CFLAGS) $(SCALAR_FLAGS) $< $(LDLIBS) -o $@
 
 train_gpt2cu: train_gpt2.cu $(HEADERS) $(CUDA_HEADERS)

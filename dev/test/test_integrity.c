@@ -10,12 +10,15 @@
  * frames and sketches), judged by sketch_judge: honest rings with data made
  * to round badly pass, and each kind of corruption is named (a piece changed
  * between two ranks, by an exponent or by its lowest mantissa bit; a sum off
- * by more than its bound, or by more than its frame's bound only; an
- * all-gather piece changed; finite data turned NaN in transit or the
- * reverse), while a low-mantissa error inside a sum is below the bound and
+ * by more than its bound, or by more than its frame's bound only; the
+ * chunk's and the frame's bounds pinned at 1.5x and 16x u A computed here,
+ * not by sketch_hop_bound; a sum made infinite or NaN from small inputs, by
+ * the chunk's check and the frame's each alone; an all-gather piece
+ * changed; finite data turned NaN in transit or the reverse), while a low-mantissa error inside a sum is below the bound and
  * passes, as doc/security.md says, and so does a NaN whose bits changed; the
  * fp32 and bf16 bounds of a whole p-term sum against played sums; the rule's
- * verdicts on made-up norms.
+ * verdicts on made-up norms. Built with SIMD=scalar's flags as
+ * test_integrity_scalar, the same checks of sketch.h's plain loops.
  *
  * Then ./train_gpt2 as real processes on a tiny model: -fault corrupt and
  * corrupt-low caught and named on data parallel (ZeRO 0-3: all-reduce,
@@ -243,10 +246,11 @@ static void test_fused_pass(void) {
 // frames of COMM_SLOT_PAYLOAD bytes, each frame sketched as it passes
 
 enum { NO_FAULT, TRANSIT_EXP, TRANSIT_LOW, SUM_EXP, SUM_LOW, GATHER_EXP, REDUCED_EXP, REDUCED_LOW, INPUT_NAN,
-       TRANSIT_NAN_BITS, TRANSIT_TO_NAN, TRANSIT_FROM_NAN, SUM_BY };
+       TRANSIT_NAN_BITS, TRANSIT_TO_NAN, TRANSIT_FROM_NAN, SUM_BY, SUM_SKETCH_BY, SUM_TO_INF, SUM_TO_NAN };
 
 // SUM_BY: the largest element of a hop's sum moved by this much (a change
-// between a frame's rounding bound and its chunk's)
+// between a frame's rounding bound and its chunk's); SUM_SKETCH_BY: moved so
+// that its sketch 0 moves by this much (by it over |r_j|)
 static float sum_by = 0.0f;
 
 typedef struct { int kind, member, hop; } Injected;
@@ -304,7 +308,8 @@ static void play_allreduce(const SketchGen *g, int p, size_t n, float *x, Sketch
             if (f.kind == TRANSIT_NAN_BITS && here) flip(wire + first_nan(wire, len), 0);  // another NaN
             if (f.kind == TRANSIT_TO_NAN && here) wire[largest(wire, len)] = NAN;
             if (f.kind == TRANSIT_FROM_NAN && here) wire[first_nan(wire, len)] = 1.0f;
-            if (f.kind == SUM_EXP || f.kind == SUM_LOW || f.kind == SUM_BY) {
+            if (f.kind == SUM_EXP || f.kind == SUM_LOW || f.kind == SUM_BY || f.kind == SUM_SKETCH_BY || f.kind == SUM_TO_INF ||
+                f.kind == SUM_TO_NAN) {
                 // the sum changed in memory before its sketch: the passes apart,
                 // each frame's own sketches too
                 float *add = (float *)malloc(len * sizeof(float));
@@ -315,6 +320,11 @@ static void play_allreduce(const SketchGen *g, int p, size_t n, float *x, Sketch
                 if (f.member == me && f.hop == s) {
                     size_t at = largest(mine, len);
                     if (f.kind == SUM_BY) mine[at] += mine[at] < 0 ? -sum_by : sum_by;
+                    else if (f.kind == SUM_SKETCH_BY) {
+                        size_t gj = r0 + at;
+                        mine[at] += (float)(sum_by / fabs(g->a[2 * (gj / SKETCH_BLOCK)] * g->b[0][gj % SKETCH_BLOCK]));
+                    } else if (f.kind == SUM_TO_INF) mine[at] = INFINITY;
+                    else if (f.kind == SUM_TO_NAN) mine[at] = NAN;
                     else flip(mine + at, f.kind == SUM_EXP ? 30 : 0);
                 }
                 sketch_frames(rec + sketch_rec_out(p, s), g, r0, mine, len, 0);
@@ -483,13 +493,15 @@ static void test_ring_verdicts(void) {
         Sketch *recs2 = (Sketch *)malloc((size_t)p2 * sketch_rec_count(p2) * sizeof(Sketch));
         fill(x2, p2, n2, 0);
         sketch_draw(&g, 12, 2, 1, SK_ALLREDUCE, n2);
-        // member 1 adds member 0's chunk 1 to its own at hop 0: each frame's bound
+        // member 1 adds member 0's chunk 1 to its own at hop 0: each frame's
+        // bound, u (A(P) + A(x)) as doc/security.md derives it, computed here
+        // and not by sketch_hop_bound, so a bound made looser fails this
         double fb = 0.0;
         for (size_t off = half; off < n2; off += FRAME_FLOATS) {
             Sketch v = {{0, 0}, {0, 0}, 0}, a = v;
             sketch_add(&v, &g, off, x2 + off, FRAME_FLOATS, 1);
             sketch_add(&a, &g, off, x2 + n2 + off, FRAME_FLOATS, 1);
-            for (int j = 0; j < 2; j++) fb = fmax(fb, sketch_hop_bound(v.a[j] + a.a[j], 0, FRAME_FLOATS));
+            for (int j = 0; j < 2; j++) fb = fmax(fb, ldexp(v.a[j] + a.a[j], -24));
         }
         sum_by = (float)(16.0 * fb);
         Injected by = {SUM_BY, 1, 0};
@@ -505,6 +517,57 @@ static void test_ring_verdicts(void) {
         int chunk_bad = judge(p2, n2, ranks, recs2, msg, sizeof(msg));
         check(!chunk_bad, "the same change is within its chunk's bound: the chunk's check alone passes it (%s)",
               chunk_bad ? msg : "no failure");
+        free(x2);
+        free(recs2);
+    }
+    // the chunk's bound pinned the same way: a sum's element moved so that its
+    // sketch 0 moves by 1.5 u (A(P) + A(x)) of its chunk, A from the inputs'
+    // sketches (the bound is u A and a little; the honest rounding of a chunk
+    // of random signs far less), caught by the chunk's check alone (the frame
+    // entries cleared), so a bound twice as loose fails; and a member's sum made not
+    // finite from small finite inputs, caught by the chunk's check alone and
+    // by the frame's alone (the overflow rule is for inputs near FLT_MAX)
+    {
+        int p2 = 2;
+        size_t n2 = (size_t)p2 * 4 * FRAME_FLOATS, half = n2 / 2;
+        float *x2 = (float *)malloc((size_t)p2 * n2 * sizeof(float));
+        Sketch *recs2 = (Sketch *)malloc((size_t)p2 * sketch_rec_count(p2) * sizeof(Sketch));
+        const char *what[] = {"moved by 1.5 u of its chunk's |r|.|x| sum, in sketch 0", "made +inf", "made NaN"};
+        int kinds[] = {SUM_SKETCH_BY, SUM_TO_INF, SUM_TO_NAN};
+        for (int c = 0; c < 3; c++) {
+            fill(x2, p2, n2, 0);
+            sketch_draw(&g, 13, 2, (uint64_t)c, SK_ALLREDUCE, n2);
+            Sketch in0 = {{0, 0}, {0, 0}, 0}, in1 = in0;
+            sketch_frames(&in0, &g, half, x2 + half, half, 1);
+            sketch_frames(&in1, &g, half, x2 + n2 + half, half, 1);
+            sum_by = (float)ldexp(1.5 * (in0.a[0] + in1.a[0]), -24);
+            Injected f = {kinds[c], 1, 0};
+            play_allreduce(&g, p2, n2, x2, recs2, f);
+            Sketch frames[2];
+            for (int q = 0; q < p2; q++) {
+                Sketch *fr = recs2 + (size_t)q * sketch_rec_count(p2) + sketch_rec_frame(p2, 0);
+                frames[q] = *fr;
+                memset(fr, 0, sizeof(Sketch));
+            }
+            int chunk_bad = judge(p2, n2, ranks, recs2, msg, sizeof(msg));
+            check(chunk_bad && strstr(msg, "the sum rank 2 made at hop 0 (what rank 0 sent plus rank 2's own piece) is "
+                  "off by") != NULL && strstr(msg, "in its frame") == NULL, "a sum's element %s: caught by the "
+                  "chunk's check alone: %s", what[c], msg);
+            if (c == 0) continue;
+            // the frames alone: the records' frame entries back, the chunk's
+            // sums made to agree (the sum's sketches set to what they should be)
+            for (int q = 0; q < p2; q++) {
+                size_t count = sketch_rec_count(p2);
+                *(recs2 + (size_t)q * count + sketch_rec_frame(p2, 0)) = frames[q];
+                Sketch *out = recs2 + (size_t)q * count + sketch_rec_out(p2, 0);
+                const Sketch *rv = recs2 + (size_t)q * count + sketch_rec_recv(p2, 0);
+                const Sketch *in = recs2 + (size_t)q * count + sketch_rec_in(p2, q);  // the chunk it adds at hop 0
+                for (int j = 0; j < 2; j++) out->s[j] = rv->s[j] + in->s[j];
+            }
+            int frame_bad = judge(p2, n2, ranks, recs2, msg, sizeof(msg));
+            check(frame_bad && strstr(msg, "in its frame of elements") != NULL, "a sum's element %s: caught by its "
+                  "frame's check alone: %s", what[c], msg);
+        }
         free(x2);
         free(recs2);
     }
@@ -1245,6 +1308,12 @@ int main(void) {
     test_nccl_coefficients();
     test_nccl_order();
     test_nccl_verdicts();
+#ifdef LLM3D_SCALAR
+    // test_integrity_scalar: sketch.h's plain loops; the trainer's runs are
+    // test_integrity's (./train_gpt2 is whatever SIMD it was built with)
+    skip("the scalar build checks sketch.h's plain loops: the trainer's runs are test_integrity's");
+    return test_summary();
+#endif
     if (access("./train_gpt2", X_OK) != 0) {
         skip("./train_gpt2 not built: the trainer's runs");
         return test_summary();
