@@ -1939,6 +1939,28 @@ static int final_model(GPT2 *m, Parallel *par, Job *job) {
     return 0;
 }
 
+// what this build of the trainer does (parse_flags checks the flags against it)
+static TrainerBuild gpu_build(void) {
+    unsigned schedules = 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_INTERLEAVED | 1u << PS_ZBH1 | 1u << PS_ZBV;
+#ifdef ENABLE_FP32
+    // exact fp32, GELU unfused; every pipeline schedule; sequence parallelism; checked collectives (-ic 1)
+    TrainerBuild build = {"the fp32 build of train_gpt2cu", 0, 0, schedules, 1, 1};
+#else
+    // bf16 GEMMs, GELU fused both ways; every pipeline schedule; sequence parallelism; checked collectives (-ic 1)
+    TrainerBuild build = {"the bf16 build of train_gpt2cu", 1, 2, schedules, 1, 1};
+#endif
+    return build;
+}
+
+// the flags only the GPU trainer checks, before a launcher counts the GPUs:
+// checkpoints, NCCL_HOSTID against -hb, and the GPUs the launch needs
+static void check_gpu_job(Job *job) {
+    char err[2048];
+    if (ckpt_check_flags(&job->opt, err, sizeof(err)) != 0) die_usage(err);
+    if (gpu_hostid_check(job->opt.host_backend, getenv("NCCL_HOSTID"), err, sizeof(err)) != 0) die_usage(err);
+    check_launch_gpus(&job->opt);
+}
+
 int main(int argc, char **argv) {
     Job job;
     GpuOptions gopt;
@@ -1950,19 +1972,9 @@ int main(int argc, char **argv) {
     memcpy(launch_argv, argv, (size_t)(argc + 1) * sizeof(char *));
     if (gpu_options_take(&gopt, &argc, argv, err, sizeof(err)) != 0) die_usage(err);
     // the job, checked once, by the launcher, before any rank starts or a GPU is touched
-#ifdef ENABLE_FP32
-    // exact fp32, GELU unfused; every pipeline schedule; sequence parallelism; checked collectives (-ic 1)
-    TrainerBuild build = {"the fp32 build of train_gpt2cu", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_INTERLEAVED | 1u << PS_ZBH1 | 1u << PS_ZBV,
-                          1, 1};
-#else
-    // bf16 GEMMs, GELU fused both ways; every pipeline schedule; sequence parallelism; checked collectives (-ic 1)
-    TrainerBuild build = {"the bf16 build of train_gpt2cu", 1, 2, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_INTERLEAVED | 1u << PS_ZBH1 | 1u << PS_ZBV,
-                          1, 1};
-#endif
+    TrainerBuild build = gpu_build();
     parse_flags(&job, argc, argv, gpu_usage_lines, &build);
-    if (ckpt_check_flags(&job.opt, err, sizeof(err)) != 0) die_usage(err);  // before a launcher counts the GPUs
-    if (gpu_hostid_check(job.opt.host_backend, getenv("NCCL_HOSTID"), err, sizeof(err)) != 0) die_usage(err);
-    check_launch_gpus(&job.opt);
+    check_gpu_job(&job);
     parse_fault(&job);
     check_model(&job);
     if (gpu_check_shapes(&job.config, job.opt.B, job.opt.T, job.opt.tp, job.opt.init, err, sizeof(err)) != 0)
