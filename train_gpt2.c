@@ -1626,9 +1626,9 @@ int main(int argc, char **argv) {
     trainer_name = "train_gpt2";
     // the job, checked once, by the launcher, before any rank starts
     // fp32 throughout, no fused GELU; checked collectives (-ic 1) and the
-    // gradient-norm rule's gather; sequence parallelism
+    // gradient-norm rule's gather; sequence parallelism; the host backend only
     TrainerBuild build = {"the CPU trainer", 0, 0, 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_INTERLEAVED | 1u << PS_ZBH1 | 1u << PS_ZBV,
-                          1, 1};
+                          1, 1, 0};
     parse_flags(&job, argc, argv, "", &build);
 #ifdef _OPENMP
     if (job.opt.threads > 0) omp_set_num_threads(job.opt.threads);

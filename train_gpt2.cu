@@ -1944,10 +1944,10 @@ static TrainerBuild gpu_build(void) {
     unsigned schedules = 1u << PS_GPIPE | 1u << PS_1F1B | 1u << PS_INTERLEAVED | 1u << PS_ZBH1 | 1u << PS_ZBV;
 #ifdef ENABLE_FP32
     // exact fp32, GELU unfused; every pipeline schedule; sequence parallelism; checked collectives (-ic 1)
-    TrainerBuild build = {"the fp32 build of train_gpt2cu", 0, 0, schedules, 1, 1};
+    TrainerBuild build = {"the fp32 build of train_gpt2cu", 0, 0, schedules, 1, 1, 1};
 #else
     // bf16 GEMMs, GELU fused both ways; every pipeline schedule; sequence parallelism; checked collectives (-ic 1)
-    TrainerBuild build = {"the bf16 build of train_gpt2cu", 1, 2, schedules, 1, 1};
+    TrainerBuild build = {"the bf16 build of train_gpt2cu", 1, 2, schedules, 1, 1, 1};
 #endif
     return build;
 }

@@ -180,7 +180,8 @@ static const OptionSpec option_specs[] = {
      "a data-parallel rank whose own gradient norm is far above its peers' (poisoned?): warn, skip the step's "
      "update, or stop the job", NULL, NULL},
     {"-fault", OPT_STR, offsetof(Options, fault), 0, 0, NULL,
-     "fault injection KIND:RANK:STEP (tamper, replay, kill, stall, slow, drift, corrupt, corrupt-low, poison)", NULL,
+     "fault injection KIND:RANK:STEP (tamper, replay, kill, stall, slow, drift, corrupt, corrupt-low, poison, "
+     "corrupt-sum)", NULL,
      "none"},
     {"--rendezvous", OPT_STR, offsetof(Options, rendezvous), 0, 0, NULL,
      "unix:PATH or tcp:HOST:PORT, for ranks started by mpirun, srun or torchrun", NULL, "none"},
@@ -399,7 +400,9 @@ typedef struct {
     unsigned schedules; // the -ps schedules it runs: bit PS_* set
     int sequence_parallel;  // whether it runs -sp 1
     int checks;         // it can check its collectives (-ic 1), gathers its ranks' gradient norms (-gp) and
-                        // acts on -fault corrupt, corrupt-low and poison
+                        // acts on -fault corrupt, corrupt-low, poison and corrupt-sum
+    int nccl;           // its ranks talk over NCCL unless -hb 1, whose sums no rank's code makes
+                        // (-fault corrupt-sum acts on the host backend's only)
 } TrainerBuild;
 
 // llm.c's switches checked against what build b does: each value taken

@@ -58,7 +58,8 @@
 typedef struct {
     Options opt;
     Fault fault;             // -fault, for the ranks' communicators
-    int checks_built;        // the trainer acts on -fault corrupt, corrupt-low and poison (TrainerBuild's checks)
+    int checks_built;        // the trainer acts on -fault corrupt, corrupt-low, poison, corrupt-sum (TrainerBuild's checks)
+    int nccl_built;          // its ranks talk over NCCL unless -hb 1 (TrainerBuild's nccl)
     GPT2Config config;       // the model's shape
     int random_init;         // 1: -e is a descriptor (the seeded init); 0: a model file
     int init_sealed;         // -e's model file is sealed (-enc 2's final model)
@@ -143,6 +144,7 @@ static void parse_flags(Job *job, int argc, char **argv, const char *more_usage,
     }
     if (rc != 0 || options_check_build(&job->opt, build, err, sizeof(err)) != 0) die_usage(err);
     job->checks_built = build->checks;
+    job->nccl_built = build->nccl;
     if (job->opt.ckpt_keep == 0) job->opt.ckpt_keep = INT_MAX;  // -nk 0: keep them all, as llm.c's
     // from here on a signal asks for a checkpoint (with -o), and a full disk
     // fails a write (and says so) instead of killing the process
@@ -162,7 +164,8 @@ static void parse_fault(Job *job) {
     if (job->opt.fault && fault_parse(job->opt.fault, &job->fault, err, sizeof(err)) != 0) die_usage(err);
     if (fault_check_world(&job->fault, job->opt.np, err, sizeof(err)) != 0) die_usage(err);
     int k = job->fault.kind;
-    if ((k == FAULT_CORRUPT || k == FAULT_CORRUPT_LOW || k == FAULT_POISON) && !job->checks_built) {
+    int corrupts = k == FAULT_CORRUPT || k == FAULT_CORRUPT_LOW || k == FAULT_CORRUPT_SUM;
+    if ((corrupts || k == FAULT_POISON) && !job->checks_built) {
         snprintf(err, sizeof(err), "-fault %s: %s does not act on this fault yet (the CPU trainer does)", job->opt.fault,
                  trainer_name);
         die_usage(err);
@@ -176,8 +179,16 @@ static void parse_fault(Job *job) {
                  "gradient-norm rule to compare the rank with", job->opt.fault, dp, job->opt.np, job->opt.tp, job->opt.pp);
         die_usage(err);
     }
-    if ((k == FAULT_CORRUPT || k == FAULT_CORRUPT_LOW) && job->opt.np < 2) {
+    if (corrupts && job->opt.np < 2) {
         snprintf(err, sizeof(err), "-fault %s: -np %d runs no collective for it to corrupt", job->opt.fault, job->opt.np);
+        die_usage(err);
+    }
+    // NCCL adds inside its own kernels, where no rank's addition can be
+    // reached; the host backend's ranks make their sums themselves
+    if (k == FAULT_CORRUPT_SUM && job->nccl_built && job->opt.host_backend != 1) {
+        snprintf(err, sizeof(err), "-fault %s: %s sums over NCCL, inside NCCL's kernels, where no rank's addition can "
+                 "be reached; -hb 1 runs its ranks on the host backend, whose sums it acts on", job->opt.fault,
+                 trainer_name);
         die_usage(err);
     }
 }

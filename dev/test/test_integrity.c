@@ -20,8 +20,16 @@
  * verdicts on made-up norms. Built with SIMD=scalar's flags as
  * test_integrity_scalar, the same checks of sketch.h's plain loops.
  *
- * Then ./train_gpt2 as real processes on a tiny model: -fault corrupt and
- * corrupt-low caught and named on data parallel (ZeRO 0-3: all-reduce,
+ * Then real ranks of the host backend (this program started again through
+ * the launcher: child_main): a piece sketched past the length its r was
+ * drawn for ends the job, naming the collective and the lengths; -fault
+ * corrupt-sum (a faulty adder: a sum's mid-mantissa bit flipped, the sum
+ * sketched as stored) in an all-reduce and a reduce-scatter whose chunks
+ * make one frame's bound far below the chunk's, caught and named by that
+ * frame's check alone, and with -ic 0 returned one element off.
+ *
+ * Then ./train_gpt2 as real processes on a tiny model: -fault corrupt,
+ * corrupt-low and corrupt-sum caught and named on data parallel (ZeRO 0-3: all-reduce,
  * reduce-scatter, all-gather), tensor parallel and both, with no update of
  * that step and no checkpoint from it; the same fault with -ic 0 unseen;
  * -fault poison named under -gp warn, skip and stop; and normal runs of the
@@ -820,6 +828,9 @@ static void test_corrupt(void) {
          "what rank 5 sent rank 4 at hop 0"},
         {"-d 128 -np 4 -z 3 -fault corrupt:2:2", "step 2: checked allgather of parameters of wte over ranks 0, 1, 2, 3",
          "rank 2's piece as rank 3 received it from rank 2 at hop 0 differs"},
+        // a faulty adder: the tiny model's chunks are a frame or two, so the chunk's bound names it
+        {"-d 64 -np 2 -z 1 -fault corrupt-sum:1:2", "step 2: checked reduce_scatter of gradients of wte over ranks 0, 1 failed",
+         "the sum rank 1 made at hop 0 (what rank 0 sent plus rank 1's own piece) is off by"},
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         run(&r, cases[k].args, STEPS);
@@ -886,6 +897,9 @@ static void test_poison(void) {
     run(&r, "-d 32 -np 1 -fault corrupt:0:1", 3);
     check(r.status == 2 && strstr(r.out, "-fault corrupt:0:1: -np 1 runs no collective") != NULL,
           "-np 1 -fault corrupt:0:1 (no collective): refused, exit 2 (exit %d)", r.status);
+    run(&r, "-d 32 -np 1 -fault corrupt-sum:0:1", 3);
+    check(r.status == 2 && strstr(r.out, "-fault corrupt-sum:0:1: -np 1 runs no collective") != NULL,
+          "-np 1 -fault corrupt-sum:0:1 (no collective): refused, exit 2 (exit %d)", r.status);
     // tp 2 x dp 2: the poisoned rank against the same slice of the other replica
     run(&r, "-d 64 -np 4 -tp 2 -fault poison:3:2", 4);
     check(r.status == 0 && strstr(r.out, "step 2: rank 3's own gradient norm") &&
@@ -1299,7 +1313,182 @@ static void test_nccl_verdicts(void) {
           "out[k] at p + k), the layout its kernels write");
 }
 
-int main(void) {
+// ----------------------------------------------------------------------------
+// the host backend's checks between real ranks: this program started again
+// through the launcher as the ranks of a job,
+//     ./dev/test/test_integrity child MODE -np N [-fault KIND:RANK:STEP]
+// past: every rank draws a checked all-reduce's r for its n elements, then
+//       sketches a piece that reaches past them, as no collective cuts one:
+//       the job ends, the piece and the lengths named
+// sum:  an all-reduce (2 ranks) or a reduce-scatter (3), -ic 1, of data
+//       whose chunks open with a frame of values below 1 and go on in frames
+//       1024 times larger, so that one frame's rounding bound is far below its
+//       chunk's; with -fault corrupt-sum the job ends at the collective
+// sum0: the same all-reduce with the checks off: it returns, and says how its
+//       result differs from the plain sums
+
+#define REAL_FRAMES 4  // frames per chunk in the real ranks' collectives
+#define REAL_STEP 3    // the step they are stamped with
+
+// real_value: a rank's input element i, in collectives of chunks of chunk
+// elements: the first frame of each chunk in [-1, 1), the rest 1024 times that
+static float real_value(int rank, size_t i, size_t chunk) {
+    uint64_t h = (uint64_t)(rank + 1) * 0x9e3779b97f4a7c15ull ^ (uint64_t)i * 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 31;
+    h *= 0x94d049bb133111ebull;
+    h ^= h >> 29;
+    float v = (float)((double)(h >> 40) / (double)(1 << 24)) * 2.0f - 1.0f;
+    return i % chunk < FRAME_FLOATS ? v : 1024.0f * v;
+}
+
+static int child_main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    TestChild a;
+    if (test_child_args(&a, argc, argv, 10.0) != 0) return 2;
+    char err[512];
+    Fault fault = {FAULT_NONE, -1, -1};
+    if (a.fault != NULL && fault_parse(a.fault, &fault, err, sizeof(err)) != 0) {
+        fprintf(stderr, "%s\n", err);
+        return 2;
+    }
+    Launch L;
+    int rc = parallel_main(argc, argv, a.np, a.rendezvous, a.key_file, NULL, a.to, &L, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "%s\n", err);
+        return rc;
+    }
+    Grid g;
+    if (grid_init(&g, L.world, 1, 1, L.rank, err, sizeof(err)) != 0) {
+        fprintf(stderr, "%s\n", err);
+        return 2;
+    }
+    g.local_rank = L.local_rank;
+    Comm *c;
+    if (comm_init(&c, &g, L.key, L.rendezvous, a.to, &fault, err, sizeof(err)) != 0) {
+        fprintf(stderr, "rank %d: %s\n", L.rank, err);
+        return 1;
+    }
+    Group world;
+    grid_groups(&g, &world, NULL, NULL, NULL);
+    int p = world.size;
+    size_t chunk = REAL_FRAMES * FRAME_FLOATS, n = (size_t)p * chunk;
+    float *x = (float *)malloc(n * sizeof(float)), *out = (float *)malloc(chunk * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = real_value(L.rank, i, chunk);
+    comm_set_check(c, strcmp(a.mode, "sum0") != 0);
+    comm_set_step(c, REAL_STEP);
+    if (strcmp(a.mode, "past") == 0) {
+        // what a collective does first, then a piece cut past its length
+        comm_enter(c, "allreduce", COMM_ALLREDUCE);
+        comm_set_label(c, "a piece past the draw");
+        comm_check_begin(c, &world, SK_ALLREDUCE, n);
+        Sketch sk = {{0, 0}, {0, 0}, 0};
+        comm_sketch(c, &sk, n - 100, x, 200, 1);
+        test_rank_check(L.rank, "past_unseen", 0, "a piece of 200 elements from element %zu, past the %zu drawn, "
+                        "was sketched (%.17g)", n - 100, n, sk.s[0]);
+    } else if (p == 2) {
+        comm_set_label(c, "test sums");
+        comm_allreduce(c, &world, x, n, OP_SUM);
+        // only the checks off come here: the result against the plain sums
+        // (x0 + x1 is x1 + x0 in fp32), one element moved by the flip
+        int differ = 0;
+        double rel = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            float want = real_value(0, i, chunk) + real_value(1, i, chunk);
+            if (memcmp(&want, &x[i], sizeof(float)) != 0) {
+                differ++;
+                rel = fabs((double)x[i] - (double)want) / fabs((double)want);
+            }
+        }
+        test_rank_check(L.rank, "sum_changed", differ == 1 && rel > ldexp(1.0, -6) && rel <= ldexp(1.0, -5),
+                        "%d elements differ from the plain sums, the last by %.3g of itself", differ, rel);
+    } else {
+        comm_set_label(c, "test sums");
+        comm_reduce_scatter(c, &world, x, out, chunk, OP_SUM);
+        test_rank_check(L.rank, "returned", 1, "the reduce-scatter returned");
+    }
+    free(x);
+    free(out);
+    comm_free(c);
+    launch_free(&L);
+    return test_rank_failures > 0 ? 1 : 0;
+}
+
+static char self_exe[4096];
+
+// real_job: a job of this program's ranks (child_main), its exit status and
+// its output, stdout and stderr, in out
+static int real_job(const char *mode, int np, const char *fault, char *out, size_t len) {
+    char cmd[4400];
+    snprintf(cmd, sizeof(cmd), "timeout 60 '%s' child %s -np %d%s%s", self_exe, mode, np, fault != NULL ? " -fault " : "",
+             fault != NULL ? fault : "");
+    return test_run(cmd, 1, out, len);
+}
+
+// real_off_by: the figures of a failed frame's line, "is off by D in its
+// frame of elements F0..F1, more than that frame's rounding bound B"
+static int real_off_by(const char *out, double *d, long *f0, long *f1, double *b) {
+    const char *at = strstr(out, "is off by ");
+    return at != NULL && sscanf(at, "is off by %lf in its frame of elements %ld..%ld, more than that frame's rounding "
+                                "bound %lf", d, f0, f1, b) == 4;
+}
+
+// a lower bound of the chunk's rounding bound at hop 0, u (A(P) + A(x)) and
+// more, where A sums |a| |x| over the blocks and |a| >= 1/2: half of u times
+// the two inputs' sums of |x| over the chunk (elements lo .. lo + chunk - 1)
+static double real_chunk_bound_below(int r0, int r1, size_t lo, size_t chunk) {
+    double s = 0.0;
+    for (size_t i = lo; i < lo + chunk; i++)
+        s += fabs((double)real_value(r0, i, chunk)) + fabs((double)real_value(r1, i, chunk));
+    return ldexp(0.5 * s, -24);
+}
+
+static void test_real_ranks(void) {
+    static char out[65536];
+    // a piece past the length drawn: never silent
+    int st = real_job("past", 2, NULL, out, sizeof(out));
+    size_t n2 = 2 * REAL_FRAMES * FRAME_FLOATS;
+    char want[300];
+    snprintf(want, sizeof(want), "step %d: checked allreduce of a piece past the draw: a piece of 200 elements from "
+             "element %zu reaches past the %zu elements its coefficients were drawn for", REAL_STEP, n2 - 100, n2);
+    check(st == 1 && strstr(out, want) != NULL && strstr(out, "past_unseen") == NULL,
+          "a piece sketched past the length its r was drawn for ends the job, naming the collective and the lengths "
+          "(exit %d): '%s'", st, want);
+    if (strstr(out, want) == NULL) printf("%s\n", out);
+
+    // -fault corrupt-sum: one mantissa bit of a sum, sketched as stored, in
+    // the first frame of its chunk: above that frame's bound, far below the chunk's
+    struct { int np; const char *fault, *collective, *hop; int r0, r1; size_t lo; } cases[] = {
+        {2, "corrupt-sum:1:3", "checked allreduce of test sums over ranks 0, 1 failed: chunk 1 (elements 65536..131071) "
+         "in the reduce-scatter", "the sum rank 1 made at hop 0 (what rank 0 sent plus rank 1's own piece)", 0, 1, 65536},
+        {3, "corrupt-sum:2:3", "checked reduce_scatter of test sums over ranks 0, 1, 2 failed: chunk 0 (elements "
+         "0..65535)", "the sum rank 2 made at hop 0 (what rank 1 sent plus rank 2's own piece)", 1, 2, 0},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        st = real_job("sum", cases[k].np, cases[k].fault, out, sizeof(out));
+        long f0 = -1, f1 = -1;
+        double d = 0, b = 0, below = real_chunk_bound_below(cases[k].r0, cases[k].r1, cases[k].lo,
+                                                                               REAL_FRAMES * FRAME_FLOATS);
+        int parsed = real_off_by(out, &d, &f0, &f1, &b);
+        int named = strstr(out, cases[k].collective) != NULL && strstr(out, cases[k].hop) != NULL;
+        int frame = parsed && f0 == (long)cases[k].lo && f1 == (long)(cases[k].lo + FRAME_FLOATS - 1);
+        check(st == 1 && named && frame && fabs(d) > 2.0 * b && fabs(d) < below / 16.0 &&
+              strstr(out, "fault corrupt-sum: flipped bit 18") != NULL,
+              "-np %d -fault %s: the job ends at the collective, naming the sum's hop and its frame (elements %ld.."
+              "%ld): off by %.3g, above the frame's bound %.3g, below 1/16 of the chunk's (%.3g at least) (exit %d)",
+              cases[k].np, cases[k].fault, f0, f1, d, b, below, st);
+        if (!named || !frame) printf("%s\n", out);
+    }
+    // the checks off: the job runs on, its result one element off
+    st = real_job("sum0", 2, "corrupt-sum:1:3", out, sizeof(out));
+    check(st == 0 && test_rank_ok(out, 0, "sum_changed") && test_rank_ok(out, 1, "sum_changed"),
+          "-ic 0 -fault corrupt-sum:1:3: the all-reduce returns, one element of its result moved by 2^-6 to 2^-5 "
+          "of itself on both ranks (exit %d)", st);
+    if (st != 0) printf("%s\n", out);
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 3 && strcmp(argv[1], "child") == 0) return child_main(argc, argv);
+    test_self_exe(self_exe, sizeof(self_exe), argv[0]);
     test_coefficients();
     test_fused_pass();
     test_ring_verdicts();
@@ -1314,6 +1503,7 @@ int main(void) {
     printf("note: the scalar build checks sketch.h's plain loops; the trainer's runs are test_integrity's\n");
     return test_summary();
 #endif
+    test_real_ranks();
     if (access("./train_gpt2", X_OK) != 0) {
         skip("./train_gpt2 not built: the trainer's runs");
         return test_summary();

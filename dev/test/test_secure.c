@@ -897,6 +897,7 @@ static void test_faults(void) {
         {"kill:3:100", FAULT_KILL, 3, 100}, {"stall:2:7", FAULT_STALL, 2, 7},
         {"slow:2:3", FAULT_SLOW, 2, 3}, {"drift:1:0", FAULT_DRIFT, 1, 0}, {"corrupt:1:4", FAULT_CORRUPT, 1, 4},
         {"corrupt-low:0:2", FAULT_CORRUPT_LOW, 0, 2}, {"poison:3:7", FAULT_POISON, 3, 7},
+        {"corrupt-sum:1:3", FAULT_CORRUPT_SUM, 1, 3},
     };
     char err[256];
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
@@ -907,7 +908,7 @@ static void test_faults(void) {
     const char *bad[] = {"", "tamper", "tamper:1", "tamper:1:5:6", "boom:1:5", "tamper:-1:5", "tamper:1:x",
                          "tamper:1:", "tamper::5", "tamper:99999999999999999999:1", " tamper:1:5", "TAMPER:1:5",
                          "tamper:1:5 ", "tamper:+1:5", "tamper:65536:1", "tamper:1:9999999999999", "corrupt-:1:2",
-                         "corruptlow:1:2"};
+                         "corruptlow:1:2", "corrupt-sum-:1:2"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         Fault f = {FAULT_KILL, 0, 0};
         err[0] = '\0';
@@ -922,8 +923,9 @@ static void test_faults(void) {
           !fault_slow_fires(&f, 1, 3), "a slow fault acts on rank 2 from step 3 on");
     fault_parse("poison:2:3", &f, err, sizeof(err));
     check(fault_poison_fires(&f, 2, 3) && fault_poison_fires(&f, 2, 9) && !fault_poison_fires(&f, 2, 2) &&
-          !fault_poison_fires(&f, 0, 3) && fault_flip_bit(FAULT_CORRUPT) == 30 && fault_flip_bit(FAULT_CORRUPT_LOW) == 0,
-          "poison acts on rank 2 from step 3 on; corrupt flips bit 30, corrupt-low bit 0");
+          !fault_poison_fires(&f, 0, 3) && fault_flip_bit(FAULT_CORRUPT) == 30 && fault_flip_bit(FAULT_CORRUPT_LOW) == 0 &&
+          fault_flip_bit(FAULT_CORRUPT_SUM) == 18,
+          "poison acts on rank 2 from step 3 on; corrupt flips bit 30, corrupt-low bit 0, corrupt-sum bit 18");
     Fault none = {FAULT_NONE, 0, 0};
     check(!fault_fires(&none, 0, 0) && !fault_fires(NULL, 0, 0), "no fault never fires");
 }

@@ -15,13 +15,14 @@
  *                         the step messages are stamped with; a longer
  *                         timeout for a wait known to be long
  *   comm_set_check, comm_set_label, comm_count_grads, comm_grad_sumsq,
- *   comm_check_ms, comm_sum_ms, comm_group_digest
+ *   comm_check_ms, comm_sum_ms, comm_group_digest, comm_check_covers
  *                         checked collectives (-ic 1, sketch.h): on or off;
  *                         what the next collective carries, for the line a
  *                         failed check prints; the sum of squares of this
  *                         rank's gradients as it put them into the
  *                         collectives that reduce them; the checks' time,
- *                         and the reducing receives' (which share a pass)
+ *                         and the reducing receives' (which share a pass);
+ *                         a piece past the length drawn ends the job
  *   COMM_ALLREDUCE .. COMM_P2P, COMM_NCOUNTERS, comm_counter_name,
  *   comm_get_bytes, comm_print_bytes
  *                         the byte counters
@@ -122,7 +123,8 @@ typedef struct Comm {
     double grad_sumsq;          // the sum of squares of what this rank put into those
     double check_ms;            // time spent sketching, swapping the records and judging them
     double sum_ms;              // time in the reducing receives' sums (with their sketches, when checking)
-    uint8_t *flipped;           // -fault corrupt, corrupt-low: the frame's payload with its bit flipped
+    uint8_t *flipped;           // -fault corrupt, corrupt-low: the frame's payload with its bit flipped;
+                                // corrupt-sum: the frame's addend, kept while the sum overwrites it
 } Comm;
 
 // a transfer: one message of `bytes` to or from one peer, as
@@ -291,12 +293,33 @@ static inline void comm_enter(Comm *c, const char *op, int counter) {
     }
 }
 
+// comm_check_covers: a piece about to be sketched lies within the length
+// the collective's coefficients were drawn for (sketch_covers). Past it an
+// element has no coefficient of this draw, and a change to it would pass
+// every check; the collectives cut their pieces within the length they
+// draw for, so one that does not is this code's fault, and ends the job
+static inline void comm_check_covers(Comm *c, size_t g0, size_t n) {
+    if (sketch_covers(c->gen, g0, n)) return;
+    fprintf(stderr, "rank %d: step %ld: checked %s%s%s: a piece of %zu elements from element %zu reaches past the %zu "
+            "elements its coefficients were drawn for\n", c->rank, c->step, c->op, c->label != NULL ? " of " : "",
+            c->label != NULL ? c->label : "", n, g0, c->gen->n);
+    comm_die(c);
+}
+
 // comm_sketch: a piece of a checked collective's data into one of its
 // sketches, timed into check_ms
 static inline void comm_sketch(Comm *c, Sketch *sk, size_t g0, const float *x, size_t n, int full) {
+    comm_check_covers(c, g0, n);
     double t0 = par_now();
     sketch_add(sk, c->gen, g0, x, n, full);
     c->check_ms += (par_now() - t0) * 1e3;
+}
+
+// comm_fault_buffer: c->flipped, made on first use (a frame's payload)
+static inline uint8_t *comm_fault_buffer(Comm *c) {
+    if (c->flipped == NULL && (c->flipped = (uint8_t *)malloc(COMM_SLOT_PAYLOAD)) == NULL)
+        comm_usage_die(c, "fault %s: out of memory", fault_name(c->fault.kind));
+    return c->flipped;
 }
 
 // comm_corrupt_due: -fault corrupt or corrupt-low acts on this frame: this
@@ -313,9 +336,7 @@ static inline int comm_corrupt_due(const Comm *c, size_t len) {
 // float of largest magnitude (where a flip changes the most), sealed in its
 // place: the tag is right, the sketch was made of the bytes before
 static inline const uint8_t *comm_corrupt(Comm *c, const Xfer *x, const uint8_t *payload, size_t len) {
-    if (c->flipped == NULL && (c->flipped = (uint8_t *)malloc(COMM_SLOT_PAYLOAD)) == NULL)
-        comm_usage_die(c, "fault %s: out of memory", fault_name(c->fault.kind));
-    memcpy(c->flipped, payload, len);
+    memcpy(comm_fault_buffer(c), payload, len);
     size_t n = len / sizeof(float), at = 0;
     float best = -1.0f;
     for (size_t j = 0; j < n; j++) {
@@ -335,6 +356,54 @@ static inline const uint8_t *comm_corrupt(Comm *c, const Xfer *x, const uint8_t 
             c->rank, fault_name(c->fault.kind), fault_flip_bit(c->fault.kind), x->g0 + (size_t)(payload - x->src) /
             sizeof(float) + at, before, after, x->peer, c->op, c->step);
     return c->flipped;
+}
+
+// comm_corrupt_sum_due: -fault corrupt-sum acts on this frame: this rank's
+// first reducing receive of data in the fault's step
+static inline int comm_corrupt_sum_due(const Comm *c, size_t m) {
+    return c->fault.kind == FAULT_CORRUPT_SUM && !c->fault_done && m > 0 && fault_fires(&c->fault, c->rank, c->step);
+}
+
+// comm_corrupt_sum: the frame's sum made as a faulty adder would make it:
+// z = v + a, then one mantissa bit (fault_flip_bit) of its largest element
+// flipped, and every sketch of the frame made of what is stored, the passes
+// apart (sketch_add's sketches are sketch_reduce's, bit for bit). So what
+// moved is what each end sketched, and only the sum's rounding bound, for
+// the chunk and for this frame, can see the change. z may be a.
+static inline void comm_corrupt_sum(Comm *c, Xfer *x, const float *v, const float *a, float *z, size_t g, size_t m) {
+    float *kept = (float *)comm_fault_buffer(c);
+    memcpy(kept, a, m * sizeof(float));
+    size_t at = 0;
+    for (size_t j = 0; j < m; j++) {
+        z[j] = v[j] + kept[j];
+        if (fabsf(z[j]) > fabsf(z[at])) at = j;
+    }
+    uint32_t bits;
+    float before = z[at], after;
+    memcpy(&bits, &z[at], sizeof(bits));
+    bits ^= 1u << fault_flip_bit(c->fault.kind);
+    memcpy(&after, &bits, sizeof(after));
+    z[at] = after;
+    c->fault_done = 1;
+    fprintf(stderr, "rank %d: fault %s: flipped bit %d of element %zu of the sum it made of what rank %d sent (%.9g to "
+            "%.9g; %s, step %ld)\n", c->rank, fault_name(c->fault.kind), fault_flip_bit(c->fault.kind), g + at,
+            x->peer, before, after, c->op, c->step);
+    if (x->sk != NULL && x->sk_add != NULL && x->sk_sum != NULL) {
+        double q = x->sk->q;  // what arrived is sketched with its |x| sums, not its squares (as sketch_reduce does)
+        sketch_add(x->sk, c->gen, g, v, m, 1);
+        x->sk->q = q;
+        sketch_add(x->sk_add, c->gen, g, kept, m, 1);
+        sketch_add(x->sk_sum, c->gen, g, z, m, 0);
+        if (x->sk_frame != NULL) {
+            Sketch piece[3];
+            memset(piece, 0, sizeof(piece));
+            sketch_add(&piece[0], c->gen, g, v, m, 1);
+            sketch_add(&piece[1], c->gen, g, kept, m, 1);
+            sketch_add(&piece[2], c->gen, g, z, m, 0);
+            sketch_piece_note(x->sk_frame, piece, g, m);
+        }
+    } else if (x->squares)
+        c->grad_sumsq += sketch_sumsq(kept, m);
 }
 
 // comm_try_send: puts the next frame of x into the ring to x->peer if a slot
@@ -426,7 +495,10 @@ static inline int comm_try_recv(Comm *c, Xfer *x) {
         float *sum = x->sum + off / sizeof(float);
         const float *add = x->addend + off / sizeof(float);
         double t0 = par_now();
-        if (x->sk != NULL && x->sk_add != NULL && x->sk_sum != NULL) {
+        if (x->sk != NULL && x->sk_add != NULL && x->sk_sum != NULL) comm_check_covers(c, g, m);
+        if (comm_corrupt_sum_due(c, m))
+            comm_corrupt_sum(c, x, (const float *)payload, add, sum, g, m);
+        else if (x->sk != NULL && x->sk_add != NULL && x->sk_sum != NULL) {
             Sketch piece[3];  // this frame's own: its sum checked within its own bound
             sketch_reduce(x->sk, x->sk_add, x->sk_sum, x->sk_frame != NULL ? piece : NULL, c->gen, g,
                           (const float *)payload, add, sum, m);

@@ -13,6 +13,7 @@
  *   SketchGen, SKETCH_LAUNCH_MAX, sketch_gen_init, sketch_gen_free, sketch_draw
  *                          the secret coefficients of one collective, under
  *                          the key of one launch of the job
+ *   sketch_covers          whether a piece lies within the length drawn
  *   SKETCH_PLAIN .. SKETCH_SQUARES
  *                          what a segment's pass sums besides the sketches
  *   sketch_add             a vector's piece into its sketch
@@ -80,7 +81,8 @@ typedef struct {
     AeadKey aes;                  // the job's sketch key (never the frames' HMAC key)
     double b[2][SKETCH_BLOCK];    // b of sketch 0 and 1
     double *a;                    // per block: a of sketch 0 and 1, interleaved
-    size_t blocks, cap;           // blocks drawn for this collective; room in a
+    size_t n;                     // elements drawn for this collective (sketch_covers)
+    size_t blocks, cap;           // blocks drawn for it; room in a
     uint16_t *stream;             // the keystream's words
     size_t stream_cap;
 } SketchGen;
@@ -157,8 +159,18 @@ static inline int sketch_draw(SketchGen *g, long step, uint64_t group, uint64_t 
         }
     }
     for (size_t j = 0; j < 2 * blocks; j++) g->a[j] = sketch_coef(g->stream[2 * SKETCH_BLOCK + j]);
+    g->n = n;
     g->blocks = blocks;
     return 0;
+}
+
+// sketch_covers: whether elements g0 .. g0 + len - 1 lie within the n
+// elements of the last draw. sketch_add and sketch_reduce take only such
+// pieces: an element past n has no coefficient drawn for it (or one of the
+// block's padding, which the other members never weigh), so a change there
+// would go unseen. shm_comm.h ends the job on a piece that does not.
+static inline int sketch_covers(const SketchGen *g, size_t g0, size_t len) {
+    return g0 <= g->n && len <= g->n - g0;
 }
 
 // one segment within a block: m elements from block offset off. Lane l sums
@@ -403,9 +415,10 @@ static inline double sketch_sum_sumsq(const float *v, const float *a, float *z, 
     return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
-// a segment's sums into acc, with block blk's coefficients: one fma each
+// a segment's sums into acc, with block blk's coefficients: one fma each.
+// blk < g->blocks, as the piece lies within the draw (sketch_covers)
 static inline void sketch_take(Sketch *acc, const SketchGen *g, size_t blk, const double seg[4], int level) {
-    double c0 = blk < g->blocks ? g->a[2 * blk] : 0.0, c1 = blk < g->blocks ? g->a[2 * blk + 1] : 0.0;
+    double c0 = g->a[2 * blk], c1 = g->a[2 * blk + 1];
     acc->s[0] = fma(c0, seg[0], acc->s[0]);
     acc->s[1] = fma(c1, seg[1], acc->s[1]);
     if (level >= SKETCH_MAGNITUDES) {

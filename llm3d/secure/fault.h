@@ -6,7 +6,8 @@
  *   Fault, FAULT_* (the kinds), fault_name, fault_parse, fault_check_world
  *   fault_fires, fault_slow_fires, fault_poison_fires
  *                                   whether it acts on this rank at this step
- *   fault_flip_bit                  the bit corrupt and corrupt-low flip
+ *   fault_flip_bit                  the bit corrupt, corrupt-low and
+ *                                   corrupt-sum flip
  *   frame_tamper, links_rewind_send what tamper and replay do to a frame and
  *                                   to a link (secure.h's)
  *
@@ -16,9 +17,13 @@
  * one bit flipped, an exponent bit (the lowest mantissa bit), in the data
  * RANK puts into its first collective of STEP, after RANK's sketch of it and
  * before the frame's tag, so that only the checked collectives (-ic 1) can
- * see it. slow (a straggler from STEP on: fault_slow_fires), drift (one
- * parameter changed on one rank) and poison (RANK's gradients x100 from STEP
- * on: fault_poison_fires) are acted on by the trainers (watch.h).
+ * see it; and so is corrupt-sum: one bit flipped, a mantissa bit in its
+ * middle, in the first sum RANK makes in a reduction of STEP, with the sum
+ * sketched as stored (a faulty adder), which only that sum's rounding bound
+ * can see: its chunk's, or in a chunk of many frames its frame's. slow (a
+ * straggler from STEP on: fault_slow_fires), drift (one parameter changed on
+ * one rank) and poison (RANK's gradients x100 from STEP on:
+ * fault_poison_fires) are acted on by the trainers (watch.h).
  * doc/security.md, "Fault injection", says what catches each. Errors follow
  * errors.h.
  */
@@ -36,7 +41,7 @@
 // fault injection: -fault KIND:RANK:STEP
 
 enum { FAULT_NONE = 0, FAULT_TAMPER, FAULT_REPLAY, FAULT_KILL, FAULT_STALL, FAULT_SLOW, FAULT_DRIFT, FAULT_CORRUPT,
-       FAULT_CORRUPT_LOW, FAULT_POISON, FAULT_LAST = FAULT_POISON };
+       FAULT_CORRUPT_LOW, FAULT_POISON, FAULT_CORRUPT_SUM, FAULT_LAST = FAULT_CORRUPT_SUM };
 
 #define FAULT_SLOW_MS 300  // what slow adds to each step of its rank: far above any noise of a shared machine
 #define FAULT_POISON_SCALE 100.0f  // what poison multiplies its rank's gradients by
@@ -45,7 +50,7 @@ typedef struct { int kind; int rank; long step; } Fault;
 
 static inline const char *fault_name(int kind) {
     static const char *names[] = {"none", "tamper", "replay", "kill", "stall", "slow", "drift", "corrupt",
-                                  "corrupt-low", "poison"};
+                                  "corrupt-low", "poison", "corrupt-sum"};
     return kind >= FAULT_NONE && kind <= FAULT_LAST ? names[kind] : "unknown";
 }
 
@@ -78,7 +83,7 @@ static inline int fault_parse(const char *spec, Fault *f, char *err, size_t errl
     }
     if (kind == FAULT_NONE)
         return errorf(err, errlen, "-fault '%s': KIND '%.*s' is not one of tamper, replay, kill, stall, slow, drift, "
-                      "corrupt, corrupt-low, poison", spec, (int)kind_len, spec);
+                      "corrupt, corrupt-low, poison, corrupt-sum", spec, (int)kind_len, spec);
     long rank, step;
     if (fault_number(c1 + 1, (size_t)(c2 - c1 - 1), LINKS_MAX_WORLD - 1, &rank) != 0)
         return errorf(err, errlen, "-fault '%s': RANK '%.*s' is not a rank 0..%d",
@@ -115,9 +120,13 @@ static inline int fault_poison_fires(const Fault *f, int rank, long step) {
 // NaN, one of 2 or more scaled by 2^-128, a change of its own size that a
 // bf16 sum's rounding bound can hide: nccl_check.h's nchk_flip_key picks a
 // value below 1 on the GPU; the host backend compares what moved exactly, so
-// any flip is seen there) and corrupt-low (0, the mantissa's lowest: one
-// unit in the last place)
-static inline int fault_flip_bit(int kind) { return kind == FAULT_CORRUPT_LOW ? 0 : 30; }
+// any flip is seen there), corrupt-low (0, the mantissa's lowest: one
+// unit in the last place) and corrupt-sum (18: the value moved by 2^-6 to
+// 2^-5 of itself, far below an exponent's change and far above the rounding
+// of one frame's sum; doc/security.md, "Checked collectives", has figures)
+static inline int fault_flip_bit(int kind) {
+    return kind == FAULT_CORRUPT_LOW ? 0 : kind == FAULT_CORRUPT_SUM ? 18 : 30;
+}
 
 // frame_tamper: flip a bit in the middle of the payload, or in the header pad
 // when there is no payload, so the receiver's tag check is what catches it
