@@ -896,6 +896,11 @@ static inline void comm_allreduce(Comm *c, const Group *grp, float *buf, size_t 
         comm_reduce_hop_checks(c, ck, squares, size, s, ks, kr, &tx, &rx);
         comm_run(c, &tx, &rx);
     }
+    // my reduced chunk goes out as its last sum left it: that sum's sketch
+    // stands for it, and the members that gather it check their copies
+    // against it. A sketch of the chunk as sent would cost a pass over it
+    // and watch only the moment between the sum and the send
+    if (ck) c->rec[sketch_rec_own(size)] = c->rec[sketch_rec_out(size, size - 2)];
     for (int s = 0; s < size - 1; s++) {
         int ks = comm_mod(me - s, size), kr = comm_mod(me - s - 1, size);
         size_t s0 = n * (size_t)ks / (size_t)size, s1 = n * (size_t)(ks + 1) / (size_t)size;
@@ -904,7 +909,6 @@ static inline void comm_allreduce(Comm *c, const Group *grp, float *buf, size_t 
         Xfer rx = xfer_make(prev, CH_COLLECTIVE, 1 + COMM_ALLREDUCE, (r1 - r0) * sizeof(float));
         tx.src = (const uint8_t *)(buf + s0);
         tx.g0 = s0;
-        if (s == 0) tx.sk = comm_rec(c, ck, sketch_rec_own(size));  // my reduced chunk, as sent
         rx.dst = (uint8_t *)(buf + r0);
         rx.g0 = r0;
         rx.sk = comm_rec(c, ck, sketch_rec_got(size, s));
