@@ -844,7 +844,10 @@ static void test_corrupt(void) {
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         run(&r, cases[k].args, STEPS);
         int named = strstr(r.out, cases[k].want) != NULL && strstr(r.out, cases[k].detail) != NULL;
-        check(r.status == 1 && named && r.nsteps == 2 && strstr(r.out, "fault corrupt") != NULL,
+        // step 2 never logged; step 1's line may be missing too where the failing
+        // group lacks rank 0, which logs: its members can fail step 2 and end
+        // the job while rank 0 still finishes step 1 (seen once on a busy box)
+        check(r.status == 1 && named && r.nsteps >= 1 && r.nsteps <= 2 && strstr(r.out, "fault corrupt") != NULL,
               "%s: caught at step 2's collective, before its update (exit %d, %d steps logged): '%s ... %s'",
               cases[k].args, r.status, r.nsteps, cases[k].want, cases[k].detail);
         if (!named) printf("%s\n", r.out);
