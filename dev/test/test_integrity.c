@@ -134,39 +134,31 @@ static void test_coefficients(void) {
 
 // ----------------------------------------------------------------------------
 // the sketch as doc/security.md defines it, one element at a time: per block
-// segment, lane l of 16 sums b[i] x_i of the elements i = l (mod 16) of the
-// whole sixteens, lane 0 the rest, and lane l of 8 sums |x_i| and x_i^2: of
-// the pair i, i + 8 (i = l) of each whole sixteen added first, then of the
-// elements i = l (mod 8) of the whole octets after them, lane 0 the rest; 8 lanes
-// meet in ((0+1)+(2+3))+((4+5)+(6+7)), 16 as lanes 0-7 plus lanes 8-15,
-// and the segment enters the sketch through one fma with its block's a (|a|
-// for the |x| sums). Every build's sketch_add and sketch_reduce must give
-// these bits.
+// segment, lane l sums b[i] x_i (and |x_i|, x_i^2) of the elements i = l
+// (mod 8) of the whole octets, lane 0 the rest, the lanes meet in
+// ((0+1)+(2+3))+((4+5)+(6+7)), and the segment enters the sketch through one
+// fma with its block's a (|a| for the |x| sums). Every build's sketch_add and
+// sketch_reduce must give these bits.
 #define FRAME_FLOATS (65536 / 4)  // a frame's floats (COMM_SLOT_PAYLOAD)
-
-static double tree8(const double *w) { return ((w[0] + w[1]) + (w[2] + w[3])) + ((w[4] + w[5]) + (w[6] + w[7])); }
 
 static void reference_sketch(Sketch *acc, const SketchGen *g, size_t g0, const float *x, size_t len) {
     while (len > 0) {
         size_t blk = g0 / SKETCH_BLOCK, off = g0 % SKETCH_BLOCK;
-        size_t m = SKETCH_BLOCK - off < len ? SKETCH_BLOCK - off : len, whole16 = m / 16 * 16, whole8 = m / 8 * 8;
-        double prod[2][16] = {{0}}, mag[8] = {0}, sq[8] = {0};
+        size_t m = SKETCH_BLOCK - off < len ? SKETCH_BLOCK - off : len, whole = m / 8 * 8;
+        double lanes[5][8] = {{0}};
         for (size_t i = 0; i < m; i++) {
-            int l = i < whole16 ? (int)(i % 16) : 0, l8 = i < whole8 ? (int)(i % 8) : 0;
+            int l = i < whole ? (int)(i % 8) : 0;
             double v = x[i];
-            prod[0][l] += g->b[0][off + i] * v;
-            prod[1][l] += g->b[1][off + i] * v;
-            if (i >= whole16) {  // the sixteens' |x| and x^2 go in pairs, below
-                mag[l8] += fabs(v);
-                sq[l8] += v * v;
-            } else if (i % 16 < 8) {
-                double w = x[i + 8];
-                mag[l8] += fabs(v) + fabs(w);
-                sq[l8] += v * v + w * w;
-            }
+            lanes[0][l] += g->b[0][off + i] * v;
+            lanes[1][l] += g->b[1][off + i] * v;
+            lanes[2][l] += fabs(v);
+            lanes[4][l] += v * v;
         }
-        double seg[5] = {tree8(prod[0]) + tree8(prod[0] + 8), tree8(prod[1]) + tree8(prod[1] + 8), tree8(mag), 0.0,
-                         tree8(sq)};
+        double seg[5];
+        for (int k = 0; k < 5; k++) {
+            const double *w = lanes[k];
+            seg[k] = ((w[0] + w[1]) + (w[2] + w[3])) + ((w[4] + w[5]) + (w[6] + w[7]));
+        }
         double c0 = g->a[2 * blk], c1 = g->a[2 * blk + 1];
         acc->s[0] = fma(c0, seg[0], acc->s[0]);
         acc->s[1] = fma(c1, seg[1], acc->s[1]);
@@ -246,8 +238,8 @@ static void test_fused_pass(void) {
           "with the checks off the addend's sum of squares sketch_sumsq's (%d differ)", cases, FRAME_FLOATS + 13,
           sums_bad, squares_bad);
     check(sketches_bad == 0, "the same %d: sketch_add's and sketch_reduce's sketches of what arrived (with its |x| "
-          "bounds), the addend (with its bounds and squares) and the sum, bit for bit the definition's (16 and 8 lanes, "
-          "the fixed trees, one fma per segment), for the whole and for a piece alone (%d differ)", cases, sketches_bad);
+          "bounds), the addend (with its bounds and squares) and the sum, bit for bit the definition's (8 lanes, the "
+          "fixed tree, one fma per segment), for the whole and for a piece alone (%d differ)", cases, sketches_bad);
     free(v);
     free(a);
     free(a0);

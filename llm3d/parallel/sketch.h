@@ -47,7 +47,7 @@
  * job key can compute r.
  *
  * Exactness. b[i] * x_j is exact in double (16 + 24 bits); the sums are
- * rounded in double in one fixed order (16 lanes per block segment, a fixed
+ * rounded in double in one fixed order (8 lanes per block segment, a fixed
  * tree, then one fma per segment), so the same values, cut into the same
  * pieces, give the same sketch bit for bit on every rank and in every
  * build (vector, scalar, -O0): data that only moves (a ring hop, an
@@ -173,25 +173,16 @@ static inline int sketch_covers(const SketchGen *g, size_t g0, size_t len) {
     return g0 <= g->n && len <= g->n - g0;
 }
 
-// one segment within a block: m elements from block offset off. The two
-// sketches' products b[i] x_i go to 16 lanes: lane l sums the elements
-// i = l (mod 16) of the segment's whole sixteens, lane 0 the rest, and the
-// lanes meet in a fixed tree (lanes 0-7 as below, lanes 8-15 alike, then
-// the two). The magnitudes |x_i| (level 1) and the squares x_i^2 (level 2)
-// go to 8 lanes: lane l adds |x_i| + |x_i+8| for i = l of each whole
-// sixteen, then |x_i| for the rest i = l (mod 8) of the whole octets, lane
-// 0 what is left; tree ((0+1)+(2+3))+((4+5)+(6+7)). The order is the
-// segment's, never the buffer's alignment or the build's vector width, so
-// every build of a job sketches alike. A segment's sums of one vector,
-// out[4]: the two sketches, the magnitudes, the squares. GCC's and Clang's
-// vector extension runs 16 lanes as four vectors of 4 doubles and 8 as two;
-// the plain loops (-DLLM3D_SCALAR) add in the same order. Why 16 lanes for
-// the products: each lane is a chain of dependent fmas, and with 8 a pass
-// waited on their latency: 0.136 ns an element against 0.090 with 16
-// (sketch_add on data in L1, best of 40 on the dev box; the reducing pass
-// 0.29 against 0.22). The magnitudes are summed unweighted (|b| < 1 bounds
-// them), by adds, not multiplies: the multiplier units are what a pass runs
-// out of.
+// one segment within a block: m elements from block offset off. Lane l sums
+// the elements i = l (mod 8) from the segment's start, the rest go to lane 0,
+// and the lanes meet in a fixed tree: the order is the segment's, never the
+// buffer's alignment or the build's vector width, so every build of a job
+// sketches alike. A segment's sums of one vector, out[4]: the two sketches
+// sum b[i] x_i, then (level 1) the magnitudes sum |x_i|, then (level 2) the
+// squares sum x_i^2. GCC's and Clang's vector extension runs the 8 lanes as
+// two vectors of 4 doubles; the plain loops (-DLLM3D_SCALAR) add in the same
+// order. The magnitudes are summed unweighted (|b| < 1 bounds them), by
+// adds, not multiplies: the multiplier units are what a pass runs out of.
 //
 // sketch_segment sums one vector; sketch_segment_reduce is a reducing
 // receive's one pass: z = v + a in fp32 (stored; z may be a), with the sums
@@ -226,186 +217,150 @@ static inline sketch_d4 sketch_abs4(sketch_d4 v) {
 static inline double sketch_tree(sketch_d4 l, sketch_d4 h) {
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((h[0] + h[1]) + (h[2] + h[3]));
 }
-// a segment's sums lane by lane, once its whole sixteens are in: s[k][16]
-// the two sketches' products, mq[2][8] the magnitudes and the squares
-typedef struct { double s[2][16], mq[2][8]; } SketchLanes;
-
-static inline void sketch_lanes_store(SketchLanes *L, const sketch_d4 s0[4], const sketch_d4 s1[4], const sketch_d4 mq[4]) {
-    for (int k = 0; k < 4; k++)
-        for (int l = 0; l < 4; l++) {
-            L->s[0][4 * k + l] = s0[k][l];
-            L->s[1][4 * k + l] = s1[k][l];
-            L->mq[k / 2][4 * (k % 2) + l] = mq[k][l];
-        }
-}
-
-// the segment's tail, from element i on: the products to lane 0, the
-// magnitudes and squares to lane i mod 8 of the whole octets (whole8), else 0
-static inline void sketch_lanes_tail(SketchLanes *L, const double *b0, const double *b1, const float *x, size_t i,
-                                     size_t m, size_t whole8, int level) {
-    for (; i < m; i++) {
-        double v = (double)x[i];
-        int l = i < whole8 ? (int)(i % 8) : 0;
-        L->s[0][0] += b0[i] * v;
-        L->s[1][0] += b1[i] * v;
-        if (level >= SKETCH_MAGNITUDES) L->mq[0][l] += fabs(v);
-        if (level >= SKETCH_SQUARES) L->mq[1][l] += v * v;
-    }
-}
-
-static inline double sketch_tree8(const double v[8]) {
-    return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
-}
-
-static inline void sketch_lanes_out(const SketchLanes *L, double out[4]) {
-    out[0] = sketch_tree8(L->s[0]) + sketch_tree8(L->s[0] + 8);
-    out[1] = sketch_tree8(L->s[1]) + sketch_tree8(L->s[1] + 8);
-    out[2] = sketch_tree8(L->mq[0]);
-    out[3] = sketch_tree8(L->mq[1]);
-}
 
 static inline void sketch_segment(const SketchGen *g, size_t off, const float *x, size_t m, int level, double out[4]) {
     const double *b0 = g->b[0] + off, *b1 = g->b[1] + off;
-    const sketch_d4 zero = {0, 0, 0, 0};
-    sketch_d4 s0[4] = {zero, zero, zero, zero}, s1[4] = {zero, zero, zero, zero};
-    sketch_d4 mq[4] = {zero, zero, zero, zero};  // magnitudes lanes 0-3, 4-7; squares alike
-    size_t i = 0, whole8 = m / 8 * 8;
-    for (; i + 16 <= m; i += 16) {
-        sketch_d4 v0 = sketch_load4(x + i), v1 = sketch_load4(x + i + 4);
-        sketch_d4 v2 = sketch_load4(x + i + 8), v3 = sketch_load4(x + i + 12);
-        s0[0] += sketch_coef4(b0 + i) * v0;
-        s0[1] += sketch_coef4(b0 + i + 4) * v1;
-        s0[2] += sketch_coef4(b0 + i + 8) * v2;
-        s0[3] += sketch_coef4(b0 + i + 12) * v3;
-        s1[0] += sketch_coef4(b1 + i) * v0;
-        s1[1] += sketch_coef4(b1 + i + 4) * v1;
-        s1[2] += sketch_coef4(b1 + i + 8) * v2;
-        s1[3] += sketch_coef4(b1 + i + 12) * v3;
-        if (level >= SKETCH_MAGNITUDES) {
-            mq[0] += sketch_abs4(v0) + sketch_abs4(v2);
-            mq[1] += sketch_abs4(v1) + sketch_abs4(v3);
+    sketch_d4 s0l = {0, 0, 0, 0}, s0h = s0l, s1l = s0l, s1h = s0l, ml = s0l, mh = s0l, ql = s0l, qh = s0l;
+    size_t i = 0;
+    if (level == SKETCH_SQUARES) {
+        for (; i + 8 <= m; i += 8) {
+            sketch_d4 vl = sketch_load4(x + i), vh = sketch_load4(x + i + 4);
+            s0l += sketch_coef4(b0 + i) * vl; s0h += sketch_coef4(b0 + i + 4) * vh;
+            s1l += sketch_coef4(b1 + i) * vl; s1h += sketch_coef4(b1 + i + 4) * vh;
+            ml += sketch_abs4(vl); mh += sketch_abs4(vh);
+            ql += vl * vl; qh += vh * vh;
         }
-        if (level >= SKETCH_SQUARES) {  // each square exact (24-bit x, 53-bit double)
-            mq[2] += v0 * v0 + v2 * v2;
-            mq[3] += v1 * v1 + v3 * v3;
+    } else if (level == SKETCH_MAGNITUDES) {
+        for (; i + 8 <= m; i += 8) {
+            sketch_d4 vl = sketch_load4(x + i), vh = sketch_load4(x + i + 4);
+            s0l += sketch_coef4(b0 + i) * vl; s0h += sketch_coef4(b0 + i + 4) * vh;
+            s1l += sketch_coef4(b1 + i) * vl; s1h += sketch_coef4(b1 + i + 4) * vh;
+            ml += sketch_abs4(vl); mh += sketch_abs4(vh);
+        }
+    } else {
+        for (; i + 8 <= m; i += 8) {
+            sketch_d4 vl = sketch_load4(x + i), vh = sketch_load4(x + i + 4);
+            s0l += sketch_coef4(b0 + i) * vl; s0h += sketch_coef4(b0 + i + 4) * vh;
+            s1l += sketch_coef4(b1 + i) * vl; s1h += sketch_coef4(b1 + i + 4) * vh;
         }
     }
-    SketchLanes L;
-    sketch_lanes_store(&L, s0, s1, mq);
-    sketch_lanes_tail(&L, b0, b1, x, i, m, whole8, level);
-    sketch_lanes_out(&L, out);
+    for (; i < m; i++) {
+        double v = (double)x[i];
+        s0l[0] += b0[i] * v;
+        s1l[0] += b1[i] * v;
+        if (level >= SKETCH_MAGNITUDES) ml[0] += fabs(v);
+        if (level >= SKETCH_SQUARES) ql[0] += v * v;
+    }
+    out[0] = sketch_tree(s0l, s0h);
+    out[1] = sketch_tree(s1l, s1h);
+    out[2] = sketch_tree(ml, mh);
+    out[3] = sketch_tree(ql, qh);
 }
 
 static inline void sketch_segment_reduce(const SketchGen *g, size_t off, const float *v, const float *a, float *z,
                                          size_t m, double sv[4], double sa[4], double sz[4]) {
-    // three loops over the segment (at most K floats, in L1 after the
-    // first): the sum and a's sums, then v's, then z's; all their lanes at
-    // once would not fit the registers. The next segment's addend, which
-    // comes from memory, is asked for while this one's are summed.
+    // two loops over the segment (at most K floats, in L1 after the first):
+    // the sum and a's sums, then v's and z's; all 18 vectors of lanes at
+    // once would not fit the registers
     const double *b0 = g->b[0] + off, *b1 = g->b[1] + off;
-    const sketch_d4 zero = {0, 0, 0, 0};
-    size_t whole = m / 16 * 16, whole8 = m / 8 * 8;
-    sketch_d4 s0[4] = {zero, zero, zero, zero}, s1[4] = {zero, zero, zero, zero}, mq[4] = {zero, zero, zero, zero};
-    for (size_t i = 0; i < whole; i += 16) {
-        __builtin_prefetch(a + i + SKETCH_BLOCK);
-        sketch_f4 f0 = *(const sketch_f4u *)(a + i), f1 = *(const sketch_f4u *)(a + i + 4);
-        sketch_f4 f2 = *(const sketch_f4u *)(a + i + 8), f3 = *(const sketch_f4u *)(a + i + 12);
-        *(sketch_f4u *)(z + i) = *(const sketch_f4u *)(v + i) + f0;  // a read first: z may be a
-        *(sketch_f4u *)(z + i + 4) = *(const sketch_f4u *)(v + i + 4) + f1;
-        *(sketch_f4u *)(z + i + 8) = *(const sketch_f4u *)(v + i + 8) + f2;
-        *(sketch_f4u *)(z + i + 12) = *(const sketch_f4u *)(v + i + 12) + f3;
-        sketch_d4 d0 = sketch_cvt4(f0), d1 = sketch_cvt4(f1), d2 = sketch_cvt4(f2), d3 = sketch_cvt4(f3);
-        s0[0] += sketch_coef4(b0 + i) * d0;
-        s0[1] += sketch_coef4(b0 + i + 4) * d1;
-        s0[2] += sketch_coef4(b0 + i + 8) * d2;
-        s0[3] += sketch_coef4(b0 + i + 12) * d3;
-        s1[0] += sketch_coef4(b1 + i) * d0;
-        s1[1] += sketch_coef4(b1 + i + 4) * d1;
-        s1[2] += sketch_coef4(b1 + i + 8) * d2;
-        s1[3] += sketch_coef4(b1 + i + 12) * d3;
-        mq[0] += sketch_abs4(d0) + sketch_abs4(d2);
-        mq[1] += sketch_abs4(d1) + sketch_abs4(d3);
-        mq[2] += d0 * d0 + d2 * d2;
-        mq[3] += d1 * d1 + d3 * d3;
+    size_t whole = m / 8 * 8;
+    sketch_d4 x0l = {0, 0, 0, 0}, x0h = x0l, x1l = x0l, x1h = x0l, xml = x0l, xmh = x0l, ql = x0l, qh = x0l;
+    for (size_t i = 0; i < whole; i += 8) {
+        sketch_f4 afl = *(const sketch_f4u *)(a + i), afh = *(const sketch_f4u *)(a + i + 4);
+        *(sketch_f4u *)(z + i) = *(const sketch_f4u *)(v + i) + afl;  // a read first: z may be a
+        *(sketch_f4u *)(z + i + 4) = *(const sketch_f4u *)(v + i + 4) + afh;
+        sketch_d4 dl = sketch_cvt4(afl), dh = sketch_cvt4(afh);
+        x0l += sketch_coef4(b0 + i) * dl; x0h += sketch_coef4(b0 + i + 4) * dh;
+        x1l += sketch_coef4(b1 + i) * dl; x1h += sketch_coef4(b1 + i + 4) * dh;
+        xml += sketch_abs4(dl); xmh += sketch_abs4(dh);
+        ql += dl * dl; qh += dh * dh;
     }
-    SketchLanes L;
-    sketch_lanes_store(&L, s0, s1, mq);
-    sketch_lanes_tail(&L, b0, b1, a, whole, m, whole8, SKETCH_SQUARES);  // before the sum's stores: z may be a
-    sketch_lanes_out(&L, sa);
-    for (size_t i = whole; i < m; i++) z[i] = v[i] + a[i];
-    for (int k = 0; k < 4; k++) s0[k] = s1[k] = mq[k] = zero;
-    for (size_t i = 0; i < whole; i += 16) {
-        sketch_d4 d0 = sketch_load4(v + i), d1 = sketch_load4(v + i + 4);
-        sketch_d4 d2 = sketch_load4(v + i + 8), d3 = sketch_load4(v + i + 12);
-        s0[0] += sketch_coef4(b0 + i) * d0;
-        s0[1] += sketch_coef4(b0 + i + 4) * d1;
-        s0[2] += sketch_coef4(b0 + i + 8) * d2;
-        s0[3] += sketch_coef4(b0 + i + 12) * d3;
-        s1[0] += sketch_coef4(b1 + i) * d0;
-        s1[1] += sketch_coef4(b1 + i + 4) * d1;
-        s1[2] += sketch_coef4(b1 + i + 8) * d2;
-        s1[3] += sketch_coef4(b1 + i + 12) * d3;
-        mq[0] += sketch_abs4(d0) + sketch_abs4(d2);
-        mq[1] += sketch_abs4(d1) + sketch_abs4(d3);
+    sketch_d4 v0l = {0, 0, 0, 0}, v0h = v0l, v1l = v0l, v1h = v0l, vml = v0l, vmh = v0l;
+    sketch_d4 z0l = v0l, z0h = v0l, z1l = v0l, z1h = v0l;
+    for (size_t i = 0; i < whole; i += 8) {
+        sketch_d4 c0l = sketch_coef4(b0 + i), c0h = sketch_coef4(b0 + i + 4);
+        sketch_d4 c1l = sketch_coef4(b1 + i), c1h = sketch_coef4(b1 + i + 4);
+        sketch_d4 dl = sketch_load4(v + i), dh = sketch_load4(v + i + 4);
+        v0l += c0l * dl; v0h += c0h * dh; v1l += c1l * dl; v1h += c1h * dh;
+        vml += sketch_abs4(dl); vmh += sketch_abs4(dh);
+        dl = sketch_load4(z + i), dh = sketch_load4(z + i + 4);
+        z0l += c0l * dl; z0h += c0h * dh; z1l += c1l * dl; z1h += c1h * dh;
     }
-    sketch_lanes_store(&L, s0, s1, mq);
-    sketch_lanes_tail(&L, b0, b1, v, whole, m, whole8, SKETCH_MAGNITUDES);
-    sketch_lanes_out(&L, sv);
-    sketch_segment(g, off, z, m, SKETCH_PLAIN, sz);
+    for (size_t i = whole; i < m; i++) {
+        float vf = v[i], af = a[i], zf = vf + af;
+        z[i] = zf;
+        double dv = (double)vf, da = (double)af, dz = (double)zf;
+        v0l[0] += b0[i] * dv;
+        v1l[0] += b1[i] * dv;
+        vml[0] += fabs(dv);
+        x0l[0] += b0[i] * da;
+        x1l[0] += b1[i] * da;
+        xml[0] += fabs(da);
+        ql[0] += da * da;
+        z0l[0] += b0[i] * dz;
+        z1l[0] += b1[i] * dz;
+    }
+    sv[0] = sketch_tree(v0l, v0h);
+    sv[1] = sketch_tree(v1l, v1h);
+    sv[2] = sketch_tree(vml, vmh);
+    sv[3] = 0.0;
+    sa[0] = sketch_tree(x0l, x0h);
+    sa[1] = sketch_tree(x1l, x1h);
+    sa[2] = sketch_tree(xml, xmh);
+    sa[3] = sketch_tree(ql, qh);
+    sz[0] = sketch_tree(z0l, z0h);
+    sz[1] = sketch_tree(z1l, z1h);
+    sz[2] = sz[3] = 0.0;
 }
 #else
 static inline double sketch_tree8(const double v[8]) {
     return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
-static inline double sketch_tree16(const double v[16]) { return sketch_tree8(v) + sketch_tree8(v + 8); }
-
-// one vector's sums of a segment, lane by lane as the vector code makes them:
-// s[2][16] the products, mq[2][8] the magnitudes and squares
-static inline void sketch_lanes(const double *b0, const double *b1, const float *x, size_t m, int level,
-                                double s[2][16], double mq[2][8]) {
-    size_t whole = m / 16 * 16, whole8 = m / 8 * 8;
-    for (size_t i = 0; i < whole; i++) {
-        double v = (double)x[i];
-        s[0][i % 16] += b0[i] * v;
-        s[1][i % 16] += b1[i] * v;
-    }
-    for (size_t i = 0; i < whole; i += 16) {
-        for (int l = 0; l < 8; l++) {
-            double lo = (double)x[i + l], hi = (double)x[i + 8 + l];
-            if (level >= SKETCH_MAGNITUDES) mq[0][l] += fabs(lo) + fabs(hi);
-            if (level >= SKETCH_SQUARES) mq[1][l] += lo * lo + hi * hi;
-        }
-    }
-    for (size_t i = whole; i < m; i++) {
-        int l8 = i < whole8 ? (int)(i % 8) : 0;
-        double v = (double)x[i];
-        s[0][0] += b0[i] * v;
-        s[1][0] += b1[i] * v;
-        if (level >= SKETCH_MAGNITUDES) mq[0][l8] += fabs(v);
-        if (level >= SKETCH_SQUARES) mq[1][l8] += v * v;
-    }
-}
 
 static inline void sketch_segment(const SketchGen *g, size_t off, const float *x, size_t m, int level, double out[4]) {
-    double s[2][16], mq[2][8];
-    memset(s, 0, sizeof(s));
-    memset(mq, 0, sizeof(mq));
-    sketch_lanes(g->b[0] + off, g->b[1] + off, x, m, level, s, mq);
-    out[0] = sketch_tree16(s[0]);
-    out[1] = sketch_tree16(s[1]);
-    out[2] = sketch_tree8(mq[0]);
-    out[3] = sketch_tree8(mq[1]);
+    const double *b0 = g->b[0] + off, *b1 = g->b[1] + off;
+    double lanes[4][8];
+    memset(lanes, 0, sizeof(lanes));
+    size_t whole = m / 8 * 8;
+    for (size_t i = 0; i < m; i++) {
+        int l = i < whole ? (int)(i % 8) : 0;
+        double v = (double)x[i];
+        lanes[0][l] += b0[i] * v;
+        lanes[1][l] += b1[i] * v;
+        if (level >= SKETCH_MAGNITUDES) lanes[2][l] += fabs(v);
+        if (level >= SKETCH_SQUARES) lanes[3][l] += v * v;
+    }
+    for (int k = 0; k < 4; k++) out[k] = sketch_tree8(lanes[k]);
 }
 
 static inline void sketch_segment_reduce(const SketchGen *g, size_t off, const float *v, const float *a, float *z,
                                          size_t m, double sv[4], double sa[4], double sz[4]) {
-    // a's sums before the sum's stores (z may be a)
-    sketch_segment(g, off, a, m, SKETCH_SQUARES, sa);
-    for (size_t i = 0; i < m; i++) z[i] = v[i] + a[i];
-    sketch_segment(g, off, v, m, SKETCH_MAGNITUDES, sv);
-    sketch_segment(g, off, z, m, SKETCH_PLAIN, sz);
-    sv[3] = 0.0;
-    sz[2] = sz[3] = 0.0;
+    const double *b0 = g->b[0] + off, *b1 = g->b[1] + off;
+    double lv[4][8], la[4][8], lz[4][8];
+    memset(lv, 0, sizeof(lv));
+    memset(la, 0, sizeof(la));
+    memset(lz, 0, sizeof(lz));
+    size_t whole = m / 8 * 8;
+    for (size_t i = 0; i < m; i++) {
+        int l = i < whole ? (int)(i % 8) : 0;
+        float vf = v[i], af = a[i], zf = vf + af;  // a read before z, which may be a, is written
+        z[i] = zf;
+        double dv = (double)vf, da = (double)af, dz = (double)zf;
+        lv[0][l] += b0[i] * dv;
+        lv[1][l] += b1[i] * dv;
+        lv[2][l] += fabs(dv);
+        la[0][l] += b0[i] * da;
+        la[1][l] += b1[i] * da;
+        la[2][l] += fabs(da);
+        la[3][l] += da * da;
+        lz[0][l] += b0[i] * dz;
+        lz[1][l] += b1[i] * dz;
+    }
+    for (int k = 0; k < 4; k++) {
+        sv[k] = sketch_tree8(lv[k]);
+        sa[k] = sketch_tree8(la[k]);
+        sz[k] = sketch_tree8(lz[k]);
+    }
 }
 #endif
 
@@ -526,15 +481,12 @@ static inline void sketch_reduce(Sketch *sv, Sketch *sa, Sketch *sz, Sketch piec
 // the bounds. u = 2^-24 (fp32's unit roundoff), e(N) the relative error of a
 // sketch of N elements as sketch_add computes it, in double:
 //   e(N) <= (K/8 + 16 + 2N/K) 2^-53
-// (a lane's sum of at most K/16 + 15 exact products, 4 levels of the lanes'
+// (a lane's sum of at most K/8 + 7 exact products, 3 levels of the lanes'
 // tree, one fma per segment into a running sum of at most 2N/K + 2 segments,
-// as frames of 16384 elements cut at most N/K more segments than the blocks:
-// K/16 + 19 + 2N/K, below the bound, which keeps the K/8 + 16 of the 8
-// lanes the sketches had before and nccl_check.h's GPU order is held to).
+// as frames of 16384 elements cut at most N/K more segments than the blocks).
 // The products b * x are exact, so no term for them. The |r|.|x| bounds A
-// (Sketch's a) are sums of |x| in 8 lanes, of at most K/8 + 7 terms and 3
-// levels (|b| < 1 dropped, so A is at most 2x, some 1.4x on average, sum
-// |r| |x|).
+// (Sketch's a) are sums of the same shape, of |x| (|b| < 1 dropped, so A
+// is at most 2x, some 1.4x on average, sum |r| |x|).
 
 static inline double sketch_eval_error(size_t n) {
     return ((double)SKETCH_BLOCK / 8.0 + 16.0 + 2.0 * (double)n / SKETCH_BLOCK) * ldexp(1.0, -53);
