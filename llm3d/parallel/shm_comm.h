@@ -495,10 +495,11 @@ static inline int comm_try_recv(Comm *c, Xfer *x) {
         float *sum = x->sum + off / sizeof(float);
         const float *add = x->addend + off / sizeof(float);
         double t0 = par_now();
-        if (x->sk != NULL && x->sk_add != NULL && x->sk_sum != NULL) comm_check_covers(c, g, m);
+        int sketching = x->sk != NULL && x->sk_add != NULL && x->sk_sum != NULL;
+        if (sketching) comm_check_covers(c, g, m);
         if (comm_corrupt_sum_due(c, m))
             comm_corrupt_sum(c, x, (const float *)payload, add, sum, g, m);
-        else if (x->sk != NULL && x->sk_add != NULL && x->sk_sum != NULL) {
+        else if (sketching) {
             Sketch piece[3];  // this frame's own: its sum checked within its own bound
             sketch_reduce(x->sk, x->sk_add, x->sk_sum, x->sk_frame != NULL ? piece : NULL, c->gen, g,
                           (const float *)payload, add, sum, m);
