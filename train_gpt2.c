@@ -1674,7 +1674,7 @@ int main(int argc, char **argv) {
     Watch watch;
     watch_init(&watch, &job, &par.grid);
     PipeMeter meter;
-    pipe_meter_init(&meter, &job, &par.grid, 1);
+    pipe_meter_init(&meter, &job, &par.grid);
     GradWatch grads;
     grads_init(&grads, &par.grid);
     for (int step = job.start; step < job.steps && !stopped; step++) {

@@ -263,6 +263,14 @@ static size_t buffer_plan(BufferSlice *s, int n) {
 #define UNIT_SLOTS 3    // units held at once: wte (one stage), a layer and the next layer's or lnf
 #define PROGRESS_MARKS 8  // layers the host may queue ahead of the GPU in a job (gpu_progress)
 
+// the pipeline's bubble measured on the GPU (pipeline_run.cuh's pipe_clock_*)
+typedef struct {
+    cudaEvent_t *marks;  // [cap] on the model's stream: the step's start, then after each receive, op and send
+    signed char *spans;  // [cap]: what ran up to mark i: PIPE_F, PIPE_B or PIPE_W, PIPE_CLOCK_MSG, PIPE_CLOCK_NONE
+    int n, cap;          // marks recorded this step, and made (0: the meter is off)
+    float *floats;       // every rank's PIPE_METER_FLOATS (watch.h), all-gathered on the device
+} PipeClock;
+
 typedef struct {
     GPT2Config config;
     Grid grid;                  // this rank's place in the job
@@ -338,6 +346,7 @@ typedef struct {
     NcclComm *nccl;                      // NULL for a model of one rank outside a job (the tests)
     cudaEvent_t progress[PROGRESS_MARKS];// gpu_progress's marks, one after each layer's forward or backward
     long progress_n;
+    PipeClock clock;                     // pp > 1: the bubble's clock (pipeline_run.cuh); cap 0 when off
     int adam_t;                          // AdamW steps taken
 } GPT2;
 
@@ -728,6 +737,8 @@ static void gpt2_free(GPT2 *m) {
     free(m->inputs); free(m->targets); free(m->bucket_count);
     pipe_sets_free(&m->sets); free(m->head_busy); free(m->head_of);
     free(m->acts); free(m->dsets); free(m->ut.units); free(m->unit_params); free(m->unit_grads);
+    for (int k = 0; k < m->clock.cap; k++) cudaEventDestroy(m->clock.marks[k]);
+    free(m->clock.marks); free(m->clock.spans); cudaFree(m->clock.floats);
 }
 
 // ----------------------------------------------------------------------------
@@ -1799,10 +1810,21 @@ static void watch_end(Parallel *par, Watch *w, double ms) {
     watch_step_end(w, ms, 0.0);
 }
 
-// the pipeline's bubble after this step: not measured here (pipeline_run;
-// pipe_meter_init's measured is 0, so the meter is off), as train_gpt2.c's
+// the pipeline's bubble after this step (pp > 1): this rank's ops and
+// messages timed on the GPU (pipe_clock_read; the step's last sync has let
+// the stream pass them), every rank's figures all-gathered over the world,
+// and rank 0 judges them (watch.h), as train_gpt2.c's
 static void bubble_report(GPT2 *m, const Parallel *par, PipeMeter *pm, int step, LogLine *l) {
-    (void)m, (void)par, (void)pm, (void)step, (void)l;
+    if (!pm->on) return;
+    pipe_clock_read(m, &pm->step);
+    size_t at = (size_t)par->grid.rank * PIPE_METER_FLOATS, bytes = (size_t)par->grid.world * PIPE_METER_FLOATS * sizeof(float);
+    float *host = pm->all, *dev = m->clock.floats;
+    pipe_meter_pack(pm, host + at);
+    CUDA_CHECK(cudaMemcpy(dev + at, host + at, PIPE_METER_FLOATS * sizeof(float), cudaMemcpyHostToDevice));
+    nccl_allgather(par->nccl, &par->nccl->world, dev + at, dev, PIPE_METER_FLOATS, ncclFloat32);  // in place
+    gpu_sync(m, "the pipeline meter");
+    CUDA_CHECK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
+    if (par->grid.rank == 0) pipe_meter_judge(pm, step, host, l);
 }
 
 // every rank here, so that a line printed before an exit is out
@@ -2029,7 +2051,8 @@ int main(int argc, char **argv) {
     Watch watch;
     watch_init(&watch, &job, &par.grid);
     PipeMeter meter;
-    pipe_meter_init(&meter, &job, &par.grid, 0);
+    pipe_meter_init(&meter, &job, &par.grid);
+    if (meter.on) pipe_clock_init(&model, nops, par.grid.world);
     GradWatch grads;
     grads_init(&grads, &par.grid);
     checks_alloc(&model, &job, &watch);

@@ -253,7 +253,9 @@ static void watch_free(Watch *w) {
 // 1f1b's last stage at the drain). So, as the simulator has it
 // (pipeline_play), idle + busy is the step's pipeline time on every stage,
 // and a stage's bubble is idle / (idle + busy). The ranks' ends are read
-// on one clock: the host backend's ranks share one box's monotonic clock.
+// on one clock: the host backend's ranks share one box's monotonic clock
+// (train_gpt2cu times its steps on the GPU, from each step's start:
+// pipeline_run.cuh's pipe_clock_read).
 // Collectives inside an op (tp's all-reduces, ZeRO's gathers) are part of
 // the op. After each step the ranks all-gather their figures
 // (PIPE_METER_FLOATS each) and rank 0 judges: the measured bubble, the mean
@@ -287,7 +289,7 @@ static void pipe_times_add(PipeTimes *t, int kind, double ms) {
 enum { PM_BUSY, PM_MSG, PM_END_HI, PM_END_LO, PM_OPS, PIPE_METER_FLOATS = PM_OPS + 6 };
 
 typedef struct {
-    int on;                       // pp > 1 (and this trainer measures: pipe_meter_init's measured)
+    int on;                       // pp > 1
     int world, rank;
     PipeLayout pl;                // the step's schedule, with its micro-batches
     PipeTimes step;               // this rank's step, filled by pipeline_run
@@ -299,11 +301,9 @@ typedef struct {
     char fields[160];             // the step's log fields
 } PipeMeter;
 
-// measured: whether the trainer times its pipeline steps (the CPU trainer
-// does; train_gpt2cu's kernels run ahead of the host, so it does not yet)
-static void pipe_meter_init(PipeMeter *pm, const Job *job, const Grid *g, int measured) {
+static void pipe_meter_init(PipeMeter *pm, const Job *job, const Grid *g) {
     memset(pm, 0, sizeof(*pm));
-    pm->on = measured && g->pp > 1;
+    pm->on = g->pp > 1;
     pm->world = g->world;
     pm->rank = g->rank;
     pm->pl = pipe_layout((PipeSchedule)job->opt.pipe_schedule, g->pp, job->accum, job->opt.pipe_chunks);

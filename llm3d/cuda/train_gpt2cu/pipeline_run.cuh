@@ -13,6 +13,9 @@
  *   stage_rank, sender_chunk, pipe_buffer, pipe_tag, pipe_hand_off,
  *   pipe_recv, pipe_send the pipeline's messages
  *   copy_batch           a micro-batch's staged tokens, from its chunk-0 set
+ *   pipe_clock_init, pipe_clock_mark, pipe_clock_read
+ *                        the bubble's clock: the step's ops and messages
+ *                        timed on the GPU
  *   pipeline_run         one step's ops and messages, by the plan
  *   forward_in_model_order
  *                        one micro-batch through the model's parts in order
@@ -31,7 +34,7 @@
 
 #include "dataloader.h"               // DataLoader, next_batch
 #include "llm3d/parallel/pipeline.h"  // PipeStep, PipeMsg, pipeline_part, pipeline_place
-#include "llm3d/watch.h"              // PipeTimes
+#include "llm3d/watch.h"              // PipeTimes, pipe_times_add, PIPE_METER_FLOATS
 
 // one step's forwards and backwards in the order of the pipeline schedule,
 // and the messages between neighbouring stages in the order of its plan
@@ -174,6 +177,60 @@ static void copy_batch(GPT2 *m, Acts *a, const Acts *a0) {
     a->staged.nbuckets = a0->staged.nbuckets;
 }
 
+// The bubble's clock (GPT2's PipeClock). The kernels run ahead of the
+// host, so host clocks around an op would time its queueing; the GPU times
+// its work: an event on the model's stream where train_gpt2.c's
+// pipeline_run reads its clock (the step's start, then after each receive,
+// op and send), and the times between them, read once the stream has
+// passed the last (pipe_clock_read, after the step's sync), are the ops'
+// and the messages' times on the GPU: a receive's span holds the GPU's wait
+// for its peer (an NCCL kernel's spin, or host mode's wait on the host,
+// with the GPU idle). A rank's end is its last mark's time from its first:
+// the ranks' ends compare as the CPU trainer's (one clock for the box) when
+// their steps start together, which they do to within the last step's end
+// (its sums over the world, then each rank's own AdamW). Where ranks share
+// a GPU, each rank's ops take longer by the others' kernels run between.
+enum { PIPE_CLOCK_MSG = -1, PIPE_CLOCK_NONE = -2 };  // spans that are no op's: a message's, or none (PIPE_MSG's op)
+
+// events for a plan of nops steps (1 + 3 nops marks) and the meter's device
+// floats for world ranks, made once before the first step
+static void pipe_clock_init(GPT2 *m, int nops, int world) {
+    PipeClock *c = &m->clock;
+    c->cap = 1 + 3 * nops;
+    c->marks = (cudaEvent_t *)host_alloc((size_t)c->cap * sizeof(cudaEvent_t), "the pipeline clock's marks");
+    c->spans = (signed char *)host_alloc((size_t)c->cap, "the pipeline clock's spans");
+    for (int k = 0; k < c->cap; k++) CUDA_CHECK(cudaEventCreate(&c->marks[k]));
+    c->floats = (float *)device_alloc((size_t)world * PIPE_METER_FLOATS * sizeof(float), "the pipeline meter");
+    c->n = 0;
+}
+
+// a mark on the stream; span says what ran since the one before
+static void pipe_clock_mark(GPT2 *m, int span) {
+    PipeClock *c = &m->clock;
+    if (c->n >= c->cap) return;  // off (cap 0), or past a plan it was not made for
+    CUDA_CHECK(cudaEventRecord(c->marks[c->n], m->stream));
+    c->spans[c->n++] = (signed char)span;
+}
+
+// the step's marks into t (watch.h's PipeTimes, as train_gpt2.c's
+// pipeline_run fills it), once the stream has passed them: each op's time
+// by its kind, the messages', and the end (ms from the step's start)
+static void pipe_clock_read(GPT2 *m, PipeTimes *t) {
+    PipeClock *c = &m->clock;
+    if (c->n == 0) return;
+    CUDA_CHECK(cudaEventSynchronize(c->marks[c->n - 1]));
+    for (int i = 1; i < c->n; i++) {
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, c->marks[i - 1], c->marks[i]));
+        if (c->spans[i] == PIPE_CLOCK_MSG) t->msg_ms += ms;
+        else if (c->spans[i] != PIPE_CLOCK_NONE) pipe_times_add(t, c->spans[i], ms);
+    }
+    float end = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&end, c->marks[0], c->marks[c->n - 1]));
+    t->end_ms = end;
+    c->n = 0;
+}
+
 // runs the plan's ops and messages; the losses add up in sc.losses (the
 // last part). dloss = 1 / (all positions of the step). Every stage reads
 // each micro-batch from the stream once, at its F on chunk 0 (in
@@ -181,13 +238,15 @@ static void copy_batch(GPT2 *m, Acts *a, const Acts *a0) {
 // receive, so the copy overlaps the wait; its later chunks copy it from
 // that set (copy_batch). last_micro marks the backward after which a
 // unit's ZeRO-0/1 data-parallel sum may start (unit_grad_end): the last of
-// the step that writes its chunk's weights' gradients. t (watch.h's
-// PipeTimes, the CPU trainer's measure of the bubble) stays empty: the
-// kernels run ahead of the host, so host clocks around the ops would time
-// their queueing, not their work.
+// the step that writes its chunk's weights' gradients. With the meter on,
+// the step is marked on the GPU's clock (pipe_clock_mark), and t (watch.h's
+// PipeTimes, the CPU trainer's measure of the bubble) is filled from the
+// marks after the step (pipe_clock_read).
 static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n, float dloss, PipeTimes *t) {
     const Shard *s = &m->shard;
     pipe_times_start(t);
+    m->clock.n = 0;
+    pipe_clock_mark(m, PIPE_CLOCK_NONE);
     if (s->pp > 1) nccl_mac_step_begin(m->nccl);  // the step's MAC'd messages, checked by gpt2_step_loss
     for (int i = 0; i < n; i++) {
         const PipeStep *st = &plan[i];
@@ -202,6 +261,7 @@ static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n
             }
         }
         pipe_recv(m, st->recv);
+        pipe_clock_mark(m, PIPE_CLOCK_MSG);
         if (op.kind == PIPE_F) {
             Acts *a = &m->acts[set_index(m, op.mb, op.chunk)];
             if (chunk_last(s, op.chunk)) head_take(m, set_index(m, op.mb, op.chunk));
@@ -215,7 +275,9 @@ static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n
             // or, split, the B's own set, still held until the W
             if (part != BACK_INPUT) set_give_back(m, op.mb, op.chunk);
         }
+        pipe_clock_mark(m, op.kind == PIPE_MSG ? PIPE_CLOCK_NONE : op.kind);
         pipe_send(m, st->send, st->next_recv);
+        pipe_clock_mark(m, PIPE_CLOCK_MSG);
     }
 }
 
