@@ -832,6 +832,9 @@ static void test_watch(void) {
     run(&r, "-e d2 -ec 64 -ev 500 -et 32 -np 2 -fault slow:2:3");
     check(r.status == 2 && strstr(r.out, "-fault slow:2:3: rank 2 is not in this job of 2 ranks") != NULL &&
           strstr(r.out, "step") == NULL, "-np 2 -fault slow:2:3: one usage line before any rank starts (exit %d)", r.status);
+    run(&r, "-e d2 -ec 64 -ev 500 -et 32 -fault slow:1:3");
+    check(r.status == 2 && strstr(r.out, "-fault slow:1:3: rank 1 is not in this job of 1 rank\n") != NULL &&
+          strstr(r.out, "step") == NULL, "one rank, -fault slow:1:3: 'a job of 1 rank' (exit %d)", r.status);
 }
 
 // -ck names the replica that changed: -fault drift:2:3 adds to one

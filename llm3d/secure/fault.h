@@ -97,8 +97,8 @@ static inline int fault_parse(const char *spec, Fault *f, char *err, size_t errl
 // fault_check_world: the fault's rank must be one of the job's world ranks
 static inline int fault_check_world(const Fault *f, int world, char *err, size_t errlen) {
     if (f == NULL || f->kind == FAULT_NONE || (f->rank >= 0 && f->rank < world)) return 0;
-    return errorf(err, errlen, "-fault %s:%d:%ld: rank %d is not in this job of %d ranks", fault_name(f->kind), f->rank,
-                  f->step, f->rank, world);
+    return errorf(err, errlen, "-fault %s:%d:%ld: rank %d is not in this job of %d rank%s", fault_name(f->kind), f->rank,
+                  f->step, f->rank, world, world == 1 ? "" : "s");
 }
 
 static inline int fault_fires(const Fault *f, int rank, long step) {
