@@ -266,9 +266,11 @@ static size_t buffer_plan(BufferSlice *s, int n) {
 
 // the pipeline's bubble measured on the GPU (pipeline_run.cuh's pipe_clock_*)
 typedef struct {
-    cudaEvent_t *marks;  // [cap] on the model's stream: the step's start, then after each receive, op and send
-    signed char *spans;  // [cap]: what ran up to mark i: PIPE_F, PIPE_B or PIPE_W, PIPE_CLOCK_MSG, PIPE_CLOCK_NONE
+    cudaEvent_t *marks;  // [cap] on the model's stream: the step's start, then after a forward's data and
+                         // after each receive, op and send
+    signed char *spans;  // [cap]: what ran up to mark i: PIPE_F, PIPE_B, PIPE_W, or a PIPE_CLOCK_* span
     int n, cap;          // marks recorded this step, and made (0: the meter is off)
+    double t0;           // the host's clock (now_ms) when the step's first mark was queued on an idle GPU
     float *floats;       // every rank's PIPE_METER_FLOATS (watch.h), all-gathered on the device
 } PipeClock;
 

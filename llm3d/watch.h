@@ -254,8 +254,8 @@ static void watch_free(Watch *w) {
 // (pipeline_play), idle + busy is the step's pipeline time on every stage,
 // and a stage's bubble is idle / (idle + busy). The ranks' ends are read
 // on one clock: the host backend's ranks share one box's monotonic clock
-// (train_gpt2cu times its steps on the GPU, from each step's start:
-// pipeline_run.cuh's pipe_clock_read).
+// (train_gpt2cu times its steps on the GPU and places them on that clock:
+// pipeline_run.cuh's pipe_clock_start and pipe_clock_read).
 // Collectives inside an op (tp's all-reduces, ZeRO's gathers) are part of
 // the op. After each step the ranks all-gather their figures
 // (PIPE_METER_FLOATS each) and rank 0 judges: the measured bubble, the mean
@@ -292,7 +292,8 @@ typedef struct {
     int on;                       // pp > 1
     int world, rank;
     PipeLayout pl;                // the step's schedule, with its micro-batches
-    PipeTimes step;               // this rank's step, filled by pipeline_run
+    PipeTimes step;               // this rank's step: train_gpt2.c's pipeline_run fills it, train_gpt2cu's
+                                  // pipe_clock_read after the step
     float *all;                   // every rank's PIPE_METER_FLOATS, where the trainer all-gathers them
     // rank 0: the run's sums, [0] over every step measured, [1] over those after the launch's first
     int steps, first_step, last_step;

@@ -13,7 +13,7 @@
  *   stage_rank, sender_chunk, pipe_buffer, pipe_tag, pipe_hand_off,
  *   pipe_recv, pipe_send the pipeline's messages
  *   copy_batch           a micro-batch's staged tokens, from its chunk-0 set
- *   pipe_clock_init, pipe_clock_mark, pipe_clock_read
+ *   pipe_clock_init, pipe_clock_mark, pipe_clock_start, pipe_clock_read
  *                        the bubble's clock: the step's ops and messages
  *                        timed on the GPU
  *   pipeline_run         one step's ops and messages, by the plan
@@ -181,22 +181,31 @@ static void copy_batch(GPT2 *m, Acts *a, const Acts *a0) {
 // host, so host clocks around an op would time its queueing; the GPU times
 // its work: an event on the model's stream where train_gpt2.c's
 // pipeline_run reads its clock (the step's start, then after each receive,
-// op and send), and the times between them, read once the stream has
-// passed the last (pipe_clock_read, after the step's sync), are the ops'
-// and the messages' times on the GPU: a receive's span holds the GPU's wait
-// for its peer (an NCCL kernel's spin, or host mode's wait on the host,
-// with the GPU idle). A rank's end is its last mark's time from its first:
-// the ranks' ends compare as the CPU trainer's (one clock for the box) when
-// their steps start together, which they do to within the last step's end
-// (its sums over the world, then each rank's own AdamW). Where ranks share
-// a GPU, each rank's ops take longer by the others' kernels run between.
-enum { PIPE_CLOCK_MSG = -1, PIPE_CLOCK_NONE = -2 };  // spans that are no op's: a message's, or none (PIPE_MSG's op)
+// op and send, and after the data a forward reads), and the times between
+// them, read once the stream has passed the last (pipe_clock_read, after
+// the step's sync), are the ops' and the messages' times on the GPU. A
+// receive's span holds the GPU's wait for its peer (an NCCL kernel's spin,
+// or host mode's wait on the host, with the GPU idle). The ends must be on
+// one clock for the box, as the CPU trainer's are (watch.h): the step's
+// first mark is queued on an idle GPU just after the host reads its clock
+// (pipe_clock_start), so a mark's time from the first, added to that
+// reading, is on the host's clock to within a launch's latency. Where
+// ranks share a GPU, each rank's ops take longer by the others' kernels
+// run between; over NCCL with dp > 1, the side stream's overlapped
+// gradient reductions that a message must wait for count in its span
+// (nccl_order_main), where the CPU trainer's, made inside the op, count
+// as busy.
+enum {
+    PIPE_CLOCK_MSG = -1,   // a message's span
+    PIPE_CLOCK_NONE = -2,  // none: the step's first mark, or a plan step with no op (PIPE_MSG)
+    PIPE_CLOCK_DATA = -3,  // the data a forward reads, staged before its receive: the F's time, not an op
+};
 
-// events for a plan of nops steps (1 + 3 nops marks) and the meter's device
+// events for a plan of nops steps (1 + 4 nops marks) and the meter's device
 // floats for world ranks, made once before the first step
 static void pipe_clock_init(GPT2 *m, int nops, int world) {
     PipeClock *c = &m->clock;
-    c->cap = 1 + 3 * nops;
+    c->cap = 1 + 4 * nops;
     c->marks = (cudaEvent_t *)host_alloc((size_t)c->cap * sizeof(cudaEvent_t), "the pipeline clock's marks");
     c->spans = (signed char *)host_alloc((size_t)c->cap, "the pipeline clock's spans");
     for (int k = 0; k < c->cap; k++) CUDA_CHECK(cudaEventCreate(&c->marks[k]));
@@ -212,9 +221,21 @@ static void pipe_clock_mark(GPT2 *m, int span) {
     c->spans[c->n++] = (signed char)span;
 }
 
+// the step's first mark, on the host's clock: the GPU made idle (what is
+// queued before the step is the gradients' and losses' zeroing), the clock
+// read, the mark queued at once
+static void pipe_clock_start(GPT2 *m) {
+    PipeClock *c = &m->clock;
+    c->n = 0;
+    if (c->cap == 0) return;
+    gpu_sync(m, "the pipeline clock's start");
+    c->t0 = now_ms();
+    pipe_clock_mark(m, PIPE_CLOCK_NONE);
+}
+
 // the step's marks into t (watch.h's PipeTimes, as train_gpt2.c's
 // pipeline_run fills it), once the stream has passed them: each op's time
-// by its kind, the messages', and the end (ms from the step's start)
+// by its kind, the messages', and the end on the host's clock
 static void pipe_clock_read(GPT2 *m, PipeTimes *t) {
     PipeClock *c = &m->clock;
     if (c->n == 0) return;
@@ -223,11 +244,12 @@ static void pipe_clock_read(GPT2 *m, PipeTimes *t) {
         float ms = 0.0f;
         CUDA_CHECK(cudaEventElapsedTime(&ms, c->marks[i - 1], c->marks[i]));
         if (c->spans[i] == PIPE_CLOCK_MSG) t->msg_ms += ms;
+        else if (c->spans[i] == PIPE_CLOCK_DATA) t->op_ms[PIPE_F] += ms;
         else if (c->spans[i] != PIPE_CLOCK_NONE) pipe_times_add(t, c->spans[i], ms);
     }
     float end = 0.0f;
     CUDA_CHECK(cudaEventElapsedTime(&end, c->marks[0], c->marks[c->n - 1]));
-    t->end_ms = end;
+    t->end_ms = c->t0 + end;
     c->n = 0;
 }
 
@@ -245,8 +267,7 @@ static void pipe_clock_read(GPT2 *m, PipeTimes *t) {
 static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n, float dloss, PipeTimes *t) {
     const Shard *s = &m->shard;
     pipe_times_start(t);
-    m->clock.n = 0;
-    pipe_clock_mark(m, PIPE_CLOCK_NONE);
+    pipe_clock_start(m);
     if (s->pp > 1) nccl_mac_step_begin(m->nccl);  // the step's MAC'd messages, checked by gpt2_step_loss
     for (int i = 0; i < n; i++) {
         const PipeStep *st = &plan[i];
@@ -259,6 +280,7 @@ static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n
             } else {
                 copy_batch(m, a, &m->acts[set_index(m, op.mb, 0)]);
             }
+            pipe_clock_mark(m, PIPE_CLOCK_DATA);
         }
         pipe_recv(m, st->recv);
         pipe_clock_mark(m, PIPE_CLOCK_MSG);
