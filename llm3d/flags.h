@@ -175,7 +175,7 @@ static const OptionSpec option_specs[] = {
     {"-ic", OPT_INT, offsetof(Options, check_collectives), 0, 1, NULL,
      "checked collectives: keyed sketches of each rank's part of every all-reduce, reduce-scatter and all-gather, "
      "checked after it; a failure ends the job naming the collective and the rank (0/1; the CPU trainer; off by "
-     "default: some 1.2-1.5% of a d12 step on 2 ranks)", NULL, NULL},
+     "default: some 2% of a d12 step on 2 ranks)", NULL, NULL},
     {"-gp", OPT_CHOICE, offsetof(Options, grad_policy), 0, 0, "warn,skip,stop",
      "a data-parallel rank whose own gradient norm is far above its peers' (poisoned?): warn, skip the step's "
      "update, or stop the job", NULL, NULL},

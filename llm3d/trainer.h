@@ -261,8 +261,9 @@ static void data_hint(const Options *o, char *err, size_t errlen) {
     size_t n = strlen(err);
     if (!default_data || strstr(err, "no files match") == NULL || n + 1 >= errlen) return;
     snprintf(err + n, errlen - n, "; this default data is made by ./prepare_data -i tinyshakespeare.txt -o "
-             "dev/data/tinyshakespeare -n tiny_shakespeare (make run fetches the text and does it all), or give -i "
-             "and -j");
+             "dev/data/tinyshakespeare -n tiny_shakespeare (make run fetches the text, into dev/data/quickstart), "
+             "or give -i and -j (make run's: -i 'dev/data/quickstart/tiny_train_*.bin' -j "
+             "'dev/data/quickstart/tiny_val_*.bin' -tk dev/data/quickstart/tiny_tokenizer.bin)");
 }
 
 // the key of encrypted shards (prepare_data --key-file): --key-file's, read

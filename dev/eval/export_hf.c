@@ -78,7 +78,7 @@ static void usage(FILE *f) {
             "usage: export_hf -i MODEL.bin -o DIR [options]\n"
             "  -i FILE          model file: llm.c's version 3 (fp32) or 5 (bf16), as the trainers write\n"
             "  -o DIR           output directory, created if missing: model.safetensors, config.json,\n"
-            "                   and GPT-2's tokenizer files\n"
+            "                   and GPT-2's tokenizer (vocab.json, merges.txt, tokenizer_config.json)\n"
             "  --dtype f32|bf16 dtype of the tensors written (default f32; bf16 rounds to nearest even)\n"
             "  --encoder PATH   GPT-2 encoder.json  } copied as vocab.json and merges.txt; default:\n"
             "  --vocab PATH     GPT-2 vocab.bpe     } $LLM3D_DATA/gpt2/, else ../shared/data/gpt2/\n"

@@ -554,8 +554,10 @@ static void test_first_run(void) {
     snprintf(cmd, sizeof(cmd), "cd %s && %s/train_gpt2 %s", fresh, cwd, tiny);
     int rc = test_run(cmd, 1, err, sizeof(err));
     check(rc == 2 && test_count(err, "\n") == 1 && strstr(err, "no files match dev/data/tinyshakespeare/") != NULL &&
-          strstr(err, "./prepare_data -i tinyshakespeare.txt -o dev/data/tinyshakespeare -n tiny_shakespeare") != NULL,
-          "a fresh clone's first ./train_gpt2: one line with the prepare_data command that makes the default data "
+          strstr(err, "./prepare_data -i tinyshakespeare.txt -o dev/data/tinyshakespeare -n tiny_shakespeare") != NULL &&
+          strstr(err, "-i 'dev/data/quickstart/tiny_train_*.bin' -j 'dev/data/quickstart/tiny_val_*.bin'") != NULL,
+          "a fresh clone's first ./train_gpt2: one line with the prepare_data command that makes the default data, "
+          "and make run's shards as the other way "
           "(exit %d): %.*s", rc, (int)strcspn(err, "\n"), err);
     test_path(text, sizeof(text), tmp_dir, "first_text.txt");
     FILE *f = fopen(text, "w");
