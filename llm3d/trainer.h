@@ -8,7 +8,8 @@
  *   Job                  one run of a trainer: its flags, the model's shape,
  *                        the batch and steps, the checkpoint it resumes, its
  *                        data, tokenizer and log
- *   trainer_name, die, die_usage, now_ms, flops_per_token
+ *   trainer_name, trainer_start (what each main does first: its name, stdout
+ *                        line-buffered), die, die_usage, now_ms, flops_per_token
  *   before any rank starts (so a bad job is refused once, by the launcher):
  *     parse_flags, parse_fault, check_model, check_batch_and_data,
  *     checkpoint_setup
@@ -90,8 +91,20 @@ typedef struct {
     uint64_t sample_rng;     // xorshift* state, saved in checkpoints
 } Job;
 
-// "train_gpt2" or "train_gpt2cu": each main sets it first; every error line starts with it
+// "train_gpt2" or "train_gpt2cu": each main sets it first (trainer_start); every error line starts with it
 static const char *trainer_name = "train_gpt2";
+
+// what each main does first, before anything is printed: its name for the
+// error lines, and stdout line-buffered. Into a file or a pipe stdout would
+// be fully buffered, and a run that a signal ends (timeout, kill, a
+// scheduler: without -o none is caught) would lose every line printed since
+// the last flush, such as the FMA peak and the first val loss of a run
+// killed in its first step. The ranks of a launcher are this program again,
+// on the stdout they inherit, so theirs is line-buffered too.
+static void trainer_start(const char *name) {
+    trainer_name = name;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+}
 
 static void die(int status, const char *msg) {
     fprintf(stderr, "%s: %s\n", trainer_name, msg);

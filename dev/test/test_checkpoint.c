@@ -8,7 +8,8 @@
  * file, plain and sealed, a shuffled resume at positions deep in the
  * data, -e of a sealed final model, keeping the last K, SIGTERM, a file
  * size limit, the log's tokens across resumes under another total batch
- * (state.bin's count, and an older state.bin without it), and 20 SIGKILLs
+ * (state.bin's count, and an older state.bin without it), the lines printed
+ * before a SIGTERM without -o kept in a redirected stdout, and 20 SIGKILLs
  * at random moments in a row.
  */
 #define _GNU_SOURCE
@@ -1580,7 +1581,8 @@ static int tokens_are(const char *out_dir, const long *want, int n, char *got, s
     long tokens[MAX_STEPS];
     int k = log_tokens(out_dir, tokens, MAX_STEPS), len = 0;
     got[0] = '\0';
-    for (int i = 0; i < k && len < (int)gotlen; i++) len += snprintf(got + len, gotlen - len, "%s%ld", i ? " " : "", tokens[i]);
+    for (int i = 0; i < k && len < (int)gotlen; i++)
+        len += snprintf(got + len, gotlen - len, "%s%ld", i ? " " : "", tokens[i]);
     if (k != n) return 0;
     for (int i = 0; i < n; i++)
         if (tokens[i] != want[i]) return 0;
@@ -1658,8 +1660,8 @@ static void test_tokens_resumed(void) {
     long second[6] = {64, 128, 192, 256, 384, 512};
     same = tokens_are(a, second, 6, got, sizeof(got));
     check(r.status == 0 && strstr(r.out, "step 4, 256 tokens trained") != NULL && same && state_tokens(a, 6) == 512,
-          "resumed at step 4 under -d 128 on 2 ranks: the log says %s (64 128 192 256 384 512), state.bin of step 6 holds %lld "
-          "(512) (exit %d): %s", got, state_tokens(a, 6), r.status, test_line_of(r.out, "resuming"));
+          "resumed at step 4 under -d 128 on 2 ranks: the log says %s (64 128 192 256 384 512), state.bin of step 6 "
+          "holds %lld (512) (exit %d): %s", got, state_tokens(a, 6), r.status, test_line_of(r.out, "resuming"));
     run(&r, a, 8, "-n 2 -y 1 -d 64");
     long third[8] = {64, 128, 192, 256, 384, 512, 576, 640};
     same = tokens_are(a, third, 8, got, sizeof(got));
@@ -1676,6 +1678,47 @@ static void test_tokens_resumed(void) {
     check(r.status == 0 && strstr(r.out, "step 4, 256 tokens trained") != NULL && same,
           "an old-style state.bin of step 4 (64 tokens a step) resumed under -d 128: 256 tokens before it, the log says "
           "%s (384 512) (exit %d): %s", got, r.status, test_line_of(r.out, "resuming"));
+}
+
+// Without -o no signal is caught, and SIGTERM ends the trainer at once: its
+// stdout, into a file here, must still hold every line it printed before
+// (fully buffered, the FMA peak and the val loss went down with the
+// process). -fault slow:0:0 holds rank 0 in step 0 for 300 ms after those
+// lines and before the step's own, whose end flushes stdout anyway; its
+// "fault slow" line is on stderr, which is not buffered, so once it is in
+// the file the lines before it have been printed, and the kill lands in
+// that window. The wait for it, and the wait for the end, are bounded.
+static void test_kill_output(const char *layout, const char *name) {
+    char args[600], out[300];
+    snprintf(args, sizeof(args), "-x 100000 -v 100000 -m 1 -j '%s' -fault slow:0:0 %s", shards, layout);
+    snprintf(out, sizeof(out), "%s/out.txt", dir);
+    unlink(out);
+    pid_t pid = start(args, 0);
+    int seen = 0, ended = 0, st = 0;
+    for (int i = 0; i < 3000 && !seen && !ended; i++) {  // 30 s at most
+        char *text = test_read_text(out);
+        seen = strstr(text, "fault slow") != NULL;
+        free(text);
+        ended = !seen && waitpid(pid, &st, WNOHANG) == pid;
+        if (!seen && !ended) usleep(10000);
+    }
+    kill(pid, SIGTERM);  // the trainer, or the launcher, which passes it on to its ranks
+    for (int i = 0; i < 1000 && !ended; i++) {  // 10 s at most, then the whole group is killed
+        ended = waitpid(pid, &st, WNOHANG) == pid;
+        if (!ended) usleep(10000);
+    }
+    if (!ended) {
+        kill(-pid, SIGKILL);
+        waitpid(pid, &st, 0);
+    }
+    static Run r;
+    collect(&r, test_exit_status(st), dir);
+    check(seen && r.status != 0 && strstr(r.out, "FMA peak") != NULL && strstr(r.out, "val loss") != NULL,
+          "%s, no -o, stdout into a file: killed by SIGTERM once step 0 began (exit %d), the lines printed before the "
+          "kill are there (FMA peak: %s; val loss: %s)", name, r.status, strstr(r.out, "FMA peak") ? "yes" : "no",
+          strstr(r.out, "val loss") ? "yes" : "no");
+    if (!seen) printf("%s\n", r.out);
+    sh("rm -f /dev/shm/llm3d-%d-*", (int)pid);  // a launcher killed before it removed its segment
 }
 
 // a file size limit fails the checkpoint write cleanly; the previous one stays
@@ -1809,6 +1852,8 @@ int main(void) {
     test_key_temp_name();
     test_full_disk();
     test_tokens_resumed();
+    test_kill_output("", "one rank");
+    test_kill_output("-np 2", "2 ranks");
 
     static Run ref1, ref2;
     char r1[200], r2[200];

@@ -129,7 +129,8 @@ static void test_resumed_batch(void) {
     rc = test_run(cmd, 1, out, sizeof(out));
     svg = test_read_file(svg_path, NULL);
     double want = 80.0 + (40960.0 - 4096.0) / (122880.0 - 4096.0) * 850.0;  // the frame: x 80 to 930
-    double x9 = svg != NULL ? point_x(svg, "run train_loss", 9) : NAN, x19 = svg != NULL ? point_x(svg, "run train_loss", 19) : NAN;
+    double x9 = svg != NULL ? point_x(svg, "run train_loss", 9) : NAN;
+    double x19 = svg != NULL ? point_x(svg, "run train_loss", 19) : NAN;
     check(rc == 0 && fabs(x9 - want) < 0.11 && x19 == 930.0, "--x tokens on it: step 9 at x %.1f (%.1f: 40960 tokens), "
           "step 19 at the right edge (x %.1f) (exit %d)", x9, want, x19, rc);
     free(svg);
