@@ -1623,7 +1623,7 @@ static int final_model(GPT2 *m, Parallel *par, Job *job) {
 int main(int argc, char **argv) {
     Job job;
     char err[1024], path[1024];
-    trainer_name = "train_gpt2";
+    trainer_start("train_gpt2");
     // the job, checked once, by the launcher, before any rank starts
     // fp32 throughout, no fused GELU; checked collectives (-ic 1) and the
     // gradient-norm rule's gather; sequence parallelism; the host backend only

@@ -1741,7 +1741,7 @@ int main(int argc, char **argv) {
     Job job;
     GpuOptions gopt;
     char err[2048], path[1024];
-    trainer_name = "train_gpt2cu";
+    trainer_start("train_gpt2cu");
     // the launcher starts the ranks with the command line it was given, GPU flags included
     int launch_argc = argc;
     char **launch_argv = (char **)host_alloc((size_t)(argc + 1) * sizeof(char *), "argv");

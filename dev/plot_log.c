@@ -19,14 +19,17 @@
  *
  * The log: one JSON object per line, as the trainers write it (gpt2.h's
  * log_line): "step" (required, from 0), and any of "loss", "val_loss", "lr",
- * "ms" (the step's time), "tokens" (tokens seen when the step is done: the
- * batch times step + 1; throughput is a step's tokens / ms), "hellaswag" (accuracy as a
+ * "ms" (the step's time), "tokens" (tokens seen when the step is done, every
+ * launch of the run together: a run resumed under another batch counts on
+ * from its checkpoint; throughput is a step's tokens, its "tokens" less the
+ * line before's, over its ms), "hellaswag" (accuracy as a
  * fraction, as llm.c logs it; a value above 1 is taken as a percentage), "bubble" and "bubble_sim".
  * Other fields are read past. A line that is not such an object stops the
  * tool with its file and line.
  *
- * --x tokens puts tokens seen ((step + 1) x the log's tokens per step) on
- * the x axis instead of the step, so runs with different batch sizes line up.
+ * --x tokens puts tokens seen (each line's "tokens"; for a line without it,
+ * (step + 1) x the first step's tokens) on the x axis instead of the step, so
+ * runs with different batch sizes line up.
  * The loss axis leaves out the losses of the first 10% of the steps when it
  * picks its range (they start near ln V = 10.8 and would flatten the rest);
  * lines that leave a panel are cut at its edge, and a note over the panel
@@ -65,13 +68,16 @@
 
 typedef struct {
     double *x, *y;
+    double *t;          // each point's line's "tokens" (NAN: none), for --x tokens
     int n, cap;
 } Series;
 
 typedef struct {
     const char *path, *label;
     Series train, val, hellaswag, lr, tokens_per_s, bubble, bubble_sim;
-    double tokens_per_step;     // from the first "tokens" seen, 0 if none
+    int has_tokens;             // a line had "tokens"
+    double tokens_per_step;     // the first such line's step's tokens
+    double prev_step, prev_tokens;  // the line before's (a step's tokens are its count less that line's)
     double last_step;           // the last step of any line
     double last_trained;        // the last step with a train loss, -1 if none
 } RunLog;
@@ -137,17 +143,22 @@ static void parse_options(PlotOptions *o, int argc, char **argv) {
 // ----------------------------------------------------------------------------
 // reading a log
 
-static int series_add(Series *s, double x, double y) {
+// the point (x, y) of a line whose "tokens" is t
+static int series_add(Series *s, double x, double y, double t) {
     if (s->n == s->cap) {
-        int cap = s->cap ? 2 * s->cap : 256;
-        double *nx = realloc(s->x, (size_t)cap * sizeof(double)), *ny = nx ? realloc(s->y, (size_t)cap * sizeof(double)) : NULL;
+        size_t cap = s->cap ? 2 * (size_t)s->cap : 256;
+        double *nx = realloc(s->x, cap * sizeof(double));
         if (nx != NULL) s->x = nx;
-        if (ny == NULL) return -1;
-        s->y = ny;
-        s->cap = cap;
+        double *ny = nx != NULL ? realloc(s->y, cap * sizeof(double)) : NULL;
+        if (ny != NULL) s->y = ny;
+        double *nt = ny != NULL ? realloc(s->t, cap * sizeof(double)) : NULL;
+        if (nt == NULL) return -1;
+        s->t = nt;
+        s->cap = (int)cap;
     }
     s->x[s->n] = x;
     s->y[s->n] = y;
+    s->t[s->n] = t;
     s->n++;
     return 0;
 }
@@ -155,6 +166,7 @@ static int series_add(Series *s, double x, double y) {
 static void series_free(Series *s) {
     free(s->x);
     free(s->y);
+    free(s->t);
 }
 
 static void run_log_free(RunLog *r) {
@@ -170,17 +182,30 @@ static void run_log_free(RunLog *r) {
 // run_log_add: one line's numbers into r (log_read calls it for each line)
 static int run_log_add(void *ctx, const LogRecord *l, JsonReader *j) {
     RunLog *r = (RunLog *)ctx;
-    double step = l->step;
-    double per_step = isnan(l->tokens) ? NAN : l->tokens / (step + 1);  // "tokens" counts from the run's start
-    if (!isnan(per_step) && r->tokens_per_step == 0) r->tokens_per_step = per_step;
+    double step = l->step, seen = l->tokens;
+    // the step's own tokens: "tokens" counts from the run's start, and a
+    // resume may have changed the batch, so its count less the line before's;
+    // where that line is not the step before, the mean over the steps so far
+    double per_step = NAN;
+    if (!isnan(seen)) {
+        if (step == 0) per_step = seen;
+        else if (r->prev_step == step - 1 && !isnan(r->prev_tokens)) per_step = seen - r->prev_tokens;
+        else per_step = seen / (step + 1);
+        if (!r->has_tokens) r->tokens_per_step = per_step;
+        r->has_tokens = 1;
+    }
+    r->prev_step = step;
+    r->prev_tokens = seen;
     int bad = 0;
-    if (!isnan(l->loss)) bad |= series_add(&r->train, step, l->loss);
-    if (!isnan(l->val_loss)) bad |= series_add(&r->val, step, l->val_loss);
-    if (!isnan(l->hellaswag)) bad |= series_add(&r->hellaswag, step, l->hellaswag <= 1.0 ? 100.0 * l->hellaswag : l->hellaswag);
-    if (!isnan(l->lr)) bad |= series_add(&r->lr, step, l->lr);
-    if (!isnan(l->ms) && !isnan(per_step) && l->ms > 0) bad |= series_add(&r->tokens_per_s, step, per_step / (l->ms / 1000.0));
-    if (!isnan(l->bubble)) bad |= series_add(&r->bubble, step, 100.0 * l->bubble);
-    if (!isnan(l->bubble_sim)) bad |= series_add(&r->bubble_sim, step, 100.0 * l->bubble_sim);
+    if (!isnan(l->loss)) bad |= series_add(&r->train, step, l->loss, seen);
+    if (!isnan(l->val_loss)) bad |= series_add(&r->val, step, l->val_loss, seen);
+    if (!isnan(l->hellaswag))
+        bad |= series_add(&r->hellaswag, step, l->hellaswag <= 1.0 ? 100.0 * l->hellaswag : l->hellaswag, seen);
+    if (!isnan(l->lr)) bad |= series_add(&r->lr, step, l->lr, seen);
+    if (!isnan(l->ms) && !isnan(per_step) && l->ms > 0)
+        bad |= series_add(&r->tokens_per_s, step, per_step / (l->ms / 1000.0), seen);
+    if (!isnan(l->bubble)) bad |= series_add(&r->bubble, step, 100.0 * l->bubble, seen);
+    if (!isnan(l->bubble_sim)) bad |= series_add(&r->bubble_sim, step, 100.0 * l->bubble_sim, seen);
     if (bad) return json_fail(j, "out of memory");
     if (step > r->last_step) r->last_step = step;
     if (!isnan(l->loss) && step > r->last_trained) r->last_trained = step;
@@ -192,6 +217,8 @@ static int run_log_read(const char *path, RunLog *r, char *err, size_t errlen) {
     memset(r, 0, sizeof(*r));
     r->path = path;
     r->last_trained = -1;
+    r->prev_step = -2;  // no line before the first
+    r->prev_tokens = NAN;
     long lines = 0;
     int rc = log_read(path, run_log_add, r, &lines, err, errlen);
     if (rc == 0 && r->train.n + r->val.n + r->hellaswag.n == 0)
@@ -200,11 +227,14 @@ static int run_log_read(const char *path, RunLog *r, char *err, size_t errlen) {
     return rc;
 }
 
-// to_tokens: the x values as tokens seen when the step is done, instead of steps
+// to_tokens: the x values as tokens seen when the step is done, instead of
+// steps: each point's line's "tokens"; a line without them, its step + 1 at
+// the first step's tokens
 static void to_tokens(RunLog *r) {
     Series *all[7] = {&r->train, &r->val, &r->hellaswag, &r->lr, &r->tokens_per_s, &r->bubble, &r->bubble_sim};
     for (int k = 0; k < 7; k++)
-        for (int i = 0; i < all[k]->n; i++) all[k]->x[i] = (all[k]->x[i] + 1) * r->tokens_per_step;
+        for (int i = 0; i < all[k]->n; i++)
+            all[k]->x[i] = isnan(all[k]->t[i]) ? (all[k]->x[i] + 1) * r->tokens_per_step : all[k]->t[i];
 }
 
 // ----------------------------------------------------------------------------
@@ -421,7 +451,7 @@ static void summary(const RunLog *r, char *out, size_t outlen) {
 }
 
 static int write_svg(const PlotOptions *o, const char *out_path, const RunLog *run, const RunLog *ref) {
-    static const Series empty = {NULL, NULL, 0, 0};
+    static const Series empty = {NULL, NULL, NULL, 0, 0};
     const Series *rs[6] = {&empty, &empty, &empty, &empty, &empty, &empty};
     if (ref != NULL) {
         rs[0] = &ref->train, rs[1] = &ref->val, rs[2] = &ref->hellaswag, rs[3] = &ref->lr, rs[4] = &ref->tokens_per_s;
@@ -520,7 +550,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (o.x_tokens) {
-        const RunLog *without = run.tokens_per_step == 0 ? &run : o.ref != NULL && ref.tokens_per_step == 0 ? &ref : NULL;
+        const RunLog *without = !run.has_tokens ? &run : o.ref != NULL && !ref.has_tokens ? &ref : NULL;
         if (without != NULL) {
             fprintf(stderr, "plot_log: --x tokens: %s has no \"tokens\" field to count tokens with\n", without->path);
             run_log_free(&run);

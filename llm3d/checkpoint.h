@@ -7,7 +7,8 @@
  *
  * defines:
  *   CkptState             everything state.bin holds: the step, Adam's t, the
- *                         shape and batch, the data position, the sampling RNG
+ *                         shape and batch, the data position, the sampling RNG,
+ *                         the tokens trained on so far
  *   OPTIM_MAGIC, CKPT_STATE_MAGIC, ckpt_files
  *                         optim.bin's and state.bin's magic; the three files
  *   setting up a run:
@@ -76,7 +77,8 @@
  *   optim.bin  AdamW's state: a 1024-byte header, then float m[N], float v[N]
  *              in model.bin's element order (N = the model's parameters)
  *   state.bin  a 1024-byte header: the step, Adam's t, the data position, the
- *              sampling RNG, the shape and batch it was written with
+ *              sampling RNG, the shape and batch it was written with, the
+ *              tokens trained on so far
  *   MANIFEST   manifest.h's manifest: size and SHA-256 of the three, sealed with
  *              the checkpoint key (HMAC-SHA256)
  * The files hold whole tensors, so they do not depend on the layout that
@@ -127,14 +129,10 @@
  * checkpoints outlive a launch, and a checkpoint copied from another job's
  * directory is refused unless --key-file names that job's key.
  *
- * optim.bin header (int32):  [0] 20241203 magic  [1] 1 version  [2] Adam's t
- *   [3] maxT [4] V [5] Vp [6] L [7] NH [8] C
- * state.bin header (int32):  [0] 20241204 magic  [1] 1 version  [2] step
- *   [3] Adam's t  [4] maxT [5] V [6] Vp [7] L [8] NH [9] C
- *   [10] B  [11] T  [12] tokens per step  [13] steps of the run  [14] seed
- *   [15] shuffle  [16..23] the data position (epoch, shard_pos, sample_pos,
- *   rng: four uint64, low word first)  [24..25] the sampling RNG (uint64)
- *   [26] np [27] tp [28] pp [29] ZeRO of the run that wrote it (information)
+ * optim.bin's and state.bin's headers are laid out in doc/formats.md ("optim.bin
+ * header", "state.bin header"), the one place that lists their fields;
+ * ckpt_optim_header and ckpt_state_header write them, ckpt_verify reads
+ * state.bin's.
  */
 #ifndef LLM3D_CHECKPOINT_H
 #define LLM3D_CHECKPOINT_H
@@ -169,6 +167,11 @@ typedef struct {
     uint64_t data[4];   // DataLoaderState: epoch, shard_pos, sample_pos, rng
     uint64_t sample_rng;
     int np, tp, pp, zero;
+    // the tokens trained on in the steps done, every launch of the run
+    // together: a resume under another total batch (-d, -mb, dp) goes on
+    // counting from here (see ckpt_verify for a checkpoint written before
+    // state.bin held it)
+    uint64_t tokens;
     // not in state.bin: the checkpoint's id, the first 8 bytes (little-endian)
     // of the SHA-256 of its manifest's three file digests, so that two
     // checkpoints of one step from different runs have different ids
@@ -194,6 +197,7 @@ static void ckpt_state_header(const CkptState *s, int32_t h[HEADER_INTS]) {
     for (int i = 0; i < 4; i++) ckpt_put_u64(h + 16 + 2 * i, s->data[i]);
     ckpt_put_u64(h + 24, s->sample_rng);
     h[26] = s->np; h[27] = s->tp; h[28] = s->pp; h[29] = s->zero;
+    ckpt_put_u64(h + 30, s->tokens);
 }
 
 static void ckpt_optim_header(int32_t h[HEADER_INTS], const GPT2Config *c, int adam_t) {
@@ -675,6 +679,12 @@ static int ckpt_verify(const char *dir, const uint8_t key[32], int hash_files, C
     for (int i = 0; i < 4; i++) s->data[i] = ckpt_get_u64(h + 16 + 2 * i);
     s->sample_rng = ckpt_get_u64(h + 24);
     s->np = h[26]; s->tp = h[27]; s->pp = h[28]; s->zero = h[29];
+    // the tokens so far; 0 in a state.bin written before it held them (the
+    // slots were spare, and zero): then the checkpoint's steps at its own
+    // batch, which is exact unless an earlier launch of that run trained
+    // under another batch. A checkpoint of step 0 has 0 either way.
+    s->tokens = ckpt_get_u64(h + 30);
+    if (s->tokens == 0 && s->step > 0 && s->batch_tokens > 0) s->tokens = (uint64_t)s->batch_tokens * (uint64_t)s->step;
     s->id = id;
     if (check_config(&s->config, path, why, sizeof(why)) != 0) return errorf(err, errlen, "%s", why);
     for (int i = 0; i < 2; i++) {  // the manifest vouches for the bytes; the shape must also agree
@@ -1638,8 +1648,9 @@ static void ckpt_announce(const Options *o, const CkptState *ck, const char *dir
     if (verify_ms < 0) snprintf(verified, sizeof(verified), "hashed by the launcher");
     else snprintf(verified, sizeof(verified), "verified in %.0f ms", verify_ms);
     if (ck != NULL)
-        printf("resuming from %s: step %d, written by np %d tp %d pp %d ZeRO-%d (%s, loaded in %.0f ms)\n", dir,
-               ck->step, ck->np, ck->tp, ck->pp, ck->zero, verified, load_ms);
+        printf("resuming from %s: step %d, %llu tokens trained, written by np %d tp %d pp %d ZeRO-%d (%s, loaded in "
+               "%.0f ms)\n", dir, ck->step, (unsigned long long)ck->tokens, ck->np, ck->tp, ck->pp, ck->zero, verified,
+               load_ms);
     else if (o->resume || o->resume_step >= 0)
         printf("no checkpoint in %s yet: starting from step 0\n", o->out_dir);
 }

@@ -8,7 +8,8 @@
  *   Job                  one run of a trainer: its flags, the model's shape,
  *                        the batch and steps, the checkpoint it resumes, its
  *                        data, tokenizer and log
- *   trainer_name, die, die_usage, now_ms, flops_per_token
+ *   trainer_name, trainer_start (what each main does first: its name, stdout
+ *                        line-buffered), die, die_usage, now_ms, flops_per_token
  *   before any rank starts (so a bad job is refused once, by the launcher):
  *     parse_flags, parse_fault, check_model, check_batch_and_data,
  *     checkpoint_setup
@@ -19,6 +20,7 @@
  *   in the loop: next_batch, evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
  *     Progress, progress_due, progress_start, progress_tick, progress_end (HellaSwag's, as llm.c's),
  *     report_hellaswag, outlier_skip (llm.c's -sl -sg; steps not finite), nonfinite_stop,
+ *     tokens_after (the tokens trained on so far, across resumes),
  *     print_not_written, log_write, report_step, print_mfu, checkpoint_state, print_checkpoint_written
  *   after the last step: final_line, report_final, write_done (llm.c's DONE_<steps>)
  *   sampling: random_f32 (xorshift*), sample_token (inverse CDF of the softmax)
@@ -68,6 +70,7 @@ typedef struct {
     int accum;               // micro-batches per optimizer step on each data-parallel rank
     long total_batch;        // tokens per optimizer step, all ranks together
     int steps, start;        // the run's optimizer steps; the first one this launch does
+    long start_tokens;       // the tokens trained on before step `start`: the checkpoint's (tokens_after)
     // the checkpoint key, and the checkpoint this launch resumes from
     uint8_t ckpt_key[32];
     int out_fd;              // -o, opened once at the start and held: everything in it is done relative to it
@@ -88,8 +91,20 @@ typedef struct {
     uint64_t sample_rng;     // xorshift* state, saved in checkpoints
 } Job;
 
-// "train_gpt2" or "train_gpt2cu": each main sets it first; every error line starts with it
+// "train_gpt2" or "train_gpt2cu": each main sets it first (trainer_start); every error line starts with it
 static const char *trainer_name = "train_gpt2";
+
+// what each main does first, before anything is printed: its name for the
+// error lines, and stdout line-buffered. Into a file or a pipe stdout would
+// be fully buffered, and a run that a signal ends (timeout, kill, a
+// scheduler: without -o none is caught) would lose every line printed since
+// the last flush, such as the FMA peak and the first val loss of a run
+// killed in its first step. The ranks of a launcher are this program again,
+// on the stdout they inherit, so theirs is line-buffered too.
+static void trainer_start(const char *name) {
+    trainer_name = name;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+}
 
 static void die(int status, const char *msg) {
     fprintf(stderr, "%s: %s\n", trainer_name, msg);
@@ -345,6 +360,7 @@ static void checkpoint_setup(Job *job) {
     job->verify_ms = now_ms() - job->load_t0;
     job->resuming = rc;
     job->start = job->resuming ? job->ck.step : 0;
+    job->start_tokens = job->resuming ? (long)job->ck.tokens : 0;
     job->sample_rng = job->resuming ? job->ck.sample_rng : (uint64_t)job->opt.seed * 2654435761ull + 1;
 }
 
@@ -795,6 +811,13 @@ static int checkpoint_due(const Job *job, int step, int stopped) {
     return stopped || (job->opt.ckpt_every > 0 && (done % job->opt.ckpt_every == 0 || done == job->steps));
 }
 
+// the tokens trained on once `done` steps are done: the checkpoint's count
+// (earlier launches may have trained under another total batch), then this
+// launch's batch a step
+static long tokens_after(const Job *job, int done) {
+    return job->start_tokens + job->total_batch * (long)(done - job->start);
+}
+
 // a duration in seconds as 1h05m, 4m10s or 12s
 static const char *format_duration(double s, char *buf, size_t len) {
     long t = (long)(s + 0.5);
@@ -826,7 +849,7 @@ static double report_step(Job *job, LogLine *l, const OutlierGuard *g) {
     if (l->step == job->start) job->loop_t0 = now - l->ms;
     double per_step_s = (now - job->loop_t0) / 1e3 / (l->step - job->start + 1);
     l->trained = 1;
-    l->tokens = job->total_batch * (l->step + 1);
+    l->tokens = tokens_after(job, l->step + 1);
     log_write(job, l);  // first: a failed write's line then follows whole lines of stdout
     printf("step %4d/%d | loss %.6f", l->step, job->steps, l->loss);
     if (outlier_guard_on(job)) printf(" (%+.2fz)", g->loss_z);
@@ -852,7 +875,7 @@ static void print_mfu(const Job *job, double tok_s, double peak) {
 // HellaSwag accuracy filled in when measured): the final model's, in the
 // log, as llm.c evaluates once more after its last update
 static LogLine final_line(const Job *job) {
-    LogLine l = {job->steps, 0, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, job->total_batch * job->steps, NULL, NULL, NULL, NULL};
+    LogLine l = {job->steps, 0, 0.0f, 0.0f, 0.0f, -1.0f, -1.0f, 0.0, tokens_after(job, job->steps), NULL, NULL, NULL, NULL};
     return l;
 }
 
@@ -861,14 +884,16 @@ static void report_final(const Job *job, const LogLine *l) {
 }
 
 // what state.bin records after `done` steps (Adam's t: adam_t), the data
-// position and the sampling RNG included, and the layout that wrote it
+// position, the sampling RNG and the tokens so far included, and the layout
+// that wrote it
 static CkptState checkpoint_state(const Job *job, int done, int adam_t, const Grid *g, int zero) {
     const Options *o = &job->opt;
     DataLoaderState pos;
     dataloader_get_state(&job->train, &pos);
     CkptState st = {done, adam_t, job->config, o->B, o->T, (int)job->total_batch, job->steps, o->seed, o->shuffle,
                     {pos.epoch, pos.shard_pos, pos.sample_pos, pos.rng}, job->sample_rng,
-                    g->world, g->tp, g->pp, zero, 0};  // its id comes from the manifest once written
+                    g->world, g->tp, g->pp, zero, (uint64_t)tokens_after(job, done),
+                    0};  // its id comes from the manifest once written
     return st;
 }
 

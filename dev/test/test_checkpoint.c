@@ -7,7 +7,10 @@
  * a missing file), encrypted checkpoints (-enc), a changed byte in each
  * file, plain and sealed, a shuffled resume at positions deep in the
  * data, -e of a sealed final model, keeping the last K, SIGTERM, a file
- * size limit, and 20 SIGKILLs at random moments in a row.
+ * size limit, the log's tokens across resumes under another total batch
+ * (state.bin's count, and an older state.bin without it), the lines printed
+ * before a SIGTERM without -o kept in a redirected stdout, and 20 SIGKILLs
+ * at random moments in a row.
  */
 #define _GNU_SOURCE
 #include "dataloader.h"  // the position a checkpoint saves, recomputed
@@ -1558,6 +1561,166 @@ static void test_sigterm(const char *layout, const Run *ref, const char *name) {
           name);
 }
 
+// the "tokens" of each of the log's lines in out_dir, into tokens[]
+// (-1 where a line has none); the lines read
+static int log_tokens(const char *out_dir, long *tokens, int max) {
+    char path[300], line[512];
+    snprintf(path, sizeof(path), "%s/log.jsonl", out_dir);
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    while (f != NULL && n < max && fgets(line, sizeof(line), f) != NULL) {
+        const char *t = test_log_value(line, "tokens");
+        tokens[n++] = t != NULL ? atol(t) : -1;
+    }
+    if (f != NULL) fclose(f);
+    return n;
+}
+
+// whether the log in out_dir holds exactly the n counts of want
+static int tokens_are(const char *out_dir, const long *want, int n, char *got, size_t gotlen) {
+    long tokens[MAX_STEPS];
+    int k = log_tokens(out_dir, tokens, MAX_STEPS), len = 0;
+    got[0] = '\0';
+    for (int i = 0; i < k && len < (int)gotlen; i++)
+        len += snprintf(got + len, gotlen - len, "%s%ld", i ? " " : "", tokens[i]);
+    if (k != n) return 0;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] != want[i]) return 0;
+    return 1;
+}
+
+// state.bin's int32 header slots [30..31] of checkpoint dir/ckpt_<step>,
+// a plain one, as one uint64 (low word first); -1 when it cannot be read
+static long long state_tokens(const char *out_dir, int step) {
+    char path[300];
+    snprintf(path, sizeof(path), "%s/ckpt_%08d/state.bin", out_dir, step);
+    size_t n = 0;
+    char *bytes = test_read_file(path, &n);
+    long long v = -1;
+    if (bytes != NULL && n == HEADER_INTS * 4) {
+        int32_t h[2];
+        memcpy(h, bytes + 30 * 4, sizeof(h));
+        v = (long long)((uint64_t)(uint32_t)h[0] | (uint64_t)(uint32_t)h[1] << 32);
+    }
+    free(bytes);
+    return v;
+}
+
+// a state.bin as the trainers wrote it before it held the tokens so far:
+// its slots [30..31] zeroed, and the MANIFEST sealed again over the files
+// under the job's key; 0, or -1
+static int make_old_state(const char *out_dir, int step) {
+    char ck[300], path[400], err[512];
+    uint8_t key[32];
+    snprintf(ck, sizeof(ck), "%s/ckpt_%08d", out_dir, step);
+    snprintf(path, sizeof(path), "%s/state.bin", ck);
+    size_t n = 0;
+    char *bytes = test_read_file(path, &n);
+    if (bytes == NULL || n != HEADER_INTS * 4 || read_key(out_dir, key) != 0) {
+        free(bytes);
+        return -1;
+    }
+    memset(bytes + 30 * 4, 0, 8);
+    test_write_file(path, bytes, n);
+    free(bytes);
+    Manifest m = {0, NULL};
+    int rc = 0;
+    for (int i = 0; i < 3 && rc == 0; i++) rc = manifest_add_file(&m, ck, ckpt_files[i], err, sizeof(err));
+    if (rc == 0) rc = manifest_write(&m, ck, "MANIFEST", key, err, sizeof(err));
+    if (rc != 0) printf("note: %s\n", err);
+    manifest_free(&m);
+    return rc;
+}
+
+// the log's "tokens", the tokens trained on so far, count on across resumes
+// under another total batch (-d): 4 steps of 64 tokens with checkpoints of
+// steps 2 and 4, resumed for 2 steps of 128, then for 2 more of 64, log
+// 64 128 192 256 384 512 576 640, and state.bin holds the count (256 at
+// step 4, 512 at step 6). A state.bin written before it held the count
+// (its slots zero) resumes with the documented fallback, the checkpoint's
+// steps at its own batch: step 4 of 64 tokens a step is 256, exact here
+static void test_tokens_resumed(void) {
+    static Run r;
+    char a[200], b[200], got[512];
+    snprintf(a, sizeof(a), "%s/tokens", dir);
+    snprintf(b, sizeof(b), "%s/tokens_old", dir);
+    sh("rm -rf %s %s", a, b);
+    run(&r, a, 4, "-n 2 -d 64");
+    if (!check(r.status == 0 && r.nsteps == 4 && test_exists("%s/ckpt_%08d/MANIFEST", a, 4),
+               "4 steps of 64 tokens, a checkpoint of step 4 (exit %d)", r.status)) {
+        printf("%s\n", r.out);
+        return;
+    }
+    sh("mkdir -p %s && cp -r %s/ckpt_00000004 %s/job.key %s/", b, a, a, b);
+    long first[4] = {64, 128, 192, 256};
+    int same = tokens_are(a, first, 4, got, sizeof(got));
+    check(same && state_tokens(a, 4) == 256,
+          "tokens 64 a step: the log says %s; state.bin of step 4 holds %lld (256)", got, state_tokens(a, 4));
+    run(&r, a, 6, "-n 2 -y 1 -d 128 -np 2");
+    long second[6] = {64, 128, 192, 256, 384, 512};
+    same = tokens_are(a, second, 6, got, sizeof(got));
+    check(r.status == 0 && strstr(r.out, "step 4, 256 tokens trained") != NULL && same && state_tokens(a, 6) == 512,
+          "resumed at step 4 under -d 128 on 2 ranks: the log says %s (64 128 192 256 384 512), state.bin of step 6 "
+          "holds %lld (512) (exit %d): %s", got, state_tokens(a, 6), r.status, test_line_of(r.out, "resuming"));
+    run(&r, a, 8, "-n 2 -y 1 -d 64");
+    long third[8] = {64, 128, 192, 256, 384, 512, 576, 640};
+    same = tokens_are(a, third, 8, got, sizeof(got));
+    check(r.status == 0 && same,
+          "resumed at step 6 under -d 64 again: the log says %s (... 512 576 640), not step 6 x 128 + 64 (exit %d)", got,
+          r.status);
+
+    if (!check(make_old_state(b, 4) == 0 && state_tokens(b, 4) == 0,
+               "the step-4 checkpoint made old-style: state.bin's slots [30..31] zero, its MANIFEST sealed again"))
+        return;
+    run(&r, b, 6, "-y 1 -d 128");
+    long old[2] = {384, 512};
+    same = tokens_are(b, old, 2, got, sizeof(got));
+    check(r.status == 0 && strstr(r.out, "step 4, 256 tokens trained") != NULL && same,
+          "an old-style state.bin of step 4 (64 tokens a step) resumed under -d 128: 256 tokens before it, the log says "
+          "%s (384 512) (exit %d): %s", got, r.status, test_line_of(r.out, "resuming"));
+}
+
+// Without -o no signal is caught, and SIGTERM ends the trainer at once: its
+// stdout, into a file here, must still hold every line it printed before
+// (fully buffered, the FMA peak and the val loss went down with the
+// process). -fault slow:0:0 holds rank 0 in step 0 for 300 ms after those
+// lines and before the step's own, whose end flushes stdout anyway; its
+// "fault slow" line is on stderr, which is not buffered, so once it is in
+// the file the lines before it have been printed, and the kill lands in
+// that window. The wait for it, and the wait for the end, are bounded.
+static void test_kill_output(const char *layout, const char *name) {
+    char args[600], out[300];
+    snprintf(args, sizeof(args), "-x 100000 -v 100000 -m 1 -j '%s' -fault slow:0:0 %s", shards, layout);
+    snprintf(out, sizeof(out), "%s/out.txt", dir);
+    unlink(out);
+    pid_t pid = start(args, 0);
+    int seen = 0, ended = 0, st = 0;
+    for (int i = 0; i < 3000 && !seen && !ended; i++) {  // 30 s at most
+        char *text = test_read_text(out);
+        seen = strstr(text, "fault slow") != NULL;
+        free(text);
+        ended = !seen && waitpid(pid, &st, WNOHANG) == pid;
+        if (!seen && !ended) usleep(10000);
+    }
+    kill(pid, SIGTERM);  // the trainer, or the launcher, which passes it on to its ranks
+    for (int i = 0; i < 1000 && !ended; i++) {  // 10 s at most, then the whole group is killed
+        ended = waitpid(pid, &st, WNOHANG) == pid;
+        if (!ended) usleep(10000);
+    }
+    if (!ended) {
+        kill(-pid, SIGKILL);
+        waitpid(pid, &st, 0);
+    }
+    static Run r;
+    collect(&r, test_exit_status(st), dir);
+    check(seen && r.status != 0 && strstr(r.out, "FMA peak") != NULL && strstr(r.out, "val loss") != NULL,
+          "%s, no -o, stdout into a file: killed by SIGTERM once step 0 began (exit %d), the lines printed before the "
+          "kill are there (FMA peak: %s; val loss: %s)", name, r.status, strstr(r.out, "FMA peak") ? "yes" : "no",
+          strstr(r.out, "val loss") ? "yes" : "no");
+    if (!seen) printf("%s\n", r.out);
+    sh("rm -f /dev/shm/llm3d-%d-*", (int)pid);  // a launcher killed before it removed its segment
+}
+
 // a file size limit fails the checkpoint write cleanly; the previous one stays
 static void test_full_disk(void) {
     static Run r, after;
@@ -1688,6 +1851,9 @@ int main(void) {
     test_keep();
     test_key_temp_name();
     test_full_disk();
+    test_tokens_resumed();
+    test_kill_output("", "one rank");
+    test_kill_output("-np 2", "2 ranks");
 
     static Run ref1, ref2;
     char r1[200], r2[200];

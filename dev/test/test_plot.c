@@ -3,7 +3,9 @@
  * the SVG is well formed, holds one polyline per series with a point per
  * logged value, placed at the frame's edges for the first and last step, the
  * baselines as labelled lines (or none), the HellaSwag panel only when a log
- * has it; and its errors name the file and line. Then dev/compare_logs, the
+ * has it; a log resumed under another batch: throughput from each step's
+ * own tokens, --x tokens at each line's count; and its errors name the file
+ * and line. Then dev/compare_logs, the
  * check of reference_cpu.sh, on the same kind of logs: identical, within
  * its tolerances, outside them, and cut short. Last, the header's step
  * count, the note of lines cut at an axis, FIFOs given as logs and links
@@ -14,6 +16,7 @@
 #include "dev/test/test.h"
 #include "dev/test/test_run.h"
 
+#include <math.h>
 #include <sys/stat.h>
 
 static char tmp_dir[64];
@@ -78,6 +81,59 @@ static int points_of(const char *svg, const char *cls, double *first_x, double *
         while (*p == ' ') p++;
     }
     return n;
+}
+
+// the x of point i (from 0) of the polyline of class cls, or NAN
+static double point_x(const char *svg, const char *cls, int i) {
+    char want[64];
+    snprintf(want, sizeof(want), "class=\"%s\"", cls);
+    const char *p = strstr(svg, want);
+    if (p == NULL || (p = strstr(p, "points=\"")) == NULL) return NAN;
+    p += 8;
+    for (int n = 0; *p != '"'; n++) {
+        double x, y;
+        int used;
+        if (sscanf(p, "%lf,%lf%n", &x, &y, &used) != 2) return NAN;
+        if (n == i) return x;
+        p += used;
+        while (*p == ' ') p++;
+    }
+    return NAN;
+}
+
+// a log resumed at step 10 under twice the batch: its "tokens" count on by
+// 8192 a step from 40960 (what the trainers log across a resume). The
+// throughput is each step's own tokens over its ms, 40960 tokens/s before
+// and 81920 after (61440 mean), and --x tokens puts each point at its line's
+// count: step 9's at 40960 on an axis from 4096 to 122880
+static void test_resumed_batch(void) {
+    char log[128], svg_path[128], cmd[512], out[4096];
+    snprintf(log, sizeof(log), "%s/resumed.jsonl", tmp_dir);
+    snprintf(svg_path, sizeof(svg_path), "%s/resumed.svg", tmp_dir);
+    FILE *f = fopen(log, "w");
+    for (int s = 0; s < 20; s++) {
+        long tokens = s < 10 ? 4096L * (s + 1) : 40960L + 8192L * (s - 9);
+        fprintf(f, "{\"step\": %d, \"loss\": %.6f, \"ms\": 100.000, \"tokens\": %ld}\n", s, 5.0 - 0.1 * s, tokens);
+    }
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "./plot_log %s -o %s --baselines none", log, svg_path);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    char *svg = test_read_file(svg_path, NULL);
+    const char *at = svg != NULL ? strstr(svg, " tokens/s mean") : NULL, *digits = at;
+    while (digits != NULL && digits > svg && digits[-1] >= '0' && digits[-1] <= '9') digits--;
+    long mean = digits != NULL && digits < at ? atol(digits) : -1;
+    check(rc == 0 && mean == 61440, "a log resumed under twice the batch: throughput from each step's own tokens, "
+          "%ld tokens/s mean (61440) (exit %d)", mean, rc);
+    free(svg);
+    snprintf(cmd, sizeof(cmd), "./plot_log %s -o %s --baselines none --x tokens", log, svg_path);
+    rc = test_run(cmd, 1, out, sizeof(out));
+    svg = test_read_file(svg_path, NULL);
+    double want = 80.0 + (40960.0 - 4096.0) / (122880.0 - 4096.0) * 850.0;  // the frame: x 80 to 930
+    double x9 = svg != NULL ? point_x(svg, "run train_loss", 9) : NAN;
+    double x19 = svg != NULL ? point_x(svg, "run train_loss", 19) : NAN;
+    check(rc == 0 && fabs(x9 - want) < 0.11 && x19 == 930.0, "--x tokens on it: step 9 at x %.1f (%.1f: 40960 tokens), "
+          "step 19 at the right edge (x %.1f) (exit %d)", x9, want, x19, rc);
+    free(svg);
 }
 
 // dev/compare_logs against the 120-step log at path: itself, shifted by less
@@ -298,6 +354,7 @@ int main(void) {
     rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 2 && strstr(out, "--baselines 'gpt3'") != NULL, "--baselines gpt3 -> exit %d (flag error)", rc);
 
+    test_resumed_batch();
     test_compare_logs(log);
     test_header_and_cuts();
     test_fifos_and_links(log);
