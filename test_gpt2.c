@@ -824,6 +824,50 @@ static void test_flags(void) {
         int rc = options_parse(&o, argc, argv, err, sizeof(err));
         check(rc == -1 && strstr(err, bad[i].want) != NULL, "bad flag refused: %s", err);
     }
+    // every integer flag of the table: one past each limit is refused with the
+    // limits printed exactly as integers, and the limit itself is taken
+    int exact = 1, ints = 0;
+    for (int i = 0; i < NUM_OPTIONS; i++) {
+        const OptionSpec *s = &option_specs[i];
+        if (s->type != OPT_INT) continue;
+        ints++;
+        long lo = (long)s->min, hi = (long)s->max;
+        long past[2] = {lo - 1, hi + 1};
+        for (int k = 0; k < 2; k++) {
+            if (strcmp(s->flag, "-h") == 0 && past[k] < 0) continue;  // -h before a value starting '-' asks for help
+            char value[32], want[160];
+            snprintf(value, sizeof(value), "%ld", past[k]);
+            snprintf(want, sizeof(want), "flag %s: %ld is out of range [%ld, %ld]", s->flag, past[k], lo, hi);
+            char *argv[3] = {"train_gpt2", (char *)s->flag, value};
+            options_defaults(&o);
+            int rc = options_parse(&o, 3, argv, err, sizeof(err));
+            if (rc != -1 || strncmp(err, want, strlen(want)) != 0) {
+                check(0, "integer flag %s %s: want '%s', got (rc %d) '%s'", s->flag, value, want, rc, err);
+                exact = 0;
+            }
+        }
+        char value[32];
+        snprintf(value, sizeof(value), "%ld", hi);
+        char *argv[3] = {"train_gpt2", (char *)s->flag, value};
+        options_defaults(&o);
+        if (options_parse(&o, 3, argv, err, sizeof(err)) != 0 || *(int *)((char *)&o + s->offset) != (int)hi) {
+            check(0, "integer flag %s %s: its own upper limit refused or changed: %s", s->flag, value, err);
+            exact = 0;
+        }
+    }
+    check(exact && ints >= 40, "all %d integer flags print their limits as exact integers when out of range, and "
+          "take their upper limit", ints);
+    struct { const char *args[2]; const char *want; } exact_lines[] = {
+        {{"-sd", "-1"}, "flag -sd: -1 is out of range [0, 2147483647]"},
+        {{"-x", "-2"}, "flag -x: -2 is out of range [-1, 1073741824]"},
+        {{"-ep", "2"}, "flag -ep: 2 is out of range [1e-30, 1]"},  // a float flag keeps %g
+    };
+    for (size_t i = 0; i < sizeof(exact_lines) / sizeof(exact_lines[0]); i++) {
+        char *argv[3] = {"train_gpt2", (char *)exact_lines[i].args[0], (char *)exact_lines[i].args[1]};
+        options_defaults(&o);
+        int rc = options_parse(&o, 3, argv, err, sizeof(err));
+        check(rc == -1 && strcmp(err, exact_lines[i].want) == 0, "%s %s: '%s'", argv[1], argv[2], err);
+    }
     char *good[] = {"train_gpt2", "-b", "8", "-l", "6e-4", "-k", "linear", "-gc", "0", "-sh", "1"};
     options_defaults(&o);
     check(options_parse(&o, 11, good, err, sizeof(err)) == 0 && o.B == 8 && fabsf(o.lr - 6e-4f) < 1e-9f &&
