@@ -2,13 +2,15 @@
  * test_gpt2.c: the CPU trainer against the PyTorch reference (the two
  * fixtures of dev/fixtures, made by dev/train_gpt2.py), each layer's
  * backward against finite differences, the model files, the seeded init,
- * the lr schedule and the command line.
+ * the lr schedule, the command line (flags, and files named by flags) and
+ * the printed sample's text.
  */
 #define TESTING
 // the logits' transposed forward (cpu_matmul.h) from a 16 MiB weight, not
 // 64 MiB, so that test_matmul_shapes reaches it with a small shape
 #define MATMUL_TRANSPOSE_BYTES (16u << 20)
 #include "train_gpt2.c"
+#include "llm3d/tokenizer.h"  // (train_gpt2.c leaves it out when TESTING) the byte-level tokenizer's .bin
 #include "dev/test/test.h"
 #include "dev/test/test_run.h"
 
@@ -940,6 +942,36 @@ static void test_cli(void) {
     }
 }
 
+// the sample of a byte-level model, untrained: it draws control bytes, ESC
+// and bytes that are no UTF-8, and prints them all as printable text
+static void test_sample_text(void) {
+    if (access("./train_gpt2", X_OK) != 0) { skip("./train_gpt2 not built"); return; }
+    char dir[64], tok[128], shard[128], cmd[1024], err[256];
+    static char out[65536];
+    if (test_make_dir(dir, sizeof(dir), "/tmp/llm3d_sample_XXXXXX") != 0) { check(0, "mkdtemp"); return; }
+    test_write_shard(test_path(shard, sizeof(shard), dir, "shard.bin"), 4096);
+    if (!check(tokenizer_write_bytes_bin(test_path(tok, sizeof(tok), dir, "bytes.bin"), err, sizeof(err)) == 0,
+               "the byte-level tokenizer: %s", err)) {
+        test_remove_dir(dir);
+        return;
+    }
+    snprintf(cmd, sizeof(cmd), "./train_gpt2 -e d2 -ev 256 -et 64 -b 1 -t 64 -x 1 -v 0 -s 1 -g 64 -th 1 -tk %s -i %s",
+             tok, shard);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    const char *from = strstr(out, "generating:\n---\n"), *to = from != NULL ? strstr(from + 15, "\n---\n") : NULL;
+    int bad = -1, escapes = 0;
+    if (from != NULL && to != NULL) {
+        bad = 0;
+        for (const unsigned char *p = (const unsigned char *)from + 15; p < (const unsigned char *)to; p++) {
+            bad += (*p < 0x20 && *p != '\n' && *p != '\t') || *p == 0x7f;
+            escapes += p[0] == '\\' && p[1] == 'x';
+        }
+    }
+    check(rc == 0 && bad == 0 && escapes > 0, "an untrained byte-level model's sample (exit %d): %d control bytes "
+          "printed raw, %d escaped as \\xNN", rc, bad, escapes);
+    test_remove_dir(dir);
+}
+
 int main(void) {
     test_against_pytorch(fixture_model, fixture_state, 0);
     test_against_pytorch(fixture_ln_model, fixture_ln_state, 1);
@@ -961,5 +993,6 @@ int main(void) {
     test_lr_schedule();
     test_flags();
     test_cli();
+    test_sample_text();
     return test_summary();
 }
