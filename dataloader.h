@@ -742,7 +742,7 @@ static int dl_open_shards(DataLoader *dl, const glob_t *g, const char *pattern, 
         dl->nshards++;
     }
     if (nfiles == 0) {
-        errorf(err, errlen, "dataloader: no files match %s (other than MANIFEST)", pattern);
+        errorf(err, errlen, "no files match %s (other than MANIFEST)", pattern);
         goto done;
     }
     if (dl->nshards == 0) {
@@ -752,7 +752,7 @@ static int dl_open_shards(DataLoader *dl, const glob_t *g, const char *pattern, 
             errorf(err, errlen, "%s: %llu tokens, fewer than one micro-batch needs (B*T+1 = %llu)",
                    name, have, (unsigned long long)need);
         else
-            errorf(err, errlen, "dataloader: none of the %d files matching %s has B*T+1 = %llu tokens (e.g. %s: %llu tokens)",
+            errorf(err, errlen, "none of the %d files matching %s has B*T+1 = %llu tokens (e.g. %s: %llu tokens)",
                    nshort, pattern, (unsigned long long)need, name, have);
         goto done;
     }
@@ -818,9 +818,9 @@ int dataloader_init_key(DataLoader *dl, const char *pattern, int B, int T, int d
     int grc = glob(pattern, 0, NULL, &g);
     if (grc != 0) {
         if (grc == GLOB_NOMATCH)
-            errorf(err, errlen, "dataloader: no files match %s", pattern);
+            errorf(err, errlen, "no files match %s", pattern);
         else
-            errorf(err, errlen, "dataloader: glob %s failed (%s)", pattern,
+            errorf(err, errlen, "glob %s failed (%s)", pattern,
                    grc == GLOB_NOSPACE ? "out of memory" : "read error");
         globfree(&g);
         return -1;

@@ -2,13 +2,15 @@
  * test_gpt2.c: the CPU trainer against the PyTorch reference (the two
  * fixtures of dev/fixtures, made by dev/train_gpt2.py), each layer's
  * backward against finite differences, the model files, the seeded init,
- * the lr schedule and the command line.
+ * the lr schedule, the command line (flags, and files named by flags) and
+ * the printed sample's text.
  */
 #define TESTING
 // the logits' transposed forward (cpu_matmul.h) from a 16 MiB weight, not
 // 64 MiB, so that test_matmul_shapes reaches it with a small shape
 #define MATMUL_TRANSPOSE_BYTES (16u << 20)
 #include "train_gpt2.c"
+#include "llm3d/tokenizer.h"  // (train_gpt2.c leaves it out when TESTING) the byte-level tokenizer's .bin
 #include "dev/test/test.h"
 #include "dev/test/test_run.h"
 
@@ -824,6 +826,50 @@ static void test_flags(void) {
         int rc = options_parse(&o, argc, argv, err, sizeof(err));
         check(rc == -1 && strstr(err, bad[i].want) != NULL, "bad flag refused: %s", err);
     }
+    // every integer flag of the table: one past each limit is refused with the
+    // limits printed exactly as integers, and the limit itself is taken
+    int exact = 1, ints = 0;
+    for (int i = 0; i < NUM_OPTIONS; i++) {
+        const OptionSpec *s = &option_specs[i];
+        if (s->type != OPT_INT) continue;
+        ints++;
+        long lo = (long)s->min, hi = (long)s->max;
+        long past[2] = {lo - 1, hi + 1};
+        for (int k = 0; k < 2; k++) {
+            if (strcmp(s->flag, "-h") == 0 && past[k] < 0) continue;  // -h before a value starting '-' asks for help
+            char value[32], want[160];
+            snprintf(value, sizeof(value), "%ld", past[k]);
+            snprintf(want, sizeof(want), "flag %s: %ld is out of range [%ld, %ld]", s->flag, past[k], lo, hi);
+            char *argv[3] = {"train_gpt2", (char *)s->flag, value};
+            options_defaults(&o);
+            int rc = options_parse(&o, 3, argv, err, sizeof(err));
+            if (rc != -1 || strncmp(err, want, strlen(want)) != 0) {
+                check(0, "integer flag %s %s: want '%s', got (rc %d) '%s'", s->flag, value, want, rc, err);
+                exact = 0;
+            }
+        }
+        char value[32];
+        snprintf(value, sizeof(value), "%ld", hi);
+        char *argv[3] = {"train_gpt2", (char *)s->flag, value};
+        options_defaults(&o);
+        if (options_parse(&o, 3, argv, err, sizeof(err)) != 0 || *(int *)((char *)&o + s->offset) != (int)hi) {
+            check(0, "integer flag %s %s: its own upper limit refused or changed: %s", s->flag, value, err);
+            exact = 0;
+        }
+    }
+    check(exact && ints >= 40, "all %d integer flags print their limits as exact integers when out of range, and "
+          "take their upper limit", ints);
+    struct { const char *args[2]; const char *want; } exact_lines[] = {
+        {{"-sd", "-1"}, "flag -sd: -1 is out of range [0, 2147483647]"},
+        {{"-x", "-2"}, "flag -x: -2 is out of range [-1, 1073741824]"},
+        {{"-ep", "2"}, "flag -ep: 2 is out of range [1e-30, 1]"},  // a float flag keeps %g
+    };
+    for (size_t i = 0; i < sizeof(exact_lines) / sizeof(exact_lines[0]); i++) {
+        char *argv[3] = {"train_gpt2", (char *)exact_lines[i].args[0], (char *)exact_lines[i].args[1]};
+        options_defaults(&o);
+        int rc = options_parse(&o, 3, argv, err, sizeof(err));
+        check(rc == -1 && strcmp(err, exact_lines[i].want) == 0, "%s %s: '%s'", argv[1], argv[2], err);
+    }
     char *good[] = {"train_gpt2", "-b", "8", "-l", "6e-4", "-k", "linear", "-gc", "0", "-sh", "1"};
     options_defaults(&o);
     check(options_parse(&o, 11, good, err, sizeof(err)) == 0 && o.B == 8 && fabsf(o.lr - 6e-4f) < 1e-9f &&
@@ -836,18 +882,55 @@ static void test_flags(void) {
           "-hb: 0 by default, -hb 1 parsed");
 }
 
-// the real binary: bad flags and files exit 2 with one line naming them
+// the real binary: bad flags and files exit 2 with one line naming them;
+// a file's line names the flag that gave it and what it is for, the file,
+// and why
 static void test_cli(void) {
     if (access("./train_gpt2", X_OK) != 0) { skip("./train_gpt2 not built"); return; }
-    char out[4096];
+    char out[4096], dir[64], junk[128], shard[128], key[128], open_key[128];
+    if (test_make_dir(dir, sizeof(dir), "/tmp/llm3d_cli_XXXXXX") != 0) { check(0, "mkdtemp"); return; }
+    // junk: 2 KiB that is no file of ours (its magic 0x6b6e756a is none of theirs)
+    char bytes[2048];
+    for (size_t i = 0; i < sizeof(bytes); i++) bytes[i] = "junk"[i % 4];
+    test_write_file(test_path(junk, sizeof(junk), dir, "junk.bin"), bytes, sizeof(bytes));
+    test_write_shard(test_path(shard, sizeof(shard), dir, "shard.bin"), 4096);
+    test_random_key_file(test_path(key, sizeof(key), dir, "job.key"));
+    test_random_key_file(test_path(open_key, sizeof(open_key), dir, "open.key"));
+    chmod(open_key, 0644);
+    // each case: flags after the tiny job's (the last of a flag wins), and the
+    // line wanted after "train_gpt2: ", both formats of the paths a and b
+    struct { const char *args, *want, *a, *b; } files[] = {
+        {"-s 1 -tk %s/none.bin", "flag -tk (the tokenizer for samples): %s/none.bin: cannot open: No such file", dir, NULL},
+        {"-s 1 -tk %s", "flag -tk (the tokenizer for samples): %s: header[0] magic is", junk, NULL},
+        {"-e %s/none.bin", "flag -e (the model to start from): %s/none.bin: cannot open model file: No such file", dir, NULL},
+        {"-e %s", "flag -e (the model to start from): %s: header field magic", junk, NULL},
+        {"-h 1 -hf %s/none.bin -v 1 -j %s", "flag -hf (the HellaSwag examples): %s/none.bin: cannot open", dir, shard},
+        {"-h 1 -hf %s -v 1 -j %s", "flag -hf (the HellaSwag examples): %s: header magic", junk, shard},
+        {"-i '%s/none_*.bin'", "flag -i (the train data): no files match %s/none_*.bin", dir, NULL},
+        {"-i %s", "flag -i (the train data): %s: header[0] (magic) is", junk, NULL},
+        {"-v 1 -j '%s/none_*.bin'", "flag -j (the val data): no files match %s/none_*.bin", dir, NULL},
+        {"-v 1 -j %s", "flag -j (the val data): %s: header[0] (magic) is", junk, NULL},
+        {"--key-file %s/none.key", "flag --key-file (the job key): key file %s/none.key: No such file", dir, NULL},
+        {"--key-file %s", "flag --key-file (the job key): key file %s: mode 0644 lets group or others at it", open_key, NULL},
+    };
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        char cmd[1024], more[600], want[600];
+        snprintf(more, sizeof(more), files[i].args, files[i].a, files[i].b);
+        snprintf(want, sizeof(want), files[i].want, files[i].a, files[i].b);
+        snprintf(cmd, sizeof(cmd), "./train_gpt2 -e d2 -ev 256 -et 32 -b 2 -t 16 -x 1 -v 0 -th 1 -i %s %s", shard, more);
+        int rc = test_run(cmd, 0, out, sizeof(out)), lines = test_count(out, "\n");
+        check(rc == 2 && lines == 1 && strstr(out, want) == out + strlen("train_gpt2: "),
+              "a bad file: exit %d, %d line, led by the flag: %.*s", rc, lines, (int)strcspn(out, "\n"), out);
+    }
+    test_remove_dir(dir);
     struct { const char *args, *want; } cases[] = {
         {"-t abc", "-t: 'abc' is not an integer"},
         {"-q 2", "-q: 2 is out of range"},
-        {"-e /nonexistent.bin", "/nonexistent.bin: cannot open"},
+        {"-e /nonexistent.bin", "flag -e (the model to start from): /nonexistent.bin: cannot open"},
         {"-e d0", "flag -e d0: a descriptor dN takes a depth N from 1 to 128"},
         {"-e gpt2:d200", "flag -e gpt2:d200: a descriptor dN takes a depth N from 1 to 128"},
         {"-e dev/fixtures/tiny_model.bin -t 64", "T = 64 exceeds the model's maxT = 32"},
-        {"-e d2 -ev 64 -et 16 -t 8 -b 2 -i '/nonexistent/*.bin'", "/nonexistent/*.bin"},
+        {"-e d2 -ev 64 -et 16 -t 8 -b 2 -i '/nonexistent/*.bin'", "flag -i (the train data): no files match /nonexistent/*.bin"},
         {"-e d2 -ev 64 -et 16 -t 8 -b 2 -d 0", "flag -d: 0 tokens per step"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -857,6 +940,36 @@ static void test_cli(void) {
         check(rc == 2 && strstr(out, cases[i].want) != NULL && lines == 1, "train_gpt2 %s -> exit %d, %d line: %.*s",
               cases[i].args, rc, lines, (int)strcspn(out, "\n"), out);
     }
+}
+
+// the sample of a byte-level model, untrained: it draws control bytes, ESC
+// and bytes that are no UTF-8, and prints them all as printable text
+static void test_sample_text(void) {
+    if (access("./train_gpt2", X_OK) != 0) { skip("./train_gpt2 not built"); return; }
+    char dir[64], tok[128], shard[128], cmd[1024], err[256];
+    static char out[65536];
+    if (test_make_dir(dir, sizeof(dir), "/tmp/llm3d_sample_XXXXXX") != 0) { check(0, "mkdtemp"); return; }
+    test_write_shard(test_path(shard, sizeof(shard), dir, "shard.bin"), 4096);
+    if (!check(tokenizer_write_bytes_bin(test_path(tok, sizeof(tok), dir, "bytes.bin"), err, sizeof(err)) == 0,
+               "the byte-level tokenizer: %s", err)) {
+        test_remove_dir(dir);
+        return;
+    }
+    snprintf(cmd, sizeof(cmd), "./train_gpt2 -e d2 -ev 256 -et 64 -b 1 -t 64 -x 1 -v 0 -s 1 -g 64 -th 1 -tk %s -i %s",
+             tok, shard);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    const char *from = strstr(out, "generating:\n---\n"), *to = from != NULL ? strstr(from + 15, "\n---\n") : NULL;
+    int bad = -1, escapes = 0;
+    if (from != NULL && to != NULL) {
+        bad = 0;
+        for (const unsigned char *p = (const unsigned char *)from + 15; p < (const unsigned char *)to; p++) {
+            bad += (*p < 0x20 && *p != '\n' && *p != '\t') || *p == 0x7f;
+            escapes += p[0] == '\\' && p[1] == 'x';
+        }
+    }
+    check(rc == 0 && bad == 0 && escapes > 0, "an untrained byte-level model's sample (exit %d): %d control bytes "
+          "printed raw, %d escaped as \\xNN", rc, bad, escapes);
+    test_remove_dir(dir);
 }
 
 int main(void) {
@@ -880,5 +993,6 @@ int main(void) {
     test_lr_schedule();
     test_flags();
     test_cli();
+    test_sample_text();
     return test_summary();
 }

@@ -963,10 +963,10 @@ static void test_cli(void) {
         {"-n 5", "flags -n/-y/-ys: checkpoints live in the output directory; give it with -o DIR"},
         {"-y 1", "flags -n/-y/-ys: checkpoints live in the output directory"},
         {"-ys 10", "flags -n/-y/-ys: checkpoints live in the output directory"},
-        {"-e /nonexistent.bin", "/nonexistent.bin: cannot open"},
+        {"-e /nonexistent.bin", "flag -e (the model to start from): /nonexistent.bin: cannot open"},
         {"-e dev/fixtures/tiny_model.bin -t 64", "T = 64 exceeds the model's maxT = 32"},
         {hs_case, "head size C/NH = 48/2 = 24"},
-        {"-e d2 -ev 64 -et 16 -t 8 -b 2 -i '/nonexistent/*.bin'", "/nonexistent/*.bin"},
+        {"-e d2 -ev 64 -et 16 -t 8 -b 2 -i '/nonexistent/*.bin'", "flag -i (the train data): no files match /nonexistent/*.bin"},
         {"-e d2 -ev 64 -et 16 -t 8 -tp 2", "-tp 2: the tensor-parallel size must be 1..1"},
         {"-e d2 -ev 64 -et 16 -t 8 -ec 99", "flag -ec: 99 channels do not split into 2 heads"},
         // a rank of an outside launcher (no GPU count first): the layout against the model

@@ -383,7 +383,11 @@ static int options_parse(Options *o, int argc, char **argv, char *err, size_t er
                 return flag_error(err, errlen, s);
             }
             if (v < s->min || v > s->max) {
-                errorf(err, errlen, "flag %s: %s is out of range [%.9g, %.9g]", flag, val, s->min, s->max);
+                // an integer flag's limits exactly (%g would print 2147483647 as 2.14748365e+09)
+                if (s->type == OPT_INT)
+                    errorf(err, errlen, "flag %s: %s is out of range [%ld, %ld]", flag, val, (long)s->min, (long)s->max);
+                else
+                    errorf(err, errlen, "flag %s: %s is out of range [%.9g, %.9g]", flag, val, s->min, s->max);
                 return flag_error(err, errlen, s);
             }
             if (s->type == OPT_INT) *(int *)dst = (int)v; else *(float *)dst = (float)v;

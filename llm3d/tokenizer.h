@@ -6,6 +6,8 @@
  *     Tokenizer, tokenizer_load_bin, tokenizer_free
  *                           llm.c's tokenizer .bin, loaded and checked
  *     tokenizer_decode      the bytes of a token id
+ *     SafeText, tokenizer_safe_text
+ *                           decoded tokens as text safe to print (samples)
  *     tokenizer_write_bytes_bin
  *                           the byte-level tokenizer's .bin
  *   encode side:
@@ -24,7 +26,7 @@
  *                           llm.c's tokenizer .bin for this vocabulary
  *     bpe_byte_map          GPT-2's bytes_to_unicode, as a map back to bytes
  *   the helpers both use:
- *     utf8_decode, utf8_encode, unicode_class
+ *     utf8_decode, utf8_encode, utf8_incomplete, unicode_class
  *                           UTF-8 and the pre-tokenizer's character classes
  *     tok_read_file         a whole file into a buffer, up to a size
  *     tok_get_u32le, tok_put_u32le
@@ -187,24 +189,43 @@ static inline int tok_read_file(const char *path, size_t max_size, unsigned char
 // ----------------------------------------------------------------------------
 // UTF-8 and character classes
 
+// utf8_lead: the length of the sequence that lead byte c starts (1..4; 0 if
+// c starts none) and the range [*lo, *hi] its second byte must be in, which
+// rules out overlong forms, surrogates and code points above U+10FFFF
+static inline int utf8_lead(unsigned char c, unsigned char *lo, unsigned char *hi) {
+    *lo = 0x80;
+    *hi = 0xBF;
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) return 2;
+    if (c >= 0xE0 && c <= 0xEF) { if (c == 0xE0) *lo = 0xA0; if (c == 0xED) *hi = 0x9F; return 3; }
+    if (c >= 0xF0 && c <= 0xF4) { if (c == 0xF0) *lo = 0x90; if (c == 0xF4) *hi = 0x8F; return 4; }
+    return 0;
+}
+
 // utf8_decode: the code point at s[0..n) into *cp and its length in bytes, or
 // 0 if s does not start a valid shortest-form sequence (n >= 1)
 static inline int utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
-    unsigned char c = s[0];
+    unsigned char c = s[0], lo, hi;
     if (c < 0x80) { *cp = c; return 1; }
-    int len;
-    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c >= 0xE0 && c <= 0xEF) { len = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
-    else if (c >= 0xF0 && c <= 0xF4) { len = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
-    else return 0;
-    if ((size_t)len > n || s[1] < lo || s[1] > hi) return 0;
+    int len = utf8_lead(c, &lo, &hi);
+    if (len == 0 || (size_t)len > n || s[1] < lo || s[1] > hi) return 0;
     uint32_t v = c & (0x7F >> len);
     for (int i = 1; i < len; i++) {
         if ((s[i] & 0xC0) != 0x80) return 0;
         v = (v << 6) | (s[i] & 0x3F);
     }
     *cp = v;
+    return len;
+}
+
+// utf8_incomplete: when s[0..n) (n >= 1) is the start of a valid sequence
+// cut short, the sequence's whole length (2..4, more than n); else 0
+static inline int utf8_incomplete(const unsigned char *s, size_t n) {
+    unsigned char lo, hi;
+    int len = utf8_lead(s[0], &lo, &hi);
+    if (len < 2 || n >= (size_t)len) return 0;
+    if (n >= 2 && (s[1] < lo || s[1] > hi)) return 0;
+    if (n >= 3 && (s[2] & 0xC0) != 0x80) return 0;
     return len;
 }
 
@@ -403,6 +424,60 @@ static inline const char *tokenizer_decode(const Tokenizer *t, int id, int *len)
     }
     if (len != NULL) *len = (int)(t->token_offset[id + 1] - t->token_offset[id] - 1);
     return t->token_bytes + t->token_offset[id];
+}
+
+// Printing decoded tokens. A sample is whatever the model drew, and a token's
+// bytes need not be text: the byte-level tokenizer's 256 tokens include every
+// control byte (ESC would reach the terminal), and a GPT-2 token can hold part
+// of a UTF-8 character whose rest is in the next token, or bytes that are no
+// UTF-8 at all. tokenizer_safe_text prints printable ASCII, newline, tab and
+// every valid UTF-8 character above U+009F as they are; a UTF-8 character
+// split over tokens is held until its last byte comes, then printed whole.
+// Every other byte is escaped as \xNN (four printable characters), not
+// dropped: the C0 controls and DEL, the C1 controls U+0080..U+009F (which
+// some terminals read as escape sequences), and bytes that start no valid
+// UTF-8 character (an invalid byte is escaped on its own, and what follows it
+// is read afresh). Escaped, not skipped, so that the sample still shows how
+// many tokens the model drew and which: an untrained model draws many.
+typedef struct {
+    unsigned char held[3];  // the start of a UTF-8 character that the next token may end
+    int n_held;
+} SafeText;
+
+#define TOKENIZER_SAFE_MAX (4 * (3 + BPE_MAX_TOKEN_BYTES) + 1)  // out's size for one token of up to 255 bytes
+
+// tokenizer_safe_text: a token's bytes (len of them, len <= 255) as text safe
+// to print, into out (outlen >= TOKENIZER_SAFE_MAX, NUL-terminated), after
+// what t holds from the tokens before; returns the length written. bytes ==
+// NULL ends the text: a character still held is escaped. t starts zeroed.
+static inline int tokenizer_safe_text(SafeText *t, const char *bytes, int len, char *out, size_t outlen) {
+    unsigned char buf[3 + BPE_MAX_TOKEN_BYTES];
+    size_t n = (size_t)t->n_held, o = 0;
+    memcpy(buf, t->held, n);
+    if (bytes != NULL && len > 0) {
+        size_t take = len < BPE_MAX_TOKEN_BYTES ? (size_t)len : BPE_MAX_TOKEN_BYTES;
+        memcpy(buf + n, bytes, take);
+        n += take;
+    }
+    t->n_held = 0;
+    for (size_t i = 0; i < n && o + 4 < outlen;) {
+        unsigned char c = buf[i];
+        uint32_t cp = 0;
+        int k = c < 0x80 ? 1 : utf8_decode(buf + i, n - i, &cp);
+        if (k == 0 && bytes != NULL && utf8_incomplete(buf + i, n - i)) {  // the next token may end it
+            t->n_held = (int)(n - i);
+            memcpy(t->held, buf + i, n - i);
+            break;
+        }
+        int plain = (c >= 0x20 && c < 0x7f) || c == '\n' || c == '\t' || (k > 1 && cp >= 0xA0);
+        if (k == 0) k = 1;  // no character starts here: this byte alone is escaped
+        for (int j = 0; j < k && o + 4 < outlen; j++, i++) {
+            if (plain) out[o++] = (char)buf[i];
+            else o += (size_t)snprintf(out + o, outlen - o, "\\x%02x", buf[i]);
+        }
+    }
+    out[o] = '\0';
+    return (int)o;
 }
 
 // tok_write_bin: the .bin for V tokens; token i is bytes[offset[i]..offset[i+1]),

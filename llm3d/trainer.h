@@ -10,9 +10,11 @@
  *                        data, tokenizer and log
  *   trainer_name, trainer_start (what each main does first: its name, stdout
  *                        line-buffered), die, die_usage, now_ms, flops_per_token
+ *   flag_file_error      a file's error line, led by the flag that names
+ *                        the file and what the file is for
  *   before any rank starts (so a bad job is refused once, by the launcher):
- *     parse_flags, parse_fault, check_model, check_batch_and_data,
- *     checkpoint_setup
+ *     parse_flags, check_key_file, parse_fault, check_model, check_batch_and_data,
+ *     checkpoint_setup; open_loaders (-i and -j, here and on each rank)
  *   on each rank, after it joined the job:
  *     start_rank, start_mark, start_marks_judge, start_marks_refused, load_params, open_data, open_tokenizer_and_log,
  *     job_parts, job_shard (a rank's shard with its stage's chunks),
@@ -113,6 +115,22 @@ static void die(int status, const char *msg) {
 
 static void die_usage(const char *msg) { die(2, msg); }
 
+// flag_file_error: err, the error of a file that flag names (most start
+// "PATH: "), as one line that says the flag and what the file is for first:
+// "flag -tk (the tokenizer for samples): t.bin: cannot open: No such file or
+// directory". A line that names a flag already is left as it is.
+static void flag_file_error(char *err, size_t errlen, const char *flag, const char *role) {
+    if (strncmp(err, "flag ", 5) == 0) return;
+    char prefix[256];
+    int p = snprintf(prefix, sizeof(prefix), "flag %s (%s): ", flag, role);
+    if (p < 0 || (size_t)p >= sizeof(prefix) || (size_t)p + 1 >= errlen) return;
+    size_t n = strlen(err);
+    if ((size_t)p + n + 1 > errlen) n = errlen - (size_t)p - 1;  // cut at errlen, as errorf cuts
+    memmove(err + p, err, n);
+    memcpy(err, prefix, (size_t)p);
+    err[p + n] = '\0';
+}
+
 static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -144,6 +162,20 @@ static LaunchMeet job_meet(const Options *o) {
     return m;
 }
 
+// --key-file, read once before anything else reads it (the rendezvous, the
+// launcher, the checkpoints, sealed shards and models each read it again),
+// so that a missing or unsafe file is refused in a line that names the flag
+static void check_key_file(const Options *o) {
+    char err[2048];
+    uint8_t key[32];
+    if (o->key_file == NULL) return;
+    int rc = key_read_file(o->key_file, key, err, sizeof(err));
+    secure_wipe(key, sizeof(key));
+    if (rc == 0) return;
+    flag_file_error(err, sizeof(err), "--key-file", "the job key");
+    die_usage(err);
+}
+
 // the flags (flags.h's table; more_usage: the trainer's own lines for -h;
 // build: what llm.c's -a -f -w -ge -nm may say), and the job's world: the
 // ranks of mpirun/srun/torchrun when they started us
@@ -165,6 +197,7 @@ static void parse_flags(Job *job, int argc, char **argv, const char *more_usage,
     // fails a write (and says so) instead of killing the process
     if (job->opt.out_dir) ckpt_catch_signals();
     signal(SIGXFSZ, SIG_IGN);
+    check_key_file(&job->opt);
     // the job's world: an outside launcher's (mpirun, srun, torchrun), checked against -np, -pn and the way
     // its ranks meet (a rank started without --rendezvous or -o is refused here, once), or -np
     LaunchMeet meet = job_meet(&job->opt);
@@ -220,6 +253,7 @@ static void check_model(Job *job) {
     int rc = options_descriptor(o, &job->config, err, sizeof(err));  // -e dN, -ev -et -ec
     if (rc == 0) rc = ckpt_init_config(o, &job->config, &job->init_sealed, &job->init_file_id, err, sizeof(err));
     if (rc == 0 && !job->init_sealed) rc = options_model_file(o, &job->config, err, sizeof(err));
+    if (rc < 0) flag_file_error(err, sizeof(err), "-e", "the model to start from");
     if (rc < 0) die_usage(err);
     job->random_init = rc;
     if (o->T > c->maxT) {
@@ -261,7 +295,10 @@ static void open_hellaswag(Job *job, int chatty) {
                    "./prepare_data hellaswag (doc/llmc.md) or give -hf\n", path);
         return;
     }
-    if (hs_read(&job->hs, path, job->config.V, o->T, o->B, err, sizeof(err)) != 0) die_usage(err);
+    if (hs_read(&job->hs, path, job->config.V, o->T, o->B, err, sizeof(err)) != 0) {
+        flag_file_error(err, sizeof(err), "-hf", "the HellaSwag examples");
+        die_usage(err);
+    }
     job->have_hs = 1;
 }
 
@@ -290,6 +327,26 @@ static const uint8_t *data_key(const Options *o, uint8_t key[32]) {
     return key;
 }
 
+// the train stream and, with -v above 0, the val stream, as data-parallel
+// rank dp_rank of dp reads them; 0, or -1 with err led by the flag
+static int open_loaders(Job *job, int dp_rank, int dp, char *err, size_t errlen) {
+    const Options *o = &job->opt;
+    int V = job->config.V;
+    uint8_t key_bytes[32];
+    const uint8_t *key = data_key(o, key_bytes);
+    int rc = dataloader_init_key(&job->train, o->train_pattern, o->B, o->T, dp_rank, dp, o->shuffle,
+                                 (uint64_t)o->seed, V, key, err, errlen);
+    if (rc != 0) flag_file_error(err, errlen, "-i", "the train data");
+    job->have_val = o->val_every > 0;
+    if (rc == 0 && job->have_val) {
+        rc = dataloader_init_key(&job->val, o->val_pattern, o->B, o->T, dp_rank, dp, 0, 0, V, key, err, errlen);
+        if (rc != 0) flag_file_error(err, errlen, "-j", "the val data");
+        if (rc != 0) dataloader_free(&job->train);
+    }
+    secure_wipe(key_bytes, sizeof(key_bytes));
+    return rc;
+}
+
 // the batch against the job's data-parallel size, and the data: both
 // streams open with this B and T and hold tokens below the model's V. With
 // dp 1 every rank reads the whole of both streams, so the loaders opened
@@ -300,20 +357,13 @@ static const uint8_t *data_key(const Options *o, uint8_t key[32]) {
 static void check_batch_and_data(Job *job) {
     char err[2048];
     const Options *o = &job->opt;
-    int dp = job->layout.dp, V = job->config.V;
+    int dp = job->layout.dp;
     int accum = batch_accum(o, dp, err, sizeof(err));
     if (accum < 0) die_usage(err);
     if (pipeline_validate((PipeSchedule)o->pipe_schedule, o->pp, accum, o->pipe_chunks, job->config.L, err, sizeof(err)) != 0)
         die_usage(err);
     if (parallel_launched_rank()) return;  // its launcher opened (and hashed) the data just now
-    uint8_t key_bytes[32];
-    const uint8_t *key = data_key(o, key_bytes);
-    int rc = dataloader_init_key(&job->train, o->train_pattern, o->B, o->T, 0, dp, o->shuffle, (uint64_t)o->seed, V,
-                                 key, err, sizeof(err));
-    job->have_val = o->val_every > 0;
-    if (rc == 0 && job->have_val)
-        rc = dataloader_init_key(&job->val, o->val_pattern, o->B, o->T, 0, dp, 0, 0, V, key, err, sizeof(err));
-    secure_wipe(key_bytes, sizeof(key_bytes));
+    int rc = open_loaders(job, 0, dp, err, sizeof(err));
     if (rc != 0) data_hint(o, err, sizeof(err));
     if (rc != 0) die_usage(err);
     LaunchMeet meet = job_meet(o);
@@ -461,6 +511,7 @@ static float *load_params(Job *job, const Grid *g) {
     float *params = NULL;
     if (!job->resuming && !job->init_sealed) {
         params = model_load(job->opt.init, &job->config, err, sizeof(err));
+        if (params == NULL) flag_file_error(err, sizeof(err), "-e", "the model to start from");
         if (params == NULL) die_usage(err);
         return params;
     }
@@ -472,6 +523,7 @@ static float *load_params(Job *job, const Grid *g) {
         params = ckpt_model_load_part(path, job->ckpt_key, &job->config, &s, &ut, err, sizeof(err));
     } else {
         params = ckpt_init_load(&job->opt, &job->config, job->init_file_id, &s, &ut, err, sizeof(err));
+        if (params == NULL) flag_file_error(err, sizeof(err), "-e", "the model to start from");
     }
     free(ut.units);
     if (params == NULL) die_usage(err);
@@ -484,19 +536,8 @@ static float *load_params(Job *job, const Grid *g) {
 static void open_data(Job *job, const Grid *g) {
     char err[2048];
     const Options *o = &job->opt;
-    int V = job->config.V;
-    if (!job->data_open) {  // dp 1 kept check_batch_and_data's loaders, which are these
-        uint8_t key_bytes[32];
-        const uint8_t *key = data_key(o, key_bytes);
-        int rc = dataloader_init_key(&job->train, o->train_pattern, o->B, o->T, g->dp_rank, g->dp, o->shuffle,
-                                     (uint64_t)o->seed, V, key, err, sizeof(err));
-        job->have_val = o->val_every > 0;
-        if (rc == 0 && job->have_val)
-            rc = dataloader_init_key(&job->val, o->val_pattern, o->B, o->T, g->dp_rank, g->dp, 0, 0, V, key, err,
-                                     sizeof(err));
-        secure_wipe(key_bytes, sizeof(key_bytes));
-        if (rc != 0) die_usage(err);
-    }
+    // dp 1 kept check_batch_and_data's loaders, which are these
+    if (!job->data_open && open_loaders(job, g->dp_rank, g->dp, err, sizeof(err)) != 0) die_usage(err);
     // -m: llm.c's val_max_steps, batches per rank; never more than the split
     // holds, so that no val token is counted twice
     if (job->have_val) {
@@ -534,7 +575,10 @@ static void open_tokenizer_and_log(Job *job, const Grid *g) {
     char err[2048], in_dir[1024];
     const Options *o = &job->opt;
     job->have_tok = o->tokenizer != NULL && o->sample_every > 0 && g->world == 1;
-    if (job->have_tok && tokenizer_load_bin(&job->tok, o->tokenizer, err, sizeof(err)) != 0) die_usage(err);
+    if (job->have_tok && tokenizer_load_bin(&job->tok, o->tokenizer, err, sizeof(err)) != 0) {
+        flag_file_error(err, sizeof(err), "-tk", "the tokenizer for samples");
+        die_usage(err);
+    }
     if (g->rank == 0 && job->have_tok && o->gen_tokens > o->T)  // sample() stops at T: the model reads T positions
         printf("note: flag -g %d: a sample is at most -t %d tokens here (the model reads T positions at a time), so "
                "each is %d tokens\n", o->gen_tokens, o->T, o->T);

@@ -1039,9 +1039,11 @@ static void test_fifos(void) {
     for (int i = 0; i < 7; i++) {
         snprintf(args, sizeof(args), "%s", cases[i].args);
         TrainerRun r = run_trainer(args, NULL, 5.0);
-        char want[400];
+        char want[400], flag[40];
         snprintf(want, sizeof(want), "%s: not a regular file", cases[i].path);
-        check(r.status == 2 && r.lines == 1 && strstr(r.out, want) != NULL,
+        // the line names the flag that gave the file (each case's what starts with it)
+        snprintf(flag, sizeof(flag), "train_gpt2: flag %.*s", (int)strcspn(cases[i].what, " ,"), cases[i].what);
+        check(r.status == 2 && r.lines == 1 && strstr(r.out, want) != NULL && strstr(r.out, flag) != NULL,
               "a FIFO given to %s: refused at once (exit %d in %.1f s): %s", cases[i].what, r.status, r.seconds,
               test_line_of(r.out, "train_gpt2:"));
         free(r.out);

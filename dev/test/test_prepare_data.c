@@ -553,7 +553,7 @@ static void test_first_run(void) {
     const char *tiny = "-e d2 -ev 256 -et 32 -b 2 -t 16 -d 32 -x 1 -v 1 -m 1 -s 0 -th 1";
     snprintf(cmd, sizeof(cmd), "cd %s && %s/train_gpt2 %s", fresh, cwd, tiny);
     int rc = test_run(cmd, 1, err, sizeof(err));
-    check(rc == 2 && test_count(err, "\n") == 1 && strstr(err, "no files match dev/data/tinyshakespeare/") != NULL &&
+    check(rc == 2 && test_count(err, "\n") == 1 && strstr(err, "flag -i (the train data): no files match dev/data/tinyshakespeare/") != NULL &&
           strstr(err, "./prepare_data -i tinyshakespeare.txt -o dev/data/tinyshakespeare -n tiny_shakespeare") != NULL &&
           strstr(err, "-i 'dev/data/quickstart/tiny_train_*.bin' -j 'dev/data/quickstart/tiny_val_*.bin'") != NULL,
           "a fresh clone's first ./train_gpt2: one line with the prepare_data command that makes the default data, "

@@ -1,7 +1,9 @@
 /*
  * test_tokenizer.c: tokenizer.h and prepare_data against known answers.
  *
- * Covers: the Unicode classes and UTF-8 decoder; the pre-tokenizer against
+ * Covers: the Unicode classes and UTF-8 decoder; the sample's text
+ * (tokenizer_safe_text: control bytes, ESC and invalid UTF-8 escaped, text
+ * and a UTF-8 character split over tokens kept); the pre-tokenizer against
  * splits made by GPT-2's own regex (the `regex` module); every vector in
  * gpt2/encode_vectors.json; the tinyshakespeare token count (338025, llm.c's
  * figure); decode(encode(x)) == x on tinyshakespeare, alice and random bytes;
@@ -80,6 +82,89 @@ static void test_utf8(void) {
         }
     }
     check(bad == 0, "utf8_decode/utf8_encode on %zu valid and invalid sequences", sizeof(cases) / sizeof(cases[0]));
+}
+
+// safe_text_of: the tokens (each a string; "" ends the list), as
+// tokenizer_safe_text prints them one after another, the text ended
+static const char *safe_text_of(const char *const *tokens, const int *lens) {
+    static char all[8192];
+    char out[TOKENIZER_SAFE_MAX];
+    SafeText t = {{0}, 0};
+    size_t n = 0;
+    for (int i = 0; lens[i] > 0; i++) {
+        int k = tokenizer_safe_text(&t, tokens[i], lens[i], out, sizeof(out));
+        memcpy(all + n, out, (size_t)k);
+        n += (size_t)k;
+    }
+    int k = tokenizer_safe_text(&t, NULL, 0, out, sizeof(out));
+    memcpy(all + n, out, (size_t)k);
+    all[n + (size_t)k] = '\0';
+    return all;
+}
+
+// 1 if s is all printable: ASCII 0x20..0x7e, newline, tab, and valid UTF-8
+// characters above U+009F
+static int all_printable(const char *s) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int k = utf8_decode(u + i, n - i, &cp);
+        if (k == 0 || (k == 1 && (cp < 0x20 || cp == 0x7f) && cp != '\n' && cp != '\t') || (k > 1 && cp < 0xA0)) return 0;
+        i += (size_t)k;
+    }
+    return 1;
+}
+
+// the sample's text: control bytes and ESC escaped, text as it is, a UTF-8
+// character split over tokens printed whole
+static void test_safe_text(void) {
+    struct { const char *what, *tokens[6]; int lens[7]; const char *want; } cases[] = {
+        {"control bytes", {"\x01", "\x1d", "\x1f", "\x0b", "\x7f", "\r"}, {1, 1, 1, 1, 1, 1, 0},
+         "\\x01\\x1d\\x1f\\x0b\\x7f\\x0d"},
+        {"ESC before a colour code", {"\x1b", "[31m", "red"}, {1, 4, 3, 0}, "\\x1b[31mred"},
+        {"NUL (the byte-level EOT)", {"a", "\0", "b"}, {1, 1, 1, 0}, "a\\x00b"},
+        {"plain text, newline and tab", {"Hello,", " world\n", "\tend"}, {6, 7, 4, 0}, "Hello, world\n\tend"},
+        {"é split over two tokens", {"caf\xc3", "\xa9 au lait"}, {4, 9, 0}, "caf\xc3\xa9 au lait"},
+        {"an emoji split over three tokens", {"\xf0\x9f", "\x98", "\x80!"}, {2, 1, 2, 0}, "\xf0\x9f\x98\x80!"},
+        {"a character never ended", {"\xe2\x82", "A"}, {2, 1, 0}, "\\xe2\\x82A"},
+        {"a character cut short by the end", {"ok\xe2\x82"}, {4, 0}, "ok\\xe2\\x82"},
+        {"invalid UTF-8: 0xff, a lone continuation, an overlong /", {"\xff", "\x80", "\xc0\xaf"}, {1, 1, 2, 0},
+         "\\xff\\x80\\xc0\\xaf"},
+        {"C1 control U+009B (CSI) escaped, U+00A0 kept", {"\xc2\x9b", "\xc2\xa0"}, {2, 2, 0}, "\\xc2\\x9b\xc2\xa0"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *got = safe_text_of(cases[i].tokens, cases[i].lens);
+        char shown[256];  // a line of its own: newline, tab and what is not printable shown as tok_show's \xNN
+        int plain = all_printable(got) && strpbrk(got, "\n\t") == NULL;
+        check(strcmp(got, cases[i].want) == 0, "safe text, %s: '%s'", cases[i].what,
+              plain ? got : tok_show((const unsigned char *)got, strlen(got), shown, sizeof(shown)));
+    }
+    // a character split over two tokens: the first prints what comes before it
+    // and holds it, the second prints it whole
+    SafeText t = {{0}, 0};
+    char a[TOKENIZER_SAFE_MAX], b[TOKENIZER_SAFE_MAX], c[TOKENIZER_SAFE_MAX];
+    int na = tokenizer_safe_text(&t, "caf\xc3", 4, a, sizeof(a));
+    int nb = tokenizer_safe_text(&t, "\xa9", 1, b, sizeof(b));
+    int nc = tokenizer_safe_text(&t, NULL, 0, c, sizeof(c));
+    check(na == 3 && strcmp(a, "caf") == 0 && nb == 2 && strcmp(b, "\xc3\xa9") == 0 && nc == 0 && c[0] == '\0',
+          "é split: 'caf' first, then é whole, nothing held at the end (%d, %d, %d bytes)", na, nb, nc);
+    // every byte as a token (the byte-level tokenizer), then a 255-byte token after a held start
+    const char *bytes[257];
+    int lens[257];
+    char each[256];
+    for (int i = 0; i < 256; i++) { each[i] = (char)i; bytes[i] = each + i; lens[i] = 1; }
+    lens[256] = 0;
+    const char *all = safe_text_of(bytes, lens);
+    check(all_printable(all) && strstr(all, " !\"#") != NULL && strstr(all, "\\x1b") != NULL,
+          "all 256 bytes as tokens: printable text only (%zu bytes), printable ASCII as it is, ESC as \\x1b", strlen(all));
+    char big[255];
+    memset(big, 'a', sizeof(big));
+    SafeText u = {{0}, 0};
+    int n1 = tokenizer_safe_text(&u, "\xf0\x9f\x98", 3, a, sizeof(a));
+    int n2 = tokenizer_safe_text(&u, big, 255, b, sizeof(b));
+    check(n1 == 0 && n2 == 12 + 255 && memcmp(b, "\\xf0\\x9f\\x98aaa", 15) == 0 && all_printable(b),
+          "3 held bytes and a 255-byte token that does not end them: the 3 escaped, the 255 kept (%d bytes)", n2);
 }
 
 // expected splits from GPT-2's regex (the `regex` module's findall)
@@ -765,6 +850,7 @@ int main(void) {
     }
     test_unicode();
     test_utf8();
+    test_safe_text();
     test_pretokenizer();
     test_split_point();
     test_bytes_bin();

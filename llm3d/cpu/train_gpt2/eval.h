@@ -70,9 +70,12 @@ static void run_evaluations(GPT2 *m, const Parallel *par, Job *job, int step, Lo
     if (hellaswag_due(job, step)) l->hellaswag = report_hellaswag(job, hellaswag_eval(m, &job->hs), rank0);
 }
 
-// prints gen_tokens tokens sampled from the model, starting from EOT (one rank only)
+// prints gen_tokens tokens sampled from the model, starting from EOT (one
+// rank only), as text safe for a terminal (tokenizer.h's tokenizer_safe_text)
 static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng) {
     int B = m->B, T = m->T, V = m->config.V, Vp = m->config.Vp;
+    SafeText text = {{0}, 0};
+    char shown[TOKENIZER_SAFE_MAX];
     Acts *a = &m->acts[0];
     head_take(m, 0);  // between steps: every logits block is free
     for (int i = 0; i < B * T; i++) a->inputs[i] = tok->eot_token;
@@ -84,9 +87,10 @@ static void sample(GPT2 *m, const Tokenizer *tok, int gen_tokens, uint64_t *rng)
         a->inputs[t] = next;
         int len;
         const char *s = tokenizer_decode(tok, next, &len);
-        if (s != NULL) fwrite(s, 1, len, stdout);
+        if (s != NULL) fwrite(shown, 1, (size_t)tokenizer_safe_text(&text, s, len, shown, sizeof(shown)), stdout);
         fflush(stdout);
     }
+    fwrite(shown, 1, (size_t)tokenizer_safe_text(&text, NULL, 0, shown, sizeof(shown)), stdout);  // a character cut short
     head_give_back(m, 0);
     printf("\n---\n");
 }

@@ -24,7 +24,7 @@
 
 #include "dataloader.h"  // DataLoader, next_batch
 #include "llm3d/hellaswag.h"   // HsSet, HsBatch
-#include "llm3d/tokenizer.h"   // Tokenizer, tokenizer_decode
+#include "llm3d/tokenizer.h"   // Tokenizer, tokenizer_decode, tokenizer_safe_text
 #include "llm3d/trainer.h"     // Job, LogLine, evaluate_due, hellaswag_due
 
 // one micro-batch (staged from m->inputs, m->targets into set i's buffers)
@@ -95,9 +95,12 @@ static void run_evaluations(GPT2 *m, Parallel *par, Job *job, int step, LogLine 
     if (hellaswag_due(job, step)) l->hellaswag = report_hellaswag(job, hellaswag_eval(m, par, &job->hs), rank0);
 }
 
-// prints gen_tokens tokens sampled from the model, starting from EOT
+// prints gen_tokens tokens sampled from the model, starting from EOT, as
+// text safe for a terminal (tokenizer.h's tokenizer_safe_text)
 static void sample(GPT2 *model, const Tokenizer *tok, int gen_tokens, uint64_t *rng) {
     int B = model->B, T = model->T, V = model->config.V, Vp = model->config.Vp;
+    SafeText text = {{0}, 0};
+    char shown[TOKENIZER_SAFE_MAX];
     int eot = tok->eot_token;
     for (int i = 0; i < B * T; i++) model->inputs[i] = eot, model->targets[i] = eot;
     floatX *row = (floatX *)host_alloc((size_t)Vp * sizeof(floatX), "sample logits");
@@ -115,9 +118,10 @@ static void sample(GPT2 *model, const Tokenizer *tok, int gen_tokens, uint64_t *
         model->inputs[t] = next;
         int len;
         const char *s = tokenizer_decode(tok, next, &len);
-        if (s != NULL) fwrite(s, 1, len, stdout);
+        if (s != NULL) fwrite(shown, 1, (size_t)tokenizer_safe_text(&text, s, len, shown, sizeof(shown)), stdout);
         fflush(stdout);
     }
+    fwrite(shown, 1, (size_t)tokenizer_safe_text(&text, NULL, 0, shown, sizeof(shown)), stdout);  // a character cut short
     head_give_back(model, 0);
     printf("\n---\n");
     free(row);
