@@ -1505,6 +1505,18 @@ static float gpt2_step_loss(GPT2 *m, Parallel *par, int accum, int *stop) {
     return (float)loss;
 }
 
+// the world's host floats, n a rank, all-gathered in place: host holds
+// world x n, this rank's n at its own place, and gets everyone's; dev, a
+// device buffer of as many, carries them (the reports between steps: the
+// watch report's, the pipeline meter's). Waits for the GPU.
+static void world_allgather_floats(GPT2 *m, const Parallel *par, float *host, float *dev, size_t n, const char *what) {
+    size_t at = (size_t)par->grid.rank * n, bytes = (size_t)par->grid.world * n * sizeof(float);
+    CUDA_CHECK(cudaMemcpy(dev + at, host + at, n * sizeof(float), cudaMemcpyHostToDevice));
+    nccl_allgather(par->nccl, &par->nccl->world, dev + at, dev, n, ncclFloat32);  // in place
+    gpu_sync(m, what);
+    CUDA_CHECK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
+}
+
 #include "llm3d/cuda/train_gpt2cu/checks.cuh"
 
 // the sum over the world of one float per rank (the ranks' verdicts on a
@@ -1571,14 +1583,9 @@ static void watch_end(Parallel *par, Watch *w, double ms) {
 static void bubble_report(GPT2 *m, const Parallel *par, PipeMeter *pm, int step, LogLine *l) {
     if (!pm->on) return;
     pipe_clock_read(m, &pm->step);
-    size_t at = (size_t)par->grid.rank * PIPE_METER_FLOATS, bytes = (size_t)par->grid.world * PIPE_METER_FLOATS * sizeof(float);
-    float *host = pm->all, *dev = m->clock.floats;
-    pipe_meter_pack(pm, host + at);
-    CUDA_CHECK(cudaMemcpy(dev + at, host + at, PIPE_METER_FLOATS * sizeof(float), cudaMemcpyHostToDevice));
-    nccl_allgather(par->nccl, &par->nccl->world, dev + at, dev, PIPE_METER_FLOATS, ncclFloat32);  // in place
-    gpu_sync(m, "the pipeline meter");
-    CUDA_CHECK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
-    if (par->grid.rank == 0) pipe_meter_judge(pm, step, host, l);
+    pipe_meter_pack(pm, pm->all + (size_t)par->grid.rank * PIPE_METER_FLOATS);  // in place
+    world_allgather_floats(m, par, pm->all, m->clock.floats, PIPE_METER_FLOATS, "the pipeline meter");
+    if (par->grid.rank == 0) pipe_meter_judge(pm, step, pm->all, l);
 }
 
 // every rank here, so that a line printed before an exit is out

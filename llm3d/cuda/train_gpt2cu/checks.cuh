@@ -14,8 +14,8 @@
  *
  * A part of train_gpt2.cu, not a header of its own: train_gpt2.cu includes
  * it after gpt2_step_loss, and it uses that file's GPT2, Parallel,
- * unit_acquire, unit_release, param_at, gpu_sync, host_alloc and
- * device_alloc.
+ * unit_acquire, unit_release, param_at, gpu_sync, world_allgather_floats,
+ * host_alloc and device_alloc.
  */
 #ifndef LLM3D_GPU_CHECKS_CUH
 #define LLM3D_GPU_CHECKS_CUH
@@ -80,14 +80,9 @@ static void drift_parameter(GPT2 *m) {
 static void watch_report(GPT2 *m, Parallel *par, Watch *w, int step, LogLine *l) {
     gpu_sync(m, "the watch report");
     watch_add_wait(w, wait_since(&m->waited, nccl_wait_ms(par->nccl)));
-    size_t at = (size_t)par->grid.rank * WATCH_FLOATS, bytes = (size_t)par->grid.world * WATCH_FLOATS * sizeof(float);
-    float *host = w->all, *dev = m->watch_floats;
-    watch_pack(w, host + at);
-    CUDA_CHECK(cudaMemcpy(dev + at, host + at, WATCH_FLOATS * sizeof(float), cudaMemcpyHostToDevice));
-    nccl_allgather(par->nccl, &par->nccl->world, dev + at, dev, WATCH_FLOATS, ncclFloat32);  // in place
-    gpu_sync(m, "the watch report");
-    CUDA_CHECK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
-    if (par->grid.rank == 0) watch_judge(w, step, host, l);
+    watch_pack(w, w->all + (size_t)par->grid.rank * WATCH_FLOATS);  // in place
+    world_allgather_floats(m, par, w->all, m->watch_floats, WATCH_FLOATS, "the watch report");
+    if (par->grid.rank == 0) watch_judge(w, step, w->all, l);
 }
 
 // the buffers of the checks above, sized once before the first step and
