@@ -665,17 +665,17 @@ static int dl_host_is_little_endian(void) {
 // dl_check_args: dataloader_init's arguments, checked before any file is read
 static int dl_check_args(const char *pattern, int B, int T, int dp_rank, int dp_size, int shuffle, int vocab_size,
                          char *err, size_t errlen) {
-    if (B <= 0 || T <= 0) return errorf(err, errlen, "dataloader: B (%d) and T (%d) must be > 0", B, T);
+    if (B <= 0 || T <= 0) return errorf(err, errlen, "B (%d) and T (%d) must be > 0", B, T);
     if ((int64_t)B * T + 1 > INT32_MAX)
-        return errorf(err, errlen, "dataloader: B*T+1 = %lld tokens is too many for one micro-batch",
+        return errorf(err, errlen, "B*T+1 = %lld tokens is too many for one micro-batch",
                       (long long)B * T + 1);
     if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size)
-        return errorf(err, errlen, "dataloader: dp_rank %d of dp_size %d is out of range", dp_rank, dp_size);
-    if (shuffle != 0 && shuffle != 1) return errorf(err, errlen, "dataloader: shuffle is %d, must be 0 or 1", shuffle);
-    if (vocab_size < 1) return errorf(err, errlen, "dataloader: vocab_size is %d, must be >= 1", vocab_size);
+        return errorf(err, errlen, "dp_rank %d of dp_size %d is out of range", dp_rank, dp_size);
+    if (shuffle != 0 && shuffle != 1) return errorf(err, errlen, "shuffle is %d, must be 0 or 1", shuffle);
+    if (vocab_size < 1) return errorf(err, errlen, "vocab_size is %d, must be >= 1", vocab_size);
     if (!dl_host_is_little_endian())
-        return errorf(err, errlen, "dataloader: shards are little-endian and this host is not");
-    if (pattern == NULL || pattern[0] == '\0') return errorf(err, errlen, "dataloader: the shard pattern is empty");
+        return errorf(err, errlen, "shards are little-endian and this host is not");
+    if (pattern == NULL || pattern[0] == '\0') return errorf(err, errlen, "the shard pattern is empty");
     return 0;
 }
 
@@ -710,7 +710,7 @@ static int dl_open_shards(DataLoader *dl, const glob_t *g, const char *pattern, 
     char *is_short = (char *)calloc(nmatch, 1);
     dl->shards = (DataShard *)calloc(nmatch, sizeof(DataShard));
     if (dl->shards == NULL || short_ntok == NULL || is_short == NULL) {
-        errorf(err, errlen, "dataloader: out of memory for %zu shards of %s", nmatch, pattern);
+        errorf(err, errlen, "out of memory for %zu shards of %s", nmatch, pattern);
         goto done;
     }
     for (size_t i = 0; i < nmatch; i++) {
@@ -789,7 +789,7 @@ static int dl_alloc_orders(DataLoader *dl, const char *pattern, char *err, size_
     if (dl->chunk_buf != NULL) dl->chunk_buf_bytes = (size_t)chunk_bytes;
     if (dl->order[0] == NULL || dl->order[1] == NULL || (dl->shuffle && dl->perm == NULL) || dl->window == NULL ||
         (chunk_bytes > 0 && dl->chunk_buf == NULL))
-        return errorf(err, errlen, "dataloader: out of memory for the shuffle tables of %s", pattern);
+        return errorf(err, errlen, "out of memory for the shuffle tables of %s", pattern);
     return 0;
 }
 
@@ -805,7 +805,7 @@ int dataloader_init_key(DataLoader *dl, const char *pattern, int B, int T, int d
     if (dl_check_args(pattern, B, T, dp_rank, dp_size, shuffle, vocab_size, err, errlen) != 0) return -1;
     if (key != NULL) {
         dl->cipher = (AeadFileKey *)malloc(sizeof(AeadFileKey));
-        if (dl->cipher == NULL) return errorf(err, errlen, "dataloader: out of memory for the key");
+        if (dl->cipher == NULL) return errorf(err, errlen, "out of memory for the key");
         aead_file_key(dl->cipher, key);
     }
     dl->B = B; dl->T = T;
@@ -829,7 +829,7 @@ int dataloader_init_key(DataLoader *dl, const char *pattern, int B, int T, int d
     globfree(&g);
     if (opened != 0) goto fail;
     if (dl->samples_per_epoch < (uint64_t)dp_size) {
-        errorf(err, errlen, "dataloader: %s holds %llu micro-batches of B*T+1 = %llu tokens per epoch, fewer than dp_size %d",
+        errorf(err, errlen, "%s holds %llu micro-batches of B*T+1 = %llu tokens per epoch, fewer than dp_size %d",
                pattern, (unsigned long long)dl->samples_per_epoch, (unsigned long long)B * T + 1, dp_size);
         goto fail;
     }

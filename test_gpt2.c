@@ -887,13 +887,14 @@ static void test_flags(void) {
 // and why
 static void test_cli(void) {
     if (access("./train_gpt2", X_OK) != 0) { skip("./train_gpt2 not built"); return; }
-    char out[4096], dir[64], junk[128], shard[128], key[128], open_key[128];
+    char out[4096], dir[64], junk[128], shard[128], small[128], key[128], open_key[128];
     if (test_make_dir(dir, sizeof(dir), "/tmp/llm3d_cli_XXXXXX") != 0) { check(0, "mkdtemp"); return; }
     // junk: 2 KiB that is no file of ours (its magic 0x6b6e756a is none of theirs)
     char bytes[2048];
     for (size_t i = 0; i < sizeof(bytes); i++) bytes[i] = "junk"[i % 4];
     test_write_file(test_path(junk, sizeof(junk), dir, "junk.bin"), bytes, sizeof(bytes));
     test_write_shard(test_path(shard, sizeof(shard), dir, "shard.bin"), 4096);
+    test_write_shard(test_path(small, sizeof(small), dir, "small.bin"), 40);  // one micro-batch of 2 x 16 + 1
     test_random_key_file(test_path(key, sizeof(key), dir, "job.key"));
     test_random_key_file(test_path(open_key, sizeof(open_key), dir, "open.key"));
     chmod(open_key, 0644);
@@ -910,6 +911,7 @@ static void test_cli(void) {
         {"-i %s", "flag -i (the train data): %s: header[0] (magic) is", junk, NULL},
         {"-v 1 -j '%s/none_*.bin'", "flag -j (the val data): no files match %s/none_*.bin", dir, NULL},
         {"-v 1 -j %s", "flag -j (the val data): %s: header[0] (magic) is", junk, NULL},
+        {"-np 2 -v 1 -j %s", "flag -j (the val data): %s holds 1 micro-batches", small, NULL},  // the loader's own words
         {"--key-file %s/none.key", "flag --key-file (the job key): key file %s/none.key: No such file", dir, NULL},
         {"--key-file %s", "flag --key-file (the job key): key file %s: mode 0644 lets group or others at it", open_key, NULL},
     };

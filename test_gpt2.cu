@@ -1152,7 +1152,8 @@ static void test_ckpt_cli(void) {
     snprintf(args, sizeof(args), "%s -b 4 -x 4 -ys 2 -i %s -o %s/out", common, shard, dir);
     int rc = run_trainer(args, out, sizeof(out));
     if (have_gpu()) {
-        check(rc == 0 && strstr(out, "ckpt_00000002: step 2, written by np 1") != NULL && strstr(out, "step    3/4") &&
+        check(rc == 0 && strstr(out, "ckpt_00000002: step 2, ") != NULL && strstr(out, " tokens trained, written by np 1") &&
+                  strstr(out, "step    3/4") &&
                   strstr(out, "step    1/4") == NULL,
               "train_gpt2cu resumes the CPU trainer's step 2 and runs steps 2 and 3 (exit %d)", rc);
     } else {
