@@ -934,6 +934,8 @@ static void test_cli(void) {
         {"-e dev/fixtures/tiny_model.bin -t 64", "T = 64 exceeds the model's maxT = 32"},
         {"-e d2 -ev 64 -et 16 -t 8 -b 2 -i '/nonexistent/*.bin'", "flag -i (the train data): no files match /nonexistent/*.bin"},
         {"-e d2 -ev 64 -et 16 -t 8 -b 2 -d 0", "flag -d: 0 tokens per step"},
+        {"-e d2 -ev 64 -et 16 -t 16 -b 65536 -mb 4096", "flag -d -1: B*T*dp*mb = 4294967296 tokens per step, more than "
+                                                        "the 2147483647 a checkpoint records"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char cmd[1024];

@@ -719,6 +719,9 @@ static int batch_accum(const Options *o, int dp, char *err, size_t errlen) {
     long total = o->total_batch < 0 ? BTdp * o->microbatches : o->total_batch;
     if (total % BTdp != 0)
         return errorf(err, errlen, "flag -d: total batch %ld is not a multiple of B*T*dp = %ld", total, BTdp);
+    if (total > INT32_MAX)  // state.bin records the batch as an int32 (doc/formats.md)
+        return errorf(err, errlen, "flag -d -1: B*T*dp*mb = %ld tokens per step, more than the %d a checkpoint records",
+                      total, INT32_MAX);
     if (o->total_batch > 0 && o->microbatches != 1 && total / BTdp != o->microbatches)
         return errorf(err, errlen, "flag -mb: %d micro-batches, but -d %ld makes %ld of B*T*dp", o->microbatches, total,
                       total / BTdp);
