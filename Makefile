@@ -71,7 +71,7 @@ endif
 CFLAGS += -I.
 HEADERS = $(wildcard *.h llm3d/*.h llm3d/*/*.h llm3d/*/*/*.h)
 CUDA_HEADERS = $(wildcard llm3d/cuda/*.cuh llm3d/cuda/*/*.cuh)
-TEST_HEADERS = dev/test/test.h dev/test/test_run.h
+TEST_HEADERS = dev/test/test.h dev/test/test_run.h dev/test/test_child.h
 
 train_gpt2: train_gpt2.c $(HEADERS)
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@

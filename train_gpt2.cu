@@ -1813,7 +1813,6 @@ int main(int argc, char **argv) {
     watch_init(&watch, &job, &par.grid);
     PipeMeter meter;
     pipe_meter_init(&meter, &job, &par.grid);
-    if (meter.on) pipe_clock_init(&model, nops, par.grid.world);
     GradWatch grads;
     grads_init(&grads, &par.grid);
     checks_alloc(&model, &job, &watch);

@@ -24,9 +24,9 @@
  */
 #define LLM3D_NCCL
 #include "llm3d/parallel/nccl_comm.h"
-#include "llm3d/secure/fault.h"  // fault_parse
 #include "dev/test/test.h"
 #include "dev/test/test_run.h"
+#include "dev/test/test_child.h"
 
 // ----------------------------------------------------------------------------
 // the stand-in CUDA runtime (host code only: the device pass has its own)
@@ -378,16 +378,11 @@ static void run_pipe(NcclComm *c, const Grid *g) {
 
 // a rank: child MODE -np N -to S [-fault KIND:RANK:STEP], started by the launcher
 static int child_main(int argc, char **argv) {
-    setvbuf(stdout, NULL, _IOLBF, 0);
     TestChild a;
-    if (test_child_args(&a, argc, argv, 10.0) != 0) return 2;
+    Fault fault;
+    if (test_child_start(&a, &fault, argc, argv, 10.0) != 0) return 2;
     const char *mode = a.mode;
     char err[512];
-    Fault fault = {FAULT_NONE, -1, -1};
-    if (a.fault != NULL && fault_parse(a.fault, &fault, err, sizeof(err)) != 0) {
-        fprintf(stderr, "%s\n", err);
-        return 2;
-    }
     Launch L;
     Grid g;
     int tp = strcmp(mode, "coll") == 0 ? 2 : 1, pp = strcmp(mode, "pipe") == 0 ? 2 : 1;

@@ -52,6 +52,7 @@
 #include "llm3d/bf16.h"
 #include "dev/test/test.h"
 #include "dev/test/test_run.h"
+#include "dev/test/test_child.h"
 
 #include <math.h>
 #include <signal.h>
@@ -1358,15 +1359,10 @@ static float real_value(int rank, size_t i, size_t chunk) {
 }
 
 static int child_main(int argc, char **argv) {
-    setvbuf(stdout, NULL, _IOLBF, 0);
     TestChild a;
-    if (test_child_args(&a, argc, argv, 10.0) != 0) return 2;
+    Fault fault;
+    if (test_child_start(&a, &fault, argc, argv, 10.0) != 0) return 2;
     char err[512];
-    Fault fault = {FAULT_NONE, -1, -1};
-    if (a.fault != NULL && fault_parse(a.fault, &fault, err, sizeof(err)) != 0) {
-        fprintf(stderr, "%s\n", err);
-        return 2;
-    }
     Launch L;
     int rc = parallel_main(argc, argv, a.np, a.rendezvous, a.key_file, NULL, a.to, &L, err, sizeof(err));
     if (rc != 0) {

@@ -15,10 +15,10 @@
  * Build: make dev/test/test_parallel
  */
 #include "parallel.h"
-#include "llm3d/secure/fault.h"  // fault_parse
 #include "llm3d/bf16.h"          // host mode's bf16 sums
 #include "dev/test/test.h"
 #include "dev/test/test_run.h"
+#include "dev/test/test_child.h"
 
 #include <math.h>
 #include <sys/stat.h>
@@ -381,16 +381,11 @@ static void run_intruders(Comm *c, const Grid *g, const Launch *L) {
 }
 
 static int child_main(int argc, char **argv) {
-    setvbuf(stdout, NULL, _IOLBF, 0);
     TestChild a;
-    if (test_child_args(&a, argc, argv, 5.0) != 0) return 2;
+    Fault fault;
+    if (test_child_start(&a, &fault, argc, argv, 5.0) != 0) return 2;
     const char *mode = a.mode;
     char err[512];
-    Fault fault = {FAULT_NONE, -1, -1};
-    if (a.fault != NULL && fault_parse(a.fault, &fault, err, sizeof(err)) != 0) {
-        fprintf(stderr, "%s\n", err);
-        return 2;
-    }
     Launch L;
     int rc = parallel_main(argc, argv, a.np, a.rendezvous, a.key_file, NULL, a.to, &L, err, sizeof(err));
     if (rc != 0) {

@@ -202,7 +202,7 @@ enum {
 };
 
 // events for a plan of nops steps (1 + 4 nops marks) and the meter's device
-// floats for world ranks, made once before the first step
+// floats for world ranks, made at the first step's start
 static void pipe_clock_init(GPT2 *m, int nops, int world) {
     PipeClock *c = &m->clock;
     c->cap = 1 + 4 * nops;
@@ -223,11 +223,14 @@ static void pipe_clock_mark(GPT2 *m, int span) {
 
 // the step's first mark, on the host's clock: the GPU made idle (what is
 // queued before the step is the gradients' and losses' zeroing), the clock
-// read, the mark queued at once
-static void pipe_clock_start(GPT2 *m) {
+// read, the mark queued at once. The clock runs where the meter does
+// (watch.h's pipe_meter_init: pp > 1), its events made for this plan of
+// nops steps at the first step
+static void pipe_clock_start(GPT2 *m, int nops) {
     PipeClock *c = &m->clock;
     c->n = 0;
-    if (c->cap == 0) return;
+    if (m->shard.pp <= 1) return;
+    if (c->cap == 0) pipe_clock_init(m, nops, m->grid.world);
     gpu_sync(m, "the pipeline clock's start");
     c->t0 = now_ms();
     pipe_clock_mark(m, PIPE_CLOCK_NONE);
@@ -267,7 +270,7 @@ static void pipe_clock_read(GPT2 *m, PipeTimes *t) {
 static void pipeline_run(GPT2 *m, DataLoader *train, const PipeStep *plan, int n, float dloss, PipeTimes *t) {
     const Shard *s = &m->shard;
     pipe_times_start(t);
-    pipe_clock_start(m);
+    pipe_clock_start(m, n);
     if (s->pp > 1) nccl_mac_step_begin(m->nccl);  // the step's MAC'd messages, checked by gpt2_step_loss
     for (int i = 0; i < n; i++) {
         const PipeStep *st = &plan[i];
