@@ -786,6 +786,23 @@ static void test_thread_count(void) {
 #endif
 }
 
+// the FMA peak measured again after the launch's steps 1, 10, 100 and 1000,
+// one run, the best kept (refine_fma_peak): a peak taken in a busy spell
+// (here 1 FLOP/s) is replaced by the one measured; a higher one is never
+// lowered; no measure after other steps or after the launch's last
+static void test_fma_peak_refined(void) {
+    Parallel par;
+    par_single(&par);
+    double low = 1.0, high = 1e30;
+    double after_1 = refine_fma_peak(&par, low, 1, 0), after_1000 = refine_fma_peak(&par, low, 1000, 0);
+    check(after_1 > 1e9 && after_1000 > 1e9, "a peak of 1 FLOP/s measured again after step 1 and step 1000: %.3g and "
+          "%.3g FLOP/s (more than 1 GFLOP/s)", after_1, after_1000);
+    check(refine_fma_peak(&par, high, 10, 0) == high, "a peak above any measure stays after step 10");
+    check(refine_fma_peak(&par, low, 2, 0) == low && refine_fma_peak(&par, low, 999, 0) == low,
+          "no measure after steps 2 and 999");
+    check(refine_fma_peak(&par, low, 1, 1) == low, "no measure after the launch's last step");
+}
+
 static void test_lr_schedule(void) {
     Options o;
     options_defaults(&o);
@@ -992,6 +1009,7 @@ int main(void) {
     test_crossentropy_same_bits();
     test_model_fd();
     test_thread_count();
+    test_fma_peak_refined();
     test_model_files();
     test_init();
     test_lr_schedule();

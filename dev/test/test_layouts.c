@@ -24,6 +24,16 @@
 #include <sys/prctl.h>  // PR_SET_THP_DISABLE (test_memory)
 
 #define STEPS 10
+
+// the bytes of a rank's CPU records for the FMA peak (cpu_peak.h's
+// cpu_rank_record), all-gathered before the first step and again after the
+// steps 1, 10, 100 and 1000 of a run that goes on past them (train_gpt2.c's
+// refine_fma_peak)
+static long long peak_record_bytes(int steps) {
+    long long times = 1;
+    for (int done = 1; done <= 1000; done *= 10) times += done < steps;
+    return times * CPU_RANK_FLOATS * 4;
+}
 static char dir[128], shards[160];
 
 typedef struct {
@@ -170,9 +180,8 @@ static void test_data_parallel(void) {
             long long want_ar = (z == 0 ? 2 * ring + scalars : scalars) + save + finite, want_rs = z == 0 ? 0 : ring;
             // ZeRO-3 gathers every unit for the forward and all but wpe for the backward;
             // and at the start every rank gathers the others' start marks, 24 bytes
-            // each (trainer.h's start_mark), and their CPU records for the FMA
-            // peak (cpu_peak.h's cpu_rank_record)
-            long long marks = (long long)(dp - 1) * (24 + CPU_RANK_FLOATS * 4);
+            // each (trainer.h's start_mark), and their CPU records for the FMA peak
+            long long marks = (long long)(dp - 1) * (24 + peak_record_bytes(STEPS));
             long long want_ag = marks + (z == 0 ? 0 : z < 3 ? ring : 2 * ring - (long long)STEPS * (dp - 1) * 4 * wpe / dp);
             check(ar == want_ar && rs == want_rs && ag == want_ag,
                   "dp %d ZeRO-%d bytes: allreduce %lld (want %lld), reduce_scatter %lld (want %lld), allgather %lld (want %lld)",
@@ -207,7 +216,7 @@ static void test_tensor_pipeline(void) {
             long long want = STEPS * ((4 * L + 2) * BT * C * 4 + 2 * BT * 4) + STEPS * 4 * 4;
             // the loss's all-gather each step, and at the start the start marks, 24 bytes, and
             // the CPU records for the FMA peak
-            long long want_ag = STEPS * BT * 4 + 24 + CPU_RANK_FLOATS * 4;
+            long long want_ag = STEPS * BT * 4 + 24 + peak_record_bytes(STEPS);
             check(bytes_of(r.out, 1, "allreduce") == want && bytes_of(r.out, 1, "allgather") == want_ag,
                   "tp 2 bytes: allreduce %lld (want %lld), allgather %lld (want %lld)", bytes_of(r.out, 1, "allreduce"),
                   want, bytes_of(r.out, 1, "allgather"), want_ag);
@@ -717,7 +726,7 @@ static void test_sequence_parallel(void) {
         run(&sp, args);
         if (!check(plain.ok && sp.ok, "tp %d with and without -sp ran", tp)) continue;
         long long S = STEPS, L = 2, BT = 32, C = 64, f = tp - 1, act = BT * C * 4, world = tp;
-        long long nscalar = (3 + world - 1) / world * world, start = (world - 1) * (24 + CPU_RANK_FLOATS * 4);
+        long long nscalar = (3 + world - 1) / world * world, start = (world - 1) * (24 + peak_record_bytes(STEPS));
         long long loss_ar = S * 2 * (2 * f * BT * 4 / tp), scalars = S * 2 * f * nscalar * 4 / tp;
         long long loss_ag = S * f * BT * 4, regather = S * 2 * L * f * act / tp, norms = S * 2 * f * (4 * L + 2) * C * 4 / tp;
         long long want_ar_tp = S * (4 * L + 2) * 2 * f * act / tp + loss_ar + scalars, want_ag_tp = loss_ag + start;
