@@ -54,7 +54,7 @@ endif
 # Programs stay at the root where the docs call them (./train_gpt2,
 # ./prepare_data); tests and tools build beside their sources under dev/.
 CPU_PROGRAMS = train_gpt2 prepare_data export_hf plot_log dev/bench_secure dev/bench_aead dev/bench_matmul \
-               dev/bench_kernels dev/bench_tokenizer dev/pipeline_chart dev/compare_logs
+               dev/bench_kernels dev/bench_sketch dev/bench_tokenizer dev/pipeline_chart dev/compare_logs
 CPU_TESTS = test_gpt2 $(addprefix dev/test/,test_secure test_aead test_dataloader test_tokenizer test_parallel \
             test_layouts test_integrity test_checkpoint test_prepare_data test_export test_plot test_hellaswag test_llmc \
             test_attacks test_gpt2_scalar test_integrity_scalar $(if $(X86),test_gpt2_avx2))
@@ -161,9 +161,10 @@ dev/fuzz/fuzz_%: dev/fuzz/fuzz_%.c $(HEADERS)
 fuzz: $(FUZZERS)
 	@./dev/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZERS)
 
-bench: train_gpt2 prepare_data dev/bench_secure dev/bench_aead dev/bench_matmul dev/bench_kernels
+bench: train_gpt2 prepare_data dev/bench_secure dev/bench_aead dev/bench_matmul dev/bench_kernels dev/bench_sketch
 	./dev/bench_cpu.sh
 	./dev/bench_kernels
+	./dev/bench_sketch
 	./dev/bench_secure
 	./dev/bench_aead
 	./dev/bench_checkpoint.sh
