@@ -10,8 +10,6 @@
  *                        data, tokenizer and log
  *   trainer_name, trainer_start (what each main does first: its name, stdout
  *                        line-buffered), die, die_usage, now_ms, flops_per_token
- *   flag_file_error      a file's error line, led by the flag that names
- *                        the file and what the file is for
  *   before any rank starts (so a bad job is refused once, by the launcher):
  *     parse_flags, check_key_file, parse_fault, check_model, check_batch_and_data,
  *     checkpoint_setup; open_loaders (-i and -j, here and on each rank)
@@ -115,22 +113,6 @@ static void die(int status, const char *msg) {
 
 static void die_usage(const char *msg) { die(2, msg); }
 
-// flag_file_error: err, the error of a file that flag names (most start
-// "PATH: "), as one line that says the flag and what the file is for first:
-// "flag -tk (the tokenizer for samples): t.bin: cannot open: No such file or
-// directory". A line that names a flag already is left as it is.
-static void flag_file_error(char *err, size_t errlen, const char *flag, const char *role) {
-    if (strncmp(err, "flag ", 5) == 0) return;
-    char prefix[256];
-    int p = snprintf(prefix, sizeof(prefix), "flag %s (%s): ", flag, role);
-    if (p < 0 || (size_t)p >= sizeof(prefix) || (size_t)p + 1 >= errlen) return;
-    size_t n = strlen(err);
-    if ((size_t)p + n + 1 > errlen) n = errlen - (size_t)p - 1;  // cut at errlen, as errorf cuts
-    memmove(err + p, err, n);
-    memcpy(err, prefix, (size_t)p);
-    err[p + n] = '\0';
-}
-
 static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -172,7 +154,7 @@ static void check_key_file(const Options *o) {
     int rc = key_read_file(o->key_file, key, err, sizeof(err));
     secure_wipe(key, sizeof(key));
     if (rc == 0) return;
-    flag_file_error(err, sizeof(err), "--key-file", "the job key");
+    flag_file_error(err, sizeof(err), "--key-file", "the job key", "key file");
     die_usage(err);
 }
 
@@ -253,7 +235,7 @@ static void check_model(Job *job) {
     int rc = options_descriptor(o, &job->config, err, sizeof(err));  // -e dN, -ev -et -ec
     if (rc == 0) rc = ckpt_init_config(o, &job->config, &job->init_sealed, &job->init_file_id, err, sizeof(err));
     if (rc == 0 && !job->init_sealed) rc = options_model_file(o, &job->config, err, sizeof(err));
-    if (rc < 0) flag_file_error(err, sizeof(err), "-e", "the model to start from");
+    if (rc < 0) flag_file_error(err, sizeof(err), "-e", "the model to start from", "model file");
     if (rc < 0) die_usage(err);
     job->random_init = rc;
     if (o->T > c->maxT) {
@@ -296,7 +278,7 @@ static void open_hellaswag(Job *job, int chatty) {
         return;
     }
     if (hs_read(&job->hs, path, job->config.V, o->T, o->B, err, sizeof(err)) != 0) {
-        flag_file_error(err, sizeof(err), "-hf", "the HellaSwag examples");
+        flag_file_error(err, sizeof(err), "-hf", "the HellaSwag examples", "HellaSwag file");
         die_usage(err);
     }
     job->have_hs = 1;
@@ -323,7 +305,10 @@ static void data_hint(const Options *o, char *err, size_t errlen) {
 static const uint8_t *data_key(const Options *o, uint8_t key[32]) {
     char err[1024];
     if (o->key_file == NULL) return NULL;
-    if (key_read_file(o->key_file, key, err, sizeof(err)) != 0) die_usage(err);
+    if (key_read_file(o->key_file, key, err, sizeof(err)) != 0) {  // changed since check_key_file read it
+        flag_file_error(err, sizeof(err), "--key-file", "the job key", "key file");
+        die_usage(err);
+    }
     return key;
 }
 
@@ -336,11 +321,11 @@ static int open_loaders(Job *job, int dp_rank, int dp, char *err, size_t errlen)
     const uint8_t *key = data_key(o, key_bytes);
     int rc = dataloader_init_key(&job->train, o->train_pattern, o->B, o->T, dp_rank, dp, o->shuffle,
                                  (uint64_t)o->seed, V, key, err, errlen);
-    if (rc != 0) flag_file_error(err, errlen, "-i", "the train data");
+    if (rc != 0) flag_file_error(err, errlen, "-i", "the train data", NULL);
     job->have_val = o->val_every > 0;
     if (rc == 0 && job->have_val) {
         rc = dataloader_init_key(&job->val, o->val_pattern, o->B, o->T, dp_rank, dp, 0, 0, V, key, err, errlen);
-        if (rc != 0) flag_file_error(err, errlen, "-j", "the val data");
+        if (rc != 0) flag_file_error(err, errlen, "-j", "the val data", NULL);
         if (rc != 0) dataloader_free(&job->train);
     }
     secure_wipe(key_bytes, sizeof(key_bytes));
@@ -511,7 +496,7 @@ static float *load_params(Job *job, const Grid *g) {
     float *params = NULL;
     if (!job->resuming && !job->init_sealed) {
         params = model_load(job->opt.init, &job->config, err, sizeof(err));
-        if (params == NULL) flag_file_error(err, sizeof(err), "-e", "the model to start from");
+        if (params == NULL) flag_file_error(err, sizeof(err), "-e", "the model to start from", "model file");
         if (params == NULL) die_usage(err);
         return params;
     }
@@ -523,7 +508,7 @@ static float *load_params(Job *job, const Grid *g) {
         params = ckpt_model_load_part(path, job->ckpt_key, &job->config, &s, &ut, err, sizeof(err));
     } else {
         params = ckpt_init_load(&job->opt, &job->config, job->init_file_id, &s, &ut, err, sizeof(err));
-        if (params == NULL) flag_file_error(err, sizeof(err), "-e", "the model to start from");
+        if (params == NULL) flag_file_error(err, sizeof(err), "-e", "the model to start from", "model file");
     }
     free(ut.units);
     if (params == NULL) die_usage(err);
@@ -576,7 +561,7 @@ static void open_tokenizer_and_log(Job *job, const Grid *g) {
     const Options *o = &job->opt;
     job->have_tok = o->tokenizer != NULL && o->sample_every > 0 && g->world == 1;
     if (job->have_tok && tokenizer_load_bin(&job->tok, o->tokenizer, err, sizeof(err)) != 0) {
-        flag_file_error(err, sizeof(err), "-tk", "the tokenizer for samples");
+        flag_file_error(err, sizeof(err), "-tk", "the tokenizer for samples", NULL);
         die_usage(err);
     }
     if (g->rank == 0 && job->have_tok && o->gen_tokens > o->T)  // sample() stops at T: the model reads T positions

@@ -299,7 +299,8 @@ static void test_trainer(const char *file, float brute_acc) {
     // the flag itself
     struct { const char *args, *want; int rc; } cli[] = {
         {"-h 2", "flag -h: 2 is out of range [0, 1]", 2},
-        {"-h 1 -hf /nonexistent.bin", "flag -hf (the HellaSwag examples): /nonexistent.bin: cannot open HellaSwag file", 2},
+        {"-h 1 -hf /nonexistent.bin", "flag -hf (the HellaSwag examples): /nonexistent.bin: cannot open: No such file or "
+         "directory", 2},
         {"-h", "usage:", 0},
         {"--help", "usage:", 0},
         {"-x 1 -h -b 8", "usage:", 0},
