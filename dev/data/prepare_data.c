@@ -61,7 +61,10 @@
  * The trainer reads such shards when given the same --key-file
  * (dataloader.h, "Encrypted shards").
  *
- * Exit status: 0 done, 1 runtime error (nothing is left behind), 2 bad flags.
+ * Exit status: 0 done, 1 runtime error (nothing is left behind), 2 bad flags,
+ * a --key-file that is no key file among them, in the trainers' form:
+ * "prepare_data: flag --key-file (the key to encrypt the shards under): k:
+ * No such file or directory".
  */
 #include "llm3d/secure/aead.h"      // first: through secure.h it asks for _GNU_SOURCE (strdup, fsync); sealed shards
 #include "llm3d/secure/manifest.h"
@@ -1048,7 +1051,8 @@ static int write_dataset(const Options *o, const InputList *inputs, Bpe *bpe, co
     if (o->key_file != NULL) {
         uint8_t key[32];
         if (key_read_file(o->key_file, key, err, sizeof(err)) != 0) {
-            fprintf(stderr, "prepare_data: --key-file: %s (see -h)\n", err);
+            flag_file_error(err, sizeof(err), "--key-file", "the key to encrypt the shards under", "key file");
+            fprintf(stderr, "prepare_data: %s\n", err);
             free(w);
             return 2;
         }

@@ -47,7 +47,9 @@
  *
  * Exit status: 0 done, 1 a file could not be read or written (a sealed model
  * under another key too), 2 bad flags (a sealed model and no --key-file, or
- * a key file that is not one).
+ * a key file that is not one, said in the trainers' form: "export_hf: flag
+ * --key-file (the key of the job that sealed the model): k: No such file or
+ * directory").
  */
 #define _GNU_SOURCE  // strdup
 #include "llm3d/checkpoint.h"  // ckpt_model_load
@@ -345,6 +347,9 @@ int main(int argc, char **argv) {
     int no_key;
     float *params = ckpt_model_load(o.in, o.key_file, &c, &no_key, err, sizeof(err));
     if (params == NULL) {  // a sealed model without a key from --key-file is a flag error
+        // with --key-file given, no_key says the key file could not be read
+        if (no_key && o.key_file != NULL)
+            flag_file_error(err, sizeof(err), "--key-file", "the key of the job that sealed the model", "key file");
         fprintf(stderr, "export_hf: %s\n", err);
         return no_key ? 2 : 1;
     }

@@ -4,7 +4,8 @@
  * dtype and shape, offsets that tile the data exactly), the values of the
  * tensors against the model file's (the transposed ones included), config.json,
  * the bf16 rounding, a v5 (bf16) model file in, a model sealed as the
- * trainer's -enc 2 seals it (read with --key-file, refused without), and its
+ * trainer's -enc 2 seals it (read with --key-file, refused without, and a
+ * --key-file that is no key file refused in the trainers' form), and its
  * errors: FIFOs where it reads, links planted where it writes.
  *
  *   make dev/test/test_export export_hf && ./dev/test/test_export
@@ -330,17 +331,39 @@ static void check_sealed(const float *params, const char *plain_dir) {
     struct { const char *what, *key_file, *names, *says; int status; } cases[] = {
         {"no --key-file", NULL, model, "give the key of the job that wrote it with --key-file", 2},
         {"another key", other_file, model, "sealed with another key", 1},
-        {"a key file that is not there", none_file, none_file, "key file", 2},
     };
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 2; i++) {
         char flags[256] = "";
         if (cases[i].key_file != NULL) snprintf(flags, sizeof(flags), "--key-file %s", cases[i].key_file);
         snprintf(cmd, sizeof(cmd), "./export_hf -i %s %s -o %s/hf_refused", model, flags, tmp_dir);
         rc = test_run(cmd, 1, out, sizeof(out));
         int lines = test_count(out, "\n");
         check(rc == cases[i].status && lines == 1 && strstr(out, cases[i].names) != NULL && strstr(out, cases[i].says) != NULL,
-              "the sealed model, %s: refused in one line naming %s (exit %d, %d lines): %.*s", cases[i].what,
-              cases[i].names == model ? "the model" : "the key file", rc, lines, (int)strcspn(out, "\n"), out);
+              "the sealed model, %s: refused in one line naming the model (exit %d, %d lines): %.*s", cases[i].what,
+              rc, lines, (int)strcspn(out, "\n"), out);
+    }
+    // a --key-file that is no key file: one line in the trainers' form, the
+    // flag and what the key is for, then the file once and why; exit 2
+    char open_file[128], bad_file[128], want[700];
+    snprintf(open_file, sizeof(open_file), "%s/open.key", tmp_dir);
+    snprintf(bad_file, sizeof(bad_file), "%s/bad.key", tmp_dir);
+    ok = test_random_key_file(open_file) == 0 && chmod(open_file, 0644) == 0;
+    test_write_file(bad_file, "hello\n", 6);
+    ok = ok && chmod(bad_file, 0600) == 0;
+    struct { const char *path, *why; } keys[] = {
+        {none_file, "No such file or directory"},
+        {open_file, "mode 0644 lets group or others at it; chmod 600 it"},
+        {bad_file, "must hold 64 hex digits and an optional newline (6 bytes)"},
+        {tmp_dir, "not a regular file"},
+    };
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        snprintf(cmd, sizeof(cmd), "./export_hf -i %s --key-file %s -o %s/hf_refused", model, keys[i].path, tmp_dir);
+        rc = test_run(cmd, 1, out, sizeof(out));
+        snprintf(want, sizeof(want), "export_hf: flag --key-file (the key of the job that sealed the model): %s: %s\n",
+                 keys[i].path, keys[i].why);
+        if (!check(ok && rc == 2 && strcmp(out, want) == 0, "the sealed model, --key-file %s: exit %d, one line in the "
+                   "trainers' form: %.*s", keys[i].why, rc, (int)strcspn(out, "\n"), out))
+            printf("      wanted: %s", want);
     }
 }
 
