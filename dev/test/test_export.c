@@ -407,8 +407,9 @@ static void check_fifos_and_links(const char *model) {
         snprintf(cmd, sizeof(cmd), "timeout -s KILL 10 ./export_hf %s", args);
         int rc = 0;
         double secs = 0.0;
-        check(test_fifo_refused(cmd, 0, fifo, cases[k].rc, out, sizeof(out), &rc, &secs),
-              "export_hf %s FIFO: refused at once (exit %d in %.1f s): %.*s", cases[k].what, rc, secs,
+        // called before check(), whose line reads rc
+        int refused = test_fifo_refused(cmd, 0, fifo, cases[k].rc, out, sizeof(out), &rc, &secs);
+        check(refused, "export_hf %s FIFO: refused at once (exit %d in %.1f s): %.*s", cases[k].what, rc, secs,
               (int)strcspn(out, "\n"), out);
     }
 

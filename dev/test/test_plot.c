@@ -239,8 +239,10 @@ static void test_fifos_and_links(const char *log) {
         snprintf(cmd, sizeof(cmd), form, fifo);
         int rc = 0;
         double secs = 0.0;
-        check(test_fifo_refused(cmd, 1, fifo, cases[k].rc, out, sizeof(out), &rc, &secs),
-              "%s: refused at once (exit %d in %.1f s): %.*s", cases[k].what, rc, secs, (int)strcspn(out, "\n"), out);
+        // called before check(), whose line reads rc
+        int refused = test_fifo_refused(cmd, 1, fifo, cases[k].rc, out, sizeof(out), &rc, &secs);
+        check(refused, "%s: refused at once (exit %d in %.1f s): %.*s", cases[k].what, rc, secs,
+              (int)strcspn(out, "\n"), out);
     }
 
     // a link at the SVG's name, to a file outside: replaced by the SVG, the file untouched

@@ -529,8 +529,9 @@ static void test_fifos_and_links(void) {
         snprintf(cmd, sizeof(cmd), "timeout -s KILL 10 ./prepare_data %s -o %s/out_fifo", args, tmp_dir);
         int rc = 0;
         double secs = 0.0;
-        check(test_fifo_refused(cmd, 0, fifo, cases[k].rc, err, sizeof(err), &rc, &secs),
-              "prepare_data %s FIFO: refused at once (exit %d in %.1f s): %.*s", cases[k].what, rc, secs,
+        // called before check(), whose line reads rc
+        int refused = test_fifo_refused(cmd, 0, fifo, cases[k].rc, err, sizeof(err), &rc, &secs);
+        check(refused, "prepare_data %s FIFO: refused at once (exit %d in %.1f s): %.*s", cases[k].what, rc, secs,
               (int)strcspn(err, "\n"), err);
     }
 
