@@ -618,7 +618,7 @@ static int walk_receive(GPT2 *m, PipeMsg in, int *held, int *peak) {
 static void test_pipeline_plans(void) {
     GPT2Config c;
     config_from_descriptor(&c, "d8", 256, 64);
-    int B = 1, T = 16, BT = B * T, layouts = 0, bad_slices = 0, bad_walk = 0, lent_seen = 0, split_seen = 0;
+    int B = 1, T = 16, BT = B * T, layouts = 0, bad_slices = 0, bad_walk = 0, bad_bytes = 0, lent_seen = 0, split_seen = 0;
     size_t X = sizeof(floatX), C = c.C;
     static const struct { const char *ps; int pv; } scheds[] = {{"interleaved", 2}, {"zbh1", 1}, {"zbv", 1}};
     for (int si = 0; si < 3; si++) for (int pp = 2; pp <= 4; pp += 2) for (int M = pp; M <= 3 * pp; M += pp) {
@@ -727,6 +727,15 @@ static void test_pipeline_plans(void) {
                 printf("  -ps %s pp %d M %d stage %d: %d failures, %d sets at most of %d (%d left), %d logits blocks "
                        "of %d\n", scheds[si].ps, pp, M, stage, fails, peak, m.nacts, held, hpeak, m.nheads);
             }
+            // the layout lines' activation figure: the plan's allocation and every lent logits block (B*T*Vl,
+            // 256-aligned), as the CPU trainer's counts them; m.act_bytes stands for the allocation here
+            m.act_bytes = 4096;
+            size_t blocks = (size_t)hpeak * ((BT * sh.Vl * X + 255) / 256 * 256);
+            if (activation_bytes(&m) != 4096 + blocks || (lent && blocks == 0)) {
+                bad_bytes++;
+                printf("  -ps %s pp %d M %d stage %d: activations printed as %zu bytes; the sets' %d and %d logits "
+                       "blocks make %zu\n", scheds[si].ps, pp, M, stage, activation_bytes(&m), 4096, hpeak, 4096 + blocks);
+            }
             free(plan);
             pipe_sets_free(&m.sets);
             free(heads);
@@ -738,6 +747,8 @@ static void test_pipeline_plans(void) {
           layouts, bad_slices);
     check(bad_walk == 0, "each stage's plan walked through set_take, head_take, set_give_back with activation_sets' "
           "count: never short, the peaks exactly the sets and logits blocks allocated (%d wrong)", bad_walk);
+    check(bad_bytes == 0, "each stage's printed activation memory counts the lent logits blocks it walked with, as the "
+          "CPU trainer's does (%d wrong)", bad_bytes);
     // zbv's stage 0 holds the embeddings and the head: its embeddings' last W
     // ends wte's gradient, so it must come after the head's (pipeline_shape exits otherwise)
     int ordered = 0, tried = 0;

@@ -514,6 +514,12 @@ static void gpt2_heads(GPT2 *m, int n) {
     m->nheads = n;
 }
 
+// this rank's activation memory as the layout lines print it: the plan's
+// allocation (the sets and the scratch) and the lent logits blocks, which
+// gpt2_heads allocates apart, as train_gpt2.c's gpt2_activation_bytes counts
+// them too
+static size_t activation_bytes(const GPT2 *m) { return m->act_bytes + (size_t)m->nheads * head_bytes(m); }
+
 // set i's logits from a free block, if it has none (with nheads 0 it has its own)
 static void head_take(GPT2 *m, int i) {
     if (m->nheads == 0 || m->head_of[i] >= 0) return;
@@ -1408,7 +1414,7 @@ static void print_device(const cudaDeviceProp *prop, double peak, const GpuOptio
            "attention %s; activations %.2f GiB\n", precision_name, gopt->recompute,
            m->fuse_gelu == 2 ? "forward and backward" : m->fuse_gelu == 1 ? "forward" : "no",
            gopt->attention_tc && attention_tc_supports(m->config.C / m->config.NH) ? "tensor cores" : "fp32 FMA",
-           m->act_bytes / 1073741824.0);
+           activation_bytes(m) / 1073741824.0);
 }
 
 // the layout line (rank 0), then one line per rank, in rank order, from the rank itself
@@ -1417,7 +1423,7 @@ static void print_layout(const GPT2 *m, Parallel *par, const Options *o, int acc
     PipeLayout pl = job_pipeline(o, g->pp, accum);
     char rows[96] = "", chunks[256], more[160] = "";  // -sp: this rank's positions of the sequence-parallel region
     if (m->sp) snprintf(rows, sizeof(rows), ", positions %d..%d, %zu bytes of activations", m->row0,
-                        m->row0 + m->rows - 1, m->act_bytes);
+                        m->row0 + m->rows - 1, activation_bytes(m));
     size_t at = 0;
     if (m->nheads > 0)  // the head's chunk among others: its logits lent to its sets (gpt2_pipeline)
         at += (size_t)snprintf(more, sizeof(more), ", logits lent from %d buffer%s", m->nheads, m->nheads == 1 ? "" : "s");
@@ -1433,7 +1439,7 @@ static void print_layout(const GPT2 *m, Parallel *par, const Options *o, int acc
             printf("rank %d (dp %d, pp %d, tp %d): GPU %d, layers %s, %zu parameters here, "
                    "%.2f GiB of weights, gradients and AdamW state, %.2f GiB of activations (%d sets)%s%s\n", r,
                    g->dp_rank, g->pp_rank, g->tp_rank, device, shard_chunk_list(&m->shard, chunks, sizeof(chunks)),
-                   m->ut.num_local, m->param_bytes / 1073741824.0, m->act_bytes / 1073741824.0, m->nacts, rows, more);
+                   m->ut.num_local, m->param_bytes / 1073741824.0, activation_bytes(m) / 1073741824.0, m->nacts, rows, more);
         fflush(stdout);
         nccl_barrier(par->nccl, &par->nccl->world);
     }
