@@ -10,7 +10,9 @@
 # measured in the same run, the formula's (F = B = W), and the measured
 # bubble as a share of 1f1b's. The issue's bar at pp 4, M 8: zbh1 at most
 # half of 1f1b's, interleaved at most 0.6, zbv at most a quarter, each
-# within 5 points of its simulated value.
+# within 5 points of its simulated value. It exits 1 where a run fails or
+# prints no bubble line, and where 1f1b has no measured bubble above 0 (its
+# shares then print as n/a: a share of 0 would pass every bar).
 #
 # It needs at least $PP free cores: two ranks on one core wait for each
 # other's time slices, and that waiting is counted as bubble (doc/parallel.md,
@@ -50,7 +52,7 @@ thp=${THP:-off}
 cores=$(nproc)
 if [ "$cores" -lt "$pp" ]; then
     echo "bench_pipeline: note: $cores cores for $pp ranks of one thread each: the ranks share cores, and their"
-    echo "  waits for each other's time slices count as bubble, so the measured figures are not the schedules' own"
+    echo "  waits for each other's time slices count as bubble, so the measured figures exceed the schedules' own"
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -89,9 +91,12 @@ for ((round = 1; round <= rounds; round++)); do
             echo "bench_pipeline: -ps $s failed:"; tail -5 "$tmp/out.txt"; exit 1
         fi
         # "... measured 0.1234 mean, ...; simulated 0.1200 mean, ... for F 1 us, B 2 us, W 3 us ...; 0.1111 by the formula"
-        sed -nE 's/^pipeline bubble .*measured ([0-9.]+) mean.*simulated ([0-9.-]+) mean.*for (F [0-9]+ us, B [0-9]+ us, W [0-9]+ us).*; ([0-9.]+) by the formula.*/\1 \2 \4 \3/p' \
-            "$tmp/out.txt" | sed "s/^/$name /" >> "$tmp/results.txt"
-        echo "round $round/$rounds: $(tail -1 "$tmp/results.txt")"
+        row=$(sed -nE 's/^pipeline bubble .*measured ([0-9.]+) mean.*simulated ([0-9.-]+) mean.*for (F [0-9]+ us, B [0-9]+ us, W [0-9]+ us).*; ([0-9.]+) by the formula.*/\1 \2 \4 \3/p' \
+            "$tmp/out.txt")
+        # a run without the line would leave its schedule out of the table, or 1f1b's share base empty
+        [ -n "$row" ] || { echo "bench_pipeline: FAIL: -ps $s printed no pipeline bubble line:"; tail -3 "$tmp/out.txt"; exit 1; }
+        echo "$name $row" >> "$tmp/results.txt"
+        echo "round $round/$rounds: $name $row"
         # the memory lines: "peak resident memory per rank (MiB): a b ..." and "activation memory per
         # rank (MiB): predicted a b ...; measured a b ... (the peak less a b ... resident before them);
         # sets held at most k/n ..."; the last round's are kept
@@ -124,12 +129,19 @@ function median(list,    n, a, i, j, t) {
     costs[$1] = $5 " " $6 " " $7 " " $8 " " $9 " " $10 " " $11 " " $12 " " $13
 }
 END {
-    base = median(meas["1f1b"])
+    # no 1f1b row, or a measured bubble of 0: no share of it (n/a, not 0, which would pass any bar)
+    base = ("1f1b" in meas) ? median(meas["1f1b"]) : 0
     for (i = 1; i <= count; i++) {
         s = order[i]; m = median(meas[s])
-        printf "%-12s %9.4f %10.4f %8.4f %12.2f  %s\n", s, m, median(sim[s]), formula[s], (base > 0 ? m / base : 0), costs[s]
+        share = base > 0 ? sprintf("%.2f", m / base) : "n/a"
+        printf "%-12s %9.4f %10.4f %8.4f %12s  %s\n", s, m, median(sim[s]), formula[s], share, costs[s]
     }
-}' "$tmp/results.txt"
+    if (base <= 0) {
+        printf "bench_pipeline: FAIL: %s, so the shares of it are n/a\n",
+            ("1f1b" in meas) ? "1f1b'"'"'s measured bubble is " base : "no 1f1b run measured a bubble"
+        exit 1
+    }
+}' "$tmp/results.txt" || exit 1
 
 echo
 echo "activation memory per stage (MiB), pp $pp, M $M, transparent huge pages $thp: the trainer's prediction,"
