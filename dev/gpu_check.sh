@@ -481,24 +481,34 @@ layouts() {  # layouts PREC BOUND [MODE]: the one-rank runs first, then every la
 # the GPU trainer's bubble meter (pipeline_run.cuh's clock on the GPU, first
 # run here): every pipeline layout above that trained to its last step
 # printed the run's measured bubble, strictly between 0 and 1 (a stage of
-# two or more always waits), with a forward's mean cost above the 1 us that
-# a clock which timed nothing would floor it at. Its ranks share this one
-# GPU, so the figure is not held to the simulator's (phase 13 holds the CPU
-# trainer's to it)
+# two or more always waits), and the ops' mean costs it timed (watch.h's
+# pipe_meter_print, the CPU trainer's line too): F and B above the 1 us that
+# a clock which timed nothing floors them at (F also holds the data's
+# staging, so B is the check that the op marks are read), W above it where
+# the schedule splits the backward (zbh1, zbv) and 0 where it does not. Its
+# ranks share this one GPU, so the figure is not held to the simulator's
+# (phase 13 holds the CPU trainer's to it)
+bubble_line_ok() {  # bubble_line_ok LOG: 0 when LOG's bubble line passes, else prints what it holds
+    sed -nE 's/^pipeline bubble \(([a-z0-9]+), .*: measured ([0-9.]+) mean.*, for F ([0-9]+) us, B ([0-9]+) us, W ([0-9]+) us.*/\1 \2 \3 \4 \5/p' "$1" |
+        awk '{ n++; sched = $1; m = $2; f = $3; b = $4; w = $5 }
+        END {
+            if (n != 1) { print "no bubble line with its op costs"; exit 1 }
+            splits = sched == "zbh1" || sched == "zbv"
+            if (m + 0 > 0 && m + 0 < 1 && f + 0 > 1 && b + 0 > 1 && (splits ? w + 0 > 1 : w + 0 == 0)) exit 0
+            printf "%s: measured %s, F %s us, B %s us, W %s us (W %s)\n", sched, m, f, b, w, splits ? "> 1" : "0"
+            exit 1
+        }'
+}
 bubbles_measured() {  # bubbles_measured PREC [MODE]
-    local prefix="$1_$(mode_tag "${2:-host}")" what="bubble meter ($1, ${2:-host} mode)" log m f n=0 bad=""
+    local prefix="$1_$(mode_tag "${2:-host}")" what="bubble meter ($1, ${2:-host} mode)" log why n=0 bad=""
     for log in "$LOGS/${prefix}"pp*.log "$LOGS/${prefix}"grid222*.log; do
         [ -f "$log" ] && grep -qE '^step +9/10 ' "$log" || continue
         n=$((n + 1))
-        m=$(sed -nE 's/^pipeline bubble .*: measured ([0-9.]+) mean.*/\1/p' "$log")
-        f=$(sed -nE 's/^pipeline bubble .*, for F ([0-9]+) us,.*/\1/p' "$log")
-        awk -v m="${m:-x}" -v f="${f:-x}" \
-            'BEGIN { exit !(m ~ /^[0-9.]+$/ && m + 0 > 0 && m + 0 < 1 && f ~ /^[0-9]+$/ && f + 0 > 1) }' ||
-            bad="$bad $(basename "$log" .log) (measured ${m:-none}, F ${f:-none} us)"
+        why=$(bubble_line_ok "$log") || bad="$bad $(basename "$log" .log) ($why)"
     done
     if [ $n = 0 ]; then skip "$what: no pipeline layout ran to its last step"
-    elif [ -z "$bad" ]; then pass "$what: $n pipeline layouts printed a measured bubble in (0, 1)"
-    else fail "$what: no measured bubble in (0, 1) with a timed F from$bad"; fi
+    elif [ -z "$bad" ]; then pass "$what: $n pipeline layouts printed a measured bubble in (0, 1), F and B timed, W as split"
+    else fail "$what: no measured bubble in (0, 1) with F, B > 1 us and W as the schedule splits from$bad"; fi
 }
 layouts_bf16() {  # layouts_bf16 [MODE]: a subset of them in bf16, within 2e-2 (the "bf16 bound" above)
     local m=${1:-host} base
