@@ -405,6 +405,26 @@ nccl_ran() {
     fail "$2: it ran, but not over NCCL (no -hb 2 line from rank 0; see $2.log)"
     return 1
 }
+# layout_ran NAME LAYOUT_ARGS: that rank 0's layout line in NAME's log names
+# the schedule LAYOUT_ARGS asked for with -ps ("zbv schedule with" on the
+# GPU, "schedule zbv," on the CPU) and, with -sp 1, sequence parallelism;
+# else a failure: a flag dropped on the way runs 1f1b or plain tp, with
+# the same losses
+layout_ran() {
+    local log=$LOGS/$1.log ps sp line
+    ps=$(echo " $2 " | sed -n 's/.* -ps \([a-z0-9]*\) .*/\1/p')
+    sp=$(echo " $2 " | sed -n 's/.* -sp \([0-9]*\) .*/\1/p')
+    line=$(grep -m1 '^layout: ' "$log")
+    if [ -z "$line" ]; then fail "$1: no layout line from rank 0 (see $1.log)"; return 1; fi
+    if [ -n "$ps" ] && ! echo "$line" | grep -qE "(schedule ${ps}[ ,]| ${ps} schedule )"; then
+        fail "$1: -ps $ps asked, but the layout line names another schedule: $(echo "$line" | cut -c1-140)"
+        return 1
+    fi
+    if [ "${sp:-0}" != 0 ] && ! echo "$line" | grep -qF ' (sequence parallel)'; then
+        fail "$1: -sp $sp asked, but the layout line has no '(sequence parallel)': $(echo "$line" | cut -c1-140)"
+        return 1
+    fi
+}
 # want NCCL_LINE DRY_LINE: what a check over NCCL looks for; in a dry run
 # the CPU trainer's host backend prints DRY_LINE instead
 want() { if [ "$DRYRUN" = 1 ]; then echo "$2"; else echo "$1"; fi; }
@@ -430,7 +450,8 @@ layout() {  # layout PREC BOUND NAME BASE_ARGS LAYOUT_ARGS [MODE]
     local limit=90
     [ "$mode" = nccl ] && limit=120  # milliseconds a call, the ranks time-sharing the GPU
     run "$name" $limit $bin -x 10 -v 0 -s 0 $SMALL $base $lay $(mode_flag "$mode") -lg "$LOGS/$name.jsonl" &&
-        nccl_ran "$mode" "$name" && compare "$bound" "$prec $(mode_tag "$mode")$3" "$ref" "$LOGS/$name.jsonl"
+        nccl_ran "$mode" "$name" && layout_ran "$name" "$lay" &&
+        compare "$bound" "$prec $(mode_tag "$mode")$3" "$ref" "$LOGS/$name.jsonl"
 }
 TINY="-e dev/fixtures/tiny_model.bin"      # L=2 NH=4 C=64 V=500
 DEEP="-e d4 -ec 64 -ev 256 -et 16"          # L=4 NH=4 C=64 V=256
