@@ -31,7 +31,9 @@
 #      naming -fault corrupt (dp 2 ZeRO-1 and tp 2: exit 1, no checkpoint
 #      from that step), -gp naming -fault poison; then every layout of
 #      test_layouts, fp32 within 1e-5 of one rank, a bf16 subset within 2e-2,
-#      sequence parallelism (-sp 1) among them: tp 2, tp 4 and (2, 2, 2);
+#      sequence parallelism (-sp 1) among them: tp 2, tp 4, (2, 2, 2), dp 2 x
+#      tp 2 ZeRO-3 and pp 2 x tp 2 interleaved (each layout's line must name
+#      the schedule asked for and, with -sp 1, sequence parallelism);
 #      the schedules interleaved (-pv 2), zbh1 and zbv at pp 2 and 4
 #      (built without a GPU: first run here), zbv pp 2 in bf16 too, and with
 #      dp 2 (zbv ZeRO 1 and 3, interleaved ZeRO 2), tp 2 (zbh1) and (2, 2, 2)
@@ -492,6 +494,10 @@ layouts() {  # layouts PREC BOUND [MODE]: the one-rank runs first, then every la
     # sequence parallelism (-sp 1): the rows of each micro-batch split among the tp ranks
     W=$(wt $m 2) background layout $p $b tp2_sp "$TP" "-np 2 -tp 2 -sp 1" $m
     W=$(wt $m 4) background layout $p $b tp4_sp "$TP" "-np 4 -tp 4 -sp 1" $m
+    # -sp beside ZeRO-3's gradient shards (sp_layernorm_run's sums over grad_shard) with dp 2, and
+    # beside interleaved's chunks and tp (the sets' -sp rows, the lent logits at tp 2)
+    W=$(wt $m 4) background layout $p $b dp2tp2_z3_sp "$DP2" "-np 4 -tp 2 -z 3 -sp 1" $m
+    W=$(wt $m 4) background layout $p $b pp2tp2_interleaved_sp "$PP4" "-np 4 -tp 2 -pp 2 -ps interleaved -pv 2 -sp 1 -mb 4" $m
     W=$(wt $m 8) background layout $p $b grid222_z1_sp "$GRID" "-np 8 -tp 2 -pp 2 -z 1 -sp 1" $m
     # checked collectives (-ic 1): the same losses as without, no false alarm
     W=$(wt $m 2) background layout $p $b ic_dp2_z1 "$DP2" "-np 2 -z 1 -ic 1" $m
