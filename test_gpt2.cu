@@ -1734,7 +1734,9 @@ static void test_nchk_kernels(void) {
     uint8_t key[32] = {4, 4, 4};
     static SketchGen g;
     sketch_gen_init(&g, key, "/llm3d-4-a");
-    size_t K = SKETCH_BLOCK, n = 98 * 8 * K + 301;  // past every block of the grid's first round
+    // every chunk of 1 to 4 holds more than 2 NCHK_WARPS segments of K (the chunks cut inside the K-blocks): each
+    // warp of the grid takes two or more, so the grid-stride loop's later rounds and their fmas run for every warp
+    size_t K = SKETCH_BLOCK, n = 4 * 2 * (size_t)NCHK_WARPS * K + 301;
     sketch_draw(&g, 3, 77, 5, SK_ALLREDUCE, n);
     size_t ncoef = nchk_coef_count(g.blocks);
     float *coef = (float *)malloc(ncoef * sizeof(float)), *x = (float *)malloc(n * sizeof(float));

@@ -1494,20 +1494,23 @@ static void mac_check_or_exit(GPT2 *m, Parallel *par, const char *when) {
 // the end of a step, after its pipeline run, up to the update: the
 // data-parallel sums drained (they ran during the backward), the tied wte's
 // halves swapped, under -sp the LayerNorms' gradients summed over tp, the
-// replicated gradients shared from tp rank 0, every MAC
-// tag of the step checked (before anything is applied), the loss and the
-// stop requests summed, the norm queued. Returns the step's mean loss; the
-// loop then applies the update (gpt2_apply_update) unless it is not finite
-// or -sl or -sg skip it.
+// replicated gradients shared from tp rank 0, every MAC tag of the step
+// checked (before anything is applied), the norm queued, the loss and the
+// stop requests summed (the host waits for them), and last, under -ic 1, the
+// step's check point: every collective whose result the update reads (the
+// norm's and the losses' all-reduces too) is judged before the update, and a
+// failed check ends the job here. Returns the step's mean loss; the loop
+// then applies the update (gpt2_apply_update) unless it is not finite or -sl
+// or -sg skip it.
 static float gpt2_step_loss(GPT2 *m, Parallel *par, int accum, int *stop) {
     nccl_side_drain(par->nccl);  // the data-parallel sums, made during the backward
     tied_exchange(m);
     sp_sum_layernorm_grads(m);
     if (m->shard.tp > 1) for_each_run(m, tp_share_run, NULL, 0);
     mac_check_or_exit(m, par, "the step is not applied");
-    nccl_check_point(par->nccl);  // -ic 1: the step's checked collectives judged; a failure exits here
+    gpt2_norm(m);  // queued before the losses' wait, which then covers it
     double loss = world_loss_sum(m, par, stop) / ((double)m->B * m->T * accum * m->shard.dp);
-    gpt2_norm(m);
+    nccl_check_point(par->nccl);  // -ic 1: the step's checked collectives judged; a failure exits here
     return (float)loss;
 }
 
