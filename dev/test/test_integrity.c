@@ -39,11 +39,12 @@
  * The NCCL side (nccl_check.h), on the host: the coefficients as the GPU
  * reads them (floats) are sketch.h's bit for bit; the GPU kernel's order of
  * sums (nchk_sketch_ref) within sketch_eval_error of sketch_add's; NCCL's
- * all-reduce, reduce-scatter and all-gather played here in fp32 and in bf16
- * rounded at every hop, judged by nchk_judge: honest ones pass, a flipped
- * exponent bit in an input after its sketch, a member's copy changed, an
- * all-gather owner's piece changed are caught and named as the sketches
- * allow; a low-mantissa flip in an fp32 sum is below the bound and passes.
+ * all-reduce, reduce-scatter, all-gather and broadcast played here in fp32
+ * and in bf16 rounded at every hop, judged by nchk_judge: honest ones pass,
+ * a flipped exponent bit in an input after its sketch, a member's copy
+ * changed, an all-gather owner's or a broadcast root's piece changed are
+ * caught and named as the sketches allow; a low-mantissa flip in an fp32 sum
+ * is below the bound and passes.
  */
 #include "llm3d/parallel/sketch.h"
 #include "llm3d/parallel/nccl_check.h"
@@ -1103,13 +1104,15 @@ static float flip_float(float v, int bit, int bf) {
 
 // one collective of kind over p members of n (nchk_judge's n) played as NCCL
 // plays it (the sums rounded at every hop; bf16: to bf16), the records made
-// in the GPU's order (nchk_sketch_ref); nchk_judge's verdict, its line in msg
+// in the GPU's order (nchk_sketch_ref); nchk_judge's verdict, its line in msg.
+// A broadcast's root is the last member (so that no default of 0 passes for it).
 static int nccl_play(int kind, int p, size_t n, int bf, int data, NcclMishap *m, char *msg, size_t len) {
     uint8_t key[32] = {5};
     static SketchGen g;
     sketch_gen_init(&g, key, "/llm3d-5-a");
-    size_t in_len = kind == SK_ALLGATHER ? n : kind == SK_ALLREDUCE ? n : (size_t)p * n;
-    size_t out_len = kind == SK_ALLGATHER ? (size_t)p * n : n, total = kind == SK_ALLREDUCE ? n : (size_t)p * n;
+    int bc = kind == SK_BROADCAST, root = bc ? p - 1 : 0;
+    size_t in_len = kind == SK_REDUCE_SCATTER ? (size_t)p * n : n;
+    size_t out_len = kind == SK_ALLGATHER ? (size_t)p * n : n, total = kind == SK_ALLREDUCE || bc ? n : (size_t)p * n;
     sketch_draw(&g, 1, 2, 3, kind, total);
     float *coef = (float *)malloc(nchk_coef_count(g.blocks) * sizeof(float));
     nchk_coef_pack(&g, coef);
@@ -1121,7 +1124,9 @@ static int nccl_play(int kind, int p, size_t n, int bf, int data, NcclMishap *m,
     for (int q = 0; q < p; q++) {
         Sketch *rec = recs + (size_t)q * nchk_rec_count(p);
         float *xq = x + (size_t)q * in_len;
-        if (kind == SK_ALLGATHER) {
+        if (bc) {
+            if (q == root) rec[nchk_rec_in(p, root)] = nchk_sketch_ref(xq, 0, n, coef, 0);
+        } else if (kind == SK_ALLGATHER) {
             rec[nchk_rec_in(p, q)] = nchk_sketch_ref(xq, (size_t)q * n, n, coef, 1);
         } else {
             for (int k = 0; k < p; k++) {
@@ -1167,8 +1172,8 @@ static int nccl_play(int kind, int p, size_t n, int bf, int data, NcclMishap *m,
     for (int q = 0; q < p; q++) {
         float *yq = y + (size_t)q * out_len;
         for (size_t j = 0; j < out_len; j++) {
-            if (kind == SK_ALLGATHER) {
-                yq[j] = x[(j / n) * in_len + j % n];
+            if (kind == SK_ALLGATHER || bc) {
+                yq[j] = bc ? x[(size_t)root * in_len + j] : x[(j / n) * in_len + j % n];
                 continue;
             }
             size_t e = kind == SK_ALLREDUCE ? j : (size_t)q * n + j;  // the element of the vector
@@ -1199,6 +1204,8 @@ static int nccl_play(int kind, int p, size_t n, int bf, int data, NcclMishap *m,
         float *yq = y + (size_t)q * out_len;
         if (kind == SK_REDUCE_SCATTER) {
             rec[nchk_rec_out(p, q)] = nchk_sketch_ref(yq, (size_t)q * n, n, coef, 0);
+        } else if (bc) {
+            rec[nchk_rec_out(p, root)] = nchk_sketch_ref(yq, 0, n, coef, 0);
         } else {
             for (int k = 0; k < p; k++) {
                 size_t lo, hi;
@@ -1209,7 +1216,7 @@ static int nccl_play(int kind, int p, size_t n, int bf, int data, NcclMishap *m,
     }
     int ranks[8];
     for (int q = 0; q < p; q++) ranks[q] = 10 + q;
-    NchkCase c = {kind, p, ranks, n, nchk_unit_roundoff(bf), m != NULL && m->avg, recs};
+    NchkCase c = {kind, p, ranks, n, nchk_unit_roundoff(bf), m != NULL && m->avg, recs, root};
     msg[0] = '\0';
     int bad = nchk_judge(&c, msg, len);
     free(recs);
@@ -1221,17 +1228,17 @@ static int nccl_play(int kind, int p, size_t n, int bf, int data, NcclMishap *m,
 }
 
 static void test_nccl_verdicts(void) {
-    static const char *kinds[] = {"all-reduce", "reduce-scatter", "all-gather"};
+    static const char *kinds[] = {"all-reduce", "reduce-scatter", "all-gather", "broadcast"};
     char msg[800];
     int runs = 0, false_alarms = 0;
-    for (int kind = 0; kind < 3; kind++)
+    for (int kind = 0; kind < 4; kind++)
         for (int p = 2; p <= 8; p *= 2)
             for (int bf = 0; bf < 2; bf++)
                 for (int data = 0; data < 4; data++, runs++)
                     if (nccl_play(kind, p, 1500 + 37 * (size_t)p, bf, data, NULL, msg, sizeof(msg)))
                         false_alarms++, printf("      %s p %d bf16 %d data %d: %s\n", kinds[kind], p, bf, data, msg);
-    check(false_alarms == 0, "%d honest NCCL collectives (all-reduce, reduce-scatter, all-gather; 2, 4, 8 members; "
-          "fp32 and bf16 rounded at every hop; data that rounds badly): %d failed a check", runs, false_alarms);
+    check(false_alarms == 0, "%d honest NCCL collectives (all-reduce, reduce-scatter, all-gather, broadcast; 2, 4, 8 "
+          "members; fp32 and bf16 rounded at every hop; data that rounds badly): %d failed a check", runs, false_alarms);
 
     // an exponent bit of an input flipped after its sketch: every rank's sum is off, whoever flipped it
     NcclMishap flip = {.input_member = 1, .input_elem = 900, .copy_member = -1, .flip_bit = 30};
@@ -1278,6 +1285,18 @@ static void test_nccl_verdicts(void) {
     check(bad && strstr(msg, "piece 1 (elements 700..1399): rank 11's piece as rank 13 holds it differs") != NULL,
           "all-gather (fp32), one low mantissa bit of rank 11's piece changed on its way to rank 13: exact, so "
           "named: %s", msg);
+    // broadcast (tp rank 0's replicated gradients): the root's buffer changed after its sketch, and one member's
+    // copy changed on its way (its lowest mantissa bit: exact, so caught)
+    NcclMishap root_flip = {.input_member = 3, .input_elem = 222, .copy_member = -1, .flip_bit = 30};
+    bad = nccl_play(SK_BROADCAST, 4, 1300, 1, 0, &root_flip, msg, sizeof(msg));
+    check(bad && strstr(msg, "elements 0..1299: every rank's copy of rank 13's broadcast, rank 13's own too") != NULL &&
+              strstr(msg, "changed in rank 13's memory") != NULL,
+          "broadcast (bf16, root rank 13), the root's buffer changed after its sketch: rank 13 named: %s", msg);
+    NcclMishap bc_way = {.input_member = -1, .copy_member = 1, .copy_elem = 1299, .flip_bit = 0};
+    bad = nccl_play(SK_BROADCAST, 4, 1300, 0, 0, &bc_way, msg, sizeof(msg));
+    check(bad && strstr(msg, "elements 0..1299: rank 13's broadcast as rank 11 holds it differs") != NULL &&
+              strstr(msg, "on its way to rank 11") != NULL,
+          "broadcast (fp32, root rank 13), one low mantissa bit of rank 11's copy changed: named: %s", msg);
     // the lowest mantissa bit of an input, inside a sum: below the fp32 bound, as doc/security.md says
     NcclMishap low = {.input_member = 1, .input_elem = 900, .copy_member = -1, .flip_bit = 0};
     bad = nccl_play(SK_ALLREDUCE, 4, 3000, 0, 0, &low, msg, sizeof(msg));

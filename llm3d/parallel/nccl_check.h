@@ -20,7 +20,8 @@
  *     nchk_flip_key, nchk_flip_pick
  *                          which value -fault corrupt (corrupt-low) flips
  *     nchk_unit_roundoff   u of a sum of fp32 or bf16 values
- *     NchkCase, nchk_judge the verdict on a group's records of one collective
+ *     NchkCase, nchk_judge, nchk_judge_broadcast
+ *                          the verdict on a group's records of one collective
  *   in CUDA builds (__CUDACC__), the kernels:
  *     nchk_sketch_kernel, nchk_final_kernel
  *                          the sketch of p pieces, then their records
@@ -34,7 +35,10 @@
  * piece k. The pieces are sketch.h's chunks (sketch_chunk): an all-reduce's
  * n elements cut in p, a reduce-scatter's or all-gather's pieces of n. An
  * all-reduce fills in[0..p-1] and out[0..p-1]; a reduce-scatter in[0..p-1]
- * and out[me]; an all-gather in[me] and out[0..p-1]; the rest stay zero.
+ * and out[me]; an all-gather in[me] and out[0..p-1]; a broadcast of n
+ * elements from member root (SK_BROADCAST: one piece, the whole vector) its
+ * root in[root], of the buffer before the call, and every member out[root],
+ * of the buffer after it; the rest stay zero.
  *
  * The coefficients are sketch.h's (sketch_draw, with the step, the group's
  * digest, the call's number on that group, the op and the vector's length),
@@ -67,7 +71,9 @@
  *     same bound: the shard of member k is named;
  *   all-gather: each member's out[k] against member k's in[k], bit for bit:
  *     a member whose copy differs is named; where every copy differs alike,
- *     the owner's piece changed after its sketch (its memory).
+ *     the owner's piece changed after its sketch (its memory);
+ *   broadcast: the same, for the root's one piece (tp rank 0's replicated
+ *     gradients, which every tp rank then applies).
  * Inputs that are not finite are the trainer's not-finite rule's, not this
  * check's. doc/security.md, "Checked collectives on the GPU", says more.
  */
@@ -204,6 +210,7 @@ typedef struct {
     double u;             // the values' unit roundoff (nchk_unit_roundoff)
     int avg;              // the op averaged (the sum divided by p, rounded once more)
     const Sketch *recs;   // p records, member by member, nchk_rec_count(p) sketches each
+    int root;             // a broadcast's: the member whose buffer the others get
 } NchkCase;
 
 static inline const Sketch *nchk_at(const NchkCase *c, int member, size_t i) {
@@ -242,10 +249,38 @@ static inline int nchk_off(const NchkCase *c, int k, const Sketch *got, size_t l
     return 0;
 }
 
+// nchk_judge_broadcast: every member's copy of the root's buffer, the
+// root's own too, against the root's sketch of it before the call: the same
+// bits (sketch_moved: or both not finite, which the not-finite rule judges)
+static inline int nchk_judge_broadcast(const NchkCase *c, char *msg, size_t len) {
+    int p = c->p, root = c->root;
+    const int *R = c->ranks;
+    const Sketch *own = nchk_at(c, root, nchk_rec_in(p, root));
+    int differ = 0, first = -1, alike = 1;
+    for (int q = 0; q < p; q++) {
+        const Sketch *got = nchk_at(c, q, nchk_rec_out(p, root));
+        if (sketch_moved(own, got)) continue;
+        if (differ++ == 0) first = q;
+        else if (!sketch_same(got, nchk_at(c, first, nchk_rec_out(p, root)))) alike = 0;
+    }
+    if (differ == 0) return 0;
+    const Sketch *held = nchk_at(c, first, nchk_rec_out(p, root));
+    if (differ == p && alike)
+        snprintf(msg, len, "elements 0..%zu: every rank's copy of rank %d's broadcast, rank %d's own too, differs alike "
+                 "from rank %d's sketch of it (%.17g, held as %.17g): it changed in rank %d's memory after its "
+                 "sketch, before the broadcast", c->n - 1, R[root], R[root], R[root], own->s[0], held->s[0], R[root]);
+    else
+        snprintf(msg, len, "elements 0..%zu: rank %d's broadcast as rank %d holds it differs from rank %d's sketch of "
+                 "it (%.17g, held as %.17g): it changed on its way to rank %d or in its memory", c->n - 1, R[root],
+                 R[first], R[root], own->s[0], held->s[0], R[first]);
+    return 1;
+}
+
 // nchk_judge: every check of one collective on all the members' records;
 // 0 when all hold, else 1 with msg saying the first that fails and, where
 // the sketches show it, whose piece
 static inline int nchk_judge(const NchkCase *c, char *msg, size_t len) {
+    if (c->kind == SK_BROADCAST) return nchk_judge_broadcast(c, msg, len);
     int p = c->p;
     const int *R = c->ranks;
     SketchCase sc = {c->kind, p, c->ranks, c->n, NULL};

@@ -28,8 +28,8 @@
 
 #ifdef LLM3D_NCCL
 // checked collectives over NCCL (-ic 1; nccl_check.h has the records, the
-// order of the sums and the verdict). Around each all-reduce, reduce-scatter
-// and all-gather of fp32 or bf16 values (nchk_before, nchk_after): the
+// order of the sums and the verdict). Around each all-reduce, reduce-scatter,
+// all-gather and broadcast of fp32 or bf16 values (nchk_before, nchk_after): the
 // coefficients drawn on the host (sketch.h's sketch_draw, under the job's
 // sketch key, this launch's, as the host backend's) and copied to the GPU
 // through a pinned arena, the input sketched on the call's stream before it,
@@ -214,18 +214,21 @@ static inline void nchk_corrupt(NcclComm *c, const NcclGroup *g, void *x, size_t
 
 // nchk_before: the start of a collective of kind on group g over in (its
 // input: an all-reduce's n, a reduce-scatter's p pieces of n, an
-// all-gather's own piece of n), on stream st. Returns the index of its
-// checked call, or -1 when it is not checked. Host mode: the label and the
-// count go to the host backend, which checks and counts itself.
+// all-gather's own piece of n, a broadcast's n from member root), on stream
+// st. Returns the index of its checked call, or -1 when it is not checked.
+// Host mode: the label and the count go to the host backend, which checks
+// and counts itself (a broadcast's frames are MAC'd there, not sketched, so
+// its label stays here).
 static inline int nchk_before(NcclComm *c, const NcclGroup *g, int kind, void *in, size_t n, ncclDataType_t type,
-                              int op, cudaStream_t st) {
+                              int op, int root, cudaStream_t st) {
     NchkState *k = &c->chk;
     int count = k->count, p = g->group.size, me = g->group.me;
     k->count = 0;
     memcpy(k->cur_label, k->label, sizeof(k->label));
     k->label[0] = '\0';
-    int floats = type == ncclFloat32 || type == ncclBfloat16;
-    size_t total = kind == SK_ALLREDUCE ? n : n * (size_t)p, in_len = kind == SK_ALLGATHER ? n : total;
+    int floats = type == ncclFloat32 || type == ncclBfloat16, whole = kind == SK_ALLREDUCE || kind == SK_BROADCAST;
+    size_t total = whole ? n : n * (size_t)p, in_len = kind == SK_ALLGATHER ? n : total;
+    int sends = kind != SK_BROADCAST || me == root;  // a broadcast's other members put nothing in
     if (count && floats && fault_poison_fires(&k->poison, c->rank, c->step) && in_len > 0) {
         if (type == ncclBfloat16) nchk_scale_kernel<<<256, 256, 0, st>>>((__nv_bfloat16 *)in, in_len, FAULT_POISON_SCALE);
         else nchk_scale_kernel<<<256, 256, 0, st>>>((float *)in, in_len, FAULT_POISON_SCALE);
@@ -233,7 +236,7 @@ static inline int nchk_before(NcclComm *c, const NcclGroup *g, int kind, void *i
     }
     if (c->host != NULL) {
         if (count) comm_count_grads(c->host);
-        if (k->cur_label[0]) comm_set_label(c->host, k->cur_label);
+        if (k->cur_label[0] && kind != SK_BROADCAST) comm_set_label(c->host, k->cur_label);
         return -1;
     }
     if (!floats || p == 1) return -1;
@@ -242,7 +245,7 @@ static inline int nchk_before(NcclComm *c, const NcclGroup *g, int kind, void *i
             nchk_buffers(c);
             nchk_sketch(c, st, in, type, in_len, 1, 1, 0, NULL, 1, NULL, k->grad_q);
         }
-        nchk_corrupt(c, g, in, in_len, type, st);
+        if (sends) nchk_corrupt(c, g, in, in_len, type, st);
         return -1;
     }
     nchk_buffers(c);
@@ -269,17 +272,21 @@ static inline int nchk_before(NcclComm *c, const NcclGroup *g, int kind, void *i
     call_rec->bf16 = type == ncclBfloat16;
     call_rec->step = c->step;
     call_rec->n = n;
+    call_rec->root = root;
     call_rec->at = nchk_record(c, i, p, st);
     call_rec->coef = off;
     memcpy(call_rec->label, k->cur_label, sizeof(call_rec->label));
     double *rec = k->rec[i] + call_rec->at * nchk_rec_count(p) * 5;
     double *q = count ? k->grad_q : NULL;
     const float *coef = k->coef + off;
-    if (kind == SK_ALLGATHER)
+    if (kind == SK_BROADCAST) {  // the root's buffer, the one piece of the vector
+        if (me == root) nchk_sketch(c, st, in, type, n, 1, 0, 0, coef, 0, rec + nchk_rec_in(p, root) * 5, NULL);
+    } else if (kind == SK_ALLGATHER) {
         nchk_sketch(c, st, in, type, n, 1, 0, (size_t)me, coef, 1, rec + nchk_rec_in(p, me) * 5, q);
-    else
+    } else {
         nchk_sketch(c, st, in, type, n, p, kind == SK_ALLREDUCE, 0, coef, 1, rec + nchk_rec_in(p, 0) * 5, q);
-    nchk_corrupt(c, g, in, in_len, type, st);
+    }
+    if (sends) nchk_corrupt(c, g, in, in_len, type, st);
     return k->ncalls++;
 }
 
@@ -295,6 +302,8 @@ static inline void nchk_after(NcclComm *c, int idx, const NcclGroup *g, const vo
     const float *coef = k->coef + call->coef;
     if (call->kind == SK_REDUCE_SCATTER)
         nchk_sketch(c, st, out, type, call->n, 1, 0, (size_t)me, coef, 0, rec + nchk_rec_out(p, me) * 5, NULL);
+    else if (call->kind == SK_BROADCAST)
+        nchk_sketch(c, st, out, type, call->n, 1, 0, 0, coef, 0, rec + nchk_rec_out(p, call->root) * 5, NULL);
     else
         nchk_sketch(c, st, out, type, call->n, p, call->kind == SK_ALLREDUCE, 0, coef, 0, rec + nchk_rec_out(p, 0) * 5,
                     NULL);

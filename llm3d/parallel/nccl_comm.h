@@ -32,15 +32,17 @@
  *     nccl_watch, nccl_wait_ms
  *                          the wait clock of the watch report
  *     nccl_set_check, nccl_set_label, nccl_count_grads, nccl_grad_sumsq_slots,
- *     nccl_check_point     checked collectives (-ic 1, nccl_check.h): on or
+ *     nccl_check_point, nccl_check_counts
+ *                          checked collectives (-ic 1, nccl_check.h): on or
  *                          off (host mode: the host backend's); what the next
  *                          collective carries; this rank's gradients counted
  *                          for the -gp rule and their sum of squares; the
- *                          step's records gathered and judged
+ *                          step's records gathered and judged; how many were
  *     NchkCall, NchkState  the checks' state; the hooks around each
  *                          collective (nchk_before, nchk_after; -fault corrupt
  *                          and poison act there too) and all of the above but
- *                          nccl_check_point are in nccl_check_hooks.h
+ *                          nccl_check_point and nccl_check_counts are in
+ *                          nccl_check_hooks.h
  *   and includes its host mode (host_mode.h), where the same calls go
  *   through shm_comm.h's host backend, staged through pinned buffers, and
  *   nccl_check_hooks.h.
@@ -420,11 +422,12 @@ typedef struct {
 // the period since the last check point
 #define NCHK_GROUPS 5   // world, dp, tp, pp, dp (overlapped): where records are kept, the check point's order
 typedef struct {
-    const char *op;     // "allreduce", "reduce_scatter", "allgather"
+    const char *op;     // "allreduce", "reduce_scatter", "allgather", "broadcast"
     int kind, group;    // SK_*; the group's index (nchk_group_index)
     int avg, bf16;      // the op averaged; the values are bf16 (else fp32)
     long step;
     size_t n, at;       // NchkCase's n; its record's index among the group's of this period
+    int root;           // a broadcast's root (NchkCase's)
     size_t coef;        // its coefficients' offset in the period's arena
     char label[96];     // what it carried (nccl_set_label)
 } NchkCall;
@@ -450,6 +453,7 @@ typedef struct {
     int count;                       // the next collective reduces this rank's gradients (nccl_count_grads)
     Fault poison;                    // -fault poison, in both modes
     int corrupt_done;                // -fault corrupt has flipped its bit
+    long judged, points;             // calls judged so far, and the check points that judged them (nccl_check_counts)
 } NchkState;
 
 typedef struct {
@@ -962,7 +966,7 @@ static inline void nccl_set_step(NcclComm *c, long step) {
 // nccl_allreduce: buf (n elements of type) summed or averaged over the group, in place
 static inline void nccl_allreduce(NcclComm *c, const NcclGroup *g, void *buf, size_t n, ncclDataType_t type, int op) {
     nccl_enter(c, "allreduce", g);
-    int checked = nchk_before(c, g, SK_ALLREDUCE, buf, n, type, op, c->stream);
+    int checked = nchk_before(c, g, SK_ALLREDUCE, buf, n, type, op, 0, c->stream);
     if (c->host != NULL) {
         host_allreduce(c, g, buf, n, type, op);
         return;
@@ -980,7 +984,7 @@ static inline void nccl_allreduce(NcclComm *c, const NcclGroup *g, void *buf, si
 static inline void nccl_reduce_scatter(NcclComm *c, const NcclGroup *g, const void *in, void *out, size_t n_per_rank,
                                        ncclDataType_t type, int op) {
     nccl_enter(c, "reduce_scatter", g);
-    int checked = nchk_before(c, g, SK_REDUCE_SCATTER, (void *)in, n_per_rank, type, op, c->stream);
+    int checked = nchk_before(c, g, SK_REDUCE_SCATTER, (void *)in, n_per_rank, type, op, 0, c->stream);
     if (c->host != NULL) {
         host_reduce_scatter(c, g, in, out, n_per_rank, type, op);
         return;
@@ -997,7 +1001,7 @@ static inline void nccl_reduce_scatter(NcclComm *c, const NcclGroup *g, const vo
 static inline void nccl_allgather(NcclComm *c, const NcclGroup *g, const void *in, void *out, size_t n_per_rank,
                                   ncclDataType_t type) {
     nccl_enter(c, "allgather", g);
-    int checked = nchk_before(c, g, SK_ALLGATHER, (void *)in, n_per_rank, type, OP_SUM, c->stream);
+    int checked = nchk_before(c, g, SK_ALLGATHER, (void *)in, n_per_rank, type, OP_SUM, 0, c->stream);
     if (c->host != NULL) {
         host_allgather(c, g, in, out, n_per_rank, type);
         return;
@@ -1042,7 +1046,7 @@ static inline void nccl_side_enter(NcclComm *c, const char *op) {
 static inline void nccl_side_allreduce(NcclComm *c, void *buf, size_t n, ncclDataType_t type, int op) {
     nccl_side_enter(c, "allreduce (overlapped)");
     // host mode: the staging copies run on c->stream, so the checks' hooks do too
-    int checked = nchk_before(c, &c->dp_side, SK_ALLREDUCE, buf, n, type, op, c->host != NULL ? c->stream : c->side);
+    int checked = nchk_before(c, &c->dp_side, SK_ALLREDUCE, buf, n, type, op, 0, c->host != NULL ? c->stream : c->side);
     if (c->host != NULL) {
         host_allreduce(c, &c->dp_side, buf, n, type, op);
         c->side_pending++;  // nccl_side_drain still waits for what the caller queues on c->side
@@ -1056,7 +1060,7 @@ static inline void nccl_side_allreduce(NcclComm *c, void *buf, size_t n, ncclDat
 static inline void nccl_side_reduce_scatter(NcclComm *c, const void *in, void *out, size_t n_per_rank,
                                             ncclDataType_t type, int op) {
     nccl_side_enter(c, "reduce_scatter (overlapped)");
-    int checked = nchk_before(c, &c->dp_side, SK_REDUCE_SCATTER, (void *)in, n_per_rank, type, op,
+    int checked = nchk_before(c, &c->dp_side, SK_REDUCE_SCATTER, (void *)in, n_per_rank, type, op, 0,
                               c->host != NULL ? c->stream : c->side);
     if (c->host != NULL) {
         host_reduce_scatter(c, &c->dp_side, in, out, n_per_rank, type, op);
@@ -1130,7 +1134,8 @@ static inline void nccl_check_point(NcclComm *c) {
         for (int q = 0; q < p; q++)
             memcpy(mine + (size_t)q * count, k->all_host + off[call->group] + ((size_t)q * nrec + call->at) * count * 5,
                    count * sizeof(Sketch));
-        NchkCase nc = {call->kind, p, g->group.ranks, call->n, nchk_unit_roundoff(call->bf16), call->avg, mine};
+        NchkCase nc = {call->kind, p, g->group.ranks, call->n, nchk_unit_roundoff(call->bf16), call->avg, mine,
+                       call->root};
         char why[700];
         if (nchk_judge(&nc, why, sizeof(why))) {
             bad = 1.0f;
@@ -1157,14 +1162,27 @@ static inline void nccl_check_point(NcclComm *c) {
         nccl_abort_all(c);
         exit(1);
     }
+    k->judged += k->ncalls;
+    k->points++;
     k->ncalls = 0;
     for (int i = 0; i < NCHK_GROUPS; i++) k->nrec[i] = 0;
     k->coef_used = 0;  // the GPU is past every kernel that read them
 }
 
-// nccl_broadcast: buf (n elements of type) from the group's member root to all, in place
+// nccl_check_counts: this rank's checked calls judged so far over NCCL, and
+// the check points that judged them (0 and 0 with the checks off, in host
+// mode and in a world of one): what shows that -ic 1 checked anything
+static inline void nccl_check_counts(const NcclComm *c, long *calls, long *points) {
+    *calls = c != NULL ? c->chk.judged : 0;
+    *points = c != NULL ? c->chk.points : 0;
+}
+
+// nccl_broadcast: buf (n elements of type) from the group's member root to
+// all, in place; -ic 1: checked as an all-gather's piece (the root's sketch
+// of buf before, every member's after, the same bits)
 static inline void nccl_broadcast(NcclComm *c, const NcclGroup *g, void *buf, size_t n, ncclDataType_t type, int root) {
     nccl_enter(c, "broadcast", g);
+    int checked = nchk_before(c, g, SK_BROADCAST, buf, n, type, OP_SUM, root, c->stream);
     if (c->host != NULL) {
         host_broadcast(c, g, buf, n, type, root);
         return;
@@ -1173,6 +1191,7 @@ static inline void nccl_broadcast(NcclComm *c, const NcclGroup *g, void *buf, si
     nccl_order_main(c);
     nccl_queued(c, g, ncclBroadcast(buf, buf, n, type, root, g->comm, c->stream));
     nccl_wait_mark(c, 1);
+    nchk_after(c, checked, g, buf, type, c->stream);
 }
 
 // nccl_barrier: returns once every member has reached it (an all-reduce of one float)

@@ -532,9 +532,11 @@ static inline double sketch_sum_bound(double sum_a, int p, double u, size_t n) {
 //            s[0] |diff| / bound (0 when none), s[1] the diff, a[0] the
 //            bound, a[1] the frame's first element, q its elements
 // A reduce-scatter fills in, recv, out, frame; an all-gather own and got;
-// an all-reduce all.
+// an all-reduce all. SK_BROADCAST is the NCCL checks' alone (nccl_check.h:
+// its own record and verdict; the host backend's broadcasts are MAC'd
+// frames, not sketched), numbered here so that its draws' op is no other's.
 
-enum { SK_ALLREDUCE = 0, SK_REDUCE_SCATTER = 1, SK_ALLGATHER = 2 };
+enum { SK_ALLREDUCE = 0, SK_REDUCE_SCATTER = 1, SK_ALLGATHER = 2, SK_BROADCAST = 3 };
 
 static inline size_t sketch_rec_count(int p) { return (size_t)(5 * p - 3); }
 static inline size_t sketch_rec_in(int p, int k) { (void)p; return (size_t)k; }

@@ -86,7 +86,9 @@ static void tp_copy_backward(GPT2 *m, floatX *grad, size_t n) {
 // drift apart. (An average would not do: NCCL's bf16 average multiplies by a
 // rounded 1/tp.)
 static void tp_share_from_lead(GPT2 *m, floatX *grad, size_t n) {
-    if (m->shard.tp > 1) nccl_broadcast(m->nccl, &m->nccl->tp, grad, n, NCCL_FLOATX, 0);
+    if (m->shard.tp == 1) return;
+    nccl_set_label(m->nccl, "the replicated gradients, tp rank 0's");
+    nccl_broadcast(m->nccl, &m->nccl->tp, grad, n, NCCL_FLOATX, 0);
 }
 
 // out[N,OCl] = inp[N,IC] @ weight^T + bias for this rank's OCl output
