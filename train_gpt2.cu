@@ -1459,6 +1459,24 @@ static void print_gpu_memory(const Parallel *par, int device) {
     fflush(stdout);
 }
 
+// at the end of a job, rank 0, -ic 1: what shows the checks ran. Over NCCL,
+// the calls judged and the check points that judged them (nccl_check_counts);
+// in host mode, the host backend's line, as train_gpt2.c prints it
+static void print_checked_collectives(const Parallel *par, int steps) {
+    const NcclComm *c = par->nccl;
+    if (par->grid.rank != 0 || c == NULL || steps <= 0) return;
+    long calls = 0, points = 0;
+    nccl_check_counts(c, &calls, &points);
+    if (c->host != NULL && comm_check_ms(c->host) > 0)
+        printf("checked collectives: %.2f ms per step on rank 0 in the checks' own passes, records and verdicts; "
+               "%.2f ms in its reducing receives' sums, sketched in the same pass\n", comm_check_ms(c->host) / steps,
+               comm_sum_ms(c->host) / steps);
+    else if (c->host == NULL && c->chk.on)
+        printf("checked collectives over NCCL: %ld calls judged in %ld check points (rank 0's, %d steps)\n", calls,
+               points, steps);
+    fflush(stdout);
+}
+
 // the sum over the world of this rank's losses (only the last stage has any;
 // each position's on the one tp rank holding its target) with, in the slot
 // after them, the stop flag: *stop in, "a signal reached some rank" out, so
@@ -1869,6 +1887,7 @@ int main(int argc, char **argv) {
 
     if (!stopped && final_model(&model, &par, &job) != 0) return 1;
     pipe_meter_print(&meter);
+    print_checked_collectives(&par, job.steps - job.start);
     print_gpu_memory(&par, device);
     checks_free(&model);
     pipe_meter_free(&meter);

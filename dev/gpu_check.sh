@@ -23,13 +23,16 @@
 #      cases up to the most ranks that ran here (NCCL_RANKS)
 #   3. test_gpt2cu (bf16): the trainer against the PyTorch fixtures
 #   4. benchmark: GPT-2 124M (d12), T = 1024, 30 steps, random tokens: gates
-#      on step 0's loss (near ln 50257) and on its fall; tokens/s and MFU
+#      on step 0's loss (near ln 50257) and on its fall; tokens/s and MFU;
+#      the checked collectives' cost (-ic 1 against -ic 0, dp 2 over NCCL)
 #   5. over real NCCL (-hb 2), the ranks on this one GPU: tamper and replay
 #      of a MAC'd pipeline message refused ("does not verify"), kill and
 #      stall ending the job with the culprit named, -wr naming a slowed rank
 #      from NCCL's wait clocks, -ck a drifted replica, -ic 1 catching and
-#      naming -fault corrupt (dp 2 ZeRO-1 and tp 2: exit 1, no checkpoint
-#      from that step), -gp naming -fault poison; then every layout of
+#      naming -fault corrupt (dp 2 ZeRO-1 and ZeRO-3, tp 2: exit 1, no
+#      checkpoint from that step; the -ic 1 layouts below, pp 2 x dp 2 zbv
+#      ZeRO-3 among them, show their calls judged), -gp naming -fault
+#      poison; then every layout of
 #      test_layouts, fp32 within 1e-5 of one rank, a bf16 subset within 2e-2,
 #      sequence parallelism (-sp 1) among them: tp 2, tp 4, (2, 2, 2), dp 2 x
 #      tp 2 ZeRO-3 and pp 2 x tp 2 interleaved (each layout's line must name
@@ -500,8 +503,9 @@ layouts() {  # layouts PREC BOUND [MODE]: the one-rank runs first, then every la
     W=$(wt $m 4) background layout $p $b pp2tp2_interleaved_sp "$PP4" "-np 4 -tp 2 -pp 2 -ps interleaved -pv 2 -sp 1 -mb 4" $m
     W=$(wt $m 8) background layout $p $b grid222_z1_sp "$GRID" "-np 8 -tp 2 -pp 2 -z 1 -sp 1" $m
     # checked collectives (-ic 1): the same losses as without, no false alarm
-    W=$(wt $m 2) background layout $p $b ic_dp2_z1 "$DP2" "-np 2 -z 1 -ic 1" $m
-    W=$(wt $m 2) background layout $p $b ic_tp2 "$TP" "-np 2 -tp 2 -ic 1" $m
+    W=$(wt $m 2) background ic_layout $p $b ic_dp2_z1 "$DP2" "-np 2 -z 1 -ic 1" $m
+    W=$(wt $m 2) background ic_layout $p $b ic_tp2 "$TP" "-np 2 -tp 2 -ic 1" $m
+    W=$(wt $m 4) background ic_layout $p $b ic_pp2dp2_zbv_z3 "$PPDP" "-np 4 -pp 2 -ps zbv -mb 4 -z 3 -ic 1" $m
     collect
     bubbles_measured $p $m
 }
@@ -537,6 +541,35 @@ bubbles_measured() {  # bubbles_measured PREC [MODE]
     elif [ -z "$bad" ]; then pass "$what: $n pipeline layouts printed a measured bubble in (0, 1), F and B timed, W as split"
     else fail "$what: no measured bubble in (0, 1) with F, B > 1 us and W as the schedule splits from$bad"; fi
 }
+# checks_ran MODE NAME: NAME's log shows that its -ic 1 checks ran to the
+# end of the job: over NCCL, rank 0's count of calls judged (more than 0; a
+# hook that never queued a record would pass every check point with none);
+# in host mode, and in a dry run (the CPU trainer), the host backend's line
+checks_ran() {
+    local log=$LOGS/$2.log calls points
+    if [ "$1" = nccl ] && [ "$DRYRUN" != 1 ]; then
+        read -r calls points <<< "$(sed -nE 's/^checked collectives over NCCL: ([0-9]+) calls judged in ([0-9]+) check points.*/\1 \2/p' \
+            "$log" | tail -n 1)"
+        if [ "${calls:-0}" -gt 0 ] && [ "${points:-0}" -gt 0 ]; then
+            pass "$2: -ic 1 judged $calls calls in $points check points over NCCL (rank 0's)"
+        else
+            fail "$2: -ic 1 judged ${calls:-no} calls over NCCL (rank 0's lines: $(grep -c '^checked collectives over NCCL: ' "$log"); see $2.log)"
+        fi
+    elif grep -q '^checked collectives: ' "$log"; then
+        pass "$2: -ic 1 checked the host backend's collectives ($(sed -nE 's/^checked collectives: ([0-9.]+) ms per step.*/\1/p' \
+            "$log" | head -n 1) ms a step of rank 0's in the checks' own passes)"
+    else
+        fail "$2: no 'checked collectives:' line from rank 0: were the checks on? (see $2.log)"
+    fi
+}
+# ic_layout: a layout (layout's arguments) with -ic 1, and its checks ran,
+# where it trained to its last step (else layout has said why)
+ic_layout() {
+    layout "$@"
+    local name="$1_$(mode_tag "${6:-host}")$3"
+    [ -f "$LOGS/$name.log" ] && grep -qE '^step +9/10 ' "$LOGS/$name.log" && checks_ran "${6:-host}" "$name"
+    return 0
+}
 layouts_bf16() {  # layouts_bf16 [MODE]: a subset of them in bf16, within 2e-2 (the "bf16 bound" above)
     local m=${1:-host} base
     for base in "$DP2" "$TP" "$PP2" "$PP4" "$GRID"; do background one_rank bf16 "$base"; done
@@ -548,8 +581,8 @@ layouts_bf16() {  # layouts_bf16 [MODE]: a subset of them in bf16, within 2e-2 (
     W=$(wt $m 8) background layout bf16 2e-2 grid222_z1 "$GRID" "-np 8 -tp 2 -pp 2 -z 1" $m
     W=$(wt $m 2) background layout bf16 2e-2 tp2_sp "$TP" "-np 2 -tp 2 -sp 1" $m
     # checked collectives in bf16: the bound of sums rounded at every hop, no false alarm
-    W=$(wt $m 2) background layout bf16 2e-2 ic_dp2_z1 "$DP2" "-np 2 -z 1 -ic 1" $m
-    W=$(wt $m 2) background layout bf16 2e-2 ic_tp2 "$TP" "-np 2 -tp 2 -ic 1" $m
+    W=$(wt $m 2) background ic_layout bf16 2e-2 ic_dp2_z1 "$DP2" "-np 2 -z 1 -ic 1" $m
+    W=$(wt $m 2) background ic_layout bf16 2e-2 ic_tp2 "$TP" "-np 2 -tp 2 -ic 1" $m
     collect
 }
 
@@ -614,15 +647,20 @@ check_drift() {  # check_drift [MODE]
 # collective of step 3 (after its sketch) is caught at that step's check,
 # named (the step, the collective, its group), exit 1 after steps 0-2, and no
 # checkpoint from step 3 (-n 1 writes one after every step: the one after
-# step 2 is there, none after step 3). LAYOUT: dp 2 ZeRO-1 or tp 2.
+# step 2 is there, none after step 3). LAYOUT: dp 2 ZeRO-1 (the gradients'
+# reduce-scatter: the sums' bound), tp 2 (the tp all-reduces) or dp 2 ZeRO-3
+# (step 3's first collective is unit 0's parameter all-gather, unit_acquire:
+# the bit-exact check of a gathered piece).
 check_corrupt() {  # check_corrupt NAME LAYOUT [MODE]
     local mode=${3:-host} limit log name dir
     name="$(mode_tag "$mode")ic_corrupt_$1" log=$LOGS/$name dir=$CK/$name
+    nccl_fits "$mode" 2 "$name" || return
     if ! limit=$(time_left 30); then skip "$name: past the deadline"; return; fi
     rm -rf "$dir"
     timeout -k 5 "$limit" ./train_gpt2cu -x 10 -v 0 -s 0 $SMALL $2 -ic 1 -n 1 -nk 0 -o "$dir" -fault corrupt:1:3 \
         $(mode_flag "$mode") -lg "$log.jsonl" > "$log.log" 2>&1
     local rc=$? steps named flipped
+    nccl_ran "$mode" "$name" || return
     steps=$(wc -l < "$log.jsonl" 2>/dev/null || echo 0)
     named=$(grep -m1 "step 3: checked .* failed: " "$log.log")
     flipped=$(grep -c "fault corrupt: flipped bit" "$log.log")
@@ -639,10 +677,12 @@ check_corrupt() {  # check_corrupt NAME LAYOUT [MODE]
 check_poison() {  # check_poison [MODE]
     local mode=${1:-host} limit log name
     name="$(mode_tag "$mode")gp_poison" log=$LOGS/$name
+    nccl_fits "$mode" 2 "$name" || return
     if ! limit=$(time_left 30); then skip "$name: past the deadline"; return; fi
     timeout -k 5 "$limit" ./train_gpt2cu -x 5 -v 0 -s 0 $SMALL $DP2 -np 2 -fault poison:1:3 $(mode_flag "$mode") \
         -lg "$log.jsonl" > "$log.log" 2>&1
     local rc=$? named others
+    nccl_ran "$mode" "$name" || return
     named=$(grep -cE "step [34]: rank 1's own gradient norm" "$log.log")
     others=$(grep -cE "rank 0's own gradient norm|step [012]: rank 1's own" "$log.log")
     if [ $rc -eq 0 ] && [ "$named" -eq 2 ] && [ "$others" -eq 0 ]; then
@@ -675,6 +715,7 @@ faults() {  # faults [MODE]: tamper, replay, kill, stall, the watch report and t
     # checked collectives (-ic 1) and the gradient-norm rule (-gp)
     W=$(wt $m 2) background check_corrupt dp2_z1 "$DP2 -np 2 -z 1" $m
     W=$(wt $m 2) background check_corrupt tp2 "$TP -np 2 -tp 2" $m
+    W=$(wt $m 2) background check_corrupt dp2_z3 "$DP2 -np 2 -z 3" $m
     W=$(wt $m 2) background check_poison $m
     collect
 }
@@ -884,6 +925,34 @@ EOF
     done < "$WORK/bench.txt"
 else
     fail "benchmark: train_gpt2cu did not run at any B (see bench_B*.log)"
+fi
+# the checked collectives' cost (-ic 1) against the same build with them
+# off, over NCCL: d12, T = 1024, dp 2 (-hb 2, both ranks on this one GPU),
+# each rank half the benchmark's B (the benchmark's tokens a step), 6 steps,
+# the median of steps 3-5; -ic 1's run must show its calls judged. A
+# measurement, not a gate: the ranks share one GPU and talk through NCCL's
+# network transport, so the step is longer than on two GPUs and the ratio
+# lower than there. About 30 s of device time; host mode's (each step's
+# gradients staged through the host) would take minutes, and is not run.
+if [ "$QUICK" = 1 ]; then
+    skip "-ic 1's cost at d12: QUICK=1"
+elif [ -z "$BENCH_B" ] || [ "$NCCL_RANKS" -lt 2 ]; then
+    skip "-ic 1's cost at d12: needs the benchmark's B (${BENCH_B:-none}) and 2 NCCL ranks (the probe ran $NCCL_RANKS)"
+else
+    for ic in 0 1; do
+        run "bench_ic$ic" 60 ./train_gpt2cu -e d12 -b $((BENCH_B / 2)) -t 1024 -d $((BENCH_B * 1024)) -np 2 -hb 2 \
+            -ic $ic -x 6 -v 0 -s 0 -i "$WORK/bench_train_*.bin" -lg "$LOGS/bench_ic$ic.jsonl" && nccl_ran nccl "bench_ic$ic"
+    done
+    [ -s "$LOGS/bench_ic1.jsonl" ] && checks_ran nccl bench_ic1
+    python3 - "$LOGS/bench_ic0.jsonl" "$LOGS/bench_ic1.jsonl" "$((BENCH_B / 2))" <<'EOF' | while read -r line; do say "   $line"; done
+import json, statistics, sys
+try:
+    ms = [statistics.median(r["ms"] for r in map(json.loads, open(p)) if "loss" in r and r["step"] >= 3) for p in sys.argv[1:3]]
+except (OSError, ValueError, KeyError, statistics.StatisticsError) as e:
+    print(f"-ic 1's cost at d12: no figure ({type(e).__name__})"); sys.exit(0)
+print(f"-ic 1's cost at d12, B={sys.argv[3]} x dp 2 over NCCL on this one GPU, T=1024: -ic 0 {ms[0]:.2f} ms, "
+      f"-ic 1 {ms[1]:.2f} ms a step (median of steps 3-5): {ms[1] / ms[0]:.4f}x (the goal on GPUs of their own: 1.02x)")
+EOF
 fi
 # llm.c's -lg N: a stats line from NVML every N steps (or one line saying
 # NVML is absent); and the finite check before the final model is written
