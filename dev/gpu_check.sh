@@ -926,34 +926,6 @@ EOF
 else
     fail "benchmark: train_gpt2cu did not run at any B (see bench_B*.log)"
 fi
-# the checked collectives' cost (-ic 1) against the same build with them
-# off, over NCCL: d12, T = 1024, dp 2 (-hb 2, both ranks on this one GPU),
-# each rank half the benchmark's B (the benchmark's tokens a step), 6 steps,
-# the median of steps 3-5; -ic 1's run must show its calls judged. A
-# measurement, not a gate: the ranks share one GPU and talk through NCCL's
-# network transport, so the step is longer than on two GPUs and the ratio
-# lower than there. About 30 s of device time; host mode's (each step's
-# gradients staged through the host) would take minutes, and is not run.
-if [ "$QUICK" = 1 ]; then
-    skip "-ic 1's cost at d12: QUICK=1"
-elif [ -z "$BENCH_B" ] || [ "$NCCL_RANKS" -lt 2 ]; then
-    skip "-ic 1's cost at d12: needs the benchmark's B (${BENCH_B:-none}) and 2 NCCL ranks (the probe ran $NCCL_RANKS)"
-else
-    for ic in 0 1; do
-        run "bench_ic$ic" 60 ./train_gpt2cu -e d12 -b $((BENCH_B / 2)) -t 1024 -d $((BENCH_B * 1024)) -np 2 -hb 2 \
-            -ic $ic -x 6 -v 0 -s 0 -i "$WORK/bench_train_*.bin" -lg "$LOGS/bench_ic$ic.jsonl" && nccl_ran nccl "bench_ic$ic"
-    done
-    [ -s "$LOGS/bench_ic1.jsonl" ] && checks_ran nccl bench_ic1
-    python3 - "$LOGS/bench_ic0.jsonl" "$LOGS/bench_ic1.jsonl" "$((BENCH_B / 2))" <<'EOF' | while read -r line; do say "   $line"; done
-import json, statistics, sys
-try:
-    ms = [statistics.median(r["ms"] for r in map(json.loads, open(p)) if "loss" in r and r["step"] >= 3) for p in sys.argv[1:3]]
-except (OSError, ValueError, KeyError, statistics.StatisticsError) as e:
-    print(f"-ic 1's cost at d12: no figure ({type(e).__name__})"); sys.exit(0)
-print(f"-ic 1's cost at d12, B={sys.argv[3]} x dp 2 over NCCL on this one GPU, T=1024: -ic 0 {ms[0]:.2f} ms, "
-      f"-ic 1 {ms[1]:.2f} ms a step (median of steps 3-5): {ms[1] / ms[0]:.4f}x (the goal on GPUs of their own: 1.02x)")
-EOF
-fi
 # llm.c's -lg N: a stats line from NVML every N steps (or one line saying
 # NVML is absent); and the finite check before the final model is written
 if [ -x ./train_gpt2cu ]; then
@@ -969,6 +941,46 @@ if [ -x ./train_gpt2cu ]; then
     if [ -f "$WORK/gpu_stats_out/DONE_00000004" ]; then pass "DONE_00000004 written after the final model"
     else fail "no DONE_00000004 in -o after 4 steps"; fi
 fi
+
+# ic_cost: the checked collectives' cost (-ic 1) against the same build with
+# them off, over NCCL: d12, T = 1024, dp 2 (-hb 2, both ranks on this one
+# GPU), each rank half the benchmark's B (the benchmark's tokens a step), 6
+# steps, the median of steps 3-5. A measurement, not a gate: the ranks share
+# one GPU and talk through NCCL's network transport, so the step is longer
+# than on two GPUs and the ratio lower than there, and a run that fails
+# (two d12 ranks may not fit one GPU's memory at that B) gives no figure
+# rather than a FAIL; only the -ic 1 run's calls judged over NCCL are
+# checked. About 30 s of device time, the last of phase 6's NCCL window, so
+# that it takes none from phase 5's cases; host mode's (each step's
+# gradients staged through the host) would take minutes, and is not run.
+ic_cost() {
+    local ic limit rc
+    if [ "$QUICK" = 1 ]; then skip "-ic 1's cost at d12: QUICK=1"; return; fi
+    if [ -z "$BENCH_B" ] || [ "$NCCL_RANKS" -lt 2 ] || [ ! -x ./train_gpt2cu ]; then
+        skip "-ic 1's cost at d12: needs the benchmark's B (${BENCH_B:-none}) and 2 NCCL ranks (the probe ran $NCCL_RANKS)"
+        return
+    fi
+    for ic in 0 1; do
+        if ! limit=$(time_left 60); then skip "-ic 1's cost at d12: past the ${DEADLINE}s deadline"; return; fi
+        timeout -k 5 "$limit" ./train_gpt2cu -e d12 -b $((BENCH_B / 2)) -t 1024 -d $((BENCH_B * 1024)) -np 2 -hb 2 \
+            -ic $ic -x 6 -v 0 -s 0 -i "$WORK/bench_train_*.bin" -lg "$LOGS/bench_ic$ic.jsonl" > "$LOGS/bench_ic$ic.log" 2>&1
+        rc=$?
+        if [ $rc -ne 0 ]; then
+            say "   -ic 1's cost at d12: no figure: the -ic $ic run exited $rc after at most ${limit}s (see bench_ic$ic.log)"
+            return
+        fi
+    done
+    nccl_ran nccl bench_ic0 && nccl_ran nccl bench_ic1 && checks_ran nccl bench_ic1
+    python3 - "$LOGS/bench_ic0.jsonl" "$LOGS/bench_ic1.jsonl" "$((BENCH_B / 2))" <<'EOF' | while read -r line; do say "   $line"; done
+import json, statistics, sys
+try:
+    ms = [statistics.median(r["ms"] for r in map(json.loads, open(p)) if "loss" in r and r["step"] >= 3) for p in sys.argv[1:3]]
+except (OSError, ValueError, KeyError, statistics.StatisticsError) as e:
+    print(f"-ic 1's cost at d12: no figure ({type(e).__name__})"); sys.exit(0)
+print(f"-ic 1's cost at d12, B={sys.argv[3]} x dp 2 over NCCL on this one GPU, T=1024: -ic 0 {ms[0]:.2f} ms, "
+      f"-ic 1 {ms[1]:.2f} ms a step (median of steps 3-5): {ms[1] / ms[0]:.4f}x (the goal on GPUs of their own: 1.02x)")
+EOF
+}
 
 # ---------------------------------------------------------------------------
 # over real NCCL (-hb 2), the ranks on this one GPU: what phase 7 runs in
@@ -1020,6 +1032,7 @@ elif [ $ON = 1 ]; then
         fi
         collect
     fi
+    ic_cost
 fi
 DEADLINE=$DEADLINE_ALL
 

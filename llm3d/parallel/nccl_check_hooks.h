@@ -217,8 +217,8 @@ static inline void nchk_corrupt(NcclComm *c, const NcclGroup *g, void *x, size_t
 // all-gather's own piece of n, a broadcast's n from member root), on stream
 // st. Returns the index of its checked call, or -1 when it is not checked.
 // Host mode: the label and the count go to the host backend, which checks
-// and counts itself (a broadcast's frames are MAC'd there, not sketched, so
-// its label stays here).
+// and counts itself; a broadcast's frames are MAC'd there, not sketched, so
+// its label ends here, not passed on to stick to the next checked call.
 static inline int nchk_before(NcclComm *c, const NcclGroup *g, int kind, void *in, size_t n, ncclDataType_t type,
                               int op, int root, cudaStream_t st) {
     NchkState *k = &c->chk;
