@@ -344,19 +344,10 @@ static void check_sealed(const float *params, const char *plain_dir) {
     }
     // a --key-file that is no key file: one line in the trainers' form, the
     // flag and what the key is for, then the file once and why; exit 2
-    char open_file[128], bad_file[128], want[700];
-    snprintf(open_file, sizeof(open_file), "%s/open.key", tmp_dir);
-    snprintf(bad_file, sizeof(bad_file), "%s/bad.key", tmp_dir);
-    ok = test_random_key_file(open_file) == 0 && chmod(open_file, 0644) == 0;
-    test_write_file(bad_file, "hello\n", 6);
-    ok = ok && chmod(bad_file, 0600) == 0;
-    struct { const char *path, *why; } keys[] = {
-        {none_file, "No such file or directory"},
-        {open_file, "mode 0644 lets group or others at it; chmod 600 it"},
-        {bad_file, "must hold 64 hex digits and an optional newline (6 bytes)"},
-        {tmp_dir, "not a regular file"},
-    };
-    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+    char want[700];
+    TestKeyCase keys[TEST_BAD_KEYS];
+    ok = test_bad_key_files(tmp_dir, keys) == 0;
+    for (int i = 0; i < TEST_BAD_KEYS; i++) {
         snprintf(cmd, sizeof(cmd), "./export_hf -i %s --key-file %s -o %s/hf_refused", model, keys[i].path, tmp_dir);
         rc = test_run(cmd, 1, out, sizeof(out));
         snprintf(want, sizeof(want), "export_hf: flag --key-file (the key of the job that sealed the model): %s: %s\n",

@@ -260,28 +260,19 @@ static void test_jsonl_errors(void) {
 // digits, a directory): one line in the trainers' form, the flag and what the
 // key is for, then the file once and why; exit 2, nothing written
 static void test_key_file_errors(void) {
-    char text[128], out[128], none[128], open_key[128], bad_key[128], cmd[1024], err[4096], want[700];
+    char text[128], out[128], cmd[1024], err[4096], want[700];
     test_path(text, sizeof(text), tmp_dir, "key_input.txt");
     test_write_file(text, "some plain text to seal, long enough for two splits\n", 52);
     test_path(out, sizeof(out), tmp_dir, "out_key");
-    test_path(none, sizeof(none), tmp_dir, "none.key");
-    test_random_key_file(test_path(open_key, sizeof(open_key), tmp_dir, "open.key"));
-    chmod(open_key, 0644);
-    test_write_file(test_path(bad_key, sizeof(bad_key), tmp_dir, "bad.key"), "hello\n", 6);
-    chmod(bad_key, 0600);
-    struct { const char *path, *why; } cases[] = {
-        {none, "No such file or directory"},
-        {open_key, "mode 0644 lets group or others at it; chmod 600 it"},
-        {bad_key, "must hold 64 hex digits and an optional newline (6 bytes)"},
-        {tmp_dir, "not a regular file"},
-    };
-    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+    TestKeyCase cases[TEST_BAD_KEYS];
+    int made = test_bad_key_files(tmp_dir, cases) == 0;
+    for (int k = 0; k < TEST_BAD_KEYS; k++) {
         snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s -v 8 --bytes --key-file %s", text, out, cases[k].path);
         int rc = test_run(cmd, 0, err, sizeof(err));
         snprintf(want, sizeof(want), "prepare_data: flag --key-file (the key to encrypt the shards under): %s: %s\n",
                  cases[k].path, cases[k].why);
-        if (!check(rc == 2 && strcmp(err, want) == 0 && !test_exists("%s/MANIFEST", out), "prepare_data --key-file "
-                   "%s: exit %d, one line in the trainers' form, no MANIFEST: %.*s", cases[k].why, rc,
+        if (!check(made && rc == 2 && strcmp(err, want) == 0 && !test_exists("%s/MANIFEST", out), "prepare_data "
+                   "--key-file %s: exit %d, one line in the trainers' form, no MANIFEST: %.*s", cases[k].why, rc,
                    (int)strcspn(err, "\n"), err))
             printf("      wanted: %s", want);
     }

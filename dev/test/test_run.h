@@ -23,7 +23,8 @@
  *   test_write_shard, test_read_shard    token shards (dataloader.h's format)
  *   test_shard_dir                       a scratch directory holding one shard
  *   test_write_key_file,                 --key-file files
- *   test_random_key_file
+ *   test_random_key_file,
+ *   TestKeyCase, test_bad_key_files      four that are no key, and the reasons
  *   test_log_value                       a field of a line of the trainer's log
  *   test_run                             a shell command's output and exit status
  *   test_fifo_refused                    a command given a FIFO refused it at once
@@ -269,6 +270,33 @@ static int test_random_key_file(const char *path) {
     int got = f != NULL && fread(key, 1, 32, f) == 32;
     if (f != NULL) fclose(f);
     return got ? test_write_key_file(path, key) : -1;
+}
+
+// test_bad_key_files: four --key-file paths that are no key, made in dir,
+// each with the reason secure.h's key_read_file gives (what a program's
+// --key-file line ends in): none at all, a key open to others (mode 0644),
+// a file that is not 64 hex digits, and dir itself. 0, or -1 when they
+// could not be made.
+typedef struct {
+    char path[128];
+    const char *why;
+} TestKeyCase;
+enum { TEST_BAD_KEYS = 4 };
+
+static int test_bad_key_files(const char *dir, TestKeyCase cases[TEST_BAD_KEYS]) {
+    const char *names[TEST_BAD_KEYS] = {"none.key", "open.key", "bad.key", NULL};
+    const char *why[TEST_BAD_KEYS] = {"No such file or directory", "mode 0644 lets group or others at it; chmod 600 it",
+                                      "must hold 64 hex digits and an optional newline (6 bytes)", "not a regular file"};
+    for (int k = 0; k < TEST_BAD_KEYS; k++) {
+        if (names[k] != NULL) test_path(cases[k].path, sizeof(cases[k].path), dir, names[k]);
+        else snprintf(cases[k].path, sizeof(cases[k].path), "%s", dir);
+        cases[k].why = why[k];
+    }
+    unlink(cases[0].path);
+    int ok = test_random_key_file(cases[1].path) == 0 && chmod(cases[1].path, 0644) == 0;
+    test_write_file(cases[2].path, "hello\n", 6);
+    ok = ok && chmod(cases[2].path, 0600) == 0;
+    return ok ? 0 : -1;
 }
 
 // ----------------------------------------------------------------------------
