@@ -20,7 +20,7 @@
  *     nchk_flip_key, nchk_flip_pick
  *                          which value -fault corrupt (corrupt-low) flips
  *     nchk_unit_roundoff   u of a sum of fp32 or bf16 values
- *     NchkCase, nchk_judge, nchk_judge_broadcast
+ *     NchkCase, nchk_judge, nchk_judge_broadcast, nchk_copies
  *                          the verdict on a group's records of one collective
  *   in CUDA builds (__CUDACC__), the kernels:
  *     nchk_sketch_kernel, nchk_final_kernel
@@ -249,6 +249,25 @@ static inline int nchk_off(const NchkCase *c, int k, const Sketch *got, size_t l
     return 0;
 }
 
+// nchk_copies: how many members hold a copy of piece k (their record's
+// out[k]) that is not what its owner sketched (own); the first of them goes
+// into *first, and into *alike whether those copies all hold the same bits
+// (then the piece changed at the owner, before it was copied). moved: data
+// not finite at both ends counts as arrived (sketch_moved, as a broadcast's
+// judge takes it); else the bits must be the same (sketch_same).
+static inline int nchk_copies(const NchkCase *c, const Sketch *own, int k, int moved, int *first, int *alike) {
+    int differ = 0;
+    *first = -1;
+    *alike = 1;
+    for (int q = 0; q < c->p; q++) {
+        const Sketch *got = nchk_at(c, q, nchk_rec_out(c->p, k));
+        if (moved ? sketch_moved(own, got) : sketch_same(got, own)) continue;
+        if (differ++ == 0) *first = q;
+        else if (!sketch_same(got, nchk_at(c, *first, nchk_rec_out(c->p, k)))) *alike = 0;
+    }
+    return differ;
+}
+
 // nchk_judge_broadcast: every member's copy of the root's buffer, the
 // root's own too, against the root's sketch of it before the call: the same
 // bits (sketch_moved: or both not finite, which the not-finite rule judges)
@@ -256,13 +275,7 @@ static inline int nchk_judge_broadcast(const NchkCase *c, char *msg, size_t len)
     int p = c->p, root = c->root;
     const int *R = c->ranks;
     const Sketch *own = nchk_at(c, root, nchk_rec_in(p, root));
-    int differ = 0, first = -1, alike = 1;
-    for (int q = 0; q < p; q++) {
-        const Sketch *got = nchk_at(c, q, nchk_rec_out(p, root));
-        if (sketch_moved(own, got)) continue;
-        if (differ++ == 0) first = q;
-        else if (!sketch_same(got, nchk_at(c, first, nchk_rec_out(p, root)))) alike = 0;
-    }
+    int first, alike, differ = nchk_copies(c, own, root, 1, &first, &alike);
     if (differ == 0) return 0;
     const Sketch *held = nchk_at(c, first, nchk_rec_out(p, root));
     if (differ == p && alike)
@@ -322,13 +335,7 @@ static inline int nchk_judge(const NchkCase *c, char *msg, size_t len) {
             }
         } else {
             const Sketch *own = nchk_at(c, k, nchk_rec_in(p, k));
-            int differ = 0, first = -1, alike = 1;
-            for (int q = 0; q < p; q++) {
-                const Sketch *got = nchk_at(c, q, nchk_rec_out(p, k));
-                if (sketch_same(got, own)) continue;
-                if (differ++ == 0) first = q;
-                else if (!sketch_same(got, nchk_at(c, first, nchk_rec_out(p, k)))) alike = 0;
-            }
+            int first, alike, differ = nchk_copies(c, own, k, 0, &first, &alike);
             if (differ == p && alike) {
                 snprintf(msg, len, "piece %d (elements %zu..%zu): every rank's copy of rank %d's piece, rank %d's own "
                          "too, differs alike from rank %d's sketch of it (%.17g, held as %.17g): it changed in rank %d's "
