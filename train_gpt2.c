@@ -1480,21 +1480,7 @@ static void print_rank_bytes(const GPT2 *m, const Parallel *par, int steps) {
         free(v);
     }
     free(all);
-    // what the checked collectives (-ic 1) cost rank 0, per step trained: its
-    // sketches made in passes of their own, the records' all-gathers and the
-    // verdicts; and its reducing receives' passes, which make the sums with or
-    // without the checks and the sketches with them (dev/bench_ic.sh: the
-    // checks' cost is the first plus the second less its -ic 0 figure)
-    if (par->grid.rank == 0 && steps > 0 && comm_check_ms(par->comm) > 0) {
-        printf("checked collectives: %.2f ms per step on rank 0 in the checks' own passes, records and verdicts; "
-               "%.2f ms in its reducing receives' sums, sketched in the same pass\n", comm_check_ms(par->comm) / steps,
-               comm_sum_ms(par->comm) / steps);
-        fflush(stdout);
-    } else if (par->grid.rank == 0 && steps > 0 && comm_sum_ms(par->comm) > 0) {
-        printf("unchecked collectives: %.2f ms per step on rank 0 in its reducing receives' sums\n",
-               comm_sum_ms(par->comm) / steps);
-        fflush(stdout);
-    }
+    if (par->grid.rank == 0) print_host_collective_times(par->comm, steps);
 }
 
 // at the end of a job: each rank's peak resident memory (getrusage's

@@ -1459,19 +1459,20 @@ static void print_gpu_memory(const Parallel *par, int device) {
     fflush(stdout);
 }
 
-// at the end of a job, rank 0, -ic 1: what shows the checks ran. Over NCCL,
-// the calls judged and the check points that judged them (nccl_check_counts);
-// in host mode, the host backend's line, as train_gpt2.c prints it
+// at the end of a job, rank 0: what shows the checks (-ic 1) ran. Over
+// NCCL, the calls judged and the check points that judged them
+// (nccl_check_counts); in host mode, the host backend's times, as
+// train_gpt2.c prints them
 static void print_checked_collectives(const Parallel *par, int steps) {
     const NcclComm *c = par->nccl;
     if (par->grid.rank != 0 || c == NULL || steps <= 0) return;
+    if (c->host != NULL) {
+        print_host_collective_times(c->host, steps);
+        return;
+    }
     long calls = 0, points = 0;
     nccl_check_counts(c, &calls, &points);
-    if (c->host != NULL && comm_check_ms(c->host) > 0)
-        printf("checked collectives: %.2f ms per step on rank 0 in the checks' own passes, records and verdicts; "
-               "%.2f ms in its reducing receives' sums, sketched in the same pass\n", comm_check_ms(c->host) / steps,
-               comm_sum_ms(c->host) / steps);
-    else if (c->host == NULL && c->chk.on)
+    if (c->chk.on)
         printf("checked collectives over NCCL: %ld calls judged in %ld check points (rank 0's, %d steps)\n", calls,
                points, steps);
     fflush(stdout);

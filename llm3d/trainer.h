@@ -10,6 +10,9 @@
  *                        data, tokenizer and log
  *   trainer_name, trainer_start (what each main does first: its name, stdout
  *                        line-buffered), die, die_usage, now_ms, flops_per_token
+ *   print_host_collective_times
+ *                        rank 0's time per step in the host backend's sums
+ *                        and checks (-ic)
  *   before any rank starts (so a bad job is refused once, by the launcher):
  *     parse_flags, check_key_file, parse_fault, check_model, check_batch_and_data,
  *     checkpoint_setup; open_loaders (-i and -j, here and on each rank)
@@ -112,6 +115,24 @@ static void die(int status, const char *msg) {
 }
 
 static void die_usage(const char *msg) { die(2, msg); }
+
+// print_host_collective_times: what the host backend's collectives cost
+// this rank (rank 0 calls it), per step of the `steps` trained: with -ic 1
+// its sketches made in passes of their own, the records' all-gathers and the
+// verdicts, and its reducing receives' passes, which make the sums with or
+// without the checks and the sketches with them; with -ic 0 those passes
+// alone (dev/bench_ic.sh: the checks cost the first plus the second less
+// its -ic 0 figure). Nothing where nothing was timed.
+static void print_host_collective_times(const Comm *c, int steps) {
+    if (c == NULL || steps <= 0) return;
+    if (comm_check_ms(c) > 0)
+        printf("checked collectives: %.2f ms per step on rank 0 in the checks' own passes, records and verdicts; "
+               "%.2f ms in its reducing receives' sums, sketched in the same pass\n", comm_check_ms(c) / steps,
+               comm_sum_ms(c) / steps);
+    else if (comm_sum_ms(c) > 0)
+        printf("unchecked collectives: %.2f ms per step on rank 0 in its reducing receives' sums\n", comm_sum_ms(c) / steps);
+    fflush(stdout);
+}
 
 static double now_ms(void) {
     struct timespec ts;
