@@ -97,8 +97,10 @@ int main(int argc, char **argv) {
     const char *paths[2] = {NULL, NULL};
     int prefix = 0, n_paths = 0, window = 50;
     double train_tol = 0.02, val_tol = 0.01;
+    const char *usage = "usage: compare_logs RUN.jsonl REF.jsonl [--prefix] [--window N] [--train-tol X] [--val-tol X]\n";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) { fputs(usage, stdout); return 0; }
         if (strcmp(a, "--prefix") == 0) { prefix = 1; continue; }
         int valued = strcmp(a, "--window") == 0 || strcmp(a, "--train-tol") == 0 || strcmp(a, "--val-tol") == 0;
         if (valued && i + 1 < argc) {
@@ -109,7 +111,7 @@ int main(int argc, char **argv) {
         } else if (a[0] != '-' && n_paths < 2) {
             paths[n_paths++] = a;
         } else {
-            fprintf(stderr, "usage: compare_logs RUN.jsonl REF.jsonl [--prefix] [--window N] [--train-tol X] [--val-tol X]\n");
+            fputs(usage, stderr);
             return 2;
         }
     }

@@ -46,6 +46,12 @@ static int parse_int(const char *s, int lo, int hi) {
     return (int)v;
 }
 
+// the usage's text, without its line's end
+static void print_usage(FILE *f) {
+    fprintf(f, "usage: pipeline_chart [-pv V] gpipe|1f1b|interleaved|zbh1|zbv|all|table P M... [F B [W]], "
+               "P 1..%d, M 1..%d, F B W 0..%d", MAX_P, MAX_M, MAX_TIME);
+}
+
 // one line naming the argument and its value; exit status 2
 static __attribute__((format(printf, 1, 2))) int usage(const char *fmt, ...) {
     va_list ap;
@@ -53,8 +59,9 @@ static __attribute__((format(printf, 1, 2))) int usage(const char *fmt, ...) {
     fprintf(stderr, "pipeline_chart: ");
     vfprintf(stderr, fmt, ap);
     va_end(ap);
-    fprintf(stderr, " (usage: pipeline_chart [-pv V] gpipe|1f1b|interleaved|zbh1|zbv|all|table P M... [F B [W]], "
-                    "P 1..%d, M 1..%d, F B W 0..%d)\n", MAX_P, MAX_M, MAX_TIME);
+    fprintf(stderr, " (");
+    print_usage(stderr);
+    fprintf(stderr, ")\n");
     return 2;
 }
 
@@ -303,6 +310,11 @@ static int table(int P, const int *Ms, int nM, int V) {
 
 int main(int argc, char **argv) {
     int V = 2, a = 1;
+    if (argc == 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
+        print_usage(stdout);
+        printf("\n");
+        return 0;
+    }
     if (argc > 2 && strcmp(argv[1], "-pv") == 0) {
         V = parse_int(argv[2], 2, PIPE_MAXV);
         if (V < 0) return usage("-pv '%s' is not a number of chunks per stage in 2..%d", argv[2], PIPE_MAXV);

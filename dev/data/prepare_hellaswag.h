@@ -301,10 +301,11 @@ static int hs_parse_jsonl(Bpe *bpe, const char *path, char *text, size_t size, H
     return rc;
 }
 
+static const char hs_usage_text[] = "usage: ./prepare_data hellaswag -i hellaswag_val.jsonl [-o dev/data/hellaswag] "
+                                    "[-n NAME] [--encoder encoder.json --vocab vocab.bpe]\n";
+
 static int hs_usage(const char *msg) {
-    fprintf(stderr, "prepare_data hellaswag: %s\n"
-            "usage: ./prepare_data hellaswag -i hellaswag_val.jsonl [-o dev/data/hellaswag] [-n NAME] "
-            "[--encoder encoder.json --vocab vocab.bpe]\n", msg);
+    fprintf(stderr, "prepare_data hellaswag: %s\n%s", msg, hs_usage_text);
     return 2;
 }
 
@@ -314,6 +315,10 @@ static int prepare_hellaswag_main(int argc, char **argv) {
     char err[2048], enc_buf[1024], voc_buf[1024], name_buf[256], path[2048];
     for (int a = 1; a < argc; a += 2) {
         const char *f = argv[a];
+        if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) {
+            fputs(hs_usage_text, stdout);
+            return 0;
+        }
         const char **dst = strcmp(f, "-i") == 0 ? &in : strcmp(f, "-o") == 0 ? &out_dir : strcmp(f, "-n") == 0 ? &name
                          : strcmp(f, "--encoder") == 0 ? &encoder : strcmp(f, "--vocab") == 0 ? &vocab : NULL;
         if (dst == NULL) {

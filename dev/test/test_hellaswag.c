@@ -411,6 +411,13 @@ static void test_prepare_input_checks(const char *enc, const char *voc) {
     } else {
         skip("the default data folder ../shared/data has no GPT-2 BPE files: prepare_data hellaswag without --encoder");
     }
+    // its help: the usage on stdout, exit 0, as prepare_data's own -h
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof(cmd), "(./prepare_data hellaswag %s 2>/dev/null)", k == 0 ? "-h" : "--help");
+        int rc = test_run(cmd, 1, out, sizeof(out));
+        check(rc == 0 && strncmp(out, "usage: ./prepare_data hellaswag", 31) == 0, "prepare_data hellaswag %s -> exit %d, "
+              "the usage on stdout: %.*s", k == 0 ? "-h" : "--help", rc, (int)strcspn(out, "\n"), out);
+    }
     // a FIFO as the input
     char fifo[300];
     snprintf(fifo, sizeof(fifo), "%s/in_fifo.jsonl", dir);

@@ -7,11 +7,11 @@
  * own tokens, --x tokens at each line's count; and its errors name the file
  * and line. Then dev/compare_logs, the
  * check of reference_cpu.sh, on the same kind of logs: identical, within
- * its tolerances, outside them, and cut short. Last, the header's step
- * count, the note of lines cut at an axis, FIFOs given as logs and links
- * planted where the SVG goes.
+ * its tolerances, outside them, and cut short; its -h and pipeline_chart's.
+ * Last, the header's step count, the note of lines cut at an axis, FIFOs
+ * given as logs and links planted where the SVG goes.
  *
- *   make dev/test/test_plot plot_log dev/compare_logs && ./dev/test/test_plot
+ *   make dev/test/test_plot plot_log dev/compare_logs dev/pipeline_chart && ./dev/test/test_plot
  */
 #include "dev/test/test.h"
 #include "dev/test/test_run.h"
@@ -173,6 +173,26 @@ static void test_compare_logs(const char *path) {
         int rc = test_run(cmd, 1, out, sizeof(out));
         check(rc == cases[k].rc && strstr(out, cases[k].want) != NULL, "compare_logs %s %s -> exit %d, says '%s'",
               strrchr(cases[k].run, '/') + 1, cases[k].flags, rc, cases[k].want);
+    }
+}
+
+// -h and --help of the dev tools here: the usage on stdout, exit 0, as
+// plot_log's, prepare_data's and export_hf's (they had said it on stderr
+// with exit 2, or taken -h for a bad argument)
+static void test_tools_help(void) {
+    const char *tools[] = {"./dev/compare_logs", "./dev/pipeline_chart"}, *flags[] = {"-h", "--help"};
+    for (int t = 0; t < 2; t++) {
+        if (access(tools[t], X_OK) != 0) {
+            skip("%s not built", tools[t]);
+            continue;
+        }
+        for (int f = 0; f < 2; f++) {
+            char cmd[256], out[1024];
+            snprintf(cmd, sizeof(cmd), "(%s %s 2>/dev/null)", tools[t], flags[f]);  // stdout alone
+            int rc = test_run(cmd, 1, out, sizeof(out));
+            check(rc == 0 && strncmp(out, "usage: ", 7) == 0, "%s %s -> exit %d, the usage on stdout: %.*s", tools[t],
+                  flags[f], rc, (int)strcspn(out, "\n"), out);
+        }
     }
 }
 
@@ -358,6 +378,7 @@ int main(void) {
 
     test_resumed_batch();
     test_compare_logs(log);
+    test_tools_help();
     test_header_and_cuts();
     test_fifos_and_links(log);
 
