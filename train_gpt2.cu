@@ -809,7 +809,8 @@ static floatX *unit_grad_begin(GPT2 *m, int u) {
     for (int j = 0; j < UNIT_SLOTS; j++)
         if (m->bucket_unit[j] < 0 && (k < 0 || m->bucket_freed[j] < m->bucket_freed[k])) k = j;
     assert(k >= 0 && "more gradient buckets open at once than UNIT_SLOTS");
-    if (m->overlap) CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->bucket_done[k], 0));
+    // (the main stream, nccl->stream, idles there for a late peer: a wait for the watch report)
+    if (m->overlap) nccl_main_waits(m->nccl, m->bucket_done[k], "a gradient bucket's reduction");
     CUDA_CHECK(cudaMemsetAsync(m->bucket[k], 0, m->ut.units[u].padded * sizeof(floatX), m->stream));
     m->bucket_unit[k] = u;
     m->unit_grads[u] = m->bucket[k];

@@ -21,6 +21,8 @@
  *     nccl_allreduce, nccl_reduce_scatter, nccl_allgather, nccl_broadcast,
  *     nccl_barrier         the collectives on device buffers
  *     nccl_side_*          the overlapped gradient reductions
+ *     nccl_main_waits      the main stream waits for one of them, timed as a
+ *                          wait for the watch report
  *     nccl_sendrecv, nccl_send, nccl_recv
  *                          the point-to-point calls
  *     nccl_sendrecv_mac, nccl_mac_step_check
@@ -673,7 +675,8 @@ static inline void nccl_enter(NcclComm *c, const char *op, const NcclGroup *g) {
 // call's wait for the side stream's reductions, nccl_order_main, so that
 // wait counts too), and the pairs' GPU times are summed once the stream has
 // passed them (nccl_wait_ms). The overlapped reductions on the side stream
-// count only where the main stream waits for them. Host mode: the host
+// count only where the main stream waits for them (nccl_main_waits: at
+// the drain, and for a ZeRO-2/3 bucket). Host mode: the host
 // backend's calls, timed on the host (shm_comm.h's comm_wait_ms).
 
 #define NCCL_WAIT_PAIRS 256   // pairs made at first; more are made as a step needs them
@@ -1071,10 +1074,30 @@ static inline void nccl_side_reduce_scatter(NcclComm *c, const void *in, void *o
     nchk_after(c, checked, &c->dp_side, out, type, c->side);
 }
 
+// nccl_main_waits: the main stream waits for event ev of the side stream
+// (a reduction its next work reads). Over NCCL the wait is one of the
+// step's NCCL waits for the watch report (nccl_wait_mark): the main stream
+// idles there until the slowest peer has joined the reduction, and the host
+// never sees that time as a call's (in host mode the side calls are
+// synchronous and their waits are the host backend's)
+static inline void nccl_main_waits(NcclComm *c, cudaEvent_t ev, const char *why) {
+    nccl_wait_mark(c, 0);
+    nccl_check_cuda(c, cudaStreamWaitEvent(c->stream, ev, 0), why);
+    nccl_wait_mark(c, 1);
+}
+
 // nccl_side_drain: returns once every side call (and every kernel the caller
-// queued on c->side) is done, under the watchdog of nccl_sync
+// queued on c->side) is done, under the watchdog of nccl_sync. Over NCCL the
+// main stream first waits for the side stream, timed as a wait: without it
+// the time a rank waits here for a late peer's reduction would count as its
+// compute, and a straggler's peers would look as slow as it (-wr)
 static inline void nccl_side_drain(NcclComm *c) {
     if (c->side_pending == 0) return;
+    if (c->host == NULL) {
+        nccl_check_cuda(c, cudaEventRecord(c->side_queued, c->side), "the overlapped gradient reductions");
+        nccl_main_waits(c, c->side_queued, "the overlapped gradient reductions");
+        c->side_unfollowed = 0;
+    }
     nccl_sync(c, c->side, "the overlapped gradient reductions");  // every communicator's errors, not only dp_side's
     c->side_pending = 0;
 }
