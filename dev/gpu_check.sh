@@ -43,9 +43,9 @@
 #      (zbv, ZeRO 1, -sp 1); and dp 2 ZeRO-1 and tp 2 with -ic 1 (checked
 #      collectives: no false alarm); each pipeline layout's bubble measured
 #      on the GPU's clock (a line, a share in (0, 1))
-#   6. over real NCCL: checkpoints of 8 ranks ((2, 2, 2), ZeRO 1 and 3, fp32)
-#      resumed bit for bit by the same layout, by one rank (1e-5) and by the
-#      CPU trainer; a 1f1b checkpoint resumed under zbv (1e-5); SIGTERM of an 8-rank job; 2 ranks started by a script,
+#   6. over real NCCL: checkpoints of 8 ranks ((2, 2, 2), ZeRO 1 and 3, fp32;
+#      ZeRO-3's sealed, -enc 1) resumed bit for bit by the same layout, by one
+#      rank (1e-5) and by the CPU trainer; a 1f1b checkpoint resumed under zbv (1e-5); SIGTERM of an 8-rank job; 2 ranks started by a script,
 #      torchrun and mpirun (each where the machine has it), --rendezvous
 #   7. the layouts of phase 5 in host mode (the default where ranks share a
 #      GPU: they talk through the shared-memory host backend) and the resume
@@ -74,8 +74,9 @@
 #      needs at least 8 cores, which the machines we are lent have and ours
 #      does not
 #
-# Each piece is "ok", "FAIL", or "SKIP" (past the deadline, or something it
-# needs is missing): skipped for time is not failed. The whole run keeps to
+# Each piece is "ok", "FAIL", or "SKIP" (past the deadline, cut short by it
+# before its own time limit, or something it needs is missing): skipped for
+# time is not failed. The whole run keeps to
 # DEADLINE seconds (default 420, builds included), and phases 5 and 6 to
 # NCCL_UNTIL seconds from the start (default DEADLINE - 140), so that the
 # phases after them keep their time. Exit status: 0 when nothing failed, 1
@@ -184,10 +185,22 @@ time_left() {
     [ "$1" -lt "$left" ] && echo "$1" || echo "$left"
 }
 
+# cut_short NAME ASKED LIMIT RC: 0 (and a SKIP for NAME) when a command
+# that timeout ended with RC had less than its own limit ASKED, cut to LIMIT
+# by the deadline: a case that did not fit is skipped for time, not failed.
+# One that runs past its own limit is a failure (a hang).
+cut_short() {
+    if { [ "$4" -eq 124 ] || [ "$4" -eq 137 ]; } && [ "$3" -lt "$2" ]; then
+        skip "$1: cut short by the ${DEADLINE}s deadline after $3s (its own limit: $2s)"
+        return 0
+    fi
+    return 1
+}
+
 # run NAME LIMIT CMD...: CMD with its output in $LOGS/NAME.log under a
 # timeout; ok / FAIL / SKIP (for time). Returns CMD's status (77: skipped).
 run() {
-    local name=$1 limit; shift
+    local name=$1 asked=$2 limit; shift
     if ! limit=$(time_left "$1"); then skip "$name: past the ${DEADLINE}s deadline"; return 77; fi
     shift
     local t0=$(date +%s)
@@ -196,6 +209,7 @@ run() {
     local counts
     counts=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$LOGS/$name.log" | tail -n 1)
     if [ $rc -eq 0 ]; then pass "$name (${secs}s) $counts"
+    elif cut_short "$name" "$asked" "$limit" "$rc"; then return 77
     elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then fail "$name: timed out after ${limit}s"
     else
         local why
@@ -596,6 +610,7 @@ fault() {  # fault NAME ARGS EXPECT LEAST [MODE]
     timeout -k 5 "$limit" ./train_gpt2cu -x 10 -v 0 -s 0 $SMALL $TINY -b 2 -t 16 -d 64 -np 2 -to 3 $args \
         -lg "$LOGS/fault_$name.jsonl" > "$LOGS/fault_$name.log" 2>&1
     local rc=$? steps
+    cut_short "fault $name" 30 "$limit" $rc && return
     steps=$(wc -l < "$LOGS/fault_$name.jsonl" 2>/dev/null || echo 0)
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$steps" -ge "$least" ] && [ "$steps" -le 3 ] &&
        grep -q "$expect" "$LOGS/fault_$name.log"; then
@@ -616,6 +631,7 @@ watch_slow() {  # watch_slow [MODE]
     timeout -k 5 "$limit" ./train_gpt2cu -x 9 -v 0 -s 0 $SMALL $DP4 -np 4 -wr 3 -fault slow:1:3 $(mode_flag "$mode") \
         -lg "$log.jsonl" > "$log.log" 2>&1
     local rc=$? named others logged
+    cut_short "$name" 30 "$limit" $rc && return
     named=$(grep -c "step 8: rank 1 is a straggler: compute .* for 2 reports" "$log.log")
     others=$(grep -cE "rank [023] is a straggler" "$log.log")
     logged=$(grep -c '^{"step": 8,.*"stragglers": \[1\], "compute_ms": \[' "$log.jsonl" 2>/dev/null)
@@ -636,6 +652,7 @@ check_drift() {  # check_drift [MODE]
     timeout -k 5 "$limit" ./train_gpt2cu -x 10 -v 0 -s 0 $SMALL $DP4 -np 4 -ck 1 -fault drift:2:3 $(mode_flag "$mode") \
         -lg "$log.jsonl" > "$log.log" 2>&1
     local rc=$? steps
+    cut_short "$name" 30 "$limit" $rc && return
     steps=$(wc -l < "$log.jsonl" 2>/dev/null || echo 0)
     if [ $rc -eq 1 ] && [ "$steps" -eq 3 ] && grep -qF "$want" "$log.log"; then
         pass "$name, -ck 1 -fault drift:2:3 on 4 replicas: exit 1 after 3 steps, rank 2 named"
@@ -660,6 +677,7 @@ check_corrupt() {  # check_corrupt NAME LAYOUT [MODE]
     timeout -k 5 "$limit" ./train_gpt2cu -x 10 -v 0 -s 0 $SMALL $2 -ic 1 -n 1 -nk 0 -o "$dir" -fault corrupt:1:3 \
         $(mode_flag "$mode") -lg "$log.jsonl" > "$log.log" 2>&1
     local rc=$? steps named flipped
+    cut_short "$name" 30 "$limit" $rc && return
     nccl_ran "$mode" "$name" || return
     steps=$(wc -l < "$log.jsonl" 2>/dev/null || echo 0)
     named=$(grep -m1 "step 3: checked .* failed: " "$log.log")
@@ -682,6 +700,7 @@ check_poison() {  # check_poison [MODE]
     timeout -k 5 "$limit" ./train_gpt2cu -x 5 -v 0 -s 0 $SMALL $DP2 -np 2 -fault poison:1:3 $(mode_flag "$mode") \
         -lg "$log.jsonl" > "$log.log" 2>&1
     local rc=$? named others
+    cut_short "$name" 30 "$limit" $rc && return
     nccl_ran "$mode" "$name" || return
     named=$(grep -cE "step [34]: rank 1's own gradient norm" "$log.log")
     others=$(grep -cE "rank 0's own gradient norm|step [012]: rank 1's own" "$log.log")
@@ -754,17 +773,32 @@ sigterm_check() {
 # writing its part; the step-4 checkpoint then resumed by the same layout
 # (bit for bit: the losses and norms, step 8's model.bin and optim.bin), by
 # one rank (within 1e-5: another layout sums in another order) and by the
-# CPU trainer (its step 4 within 2e-5, as in phase 8)
+# CPU trainer (its step 4 within 2e-5, as in phase 8). ZeRO-3's are sealed
+# (-enc 1): every rank's GHASH shares go to rank 0 over NCCL (ckpt_gather),
+# and each resume checks the tags of what it reads (each of 8 ranks only the
+# chunks of its units: ckpt_model_load_part, ckpt_optim_open); a sealed
+# file's bytes differ from run to run (its id, the shares' salts), so there
+# its files are checked to be sealed instead of byte-identical
 nccl_ckpt() {
-    local z=$1 d="$WORK/ckpt_nccl_z$1" name="nccl_ck_z$1" x
-    local args="$GRID -v 0 -s 0 $SMALL -x 8 -n 4" lay="-np 8 -tp 2 -pp 2 -z $1 -hb 2"
+    local z=$1 d="$WORK/ckpt_nccl_z$1" name="nccl_ck_z$1" x enc="" f k plain=0 nfiles=0
+    [ "$z" = 3 ] && enc="-enc 1"
+    local args="$GRID -v 0 -s 0 $SMALL -x 8 -n 4 $enc" lay="-np 8 -tp 2 -pp 2 -z $1 -hb 2"
     mkdir -p "$d"
     run $name 120 ./train_gpt2cu_fp32 $args $lay -o "$d/full" -lg "$LOGS/$name.jsonl" && nccl_ran nccl $name || return
     for x in same one cpu; do mkdir -p "$d/$x" && cp -r "$d/full/ckpt_00000004" "$d/full/job.key" "$d/$x/"; done
     if run ${name}_resumed 120 ./train_gpt2cu_fp32 $args $lay -o "$d/same" -y 1 -lg "$LOGS/${name}_resumed.jsonl"; then
         compare 0 "8 NCCL ranks, ZeRO-$z: resumed by the same layout from step 4, the same losses and norms" \
             "$LOGS/$name.jsonl" "$LOGS/${name}_resumed.jsonl" resumed
-        if cmp -s "$d/full/ckpt_00000008/model.bin" "$d/same/ckpt_00000008/model.bin" &&
+        if [ -n "$enc" ]; then
+            for k in full/ckpt_00000004 full/ckpt_00000008 same/ckpt_00000008; do
+                for f in model.bin optim.bin state.bin; do
+                    nfiles=$((nfiles + 1))
+                    [ "$(head -c 8 "$d/$k/$f" 2>/dev/null)" = llm3dgcm ] || plain=$((plain + 1))
+                done
+            done
+            if [ $plain -eq 0 ]; then pass "8 NCCL ranks, ZeRO-$z, -enc 1: the $nfiles files of the 3 checkpoints are sealed (llm3dgcm)"
+            else fail "8 NCCL ranks, ZeRO-$z, -enc 1: $plain of the $nfiles files of the 3 checkpoints are missing or not sealed"; fi
+        elif cmp -s "$d/full/ckpt_00000008/model.bin" "$d/same/ckpt_00000008/model.bin" &&
            cmp -s "$d/full/ckpt_00000008/optim.bin" "$d/same/ckpt_00000008/optim.bin"; then
             pass "8 NCCL ranks, ZeRO-$z: step 8's model.bin and optim.bin byte-identical, uninterrupted and resumed"
         else
