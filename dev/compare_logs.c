@@ -13,7 +13,9 @@
  *     against --val-tol (default 0.01);
  *   - train loss averaged over windows of --window steps (default 50; one
  *     step's loss is too noisy a thing to hold a run to): the largest
- *     difference of the means, against --train-tol (default 0.02).
+ *     difference of the means, against --train-tol (default 0.02);
+ *     --window is a whole number of steps, 1..100000000 (the most a log
+ *     may hold here).
  * doc/reproducing.md says why these defaults (the CPU reference run's
  * curves on one machine differ by about 2e-5 after 250 steps when only the
  * order of some sums changes).
@@ -27,10 +29,13 @@
 #include "llm3d/json.h"
 #include "llm3d/log_reader.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define MAX_STEPS 100000000  // the largest step a log may hold here, and the largest --window
 
 typedef struct {
     const char *path;
@@ -57,7 +62,7 @@ static int curve_set(Curve *c, int step, double loss, double val) {
 
 // curve_add: one line's losses into the curve (log_read calls it for each line)
 static int curve_add(void *ctx, const LogRecord *l, JsonReader *j) {
-    if (l->step < 0 || l->step > 1e8) return json_fail(j, "a step out of range");
+    if (l->step < 0 || l->step > MAX_STEPS) return json_fail(j, "a step out of range");
     if (curve_set((Curve *)ctx, (int)l->step, l->loss, l->val_loss) != 0) return json_fail(j, "out of memory");
     return 0;
 }
@@ -93,6 +98,20 @@ static double parse_number(const char *flag, const char *value, double min) {
     return v;
 }
 
+// --window: a whole number of steps, at most the most steps a log may hold
+// (curve_add), so that the windows' bounds stay ints: 2.5 is not rounded
+// to 2, nor 3e9 wrapped round to a negative window
+static int parse_window(const char *value) {
+    char *end;
+    errno = 0;
+    long v = strtol(value, &end, 10);
+    if (*value == '\0' || *end != '\0' || errno != 0 || v < 1 || v > MAX_STEPS) {
+        fprintf(stderr, "compare_logs: --window '%s': want a whole number of steps in 1..%d\n", value, MAX_STEPS);
+        exit(2);
+    }
+    return (int)v;
+}
+
 int main(int argc, char **argv) {
     const char *paths[2] = {NULL, NULL};
     int prefix = 0, n_paths = 0, window = 50;
@@ -104,10 +123,9 @@ int main(int argc, char **argv) {
         if (strcmp(a, "--prefix") == 0) { prefix = 1; continue; }
         int valued = strcmp(a, "--window") == 0 || strcmp(a, "--train-tol") == 0 || strcmp(a, "--val-tol") == 0;
         if (valued && i + 1 < argc) {
-            double v = parse_number(a, argv[++i], strcmp(a, "--window") == 0 ? 1 : 0);
-            if (strcmp(a, "--window") == 0) window = (int)v;
-            else if (strcmp(a, "--train-tol") == 0) train_tol = v;
-            else val_tol = v;
+            if (strcmp(a, "--window") == 0) window = parse_window(argv[++i]);
+            else if (strcmp(a, "--train-tol") == 0) train_tol = parse_number(a, argv[++i], 0);
+            else val_tol = parse_number(a, argv[++i], 0);
         } else if (a[0] != '-' && n_paths < 2) {
             paths[n_paths++] = a;
         } else {

@@ -37,6 +37,9 @@
  * step count is of the steps trained: the final val loss that a run of
  * -x N logs as step N is not one.
  *
+ * The SVG is written to a temporary name and renamed into place, so -o may
+ * not name a log it reads (refused, exit 2): the rename would replace it.
+ *
  * Exit status: 0 written, 1 a file could not be read or written, 2 bad flags.
  */
 #define _GNU_SOURCE  // strdup
@@ -51,6 +54,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define WIDTH 960
 #define PANEL_HEIGHT 300
@@ -530,6 +534,14 @@ static int write_svg(const PlotOptions *o, const char *out_path, const RunLog *r
     return 0;
 }
 
+// 1 if the SVG at out would replace the file at path, a log it reads: the
+// same file, reached by its name or through a link (a link at out itself is
+// replaced, never written through, so out is not followed)
+static int same_file(const char *out, const char *path) {
+    struct stat a, b;
+    return path != NULL && lstat(out, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 int main(int argc, char **argv) {
     PlotOptions o;
     parse_options(&o, argc, argv);
@@ -542,6 +554,9 @@ int main(int argc, char **argv) {
         if (n > 6 && strcmp(out_path + n - 6, ".jsonl") == 0) out_path[n - 6] = '\0';
         strncat(out_path, ".svg", sizeof(out_path) - strlen(out_path) - 1);
     }
+    if (same_file(out_path, o.log) || same_file(out_path, o.ref))
+        usage_error("-o %s: that is the log %s, which the SVG would replace; give the SVG another name", out_path,
+                    same_file(out_path, o.log) ? "it draws" : "of the reference (-r)");
     RunLog run, ref;
     if (run_log_read(o.log, &run, err, sizeof(err)) != 0) { fprintf(stderr, "plot_log: %s\n", err); return 1; }
     if (o.ref != NULL && run_log_read(o.ref, &ref, err, sizeof(err)) != 0) {

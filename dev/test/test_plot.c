@@ -9,7 +9,8 @@
  * check of reference_cpu.sh, on the same kind of logs: identical, within
  * its tolerances, outside them, and cut short; its -h and pipeline_chart's.
  * Last, the header's step count, the note of lines cut at an axis, FIFOs
- * given as logs and links planted where the SVG goes.
+ * given as logs and links planted where the SVG goes; -o naming a log it
+ * reads is refused.
  *
  *   make dev/test/test_plot plot_log dev/compare_logs dev/pipeline_chart && ./dev/test/test_plot
  */
@@ -167,6 +168,10 @@ static void test_compare_logs(const char *path) {
         {val_far, "--val-tol 0.05", "ok: the run reproduces", 0},
         {cut, "", "not a whole run", 1},
         {cut, "--prefix", "train loss in 1 windows of 50 steps", 0},
+        // a window that is no whole number of steps, or past an int: one line, exit 2 (3e9 once wrapped to a
+        // negative window and read past the curve; 2.5 was cut to 2)
+        {path, "--window 3000000000", "--window '3000000000': want a whole number of steps in 1..100000000", 2},
+        {path, "--window 2.5", "--window '2.5': want a whole number of steps", 2},
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         snprintf(cmd, sizeof(cmd), "./dev/compare_logs %s %s %s", cases[k].run, path, cases[k].flags);
@@ -375,6 +380,29 @@ int main(void) {
     snprintf(cmd, sizeof(cmd), "./plot_log %s --baselines gpt3", log);
     rc = test_run(cmd, 1, out, sizeof(out));
     check(rc == 2 && strstr(out, "--baselines 'gpt3'") != NULL, "--baselines gpt3 -> exit %d (flag error)", rc);
+    // -o naming a log it reads, by its name or through a link: refused, the log keeps its bytes (the SVG
+    // was renamed over it)
+    char own[128], link[160];
+    snprintf(own, sizeof(own), "%s/own.jsonl", tmp_dir);  // a log of its own: the later checks keep theirs
+    snprintf(link, sizeof(link), "%s/link.jsonl", tmp_dir);
+    write_log(own, 20, 0.0, 0, 1);
+    char *before = test_read_text(own);
+    if (symlink(own, link) != 0) check(0, "symlink %s", link);
+    const char *forms[] = {"./plot_log %s -o %s", "./plot_log %s -o %s", "./plot_log %s -r %s -o %s"};
+    const char *what[] = {"the log", "the log, read through a link", "the reference (-r)"};
+    for (int k = 0; k < 3; k++) {
+        if (k == 0) snprintf(cmd, sizeof(cmd), forms[k], own, own);
+        if (k == 1) snprintf(cmd, sizeof(cmd), forms[k], link, own);
+        if (k == 2) snprintf(cmd, sizeof(cmd), forms[k], bad, own, own);
+        rc = test_run(cmd, 1, out, sizeof(out));
+        char *after = test_read_text(own);
+        if (rc == 0) write_log(own, 20, 0.0, 0, 1);  // an SVG replaced it: the next case gets a log again
+        check(rc == 2 && strcmp(before, after) == 0 && strstr(out, "which the SVG would replace") != NULL &&
+              test_count(out, "\n") == 1, "-o naming %s: refused (exit %d), the log unchanged: %.*s", what[k], rc,
+              (int)strcspn(out, "\n"), out);
+        free(after);
+    }
+    free(before);
 
     test_resumed_batch();
     test_compare_logs(log);
