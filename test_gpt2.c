@@ -967,6 +967,14 @@ static void test_cli(void) {
         {"-e d0", "flag -e d0: a descriptor dN takes a depth N from 1 to 128"},
         {"-e gpt2:d200", "flag -e gpt2:d200: a descriptor dN takes a depth N from 1 to 128"},
         {"-e dev/fixtures/tiny_model.bin -t 64", "T = 64 exceeds the model's maxT = 32"},
+        // -ev -et -ec shape a dN; a model file has its own shape, so a value unlike the file's is refused, not ignored
+        {"-e dev/fixtures/tiny_model.bin -ev 256", "flag -ev 256: -e dev/fixtures/tiny_model.bin is a model file, whose "
+                                                   "header says V = 500"},
+        {"-e dev/fixtures/tiny_model.bin -et 16", "flag -et 16: -e dev/fixtures/tiny_model.bin is a model file, whose "
+                                                  "header says maxT = 32"},
+        {"-e dev/fixtures/tiny_model.bin -ec 32", "flag -ec 32: -e dev/fixtures/tiny_model.bin is a model file, whose "
+                                                  "header says C = 64"},
+        {"-h -1", "flag -h: -1 is out of range [0, 1]"},  // a value, though it starts with '-': not a call for help
         {"-e d2 -ev 64 -et 16 -t 8 -b 2 -i '/nonexistent/*.bin'", "flag -i (the train data): no files match /nonexistent/*.bin"},
         {"-e d2 -ev 64 -et 16 -t 8 -b 2 -d 0", "flag -d: 0 tokens per step"},
         {"-e d2 -ev 64 -et 16 -t 16 -b 65536 -mb 4096", "flag -d -1: B*T*dp*mb = 4294967296 tokens per step, more than "

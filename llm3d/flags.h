@@ -94,9 +94,12 @@ static const OptionSpec option_specs[] = {
     {"-j", OPT_STR, offsetof(Options, val_pattern), 0, 0, NULL, "val shards (glob)", NULL, NULL},
     {"-e", OPT_STR, offsetof(Options, init), 0, 0, NULL,
      "init: model .bin file, or descriptor dN or gpt2:dN (d12 = GPT-2 124M; llm.c's shapes)", NULL, NULL},
-    {"-ev", OPT_INT, offsetof(Options, init_vocab), 1, 1 << 24, NULL, "vocab size for a dN init", NULL, NULL},
-    {"-et", OPT_INT, offsetof(Options, init_maxT), 1, 1 << 20, NULL, "max sequence length for a dN init", NULL, NULL},
-    {"-ec", OPT_INT, offsetof(Options, init_channels), 0, 1 << 16, NULL, "channels for a dN init (0 = GPT-2's)", NULL, NULL},
+    {"-ev", OPT_INT, offsetof(Options, init_vocab), 0, 1 << 24, NULL,
+     "vocab size for a dN init (0 = GPT-2's 50257; with a model file, what its header says)", NULL, NULL},
+    {"-et", OPT_INT, offsetof(Options, init_maxT), 0, 1 << 20, NULL,
+     "max sequence length for a dN init (0 = GPT-2's 1024; with a model file, what its header says)", NULL, NULL},
+    {"-ec", OPT_INT, offsetof(Options, init_channels), 0, 1 << 16, NULL,
+     "channels for a dN init (0 = GPT-2's; with a model file, what its header says)", NULL, NULL},
     {"-o", OPT_STR, offsetof(Options, out_dir), 0, 0, NULL,
      "output dir for the log, checkpoints and the final model", NULL, "none"},
     {"-lg", OPT_STR, offsetof(Options, log_file), 0, 0, NULL,
@@ -225,8 +228,8 @@ static void options_defaults(Options *o) {
     o->train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train*.bin";
     o->val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val*.bin";
     o->init = "d12";
-    o->init_vocab = 50257;
-    o->init_maxT = 1024;
+    o->init_vocab = 0;   // -ev -et -ec 0: GPT-2's for dN, the file's for a model file (check_model)
+    o->init_maxT = 0;
     o->B = 4; o->T = 1024; o->total_batch = -1; o->steps = -1;
     o->lr = 3e-4f; o->warmup = 0; o->final_frac = 1.0f; o->schedule = SCHED_COSINE;
     o->weight_decay = 0.0f; o->beta1 = 0.9f; o->beta2 = 0.95f; o->eps = 1e-8f; o->grad_clip = 1.0f;
@@ -337,8 +340,10 @@ static int flag_error(char *err, size_t errlen, const OptionSpec *s) {
 static int options_parse(Options *o, int argc, char **argv, char *err, size_t errlen) {
     for (int a = 1; a < argc; a += 2) {
         const char *flag = argv[a];
-        // -h with a value is llm.c's HellaSwag switch; alone (last, or before another flag) it asks for help
-        int help = strcmp(flag, "--help") == 0 || (strcmp(flag, "-h") == 0 && (a + 1 >= argc || argv[a + 1][0] == '-'));
+        // -h with a value is llm.c's HellaSwag switch; alone (last, or before another flag) it asks for help.
+        // A value is anything but a flag, so -h -1 is a bad value, not a request for help
+        int help = strcmp(flag, "--help") == 0 ||
+                   (strcmp(flag, "-h") == 0 && (a + 1 >= argc || (argv[a + 1][0] == '-' && !looks_numeric(argv[a + 1]))));
         if (help) { err[0] = '\0'; return 1; }
         const OptionSpec *s = NULL;
         for (int i = 0; i < NUM_OPTIONS; i++)

@@ -17,7 +17,8 @@
  *     tensor_is_replicated, tensor_counted_here; its units (Unit, UnitTable,
  *     unit_table, unit_fill, ...) and their walks (for_each_unit_part,
  *     for_each_owned)
- *   from the flags: options_descriptor, options_model_file, batch_accum,
+ *   from the flags: options_descriptor, options_model_file,
+ *     options_shape_flags_match, batch_accum,
  *     lr_at_step
  *   the log: LogLine, log_line (non-finite values as null; a failed write
  *     reported), log_number, log_measured, log_keep_before
@@ -688,7 +689,8 @@ static int options_descriptor(const Options *o, GPT2Config *c, char *err, size_t
     if (strncmp(o->init, "gpt3:", 5) == 0)
         return errorf(err, errlen, "flag -e %s: llm.c's GPT-3 shapes are not implemented here; give dN, with -ec and -et "
                       "for other shapes", o->init);
-    if (config_from_descriptor(c, o->init, o->init_vocab, o->init_maxT) != 0) {
+    int V = o->init_vocab > 0 ? o->init_vocab : 50257, maxT = o->init_maxT > 0 ? o->init_maxT : 1024;  // 0: GPT-2's
+    if (config_from_descriptor(c, o->init, V, maxT) != 0) {
         // "d0", "gpt2:d200": a descriptor's form with a depth it does not take, and no file of that name
         const char *d = strncmp(o->init, "gpt2:", 5) == 0 ? o->init + 5 : o->init;
         int shaped = d[0] == 'd' && d[1] != '\0' && strspn(d + 1, "0123456789") == strlen(d + 1);
@@ -700,6 +702,21 @@ static int options_descriptor(const Options *o, GPT2Config *c, char *err, size_t
     if (o->init_channels > 0) c->C = o->init_channels;
     if (c->C % c->NH != 0) return errorf(err, errlen, "flag -ec: %d channels do not split into %d heads", c->C, c->NH);
     return 1;
+}
+
+// -ev -et -ec against the shape of -e's model file c: they shape a dN
+// descriptor, and a file has its own shape, so a value that differs from
+// the file's would be ignored: refused instead (0 or the file's own value
+// passes). 0, or -1 with err set
+static int options_shape_flags_match(const Options *o, const GPT2Config *c, char *err, size_t errlen) {
+    const char *flag[3] = {"-ev", "-et", "-ec"}, *field[3] = {"V", "maxT", "C"};
+    int given[3] = {o->init_vocab, o->init_maxT, o->init_channels}, file[3] = {c->V, c->maxT, c->C};
+    for (int k = 0; k < 3; k++)
+        if (given[k] > 0 && given[k] != file[k])
+            return errorf(err, errlen, "flag %s %d: -e %s is a model file, whose header says %s = %d; -ev -et -ec shape "
+                          "a dN descriptor only (leave the flag out, or give the file's %d)", flag[k], given[k], o->init,
+                          field[k], file[k], file[k]);
+    return 0;
 }
 
 // the model's shape from the header of -e's model file: 0, or -1 with err set

@@ -258,6 +258,7 @@ static void check_model(Job *job) {
     if (rc == 0 && !job->init_sealed) rc = options_model_file(o, &job->config, err, sizeof(err));
     if (rc < 0) flag_file_error(err, sizeof(err), "-e", "the model to start from", "model file");
     if (rc < 0) die_usage(err);
+    if (rc == 0 && options_shape_flags_match(o, c, err, sizeof(err)) != 0) die_usage(err);
     job->random_init = rc;
     if (o->T > c->maxT) {
         snprintf(err, sizeof(err), "flag -t: T = %d exceeds the model's maxT = %d (%s)", o->T, c->maxT, o->init);

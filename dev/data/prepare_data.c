@@ -565,7 +565,7 @@ static int work_set_text(Work *w, const char *text, size_t len) {
         w->text = bigger;
         w->cap = len;
     }
-    memcpy(w->text, text, len);
+    if (len > 0) memcpy(w->text, text, len);  // an empty file's block: w->text may still be NULL
     w->len = len;
     return 0;
 }

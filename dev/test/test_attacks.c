@@ -1524,7 +1524,7 @@ static void test_nan_update(void) {
     const char *how[3] = {"", "-np 2", "-sl 3"};
     for (int i = 0; i < 3; i++) {
         snprintf(odir, sizeof(odir), "%s/nan_update_%d", work, i);
-        snprintf(args, sizeof(args), "-x 1 -l 10 -c 10 %s -e %s -o %s", how[i], path, odir);
+        snprintf(args, sizeof(args), "-x 1 -l 10 -c 10 %s -e %s -ev 250 -o %s", how[i], path, odir);  // the file's V
         TrainerRun r = run_trainer(args, NULL, 30.0);
         check(r.status == 1 && r.lines == 1 && strstr(r.out, "step    0/1 | loss ") != NULL &&
               strstr(r.out, "train_gpt2: the final model not written: the parameters are not finite") != NULL &&
@@ -1536,7 +1536,7 @@ static void test_nan_update(void) {
     }
     // a checkpoint after that update is not written either
     snprintf(odir, sizeof(odir), "%s/nan_update_ckpt", work);
-    snprintf(args, sizeof(args), "-x 2 -n 1 -l 10 -c 10 -np 2 -e %s -o %s", path, odir);
+    snprintf(args, sizeof(args), "-x 2 -n 1 -l 10 -c 10 -np 2 -e %s -ev 250 -o %s", path, odir);
     TrainerRun r = run_trainer(args, NULL, 30.0);
     check(r.status == 1 && r.lines == 1 && strstr(r.out, "train_gpt2: the checkpoint after step 0 not written: the "
                                                   "parameters are not finite") != NULL &&
