@@ -23,9 +23,11 @@
 # not ignore, as they are now, uncommitted changes included: a new test
 # counts before it is committed) in a directory of its own under $TMPDIR.
 # Your files are never written; the copy is removed at the end, also when
-# interrupted (Ctrl-C). Not part of `make test` or CI: the whole list took
-# 70 minutes on two busy cores, a third of it the unmutated baseline (one
-# run of each test program), most of the rest compiling and test_checkpoint.
+# interrupted (Ctrl-C). Not part of `make test` or CI: its first 55 mutants
+# took 70 minutes on two busy cores, a third of it the unmutated baseline
+# (one run of each test program), most of the rest compiling and
+# test_checkpoint; the 32 of the parallel code since then add more, as
+# several run test_layouts.
 #
 # Exit status: 0 when every mutant run was killed or its survival is
 # expected (its `expect:` line), 1 when one survived unexpectedly, a pattern

@@ -670,6 +670,37 @@ static void test_ring_verdicts(void) {
     sketch_gen_free(&g);
 }
 
+// each checked collective's draw of r is its own: the host backend numbers
+// a rank's collectives on each group (comm_group_call), and that number goes
+// into the nonce with the step, so two collectives of one step on one group
+// never share r (an observer who saw one sketch learns nothing of the next)
+static void test_group_calls(void) {
+    static Group a, b;
+    a.size = 2, a.ranks[0] = 0, a.ranks[1] = 2;
+    b.size = 2, b.ranks[0] = 1, b.ranks[1] = 3;
+    Comm *c = (Comm *)calloc(1, sizeof(Comm));
+    uint64_t id_a, id_b, id_again;
+    int got[5];
+    got[0] = (int)comm_group_call(c, &a, &id_a);
+    got[1] = (int)comm_group_call(c, &a, &id_again);
+    got[2] = (int)comm_group_call(c, &b, &id_b);
+    got[3] = (int)comm_group_call(c, &a, &id_again);
+    got[4] = (int)comm_group_call(c, &b, &id_b);
+    check(got[0] == 0 && got[1] == 1 && got[2] == 0 && got[3] == 2 && got[4] == 1 && id_a == id_again && id_a != id_b,
+          "a rank's collectives numbered per group: a, a, b, a, b are calls %d %d %d %d %d (want 0 1 0 2 1), the "
+          "groups' ids %s", got[0], got[1], got[2], got[3], got[4], id_a != id_b ? "differ" : "the same");
+    // and what the numbers are for: calls 0 and 1 of one group in one step draw different r
+    static SketchGen g;
+    uint8_t key[32] = {4};
+    sketch_gen_init(&g, key, "/llm3d-5-a");
+    sketch_draw(&g, 3, id_a, 0, SK_ALLREDUCE, 1000);
+    double b0 = g.b[0][0], a0 = g.a[0];
+    sketch_draw(&g, 3, id_a, 1, SK_ALLREDUCE, 1000);
+    check(g.b[0][0] != b0 || g.a[0] != a0, "calls 0 and 1 on one group in one step draw different coefficients");
+    sketch_gen_free(&g);
+    free(c);
+}
+
 // the bound of a whole p-term sum (sketch_sum_bound), for fp32 and for bf16
 // rounded at every hop as NCCL's ring does, against sums played here
 static void test_sum_bounds(void) {
@@ -678,7 +709,8 @@ static void test_sum_bounds(void) {
     sketch_gen_init(&g, key, "/llm3d-3-a");
     size_t n = 5000;
     double worst[2] = {0, 0};
-    int over[2] = {0, 0}, runs = 0;
+    int over[2] = {0, 0}, runs = 0, loose = 0;
+    double loosest = 0.0;
     float *x = (float *)malloc(8 * n * sizeof(float)), *y = (float *)malloc(n * sizeof(float));
     for (int p = 2; p <= 8; p++) {
         for (int kind = 0; kind < 3; kind++) {
@@ -708,12 +740,21 @@ static void test_sum_bounds(void) {
                     double ratio = bound > 0 ? fabs(sy.s[0] - sum_s) / bound : 0.0;
                     worst[bf] = fmax(worst[bf], ratio);
                     over[bf] += ratio > 1.0;
+                    // and no looser than gamma(p-1) sum |r||x| (doc/security.md),
+                    // computed here, with the code's margin of (1 + gamma) on it: the
+                    // sketches' evaluation errors add some 1e-6 of that
+                    double uu = ldexp(1.0, bf ? -8 : -24), gamma = (p - 1) * uu / (1.0 - (p - 1) * uu);
+                    double looser = bound / (gamma * (1.0 + gamma) * sum_a);
+                    loosest = fmax(loosest, looser);
+                    loose += !(looser >= 1.0 && looser <= 1.0001);
                 }
             }
         }
     }
     check(over[0] == 0 && over[1] == 0, "%d sums of 2 to 8 inputs: the whole sum within gamma(p-1) sum |r||x| in fp32 "
           "(largest %.3f of it) and in bf16 rounded at every hop (largest %.3f of it)", runs, worst[0], worst[1]);
+    check(loose == 0, "%d bounds of 2 to 8 inputs, fp32 and bf16: gamma(p-1) (1 + gamma(p-1)) sum |r||x| and no "
+          "more than 1e-4 of it over (the loosest %.7f of it)", 2 * runs, loosest);
     free(x);
     free(y);
     sketch_gen_free(&g);
@@ -765,6 +806,22 @@ static void test_grads_rule(void) {
     check(n == 1 && strstr(lines, "rank 3's own gradient norm 4000 is 80.0x the median 50 of its data-parallel peers' "
                                   "(rank 1)") != NULL,
           "tp 2 x dp 2: each rank against the same slice of the other replicas: %s", lines);
+    // just above the rule: 9x its peers' median is an outlier (the rule is
+    // above 8x, where 7.8x above is not one)
+    float above[4] = {2.0f, 2.4f, 18.0f, 1.7f};
+    n = judge_norms(4, 1, 1, above, lines, sizeof(lines), fields, sizeof(fields));
+    check(n == 1 && strstr(lines, "rank 2's own gradient norm 18 is 9.0x the median 2 of its data-parallel peers' "
+                                  "(ranks 0, 1, 3)") != NULL,
+          "9x its peers' median is an outlier (the rule: above %.0fx): %s", GRADS_RATIO, lines);
+    // pp 2 x dp 3: the peers of rank 5 (stage 1) are ranks 1 and 3, the same
+    // stage of the other replicas, not ranks 0 to 2; the last stage (the
+    // head) may have norms far above the first's
+    float stages[6] = {1.0f, 40.0f, 1.2f, 44.0f, 0.9f, 400.0f};
+    n = judge_norms(6, 1, 2, stages, lines, sizeof(lines), fields, sizeof(fields));
+    check(n == 1 && strstr(lines, "step 3: rank 5's own gradient norm 400 is 9.5x the median 42 of its data-parallel "
+                                  "peers' (ranks 1, 3)") != NULL &&
+          strcmp(fields, "\"grad_outliers\": [5], \"rank_norms\": [1, 40, 1.2, 44, 0.9, 400]") == 0,
+          "pp 2 x dp 3: each rank against its own stage of the other replicas: %s / %s", lines, fields);
     check(judge_norms(2, 1, 1, NULL, lines, sizeof(lines), fields, sizeof(fields)) == 0 && lines[0] == '\0',
           "dp 1 (no norms gathered): nothing judged");
 }
@@ -1525,6 +1582,7 @@ int main(int argc, char **argv) {
     test_coefficients();
     test_fused_pass();
     test_ring_verdicts();
+    test_group_calls();
     test_sum_bounds();
     test_grads_rule();
     test_nccl_coefficients();

@@ -885,13 +885,13 @@ static void test_drift(void) {
 
 // rank 0's watch of `world` ranks in `pp` stages, given the same numbers at
 // two reports in a row, long enough a run to name a rank: the second's lines
-static void watch_two_reports(int world, int pp, const float *all, char *lines, size_t len) {
+static void watch_two_reports(int world, int tp, int pp, const float *all, char *lines, size_t len) {
     Job job;
     memset(&job, 0, sizeof(job));
     job.opt.watch_every = 3;
     Grid g;
     char err[256];
-    grid_init(&g, world, 1, pp, 0, err, sizeof(err));
+    grid_init(&g, world, tp, pp, 0, err, sizeof(err));
     Watch w;
     watch_init(&w, &job, &g);
     LogLine l = {0, 1, 0, 0, 0, -1, -1, 0, 0, NULL, NULL, NULL, NULL};
@@ -958,12 +958,27 @@ static void test_watch_rules(void) {
     // three ranks a stage: the median is each stage's own
     char lines[512];
     float stage_slow[] = {40, 100, 130, 10, 41, 99, 129, 11, 40, 100, 400, 12};  // rank 5 slow in stage 1
-    watch_two_reports(6, 2, stage_slow, lines, sizeof(lines));
+    watch_two_reports(6, 1, 2, stage_slow, lines, sizeof(lines));
     check(strcmp(lines, "step 5: rank 5 is a straggler: compute 400 ms/step against a median of 130 ms (3.1x), for 2 "
                  "reports\n") == 0, "watch: a straggler against its own stage's median: %s", lines);
+    // tp 3 x pp 2: a stage is 3 adjacent ranks (rank r's stage (r / tp) % pp),
+    // not every other rank; rank 5 slow in stage 1, the head's stage
+    float tp_slow[] = {40, 10, 41, 10, 40, 10, 130, 10, 129, 10, 400, 11};
+    watch_two_reports(6, 3, 2, tp_slow, lines, sizeof(lines));
+    check(strcmp(lines, "step 5: rank 5 is a straggler: compute 400 ms/step against a median of 130 ms (3.1x), for 2 "
+                 "reports\n") == 0, "watch: tp 3 x pp 2: each rank against its own stage's tp ranks: %s", lines);
+    // a wait 5.7x the median and 50 ms above it, but 6% of a long step: not
+    // a rank that waits unusually; the same wait in a short step (37%) is
+    float long_step[] = {1000, 10, 1000, 9, 1000, 11, 1000, 60};
+    watch_two_reports(4, 1, 1, long_step, lines, sizeof(lines));
+    check(lines[0] == '\0', "watch: a wait under %.0f%% of its step is not unusual: %s", 100 * WATCH_WAIT_SHARE, lines);
+    float short_step[] = {100, 10, 100, 9, 100, 11, 100, 60};
+    watch_two_reports(4, 1, 1, short_step, lines, sizeof(lines));
+    check(strcmp(lines, "step 5: rank 3 waits unusually: 60 ms/step in communication against a median of 10 ms "
+                 "(5.7x), for 2 reports\n") == 0, "watch: the same wait in a short step is unusual: %s", lines);
     // each stage one rank: its peers are all the ranks
     float one_each[] = {40, 10, 200, 10};
-    watch_two_reports(2, 2, one_each, lines, sizeof(lines));
+    watch_two_reports(2, 1, 2, one_each, lines, sizeof(lines));
     check(strcmp(lines, "step 5: rank 1 is a straggler: compute 200 ms/step against a median of 120 ms (1.7x), for 2 "
                  "reports\n") == 0, "watch: with one rank a stage, the median is over all the ranks: %s", lines);
     grid_init(&g, 1, 1, 1, 0, err, sizeof(err));

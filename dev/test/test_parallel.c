@@ -638,6 +638,14 @@ static void test_launch_env(const char *key_path, const uint8_t key[32]) {
           "launch: Open MPI variables: rank 2 of 4, local 1");
     launch_free(&L);
     test_clear_rank_env();
+    // no local rank variable: the rank is its own local rank (one box), not 0
+    setenv("RANK", "2", 1);
+    setenv("WORLD_SIZE", "4", 1);
+    rc = parallel_main(1, argv, 4, "unix:/tmp/nowhere.sock", key_path, NULL, 5.0, &L, err, sizeof(err));
+    check(rc == 0 && L.rank == 2 && L.world == 4 && L.local_rank == 2 && strcmp(L.source, "torchrun") == 0,
+          "launch: RANK and WORLD_SIZE without LOCAL_RANK: rank 2 of 4, local 2 (got rc %d, local %d)", rc, L.local_rank);
+    if (rc == 0) launch_free(&L);
+    test_clear_rank_env();
     setenv("SLURM_PROCID", "3", 1);
     setenv("SLURM_NTASKS", "8", 1);
     setenv("SLURM_LOCALID", "3", 1);
