@@ -418,6 +418,20 @@ nccl_fits() {
 # nccl_ran MODE NAME: in nccl mode, that NAME's log shows the job over NCCL
 # (rank 0's -hb 2 line, and no host mode), else a failure; a dry run's CPU
 # trainer prints neither
+# unsealed DIR...: "N M", of the M files model.bin, optim.bin and state.bin
+# of the checkpoint directories DIR..., the N that are missing or not sealed
+# (a sealed file opens with "llm3dgcm": doc/formats.md)
+unsealed() {
+    local plain=0 nfiles=0 d f
+    for d in "$@"; do
+        for f in model.bin optim.bin state.bin; do
+            nfiles=$((nfiles + 1))
+            [ "$(head -c 8 "$d/$f" 2>/dev/null)" = llm3dgcm ] || plain=$((plain + 1))
+        done
+    done
+    echo "$plain $nfiles"
+}
+
 nccl_ran() {
     if [ "$1" != nccl ] || [ "$DRYRUN" = 1 ]; then return 0; fi
     if grep -q '^NCCL with -hb 2: ' "$LOGS/$2.log" && ! grep -q '^host mode: ' "$LOGS/$2.log"; then return 0; fi
@@ -790,12 +804,7 @@ nccl_ckpt() {
         compare 0 "8 NCCL ranks, ZeRO-$z: resumed by the same layout from step 4, the same losses and norms" \
             "$LOGS/$name.jsonl" "$LOGS/${name}_resumed.jsonl" resumed
         if [ -n "$enc" ]; then
-            for k in full/ckpt_00000004 full/ckpt_00000008 same/ckpt_00000008; do
-                for f in model.bin optim.bin state.bin; do
-                    nfiles=$((nfiles + 1))
-                    [ "$(head -c 8 "$d/$k/$f" 2>/dev/null)" = llm3dgcm ] || plain=$((plain + 1))
-                done
-            done
+            read -r plain nfiles < <(unsealed "$d/full/ckpt_00000004" "$d/full/ckpt_00000008" "$d/same/ckpt_00000008")
             if [ $plain -eq 0 ]; then pass "8 NCCL ranks, ZeRO-$z, -enc 1: the $nfiles files of the 3 checkpoints are sealed (llm3dgcm)"
             else fail "8 NCCL ranks, ZeRO-$z, -enc 1: $plain of the $nfiles files of the 3 checkpoints are missing or not sealed"; fi
         elif cmp -s "$d/full/ckpt_00000008/model.bin" "$d/same/ckpt_00000008/model.bin" &&
@@ -1140,14 +1149,11 @@ if [ $ON = 1 ] && [ -x ./train_gpt2cu ]; then
         if [ -s "$LOGS/ck_enc.jsonl" ]; then
             # the checkpoints there are (the resumed run's is missing where it was
             # skipped for time, or failed and said so)
-            plain=0 nfiles=0
+            written=()
             for d in enc/ckpt_00000010 enc/ckpt_00000020 enc_resumed/ckpt_00000020; do
-                [ -d "$CK/$d" ] || continue
-                for f in model.bin optim.bin state.bin; do
-                    nfiles=$((nfiles + 1))
-                    [ "$(head -c 8 "$CK/$d/$f" 2>/dev/null)" = llm3dgcm ] || plain=$((plain + 1))
-                done
+                [ -d "$CK/$d" ] && written+=("$CK/$d")
             done
+            read -r plain nfiles < <(unsealed "${written[@]}")
             if [ $plain -eq 0 ]; then pass "-enc 1: model.bin, optim.bin and state.bin are sealed files (llm3dgcm) in the $((nfiles / 3)) checkpoints written"
             else fail "-enc 1: $plain of the $nfiles checkpoint files are not sealed"; fi
         fi
