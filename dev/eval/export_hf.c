@@ -17,9 +17,13 @@
  *   config.json        GPT2Config: the shape, tanh GELU ("gelu_new"),
  *                      LayerNorm eps 1e-5, tied embeddings
  *   vocab.json, merges.txt, tokenizer_config.json
- *                      GPT-2's tokenizer: copies of encoder.json and
- *                      vocab.bpe, when the model has GPT-2's 50257 tokens and
- *                      the files are found (as prepare_data finds them)
+ *                      the tokenizer: copies of --encoder's encoder.json and
+ *                      --vocab's vocab.bpe, parsed first with prepare_data's
+ *                      loader (tokenizer.h's bpe_load) and refused unless
+ *                      they load and hold the model's V tokens, "<|endoftext|>"
+ *                      among them; without the flags, GPT-2's files, found
+ *                      as prepare_data finds them, for a model of GPT-2's
+ *                      50257 tokens
  *
  * The mapping, tensor by tensor (llm.c's name, its shape; HF's name, shape):
  *   wte (Vp, C)               wte.weight (V, C): the padded rows V..Vp-1 are dropped
@@ -45,16 +49,23 @@
  * spaces so the data starts 8-byte aligned), then the tensors' bytes, one
  * after the other in the order listed, little-endian, row-major.
  *
+ * --key-file is read and checked whenever it is given, the model sealed or
+ * not: a plain model is exported as without it, and a note says the key was
+ * not needed.
+ *
  * Exit status: 0 done, 1 a file could not be read or written (a sealed model
- * under another key too), 2 bad flags (a sealed model and no --key-file, or
- * a key file that is not one, said in the trainers' form: "export_hf: flag
+ * under another key too, or GPT-2's tokenizer files found in the data
+ * directory but broken), 2 bad flags (a sealed model and no --key-file, a
+ * key file that is not one, said in the trainers' form: "export_hf: flag
  * --key-file (the key of the job that sealed the model): k: No such file or
- * directory").
+ * directory"; an --encoder or --vocab file that does not load or is not the
+ * model's vocabulary, in the same form). Nothing is written before the model,
+ * the key and the tokenizer's files are checked.
  */
 #define _GNU_SOURCE  // strdup
 #include "llm3d/checkpoint.h"  // ckpt_model_load
 #include "llm3d/gpt2.h"        // GPT2Config, param_count
-#include "llm3d/tokenizer.h"   // bpe_find_files
+#include "llm3d/tokenizer.h"   // bpe_find_files, bpe_load
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -82,11 +93,12 @@ static void usage(FILE *f) {
             "  -o DIR           output directory, created if missing: model.safetensors, config.json,\n"
             "                   and GPT-2's tokenizer (vocab.json, merges.txt, tokenizer_config.json)\n"
             "  --dtype f32|bf16 dtype of the tensors written (default f32; bf16 rounds to nearest even)\n"
-            "  --encoder PATH   GPT-2 encoder.json  } copied as vocab.json and merges.txt; default:\n"
-            "  --vocab PATH     GPT-2 vocab.bpe     } $LLM3D_DATA/gpt2/, else ../shared/data/gpt2/\n"
+            "  --encoder PATH   encoder.json  } checked to load and hold the model's V tokens, then copied as\n"
+            "  --vocab PATH     vocab.bpe     } vocab.json and merges.txt; default for a model of 50257 tokens:\n"
+            "                   GPT-2's, in $LLM3D_DATA/gpt2/, else ../shared/data/gpt2/\n"
             "  --no-tokenizer   write no tokenizer files\n"
             "  --key-file FILE  the key of the job that sealed MODEL.bin (-enc): the trainer's --key-file,\n"
-            "                   or the job.key in its -o directory (read only when MODEL.bin is sealed)\n");
+            "                   or the job.key in its -o directory (checked whenever given; used when MODEL.bin is sealed)\n");
 }
 
 static __attribute__((format(printf, 1, 2))) void usage_error(const char *fmt, ...) {
@@ -308,23 +320,64 @@ static int write_config(const char *path, const GPT2Config *c, int bf16, int eot
     return write_text_file(path, json, err, errlen);
 }
 
-// write_tokenizer: GPT-2's tokenizer files for GPT2Tokenizer(Fast). 1 written,
-// 0 skipped with a note, -1 error.
-static int write_tokenizer(const ExportOptions *o, const GPT2Config *c, char *err, size_t errlen) {
+// tokenizer_files: the encoder.json and vocab.bpe that become vocab.json and
+// merges.txt, parsed with prepare_data's loader (tokenizer.h's bpe_load)
+// before anything is written, so that a truncated or broken file is refused
+// rather than copied into a tokenizer that transformers then fails on, and a
+// vocabulary that is not the model's (V tokens, "<|endoftext|>" among them:
+// tokenizer_config.json names it) is refused too. --encoder and --vocab may
+// give any such vocabulary; without them GPT-2's files are looked for, and
+// only for a model of GPT-2's 50257 tokens. Returns 1 with encoder, vocab
+// (len bytes each) and *eot set; 0 when there are none to write (a line says
+// why); -2 a flag's file refused, -1 a file found in the data directory
+// refused, with err set.
+static int tokenizer_files(const ExportOptions *o, const GPT2Config *c, char *encoder, char *vocab, size_t len, int *eot,
+                           char *err, size_t errlen) {
     if (o->no_tokenizer) return 0;
-    if (c->V != 50257) {
-        printf("export_hf: no tokenizer files: the model has %d tokens, not GPT-2's 50257\n", c->V);
+    int given = o->encoder != NULL;
+    if (given) {
+        snprintf(encoder, len, "%s", o->encoder);
+        snprintf(vocab, len, "%s", o->vocab);
+    } else if (c->V != 50257) {
+        printf("export_hf: no tokenizer files: the model has %d tokens, not GPT-2's 50257 (give --encoder and --vocab "
+               "of its own vocabulary)\n", c->V);
         return 0;
-    }
-    char encoder[4096], vocab[4096], path[4200];
-    if (o->encoder != NULL) {
-        snprintf(encoder, sizeof(encoder), "%s", o->encoder);
-        snprintf(vocab, sizeof(vocab), "%s", o->vocab);
-    } else if (bpe_find_files(encoder, vocab, sizeof(encoder)) != 0) {
+    } else if (bpe_find_files(encoder, vocab, len) != 0) {
         printf("export_hf: no tokenizer files: no gpt2/encoder.json and vocab.bpe in $LLM3D_DATA or ../shared/data "
                "(give --encoder and --vocab)\n");
         return 0;
     }
+    Bpe b;
+    int rc = bpe_load(&b, encoder, vocab, err, errlen);
+    // bpe_load reads encoder.json first, and its every line starts with the file's path
+    size_t n = strlen(vocab);
+    int about_vocab = rc != 0 && strcmp(encoder, vocab) != 0 && strncmp(err, vocab, n) == 0 && err[n] == ':';
+    if (rc == 0) {
+        if (b.vocab_size != c->V)
+            rc = errorf(err, errlen, "%s: %d tokens, but the model has V = %d", encoder, b.vocab_size, c->V);
+        else if (b.eot < 0)
+            rc = errorf(err, errlen, "%s: no \"%s\" token, which tokenizer_config.json names", encoder, BPE_EOT_TEXT);
+        *eot = b.eot;
+        bpe_free(&b);
+    }
+    if (rc == 0) return 1;
+    if (given) {
+        flag_file_error(err, errlen, about_vocab ? "--vocab" : "--encoder",
+                        about_vocab ? "the tokenizer's merges, for merges.txt" : "the tokenizer's vocabulary, for vocab.json", NULL);
+        return -2;
+    }
+    char why[8192];
+    snprintf(why, sizeof(why), "%s", err);
+    errorf(err, errlen, "%s (GPT-2's tokenizer files, found in $LLM3D_DATA or ../shared/data: replace them, give "
+           "--encoder and --vocab, or --no-tokenizer)", why);
+    return -1;
+}
+
+// write_tokenizer: the files tokenizer_files chose, for GPT2Tokenizer(Fast):
+// copied byte for byte, plus tokenizer_config.json. 0, or -1 with err set.
+static int write_tokenizer(const ExportOptions *o, const GPT2Config *c, const char *encoder, const char *vocab,
+                           char *err, size_t errlen) {
+    char path[4200];
     snprintf(path, sizeof(path), "%s/vocab.json", o->out_dir);
     if (copy_file(encoder, path, err, errlen) != 0) return -1;
     snprintf(path, sizeof(path), "%s/merges.txt", o->out_dir);
@@ -334,7 +387,24 @@ static int write_tokenizer(const ExportOptions *o, const GPT2Config *c, char *er
              "{\n  \"tokenizer_class\": \"GPT2Tokenizer\",\n  \"model_max_length\": %d,\n  \"bos_token\": \"<|endoftext|>\",\n"
              "  \"eos_token\": \"<|endoftext|>\",\n  \"unk_token\": \"<|endoftext|>\",\n  \"add_prefix_space\": false\n}\n", c->maxT);
     snprintf(path, sizeof(path), "%s/tokenizer_config.json", o->out_dir);
-    return write_text_file(path, json, err, errlen) == 0 ? 1 : -1;
+    return write_text_file(path, json, err, errlen);
+}
+
+// check_key_file: --key-file, when given, read and checked whether or not
+// the model turns out to be sealed: a user who passes the key to every
+// export (not knowing which models were sealed) learns of a wrong path or a
+// file that is no key here too, not first on the day a sealed model needs
+// it. Exits 2 with the trainers' line for a key file that is not one.
+static void check_key_file(const ExportOptions *o) {
+    if (o->key_file == NULL) return;
+    uint8_t key[32];
+    char err[4096];
+    if (key_read_file(o->key_file, key, err, sizeof(err)) != 0) {
+        flag_file_error(err, sizeof(err), "--key-file", "the key of the job that sealed the model", "key file");
+        fprintf(stderr, "export_hf: %s\n", err);
+        exit(2);
+    }
+    secure_wipe(key, sizeof(key));
 }
 
 int main(int argc, char **argv) {
@@ -342,9 +412,11 @@ int main(int argc, char **argv) {
     parse_options(&o, argc, argv);
     uint16_t probe = 1;
     if (*(unsigned char *)&probe != 1) { fprintf(stderr, "export_hf: this host is big-endian; safetensors wants little-endian\n"); return 1; }
+    check_key_file(&o);
     char err[8192];
     GPT2Config c;
-    int no_key;
+    int no_key, sealed = 0, fd = ckpt_open_read(o.in, 1, &sealed, NULL, 0);
+    if (fd >= 0) close(fd);
     float *params = ckpt_model_load(o.in, o.key_file, &c, &no_key, err, sizeof(err));
     if (params == NULL) {  // a sealed model without a key from --key-file is a flag error
         // with --key-file given, no_key says the key file could not be read
@@ -352,6 +424,18 @@ int main(int argc, char **argv) {
             flag_file_error(err, sizeof(err), "--key-file", "the key of the job that sealed the model", "key file");
         fprintf(stderr, "export_hf: %s\n", err);
         return no_key ? 2 : 1;
+    }
+    if (o.key_file != NULL && !sealed)
+        printf("note: flag --key-file %s: %s is not sealed, so its key is not needed (the key file was read: it is "
+               "one)\n", o.key_file, o.in);
+    // the tokenizer's files are checked before anything is written
+    char encoder[4096], vocab[4096];
+    int eot = c.V == 50257 ? 50256 : 0;  // without a tokenizer: GPT-2's <|endoftext|>; 0 for the byte-level vocab
+    int tokenizer = tokenizer_files(&o, &c, encoder, vocab, sizeof(encoder), &eot, err, sizeof(err));
+    if (tokenizer < 0) {
+        fprintf(stderr, "export_hf: %s\n", err);
+        free(params);
+        return tokenizer == -2 ? 2 : 1;
     }
     struct stat st;
     if (stat(o.out_dir, &st) != 0 && mkdir(o.out_dir, 0755) != 0) {
@@ -362,12 +446,11 @@ int main(int argc, char **argv) {
     char st_path[4200], config_path[4200];
     snprintf(st_path, sizeof(st_path), "%s/model.safetensors", o.out_dir);
     snprintf(config_path, sizeof(config_path), "%s/config.json", o.out_dir);
-    int eot = c.V == 50257 ? 50256 : 0;  // GPT-2's <|endoftext|>; 0 for the byte-level vocab
     int rc = write_safetensors(st_path, &c, params, o.bf16, err, sizeof(err));
     if (rc == 0) rc = write_config(config_path, &c, o.bf16, eot, err, sizeof(err));
-    int tokenizer = rc == 0 ? write_tokenizer(&o, &c, err, sizeof(err)) : 0;
+    if (rc == 0 && tokenizer) rc = write_tokenizer(&o, &c, encoder, vocab, err, sizeof(err));
     free(params);
-    if (rc != 0 || tokenizer < 0) { fprintf(stderr, "export_hf: %s\n", err); return 1; }
+    if (rc != 0) { fprintf(stderr, "export_hf: %s\n", err); return 1; }
     printf("export_hf: %s: GPT-2 L=%d NH=%d C=%d V=%d maxT=%d, %zu parameters (%s)\n", o.in, c.L, c.NH, c.C, c.V, c.maxT,
            param_count(&c) - (size_t)(c.Vp - c.V) * c.C, o.bf16 ? "bf16" : "f32");
     printf("export_hf: wrote %s, %s%s\n", st_path, config_path, tokenizer ? ", vocab.json, merges.txt, tokenizer_config.json" : "");

@@ -5,8 +5,11 @@
  * tensors against the model file's (the transposed ones included), config.json,
  * the bf16 rounding, a v5 (bf16) model file in, a model sealed as the
  * trainer's -enc 2 seals it (read with --key-file, refused without, and a
- * --key-file that is no key file refused in the trainers' form), and its
- * errors: FIFOs where it reads, links planted where it writes.
+ * --key-file that is no key file refused in the trainers' form, for a plain
+ * model too), the tokenizer's files (a small vocabulary of the model's V
+ * exported; files cut short, another V, no "<|endoftext|>" refused before
+ * anything is written), and its errors: FIFOs where it reads, links planted
+ * where it writes.
  *
  *   make dev/test/test_export export_hf && ./dev/test/test_export
  */
@@ -240,7 +243,8 @@ static void check_config_json(const char *dir) {
 }
 
 // check_tokenizer_files: a model with GPT-2's 50257 tokens gets GPT-2's
-// tokenizer files, copied byte for byte (GPT2Tokenizer's names)
+// tokenizer files, copied byte for byte (GPT2Tokenizer's names); a copy of
+// encoder.json cut short is refused
 static void check_tokenizer_files(void) {
     char enc[512], voc[512];
     if (!test_data_path("gpt2/encoder.json", enc, sizeof(enc)) || !test_data_path("gpt2/vocab.bpe", voc, sizeof(voc))) {
@@ -262,6 +266,126 @@ static void check_tokenizer_files(void) {
     snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
     check(same && access(path, R_OK) == 0, "V = 50257: vocab.json and merges.txt are encoder.json and vocab.bpe, plus "
           "tokenizer_config.json (exit %d)", rc);
+    // GPT-2's encoder.json cut short: refused, not copied into a broken vocab.json
+    char cut[128];
+    size_t len = 0;
+    char *text = test_read_file(enc, &len);
+    snprintf(cut, sizeof(cut), "%s/encoder_cut.json", tmp_dir);
+    test_write_file(cut, text, len - len / 3);
+    free(text);
+    snprintf(dir, sizeof(dir), "%s/hf_tok_cut", tmp_dir);
+    snprintf(cmd, sizeof(cmd), "./export_hf -i %s -o %s --encoder %s --vocab %s", model, dir, cut, voc);
+    rc = test_run(cmd, 1, out, sizeof(out));
+    check(rc == 2 && test_count(out, "\n") == 1 && strncmp(out, "export_hf: flag --encoder (", 27) == 0 &&
+          strstr(out, cut) != NULL && !test_exists("%s", dir), "GPT-2's encoder.json cut short: refused in one line "
+          "naming --encoder and the file, nothing written (exit %d): %.*s", rc, (int)strcspn(out, "\n"), out);
+}
+
+// tiny_tokenizer: in tmp_dir, test_run.h's tiny encoder.json with
+// "<|endoftext|>" as id 258 (enc), its vocab.bpe (voc), both len bytes, and
+// a model of its 259 tokens (model, modellen bytes); 0, or -1
+static int tiny_tokenizer(char *enc, char *voc, size_t len, char *model, size_t modellen) {
+    snprintf(enc, len, "%s/tiny_encoder.json", tmp_dir);
+    snprintf(voc, len, "%s/tiny_vocab.bpe", tmp_dir);
+    snprintf(model, modellen, "%s/model_v259.bin", tmp_dir);
+    test_write_tiny_encoder(enc, ", \"<|endoftext|>\": 258");
+    test_write_file(voc, "#version: 0.2\na b\nab c\n", 23);
+    GPT2Config tiny_vocab = {.maxT = 8, .V = 259, .Vp = 384, .L = 1, .NH = 1, .C = 4};
+    float *params = calloc(param_count(&tiny_vocab), sizeof(float));
+    char err[256];
+    int rc = params != NULL ? model_save(model, &tiny_vocab, params, 0, err, sizeof(err)) : -1;
+    free(params);
+    return rc;
+}
+
+// the tokenizer's files are parsed (prepare_data's loader) before anything
+// is written: a small vocabulary of the model's V is exported, its EOT's id
+// in config.json; a truncated encoder.json, a vocab.bpe cut short, a
+// vocabulary of another size than the model's, or one without
+// "<|endoftext|>" is refused in one line naming the flag and the file, exit
+// 2, and -o is not made. model300: the test's plain model of V = 300.
+static void check_tokenizer_parsed(const char *model300) {
+    char enc[128], voc[128], tiny_model[128], cut[128], cut_voc[128], no_eot[128], dir[128];
+    char cmd[2048], out[4096], path[256];
+    if (!check(tiny_tokenizer(enc, voc, sizeof(enc), tiny_model, sizeof(tiny_model)) == 0, "a tiny tokenizer and a "
+               "model of its 259 tokens"))
+        return;
+    snprintf(dir, sizeof(dir), "%s/hf_tiny", tmp_dir);
+    snprintf(cmd, sizeof(cmd), "./export_hf -i %s --encoder %s --vocab %s -o %s", tiny_model, enc, voc, dir);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    int same = rc == 0 && test_files_same(enc, test_path(path, sizeof(path), dir, "vocab.json")) &&
+               test_files_same(voc, test_path(path, sizeof(path), dir, "merges.txt"));
+    char *config = test_read_text(test_path(path, sizeof(path), dir, "config.json"));
+    check(same && strstr(config, "\"eos_token_id\": 258") != NULL, "V = 259 and a tokenizer of 259 tokens: "
+          "vocab.json and merges.txt are its files, config.json's eos_token_id is its EOT, 258 (exit %d) %.*s", rc,
+          (int)strcspn(out, "\n"), out);
+    free(config);
+
+    // the broken files and the vocabularies that are not the model's
+    size_t len = 0;
+    char *text = test_read_file(enc, &len);
+    snprintf(cut, sizeof(cut), "%s/cut_encoder.json", tmp_dir);
+    test_write_file(cut, text, len / 2);
+    free(text);
+    snprintf(cut_voc, sizeof(cut_voc), "%s/cut_vocab.bpe", tmp_dir);
+    test_write_file(cut_voc, "#version: 0.2\na b\n", 18);  // cut short at a line end
+    snprintf(no_eot, sizeof(no_eot), "%s/no_eot.json", tmp_dir);
+    test_write_tiny_encoder(no_eot, ", \"abcd\": 258");
+    struct { const char *what, *model, *enc, *voc, *flag, *file, *says; } cases[] = {
+        {"encoder.json cut in half", tiny_model, cut, voc, "--encoder", cut, ": offset "},
+        {"vocab.bpe cut short", tiny_model, enc, cut_voc, "--vocab", cut_voc, "'abc' (id 257) is made by no merge"},
+        {"259 tokens for a model of V = 300", model300, enc, voc, "--encoder", enc, "259 tokens, but the model has V = 300"},
+        {"no <|endoftext|>", tiny_model, no_eot, "#version: 0.2\na b\nab c\nabc d\n", "--encoder", no_eot,
+         "no \"<|endoftext|>\" token"},
+    };
+    char voc4[128];
+    snprintf(voc4, sizeof(voc4), "%s/vocab4.bpe", tmp_dir);
+    test_write_file(voc4, cases[3].voc, strlen(cases[3].voc));
+    cases[3].voc = voc4;
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        snprintf(dir, sizeof(dir), "%s/hf_refused_tok%zu", tmp_dir, k);
+        snprintf(cmd, sizeof(cmd), "./export_hf -i %s --encoder %s --vocab %s -o %s", cases[k].model, cases[k].enc,
+                 cases[k].voc, dir);
+        rc = test_run(cmd, 1, out, sizeof(out));
+        char lead[400];
+        snprintf(lead, sizeof(lead), "export_hf: flag %s (", cases[k].flag);
+        check(rc == 2 && test_count(out, "\n") == 1 && strncmp(out, lead, strlen(lead)) == 0 &&
+              strstr(out, cases[k].file) != NULL && strstr(out, cases[k].says) != NULL && !test_exists("%s", dir),
+              "%s: refused in one line naming %s and the file, nothing written (exit %d): %.*s", cases[k].what,
+              cases[k].flag, rc, (int)strcspn(out, "\n"), out);
+    }
+}
+
+// a plain model with --key-file: the key file is read and checked all the
+// same (a file that is no key is refused in the trainers' form, exit 2), and
+// a good one exports the plain model as without it, with one note that the
+// key was not needed
+static void check_plain_key(const char *model, const char *plain_dir) {
+    char key_file[128], dir[128], cmd[1024], out[8192], want[700], a[256], b[256];
+    snprintf(key_file, sizeof(key_file), "%s/plain_job.key", tmp_dir);
+    snprintf(dir, sizeof(dir), "%s/hf_plain_key", tmp_dir);
+    if (!check(test_random_key_file(key_file) == 0, "a key file")) return;
+    snprintf(cmd, sizeof(cmd), "./export_hf -i %s --key-file %s -o %s", model, key_file, dir);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    snprintf(a, sizeof(a), "%s/model.safetensors", plain_dir);
+    snprintf(b, sizeof(b), "%s/model.safetensors", dir);
+    snprintf(want, sizeof(want), "note: flag --key-file %s: %s is not sealed, so its key is not needed", key_file, model);
+    check(rc == 0 && test_files_same(a, b) && test_count(out, want) == 1, "a plain model, --key-file of a key: the "
+          "same model.safetensors, and one note that the key was not needed (exit %d): %s", rc,
+          test_line_of(out, "note:"));
+    TestKeyCase keys[TEST_BAD_KEYS];
+    int ok = test_bad_key_files(tmp_dir, keys) == 0;
+    for (int i = 0; i < TEST_BAD_KEYS; i++) {
+        snprintf(dir, sizeof(dir), "%s/hf_plain_badkey%d", tmp_dir, i);
+        snprintf(cmd, sizeof(cmd), "./export_hf -i %s --key-file %s -o %s", model, keys[i].path, dir);
+        rc = test_run(cmd, 1, out, sizeof(out));
+        snprintf(want, sizeof(want), "export_hf: flag --key-file (the key of the job that sealed the model): %s: %s\n",
+                 keys[i].path, keys[i].why);
+        if (!check(ok && rc == 2 && strcmp(out, want) == 0 && !test_exists("%s", dir), "a plain model, --key-file %s: "
+                   "exit %d, one line in the trainers' form, nothing written: %.*s", keys[i].why, rc,
+                   (int)strcspn(out, "\n"), out))
+            printf("      wanted: %s", want);
+    }
 }
 
 // a v3 model file of params and shape c, sealed under key's cipher key as
@@ -363,28 +487,24 @@ static void check_sealed(const float *params, const char *plain_dir) {
 // at their names and never write through one, and a link at a temporary
 // name is refused. model: a plain model of the test's shape.
 static void check_fifos_and_links(const char *model) {
-    char fifo[128], text[128], gpt2_model[128], sealed[128], cmd[2048], out[4096], err[256];
+    char fifo[128], enc[128], voc[128], tiny_model[128], sealed[128], cmd[2048], out[4096];
     snprintf(fifo, sizeof(fifo), "%s/fifo", tmp_dir);
     snprintf(sealed, sizeof(sealed), "%s/model_sealed.bin", tmp_dir);
-    snprintf(text, sizeof(text), "%s/some.txt", tmp_dir);
-    snprintf(gpt2_model, sizeof(gpt2_model), "%s/model_v50257.bin", tmp_dir);
-    test_write_file(text, "{}\n", 3);  // copied as it is: the tokenizer files are not parsed here
-    GPT2Config gpt2_vocab = {.maxT = 8, .V = 50257, .Vp = 50304, .L = 1, .NH = 1, .C = 4};
-    float *params = calloc(param_count(&gpt2_vocab), sizeof(float));
-    int made = mkfifo(fifo, 0600) == 0 && params != NULL && model_save(gpt2_model, &gpt2_vocab, params, 0, err, sizeof(err)) == 0;
-    free(params);
-    if (!check(made, "a FIFO and a model of GPT-2's vocab for export_hf")) return;
+    int made = tiny_tokenizer(enc, voc, sizeof(enc), tiny_model, sizeof(tiny_model)) == 0 && mkfifo(fifo, 0600) == 0;
+    if (!check(made, "a FIFO, and a tiny tokenizer and a model of its vocab for export_hf")) return;
     struct { const char *what, *args; int rc; } cases[] = {
         {"-i", "-i FIFO -o DIR", 1},
-        {"--encoder", "-i GPT2 --encoder FIFO --vocab TEXT -o DIR", 1},
-        {"--vocab", "-i GPT2 --encoder TEXT --vocab FIFO -o DIR", 1},
-        {"--key-file", "-i SEAL --key-file FIFO -o DIR", 2},  // check_sealed's model: the key is read for a sealed one
+        {"--encoder", "-i TINY --encoder FIFO --vocab VOCB -o DIR", 2},  // the tokenizer's files are flags' files
+        {"--vocab", "-i TINY --encoder ENCD --vocab FIFO -o DIR", 2},
+        {"--key-file", "-i SEAL --key-file FIFO -o DIR", 2},  // check_sealed's model
+        {"--key-file (a plain model)", "-i PLAN --key-file FIFO -o DIR", 2},  // the key file is checked all the same
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         char args[1024] = "";
         for (const char *p = cases[k].args; *p != '\0';) {  // the words in capitals are the paths
-            const char *word = strncmp(p, "FIFO", 4) == 0 ? fifo : strncmp(p, "GPT2", 4) == 0 ? gpt2_model
-                             : strncmp(p, "TEXT", 4) == 0 ? text : strncmp(p, "SEAL", 4) == 0 ? sealed : NULL;
+            const char *word = strncmp(p, "FIFO", 4) == 0 ? fifo : strncmp(p, "TINY", 4) == 0 ? tiny_model
+                             : strncmp(p, "ENCD", 4) == 0 ? enc : strncmp(p, "VOCB", 4) == 0 ? voc
+                             : strncmp(p, "SEAL", 4) == 0 ? sealed : strncmp(p, "PLAN", 4) == 0 ? model : NULL;
             if (strncmp(p, "DIR", 3) == 0) {
                 snprintf(args + strlen(args), sizeof(args) - strlen(args), "%s/hf_fifo%zu", tmp_dir, k);
                 p += 3;
@@ -413,7 +533,7 @@ static void check_fifos_and_links(const char *model) {
     const char *names[] = {"model.safetensors", "config.json", "vocab.json", "merges.txt", "tokenizer_config.json"};
     int planted = 1;
     for (int k = 0; k < 5; k++) planted &= symlink(victim, test_path(path, sizeof(path), dir, names[k])) == 0;
-    snprintf(cmd, sizeof(cmd), "./export_hf -i %s --encoder %s --vocab %s -o %s", gpt2_model, text, text, dir);
+    snprintf(cmd, sizeof(cmd), "./export_hf -i %s --encoder %s --vocab %s -o %s", tiny_model, enc, voc, dir);
     int rc = test_run(cmd, 1, out, sizeof(out));
     char *kept = test_read_text(victim);
     int regular = 1;
@@ -482,7 +602,9 @@ int main(void) {
     check_export(dir5, rounded, 0);
 
     check_tokenizer_files();
+    check_tokenizer_parsed(model);
     check_sealed(params, dir);
+    check_plain_key(model, dir);
     check_fifos_and_links(model);
 
     // errors: one line, the file named

@@ -22,6 +22,7 @@
  *   test_count, test_line_of             looking into a program's output
  *   test_write_shard, test_read_shard    token shards (dataloader.h's format)
  *   test_shard_dir                       a scratch directory holding one shard
+ *   test_write_tiny_encoder              an encoder.json of the 256 bytes, "ab" and "abc"
  *   test_write_key_file,                 --key-file files
  *   test_random_key_file,
  *   TestKeyCase, test_bad_key_files      four that are no key, and the reasons
@@ -53,6 +54,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "llm3d/tokenizer.h"  // bpe_byte_map: GPT-2's spelling of bytes in encoder.json
 
 // ----------------------------------------------------------------------------
 // the clock, and how a child ended
@@ -245,6 +248,29 @@ static uint16_t *test_read_shard(const char *path, size_t *ntok) {
     for (size_t i = 0; i < *ntok; i++) tokens[i] = (uint16_t)(data[1024 + 2 * i] | data[1025 + 2 * i] << 8);
     free(data);
     return tokens;
+}
+
+// test_write_tiny_encoder: a small valid encoder.json at path, as GPT-2's
+// spells its keys (bytes_to_unicode): the 256 bytes (ids 0..255), "ab" (256)
+// and "abc" (257), then extra_keys (", \"KEY\": ID" pairs, or ""). The
+// vocab.bpe that goes with it is "#version: 0.2\na b\nab c\n".
+static void test_write_tiny_encoder(const char *path, const char *extra_keys) {
+    int byte_of_char[324], char_of_byte[256];
+    bpe_byte_map(byte_of_char);
+    for (int cp = 0; cp < 324; cp++) if (byte_of_char[cp] >= 0) char_of_byte[byte_of_char[cp]] = cp;
+    size_t cap = 16384 + strlen(extra_keys);
+    char *json = (char *)malloc(cap);
+    if (json == NULL) { printf("out of memory for %s\n", path); exit(1); }
+    size_t o = (size_t)snprintf(json, cap, "{");
+    for (int byte = 0; byte < 256; byte++) {
+        int cp = char_of_byte[byte];
+        if (cp == '"' || cp == '\\') o += (size_t)snprintf(json + o, cap - o, "\"\\%c\": %d, ", cp, byte);
+        else if (cp < 0x7f) o += (size_t)snprintf(json + o, cap - o, "\"%c\": %d, ", cp, byte);
+        else o += (size_t)snprintf(json + o, cap - o, "\"\\u%04x\": %d, ", cp, byte);
+    }
+    o += (size_t)snprintf(json + o, cap - o, "\"ab\": 256, \"abc\": 257%s}", extra_keys);
+    test_write_file(path, json, o);
+    free(json);
 }
 
 // ----------------------------------------------------------------------------

@@ -546,24 +546,6 @@ static void test_bad_bin(void) {
 // ----------------------------------------------------------------------------
 // encoder.json / vocab.bpe errors, on small hand-made files
 
-// a tiny valid vocabulary: the 256 bytes, "ab", "abc", "<|endoftext|>"
-static void write_tiny_encoder(const char *path, const char *extra_keys) {
-    int byte_of_char[324], char_of_byte[256];
-    bpe_byte_map(byte_of_char);
-    for (int cp = 0; cp < 324; cp++) if (byte_of_char[cp] >= 0) char_of_byte[byte_of_char[cp]] = cp;
-    char *json = malloc(16384);
-    size_t o = (size_t)sprintf(json, "{");
-    for (int byte = 0; byte < 256; byte++) {
-        int cp = char_of_byte[byte];
-        if (cp == '"' || cp == '\\') o += (size_t)sprintf(json + o, "\"\\%c\": %d, ", cp, byte);
-        else if (cp < 0x7f) o += (size_t)sprintf(json + o, "\"%c\": %d, ", cp, byte);
-        else o += (size_t)sprintf(json + o, "\"\\u%04x\": %d, ", cp, byte);
-    }
-    sprintf(json + o, "\"ab\": 256, \"abc\": 257%s}", extra_keys);
-    write_text(path, json);
-    free(json);
-}
-
 static void expect_load_error(const char *what, const char *encoder, const char *vocab, const char *bad_file,
                               const char *want_text) {
     Bpe b;
@@ -579,7 +561,7 @@ static void test_bad_bpe_files(void) {
     test_path(voc, sizeof(voc), tmp_dir, "tiny_vocab.bpe");
     test_path(bad, sizeof(bad), tmp_dir, "bad_file");
     test_path(missing, sizeof(missing), tmp_dir, "missing_file");
-    write_tiny_encoder(enc, ", \"<|endoftext|>\": 258");
+    test_write_tiny_encoder(enc, ", \"<|endoftext|>\": 258");
     write_text(voc, "#version: 0.2\na b\nab c\n");
     Bpe b;
     char err[512] = "";
@@ -624,7 +606,7 @@ static void test_bad_bpe_files(void) {
         snprintf(what, sizeof(what), "malformed encoder.json %zu", k);
         expect_load_error(what, bad, voc, bad, bad_json[k].want);
     }
-    write_tiny_encoder(bad, ", \"abcd\": 258");
+    test_write_tiny_encoder(bad, ", \"abcd\": 258");
     expect_load_error("token made by no merge", bad, voc, voc, "'abcd' (id 258) is made by no merge");
 
     struct { const char *merges; const char *want; } bad_vocab[] = {
