@@ -61,8 +61,10 @@
  * The trainer reads such shards when given the same --key-file
  * (dataloader.h, "Encrypted shards").
  *
- * Exit status: 0 done, 1 runtime error (nothing is left behind), 2 bad flags,
- * a --key-file that is no key file among them, in the trainers' form:
+ * Exit status: 0 done, 1 runtime error (nothing is left behind), 2 bad flags
+ * (--field when no input is JSON lines among them: the run would take the
+ * inputs whole as text, not their field), a --key-file that is no key file
+ * too, in the trainers' form:
  * "prepare_data: flag --key-file (the key to encrypt the shards under): k:
  * No such file or directory".
  */
@@ -111,6 +113,7 @@ typedef struct {
     int threads;
     long long block_bytes;     // input per block a worker encodes
     const char *field;
+    int field_given;           // --field was given: some input must be JSON lines
     const char *encoder_path, *vocab_path;
     int bytes;
     const char *key_file;      // --key-file: shards sealed under this key
@@ -135,7 +138,8 @@ static void usage(FILE *f) {
             "  -t N             encoding threads, 1..%d (default: the cores online, here %ld)\n"
             "  --block N        bytes of input a thread encodes at a time, 64..2^30 (default %d);\n"
             "                   the output is the same for any value (the tests use small ones)\n"
-            "  --field NAME     the JSON-lines field holding each document (default text)\n"
+            "  --field NAME     the JSON-lines field holding each document (default text; refused when no\n"
+            "                   input is .jsonl)\n"
             "  --encoder PATH   GPT-2 encoder.json  } default: $LLM3D_DATA/gpt2/, else ../shared/data/gpt2/\n"
             "  --vocab PATH     GPT-2 vocab.bpe     }\n"
             "  --bytes          byte-level tokens (vocab 256, EOT = 0) instead of GPT-2 BPE\n"
@@ -231,7 +235,7 @@ static void parse_options(Options *o, int argc, char **argv, char *name_buf, siz
         else if (strcmp(flag, "-s") == 0) o->shard_tokens = parse_count("-s", value, 1, MAX_SHARD_TOKENS);
         else if (strcmp(flag, "-t") == 0) o->threads = (int)parse_count("-t", value, 1, MAX_THREADS);
         else if (strcmp(flag, "--block") == 0) o->block_bytes = parse_count("--block", value, 64, 1LL << 30);
-        else if (strcmp(flag, "--field") == 0) o->field = value;
+        else if (strcmp(flag, "--field") == 0) { o->field = value; o->field_given = 1; }
         else if (strcmp(flag, "--encoder") == 0) o->encoder_path = value;
         else if (strcmp(flag, "--key-file") == 0) o->key_file = value;
         else o->vocab_path = value;
@@ -340,14 +344,23 @@ static void input_list_free(InputList *l) {
 }
 
 // check_paths: the inputs, listed into *l, and the output directory, made if
-// missing (*made_dir 1 then, so that a failed run removes it again). 0 ok, 1 error.
+// missing (*made_dir 1 then, so that a failed run removes it again). 0 ok, 1
+// error, 2 --field with no JSON-lines input: every input would be taken
+// whole as text, JSON syntax and all, which is not what --field asks for.
 static int check_paths(const Options *o, InputList *l, int *made_dir) {
     *made_dir = 0;
     memset(l, 0, sizeof(*l));
+    int jsonl = 0;
     for (int k = 0; k < o->n_inputs; k++) {
         int before = l->n;
         if (input_add_path(l, o->inputs[k], 0) != 0) return 1;
         if (l->n == before) { fprintf(stderr, "prepare_data: -i %s: no files in it\n", o->inputs[k]); return 1; }
+    }
+    for (int k = 0; k < l->n; k++) jsonl += l->files[k].kind == INPUT_JSONL;
+    if (o->field_given && jsonl == 0) {
+        fprintf(stderr, "prepare_data: --field %s: no input is JSON lines (a name ending in .jsonl), so no field "
+                "would be read and every input would be taken whole as text\n", o->field);
+        return 2;
     }
     struct stat st;
     if (stat(o->out_dir, &st) != 0) {

@@ -135,7 +135,8 @@ static void json_escape(const unsigned char *text, size_t n, FILE *f) {
 
 // Three documents, byte-level: a .jsonl file and a directory of text files
 // holding the same documents give the same shards, EOT before each (the default
-// for both); a text file given alone keeps -e 0 as before.
+// for both); a text file given alone keeps -e 0 as before; --field with no
+// .jsonl among the inputs is refused.
 static void test_jsonl_and_directory(void) {
     static const char *docs[3] = {"First \"doc\" \\ with\nlines\n", "second: caf\xc3\xa9 \xf0\x9f\x98\x80 / tab\t.", "3"};
     char jsonl[128], dir[128], path[256], out_j[128], out_d[128], cmd[2048], err[4096];
@@ -196,6 +197,33 @@ static void test_jsonl_and_directory(void) {
     val = test_read_shard(val_path, &n_val);
     check(rc == 0 && val != NULL && n_val == 1 && val[0] == 'F', "one text file: -e defaults to 0 as before");
     free(val);
+
+    // --field reads JSON lines: with none among the inputs it is refused (the
+    // text would be taken whole, not the field), in one line, before -o is made
+    char out_f[128], body[128];
+    test_path(out_f, sizeof(out_f), tmp_dir, "out_field");
+    const char *inputs[2] = {path, dir};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -o %s -v 1 --bytes --field body", inputs[k], out_f);
+        rc = test_run(cmd, 0, err, sizeof(err));
+        check(rc == 2 && test_count(err, "\n") == 1 && strstr(err, "--field body: no input is JSON lines") != NULL &&
+              !test_exists("%s", out_f), "--field body with %s and no .jsonl: refused in one line, exit %d, no -o: %.*s",
+              k == 0 ? "a text file" : "a directory of text files", rc, (int)strcspn(err, "\n"), err);
+    }
+    // one .jsonl among the inputs: --field is read there
+    test_path(body, sizeof(body), tmp_dir, "body.jsonl");
+    test_write_file(body, "{\"body\": \"xy\"}\n", 15);
+    snprintf(cmd, sizeof(cmd), "./prepare_data -i %s -i %s -o %s -n f -v 1 -e 0 --bytes --field body", body, path, out_f);
+    rc = test_run(cmd, 0, err, sizeof(err));
+    snprintf(val_path, sizeof(val_path), "%s/f_val_000000.bin", out_f);
+    snprintf(train_path, sizeof(train_path), "%s/f_train_000000.bin", out_f);
+    val = test_read_shard(val_path, &n_val);
+    train = test_read_shard(train_path, &n_train);
+    check(rc == 0 && val != NULL && train != NULL && val[0] == 'x' && train[0] == 'y' && train[1] == 'F',
+          "--field body with a .jsonl and a text file: the field's string, then the text (exit %d) %.*s", rc,
+          (int)strcspn(err, "\n"), err);
+    free(val);
+    free(train);
 }
 
 // Errors in a JSON-lines file name the file, the line and the byte, stop the
