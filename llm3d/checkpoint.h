@@ -30,6 +30,8 @@
  *   finding and reading:
  *     ckpt_find_at, ckpt_find
  *                         the checkpoint of a step, or the newest
+ *     ckpt_note_not_dirs  the files and links under a checkpoint's name that
+ *                         a resume passes over, said
  *     ckpt_verify         a checkpoint directory checked against its MANIFEST,
  *                         its state read
  *     ckpt_open_read, ckpt_read_file
@@ -934,9 +936,37 @@ static float *ckpt_init_load(const Options *o, const GPT2Config *c, uint64_t fil
     return params;
 }
 
+// one line on stderr for each entry of -o (dfd) that carries a checkpoint's
+// name but is no directory (a file, or a symbolic link, never followed: it
+// may point anywhere), where the resume would have looked for one first: a
+// step above `chosen` (the one found, -1 for none), or with -ys want_step
+// itself. Each is passed over, as a directory without a MANIFEST is, and
+// the run's first checkpoint prunes it; the line says why the run resumes
+// from an older checkpoint, or from none.
+static void ckpt_note_not_dirs(int dfd, const char *out_dir, int want_step, int chosen) {
+    int fd = dup(dfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (d == NULL) {
+        if (fd >= 0) close(fd);
+        return;
+    }
+    rewinddir(d);  // a dup shares dfd's position, which an earlier listing moved
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int step = ckpt_step_of(e->d_name);
+        if (step < 0 || (want_step >= 0 ? step != want_step : step <= chosen)) continue;
+        struct stat st;
+        if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || S_ISDIR(st.st_mode)) continue;
+        fprintf(stderr, "%s/%s: %s, not a checkpoint directory; passed over\n", out_dir, e->d_name,
+                S_ISLNK(st.st_mode) ? "a symbolic link (never followed)" : S_ISREG(st.st_mode) ? "a file" : "not a directory");
+    }
+    closedir(d);
+}
+
 // the checkpoint to resume from: want_step >= 0 that step, else the newest.
 // Returns 1 with *s and dir filled, 0 when want_step < 0 and there is none,
-// -1 with err set otherwise.
+// -1 with err set otherwise. On the thorough pass (the launcher's, or the
+// one process's), what is passed over is said on stderr.
 static int ckpt_find_at(int dfd, const char *out_dir, int want_step, const uint8_t key[32], int thorough, CkptState *s,
                         char *dir, size_t dirlen, char *err, size_t errlen) {
     int *steps, n = ckpt_list_at(dfd, &steps);
@@ -949,6 +979,7 @@ static int ckpt_find_at(int dfd, const char *out_dir, int want_step, const uint8
         else if (thorough) fprintf(stderr, "%s: no MANIFEST, so not a checkpoint (a delete cut short?); passed over\n", dir);
     }
     free(steps);
+    if (thorough) ckpt_note_not_dirs(dfd, out_dir, want_step, step);
     if (step < 0) {
         if (want_step < 0) return 0;
         return errorf(err, errlen, "flag -ys: no checkpoint of step %d in %s", want_step, out_dir);

@@ -1502,6 +1502,21 @@ static void test_keep(void) {
     check(r.status == 0 && strstr(r.out, "ckpt_00000009: step 9") != NULL && strstr(r.out, "passed over") != NULL &&
               !test_exists("%s/ckpt_%08d", a, 50),
           "a ckpt directory without MANIFEST is passed over and then removed (exit %d)", r.status);
+    // a file and a symbolic link (to a real checkpoint) under newer checkpoints'
+    // names: each passed over in one line, -ys of one refused, and both pruned
+    sh("touch %s/ckpt_00000060 && ln -s ckpt_00000011 %s/ckpt_00000070", a, a);
+    const char *file_line = "ckpt_00000060: a file, not a checkpoint directory; passed over";
+    const char *link_line = "ckpt_00000070: a symbolic link (never followed), not a checkpoint directory; passed over";
+    run(&r, a, 70, "-ys 70");
+    check(r.status == 2 && test_count(r.out, link_line) == 1 && strstr(r.out, "flag -ys: no checkpoint of step 70") != NULL,
+          "-ys 70 where ckpt_00000070 is a link: refused, the link said in one line (exit %d): %s", r.status,
+          test_line_of(r.out, "ckpt_00000070"));
+    run(&r, a, 12, "-y 1 -n 1");
+    check(r.status == 0 && strstr(r.out, "ckpt_00000011: step 11") != NULL && test_count(r.out, file_line) == 1 &&
+              test_count(r.out, link_line) == 1 && !test_exists("%s/ckpt_%08d", a, 60) &&
+              !test_exists("%s/ckpt_%08d", a, 70) && test_exists("%s/ckpt_%08d/MANIFEST", a, 12),
+          "-y 1 past a file and a link under newer checkpoints' names: each passed over in one line, the run resumes "
+          "from step 11, both pruned (exit %d): %s", r.status, test_line_of(r.out, "passed over"));
     // one job per directory
     char args[300];
     char log[300];
