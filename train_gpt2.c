@@ -1659,6 +1659,7 @@ int main(int argc, char **argv) {
     float *params = load_params(&job, &par.grid);
     open_data(&job, &par.grid);
     open_tokenizer_and_log(&job, &par.grid);
+    note_idle_checks(&job, &par.grid);
     int nops;
     PipeStep *plan = step_plan(&job, &par.grid, &nops);
     PipeLayout layout = job_pipeline(&job.opt, par.grid.pp, accum);

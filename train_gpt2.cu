@@ -1803,6 +1803,7 @@ int main(int argc, char **argv) {
     float *params = load_params(&job, &par.grid);
     open_data(&job, &par.grid);
     open_tokenizer_and_log(&job, &par.grid);
+    note_idle_checks(&job, &par.grid);
     int device;
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDevice(&device));

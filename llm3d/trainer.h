@@ -18,6 +18,7 @@
  *     checkpoint_setup; open_loaders (-i and -j, here and on each rank)
  *   on each rank, after it joined the job:
  *     start_rank, start_mark, start_marks_judge, start_marks_refused, load_params, open_data, open_tokenizer_and_log,
+ *     note_idle_checks (-gp, -ck, -ic where the layout leaves them nothing to do),
  *     job_parts, job_shard (a rank's shard with its stage's chunks),
  *     job_pipeline, gpu_stats_due (llm.c's -lg N), step_plan, activation_sets, print_model_and_batch, announce_resume
  *   in the loop: next_batch, evaluate_due, hellaswag_due, sample_due, check_due, checkpoint_due,
@@ -614,6 +615,27 @@ static void open_tokenizer_and_log(Job *job, const Grid *g) {
         if (o->log_file != NULL) errorf(err, sizeof(err), "flag -lg: %s", why);
         die_usage(err);
     }
+}
+
+// -gp skip|stop, -ck K and -ic 1 where the job gives them nothing to act
+// on: one note each on rank 0, at the start; the run is otherwise the one
+// asked for. The gradient-norm rule and the consistency check compare
+// data-parallel replicas, so with dp 1 neither ever acts, whatever tp and
+// pp are. The checked collectives cover every all-reduce, reduce-scatter
+// and all-gather of every group of two or more ranks: tensor parallel's,
+// and the world's of each step's norm and loss, so any job of two ranks or
+// more has some, and only a job of one rank has none.
+static void note_idle_checks(const Job *job, const Grid *g) {
+    const Options *o = &job->opt;
+    if (g->rank != 0) return;
+    if (o->grad_policy != GP_WARN && g->dp == 1)
+        printf("note: flag -gp %s: the gradient-norm rule compares data-parallel replicas, and this job has one (dp "
+               "1), so it never acts\n", o->grad_policy == GP_SKIP ? "skip" : "stop");
+    if (o->check_every > 0 && g->dp == 1)
+        printf("note: flag -ck %d: the consistency check compares data-parallel replicas, and this job has one (dp "
+               "1), so it never runs\n", o->check_every);
+    if (o->check_collectives == 1 && g->world == 1)
+        printf("note: flag -ic 1: a job of one rank runs no collective, so there is nothing to check\n");
 }
 
 // the step's pipeline (pipeline.h) from -ps, -pp and the micro-batches per step

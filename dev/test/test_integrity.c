@@ -32,7 +32,8 @@
  * corrupt-low and corrupt-sum caught and named on data parallel (ZeRO 0-3: all-reduce,
  * reduce-scatter, all-gather), tensor parallel and both, with no update of
  * that step and no checkpoint from it; the same fault with -ic 0 unseen;
- * -fault poison named under -gp warn, skip and stop; and normal runs of the
+ * -fault poison named under -gp warn, skip and stop; -gp skip|stop, -ck and
+ * -ic 1 with nothing to act on (dp 1; one rank) each a note; and normal runs of the
  * layouts, some beside a busy loop, with no failed check and no outlier;
  * the lines that say what the checks cost (dev/bench_ic.sh reads them).
  *
@@ -970,6 +971,30 @@ static void test_poison(void) {
           "tp 2 x dp 2 -fault poison:3:2: rank 3 named against rank 1 (exit %d)", r.status);
 }
 
+// -gp skip|stop, -ck K and -ic 1 where the layout gives them nothing to act
+// on: one note each, and the run trains as asked; where they act, no note.
+// run() adds -ic 1 to every run.
+static void test_idle_notes(void) {
+    static Run r;
+    const char *gp = "note: flag -gp skip: the gradient-norm rule compares data-parallel replicas";
+    const char *gp_stop = "note: flag -gp stop: the gradient-norm rule compares data-parallel replicas";
+    const char *ck = "note: flag -ck 1: the consistency check compares data-parallel replicas";
+    const char *ic = "note: flag -ic 1: a job of one rank runs no collective";
+    run(&r, "-d 32 -np 1 -gp skip -ck 1", 2);
+    check(r.status == 0 && r.nsteps == 2 && test_count(r.out, gp) == 1 && test_count(r.out, ck) == 1 &&
+          test_count(r.out, ic) == 1, "-np 1 -gp skip -ck 1 -ic 1: one note each that it has nothing to act on, 2 "
+          "steps trained (exit %d): %s", r.status, test_line_of(r.out, "note: flag -gp"));
+    // tp 2, dp 1: the rule and the check have no replica to compare; the tp collectives are checked
+    run(&r, "-d 32 -np 2 -tp 2 -gp stop -ck 1", 2);
+    check(r.status == 0 && r.nsteps == 2 && test_count(r.out, gp_stop) == 1 && test_count(r.out, ck) == 1 &&
+          test_count(r.out, "note: flag -ic") == 0, "-np 2 -tp 2 (dp 1) -gp stop -ck 1 -ic 1: a note each on -gp and "
+          "-ck, none on -ic (exit %d): %s", r.status, test_line_of(r.out, "note: flag -ic"));
+    // dp 2: every one of them acts, no note
+    run(&r, "-d 64 -np 2 -gp skip -ck 1", 2);
+    check(r.status == 0 && r.nsteps == 2 && test_count(r.out, "note: flag -") == 0, "-np 2 (dp 2) -gp skip -ck 1 "
+          "-ic 1: no note (exit %d): %s", r.status, test_line_of(r.out, "note: flag -"));
+}
+
 // a count from the environment: name's value, or def where it is unset or
 // not a number from 0 to 1000
 static int env_count(const char *name, int def) {
@@ -1602,6 +1627,7 @@ int main(int argc, char **argv) {
     if (!check(test_shard_dir(dir, sizeof(dir), shards, sizeof(shards), "/tmp/llm3d_integrity_XXXXXX", 40000) == 0,
                "a 40000-token shard in a new folder %s", dir))
         return test_summary();
+    test_idle_notes();
     test_corrupt();
     test_poison();
     test_quiet();
