@@ -142,10 +142,10 @@ dev/test/test_host_mode: dev/test/test_host_mode.cu $(TEST_HEADERS) $(HEADERS)
 # and test_host_mode, which needs no device at all
 ifneq ($(NVCC),)
   TESTS = $(CPU_TESTS) test_gpt2cu dev/test/test_host_mode
-  TEST_DEPS = train_gpt2 prepare_data export_hf plot_log dev/compare_logs train_gpt2cu
+  TEST_DEPS = train_gpt2 prepare_data export_hf plot_log dev/compare_logs dev/pipeline_chart train_gpt2cu
 else
   TESTS = $(CPU_TESTS)
-  TEST_DEPS = train_gpt2 prepare_data export_hf plot_log dev/compare_logs
+  TEST_DEPS = train_gpt2 prepare_data export_hf plot_log dev/compare_logs dev/pipeline_chart
 endif
 
 test: $(TESTS) $(TEST_DEPS)

@@ -74,9 +74,9 @@
 #      needs at least 8 cores, which the machines we are lent have and ours
 #      does not
 #
-# Each piece is "ok", "FAIL", or "SKIP" (past the deadline, cut short by it
-# before its own time limit, or something it needs is missing): skipped for
-# time is not failed. The whole run keeps to
+# Each piece is "ok", "FAIL", or "SKIP" (past the deadline, cut by it to
+# less than half its own time limit and timed out there, or something it
+# needs is missing): skipped for time is not failed. The whole run keeps to
 # DEADLINE seconds (default 420, builds included), and phases 5 and 6 to
 # NCCL_UNTIL seconds from the start (default DEADLINE - 140), so that the
 # phases after them keep their time. Exit status: 0 when nothing failed, 1
@@ -185,12 +185,15 @@ time_left() {
     [ "$1" -lt "$left" ] && echo "$1" || echo "$left"
 }
 
-# cut_short NAME ASKED LIMIT RC: 0 (and a SKIP for NAME) when a command
-# that timeout ended with RC had less than its own limit ASKED, cut to LIMIT
-# by the deadline: a case that did not fit is skipped for time, not failed.
-# One that runs past its own limit is a failure (a hang).
+# cut_short NAME ASKED LIMIT RC SECS: 0 (and a SKIP for NAME) when a
+# command that timeout ended (RC 124 or 137 after SECS >= LIMIT seconds)
+# had had its own limit ASKED cut by the deadline to LIMIT, less than half
+# of it: a case that did not fit is skipped for time, not failed. Else 1,
+# and the caller fails it: a case that ran out of at least half its own
+# limit hung (the trainer's watchdog ends a stuck job well within it), and
+# a 137 before the limit was a kill of another cause (memory).
 cut_short() {
-    if { [ "$4" -eq 124 ] || [ "$4" -eq 137 ]; } && [ "$3" -lt "$2" ]; then
+    if { [ "$4" -eq 124 ] || [ "$4" -eq 137 ]; } && [ "$5" -ge "$3" ] && [ $((2 * $3)) -lt "$2" ]; then
         skip "$1: cut short by the ${DEADLINE}s deadline after $3s (its own limit: $2s)"
         return 0
     fi
@@ -209,7 +212,7 @@ run() {
     local counts
     counts=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$LOGS/$name.log" | tail -n 1)
     if [ $rc -eq 0 ]; then pass "$name (${secs}s) $counts"
-    elif cut_short "$name" "$asked" "$limit" "$rc"; then return 77
+    elif cut_short "$name" "$asked" "$limit" "$rc" "$secs"; then return 77
     elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then fail "$name: timed out after ${limit}s"
     else
         local why
@@ -415,9 +418,6 @@ nccl_fits() {
     skip "$3: needs $2 NCCL ranks on this GPU; the probe ran ${NCCL_RANKS}"
     return 1
 }
-# nccl_ran MODE NAME: in nccl mode, that NAME's log shows the job over NCCL
-# (rank 0's -hb 2 line, and no host mode), else a failure; a dry run's CPU
-# trainer prints neither
 # unsealed DIR...: "N M", of the M files model.bin, optim.bin and state.bin
 # of the checkpoint directories DIR..., the N that are missing or not sealed
 # (a sealed file opens with "llm3dgcm": doc/formats.md)
@@ -432,6 +432,9 @@ unsealed() {
     echo "$plain $nfiles"
 }
 
+# nccl_ran MODE NAME: in nccl mode, that NAME's log shows the job over NCCL
+# (rank 0's -hb 2 line, and no host mode), else a failure; a dry run's CPU
+# trainer prints neither
 nccl_ran() {
     if [ "$1" != nccl ] || [ "$DRYRUN" = 1 ]; then return 0; fi
     if grep -q '^NCCL with -hb 2: ' "$LOGS/$2.log" && ! grep -q '^host mode: ' "$LOGS/$2.log"; then return 0; fi
@@ -621,10 +624,11 @@ fault() {  # fault NAME ARGS EXPECT LEAST [MODE]
     local mode=${5:-host} name args expect=$3 least=$4 limit
     name="$(mode_tag "$mode")$1" args="$2 $(mode_flag "$mode")"
     if ! limit=$(time_left 30); then skip "fault $name: past the deadline"; return; fi
+    local t0=$SECONDS
     timeout -k 5 "$limit" ./train_gpt2cu -x 10 -v 0 -s 0 $SMALL $TINY -b 2 -t 16 -d 64 -np 2 -to 3 $args \
         -lg "$LOGS/fault_$name.jsonl" > "$LOGS/fault_$name.log" 2>&1
     local rc=$? steps
-    cut_short "fault $name" 30 "$limit" $rc && return
+    cut_short "fault $name" 30 "$limit" $rc $((SECONDS - t0)) && return
     steps=$(wc -l < "$LOGS/fault_$name.jsonl" 2>/dev/null || echo 0)
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$steps" -ge "$least" ] && [ "$steps" -le 3 ] &&
        grep -q "$expect" "$LOGS/fault_$name.log"; then
@@ -642,10 +646,11 @@ watch_slow() {  # watch_slow [MODE]
     name="$(mode_tag "$mode")watch_slow" log=$LOGS/$name
     nccl_fits "$mode" 4 "$name" || return
     if ! limit=$(time_left 30); then skip "$name: past the deadline"; return; fi
+    local t0=$SECONDS
     timeout -k 5 "$limit" ./train_gpt2cu -x 9 -v 0 -s 0 $SMALL $DP4 -np 4 -wr 3 -fault slow:1:3 $(mode_flag "$mode") \
         -lg "$log.jsonl" > "$log.log" 2>&1
     local rc=$? named others logged
-    cut_short "$name" 30 "$limit" $rc && return
+    cut_short "$name" 30 "$limit" $rc $((SECONDS - t0)) && return
     named=$(grep -c "step 8: rank 1 is a straggler: compute .* for 2 reports" "$log.log")
     others=$(grep -cE "rank [023] is a straggler" "$log.log")
     logged=$(grep -c '^{"step": 8,.*"stragglers": \[1\], "compute_ms": \[' "$log.jsonl" 2>/dev/null)
@@ -663,10 +668,11 @@ check_drift() {  # check_drift [MODE]
     name="$(mode_tag "$mode")check_drift" log=$LOGS/$name
     nccl_fits "$mode" 4 "$name" || return
     if ! limit=$(time_left 30); then skip "$name: past the deadline"; return; fi
+    local t0=$SECONDS
     timeout -k 5 "$limit" ./train_gpt2cu -x 10 -v 0 -s 0 $SMALL $DP4 -np 4 -ck 1 -fault drift:2:3 $(mode_flag "$mode") \
         -lg "$log.jsonl" > "$log.log" 2>&1
     local rc=$? steps
-    cut_short "$name" 30 "$limit" $rc && return
+    cut_short "$name" 30 "$limit" $rc $((SECONDS - t0)) && return
     steps=$(wc -l < "$log.jsonl" 2>/dev/null || echo 0)
     if [ $rc -eq 1 ] && [ "$steps" -eq 3 ] && grep -qF "$want" "$log.log"; then
         pass "$name, -ck 1 -fault drift:2:3 on 4 replicas: exit 1 after 3 steps, rank 2 named"
@@ -688,10 +694,11 @@ check_corrupt() {  # check_corrupt NAME LAYOUT [MODE]
     nccl_fits "$mode" 2 "$name" || return
     if ! limit=$(time_left 30); then skip "$name: past the deadline"; return; fi
     rm -rf "$dir"
+    local t0=$SECONDS
     timeout -k 5 "$limit" ./train_gpt2cu -x 10 -v 0 -s 0 $SMALL $2 -ic 1 -n 1 -nk 0 -o "$dir" -fault corrupt:1:3 \
         $(mode_flag "$mode") -lg "$log.jsonl" > "$log.log" 2>&1
     local rc=$? steps named flipped
-    cut_short "$name" 30 "$limit" $rc && return
+    cut_short "$name" 30 "$limit" $rc $((SECONDS - t0)) && return
     nccl_ran "$mode" "$name" || return
     steps=$(wc -l < "$log.jsonl" 2>/dev/null || echo 0)
     named=$(grep -m1 "step 3: checked .* failed: " "$log.log")
@@ -711,10 +718,11 @@ check_poison() {  # check_poison [MODE]
     name="$(mode_tag "$mode")gp_poison" log=$LOGS/$name
     nccl_fits "$mode" 2 "$name" || return
     if ! limit=$(time_left 30); then skip "$name: past the deadline"; return; fi
+    local t0=$SECONDS
     timeout -k 5 "$limit" ./train_gpt2cu -x 5 -v 0 -s 0 $SMALL $DP2 -np 2 -fault poison:1:3 $(mode_flag "$mode") \
         -lg "$log.jsonl" > "$log.log" 2>&1
     local rc=$? named others
-    cut_short "$name" 30 "$limit" $rc && return
+    cut_short "$name" 30 "$limit" $rc $((SECONDS - t0)) && return
     nccl_ran "$mode" "$name" || return
     named=$(grep -cE "step [34]: rank 1's own gradient norm" "$log.log")
     others=$(grep -cE "rank 0's own gradient norm|step [012]: rank 1's own" "$log.log")
@@ -794,7 +802,7 @@ sigterm_check() {
 # file's bytes differ from run to run (its id, the shares' salts), so there
 # its files are checked to be sealed instead of byte-identical
 nccl_ckpt() {
-    local z=$1 d="$WORK/ckpt_nccl_z$1" name="nccl_ck_z$1" x enc="" f k plain=0 nfiles=0
+    local z=$1 d="$WORK/ckpt_nccl_z$1" name="nccl_ck_z$1" x enc="" plain nfiles
     [ "$z" = 3 ] && enc="-enc 1"
     local args="$GRID -v 0 -s 0 $SMALL -x 8 -n 4 $enc" lay="-np 8 -tp 2 -pp 2 -z $1 -hb 2"
     mkdir -p "$d"
@@ -1141,18 +1149,18 @@ if [ $ON = 1 ] && [ -x ./train_gpt2cu ]; then
         # -enc 1: the same run with sealed checkpoints, bit for bit the plain
         # run's losses and norms, and resumed from its sealed step 10
         mkdir -p "$CK/enc_resumed"
-        run ck_enc 60 ./train_gpt2cu $RES -x 20 -n 10 -enc 1 -o "$CK/enc" -lg "$LOGS/ck_enc.jsonl" &&
+        run ck_enc 60 ./train_gpt2cu $RES -x 20 -n 10 -enc 1 -o "$CK/enc" -lg "$LOGS/ck_enc.jsonl"
+        enc_rc=$?
+        [ $enc_rc -eq 0 ] &&
         compare 0 "-enc 1: the losses and norms of the run without -enc" "$LOGS/ck_full.jsonl" "$LOGS/ck_enc.jsonl" &&
         cp -r "$CK/enc/ckpt_00000010" "$CK/enc/job.key" "$CK/enc_resumed/" &&
         run ck_enc_resumed 60 ./train_gpt2cu $RES -x 20 -n 10 -enc 1 -o "$CK/enc_resumed" -y 1 -lg "$LOGS/ck_enc_resumed.jsonl" &&
         compare 0 "-enc 1, resumed from its sealed step 10: the plain run's losses and norms" "$LOGS/ck_full.jsonl" "$LOGS/ck_enc_resumed.jsonl" resumed
-        if [ -s "$LOGS/ck_enc.jsonl" ]; then
-            # the checkpoints there are (the resumed run's is missing where it was
-            # skipped for time, or failed and said so)
-            written=()
-            for d in enc/ckpt_00000010 enc/ckpt_00000020 enc_resumed/ckpt_00000020; do
-                [ -d "$CK/$d" ] && written+=("$CK/$d")
-            done
+        if [ $enc_rc -eq 0 ]; then
+            # the two checkpoints of the run that ended well, and the resumed
+            # run's last one where it ran (its failure or skip said so)
+            written=("$CK/enc/ckpt_00000010" "$CK/enc/ckpt_00000020")
+            [ -d "$CK/enc_resumed/ckpt_00000020" ] && written+=("$CK/enc_resumed/ckpt_00000020")
             read -r plain nfiles < <(unsealed "${written[@]}")
             if [ $plain -eq 0 ]; then pass "-enc 1: model.bin, optim.bin and state.bin are sealed files (llm3dgcm) in the $((nfiles / 3)) checkpoints written"
             else fail "-enc 1: $plain of the $nfiles checkpoint files are not sealed"; fi
