@@ -958,17 +958,20 @@ static void ckpt_note_not_dirs(int dfd, const char *out_dir, int want_step, int 
         struct stat st;
         if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || S_ISDIR(st.st_mode)) continue;
         fprintf(stderr, "%s/%s: %s, not a checkpoint directory; passed over\n", out_dir, e->d_name,
-                S_ISLNK(st.st_mode) ? "a symbolic link (never followed)" : S_ISREG(st.st_mode) ? "a file" : "not a directory");
+                S_ISLNK(st.st_mode) ? "a symbolic link (never followed)" : S_ISREG(st.st_mode) ? "a file"
+                                                                   : "another kind of file (a FIFO, socket or device)");
     }
     closedir(d);
 }
 
 // the checkpoint to resume from: want_step >= 0 that step, else the newest.
 // Returns 1 with *s and dir filled, 0 when want_step < 0 and there is none,
-// -1 with err set otherwise. On the thorough pass (the launcher's, or the
-// one process's), what is passed over is said on stderr.
-static int ckpt_find_at(int dfd, const char *out_dir, int want_step, const uint8_t key[32], int thorough, CkptState *s,
-                        char *dir, size_t dirlen, char *err, size_t errlen) {
+// -1 with err set otherwise. thorough: its files are hashed (the pass of
+// the launcher, of the one process, or of each rank of an outside
+// launcher); say: what is passed over is said on stderr, by the process
+// that holds -o's lock, so once a job.
+static int ckpt_find_at(int dfd, const char *out_dir, int want_step, const uint8_t key[32], int thorough, int say,
+                        CkptState *s, char *dir, size_t dirlen, char *err, size_t errlen) {
     int *steps, n = ckpt_list_at(dfd, &steps);
     if (n < 0) return errorf(err, errlen, "flag -o: cannot read directory %s: %s", out_dir, strerror(errno));
     int step = -1;
@@ -976,10 +979,10 @@ static int ckpt_find_at(int dfd, const char *out_dir, int want_step, const uint8
         if (want_step >= 0 && steps[i] != want_step) continue;
         ckpt_dir_name(dir, dirlen, out_dir, steps[i], "");
         if (ckpt_has_manifest_at(dfd, steps[i])) step = steps[i];
-        else if (thorough) fprintf(stderr, "%s: no MANIFEST, so not a checkpoint (a delete cut short?); passed over\n", dir);
+        else if (say) fprintf(stderr, "%s: no MANIFEST, so not a checkpoint (a delete cut short?); passed over\n", dir);
     }
     free(steps);
-    if (thorough) ckpt_note_not_dirs(dfd, out_dir, want_step, step);
+    if (say) ckpt_note_not_dirs(dfd, out_dir, want_step, step);
     if (step < 0) {
         if (want_step < 0) return 0;
         return errorf(err, errlen, "flag -ys: no checkpoint of step %d in %s", want_step, out_dir);
@@ -996,7 +999,7 @@ static int ckpt_find(const char *out_dir, int want_step, const uint8_t key[32], 
     int dfd = ckpt_dir_open(out_dir, err, errlen);
     if (dfd < 0 && errno == ENOENT && want_step < 0) return 0;
     if (dfd < 0) return -1;
-    int rc = ckpt_find_at(dfd, out_dir, want_step, key, thorough, s, dir, dirlen, err, errlen);
+    int rc = ckpt_find_at(dfd, out_dir, want_step, key, thorough, thorough, s, dir, dirlen, err, errlen);
     close(dfd);
     return rc;
 }
@@ -1108,7 +1111,7 @@ static int ckpt_setup(const Options *o, const GPT2Config *c, int thorough, int l
     if (launcher > 0 && ckpt_lock_is(dfd, o->out_dir, launcher, err, errlen) != 0) return -2;
     if (ckpt_key_at(dfd, o->out_dir, o->key_file, 1, key, err, errlen) != 0) return -1;
     if (!o->resume && o->resume_step < 0) return 0;
-    int found = ckpt_find_at(dfd, o->out_dir, o->resume_step, key, thorough, ck, dir, dirlen, err, errlen);
+    int found = ckpt_find_at(dfd, o->out_dir, o->resume_step, key, thorough, lock, ck, dir, dirlen, err, errlen);
     if (found <= 0) return found;
     const GPT2Config *k = &ck->config;
     if (k->L != c->L || k->C != c->C || k->NH != c->NH || k->V != c->V || k->Vp != c->Vp || k->maxT != c->maxT)

@@ -1071,6 +1071,32 @@ static void test_outside_launcher(void) {
           two.nsteps);
     check(two.nsteps == STEPS && worst_diff(&one, &two) <= 1e-5f, "torchrun-style ranks: worst difference from one rank %.2e",
           two.nsteps == STEPS ? worst_diff(&one, &two) : -1.0f);
+
+    // a resume under such ranks, each of which verifies the checkpoint
+    // itself: what it passes over (a file under a newer checkpoint's name)
+    // is said once, by rank 0, which holds -o's lock; every rank said it
+    char out[300], *outs[2], both[8192];
+    snprintf(out, sizeof(out), "%s/out_ranks", dir);
+    snprintf(f, sizeof(f), flags, 2, shards, dir, key, model);
+    snprintf(both, sizeof(both),
+             "rm -rf %s && (RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 timeout 60 ./train_gpt2 %s -o %s -n 2 > %s/out1.txt 2>&1 & "
+             "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 timeout 60 ./train_gpt2 %s -o %s -n 2 > %s/out0.txt 2>&1; a=$?; wait $!; "
+             "test $a = 0 -a $? = 0) && touch %s/ckpt_00000099 && "
+             "(RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 timeout 60 ./train_gpt2 %s -o %s -x 3 -y 1 > %s/out1.txt 2>&1 & "
+             "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 timeout 60 ./train_gpt2 %s -o %s -x 3 -y 1 > %s/out0.txt 2>&1; a=$?; "
+             "wait $!; exit $((a + $?)))", out, f, out, dir, f, out, dir, out, f, out, dir, f, out, dir);
+    int rc = test_exit_status(system(both));
+    const char *line = "ckpt_00000099: a file, not a checkpoint directory; passed over";
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof(cmd), "%s/out%d.txt", dir, k);
+        outs[k] = test_read_text(cmd);
+    }
+    int n0 = outs[0] != NULL ? test_count(outs[0], line) : -1, n1 = outs[1] != NULL ? test_count(outs[1], line) : -1;
+    check(rc == 0 && n0 == 1 && n1 == 0 && outs[0] != NULL && strstr(outs[0], "ckpt_00000002: step 2,") != NULL,
+          "torchrun-style ranks resuming from step 2 past a file named as a checkpoint: the line once, by rank 0 (rank 0 %d, "
+          "rank 1 %d; exit %d)", n0, n1, rc);
+    free(outs[0]);
+    free(outs[1]);
 }
 
 // the most activation sets stage holds at once under its plan, counted
