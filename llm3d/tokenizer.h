@@ -11,7 +11,7 @@
  *     tokenizer_write_bytes_bin
  *                           the byte-level tokenizer's .bin
  *   encode side:
- *     Bpe, bpe_load, bpe_free
+ *     Bpe, bpe_load, bpe_load_files, bpe_free
  *                           the encoder from encoder.json and vocab.bpe
  *     bpe_find_files        where GPT-2's encoder.json and vocab.bpe are
  *     bpe_encode            text to ids ("<|endoftext|>", BPE_EOT_TEXT, the
@@ -1094,24 +1094,40 @@ static inline int bpe_find_files(char *encoder, char *vocab, size_t len) {
     }
     return -1;
 }
-// bpe_load: the encoder from GPT-2's encoder.json and vocab.bpe; 0 ok, -1 with err set
-static inline int bpe_load(Bpe *b, const char *encoder_json, const char *vocab_bpe, char *err, size_t errlen) {
+// bpe_load_files: the encoder from GPT-2's encoder.json and vocab.bpe; 0
+// ok, -1 with err set and, where failed is not NULL, *failed the file that
+// did not load (0 encoder.json, 1 vocab.bpe; 2 neither: out of memory), so
+// that a caller can name the flag that gave it
+static inline int bpe_load_files(Bpe *b, const char *encoder_json, const char *vocab_bpe, int *failed, char *err,
+                                 size_t errlen) {
     memset(b, 0, sizeof(*b));
     b->eot = -1;
     int byte_of_char[324];
     bpe_byte_map(byte_of_char);
     BpeNames names = {NULL, 0};
-    int rc = bpe_read_encoder(b, &names, encoder_json, byte_of_char, err, errlen);
-    if (rc == 0) rc = bpe_read_merges(b, &names, vocab_bpe, byte_of_char, err, errlen);
+    int rc = bpe_read_encoder(b, &names, encoder_json, byte_of_char, err, errlen), which = 0;
+    if (rc == 0) {
+        which = 1;
+        rc = bpe_read_merges(b, &names, vocab_bpe, byte_of_char, err, errlen);
+    }
     free(names.slots);
     if (rc == 0) {
         b->cache = (BpeCacheSlot *)calloc(BPE_CACHE_SLOTS, sizeof(BpeCacheSlot));
         b->cache_text = (unsigned char *)malloc(BPE_CACHE_TEXT_BYTES);
         b->cache_ids = (int32_t *)malloc(BPE_CACHE_IDS * sizeof(int32_t));
-        if (b->cache == NULL || b->cache_text == NULL || b->cache_ids == NULL) rc = errorf(err, errlen, "bpe_load: out of memory");
+        if (b->cache == NULL || b->cache_text == NULL || b->cache_ids == NULL) {
+            which = 2;
+            rc = errorf(err, errlen, "bpe_load: out of memory");
+        }
     }
     if (rc != 0) bpe_free(b);
+    if (rc != 0 && failed != NULL) *failed = which;
     return rc;
+}
+
+// bpe_load: the same, where the caller need not know which file failed
+static inline int bpe_load(Bpe *b, const char *encoder_json, const char *vocab_bpe, char *err, size_t errlen) {
+    return bpe_load_files(b, encoder_json, vocab_bpe, NULL, err, errlen);
 }
 
 // A growing array of ids, the output of bpe_encode.

@@ -19,7 +19,7 @@
  *   vocab.json, merges.txt, tokenizer_config.json
  *                      the tokenizer: copies of --encoder's encoder.json and
  *                      --vocab's vocab.bpe, parsed first with prepare_data's
- *                      loader (tokenizer.h's bpe_load) and refused unless
+ *                      loader (tokenizer.h's bpe_load_files) and refused unless
  *                      they load and hold the model's V tokens, "<|endoftext|>"
  *                      among them; without the flags, GPT-2's files, found
  *                      as prepare_data finds them, for a model of GPT-2's
@@ -65,7 +65,7 @@
 #define _GNU_SOURCE  // strdup
 #include "llm3d/checkpoint.h"  // ckpt_model_load
 #include "llm3d/gpt2.h"        // GPT2Config, param_count
-#include "llm3d/tokenizer.h"   // bpe_find_files, bpe_load
+#include "llm3d/tokenizer.h"   // bpe_find_files, bpe_load_files
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -91,7 +91,7 @@ static void usage(FILE *f) {
             "usage: export_hf -i MODEL.bin -o DIR [options]\n"
             "  -i FILE          model file: llm.c's version 3 (fp32) or 5 (bf16), as the trainers write\n"
             "  -o DIR           output directory, created if missing: model.safetensors, config.json,\n"
-            "                   and GPT-2's tokenizer (vocab.json, merges.txt, tokenizer_config.json)\n"
+            "                   and the tokenizer (vocab.json, merges.txt, tokenizer_config.json)\n"
             "  --dtype f32|bf16 dtype of the tensors written (default f32; bf16 rounds to nearest even)\n"
             "  --encoder PATH   encoder.json  } checked to load and hold the model's V tokens, then copied as\n"
             "  --vocab PATH     vocab.bpe     } vocab.json and merges.txt; default for a model of 50257 tokens:\n"
@@ -321,7 +321,7 @@ static int write_config(const char *path, const GPT2Config *c, int bf16, int eot
 }
 
 // tokenizer_files: the encoder.json and vocab.bpe that become vocab.json and
-// merges.txt, parsed with prepare_data's loader (tokenizer.h's bpe_load)
+// merges.txt, parsed with prepare_data's loader (tokenizer.h's bpe_load_files)
 // before anything is written, so that a truncated or broken file is refused
 // rather than copied into a tokenizer that transformers then fails on, and a
 // vocabulary that is not the model's (V tokens, "<|endoftext|>" among them:
@@ -348,10 +348,9 @@ static int tokenizer_files(const ExportOptions *o, const GPT2Config *c, char *en
         return 0;
     }
     Bpe b;
-    int rc = bpe_load(&b, encoder, vocab, err, errlen);
-    // bpe_load reads encoder.json first, and its every line starts with the file's path
-    size_t n = strlen(vocab);
-    int about_vocab = rc != 0 && strcmp(encoder, vocab) != 0 && strncmp(err, vocab, n) == 0 && err[n] == ':';
+    int failed = 0;
+    int rc = bpe_load_files(&b, encoder, vocab, &failed, err, errlen);
+    int about_vocab = rc != 0 && failed == 1;
     if (rc == 0) {
         if (b.vocab_size != c->V)
             rc = errorf(err, errlen, "%s: %d tokens, but the model has V = %d", encoder, b.vocab_size, c->V);

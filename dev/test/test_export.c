@@ -337,6 +337,7 @@ static void check_tokenizer_parsed(const char *model300) {
         {"259 tokens for a model of V = 300", model300, enc, voc, "--encoder", enc, "259 tokens, but the model has V = 300"},
         {"no <|endoftext|>", tiny_model, no_eot, "#version: 0.2\na b\nab c\nabc d\n", "--encoder", no_eot,
          "no \"<|endoftext|>\" token"},
+        {"encoder.json given as --vocab too", tiny_model, enc, enc, "--vocab", enc, "#version"},
     };
     char voc4[128];
     snprintf(voc4, sizeof(voc4), "%s/vocab4.bpe", tmp_dir);
@@ -354,6 +355,34 @@ static void check_tokenizer_parsed(const char *model300) {
               "%s: refused in one line naming %s and the file, nothing written (exit %d): %.*s", cases[k].what,
               cases[k].flag, rc, (int)strcspn(out, "\n"), out);
     }
+}
+
+// GPT-2's files found in the data directory ($LLM3D_DATA) but broken: the
+// export of a model of 50257 tokens fails as a whole (exit 1), naming the
+// file and how to go on, rather than copying them into a broken tokenizer
+static void check_broken_data_tokenizer(void) {
+    char data[128], gpt2[160], path[200], model[128], dir[128], cmd[1024], out[4096], err[256];
+    snprintf(data, sizeof(data), "%s/data", tmp_dir);
+    snprintf(gpt2, sizeof(gpt2), "%s/gpt2", data);
+    mkdir(data, 0700);
+    mkdir(gpt2, 0700);
+    snprintf(path, sizeof(path), "%s/encoder.json", gpt2);
+    test_write_file(path, "{\"!\": 0, \"\\\"", 12);  // cut inside its second key
+    snprintf(path, sizeof(path), "%s/vocab.bpe", gpt2);
+    test_write_file(path, "#version: 0.2\n", 14);
+    GPT2Config gpt2_vocab = {.maxT = 8, .V = 50257, .Vp = 50304, .L = 1, .NH = 1, .C = 4};
+    float *params = calloc(param_count(&gpt2_vocab), sizeof(float));
+    snprintf(model, sizeof(model), "%s/model_v50257.bin", tmp_dir);
+    int saved = params != NULL && model_save(model, &gpt2_vocab, params, 0, err, sizeof(err)) == 0;
+    free(params);
+    if (!check(saved, "write a model of 50257 tokens")) return;
+    snprintf(dir, sizeof(dir), "%s/hf_broken_data", tmp_dir);
+    snprintf(cmd, sizeof(cmd), "LLM3D_DATA=%s ./export_hf -i %s -o %s", data, model, dir);
+    int rc = test_run(cmd, 1, out, sizeof(out));
+    check(rc == 1 && test_count(out, "\n") == 1 && strstr(out, "gpt2/encoder.json") != NULL &&
+          strstr(out, "found in $LLM3D_DATA") != NULL && strstr(out, "--no-tokenizer") != NULL && !test_exists("%s", dir),
+          "GPT-2's encoder.json in $LLM3D_DATA broken: the export refused in one line naming it (exit %d), nothing "
+          "written: %.*s", rc, (int)strcspn(out, "\n"), out);
 }
 
 // a plain model with --key-file: the key file is read and checked all the
@@ -603,6 +632,7 @@ int main(void) {
 
     check_tokenizer_files();
     check_tokenizer_parsed(model);
+    check_broken_data_tokenizer();
     check_sealed(params, dir);
     check_plain_key(model, dir);
     check_fifos_and_links(model);
