@@ -754,6 +754,51 @@ static int serve_until(RdvServer *s, int *field, int want) {
 }
 
 // test_rendezvous_server: the root against good and bad clients, in order
+// a rank that never arrives: the ranks that joined are told which one is
+// missing when the rendezvous times out, each in its one line, not left to
+// time out on their own naming nobody. Rank 0 here starts first (its clock
+// ahead of the root's, as rank 0 of an outside launch joins moments after
+// its own root opened): it waits RDV_ANSWER_GRACE_S past its own timeout,
+// so that the root's verdict reaches it
+static void test_rendezvous_missing_rank(const uint8_t key[32]) {
+    char spec[300], err[512] = "";
+    snprintf(spec, sizeof(spec), "unix:%s/missing.sock", work_dir);
+    int fds[2];
+    if (!check(pipe(fds) == 0, "a pipe")) return;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        RdvAnswer ans;
+        int rc = rdv_join(spec, key, job_id_from_key(key), 0, 3, 0, NULL, 1.0, &ans, err, sizeof(err));
+        if (write(fds[1], err, strlen(err)) < 0) _exit(3);
+        _exit(rc == 0 ? 0 : 1);
+    }
+    close(fds[1]);
+    par_sleep(0.3);
+    RdvServer *s = (RdvServer *)calloc(1, sizeof(RdvServer));
+    if (!check(rdv_server_open(s, spec, 3, key, "/llm3d-test", 1.0, err, sizeof(err)) == 0, "rendezvous server opens: %s",
+               err)) {
+        free(s);
+        test_wait(pid, 5.0, NULL);
+        close(fds[0]);
+        return;
+    }
+    double t0 = par_now();
+    while (!s->expired && par_now() - t0 < 5.0) rdv_server_step(s, -1, 20);
+    int st = test_wait(pid, 5.0, NULL);
+    char got[600];
+    ssize_t n = read(fds[0], got, sizeof(got) - 1);
+    got[n > 0 ? n : 0] = '\0';
+    close(fds[0]);
+    check(s->expired && st == 1 &&
+          strstr(got, "the root rejected rank 0: the rendezvous timed out: only 1 of 3 ranks joined within 1.0 s; "
+                 "missing rank(s) 1 2") != NULL,
+          "rendezvous: rank 1 and 2 never arrive: rank 0 is told which (status %d): %s", st, got);
+    rdv_server_close(s);
+    free(s);
+}
+
 static void test_rendezvous_server(const uint8_t key[32]) {
     char spec[300], err[512];
     snprintf(spec, sizeof(spec), "unix:%s/rdv.sock", work_dir);
@@ -1739,6 +1784,7 @@ int main(int argc, char **argv) {
     test_launch_env(key_path, key);
     test_meet_plan(key_path);
     test_rendezvous_server(key);
+    test_rendezvous_missing_rank(key);
     test_launcher_jobs();
     test_faults();
     test_intruders();

@@ -204,6 +204,7 @@ static inline int launch_serve(Launch *L, double timeout_s, char *err, size_t er
         L->server = NULL;
         return -1;
     }
+    L->server->quiet_expiry = 1;  // rank 0 joins it next, and is told who is missing
     __atomic_store_n(&L->server_stop, 0, __ATOMIC_SEQ_CST);
     int e = pthread_create(&L->server_thread, NULL, rdv_server_thread, L);
     if (e != 0) {

@@ -12,7 +12,7 @@
  *                          the shared-memory segment the host backend runs on
  *   RdvHello, RdvAnswer    the messages, and their wire forms (rdv_hello_write,
  *                          rdv_hello_read, rdv_answer_write, rdv_answer_read)
- *   RdvServer, rdv_server_open, rdv_server_step, rdv_server_close
+ *   RdvServer, rdv_server_open, rdv_server_step, rdv_server_close, rdv_send_refusal
  *                          the server (the launcher, or rank 0 of an outside
  *                          launch)
  *   rdv_join, rdv_join_once
@@ -75,6 +75,8 @@
 #define RDV_HELLO_S 2.0             // how long one may stay silent after its challenge (a rank answers at once)
 #define RDV_DROPS_LOGGED 16         // drops of such connections logged, one line each, before the rest go unsaid
 #define RDV_MAX_MSG 4096            // bytes of one rendezvous message
+#define RDV_ANSWER_GRACE_S 1.0      // a rank waits this long past the rendezvous timeout for its answer, so that
+                                    // the root, whose clock started first, tells it which ranks are missing
 
 // ----------------------------------------------------------------------------
 // small helpers: clocks, sockets with deadlines
@@ -546,6 +548,7 @@ typedef struct {
     char shm_name[COMM_NAME_BYTES];
     uint8_t blob[COMM_BLOB_BYTES];  // from rank 0's hello
     int joined, answered, expired;
+    int quiet_expiry;               // 1: the root is rank 0's own thread, and rank 0 prints why it timed out
     int rank_fd[GRID_MAX_WORLD];
     uint32_t rank_pid[GRID_MAX_WORLD];
     int rank_local[GRID_MAX_WORLD];
@@ -622,6 +625,17 @@ static inline void rdv_server_drop_idle(RdvServer *s, int i, const char *why) {
     rdv_server_drop(s, i);
 }
 
+// rdv_send_refusal: 'R' | reason to the peer on fd, which prints it and
+// stops (a hang-up alone it would take for a drop and try again)
+static inline void rdv_send_refusal(int fd, const char *reason) {
+    uint8_t msg[5 + 256];
+    size_t n = strlen(reason) < 256 ? strlen(reason) : 256;
+    put_u32(msg, (uint32_t)(1 + n));
+    msg[4] = 'R';
+    memcpy(msg + 5, reason, n);
+    par_send_all(fd, msg, 5 + n, par_now() + 0.5);
+}
+
 // rdv_server_reject: logs one line, tells the peer why, hangs up
 static inline __attribute__((format(printf, 3, 4))) void rdv_server_reject(RdvServer *s, int i, const char *fmt, ...) {
     char reason[200];
@@ -632,12 +646,7 @@ static inline __attribute__((format(printf, 3, 4))) void rdv_server_reject(RdvSe
     fprintf(stderr, "rendezvous: rejected %s: %s\n", s->pending[i].who, reason);
     snprintf(s->last_reject, sizeof(s->last_reject), "%s", reason);
     s->rejected++;
-    uint8_t msg[4 + 1 + sizeof(reason)];
-    size_t n = strlen(reason);
-    put_u32(msg, (uint32_t)(1 + n));
-    msg[4] = 'R';
-    memcpy(msg + 5, reason, n);
-    par_send_all(s->pending[i].fd, msg, 5 + n, par_now() + 0.5);
+    rdv_send_refusal(s->pending[i].fd, reason);
     rdv_server_drop(s, i);
 }
 
@@ -774,12 +783,7 @@ static inline void rdv_server_accept(RdvServer *s) {
                          (unsigned)cred.uid, (unsigned)geteuid());
                 s->rejected++;
                 // told why, it does not take the hang-up for a drop to try again after
-                uint8_t msg[5 + sizeof(s->last_reject)];
-                size_t n = strlen(s->last_reject);
-                put_u32(msg, (uint32_t)(1 + n));
-                msg[4] = 'R';
-                memcpy(msg + 5, s->last_reject, n);
-                par_send_all(fd, msg, 5 + n, par_now() + 0.5);
+                rdv_send_refusal(fd, s->last_reject);
                 close(fd);
                 continue;
             }
@@ -875,10 +879,17 @@ static inline void rdv_server_expire(RdvServer *s) {
     for (int r = 0; r < s->world && n + 8 < sizeof(missing); r++) {
         if (s->rank_fd[r] < 0) n += (size_t)snprintf(missing + n, sizeof(missing) - n, " %d", r);
     }
-    fprintf(stderr, "rendezvous: only %d of %d ranks joined within %.1f s; missing rank(s)%s\n",
-            s->joined, s->world, s->timeout_s, missing);
+    char why[200];
+    snprintf(why, sizeof(why), "the rendezvous timed out: only %d of %d ranks joined within %.1f s; missing rank(s)%s",
+             s->joined, s->world, s->timeout_s, missing);
+    if (!s->quiet_expiry) fprintf(stderr, "rendezvous: %s\n", why);
+    // the ranks that joined wait for their answer (RDV_ANSWER_GRACE_S past their own timeout): they are
+    // told who is missing, each in its own line, not left to time out without a name
     for (int r = 0; r < s->world; r++) {
-        if (s->rank_fd[r] >= 0) close(s->rank_fd[r]);
+        if (s->rank_fd[r] >= 0) {
+            rdv_send_refusal(s->rank_fd[r], why);
+            close(s->rank_fd[r]);
+        }
         s->rank_fd[r] = -1;
     }
     s->expired = 1;
@@ -974,7 +985,9 @@ static inline long rdv_join_once(const RdvAddr *addr, const char *spec, const ui
     put_u32(msg + 4, (uint32_t)h->rank);
     frame_seal(hl, h->world, CH_HELLO, 0, 0, payload, HELLO_BYTES, msg + 8);
     int rc = par_send_all(fd, msg, sizeof(msg), deadline);
-    if (rc == 0) n = rdv_read_msg(fd, spec, h->rank, "answer", in, deadline, timeout_s, err, errlen);
+    if (rc == 0)
+        n = rdv_read_msg(fd, spec, h->rank, "answer", in, deadline + RDV_ANSWER_GRACE_S, timeout_s + RDV_ANSWER_GRACE_S,
+                         err, errlen);
     else {
         errorf(err, errlen, "rendezvous %s: rank %d sending its hello: %s", spec, h->rank, par_io_error(rc));
         n = rc == -2 ? -2 : -1;
