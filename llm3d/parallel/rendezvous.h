@@ -986,8 +986,7 @@ static inline long rdv_join_once(const RdvAddr *addr, const char *spec, const ui
     frame_seal(hl, h->world, CH_HELLO, 0, 0, payload, HELLO_BYTES, msg + 8);
     int rc = par_send_all(fd, msg, sizeof(msg), deadline);
     if (rc == 0)
-        n = rdv_read_msg(fd, spec, h->rank, "answer", in, deadline + RDV_ANSWER_GRACE_S, timeout_s + RDV_ANSWER_GRACE_S,
-                         err, errlen);
+        n = rdv_read_msg(fd, spec, h->rank, "answer", in, deadline + RDV_ANSWER_GRACE_S, timeout_s, err, errlen);
     else {
         errorf(err, errlen, "rendezvous %s: rank %d sending its hello: %s", spec, h->rank, par_io_error(rc));
         n = rc == -2 ? -2 : -1;
