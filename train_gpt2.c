@@ -1417,10 +1417,15 @@ static void agree_on_start(const Job *job, const Parallel *par) {
     enum { W = START_MARK_WORDS };
     int world = par->grid.world, rank = par->grid.rank;
     if (world == 1) return;
+    enum { F = START_MARK_FLOATS * W };
     uint64_t *marks = (uint64_t *)xcalloc((size_t)world * W, sizeof(uint64_t), "the ranks' start marks");
-    start_mark(job, marks + rank * W);  // in place: each word travels as 2 floats
-    comm_allgather(par->comm, &par->world, (const float *)(marks + rank * W), (float *)marks, 2 * W);
+    float *sent = (float *)xcalloc((size_t)world * F, sizeof(float), "the ranks' start marks");
+    start_mark(job, marks + rank * W);
+    start_marks_to_floats(marks + rank * W, W, sent + rank * F);
+    comm_allgather(par->comm, &par->world, sent + rank * F, sent, F);
+    start_marks_from_floats(sent, (size_t)world * W, marks);
     int refused = start_marks_refused(job, marks, world, rank);
+    free(sent);
     free(marks);
     if (!refused) return;
     comm_barrier(par->comm, &par->world);

@@ -11,6 +11,9 @@
  *   options_defaults     the values before any flag
  *   options_usage        -h: every flag, what it does and its default
  *   options_parse        argv into Options; one line into err on any problem
+ *   options_mark, options_marks_judge
+ *                        every flag's value as a word, and the verdict on the
+ *                        ranks' words: the flags a job's ranks must share
  *   TrainerBuild, options_check_build
  *                        llm.c's -a -f -w -ge -nm, -ps, -sp and -ic checked
  *                        against what a trainer build does
@@ -24,6 +27,7 @@
 
 #include <errno.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -399,6 +403,95 @@ static int options_parse(Options *o, int argc, char **argv, char *err, size_t er
         }
     }
     return 0;
+}
+
+// ---------------------------------------------------------------------------
+// the flags every rank of a job shares. Our launcher starts its ranks with
+// its own argv, but the ranks of mpirun, srun or torchrun are started by
+// the user, and one started with another -b, -l, -x or -o would train
+// something else than its peers, most often without a word (a different -x
+// stops at a collective only at the end, naming no flag). The ranks compare
+// their words once connected (trainer.h's start mark). These may differ:
+// what each process is told about its own place (-np, checked against the
+// launcher's world, llm.c's -pn -pr -pg), how it finds the others (-pi -pm
+// -pf --rendezvous: ranks that differ there do not meet), --key-file (a path
+// of each box's), -th (each box's cores) and -lg (rank 0's log: no other
+// rank writes one). Over --rendezvous and -pi tcp the meeting proves the
+// keys the same; over -pi mpi or fs, where rank 0 makes the job's key, a
+// rank given another --key-file is not caught here (a gap: a keyed
+// fingerprint of the key in the start mark would close it).
+
+static int options_per_rank(const OptionSpec *s) {
+    static const char *const per_rank[] = {"-np", "-pn", "-pr", "-pg", "-pi", "-pm", "-pf", "--rendezvous",
+                                           "--key-file", "-th", "-lg"};
+    for (size_t i = 0; i < sizeof(per_rank) / sizeof(per_rank[0]); i++)
+        if (strcmp(s->flag, per_rank[i]) == 0) return 1;
+    return 0;
+}
+
+// options_mark: NUM_OPTIONS words, one per flag of the table, in its order:
+// an integer or a choice's index as it is, a float's bits, a string's 64-bit
+// FNV-1a hash (0: not given); 0 for a flag that may differ between ranks
+static void options_mark(const Options *o, uint64_t *words) {
+    for (int i = 0; i < NUM_OPTIONS; i++) {
+        const OptionSpec *s = &option_specs[i];
+        const char *at = (const char *)o + s->offset;
+        uint64_t w = 0;
+        if (options_per_rank(s) || s->type == OPT_REFUSED) w = 0;
+        else if (s->type == OPT_INT || s->type == OPT_CHOICE) w = (uint64_t)(int64_t)*(const int *)at;
+        else if (s->type == OPT_FLOAT) {
+            uint32_t bits;
+            memcpy(&bits, at, sizeof(bits));
+            w = bits;
+        } else if (*(const char *const *)at != NULL) {
+            w = 14695981039346656037ull;
+            for (const unsigned char *p = *(const unsigned char *const *)at; *p != '\0'; p++) w = (w ^ *p) * 1099511628211ull;
+            if (w == 0) w = 1;  // 0 means not given
+        }
+        words[i] = w;
+    }
+}
+
+// options_word_text: flag s's value in word w as "with -b 2", or "without -o"
+// (a string that was not given); a string's own value from o when it is this
+// rank's, else "with another -o"
+static void options_word_text(const OptionSpec *s, uint64_t w, const Options *o, char *out, size_t outlen) {
+    if (s->type == OPT_INT) snprintf(out, outlen, "with %s %d", s->flag, (int)(int64_t)w);
+    else if (s->type == OPT_FLOAT) {
+        uint32_t bits = (uint32_t)w;
+        float f;
+        memcpy(&f, &bits, sizeof(f));
+        snprintf(out, outlen, "with %s %g", s->flag, f);
+    } else if (s->type == OPT_CHOICE) {
+        const char *p = s->choices;
+        for (uint64_t k = 0; k < w && strchr(p, ',') != NULL; k++) p = strchr(p, ',') + 1;
+        snprintf(out, outlen, "with %s %.*s", s->flag, (int)strcspn(p, ","), p);
+    } else if (w == 0) snprintf(out, outlen, "without %s", s->flag);
+    else if (o != NULL) snprintf(out, outlen, "with %s %.300s", s->flag, *(const char *const *)((const char *)o + s->offset));
+    else snprintf(out, outlen, "with another %s", s->flag);
+}
+
+// options_marks_judge: marks holds every rank's options_mark, rank r's at
+// marks + r * stride. Returns the number of ranks whose flags differ from
+// rank 0's, the same on every rank; when this rank (whose options are o) is
+// one of them, err names the first flag that differs and both values (else
+// err is empty).
+static int options_marks_judge(const Options *o, const uint64_t *marks, size_t stride, int world, int rank, char *err,
+                               size_t errlen) {
+    int differ = 0;
+    err[0] = '\0';
+    for (int r = 1; r < world; r++) differ += memcmp(marks + r * stride, marks, NUM_OPTIONS * sizeof(uint64_t)) != 0;
+    const uint64_t *mine = marks + (size_t)rank * stride;
+    for (int i = 0; i < NUM_OPTIONS; i++) {
+        if (mine[i] == marks[i]) continue;
+        char here[400], there[400];
+        options_word_text(&option_specs[i], mine[i], o, here, sizeof(here));
+        options_word_text(&option_specs[i], marks[i], NULL, there, sizeof(there));
+        errorf(err, errlen, "rank %d was started %s, but rank 0 %s: every rank of a job must be started with the same "
+               "flags", rank, here, there);
+        break;
+    }
+    return differ;
 }
 
 // what a trainer build does where llm.c's -a -f -w -ge -nm choose

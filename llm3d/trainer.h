@@ -17,7 +17,8 @@
  *     parse_flags, check_key_file, parse_fault, check_model, check_batch_and_data,
  *     checkpoint_setup; open_loaders (-i and -j, here and on each rank)
  *   on each rank, after it joined the job:
- *     start_rank, start_mark, start_marks_judge, start_marks_refused, load_params, open_data, open_tokenizer_and_log,
+ *     start_rank, start_mark, start_marks_to_floats, start_marks_from_floats, start_marks_judge, start_marks_refused,
+ *     load_params, open_data, open_tokenizer_and_log,
  *     note_idle_checks (-gp, -ck, -ic where the layout leaves them nothing to do),
  *     job_parts, job_shard (a rank's shard with its stage's chunks),
  *     job_pipeline, gpu_stats_due (llm.c's -lg N), step_plan, activation_sets, print_model_and_batch, announce_resume
@@ -445,13 +446,51 @@ static void start_rank(Job *job, const Grid *g) {
 // or one rank wait at a collective the other never joins; the ranks compare
 // their marks once they are connected. A plain file has no id, so one plain
 // model swapped for another is not caught: a plain file is not authenticated
-// anyway.
-enum { START_MARK_WORDS = 3 };
+// anyway. After those START_FILE_WORDS come the flags' words (flags.h's
+// options_mark): the ranks of an outside launcher are started one by one,
+// and one given another -b or -x would train something else than its peers.
+// Paths are compared as given; -o also passes where the directories held
+// open are one (START_DIR_WORD): by its path, as ranks on several nodes name
+// a shared directory (mounts that number inodes their own way differ there),
+// or by its inode, as a rank given -o's new name after a rename.
+// Last, START_DIR_WORD: the inode of the -o directory this rank holds open
+// (0 without -o), so that a rank given -o's new name after a rename is
+// still the same job (start_marks_refused takes -o as equal where the
+// inodes are).
+enum { START_FILE_WORDS = 3, START_DIR_WORD = START_FILE_WORDS + NUM_OPTIONS, START_MARK_WORDS = START_DIR_WORD + 1 };
 
 static void start_mark(const Job *job, uint64_t *mark) {
     mark[0] = job->resuming ? (uint64_t)job->ck.step + 1 : 0;
     mark[1] = job->resuming || job->random_init ? 0 : job->init_sealed ? 2 : 1;
     mark[2] = job->resuming ? job->ck.id : mark[1] == 2 ? job->init_file_id : 0;
+    options_mark(&job->opt, mark + START_FILE_WORDS);
+    struct stat st;
+    mark[START_DIR_WORD] = job->out_fd >= 0 && fstat(job->out_fd, &st) == 0 ? (uint64_t)st.st_ino | 1ull << 63 : 0;
+}
+
+// start_marks_to_floats, start_marks_from_floats: the host backend gathers
+// the marks as floats, and the checked collectives (-ic 1) sketch floats as
+// numbers. A word's raw bits read as floats can be NaN or 1e38, in whose
+// sums a changed word vanishes, so each of n words travels as
+// START_MARK_FLOATS whole numbers below 2^24 (bits 0-23, 24-47, 48-63),
+// every bit of it seen by the sketches. A piece that is no such number (the
+// gather's data damaged where no check ran) reads as 2^24 - 1.
+enum { START_MARK_FLOATS = 3 };
+
+static void start_marks_to_floats(const uint64_t *w, size_t n, float *f) {
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < START_MARK_FLOATS; k++) f[START_MARK_FLOATS * i + k] = (float)((w[i] >> (24 * k)) & 0xFFFFFF);
+}
+
+static void start_marks_from_floats(const float *f, size_t n, uint64_t *w) {
+    for (size_t i = 0; i < n; i++) {
+        w[i] = 0;
+        for (int k = 0; k < START_MARK_FLOATS; k++) {
+            float v = f[START_MARK_FLOATS * i + k];
+            uint64_t piece = v >= 0.0f && v < 16777216.0f ? (uint64_t)v : 0xFFFFFF;
+            w[i] |= piece << (24 * k);
+        }
+    }
 }
 
 static void start_mark_describe(const uint64_t *mark, const char *init, char *out, size_t outlen) {
@@ -463,18 +502,19 @@ static void start_mark_describe(const uint64_t *mark, const char *init, char *ou
     else snprintf(out, outlen, "the seeded init of %s", init);
 }
 
-// start_marks_judge: marks holds every rank's start mark, in rank order.
-// Returns the number of ranks whose mark is not rank 0's, the same on every
-// rank; when this rank's is one of them, err says what each started from
-// (else err is empty).
-static int start_marks_judge(const char *init, const uint64_t *marks, int world, int rank, char *err, size_t errlen) {
-    enum { W = START_MARK_WORDS };
+// start_marks_judge: marks holds every rank's start mark, in rank order,
+// stride words apart; their first START_FILE_WORDS are judged. Returns the
+// number of ranks whose files are not rank 0's, the same on every rank; when
+// this rank's are, err says what each started from (else err is empty).
+static int start_marks_judge(const char *init, const uint64_t *marks, size_t stride, int world, int rank, char *err,
+                             size_t errlen) {
+    enum { W = START_FILE_WORDS };
     int differ = 0;
     err[0] = '\0';
-    for (int r = 1; r < world; r++) differ += memcmp(marks + r * W, marks, W * sizeof(uint64_t)) != 0;
-    if (memcmp(marks + rank * W, marks, W * sizeof(uint64_t)) != 0) {
+    for (int r = 1; r < world; r++) differ += memcmp(marks + r * stride, marks, W * sizeof(uint64_t)) != 0;
+    if (memcmp(marks + rank * stride, marks, W * sizeof(uint64_t)) != 0) {
         char mine[1200], first[1200];
-        start_mark_describe(marks + rank * W, init, mine, sizeof(mine));
+        start_mark_describe(marks + rank * stride, init, mine, sizeof(mine));
         start_mark_describe(marks, init, first, sizeof(first));
         errorf(err, errlen, "rank %d starts from %s, but rank 0 from %s: a file changed between the ranks' "
                "start-up checks", rank, mine, first);
@@ -484,9 +524,21 @@ static int start_marks_judge(const char *init, const uint64_t *marks, int world,
 
 // after the ranks gathered their start marks: 1 when they disagree, with
 // this rank's line printed if its mark is one that differs; else 0
-static int start_marks_refused(const Job *job, const uint64_t *marks, int world, int rank) {
+static int start_marks_refused(const Job *job, uint64_t *marks, int world, int rank) {
     char err[3000];
-    if (start_marks_judge(job->opt.init, marks, world, rank, err, sizeof(err)) == 0) return 0;
+    // -o named otherwise but the same directory (its inode) is the same -o
+    for (int i = 0; i < NUM_OPTIONS; i++) {
+        if (strcmp(option_specs[i].flag, "-o") != 0) continue;
+        for (int r = 1; r < world; r++) {
+            uint64_t *m = marks + (size_t)r * START_MARK_WORDS;
+            if (m[START_DIR_WORD] != 0 && m[START_DIR_WORD] == marks[START_DIR_WORD])
+                m[START_FILE_WORDS + i] = marks[START_FILE_WORDS + i];
+        }
+    }
+    // the flags first: ranks given another -e start from other files too, and the flag is the cause
+    if (options_marks_judge(&job->opt, marks + START_FILE_WORDS, START_MARK_WORDS, world, rank, err, sizeof(err)) == 0 &&
+        start_marks_judge(job->opt.init, marks, START_MARK_WORDS, world, rank, err, sizeof(err)) == 0)
+        return 0;
     if (err[0] != '\0') fprintf(stderr, "%s: %s\n", trainer_name, err);
     fflush(stderr);
     return 1;

@@ -179,9 +179,9 @@ static void test_data_parallel(void) {
             long long finite = 2 * (dp - 1) * 4;
             long long want_ar = (z == 0 ? 2 * ring + scalars : scalars) + save + finite, want_rs = z == 0 ? 0 : ring;
             // ZeRO-3 gathers every unit for the forward and all but wpe for the backward;
-            // and at the start every rank gathers the others' start marks, 24 bytes
+            // and at the start every rank gathers the others' start marks, 3 floats a word
             // each (trainer.h's start_mark), and their CPU records for the FMA peak
-            long long marks = (long long)(dp - 1) * (24 + peak_record_bytes(STEPS));
+            long long marks = (long long)(dp - 1) * (START_MARK_WORDS * START_MARK_FLOATS * 4 + peak_record_bytes(STEPS));
             long long want_ag = marks + (z == 0 ? 0 : z < 3 ? ring : 2 * ring - (long long)STEPS * (dp - 1) * 4 * wpe / dp);
             check(ar == want_ar && rs == want_rs && ag == want_ag,
                   "dp %d ZeRO-%d bytes: allreduce %lld (want %lld), reduce_scatter %lld (want %lld), allgather %lld (want %lld)",
@@ -214,9 +214,9 @@ static void test_tensor_pipeline(void) {
             // 2(tp-1)/tp = 1; the step's (norm, loss, stop) all-reduce is padded to 4 floats.
             // No -o: no parameter check (it runs before a write only)
             long long want = STEPS * ((4 * L + 2) * BT * C * 4 + 2 * BT * 4) + STEPS * 4 * 4;
-            // the loss's all-gather each step, and at the start the start marks, 24 bytes, and
+            // the loss's all-gather each step, and at the start the start marks (3 floats a word), and
             // the CPU records for the FMA peak
-            long long want_ag = STEPS * BT * 4 + 24 + peak_record_bytes(STEPS);
+            long long want_ag = STEPS * BT * 4 + START_MARK_WORDS * START_MARK_FLOATS * 4 + peak_record_bytes(STEPS);
             check(bytes_of(r.out, 1, "allreduce") == want && bytes_of(r.out, 1, "allgather") == want_ag,
                   "tp 2 bytes: allreduce %lld (want %lld), allgather %lld (want %lld)", bytes_of(r.out, 1, "allreduce"),
                   want, bytes_of(r.out, 1, "allgather"), want_ag);
@@ -726,7 +726,8 @@ static void test_sequence_parallel(void) {
         run(&sp, args);
         if (!check(plain.ok && sp.ok, "tp %d with and without -sp ran", tp)) continue;
         long long S = STEPS, L = 2, BT = 32, C = 64, f = tp - 1, act = BT * C * 4, world = tp;
-        long long nscalar = (3 + world - 1) / world * world, start = (world - 1) * (24 + peak_record_bytes(STEPS));
+        long long nscalar = (3 + world - 1) / world * world;
+        long long start = (world - 1) * (START_MARK_WORDS * START_MARK_FLOATS * 4 + peak_record_bytes(STEPS));
         long long loss_ar = S * 2 * (2 * f * BT * 4 / tp), scalars = S * 2 * f * nscalar * 4 / tp;
         long long loss_ag = S * f * BT * 4, regather = S * 2 * L * f * act / tp, norms = S * 2 * f * (4 * L + 2) * C * 4 / tp;
         long long want_ar_tp = S * (4 * L + 2) * 2 * f * act / tp + loss_ar + scalars, want_ag_tp = loss_ag + start;
@@ -1015,26 +1016,26 @@ static void test_watch_rules(void) {
     uint64_t plain[9] = {0, 1, 0, 0, 1, 0, 0, 1, 0}, one_plain[9] = {0, 2, id, 0, 1, 0, 0, 2, id};
     uint64_t resumed[9] = {5, 0, id, 5, 0, id, 5, 0, id}, one_fresh[6] = {5, 0, id, 0, 0, 0};
     uint64_t stale[6] = {5, 0, id, 5, 0, other};
-    check(start_marks_judge("m.bin", same, 3, 2, msg, sizeof(msg)) == 0 && msg[0] == '\0' &&
-          start_marks_judge("m.bin", plain, 3, 1, msg, sizeof(msg)) == 0 && msg[0] == '\0' &&
-          start_marks_judge("m.bin", resumed, 3, 1, msg, sizeof(msg)) == 0 && msg[0] == '\0',
+    check(start_marks_judge("m.bin", same, 3, 3, 2, msg, sizeof(msg)) == 0 && msg[0] == '\0' &&
+          start_marks_judge("m.bin", plain, 3, 3, 1, msg, sizeof(msg)) == 0 && msg[0] == '\0' &&
+          start_marks_judge("m.bin", resumed, 3, 3, 1, msg, sizeof(msg)) == 0 && msg[0] == '\0',
           "start marks: the same sealed file, plain file or checkpoint on every rank is no refusal");
-    rc = start_marks_judge("m.bin", swapped, 3, 1, msg, sizeof(msg));
+    rc = start_marks_judge("m.bin", swapped, 3, 3, 1, msg, sizeof(msg));
     check(rc == 1 && msg[0] == '\0', "start marks: a rank whose mark is rank 0's learns that one rank differs, and "
           "says nothing: %d %s", rc, msg);
-    rc = start_marks_judge("m.bin", swapped, 3, 2, msg, sizeof(msg));
+    rc = start_marks_judge("m.bin", swapped, 3, 3, 2, msg, sizeof(msg));
     check(rc == 1 && strcmp(msg, "rank 2 starts from m.bin, file id fedcba9876543210, but rank 0 from m.bin, file id "
                             "0123456789abcdef: a file changed between the ranks' start-up checks") == 0,
           "start marks: the rank that differs names the file and both ids: %s", msg);
-    rc = start_marks_judge("m.bin", one_plain, 3, 1, msg, sizeof(msg));
+    rc = start_marks_judge("m.bin", one_plain, 3, 3, 1, msg, sizeof(msg));
     check(rc == 1 && strcmp(msg, "rank 1 starts from m.bin, a plain model file, but rank 0 from m.bin, file id "
                             "0123456789abcdef: a file changed between the ranks' start-up checks") == 0,
           "start marks: a rank that read a plain file where rank 0 read a sealed one says so: %s", msg);
-    rc = start_marks_judge("d4", one_fresh, 2, 1, msg, sizeof(msg));
+    rc = start_marks_judge("d4", one_fresh, 3, 2, 1, msg, sizeof(msg));
     check(rc == 1 && strcmp(msg, "rank 1 starts from the seeded init of d4, but rank 0 from the checkpoint of step 4, "
                             "id 0123456789abcdef: a file changed between the ranks' start-up checks") == 0,
           "start marks: a rank that found no checkpoint where rank 0 resumes says so: %s", msg);
-    rc = start_marks_judge("d4", stale, 2, 1, msg, sizeof(msg));
+    rc = start_marks_judge("d4", stale, 3, 2, 1, msg, sizeof(msg));
     check(rc == 1 && strcmp(msg, "rank 1 starts from the checkpoint of step 4, id fedcba9876543210, but rank 0 from the "
                             "checkpoint of step 4, id 0123456789abcdef: a file changed between the ranks' start-up "
                             "checks") == 0,
@@ -1097,6 +1098,80 @@ static void test_outside_launcher(void) {
           "rank 1 %d; exit %d)", n0, n1, rc);
     free(outs[0]);
     free(outs[1]);
+    // rank 1 started with another -b (the last -b counts): the same tokens a step in twice the
+    // micro-batches, which trained before without a word; now both ranks stop at the start, exit 2, and
+    // rank 1 names the flag
+    snprintf(cmd, sizeof(cmd),
+             "cd . && (RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 timeout 60 ./train_gpt2 %s -b 1 > %s/out1.txt 2>&1 & "
+             "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 timeout 60 ./train_gpt2 %s > %s/out0.txt 2>&1; a=$?; wait $!; "
+             "exit $((a * 10 + $?)))", f, dir, f, dir);
+    int status = test_exit_status(system(cmd));
+    snprintf(cmd, sizeof(cmd), "%s/out1.txt", dir);
+    char *out1 = test_read_text(cmd);
+    int steps1 = out1 != NULL ? test_count(out1, "step ") : -1;
+    check(status == 22 && out1 != NULL && steps1 == 0 &&
+          strstr(out1, "train_gpt2: rank 1 was started with -b 1, but rank 0 with -b 2: every rank of a job must be "
+                 "started with the same flags\n") != NULL,
+          "torchrun-style ranks, rank 1 given -b 1: both exit 2 before a step, rank 1 names -b (exits %d, rank 1 %d "
+          "steps): %s", status, steps1, out1 != NULL ? out1 : "(no output)");
+    free(out1);
+}
+
+// the flags the ranks compare (flags.h's options_mark, options_marks_judge):
+// an integer, a float, a choice and a string that differ are each named with
+// both values; the flags each process may have of its own (-th, --key-file,
+// -lg) are no refusal
+static void test_flag_marks(void) {
+    enum { N = NUM_OPTIONS };
+    static uint64_t marks[3 * N];
+    static const char *const cases[][4] = {
+        // a flag rank 1 adds to rank 0's, another with its value ("" none), and rank 1's line ("" none)
+        {"-th", "3", "--key-file", ""},
+        {"-x", "7", "", "rank 1 was started with -x 7, but rank 0 with -x 5: every rank of a job must be started with "
+         "the same flags"},
+        {"-l", "0.002", "", "rank 1 was started with -l 0.002, but rank 0 with -l 0.001: every"},
+        {"-k", "linear", "", "rank 1 was started with -k linear, but rank 0 with -k cosine: every"},
+        {"-o", "/elsewhere", "", "rank 1 was started with -o /elsewhere, but rank 0 with another -o: every"},
+        {"-tk", "/b/tok.bin", "", "rank 1 was started with -tk /b/tok.bin, but rank 0 without -tk: every"},
+        {"-lg", "/b.jsonl", "", ""},  // rank 0's log: no other rank writes one
+    };
+    char *base[] = {"prog", "-x", "5", "-l", "0.001", "-o", "/a", "-th", "1", "--key-file", "/a/job.key", NULL};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        char *mine[16];
+        int n = 0;
+        for (; base[n] != NULL; n++) mine[n] = base[n];
+        mine[n++] = (char *)cases[k][0];
+        mine[n++] = (char *)cases[k][1];
+        if (cases[k][2][0] != '\0') {
+            mine[n++] = (char *)cases[k][2];
+            mine[n++] = "/b/job.key";
+        }
+        Options o0, o1;
+        char err[600], err2[600];
+        options_defaults(&o0);
+        options_defaults(&o1);
+        int p0 = options_parse(&o0, 11, base, err, sizeof(err)), p1 = options_parse(&o1, n, mine, err, sizeof(err));
+        options_mark(&o0, marks);
+        options_mark(&o1, marks + N);
+        options_mark(&o0, marks + 2 * N);
+        int want = cases[k][3][0] != '\0';
+        int on1 = options_marks_judge(&o1, marks, N, 3, 1, err, sizeof(err));
+        int ok1 = on1 == want && (want ? strncmp(err, cases[k][3], strlen(cases[k][3])) == 0 : err[0] == '\0');
+        int on2 = options_marks_judge(&o0, marks, N, 3, 2, err2, sizeof(err2));
+        check(p0 == 0 && p1 == 0 && ok1 && on2 == want && err2[0] == '\0',
+              "flag marks: rank 1 given %s %s%s: %d rank(s) differ (%d seen by rank 2, which says nothing: '%s'): %s",
+              cases[k][0], cases[k][1], cases[k][2][0] != '\0' ? " and a --key-file of its own" : "", on1, on2, err2,
+              err);
+    }
+    // the marks' gather is the first checked collective (-ic 1) of step 0: a bit flipped in it is caught
+    // there and named, the words travelling as whole numbers the sketches see (as raw bits, a flag's hash
+    // read as 1e38 hid the flip, and rank 0 left with exit 2 and no line)
+    static Run r;
+    run(&r, "-e dev/fixtures/tiny_model.bin -b 2 -t 16 -d 64 -np 2 -ic 1 -fault corrupt:1:0");
+    check(r.status == 1 && strstr(r.out, "rank 0: step 0: checked allgather over ranks 0, 1 failed") != NULL &&
+              strstr(r.out, "it changed between rank 1 and rank 0") != NULL,
+          "-np 2 -ic 1 -fault corrupt:1:0: the start marks' gather caught and named (exit %d): %s", r.status,
+          test_line_of(r.out, "checked allgather"));
 }
 
 // the most activation sets stage holds at once under its plan, counted
@@ -1246,7 +1321,7 @@ int main(int argc, char **argv) {
         {"sequence_parallel", test_sequence_parallel}, {"data_parallel", test_data_parallel},
         {"tensor_pipeline", test_tensor_pipeline},
         {"schedule_resume", test_schedule_resume}, {"bubble", test_bubble}, {"zbv", test_zbv}, {"zbv_sample", test_zbv_sample}, {"interleaved", test_interleaved},
-        {"faults", test_faults}, {"watch_rules", test_watch_rules}, {"watch", test_watch}, {"drift", test_drift},
+        {"faults", test_faults}, {"watch_rules", test_watch_rules}, {"flag_marks", test_flag_marks}, {"watch", test_watch}, {"drift", test_drift},
         {"outside_launcher", test_outside_launcher}, {"memory", test_memory},
     };
     if (access("./train_gpt2", X_OK) != 0) { skip("./train_gpt2 not built"); return test_summary(); }
