@@ -1282,7 +1282,7 @@ static void test_ckpt_device(void) {
         snprintf(path, sizeof(path), "%s/model.bin", ck_dir);
         GPT2Config c2;
         int no_key;
-        float *saved = ckpt_model_load(path, key_file, &c2, &no_key, err, sizeof(err));
+        float *saved = ckpt_model_load(path, key_file, &c2, &no_key, NULL, err, sizeof(err));
         snprintf(path, sizeof(path), "%s/optim.bin", ck_dir);
         int was_sealed = 0, fd = ckpt_open_read(path, 1, &was_sealed, NULL, 0);
         if (fd >= 0) close(fd);

@@ -747,13 +747,15 @@ static float *ckpt_sealed_model_read(int fd, const char *path, const uint8_t key
 // -i reads it), as model_load gives them, and c its shape: a plain model
 // file, or one the trainer sealed, read under the checkpoint key that
 // key_file names (the trainer's --key-file). One open tells which and, for
-// a sealed file, reads it; the key is read only then. NULL with err set, and
-// *no_key set when the file is sealed but key_file gives no key (none named,
-// or it cannot be read), which the caller reports as a flag error.
-static float *ckpt_model_load(const char *path, const char *key_file, GPT2Config *c, int *no_key, char *err,
-                              size_t errlen) {
+// a sealed file, reads it; the key is read only then, and *sealed (where
+// not NULL) says which it was. NULL with err set, and *no_key set when the
+// file is sealed but key_file gives no key (none named, or it cannot be
+// read), which the caller reports as a flag error.
+static float *ckpt_model_load(const char *path, const char *key_file, GPT2Config *c, int *no_key, int *was_sealed,
+                              char *err, size_t errlen) {
     *no_key = 0;
     int sealed = 0, fd = ckpt_open_read(path, 1, &sealed, NULL, 0);
+    if (was_sealed != NULL) *was_sealed = sealed;
     if (!sealed) {  // plain, or not there: model_load reads it or says why
         if (fd >= 0) close(fd);
         return model_load(path, c, err, errlen);

@@ -414,9 +414,8 @@ int main(int argc, char **argv) {
     check_key_file(&o);
     char err[8192];
     GPT2Config c;
-    int no_key, sealed = 0, fd = ckpt_open_read(o.in, 1, &sealed, NULL, 0);
-    if (fd >= 0) close(fd);
-    float *params = ckpt_model_load(o.in, o.key_file, &c, &no_key, err, sizeof(err));
+    int no_key, sealed = 0;
+    float *params = ckpt_model_load(o.in, o.key_file, &c, &no_key, &sealed, err, sizeof(err));
     if (params == NULL) {  // a sealed model without a key from --key-file is a flag error
         // with --key-file given, no_key says the key file could not be read
         if (no_key && o.key_file != NULL)
